@@ -1,0 +1,11 @@
+"""Compiler options shared by every target of this project (not third-party code)."""
+
+PS_COPTS = [
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-Wno-sign-compare",
+    "-Wno-unused-parameter",
+]
+
+PS_TEST_COPTS = PS_COPTS
