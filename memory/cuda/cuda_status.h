@@ -1,0 +1,28 @@
+// CUDA runtime return codes as absl::Status, at the call site (the pattern of XLA's
+// stream_executor/cuda/cuda_status.h). Every CUDA runtime call and kernel launch goes through one
+// of these; nothing in this project ignores a cudaError_t.
+#ifndef PATRICKSTAR_MEMORY_CUDA_CUDA_STATUS_H_
+#define PATRICKSTAR_MEMORY_CUDA_CUDA_STATUS_H_
+
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace ps {
+
+// OK for cudaSuccess; otherwise a Status whose message has `what`, the error's name and its
+// description. cudaErrorMemoryAllocation maps to ResourceExhausted, invalid values to
+// InvalidArgument, "no device" to Unavailable, everything else to Internal.
+absl::Status CudaStatus(cudaError_t error, absl::string_view what);
+
+}  // namespace ps
+
+// Returns from the enclosing function if the CUDA runtime call `expr` failed.
+#define PS_CUDA_RETURN_IF_ERROR(expr)                                       \
+  do {                                                                      \
+    const cudaError_t ps_cuda_error_ = (expr);                              \
+    if (ps_cuda_error_ != cudaSuccess) return ::ps::CudaStatus(ps_cuda_error_, #expr); \
+  } while (0)
+
+#endif  // PATRICKSTAR_MEMORY_CUDA_CUDA_STATUS_H_
