@@ -1,0 +1,368 @@
+#include "memory/caching_allocator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace ps {
+namespace {
+
+// Requests above this are refused outright, so that rounding can never overflow.
+constexpr int64_t kMaxRequestBytes = int64_t{1} << 60;
+
+std::string PointerString(const void* ptr) {
+  return absl::StrCat("0x", absl::Hex(reinterpret_cast<uintptr_t>(ptr)));
+}
+
+absl::Status CheckMultiple(absl::string_view option, int64_t value, absl::string_view of_name,
+                           int64_t of) {
+  if (value <= 0 || value % of != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("CachingAllocator: ", option, " = ", value,
+                                                   " must be a positive multiple of ", of_name,
+                                                   " (", of, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// "37.5%".
+std::string Percent(double fraction) {
+  const int64_t tenths = std::llround(fraction * 1000.0);
+  return absl::StrCat(tenths / 10, ".", tenths % 10, "%");
+}
+
+}  // namespace
+
+std::string CachingAllocatorStats::DebugString() const {
+  return absl::StrCat(
+      "in use ", FormatBytes(in_use_bytes), " (requested ", FormatBytes(requested_bytes), ", ",
+      live_allocations, " allocations), reserved ", FormatBytes(reserved_bytes), " in ", segments,
+      " segments (peak in use ", FormatBytes(peak_in_use_bytes), ", peak reserved ",
+      FormatBytes(peak_reserved_bytes), "), cached ", FormatBytes(cached_bytes), " in ",
+      free_blocks, " free blocks (largest ", FormatBytes(largest_free_block_bytes),
+      ", fragmentation ", Percent(fragmentation), "), upstream allocations ", upstream_allocations,
+      ", deallocations ", upstream_deallocations, ", failed allocations ", failed_allocations);
+}
+
+absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(
+    MemoryResource* upstream, const CachingAllocatorOptions& options) {
+  if (upstream == nullptr) {
+    return absl::InvalidArgumentError("CachingAllocator: the upstream resource is null");
+  }
+  absl::Status status = CheckMultiple("round_bytes", options.round_bytes, "kAllocationAlignment",
+                                      kAllocationAlignment);
+  if (status.ok()) {
+    status = CheckMultiple("small_request_max_bytes", options.small_request_max_bytes,
+                           "round_bytes", options.round_bytes);
+  }
+  if (status.ok()) {
+    status = CheckMultiple("small_segment_bytes", options.small_segment_bytes, "round_bytes",
+                           options.round_bytes);
+  }
+  if (status.ok()) {
+    status = CheckMultiple("large_segment_round_bytes", options.large_segment_round_bytes,
+                           "round_bytes", options.round_bytes);
+  }
+  if (!status.ok()) return status;
+  if (options.small_segment_bytes < options.small_request_max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CachingAllocator: small_segment_bytes = ", options.small_segment_bytes,
+        " must be at least small_request_max_bytes = ", options.small_request_max_bytes));
+  }
+  if (options.tracker != nullptr && options.tracker->device() != upstream->device()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CachingAllocator: tracker accounts ", options.tracker->device().ToString(),
+                     " but ", upstream->name(), " allocates on ", upstream->device().ToString()));
+  }
+  return std::unique_ptr<CachingAllocator>(new CachingAllocator(upstream, options));
+}
+
+CachingAllocator::CachingAllocator(MemoryResource* upstream, const CachingAllocatorOptions& options)
+    : upstream_(upstream),
+      device_(upstream->device()),
+      name_(absl::StrCat("caching_allocator(", upstream->device().ToString(), ")")),
+      options_(options) {}
+
+CachingAllocator::~CachingAllocator() {
+  std::vector<std::pair<char*, int64_t>> segments;
+  {
+    MutexLock lock(&mu_);
+    if (!allocated_.empty()) {
+      LOG(WARNING) << name_ << " destroyed with " << allocated_.size()
+                   << " allocations still live; returning their segments upstream";
+    }
+    if (options_.tracker != nullptr) {
+      options_.tracker->Subtract(options_.tracked_kind, counters_.in_use_bytes);
+    }
+    for (auto& [base, segment] : segments_) {
+      Block* block = segment->head;
+      while (block != nullptr) {
+        Block* next = block->next;
+        delete block;
+        block = next;
+      }
+      segments.emplace_back(segment->base, segment->size_bytes);
+    }
+    for (Block* block : spare_blocks_) delete block;
+    spare_blocks_.clear();
+    segments_.clear();
+    allocated_.clear();
+    small_free_.clear();
+    large_free_.clear();
+  }
+  for (const auto& [base, size_bytes] : segments) {
+    const absl::Status status = upstream_->Deallocate(base, size_bytes);
+    LOG_IF(ERROR, !status.ok()) << name_ << ": returning a segment at destruction: " << status;
+  }
+}
+
+int64_t CachingAllocator::SegmentSizeFor(int64_t bytes) const {
+  const int64_t rounded_bytes = RoundedSize(bytes);
+  if (IsSmall(rounded_bytes)) return options_.small_segment_bytes;
+  return AlignUp(rounded_bytes, options_.large_segment_round_bytes);
+}
+
+CachingAllocator::Block* CachingAllocator::NewBlockLocked() {
+  if (spare_blocks_.empty()) return new Block;
+  Block* block = spare_blocks_.back();
+  spare_blocks_.pop_back();
+  *block = Block{};
+  return block;
+}
+
+void CachingAllocator::RecycleBlockLocked(Block* block) {
+  constexpr size_t kMaxSpareBlocks = 1024;
+  if (spare_blocks_.size() < kMaxSpareBlocks) {
+    spare_blocks_.push_back(block);
+  } else {
+    delete block;
+  }
+}
+
+void CachingAllocator::EraseFree(FreeSet& free_set, Block* block) {
+  const auto it = free_set.find(block);
+  DCHECK(it != free_set.end());
+  free_set.erase(it);
+}
+
+CachingAllocator::Block* CachingAllocator::TakeBestFitLocked(int64_t rounded_bytes) {
+  FreeSet& free_set = FreeSetOf(IsSmall(rounded_bytes));
+  Block probe;
+  probe.size_bytes = rounded_bytes;  // ptr = nullptr sorts before every block of this size
+  const auto it = free_set.lower_bound(&probe);
+  if (it == free_set.end()) return nullptr;
+  Block* block = *it;
+  free_set.erase(it);
+  return block;
+}
+
+void* CachingAllocator::UseBlockLocked(Block* block, int64_t rounded_bytes,
+                                       int64_t requested_bytes) {
+  DCHECK(!block->allocated);
+  DCHECK_GE(block->size_bytes, rounded_bytes);
+  const int64_t remainder_bytes = block->size_bytes - rounded_bytes;
+  const bool small = block->segment->small;
+  const bool split = small ? remainder_bytes >= options_.round_bytes
+                           : remainder_bytes > options_.small_request_max_bytes;
+  if (split) {
+    Block* rest = NewBlockLocked();
+    rest->ptr = block->ptr + rounded_bytes;
+    rest->size_bytes = remainder_bytes;
+    rest->prev = block;
+    rest->next = block->next;
+    rest->segment = block->segment;
+    if (block->next != nullptr) block->next->prev = rest;
+    block->next = rest;
+    block->size_bytes = rounded_bytes;
+    // The old block had no free neighbour (free blocks are always merged), so neither has `rest`.
+    FreeSetOf(small).insert(rest);
+  }
+  block->allocated = true;
+  block->requested_bytes = requested_bytes;
+  allocated_.emplace(block->ptr, block);
+  counters_.in_use_bytes += block->size_bytes;
+  counters_.requested_bytes += requested_bytes;
+  counters_.peak_in_use_bytes = std::max(counters_.peak_in_use_bytes, counters_.in_use_bytes);
+  ++counters_.live_allocations;
+  ++counters_.total_allocations;
+  if (options_.tracker != nullptr) options_.tracker->Add(options_.tracked_kind, block->size_bytes);
+  return block->ptr;
+}
+
+absl::StatusOr<void*> CachingAllocator::Allocate(int64_t bytes) {
+  if (bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name_, ": cannot allocate ", bytes, " bytes; an allocation must be at least 1 byte"));
+  }
+  if (bytes > kMaxRequestBytes) {
+    {
+      MutexLock lock(&mu_);
+      ++counters_.failed_allocations;
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(device_.ToString(), ": out of memory: ", name_,
+                                                     " cannot allocate ", FormatBytes(bytes), " (",
+                                                     bytes, " bytes): larger than any device"));
+  }
+  const int64_t rounded_bytes = RoundedSize(bytes);
+  {
+    MutexLock lock(&mu_);
+    if (Block* block = TakeBestFitLocked(rounded_bytes)) {
+      return UseBlockLocked(block, rounded_bytes, bytes);
+    }
+  }
+
+  // No cached block fits: take a new segment. Without the lock, because an upstream that reclaims
+  // calls back into ReleaseCached().
+  const int64_t segment_bytes = SegmentSizeFor(bytes);
+  absl::StatusOr<void*> base = upstream_->Allocate(segment_bytes);
+  if (!base.ok() && absl::IsResourceExhausted(base.status()) && ReleaseCached() > 0) {
+    // Retry only when returning the cached segments changed something: an upstream that reclaims
+    // (ProviderResource) has already asked this allocator once.
+    base = upstream_->Allocate(segment_bytes);
+  }
+  if (!base.ok()) {
+    if (!absl::IsResourceExhausted(base.status())) return base.status();
+    {
+      MutexLock lock(&mu_);
+      ++counters_.failed_allocations;
+    }
+    return absl::ResourceExhaustedError(OutOfMemoryMessage(bytes, segment_bytes, base.status()));
+  }
+
+  MutexLock lock(&mu_);
+  auto segment = std::make_unique<Segment>();
+  segment->base = static_cast<char*>(*base);
+  segment->size_bytes = segment_bytes;
+  segment->small = IsSmall(rounded_bytes);
+  Block* block = NewBlockLocked();
+  block->ptr = segment->base;
+  block->size_bytes = segment_bytes;
+  block->segment = segment.get();
+  segment->head = block;
+  const bool inserted = segments_.emplace(segment->base, std::move(segment)).second;
+  CHECK(inserted) << name_ << ": the upstream returned a live segment again";
+  counters_.reserved_bytes += segment_bytes;
+  counters_.peak_reserved_bytes = std::max(counters_.peak_reserved_bytes, counters_.reserved_bytes);
+  ++counters_.segments;
+  ++counters_.upstream_allocations;
+  return UseBlockLocked(block, rounded_bytes, bytes);
+}
+
+absl::Status CachingAllocator::Deallocate(void* ptr, int64_t bytes) {
+  MutexLock lock(&mu_);
+  const auto it = allocated_.find(ptr);
+  if (it == allocated_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name_, ": Deallocate(", PointerString(ptr), ", ", bytes,
+        " bytes): not a live allocation of this allocator (it belongs to another resource or "
+        "was freed already)"));
+  }
+  Block* block = it->second;
+  if (block->requested_bytes != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name_, ": Deallocate(", PointerString(ptr), ", ", bytes, " bytes): it was allocated with ",
+        block->requested_bytes, " bytes; pass the size given to Allocate"));
+  }
+  allocated_.erase(it);
+  counters_.in_use_bytes -= block->size_bytes;
+  counters_.requested_bytes -= block->requested_bytes;
+  --counters_.live_allocations;
+  if (options_.tracker != nullptr) {
+    options_.tracker->Subtract(options_.tracked_kind, block->size_bytes);
+  }
+  block->allocated = false;
+  block->requested_bytes = 0;
+
+  FreeSet& free_set = FreeSetOf(block->segment->small);
+  if (Block* prev = block->prev; prev != nullptr && !prev->allocated) {
+    EraseFree(free_set, prev);  // before its size (the key) changes
+    prev->size_bytes += block->size_bytes;
+    prev->next = block->next;
+    if (block->next != nullptr) block->next->prev = prev;
+    RecycleBlockLocked(block);
+    block = prev;
+  }
+  if (Block* next = block->next; next != nullptr && !next->allocated) {
+    EraseFree(free_set, next);
+    block->size_bytes += next->size_bytes;
+    block->next = next->next;
+    if (next->next != nullptr) next->next->prev = block;
+    RecycleBlockLocked(next);
+  }
+  free_set.insert(block);
+  return absl::OkStatus();
+}
+
+int64_t CachingAllocator::ReleaseCached() {
+  std::vector<std::pair<char*, int64_t>> released;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [base, segment] : segments_) {
+      Block* head = segment->head;
+      if (head->allocated || head->next != nullptr) continue;
+      DCHECK_EQ(head->size_bytes, segment->size_bytes);
+      EraseFree(FreeSetOf(segment->small), head);
+      RecycleBlockLocked(head);
+      released.emplace_back(segment->base, segment->size_bytes);
+    }
+    for (const auto& [base, size_bytes] : released) {
+      segments_.erase(base);
+      counters_.reserved_bytes -= size_bytes;
+      --counters_.segments;
+      ++counters_.upstream_deallocations;
+    }
+  }
+  int64_t released_bytes = 0;
+  for (const auto& [base, size_bytes] : released) {
+    const absl::Status status = upstream_->Deallocate(base, size_bytes);
+    LOG_IF(ERROR, !status.ok()) << name_ << ": returning a cached segment upstream: " << status;
+    released_bytes += size_bytes;
+  }
+  return released_bytes;
+}
+
+CachingAllocatorStats CachingAllocator::StatsLocked() const {
+  CachingAllocatorStats stats = counters_;
+  stats.cached_bytes = stats.reserved_bytes - stats.in_use_bytes;
+  stats.free_blocks = static_cast<int64_t>(small_free_.size() + large_free_.size());
+  int64_t largest_bytes = 0;
+  if (!small_free_.empty()) largest_bytes = (*small_free_.rbegin())->size_bytes;
+  if (!large_free_.empty()) {
+    largest_bytes = std::max(largest_bytes, (*large_free_.rbegin())->size_bytes);
+  }
+  stats.largest_free_block_bytes = largest_bytes;
+  stats.fragmentation = stats.cached_bytes == 0 ? 0.0
+                                                : 1.0 - static_cast<double>(largest_bytes) /
+                                                            static_cast<double>(stats.cached_bytes);
+  return stats;
+}
+
+CachingAllocatorStats CachingAllocator::stats() const {
+  MutexLock lock(&mu_);
+  return StatsLocked();
+}
+
+void CachingAllocator::ResetPeakStats() {
+  MutexLock lock(&mu_);
+  counters_.peak_in_use_bytes = counters_.in_use_bytes;
+  counters_.peak_reserved_bytes = counters_.reserved_bytes;
+}
+
+std::string CachingAllocator::OutOfMemoryMessage(int64_t bytes, int64_t segment_bytes,
+                                                 const absl::Status& upstream_status) const {
+  const CachingAllocatorStats stats = this->stats();
+  return absl::StrCat(
+      device_.ToString(), ": out of memory: ", name_, " cannot allocate ", FormatBytes(bytes), " (",
+      bytes, " bytes): no cached block fits, so it needs a new ", FormatBytes(segment_bytes),
+      " segment, and the upstream refused it even after this allocator returned its fully free "
+      "segments. It holds ",
+      FormatBytes(stats.reserved_bytes), " reserved in ", stats.segments, " segments, ",
+      FormatBytes(stats.in_use_bytes), " in use, ", FormatBytes(stats.cached_bytes),
+      " free (largest free block ", FormatBytes(stats.largest_free_block_bytes), ", fragmentation ",
+      Percent(stats.fragmentation), "). Upstream: ", upstream_status.message());
+}
+
+}  // namespace ps

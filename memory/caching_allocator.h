@@ -1,0 +1,218 @@
+// CachingAllocator: variable-size allocations for non-model data (activations, gradients of
+// activations, workspaces), carved from large segments that are kept cached.
+//
+// Asking a device for memory is slow (cudaMalloc synchronizes the device) and a training iteration
+// makes thousands of short-lived allocations of a few hundred distinct sizes, so — like PyTorch's
+// CUDACachingAllocator — this allocator takes big segments from its upstream and serves requests
+// from them:
+//  - Every request is rounded up to a multiple of `round_bytes` (512 B).
+//  - Small requests (rounded size <= small_request_max_bytes, 1 MiB) share small segments of
+//    small_segment_bytes (2 MiB); large requests get segments of their size rounded up to a
+//    multiple of large_segment_round_bytes (2 MiB). Small and large blocks never mix, so a stream
+//    of tiny allocations cannot pin down a large segment.
+//  - A request is served by the best-fitting free block of its class: the smallest that is big
+//    enough, the lowest address among equals (an ordered set keyed by (size, address)).
+//  - The block is split when the remainder is worth keeping: for small blocks any remainder (it is
+//    at least round_bytes), for large blocks a remainder above small_request_max_bytes — a smaller
+//    tail stays part of the allocation rather than becoming a sliver no large request fits.
+//  - A freed block is merged with its free neighbours in the same segment at once, so two free
+//    blocks are never adjacent.
+//  - A segment whose blocks are all free stays cached (counted in reserved_bytes) until
+//    ReleaseCached() — called by the device resource when another pool of the device runs short
+//    (this class is a Reclaimer) — or until an upstream allocation fails: then this allocator
+//    returns all its fully free segments and, if there were any, retries once before reporting
+//    ResourceExhausted.
+//
+// The allocator never reads or writes the memory it manages (it may be accelerator memory). It is
+// not stream-ordered: a block is reusable as soon as Deallocate returns, so callers must first make
+// sure no stream still reads or writes it (synchronize, or wait on an event recorded after the last
+// use).
+//
+// Accounting: in_use_bytes counts whole blocks handed out (a request rounded up, plus an unsplit
+// tail); with a tracker, exactly in_use_bytes is recorded as `tracked_kind` (non-model data by
+// default). reserved_bytes counts segments held from the upstream.
+//
+// Thread safety: thread-safe. The upstream is called without the allocator's lock held, so an
+// upstream that reclaims (ProviderResource) may call back into ReleaseCached().
+#ifndef PATRICKSTAR_MEMORY_CACHING_ALLOCATOR_H_
+#define PATRICKSTAR_MEMORY_CACHING_ALLOCATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/mutex.h"
+#include "base/units.h"
+#include "memory/device.h"
+#include "memory/memory_resource.h"
+#include "memory/memory_tracker.h"
+
+namespace ps {
+
+struct CachingAllocatorOptions {
+  // Requests are rounded up to a multiple of this. A positive multiple of kAllocationAlignment.
+  int64_t round_bytes = 512;
+  // Rounded requests up to this size are small. Positive, a multiple of round_bytes.
+  int64_t small_request_max_bytes = 1 * kMiB;
+  // Size of every small segment. A multiple of round_bytes, >= small_request_max_bytes.
+  int64_t small_segment_bytes = 2 * kMiB;
+  // Large segments are the rounded request rounded up to a multiple of this. A positive multiple
+  // of round_bytes.
+  int64_t large_segment_round_bytes = 2 * kMiB;
+  // Where in_use_bytes is recorded, if anywhere. Not owned; must outlive the allocator and account
+  // the upstream's device.
+  MemoryTracker* tracker = nullptr;
+  MemoryKind tracked_kind = MemoryKind::kNonModelData;
+};
+
+struct CachingAllocatorStats {
+  // Bytes of blocks handed out (see the file comment), and the sum of the requests behind them.
+  int64_t in_use_bytes = 0;
+  int64_t requested_bytes = 0;
+  // Bytes of segments held from the upstream, and the free part of them (reserved - in use).
+  int64_t reserved_bytes = 0;
+  int64_t cached_bytes = 0;
+  // Highs since construction or the last ResetPeakStats().
+  int64_t peak_in_use_bytes = 0;
+  int64_t peak_reserved_bytes = 0;
+  // Segments held now.
+  int64_t segments = 0;
+  // Live allocations now, and successful Allocate calls since construction.
+  int64_t live_allocations = 0;
+  int64_t total_allocations = 0;
+  // Segments taken from and returned to the upstream since construction.
+  int64_t upstream_allocations = 0;
+  int64_t upstream_deallocations = 0;
+  // Allocate calls that ended in ResourceExhausted.
+  int64_t failed_allocations = 0;
+  // Free blocks now, and the largest of them.
+  int64_t free_blocks = 0;
+  int64_t largest_free_block_bytes = 0;
+  // 1 - largest_free_block_bytes / cached_bytes: 0 when all free memory is one block (or there is
+  // none), close to 1 when it is scattered in many small pieces.
+  double fragmentation = 0;
+
+  // Several lines for logs.
+  std::string DebugString() const;
+};
+
+class CachingAllocator final : public MemoryResource, public Reclaimer {
+ public:
+  // Returns InvalidArgument, naming the option, for a null upstream or options that break the
+  // rules in CachingAllocatorOptions. `upstream` is not owned and must outlive the allocator.
+  static absl::StatusOr<std::unique_ptr<CachingAllocator>> Create(
+      MemoryResource* upstream, const CachingAllocatorOptions& options = {});
+
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // Returns every segment to the upstream (logging a warning if allocations are still live: their
+  // owners now hold dangling pointers).
+  ~CachingAllocator() override;
+
+  // MemoryResource. Allocate: InvalidArgument for bytes <= 0; ResourceExhausted when a new segment
+  // is needed and the upstream refuses it even after this allocator released its cached segments
+  // (the message names the device, the request, this allocator's holdings and fragmentation, and
+  // carries the upstream's explanation). Deallocate: `bytes` must be the size given to Allocate;
+  // InvalidArgument, with no state changed, for a pointer that is not a live allocation or a
+  // different size.
+  [[nodiscard]] absl::StatusOr<void*> Allocate(int64_t bytes) override;
+  [[nodiscard]] absl::Status Deallocate(void* ptr, int64_t bytes) override;
+  Device device() const override { return device_; }
+  // "caching_allocator(accelerator:0)".
+  std::string name() const override { return name_; }
+
+  // Reclaimer: returns every fully free segment to the upstream; returns the bytes given back.
+  int64_t ReleaseCached() override;
+
+  CachingAllocatorStats stats() const;
+  // Sets the peaks to the current values.
+  void ResetPeakStats();
+
+  // The size a request of `bytes` is rounded to. REQUIRES: bytes > 0.
+  int64_t RoundedSize(int64_t bytes) const { return AlignUp(bytes, options_.round_bytes); }
+  // The size of the segment a new segment for a request of `bytes` would have.
+  int64_t SegmentSizeFor(int64_t bytes) const;
+  const CachingAllocatorOptions& options() const { return options_; }
+
+ private:
+  struct Segment;
+  // A contiguous piece of a segment, free or handed out. The blocks of a segment form a
+  // doubly-linked list in address order; the first block of a segment never goes away (merges
+  // keep the lower block), so Segment::head stays valid.
+  struct Block {
+    char* ptr = nullptr;
+    int64_t size_bytes = 0;
+    bool allocated = false;
+    int64_t requested_bytes = 0;
+    Block* prev = nullptr;
+    Block* next = nullptr;
+    Segment* segment = nullptr;
+  };
+  struct Segment {
+    char* base = nullptr;
+    int64_t size_bytes = 0;
+    bool small = false;
+    Block* head = nullptr;
+  };
+  // Orders free blocks for best fit: by size, then by address.
+  struct BlockLess {
+    bool operator()(const Block* a, const Block* b) const {
+      if (a->size_bytes != b->size_bytes) return a->size_bytes < b->size_bytes;
+      return a->ptr < b->ptr;
+    }
+  };
+  using FreeSet = absl::btree_set<Block*, BlockLess>;
+
+  CachingAllocator(MemoryResource* upstream, const CachingAllocatorOptions& options);
+
+  bool IsSmall(int64_t rounded_bytes) const {
+    return rounded_bytes <= options_.small_request_max_bytes;
+  }
+  FreeSet& FreeSetOf(bool small) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return small ? small_free_ : large_free_;
+  }
+  // Block objects are recycled through spare_blocks_ rather than freed, which keeps the
+  // split-and-merge of every allocate/free pair away from the C++ heap.
+  Block* NewBlockLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecycleBlockLocked(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes `block`, which must be in `free_set`, from it.
+  static void EraseFree(FreeSet& free_set, Block* block);
+  // The best-fitting free block of at least `rounded_bytes` in its class, removed from its free
+  // set; nullptr when none fits.
+  Block* TakeBestFitLocked(int64_t rounded_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands out `block` (not in any free set) for a request, splitting off a worthwhile remainder.
+  void* UseBlockLocked(Block* block, int64_t rounded_bytes, int64_t requested_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string OutOfMemoryMessage(int64_t bytes, int64_t segment_bytes,
+                                 const absl::Status& upstream_status) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  CachingAllocatorStats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  MemoryResource* const upstream_;
+  const Device device_;
+  const std::string name_;
+  const CachingAllocatorOptions options_;
+
+  mutable Mutex mu_;
+  FreeSet small_free_ ABSL_GUARDED_BY(mu_);
+  FreeSet large_free_ ABSL_GUARDED_BY(mu_);
+  // Live allocations by address.
+  absl::flat_hash_map<void*, Block*> allocated_ ABSL_GUARDED_BY(mu_);
+  // Segments by base address; owns the Segment objects (Blocks are owned through the lists).
+  absl::flat_hash_map<char*, std::unique_ptr<Segment>> segments_ ABSL_GUARDED_BY(mu_);
+  // Block objects not in any list, for reuse. Owned.
+  std::vector<Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);
+  // The counters of CachingAllocatorStats that are kept rather than computed.
+  CachingAllocatorStats counters_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_MEMORY_CACHING_ALLOCATOR_H_
