@@ -19,10 +19,14 @@
 #include "base/mutex.h"
 #include "base/units.h"
 #include "glog/logging.h"
+#include "memory/internal/backend_errors.h"
 #include "memory/memory_resource.h"
 
 namespace ps {
 namespace {
+
+using backend_internal::CheckAllocationSize;
+using backend_internal::CheckTransferArgs;
 
 // One direction of the emulated host<->device link. Copies in one direction are serialized, and
 // with a bandwidth cap each one takes at least bytes / bandwidth: the memcpy happens at host speed,
@@ -82,9 +86,7 @@ struct SharedState {
         return absl::OkStatus();
       }
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": the range of ", bytes, " bytes at ", absl::Hex(p), " is not inside device memory ",
-        "allocated on ", device().ToString(), " by this cpu backend (freed, foreign, or overrun)"));
+    return backend_internal::OutsideDeviceMemory(what, ptr, bytes, device(), "cpu");
   }
 
   void Count(CopyKind kind, int64_t bytes) {
@@ -171,23 +173,15 @@ class CpuStream final : public Stream {
   }
 
   absl::Status MemcpyAsync(void* dst, const void* src, int64_t bytes, CopyKind kind) override {
-    if (bytes < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("MemcpyAsync: negative size ", bytes));
-    }
+    if (absl::Status s = CheckTransferArgs("MemcpyAsync", dst, src, bytes); !s.ok()) return s;
     if (bytes == 0) return absl::OkStatus();
-    if (dst == nullptr || src == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("MemcpyAsync of ", bytes, " bytes with a null pointer"));
-    }
-    const bool dst_device = kind == CopyKind::kHostToDevice || kind == CopyKind::kDeviceToDevice;
-    const bool src_device = kind == CopyKind::kDeviceToHost || kind == CopyKind::kDeviceToDevice;
     const std::string what = absl::StrCat("MemcpyAsync(", CopyKindName(kind), ")");
-    if (dst_device) {
+    if (backend_internal::DestinationIsDevice(kind)) {
       if (absl::Status s = state_->CheckDeviceRange(dst, bytes, what + " destination"); !s.ok()) {
         return s;
       }
     }
-    if (src_device) {
+    if (backend_internal::SourceIsDevice(kind)) {
       if (absl::Status s = state_->CheckDeviceRange(src, bytes, what + " source"); !s.ok()) {
         return s;
       }
@@ -211,9 +205,7 @@ class CpuStream final : public Stream {
   }
 
   absl::Status MemsetAsync(void* dst, int value, int64_t bytes) override {
-    if (bytes < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("MemsetAsync: negative size ", bytes));
-    }
+    if (absl::Status s = CheckTransferArgs("MemsetAsync", dst, dst, bytes); !s.ok()) return s;
     if (bytes == 0) return absl::OkStatus();
     if (absl::Status s = state_->CheckDeviceRange(dst, bytes, "MemsetAsync"); !s.ok()) return s;
     Enqueue([dst, value, bytes] { std::memset(dst, value, static_cast<size_t>(bytes)); });
@@ -325,19 +317,13 @@ class CpuBackend final : public Backend {
   }
 
   absl::StatusOr<void*> AllocateDevice(int64_t bytes) override {
-    if (bytes <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("AllocateDevice: size must be positive, got ", bytes));
-    }
+    if (absl::Status s = CheckAllocationSize("AllocateDevice", bytes); !s.ok()) return s;
     const int64_t rounded = AlignUp(bytes, kAllocationAlignment);
     MutexLock lock(&state_->mu);
     const int64_t cap = state_->options.capacity_bytes;
     if (rounded > cap - state_->allocated_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          device().ToString(), " (emulated by the cpu backend) is out of memory: requested ",
-          FormatBytes(rounded), " (", rounded, " bytes) with ", FormatBytes(state_->allocated_bytes),
-          " of its ", FormatBytes(cap), " capacity in use. Lower the chunk size or the batch ",
-          "size, or raise the accelerator memory cap."));
+      return backend_internal::DeviceOutOfMemory(device(), "emulated by the cpu backend", "",
+                                                  rounded, state_->allocated_bytes, cap);
     }
     void* p = std::aligned_alloc(kAllocationAlignment, static_cast<size_t>(rounded));
     if (p == nullptr) {
@@ -357,10 +343,7 @@ class CpuBackend final : public Backend {
     MutexLock lock(&state_->mu);
     auto it = state_->device_allocations.find(reinterpret_cast<uintptr_t>(ptr));
     if (it == state_->device_allocations.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "FreeDevice: ", absl::Hex(reinterpret_cast<uintptr_t>(ptr)),
-          " is not a live device allocation of ", device().ToString(),
-          " (double free, or a pointer from elsewhere)"));
+      return backend_internal::NotALiveAllocation("FreeDevice", ptr, device(), "device");
     }
     state_->allocated_bytes -= it->second;
     state_->device_allocations.erase(it);
@@ -369,10 +352,7 @@ class CpuBackend final : public Backend {
   }
 
   absl::StatusOr<void*> AllocatePinnedHost(int64_t bytes) override {
-    if (bytes <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("AllocatePinnedHost: size must be positive, got ", bytes));
-    }
+    if (absl::Status s = CheckAllocationSize("AllocatePinnedHost", bytes); !s.ok()) return s;
     void* p = std::aligned_alloc(kAllocationAlignment,
                                  static_cast<size_t>(AlignUp(bytes, kAllocationAlignment)));
     if (p == nullptr) {
@@ -388,9 +368,7 @@ class CpuBackend final : public Backend {
   absl::Status FreePinnedHost(void* ptr) override {
     MutexLock lock(&state_->mu);
     if (state_->pinned_allocations.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("FreePinnedHost: ", absl::Hex(reinterpret_cast<uintptr_t>(ptr)),
-                       " is not a live pinned allocation of this backend"));
+      return backend_internal::NotALiveAllocation("FreePinnedHost", ptr, device(), "pinned host");
     }
     std::free(ptr);
     return absl::OkStatus();

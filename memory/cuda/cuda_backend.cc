@@ -16,6 +16,7 @@
 #include "base/units.h"
 #include "glog/logging.h"
 #include "memory/cuda/cuda_status.h"
+#include "memory/internal/backend_errors.h"
 #include "memory/memory_resource.h"
 
 namespace ps {
@@ -51,10 +52,7 @@ struct SharedState {
         return absl::OkStatus();
       }
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": the range of ", bytes, " bytes at ", absl::Hex(p),
-        " is not inside device memory allocated on ", device().ToString(),
-        " by this cuda backend (freed, foreign, or overrun)"));
+    return backend_internal::OutsideDeviceMemory(what, ptr, bytes, device(), "cuda");
   }
 
   void Count(CopyKind kind, int64_t bytes) {
@@ -114,14 +112,8 @@ class CudaStream final : public Stream {
   }
 
   absl::Status MemcpyAsync(void* dst, const void* src, int64_t bytes, CopyKind kind) override {
-    if (bytes < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("MemcpyAsync: negative size ", bytes));
-    }
+    RETURN_IF_ERROR(backend_internal::CheckTransferArgs("MemcpyAsync", dst, src, bytes));
     if (bytes == 0) return absl::OkStatus();
-    if (dst == nullptr || src == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("MemcpyAsync of ", bytes, " bytes with a null pointer"));
-    }
     const std::string what = absl::StrCat("MemcpyAsync(", CopyKindName(kind), ")");
     cudaMemcpyKind cuda_kind = cudaMemcpyHostToHost;
     switch (kind) {
@@ -150,9 +142,7 @@ class CudaStream final : public Stream {
   }
 
   absl::Status MemsetAsync(void* dst, int value, int64_t bytes) override {
-    if (bytes < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("MemsetAsync: negative size ", bytes));
-    }
+    RETURN_IF_ERROR(backend_internal::CheckTransferArgs("MemsetAsync", dst, dst, bytes));
     if (bytes == 0) return absl::OkStatus();
     RETURN_IF_ERROR(state_->CheckDeviceRange(dst, bytes, "MemsetAsync"));
     RETURN_IF_ERROR(state_->MakeCurrent());
@@ -245,19 +235,13 @@ class CudaBackend final : public Backend {
   }
 
   absl::StatusOr<void*> AllocateDevice(int64_t bytes) override {
-    if (bytes <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("AllocateDevice: size must be positive, got ", bytes));
-    }
+    RETURN_IF_ERROR(backend_internal::CheckAllocationSize("AllocateDevice", bytes));
     const int64_t rounded = AlignUp(bytes, kAllocationAlignment);
     absl::MutexLock lock(&state_->mu);
     const int64_t cap = state_->capacity_bytes;
     const auto out_of_memory = [&](absl::string_view why) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          device().ToString(), " (cuda) is out of memory", why, ": requested ",
-          FormatBytes(rounded), " (", rounded, " bytes) with ", FormatBytes(state_->allocated_bytes),
-          " of its ", FormatBytes(cap), " capacity in use. Lower the chunk size or the batch size, ",
-          "or raise the accelerator memory cap."));
+      return backend_internal::DeviceOutOfMemory(device(), "cuda", why, rounded,
+                                                 state_->allocated_bytes, cap);
     };
     if (rounded > cap - state_->allocated_bytes) return out_of_memory("");
     RETURN_IF_ERROR(state_->MakeCurrent());
@@ -280,10 +264,7 @@ class CudaBackend final : public Backend {
     absl::MutexLock lock(&state_->mu);
     auto it = state_->device_allocations.find(reinterpret_cast<uintptr_t>(ptr));
     if (it == state_->device_allocations.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "FreeDevice: ", absl::Hex(reinterpret_cast<uintptr_t>(ptr)),
-          " is not a live device allocation of ", device().ToString(),
-          " (double free, or a pointer from elsewhere)"));
+      return backend_internal::NotALiveAllocation("FreeDevice", ptr, device(), "device");
     }
     RETURN_IF_ERROR(state_->MakeCurrent());
     PS_CUDA_RETURN_IF_ERROR(cudaFree(ptr));
@@ -293,10 +274,7 @@ class CudaBackend final : public Backend {
   }
 
   absl::StatusOr<void*> AllocatePinnedHost(int64_t bytes) override {
-    if (bytes <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("AllocatePinnedHost: size must be positive, got ", bytes));
-    }
+    RETURN_IF_ERROR(backend_internal::CheckAllocationSize("AllocatePinnedHost", bytes));
     RETURN_IF_ERROR(state_->MakeCurrent());
     void* p = nullptr;
     const cudaError_t e = cudaMallocHost(&p, static_cast<size_t>(bytes));
@@ -315,9 +293,7 @@ class CudaBackend final : public Backend {
     absl::MutexLock lock(&state_->mu);
     auto it = state_->pinned_allocations.find(reinterpret_cast<uintptr_t>(ptr));
     if (it == state_->pinned_allocations.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("FreePinnedHost: ", absl::Hex(reinterpret_cast<uintptr_t>(ptr)),
-                       " is not a live pinned allocation of this backend"));
+      return backend_internal::NotALiveAllocation("FreePinnedHost", ptr, device(), "pinned host");
     }
     RETURN_IF_ERROR(state_->MakeCurrent());
     PS_CUDA_RETURN_IF_ERROR(cudaFreeHost(ptr));
