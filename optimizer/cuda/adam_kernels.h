@@ -1,0 +1,56 @@
+// The Adam kernels on the GPU: the fused update (optimizer/adam_math.h's AdamUpdate, element for
+// element — the very function the CPU tests check) and the gradient statistics pass. The host
+// wrapper implementing optimizer/adam_kernels.h is optimizer/cuda/cuda_adam.h.
+//
+// The launchers are plain C++ (no Abseil; includable from host code compiled by the host
+// compiler): they enqueue on `stream` and return the launch status from cudaGetLastError(). They
+// never allocate and never synchronize; callers own the stream and the workspaces.
+//
+// Vectorized loads: when master, exp_avg and exp_avg_sq are 16-byte aligned and grad/param are
+// aligned to four of their elements, the update runs four elements per thread with float4 (and
+// uint2 for 16-bit gradients and parameters) loads and stores; the remaining 0-3 elements, and any
+// segment not so aligned, run one element per thread. Pointers need only their element alignment.
+//
+// Thread safety: as for any kernel launch; the launchers have no state.
+#ifndef PATRICKSTAR_OPTIMIZER_CUDA_ADAM_KERNELS_H_
+#define PATRICKSTAR_OPTIMIZER_CUDA_ADAM_KERNELS_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "optimizer/adam_math.h"
+
+namespace ps {
+namespace cuda {
+
+// Element type of gradients and parameters; the values equal ps::DType's (memory/dtype.h), which
+// is not included here to keep Abseil out of nvcc.
+enum class GradType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// Blocks of the statistics kernel; its workspace holds one double per block.
+inline constexpr int kGradStatsMaxBlocks = 1024;
+
+// The fused Adam update of n_elems elements (see AdamSegment in optimizer/adam_kernels.h):
+// reads grad[i], updates master/exp_avg/exp_avg_sq[i], writes param[i] = master[i] rounded to
+// `type` (param may equal grad; with kF32 it may be null). For every effective gradient that is
+// Inf or NaN, *nonfinite_count is incremented (device memory; may be null).
+// REQUIRES: device pointers valid for n_elems elements until the kernel ran. n_elems == 0 launches
+// nothing; n_elems < 0, an unknown type, or a null array (n_elems > 0) is cudaErrorInvalidValue.
+cudaError_t LaunchAdamStep(const AdamStepScalars& scalars, GradType type, const void* grad,
+                           void* param, float* master, float* exp_avg, float* exp_avg_sq,
+                           int64_t n_elems, unsigned long long* nonfinite_count,
+                           cudaStream_t stream);
+
+// Gradient statistics of n_elems gradients: adds the sum of squares of the finite ones, per
+// block in double, into block_sums[0, kGradStatsMaxBlocks) (device; the caller zeroes it once and
+// may accumulate several segments), and the number of Inf/NaN ones into *nonfinite_count. The
+// grid depends only on n_elems, so the per-block sums — and their sum in index order — are
+// reproducible.
+cudaError_t LaunchGradStats(GradType type, const void* grad, int64_t n_elems, double* block_sums,
+                            unsigned long long* nonfinite_count, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace ps
+
+#endif  // PATRICKSTAR_OPTIMIZER_CUDA_ADAM_KERNELS_H_

@@ -1,0 +1,140 @@
+#include "optimizer/cuda/cuda_adam.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "base/mutex.h"
+#include "base/status_macros.h"
+#include "glog/logging.h"
+#include "memory/backend.h"
+#include "memory/cuda/convert_kernels.h"
+#include "memory/cuda/cuda_status.h"
+#include "memory/dtype.h"
+#include "optimizer/adam_kernels.h"
+#include "optimizer/cuda/adam_kernels.h"
+
+namespace ps {
+namespace {
+
+static_assert(static_cast<int>(cuda::GradType::kF32) == static_cast<int>(DType::kF32));
+static_assert(static_cast<int>(cuda::GradType::kF16) == static_cast<int>(DType::kF16));
+static_assert(static_cast<int>(cuda::GradType::kBF16) == static_cast<int>(DType::kBF16));
+
+constexpr int64_t kBlockSumsBytes = cuda::kGradStatsMaxBlocks * sizeof(double);
+constexpr int64_t kWorkspaceBytes = kBlockSumsBytes + sizeof(unsigned long long);
+
+cuda::GradType ToGradType(DType dtype) { return static_cast<cuda::GradType>(dtype); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaAdam>> CudaAdam::Create(Backend& backend) {
+  if (backend.name() != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaAdam needs the cuda backend, got \"", backend.name(),
+        "\"; for the cpu backend's emulated accelerator use CpuAdam (its memory is host RAM)"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend.CreateStream());
+  ASSIGN_OR_RETURN(void* device_workspace, backend.AllocateDevice(kWorkspaceBytes));
+  absl::StatusOr<void*> host_workspace = backend.AllocatePinnedHost(kWorkspaceBytes);
+  if (!host_workspace.ok()) {
+    (void)backend.FreeDevice(device_workspace);
+    return host_workspace.status();
+  }
+  return std::unique_ptr<CudaAdam>(
+      new CudaAdam(backend, std::move(stream), device_workspace, *host_workspace));
+}
+
+CudaAdam::~CudaAdam() {
+  {
+    MutexLock lock(&mu_);
+    if (absl::Status s = stream_->Synchronize(); !s.ok()) LOG(ERROR) << "CudaAdam: " << s;
+    stream_.reset();
+  }
+  if (absl::Status s = backend_.FreeDevice(device_workspace_); !s.ok()) {
+    LOG(ERROR) << "CudaAdam: " << s;
+  }
+  if (absl::Status s = backend_.FreePinnedHost(host_workspace_); !s.ok()) {
+    LOG(ERROR) << "CudaAdam: " << s;
+  }
+}
+
+absl::StatusOr<GradStats> CudaAdam::GradientStats(absl::Span<const GradSegment> segments) {
+  RETURN_IF_ERROR(ValidateGradSegments("CudaAdam::GradientStats", segments));
+  MutexLock lock(&mu_);
+  auto* block_sums = static_cast<double*>(device_workspace_);
+  auto* counter = reinterpret_cast<unsigned long long*>(static_cast<char*>(device_workspace_) +
+                                                        kBlockSumsBytes);
+  RETURN_IF_ERROR(stream_->MemsetAsync(device_workspace_, 0, kWorkspaceBytes));
+  auto* cuda_stream = static_cast<cudaStream_t>(stream_->native_handle());
+  for (const GradSegment& s : segments) {
+    PS_CUDA_RETURN_IF_ERROR(cuda::LaunchGradStats(ToGradType(s.dtype), s.grad, s.n_elems,
+                                                  block_sums, counter, cuda_stream));
+  }
+  RETURN_IF_ERROR(stream_->MemcpyAsync(host_workspace_, device_workspace_, kWorkspaceBytes,
+                                       CopyKind::kDeviceToHost));
+  RETURN_IF_ERROR(stream_->Synchronize());
+  GradStats stats;
+  const auto* host_sums = static_cast<const double*>(host_workspace_);
+  for (int b = 0; b < cuda::kGradStatsMaxBlocks; ++b) stats.sum_squares += host_sums[b];
+  unsigned long long nonfinite;
+  std::memcpy(&nonfinite, static_cast<const char*>(host_workspace_) + kBlockSumsBytes,
+              sizeof(nonfinite));
+  stats.nonfinite_elems = static_cast<int64_t>(nonfinite);
+  return stats;
+}
+
+absl::StatusOr<AdamStepResult> CudaAdam::Step(absl::Span<const AdamSegment> segments) {
+  RETURN_IF_ERROR(ValidateAdamSegments("CudaAdam::Step", segments));
+  MutexLock lock(&mu_);
+  auto* counter = reinterpret_cast<unsigned long long*>(static_cast<char*>(device_workspace_) +
+                                                        kBlockSumsBytes);
+  RETURN_IF_ERROR(stream_->MemsetAsync(counter, 0, sizeof(unsigned long long)));
+  auto* cuda_stream = static_cast<cudaStream_t>(stream_->native_handle());
+  for (const AdamSegment& s : segments) {
+    PS_CUDA_RETURN_IF_ERROR(cuda::LaunchAdamStep(s.scalars, ToGradType(s.dtype), s.grad, s.param,
+                                                 s.master, s.exp_avg, s.exp_avg_sq, s.n_elems,
+                                                 counter, cuda_stream));
+  }
+  void* host_counter = static_cast<char*>(host_workspace_) + kBlockSumsBytes;
+  RETURN_IF_ERROR(stream_->MemcpyAsync(host_counter, counter, sizeof(unsigned long long),
+                                       CopyKind::kDeviceToHost));
+  RETURN_IF_ERROR(stream_->Synchronize());
+  unsigned long long nonfinite;
+  std::memcpy(&nonfinite, host_counter, sizeof(nonfinite));
+  return AdamStepResult{static_cast<int64_t>(nonfinite)};
+}
+
+absl::Status CudaAdam::RestoreParams(absl::Span<const ParamRestoreSegment> segments) {
+  RETURN_IF_ERROR(ValidateRestoreSegments("CudaAdam::RestoreParams", segments));
+  MutexLock lock(&mu_);
+  auto* cuda_stream = static_cast<cudaStream_t>(stream_->native_handle());
+  for (const ParamRestoreSegment& s : segments) {
+    switch (s.dtype) {
+      case DType::kF32:
+        if (s.n_elems > 0) {
+          RETURN_IF_ERROR(
+              stream_->MemcpyAsync(s.param, s.master, s.n_elems * 4, CopyKind::kDeviceToDevice));
+        }
+        break;
+      case DType::kF16:
+        PS_CUDA_RETURN_IF_ERROR(cuda::LaunchConvertF32ToF16(
+            s.master, static_cast<uint16_t*>(s.param), s.n_elems, cuda_stream));
+        break;
+      case DType::kBF16:
+        PS_CUDA_RETURN_IF_ERROR(cuda::LaunchConvertF32ToBF16(
+            s.master, static_cast<uint16_t*>(s.param), s.n_elems, cuda_stream));
+        break;
+    }
+  }
+  return stream_->Synchronize();
+}
+
+}  // namespace ps

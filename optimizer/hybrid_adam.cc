@@ -1,0 +1,328 @@
+#include "optimizer/hybrid_adam.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "chunk/chunk.h"
+#include "chunk/chunk_layout.h"
+#include "chunk/chunk_store.h"
+#include "chunk/chunk_type.h"
+#include "memory/device.h"
+#include "memory/dtype.h"
+#include "optimizer/adam_kernels.h"
+#include "optimizer/adam_math.h"
+#include "optimizer/grad_clip.h"
+#include "optimizer/loss_scaler.h"
+
+namespace ps {
+namespace {
+
+// Acquires chunk `chunk_index` for `use`, runs fn(payloads), and releases it even if fn failed.
+// Returns the first error.
+template <typename Fn>
+absl::Status WithChunk(AdamChunkAccess& access, int64_t chunk_index, AdamChunkUse use, Fn fn) {
+  ASSIGN_OR_RETURN(const AdamChunkPayloads payloads, access.Acquire(chunk_index, use));
+  const absl::Status status = fn(payloads);
+  const absl::Status released = access.Release(chunk_index, use);
+  RETURN_IF_ERROR(status);
+  return released;
+}
+
+const char* UseName(AdamChunkUse use) {
+  switch (use) {
+    case AdamChunkUse::kGradients:
+      return "the gradient pass";
+    case AdamChunkUse::kRestore:
+      return "restoring parameters";
+    case AdamChunkUse::kUpdate:
+      return "the Adam update";
+  }
+  return "?";
+}
+
+absl::Status CheckFiniteAtLeast(absl::string_view what, double value, double min) {
+  if (!std::isfinite(value) || value < min) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HybridAdam: ", what, " must be finite and >= ", min, ", got ", value));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<AdamChunkPayloads> ResidentChunkAccess::Acquire(int64_t chunk_index,
+                                                               AdamChunkUse use) {
+  if (chunk_index < 0 || chunk_index >= store_.num_chunks()) {
+    return absl::InvalidArgumentError(absl::StrCat("ResidentChunkAccess: chunk index ", chunk_index,
+                                                   " outside [0, ", store_.num_chunks(), ")"));
+  }
+  std::vector<ChunkType> types = {ChunkType::kParam};
+  if (use != AdamChunkUse::kGradients) types.push_back(ChunkType::kMaster);
+  if (use == AdamChunkUse::kUpdate) {
+    types.push_back(ChunkType::kMomentum);
+    types.push_back(ChunkType::kVariance);
+  }
+  AdamChunkPayloads payloads;
+  for (ChunkType type : types) {
+    const Chunk& chunk = store_.chunk(type, chunk_index);
+    if (!chunk.has_payload()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          chunk.id().ToString(), " has no payload, but ", UseName(use),
+          " of the optimizer step needs it: the ADAM-stage placement must make the chunk "
+          "resident before HybridAdam::Step"));
+    }
+    if (type == ChunkType::kParam) {
+      payloads.device = chunk.device();
+    } else if (chunk.device() != payloads.device) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(chunk.id().ToString(), " is on ", chunk.device().ToString(), " but param#",
+                       chunk_index, " is on ", payloads.device.ToString(),
+                       ": the chunks one Adam kernel reads must be on the same device"));
+    }
+    switch (type) {
+      case ChunkType::kParam:
+        payloads.param = chunk.payload();
+        break;
+      case ChunkType::kMaster:
+        payloads.master = static_cast<float*>(chunk.payload());
+        break;
+      case ChunkType::kMomentum:
+        payloads.exp_avg = static_cast<float*>(chunk.payload());
+        break;
+      case ChunkType::kVariance:
+        payloads.exp_avg_sq = static_cast<float*>(chunk.payload());
+        break;
+    }
+  }
+  return payloads;
+}
+
+bool IsBiasOrNormTensor(const TensorInfo& tensor) {
+  const std::string name = absl::AsciiStrToLower(tensor.name);
+  return absl::EndsWith(name, "bias") || absl::StrContains(name, "ln_") ||
+         absl::StrContains(name, "layernorm") || absl::StrContains(name, "layer_norm") ||
+         absl::StrContains(name, "norm.");
+}
+
+absl::StatusOr<std::unique_ptr<HybridAdam>> HybridAdam::Create(const ChunkLayout& layout, int rank,
+                                                               DType compute_dtype,
+                                                               HybridAdamOptions options,
+                                                               HybridAdamKernels kernels) {
+  if (kernels.host == nullptr) {
+    return absl::InvalidArgumentError("HybridAdam: kernels.host is required (e.g. a CpuAdam)");
+  }
+  if (options.groups.empty()) {
+    return absl::InvalidArgumentError("HybridAdam: at least one parameter group is required");
+  }
+  if (rank < 0 || rank >= layout.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HybridAdam: rank ", rank, " outside [0, ", layout.world_size(), ")"));
+  }
+  if (compute_dtype != DType::kF32 && compute_dtype != DType::kF16 &&
+      compute_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HybridAdam: unknown compute dtype ", static_cast<int>(compute_dtype)));
+  }
+  auto adam = std::unique_ptr<HybridAdam>(new HybridAdam());
+  adam->mode_ = options.mode;
+  adam->beta1_ = options.beta1;
+  adam->beta2_ = options.beta2;
+  adam->eps_ = options.eps;
+  adam->max_grad_norm_ = options.max_grad_norm;
+  for (const ParamGroupOptions& group : options.groups) {
+    adam->group_names_.push_back(group.name);
+    adam->group_settings_.push_back({group.lr, group.weight_decay});
+  }
+  RETURN_IF_ERROR(adam->ValidateHyperParams());
+  adam->loss_scaler_ = std::move(options.loss_scaler);
+  adam->grad_stats_reducer_ = std::move(options.grad_stats_reducer);
+  adam->kernels_ = kernels;
+  adam->compute_dtype_ = compute_dtype;
+  adam->tensor_group_.assign(static_cast<size_t>(layout.num_tensor_ids()), -1);
+
+  for (int64_t chunk = 0; chunk < layout.num_chunks(); ++chunk) {
+    if (!layout.HoldsPayload(ChunkType::kMaster, chunk, rank)) continue;
+    std::vector<Run> runs;
+    for (TensorId id : layout.TensorsInChunk(chunk)) {
+      const TensorInfo& tensor = layout.tensor(id);
+      int group = -1;
+      for (size_t g = 0; g < options.groups.size(); ++g) {
+        const auto& selector = options.groups[g].selector;
+        if (!selector || selector(tensor)) {
+          group = static_cast<int>(g);
+          break;
+        }
+      }
+      if (group < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("HybridAdam: no parameter group takes tensor \"", tensor.name,
+                         "\"; add a last group without a selector to catch the rest"));
+      }
+      adam->tensor_group_[id] = group;
+      if (!runs.empty() && runs.back().group == group &&
+          runs.back().offset_elems + runs.back().numel == tensor.offset_elems) {
+        runs.back().numel += tensor.numel;
+      } else {
+        runs.push_back({tensor.offset_elems, tensor.numel, group});
+      }
+    }
+    if (runs.empty()) continue;
+    adam->owned_chunks_.push_back(chunk);
+    adam->runs_.push_back(std::move(runs));
+  }
+  return adam;
+}
+
+absl::Status HybridAdam::ValidateHyperParams() const {
+  if (mode_ != AdamMode::kAdam && mode_ != AdamMode::kAdamW) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HybridAdam: unknown mode ", static_cast<int>(mode_)));
+  }
+  for (const auto& [name, beta] :
+       {std::pair<const char*, double>{"betas[0] (beta1)", beta1_}, {"betas[1] (beta2)", beta2_}}) {
+    if (!(beta >= 0.0 && beta < 1.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("HybridAdam: optimizer.params.", name, " must be in [0, 1), got ", beta));
+    }
+  }
+  RETURN_IF_ERROR(CheckFiniteAtLeast("optimizer.params.eps", eps_, 0.0));
+  if (std::isnan(max_grad_norm_) || std::isinf(max_grad_norm_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "HybridAdam: gradient_clipping (max_grad_norm) must be finite (<= 0 turns clipping off), "
+        "got ",
+        max_grad_norm_));
+  }
+  for (size_t g = 0; g < group_settings_.size(); ++g) {
+    const std::string prefix = absl::StrCat("param group \"", group_names_[g], "\" ");
+    RETURN_IF_ERROR(CheckFiniteAtLeast(prefix + "lr", group_settings_[g].lr, 0.0));
+    RETURN_IF_ERROR(
+        CheckFiniteAtLeast(prefix + "weight_decay", group_settings_[g].weight_decay, 0.0));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AdamKernels*> HybridAdam::KernelsFor(int64_t chunk_index, Device device) const {
+  if (device.is_host()) return kernels_.host;
+  if (kernels_.accelerator == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("HybridAdam: chunk ", chunk_index, " is placed on ", device.ToString(),
+                     " for the ADAM stage, but the optimizer has no accelerator kernels; pass "
+                     "HybridAdamKernels.accelerator (CudaAdam, or a CpuAdam for the cpu backend)"));
+  }
+  return kernels_.accelerator;
+}
+
+void HybridAdam::SetLearningRate(double lr) {
+  for (ParamGroupSettings& group : group_settings_) group.lr = lr;
+}
+
+int HybridAdam::group_of(TensorId tensor) const {
+  if (tensor < 0 || tensor >= static_cast<TensorId>(tensor_group_.size())) return -1;
+  return tensor_group_[tensor];
+}
+
+absl::StatusOr<AdamStepReport> HybridAdam::Step(AdamChunkAccess& access) {
+  RETURN_IF_ERROR(ValidateHyperParams());
+  const int64_t width = SizeOf(compute_dtype_);
+  AdamStepReport report;
+  report.loss_scale = loss_scaler_.scale();
+  report.step = step_;
+
+  // Gradient pass: overflow and norm, before anything is written.
+  GradStats stats;
+  std::vector<GradSegment> grad_segments;
+  for (size_t k = 0; k < owned_chunks_.size(); ++k) {
+    const int64_t chunk = owned_chunks_[k];
+    RETURN_IF_ERROR(WithChunk(
+        access, chunk, AdamChunkUse::kGradients, [&](const AdamChunkPayloads& p) -> absl::Status {
+          ASSIGN_OR_RETURN(AdamKernels * kernels, KernelsFor(chunk, p.device));
+          grad_segments.clear();
+          for (const Run& run : runs_[k]) {
+            grad_segments.push_back({compute_dtype_,
+                                     static_cast<const char*>(p.param) + run.offset_elems * width,
+                                     run.numel});
+          }
+          ASSIGN_OR_RETURN(const GradStats chunk_stats, kernels->GradientStats(grad_segments));
+          stats += chunk_stats;
+          return absl::OkStatus();
+        }));
+  }
+  if (grad_stats_reducer_) RETURN_IF_ERROR(grad_stats_reducer_(stats));
+  report.nonfinite_grads = stats.nonfinite_elems;
+
+  if (!stats.finite()) {
+    // Skip the step: the param slots hold gradients; put the parameters back.
+    report.skipped = true;
+    report.grad_norm = std::numeric_limits<double>::infinity();
+    std::vector<ParamRestoreSegment> restore_segments;
+    for (size_t k = 0; k < owned_chunks_.size(); ++k) {
+      const int64_t chunk = owned_chunks_[k];
+      RETURN_IF_ERROR(WithChunk(
+          access, chunk, AdamChunkUse::kRestore, [&](const AdamChunkPayloads& p) -> absl::Status {
+            ASSIGN_OR_RETURN(AdamKernels * kernels, KernelsFor(chunk, p.device));
+            (p.device.is_host() ? report.host_chunks : report.accelerator_chunks)++;
+            restore_segments.clear();
+            for (const Run& run : runs_[k]) {
+              restore_segments.push_back({p.master + run.offset_elems, compute_dtype_,
+                                          static_cast<char*>(p.param) + run.offset_elems * width,
+                                          run.numel});
+            }
+            return kernels->RestoreParams(restore_segments);
+          }));
+    }
+    const absl::Status scaler_status = loss_scaler_.Update(/*overflow=*/true);
+    report.next_loss_scale = loss_scaler_.scale();
+    RETURN_IF_ERROR(scaler_status);
+    return report;
+  }
+
+  report.grad_norm = stats.Norm(report.loss_scale);
+  report.clip_coef = ClipCoefficient(report.grad_norm, max_grad_norm_);
+  std::vector<AdamStepScalars> scalars;
+  for (const ParamGroupSettings& group : group_settings_) {
+    scalars.push_back(MakeAdamStepScalars(mode_, group.lr, beta1_, beta2_, eps_, group.weight_decay,
+                                          step_ + 1, report.loss_scale, report.clip_coef));
+  }
+  std::vector<AdamSegment> segments;
+  for (size_t k = 0; k < owned_chunks_.size(); ++k) {
+    const int64_t chunk = owned_chunks_[k];
+    RETURN_IF_ERROR(WithChunk(
+        access, chunk, AdamChunkUse::kUpdate, [&](const AdamChunkPayloads& p) -> absl::Status {
+          ASSIGN_OR_RETURN(AdamKernels * kernels, KernelsFor(chunk, p.device));
+          (p.device.is_host() ? report.host_chunks : report.accelerator_chunks)++;
+          segments.clear();
+          for (const Run& run : runs_[k]) {
+            char* param = static_cast<char*>(p.param) + run.offset_elems * width;
+            segments.push_back({scalars[run.group], compute_dtype_, param, param,
+                                p.master + run.offset_elems, p.exp_avg + run.offset_elems,
+                                p.exp_avg_sq + run.offset_elems, run.numel});
+          }
+          ASSIGN_OR_RETURN(const AdamStepResult result, kernels->Step(segments));
+          if (result.nonfinite_elems != 0) {
+            return absl::InternalError(absl::StrCat(
+                "HybridAdam: the Adam update of chunk ", chunk, " saw ", result.nonfinite_elems,
+                " Inf/NaN gradients that the gradient pass did not; the gradients changed during "
+                "the optimizer step"));
+          }
+          return absl::OkStatus();
+        }));
+  }
+  ++step_;
+  report.step = step_;
+  RETURN_IF_ERROR(loss_scaler_.Update(/*overflow=*/false));
+  report.next_loss_scale = loss_scaler_.scale();
+  return report;
+}
+
+}  // namespace ps

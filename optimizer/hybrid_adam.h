@@ -1,0 +1,254 @@
+// HybridAdam: one Adam/AdamW step over every chunk this rank owns, each chunk run on the device
+// where its master payload lives during the ADAM stage — the host (CpuAdam) or the accelerator
+// (CudaAdam on a GPU; CpuAdam for the cpu backend's emulated accelerator, whose memory is host
+// RAM). Which chunks are on the accelerator is the scheduler's ADAM-stage placement; HybridAdam
+// does not decide it and does not depend on scheduler/: the placement reaches it through the
+// AdamChunkAccess interface below, which the scheduler's ChunkManager implements (and
+// ResidentChunkAccess implements over a ChunkStore whose chunks are already where they should be).
+//
+// One Step():
+//   1. Reads the hyperparameters now: every group's lr and weight decay, betas, eps, the clipping
+//      threshold — an LR schedule that calls SetLearningRate() between steps takes effect.
+//      (PatrickStar copied lr into per-parameter state at construction, so schedulers did
+//      nothing.)
+//   2. Gradient pass: for every owned chunk, the sum of squares and Inf/NaN count of the gradients
+//      in its param chunk (GradStats), over the tensors only — gaps between tensors hold garbage.
+//      The optional reducer (all-reduce over ranks, from comm/) makes them global.
+//   3. Overflow (any Inf/NaN): the step is skipped: every owned param chunk, whose slots hold
+//      gradients, gets its parameters back from the master copy (rounded to the compute dtype,
+//      so bit-identical to the parameters before backward), the loss scaler lowers the scale as
+//      its policy says, and the step counter does not advance.
+//   4. Otherwise the clipping coefficient is computed from the global norm of the unscaled
+//      gradients (a true L2 norm; optimizer/grad_clip.h), and the fused Adam kernel updates
+//      master/momentum/variance of every owned chunk and writes the new parameters into the param
+//      chunk, one kernel call per chunk with one segment per run of same-group tensors.
+//   5. The loss scaler sees a clean step; the step counter advances.
+//
+// The emulated accelerator (cpu backend): its chunks run through the CpuAdam passed as
+// HybridAdamKernels::accelerator, directly on the calling thread, not enqueued on a stream with
+// Stream::LaunchHostFunc. Stream ordering would buy nothing: Acquire returns only once the
+// payloads are resident (any move has completed), and the step needs each pass's result on the
+// host before the next pass anyway (the overflow decision precedes every update). Running on the
+// calling thread also lets CpuAdam's pool use every core instead of one stream worker thread.
+//
+// Parameter groups: each tensor belongs to the first group whose selector accepts it (a group
+// with no selector accepts everything; every tensor must find a group). Groups have their own lr
+// and weight decay, e.g. no decay on biases and LayerNorm weights (IsBiasOrNormTensor).
+//
+// Thread safety: thread-compatible. Step() runs the kernels, which use their own threads.
+#ifndef PATRICKSTAR_OPTIMIZER_HYBRID_ADAM_H_
+#define PATRICKSTAR_OPTIMIZER_HYBRID_ADAM_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "chunk/chunk_layout.h"
+#include "chunk/chunk_store.h"
+#include "memory/device.h"
+#include "memory/dtype.h"
+#include "optimizer/adam_kernels.h"
+#include "optimizer/adam_math.h"
+#include "optimizer/loss_scaler.h"
+
+namespace ps {
+
+// What a pass over a chunk needs resident.
+enum class AdamChunkUse : uint8_t {
+  kGradients,  // the param chunk, read (its slots hold gradients)
+  kRestore,    // the param chunk (written) and the master chunk (read)
+  kUpdate,     // all four: param, master, momentum, variance
+};
+
+// The payloads of chunk i of each type, on one device. Pointers not needed by the use are null.
+// Each points at the whole payload (capacity elements); tensors sit at their layout offsets.
+struct AdamChunkPayloads {
+  Device device;
+  void* param = nullptr;  // compute dtype
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+};
+
+// The ADAM-stage placement as HybridAdam sees it. Acquire(i, use) makes the payloads `use` needs of
+// owned chunk i resident on one device — the device its placement chose for the chunk's master —
+// and keeps them there, unmoved, until Release(i, use). HybridAdam acquires one chunk at a time,
+// in ascending index order, once per pass, and releases it before acquiring the next.
+class AdamChunkAccess {
+ public:
+  virtual ~AdamChunkAccess() = default;
+  [[nodiscard]] virtual absl::StatusOr<AdamChunkPayloads> Acquire(int64_t chunk_index,
+                                                                  AdamChunkUse use) = 0;
+  [[nodiscard]] virtual absl::Status Release(int64_t chunk_index, AdamChunkUse use) = 0;
+};
+
+// AdamChunkAccess over a ChunkStore whose chunks are already where the step should run them (no
+// moves; Release does nothing): each chunk runs where its payloads are. FailedPrecondition from
+// Acquire if a needed payload is missing (RELEASED) or the needed payloads are not all on one
+// device, naming the chunk and the devices. The store must outlive this object.
+class ResidentChunkAccess final : public AdamChunkAccess {
+ public:
+  explicit ResidentChunkAccess(const ChunkStore& store) : store_(store) {}
+  [[nodiscard]] absl::StatusOr<AdamChunkPayloads> Acquire(int64_t chunk_index,
+                                                          AdamChunkUse use) override;
+  [[nodiscard]] absl::Status Release(int64_t chunk_index, AdamChunkUse use) override {
+    return absl::OkStatus();
+  }
+
+ private:
+  const ChunkStore& store_;
+};
+
+// True for tensors that conventionally get no weight decay: biases and LayerNorm parameters
+// (names ending in "bias", or containing "ln_", "layernorm", "layer_norm" or "norm.").
+bool IsBiasOrNormTensor(const TensorInfo& tensor);
+
+struct ParamGroupOptions {
+  std::string name;
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  // Which tensors the group takes; empty: every tensor not taken by an earlier group.
+  std::function<bool(const TensorInfo&)> selector = nullptr;
+};
+
+struct HybridAdamOptions {
+  AdamMode mode = AdamMode::kAdam;  // DeepSpeed/PatrickStar optimizer.type "Adam"
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  // gradient_clipping: the global L2 norm the unscaled gradients are clipped to; <= 0: off.
+  double max_grad_norm = 0.0;
+  // At least one.
+  std::vector<ParamGroupOptions> groups = {ParamGroupOptions{.name = "default"}};
+  // Dynamic or static loss scaling; None() when gradients are not scaled.
+  LossScaler loss_scaler = LossScaler::None();
+  // Makes the gradient statistics of all ranks global (sums them; comm/ provides it). Empty for
+  // a single rank.
+  std::function<absl::Status(GradStats&)> grad_stats_reducer = nullptr;
+};
+
+// The per-step hyperparameters a caller may change between steps.
+struct ParamGroupSettings {
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+};
+
+// Kernels for each kind of device. `host` is required; `accelerator` may be null if no chunk will
+// ever be stepped on the accelerator (an accelerator chunk is then FailedPrecondition). Both must
+// outlive the optimizer; they may be the same object (the emulated accelerator).
+struct HybridAdamKernels {
+  AdamKernels* host = nullptr;
+  AdamKernels* accelerator = nullptr;
+};
+
+struct AdamStepReport {
+  // True if the step was skipped because a gradient was Inf/NaN.
+  bool skipped = false;
+  // Global L2 norm of the unscaled gradients (before clipping); Inf/NaN-free only if !skipped.
+  double grad_norm = 0.0;
+  // The coefficient the gradients were multiplied by (1: no clipping).
+  double clip_coef = 1.0;
+  // The loss scale the gradients carried, and the scale for the next iteration.
+  double loss_scale = 1.0;
+  double next_loss_scale = 1.0;
+  int64_t nonfinite_grads = 0;
+  // Adam's step count after this step (unchanged when skipped).
+  int64_t step = 0;
+  // Owned chunks stepped on each kind of device.
+  int64_t host_chunks = 0;
+  int64_t accelerator_chunks = 0;
+};
+
+class HybridAdam {
+ public:
+  // Builds the optimizer for the chunks `rank` owns in `layout` (those whose master payload it
+  // holds), with parameters in `compute_dtype`. Assigns every tensor of those chunks to a group.
+  // InvalidArgument naming the option for bad hyperparameters (lr < 0, betas outside [0, 1),
+  // eps < 0, weight_decay < 0, non-finite values, no groups), a tensor no group takes, or a
+  // missing host kernel. The layout is only read here: tensors placed or moved later are not
+  // seen (create a new optimizer after changing the layout).
+  static absl::StatusOr<std::unique_ptr<HybridAdam>> Create(const ChunkLayout& layout, int rank,
+                                                            DType compute_dtype,
+                                                            HybridAdamOptions options,
+                                                            HybridAdamKernels kernels);
+
+  HybridAdam(const HybridAdam&) = delete;
+  HybridAdam& operator=(const HybridAdam&) = delete;
+
+  // One optimizer step, as described at the top of the file. Errors: InvalidArgument for
+  // hyperparameters made invalid since the last step (nothing is touched); the access's and the
+  // kernels' errors; FailedPrecondition for an accelerator chunk without accelerator kernels;
+  // OutOfRange from the loss scaler when an overflow happens at min_loss_scale (the step was
+  // skipped and the parameters restored); Internal if the update saw Inf/NaN gradients the
+  // gradient pass did not (the gradients changed during the step). An error after the first
+  // chunk was updated leaves the step partially applied; resume from a checkpoint.
+  [[nodiscard]] absl::StatusOr<AdamStepReport> Step(AdamChunkAccess& access);
+
+  // --- Hyperparameters, read at every step ---------------------------------------------------
+
+  // Sets every group's learning rate (what DeepSpeed's schedulers do).
+  void SetLearningRate(double lr);
+  int num_param_groups() const { return static_cast<int>(group_names_.size()); }
+  const std::string& param_group_name(int group) const { return group_names_[group]; }
+  // REQUIRES: 0 <= group < num_param_groups().
+  ParamGroupSettings& param_group(int group) { return group_settings_[group]; }
+  const ParamGroupSettings& param_group(int group) const { return group_settings_[group]; }
+  // The group of a tensor; -1 if the tensor is not in a chunk this rank owns.
+  int group_of(TensorId tensor) const;
+  AdamMode mode() const { return mode_; }
+  void set_betas(double beta1, double beta2) {
+    beta1_ = beta1;
+    beta2_ = beta2;
+  }
+  void set_eps(double eps) { eps_ = eps; }
+  void set_max_grad_norm(double max_grad_norm) { max_grad_norm_ = max_grad_norm; }
+
+  // --- State --------------------------------------------------------------------------------
+
+  // Adam steps taken (skipped steps do not count): the next step uses bias correction step() + 1.
+  int64_t step() const { return step_; }
+  // For resuming from a checkpoint.
+  void set_step(int64_t step) { step_ = step; }
+  LossScaler& loss_scaler() { return loss_scaler_; }
+  const LossScaler& loss_scaler() const { return loss_scaler_; }
+  // Owned chunk indices, ascending.
+  const std::vector<int64_t>& owned_chunks() const { return owned_chunks_; }
+
+ private:
+  // Contiguous tensors of one chunk in one group: elements [offset_elems, offset_elems + numel).
+  struct Run {
+    int64_t offset_elems;
+    int64_t numel;
+    int group;
+  };
+
+  HybridAdam() = default;
+
+  absl::Status ValidateHyperParams() const;
+  absl::StatusOr<AdamKernels*> KernelsFor(int64_t chunk_index, Device device) const;
+
+  AdamMode mode_ = AdamMode::kAdam;
+  double beta1_ = 0.9;
+  double beta2_ = 0.999;
+  double eps_ = 1e-8;
+  double max_grad_norm_ = 0.0;
+  std::vector<std::string> group_names_;
+  std::vector<ParamGroupSettings> group_settings_;
+  std::vector<int> tensor_group_;  // by TensorId; -1 if not owned
+  LossScaler loss_scaler_ = LossScaler::None();
+  std::function<absl::Status(GradStats&)> grad_stats_reducer_;
+  HybridAdamKernels kernels_;
+  DType compute_dtype_ = DType::kF16;
+  std::vector<int64_t> owned_chunks_;
+  std::vector<std::vector<Run>> runs_;  // parallel to owned_chunks_
+  int64_t step_ = 0;
+};
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_OPTIMIZER_HYBRID_ADAM_H_
