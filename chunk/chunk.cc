@@ -68,6 +68,11 @@ Chunk::Chunk(ChunkSpec spec) : spec_(std::move(spec)) {
 }
 
 Chunk::~Chunk() {
+  if (backing_ != nullptr) {
+    absl::Status s = backing_resource_->Deallocate(backing_, capacity_bytes());
+    LOG_IF(ERROR, !s.ok()) << "chunk " << id() << " could not give its backing copy back to "
+                           << backing_resource_->name() << " on destruction: " << s;
+  }
   if (payload_ == nullptr) return;
   absl::Status s = resource_->Deallocate(payload_, capacity_bytes());
   LOG_IF(ERROR, !s.ok()) << "chunk " << id() << " could not give its payload back to "
@@ -132,6 +137,7 @@ absl::Status Chunk::CheckMovable(absl::string_view action) const {
 
 absl::Status Chunk::ReleasePayload() {
   RETURN_IF_ERROR(CheckMovable("release the payload of"));
+  RETURN_IF_ERROR(FreeBacking());
   RETURN_IF_ERROR(Annotate(resource_->Deallocate(payload_, capacity_bytes()),
                            absl::StrCat("releasing the payload of chunk ", id().ToString())));
   payload_ = nullptr;
@@ -146,6 +152,14 @@ absl::Status Chunk::ReleasePayload() {
 absl::Status Chunk::MoveTo(MemoryResource& destination, Stream& stream) {
   RETURN_IF_ERROR(CheckMovable("move"));
   if (&destination == resource_) return absl::OkStatus();
+  if (&destination == backing_resource_) {
+    if (!backing_valid_) {
+      RETURN_IF_ERROR(WriteBackAsync(stream));
+      RETURN_IF_ERROR(
+          Annotate(stream.Synchronize(), absl::StrCat("writing back chunk ", id().ToString())));
+    }
+    return RevertToBacking();
+  }
   const Device src = resource_->device();
   const Device dst = destination.device();
   const std::string context =
@@ -167,8 +181,129 @@ absl::Status Chunk::MoveTo(MemoryResource& destination, Stream& stream) {
   MemoryResource* old_resource = resource_;
   payload_ = *target;
   resource_ = &destination;
-  return Annotate(old_resource->Deallocate(old_payload, capacity_bytes()),
-                  absl::StrCat(context, ", freeing the source"));
+  RETURN_IF_ERROR(Annotate(old_resource->Deallocate(old_payload, capacity_bytes()),
+                           absl::StrCat(context, ", freeing the source")));
+  return Annotate(FreeBacking(), context);
+}
+
+Device Chunk::backing_device() const {
+  CHECK(has_backing()) << "chunk " << id() << " has no backing copy, hence no backing device";
+  return backing_resource_->device();
+}
+
+absl::Status Chunk::FreeBacking() {
+  if (backing_ == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(
+      Annotate(backing_resource_->Deallocate(backing_, capacity_bytes()),
+               absl::StrCat("giving back the backing copy of chunk ", id().ToString())));
+  backing_ = nullptr;
+  backing_resource_ = nullptr;
+  backing_valid_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status Chunk::CopyToKeepingBacking(MemoryResource& destination, Stream& stream) {
+  RETURN_IF_ERROR(CheckMovable("copy"));
+  if (has_backing()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot copy chunk ", id().ToString(), " keeping its source: it already has a backing copy",
+        " on ", backing_device().ToString(), "; write it back and revert, or discard it first"));
+  }
+  if (&destination == resource_) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot copy chunk ", id().ToString(), " to ",
+                                                      destination.name(),
+                                                      ": its payload is already there"));
+  }
+  const Device src = resource_->device();
+  const Device dst = destination.device();
+  const std::string context =
+      absl::StrCat("copying chunk ", id().ToString(), " (", FormatBytes(capacity_bytes()),
+                   ") from ", src.ToString(), " to ", dst.ToString());
+  absl::StatusOr<CopyKind> kind = CopyKindBetween(src, dst);
+  if (!kind.ok()) return Annotate(kind.status(), context);
+  absl::StatusOr<void*> target = destination.Allocate(capacity_bytes());
+  if (!target.ok()) return Annotate(target.status(), context);
+  if (absl::Status copied = stream.MemcpyAsync(*target, payload_, capacity_bytes(), *kind);
+      !copied.ok()) {
+    absl::Status undo = destination.Deallocate(*target, capacity_bytes());
+    LOG_IF(ERROR, !undo.ok()) << context
+                              << ": could not free the destination after a failed copy: " << undo;
+    return Annotate(copied, context);
+  }
+  backing_ = payload_;
+  backing_resource_ = resource_;
+  backing_valid_ = true;
+  payload_ = *target;
+  resource_ = &destination;
+  return absl::OkStatus();
+}
+
+absl::Status Chunk::WriteBackAsync(Stream& stream, MemoryResource* backing_resource) {
+  RETURN_IF_ERROR(CheckMovable("write back"));
+  if (backing_valid()) return absl::OkStatus();
+  bool allocated = false;
+  if (!has_backing()) {
+    if (backing_resource == nullptr || backing_resource == resource_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot write back chunk ", id().ToString(),
+                       ": it has no backing copy and no other resource was given to hold one"));
+    }
+    absl::StatusOr<void*> buffer = backing_resource->Allocate(capacity_bytes());
+    if (!buffer.ok()) {
+      return Annotate(
+          buffer.status(),
+          absl::StrCat("allocating a backing copy of chunk ", id().ToString(), " (",
+                       FormatBytes(capacity_bytes()), ") from ", backing_resource->name()));
+    }
+    backing_ = *buffer;
+    backing_resource_ = backing_resource;
+    allocated = true;
+  }
+  const std::string context = absl::StrCat(
+      "writing back chunk ", id().ToString(), " (", FormatBytes(capacity_bytes()), ") from ",
+      resource_->device().ToString(), " to ", backing_resource_->device().ToString());
+  absl::Status s = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(CopyKind kind, CopyKindBetween(resource_->device(), backing_device()));
+    return stream.MemcpyAsync(backing_, payload_, capacity_bytes(), kind);
+  }();
+  if (!s.ok()) {
+    if (allocated) {
+      absl::Status undo = FreeBacking();
+      LOG_IF(ERROR, !undo.ok()) << context << ": " << undo;
+    }
+    return Annotate(s, context);
+  }
+  backing_valid_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Chunk::RevertToBacking() {
+  RETURN_IF_ERROR(CheckMovable("revert to the backing copy of"));
+  if (!has_backing()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot revert chunk ", id().ToString(), " to its backing copy: it has none"));
+  }
+  if (!backing_valid_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot revert chunk ", id().ToString(), " to its backing copy on ",
+        backing_device().ToString(), ": the payload was written since; write it back first"));
+  }
+  RETURN_IF_ERROR(Annotate(resource_->Deallocate(payload_, capacity_bytes()),
+                           absl::StrCat("dropping the payload of chunk ", id().ToString())));
+  payload_ = backing_;
+  resource_ = backing_resource_;
+  backing_ = nullptr;
+  backing_resource_ = nullptr;
+  backing_valid_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status Chunk::DiscardBacking() {
+  if (!has_backing()) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot discard the backing copy of chunk ",
+                                                      id().ToString(), ": it has none"));
+  }
+  return FreeBacking();
 }
 
 absl::Status Chunk::Unpin() {
@@ -238,6 +373,8 @@ absl::Status Chunk::CheckTransition(int slot, TensorState to, bool has_stream) c
 absl::Status Chunk::SetTensorState(int slot, TensorState to, Stream* stream) {
   RETURN_IF_ERROR(CheckTransition(slot, to, stream != nullptr));
   const TensorState from = states_[slot];
+  // The payload's bytes change (zero-fill, or the caller fills the tensor after FREE -> HOLD).
+  if (from == TensorState::kFree) backing_valid_ = false;
   if (from == TensorState::kFree && to == TensorState::kCompute) {
     const ChunkTensor& t = spec_.tensors[slot];
     char* data = static_cast<char*>(payload_) + t.offset_elems * SizeOf(dtype());
@@ -280,7 +417,10 @@ std::string Chunk::DebugString() const {
                       " tensors ", has_payload() ? "on " + device().ToString() : "released", ", ",
                       FormatBytes(capacity_bytes()), ", owner ", owner_rank(),
                       is_padding() ? ", padding" : "", pinned() ? ", pinned " : "",
-                      pinned() ? absl::StrCat(pin_count_) : "");
+                      pinned() ? absl::StrCat(pin_count_) : "",
+                      has_backing() ? absl::StrCat(", backing on ", backing_device().ToString(),
+                                                   backing_valid_ ? " (clean)" : " (stale)")
+                                    : "");
 }
 
 }  // namespace ps

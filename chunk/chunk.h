@@ -17,6 +17,22 @@
 //  - A chunk with a COMPUTE tensor, or pinned, is never moved or released: asking is
 //    FailedPrecondition and changes nothing.
 //  - Only the owner rank holds a master/momentum/variance payload, and padding chunks never do.
+//  - A backing copy exists only beside a payload, on another resource (see below).
+//
+// Backing copy (host memory as the backing store). When the scheduler loads a chunk from the host
+// to the accelerator it keeps the host buffer: CopyToKeepingBacking() makes the new buffer the
+// payload and the old one the chunk's *backing copy*, marked valid (it holds the payload's bytes).
+// While it stays valid, the chunk is *clean*: evicting it is RevertToBacking(), which drops the
+// payload and makes the backing copy the payload again, with no copy at all. The backing copy goes
+// stale when the payload changes: on FREE -> COMPUTE (zero-fill) and FREE -> HOLD (the caller
+// fills it), and whenever the owner calls MarkPayloadWritten() (the chunk cannot see kernels write
+// through views, so the scheduler says when it grants write access). A stale backing copy is made
+// valid again by WriteBackAsync(), which copies into the existing buffer (no new allocation).
+// DiscardBacking() frees it; CopyToKeepingBacking() + waiting + DiscardBacking() is an
+// asynchronous move that frees the source only after the copy completed.
+// The asynchronous calls only enqueue work on a stream: the caller must wait for that stream (an
+// event recorded after the call) before reading or writing the new payload, and before freeing
+// or reverting to the backing copy. Nothing in Chunk waits for them.
 //
 // Errors: an illegal tensor-state transition is FailedPrecondition naming the tensor, the chunk,
 // the from and to states and the legal targets; a failed allocation is the resource's
@@ -115,13 +131,16 @@ class Chunk {
   // otherwise, with the chunk named.
   [[nodiscard]] absl::Status AllocatePayload(MemoryResource& resource);
 
-  // Gives the payload back to its resource; every tensor becomes FREE (its data is gone).
-  // FailedPrecondition if there is no payload, a tensor is COMPUTE, or the chunk is pinned.
+  // Gives the payload (and the backing copy, if any) back; every tensor becomes FREE (its data is
+  // gone). FailedPrecondition if there is no payload, a tensor is COMPUTE, or the chunk is pinned.
   [[nodiscard]] absl::Status ReleasePayload();
 
   // Moves the payload to `destination`: allocates there, copies on `stream` (CopyKind derived
   // from the two devices), waits for the copy, gives the old payload back. Tensor states are
-  // unchanged. A move to the resource already holding the payload is a no-op.
+  // unchanged. A move to the resource already holding the payload is a no-op. With a backing
+  // copy on `destination` the move reuses it: a valid one is simply reverted to (no copy), a stale
+  // one is written back into (no allocation) first. A backing copy elsewhere is given back after
+  // a successful move.
   // FailedPrecondition if there is no payload, a tensor is COMPUTE, or the chunk is pinned;
   // ResourceExhausted if `destination` is full; the stream's error if the copy fails. On any
   // error the payload stays where it was (if giving the old payload back fails after the copy,
@@ -131,6 +150,51 @@ class Chunk {
 
   // True if MoveTo/ReleasePayload would be allowed now: a payload, no COMPUTE tensor, not pinned.
   bool movable() const;
+
+  // --- Backing copy (see the file comment) ----------------------------------------------------
+
+  bool has_backing() const { return backing_ != nullptr; }
+  // True when the backing copy holds the payload's bytes (the chunk is clean). False without one.
+  bool backing_valid() const { return backing_ != nullptr && backing_valid_; }
+  // nullptr without a backing copy.
+  void* backing() const { return backing_; }
+  MemoryResource* backing_resource() const { return backing_resource_; }
+  // The backing copy's device. REQUIRES: has_backing().
+  Device backing_device() const;
+
+  // Allocates a buffer from `destination`, enqueues a copy of the payload into it on `stream`,
+  // and makes it the payload; the old payload becomes the valid backing copy. Tensor states are
+  // unchanged; views now point into the new payload. Wait for `stream` before using the new
+  // payload (see the file comment).
+  // FailedPrecondition if there is no payload, a tensor is COMPUTE, the chunk is pinned, it
+  // already has a backing copy, or `destination` already holds the payload; InvalidArgument for
+  // two different accelerators; ResourceExhausted if `destination` is full; the stream's error if
+  // the enqueue fails. On any error the chunk is unchanged.
+  [[nodiscard]] absl::Status CopyToKeepingBacking(MemoryResource& destination, Stream& stream);
+
+  // Makes the backing copy valid by enqueueing a copy of the payload into it on `stream`. A chunk
+  // without a backing copy first gets one from `backing_resource` (FailedPrecondition when that
+  // is null, or is the payload's resource). No-op for a chunk whose backing copy is valid.
+  // FailedPrecondition if there is no payload, a tensor is COMPUTE, or the chunk is pinned;
+  // ResourceExhausted if the new backing copy cannot be allocated; the stream's error if the
+  // enqueue fails. On any error the chunk is unchanged (a backing copy allocated by this call is
+  // freed again).
+  [[nodiscard]] absl::Status WriteBackAsync(Stream& stream,
+                                            MemoryResource* backing_resource = nullptr);
+
+  // Clean eviction: gives the payload back to its resource and makes the backing copy the
+  // payload, with no copy. Tensor states are unchanged.
+  // FailedPrecondition if there is no backing copy or it is stale, a tensor is COMPUTE, or the
+  // chunk is pinned. REQUIRES: no stream work on either buffer is pending.
+  [[nodiscard]] absl::Status RevertToBacking();
+
+  // Gives the backing copy back to its resource. FailedPrecondition without one.
+  // REQUIRES: no stream work on it is pending.
+  [[nodiscard]] absl::Status DiscardBacking();
+
+  // Records that the payload was (or is about to be) written: the backing copy, if any, goes
+  // stale.
+  void MarkPayloadWritten() { backing_valid_ = false; }
 
   // --- Pinning: a pinned chunk is never moved or released (collective buffers in flight) -----
 
@@ -170,7 +234,7 @@ class Chunk {
   const TensorStateCounts& tensor_counts() const { return counts_; }
   ChunkState state() const { return DeriveChunkState(has_payload(), counts_); }
 
-  // "param#3 [HOLD] 4 tensors on accelerator:0, 8.00 MiB, pinned 1".
+  // "param#3 [HOLD] 4 tensors on accelerator:0, 8.00 MiB, owner 0, backing on host (clean)".
   std::string DebugString() const;
 
  private:
@@ -178,6 +242,8 @@ class Chunk {
 
   // FailedPrecondition naming `action` unless movable().
   absl::Status CheckMovable(absl::string_view action) const;
+  // Gives the backing copy back (if any), logging and returning a failure.
+  absl::Status FreeBacking();
   absl::Status CheckSlot(int slot) const;
 
   ChunkSpec spec_;
@@ -187,6 +253,10 @@ class Chunk {
   int pin_count_ = 0;
   void* payload_ = nullptr;
   MemoryResource* resource_ = nullptr;
+  // The backing copy (see the file comment); only ever set while payload_ is.
+  void* backing_ = nullptr;
+  MemoryResource* backing_resource_ = nullptr;
+  bool backing_valid_ = false;
 };
 
 }  // namespace ps

@@ -3,7 +3,9 @@
 // against a reference model — whether it should succeed and with which code — and after every
 // step the per-state counts, the derived chunk state, the payload's device and the data of every
 // tensor that holds data are compared with the model. A move of a COMPUTE or pinned chunk must fail
-// and leave the payload where it was.
+// and leave the payload where it was. Backing copies (copy keeping the source, write-back, clean
+// revert, discard, writes through views) are modelled too: a revert must succeed exactly when the
+// backing copy is valid, and must then give back the data the payload held.
 #include <cstdint>
 #include <cstring>
 #include <iostream>
@@ -37,7 +39,9 @@ constexpr int64_t kDeviceCapacityBytes = 600;
 // What the test believes about one chunk.
 struct RefChunk {
   std::vector<TensorState> states;
-  int where = kNone;  // kNone: no payload
+  int where = kNone;    // kNone: no payload
+  int backing = kNone;  // where the backing copy is; kNone: none
+  bool backing_valid = false;
   int pins = 0;
   bool may_allocate = true;
   // Expected bytes of each tensor that holds data (not FREE).
@@ -84,7 +88,10 @@ class RandomOps {
               << stats_.allocations << ", releases " << stats_.releases << ", moves to device "
               << stats_.moves_to_device << ", moves to host " << stats_.moves_to_host
               << ", refused moves (COMPUTE/pinned) " << stats_.refused_moves_compute_or_pinned
-              << ", out of memory " << stats_.out_of_memory << "\n";
+              << ", out of memory " << stats_.out_of_memory << ", copies keeping the source "
+              << stats_.copies_keeping_backing << ", write-backs " << stats_.write_backs
+              << ", clean reverts " << stats_.reverts << ", refused (stale) reverts "
+              << stats_.refused_reverts << "\n";
     // The sequence really exercised every path.
     EXPECT_GT(stats_.transitions, 200);
     EXPECT_GT(stats_.illegal_transitions, 200);
@@ -95,6 +102,10 @@ class RandomOps {
     EXPECT_GT(stats_.moves_to_host, 10);
     EXPECT_GT(stats_.refused_moves_compute_or_pinned, 10);
     EXPECT_GT(stats_.out_of_memory, 5);
+    EXPECT_GT(stats_.copies_keeping_backing, 10);
+    EXPECT_GT(stats_.write_backs, 5);
+    EXPECT_GT(stats_.reverts, 10);
+    EXPECT_GT(stats_.refused_reverts, 5);
     for (auto& c : chunks_) c.reset();  // gives payloads back before the resources go
     EXPECT_EQ(host_.allocated_bytes(), 0);
     EXPECT_EQ(device_->allocated_bytes(), 0);
@@ -143,6 +154,7 @@ class RandomOps {
     int64_t bytes = 0;
     for (size_t i = 0; i < chunks_.size(); ++i) {
       if (refs_[i].where == kDevice) bytes += chunks_[i]->capacity_bytes();
+      if (refs_[i].backing == kDevice) bytes += chunks_[i]->capacity_bytes();
     }
     return bytes;
   }
@@ -177,8 +189,10 @@ class RandomOps {
     const size_t c = Uniform(0, chunks_.size() - 1);
     Chunk& chunk = *chunks_[c];
     RefChunk& ref = refs_[c];
-    const int64_t op = Uniform(0, 99);
-    if (op < 45) {
+    const int64_t op = Uniform(0, 159);
+    if (op >= 100) {
+      ASSERT_NO_FATAL_FAILURE(BackingStep(c, op - 100));
+    } else if (op < 45) {
       if (chunk.num_tensors() == 0) return;
       const int slot = static_cast<int>(Uniform(0, chunk.num_tensors() - 1));
       const TensorState from = ref.states[slot];
@@ -210,6 +224,7 @@ class RandomOps {
         ++stats_.zero_fills_on_device;
       }
       ref.states[slot] = to;
+      if (from == TensorState::kFree) ref.backing_valid = false;  // new bytes in the payload
       if (to == TensorState::kFree) {
         ref.data[slot].clear();
       } else if (from == TensorState::kFree) {
@@ -250,6 +265,8 @@ class RandomOps {
       }
       ++stats_.releases;
       ref.where = kNone;
+      ref.backing = kNone;
+      ref.backing_valid = false;
       ref.states.assign(ref.states.size(), TensorState::kFree);
       for (auto& d : ref.data) d.clear();
     } else if (op < 90) {
@@ -257,7 +274,7 @@ class RandomOps {
       absl::StatusCode expected = absl::StatusCode::kOk;
       if (ref.where == kNone || HasCompute(ref) || ref.pins > 0) {
         expected = absl::StatusCode::kFailedPrecondition;
-      } else if (where != ref.where && !Fits(chunk, where)) {
+      } else if (where != ref.where && where != ref.backing && !Fits(chunk, where)) {
         expected = absl::StatusCode::kResourceExhausted;
       }
       void* before = chunk.payload();
@@ -277,6 +294,9 @@ class RandomOps {
       }
       if (where != ref.where) {
         ++(where == kDevice ? stats_.moves_to_device : stats_.moves_to_host);
+        // The backing copy is reused on the destination, given back elsewhere.
+        ref.backing = kNone;
+        ref.backing_valid = false;
       }
       ref.where = where;
       ASSERT_NO_FATAL_FAILURE(CheckData(c));
@@ -287,6 +307,109 @@ class RandomOps {
       const absl::Status s = chunk.Unpin();
       ASSERT_EQ(s.ok(), ref.pins > 0) << s;
       if (s.ok()) --ref.pins;
+    }
+  }
+
+  // The backing-copy operations: 0-15 copy keeping the source, 16-25 write back, 26-45 revert,
+  // 46-49 discard, 50-59 write new data through a view.
+  void BackingStep(size_t c, int64_t op) {
+    if (op >= 50) {
+      // Writes go mostly to chunks with a backing copy, where they matter.
+      std::vector<size_t> with_backing;
+      for (size_t i = 0; i < refs_.size(); ++i) {
+        if (refs_[i].backing != kNone) with_backing.push_back(i);
+      }
+      if (!with_backing.empty() && Uniform(0, 3) != 0) {
+        c = with_backing[Uniform(0, with_backing.size() - 1)];
+      }
+    }
+    Chunk& chunk = *chunks_[c];
+    RefChunk& ref = refs_[c];
+    const bool movable = ref.where != kNone && !HasCompute(ref) && ref.pins == 0;
+    if (op < 16) {
+      const int where = ref.where == kHost ? kDevice : kHost;
+      absl::StatusCode expected = absl::StatusCode::kOk;
+      if (!movable || ref.backing != kNone) {
+        expected = absl::StatusCode::kFailedPrecondition;
+      } else if (!Fits(chunk, where)) {
+        expected = absl::StatusCode::kResourceExhausted;
+      }
+      void* before = chunk.payload();
+      const absl::Status s = chunk.CopyToKeepingBacking(Resource(where), *stream_);
+      ASSERT_EQ(s.code(), expected) << s;
+      stats_.out_of_memory += expected == absl::StatusCode::kResourceExhausted ? 1 : 0;
+      if (!s.ok()) {
+        ASSERT_EQ(chunk.payload(), before);
+        return;
+      }
+      ASSERT_OK(stream_->Synchronize());
+      ++stats_.copies_keeping_backing;
+      ref.backing = ref.where;
+      ref.backing_valid = true;
+      ref.where = where;
+      ASSERT_EQ(chunk.backing(), before);
+      ASSERT_NO_FATAL_FAILURE(CheckData(c));
+    } else if (op < 26) {
+      // Without a backing copy, one is allocated on the other side (half the time).
+      const int other = ref.where == kHost ? kDevice : kHost;
+      const bool give = Uniform(0, 1) == 1;
+      absl::StatusCode expected = absl::StatusCode::kOk;
+      if (!movable) {
+        expected = absl::StatusCode::kFailedPrecondition;
+      } else if (ref.backing == kNone && !give) {
+        expected = absl::StatusCode::kFailedPrecondition;
+      } else if (ref.backing == kNone && !Fits(chunk, other)) {
+        expected = absl::StatusCode::kResourceExhausted;
+      }
+      const absl::Status s = chunk.WriteBackAsync(*stream_, give ? &Resource(other) : nullptr);
+      ASSERT_EQ(s.code(), expected) << s;
+      if (!s.ok()) return;
+      ASSERT_OK(stream_->Synchronize());
+      stats_.write_backs += ref.backing_valid ? 0 : 1;
+      if (ref.backing == kNone) ref.backing = other;
+      ref.backing_valid = true;
+    } else if (op < 46) {
+      const bool ok = movable && ref.backing != kNone && ref.backing_valid;
+      void* backing = chunk.backing();
+      const absl::Status s = chunk.RevertToBacking();
+      ASSERT_EQ(s.ok(), ok) << s;
+      if (!s.ok()) {
+        ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+        stats_.refused_reverts += (movable && ref.backing != kNone) ? 1 : 0;
+        return;
+      }
+      ++stats_.reverts;
+      ASSERT_EQ(chunk.payload(), backing);
+      ref.where = ref.backing;
+      ref.backing = kNone;
+      ref.backing_valid = false;
+      ASSERT_NO_FATAL_FAILURE(CheckData(c));  // the backing copy had exactly the payload's data
+    } else if (op < 50) {
+      const absl::Status s = chunk.DiscardBacking();
+      ASSERT_EQ(s.ok(), ref.backing != kNone) << s;
+      ref.backing = kNone;
+      ref.backing_valid = false;
+    } else {
+      // A kernel writes a tensor that holds data: the owner marks the payload written.
+      std::vector<int> holding;
+      for (int slot = 0; slot < chunk.num_tensors(); ++slot) {
+        if (ref.states[slot] != TensorState::kFree) holding.push_back(slot);
+      }
+      if (holding.empty()) return;
+      const int slot = holding[Uniform(0, holding.size() - 1)];
+      ASSERT_OK_AND_ASSIGN(TensorView view, chunk.View(slot));
+      std::vector<uint8_t> bytes(view.bytes());
+      for (uint8_t& b : bytes) b = static_cast<uint8_t>(Uniform(0, 255));
+      chunk.MarkPayloadWritten();
+      ASSERT_NO_FATAL_FAILURE(WriteView(view, bytes));
+      ref.data[slot] = std::move(bytes);
+      ref.backing_valid = false;
+      if (movable && ref.backing != kNone) {
+        // The backing copy is stale now: reverting to it would lose the write.
+        ASSERT_THAT(chunk.RevertToBacking(),
+                    StatusIs(absl::StatusCode::kFailedPrecondition, "write it back first"));
+        ++stats_.refused_reverts;
+      }
     }
   }
 
@@ -319,6 +442,13 @@ class RandomOps {
       ASSERT_EQ(chunk.has_payload(), ref.where != kNone) << chunk.id();
       ASSERT_EQ(chunk.pin_count(), ref.pins);
       ASSERT_EQ(chunk.movable(), ref.where != kNone && !HasCompute(ref) && ref.pins == 0);
+      ASSERT_EQ(chunk.has_backing(), ref.backing != kNone) << chunk.id();
+      ASSERT_EQ(chunk.backing_valid(), ref.backing != kNone && ref.backing_valid) << chunk.id();
+      if (ref.backing != kNone) {
+        ASSERT_NE(ref.where, kNone) << chunk.id() << ": a backing copy without a payload";
+        ASSERT_EQ(chunk.backing_resource(), &Resource(ref.backing));
+        (ref.backing == kHost ? host_bytes : device_bytes) += chunk.capacity_bytes();
+      }
       if (ref.where != kNone) {
         ASSERT_EQ(chunk.device(), Resource(ref.where).device()) << chunk.id();
         ASSERT_EQ(chunk.payload_resource(), &Resource(ref.where));
@@ -345,6 +475,10 @@ class RandomOps {
     int moves_to_host = 0;
     int refused_moves_compute_or_pinned = 0;
     int out_of_memory = 0;
+    int copies_keeping_backing = 0;
+    int write_backs = 0;
+    int reverts = 0;
+    int refused_reverts = 0;
   };
 
   std::mt19937_64 rng_;
@@ -361,7 +495,7 @@ TEST(ChunkRandomOps, MatchesReferenceModel) {
   for (uint64_t seed : {1u, 7u, 42u, 1234u}) {
     SCOPED_TRACE(absl::StrCat("seed ", seed));
     RandomOps ops(seed);
-    ASSERT_NO_FATAL_FAILURE(ops.Run(5000));
+    ASSERT_NO_FATAL_FAILURE(ops.Run(8000));
   }
 }
 

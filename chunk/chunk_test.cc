@@ -366,6 +366,213 @@ TEST_F(ChunkTest, DestructionGivesThePayloadBack) {
   EXPECT_EQ(backend_->allocated_bytes(), 0);
 }
 
+// --- Backing copy -------------------------------------------------------------------------------
+
+// Loading keeps the host buffer; an unchanged chunk is evicted by dropping the device copy, with
+// no device-to-host traffic at all.
+TEST_F(ChunkTest, CleanChunkIsEvictedWithoutACopy) {
+  auto chunk = MakeChunk(Spec(ChunkType::kMaster, DType::kF32));
+  ASSERT_OK(chunk->AllocatePayload(host_));
+  auto* data = static_cast<uint8_t*>(chunk->payload());
+  for (int i = 0; i < chunk->capacity_bytes(); ++i) data[i] = static_cast<uint8_t>(3 * i + 5);
+  const std::vector<uint8_t> expected(data, data + chunk->capacity_bytes());
+  void* host_buffer = chunk->payload();
+  ASSERT_OK(chunk->SetTensorState(1, TensorState::kHold));
+
+  ASSERT_OK(chunk->CopyToKeepingBacking(*device_, *stream_));
+  ASSERT_OK(stream_->Synchronize());
+  EXPECT_EQ(chunk->device(), backend_->device());
+  EXPECT_TRUE(chunk->has_backing());
+  EXPECT_TRUE(chunk->backing_valid());
+  EXPECT_EQ(chunk->backing(), host_buffer);
+  EXPECT_EQ(chunk->backing_device(), Device::Host());
+  EXPECT_EQ(host_.allocated_bytes(), 64);
+  EXPECT_EQ(device_->allocated_bytes(), 64);
+  EXPECT_EQ(backend_->counters().host_to_device_bytes, 64);
+  EXPECT_EQ(ReadPayload(*chunk), expected);
+  EXPECT_THAT(chunk->DebugString(), HasSubstr("backing on host (clean)"));
+
+  // A read-only use: COMPUTE and back does not change the bytes.
+  ASSERT_OK(chunk->SetTensorState(1, TensorState::kCompute));
+  EXPECT_THAT(chunk->RevertToBacking(), StatusIs(absl::StatusCode::kFailedPrecondition, "COMPUTE"));
+  ASSERT_OK(chunk->SetTensorState(1, TensorState::kHoldAfterFwd));
+
+  const int64_t d2h_before = backend_->counters().device_to_host_bytes;
+  ASSERT_OK(chunk->RevertToBacking());
+  EXPECT_EQ(backend_->counters().device_to_host_bytes, d2h_before);  // no copy back
+  EXPECT_EQ(chunk->payload(), host_buffer);
+  EXPECT_FALSE(chunk->has_backing());
+  EXPECT_EQ(device_->allocated_bytes(), 0);
+  EXPECT_EQ(host_.allocated_bytes(), 64);
+  EXPECT_EQ(ReadPayload(*chunk), expected);
+  EXPECT_EQ(chunk->tensor_state(1), TensorState::kHoldAfterFwd);
+  EXPECT_THAT(chunk->RevertToBacking(), StatusIs(absl::StatusCode::kFailedPrecondition, "none"));
+}
+
+TEST_F(ChunkTest, WrittenChunkIsWrittenBackIntoItsBackingCopy) {
+  auto chunk = MakeChunk(Spec(ChunkType::kParam, DType::kF16));
+  ASSERT_OK(chunk->AllocatePayload(host_));
+  std::memset(chunk->payload(), 0x11, chunk->capacity_bytes());
+  ASSERT_OK(chunk->SetTensorState(0, TensorState::kHold));
+  void* host_buffer = chunk->payload();
+  ASSERT_OK(chunk->CopyToKeepingBacking(*device_, *stream_));
+  ASSERT_OK(chunk->SetTensorState(0, TensorState::kCompute));
+  chunk->MarkPayloadWritten();
+  ASSERT_OK(stream_->MemsetAsync(chunk->payload(), 0x22, chunk->capacity_bytes()));
+  ASSERT_OK(chunk->SetTensorState(0, TensorState::kHoldAfterBwd));
+  EXPECT_TRUE(chunk->has_backing());
+  EXPECT_FALSE(chunk->backing_valid());
+  EXPECT_THAT(chunk->DebugString(), HasSubstr("(stale)"));
+  EXPECT_THAT(chunk->RevertToBacking(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "write it back first"));
+
+  ASSERT_OK(chunk->WriteBackAsync(*stream_));
+  ASSERT_OK(stream_->Synchronize());
+  EXPECT_TRUE(chunk->backing_valid());
+  EXPECT_EQ(host_.total_allocations(), 1);  // the existing buffer was reused
+  const int64_t d2h = backend_->counters().device_to_host_bytes;
+  ASSERT_OK(chunk->WriteBackAsync(*stream_));  // already valid: no-op
+  ASSERT_OK(stream_->Synchronize());
+  EXPECT_EQ(backend_->counters().device_to_host_bytes, d2h);
+  ASSERT_OK(chunk->RevertToBacking());
+  EXPECT_EQ(chunk->payload(), host_buffer);
+  EXPECT_THAT(ReadPayload(*chunk), Each(0x22));
+}
+
+TEST_F(ChunkTest, WriteBackAllocatesABackingCopyWhenThereIsNone) {
+  auto chunk = MakeChunk();
+  ASSERT_OK(chunk->AllocatePayload(*device_));
+  ASSERT_OK(chunk->SetTensorState(2, TensorState::kCompute, stream_.get()));  // zero-fills
+  ASSERT_OK(chunk->SetTensorState(2, TensorState::kHoldAfterFwd));
+  EXPECT_THAT(chunk->WriteBackAsync(*stream_),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "no backing copy"));
+  EXPECT_THAT(chunk->WriteBackAsync(*stream_, device_.get()),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  TestHostResource tiny_host(/*capacity_bytes=*/8);
+  EXPECT_THAT(chunk->WriteBackAsync(*stream_, &tiny_host),
+              StatusIs(absl::StatusCode::kResourceExhausted, "backing copy of chunk param#3"));
+  EXPECT_FALSE(chunk->has_backing());
+  ASSERT_OK(chunk->WriteBackAsync(*stream_, &host_));
+  ASSERT_OK(stream_->Synchronize());
+  EXPECT_TRUE(chunk->backing_valid());
+  ASSERT_OK(chunk->RevertToBacking());
+  EXPECT_EQ(chunk->device(), Device::Host());
+  ASSERT_OK_AND_ASSIGN(TensorView view, chunk->View(2));
+  EXPECT_EQ(std::vector<uint8_t>(static_cast<uint8_t*>(view.data),
+                                 static_cast<uint8_t*>(view.data) + view.bytes()),
+            std::vector<uint8_t>(view.bytes(), 0));
+  EXPECT_EQ(device_->allocated_bytes(), 0);
+}
+
+TEST_F(ChunkTest, NewDataInvalidatesTheBackingCopy) {
+  for (TensorState to : {TensorState::kCompute, TensorState::kHold}) {
+    auto chunk = MakeChunk();
+    ASSERT_OK(chunk->AllocatePayload(host_));
+    ASSERT_OK(chunk->SetTensorState(0, TensorState::kHold));
+    ASSERT_OK(chunk->CopyToKeepingBacking(*device_, *stream_));
+    ASSERT_OK(stream_->Synchronize());
+    EXPECT_TRUE(chunk->backing_valid());
+    ASSERT_OK(chunk->SetTensorState(1, to, stream_.get()));  // FREE -> *: the bytes change
+    EXPECT_FALSE(chunk->backing_valid()) << to;
+    ASSERT_OK(stream_->Synchronize());
+  }
+}
+
+// An asynchronous move: copy, wait, then give the source back.
+TEST_F(ChunkTest, AsynchronousMoveFreesTheSourceOnlyWhenAsked) {
+  auto chunk = MakeChunk(Spec(ChunkType::kMomentum, DType::kF32));
+  ASSERT_OK(chunk->AllocatePayload(*device_));
+  ASSERT_OK(stream_->MemsetAsync(chunk->payload(), 0x7C, chunk->capacity_bytes()));
+  ASSERT_OK(chunk->SetTensorState(0, TensorState::kHold));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Event> done, backend_->CreateEvent());
+  ASSERT_OK(chunk->CopyToKeepingBacking(host_, *stream_));
+  ASSERT_OK(stream_->RecordEvent(done.get()));
+  EXPECT_EQ(device_->allocated_bytes(), 64);  // the source stays until the copy is known done
+  ASSERT_OK(done->Synchronize());
+  ASSERT_OK(chunk->DiscardBacking());
+  EXPECT_EQ(device_->allocated_bytes(), 0);
+  EXPECT_EQ(chunk->device(), Device::Host());
+  EXPECT_THAT(ReadPayload(*chunk), Each(0x7C));
+  EXPECT_THAT(chunk->DiscardBacking(), StatusIs(absl::StatusCode::kFailedPrecondition, "none"));
+}
+
+TEST_F(ChunkTest, BackingCopyRefusals) {
+  auto chunk = MakeChunk();
+  EXPECT_THAT(chunk->CopyToKeepingBacking(*device_, *stream_),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "no payload"));
+  ASSERT_OK(chunk->AllocatePayload(host_));
+  EXPECT_THAT(chunk->CopyToKeepingBacking(host_, *stream_),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "already there"));
+  chunk->Pin();
+  EXPECT_THAT(chunk->CopyToKeepingBacking(*device_, *stream_),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "pinned"));
+  ASSERT_OK(chunk->Unpin());
+  TestDeviceResource small_device(*backend_, /*capacity_bytes=*/8);
+  EXPECT_THAT(chunk->CopyToKeepingBacking(small_device, *stream_),
+              StatusIs(absl::StatusCode::kResourceExhausted, "copying chunk param#3"));
+  EXPECT_FALSE(chunk->has_backing());
+  EXPECT_EQ(chunk->device(), Device::Host());
+  ASSERT_OK(chunk->CopyToKeepingBacking(*device_, *stream_));
+  EXPECT_THAT(chunk->CopyToKeepingBacking(host_, *stream_),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "already has a backing copy"));
+  ASSERT_OK(stream_->Synchronize());
+  chunk->Pin();
+  EXPECT_THAT(chunk->RevertToBacking(), StatusIs(absl::StatusCode::kFailedPrecondition, "pinned"));
+  EXPECT_THAT(chunk->WriteBackAsync(*stream_),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "pinned"));
+  ASSERT_OK(chunk->Unpin());
+}
+
+// MoveTo reuses a backing copy on the destination; release and destruction give it back.
+TEST_F(ChunkTest, MoveReleaseAndDestructionHandleTheBackingCopy) {
+  auto chunk = MakeChunk();
+  ASSERT_OK(chunk->AllocatePayload(host_));
+  std::memset(chunk->payload(), 0x33, chunk->capacity_bytes());
+  ASSERT_OK(chunk->SetTensorState(0, TensorState::kHold));
+  ASSERT_OK(chunk->CopyToKeepingBacking(*device_, *stream_));
+  ASSERT_OK(stream_->Synchronize());
+  const int64_t d2h = backend_->counters().device_to_host_bytes;
+  ASSERT_OK(chunk->MoveTo(host_, *stream_));  // clean: reverts, no copy
+  EXPECT_EQ(backend_->counters().device_to_host_bytes, d2h);
+  EXPECT_EQ(host_.total_allocations(), 1);
+  EXPECT_EQ(device_->allocated_bytes(), 0);
+
+  ASSERT_OK(chunk->CopyToKeepingBacking(*device_, *stream_));
+  chunk->MarkPayloadWritten();
+  ASSERT_OK(stream_->MemsetAsync(chunk->payload(), 0x44, chunk->capacity_bytes()));
+  ASSERT_OK(chunk->MoveTo(host_, *stream_));  // stale: written back into the same buffer
+  EXPECT_EQ(backend_->counters().device_to_host_bytes, d2h + 32);
+  EXPECT_EQ(host_.total_allocations(), 1);
+  EXPECT_THAT(ReadPayload(*chunk), Each(0x44));
+
+  // A move elsewhere gives the backing copy back.
+  ASSERT_OK(chunk->CopyToKeepingBacking(*device_, *stream_));
+  ASSERT_OK(stream_->Synchronize());
+  TestHostResource other_host;
+  ASSERT_OK(chunk->MoveTo(other_host, *stream_));
+  EXPECT_FALSE(chunk->has_backing());
+  EXPECT_EQ(host_.allocated_bytes(), 0);
+  EXPECT_EQ(device_->allocated_bytes(), 0);
+  EXPECT_THAT(ReadPayload(*chunk), Each(0x44));
+  ASSERT_OK(chunk->ReleasePayload());
+
+  ASSERT_OK(chunk->AllocatePayload(host_));
+  ASSERT_OK(chunk->CopyToKeepingBacking(*device_, *stream_));
+  ASSERT_OK(stream_->Synchronize());
+  ASSERT_OK(chunk->ReleasePayload());
+  EXPECT_EQ(host_.allocated_bytes(), 0);
+  EXPECT_EQ(device_->allocated_bytes(), 0);
+
+  {
+    auto other = MakeChunk();
+    ASSERT_OK(other->AllocatePayload(host_));
+    ASSERT_OK(other->CopyToKeepingBacking(*device_, *stream_));
+    ASSERT_OK(stream_->Synchronize());
+  }
+  EXPECT_EQ(host_.allocated_bytes(), 0);
+  EXPECT_EQ(device_->allocated_bytes(), 0);
+}
+
 TEST_F(ChunkTest, FindSlotAndDebugString) {
   auto chunk = MakeChunk();
   EXPECT_THAT(chunk->FindSlot(11), IsOkAndHolds(1));

@@ -81,10 +81,18 @@ absl::StatusOr<ReplayResult> Replay(absl::Span<const ReplayStep> steps, int iter
   return result;
 }
 
-absl::StatusOr<int64_t> MinimumLoads(absl::Span<const ReplayStep> steps, int iterations) {
+absl::StatusOr<int64_t> MinimumLoads(absl::Span<const ReplayStep> steps, int iterations,
+                                     absl::Span<const int64_t> initially_resident) {
   for (size_t i = 0; i < steps.size(); ++i) RETURN_IF_ERROR(CheckStep(steps[i], i));
+  uint32_t initial = 0;
+  for (int64_t c : initially_resident) {
+    if (c < 0 || c >= 16) {
+      return absl::InvalidArgumentError("MinimumLoads: chunk keys must be in [0, 16)");
+    }
+    initial |= 1u << c;
+  }
   // best[resident set] = fewest loads to reach it.
-  absl::flat_hash_map<uint32_t, int64_t> best = {{0u, 0}};
+  absl::flat_hash_map<uint32_t, int64_t> best = {{initial, 0}};
   for (int it = 0; it < iterations; ++it) {
     for (const ReplayStep& step : steps) {
       uint32_t need = 0;

@@ -43,7 +43,10 @@ absl::StatusOr<ReplayResult> Replay(absl::Span<const ReplayStep> steps, int iter
 // The minimum number of loads any demand-paging schedule needs for `iterations` repetitions of
 // `steps`, by exhaustive dynamic programming over resident sets.
 // REQUIRES: every chunk key in [0, 16). Exponential in the number of chunks: for tests.
-absl::StatusOr<int64_t> MinimumLoads(absl::Span<const ReplayStep> steps, int iterations);
+// `initially_resident` are the chunks on the accelerator before the first step (none by default;
+// they may exceed the first step's capacity: evicting them is free).
+absl::StatusOr<int64_t> MinimumLoads(absl::Span<const ReplayStep> steps, int iterations,
+                                     absl::Span<const int64_t> initially_resident = {});
 
 }  // namespace ps
 
