@@ -1,0 +1,199 @@
+#include "model/kernels/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "base/status_macros.h"
+#include "model/kernels/internal/kernel_util.h"
+#include "optimizer/thread_pool.h"
+
+namespace ps {
+namespace {
+
+using kernels_internal::CheckElems;
+using kernels_internal::CheckPositive;
+using kernels_internal::CheckWorkspace;
+using kernels_internal::NumTasks;
+using kernels_internal::ParallelFor;
+
+absl::Status CheckShape(const char* kernel, const AttentionShape& s) {
+  RETURN_IF_ERROR(CheckPositive(kernel, "batch", s.batch));
+  RETURN_IF_ERROR(CheckPositive(kernel, "seq_len", s.seq_len));
+  RETURN_IF_ERROR(CheckPositive(kernel, "channels", s.channels));
+  RETURN_IF_ERROR(CheckPositive(kernel, "num_heads", s.num_heads));
+  RETURN_IF_ERROR(CheckPositive(kernel, "tile", s.tile));
+  if (s.channels % s.num_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kernel, ": channels ", s.channels, " is not a multiple of num_heads ", s.num_heads));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+inline T DotProduct(const T* a, const T* b, int64_t n) {
+  T s = 0;
+  for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
+  return s;
+}
+
+// Decodes a work item (b, h, tile index) from its number.
+struct Item {
+  int64_t b, h, tile;
+};
+inline Item DecodeItem(int64_t item, int64_t num_heads, int64_t num_tiles) {
+  return {item / (num_heads * num_tiles), (item / num_tiles) % num_heads, item % num_tiles};
+}
+
+}  // namespace
+
+int64_t AttentionWorkspaceElems(const AttentionShape& shape, int num_threads) {
+  const int64_t hd = shape.num_heads > 0 ? shape.channels / shape.num_heads : 0;
+  return std::max(1, num_threads) * (shape.tile + hd);
+}
+
+template <typename T>
+absl::Status AttentionForward(const AttentionShape& shape, absl::Span<const T> qkv,
+                              absl::Span<T> out, absl::Span<T> lse, absl::Span<T> workspace,
+                              ThreadPool* pool) {
+  constexpr char kKernel[] = "AttentionForward";
+  RETURN_IF_ERROR(CheckShape(kKernel, shape));
+  const int64_t B = shape.batch, L = shape.seq_len, C = shape.channels, H = shape.num_heads;
+  const int64_t hd = C / H, tile = shape.tile;
+  RETURN_IF_ERROR(CheckElems(kKernel, "qkv", qkv, B * L * 3 * C, "B*T*3C"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "out", out, B * L * C, "B*T*C"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "lse", lse, B * H * L, "B*H*T"));
+  const int num_slots = pool == nullptr ? 1 : pool->num_threads();
+  RETURN_IF_ERROR(CheckWorkspace(kKernel, workspace, AttentionWorkspaceElems(shape, num_slots)));
+
+  const T scale = T{1} / std::sqrt(static_cast<T>(hd));
+  const int64_t num_tiles = NumTasks(L, tile);
+  const int64_t num_items = B * H * num_tiles;
+  // Slot s runs items s, s + num_slots, ... with its own score row and output row.
+  ParallelFor(pool, num_slots, [&](int64_t slot) {
+    T* scores = workspace.data() + slot * (tile + hd);
+    T* acc = scores + tile;
+    for (int64_t item = slot; item < num_items; item += num_slots) {
+      const Item it = DecodeItem(item, H, num_tiles);
+      const T* base = qkv.data() + it.b * L * 3 * C;
+      const int64_t i0 = it.tile * tile, i1 = std::min(L, i0 + tile);
+      for (int64_t i = i0; i < i1; ++i) {
+        const T* q = base + i * 3 * C + it.h * hd;
+        T m = -std::numeric_limits<T>::infinity(), l = 0;
+        std::fill(acc, acc + hd, T{0});
+        for (int64_t j0 = 0; j0 <= i; j0 += tile) {
+          const int64_t j1 = std::min(i + 1, j0 + tile);  // causal: keys j <= i
+          T tile_max = -std::numeric_limits<T>::infinity();
+          for (int64_t j = j0; j < j1; ++j) {
+            const T s = scale * DotProduct(q, base + j * 3 * C + C + it.h * hd, hd);
+            scores[j - j0] = s;
+            tile_max = std::max(tile_max, s);
+          }
+          const T new_m = std::max(m, tile_max);
+          const T correction = std::exp(m - new_m);  // 0 on the first tile (m = -inf)
+          l *= correction;
+          for (int64_t d = 0; d < hd; ++d) acc[d] *= correction;
+          for (int64_t j = j0; j < j1; ++j) {
+            const T p = std::exp(scores[j - j0] - new_m);
+            l += p;
+            const T* v = base + j * 3 * C + 2 * C + it.h * hd;
+            for (int64_t d = 0; d < hd; ++d) acc[d] += p * v[d];
+          }
+          m = new_m;
+        }
+        T* o = out.data() + (it.b * L + i) * C + it.h * hd;
+        const T inv_l = T{1} / l;
+        for (int64_t d = 0; d < hd; ++d) o[d] = acc[d] * inv_l;
+        lse[(it.b * H + it.h) * L + i] = m + std::log(l);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status AttentionBackward(const AttentionShape& shape, absl::Span<const T> qkv,
+                               absl::Span<const T> out, absl::Span<const T> lse,
+                               absl::Span<const T> dout, absl::Span<T> dqkv, ThreadPool* pool) {
+  constexpr char kKernel[] = "AttentionBackward";
+  RETURN_IF_ERROR(CheckShape(kKernel, shape));
+  const int64_t B = shape.batch, L = shape.seq_len, C = shape.channels, H = shape.num_heads;
+  const int64_t hd = C / H, tile = shape.tile;
+  RETURN_IF_ERROR(CheckElems(kKernel, "qkv", qkv, B * L * 3 * C, "B*T*3C"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "out", out, B * L * C, "B*T*C"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "lse", lse, B * H * L, "B*H*T"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "dout", dout, B * L * C, "B*T*C"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "dqkv", dqkv, B * L * 3 * C, "B*T*3C"));
+
+  const T scale = T{1} / std::sqrt(static_cast<T>(hd));
+  const int64_t num_tiles = NumTasks(L, tile);
+  const int64_t num_items = B * H * num_tiles;
+  // Pointers into row t of batch b, head h.
+  auto q_of = [&](int64_t b, int64_t h, int64_t t) {
+    return qkv.data() + (b * L + t) * 3 * C + h * hd;
+  };
+  auto row_of = [&](int64_t b, int64_t h, int64_t t) { return (b * L + t) * C + h * hd; };
+
+  // Pass A: dk, dv for the keys of one tile, summing over queries i >= j in increasing order.
+  ParallelFor(pool, num_items, [&](int64_t item) {
+    const Item it = DecodeItem(item, H, num_tiles);
+    const int64_t j0 = it.tile * tile, j1 = std::min(L, j0 + tile);
+    for (int64_t i = j0; i < L; ++i) {
+      const T* q = q_of(it.b, it.h, i);
+      const T* o = out.data() + row_of(it.b, it.h, i);
+      const T* dout_i = dout.data() + row_of(it.b, it.h, i);
+      const T D = DotProduct(dout_i, o, hd);
+      const T row_lse = lse[(it.b * H + it.h) * L + i];
+      const int64_t j_end = std::min(j1, i + 1);
+      for (int64_t j = j0; j < j_end; ++j) {
+        const T* k = q_of(it.b, it.h, j) + C;
+        const T* v = k + C;
+        const T p = std::exp(scale * DotProduct(q, k, hd) - row_lse);
+        const T dS = p * (DotProduct(dout_i, v, hd) - D);
+        T* dk = dqkv.data() + (it.b * L + j) * 3 * C + C + it.h * hd;
+        T* dv = dk + C;
+        for (int64_t d = 0; d < hd; ++d) {
+          dk[d] += scale * dS * q[d];
+          dv[d] += p * dout_i[d];
+        }
+      }
+    }
+  });
+  // Pass B: dq for the queries of one tile, summing over keys j <= i in increasing order.
+  ParallelFor(pool, num_items, [&](int64_t item) {
+    const Item it = DecodeItem(item, H, num_tiles);
+    const int64_t i0 = it.tile * tile, i1 = std::min(L, i0 + tile);
+    for (int64_t i = i0; i < i1; ++i) {
+      const T* q = q_of(it.b, it.h, i);
+      const T* dout_i = dout.data() + row_of(it.b, it.h, i);
+      const T D = DotProduct(dout_i, out.data() + row_of(it.b, it.h, i), hd);
+      const T row_lse = lse[(it.b * H + it.h) * L + i];
+      T* dq = dqkv.data() + (it.b * L + i) * 3 * C + it.h * hd;
+      for (int64_t j = 0; j <= i; ++j) {
+        const T* k = q_of(it.b, it.h, j) + C;
+        const T* v = k + C;
+        const T p = std::exp(scale * DotProduct(q, k, hd) - row_lse);
+        const T dS = p * (DotProduct(dout_i, v, hd) - D);
+        for (int64_t d = 0; d < hd; ++d) dq[d] += scale * dS * k[d];
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+#define PS_ATTENTION_INSTANTIATE_(T)                                                     \
+  template absl::Status AttentionForward<T>(const AttentionShape&, absl::Span<const T>,  \
+                                            absl::Span<T>, absl::Span<T>, absl::Span<T>, \
+                                            ThreadPool*);                                \
+  template absl::Status AttentionBackward<T>(const AttentionShape&, absl::Span<const T>, \
+                                             absl::Span<const T>, absl::Span<const T>,   \
+                                             absl::Span<const T>, absl::Span<T>, ThreadPool*)
+PS_ATTENTION_INSTANTIATE_(float);
+PS_ATTENTION_INSTANTIATE_(double);
+#undef PS_ATTENTION_INSTANTIATE_
+
+}  // namespace ps

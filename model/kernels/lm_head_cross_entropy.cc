@@ -1,0 +1,178 @@
+#include "model/kernels/lm_head_cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "base/status_macros.h"
+#include "model/kernels/internal/blas.h"
+#include "model/kernels/internal/kernel_util.h"
+#include "optimizer/thread_pool.h"
+
+namespace ps {
+namespace {
+
+using kernels_internal::CheckBlasDim;
+using kernels_internal::CheckElems;
+using kernels_internal::CheckWorkspace;
+using kernels_internal::Gemm;
+using kernels_internal::NumTasks;
+using kernels_internal::ParallelFor;
+using kernels_internal::RowsPerTask;
+
+template <typename T>
+absl::Status CheckArgs(const char* kernel, const LmHeadCrossEntropyShape& s, absl::Span<const T> h,
+                       absl::Span<const T> wte, absl::Span<const int32_t> targets,
+                       absl::Span<const T> lse, absl::Span<T> workspace) {
+  RETURN_IF_ERROR(CheckBlasDim(kernel, "rows", s.rows));
+  RETURN_IF_ERROR(CheckBlasDim(kernel, "channels", s.channels));
+  RETURN_IF_ERROR(CheckBlasDim(kernel, "vocab_size", s.vocab_size));
+  RETURN_IF_ERROR(CheckBlasDim(kernel, "row_tile", s.row_tile));
+  RETURN_IF_ERROR(CheckBlasDim(kernel, "vocab_tile", s.vocab_tile));
+  RETURN_IF_ERROR(CheckElems(kernel, "h", h, s.rows * s.channels, "rows*channels"));
+  RETURN_IF_ERROR(CheckElems(kernel, "wte", wte, s.vocab_size * s.channels, "vocab_size*channels"));
+  RETURN_IF_ERROR(CheckElems(kernel, "targets", targets, s.rows, "rows"));
+  RETURN_IF_ERROR(CheckElems(kernel, "lse", lse, s.rows, "rows"));
+  RETURN_IF_ERROR(CheckWorkspace(kernel, workspace, LmHeadCrossEntropyWorkspaceElems(s)));
+  for (int64_t n = 0; n < s.rows; ++n) {
+    const int32_t t = targets[n];
+    if (t != s.ignore_index && (t < 0 || t >= s.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat(kernel, ": target ", t, " at row ", n,
+                                                     " is outside [0, vocab_size=", s.vocab_size,
+                                                     ") and is not ignore_index ", s.ignore_index));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Logits tile z[R, Vt] = h[r0:r0+R] wte[v0:v0+Vt]^T, packed with row stride Vt.
+template <typename T>
+void LogitsTile(const LmHeadCrossEntropyShape& s, const T* h, const T* wte, int64_t r0, int64_t R,
+                int64_t v0, int64_t Vt, T* z) {
+  const int64_t C = s.channels;
+  Gemm(false, true, R, Vt, C, T{1}, h + r0 * C, C, wte + v0 * C, C, T{0}, z, Vt);
+}
+
+}  // namespace
+
+template <typename T>
+absl::StatusOr<double> LmHeadCrossEntropyForward(const LmHeadCrossEntropyShape& shape,
+                                                 absl::Span<const T> h, absl::Span<const T> wte,
+                                                 absl::Span<const int32_t> targets,
+                                                 absl::Span<T> lse, absl::Span<T> workspace,
+                                                 ThreadPool* pool) {
+  RETURN_IF_ERROR(CheckArgs<T>("LmHeadCrossEntropyForward", shape, h, wte, targets,
+                               absl::Span<const T>(lse), workspace));
+  const int64_t N = shape.rows, V = shape.vocab_size;
+  const int64_t row_tile = std::min(N, shape.row_tile), vocab_tile = std::min(V, shape.vocab_tile);
+  T* z = workspace.data();
+  T* run_max = z + row_tile * vocab_tile;
+  T* run_sum = run_max + row_tile;
+  T* target_logit = run_sum + row_tile;
+  double loss_sum = 0;
+  int64_t num_valid = 0;
+  for (int64_t r0 = 0; r0 < N; r0 += row_tile) {
+    const int64_t R = std::min(row_tile, N - r0);
+    std::fill(run_max, run_max + R, -std::numeric_limits<T>::infinity());
+    std::fill(run_sum, run_sum + R, T{0});
+    std::fill(target_logit, target_logit + R, T{0});
+    for (int64_t v0 = 0; v0 < V; v0 += vocab_tile) {
+      const int64_t Vt = std::min(vocab_tile, V - v0);
+      LogitsTile(shape, h.data(), wte.data(), r0, R, v0, Vt, z);
+      const int64_t grain = RowsPerTask(Vt, 8192);
+      ParallelFor(pool, NumTasks(R, grain), [&](int64_t task) {
+        const int64_t end = std::min(R, (task + 1) * grain);
+        for (int64_t i = task * grain; i < end; ++i) {
+          const T* zi = z + i * Vt;
+          T tile_max = zi[0];
+          for (int64_t v = 1; v < Vt; ++v) tile_max = std::max(tile_max, zi[v]);
+          const T new_max = std::max(run_max[i], tile_max);
+          T sum = run_sum[i] * std::exp(run_max[i] - new_max);  // exp(-inf) = 0 on the 1st tile
+          for (int64_t v = 0; v < Vt; ++v) sum += std::exp(zi[v] - new_max);
+          run_max[i] = new_max;
+          run_sum[i] = sum;
+          const int64_t t = targets[r0 + i];
+          if (t >= v0 && t < v0 + Vt) target_logit[i] = zi[t - v0];
+        }
+      });
+    }
+    for (int64_t i = 0; i < R; ++i) {
+      lse[r0 + i] = run_max[i] + std::log(run_sum[i]);
+      if (targets[r0 + i] != shape.ignore_index) {
+        loss_sum += static_cast<double>(lse[r0 + i]) - static_cast<double>(target_logit[i]);
+        ++num_valid;
+      }
+    }
+  }
+  return num_valid == 0 ? 0.0 : loss_sum / static_cast<double>(num_valid);
+}
+
+template <typename T>
+absl::Status LmHeadCrossEntropyBackward(const LmHeadCrossEntropyShape& shape, absl::Span<const T> h,
+                                        absl::Span<const T> wte, absl::Span<const int32_t> targets,
+                                        absl::Span<const T> lse, double loss_grad, absl::Span<T> dh,
+                                        absl::Span<T> dwte, absl::Span<T> workspace,
+                                        ThreadPool* pool) {
+  constexpr char kKernel[] = "LmHeadCrossEntropyBackward";
+  RETURN_IF_ERROR(CheckArgs<T>(kKernel, shape, h, wte, targets, lse, workspace));
+  const int64_t N = shape.rows, V = shape.vocab_size, C = shape.channels;
+  RETURN_IF_ERROR(CheckElems(kKernel, "dh", dh, N * C, "rows*channels"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "dwte", dwte, V * C, "vocab_size*channels"));
+  int64_t num_valid = 0;
+  for (int64_t n = 0; n < N; ++n) num_valid += targets[n] != shape.ignore_index;
+  if (num_valid == 0) return absl::OkStatus();  // The loss is the constant 0.
+  const T scale = static_cast<T>(loss_grad / static_cast<double>(num_valid));
+  const int64_t row_tile = std::min(N, shape.row_tile), vocab_tile = std::min(V, shape.vocab_tile);
+  T* dz = workspace.data();
+  for (int64_t r0 = 0; r0 < N; r0 += row_tile) {
+    const int64_t R = std::min(row_tile, N - r0);
+    bool any_valid = false;
+    for (int64_t i = 0; i < R; ++i) any_valid |= targets[r0 + i] != shape.ignore_index;
+    if (!any_valid) continue;
+    for (int64_t v0 = 0; v0 < V; v0 += vocab_tile) {
+      const int64_t Vt = std::min(vocab_tile, V - v0);
+      LogitsTile(shape, h.data(), wte.data(), r0, R, v0, Vt, dz);
+      // dz = scale * (softmax - onehot), in place over the logits tile.
+      const int64_t grain = RowsPerTask(Vt, 8192);
+      ParallelFor(pool, NumTasks(R, grain), [&](int64_t task) {
+        const int64_t end = std::min(R, (task + 1) * grain);
+        for (int64_t i = task * grain; i < end; ++i) {
+          T* zi = dz + i * Vt;
+          const int64_t t = targets[r0 + i];
+          if (t == shape.ignore_index) {
+            std::fill(zi, zi + Vt, T{0});
+            continue;
+          }
+          const T row_lse = lse[r0 + i];
+          for (int64_t v = 0; v < Vt; ++v) zi[v] = scale * std::exp(zi[v] - row_lse);
+          if (t >= v0 && t < v0 + Vt) zi[t - v0] -= scale;
+        }
+      });
+      // dh[r0:r0+R] += dz wte[v0:v0+Vt];  dwte[v0:v0+Vt] += dz^T h[r0:r0+R].
+      Gemm(false, false, R, C, Vt, T{1}, dz, Vt, wte.data() + v0 * C, C, T{1}, dh.data() + r0 * C,
+           C);
+      Gemm(true, false, Vt, C, R, T{1}, dz, Vt, h.data() + r0 * C, C, T{1}, dwte.data() + v0 * C,
+           C);
+    }
+  }
+  return absl::OkStatus();
+}
+
+#define PS_LM_HEAD_CE_INSTANTIATE_(T)                                                       \
+  template absl::StatusOr<double> LmHeadCrossEntropyForward<T>(                             \
+      const LmHeadCrossEntropyShape&, absl::Span<const T>, absl::Span<const T>,             \
+      absl::Span<const int32_t>, absl::Span<T>, absl::Span<T>, ThreadPool*);                \
+  template absl::Status LmHeadCrossEntropyBackward<T>(                                      \
+      const LmHeadCrossEntropyShape&, absl::Span<const T>, absl::Span<const T>,             \
+      absl::Span<const int32_t>, absl::Span<const T>, double, absl::Span<T>, absl::Span<T>, \
+      absl::Span<T>, ThreadPool*)
+PS_LM_HEAD_CE_INSTANTIATE_(float);
+PS_LM_HEAD_CE_INSTANTIATE_(double);
+#undef PS_LM_HEAD_CE_INSTANTIATE_
+
+}  // namespace ps

@@ -1,0 +1,205 @@
+#include "model/kernels/lm_head_cross_entropy.h"
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/types/span.h"
+#include "base/check.h"
+#include "base/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "model/kernels/matmul.h"
+#include "model/kernels/testing/kernel_test_util.h"
+#include "optimizer/thread_pool.h"
+
+namespace ps {
+namespace {
+
+using ::ps::kernel_testing::Convert;
+using ::ps::kernel_testing::ExpectAllNear;
+using ::ps::kernel_testing::ExpectGradientMatchesFiniteDifferences;
+using ::ps::kernel_testing::RandomVector;
+using ::testing::DoubleNear;
+using ::testing::HasSubstr;
+
+struct Reference {
+  double loss = 0;
+  std::vector<double> lse, dh, dwte;
+};
+
+// The naive reference: materializes all N x V logits, in double.
+Reference NaiveCrossEntropy(const LmHeadCrossEntropyShape& s, const std::vector<double>& h,
+                            const std::vector<double>& wte, const std::vector<int32_t>& targets,
+                            double loss_grad) {
+  const int64_t N = s.rows, C = s.channels, V = s.vocab_size;
+  Reference ref;
+  ref.lse.resize(N);
+  ref.dh.assign(N * C, 0.0);
+  ref.dwte.assign(V * C, 0.0);
+  std::vector<double> logits(N * V);
+  int64_t valid = 0;
+  for (int64_t n = 0; n < N; ++n) valid += targets[n] != s.ignore_index;
+  for (int64_t n = 0; n < N; ++n) {
+    double mx = -INFINITY;
+    for (int64_t v = 0; v < V; ++v) {
+      double z = 0;
+      for (int64_t c = 0; c < C; ++c) z += h[n * C + c] * wte[v * C + c];
+      logits[n * V + v] = z;
+      mx = std::max(mx, z);
+    }
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(logits[n * V + v] - mx);
+    ref.lse[n] = mx + std::log(sum);
+    if (targets[n] == s.ignore_index) continue;
+    ref.loss += (ref.lse[n] - logits[n * V + targets[n]]) / valid;
+    for (int64_t v = 0; v < V; ++v) {
+      const double dz =
+          loss_grad / valid * (std::exp(logits[n * V + v] - ref.lse[n]) - (v == targets[n]));
+      for (int64_t c = 0; c < C; ++c) {
+        ref.dh[n * C + c] += dz * wte[v * C + c];
+        ref.dwte[v * C + c] += dz * h[n * C + c];
+      }
+    }
+  }
+  return ref;
+}
+
+std::vector<int32_t> RandomTargets(absl::BitGen& gen, int64_t n, int64_t vocab,
+                                   int32_t ignore_index, double ignore_fraction) {
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) {
+    x = absl::Bernoulli(gen, ignore_fraction) ? ignore_index
+                                              : absl::Uniform<int32_t>(gen, 0, vocab);
+  }
+  return t;
+}
+
+class LmHeadCrossEntropyTest : public ::testing::Test {
+ protected:
+  void SetUp() override { SetBlasThreads(1); }
+};
+
+TEST_F(LmHeadCrossEntropyTest, FloatMatchesNaiveReferenceWithTileTails) {
+  absl::BitGen gen(std::seed_seq{1});  // fixed seed: reproducible failures
+  ThreadPool pool(3);
+  // Tiles that do not divide N or V, one tile covering everything, and B*T = 1.
+  for (const LmHeadCrossEntropyShape s :
+       {LmHeadCrossEntropyShape{13, 11, 37, 4, 8, -100}, LmHeadCrossEntropyShape{1, 5, 19},
+        LmHeadCrossEntropyShape{20, 33, 70, 7, 64, -1}}) {
+    const int64_t N = s.rows, C = s.channels, V = s.vocab_size;
+    const std::vector<double> h = RandomVector<double>(gen, N * C, -1, 1);
+    const std::vector<double> wte = RandomVector<double>(gen, V * C, -1, 1);
+    std::vector<int32_t> targets = RandomTargets(gen, N, V, s.ignore_index, 0.25);
+    targets[0] = static_cast<int32_t>(V - 1);  // at least one valid target, in the last tile
+    const Reference ref = NaiveCrossEntropy(s, h, wte, targets, 2.0);
+    std::vector<float> lse(N), ws(LmHeadCrossEntropyWorkspaceElems(s));
+    ASSERT_OK_AND_ASSIGN(const double loss, LmHeadCrossEntropyForward<float>(
+                                                s, Convert<float>(h), Convert<float>(wte), targets,
+                                                absl::MakeSpan(lse), absl::MakeSpan(ws), &pool));
+    std::vector<float> dh(N * C, 0.f), dwte(V * C, 0.f);
+    ASSERT_OK(LmHeadCrossEntropyBackward<float>(s, Convert<float>(h), Convert<float>(wte), targets,
+                                                lse, 2.0, absl::MakeSpan(dh), absl::MakeSpan(dwte),
+                                                absl::MakeSpan(ws), &pool));
+    // Logits are C-term float dot products of values in [-1, 1] (|z| <= C, error <= ~C*6e-8);
+    // lse, the loss and probabilities inherit that absolute error.
+    const double tol = 2e-7 * C + 1e-6;
+    EXPECT_THAT(loss, DoubleNear(ref.loss, tol));
+    ExpectAllNear(lse, ref.lse, tol, 1e-6, "lse");
+    ExpectAllNear(dh, ref.dh, tol, 1e-5, "dh");
+    ExpectAllNear(dwte, ref.dwte, tol, 1e-5, "dwte");
+  }
+}
+
+TEST_F(LmHeadCrossEntropyTest, GradientMatchesFiniteDifferencesInDouble) {
+  absl::BitGen gen(std::seed_seq{2});  // fixed seed: reproducible failures
+  const LmHeadCrossEntropyShape s{6, 4, 11, 4, 3, -1};
+  std::vector<double> h = RandomVector<double>(gen, 24), wte = RandomVector<double>(gen, 44);
+  const std::vector<int32_t> targets = {3, -1, 0, 10, 7, 3};
+  std::vector<double> lse(6), ws(LmHeadCrossEntropyWorkspaceElems(s));
+  auto loss = [&]() {
+    absl::StatusOr<double> l = LmHeadCrossEntropyForward<double>(
+        s, h, wte, targets, absl::MakeSpan(lse), absl::MakeSpan(ws), nullptr);
+    PS_CHECK_OK(l);
+    return *l;
+  };
+  loss();
+  std::vector<double> dh(24, 0.0), dwte(44, 0.0);
+  ASSERT_OK(LmHeadCrossEntropyBackward<double>(s, h, wte, targets, lse, 1.0, absl::MakeSpan(dh),
+                                               absl::MakeSpan(dwte), absl::MakeSpan(ws), nullptr));
+  ExpectGradientMatchesFiniteDifferences(h, dh, loss, "dh", 1e-8, 1e-6, 1000);
+  ExpectGradientMatchesFiniteDifferences(wte, dwte, loss, "dwte", 1e-8, 1e-6, 1000);
+  // The ignored row gets no gradient.
+  for (int c = 0; c < 4; ++c) EXPECT_EQ(dh[1 * 4 + c], 0.0);
+}
+
+TEST_F(LmHeadCrossEntropyTest, AllIgnoredGivesZeroLossAndNoGradient) {
+  const LmHeadCrossEntropyShape s{2, 3, 5};
+  std::vector<float> h(6, 0.5f), wte(15, 0.25f), lse(2), ws(LmHeadCrossEntropyWorkspaceElems(s));
+  const std::vector<int32_t> targets = {-100, -100};
+  EXPECT_THAT(LmHeadCrossEntropyForward<float>(s, h, wte, targets, absl::MakeSpan(lse),
+                                               absl::MakeSpan(ws), nullptr),
+              IsOkAndHolds(0.0));
+  std::vector<float> dh(6, 0.f), dwte(15, 0.f);
+  ASSERT_OK(LmHeadCrossEntropyBackward<float>(s, h, wte, targets, lse, 1.0, absl::MakeSpan(dh),
+                                              absl::MakeSpan(dwte), absl::MakeSpan(ws), nullptr));
+  EXPECT_EQ(dh, std::vector<float>(6, 0.f));
+  EXPECT_EQ(dwte, std::vector<float>(15, 0.f));
+}
+
+TEST_F(LmHeadCrossEntropyTest, WorkspaceIsOneTileNotTheFullLogits) {
+  const LmHeadCrossEntropyShape gpt2{8 * 1024, 768, 50257};
+  EXPECT_EQ(LmHeadCrossEntropyWorkspaceElems(gpt2), 256 * 2048 + 3 * 256);
+  EXPECT_LT(LmHeadCrossEntropyWorkspaceBytes<float>(gpt2), int64_t{3} << 20);
+  // Small problems need no more than the problem itself.
+  EXPECT_EQ(LmHeadCrossEntropyWorkspaceElems({3, 4, 5}), 3 * 5 + 9);
+}
+
+TEST_F(LmHeadCrossEntropyTest, ResultsDoNotDependOnPoolThreads) {
+  absl::BitGen gen(std::seed_seq{3});  // fixed seed: reproducible failures
+  const LmHeadCrossEntropyShape s{40, 16, 300, 16, 128};
+  const std::vector<float> h = RandomVector<float>(gen, 640), wte = RandomVector<float>(gen, 4800);
+  const std::vector<int32_t> targets = RandomTargets(gen, 40, 300, -100, 0.1);
+  ThreadPool pool(4);
+  std::vector<float> results[2][3];
+  double losses[2];
+  for (int run = 0; run < 2; ++run) {
+    std::vector<float> lse(40), ws(LmHeadCrossEntropyWorkspaceElems(s)), dh(640, 0.f),
+        dwte(4800, 0.f);
+    ThreadPool* p = run == 0 ? nullptr : &pool;
+    ASSERT_OK_AND_ASSIGN(losses[run],
+                         LmHeadCrossEntropyForward<float>(s, h, wte, targets, absl::MakeSpan(lse),
+                                                          absl::MakeSpan(ws), p));
+    ASSERT_OK(LmHeadCrossEntropyBackward<float>(s, h, wte, targets, lse, 1.0, absl::MakeSpan(dh),
+                                                absl::MakeSpan(dwte), absl::MakeSpan(ws), p));
+    results[run][0] = lse;
+    results[run][1] = dh;
+    results[run][2] = dwte;
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(results[0][i], results[1][i]) << i;
+}
+
+TEST_F(LmHeadCrossEntropyTest, RejectsBadTargetsAndBuffers) {
+  const LmHeadCrossEntropyShape s{2, 3, 5};
+  std::vector<float> h(6), wte(15), lse(2), ws(LmHeadCrossEntropyWorkspaceElems(s));
+  EXPECT_THAT(LmHeadCrossEntropyForward<float>(s, h, wte, std::vector<int32_t>{0, 5},
+                                               absl::MakeSpan(lse), absl::MakeSpan(ws), nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("target 5")));
+  EXPECT_THAT(LmHeadCrossEntropyForward<float>(s, h, wte, std::vector<int32_t>{0, -1},
+                                               absl::MakeSpan(lse), absl::MakeSpan(ws), nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("target -1")));
+  EXPECT_THAT(
+      LmHeadCrossEntropyForward<float>(s, h, wte, std::vector<int32_t>{0, 1}, absl::MakeSpan(lse),
+                                       absl::MakeSpan(ws).subspan(1), nullptr),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("workspace")));
+  EXPECT_THAT(LmHeadCrossEntropyForward<float>(s, h, absl::MakeSpan(wte).subspan(3),
+                                               std::vector<int32_t>{0, 1}, absl::MakeSpan(lse),
+                                               absl::MakeSpan(ws), nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("wte")));
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,74 @@
+// The affine map of Hugging Face's Conv1D (GPT-2's c_attn, c_proj, c_fc, mlp.c_proj):
+//   y[N, out] = x[N, in] W[in, out] + b[out]
+// Note the layout: W is stored [in, out] (transposed relative to torch.nn.Linear), exactly as in
+// GPT-2 checkpoints, so the forward is a plain GEMM without transposes.
+//
+// Backward, from dy[N, out]:
+//   dx[N, in]  += dy W^T        (GEMM, B transposed)
+//   dW[in, out] += x^T dy       (GEMM, A transposed)
+//   db[out]    += sum over rows of dy
+// The GEMMs run in OpenBLAS (cblas_sgemm / cblas_dgemm); db is summed in this file, parallel over
+// column slices with the rows in order, so it is deterministic.
+//
+// Threading and determinism: OpenBLAS runs its own threads inside each GEMM. For a fixed
+// OpenBLAS thread count its results are reproducible run to run; different counts may round
+// differently. SetBlasThreads pins the count (tests pin it to 1). Kernels call OpenBLAS from the
+// calling thread only.
+//
+// f32 and f64 only: low-precision weights are converted to an f32 workspace by the caller (the
+// conversion buffer counts as non-model data). Gradients accumulate (+=). Needs no workspace.
+// All dimensions must fit OpenBLAS's 32-bit integers.
+#ifndef PATRICKSTAR_MODEL_KERNELS_MATMUL_H_
+#define PATRICKSTAR_MODEL_KERNELS_MATMUL_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "optimizer/thread_pool.h"
+
+namespace ps {
+
+struct MatmulShape {
+  int64_t rows = 0;          // N = B*T
+  int64_t in_features = 0;   // Conv1D nx
+  int64_t out_features = 0;  // Conv1D nf
+};
+
+// Sets the number of threads OpenBLAS uses for every later GEMM in this process (a process-wide
+// OpenBLAS setting). REQUIRES: num_threads >= 1.
+void SetBlasThreads(int num_threads);
+// The number of threads OpenBLAS currently uses.
+int BlasThreads();
+
+// Workspace Matmul needs: none.
+inline int64_t MatmulWorkspaceBytes(const MatmulShape&) { return 0; }
+
+// y = x W + b. x [N,in], w [in,out], b [out], y [N,out] (overwritten). `pool` (may be null) runs
+// the bias broadcast.
+template <typename T>
+[[nodiscard]] absl::Status MatmulForward(const MatmulShape& shape, absl::Span<const T> x,
+                                         absl::Span<const T> w, absl::Span<const T> b,
+                                         absl::Span<T> y, ThreadPool* pool);
+
+// dx += dy W^T, dw += x^T dy, db += column sums of dy.
+template <typename T>
+[[nodiscard]] absl::Status MatmulBackward(const MatmulShape& shape, absl::Span<const T> x,
+                                          absl::Span<const T> w, absl::Span<const T> dy,
+                                          absl::Span<T> dx, absl::Span<T> dw, absl::Span<T> db,
+                                          ThreadPool* pool);
+
+#define PS_MATMUL_EXTERN_(T)                                                              \
+  extern template absl::Status MatmulForward<T>(const MatmulShape&, absl::Span<const T>,  \
+                                                absl::Span<const T>, absl::Span<const T>, \
+                                                absl::Span<T>, ThreadPool*);              \
+  extern template absl::Status MatmulBackward<T>(                                         \
+      const MatmulShape&, absl::Span<const T>, absl::Span<const T>, absl::Span<const T>,  \
+      absl::Span<T>, absl::Span<T>, absl::Span<T>, ThreadPool*)
+PS_MATMUL_EXTERN_(float);
+PS_MATMUL_EXTERN_(double);
+#undef PS_MATMUL_EXTERN_
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_MODEL_KERNELS_MATMUL_H_
