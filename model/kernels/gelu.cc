@@ -14,8 +14,7 @@ namespace {
 
 using kernels_internal::CheckElems;
 using kernels_internal::CheckPositive;
-using kernels_internal::NumTasks;
-using kernels_internal::ParallelFor;
+using kernels_internal::ParallelForRanges;
 
 constexpr int64_t kElemsPerTask = 8192;
 
@@ -27,9 +26,8 @@ absl::Status GeluForward(absl::Span<const T> x, absl::Span<T> y, ThreadPool* poo
   const int64_t n = static_cast<int64_t>(x.size());
   RETURN_IF_ERROR(CheckPositive(kKernel, "x size", n));
   RETURN_IF_ERROR(CheckElems(kKernel, "y", y, n, "size of x"));
-  ParallelFor(pool, NumTasks(n, kElemsPerTask), [&](int64_t task) {
-    const int64_t end = std::min(n, (task + 1) * kElemsPerTask);
-    for (int64_t i = task * kElemsPerTask; i < end; ++i) y[i] = GeluTanh(x[i]);
+  ParallelForRanges(pool, n, kElemsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = GeluTanh(x[i]);
   });
   return absl::OkStatus();
 }
@@ -42,9 +40,8 @@ absl::Status GeluBackward(absl::Span<const T> x, absl::Span<const T> dy, absl::S
   RETURN_IF_ERROR(CheckPositive(kKernel, "x size", n));
   RETURN_IF_ERROR(CheckElems(kKernel, "dy", dy, n, "size of x"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dx", dx, n, "size of x"));
-  ParallelFor(pool, NumTasks(n, kElemsPerTask), [&](int64_t task) {
-    const int64_t end = std::min(n, (task + 1) * kElemsPerTask);
-    for (int64_t i = task * kElemsPerTask; i < end; ++i) dx[i] += dy[i] * GeluTanhDerivative(x[i]);
+  ParallelForRanges(pool, n, kElemsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dx[i] += dy[i] * GeluTanhDerivative(x[i]);
   });
   return absl::OkStatus();
 }

@@ -14,8 +14,7 @@ namespace {
 
 using kernels_internal::CheckElems;
 using kernels_internal::CheckPositive;
-using kernels_internal::NumTasks;
-using kernels_internal::ParallelFor;
+using kernels_internal::ParallelForRanges;
 
 constexpr int64_t kElemsPerTask = 16384;
 
@@ -29,9 +28,8 @@ absl::Status ResidualForward(absl::Span<const T> a, absl::Span<const T> b, absl:
   RETURN_IF_ERROR(CheckPositive(kKernel, "a size", n));
   RETURN_IF_ERROR(CheckElems(kKernel, "b", b, n, "size of a"));
   RETURN_IF_ERROR(CheckElems(kKernel, "out", out, n, "size of a"));
-  ParallelFor(pool, NumTasks(n, kElemsPerTask), [&](int64_t task) {
-    const int64_t end = std::min(n, (task + 1) * kElemsPerTask);
-    for (int64_t i = task * kElemsPerTask; i < end; ++i) out[i] = a[i] + b[i];
+  ParallelForRanges(pool, n, kElemsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
   });
   return absl::OkStatus();
 }
@@ -44,9 +42,8 @@ absl::Status ResidualBackward(absl::Span<const T> dout, absl::Span<T> da, absl::
   RETURN_IF_ERROR(CheckPositive(kKernel, "dout size", n));
   RETURN_IF_ERROR(CheckElems(kKernel, "da", da, n, "size of dout"));
   RETURN_IF_ERROR(CheckElems(kKernel, "db", db, n, "size of dout"));
-  ParallelFor(pool, NumTasks(n, kElemsPerTask), [&](int64_t task) {
-    const int64_t end = std::min(n, (task + 1) * kElemsPerTask);
-    for (int64_t i = task * kElemsPerTask; i < end; ++i) {
+  ParallelForRanges(pool, n, kElemsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
       da[i] += dout[i];
       db[i] += dout[i];
     }

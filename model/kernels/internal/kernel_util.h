@@ -32,6 +32,15 @@ inline void ParallelFor(ThreadPool* pool, int64_t num_tasks, absl::FunctionRef<v
 // Number of tasks of `grain` items each (the last may be shorter) covering `n` items.
 inline int64_t NumTasks(int64_t n, int64_t grain) { return n <= 0 ? 0 : (n + grain - 1) / grain; }
 
+// Runs fn(begin, end) over [0, n) in fixed ranges of `grain` elements (the last may be shorter).
+// The split depends only on n and grain, so element-wise results never depend on the pool.
+inline void ParallelForRanges(ThreadPool* pool, int64_t n, int64_t grain,
+                              absl::FunctionRef<void(int64_t, int64_t)> fn) {
+  ParallelFor(pool, NumTasks(n, grain), [&](int64_t task) {
+    fn(task * grain, std::min(n, (task + 1) * grain));
+  });
+}
+
 // Rows per task so that one task touches about `target_elems` elements of `row_elems` each.
 inline int64_t RowsPerTask(int64_t row_elems, int64_t target_elems = 16384) {
   return std::max<int64_t>(1, target_elems / std::max<int64_t>(1, row_elems));
