@@ -1,0 +1,253 @@
+// GptModel: GPT-2 (Hugging Face GPT2LMHeadModel's math: pre-LayerNorm blocks, GELU(tanh), learned
+// positions, LM head tied to wte) whose parameters live in chunks managed by a ChunkManager.
+//
+// The model owns no model data. Its parameters are the tensors of chunk/gpt_shapes.h's
+// GptOperators(config) (Hugging Face names, Conv1D weights [in, out]) placed in a ChunkStore; every
+// operator of GptOperators is one chunk-access unit. Each computation that needs parameters is
+// bracketed by ChunkManager::Access(op, stage) / Release(op, stage), so an operator's chunk is
+// resident only while that operator computes, and the scheduler may evict it at any other time.
+//
+// One training iteration (ForwardBackward) accesses, in order:
+//   forward:  embedding, then per block ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
+//             mlp.c_proj, then ln_f, then embedding again (the tied LM head + cross-entropy);
+//   backward: embedding (LM head), ln_f, per block from the last: mlp.c_proj, mlp.c_fc, ln_2,
+//             attn.c_proj, attn.c_attn, ln_1 (each block first re-accessing its six operators in
+//             forward when activation checkpointing is on), then embedding (the encoder).
+// Gradients. A backward access computes its operator's parameter gradients into a zeroed f32
+// workspace (the kernels accumulate) and, once that operator's last backward use is done,
+// writes them into the parameters' own slots of the param chunk (the slot holds the gradient from
+// then on; chunk/chunk_type.h). The tied wte is used twice: the LM head's backward accumulates its
+// part of d(wte) into an f32 workspace that lives until the encoder's backward, which adds its
+// part and writes the total into wte's slot. The optimizer (HybridAdam) then reads the gradients
+// from the param chunks and writes the new parameters back into them.
+//
+// Non-model data. Activations, gradients of activations, gradient workspaces and kernel
+// workspaces are allocations of the accelerator's scratch() (DeviceMemory), so the accelerator's
+// MemoryTracker sees them as non-model data and the scheduler learns the tide: they are allocated
+// when produced and freed as soon as nothing later needs them — the tide rises through forward and
+// falls through backward. With f16/bf16 param chunks every parameter an operator reads is converted
+// into an f32 workspace (non-model) for the kernels, and gradients are converted back into the
+// slot (round-to-nearest-even); with f32 chunks the kernels read the chunk directly.
+//
+// Activation checkpointing (GptModelOptions::activation_checkpointing): forward keeps only each
+// block's input; backward recomputes the block (accessing its operators in forward again) right
+// before its backward. The recomputation runs the same kernels on the same inputs, so losses and
+// gradients are bit-identical to the run without checkpointing; the peak of non-model bytes
+// drops from ~all blocks' activations to one block's plus the block inputs.
+//
+// Determinism: for the same parameters and inputs the results do not depend on where the
+// scheduler keeps chunks, on eviction, or on the thread count (the kernels are deterministic);
+// with f32 chunks they are bit-identical to model/kernels/testing/tiny_gpt2 (same kernel calls in
+// the same order).
+//
+// Compute runs on the calling thread (and the model's ThreadPool / OpenBLAS threads) with the CPU
+// kernels of model/kernels, reading chunk payloads and scratch memory directly: the accelerator
+// memory must be host-addressable, i.e. the emulated accelerator (memory/cpu_backend.h) or the
+// host. CUDA kernels are not wired here yet.
+//
+// Thread safety: thread-compatible. One thread drives the model and its ChunkManager.
+#ifndef PATRICKSTAR_MODEL_GPT_MODEL_H_
+#define PATRICKSTAR_MODEL_GPT_MODEL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "chunk/chunk_layout.h"
+#include "chunk/chunk_store.h"
+#include "chunk/chunk_type.h"
+#include "chunk/gpt_shapes.h"
+#include "memory/device_memory.h"
+#include "memory/dtype.h"
+#include "model/gpt2_checkpoint.h"
+#include "optimizer/hybrid_adam.h"
+#include "optimizer/thread_pool.h"
+#include "scheduler/chunk_manager.h"
+
+namespace ps {
+
+struct GptModelOptions {
+  // Sequences per batch (B). Must be >= 1.
+  int64_t batch = 1;
+  // Tokens per sequence (T); 0 means config.max_seq_len. Must be <= config.max_seq_len.
+  int64_t seq_len = 0;
+  // Recompute each block in backward instead of keeping its activations (see the file comment).
+  bool activation_checkpointing = false;
+  // Seed of InitializeParameters().
+  uint64_t seed = 0;
+  // Threads of the model's ThreadPool for the element-wise kernels, the caller included. >= 1.
+  // (OpenBLAS's thread count is process-wide: model/kernels/matmul.h SetBlasThreads.)
+  int threads = 1;
+  // Kernel tiles (model/kernels/attention.h, lm_head_cross_entropy.h); the defaults suit real
+  // models, tests use small ones to cross tile boundaries.
+  int64_t attention_tile = 64;
+  int64_t ce_row_tile = 256;
+  int64_t ce_vocab_tile = 2048;
+};
+
+// What TrainStep did.
+struct GptTrainStepResult {
+  // Mean cross-entropy of the batch (before the update, unscaled).
+  double loss = 0;
+  AdamStepReport adam;
+};
+
+class GptModel {
+ public:
+  // Targets equal to this are excluded from the loss (PyTorch's default ignore_index).
+  static constexpr int32_t kIgnoreIndex = -100;
+
+  // A model of `config` over `store`, whose layout must hold exactly GptOperators(config) (same
+  // operator and tensor names and sizes; any placement). None of the pointers is owned; all must
+  // outlive the model. `manager` must manage `store`, and `accelerator` be its accelerator memory:
+  // activations are allocated from accelerator->scratch().
+  // Errors: InvalidArgument for null pointers, an invalid config (ValidateGptConfig), bad options
+  // (naming the field) or a layout that does not match the config (naming the operator or
+  // tensor).
+  static absl::StatusOr<std::unique_ptr<GptModel>> Create(const GptConfig& config,
+                                                          ChunkStore* store, ChunkManager* manager,
+                                                          DeviceMemory* accelerator,
+                                                          const GptModelOptions& options);
+
+  GptModel(const GptModel&) = delete;
+  GptModel& operator=(const GptModel&) = delete;
+  ~GptModel();
+
+  // GPT-2's initialization, reproducible from `seed` alone (on any platform: a per-tensor
+  // mt19937_64 stream and Box-Muller in double): weights ~ N(0, 0.02), the residual projections
+  // attn.c_proj.weight and mlp.c_proj.weight ~ N(0, 0.02 / sqrt(2 num_layers)), biases 0,
+  // LayerNorm weights 1 and biases 0. Writes the master (f32) chunks and the param chunks (the
+  // master value rounded to the compute dtype) and zeroes momentum and variance. Runs outside an
+  // iteration (the accesses are untracked; chunks end up on the host).
+  // FailedPrecondition inside an iteration; errors of the manager.
+  [[nodiscard]] absl::Status InitializeParameters(uint64_t seed);
+  [[nodiscard]] absl::Status InitializeParameters() { return InitializeParameters(options_.seed); }
+
+  // Forward and backward of one batch inside the caller's iteration (ChunkManager::BeginIteration
+  // before, the optimizer step and EndIteration after; or use TrainStep). `tokens` and `targets`
+  // are [batch, seq_len] row-major; targets[b, t] is the token predicted from tokens[b, 0..t], or
+  // kIgnoreIndex. Returns the mean cross-entropy over the non-ignored targets; the param chunks'
+  // slots then hold d(loss * loss_scale) / d(param) (loss_scale > 0 is the loss scaler's scale).
+  // Errors: InvalidArgument for inputs of the wrong size, a token outside [0, vocab) or a target
+  // outside [0, vocab) other than kIgnoreIndex, or loss_scale <= 0 (nothing is accessed then);
+  // FailedPrecondition outside an iteration; ResourceExhausted from the manager (an operator's
+  // working set does not fit) or from the scratch allocator (activations do not fit), with their
+  // messages. After an error in the middle, the operator being computed is released and all
+  // activations are freed, but some gradients may already be written: abandon the iteration's
+  // update and re-initialize or reload the parameters.
+  [[nodiscard]] absl::StatusOr<double> ForwardBackward(absl::Span<const int32_t> tokens,
+                                                       absl::Span<const int32_t> targets,
+                                                       double loss_scale = 1.0);
+
+  // Forward only (validation): the mean cross-entropy, keeping no activation beyond the one block
+  // being computed. Runs outside an iteration (untracked accesses, the schedule is not disturbed).
+  // Errors as ForwardBackward; FailedPrecondition inside an iteration.
+  [[nodiscard]] absl::StatusOr<double> Evaluate(absl::Span<const int32_t> tokens,
+                                                absl::Span<const int32_t> targets);
+
+  // One whole training iteration: BeginIteration, ForwardBackward with the optimizer's loss scale,
+  // BeginAdam, adam.Step on the manager's placement (optimizer/scheduled_chunk_access.h),
+  // EndIteration. `adam` must have been created for this store's layout and compute dtype.
+  // Errors of those calls.
+  [[nodiscard]] absl::StatusOr<GptTrainStepResult> TrainStep(absl::Span<const int32_t> tokens,
+                                                             absl::Span<const int32_t> targets,
+                                                             HybridAdam& adam);
+
+  // A copy of tensor `name` (Hugging Face name, e.g. "h.0.attn.c_attn.weight") of chunk `type`,
+  // converted to f32, read where the chunk's payload is now; no chunk moves and no moment, so it
+  // may be called between the backward and the optimizer step to read gradients. While no operator
+  // is accessed. NotFound for an unknown name; FailedPrecondition if the chunk has no payload.
+  [[nodiscard]] absl::StatusOr<std::vector<float>> ReadTensor(ChunkType type,
+                                                              absl::string_view name) const;
+
+  // Hugging Face GPT-2 checkpoint import: sets the parameters (param and master chunks, momentum
+  // and variance zeroed) from `checkpoint`, whose dimensions must match the config
+  // (InvalidArgument naming both otherwise). Outside an iteration (FailedPrecondition otherwise).
+  [[nodiscard]] absl::Status LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint);
+  // Export: writes the master weights (f32, exact) to `path` as a Hugging Face GPT-2 safetensors
+  // file stored as `dtype`. Outside an iteration. I/O errors of WriteGpt2Safetensors.
+  [[nodiscard]] absl::Status SaveGpt2Safetensors(const std::string& path, DType dtype) const;
+
+  const GptConfig& config() const { return config_; }
+  const GptModelOptions& options() const { return options_; }
+  int64_t batch() const { return options_.batch; }
+  int64_t seq_len() const { return options_.seq_len; }
+  // Gpt2Dims of the config, for checkpoint I/O.
+  Gpt2Dims dims() const;
+
+ private:
+  class Buffer;
+  class ScopedAccess;
+  struct LinearOp;
+  struct BlockOps;
+  struct BlockActs;
+  struct Activations;
+  enum class ForwardMode { kTrain, kCheckpoint, kEvaluate };
+
+  GptModel(const GptConfig& config, ChunkStore* store, ChunkManager* manager,
+           DeviceMemory* accelerator, const GptModelOptions& options);
+
+  absl::Status ResolveLayout();
+  absl::Status CheckInputs(absl::Span<const int32_t> tokens,
+                           absl::Span<const int32_t> targets) const;
+  // f32 scratch buffer of `elems` elements, zeroed if asked.
+  absl::StatusOr<Buffer> Alloc(int64_t elems, bool zero);
+  // The parameter's values as f32: the chunk slot itself (f32 chunks) or a converted workspace.
+  absl::StatusOr<Buffer> ParamF32(TensorId tensor, absl::Span<const float>* values);
+  // Writes an f32 gradient into the tensor's param slot (converting to the compute dtype).
+  absl::Status WriteGrad(TensorId tensor, absl::Span<const float> grad);
+  // Writes f32 values into the tensor's master slot and its param slot (rounded), zeroes momentum
+  // and variance. REQUIRES: the tensor's chunks are accessed on the host.
+  absl::Status WriteParameter(TensorId tensor, absl::Span<const float> values);
+  // Writes every parameter from `fill` (outside an iteration).
+  absl::Status SetParameters(
+      const std::function<absl::Status(size_t index, absl::Span<float> out)>& fill);
+
+  absl::StatusOr<double> Forward(absl::Span<const int32_t> tokens,
+                                 absl::Span<const int32_t> targets, ForwardMode mode,
+                                 Activations& acts);
+  // One block from `in`, keeping its activations in `a`. A recompute (activation checkpointing)
+  // stops after what the block's backward needs and leaves `out` empty.
+  absl::Status BlockForward(int64_t layer, absl::Span<const float> in, bool recompute, BlockActs& a,
+                            Buffer& out);
+  absl::Status LinearForward(const LinearOp& op, int64_t in_features, int64_t out_features,
+                             absl::Span<const float> x, absl::Span<float> y);
+  absl::Status LayerNormFwd(const LinearOp& op, absl::Span<const float> x, Buffer& y, Buffer& mean,
+                            Buffer& rstd);
+  absl::Status Backward(absl::Span<const int32_t> tokens, absl::Span<const int32_t> targets,
+                        double loss_scale, Activations& acts);
+  // Backward through block `layer` from d(output) `dres`, which becomes d(input); frees the
+  // block's activations and its input `in`.
+  absl::Status BlockBackward(int64_t layer, BlockActs& a, Buffer& in, Buffer& dres);
+  absl::Status LinearBackward(const LinearOp& op, int64_t in_features, int64_t out_features,
+                              absl::Span<const float> x, absl::Span<const float> dy,
+                              absl::Span<float> dx);
+  absl::Status LayerNormBwd(const LinearOp& op, absl::Span<const float> x,
+                            absl::Span<const float> mean, absl::Span<const float> rstd,
+                            absl::Span<const float> dy, absl::Span<float> dx);
+
+  const GptConfig config_;
+  GptModelOptions options_;
+  ChunkStore* const store_;
+  ChunkManager* const manager_;
+  DeviceMemory* const accelerator_;
+  std::unique_ptr<ThreadPool> pool_;
+
+  // Resolved layout: operator and tensor ids.
+  OperatorId embedding_op_ = -1;
+  TensorId wte_ = -1, wpe_ = -1;
+  std::vector<BlockOps> blocks_;
+  std::unique_ptr<LinearOp> ln_f_;
+  // Every parameter tensor in GptOperators order (the initialization's stream index).
+  std::vector<TensorId> param_tensors_;
+};
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_MODEL_GPT_MODEL_H_
