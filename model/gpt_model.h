@@ -134,6 +134,9 @@ class GptModel {
   // are [batch, seq_len] row-major; targets[b, t] is the token predicted from tokens[b, 0..t], or
   // kIgnoreIndex. Returns the mean cross-entropy over the non-ignored targets; the param chunks'
   // slots then hold d(loss * loss_scale) / d(param) (loss_scale > 0 is the loss scaler's scale).
+  // Until the optimizer step writes the new parameters back into those slots, the model has no
+  // parameters in them: calling ForwardBackward or Evaluate again first would compute with the
+  // gradients as weights. Always follow it with the optimizer step (TrainStep does both).
   // Errors: InvalidArgument for inputs of the wrong size, a token outside [0, vocab) or a target
   // outside [0, vocab) other than kIgnoreIndex, or loss_scale <= 0 (nothing is accessed then);
   // FailedPrecondition outside an iteration; ResourceExhausted from the manager (an operator's
