@@ -7,5 +7,3 @@ PS_COPTS = [
     "-Wno-sign-compare",
     "-Wno-unused-parameter",
 ]
-
-PS_TEST_COPTS = PS_COPTS

@@ -7,6 +7,7 @@
 
 #include <cfenv>
 #include <cmath>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -33,18 +34,6 @@ namespace ps {
 namespace {
 
 using ::testing::HasSubstr;
-
-uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
-}
-
-float FromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
 
 constexpr int kMaxReportedFailures = 10;
 
@@ -78,7 +67,8 @@ std::vector<float> MakeF32Input(size_t n, uint32_t seed) {
   std::vector<float> v(n);
   const auto& specials = SpecialF32();
   for (size_t i = 0; i < n; ++i) {
-    v[i] = FromBits(i % 7 == 3 ? specials[(i / 7) % specials.size()] : rng());
+    v[i] = std::bit_cast<float>(
+        i % 7 == 3 ? specials[(i / 7) % specials.size()] : static_cast<uint32_t>(rng()));
   }
   return v;
 }
@@ -254,8 +244,8 @@ TEST_P(ConvertTest, IndependentOfFloatingPointEnvironment) {
     CheckHardCasesAndEveryPattern();
   }
   for (size_t i = 0; i < src.size(); ++i) {
-    ASSERT_EQ(f16[i], FloatToHalfBits(src[i])) << std::hex << "f32 0x" << Bits(src[i]);
-    ASSERT_EQ(bf16[i], FloatToBFloat16Bits(src[i])) << std::hex << "f32 0x" << Bits(src[i]);
+    ASSERT_EQ(f16[i], FloatToHalfBits(src[i])) << std::hex << "f32 0x" << std::bit_cast<uint32_t>(src[i]);
+    ASSERT_EQ(bf16[i], FloatToBFloat16Bits(src[i])) << std::hex << "f32 0x" << std::bit_cast<uint32_t>(src[i]);
   }
 }
 
@@ -294,9 +284,9 @@ TEST_P(ConvertTest, ConvertAllPairs) {
         // ... then narrowed once; identity copies the bits untouched.
         uint32_t want;
         if (from == to) {
-          want = from == DType::kF32 ? Bits(f32[1 + i]) : src16;
+          want = from == DType::kF32 ? std::bit_cast<uint32_t>(f32[1 + i]) : src16;
         } else if (to == DType::kF32) {
-          want = Bits(wide);
+          want = std::bit_cast<uint32_t>(wide);
         } else if (to == DType::kF16) {
           want = FloatToHalfBits(wide);
         } else {

@@ -1,6 +1,5 @@
 #include "memory/cpu_backend.h"
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <deque>

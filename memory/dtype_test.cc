@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -38,18 +39,6 @@ namespace ps {
 namespace {
 
 using ::testing::HasSubstr;
-
-uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
-}
-
-float FromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
 
 bool IsF16NaN(uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x03ffu) != 0; }
 bool IsBF16NaN(uint16_t b) { return (b & 0x7f80u) == 0x7f80u && (b & 0x007fu) != 0; }
@@ -131,7 +120,7 @@ class NearestEvenReference {
 
   // REQUIRES: f is not NaN.
   uint16_t Round(float f) const {
-    const uint16_t sign = (Bits(f) & 0x80000000u) ? 0x8000u : 0;
+    const uint16_t sign = (std::bit_cast<uint32_t>(f) & 0x80000000u) ? 0x8000u : 0;
     const double a = std::fabs(static_cast<double>(f));
     const size_t inf_code = values_.size() - 1;
     if (a >= values_.back()) return static_cast<uint16_t>(sign | inf_code);
@@ -179,10 +168,10 @@ const NearestEvenReference& BFloat16Reference() {
 }
 
 uint16_t ExpectedHalf(float f) {
-  return std::isnan(f) ? QuietHalfNaNFromFloat(Bits(f)) : HalfReference().Round(f);
+  return std::isnan(f) ? QuietHalfNaNFromFloat(std::bit_cast<uint32_t>(f)) : HalfReference().Round(f);
 }
 uint16_t ExpectedBFloat16(float f) {
-  return std::isnan(f) ? QuietBFloat16NaNFromFloat(Bits(f)) : BFloat16Reference().Round(f);
+  return std::isnan(f) ? QuietBFloat16NaNFromFloat(std::bit_cast<uint32_t>(f)) : BFloat16Reference().Round(f);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -257,7 +246,7 @@ TEST(ReferenceTest, KnownValues) {
   EXPECT_EQ(RefHalfValue(0xc000), -2.0);
   EXPECT_EQ(RefBFloat16Value(0x3f80), 1.0);
   EXPECT_EQ(RefBFloat16Value(0x0001), std::ldexp(1.0, -133));
-  EXPECT_EQ(RefBFloat16Value(0x7f7f), static_cast<double>(FromBits(0x7f7f0000u)));
+  EXPECT_EQ(RefBFloat16Value(0x7f7f), static_cast<double>(std::bit_cast<float>(0x7f7f0000u)));
   EXPECT_EQ(HalfReference().Round(1.0f), 0x3c00);
   EXPECT_EQ(HalfReference().Round(-65520.0f), 0xfc00);
   EXPECT_EQ(BFloat16Reference().Round(1.0f), 0x3f80);
@@ -270,11 +259,11 @@ TEST(HalfBitsToFloatTest, EveryPatternMatchesFieldReference) {
   int failures = 0;
   for (uint32_t i = 0; i <= 0xffffu && failures < kMaxReportedFailures; ++i) {
     const uint16_t h = static_cast<uint16_t>(i);
-    const uint32_t got = Bits(HalfBitsToFloat(h));
+    const uint32_t got = std::bit_cast<uint32_t>(HalfBitsToFloat(h));
     const uint32_t want =
         IsF16NaN(h)
             ? ((static_cast<uint32_t>(h & 0x8000u) << 16) | 0x7fc00000u | ((h & 0x3ffu) << 13))
-            : Bits(static_cast<float>(RefHalfValue(h)));
+            : std::bit_cast<uint32_t>(static_cast<float>(RefHalfValue(h)));
     if (got != want) {
       ++failures;
       ADD_FAILURE() << std::hex << "f16 0x" << h << ": got 0x" << got << ", want 0x" << want;
@@ -287,8 +276,8 @@ TEST(HalfBitsToFloatTest, EveryPatternMatchesF16c) {
   int failures = 0;
   for (uint32_t i = 0; i <= 0xffffu && failures < kMaxReportedFailures; ++i) {
     const uint16_t h = static_cast<uint16_t>(i);
-    const uint32_t got = Bits(HalfBitsToFloat(h));
-    const uint32_t want = Bits(F16cHalfToFloat(h));
+    const uint32_t got = std::bit_cast<uint32_t>(HalfBitsToFloat(h));
+    const uint32_t want = std::bit_cast<uint32_t>(F16cHalfToFloat(h));
     if (got != want) {
       ++failures;
       ADD_FAILURE() << std::hex << "f16 0x" << h << ": got 0x" << got << ", F16C 0x" << want;
@@ -300,9 +289,9 @@ TEST(BFloat16BitsToFloatTest, EveryPatternMatchesFieldReference) {
   int failures = 0;
   for (uint32_t i = 0; i <= 0xffffu && failures < kMaxReportedFailures; ++i) {
     const uint16_t b = static_cast<uint16_t>(i);
-    const uint32_t got = Bits(BFloat16BitsToFloat(b));
+    const uint32_t got = std::bit_cast<uint32_t>(BFloat16BitsToFloat(b));
     const uint32_t want = IsBF16NaN(b) ? ((static_cast<uint32_t>(b) << 16) | 0x00400000u)
-                                       : Bits(static_cast<float>(RefBFloat16Value(b)));
+                                       : std::bit_cast<uint32_t>(static_cast<float>(RefBFloat16Value(b)));
     if (got != want) {
       ++failures;
       ADD_FAILURE() << std::hex << "bf16 0x" << b << ": got 0x" << got << ", want 0x" << want;
@@ -355,12 +344,12 @@ void CheckEveryTie(const NearestEvenReference& ref, Convert convert, bool also_f
       const uint16_t got = convert(signed_f);
       if (got != signed_want) {
         ++failures;
-        ADD_FAILURE() << std::hex << "f32 0x" << Bits(signed_f) << " (" << signed_f << "): got 0x"
+        ADD_FAILURE() << std::hex << "f32 0x" << std::bit_cast<uint32_t>(signed_f) << " (" << signed_f << "): got 0x"
                       << got << ", want 0x" << signed_want;
       }
       if (also_f16c && F16cFloatToHalf(signed_f) != signed_want) {
         ++failures;
-        ADD_FAILURE() << std::hex << "reference disagrees with F16C on f32 0x" << Bits(signed_f);
+        ADD_FAILURE() << std::hex << "reference disagrees with F16C on f32 0x" << std::bit_cast<uint32_t>(signed_f);
       }
     }
   };
@@ -441,7 +430,7 @@ TEST(FloatToHalfBitsTest, NamedCases) {
       {0x7fffffffu, 0x7fffu, "all-ones NaN"},
   };
   for (const Case& c : cases) {
-    const float f = FromBits(c.f32);
+    const float f = std::bit_cast<float>(c.f32);
     EXPECT_EQ(FloatToHalfBits(f), c.want) << c.what << std::hex << " (f32 0x" << c.f32 << ")";
     EXPECT_EQ(ExpectedHalf(f), c.want) << "reference: " << c.what;
     if (HaveF16c()) {
@@ -479,22 +468,22 @@ TEST(FloatToBFloat16BitsTest, NamedCases) {
       {0xffffffffu, 0xffffu, "negative all-ones NaN"},
   };
   for (const Case& c : cases) {
-    const float f = FromBits(c.f32);
+    const float f = std::bit_cast<float>(c.f32);
     EXPECT_EQ(FloatToBFloat16Bits(f), c.want) << c.what << std::hex << " (f32 0x" << c.f32 << ")";
     EXPECT_EQ(ExpectedBFloat16(f), c.want) << "reference: " << c.what;
   }
 }
 
 TEST(WideningTest, NamedNaNCases) {
-  EXPECT_EQ(Bits(HalfBitsToFloat(0x7c01u)), 0x7fc02000u);  // signaling -> quiet, payload kept
-  EXPECT_EQ(Bits(HalfBitsToFloat(0xfd55u)), 0xffeaa000u);
-  EXPECT_EQ(Bits(HalfBitsToFloat(0x7e00u)), 0x7fc00000u);
-  EXPECT_EQ(Bits(HalfBitsToFloat(0x7c00u)), 0x7f800000u);  // Inf stays Inf
-  EXPECT_EQ(Bits(HalfBitsToFloat(0xfc00u)), 0xff800000u);
-  EXPECT_EQ(Bits(BFloat16BitsToFloat(0x7f81u)), 0x7fc10000u);
-  EXPECT_EQ(Bits(BFloat16BitsToFloat(0xffffu)), 0xffff0000u);
-  EXPECT_EQ(Bits(BFloat16BitsToFloat(0x7f80u)), 0x7f800000u);
-  EXPECT_EQ(Bits(BFloat16BitsToFloat(0x0001u)), 0x00010000u);  // bf16 subnormal stays subnormal
+  EXPECT_EQ(std::bit_cast<uint32_t>(HalfBitsToFloat(0x7c01u)), 0x7fc02000u);  // signaling -> quiet, payload kept
+  EXPECT_EQ(std::bit_cast<uint32_t>(HalfBitsToFloat(0xfd55u)), 0xffeaa000u);
+  EXPECT_EQ(std::bit_cast<uint32_t>(HalfBitsToFloat(0x7e00u)), 0x7fc00000u);
+  EXPECT_EQ(std::bit_cast<uint32_t>(HalfBitsToFloat(0x7c00u)), 0x7f800000u);  // Inf stays Inf
+  EXPECT_EQ(std::bit_cast<uint32_t>(HalfBitsToFloat(0xfc00u)), 0xff800000u);
+  EXPECT_EQ(std::bit_cast<uint32_t>(BFloat16BitsToFloat(0x7f81u)), 0x7fc10000u);
+  EXPECT_EQ(std::bit_cast<uint32_t>(BFloat16BitsToFloat(0xffffu)), 0xffff0000u);
+  EXPECT_EQ(std::bit_cast<uint32_t>(BFloat16BitsToFloat(0x7f80u)), 0x7f800000u);
+  EXPECT_EQ(std::bit_cast<uint32_t>(BFloat16BitsToFloat(0x0001u)), 0x00010000u);  // bf16 subnormal stays subnormal
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -509,7 +498,7 @@ TEST(RandomTest, MatchesReferences) {
   const bool f16c = HaveF16c();
   int failures = 0;
   auto check = [&](uint32_t x) {
-    const float f = FromBits(x);
+    const float f = std::bit_cast<float>(x);
     const uint16_t h = FloatToHalfBits(f);
     const uint16_t b = FloatToBFloat16Bits(f);
     if (h != ExpectedHalf(f) || (f16c && h != F16cFloatToHalf(f))) {

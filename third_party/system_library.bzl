@@ -49,7 +49,6 @@ def _system_library_impl(ctx):
                     linked_dirs[d] = "_include/{}".format(len(linked_dirs))
                     ctx.symlink(d, linked_dirs[d])
                 includes.append(linked_dirs[d])
-        rel = "/".join([".." for _ in package.split("/")]) + "/" if package else ""
         text = """cc_library(
     name = "{name}",
     hdrs = {hdrs},
