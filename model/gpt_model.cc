@@ -26,6 +26,7 @@
 #include "chunk/chunk_type.h"
 #include "chunk/gpt_shapes.h"
 #include "chunk/operator_spec.h"
+#include "chunk/tensor_state.h"
 #include "glog/logging.h"
 #include "memory/caching_allocator.h"
 #include "memory/convert.h"
@@ -702,10 +703,26 @@ absl::Status GptModel::Backward(absl::Span<const int32_t> tokens, absl::Span<con
 // --- Entry points
 // ---------------------------------------------------------------------------------
 
+absl::Status GptModel::CheckParametersInSlots(absl::string_view caller) const {
+  const ChunkLayout& layout = store_->layout();
+  for (TensorId t : param_tensors_) {
+    ASSIGN_OR_RETURN(const TensorState state, store_->tensor_state(ChunkType::kParam, t));
+    if (state == TensorState::kHoldAfterBwd) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "GptModel::", caller, ": the param slot of '", layout.tensor(t).name,
+          "' holds a gradient of the last backward, not the parameter: run the optimizer step "
+          "(HybridAdam::Step, which writes the parameters back) first, or use TrainStep, or "
+          "reload the parameters (InitializeParameters / LoadGpt2Checkpoint)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<double> GptModel::ForwardBackward(absl::Span<const int32_t> tokens,
                                                  absl::Span<const int32_t> targets,
                                                  double loss_scale) {
   RETURN_IF_ERROR(CheckInputs(tokens, targets));
+  RETURN_IF_ERROR(CheckParametersInSlots("ForwardBackward"));
   if (!(loss_scale > 0) || !std::isfinite(loss_scale)) {
     return absl::InvalidArgumentError(
         absl::StrCat("GptModel: loss_scale must be positive and finite, got ", loss_scale));
@@ -726,6 +743,7 @@ absl::StatusOr<double> GptModel::ForwardBackward(absl::Span<const int32_t> token
 absl::StatusOr<double> GptModel::Evaluate(absl::Span<const int32_t> tokens,
                                           absl::Span<const int32_t> targets) {
   RETURN_IF_ERROR(CheckInputs(tokens, targets));
+  RETURN_IF_ERROR(CheckParametersInSlots("Evaluate"));
   if (manager_->in_iteration()) {
     return absl::FailedPreconditionError(
         "GptModel::Evaluate runs outside an iteration (its accesses are untracked); call it "

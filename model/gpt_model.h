@@ -135,8 +135,10 @@ class GptModel {
   // kIgnoreIndex. Returns the mean cross-entropy over the non-ignored targets; the param chunks'
   // slots then hold d(loss * loss_scale) / d(param) (loss_scale > 0 is the loss scaler's scale).
   // Until the optimizer step writes the new parameters back into those slots, the model has no
-  // parameters in them: calling ForwardBackward or Evaluate again first would compute with the
-  // gradients as weights. Always follow it with the optimizer step (TrainStep does both).
+  // parameters in them, so ForwardBackward and Evaluate refuse to run (FailedPrecondition naming a
+  // tensor) while any param tensor is HOLD_AFTER_BWD; the optimizer step (even a skipped one,
+  // which restores the parameters from the master copy) and InitializeParameters /
+  // LoadGpt2Checkpoint end that. TrainStep does forward, backward and the step together.
   // Errors: InvalidArgument for inputs of the wrong size, a token outside [0, vocab) or a target
   // outside [0, vocab) other than kIgnoreIndex, or loss_scale <= 0 (nothing is accessed then);
   // FailedPrecondition outside an iteration; ResourceExhausted from the manager (an operator's
@@ -197,6 +199,9 @@ class GptModel {
            DeviceMemory* accelerator, const GptModelOptions& options);
 
   absl::Status ResolveLayout();
+  // FailedPrecondition if a param slot holds a gradient (its tensor is HOLD_AFTER_BWD: a backward
+  // released it and no optimizer step or reload has written the parameter back since).
+  absl::Status CheckParametersInSlots(absl::string_view caller) const;
   absl::Status CheckInputs(absl::Span<const int32_t> tokens,
                            absl::Span<const int32_t> targets) const;
   // f32 scratch buffer of `elems` elements, zeroed if asked.

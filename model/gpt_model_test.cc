@@ -503,6 +503,30 @@ TEST(GptModel, RejectsBadInputs) {
               StatusIs(absl::StatusCode::kNotFound));
 }
 
+TEST(GptModel, RefusesToComputeWithGradientsInTheParamSlots) {
+  const GptConfig config = SmallConfig();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(config, {}));
+  ASSERT_OK(rig->model->InitializeParameters(1));
+  const Batch batch = RandomBatch(config, 2, 16, 1);
+  ASSERT_OK(rig->manager->BeginIteration());
+  ASSERT_OK_AND_ASSIGN(const double loss, rig->model->ForwardBackward(batch.tokens, batch.targets));
+  // A second forward in the same iteration would use the gradients as weights.
+  EXPECT_THAT(rig->model->ForwardBackward(batch.tokens, batch.targets),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("optimizer step")));
+  ASSERT_OK(rig->manager->EndIteration());
+  // So would an evaluation after an iteration that skipped the optimizer step.
+  EXPECT_THAT(rig->model->Evaluate(batch.tokens, batch.targets),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("holds a gradient")));
+  // Reloading the parameters ends it: the same batch gives the same loss again.
+  ASSERT_OK(rig->model->InitializeParameters(1));
+  EXPECT_THAT(rig->model->Evaluate(batch.tokens, batch.targets), IsOkAndHolds(loss));
+  // And so does the optimizer step, even a skipped one (it restores the parameters).
+  ASSERT_OK_AND_ASSIGN(GptTrainStepResult step,
+                       rig->model->TrainStep(batch.tokens, batch.targets, *rig->adam));
+  EXPECT_EQ(step.loss, loss);
+  EXPECT_OK(rig->model->Evaluate(batch.tokens, batch.targets).status());
+}
+
 TEST(GptModel, RejectsBadConfigurations) {
   const GptConfig config = SmallConfig();
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(config, {}));
