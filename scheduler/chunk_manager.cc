@@ -189,6 +189,58 @@ int64_t ChunkManager::NowNs() const {
   return options_.clock_ns ? options_.clock_ns() : absl::GetCurrentTimeNanos();
 }
 
+ChunkMoveEvent ChunkManager::MoveEvent(ChunkMoveKind kind, const Chunk& chunk, Stage stage) const {
+  ChunkMoveEvent e;
+  e.kind = kind;
+  e.chunk = chunk.id();
+  e.bytes = IsCopy(kind) ? chunk.capacity_bytes() : 0;
+  e.stage = stage;
+  e.moment = in_iteration_ ? metronome_.moment() : -1;
+  return e;
+}
+
+absl::Status ChunkManager::TimedCopy(Stream& stream, ChunkMoveEvent event,
+                                     const std::function<absl::Status()>& enqueue) {
+  ChunkEventListener* listener = options_.listener;
+  if (listener == nullptr) return enqueue();
+  std::function<int64_t()> clock =
+      options_.clock_ns ? options_.clock_ns : std::function<int64_t()>(absl::GetCurrentTimeNanos);
+  // Written by the first host function and read by the second, on the same stream thread (a
+  // stream runs its work in order), so no synchronization is needed beyond the stream's own.
+  auto start_ns = std::make_shared<int64_t>(0);
+  RETURN_IF_ERROR(stream.LaunchHostFunc([start_ns, clock] { *start_ns = clock(); }));
+  RETURN_IF_ERROR(enqueue());
+  return stream.LaunchHostFunc([start_ns, clock, listener, event]() mutable {
+    event.start_ns = *start_ns;
+    event.end_ns = clock();
+    listener->OnChunkMove(event);
+  });
+}
+
+void ChunkManager::ReportMove(ChunkMoveKind kind, int64_t key, Stage stage) {
+  if (options_.listener == nullptr) return;
+  ChunkMoveEvent e = MoveEvent(kind, ChunkOfKey(key), stage);
+  e.start_ns = e.end_ns = NowNs();
+  options_.listener->OnChunkMove(e);
+}
+
+void ChunkManager::ReportAccess(absl::string_view name, int64_t chunk_index, Stage stage,
+                                int64_t moment, int64_t request_ns) {
+  if (options_.listener == nullptr) return;
+  ChunkAccessEvent e;
+  e.name = name;
+  e.chunk_index = chunk_index;
+  e.stage = stage;
+  e.moment = moment;
+  e.warmup = in_iteration_ && metronome_.is_warmup();
+  e.request_ns = request_ns;
+  e.ready_ns = NowNs();
+  e.resident_bytes = resident_bytes_;
+  e.accelerator_model_bytes = accel_->tracker()->current_bytes(MemoryKind::kModelData);
+  e.accelerator_non_model_bytes = accel_->tracker()->current_bytes(MemoryKind::kNonModelData);
+  options_.listener->OnAccess(e);
+}
+
 std::vector<int64_t> ChunkManager::ResidentChunkKeys() const {
   std::vector<int64_t> keys(resident_.begin(), resident_.end());
   std::sort(keys.begin(), keys.end());
@@ -373,7 +425,8 @@ absl::Status ChunkManager::Evict(const std::vector<int64_t>& victims, Stage stag
   int64_t enqueued = 0;
   for (int64_t key : dirty) {
     Chunk& chunk = ChunkOfKey(key);
-    written = chunk.WriteBackAsync(*store_stream_, host_->chunk_pool());
+    written = TimedCopy(*store_stream_, MoveEvent(ChunkMoveKind::kWriteBack, chunk, stage),
+                        [&] { return chunk.WriteBackAsync(*store_stream_, host_->chunk_pool()); });
     if (!written.ok()) break;
     ++enqueued;
     ++c.write_backs;
@@ -391,7 +444,10 @@ absl::Status ChunkManager::Evict(const std::vector<int64_t>& victims, Stage stag
     resident_.erase(key);
     resident_bytes_ -= device_cost_bytes_;
     prefetched_.erase(key);
-    if (!was_dirty) ++c.clean_evictions;
+    if (!was_dirty) {
+      ++c.clean_evictions;
+      ReportMove(ChunkMoveKind::kCleanEviction, key, stage);
+    }
   }
   return absl::OkStatus();
 }
@@ -406,8 +462,12 @@ absl::Status ChunkManager::Load(const std::vector<int64_t>& keys, Stage stage, b
       status = chunk.AllocatePayload(*accel_->chunk_pool());
       if (!status.ok()) break;
       ++c.allocations;
+      ReportMove(ChunkMoveKind::kAllocation, key, stage);
     } else if (chunk.device().is_host()) {
-      status = chunk.CopyToKeepingBacking(*accel_->chunk_pool(), *load_stream_);
+      status = TimedCopy(
+          *load_stream_,
+          MoveEvent(prefetch ? ChunkMoveKind::kPrefetch : ChunkMoveKind::kLoad, chunk, stage),
+          [&] { return chunk.CopyToKeepingBacking(*accel_->chunk_pool(), *load_stream_); });
       if (!status.ok()) break;
       copied.push_back(key);
       ++c.loads;
@@ -552,7 +612,10 @@ absl::Status ChunkManager::WriteBehind(int64_t key) {
   // accelerator-to-host stream, after the caller's kernels up to this release (a stream-side
   // wait: the host does not block).
   if (compute_pending_) RETURN_IF_ERROR(store_stream_->WaitEvent(compute_done_.get()));
-  RETURN_IF_ERROR(chunk.WriteBackAsync(*store_stream_, host_->chunk_pool()));
+  RETURN_IF_ERROR(TimedCopy(
+      *store_stream_,
+      MoveEvent(ChunkMoveKind::kWriteBehind, chunk, PassOf(metronome_.stage())),
+      [&] { return chunk.WriteBackAsync(*store_stream_, host_->chunk_pool()); }));
   ASSIGN_OR_RETURN(std::shared_ptr<Event> event, backend_->CreateEvent());
   RETURN_IF_ERROR(store_stream_->RecordEvent(event.get()));
   pending_[key] = std::move(event);
@@ -620,6 +683,7 @@ absl::Status ChunkManager::Access(OperatorId op, Stage stage) {
         absl::StrCat("Access: operator '", info.name, "' is already accessed (",
                      StageName(it->second), "); release it first"));
   }
+  const int64_t request_ns = options_.listener != nullptr ? NowNs() : 0;
   if (hooks_ != nullptr) {
     RETURN_IF_ERROR(hooks_->BeforeAccess(layout.group_of(info.chunk_index), stage));
   }
@@ -641,6 +705,7 @@ absl::Status ChunkManager::Access(OperatorId op, Stage stage) {
   active_ops_.emplace(op, stage);
   RecordUse(key, moment);
   RETURN_IF_ERROR(RecordAccess(key, moment));
+  ReportAccess(info.name, -1, stage, moment, request_ns);
   if (absl::Status s = Prefetch(moment); !s.ok()) {
     // A prefetch is an optimization: the access at the next moment will load what is missing.
     LOG(WARNING) << "ChunkManager: prefetch after " << what << " failed: " << s;
@@ -677,6 +742,7 @@ absl::Status ChunkManager::Release(OperatorId op, Stage stage) {
     RETURN_IF_ERROR(options_.compute_stream->RecordEvent(compute_done_.get()));
     compute_pending_ = true;
   }
+  if (options_.listener != nullptr) options_.listener->OnRelease(info.name, -1, stage, NowNs());
   if (stage == Stage::kBackward) {
     RETURN_IF_ERROR(WriteBehind(ChunkKey(ChunkId{ChunkType::kParam, info.chunk_index})));
   }
@@ -731,6 +797,7 @@ absl::Status ChunkManager::AccessChunks(int64_t chunk_index, absl::Span<const Ch
           "AccessChunks: this rank holds no payload of chunk ", chunk.id().ToString()));
     }
   }
+  const int64_t request_ns = options_.listener != nullptr ? NowNs() : 0;
   ASSIGN_OR_RETURN(const int64_t moment, Tick(Stage::kAdam));
   const std::string what = absl::StrCat("optimizer access of chunk ", chunk_index);
   if (device.is_accelerator()) {
@@ -755,6 +822,7 @@ absl::Status ChunkManager::AccessChunks(int64_t chunk_index, absl::Span<const Ch
       RETURN_IF_ERROR(RecordAccess(key, moment));
     }
   }
+  ReportAccess("adam", chunk_index, Stage::kAdam, moment, request_ns);
   return absl::OkStatus();
 }
 
@@ -780,6 +848,9 @@ absl::Status ChunkManager::ReleaseChunks(int64_t chunk_index, absl::Span<const C
       }
     }
     active_chunks_.erase(key);
+  }
+  if (options_.listener != nullptr) {
+    options_.listener->OnRelease("adam", chunk_index, Stage::kAdam, NowNs());
   }
   if (options_.compute_stream != nullptr) {
     RETURN_IF_ERROR(options_.compute_stream->RecordEvent(compute_done_.get()));

@@ -118,6 +118,7 @@
 #include "memory/backend.h"
 #include "memory/device.h"
 #include "memory/device_memory.h"
+#include "scheduler/chunk_events.h"
 #include "scheduler/eviction_policy.h"
 #include "scheduler/metronome.h"
 #include "scheduler/tide_trace.h"
@@ -160,6 +161,9 @@ struct ChunkManagerOptions {
   Stream* compute_stream = nullptr;
   // Monotonic clock for stall times, in nanoseconds; absl::GetCurrentTimeNanos when unset.
   std::function<int64_t()> clock_ns = nullptr;
+  // Told about every chunk move and access (scheduler/chunk_events.h); not owned, must outlive
+  // the manager. Null: nothing is reported and nothing extra is enqueued on the copy streams.
+  ChunkEventListener* listener = nullptr;
 };
 
 // Chunk traffic. A load is a host-to-accelerator chunk copy, a write-back an accelerator-to-host
@@ -326,6 +330,16 @@ class ChunkManager {
 
   ChunkManager(ChunkStore* store, Backend* backend, DeviceMemory* accelerator, DeviceMemory* host,
                ChunkManagerOptions options);
+
+  // Enqueues a copy with `enqueue` on `stream`; with a listener, brackets it with host functions
+  // that time it on the stream and report `event` when it completes.
+  absl::Status TimedCopy(Stream& stream, ChunkMoveEvent event,
+                         const std::function<absl::Status()>& enqueue);
+  ChunkMoveEvent MoveEvent(ChunkMoveKind kind, const Chunk& chunk, Stage stage) const;
+  // Reports a move without a copy, now.
+  void ReportMove(ChunkMoveKind kind, int64_t key, Stage stage);
+  void ReportAccess(absl::string_view name, int64_t chunk_index, Stage stage, int64_t moment,
+                    int64_t request_ns);
 
   Chunk& ChunkOfKey(int64_t key) { return store_->chunk(ChunkIdOfKey(key)); }
   int64_t NowNs() const;

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/testing/status_matchers.h"
+#include "base/mutex.h"
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
@@ -264,6 +265,96 @@ TEST(ChunkManager, PrefetchChangesTimingNotTraffic) {
   std::cout << prefetches << " prefetches, " << hits << " hits\n";
   EXPECT_GT(prefetches, 10);
   EXPECT_EQ(hits, prefetches) << "every prefetched chunk is the next access's";
+}
+
+// Records what a listener is told (from the calling thread and the copy streams).
+class RecordingListener final : public ChunkEventListener {
+ public:
+  void OnChunkMove(const ChunkMoveEvent& e) override {
+    MutexLock lock(&mu_);
+    moves_.push_back(e);
+  }
+  void OnAccess(const ChunkAccessEvent& e) override {
+    MutexLock lock(&mu_);
+    ++accesses_;
+    if (e.ready_ns < e.request_ns) ++bad_times_;
+    if (e.resident_bytes != e.accelerator_model_bytes) ++bad_bytes_;
+    open_.push_back(std::string(e.name));
+  }
+  void OnRelease(absl::string_view name, int64_t, Stage, int64_t) override {
+    MutexLock lock(&mu_);
+    ++releases_;
+    if (open_.empty() || open_.back() != name) ++unmatched_;
+    if (!open_.empty()) open_.pop_back();
+  }
+  std::vector<ChunkMoveEvent> moves() {
+    MutexLock lock(&mu_);
+    return moves_;
+  }
+  int64_t accesses_ = 0, releases_ = 0, bad_times_ = 0, bad_bytes_ = 0, unmatched_ = 0;
+
+ private:
+  Mutex mu_;
+  std::vector<ChunkMoveEvent> moves_;
+  std::vector<std::string> open_;
+};
+
+// A listener sees every move the counters count, timed on the copy streams, and every access with
+// its release; and listening changes nothing the manager does.
+TEST(ChunkManager, ListenerSeesEveryMoveAndChangesNothing) {
+  std::mt19937_64 rng(77);
+  for (int trial = 0; trial < 6; ++trial) {
+    SCOPED_TRACE(absl::StrCat("trial ", trial));
+    RandomTraining t = MakeRandomTraining(rng, /*recompute=*/trial % 2 == 1);
+    const int64_t room = Uniform(rng, 1, 4);
+    std::vector<ChunkManagerCounters> runs[2];
+    RecordingListener listener;
+    for (bool listen : {false, true}) {
+      HarnessConfig config = TightConfig(t, room);
+      if (listen) config.options.listener = &listener;
+      ASSERT_OK_AND_ASSIGN(auto h, TrainingHarness::Create(t.model, config));
+      ASSERT_OK(h->Initialize());
+      for (int it = 0; it < 3; ++it) ASSERT_OK(h->RunIteration(t.program));
+      runs[listen] = h->manager().iteration_counters();
+      if (!listen) continue;
+      // Copies are reported when the stream ran them; write-behinds may still be in flight after
+      // EndIteration, and the manager's destructor waits for them.
+      const TransferCounters counted = h->manager().counters().Total();
+      h.reset();
+      TransferCounters seen;
+      for (const ChunkMoveEvent& e : listener.moves()) {
+        EXPECT_LE(e.start_ns, e.end_ns);
+        switch (e.kind) {
+          case ChunkMoveKind::kLoad:
+          case ChunkMoveKind::kPrefetch:
+            ++seen.loads;
+            seen.load_bytes += e.bytes;
+            break;
+          case ChunkMoveKind::kWriteBack:
+          case ChunkMoveKind::kWriteBehind:
+            ++seen.write_backs;
+            seen.write_back_bytes += e.bytes;
+            break;
+          case ChunkMoveKind::kCleanEviction:
+            ++seen.clean_evictions;
+            break;
+          case ChunkMoveKind::kAllocation:
+            ++seen.allocations;
+            break;
+        }
+      }
+      EXPECT_EQ(seen, counted);
+      EXPECT_GT(seen.loads, 0);
+      EXPECT_GT(listener.accesses_, 0);
+      EXPECT_EQ(listener.accesses_, listener.releases_);
+      EXPECT_EQ(listener.unmatched_, 0);
+      EXPECT_EQ(listener.bad_times_, 0);
+      EXPECT_EQ(listener.bad_bytes_, 0);
+    }
+    for (int it = 0; it < 3; ++it) {
+      EXPECT_EQ(runs[0][it].by_stage, runs[1][it].by_stage) << "iteration " << it;
+    }
+  }
 }
 
 // Clean eviction: parameters are only read in forward, so a forward pass evicts without a single
