@@ -379,6 +379,63 @@ absl::Status GptModel::LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint) {
   });
 }
 
+absl::Status GptModel::LoadTrainingState(const TrainingStateFillFn& fill) {
+  if (manager_->in_iteration()) {
+    return absl::FailedPreconditionError(
+        "GptModel: the training state can only be loaded outside an iteration");
+  }
+  const ChunkLayout& layout = store_->layout();
+  std::vector<float> values;
+  for (int64_t c = 0; c < layout.num_chunks(); ++c) {
+    const std::vector<TensorId> tensors = layout.TensorsInChunk(c);
+    if (tensors.empty()) continue;
+    RETURN_IF_ERROR(
+        manager_->AccessChunks(c, kAllChunkTypes, Device::Host(), AccessMode::kReadWrite));
+    absl::Status status = [&]() -> absl::Status {
+      for (TensorId t : tensors) {
+        const TensorInfo& info = layout.tensor(t);
+        values.assign(static_cast<size_t>(info.numel), 0.0f);
+        for (ChunkType type : {ChunkType::kMomentum, ChunkType::kVariance, ChunkType::kMaster}) {
+          RETURN_IF_ERROR(fill(info.name, type, absl::MakeSpan(values)));
+          ASSIGN_OR_RETURN(TensorView v, store_->View(type, t));
+          std::memcpy(v.data, values.data(), values.size() * sizeof(float));
+        }
+        // `values` holds the master values now.
+        ASSIGN_OR_RETURN(TensorView param, store_->View(ChunkType::kParam, t));
+        RETURN_IF_ERROR(
+            Convert(DType::kF32, values.data(), param.dtype, param.data, param.numel));
+      }
+      return absl::OkStatus();
+    }();
+    const absl::Status released = manager_->ReleaseChunks(c, kAllChunkTypes);
+    RETURN_IF_ERROR(status);
+    RETURN_IF_ERROR(released);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::VisitTrainingState(const TrainingStateVisitFn& visit) const {
+  if (manager_->in_iteration()) {
+    return absl::FailedPreconditionError(
+        "GptModel: the training state can only be read outside an iteration");
+  }
+  for (const std::string& name : ParameterNames()) {
+    for (ChunkType type : {ChunkType::kMaster, ChunkType::kMomentum, ChunkType::kVariance}) {
+      ASSIGN_OR_RETURN(std::vector<float> v, ReadTensor(type, name));
+      RETURN_IF_ERROR(visit(name, type, v));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> GptModel::ParameterNames() const {
+  std::vector<std::string> names;
+  for (const OperatorSpec& op : GptOperators(config_)) {
+    for (const TensorSpec& t : op.tensors) names.push_back(t.name);
+  }
+  return names;
+}
+
 absl::Status GptModel::SaveGpt2Safetensors(const std::string& path, DType dtype) const {
   if (manager_->in_iteration()) {
     return absl::FailedPreconditionError(

@@ -175,6 +175,22 @@ class GptModel {
   // and variance zeroed) from `checkpoint`, whose dimensions must match the config
   // (InvalidArgument naming both otherwise). Outside an iteration (FailedPrecondition otherwise).
   [[nodiscard]] absl::Status LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint);
+  // Checkpoint resume: sets the training state of every tensor from `fill(name, type, out)`,
+  // called for type kMaster, kMomentum and kVariance in turn (f32 values, `out` sized to the
+  // tensor), and each param slot to its master value rounded to the compute dtype — exactly what
+  // an optimizer step leaves there, so training continues bit for bit. Outside an iteration
+  // (FailedPrecondition otherwise); errors of `fill` are returned as they are (the state is then
+  // partially set: load again or re-initialize).
+  using TrainingStateFillFn =
+      std::function<absl::Status(absl::string_view name, ChunkType type, absl::Span<float> out)>;
+  [[nodiscard]] absl::Status LoadTrainingState(const TrainingStateFillFn& fill);
+  // The counterpart for checkpoints: calls `visit(name, type, values)` for every tensor and type
+  // kMaster, kMomentum, kVariance (f32), reading the chunks where they are. Outside an iteration.
+  using TrainingStateVisitFn = std::function<absl::Status(absl::string_view name, ChunkType type,
+                                                          absl::Span<const float> values)>;
+  [[nodiscard]] absl::Status VisitTrainingState(const TrainingStateVisitFn& visit) const;
+  // The parameter names in checkpoint order (the operators' order of GptOperators).
+  std::vector<std::string> ParameterNames() const;
   // Export: writes the master weights (f32, exact) to `path` as a Hugging Face GPT-2 safetensors
   // file stored as `dtype`. Outside an iteration. I/O errors of WriteGpt2Safetensors.
   [[nodiscard]] absl::Status SaveGpt2Safetensors(const std::string& path, DType dtype) const;

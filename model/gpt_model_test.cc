@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -459,6 +460,57 @@ TEST(GptModel, ExportsAndImportsHuggingFaceSafetensors) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> c, MakeRig(other, {}));
   EXPECT_THAT(c->model->LoadGpt2Checkpoint(checkpoint),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dimensions")));
+}
+
+// --- Training state round trip (checkpoints) ---------------------------------------------------
+
+TEST(GptModel, TrainingStateRoundTripContinuesBitForBit) {
+  const GptConfig config = SmallConfig();
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    RigOptions o;
+    o.dtype = dtype;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> a, MakeRig(config, o));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> b, MakeRig(config, o));
+    ASSERT_OK(a->model->InitializeParameters(4));
+    ASSERT_OK(b->model->InitializeParameters(99));  // different: the load must replace it all
+    const Batch batch = RandomBatch(config, 2, 16, 3);
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_OK(a->model->TrainStep(batch.tokens, batch.targets, *a->adam).status());
+    }
+    std::map<std::pair<std::string, ChunkType>, std::vector<float>> state;
+    ASSERT_OK(a->model->VisitTrainingState(
+        [&](absl::string_view name, ChunkType type, absl::Span<const float> v) {
+          state[{std::string(name), type}].assign(v.begin(), v.end());
+          return absl::OkStatus();
+        }));
+    EXPECT_EQ(state.size(), 3 * ParamNames(config).size());
+    ASSERT_OK(b->model->LoadTrainingState(
+        [&](absl::string_view name, ChunkType type, absl::Span<float> out) -> absl::Status {
+          auto it = state.find({std::string(name), type});
+          if (it == state.end() || it->second.size() != out.size()) {
+            return absl::NotFoundError(std::string(name));
+          }
+          std::copy(it->second.begin(), it->second.end(), out.begin());
+          return absl::OkStatus();
+        }));
+    b->adam->set_step(a->adam->step());
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_OK_AND_ASSIGN(GptTrainStepResult ra,
+                           a->model->TrainStep(batch.tokens, batch.targets, *a->adam));
+      ASSERT_OK_AND_ASSIGN(GptTrainStepResult rb,
+                           b->model->TrainStep(batch.tokens, batch.targets, *b->adam));
+      EXPECT_EQ(ra.loss, rb.loss) << "step " << i;
+    }
+    ASSERT_OK_AND_ASSIGN(auto ma, ReadAll(*a->model, ChunkType::kMaster));
+    ASSERT_OK_AND_ASSIGN(auto mb, ReadAll(*b->model, ChunkType::kMaster));
+    for (size_t t = 0; t < ma.size(); ++t) EXPECT_TRUE(BitEqual(ma[t], mb[t])) << t;
+    // A fill error is returned as it is.
+    EXPECT_THAT(b->model->LoadTrainingState([](absl::string_view, ChunkType, absl::Span<float>) {
+      return absl::DataLossError("bad file");
+    }),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bad file")));
+  }
 }
 
 // --- 6. Errors -----------------------------------------------------------------------------------
