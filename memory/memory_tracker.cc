@@ -41,6 +41,21 @@ void MemoryTracker::Add(MemoryKind kind, int64_t bytes) {
   int64_t& peak = peak_bytes_[Index(kind)];
   peak = std::max(peak, current);
   peak_total_bytes_ = std::max(peak_total_bytes_, current_bytes_[0] + current_bytes_[1]);
+  int64_t& interval_peak = interval_peak_bytes_[Index(kind)];
+  interval_peak = std::max(interval_peak, current);
+  interval_peak_total_bytes_ =
+      std::max(interval_peak_total_bytes_, current_bytes_[0] + current_bytes_[1]);
+}
+
+MemoryTrackerSnapshot MemoryTracker::SnapshotAndResetIntervalPeaks() {
+  MutexLock lock(&mu_);
+  MemoryTrackerSnapshot s = SnapshotLocked();
+  s.peak_model_bytes = interval_peak_bytes_[0];
+  s.peak_non_model_bytes = interval_peak_bytes_[1];
+  s.peak_total_bytes = interval_peak_total_bytes_;
+  interval_peak_bytes_ = current_bytes_;
+  interval_peak_total_bytes_ = current_bytes_[0] + current_bytes_[1];
+  return s;
 }
 
 void MemoryTracker::Subtract(MemoryKind kind, int64_t bytes) {

@@ -94,6 +94,12 @@ class MemoryTracker {
   // starts a new measurement interval.
   MemoryTrackerSnapshot SnapshotAndResetPeaks();
 
+  // A second, independent measurement interval for a caller that wants peaks over a longer span
+  // (a training step) while the scheduler resets the peaks above at every moment: the same as
+  // SnapshotAndResetPeaks but with peaks since the previous call of this method (or since
+  // construction), and resetting only those.
+  MemoryTrackerSnapshot SnapshotAndResetIntervalPeaks();
+
  private:
   MemoryTrackerSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ResetPeaksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -103,6 +109,8 @@ class MemoryTracker {
   std::array<int64_t, 2> current_bytes_ ABSL_GUARDED_BY(mu_) = {0, 0};
   std::array<int64_t, 2> peak_bytes_ ABSL_GUARDED_BY(mu_) = {0, 0};
   int64_t peak_total_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::array<int64_t, 2> interval_peak_bytes_ ABSL_GUARDED_BY(mu_) = {0, 0};
+  int64_t interval_peak_total_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ps

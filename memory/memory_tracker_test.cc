@@ -88,18 +88,22 @@ TEST(MemoryTrackerTest, KindNames) {
   EXPECT_EQ(MemoryKindName(kNonModel), "non_model_data");
 }
 
-// Replays a random sequence of adds, subtracts and resets against a plain model and compares every
-// value after every step.
+// Replays a random sequence of adds, subtracts and both kinds of resets against a plain model and
+// compares every value after every step: the scheduler's peaks and the interval peaks are
+// independent.
 TEST(MemoryTrackerTest, RandomSequenceMatchesModel) {
   MemoryTracker tracker(Device::Accelerator(0));
   std::mt19937 rng(1234);
   int64_t cur[2] = {0, 0};
   int64_t peak[2] = {0, 0};
   int64_t peak_total = 0;
+  int64_t ipeak[2] = {0, 0};
+  int64_t ipeak_total = 0;
+  int interval_checks = 0;
   for (int step = 0; step < 5000; ++step) {
     const int k = static_cast<int>(rng() % 2);
     const MemoryKind kind = static_cast<MemoryKind>(k);
-    const int op = static_cast<int>(rng() % 10);
+    const int op = static_cast<int>(rng() % 11);
     if (op < 5) {
       const int64_t bytes = static_cast<int64_t>(rng() % 10000);
       tracker.Add(kind, bytes);
@@ -108,14 +112,26 @@ TEST(MemoryTrackerTest, RandomSequenceMatchesModel) {
       const int64_t bytes = cur[k] == 0 ? 0 : static_cast<int64_t>(rng() % (cur[k] + 1));
       tracker.Subtract(kind, bytes);
       cur[k] -= bytes;
-    } else {
+    } else if (op == 9) {
       tracker.ResetPeaks();
       peak[0] = cur[0];
       peak[1] = cur[1];
       peak_total = cur[0] + cur[1];
+    } else {
+      const MemoryTrackerSnapshot s = tracker.SnapshotAndResetIntervalPeaks();
+      ASSERT_EQ(s.peak_model_bytes, ipeak[0]) << "step " << step;
+      ASSERT_EQ(s.peak_non_model_bytes, ipeak[1]) << "step " << step;
+      ASSERT_EQ(s.peak_total_bytes, ipeak_total) << "step " << step;
+      ASSERT_EQ(s.model_bytes, cur[0]) << "step " << step;
+      ipeak[0] = cur[0];
+      ipeak[1] = cur[1];
+      ipeak_total = cur[0] + cur[1];
+      ++interval_checks;
     }
     peak[k] = std::max(peak[k], cur[k]);
     peak_total = std::max(peak_total, cur[0] + cur[1]);
+    ipeak[k] = std::max(ipeak[k], cur[k]);
+    ipeak_total = std::max(ipeak_total, cur[0] + cur[1]);
     const MemoryTrackerSnapshot s = tracker.Snapshot();
     ASSERT_EQ(s.model_bytes, cur[0]) << "step " << step;
     ASSERT_EQ(s.non_model_bytes, cur[1]) << "step " << step;
@@ -124,6 +140,7 @@ TEST(MemoryTrackerTest, RandomSequenceMatchesModel) {
     ASSERT_EQ(s.peak_non_model_bytes, peak[1]) << "step " << step;
     ASSERT_EQ(s.peak_total_bytes, peak_total) << "step " << step;
   }
+  EXPECT_GT(interval_checks, 100);
 }
 
 TEST(MemoryTrackerTest, ConcurrentAddsAndSubtractsBalance) {
