@@ -73,7 +73,7 @@ TrainConfig MakeDefaultTrainConfig() {
   c.scheduler.warmup_num_steps = 30;
   c.scheduler.warmup_type = "linear";
   c.scheduler.warmup_min_lr = 0;
-  c.scheduler.warmup_max_lr = -1;  // optimizer.lr
+  c.scheduler.warmup_max_lr = -1;   // optimizer.lr
   c.scheduler.total_num_steps = 0;  // train_steps
   c.gradient_clipping = 1.0;
   // 80 Ki elements: the largest operator (mlp.c_fc, 128 x 512 + 512 = 66,048 elements) fits, and
@@ -100,13 +100,24 @@ struct Section {
   absl::Span<const Alias> aliases;
 };
 
-constexpr absl::string_view kTopKeys[] = {
-    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-    "train_steps",      "seed",                           "threads",
-    "steps_per_print",  "gradient_clipping",              "optimizer",
-    "scheduler",        "fp16",                           "bf16",
-    "model",            "chunk",                          "accelerator",
-    "data",             "checkpoint",                     "profile"};
+constexpr absl::string_view kTopKeys[] = {"train_batch_size",
+                                          "train_micro_batch_size_per_gpu",
+                                          "gradient_accumulation_steps",
+                                          "train_steps",
+                                          "seed",
+                                          "threads",
+                                          "steps_per_print",
+                                          "gradient_clipping",
+                                          "optimizer",
+                                          "scheduler",
+                                          "fp16",
+                                          "bf16",
+                                          "model",
+                                          "chunk",
+                                          "accelerator",
+                                          "data",
+                                          "checkpoint",
+                                          "profile"};
 constexpr Alias kTopAliases[] = {
     {"steps", "train_steps"},
     {"max_steps", "train_steps"},
@@ -124,8 +135,10 @@ constexpr Alias kTopAliases[] = {
 };
 
 constexpr absl::string_view kOptimizerKeys[] = {"type", "params"};
-constexpr Alias kOptimizerAliases[] = {{"lr", "params"},           {"betas", "params"},
-                                       {"eps", "params"},          {"weight_decay", "params"},
+constexpr Alias kOptimizerAliases[] = {{"lr", "params"},
+                                       {"betas", "params"},
+                                       {"eps", "params"},
+                                       {"weight_decay", "params"},
                                        {"name", "type"}};
 constexpr absl::string_view kOptimizerParamKeys[] = {
     "lr", "betas", "eps", "weight_decay", "adam_w_mode", "amsgrad", "bias_correction"};
@@ -141,12 +154,18 @@ constexpr Alias kSchedulerParamAliases[] = {{"warmup_steps", "warmup_num_steps"}
                                             {"total_steps", "total_num_steps"}};
 
 constexpr absl::string_view kFp16Keys[] = {
-    "enabled",    "loss_scale",      "initial_scale_power", "loss_scale_window",
-    "hysteresis", "consecutive_hysteresis", "min_loss_scale"};
+    "enabled",           "loss_scale", "initial_scale_power",
+    "loss_scale_window", "hysteresis", "consecutive_hysteresis",
+    "min_loss_scale"};
 constexpr absl::string_view kBf16Keys[] = {"enabled"};
 
-constexpr absl::string_view kModelKeys[] = {"preset", "vocab_size", "n_positions", "n_embd",
-                                            "n_layer", "n_head", "activation_checkpointing"};
+constexpr absl::string_view kModelKeys[] = {"preset",
+                                            "vocab_size",
+                                            "n_positions",
+                                            "n_embd",
+                                            "n_layer",
+                                            "n_head",
+                                            "activation_checkpointing"};
 constexpr Alias kModelAliases[] = {
     {"name", "preset"},
     {"hidden", "n_embd"},
@@ -170,23 +189,26 @@ constexpr Alias kChunkAliases[] = {
 constexpr absl::string_view kAcceleratorKeys[] = {"backend", "memory", "host_memory",
                                                   "copy_bandwidth", "device"};
 constexpr Alias kAcceleratorAliases[] = {
-    {"kind", "backend"},          {"type", "backend"},        {"memory_bytes", "memory"},
-    {"capacity", "memory"},       {"bandwidth", "copy_bandwidth"},
+    {"kind", "backend"},
+    {"type", "backend"},
+    {"memory_bytes", "memory"},
+    {"capacity", "memory"},
+    {"bandwidth", "copy_bandwidth"},
     {"device_index", "device"},
 };
 
-constexpr absl::string_view kDataKeys[] = {"train", "val", "seq_len", "shuffle",
-                                           "seed", "eval_every", "eval_batches"};
+constexpr absl::string_view kDataKeys[] = {"train", "val",        "seq_len",     "shuffle",
+                                           "seed",  "eval_every", "eval_batches"};
 constexpr Alias kDataAliases[] = {
-    {"train_path", "train"}, {"train_data", "train"},  {"val_path", "val"},
-    {"val_data", "val"},     {"validation", "val"},     {"valid", "val"},
+    {"train_path", "train"},   {"train_data", "train"}, {"val_path", "val"},
+    {"val_data", "val"},       {"validation", "val"},   {"valid", "val"},
     {"seq_length", "seq_len"},
 };
 
-constexpr absl::string_view kCheckpointKeys[] = {"dir",     "every",     "keep_last",
-                                                 "resume",  "init_from", "export"};
+constexpr absl::string_view kCheckpointKeys[] = {"dir",    "every",     "keep_last",
+                                                 "resume", "init_from", "export"};
 constexpr Alias kCheckpointAliases[] = {
-    {"save_dir", "dir"}, {"path", "dir"},  {"directory", "dir"},
+    {"save_dir", "dir"},   {"path", "dir"},           {"directory", "dir"},
     {"keep", "keep_last"}, {"export_path", "export"}, {"save_every", "every"},
 };
 
@@ -386,8 +408,9 @@ absl::Status BadDouble(absl::string_view key, double value, absl::string_view ru
 }
 
 // "8MiB" when a whole number of the largest binary unit that divides it, else the integer.
+// (Only below 2^60: ParseBytes computes in double and rejects values near the int64 limit.)
 OrderedJson BytesToJson(int64_t bytes) {
-  if (bytes > 0) {
+  if (bytes > 0 && bytes < (int64_t{1} << 60)) {
     constexpr std::pair<int64_t, absl::string_view> kUnits[] = {
         {kGiB * 1024, "TiB"}, {kGiB, "GiB"}, {kMiB, "MiB"}, {kKiB, "KiB"}};
     for (const auto& [unit, name] : kUnits) {
@@ -404,8 +427,8 @@ absl::StatusOr<OptimizerType> ParseOptimizerType(absl::string_view name) {
 }
 
 absl::StatusOr<SchedulerType> ParseSchedulerType(absl::string_view name) {
-  for (SchedulerType t : {SchedulerType::kWarmupLR, SchedulerType::kWarmupDecayLR,
-                          SchedulerType::kWarmupCosineLR}) {
+  for (SchedulerType t :
+       {SchedulerType::kWarmupLR, SchedulerType::kWarmupDecayLR, SchedulerType::kWarmupCosineLR}) {
     if (absl::EqualsIgnoreCase(name, SchedulerTypeName(t))) return t;
   }
   return absl::InvalidArgumentError(
@@ -561,8 +584,7 @@ class Reader {
                          const Json& found) const {
     return Error(absl::StrCat("`", path, "` must be ", expected, ", found ", Describe(found)));
   }
-  absl::Status ValueError(absl::string_view path, const Json& value,
-                          absl::string_view rule) const {
+  absl::Status ValueError(absl::string_view path, const Json& value, absl::string_view rule) const {
     return Error(absl::StrCat("`", path, "` = ", Describe(value), ": ", rule));
   }
 
@@ -578,14 +600,13 @@ class Reader {
         const auto ignored = std::find_if(std::begin(kIgnoredKeys), std::end(kIgnoredKeys),
                                           [&key](const IgnoredKey& k) { return k.key == key; });
         if (ignored != std::end(kIgnoredKeys)) {
-          LOG(WARNING) << source_ << ": ignoring DeepSpeed key `" << key
-                       << "`: " << ignored->why;
+          LOG(WARNING) << source_ << ": ignoring DeepSpeed key `" << key << "`: " << ignored->why;
           if (ignored_ != nullptr) ignored_->push_back(key);
           continue;
         }
       }
-      std::string message = absl::StrCat("unknown key `", JoinPath(section.path, Truncate(key)),
-                                         "`");
+      std::string message =
+          absl::StrCat("unknown key `", JoinPath(section.path, Truncate(key)), "`");
       const std::string suggestion = Suggest(key, section);
       if (!suggestion.empty()) absl::StrAppend(&message, "; did you mean `", suggestion, "`?");
       absl::StrAppend(&message, " (valid keys ",
@@ -669,9 +690,9 @@ class Reader {
                       Int* out) const {
     const Json* v = Find(obj, key);
     if (v == nullptr) return absl::OkStatus();
-    ASSIGN_OR_RETURN(const int64_t value, ToInt64(*v, JoinPath(path, key),
-                                                  std::numeric_limits<Int>::min(),
-                                                  std::numeric_limits<Int>::max()));
+    ASSIGN_OR_RETURN(const int64_t value,
+                     ToInt64(*v, JoinPath(path, key), std::numeric_limits<Int>::min(),
+                             std::numeric_limits<Int>::max()));
     *out = static_cast<Int>(value);
     return absl::OkStatus();
   }
@@ -737,16 +758,16 @@ absl::Status ReadOptimizer(const Reader& r, const Json& top, TrainConfig* c) {
   if (opt == nullptr) return absl::OkStatus();
   const Json* type = Reader::Find(*opt, "type");
   if (type == nullptr) {
-    return r.Error("`optimizer.type` is required when an optimizer section is given: \"Adam\" or "
-                   "\"AdamW\"");
+    return r.Error(
+        "`optimizer.type` is required when an optimizer section is given: \"Adam\" or "
+        "\"AdamW\"");
   }
   if (!type->is_string()) return r.TypeError("optimizer.type", "a string", *type);
   absl::StatusOr<OptimizerType> parsed = ParseOptimizerType(type->get_ref<const std::string&>());
   if (!parsed.ok()) return r.ValueError("optimizer.type", *type, parsed.status().message());
   c->optimizer.type = *parsed;
 
-  ASSIGN_OR_RETURN(const Json* params,
-                   r.GetSection(*opt, kOptimizerParamsSection, "params"));
+  ASSIGN_OR_RETURN(const Json* params, r.GetSection(*opt, kOptimizerParamsSection, "params"));
   if (params == nullptr) return absl::OkStatus();
   constexpr absl::string_view p = "optimizer.params";
   RETURN_IF_ERROR(r.GetDouble(*params, p, "lr", &c->optimizer.lr));
@@ -774,7 +795,8 @@ absl::Status ReadOptimizer(const Reader& r, const Json& top, TrainConfig* c) {
   if (const Json* amsgrad = Reader::Find(*params, "amsgrad"); amsgrad != nullptr) {
     bool value = false;
     RETURN_IF_ERROR(r.GetBool(*params, p, "amsgrad", &value));
-    if (value) return r.ValueError("optimizer.params.amsgrad", *amsgrad, "not supported; use false");
+    if (value)
+      return r.ValueError("optimizer.params.amsgrad", *amsgrad, "not supported; use false");
   }
   if (const Json* bc = Reader::Find(*params, "bias_correction"); bc != nullptr) {
     bool value = true;
@@ -802,15 +824,14 @@ absl::Status ReadScheduler(const Reader& r, const Json& top, TrainConfig* c) {
   SchedulerConfig& s = c->scheduler;
   s.type = *parsed;
 
-  ASSIGN_OR_RETURN(const Json* params,
-                   r.GetSection(*sched, kSchedulerParamsSection, "params"));
+  ASSIGN_OR_RETURN(const Json* params, r.GetSection(*sched, kSchedulerParamsSection, "params"));
   if (params == nullptr) return absl::OkStatus();
   for (auto it = params->begin(); it != params->end(); ++it) {
     if (!SchedulerParamApplies(s.type, it.key())) {
-      return r.Error(absl::StrCat("`scheduler.params.", it.key(),
-                                  "` does not apply to scheduler type ",
-                                  SchedulerTypeName(s.type), ", which takes: ",
-                                  absl::StrJoin(SchedulerParamsOf(s.type), ", ")));
+      return r.Error(
+          absl::StrCat("`scheduler.params.", it.key(), "` does not apply to scheduler type ",
+                       SchedulerTypeName(s.type),
+                       ", which takes: ", absl::StrJoin(SchedulerParamsOf(s.type), ", ")));
     }
   }
   constexpr absl::string_view p = "scheduler.params";
@@ -854,8 +875,7 @@ absl::Status ReadPrecision(const Reader& r, const Json& top, TrainConfig* c) {
     RETURN_IF_ERROR(r.GetInt(*fp16, "fp16", "initial_scale_power", &f.initial_scale_power));
     RETURN_IF_ERROR(r.GetInt(*fp16, "fp16", "loss_scale_window", &f.loss_scale_window));
     RETURN_IF_ERROR(r.GetInt(*fp16, "fp16", "hysteresis", &f.hysteresis));
-    RETURN_IF_ERROR(
-        r.GetBool(*fp16, "fp16", "consecutive_hysteresis", &f.consecutive_hysteresis));
+    RETURN_IF_ERROR(r.GetBool(*fp16, "fp16", "consecutive_hysteresis", &f.consecutive_hysteresis));
     RETURN_IF_ERROR(r.GetDouble(*fp16, "fp16", "min_loss_scale", &f.min_loss_scale));
   }
   ASSIGN_OR_RETURN(const Json* bf16, r.GetSection(top, kBf16Section, "bf16"));
@@ -996,8 +1016,7 @@ absl::StatusOr<TrainConfig> ParseTrainConfigImpl(absl::string_view text, absl::s
   RETURN_IF_ERROR(r.GetInt(top, "", "train_batch_size", &c.train_batch_size));
   RETURN_IF_ERROR(
       r.GetInt(top, "", "train_micro_batch_size_per_gpu", &c.train_micro_batch_size_per_gpu));
-  RETURN_IF_ERROR(
-      r.GetInt(top, "", "gradient_accumulation_steps", &c.gradient_accumulation_steps));
+  RETURN_IF_ERROR(r.GetInt(top, "", "gradient_accumulation_steps", &c.gradient_accumulation_steps));
   RETURN_IF_ERROR(r.GetInt(top, "", "train_steps", &c.steps));
   RETURN_IF_ERROR(r.GetUint64(top, "", "seed", &c.seed));
   RETURN_IF_ERROR(r.GetInt(top, "", "threads", &c.threads));
@@ -1076,15 +1095,13 @@ absl::Status CheckFieldValues(const TrainConfig& c) {
     return BadDouble("optimizer.params.eps", o.eps, "must be finite and > 0, e.g. 1e-8");
   }
   if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay)) {
-    return BadDouble("optimizer.params.weight_decay", o.weight_decay,
-                     "must be finite and >= 0");
+    return BadDouble("optimizer.params.weight_decay", o.weight_decay, "must be finite and >= 0");
   }
 
   // Scheduler.
   const SchedulerConfig& s = c.scheduler;
   if (!(s.warmup_min_lr >= 0) || !std::isfinite(s.warmup_min_lr)) {
-    return BadDouble("scheduler.params.warmup_min_lr", s.warmup_min_lr,
-                     "must be finite and >= 0");
+    return BadDouble("scheduler.params.warmup_min_lr", s.warmup_min_lr, "must be finite and >= 0");
   }
   if (!(s.warmup_max_lr == -1 || (s.warmup_max_lr >= 0 && std::isfinite(s.warmup_max_lr)))) {
     return BadDouble("scheduler.params.warmup_max_lr", s.warmup_max_lr,
@@ -1102,8 +1119,7 @@ absl::Status CheckFieldValues(const TrainConfig& c) {
                     "must be >= 0 (0: train_steps)");
   }
   if (!(s.warmup_min_ratio >= 0 && s.warmup_min_ratio <= 1)) {
-    return BadDouble("scheduler.params.warmup_min_ratio", s.warmup_min_ratio,
-                     "must be in [0, 1]");
+    return BadDouble("scheduler.params.warmup_min_ratio", s.warmup_min_ratio, "must be in [0, 1]");
   }
   if (!(s.cos_min_ratio >= 0 && s.cos_min_ratio <= 1)) {
     return BadDouble("scheduler.params.cos_min_ratio", s.cos_min_ratio, "must be in [0, 1]");
@@ -1153,8 +1169,7 @@ absl::Status CheckFieldValues(const TrainConfig& c) {
   // Chunk.
   if (c.chunk.size_elems < 0 || c.chunk.size_elems > kMaxChunkElems) {
     return BadValue("chunk.size", c.chunk.size_elems,
-                    absl::StrCat("must be in [1, ", kMaxChunkElems,
-                                 "] elements, or \"auto\" (0)"));
+                    absl::StrCat("must be in [1, ", kMaxChunkElems, "] elements, or \"auto\" (0)"));
   }
 
   // Accelerator.
@@ -1302,8 +1317,8 @@ absl::StatusOr<TrainConfig> ParseTrainConfig(absl::string_view json_text, absl::
     }
     return config;
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(source, ": unexpected error parsing the config: ",
-                                            e.what()));
+    return absl::InternalError(
+        absl::StrCat(source, ": unexpected error parsing the config: ", e.what()));
   }
 }
 
@@ -1338,9 +1353,9 @@ absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path) {
     text.append(buffer, static_cast<size_t>(n));
     if (static_cast<int64_t>(text.size()) > kMaxConfigFileBytes) {
       ::close(fd);
-      return absl::InvalidArgumentError(
-          absl::StrCat("config file ", path, " is larger than ", FormatBytes(kMaxConfigFileBytes),
-                       "; it is not a config"));
+      return absl::InvalidArgumentError(absl::StrCat("config file ", path, " is larger than ",
+                                                     FormatBytes(kMaxConfigFileBytes),
+                                                     "; it is not a config"));
     }
   }
   ::close(fd);
@@ -1379,9 +1394,9 @@ absl::Status ApplyOverrides(const ConfigOverrides& o, TrainConfig* config) {
   if (o.accelerator_memory.has_value()) {
     absl::StatusOr<int64_t> bytes = ParseBytes(*o.accelerator_memory);
     if (!bytes.ok()) {
-      return bad("accelerator_memory", *o.accelerator_memory,
-                 absl::StrCat(bytes.status().message(),
-                              "; write e.g. 64MiB, 1.5GB or a number of bytes"));
+      return bad(
+          "accelerator_memory", *o.accelerator_memory,
+          absl::StrCat(bytes.status().message(), "; write e.g. 64MiB, 1.5GB or a number of bytes"));
     }
     c.accelerator.memory_bytes = *bytes;
   }
@@ -1417,8 +1432,7 @@ absl::Status ApplyOverrides(const ConfigOverrides& o, TrainConfig* config) {
   }
   if (o.micro_batch_size.has_value()) {
     if (*o.micro_batch_size < 1) {
-      return bad("micro_batch_size", absl::StrCat(*o.micro_batch_size),
-                 "must be >= 1 sequences");
+      return bad("micro_batch_size", absl::StrCat(*o.micro_batch_size), "must be >= 1 sequences");
     }
     c.train_micro_batch_size_per_gpu = *o.micro_batch_size;
     c.train_batch_size = 0;  // derived from the flag, never contradicting it
@@ -1445,9 +1459,9 @@ absl::StatusOr<GptConfig> ResolveModelConfig(const ModelConfig& m) {
   if (!m.preset.empty()) {
     absl::StatusOr<GptConfig> preset = GptPreset(m.preset);
     if (!preset.ok()) {
-      return BadValue("model.preset", Quote(m.preset),
-                      absl::StrCat("unknown preset; valid presets: ",
-                                   absl::StrJoin(GptPresetNames(), ", ")));
+      return BadValue(
+          "model.preset", Quote(m.preset),
+          absl::StrCat("unknown preset; valid presets: ", absl::StrJoin(GptPresetNames(), ", ")));
     }
     g = *std::move(preset);
   } else {
@@ -1476,14 +1490,14 @@ absl::StatusOr<GptConfig> ResolveModelConfig(const ModelConfig& m) {
   }
   // The closed form of GptParameterCount, in floating point so it cannot overflow.
   const double h = static_cast<double>(g.hidden);
-  const double params = (static_cast<double>(g.vocab_size) + static_cast<double>(g.max_seq_len)) *
-                            h +
-                        static_cast<double>(g.num_layers) * (12 * h * h + 13 * h) + 2 * h;
+  const double params =
+      (static_cast<double>(g.vocab_size) + static_cast<double>(g.max_seq_len)) * h +
+      static_cast<double>(g.num_layers) * (12 * h * h + 13 * h) + 2 * h;
   if (params > kMaxModelParams) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model (vocab_size ", g.vocab_size, ", n_positions ", g.max_seq_len, ", n_embd ",
-        g.hidden, ", n_layer ", g.num_layers, ") would have ", FormatDouble(params),
-        " parameters, more than 2^53; use smaller dimensions"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model (vocab_size ", g.vocab_size, ", n_positions ", g.max_seq_len,
+                     ", n_embd ", g.hidden, ", n_layer ", g.num_layers, ") would have ",
+                     FormatDouble(params), " parameters, more than 2^53; use smaller dimensions"));
   }
   RETURN_IF_ERROR(ValidateGptConfig(g));
   return g;
@@ -1527,10 +1541,10 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
   }
   ASSIGN_OR_RETURN(const GptConfig model, ResolveModelConfig(c.model));
   if (c.data.seq_len > model.max_seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "`data.seq_len` = ", c.data.seq_len, " exceeds the model's n_positions (",
-        model.max_seq_len, ", model ", model.name, "); use at most ", model.max_seq_len,
-        ", or 0 for n_positions"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("`data.seq_len` = ", c.data.seq_len, " exceeds the model's n_positions (",
+                     model.max_seq_len, ", model ", model.name, "); use at most ",
+                     model.max_seq_len, ", or 0 for n_positions"));
   }
   if (c.chunk.size_elems > 0) {
     const std::vector<OperatorSpec> ops = GptOperators(model);
@@ -1552,21 +1566,21 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
   }
   if (absl::StatusOr<LrSchedule> schedule = LrSchedule::Create(MakeLrScheduleOptions(c));
       !schedule.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("scheduler ", SchedulerTypeName(c.scheduler.type), ": ",
-                     schedule.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scheduler ", SchedulerTypeName(c.scheduler.type), ": ", schedule.status().message()));
   }
   RETURN_IF_ERROR(MakeLossScaler(c).status());
   if (c.checkpoint.every > 0 && c.checkpoint.dir.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "`checkpoint.every` = ", c.checkpoint.every,
-        " needs a checkpoint directory: set checkpoint.dir (or --save_dir)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("`checkpoint.every` = ", c.checkpoint.every,
+                     " needs a checkpoint directory: set checkpoint.dir (or --save_dir)"));
   }
   if (c.checkpoint.resume && c.checkpoint.dir.empty()) {
     return absl::InvalidArgumentError(
         "`checkpoint.resume` = true needs checkpoint.dir (or --save_dir) to resume from");
   }
-  if (c.accelerator.kind == AcceleratorKind::kCuda && c.accelerator.copy_bandwidth_bytes_per_s > 0) {
+  if (c.accelerator.kind == AcceleratorKind::kCuda &&
+      c.accelerator.copy_bandwidth_bytes_per_s > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "`accelerator.copy_bandwidth` = ", FormatDouble(c.accelerator.copy_bandwidth_bytes_per_s),
         " bytes/s emulates a link and applies only to backend \"cpu\"; remove it (or set 0) for "
@@ -1591,8 +1605,8 @@ std::string TrainConfigToJson(const TrainConfig& c) {
   opt_params["betas"] = OrderedJson::array({c.optimizer.beta1, c.optimizer.beta2});
   opt_params["eps"] = c.optimizer.eps;
   opt_params["weight_decay"] = c.optimizer.weight_decay;
-  j["optimizer"] = OrderedJson{{"type", OptimizerTypeName(c.optimizer.type)},
-                               {"params", std::move(opt_params)}};
+  j["optimizer"] =
+      OrderedJson{{"type", OptimizerTypeName(c.optimizer.type)}, {"params", std::move(opt_params)}};
 
   const SchedulerConfig& s = c.scheduler;
   if (s.type != SchedulerType::kNone) {
@@ -1633,9 +1647,12 @@ std::string TrainConfigToJson(const TrainConfig& c) {
                                  {"host_memory", BytesToJson(c.accelerator.host_memory_bytes)},
                                  {"copy_bandwidth", c.accelerator.copy_bandwidth_bytes_per_s},
                                  {"device", c.accelerator.device_index}};
-  j["data"] = OrderedJson{{"train", c.data.train_path},     {"val", c.data.val_path},
-                          {"seq_len", c.data.seq_len},      {"shuffle", c.data.shuffle},
-                          {"seed", c.data.seed},            {"eval_every", c.data.eval_every},
+  j["data"] = OrderedJson{{"train", c.data.train_path},
+                          {"val", c.data.val_path},
+                          {"seq_len", c.data.seq_len},
+                          {"shuffle", c.data.shuffle},
+                          {"seed", c.data.seed},
+                          {"eval_every", c.data.eval_every},
                           {"eval_batches", c.data.eval_batches}};
   j["checkpoint"] = OrderedJson{{"dir", c.checkpoint.dir},
                                 {"every", c.checkpoint.every},
@@ -1643,8 +1660,7 @@ std::string TrainConfigToJson(const TrainConfig& c) {
                                 {"resume", c.checkpoint.resume},
                                 {"init_from", c.checkpoint.init_from},
                                 {"export", c.checkpoint.export_path}};
-  j["profile"] =
-      OrderedJson{{"trace", c.profile.trace_path}, {"metrics", c.profile.metrics_path}};
+  j["profile"] = OrderedJson{{"trace", c.profile.trace_path}, {"metrics", c.profile.metrics_path}};
   // Strings that are not UTF-8 (only possible from overrides; ValidateTrainConfig rejects them)
   // are written with U+FFFD instead of throwing.
   return j.dump(2, ' ', false, OrderedJson::error_handler_t::replace);

@@ -96,10 +96,10 @@ enum class AcceleratorKind { kCpu, kCuda };
 // optimizer.type and optimizer.params.
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::kAdamW;
-  double lr = 1e-3;                 // >= 0, finite
+  double lr = 1e-3;                   // >= 0, finite
   double beta1 = 0.9, beta2 = 0.999;  // each in [0, 1)
-  double eps = 1e-8;                // > 0, finite
-  double weight_decay = 0.0;        // >= 0, finite
+  double eps = 1e-8;                  // > 0, finite
+  double weight_decay = 0.0;          // >= 0, finite
 
   friend bool operator==(const OptimizerConfig&, const OptimizerConfig&) = default;
 };
@@ -120,8 +120,8 @@ struct SchedulerConfig {
 // fp16 (optimizer/loss_scaler.h has the semantics).
 struct Fp16Config {
   bool enabled = false;
-  double loss_scale = 0;  // 0 = dynamic; else a static scale in (0, 2^100]
-  int initial_scale_power = 16;     // [0, 100]
+  double loss_scale = 0;             // 0 = dynamic; else a static scale in (0, 2^100]
+  int initial_scale_power = 16;      // [0, 100]
   int64_t loss_scale_window = 1000;  // >= 1
   int hysteresis = 2;                // >= 1
   bool consecutive_hysteresis = false;
@@ -154,8 +154,8 @@ struct ChunkConfig {
 // accelerator.
 struct AcceleratorConfig {
   AcceleratorKind kind = AcceleratorKind::kCpu;  // "backend"
-  int64_t memory_bytes = 0;              // cap of the accelerator memory; 0 = backend default/all
-  int64_t host_memory_bytes = 0;         // cap for host memory; 0 = unlimited
+  int64_t memory_bytes = 0;               // cap of the accelerator memory; 0 = backend default/all
+  int64_t host_memory_bytes = 0;          // cap for host memory; 0 = unlimited
   double copy_bandwidth_bytes_per_s = 0;  // emulated link bandwidth, 0 = unthrottled (cpu only)
   int device_index = 0;                   // "device"
 
@@ -169,7 +169,7 @@ struct DataConfig {
   int64_t seq_len = 0;     // 0: the model's n_positions
   bool shuffle = false;
   uint64_t seed = 0;
-  int64_t eval_every = 0;  // steps; 0 = only at the end when there is a validation set
+  int64_t eval_every = 0;    // steps; 0 = only at the end when there is a validation set
   int64_t eval_batches = 4;  // >= 1
 
   friend bool operator==(const DataConfig&, const DataConfig&) = default;
@@ -203,12 +203,12 @@ struct TrainConfig {
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   Fp16Config fp16;
-  bool bf16 = false;              // "bf16": {"enabled": ...}
-  double gradient_clipping = 0;   // 0 = off
+  bool bf16 = false;             // "bf16": {"enabled": ...}
+  double gradient_clipping = 0;  // 0 = off
   int64_t steps_per_print = 1;
-  int64_t steps = 0;              // "train_steps" (required > 0 after overrides)
-  uint64_t seed = 0;              // "seed": parameter init
-  int threads = 0;                // "threads": 0 = hardware concurrency
+  int64_t steps = 0;  // "train_steps" (required > 0 after overrides)
+  uint64_t seed = 0;  // "seed": parameter init
+  int threads = 0;    // "threads": 0 = hardware concurrency
   ModelConfig model;
   ChunkConfig chunk;
   AcceleratorConfig accelerator;
@@ -321,9 +321,9 @@ absl::StatusOr<HybridAdamOptions> MakeHybridAdamOptions(const TrainConfig& confi
 
 // --- Names ----------------------------------------------------------------------------------
 
-absl::string_view OptimizerTypeName(OptimizerType type);    // "Adam", "AdamW"
-absl::string_view SchedulerTypeName(SchedulerType type);    // "none", "WarmupLR", ...
-absl::string_view PrecisionModeName(PrecisionMode mode);    // "f32", "f16", "bf16"
+absl::string_view OptimizerTypeName(OptimizerType type);      // "Adam", "AdamW"
+absl::string_view SchedulerTypeName(SchedulerType type);      // "none", "WarmupLR", ...
+absl::string_view PrecisionModeName(PrecisionMode mode);      // "f32", "f16", "bf16"
 absl::string_view AcceleratorKindName(AcceleratorKind kind);  // "cpu", "cuda"
 
 // Every key path the parser accepts, e.g. "optimizer.params.betas", "model.n_embd", in the order

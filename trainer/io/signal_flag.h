@@ -1,0 +1,44 @@
+// A stop flag set by SIGINT and SIGTERM, so the trainer can finish the current step, write a
+// checkpoint and exit cleanly when a user presses Ctrl-C or a scheduler (Slurm, Kubernetes) asks it
+// to stop.
+//
+//   RETURN_IF_ERROR(InstallStopSignalHandlers());
+//   for (step = ...; step < steps && !StopRequested(); ++step) { ... }
+//   if (StopRequested()) LOG(INFO) << "stopping on " << strsignal(StopSignal());
+//
+// Semantics:
+//   - The first SIGINT or SIGTERM sets the flag (StopSignal() then returns that signal) and writes
+//     one line to stderr (with write(2): async-signal-safe).
+//   - SIGINT is installed with SA_RESETHAND: the kernel restores the default action when it is
+//     delivered, so a second Ctrl-C kills a run that hangs instead of stopping.
+//   - SIGTERM stays handled; a scheduler that wants the process dead sends SIGKILL after its grace
+//     period.
+//   - SA_RESTART: system calls interrupted by the signal are restarted, so no caller sees EINTR
+//     because of it.
+// The flag is a lock-free std::atomic<int>, written only with async-signal-safe operations.
+//
+// Thread safety: all functions are thread-safe. The handlers are process-wide state (there is one
+// signal disposition per process); InstallStopSignalHandlers() may be called again to re-arm
+// SIGINT after it fired.
+#ifndef PATRICKSTAR_TRAINER_IO_SIGNAL_FLAG_H_
+#define PATRICKSTAR_TRAINER_IO_SIGNAL_FLAG_H_
+
+#include "absl/status/status.h"
+
+namespace ps {
+
+// Installs the SIGINT and SIGTERM handlers. Internal on failure of sigaction (never expected).
+[[nodiscard]] absl::Status InstallStopSignalHandlers();
+
+// True once SIGINT or SIGTERM arrived after InstallStopSignalHandlers().
+bool StopRequested();
+
+// The first stop signal received (SIGINT or SIGTERM), or 0.
+int StopSignal();
+
+// Clears the flag (tests; or a program that handled one stop request and wants the next).
+void ClearStopRequest();
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_TRAINER_IO_SIGNAL_FLAG_H_

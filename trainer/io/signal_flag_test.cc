@@ -1,0 +1,111 @@
+#include "trainer/io/signal_flag.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <functional>
+
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+// Runs `body` in a forked child (so the test process keeps its own signal dispositions) and
+// returns its wait status. The child has 10 s to finish: a flag that is never set shows up as a
+// SIGALRM death, not a hang.
+int RunInChild(const std::function<int()>& body) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(10);
+    ::_exit(body());
+  }
+  int status = 0;
+  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+  return status;
+}
+
+TEST(SignalFlagTest, SigtermSetsTheFlagAndStaysHandled) {
+  const int status = RunInChild([] {
+    if (!InstallStopSignalHandlers().ok()) return 1;
+    if (StopRequested() || StopSignal() != 0) return 2;
+    ::raise(SIGTERM);
+    if (!StopRequested() || StopSignal() != SIGTERM) return 3;
+    ::raise(SIGTERM);  // still handled: the process lives on
+    if (StopSignal() != SIGTERM) return 4;
+    ::raise(SIGINT);  // a later SIGINT does not change the first signal
+    if (StopSignal() != SIGTERM) return 5;
+    ClearStopRequest();
+    if (StopRequested() || StopSignal() != 0) return 6;
+    return 0;
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << "child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(SignalFlagTest, SecondSigintKills) {
+  const int status = RunInChild([] {
+    if (!InstallStopSignalHandlers().ok()) return 1;
+    ::raise(SIGINT);
+    if (!StopRequested() || StopSignal() != SIGINT) return 2;
+    ::raise(SIGINT);  // default action now: terminates the process
+    return 3;
+  });
+  ASSERT_TRUE(WIFSIGNALED(status)) << "child exited with " << WEXITSTATUS(status);
+  EXPECT_EQ(WTERMSIG(status), SIGINT);
+}
+
+TEST(SignalFlagTest, ReinstallingRearmsSigint) {
+  const int status = RunInChild([] {
+    if (!InstallStopSignalHandlers().ok()) return 1;
+    ::raise(SIGINT);
+    ClearStopRequest();
+    if (!InstallStopSignalHandlers().ok()) return 2;
+    ::raise(SIGINT);  // handled again
+    return StopSignal() == SIGINT ? 0 : 3;
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << "child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(SignalFlagTest, WithoutHandlersSigtermKills) {
+  const int status = RunInChild([] {
+    ::raise(SIGTERM);
+    return 0;
+  });
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(WTERMSIG(status), SIGTERM);
+}
+
+// A signal sent by another process while the child polls the flag, as a training loop does.
+TEST(SignalFlagTest, SignalFromAnotherProcessStopsAPollingLoop) {
+  for (int signal : {SIGTERM, SIGINT}) {
+    int ready[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::alarm(10);
+      ::close(ready[0]);
+      if (!InstallStopSignalHandlers().ok()) ::_exit(1);
+      const char byte = 1;
+      if (::write(ready[1], &byte, 1) != 1) ::_exit(2);
+      while (!StopRequested()) ::usleep(1000);  // one "training step"
+
+      ::_exit(100 + StopSignal());
+    }
+    ::close(ready[1]);
+    char byte;
+    ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+    ::close(ready[0]);
+    ::usleep(5000);
+    ASSERT_EQ(::kill(pid, signal), 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status)) << "child died of signal " << WTERMSIG(status);
+    EXPECT_EQ(WEXITSTATUS(status), 100 + signal);
+  }
+}
+
+}  // namespace
+}  // namespace ps
