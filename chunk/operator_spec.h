@@ -25,6 +25,13 @@ struct TensorSpec {
   std::string name;
   // Row-major dimensions; every dimension must be positive. An empty shape is a scalar.
   std::vector<int64_t> shape;
+
+  // The product of the dimensions (1 for a scalar).
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
 };
 
 struct OperatorSpec {

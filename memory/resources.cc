@@ -1,6 +1,7 @@
 #include "memory/resources.h"
 
 #include <algorithm>
+#include <functional>
 #include <cstdint>
 #include <cstdlib>
 #include <utility>
@@ -131,10 +132,16 @@ absl::StatusOr<void*> ProviderResource::Allocate(int64_t bytes) {
   absl::StatusOr<void*> ptr = TryAllocate(bytes, rounded_bytes);
   if (ptr.ok() || !absl::IsResourceExhausted(ptr.status())) return ptr;
 
-  // Out of memory: the pools above may be sitting on cached memory. Ask them for it, retry once.
-  const ReclaimResult reclaimed = RunReclaimers();
-  ptr = TryAllocate(bytes, rounded_bytes);
-  if (ptr.ok() || !absl::IsResourceExhausted(ptr.status())) return ptr;
+  // Out of memory: the pools above may be sitting on cached memory. Ask them for it in order of
+  // registration, retrying after each one that released something, so that later (costlier)
+  // reclaimers run only when the earlier ones did not free enough.
+  bool done = false;
+  const ReclaimResult reclaimed = RunReclaimers([&] {
+    ptr = TryAllocate(bytes, rounded_bytes);
+    done = ptr.ok() || !absl::IsResourceExhausted(ptr.status());
+    return done;
+  });
+  if (done) return ptr;
   {
     MutexLock lock(&mu_);
     ++stats_.failed_allocations;
@@ -163,7 +170,8 @@ absl::Status ProviderResource::Deallocate(void* ptr, int64_t bytes) {
   return absl::OkStatus();
 }
 
-ProviderResource::ReclaimResult ProviderResource::RunReclaimers() {
+ProviderResource::ReclaimResult ProviderResource::RunReclaimers(
+    const std::function<bool()>& retry) {
   // Run the reclaimers over a copy of the list, without the lock: they call back into
   // Deallocate, and may take their own locks.
   std::vector<std::pair<Reclaimer*, std::string>> reclaimers;
@@ -177,6 +185,7 @@ ProviderResource::ReclaimResult ProviderResource::RunReclaimers() {
     const int64_t released_bytes = reclaimer->ReleaseCached();
     result.released_bytes_by_name.emplace_back(name, released_bytes);
     result.total_bytes += released_bytes;
+    if (released_bytes > 0 && retry()) break;
   }
   {
     MutexLock lock(&reclaimers_mu_);

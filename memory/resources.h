@@ -10,12 +10,12 @@
 // it together). This header holds the bottom layer and a generic adaptor:
 //
 //  - ProviderResource: the common base of the bottom layer. It takes memory from a provider (the
-//  C++
-//    heap or a Backend), enforces an optional hard cap, keeps a registry of live pointers so that a
-//    foreign pointer or a double free is InvalidArgument, and runs the *reclaimers*: pools above it
-//    keep freed memory cached, so when the provider (or the cap) says no, it asks every registered
-//    Reclaimer to hand its cached memory back and retries once. Only then does it report
-//    ResourceExhausted, with a message that names the device, the request, the cap, the bytes in
+//    C++ heap or a Backend), enforces an optional hard cap, keeps a registry of live pointers so
+//    that a foreign pointer or a double free is InvalidArgument, and runs the *reclaimers*: pools
+//    above it keep freed memory cached, so when the provider (or the cap) says no, it asks the
+//    registered Reclaimers, in order, to hand their cached memory back, retrying after each one
+//    that did (so a costly reclaimer registered last, such as the ChunkManager evicting chunks,
+//    runs only when the caches were not enough). Only then does it report ResourceExhausted, with a message that names the device, the request, the cap, the bytes in
 //    use, what each pool released, and what to change. This is how the chunk pool gets memory the
 //    caching allocator had cached, and vice versa.
 //  - HostResource, PinnedHostResource, BackendDeviceResource: the three providers.
@@ -30,6 +30,7 @@
 #define PATRICKSTAR_MEMORY_RESOURCES_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -137,7 +138,10 @@ class ProviderResource : public MemoryResource {
   // One attempt: reserve, call the provider, register. Returns ResourceExhausted for a cap or
   // provider refusal (with the provider's message), other errors as they come.
   absl::StatusOr<void*> TryAllocate(int64_t bytes, int64_t rounded_bytes) ABSL_LOCKS_EXCLUDED(mu_);
-  ReclaimResult RunReclaimers() ABSL_LOCKS_EXCLUDED(mu_, reclaimers_mu_);
+  // Asks the reclaimers in order; after each that released memory, calls `retry` and stops when
+  // it returns true.
+  ReclaimResult RunReclaimers(const std::function<bool()>& retry)
+      ABSL_LOCKS_EXCLUDED(mu_, reclaimers_mu_);
   std::string OutOfMemoryMessage(int64_t bytes, const ReclaimResult& reclaimed,
                                  const absl::Status& last_error) const;
 

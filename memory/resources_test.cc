@@ -63,6 +63,13 @@ class FakeCache final : public Reclaimer {
     return released_bytes;
   }
 
+  int64_t cached_bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t n = 0;
+    for (const auto& held : held_) n += held.second;
+    return n;
+  }
+
  private:
   MemoryResource* const resource_;
   std::mutex mu_;
@@ -144,19 +151,25 @@ TEST(HostResourceTest, ReclaimersAreAskedBeforeGivingUp) {
   host.AddReclaimer(&second, "second_pool");
   ASSERT_OK(first.Fill(512 * kKiB));
   ASSERT_OK(second.Fill(256 * kKiB));
-  // 768 KiB is cached by the two fakes: a 512 KiB request succeeds only after they release it.
+  // 768 KiB is cached by the two fakes: a 512 KiB request succeeds once the first one released
+  // its 512 KiB; the second is not asked (reclaimers run in order, each only if still needed).
   ASSERT_OK_AND_ASSIGN(void* p, host.Allocate(512 * kKiB));
   ProviderResourceStats stats = host.stats();
   EXPECT_EQ(stats.reclaim_rounds, 1);
-  EXPECT_EQ(stats.reclaimed_bytes, 768 * kKiB);
-  EXPECT_EQ(stats.in_use_bytes, 512 * kKiB);
+  EXPECT_EQ(stats.reclaimed_bytes, 512 * kKiB);
+  EXPECT_EQ(stats.in_use_bytes, 768 * kKiB);
+  EXPECT_EQ(second.cached_bytes(), 256 * kKiB);
 
   // When releasing is not enough, the message says what each pool gave back.
-  ASSERT_OK(first.Fill(256 * kKiB));
+  ASSERT_OK(first.Fill(128 * kKiB));
   EXPECT_THAT(host.Allocate(768 * kKiB),
               StatusIs(absl::StatusCode::kResourceExhausted,
-                       AllOf(HasSubstr("768.00 KiB"), HasSubstr("first_pool 256.00 KiB"),
-                             HasSubstr("second_pool 0 B"), HasSubstr("1.00 MiB capacity"))));
+                       AllOf(HasSubstr("768.00 KiB"), HasSubstr("first_pool 128.00 KiB"),
+                             HasSubstr("second_pool 256.00 KiB"), HasSubstr("1.00 MiB capacity"))));
+  ASSERT_OK(second.Fill(128 * kKiB));
+  EXPECT_THAT(host.Allocate(768 * kKiB),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("first_pool 0 B"), HasSubstr("second_pool 128.00 KiB"))));
   host.RemoveReclaimer(&first);
   host.RemoveReclaimer(&second);
   ASSERT_OK(second.Fill(512 * kKiB));

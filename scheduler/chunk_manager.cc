@@ -48,6 +48,8 @@ ChunkManagerCounters ChunkManagerCounters::Minus(const ChunkManagerCounters& ear
   d.prefetches -= earlier.prefetches;
   d.write_behinds -= earlier.write_behinds;
   d.prefetch_hits -= earlier.prefetch_hits;
+  d.pressure_reclaims -= earlier.pressure_reclaims;
+  d.pressure_evictions -= earlier.pressure_evictions;
   d.stall_ns -= earlier.stall_ns;
   return d;
 }
@@ -61,7 +63,8 @@ std::string ChunkManagerCounters::DebugString() const {
                     c.clean_evictions, " clean evictions, ", c.allocations, " allocations; ");
   }
   absl::StrAppend(&out, prefetches, " prefetches, ", prefetch_hits, " prefetch hits, ",
-                  write_behinds, " write-behinds, stall ",
+                  write_behinds, " write-behinds, ", pressure_evictions,
+                  " evictions under pressure, stall ",
                   absl::StrFormat("%.3f ms", stall_ns / 1e6));
   return out;
 }
@@ -151,6 +154,12 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(ChunkStore* s
   }
   ASSIGN_OR_RETURN(manager->policy_,
                    CreateEvictionPolicy(manager->options_.policy, std::move(static_keys)));
+  if (manager->options_.evict_under_pressure) {
+    manager->reclaimer_ = std::make_unique<PressureReclaimer>(manager.get());
+    accelerator->upstream()->AddReclaimer(
+        manager->reclaimer_.get(),
+        absl::StrCat("chunk_manager(", accelerator->device().ToString(), ")"));
+  }
   return manager;
 }
 
@@ -165,6 +174,7 @@ ChunkManager::ChunkManager(ChunkStore* store, Backend* backend, DeviceMemory* ac
       device_cost_bytes_(accelerator->chunk_block_bytes()) {}
 
 ChunkManager::~ChunkManager() {
+  if (reclaimer_ != nullptr) accel_->upstream()->RemoveReclaimer(reclaimer_.get());
   if (compute_pending_) {
     // The caller's compute stream still has to complete the event this manager owns.
     absl::Status s = compute_done_->Synchronize();
@@ -241,6 +251,30 @@ void ChunkManager::ReportAccess(absl::string_view name, int64_t chunk_index, Sta
   options_.listener->OnAccess(e);
 }
 
+int64_t ChunkManager::ReclaimUnderPressure() {
+  if (busy_ > 0) return 0;  // an allocation of the manager's own: nothing may move now
+  BusyScope busy(this);
+  std::vector<int64_t> victims;
+  for (int64_t key : resident_) {
+    if (ChunkOfKey(key).movable() && !active_chunks_.contains(key)) victims.push_back(key);
+  }
+  if (victims.empty()) return 0;
+  std::sort(victims.begin(), victims.end());
+  const Stage stage = in_iteration_ && metronome_.moment() >= 0 ? PassOf(metronome_.stage())
+                                                                : Stage::kForward;
+  if (absl::Status s = Evict(victims, stage); !s.ok()) {
+    LOG(WARNING) << "ChunkManager: evicting under memory pressure failed: " << s;
+  }
+  ++counters_.pressure_reclaims;
+  counters_.pressure_evictions += static_cast<int64_t>(victims.size());
+  LOG_FIRST_N(WARNING, 5)
+      << "ChunkManager: " << accel_->device().ToString()
+      << " ran out of memory between accesses; evicted " << victims.size()
+      << " chunks to make room (raise ChunkManagerOptions.nonmodel_slack_bytes to plan for the "
+         "allocator's overhead instead)";
+  return accel_->chunk_pool()->ReleaseCached();
+}
+
 std::vector<int64_t> ChunkManager::ResidentChunkKeys() const {
   std::vector<int64_t> keys(resident_.begin(), resident_.end());
   std::sort(keys.begin(), keys.end());
@@ -254,6 +288,7 @@ int64_t ChunkManager::ChunkableBytes(int64_t moment) const {
 // --- Moments and limits --------------------------------------------------------------------------
 
 absl::Status ChunkManager::BeginIteration() {
+  BusyScope busy(this);
   if (in_iteration_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "BeginIteration: iteration ", metronome_.iteration(), " has not ended; call EndIteration"));
@@ -267,6 +302,7 @@ absl::Status ChunkManager::BeginIteration() {
 }
 
 absl::Status ChunkManager::EndIteration() {
+  BusyScope busy(this);
   if (!in_iteration_) {
     return absl::FailedPreconditionError("EndIteration without BeginIteration");
   }
@@ -663,6 +699,7 @@ void ChunkManager::ComputeAdamPlacement() {
 // --- The model -----------------------------------------------------------------------------------
 
 absl::Status ChunkManager::Access(OperatorId op, Stage stage) {
+  BusyScope busy(this);
   if (stage == Stage::kAdam) {
     return absl::InvalidArgumentError(
         "Access is for operators in FWD or BWD; the optimizer uses BeginAdam and AccessChunks");
@@ -714,6 +751,7 @@ absl::Status ChunkManager::Access(OperatorId op, Stage stage) {
 }
 
 absl::Status ChunkManager::Release(OperatorId op, Stage stage) {
+  BusyScope busy(this);
   if (stage == Stage::kAdam) {
     return absl::InvalidArgumentError(
         "Release is for operators in FWD or BWD; the optimizer uses ReleaseChunks");
@@ -755,6 +793,7 @@ absl::Status ChunkManager::Release(OperatorId op, Stage stage) {
 // --- The optimizer -------------------------------------------------------------------------------
 
 absl::StatusOr<AdamPlacement> ChunkManager::BeginAdam() {
+  BusyScope busy(this);
   if (!active_ops_.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("BeginAdam: operator '", store_->layout().op(active_ops_.begin()->first).name,
@@ -768,6 +807,7 @@ absl::StatusOr<AdamPlacement> ChunkManager::BeginAdam() {
 
 absl::Status ChunkManager::AccessChunks(int64_t chunk_index, absl::Span<const ChunkType> types,
                                         Device device, AccessMode mode) {
+  BusyScope busy(this);
   if (chunk_index < 0 || chunk_index >= num_chunks_) {
     return absl::InvalidArgumentError(
         absl::StrCat("AccessChunks: chunk index ", chunk_index, " outside [0, ", num_chunks_, ")"));
@@ -827,6 +867,7 @@ absl::Status ChunkManager::AccessChunks(int64_t chunk_index, absl::Span<const Ch
 }
 
 absl::Status ChunkManager::ReleaseChunks(int64_t chunk_index, absl::Span<const ChunkType> types) {
+  BusyScope busy(this);
   if (chunk_index < 0 || chunk_index >= num_chunks_) {
     return absl::InvalidArgumentError(absl::StrCat("ReleaseChunks: chunk index ", chunk_index,
                                                    " outside [0, ", num_chunks_, ")"));

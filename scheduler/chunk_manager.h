@@ -84,6 +84,16 @@
 // runs on the host. The placement is computed once, when the warm-up ends; indices whose param
 // chunk is used last in the iteration (so still resident when the step starts) come first.
 //
+// Pressure. The tide is what the accelerator's MemoryTracker counts: the bytes of activations in
+// use. The caching allocator holds them in segments whose free tails it cannot always reuse, so
+// the device can run out of memory while the tracker says there is room (nonmodel_slack_bytes is
+// the planned margin for that). When it happens anyway, the accelerator's bottom resource asks its
+// reclaimers for memory before failing; the manager is one of them (evict_under_pressure): it
+// evicts every resident chunk that may move (not COMPUTE, not pinned) — writing back dirty ones and
+// waiting for the copies — and returns the freed blocks to the device, so the allocation succeeds
+// at the cost of reloading those chunks later. Counted in pressure_reclaims / pressure_evictions.
+// Allocations made by the manager itself (inside its own calls) never trigger this.
+//
 // ZeRO. Only world size 1 is supported now (Create returns Unimplemented otherwise).
 // CollectiveHooks mark where comm/ will all-gather a group before an access and reduce-scatter it
 // after a release.
@@ -118,6 +128,7 @@
 #include "memory/backend.h"
 #include "memory/device.h"
 #include "memory/device_memory.h"
+#include "memory/memory_resource.h"
 #include "scheduler/chunk_events.h"
 #include "scheduler/eviction_policy.h"
 #include "scheduler/metronome.h"
@@ -161,6 +172,9 @@ struct ChunkManagerOptions {
   Stream* compute_stream = nullptr;
   // Monotonic clock for stall times, in nanoseconds; absl::GetCurrentTimeNanos when unset.
   std::function<int64_t()> clock_ns = nullptr;
+  // Evict chunks when the accelerator runs out of memory anyway (see "Pressure" in the file
+  // comment).
+  bool evict_under_pressure = true;
   // Told about every chunk move and access (scheduler/chunk_events.h); not owned, must outlive
   // the manager. Null: nothing is reported and nothing extra is enqueued on the copy streams.
   ChunkEventListener* listener = nullptr;
@@ -194,6 +208,11 @@ struct ChunkManagerCounters {
   int64_t prefetch_hits = 0;
   // Write-backs started early (also counted in by_stage as write-backs).
   int64_t write_behinds = 0;
+  // Times the accelerator ran out of memory between accesses and the manager evicted chunks to
+  // make room (see "Pressure" in the file comment), and the chunks evicted then (also counted in
+  // by_stage as write-backs or clean evictions).
+  int64_t pressure_reclaims = 0;
+  int64_t pressure_evictions = 0;
   // Time the calling thread waited for copies (loads, write-backs, zero-fills).
   int64_t stall_ns = 0;
 
@@ -331,6 +350,27 @@ class ChunkManager {
   ChunkManager(ChunkStore* store, Backend* backend, DeviceMemory* accelerator, DeviceMemory* host,
                ChunkManagerOptions options);
 
+  // Registered with the accelerator's bottom resource: evicts under memory pressure.
+  class PressureReclaimer final : public Reclaimer {
+   public:
+    explicit PressureReclaimer(ChunkManager* manager) : manager_(manager) {}
+    int64_t ReleaseCached() override { return manager_->ReclaimUnderPressure(); }
+
+   private:
+    ChunkManager* const manager_;
+  };
+  // Marks the manager busy for the scope of a public call, so that an allocation made inside it
+  // does not re-enter through the reclaimer.
+  class BusyScope {
+   public:
+    explicit BusyScope(ChunkManager* m) : m_(m) { ++m_->busy_; }
+    ~BusyScope() { --m_->busy_; }
+
+   private:
+    ChunkManager* const m_;
+  };
+  int64_t ReclaimUnderPressure();
+
   // Enqueues a copy with `enqueue` on `stream`; with a listener, brackets it with host functions
   // that time it on the stream and report `event` when it completes.
   absl::Status TimedCopy(Stream& stream, ChunkMoveEvent event,
@@ -390,6 +430,8 @@ class ChunkManager {
   DeviceMemory* const accel_;
   DeviceMemory* const host_;
   const ChunkManagerOptions options_;
+  int busy_ = 0;
+  std::unique_ptr<PressureReclaimer> reclaimer_;
   const int64_t num_chunks_;
   const int64_t device_cost_bytes_;
   int64_t budget_bytes_ = 0;

@@ -510,6 +510,51 @@ TEST_F(ChunkManagerApiTest, OperatorThatCannotFitIsResourceExhaustedWithAdvice) 
   ASSERT_OK(m.Release(2, Stage::kForward));
 }
 
+// An allocation that does not fit beside the resident chunks makes the manager evict them (the
+// reclaimer), unless that is switched off; chunks in use stay.
+TEST_F(ChunkManagerApiTest, MemoryPressureEvictsChunksThatMayMove) {
+  ChunkManager& m = h_->manager();
+  ASSERT_OK(m.Access(0, Stage::kForward));  // chunk 0
+  ASSERT_OK(m.Access(2, Stage::kForward));  // chunk 1
+  ASSERT_OK(m.Release(0, Stage::kForward));
+  EXPECT_EQ(m.resident_bytes(), 2 * kChunkBytes);
+  // Room for 2.5 chunks of activations only if chunk 0 leaves; chunk 1 is in COMPUTE.
+  const int64_t bytes = 2 * kChunkBytes + 2048;
+  ASSERT_OK_AND_ASSIGN(void* act, h_->accelerator().scratch()->Allocate(bytes));
+  EXPECT_EQ(m.resident_bytes(), kChunkBytes);
+  EXPECT_EQ(m.counters().pressure_reclaims, 1);
+  EXPECT_EQ(m.counters().pressure_evictions, 1);
+  ASSERT_OK(m.Release(2, Stage::kForward));
+  ASSERT_OK(h_->accelerator().scratch()->Deallocate(act, bytes));
+  // Nothing more may move: the next allocation that does not fit fails as before.
+  ASSERT_OK(m.Access(2, Stage::kForward));
+  EXPECT_THAT(h_->accelerator().scratch()->Allocate(4 * kChunkBytes),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("chunk_manager")));
+  ASSERT_OK(m.Release(2, Stage::kForward));
+  ASSERT_OK(m.Access(0, Stage::kForward));  // loads chunk 0 again: its bytes are intact
+  ASSERT_OK(m.Release(0, Stage::kForward));
+}
+
+TEST(ChunkManagerPressure, SwitchedOffTheAllocationFails) {
+  HarnessConfig config;
+  config.cap_bytes = 4 * kChunkBytes;
+  config.options.warmup_chunk_fraction = 0.5;
+  config.options.evict_under_pressure = false;
+  ASSERT_OK_AND_ASSIGN(
+      auto h, TrainingHarness::Create({.chunk_elems = kChunkElems,
+                                       .op_numels = {kChunkElems / 2, kChunkElems / 2, kChunkElems}},
+                                      config));
+  ASSERT_OK(h->Initialize());
+  ChunkManager& m = h->manager();
+  ASSERT_OK(m.Access(0, Stage::kForward));
+  ASSERT_OK(m.Access(2, Stage::kForward));
+  ASSERT_OK(m.Release(0, Stage::kForward));
+  EXPECT_THAT(h->accelerator().scratch()->Allocate(2 * kChunkBytes + 2048),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(m.counters().pressure_reclaims, 0);
+  ASSERT_OK(m.Release(2, Stage::kForward));
+}
+
 TEST_F(ChunkManagerApiTest, MisuseIsRejected) {
   ChunkManager& m = h_->manager();
   EXPECT_THAT(m.Access(99, Stage::kForward),

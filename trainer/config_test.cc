@@ -76,7 +76,8 @@ TEST(DefaultTrainConfigTest, HasTheDocumentedValues) {
   EXPECT_EQ(c.model.hidden, 128);
   EXPECT_EQ(c.model.num_layers, 4);
   EXPECT_EQ(c.model.num_heads, 4);
-  EXPECT_EQ(c.data.seq_len, 128);
+  EXPECT_EQ(c.data.seq_len, 64);
+  EXPECT_TRUE(c.model.activation_checkpointing);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 8);
   EXPECT_EQ(c.steps, 300);
   EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);
@@ -88,7 +89,7 @@ TEST(DefaultTrainConfigTest, HasTheDocumentedValues) {
   EXPECT_DOUBLE_EQ(c.gradient_clipping, 1.0);
   EXPECT_EQ(c.precision(), PrecisionMode::kF32);
   EXPECT_EQ(c.accelerator.kind, AcceleratorKind::kCpu);
-  EXPECT_EQ(c.accelerator.memory_bytes, 8 * kMiB);
+  EXPECT_EQ(c.accelerator.memory_bytes, 10 * kMiB);
   EXPECT_EQ(c.data.train_path, "");
   EXPECT_EQ(c.data.val_path, "");
   EXPECT_EQ(c.steps_per_print, 10);
@@ -927,8 +928,9 @@ TEST(ApplyOverridesTest, ChunkSizeForms) {
 
 TEST(ApplyOverridesTest, ModelOverrideThenValidationSaysWhatToChange) {
   TrainConfig c = DefaultTrainConfig();
+  c.data.seq_len = 128;
   ConfigOverrides o;
-  o.model = "tiny";  // 64 positions; the default's seq_len is 128
+  o.model = "tiny";  // 64 positions; this seq_len is 128
   ASSERT_OK(ApplyOverrides(o, &c));
   EXPECT_THAT(ValidateTrainConfig(c),
               StatusIs(kInvalid, HasSubstr("`data.seq_len` = 128 exceeds the model's n_positions "
@@ -1176,7 +1178,7 @@ TEST(ConversionTest, HybridAdamOptionsWithoutWeightDecayHasOneGroup) {
 TEST(ConversionTest, ResolvedSizes) {
   TrainConfig c = DefaultTrainConfig();
   ASSERT_OK_AND_ASSIGN(const GptConfig model, ResolveModelConfig(c.model));
-  EXPECT_EQ(ResolveSeqLen(c, model), 128);
+  EXPECT_EQ(ResolveSeqLen(c, model), 64);
   c.data.seq_len = 0;
   EXPECT_EQ(ResolveSeqLen(c, model), 128);
   c.data.seq_len = 32;
@@ -1236,7 +1238,7 @@ TEST(ParseTrainConfigTest, WarmupMaxLrAbsentMeansTheOptimizerLr) {
 TEST(TrainConfigToJsonTest, CanonicalForms) {
   TrainConfig c = DefaultTrainConfig();
   std::string json = TrainConfigToJson(c);
-  EXPECT_THAT(json, HasSubstr("\"memory\": \"8MiB\""));
+  EXPECT_THAT(json, HasSubstr("\"memory\": \"10MiB\""));
   EXPECT_THAT(json, HasSubstr("\"host_memory\": 0"));
   EXPECT_THAT(json, HasSubstr("\"size\": 81920"));
   EXPECT_THAT(json, HasSubstr("\"type\": \"WarmupDecayLR\""));

@@ -1,0 +1,249 @@
+#include "trainer/checkpoint.h"
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <utility>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "base/status_macros.h"
+#include "chunk/chunk_type.h"
+#include "chunk/gpt_shapes.h"
+#include "chunk/operator_spec.h"
+#include "memory/dtype.h"
+#include "model/gpt_model.h"
+#include "model/safetensors.h"
+#include "nlohmann/json.hpp"
+#include "trainer/io/checkpoint_dir.h"
+
+namespace ps {
+namespace {
+
+constexpr absl::string_view kStateFile = "state.safetensors";
+
+absl::string_view Prefix(ChunkType type) {
+  switch (type) {
+    case ChunkType::kMaster:
+      return "master";
+    case ChunkType::kMomentum:
+      return "momentum";
+    case ChunkType::kVariance:
+      return "variance";
+    default:
+      return "param";
+  }
+}
+
+constexpr ChunkType kStateTypes[] = {ChunkType::kMaster, ChunkType::kMomentum,
+                                     ChunkType::kVariance};
+
+nlohmann::json IdentityJson(const CheckpointIdentity& id) {
+  nlohmann::json j;
+  j["vocab_size"] = id.vocab_size;
+  j["n_positions"] = id.max_seq_len;
+  j["n_embd"] = id.hidden;
+  j["n_layer"] = id.num_layers;
+  j["n_head"] = id.num_heads;
+  j["compute_dtype"] = std::string(DTypeName(id.compute_dtype));
+  j["world_size"] = id.world_size;
+  j["micro_batch"] = id.micro_batch;
+  j["seq_len"] = id.seq_len;
+  j["shuffle"] = id.shuffle;
+  j["data_seed"] = id.data_seed;
+  return j;
+}
+
+// Reads a field of the manifest's state, DataLoss naming it when absent or of the wrong type.
+template <typename T>
+absl::Status Get(const nlohmann::json& j, const char* key, const std::string& where, T* out) {
+  auto it = j.find(key);
+  if (it == j.end()) {
+    return absl::DataLossError(absl::StrCat(where, ": the manifest's state has no \"", key, "\""));
+  }
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!it->is_boolean()) {
+      return absl::DataLossError(absl::StrCat(where, ": \"", key, "\" is not a boolean"));
+    }
+  } else if constexpr (std::is_arithmetic_v<T>) {
+    if (!it->is_number()) {
+      return absl::DataLossError(absl::StrCat(where, ": \"", key, "\" is not a number"));
+    }
+  } else {
+    if (!it->is_string()) {
+      return absl::DataLossError(absl::StrCat(where, ": \"", key, "\" is not a string"));
+    }
+  }
+  *out = it->get<T>();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointIdentity> ParseIdentity(const nlohmann::json& j,
+                                                 const std::string& where) {
+  if (!j.is_object()) return absl::DataLossError(absl::StrCat(where, ": no identity object"));
+  CheckpointIdentity id;
+  std::string dtype;
+  RETURN_IF_ERROR(Get(j, "vocab_size", where, &id.vocab_size));
+  RETURN_IF_ERROR(Get(j, "n_positions", where, &id.max_seq_len));
+  RETURN_IF_ERROR(Get(j, "n_embd", where, &id.hidden));
+  RETURN_IF_ERROR(Get(j, "n_layer", where, &id.num_layers));
+  RETURN_IF_ERROR(Get(j, "n_head", where, &id.num_heads));
+  RETURN_IF_ERROR(Get(j, "compute_dtype", where, &dtype));
+  RETURN_IF_ERROR(Get(j, "world_size", where, &id.world_size));
+  RETURN_IF_ERROR(Get(j, "micro_batch", where, &id.micro_batch));
+  RETURN_IF_ERROR(Get(j, "seq_len", where, &id.seq_len));
+  RETURN_IF_ERROR(Get(j, "shuffle", where, &id.shuffle));
+  RETURN_IF_ERROR(Get(j, "data_seed", where, &id.data_seed));
+  bool known = false;
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
+    if (DTypeName(d) == dtype) {
+      id.compute_dtype = d;
+      known = true;
+    }
+  }
+  if (!known) {
+    return absl::DataLossError(absl::StrCat(where, ": unknown compute_dtype \"", dtype, "\""));
+  }
+  return id;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> WriteTrainingCheckpoint(const std::string& root, int64_t keep_last,
+                                                    const TrainingCheckpointState& state,
+                                                    const GptModel& model) {
+  CheckpointOptions options;
+  options.keep_last = static_cast<int>(keep_last);
+  ASSIGN_OR_RETURN(CheckpointWriter writer, CheckpointWriter::Begin(root, state.step, options));
+
+  // Tensors "<type>/<name>", flat f32, streamed one at a time from the chunks.
+  std::vector<SafetensorsTensorSpec> specs;
+  std::vector<std::pair<ChunkType, std::string>> sources;
+  for (const OperatorSpec& op : GptOperators(model.config())) {
+    for (const TensorSpec& t : op.tensors) {
+      for (ChunkType type : kStateTypes) {
+        SafetensorsTensorSpec spec;
+        spec.name = absl::StrCat(Prefix(type), "/", t.name);
+        spec.dtype = DType::kF32;
+        spec.shape = t.shape;
+        specs.push_back(std::move(spec));
+        sources.emplace_back(type, t.name);
+      }
+    }
+  }
+  std::map<std::string, std::string> metadata = {{"format", "patrickstar_cc training state"}};
+  RETURN_IF_ERROR(WriteSafetensors(
+      writer.FilePath(kStateFile), specs, metadata,
+      [&](size_t index, absl::Span<uint8_t> dst) -> absl::Status {
+        ASSIGN_OR_RETURN(std::vector<float> v,
+                         model.ReadTensor(sources[index].first, sources[index].second));
+        if (v.size() * sizeof(float) != dst.size()) {
+          return absl::InternalError(
+              absl::StrCat("checkpoint: size of ", specs[index].name, " changed"));
+        }
+        std::memcpy(dst.data(), v.data(), dst.size());
+        return absl::OkStatus();
+      }));
+  RETURN_IF_ERROR(writer.AddFile(kStateFile));
+
+  nlohmann::json j;
+  j["step"] = state.step;
+  j["adam_step"] = state.adam_step;
+  j["loss_scaler"] = {{"scale", state.loss_scaler.scale},
+                      {"iteration", state.loss_scaler.iteration},
+                      {"last_overflow_iteration", state.loss_scaler.last_overflow_iteration},
+                      {"hysteresis_left", state.loss_scaler.hysteresis_left}};
+  j["data_cursor"] = {{"epoch", state.data_cursor.epoch},
+                      {"batch_in_epoch", state.data_cursor.batch_in_epoch}};
+  j["last_loss"] = state.last_loss;
+  j["identity"] = IdentityJson(state.identity);
+  j["config"] = state.config_json;
+  return writer.Commit(j);
+}
+
+absl::StatusOr<std::string> LatestTrainingCheckpoint(const std::string& root) {
+  absl::StatusOr<CheckpointRef> latest = LatestCheckpoint(root);
+  if (!latest.ok()) {
+    if (absl::IsNotFound(latest.status())) {
+      return absl::NotFoundError(absl::StrCat("no checkpoint to resume from in '", root,
+                                              "' (checkpoint.dir / --save_dir)"));
+    }
+    return latest.status();
+  }
+  return latest->path;
+}
+
+absl::StatusOr<TrainingCheckpointState> ReadTrainingCheckpoint(const std::string& dir,
+                                                               const CheckpointIdentity& expected,
+                                                               GptModel* model) {
+  ASSIGN_OR_RETURN(Checkpoint checkpoint, OpenCheckpoint(dir));
+  const nlohmann::json& j = checkpoint.state;
+  const std::string where = absl::StrCat("checkpoint '", dir, "'");
+  if (!j.is_object()) return absl::DataLossError(absl::StrCat(where, ": the state is not an object"));
+  TrainingCheckpointState state;
+  RETURN_IF_ERROR(Get(j, "step", where, &state.step));
+  RETURN_IF_ERROR(Get(j, "adam_step", where, &state.adam_step));
+  RETURN_IF_ERROR(Get(j, "last_loss", where, &state.last_loss));
+  RETURN_IF_ERROR(Get(j, "config", where, &state.config_json));
+  if (!j.contains("loss_scaler") || !j.contains("data_cursor") || !j.contains("identity")) {
+    return absl::DataLossError(
+        absl::StrCat(where, ": the state lacks loss_scaler, data_cursor or identity"));
+  }
+  const nlohmann::json& ls = j["loss_scaler"];
+  if (!ls.is_object()) return absl::DataLossError(absl::StrCat(where, ": bad loss_scaler"));
+  RETURN_IF_ERROR(Get(ls, "scale", where, &state.loss_scaler.scale));
+  RETURN_IF_ERROR(Get(ls, "iteration", where, &state.loss_scaler.iteration));
+  RETURN_IF_ERROR(
+      Get(ls, "last_overflow_iteration", where, &state.loss_scaler.last_overflow_iteration));
+  RETURN_IF_ERROR(Get(ls, "hysteresis_left", where, &state.loss_scaler.hysteresis_left));
+  const nlohmann::json& dc = j["data_cursor"];
+  if (!dc.is_object()) return absl::DataLossError(absl::StrCat(where, ": bad data_cursor"));
+  RETURN_IF_ERROR(Get(dc, "epoch", where, &state.data_cursor.epoch));
+  RETURN_IF_ERROR(Get(dc, "batch_in_epoch", where, &state.data_cursor.batch_in_epoch));
+  ASSIGN_OR_RETURN(state.identity, ParseIdentity(j["identity"], where));
+
+  if (!(state.identity == expected)) {
+    const nlohmann::json a = IdentityJson(state.identity);
+    const nlohmann::json b = IdentityJson(expected);
+    std::vector<std::string> diffs;
+    for (auto it = a.begin(); it != a.end(); ++it) {
+      if (b[it.key()] != it.value()) {
+        diffs.push_back(absl::StrCat(it.key(), " ", it.value().dump(), " (this run: ",
+                                     b[it.key()].dump(), ")"));
+      }
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, " belongs to another run: ", absl::StrJoin(diffs, ", "),
+                     "; resume with the same model, precision, world size, batch shape and data "
+                     "order, or start a new run in another checkpoint directory"));
+  }
+
+  ASSIGN_OR_RETURN(const std::string path, checkpoint.FilePath(kStateFile));
+  ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
+  // Check every tensor before touching the model.
+  for (const OperatorSpec& op : GptOperators(model->config())) {
+    for (const TensorSpec& t : op.tensors) {
+      for (ChunkType type : kStateTypes) {
+        const std::string name = absl::StrCat(Prefix(type), "/", t.name);
+        const SafetensorsTensorInfo* info = file.Find(name);
+        if (info == nullptr || info->num_elements != t.numel() || info->dtype != DType::kF32) {
+          return absl::DataLossError(absl::StrCat(
+              where, ": ", path, " has no f32 tensor '", name, "' of ", t.numel(), " elements"));
+        }
+      }
+    }
+  }
+  RETURN_IF_ERROR(model->LoadTrainingState(
+      [&](absl::string_view name, ChunkType type, absl::Span<float> out) {
+        return file.ReadAsF32(absl::StrCat(Prefix(type), "/", name), out);
+      }));
+  return state;
+}
+
+}  // namespace ps

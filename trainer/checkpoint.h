@@ -1,0 +1,85 @@
+// Training checkpoints: everything a run needs to continue bit for bit.
+//
+// A checkpoint is a directory `<root>/step-<N>` written atomically by trainer/io/checkpoint_dir.h
+// (a temporary directory, fsync'ed and renamed; a crash, even kill -9, leaves the previous
+// checkpoints intact; the last K are kept). It holds
+//   state.safetensors  f32 tensors "master/<name>", "momentum/<name>", "variance/<name>" for every
+//                      parameter (Hugging Face GPT-2 names), flat, as the optimizer keeps them;
+//                      the param chunks are not stored: they are the master values rounded to
+//                      the compute dtype, exactly what the optimizer step leaves there;
+//   manifest.json      per-file sizes and CRC-32C checksums (verified on load), and the state:
+//                      the step, Adam's step count, the loss scaler, the data cursor, the
+//                      identity of the run (model dimensions, compute dtype, world size, micro
+//                      batch, sequence length, data shuffle and seed) and the config as JSON.
+// Loading refuses, before touching the model, a checkpoint whose identity differs from the
+// run's (FailedPrecondition naming every field that differs), and a damaged one (DataLoss naming
+// the file) or a missing one (NotFound).
+//
+// Thread safety: thread-compatible.
+#ifndef PATRICKSTAR_TRAINER_CHECKPOINT_H_
+#define PATRICKSTAR_TRAINER_CHECKPOINT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "memory/dtype.h"
+#include "model/gpt_model.h"
+#include "optimizer/loss_scaler.h"
+#include "trainer/data/data_loader.h"
+
+namespace ps {
+
+// What must match for a checkpoint to continue this run.
+struct CheckpointIdentity {
+  int64_t vocab_size = 0;
+  int64_t max_seq_len = 0;
+  int64_t hidden = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  DType compute_dtype = DType::kF32;
+  int world_size = 1;
+  int64_t micro_batch = 0;
+  int64_t seq_len = 0;
+  bool shuffle = false;
+  uint64_t data_seed = 0;
+
+  friend bool operator==(const CheckpointIdentity&, const CheckpointIdentity&) = default;
+};
+
+struct TrainingCheckpointState {
+  // Trainer steps taken (the next step is step + 1).
+  int64_t step = 0;
+  // HybridAdam::step() (skipped steps do not count).
+  int64_t adam_step = 0;
+  LossScalerState loss_scaler;
+  // Where the training data continues.
+  DataCursor data_cursor;
+  // The loss of the last step, for the record.
+  double last_loss = 0;
+  CheckpointIdentity identity;
+  // TrainConfigToJson of the run that wrote it.
+  std::string config_json;
+};
+
+// Writes a checkpoint of `model` (outside an iteration) and `state` under `root` as step
+// `state.step`, keeping the newest `keep_last` checkpoints. Returns the checkpoint's directory.
+// Errors: I/O errors naming the path; AlreadyExists if that step was already committed.
+absl::StatusOr<std::string> WriteTrainingCheckpoint(const std::string& root, int64_t keep_last,
+                                                    const TrainingCheckpointState& state,
+                                                    const GptModel& model);
+
+// The newest committed checkpoint under `root`. NotFound naming the root when there is none.
+absl::StatusOr<std::string> LatestTrainingCheckpoint(const std::string& root);
+
+// Verifies the checkpoint directory `dir`, checks its identity against `expected` and loads its
+// tensors into `model` (GptModel::LoadTrainingState). Returns its state. Errors: see the file
+// comment; on an identity mismatch or a damaged file the model is not touched.
+absl::StatusOr<TrainingCheckpointState> ReadTrainingCheckpoint(const std::string& dir,
+                                                               const CheckpointIdentity& expected,
+                                                               GptModel* model);
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_TRAINER_CHECKPOINT_H_

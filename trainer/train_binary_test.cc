@@ -1,0 +1,240 @@
+// Runs the real training program (//trainer:train) as a user would: exit codes, error messages,
+// signals, and kill -9 in the middle of checkpoint writes.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/testing/status_matchers.h"
+#include "base/units.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "trainer/config.h"
+#include "trainer/io/checkpoint_dir.h"
+
+namespace ps {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TrainBinary() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  return absl::StrCat(srcdir != nullptr ? srcdir : ".", "/",
+                      workspace != nullptr ? workspace : "patrickstar_cc", "/trainer/train");
+}
+
+std::string TempDir(const std::string& name) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/train_binary_test_", name, "_", ::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Starts the binary with `args`, stdout and stderr to files in `dir`.
+pid_t Start(const std::vector<std::string>& args, const std::string& dir) {
+  const std::string out = dir + "/stdout.txt";
+  const std::string err = dir + "/stderr.txt";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::FILE* o = std::freopen(out.c_str(), "w", stdout);
+    std::FILE* e = std::freopen(err.c_str(), "w", stderr);
+    if (o == nullptr || e == nullptr) ::_exit(120);
+    std::vector<char*> argv;
+    const std::string binary = TrainBinary();
+    argv.push_back(const_cast<char*>(binary.c_str()));
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(binary.c_str(), argv.data());
+    ::_exit(121);
+  }
+  return pid;
+}
+
+// Waits up to `timeout` for `pid`; returns its wait status, or kills it and fails.
+int Wait(pid_t pid, std::chrono::seconds timeout = std::chrono::seconds(240)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (true) {
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return status;
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      ADD_FAILURE() << "the trainer did not finish in time";
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+struct Result {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+Result RunToEnd(const std::vector<std::string>& args, const std::string& dir) {
+  const int status = Wait(Start(args, dir));
+  Result r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = ReadFile(dir + "/stdout.txt");
+  r.err = ReadFile(dir + "/stderr.txt");
+  return r;
+}
+
+// The tiny model of trainer_test.cc, as a config file.
+std::string WriteTinyConfig(const std::string& dir, int64_t steps, int64_t checkpoint_every = 0) {
+  TrainConfig c = DefaultTrainConfig();
+  c.model = ModelConfig{};
+  c.model.vocab_size = 256;
+  c.model.max_seq_len = 32;
+  c.model.hidden = 64;
+  c.model.num_layers = 2;
+  c.model.num_heads = 2;
+  c.data.seq_len = 32;
+  c.train_micro_batch_size_per_gpu = 2;
+  c.train_batch_size = 0;
+  c.steps = steps;
+  c.chunk.size_elems = 24 * 1024;
+  c.accelerator.memory_bytes = 1536 * kKiB;
+  c.threads = 1;
+  c.data.eval_every = 0;
+  c.data.eval_batches = 1;
+  c.scheduler.warmup_num_steps = 2;
+  c.checkpoint = CheckpointConfig{};
+  c.checkpoint.every = checkpoint_every;
+  c.checkpoint.keep_last = 2;
+  c.profile = ProfileConfig{};
+  const std::string path = dir + "/config.json";
+  std::ofstream(path) << TrainConfigToJson(c);
+  return path;
+}
+
+TEST(TrainBinary, RunsAConfigFileAndWritesMetrics) {
+  const std::string dir = TempDir("run");
+  const std::string config = WriteTinyConfig(dir, 3);
+  const Result r = RunToEnd({"--config=" + config, "--metrics_out=" + dir + "/m.jsonl"}, dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("step     3/3 | loss"));
+  EXPECT_THAT(r.out, HasSubstr("== summary =="));
+  const std::string metrics = ReadFile(dir + "/m.jsonl");
+  int lines = 0;
+  for (absl::string_view line : absl::StrSplit(metrics, '\n', absl::SkipEmpty())) {
+    EXPECT_TRUE(nlohmann::json::accept(line)) << line;
+    ++lines;
+  }
+  EXPECT_EQ(lines, 3);
+}
+
+TEST(TrainBinary, BadFlagsAndConfigsExitTwoWithTheKeyNamed) {
+  const std::string dir = TempDir("bad");
+  Result r = RunToEnd({"--accelerator_memory=12XB"}, dir);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("accelerator_memory"));
+
+  r = RunToEnd({"--steps=0"}, dir);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("steps"));
+
+  r = RunToEnd({"--model=gpt7"}, dir);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("gpt2"));
+
+  std::ofstream(dir + "/typo.json")
+      << R"({"train_steps": 3, "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "betaz": [0.9, 0.99]}}})";
+  r = RunToEnd({"--config=" + dir + "/typo.json"}, dir);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("optimizer.params.betaz"));
+  EXPECT_THAT(r.err, HasSubstr("betas"));
+
+  std::ofstream(dir + "/syntax.json") << "{\"train_steps\": 3,\n \"seed\": }";
+  r = RunToEnd({"--config=" + dir + "/syntax.json"}, dir);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("syntax.json"));
+
+  r = RunToEnd({"--config=" + dir + "/absent.json"}, dir);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("absent.json"));
+
+  const std::string config = WriteTinyConfig(dir, 3);
+  r = RunToEnd({"--config=" + config, "--train_data=" + dir + "/none.bin"}, dir);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("none.bin"));
+
+  r = RunToEnd({"--config=" + config, "--resume", "--save_dir=" + dir + "/empty"}, dir);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("no checkpoint"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("Check failed")));
+}
+
+TEST(TrainBinary, SigtermFinishesTheStepWritesACheckpointAndExitsZero) {
+  const std::string dir = TempDir("sigterm");
+  const std::string config = WriteTinyConfig(dir, 100000);
+  const pid_t pid = Start({"--config=" + config, "--save_dir=" + dir + "/ckpt"}, dir);
+  // Wait for training to be under way.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!absl::StrContains(ReadFile(dir + "/stdout.txt"), "step     1/") &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  const int status = Wait(pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << ReadFile(dir + "/stderr.txt");
+  EXPECT_THAT(ReadFile(dir + "/stdout.txt"), HasSubstr("stop requested"));
+  ASSERT_OK_AND_ASSIGN(CheckpointRef latest, LatestCheckpoint(dir + "/ckpt"));
+  EXPECT_GE(latest.step, 1);
+  EXPECT_OK(OpenCheckpoint(latest.path).status());
+}
+
+// kill -9 at random moments of a run that checkpoints every step: whatever is listed as a
+// checkpoint verifies, and the run resumes from it.
+TEST(TrainBinary, KillNineNeverLeavesABrokenCheckpoint) {
+  const std::string dir = TempDir("kill9");
+  const std::string config = WriteTinyConfig(dir, 100000, /*checkpoint_every=*/1);
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 4; ++trial) {
+    SCOPED_TRACE(absl::StrCat("trial ", trial));
+    const pid_t pid = Start({"--config=" + config, "--save_dir=" + dir + "/ckpt",
+                             trial == 0 ? "--resume=false" : "--resume"},
+                            dir);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500 + rng() % 1500));
+    ASSERT_EQ(::kill(pid, SIGKILL), 0);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_OK_AND_ASSIGN(std::vector<CheckpointRef> refs, ListCheckpoints(dir + "/ckpt"));
+    for (const CheckpointRef& ref : refs) {
+      EXPECT_OK(OpenCheckpoint(ref.path).status()) << ref.path;
+    }
+  }
+  // Resume from whatever is there and take two more steps.
+  ASSERT_OK_AND_ASSIGN(CheckpointRef latest, LatestCheckpoint(dir + "/ckpt"));
+  const Result r =
+      RunToEnd({"--config=" + config, "--save_dir=" + dir + "/ckpt", "--resume",
+                absl::StrCat("--steps=", latest.step + 2)},
+               dir);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("resumed from ", latest.path)));
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,736 @@
+#include "trainer/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "base/units.h"
+#include "chunk/chunk_layout.h"
+#include "chunk/chunk_size_search.h"
+#include "chunk/chunk_store.h"
+#include "chunk/chunk_type.h"
+#include "chunk/gpt_shapes.h"
+#include "chunk/operator_spec.h"
+#include "glog/logging.h"
+#include "memory/backend.h"
+#include "memory/backend_factory.h"
+#include "memory/device_memory.h"
+#include "memory/dtype.h"
+#include "memory/memory_tracker.h"
+#include "model/gpt2_checkpoint.h"
+#include "model/gpt_model.h"
+#include "model/kernels/matmul.h"
+#include "nlohmann/json.hpp"
+#include "optimizer/cpu_adam.h"
+#include "optimizer/hybrid_adam.h"
+#include "optimizer/lr_schedule.h"
+#include "optimizer/scheduled_chunk_access.h"
+#include "scheduler/chunk_manager.h"
+#include "trainer/checkpoint.h"
+#include "trainer/config.h"
+#include "trainer/data/data_loader.h"
+#include "trainer/data/synthetic_corpus.h"
+#include "trainer/data/token_file.h"
+#include "trainer/io/metrics_writer.h"
+#include "trainer/io/trace_writer.h"
+#include "trainer/profiler.h"
+
+namespace ps {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+int ResolveThreads(int configured) {
+  if (configured > 0) return configured;
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// The largest operator's elements (the chunk size's lower bound).
+int64_t LargestOperatorElems(const std::vector<OperatorSpec>& ops) {
+  int64_t largest = 0;
+  for (const OperatorSpec& op : ops) {
+    int64_t n = 0;
+    for (const TensorSpec& t : op.tensors) n += t.numel();
+    largest = std::max(largest, n);
+  }
+  return largest;
+}
+
+int64_t PowerOfTwoAtMost(int64_t n) {
+  int64_t p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+}  // namespace
+
+class Trainer::Impl {
+ public:
+  Impl(const TrainConfig& config, TrainerEnvironment env) : config_(config), env_(std::move(env)) {}
+  ~Impl();
+
+  absl::Status Build();
+  absl::Status Run();
+  std::string SummaryText() const;
+
+  TrainSummary summary_;
+  std::vector<StepMetrics> history_;
+
+ private:
+  absl::Status LoadData();
+  absl::Status ChooseChunkSize(const std::vector<OperatorSpec>& ops);
+  absl::Status InitializeWeights();
+  absl::Status Step(StepMetrics& m);
+  absl::StatusOr<double> EvaluateValidation();
+  absl::Status SaveCheckpoint();
+  void PrintHeader();
+  void PrintProgress(const StepMetrics& m);
+  void WriteMetrics(const StepMetrics& m);
+  CheckpointIdentity Identity() const;
+  absl::Status CloseOutputs();
+
+  std::ostream* out() const { return env_.out; }
+
+  const TrainConfig config_;
+  const TrainerEnvironment env_;
+  GptConfig gpt_;
+  int64_t seq_len_ = 0;
+  int64_t micro_batch_ = 0;
+  int threads_ = 1;
+  DType dtype_ = DType::kF32;
+  int64_t chunk_elems_ = 0;
+  std::string chunk_size_note_;
+
+  // Data.
+  std::optional<TokenFile> train_file_, val_file_;
+  std::vector<uint16_t> synthetic_train_, synthetic_val_;
+  std::optional<double> unigram_entropy_, entropy_rate_;
+  std::optional<DataLoader> train_loader_, val_loader_;
+  std::vector<int32_t> tokens_, targets_;
+
+  // Memory, chunks, runtime, model, optimizer (destroyed in reverse: the model and manager
+  // before the store, the store before the memories, the memories before the backend).
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<DeviceMemory> accelerator_;
+  std::unique_ptr<DeviceMemory> host_;
+  std::unique_ptr<ChunkStore> store_;
+  std::unique_ptr<TraceWriter> trace_;
+  std::unique_ptr<TraceProfiler> profiler_;
+  std::unique_ptr<ChunkManager> manager_;
+  std::unique_ptr<GptModel> model_;
+  std::unique_ptr<CpuAdam> cpu_adam_;
+  std::unique_ptr<HybridAdam> adam_;
+  std::optional<LrSchedule> schedule_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  TrackId steps_track_ = 0;
+
+  int64_t step_ = 0;  // steps taken
+  double last_loss_ = 0;
+  bool closed_ = false;
+};
+
+Trainer::Impl::~Impl() {
+  if (!closed_) {
+    if (absl::Status s = CloseOutputs(); !s.ok()) LOG(WARNING) << s;
+  }
+}
+
+absl::Status Trainer::Impl::Build() {
+  RETURN_IF_ERROR(ValidateTrainConfig(config_));
+  ASSIGN_OR_RETURN(gpt_, ResolveModelConfig(config_.model));
+  seq_len_ = ResolveSeqLen(config_, gpt_);
+  micro_batch_ = config_.train_micro_batch_size_per_gpu;
+  threads_ = ResolveThreads(config_.threads);
+  dtype_ = ComputeDType(config_.precision());
+  if (config_.accelerator.kind == AcceleratorKind::kCuda) {
+    return absl::UnimplementedError(
+        "accelerator.backend \"cuda\": the model's CUDA kernels are not wired into GptModel yet "
+        "(model/gpt_model.h computes on host-addressable memory); train with "
+        "--accelerator=cpu, the emulated accelerator");
+  }
+  RETURN_IF_ERROR(LoadData());
+
+  const std::vector<OperatorSpec> ops = GptOperators(gpt_);
+  RETURN_IF_ERROR(ChooseChunkSize(ops));
+
+  // Memory: the emulated accelerator under its cap, pinned host memory under the host cap.
+  BackendOptions backend_options;
+  backend_options.kind = "cpu";
+  backend_options.device_index = config_.accelerator.device_index;
+  backend_options.capacity_bytes =
+      config_.accelerator.memory_bytes > 0 ? config_.accelerator.memory_bytes : 4 * kGiB;
+  backend_options.copy_bandwidth_bytes_per_s = config_.accelerator.copy_bandwidth_bytes_per_s;
+  ASSIGN_OR_RETURN(backend_, CreateBackend(backend_options));
+  DeviceMemoryOptions memory_options;
+  memory_options.chunk_block_bytes = chunk_elems_ * static_cast<int64_t>(sizeof(float));
+  DeviceMemoryOptions host_options = memory_options;
+  // Activations come from the caching allocator in segments; the scheduler sees the bytes in
+  // use, not the segments' free tails. Segments scaled to the cap (2 MiB, PyTorch's size, from a
+  // 128 MiB cap up; smaller below) keep those tails small, and the slack below covers them.
+  const int64_t segment_bytes = std::clamp<int64_t>(
+      PowerOfTwoAtMost(backend_->capacity_bytes() / 64), 64 * kKiB, 2 * kMiB);
+  memory_options.scratch.small_request_max_bytes = segment_bytes / 2;
+  memory_options.scratch.small_segment_bytes = segment_bytes;
+  memory_options.scratch.large_segment_round_bytes = segment_bytes;
+  ASSIGN_OR_RETURN(accelerator_, CreateAcceleratorMemory(backend_.get(), memory_options));
+  if (config_.accelerator.host_memory_bytes > 0) {
+    host_options.capacity_bytes = config_.accelerator.host_memory_bytes;
+  }
+  ASSIGN_OR_RETURN(host_, CreateHostMemory(backend_.get(), host_options));
+
+  ChunkLayoutOptions layout_options;
+  layout_options.capacity_elems = chunk_elems_;
+  layout_options.world_size = 1;
+  ASSIGN_OR_RETURN(ChunkLayout layout, ChunkLayout::Build(layout_options, ops));
+  ChunkStoreOptions store_options;
+  store_options.compute_dtype = dtype_;
+  store_options.rank = 0;
+  ASSIGN_OR_RETURN(store_, ChunkStore::Create(std::move(layout), store_options));
+
+  // Outputs are opened only once everything above has been checked.
+  if (!config_.profile.trace_path.empty()) {
+    TraceWriterOptions trace_options;
+    trace_options.process_name = absl::StrCat("patrickstar_cc train (", gpt_.name, ")");
+    ASSIGN_OR_RETURN(trace_, TraceWriter::Create(config_.profile.trace_path, trace_options));
+    profiler_ = std::make_unique<TraceProfiler>(trace_.get());
+    steps_track_ = trace_->Track("steps");
+  }
+  ChunkManagerOptions manager_options;
+  if (profiler_ != nullptr) manager_options.listener = profiler_.get();
+  // Room for the free tails of the activation segments (see above): about two segments.
+  manager_options.nonmodel_slack_bytes = 2 * segment_bytes;
+  ASSIGN_OR_RETURN(manager_, ChunkManager::Create(store_.get(), backend_.get(), accelerator_.get(),
+                                                  host_.get(), manager_options));
+  GptModelOptions model_options;
+  model_options.batch = micro_batch_;
+  model_options.seq_len = seq_len_;
+  model_options.activation_checkpointing = config_.model.activation_checkpointing;
+  model_options.seed = config_.seed;
+  model_options.threads = threads_;
+  SetBlasThreads(threads_);
+  ASSIGN_OR_RETURN(model_, GptModel::Create(gpt_, store_.get(), manager_.get(),
+                                            accelerator_.get(), model_options));
+
+  CpuAdamOptions cpu_adam_options;
+  cpu_adam_options.num_threads = threads_;
+  ASSIGN_OR_RETURN(cpu_adam_, CpuAdam::Create(cpu_adam_options));
+  ASSIGN_OR_RETURN(HybridAdamOptions adam_options, MakeHybridAdamOptions(config_));
+  HybridAdamKernels kernels;
+  kernels.host = cpu_adam_.get();
+  kernels.accelerator = cpu_adam_.get();  // the emulated accelerator's memory is host memory
+  ASSIGN_OR_RETURN(adam_, HybridAdam::Create(store_->layout(), 0, dtype_, std::move(adam_options),
+                                             kernels));
+  ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(MakeLrScheduleOptions(config_)));
+  schedule_.emplace(schedule);
+
+  RETURN_IF_ERROR(InitializeWeights());
+
+  if (!config_.profile.metrics_path.empty()) {
+    // Appending on resume keeps the earlier steps' lines.
+    ASSIGN_OR_RETURN(metrics_, MetricsWriter::Open(config_.profile.metrics_path,
+                                                   config_.checkpoint.resume && step_ > 0
+                                                       ? MetricsFileMode::kAppend
+                                                       : MetricsFileMode::kTruncate));
+  }
+  tokens_.assign(static_cast<size_t>(micro_batch_ * seq_len_), 0);
+  targets_.assign(tokens_.size(), 0);
+  // Peaks from now on.
+  accelerator_->tracker()->SnapshotAndResetIntervalPeaks();
+  host_->tracker()->SnapshotAndResetIntervalPeaks();
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Impl::LoadData() {
+  DataLoaderOptions options;
+  options.batch_size = micro_batch_;
+  options.seq_len = seq_len_;
+  options.vocab_size = gpt_.vocab_size;
+  options.shuffle = config_.data.shuffle;
+  options.seed = config_.data.seed;
+  absl::Span<const uint16_t> train, val;
+  if (config_.data.train_path.empty()) {
+    if (gpt_.vocab_size < SyntheticCorpus::kVocabSize) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the built-in synthetic corpus is byte-level (", SyntheticCorpus::kVocabSize,
+          " tokens) but model.vocab_size is ", gpt_.vocab_size,
+          "; use vocab_size >= 256 or give data.train (--train_data)"));
+    }
+    SyntheticCorpusOptions corpus_options;
+    corpus_options.seed = config_.data.seed;
+    ASSIGN_OR_RETURN(SyntheticCorpus corpus, GenerateSyntheticCorpus(corpus_options));
+    synthetic_train_ = std::move(corpus.train);
+    synthetic_val_ = std::move(corpus.val);
+    unigram_entropy_ = corpus.train_unigram_entropy_nats;
+    entropy_rate_ = corpus.entropy_rate_nats;
+    train = synthetic_train_;
+    if (config_.data.val_path.empty()) val = synthetic_val_;
+  } else {
+    ASSIGN_OR_RETURN(TokenFile file, TokenFile::Open(config_.data.train_path));
+    train_file_.emplace(std::move(file));
+    train = train_file_->tokens();
+  }
+  if (!config_.data.val_path.empty()) {
+    ASSIGN_OR_RETURN(TokenFile file, TokenFile::Open(config_.data.val_path));
+    val_file_.emplace(std::move(file));
+    val = val_file_->tokens();
+  }
+  {
+    absl::StatusOr<DataLoader> loader = DataLoader::Create(train, options);
+    if (!loader.ok()) {
+      return absl::Status(loader.status().code(),
+                          absl::StrCat("training data: ", loader.status().message()));
+    }
+    train_loader_.emplace(std::move(*loader));
+  }
+  if (!val.empty()) {
+    DataLoaderOptions val_options = options;
+    val_options.shuffle = false;
+    absl::StatusOr<DataLoader> loader = DataLoader::Create(val, val_options);
+    if (!loader.ok()) {
+      return absl::Status(loader.status().code(),
+                          absl::StrCat("validation data: ", loader.status().message()));
+    }
+    val_loader_.emplace(std::move(*loader));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Impl::ChooseChunkSize(const std::vector<OperatorSpec>& ops) {
+  if (config_.chunk.size_elems > 0) {
+    chunk_elems_ = config_.chunk.size_elems;
+    chunk_size_note_ = "chunk.size";
+    return absl::OkStatus();
+  }
+  ChunkSizeSearchOptions options;
+  options.world_size = 1;
+  options.compute_dtype = dtype_;
+  options.accelerator_memory_bytes =
+      config_.accelerator.memory_bytes > 0 ? config_.accelerator.memory_bytes : 4 * kGiB;
+  options.host_memory_bytes = config_.accelerator.host_memory_bytes > 0
+                                  ? config_.accelerator.host_memory_bytes
+                                  : 1024 * kGiB;
+  // Candidates in steps of at most 1 Mi elements, finer for small models.
+  options.granularity_elems =
+      std::clamp<int64_t>(PowerOfTwoAtMost(LargestOperatorElems(ops) / 8), 1024, kMiB);
+  absl::StatusOr<ChunkSizeSearchResult> result = SearchChunkSize(ops, options);
+  if (!result.ok()) {
+    return absl::Status(result.status().code(),
+                        absl::StrCat("chunk.size \"auto\": ", result.status().message()));
+  }
+  chunk_elems_ = result->best.chunk_elems;
+  chunk_size_note_ = absl::StrCat("chunk.size \"auto\": ", result->candidates.size(),
+                                  " candidates searched");
+  return absl::OkStatus();
+}
+
+CheckpointIdentity Trainer::Impl::Identity() const {
+  CheckpointIdentity id;
+  id.vocab_size = gpt_.vocab_size;
+  id.max_seq_len = gpt_.max_seq_len;
+  id.hidden = gpt_.hidden;
+  id.num_layers = gpt_.num_layers;
+  id.num_heads = gpt_.num_heads;
+  id.compute_dtype = dtype_;
+  id.world_size = 1;
+  id.micro_batch = micro_batch_;
+  id.seq_len = seq_len_;
+  id.shuffle = config_.data.shuffle;
+  id.data_seed = config_.data.seed;
+  return id;
+}
+
+absl::Status Trainer::Impl::InitializeWeights() {
+  if (config_.checkpoint.resume) {
+    ASSIGN_OR_RETURN(const std::string dir, LatestTrainingCheckpoint(config_.checkpoint.dir));
+    ASSIGN_OR_RETURN(TrainingCheckpointState state,
+                     ReadTrainingCheckpoint(dir, Identity(), model_.get()));
+    adam_->set_step(state.adam_step);
+    RETURN_IF_ERROR(adam_->loss_scaler().Restore(state.loss_scaler));
+    RETURN_IF_ERROR(train_loader_->Seek(state.data_cursor));
+    step_ = state.step;
+    last_loss_ = state.last_loss;
+    if (out() != nullptr) {
+      *out() << "resumed from " << dir << " at step " << step_ << " (data "
+             << DataCursorString(state.data_cursor) << ")\n";
+    }
+    return absl::OkStatus();
+  }
+  if (!config_.checkpoint.init_from.empty()) {
+    ASSIGN_OR_RETURN(Gpt2Checkpoint checkpoint, Gpt2Checkpoint::Open(config_.checkpoint.init_from));
+    RETURN_IF_ERROR(model_->LoadGpt2Checkpoint(checkpoint));
+    if (out() != nullptr) *out() << "initialized from " << config_.checkpoint.init_from << "\n";
+    return absl::OkStatus();
+  }
+  return model_->InitializeParameters(config_.seed);
+}
+
+absl::Status Trainer::Impl::Step(StepMetrics& m) {
+  RETURN_IF_ERROR(train_loader_->Next(absl::MakeSpan(tokens_), absl::MakeSpan(targets_)));
+  m.step = step_ + 1;
+  m.lr = schedule_->LearningRate(step_);
+  adam_->SetLearningRate(m.lr);
+  m.loss_scale = adam_->loss_scaler().scale();
+  m.warmup = manager_->metronome().is_warmup();
+  const ChunkManagerCounters c0 = manager_->counters();
+  const Clock::time_point t0 = Clock::now();
+  const int64_t trace_t0 = trace_ != nullptr ? trace_->NowNs() : 0;
+  RETURN_IF_ERROR(manager_->BeginIteration());
+  absl::StatusOr<double> loss = model_->ForwardBackward(tokens_, targets_, m.loss_scale);
+  if (!loss.ok()) return loss.status();
+  const Clock::time_point t1 = Clock::now();
+  const ChunkManagerCounters c1 = manager_->counters();
+  ASSIGN_OR_RETURN(AdamPlacement placement, manager_->BeginAdam());
+  AdamStepReport report;
+  {
+    ScheduledChunkAccess access(*manager_, *store_, accelerator_->device(), std::move(placement));
+    ASSIGN_OR_RETURN(report, adam_->Step(access));
+  }
+  RETURN_IF_ERROR(manager_->EndIteration());
+  const Clock::time_point t2 = Clock::now();
+  const ChunkManagerCounters c2 = manager_->counters();
+
+  m.loss = *loss;
+  m.grad_norm = report.grad_norm;
+  m.skipped = report.skipped;
+  m.step_ms = Seconds(t0, t2) * 1e3;
+  m.tokens_per_s = static_cast<double>(micro_batch_ * seq_len_) / std::max(1e-9, Seconds(t0, t2));
+  const double fb_stall_ms = static_cast<double>(c1.stall_ns - c0.stall_ns) * 1e-6;
+  const double adam_stall_ms = static_cast<double>(c2.stall_ns - c1.stall_ns) * 1e-6;
+  m.copy_wait_ms = fb_stall_ms + adam_stall_ms;
+  m.compute_ms = std::max(0.0, Seconds(t0, t1) * 1e3 - fb_stall_ms);
+  m.optimizer_ms = std::max(0.0, Seconds(t1, t2) * 1e3 - adam_stall_ms);
+  const MemoryTrackerSnapshot a = accelerator_->tracker()->SnapshotAndResetIntervalPeaks();
+  const MemoryTrackerSnapshot h = host_->tracker()->SnapshotAndResetIntervalPeaks();
+  m.accelerator_peak_model_bytes = a.peak_model_bytes;
+  m.accelerator_peak_non_model_bytes = a.peak_non_model_bytes;
+  m.host_peak_model_bytes = h.peak_model_bytes;
+  m.host_peak_non_model_bytes = h.peak_non_model_bytes;
+  const TransferCounters d = c2.Minus(c0).Total();
+  m.loaded_bytes = d.load_bytes;
+  m.written_back_bytes = d.write_back_bytes;
+  m.evictions = d.write_backs + d.clean_evictions;
+
+  if (trace_ != nullptr) {
+    const int64_t trace_t2 = trace_->NowNs();
+    trace_->Complete(steps_track_, absl::StrCat("step ", m.step), "step", trace_t0,
+                     trace_t2 - trace_t0,
+                     {{"loss", m.loss}, {"lr", m.lr}, {"loaded_bytes", m.loaded_bytes}});
+    if (m.warmup) {
+      trace_->MarkRegion("warm-up iteration", trace_t0, trace_t2 - trace_t0,
+                         {{"step", m.step}});
+    }
+  }
+  ++step_;
+  last_loss_ = m.loss;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Trainer::Impl::EvaluateValidation() {
+  const int64_t batches = std::min(config_.data.eval_batches, val_loader_->batches_per_epoch());
+  double sum = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    DataCursor cursor;
+    cursor.epoch = 0;
+    cursor.batch_in_epoch = b;
+    RETURN_IF_ERROR(
+        val_loader_->BatchAt(cursor, absl::MakeSpan(tokens_), absl::MakeSpan(targets_)));
+    ASSIGN_OR_RETURN(const double loss, model_->Evaluate(tokens_, targets_));
+    sum += loss;
+  }
+  return sum / static_cast<double>(std::max<int64_t>(batches, 1));
+}
+
+absl::Status Trainer::Impl::SaveCheckpoint() {
+  const Clock::time_point t0 = Clock::now();
+  const int64_t trace_t0 = trace_ != nullptr ? trace_->NowNs() : 0;
+  TrainingCheckpointState state;
+  state.step = step_;
+  state.adam_step = adam_->step();
+  state.loss_scaler = adam_->loss_scaler().state();
+  state.data_cursor = train_loader_->cursor();
+  state.last_loss = last_loss_;
+  state.identity = Identity();
+  state.config_json = TrainConfigToJson(config_);
+  ASSIGN_OR_RETURN(const std::string dir,
+                   WriteTrainingCheckpoint(config_.checkpoint.dir, config_.checkpoint.keep_last,
+                                           state, *model_));
+  summary_.checkpoints_written.push_back(dir);
+  summary_.checkpoint_s += Seconds(t0, Clock::now());
+  if (trace_ != nullptr) {
+    trace_->Complete(steps_track_, "checkpoint", "checkpoint", trace_t0,
+                     trace_->NowNs() - trace_t0, {{"step", step_}, {"dir", dir}});
+  }
+  if (out() != nullptr) *out() << "checkpoint: " << dir << "\n";
+  return absl::OkStatus();
+}
+
+void Trainer::Impl::PrintHeader() {
+  if (out() == nullptr) return;
+  const ChunkLayout& layout = store_->layout();
+  int64_t params = 0;
+  for (const OperatorSpec& op : GptOperators(gpt_)) {
+    for (const TensorSpec& t : op.tensors) params += t.numel();
+  }
+  const int64_t model_data = params * ModelDataBytesPerParam(dtype_);
+  *out() << absl::StrFormat(
+      "model %s: %d layers, %d heads, hidden %d, vocab %d, %.2fM parameters, %s of model data "
+      "(%s)\n",
+      gpt_.name, gpt_.num_layers, gpt_.num_heads, gpt_.hidden, gpt_.vocab_size, params / 1e6,
+      FormatBytes(model_data), DTypeName(dtype_));
+  *out() << absl::StrFormat(
+      "chunks: %d per type of %d elements (%s), %d chunks in all (%s)\n", layout.num_chunks(),
+      chunk_elems_, FormatBytes(chunk_elems_ * 4), store_->num_chunks(), chunk_size_note_);
+  *out() << absl::StrFormat(
+      "accelerator: %s, cap %s%s; host memory %s\n", backend_->name(),
+      FormatBytes(backend_->capacity_bytes()),
+      config_.accelerator.copy_bandwidth_bytes_per_s > 0
+          ? absl::StrCat(", link ", FormatBytes(static_cast<int64_t>(
+                                        config_.accelerator.copy_bandwidth_bytes_per_s)),
+                         "/s")
+          : std::string(),
+      config_.accelerator.host_memory_bytes > 0
+          ? absl::StrCat("cap ", FormatBytes(config_.accelerator.host_memory_bytes))
+          : std::string("uncapped"));
+  *out() << absl::StrFormat(
+      "data: %s, %d tokens; batch %d x %d tokens; %d batches per epoch%s\n",
+      config_.data.train_path.empty() ? std::string("built-in synthetic corpus")
+                                      : config_.data.train_path,
+      train_loader_->num_tokens(), micro_batch_, seq_len_, train_loader_->batches_per_epoch(),
+      unigram_entropy_.has_value()
+          ? absl::StrFormat("; unigram entropy %.3f nats%s", *unigram_entropy_,
+                            entropy_rate_.has_value()
+                                ? absl::StrFormat(", entropy rate %.3f", *entropy_rate_)
+                                : std::string())
+          : std::string());
+  *out() << absl::StrFormat("training %d steps from step %d with %d threads\n", config_.steps,
+                            step_, threads_);
+}
+
+void Trainer::Impl::PrintProgress(const StepMetrics& m) {
+  if (out() == nullptr) return;
+  *out() << absl::StrFormat(
+      "step %5d/%d | loss %.4f | lr %.3e | scale %g | %7.0f tok/s | %7.1f ms | accel model %s "
+      "non-model %s | moved %s%s%s\n",
+      m.step, config_.steps, m.loss, m.lr, m.loss_scale, m.tokens_per_s, m.step_ms,
+      FormatBytes(m.accelerator_peak_model_bytes), FormatBytes(m.accelerator_peak_non_model_bytes),
+      FormatBytes(m.loaded_bytes + m.written_back_bytes), m.warmup ? " (warm-up)" : "",
+      m.skipped ? " (skipped: overflow)" : "");
+  if (m.val_loss.has_value()) {
+    *out() << absl::StrFormat("step %5d validation loss %.4f\n", m.step, *m.val_loss);
+  }
+}
+
+void Trainer::Impl::WriteMetrics(const StepMetrics& m) {
+  if (metrics_ == nullptr) return;
+  nlohmann::json j;
+  j["step"] = m.step;
+  j["loss"] = m.loss;
+  j["lr"] = m.lr;
+  j["loss_scale"] = m.loss_scale;
+  j["grad_norm"] = m.grad_norm;
+  j["skipped"] = m.skipped;
+  j["warmup"] = m.warmup;
+  j["tokens_per_s"] = m.tokens_per_s;
+  j["step_ms"] = m.step_ms;
+  j["compute_ms"] = m.compute_ms;
+  j["copy_wait_ms"] = m.copy_wait_ms;
+  j["optimizer_ms"] = m.optimizer_ms;
+  j["accelerator"] = {{"peak_model_bytes", m.accelerator_peak_model_bytes},
+                      {"peak_non_model_bytes", m.accelerator_peak_non_model_bytes}};
+  j["host"] = {{"peak_model_bytes", m.host_peak_model_bytes},
+               {"peak_non_model_bytes", m.host_peak_non_model_bytes}};
+  j["loaded_bytes"] = m.loaded_bytes;
+  j["written_back_bytes"] = m.written_back_bytes;
+  j["evictions"] = m.evictions;
+  if (m.val_loss.has_value()) j["val_loss"] = *m.val_loss;
+  if (absl::Status s = metrics_->Write(j); !s.ok()) {
+    LOG(WARNING) << "metrics: " << s;
+  }
+}
+
+absl::Status Trainer::Impl::CloseOutputs() {
+  closed_ = true;
+  absl::Status status;
+  if (metrics_ != nullptr) status.Update(metrics_->Close());
+  if (trace_ != nullptr) status.Update(trace_->Close());
+  return status;
+}
+
+absl::Status Trainer::Impl::Run() {
+  PrintHeader();
+  summary_.first_step = step_;
+  const Clock::time_point start = Clock::now();
+  const int64_t eval_every = config_.data.eval_every;
+  absl::Status status = [&]() -> absl::Status {
+    if (val_loader_.has_value()) {
+      const Clock::time_point e0 = Clock::now();
+      ASSIGN_OR_RETURN(const double v, EvaluateValidation());
+      summary_.eval_s += Seconds(e0, Clock::now());
+      summary_.first_val_loss = v;
+      if (out() != nullptr) {
+        *out() << absl::StrFormat("step %5d validation loss %.4f\n", step_, v);
+      }
+    }
+    while (step_ < config_.steps) {
+      StepMetrics m;
+      RETURN_IF_ERROR(Step(m));
+      const bool last = step_ == config_.steps;
+      const bool stop = env_.stop_requested && env_.stop_requested();
+      if (val_loader_.has_value() &&
+          ((eval_every > 0 && step_ % eval_every == 0) || last || stop)) {
+        const Clock::time_point e0 = Clock::now();
+        const int64_t trace_e0 = trace_ != nullptr ? trace_->NowNs() : 0;
+        ASSIGN_OR_RETURN(const double v, EvaluateValidation());
+        summary_.eval_s += Seconds(e0, Clock::now());
+        if (trace_ != nullptr) {
+          trace_->Complete(steps_track_, "validation", "eval", trace_e0,
+                           trace_->NowNs() - trace_e0, {{"val_loss", v}});
+        }
+        m.val_loss = v;
+        summary_.last_val_loss = v;
+      }
+      history_.push_back(m);
+      WriteMetrics(m);
+      if (m.step % std::max<int64_t>(config_.steps_per_print, 1) == 0 || last ||
+          m.step == summary_.first_step + 1 || m.val_loss.has_value()) {
+        PrintProgress(m);
+      }
+      const bool checkpoint_due = !config_.checkpoint.dir.empty() &&
+                                  ((config_.checkpoint.every > 0 &&
+                                    step_ % config_.checkpoint.every == 0) ||
+                                   last || stop);
+      if (checkpoint_due) RETURN_IF_ERROR(SaveCheckpoint());
+      if (stop && !last) {
+        summary_.stopped_by_request = true;
+        if (out() != nullptr) {
+          *out() << "stop requested: stopped after step " << step_ << "\n";
+        }
+        break;
+      }
+    }
+    if (!config_.checkpoint.export_path.empty()) {
+      RETURN_IF_ERROR(model_->SaveGpt2Safetensors(config_.checkpoint.export_path, DType::kF32));
+      if (out() != nullptr) {
+        *out() << "exported Hugging Face GPT-2 weights to " << config_.checkpoint.export_path
+               << "\n";
+      }
+    }
+    return absl::OkStatus();
+  }();
+  summary_.seconds = Seconds(start, Clock::now());
+  summary_.last_step = step_;
+  if (!history_.empty()) {
+    summary_.first_loss = history_.front().loss;
+    summary_.last_loss = history_.back().loss;
+    const size_t n = std::min<size_t>(10, history_.size());
+    double sum = 0;
+    for (size_t i = history_.size() - n; i < history_.size(); ++i) sum += history_[i].loss;
+    summary_.final_mean_loss = sum / static_cast<double>(n);
+  }
+  summary_.tokens = static_cast<int64_t>(history_.size()) * micro_batch_ * seq_len_;
+  for (const StepMetrics& m : history_) {
+    summary_.compute_s += m.compute_ms * 1e-3;
+    summary_.copy_wait_s += m.copy_wait_ms * 1e-3;
+    summary_.optimizer_s += m.optimizer_ms * 1e-3;
+    summary_.accelerator_peak_model_bytes =
+        std::max(summary_.accelerator_peak_model_bytes, m.accelerator_peak_model_bytes);
+    summary_.accelerator_peak_non_model_bytes =
+        std::max(summary_.accelerator_peak_non_model_bytes, m.accelerator_peak_non_model_bytes);
+    summary_.host_peak_model_bytes =
+        std::max(summary_.host_peak_model_bytes, m.host_peak_model_bytes);
+    summary_.host_peak_non_model_bytes =
+        std::max(summary_.host_peak_non_model_bytes, m.host_peak_non_model_bytes);
+  }
+  const double train_s = summary_.compute_s + summary_.copy_wait_s + summary_.optimizer_s;
+  summary_.tokens_per_s = train_s > 0 ? static_cast<double>(summary_.tokens) / train_s : 0;
+  const ChunkManagerCounters c = manager_->counters();
+  const TransferCounters t = c.Total();
+  summary_.loaded_bytes = t.load_bytes;
+  summary_.written_back_bytes = t.write_back_bytes;
+  summary_.loads = t.loads;
+  summary_.write_backs = t.write_backs;
+  summary_.clean_evictions = t.clean_evictions;
+  summary_.prefetches = c.prefetches;
+  summary_.prefetch_hits = c.prefetch_hits;
+  summary_.write_behind_bytes = 0;
+  if (out() != nullptr && !history_.empty()) *out() << SummaryText();
+  status.Update(CloseOutputs());
+  return status;
+}
+
+std::string Trainer::Impl::SummaryText() const {
+  const TrainSummary& s = summary_;
+  std::ostringstream os;
+  const int64_t steps = s.last_step - s.first_step;
+  os << "== summary ==\n";
+  os << absl::StrFormat("steps %d..%d in %.1f s; %d tokens, %.0f tokens/s of training\n",
+                        s.first_step + 1, s.last_step, s.seconds, s.tokens, s.tokens_per_s);
+  os << absl::StrFormat("loss %.4f -> %.4f (mean of the last %d steps %.4f)", s.first_loss,
+                        s.last_loss, std::min<int64_t>(10, steps), s.final_mean_loss);
+  if (unigram_entropy_.has_value()) {
+    os << absl::StrFormat("; corpus unigram entropy %.4f nats", *unigram_entropy_);
+    if (entropy_rate_.has_value()) os << absl::StrFormat(", entropy rate %.4f", *entropy_rate_);
+  }
+  os << "\n";
+  if (s.first_val_loss.has_value() && s.last_val_loss.has_value()) {
+    os << absl::StrFormat("validation loss %.4f -> %.4f\n", *s.first_val_loss, *s.last_val_loss);
+  }
+  const double total = std::max(1e-9, s.seconds);
+  const double other =
+      std::max(0.0, s.seconds - s.compute_s - s.copy_wait_s - s.optimizer_s - s.eval_s -
+                        s.checkpoint_s);
+  os << absl::StrFormat(
+      "time: compute %.1f s (%.0f%%), waiting for chunk copies %.1f s (%.0f%%), optimizer %.1f s "
+      "(%.0f%%), validation %.1f s, checkpoints %.1f s, other %.1f s\n",
+      s.compute_s, 100 * s.compute_s / total, s.copy_wait_s, 100 * s.copy_wait_s / total,
+      s.optimizer_s, 100 * s.optimizer_s / total, s.eval_s, s.checkpoint_s, other);
+  os << absl::StrFormat(
+      "accelerator %s (cap %s): peak model data %s, peak non-model %s\n",
+      accelerator_->device().ToString(), FormatBytes(backend_->capacity_bytes()),
+      FormatBytes(s.accelerator_peak_model_bytes), FormatBytes(s.accelerator_peak_non_model_bytes));
+  os << absl::StrFormat("host: peak model data %s, peak non-model %s\n",
+                        FormatBytes(s.host_peak_model_bytes),
+                        FormatBytes(s.host_peak_non_model_bytes));
+  os << absl::StrFormat(
+      "chunk traffic: loaded %s in %d loads (%d prefetched, %d prefetch hits), written back %s "
+      "in %d write-backs, %d clean evictions (no copy)\n",
+      FormatBytes(s.loaded_bytes), s.loads, s.prefetches, s.prefetch_hits,
+      FormatBytes(s.written_back_bytes), s.write_backs, s.clean_evictions);
+  if (s.stopped_by_request) os << "stopped early on request (signal)\n";
+  return os.str();
+}
+
+Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Trainer::~Trainer() = default;
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
+                                                         TrainerEnvironment env) {
+  auto impl = std::make_unique<Impl>(config, std::move(env));
+  RETURN_IF_ERROR(impl->Build());
+  return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
+}
+
+absl::Status Trainer::Run() { return impl_->Run(); }
+const TrainSummary& Trainer::summary() const { return impl_->summary_; }
+const std::vector<StepMetrics>& Trainer::history() const { return impl_->history_; }
+std::string Trainer::SummaryText() const { return impl_->SummaryText(); }
+
+}  // namespace ps

@@ -1,0 +1,135 @@
+// Trainer: the training program's engine — everything `bazel run //trainer:train` does, as a
+// library so that tests drive it in-process and other projects can embed it.
+//
+// From a validated TrainConfig (trainer/config.h) it builds the whole stack, bottom up:
+//   data       the token files (trainer/data/token_file.h) or the built-in synthetic corpus
+//              (trainer/data/synthetic_corpus.h), cut into batches by a DataLoader;
+//   memory     the accelerator backend (the emulated `cpu` one under its memory cap and link
+//              bandwidth) and its DeviceMemory, and pinned host memory;
+//   chunks     the layout of GPT-2's parameters in chunks of chunk.size elements (or the size
+//              the chunk-size search picks, chunk/chunk_size_search.h), and the ChunkStore;
+//   runtime    the tide-aware ChunkManager (scheduler/chunk_manager.h);
+//   model      GptModel (model/gpt_model.h), initialized from the seed, an HF GPT-2 safetensors
+//              file (checkpoint.init_from) or a checkpoint (checkpoint.resume);
+//   optimizer  HybridAdam over CpuAdam, the loss scaler and the learning-rate schedule.
+// Run() then trains for train_steps steps: each step is one ChunkManager iteration (the first is
+// the warm-up that learns the tide), forward and backward of one micro-batch, and the optimizer
+// step. It prints a progress line every steps_per_print steps, writes one JSON object per step to
+// profile.metrics, traces operators, chunk copies and the memory tide to profile.trace, evaluates
+// on the validation data every data.eval_every steps, writes checkpoints every checkpoint.every
+// steps (trainer/checkpoint.h), and ends with a summary. A stop request (SIGINT/SIGTERM, via
+// TrainerEnvironment::stop_requested) finishes the current step, writes a checkpoint when a
+// directory is configured, and returns OK.
+//
+// Determinism: for the same config (seed, data, batch shape) the losses are bit-identical from
+// run to run, whatever the memory cap, the chunk moves and the thread count (the kernels are
+// deterministic), and a run resumed from a checkpoint continues exactly as the straight run.
+//
+// Thread safety: thread-compatible. One thread calls Run().
+#ifndef PATRICKSTAR_TRAINER_TRAINER_H_
+#define PATRICKSTAR_TRAINER_TRAINER_H_
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "trainer/config.h"
+
+namespace ps {
+
+struct TrainerEnvironment {
+  // Progress lines and the summary. Null: nothing is printed.
+  std::ostream* out = nullptr;
+  // Checked after every step; true ends the run after a checkpoint (if checkpoint.dir is set).
+  std::function<bool()> stop_requested = nullptr;
+};
+
+// One step, as the metrics file has it.
+struct StepMetrics {
+  int64_t step = 0;  // 1-based: the number of optimizer steps taken after this one
+  double loss = 0;
+  double lr = 0;
+  double loss_scale = 1;
+  double grad_norm = 0;
+  bool skipped = false;
+  bool warmup = false;  // the scheduler's warm-up iteration
+  double step_ms = 0;
+  double tokens_per_s = 0;
+  // Time inside the step: forward+backward compute, waits for chunk copies, the optimizer.
+  double compute_ms = 0;
+  double copy_wait_ms = 0;
+  double optimizer_ms = 0;
+  // Peaks over the step, per device.
+  int64_t accelerator_peak_model_bytes = 0;
+  int64_t accelerator_peak_non_model_bytes = 0;
+  int64_t host_peak_model_bytes = 0;
+  int64_t host_peak_non_model_bytes = 0;
+  // Chunk traffic of the step.
+  int64_t loaded_bytes = 0;
+  int64_t written_back_bytes = 0;
+  int64_t evictions = 0;  // write-backs and clean evictions
+  std::optional<double> val_loss;
+};
+
+struct TrainSummary {
+  int64_t first_step = 0;  // steps already taken when the run started (resume)
+  int64_t last_step = 0;
+  double first_loss = 0;
+  double last_loss = 0;
+  // Mean loss of the last min(10, steps) steps (less noisy than the last one).
+  double final_mean_loss = 0;
+  std::optional<double> first_val_loss;
+  std::optional<double> last_val_loss;
+  double seconds = 0;
+  int64_t tokens = 0;
+  double tokens_per_s = 0;
+  double compute_s = 0, copy_wait_s = 0, optimizer_s = 0, eval_s = 0, checkpoint_s = 0;
+  int64_t accelerator_peak_model_bytes = 0;
+  int64_t accelerator_peak_non_model_bytes = 0;
+  int64_t host_peak_model_bytes = 0;
+  int64_t host_peak_non_model_bytes = 0;
+  int64_t loaded_bytes = 0, written_back_bytes = 0, write_behind_bytes = 0;
+  int64_t loads = 0, write_backs = 0, clean_evictions = 0, prefetches = 0, prefetch_hits = 0;
+  bool stopped_by_request = false;
+  std::vector<std::string> checkpoints_written;
+};
+
+class Trainer {
+ public:
+  // Validates `config` (ValidateTrainConfig) and builds everything (see the file comment),
+  // including loading the data, the initial weights or the checkpoint to resume from.
+  // Errors: InvalidArgument for a bad config (naming the key); the data's errors (NotFound,
+  // DataLoss naming the file); Unimplemented for accelerator.backend "cuda" (GptModel's kernels
+  // run on host-addressable memory only, see model/gpt_model.h); ResourceExhausted when the model
+  // cannot fit host memory; the checkpoint's errors (NotFound, DataLoss, FailedPrecondition for
+  // a checkpoint of another model). Nothing is written before everything is checked.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
+                                                         TrainerEnvironment env = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains up to train_steps (see the file comment). Errors of the layers below, with their
+  // messages; metrics and trace files are flushed and closed in every case.
+  [[nodiscard]] absl::Status Run();
+
+  const TrainSummary& summary() const;
+  const std::vector<StepMetrics>& history() const;
+  // The summary as printed at the end of Run().
+  std::string SummaryText() const;
+
+ private:
+  class Impl;
+  explicit Trainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_TRAINER_TRAINER_H_
