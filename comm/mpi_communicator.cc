@@ -293,7 +293,6 @@ class MpiRuntime {
       }
       // Report in issue order per communicator: an op waits for its communicator's earlier ops.
       std::vector<uint64_t> blocked;
-      int reported = 0;
       for (auto it = in_flight.begin(); it != in_flight.end();) {
         MpiOp& op = **it;
         const bool is_blocked =
@@ -304,13 +303,13 @@ class MpiRuntime {
           continue;
         }
         if (op.status.ok() && op.finish) op.status = op.finish();
+        {
+          // Before Complete: a waiter woken by it may exit the process at once (OnExit).
+          MutexLock lock(&mu_);
+          --pending_;
+        }
         op.completion->Complete(std::move(op.status));
         it = in_flight.erase(it);
-        ++reported;
-      }
-      if (reported > 0) {
-        MutexLock lock(&mu_);
-        pending_ -= reported;
         progressed = true;
       }
       if (progressed) {

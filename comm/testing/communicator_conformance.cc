@@ -427,12 +427,13 @@ TEST_P(CommunicatorConformanceTest, BarriersAndSynchronousFormsSucceed) {
   ASSERT_OK(comm_->ReduceScatter(big.get(), small.get(), count, CommDType::kF32, ReduceOp::kMax));
   ASSERT_OK(comm_->AllReduce(small.get(), small.get(), count, CommDType::kF32, ReduceOp::kSum));
   ASSERT_OK(comm_->Broadcast(small.get(), small.get(), count, CommDType::kF32, 0));
-  // max over ranks of the inputs, then summed over ranks: world * max.
+  // Every rank gathered the same buffer, so the max over ranks of slot r is rank r's input; the
+  // all-reduce sums those: element i is the sum over ranks of their inputs.
   const Bytes got = small.Download(0, count * 4);
   for (int64_t i = 0; i < count; ++i) {
-    float want = -INFINITY;
-    for (int r = 0; r < world; ++r) want = std::max(want, InputValue(7, r, i, CommDType::kF32));
-    EXPECT_EQ(ToFloat(CommDType::kF32, &got[i * 4]), want * world) << i;
+    float want = 0;
+    for (int r = 0; r < world; ++r) want += InputValue(7, r, i, CommDType::kF32);
+    EXPECT_EQ(ToFloat(CommDType::kF32, &got[i * 4]), want) << i;
   }
   // Zero-count collectives with null buffers are valid no-ops.
   ASSERT_OK(comm_->AllGather(nullptr, nullptr, 0, CommDType::kF16));
