@@ -72,27 +72,52 @@ template <bool kBF16>
 float Widen(uint16_t bits) {
   return kBF16 ? BFloat16BitsToFloat(bits) : HalfBitsToFloat(bits);
 }
+
+// Vectorized conversions of a block (memory/convert.h: bit-identical to dtype_math.h).
 template <bool kBF16>
-uint16_t Narrow(float value) {
-  return kBF16 ? FloatToBFloat16Bits(value) : FloatToHalfBits(value);
+void WidenBlock(const uint16_t* in, float* out, int n) {
+  if (kBF16) {
+    ConvertBF16ToF32(in, out, n);
+  } else {
+    ConvertF16ToF32(in, out, n);
+  }
+}
+template <bool kBF16>
+void NarrowBlock(const float* in, uint16_t* out, int n) {
+  if (kBF16) {
+    ConvertF32ToBF16(in, out, n);
+  } else {
+    ConvertF32ToF16(in, out, n);
+  }
 }
 
-// MPI_User_function bodies: inout[i] = round(f(in[i], inout[i])).
-template <bool kBF16>
-void Sum16(void* in, void* inout, int* len, MPI_Datatype*) {
+// MPI_User_function bodies: inout[i] = round(f(in[i], inout[i])), a block at a time in f32.
+constexpr int kBlock = 2048;
+
+template <bool kBF16, typename F>
+void Combine16(void* in, void* inout, int len, F f) {
   const auto* a = static_cast<const uint16_t*>(in);
   auto* b = static_cast<uint16_t*>(inout);
-  for (int i = 0; i < *len; ++i) b[i] = Narrow<kBF16>(Widen<kBF16>(a[i]) + Widen<kBF16>(b[i]));
+  float fa[kBlock], fb[kBlock];
+  for (int start = 0; start < len; start += kBlock) {
+    const int n = std::min(kBlock, len - start);
+    WidenBlock<kBF16>(a + start, fa, n);
+    WidenBlock<kBF16>(b + start, fb, n);
+    for (int i = 0; i < n; ++i) fb[i] = f(fa[i], fb[i]);
+    NarrowBlock<kBF16>(fb, b + start, n);
+  }
+}
+
+template <bool kBF16>
+void Sum16(void* in, void* inout, int* len, MPI_Datatype*) {
+  Combine16<kBF16>(in, inout, *len, [](float x, float y) { return x + y; });
 }
 // The average of exactly two contributions: (a + b) / 2 in f32 (exact scaling), rounded once.
 template <bool kBF16>
 void Avg2Of16(void* in, void* inout, int* len, MPI_Datatype*) {
-  const auto* a = static_cast<const uint16_t*>(in);
-  auto* b = static_cast<uint16_t*>(inout);
-  for (int i = 0; i < *len; ++i) {
-    b[i] = Narrow<kBF16>((Widen<kBF16>(a[i]) + Widen<kBF16>(b[i])) * 0.5f);
-  }
+  Combine16<kBF16>(in, inout, *len, [](float x, float y) { return (x + y) * 0.5f; });
 }
+// Max keeps the 16-bit pattern of the larger operand (exact; NaN handling unspecified).
 template <bool kBF16>
 void Max16(void* in, void* inout, int* len, MPI_Datatype*) {
   const auto* a = static_cast<const uint16_t*>(in);

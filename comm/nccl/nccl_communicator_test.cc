@@ -6,7 +6,6 @@
 #include "base/testing/status_matchers.h"
 #include "comm/communicator.h"
 #include "comm/communicator_factory.h"
-#include "comm/testing/communicator_conformance.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "comm/local_communicator.h"
+#include "comm/testing/communicator_conformance.h"
 #include "comm/nccl/nccl_communicator.h"
 #endif
 
