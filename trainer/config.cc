@@ -68,7 +68,7 @@ TrainConfig MakeDefaultTrainConfig() {
   c.data.seq_len = 64;
   c.train_micro_batch_size_per_gpu = 8;
   c.steps = 300;
-  c.steps_per_print = 10;
+  c.steps_per_print = 1;  // a progress line per step
   c.optimizer.type = OptimizerType::kAdamW;
   c.optimizer.lr = 3e-3;
   c.optimizer.weight_decay = 0.01;

@@ -92,7 +92,7 @@ TEST(DefaultTrainConfigTest, HasTheDocumentedValues) {
   EXPECT_EQ(c.accelerator.memory_bytes, 10 * kMiB);
   EXPECT_EQ(c.data.train_path, "");
   EXPECT_EQ(c.data.val_path, "");
-  EXPECT_EQ(c.steps_per_print, 10);
+  EXPECT_EQ(c.steps_per_print, 1);
   EXPECT_EQ(c.data.eval_every, 100);
   EXPECT_GT(c.chunk.size_elems, 0);
 }

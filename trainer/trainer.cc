@@ -670,7 +670,8 @@ absl::Status Trainer::Impl::Run() {
   summary_.clean_evictions = t.clean_evictions;
   summary_.prefetches = c.prefetches;
   summary_.prefetch_hits = c.prefetch_hits;
-  summary_.write_behind_bytes = 0;
+  summary_.write_behinds = c.write_behinds;
+  summary_.pressure_evictions = c.pressure_evictions;
   if (out() != nullptr && !history_.empty()) *out() << SummaryText();
   status.Update(CloseOutputs());
   return status;
@@ -711,9 +712,12 @@ std::string Trainer::Impl::SummaryText() const {
                         FormatBytes(s.host_peak_non_model_bytes));
   os << absl::StrFormat(
       "chunk traffic: loaded %s in %d loads (%d prefetched, %d prefetch hits), written back %s "
-      "in %d write-backs, %d clean evictions (no copy)\n",
+      "in %d write-backs (%d started early, write-behind), %d clean evictions (no copy)%s\n",
       FormatBytes(s.loaded_bytes), s.loads, s.prefetches, s.prefetch_hits,
-      FormatBytes(s.written_back_bytes), s.write_backs, s.clean_evictions);
+      FormatBytes(s.written_back_bytes), s.write_backs, s.write_behinds, s.clean_evictions,
+      s.pressure_evictions > 0
+          ? absl::StrFormat(", %d evicted under memory pressure", s.pressure_evictions)
+          : std::string());
   if (s.stopped_by_request) os << "stopped early on request (signal)\n";
   return os.str();
 }

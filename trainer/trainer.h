@@ -94,8 +94,9 @@ struct TrainSummary {
   int64_t accelerator_peak_non_model_bytes = 0;
   int64_t host_peak_model_bytes = 0;
   int64_t host_peak_non_model_bytes = 0;
-  int64_t loaded_bytes = 0, written_back_bytes = 0, write_behind_bytes = 0;
-  int64_t loads = 0, write_backs = 0, clean_evictions = 0, prefetches = 0, prefetch_hits = 0;
+  int64_t loaded_bytes = 0, written_back_bytes = 0;
+  int64_t loads = 0, write_backs = 0, write_behinds = 0, clean_evictions = 0, prefetches = 0,
+          prefetch_hits = 0, pressure_evictions = 0;
   bool stopped_by_request = false;
   std::vector<std::string> checkpoints_written;
 };
