@@ -496,8 +496,8 @@ void Trainer::Impl::PrintHeader() {
       gpt_.name, gpt_.num_layers, gpt_.num_heads, gpt_.hidden, gpt_.vocab_size, params / 1e6,
       FormatBytes(model_data), DTypeName(dtype_));
   *out() << absl::StrFormat(
-      "chunks: %d per type of %d elements (%s), %d chunks in all (%s)\n", layout.num_chunks(),
-      chunk_elems_, FormatBytes(chunk_elems_ * 4), store_->num_chunks(), chunk_size_note_);
+      "chunks: %d per type (param, master, momentum, variance) of %d elements (%s) (%s)\n",
+      layout.num_chunks(), chunk_elems_, FormatBytes(chunk_elems_ * 4), chunk_size_note_);
   *out() << absl::StrFormat(
       "accelerator: %s, cap %s%s; host memory %s\n", backend_->name(),
       FormatBytes(backend_->capacity_bytes()),
