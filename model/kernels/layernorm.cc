@@ -1,7 +1,6 @@
 #include "model/kernels/layernorm.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -9,6 +8,7 @@
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "model/kernels/internal/kernel_util.h"
+#include "model/kernels/layernorm_math.h"
 #include "optimizer/thread_pool.h"
 
 namespace ps {
@@ -55,11 +55,11 @@ absl::Status LayerNormForward(const LayerNormShape& shape, absl::Span<const T> x
       T* yr = y.data() + r * C;
       T sum = 0;
       for (int64_t c = 0; c < C; ++c) sum += xr[c];
-      const T m = sum / static_cast<T>(C);
+      const T m = LayerNormMean(sum, C);
       T sq = 0;  // Two passes: no cancellation when |mean| >> std.
       for (int64_t c = 0; c < C; ++c) sq += (xr[c] - m) * (xr[c] - m);
-      const T s = T{1} / std::sqrt(sq / static_cast<T>(C) + eps);
-      for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * s * w[c] + b[c];
+      const T s = LayerNormRstd(sq, C, eps);
+      for (int64_t c = 0; c < C; ++c) yr[c] = LayerNormOutput(xr[c], m, s, w[c], b[c]);
       mean[r] = m;
       rstd[r] = s;
     }
@@ -94,15 +94,14 @@ absl::Status LayerNormBackward(const LayerNormShape& shape, absl::Span<const T> 
       const T m = mean[r], s = rstd[r];
       T g_sum = 0, g_xhat_sum = 0;
       for (int64_t c = 0; c < C; ++c) {
-        const T g = dyr[c] * w[c];
-        g_sum += g;
-        g_xhat_sum += g * (xr[c] - m) * s;
+        const LayerNormGradTerms<T> terms = LayerNormBackwardTerms(dyr[c], w[c], xr[c], m, s);
+        g_sum += terms.g;
+        g_xhat_sum += terms.g_xhat;
       }
-      const T g_mean = g_sum / static_cast<T>(C);
-      const T g_xhat_mean = g_xhat_sum / static_cast<T>(C);
+      const T g_mean = LayerNormMean(g_sum, C);
+      const T g_xhat_mean = LayerNormMean(g_xhat_sum, C);
       for (int64_t c = 0; c < C; ++c) {
-        const T xhat = (xr[c] - m) * s;
-        dxr[c] += s * (dyr[c] * w[c] - g_mean - xhat * g_xhat_mean);
+        dxr[c] += LayerNormInputGrad(dyr[c], w[c], xr[c], m, s, g_mean, g_xhat_mean);
       }
     }
   });
@@ -117,7 +116,7 @@ absl::Status LayerNormBackward(const LayerNormShape& shape, absl::Span<const T> 
       const T* dyr = dy.data() + r * C;
       const T m = mean[r], s = rstd[r];
       for (int64_t c = c0; c < c1; ++c) {
-        dw_acc[c - c0] += dyr[c] * (xr[c] - m) * s;
+        dw_acc[c - c0] += LayerNormWeightGradTerm(dyr[c], xr[c], m, s);
         db_acc[c - c0] += dyr[c];
       }
     }
