@@ -34,7 +34,7 @@ TEST(SoftmaxMathTest, RescaleHandlesInfinitiesWithoutNaN) {
   EXPECT_EQ(SoftmaxRescale(-kInf, -kInf), 0.0f);  // empty into empty
   EXPECT_EQ(SoftmaxRescale(-kInf, 3.0f), 0.0f);   // empty into a real max
   EXPECT_EQ(SoftmaxRescale(-kInf, kInf), 0.0f);
-  EXPECT_EQ(SoftmaxRescale(kInf, kInf), 1.0f);    // equal maxima: exactly 1, not exp(NaN)
+  EXPECT_EQ(SoftmaxRescale(kInf, kInf), 1.0f);  // equal maxima: exactly 1, not exp(NaN)
   EXPECT_EQ(SoftmaxRescale(2.5f, 2.5f), 1.0f);
   EXPECT_EQ(SoftmaxRescale(1.0f, kInf), 0.0f);
   EXPECT_FLOAT_EQ(SoftmaxRescale(0.0f, 1.0f), std::exp(-1.0f));
@@ -90,8 +90,8 @@ TEST(SoftmaxMathTest, AddAndMergeMatchLogSumExpAtLargeMagnitudes) {
       SoftmaxState<float> a = EmptySoftmaxState<float>(), b = EmptySoftmaxState<float>();
       for (int i = 0; i < split; ++i) a = SoftmaxAdd(a, x[i]);
       for (int i = split; i < n; ++i) b = SoftmaxAdd(b, x[i]);
-      const SoftmaxState<float> merged = absl::Bernoulli(gen, 0.5) ? SoftmaxMerge(a, b)
-                                                                   : SoftmaxMerge(b, a);
+      const SoftmaxState<float> merged =
+          absl::Bernoulli(gen, 0.5) ? SoftmaxMerge(a, b) : SoftmaxMerge(b, a);
       const long double want = ReferenceLogSumExp(x);
       // n <= 300 rounded additions of terms <= 1 and one log: relative error ~n * 6e-8 of the sum,
       // i.e. absolute error <= ~2e-5 in the log, plus the rounding of |offset| itself.
@@ -172,8 +172,7 @@ TEST(LayerNormMathTest, InputGradientIsOrthogonalToOnesAndXhat) {
                                          LayerNormMean(g_xhat_sum, C));
     dx_sum += dx;
     dx_xhat += dx * LayerNormXhat(x[c], mean, rstd);
-    EXPECT_EQ(LayerNormWeightGradTerm(dy[c], x[c], mean, rstd),
-              dy[c] * (x[c] - mean) * rstd);
+    EXPECT_EQ(LayerNormWeightGradTerm(dy[c], x[c], mean, rstd), dy[c] * (x[c] - mean) * rstd);
   }
   // The xhat sum has eps in its variance, so it is 0 only up to eps/var ~ 1e-5 * 3.
   EXPECT_NEAR(dx_sum, 0.0, 1e-12);
