@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,7 @@
 #include "base/status_macros.h"
 #include "model/kernels/attention_math.h"
 #include "model/kernels/internal/kernel_util.h"
+#include "model/kernels/internal/simd.h"
 #include "model/kernels/softmax_math.h"
 #include "optimizer/thread_pool.h"
 
@@ -35,11 +37,33 @@ absl::Status CheckShape(const char* kernel, const AttentionShape& s) {
   return absl::OkStatus();
 }
 
+// The inner loops: vectorized for float (internal/simd.h), scalar for double.
 template <typename T>
 inline T DotProduct(const T* a, const T* b, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) return kernels_internal::simd::Dot(a, b, n);
   T s = 0;
   for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
   return s;
+}
+
+// y += alpha x.
+template <typename T>
+inline void Axpy(T alpha, const T* x, T* y, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    kernels_internal::simd::Axpy(alpha, x, y, n);
+  } else {
+    for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
+  }
+}
+
+// y *= alpha.
+template <typename T>
+inline void ScaleInPlace(T alpha, T* y, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    kernels_internal::simd::Scale(alpha, y, n);
+  } else {
+    for (int64_t d = 0; d < n; ++d) y[d] *= alpha;
+  }
 }
 
 // Decodes a work item (b, h, tile index) from its number.
@@ -97,12 +121,11 @@ absl::Status AttentionForward(const AttentionShape& shape, absl::Span<const T> q
           const T new_m = MaxOf(m, tile_max);
           const T correction = SoftmaxRescale(m, new_m);  // 0 on the first tile (m = -inf)
           l *= correction;
-          for (int64_t d = 0; d < hd; ++d) acc[d] *= correction;
+          ScaleInPlace(correction, acc, hd);
           for (int64_t j = j0; j < j1; ++j) {
             const T p = SoftmaxWeight(scores[j - j0], new_m);
             l += p;
-            const T* v = base + j * 3 * C + 2 * C + it.h * hd;
-            for (int64_t d = 0; d < hd; ++d) acc[d] += p * v[d];
+            Axpy(p, base + j * 3 * C + 2 * C + it.h * hd, acc, hd);
           }
           m = new_m;
         }
@@ -157,10 +180,8 @@ absl::Status AttentionBackward(const AttentionShape& shape, absl::Span<const T> 
         const T dS = AttentionScoreGrad(p, DotProduct(dout_i, v, hd), D);
         T* dk = dqkv.data() + (it.b * L + j) * 3 * C + C + it.h * hd;
         T* dv = dk + C;
-        for (int64_t d = 0; d < hd; ++d) {
-          dk[d] += scale * dS * q[d];
-          dv[d] += p * dout_i[d];
-        }
+        Axpy(scale * dS, q, dk, hd);
+        Axpy(p, dout_i, dv, hd);
       }
     }
   });
@@ -179,7 +200,7 @@ absl::Status AttentionBackward(const AttentionShape& shape, absl::Span<const T> 
         const T* v = k + C;
         const T p = AttentionProbability(scale * DotProduct(q, k, hd), row_lse);
         const T dS = AttentionScoreGrad(p, DotProduct(dout_i, v, hd), D);
-        for (int64_t d = 0; d < hd; ++d) dq[d] += scale * dS * k[d];
+        Axpy(scale * dS, k, dq, hd);
       }
     }
   });

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -11,6 +12,7 @@
 #include "model/kernels/cross_entropy_math.h"
 #include "model/kernels/internal/blas.h"
 #include "model/kernels/internal/kernel_util.h"
+#include "model/kernels/internal/simd.h"
 #include "model/kernels/softmax_math.h"
 #include "optimizer/thread_pool.h"
 
@@ -90,10 +92,18 @@ absl::StatusOr<double> LmHeadCrossEntropyForward(const LmHeadCrossEntropyShape& 
         for (int64_t i = task * grain; i < end; ++i) {
           const T* zi = z + i * Vt;
           T tile_max = zi[0];
-          for (int64_t v = 1; v < Vt; ++v) tile_max = MaxOf(tile_max, zi[v]);
+          if constexpr (std::is_same_v<T, float>) {
+            tile_max = kernels_internal::simd::Max(zi, Vt);
+          } else {
+            for (int64_t v = 1; v < Vt; ++v) tile_max = MaxOf(tile_max, zi[v]);
+          }
           const T new_max = MaxOf(run_max[i], tile_max);
           T sum = run_sum[i] * SoftmaxRescale(run_max[i], new_max);  // 0 on the first tile
-          for (int64_t v = 0; v < Vt; ++v) sum += SoftmaxWeight(zi[v], new_max);
+          if constexpr (std::is_same_v<T, float>) {
+            sum += kernels_internal::simd::SumExpMinus(zi, new_max, Vt);
+          } else {
+            for (int64_t v = 0; v < Vt; ++v) sum += SoftmaxWeight(zi[v], new_max);
+          }
           run_max[i] = new_max;
           run_sum[i] = sum;
           const int64_t t = targets[r0 + i];
@@ -149,8 +159,14 @@ absl::Status LmHeadCrossEntropyBackward(const LmHeadCrossEntropyShape& shape, ab
             continue;
           }
           const T row_lse = lse[r0 + i];
-          for (int64_t v = 0; v < Vt; ++v) {
-            zi[v] = CrossEntropyLogitGrad(zi[v], row_lse, scale, v0 + v == t);
+          if constexpr (std::is_same_v<T, float>) {
+            // CrossEntropyLogitGrad: scale * exp(z - lse), minus scale at the target.
+            kernels_internal::simd::ScaledExpMinus(scale, row_lse, zi, Vt);
+            if (t >= v0 && t < v0 + Vt) zi[t - v0] -= scale;
+          } else {
+            for (int64_t v = 0; v < Vt; ++v) {
+              zi[v] = CrossEntropyLogitGrad(zi[v], row_lse, scale, v0 + v == t);
+            }
           }
         }
       });

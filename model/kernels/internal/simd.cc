@@ -16,6 +16,7 @@
 #define HWY_TARGET_INCLUDE "model/kernels/internal/simd.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+// After highway.h: per-target, re-included with each HWY_TARGET.
 #include "hwy/contrib/math/math-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -135,9 +136,8 @@ float SumExpMinusImpl(const float* z, float m, int64_t n) {
     V Tail(size_t i, size_t r) const {
       TailBuffers t;
       // Padding with -inf gives exp(-inf) = 0.
-      return hn::Exp(d, hn::Sub(LoadTail(d, z + i, r, -std::numeric_limits<float>::infinity(),
-                                         t.in),
-                                m));
+      return hn::Exp(
+          d, hn::Sub(LoadTail(d, z + i, r, -std::numeric_limits<float>::infinity(), t.in), m));
     }
   };
   return ReduceSum(d, static_cast<size_t>(n), F{d, z, hn::Set(d, m)});
@@ -150,30 +150,24 @@ HWY_INLINE void ForEachVector(D d, size_t n, F f) {
   const size_t N = hn::Lanes(d);
   size_t i = 0;
   for (; i + N <= n; i += N) {
-    f(i, [&](const float* p) { return hn::LoadU(d, p + i); },
-      [&](V v, float* p) { hn::StoreU(v, d, p + i); });
+    f(
+        i, [&](const float* p) { return hn::LoadU(d, p + i); },
+        [&](V v, float* p) { hn::StoreU(v, d, p + i); });
   }
   if (i < n) {
     const size_t r = n - i;
-    TailBuffers t;
-    // Each input is staged through its own buffer; loads use up to 4 distinct buffers.
-    HWY_ALIGN float staging[4][kMaxLanes];
-    int next = 0;
-    f(i,
-      [&](const float* p) {
-        float* buf = staging[next++ & 3];
-        return LoadTail(d, p + i, r, 0.0f, buf);
-      },
-      [&](V v, float* p) { StoreTail(d, v, p + i, r, t.out); });
+    TailBuffers t;  // a load copies the staged lanes into a register: one buffer serves all
+    f(
+        i, [&](const float* p) { return LoadTail(d, p + i, r, 0.0f, t.in); },
+        [&](V v, float* p) { StoreTail(d, v, p + i, r, t.out); });
   }
 }
 
 void AxpyImpl(float alpha, const float* x, float* y, int64_t n) {
   const D d;
   const V a = hn::Set(d, alpha);
-  ForEachVector(d, static_cast<size_t>(n), [&](size_t, auto load, auto store) {
-    store(hn::MulAdd(a, load(x), load(y)), y);
-  });
+  ForEachVector(d, static_cast<size_t>(n),
+                [&](size_t, auto load, auto store) { store(hn::MulAdd(a, load(x), load(y)), y); });
 }
 
 void ScaleImpl(float alpha, float* y, int64_t n) {
@@ -234,7 +228,8 @@ void GeluBackwardImpl(const float* x, const float* dy, float* dx, int64_t n) {
     const V s = hn::Div(one, hn::Add(one, e));
     const V one_minus_s = hn::IfThenElse(hn::Le(e, one), hn::Mul(e, s), hn::Sub(one, s));
     const V poly = hn::MulAdd(three_c, hn::Mul(xv, xv), one);
-    const V grad = hn::MulAdd(hn::Mul(hn::Mul(hn::Mul(hn::Mul(two, xv), s), one_minus_s), k), poly, s);
+    const V grad =
+        hn::MulAdd(hn::Mul(hn::Mul(hn::Mul(hn::Mul(two, xv), s), one_minus_s), k), poly, s);
     const V dyv = load(dy);
     store(hn::MulAdd(dyv, grad, load(dx)), dx);
   });
@@ -373,8 +368,7 @@ void LayerNormGradSumsRow(const float* dy, const float* w, const float* x, float
 }
 void LayerNormInputGradRow(const float* dy, const float* w, const float* x, float mean, float rstd,
                            float g_mean, float g_xhat_mean, float* dx, int64_t n) {
-  HWY_DYNAMIC_DISPATCH(LayerNormInputGradRowImpl)(dy, w, x, mean, rstd, g_mean, g_xhat_mean, dx,
-                                                  n);
+  HWY_DYNAMIC_DISPATCH(LayerNormInputGradRowImpl)(dy, w, x, mean, rstd, g_mean, g_xhat_mean, dx, n);
 }
 void LayerNormParamGradRow(const float* dy, const float* x, float mean, float rstd, float* dw_acc,
                            float* db_acc, int64_t n) {

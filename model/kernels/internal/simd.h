@@ -47,7 +47,8 @@ void AddTo(const float* x, float* y, int64_t n);
 // z[i] = scale * exp(z[i] - lse)  (CrossEntropyLogitGrad without the target's -scale).
 void ScaledExpMinus(float scale, float lse, float* z, int64_t n);
 
-// GELU (model/kernels/gelu_math.h): y = GeluTanh(x) (y may alias x); dx += dy * GeluTanhDerivative(x).
+// GELU (model/kernels/gelu_math.h): y = GeluTanh(x) (y may alias x); dx += dy *
+// GeluTanhDerivative(x).
 void GeluForward(const float* x, float* y, int64_t n);
 void GeluBackward(const float* x, const float* dy, float* dx, int64_t n);
 
