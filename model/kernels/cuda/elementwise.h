@@ -18,7 +18,8 @@
 // Determinism: every output element is computed by one thread in a fixed order.
 // The encoder backward adds rows in increasing order, exactly as the CPU
 // kernel, and matches it bit for bit; the residual matches too. GELU differs
-// from the CPU by the libm (tanhf) and fused multiply-adds.
+// from the CPU by the exp implementations (CUDA's expf vs Highway's) and fused
+// multiply-adds.
 //
 // Thread safety: as for any kernel launch; the functions have no state.
 #ifndef PATRICKSTAR_MODEL_KERNELS_CUDA_ELEMENTWISE_H_
