@@ -3,13 +3,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
+#include "model/kernels/attention_math.h"
 #include "model/kernels/internal/kernel_util.h"
+#include "model/kernels/internal/simd.h"
+#include "model/kernels/softmax_math.h"
 #include "optimizer/thread_pool.h"
 
 namespace ps {
@@ -34,11 +37,33 @@ absl::Status CheckShape(const char* kernel, const AttentionShape& s) {
   return absl::OkStatus();
 }
 
+// The inner loops: vectorized for float (internal/simd.h), scalar for double.
 template <typename T>
 inline T DotProduct(const T* a, const T* b, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) return kernels_internal::simd::Dot(a, b, n);
   T s = 0;
   for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
   return s;
+}
+
+// y += alpha x.
+template <typename T>
+inline void Axpy(T alpha, const T* x, T* y, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    kernels_internal::simd::Axpy(alpha, x, y, n);
+  } else {
+    for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
+  }
+}
+
+// y *= alpha.
+template <typename T>
+inline void ScaleInPlace(T alpha, T* y, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    kernels_internal::simd::Scale(alpha, y, n);
+  } else {
+    for (int64_t d = 0; d < n; ++d) y[d] *= alpha;
+  }
 }
 
 // Decodes a work item (b, h, tile index) from its number.
@@ -70,7 +95,7 @@ absl::Status AttentionForward(const AttentionShape& shape, absl::Span<const T> q
   const int num_slots = pool == nullptr ? 1 : pool->num_threads();
   RETURN_IF_ERROR(CheckWorkspace(kKernel, workspace, AttentionWorkspaceElems(shape, num_slots)));
 
-  const T scale = T{1} / std::sqrt(static_cast<T>(hd));
+  const T scale = AttentionScale<T>(hd);
   const int64_t num_tiles = NumTasks(L, tile);
   const int64_t num_items = B * H * num_tiles;
   // Slot s runs items s, s + num_slots, ... with its own score row and output row.
@@ -83,32 +108,31 @@ absl::Status AttentionForward(const AttentionShape& shape, absl::Span<const T> q
       const int64_t i0 = it.tile * tile, i1 = std::min(L, i0 + tile);
       for (int64_t i = i0; i < i1; ++i) {
         const T* q = base + i * 3 * C + it.h * hd;
-        T m = -std::numeric_limits<T>::infinity(), l = 0;
+        T m = NegativeInfinity<T>(), l = 0;
         std::fill(acc, acc + hd, T{0});
         for (int64_t j0 = 0; j0 <= i; j0 += tile) {
           const int64_t j1 = std::min(i + 1, j0 + tile);  // causal: keys j <= i
-          T tile_max = -std::numeric_limits<T>::infinity();
+          T tile_max = NegativeInfinity<T>();
           for (int64_t j = j0; j < j1; ++j) {
             const T s = scale * DotProduct(q, base + j * 3 * C + C + it.h * hd, hd);
             scores[j - j0] = s;
-            tile_max = std::max(tile_max, s);
+            tile_max = MaxOf(tile_max, s);
           }
-          const T new_m = std::max(m, tile_max);
-          const T correction = std::exp(m - new_m);  // 0 on the first tile (m = -inf)
+          const T new_m = MaxOf(m, tile_max);
+          const T correction = SoftmaxRescale(m, new_m);  // 0 on the first tile (m = -inf)
           l *= correction;
-          for (int64_t d = 0; d < hd; ++d) acc[d] *= correction;
+          ScaleInPlace(correction, acc, hd);
           for (int64_t j = j0; j < j1; ++j) {
-            const T p = std::exp(scores[j - j0] - new_m);
+            const T p = SoftmaxWeight(scores[j - j0], new_m);
             l += p;
-            const T* v = base + j * 3 * C + 2 * C + it.h * hd;
-            for (int64_t d = 0; d < hd; ++d) acc[d] += p * v[d];
+            Axpy(p, base + j * 3 * C + 2 * C + it.h * hd, acc, hd);
           }
           m = new_m;
         }
         T* o = out.data() + (it.b * L + i) * C + it.h * hd;
         const T inv_l = T{1} / l;
         for (int64_t d = 0; d < hd; ++d) o[d] = acc[d] * inv_l;
-        lse[(it.b * H + it.h) * L + i] = m + std::log(l);
+        lse[(it.b * H + it.h) * L + i] = SoftmaxLogSumExp(SoftmaxState<T>{m, l});
       }
     }
   });
@@ -129,7 +153,7 @@ absl::Status AttentionBackward(const AttentionShape& shape, absl::Span<const T> 
   RETURN_IF_ERROR(CheckElems(kKernel, "dout", dout, B * L * C, "B*T*C"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dqkv", dqkv, B * L * 3 * C, "B*T*3C"));
 
-  const T scale = T{1} / std::sqrt(static_cast<T>(hd));
+  const T scale = AttentionScale<T>(hd);
   const int64_t num_tiles = NumTasks(L, tile);
   const int64_t num_items = B * H * num_tiles;
   // Pointers into row t of batch b, head h.
@@ -152,14 +176,12 @@ absl::Status AttentionBackward(const AttentionShape& shape, absl::Span<const T> 
       for (int64_t j = j0; j < j_end; ++j) {
         const T* k = q_of(it.b, it.h, j) + C;
         const T* v = k + C;
-        const T p = std::exp(scale * DotProduct(q, k, hd) - row_lse);
-        const T dS = p * (DotProduct(dout_i, v, hd) - D);
+        const T p = AttentionProbability(scale * DotProduct(q, k, hd), row_lse);
+        const T dS = AttentionScoreGrad(p, DotProduct(dout_i, v, hd), D);
         T* dk = dqkv.data() + (it.b * L + j) * 3 * C + C + it.h * hd;
         T* dv = dk + C;
-        for (int64_t d = 0; d < hd; ++d) {
-          dk[d] += scale * dS * q[d];
-          dv[d] += p * dout_i[d];
-        }
+        Axpy(scale * dS, q, dk, hd);
+        Axpy(p, dout_i, dv, hd);
       }
     }
   });
@@ -176,9 +198,9 @@ absl::Status AttentionBackward(const AttentionShape& shape, absl::Span<const T> 
       for (int64_t j = 0; j <= i; ++j) {
         const T* k = q_of(it.b, it.h, j) + C;
         const T* v = k + C;
-        const T p = std::exp(scale * DotProduct(q, k, hd) - row_lse);
-        const T dS = p * (DotProduct(dout_i, v, hd) - D);
-        for (int64_t d = 0; d < hd; ++d) dq[d] += scale * dS * k[d];
+        const T p = AttentionProbability(scale * DotProduct(q, k, hd), row_lse);
+        const T dS = AttentionScoreGrad(p, DotProduct(dout_i, v, hd), D);
+        Axpy(scale * dS, k, dq, hd);
       }
     }
   });

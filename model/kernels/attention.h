@@ -24,6 +24,10 @@
 // one task without atomics: pass A, parallel over key tiles, accumulates dk and dv; pass B,
 // parallel over query tiles, accumulates dq. Each recomputes the probabilities it needs.
 //
+// SIMD: for f32 the head-dim dot products, rescales and axpys run Highway loops
+// (internal/simd.h); a dot product sums in vector accumulators and a lane tree instead of index
+// order (rounding differences only). f64 is scalar.
+//
 // Threading and determinism: work items are (b, h, tile); each writes only its own rows and sums
 // in a fixed order, so results do not depend on the thread count. The forward's workspace is one
 // slot (a score tile and an output row) per pool thread — O(threads * (tile + hd)), independent

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "model/kernels/internal/kernel_util.h"
+#include "model/kernels/internal/simd.h"
 #include "optimizer/thread_pool.h"
 
 namespace ps {
@@ -64,7 +66,11 @@ absl::Status EncoderForward(const EncoderShape& shape, absl::Span<const int32_t>
       const T* te = wte.data() + static_cast<int64_t>(tokens[row]) * C;
       const T* pe = wpe.data() + (row % L) * C;
       T* o = out.data() + row * C;
-      for (int64_t c = 0; c < C; ++c) o[c] = te[c] + pe[c];
+      if constexpr (std::is_same_v<T, float>) {
+        kernels_internal::simd::Add(te, pe, o, C);
+      } else {
+        for (int64_t c = 0; c < C; ++c) o[c] = te[c] + pe[c];
+      }
     }
   });
   return absl::OkStatus();
@@ -90,9 +96,14 @@ absl::Status EncoderBackward(const EncoderShape& shape, absl::Span<const int32_t
         const T* d = dout.data() + row * C;
         T* te = dwte.data() + static_cast<int64_t>(tokens[row]) * C;
         T* pe = dwpe.data() + t * C;
-        for (int64_t c = c0; c < c1; ++c) {
-          te[c] += d[c];
-          pe[c] += d[c];
+        if constexpr (std::is_same_v<T, float>) {
+          kernels_internal::simd::AddTo(d + c0, te + c0, c1 - c0);
+          kernels_internal::simd::AddTo(d + c0, pe + c0, c1 - c0);
+        } else {
+          for (int64_t c = c0; c < c1; ++c) {
+            te[c] += d[c];
+            pe[c] += d[c];
+          }
         }
       }
     }

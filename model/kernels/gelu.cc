@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "model/kernels/internal/kernel_util.h"
+#include "model/kernels/internal/simd.h"
 #include "optimizer/thread_pool.h"
 
 namespace ps {
@@ -27,7 +29,11 @@ absl::Status GeluForward(absl::Span<const T> x, absl::Span<T> y, ThreadPool* poo
   RETURN_IF_ERROR(CheckPositive(kKernel, "x size", n));
   RETURN_IF_ERROR(CheckElems(kKernel, "y", y, n, "size of x"));
   ParallelForRanges(pool, n, kElemsPerTask, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) y[i] = GeluTanh(x[i]);
+    if constexpr (std::is_same_v<T, float>) {
+      kernels_internal::simd::GeluForward(x.data() + begin, y.data() + begin, end - begin);
+    } else {
+      for (int64_t i = begin; i < end; ++i) y[i] = GeluTanh(x[i]);
+    }
   });
   return absl::OkStatus();
 }
@@ -41,7 +47,12 @@ absl::Status GeluBackward(absl::Span<const T> x, absl::Span<const T> dy, absl::S
   RETURN_IF_ERROR(CheckElems(kKernel, "dy", dy, n, "size of x"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dx", dx, n, "size of x"));
   ParallelForRanges(pool, n, kElemsPerTask, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) dx[i] += dy[i] * GeluTanhDerivative(x[i]);
+    if constexpr (std::is_same_v<T, float>) {
+      kernels_internal::simd::GeluBackward(x.data() + begin, dy.data() + begin, dx.data() + begin,
+                                           end - begin);
+    } else {
+      for (int64_t i = begin; i < end; ++i) dx[i] += dy[i] * GeluTanhDerivative(x[i]);
+    }
   });
   return absl::OkStatus();
 }

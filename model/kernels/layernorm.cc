@@ -1,14 +1,16 @@
 #include "model/kernels/layernorm.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "model/kernels/internal/kernel_util.h"
+#include "model/kernels/internal/simd.h"
+#include "model/kernels/layernorm_math.h"
 #include "optimizer/thread_pool.h"
 
 namespace ps {
@@ -53,13 +55,22 @@ absl::Status LayerNormForward(const LayerNormShape& shape, absl::Span<const T> x
     for (int64_t r = task * grain; r < end; ++r) {
       const T* xr = x.data() + r * C;
       T* yr = y.data() + r * C;
+      if constexpr (std::is_same_v<T, float>) {
+        namespace simd = kernels_internal::simd;
+        const T m = LayerNormMean(simd::Sum(xr, C), C);
+        const T s = LayerNormRstd(simd::SumSquaredDeviation(xr, m, C), C, eps);
+        simd::LayerNormOutputRow(xr, m, s, w.data(), b.data(), yr, C);
+        mean[r] = m;
+        rstd[r] = s;
+        continue;
+      }
       T sum = 0;
       for (int64_t c = 0; c < C; ++c) sum += xr[c];
-      const T m = sum / static_cast<T>(C);
+      const T m = LayerNormMean(sum, C);
       T sq = 0;  // Two passes: no cancellation when |mean| >> std.
       for (int64_t c = 0; c < C; ++c) sq += (xr[c] - m) * (xr[c] - m);
-      const T s = T{1} / std::sqrt(sq / static_cast<T>(C) + eps);
-      for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * s * w[c] + b[c];
+      const T s = LayerNormRstd(sq, C, eps);
+      for (int64_t c = 0; c < C; ++c) yr[c] = LayerNormOutput(xr[c], m, s, w[c], b[c]);
       mean[r] = m;
       rstd[r] = s;
     }
@@ -92,17 +103,24 @@ absl::Status LayerNormBackward(const LayerNormShape& shape, absl::Span<const T> 
       const T* dyr = dy.data() + r * C;
       T* dxr = dx.data() + r * C;
       const T m = mean[r], s = rstd[r];
+      if constexpr (std::is_same_v<T, float>) {
+        namespace simd = kernels_internal::simd;
+        float g_sum = 0, g_xhat_sum = 0;
+        simd::LayerNormGradSumsRow(dyr, w.data(), xr, m, s, C, &g_sum, &g_xhat_sum);
+        simd::LayerNormInputGradRow(dyr, w.data(), xr, m, s, LayerNormMean(g_sum, C),
+                                    LayerNormMean(g_xhat_sum, C), dxr, C);
+        continue;
+      }
       T g_sum = 0, g_xhat_sum = 0;
       for (int64_t c = 0; c < C; ++c) {
-        const T g = dyr[c] * w[c];
-        g_sum += g;
-        g_xhat_sum += g * (xr[c] - m) * s;
+        const LayerNormGradTerms<T> terms = LayerNormBackwardTerms(dyr[c], w[c], xr[c], m, s);
+        g_sum += terms.g;
+        g_xhat_sum += terms.g_xhat;
       }
-      const T g_mean = g_sum / static_cast<T>(C);
-      const T g_xhat_mean = g_xhat_sum / static_cast<T>(C);
+      const T g_mean = LayerNormMean(g_sum, C);
+      const T g_xhat_mean = LayerNormMean(g_xhat_sum, C);
       for (int64_t c = 0; c < C; ++c) {
-        const T xhat = (xr[c] - m) * s;
-        dxr[c] += s * (dyr[c] * w[c] - g_mean - xhat * g_xhat_mean);
+        dxr[c] += LayerNormInputGrad(dyr[c], w[c], xr[c], m, s, g_mean, g_xhat_mean);
       }
     }
   });
@@ -116,8 +134,13 @@ absl::Status LayerNormBackward(const LayerNormShape& shape, absl::Span<const T> 
       const T* xr = x.data() + r * C;
       const T* dyr = dy.data() + r * C;
       const T m = mean[r], s = rstd[r];
+      if constexpr (std::is_same_v<T, float>) {
+        kernels_internal::simd::LayerNormParamGradRow(dyr + c0, xr + c0, m, s, dw_acc, db_acc,
+                                                      c1 - c0);
+        continue;
+      }
       for (int64_t c = c0; c < c1; ++c) {
-        dw_acc[c - c0] += dyr[c] * (xr[c] - m) * s;
+        dw_acc[c - c0] += LayerNormWeightGradTerm(dyr[c], xr[c], m, s);
         db_acc[c - c0] += dyr[c];
       }
     }

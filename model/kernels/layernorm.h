@@ -19,6 +19,10 @@
 // pass parallel over channel slices, each task summing its channels over all rows in row order
 // (xhat is recomputed from the saved mean/rstd).
 //
+// f32 rows run Highway loops (internal/simd.h): the row sums are taken in four vector
+// accumulators and a lane tree instead of index order, so f32 results differ from a scalar loop by
+// rounding; f64 is scalar. Either way results do not depend on the thread count.
+//
 // Layouts: x, y, dy, dx [N, C] row-major (N = B*T); w, b, dw, db [C]; mean, rstd [N].
 // Gradients accumulate (+=). Needs no workspace.
 #ifndef PATRICKSTAR_MODEL_KERNELS_LAYERNORM_H_

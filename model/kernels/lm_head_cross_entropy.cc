@@ -1,17 +1,19 @@
 #include "model/kernels/lm_head_cross_entropy.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <limits>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
+#include "model/kernels/cross_entropy_math.h"
 #include "model/kernels/internal/blas.h"
 #include "model/kernels/internal/kernel_util.h"
+#include "model/kernels/internal/simd.h"
+#include "model/kernels/softmax_math.h"
 #include "optimizer/thread_pool.h"
 
 namespace ps {
@@ -78,7 +80,7 @@ absl::StatusOr<double> LmHeadCrossEntropyForward(const LmHeadCrossEntropyShape& 
   int64_t num_valid = 0;
   for (int64_t r0 = 0; r0 < N; r0 += row_tile) {
     const int64_t R = std::min(row_tile, N - r0);
-    std::fill(run_max, run_max + R, -std::numeric_limits<T>::infinity());
+    std::fill(run_max, run_max + R, NegativeInfinity<T>());
     std::fill(run_sum, run_sum + R, T{0});
     std::fill(target_logit, target_logit + R, T{0});
     for (int64_t v0 = 0; v0 < V; v0 += vocab_tile) {
@@ -90,10 +92,18 @@ absl::StatusOr<double> LmHeadCrossEntropyForward(const LmHeadCrossEntropyShape& 
         for (int64_t i = task * grain; i < end; ++i) {
           const T* zi = z + i * Vt;
           T tile_max = zi[0];
-          for (int64_t v = 1; v < Vt; ++v) tile_max = std::max(tile_max, zi[v]);
-          const T new_max = std::max(run_max[i], tile_max);
-          T sum = run_sum[i] * std::exp(run_max[i] - new_max);  // exp(-inf) = 0 on the 1st tile
-          for (int64_t v = 0; v < Vt; ++v) sum += std::exp(zi[v] - new_max);
+          if constexpr (std::is_same_v<T, float>) {
+            tile_max = kernels_internal::simd::Max(zi, Vt);
+          } else {
+            for (int64_t v = 1; v < Vt; ++v) tile_max = MaxOf(tile_max, zi[v]);
+          }
+          const T new_max = MaxOf(run_max[i], tile_max);
+          T sum = run_sum[i] * SoftmaxRescale(run_max[i], new_max);  // 0 on the first tile
+          if constexpr (std::is_same_v<T, float>) {
+            sum += kernels_internal::simd::SumExpMinus(zi, new_max, Vt);
+          } else {
+            for (int64_t v = 0; v < Vt; ++v) sum += SoftmaxWeight(zi[v], new_max);
+          }
           run_max[i] = new_max;
           run_sum[i] = sum;
           const int64_t t = targets[r0 + i];
@@ -102,9 +112,9 @@ absl::StatusOr<double> LmHeadCrossEntropyForward(const LmHeadCrossEntropyShape& 
       });
     }
     for (int64_t i = 0; i < R; ++i) {
-      lse[r0 + i] = run_max[i] + std::log(run_sum[i]);
+      lse[r0 + i] = SoftmaxLogSumExp(SoftmaxState<T>{run_max[i], run_sum[i]});
       if (targets[r0 + i] != shape.ignore_index) {
-        loss_sum += static_cast<double>(lse[r0 + i]) - static_cast<double>(target_logit[i]);
+        loss_sum += CrossEntropyRowLoss(lse[r0 + i], target_logit[i]);
         ++num_valid;
       }
     }
@@ -149,8 +159,15 @@ absl::Status LmHeadCrossEntropyBackward(const LmHeadCrossEntropyShape& shape, ab
             continue;
           }
           const T row_lse = lse[r0 + i];
-          for (int64_t v = 0; v < Vt; ++v) zi[v] = scale * std::exp(zi[v] - row_lse);
-          if (t >= v0 && t < v0 + Vt) zi[t - v0] -= scale;
+          if constexpr (std::is_same_v<T, float>) {
+            // CrossEntropyLogitGrad: scale * exp(z - lse), minus scale at the target.
+            kernels_internal::simd::ScaledExpMinus(scale, row_lse, zi, Vt);
+            if (t >= v0 && t < v0 + Vt) zi[t - v0] -= scale;
+          } else {
+            for (int64_t v = 0; v < Vt; ++v) {
+              zi[v] = CrossEntropyLogitGrad(zi[v], row_lse, scale, v0 + v == t);
+            }
+          }
         }
       });
       // dh[r0:r0+R] += dz wte[v0:v0+Vt];  dwte[v0:v0+Vt] += dz^T h[r0:r0+R].

@@ -22,6 +22,9 @@
 // `pool` over rows, each row in a fixed order. The loss sum is taken in double in row order.
 // Results do not depend on the pool's thread count.
 //
+// SIMD: for f32 the row max, the sum of exp(z - max) (vector accumulators, Highway's exp) and
+// the gradient scale * exp(z - lse) run Highway loops (internal/simd.h); f64 is scalar.
+//
 // Workspace: one logits tile plus three numbers per tile row; see LmHeadCrossEntropyWorkspaceElems.
 // Gradients accumulate (+=).
 #ifndef PATRICKSTAR_MODEL_KERNELS_LM_HEAD_CROSS_ENTROPY_H_

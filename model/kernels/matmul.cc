@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -11,6 +12,7 @@
 #include "glog/logging.h"
 #include "model/kernels/internal/blas.h"
 #include "model/kernels/internal/kernel_util.h"
+#include "model/kernels/internal/simd.h"
 #include "optimizer/thread_pool.h"
 
 namespace ps {
@@ -84,7 +86,11 @@ absl::Status MatmulBackward(const MatmulShape& shape, absl::Span<const T> x, abs
     T acc[kColumnsPerTask] = {};
     for (int64_t r = 0; r < N; ++r) {
       const T* dyr = dy.data() + r * O;
-      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += dyr[c];
+      if constexpr (std::is_same_v<T, float>) {
+        kernels_internal::simd::AddTo(dyr + c0, acc, c1 - c0);
+      } else {
+        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += dyr[c];
+      }
     }
     for (int64_t c = c0; c < c1; ++c) db[c] += acc[c - c0];
   });

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "model/kernels/internal/kernel_util.h"
+#include "model/kernels/internal/simd.h"
 #include "optimizer/thread_pool.h"
 
 namespace ps {
@@ -29,7 +31,12 @@ absl::Status ResidualForward(absl::Span<const T> a, absl::Span<const T> b, absl:
   RETURN_IF_ERROR(CheckElems(kKernel, "b", b, n, "size of a"));
   RETURN_IF_ERROR(CheckElems(kKernel, "out", out, n, "size of a"));
   ParallelForRanges(pool, n, kElemsPerTask, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
+    if constexpr (std::is_same_v<T, float>) {
+      kernels_internal::simd::Add(a.data() + begin, b.data() + begin, out.data() + begin,
+                                  end - begin);
+    } else {
+      for (int64_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
+    }
   });
   return absl::OkStatus();
 }
@@ -43,9 +50,14 @@ absl::Status ResidualBackward(absl::Span<const T> dout, absl::Span<T> da, absl::
   RETURN_IF_ERROR(CheckElems(kKernel, "da", da, n, "size of dout"));
   RETURN_IF_ERROR(CheckElems(kKernel, "db", db, n, "size of dout"));
   ParallelForRanges(pool, n, kElemsPerTask, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      da[i] += dout[i];
-      db[i] += dout[i];
+    if constexpr (std::is_same_v<T, float>) {
+      kernels_internal::simd::AddTo(dout.data() + begin, da.data() + begin, end - begin);
+      kernels_internal::simd::AddTo(dout.data() + begin, db.data() + begin, end - begin);
+    } else {
+      for (int64_t i = begin; i < end; ++i) {
+        da[i] += dout[i];
+        db[i] += dout[i];
+      }
     }
   });
   return absl::OkStatus();

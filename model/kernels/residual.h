@@ -1,5 +1,6 @@
 // The residual connection: out = a + b (element-wise). Backward: da += dout, db += dout.
-// Element-wise; parallel over fixed blocks. Gradients accumulate (+=). Needs no workspace.
+// f32 runs Highway loops (internal/simd.h; exact, single additions). Element-wise; parallel over
+// fixed blocks. Gradients accumulate (+=). Needs no workspace.
 #ifndef PATRICKSTAR_MODEL_KERNELS_RESIDUAL_H_
 #define PATRICKSTAR_MODEL_KERNELS_RESIDUAL_H_
 

@@ -1,0 +1,54 @@
+#include "model/kernels/cuda/matmul.h"
+
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
+#include "base/status_macros.h"
+#include "model/kernels/cuda/cublas.h"
+#include "model/kernels/cuda/internal/host_util.h"
+#include "model/kernels/cuda/internal/launchers.h"
+#include "model/kernels/internal/kernel_util.h"
+#include "model/kernels/matmul.h"
+
+namespace ps::cuda {
+namespace {
+
+using cuda_internal::CheckNotNull;
+using cuda_internal::LaunchStatus;
+using kernels_internal::CheckBlasDim;
+
+absl::Status CheckShape(const char* kernel, const MatmulShape& s) {
+  RETURN_IF_ERROR(CheckBlasDim(kernel, "rows", s.rows));
+  RETURN_IF_ERROR(CheckBlasDim(kernel, "in_features", s.in_features));
+  RETURN_IF_ERROR(CheckBlasDim(kernel, "out_features", s.out_features));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status MatmulForward(const CublasHandle& cublas, const MatmulShape& shape, const float* x,
+                           const float* w, const float* b, float* y, cudaStream_t stream) {
+  constexpr char kKernel[] = "cuda::MatmulForward";
+  RETURN_IF_ERROR(CheckShape(kKernel, shape));
+  RETURN_IF_ERROR(CheckNotNull(kKernel, {{"x", x}, {"w", w}, {"b", b}, {"y", y}}));
+  const int64_t N = shape.rows, I = shape.in_features, O = shape.out_features;
+  RETURN_IF_ERROR(LaunchStatus(cuda_internal::LaunchBroadcastRows(N, O, b, y, stream), kKernel));
+  return Gemm(cublas, stream, false, false, N, O, I, 1.0f, x, I, w, O, 1.0f, y, O);
+}
+
+absl::Status MatmulBackward(const CublasHandle& cublas, const MatmulShape& shape, const float* x,
+                            const float* w, const float* dy, float* dx, float* dw, float* db,
+                            cudaStream_t stream) {
+  constexpr char kKernel[] = "cuda::MatmulBackward";
+  RETURN_IF_ERROR(CheckShape(kKernel, shape));
+  RETURN_IF_ERROR(
+      CheckNotNull(kKernel, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}, {"dw", dw}, {"db", db}}));
+  const int64_t N = shape.rows, I = shape.in_features, O = shape.out_features;
+  // dx[N,I] += dy[N,O] W[I,O]^T
+  RETURN_IF_ERROR(Gemm(cublas, stream, false, true, N, I, O, 1.0f, dy, O, w, O, 1.0f, dx, I));
+  // dW[I,O] += x[N,I]^T dy[N,O]
+  RETURN_IF_ERROR(Gemm(cublas, stream, true, false, I, O, N, 1.0f, x, I, dy, O, 1.0f, dw, O));
+  return LaunchStatus(cuda_internal::LaunchColumnSums(N, O, dy, db, stream), kKernel);
+}
+
+}  // namespace ps::cuda
