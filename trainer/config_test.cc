@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <ostream>
 #include <random>
 #include <string>
@@ -30,6 +31,8 @@
 #include "gtest/gtest.h"
 #include "memory/dtype.h"
 #include "nlohmann/json.hpp"
+#include "optimizer/adam_math.h"
+#include "optimizer/cpu_adam.h"
 #include "optimizer/hybrid_adam.h"
 #include "optimizer/loss_scaler.h"
 #include "optimizer/lr_schedule.h"
@@ -77,7 +80,8 @@ TEST(DefaultTrainConfigTest, HasTheDocumentedValues) {
   EXPECT_EQ(c.model.num_layers, 4);
   EXPECT_EQ(c.model.num_heads, 4);
   EXPECT_EQ(c.data.seq_len, 128);
-  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 8);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 2);
+  EXPECT_TRUE(c.model.activation_checkpointing);
   EXPECT_EQ(c.steps, 300);
   EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-3);
@@ -88,7 +92,7 @@ TEST(DefaultTrainConfigTest, HasTheDocumentedValues) {
   EXPECT_DOUBLE_EQ(c.gradient_clipping, 1.0);
   EXPECT_EQ(c.precision(), PrecisionMode::kF32);
   EXPECT_EQ(c.accelerator.kind, AcceleratorKind::kCpu);
-  EXPECT_EQ(c.accelerator.memory_bytes, 8 * kMiB);
+  EXPECT_EQ(c.accelerator.memory_bytes, 12 * kMiB);
   EXPECT_EQ(c.data.train_path, "");
   EXPECT_EQ(c.data.val_path, "");
   EXPECT_EQ(c.steps_per_print, 10);
@@ -1159,6 +1163,33 @@ TEST(ConversionTest, HybridAdamOptionsWithWeightDecayHasTwoGroups) {
   EXPECT_EQ(no_decay, 2 + 8 * model.num_layers);
 }
 
+// The options build a real HybridAdam over the default model's chunk layout, and every GPT-2
+// tensor lands in the group its name calls for.
+TEST(ConversionTest, HybridAdamAcceptsTheOptionsOnTheDefaultLayout) {
+  const TrainConfig c = DefaultTrainConfig();
+  ASSERT_OK_AND_ASSIGN(const GptConfig model, ResolveModelConfig(c.model));
+  const std::vector<OperatorSpec> ops = GptOperators(model);
+  ASSERT_OK_AND_ASSIGN(const ChunkLayout layout,
+                       ChunkLayout::Build({.capacity_elems = c.chunk.size_elems}, ops));
+  EXPECT_EQ(layout.num_unplaced_tensors(), 0);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CpuAdam> cpu_adam, CpuAdam::Create({.num_threads = 1}));
+  ASSERT_OK_AND_ASSIGN(HybridAdamOptions options, MakeHybridAdamOptions(c));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<HybridAdam> adam,
+                       HybridAdam::Create(layout, /*rank=*/0, ComputeDType(c.precision()),
+                                          std::move(options), {.host = cpu_adam.get()}));
+  ASSERT_EQ(adam->num_param_groups(), 2);
+  EXPECT_EQ(adam->param_group_name(0), "no_decay");
+  EXPECT_EQ(adam->param_group(1).weight_decay, 0.01);
+  EXPECT_EQ(adam->mode(), AdamMode::kAdamW);
+  for (const OperatorSpec& op : ops) {
+    for (const TensorSpec& t : op.tensors) {
+      ASSERT_OK_AND_ASSIGN(const TensorId id, layout.FindTensor(t.name));
+      const bool bias_or_norm = absl::EndsWith(t.name, ".bias") || absl::StrContains(t.name, "ln_");
+      EXPECT_EQ(adam->group_of(id), bias_or_norm ? 0 : 1) << t.name;
+    }
+  }
+}
+
 TEST(ConversionTest, HybridAdamOptionsWithoutWeightDecayHasOneGroup) {
   TrainConfig c;
   c.fp16.enabled = true;
@@ -1181,8 +1212,8 @@ TEST(ConversionTest, ResolvedSizes) {
   EXPECT_EQ(ResolveSeqLen(c, model), 128);
   c.data.seq_len = 32;
   EXPECT_EQ(ResolveSeqLen(c, model), 32);
-  EXPECT_EQ(ResolveTrainBatchSize(c, 1), 8);
-  EXPECT_EQ(ResolveTrainBatchSize(c, 4), 32);
+  EXPECT_EQ(ResolveTrainBatchSize(c, 1), 2);
+  EXPECT_EQ(ResolveTrainBatchSize(c, 4), 8);
   c.train_batch_size = 16;
   EXPECT_EQ(ResolveTrainBatchSize(c, 4), 16);
 }
@@ -1236,7 +1267,7 @@ TEST(ParseTrainConfigTest, WarmupMaxLrAbsentMeansTheOptimizerLr) {
 TEST(TrainConfigToJsonTest, CanonicalForms) {
   TrainConfig c = DefaultTrainConfig();
   std::string json = TrainConfigToJson(c);
-  EXPECT_THAT(json, HasSubstr("\"memory\": \"8MiB\""));
+  EXPECT_THAT(json, HasSubstr("\"memory\": \"12MiB\""));
   EXPECT_THAT(json, HasSubstr("\"host_memory\": 0"));
   EXPECT_THAT(json, HasSubstr("\"size\": 81920"));
   EXPECT_THAT(json, HasSubstr("\"type\": \"WarmupDecayLR\""));
