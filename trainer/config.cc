@@ -50,6 +50,7 @@ constexpr int64_t kMaxChunkElems = int64_t{1} << 40;
 constexpr int64_t kMaxModelDim = int64_t{1} << 30;
 constexpr double kMaxModelParams = 9007199254740992.0;  // 2^53
 constexpr int kMaxThreads = 1 << 16;
+constexpr double kMaxBatchElems = 1099511627776.0;  // 2^40 sequences or tokens
 constexpr int kMaxDeviceIndex = 1 << 16;
 
 // --- The embedded default: every value in one place ------------------------------------------
@@ -1414,7 +1415,7 @@ absl::Status ApplyOverrides(const ConfigOverrides& o, TrainConfig* config) {
       c.chunk.size_elems = 0;
     } else if (absl::SimpleAtoi(text, &elems) && elems >= 1 && elems <= kMaxChunkElems) {
       c.chunk.size_elems = elems;
-    } else if (ParseBytes(text).ok() && !absl::SimpleAtoi(text, &elems)) {
+    } else if (absl::EndsWithIgnoreCase(text, "b") && ParseBytes(text).ok()) {
       return bad("chunk_size", *o.chunk_size,
                  "chunk sizes are in elements, not bytes; give an integer number of elements "
                  "(e.g. 67108864) or \"auto\"");
@@ -1547,6 +1548,18 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
     }
   }
   ASSIGN_OR_RETURN(const GptConfig model, ResolveModelConfig(c.model));
+  // Bounds that keep the trainer's batch and token arithmetic far from int64 overflow.
+  const double global_batch = static_cast<double>(c.train_micro_batch_size_per_gpu) *
+                              static_cast<double>(c.gradient_accumulation_steps) * world_size;
+  const double micro_tokens = static_cast<double>(c.train_micro_batch_size_per_gpu) *
+                              static_cast<double>(ResolveSeqLen(c, model));
+  if (global_batch > kMaxBatchElems || micro_tokens > kMaxBatchElems) {
+    return BadValue("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu,
+                    absl::StrCat("with world size ", world_size, " and seq_len ",
+                                 ResolveSeqLen(c, model), " this is ", FormatDouble(global_batch),
+                                 " sequences, ", FormatDouble(micro_tokens),
+                                 " tokens per micro batch; both must be at most 2^40"));
+  }
   if (c.data.seq_len > model.max_seq_len) {
     return absl::InvalidArgumentError(
         absl::StrCat("`data.seq_len` = ", c.data.seq_len, " exceeds the model's n_positions (",

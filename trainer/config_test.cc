@@ -749,6 +749,20 @@ TEST(ValidateTrainConfigTest, BatchSizeAgreesWithWorldSize) {
               StatusIs(kInvalid, HasSubstr("world size must be >= 1")));
 }
 
+TEST(ValidateTrainConfigTest, AbsurdBatchesAreRejectedBeforeTheyOverflow) {
+  TrainConfig c = DefaultTrainConfig();
+  c.train_micro_batch_size_per_gpu = int64_t{1} << 35;  // x 128 tokens > 2^40
+  EXPECT_THAT(ValidateTrainConfig(c),
+              StatusIs(kInvalid, HasSubstr("`train_micro_batch_size_per_gpu` = 34359738368: with "
+                                           "world size 1 and seq_len 128")));
+  c.train_micro_batch_size_per_gpu = std::numeric_limits<int64_t>::max();
+  EXPECT_THAT(ValidateTrainConfig(c, /*world_size=*/1 << 20), StatusIs(kInvalid));
+  c.train_micro_batch_size_per_gpu = int64_t{1} << 20;
+  c.data.seq_len = 1;
+  EXPECT_OK(ValidateTrainConfig(c, /*world_size=*/1 << 20));  // exactly 2^40 sequences
+  EXPECT_EQ(ResolveTrainBatchSize(c, 1 << 20), int64_t{1} << 40);
+}
+
 TEST(ValidateTrainConfigTest, RejectsWhatOnlyCodeOrFlagsCanProduce) {
   TrainConfig c = DefaultTrainConfig();
   c.optimizer.lr = std::numeric_limits<double>::quiet_NaN();
@@ -905,6 +919,8 @@ INSTANTIATE_TEST_SUITE_P(
                     "--model=gpt3: unknown model preset; valid presets: tiny, gpt2"},
         BadOverride{[](ConfigOverrides& o) { o.chunk_size = "64MiB"; },
                     "--chunk_size=64MiB: chunk sizes are in elements, not bytes"},
+        BadOverride{[](ConfigOverrides& o) { o.chunk_size = "1e3"; },
+                    "--chunk_size=1e3: must be an integer number of elements"},
         BadOverride{[](ConfigOverrides& o) { o.chunk_size = "0"; },
                     "--chunk_size=0: must be an integer number of elements in [1,"},
         BadOverride{[](ConfigOverrides& o) { o.chunk_size = "-5"; }, "--chunk_size=-5: must be"},
