@@ -12,6 +12,9 @@
 //               params: {lr, betas: [b1, b2], eps, weight_decay,
 //                        adam_w_mode (bool; with "Adam": true = decoupled decay, i.e. AdamW),
 //                        amsgrad (false only), bias_correction (true only)}}
+//       "Adam" without adam_w_mode is Adam with L2 weight decay (torch.optim.Adam, PatrickStar's
+//       meaning). DeepSpeed's own "Adam" defaults to adam_w_mode = true; write "AdamW" (or
+//       adam_w_mode: true) to get that. adam_w_mode: false with "AdamW" is an error.
 //   scheduler: {type: "WarmupLR" | "WarmupDecayLR" | "WarmupCosineLR" (case-insensitive),
 //               params: {...}}             (no section: a constant learning rate)
 //       WarmupLR:        warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type
@@ -255,10 +258,12 @@ absl::StatusOr<TrainConfig> ParseTrainConfig(absl::string_view json_text, absl::
 // 16 MiB, or any parse error.
 absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path);
 
-// The embedded default: a small GPT-2 (vocab 256, 128 positions, n_embd 128, 4 layers, 4 heads)
-// on the built-in synthetic corpus, AdamW with WarmupDecayLR, f32, on the cpu accelerator with a
-// memory cap below the model data (so chunks move). All of its values are set in one place, in
-// config.cc. It passes ValidateTrainConfig.
+// The embedded default: a small GPT-2 (vocab 256, 128 positions, n_embd 128, 4 layers, 4 heads,
+// activation checkpointing) on the built-in synthetic corpus, micro batch 2 x 128 tokens, 300
+// steps, AdamW (lr 3e-3, weight decay 0.01) with WarmupDecayLR (30 linear warm-up steps),
+// clipping at 1.0, f32, chunks of 80 Ki elements, on the cpu accelerator with a 12 MiB cap below
+// the 12.9 MiB of model data (so chunks move). All of its values are set in one place, in
+// config.cc, with the measurements that chose them. It passes ValidateTrainConfig.
 TrainConfig DefaultTrainConfig();
 
 // Applies `o` to `config`. InvalidArgument naming the flag and its value for a value it cannot

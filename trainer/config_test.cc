@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <ostream>
 #include <random>
 #include <string>
@@ -30,6 +31,8 @@
 #include "gtest/gtest.h"
 #include "memory/dtype.h"
 #include "nlohmann/json.hpp"
+#include "optimizer/adam_math.h"
+#include "optimizer/cpu_adam.h"
 #include "optimizer/hybrid_adam.h"
 #include "optimizer/loss_scaler.h"
 #include "optimizer/lr_schedule.h"
@@ -746,6 +749,20 @@ TEST(ValidateTrainConfigTest, BatchSizeAgreesWithWorldSize) {
               StatusIs(kInvalid, HasSubstr("world size must be >= 1")));
 }
 
+TEST(ValidateTrainConfigTest, AbsurdBatchesAreRejectedBeforeTheyOverflow) {
+  TrainConfig c = DefaultTrainConfig();
+  c.train_micro_batch_size_per_gpu = int64_t{1} << 35;  // x 128 tokens > 2^40
+  EXPECT_THAT(ValidateTrainConfig(c),
+              StatusIs(kInvalid, HasSubstr("`train_micro_batch_size_per_gpu` = 34359738368: with "
+                                           "world size 1 and seq_len 128")));
+  c.train_micro_batch_size_per_gpu = std::numeric_limits<int64_t>::max();
+  EXPECT_THAT(ValidateTrainConfig(c, /*world_size=*/1 << 20), StatusIs(kInvalid));
+  c.train_micro_batch_size_per_gpu = int64_t{1} << 20;
+  c.data.seq_len = 1;
+  EXPECT_OK(ValidateTrainConfig(c, /*world_size=*/1 << 20));  // exactly 2^40 sequences
+  EXPECT_EQ(ResolveTrainBatchSize(c, 1 << 20), int64_t{1} << 40);
+}
+
 TEST(ValidateTrainConfigTest, RejectsWhatOnlyCodeOrFlagsCanProduce) {
   TrainConfig c = DefaultTrainConfig();
   c.optimizer.lr = std::numeric_limits<double>::quiet_NaN();
@@ -902,6 +919,8 @@ INSTANTIATE_TEST_SUITE_P(
                     "--model=gpt3: unknown model preset; valid presets: tiny, gpt2"},
         BadOverride{[](ConfigOverrides& o) { o.chunk_size = "64MiB"; },
                     "--chunk_size=64MiB: chunk sizes are in elements, not bytes"},
+        BadOverride{[](ConfigOverrides& o) { o.chunk_size = "1e3"; },
+                    "--chunk_size=1e3: must be an integer number of elements"},
         BadOverride{[](ConfigOverrides& o) { o.chunk_size = "0"; },
                     "--chunk_size=0: must be an integer number of elements in [1,"},
         BadOverride{[](ConfigOverrides& o) { o.chunk_size = "-5"; }, "--chunk_size=-5: must be"},
@@ -1161,6 +1180,33 @@ TEST(ConversionTest, HybridAdamOptionsWithWeightDecayHasTwoGroups) {
   EXPECT_EQ(no_decay, 2 + 8 * model.num_layers);
 }
 
+// The options build a real HybridAdam over the default model's chunk layout, and every GPT-2
+// tensor lands in the group its name calls for.
+TEST(ConversionTest, HybridAdamAcceptsTheOptionsOnTheDefaultLayout) {
+  const TrainConfig c = DefaultTrainConfig();
+  ASSERT_OK_AND_ASSIGN(const GptConfig model, ResolveModelConfig(c.model));
+  const std::vector<OperatorSpec> ops = GptOperators(model);
+  ASSERT_OK_AND_ASSIGN(const ChunkLayout layout,
+                       ChunkLayout::Build({.capacity_elems = c.chunk.size_elems}, ops));
+  EXPECT_EQ(layout.num_unplaced_tensors(), 0);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CpuAdam> cpu_adam, CpuAdam::Create({.num_threads = 1}));
+  ASSERT_OK_AND_ASSIGN(HybridAdamOptions options, MakeHybridAdamOptions(c));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<HybridAdam> adam,
+                       HybridAdam::Create(layout, /*rank=*/0, ComputeDType(c.precision()),
+                                          std::move(options), {.host = cpu_adam.get()}));
+  ASSERT_EQ(adam->num_param_groups(), 2);
+  EXPECT_EQ(adam->param_group_name(0), "no_decay");
+  EXPECT_EQ(adam->param_group(1).weight_decay, 0.01);
+  EXPECT_EQ(adam->mode(), AdamMode::kAdamW);
+  for (const OperatorSpec& op : ops) {
+    for (const TensorSpec& t : op.tensors) {
+      ASSERT_OK_AND_ASSIGN(const TensorId id, layout.FindTensor(t.name));
+      const bool bias_or_norm = absl::EndsWith(t.name, ".bias") || absl::StrContains(t.name, "ln_");
+      EXPECT_EQ(adam->group_of(id), bias_or_norm ? 0 : 1) << t.name;
+    }
+  }
+}
+
 TEST(ConversionTest, HybridAdamOptionsWithoutWeightDecayHasOneGroup) {
   TrainConfig c;
   c.fp16.enabled = true;
@@ -1183,8 +1229,8 @@ TEST(ConversionTest, ResolvedSizes) {
   EXPECT_EQ(ResolveSeqLen(c, model), 128);
   c.data.seq_len = 32;
   EXPECT_EQ(ResolveSeqLen(c, model), 32);
-  EXPECT_EQ(ResolveTrainBatchSize(c, 1), 8);
-  EXPECT_EQ(ResolveTrainBatchSize(c, 4), 32);
+  EXPECT_EQ(ResolveTrainBatchSize(c, 1), 2);
+  EXPECT_EQ(ResolveTrainBatchSize(c, 4), 8);
   c.train_batch_size = 16;
   EXPECT_EQ(ResolveTrainBatchSize(c, 4), 16);
 }
