@@ -751,10 +751,10 @@ TEST(ValidateTrainConfigTest, BatchSizeAgreesWithWorldSize) {
 
 TEST(ValidateTrainConfigTest, AbsurdBatchesAreRejectedBeforeTheyOverflow) {
   TrainConfig c = DefaultTrainConfig();
-  c.train_micro_batch_size_per_gpu = int64_t{1} << 35;  // x 128 tokens > 2^40
+  c.train_micro_batch_size_per_gpu = int64_t{1} << 35;  // x 64 tokens > 2^40
   EXPECT_THAT(ValidateTrainConfig(c),
               StatusIs(kInvalid, HasSubstr("`train_micro_batch_size_per_gpu` = 34359738368: with "
-                                           "world size 1 and seq_len 128")));
+                                           "world size 1 and seq_len 64")));
   c.train_micro_batch_size_per_gpu = std::numeric_limits<int64_t>::max();
   EXPECT_THAT(ValidateTrainConfig(c, /*world_size=*/1 << 20), StatusIs(kInvalid));
   c.train_micro_batch_size_per_gpu = int64_t{1} << 20;
@@ -1229,8 +1229,8 @@ TEST(ConversionTest, ResolvedSizes) {
   EXPECT_EQ(ResolveSeqLen(c, model), 128);
   c.data.seq_len = 32;
   EXPECT_EQ(ResolveSeqLen(c, model), 32);
-  EXPECT_EQ(ResolveTrainBatchSize(c, 1), 2);
-  EXPECT_EQ(ResolveTrainBatchSize(c, 4), 8);
+  EXPECT_EQ(ResolveTrainBatchSize(c, 1), 8);
+  EXPECT_EQ(ResolveTrainBatchSize(c, 4), 32);
   c.train_batch_size = 16;
   EXPECT_EQ(ResolveTrainBatchSize(c, 4), 16);
 }
