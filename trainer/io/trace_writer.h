@@ -39,6 +39,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "absl/base/thread_annotations.h"
@@ -83,6 +84,9 @@ class TraceArg {
       : TraceArg(key, absl::string_view(value == nullptr ? "" : value)) {}
   TraceArg(absl::string_view key, const std::string& value)
       : TraceArg(key, absl::string_view(value)) {}
+  // (Debian's Abseil has its own string_view type, distinct from std::string_view.)
+  TraceArg(absl::string_view key, std::string_view value)
+      : TraceArg(key, absl::string_view(value.data(), value.size())) {}
 
   // Appends `"key":value` (valid JSON for every input; see internal/json_string.h).
   void AppendTo(std::string* out) const;

@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -196,6 +197,7 @@ TEST(TraceWriterTest, ScopedSpanAndRegionUseTheInjectedClock) {
       clock.now_ns += 7001;
       span.AddArg({"tokens", 256});
       span.AddArg({"name", std::string("temporary string")});
+      span.AddArg({"view", std::string_view("std view")});
     }
     ScopedSpan early(trace.get(), t, "backward");
     clock.now_ns += 3;
@@ -212,6 +214,7 @@ TEST(TraceWriterTest, ScopedSpanAndRegionUseTheInjectedClock) {
   EXPECT_EQ(complete[0]["args"]["micro_batch"], 0);
   EXPECT_EQ(complete[0]["args"]["tokens"], 256);
   EXPECT_EQ(complete[0]["args"]["name"], "temporary string");
+  EXPECT_EQ(complete[0]["args"]["view"], "std view");
   EXPECT_EQ(complete[1]["name"], "backward");
   EXPECT_DOUBLE_EQ(complete[1]["dur"].get<double>(), 0.003);
   EXPECT_FALSE(complete[1].contains("args"));
