@@ -272,6 +272,13 @@ absl::Status EnsureRoot(const std::string& root) {
   std::error_code ec;
   std::filesystem::create_directories(root, ec);
   if (ec) return ErrnoStatus(ec.value(), "cannot create checkpoint root", root);
+  // Make the new root's own directory entry durable (commits fsync only the root itself).
+  std::filesystem::path normal = std::filesystem::path(root).lexically_normal();
+  if (!normal.has_filename()) normal = normal.parent_path();  // "a/b/" -> "a/b"
+  std::filesystem::path parent = normal.parent_path();
+  if (parent.empty()) parent = ".";
+  const absl::Status synced = FsyncPath(parent.string(), /*directory=*/true);
+  LOG_IF(WARNING, !synced.ok()) << "created checkpoint root '" << root << "' but " << synced;
   return absl::OkStatus();
 }
 
