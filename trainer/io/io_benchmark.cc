@@ -108,10 +108,16 @@ constexpr int64_t kKiB = 1024, kMiB = 1024 * 1024;
 BENCHMARK(BM_Memcpy)->Arg(4 * kKiB)->Arg(256 * kKiB)->Arg(64 * kMiB);
 BENCHMARK(BM_Crc<&crc32c_internal::ExtendHardware>)
     ->Name("BM_Crc32cHardware")
-    ->Arg(64)->Arg(4 * kKiB)->Arg(256 * kKiB)->Arg(64 * kMiB);
+    ->Arg(64)
+    ->Arg(4 * kKiB)
+    ->Arg(256 * kKiB)
+    ->Arg(64 * kMiB);
 BENCHMARK(BM_Crc<&crc32c_internal::ExtendSoftware>)
     ->Name("BM_Crc32cSlicingBy8")
-    ->Arg(64)->Arg(4 * kKiB)->Arg(256 * kKiB)->Arg(64 * kMiB);
+    ->Arg(64)
+    ->Arg(4 * kKiB)
+    ->Arg(256 * kKiB)
+    ->Arg(64 * kMiB);
 BENCHMARK(BM_Crc<&crc32c_internal::ExtendBitwise>)->Name("BM_Crc32cBitwise")->Arg(4 * kKiB);
 
 // OpenCheckpoint with checksums of a 256 MiB checkpoint in the page cache: read + CRC.
@@ -185,7 +191,8 @@ void BM_TraceEnabledComplete(benchmark::State& state) {
   const TrackId track = (*trace)->Track("main");
   int64_t t = 0;
   for (auto _ : state) {
-    (*trace)->Complete(track, "forward", "model", ++t, 2, {{"layer", 3}, {"bytes", int64_t{1} << 30}});
+    (*trace)->Complete(track, "forward", "model", ++t, 2,
+                       {{"layer", 3}, {"bytes", int64_t{1} << 30}});
   }
   state.SetItemsProcessed(state.iterations());
   (void)(*trace)->Close();
