@@ -272,6 +272,13 @@ absl::Status EnsureRoot(const std::string& root) {
   std::error_code ec;
   std::filesystem::create_directories(root, ec);
   if (ec) return ErrnoStatus(ec.value(), "cannot create checkpoint root", root);
+  // Make the new root's own directory entry durable (commits fsync only the root itself).
+  std::filesystem::path normal = std::filesystem::path(root).lexically_normal();
+  if (!normal.has_filename()) normal = normal.parent_path();  // "a/b/" -> "a/b"
+  std::filesystem::path parent = normal.parent_path();
+  if (parent.empty()) parent = ".";
+  const absl::Status synced = FsyncPath(parent.string(), /*directory=*/true);
+  LOG_IF(WARNING, !synced.ok()) << "created checkpoint root '" << root << "' but " << synced;
   return absl::OkStatus();
 }
 
@@ -330,9 +337,9 @@ void Prune(const std::string& root, int keep_last, int64_t just_written) {
       continue;
     }
     const absl::Status removed = RemoveTree(doomed);
-    LOG_IF(WARNING, !removed.ok()) << "pruned checkpoint step " << old.step
-                                   << " was not fully deleted (it is cleaned up later): "
-                                   << removed;
+    LOG_IF(WARNING, !removed.ok())
+        << "pruned checkpoint step " << old.step
+        << " was not fully deleted (it is cleaned up later): " << removed;
   }
   const absl::Status synced = FsyncPath(root, /*directory=*/true);
   LOG_IF(WARNING, !synced.ok()) << synced;
@@ -367,8 +374,8 @@ absl::StatusOr<CheckpointWriter> CheckpointWriter::Begin(const std::string& root
   const std::string final_path = JoinPath(root, CheckpointDirName(step));
   struct stat st;
   if (::lstat(final_path.c_str(), &st) == 0) {
-    return absl::AlreadyExistsError(absl::StrCat("a checkpoint for step ", step,
-                                                 " already exists at '", final_path, "'"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("a checkpoint for step ", step, " already exists at '", final_path, "'"));
   }
   CleanDebris(root);
 
@@ -376,7 +383,8 @@ absl::StatusOr<CheckpointWriter> CheckpointWriter::Begin(const std::string& root
   w.root_ = root;
   w.step_ = step;
   w.options_ = options;
-  std::string templ = JoinPath(root, absl::StrCat(kTmpStepPrefix, step, "-", ::getpid(), "-XXXXXX"));
+  std::string templ =
+      JoinPath(root, absl::StrCat(kTmpStepPrefix, step, "-", ::getpid(), "-XXXXXX"));
   LiveTmpDirs& live = GetLiveTmpDirs();
   {
     MutexLock lock(&live.mu);
@@ -432,14 +440,14 @@ void CheckpointWriter::Release() {
 
 absl::Status CheckpointWriter::AddFile(absl::string_view name) {
   if (!active_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint writer for step ", step_, " is finished (committed or aborted); cannot add '",
-        name, "'"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint writer for step ", step_,
+                     " is finished (committed or aborted); cannot add '", name, "'"));
   }
   if (!ValidFileName(name) || name == kCheckpointManifestName) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "invalid checkpoint file name '", name, "': use [A-Za-z0-9._-]+, not '.', '..' or '",
-        kCheckpointManifestName, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("invalid checkpoint file name '", name,
+                                                   "': use [A-Za-z0-9._-]+, not '.', '..' or '",
+                                                   kCheckpointManifestName, "'"));
   }
   if (file_set_.contains(name)) {
     return absl::AlreadyExistsError(
@@ -461,9 +469,9 @@ absl::Status CheckpointWriter::AddFile(absl::string_view name) {
 
 absl::Status CheckpointWriter::WriteFile(absl::string_view name, absl::string_view bytes) {
   if (!active_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint writer for step ", step_, " is finished (committed or aborted); cannot write '",
-        name, "'"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint writer for step ", step_,
+                     " is finished (committed or aborted); cannot write '", name, "'"));
   }
   if (!ValidFileName(name) || name == kCheckpointManifestName) return AddFile(name);  // the error
   RETURN_IF_ERROR(WriteNewFile(FilePath(name), bytes, /*durable=*/false));
@@ -472,8 +480,8 @@ absl::Status CheckpointWriter::WriteFile(absl::string_view name, absl::string_vi
 
 absl::StatusOr<std::string> CheckpointWriter::Commit(const nlohmann::json& state) {
   if (!active_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint writer for step ", step_, " is finished (committed or aborted)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint writer for step ", step_, " is finished (committed or aborted)"));
   }
   // Everything in the directory must have been added: a file the caller forgot to add would be
   // committed without a checksum and ignored by readers.
@@ -484,8 +492,8 @@ absl::StatusOr<std::string> CheckpointWriter::Commit(const nlohmann::json& state
   }
   if (!unknown.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint directory '", tmp_path_, "' holds entries that were not added with AddFile: ",
-        absl::StrJoin(unknown, ", ")));
+        "checkpoint directory '", tmp_path_,
+        "' holds entries that were not added with AddFile: ", absl::StrJoin(unknown, ", ")));
   }
 
   std::vector<std::string> names = files_;
@@ -510,8 +518,7 @@ absl::StatusOr<std::string> CheckpointWriter::Commit(const nlohmann::json& state
       /*allow_exceptions=*/false);
   const std::string text =
       manifest.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  RETURN_IF_ERROR(
-      WriteNewFile(FilePath(kCheckpointManifestName), text, /*durable=*/true));
+  RETURN_IF_ERROR(WriteNewFile(FilePath(kCheckpointManifestName), text, /*durable=*/true));
   RETURN_IF_ERROR(FsyncPath(tmp_path_, /*directory=*/true));
 
   // The commit point.
@@ -615,16 +622,16 @@ absl::StatusOr<Checkpoint> OpenCheckpoint(const std::string& dir, OpenCheckpoint
   if (manifest.is_discarded()) return corrupt("not valid JSON");
   if (!manifest.is_object() || !manifest.contains("format") ||
       manifest["format"] != std::string(kCheckpointFormat)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", dir, "' is not a checkpoint directory: its ", kCheckpointManifestName,
-        " is not a \"", kCheckpointFormat, "\" manifest"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", dir, "' is not a checkpoint directory: its ", kCheckpointManifestName,
+                     " is not a \"", kCheckpointFormat, "\" manifest"));
   }
   const nlohmann::json& version = manifest["version"];
   if (!version.is_number_integer()) return corrupt("\"version\" is not an integer");
   if (version.get<int64_t>() != kCheckpointFormatVersion) {
-    return absl::UnimplementedError(absl::StrCat(
-        "checkpoint '", dir, "' has format version ", version.dump(), "; this program reads ",
-        kCheckpointFormatVersion));
+    return absl::UnimplementedError(absl::StrCat("checkpoint '", dir, "' has format version ",
+                                                 version.dump(), "; this program reads ",
+                                                 kCheckpointFormatVersion));
   }
   const nlohmann::json& step = manifest["step"];
   if (!step.is_number_unsigned() || step.get<uint64_t>() > uint64_t{INT64_MAX}) {
@@ -637,8 +644,8 @@ absl::StatusOr<Checkpoint> OpenCheckpoint(const std::string& dir, OpenCheckpoint
   const std::optional<int64_t> dir_step =
       ParseStepDirName(std::string(std::filesystem::path(dir).lexically_normal().filename()));
   if (dir_step.has_value() && *dir_step != out.step) {
-    return corrupt(absl::StrCat("it records step ", out.step, " but the directory is step ",
-                                *dir_step));
+    return corrupt(
+        absl::StrCat("it records step ", out.step, " but the directory is step ", *dir_step));
   }
   if (!manifest.contains("state")) return corrupt("no \"state\"");
   const nlohmann::json& files = manifest["files"];
@@ -661,7 +668,8 @@ absl::StatusOr<Checkpoint> OpenCheckpoint(const std::string& dir, OpenCheckpoint
       return corrupt(absl::StrCat(where, " has no valid \"size_bytes\""));
     }
     std::optional<uint32_t> crc_value;
-    if (crc != f.end() && crc->is_string()) crc_value = ParseHex32(crc->get_ref<const std::string&>());
+    if (crc != f.end() && crc->is_string())
+      crc_value = ParseHex32(crc->get_ref<const std::string&>());
     if (!crc_value.has_value()) {
       return corrupt(absl::StrCat(where, " has no valid \"crc32c\" (8 lowercase hex digits)"));
     }
@@ -675,15 +683,16 @@ absl::StatusOr<Checkpoint> OpenCheckpoint(const std::string& dir, OpenCheckpoint
     }
     out.files.push_back(std::move(info));
   }
-  std::sort(out.files.begin(), out.files.end(),
-            [](const CheckpointFileInfo& a, const CheckpointFileInfo& b) { return a.name < b.name; });
+  std::sort(
+      out.files.begin(), out.files.end(),
+      [](const CheckpointFileInfo& a, const CheckpointFileInfo& b) { return a.name < b.name; });
 
   for (const CheckpointFileInfo& f : out.files) {
     struct stat fst;
     if (::stat(f.path.c_str(), &fst) != 0) {
       if (errno == ENOENT) {
-        return absl::NotFoundError(absl::StrCat("checkpoint '", dir, "' lists file '", f.name,
-                                                "', which does not exist"));
+        return absl::NotFoundError(
+            absl::StrCat("checkpoint '", dir, "' lists file '", f.name, "', which does not exist"));
       }
       return ErrnoStatus(errno, "cannot stat checkpoint file", f.path);
     }
@@ -704,9 +713,9 @@ absl::StatusOr<Checkpoint> OpenCheckpoint(const std::string& dir, OpenCheckpoint
                                               f.size_bytes, " expected"));
     }
     if (sum.crc32c != f.crc32c) {
-      return absl::DataLossError(absl::StrCat(
-          "checkpoint file '", f.path, "' is corrupt: its CRC-32C is ", Hex32(sum.crc32c),
-          " but the manifest records ", Hex32(f.crc32c)));
+      return absl::DataLossError(absl::StrCat("checkpoint file '", f.path,
+                                              "' is corrupt: its CRC-32C is ", Hex32(sum.crc32c),
+                                              " but the manifest records ", Hex32(f.crc32c)));
     }
   }
   out.state = std::move(manifest["state"]);

@@ -21,8 +21,9 @@
 // CRC-32C runs at memory speed, so the re-read costs about as much as reading the page cache),
 // fsyncs each file, writes and fsyncs the manifest, fsyncs the temporary directory, renames it to
 // step-<N> (renameat2 RENAME_NOREPLACE: an existing committed step is never overwritten,
-// AlreadyExists), and fsyncs the root. The rename is the commit point: a crash before it leaves only
-// a .tmp-* directory, which no reader lists; after it, everything the manifest names is on disk.
+// AlreadyExists), and fsyncs the root. The rename is the commit point: a crash before it leaves
+// only a .tmp-* directory, which no reader lists; after it, everything the manifest names is on
+// disk.
 //
 // Pruning, after a commit: keeps the `keep_last` committed checkpoints with the highest steps, and
 // never the one just written. A pruned checkpoint is first renamed to .tmp-delete-* (so it vanishes
@@ -31,9 +32,9 @@
 // Debris cleanup (in Begin() and after a commit): a directory named .tmp-step-<N>-<pid>-<rnd> or
 // .tmp-delete-<...>-<pid>-<rnd> is removed when its writer is gone: <pid> is not a live process
 // (kill(pid, 0) fails with ESRCH), or <pid> is this process and no CheckpointWriter of this process
-// owns it (a previous run that had the same pid, as happens in containers). Anything else in the root
-// is never touched. ASSUMPTION: all writers of one root run on one host in one pid namespace, and
-// one at a time; on a root shared across hosts a live remote writer could look dead.
+// owns it (a previous run that had the same pid, as happens in containers). Anything else in the
+// root is never touched. ASSUMPTION: all writers of one root run on one host in one pid namespace,
+// and one at a time; on a root shared across hosts a live remote writer could look dead.
 //
 // Reading: ListCheckpoints(root) (committed checkpoints only: step-<N> directories holding a
 // manifest.json, by increasing step), LatestCheckpoint(root), OpenCheckpoint(dir), which verifies
@@ -93,7 +94,7 @@ struct CheckpointFileInfo {
 struct Checkpoint {
   int64_t step = 0;
   std::string path;
-  nlohmann::json state;                  // the JSON given to Commit()
+  nlohmann::json state;                   // the JSON given to Commit()
   std::vector<CheckpointFileInfo> files;  // sorted by name
 
   // The path of file `name`; NotFound (listing the files) if the manifest has no such file.

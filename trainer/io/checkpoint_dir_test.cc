@@ -32,8 +32,8 @@ using ::testing::HasSubstr;
 
 // A fresh directory per test.
 std::string FreshDir(absl::string_view name) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/checkpoint_dir_test_", name, "_",
-                                       ::getpid());
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/checkpoint_dir_test_", name, "_", ::getpid());
   fs::remove_all(dir);
   return dir;
 }
@@ -93,7 +93,7 @@ TEST(CheckpointDirTest, DirNames) {
 }
 
 TEST(CheckpointDirTest, CommitThenOpenRoundTripsFilesAndState) {
-  const std::string root = FreshDir("roundtrip") + "/nested/root";  // created by Begin
+  const std::string root = FreshDir("roundtrip") + "/nested/root/";  // created by Begin
   std::mt19937_64 rng(1);
   const std::map<std::string, std::string> contents = {
       {"empty.bin", ""},
@@ -121,7 +121,7 @@ TEST(CheckpointDirTest, CommitThenOpenRoundTripsFilesAndState) {
                                 {"name", "bad \xFF utf8"},
                                 {"nested", {{"a", {1, 2, 3}}}}};
   ASSERT_OK_AND_ASSIGN(const std::string dir, w.Commit(state));
-  EXPECT_EQ(dir, root + "/step-00000007");
+  EXPECT_EQ(dir, root + "step-00000007");  // root ends with a slash here
   EXPECT_FALSE(fs::exists(w.path()));
   EXPECT_THAT(Steps(root), ElementsAre(7));
   ASSERT_OK_AND_ASSIGN(const CheckpointRef latest, LatestCheckpoint(root));
@@ -145,8 +145,8 @@ TEST(CheckpointDirTest, CommitThenOpenRoundTripsFilesAndState) {
     EXPECT_EQ(ReadFile(f.path), bytes);
   }
   EXPECT_THAT(ckpt.FilePath("params.bin"), IsOkAndHolds(dir + "/params.bin"));
-  EXPECT_THAT(ckpt.FilePath("nope"),
-              StatusIs(absl::StatusCode::kNotFound, AllOf(HasSubstr("nope"), HasSubstr("one.bin"))));
+  EXPECT_THAT(ckpt.FilePath("nope"), StatusIs(absl::StatusCode::kNotFound,
+                                              AllOf(HasSubstr("nope"), HasSubstr("one.bin"))));
   // The manifest is readable by people and other tools.
   const nlohmann::json manifest = nlohmann::json::parse(ReadFile(dir + "/manifest.json"));
   EXPECT_EQ(manifest["format"], "patrickstar_cc checkpoint");
@@ -164,7 +164,8 @@ TEST(CheckpointDirTest, BeginRejectsBadRootsStepsAndOptions) {
   EXPECT_THAT(CheckpointWriter::Begin(file, 1),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr(file), HasSubstr("not a directory"))));
-  EXPECT_THAT(CheckpointWriter::Begin(file + "/sub", 1), StatusIs(absl::StatusCode::kFailedPrecondition, file));
+  EXPECT_THAT(CheckpointWriter::Begin(file + "/sub", 1),
+              StatusIs(absl::StatusCode::kFailedPrecondition, file));
   EXPECT_THAT(ListCheckpoints(file), StatusIs(absl::StatusCode::kFailedPrecondition, file));
   EXPECT_THAT(CheckpointWriter::Begin(dir, -1), StatusIs(absl::StatusCode::kInvalidArgument, "-1"));
   EXPECT_THAT(CheckpointWriter::Begin("", 1), StatusIs(absl::StatusCode::kInvalidArgument));
@@ -182,8 +183,9 @@ TEST(CheckpointDirTest, BeginRejectsBadRootsStepsAndOptions) {
 TEST(CheckpointDirTest, AddFileValidatesNamesAndPresence) {
   const std::string root = FreshDir("addfile");
   ASSERT_OK_AND_ASSIGN(CheckpointWriter w, CheckpointWriter::Begin(root, 1));
-  for (const std::string& bad : std::vector<std::string>{"", ".", "..", "a/b", "../x", "manifest.json", "sp ace", "\xC3\xA9",
-                                 std::string("nul\0", 4), std::string(256, 'a')}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"", ".", "..", "a/b", "../x", "manifest.json", "sp ace", "\xC3\xA9",
+                                std::string("nul\0", 4), std::string(256, 'a')}) {
     EXPECT_THAT(w.AddFile(bad), StatusIs(absl::StatusCode::kInvalidArgument)) << bad;
     EXPECT_THAT(w.WriteFile(bad, "x"), StatusIs(absl::StatusCode::kInvalidArgument)) << bad;
   }
@@ -333,10 +335,10 @@ TEST_F(CorruptionTest, TruncatedOrExtendedFileIsDataLoss) {
   OpenCheckpointOptions fast;
   fast.verify_checksums = false;
   WriteRaw(path, payload_.substr(0, 4096));
-  EXPECT_THAT(OpenCheckpoint(dir_, fast),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr(path), HasSubstr("4096"), HasSubstr("100000"),
-                             HasSubstr("truncated"))));
+  EXPECT_THAT(
+      OpenCheckpoint(dir_, fast),
+      StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr(path), HasSubstr("4096"),
+                                                  HasSubstr("100000"), HasSubstr("truncated"))));
   WriteRaw(path, payload_ + "x");
   EXPECT_THAT(OpenCheckpoint(dir_), StatusIs(absl::StatusCode::kDataLoss, "100001"));
   WriteRaw(path, "");
@@ -357,9 +359,8 @@ TEST_F(CorruptionTest, MissingFileIsNotFound) {
 
 TEST_F(CorruptionTest, MissingManifestIsAForeignDirectory) {
   fs::remove(dir_ + "/manifest.json");
-  EXPECT_THAT(OpenCheckpoint(dir_),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr(dir_), HasSubstr("manifest.json"))));
+  EXPECT_THAT(OpenCheckpoint(dir_), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             AllOf(HasSubstr(dir_), HasSubstr("manifest.json"))));
   EXPECT_TRUE(Steps(root_).empty());  // not listed as committed either
   EXPECT_THAT(OpenCheckpoint(root_ + "/no-such-dir"), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(OpenCheckpoint(dir_ + "/params.bin"),
@@ -375,8 +376,8 @@ TEST_F(CorruptionTest, GarbageManifestIsDataLoss) {
   const std::string good = ReadFile(dir_ + "/manifest.json");
   for (int trial = 0; trial < 30; ++trial) {
     // Random bytes, or the real manifest cut short.
-    const std::string garbage = trial % 2 == 0 ? RandomBytes(rng, 1 + rng() % 300)
-                                               : good.substr(0, rng() % good.size());
+    const std::string garbage =
+        trial % 2 == 0 ? RandomBytes(rng, 1 + rng() % 300) : good.substr(0, rng() % good.size());
     WriteRaw(dir_ + "/manifest.json", garbage);
     const absl::StatusOr<Checkpoint> opened = OpenCheckpoint(dir_);
     ASSERT_FALSE(opened.ok());
@@ -453,7 +454,7 @@ TEST(CheckpointDirTest, ListingSkipsEverythingButCommittedCheckpoints) {
   EXPECT_THAT(LatestCheckpoint(root), StatusIs(absl::StatusCode::kNotFound, root));
   CommitSimple(root, 2);
   CommitSimple(root, 11);
-  CommitSimple(root, 100000000);  // nine digits
+  CommitSimple(root, 100000000);                    // nine digits
   fs::create_directories(root + "/step-00000050");  // no manifest: a half-made foreign directory
   fs::create_directories(root + "/step-5");         // not the canonical spelling
   fs::create_directories(root + "/.tmp-step-60-1-abcdef");

@@ -52,8 +52,8 @@ uint32_t RawSoftware(uint32_t c, const uint8_t* p, size_t n) {
   while (n >= 8) {
     const uint64_t v = LoadLittle64(p) ^ c;
     c = kTables[7][v & 0xFF] ^ kTables[6][(v >> 8) & 0xFF] ^ kTables[5][(v >> 16) & 0xFF] ^
-        kTables[4][(v >> 24) & 0xFF] ^ kTables[3][(v >> 32) & 0xFF] ^
-        kTables[2][(v >> 40) & 0xFF] ^ kTables[1][(v >> 48) & 0xFF] ^ kTables[0][v >> 56];
+        kTables[4][(v >> 24) & 0xFF] ^ kTables[3][(v >> 32) & 0xFF] ^ kTables[2][(v >> 40) & 0xFF] ^
+        kTables[1][(v >> 48) & 0xFF] ^ kTables[0][v >> 56];
     p += 8;
     n -= 8;
   }

@@ -22,9 +22,8 @@ struct Impl {
 };
 
 std::vector<Impl> Implementations() {
-  std::vector<Impl> impls = {{"bitwise", &ExtendBitwise},
-                             {"software", &ExtendSoftware},
-                             {"dispatched", &Crc32cExtend}};
+  std::vector<Impl> impls = {
+      {"bitwise", &ExtendBitwise}, {"software", &ExtendSoftware}, {"dispatched", &Crc32cExtend}};
   if (Crc32cHardwareAvailable()) impls.push_back({"hardware", &ExtendHardware});
   return impls;
 }
@@ -37,10 +36,11 @@ TEST(Crc32cTest, KnownVectors) {
     dec[i] = static_cast<uint8_t>(31 - i);
   }
   // An iSCSI SCSI Read (10) command PDU.
-  const std::vector<uint8_t> pdu = {
-      0x01, 0xc0, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
-      0x14, 0x00, 0x00, 0x00, 0x00, 0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x14, 0x00, 0x00, 0x00, 0x18,
-      0x28, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
+  const std::vector<uint8_t> pdu = {0x01, 0xc0, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+                                    0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x14, 0x00, 0x00, 0x00,
+                                    0x00, 0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x14, 0x00, 0x00,
+                                    0x00, 0x18, 0x28, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+                                    0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
   const std::string check = "123456789";
   for (const Impl& impl : Implementations()) {
     SCOPED_TRACE(impl.name);
@@ -61,8 +61,9 @@ TEST(Crc32cTest, RandomInputsMatchBitwiseReference) {
   std::mt19937_64 rng(12345);
   std::vector<uint8_t> buffer(3 * 3 * 1024 + 64);
   for (uint8_t& b : buffer) b = static_cast<uint8_t>(rng());
-  std::vector<size_t> lengths = {0, 1, 2, 7, 8, 9, 15, 16, 17, 63, 64, 65, 1023, 1024, 1025,
-                                 3071, 3072, 3073, 3079, 3080, 6143, 6144, 6151, 9216, 9217};
+  std::vector<size_t> lengths = {0,    1,    2,    7,    8,    9,    15,   16,   17,
+                                 63,   64,   65,   1023, 1024, 1025, 3071, 3072, 3073,
+                                 3079, 3080, 6143, 6144, 6151, 9216, 9217};
   for (int i = 0; i < 40; ++i) lengths.push_back(rng() % (buffer.size() - 8));
   for (size_t length : lengths) {
     for (size_t offset = 0; offset < 8; ++offset) {

@@ -39,7 +39,8 @@ absl::StatusOr<int64_t> TrimTornLastLine(int fd, const std::string& path) {
       return ErrnoError(errno, "cannot read", path);
     }
     if (static_cast<size_t>(n) != len) {
-      return absl::DataLossError(absl::StrCat("metrics file '", path, "' changed while being read"));
+      return absl::DataLossError(
+          absl::StrCat("metrics file '", path, "' changed while being read"));
     }
     if (first_block && block[len - 1] == '\n') return 0;
     first_block = false;
@@ -69,9 +70,9 @@ absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::st
     if (S_ISREG(st.st_mode)) {
       absl::StatusOr<int64_t> trimmed = TrimTornLastLine(fd, path);
       if (!trimmed.ok()) return trimmed.status();
-      LOG_IF(WARNING, *trimmed > 0) << "metrics file '" << path << "' ended in an incomplete line (a "
-                                    << "crash while writing?); removed its " << *trimmed
-                                    << " bytes before appending";
+      LOG_IF(WARNING, *trimmed > 0)
+          << "metrics file '" << path << "' ended in an incomplete line (a "
+          << "crash while writing?); removed its " << *trimmed << " bytes before appending";
     }
   }
   return writer;
@@ -84,10 +85,9 @@ MetricsWriter::~MetricsWriter() {
 
 absl::Status MetricsWriter::Write(const nlohmann::json& record) {
   if (!record.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a metrics record must be a JSON object, got ", record.type_name(), ": ",
-                     record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                         .substr(0, 200)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a metrics record must be a JSON object, got ", record.type_name(), ": ",
+        record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).substr(0, 200)));
   }
   // error_handler_t::replace: invalid UTF-8 becomes U+FFFD instead of throwing.
   std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

@@ -16,8 +16,9 @@
 // Values: strings with invalid UTF-8 are written with U+FFFD in place of the bad bytes; NaN and
 // infinities are written as null (JSON has no such numbers).
 //
-// Errors: every failure is a Status naming the file, with the errno's canonical code (a full disk is
-// ResourceExhausted). A line left incomplete by a failed write is terminated before the next one.
+// Errors: every failure is a Status naming the file, with the errno's canonical code (a full disk
+// is ResourceExhausted). A line left incomplete by a failed write is terminated before the next
+// one.
 //
 // Thread safety: all methods are thread-safe; lines from concurrent Write() calls never interleave.
 #ifndef PATRICKSTAR_TRAINER_IO_METRICS_WRITER_H_

@@ -46,8 +46,8 @@ std::vector<nlohmann::json> ReadLines(const std::string& path) {
   std::vector<nlohmann::json> out;
   if (text.empty()) return out;
   EXPECT_EQ(text.back(), '\n');
-  for (absl::string_view line : absl::StrSplit(absl::string_view(text).substr(0, text.size() - 1),
-                                               '\n')) {
+  for (absl::string_view line :
+       absl::StrSplit(absl::string_view(text).substr(0, text.size() - 1), '\n')) {
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     EXPECT_TRUE(!j.is_discarded() && j.is_object()) << "bad line: " << line;
     out.push_back(std::move(j));

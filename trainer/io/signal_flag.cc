@@ -40,8 +40,7 @@ absl::Status Install(int signal, int extra_flags) {
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART | extra_flags;
   if (::sigaction(signal, &action, nullptr) != 0) {
-    return absl::InternalError(
-        absl::StrCat("sigaction(", signal, ") failed: ", ::strerror(errno)));
+    return absl::InternalError(absl::StrCat("sigaction(", signal, ") failed: ", ::strerror(errno)));
   }
   return absl::OkStatus();
 }

@@ -36,11 +36,21 @@ void TraceArg::AppendTo(std::string* out) const {
   AppendJsonString(out, key_);
   out->push_back(':');
   switch (kind_) {
-    case Kind::kInt: AppendJsonInt(out, int_); break;
-    case Kind::kUint: AppendJsonUint(out, uint_); break;
-    case Kind::kDouble: AppendJsonDouble(out, double_); break;
-    case Kind::kBool: out->append(bool_ ? "true" : "false"); break;
-    case Kind::kString: AppendJsonString(out, string_); break;
+    case Kind::kInt:
+      AppendJsonInt(out, int_);
+      break;
+    case Kind::kUint:
+      AppendJsonUint(out, uint_);
+      break;
+    case Kind::kDouble:
+      AppendJsonDouble(out, double_);
+      break;
+    case Kind::kBool:
+      out->append(bool_ ? "true" : "false");
+      break;
+    case Kind::kString:
+      AppendJsonString(out, string_);
+      break;
   }
 }
 
@@ -166,8 +176,7 @@ TrackId TraceWriter::TrackLocked(absl::string_view name) {
 }
 
 void TraceWriter::CompleteImpl(TrackId track, absl::string_view name, absl::string_view category,
-                               int64_t start_ns, int64_t duration_ns,
-                               absl::string_view args_json) {
+                               int64_t start_ns, int64_t duration_ns, absl::string_view args_json) {
   std::string event;
   event.reserve(128 + name.size() + args_json.size());
   AppendEventStart(&event, name, 'X', start_ns);

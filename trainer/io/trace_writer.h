@@ -35,10 +35,12 @@
 #ifndef PATRICKSTAR_TRAINER_IO_TRACE_WRITER_H_
 #define PATRICKSTAR_TRAINER_IO_TRACE_WRITER_H_
 
+#include <concepts>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "absl/base/thread_annotations.h"
@@ -51,6 +53,13 @@
 
 namespace ps {
 
+namespace trace_internal {
+template <typename T>
+concept NonBoolIntegral = std::is_integral_v<T> && !std::is_same_v<T, bool>;
+template <typename T>
+concept NonBoolArithmetic = std::is_arithmetic_v<T> && !std::is_same_v<T, bool>;
+}  // namespace trace_internal
+
 // A track (a row in the viewer; the format's "tid"). Ids are small positive integers.
 using TrackId = int;
 
@@ -61,8 +70,7 @@ class TraceArg {
  public:
   enum class Kind { kInt, kUint, kDouble, kBool, kString };
 
-  template <typename T>
-    requires(std::is_integral_v<T> && !std::is_same_v<T, bool>)
+  template <trace_internal::NonBoolIntegral T>
   TraceArg(absl::string_view key, T value) : key_(key) {
     if constexpr (std::is_signed_v<T>) {
       kind_ = Kind::kInt;
@@ -72,8 +80,7 @@ class TraceArg {
       uint_ = value;
     }
   }
-  template <typename T>
-    requires std::is_floating_point_v<T>
+  template <std::floating_point T>
   TraceArg(absl::string_view key, T value)
       : key_(key), kind_(Kind::kDouble), double_(static_cast<double>(value)) {}
   TraceArg(absl::string_view key, bool value) : key_(key), kind_(Kind::kBool), bool_(value) {}
@@ -83,6 +90,9 @@ class TraceArg {
       : TraceArg(key, absl::string_view(value == nullptr ? "" : value)) {}
   TraceArg(absl::string_view key, const std::string& value)
       : TraceArg(key, absl::string_view(value)) {}
+  // (Debian's Abseil has its own string_view type, distinct from std::string_view.)
+  TraceArg(absl::string_view key, std::string_view value)
+      : TraceArg(key, absl::string_view(value.data(), value.size())) {}
 
   // Appends `"key":value` (valid JSON for every input; see internal/json_string.h).
   void AppendTo(std::string* out) const;
@@ -100,12 +110,15 @@ class TraceArg {
 // One series of a counter event: `{"model_data", bytes}`. Integers are written exactly.
 class CounterValue {
  public:
-  template <typename T>
-    requires(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>)
+  template <trace_internal::NonBoolArithmetic T>
   CounterValue(absl::string_view series, T value) : series_(series) {
     if constexpr (std::is_integral_v<T>) {
-      is_int_ = true;
-      int_ = static_cast<int64_t>(value);
+      if (std::is_unsigned_v<T> && static_cast<uint64_t>(value) > uint64_t{INT64_MAX}) {
+        double_ = static_cast<double>(value);  // beyond int64: nearest double
+      } else {
+        is_int_ = true;
+        int_ = static_cast<int64_t>(value);
+      }
     } else {
       double_ = static_cast<double>(value);
     }
@@ -164,8 +177,8 @@ class TraceWriter {
 
   // A box on `track` from `start_ns` lasting `duration_ns` (negative durations are written as 0).
   // `category` may be empty (it is omitted then).
-  void Complete(TrackId track, absl::string_view name, absl::string_view category,
-                int64_t start_ns, int64_t duration_ns, absl::Span<const TraceArg> args = {}) {
+  void Complete(TrackId track, absl::string_view name, absl::string_view category, int64_t start_ns,
+                int64_t duration_ns, absl::Span<const TraceArg> args = {}) {
     if (enabled_) CompleteImpl(track, name, category, start_ns, duration_ns, ArgsJson(args));
   }
 

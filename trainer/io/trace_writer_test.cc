@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -88,7 +89,10 @@ TEST(TraceWriterTest, WritesEveryEventKindAsStrictJson) {
                    {"neg", int64_t{-7}}});
   trace->Complete(copy, "load", "", kStartNs + 10, -5);  // negative duration -> 0
   trace->Counter("accelerator:0 bytes", kStartNs + 2000,
-                 {{"model_data", (int64_t{1} << 40) + 1}, {"non_model", 2.5}});
+                 {{"model_data", (int64_t{1} << 40) + 1},
+                  {"non_model", 2.5},
+                  {"huge", std::numeric_limits<uint64_t>::max()},
+                  {"u32", uint32_t{4000000000u}}});
   trace->Instant(copy, "evict", kStartNs + 3000, InstantScope::kProcess, {{"chunk", 17}});
   trace->MarkRegion("warm-up", kStartNs, 5000000);
   EXPECT_OK(trace->Close());
@@ -148,6 +152,8 @@ TEST(TraceWriterTest, WritesEveryEventKindAsStrictJson) {
   EXPECT_EQ(counters[0]["name"], "accelerator:0 bytes");
   EXPECT_EQ(counters[0]["args"]["model_data"].get<int64_t>(), (int64_t{1} << 40) + 1);
   EXPECT_EQ(counters[0]["args"]["non_model"], 2.5);
+  EXPECT_DOUBLE_EQ(counters[0]["args"]["huge"].get<double>(), 18446744073709551616.0);
+  EXPECT_EQ(counters[0]["args"]["u32"].get<int64_t>(), 4000000000);
   EXPECT_DOUBLE_EQ(counters[0]["ts"].get<double>(), 2.0);
 
   const auto instants = EventsWithPhase(j, "i");
@@ -171,7 +177,8 @@ TEST(TraceWriterTest, TimestampsBeforeTheStartAndFarAwayStillParse) {
   const TrackId t = trace->Track("t");
   trace->Complete(t, "before", "", kStartNs - 1500, 1);
   trace->Complete(t, "min", "", std::numeric_limits<int64_t>::min(), 1);
-  trace->Complete(t, "max", "", std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max());
+  trace->Complete(t, "max", "", std::numeric_limits<int64_t>::max(),
+                  std::numeric_limits<int64_t>::max());
   trace->Counter("nan", kStartNs, {{"v", std::numeric_limits<double>::quiet_NaN()}});
   ASSERT_OK(trace->Close());
   const std::string text = ReadFile(path);
@@ -196,6 +203,7 @@ TEST(TraceWriterTest, ScopedSpanAndRegionUseTheInjectedClock) {
       clock.now_ns += 7001;
       span.AddArg({"tokens", 256});
       span.AddArg({"name", std::string("temporary string")});
+      span.AddArg({"view", std::string_view("std view")});
     }
     ScopedSpan early(trace.get(), t, "backward");
     clock.now_ns += 3;
@@ -212,6 +220,7 @@ TEST(TraceWriterTest, ScopedSpanAndRegionUseTheInjectedClock) {
   EXPECT_EQ(complete[0]["args"]["micro_batch"], 0);
   EXPECT_EQ(complete[0]["args"]["tokens"], 256);
   EXPECT_EQ(complete[0]["args"]["name"], "temporary string");
+  EXPECT_EQ(complete[0]["args"]["view"], "std view");
   EXPECT_EQ(complete[1]["name"], "backward");
   EXPECT_DOUBLE_EQ(complete[1]["dur"].get<double>(), 0.003);
   EXPECT_FALSE(complete[1].contains("args"));
@@ -309,7 +318,8 @@ TEST(TraceWriterTest, ArbitraryBytesInNamesAndArgsStayValidJson) {
     for (char& c : s) c = static_cast<char>(rng());
     names.push_back(s);
   }
-  names.push_back("quote\" backslash\\ newline\n tab\t nul" + std::string(1, '\0') + " \xC3\xA9\xF0\x9F\x9A\x80");
+  names.push_back("quote\" backslash\\ newline\n tab\t nul" + std::string(1, '\0') +
+                  " \xC3\xA9\xF0\x9F\x9A\x80");
   for (const std::string& name : names) {
     const TrackId t = trace->Track(name);
     trace->Complete(t, name, name, trace->NowNs(), 1, {{name, name}});

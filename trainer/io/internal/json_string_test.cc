@@ -71,8 +71,10 @@ TEST(JsonStringTest, PassesWellFormedUtf8Through) {
       uint32_t cp;
       do {
         const int plane = static_cast<int>(rng() % 4);
-        cp = plane == 0 ? rng() % 0x80 : plane == 1 ? rng() % 0x800 : plane == 2 ? rng() % 0x10000
-                                                                                 : rng() % 0x110000;
+        cp = plane == 0   ? rng() % 0x80
+             : plane == 1 ? rng() % 0x800
+             : plane == 2 ? rng() % 0x10000
+                          : rng() % 0x110000;
       } while (cp >= 0xD800 && cp <= 0xDFFF);
       AppendUtf8(&text, cp);
     }
@@ -83,9 +85,9 @@ TEST(JsonStringTest, PassesWellFormedUtf8Through) {
 // The example of Unicode 15 §3.9 (Table 3-8) and the edge cases of Table 3-7.
 TEST(JsonStringTest, ReplacesMaximalIllFormedSubpartsWithOneReplacementCharacter) {
   const std::string f = kFffd;
-  EXPECT_EQ(ParseStrict(Quote("\x61\xF1\x80\x80\xE1\x80\xC2\x62\x80\x63\x80\xBF\x64"))
-                .get<std::string>(),
-            "a" + f + f + f + "b" + f + "c" + f + f + "d");
+  EXPECT_EQ(
+      ParseStrict(Quote("\x61\xF1\x80\x80\xE1\x80\xC2\x62\x80\x63\x80\xBF\x64")).get<std::string>(),
+      "a" + f + f + f + "b" + f + "c" + f + f + "d");
   EXPECT_EQ(ParseStrict(Quote("\xC0\x80")).get<std::string>(), f + f);          // overlong NUL
   EXPECT_EQ(ParseStrict(Quote("\xE0\x80\x80")).get<std::string>(), f + f + f);  // overlong
   EXPECT_EQ(ParseStrict(Quote("\xED\xA0\x80")).get<std::string>(), f + f + f);  // surrogate
