@@ -123,4 +123,12 @@ absl::StatusOr<double> CommCollectives::AllReduceMean(double value) {
   return sum / comm_->world_size();
 }
 
+absl::StatusOr<std::vector<int64_t>> CommCollectives::AllGatherInt64(int64_t value) {
+  std::vector<uint8_t> all;
+  RETURN_IF_ERROR(GatherBytes(&value, sizeof(int64_t), all));
+  std::vector<int64_t> out(static_cast<size_t>(comm_->world_size()));
+  std::memcpy(out.data(), all.data(), out.size() * sizeof(int64_t));
+  return out;
+}
+
 }  // namespace ps

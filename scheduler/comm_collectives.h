@@ -58,6 +58,8 @@ class CommCollectives final : public CollectiveHooks {
   [[nodiscard]] absl::Status ReduceGradStats(double& sum_squares, int64_t& nonfinite_elems);
   // The mean over ranks of `value`.
   [[nodiscard]] absl::StatusOr<double> AllReduceMean(double value);
+  // Every rank's `value`, by rank (for agreeing on flags, steps, errors).
+  [[nodiscard]] absl::StatusOr<std::vector<int64_t>> AllGatherInt64(int64_t value);
 
   int64_t staging_bytes() const { return static_cast<int64_t>(staging_.size()); }
   Communicator* communicator() const { return comm_; }
