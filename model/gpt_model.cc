@@ -330,10 +330,12 @@ absl::Status GptModel::SetParameters(
   const ChunkLayout& layout = store_->layout();
   absl::flat_hash_map<TensorId, size_t> index_of;
   for (size_t i = 0; i < param_tensors_.size(); ++i) index_of[param_tensors_[i]] = i;
+  // ZeRO: other ranks' copies of this rank's chunks are stale from now on.
+  RETURN_IF_ERROR(manager_->ReleaseRemoteChunks());
   std::vector<float> values;
   for (int64_t c = 0; c < layout.num_chunks(); ++c) {
     const std::vector<TensorId> tensors = layout.TensorsInChunk(c);
-    if (tensors.empty()) continue;
+    if (tensors.empty() || !layout.HoldsPayload(ChunkType::kMaster, c, store_->rank())) continue;
     RETURN_IF_ERROR(
         manager_->AccessChunks(c, kAllChunkTypes, Device::Host(), AccessMode::kReadWrite));
     absl::Status status;
@@ -385,10 +387,11 @@ absl::Status GptModel::LoadTrainingState(const TrainingStateFillFn& fill) {
         "GptModel: the training state can only be loaded outside an iteration");
   }
   const ChunkLayout& layout = store_->layout();
+  RETURN_IF_ERROR(manager_->ReleaseRemoteChunks());
   std::vector<float> values;
   for (int64_t c = 0; c < layout.num_chunks(); ++c) {
     const std::vector<TensorId> tensors = layout.TensorsInChunk(c);
-    if (tensors.empty()) continue;
+    if (tensors.empty() || !layout.HoldsPayload(ChunkType::kMaster, c, store_->rank())) continue;
     RETURN_IF_ERROR(
         manager_->AccessChunks(c, kAllChunkTypes, Device::Host(), AccessMode::kReadWrite));
     absl::Status status = [&]() -> absl::Status {
@@ -420,12 +423,20 @@ absl::Status GptModel::VisitTrainingState(const TrainingStateVisitFn& visit) con
         "GptModel: the training state can only be read outside an iteration");
   }
   for (const std::string& name : ParameterNames()) {
+    if (!HoldsTrainingState(name)) continue;
     for (ChunkType type : {ChunkType::kMaster, ChunkType::kMomentum, ChunkType::kVariance}) {
       ASSIGN_OR_RETURN(std::vector<float> v, ReadTensor(type, name));
       RETURN_IF_ERROR(visit(name, type, v));
     }
   }
   return absl::OkStatus();
+}
+
+bool GptModel::HoldsTrainingState(absl::string_view name) const {
+  const ChunkLayout& layout = store_->layout();
+  absl::StatusOr<TensorId> t = layout.FindTensor(name);
+  return t.ok() &&
+         layout.HoldsPayload(ChunkType::kMaster, layout.tensor(*t).chunk_index, store_->rank());
 }
 
 std::vector<std::string> GptModel::ParameterNames() const {
@@ -440,6 +451,12 @@ absl::Status GptModel::SaveGpt2Safetensors(const std::string& path, DType dtype)
   if (manager_->in_iteration()) {
     return absl::FailedPreconditionError(
         "GptModel: export the parameters outside an iteration (after EndIteration)");
+  }
+  if (store_->layout().world_size() > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GptModel::SaveGpt2Safetensors: this rank holds the master weights of its own chunks "
+        "only (ZeRO, world size ", store_->layout().world_size(),
+        "); gather them first, as the trainer's export does (trainer/trainer.h)"));
   }
   return WriteGpt2Safetensors(
       path, dims(), dtype, [&](absl::string_view name, absl::Span<float> out) -> absl::Status {

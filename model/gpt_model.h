@@ -119,6 +119,13 @@ class GptModel {
   GptModel& operator=(const GptModel&) = delete;
   ~GptModel();
 
+  // ZeRO (a layout of world size N > 1, scheduler/chunk_manager.h): every method that sets or
+  // reads the training state touches only the chunks this rank owns (those whose master chunk it
+  // holds); the other ranks' parameters reach this rank through the manager's all-gathers. The
+  // setters (InitializeParameters, LoadGpt2Checkpoint, LoadTrainingState) must be called on every
+  // rank, as they first drop the gathered copies (ChunkManager::ReleaseRemoteChunks). Because the
+  // initialization is seeded per tensor, N ranks initialize the same model as one rank does.
+  //
   // GPT-2's initialization, reproducible from `seed` alone (on any platform: a per-tensor
   // mt19937_64 stream and Box-Muller in double): weights ~ N(0, 0.02), the residual projections
   // attn.c_proj.weight and mlp.c_proj.weight ~ N(0, 0.02 / sqrt(2 num_layers)), biases 0,
@@ -175,7 +182,8 @@ class GptModel {
   // and variance zeroed) from `checkpoint`, whose dimensions must match the config
   // (InvalidArgument naming both otherwise). Outside an iteration (FailedPrecondition otherwise).
   [[nodiscard]] absl::Status LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint);
-  // Checkpoint resume: sets the training state of every tensor from `fill(name, type, out)`,
+  // Checkpoint resume: sets the training state of every tensor this rank holds (see
+  // HoldsTrainingState) from `fill(name, type, out)`,
   // called for type kMaster, kMomentum and kVariance in turn (f32 values, `out` sized to the
   // tensor), and each param slot to its master value rounded to the compute dtype — exactly what
   // an optimizer step leaves there, so training continues bit for bit. Outside an iteration
@@ -184,15 +192,22 @@ class GptModel {
   using TrainingStateFillFn =
       std::function<absl::Status(absl::string_view name, ChunkType type, absl::Span<float> out)>;
   [[nodiscard]] absl::Status LoadTrainingState(const TrainingStateFillFn& fill);
-  // The counterpart for checkpoints: calls `visit(name, type, values)` for every tensor and type
-  // kMaster, kMomentum, kVariance (f32), reading the chunks where they are. Outside an iteration.
+  // The counterpart for checkpoints: calls `visit(name, type, values)` for every tensor whose
+  // training state this rank holds (all of them for world size 1) and type kMaster, kMomentum,
+  // kVariance (f32), reading the chunks where they are. Outside an iteration.
   using TrainingStateVisitFn = std::function<absl::Status(absl::string_view name, ChunkType type,
                                                           absl::Span<const float> values)>;
   [[nodiscard]] absl::Status VisitTrainingState(const TrainingStateVisitFn& visit) const;
+  // Whether this rank holds the training state (master, momentum, variance) of parameter `name`:
+  // always for world size 1; for the tensors of the chunks it owns under ZeRO. False for an
+  // unknown name.
+  bool HoldsTrainingState(absl::string_view name) const;
   // The parameter names in checkpoint order (the operators' order of GptOperators).
   std::vector<std::string> ParameterNames() const;
   // Export: writes the master weights (f32, exact) to `path` as a Hugging Face GPT-2 safetensors
-  // file stored as `dtype`. Outside an iteration. I/O errors of WriteGpt2Safetensors.
+  // file stored as `dtype`. Outside an iteration; FailedPrecondition for world size > 1 (no rank
+  // holds every master weight: gather them, as the trainer's export does). I/O errors of
+  // WriteGpt2Safetensors.
   [[nodiscard]] absl::Status SaveGpt2Safetensors(const std::string& path, DType dtype) const;
 
   const GptConfig& config() const { return config_; }

@@ -51,6 +51,12 @@ ChunkManagerCounters ChunkManagerCounters::Minus(const ChunkManagerCounters& ear
   d.pressure_reclaims -= earlier.pressure_reclaims;
   d.pressure_evictions -= earlier.pressure_evictions;
   d.stall_ns -= earlier.stall_ns;
+  d.all_gathers -= earlier.all_gathers;
+  d.all_gather_bytes -= earlier.all_gather_bytes;
+  d.reduce_scatters -= earlier.reduce_scatters;
+  d.reduce_scatter_bytes -= earlier.reduce_scatter_bytes;
+  d.remote_releases -= earlier.remote_releases;
+  d.comm_ns -= earlier.comm_ns;
   return d;
 }
 
@@ -66,6 +72,13 @@ std::string ChunkManagerCounters::DebugString() const {
                   write_behinds, " write-behinds, ", pressure_evictions,
                   " evictions under pressure, stall ",
                   absl::StrFormat("%.3f ms", stall_ns / 1e6));
+  if (all_gathers > 0 || reduce_scatters > 0) {
+    absl::StrAppend(&out, "; ZeRO: ", all_gathers, " all-gathers (", FormatBytes(all_gather_bytes),
+                    " in), ", reduce_scatters, " reduce-scatters (",
+                    FormatBytes(reduce_scatter_bytes), " out), ", remote_releases,
+                    " remote payloads freed, ", absl::StrFormat("%.3f ms", comm_ns / 1e6),
+                    " in collectives");
+  }
   return out;
 }
 
@@ -84,10 +97,20 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(ChunkStore* s
     return absl::InvalidArgumentError(
         "ChunkManager::Create: store, backend, accelerator and host must all be given");
   }
-  if (store->layout().world_size() != 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "ChunkManager: ZeRO data parallelism (world size ", store->layout().world_size(),
-        ") needs comm/, which is not implemented yet; use world size 1"));
+  const int world = store->layout().world_size();
+  if (world > 1 && options.collectives == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ChunkManager: the layout shards chunks over ", world,
+        " ranks (ZeRO) but ChunkManagerOptions.collectives is not set; pass the collectives of "
+        "the data-parallel world (scheduler/comm_collectives.h)"));
+  }
+  if (options.collectives != nullptr &&
+      (options.collectives->world_size() != world ||
+       (world > 1 && options.collectives->rank() != store->rank()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ChunkManagerOptions.collectives is rank ", options.collectives->rank(), " of a world of ",
+        options.collectives->world_size(), " but the chunk store is rank ", store->rank(),
+        " of a layout for world size ", world, "; build the layout for the communicator's world"));
   }
   if (accelerator->device() != backend->device()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -171,7 +194,20 @@ ChunkManager::ChunkManager(ChunkStore* store, Backend* backend, DeviceMemory* ac
       host_(host),
       options_(std::move(options)),
       num_chunks_(store->num_chunks()),
-      device_cost_bytes_(accelerator->chunk_block_bytes()) {}
+      device_cost_bytes_(accelerator->chunk_block_bytes()),
+      world_size_(store->layout().world_size()),
+      rank_(store->rank()),
+      collectives_(world_size_ > 1 ? options_.collectives : nullptr) {
+  const ChunkLayout& layout = store->layout();
+  gathered_.assign(layout.num_groups(), 0);
+  backward_touched_.assign(layout.num_groups(), 0);
+  group_ops_.resize(layout.num_groups());
+  for (OperatorId op = 0; op < layout.num_operator_ids(); ++op) {
+    if (layout.op(op).placed()) group_ops_[layout.group_of(layout.op(op).chunk_index)].push_back(op);
+  }
+  forward_uses_.assign(layout.num_operator_ids(), 0);
+  backward_releases_.assign(layout.num_operator_ids(), 0);
+}
 
 ChunkManager::~ChunkManager() {
   if (reclaimer_ != nullptr) accel_->upstream()->RemoveReclaimer(reclaimer_.get());
@@ -298,6 +334,8 @@ absl::Status ChunkManager::BeginIteration() {
   iteration_start_counters_ = counters_;
   in_iteration_ = true;
   backward_started_ = false;
+  std::fill(forward_uses_.begin(), forward_uses_.end(), 0);
+  std::fill(backward_releases_.begin(), backward_releases_.end(), 0);
   return absl::OkStatus();
 }
 
@@ -317,6 +355,7 @@ absl::Status ChunkManager::EndIteration() {
         absl::StrCat("EndIteration: chunk ", ChunkIdOfKey(*active_chunks_.begin()).ToString(),
                      " is still accessed by the optimizer; call ReleaseChunks first"));
   }
+  RETURN_IF_ERROR(FinishGroups(PassOf(Stage::kBackward)));
   const bool warmup = metronome_.is_warmup();
   if (warmup && metronome_.moment() < 0) {
     return absl::FailedPreconditionError(
@@ -721,14 +760,16 @@ absl::Status ChunkManager::Access(OperatorId op, Stage stage) {
                      StageName(it->second), "); release it first"));
   }
   const int64_t request_ns = options_.listener != nullptr ? NowNs() : 0;
-  if (hooks_ != nullptr) {
-    RETURN_IF_ERROR(hooks_->BeforeAccess(layout.group_of(info.chunk_index), stage));
-  }
   ASSIGN_OR_RETURN(const int64_t moment, Tick(stage));
   if (stage == Stage::kBackward) backward_started_ = true;
   const int64_t key = ChunkKey(ChunkId{ChunkType::kParam, info.chunk_index});
   const std::string what = absl::StrCat("operator '", info.name, "' (", StageName(stage), ")");
-  RETURN_IF_ERROR(MakeResident({key}, PassOf(stage), moment, what));
+  const int64_t group = layout.group_of(info.chunk_index);
+  const bool gather = collectives_ != nullptr && !gathered_[group];
+  // A gather needs the whole group resident as one working set.
+  const std::vector<int64_t> keys = gather ? GroupKeys(group) : std::vector<int64_t>{key};
+  RETURN_IF_ERROR(MakeResident(keys, PassOf(stage), moment, what));
+  if (gather) RETURN_IF_ERROR(GatherGroup(group));
   Chunk& chunk = ChunkOfKey(key);
   bool zero_fill = false;
   for (TensorId t : info.tensors) {
@@ -740,8 +781,14 @@ absl::Status ChunkManager::Access(OperatorId op, Stage stage) {
   if (zero_fill) RETURN_IF_ERROR(SyncStream(*load_stream_));
   if (stage == Stage::kBackward) chunk.MarkPayloadWritten();
   active_ops_.emplace(op, stage);
-  RecordUse(key, moment);
-  RETURN_IF_ERROR(RecordAccess(key, moment));
+  if (collectives_ != nullptr) {
+    if (stage == Stage::kBackward) backward_touched_[group] = 1;
+    if (stage == Stage::kForward && in_iteration_ && !backward_started_) ++forward_uses_[op];
+  }
+  for (int64_t k : keys) {
+    RecordUse(k, moment);
+    RETURN_IF_ERROR(RecordAccess(k, moment));
+  }
   ReportAccess(info.name, -1, stage, moment, request_ns);
   if (absl::Status s = Prefetch(moment); !s.ok()) {
     // A prefetch is an optimization: the access at the next moment will load what is missing.
@@ -781,11 +828,27 @@ absl::Status ChunkManager::Release(OperatorId op, Stage stage) {
     compute_pending_ = true;
   }
   if (options_.listener != nullptr) options_.listener->OnRelease(info.name, -1, stage, NowNs());
-  if (stage == Stage::kBackward) {
-    RETURN_IF_ERROR(WriteBehind(ChunkKey(ChunkId{ChunkType::kParam, info.chunk_index})));
+  const int64_t key = ChunkKey(ChunkId{ChunkType::kParam, info.chunk_index});
+  if (collectives_ == nullptr) {
+    if (stage == Stage::kBackward) RETURN_IF_ERROR(WriteBehind(key));
+    return absl::OkStatus();
   }
-  if (hooks_ != nullptr) {
-    RETURN_IF_ERROR(hooks_->AfterRelease(layout.group_of(info.chunk_index), stage));
+  const int64_t group = layout.group_of(info.chunk_index);
+  if (stage == Stage::kForward) {
+    if ((!in_iteration_ || !backward_started_) && GroupAllIn(group, TensorState::kHoldAfterFwd)) {
+      RETURN_IF_ERROR(FreeGroup(group));
+    }
+    return absl::OkStatus();
+  }
+  if (in_iteration_) ++backward_releases_[op];
+  if (GroupFinishedBackward(group)) {
+    RETURN_IF_ERROR(ReduceGroup(group, PassOf(stage), in_iteration_ ? metronome_.moment() : -1));
+    RETURN_IF_ERROR(FreeGroup(group));
+    // The owner's chunk holds the averaged gradients now, for the optimizer step.
+    const int64_t own = ChunkKey(ChunkId{ChunkType::kParam, group * world_size_ + rank_});
+    if (!store_->layout().is_padding(group * world_size_ + rank_)) {
+      RETURN_IF_ERROR(WriteBehind(own));
+    }
   }
   return absl::OkStatus();
 }
@@ -799,6 +862,7 @@ absl::StatusOr<AdamPlacement> ChunkManager::BeginAdam() {
         absl::StrCat("BeginAdam: operator '", store_->layout().op(active_ops_.begin()->first).name,
                      "' is still accessed; release every operator before the optimizer step"));
   }
+  RETURN_IF_ERROR(FinishGroups(PassOf(Stage::kBackward)));
   ASSIGN_OR_RETURN(const int64_t moment, Tick(Stage::kAdam));
   // Nothing is known during the warm-up (or off the trace): every index runs on the host.
   if (moment >= 0 && metronome_.in_trace()) return adam_placement_;
@@ -896,6 +960,165 @@ absl::Status ChunkManager::ReleaseChunks(int64_t chunk_index, absl::Span<const C
   if (options_.compute_stream != nullptr) {
     RETURN_IF_ERROR(options_.compute_stream->RecordEvent(compute_done_.get()));
     compute_pending_ = true;
+  }
+  return absl::OkStatus();
+}
+
+// --- ZeRO ----------------------------------------------------------------------------------------
+
+std::vector<int64_t> ChunkManager::GroupKeys(int64_t group) const {
+  const ChunkLayout& layout = store_->layout();
+  std::vector<int64_t> keys;
+  for (int64_t index : layout.ChunksInGroup(group)) {
+    if (!layout.is_padding(index)) keys.push_back(ChunkKey(ChunkId{ChunkType::kParam, index}));
+  }
+  return keys;
+}
+
+bool ChunkManager::GroupAllIn(int64_t group, TensorState state) const {
+  for (int64_t key : GroupKeys(group)) {
+    const Chunk& chunk = store_->chunk(ChunkIdOfKey(key));
+    if (chunk.tensor_count(state) != chunk.num_tensors()) return false;
+  }
+  return true;
+}
+
+bool ChunkManager::GroupFinishedBackward(int64_t group) const {
+  if (!GroupAllIn(group, TensorState::kHoldAfterBwd)) return false;
+  for (OperatorId op : group_ops_[group]) {
+    if (backward_releases_[op] < std::max(forward_uses_[op], 1)) return false;
+  }
+  return true;
+}
+
+absl::Status ChunkManager::RunGroupCollective(
+    int64_t group, const std::vector<int64_t>& keys,
+    const std::function<absl::Status(absl::Span<void* const>, int64_t, DType)>& collective) {
+  std::vector<void*> payloads(static_cast<size_t>(world_size_), nullptr);
+  for (int64_t key : keys) {
+    Chunk& chunk = ChunkOfKey(key);
+    if (!chunk.has_payload()) {
+      return absl::InternalError(absl::StrCat("ZeRO group ", group, ": chunk ",
+                                              chunk.id().ToString(), " has no payload"));
+    }
+    payloads[static_cast<size_t>(chunk.owner_rank())] = chunk.payload();
+  }
+  for (int64_t key : keys) ChunkOfKey(key).Pin();
+  const int64_t start = NowNs();
+  absl::Status status = collective(payloads, store_->layout().capacity_elems(),
+                                   store_->compute_dtype());
+  counters_.comm_ns += NowNs() - start;
+  for (int64_t key : keys) RETURN_IF_ERROR(ChunkOfKey(key).Unpin());
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("ZeRO collective of chunk group ", group,
+                                                    " (rank ", rank_, " of ", world_size_,
+                                                    "): ", status.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkManager::GatherGroup(int64_t group) {
+  const std::vector<int64_t> keys = GroupKeys(group);
+  // An owner's tensor that was never written (FREE) is zero-filled, as an access would, so that
+  // every rank sees the same bytes.
+  bool zero_fill = false;
+  for (int64_t key : keys) {
+    Chunk& chunk = ChunkOfKey(key);
+    if (!chunk.is_local()) continue;
+    for (int slot = 0; slot < chunk.num_tensors(); ++slot) {
+      if (chunk.tensor_state(slot) == TensorState::kFree) {
+        RETURN_IF_ERROR(chunk.SetTensorState(slot, TensorState::kCompute, load_stream_.get()));
+        RETURN_IF_ERROR(chunk.SetTensorState(slot, TensorState::kHold));
+        zero_fill = true;
+      }
+    }
+  }
+  if (zero_fill) RETURN_IF_ERROR(SyncStream(*load_stream_));
+  RETURN_IF_ERROR(RunGroupCollective(
+      group, keys, [&](absl::Span<void* const> payloads, int64_t count, DType dtype) {
+        return collectives_->AllGatherGroup(group, payloads, count, dtype);
+      }));
+  for (int64_t key : keys) {
+    Chunk& chunk = ChunkOfKey(key);
+    if (!chunk.is_local()) {
+      chunk.MarkPayloadWritten();
+      counters_.all_gather_bytes += chunk.capacity_bytes();
+    }
+    for (int slot = 0; slot < chunk.num_tensors(); ++slot) {
+      if (chunk.tensor_state(slot) != TensorState::kHold) {
+        RETURN_IF_ERROR(chunk.SetTensorState(slot, TensorState::kHold));
+      }
+    }
+  }
+  ++counters_.all_gathers;
+  gathered_[group] = 1;
+  backward_touched_[group] = 0;
+  VLOG(2) << "rank " << rank_ << ": gathered group " << group;
+  return absl::OkStatus();
+}
+
+absl::Status ChunkManager::ReduceGroup(int64_t group, Stage stage, int64_t moment) {
+  const std::vector<int64_t> keys = GroupKeys(group);
+  RETURN_IF_ERROR(
+      MakeResident(keys, stage, moment, absl::StrCat("reduce-scatter of chunk group ", group)));
+  // The caller's kernels that wrote the gradients must be done.
+  RETURN_IF_ERROR(WaitForCompute());
+  RETURN_IF_ERROR(RunGroupCollective(
+      group, keys, [&](absl::Span<void* const> payloads, int64_t count, DType dtype) {
+        return collectives_->ReduceScatterGroup(group, payloads, count, dtype);
+      }));
+  for (int64_t key : keys) {
+    Chunk& chunk = ChunkOfKey(key);
+    if (chunk.is_local()) {
+      chunk.MarkPayloadWritten();
+    } else {
+      counters_.reduce_scatter_bytes += chunk.capacity_bytes();
+    }
+  }
+  ++counters_.reduce_scatters;
+  backward_touched_[group] = 0;
+  VLOG(2) << "rank " << rank_ << ": reduce-scattered group " << group;
+  return absl::OkStatus();
+}
+
+absl::Status ChunkManager::FreeGroup(int64_t group) {
+  for (int64_t key : GroupKeys(group)) {
+    Chunk& chunk = ChunkOfKey(key);
+    if (chunk.is_local() || !chunk.has_payload()) continue;
+    RETURN_IF_ERROR(WaitForCopies({key}));
+    // Kernels enqueued before the last Release may still read the payload.
+    RETURN_IF_ERROR(WaitForCompute());
+    RETURN_IF_ERROR(chunk.ReleasePayload());
+    if (resident_.erase(key) > 0) resident_bytes_ -= device_cost_bytes_;
+    prefetched_.erase(key);
+    ++counters_.remote_releases;
+  }
+  gathered_[group] = 0;
+  backward_touched_[group] = 0;
+  return absl::OkStatus();
+}
+
+absl::Status ChunkManager::FinishGroups(Stage stage) {
+  if (collectives_ == nullptr) return absl::OkStatus();
+  for (int64_t group = 0; group < static_cast<int64_t>(gathered_.size()); ++group) {
+    if (!gathered_[group]) continue;
+    if (backward_touched_[group]) {
+      RETURN_IF_ERROR(ReduceGroup(group, stage, in_iteration_ ? metronome_.moment() : -1));
+    }
+    RETURN_IF_ERROR(FreeGroup(group));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkManager::ReleaseRemoteChunks() {
+  BusyScope busy(this);
+  if (!active_ops_.empty() || !active_chunks_.empty()) {
+    return absl::FailedPreconditionError(
+        "ReleaseRemoteChunks: an operator or chunk is still accessed; release it first");
+  }
+  if (collectives_ == nullptr) return absl::OkStatus();
+  for (int64_t group = 0; group < static_cast<int64_t>(gathered_.size()); ++group) {
+    if (gathered_[group]) RETURN_IF_ERROR(FreeGroup(group));
   }
   return absl::OkStatus();
 }

@@ -94,9 +94,44 @@
 // at the cost of reloading those chunks later. Counted in pressure_reclaims / pressure_evictions.
 // Allocations made by the manager itself (inside its own calls) never trigger this.
 //
-// ZeRO. Only world size 1 is supported now (Create returns Unimplemented otherwise).
-// CollectiveHooks mark where comm/ will all-gather a group before an access and reduce-scatter it
-// after a release.
+// ZeRO data parallelism (world size N > 1; chunk/chunk_layout.h: chunk i is in group i / N and
+// is owned by rank i % N). Each rank holds persistently the param chunks it owns and, for those
+// only, master/momentum/variance: 14/N bytes per parameter (16/N with f32 compute) plus the
+// group buffers below. The collectives come from ChunkManagerOptions::collectives
+// (scheduler/collective_hooks.h; scheduler/comm_collectives.h implements them over comm/), so
+// this library does not depend on comm/.
+//  - Gather. A group is *gathered* (its remote param chunks hold the owners' bytes) or not. An
+//    Access whose chunk's group is not gathered makes every (non-padding) chunk of the group
+//    resident on the accelerator as one working set — the remote ones as fresh payloads of the
+//    accelerator's chunk pool, counted like any resident chunk, so the limits and the tide
+//    include the group buffers — then all-gathers it, and sets every tensor of the group to HOLD
+//    (an owner's tensor that was never written, FREE, is zero-filled first, as an access would).
+//    Gathered remote chunks are ordinary chunks from then on: they may be evicted (written back
+//    to the host) and loaded again like owned ones.
+//  - Free after forward. When a forward Release (before the iteration's backward started, or
+//    untracked) leaves every tensor of its group HOLD_AFTER_FWD, the remote payloads are freed
+//    wherever they are (their tensors become FREE) and the group is no longer gathered. Not
+//    during backward: a recompute (activation checkpointing) keeps the group for its backward.
+//  - Reduce after backward. A group is finished with backward when every tensor is
+//    HOLD_AFTER_BWD *and* every operator of the group has been released in BWD at least as often
+//    as it was accessed in FWD before the backward started (at least once): a tied parameter
+//    used twice (wte: encoder and LM head) is only finished after its second backward use.
+//    Then the group is made resident on the accelerator, the caller's compute is waited for, the
+//    group is reduce-scattered (averaged: the owner's param chunk now holds the mean gradient)
+//    and the remote payloads are freed. The owner's chunk is dirty (and written behind, as for
+//    world size 1).
+//  - BeginAdam (and EndIteration) first reduce-scatters every gathered group touched by a
+//    backward access and not yet reduced, then frees every gathered group, so the optimizer only
+//    sees owned chunks and the next forward gathers the updated parameters.
+//  - Every decision above depends only on the sequence of Access/Release/BeginAdam calls, never
+//    on memory pressure or timing, so ranks that run the same sequence issue the same collectives
+//    in the same order (ReleaseRemoteChunks, called on every rank, keeps that true when
+//    parameters are rewritten outside the optimizer).
+//  Accounting: PatrickStar budgets backward as if every rank held every group buffer of every
+//  rank (its available memory is multiplied by the world size); here a gathered remote chunk is
+//  one chunk-pool block on this rank, exactly what it occupies.
+//  Known limits: gathers are synchronous (no prefetching of the next group's collective), and the
+//  reduce-scatter needs the whole group resident at once.
 //
 // Known limits: a prefetch whose victim is dirty is left to the demand access (evicting it would
 // need its write-back to finish before the block can be reused; write-behind makes this rare);
@@ -125,11 +160,13 @@
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
+#include "chunk/tensor_state.h"
 #include "memory/backend.h"
 #include "memory/device.h"
 #include "memory/device_memory.h"
 #include "memory/memory_resource.h"
 #include "scheduler/chunk_events.h"
+#include "scheduler/collective_hooks.h"
 #include "scheduler/eviction_policy.h"
 #include "scheduler/metronome.h"
 #include "scheduler/tide_trace.h"
@@ -178,6 +215,10 @@ struct ChunkManagerOptions {
   // Told about every chunk move and access (scheduler/chunk_events.h); not owned, must outlive
   // the manager. Null: nothing is reported and nothing extra is enqueued on the copy streams.
   ChunkEventListener* listener = nullptr;
+  // ZeRO collectives (see the file comment); required for a layout of world size > 1, where its
+  // rank and world size must be the store's. Not owned; must outlive the manager. Ignored (but
+  // still checked to be a world of one) for world size 1.
+  CollectiveHooks* collectives = nullptr;
 };
 
 // Chunk traffic. A load is a host-to-accelerator chunk copy, a write-back an accelerator-to-host
@@ -215,6 +256,15 @@ struct ChunkManagerCounters {
   int64_t pressure_evictions = 0;
   // Time the calling thread waited for copies (loads, write-backs, zero-fills).
   int64_t stall_ns = 0;
+  // ZeRO (world size > 1): group all-gathers and the bytes this rank received (remote data
+  // chunks), reduce-scatters and the bytes this rank sent for others (remote data chunks), and
+  // remote payloads freed. Time inside the collectives counts as comm_ns, not as stall.
+  int64_t all_gathers = 0;
+  int64_t all_gather_bytes = 0;
+  int64_t reduce_scatters = 0;
+  int64_t reduce_scatter_bytes = 0;
+  int64_t remote_releases = 0;
+  int64_t comm_ns = 0;
 
   const TransferCounters& stage(Stage s) const { return by_stage[static_cast<int>(s)]; }
   TransferCounters Total() const;
@@ -234,25 +284,13 @@ struct AdamPlacement {
   bool OnAccelerator(int64_t chunk_index) const;
 };
 
-// Where comm/ joins in for ZeRO data parallelism (world size > 1, not implemented yet): called
-// with the chunk's communication group (ChunkLayout::group_of).
-class CollectiveHooks {
- public:
-  virtual ~CollectiveHooks() = default;
-  // Before an access makes a chunk of `group` resident: all-gather the group's remote chunks.
-  [[nodiscard]] virtual absl::Status BeforeAccess(int64_t group, Stage stage) = 0;
-  // After a release: once every chunk of the group finished the stage, reduce-scatter gradients
-  // (BWD) and free the remote payloads.
-  [[nodiscard]] virtual absl::Status AfterRelease(int64_t group, Stage stage) = 0;
-};
-
 class ChunkManager {
  public:
   // None of the pointers is owned; all must outlive the manager. `accelerator` must be the memory
   // of `backend`'s device and `host` host memory; both chunk pools must hold a chunk of every
   // type of `store`. Chunks' payloads keep pointing into those pools after the manager is gone.
-  // InvalidArgument (naming the field) for null arguments or invalid options; Unimplemented for a
-  // layout with world size > 1.
+  // InvalidArgument (naming the field) for null arguments or invalid options, and for a layout of
+  // world size > 1 without matching ChunkManagerOptions::collectives.
   static absl::StatusOr<std::unique_ptr<ChunkManager>> Create(ChunkStore* store, Backend* backend,
                                                               DeviceMemory* accelerator,
                                                               DeviceMemory* host,
@@ -304,8 +342,19 @@ class ChunkManager {
 
   // --- Observers ------------------------------------------------------------------------------
 
-  // Sets (or clears, with nullptr) the ZeRO hooks. Not owned.
-  void SetCollectiveHooks(CollectiveHooks* hooks) { hooks_ = hooks; }
+  // --- ZeRO ---------------------------------------------------------------------------------
+
+  // Frees the remote payloads of every gathered group (no communication; any gradients in them
+  // that were not reduce-scattered yet are dropped). Call it on every rank before rewriting
+  // parameters outside the optimizer step (initialization, checkpoint load), so that the next
+  // access gathers the new values. No-op for world size 1. FailedPrecondition while an operator
+  // or chunk is accessed.
+  [[nodiscard]] absl::Status ReleaseRemoteChunks();
+  // Whether group `group`'s remote chunks hold the owners' bytes. REQUIRES: 0 <= group <
+  // store's num_groups().
+  bool group_gathered(int64_t group) const { return gathered_[group] != 0; }
+  int world_size() const { return world_size_; }
+  int rank() const { return rank_; }
 
   const Metronome& metronome() const { return metronome_; }
   const TideTrace& tide() const { return trace_; }
@@ -349,6 +398,26 @@ class ChunkManager {
 
   ChunkManager(ChunkStore* store, Backend* backend, DeviceMemory* accelerator, DeviceMemory* host,
                ChunkManagerOptions options);
+
+  // --- ZeRO (see the file comment) ---
+  // The dense keys of the param chunks of `group` that are not padding.
+  std::vector<int64_t> GroupKeys(int64_t group) const;
+  // All-gathers `group`, whose chunks are resident. Sets every tensor of the group to HOLD.
+  absl::Status GatherGroup(int64_t group);
+  // Makes `group` resident and reduce-scatters it (averaging into the owner's chunk).
+  absl::Status ReduceGroup(int64_t group, Stage stage, int64_t moment);
+  // Frees the remote payloads of `group`.
+  absl::Status FreeGroup(int64_t group);
+  // Whether every tensor of the group's data chunks is in `state`.
+  bool GroupAllIn(int64_t group, TensorState state) const;
+  // Whether the group finished its backward (see the file comment).
+  bool GroupFinishedBackward(int64_t group) const;
+  // Reduces (if touched by backward) and frees every gathered group.
+  absl::Status FinishGroups(Stage stage);
+  // Runs a collective over `keys` (pinned while it runs); payload pointers by owner rank.
+  absl::Status RunGroupCollective(
+      int64_t group, const std::vector<int64_t>& keys,
+      const std::function<absl::Status(absl::Span<void* const>, int64_t, DType)>& collective);
 
   // Registered with the accelerator's bottom resource: evicts under memory pressure.
   class PressureReclaimer final : public Reclaimer {
@@ -443,7 +512,19 @@ class ChunkManager {
   std::unique_ptr<Event> compute_done_;
   bool compute_pending_ = false;
   std::unique_ptr<EvictionPolicy> policy_;
-  CollectiveHooks* hooks_ = nullptr;
+
+  // ZeRO.
+  const int world_size_;
+  const int rank_;
+  CollectiveHooks* const collectives_;
+  // By group: gathered, and touched by a BWD access since it was gathered.
+  std::vector<uint8_t> gathered_;
+  std::vector<uint8_t> backward_touched_;
+  // By group: the operators placed in its chunks.
+  std::vector<std::vector<OperatorId>> group_ops_;
+  // By operator, this iteration: FWD accesses before the backward started, and BWD releases.
+  std::vector<int32_t> forward_uses_;
+  std::vector<int32_t> backward_releases_;
 
   Metronome metronome_;
   TideTrace trace_;

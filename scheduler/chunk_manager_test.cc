@@ -610,31 +610,49 @@ TEST_F(ChunkManagerApiTest, UntrackedAccessesLeaveTheScheduleAlone) {
   EXPECT_EQ(m.counters().stage(Stage::kForward).loads, 1);
 }
 
-class CountingHooks final : public CollectiveHooks {
+// Collectives that count calls and move nothing.
+class CountingCollectives final : public CollectiveHooks {
  public:
-  absl::Status BeforeAccess(int64_t group, Stage stage) override {
-    ++before;
-    last_group = group;
+  explicit CountingCollectives(int world) : world_(world) {}
+  int rank() const override { return 0; }
+  int world_size() const override { return world_; }
+  absl::Status AllGatherGroup(int64_t, absl::Span<void* const>, int64_t, DType) override {
+    ++calls;
     return absl::OkStatus();
   }
-  absl::Status AfterRelease(int64_t group, Stage stage) override {
-    ++after;
+  absl::Status ReduceScatterGroup(int64_t, absl::Span<void* const>, int64_t, DType) override {
+    ++calls;
     return absl::OkStatus();
   }
-  int before = 0;
-  int after = 0;
-  int64_t last_group = -1;
+  int calls = 0;
+
+ private:
+  const int world_;
 };
 
-TEST_F(ChunkManagerApiTest, CollectiveHooksBracketEveryOperator) {
-  CountingHooks hooks;
-  h_->manager().SetCollectiveHooks(&hooks);
-  ASSERT_OK(h_->manager().Access(2, Stage::kBackward));
-  ASSERT_OK(h_->manager().Release(2, Stage::kBackward));
-  h_->manager().SetCollectiveHooks(nullptr);
-  EXPECT_EQ(hooks.before, 1);
-  EXPECT_EQ(hooks.after, 1);
-  EXPECT_EQ(hooks.last_group, 1);  // world size 1: group == chunk index
+// With world size 1 there is nothing to gather or reduce: collectives of a world of one are
+// accepted and never called.
+TEST(ChunkManagerWorldOfOne, NeverCallsCollectives) {
+  CountingCollectives collectives(1);
+  HarnessConfig config;
+  config.cap_bytes = 64 * kChunkBytes;
+  config.options.collectives = &collectives;
+  HarnessModel model;
+  model.chunk_elems = kChunkElems;
+  model.op_numels = {kChunkElems, kChunkElems / 2, kChunkElems};
+  ASSERT_OK_AND_ASSIGN(auto h, TrainingHarness::Create(model, config));
+  ASSERT_OK(h->Initialize());
+  HarnessProgram program;
+  for (OperatorId op = 0; op < 3; ++op) program.steps.push_back({.op = op});
+  for (OperatorId op = 2; op >= 0; --op) {
+    program.steps.push_back({.op = op, .stage = Stage::kBackward, .write = true});
+  }
+  program.adam = true;
+  ASSERT_OK(h->RunIteration(program));
+  ASSERT_OK(h->RunIteration(program));
+  EXPECT_EQ(collectives.calls, 0);
+  EXPECT_EQ(h->manager().counters().all_gathers, 0);
+  EXPECT_OK(h->manager().ReleaseRemoteChunks());
 }
 
 TEST(ChunkManagerCreate, RejectsBadArgumentsAndOptions) {
@@ -684,7 +702,11 @@ TEST(ChunkManagerCreate, RejectsBadArgumentsAndOptions) {
               StatusIs(absl::StatusCode::kInvalidArgument, "static_param_chunks"));
   auto zero_store = make_store(2);
   EXPECT_THAT(ChunkManager::Create(zero_store.get(), backend.get(), accel.get(), host.get()),
-              StatusIs(absl::StatusCode::kUnimplemented, "world size 2"));
+              StatusIs(absl::StatusCode::kInvalidArgument, "collectives is not set"));
+  CountingCollectives world_of_two(2);
+  EXPECT_THAT(ChunkManager::Create(store.get(), backend.get(), accel.get(), host.get(),
+                                   {.collectives = &world_of_two}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "a world of 2"));
   EXPECT_OK(ChunkManager::Create(store.get(), backend.get(), accel.get(), host.get()));
 }
 

@@ -127,6 +127,7 @@ absl::StatusOr<std::string> WriteTrainingCheckpoint(const std::string& root, int
   std::vector<std::pair<ChunkType, std::string>> sources;
   for (const OperatorSpec& op : GptOperators(model.config())) {
     for (const TensorSpec& t : op.tensors) {
+      if (!model.HoldsTrainingState(t.name)) continue;  // another rank's (ZeRO)
       for (ChunkType type : kStateTypes) {
         SafetensorsTensorSpec spec;
         spec.name = absl::StrCat(Prefix(type), "/", t.name);
@@ -179,6 +180,20 @@ absl::StatusOr<std::string> LatestTrainingCheckpoint(const std::string& root) {
   return latest->path;
 }
 
+std::string RankCheckpointRoot(const std::string& root, int rank) {
+  if (rank == 0) return root;
+  return absl::StrCat(root, "/rank-", rank);
+}
+
+absl::StatusOr<std::string> TrainingCheckpointAtStep(const std::string& root, int64_t step) {
+  ASSIGN_OR_RETURN(std::vector<CheckpointRef> refs, ListCheckpoints(root));
+  for (const CheckpointRef& ref : refs) {
+    if (ref.step == step) return ref.path;
+  }
+  return absl::NotFoundError(absl::StrCat("no committed checkpoint of step ", step, " in '", root,
+                                          "' (", refs.size(), " checkpoints there)"));
+}
+
 absl::StatusOr<TrainingCheckpointState> ReadTrainingCheckpoint(const std::string& dir,
                                                                const CheckpointIdentity& expected,
                                                                GptModel* model) {
@@ -229,6 +244,7 @@ absl::StatusOr<TrainingCheckpointState> ReadTrainingCheckpoint(const std::string
   // Check every tensor before touching the model.
   for (const OperatorSpec& op : GptOperators(model->config())) {
     for (const TensorSpec& t : op.tensors) {
+      if (!model->HoldsTrainingState(t.name)) continue;  // another rank's (ZeRO)
       for (ChunkType type : kStateTypes) {
         const std::string name = absl::StrCat(Prefix(type), "/", t.name);
         const SafetensorsTensorInfo* info = file.Find(name);

@@ -15,6 +15,15 @@
 // run's (FailedPrecondition naming every field that differs), and a damaged one (DataLoss naming
 // the file) or a missing one (NotFound).
 //
+// ZeRO (world size N > 1): every rank writes its own complete checkpoint directory under its own
+// root, RankCheckpointRoot(root, rank): rank 0 under `root` itself (so a world-of-one run finds
+// it where it always is, and refuses it naming world_size), rank r under `root`/rank-<r>. Each
+// holds the tensors of the chunks that rank owns (GptModel::HoldsTrainingState) and a manifest
+// with the same state (step, Adam step, loss scaler, data cursor — ranks step in lockstep — and
+// the identity, whose world_size is N). A run resumes from the newest step every rank has
+// committed (a crash between two ranks' commits leaves one rank a step ahead; the trainer agrees
+// on the minimum), and only with the same world size: the identity check refuses any other.
+//
 // Thread safety: thread-compatible.
 #ifndef PATRICKSTAR_TRAINER_CHECKPOINT_H_
 #define PATRICKSTAR_TRAINER_CHECKPOINT_H_
@@ -69,6 +78,12 @@ struct TrainingCheckpointState {
 absl::StatusOr<std::string> WriteTrainingCheckpoint(const std::string& root, int64_t keep_last,
                                                     const TrainingCheckpointState& state,
                                                     const GptModel& model);
+
+// The checkpoint root of `rank` (see the file comment).
+std::string RankCheckpointRoot(const std::string& root, int rank);
+
+// The committed checkpoint of step `step` under `root`; NotFound naming the root otherwise.
+absl::StatusOr<std::string> TrainingCheckpointAtStep(const std::string& root, int64_t step);
 
 // The newest committed checkpoint under `root`. NotFound naming the root when there is none.
 absl::StatusOr<std::string> LatestTrainingCheckpoint(const std::string& root);

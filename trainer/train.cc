@@ -8,8 +8,13 @@
 // Exit codes: 0 after training (also after a SIGINT/SIGTERM, which finishes the current step
 // and writes a checkpoint when checkpoint.dir / --save_dir is set); 1 when the run failed; 2
 // for a bad config or flag, reported before any work is done.
+//
+// Data parallelism: `mpirun -np N bazel-bin/trainer/train ...` runs N ranks of one run (the mpi
+// communicator, --comm=auto); see trainer/trainer.h. A rank that fails exits 1 without
+// MPI_Finalize, so mpirun ends the others.
 #include <cstdint>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,6 +24,9 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "comm/communicator.h"
+#include "comm/communicator_factory.h"
+#include "comm/mpi_communicator.h"
 #include "glog/logging.h"
 #include "trainer/config.h"
 #include "trainer/io/signal_flag.h"
@@ -51,6 +59,10 @@ ABSL_FLAG(std::string, trace_out, "",
           "Chrome trace-event profile (open in ui.perfetto.dev or chrome://tracing).");
 ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt, "Seed of the parameter initialization.");
 ABSL_FLAG(bool, print_config, false, "Print the resolved config as JSON and exit.");
+ABSL_FLAG(std::string, comm, "auto",
+          "Data-parallel communicator: auto (mpi when started by mpirun, else a world of one), "
+          "local (a world of one) or mpi. With N ranks, chunks are sharded ZeRO-style and each "
+          "step trains on N micro-batches; rank 0 prints.");
 
 namespace ps {
 namespace {
@@ -100,6 +112,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (absl::GetFlag(FLAGS_print_config)) {
+    // (Before any communicator: prints on every rank under mpirun.)
     std::cout << TrainConfigToJson(*config) << "\n";
     return 0;
   }
@@ -108,8 +121,25 @@ int Main(int argc, char** argv) {
     std::cerr << "error: " << s.message() << "\n";
     return 1;
   }
+  const std::string comm_kind = absl::GetFlag(FLAGS_comm);
+  if (comm_kind != "auto" && comm_kind != "local" && comm_kind != "mpi") {
+    std::cerr << "error: --comm must be auto, local or mpi, got \"" << comm_kind << "\"\n";
+    return 2;
+  }
+  std::unique_ptr<Communicator> communicator;
+  if (comm_kind == "mpi" || (comm_kind == "auto" && MpiCommunicator::LaunchedByMpirun())) {
+    CommunicatorOptions comm_options;
+    comm_options.kind = "mpi";
+    absl::StatusOr<std::unique_ptr<Communicator>> created = CreateCommunicator(comm_options);
+    if (!created.ok()) {
+      std::cerr << "error: " << created.status().message() << "\n";
+      return 1;
+    }
+    communicator = *std::move(created);
+  }
   TrainerEnvironment env;
   env.out = &std::cout;
+  env.communicator = communicator.get();
   env.stop_requested = [] { return StopRequested(); };
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*config, env);
   if (!trainer.ok()) {

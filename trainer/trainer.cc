@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -28,6 +29,7 @@
 #include "glog/logging.h"
 #include "memory/backend.h"
 #include "memory/backend_factory.h"
+#include "memory/device.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
 #include "memory/memory_tracker.h"
@@ -40,11 +42,13 @@
 #include "optimizer/lr_schedule.h"
 #include "optimizer/scheduled_chunk_access.h"
 #include "scheduler/chunk_manager.h"
+#include "scheduler/comm_collectives.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/data/data_loader.h"
 #include "trainer/data/synthetic_corpus.h"
 #include "trainer/data/token_file.h"
+#include "trainer/io/checkpoint_dir.h"
 #include "trainer/io/metrics_writer.h"
 #include "trainer/io/trace_writer.h"
 #include "trainer/profiler.h"
@@ -106,11 +110,24 @@ class Trainer::Impl {
   void WriteMetrics(const StepMetrics& m);
   CheckpointIdentity Identity() const;
   absl::Status CloseOutputs();
+  // The mean of `value` over ranks (itself for a world of one).
+  absl::StatusOr<double> MeanOverRanks(double value);
+  // Whether any rank's `flag` is set.
+  absl::StatusOr<bool> AnyRank(bool flag);
+  // Resumes from the newest checkpoint step every rank has.
+  absl::Status Resume();
+  // Writes checkpoint.export_path, gathering every master weight to rank 0 under ZeRO.
+  absl::Status Export(const std::string& path);
 
-  std::ostream* out() const { return env_.out; }
+  // Progress output: rank 0 only.
+  std::ostream* out() const { return rank_ == 0 ? env_.out : nullptr; }
 
   const TrainConfig config_;
   const TrainerEnvironment env_;
+  // The data-parallel world; collectives_ only for world_ > 1.
+  int rank_ = 0;
+  int world_ = 1;
+  std::unique_ptr<CommCollectives> collectives_;
   GptConfig gpt_;
   int64_t seq_len_ = 0;
   int64_t micro_batch_ = 0;
@@ -154,7 +171,14 @@ Trainer::Impl::~Impl() {
 }
 
 absl::Status Trainer::Impl::Build() {
-  RETURN_IF_ERROR(ValidateTrainConfig(config_));
+  if (env_.communicator != nullptr) {
+    rank_ = env_.communicator->rank();
+    world_ = env_.communicator->world_size();
+    if (world_ > 1) {
+      collectives_ = std::make_unique<CommCollectives>(env_.communicator, env_.comm_timeout);
+    }
+  }
+  RETURN_IF_ERROR(ValidateTrainConfig(config_, world_));
   ASSIGN_OR_RETURN(gpt_, ResolveModelConfig(config_.model));
   seq_len_ = ResolveSeqLen(config_, gpt_);
   micro_batch_ = config_.train_micro_batch_size_per_gpu;
@@ -198,15 +222,15 @@ absl::Status Trainer::Impl::Build() {
 
   ChunkLayoutOptions layout_options;
   layout_options.capacity_elems = chunk_elems_;
-  layout_options.world_size = 1;
+  layout_options.world_size = world_;
   ASSIGN_OR_RETURN(ChunkLayout layout, ChunkLayout::Build(layout_options, ops));
   ChunkStoreOptions store_options;
   store_options.compute_dtype = dtype_;
-  store_options.rank = 0;
+  store_options.rank = rank_;
   ASSIGN_OR_RETURN(store_, ChunkStore::Create(std::move(layout), store_options));
 
-  // Outputs are opened only once everything above has been checked.
-  if (!config_.profile.trace_path.empty()) {
+  // Outputs are opened only once everything above has been checked, by rank 0 only.
+  if (!config_.profile.trace_path.empty() && rank_ == 0) {
     TraceWriterOptions trace_options;
     trace_options.process_name = absl::StrCat("patrickstar_cc train (", gpt_.name, ")");
     ASSIGN_OR_RETURN(trace_, TraceWriter::Create(config_.profile.trace_path, trace_options));
@@ -217,6 +241,7 @@ absl::Status Trainer::Impl::Build() {
   if (profiler_ != nullptr) manager_options.listener = profiler_.get();
   // Room for the free tails of the activation segments (see above): about two segments.
   manager_options.nonmodel_slack_bytes = 2 * segment_bytes;
+  manager_options.collectives = collectives_.get();
   ASSIGN_OR_RETURN(manager_, ChunkManager::Create(store_.get(), backend_.get(), accelerator_.get(),
                                                   host_.get(), manager_options));
   GptModelOptions model_options;
@@ -233,17 +258,23 @@ absl::Status Trainer::Impl::Build() {
   cpu_adam_options.num_threads = threads_;
   ASSIGN_OR_RETURN(cpu_adam_, CpuAdam::Create(cpu_adam_options));
   ASSIGN_OR_RETURN(HybridAdamOptions adam_options, MakeHybridAdamOptions(config_));
+  if (collectives_ != nullptr) {
+    CommCollectives* collectives = collectives_.get();
+    adam_options.grad_stats_reducer = [collectives](GradStats& stats) {
+      return collectives->ReduceGradStats(stats.sum_squares, stats.nonfinite_elems);
+    };
+  }
   HybridAdamKernels kernels;
   kernels.host = cpu_adam_.get();
   kernels.accelerator = cpu_adam_.get();  // the emulated accelerator's memory is host memory
-  ASSIGN_OR_RETURN(adam_, HybridAdam::Create(store_->layout(), 0, dtype_, std::move(adam_options),
-                                             kernels));
+  ASSIGN_OR_RETURN(adam_, HybridAdam::Create(store_->layout(), rank_, dtype_,
+                                             std::move(adam_options), kernels));
   ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(MakeLrScheduleOptions(config_)));
   schedule_.emplace(schedule);
 
   RETURN_IF_ERROR(InitializeWeights());
 
-  if (!config_.profile.metrics_path.empty()) {
+  if (!config_.profile.metrics_path.empty() && rank_ == 0) {
     // Appending on resume keeps the earlier steps' lines.
     ASSIGN_OR_RETURN(metrics_, MetricsWriter::Open(config_.profile.metrics_path,
                                                    config_.checkpoint.resume && step_ > 0
@@ -265,6 +296,8 @@ absl::Status Trainer::Impl::LoadData() {
   options.vocab_size = gpt_.vocab_size;
   options.shuffle = config_.data.shuffle;
   options.seed = config_.data.seed;
+  options.rank = rank_;
+  options.world_size = world_;
   absl::Span<const uint16_t> train, val;
   if (config_.data.train_path.empty()) {
     if (gpt_.vocab_size < SyntheticCorpus::kVocabSize) {
@@ -320,7 +353,7 @@ absl::Status Trainer::Impl::ChooseChunkSize(const std::vector<OperatorSpec>& ops
     return absl::OkStatus();
   }
   ChunkSizeSearchOptions options;
-  options.world_size = 1;
+  options.world_size = world_;
   options.compute_dtype = dtype_;
   options.accelerator_memory_bytes =
       config_.accelerator.memory_bytes > 0 ? config_.accelerator.memory_bytes : 4 * kGiB;
@@ -349,7 +382,7 @@ CheckpointIdentity Trainer::Impl::Identity() const {
   id.num_layers = gpt_.num_layers;
   id.num_heads = gpt_.num_heads;
   id.compute_dtype = dtype_;
-  id.world_size = 1;
+  id.world_size = world_;
   id.micro_batch = micro_batch_;
   id.seq_len = seq_len_;
   id.shuffle = config_.data.shuffle;
@@ -358,21 +391,7 @@ CheckpointIdentity Trainer::Impl::Identity() const {
 }
 
 absl::Status Trainer::Impl::InitializeWeights() {
-  if (config_.checkpoint.resume) {
-    ASSIGN_OR_RETURN(const std::string dir, LatestTrainingCheckpoint(config_.checkpoint.dir));
-    ASSIGN_OR_RETURN(TrainingCheckpointState state,
-                     ReadTrainingCheckpoint(dir, Identity(), model_.get()));
-    adam_->set_step(state.adam_step);
-    RETURN_IF_ERROR(adam_->loss_scaler().Restore(state.loss_scaler));
-    RETURN_IF_ERROR(train_loader_->Seek(state.data_cursor));
-    step_ = state.step;
-    last_loss_ = state.last_loss;
-    if (out() != nullptr) {
-      *out() << "resumed from " << dir << " at step " << step_ << " (data "
-             << DataCursorString(state.data_cursor) << ")\n";
-    }
-    return absl::OkStatus();
-  }
+  if (config_.checkpoint.resume) return Resume();
   if (!config_.checkpoint.init_from.empty()) {
     ASSIGN_OR_RETURN(Gpt2Checkpoint checkpoint, Gpt2Checkpoint::Open(config_.checkpoint.init_from));
     RETURN_IF_ERROR(model_->LoadGpt2Checkpoint(checkpoint));
@@ -380,6 +399,102 @@ absl::Status Trainer::Impl::InitializeWeights() {
     return absl::OkStatus();
   }
   return model_->InitializeParameters(config_.seed);
+}
+
+absl::StatusOr<double> Trainer::Impl::MeanOverRanks(double value) {
+  if (collectives_ == nullptr) return value;
+  return collectives_->AllReduceMean(value);
+}
+
+absl::StatusOr<bool> Trainer::Impl::AnyRank(bool flag) {
+  if (collectives_ == nullptr) return flag;
+  ASSIGN_OR_RETURN(std::vector<int64_t> flags, collectives_->AllGatherInt64(flag ? 1 : 0));
+  return std::any_of(flags.begin(), flags.end(), [](int64_t f) { return f != 0; });
+}
+
+absl::Status Trainer::Impl::Resume() {
+  const std::string root = RankCheckpointRoot(config_.checkpoint.dir, rank_);
+  absl::StatusOr<std::string> latest = LatestTrainingCheckpoint(root);
+  std::string dir;
+  if (collectives_ == nullptr) {
+    ASSIGN_OR_RETURN(dir, std::move(latest));
+  } else {
+    // Agree on the newest step every rank has (-1: none, -2: unreadable), so that either every
+    // rank resumes from the same step or every rank fails.
+    int64_t step = -1;
+    if (latest.ok()) {
+      ASSIGN_OR_RETURN(std::vector<CheckpointRef> refs, ListCheckpoints(root));
+      step = refs.empty() ? -1 : refs.back().step;
+    } else if (!absl::IsNotFound(latest.status())) {
+      step = -2;
+    }
+    ASSIGN_OR_RETURN(std::vector<int64_t> steps, collectives_->AllGatherInt64(step));
+    for (int r = 0; r < world_; ++r) {
+      if (steps[r] < 0) {
+        if (r == rank_ && !latest.ok()) return latest.status();
+        return absl::FailedPreconditionError(absl::StrCat(
+            "cannot resume: rank ", r, " of ", world_, " has no readable checkpoint under '",
+            RankCheckpointRoot(config_.checkpoint.dir, r),
+            "' (checkpoints of a ZeRO run are per rank; resume with the world size that wrote "
+            "them)"));
+      }
+    }
+    const int64_t common = *std::min_element(steps.begin(), steps.end());
+    ASSIGN_OR_RETURN(dir, TrainingCheckpointAtStep(root, common));
+  }
+  ASSIGN_OR_RETURN(TrainingCheckpointState state,
+                   ReadTrainingCheckpoint(dir, Identity(), model_.get()));
+  adam_->set_step(state.adam_step);
+  RETURN_IF_ERROR(adam_->loss_scaler().Restore(state.loss_scaler));
+  RETURN_IF_ERROR(train_loader_->Seek(state.data_cursor));
+  step_ = state.step;
+  last_loss_ = state.last_loss;
+  if (out() != nullptr) {
+    *out() << "resumed from " << dir << " at step " << step_ << " (data "
+           << DataCursorString(state.data_cursor) << ")"
+           << (world_ > 1 ? absl::StrCat(", with every rank's checkpoint of that step") : "")
+           << "\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Impl::Export(const std::string& path) {
+  if (collectives_ == nullptr) return model_->SaveGpt2Safetensors(path, DType::kF32);
+  // Gather: each tensor is broadcast from its owner, in checkpoint order; rank 0 keeps them.
+  const ChunkLayout& layout = store_->layout();
+  std::map<std::string, std::vector<float>> gathered;
+  for (const std::string& name : model_->ParameterNames()) {
+    ASSIGN_OR_RETURN(TensorId t, layout.FindTensor(name));
+    const int owner = layout.owner_of(layout.tensor(t).chunk_index);
+    std::vector<float> values(static_cast<size_t>(layout.tensor(t).numel), 0.0f);
+    if (owner == rank_) {
+      ASSIGN_OR_RETURN(values, model_->ReadTensor(ChunkType::kMaster, name));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> request,
+                     env_.communicator->BroadcastAsync(values.data(), values.data(),
+                                                       static_cast<int64_t>(values.size()),
+                                                       CommDType::kF32, owner));
+    RETURN_IF_ERROR(request->Wait(env_.comm_timeout));
+    if (rank_ == 0) gathered.emplace(name, std::move(values));
+  }
+  absl::Status written = absl::OkStatus();
+  if (rank_ == 0) {
+    written = WriteGpt2Safetensors(
+        path, model_->dims(), DType::kF32,
+        [&](absl::string_view name, absl::Span<float> out) -> absl::Status {
+          auto it = gathered.find(std::string(name));
+          if (it == gathered.end() || it->second.size() != out.size()) {
+            return absl::InternalError(absl::StrCat("export: tensor '", name, "' not gathered"));
+          }
+          std::copy(it->second.begin(), it->second.end(), out.begin());
+          return absl::OkStatus();
+        });
+  }
+  // Every rank learns whether rank 0 wrote the file.
+  ASSIGN_OR_RETURN(const bool failed, AnyRank(!written.ok()));
+  RETURN_IF_ERROR(written);
+  if (failed) return absl::InternalError("export: rank 0 failed to write the file");
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::Impl::Step(StepMetrics& m) {
@@ -407,11 +522,12 @@ absl::Status Trainer::Impl::Step(StepMetrics& m) {
   const Clock::time_point t2 = Clock::now();
   const ChunkManagerCounters c2 = manager_->counters();
 
-  m.loss = *loss;
+  ASSIGN_OR_RETURN(m.loss, MeanOverRanks(*loss));
   m.grad_norm = report.grad_norm;
   m.skipped = report.skipped;
   m.step_ms = Seconds(t0, t2) * 1e3;
-  m.tokens_per_s = static_cast<double>(micro_batch_ * seq_len_) / std::max(1e-9, Seconds(t0, t2));
+  m.tokens_per_s =
+      static_cast<double>(micro_batch_ * seq_len_ * world_) / std::max(1e-9, Seconds(t0, t2));
   const double fb_stall_ms = static_cast<double>(c1.stall_ns - c0.stall_ns) * 1e-6;
   const double adam_stall_ms = static_cast<double>(c2.stall_ns - c1.stall_ns) * 1e-6;
   m.copy_wait_ms = fb_stall_ms + adam_stall_ms;
@@ -455,7 +571,7 @@ absl::StatusOr<double> Trainer::Impl::EvaluateValidation() {
     ASSIGN_OR_RETURN(const double loss, model_->Evaluate(tokens_, targets_));
     sum += loss;
   }
-  return sum / static_cast<double>(std::max<int64_t>(batches, 1));
+  return MeanOverRanks(sum / static_cast<double>(std::max<int64_t>(batches, 1)));
 }
 
 absl::Status Trainer::Impl::SaveCheckpoint() {
@@ -470,8 +586,8 @@ absl::Status Trainer::Impl::SaveCheckpoint() {
   state.identity = Identity();
   state.config_json = TrainConfigToJson(config_);
   ASSIGN_OR_RETURN(const std::string dir,
-                   WriteTrainingCheckpoint(config_.checkpoint.dir, config_.checkpoint.keep_last,
-                                           state, *model_));
+                   WriteTrainingCheckpoint(RankCheckpointRoot(config_.checkpoint.dir, rank_),
+                                           config_.checkpoint.keep_last, state, *model_));
   summary_.checkpoints_written.push_back(dir);
   summary_.checkpoint_s += Seconds(t0, Clock::now());
   if (trace_ != nullptr) {
@@ -522,6 +638,13 @@ void Trainer::Impl::PrintHeader() {
           : std::string());
   *out() << absl::StrFormat("training %d steps from step %d with %d threads\n", config_.steps,
                             step_, threads_);
+  if (world_ > 1) {
+    *out() << absl::StrFormat(
+        "data parallel (ZeRO): %d ranks; global batch %d x %d tokens; model data per rank %s "
+        "(rank 0)\n",
+        world_, micro_batch_ * world_, seq_len_,
+        FormatBytes(store_->layout().RankModelDataBytes(dtype_, 0)));
+  }
 }
 
 void Trainer::Impl::PrintProgress(const StepMetrics& m) {
@@ -593,7 +716,7 @@ absl::Status Trainer::Impl::Run() {
       StepMetrics m;
       RETURN_IF_ERROR(Step(m));
       const bool last = step_ == config_.steps;
-      const bool stop = env_.stop_requested && env_.stop_requested();
+      ASSIGN_OR_RETURN(const bool stop, AnyRank(env_.stop_requested && env_.stop_requested()));
       if (val_loader_.has_value() &&
           ((eval_every > 0 && step_ % eval_every == 0) || last || stop)) {
         const Clock::time_point e0 = Clock::now();
@@ -627,7 +750,7 @@ absl::Status Trainer::Impl::Run() {
       }
     }
     if (!config_.checkpoint.export_path.empty()) {
-      RETURN_IF_ERROR(model_->SaveGpt2Safetensors(config_.checkpoint.export_path, DType::kF32));
+      RETURN_IF_ERROR(Export(config_.checkpoint.export_path));
       if (out() != nullptr) {
         *out() << "exported Hugging Face GPT-2 weights to " << config_.checkpoint.export_path
                << "\n";
@@ -645,7 +768,7 @@ absl::Status Trainer::Impl::Run() {
     for (size_t i = history_.size() - n; i < history_.size(); ++i) sum += history_[i].loss;
     summary_.final_mean_loss = sum / static_cast<double>(n);
   }
-  summary_.tokens = static_cast<int64_t>(history_.size()) * micro_batch_ * seq_len_;
+  summary_.tokens = static_cast<int64_t>(history_.size()) * micro_batch_ * seq_len_ * world_;
   for (const StepMetrics& m : history_) {
     summary_.compute_s += m.compute_ms * 1e-3;
     summary_.copy_wait_s += m.copy_wait_ms * 1e-3;
@@ -672,6 +795,12 @@ absl::Status Trainer::Impl::Run() {
   summary_.prefetch_hits = c.prefetch_hits;
   summary_.write_behinds = c.write_behinds;
   summary_.pressure_evictions = c.pressure_evictions;
+  summary_.world_size = world_;
+  summary_.rank_model_data_bytes =
+      store_->PayloadBytesOn(Device::Host()) + store_->PayloadBytesOn(accelerator_->device());
+  summary_.all_gather_bytes = c.all_gather_bytes;
+  summary_.reduce_scatter_bytes = c.reduce_scatter_bytes;
+  summary_.comm_s = static_cast<double>(c.comm_ns) * 1e-9;
   if (out() != nullptr && !history_.empty()) *out() << SummaryText();
   status.Update(CloseOutputs());
   return status;
@@ -710,6 +839,9 @@ std::string Trainer::Impl::SummaryText() const {
   os << absl::StrFormat("host: peak model data %s, peak non-model %s\n",
                         FormatBytes(s.host_peak_model_bytes),
                         FormatBytes(s.host_peak_non_model_bytes));
+  os << absl::StrFormat("model data held%s after the last step: %s (%d bytes)\n",
+                        s.world_size > 1 ? " by rank 0" : "", FormatBytes(s.rank_model_data_bytes),
+                        s.rank_model_data_bytes);
   os << absl::StrFormat(
       "chunk traffic: loaded %s in %d loads (%d prefetched, %d prefetch hits), written back %s "
       "in %d write-backs (%d started early, write-behind), %d clean evictions (no copy)%s\n",
@@ -718,6 +850,13 @@ std::string Trainer::Impl::SummaryText() const {
       s.pressure_evictions > 0
           ? absl::StrFormat(", %d evicted under memory pressure", s.pressure_evictions)
           : std::string());
+  if (s.world_size > 1) {
+    os << absl::StrFormat(
+        "ZeRO over %d ranks (rank 0's numbers): all-gathered %s, reduce-scattered %s, %.1f s in "
+        "collectives\n",
+        s.world_size, FormatBytes(s.all_gather_bytes), FormatBytes(s.reduce_scatter_bytes),
+        s.comm_s);
+  }
   if (s.stopped_by_request) os << "stopped early on request (signal)\n";
   return os.str();
 }

@@ -25,6 +25,26 @@
 // run to run, whatever the memory cap, the chunk moves and the thread count (the kernels are
 // deterministic), and a run resumed from a checkpoint continues exactly as the straight run.
 //
+// Data parallelism (ZeRO): with TrainerEnvironment::communicator of world size N > 1 (train.cc
+// uses the mpi communicator when started by mpirun), each rank is one process of the same run:
+//  - chunks are sharded ZeRO-style (scheduler/chunk_manager.h): a rank keeps the param chunks it
+//    owns and their master/momentum/variance (14/N or 16/N bytes per parameter plus the gathered
+//    group buffers); the chunk size search and the layout take the world size;
+//  - data: rank r reads global batches r, r + N, ... (trainer/data/data_loader.h), so one step
+//    trains on N micro-batches; train_batch_size = micro x N. Gradients are averaged over ranks
+//    by the reduce-scatters, and the optimizer's Inf/NaN count and gradient norm are summed over
+//    ranks (CommCollectives::ReduceGradStats), so every rank makes the same step/skip and clipping
+//    decision. With the same global batch, N ranks train the same model as one rank with an N
+//    times larger micro-batch (up to floating-point summation order);
+//  - the reported loss (and validation loss) is the mean over ranks; only rank 0 prints and
+//    writes the metrics and trace files;
+//  - a stop request on any rank stops every rank after the same step (the flags are all-reduced);
+//  - checkpoints are per rank (trainer/checkpoint.h: RankCheckpointRoot), resumed on the same
+//    world size only; the export (checkpoint.export_path) gathers every master weight to rank 0,
+//    one tensor at a time (rank 0 holds the f32 model once while writing the file).
+// Every collective waits at most TrainerEnvironment::comm_timeout, so a rank whose peer died
+// fails instead of hanging (under mpirun, mpirun ends the job first).
+//
 // Thread safety: thread-compatible. One thread calls Run().
 #ifndef PATRICKSTAR_TRAINER_TRAINER_H_
 #define PATRICKSTAR_TRAINER_TRAINER_H_
@@ -39,6 +59,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "comm/communicator.h"
 #include "trainer/config.h"
 
 namespace ps {
@@ -48,6 +70,11 @@ struct TrainerEnvironment {
   std::ostream* out = nullptr;
   // Checked after every step; true ends the run after a checkpoint (if checkpoint.dir is set).
   std::function<bool()> stop_requested = nullptr;
+  // The data-parallel world (see the file comment). Null: a world of one. Not owned; must
+  // outlive the Trainer and be used by no one else meanwhile.
+  Communicator* communicator = nullptr;
+  // Bound on every wait for a collective.
+  absl::Duration comm_timeout = absl::Minutes(10);
 };
 
 // One step, as the metrics file has it.
@@ -98,6 +125,13 @@ struct TrainSummary {
   int64_t loads = 0, write_backs = 0, write_behinds = 0, clean_evictions = 0, prefetches = 0,
           prefetch_hits = 0, pressure_evictions = 0;
   bool stopped_by_request = false;
+  // Chunk payload bytes this rank holds (host and accelerator) after the last step: its share of
+  // the model data (under ZeRO, the chunks it owns).
+  int64_t rank_model_data_bytes = 0;
+  // The data-parallel world, and the ZeRO collectives of this rank.
+  int world_size = 1;
+  int64_t all_gather_bytes = 0, reduce_scatter_bytes = 0;
+  double comm_s = 0;
   std::vector<std::string> checkpoints_written;
 };
 

@@ -1,0 +1,219 @@
+// ZeRO data parallelism end to end: the real train binary under `mpirun -np 2` against a single
+// process, on the emulated accelerator. Every launch has a watchdog.
+//
+//  - Same global batch, same model: 1 rank with micro-batch 2B and 2 ranks with micro-batch B
+//    (f32) give the same loss at every step within 1e-5 relative (they differ only in the order
+//    gradients are summed), and the same gradient norms.
+//  - Each of 2 ranks holds about half the model data of the single rank (measured: the chunk
+//    payloads held after the last step).
+//  - Checkpoint and resume under 2 ranks is bit-exact: 2 steps, stop, resume to 4 gives the
+//    losses of 4 straight steps exactly; resuming on 1 rank is refused naming world_size.
+//  - Killing one rank (SIGKILL) makes the job exit non-zero well within the watchdog.
+//
+// mpirun flags as comm/mpi_multiprocess_test.cc (offline, as root, 2 cores, TMPDIR=/tmp).
+#include <limits.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "comm/testing/subprocess.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace ps {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string FindMpirun() {
+  if (const char* env = std::getenv("PS_MPIRUN"); env != nullptr && *env != '\0') return env;
+  const char* path = std::getenv("PATH");
+  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "", ':')) {
+    if (dir.empty()) continue;
+    char resolved[PATH_MAX];
+    if (realpath(std::string(dir).c_str(), resolved) == nullptr) continue;
+    const std::string candidate = absl::StrCat(resolved, "/mpirun");
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "/usr/bin/mpirun";
+}
+
+std::string TrainBinary() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  return absl::StrCat(srcdir != nullptr ? srcdir : ".", "/",
+                      workspace != nullptr ? workspace : "patrickstar_cc", "/trainer/train");
+}
+
+std::string TempDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+// A small f32 run: 2 layers, hidden 64, sequences of 32 tokens, a cap that makes chunks move.
+std::vector<std::string> Flags(int64_t micro_batch, int64_t steps) {
+  return {"--model=tiny",
+          absl::StrCat("--micro_batch_size=", micro_batch),
+          absl::StrCat("--steps=", steps),
+          "--seq_len=32",
+          "--accelerator_memory=64MiB"};
+}
+
+SubprocessResult Run(std::vector<std::string> argv, absl::Duration timeout) {
+  SubprocessOptions options;
+  options.argv = std::move(argv);
+  options.unset_env = {"XML_OUTPUT_FILE", "GTEST_OUTPUT", "TEST_PREMATURE_EXIT_FILE",
+                       "TEST_WARNINGS_OUTPUT_FILE", "GTEST_SHARD_*", "TEST_SHARD_*",
+                       "TEST_TOTAL_SHARDS", "GTEST_TOTAL_SHARDS", "TMPDIR"};
+  options.set_env = {"TMPDIR=/tmp"};
+  if (const char* asan = std::getenv("ASAN_OPTIONS"); asan != nullptr) {
+    options.unset_env.push_back("ASAN_OPTIONS");
+    options.set_env.push_back(absl::StrCat("ASAN_OPTIONS=", asan, ":detect_leaks=0"));
+  }
+  options.timeout = timeout;
+  absl::StatusOr<SubprocessResult> result = RunSubprocess(options);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? *result : SubprocessResult{};
+}
+
+SubprocessResult RunSingle(std::vector<std::string> flags, absl::Duration timeout) {
+  flags.insert(flags.begin(), TrainBinary());
+  flags.push_back("--comm=local");
+  return Run(flags, timeout);
+}
+
+SubprocessResult RunMpi(int np, std::vector<std::string> program, absl::Duration timeout) {
+  std::vector<std::string> argv = {FindMpirun(),     "--allow-run-as-root", "--oversubscribe",
+                                   "-np",            absl::StrCat(np),      "--mca",
+                                   "btl",            "self,vader"};
+  argv.insert(argv.end(), program.begin(), program.end());
+  return Run(argv, timeout);
+}
+
+std::vector<nlohmann::json> ReadMetrics(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  }
+  return out;
+}
+
+// "model data held ... after the last step: X (N bytes)" from the summary.
+int64_t HeldModelBytes(const std::string& output) {
+  const size_t at = output.find("after the last step:");
+  if (at == std::string::npos) return -1;
+  const size_t open = output.find('(', at);
+  const size_t space = output.find(" bytes)", open);
+  int64_t bytes = -1;
+  if (open == std::string::npos || space == std::string::npos ||
+      !absl::SimpleAtoi(output.substr(open + 1, space - open - 1), &bytes)) {
+    return -1;
+  }
+  return bytes;
+}
+
+TEST(ZeroTraining, TwoRanksTrainLikeOneRankWithHalfTheModelData) {
+  const std::string dir = TempDir();
+  const std::string m1 = dir + "/one.jsonl", m2 = dir + "/two.jsonl";
+  std::vector<std::string> one = Flags(4, 5);
+  one.push_back("--metrics_out=" + m1);
+  const SubprocessResult r1 = RunSingle(one, absl::Seconds(300));
+  ASSERT_EQ(r1.exit_code, 0) << DescribeExit(r1) << "\n" << r1.output;
+  std::vector<std::string> two = {TrainBinary()};
+  for (const std::string& f : Flags(2, 5)) two.push_back(f);
+  two.push_back("--metrics_out=" + m2);
+  const SubprocessResult r2 = RunMpi(2, two, absl::Seconds(300));
+  ASSERT_EQ(r2.exit_code, 0) << DescribeExit(r2) << "\n" << r2.output;
+  EXPECT_THAT(r2.output, HasSubstr("data parallel (ZeRO): 2 ranks"));
+  // Rank 0 prints, rank 1 does not.
+  EXPECT_EQ(r2.output.find("== summary =="), r2.output.rfind("== summary =="));
+
+  const std::vector<nlohmann::json> a = ReadMetrics(m1), b = ReadMetrics(m2);
+  ASSERT_EQ(a.size(), 5u);
+  ASSERT_EQ(b.size(), 5u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double la = a[i]["loss"], lb = b[i]["loss"];
+    EXPECT_LE(std::abs(la - lb), 1e-5 * std::abs(la)) << "step " << i + 1 << ": " << la << " vs "
+                                                      << lb;
+    const double ga = a[i]["grad_norm"], gb = b[i]["grad_norm"];
+    EXPECT_LE(std::abs(ga - gb), 1e-4 * std::abs(ga)) << "step " << i + 1;
+    EXPECT_EQ(a[i]["skipped"], b[i]["skipped"]);
+  }
+  const int64_t single = HeldModelBytes(r1.output), rank0 = HeldModelBytes(r2.output);
+  ASSERT_GT(single, 0) << r1.output;
+  ASSERT_GT(rank0, 0) << r2.output;
+  const double share = static_cast<double>(rank0) / static_cast<double>(single);
+  EXPECT_GT(share, 0.35) << single << " vs " << rank0;
+  EXPECT_LT(share, 0.65) << single << " vs " << rank0;
+}
+
+TEST(ZeroTraining, CheckpointAndResumeUnderTwoRanksIsBitExact) {
+  const std::string dir = TempDir() + "/resume";
+  std::filesystem::remove_all(dir);
+  const std::string straight = dir + "/straight.jsonl", resumed = dir + "/resumed.jsonl";
+  std::filesystem::create_directories(dir);
+  auto program = [&](int64_t steps, const std::vector<std::string>& extra) {
+    std::vector<std::string> p = {TrainBinary()};
+    for (const std::string& f : Flags(2, steps)) p.push_back(f);
+    p.insert(p.end(), extra.begin(), extra.end());
+    return p;
+  };
+  SubprocessResult r =
+      RunMpi(2, program(4, {"--metrics_out=" + straight}), absl::Seconds(300));
+  ASSERT_EQ(r.exit_code, 0) << DescribeExit(r) << "\n" << r.output;
+  r = RunMpi(2, program(2, {"--metrics_out=" + resumed, "--save_dir=" + dir + "/ckpt"}),
+             absl::Seconds(300));
+  ASSERT_EQ(r.exit_code, 0) << DescribeExit(r) << "\n" << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt/step-00000002/manifest.json")) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt/rank-1/step-00000002/manifest.json"))
+      << r.output;
+  r = RunMpi(2,
+             program(4, {"--metrics_out=" + resumed, "--save_dir=" + dir + "/ckpt", "--resume"}),
+             absl::Seconds(300));
+  ASSERT_EQ(r.exit_code, 0) << DescribeExit(r) << "\n" << r.output;
+  EXPECT_THAT(r.output, HasSubstr("resumed from"));
+  const std::vector<nlohmann::json> a = ReadMetrics(straight), b = ReadMetrics(resumed);
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(a[i]["step"], b[i]["step"]);
+    EXPECT_EQ(static_cast<double>(a[i]["loss"]), static_cast<double>(b[i]["loss"]))
+        << "step " << i + 1;
+  }
+  // Another world size is refused, naming the field.
+  std::vector<std::string> single = Flags(2, 6);
+  single.push_back("--save_dir=" + dir + "/ckpt");
+  single.push_back("--resume");
+  r = RunSingle(single, absl::Seconds(120));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("world_size 2 (this run: 1)"));
+}
+
+TEST(ZeroTraining, KillingOneRankEndsTheJob) {
+  // Rank 1 is SIGKILLed 4 s after it starts (the shell's pid is the trainer's after exec).
+  const std::string script = absl::StrCat(
+      "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then (sleep 4; kill -9 $$) & fi; exec ",
+      TrainBinary(), " --model=tiny --micro_batch_size=2 --seq_len=32 --steps=100000");
+  const absl::Time start = absl::Now();
+  const SubprocessResult r = RunMpi(2, {"/bin/sh", "-c", script}, absl::Seconds(120));
+  EXPECT_FALSE(r.timed_out) << "the surviving rank hung:\n" << r.output;
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(90));
+  EXPECT_THAT(r.output, HasSubstr("signal 9"));
+}
+
+}  // namespace
+}  // namespace ps
