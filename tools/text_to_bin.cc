@@ -35,7 +35,8 @@
 #include "trainer/data/tokenizer.h"
 
 ABSL_FLAG(std::string, input, "", "text file to tokenize (required)");
-ABSL_FLAG(std::string, output, "", "token file to write (required): all tokens, or the train split");
+ABSL_FLAG(std::string, output, "",
+          "token file to write (required): all tokens, or the train split");
 ABSL_FLAG(std::string, val_output, "", "if set, token file for the validation split");
 ABSL_FLAG(double, val_fraction, 0.1,
           "with --val_output: the fraction of tokens, taken from the end, that go to validation");

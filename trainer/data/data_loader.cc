@@ -27,7 +27,8 @@ std::string DataCursorString(const DataCursor& cursor) {
 absl::StatusOr<DataLoader> DataLoader::Create(absl::Span<const uint16_t> tokens,
                                               const DataLoaderOptions& options) {
   const DataLoaderOptions& o = options;
-  if (o.batch_size < 1) return BadOption("batch_size", absl::StrCat("= ", o.batch_size, " must be >= 1"));
+  if (o.batch_size < 1)
+    return BadOption("batch_size", absl::StrCat("= ", o.batch_size, " must be >= 1"));
   if (o.seq_len < 1) return BadOption("seq_len", absl::StrCat("= ", o.seq_len, " must be >= 1"));
   if (o.vocab_size < 1 || o.vocab_size > 65536) {
     return BadOption("vocab_size", absl::StrCat("= ", o.vocab_size,
@@ -37,14 +38,14 @@ absl::StatusOr<DataLoader> DataLoader::Create(absl::Span<const uint16_t> tokens,
     return BadOption("world_size", absl::StrCat("= ", o.world_size, " must be >= 1"));
   }
   if (o.rank < 0 || o.rank >= o.world_size) {
-    return BadOption("rank", absl::StrCat("= ", o.rank, " must be in [0, world_size = ",
-                                          o.world_size, ")"));
+    return BadOption(
+        "rank", absl::StrCat("= ", o.rank, " must be in [0, world_size = ", o.world_size, ")"));
   }
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   if (o.batch_size > kMax / o.seq_len / o.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DataLoaderOptions: batch_size * seq_len * world_size = ", o.batch_size, " * ",
-        o.seq_len, " * ", o.world_size, " overflows 64 bits"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DataLoaderOptions: batch_size * seq_len * world_size = ", o.batch_size, " * ",
+                     o.seq_len, " * ", o.world_size, " overflows 64 bits"));
   }
 
   const auto n = static_cast<int64_t>(tokens.size());
@@ -52,12 +53,12 @@ absl::StatusOr<DataLoader> DataLoader::Create(absl::Span<const uint16_t> tokens,
   const int64_t per_rank = num_windows / o.batch_size / o.world_size;
   if (per_rank < 1) {
     const int64_t need = o.batch_size * o.seq_len * o.world_size + 1;
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the token stream is too short for one batch: it has ", n, " tokens (", num_windows,
-        " windows of seq_len + 1 = ", o.seq_len + 1, " tokens at stride ", o.seq_len,
-        "), but batch_size ", o.batch_size, " x world_size ", o.world_size, " = ",
-        o.batch_size * o.world_size, " windows need at least ", need,
-        " tokens; use more data or a smaller batch_size, seq_len or world_size"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the token stream is too short for one batch: it has ", n, " tokens (",
+                     num_windows, " windows of seq_len + 1 = ", o.seq_len + 1, " tokens at stride ",
+                     o.seq_len, "), but batch_size ", o.batch_size, " x world_size ", o.world_size,
+                     " = ", o.batch_size * o.world_size, " windows need at least ", need,
+                     " tokens; use more data or a smaller batch_size, seq_len or world_size"));
   }
   for (int64_t i = 0; i < n; ++i) {
     if (tokens[i] >= o.vocab_size) {
@@ -85,8 +86,10 @@ absl::Status DataLoader::CheckCursor(const DataCursor& cursor) const {
   if (cursor.epoch < 0 || cursor.batch_in_epoch < 0 ||
       cursor.batch_in_epoch >= batches_per_epoch_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "data cursor (", DataCursorString(cursor), ") is out of range: epochs are >= 0 and this "
-        "loader has ", batches_per_epoch_, " batches per epoch (", num_tokens(), " tokens, batch_size ",
+        "data cursor (", DataCursorString(cursor),
+        ") is out of range: epochs are >= 0 and this "
+        "loader has ",
+        batches_per_epoch_, " batches per epoch (", num_tokens(), " tokens, batch_size ",
         options_.batch_size, ", seq_len ", options_.seq_len, ", world_size ", options_.world_size,
         "); was it saved with other data or options?"));
   }
@@ -143,10 +146,10 @@ absl::Status DataLoader::BatchAt(const DataCursor& cursor, absl::Span<int32_t> t
   RETURN_IF_ERROR(CheckCursor(cursor));
   const int64_t want = tokens_per_batch();
   if (static_cast<int64_t>(tokens.size()) != want || static_cast<int64_t>(targets.size()) != want) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch buffers hold ", tokens.size(), " tokens and ", targets.size(),
-        " targets; batch_size * seq_len = ", options_.batch_size, " * ", options_.seq_len, " = ",
-        want, " each are needed"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch buffers hold ", tokens.size(), " tokens and ", targets.size(),
+                     " targets; batch_size * seq_len = ", options_.batch_size, " * ",
+                     options_.seq_len, " = ", want, " each are needed"));
   }
   FillBatch(cursor, tokens, targets);
   return absl::OkStatus();

@@ -73,9 +73,9 @@ std::string DataCursorString(const DataCursor& cursor);  // "epoch 2, batch 17"
 
 // One batch, owned.
 struct TokenBatch {
-  int64_t batch_size = 0;  // B
-  int64_t seq_len = 0;     // T
-  DataCursor cursor;       // where this batch is
+  int64_t batch_size = 0;        // B
+  int64_t seq_len = 0;           // T
+  DataCursor cursor;             // where this batch is
   std::vector<int32_t> tokens;   // [B, T] row-major
   std::vector<int32_t> targets;  // [B, T] row-major; targets[b, t] = tokens[b, t + 1] in the stream
 };

@@ -111,7 +111,7 @@ TEST(DataLoaderTest, LlmcLayoutOnASmallExample) {
   TokenBatch b2 = loader.Next();
   EXPECT_THAT(b2.tokens, ElementsAre(12, 13, 14, 15, 16, 17));
   EXPECT_THAT(b2.targets, ElementsAre(13, 14, 15, 16, 17, 18));  // token 19 is the skipped tail
-  TokenBatch b3 = loader.Next();                                  // wraps to the start
+  TokenBatch b3 = loader.Next();                                 // wraps to the start
   EXPECT_EQ(b3.cursor, (DataCursor{1, 0}));
   EXPECT_THAT(b3.tokens, ElementsAre(0, 1, 2, 3, 4, 5));
 }
@@ -270,11 +270,11 @@ TEST(DataLoaderTest, SeekRejectsCursorsOutOfRangeAndDoesNotMove) {
   DataLoader loader = DataLoader::Create(data, Options(2, 5, true)).value();  // 20 windows
   ASSERT_EQ(loader.batches_per_epoch(), 10);
   ASSERT_OK(loader.Seek({3, 4}));
-  for (const DataCursor bad : {DataCursor{-1, 0}, DataCursor{0, -1}, DataCursor{0, 10},
-                               DataCursor{5, 1000}}) {
-    EXPECT_THAT(loader.Seek(bad),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         AllOf(HasSubstr(DataCursorString(bad)), HasSubstr("10 batches per epoch"))));
+  for (const DataCursor bad :
+       {DataCursor{-1, 0}, DataCursor{0, -1}, DataCursor{0, 10}, DataCursor{5, 1000}}) {
+    EXPECT_THAT(loader.Seek(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           AllOf(HasSubstr(DataCursorString(bad)),
+                                                 HasSubstr("10 batches per epoch"))));
     EXPECT_EQ(loader.cursor(), (DataCursor{3, 4}));
   }
   std::vector<int32_t> tok(10), tgt(10);
@@ -299,10 +299,11 @@ TEST(DataLoaderTest, TooShortStreamsAreRejectedWithTheNumbers) {
   // One batch of B=4, T=8 on 2 ranks needs 4*8*2 + 1 = 65 tokens.
   const std::vector<uint16_t> data = RandomTokens(65, 256, 1);
   EXPECT_OK(DataLoader::Create(data, Options(4, 8, false, 0, 1, 2)));
-  EXPECT_THAT(DataLoader::Create(absl::MakeConstSpan(data).first(64), Options(4, 8, false, 0, 1, 2)),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("too short"), HasSubstr("64 tokens"),
-                             HasSubstr("7 windows"), HasSubstr("at least 65 tokens"))));
+  EXPECT_THAT(
+      DataLoader::Create(absl::MakeConstSpan(data).first(64), Options(4, 8, false, 0, 1, 2)),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("too short"), HasSubstr("64 tokens"), HasSubstr("7 windows"),
+                     HasSubstr("at least 65 tokens"))));
   EXPECT_THAT(DataLoader::Create({}, Options(1, 1)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("0 tokens")));
   const std::vector<uint16_t> one = {3};
@@ -319,10 +320,10 @@ TEST(DataLoaderTest, TokensOutsideTheVocabularyAreRejectedWithPositionAndValue) 
   EXPECT_OK(DataLoader::Create(data, o));
   data[317] = 100;
   data[400] = 65535;
-  EXPECT_THAT(DataLoader::Create(data, o),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("token 100 at position 317 of 500"),
-                             HasSubstr("vocab_size 100"))));
+  EXPECT_THAT(
+      DataLoader::Create(data, o),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("token 100 at position 317 of 500"), HasSubstr("vocab_size 100"))));
   // The last token (only ever a target) is checked too.
   data[317] = 1;
   data[400] = 1;
@@ -364,8 +365,8 @@ TEST(DataLoaderTest, BadOptionsNameTheField) {
 TEST(DataLoaderTest, LoaderOverAFullVocabularyAcceptsToken65535) {
   std::vector<uint16_t> data(9, 65535);
   ASSERT_OK_AND_ASSIGN(DataLoader loader, DataLoader::Create(data, Options(2, 4)));
-  EXPECT_THAT(loader.Next().targets, ElementsAre(65535, 65535, 65535, 65535, 65535, 65535,
-                                                 65535, 65535));
+  EXPECT_THAT(loader.Next().targets,
+              ElementsAre(65535, 65535, 65535, 65535, 65535, 65535, 65535, 65535));
 }
 
 }  // namespace

@@ -26,20 +26,20 @@ void AddWords(GrammarState& state, const std::vector<std::string>& words, uint32
 
 Grammar BuildGrammar() {
   const std::vector<std::string> adjectives = {"big", "small", "red", "old", "happy", "quiet"};
-  const std::vector<std::string> agents = {"cat", "dog", "bird", "fox", "girl", "boy", "king",
-                                           "robot"};
-  const std::vector<std::string> things = {"apple", "ball", "tree", "house", "river", "moon",
-                                           "book", "song"};
+  const std::vector<std::string> agents = {"cat",  "dog", "bird", "fox",
+                                           "girl", "boy", "king", "robot"};
+  const std::vector<std::string> things = {"apple", "ball", "tree", "house",
+                                           "river", "moon", "book", "song"};
   const std::vector<std::string> places = {"garden", "city", "forest", "rain", "night"};
   enum : int {
     kStart,
-    kSubject,       // adjective or noun
-    kSubjectNoun,   // noun after an adjective
+    kSubject,      // adjective or noun
+    kSubjectNoun,  // noun after an adjective
     kVerb,
     kObjectDet,
-    kObject,        // adjective or noun
-    kObjectNoun,    // noun after an adjective
-    kAfterVerb,     // end, or a preposition
+    kObject,      // adjective or noun
+    kObjectNoun,  // noun after an adjective
+    kAfterVerb,   // end, or a preposition
     kPlaceDet,
     kPlace,
     kAfterPlace,
@@ -48,8 +48,8 @@ Grammar BuildGrammar() {
   Grammar g;
   g.states.resize(kNumStates);
   GrammarState* s = g.states.data();
-  s[kStart].edges = {{6, "the", kSubject}, {3, "a", kSubject}, {2, "my", kSubject},
-                     {1, "one", kSubject}};
+  s[kStart].edges = {
+      {6, "the", kSubject}, {3, "a", kSubject}, {2, "my", kSubject}, {1, "one", kSubject}};
   AddWords(s[kSubject], adjectives, 1, kSubjectNoun);
   AddWords(s[kSubject], agents, 2, kVerb);
   AddWords(s[kSubjectNoun], agents, 1, kVerb);
@@ -203,8 +203,7 @@ double SyntheticCorpusEntropyRateNats() {
   constexpr int k = data_internal::kSentencesPerParagraph;
   // k sentences separated by k - 1 spaces, the marker, the first sentence again, '\n'.
   const double paragraph_bytes = (k + 1) * s.expected_bytes + (k - 1) +
-                                 static_cast<double>(std::strlen(data_internal::kRepeatMarker)) +
-                                 1;
+                                 static_cast<double>(std::strlen(data_internal::kRepeatMarker)) + 1;
   return k * s.entropy_nats / paragraph_bytes;
 }
 
@@ -235,8 +234,8 @@ absl::StatusOr<SyntheticCorpus> GenerateSyntheticCorpus(const SyntheticCorpusOpt
   for (const auto& [name, value] : {std::pair{"train_tokens", options.train_tokens},
                                     std::pair{"val_tokens", options.val_tokens}}) {
     if (value < 1 || value > kMaxTokens) {
-      return absl::InvalidArgumentError(absl::StrCat("SyntheticCorpusOptions.", name, " = ",
-                                                     value, " must be in [1, ", kMaxTokens, "]"));
+      return absl::InvalidArgumentError(absl::StrCat("SyntheticCorpusOptions.", name, " = ", value,
+                                                     " must be in [1, ", kMaxTokens, "]"));
     }
   }
   SyntheticCorpus corpus;

@@ -2,9 +2,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -54,10 +54,11 @@ TEST(SyntheticCorpusTest, IsDeterministicPerSeedAndSplit) {
 // same on every platform; a change here changes every default training run.
 TEST(SyntheticCorpusTest, TextIsFixedForSeedZero) {
   ASSERT_OK_AND_ASSIGN(SyntheticCorpus corpus, GenerateSyntheticCorpus(Options(0, 200, 100)));
-  EXPECT_EQ(BytesToText(corpus.train),
-            "a dog sings. the bird likes the tree. the girl finds every apple. again: a dog sings.\n"
-            "the girl likes every ball. the quiet fox sleeps with the forest. a cat likes the big "
-            "song under a forest. again: t");
+  EXPECT_EQ(
+      BytesToText(corpus.train),
+      "a dog sings. the bird likes the tree. the girl finds every apple. again: a dog sings.\n"
+      "the girl likes every ball. the quiet fox sleeps with the forest. a cat likes the big "
+      "song under a forest. again: t");
   EXPECT_EQ(BytesToText(corpus.val),
             "my king chases the tree under the forest. my boy sees the book. my happy girl chases "
             "the book. again");

@@ -49,9 +49,8 @@ struct RunResult {
 // Runs text_to_bin with `args` (already shell-quoted where needed), optionally with an
 // environment prefix such as "BUILD_WORKING_DIRECTORY=/x".
 RunResult RunTool(const std::string& args, const std::string& env = "") {
-  const std::string command =
-      absl::StrCat(env, env.empty() ? "" : " ", "'", Runfile("tools/text_to_bin"), "' ", args,
-                   " 2>&1");
+  const std::string command = absl::StrCat(env, env.empty() ? "" : " ", "'",
+                                           Runfile("tools/text_to_bin"), "' ", args, " 2>&1");
   RunResult result;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -74,8 +73,8 @@ TEST(TextToBinTest, ByteLevelWritesEveryByteAsAToken) {
   std::mt19937 rng(1);
   for (int i = 0; i < 10000; ++i) text.push_back(static_cast<char>(rng()));
   WriteRawFile(TmpPath("bytes.txt"), text);
-  const RunResult r = RunTool(absl::StrCat("--input=", TmpPath("bytes.txt"),
-                                           " --output=", TmpPath("bytes.bin")));
+  const RunResult r =
+      RunTool(absl::StrCat("--input=", TmpPath("bytes.txt"), " --output=", TmpPath("bytes.bin")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("byte tokenizer (vocabulary 256): 10256 bytes -> 10256 tokens"));
   EXPECT_THAT(r.output, HasSubstr("tokens/s"));
@@ -87,9 +86,9 @@ TEST(TextToBinTest, SplitsTheLastFractionIntoValidation) {
   std::string text;
   for (int i = 0; i < 1000; ++i) text.push_back(static_cast<char>('a' + i % 26));
   WriteRawFile(TmpPath("split.txt"), text);
-  const RunResult r = RunTool(absl::StrCat("--input=", TmpPath("split.txt"), " --output=",
-                                           TmpPath("train.bin"), " --val_output=",
-                                           TmpPath("val.bin"), " --val_fraction=0.25"));
+  const RunResult r =
+      RunTool(absl::StrCat("--input=", TmpPath("split.txt"), " --output=", TmpPath("train.bin"),
+                           " --val_output=", TmpPath("val.bin"), " --val_fraction=0.25"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_OK_AND_ASSIGN(TokenFile train, TokenFile::Open(TmpPath("train.bin")));
   ASSERT_OK_AND_ASSIGN(TokenFile val, TokenFile::Open(TmpPath("val.bin")));

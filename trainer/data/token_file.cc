@@ -93,18 +93,17 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
     got += static_cast<size_t>(n);
   }
   if (got != want) {
-    return corrupt(absl::StrCat("the file shrank while being read (", got, " of ", want,
-                                " header bytes)"));
+    return corrupt(
+        absl::StrCat("the file shrank while being read (", got, " of ", want, " header bytes)"));
   }
   const absl::string_view text_hint =
       LooksLikeText(head, got)
           ? "; it looks like a text file: convert text with `bazel run //tools:text_to_bin`"
           : "";
   if (file_size < kTokenFileHeaderBytes) {
-    return corrupt(absl::StrCat("the file is ", file_size, " bytes, shorter than the ",
-                                kTokenFileHeaderBytes,
-                                "-byte header; it is truncated or not an llm.c token file",
-                                text_hint));
+    return corrupt(
+        absl::StrCat("the file is ", file_size, " bytes, shorter than the ", kTokenFileHeaderBytes,
+                     "-byte header; it is truncated or not an llm.c token file", text_hint));
   }
   int32_t header[kTokenFileHeaderInts];
   std::memcpy(header, head, sizeof(header));
@@ -113,14 +112,14 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
   const int32_t count = header[2];
   if (magic != kTokenFileMagic) {
     if (magic == kLlmcLlama3TokenMagic) {
-      return corrupt(absl::StrCat(
-          "this is an llm.c Llama-3 token file (magic ", magic, ", version ", version,
-          ", uint32 tokens); only GPT-2-style files (magic ", kTokenFileMagic,
-          ", version 1, uint16 tokens) are supported"));
+      return corrupt(absl::StrCat("this is an llm.c Llama-3 token file (magic ", magic,
+                                  ", version ", version,
+                                  ", uint32 tokens); only GPT-2-style files (magic ",
+                                  kTokenFileMagic, ", version 1, uint16 tokens) are supported"));
     }
     if (magic == kLlmcModelMagic) {
-      return corrupt(absl::StrCat("this is an llm.c model checkpoint (magic ", magic,
-                                  "), not a token file"));
+      return corrupt(
+          absl::StrCat("this is an llm.c model checkpoint (magic ", magic, "), not a token file"));
     }
     return corrupt(absl::StrCat("bad magic number ", magic, " (expected ", kTokenFileMagic,
                                 "); not an llm.c token file", text_hint));
@@ -153,8 +152,8 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
   if (addr == MAP_FAILED) return ErrnoError(errno, "cannot mmap token file", path);
   file.map_addr_ = addr;
   file.map_size_bytes_ = file_size;
-  const auto* tokens = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(addr) +
-                                                         kTokenFileHeaderBytes);
+  const auto* tokens =
+      reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(addr) + kTokenFileHeaderBytes);
   file.tokens_ = absl::MakeConstSpan(tokens, static_cast<size_t>(count));
   uint16_t max_token = 0;
   for (const uint16_t t : file.tokens_) max_token = t > max_token ? t : max_token;
@@ -192,10 +191,10 @@ void TokenFile::Unmap() {
 
 absl::Status WriteTokenFile(const std::string& path, absl::Span<const uint16_t> tokens) {
   if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot write token file '", path, "': ", tokens.size(),
-        " tokens exceed the format's limit of ", std::numeric_limits<int32_t>::max(),
-        " (the header's count is an int32); split the data into several files"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write token file '", path, "': ", tokens.size(),
+                     " tokens exceed the format's limit of ", std::numeric_limits<int32_t>::max(),
+                     " (the header's count is an int32); split the data into several files"));
   }
   int32_t header[kTokenFileHeaderInts] = {};
   header[0] = kTokenFileMagic;

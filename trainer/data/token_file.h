@@ -58,7 +58,8 @@ class TokenFile {
   // The tokens, in file order. Aligned to 2 bytes (the payload starts at offset 1024 of a
   // page-aligned mapping).
   absl::Span<const uint16_t> tokens() const { return tokens_; }
-  // The largest token in the file; 0 for a file with no tokens. A model's vocabulary must be larger.
+  // The largest token in the file; 0 for a file with no tokens. A model's vocabulary must be
+  // larger.
   uint16_t max_token() const { return max_token_; }
 
  private:

@@ -43,7 +43,8 @@ std::string ReadRawFile(const std::string& path) {
 }
 
 // A header followed by `payload`, built by hand (independently of WriteTokenFile).
-std::string RawTokenFile(int32_t magic, int32_t version, int32_t count, const std::string& payload) {
+std::string RawTokenFile(int32_t magic, int32_t version, int32_t count,
+                         const std::string& payload) {
   std::string bytes(1024, '\0');
   std::memcpy(bytes.data(), &magic, 4);
   std::memcpy(bytes.data() + 4, &version, 4);
@@ -69,8 +70,8 @@ std::vector<std::string> FilesIn(const std::string& dir) {
 
 TEST(TokenFileTest, RoundTripsRandomSizes) {
   std::mt19937_64 rng(1);
-  for (const size_t n : {size_t{0}, size_t{1}, size_t{2}, size_t{7}, size_t{511}, size_t{4097},
-                         size_t{100003}}) {
+  for (const size_t n :
+       {size_t{0}, size_t{1}, size_t{2}, size_t{7}, size_t{511}, size_t{4097}, size_t{100003}}) {
     std::vector<uint16_t> tokens(n);
     uint16_t max = 0;
     for (auto& t : tokens) {
@@ -80,8 +81,8 @@ TEST(TokenFileTest, RoundTripsRandomSizes) {
     const std::string path = TmpPath(absl::StrCat("round_trip_", n, ".bin"));
     ASSERT_OK(WriteTokenFile(path, tokens));
     // The bytes are exactly the format: header, then the tokens little-endian.
-    EXPECT_EQ(ReadRawFile(path), RawTokenFile(20240520, 1, static_cast<int32_t>(n),
-                                              TokenBytes(tokens)));
+    EXPECT_EQ(ReadRawFile(path),
+              RawTokenFile(20240520, 1, static_cast<int32_t>(n), TokenBytes(tokens)));
     ASSERT_OK_AND_ASSIGN(TokenFile file, TokenFile::Open(path));
     EXPECT_EQ(file.path(), path);
     EXPECT_EQ(file.num_tokens(), static_cast<int64_t>(n));
@@ -138,10 +139,10 @@ TEST(TokenFileTest, WriteRejectsMoreThanInt32MaxTokens) {
   const uint16_t one = 1;
   const auto huge = absl::MakeConstSpan(&one, size_t{INT32_MAX} + 1);
   const std::string path = TmpPath("huge.bin");
-  EXPECT_THAT(WriteTokenFile(path, huge),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr(path), HasSubstr("2147483648 tokens"),
-                             HasSubstr("2147483647"))));
+  EXPECT_THAT(
+      WriteTokenFile(path, huge),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr(path), HasSubstr("2147483648 tokens"), HasSubstr("2147483647"))));
   EXPECT_EQ(ReadRawFile(path), "");  // nothing was created
 }
 
@@ -182,10 +183,12 @@ std::vector<BadFile> BadFiles() {
   return {
       {"empty", "", {"empty (0 bytes)"}},
       {"short_binary", std::string(10, '\x01'), {"10 bytes", "shorter than the 1024-byte header"}},
-      {"short_text", "hello world\n", {"shorter than the 1024-byte header", "text file",
-                                       "text_to_bin"}},
+      {"short_text",
+       "hello world\n",
+       {"shorter than the 1024-byte header", "text file", "text_to_bin"}},
       {"long_text", text, {"bad magic number", "expected 20240520", "text file"}},
-      {"header_only_truncated", RawTokenFile(20240520, 1, 0, "").substr(0, 1023),
+      {"header_only_truncated",
+       RawTokenFile(20240520, 1, 0, "").substr(0, 1023),
        {"1023 bytes", "shorter than the 1024-byte header"}},
       {"llama3", RawTokenFile(20240801, 7, 1, std::string(4, '\0')), {"Llama-3", "uint32"}},
       {"model_checkpoint", RawTokenFile(20240326, 3, 0, ""), {"model checkpoint"}},
@@ -193,14 +196,18 @@ std::vector<BadFile> BadFiles() {
       {"version2", RawTokenFile(20240520, 2, 3, three), {"unsupported version 2"}},
       {"version0", RawTokenFile(20240520, 0, 3, three), {"unsupported version 0"}},
       {"negative_count", RawTokenFile(20240520, 1, -5, ""), {"negative", "-5"}},
-      {"truncated_token", RawTokenFile(20240520, 1, 4, three),
+      {"truncated_token",
+       RawTokenFile(20240520, 1, 4, three),
        {"truncated", "declares 4 tokens (8 bytes", "only 6 bytes", "(3 tokens)"}},
-      {"truncated_byte", RawTokenFile(20240520, 1, 3, three.substr(0, 5)),
+      {"truncated_byte",
+       RawTokenFile(20240520, 1, 3, three.substr(0, 5)),
        {"truncated", "only 5 bytes"}},
-      {"trailing_byte", RawTokenFile(20240520, 1, 3, three + "x"),
+      {"trailing_byte",
+       RawTokenFile(20240520, 1, 3, three + "x"),
        {"1 trailing bytes", "3 tokens"}},
       {"trailing_tokens", RawTokenFile(20240520, 1, 2, three), {"2 trailing bytes", "2 tokens"}},
-      {"count_overflowing_the_file", RawTokenFile(20240520, 1, INT32_MAX, three),
+      {"count_overflowing_the_file",
+       RawTokenFile(20240520, 1, INT32_MAX, three),
        {"truncated", "2147483647 tokens"}},
   };
 }

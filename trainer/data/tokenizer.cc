@@ -140,8 +140,8 @@ absl::StatusOr<std::string> ByteTokenizer::Decode(absl::Span<const uint16_t> tok
   std::string text(tokens.size(), '\0');
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] > 255) {
-      return absl::InvalidArgumentError(absl::StrCat("token ", tokens[i], " at position ", i,
-                                                     " is not a byte (the byte vocabulary is 256)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token ", tokens[i], " at position ", i, " is not a byte (the byte vocabulary is 256)"));
     }
     text[i] = static_cast<char>(tokens[i]);
   }
@@ -198,9 +198,8 @@ absl::StatusOr<std::unique_ptr<Gpt2BpeTokenizer>> Gpt2BpeTokenizer::FromContents
         }
         return true;
       };
-  const nlohmann::json vocab =
-      nlohmann::json::parse(vocab_json.begin(), vocab_json.end(), on_event,
-                            /*allow_exceptions=*/false);
+  const nlohmann::json vocab = nlohmann::json::parse(vocab_json.begin(), vocab_json.end(), on_event,
+                                                     /*allow_exceptions=*/false);
   if (vocab.is_discarded()) return vocab_error("not valid JSON (or not valid UTF-8)");
   if (!vocab.is_object()) return vocab_error("not a JSON object of token -> id");
   if (vocab.empty()) return vocab_error("empty");
@@ -264,16 +263,16 @@ absl::StatusOr<std::unique_ptr<Gpt2BpeTokenizer>> Gpt2BpeTokenizer::FromContents
     for (int p = 0; p < 2; ++p) {
       const auto it = tok->token_to_id_.find(parts[p]);
       if (it == tok->token_to_id_.end()) {
-        return merges_error(absl::StrCat("symbol '", parts[p], "' is not in the vocabulary ",
-                                         vocab_name));
+        return merges_error(
+            absl::StrCat("symbol '", parts[p], "' is not in the vocabulary ", vocab_name));
       }
       ids[p] = it->second;
     }
     const std::string merged = absl::StrCat(parts[0], parts[1]);
     const auto merged_it = tok->token_to_id_.find(merged);
     if (merged_it == tok->token_to_id_.end()) {
-      return merges_error(absl::StrCat("the merged symbol '", merged,
-                                       "' is not in the vocabulary ", vocab_name));
+      return merges_error(
+          absl::StrCat("the merged symbol '", merged, "' is not in the vocabulary ", vocab_name));
     }
     const uint64_t key = PairKey(ids[0], ids[1]);
     const auto [where, inserted] = line_of.try_emplace(key, line_no);
@@ -375,8 +374,8 @@ absl::StatusOr<std::string> Gpt2BpeTokenizer::Decode(absl::Span<const uint16_t> 
   for (size_t i = 0; i < tokens.size(); ++i) {
     const uint16_t id = tokens[i];
     if (id >= id_to_token_.size() || !id_to_token_[id].has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat("token ", id, " at position ", i,
-                                                     " is not in the vocabulary"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("token ", id, " at position ", i, " is not in the vocabulary"));
     }
     const std::string& token = *id_to_token_[id];
     for (size_t pos = 0; pos < token.size();) {

@@ -1,4 +1,5 @@
-// Tokenizers that turn text into the uint16 tokens of llm.c token files (trainer/data/token_file.h).
+// Tokenizers that turn text into the uint16 tokens of llm.c token files
+// (trainer/data/token_file.h).
 //
 // ByteTokenizer: every byte is one token (vocabulary 256). Lossless for any input.
 //
@@ -117,9 +118,7 @@ class Gpt2BpeTokenizer final : public Tokenizer {
   Gpt2BpeTokenizer() = default;
   // BPE of one pre-tokenized piece, appended to `out`.
   void EncodePiece(absl::string_view piece, std::vector<uint16_t>* out) const;
-  static uint64_t PairKey(uint16_t left, uint16_t right) {
-    return (uint64_t{left} << 16) | right;
-  }
+  static uint64_t PairKey(uint16_t left, uint16_t right) { return (uint64_t{left} << 16) | right; }
 
   int64_t vocab_size_ = 0;
   absl::flat_hash_map<std::string, uint16_t> token_to_id_;

@@ -36,8 +36,8 @@ std::string ReadFileOrDie(const std::string& path) {
 }
 
 std::unique_ptr<Gpt2BpeTokenizer> TinyTokenizer() {
-  auto tok = Gpt2BpeTokenizer::Load(TestDataPath("tiny_vocab.json"),
-                                    TestDataPath("tiny_merges.txt"));
+  auto tok =
+      Gpt2BpeTokenizer::Load(TestDataPath("tiny_vocab.json"), TestDataPath("tiny_merges.txt"));
   EXPECT_OK(tok);
   return tok.ok() ? std::move(tok).value() : nullptr;
 }
@@ -78,7 +78,9 @@ TEST(Gpt2PreTokenizeTest, HandWorkedExamples) {
   // Non-ASCII letters, numbers, spaces, marks and symbols.
   EXPECT_THAT(Pieces("café 中文 ½Ⅻ"), ElementsAre("café", " 中文", " ½Ⅻ"));
   EXPECT_THAT(Pieces("e\xCC\x81x"), ElementsAre("e", "\xCC\x81", "x"));  // U+0301 is a mark
-  EXPECT_THAT(Pieces("a\xC2\xA0" "b"), ElementsAre("a", "\xC2\xA0", "b"));  // NBSP: \s, not ' '
+  EXPECT_THAT(Pieces("a\xC2\xA0"
+                     "b"),
+              ElementsAre("a", "\xC2\xA0", "b"));  // NBSP: \s, not ' '
   EXPECT_THAT(Pieces("\xF0\x9F\x98\x80!"), ElementsAre("\xF0\x9F\x98\x80!"));
   // Invalid UTF-8 bytes are "other" characters and group with punctuation.
   EXPECT_THAT(Pieces("a\xFF\xFE!b \xC0"), ElementsAre("a", "\xFF\xFE!", "b", " \xC0"));
@@ -96,7 +98,8 @@ std::vector<FixtureCase> FixtureCases() {
   for (const auto& c : doc["cases"]) {
     FixtureCase f;
     f.text = absl::HexStringToBytes(c["text_hex"].get<std::string>());
-    for (const auto& p : c["pieces_hex"]) f.pieces.push_back(absl::HexStringToBytes(p.get<std::string>()));
+    for (const auto& p : c["pieces_hex"])
+      f.pieces.push_back(absl::HexStringToBytes(p.get<std::string>()));
     for (const auto& id : c["ids"]) f.ids.push_back(id.get<uint16_t>());
     cases.push_back(std::move(f));
   }
@@ -266,7 +269,10 @@ std::vector<BadInput> BadInputs() {
       {"three_symbols", good_vocab, "a b c\n", {"line 1", "two symbols"}},
       {"double_space", good_vocab, "a  b\n", {"line 1", "two symbols"}},
       {"blank_line", good_vocab, "a b\n\nab c\n", {"line 2", "two symbols"}},
-      {"unknown_symbol", good_vocab, "a b\nab zz\n", {"line 2", "symbol 'zz'", "not in the vocabulary"}},
+      {"unknown_symbol",
+       good_vocab,
+       "a b\nab zz\n",
+       {"line 2", "symbol 'zz'", "not in the vocabulary"}},
       {"unknown_merged", good_vocab, "a b\nb c\n", {"line 2", "merged symbol 'bc'"}},
       {"duplicate_merge", good_vocab, "a b\nab c\na b\n", {"line 3", "duplicate of line 1"}},
       {"version_not_first", good_vocab, "a b\n#version: 0.2\n", {"line 2", "symbol '#version:'"}},
@@ -280,7 +286,8 @@ INSTANTIATE_TEST_SUITE_P(AllCases, MalformedBpeFilesTest, ::testing::ValuesIn(Ba
 
 TEST(Gpt2BpeTokenizerTest, AcceptsCrlfAndAMissingFinalNewline) {
   const std::string vocab = VocabWith(R"(, "ab": 256, "abc": 257)");
-  ASSERT_OK_AND_ASSIGN(auto tok, Gpt2BpeTokenizer::FromContents(vocab, "#version: 0.2\r\na b\r\nab c"));
+  ASSERT_OK_AND_ASSIGN(auto tok,
+                       Gpt2BpeTokenizer::FromContents(vocab, "#version: 0.2\r\na b\r\nab c"));
   EXPECT_EQ(tok->num_merges(), 2);
   EXPECT_THAT(Encode(*tok, "abcab"), ElementsAre(257, 256));
   EXPECT_EQ(tok->eot_token(), std::nullopt);
@@ -307,8 +314,9 @@ TEST(Gpt2BpeTokenizerTest, MissingFilesAreNotFound) {
   EXPECT_THAT(Gpt2BpeTokenizer::Load(TestDataPath("tiny_vocab.json"), "/no/such/merges.txt"),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("/no/such/merges.txt")));
   // Error messages of loaded files name the path.
-  EXPECT_THAT(Gpt2BpeTokenizer::Load(TestDataPath("tiny_merges.txt"), TestDataPath("tiny_merges.txt")),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tiny_merges.txt'")));
+  EXPECT_THAT(
+      Gpt2BpeTokenizer::Load(TestDataPath("tiny_merges.txt"), TestDataPath("tiny_merges.txt")),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tiny_merges.txt'")));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -45,8 +45,8 @@ const Grammar& SyntheticGrammar();
 
 // Exact statistics of one sentence of `grammar` (computed from expected state visits).
 struct SentenceStats {
-  double entropy_nats = 0;     // entropy of the sentence's text
-  double expected_bytes = 0;   // expected length including the final '.'
+  double entropy_nats = 0;    // entropy of the sentence's text
+  double expected_bytes = 0;  // expected length including the final '.'
 };
 SentenceStats ComputeSentenceStats(const Grammar& grammar);
 

@@ -17,9 +17,9 @@ struct CodePointRange {
 template <size_t N>
 bool InRanges(const CodePointRange (&ranges)[N], uint32_t cp) {
   // The first range whose end is >= cp.
-  const CodePointRange* it = std::lower_bound(
-      std::begin(ranges), std::end(ranges), cp,
-      [](const CodePointRange& r, uint32_t value) { return r.last < value; });
+  const CodePointRange* it =
+      std::lower_bound(std::begin(ranges), std::end(ranges), cp,
+                       [](const CodePointRange& r, uint32_t value) { return r.last < value; });
   return it != std::end(ranges) && it->first <= cp;
 }
 

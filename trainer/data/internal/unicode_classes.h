@@ -1,4 +1,5 @@
-// Unicode character classes and UTF-8 decoding for GPT-2's pre-tokenizer (trainer/data/tokenizer.h).
+// Unicode character classes and UTF-8 decoding for GPT-2's pre-tokenizer
+// (trainer/data/tokenizer.h).
 //
 // Classes: letters are the general category L (Lu Ll Lt Lm Lo) and numbers N (Nd Nl No), from
 // tables generated out of Unicode 14.0 (unicode_tables.inc, by make_unicode_tables.py); whitespace

@@ -8,7 +8,8 @@ namespace ps::data_internal {
 namespace {
 
 TEST(UnicodeClassesTest, ClassifiesLettersNumbersSpacesAndOthers) {
-  for (const uint32_t cp : {0x41u, 0x7Au, 0xAAu, 0xE9u, 0x416u, 0x4E2Du, 0x1C5u, 0x2B0u, 0x20000u}) {
+  for (const uint32_t cp :
+       {0x41u, 0x7Au, 0xAAu, 0xE9u, 0x416u, 0x4E2Du, 0x1C5u, 0x2B0u, 0x20000u}) {
     EXPECT_EQ(ClassOf(cp), CharClass::kLetter) << std::hex << cp;
   }
   for (const uint32_t cp : {0x30u, 0x39u, 0x663u, 0x216Bu, 0xBDu, 0xB2u}) {
@@ -41,17 +42,19 @@ TEST(UnicodeClassesTest, DecodesWellFormedUtf8AndRejectsEverythingElseBytewise) 
       {"\xF0\x9F\x98\x80", 0x1F600, 4},
       {"\xF4\x8F\xBF\xBF", 0x10FFFF, 4},
       {"\xEF\xBF\xBF", 0xFFFF, 3},
-      {"\x80", kInvalidCodePoint, 1},          // lone continuation byte
-      {"\xC0\xAF", kInvalidCodePoint, 1},      // overlong '/'
-      {"\xC1\xBF", kInvalidCodePoint, 1},      // overlong
-      {"\xE0\x80\xAF", kInvalidCodePoint, 1},  // overlong 3-byte
+      {"\x80", kInvalidCodePoint, 1},              // lone continuation byte
+      {"\xC0\xAF", kInvalidCodePoint, 1},          // overlong '/'
+      {"\xC1\xBF", kInvalidCodePoint, 1},          // overlong
+      {"\xE0\x80\xAF", kInvalidCodePoint, 1},      // overlong 3-byte
       {"\xF0\x80\x80\xAF", kInvalidCodePoint, 1},  // overlong 4-byte
-      {"\xED\xA0\x80", kInvalidCodePoint, 1},  // encoded surrogate
+      {"\xED\xA0\x80", kInvalidCodePoint, 1},      // encoded surrogate
       {"\xF4\x90\x80\x80", kInvalidCodePoint, 1},  // above U+10FFFF
       {"\xF5\x80\x80\x80", kInvalidCodePoint, 1},
       {"\xFF", kInvalidCodePoint, 1},
-      {"\xE2\x82", kInvalidCodePoint, 1},      // truncated at the end
-      {"\xE2\x82" "A", kInvalidCodePoint, 1},  // truncated before ASCII
+      {"\xE2\x82", kInvalidCodePoint, 1},  // truncated at the end
+      {"\xE2\x82"
+       "A",
+       kInvalidCodePoint, 1},                  // truncated before ASCII
       {"\xC3\xC3\xA9", kInvalidCodePoint, 1},  // lead byte followed by a lead byte
   };
   for (const Utf8Case& c : cases) {
