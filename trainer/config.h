@@ -259,9 +259,9 @@ absl::StatusOr<TrainConfig> ParseTrainConfig(absl::string_view json_text, absl::
 absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path);
 
 // The embedded default: a small GPT-2 (vocab 256, 128 positions, n_embd 128, 4 layers, 4 heads,
-// activation checkpointing) on the built-in synthetic corpus, micro batch 2 x 128 tokens, 300
+// activation checkpointing) on the built-in synthetic corpus, micro batch 8 x 64 tokens, 2000
 // steps, AdamW (lr 3e-3, weight decay 0.01) with WarmupDecayLR (30 linear warm-up steps),
-// clipping at 1.0, f32, chunks of 80 Ki elements, on the cpu accelerator with a 12 MiB cap below
+// clipping at 1.0, f32, chunks of 80 Ki elements, on the cpu accelerator with a 10 MiB cap below
 // the 12.9 MiB of model data (so chunks move). All of its values are set in one place, in
 // config.cc, with the measurements that chose them. It passes ValidateTrainConfig.
 TrainConfig DefaultTrainConfig();

@@ -82,7 +82,7 @@ TEST(DefaultTrainConfigTest, HasTheDocumentedValues) {
   EXPECT_EQ(c.data.seq_len, 64);
   EXPECT_TRUE(c.model.activation_checkpointing);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 8);
-  EXPECT_EQ(c.steps, 300);
+  EXPECT_EQ(c.steps, 2000);
   EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-3);
   EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.01);
@@ -96,7 +96,7 @@ TEST(DefaultTrainConfigTest, HasTheDocumentedValues) {
   EXPECT_EQ(c.data.train_path, "");
   EXPECT_EQ(c.data.val_path, "");
   EXPECT_EQ(c.steps_per_print, 1);
-  EXPECT_EQ(c.data.eval_every, 100);
+  EXPECT_EQ(c.data.eval_every, 250);
   EXPECT_GT(c.chunk.size_elems, 0);
 }
 
@@ -132,7 +132,7 @@ TEST(DefaultTrainConfigTest, ScheduleWarmsUpThenDecaysToZero) {
   EXPECT_DOUBLE_EQ(schedule.LearningRate(0), 0.0);
   EXPECT_DOUBLE_EQ(schedule.LearningRate(15), 1.5e-3);
   EXPECT_DOUBLE_EQ(schedule.LearningRate(30), 3e-3);
-  EXPECT_DOUBLE_EQ(schedule.LearningRate(300), 0.0);
+  EXPECT_DOUBLE_EQ(schedule.LearningRate(c.steps), 0.0);
 }
 
 // --- Parsing: defaults and every key --------------------------------------------------------
