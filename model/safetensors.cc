@@ -17,6 +17,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/file_io.h"
 #include "base/status_macros.h"
 #include "memory/convert.h"
 #include "nlohmann/json.hpp"
@@ -108,10 +109,6 @@ std::optional<int64_t> CheckedSizeBytes(absl::Span<const int64_t> shape, int64_t
   if (__builtin_mul_overflow(n, element_size, &bytes)) return std::nullopt;
   if (num_elements != nullptr) *num_elements = n;
   return bytes;
-}
-
-absl::Status ErrnoError(int err, absl::string_view what, const std::string& path) {
-  return absl::ErrnoToStatus(err, absl::StrCat(what, " '", path, "'"));
 }
 
 // Reads a non-negative integer that fits in int64 from a JSON number.
@@ -234,21 +231,6 @@ absl::Status CheckTiling(const std::string& path, const std::vector<SafetensorsT
                                             buffer_size,
                                             " bytes but the tensors cover only the first ", covered,
                                             " (trailing bytes belong to no tensor)"));
-  }
-  return absl::OkStatus();
-}
-
-// Writes all of `data` to `fd`, retrying on EINTR and short writes.
-absl::Status WriteAll(int fd, const void* data, size_t size, const std::string& path) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (size > 0) {
-    const ssize_t n = ::write(fd, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError(errno, "cannot write", path);
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
   }
   return absl::OkStatus();
 }
@@ -543,42 +525,17 @@ absl::Status WriteSafetensors(const std::string& path,
   const uint64_t header_size = text.size();
 
   // Write to a temporary file in the same directory, then rename over `path`.
-  std::string tmp_path = path + ".tmp.XXXXXX";
-  const int fd = ::mkostemp(tmp_path.data(), O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, "cannot create a temporary file for", path);
-  bool fd_open = true;
-  bool committed = false;
-  absl::Cleanup cleanup = [&] {
-    if (fd_open) ::close(fd);
-    if (!committed) ::unlink(tmp_path.c_str());
-  };
-  if (::fchmod(fd, 0644) != 0) return ErrnoError(errno, "cannot chmod", tmp_path);
-  RETURN_IF_ERROR(WriteAll(fd, &header_size, sizeof(header_size), tmp_path));
-  RETURN_IF_ERROR(WriteAll(fd, text.data(), text.size(), tmp_path));
-  std::vector<uint8_t> buffer;
-  for (size_t i : order) {
-    buffer.resize(static_cast<size_t>(sizes[i]));
-    RETURN_IF_ERROR(fill(i, absl::MakeSpan(buffer)));
-    RETURN_IF_ERROR(WriteAll(fd, buffer.data(), buffer.size(), tmp_path));
-  }
-  if (::fsync(fd) != 0) return ErrnoError(errno, "cannot fsync", tmp_path);
-  fd_open = false;
-  if (::close(fd) != 0) return ErrnoError(errno, "cannot close", tmp_path);
-  if (::rename(tmp_path.c_str(), path.c_str()) != 0) {
-    return ErrnoError(errno, absl::StrCat("cannot rename '", tmp_path, "' to"), path);
-  }
-  committed = true;
-  // Make the rename durable.
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    const int rc = ::fsync(dir_fd);
-    const int err = errno;
-    ::close(dir_fd);
-    if (rc != 0) return ErrnoError(err, "cannot fsync the directory of", path);
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, [&](int fd, const std::string& tmp_path) -> absl::Status {
+    RETURN_IF_ERROR(WriteAll(fd, &header_size, sizeof(header_size), tmp_path));
+    RETURN_IF_ERROR(WriteAll(fd, text.data(), text.size(), tmp_path));
+    std::vector<uint8_t> buffer;
+    for (size_t i : order) {
+      buffer.resize(static_cast<size_t>(sizes[i]));
+      RETURN_IF_ERROR(fill(i, absl::MakeSpan(buffer)));
+      RETURN_IF_ERROR(WriteAll(fd, buffer.data(), buffer.size(), tmp_path));
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::Status WriteSafetensors(const std::string& path,

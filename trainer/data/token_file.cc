@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/file_io.h"
 #include "base/status_macros.h"
 
 namespace ps {
@@ -27,10 +28,6 @@ static_assert(std::endian::native == std::endian::little,
 constexpr int32_t kLlmcLlama3TokenMagic = 20240801;
 constexpr int32_t kLlmcModelMagic = 20240326;
 
-absl::Status ErrnoError(int err, absl::string_view what, const std::string& path) {
-  return absl::ErrnoToStatus(err, absl::StrCat(what, " '", path, "'"));
-}
-
 // True if the first bytes look like text (printable ASCII, whitespace or UTF-8 lead/continuation
 // bytes), for the "this is a text file" hint.
 bool LooksLikeText(const uint8_t* bytes, size_t size) {
@@ -42,20 +39,6 @@ bool LooksLikeText(const uint8_t* bytes, size_t size) {
     if (!ok) return false;
   }
   return true;
-}
-
-absl::Status WriteAll(int fd, const void* data, size_t size, const std::string& path) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (size > 0) {
-    const ssize_t n = ::write(fd, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError(errno, "cannot write", path);
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -201,35 +184,10 @@ absl::Status WriteTokenFile(const std::string& path, absl::Span<const uint16_t> 
   header[1] = kTokenFileVersion;
   header[2] = static_cast<int32_t>(tokens.size());
 
-  std::string tmp_path = path + ".tmp.XXXXXX";
-  const int fd = ::mkostemp(tmp_path.data(), O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, "cannot create a temporary file for", path);
-  bool fd_open = true;
-  bool committed = false;
-  absl::Cleanup cleanup = [&] {
-    if (fd_open) ::close(fd);
-    if (!committed) ::unlink(tmp_path.c_str());
-  };
-  if (::fchmod(fd, 0644) != 0) return ErrnoError(errno, "cannot chmod", tmp_path);
-  RETURN_IF_ERROR(WriteAll(fd, header, sizeof(header), tmp_path));
-  RETURN_IF_ERROR(WriteAll(fd, tokens.data(), tokens.size() * sizeof(uint16_t), tmp_path));
-  if (::fsync(fd) != 0) return ErrnoError(errno, "cannot fsync", tmp_path);
-  fd_open = false;
-  if (::close(fd) != 0) return ErrnoError(errno, "cannot close", tmp_path);
-  if (::rename(tmp_path.c_str(), path.c_str()) != 0) {
-    return ErrnoError(errno, absl::StrCat("cannot rename '", tmp_path, "' to"), path);
-  }
-  committed = true;
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    const int rc = ::fsync(dir_fd);
-    const int err = errno;
-    ::close(dir_fd);
-    if (rc != 0) return ErrnoError(err, "cannot fsync the directory of", path);
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, [&](int fd, const std::string& tmp_path) -> absl::Status {
+    RETURN_IF_ERROR(WriteAll(fd, header, sizeof(header), tmp_path));
+    return WriteAll(fd, tokens.data(), tokens.size() * sizeof(uint16_t), tmp_path);
+  });
 }
 
 }  // namespace ps

@@ -29,6 +29,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/mutex.h"
+#include "base/file_io.h"
 #include "base/status_macros.h"
 #include "glog/logging.h"
 #include "trainer/io/crc32c.h"
@@ -42,10 +43,6 @@ constexpr absl::string_view kTmpDeletePrefix = ".tmp-delete-";
 // A manifest larger than this is not one this library wrote.
 constexpr int64_t kMaxManifestBytes = int64_t{256} << 20;
 constexpr size_t kReadBlockBytes = size_t{1} << 20;
-
-absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path) {
-  return absl::ErrnoToStatus(err, absl::StrCat(what, " '", path, "'"));
-}
 
 std::string JoinPath(absl::string_view dir, absl::string_view name) {
   if (!dir.empty() && dir.back() == '/') return absl::StrCat(dir, name);
@@ -139,14 +136,14 @@ LiveTmpDirs& GetLiveTmpDirs() {
 
 absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return ErrnoStatus(errno, "cannot list directory", dir);
+  if (d == nullptr) return ErrnoError(errno, "cannot list directory", dir);
   absl::Cleanup close_dir = [d] { ::closedir(d); };
   std::vector<std::string> names;
   while (true) {
     errno = 0;
     const dirent* entry = ::readdir(d);
     if (entry == nullptr) {
-      if (errno != 0) return ErrnoStatus(errno, "cannot list directory", dir);
+      if (errno != 0) return ErrnoError(errno, "cannot list directory", dir);
       break;
     }
     const absl::string_view name = entry->d_name;
@@ -165,47 +162,22 @@ bool IsDirectoryNoFollow(const std::string& path) {
 absl::Status RemoveTree(const std::string& path) {
   std::error_code ec;
   std::filesystem::remove_all(path, ec);
-  if (ec) return ErrnoStatus(ec.value(), "cannot remove", path);
-  return absl::OkStatus();
-}
-
-absl::Status FsyncPath(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
-  if (fd < 0) return ErrnoStatus(errno, "cannot open for fsync", path);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoStatus(err, "cannot fsync", path);
-  return absl::OkStatus();
-}
-
-absl::Status WriteAll(int fd, absl::string_view bytes, const std::string& path) {
-  const char* p = bytes.data();
-  size_t left = bytes.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, "cannot write", path);
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
+  if (ec) return ErrnoError(ec.value(), "cannot remove", path);
   return absl::OkStatus();
 }
 
 // Writes a new file (O_EXCL); with `durable`, fsyncs it before closing.
 absl::Status WriteNewFile(const std::string& path, absl::string_view bytes, bool durable) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, "cannot create", path);
+  if (fd < 0) return ErrnoError(errno, "cannot create", path);
   bool open = true;
   absl::Cleanup close_fd = [&] {
     if (open) ::close(fd);
   };
-  RETURN_IF_ERROR(WriteAll(fd, bytes, path));
-  if (durable && ::fsync(fd) != 0) return ErrnoStatus(errno, "cannot fsync", path);
+  RETURN_IF_ERROR(WriteAll(fd, bytes.data(), bytes.size(), path));
+  if (durable && ::fsync(fd) != 0) return ErrnoError(errno, "cannot fsync", path);
   open = false;
-  if (::close(fd) != 0) return ErrnoStatus(errno, "cannot close", path);
+  if (::close(fd) != 0) return ErrnoError(errno, "cannot close", path);
   return absl::OkStatus();
 }
 
@@ -217,7 +189,7 @@ struct SizeAndCrc {
 // Reads a whole file computing its CRC-32C; with `durable`, fsyncs it too.
 absl::StatusOr<SizeAndCrc> ChecksumFile(const std::string& path, bool durable) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "cannot open", path);
+  if (fd < 0) return ErrnoError(errno, "cannot open", path);
   absl::Cleanup close_fd = [fd] { ::close(fd); };
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   std::unique_ptr<char[]> buffer(new char[kReadBlockBytes]);
@@ -226,19 +198,19 @@ absl::StatusOr<SizeAndCrc> ChecksumFile(const std::string& path, bool durable) {
     const ssize_t n = ::read(fd, buffer.get(), kReadBlockBytes);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return ErrnoStatus(errno, "cannot read", path);
+      return ErrnoError(errno, "cannot read", path);
     }
     if (n == 0) break;
     out.crc32c = Crc32cExtend(out.crc32c, buffer.get(), static_cast<size_t>(n));
     out.size_bytes += n;
   }
-  if (durable && ::fsync(fd) != 0) return ErrnoStatus(errno, "cannot fsync", path);
+  if (durable && ::fsync(fd) != 0) return ErrnoError(errno, "cannot fsync", path);
   return out;
 }
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, int64_t max_bytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "cannot open", path);
+  if (fd < 0) return ErrnoError(errno, "cannot open", path);
   absl::Cleanup close_fd = [fd] { ::close(fd); };
   std::string text;
   char buffer[64 * 1024];
@@ -246,7 +218,7 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, int64_t max_b
     const ssize_t n = ::read(fd, buffer, sizeof(buffer));
     if (n < 0) {
       if (errno == EINTR) continue;
-      return ErrnoStatus(errno, "cannot read", path);
+      return ErrnoError(errno, "cannot read", path);
     }
     if (n == 0) break;
     text.append(buffer, static_cast<size_t>(n));
@@ -268,10 +240,10 @@ absl::Status EnsureRoot(const std::string& root) {
     }
     return absl::OkStatus();
   }
-  if (errno != ENOENT) return ErrnoStatus(errno, "cannot stat checkpoint root", root);
+  if (errno != ENOENT) return ErrnoError(errno, "cannot stat checkpoint root", root);
   std::error_code ec;
   std::filesystem::create_directories(root, ec);
-  if (ec) return ErrnoStatus(ec.value(), "cannot create checkpoint root", root);
+  if (ec) return ErrnoError(ec.value(), "cannot create checkpoint root", root);
   // Make the new root's own directory entry durable (commits fsync only the root itself).
   std::filesystem::path normal = std::filesystem::path(root).lexically_normal();
   if (!normal.has_filename()) normal = normal.parent_path();  // "a/b/" -> "a/b"
@@ -333,7 +305,7 @@ void Prune(const std::string& root, int keep_last, int64_t just_written) {
                            absl::StrFormat("%x%x", absl::GetCurrentTimeNanos(), counter++)));
     if (::rename(old.path.c_str(), doomed.c_str()) != 0) {
       LOG(WARNING) << "cannot prune checkpoint: "
-                   << ErrnoStatus(errno, absl::StrCat("cannot rename to '", doomed, "'"), old.path);
+                   << ErrnoError(errno, absl::StrCat("cannot rename to '", doomed, "'"), old.path);
       continue;
     }
     const absl::Status removed = RemoveTree(doomed);
@@ -389,7 +361,7 @@ absl::StatusOr<CheckpointWriter> CheckpointWriter::Begin(const std::string& root
   {
     MutexLock lock(&live.mu);
     if (::mkdtemp(templ.data()) == nullptr) {
-      return ErrnoStatus(errno, "cannot create a temporary checkpoint directory in", root);
+      return ErrnoError(errno, "cannot create a temporary checkpoint directory in", root);
     }
     live.names.insert(std::string(std::filesystem::path(templ).filename()));
   }
@@ -456,7 +428,7 @@ absl::Status CheckpointWriter::AddFile(absl::string_view name) {
   const std::string path = FilePath(name);
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) {
-    return ErrnoStatus(errno, "cannot add checkpoint file: cannot stat", path);
+    return ErrnoError(errno, "cannot add checkpoint file: cannot stat", path);
   }
   if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
@@ -533,7 +505,7 @@ absl::StatusOr<std::string> CheckpointWriter::Commit(const nlohmann::json& state
     const int err = errno;
     if (err == EEXIST || err == ENOTEMPTY) return already_exists();
     if (err != EINVAL && err != ENOSYS) {
-      return ErrnoStatus(err, absl::StrCat("cannot rename '", tmp_path_, "' to"), final_path);
+      return ErrnoError(err, absl::StrCat("cannot rename '", tmp_path_, "' to"), final_path);
     }
     // The file system cannot rename without replacing: check, then rename (a directory is never
     // renamed over a non-empty one, and committed checkpoints are never empty).
@@ -541,7 +513,7 @@ absl::StatusOr<std::string> CheckpointWriter::Commit(const nlohmann::json& state
     if (::lstat(final_path.c_str(), &st) == 0) return already_exists();
     if (::rename(tmp_path_.c_str(), final_path.c_str()) != 0) {
       if (errno == EEXIST || errno == ENOTEMPTY) return already_exists();
-      return ErrnoStatus(errno, absl::StrCat("cannot rename '", tmp_path_, "' to"), final_path);
+      return ErrnoError(errno, absl::StrCat("cannot rename '", tmp_path_, "' to"), final_path);
     }
   }
   Release();
@@ -566,7 +538,7 @@ absl::StatusOr<std::vector<CheckpointRef>> ListCheckpoints(const std::string& ro
   struct stat st;
   if (::stat(root.c_str(), &st) != 0) {
     if (errno == ENOENT) return std::vector<CheckpointRef>();
-    return ErrnoStatus(errno, "cannot stat checkpoint root", root);
+    return ErrnoError(errno, "cannot stat checkpoint root", root);
   }
   if (!S_ISDIR(st.st_mode)) {
     return absl::FailedPreconditionError(
@@ -600,7 +572,7 @@ absl::StatusOr<CheckpointRef> LatestCheckpoint(const std::string& root) {
 
 absl::StatusOr<Checkpoint> OpenCheckpoint(const std::string& dir, OpenCheckpointOptions options) {
   struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) return ErrnoStatus(errno, "cannot open checkpoint", dir);
+  if (::stat(dir.c_str(), &st) != 0) return ErrnoError(errno, "cannot open checkpoint", dir);
   if (!S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", dir, "' is not a checkpoint: not a directory"));
@@ -611,7 +583,7 @@ absl::StatusOr<Checkpoint> OpenCheckpoint(const std::string& dir, OpenCheckpoint
       return absl::InvalidArgumentError(absl::StrCat(
           "'", dir, "' is not a checkpoint directory: it has no ", kCheckpointManifestName));
     }
-    return ErrnoStatus(errno, "cannot stat", manifest_path);
+    return ErrnoError(errno, "cannot stat", manifest_path);
   }
   ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(manifest_path, kMaxManifestBytes));
   nlohmann::json manifest = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -694,7 +666,7 @@ absl::StatusOr<Checkpoint> OpenCheckpoint(const std::string& dir, OpenCheckpoint
         return absl::NotFoundError(
             absl::StrCat("checkpoint '", dir, "' lists file '", f.name, "', which does not exist"));
       }
-      return ErrnoStatus(errno, "cannot stat checkpoint file", f.path);
+      return ErrnoError(errno, "cannot stat checkpoint file", f.path);
     }
     if (!S_ISREG(fst.st_mode)) {
       return absl::DataLossError(
