@@ -1,6 +1,7 @@
 #include "model/gpt_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -831,10 +832,20 @@ absl::StatusOr<GptTrainStepResult> GptModel::TrainStep(absl::Span<const int32_t>
                                                        absl::Span<const int32_t> targets,
                                                        HybridAdam& adam) {
   RETURN_IF_ERROR(CheckInputs(tokens, targets));
+  using Clock = std::chrono::steady_clock;
+  const auto elapsed_ns = [](Clock::time_point a, Clock::time_point b) {
+    return static_cast<int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
+  };
+  const Clock::time_point t0 = Clock::now();
+  const int64_t stall0 = manager_->counters().stall_ns;
   RETURN_IF_ERROR(manager_->BeginIteration());
   GptTrainStepResult result;
+  Clock::time_point t1 = t0;
+  int64_t stall1 = stall0;
   absl::Status status = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(result.loss, ForwardBackward(tokens, targets, adam.loss_scaler().scale()));
+    t1 = Clock::now();
+    stall1 = manager_->counters().stall_ns;
     ASSIGN_OR_RETURN(AdamPlacement placement, manager_->BeginAdam());
     ScheduledChunkAccess access(*manager_, *store_, accelerator_->device(), std::move(placement));
     ASSIGN_OR_RETURN(result.adam, adam.Step(access));
@@ -843,6 +854,12 @@ absl::StatusOr<GptTrainStepResult> GptModel::TrainStep(absl::Span<const int32_t>
   const absl::Status ended = manager_->EndIteration();
   RETURN_IF_ERROR(status);
   RETURN_IF_ERROR(ended);
+  const Clock::time_point t2 = Clock::now();
+  const int64_t stall2 = manager_->counters().stall_ns;
+  result.forward_backward_ns = elapsed_ns(t0, t1);
+  result.optimizer_ns = elapsed_ns(t1, t2);
+  result.forward_backward_stall_ns = stall1 - stall0;
+  result.optimizer_stall_ns = stall2 - stall1;
   return result;
 }
 

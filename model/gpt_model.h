@@ -96,6 +96,13 @@ struct GptTrainStepResult {
   // Mean cross-entropy of the batch (before the update, unscaled).
   double loss = 0;
   AdamStepReport adam;
+  // Wall time of the two phases (BeginIteration through backward; BeginAdam through
+  // EndIteration), and the part of each the calling thread spent waiting for chunk copies
+  // (ChunkManagerCounters::stall_ns).
+  int64_t forward_backward_ns = 0;
+  int64_t optimizer_ns = 0;
+  int64_t forward_backward_stall_ns = 0;
+  int64_t optimizer_stall_ns = 0;
 };
 
 class GptModel {

@@ -576,6 +576,13 @@ TEST(GptModel, RefusesToComputeWithGradientsInTheParamSlots) {
   ASSERT_OK_AND_ASSIGN(GptTrainStepResult step,
                        rig->model->TrainStep(batch.tokens, batch.targets, *rig->adam));
   EXPECT_EQ(step.loss, loss);
+  // The phases are timed, and waiting for copies is part of each phase's time.
+  EXPECT_GT(step.forward_backward_ns, 0);
+  EXPECT_GT(step.optimizer_ns, 0);
+  EXPECT_GE(step.forward_backward_stall_ns, 0);
+  EXPECT_LE(step.forward_backward_stall_ns, step.forward_backward_ns);
+  EXPECT_GE(step.optimizer_stall_ns, 0);
+  EXPECT_LE(step.optimizer_stall_ns, step.optimizer_ns);
   EXPECT_OK(rig->model->Evaluate(batch.tokens, batch.targets).status());
 }
 

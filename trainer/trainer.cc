@@ -40,7 +40,6 @@
 #include "optimizer/cpu_adam.h"
 #include "optimizer/hybrid_adam.h"
 #include "optimizer/lr_schedule.h"
-#include "optimizer/scheduled_chunk_access.h"
 #include "scheduler/chunk_manager.h"
 #include "scheduler/comm_collectives.h"
 #include "trainer/checkpoint.h"
@@ -505,41 +504,28 @@ absl::Status Trainer::Impl::Step(StepMetrics& m) {
   m.loss_scale = adam_->loss_scaler().scale();
   m.warmup = manager_->metronome().is_warmup();
   const ChunkManagerCounters c0 = manager_->counters();
-  const Clock::time_point t0 = Clock::now();
   const int64_t trace_t0 = trace_ != nullptr ? trace_->NowNs() : 0;
-  RETURN_IF_ERROR(manager_->BeginIteration());
-  absl::StatusOr<double> loss = model_->ForwardBackward(tokens_, targets_, m.loss_scale);
-  if (!loss.ok()) return loss.status();
-  const Clock::time_point t1 = Clock::now();
+  // TrainStep uses the loss scale read above (the optimizer's, unchanged until its step).
+  ASSIGN_OR_RETURN(const GptTrainStepResult r, model_->TrainStep(tokens_, targets_, *adam_));
   const ChunkManagerCounters c1 = manager_->counters();
-  ASSIGN_OR_RETURN(AdamPlacement placement, manager_->BeginAdam());
-  AdamStepReport report;
-  {
-    ScheduledChunkAccess access(*manager_, *store_, accelerator_->device(), std::move(placement));
-    ASSIGN_OR_RETURN(report, adam_->Step(access));
-  }
-  RETURN_IF_ERROR(manager_->EndIteration());
-  const Clock::time_point t2 = Clock::now();
-  const ChunkManagerCounters c2 = manager_->counters();
 
-  ASSIGN_OR_RETURN(m.loss, MeanOverRanks(*loss));
-  m.grad_norm = report.grad_norm;
-  m.skipped = report.skipped;
-  m.step_ms = Seconds(t0, t2) * 1e3;
-  m.tokens_per_s =
-      static_cast<double>(micro_batch_ * seq_len_ * world_) / std::max(1e-9, Seconds(t0, t2));
-  const double fb_stall_ms = static_cast<double>(c1.stall_ns - c0.stall_ns) * 1e-6;
-  const double adam_stall_ms = static_cast<double>(c2.stall_ns - c1.stall_ns) * 1e-6;
-  m.copy_wait_ms = fb_stall_ms + adam_stall_ms;
-  m.compute_ms = std::max(0.0, Seconds(t0, t1) * 1e3 - fb_stall_ms);
-  m.optimizer_ms = std::max(0.0, Seconds(t1, t2) * 1e3 - adam_stall_ms);
+  ASSIGN_OR_RETURN(m.loss, MeanOverRanks(r.loss));
+  m.grad_norm = r.adam.grad_norm;
+  m.skipped = r.adam.skipped;
+  const double step_s = static_cast<double>(r.forward_backward_ns + r.optimizer_ns) * 1e-9;
+  m.step_ms = step_s * 1e3;
+  m.tokens_per_s = static_cast<double>(micro_batch_ * seq_len_ * world_) / std::max(1e-9, step_s);
+  const auto ms = [](int64_t ns) { return static_cast<double>(std::max<int64_t>(0, ns)) * 1e-6; };
+  m.copy_wait_ms = ms(r.forward_backward_stall_ns + r.optimizer_stall_ns);
+  m.compute_ms = ms(r.forward_backward_ns - r.forward_backward_stall_ns);
+  m.optimizer_ms = ms(r.optimizer_ns - r.optimizer_stall_ns);
   const MemoryTrackerSnapshot a = accelerator_->tracker()->SnapshotAndResetIntervalPeaks();
   const MemoryTrackerSnapshot h = host_->tracker()->SnapshotAndResetIntervalPeaks();
   m.accelerator_peak_model_bytes = a.peak_model_bytes;
   m.accelerator_peak_non_model_bytes = a.peak_non_model_bytes;
   m.host_peak_model_bytes = h.peak_model_bytes;
   m.host_peak_non_model_bytes = h.peak_non_model_bytes;
-  const TransferCounters d = c2.Minus(c0).Total();
+  const TransferCounters d = c1.Minus(c0).Total();
   m.loaded_bytes = d.load_bytes;
   m.written_back_bytes = d.write_back_bytes;
   m.evictions = d.write_backs + d.clean_evictions;
