@@ -28,19 +28,6 @@ namespace {
 
 constexpr absl::string_view kStateFile = "state.safetensors";
 
-absl::string_view Prefix(ChunkType type) {
-  switch (type) {
-    case ChunkType::kMaster:
-      return "master";
-    case ChunkType::kMomentum:
-      return "momentum";
-    case ChunkType::kVariance:
-      return "variance";
-    default:
-      return "param";
-  }
-}
-
 constexpr ChunkType kStateTypes[] = {ChunkType::kMaster, ChunkType::kMomentum,
                                      ChunkType::kVariance};
 
@@ -130,7 +117,7 @@ absl::StatusOr<std::string> WriteTrainingCheckpoint(const std::string& root, int
       if (!model.HoldsTrainingState(t.name)) continue;  // another rank's (ZeRO)
       for (ChunkType type : kStateTypes) {
         SafetensorsTensorSpec spec;
-        spec.name = absl::StrCat(Prefix(type), "/", t.name);
+        spec.name = absl::StrCat(ChunkTypeName(type), "/", t.name);
         spec.dtype = DType::kF32;
         spec.shape = t.shape;
         specs.push_back(std::move(spec));
@@ -246,7 +233,7 @@ absl::StatusOr<TrainingCheckpointState> ReadTrainingCheckpoint(const std::string
     for (const TensorSpec& t : op.tensors) {
       if (!model->HoldsTrainingState(t.name)) continue;  // another rank's (ZeRO)
       for (ChunkType type : kStateTypes) {
-        const std::string name = absl::StrCat(Prefix(type), "/", t.name);
+        const std::string name = absl::StrCat(ChunkTypeName(type), "/", t.name);
         const SafetensorsTensorInfo* info = file.Find(name);
         if (info == nullptr || info->num_elements != t.numel() || info->dtype != DType::kF32) {
           return absl::DataLossError(absl::StrCat(
@@ -257,7 +244,7 @@ absl::StatusOr<TrainingCheckpointState> ReadTrainingCheckpoint(const std::string
   }
   RETURN_IF_ERROR(model->LoadTrainingState(
       [&](absl::string_view name, ChunkType type, absl::Span<float> out) {
-        return file.ReadAsF32(absl::StrCat(Prefix(type), "/", name), out);
+        return file.ReadAsF32(absl::StrCat(ChunkTypeName(type), "/", name), out);
       }));
   return state;
 }

@@ -587,10 +587,7 @@ absl::Status Trainer::Impl::SaveCheckpoint() {
 void Trainer::Impl::PrintHeader() {
   if (out() == nullptr) return;
   const ChunkLayout& layout = store_->layout();
-  int64_t params = 0;
-  for (const OperatorSpec& op : GptOperators(gpt_)) {
-    for (const TensorSpec& t : op.tensors) params += t.numel();
-  }
+  const int64_t params = GptParameterCount(gpt_);
   const int64_t model_data = params * ModelDataBytesPerParam(dtype_);
   *out() << absl::StrFormat(
       "model %s: %d layers, %d heads, hidden %d, vocab %d, %.2fM parameters, %s of model data "
