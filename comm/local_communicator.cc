@@ -26,54 +26,49 @@ absl::StatusOr<std::unique_ptr<CommRequest>> Run(const CollectiveCall& call) {
 
 absl::StatusOr<std::unique_ptr<CommRequest>> LocalCommunicator::AllGatherAsync(
     const void* send, void* recv, int64_t count_elems, CommDType dtype) {
-  CollectiveCall call;
-  call.kind = Collective::kAllGather;
-  call.send = send;
-  call.recv = recv;
-  call.count_elems = count_elems;
-  call.dtype = dtype;
+  CollectiveCall call{.kind = Collective::kAllGather,
+                      .send = send,
+                      .recv = recv,
+                      .count_elems = count_elems,
+                      .dtype = dtype};
   return Run(call);
 }
 
 absl::StatusOr<std::unique_ptr<CommRequest>> LocalCommunicator::ReduceScatterAsync(
     const void* send, void* recv, int64_t count_elems, CommDType dtype, ReduceOp op) {
-  CollectiveCall call;
-  call.kind = Collective::kReduceScatter;
-  call.send = send;
-  call.recv = recv;
-  call.count_elems = count_elems;
-  call.dtype = dtype;
-  call.op = op;
+  CollectiveCall call{.kind = Collective::kReduceScatter,
+                      .send = send,
+                      .recv = recv,
+                      .count_elems = count_elems,
+                      .dtype = dtype,
+                      .op = op};
   return Run(call);
 }
 
 absl::StatusOr<std::unique_ptr<CommRequest>> LocalCommunicator::AllReduceAsync(
     const void* send, void* recv, int64_t count_elems, CommDType dtype, ReduceOp op) {
-  CollectiveCall call;
-  call.kind = Collective::kAllReduce;
-  call.send = send;
-  call.recv = recv;
-  call.count_elems = count_elems;
-  call.dtype = dtype;
-  call.op = op;
+  CollectiveCall call{.kind = Collective::kAllReduce,
+                      .send = send,
+                      .recv = recv,
+                      .count_elems = count_elems,
+                      .dtype = dtype,
+                      .op = op};
   return Run(call);
 }
 
 absl::StatusOr<std::unique_ptr<CommRequest>> LocalCommunicator::BroadcastAsync(
     const void* send, void* recv, int64_t count_elems, CommDType dtype, int root) {
-  CollectiveCall call;
-  call.kind = Collective::kBroadcast;
-  call.send = send;
-  call.recv = recv;
-  call.count_elems = count_elems;
-  call.dtype = dtype;
-  call.root = root;
+  CollectiveCall call{.kind = Collective::kBroadcast,
+                      .send = send,
+                      .recv = recv,
+                      .count_elems = count_elems,
+                      .dtype = dtype,
+                      .root = root};
   return Run(call);
 }
 
 absl::StatusOr<std::unique_ptr<CommRequest>> LocalCommunicator::BarrierAsync() {
-  CollectiveCall call;
-  call.kind = Collective::kBarrier;
+  CollectiveCall call{.kind = Collective::kBarrier};
   return Run(call);
 }
 

@@ -542,12 +542,11 @@ std::unique_ptr<CommRequest> SubmitOp(MpiRuntime* runtime, uint64_t comm_id,
 
 absl::StatusOr<std::unique_ptr<CommRequest>> MpiCommunicator::AllGatherAsync(
     const void* send, void* recv, int64_t count_elems, CommDType dtype) {
-  CollectiveCall call;
-  call.kind = Collective::kAllGather;
-  call.send = send;
-  call.recv = recv;
-  call.count_elems = count_elems;
-  call.dtype = dtype;
+  CollectiveCall call{.kind = Collective::kAllGather,
+                      .send = send,
+                      .recv = recv,
+                      .count_elems = count_elems,
+                      .dtype = dtype};
   RETURN_IF_ERROR(comm_internal::Validate(call, rank_, world_, INT_MAX, "MPI"));
   const bool in_place = comm_internal::IsInPlace(call, rank_, world_);
   MPI_Comm comm = *static_cast<MPI_Comm*>(comm_);
@@ -566,13 +565,12 @@ absl::StatusOr<std::unique_ptr<CommRequest>> MpiCommunicator::AllGatherAsync(
 
 absl::StatusOr<std::unique_ptr<CommRequest>> MpiCommunicator::ReduceScatterAsync(
     const void* send, void* recv, int64_t count_elems, CommDType dtype, ReduceOp op) {
-  CollectiveCall call;
-  call.kind = Collective::kReduceScatter;
-  call.send = send;
-  call.recv = recv;
-  call.count_elems = count_elems;
-  call.dtype = dtype;
-  call.op = op;
+  CollectiveCall call{.kind = Collective::kReduceScatter,
+                      .send = send,
+                      .recv = recv,
+                      .count_elems = count_elems,
+                      .dtype = dtype,
+                      .op = op};
   RETURN_IF_ERROR(comm_internal::Validate(call, rank_, world_, INT_MAX, "MPI"));
   // In place, MPI's result would land in slot 0; reduce into scratch and copy to our slot.
   const bool in_place = comm_internal::IsInPlace(call, rank_, world_);
@@ -621,13 +619,12 @@ absl::StatusOr<std::unique_ptr<CommRequest>> MpiCommunicator::ReduceScatterAsync
 
 absl::StatusOr<std::unique_ptr<CommRequest>> MpiCommunicator::AllReduceAsync(
     const void* send, void* recv, int64_t count_elems, CommDType dtype, ReduceOp op) {
-  CollectiveCall call;
-  call.kind = Collective::kAllReduce;
-  call.send = send;
-  call.recv = recv;
-  call.count_elems = count_elems;
-  call.dtype = dtype;
-  call.op = op;
+  CollectiveCall call{.kind = Collective::kAllReduce,
+                      .send = send,
+                      .recv = recv,
+                      .count_elems = count_elems,
+                      .dtype = dtype,
+                      .op = op};
   RETURN_IF_ERROR(comm_internal::Validate(call, rank_, world_, INT_MAX, "MPI"));
   const bool in_place = comm_internal::IsInPlace(call, rank_, world_);
   MPI_Comm comm = *static_cast<MPI_Comm*>(comm_);
@@ -663,13 +660,12 @@ absl::StatusOr<std::unique_ptr<CommRequest>> MpiCommunicator::AllReduceAsync(
 
 absl::StatusOr<std::unique_ptr<CommRequest>> MpiCommunicator::BroadcastAsync(
     const void* send, void* recv, int64_t count_elems, CommDType dtype, int root) {
-  CollectiveCall call;
-  call.kind = Collective::kBroadcast;
-  call.send = send;
-  call.recv = recv;
-  call.count_elems = count_elems;
-  call.dtype = dtype;
-  call.root = root;
+  CollectiveCall call{.kind = Collective::kBroadcast,
+                      .send = send,
+                      .recv = recv,
+                      .count_elems = count_elems,
+                      .dtype = dtype,
+                      .root = root};
   RETURN_IF_ERROR(comm_internal::Validate(call, rank_, world_, INT_MAX, "MPI"));
   MPI_Comm comm = *static_cast<MPI_Comm*>(comm_);
   const int count = static_cast<int>(count_elems);
@@ -687,8 +683,7 @@ absl::StatusOr<std::unique_ptr<CommRequest>> MpiCommunicator::BroadcastAsync(
 }
 
 absl::StatusOr<std::unique_ptr<CommRequest>> MpiCommunicator::BarrierAsync() {
-  CollectiveCall call;
-  call.kind = Collective::kBarrier;
+  CollectiveCall call{.kind = Collective::kBarrier};
   MPI_Comm comm = *static_cast<MPI_Comm*>(comm_);
   const std::string what = comm_internal::Describe(call, rank_, world_);
   return SubmitOp(

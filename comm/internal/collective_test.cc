@@ -97,9 +97,7 @@ TEST(Collective, OverlapRuleOnRandomPlacements) {
   for (int iter = 0; iter < 20000; ++iter) {
     const int world = 1 + static_cast<int>(rng() % 5);
     const int rank = static_cast<int>(rng() % world);
-    CollectiveCall call;
-    call.kind = kKinds[rng() % 4];
-    call.dtype = static_cast<CommDType>(rng() % 5);
+    CollectiveCall call{.kind = kKinds[rng() % 4], .dtype = static_cast<CommDType>(rng() % 5)};
     const int64_t elem = CommDTypeSize(call.dtype);
     call.count_elems = 1 + static_cast<int64_t>(rng() % 64);
     call.root = rank;  // so that send is read
@@ -139,9 +137,7 @@ TEST(Collective, OverlapRuleOnRandomPlacements) {
 }
 
 TEST(Collective, TransportLimitAndOverflowAreReported) {
-  CollectiveCall call;
-  call.kind = Collective::kAllReduce;
-  call.count_elems = int64_t{INT_MAX} + 1;
+  CollectiveCall call{.kind = Collective::kAllReduce, .count_elems = int64_t{INT_MAX} + 1};
   float dummy[2];
   call.send = &dummy[0];
   call.recv = &dummy[1];  // never touched: rejected before
@@ -155,9 +151,7 @@ TEST(Collective, TransportLimitAndOverflowAreReported) {
 }
 
 TEST(Collective, NullBuffersAreFineOnlyWhereNothingIsRead) {
-  CollectiveCall call;
-  call.kind = Collective::kBroadcast;
-  call.count_elems = 3;
+  CollectiveCall call{.kind = Collective::kBroadcast, .count_elems = 3};
   float recv[3];
   call.recv = recv;
   call.root = 1;

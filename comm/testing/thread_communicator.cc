@@ -210,55 +210,50 @@ class ThreadCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<CommRequest>> AllGatherAsync(const void* send, void* recv,
                                                               int64_t count_elems,
                                                               CommDType dtype) override {
-    CollectiveCall call;
-    call.kind = Collective::kAllGather;
-    call.send = send;
-    call.recv = recv;
-    call.count_elems = count_elems;
-    call.dtype = dtype;
+    CollectiveCall call{.kind = Collective::kAllGather,
+                        .send = send,
+                        .recv = recv,
+                        .count_elems = count_elems,
+                        .dtype = dtype};
     return Run(call);
   }
   absl::StatusOr<std::unique_ptr<CommRequest>> ReduceScatterAsync(const void* send, void* recv,
                                                                   int64_t count_elems,
                                                                   CommDType dtype,
                                                                   ReduceOp op) override {
-    CollectiveCall call;
-    call.kind = Collective::kReduceScatter;
-    call.send = send;
-    call.recv = recv;
-    call.count_elems = count_elems;
-    call.dtype = dtype;
-    call.op = op;
+    CollectiveCall call{.kind = Collective::kReduceScatter,
+                        .send = send,
+                        .recv = recv,
+                        .count_elems = count_elems,
+                        .dtype = dtype,
+                        .op = op};
     return Run(call);
   }
   absl::StatusOr<std::unique_ptr<CommRequest>> AllReduceAsync(const void* send, void* recv,
                                                               int64_t count_elems,
                                                               CommDType dtype,
                                                               ReduceOp op) override {
-    CollectiveCall call;
-    call.kind = Collective::kAllReduce;
-    call.send = send;
-    call.recv = recv;
-    call.count_elems = count_elems;
-    call.dtype = dtype;
-    call.op = op;
+    CollectiveCall call{.kind = Collective::kAllReduce,
+                        .send = send,
+                        .recv = recv,
+                        .count_elems = count_elems,
+                        .dtype = dtype,
+                        .op = op};
     return Run(call);
   }
   absl::StatusOr<std::unique_ptr<CommRequest>> BroadcastAsync(const void* send, void* recv,
                                                               int64_t count_elems,
                                                               CommDType dtype, int root) override {
-    CollectiveCall call;
-    call.kind = Collective::kBroadcast;
-    call.send = send;
-    call.recv = recv;
-    call.count_elems = count_elems;
-    call.dtype = dtype;
-    call.root = root;
+    CollectiveCall call{.kind = Collective::kBroadcast,
+                        .send = send,
+                        .recv = recv,
+                        .count_elems = count_elems,
+                        .dtype = dtype,
+                        .root = root};
     return Run(call);
   }
   absl::StatusOr<std::unique_ptr<CommRequest>> BarrierAsync() override {
-    CollectiveCall call;
-    call.kind = Collective::kBarrier;
+    CollectiveCall call{.kind = Collective::kBarrier};
     return Run(call);
   }
 
