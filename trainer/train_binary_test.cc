@@ -24,31 +24,15 @@
 #include "nlohmann/json.hpp"
 #include "trainer/config.h"
 #include "trainer/io/checkpoint_dir.h"
+#include "trainer/testing/test_files.h"
 
 namespace ps {
 namespace {
 
+using ::ps::trainer_testing::ReadFile;
 using ::testing::HasSubstr;
 
-std::string TrainBinary() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir != nullptr ? srcdir : ".", "/",
-                      workspace != nullptr ? workspace : "patrickstar_cc", "/trainer/train");
-}
-
-std::string TempDir(const std::string& name) {
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/train_binary_test_", name, "_", ::getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+std::string TrainBinary() { return trainer_testing::Runfile("trainer/train"); }
 
 // Starts the binary with `args`, stdout and stderr to files in `dir`.
 pid_t Start(const std::vector<std::string>& args, const std::string& dir) {
@@ -130,7 +114,7 @@ std::string WriteTinyConfig(const std::string& dir, int64_t steps, int64_t check
 }
 
 TEST(TrainBinary, RunsAConfigFileAndWritesMetrics) {
-  const std::string dir = TempDir("run");
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "run");
   const std::string config = WriteTinyConfig(dir, 3);
   const Result r = RunToEnd({"--config=" + config, "--metrics_out=" + dir + "/m.jsonl"}, dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -146,7 +130,7 @@ TEST(TrainBinary, RunsAConfigFileAndWritesMetrics) {
 }
 
 TEST(TrainBinary, BadFlagsAndConfigsExitTwoWithTheKeyNamed) {
-  const std::string dir = TempDir("bad");
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "bad");
   Result r = RunToEnd({"--accelerator_memory=12XB"}, dir);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("accelerator_memory"));
@@ -187,7 +171,7 @@ TEST(TrainBinary, BadFlagsAndConfigsExitTwoWithTheKeyNamed) {
 }
 
 TEST(TrainBinary, SigtermFinishesTheStepWritesACheckpointAndExitsZero) {
-  const std::string dir = TempDir("sigterm");
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "sigterm");
   const std::string config = WriteTinyConfig(dir, 100000);
   const pid_t pid = Start({"--config=" + config, "--save_dir=" + dir + "/ckpt"}, dir);
   // Wait for training to be under way.
@@ -209,7 +193,7 @@ TEST(TrainBinary, SigtermFinishesTheStepWritesACheckpointAndExitsZero) {
 // kill -9 at random moments of a run that checkpoints every step: whatever is listed as a
 // checkpoint verifies, and the run resumes from it.
 TEST(TrainBinary, KillNineNeverLeavesABrokenCheckpoint) {
-  const std::string dir = TempDir("kill9");
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "kill9");
   const std::string config = WriteTinyConfig(dir, 100000, /*checkpoint_every=*/1);
   std::mt19937 rng(11);
   for (int trial = 0; trial < 4; ++trial) {

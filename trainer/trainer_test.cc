@@ -25,25 +25,14 @@
 #include "trainer/config.h"
 #include "trainer/data/token_file.h"
 #include "trainer/io/checkpoint_dir.h"
+#include "trainer/testing/test_files.h"
 
 namespace ps {
 namespace {
 
+using ::ps::trainer_testing::ReadFile;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-std::string TempDir(const std::string& name) {
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/trainer_test_", name, "_", ::getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 // A tiny GPT (about 120K parameters, 1.9 MB of f32 model data in 24 Ki-element chunks) on the
 // synthetic corpus, with an accelerator cap (1.5 MiB) below the model data and the activations:
@@ -123,7 +112,7 @@ TEST(Trainer, LossesDoNotDependOnTheMemoryCapOrThreads) {
 }
 
 TEST(Trainer, ResumeIsBitExactAndExportsTheSameWeights) {
-  const std::string dir = TempDir("resume");
+  const std::string dir = trainer_testing::FreshTempDir("trainer_test", "resume");
   TrainConfig straight = TinyConfig();
   straight.steps = 8;
   straight.data.shuffle = true;
@@ -156,7 +145,7 @@ TEST(Trainer, ResumeIsBitExactAndExportsTheSameWeights) {
 }
 
 TEST(Trainer, StopRequestWritesACheckpointAndReturnsOk) {
-  const std::string dir = TempDir("stop");
+  const std::string dir = trainer_testing::FreshTempDir("trainer_test", "stop");
   TrainConfig c = TinyConfig();
   c.steps = 50;
   c.checkpoint.dir = dir;
@@ -171,7 +160,7 @@ TEST(Trainer, StopRequestWritesACheckpointAndReturnsOk) {
 }
 
 TEST(Trainer, KeepsTheLastKCheckpoints) {
-  const std::string dir = TempDir("keep");
+  const std::string dir = trainer_testing::FreshTempDir("trainer_test", "keep");
   TrainConfig c = TinyConfig();
   c.steps = 6;
   c.checkpoint.dir = dir;
@@ -186,7 +175,7 @@ TEST(Trainer, KeepsTheLastKCheckpoints) {
 }
 
 TEST(Trainer, RefusesMissingMismatchingAndCorruptCheckpoints) {
-  const std::string dir = TempDir("refuse");
+  const std::string dir = trainer_testing::FreshTempDir("trainer_test", "refuse");
   TrainConfig c = TinyConfig();
   c.steps = 2;
   c.checkpoint.dir = dir + "/run";
@@ -233,7 +222,7 @@ TEST(Trainer, RefusesMissingMismatchingAndCorruptCheckpoints) {
 }
 
 TEST(Trainer, RejectsBadInputsBeforeAnyWork) {
-  const std::string dir = TempDir("bad");
+  const std::string dir = trainer_testing::FreshTempDir("trainer_test", "bad");
   TrainConfig c = TinyConfig();
   c.steps = 0;
   EXPECT_THAT(Trainer::Create(c).status(), StatusIs(absl::StatusCode::kInvalidArgument));
@@ -285,7 +274,7 @@ TEST(Trainer, RejectsBadInputsBeforeAnyWork) {
 }
 
 TEST(Trainer, TrainsOnATokenFile) {
-  const std::string dir = TempDir("file");
+  const std::string dir = trainer_testing::FreshTempDir("trainer_test", "file");
   // A repeating pattern is easy to learn.
   std::vector<uint16_t> tokens;
   for (int i = 0; i < 20000; ++i) tokens.push_back(static_cast<uint16_t>("abcdefgh"[i % 8]));
@@ -304,7 +293,7 @@ TEST(Trainer, TrainsOnATokenFile) {
 }
 
 TEST(Trainer, MetricsAndTraceFilesHoldWhatIsPromised) {
-  const std::string dir = TempDir("files");
+  const std::string dir = trainer_testing::FreshTempDir("trainer_test", "files");
   TrainConfig c = TinyConfig();
   c.steps = 5;
   c.data.eval_every = 2;

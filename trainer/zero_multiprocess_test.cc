@@ -31,6 +31,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "trainer/testing/test_files.h"
 
 namespace ps {
 namespace {
@@ -50,12 +51,7 @@ std::string FindMpirun() {
   return "/usr/bin/mpirun";
 }
 
-std::string TrainBinary() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir != nullptr ? srcdir : ".", "/",
-                      workspace != nullptr ? workspace : "patrickstar_cc", "/trainer/train");
-}
+std::string TrainBinary() { return trainer_testing::Runfile("trainer/train"); }
 
 std::string TempDir() {
   const char* dir = std::getenv("TEST_TMPDIR");
