@@ -39,7 +39,7 @@
 #include "optimizer/adam_kernels.h"
 #include "optimizer/adam_math.h"
 #include "optimizer/cpu_adam.h"
-#include "optimizer/thread_pool.h"
+#include "base/thread_pool.h"
 
 // The triad, once per SIMD target (hwy/foreach_target.h re-includes this file).
 #undef HWY_TARGET_INCLUDE

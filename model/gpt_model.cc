@@ -44,7 +44,7 @@
 #include "model/kernels/residual.h"
 #include "optimizer/hybrid_adam.h"
 #include "optimizer/scheduled_chunk_access.h"
-#include "optimizer/thread_pool.h"
+#include "base/thread_pool.h"
 #include "scheduler/chunk_manager.h"
 
 namespace ps {

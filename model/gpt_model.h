@@ -67,7 +67,7 @@
 #include "memory/dtype.h"
 #include "model/gpt2_checkpoint.h"
 #include "optimizer/hybrid_adam.h"
-#include "optimizer/thread_pool.h"
+#include "base/thread_pool.h"
 #include "scheduler/chunk_manager.h"
 
 namespace ps {

@@ -38,7 +38,7 @@
 #include "optimizer/hybrid_adam.h"
 #include "optimizer/loss_scaler.h"
 #include "optimizer/scheduled_chunk_access.h"
-#include "optimizer/thread_pool.h"
+#include "base/thread_pool.h"
 #include "scheduler/chunk_manager.h"
 
 namespace ps {

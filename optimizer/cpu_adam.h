@@ -32,7 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "optimizer/adam_kernels.h"
-#include "optimizer/thread_pool.h"
+#include "base/thread_pool.h"
 
 // Threads of a CpuAdam created with num_threads = 0; 0 here means every core.
 ABSL_DECLARE_FLAG(int32_t, cpu_adam_threads);

@@ -13,7 +13,7 @@
 #include "model/kernels/internal/kernel_util.h"
 #include "model/kernels/internal/simd.h"
 #include "model/kernels/softmax_math.h"
-#include "optimizer/thread_pool.h"
+#include "base/thread_pool.h"
 
 namespace ps {
 namespace {

@@ -10,7 +10,7 @@
 #include "base/status_macros.h"
 #include "model/kernels/internal/kernel_util.h"
 #include "model/kernels/internal/simd.h"
-#include "optimizer/thread_pool.h"
+#include "base/thread_pool.h"
 
 namespace ps {
 namespace {

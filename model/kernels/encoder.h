@@ -22,7 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "optimizer/thread_pool.h"
+#include "base/thread_pool.h"
 
 namespace ps {
 

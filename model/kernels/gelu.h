@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "model/kernels/gelu_math.h"  // GeluTanh, GeluTanhDerivative: the scalar math
-#include "optimizer/thread_pool.h"
+#include "base/thread_pool.h"
 
 namespace ps {
 

@@ -11,7 +11,7 @@
 #include "model/kernels/internal/kernel_util.h"
 #include "model/kernels/internal/simd.h"
 #include "model/kernels/layernorm_math.h"
-#include "optimizer/thread_pool.h"
+#include "base/thread_pool.h"
 
 namespace ps {
 namespace {

@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/kernels/testing/kernel_test_util.h"
-#include "optimizer/thread_pool.h"
+#include "base/thread_pool.h"
 
 namespace ps {
 namespace {

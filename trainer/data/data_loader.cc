@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "glog/logging.h"
-#include "trainer/data/internal/splitmix64.h"
+#include "base/splitmix64.h"
 
 namespace ps {
 namespace {

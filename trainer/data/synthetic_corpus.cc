@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
-#include "trainer/data/internal/splitmix64.h"
+#include "base/splitmix64.h"
 #include "trainer/data/internal/synthetic_grammar.h"
 
 namespace ps {

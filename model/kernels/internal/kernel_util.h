@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "optimizer/thread_pool.h"
+#include "base/thread_pool.h"
 
 namespace ps::kernels_internal {
 

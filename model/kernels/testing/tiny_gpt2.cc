@@ -19,7 +19,7 @@
 #include "model/kernels/lm_head_cross_entropy.h"
 #include "model/kernels/matmul.h"
 #include "model/kernels/residual.h"
-#include "optimizer/thread_pool.h"
+#include "base/thread_pool.h"
 
 namespace ps::kernel_testing {
 

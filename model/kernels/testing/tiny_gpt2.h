@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "optimizer/thread_pool.h"
+#include "base/thread_pool.h"
 
 namespace ps::kernel_testing {
 

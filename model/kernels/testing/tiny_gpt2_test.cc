@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "model/kernels/matmul.h"
 #include "model/kernels/testing/kernel_test_util.h"
-#include "optimizer/thread_pool.h"
+#include "base/thread_pool.h"
 
 namespace ps::kernel_testing {
 namespace {

@@ -11,8 +11,8 @@
 // 0xe220a8397b1dcdaf, 0x6e789e6aa1b965f4, 0x06c45d188009454f (checked in the test).
 //
 // Thread safety: a SplitMix64 is a value; one object must not be used by two threads at once.
-#ifndef PATRICKSTAR_TRAINER_DATA_INTERNAL_SPLITMIX64_H_
-#define PATRICKSTAR_TRAINER_DATA_INTERNAL_SPLITMIX64_H_
+#ifndef PATRICKSTAR_BASE_SPLITMIX64_H_
+#define PATRICKSTAR_BASE_SPLITMIX64_H_
 
 #include <cstdint>
 #include <utility>
@@ -74,4 +74,4 @@ void Shuffle(absl::Span<T> values, SplitMix64& rng) {
 
 }  // namespace ps::data_internal
 
-#endif  // PATRICKSTAR_TRAINER_DATA_INTERNAL_SPLITMIX64_H_
+#endif  // PATRICKSTAR_BASE_SPLITMIX64_H_

@@ -9,8 +9,8 @@
 // Thread safety: ParallelFor may be called from several threads; calls are serialized (a second
 // caller waits for the first to finish). A task must not call ParallelFor on the same pool
 // (it would deadlock).
-#ifndef PATRICKSTAR_OPTIMIZER_THREAD_POOL_H_
-#define PATRICKSTAR_OPTIMIZER_THREAD_POOL_H_
+#ifndef PATRICKSTAR_BASE_THREAD_POOL_H_
+#define PATRICKSTAR_BASE_THREAD_POOL_H_
 
 #include <atomic>
 #include <cstdint>
@@ -63,4 +63,4 @@ class ThreadPool {
 
 }  // namespace ps
 
-#endif  // PATRICKSTAR_OPTIMIZER_THREAD_POOL_H_
+#endif  // PATRICKSTAR_BASE_THREAD_POOL_H_

@@ -1,4 +1,4 @@
-#include "optimizer/thread_pool.h"
+#include "base/thread_pool.h"
 
 #include <cstdint>
 #include <thread>

@@ -1,4 +1,4 @@
-#include "trainer/data/internal/splitmix64.h"
+#include "base/splitmix64.h"
 
 #include <algorithm>
 #include <cstdint>
