@@ -19,7 +19,7 @@
 
 #include "absl/types/span.h"
 
-namespace ps::data_internal {
+namespace ps {
 
 // The SplitMix64 finalizer: a bijective 64-bit mixer. Also used to derive independent seeds.
 constexpr uint64_t Mix64(uint64_t z) {
@@ -72,6 +72,6 @@ void Shuffle(absl::Span<T> values, SplitMix64& rng) {
   }
 }
 
-}  // namespace ps::data_internal
+}  // namespace ps
 
 #endif  // PATRICKSTAR_BASE_SPLITMIX64_H_

@@ -8,7 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace ps::data_internal {
+namespace ps {
 namespace {
 
 using ::testing::ElementsAre;
@@ -96,4 +96,4 @@ TEST(SplitMix64Test, ShuffleIsAPermutationAndHandlesTinyInputs) {
 }
 
 }  // namespace
-}  // namespace ps::data_internal
+}  // namespace ps

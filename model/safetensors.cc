@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "base/file_io.h"
 #include "base/status_macros.h"
+#include "base/utf8.h"
 #include "memory/convert.h"
 #include "nlohmann/json.hpp"
 
@@ -58,43 +59,6 @@ const KnownDType* LookupDType(absl::string_view name) {
 
 std::string ShapeString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
-// True if `s` is well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
-bool IsValidUtf8(absl::string_view s) {
-  size_t i = 0;
-  const size_t n = s.size();
-  while (i < n) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int len;
-    uint32_t cp;
-    if ((c & 0xE0) == 0xC0) {
-      len = 2;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + len > n) return false;
-    for (int k = 1; k < len; ++k) {
-      const auto cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += len;
-  }
-  return true;
 }
 
 // Product of `shape` times `element_size`, or nullopt on a negative dimension or int64 overflow.

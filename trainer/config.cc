@@ -29,6 +29,7 @@
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "base/units.h"
+#include "base/utf8.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/operator_spec.h"
 #include "glog/logging.h"
@@ -371,41 +372,6 @@ std::string Suggest(absl::string_view key, const Section& section) {
     }
   }
   return best_key;
-}
-
-// Well-formed UTF-8 (Unicode Table 3-7: no overlongs, no surrogates, at most U+10FFFF).
-bool IsValidUtf8(absl::string_view s) {
-  size_t i = 0;
-  const auto byte = [&s](size_t k) { return static_cast<unsigned char>(s[k]); };
-  while (i < s.size()) {
-    const unsigned char c = byte(i);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int len = 0;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    } else {
-      return false;
-    }
-    if (i + len > s.size()) return false;
-    if (byte(i + 1) < lo || byte(i + 1) > hi) return false;
-    for (int k = 2; k < len; ++k) {
-      if (byte(i + k) < 0x80 || byte(i + k) > 0xBF) return false;
-    }
-    i += len;
-  }
-  return true;
 }
 
 absl::Status BadValue(absl::string_view key, absl::string_view value, absl::string_view rule) {

@@ -99,9 +99,9 @@ absl::Status DataLoader::CheckCursor(const DataCursor& cursor) const {
 std::vector<int64_t> DataLoader::MakePermutation(int64_t epoch) const {
   std::vector<int64_t> perm(static_cast<size_t>(num_windows_));
   std::iota(perm.begin(), perm.end(), int64_t{0});
-  data_internal::SplitMix64 rng(
-      data_internal::DeriveSeed(options_.seed, static_cast<uint64_t>(epoch)));
-  data_internal::Shuffle(absl::MakeSpan(perm), rng);
+  SplitMix64 rng(
+      DeriveSeed(options_.seed, static_cast<uint64_t>(epoch)));
+  Shuffle(absl::MakeSpan(perm), rng);
   return perm;
 }
 

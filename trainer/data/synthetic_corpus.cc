@@ -145,7 +145,6 @@ namespace {
 using data_internal::Grammar;
 using data_internal::GrammarEdge;
 using data_internal::kEnd;
-using data_internal::SplitMix64;
 
 void AppendSentence(const Grammar& grammar, SplitMix64& rng, std::string* out) {
   int state = 0;
@@ -239,8 +238,8 @@ absl::StatusOr<SyntheticCorpus> GenerateSyntheticCorpus(const SyntheticCorpusOpt
     }
   }
   SyntheticCorpus corpus;
-  corpus.train = GenerateSplit(data_internal::DeriveSeed(options.seed, 0), options.train_tokens);
-  corpus.val = GenerateSplit(data_internal::DeriveSeed(options.seed, 1), options.val_tokens);
+  corpus.train = GenerateSplit(DeriveSeed(options.seed, 0), options.train_tokens);
+  corpus.val = GenerateSplit(DeriveSeed(options.seed, 1), options.val_tokens);
   corpus.train_unigram_entropy_nats = UnigramEntropyNats(corpus.train);
   corpus.val_unigram_entropy_nats = UnigramEntropyNats(corpus.val);
   corpus.entropy_rate_nats = SyntheticCorpusEntropyRateNats();

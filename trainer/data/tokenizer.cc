@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "base/status_macros.h"
+#include "base/utf8.h"
 #include "nlohmann/json.hpp"
 #include "trainer/data/internal/unicode_classes.h"
 
@@ -24,15 +25,15 @@ namespace {
 
 using data_internal::CharClass;
 using data_internal::ClassOf;
-using data_internal::DecodedChar;
-using data_internal::DecodeUtf8;
 
 // ---------------------------------------------------------------------------------------------
 // Pre-tokenization.
 
 CharClass ClassAt(absl::string_view text, size_t pos, int* length) {
-  const DecodedChar c = DecodeUtf8(text, pos);
-  *length = c.length;
+  // A byte that does not start a well-formed sequence is one character of class kOther (Python's
+  // "surrogateescape" decoding does the same).
+  const Utf8Char c = DecodeUtf8(text, pos);
+  *length = c.valid() ? c.length : 1;
   return ClassOf(c.cp);
 }
 
@@ -84,21 +85,6 @@ size_t MatchAt(absl::string_view text, size_t pos) {
 
 // ---------------------------------------------------------------------------------------------
 // bytes_to_unicode.
-
-std::string EncodeUtf8(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    s.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    s.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-  return s;
-}
 
 // The stand-in code point of each byte (encoder.py's bytes_to_unicode).
 std::array<uint32_t, 256> ByteToCodePoint() {
@@ -166,7 +152,7 @@ const std::array<std::string, 256>& Gpt2ByteToUnicode() {
   static const std::array<std::string, 256>* const table = [] {
     auto* t = new std::array<std::string, 256>;
     const std::array<uint32_t, 256> cps = ByteToCodePoint();
-    for (int b = 0; b < 256; ++b) (*t)[b] = EncodeUtf8(cps[b]);
+    for (int b = 0; b < 256; ++b) AppendUtf8(cps[b], &(*t)[b]);
     return t;
   }();
   return *table;
@@ -379,7 +365,7 @@ absl::StatusOr<std::string> Gpt2BpeTokenizer::Decode(absl::Span<const uint16_t> 
     }
     const std::string& token = *id_to_token_[id];
     for (size_t pos = 0; pos < token.size();) {
-      const DecodedChar c = DecodeUtf8(token, pos);
+      const Utf8Char c = DecodeUtf8(token, pos);
       const auto it = char_to_byte_.find(c.cp);
       if (it == char_to_byte_.end()) {
         return absl::InvalidArgumentError(absl::StrCat(

@@ -30,8 +30,6 @@ bool IsWhiteSpace(uint32_t cp) {
          cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
-bool IsContinuation(uint8_t b) { return (b & 0xC0) == 0x80; }
-
 }  // namespace
 
 CharClass ClassOf(uint32_t cp) {
@@ -48,42 +46,5 @@ CharClass ClassOf(uint32_t cp) {
 }
 
 absl::string_view UnicodeTablesVersion() { return kUnicodeTablesVersion; }
-
-DecodedChar DecodeUtf8(absl::string_view text, size_t pos) {
-  const auto* s = reinterpret_cast<const uint8_t*>(text.data());
-  const size_t n = text.size();
-  const uint8_t b0 = s[pos];
-  if (b0 < 0x80) return {b0, 1};
-  const DecodedChar invalid{kInvalidCodePoint, 1};
-  // Unicode Table 3-7 (well-formed UTF-8 byte sequences): the allowed range of the second byte
-  // depends on the first; later bytes are 80..BF.
-  int length;
-  uint32_t cp;
-  uint8_t lo = 0x80, hi = 0xBF;
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    length = 2;
-    cp = b0 & 0x1F;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    length = 3;
-    cp = b0 & 0x0F;
-    if (b0 == 0xE0) lo = 0xA0;  // no overlong forms
-    if (b0 == 0xED) hi = 0x9F;  // no surrogates
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    length = 4;
-    cp = b0 & 0x07;
-    if (b0 == 0xF0) lo = 0x90;  // no overlong forms
-    if (b0 == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
-  } else {
-    return invalid;  // a continuation byte, C0/C1 (overlong) or F5..FF
-  }
-  if (pos + static_cast<size_t>(length) > n) return invalid;
-  if (s[pos + 1] < lo || s[pos + 1] > hi) return invalid;
-  cp = (cp << 6) | (s[pos + 1] & 0x3F);
-  for (int i = 2; i < length; ++i) {
-    if (!IsContinuation(s[pos + i])) return invalid;
-    cp = (cp << 6) | (s[pos + i] & 0x3F);
-  }
-  return {cp, length};
-}
 
 }  // namespace ps::data_internal

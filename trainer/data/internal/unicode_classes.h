@@ -1,4 +1,4 @@
-// Unicode character classes and UTF-8 decoding for GPT-2's pre-tokenizer
+// Unicode character classes for GPT-2's pre-tokenizer
 // (trainer/data/tokenizer.h).
 //
 // Classes: letters are the general category L (Lu Ll Lt Lm Lo) and numbers N (Nd Nl No), from
@@ -18,24 +18,12 @@ namespace ps::data_internal {
 
 enum class CharClass : uint8_t { kLetter, kNumber, kSpace, kOther };
 
-// The class of code point `cp`. Values that are not Unicode scalar values are kOther.
+// The class of code point `cp`. Values that are not Unicode scalar values (kInvalidCodePoint of
+// base/utf8.h included) are kOther.
 CharClass ClassOf(uint32_t cp);
 
 // The Unicode version of the letter/number tables, e.g. "14.0.0".
 absl::string_view UnicodeTablesVersion();
-
-// One character of a UTF-8 string: its code point and its length in bytes. A byte that does not
-// start a well-formed UTF-8 sequence (as defined by Unicode: no overlong forms, no surrogates,
-// nothing above U+10FFFF, no truncated sequence) is one character of length 1 whose `cp` is
-// kInvalidCodePoint; it classifies as kOther (Python's "surrogateescape" decoding does the same).
-inline constexpr uint32_t kInvalidCodePoint = 0xFFFFFFFF;
-struct DecodedChar {
-  uint32_t cp = 0;
-  int length = 1;
-};
-
-// Decodes the character starting at text[pos]. REQUIRES: pos < text.size().
-DecodedChar DecodeUtf8(absl::string_view text, size_t pos);
 
 }  // namespace ps::data_internal
 

@@ -22,47 +22,10 @@ TEST(UnicodeClassesTest, ClassifiesLettersNumbersSpacesAndOthers) {
   // Punctuation, symbols, combining marks, controls that are not White_Space (U+001C..U+001F),
   // format characters (zero-width space), surrogates, unassigned and out-of-range values.
   for (const uint32_t cp : {0x21u, 0x27u, 0x5Fu, 0x7Fu, 0x301u, 0x1Cu, 0x1Fu, 0x200Bu, 0x1F600u,
-                            0xD800u, 0x0378u, 0x110000u, kInvalidCodePoint}) {
+                            0xD800u, 0x0378u, 0x110000u, 0xFFFFFFFFu}) {
     EXPECT_EQ(ClassOf(cp), CharClass::kOther) << std::hex << cp;
   }
   EXPECT_EQ(UnicodeTablesVersion(), "14.0.0");
-}
-
-struct Utf8Case {
-  std::string bytes;
-  uint32_t cp;
-  int length;
-};
-
-TEST(UnicodeClassesTest, DecodesWellFormedUtf8AndRejectsEverythingElseBytewise) {
-  const Utf8Case cases[] = {
-      {"A", 0x41, 1},
-      {"\xC3\xA9", 0xE9, 2},
-      {"\xE4\xB8\xAD", 0x4E2D, 3},
-      {"\xF0\x9F\x98\x80", 0x1F600, 4},
-      {"\xF4\x8F\xBF\xBF", 0x10FFFF, 4},
-      {"\xEF\xBF\xBF", 0xFFFF, 3},
-      {"\x80", kInvalidCodePoint, 1},              // lone continuation byte
-      {"\xC0\xAF", kInvalidCodePoint, 1},          // overlong '/'
-      {"\xC1\xBF", kInvalidCodePoint, 1},          // overlong
-      {"\xE0\x80\xAF", kInvalidCodePoint, 1},      // overlong 3-byte
-      {"\xF0\x80\x80\xAF", kInvalidCodePoint, 1},  // overlong 4-byte
-      {"\xED\xA0\x80", kInvalidCodePoint, 1},      // encoded surrogate
-      {"\xF4\x90\x80\x80", kInvalidCodePoint, 1},  // above U+10FFFF
-      {"\xF5\x80\x80\x80", kInvalidCodePoint, 1},
-      {"\xFF", kInvalidCodePoint, 1},
-      {"\xE2\x82", kInvalidCodePoint, 1},  // truncated at the end
-      {"\xE2\x82"
-       "A",
-       kInvalidCodePoint, 1},                  // truncated before ASCII
-      {"\xC3\xC3\xA9", kInvalidCodePoint, 1},  // lead byte followed by a lead byte
-  };
-  for (const Utf8Case& c : cases) {
-    const DecodedChar d = DecodeUtf8(c.bytes, 0);
-    EXPECT_EQ(d.cp, c.cp) << c.bytes;
-    EXPECT_EQ(d.length, c.length) << c.bytes;
-  }
-  EXPECT_EQ(DecodeUtf8("x\xC3\xA9", 1).cp, 0xE9u);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <system_error>
 
+#include "base/utf8.h"
+
 namespace ps::io_internal {
 namespace {
 
@@ -12,41 +14,6 @@ constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD in UTF-8
 
 // True for bytes that may be copied verbatim from an ASCII run.
 inline bool IsPlainAscii(unsigned char c) { return c >= 0x20 && c < 0x80 && c != '"' && c != '\\'; }
-
-// The length of the well-formed UTF-8 sequence at s[i], or 0 when it is ill-formed; in that case
-// *maximal_subpart is the number of bytes to replace with one U+FFFD (at least 1). Table 3-7 of the
-// Unicode standard, "Well-Formed UTF-8 Byte Sequences".
-size_t Utf8SequenceLength(absl::string_view s, size_t i, size_t* maximal_subpart) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char lead = byte(i);
-  size_t length = 0;
-  unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3;
-    if (lead == 0xE0) lo = 0xA0;  // no overlongs
-    if (lead == 0xED) hi = 0x9F;  // no surrogates
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4;
-    if (lead == 0xF0) lo = 0x90;  // no overlongs
-    if (lead == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
-  } else {
-    *maximal_subpart = 1;
-    return 0;
-  }
-  size_t k = 1;
-  for (; k < length; ++k) {
-    if (i + k >= s.size()) break;
-    const unsigned char c = byte(i + k);
-    const unsigned char l = k == 1 ? lo : 0x80;
-    const unsigned char h = k == 1 ? hi : 0xBF;
-    if (c < l || c > h) break;
-  }
-  if (k == length) return length;
-  *maximal_subpart = k;
-  return 0;
-}
 
 }  // namespace
 
@@ -94,15 +61,14 @@ void AppendJsonString(std::string* out, absl::string_view s) {
       ++i;
       continue;
     }
-    size_t bad = 0;
-    const size_t n = Utf8SequenceLength(s, i, &bad);
-    if (n > 0) {
-      out->append(s.data() + i, n);
-      i += n;
+    // An ill-formed sequence becomes one U+FFFD per maximal subpart (Unicode 3.9).
+    const Utf8Char ch = DecodeUtf8(s, i);
+    if (ch.valid()) {
+      out->append(s.data() + i, static_cast<size_t>(ch.length));
     } else {
       out->append(kReplacement);
-      i += bad;
     }
+    i += static_cast<size_t>(ch.length);
   }
   out->push_back('"');
 }
