@@ -81,4 +81,10 @@ def project_repositories():
     system_library(name = "openblas", targets = {"openblas": ["openblas"]})
     system_library(name = "com_github_nlohmann_json", targets = {"json": ["nlohmann_json"]})
     system_library(name = "openmpi", targets = {"mpi": ["ompi"]})
+    # Tokenizers: SentencePiece models (Llama-2), NFC normalization (Qwen2's tokenizer.json).
+    system_library(
+        name = "com_github_google_sentencepiece",
+        targets = {"sentencepiece": ["sentencepiece"]},
+    )
+    system_library(name = "utf8proc", targets = {"utf8proc": ["libutf8proc"]})
     cuda_configure(name = "local_config_cuda")

@@ -297,7 +297,7 @@ absl::Status Trainer::Impl::LoadData() {
   options.seed = config_.data.seed;
   options.rank = rank_;
   options.world_size = world_;
-  absl::Span<const uint16_t> train, val;
+  TokenSpan train, val;
   if (config_.data.train_path.empty()) {
     if (gpt_.vocab_size < SyntheticCorpus::kVocabSize) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -316,11 +316,13 @@ absl::Status Trainer::Impl::LoadData() {
     if (config_.data.val_path.empty()) val = synthetic_val_;
   } else {
     ASSIGN_OR_RETURN(TokenFile file, TokenFile::Open(config_.data.train_path));
+    RETURN_IF_ERROR(file.CheckVocabSize(gpt_.vocab_size));
     train_file_.emplace(std::move(file));
     train = train_file_->tokens();
   }
   if (!config_.data.val_path.empty()) {
     ASSIGN_OR_RETURN(TokenFile file, TokenFile::Open(config_.data.val_path));
+    RETURN_IF_ERROR(file.CheckVocabSize(gpt_.vocab_size));
     val_file_.emplace(std::move(file));
     val = val_file_->tokens();
   }
