@@ -17,7 +17,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "base/splitmix64.h"
 #include "base/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "memory/convert.h"
