@@ -4,7 +4,7 @@
 // — and, if it has "architectures", the causal-LM class of that type (LlamaForCausalLM,
 // Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel). Keys are read under the names and with
 // the defaults of transformers' config classes (LlamaConfig, Qwen2Config, MistralConfig,
-// GPT2Config; checked against transformers 5.23 and the 4.x releases, which agree on these):
+// GPT2Config; checked against transformers 5.23 and 4.57.6, which agree on these):
 //
 //   key (gpt2 name)                        default when absent
 //   vocab_size                             llama 32000, qwen2 151936, mistral 32000, gpt2 50257
@@ -38,7 +38,8 @@
 //   InvalidArgument  not JSON, not an object, a repeated key, a value of the wrong type (an
 //                    integer that is a string or 4096.5, a boolean that is 1, ...), a size that is
 //                    not positive, num_key_value_heads that does not divide num_attention_heads,
-//                    hidden_size not divisible by the heads when head_dim is absent, an
+//                    hidden_size not divisible by the heads (llama always, as transformers 5's
+//                    LlamaConfig; qwen2 and mistral only when head_dim is absent), an
 //                    architectures entry that contradicts model_type, rope_theta disagreeing with
 //                    rope_parameters.rope_theta, a missing llama3 parameter, everything
 //                    ValidateModelConfig refuses (with the config key's name).
