@@ -39,11 +39,12 @@
 //
 // Why this grouping. An operator is the unit of chunk access: all its tensors are resident
 // together, so the largest operator bounds the chunk size from below. q, k and v are one operator
-// because one attention step reads all three from the same normalized input (and their sum, Q+2K
-// rows of E, is at most 3 E^2); gate and up are two operators although SwiGLU combines them,
-// because each can be applied on its own (g = x Wg^T, then u = x Wu^T, both kept for backward):
-// keeping them apart halves the MLP's working set (Llama-3-8B: 117 MiB each in bf16 instead of
-// 235 MiB together).
+// because one attention step reads all three from the same normalized input, and together they
+// are (Q + 2K) x E, at most 3 Q E — with grouped-query attention much less (Llama-3-8B: 48 MiB in
+// bf16); gate and up are two operators although SwiGLU combines them, because each can be applied
+// on its own (g = x Wg^T, then u = x Wu^T, both kept for backward): keeping them apart halves the
+// MLP's working set (Llama-3-8B: 112 MiB each in bf16 instead of 224 MiB together). The largest
+// per-layer operator is then one MLP matrix, I x E.
 //
 // The vocabulary matrices (embed_tokens, lm_head, GPT-2's wte) are each an operator of their own
 // with a single [V, E] tensor, and every use of them is row-separable: the embedding gathers rows
