@@ -268,6 +268,7 @@ struct Allocation {
   uint64_t id = 0;
   int64_t bytes = 0;
   std::vector<int> streams_used;  // indices, in first-use order
+  int last_stream = -1;
 };
 
 class StreamOrderRandomTest : public ::testing::TestWithParam<uint32_t> {};
@@ -319,12 +320,20 @@ TEST_P(StreamOrderRandomTest, NoBlockIsHandedOutUnderAQueuedKernel) {
       }
       const uint64_t id = next_id++;
       std::memcpy(*p, &id, sizeof(id));  // the host writes its new block at once
-      live[*p] = Allocation{id, bytes, {}};
+      live[*p] = Allocation{id, bytes, {}, -1};
     } else if (op < 55) {
       // A kernel on a random stream reads the owner id and rewrites the block.
       void* p = random_live();
       Allocation& a = live[p];
       const int s = pick(kStreams);
+      // Kernels on one block are ordered, as a correct program orders them: a kernel on another
+      // stream than the block's last user waits for that stream first.
+      if (a.last_stream >= 0 && a.last_stream != s) {
+        events.push_back(backend->CreateEvent().value());
+        ASSERT_OK(streams[a.last_stream]->RecordEvent(events.back().get()));
+        ASSERT_OK(streams[s]->WaitEvent(events.back().get()));
+      }
+      a.last_stream = s;
       auto kernel = std::make_shared<Kernel>();
       kernel->begin = reinterpret_cast<uintptr_t>(p);
       kernel->end = kernel->begin + static_cast<uintptr_t>(a.bytes);
