@@ -238,7 +238,7 @@ absl::StatusOr<void*> CachingAllocator::Allocate(int64_t bytes) {
     }
     // Retry only when something changed: an upstream that reclaims (ProviderResource) has already
     // asked this allocator once.
-    if (ReleaseCached() > 0 || waited) base = upstream_->Allocate(segment_bytes);
+    if (ReleaseCached() > 0) base = upstream_->Allocate(segment_bytes);
   }
   if (!base.ok()) {
     if (!absl::IsResourceExhausted(base.status())) return base.status();
@@ -422,10 +422,10 @@ bool CachingAllocator::WaitForPendingFrees() {
 }
 
 int64_t CachingAllocator::ReleaseCached() {
+  WaitForPendingFrees();
   std::vector<std::pair<char*, int64_t>> released;
   {
     MutexLock lock(&mu_);
-    if (!pending_.empty()) ProcessPendingLocked();
     for (const auto& [base, segment] : segments_) {
       Block* head = segment->head;
       if (head->allocated || head->next != nullptr) continue;

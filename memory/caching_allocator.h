@@ -36,10 +36,12 @@
 //    still queued on `stream` that reads the block therefore never sees it reused. Work on other
 //    streams is not covered: make `stream` wait for it first (Stream::WaitEvent), which is what
 //    PyTorch's record_stream achieves with one event per stream.
-//    Pending frees are checked (Event::Query, never blocking) at every Allocate, at ReleaseCached
-//    and at ProcessPendingFrees; finished ones are merged back into the cache. When no cached block
-//    fits and the upstream is out of memory, Allocate waits for the pending frees (a host wait)
-//    and retries before it reports ResourceExhausted.
+//    Pending frees are checked (Event::Query, never blocking) at every Allocate and at
+//    ProcessPendingFrees; finished ones are merged back into the cache. Under memory pressure the
+//    allocator waits for them (a host wait): Allocate, when no cached block fits and the upstream
+//    is out of memory, before it reports ResourceExhausted; ReleaseCached, when the device's other
+//    pool needs memory. Hence Allocate and ReleaseCached must not run in a host function on a
+//    stream (a stream would wait for itself).
 //
 // Accounting: in_use_bytes counts whole blocks handed out (a request rounded up, plus an unsplit
 // tail) *and* pending frees: a block freed on a stream stays in use, for the tracker too, until
@@ -119,7 +121,7 @@ struct CachingAllocatorStats {
   int64_t failed_allocations = 0;
   // Stream-ordered frees whose stream has not (as far as the allocator has seen) passed them yet:
   // their count and bytes (part of in_use_bytes). Since construction: stream-ordered frees, and
-  // the times Allocate had to wait for pending frees because nothing else was left.
+  // the times the allocator waited for pending frees under memory pressure.
   int64_t pending_frees = 0;
   int64_t pending_free_bytes = 0;
   int64_t stream_ordered_frees = 0;
@@ -172,7 +174,8 @@ class CachingAllocator final : public MemoryResource, public Reclaimer {
   // "caching_allocator(accelerator:0)".
   std::string name() const override { return name_; }
 
-  // Reclaimer: processes pending frees (without waiting), then returns every fully free segment to
+  // Reclaimer: waits for the pending stream-ordered frees (a host wait: it is called when memory
+  // ran out, and that memory is about to be free anyway), then returns every fully free segment to
   // the upstream; returns the bytes given back.
   int64_t ReleaseCached() override;
 
