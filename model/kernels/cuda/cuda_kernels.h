@@ -2,9 +2,9 @@
 // launchers of model/kernels/cuda and cuBLAS. Built only under --config=cuda.
 //
 // Each operation, after the interface's argument checks (plus: every buffer must be device or
-// managed memory, checked with cudaPointerGetAttributes, and the CUDA kernels' own limits such as
-// head_dim <= 128), makes the backend's GPU current on the calling thread and enqueues the
-// kernels on the stream's cudaStream_t. Nothing allocates or synchronizes.
+// managed memory, checked with cudaPointerGetAttributes unless turned off, and the CUDA kernels'
+// own limits such as head_dim <= 128), makes the backend's GPU current on the calling thread and
+// enqueues the kernels on the stream's cudaStream_t. Nothing allocates or synchronizes.
 //
 // cuBLAS's workspace is the caller's: every operation that runs a cuBLAS GEMM (Gemm, Matmul*,
 // Linear*, LmHeadCrossEntropy*) counts `cublas_workspace_bytes` in its WorkspaceBytes query and
@@ -46,6 +46,10 @@ struct CudaKernelsOptions {
   // recommendation for the GPU: 32 MiB on Hopper (compute capability 9.x) and newer, 4 MiB on
   // earlier GPUs. Must be 0 or a positive multiple of 256.
   int64_t cublas_workspace_bytes = 0;
+  // Check at enqueue that every buffer is device memory (cudaPointerGetAttributes, about a
+  // microsecond per buffer): a host pointer is then InvalidArgument instead of a sticky illegal-
+  // address error. Turn off only once a model is known to pass only device memory.
+  bool check_device_pointers = true;
 };
 
 class CudaKernels final : public Kernels {
@@ -72,9 +76,11 @@ class CudaKernels final : public Kernels {
   int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& shape) const override;
 
  private:
-  CudaKernels(int device_index, CublasHandle handle, int64_t cublas_workspace_bytes)
+  CudaKernels(int device_index, CublasHandle handle, int64_t cublas_workspace_bytes,
+              bool check_device_pointers)
       : device_index_(device_index),
         cublas_workspace_bytes_(cublas_workspace_bytes),
+        check_device_pointers_(check_device_pointers),
         cublas_(std::move(handle)) {}
 
   // The stream's cudaStream_t, with the GPU made current on this thread. InvalidArgument for a
@@ -164,6 +170,7 @@ class CudaKernels final : public Kernels {
 
   const int device_index_;
   const int64_t cublas_workspace_bytes_;
+  const bool check_device_pointers_;
   Mutex cublas_mu_;
   CublasHandle cublas_ ABSL_GUARDED_BY(cublas_mu_);
 };

@@ -2,6 +2,8 @@
 // references, and the f32 kernels within rounding) on awkward shapes, argument errors, asynchrony
 // behind a gate, stream-ordered scratch, data errors (NaN rows) and two concurrent streams. Every
 // test reports SKIPPED on a machine without a GPU, and in a build without --config=cuda.
+#include <vector>
+
 #include "base/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "memory/backend_factory.h"
@@ -22,14 +24,14 @@ using kernel_testing::KernelsUnderTest;
 
 #if PS_WITH_CUDA
 
-absl::StatusOr<KernelsUnderTest> MakeCuda(int64_t cublas_workspace_bytes) {
+absl::StatusOr<KernelsUnderTest> MakeCuda(const cuda::CudaKernelsOptions& options) {
   KernelsUnderTest env;
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       CreateBackend({.kind = "cuda", .capacity_bytes = int64_t{1} << 30});
   if (!backend.ok()) return backend.status();  // Unavailable without a GPU: SKIPPED
   env.backend = *std::move(backend);
-  absl::StatusOr<std::unique_ptr<cuda::CudaKernels>> kernels = cuda::CudaKernels::Create(
-      env.backend.get(), {.cublas_workspace_bytes = cublas_workspace_bytes});
+  absl::StatusOr<std::unique_ptr<cuda::CudaKernels>> kernels =
+      cuda::CudaKernels::Create(env.backend.get(), options);
   if (!kernels.ok()) return kernels.status();
   env.kernels = *std::move(kernels);
   return env;
@@ -37,10 +39,15 @@ absl::StatusOr<KernelsUnderTest> MakeCuda(int64_t cublas_workspace_bytes) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cuda, KernelsConformanceTest,
-    ::testing::Values(
-        KernelsFactory{"cuda", [] { return MakeCuda(0); }, /*bit_identical=*/false},
-        // A workspace too small for any algorithm that wants one: cuBLAS must do without.
-        KernelsFactory{"cuda_tiny_cublas_workspace", [] { return MakeCuda(256); }, false}),
+    ::testing::Values(KernelsFactory{"cuda", [] { return MakeCuda({}); }, /*bit_identical=*/false},
+                      // A workspace too small for any algorithm that wants one (cuBLAS must do
+                      // without), and no pointer checks.
+                      KernelsFactory{"cuda_tiny_cublas_workspace",
+                                     [] {
+                                       return MakeCuda({.cublas_workspace_bytes = 256,
+                                                        .check_device_pointers = false});
+                                     },
+                                     false}),
     KernelsFactoryName);
 
 TEST(CudaKernels, CreateRefusesOtherBackendsAndBadOptions) {
@@ -58,6 +65,19 @@ TEST(CudaKernels, CreateRefusesOtherBackendsAndBadOptions) {
   // The cuBLAS workspace is part of every GEMM's workspace: it comes from the caller.
   EXPECT_EQ(kernels->MatmulWorkspaceBytes({.rows = 8, .in_features = 8, .out_features = 8}),
             kernels->cublas_workspace_bytes());
+}
+
+TEST(CudaKernels, HostPointersAreRefusedAtEnqueue) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  ASSERT_OK_AND_ASSIGN(auto gpu, CreateBackend({.kind = "cuda", .capacity_bytes = 1 << 28}));
+  ASSERT_OK_AND_ASSIGN(auto kernels, cuda::CudaKernels::Create(gpu.get()));
+  ASSERT_OK_AND_ASSIGN(auto stream, gpu->CreateStream());
+  ASSERT_OK_AND_ASSIGN(void* device, gpu->AllocateDevice(1024));
+  std::vector<float> host(256);
+  EXPECT_THAT(kernels->GeluForward(*stream, 256, host.data(), static_cast<float*>(device)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "GeluForward: x is host memory"));
+  ASSERT_OK(stream->Synchronize());
+  ASSERT_OK(gpu->FreeDevice(device));
 }
 
 #else  // !PS_WITH_CUDA
