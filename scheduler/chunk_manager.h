@@ -356,6 +356,9 @@ class ChunkManager {
   int world_size() const { return world_size_; }
   int rank() const { return rank_; }
 
+  // The store whose chunks this manager schedules, and the accelerator it schedules them onto.
+  const ChunkStore& store() const { return *store_; }
+  Device accelerator_device() const { return accel_->device(); }
   const Metronome& metronome() const { return metronome_; }
   const TideTrace& tide() const { return trace_; }
   bool is_warmup() const { return metronome_.is_warmup(); }

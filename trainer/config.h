@@ -81,8 +81,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "chunk/gpt_shapes.h"
 #include "memory/dtype.h"
+#include "model/gpt_config.h"
 #include "optimizer/hybrid_adam.h"
 #include "optimizer/loss_scaler.h"
 #include "optimizer/lr_schedule.h"
@@ -133,7 +133,7 @@ struct Fp16Config {
   friend bool operator==(const Fp16Config&, const Fp16Config&) = default;
 };
 
-// model. Either a preset (GptPresetNames(), chunk/gpt_shapes.h), whose fields the dimensions
+// model. Either a preset (GptPresetNames(), model/gpt_config.h), whose fields the dimensions
 // below override where they are > 0, or no preset and all five dimensions > 0.
 struct ModelConfig {
   std::string preset;
