@@ -90,7 +90,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(ChunkStore* s
     }
   }
   std::unique_ptr<ChunkManager> manager(
-      new ChunkManager(store, backend, accelerator, host, std::move(options)));
+      new ChunkManager(store, accelerator, host, std::move(options)));
   const ChunkManagerOptions& o = manager->options_;
   ASSIGN_OR_RETURN(
       ResidencyPlanner planner,
@@ -125,10 +125,9 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(ChunkStore* s
   return manager;
 }
 
-ChunkManager::ChunkManager(ChunkStore* store, Backend* backend, DeviceMemory* accelerator,
-                           DeviceMemory* host, ChunkManagerOptions options)
+ChunkManager::ChunkManager(ChunkStore* store, DeviceMemory* accelerator, DeviceMemory* host,
+                           ChunkManagerOptions options)
     : store_(store),
-      backend_(backend),
       accel_(accelerator),
       host_(host),
       options_(std::move(options)),

@@ -271,7 +271,7 @@ class ChunkManager {
   ChunkId ChunkIdOfKey(int64_t key) const { return keys_.IdOf(key); }
 
  private:
-  ChunkManager(ChunkStore* store, Backend* backend, DeviceMemory* accelerator, DeviceMemory* host,
+  ChunkManager(ChunkStore* store, DeviceMemory* accelerator, DeviceMemory* host,
                ChunkManagerOptions options);
 
   // Registered with the accelerator's bottom resource: evicts under memory pressure.
@@ -325,7 +325,6 @@ class ChunkManager {
   absl::Status FinishGroups(Stage stage);
 
   ChunkStore* const store_;
-  Backend* const backend_;
   DeviceMemory* const accel_;
   DeviceMemory* const host_;
   const ChunkManagerOptions options_;
