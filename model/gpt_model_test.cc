@@ -403,8 +403,8 @@ TEST(GptModel, OutOfMemoryIsResourceExhaustedAndLeavesNothingAccessed) {
   ASSERT_OK(rig->manager->BeginIteration());
   EXPECT_THAT(rig->model->ForwardBackward(batch.tokens, batch.targets),
               StatusIs(absl::StatusCode::kResourceExhausted));
-  // Every activation was freed. (The first activation failed before any access, so this warm-up
-  // has no moments and the manager cannot end it; the budget case below ends its iteration.)
+  // Every activation was freed. (The first activation failed before any access: this warm-up has
+  // no moment, and ending it would learn nothing; the budget case below ends its iteration.)
   EXPECT_EQ(rig->accelerator->scratch()->stats().in_use_bytes, 0);
 
   // The manager's own verdict: a budget below one chunk cannot hold any operator.
