@@ -34,7 +34,7 @@
 //   p mlp.down_proj                        p mlp.down_proj.weight [E, I] (+ .bias [E])
 //   model.norm                             model.norm.weight [E]
 //   lm_head (only if not tied)             lm_head.weight [V, E]
-// GPT-2: chunk/gpt_shapes.h's operators (names without the "transformer." prefix), with the MLP
+// GPT-2: model/gpt_config.h's operators (names without the "transformer." prefix), with the MLP
 // width intermediate_size instead of a fixed 4E.
 //
 // Why this grouping. An operator is the unit of chunk access: all its tensors are resident
@@ -68,7 +68,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "chunk/gpt_shapes.h"
+#include "model/gpt_config.h"
 #include "chunk/operator_spec.h"
 #include "memory/dtype.h"
 

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/splitmix64.h"
 #include "base/testing/status_matchers.h"
-#include "chunk/gpt_shapes.h"
+#include "model/gpt_config.h"
 #include "chunk/operator_spec.h"
 #include "gtest/gtest.h"
 

@@ -7,12 +7,13 @@
 // them back with ReleaseChunks. The gradient pass only reads the param chunk; the restore pass
 // (after an overflow) writes it; the update pass writes all four types.
 //
-// This adapter is the only piece of optimizer/ that depends on scheduler/: the kernels and
-// HybridAdam itself stay usable without a scheduler (ResidentChunkAccess).
+// It lives in the trainer, which joins the two: optimizer/ never depends on scheduler/ (HybridAdam
+// runs without a scheduler through ResidentChunkAccess), and the model does not run optimizers.
+// trainer/train_step.h uses it for the optimizer step of every training iteration.
 //
 // Thread safety: thread-compatible; the manager and store must outlive it.
-#ifndef PATRICKSTAR_OPTIMIZER_SCHEDULED_CHUNK_ACCESS_H_
-#define PATRICKSTAR_OPTIMIZER_SCHEDULED_CHUNK_ACCESS_H_
+#ifndef PATRICKSTAR_TRAINER_SCHEDULED_CHUNK_ACCESS_H_
+#define PATRICKSTAR_TRAINER_SCHEDULED_CHUNK_ACCESS_H_
 
 #include <cstdint>
 
@@ -31,7 +32,9 @@ class ScheduledChunkAccess final : public AdamChunkAccess {
   // this step.
   ScheduledChunkAccess(ChunkManager& manager, const ChunkStore& store, Device accelerator,
                        AdamPlacement placement)
-      : manager_(manager), store_(store), accelerator_(accelerator),
+      : manager_(manager),
+        store_(store),
+        accelerator_(accelerator),
         placement_(std::move(placement)) {}
 
   [[nodiscard]] absl::StatusOr<AdamChunkPayloads> Acquire(int64_t chunk_index,
@@ -52,4 +55,4 @@ class ScheduledChunkAccess final : public AdamChunkAccess {
 
 }  // namespace ps
 
-#endif  // PATRICKSTAR_OPTIMIZER_SCHEDULED_CHUNK_ACCESS_H_
+#endif  // PATRICKSTAR_TRAINER_SCHEDULED_CHUNK_ACCESS_H_

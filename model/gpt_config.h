@@ -1,5 +1,7 @@
-// GPT-2-architecture parameter shapes, as operators for the chunk layer: the presets used by the
-// chunk-size search, its tool, the layout benchmarks and tests, until model/ provides the model.
+// GptConfig: the dimensions of a GPT-2-architecture model, the named presets (Hugging Face GPT-2
+// sizes and PatrickStar's 1B..18B), and the model's parameters as operators for the chunk layer
+// (chunk/operator_spec.h): what GptModel places in chunks, what the trainer's chunk-size search
+// and the benchmarks lay out. The chunk layer itself knows no model.
 //
 // Operators, in forward order, with Hugging Face GPT-2 parameter names (without the
 // "transformer." prefix) and shapes (Conv1D weights are [in, out]):
@@ -14,8 +16,8 @@
 // The LM head is tied to wte and has no parameters of its own.
 //
 // Thread safety: pure functions.
-#ifndef PATRICKSTAR_CHUNK_GPT_SHAPES_H_
-#define PATRICKSTAR_CHUNK_GPT_SHAPES_H_
+#ifndef PATRICKSTAR_MODEL_GPT_CONFIG_H_
+#define PATRICKSTAR_MODEL_GPT_CONFIG_H_
 
 #include <cstdint>
 #include <string>
@@ -63,4 +65,4 @@ int64_t GptParameterCount(const GptConfig& config);
 
 }  // namespace ps
 
-#endif  // PATRICKSTAR_CHUNK_GPT_SHAPES_H_
+#endif  // PATRICKSTAR_MODEL_GPT_CONFIG_H_

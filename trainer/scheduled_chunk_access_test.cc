@@ -4,7 +4,7 @@
 // must not depend on where the placement ran each chunk: a roomy accelerator (optimizer state kept
 // there after the warm-up) and a tight one (everything on the host) give bit-identical master
 // weights, moments and parameters.
-#include "optimizer/scheduled_chunk_access.h"
+#include "trainer/scheduled_chunk_access.h"
 
 #include <cmath>
 #include <cstring>
@@ -16,10 +16,10 @@
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
-#include "chunk/gpt_shapes.h"
 #include "gtest/gtest.h"
 #include "memory/cpu_backend.h"
 #include "memory/device_memory.h"
+#include "model/gpt_config.h"
 #include "optimizer/cpu_adam.h"
 #include "optimizer/hybrid_adam.h"
 #include "scheduler/chunk_manager.h"

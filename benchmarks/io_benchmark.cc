@@ -1,7 +1,7 @@
 // Benchmarks of trainer/io: CRC-32C against memcpy (the physical limit for a checksum pass that
 // reads memory once), checkpoint verification, and the cost of trace events enabled and disabled.
 //
-//   bazel run //trainer/io:io_benchmark -- --benchmark_min_time=0.2
+//   bazel run //benchmarks:io_benchmark -- --benchmark_min_time=0.2
 //
 // "of_memcpy" is the CRC's bytes/s divided by memcpy's bytes/s for the same size, measured in the
 // same run (memcpy reads and writes each byte; a CRC only reads, so > 1 is possible in cache).

@@ -1,4 +1,4 @@
-#include "optimizer/scheduled_chunk_access.h"
+#include "trainer/scheduled_chunk_access.h"
 
 #include <vector>
 
@@ -26,7 +26,8 @@ absl::StatusOr<AdamChunkPayloads> ScheduledChunkAccess::Acquire(int64_t chunk_in
                                                                 AdamChunkUse use) {
   const Device device = DeviceFor(chunk_index);
   const std::vector<ChunkType> types = TypesFor(use);
-  const AccessMode mode = use == AdamChunkUse::kGradients ? AccessMode::kRead : AccessMode::kReadWrite;
+  const AccessMode mode =
+      use == AdamChunkUse::kGradients ? AccessMode::kRead : AccessMode::kReadWrite;
   RETURN_IF_ERROR(manager_.AccessChunks(chunk_index, types, device, mode));
   AdamChunkPayloads payloads;
   payloads.device = device;

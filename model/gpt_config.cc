@@ -1,4 +1,4 @@
-#include "chunk/gpt_shapes.h"
+#include "model/gpt_config.h"
 
 #include <string>
 #include <utility>

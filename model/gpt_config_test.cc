@@ -1,4 +1,4 @@
-#include "chunk/gpt_shapes.h"
+#include "model/gpt_config.h"
 
 #include <cstdint>
 #include <string>
@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "base/testing/status_matchers.h"
 #include "chunk/operator_spec.h"
+#include "chunk/testing/transformer_operators.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -16,13 +17,13 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-TEST(GptShapes, Gpt2Has124439808ParametersLikeHuggingFace) {
+TEST(GptConfig, Gpt2Has124439808ParametersLikeHuggingFace) {
   ASSERT_OK_AND_ASSIGN(GptConfig config, GptPreset("gpt2"));
   EXPECT_EQ(GptParameterCount(config), 124'439'808);
   EXPECT_EQ(ModelNumElems(GptOperators(config)), 124'439'808);
 }
 
-TEST(GptShapes, PresetSizes) {
+TEST(GptConfig, PresetSizes) {
   // Hugging Face GPT-2 sizes (tied head), and PatrickStar's configurations at seq 1024.
   const std::vector<std::pair<std::string, int64_t>> expected = {
       {"tiny", 120'576},           {"gpt2", 124'439'808},      {"gpt2-medium", 354'823'168},
@@ -55,7 +56,7 @@ TEST(GptShapes, PresetSizes) {
   }
 }
 
-TEST(GptShapes, HuggingFaceNamesAndShapes) {
+TEST(GptConfig, HuggingFaceNamesAndShapes) {
   ASSERT_OK_AND_ASSIGN(GptConfig config, GptPreset("gpt2"));
   const std::vector<OperatorSpec> ops = GptOperators(config);
   ASSERT_EQ(ops.size(), 74u);
@@ -80,7 +81,33 @@ TEST(GptShapes, HuggingFaceNamesAndShapes) {
   EXPECT_EQ(ops.back().tensors[1].name, "ln_f.bias");
 }
 
-TEST(GptShapes, Errors) {
+// The chunk layer's tests use GPT-2-shaped operator lists of their own (the chunk layer knows no
+// model): they must be exactly the model's.
+TEST(GptConfig, ChunkTestShapesAreTheModelsOperators) {
+  const std::vector<std::pair<std::string, chunk_testing::TransformerShape>> shapes = {
+      {"tiny", chunk_testing::kTinyShape},
+      {"gpt2", chunk_testing::kGpt2Shape},
+      {"gpt2-medium", chunk_testing::kGpt2MediumShape},
+      {"1B", chunk_testing::k1BShape},
+      {"10B", chunk_testing::k10BShape}};
+  for (const auto& [preset, shape] : shapes) {
+    SCOPED_TRACE(preset);
+    ASSERT_OK_AND_ASSIGN(GptConfig config, GptPreset(preset));
+    const std::vector<OperatorSpec> model = GptOperators(config);
+    const std::vector<OperatorSpec> test = chunk_testing::TransformerOperators(shape);
+    ASSERT_EQ(model.size(), test.size());
+    for (size_t i = 0; i < model.size(); ++i) {
+      EXPECT_EQ(model[i].name, test[i].name);
+      ASSERT_EQ(model[i].tensors.size(), test[i].tensors.size()) << model[i].name;
+      for (size_t t = 0; t < model[i].tensors.size(); ++t) {
+        EXPECT_EQ(model[i].tensors[t].name, test[i].tensors[t].name);
+        EXPECT_EQ(model[i].tensors[t].shape, test[i].tensors[t].shape) << model[i].tensors[t].name;
+      }
+    }
+  }
+}
+
+TEST(GptConfig, Errors) {
   EXPECT_THAT(GptPreset("gpt5"), StatusIs(absl::StatusCode::kInvalidArgument,
                                           HasSubstr("known presets: tiny, gpt2, gpt2-medium")));
   GptConfig config;
