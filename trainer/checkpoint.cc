@@ -112,17 +112,16 @@ absl::StatusOr<std::string> WriteTrainingCheckpoint(const std::string& root, int
   // Tensors "<type>/<name>", flat f32, streamed one at a time from the chunks.
   std::vector<SafetensorsTensorSpec> specs;
   std::vector<std::pair<ChunkType, std::string>> sources;
-  for (const OperatorSpec& op : GptOperators(model.config())) {
-    for (const TensorSpec& t : op.tensors) {
-      if (!model.HoldsTrainingState(t.name)) continue;  // another rank's (ZeRO)
-      for (ChunkType type : kStateTypes) {
-        SafetensorsTensorSpec spec;
-        spec.name = absl::StrCat(ChunkTypeName(type), "/", t.name);
-        spec.dtype = DType::kF32;
-        spec.shape = t.shape;
-        specs.push_back(std::move(spec));
-        sources.emplace_back(type, t.name);
-      }
+  // The tensors as the model stores them (wte's row blocks under their block names).
+  for (const TensorSpec& t : model.ParameterSpecs()) {
+    if (!model.HoldsTrainingState(t.name)) continue;  // another rank's (ZeRO)
+    for (ChunkType type : kStateTypes) {
+      SafetensorsTensorSpec spec;
+      spec.name = absl::StrCat(ChunkTypeName(type), "/", t.name);
+      spec.dtype = DType::kF32;
+      spec.shape = t.shape;
+      specs.push_back(std::move(spec));
+      sources.emplace_back(type, t.name);
     }
   }
   std::map<std::string, std::string> metadata = {{"format", "patrickstar_cc training state"}};
@@ -187,7 +186,8 @@ absl::StatusOr<TrainingCheckpointState> ReadTrainingCheckpoint(const std::string
   ASSIGN_OR_RETURN(Checkpoint checkpoint, OpenCheckpoint(dir));
   const nlohmann::json& j = checkpoint.state;
   const std::string where = absl::StrCat("checkpoint '", dir, "'");
-  if (!j.is_object()) return absl::DataLossError(absl::StrCat(where, ": the state is not an object"));
+  if (!j.is_object())
+    return absl::DataLossError(absl::StrCat(where, ": the state is not an object"));
   TrainingCheckpointState state;
   RETURN_IF_ERROR(Get(j, "step", where, &state.step));
   RETURN_IF_ERROR(Get(j, "adam_step", where, &state.adam_step));
@@ -216,8 +216,8 @@ absl::StatusOr<TrainingCheckpointState> ReadTrainingCheckpoint(const std::string
     std::vector<std::string> diffs;
     for (auto it = a.begin(); it != a.end(); ++it) {
       if (b[it.key()] != it.value()) {
-        diffs.push_back(absl::StrCat(it.key(), " ", it.value().dump(), " (this run: ",
-                                     b[it.key()].dump(), ")"));
+        diffs.push_back(absl::StrCat(it.key(), " ", it.value().dump(),
+                                     " (this run: ", b[it.key()].dump(), ")"));
       }
     }
     return absl::FailedPreconditionError(
@@ -229,21 +229,21 @@ absl::StatusOr<TrainingCheckpointState> ReadTrainingCheckpoint(const std::string
   ASSIGN_OR_RETURN(const std::string path, checkpoint.FilePath(kStateFile));
   ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
   // Check every tensor before touching the model.
-  for (const OperatorSpec& op : GptOperators(model->config())) {
-    for (const TensorSpec& t : op.tensors) {
-      if (!model->HoldsTrainingState(t.name)) continue;  // another rank's (ZeRO)
-      for (ChunkType type : kStateTypes) {
-        const std::string name = absl::StrCat(ChunkTypeName(type), "/", t.name);
-        const SafetensorsTensorInfo* info = file.Find(name);
-        if (info == nullptr || info->num_elements != t.numel() || info->dtype != DType::kF32) {
-          return absl::DataLossError(absl::StrCat(
-              where, ": ", path, " has no f32 tensor '", name, "' of ", t.numel(), " elements"));
-        }
+  for (const TensorSpec& t : model->ParameterSpecs()) {
+    if (!model->HoldsTrainingState(t.name)) continue;  // another rank's (ZeRO)
+    for (ChunkType type : kStateTypes) {
+      const std::string name = absl::StrCat(ChunkTypeName(type), "/", t.name);
+      const SafetensorsTensorInfo* info = file.Find(name);
+      if (info == nullptr || info->num_elements != t.numel() || info->dtype != DType::kF32) {
+        return absl::DataLossError(absl::StrCat(
+            where, ": ", path, " has no f32 tensor '", name, "' of ", t.numel(),
+            " elements (a checkpoint of a run with another chunk.size splits wte differently: "
+            "resume with the chunk size that wrote it)"));
       }
     }
   }
-  RETURN_IF_ERROR(model->LoadTrainingState(
-      [&](absl::string_view name, ChunkType type, absl::Span<float> out) {
+  RETURN_IF_ERROR(
+      model->LoadTrainingState([&](absl::string_view name, ChunkType type, absl::Span<float> out) {
         return file.ReadAsF32(absl::StrCat(ChunkTypeName(type), "/", name), out);
       }));
   return state;

@@ -488,10 +488,25 @@ absl::Status Trainer::Impl::Export(const std::string& path) {
         path, model_->dims(), DType::kF32,
         [&](absl::string_view name, absl::Span<float> out) -> absl::Status {
           auto it = gathered.find(std::string(name));
-          if (it == gathered.end() || it->second.size() != out.size()) {
+          if (it != gathered.end() && it->second.size() == out.size()) {
+            std::copy(it->second.begin(), it->second.end(), out.begin());
+            return absl::OkStatus();
+          }
+          // A tensor held in row blocks ("wte.weight[r0:r1]"): assembled.
+          int64_t filled = 0;
+          for (const auto& [stored, values] : gathered) {
+            const std::optional<RowBlockName> block = ParseRowBlockName(stored);
+            if (!block.has_value() || block->base != name) continue;
+            const int64_t first = block->row_begin * gpt_.hidden;
+            if (first + static_cast<int64_t>(values.size()) > static_cast<int64_t>(out.size())) {
+              return absl::InternalError(absl::StrCat("export: block '", stored, "' out of range"));
+            }
+            std::copy(values.begin(), values.end(), out.begin() + first);
+            filled += static_cast<int64_t>(values.size());
+          }
+          if (filled != static_cast<int64_t>(out.size())) {
             return absl::InternalError(absl::StrCat("export: tensor '", name, "' not gathered"));
           }
-          std::copy(it->second.begin(), it->second.end(), out.begin());
           return absl::OkStatus();
         });
   }
