@@ -150,10 +150,10 @@ std::vector<OperatorSpec> GptOperators(const GptConfig& c, const VocabLayoutOpti
   const std::vector<GptVocabBlock> blocks = GptVocabBlocks(c, layout);
   std::vector<OperatorSpec> ops;
   ops.reserve(blocks.size() + 2 + 6 * c.num_layers);
-  ops.push_back(OperatorSpec{"wpe", {{"wpe.weight", {c.max_seq_len, h}}}});
   for (const GptVocabBlock& b : blocks) {
     ops.push_back(OperatorSpec{b.op_name, {{b.tensor_name, {b.rows, h}}}});
   }
+  ops.push_back(OperatorSpec{"wpe", {{"wpe.weight", {c.max_seq_len, h}}}});
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = absl::StrCat("h.", i, ".");
     ops.push_back(LayerNormOp(p + "ln_1", h));

@@ -5,9 +5,9 @@
 //
 // Operators, in forward order, with Hugging Face GPT-2 parameter names (without the
 // "transformer." prefix) and shapes (Conv1D weights are [in, out]):
-//   wpe                 wpe.weight [seq, hidden]
 //   wte                 wte.weight [vocab, hidden]            (whole: VocabLayoutOptions default)
 //   or wte[r0:r1]       wte.weight[r0:r1] [r1 - r0, hidden]   (row blocks, in row order)
+//   wpe                 wpe.weight [seq, hidden]
 //   h.{i}.ln_1          h.{i}.ln_1.weight [hidden], h.{i}.ln_1.bias [hidden]
 //   h.{i}.attn.c_attn   h.{i}.attn.c_attn.weight [hidden, 3 hidden], .bias [3 hidden]
 //   h.{i}.attn.c_proj   h.{i}.attn.c_proj.weight [hidden, hidden], .bias [hidden]

@@ -60,14 +60,14 @@ TEST(GptConfig, HuggingFaceNamesAndShapes) {
   ASSERT_OK_AND_ASSIGN(GptConfig config, GptPreset("gpt2"));
   const std::vector<OperatorSpec> ops = GptOperators(config);
   ASSERT_EQ(ops.size(), 75u);
-  EXPECT_EQ(ops[0].name, "wpe");
+  EXPECT_EQ(ops[0].name, "wte");
   ASSERT_EQ(ops[0].tensors.size(), 1u);
-  EXPECT_EQ(ops[0].tensors[0].name, "wpe.weight");
-  EXPECT_THAT(ops[0].tensors[0].shape, ElementsAre(1024, 768));
-  EXPECT_EQ(ops[1].name, "wte");
+  EXPECT_EQ(ops[0].tensors[0].name, "wte.weight");
+  EXPECT_THAT(ops[0].tensors[0].shape, ElementsAre(50257, 768));
+  EXPECT_EQ(ops[1].name, "wpe");
   ASSERT_EQ(ops[1].tensors.size(), 1u);
-  EXPECT_EQ(ops[1].tensors[0].name, "wte.weight");
-  EXPECT_THAT(ops[1].tensors[0].shape, ElementsAre(50257, 768));
+  EXPECT_EQ(ops[1].tensors[0].name, "wpe.weight");
+  EXPECT_THAT(ops[1].tensors[0].shape, ElementsAre(1024, 768));
   const std::vector<std::string> block = {"h.3.ln_1", "h.3.attn.c_attn", "h.3.attn.c_proj",
                                           "h.3.ln_2", "h.3.mlp.c_fc",    "h.3.mlp.c_proj"};
   for (size_t i = 0; i < block.size(); ++i) EXPECT_EQ(ops[2 + 6 * 3 + i].name, block[i]);
@@ -129,8 +129,9 @@ TEST(GptConfig, VocabularyRowBlocks) {
   const std::vector<OperatorSpec> ops = GptOperators(config, {.vocab_block_rows = 8192});
   EXPECT_EQ(ops.size(), 75u + 6);
   EXPECT_EQ(ModelNumElems(ops), 124'439'808);
-  EXPECT_EQ(ops[1].name, "wte[0:8192]");
-  EXPECT_THAT(ops[7].tensors[0].shape, ElementsAre(1105, 768));
+  EXPECT_EQ(ops[0].name, "wte[0:8192]");
+  EXPECT_THAT(ops[6].tensors[0].shape, ElementsAre(1105, 768));
+  EXPECT_EQ(ops[7].name, "wpe");
   // One block covering everything is the whole matrix, under its Hugging Face name.
   for (int64_t rows : {int64_t{0}, int64_t{50257}, int64_t{100000}}) {
     const std::vector<GptVocabBlock> whole = GptVocabBlocks(config, {.vocab_block_rows = rows});

@@ -309,11 +309,11 @@ absl::Status GptModel::ResolveLayout() {
     }
     resolved.push_back(r);
   }
-  wpe_op_ = resolved[0].op;
-  wpe_ = resolved[0].w;
   const std::vector<GptVocabBlock> blocks = GptVocabBlocks(config_, vocab);
+  wpe_op_ = resolved[blocks.size()].op;
+  wpe_ = resolved[blocks.size()].w;
   for (size_t k = 0; k < blocks.size(); ++k) {
-    const LinearOp& r = resolved[1 + k];
+    const LinearOp& r = resolved[k];
     vocab_blocks_.push_back({r.op, r.w, blocks[k].row_begin, blocks[k].rows});
     if (blocks[k].row_begin % options_.ce_vocab_tile != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -703,15 +703,8 @@ absl::Status GptModel::BlockForward(int64_t layer, absl::Span<const float> in, b
 absl::Status GptModel::EmbeddingForward(absl::Span<const int32_t> tokens, Activations& acts) {
   const int64_t B = options_.batch, T = options_.seq_len, C = config_.hidden, N = B * T;
   ASSIGN_OR_RETURN(acts.x[0], Alloc(N * C, false));
-  {
-    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, wpe_op_, Stage::kForward));
-    absl::Span<const float> wpe;
-    ASSIGN_OR_RETURN(Buffer wpe_f32, ParamF32(wpe_, &wpe));
-    RETURN_IF_ERROR(PositionEmbeddingForward<float>(B, T, C, wpe, acts.x[0].span(), pool_.get()));
-    wpe_f32.Reset();
-    RETURN_IF_ERROR(access.End());
-  }
-  // Each block adds the rows of its tokens (16-bit rows widened as they are read).
+  // Each block writes the rows of its tokens (16-bit rows widened as they are read); every row
+  // belongs to exactly one block.
   for (const VocabBlock& b : vocab_blocks_) {
     ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, b.op, Stage::kForward));
     ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, b.tensor));
@@ -727,7 +720,13 @@ absl::Status GptModel::EmbeddingForward(absl::Span<const int32_t> tokens, Activa
     }
     RETURN_IF_ERROR(access.End());
   }
-  return absl::OkStatus();
+  // Then the positions: x = wte[token] + wpe[position].
+  ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, wpe_op_, Stage::kForward));
+  absl::Span<const float> wpe;
+  ASSIGN_OR_RETURN(Buffer wpe_f32, ParamF32(wpe_, &wpe));
+  RETURN_IF_ERROR(PositionEmbeddingForward<float>(B, T, C, wpe, acts.x[0].span(), pool_.get()));
+  wpe_f32.Reset();
+  return access.End();
 }
 
 absl::StatusOr<double> GptModel::LmHeadForward(absl::Span<const int32_t> targets,

@@ -14,10 +14,10 @@
 // unsplit one does.
 //
 // One training iteration (ForwardBackward) accesses, in order:
-//   forward:  wpe, every wte block (the embedding: positions, then each block adds the rows of
-//             its tokens), then per block ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
-//             mlp.c_proj, then ln_f, then every wte block again (the tied LM head +
-//             cross-entropy, the online softmax carried across blocks);
+//   forward:  every wte block, then wpe (the embedding: each block writes the rows of its
+//             tokens, then the positions are added), then per block ln_1, attn.c_attn,
+//             attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj, then ln_f, then every wte block again
+//             (the tied LM head + cross-entropy, the online softmax carried across blocks);
 //   backward: every wte block (LM head), ln_f, per block from the last: mlp.c_proj, mlp.c_fc,
 //             ln_2, attn.c_proj, attn.c_attn, ln_1 (each block first re-accessing its six
 //             operators in forward when activation checkpointing is on), then wpe and every wte
@@ -273,7 +273,7 @@ class GptModel {
       const std::function<absl::Status(TensorId tensor, absl::Span<float> out)>& fill);
   // The shape of wte block `b` for the vocab_blocks kernels.
   VocabBlockShape BlockShape(const VocabBlock& b) const;
-  // The embedding: acts.x[0] = wpe + wte rows of `tokens`.
+  // The embedding: acts.x[0] = the wte rows of `tokens` + wpe.
   absl::Status EmbeddingForward(absl::Span<const int32_t> tokens, Activations& acts);
   // The LM head and cross-entropy over every block; returns the loss, keeps acts.ce_lse.
   absl::StatusOr<double> LmHeadForward(absl::Span<const int32_t> targets, Activations& acts);

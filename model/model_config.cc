@@ -191,8 +191,8 @@ std::vector<OperatorSpec> Gpt2Operators(const ModelConfig& c, const VocabLayoutO
   };
   std::vector<OperatorSpec> ops;
   ops.reserve(3 + 6 * c.num_layers);
-  ops.push_back(Op("wpe", {{"wpe.weight", {c.max_position_embeddings, e}}}));
   AppendVocabularyOperators("wte", "wte.weight", c.vocab_size, e, layout, ops);
+  ops.push_back(Op("wpe", {{"wpe.weight", {c.max_position_embeddings, e}}}));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = absl::StrCat("h.", l, ".");
     ops.push_back(layer_norm(p + "ln_1"));

@@ -36,9 +36,9 @@
 //   model.norm                             model.norm.weight [E]
 //   lm_head (only if not tied)             lm_head.weight [V, E]
 //     or, split: lm_head[r0:r1]            lm_head.weight[r0:r1] [r1 - r0, E]
-// GPT-2: model/gpt_config.h's operators (names without the "transformer." prefix: wpe, then wte
-// whole or in row blocks, the blocks, ln_f), with the MLP width intermediate_size instead of a
-// fixed 4E.
+// GPT-2: model/gpt_config.h's operators (names without the "transformer." prefix: wte whole or in
+// row blocks, wpe, the blocks, ln_f), with the MLP width intermediate_size instead of a fixed
+// 4E.
 //
 // Why this grouping. An operator is the unit of chunk access: all its tensors are resident
 // together, so the largest operator bounds the chunk size from below. q, k and v are one operator

@@ -1,6 +1,6 @@
 // Operator lists shaped like a GPT-2 transformer, for tests of the chunk layer, which knows no
-// model: realistic operator sizes and Hugging Face GPT-2 names (wpe, wte whole or in row blocks
-// "wte[r0:r1]", per block ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj, then ln_f)
+// model: realistic operator sizes and Hugging Face GPT-2 names (wte whole or in row blocks
+// "wte[r0:r1]", wpe, per block ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj, then ln_f)
 // without depending on model/.
 // model/gpt_config_test checks that model/gpt_config.h's GptOperators produces exactly these lists
 // for every preset, so the chunk tests exercise the model's real shapes. Test-only.

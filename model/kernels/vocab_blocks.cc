@@ -224,25 +224,19 @@ absl::Status LmHeadBackwardImpl(const VocabBlockShape& s, const T* h, const Rows
   return absl::OkStatus();
 }
 
-template <typename T, typename Load>
+// out[n, :] = row of tokens[n] for the block's tokens; `copy_row(local_row, dst)` writes one row.
+template <typename T, typename CopyRow>
 absl::Status EmbeddingForwardImpl(const VocabBlockShape& s, absl::Span<const int32_t> tokens,
-                                  const Load& load_row, absl::Span<T> out, ThreadPool* pool) {
+                                  const CopyRow& copy_row, absl::Span<T> out, ThreadPool* pool) {
   const int64_t N = s.rows, C = s.channels;
   const int64_t row_end = s.row_begin + s.block_rows;
   const int64_t grain = RowsPerTask(C);
   ParallelFor(pool, NumTasks(N, grain), [&](int64_t task) {
-    std::vector<T> widened;
     const int64_t end = std::min(N, (task + 1) * grain);
     for (int64_t n = task * grain; n < end; ++n) {
       const int64_t t = tokens[n];
       if (t < s.row_begin || t >= row_end) continue;
-      const T* row = load_row(t - s.row_begin, widened);
-      T* o = out.data() + n * C;
-      if constexpr (std::is_same_v<T, float>) {
-        kernels_internal::simd::AddTo(row, o, C);
-      } else {
-        for (int64_t c = 0; c < C; ++c) o[c] += row[c];
-      }
+      copy_row(t - s.row_begin, out.data() + n * C);
     }
   });
   return absl::OkStatus();
@@ -264,7 +258,10 @@ absl::Status EmbeddingBlockForward(const VocabBlockShape& shape, absl::Span<cons
   RETURN_IF_ERROR(CheckTokens(kKernel, "token", tokens, shape.vocab_size, std::nullopt));
   return EmbeddingForwardImpl<T>(
       shape, tokens,
-      [&](int64_t local_row, std::vector<T>&) { return block.data() + local_row * C; }, out, pool);
+      [&](int64_t local_row, T* dst) {
+        std::memcpy(dst, block.data() + local_row * C, static_cast<size_t>(C) * sizeof(T));
+      },
+      out, pool);
 }
 
 absl::Status EmbeddingBlockForward(const VocabBlockShape& shape, absl::Span<const int32_t> tokens,
@@ -281,11 +278,9 @@ absl::Status EmbeddingBlockForward(const VocabBlockShape& shape, absl::Span<cons
   RETURN_IF_ERROR(CheckTokens(kKernel, "token", tokens, shape.vocab_size, std::nullopt));
   return EmbeddingForwardImpl<float>(
       shape, tokens,
-      [&](int64_t local_row, std::vector<float>& widened) -> const float* {
-        widened.resize(static_cast<size_t>(C));
+      [&](int64_t local_row, float* dst) {
         // Convert cannot fail for these dtypes and sizes (checked above).
-        (void)Convert(block.dtype, block.data + local_row * C, DType::kF32, widened.data(), C);
-        return widened.data();
+        (void)Convert(block.dtype, block.data + local_row * C, DType::kF32, dst, C);
       },
       out, pool);
 }
@@ -351,8 +346,13 @@ absl::Status PositionEmbeddingForward(int64_t batch, int64_t seq_len, int64_t ch
   ParallelFor(pool, NumTasks(rows, grain), [&](int64_t task) {
     const int64_t end = std::min(rows, (task + 1) * grain);
     for (int64_t row = task * grain; row < end; ++row) {
-      std::memcpy(out.data() + row * C, wpe.data() + (row % seq_len) * C,
-                  static_cast<size_t>(C) * sizeof(T));
+      const T* pe = wpe.data() + (row % seq_len) * C;
+      T* o = out.data() + row * C;
+      if constexpr (std::is_same_v<T, float>) {
+        kernels_internal::simd::AddTo(pe, o, C);
+      } else {
+        for (int64_t c = 0; c < C; ++c) o[c] += pe[c];
+      }
     }
   });
   return absl::OkStatus();

@@ -4,13 +4,14 @@
 // [V, C] gradient, at once. Block k holds rows [row_begin, row_begin + block_rows).
 //
 // Token embedding (every use of the matrix is row-separable):
-//   EmbeddingBlockForward   out[n, :] += block[tokens[n] - row_begin, :] for the tokens in the
-//                           block (the rows of other blocks are left alone; the caller starts
-//                           from the position embedding or zeros, and calls every block once)
+//   EmbeddingBlockForward   out[n, :] = block[tokens[n] - row_begin, :] for the tokens in the
+//                           block (the rows of other blocks are left alone: after every block,
+//                           each row holds its token's row)
 //   ScatterRowsAdd          rows[slot(tokens[n]), :] += dout[n, :] for the tokens in a set,
 //                           in increasing n — the embedding's gradient, accumulated into a
 //                           buffer of the rows the batch touches (see below)
-//   PositionEmbeddingForward / Backward   GPT-2's learned positions: out[b, t, :] = wpe[t, :];
+//   PositionEmbeddingForward / Backward   GPT-2's learned positions: out[b, t, :] += wpe[t, :]
+//                           (after the token rows: the same sum as EncoderForward's);
 //                           dwpe[t, :] += sum over b of dout[b, t, :] (in increasing b)
 //
 // LM head and cross-entropy (model/kernels/lm_head_cross_entropy.h's math, whose loops run over
@@ -77,7 +78,8 @@ struct Block16 {
 
 // --- Embedding ---------------------------------------------------------------------------------
 
-// out[n, :] += block[tokens[n] - row_begin, :] for every n whose token is in the block.
+// out[n, :] = block[tokens[n] - row_begin, :] for every n whose token is in the block (16-bit rows
+// widened exactly).
 // InvalidArgument for a bad shape or buffer size or a token outside [0, V). `pool` may be null.
 template <typename T>
 [[nodiscard]] absl::Status EmbeddingBlockForward(const VocabBlockShape& shape,
@@ -98,7 +100,7 @@ template <typename T>
                                           absl::Span<const T> dout, absl::Span<T> rows,
                                           ThreadPool* pool);
 
-// out[b, t, :] = wpe[t, :] for out [B, T, C], wpe [max_T, C] (T <= max_T).
+// out[b, t, :] += wpe[t, :] for out [B, T, C], wpe [max_T, C] (T <= max_T).
 template <typename T>
 [[nodiscard]] absl::Status PositionEmbeddingForward(int64_t batch, int64_t seq_len,
                                                     int64_t channels, absl::Span<const T> wpe,

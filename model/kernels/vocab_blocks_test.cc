@@ -142,15 +142,15 @@ void CheckBlocksEqualWholeMatrix(const Case& c, uint64_t seed, ThreadPool* pool)
     EXPECT_TRUE(BitEqual(dwte, dwte_ref));
     return;
   }
-  // Embedding: positions first, then every block adds its rows.
-  std::vector<T> enc(N * C);
-  ASSERT_OK(PositionEmbeddingForward<T>(B_, T_, C, wpe, absl::MakeSpan(enc), pool));
+  // Embedding: every block writes its tokens' rows, then the positions are added.
+  std::vector<T> enc(N * C, T{-7});
   for (const auto& [r0, rows] : Blocks(V, block_rows)) {
     const VocabBlockShape s{
         .rows = N, .channels = C, .vocab_size = V, .row_begin = r0, .block_rows = rows};
     ASSERT_OK(EmbeddingBlockForward<T>(
         s, tokens, absl::MakeConstSpan(wte).subspan(r0 * C, rows * C), absl::MakeSpan(enc), pool));
   }
+  ASSERT_OK(PositionEmbeddingForward<T>(B_, T_, C, wpe, absl::MakeSpan(enc), pool));
   EXPECT_TRUE(BitEqual(enc, enc_ref));
   // The embedding's gradient into the LM head's, through slots of the rows the batch touches.
   std::vector<int32_t> slot(V, -1);
