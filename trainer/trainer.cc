@@ -21,7 +21,6 @@
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
-#include "chunk/chunk_size_search.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
 #include "chunk/operator_spec.h"
@@ -34,6 +33,8 @@
 #include "memory/memory_tracker.h"
 #include "model/gpt2_checkpoint.h"
 #include "model/gpt_config.h"
+#include "memory/host_memory_info.h"
+#include "model/gpt_activation_profile.h"
 #include "model/gpt_model.h"
 #include "model/kernels/matmul.h"
 #include "nlohmann/json.hpp"
@@ -70,23 +71,6 @@ int ResolveThreads(int configured) {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
-// The largest operator's elements (the chunk size's lower bound).
-int64_t LargestOperatorElems(const std::vector<OperatorSpec>& ops) {
-  int64_t largest = 0;
-  for (const OperatorSpec& op : ops) {
-    int64_t n = 0;
-    for (const TensorSpec& t : op.tensors) n += t.numel();
-    largest = std::max(largest, n);
-  }
-  return largest;
-}
-
-int64_t PowerOfTwoAtMost(int64_t n) {
-  int64_t p = 1;
-  while (p * 2 <= n) p *= 2;
-  return p;
-}
-
 }  // namespace
 
 class Trainer::Impl {
@@ -103,7 +87,9 @@ class Trainer::Impl {
 
  private:
   absl::Status LoadData();
-  absl::Status ChooseChunkSize(const std::vector<OperatorSpec>& ops);
+  // The pre-flight memory plan (model/gpt_activation_profile.h): the chunk size, the budget and
+  // its slack; refuses a run that does not fit before anything is allocated.
+  absl::Status PlanMemoryOrRefuse();
   absl::Status InitializeWeights();
   absl::Status Step(StepMetrics& m);
   absl::StatusOr<double> EvaluateValidation();
@@ -138,6 +124,7 @@ class Trainer::Impl {
   DType dtype_ = DType::kF32;
   int64_t chunk_elems_ = 0;
   std::string chunk_size_note_;
+  GptRunPlan plan_;
 
   // Data.
   std::optional<TokenFile> train_file_, val_file_;
@@ -193,30 +180,29 @@ absl::Status Trainer::Impl::Build() {
         "(model/gpt_model.h computes on host-addressable memory); train with "
         "--accelerator=cpu, the emulated accelerator");
   }
+  // Before anything sizeable is allocated (the data too): the plan.
+  RETURN_IF_ERROR(PlanMemoryOrRefuse());
   RETURN_IF_ERROR(LoadData());
 
-  const std::vector<OperatorSpec> ops = GptOperators(gpt_);
-  RETURN_IF_ERROR(ChooseChunkSize(ops));
+  const std::vector<OperatorSpec> ops = GptOperators(gpt_, plan_.vocab);
 
-  // Memory: the emulated accelerator under its cap, pinned host memory under the host cap.
+  // Memory: the emulated accelerator under its cap, pinned host memory under the host cap; one
+  // chunk pool per block size (16-bit param chunks take 16-bit blocks).
   BackendOptions backend_options;
   backend_options.kind = "cpu";
   backend_options.device_index = config_.accelerator.device_index;
-  backend_options.capacity_bytes =
-      config_.accelerator.memory_bytes > 0 ? config_.accelerator.memory_bytes : 4 * kGiB;
+  backend_options.capacity_bytes = plan_.accelerator_bytes;
   backend_options.copy_bandwidth_bytes_per_s = config_.accelerator.copy_bandwidth_bytes_per_s;
   ASSIGN_OR_RETURN(backend_, CreateBackend(backend_options));
   DeviceMemoryOptions memory_options;
   memory_options.chunk_block_bytes = chunk_elems_ * static_cast<int64_t>(sizeof(float));
+  if (SizeOf(dtype_) != static_cast<int64_t>(sizeof(float))) {
+    memory_options.more_chunk_block_bytes = {chunk_elems_ * SizeOf(dtype_)};
+  }
   DeviceMemoryOptions host_options = memory_options;
-  // Activations come from the caching allocator in segments; the scheduler sees the bytes in
-  // use, not the segments' free tails. Segments scaled to the cap (2 MiB, PyTorch's size, from a
-  // 128 MiB cap up; smaller below) keep those tails small, and the slack below covers them.
-  const int64_t segment_bytes = std::clamp<int64_t>(
-      PowerOfTwoAtMost(backend_->capacity_bytes() / 64), 64 * kKiB, 2 * kMiB);
-  memory_options.scratch.small_request_max_bytes = segment_bytes / 2;
-  memory_options.scratch.small_segment_bytes = segment_bytes;
-  memory_options.scratch.large_segment_round_bytes = segment_bytes;
+  // Activations come from the caching allocator in segments sized to the budget; the plan
+  // measured what they strand and the manager's slack below covers it.
+  memory_options.scratch = plan_.scratch;
   ASSIGN_OR_RETURN(accelerator_, CreateAcceleratorMemory(backend_.get(), memory_options));
   if (config_.accelerator.host_memory_bytes > 0) {
     host_options.capacity_bytes = config_.accelerator.host_memory_bytes;
@@ -242,8 +228,10 @@ absl::Status Trainer::Impl::Build() {
   }
   ChunkManagerOptions manager_options;
   if (profiler_ != nullptr) manager_options.listener = profiler_.get();
-  // Room for the free tails of the activation segments (see above): about two segments.
-  manager_options.nonmodel_slack_bytes = 2 * segment_bytes;
+  // Room for what the activation segments strand (the plan replayed them), and a warm-up share
+  // that leaves the highest activation peak room: the warm-up needs no pressure eviction.
+  manager_options.nonmodel_slack_bytes = plan_.plan.slack_bytes;
+  manager_options.warmup_chunk_fraction = plan_.plan.warmup_chunk_fraction;
   manager_options.collectives = collectives_.get();
   ASSIGN_OR_RETURN(manager_, ChunkManager::Create(store_.get(), backend_.get(), accelerator_.get(),
                                                   host_.get(), manager_options));
@@ -351,31 +339,44 @@ absl::Status Trainer::Impl::LoadData() {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::Impl::ChooseChunkSize(const std::vector<OperatorSpec>& ops) {
-  if (config_.chunk.size_elems > 0) {
-    chunk_elems_ = config_.chunk.size_elems;
-    chunk_size_note_ = "chunk.size";
-    return absl::OkStatus();
+absl::Status Trainer::Impl::PlanMemoryOrRefuse() {
+  GptRunPlanOptions o;
+  o.config = gpt_;
+  o.model.batch = micro_batch_;
+  o.model.seq_len = seq_len_;
+  o.model.activation_checkpointing = config_.model.activation_checkpointing;
+  o.model.threads = threads_;
+  o.compute_dtype = dtype_;
+  o.world_size = world_;
+  o.rank = rank_;
+  o.gradient_accumulation_steps = static_cast<int>(config_.gradient_accumulation_steps);
+  o.chunk_elems = config_.chunk.size_elems;
+  o.accelerator_bytes = config_.accelerator.memory_bytes;
+  if (config_.accelerator.host_memory_bytes > 0) {
+    o.host_cap_bytes = config_.accelerator.host_memory_bytes;
   }
-  ChunkSizeSearchOptions options;
-  options.world_size = world_;
-  options.compute_dtype = dtype_;
-  options.accelerator_memory_bytes =
-      config_.accelerator.memory_bytes > 0 ? config_.accelerator.memory_bytes : 4 * kGiB;
-  options.host_memory_bytes = config_.accelerator.host_memory_bytes > 0
-                                  ? config_.accelerator.host_memory_bytes
-                                  : 1024 * kGiB;
-  // Candidates in steps of at most 1 Mi elements, finer for small models.
-  options.granularity_elems =
-      std::clamp<int64_t>(PowerOfTwoAtMost(LargestOperatorElems(ops) / 8), 1024, kMiB);
-  absl::StatusOr<ChunkSizeSearchResult> result = SearchChunkSize(ops, options);
-  if (!result.ok()) {
-    return absl::Status(result.status().code(),
-                        absl::StrCat("chunk.size \"auto\": ", result.status().message()));
+  // What the OS can still give (MemAvailable, or the memory cgroup's limit if lower); unreadable
+  // /proc: unchecked.
+  if (absl::StatusOr<HostMemoryInfo> info = ReadHostMemoryInfo(); info.ok()) {
+    o.host_available_bytes = info->available_bytes();
+  } else {
+    LOG(WARNING) << "host memory not checked: " << info.status();
   }
-  chunk_elems_ = result->best.chunk_elems;
-  chunk_size_note_ = absl::StrCat("chunk.size \"auto\": ", result->candidates.size(),
-                                  " candidates searched");
+  // Beside the pools: the data loader's corpus, thread stacks and BLAS buffers.
+  o.host_overhead_bytes = 256 * kMiB;
+  // Export gathers every tensor as f32 at the end.
+  if (!config_.checkpoint.export_path.empty()) {
+    o.host_workspace_bytes = GptParameterCount(gpt_) * static_cast<int64_t>(sizeof(float));
+  }
+  absl::StatusOr<GptRunPlan> plan = PlanGptRun(o);
+  if (!plan.ok()) {
+    return absl::Status(plan.status().code(),
+                        absl::StrCat("memory plan: ", plan.status().message()));
+  }
+  RETURN_IF_ERROR(CheckGptRunFits(o, *plan));
+  plan_ = *std::move(plan);
+  chunk_elems_ = plan_.plan.chunk_elems;
+  chunk_size_note_ = plan_.chunk_note;
   return absl::OkStatus();
 }
 
