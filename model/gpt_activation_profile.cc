@@ -1,6 +1,8 @@
 #include "model/gpt_activation_profile.h"
 
 #include <algorithm>
+#include <limits>
+#include <optional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -8,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/units.h"
+#include "chunk/chunk_layout.h"
 #include "glog/logging.h"
 #include "model/kernels/attention.h"
 #include "model/kernels/vocab_blocks.h"
@@ -360,30 +363,51 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
     return run;
   }
   int64_t step = 1024;
-  while (step < kMiB && step * 2 * 8 <= min_elems) step *= 2;
+  while (step * 2 * 8 <= min_elems) step *= 2;
   const int64_t first = AlignUp(min_elems, step);
-  std::optional<GptRunPlan> best;
-  int candidates = 0;
+  // Candidates by the model data they hold (a layout each, cheap), then planned in that order
+  // (a replay each): the first that fits wins. A chunk that does not fit the accelerator rules
+  // out the larger ones (their working sets are larger).
+  struct Candidate {
+    int64_t chunk_elems;
+    int64_t model_data_bytes;
+  };
+  std::vector<Candidate> candidates;
   for (int64_t c = first; c <= std::max(first, 2 * min_elems); c += step) {
-    ++candidates;
-    ASSIGN_OR_RETURN(GptRunPlan run, PlanOne(o, c));
-    if (!best.has_value()) {
-      best = std::move(run);
-      continue;
-    }
-    const MemoryPlan& a = run.plan;
-    const MemoryPlan& b = best->plan;
-    const int64_t a_data = a.rank_model_data_bytes, b_data = b.rank_model_data_bytes;
-    const bool better = a.fits() != b.fits()
-                            ? a.fits()
-                            : (a.fits() ? a_data < b_data
-                                        : a.min_accelerator_bytes < b.min_accelerator_bytes);
-    if (better) best = std::move(run);
+    VocabLayoutOptions vocab{.vocab_block_rows =
+                                 GptVocabBlockRowsForChunk(o.config, c, o.model.ce_vocab_tile)};
+    ChunkLayoutOptions layout_options{.capacity_elems = c, .world_size = o.world_size};
+    ASSIGN_OR_RETURN(ChunkLayout layout,
+                     ChunkLayout::Build(layout_options, GptOperators(o.config, vocab)));
+    candidates.push_back({c, layout.RankModelDataBytes(o.compute_dtype, o.rank)});
   }
-  best->chunk_note = absl::StrCat("chunk.size \"auto\": ", candidates, " candidates planned");
+  std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    return a.model_data_bytes < b.model_data_bytes;
+  });
+  std::optional<GptRunPlan> best;
+  int64_t too_large_elems = std::numeric_limits<int64_t>::max();
+  int planned = 0;
+  for (const Candidate& c : candidates) {
+    if (c.chunk_elems >= too_large_elems) continue;
+    ++planned;
+    ASSIGN_OR_RETURN(GptRunPlan run, PlanOne(o, c.chunk_elems));
+    if (run.plan.fits()) {
+      best = std::move(run);
+      break;
+    }
+    if (!run.plan.fits_host) {  // the least model data already: no candidate fits the host
+      best = std::move(run);
+      break;
+    }
+    too_large_elems = c.chunk_elems;
+    if (!best.has_value() || run.plan.min_accelerator_bytes < best->plan.min_accelerator_bytes) {
+      best = std::move(run);
+    }
+  }
+  best->chunk_note = absl::StrCat("chunk.size \"auto\": ", candidates.size(),
+                                  " candidates, ", planned, " planned");
   return *std::move(best);
 }
-
 absl::Status CheckGptRunFits(const GptRunPlanOptions& o, const GptRunPlan& run) {
   const MemoryPlan& p = run.plan;
   if (p.fits()) return absl::OkStatus();
