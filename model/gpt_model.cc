@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <numbers>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -303,6 +304,13 @@ absl::StatusOr<GptModel::Buffer> GptModel::ParamF32(TensorId tensor,
   return buffer;
 }
 
+absl::StatusOr<std::optional<absl::Span<const uint16_t>>> GptModel::ParamBf16(TensorId tensor) {
+  ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, tensor));
+  if (v.dtype != DType::kBF16) return std::nullopt;
+  return absl::Span<const uint16_t>(static_cast<const uint16_t*>(v.data),
+                                    static_cast<size_t>(v.numel));
+}
+
 absl::Status GptModel::WriteGrad(TensorId tensor, absl::Span<const float> grad) {
   ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, tensor));
   CHECK_EQ(v.numel, static_cast<int64_t>(grad.size()));
@@ -514,11 +522,19 @@ absl::Status GptModel::CheckInputs(absl::Span<const int32_t> tokens,
 absl::Status GptModel::LinearForward(const LinearOp& op, int64_t in_features, int64_t out_features,
                                      absl::Span<const float> x, absl::Span<float> y) {
   ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kForward));
+  const MatmulShape shape{options_.batch * options_.seq_len, in_features, out_features};
   absl::Span<const float> w, b;
+  ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> w_bf16, ParamBf16(op.w));
+  if (w_bf16.has_value()) {
+    // bf16 chunks: the GEMM reads the chunk's bf16 weights in place (matmul.h, bf16 variants).
+    ASSIGN_OR_RETURN(Buffer b_f32, ParamF32(op.b, &b));
+    ASSIGN_OR_RETURN(Buffer ws, Alloc(MatmulBf16ForwardWorkspaceElems(shape), false));
+    RETURN_IF_ERROR(MatmulForwardBf16(shape, x, *w_bf16, b, y, ws.span(), pool_.get()));
+    return access.End();
+  }
   ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
   ASSIGN_OR_RETURN(Buffer b_f32, ParamF32(op.b, &b));
-  RETURN_IF_ERROR(MatmulForward<float>(
-      {options_.batch * options_.seq_len, in_features, out_features}, x, w, b, y, pool_.get()));
+  RETURN_IF_ERROR(MatmulForward<float>(shape, x, w, b, y, pool_.get()));
   w_f32.Reset();
   b_f32.Reset();
   return access.End();
@@ -613,9 +629,18 @@ absl::StatusOr<double> GptModel::Forward(absl::Span<const int32_t> tokens,
                                    .vocab_tile = options_.ce_vocab_tile,
                                    .ignore_index = kIgnoreIndex};
   ASSIGN_OR_RETURN(acts.ce_lse, Alloc(N, false));
-  ASSIGN_OR_RETURN(Buffer ws, Alloc(LmHeadCrossEntropyWorkspaceElems(ce), false));
   ASSIGN_OR_RETURN(ScopedAccess access,
                    ScopedAccess::Begin(manager_, embedding_op_, Stage::kForward));
+  ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> wte_bf16, ParamBf16(wte_));
+  if (wte_bf16.has_value()) {
+    ASSIGN_OR_RETURN(Buffer ws, Alloc(LmHeadCrossEntropyBf16WorkspaceElems(ce), false));
+    ASSIGN_OR_RETURN(const double loss,
+                     LmHeadCrossEntropyForwardBf16(ce, acts.lnf.cspan(), *wte_bf16, targets,
+                                                   acts.ce_lse.span(), ws.span(), pool_.get()));
+    RETURN_IF_ERROR(access.End());
+    return loss;
+  }
+  ASSIGN_OR_RETURN(Buffer ws, Alloc(LmHeadCrossEntropyWorkspaceElems(ce), false));
   absl::Span<const float> wte;
   ASSIGN_OR_RETURN(Buffer wte_f32, ParamF32(wte_, &wte));
   ASSIGN_OR_RETURN(const double loss,
@@ -635,12 +660,17 @@ absl::Status GptModel::LinearBackward(const LinearOp& op, int64_t in_features, i
   ASSIGN_OR_RETURN(Buffer dw, Alloc(in_features * out_features, true));
   ASSIGN_OR_RETURN(Buffer db, Alloc(out_features, true));
   ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kBackward));
+  const MatmulShape shape{options_.batch * options_.seq_len, in_features, out_features};
   absl::Span<const float> w, b;
-  ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
-  RETURN_IF_ERROR(
-      MatmulBackward<float>({options_.batch * options_.seq_len, in_features, out_features}, x, w,
-                            dy, dx, dw.span(), db.span(), pool_.get()));
-  w_f32.Reset();
+  ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> w_bf16, ParamBf16(op.w));
+  if (w_bf16.has_value()) {
+    ASSIGN_OR_RETURN(Buffer ws, Alloc(MatmulBf16BackwardWorkspaceElems(shape), false));
+    RETURN_IF_ERROR(MatmulBackwardBf16(shape, x, *w_bf16, dy, dx, dw.span(), db.span(), ws.span(),
+                                       pool_.get()));
+  } else {
+    ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
+    RETURN_IF_ERROR(MatmulBackward<float>(shape, x, w, dy, dx, dw.span(), db.span(), pool_.get()));
+  }
   // This is the operator's only backward use: its slots take the gradients now.
   RETURN_IF_ERROR(WriteGrad(op.w, dw.cspan()));
   RETURN_IF_ERROR(WriteGrad(op.b, db.cspan()));
@@ -736,15 +766,22 @@ absl::Status GptModel::Backward(absl::Span<const int32_t> tokens, absl::Span<con
                                      .row_tile = options_.ce_row_tile,
                                      .vocab_tile = options_.ce_vocab_tile,
                                      .ignore_index = kIgnoreIndex};
-    ASSIGN_OR_RETURN(Buffer ws, Alloc(LmHeadCrossEntropyWorkspaceElems(ce), false));
     ASSIGN_OR_RETURN(ScopedAccess access,
                      ScopedAccess::Begin(manager_, embedding_op_, Stage::kBackward));
-    absl::Span<const float> wte;
-    ASSIGN_OR_RETURN(Buffer wte_f32, ParamF32(wte_, &wte));
-    RETURN_IF_ERROR(LmHeadCrossEntropyBackward<float>(ce, acts.lnf.cspan(), wte, targets,
-                                                      acts.ce_lse.cspan(), loss_scale, dlnf.span(),
-                                                      dwte.span(), ws.span(), pool_.get()));
-    wte_f32.Reset();
+    ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> wte_bf16, ParamBf16(wte_));
+    if (wte_bf16.has_value()) {
+      ASSIGN_OR_RETURN(Buffer ws, Alloc(LmHeadCrossEntropyBf16WorkspaceElems(ce), false));
+      RETURN_IF_ERROR(LmHeadCrossEntropyBackwardBf16(ce, acts.lnf.cspan(), *wte_bf16, targets,
+                                                     acts.ce_lse.cspan(), loss_scale, dlnf.span(),
+                                                     dwte.span(), ws.span(), pool_.get()));
+    } else {
+      ASSIGN_OR_RETURN(Buffer ws, Alloc(LmHeadCrossEntropyWorkspaceElems(ce), false));
+      absl::Span<const float> wte;
+      ASSIGN_OR_RETURN(Buffer wte_f32, ParamF32(wte_, &wte));
+      RETURN_IF_ERROR(LmHeadCrossEntropyBackward<float>(
+          ce, acts.lnf.cspan(), wte, targets, acts.ce_lse.cspan(), loss_scale, dlnf.span(),
+          dwte.span(), ws.span(), pool_.get()));
+    }
     RETURN_IF_ERROR(access.End());
   }
   acts.ce_lse.Reset();

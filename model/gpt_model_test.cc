@@ -21,6 +21,7 @@
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "base/testing/status_matchers.h"
+#include "base/thread_pool.h"
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
@@ -33,12 +34,12 @@
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
 #include "model/gpt2_checkpoint.h"
+#include "model/kernels/internal/bf16_gemm.h"
 #include "model/kernels/testing/tiny_gpt2.h"
 #include "optimizer/cpu_adam.h"
 #include "optimizer/hybrid_adam.h"
 #include "optimizer/loss_scaler.h"
 #include "optimizer/scheduled_chunk_access.h"
-#include "base/thread_pool.h"
 #include "scheduler/chunk_manager.h"
 
 namespace ps {
@@ -226,8 +227,9 @@ TEST(GptModel, InitializationIsGpt2sAndReproducible) {
 // --- 2. The reference model ----------------------------------------------------------------------
 
 // The chunked model with `dtype` param chunks against TinyGpt2<float> holding the same (f32)
-// parameter values: the same kernels in the same order on the same f32 operands, so the loss is
-// bit-identical and the gradients are bit-identical after rounding to `dtype` (for f32: exactly).
+// parameter values: the same kernels in the same order on the same f32 operands (with bf16
+// chunks: the same bf16 GEMM kernels on the same bf16 weights), so the loss is bit-identical and
+// the gradients are bit-identical after rounding to `dtype` (for f32: exactly).
 void ExpectMatchesReference(DType dtype, bool checkpointing) {
   const GptConfig config = SmallConfig();
   RigOptions o;
@@ -236,7 +238,9 @@ void ExpectMatchesReference(DType dtype, bool checkpointing) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(config, o));
   ASSERT_OK(rig->model->InitializeParameters(3));
   const int64_t B = o.model.batch, T = o.model.seq_len;
-  kernel_testing::TinyGpt2<float> reference(ReferenceConfig(config, o.model), B, T);
+  kernel_testing::TinyGpt2Config reference_config = ReferenceConfig(config, o.model);
+  reference_config.bf16_gemms = dtype == DType::kBF16;
+  kernel_testing::TinyGpt2<float> reference(reference_config, B, T);
   for (const kernel_testing::ParamTensor& t : reference.tensors()) {
     ASSERT_OK_AND_ASSIGN(std::vector<float> v, rig->model->ReadTensor(ChunkType::kParam, t.name));
     ASSERT_EQ(static_cast<int64_t>(v.size()), t.size) << t.name;
@@ -277,6 +281,13 @@ void ExpectMatchesReference(DType dtype, bool checkpointing) {
 TEST(GptModel, MatchesReferenceModelBitForBitF32) { ExpectMatchesReference(DType::kF32, false); }
 TEST(GptModel, MatchesReferenceModelBitForBitF16) { ExpectMatchesReference(DType::kF16, false); }
 TEST(GptModel, MatchesReferenceModelBitForBitBF16) { ExpectMatchesReference(DType::kBF16, false); }
+// The same with the bf16 GEMMs forced onto the fallback (f32 sgemm on the widened operands), the
+// path of CPUs without AVX512-BF16.
+TEST(GptModel, MatchesReferenceModelBitForBitBF16FallbackGemms) {
+  kernels_internal::SetBf16GemmBackendForTest(kernels_internal::Bf16GemmBackend::kFallback);
+  ExpectMatchesReference(DType::kBF16, false);
+  kernels_internal::SetBf16GemmBackendForTest(kernels_internal::Bf16GemmBackend::kAuto);
+}
 TEST(GptModel, MatchesReferenceModelWithCheckpointing) {
   ExpectMatchesReference(DType::kF32, true);
 }
@@ -406,6 +417,42 @@ TEST(GptModel, OverfitsOneBatchWithHybridAdam) { ExpectOverfitsOneBatch(DType::k
 TEST(GptModel, OverfitsOneBatchInBF16) { ExpectOverfitsOneBatch(DType::kBF16, 1.0); }
 TEST(GptModel, OverfitsOneBatchInF16WithLossScaling) {
   ExpectOverfitsOneBatch(DType::kF16, 1024.0);
+}
+
+// bf16 training against f32 training from the same initialization, on the same batch, on the
+// default bf16 GEMM backend and on the fallback.
+//
+// Tolerances. Iteration 0 is a forward and backward on the same masters: bf16 rounds every
+// parameter and every GEMM activation operand to 8 significant bits (relative error <= 2^-8), so a
+// logit moves by at most 2 * 2^-8 of the sum of |terms| of its dot product and the loss, which
+// moves by at most twice the largest logit change, by far less in practice: the errors have random
+// signs (measured here: 4e-5). The bound 2e-4 leaves 5x. After an update the runs differ for a
+// second reason: Adam's first updates are +-lr (m / sqrt(v) = g / |g|) whatever the gradient's
+// size, so a parameter whose bf16 and f32 gradients differ in sign (small gradients) moves 2 lr
+// apart. With lr 1e-2 the measured differences stay below 3.6e-3 over 8 steps while the f32 loss
+// falls by ~0.25 per step; the bound 1.5e-2 leaves 4x and still fails for a broken gradient, which
+// shifts the trajectory by a whole step's progress.
+void ExpectBf16TracksF32() {
+  const GptConfig config = SmallConfig();
+  constexpr int kIterations = 8;
+  RigOptions f32;
+  RigOptions bf16;
+  bf16.dtype = DType::kBF16;
+  ASSERT_OK_AND_ASSIGN(TrainTrace a, Train(config, f32, kIterations));
+  ASSERT_OK_AND_ASSIGN(TrainTrace b, Train(config, bf16, kIterations));
+  for (int it = 0; it < kIterations; ++it) {
+    LOG(INFO) << "iteration " << it << ": f32 loss " << a.losses[it] << ", bf16 " << b.losses[it]
+              << ", difference " << b.losses[it] - a.losses[it];
+    EXPECT_NEAR(b.losses[it], a.losses[it], it == 0 ? 2e-4 : 1.5e-2) << "iteration " << it;
+  }
+  EXPECT_LT(b.losses.back(), b.losses.front() - 1.0);  // bf16 training happened
+}
+
+TEST(GptModel, Bf16TrainingTracksF32) { ExpectBf16TracksF32(); }
+TEST(GptModel, Bf16TrainingTracksF32WithFallbackGemms) {
+  kernels_internal::SetBf16GemmBackendForTest(kernels_internal::Bf16GemmBackend::kFallback);
+  ExpectBf16TracksF32();
+  kernels_internal::SetBf16GemmBackendForTest(kernels_internal::Bf16GemmBackend::kAuto);
 }
 
 // --- 5. Activation checkpointing ---------------------------------------------------------------

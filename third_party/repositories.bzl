@@ -81,4 +81,9 @@ def project_repositories():
     system_library(name = "openblas", targets = {"openblas": ["openblas"]})
     system_library(name = "com_github_nlohmann_json", targets = {"json": ["nlohmann_json"]})
     system_library(name = "openmpi", targets = {"mpi": ["ompi"]})
+
+    # oneDNN (Debian libdnnl-dev, OpenMP runtime): the bf16 GEMMs of model/kernels. The package
+    # ships no pkg-config file, so the link flags are given directly (libgomp: its threads are set
+    # with omp_set_num_threads).
+    system_library(name = "onednn", targets = {"dnnl": ["-ldnnl", "-lgomp"]})
     cuda_configure(name = "local_config_cuda")

@@ -9,38 +9,51 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
+#include "base/thread_pool.h"
 #include "model/kernels/cross_entropy_math.h"
+#include "model/kernels/internal/bf16_gemm.h"
 #include "model/kernels/internal/blas.h"
 #include "model/kernels/internal/kernel_util.h"
 #include "model/kernels/internal/simd.h"
 #include "model/kernels/softmax_math.h"
-#include "base/thread_pool.h"
 
 namespace ps {
 namespace {
 
+using kernels_internal::Bf16GemmBackend;
 using kernels_internal::CheckBlasDim;
 using kernels_internal::CheckElems;
-using kernels_internal::CheckWorkspace;
 using kernels_internal::Gemm;
+using kernels_internal::GemmBf16;
 using kernels_internal::NumTasks;
 using kernels_internal::ParallelFor;
+using kernels_internal::ResolveBf16GemmBackend;
+using kernels_internal::RoundToBf16;
 using kernels_internal::RowsPerTask;
 
+// The checks shared by all four kernels; wte's element count and the workspace's are passed
+// as numbers (wte is f32/f64 or bf16).
 template <typename T>
 absl::Status CheckArgs(const char* kernel, const LmHeadCrossEntropyShape& s, absl::Span<const T> h,
-                       absl::Span<const T> wte, absl::Span<const int32_t> targets,
-                       absl::Span<const T> lse, absl::Span<T> workspace) {
+                       size_t wte_elems, absl::Span<const int32_t> targets, absl::Span<const T> lse,
+                       size_t workspace_elems, int64_t needed_elems) {
   RETURN_IF_ERROR(CheckBlasDim(kernel, "rows", s.rows));
   RETURN_IF_ERROR(CheckBlasDim(kernel, "channels", s.channels));
   RETURN_IF_ERROR(CheckBlasDim(kernel, "vocab_size", s.vocab_size));
   RETURN_IF_ERROR(CheckBlasDim(kernel, "row_tile", s.row_tile));
   RETURN_IF_ERROR(CheckBlasDim(kernel, "vocab_tile", s.vocab_tile));
   RETURN_IF_ERROR(CheckElems(kernel, "h", h, s.rows * s.channels, "rows*channels"));
-  RETURN_IF_ERROR(CheckElems(kernel, "wte", wte, s.vocab_size * s.channels, "vocab_size*channels"));
+  if (static_cast<int64_t>(wte_elems) != s.vocab_size * s.channels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kernel, ": wte has ", wte_elems, " elements, expected ",
+                     s.vocab_size * s.channels, " (vocab_size*channels)"));
+  }
   RETURN_IF_ERROR(CheckElems(kernel, "targets", targets, s.rows, "rows"));
   RETURN_IF_ERROR(CheckElems(kernel, "lse", lse, s.rows, "rows"));
-  RETURN_IF_ERROR(CheckWorkspace(kernel, workspace, LmHeadCrossEntropyWorkspaceElems(s)));
+  if (static_cast<int64_t>(workspace_elems) < needed_elems) {
+    return absl::InvalidArgumentError(absl::StrCat(kernel, ": workspace has ", workspace_elems,
+                                                   " elements, needs ", needed_elems));
+  }
   for (int64_t n = 0; n < s.rows; ++n) {
     const int32_t t = targets[n];
     if (t != s.ignore_index && (t < 0 || t >= s.vocab_size)) {
@@ -52,27 +65,91 @@ absl::Status CheckArgs(const char* kernel, const LmHeadCrossEntropyShape& s, abs
   return absl::OkStatus();
 }
 
-// Logits tile z[R, Vt] = h[r0:r0+R] wte[v0:v0+Vt]^T, packed with row stride Vt.
+// The three GEMMs of the kernels, behind one interface so the f32/f64 (OpenBLAS) and the bf16
+// (internal/bf16_gemm.h) kernels share the tiling and the softmax code:
+//   Logits: z[R, Vt] = h[r0:r0+R] wte[v0:v0+Vt]^T, packed with row stride Vt;
+//   Grads:  dh[r0:r0+R] += dz wte[v0:v0+Vt];  dwte[v0:v0+Vt] += dz^T h[r0:r0+R].
 template <typename T>
-void LogitsTile(const LmHeadCrossEntropyShape& s, const T* h, const T* wte, int64_t r0, int64_t R,
-                int64_t v0, int64_t Vt, T* z) {
-  const int64_t C = s.channels;
-  Gemm(false, true, R, Vt, C, T{1}, h + r0 * C, C, wte + v0 * C, C, T{0}, z, Vt);
-}
+struct BlasGemms {
+  const T* h;
+  const T* wte;
+  int64_t C;
+  absl::Status Logits(int64_t r0, int64_t R, int64_t v0, int64_t Vt, T* z) const {
+    Gemm(false, true, R, Vt, C, T{1}, h + r0 * C, C, wte + v0 * C, C, T{0}, z, Vt);
+    return absl::OkStatus();
+  }
+  absl::Status Grads(int64_t r0, int64_t R, int64_t v0, int64_t Vt, const T* dz, T* dh,
+                     T* dwte) const {
+    Gemm(false, false, R, C, Vt, T{1}, dz, Vt, wte + v0 * C, C, T{1}, dh + r0 * C, C);
+    Gemm(true, false, Vt, C, R, T{1}, dz, Vt, h + r0 * C, C, T{1}, dwte + v0 * C, C);
+    return absl::OkStatus();
+  }
+};
 
-}  // namespace
+// bf16: h was rounded to bf16 once (hb), wte is bf16; dz is rounded to bf16 (dzb) per tile before
+// its two GEMMs; everything accumulates in f32.
+struct Bf16Gemms {
+  const uint16_t* hb;
+  const uint16_t* wte;
+  int64_t C;
+  uint16_t* dzb;  // row_tile * vocab_tile bf16 values
+  ThreadPool* pool;
+  absl::Status Logits(int64_t r0, int64_t R, int64_t v0, int64_t Vt, float* z) const {
+    return GemmBf16({.trans_b = true,
+                     .m = R,
+                     .n = Vt,
+                     .k = C,
+                     .a = hb + r0 * C,
+                     .lda = C,
+                     .b = wte + v0 * C,
+                     .ldb = C,
+                     .c = z,
+                     .ldc = Vt},
+                    pool);
+  }
+  absl::Status Grads(int64_t r0, int64_t R, int64_t v0, int64_t Vt, const float* dz, float* dh,
+                     float* dwte) const {
+    RoundToBf16(dz, dzb, R * Vt, pool);
+    RETURN_IF_ERROR(GemmBf16({.m = R,
+                              .n = C,
+                              .k = Vt,
+                              .a = dzb,
+                              .lda = Vt,
+                              .b = wte + v0 * C,
+                              .ldb = C,
+                              .accumulate = true,
+                              .c = dh + r0 * C,
+                              .ldc = C},
+                             pool));
+    return GemmBf16({.trans_a = true,
+                     .m = Vt,
+                     .n = C,
+                     .k = R,
+                     .a = dzb,
+                     .lda = Vt,
+                     .b = hb + r0 * C,
+                     .ldb = C,
+                     .accumulate = true,
+                     .c = dwte + v0 * C,
+                     .ldc = C},
+                    pool);
+  }
+};
 
-template <typename T>
-absl::StatusOr<double> LmHeadCrossEntropyForward(const LmHeadCrossEntropyShape& shape,
-                                                 absl::Span<const T> h, absl::Span<const T> wte,
-                                                 absl::Span<const int32_t> targets,
-                                                 absl::Span<T> lse, absl::Span<T> workspace,
-                                                 ThreadPool* pool) {
-  RETURN_IF_ERROR(CheckArgs<T>("LmHeadCrossEntropyForward", shape, h, wte, targets,
-                               absl::Span<const T>(lse), workspace));
+// Bf16 workspace layout (in f32 elements): the f32 workspace of LmHeadCrossEntropyWorkspaceElems,
+// then h in bf16 (rows * channels values), then one dz tile in bf16, each 64-byte aligned.
+int64_t AlignF32(int64_t elems) { return (elems + 15) / 16 * 16; }
+int64_t Bf16AsF32(int64_t bf16_elems) { return AlignF32((bf16_elems + 1) / 2); }
+
+// The forward loop over row and vocabulary tiles (see the header), with `gemms` computing the
+// logits tiles into `workspace`.
+template <typename T, typename Gemms>
+absl::StatusOr<double> ForwardTiles(const LmHeadCrossEntropyShape& shape, const Gemms& gemms,
+                                    absl::Span<const int32_t> targets, absl::Span<T> lse,
+                                    T* workspace, ThreadPool* pool) {
   const int64_t N = shape.rows, V = shape.vocab_size;
   const int64_t row_tile = std::min(N, shape.row_tile), vocab_tile = std::min(V, shape.vocab_tile);
-  T* z = workspace.data();
+  T* z = workspace;
   T* run_max = z + row_tile * vocab_tile;
   T* run_sum = run_max + row_tile;
   T* target_logit = run_sum + row_tile;
@@ -85,7 +162,7 @@ absl::StatusOr<double> LmHeadCrossEntropyForward(const LmHeadCrossEntropyShape& 
     std::fill(target_logit, target_logit + R, T{0});
     for (int64_t v0 = 0; v0 < V; v0 += vocab_tile) {
       const int64_t Vt = std::min(vocab_tile, V - v0);
-      LogitsTile(shape, h.data(), wte.data(), r0, R, v0, Vt, z);
+      RETURN_IF_ERROR(gemms.Logits(r0, R, v0, Vt, z));
       const int64_t grain = RowsPerTask(Vt, 8192);
       ParallelFor(pool, NumTasks(R, grain), [&](int64_t task) {
         const int64_t end = std::min(R, (task + 1) * grain);
@@ -122,23 +199,20 @@ absl::StatusOr<double> LmHeadCrossEntropyForward(const LmHeadCrossEntropyShape& 
   return num_valid == 0 ? 0.0 : loss_sum / static_cast<double>(num_valid);
 }
 
-template <typename T>
-absl::Status LmHeadCrossEntropyBackward(const LmHeadCrossEntropyShape& shape, absl::Span<const T> h,
-                                        absl::Span<const T> wte, absl::Span<const int32_t> targets,
-                                        absl::Span<const T> lse, double loss_grad, absl::Span<T> dh,
-                                        absl::Span<T> dwte, absl::Span<T> workspace,
-                                        ThreadPool* pool) {
-  constexpr char kKernel[] = "LmHeadCrossEntropyBackward";
-  RETURN_IF_ERROR(CheckArgs<T>(kKernel, shape, h, wte, targets, lse, workspace));
-  const int64_t N = shape.rows, V = shape.vocab_size, C = shape.channels;
-  RETURN_IF_ERROR(CheckElems(kKernel, "dh", dh, N * C, "rows*channels"));
-  RETURN_IF_ERROR(CheckElems(kKernel, "dwte", dwte, V * C, "vocab_size*channels"));
+// The backward loop: per tile the logits again, dz = scale * (softmax - onehot) in place, then
+// the two gradient GEMMs.
+template <typename T, typename Gemms>
+absl::Status BackwardTiles(const LmHeadCrossEntropyShape& shape, const Gemms& gemms,
+                           absl::Span<const int32_t> targets, absl::Span<const T> lse,
+                           double loss_grad, absl::Span<T> dh, absl::Span<T> dwte, T* workspace,
+                           ThreadPool* pool) {
+  const int64_t N = shape.rows, V = shape.vocab_size;
   int64_t num_valid = 0;
   for (int64_t n = 0; n < N; ++n) num_valid += targets[n] != shape.ignore_index;
   if (num_valid == 0) return absl::OkStatus();  // The loss is the constant 0.
   const T scale = static_cast<T>(loss_grad / static_cast<double>(num_valid));
   const int64_t row_tile = std::min(N, shape.row_tile), vocab_tile = std::min(V, shape.vocab_tile);
-  T* dz = workspace.data();
+  T* dz = workspace;
   for (int64_t r0 = 0; r0 < N; r0 += row_tile) {
     const int64_t R = std::min(row_tile, N - r0);
     bool any_valid = false;
@@ -146,7 +220,7 @@ absl::Status LmHeadCrossEntropyBackward(const LmHeadCrossEntropyShape& shape, ab
     if (!any_valid) continue;
     for (int64_t v0 = 0; v0 < V; v0 += vocab_tile) {
       const int64_t Vt = std::min(vocab_tile, V - v0);
-      LogitsTile(shape, h.data(), wte.data(), r0, R, v0, Vt, dz);
+      RETURN_IF_ERROR(gemms.Logits(r0, R, v0, Vt, dz));
       // dz = scale * (softmax - onehot), in place over the logits tile.
       const int64_t grain = RowsPerTask(Vt, 8192);
       ParallelFor(pool, NumTasks(R, grain), [&](int64_t task) {
@@ -170,14 +244,83 @@ absl::Status LmHeadCrossEntropyBackward(const LmHeadCrossEntropyShape& shape, ab
           }
         }
       });
-      // dh[r0:r0+R] += dz wte[v0:v0+Vt];  dwte[v0:v0+Vt] += dz^T h[r0:r0+R].
-      Gemm(false, false, R, C, Vt, T{1}, dz, Vt, wte.data() + v0 * C, C, T{1}, dh.data() + r0 * C,
-           C);
-      Gemm(true, false, Vt, C, R, T{1}, dz, Vt, h.data() + r0 * C, C, T{1}, dwte.data() + v0 * C,
-           C);
+      RETURN_IF_ERROR(gemms.Grads(r0, R, v0, Vt, dz, dh.data(), dwte.data()));
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t LmHeadCrossEntropyBf16WorkspaceElems(const LmHeadCrossEntropyShape& s) {
+  const int64_t r = std::min(s.rows, s.row_tile), v = std::min(s.vocab_size, s.vocab_tile);
+  return AlignF32(LmHeadCrossEntropyWorkspaceElems(s)) + Bf16AsF32(s.rows * s.channels) +
+         Bf16AsF32(r * v);
+}
+
+template <typename T>
+absl::StatusOr<double> LmHeadCrossEntropyForward(const LmHeadCrossEntropyShape& shape,
+                                                 absl::Span<const T> h, absl::Span<const T> wte,
+                                                 absl::Span<const int32_t> targets,
+                                                 absl::Span<T> lse, absl::Span<T> workspace,
+                                                 ThreadPool* pool) {
+  RETURN_IF_ERROR(CheckArgs<T>("LmHeadCrossEntropyForward", shape, h, wte.size(), targets,
+                               absl::Span<const T>(lse), workspace.size(),
+                               LmHeadCrossEntropyWorkspaceElems(shape)));
+  return ForwardTiles<T>(shape, BlasGemms<T>{h.data(), wte.data(), shape.channels}, targets, lse,
+                         workspace.data(), pool);
+}
+
+template <typename T>
+absl::Status LmHeadCrossEntropyBackward(const LmHeadCrossEntropyShape& shape, absl::Span<const T> h,
+                                        absl::Span<const T> wte, absl::Span<const int32_t> targets,
+                                        absl::Span<const T> lse, double loss_grad, absl::Span<T> dh,
+                                        absl::Span<T> dwte, absl::Span<T> workspace,
+                                        ThreadPool* pool) {
+  constexpr char kKernel[] = "LmHeadCrossEntropyBackward";
+  RETURN_IF_ERROR(CheckArgs<T>(kKernel, shape, h, wte.size(), targets, lse, workspace.size(),
+                               LmHeadCrossEntropyWorkspaceElems(shape)));
+  const int64_t N = shape.rows, V = shape.vocab_size, C = shape.channels;
+  RETURN_IF_ERROR(CheckElems(kKernel, "dh", dh, N * C, "rows*channels"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "dwte", dwte, V * C, "vocab_size*channels"));
+  return BackwardTiles<T>(shape, BlasGemms<T>{h.data(), wte.data(), C}, targets, lse, loss_grad, dh,
+                          dwte, workspace.data(), pool);
+}
+
+absl::StatusOr<double> LmHeadCrossEntropyForwardBf16(
+    const LmHeadCrossEntropyShape& shape, absl::Span<const float> h, absl::Span<const uint16_t> wte,
+    absl::Span<const int32_t> targets, absl::Span<float> lse, absl::Span<float> workspace,
+    ThreadPool* pool) {
+  RETURN_IF_ERROR(CheckArgs<float>("LmHeadCrossEntropyForwardBf16", shape, h, wte.size(), targets,
+                                   absl::Span<const float>(lse), workspace.size(),
+                                   LmHeadCrossEntropyBf16WorkspaceElems(shape)));
+  Bf16GemmBackend backend;
+  RETURN_IF_ERROR(ResolveBf16GemmBackend(&backend));  // before anything is written
+  uint16_t* hb = reinterpret_cast<uint16_t*>(workspace.data() +
+                                             AlignF32(LmHeadCrossEntropyWorkspaceElems(shape)));
+  RoundToBf16(h.data(), hb, shape.rows * shape.channels, pool);
+  return ForwardTiles<float>(shape, Bf16Gemms{hb, wte.data(), shape.channels, nullptr, pool},
+                             targets, lse, workspace.data(), pool);
+}
+
+absl::Status LmHeadCrossEntropyBackwardBf16(
+    const LmHeadCrossEntropyShape& shape, absl::Span<const float> h, absl::Span<const uint16_t> wte,
+    absl::Span<const int32_t> targets, absl::Span<const float> lse, double loss_grad,
+    absl::Span<float> dh, absl::Span<float> dwte, absl::Span<float> workspace, ThreadPool* pool) {
+  constexpr char kKernel[] = "LmHeadCrossEntropyBackwardBf16";
+  RETURN_IF_ERROR(CheckArgs<float>(kKernel, shape, h, wte.size(), targets, lse, workspace.size(),
+                                   LmHeadCrossEntropyBf16WorkspaceElems(shape)));
+  const int64_t N = shape.rows, V = shape.vocab_size, C = shape.channels;
+  RETURN_IF_ERROR(CheckElems(kKernel, "dh", dh, N * C, "rows*channels"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "dwte", dwte, V * C, "vocab_size*channels"));
+  Bf16GemmBackend backend;
+  RETURN_IF_ERROR(ResolveBf16GemmBackend(&backend));  // before anything is written
+  float* f32_end = workspace.data() + AlignF32(LmHeadCrossEntropyWorkspaceElems(shape));
+  uint16_t* hb = reinterpret_cast<uint16_t*>(f32_end);
+  uint16_t* dzb = reinterpret_cast<uint16_t*>(f32_end + Bf16AsF32(N * C));
+  RoundToBf16(h.data(), hb, N * C, pool);
+  return BackwardTiles<float>(shape, Bf16Gemms{hb, wte.data(), C, dzb, pool}, targets, lse,
+                              loss_grad, dh, dwte, workspace.data(), pool);
 }
 
 #define PS_LM_HEAD_CE_INSTANTIATE_(T)                                                       \

@@ -18,8 +18,9 @@
 //   dwte_v += sum_n dz_nv h_n                 (GEMM per tile: dwte_tile += dZ^T h)
 // Each tile's logits are recomputed from h and wte (one extra GEMM) instead of stored.
 //
-// Threading: GEMMs run in OpenBLAS (see SetBlasThreads in matmul.h); the per-tile softmax runs on
-// `pool` over rows, each row in a fixed order. The loss sum is taken in double in row order.
+// Threading: GEMMs run in OpenBLAS (see SetBlasThreads in matmul.h), or for the bf16 variants in
+// fixed blocks on `pool` (internal/bf16_gemm.h); the per-tile softmax runs on `pool` over rows,
+// each row in a fixed order. The loss sum is taken in double in row order.
 // Results do not depend on the pool's thread count.
 //
 // SIMD: for f32 the row max, the sum of exp(z - max) (vector accumulators, Highway's exp) and
@@ -76,6 +77,21 @@ template <typename T>
     const LmHeadCrossEntropyShape& shape, absl::Span<const T> h, absl::Span<const T> wte,
     absl::Span<const int32_t> targets, absl::Span<const T> lse, double loss_grad, absl::Span<T> dh,
     absl::Span<T> dwte, absl::Span<T> workspace, ThreadPool* pool);
+
+// bf16 variants (as matmul.h's, internal/bf16_gemm.h): wte [V, C] is read as bf16 in place (the
+// param chunk's own values); h is rounded to bf16 once per call and each dz tile before its two
+// GEMMs (round-to-nearest-even); logits, the softmax, the loss, dh and dwte stay f32 (products
+// exact, f32 accumulation). The workspace, in f32 elements, holds the f32 workspace above plus
+// the bf16 copies of h and of one dz tile. Errors as the f32 kernels, plus those of GemmBf16.
+int64_t LmHeadCrossEntropyBf16WorkspaceElems(const LmHeadCrossEntropyShape& s);
+[[nodiscard]] absl::StatusOr<double> LmHeadCrossEntropyForwardBf16(
+    const LmHeadCrossEntropyShape& shape, absl::Span<const float> h, absl::Span<const uint16_t> wte,
+    absl::Span<const int32_t> targets, absl::Span<float> lse, absl::Span<float> workspace,
+    ThreadPool* pool);
+[[nodiscard]] absl::Status LmHeadCrossEntropyBackwardBf16(
+    const LmHeadCrossEntropyShape& shape, absl::Span<const float> h, absl::Span<const uint16_t> wte,
+    absl::Span<const int32_t> targets, absl::Span<const float> lse, double loss_grad,
+    absl::Span<float> dh, absl::Span<float> dwte, absl::Span<float> workspace, ThreadPool* pool);
 
 #define PS_LM_HEAD_CE_EXTERN_(T)                                                            \
   extern template absl::StatusOr<double> LmHeadCrossEntropyForward<T>(                      \
