@@ -121,6 +121,7 @@ class MatmulBf16Test : public ::testing::TestWithParam<Bf16GemmBackend> {
       GTEST_SKIP() << kernels_internal::OneDnnBf16Description();
     }
     kernels_internal::SetBf16GemmBackendForTest(GetParam());
+    SetBlasThreads(1);
   }
   void TearDown() override { kernels_internal::SetBf16GemmBackendForTest(Bf16GemmBackend::kAuto); }
 };

@@ -217,6 +217,9 @@ class OneDnn {
   }
 
   absl::StatusOr<std::shared_ptr<const Primitive>> Create(const BlockKey& key) {
+    // oneDNN plans a primitive for omp_get_max_threads() threads of the creating thread and runs
+    // an OpenMP team of that size: plan for the one thread each block runs on.
+    omp_set_num_threads(1);
     auto p = std::make_shared<Primitive>();
     const dnnl_dims_t src_dims = {key.m, key.k}, wei_dims = {key.k, key.n},
                       dst_dims = {key.m, key.n};
