@@ -23,14 +23,36 @@ namespace ps::kernels_internal::simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// The accumulations below keep one register per vector chunk of the row, four chunks at a time,
+// so that four independent multiply-add chains run side by side (one chain per chunk would wait
+// on the FMA latency at every key). Per lane the operations and their order are the reference's.
+
 // acc[0, n) = correction * acc + sum_j p[j] * rows[j][0, n) for j in [0, count), per lane in key
 // order: the reference's ScaleInPlace(correction, acc) followed by one Axpy(p[j], row j, acc) per
-// key, a vector chunk at a time. Row j starts at rows + j * stride.
+// key. Row j starts at rows + j * stride.
 HWY_INLINE void RescaleAndAccumulate(D d, float correction, const float* p, const float* rows,
                                      int64_t stride, int64_t count, float* acc, size_t n) {
   const size_t N = hn::Lanes(d);
   const V c = hn::Set(d, correction);
   size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    V a0 = hn::Mul(c, hn::LoadU(d, acc + i));
+    V a1 = hn::Mul(c, hn::LoadU(d, acc + i + N));
+    V a2 = hn::Mul(c, hn::LoadU(d, acc + i + 2 * N));
+    V a3 = hn::Mul(c, hn::LoadU(d, acc + i + 3 * N));
+    for (int64_t j = 0; j < count; ++j) {
+      const V w = hn::Set(d, p[j]);
+      const float* r = rows + j * stride + i;
+      a0 = hn::MulAdd(w, hn::LoadU(d, r), a0);
+      a1 = hn::MulAdd(w, hn::LoadU(d, r + N), a1);
+      a2 = hn::MulAdd(w, hn::LoadU(d, r + 2 * N), a2);
+      a3 = hn::MulAdd(w, hn::LoadU(d, r + 3 * N), a3);
+    }
+    hn::StoreU(a0, d, acc + i);
+    hn::StoreU(a1, d, acc + i + N);
+    hn::StoreU(a2, d, acc + i + 2 * N);
+    hn::StoreU(a3, d, acc + i + 3 * N);
+  }
   for (; i + N <= n; i += N) {
     V a = hn::Mul(c, hn::LoadU(d, acc + i));
     for (int64_t j = 0; j < count; ++j) {
@@ -55,6 +77,24 @@ HWY_INLINE void Accumulate(D d, const float* w, int64_t w_stride, const float* r
                            int64_t count, float* acc, size_t n) {
   const size_t N = hn::Lanes(d);
   size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    V a0 = hn::LoadU(d, acc + i);
+    V a1 = hn::LoadU(d, acc + i + N);
+    V a2 = hn::LoadU(d, acc + i + 2 * N);
+    V a3 = hn::LoadU(d, acc + i + 3 * N);
+    for (int64_t j = 0; j < count; ++j) {
+      const V wj = hn::Set(d, w[j * w_stride]);
+      const float* r = rows + j * stride + i;
+      a0 = hn::MulAdd(wj, hn::LoadU(d, r), a0);
+      a1 = hn::MulAdd(wj, hn::LoadU(d, r + N), a1);
+      a2 = hn::MulAdd(wj, hn::LoadU(d, r + 2 * N), a2);
+      a3 = hn::MulAdd(wj, hn::LoadU(d, r + 3 * N), a3);
+    }
+    hn::StoreU(a0, d, acc + i);
+    hn::StoreU(a1, d, acc + i + N);
+    hn::StoreU(a2, d, acc + i + 2 * N);
+    hn::StoreU(a3, d, acc + i + 3 * N);
+  }
   for (; i + N <= n; i += N) {
     V a = hn::LoadU(d, acc + i);
     for (int64_t j = 0; j < count; ++j) {
