@@ -601,10 +601,18 @@ absl::StatusOr<double> GptModel::Forward(absl::Span<const int32_t> tokens,
     ASSIGN_OR_RETURN(ScopedAccess access,
                      ScopedAccess::Begin(manager_, embedding_op_, Stage::kForward));
     absl::Span<const float> wte, wpe;
-    ASSIGN_OR_RETURN(Buffer wte_f32, ParamF32(wte_, &wte));
+    // bf16 chunks: only the rows read are widened (not the whole V x C table).
+    ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> wte_bf16, ParamBf16(wte_));
+    Buffer wte_f32;
+    if (!wte_bf16.has_value()) {
+      ASSIGN_OR_RETURN(wte_f32, ParamF32(wte_, &wte));
+    }
     ASSIGN_OR_RETURN(Buffer wpe_f32, ParamF32(wpe_, &wpe));
-    RETURN_IF_ERROR(EncoderForward<float>({B, T, C, V, config_.max_seq_len}, tokens, wte, wpe,
-                                          acts.x[0].span(), pool_.get()));
+    const EncoderShape shape{B, T, C, V, config_.max_seq_len};
+    RETURN_IF_ERROR(
+        wte_bf16.has_value()
+            ? EncoderForwardBf16(shape, tokens, *wte_bf16, wpe, acts.x[0].span(), pool_.get())
+            : EncoderForward<float>(shape, tokens, wte, wpe, acts.x[0].span(), pool_.get()));
     wte_f32.Reset();
     wpe_f32.Reset();
     RETURN_IF_ERROR(access.End());
