@@ -29,6 +29,7 @@ using kernels_internal::NumTasks;
 using kernels_internal::ParallelFor;
 using kernels_internal::ResolveBf16GemmBackend;
 using kernels_internal::RoundToBf16;
+using kernels_internal::RoundToBf16Transposed;
 using kernels_internal::RowsPerTask;
 
 // The checks shared by all four kernels; wte's element count and the workspace's are passed
@@ -86,13 +87,16 @@ struct BlasGemms {
   }
 };
 
-// bf16: h was rounded to bf16 once (hb), wte is bf16; dz is rounded to bf16 (dzb) per tile before
-// its two GEMMs; everything accumulates in f32.
+// bf16: h was rounded to bf16 once (hb), wte is bf16; dz is rounded to bf16 per tile before its
+// two GEMMs, as dzb [R, Vt] for dh and transposed as dzbt [Vt, R] for dwte (so both GEMMs read
+// plain layouts; oneDNN would copy a transposed A once per output block); everything accumulates
+// in f32.
 struct Bf16Gemms {
   const uint16_t* hb;
   const uint16_t* wte;
   int64_t C;
-  uint16_t* dzb;  // row_tile * vocab_tile bf16 values
+  uint16_t* dzb;   // row_tile * vocab_tile bf16 values
+  uint16_t* dzbt;  // the same, transposed
   ThreadPool* pool;
   absl::Status Logits(int64_t r0, int64_t R, int64_t v0, int64_t Vt, float* z) const {
     return GemmBf16({.trans_b = true,
@@ -110,6 +114,7 @@ struct Bf16Gemms {
   absl::Status Grads(int64_t r0, int64_t R, int64_t v0, int64_t Vt, const float* dz, float* dh,
                      float* dwte) const {
     RoundToBf16(dz, dzb, R * Vt, pool);
+    RoundToBf16Transposed(dz, R, Vt, dzbt, pool);
     RETURN_IF_ERROR(GemmBf16({.m = R,
                               .n = C,
                               .k = Vt,
@@ -121,12 +126,11 @@ struct Bf16Gemms {
                               .c = dh + r0 * C,
                               .ldc = C},
                              pool));
-    return GemmBf16({.trans_a = true,
-                     .m = Vt,
+    return GemmBf16({.m = Vt,
                      .n = C,
                      .k = R,
-                     .a = dzb,
-                     .lda = Vt,
+                     .a = dzbt,
+                     .lda = R,
                      .b = hb + r0 * C,
                      .ldb = C,
                      .accumulate = true,
@@ -137,7 +141,8 @@ struct Bf16Gemms {
 };
 
 // Bf16 workspace layout (in f32 elements): the f32 workspace of LmHeadCrossEntropyWorkspaceElems,
-// then h in bf16 (rows * channels values), then one dz tile in bf16, each 64-byte aligned.
+// then h in bf16 (rows * channels values), then one dz tile in bf16 and its transpose, each
+// 64-byte aligned.
 int64_t AlignF32(int64_t elems) { return (elems + 15) / 16 * 16; }
 int64_t Bf16AsF32(int64_t bf16_elems) { return AlignF32((bf16_elems + 1) / 2); }
 
@@ -255,7 +260,7 @@ absl::Status BackwardTiles(const LmHeadCrossEntropyShape& shape, const Gemms& ge
 int64_t LmHeadCrossEntropyBf16WorkspaceElems(const LmHeadCrossEntropyShape& s) {
   const int64_t r = std::min(s.rows, s.row_tile), v = std::min(s.vocab_size, s.vocab_tile);
   return AlignF32(LmHeadCrossEntropyWorkspaceElems(s)) + Bf16AsF32(s.rows * s.channels) +
-         Bf16AsF32(r * v);
+         2 * Bf16AsF32(r * v);
 }
 
 template <typename T>
@@ -299,7 +304,8 @@ absl::StatusOr<double> LmHeadCrossEntropyForwardBf16(
   uint16_t* hb = reinterpret_cast<uint16_t*>(workspace.data() +
                                              AlignF32(LmHeadCrossEntropyWorkspaceElems(shape)));
   RoundToBf16(h.data(), hb, shape.rows * shape.channels, pool);
-  return ForwardTiles<float>(shape, Bf16Gemms{hb, wte.data(), shape.channels, nullptr, pool},
+  return ForwardTiles<float>(shape,
+                             Bf16Gemms{hb, wte.data(), shape.channels, nullptr, nullptr, pool},
                              targets, lse, workspace.data(), pool);
 }
 
@@ -317,9 +323,11 @@ absl::Status LmHeadCrossEntropyBackwardBf16(
   RETURN_IF_ERROR(ResolveBf16GemmBackend(&backend));  // before anything is written
   float* f32_end = workspace.data() + AlignF32(LmHeadCrossEntropyWorkspaceElems(shape));
   uint16_t* hb = reinterpret_cast<uint16_t*>(f32_end);
+  const int64_t tile_elems = std::min(N, shape.row_tile) * std::min(V, shape.vocab_tile);
   uint16_t* dzb = reinterpret_cast<uint16_t*>(f32_end + Bf16AsF32(N * C));
+  uint16_t* dzbt = reinterpret_cast<uint16_t*>(f32_end + Bf16AsF32(N * C) + Bf16AsF32(tile_elems));
   RoundToBf16(h.data(), hb, N * C, pool);
-  return BackwardTiles<float>(shape, Bf16Gemms{hb, wte.data(), C, dzb, pool}, targets, lse,
+  return BackwardTiles<float>(shape, Bf16Gemms{hb, wte.data(), C, dzb, dzbt, pool}, targets, lse,
                               loss_grad, dh, dwte, workspace.data(), pool);
 }
 

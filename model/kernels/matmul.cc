@@ -29,6 +29,7 @@ using kernels_internal::NumTasks;
 using kernels_internal::ParallelFor;
 using kernels_internal::ResolveBf16GemmBackend;
 using kernels_internal::RoundToBf16;
+using kernels_internal::RoundToBf16Transposed;
 using kernels_internal::RowsPerTask;
 
 constexpr int64_t kColumnsPerTask = 64;
@@ -180,10 +181,12 @@ absl::Status MatmulBackwardBf16(const MatmulShape& shape, absl::Span<const float
   RETURN_IF_ERROR(CheckWorkspace(kKernel, workspace, MatmulBf16BackwardWorkspaceElems(shape)));
   Bf16GemmBackend backend;
   RETURN_IF_ERROR(ResolveBf16GemmBackend(&backend));  // before anything is written
+  // dy in bf16 [N, O]; x in bf16 and transposed, [I, N], so that dW's GEMM reads both operands
+  // in plain layout (oneDNN would copy a transposed A once per output block).
   uint16_t* dyb = Bf16Workspace(workspace);
-  uint16_t* xb = dyb + Bf16SecondArrayOffset(N * O);
+  uint16_t* xbt = dyb + Bf16SecondArrayOffset(N * O);
   RoundToBf16(dy.data(), dyb, N * O, pool);
-  RoundToBf16(x.data(), xb, N * I, pool);
+  RoundToBf16Transposed(x.data(), N, I, xbt, pool);
   // dx[N,I] += dy[N,O] W[I,O]^T
   RETURN_IF_ERROR(GemmBf16({.trans_b = true,
                             .m = N,
@@ -198,12 +201,11 @@ absl::Status MatmulBackwardBf16(const MatmulShape& shape, absl::Span<const float
                             .ldc = I},
                            pool));
   // dW[I,O] += x[N,I]^T dy[N,O]
-  RETURN_IF_ERROR(GemmBf16({.trans_a = true,
-                            .m = I,
+  RETURN_IF_ERROR(GemmBf16({.m = I,
                             .n = O,
                             .k = N,
-                            .a = xb,
-                            .lda = I,
+                            .a = xbt,
+                            .lda = N,
                             .b = dyb,
                             .ldb = O,
                             .accumulate = true,

@@ -24,7 +24,8 @@
 // values), PyTorch CPU autocast's treatment of a Linear layer:
 //   - W is read as bf16 in place (the param chunk's own values; nothing is converted);
 //   - the GEMM's activation operands are rounded to bf16 (round-to-nearest-even) into the
-//     workspace: x in the forward; dy and x in the backward;
+//     workspace: x in the forward; dy and x (transposed, so every GEMM operand is plain) in the
+//     backward;
 //   - products are exact and summed in f32; y, dx, dw are f32 (dw is rounded to bf16 only when
 //     the caller writes it into the param slot); b and db stay f32 (db sums the unrounded dy).
 // So each output carries the rounding of its K bf16 inputs on both sides (relative 2^-8 each,

@@ -345,6 +345,22 @@ void RoundToBf16(const float* src, uint16_t* dst, int64_t n, ThreadPool* pool) {
   });
 }
 
+void RoundToBf16Transposed(const float* src, int64_t rows, int64_t cols, uint16_t* dst,
+                           ThreadPool* pool) {
+  // Tiles of 64 x 64: a tile's source rows and destination rows stay in L1.
+  constexpr int64_t kTile = 64;
+  const int64_t row_tiles = NumTasks(rows, kTile), col_tiles = NumTasks(cols, kTile);
+  ParallelFor(pool, row_tiles * col_tiles, [&](int64_t task) {
+    const int64_t r0 = (task / col_tiles) * kTile, c0 = (task % col_tiles) * kTile;
+    const int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+    uint16_t rounded[kTile];
+    for (int64_t r = r0; r < r1; ++r) {
+      ConvertF32ToBF16(src + r * cols + c0, rounded, c1 - c0);
+      for (int64_t c = c0; c < c1; ++c) dst[c * rows + r] = rounded[c - c0];
+    }
+  });
+}
+
 bool OneDnnBf16Available() { return OneDnn::Get().available(); }
 const std::string& OneDnnBf16Description() { return OneDnn::Get().description(); }
 

@@ -77,6 +77,13 @@ struct Bf16GemmArgs {
 // ranges on `pool` (may be null).
 void RoundToBf16(const float* src, uint16_t* dst, int64_t n, ThreadPool* pool);
 
+// dst = src^T rounded to bf16 as RoundToBf16 does: src is [rows, cols] row-major, dst
+// [cols, rows] row-major (dst[c * rows + r] = bf16(src[r * cols + c])), in fixed tiles on `pool`.
+// The GEMM kernels use it to hand oneDNN a transposed operand in plain layout (a transposed A is
+// otherwise copied again by every output block).
+void RoundToBf16Transposed(const float* src, int64_t rows, int64_t cols, uint16_t* dst,
+                           ThreadPool* pool);
+
 // Runs the GEMM on the resolved backend; `pool` (may be null) runs the onednn blocks.
 // REQUIRES: m, n, k >= 1; the buffers valid for their extents; C does not overlap A or B.
 // Errors: FailedPrecondition from ResolveBf16GemmBackend; Internal if oneDNN fails (its status

@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/declare.h"
@@ -161,6 +162,28 @@ INSTANTIATE_TEST_SUITE_P(Backends, Bf16GemmTest,
                          [](const ::testing::TestParamInfo<Bf16GemmBackend>& info) {
                            return std::string(Bf16GemmBackendName(info.param));
                          });
+
+TEST(RoundToBf16Test, PlainAndTransposedMatchTheScalarRounding) {
+  absl::BitGen gen(std::seed_seq{3});  // fixed seed: reproducible failures
+  ThreadPool pool(3);
+  for (const auto& [rows, cols] :
+       {std::pair<int64_t, int64_t>{1, 1}, {3, 130}, {65, 64}, {200, 77}, {129, 300}}) {
+    std::vector<float> src(static_cast<size_t>(rows * cols));
+    for (float& x : src) x = absl::Uniform(gen, -3.0f, 3.0f);
+    src[0] = NAN;
+    if (src.size() > 2) src[2] = -INFINITY;
+    std::vector<uint16_t> plain(src.size()), transposed(src.size());
+    RoundToBf16(src.data(), plain.data(), rows * cols, &pool);
+    RoundToBf16Transposed(src.data(), rows, cols, transposed.data(), &pool);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint16_t want = FloatToBFloat16Bits(src[r * cols + c]);
+        ASSERT_EQ(plain[r * cols + c], want) << rows << "x" << cols << " at " << r << "," << c;
+        ASSERT_EQ(transposed[c * rows + r], want) << rows << "x" << cols << " at " << r << "," << c;
+      }
+    }
+  }
+}
 
 TEST(Bf16GemmBackendTest, AutoResolvesByTheCpu) {
   SetBf16GemmBackendForTest(Bf16GemmBackend::kAuto);
