@@ -176,10 +176,18 @@ void AttentionBackwardHeadImpl(const AttentionHeadView& head, const float* out, 
         float* p_row = p_block + (i - i0) * kB;
         float* g_row = g_block + (i - i0) * kB;
         const int64_t j_end = std::min(j1, i + 1);
+        // In three passes over the row's keys, so that independent dot products (and then the
+        // exp calls) overlap instead of waiting on each other: the scores into p_row, the dP
+        // values into g_row, then P and scale * dS in place.
         for (int64_t j = j0; j < j_end; ++j) {
-          const float p =
-              AttentionProbability(scale * DotExact(d, q, head.k + j * stride, hd), row_lse);
-          const float dS = AttentionScoreGrad(p, DotExact(d, dout_i, head.v + j * stride, hd), D_i);
+          p_row[j - j0] = scale * DotExact(d, q, head.k + j * stride, hd);
+        }
+        for (int64_t j = j0; j < j_end; ++j) {
+          g_row[j - j0] = DotExact(d, dout_i, head.v + j * stride, hd);
+        }
+        for (int64_t j = j0; j < j_end; ++j) {
+          const float p = AttentionProbability(p_row[j - j0], row_lse);
+          const float dS = AttentionScoreGrad(p, g_row[j - j0], D_i);
           p_row[j - j0] = p;
           g_row[j - j0] = scale * dS;
         }
