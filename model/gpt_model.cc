@@ -150,6 +150,10 @@ struct GptModel::Activations {
   std::vector<Buffer> x;
   std::vector<BlockActs> blocks;
   Buffer lnf, lnf_mean, lnf_rstd, ce_lse;
+  // Training: the loss scale, and d(lnf) and d(wte) (the LM head's part; the encoder adds its
+  // own in Backward), which the training forward computes together with the loss.
+  double loss_scale = 1.0;
+  Buffer dlnf, dwte;
 };
 
 namespace {
@@ -629,7 +633,11 @@ absl::StatusOr<double> GptModel::Forward(absl::Span<const int32_t> tokens,
     acts.lnf_mean.Reset();
     acts.lnf_rstd.Reset();
   }
-  // The LM head, tied to wte: the embedding operator's second use.
+  // The LM head, tied to wte: the embedding operator's second use. Training runs the head's
+  // forward and backward in one kernel (LmHeadCrossEntropyForwardBackward: the same bits as the
+  // two kernels, without computing the logits a second time); its gradients wait in `acts` for
+  // Backward.
+  const bool train = mode != ForwardMode::kEvaluate;
   const LmHeadCrossEntropyShape ce{.rows = N,
                                    .channels = C,
                                    .vocab_size = V,
@@ -637,23 +645,39 @@ absl::StatusOr<double> GptModel::Forward(absl::Span<const int32_t> tokens,
                                    .vocab_tile = options_.ce_vocab_tile,
                                    .ignore_index = kIgnoreIndex};
   ASSIGN_OR_RETURN(acts.ce_lse, Alloc(N, false));
+  if (train) {
+    ASSIGN_OR_RETURN(acts.dwte, Alloc(V * C, true));
+    ASSIGN_OR_RETURN(acts.dlnf, Alloc(N * C, true));
+  }
   ASSIGN_OR_RETURN(ScopedAccess access,
                    ScopedAccess::Begin(manager_, embedding_op_, Stage::kForward));
+  double loss = 0;
   ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> wte_bf16, ParamBf16(wte_));
   if (wte_bf16.has_value()) {
-    ASSIGN_OR_RETURN(Buffer ws, Alloc(LmHeadCrossEntropyBf16WorkspaceElems(ce), false));
-    ASSIGN_OR_RETURN(const double loss,
-                     LmHeadCrossEntropyForwardBf16(ce, acts.lnf.cspan(), *wte_bf16, targets,
-                                                   acts.ce_lse.span(), ws.span(), pool_.get()));
+    ASSIGN_OR_RETURN(Buffer ws, Alloc(train ? LmHeadCrossEntropyFusedBf16WorkspaceElems(ce)
+                                            : LmHeadCrossEntropyBf16WorkspaceElems(ce),
+                                      false));
+    ASSIGN_OR_RETURN(
+        loss,
+        train ? LmHeadCrossEntropyForwardBackwardBf16(
+                    ce, acts.lnf.cspan(), *wte_bf16, targets, acts.loss_scale, acts.ce_lse.span(),
+                    acts.dlnf.span(), acts.dwte.span(), ws.span(), pool_.get())
+              : LmHeadCrossEntropyForwardBf16(ce, acts.lnf.cspan(), *wte_bf16, targets,
+                                              acts.ce_lse.span(), ws.span(), pool_.get()));
     RETURN_IF_ERROR(access.End());
     return loss;
   }
-  ASSIGN_OR_RETURN(Buffer ws, Alloc(LmHeadCrossEntropyWorkspaceElems(ce), false));
+  ASSIGN_OR_RETURN(Buffer ws, Alloc(train ? LmHeadCrossEntropyFusedWorkspaceElems(ce)
+                                          : LmHeadCrossEntropyWorkspaceElems(ce),
+                                    false));
   absl::Span<const float> wte;
   ASSIGN_OR_RETURN(Buffer wte_f32, ParamF32(wte_, &wte));
-  ASSIGN_OR_RETURN(const double loss,
-                   LmHeadCrossEntropyForward<float>(ce, acts.lnf.cspan(), wte, targets,
-                                                    acts.ce_lse.span(), ws.span(), pool_.get()));
+  ASSIGN_OR_RETURN(
+      loss, train ? LmHeadCrossEntropyForwardBackward<float>(
+                        ce, acts.lnf.cspan(), wte, targets, acts.loss_scale, acts.ce_lse.span(),
+                        acts.dlnf.span(), acts.dwte.span(), ws.span(), pool_.get())
+                  : LmHeadCrossEntropyForward<float>(ce, acts.lnf.cspan(), wte, targets,
+                                                     acts.ce_lse.span(), ws.span(), pool_.get()));
   wte_f32.Reset();
   RETURN_IF_ERROR(access.End());
   return loss;
@@ -764,32 +788,14 @@ absl::Status GptModel::Backward(absl::Span<const int32_t> tokens, absl::Span<con
                                 double loss_scale, Activations& acts) {
   const int64_t B = options_.batch, T = options_.seq_len, C = config_.hidden, N = B * T;
   const int64_t V = config_.vocab_size, L = config_.num_layers;
-  // d(wte) of both uses: the LM head's part now, the encoder's part at the end.
-  ASSIGN_OR_RETURN(Buffer dwte, Alloc(V * C, true));
-  ASSIGN_OR_RETURN(Buffer dlnf, Alloc(N * C, true));
+  // d(wte) of both uses (the LM head's part, computed by the training forward; the encoder's part
+  // at the end) and d(lnf).
+  Buffer dwte = std::move(acts.dwte), dlnf = std::move(acts.dlnf);
   {
-    const LmHeadCrossEntropyShape ce{.rows = N,
-                                     .channels = C,
-                                     .vocab_size = V,
-                                     .row_tile = options_.ce_row_tile,
-                                     .vocab_tile = options_.ce_vocab_tile,
-                                     .ignore_index = kIgnoreIndex};
+    // The LM head's backward use of the embedding operator: its gradients are already in dwte
+    // and dlnf (Forward), but the access stays, so the schedule of chunk accesses is unchanged.
     ASSIGN_OR_RETURN(ScopedAccess access,
                      ScopedAccess::Begin(manager_, embedding_op_, Stage::kBackward));
-    ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> wte_bf16, ParamBf16(wte_));
-    if (wte_bf16.has_value()) {
-      ASSIGN_OR_RETURN(Buffer ws, Alloc(LmHeadCrossEntropyBf16WorkspaceElems(ce), false));
-      RETURN_IF_ERROR(LmHeadCrossEntropyBackwardBf16(ce, acts.lnf.cspan(), *wte_bf16, targets,
-                                                     acts.ce_lse.cspan(), loss_scale, dlnf.span(),
-                                                     dwte.span(), ws.span(), pool_.get()));
-    } else {
-      ASSIGN_OR_RETURN(Buffer ws, Alloc(LmHeadCrossEntropyWorkspaceElems(ce), false));
-      absl::Span<const float> wte;
-      ASSIGN_OR_RETURN(Buffer wte_f32, ParamF32(wte_, &wte));
-      RETURN_IF_ERROR(LmHeadCrossEntropyBackward<float>(
-          ce, acts.lnf.cspan(), wte, targets, acts.ce_lse.cspan(), loss_scale, dlnf.span(),
-          dwte.span(), ws.span(), pool_.get()));
-    }
     RETURN_IF_ERROR(access.End());
   }
   acts.ce_lse.Reset();
@@ -853,6 +859,7 @@ absl::StatusOr<double> GptModel::ForwardBackward(absl::Span<const int32_t> token
         "first (or use TrainStep)");
   }
   Activations acts;
+  acts.loss_scale = loss_scale;
   const ForwardMode mode =
       options_.activation_checkpointing ? ForwardMode::kCheckpoint : ForwardMode::kTrain;
   ASSIGN_OR_RETURN(const double loss, Forward(tokens, targets, mode, acts));

@@ -16,10 +16,14 @@
 // Gradients. A backward access computes its operator's parameter gradients into a zeroed f32
 // workspace (the kernels accumulate) and, once that operator's last backward use is done,
 // writes them into the parameters' own slots of the param chunk (the slot holds the gradient from
-// then on; chunk/chunk_type.h). The tied wte is used twice: the LM head's backward accumulates its
-// part of d(wte) into an f32 workspace that lives until the encoder's backward, which adds its
-// part and writes the total into wte's slot. The optimizer (HybridAdam) then reads the gradients
-// from the param chunks and writes the new parameters back into them.
+// then on; chunk/chunk_type.h). The tied wte is used twice: the LM head accumulates its part of
+// d(wte) into an f32 workspace that lives until the encoder's backward, which adds its part and
+// writes the total into wte's slot. (In training the LM head's forward access already computes
+// its gradients, in one kernel with the loss that keeps a row tile's logits instead of computing
+// them again — model/kernels/lm_head_cross_entropy.h LmHeadCrossEntropyForwardBackward, the same
+// bits; its backward access remains, computing nothing, so the access schedule is unchanged.)
+// The optimizer (HybridAdam) then reads the gradients from the param chunks and writes the new
+// parameters back into them.
 //
 // Non-model data. Activations, gradients of activations, gradient workspaces and kernel
 // workspaces are allocations of the accelerator's scratch() (DeviceMemory), so the accelerator's

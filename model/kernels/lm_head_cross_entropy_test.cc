@@ -1,7 +1,9 @@
 #include "model/kernels/lm_head_cross_entropy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -235,6 +237,92 @@ INSTANTIATE_TEST_SUITE_P(Backends, LmHeadCrossEntropyBf16Test,
                          [](const ::testing::TestParamInfo<Bf16GemmBackend>& info) {
                            return std::string(kernels_internal::Bf16GemmBackendName(info.param));
                          });
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The fused training kernel must give exactly what Forward then Backward give: the training
+// losses of the model depend on it. Row tiles with ignored rows, one wholly ignored row tile,
+// tile tails, and gradients that already hold values.
+TEST_F(LmHeadCrossEntropyTest, FusedForwardBackwardIsBitIdenticalToTheTwoKernels) {
+  absl::BitGen gen(std::seed_seq{8});  // fixed seed: reproducible failures
+  ThreadPool pool(3);
+  for (const LmHeadCrossEntropyShape s :
+       {LmHeadCrossEntropyShape{13, 11, 37, 4, 8, -100}, LmHeadCrossEntropyShape{1, 5, 19},
+        LmHeadCrossEntropyShape{40, 33, 300, 16, 128, -1},
+        LmHeadCrossEntropyShape{9, 6, 5, 3, 2}}) {
+    const int64_t N = s.rows, C = s.channels, V = s.vocab_size;
+    const std::vector<float> h = RandomVector<float>(gen, N * C, -1, 1);
+    const std::vector<float> wte = RandomVector<float>(gen, V * C, -1, 1);
+    std::vector<int32_t> targets = RandomTargets(gen, N, V, s.ignore_index, 0.3);
+    for (int64_t i = 0; i < std::min(N, s.row_tile); ++i) targets[i] = s.ignore_index;
+    const std::vector<float> dh0 = RandomVector<float>(gen, N * C),
+                             dwte0 = RandomVector<float>(gen, V * C);
+    for (bool all_ignored : {false, true}) {
+      if (all_ignored) std::fill(targets.begin(), targets.end(), s.ignore_index);
+      std::vector<float> lse(N), dh = dh0, dwte = dwte0, ws(LmHeadCrossEntropyWorkspaceElems(s));
+      ASSERT_OK_AND_ASSIGN(const double loss,
+                           LmHeadCrossEntropyForward<float>(s, h, wte, targets, absl::MakeSpan(lse),
+                                                            absl::MakeSpan(ws), &pool));
+      ASSERT_OK(LmHeadCrossEntropyBackward<float>(s, h, wte, targets, lse, 3.0, absl::MakeSpan(dh),
+                                                  absl::MakeSpan(dwte), absl::MakeSpan(ws), &pool));
+      std::vector<float> f_lse(N), f_dh = dh0, f_dwte = dwte0,
+                                   f_ws(LmHeadCrossEntropyFusedWorkspaceElems(s));
+      ASSERT_OK_AND_ASSIGN(const double f_loss,
+                           LmHeadCrossEntropyForwardBackward<float>(
+                               s, h, wte, targets, 3.0, absl::MakeSpan(f_lse), absl::MakeSpan(f_dh),
+                               absl::MakeSpan(f_dwte), absl::MakeSpan(f_ws), &pool));
+      EXPECT_EQ(loss, f_loss);
+      EXPECT_TRUE(SameBits(lse, f_lse));
+      EXPECT_TRUE(SameBits(dh, f_dh));
+      EXPECT_TRUE(SameBits(dwte, f_dwte));
+      // bf16, on each backend that runs here.
+      std::vector<uint16_t> wte_bits(V * C);
+      for (int64_t i = 0; i < V * C; ++i) wte_bits[i] = FloatToBFloat16Bits(wte[i]);
+      for (kernels_internal::Bf16GemmBackend backend :
+           {kernels_internal::Bf16GemmBackend::kOneDnn,
+            kernels_internal::Bf16GemmBackend::kFallback}) {
+        if (backend == kernels_internal::Bf16GemmBackend::kOneDnn &&
+            !kernels_internal::OneDnnBf16Available()) {
+          continue;
+        }
+        kernels_internal::SetBf16GemmBackendForTest(backend);
+        std::vector<float> b_lse(N), b_dh = dh0, b_dwte = dwte0,
+                                     b_ws(LmHeadCrossEntropyBf16WorkspaceElems(s));
+        ASSERT_OK_AND_ASSIGN(
+            const double b_loss,
+            LmHeadCrossEntropyForwardBf16(s, h, wte_bits, targets, absl::MakeSpan(b_lse),
+                                          absl::MakeSpan(b_ws), &pool));
+        ASSERT_OK(LmHeadCrossEntropyBackwardBf16(s, h, wte_bits, targets, b_lse, 3.0,
+                                                 absl::MakeSpan(b_dh), absl::MakeSpan(b_dwte),
+                                                 absl::MakeSpan(b_ws), &pool));
+        std::vector<float> fb_lse(N), fb_dh = dh0, fb_dwte = dwte0,
+                                      fb_ws(LmHeadCrossEntropyFusedBf16WorkspaceElems(s));
+        ASSERT_OK_AND_ASSIGN(
+            const double fb_loss,
+            LmHeadCrossEntropyForwardBackwardBf16(
+                s, h, wte_bits, targets, 3.0, absl::MakeSpan(fb_lse), absl::MakeSpan(fb_dh),
+                absl::MakeSpan(fb_dwte), absl::MakeSpan(fb_ws), &pool));
+        EXPECT_EQ(b_loss, fb_loss);
+        EXPECT_TRUE(SameBits(b_lse, fb_lse));
+        EXPECT_TRUE(SameBits(b_dh, fb_dh));
+        EXPECT_TRUE(SameBits(b_dwte, fb_dwte));
+        kernels_internal::SetBf16GemmBackendForTest(kernels_internal::Bf16GemmBackend::kAuto);
+      }
+    }
+  }
+  // Errors: a workspace of one tile is not enough for the fused kernel.
+  const LmHeadCrossEntropyShape s{8, 4, 40, 4, 8, -100};
+  std::vector<float> h(32), wte(160), lse(8), dh(32), dwte(160),
+      ws(LmHeadCrossEntropyWorkspaceElems(s));
+  std::vector<int32_t> targets(8, 1);
+  EXPECT_THAT(LmHeadCrossEntropyForwardBackward<float>(s, h, wte, targets, 1.0, absl::MakeSpan(lse),
+                                                       absl::MakeSpan(dh), absl::MakeSpan(dwte),
+                                                       absl::MakeSpan(ws), nullptr)
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("workspace")));
+}
 
 TEST_F(LmHeadCrossEntropyTest, GradientMatchesFiniteDifferencesInDouble) {
   absl::BitGen gen(std::seed_seq{2});  // fixed seed: reproducible failures
