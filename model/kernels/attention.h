@@ -33,9 +33,9 @@
 // sums in vector accumulators and a lane tree (internal/simd-inl.h DotExact), not in index order
 // (rounding differences from a scalar loop only). f64 is scalar.
 //
-// Threading and determinism: work items are (b, h, query tile) in the forward and (b, h) in the
-// f32 backward; each writes only its own rows and sums in a fixed order, so results do not depend
-// on the thread count. The forward's workspace is one slot (a score tile and an output row) per
+// Threading and determinism: work items are (b, h) for f32 (claimed dynamically in the forward)
+// and (b, h, query or key tile) in the reference schedule; each writes only its own rows and sums
+// in a fixed order, so results do not depend on the thread count or on which thread ran an item. The forward's workspace is one slot (a score tile and an output row) per
 // pool thread — O(threads * (tile + hd)), independent of T. The backward needs no workspace (the
 // f32 schedule keeps its two 64 x 64 blocks, 32 KiB, on the task's stack). Gradients accumulate
 // (+=).
