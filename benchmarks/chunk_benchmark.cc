@@ -23,13 +23,13 @@
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_size_search.h"
 #include "chunk/chunk_store.h"
-#include "chunk/gpt_shapes.h"
 #include "chunk/tensor_state.h"
 #include "chunk/testing/test_memory_resources.h"
 #include "glog/logging.h"
 #include "memory/backend.h"
 #include "memory/cpu_backend.h"
 #include "memory/dtype.h"
+#include "model/gpt_config.h"
 
 // --- Heap accounting ----------------------------------------------------------------------------
 

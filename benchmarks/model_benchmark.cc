@@ -45,7 +45,6 @@
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
-#include "chunk/gpt_shapes.h"
 #include "chunk/operator_spec.h"
 #include "glog/logging.h"
 #include "memory/backend.h"
@@ -53,6 +52,7 @@
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
 #include "memory/dtype_math.h"
+#include "model/gpt_config.h"
 #include "model/gpt_model.h"
 #include "model/kernels/attention.h"
 #include "model/kernels/encoder.h"
@@ -73,6 +73,8 @@ ABSL_FLAG(std::string, model, "gpt2", "GptPreset name");
 ABSL_FLAG(std::string, dtypes, "f32,bf16", "param chunk dtypes to run (f32, bf16)");
 ABSL_FLAG(std::string, checkpointing, "off,on", "activation checkpointing settings to run");
 ABSL_FLAG(bool, breakdown, true, "time each kernel alone at the model's shapes");
+#include "scheduler/chunk_manager.h"
+#include "trainer/train_step.h"
 
 namespace ps {
 namespace {
@@ -447,7 +449,7 @@ StepResult RunSteps(const GptConfig& config, int64_t batch, int64_t seq, int thr
   for (int i = 0; i < iters + kWarmupSteps; ++i) {
     const ChunkManagerCounters before = manager->counters();
     const auto t0 = Clock::now();
-    auto step_or = model->TrainStep(tokens, targets, *adam);
+    auto step_or = TrainStep(*model, *manager, *adam, tokens, targets);
     PS_CHECK_OK(step_or);
     const double s = Seconds(t0, Clock::now());
     const ChunkManagerCounters moved = manager->counters().Minus(before);

@@ -11,7 +11,7 @@
 // eviction leaves the forward pass without write-backs.
 //
 // The trace model:
-//  - Operators: chunk/gpt_shapes.h, f16 params, the embedding on the host (PatrickStar's CPU
+//  - Operators: model/gpt_config.h, f16 params, the embedding on the host (PatrickStar's CPU
 //    embedding), so the chunk is sized by the largest block operator (mlp.c_fc), rounded up to
 //    1 Mi elements. Each operator access is one moment needing the operator's chunk.
 //  - Activation checkpointing per block; backward of block l first recomputes its forward (read
@@ -42,9 +42,9 @@
 #include "base/check.h"
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
-#include "chunk/gpt_shapes.h"
 #include "chunk/operator_spec.h"
 #include "glog/logging.h"
+#include "model/gpt_config.h"
 #include "scheduler/access_schedule.h"
 #include "scheduler/eviction_policy.h"
 

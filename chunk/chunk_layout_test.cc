@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/testing/status_matchers.h"
 #include "chunk/chunk_type.h"
-#include "chunk/gpt_shapes.h"
 #include "chunk/operator_spec.h"
+#include "chunk/testing/transformer_operators.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -381,8 +381,8 @@ TEST(ChunkLayout, RandomInsertDeleteNeverOverlaps) {
 }
 
 TEST(ChunkLayout, GptLayoutHoldsEveryParameterAndIs14BytesPerParam) {
-  ASSERT_OK_AND_ASSIGN(GptConfig config, GptPreset("gpt2"));
-  const std::vector<OperatorSpec> ops = GptOperators(config);
+  const std::vector<OperatorSpec> ops =
+      chunk_testing::TransformerOperators(chunk_testing::kGpt2Shape);
   ASSERT_OK_AND_ASSIGN(ChunkLayout layout,
                        ChunkLayout::Build({.capacity_elems = 48 * 1024 * 1024}, ops));
   ASSERT_OK(layout.Validate());

@@ -12,8 +12,8 @@
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
-#include "chunk/gpt_shapes.h"
 #include "chunk/tensor_state.h"
+#include "chunk/testing/transformer_operators.h"
 #include "gtest/gtest.h"
 #include "memory/backend.h"
 #include "memory/chunk_block_pool.h"
@@ -32,9 +32,10 @@ TEST(ChunkOverBlockPools, MovesBetweenHostAndAcceleratorPoolsKeepData) {
   HostResource host_memory;
   BackendDeviceResource device_memory(backend.get());
 
-  ASSERT_OK_AND_ASSIGN(GptConfig config, GptPreset("tiny"));
-  ASSERT_OK_AND_ASSIGN(ChunkLayout layout,
-                       ChunkLayout::Build({.capacity_elems = 40'000}, GptOperators(config)));
+  ASSERT_OK_AND_ASSIGN(
+      ChunkLayout layout,
+      ChunkLayout::Build({.capacity_elems = 40'000},
+                         chunk_testing::TransformerOperators(chunk_testing::kTinyShape)));
   const int64_t param_block_bytes = layout.ChunkBytes(ChunkType::kParam, DType::kF16);
   const int64_t state_block_bytes = layout.ChunkBytes(ChunkType::kMaster, DType::kF16);
   // One pool per device and block size; the accelerator holds at most two param chunks.

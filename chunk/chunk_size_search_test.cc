@@ -10,8 +10,8 @@
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_type.h"
-#include "chunk/gpt_shapes.h"
 #include "chunk/operator_spec.h"
+#include "chunk/testing/transformer_operators.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "memory/dtype.h"
@@ -23,10 +23,15 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
+// GPT-2-shaped operators by preset name (the search itself knows no model).
 std::vector<OperatorSpec> Gpt(const std::string& preset) {
-  absl::StatusOr<GptConfig> config = GptPreset(preset);
-  EXPECT_OK(config);
-  return GptOperators(*config);
+  using chunk_testing::TransformerOperators;
+  if (preset == "tiny") return TransformerOperators(chunk_testing::kTinyShape);
+  if (preset == "gpt2") return TransformerOperators(chunk_testing::kGpt2Shape);
+  if (preset == "gpt2-medium") return TransformerOperators(chunk_testing::kGpt2MediumShape);
+  if (preset == "1B") return TransformerOperators(chunk_testing::k1BShape);
+  EXPECT_EQ(preset, "10B");
+  return TransformerOperators(chunk_testing::k10BShape);
 }
 
 // Builds the real layout for `candidate` and checks every number of the candidate against it.

@@ -10,9 +10,9 @@
 #include "chunk/chunk.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_type.h"
-#include "chunk/gpt_shapes.h"
 #include "chunk/tensor_state.h"
 #include "chunk/testing/test_memory_resources.h"
+#include "chunk/testing/transformer_operators.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -27,10 +27,9 @@ namespace {
 using ::testing::HasSubstr;
 
 ChunkLayout TinyGptLayout(int world_size, int64_t capacity_elems = 40'000) {
-  absl::StatusOr<GptConfig> config = GptPreset("tiny");
-  CHECK(config.ok());
-  absl::StatusOr<ChunkLayout> layout = ChunkLayout::Build(
-      {.capacity_elems = capacity_elems, .world_size = world_size}, GptOperators(*config));
+  absl::StatusOr<ChunkLayout> layout =
+      ChunkLayout::Build({.capacity_elems = capacity_elems, .world_size = world_size},
+                         chunk_testing::TransformerOperators(chunk_testing::kTinyShape));
   CHECK(layout.ok()) << layout.status();
   return *std::move(layout);
 }
@@ -79,8 +78,8 @@ TEST(ChunkStore, FourTypesHoldTheSameTensorsAtTheSameOffsets) {
 }
 
 TEST(ChunkStore, ModelDataIs14BytesPerParamWithHalfPrecisionAnd16WithF32) {
-  ASSERT_OK_AND_ASSIGN(GptConfig config, GptPreset("tiny"));
-  const int64_t params = GptParameterCount(config);
+  const int64_t params =
+      ModelNumElems(chunk_testing::TransformerOperators(chunk_testing::kTinyShape));
   for (DType compute : {DType::kF16, DType::kBF16, DType::kF32}) {
     TestHostResource host;
     ASSERT_OK_AND_ASSIGN(auto store,

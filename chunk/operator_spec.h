@@ -3,8 +3,8 @@
 // shaped parameter tensors. The chunk layout places all tensors of one operator in one chunk, so
 // accessing an operator makes all of its parameters resident with one chunk access.
 //
-// These are plain descriptions with no storage; model/ (and chunk/gpt_shapes.h until model/
-// exists) produces them, chunk/chunk_layout.h and chunk/chunk_size_search.h consume them.
+// These are plain descriptions with no storage; model/ produces them (model/gpt_config.h),
+// chunk/chunk_layout.h and chunk/chunk_size_search.h consume them.
 //
 // Thread safety: value types and pure functions.
 #ifndef PATRICKSTAR_CHUNK_OPERATOR_SPEC_H_

@@ -38,8 +38,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
     });
 #else
     return absl::FailedPreconditionError(
-        "the cuda backend was requested, but this binary was built without CUDA: rebuild with "
-        "`bazel build --config=cuda ...`, or use the cpu backend");
+        "the cuda backend was requested, but this binary was built without CUDA support; rebuild "
+        "with --config=cuda (`bazel build --config=cuda ...`), or use the cpu backend");
 #endif
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown accelerator backend \"", options.kind,

@@ -23,7 +23,9 @@ struct BackendOptions {
 };
 
 // InvalidArgument for an unknown kind or bad options; FailedPrecondition for "cuda" in a binary
-// built without --config=cuda; Unavailable when CUDA is built in but no GPU can be used.
+// built without --config=cuda ("... built without CUDA support; rebuild with --config=cuda ...");
+// Unavailable when CUDA is built in but no GPU can be used ("no CUDA device is available
+// (cudaGetDeviceCount: <the runtime's error>) ...").
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options);
 
 // True if this binary was built with the CUDA backend (--config=cuda).

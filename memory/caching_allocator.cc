@@ -44,7 +44,12 @@ std::string CachingAllocatorStats::DebugString() const {
       FormatBytes(peak_reserved_bytes), "), cached ", FormatBytes(cached_bytes), " in ",
       free_blocks, " free blocks (largest ", FormatBytes(largest_free_block_bytes),
       ", fragmentation ", Percent(fragmentation), "), upstream allocations ", upstream_allocations,
-      ", deallocations ", upstream_deallocations, ", failed allocations ", failed_allocations);
+      ", deallocations ", upstream_deallocations, ", failed allocations ", failed_allocations,
+      stream_ordered_frees == 0
+          ? std::string()
+          : absl::StrCat(", stream-ordered frees ", stream_ordered_frees, " (", pending_frees,
+                         " pending, ", FormatBytes(pending_free_bytes), "; waited ",
+                         pending_free_waits, " times)"));
 }
 
 absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(
@@ -87,9 +92,12 @@ CachingAllocator::CachingAllocator(MemoryResource* upstream, const CachingAlloca
       options_(options) {}
 
 CachingAllocator::~CachingAllocator() {
+  // Streams may still use memory freed on them; the segments go upstream only after that.
+  WaitForPendingFrees();
   std::vector<std::pair<char*, int64_t>> segments;
   {
     MutexLock lock(&mu_);
+    DCHECK(pending_.empty());
     if (!allocated_.empty()) {
       LOG(WARNING) << name_ << " destroyed with " << allocated_.size()
                    << " allocations still live; returning their segments upstream";
@@ -209,6 +217,7 @@ absl::StatusOr<void*> CachingAllocator::Allocate(int64_t bytes) {
   const int64_t rounded_bytes = RoundedSize(bytes);
   {
     MutexLock lock(&mu_);
+    if (!pending_.empty()) ProcessPendingLocked();
     if (Block* block = TakeBestFitLocked(rounded_bytes)) {
       return UseBlockLocked(block, rounded_bytes, bytes);
     }
@@ -218,10 +227,18 @@ absl::StatusOr<void*> CachingAllocator::Allocate(int64_t bytes) {
   // calls back into ReleaseCached().
   const int64_t segment_bytes = SegmentSizeFor(bytes);
   absl::StatusOr<void*> base = upstream_->Allocate(segment_bytes);
-  if (!base.ok() && absl::IsResourceExhausted(base.status()) && ReleaseCached() > 0) {
-    // Retry only when returning the cached segments changed something: an upstream that reclaims
-    // (ProviderResource) has already asked this allocator once.
-    base = upstream_->Allocate(segment_bytes);
+  if (!base.ok() && absl::IsResourceExhausted(base.status())) {
+    // Memory freed on streams that have not got there yet is the last reserve: wait for it.
+    const bool waited = WaitForPendingFrees();
+    if (waited) {
+      MutexLock lock(&mu_);
+      if (Block* block = TakeBestFitLocked(rounded_bytes)) {
+        return UseBlockLocked(block, rounded_bytes, bytes);
+      }
+    }
+    // Retry only when something changed: an upstream that reclaims (ProviderResource) has already
+    // asked this allocator once.
+    if (ReleaseCached() > 0) base = upstream_->Allocate(segment_bytes);
   }
   if (!base.ok()) {
     if (!absl::IsResourceExhausted(base.status())) return base.status();
@@ -251,25 +268,35 @@ absl::StatusOr<void*> CachingAllocator::Allocate(int64_t bytes) {
   return UseBlockLocked(block, rounded_bytes, bytes);
 }
 
-absl::Status CachingAllocator::Deallocate(void* ptr, int64_t bytes) {
-  MutexLock lock(&mu_);
+absl::StatusOr<CachingAllocator::Block*> CachingAllocator::TakeAllocationLocked(
+    absl::string_view call, void* ptr, int64_t bytes) {
   const auto it = allocated_.find(ptr);
   if (it == allocated_.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        name_, ": Deallocate(", PointerString(ptr), ", ", bytes,
+        name_, ": ", call, "(", PointerString(ptr), ", ", bytes,
         " bytes): not a live allocation of this allocator (it belongs to another resource or "
         "was freed already)"));
   }
   Block* block = it->second;
   if (block->requested_bytes != bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        name_, ": Deallocate(", PointerString(ptr), ", ", bytes, " bytes): it was allocated with ",
+        name_, ": ", call, "(", PointerString(ptr), ", ", bytes, " bytes): it was allocated with ",
         block->requested_bytes, " bytes; pass the size given to Allocate"));
   }
   allocated_.erase(it);
-  counters_.in_use_bytes -= block->size_bytes;
   counters_.requested_bytes -= block->requested_bytes;
   --counters_.live_allocations;
+  return block;
+}
+
+void CachingAllocator::RestoreAllocationLocked(Block* block) {
+  allocated_.emplace(block->ptr, block);
+  counters_.requested_bytes += block->requested_bytes;
+  ++counters_.live_allocations;
+}
+
+void CachingAllocator::FreeBlockLocked(Block* block) {
+  counters_.in_use_bytes -= block->size_bytes;
   if (options_.tracker != nullptr) {
     options_.tracker->Subtract(options_.tracked_kind, block->size_bytes);
   }
@@ -293,10 +320,109 @@ absl::Status CachingAllocator::Deallocate(void* ptr, int64_t bytes) {
     RecycleBlockLocked(next);
   }
   free_set.insert(block);
+}
+
+absl::Status CachingAllocator::Deallocate(void* ptr, int64_t bytes) {
+  MutexLock lock(&mu_);
+  absl::StatusOr<Block*> block = TakeAllocationLocked("Deallocate", ptr, bytes);
+  if (!block.ok()) return block.status();
+  FreeBlockLocked(*block);
   return absl::OkStatus();
 }
 
+absl::Status CachingAllocator::DeallocateOnStream(void* ptr, int64_t bytes, Stream& stream) {
+  if (options_.event_backend == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name_,
+        ": DeallocateOnStream needs CachingAllocatorOptions.event_backend (the backend "
+        "whose streams order the frees); without it, synchronize and call Deallocate"));
+  }
+  Block* block = nullptr;
+  Event* event = nullptr;
+  {
+    MutexLock lock(&mu_);
+    absl::StatusOr<Block*> taken = TakeAllocationLocked("DeallocateOnStream", ptr, bytes);
+    if (!taken.ok()) return taken.status();
+    block = *taken;
+    if (!idle_events_.empty()) {
+      event = idle_events_.back();
+      idle_events_.pop_back();
+    }
+  }
+  // The block is out of allocated_ (a second free of `ptr` fails) but not yet pending.
+  absl::Status status;
+  std::unique_ptr<Event> created;
+  if (event == nullptr) {
+    absl::StatusOr<std::unique_ptr<Event>> made = options_.event_backend->CreateEvent();
+    if (made.ok()) {
+      created = *std::move(made);
+      event = created.get();
+    } else {
+      status = made.status();
+    }
+  }
+  if (status.ok()) status = stream.RecordEvent(event);
+  MutexLock lock(&mu_);
+  if (created != nullptr) events_.push_back(std::move(created));
+  if (!status.ok()) {
+    if (event != nullptr) idle_events_.push_back(event);
+    RestoreAllocationLocked(block);
+    return absl::Status(
+        status.code(), absl::StrCat(name_, ": DeallocateOnStream(", PointerString(ptr), ", ", bytes,
+                                    " bytes): ", status.message()));
+  }
+  block->pending_event = event;
+  pending_.push_back(block);
+  ++counters_.pending_frees;
+  counters_.pending_free_bytes += block->size_bytes;
+  ++counters_.stream_ordered_frees;
+  return absl::OkStatus();
+}
+
+int64_t CachingAllocator::ProcessPendingLocked() {
+  int64_t freed_bytes = 0;
+  auto keep = pending_.begin();
+  for (Block* block : pending_) {
+    if (!block->pending_event->Query()) {
+      *keep++ = block;
+      continue;
+    }
+    idle_events_.push_back(block->pending_event);
+    block->pending_event = nullptr;
+    --counters_.pending_frees;
+    counters_.pending_free_bytes -= block->size_bytes;
+    freed_bytes += block->size_bytes;
+    FreeBlockLocked(block);  // may recycle `block`
+  }
+  pending_.erase(keep, pending_.end());
+  return freed_bytes;
+}
+
+int64_t CachingAllocator::ProcessPendingFrees() {
+  MutexLock lock(&mu_);
+  return pending_.empty() ? 0 : ProcessPendingLocked();
+}
+
+bool CachingAllocator::WaitForPendingFrees() {
+  std::vector<Event*> events;
+  {
+    MutexLock lock(&mu_);
+    for (Block* block : pending_) events.push_back(block->pending_event);
+  }
+  if (events.empty()) return false;
+  for (Event* event : events) {
+    // An error is the stream's asynchronous failure: its work has still completed.
+    const absl::Status status = event->Synchronize();
+    LOG_IF(WARNING, !status.ok()) << name_ << ": a stream-ordered free's stream failed: " << status;
+  }
+  MutexLock lock(&mu_);
+  ++counters_.pending_free_waits;
+  ProcessPendingLocked();
+  return true;
+}
+
 int64_t CachingAllocator::ReleaseCached() {
+  WaitForPendingFrees();
   std::vector<std::pair<char*, int64_t>> released;
   {
     MutexLock lock(&mu_);

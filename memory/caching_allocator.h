@@ -23,17 +23,39 @@
 //    returns all its fully free segments and, if there were any, retries once before reporting
 //    ResourceExhausted.
 //
-// The allocator never reads or writes the memory it manages (it may be accelerator memory). It is
-// not stream-ordered: a block is reusable as soon as Deallocate returns, so callers must first make
-// sure no stream still reads or writes it (synchronize, or wait on an event recorded after the last
-// use).
+// The allocator never reads or writes the memory it manages (it may be accelerator memory).
+//
+// Two ways to free:
+//  - Deallocate (the MemoryResource call) is not stream-ordered: the block is reusable as soon as
+//    it returns, so the caller must first make sure no stream still reads or writes it
+//    (synchronize, or wait on an event recorded after the last use).
+//  - DeallocateOnStream(ptr, bytes, stream) is stream-ordered, as cudaFreeAsync: it returns at
+//    once, and the block is handed out again only after the work enqueued on `stream` before the
+//    call has completed. The allocator records an event on `stream` (events come from
+//    options.event_backend) and keeps the block *pending* until the event completes; a kernel
+//    still queued on `stream` that reads the block therefore never sees it reused. Work on other
+//    streams is not covered: make `stream` wait for it first (Stream::WaitEvent), which is what
+//    PyTorch's record_stream achieves with one event per stream.
+//    Pending frees are checked (Event::Query, never blocking) at every Allocate and at
+//    ProcessPendingFrees; finished ones are merged back into the cache. Under memory pressure the
+//    allocator waits for them (a host wait): Allocate, when no cached block fits and the upstream
+//    is out of memory, before it reports ResourceExhausted; ReleaseCached, when the device's other
+//    pool needs memory. Hence Allocate and ReleaseCached must not run in a host function on a
+//    stream (a stream would wait for itself).
 //
 // Accounting: in_use_bytes counts whole blocks handed out (a request rounded up, plus an unsplit
-// tail); with a tracker, exactly in_use_bytes is recorded as `tracked_kind` (non-model data by
-// default). reserved_bytes counts segments held from the upstream.
+// tail) *and* pending frees: a block freed on a stream stays in use, for the tracker too, until
+// the allocator has seen the stream pass the free, because until then the device cannot give it
+// to anyone (not to this allocator, not to the chunk pool) — so the scheduler's tide counts the
+// memory the device really holds, never less. pending_free_bytes says how much of in_use_bytes is
+// such memory; ProcessPendingFrees() (called before the tracker is sampled) keeps the lag between
+// "the stream passed the free" and "the tracker knows" to one check. With a tracker, exactly
+// in_use_bytes is recorded as `tracked_kind` (non-model data by default). reserved_bytes counts
+// segments held from the upstream.
 //
 // Thread safety: thread-safe. The upstream is called without the allocator's lock held, so an
-// upstream that reclaims (ProviderResource) may call back into ReleaseCached().
+// upstream that reclaims (ProviderResource) may call back into ReleaseCached(). Streams and events
+// are never waited on with the lock held; Event::Query is called under it.
 #ifndef PATRICKSTAR_MEMORY_CACHING_ALLOCATOR_H_
 #define PATRICKSTAR_MEMORY_CACHING_ALLOCATOR_H_
 
@@ -47,8 +69,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "base/mutex.h"
 #include "base/units.h"
+#include "memory/backend.h"
 #include "memory/device.h"
 #include "memory/memory_resource.h"
 #include "memory/memory_tracker.h"
@@ -69,6 +93,10 @@ struct CachingAllocatorOptions {
   // the upstream's device.
   MemoryTracker* tracker = nullptr;
   MemoryKind tracked_kind = MemoryKind::kNonModelData;
+  // Where the events of stream-ordered frees come from: the backend whose streams are passed to
+  // DeallocateOnStream. Not owned; must outlive the allocator. Without it DeallocateOnStream is
+  // FailedPrecondition.
+  Backend* event_backend = nullptr;
 };
 
 struct CachingAllocatorStats {
@@ -91,6 +119,13 @@ struct CachingAllocatorStats {
   int64_t upstream_deallocations = 0;
   // Allocate calls that ended in ResourceExhausted.
   int64_t failed_allocations = 0;
+  // Stream-ordered frees whose stream has not (as far as the allocator has seen) passed them yet:
+  // their count and bytes (part of in_use_bytes). Since construction: stream-ordered frees, and
+  // the times the allocator waited for pending frees under memory pressure.
+  int64_t pending_frees = 0;
+  int64_t pending_free_bytes = 0;
+  int64_t stream_ordered_frees = 0;
+  int64_t pending_free_waits = 0;
   // Free blocks now, and the largest of them.
   int64_t free_blocks = 0;
   int64_t largest_free_block_bytes = 0;
@@ -124,11 +159,24 @@ class CachingAllocator final : public MemoryResource, public Reclaimer {
   // different size.
   [[nodiscard]] absl::StatusOr<void*> Allocate(int64_t bytes) override;
   [[nodiscard]] absl::Status Deallocate(void* ptr, int64_t bytes) override;
+
+  // Stream-ordered free (see the file comment): `ptr` is no longer the caller's when this returns,
+  // but its block is reused only after all work enqueued on `stream` before this call completed.
+  // Errors, with no state changed: InvalidArgument as Deallocate; FailedPrecondition without
+  // options.event_backend; the error of creating or recording the event (InvalidArgument for a
+  // stream of another backend).
+  [[nodiscard]] absl::Status DeallocateOnStream(void* ptr, int64_t bytes, Stream& stream);
+
+  // Moves the pending frees whose streams have passed them into the cache. Never blocks. Returns
+  // the bytes made reusable (and no longer counted in use by the tracker).
+  int64_t ProcessPendingFrees();
   Device device() const override { return device_; }
   // "caching_allocator(accelerator:0)".
   std::string name() const override { return name_; }
 
-  // Reclaimer: returns every fully free segment to the upstream; returns the bytes given back.
+  // Reclaimer: waits for the pending stream-ordered frees (a host wait: it is called when memory
+  // ran out, and that memory is about to be free anyway), then returns every fully free segment to
+  // the upstream; returns the bytes given back.
   int64_t ReleaseCached() override;
 
   CachingAllocatorStats stats() const;
@@ -149,7 +197,10 @@ class CachingAllocator final : public MemoryResource, public Reclaimer {
   struct Block {
     char* ptr = nullptr;
     int64_t size_bytes = 0;
+    // Handed out, or freed on a stream and still pending: not free, never merged.
     bool allocated = false;
+    // Set while a stream-ordered free waits for its stream. Owned by events_.
+    Event* pending_event = nullptr;
     int64_t requested_bytes = 0;
     Block* prev = nullptr;
     Block* next = nullptr;
@@ -187,6 +238,19 @@ class CachingAllocator final : public MemoryResource, public Reclaimer {
   // The best-fitting free block of at least `rounded_bytes` in its class, removed from its free
   // set; nullptr when none fits.
   Block* TakeBestFitLocked(int64_t rounded_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Validates a free of `ptr` (`call` names the method in errors) and takes it away from the
+  // caller: out of allocated_, out of the live counters (in_use_bytes unchanged).
+  absl::StatusOr<Block*> TakeAllocationLocked(absl::string_view call, void* ptr, int64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Undoes TakeAllocationLocked.
+  void RestoreAllocationLocked(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns `block` (allocated, in no free set) to the cache: merges it with free neighbours.
+  void FreeBlockLocked(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Finalizes the pending frees whose events have completed; returns their bytes.
+  int64_t ProcessPendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Blocks (without the lock) until every pending free's stream has passed it, then finalizes
+  // them. Returns whether there were any.
+  bool WaitForPendingFrees() ABSL_LOCKS_EXCLUDED(mu_);
   // Hands out `block` (not in any free set) for a request, splitting off a worthwhile remainder.
   void* UseBlockLocked(Block* block, int64_t rounded_bytes, int64_t requested_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -209,6 +273,11 @@ class CachingAllocator final : public MemoryResource, public Reclaimer {
   absl::flat_hash_map<char*, std::unique_ptr<Segment>> segments_ ABSL_GUARDED_BY(mu_);
   // Block objects not in any list, for reuse. Owned.
   std::vector<Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);
+  // Blocks freed on a stream, oldest first.
+  std::vector<Block*> pending_ ABSL_GUARDED_BY(mu_);
+  // Every event this allocator created (owned), and those not attached to a pending free.
+  std::vector<std::unique_ptr<Event>> events_ ABSL_GUARDED_BY(mu_);
+  std::vector<Event*> idle_events_ ABSL_GUARDED_BY(mu_);
   // The counters of CachingAllocatorStats that are kept rather than computed.
   CachingAllocatorStats counters_ ABSL_GUARDED_BY(mu_);
 };

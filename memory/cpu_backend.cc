@@ -1,5 +1,6 @@
 #include "memory/cpu_backend.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -11,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
 #include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -53,8 +55,10 @@ class Link {
   Mutex mu_;
 };
 
-// State shared by the backend and every stream it created, so a stream may outlive the backend
-// object without dangling.
+class StreamCore;
+
+// State shared by the backend and every stream and event it created, so a stream may outlive the
+// backend object without dangling.
 struct SharedState {
   SharedState(const CpuBackendOptions& o)
       : options(o),
@@ -71,6 +75,17 @@ struct SharedState {
   absl::btree_set<uintptr_t> pinned_allocations ABSL_GUARDED_BY(mu);
   int64_t allocated_bytes ABSL_GUARDED_BY(mu) = 0;
   BackendCounters counters ABSL_GUARDED_BY(mu);
+
+  // The stall hooks (see cpu_backend.h). Every host wait increments the epoch; work held by a
+  // stall remembers the epoch it was enqueued in and may start once the epoch has moved past it.
+  std::atomic<int64_t> host_wait_epoch{0};
+  // Live streams, poked after every epoch change so their workers re-check held work.
+  // Lock order: streams_mu before a stream's own mutex.
+  Mutex streams_mu;
+  absl::flat_hash_set<StreamCore*> streams ABSL_GUARDED_BY(streams_mu);
+
+  // A host thread is about to wait for the device: release all held work.
+  void HostWaits();
 
   Device device() const { return Device::Accelerator(options.device_index); }
 
@@ -109,9 +124,13 @@ struct SharedState {
 // An event is a sequence of recordings. Record() on a stream takes the next generation number and
 // enqueues its completion; the event is complete when its latest generation is. Generations can
 // complete out of order (records on different streams), so completion is tracked exactly: every
-// generation <= `done_through_` is done, plus the ones in `done_beyond_`.
+// generation <= `done_through_` is done, plus the ones in `done_beyond_`. A generation recorded on
+// a stream that had an asynchronous error carries it; Synchronize() reports the latest
+// generation's.
 class CpuEvent final : public Event {
  public:
+  explicit CpuEvent(std::shared_ptr<SharedState> state) : state_(std::move(state)) {}
+
   // Called by Stream::RecordEvent: returns the generation the stream must complete.
   int64_t NextGeneration() {
     MutexLock lock(&mu_);
@@ -121,19 +140,23 @@ class CpuEvent final : public Event {
     MutexLock lock(&mu_);
     return recorded_;
   }
-  void Complete(int64_t generation) {
+  void Complete(int64_t generation, const absl::Status& stream_error) {
     MutexLock lock(&mu_);
+    if (!stream_error.ok() && generation >= error_generation_) {
+      error_generation_ = generation;
+      error_ = stream_error;
+    }
     done_beyond_.insert(generation);
     while (!done_beyond_.empty() && *done_beyond_.begin() == done_through_ + 1) {
       ++done_through_;
       done_beyond_.erase(done_beyond_.begin());
     }
   }
+  // Blocks until `generation` completed. A device-side wait (WaitEvent): not a host wait.
   void WaitFor(int64_t generation) {
     MutexLock lock(&mu_);
-    auto done = [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return IsDoneLocked(generation);
-    };
+    auto done = [this, generation]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return IsDoneLocked(generation); };
     mu_.Await(done);
   }
 
@@ -142,7 +165,11 @@ class CpuEvent final : public Event {
     return IsDoneLocked(recorded_);
   }
   absl::Status Synchronize() override {
-    WaitFor(latest());
+    const int64_t generation = latest();
+    state_->HostWaits();
+    WaitFor(generation);
+    MutexLock lock(&mu_);
+    if (generation != 0 && generation == error_generation_) return error_;
     return absl::OkStatus();
   }
 
@@ -151,42 +178,203 @@ class CpuEvent final : public Event {
     return generation <= done_through_ || done_beyond_.contains(generation);
   }
 
+  const std::shared_ptr<SharedState> state_;
   Mutex mu_;
   int64_t recorded_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t done_through_ ABSL_GUARDED_BY(mu_) = 0;
   absl::btree_set<int64_t> done_beyond_ ABSL_GUARDED_BY(mu_);
+  int64_t error_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+};
+
+// The queue of one stream and the loop its worker thread runs. Owned by the CpuStream (which
+// starts and joins the worker) and shared with stalls, which may outlive it.
+class StreamCore {
+ public:
+  using Op = absl::AnyInvocable<void() &&>;
+
+  explicit StreamCore(std::shared_ptr<SharedState> state) : state_(std::move(state)) {
+    MutexLock lock(&state_->streams_mu);
+    state_->streams.insert(this);
+  }
+  ~StreamCore() {
+    MutexLock lock(&state_->streams_mu);
+    state_->streams.erase(this);
+  }
+
+  SharedState* state() const { return state_.get(); }
+
+  // Appends `op`; `make_op` variant builds it under the queue's lock (so that an event's
+  // generation and its completion are enqueued atomically with respect to host waits).
+  void Enqueue(Op op) {
+    EnqueueBuilt([&op]() { return std::move(op); });
+  }
+  template <typename MakeOp>
+  void EnqueueBuilt(MakeOp make_op) {
+    MutexLock lock(&mu_);
+    const int64_t epoch = state_->host_wait_epoch.load(std::memory_order_acquire);
+    const bool hold = state_->options.stall_streams_until_host_waits || stall_epoch_ == epoch;
+    queue_.push_back(QueuedOp{make_op(), ++enqueued_, hold ? epoch : -1});
+  }
+
+  // Runs queued work in order until Stop() and the queue is drained.
+  void Run() {
+    while (true) {
+      Op op;
+      {
+        MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return (queue_.empty() && stopping_) ||
+                 (!queue_.empty() && RunnableLocked(queue_.front()));
+        };
+        mu_.Await(ready);
+        if (queue_.empty()) return;  // stopping and drained
+        op = std::move(queue_.front().op);
+        queue_.pop_front();
+      }
+      std::move(op)();
+      MutexLock lock(&mu_);
+      ++completed_;
+    }
+  }
+
+  // Makes all remaining work runnable; Run() returns once it is done.
+  void Stop() {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+
+  absl::Status Synchronize() {
+    int64_t target;
+    {
+      MutexLock lock(&mu_);
+      target = enqueued_;
+    }
+    // Every op up to `target` was enqueued before this epoch change, so all of them may run.
+    state_->HostWaits();
+    MutexLock lock(&mu_);
+    auto done = [this, target]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return completed_ >= target; };
+    mu_.Await(done);
+    return error_;
+  }
+
+  void SetError(absl::Status status) {
+    MutexLock lock(&mu_);
+    if (error_.ok()) error_ = std::move(status);
+  }
+  absl::Status error() {
+    MutexLock lock(&mu_);
+    return error_;
+  }
+
+  // Wakes the worker so it re-checks whether held work may start.
+  void Poke() { MutexLock lock(&mu_); }
+
+  // The stall hook. BeginStall returns the epoch the stall lives in.
+  absl::StatusOr<int64_t> BeginStall() {
+    MutexLock lock(&mu_);
+    const int64_t epoch = state_->host_wait_epoch.load(std::memory_order_acquire);
+    if (stall_epoch_ == epoch) {
+      return absl::FailedPreconditionError(
+          "StallCpuStream: the stream is already stalled; release that stall first");
+    }
+    stall_epoch_ = epoch;
+    return epoch;
+  }
+  void EndStall(int64_t epoch) {
+    MutexLock lock(&mu_);
+    if (stall_epoch_ != epoch) return;  // ended already (or a newer stall owns the stream)
+    stall_epoch_ = -1;
+    released_through_ = enqueued_;
+  }
+  bool StallActive(int64_t epoch) {
+    MutexLock lock(&mu_);
+    return stall_epoch_ == epoch &&
+           state_->host_wait_epoch.load(std::memory_order_acquire) == epoch;
+  }
+
+ private:
+  struct QueuedOp {
+    Op op;
+    int64_t seq = 0;
+    // The host-wait epoch the op was enqueued in if a stall holds it, else -1.
+    int64_t hold_epoch = -1;
+  };
+
+  bool RunnableLocked(const QueuedOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || op.hold_epoch < 0 || op.seq <= released_through_ ||
+           state_->host_wait_epoch.load(std::memory_order_acquire) > op.hold_epoch;
+  }
+
+  const std::shared_ptr<SharedState> state_;
+  Mutex mu_;
+  std::deque<QueuedOp> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  // The epoch of the current StallCpuStream stall, -1 for none. The stall is in effect while the
+  // backend's epoch still equals it.
+  int64_t stall_epoch_ ABSL_GUARDED_BY(mu_) = -1;
+  // Ops with seq <= this run whatever holds them (a released stall).
+  int64_t released_through_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+void SharedState::HostWaits() {
+  host_wait_epoch.fetch_add(1, std::memory_order_acq_rel);
+  MutexLock lock(&streams_mu);
+  for (StreamCore* stream : streams) stream->Poke();
+}
+
+class CpuStreamStallImpl final : public CpuStreamStall {
+ public:
+  CpuStreamStallImpl(std::shared_ptr<StreamCore> core, int64_t epoch)
+      : core_(std::move(core)), epoch_(epoch) {}
+  ~CpuStreamStallImpl() override { Release(); }
+  void Release() override {
+    core_->EndStall(epoch_);
+    core_->Poke();
+  }
+  bool active() const override { return core_->StallActive(epoch_); }
+
+ private:
+  const std::shared_ptr<StreamCore> core_;
+  const int64_t epoch_;
 };
 
 // A stream is a FIFO of operations run by its own worker thread.
 class CpuStream final : public Stream {
  public:
   explicit CpuStream(std::shared_ptr<SharedState> state)
-      : state_(std::move(state)), worker_([this] { Run(); }) {}
+      : core_(std::make_shared<StreamCore>(std::move(state))),
+        worker_([core = core_.get()] { core->Run(); }) {}
 
   ~CpuStream() override {
-    {
-      MutexLock lock(&mu_);
-      stopping_ = true;
-    }
+    // Draining may wait for events recorded behind another stream's stall: that is a host wait.
+    core_->state()->HostWaits();
+    core_->Stop();
     worker_.join();
   }
+
+  const std::shared_ptr<StreamCore>& core() const { return core_; }
 
   absl::Status MemcpyAsync(void* dst, const void* src, int64_t bytes, CopyKind kind) override {
     if (absl::Status s = CheckTransferArgs("MemcpyAsync", dst, src, bytes); !s.ok()) return s;
     if (bytes == 0) return absl::OkStatus();
+    SharedState* st = core_->state();
     const std::string what = absl::StrCat("MemcpyAsync(", CopyKindName(kind), ")");
     if (backend_internal::DestinationIsDevice(kind)) {
-      if (absl::Status s = state_->CheckDeviceRange(dst, bytes, what + " destination"); !s.ok()) {
+      if (absl::Status s = st->CheckDeviceRange(dst, bytes, what + " destination"); !s.ok()) {
         return s;
       }
     }
     if (backend_internal::SourceIsDevice(kind)) {
-      if (absl::Status s = state_->CheckDeviceRange(src, bytes, what + " source"); !s.ok()) {
+      if (absl::Status s = st->CheckDeviceRange(src, bytes, what + " source"); !s.ok()) {
         return s;
       }
     }
-    SharedState* st = state_.get();
-    Enqueue([st, dst, src, bytes, kind] {
+    core_->Enqueue([st, dst, src, bytes, kind] {
       switch (kind) {
         case CopyKind::kHostToDevice:
           st->host_to_device.Copy(dst, src, bytes);
@@ -206,14 +394,26 @@ class CpuStream final : public Stream {
   absl::Status MemsetAsync(void* dst, int value, int64_t bytes) override {
     if (absl::Status s = CheckTransferArgs("MemsetAsync", dst, dst, bytes); !s.ok()) return s;
     if (bytes == 0) return absl::OkStatus();
-    if (absl::Status s = state_->CheckDeviceRange(dst, bytes, "MemsetAsync"); !s.ok()) return s;
-    Enqueue([dst, value, bytes] { std::memset(dst, value, static_cast<size_t>(bytes)); });
+    if (absl::Status s = core_->state()->CheckDeviceRange(dst, bytes, "MemsetAsync"); !s.ok()) {
+      return s;
+    }
+    core_->Enqueue([dst, value, bytes] { std::memset(dst, value, static_cast<size_t>(bytes)); });
     return absl::OkStatus();
   }
 
   absl::Status LaunchHostFunc(absl::AnyInvocable<void() &&> fn) override {
     if (!fn) return absl::InvalidArgumentError("LaunchHostFunc: empty function");
-    Enqueue(std::move(fn));
+    core_->Enqueue(std::move(fn));
+    return absl::OkStatus();
+  }
+
+  absl::Status LaunchChecked(absl::AnyInvocable<absl::Status() &&> fn) {
+    if (!fn) return absl::InvalidArgumentError("LaunchCheckedHostFunc: empty function");
+    StreamCore* core = core_.get();
+    core_->Enqueue([core, fn = std::move(fn)]() mutable {
+      absl::Status status = std::move(fn)();
+      if (!status.ok()) core->SetError(std::move(status));
+    });
     return absl::OkStatus();
   }
 
@@ -222,8 +422,11 @@ class CpuStream final : public Stream {
     if (e == nullptr) {
       return absl::InvalidArgumentError("RecordEvent: the event was not created by a cpu backend");
     }
-    const int64_t generation = e->NextGeneration();
-    Enqueue([e, generation] { e->Complete(generation); });
+    StreamCore* core = core_.get();
+    core_->EnqueueBuilt([e, core]() -> StreamCore::Op {
+      const int64_t generation = e->NextGeneration();
+      return [e, core, generation] { e->Complete(generation, core->error()); };
+    });
     return absl::OkStatus();
   }
 
@@ -234,54 +437,16 @@ class CpuStream final : public Stream {
     }
     const int64_t generation = e->latest();
     if (generation == 0) return absl::OkStatus();  // never recorded: already complete
-    Enqueue([e, generation] { e->WaitFor(generation); });
+    core_->Enqueue([e, generation] { e->WaitFor(generation); });
     return absl::OkStatus();
   }
 
-  absl::Status Synchronize() override {
-    MutexLock lock(&mu_);
-    const int64_t target = enqueued_;
-    auto done = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return completed_ >= target; };
-    mu_.Await(done);
-    return absl::OkStatus();
-  }
+  absl::Status Synchronize() override { return core_->Synchronize(); }
 
   void* native_handle() override { return nullptr; }
 
  private:
-  using Op = absl::AnyInvocable<void() &&>;
-
-  void Enqueue(Op op) {
-    MutexLock lock(&mu_);
-    queue_.push_back(std::move(op));
-    ++enqueued_;
-  }
-
-  void Run() {
-    while (true) {
-      Op op;
-      {
-        MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return !queue_.empty() || stopping_;
-        };
-        mu_.Await(ready);
-        if (queue_.empty()) return;  // stopping and drained
-        op = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      std::move(op)();
-      MutexLock lock(&mu_);
-      ++completed_;
-    }
-  }
-
-  std::shared_ptr<SharedState> state_;
-  Mutex mu_;
-  std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
-  int64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  const std::shared_ptr<StreamCore> core_;
   std::thread worker_;  // last: started after every other member is constructed
 };
 
@@ -322,13 +487,13 @@ class CpuBackend final : public Backend {
     const int64_t cap = state_->options.capacity_bytes;
     if (rounded > cap - state_->allocated_bytes) {
       return backend_internal::DeviceOutOfMemory(device(), "emulated by the cpu backend", "",
-                                                  rounded, state_->allocated_bytes, cap);
+                                                 rounded, state_->allocated_bytes, cap);
     }
     void* p = std::aligned_alloc(kAllocationAlignment, static_cast<size_t>(rounded));
     if (p == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "host RAM backing ", device().ToString(), " is exhausted: aligned_alloc of ",
-          FormatBytes(rounded), " failed. Lower the accelerator memory cap."));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("host RAM backing ", device().ToString(), " is exhausted: aligned_alloc of ",
+                       FormatBytes(rounded), " failed. Lower the accelerator memory cap."));
     }
     state_->device_allocations[reinterpret_cast<uintptr_t>(p)] = rounded;
     state_->allocated_bytes += rounded;
@@ -355,9 +520,9 @@ class CpuBackend final : public Backend {
     void* p = std::aligned_alloc(kAllocationAlignment,
                                  static_cast<size_t>(AlignUp(bytes, kAllocationAlignment)));
     if (p == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("host memory exhausted: could not allocate ", FormatBytes(bytes),
-                       " of pinned host memory"));
+      return absl::ResourceExhaustedError(absl::StrCat("host memory exhausted: could not allocate ",
+                                                       FormatBytes(bytes),
+                                                       " of pinned host memory"));
     }
     MutexLock lock(&state_->mu);
     state_->pinned_allocations.insert(reinterpret_cast<uintptr_t>(p));
@@ -378,8 +543,10 @@ class CpuBackend final : public Backend {
   }
 
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
-    return std::unique_ptr<Event>(new CpuEvent());
+    return std::unique_ptr<Event>(new CpuEvent(state_));
   }
+
+  SharedState* state() const { return state_.get(); }
 
  private:
   std::shared_ptr<SharedState> state_;
@@ -387,11 +554,45 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
+absl::Status LaunchCheckedHostFunc(Stream& stream, absl::AnyInvocable<absl::Status() &&> fn) {
+  auto* cpu_stream = dynamic_cast<CpuStream*>(&stream);
+  if (cpu_stream == nullptr) {
+    return absl::InvalidArgumentError(
+        "LaunchCheckedHostFunc: the stream was not created by a cpu backend");
+  }
+  return cpu_stream->LaunchChecked(std::move(fn));
+}
+
+absl::Status CheckCpuDeviceRange(const Backend& backend, const void* ptr, int64_t bytes,
+                                 absl::string_view what) {
+  const auto* cpu = dynamic_cast<const CpuBackend*>(&backend);
+  if (cpu == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": CheckCpuDeviceRange needs a cpu backend, got the ", backend.name(), " backend"));
+  }
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": negative size ", bytes));
+  }
+  return cpu->state()->CheckDeviceRange(ptr, bytes, what);
+}
+
+absl::StatusOr<std::unique_ptr<CpuStreamStall>> StallCpuStream(Stream& stream) {
+  auto* cpu_stream = dynamic_cast<CpuStream*>(&stream);
+  if (cpu_stream == nullptr) {
+    return absl::InvalidArgumentError(
+        "StallCpuStream: the stream was not created by a cpu backend");
+  }
+  absl::StatusOr<int64_t> epoch = cpu_stream->core()->BeginStall();
+  if (!epoch.ok()) return epoch.status();
+  return std::unique_ptr<CpuStreamStall>(new CpuStreamStallImpl(cpu_stream->core(), *epoch));
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options) {
   if (options.capacity_bytes <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cpu backend: capacity_bytes must be positive (the emulated accelerator's memory cap), got ",
-        options.capacity_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu backend: capacity_bytes must be positive (the emulated accelerator's "
+                     "memory cap), got ",
+                     options.capacity_bytes));
   }
   if (options.copy_bandwidth_bytes_per_s < 0) {
     return absl::InvalidArgumentError(

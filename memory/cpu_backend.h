@@ -13,6 +13,29 @@
 //    (like the one copy engine per direction of a PCIe GPU), so two concurrent host-to-device
 //    copies take as long as their sum. Device-to-device and host-to-host copies are not capped.
 //
+// Asynchronous errors: work enqueued with LaunchCheckedHostFunc (the CPU kernels of
+// model/kernels/cpu_kernels.h) may fail while it runs, as a CUDA kernel may fault. The first such
+// failure is kept by its stream and returned by every later Synchronize() of that stream, and by
+// Event::Synchronize() of events recorded on it after the failure, as CUDA reports an
+// asynchronous error at the next synchronization. Later work still runs (so events complete and
+// nothing hangs), but the stream's results are unreliable from then on: create a new stream.
+//
+// Making the host run ahead (for tests): on a GPU the host enqueues far ahead of the device, so a
+// missing wait (reading a buffer a queued kernel still writes, reusing a buffer a queued kernel
+// still reads) produces wrong results. Here the worker threads usually keep up, which would hide
+// such bugs. Two hooks make the host's lead deterministic:
+//  - StallCpuStream(stream): work enqueued on `stream` from now on does not start until the stall
+//    is released, or until the host next *waits* for this backend;
+//  - CpuBackendOptions::stall_streams_until_host_waits: every stream behaves as if stalled
+//    all the time — work starts only once the host has waited for the backend after enqueuing it.
+// A host wait is Stream::Synchronize() or Event::Synchronize() on any stream or event of the
+// backend (or the destruction of a stream): the host blocks, so a slow device would now catch up,
+// and the wait may depend on the held work, so holding it longer would deadlock. Event::Query()
+// is not a wait and releases nothing (a loop that only polls an event captured behind a stall
+// spins until something else waits). Between two host waits, therefore, everything the host does
+// happens before any held work runs: a bug that lets the host touch a buffer before the device is
+// done with it shows up every time, not once in a thousand runs.
+//
 // Thread safety: thread-safe.
 #ifndef PATRICKSTAR_MEMORY_CPU_BACKEND_H_
 #define PATRICKSTAR_MEMORY_CPU_BACKEND_H_
@@ -20,7 +43,10 @@
 #include <cstdint>
 #include <memory>
 
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "memory/backend.h"
 
 namespace ps {
@@ -32,10 +58,45 @@ struct CpuBackendOptions {
   int64_t capacity_bytes = 0;
   // Emulated host<->device link bandwidth per direction; 0 means unlimited (plain memcpy speed).
   double copy_bandwidth_bytes_per_s = 0;
+  // For tests: every stream holds its work until the host next waits for the backend (see the
+  // file comment). Slower (no overlap between the host and the streams) but deterministic.
+  bool stall_streams_until_host_waits = false;
 };
 
 // Returns InvalidArgument for a non-positive capacity or a negative bandwidth.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options);
+
+// Enqueues `fn` on `stream` like Stream::LaunchHostFunc; if `fn` returns an error when it runs, the
+// stream keeps it (the first one) as its asynchronous error (see the file comment). `fn` must not
+// enqueue on or synchronize `stream`. InvalidArgument, with nothing enqueued, for an empty `fn` or
+// a stream not created by a cpu backend.
+[[nodiscard]] absl::Status LaunchCheckedHostFunc(Stream& stream,
+                                                 absl::AnyInvocable<absl::Status() &&> fn);
+
+// OK if [ptr, ptr + bytes) lies inside one live device allocation of `backend`, a cpu backend;
+// InvalidArgument naming `what` otherwise (also for a backend that is not a cpu backend).
+// bytes == 0 checks only that ptr lies inside or at the end of a live allocation.
+// The CPU kernels use it to refuse host memory where device memory is meant — on a GPU that
+// would be a crash.
+[[nodiscard]] absl::Status CheckCpuDeviceRange(const Backend& backend, const void* ptr,
+                                               int64_t bytes, absl::string_view what);
+
+// A stall of one cpu-backend stream (see the file comment): work enqueued on the stream after
+// StallCpuStream() and before the stall ends does not start. The stall ends at Release(), at
+// destruction, or at the backend's next host wait, whichever comes first; work enqueued after it
+// ended is not held. Thread-safe; may outlive the stream and the backend.
+class CpuStreamStall {
+ public:
+  virtual ~CpuStreamStall() = default;
+  // Ends the stall and lets the held work run. Idempotent.
+  virtual void Release() = 0;
+  // True until the stall ended (Release, or a host wait of the backend).
+  virtual bool active() const = 0;
+};
+
+// Stalls `stream`. InvalidArgument for a stream not created by a cpu backend; FailedPrecondition
+// if the stream is already stalled by a live, active CpuStreamStall.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<CpuStreamStall>> StallCpuStream(Stream& stream);
 
 }  // namespace ps
 

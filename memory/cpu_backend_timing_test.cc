@@ -1,6 +1,10 @@
 // Timing behaviour of the emulated accelerator: the link bandwidth cap, one link per direction,
-// and copies overlapping compute. Run alone (tag "exclusive") so a loaded machine cannot skew it;
-// the bounds are generous and each asserts a property of the design, not a speed.
+// and copies overlapping compute. Only properties that no load on the machine can break are
+// asserted: lower bounds (a capped copy never finishes early; two copies in one direction take
+// both their link times) and orderings (a copy completes while compute is blocked; a short copy
+// completes while a long one in the other direction is still running). How close the overlap
+// comes to the link's limit is measured by //benchmarks:cpu_backend_link_benchmark.
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -16,7 +20,7 @@ namespace {
 
 // A copy over an emulated link takes at least bytes / bandwidth.
 TEST(CpuBackendTiming, BandwidthCapMakesCopiesTakeLinkTime) {
-  constexpr double kBandwidth = 100e6;  // 100 MB/s
+  constexpr double kBandwidth = 100e6;   // 100 MB/s
   constexpr int64_t kBytes = 8'000'000;  // 80 ms on the link
   ASSERT_OK_AND_ASSIGN(auto backend, CreateCpuBackend({.capacity_bytes = 64 * kMiB,
                                                        .copy_bandwidth_bytes_per_s = kBandwidth}));
@@ -30,9 +34,8 @@ TEST(CpuBackendTiming, BandwidthCapMakesCopiesTakeLinkTime) {
   EXPECT_OK(backend->FreeDevice(d));
 }
 
-// Two streams copying in the same direction share one link (serialized); opposite directions have
-// a link each (overlap), as a PCIe GPU's two copy engines do.
-TEST(CpuBackendTiming, SameDirectionSharesTheLinkOppositeDirectionsOverlap) {
+// Two streams copying in the same direction share one link: both link times pass.
+TEST(CpuBackendTiming, SameDirectionSharesTheLink) {
   constexpr double kBandwidth = 100e6;
   constexpr int64_t kBytes = 5'000'000;  // 50 ms each
   ASSERT_OK_AND_ASSIGN(auto backend, CreateCpuBackend({.capacity_bytes = 64 * kMiB,
@@ -42,43 +45,69 @@ TEST(CpuBackendTiming, SameDirectionSharesTheLinkOppositeDirectionsOverlap) {
   std::vector<uint8_t> h1(kBytes, 1), h2(kBytes, 2);
   ASSERT_OK_AND_ASSIGN(auto s1, backend->CreateStream());
   ASSERT_OK_AND_ASSIGN(auto s2, backend->CreateStream());
-
-  absl::Time start = absl::Now();
+  const absl::Time start = absl::Now();
   ASSERT_OK(s1->MemcpyAsync(d1, h1.data(), kBytes, CopyKind::kHostToDevice));
   ASSERT_OK(s2->MemcpyAsync(d2, h2.data(), kBytes, CopyKind::kHostToDevice));
   ASSERT_OK(s1->Synchronize());
   ASSERT_OK(s2->Synchronize());
-  const absl::Duration same_direction = absl::Now() - start;
-  EXPECT_GE(same_direction, absl::Milliseconds(98));
-
-  start = absl::Now();
-  ASSERT_OK(s1->MemcpyAsync(d1, h1.data(), kBytes, CopyKind::kHostToDevice));
-  ASSERT_OK(s2->MemcpyAsync(h2.data(), d2, kBytes, CopyKind::kDeviceToHost));
-  ASSERT_OK(s1->Synchronize());
-  ASSERT_OK(s2->Synchronize());
-  const absl::Duration opposite = absl::Now() - start;
-  // Generous: overlapped directions finish well before the serialized 100 ms.
-  EXPECT_LT(opposite, absl::Milliseconds(95)) << "same direction took " << same_direction;
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(98));
   EXPECT_OK(backend->FreeDevice(d1));
   EXPECT_OK(backend->FreeDevice(d2));
 }
 
-// A copy on a copy stream runs while a compute stream is busy: the copy engine is its own thread.
-TEST(CpuBackendTiming, CopiesOverlapCompute) {
-  constexpr double kBandwidth = 100e6;
-  constexpr int64_t kBytes = 6'000'000;  // 60 ms
+// Opposite directions have a link each, as a PCIe GPU's two copy engines do: a 1 KB
+// device-to-host copy completes while a 2-second host-to-device copy still holds its link (were
+// the link shared, it would wait for it).
+TEST(CpuBackendTiming, OppositeDirectionsDoNotWaitForEachOther) {
+  constexpr double kBandwidth = 1e6;         // 1 MB/s
+  constexpr int64_t kLongBytes = 2'000'000;  // 2 s on the link
+  constexpr int64_t kShortBytes = 1'000;     // 1 ms
   ASSERT_OK_AND_ASSIGN(auto backend, CreateCpuBackend({.capacity_bytes = 64 * kMiB,
                                                        .copy_bandwidth_bytes_per_s = kBandwidth}));
+  ASSERT_OK_AND_ASSIGN(void* d1, backend->AllocateDevice(kLongBytes));
+  ASSERT_OK_AND_ASSIGN(void* d2, backend->AllocateDevice(kShortBytes));
+  std::vector<uint8_t> h1(kLongBytes, 1), h2(kShortBytes, 2);
+  ASSERT_OK_AND_ASSIGN(auto up, backend->CreateStream());
+  ASSERT_OK_AND_ASSIGN(auto down, backend->CreateStream());
+  ASSERT_OK_AND_ASSIGN(auto up_done, backend->CreateEvent());
+  std::atomic<bool> up_started{false};
+  ASSERT_OK(up->LaunchHostFunc([&up_started] { up_started = true; }));
+  ASSERT_OK(up->MemcpyAsync(d1, h1.data(), kLongBytes, CopyKind::kHostToDevice));
+  ASSERT_OK(up->RecordEvent(up_done.get()));
+  while (!up_started) absl::SleepFor(absl::Microseconds(100));
+  absl::SleepFor(absl::Milliseconds(20));  // the long copy holds its link by now
+  ASSERT_OK(down->MemcpyAsync(h2.data(), d2, kShortBytes, CopyKind::kDeviceToHost));
+  ASSERT_OK(down->Synchronize());
+  EXPECT_FALSE(up_done->Query()) << "the device-to-host copy waited for the host-to-device link";
+  ASSERT_OK(up->Synchronize());
+  EXPECT_OK(backend->FreeDevice(d1));
+  EXPECT_OK(backend->FreeDevice(d2));
+}
+
+// A copy on a copy stream runs while a compute stream is busy: the compute stream's work waits for
+// the copy to complete, which could never happen if copies queued behind compute.
+TEST(CpuBackendTiming, CopiesOverlapCompute) {
+  constexpr int64_t kBytes = 1'000'000;
+  ASSERT_OK_AND_ASSIGN(auto backend, CreateCpuBackend({.capacity_bytes = 64 * kMiB,
+                                                       .copy_bandwidth_bytes_per_s = 100e6}));
   ASSERT_OK_AND_ASSIGN(void* d, backend->AllocateDevice(kBytes));
   std::vector<uint8_t> host(kBytes, 3);
   ASSERT_OK_AND_ASSIGN(auto compute, backend->CreateStream());
   ASSERT_OK_AND_ASSIGN(auto copy, backend->CreateStream());
-  const absl::Time start = absl::Now();
-  ASSERT_OK(compute->LaunchHostFunc([] { absl::SleepFor(absl::Milliseconds(60)); }));
+  std::atomic<bool> copied{false};
+  std::atomic<bool> saw_copy{false};
+  ASSERT_OK(compute->LaunchHostFunc([&] {
+    // "Compute" that lasts until the copy is done (bounded, so a broken backend fails the test
+    // instead of hanging it).
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (!copied && absl::Now() < give_up) absl::SleepFor(absl::Microseconds(200));
+    saw_copy = copied.load();
+  }));
   ASSERT_OK(copy->MemcpyAsync(d, host.data(), kBytes, CopyKind::kHostToDevice));
+  ASSERT_OK(copy->LaunchHostFunc([&copied] { copied = true; }));
   ASSERT_OK(compute->Synchronize());
   ASSERT_OK(copy->Synchronize());
-  EXPECT_LT(absl::Now() - start, absl::Milliseconds(110));
+  EXPECT_TRUE(saw_copy);
   EXPECT_OK(backend->FreeDevice(d));
 }
 

@@ -34,7 +34,8 @@ absl::Status ValidateCommon(const DeviceMemoryOptions& options) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceMemory>> DeviceMemory::Assemble(
-    std::unique_ptr<ProviderResource> upstream, const DeviceMemoryOptions& options) {
+    std::unique_ptr<ProviderResource> upstream, Backend* backend,
+    const DeviceMemoryOptions& options) {
   const std::optional<int64_t> capacity_bytes = upstream->effective_capacity_bytes();
   if (capacity_bytes.has_value() && options.chunk_block_bytes > *capacity_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -57,6 +58,7 @@ absl::StatusOr<std::unique_ptr<DeviceMemory>> DeviceMemory::Assemble(
   CachingAllocatorOptions scratch_options = options.scratch;
   scratch_options.tracker = memory->tracker_.get();
   scratch_options.tracked_kind = MemoryKind::kNonModelData;
+  scratch_options.event_backend = backend;
   absl::StatusOr<std::unique_ptr<CachingAllocator>> scratch =
       CachingAllocator::Create(memory->upstream_.get(), scratch_options);
   if (!scratch.ok()) {
@@ -121,7 +123,7 @@ absl::StatusOr<std::unique_ptr<DeviceMemory>> CreateAcceleratorMemory(
         FormatBytes(backend->capacity_bytes()), "); leave it unset to use the whole device"));
   }
   return DeviceMemory::Assemble(
-      std::make_unique<BackendDeviceResource>(backend, options.capacity_bytes), options);
+      std::make_unique<BackendDeviceResource>(backend, options.capacity_bytes), backend, options);
 }
 
 absl::StatusOr<std::unique_ptr<DeviceMemory>> CreateHostMemory(Backend* backend,
@@ -134,9 +136,10 @@ absl::StatusOr<std::unique_ptr<DeviceMemory>> CreateHostMemory(Backend* backend,
           "memory; pass the backend or set pinned = false");
     }
     return DeviceMemory::Assemble(
-        std::make_unique<PinnedHostResource>(backend, options.capacity_bytes), options);
+        std::make_unique<PinnedHostResource>(backend, options.capacity_bytes), backend, options);
   }
-  return DeviceMemory::Assemble(std::make_unique<HostResource>(options.capacity_bytes), options);
+  return DeviceMemory::Assemble(std::make_unique<HostResource>(options.capacity_bytes), backend,
+                                options);
 }
 
 }  // namespace ps

@@ -11,7 +11,9 @@
 //  - chunk_pool(): fixed-size blocks for chunk payloads. Every block in use is accounted as model
 //    data.
 //  - scratch(): the caching allocator for everything else (activations, workspaces, staging
-//    buffers). Every byte in use is accounted as non-model data.
+//    buffers). Every byte in use is accounted as non-model data. It frees in stream order
+//    (CachingAllocator::DeallocateOnStream) with events of the backend the memory was created
+//    with; host memory created without a backend has no stream-ordered frees.
 //  - tracker(): the per-device accounting the scheduler samples at every moment to learn the
 //    non-model "tide" (MemoryTracker::SnapshotAndResetPeaks()).
 //  - Both pools are registered as reclaimers of the bottom resource, so memory that one has cached
@@ -53,7 +55,8 @@ struct DeviceMemoryOptions {
   // Host only: pinned memory from the backend (fast, asynchronous copies; needs a backend) or
   // pageable memory from the C++ heap.
   bool pinned = true;
-  // Policy of the caching allocator. Its tracker fields are ignored: DeviceMemory sets them.
+  // Policy of the caching allocator. Its tracker and event_backend fields are ignored:
+  // DeviceMemory sets them.
   CachingAllocatorOptions scratch;
 };
 
@@ -105,9 +108,11 @@ class DeviceMemory {
   friend absl::StatusOr<std::unique_ptr<DeviceMemory>> CreateHostMemory(
       Backend* backend, const DeviceMemoryOptions& options);
 
-  // Builds the pools over `upstream`. Returns InvalidArgument for invalid options.
+  // Builds the pools over `upstream`; `backend` (may be null) provides the events of stream-ordered
+  // scratch frees. Returns InvalidArgument for invalid options.
   static absl::StatusOr<std::unique_ptr<DeviceMemory>> Assemble(
-      std::unique_ptr<ProviderResource> upstream, const DeviceMemoryOptions& options);
+      std::unique_ptr<ProviderResource> upstream, Backend* backend,
+      const DeviceMemoryOptions& options);
   explicit DeviceMemory(Device device) : device_(device) {}
 
   const Device device_;
@@ -126,7 +131,8 @@ absl::StatusOr<std::unique_ptr<DeviceMemory>> CreateAcceleratorMemory(
     Backend* backend, const DeviceMemoryOptions& options);
 
 // The host's memory: pinned memory from `backend` when options.pinned (then `backend` is required
-// and must outlive the result), pageable heap memory otherwise (`backend` may be null).
+// and must outlive the result), pageable heap memory otherwise (`backend` may be null; when given
+// it must outlive the result, as it provides the events of stream-ordered scratch frees).
 // Returns InvalidArgument, naming the field, for invalid options as above, or pinned without a
 // backend.
 absl::StatusOr<std::unique_ptr<DeviceMemory>> CreateHostMemory(Backend* backend,

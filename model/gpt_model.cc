@@ -1,7 +1,6 @@
 #include "model/gpt_model.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -26,7 +25,6 @@
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
-#include "chunk/gpt_shapes.h"
 #include "chunk/operator_spec.h"
 #include "chunk/tensor_state.h"
 #include "glog/logging.h"
@@ -36,6 +34,7 @@
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
 #include "model/gpt2_checkpoint.h"
+#include "model/gpt_config.h"
 #include "model/kernels/attention.h"
 #include "model/kernels/encoder.h"
 #include "model/kernels/gelu.h"
@@ -43,8 +42,6 @@
 #include "model/kernels/lm_head_cross_entropy.h"
 #include "model/kernels/matmul.h"
 #include "model/kernels/residual.h"
-#include "optimizer/hybrid_adam.h"
-#include "optimizer/scheduled_chunk_access.h"
 #include "base/thread_pool.h"
 #include "scheduler/chunk_manager.h"
 
@@ -878,41 +875,6 @@ absl::StatusOr<double> GptModel::Evaluate(absl::Span<const int32_t> tokens,
   }
   Activations acts;
   return Forward(tokens, targets, ForwardMode::kEvaluate, acts);
-}
-
-absl::StatusOr<GptTrainStepResult> GptModel::TrainStep(absl::Span<const int32_t> tokens,
-                                                       absl::Span<const int32_t> targets,
-                                                       HybridAdam& adam) {
-  RETURN_IF_ERROR(CheckInputs(tokens, targets));
-  using Clock = std::chrono::steady_clock;
-  const auto elapsed_ns = [](Clock::time_point a, Clock::time_point b) {
-    return static_cast<int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
-  };
-  const Clock::time_point t0 = Clock::now();
-  const int64_t stall0 = manager_->counters().stall_ns;
-  RETURN_IF_ERROR(manager_->BeginIteration());
-  GptTrainStepResult result;
-  Clock::time_point t1 = t0;
-  int64_t stall1 = stall0;
-  absl::Status status = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(result.loss, ForwardBackward(tokens, targets, adam.loss_scaler().scale()));
-    t1 = Clock::now();
-    stall1 = manager_->counters().stall_ns;
-    ASSIGN_OR_RETURN(AdamPlacement placement, manager_->BeginAdam());
-    ScheduledChunkAccess access(*manager_, *store_, accelerator_->device(), std::move(placement));
-    ASSIGN_OR_RETURN(result.adam, adam.Step(access));
-    return absl::OkStatus();
-  }();
-  const absl::Status ended = manager_->EndIteration();
-  RETURN_IF_ERROR(status);
-  RETURN_IF_ERROR(ended);
-  const Clock::time_point t2 = Clock::now();
-  const int64_t stall2 = manager_->counters().stall_ns;
-  result.forward_backward_ns = elapsed_ns(t0, t1);
-  result.optimizer_ns = elapsed_ns(t1, t2);
-  result.forward_backward_stall_ns = stall1 - stall0;
-  result.optimizer_stall_ns = stall2 - stall1;
-  return result;
 }
 
 }  // namespace ps

@@ -1,7 +1,7 @@
 // GptModel: GPT-2 (Hugging Face GPT2LMHeadModel's math: pre-LayerNorm blocks, GELU(tanh), learned
 // positions, LM head tied to wte) whose parameters live in chunks managed by a ChunkManager.
 //
-// The model owns no model data. Its parameters are the tensors of chunk/gpt_shapes.h's
+// The model owns no model data. Its parameters are the tensors of model/gpt_config.h's
 // GptOperators(config) (Hugging Face names, Conv1D weights [in, out]) placed in a ChunkStore; every
 // operator of GptOperators is one chunk-access unit. Each computation that needs parameters is
 // bracketed by ChunkManager::Access(op, stage) / Release(op, stage), so an operator's chunk is
@@ -71,11 +71,10 @@
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
-#include "chunk/gpt_shapes.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
 #include "model/gpt2_checkpoint.h"
-#include "optimizer/hybrid_adam.h"
+#include "model/gpt_config.h"
 #include "base/thread_pool.h"
 #include "scheduler/chunk_manager.h"
 
@@ -98,20 +97,6 @@ struct GptModelOptions {
   int64_t attention_tile = 64;
   int64_t ce_row_tile = 256;
   int64_t ce_vocab_tile = 2048;
-};
-
-// What TrainStep did.
-struct GptTrainStepResult {
-  // Mean cross-entropy of the batch (before the update, unscaled).
-  double loss = 0;
-  AdamStepReport adam;
-  // Wall time of the two phases (BeginIteration through backward; BeginAdam through
-  // EndIteration), and the part of each the calling thread spent waiting for chunk copies
-  // (ChunkManagerCounters::stall_ns).
-  int64_t forward_backward_ns = 0;
-  int64_t optimizer_ns = 0;
-  int64_t forward_backward_stall_ns = 0;
-  int64_t optimizer_stall_ns = 0;
 };
 
 class GptModel {
@@ -153,7 +138,7 @@ class GptModel {
   [[nodiscard]] absl::Status InitializeParameters() { return InitializeParameters(options_.seed); }
 
   // Forward and backward of one batch inside the caller's iteration (ChunkManager::BeginIteration
-  // before, the optimizer step and EndIteration after; or use TrainStep). `tokens` and `targets`
+  // before, the optimizer step and EndIteration after: see TrainStep). `tokens` and `targets`
   // are [batch, seq_len] row-major; targets[b, t] is the token predicted from tokens[b, 0..t], or
   // kIgnoreIndex. Returns the mean cross-entropy over the non-ignored targets; the param chunks'
   // slots then hold d(loss * loss_scale) / d(param) (loss_scale > 0 is the loss scaler's scale).
@@ -161,7 +146,7 @@ class GptModel {
   // parameters in them, so ForwardBackward and Evaluate refuse to run (FailedPrecondition naming a
   // tensor) while any param tensor is HOLD_AFTER_BWD; the optimizer step (even a skipped one,
   // which restores the parameters from the master copy) and InitializeParameters /
-  // LoadGpt2Checkpoint end that. TrainStep does forward, backward and the step together.
+  // LoadGpt2Checkpoint end that.
   // Errors: InvalidArgument for inputs of the wrong size, a token outside [0, vocab) or a target
   // outside [0, vocab) other than kIgnoreIndex, or loss_scale <= 0 (nothing is accessed then);
   // FailedPrecondition outside an iteration; ResourceExhausted from the manager (an operator's
@@ -179,13 +164,11 @@ class GptModel {
   [[nodiscard]] absl::StatusOr<double> Evaluate(absl::Span<const int32_t> tokens,
                                                 absl::Span<const int32_t> targets);
 
-  // One whole training iteration: BeginIteration, ForwardBackward with the optimizer's loss scale,
-  // BeginAdam, adam.Step on the manager's placement (optimizer/scheduled_chunk_access.h),
-  // EndIteration. `adam` must have been created for this store's layout and compute dtype.
-  // Errors of those calls.
-  [[nodiscard]] absl::StatusOr<GptTrainStepResult> TrainStep(absl::Span<const int32_t> tokens,
-                                                             absl::Span<const int32_t> targets,
-                                                             HybridAdam& adam);
+  // InvalidArgument unless `tokens` and `targets` are a batch ForwardBackward accepts (sizes,
+  // token and target ranges); touches nothing. The training step (trainer/train_step.h) checks
+  // its batch with it before opening an iteration.
+  [[nodiscard]] absl::Status CheckInputs(absl::Span<const int32_t> tokens,
+                                         absl::Span<const int32_t> targets) const;
 
   // A copy of tensor `name` (Hugging Face name, e.g. "h.0.attn.c_attn.weight") of chunk `type`,
   // converted to f32, read where the chunk's payload is now; no chunk moves and no moment, so it
@@ -249,8 +232,6 @@ class GptModel {
   // FailedPrecondition if a param slot holds a gradient (its tensor is HOLD_AFTER_BWD: a backward
   // released it and no optimizer step or reload has written the parameter back since).
   absl::Status CheckParametersInSlots(absl::string_view caller) const;
-  absl::Status CheckInputs(absl::Span<const int32_t> tokens,
-                           absl::Span<const int32_t> targets) const;
   // f32 scratch buffer of `elems` elements, zeroed if asked.
   absl::StatusOr<Buffer> Alloc(int64_t elems, bool zero);
   // The parameter's values as f32: the chunk slot itself (f32 chunks) or a converted workspace.

@@ -1,13 +1,13 @@
 // GptModel on the emulated accelerator: the untrained loss, bit-exact agreement with the
 // host-buffer reference model (model/kernels/testing/tiny_gpt2) for f32, f16 and bf16 param
-// chunks, exactness of chunked execution under eviction (with the optimizer step), overfitting
-// one batch, activation checkpointing, checkpoint import/export, and the errors.
+// chunks (with and without activation checkpointing), checkpoint import/export, and the errors.
+// Whole training iterations with the optimizer step (exactness under eviction, overfitting,
+// checkpointing's memory, training-state round trips) are the trainer's: trainer/train_step_test.
 #include "model/gpt_model.h"
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -26,7 +26,6 @@
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
-#include "chunk/gpt_shapes.h"
 #include "glog/logging.h"
 #include "gtest/gtest.h"
 #include "memory/convert.h"
@@ -34,12 +33,9 @@
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
 #include "model/gpt2_checkpoint.h"
+#include "model/gpt_config.h"
 #include "model/kernels/internal/bf16_gemm.h"
 #include "model/kernels/testing/tiny_gpt2.h"
-#include "optimizer/cpu_adam.h"
-#include "optimizer/hybrid_adam.h"
-#include "optimizer/loss_scaler.h"
-#include "optimizer/scheduled_chunk_access.h"
 #include "scheduler/chunk_manager.h"
 
 namespace ps {
@@ -74,7 +70,6 @@ struct RigOptions {
                            .attention_tile = 5,
                            .ce_row_tile = 7,
                            .ce_vocab_tile = 24};
-  double lr = 1e-2;
 };
 
 // Everything one model needs, destroyed in the right order (the store before the memories).
@@ -85,8 +80,6 @@ struct Rig {
   std::unique_ptr<ChunkStore> store;
   std::unique_ptr<ChunkManager> manager;
   std::unique_ptr<GptModel> model;
-  std::unique_ptr<CpuAdam> cpu_adam;
-  std::unique_ptr<HybridAdam> adam;
 };
 
 absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const GptConfig& config, const RigOptions& o) {
@@ -107,12 +100,6 @@ absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const GptConfig& config, const RigO
                                         rig->accelerator.get(), rig->host.get(), manager_options));
   ASSIGN_OR_RETURN(rig->model, GptModel::Create(config, rig->store.get(), rig->manager.get(),
                                                 rig->accelerator.get(), o.model));
-  ASSIGN_OR_RETURN(rig->cpu_adam, CpuAdam::Create({.num_threads = 2}));
-  HybridAdamOptions adam_options;
-  adam_options.groups = {ParamGroupOptions{.name = "default", .lr = o.lr, .weight_decay = 0.0}};
-  ASSIGN_OR_RETURN(rig->adam, HybridAdam::Create(rig->store->layout(), 0, o.dtype, adam_options,
-                                                 {.host = rig->cpu_adam.get(),
-                                                  .accelerator = rig->cpu_adam.get()}));
   return rig;
 }
 
@@ -292,188 +279,8 @@ TEST(GptModel, MatchesReferenceModelWithCheckpointing) {
   ExpectMatchesReference(DType::kF32, true);
 }
 
-// --- 3. Chunked execution is exact -------------------------------------------------------------
-
-struct TrainTrace {
-  std::vector<double> losses;
-  // Per iteration, every gradient.
-  std::vector<std::vector<std::vector<float>>> grads;
-  std::vector<std::vector<float>> final_master;
-  ChunkManagerCounters counters;
-  int64_t peak_nonmodel_bytes = 0;
-  int64_t num_chunks = 0;
-  // Moments of the warm-up iteration (every Access, BeginAdam and AccessChunks).
-  int64_t moments_per_iteration = 0;
-};
-
-// `iterations` training iterations on one fixed batch, reading the gradients between backward and
-// the optimizer step.
-absl::StatusOr<TrainTrace> Train(const GptConfig& config, const RigOptions& o, int iterations) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Rig> rig, MakeRig(config, o));
-  RETURN_IF_ERROR(rig->model->InitializeParameters(5));
-  const Batch batch = RandomBatch(config, o.model.batch, o.model.seq_len, 9);
-  TrainTrace trace;
-  for (int it = 0; it < iterations; ++it) {
-    RETURN_IF_ERROR(rig->manager->BeginIteration());
-    ASSIGN_OR_RETURN(const double loss, rig->model->ForwardBackward(batch.tokens, batch.targets));
-    trace.losses.push_back(loss);
-    ASSIGN_OR_RETURN(auto grads, ReadAll(*rig->model, ChunkType::kParam));
-    trace.grads.push_back(std::move(grads));
-    ASSIGN_OR_RETURN(AdamPlacement placement, rig->manager->BeginAdam());
-    ScheduledChunkAccess access(*rig->manager, *rig->store, rig->backend->device(), placement);
-    ASSIGN_OR_RETURN(AdamStepReport report, rig->adam->Step(access));
-    if (report.skipped) return absl::InternalError("a finite step was skipped");
-    RETURN_IF_ERROR(rig->manager->EndIteration());
-  }
-  ASSIGN_OR_RETURN(trace.final_master, ReadAll(*rig->model, ChunkType::kMaster));
-  trace.counters = rig->manager->counters();
-  trace.peak_nonmodel_bytes = rig->accelerator->scratch()->stats().peak_in_use_bytes;
-  trace.num_chunks = rig->store->num_chunks();
-  trace.moments_per_iteration = rig->manager->tide().total_moments();
-  return trace;
-}
-
-void ExpectSameTraining(const TrainTrace& a, const TrainTrace& b) {
-  ASSERT_EQ(a.losses.size(), b.losses.size());
-  for (size_t it = 0; it < a.losses.size(); ++it) {
-    EXPECT_EQ(a.losses[it], b.losses[it]) << "iteration " << it;
-    ASSERT_EQ(a.grads[it].size(), b.grads[it].size());
-    for (size_t t = 0; t < a.grads[it].size(); ++t) {
-      EXPECT_TRUE(BitEqual(a.grads[it][t], b.grads[it][t]))
-          << "gradient " << t << " differs at iteration " << it;
-    }
-  }
-  for (size_t t = 0; t < a.final_master.size(); ++t) {
-    EXPECT_TRUE(BitEqual(a.final_master[t], b.final_master[t])) << "master " << t;
-  }
-}
-
-TEST(GptModel, ChunkedExecutionUnderEvictionIsExact) {
-  const GptConfig config = SmallConfig();
-  constexpr int kIterations = 4;
-  RigOptions roomy;
-  ASSERT_OK_AND_ASSIGN(TrainTrace resident, Train(config, roomy, kIterations));
-  // A budget with room for the activations' peak plus one chunk: at the high tide every operator
-  // access must evict the previous operator's chunk; nothing is kept beyond the working set while
-  // the tide is unknown (warm-up).
-  RigOptions tight;
-  tight.budget_bytes = resident.peak_nonmodel_bytes + kChunkElems * 4 + 4 * kKiB;
-  tight.warmup_chunk_fraction = 0.01;
-  ASSERT_OK_AND_ASSIGN(TrainTrace evicting, Train(config, tight, kIterations));
-  ExpectSameTraining(resident, evicting);
-  // The roomy run loads each chunk in the warm-up and once more after the first optimizer step
-  // (which runs on the host during the warm-up); the tight one loads every chunk again in the
-  // forward and in the backward of every iteration, and writes the gradients back.
-  LOG(INFO) << "roomy: " << resident.counters.DebugString();
-  LOG(INFO) << "tight: " << evicting.counters.DebugString();
-  const auto loads = [](const TrainTrace& t, Stage s) { return t.counters.stage(s).loads; };
-  EXPECT_LE(loads(resident, Stage::kForward) + loads(resident, Stage::kBackward),
-            2 * resident.num_chunks);
-  EXPECT_GE(loads(evicting, Stage::kForward), kIterations * (evicting.num_chunks - 1));
-  EXPECT_GE(loads(evicting, Stage::kBackward), kIterations * (evicting.num_chunks - 1));
-  EXPECT_GE(evicting.counters.stage(Stage::kBackward).write_backs,
-            kIterations * (evicting.num_chunks - 1));
-  // Training happened.
-  EXPECT_LT(resident.losses.back(), resident.losses.front());
-}
-
-// --- 4. Overfitting one batch ------------------------------------------------------------------
-
-// Trains on one fixed batch with TrainStep (HybridAdam) until the loss is below a tenth of the
-// untrained ln(vocab), within a bounded number of steps.
-void ExpectOverfitsOneBatch(DType dtype, double loss_scale) {
-  const GptConfig config = SmallConfig();
-  RigOptions o;
-  o.dtype = dtype;
-  o.lr = 1e-2;
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(config, o));
-  if (loss_scale != 1.0) {
-    ASSERT_OK_AND_ASSIGN(rig->adam->loss_scaler(), LossScaler::Static(loss_scale));
-  }
-  ASSERT_OK(rig->model->InitializeParameters(1));
-  const Batch batch = RandomBatch(config, o.model.batch, o.model.seq_len, 4);
-  const double target = 0.1 * std::log(static_cast<double>(config.vocab_size));
-  // 31 predictable positions of random tokens: Adam at lr 1e-2 memorizes them in ~20 steps here
-  // (f32); the bound leaves room for the low-precision runs.
-  constexpr int kMaxSteps = 100;
-  double first = 0, loss = 0;
-  int steps = 0;
-  for (; steps < kMaxSteps; ++steps) {
-    ASSERT_OK_AND_ASSIGN(GptTrainStepResult r,
-                         rig->model->TrainStep(batch.tokens, batch.targets, *rig->adam));
-    ASSERT_FALSE(r.adam.skipped) << "step " << steps;
-    if (steps == 0) first = r.loss;
-    loss = r.loss;
-    if (loss < target) break;
-  }
-  LOG(INFO) << DTypeName(dtype) << " overfit: loss " << first << " -> " << loss << " in " << steps
-            << " steps";
-  EXPECT_LT(loss, target) << "after " << steps << " steps";
-  ASSERT_OK_AND_ASSIGN(const double eval, rig->model->Evaluate(batch.tokens, batch.targets));
-  EXPECT_LT(eval, 2 * target);
-}
-
-TEST(GptModel, OverfitsOneBatchWithHybridAdam) { ExpectOverfitsOneBatch(DType::kF32, 1.0); }
-TEST(GptModel, OverfitsOneBatchInBF16) { ExpectOverfitsOneBatch(DType::kBF16, 1.0); }
-TEST(GptModel, OverfitsOneBatchInF16WithLossScaling) {
-  ExpectOverfitsOneBatch(DType::kF16, 1024.0);
-}
-
-// bf16 training against f32 training from the same initialization, on the same batch, on the
-// default bf16 GEMM backend and on the fallback.
-//
-// Tolerances. Iteration 0 is a forward and backward on the same masters: bf16 rounds every
-// parameter and every GEMM activation operand to 8 significant bits (relative error <= 2^-8), so a
-// logit moves by at most 2 * 2^-8 of the sum of |terms| of its dot product and the loss, which
-// moves by at most twice the largest logit change, by far less in practice: the errors have random
-// signs (measured here: 4e-5). The bound 2e-4 leaves 5x. After an update the runs differ for a
-// second reason: Adam's first updates are +-lr (m / sqrt(v) = g / |g|) whatever the gradient's
-// size, so a parameter whose bf16 and f32 gradients differ in sign (small gradients) moves 2 lr
-// apart. With lr 1e-2 the measured differences stay below 3.6e-3 over 8 steps while the f32 loss
-// falls by ~0.25 per step; the bound 1.5e-2 leaves 4x and still fails for a broken gradient, which
-// shifts the trajectory by a whole step's progress.
-void ExpectBf16TracksF32() {
-  const GptConfig config = SmallConfig();
-  constexpr int kIterations = 8;
-  RigOptions f32;
-  RigOptions bf16;
-  bf16.dtype = DType::kBF16;
-  ASSERT_OK_AND_ASSIGN(TrainTrace a, Train(config, f32, kIterations));
-  ASSERT_OK_AND_ASSIGN(TrainTrace b, Train(config, bf16, kIterations));
-  for (int it = 0; it < kIterations; ++it) {
-    LOG(INFO) << "iteration " << it << ": f32 loss " << a.losses[it] << ", bf16 " << b.losses[it]
-              << ", difference " << b.losses[it] - a.losses[it];
-    EXPECT_NEAR(b.losses[it], a.losses[it], it == 0 ? 2e-4 : 1.5e-2) << "iteration " << it;
-  }
-  EXPECT_LT(b.losses.back(), b.losses.front() - 1.0);  // bf16 training happened
-}
-
-TEST(GptModel, Bf16TrainingTracksF32) { ExpectBf16TracksF32(); }
-TEST(GptModel, Bf16TrainingTracksF32WithFallbackGemms) {
-  kernels_internal::SetBf16GemmBackendForTest(kernels_internal::Bf16GemmBackend::kFallback);
-  ExpectBf16TracksF32();
-  kernels_internal::SetBf16GemmBackendForTest(kernels_internal::Bf16GemmBackend::kAuto);
-}
-
-// --- 5. Activation checkpointing ---------------------------------------------------------------
-
-TEST(GptModel, ActivationCheckpointingIsExactAndSavesMemory) {
-  const GptConfig config = SmallConfig(/*num_layers=*/4);
-  RigOptions plain;
-  RigOptions checkpointed;
-  checkpointed.model.activation_checkpointing = true;
-  ASSERT_OK_AND_ASSIGN(TrainTrace a, Train(config, plain, 3));
-  ASSERT_OK_AND_ASSIGN(TrainTrace b, Train(config, checkpointed, 3));
-  ExpectSameTraining(a, b);
-  LOG(INFO) << "peak non-model bytes: " << a.peak_nonmodel_bytes << " without checkpointing, "
-            << b.peak_nonmodel_bytes << " with";
-  EXPECT_LT(b.peak_nonmodel_bytes, a.peak_nonmodel_bytes * 3 / 4);
-  // Recomputation accesses five operators of each block again in forward (not the last
-  // projection, whose output the backward does not need).
-  EXPECT_EQ(b.moments_per_iteration, a.moments_per_iteration + 5 * config.num_layers);
-}
-
-// --- Checkpoint import and export --------------------------------------------------------------
+// --- 3. Checkpoint import and export
+// --------------------------------------------------------------
 
 TEST(GptModel, ExportsAndImportsHuggingFaceSafetensors) {
   const GptConfig config = SmallConfig();
@@ -509,58 +316,7 @@ TEST(GptModel, ExportsAndImportsHuggingFaceSafetensors) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dimensions")));
 }
 
-// --- Training state round trip (checkpoints) ---------------------------------------------------
-
-TEST(GptModel, TrainingStateRoundTripContinuesBitForBit) {
-  const GptConfig config = SmallConfig();
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
-    SCOPED_TRACE(DTypeName(dtype));
-    RigOptions o;
-    o.dtype = dtype;
-    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> a, MakeRig(config, o));
-    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> b, MakeRig(config, o));
-    ASSERT_OK(a->model->InitializeParameters(4));
-    ASSERT_OK(b->model->InitializeParameters(99));  // different: the load must replace it all
-    const Batch batch = RandomBatch(config, 2, 16, 3);
-    for (int i = 0; i < 2; ++i) {
-      ASSERT_OK(a->model->TrainStep(batch.tokens, batch.targets, *a->adam).status());
-    }
-    std::map<std::pair<std::string, ChunkType>, std::vector<float>> state;
-    ASSERT_OK(a->model->VisitTrainingState(
-        [&](absl::string_view name, ChunkType type, absl::Span<const float> v) {
-          state[{std::string(name), type}].assign(v.begin(), v.end());
-          return absl::OkStatus();
-        }));
-    EXPECT_EQ(state.size(), 3 * ParamNames(config).size());
-    ASSERT_OK(b->model->LoadTrainingState(
-        [&](absl::string_view name, ChunkType type, absl::Span<float> out) -> absl::Status {
-          auto it = state.find({std::string(name), type});
-          if (it == state.end() || it->second.size() != out.size()) {
-            return absl::NotFoundError(std::string(name));
-          }
-          std::copy(it->second.begin(), it->second.end(), out.begin());
-          return absl::OkStatus();
-        }));
-    b->adam->set_step(a->adam->step());
-    for (int i = 0; i < 2; ++i) {
-      ASSERT_OK_AND_ASSIGN(GptTrainStepResult ra,
-                           a->model->TrainStep(batch.tokens, batch.targets, *a->adam));
-      ASSERT_OK_AND_ASSIGN(GptTrainStepResult rb,
-                           b->model->TrainStep(batch.tokens, batch.targets, *b->adam));
-      EXPECT_EQ(ra.loss, rb.loss) << "step " << i;
-    }
-    ASSERT_OK_AND_ASSIGN(auto ma, ReadAll(*a->model, ChunkType::kMaster));
-    ASSERT_OK_AND_ASSIGN(auto mb, ReadAll(*b->model, ChunkType::kMaster));
-    for (size_t t = 0; t < ma.size(); ++t) EXPECT_TRUE(BitEqual(ma[t], mb[t])) << t;
-    // A fill error is returned as it is.
-    EXPECT_THAT(b->model->LoadTrainingState([](absl::string_view, ChunkType, absl::Span<float>) {
-      return absl::DataLossError("bad file");
-    }),
-                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bad file")));
-  }
-}
-
-// --- 6. Errors -----------------------------------------------------------------------------------
+// --- 4. Errors -----------------------------------------------------------------------------------
 
 TEST(GptModel, RejectsBadInputs) {
   const GptConfig config = SmallConfig();
@@ -619,18 +375,7 @@ TEST(GptModel, RefusesToComputeWithGradientsInTheParamSlots) {
   // Reloading the parameters ends it: the same batch gives the same loss again.
   ASSERT_OK(rig->model->InitializeParameters(1));
   EXPECT_THAT(rig->model->Evaluate(batch.tokens, batch.targets), IsOkAndHolds(loss));
-  // And so does the optimizer step, even a skipped one (it restores the parameters).
-  ASSERT_OK_AND_ASSIGN(GptTrainStepResult step,
-                       rig->model->TrainStep(batch.tokens, batch.targets, *rig->adam));
-  EXPECT_EQ(step.loss, loss);
-  // The phases are timed, and waiting for copies is part of each phase's time.
-  EXPECT_GT(step.forward_backward_ns, 0);
-  EXPECT_GT(step.optimizer_ns, 0);
-  EXPECT_GE(step.forward_backward_stall_ns, 0);
-  EXPECT_LE(step.forward_backward_stall_ns, step.forward_backward_ns);
-  EXPECT_GE(step.optimizer_stall_ns, 0);
-  EXPECT_LE(step.optimizer_stall_ns, step.optimizer_ns);
-  EXPECT_OK(rig->model->Evaluate(batch.tokens, batch.targets).status());
+  // (So does the optimizer step, even a skipped one: trainer/train_step_test.)
 }
 
 TEST(GptModel, RejectsBadConfigurations) {
@@ -670,8 +415,8 @@ TEST(GptModel, OutOfMemoryIsResourceExhaustedAndLeavesNothingAccessed) {
   ASSERT_OK(rig->manager->BeginIteration());
   EXPECT_THAT(rig->model->ForwardBackward(batch.tokens, batch.targets),
               StatusIs(absl::StatusCode::kResourceExhausted));
-  // Every activation was freed. (The first activation failed before any access, so this warm-up
-  // has no moments and the manager cannot end it; the budget case below ends its iteration.)
+  // Every activation was freed. (The first activation failed before any access: this warm-up has
+  // no moment, and ending it would learn nothing; the budget case below ends its iteration.)
   EXPECT_EQ(rig->accelerator->scratch()->stats().in_use_bytes, 0);
 
   // The manager's own verdict: a budget below one chunk cannot hold any operator.

@@ -419,6 +419,17 @@ absl::Status WriteSafetensors(const std::string& path,
                               absl::Span<const SafetensorsTensorSpec> specs,
                               const std::map<std::string, std::string>& metadata,
                               const SafetensorsFillFn& fill) {
+  // One piece per tensor: the whole of it.
+  return WriteSafetensorsInPieces(
+      path, specs, metadata,
+      [&](size_t index, int64_t first_elem, absl::Span<uint8_t> dst) { return fill(index, dst); },
+      std::numeric_limits<int64_t>::max());
+}
+
+absl::Status WriteSafetensorsInPieces(const std::string& path,
+                                      absl::Span<const SafetensorsTensorSpec> specs,
+                                      const std::map<std::string, std::string>& metadata,
+                                      const SafetensorsPieceFillFn& fill, int64_t max_piece_bytes) {
   auto invalid = [&](absl::string_view what) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot write safetensors file '", path, "': ", what));
@@ -448,6 +459,9 @@ absl::Status WriteSafetensors(const std::string& path,
     if (!IsValidUtf8(key) || !IsValidUtf8(value)) {
       return invalid("a metadata key or value is not valid UTF-8");
     }
+  }
+  if (max_piece_bytes < 1) {
+    return invalid(absl::StrCat("max_piece_bytes must be positive, got ", max_piece_bytes));
   }
 
   // Data order: larger elements first, then by name, so that with the 8-aligned buffer start every
@@ -494,9 +508,17 @@ absl::Status WriteSafetensors(const std::string& path,
     RETURN_IF_ERROR(WriteAll(fd, text.data(), text.size(), tmp_path));
     std::vector<uint8_t> buffer;
     for (size_t i : order) {
-      buffer.resize(static_cast<size_t>(sizes[i]));
-      RETURN_IF_ERROR(fill(i, absl::MakeSpan(buffer)));
-      RETURN_IF_ERROR(WriteAll(fd, buffer.data(), buffer.size(), tmp_path));
+      const int64_t elem_size = SizeOf(specs[i].dtype);
+      const int64_t piece_elems = std::max<int64_t>(1, max_piece_bytes / elem_size);
+      const int64_t numel = sizes[i] / elem_size;
+      int64_t first = 0;
+      do {
+        const int64_t n = std::min(piece_elems, numel - first);
+        buffer.resize(static_cast<size_t>(n * elem_size));
+        RETURN_IF_ERROR(fill(i, first, absl::MakeSpan(buffer)));
+        RETURN_IF_ERROR(WriteAll(fd, buffer.data(), buffer.size(), tmp_path));
+        first += n;
+      } while (first < numel);
     }
     return absl::OkStatus();
   });

@@ -177,6 +177,21 @@ using SafetensorsFillFn = std::function<absl::Status(size_t index, absl::Span<ui
                                             const std::map<std::string, std::string>& metadata,
                                             const SafetensorsFillFn& fill);
 
+// Produces elements [first_elem, first_elem + n) of specs[index], in row-major order, into `dst`
+// (exactly n * SizeOf(dtype) bytes, aligned to the element size). A non-OK status aborts the write.
+using SafetensorsPieceFillFn =
+    std::function<absl::Status(size_t index, int64_t first_elem, absl::Span<uint8_t> dst)>;
+
+// As WriteSafetensors above, but asks for each tensor in consecutive pieces of at most
+// `max_piece_bytes` (rounded down to whole elements, at least one element), so that at most one
+// piece is buffered however large a tensor is. Pieces of one tensor come in order; tensors come
+// in file data order. A zero-size tensor gets one call with an empty `dst`.
+// Errors: as WriteSafetensors; InvalidArgument if max_piece_bytes < 1.
+[[nodiscard]] absl::Status WriteSafetensorsInPieces(
+    const std::string& path, absl::Span<const SafetensorsTensorSpec> specs,
+    const std::map<std::string, std::string>& metadata, const SafetensorsPieceFillFn& fill,
+    int64_t max_piece_bytes);
+
 // A tensor to write from memory.
 struct SafetensorsTensorData {
   SafetensorsTensorSpec spec;

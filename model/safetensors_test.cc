@@ -288,6 +288,53 @@ TEST(SafetensorsTest, EmptyFileWithOnlyMetadataRoundTrips) {
   EXPECT_EQ(file.metadata().at("k"), "v");
 }
 
+// Writing in pieces gives the same bytes as writing whole tensors, asks for consecutive element
+// ranges no larger than the limit, and calls once for a zero-size tensor.
+TEST(SafetensorsTest, PiecewiseWriteEqualsWholeWrite) {
+  const std::vector<SafetensorsTensorSpec> specs = {{"a", DType::kF32, {3, 7}},
+                                                    {"b", DType::kBF16, {13}},
+                                                    {"c", DType::kF16, {0, 4}},
+                                                    {"d", DType::kF32, {}}};
+  // Element e of tensor t has bytes derived from (t, e, byte), independent of how it is asked for.
+  auto byte_of = [](size_t t, int64_t e, int64_t b) {
+    return static_cast<uint8_t>(t * 31 + e * 7 + b * 3 + 1);
+  };
+  ASSERT_OK(WriteSafetensors(
+      TmpPath("whole.safetensors"), specs, {{"k", "v"}}, [&](size_t t, absl::Span<uint8_t> dst) {
+        const int64_t es = SizeOf(specs[t].dtype);
+        for (size_t i = 0; i < dst.size(); ++i) {
+          dst[i] = byte_of(t, static_cast<int64_t>(i) / es, static_cast<int64_t>(i) % es);
+        }
+        return absl::OkStatus();
+      }));
+  for (const int64_t piece_bytes : {1, 5, 8, 12, 1000}) {
+    std::vector<int64_t> next(specs.size(), 0);
+    std::vector<int> calls(specs.size(), 0);
+    const std::string path = TmpPath(absl::StrCat("pieces", piece_bytes, ".safetensors"));
+    ASSERT_OK(WriteSafetensorsInPieces(
+        path, specs, {{"k", "v"}},
+        [&](size_t t, int64_t first, absl::Span<uint8_t> dst) {
+          const int64_t es = SizeOf(specs[t].dtype);
+          EXPECT_EQ(first, next[t]) << "pieces of tensor " << t << " out of order";
+          EXPECT_LE(static_cast<int64_t>(dst.size()), std::max(piece_bytes, es));
+          EXPECT_EQ(static_cast<int64_t>(dst.size()) % es, 0);
+          for (size_t i = 0; i < dst.size(); ++i) {
+            dst[i] = byte_of(t, first + static_cast<int64_t>(i) / es, static_cast<int64_t>(i) % es);
+          }
+          next[t] += static_cast<int64_t>(dst.size()) / es;
+          ++calls[t];
+          return absl::OkStatus();
+        },
+        piece_bytes));
+    EXPECT_EQ(ReadRawFile(path), ReadRawFile(TmpPath("whole.safetensors"))) << piece_bytes;
+    EXPECT_EQ(calls[2], 1);  // the zero-size tensor
+  }
+  EXPECT_THAT(WriteSafetensorsInPieces(
+                  TmpPath("bad.safetensors"), specs, {},
+                  [](size_t, int64_t, absl::Span<uint8_t>) { return absl::OkStatus(); }, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_piece_bytes")));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Files written by the reference implementation (Python safetensors 0.8.0).
 

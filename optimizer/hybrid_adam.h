@@ -3,8 +3,9 @@
 // (CudaAdam on a GPU; CpuAdam for the cpu backend's emulated accelerator, whose memory is host
 // RAM). Which chunks are on the accelerator is the scheduler's ADAM-stage placement; HybridAdam
 // does not decide it and does not depend on scheduler/: the placement reaches it through the
-// AdamChunkAccess interface below, which the scheduler's ChunkManager implements (and
-// ResidentChunkAccess implements over a ChunkStore whose chunks are already where they should be).
+// AdamChunkAccess interface below, which trainer/scheduled_chunk_access.h implements over the
+// scheduler's ChunkManager (and ResidentChunkAccess over a ChunkStore whose chunks are already
+// where they should be).
 //
 // One Step():
 //   1. Reads the hyperparameters now: every group's lr and weight decay, betas, eps, the clipping

@@ -25,8 +25,8 @@ absl::Status AccessSchedule::Record(int64_t chunk, int64_t moment) {
 
 absl::Status AccessSchedule::Finish(int64_t total_moments) {
   if (total_moments <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AccessSchedule: an iteration needs at least one moment, got ", total_moments));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AccessSchedule: an iteration needs at least one moment, got ", total_moments));
   }
   if (!sequence_.empty() && last_moment_ >= total_moments) {
     return absl::InvalidArgumentError(absl::StrCat("AccessSchedule: moment ", last_moment_,

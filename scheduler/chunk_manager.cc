@@ -1,12 +1,9 @@
 #include "scheduler/chunk_manager.h"
 
 #include <algorithm>
-#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "chunk/tensor_state.h"
@@ -14,77 +11,6 @@
 #include "memory/memory_tracker.h"
 
 namespace ps {
-
-// --- Counters ------------------------------------------------------------------------------------
-
-TransferCounters& TransferCounters::operator+=(const TransferCounters& o) {
-  loads += o.loads;
-  load_bytes += o.load_bytes;
-  write_backs += o.write_backs;
-  write_back_bytes += o.write_back_bytes;
-  clean_evictions += o.clean_evictions;
-  allocations += o.allocations;
-  return *this;
-}
-
-TransferCounters ChunkManagerCounters::Total() const {
-  TransferCounters total;
-  for (const TransferCounters& s : by_stage) total += s;
-  return total;
-}
-
-ChunkManagerCounters ChunkManagerCounters::Minus(const ChunkManagerCounters& earlier) const {
-  ChunkManagerCounters d = *this;
-  for (int s = 0; s < kNumStages; ++s) {
-    TransferCounters& a = d.by_stage[s];
-    const TransferCounters& b = earlier.by_stage[s];
-    a.loads -= b.loads;
-    a.load_bytes -= b.load_bytes;
-    a.write_backs -= b.write_backs;
-    a.write_back_bytes -= b.write_back_bytes;
-    a.clean_evictions -= b.clean_evictions;
-    a.allocations -= b.allocations;
-  }
-  d.prefetches -= earlier.prefetches;
-  d.write_behinds -= earlier.write_behinds;
-  d.prefetch_hits -= earlier.prefetch_hits;
-  d.pressure_reclaims -= earlier.pressure_reclaims;
-  d.pressure_evictions -= earlier.pressure_evictions;
-  d.stall_ns -= earlier.stall_ns;
-  d.all_gathers -= earlier.all_gathers;
-  d.all_gather_bytes -= earlier.all_gather_bytes;
-  d.reduce_scatters -= earlier.reduce_scatters;
-  d.reduce_scatter_bytes -= earlier.reduce_scatter_bytes;
-  d.remote_releases -= earlier.remote_releases;
-  d.comm_ns -= earlier.comm_ns;
-  return d;
-}
-
-std::string ChunkManagerCounters::DebugString() const {
-  std::string out;
-  for (Stage s : {Stage::kForward, Stage::kBackward, Stage::kAdam}) {
-    const TransferCounters& c = stage(s);
-    absl::StrAppend(&out, StageName(s), ": ", c.loads, " loads (", FormatBytes(c.load_bytes), "), ",
-                    c.write_backs, " write-backs (", FormatBytes(c.write_back_bytes), "), ",
-                    c.clean_evictions, " clean evictions, ", c.allocations, " allocations; ");
-  }
-  absl::StrAppend(&out, prefetches, " prefetches, ", prefetch_hits, " prefetch hits, ",
-                  write_behinds, " write-behinds, ", pressure_evictions,
-                  " evictions under pressure, stall ",
-                  absl::StrFormat("%.3f ms", stall_ns / 1e6));
-  if (all_gathers > 0 || reduce_scatters > 0) {
-    absl::StrAppend(&out, "; ZeRO: ", all_gathers, " all-gathers (", FormatBytes(all_gather_bytes),
-                    " in), ", reduce_scatters, " reduce-scatters (",
-                    FormatBytes(reduce_scatter_bytes), " out), ", remote_releases,
-                    " remote payloads freed, ", absl::StrFormat("%.3f ms", comm_ns / 1e6),
-                    " in collectives");
-  }
-  return out;
-}
-
-bool AdamPlacement::OnAccelerator(int64_t chunk_index) const {
-  return std::binary_search(accelerator_chunks.begin(), accelerator_chunks.end(), chunk_index);
-}
 
 // --- Construction --------------------------------------------------------------------------------
 
@@ -164,20 +90,33 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(ChunkStore* s
     }
   }
   std::unique_ptr<ChunkManager> manager(
-      new ChunkManager(store, backend, accelerator, host, std::move(options)));
-  manager->budget_bytes_ = budget;
-  manager->reserved_bytes_ =
-      manager->options_.comm_buffer_bytes + manager->options_.nonmodel_slack_bytes;
-  ASSIGN_OR_RETURN(manager->load_stream_, backend->CreateStream());
-  ASSIGN_OR_RETURN(manager->store_stream_, backend->CreateStream());
-  ASSIGN_OR_RETURN(manager->compute_done_, backend->CreateEvent());
+      new ChunkManager(store, accelerator, host, std::move(options)));
+  const ChunkManagerOptions& o = manager->options_;
+  ASSIGN_OR_RETURN(
+      ResidencyPlanner planner,
+      ResidencyPlanner::Create({.budget_bytes = budget,
+                                .reserved_bytes = o.comm_buffer_bytes + o.nonmodel_slack_bytes,
+                                .warmup_chunk_fraction = o.warmup_chunk_fraction,
+                                .chunk_cost_bytes = accelerator->chunk_block_bytes(),
+                                .adam_margin_bytes = o.adam_margin_bytes,
+                                .num_chunks = store->num_chunks()}));
+  manager->planner_.emplace(std::move(planner));
+  ASSIGN_OR_RETURN(manager->engine_, ResidencyEngine::Create(store, backend, accelerator, host,
+                                                             {.clean_eviction = o.clean_eviction,
+                                                              .compute_stream = o.compute_stream,
+                                                              .clock_ns = o.clock_ns,
+                                                              .listener = o.listener},
+                                                             &manager->counters_));
   absl::flat_hash_set<int64_t> static_keys;
-  for (int64_t index : manager->options_.static_param_chunks) {
-    static_keys.insert(manager->ChunkKey(ChunkId{ChunkType::kParam, index}));
+  for (int64_t index : o.static_param_chunks) {
+    static_keys.insert(manager->keys_.Key(ChunkType::kParam, index));
   }
-  ASSIGN_OR_RETURN(manager->policy_,
-                   CreateEvictionPolicy(manager->options_.policy, std::move(static_keys)));
-  if (manager->options_.evict_under_pressure) {
+  ASSIGN_OR_RETURN(manager->policy_, CreateEvictionPolicy(o.policy, std::move(static_keys)));
+  if (world > 1) {
+    manager->groups_ = std::make_unique<ZeroGroups>(store, manager->engine_.get(), o.collectives,
+                                                    &manager->counters_);
+  }
+  if (o.evict_under_pressure) {
     manager->reclaimer_ = std::make_unique<PressureReclaimer>(manager.get());
     accelerator->upstream()->AddReclaimer(
         manager->reclaimer_.get(),
@@ -186,142 +125,28 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(ChunkStore* s
   return manager;
 }
 
-ChunkManager::ChunkManager(ChunkStore* store, Backend* backend, DeviceMemory* accelerator,
-                           DeviceMemory* host, ChunkManagerOptions options)
+ChunkManager::ChunkManager(ChunkStore* store, DeviceMemory* accelerator, DeviceMemory* host,
+                           ChunkManagerOptions options)
     : store_(store),
-      backend_(backend),
       accel_(accelerator),
       host_(host),
       options_(std::move(options)),
-      num_chunks_(store->num_chunks()),
-      device_cost_bytes_(accelerator->chunk_block_bytes()),
-      world_size_(store->layout().world_size()),
-      rank_(store->rank()),
-      collectives_(world_size_ > 1 ? options_.collectives : nullptr) {
-  const ChunkLayout& layout = store->layout();
-  gathered_.assign(layout.num_groups(), 0);
-  backward_touched_.assign(layout.num_groups(), 0);
-  group_ops_.resize(layout.num_groups());
-  for (OperatorId op = 0; op < layout.num_operator_ids(); ++op) {
-    if (layout.op(op).placed()) group_ops_[layout.group_of(layout.op(op).chunk_index)].push_back(op);
-  }
-  forward_uses_.assign(layout.num_operator_ids(), 0);
-  backward_releases_.assign(layout.num_operator_ids(), 0);
-}
+      keys_(store->num_chunks()) {}
 
 ChunkManager::~ChunkManager() {
   if (reclaimer_ != nullptr) accel_->upstream()->RemoveReclaimer(reclaimer_.get());
-  if (compute_pending_) {
-    // The caller's compute stream still has to complete the event this manager owns.
-    absl::Status s = compute_done_->Synchronize();
-    LOG_IF(ERROR, !s.ok()) << "ChunkManager: compute stream failed at destruction: " << s;
-  }
-  for (Stream* stream : {load_stream_.get(), store_stream_.get()}) {
-    if (stream == nullptr) continue;
-    absl::Status s = stream->Synchronize();
-    LOG_IF(ERROR, !s.ok()) << "ChunkManager: copy stream failed at destruction: " << s;
-  }
-}
-
-int64_t ChunkManager::ChunkKey(ChunkId id) const {
-  return static_cast<int64_t>(id.type) * num_chunks_ + id.index;
-}
-
-ChunkId ChunkManager::ChunkIdOfKey(int64_t key) const {
-  return ChunkId{static_cast<ChunkType>(key / num_chunks_), key % num_chunks_};
-}
-
-int64_t ChunkManager::NowNs() const {
-  return options_.clock_ns ? options_.clock_ns() : absl::GetCurrentTimeNanos();
-}
-
-ChunkMoveEvent ChunkManager::MoveEvent(ChunkMoveKind kind, const Chunk& chunk, Stage stage) const {
-  ChunkMoveEvent e;
-  e.kind = kind;
-  e.chunk = chunk.id();
-  e.bytes = IsCopy(kind) ? chunk.capacity_bytes() : 0;
-  e.stage = stage;
-  e.moment = in_iteration_ ? metronome_.moment() : -1;
-  return e;
-}
-
-absl::Status ChunkManager::TimedCopy(Stream& stream, ChunkMoveEvent event,
-                                     const std::function<absl::Status()>& enqueue) {
-  ChunkEventListener* listener = options_.listener;
-  if (listener == nullptr) return enqueue();
-  std::function<int64_t()> clock =
-      options_.clock_ns ? options_.clock_ns : std::function<int64_t()>(absl::GetCurrentTimeNanos);
-  // Written by the first host function and read by the second, on the same stream thread (a
-  // stream runs its work in order), so no synchronization is needed beyond the stream's own.
-  auto start_ns = std::make_shared<int64_t>(0);
-  RETURN_IF_ERROR(stream.LaunchHostFunc([start_ns, clock] { *start_ns = clock(); }));
-  RETURN_IF_ERROR(enqueue());
-  return stream.LaunchHostFunc([start_ns, clock, listener, event]() mutable {
-    event.start_ns = *start_ns;
-    event.end_ns = clock();
-    listener->OnChunkMove(event);
-  });
-}
-
-void ChunkManager::ReportMove(ChunkMoveKind kind, int64_t key, Stage stage) {
-  if (options_.listener == nullptr) return;
-  ChunkMoveEvent e = MoveEvent(kind, ChunkOfKey(key), stage);
-  e.start_ns = e.end_ns = NowNs();
-  options_.listener->OnChunkMove(e);
-}
-
-void ChunkManager::ReportAccess(absl::string_view name, int64_t chunk_index, Stage stage,
-                                int64_t moment, int64_t request_ns) {
-  if (options_.listener == nullptr) return;
-  ChunkAccessEvent e;
-  e.name = name;
-  e.chunk_index = chunk_index;
-  e.stage = stage;
-  e.moment = moment;
-  e.warmup = in_iteration_ && metronome_.is_warmup();
-  e.request_ns = request_ns;
-  e.ready_ns = NowNs();
-  e.resident_bytes = resident_bytes_;
-  e.accelerator_model_bytes = accel_->tracker()->current_bytes(MemoryKind::kModelData);
-  e.accelerator_non_model_bytes = accel_->tracker()->current_bytes(MemoryKind::kNonModelData);
-  options_.listener->OnAccess(e);
+  // The engine, destroyed next, waits for the compute stream and the copies in flight.
 }
 
 int64_t ChunkManager::ReclaimUnderPressure() {
   if (busy_ > 0) return 0;  // an allocation of the manager's own: nothing may move now
   BusyScope busy(this);
-  std::vector<int64_t> victims;
-  for (int64_t key : resident_) {
-    if (ChunkOfKey(key).movable() && !active_chunks_.contains(key)) victims.push_back(key);
-  }
-  if (victims.empty()) return 0;
-  std::sort(victims.begin(), victims.end());
-  const Stage stage = in_iteration_ && metronome_.moment() >= 0 ? PassOf(metronome_.stage())
-                                                                : Stage::kForward;
-  if (absl::Status s = Evict(victims, stage); !s.ok()) {
-    LOG(WARNING) << "ChunkManager: evicting under memory pressure failed: " << s;
-  }
-  ++counters_.pressure_reclaims;
-  counters_.pressure_evictions += static_cast<int64_t>(victims.size());
-  LOG_FIRST_N(WARNING, 5)
-      << "ChunkManager: " << accel_->device().ToString()
-      << " ran out of memory between accesses; evicted " << victims.size()
-      << " chunks to make room (raise ChunkManagerOptions.nonmodel_slack_bytes to plan for the "
-         "allocator's overhead instead)";
-  return accel_->chunk_pool()->ReleaseCached();
+  const Stage stage =
+      in_iteration_ && metronome_.moment() >= 0 ? PassOf(metronome_.stage()) : Stage::kForward;
+  return engine_->ReclaimUnderPressure(active_chunks_, {stage, CurrentMoment()});
 }
 
-std::vector<int64_t> ChunkManager::ResidentChunkKeys() const {
-  std::vector<int64_t> keys(resident_.begin(), resident_.end());
-  std::sort(keys.begin(), keys.end());
-  return keys;
-}
-
-int64_t ChunkManager::ChunkableBytes(int64_t moment) const {
-  return trace_.ChunkableBytes(moment, budget_bytes_, reserved_bytes_);
-}
-
-// --- Moments and limits --------------------------------------------------------------------------
+// --- Moments -------------------------------------------------------------------------------------
 
 absl::Status ChunkManager::BeginIteration() {
   BusyScope busy(this);
@@ -334,8 +159,7 @@ absl::Status ChunkManager::BeginIteration() {
   iteration_start_counters_ = counters_;
   in_iteration_ = true;
   backward_started_ = false;
-  std::fill(forward_uses_.begin(), forward_uses_.end(), 0);
-  std::fill(backward_releases_.begin(), backward_releases_.end(), 0);
+  if (groups_ != nullptr) groups_->BeginIteration();
   return absl::OkStatus();
 }
 
@@ -352,22 +176,33 @@ absl::Status ChunkManager::EndIteration() {
   }
   if (!active_chunks_.empty()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("EndIteration: chunk ", ChunkIdOfKey(*active_chunks_.begin()).ToString(),
+        absl::StrCat("EndIteration: chunk ", keys_.IdOf(*active_chunks_.begin()).ToString(),
                      " is still accessed by the optimizer; call ReleaseChunks first"));
   }
   RETURN_IF_ERROR(FinishGroups(PassOf(Stage::kBackward)));
   const bool warmup = metronome_.is_warmup();
   if (warmup && metronome_.moment() < 0) {
-    return absl::FailedPreconditionError(
-        "EndIteration: the warm-up iteration had no moments (no Access, BeginAdam or "
-        "AccessChunks); there is nothing to learn a schedule from");
+    // Nothing to learn a schedule from (the iteration's first access failed, or it made none):
+    // the next iteration is the warm-up again.
+    LOG(WARNING) << "ChunkManager: the warm-up iteration ended without a moment (no successful "
+                    "Access, BeginAdam or AccessChunks); the next iteration is the warm-up";
+    in_iteration_ = false;
+    backward_started_ = false;
+    return absl::OkStatus();
   }
   RETURN_IF_ERROR(SampleTide());
   const int64_t moments = metronome_.EndIteration();
   if (warmup) {
     RETURN_IF_ERROR(trace_.Finish(moments));
     policy_->SetSchedule(&trace_.schedule());
-    ComputeAdamPlacement();
+    planner_->SetTrace(&trace_);
+    std::vector<int64_t> state_indices;
+    for (int64_t i = 0; i < store_->num_chunks(); ++i) {
+      if (store_->layout().HoldsPayload(ChunkType::kMaster, i, store_->rank())) {
+        state_indices.push_back(i);
+      }
+    }
+    adam_placement_ = planner_->PlanAdam(state_indices);
   } else if (moments != trace_.total_moments()) {
     LOG(WARNING) << "ChunkManager: iteration " << metronome_.iteration() - 1 << " had " << moments
                  << " moments but the warm-up had " << trace_.total_moments()
@@ -390,235 +225,81 @@ absl::Status ChunkManager::SampleTide() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> ChunkManager::Tick(Stage stage) {
-  if (!in_iteration_) return -1;
+absl::Status ChunkManager::Tick(Stage stage, int64_t moment) {
+  if (moment < 0) return absl::OkStatus();
   RETURN_IF_ERROR(SampleTide());
-  return metronome_.Tick(stage);
+  const int64_t ticked = metronome_.Tick(stage);
+  CHECK_EQ(ticked, moment) << "ChunkManager: the metronome moved between planning and ticking";
+  return absl::OkStatus();
 }
 
-ChunkManager::Limits ChunkManager::LimitsAt(int64_t moment) const {
-  Limits l;
-  const int64_t nonmodel_now = accel_->tracker()->current_bytes(MemoryKind::kNonModelData);
-  if (moment >= 0 && trace_.finished() && moment < trace_.total_moments()) {
-    l.known = true;
-    l.tide_bytes = trace_.AcceleratorTideBytes(moment);
-    const int64_t own_peak = std::max(trace_.sample(moment).accelerator_peak_bytes, nonmodel_now);
-    l.hard_bytes = std::max<int64_t>(0, budget_bytes_ - own_peak - reserved_bytes_);
-    l.target_bytes = std::min(l.hard_bytes, ChunkableBytes(moment));
-  } else {
-    l.tide_bytes = nonmodel_now;
-    l.hard_bytes = std::max<int64_t>(0, budget_bytes_ - nonmodel_now - reserved_bytes_);
-    l.target_bytes = std::min(
-        l.hard_bytes,
-        static_cast<int64_t>(options_.warmup_chunk_fraction * static_cast<double>(budget_bytes_)));
-  }
-  return l;
-}
+// --- Making chunks resident ----------------------------------------------------------------------
 
-std::string ChunkManager::WorkingSetError(const std::string& what, int64_t working_set_bytes,
-                                          int64_t own_bytes, const Limits& limits,
+std::string ChunkManager::WorkingSetError(const std::string& what, const AccessPlan& plan,
                                           int64_t moment) const {
   std::string stuck;
-  if (working_set_bytes > own_bytes) {
-    stuck = absl::StrCat(", plus ", FormatBytes(working_set_bytes - own_bytes),
+  if (plan.working_set_bytes > plan.own_bytes) {
+    stuck = absl::StrCat(", plus ", FormatBytes(plan.working_set_bytes - plan.own_bytes),
                          " of other chunks in COMPUTE or pinned");
   }
   return absl::StrCat(
       what, moment >= 0 ? absl::StrCat(" at moment ", moment) : std::string(" (untracked)"),
-      " needs ", FormatBytes(working_set_bytes), " of chunks resident on ",
-      accel_->device().ToString(), " (", FormatBytes(own_bytes), " for its own chunks", stuck,
-      "), but only ", FormatBytes(limits.hard_bytes), " of the ", FormatBytes(budget_bytes_),
-      " device budget is left for chunks (non-model data ", limits.known ? "peaks at " : "uses ",
-      FormatBytes(limits.tide_bytes), ", ", FormatBytes(reserved_bytes_),
+      " needs ", FormatBytes(plan.working_set_bytes), " of chunks resident on ",
+      accel_->device().ToString(), " (", FormatBytes(plan.own_bytes), " for its own chunks", stuck,
+      "), but only ", FormatBytes(plan.limits.hard_bytes), " of the ", FormatBytes(budget_bytes()),
+      " device budget is left for chunks (non-model data ",
+      plan.limits.known ? "peaks at " : "uses ", FormatBytes(plan.limits.tide_bytes), ", ",
+      FormatBytes(reserved_bytes()),
       " is reserved for communication buffers and slack). Use a smaller chunk size, activation "
       "checkpointing (or a smaller batch) to lower the non-model peak, or more device memory");
 }
-
-// --- Moving chunks -------------------------------------------------------------------------------
 
 absl::Status ChunkManager::MakeResident(const std::vector<int64_t>& keys, Stage stage,
                                         int64_t moment, const std::string& what) {
   const absl::flat_hash_set<int64_t> keep(keys.begin(), keys.end());
   std::vector<int64_t> missing;
   for (int64_t key : keys) {
-    if (resident_.contains(key)) {
-      if (prefetched_.erase(key) > 0) ++counters_.prefetch_hits;
+    if (engine_->resident(key)) {
+      engine_->NoteAccessed(key);
     } else {
       missing.push_back(key);
     }
   }
-  int64_t stuck_bytes = 0;
-  for (int64_t key : resident_) {
-    if (!keep.contains(key) && !ChunkOfKey(key).movable()) stuck_bytes += device_cost_bytes_;
-  }
-  const int64_t own_bytes = device_cost_bytes_ * static_cast<int64_t>(keys.size());
-  const int64_t working_set_bytes = own_bytes + stuck_bytes;
-  const Limits limits = LimitsAt(moment);
-  if (working_set_bytes > limits.hard_bytes) {
-    return absl::ResourceExhaustedError(
-        WorkingSetError(what, working_set_bytes, own_bytes, limits, moment));
-  }
-  current_limit_bytes_ = std::max(limits.target_bytes, working_set_bytes);
+  const AccessPlan plan =
+      planner_->PlanAccess(moment, accel_->tracker()->current_bytes(MemoryKind::kNonModelData),
+                           engine_->resident_bytes(), static_cast<int64_t>(keys.size()),
+                           engine_->CountStuck(keep), static_cast<int64_t>(missing.size()));
+  if (!plan.fits) return absl::ResourceExhaustedError(WorkingSetError(what, plan, moment));
+  current_limit_bytes_ = plan.limit_bytes;
   VLOG(2) << "moment " << moment << ": " << what << ", limit " << current_limit_bytes_ << " bytes, "
-          << resident_.size() << " chunks resident";
-  const int64_t over = resident_bytes_ + device_cost_bytes_ * static_cast<int64_t>(missing.size()) -
-                       current_limit_bytes_;
-  if (over > 0) RETURN_IF_ERROR(EvictFor(over, keep, stage, moment, what));
-  RETURN_IF_ERROR(Load(missing, stage, /*prefetch=*/false));
-  return WaitForCopies(keys);
-}
-
-absl::Status ChunkManager::EvictFor(int64_t need_bytes, const absl::flat_hash_set<int64_t>& keep,
-                                    Stage stage, int64_t now, const std::string& what) {
-  std::vector<EvictionCandidate> candidates;
-  for (int64_t key : ResidentChunkKeys()) {
-    if (!keep.contains(key) && ChunkOfKey(key).movable()) {
-      candidates.push_back({key, device_cost_bytes_});
+          << engine_->num_resident() << " chunks resident";
+  const MoveContext context{stage, moment};
+  if (plan.evict_bytes > 0) {
+    const int64_t cost = engine_->chunk_cost_bytes();
+    std::vector<EvictionCandidate> candidates;
+    for (int64_t key : engine_->ResidentKeys()) {
+      if (!keep.contains(key) && ChunkOfKey(key).movable()) candidates.push_back({key, cost});
     }
-  }
-  const std::vector<int64_t> victims = policy_->ChooseVictims(candidates, need_bytes, now);
-  const int64_t freed = device_cost_bytes_ * static_cast<int64_t>(victims.size());
-  if (freed < need_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": cannot make room for its chunks on ", accel_->device().ToString(), ": ",
-        FormatBytes(need_bytes), " must be evicted but only ", FormatBytes(freed),
-        " of resident chunks may move (the rest are in COMPUTE or pinned)"));
-  }
-  return Evict(victims, stage);
-}
-
-absl::Status ChunkManager::Evict(const std::vector<int64_t>& victims, Stage stage) {
-  if (victims.empty()) return absl::OkStatus();
-  RETURN_IF_ERROR(WaitForCopies(victims));
-  RETURN_IF_ERROR(WaitForCompute());
-  TransferCounters& c = counters_.by_stage[static_cast<int>(stage)];
-  std::vector<int64_t> dirty;
-  for (int64_t key : victims) {
-    if (!ChunkOfKey(key).backing_valid()) dirty.push_back(key);
-  }
-  absl::Status written = absl::OkStatus();
-  int64_t enqueued = 0;
-  for (int64_t key : dirty) {
-    Chunk& chunk = ChunkOfKey(key);
-    written = TimedCopy(*store_stream_, MoveEvent(ChunkMoveKind::kWriteBack, chunk, stage),
-                        [&] { return chunk.WriteBackAsync(*store_stream_, host_->chunk_pool()); });
-    if (!written.ok()) break;
-    ++enqueued;
-    ++c.write_backs;
-    c.write_back_bytes += chunk.capacity_bytes();
-  }
-  // Wait even after a failure: a chunk whose write-back is enqueued counts as clean.
-  if (enqueued > 0) RETURN_IF_ERROR(SyncStream(*store_stream_));
-  RETURN_IF_ERROR(written);
-  for (int64_t key : victims) {
-    Chunk& chunk = ChunkOfKey(key);
-    const bool was_dirty = std::find(dirty.begin(), dirty.end(), key) != dirty.end();
-    VLOG(2) << "moment " << metronome_.moment() << ": evict " << chunk.id()
-            << (was_dirty ? " (written back)" : " (clean)");
-    RETURN_IF_ERROR(chunk.RevertToBacking());
-    resident_.erase(key);
-    resident_bytes_ -= device_cost_bytes_;
-    prefetched_.erase(key);
-    if (!was_dirty) {
-      ++c.clean_evictions;
-      ReportMove(ChunkMoveKind::kCleanEviction, key, stage);
+    const std::vector<int64_t> victims =
+        policy_->ChooseVictims(candidates, plan.evict_bytes, moment);
+    const int64_t freed = cost * static_cast<int64_t>(victims.size());
+    if (freed < plan.evict_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, ": cannot make room for its chunks on ", accel_->device().ToString(), ": ",
+          FormatBytes(plan.evict_bytes), " must be evicted but only ", FormatBytes(freed),
+          " of resident chunks may move (the rest are in COMPUTE or pinned)"));
     }
+    RETURN_IF_ERROR(engine_->Evict(victims, context));
   }
-  return absl::OkStatus();
-}
-
-absl::Status ChunkManager::Load(const std::vector<int64_t>& keys, Stage stage, bool prefetch) {
-  TransferCounters& c = counters_.by_stage[static_cast<int>(stage)];
-  std::vector<int64_t> copied;
-  absl::Status status = absl::OkStatus();
-  for (int64_t key : keys) {
-    Chunk& chunk = ChunkOfKey(key);
-    if (!chunk.has_payload()) {
-      status = chunk.AllocatePayload(*accel_->chunk_pool());
-      if (!status.ok()) break;
-      ++c.allocations;
-      ReportMove(ChunkMoveKind::kAllocation, key, stage);
-    } else if (chunk.device().is_host()) {
-      status = TimedCopy(
-          *load_stream_,
-          MoveEvent(prefetch ? ChunkMoveKind::kPrefetch : ChunkMoveKind::kLoad, chunk, stage),
-          [&] { return chunk.CopyToKeepingBacking(*accel_->chunk_pool(), *load_stream_); });
-      if (!status.ok()) break;
-      copied.push_back(key);
-      ++c.loads;
-      c.load_bytes += chunk.capacity_bytes();
-    } else {
-      status = absl::InternalError(
-          absl::StrCat("chunk ", chunk.id().ToString(), " is on the accelerator but not tracked"));
-      break;
-    }
-    VLOG(2) << "moment " << metronome_.moment() << ": " << (prefetch ? "prefetch " : "load ")
-            << chunk.id();
-    resident_.insert(key);
-    resident_bytes_ += device_cost_bytes_;
-    if (prefetch) {
-      prefetched_.insert(key);
-      ++counters_.prefetches;
-    }
-  }
-  if (!copied.empty()) {
-    ASSIGN_OR_RETURN(std::shared_ptr<Event> event, backend_->CreateEvent());
-    RETURN_IF_ERROR(load_stream_->RecordEvent(event.get()));
-    for (int64_t key : copied) pending_[key] = event;
-  }
-  return status;
-}
-
-absl::Status ChunkManager::WaitForCopies(const std::vector<int64_t>& keys) {
-  for (int64_t key : keys) {
-    auto it = pending_.find(key);
-    if (it == pending_.end()) continue;
-    if (!it->second->Query()) {
-      const int64_t start = NowNs();
-      RETURN_IF_ERROR(it->second->Synchronize());
-      counters_.stall_ns += NowNs() - start;
-    }
-    pending_.erase(it);
-    Chunk& chunk = ChunkOfKey(key);
-    if (!options_.clean_eviction && chunk.has_backing()) RETURN_IF_ERROR(chunk.DiscardBacking());
-  }
-  return absl::OkStatus();
-}
-
-bool ChunkManager::CopiesDone(int64_t key) {
-  auto it = pending_.find(key);
-  if (it == pending_.end()) return true;
-  if (!it->second->Query()) return false;
-  // Completed: let WaitForCopies do the bookkeeping (it will not block).
-  return WaitForCopies({key}).ok();
-}
-
-absl::Status ChunkManager::SyncStream(Stream& stream) {
-  const int64_t start = NowNs();
-  RETURN_IF_ERROR(stream.Synchronize());
-  counters_.stall_ns += NowNs() - start;
-  return absl::OkStatus();
-}
-
-absl::Status ChunkManager::WaitForCompute() {
-  if (!compute_pending_) return absl::OkStatus();
-  compute_pending_ = false;
-  return compute_done_->Synchronize();
-}
-
-absl::Status ChunkManager::MoveToHost(int64_t key, Stage stage) {
-  Chunk& chunk = ChunkOfKey(key);
-  if (!chunk.has_payload()) return chunk.AllocatePayload(*host_->chunk_pool());
-  if (chunk.device().is_host()) return absl::OkStatus();
-  return Evict({key}, stage);
+  RETURN_IF_ERROR(engine_->Load(missing, context, /*prefetch=*/false));
+  return engine_->WaitForCopies(keys);
 }
 
 absl::Status ChunkManager::Prefetch(int64_t moment) {
-  if (!options_.prefetch || moment < 0 || !trace_.finished()) return absl::OkStatus();
-  const int64_t next = moment + 1;
-  if (next >= trace_.total_moments()) return absl::OkStatus();  // not across iterations
+  if (!options_.prefetch) return absl::OkStatus();
+  const int64_t next = planner_->PrefetchMoment(moment);
+  if (next < 0) return absl::OkStatus();
   const Stage stage = PassOf(trace_.sample(next).stage);
-  if (stage == Stage::kAdam) return absl::OkStatus();
   const std::vector<int64_t>& next_keys = trace_.ChunksAt(next);
   std::vector<int64_t> keys;
   for (int64_t key : next_keys) {
@@ -629,110 +310,48 @@ absl::Status ChunkManager::Prefetch(int64_t moment) {
     }
   }
   if (keys.empty()) return absl::OkStatus();
-  const int64_t missing_bytes = device_cost_bytes_ * static_cast<int64_t>(keys.size());
-  const int64_t over = resident_bytes_ + missing_bytes - LimitsAt(moment).target_bytes;
-  if (over > 0) {
-    // Only the evictions the access at `next` would make (its target is the trace's), and only
-    // free (clean) ones.
-    const int64_t next_allowed =
-        std::max(ChunkableBytes(next), device_cost_bytes_ * static_cast<int64_t>(next_keys.size()));
-    const int64_t demand_over = resident_bytes_ + missing_bytes - next_allowed;
-    if (over > demand_over) return absl::OkStatus();
+  const PrefetchPlan plan =
+      planner_->PlanPrefetch(moment, accel_->tracker()->current_bytes(MemoryKind::kNonModelData),
+                             engine_->resident_bytes(), static_cast<int64_t>(keys.size()),
+                             static_cast<int64_t>(next_keys.size()));
+  if (!plan.allowed) return absl::OkStatus();
+  const MoveContext context{stage, moment};
+  if (plan.evict_bytes > 0) {
+    // The victims the access at `next` would choose, and only free (clean) ones.
+    const int64_t cost = engine_->chunk_cost_bytes();
     const absl::flat_hash_set<int64_t> keep(next_keys.begin(), next_keys.end());
     std::vector<EvictionCandidate> candidates;
-    for (int64_t key : ResidentChunkKeys()) {
-      if (!keep.contains(key) && !ChunkOfKey(key).pinned()) {
-        candidates.push_back({key, device_cost_bytes_});
-      }
+    for (int64_t key : engine_->ResidentKeys()) {
+      if (!keep.contains(key) && !ChunkOfKey(key).pinned()) candidates.push_back({key, cost});
     }
-    const std::vector<int64_t> victims = policy_->ChooseVictims(candidates, over, next);
-    if (device_cost_bytes_ * static_cast<int64_t>(victims.size()) < over) return absl::OkStatus();
+    const std::vector<int64_t> victims = policy_->ChooseVictims(candidates, plan.evict_bytes, next);
+    if (cost * static_cast<int64_t>(victims.size()) < plan.evict_bytes) return absl::OkStatus();
     for (int64_t key : victims) {
       const Chunk& chunk = ChunkOfKey(key);
-      if (!chunk.movable() || !chunk.backing_valid() || !CopiesDone(key)) {
+      if (!chunk.movable() || !chunk.backing_valid() || !engine_->CopiesDone(key)) {
         return absl::OkStatus();
       }
     }
-    RETURN_IF_ERROR(Evict(victims, stage));
+    RETURN_IF_ERROR(engine_->Evict(victims, context));
   }
-  return Load(keys, stage, /*prefetch=*/true);
-}
-
-void ChunkManager::RecordUse(int64_t key, int64_t moment) {
-  policy_->RecordUse(key, std::max<int64_t>(moment, 0));
-}
-
-absl::Status ChunkManager::RecordAccess(int64_t key, int64_t moment) {
-  if (in_iteration_ && metronome_.is_warmup() && moment >= 0) {
-    return trace_.RecordAccess(key, moment);
-  }
-  return absl::OkStatus();
+  return engine_->Load(keys, context, /*prefetch=*/true);
 }
 
 absl::Status ChunkManager::WriteBehind(int64_t key) {
   const int64_t moment = metronome_.moment();
   if (!options_.write_behind || !options_.clean_eviction || !in_iteration_ ||
-      !metronome_.in_trace() || !resident_.contains(key)) {
+      !metronome_.in_trace()) {
     return absl::OkStatus();
   }
-  Chunk& chunk = ChunkOfKey(key);
-  const ChunkId id = chunk.id();
-  if (!chunk.movable() || chunk.backing_valid() || pending_.contains(key) ||
-      trace_.schedule().NextUse(key, moment) < trace_.total_moments() ||
+  // Used on the accelerator again this iteration, or updated there by the optimizer: it stays.
+  const ChunkId id = keys_.IdOf(key);
+  if (planner_->UsedLaterInIteration(key, moment) ||
       (id.type == ChunkType::kParam && adam_placement_.OnAccelerator(id.index))) {
     return absl::OkStatus();
   }
-  // Not used on the accelerator again this iteration and updated on the host: it goes back to
-  // the host before its next use whatever happens, so its copy may as well start now — on the
-  // accelerator-to-host stream, after the caller's kernels up to this release (a stream-side
-  // wait: the host does not block).
-  if (compute_pending_) RETURN_IF_ERROR(store_stream_->WaitEvent(compute_done_.get()));
-  RETURN_IF_ERROR(TimedCopy(
-      *store_stream_,
-      MoveEvent(ChunkMoveKind::kWriteBehind, chunk, PassOf(metronome_.stage())),
-      [&] { return chunk.WriteBackAsync(*store_stream_, host_->chunk_pool()); }));
-  ASSIGN_OR_RETURN(std::shared_ptr<Event> event, backend_->CreateEvent());
-  RETURN_IF_ERROR(store_stream_->RecordEvent(event.get()));
-  pending_[key] = std::move(event);
-  TransferCounters& c = counters_.by_stage[static_cast<int>(PassOf(metronome_.stage()))];
-  ++c.write_backs;
-  c.write_back_bytes += chunk.capacity_bytes();
-  ++counters_.write_behinds;
-  VLOG(2) << "moment " << moment << ": write behind " << id;
-  return absl::OkStatus();
-}
-
-void ChunkManager::ComputeAdamPlacement() {
-  adam_placement_ = AdamPlacement();
-  // Room that stays free at every moment once every param chunk the iteration uses on the
-  // accelerator is resident: optimizer state placed there is never evicted again.
-  int64_t min_chunkable = budget_bytes_;
-  for (int64_t m = 0; m < trace_.total_moments(); ++m) {
-    min_chunkable = std::min(min_chunkable, ChunkableBytes(m));
-  }
-  // Param chunks used on the accelerator, with their last use.
-  absl::flat_hash_map<int64_t, int64_t> last_use;
-  for (const auto& [m, key] : trace_.schedule().sequence()) {
-    if (ChunkIdOfKey(key).type == ChunkType::kParam) last_use[key] = m;
-  }
-  adam_placement_.available_bytes = std::max<int64_t>(
-      0, min_chunkable - device_cost_bytes_ * static_cast<int64_t>(last_use.size()) -
-             options_.adam_margin_bytes);
-  // Each index updated on the accelerator keeps its three optimizer-state chunks there. The
-  // indices whose param chunk is used last (resident when the step starts) come first.
-  const int64_t per_index_bytes = 3 * device_cost_bytes_;
-  const ChunkLayout& layout = store_->layout();
-  std::vector<std::pair<int64_t, int64_t>> order;  // (-last use, index)
-  for (int64_t i = 0; i < num_chunks_; ++i) {
-    if (!layout.HoldsPayload(ChunkType::kMaster, i, store_->rank())) continue;
-    auto it = last_use.find(ChunkKey(ChunkId{ChunkType::kParam, i}));
-    order.emplace_back(it == last_use.end() ? 1 : -it->second, i);
-  }
-  std::sort(order.begin(), order.end());
-  const int64_t n = std::min<int64_t>(adam_placement_.available_bytes / per_index_bytes,
-                                      static_cast<int64_t>(order.size()));
-  for (int64_t k = 0; k < n; ++k) adam_placement_.accelerator_chunks.push_back(order[k].second);
-  std::sort(adam_placement_.accelerator_chunks.begin(), adam_placement_.accelerator_chunks.end());
+  // Otherwise it goes back to the host before its next use whatever happens, so its copy may as
+  // well start now.
+  return engine_->StartWriteBehind(key, {PassOf(metronome_.stage()), moment}).status();
 }
 
 // --- The model -----------------------------------------------------------------------------------
@@ -759,37 +378,42 @@ absl::Status ChunkManager::Access(OperatorId op, Stage stage) {
         absl::StrCat("Access: operator '", info.name, "' is already accessed (",
                      StageName(it->second), "); release it first"));
   }
-  const int64_t request_ns = options_.listener != nullptr ? NowNs() : 0;
-  ASSIGN_OR_RETURN(const int64_t moment, Tick(stage));
-  if (stage == Stage::kBackward) backward_started_ = true;
-  const int64_t key = ChunkKey(ChunkId{ChunkType::kParam, info.chunk_index});
+  const int64_t request_ns = engine_->listener() != nullptr ? engine_->NowNs() : 0;
+  // The moment this access will be; it is only counted (ticked) once the chunks are resident.
+  const int64_t moment = NextMoment();
+  const Stage pass = stage == Stage::kBackward ? Stage::kBackward : PassOf(stage);
+  const int64_t key = keys_.Key(ChunkType::kParam, info.chunk_index);
   const std::string what = absl::StrCat("operator '", info.name, "' (", StageName(stage), ")");
   const int64_t group = layout.group_of(info.chunk_index);
-  const bool gather = collectives_ != nullptr && !gathered_[group];
+  const bool gather = groups_ != nullptr && !groups_->gathered(group);
   // A gather needs the whole group resident as one working set.
-  const std::vector<int64_t> keys = gather ? GroupKeys(group) : std::vector<int64_t>{key};
-  RETURN_IF_ERROR(MakeResident(keys, PassOf(stage), moment, what));
-  if (gather) RETURN_IF_ERROR(GatherGroup(group));
+  const std::vector<int64_t> keys = gather ? groups_->Keys(group) : std::vector<int64_t>{key};
+  RETURN_IF_ERROR(MakeResident(keys, pass, moment, what));
+  if (gather) RETURN_IF_ERROR(groups_->Gather(group));
+  RETURN_IF_ERROR(Tick(stage, moment));
+  if (stage == Stage::kBackward) backward_started_ = true;
   Chunk& chunk = ChunkOfKey(key);
   bool zero_fill = false;
   for (TensorId t : info.tensors) {
     ASSIGN_OR_RETURN(TensorState s, store_->tensor_state(ChunkType::kParam, t));
     zero_fill |= s == TensorState::kFree;
   }
-  RETURN_IF_ERROR(
-      store_->SetOperatorState(ChunkType::kParam, op, TensorState::kCompute, load_stream_.get()));
-  if (zero_fill) RETURN_IF_ERROR(SyncStream(*load_stream_));
+  RETURN_IF_ERROR(store_->SetOperatorState(ChunkType::kParam, op, TensorState::kCompute,
+                                           &engine_->load_stream()));
+  if (zero_fill) RETURN_IF_ERROR(engine_->SyncLoadStream());
   if (stage == Stage::kBackward) chunk.MarkPayloadWritten();
   active_ops_.emplace(op, stage);
-  if (collectives_ != nullptr) {
-    if (stage == Stage::kBackward) backward_touched_[group] = 1;
-    if (stage == Stage::kForward && in_iteration_ && !backward_started_) ++forward_uses_[op];
+  if (groups_ != nullptr) {
+    groups_->NoteAccess(op, group, stage, in_iteration_ && !backward_started_);
   }
   for (int64_t k : keys) {
-    RecordUse(k, moment);
-    RETURN_IF_ERROR(RecordAccess(k, moment));
+    policy_->RecordUse(k, std::max<int64_t>(moment, 0));
+    if (in_iteration_ && metronome_.is_warmup() && moment >= 0) {
+      RETURN_IF_ERROR(trace_.RecordAccess(k, moment));
+    }
   }
-  ReportAccess(info.name, -1, stage, moment, request_ns);
+  engine_->ReportAccess(info.name, -1, stage, moment, in_iteration_ && metronome_.is_warmup(),
+                        request_ns);
   if (absl::Status s = Prefetch(moment); !s.ok()) {
     // A prefetch is an optimization: the access at the next moment will load what is missing.
     LOG(WARNING) << "ChunkManager: prefetch after " << what << " failed: " << s;
@@ -823,32 +447,27 @@ absl::Status ChunkManager::Release(OperatorId op, Stage stage) {
       stage == Stage::kForward ? TensorState::kHoldAfterFwd : TensorState::kHoldAfterBwd;
   RETURN_IF_ERROR(store_->SetOperatorState(ChunkType::kParam, op, to));
   active_ops_.erase(it);
-  if (options_.compute_stream != nullptr) {
-    RETURN_IF_ERROR(options_.compute_stream->RecordEvent(compute_done_.get()));
-    compute_pending_ = true;
-  }
-  if (options_.listener != nullptr) options_.listener->OnRelease(info.name, -1, stage, NowNs());
-  const int64_t key = ChunkKey(ChunkId{ChunkType::kParam, info.chunk_index});
-  if (collectives_ == nullptr) {
+  RETURN_IF_ERROR(engine_->NoteComputeRelease());
+  engine_->ReportRelease(info.name, -1, stage);
+  const int64_t key = keys_.Key(ChunkType::kParam, info.chunk_index);
+  if (groups_ == nullptr) {
     if (stage == Stage::kBackward) RETURN_IF_ERROR(WriteBehind(key));
     return absl::OkStatus();
   }
   const int64_t group = layout.group_of(info.chunk_index);
   if (stage == Stage::kForward) {
-    if ((!in_iteration_ || !backward_started_) && GroupAllIn(group, TensorState::kHoldAfterFwd)) {
-      RETURN_IF_ERROR(FreeGroup(group));
+    if ((!in_iteration_ || !backward_started_) &&
+        groups_->AllIn(group, TensorState::kHoldAfterFwd)) {
+      RETURN_IF_ERROR(groups_->Free(group));
     }
     return absl::OkStatus();
   }
-  if (in_iteration_) ++backward_releases_[op];
-  if (GroupFinishedBackward(group)) {
-    RETURN_IF_ERROR(ReduceGroup(group, PassOf(stage), in_iteration_ ? metronome_.moment() : -1));
-    RETURN_IF_ERROR(FreeGroup(group));
+  if (in_iteration_) groups_->NoteBackwardRelease(op);
+  if (groups_->FinishedBackward(group)) {
+    RETURN_IF_ERROR(ReduceGroup(group, PassOf(stage), CurrentMoment()));
+    RETURN_IF_ERROR(groups_->Free(group));
     // The owner's chunk holds the averaged gradients now, for the optimizer step.
-    const int64_t own = ChunkKey(ChunkId{ChunkType::kParam, group * world_size_ + rank_});
-    if (!store_->layout().is_padding(group * world_size_ + rank_)) {
-      RETURN_IF_ERROR(WriteBehind(own));
-    }
+    if (const int64_t own = groups_->OwnKey(group); own >= 0) RETURN_IF_ERROR(WriteBehind(own));
   }
   return absl::OkStatus();
 }
@@ -863,7 +482,8 @@ absl::StatusOr<AdamPlacement> ChunkManager::BeginAdam() {
                      "' is still accessed; release every operator before the optimizer step"));
   }
   RETURN_IF_ERROR(FinishGroups(PassOf(Stage::kBackward)));
-  ASSIGN_OR_RETURN(const int64_t moment, Tick(Stage::kAdam));
+  const int64_t moment = NextMoment();
+  RETURN_IF_ERROR(Tick(Stage::kAdam, moment));
   // Nothing is known during the warm-up (or off the trace): every index runs on the host.
   if (moment >= 0 && metronome_.in_trace()) return adam_placement_;
   return AdamPlacement();
@@ -872,9 +492,9 @@ absl::StatusOr<AdamPlacement> ChunkManager::BeginAdam() {
 absl::Status ChunkManager::AccessChunks(int64_t chunk_index, absl::Span<const ChunkType> types,
                                         Device device, AccessMode mode) {
   BusyScope busy(this);
-  if (chunk_index < 0 || chunk_index >= num_chunks_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AccessChunks: chunk index ", chunk_index, " outside [0, ", num_chunks_, ")"));
+  if (chunk_index < 0 || chunk_index >= store_->num_chunks()) {
+    return absl::InvalidArgumentError(absl::StrCat("AccessChunks: chunk index ", chunk_index,
+                                                   " outside [0, ", store_->num_chunks(), ")"));
   }
   if (types.empty()) return absl::InvalidArgumentError("AccessChunks: no chunk types given");
   if (!device.is_host() && device != accel_->device()) {
@@ -884,7 +504,7 @@ absl::Status ChunkManager::AccessChunks(int64_t chunk_index, absl::Span<const Ch
   }
   std::vector<int64_t> keys;
   for (ChunkType type : types) {
-    const int64_t key = ChunkKey(ChunkId{type, chunk_index});
+    const int64_t key = keys_.Key(type, chunk_index);
     if (std::find(keys.begin(), keys.end(), key) != keys.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("AccessChunks: type ", ChunkTypeName(type), " given twice"));
@@ -901,51 +521,55 @@ absl::Status ChunkManager::AccessChunks(int64_t chunk_index, absl::Span<const Ch
           "AccessChunks: this rank holds no payload of chunk ", chunk.id().ToString()));
     }
   }
-  const int64_t request_ns = options_.listener != nullptr ? NowNs() : 0;
-  ASSIGN_OR_RETURN(const int64_t moment, Tick(Stage::kAdam));
+  const int64_t request_ns = engine_->listener() != nullptr ? engine_->NowNs() : 0;
+  // The moment this access will be; it is only counted (ticked) once the chunks are in place.
+  const int64_t moment = NextMoment();
   const std::string what = absl::StrCat("optimizer access of chunk ", chunk_index);
   if (device.is_accelerator()) {
     RETURN_IF_ERROR(MakeResident(keys, Stage::kAdam, moment, what));
   } else {
-    for (int64_t key : keys) RETURN_IF_ERROR(MoveToHost(key, Stage::kAdam));
+    for (int64_t key : keys) RETURN_IF_ERROR(engine_->MoveToHost(key, {Stage::kAdam, moment}));
   }
+  RETURN_IF_ERROR(Tick(Stage::kAdam, moment));
   bool device_zero_fill = false;
   for (int64_t key : keys) {
     Chunk& chunk = ChunkOfKey(key);
     for (int slot = 0; slot < chunk.num_tensors(); ++slot) {
       device_zero_fill |= chunk.tensor_state(slot) == TensorState::kFree && device.is_accelerator();
-      RETURN_IF_ERROR(chunk.SetTensorState(slot, TensorState::kCompute, load_stream_.get()));
+      RETURN_IF_ERROR(chunk.SetTensorState(slot, TensorState::kCompute, &engine_->load_stream()));
     }
     if (mode == AccessMode::kReadWrite) chunk.MarkPayloadWritten();
     active_chunks_.insert(key);
   }
-  if (device_zero_fill) RETURN_IF_ERROR(SyncStream(*load_stream_));
+  if (device_zero_fill) RETURN_IF_ERROR(engine_->SyncLoadStream());
   if (device.is_accelerator()) {
     for (int64_t key : keys) {
-      RecordUse(key, moment);
-      RETURN_IF_ERROR(RecordAccess(key, moment));
+      policy_->RecordUse(key, std::max<int64_t>(moment, 0));
+      if (in_iteration_ && metronome_.is_warmup() && moment >= 0) {
+        RETURN_IF_ERROR(trace_.RecordAccess(key, moment));
+      }
     }
   }
-  ReportAccess("adam", chunk_index, Stage::kAdam, moment, request_ns);
+  engine_->ReportAccess("adam", chunk_index, Stage::kAdam, moment,
+                        in_iteration_ && metronome_.is_warmup(), request_ns);
   return absl::OkStatus();
 }
 
 absl::Status ChunkManager::ReleaseChunks(int64_t chunk_index, absl::Span<const ChunkType> types) {
   BusyScope busy(this);
-  if (chunk_index < 0 || chunk_index >= num_chunks_) {
+  if (chunk_index < 0 || chunk_index >= store_->num_chunks()) {
     return absl::InvalidArgumentError(absl::StrCat("ReleaseChunks: chunk index ", chunk_index,
-                                                   " outside [0, ", num_chunks_, ")"));
+                                                   " outside [0, ", store_->num_chunks(), ")"));
   }
   for (ChunkType type : types) {
-    const int64_t key = ChunkKey(ChunkId{type, chunk_index});
-    if (!active_chunks_.contains(key)) {
+    if (!active_chunks_.contains(keys_.Key(type, chunk_index))) {
       return absl::FailedPreconditionError(absl::StrCat("ReleaseChunks of chunk ",
                                                         ChunkId{type, chunk_index}.ToString(),
                                                         " without a matching AccessChunks"));
     }
   }
   for (ChunkType type : types) {
-    const int64_t key = ChunkKey(ChunkId{type, chunk_index});
+    const int64_t key = keys_.Key(type, chunk_index);
     Chunk& chunk = ChunkOfKey(key);
     for (int slot = 0; slot < chunk.num_tensors(); ++slot) {
       if (chunk.tensor_state(slot) == TensorState::kCompute) {
@@ -954,158 +578,26 @@ absl::Status ChunkManager::ReleaseChunks(int64_t chunk_index, absl::Span<const C
     }
     active_chunks_.erase(key);
   }
-  if (options_.listener != nullptr) {
-    options_.listener->OnRelease("adam", chunk_index, Stage::kAdam, NowNs());
-  }
-  if (options_.compute_stream != nullptr) {
-    RETURN_IF_ERROR(options_.compute_stream->RecordEvent(compute_done_.get()));
-    compute_pending_ = true;
-  }
-  return absl::OkStatus();
+  engine_->ReportRelease("adam", chunk_index, Stage::kAdam);
+  return engine_->NoteComputeRelease();
 }
 
 // --- ZeRO ----------------------------------------------------------------------------------------
 
-std::vector<int64_t> ChunkManager::GroupKeys(int64_t group) const {
-  const ChunkLayout& layout = store_->layout();
-  std::vector<int64_t> keys;
-  for (int64_t index : layout.ChunksInGroup(group)) {
-    if (!layout.is_padding(index)) keys.push_back(ChunkKey(ChunkId{ChunkType::kParam, index}));
-  }
-  return keys;
-}
-
-bool ChunkManager::GroupAllIn(int64_t group, TensorState state) const {
-  for (int64_t key : GroupKeys(group)) {
-    const Chunk& chunk = store_->chunk(ChunkIdOfKey(key));
-    if (chunk.tensor_count(state) != chunk.num_tensors()) return false;
-  }
-  return true;
-}
-
-bool ChunkManager::GroupFinishedBackward(int64_t group) const {
-  if (!GroupAllIn(group, TensorState::kHoldAfterBwd)) return false;
-  for (OperatorId op : group_ops_[group]) {
-    if (backward_releases_[op] < std::max(forward_uses_[op], 1)) return false;
-  }
-  return true;
-}
-
-absl::Status ChunkManager::RunGroupCollective(
-    int64_t group, const std::vector<int64_t>& keys,
-    const std::function<absl::Status(absl::Span<void* const>, int64_t, DType)>& collective) {
-  std::vector<void*> payloads(static_cast<size_t>(world_size_), nullptr);
-  for (int64_t key : keys) {
-    Chunk& chunk = ChunkOfKey(key);
-    if (!chunk.has_payload()) {
-      return absl::InternalError(absl::StrCat("ZeRO group ", group, ": chunk ",
-                                              chunk.id().ToString(), " has no payload"));
-    }
-    payloads[static_cast<size_t>(chunk.owner_rank())] = chunk.payload();
-  }
-  for (int64_t key : keys) ChunkOfKey(key).Pin();
-  const int64_t start = NowNs();
-  absl::Status status = collective(payloads, store_->layout().capacity_elems(),
-                                   store_->compute_dtype());
-  counters_.comm_ns += NowNs() - start;
-  for (int64_t key : keys) RETURN_IF_ERROR(ChunkOfKey(key).Unpin());
-  if (!status.ok()) {
-    return absl::Status(status.code(), absl::StrCat("ZeRO collective of chunk group ", group,
-                                                    " (rank ", rank_, " of ", world_size_,
-                                                    "): ", status.message()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ChunkManager::GatherGroup(int64_t group) {
-  const std::vector<int64_t> keys = GroupKeys(group);
-  // An owner's tensor that was never written (FREE) is zero-filled, as an access would, so that
-  // every rank sees the same bytes.
-  bool zero_fill = false;
-  for (int64_t key : keys) {
-    Chunk& chunk = ChunkOfKey(key);
-    if (!chunk.is_local()) continue;
-    for (int slot = 0; slot < chunk.num_tensors(); ++slot) {
-      if (chunk.tensor_state(slot) == TensorState::kFree) {
-        RETURN_IF_ERROR(chunk.SetTensorState(slot, TensorState::kCompute, load_stream_.get()));
-        RETURN_IF_ERROR(chunk.SetTensorState(slot, TensorState::kHold));
-        zero_fill = true;
-      }
-    }
-  }
-  if (zero_fill) RETURN_IF_ERROR(SyncStream(*load_stream_));
-  RETURN_IF_ERROR(RunGroupCollective(
-      group, keys, [&](absl::Span<void* const> payloads, int64_t count, DType dtype) {
-        return collectives_->AllGatherGroup(group, payloads, count, dtype);
-      }));
-  for (int64_t key : keys) {
-    Chunk& chunk = ChunkOfKey(key);
-    if (!chunk.is_local()) {
-      chunk.MarkPayloadWritten();
-      counters_.all_gather_bytes += chunk.capacity_bytes();
-    }
-    for (int slot = 0; slot < chunk.num_tensors(); ++slot) {
-      if (chunk.tensor_state(slot) != TensorState::kHold) {
-        RETURN_IF_ERROR(chunk.SetTensorState(slot, TensorState::kHold));
-      }
-    }
-  }
-  ++counters_.all_gathers;
-  gathered_[group] = 1;
-  backward_touched_[group] = 0;
-  VLOG(2) << "rank " << rank_ << ": gathered group " << group;
-  return absl::OkStatus();
-}
-
 absl::Status ChunkManager::ReduceGroup(int64_t group, Stage stage, int64_t moment) {
-  const std::vector<int64_t> keys = GroupKeys(group);
-  RETURN_IF_ERROR(
-      MakeResident(keys, stage, moment, absl::StrCat("reduce-scatter of chunk group ", group)));
-  // The caller's kernels that wrote the gradients must be done.
-  RETURN_IF_ERROR(WaitForCompute());
-  RETURN_IF_ERROR(RunGroupCollective(
-      group, keys, [&](absl::Span<void* const> payloads, int64_t count, DType dtype) {
-        return collectives_->ReduceScatterGroup(group, payloads, count, dtype);
-      }));
-  for (int64_t key : keys) {
-    Chunk& chunk = ChunkOfKey(key);
-    if (chunk.is_local()) {
-      chunk.MarkPayloadWritten();
-    } else {
-      counters_.reduce_scatter_bytes += chunk.capacity_bytes();
-    }
-  }
-  ++counters_.reduce_scatters;
-  backward_touched_[group] = 0;
-  VLOG(2) << "rank " << rank_ << ": reduce-scattered group " << group;
-  return absl::OkStatus();
-}
-
-absl::Status ChunkManager::FreeGroup(int64_t group) {
-  for (int64_t key : GroupKeys(group)) {
-    Chunk& chunk = ChunkOfKey(key);
-    if (chunk.is_local() || !chunk.has_payload()) continue;
-    RETURN_IF_ERROR(WaitForCopies({key}));
-    // Kernels enqueued before the last Release may still read the payload.
-    RETURN_IF_ERROR(WaitForCompute());
-    RETURN_IF_ERROR(chunk.ReleasePayload());
-    if (resident_.erase(key) > 0) resident_bytes_ -= device_cost_bytes_;
-    prefetched_.erase(key);
-    ++counters_.remote_releases;
-  }
-  gathered_[group] = 0;
-  backward_touched_[group] = 0;
-  return absl::OkStatus();
+  RETURN_IF_ERROR(MakeResident(groups_->Keys(group), stage, moment,
+                               absl::StrCat("reduce-scatter of chunk group ", group)));
+  return groups_->ReduceScatter(group);
 }
 
 absl::Status ChunkManager::FinishGroups(Stage stage) {
-  if (collectives_ == nullptr) return absl::OkStatus();
-  for (int64_t group = 0; group < static_cast<int64_t>(gathered_.size()); ++group) {
-    if (!gathered_[group]) continue;
-    if (backward_touched_[group]) {
-      RETURN_IF_ERROR(ReduceGroup(group, stage, in_iteration_ ? metronome_.moment() : -1));
+  if (groups_ == nullptr) return absl::OkStatus();
+  for (int64_t group = 0; group < groups_->num_groups(); ++group) {
+    if (!groups_->gathered(group)) continue;
+    if (groups_->backward_touched(group)) {
+      RETURN_IF_ERROR(ReduceGroup(group, stage, CurrentMoment()));
     }
-    RETURN_IF_ERROR(FreeGroup(group));
+    RETURN_IF_ERROR(groups_->Free(group));
   }
   return absl::OkStatus();
 }
@@ -1116,9 +608,9 @@ absl::Status ChunkManager::ReleaseRemoteChunks() {
     return absl::FailedPreconditionError(
         "ReleaseRemoteChunks: an operator or chunk is still accessed; release it first");
   }
-  if (collectives_ == nullptr) return absl::OkStatus();
-  for (int64_t group = 0; group < static_cast<int64_t>(gathered_.size()); ++group) {
-    if (gathered_[group]) RETURN_IF_ERROR(FreeGroup(group));
+  if (groups_ == nullptr) return absl::OkStatus();
+  for (int64_t group = 0; group < groups_->num_groups(); ++group) {
+    if (groups_->gathered(group)) RETURN_IF_ERROR(groups_->Free(group));
   }
   return absl::OkStatus();
 }

@@ -9,14 +9,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "base/testing/status_matchers.h"
 #include "base/mutex.h"
+#include "base/testing/status_matchers.h"
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
 #include "chunk/operator_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "memory/caching_allocator.h"
 #include "memory/cpu_backend.h"
 #include "memory/device_memory.h"
 #include "scheduler/replay.h"
@@ -145,12 +146,7 @@ TEST(ChunkManager, RandomTrainingNeverExceedsTheCapAndKeepsEveryByte) {
     for (int it = 0; it < 5; ++it) {
       ASSERT_OK(h->RunIteration(t.program)) << "room " << room << " chunks";
     }
-    const ChunkManagerCounters c = h->manager().counters();
-    for (int st = 0; st < kNumStages; ++st) all.by_stage[st] += c.by_stage[st];
-    all.prefetches += c.prefetches;
-    all.prefetch_hits += c.prefetch_hits;
-    all.write_behinds += c.write_behinds;
-    all.stall_ns += c.stall_ns;
+    all += h->manager().counters();
     placed_state_chunks += PlacedStateChunks(*h);
     EXPECT_LE(h->backend().counters().peak_device_allocated_bytes, config.cap_bytes);
     EXPECT_GT(h->verified_tensors(), 0);
@@ -510,6 +506,37 @@ TEST_F(ChunkManagerApiTest, OperatorThatCannotFitIsResourceExhaustedWithAdvice) 
   ASSERT_OK(m.Release(2, Stage::kForward));
 }
 
+// A failed access is no moment: the metronome does not advance, the warm-up learns only the
+// moments that happened, and a later iteration whose access failed once and then succeeded stays
+// on the learned trace.
+TEST_F(ChunkManagerApiTest, FailedAccessIsNoMoment) {
+  ChunkManager& m = h_->manager();
+  CachingAllocator& scratch = *h_->accelerator().scratch();
+  const int64_t act_bytes = 3 * kChunkBytes + 2048;  // leaves less than the 4 KiB chunk of op2
+  for (int iteration = 0; iteration < 3; ++iteration) {
+    SCOPED_TRACE(absl::StrCat("iteration ", iteration));
+    ASSERT_OK(m.BeginIteration());
+    ASSERT_OK_AND_ASSIGN(void* act, scratch.Allocate(act_bytes));
+    EXPECT_THAT(m.Access(2, Stage::kForward), StatusIs(absl::StatusCode::kResourceExhausted));
+    EXPECT_THAT(
+        m.AccessChunks(1, {ChunkType::kMaster}, m.accelerator_device(), AccessMode::kReadWrite),
+        StatusIs(absl::StatusCode::kResourceExhausted));
+    EXPECT_EQ(m.metronome().moment(), -1);
+    ASSERT_OK(scratch.Deallocate(act, act_bytes));
+    ASSERT_OK(m.Access(2, Stage::kForward));
+    EXPECT_EQ(m.metronome().moment(), 0);
+    ASSERT_OK(m.Release(2, Stage::kForward));
+    ASSERT_OK(m.Access(0, Stage::kForward));
+    EXPECT_EQ(m.metronome().moment(), 1);
+    EXPECT_EQ(m.metronome().in_trace(), iteration > 0);
+    ASSERT_OK(m.Release(0, Stage::kForward));
+    ASSERT_OK(m.EndIteration());
+    EXPECT_EQ(m.tide().total_moments(), 2);
+  }
+  EXPECT_EQ(m.metronome().iteration(), 3);
+  EXPECT_EQ(m.tide().ChunksAt(0), std::vector<int64_t>{m.ChunkKey({ChunkType::kParam, 1})});
+}
+
 // An allocation that does not fit beside the resident chunks makes the manager evict them (the
 // reclaimer), unless that is switched off; chunks in use stay.
 TEST_F(ChunkManagerApiTest, MemoryPressureEvictsChunksThatMayMove) {
@@ -540,10 +567,10 @@ TEST(ChunkManagerPressure, SwitchedOffTheAllocationFails) {
   config.cap_bytes = 4 * kChunkBytes;
   config.options.warmup_chunk_fraction = 0.5;
   config.options.evict_under_pressure = false;
-  ASSERT_OK_AND_ASSIGN(
-      auto h, TrainingHarness::Create({.chunk_elems = kChunkElems,
-                                       .op_numels = {kChunkElems / 2, kChunkElems / 2, kChunkElems}},
-                                      config));
+  ASSERT_OK_AND_ASSIGN(auto h, TrainingHarness::Create(
+                                   {.chunk_elems = kChunkElems,
+                                    .op_numels = {kChunkElems / 2, kChunkElems / 2, kChunkElems}},
+                                   config));
   ASSERT_OK(h->Initialize());
   ChunkManager& m = h->manager();
   ASSERT_OK(m.Access(0, Stage::kForward));
@@ -566,7 +593,13 @@ TEST_F(ChunkManagerApiTest, MisuseIsRejected) {
   EXPECT_THAT(m.EndIteration(), StatusIs(absl::StatusCode::kFailedPrecondition));
   ASSERT_OK(m.BeginIteration());
   EXPECT_THAT(m.BeginIteration(), StatusIs(absl::StatusCode::kFailedPrecondition));
-  EXPECT_THAT(m.EndIteration(), StatusIs(absl::StatusCode::kFailedPrecondition, "no moments"));
+  // A warm-up without a moment ends without learning: the next iteration is the warm-up again.
+  ASSERT_OK(m.EndIteration());
+  EXPECT_TRUE(m.is_warmup());
+  EXPECT_FALSE(m.in_iteration());
+  EXPECT_EQ(m.metronome().iteration(), 0);
+  EXPECT_TRUE(m.iteration_counters().empty());
+  ASSERT_OK(m.BeginIteration());
   ASSERT_OK(m.Access(0, Stage::kForward));
   EXPECT_THAT(m.Access(0, Stage::kForward),
               StatusIs(absl::StatusCode::kFailedPrecondition, "already accessed"));

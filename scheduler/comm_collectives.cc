@@ -13,8 +13,8 @@ absl::Status CommCollectives::CheckPayloads(absl::Span<void* const> payloads,
                                             int64_t count_elems) const {
   if (static_cast<int64_t>(payloads.size()) != comm_->world_size()) {
     return absl::InvalidArgumentError(absl::StrCat("ZeRO collective: ", payloads.size(),
-                                                   " payloads for a world of ",
-                                                   comm_->world_size(), " ranks"));
+                                                   " payloads for a world of ", comm_->world_size(),
+                                                   " ranks"));
   }
   if (count_elems < 0) {
     return absl::InvalidArgumentError(
@@ -44,8 +44,8 @@ absl::Status CommCollectives::AllGatherGroup(int64_t group, absl::Span<void* con
   for (auto& request : requests) waited.Update(request->Wait(timeout_));
   RETURN_IF_ERROR(issued);
   if (!waited.ok()) {
-    return absl::Status(waited.code(), absl::StrCat("all-gather of chunk group ", group, ": ",
-                                                    waited.message()));
+    return absl::Status(waited.code(),
+                        absl::StrCat("all-gather of chunk group ", group, ": ", waited.message()));
   }
   return absl::OkStatus();
 }
@@ -68,8 +68,8 @@ absl::Status CommCollectives::ReduceScatterGroup(int64_t group, absl::Span<void*
   void* recv = payloads[static_cast<size_t>(comm_->rank())];
   if (recv == nullptr) recv = staging_.data() + comm_->rank() * bytes;
   ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> request,
-                   comm_->ReduceScatterAsync(staging_.data(), recv, count_elems,
-                                             ToCommDType(dtype), ReduceOp::kAvg));
+                   comm_->ReduceScatterAsync(staging_.data(), recv, count_elems, ToCommDType(dtype),
+                                             ReduceOp::kAvg));
   absl::Status waited = request->Wait(timeout_);
   if (!waited.ok()) {
     return absl::Status(waited.code(), absl::StrCat("reduce-scatter of chunk group ", group, ": ",

@@ -17,7 +17,8 @@ std::vector<int64_t> RankedPolicy::ChooseVictims(absl::Span<const EvictionCandid
                                                  int64_t need_bytes, int64_t now) {
   std::vector<std::tuple<int64_t, int64_t, int64_t>> ranked;  // (rank, chunk, bytes)
   ranked.reserve(candidates.size());
-  for (const EvictionCandidate& c : candidates) ranked.emplace_back(Rank(c.chunk, now), c.chunk, c.bytes);
+  for (const EvictionCandidate& c : candidates)
+    ranked.emplace_back(Rank(c.chunk, now), c.chunk, c.bytes);
   std::sort(ranked.begin(), ranked.end());
   std::vector<int64_t> victims;
   int64_t freed = 0;

@@ -2,8 +2,8 @@
 //
 // One interface, so benchmarks compare policies on the same trace:
 //  - OptPolicy (the default): Belady's MIN/OPT. Evicts the candidate whose next use, read from the
-//    warm-up's AccessSchedule, is furthest in the future (wrapping into the next iteration); ties go
-//    to the lower chunk key. Before a schedule exists (the warm-up itself) it behaves as LRU.
+//    warm-up's AccessSchedule, is furthest in the future (wrapping into the next iteration); ties
+//    go to the lower chunk key. Before a schedule exists (the warm-up itself) it behaves as LRU.
 //  - LruPolicy: evicts the least recently used candidate.
 //  - StaticPartitionPolicy: a fixed set of chunks lives on the accelerator for the whole run (as
 //    ZeRO-Offload-style systems place data statically); every other chunk streams through and is

@@ -98,7 +98,8 @@ TEST(EvictionPolicy, FactoryNamesPolicies) {
   EXPECT_EQ(lru->name(), "lru");
   ASSERT_OK_AND_ASSIGN(auto st, CreateEvictionPolicy("static", {1}));
   EXPECT_EQ(st->name(), "static");
-  EXPECT_THAT(CreateEvictionPolicy("fifo"), StatusIs(absl::StatusCode::kInvalidArgument, "opt, lru"));
+  EXPECT_THAT(CreateEvictionPolicy("fifo"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "opt, lru"));
 }
 
 // A random trace: `steps` moments over `chunks` chunks, each step needing 1-2 chunks, capacity

@@ -53,7 +53,9 @@ absl::StatusOr<ReplayResult> Replay(absl::Span<const ReplayStep> steps, int iter
           if (!needed.contains(c)) candidates.push_back({c, 1});
         }
         std::sort(candidates.begin(), candidates.end(),
-                  [](const EvictionCandidate& a, const EvictionCandidate& b) { return a.chunk < b.chunk; });
+                  [](const EvictionCandidate& a, const EvictionCandidate& b) {
+                    return a.chunk < b.chunk;
+                  });
         for (int64_t victim : policy.ChooseVictims(candidates, over, m)) {
           resident.erase(victim);
           ++result.evictions;
@@ -65,9 +67,9 @@ absl::StatusOr<ReplayResult> Replay(absl::Span<const ReplayStep> steps, int iter
         if (learn && it == 0) RETURN_IF_ERROR(schedule.Record(c, m));
       }
       if (static_cast<int64_t>(resident.size()) > step.capacity_chunks) {
-        return absl::InternalError(absl::StrCat("policy ", policy.name(), " left ",
-                                                resident.size(), " chunks resident at step ", m,
-                                                " with capacity ", step.capacity_chunks));
+        return absl::InternalError(absl::StrCat("policy ", policy.name(), " left ", resident.size(),
+                                                " chunks resident at step ", m, " with capacity ",
+                                                step.capacity_chunks));
       }
     }
     if (learn && it == 0) {
@@ -97,7 +99,8 @@ absl::StatusOr<int64_t> MinimumLoads(absl::Span<const ReplayStep> steps, int ite
     for (const ReplayStep& step : steps) {
       uint32_t need = 0;
       for (int64_t c : step.chunks) {
-        if (c < 0 || c >= 16) return absl::InvalidArgumentError("MinimumLoads: chunk keys must be in [0, 16)");
+        if (c < 0 || c >= 16)
+          return absl::InvalidArgumentError("MinimumLoads: chunk keys must be in [0, 16)");
         need |= 1u << c;
       }
       absl::flat_hash_map<uint32_t, int64_t> next;

@@ -21,8 +21,8 @@
 namespace ps {
 
 struct ReplayStep {
-  std::vector<int64_t> chunks;   // chunks the step needs resident
-  int64_t capacity_chunks = 0;   // how many chunks fit on the accelerator at this step
+  std::vector<int64_t> chunks;  // chunks the step needs resident
+  int64_t capacity_chunks = 0;  // how many chunks fit on the accelerator at this step
 };
 
 struct ReplayResult {

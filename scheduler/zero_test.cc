@@ -87,8 +87,7 @@ struct ZeroSetup {
 // One rank: its emulated accelerator, memories, chunks, collectives and manager.
 class Rank {
  public:
-  static absl::StatusOr<std::unique_ptr<Rank>> Create(const ZeroSetup& setup,
-                                                       Communicator* comm) {
+  static absl::StatusOr<std::unique_ptr<Rank>> Create(const ZeroSetup& setup, Communicator* comm) {
     std::unique_ptr<Rank> r(new Rank());
     r->setup_ = setup;
     const int64_t block = setup.chunk_elems * 4;
@@ -102,8 +101,7 @@ class Rank {
     ASSIGN_OR_RETURN(r->host_, CreateHostMemory(nullptr, host_options));
     std::vector<OperatorSpec> ops;
     for (size_t i = 0; i < setup.op_numels.size(); ++i) {
-      ops.push_back(
-          {absl::StrCat("op", i), {{absl::StrCat("op", i, ".w"), {setup.op_numels[i]}}}});
+      ops.push_back({absl::StrCat("op", i), {{absl::StrCat("op", i, ".w"), {setup.op_numels[i]}}}});
     }
     ChunkLayoutOptions layout_options;
     layout_options.capacity_elems = setup.chunk_elems;
@@ -199,7 +197,8 @@ class Rank {
     if (resident * manager_->device_chunk_cost_bytes() != manager_->resident_bytes()) {
       return absl::InternalError(absl::StrCat(where, ": rank ", rank(), ": ", resident,
                                               " param chunks on the accelerator but the manager "
-                                              "counts ", manager_->resident_bytes(), " bytes"));
+                                              "counts ",
+                                              manager_->resident_bytes(), " bytes"));
     }
     if (manager_->resident_bytes() > manager_->current_limit_bytes() &&
         manager_->resident_bytes() > 0) {
@@ -229,8 +228,8 @@ class Rank {
     for (int64_t g = 0; g < layout().num_groups(); ++g) {
       if (!manager_->group_gathered(g)) continue;
       if (layout().group_of(layout().op(0).chunk_index) != g) {
-        return absl::InternalError(absl::StrCat("rank ", rank(), ": group ", g,
-                                                " is still gathered after the forward"));
+        return absl::InternalError(
+            absl::StrCat("rank ", rank(), ": group ", g, " is still gathered after the forward"));
       }
     }
     std::vector<OperatorId> backward = {0};
@@ -358,8 +357,8 @@ TEST_P(ZeroTrainingTest, GathersParametersAndAveragesGradientsLikeOneRank) {
                                                 " groups in 3 iterations"));
       }
       if (c.all_gathers < 3 * data_groups) {
-        return absl::InternalError(absl::StrCat("rank ", r.rank(), ": only ", c.all_gathers,
-                                                " all-gathers"));
+        return absl::InternalError(
+            absl::StrCat("rank ", r.rank(), ": only ", c.all_gathers, " all-gathers"));
       }
       if (p.tight && r.layout().num_data_chunks() > setup.cap_chunks &&
           c.Total().write_backs + c.Total().clean_evictions == 0) {
@@ -367,7 +366,8 @@ TEST_P(ZeroTrainingTest, GathersParametersAndAveragesGradientsLikeOneRank) {
       }
       // Between iterations a rank holds exactly its share of the model data.
       int64_t bytes = 0;
-      for (Device d : {Device::Host(), Device::Accelerator(0)}) bytes += r.store().PayloadBytesOn(d);
+      for (Device d : {Device::Host(), Device::Accelerator(0)})
+        bytes += r.store().PayloadBytesOn(d);
       // (ChunkLayout::RankModelDataBytes also counts padding param chunks, which never get a
       // payload here: they take no part in the collectives.)
       int64_t want = 0;
@@ -395,23 +395,35 @@ INSTANTIATE_TEST_SUITE_P(
                           info.param.tight ? "Tight" : "Roomy");
     });
 
-// The model-data share: with N ranks a rank holds about 1/N of the single-rank bytes.
+// The model-data share, exactly: 40 operators of 1000 elements, 4 per 4096-element chunk, make 10
+// data chunks. A rank holds its owned param chunks (2 bytes per element in f16; padding chunks
+// included) and, for its owned data chunks, master, momentum and variance (12 bytes per element).
+//  - world 2: 10 chunks, 5 owned each: 5 x 14 x 4096 bytes, exactly half of one rank's 10 x 14.
+//  - world 4: padded to 12 chunks; ranks 0 and 1 own 3 data chunks each (3 x 14 x 4096), ranks 2
+//    and 3 own 2 data chunks and one padding param chunk each ((2 x 14 + 2) x 4096).
 TEST(ZeroModelBytes, EachRankHoldsItsShare) {
   std::vector<OperatorSpec> ops;
-  for (int i = 0; i < 40; ++i) ops.push_back({absl::StrCat("op", i), {{absl::StrCat("w", i), {1000}}}});
+  for (int i = 0; i < 40; ++i)
+    ops.push_back({absl::StrCat("op", i), {{absl::StrCat("w", i), {1000}}}});
   ChunkLayoutOptions one;
   one.capacity_elems = 4096;
   ASSERT_OK_AND_ASSIGN(ChunkLayout single, ChunkLayout::Build(one, ops));
-  const int64_t single_bytes = single.RankModelDataBytes(DType::kF16, 0);
-  for (int world : {2, 4}) {
+  constexpr int64_t kChunk = 4096;
+  EXPECT_EQ(single.RankModelDataBytes(DType::kF16, 0), 10 * 14 * kChunk);
+  const std::vector<std::pair<int, std::vector<int64_t>>> expected = {
+      {2, {5 * 14 * kChunk, 5 * 14 * kChunk}},
+      {4, {3 * 14 * kChunk, 3 * 14 * kChunk, (2 * 14 + 2) * kChunk, (2 * 14 + 2) * kChunk}}};
+  for (const auto& [world, bytes] : expected) {
     ChunkLayoutOptions o = one;
     o.world_size = world;
     ASSERT_OK_AND_ASSIGN(ChunkLayout layout, ChunkLayout::Build(o, ops));
+    int64_t total = 0;
     for (int r = 0; r < world; ++r) {
-      const double share = static_cast<double>(layout.RankModelDataBytes(DType::kF16, r)) /
-                           static_cast<double>(single_bytes);
-      EXPECT_NEAR(share, 1.0 / world, 0.15) << "world " << world << " rank " << r;
+      EXPECT_EQ(layout.RankModelDataBytes(DType::kF16, r), bytes[r])
+          << "world " << world << " rank " << r;
+      total += layout.RankModelDataBytes(DType::kF16, r);
     }
+    EXPECT_EQ(total, layout.TotalModelDataBytes(DType::kF16)) << "world " << world;
   }
 }
 
@@ -430,8 +442,8 @@ TEST(ZeroEvaluate, ForwardFreesFinishedGroups) {
       // ops 2g and 2g+1 form group g: after 2g+1 the group is finished with the forward.
       const int64_t g = op / 2;
       if (r.manager().group_gathered(g) != (op % 2 == 0)) {
-        return absl::InternalError(absl::StrCat("after op ", op, " group ", g, " gathered: ",
-                                                r.manager().group_gathered(g)));
+        return absl::InternalError(absl::StrCat("after op ", op, " group ", g,
+                                                " gathered: ", r.manager().group_gathered(g)));
       }
       RETURN_IF_ERROR(r.CheckInvariants("evaluate"));
     }
@@ -444,7 +456,8 @@ TEST(ZeroEvaluate, ForwardFreesFinishedGroups) {
     // Nothing may be dropped while accessed.
     const absl::Status busy = r.manager().ReleaseRemoteChunks();
     if (busy.code() != absl::StatusCode::kFailedPrecondition) {
-      return absl::InternalError(absl::StrCat("ReleaseRemoteChunks while accessed: ", busy.ToString()));
+      return absl::InternalError(
+          absl::StrCat("ReleaseRemoteChunks while accessed: ", busy.ToString()));
     }
     return r.manager().Release(5, Stage::kForward);
   });
@@ -481,8 +494,8 @@ TEST(ZeroConfig, MissingOrMismatchedCollectivesAreRejected) {
   lo.capacity_elems = 256;
   lo.world_size = 2;
   ASSERT_OK_AND_ASSIGN(ChunkLayout layout, ChunkLayout::Build(lo, ops));
-  ASSERT_OK_AND_ASSIGN(auto store, ChunkStore::Create(layout, {.compute_dtype = DType::kF32,
-                                                                .rank = 1}));
+  ASSERT_OK_AND_ASSIGN(auto store,
+                       ChunkStore::Create(layout, {.compute_dtype = DType::kF32, .rank = 1}));
   EXPECT_THAT(ChunkManager::Create(store.get(), backend.get(), accel.get(), host.get(), {}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("collectives")));
   std::vector<std::unique_ptr<Communicator>> three = CreateThreadCommunicators(3);

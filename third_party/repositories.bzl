@@ -1,5 +1,16 @@
 """Every external repository of the build: Debian packages, the CUDA toolkit, and the local
-stand-ins for repositories Bazel itself asks for. Nothing is fetched from the network."""
+stand-ins for repositories Bazel itself asks for. Nothing is fetched from the network.
+
+Another Bazel workspace embeds patrickstar_cc's libraries with (see examples/embed/WORKSPACE):
+
+    local_repository(name = "patrickstar_cc", path = "/path/to/patrickstar_cc")
+    load("@patrickstar_cc//third_party:repositories.bzl", "patrickstar_cc_repositories")
+    patrickstar_cc_repositories()
+
+Every path is resolved inside this repository, whichever workspace is the main one, and a
+repository the caller already declared (its own @com_google_absl, say) is left alone, so a
+project can bind the upstream names to its own copies by declaring them before the call.
+"""
 
 load("//third_party:system_library.bzl", "system_library")
 load("//third_party/cuda:cuda_configure.bzl", "cuda_configure")
@@ -47,30 +58,61 @@ def _absl_targets():
     }
     return {k: [v] for k, v in t.items()}
 
-def project_repositories():
-    """Declares all external repositories. Call from WORKSPACE."""
-    native.local_repository(name = "rules_cc", path = "third_party/shims/rules_cc")
-    native.local_repository(name = "rules_java", path = "third_party/shims/rules_java")
-    native.local_repository(name = "remote_coverage_tools", path = "third_party/shims/remote_coverage_tools")
+def _shim_repository_impl(ctx):
+    # The shim's files are in this repository's third_party/shims/<shim>: found from a file of
+    # this package, not from the main workspace's root, so the same call works from a workspace
+    # that embeds patrickstar_cc.
+    src = ctx.path(ctx.attr._anchor).dirname.get_child("shims").get_child(ctx.attr.shim)
+    if not src.exists:
+        fail("patrickstar_cc: the shim directory {} is missing".format(src))
+    for entry in src.readdir():
+        ctx.symlink(entry, entry.basename)
 
-    system_library(name = "com_google_absl", targets = _absl_targets())
-    system_library(name = "com_github_gflags_gflags", targets = {"gflags": ["gflags"]})
-    system_library(name = "com_github_google_glog", targets = {"glog": ["libglog"]})
-    system_library(
+# A local stand-in repository whose files are third_party/shims/<shim> of this repository.
+_shim_repository = repository_rule(
+    implementation = _shim_repository_impl,
+    attrs = {
+        "shim": attr.string(mandatory = True),
+        "_anchor": attr.label(default = Label("//third_party:repositories.bzl"), allow_single_file = True),
+    },
+    local = True,
+)
+
+def _maybe(repository_rule, name, **kwargs):
+    if not native.existing_rule(name):
+        repository_rule(name = name, **kwargs)
+
+def patrickstar_cc_repositories():
+    """Declares every external repository patrickstar_cc needs that is not declared yet.
+
+    Call from WORKSPACE: this repository's own, or any workspace that embeds it (see the file
+    comment).
+    """
+    _maybe(_shim_repository, name = "rules_cc", shim = "rules_cc")
+    _maybe(_shim_repository, name = "rules_java", shim = "rules_java")
+    _maybe(_shim_repository, name = "remote_coverage_tools", shim = "remote_coverage_tools")
+
+    _maybe(system_library, name = "com_google_absl", targets = _absl_targets())
+    _maybe(system_library, name = "com_github_gflags_gflags", targets = {"gflags": ["gflags"]})
+    _maybe(system_library, name = "com_github_google_glog", targets = {"glog": ["libglog"]})
+    _maybe(
+        system_library,
         name = "com_google_googletest",
         targets = {
             "gtest": ["gmock", "gtest", "-pthread"],
             "gtest_main": ["gmock_main", "gmock", "gtest", "-pthread"],
         },
     )
-    system_library(
+    _maybe(
+        system_library,
         name = "com_github_google_benchmark",
         targets = {
             "benchmark": ["benchmark"],
             "benchmark_main": ["-lbenchmark_main", "benchmark"],
         },
     )
-    system_library(
+    _maybe(
+        system_library,
         name = "com_github_google_highway",
         targets = {
             "hwy": ["libhwy"],
@@ -78,12 +120,19 @@ def project_repositories():
             "hwy_test_util": ["libhwy-test", "libhwy", "@com_google_googletest//:gtest"],
         },
     )
-    system_library(name = "openblas", targets = {"openblas": ["openblas"]})
-    system_library(name = "com_github_nlohmann_json", targets = {"json": ["nlohmann_json"]})
-    system_library(name = "openmpi", targets = {"mpi": ["ompi"]})
+    _maybe(system_library, name = "openblas", targets = {"openblas": ["openblas"]})
+    _maybe(system_library, name = "com_github_nlohmann_json", targets = {"json": ["nlohmann_json"]})
+    _maybe(system_library, name = "openmpi", targets = {"mpi": ["ompi"]})
+    # Tokenizers: SentencePiece models (Llama-2), NFC normalization (Qwen2's tokenizer.json).
+    _maybe(
+        system_library,
+        name = "com_github_google_sentencepiece",
+        targets = {"sentencepiece": ["sentencepiece"]},
+    )
+    _maybe(system_library, name = "utf8proc", targets = {"utf8proc": ["libutf8proc"]})
 
     # oneDNN (Debian libdnnl-dev, OpenMP runtime): the bf16 GEMMs of model/kernels. The package
     # ships no pkg-config file, so the link flags are given directly (libgomp: its threads are set
     # with omp_set_num_threads).
-    system_library(name = "onednn", targets = {"dnnl": ["-ldnnl", "-lgomp"]})
-    cuda_configure(name = "local_config_cuda")
+    _maybe(system_library, name = "onednn", targets = {"dnnl": ["-ldnnl", "-lgomp"]})
+    _maybe(cuda_configure, name = "local_config_cuda")

@@ -19,6 +19,8 @@ PACKAGES=(
   nlohmann-json3-dev   # @com_github_nlohmann_json: config and file headers
   libopenmpi-dev       # @openmpi: multi-rank runs on CPU, NCCL bootstrap
   openmpi-bin          # mpirun
+  libsentencepiece-dev # @com_github_google_sentencepiece: SentencePiece tokenizer.model
+  libutf8proc-dev      # @utf8proc: NFC normalization for tokenizer.json
 )
 
 missing=()

@@ -23,8 +23,8 @@
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
-#include "chunk/gpt_shapes.h"
 #include "memory/dtype.h"
+#include "model/gpt_config.h"
 
 ABSL_FLAG(std::string, model, "gpt2",
           "GPT preset: tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, 1B, 2B, 4B, 6B, 8B, 10B, "

@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -15,9 +15,9 @@
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "chunk/chunk_type.h"
-#include "chunk/gpt_shapes.h"
 #include "chunk/operator_spec.h"
 #include "memory/dtype.h"
+#include "model/gpt_config.h"
 #include "model/gpt_model.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"

@@ -29,6 +29,10 @@
 #include "comm/mpi_communicator.h"
 #include "glog/logging.h"
 #include "trainer/config.h"
+#include "trainer/config_json.h"
+#include "trainer/config_overrides.h"
+#include "trainer/config_parse.h"
+#include "trainer/config_validate.h"
 #include "trainer/io/signal_flag.h"
 #include "trainer/trainer.h"
 

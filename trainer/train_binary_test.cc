@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "trainer/config.h"
+#include "trainer/config_json.h"
 #include "trainer/io/checkpoint_dir.h"
 #include "trainer/testing/test_files.h"
 

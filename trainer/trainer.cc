@@ -24,7 +24,6 @@
 #include "chunk/chunk_size_search.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
-#include "chunk/gpt_shapes.h"
 #include "chunk/operator_spec.h"
 #include "glog/logging.h"
 #include "memory/backend.h"
@@ -34,6 +33,7 @@
 #include "memory/dtype.h"
 #include "memory/memory_tracker.h"
 #include "model/gpt2_checkpoint.h"
+#include "model/gpt_config.h"
 #include "model/gpt_model.h"
 #include "model/kernels/matmul.h"
 #include "nlohmann/json.hpp"
@@ -44,6 +44,9 @@
 #include "scheduler/comm_collectives.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
+#include "trainer/config_json.h"
+#include "trainer/config_optimizer.h"
+#include "trainer/config_validate.h"
 #include "trainer/data/data_loader.h"
 #include "trainer/data/synthetic_corpus.h"
 #include "trainer/data/token_file.h"
@@ -51,6 +54,7 @@
 #include "trainer/io/metrics_writer.h"
 #include "trainer/io/trace_writer.h"
 #include "trainer/profiler.h"
+#include "trainer/train_step.h"
 
 namespace ps {
 namespace {
@@ -297,7 +301,7 @@ absl::Status Trainer::Impl::LoadData() {
   options.seed = config_.data.seed;
   options.rank = rank_;
   options.world_size = world_;
-  absl::Span<const uint16_t> train, val;
+  TokenSpan train, val;
   if (config_.data.train_path.empty()) {
     if (gpt_.vocab_size < SyntheticCorpus::kVocabSize) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -316,11 +320,13 @@ absl::Status Trainer::Impl::LoadData() {
     if (config_.data.val_path.empty()) val = synthetic_val_;
   } else {
     ASSIGN_OR_RETURN(TokenFile file, TokenFile::Open(config_.data.train_path));
+    RETURN_IF_ERROR(file.CheckVocabSize(gpt_.vocab_size));
     train_file_.emplace(std::move(file));
     train = train_file_->tokens();
   }
   if (!config_.data.val_path.empty()) {
     ASSIGN_OR_RETURN(TokenFile file, TokenFile::Open(config_.data.val_path));
+    RETURN_IF_ERROR(file.CheckVocabSize(gpt_.vocab_size));
     val_file_.emplace(std::move(file));
     val = val_file_->tokens();
   }
@@ -506,7 +512,8 @@ absl::Status Trainer::Impl::Step(StepMetrics& m) {
   const ChunkManagerCounters c0 = manager_->counters();
   const int64_t trace_t0 = trace_ != nullptr ? trace_->NowNs() : 0;
   // TrainStep uses the loss scale read above (the optimizer's, unchanged until its step).
-  ASSIGN_OR_RETURN(const GptTrainStepResult r, model_->TrainStep(tokens_, targets_, *adam_));
+  ASSIGN_OR_RETURN(const TrainStepResult r,
+                   TrainStep(*model_, *manager_, *adam_, tokens_, targets_));
   const ChunkManagerCounters c1 = manager_->counters();
 
   ASSIGN_OR_RETURN(m.loss, MeanOverRanks(r.loss));

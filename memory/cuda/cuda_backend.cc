@@ -280,9 +280,9 @@ class CudaBackend final : public Backend {
     const cudaError_t e = cudaMallocHost(&p, static_cast<size_t>(bytes));
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "could not allocate ", FormatBytes(bytes), " of pinned host memory: ",
-          cudaGetErrorString(e), ". Lower the host memory budget or the chunk size."));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("could not allocate ", FormatBytes(bytes), " of pinned host memory: ",
+                       cudaGetErrorString(e), ". Lower the host memory budget or the chunk size."));
     }
     absl::MutexLock lock(&state_->mu);
     state_->pinned_allocations[reinterpret_cast<uintptr_t>(p)] = bytes;
@@ -336,9 +336,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
   if (e != cudaSuccess || count == 0) {
     (void)cudaGetLastError();
     return absl::UnavailableError(absl::StrCat(
-        "no usable CUDA GPU: ",
-        e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount reports 0 devices",
-        ". Use the cpu backend on this machine."));
+        "no CUDA device is available (cudaGetDeviceCount: ",
+        e != cudaSuccess ? absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e))
+                         : std::string("0 devices"),
+        "). Use the cpu backend on this machine, or run where a GPU and its driver are visible."));
   }
   if (options.device_index < 0 || options.device_index >= count) {
     return absl::InvalidArgumentError(absl::StrCat("cuda device index ", options.device_index,

@@ -24,8 +24,9 @@ struct CudaBackendOptions {
   int64_t capacity_bytes = 0;
 };
 
-// Unavailable when no usable GPU exists (no device, or no driver); InvalidArgument for a device
-// index out of range or a capacity above what the device has.
+// Unavailable when no usable GPU exists (no device, or no driver): "no CUDA device is available
+// (cudaGetDeviceCount: ...)"; InvalidArgument for a device index out of range or a capacity above
+// what the device has.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options);
 
 // Number of CUDA devices usable by this process (0 when there is no driver or GPU).

@@ -1,5 +1,6 @@
 #include "trainer/data/data_loader.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <numeric>
@@ -7,9 +8,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/splitmix64.h"
 #include "base/status_macros.h"
 #include "glog/logging.h"
-#include "base/splitmix64.h"
 
 namespace ps {
 namespace {
@@ -18,21 +19,44 @@ absl::Status BadOption(absl::string_view field, absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat("DataLoaderOptions.", field, " ", problem));
 }
 
+// The index of the first token >= limit, or tokens.size() if none: a branch-free max per block
+// (vectorized by the compiler), then the exact position only in the block that fails.
+template <typename T>
+int64_t FirstAtLeast(absl::Span<const T> tokens, int64_t limit) {
+  constexpr size_t kBlock = 4096;
+  for (size_t start = 0; start < tokens.size(); start += kBlock) {
+    const size_t end = std::min(tokens.size(), start + kBlock);
+    T max = 0;
+    for (size_t i = start; i < end; ++i) max = tokens[i] > max ? tokens[i] : max;
+    if (static_cast<int64_t>(max) >= limit) return static_cast<int64_t>(start);
+  }
+  return static_cast<int64_t>(tokens.size());
+}
+
+// Inputs and targets of one window of t_len + 1 tokens. Tokens are < vocab_size <= INT32_MAX.
+template <typename T>
+void CopyWindow(const T* src, int64_t t_len, int32_t* in, int32_t* out) {
+  for (int64_t t = 0; t < t_len; ++t) {
+    in[t] = static_cast<int32_t>(src[t]);
+    out[t] = static_cast<int32_t>(src[t + 1]);
+  }
+}
+
 }  // namespace
 
 std::string DataCursorString(const DataCursor& cursor) {
   return absl::StrCat("epoch ", cursor.epoch, ", batch ", cursor.batch_in_epoch);
 }
 
-absl::StatusOr<DataLoader> DataLoader::Create(absl::Span<const uint16_t> tokens,
-                                              const DataLoaderOptions& options) {
+absl::StatusOr<DataLoader> DataLoader::Create(TokenSpan tokens, const DataLoaderOptions& options) {
   const DataLoaderOptions& o = options;
   if (o.batch_size < 1)
     return BadOption("batch_size", absl::StrCat("= ", o.batch_size, " must be >= 1"));
   if (o.seq_len < 1) return BadOption("seq_len", absl::StrCat("= ", o.seq_len, " must be >= 1"));
-  if (o.vocab_size < 1 || o.vocab_size > 65536) {
-    return BadOption("vocab_size", absl::StrCat("= ", o.vocab_size,
-                                                " must be in [1, 65536] (tokens are uint16)"));
+  if (o.vocab_size < 1 || o.vocab_size > std::numeric_limits<int32_t>::max()) {
+    return BadOption("vocab_size", absl::StrCat("= ", o.vocab_size, " must be in [1, ",
+                                                std::numeric_limits<int32_t>::max(),
+                                                "] (batches hold int32 tokens)"));
   }
   if (o.world_size < 1) {
     return BadOption("world_size", absl::StrCat("= ", o.world_size, " must be >= 1"));
@@ -60,7 +84,9 @@ absl::StatusOr<DataLoader> DataLoader::Create(absl::Span<const uint16_t> tokens,
                      " = ", o.batch_size * o.world_size, " windows need at least ", need,
                      " tokens; use more data or a smaller batch_size, seq_len or world_size"));
   }
-  for (int64_t i = 0; i < n; ++i) {
+  const int64_t first_bad = tokens.width_bytes() == 2 ? FirstAtLeast(tokens.u16(), o.vocab_size)
+                                                      : FirstAtLeast(tokens.u32(), o.vocab_size);
+  for (int64_t i = first_bad; i < n; ++i) {
     if (tokens[i] >= o.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "token ", tokens[i], " at position ", i, " of ", n, " is out of range for vocab_size ",
@@ -70,8 +96,7 @@ absl::StatusOr<DataLoader> DataLoader::Create(absl::Span<const uint16_t> tokens,
   return DataLoader(tokens, options, num_windows);
 }
 
-DataLoader::DataLoader(absl::Span<const uint16_t> tokens, const DataLoaderOptions& options,
-                       int64_t num_windows)
+DataLoader::DataLoader(TokenSpan tokens, const DataLoaderOptions& options, int64_t num_windows)
     : tokens_(tokens),
       options_(options),
       num_windows_(num_windows),
@@ -99,8 +124,7 @@ absl::Status DataLoader::CheckCursor(const DataCursor& cursor) const {
 std::vector<int64_t> DataLoader::MakePermutation(int64_t epoch) const {
   std::vector<int64_t> perm(static_cast<size_t>(num_windows_));
   std::iota(perm.begin(), perm.end(), int64_t{0});
-  SplitMix64 rng(
-      DeriveSeed(options_.seed, static_cast<uint64_t>(epoch)));
+  SplitMix64 rng(DeriveSeed(options_.seed, static_cast<uint64_t>(epoch)));
   Shuffle(absl::MakeSpan(perm), rng);
   return perm;
 }
@@ -131,12 +155,12 @@ void DataLoader::FillBatch(const DataCursor& cursor, absl::Span<int32_t> tokens,
   const int64_t t_len = options_.seq_len;
   const std::vector<int64_t> windows = WindowsAt(cursor);
   for (size_t row = 0; row < windows.size(); ++row) {
-    const uint16_t* src = tokens_.data() + windows[row] * t_len;
     int32_t* in = tokens.data() + row * t_len;
     int32_t* out = targets.data() + row * t_len;
-    for (int64_t t = 0; t < t_len; ++t) {
-      in[t] = src[t];
-      out[t] = src[t + 1];
+    if (tokens_.width_bytes() == 2) {
+      CopyWindow(tokens_.u16().data() + windows[row] * t_len, t_len, in, out);
+    } else {
+      CopyWindow(tokens_.u32().data() + windows[row] * t_len, t_len, in, out);
     }
   }
 }

@@ -25,6 +25,8 @@
 // seed included) and later Seek()-ing to it on a loader built the same way reproduces exactly the
 // batches a run that never stopped would have seen, across epoch boundaries.
 //
+// Tokens are uint16 or uint32 (a TokenSpan: llm.c's token files of either width).
+//
 // Validation. Create() checks every token once against vocab_size (an O(N) scan, ~GB/s, cheaper
 // than a model step by orders of magnitude), so batches never need checking later.
 //
@@ -41,6 +43,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "trainer/data/token_span.h"
 
 namespace ps {
 
@@ -49,7 +52,7 @@ struct DataLoaderOptions {
   int64_t batch_size = 1;
   // Tokens per window of inputs (T). >= 1.
   int64_t seq_len = 1;
-  // Every token must be < vocab_size. In [1, 65536].
+  // Every token must be < vocab_size. In [1, 2^31 - 1] (batches hold int32).
   int64_t vocab_size = 65536;
   // Shuffle the windows every epoch (see the file comment).
   bool shuffle = false;
@@ -86,7 +89,7 @@ class DataLoader {
   // Errors: InvalidArgument for bad options (naming the field), for a stream too short to give
   // every rank one batch (with the numbers), and for a token >= vocab_size (naming its position
   // and value).
-  [[nodiscard]] static absl::StatusOr<DataLoader> Create(absl::Span<const uint16_t> tokens,
+  [[nodiscard]] static absl::StatusOr<DataLoader> Create(TokenSpan tokens,
                                                          const DataLoaderOptions& options);
 
   const DataLoaderOptions& options() const { return options_; }
@@ -123,8 +126,7 @@ class DataLoader {
   std::vector<int64_t> WindowsAt(const DataCursor& cursor) const;
 
  private:
-  DataLoader(absl::Span<const uint16_t> tokens, const DataLoaderOptions& options,
-             int64_t num_windows);
+  DataLoader(TokenSpan tokens, const DataLoaderOptions& options, int64_t num_windows);
 
   absl::Status CheckCursor(const DataCursor& cursor) const;
   // Window of row `row` of global batch `global_batch` in `epoch`.
@@ -135,7 +137,7 @@ class DataLoader {
   void FillBatch(const DataCursor& cursor, absl::Span<int32_t> tokens,
                  absl::Span<int32_t> targets) const;
 
-  absl::Span<const uint16_t> tokens_;
+  TokenSpan tokens_;
   DataLoaderOptions options_;
   int64_t num_windows_ = 0;
   int64_t batches_per_epoch_ = 0;

@@ -346,7 +346,7 @@ TEST(DataLoaderTest, BadOptionsNameTheField) {
   o = Options(2, 4);
   o.vocab_size = 0;
   cases.push_back({o, "vocab_size"});
-  o.vocab_size = 65537;
+  o.vocab_size = int64_t{1} << 31;  // batches hold int32
   cases.push_back({o, "vocab_size"});
   o = Options(2, 4, false, 0, 0, 0);
   cases.push_back({o, "world_size"});
@@ -367,6 +367,45 @@ TEST(DataLoaderTest, LoaderOverAFullVocabularyAcceptsToken65535) {
   ASSERT_OK_AND_ASSIGN(DataLoader loader, DataLoader::Create(data, Options(2, 4)));
   EXPECT_THAT(loader.Next().targets,
               ElementsAre(65535, 65535, 65535, 65535, 65535, 65535, 65535, 65535));
+}
+
+TEST(DataLoaderTest, Uint32TokensGiveTheSameBatchesAsUint16AndReachLlama3Ids) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int64_t b = 1 + rng() % 4, t = 1 + rng() % 7;
+    const int64_t n = b * t + 1 + static_cast<int64_t>(rng() % 300);
+    const std::vector<uint16_t> narrow = RandomTokens(n, 60000, trial);
+    const std::vector<uint32_t> wide(narrow.begin(), narrow.end());
+    DataLoaderOptions o = Options(b, t, trial % 2 == 1, trial);
+    o.vocab_size = 60000;
+    ASSERT_OK_AND_ASSIGN(DataLoader a, DataLoader::Create(narrow, o));
+    ASSERT_OK_AND_ASSIGN(DataLoader c, DataLoader::Create(wide, o));
+    for (int k = 0; k < 2 * a.batches_per_epoch() + 1; ++k) {
+      const TokenBatch x = a.Next(), y = c.Next();
+      ASSERT_EQ(x.tokens, y.tokens);
+      ASSERT_EQ(x.targets, y.targets);
+    }
+  }
+  // Ids above 65535 (Llama-3's vocabulary is 128256).
+  std::vector<uint32_t> big(9);
+  for (int i = 0; i < 9; ++i) big[i] = 128000 + i;
+  DataLoaderOptions o = Options(2, 4);
+  o.vocab_size = 128256;
+  ASSERT_OK_AND_ASSIGN(DataLoader loader, DataLoader::Create(big, o));
+  EXPECT_THAT(loader.Next().targets,
+              ElementsAre(128001, 128002, 128003, 128004, 128005, 128006, 128007, 128008));
+  big[6] = 128256;
+  EXPECT_THAT(DataLoader::Create(big, o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("token 128256 at position 6 of 9"),
+                             HasSubstr("vocab_size 128256"))));
+  // The first offending token is found in a long stream, past the first block of the scan.
+  std::vector<uint32_t> long_stream(100000, 1);
+  long_stream[70001] = 5;
+  long_stream[90000] = 7;
+  o.vocab_size = 5;
+  EXPECT_THAT(DataLoader::Create(long_stream, o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("position 70001 ")));
 }
 
 }  // namespace

@@ -10,8 +10,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "glog/logging.h"
 #include "base/splitmix64.h"
+#include "glog/logging.h"
 #include "trainer/data/internal/synthetic_grammar.h"
 
 namespace ps {

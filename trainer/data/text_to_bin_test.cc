@@ -14,6 +14,8 @@
 #include "base/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "trainer/data/load_tokenizer.h"
 #include "trainer/data/token_file.h"
 #include "trainer/data/tokenizer.h"
 
@@ -76,10 +78,13 @@ TEST(TextToBinTest, ByteLevelWritesEveryByteAsAToken) {
   const RunResult r =
       RunTool(absl::StrCat("--input=", TmpPath("bytes.txt"), " --output=", TmpPath("bytes.bin")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("byte tokenizer (vocabulary 256): 10256 bytes -> 10256 tokens"));
+  EXPECT_THAT(
+      r.output,
+      HasSubstr("byte tokenizer (vocabulary 256): 10256 bytes, 1 documents -> 10256 tokens"));
+  EXPECT_THAT(r.output, HasSubstr("uint16 tokens, magic 20240520 version 1"));
   EXPECT_THAT(r.output, HasSubstr("tokens/s"));
   ASSERT_OK_AND_ASSIGN(TokenFile file, TokenFile::Open(TmpPath("bytes.bin")));
-  EXPECT_THAT(file.tokens(), ElementsAreArray(Bytes(text)));
+  EXPECT_THAT(file.tokens().u16(), ElementsAreArray(Bytes(text)));
 }
 
 TEST(TextToBinTest, SplitsTheLastFractionIntoValidation) {
@@ -93,8 +98,8 @@ TEST(TextToBinTest, SplitsTheLastFractionIntoValidation) {
   ASSERT_OK_AND_ASSIGN(TokenFile train, TokenFile::Open(TmpPath("train.bin")));
   ASSERT_OK_AND_ASSIGN(TokenFile val, TokenFile::Open(TmpPath("val.bin")));
   const std::vector<uint16_t> all = Bytes(text);
-  EXPECT_THAT(train.tokens(), ElementsAreArray(all.begin(), all.begin() + 750));
-  EXPECT_THAT(val.tokens(), ElementsAreArray(all.begin() + 750, all.end()));
+  EXPECT_THAT(train.tokens().u16(), ElementsAreArray(all.begin(), all.begin() + 750));
+  EXPECT_THAT(val.tokens().u16(), ElementsAreArray(all.begin() + 750, all.end()));
   EXPECT_THAT(r.output, HasSubstr("250 validation tokens"));
   EXPECT_THAT(r.output, HasSubstr("750 training tokens"));
 }
@@ -111,14 +116,112 @@ TEST(TextToBinTest, Gpt2BpeMatchesTheLibrary) {
       RunTool(absl::StrCat("--input=", TmpPath("bpe.txt"), " --output=", TmpPath("bpe.bin"),
                            " --vocab=", vocab, " --merges=", merges));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("gpt2-bpe tokenizer (vocabulary 292)"));
-  ASSERT_OK_AND_ASSIGN(auto tok, Gpt2BpeTokenizer::Load(vocab, merges));
-  std::vector<uint16_t> expected;
-  tok->Encode(text, &expected);
+  EXPECT_THAT(r.output, HasSubstr("gpt2-bpe (gpt2 pre-tokenizer) tokenizer (vocabulary 292)"));
+  ASSERT_OK_AND_ASSIGN(auto tok, BpeTokenizer::LoadGpt2(vocab, merges));
+  // llm.c's convention: <|endoftext|> in front of the (one) document.
+  std::vector<uint32_t> expected = {*tok->TokenId("<|endoftext|>")};
+  ASSERT_OK(tok->Encode(text, &expected));
   ASSERT_OK_AND_ASSIGN(TokenFile file, TokenFile::Open(TmpPath("bpe.bin")));
-  EXPECT_THAT(file.tokens(), ElementsAreArray(expected));
+  EXPECT_THAT(file.tokens().u16(), ElementsAreArray(expected));
   EXPECT_LT(expected.size(), text.size());  // merges happened
-  EXPECT_THAT(tok->Decode(file.tokens()), IsOkAndHolds(text));
+  EXPECT_THAT(tok->Decode(std::vector<uint32_t>(expected.begin() + 1, expected.end())),
+              IsOkAndHolds(text));
+}
+
+std::vector<uint32_t> FileTokens(const TokenFile& file) {
+  std::vector<uint32_t> out;
+  for (size_t i = 0; i < file.tokens().size(); ++i) out.push_back(file.tokens()[i]);
+  return out;
+}
+
+TEST(TextToBinTest, TokenizerJsonWithDocumentsGetsTheBosInFrontOfEach) {
+  const std::string json = Runfile("trainer/data/testdata/tokenizers/llama3_tokenizer.json");
+  const std::string docs[] = {"Hello world, I'M here.", "Second   document\r\nwith 12345 digits",
+                              "\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD emoji"};
+  const std::string text = absl::StrCat(docs[0], "\n\n", docs[1], "\n\n\n\n", docs[2]);
+  WriteRawFile(TmpPath("docs.txt"), text);
+  const RunResult r =
+      RunTool(absl::StrCat("--input=", TmpPath("docs.txt"), " --output=", TmpPath("docs.bin"),
+                           " --tokenizer=", json, " --split_documents='\\n\\n'"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("3 documents"));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Tokenizer> tok, LoadTokenizer(json));
+  const uint32_t bos = *tok->TokenId("<|begin_of_text|>");
+  std::vector<uint32_t> expected;
+  for (const std::string& doc : docs) {
+    expected.push_back(bos);
+    ASSERT_OK(tok->Encode(doc, &expected));
+  }
+  ASSERT_OK_AND_ASSIGN(TokenFile file, TokenFile::Open(TmpPath("docs.bin")));
+  EXPECT_EQ(file.token_width_bytes(), 2);  // a vocabulary of 905
+  EXPECT_THAT(FileTokens(file), ElementsAreArray(expected));
+
+  // --document_token=none and a named token.
+  ASSERT_EQ(RunTool(absl::StrCat("--input=", TmpPath("docs.txt"), " --output=", TmpPath("none.bin"),
+                                 " --tokenizer=", json, " --document_token=none"))
+                .exit_code,
+            0);
+  ASSERT_OK_AND_ASSIGN(TokenFile none, TokenFile::Open(TmpPath("none.bin")));
+  std::vector<uint32_t> plain;
+  ASSERT_OK(tok->Encode(text, &plain));
+  EXPECT_THAT(FileTokens(none), ElementsAreArray(plain));
+  ASSERT_EQ(RunTool(absl::StrCat("--input=", TmpPath("docs.txt"), " --output=", TmpPath("eot.bin"),
+                                 " --tokenizer=", json, " --document_token='<|eot_id|>'"))
+                .exit_code,
+            0);
+  ASSERT_OK_AND_ASSIGN(TokenFile eot, TokenFile::Open(TmpPath("eot.bin")));
+  EXPECT_EQ(eot.tokens()[0], *tok->TokenId("<|eot_id|>"));
+}
+
+TEST(TextToBinTest, SentencePieceModelGetsBosPerDocument) {
+  const std::string model = Runfile("trainer/data/testdata/tokenizers/llama2_tokenizer.model");
+  WriteRawFile(TmpPath("sp.txt"), "one<|endoftext|>two three<|endoftext|><|endoftext|>four");
+  const RunResult r =
+      RunTool(absl::StrCat("--input=", TmpPath("sp.txt"), " --output=", TmpPath("sp.bin"),
+                           " --tokenizer=", model, " --split_documents='<|endoftext|>'"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Tokenizer> tok, LoadTokenizer(model));
+  std::vector<uint32_t> expected;
+  for (const char* doc : {"one", "two three", "four"}) {
+    expected.push_back(1);  // <s>
+    ASSERT_OK(tok->Encode(doc, &expected));
+  }
+  ASSERT_OK_AND_ASSIGN(TokenFile file, TokenFile::Open(TmpPath("sp.bin")));
+  EXPECT_THAT(FileTokens(file), ElementsAreArray(expected));
+}
+
+TEST(TextToBinTest, VocabulariesAbove65536WriteUint32Files) {
+  // A tokenizer.json with 70000 vocabulary entries: the bytes, filler, and "Ġab" (id 69999) that
+  // merges reach; the special token comes after them (70000).
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[Gpt2ByteToUnicode()[b]] = b;
+  for (int i = 256; i < 69997; ++i) vocab[absl::StrCat("filler", i)] = i;
+  vocab["Ġa"] = 69997;
+  vocab["ab"] = 69998;
+  vocab["Ġab"] = 69999;
+  nlohmann::json j = {
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", vocab},
+        {"merges", nlohmann::json::array({"Ġ a", nlohmann::json::array({"Ġa", "b"}), "a b"})}}},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"added_tokens", nlohmann::json::array({{{"id", 70000},
+                                               {"content", "<|endoftext|>"},
+                                               {"special", true},
+                                               {"normalized", false}}})}};
+  WriteRawFile(TmpPath("big.json"), j.dump());
+  WriteRawFile(TmpPath("big.txt"), "ab ab x<|endoftext|>");
+  const RunResult r =
+      RunTool(absl::StrCat("--input=", TmpPath("big.txt"), " --output=", TmpPath("big.bin"),
+                           " --tokenizer=", TmpPath("big.json"), " --parse_special_tokens"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("vocabulary 70001"));
+  EXPECT_THAT(r.output, HasSubstr("uint32 tokens, magic 20240801 version 7"));
+  ASSERT_OK_AND_ASSIGN(TokenFile file, TokenFile::Open(TmpPath("big.bin")));
+  EXPECT_EQ(file.token_width_bytes(), 4);
+  // <|endoftext|> (document), "ab", " ab", " x" (bytes 32 and 120: this vocabulary gives byte b
+  // the id b), <|endoftext|> (parsed).
+  EXPECT_THAT(file.tokens().u32(), ElementsAreArray({70000u, 69998u, 69999u, 32u, 120u, 70000u}));
 }
 
 TEST(TextToBinTest, RelativePathsAreRelativeToTheBazelRunDirectory) {
@@ -154,6 +257,15 @@ TEST(TextToBinTest, BadArgumentsFailWithAnExplanation) {
       {absl::StrCat(in, out, " --vocab=", vocab, " --merges=", TmpPath("bad_merges.txt")),
        "bad_merges.txt' line 1"},
       {absl::StrCat(in, " --output=", TmpPath("no/such/dir/x.bin")), "no/such/dir/x.bin"},
+      {absl::StrCat(in, out, " --tokenizer=", vocab, " --vocab=", vocab, " --merges=x"),
+       "give one"},
+      {absl::StrCat(in, out, " --tokenizer=", vocab), "model: missing"},
+      {absl::StrCat(in, out, " --tokenizer=", TmpPath("small.txt")),
+       "neither a Hugging Face tokenizer.json"},
+      {absl::StrCat(in, out, " --tokenizer=", TmpPath("missing.json")), "missing.json"},
+      {absl::StrCat(in, out, " --parse_special_tokens"), "--parse_special_tokens"},
+      {absl::StrCat(in, out, " --document_token=nope"), "--document_token='nope'"},
+      {absl::StrCat(in, out, " --split_documents='\\x'"), "--split_documents"},
   };
   for (const Case& c : cases) {
     const RunResult r = RunTool(c.args);

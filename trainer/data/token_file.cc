@@ -24,9 +24,35 @@ namespace {
 static_assert(std::endian::native == std::endian::little,
               "token files are little-endian; this reader maps them as native integers");
 
-// Magic numbers of other llm.c files, to say what a foreign file is.
-constexpr int32_t kLlmcLlama3TokenMagic = 20240801;
+// The magic number of llm.c's model checkpoints, to say what a foreign file is.
 constexpr int32_t kLlmcModelMagic = 20240326;
+
+// The largest of n tokens (0 for none): a plain reduction the compiler vectorizes.
+template <typename T>
+uint32_t MaxOf(const T* tokens, size_t n) {
+  T max = 0;
+  for (size_t i = 0; i < n; ++i) max = tokens[i] > max ? tokens[i] : max;
+  return max;
+}
+
+template <typename T>
+absl::Status WriteTokens(const std::string& path, absl::Span<const T> tokens, int32_t magic,
+                         int32_t version) {
+  if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write token file '", path, "': ", tokens.size(),
+                     " tokens exceed the format's limit of ", std::numeric_limits<int32_t>::max(),
+                     " (the header's count is an int32); split the data into several files"));
+  }
+  int32_t header[kTokenFileHeaderInts] = {};
+  header[0] = magic;
+  header[1] = version;
+  header[2] = static_cast<int32_t>(tokens.size());
+  return WriteFileAtomically(path, [&](int fd, const std::string& tmp_path) -> absl::Status {
+    RETURN_IF_ERROR(WriteAll(fd, header, sizeof(header), tmp_path));
+    return WriteAll(fd, tokens.data(), tokens.size() * sizeof(T), tmp_path);
+  });
+}
 
 // True if the first bytes look like text (printable ASCII, whitespace or UTF-8 lead/continuation
 // bytes), for the "this is a text file" hint.
@@ -93,34 +119,43 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
   const int32_t magic = header[0];
   const int32_t version = header[1];
   const int32_t count = header[2];
-  if (magic != kTokenFileMagic) {
-    if (magic == kLlmcLlama3TokenMagic) {
-      return corrupt(absl::StrCat("this is an llm.c Llama-3 token file (magic ", magic,
-                                  ", version ", version,
-                                  ", uint32 tokens); only GPT-2-style files (magic ",
-                                  kTokenFileMagic, ", version 1, uint16 tokens) are supported"));
-    }
+  if (magic != kTokenFileMagic && magic != kTokenFile32Magic) {
     if (magic == kLlmcModelMagic) {
       return corrupt(
           absl::StrCat("this is an llm.c model checkpoint (magic ", magic, "), not a token file"));
     }
     return corrupt(absl::StrCat("bad magic number ", magic, " (expected ", kTokenFileMagic,
-                                "); not an llm.c token file", text_hint));
+                                " for uint16 tokens or ", kTokenFile32Magic,
+                                " for uint32 tokens); not an llm.c token file", text_hint));
   }
-  if (version != kTokenFileVersion) {
-    return corrupt(absl::StrCat("unsupported version ", version,
-                                "; only version 1 (uint16 tokens) is supported"));
+  const bool wide = magic == kTokenFile32Magic;
+  const int32_t want_version = wide ? kTokenFile32Version : kTokenFileVersion;
+  if (version != want_version) {
+    return corrupt(absl::StrCat("unsupported version ", version, " for magic ", magic,
+                                "; llm.c writes version ", want_version, " (",
+                                wide ? "uint32" : "uint16", " tokens) with that magic"));
   }
   if (count < 0) {
     return corrupt(absl::StrCat("the header's token count is negative (", count, ")"));
   }
+  const uint64_t width = wide ? sizeof(uint32_t) : sizeof(uint16_t);
+  const absl::string_view type = wide ? "uint32" : "uint16";
   const uint64_t payload_bytes = file_size - kTokenFileHeaderBytes;
-  const uint64_t declared_bytes = static_cast<uint64_t>(count) * sizeof(uint16_t);
+  const uint64_t declared_bytes = static_cast<uint64_t>(count) * width;
+  if (payload_bytes != declared_bytes) {
+    const uint64_t other_width = wide ? sizeof(uint16_t) : sizeof(uint32_t);
+    if (count > 0 && payload_bytes == static_cast<uint64_t>(count) * other_width) {
+      return corrupt(absl::StrCat("the header (magic ", magic, ", version ", version, ") says ",
+                                  type, " tokens, but the ", payload_bytes, " bytes after it hold ",
+                                  count, " tokens of ", other_width,
+                                  " bytes; the file was written with the other token width"));
+    }
+  }
   if (payload_bytes < declared_bytes) {
-    return corrupt(absl::StrCat("truncated: the header declares ", count, " tokens (",
+    return corrupt(absl::StrCat("truncated: the header declares ", count, " ", type, " tokens (",
                                 declared_bytes, " bytes after the header) but the file has only ",
-                                payload_bytes, " bytes after the header (",
-                                payload_bytes / sizeof(uint16_t), " tokens)"));
+                                payload_bytes, " bytes after the header (", payload_bytes / width,
+                                " tokens)"));
   }
   if (payload_bytes > declared_bytes) {
     return corrupt(absl::StrCat("the file has ", payload_bytes - declared_bytes,
@@ -135,13 +170,28 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path) {
   if (addr == MAP_FAILED) return ErrnoError(errno, "cannot mmap token file", path);
   file.map_addr_ = addr;
   file.map_size_bytes_ = file_size;
-  const auto* tokens =
-      reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(addr) + kTokenFileHeaderBytes);
-  file.tokens_ = absl::MakeConstSpan(tokens, static_cast<size_t>(count));
-  uint16_t max_token = 0;
-  for (const uint16_t t : file.tokens_) max_token = t > max_token ? t : max_token;
-  file.max_token_ = max_token;
+  const uint8_t* payload = static_cast<const uint8_t*>(addr) + kTokenFileHeaderBytes;
+  const auto n = static_cast<size_t>(count);
+  if (wide) {
+    const auto* tokens = reinterpret_cast<const uint32_t*>(payload);
+    file.tokens_ = absl::MakeConstSpan(tokens, n);
+    file.max_token_ = MaxOf(tokens, n);
+  } else {
+    const auto* tokens = reinterpret_cast<const uint16_t*>(payload);
+    file.tokens_ = absl::MakeConstSpan(tokens, n);
+    file.max_token_ = MaxOf(tokens, n);
+  }
   return file;
+}
+
+absl::Status TokenFile::CheckVocabSize(int64_t vocab_size) const {
+  if (static_cast<int64_t>(max_token_) < vocab_size) return absl::OkStatus();
+  size_t pos = 0;
+  while (pos < tokens_.size() && static_cast<int64_t>(tokens_[pos]) < vocab_size) ++pos;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "token file '", path_, "': token ", tokens_[pos], " at position ", pos, " of ",
+      tokens_.size(), " is not below the model's vocabulary size ", vocab_size,
+      " (the file's largest token is ", max_token_, "); it was tokenized for a larger vocabulary"));
 }
 
 TokenFile::TokenFile(TokenFile&& other) noexcept
@@ -149,7 +199,7 @@ TokenFile::TokenFile(TokenFile&& other) noexcept
       map_addr_(std::exchange(other.map_addr_, nullptr)),
       map_size_bytes_(std::exchange(other.map_size_bytes_, 0)),
       tokens_(std::exchange(other.tokens_, {})),
-      max_token_(std::exchange(other.max_token_, 0)) {}
+      max_token_(std::exchange(other.max_token_, 0u)) {}
 
 TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
   if (this != &other) {
@@ -158,7 +208,7 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
     map_addr_ = std::exchange(other.map_addr_, nullptr);
     map_size_bytes_ = std::exchange(other.map_size_bytes_, 0);
     tokens_ = std::exchange(other.tokens_, {});
-    max_token_ = std::exchange(other.max_token_, 0);
+    max_token_ = std::exchange(other.max_token_, 0u);
   }
   return *this;
 }
@@ -173,21 +223,11 @@ void TokenFile::Unmap() {
 }
 
 absl::Status WriteTokenFile(const std::string& path, absl::Span<const uint16_t> tokens) {
-  if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot write token file '", path, "': ", tokens.size(),
-                     " tokens exceed the format's limit of ", std::numeric_limits<int32_t>::max(),
-                     " (the header's count is an int32); split the data into several files"));
-  }
-  int32_t header[kTokenFileHeaderInts] = {};
-  header[0] = kTokenFileMagic;
-  header[1] = kTokenFileVersion;
-  header[2] = static_cast<int32_t>(tokens.size());
+  return WriteTokens(path, tokens, kTokenFileMagic, kTokenFileVersion);
+}
 
-  return WriteFileAtomically(path, [&](int fd, const std::string& tmp_path) -> absl::Status {
-    RETURN_IF_ERROR(WriteAll(fd, header, sizeof(header), tmp_path));
-    return WriteAll(fd, tokens.data(), tokens.size() * sizeof(uint16_t), tmp_path);
-  });
+absl::Status WriteTokenFile(const std::string& path, absl::Span<const uint32_t> tokens) {
+  return WriteTokens(path, tokens, kTokenFile32Magic, kTokenFile32Version);
 }
 
 }  // namespace ps

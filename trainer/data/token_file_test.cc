@@ -56,6 +56,10 @@ std::string TokenBytes(const std::vector<uint16_t>& tokens) {
   return std::string(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
 }
 
+std::string TokenBytes32(const std::vector<uint32_t>& tokens) {
+  return std::string(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 4);
+}
+
 std::vector<std::string> FilesIn(const std::string& dir) {
   std::vector<std::string> names;
   DIR* d = ::opendir(dir.c_str());
@@ -86,18 +90,78 @@ TEST(TokenFileTest, RoundTripsRandomSizes) {
     ASSERT_OK_AND_ASSIGN(TokenFile file, TokenFile::Open(path));
     EXPECT_EQ(file.path(), path);
     EXPECT_EQ(file.num_tokens(), static_cast<int64_t>(n));
-    EXPECT_THAT(file.tokens(), ElementsAreArray(tokens));
+    EXPECT_EQ(file.token_width_bytes(), 2);
+    EXPECT_THAT(file.tokens().u16(), ElementsAreArray(tokens));
     EXPECT_EQ(file.max_token(), max);
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(file.tokens().data()) % alignof(uint16_t), 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(file.tokens().u16().data()) % alignof(uint16_t), 0u);
   }
+}
+
+TEST(TokenFileTest, RoundTripsRandomSizesOfUint32Tokens) {
+  std::mt19937_64 rng(2);
+  for (const size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{4097}, size_t{100003}}) {
+    std::vector<uint32_t> tokens(n);
+    uint32_t max = 0;
+    for (auto& t : tokens) {
+      t = static_cast<uint32_t>(rng() % 200000);  // Llama-3-sized ids, above 65535
+      max = std::max(max, t);
+    }
+    const std::string path = TmpPath(absl::StrCat("round_trip32_", n, ".bin"));
+    ASSERT_OK(WriteTokenFile(path, tokens));
+    // llm.c's "llama-3" variant: magic 20240801, version 7, uint32 tokens.
+    EXPECT_EQ(ReadRawFile(path),
+              RawTokenFile(20240801, 7, static_cast<int32_t>(n), TokenBytes32(tokens)));
+    ASSERT_OK_AND_ASSIGN(TokenFile file, TokenFile::Open(path));
+    EXPECT_EQ(file.token_width_bytes(), 4);
+    EXPECT_EQ(file.num_tokens(), static_cast<int64_t>(n));
+    EXPECT_THAT(file.tokens().u32(), ElementsAreArray(tokens));
+    for (size_t i = 0; i < std::min<size_t>(n, 100); ++i) EXPECT_EQ(file.tokens()[i], tokens[i]);
+    EXPECT_EQ(file.max_token(), max);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(file.tokens().u32().data()) % alignof(uint32_t), 0u);
+  }
+}
+
+TEST(TokenFileTest, ReadsALlama3FileWrittenByHandLikeLlmc) {
+  const std::string path = TmpPath("by_hand32.bin");
+  WriteRawFile(path, RawTokenFile(20240801, 7, 3, TokenBytes32({128000, 9906, 128001})));
+  ASSERT_OK_AND_ASSIGN(TokenFile file, TokenFile::Open(path));
+  EXPECT_THAT(file.tokens().u32(), ElementsAreArray({128000, 9906, 128001}));
+  EXPECT_EQ(file.max_token(), 128001u);
+}
+
+TEST(TokenFileTest, CheckVocabSizeNamesTheFileAndTheFirstOffendingPosition) {
+  const std::string path16 = TmpPath("vocab16.bin");
+  std::vector<uint16_t> narrow(5000, 7);
+  narrow[1234] = 300;
+  narrow[4000] = 60000;
+  ASSERT_OK(WriteTokenFile(path16, narrow));
+  ASSERT_OK_AND_ASSIGN(TokenFile f16, TokenFile::Open(path16));
+  EXPECT_OK(f16.CheckVocabSize(60001));
+  EXPECT_THAT(f16.CheckVocabSize(60000),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(path16), HasSubstr("token 60000 at position 4000"),
+                             HasSubstr("vocabulary size 60000"))));
+  EXPECT_THAT(f16.CheckVocabSize(256), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                AllOf(HasSubstr("token 300 at position 1234"),
+                                                      HasSubstr("largest token is 60000"))));
+
+  const std::string path32 = TmpPath("vocab32.bin");
+  std::vector<uint32_t> wide(3000, 5);
+  wide[2999] = 128255;
+  ASSERT_OK(WriteTokenFile(path32, wide));
+  ASSERT_OK_AND_ASSIGN(TokenFile f32, TokenFile::Open(path32));
+  EXPECT_OK(f32.CheckVocabSize(128256));
+  EXPECT_THAT(f32.CheckVocabSize(128000),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(path32), HasSubstr("token 128255 at position 2999"))));
 }
 
 TEST(TokenFileTest, ReadsAFileWrittenByHandLikeLlmc) {
   const std::string path = TmpPath("by_hand.bin");
   WriteRawFile(path, RawTokenFile(20240520, 1, 3, TokenBytes({50256, 15496, 11})));
   ASSERT_OK_AND_ASSIGN(TokenFile file, TokenFile::Open(path));
-  EXPECT_THAT(file.tokens(), ElementsAreArray({50256, 15496, 11}));
-  EXPECT_EQ(file.max_token(), 50256);
+  EXPECT_THAT(file.tokens().u16(), ElementsAreArray({50256, 15496, 11}));
+  EXPECT_EQ(file.max_token(), 50256u);
 }
 
 TEST(TokenFileTest, MoveKeepsTheMapping) {
@@ -105,11 +169,11 @@ TEST(TokenFileTest, MoveKeepsTheMapping) {
   ASSERT_OK(WriteTokenFile(path, std::vector<uint16_t>{1, 2, 3}));
   ASSERT_OK_AND_ASSIGN(TokenFile a, TokenFile::Open(path));
   TokenFile b = std::move(a);
-  EXPECT_THAT(b.tokens(), ElementsAreArray({1, 2, 3}));
+  EXPECT_THAT(b.tokens().u16(), ElementsAreArray({1, 2, 3}));
   ASSERT_OK_AND_ASSIGN(TokenFile c, TokenFile::Open(path));
   c = std::move(b);
-  EXPECT_THAT(c.tokens(), ElementsAreArray({1, 2, 3}));
-  EXPECT_EQ(c.max_token(), 3);
+  EXPECT_THAT(c.tokens().u16(), ElementsAreArray({1, 2, 3}));
+  EXPECT_EQ(c.max_token(), 3u);
 }
 
 TEST(TokenFileTest, WriteReplacesAtomicallyAndLeavesNoTemporaries) {
@@ -121,9 +185,9 @@ TEST(TokenFileTest, WriteReplacesAtomicallyAndLeavesNoTemporaries) {
   ASSERT_OK_AND_ASSIGN(TokenFile old_file, TokenFile::Open(path));
   ASSERT_OK(WriteTokenFile(path, std::vector<uint16_t>{9, 9}));
   EXPECT_EQ(old_file.num_tokens(), 1000);
-  EXPECT_EQ(old_file.tokens()[999], 7);
+  EXPECT_EQ(old_file.tokens()[999], 7u);
   ASSERT_OK_AND_ASSIGN(TokenFile new_file, TokenFile::Open(path));
-  EXPECT_THAT(new_file.tokens(), ElementsAreArray({9, 9}));
+  EXPECT_THAT(new_file.tokens().u16(), ElementsAreArray({9, 9}));
   EXPECT_THAT(FilesIn(dir), ElementsAreArray({"data.bin"}));
 }
 
@@ -186,11 +250,25 @@ std::vector<BadFile> BadFiles() {
       {"short_text",
        "hello world\n",
        {"shorter than the 1024-byte header", "text file", "text_to_bin"}},
-      {"long_text", text, {"bad magic number", "expected 20240520", "text file"}},
+      {"long_text", text, {"bad magic number", "expected 20240520", "or 20240801", "text file"}},
       {"header_only_truncated",
        RawTokenFile(20240520, 1, 0, "").substr(0, 1023),
        {"1023 bytes", "shorter than the 1024-byte header"}},
-      {"llama3", RawTokenFile(20240801, 7, 1, std::string(4, '\0')), {"Llama-3", "uint32"}},
+      {"wide_magic_version1",
+       RawTokenFile(20240801, 1, 1, std::string(4, '\0')),
+       {"unsupported version 1 for magic 20240801", "version 7"}},
+      {"narrow_magic_version7",
+       RawTokenFile(20240520, 7, 3, TokenBytes32({1, 2, 3})),
+       {"unsupported version 7 for magic 20240520", "version 1"}},
+      {"uint16_payload_in_uint32_file",
+       RawTokenFile(20240801, 7, 3, three),
+       {"says uint32 tokens", "3 tokens of 2 bytes", "other token width"}},
+      {"uint32_payload_in_uint16_file",
+       RawTokenFile(20240520, 1, 3, TokenBytes32({1, 2, 3})),
+       {"says uint16 tokens", "3 tokens of 4 bytes", "other token width"}},
+      {"truncated_uint32",
+       RawTokenFile(20240801, 7, 3, TokenBytes32({1, 2, 3}).substr(0, 10)),
+       {"truncated", "3 uint32 tokens (12 bytes", "only 10 bytes"}},
       {"model_checkpoint", RawTokenFile(20240326, 3, 0, ""), {"model checkpoint"}},
       {"random_magic", RawTokenFile(12345, 1, 0, ""), {"bad magic number 12345"}},
       {"version2", RawTokenFile(20240520, 2, 3, three), {"unsupported version 2"}},
@@ -198,7 +276,7 @@ std::vector<BadFile> BadFiles() {
       {"negative_count", RawTokenFile(20240520, 1, -5, ""), {"negative", "-5"}},
       {"truncated_token",
        RawTokenFile(20240520, 1, 4, three),
-       {"truncated", "declares 4 tokens (8 bytes", "only 6 bytes", "(3 tokens)"}},
+       {"truncated", "declares 4 uint16 tokens (8 bytes", "only 6 bytes", "(3 tokens)"}},
       {"truncated_byte",
        RawTokenFile(20240520, 1, 3, three.substr(0, 5)),
        {"truncated", "only 5 bytes"}},
@@ -208,7 +286,7 @@ std::vector<BadFile> BadFiles() {
       {"trailing_tokens", RawTokenFile(20240520, 1, 2, three), {"2 trailing bytes", "2 tokens"}},
       {"count_overflowing_the_file",
        RawTokenFile(20240520, 1, INT32_MAX, three),
-       {"truncated", "2147483647 tokens"}},
+       {"truncated", "2147483647 uint16 tokens"}},
   };
 }
 

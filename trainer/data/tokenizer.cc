@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -12,76 +13,27 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "base/status_macros.h"
 #include "base/utf8.h"
 #include "nlohmann/json.hpp"
-#include "trainer/data/internal/unicode_classes.h"
+#include "utf8proc.h"
 
 namespace ps {
 namespace {
 
-using data_internal::CharClass;
-using data_internal::ClassOf;
+using data_internal::PreTokenize;
+using data_internal::RecognizeSplitPattern;
+using data_internal::SplitPattern;
+using data_internal::SplitPatternName;
+using Json = nlohmann::json;
 
-// ---------------------------------------------------------------------------------------------
-// Pre-tokenization.
-
-CharClass ClassAt(absl::string_view text, size_t pos, int* length) {
-  // A byte that does not start a well-formed sequence is one character of class kOther (Python's
-  // "surrogateescape" decoding does the same).
-  const Utf8Char c = DecodeUtf8(text, pos);
-  *length = c.valid() ? c.length : 1;
-  return ClassOf(c.cp);
-}
-
-// The end of the run of characters of class `cls` starting at `pos` (which has that class).
-size_t RunEnd(absl::string_view text, size_t pos, CharClass cls) {
-  while (pos < text.size()) {
-    int length;
-    if (ClassAt(text, pos, &length) != cls) break;
-    pos += static_cast<size_t>(length);
-  }
-  return pos;
-}
-
-// The end of the piece that GPT-2's pattern matches at `pos` (< text.size()).
-size_t MatchAt(absl::string_view text, size_t pos) {
-  const size_t n = text.size();
-  // 's|'t|'re|'ve|'m|'ll|'d
-  if (text[pos] == '\'') {
-    const absl::string_view rest = text.substr(pos + 1);
-    for (const absl::string_view suffix : {"s", "t", "re", "ve", "m", "ll", "d"}) {
-      if (absl::StartsWith(rest, suffix)) return pos + 1 + suffix.size();
-    }
-  }
-  int length;
-  const CharClass cls = ClassAt(text, pos, &length);
-  // ' ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+' with the optional space: exactly one of the three
-  // applies, chosen by the class of the character after the space.
-  if (text[pos] == ' ' && pos + 1 < n) {
-    int next_length;
-    const CharClass next = ClassAt(text, pos + 1, &next_length);
-    if (next != CharClass::kSpace) return RunEnd(text, pos + 1, next);
-  }
-  // The same without the space.
-  if (cls != CharClass::kSpace) return RunEnd(text, pos, cls);
-  // \s+(?!\S)|\s+ : the whole whitespace run if it ends the text; otherwise the run without its
-  // last character (which must stay in front of the next non-space), unless that leaves nothing,
-  // in which case \s+ takes the single character.
-  size_t last_start = pos;
-  size_t end = pos;
-  while (end < n) {
-    int l;
-    if (ClassAt(text, end, &l) != CharClass::kSpace) break;
-    last_start = end;
-    end += static_cast<size_t>(l);
-  }
-  if (end == n) return end;
-  return last_start > pos ? last_start : end;
-}
+// Token ids become int32 in batches (trainer/data/data_loader.h).
+constexpr uint64_t kMaxTokenId = std::numeric_limits<int32_t>::max();
 
 // ---------------------------------------------------------------------------------------------
 // bytes_to_unicode.
@@ -98,7 +50,7 @@ std::array<uint32_t, 256> ByteToCodePoint() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Files.
+// Files and normalization.
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
   std::ifstream in(path, std::ios::binary);
@@ -112,17 +64,80 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view 
   return std::move(buffer).str();
 }
 
+// NFC of every maximal well-formed UTF-8 run of `text`; ill-formed bytes are kept as they are.
+std::string Nfc(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = pos;
+    bool ascii = true;
+    while (end < text.size()) {
+      const Utf8Char c = DecodeUtf8(text, end);
+      if (!c.valid()) break;
+      ascii = ascii && c.cp < 0x80;
+      end += static_cast<size_t>(c.length);
+    }
+    if (ascii) {  // NFC leaves ASCII alone
+      out.append(text.data() + pos, end - pos);
+    } else {
+      utf8proc_uint8_t* mapped = nullptr;
+      const utf8proc_ssize_t n =
+          utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + pos),
+                       static_cast<utf8proc_ssize_t>(end - pos), &mapped,
+                       static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+      if (n >= 0) {
+        out.append(reinterpret_cast<const char*>(mapped), static_cast<size_t>(n));
+      } else {  // not reached for well-formed input; keep the text rather than lose it
+        out.append(text.data() + pos, end - pos);
+      }
+      std::free(mapped);
+    }
+    while (end < text.size()) {
+      const Utf8Char c = DecodeUtf8(text, end);
+      if (c.valid()) break;
+      out.append(text.data() + end, static_cast<size_t>(c.length));
+      end += static_cast<size_t>(c.length);
+    }
+    pos = end;
+  }
+  return out;
+}
+
+// Parses JSON without exceptions. `duplicate_key_depth` > 0: records the keys of objects at that
+// nesting depth, to reject duplicates (a JSON parser silently keeps one of them).
+Json ParseJson(absl::string_view text, int duplicate_key_depth, std::vector<std::string>* keys) {
+  Json::parser_callback_t on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (keys != nullptr && event == Json::parse_event_t::key && depth == duplicate_key_depth &&
+        parsed.is_string()) {
+      keys->push_back(parsed.get<std::string>());
+    }
+    return true;
+  };
+  return Json::parse(text.begin(), text.end(), on_event, /*allow_exceptions=*/false);
+}
+
+// The member `key` of object `j`, or nullptr.
+const Json* Member(const Json& j, absl::string_view key) {
+  if (!j.is_object()) return nullptr;
+  const auto it = j.find(std::string(key));
+  return it == j.end() ? nullptr : &*it;
+}
+
+bool IsNullOrAbsent(const Json* j) { return j == nullptr || j->is_null(); }
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // ByteTokenizer.
 
-void ByteTokenizer::Encode(absl::string_view text, std::vector<uint16_t>* out) {
+absl::Status ByteTokenizer::Encode(absl::string_view text, std::vector<uint32_t>* out) {
   out->reserve(out->size() + text.size());
   for (const char c : text) out->push_back(static_cast<uint8_t>(c));
+  return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ByteTokenizer::Decode(absl::Span<const uint16_t> tokens) const {
+absl::StatusOr<std::string> ByteTokenizer::Decode(absl::Span<const uint32_t> tokens) const {
   std::string text(tokens.size(), '\0');
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] > 255) {
@@ -135,16 +150,11 @@ absl::StatusOr<std::string> ByteTokenizer::Decode(absl::Span<const uint16_t> tok
 }
 
 // ---------------------------------------------------------------------------------------------
-// GPT-2.
+// BPE.
 
 std::vector<absl::string_view> Gpt2PreTokenize(absl::string_view text) {
   std::vector<absl::string_view> pieces;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    const size_t end = MatchAt(text, pos);
-    pieces.push_back(text.substr(pos, end - pos));
-    pos = end;
-  }
+  PreTokenize(SplitPattern::kGpt2, text, &pieces);
   return pieces;
 }
 
@@ -158,34 +168,43 @@ const std::array<std::string, 256>& Gpt2ByteToUnicode() {
   return *table;
 }
 
-absl::StatusOr<std::unique_ptr<Gpt2BpeTokenizer>> Gpt2BpeTokenizer::Load(
+absl::Status BpeTokenizer::IndexBytes(
+    const std::function<absl::Status(absl::string_view)>& vocab_error) {
+  const std::array<uint32_t, 256> cps = ByteToCodePoint();
+  for (int b = 0; b < 256; ++b) {
+    const std::string& symbol = Gpt2ByteToUnicode()[b];
+    const auto it = token_to_id_.find(symbol);
+    if (it == token_to_id_.end()) {
+      return vocab_error(absl::StrCat("the symbol '", symbol, "' of byte ", b,
+                                      " is missing; a byte-level BPE vocabulary has all 256"));
+    }
+    byte_to_id_[b] = it->second;
+    char_to_byte_[cps[b]] = static_cast<uint8_t>(b);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::LoadGpt2(
     const std::string& vocab_path, const std::string& merges_path) {
   ASSIGN_OR_RETURN(const std::string vocab, ReadFile(vocab_path, "vocabulary file"));
   ASSIGN_OR_RETURN(const std::string merges, ReadFile(merges_path, "merges file"));
-  return FromContents(vocab, merges, absl::StrCat("'", vocab_path, "'"),
-                      absl::StrCat("'", merges_path, "'"));
+  return FromGpt2Contents(vocab, merges, absl::StrCat("'", vocab_path, "'"),
+                          absl::StrCat("'", merges_path, "'"));
 }
 
-absl::StatusOr<std::unique_ptr<Gpt2BpeTokenizer>> Gpt2BpeTokenizer::FromContents(
+absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromGpt2Contents(
     absl::string_view vocab_json, absl::string_view merges_txt, absl::string_view vocab_name,
     absl::string_view merges_name) {
   auto vocab_error = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("vocabulary ", vocab_name, ": ", what));
   };
-  std::unique_ptr<Gpt2BpeTokenizer> tok(new Gpt2BpeTokenizer());
+  std::unique_ptr<BpeTokenizer> tok(new BpeTokenizer());
+  tok->kind_ = "gpt2-bpe";
+  tok->splits_ = {SplitPattern::kGpt2};
 
-  // vocab.json: {"token": id, ...}. Parse without exceptions; record top-level keys to reject
-  // duplicates (a JSON parser would silently keep one of them).
+  // vocab.json: {"token": id, ...}.
   std::vector<std::string> keys;
-  nlohmann::json::parser_callback_t on_event =
-      [&keys](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-        if (event == nlohmann::json::parse_event_t::key && depth == 1 && parsed.is_string()) {
-          keys.push_back(parsed.get<std::string>());
-        }
-        return true;
-      };
-  const nlohmann::json vocab = nlohmann::json::parse(vocab_json.begin(), vocab_json.end(), on_event,
-                                                     /*allow_exceptions=*/false);
+  const Json vocab = ParseJson(vocab_json, 1, &keys);
   if (vocab.is_discarded()) return vocab_error("not valid JSON (or not valid UTF-8)");
   if (!vocab.is_object()) return vocab_error("not a JSON object of token -> id");
   if (vocab.empty()) return vocab_error("empty");
@@ -196,36 +215,23 @@ absl::StatusOr<std::unique_ptr<Gpt2BpeTokenizer>> Gpt2BpeTokenizer::FromContents
   }
   int64_t max_id = -1;
   for (const auto& [token, value] : vocab.items()) {
-    if (!value.is_number_unsigned() || value.get<uint64_t>() > 65535) {
+    if (!value.is_number_unsigned() || value.get<uint64_t>() > kMaxTokenId) {
       return vocab_error(absl::StrCat("the id of token '", token, "' is ", value.dump(),
-                                      "; ids must be integers in [0, 65535] (token files store "
-                                      "uint16)"));
+                                      "; ids must be integers in [0, ", kMaxTokenId, "]"));
     }
     if (token.empty()) return vocab_error("has an empty token");
-    max_id = std::max<int64_t>(max_id, value.get<int64_t>());
-  }
-  tok->vocab_size_ = max_id + 1;
-  tok->id_to_token_.resize(static_cast<size_t>(max_id + 1));
-  for (const auto& [token, value] : vocab.items()) {
-    const auto id = value.get<uint16_t>();
-    if (tok->id_to_token_[id].has_value()) {
-      return vocab_error(absl::StrCat("tokens '", *tok->id_to_token_[id], "' and '", token,
-                                      "' have the same id ", id));
+    const auto id = value.get<uint32_t>();
+    max_id = std::max<int64_t>(max_id, id);
+    const auto [where, inserted] = tok->id_to_token_.try_emplace(id, token);
+    if (!inserted) {
+      return vocab_error(
+          absl::StrCat("tokens '", where->second, "' and '", token, "' have the same id ", id));
     }
-    tok->id_to_token_[id] = token;
     tok->token_to_id_[token] = id;
   }
-  const std::array<uint32_t, 256> cps = ByteToCodePoint();
-  for (int b = 0; b < 256; ++b) {
-    const std::string& symbol = Gpt2ByteToUnicode()[b];
-    const auto it = tok->token_to_id_.find(symbol);
-    if (it == tok->token_to_id_.end()) {
-      return vocab_error(absl::StrCat("the symbol '", symbol, "' of byte ", b,
-                                      " is missing; a byte-level BPE vocabulary has all 256"));
-    }
-    tok->byte_to_id_[b] = it->second;
-    tok->char_to_byte_[cps[b]] = static_cast<uint8_t>(b);
-  }
+  tok->vocab_size_ = max_id + 1;
+  RETURN_IF_ERROR(tok->IndexBytes(vocab_error));
+  tok->document_token_ = tok->TokenId("<|endoftext|>");
 
   // merges.txt.
   std::vector<absl::string_view> lines = absl::StrSplit(merges_txt, '\n');
@@ -245,7 +251,7 @@ absl::StatusOr<std::unique_ptr<Gpt2BpeTokenizer>> Gpt2BpeTokenizer::FromContents
     if (parts.size() != 2 || parts[0].empty() || parts[1].empty()) {
       return merges_error("expected two symbols separated by one space");
     }
-    uint16_t ids[2];
+    uint32_t ids[2];
     for (int p = 0; p < 2; ++p) {
       const auto it = tok->token_to_id_.find(parts[p]);
       if (it == tok->token_to_id_.end()) {
@@ -262,26 +268,394 @@ absl::StatusOr<std::unique_ptr<Gpt2BpeTokenizer>> Gpt2BpeTokenizer::FromContents
     }
     const uint64_t key = PairKey(ids[0], ids[1]);
     const auto [where, inserted] = line_of.try_emplace(key, line_no);
-    if (!inserted) {
-      return merges_error(absl::StrCat("duplicate of line ", where->second));
-    }
+    if (!inserted) return merges_error(absl::StrCat("duplicate of line ", where->second));
     tok->merges_[key] = Merge{rank++, merged_it->second};
   }
   return tok;
 }
 
-std::optional<uint16_t> Gpt2BpeTokenizer::TokenId(absl::string_view token) const {
+absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::LoadTokenizerJson(
+    const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string json, ReadFile(path, "tokenizer file"));
+  return FromTokenizerJson(json, absl::StrCat("'", path, "'"));
+}
+
+absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJson(
+    absl::string_view json_text, absl::string_view name) {
+  auto error = [&](absl::string_view key, absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer ", name, ": ", key, ": ", what));
+  };
+  auto unsupported = [&](absl::string_view key, const Json& value, absl::string_view supported) {
+    return error(key, absl::StrCat(value.dump(), " is not supported (supported: ", supported, ")"));
+  };
+  std::unique_ptr<BpeTokenizer> tok(new BpeTokenizer());
+  tok->kind_ = "tokenizer.json";
+
+  const Json root = ParseJson(json_text, 0, nullptr);
+  if (root.is_discarded()) return error("(file)", "not valid JSON (or not valid UTF-8)");
+  if (!root.is_object()) return error("(file)", "not a JSON object");
+  const Json* model = Member(root, "model");
+  if (model == nullptr || !model->is_object()) {
+    return error("model",
+                 "missing or not an object; this is not a Hugging Face tokenizer.json "
+                 "(GPT-2's vocab.json and merges.txt go to --vocab and --merges)");
+  }
+
+  // model.
+  const Json* type = Member(*model, "type");
+  if (type != nullptr && *type != "BPE") {
+    return unsupported("model.type", *type,
+                       "\"BPE\"; for SentencePiece models use tokenizer.model");
+  }
+  if (const Json* v = Member(*model, "dropout"); !IsNullOrAbsent(v)) {
+    return unsupported("model.dropout", *v, "null");
+  }
+  if (const Json* v = Member(*model, "byte_fallback"); !IsNullOrAbsent(v) && *v != false) {
+    return unsupported("model.byte_fallback", *v, "false: byte-level BPE needs no byte fallback");
+  }
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (const Json* v = Member(*model, key); !IsNullOrAbsent(v) && *v != "") {
+      return unsupported(absl::StrCat("model.", key), *v, "null");
+    }
+  }
+  if (const Json* v = Member(*model, "ignore_merges"); !IsNullOrAbsent(v)) {
+    if (!v->is_boolean()) return error("model.ignore_merges", "not a boolean");
+    tok->ignore_merges_ = v->get<bool>();
+  }
+  const Json* vocab = Member(*model, "vocab");
+  if (vocab == nullptr || !vocab->is_object() || vocab->empty()) {
+    return error("model.vocab", "missing, empty or not an object of token -> id");
+  }
+  int64_t max_id = -1;
+  for (const auto& [token, value] : vocab->items()) {
+    if (!value.is_number_unsigned() || value.get<uint64_t>() > kMaxTokenId) {
+      return error("model.vocab", absl::StrCat("the id of token '", token, "' is ", value.dump(),
+                                               "; ids must be integers in [0, ", kMaxTokenId, "]"));
+    }
+    if (token.empty()) return error("model.vocab", "has an empty token");
+    const auto id = value.get<uint32_t>();
+    max_id = std::max<int64_t>(max_id, id);
+    const auto [where, inserted] = tok->id_to_token_.try_emplace(id, token);
+    if (!inserted) {
+      return error("model.vocab", absl::StrCat("tokens '", where->second, "' and '", token,
+                                               "' have the same id ", id));
+    }
+    tok->token_to_id_[token] = id;
+  }
+  RETURN_IF_ERROR(
+      tok->IndexBytes([&](absl::string_view what) { return error("model.vocab", what); }));
+
+  const Json* merges = Member(*model, "merges");
+  if (merges == nullptr || !merges->is_array())
+    return error("model.merges", "missing or not an array");
+  for (size_t i = 0; i < merges->size(); ++i) {
+    const Json& m = (*merges)[i];
+    const std::string key = absl::StrCat("model.merges[", i, "]");
+    std::string parts[2];
+    if (m.is_string()) {
+      const std::string line = m.get<std::string>();
+      const std::vector<std::string> split = absl::StrSplit(line, ' ');
+      if (split.size() != 2 || split[0].empty() || split[1].empty()) {
+        return error(key, absl::StrCat("'", line, "' is not two symbols separated by one space"));
+      }
+      parts[0] = split[0];
+      parts[1] = split[1];
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      parts[0] = m[0].get<std::string>();
+      parts[1] = m[1].get<std::string>();
+    } else {
+      return error(key, absl::StrCat(m.dump(), " is neither \"a b\" nor [\"a\", \"b\"]"));
+    }
+    uint32_t ids[2];
+    for (int p = 0; p < 2; ++p) {
+      const auto it = tok->token_to_id_.find(parts[p]);
+      if (it == tok->token_to_id_.end()) {
+        return error(key, absl::StrCat("symbol '", parts[p], "' is not in model.vocab"));
+      }
+      ids[p] = it->second;
+    }
+    const std::string merged = parts[0] + parts[1];
+    const auto merged_it = tok->token_to_id_.find(merged);
+    if (merged_it == tok->token_to_id_.end()) {
+      return error(key, absl::StrCat("the merged symbol '", merged, "' is not in model.vocab"));
+    }
+    // A repeated merge keeps its first (highest) rank.
+    tok->merges_.try_emplace(PairKey(ids[0], ids[1]),
+                             Merge{static_cast<uint32_t>(i), merged_it->second});
+  }
+
+  // normalizer.
+  if (const Json* n = Member(root, "normalizer"); !IsNullOrAbsent(n)) {
+    const Json* t = Member(*n, "type");
+    if (t == nullptr || *t != "NFC") return unsupported("normalizer", *n, "null or NFC");
+    tok->nfc_ = true;
+  }
+
+  // pre_tokenizer.
+  {
+    const Json* pre = Member(root, "pre_tokenizer");
+    if (IsNullOrAbsent(pre)) {
+      return error("pre_tokenizer", "missing; byte-level BPE needs a ByteLevel pre-tokenizer");
+    }
+    std::vector<std::pair<std::string, const Json*>> steps;
+    const Json* t = Member(*pre, "type");
+    if (t != nullptr && *t == "Sequence") {
+      const Json* list = Member(*pre, "pretokenizers");
+      if (list == nullptr || !list->is_array()) {
+        return error("pre_tokenizer.pretokenizers", "missing or not an array");
+      }
+      for (size_t i = 0; i < list->size(); ++i) {
+        steps.emplace_back(absl::StrCat("pre_tokenizer.pretokenizers[", i, "]"), &(*list)[i]);
+      }
+    } else {
+      steps.emplace_back("pre_tokenizer", pre);
+    }
+    bool byte_level = false;
+    for (const auto& [key, step] : steps) {
+      const Json* st = Member(*step, "type");
+      if (byte_level) {
+        return error(key,
+                     "ByteLevel must be the last pre-tokenizer (supported: [Split...,] "
+                     "ByteLevel)");
+      }
+      if (st != nullptr && *st == "ByteLevel") {
+        byte_level = true;
+        if (const Json* v = Member(*step, "add_prefix_space"); !IsNullOrAbsent(v) && *v != false) {
+          return unsupported(absl::StrCat(key, ".add_prefix_space"), *v, "false");
+        }
+        const Json* use_regex = Member(*step, "use_regex");
+        if (IsNullOrAbsent(use_regex) || *use_regex == true) {
+          tok->splits_.push_back(SplitPattern::kGpt2);
+        }
+      } else if (st != nullptr && *st == "Split") {
+        const Json* pattern = Member(*step, "pattern");
+        const Json* regex = pattern == nullptr ? nullptr : Member(*pattern, "Regex");
+        if (regex == nullptr || !regex->is_string()) {
+          return error(absl::StrCat(key, ".pattern"),
+                       "only {\"Regex\": ...} patterns are supported");
+        }
+        const std::optional<SplitPattern> known = RecognizeSplitPattern(regex->get<std::string>());
+        if (!known.has_value()) {
+          return error(absl::StrCat(key, ".pattern.Regex"),
+                       absl::StrCat(regex->dump(),
+                                    " is not a known pattern (supported: GPT-2's, "
+                                    "Llama-3's and Qwen2's pre-tokenizer regex)"));
+        }
+        if (const Json* v = Member(*step, "behavior"); v == nullptr || *v != "Isolated") {
+          return unsupported(absl::StrCat(key, ".behavior"), v ? *v : Json(), "\"Isolated\"");
+        }
+        if (const Json* v = Member(*step, "invert"); !IsNullOrAbsent(v) && *v != false) {
+          return unsupported(absl::StrCat(key, ".invert"), *v, "false");
+        }
+        tok->splits_.push_back(*known);
+      } else {
+        return unsupported(key, *step, "ByteLevel, or a Sequence of Split and ByteLevel");
+      }
+    }
+    if (!byte_level) {
+      return error("pre_tokenizer", "has no ByteLevel step; only byte-level BPE is supported");
+    }
+  }
+
+  // decoder.
+  if (const Json* d = Member(root, "decoder"); !IsNullOrAbsent(d)) {
+    const Json* t = Member(*d, "type");
+    if (t == nullptr || *t != "ByteLevel") return unsupported("decoder", *d, "null or ByteLevel");
+  }
+
+  // added_tokens, with the ids the library gives them (tokenizers' AddedVocabulary::add_tokens).
+  const auto model_vocab_len = static_cast<uint32_t>(vocab->size());
+  int64_t max_added = -1;
+  if (const Json* added = Member(root, "added_tokens"); !IsNullOrAbsent(added)) {
+    if (!added->is_array()) return error("added_tokens", "not an array");
+    for (size_t i = 0; i < added->size(); ++i) {
+      const Json& a = (*added)[i];
+      const std::string key = absl::StrCat("added_tokens[", i, "]");
+      const Json* content = Member(a, "content");
+      const Json* id = Member(a, "id");
+      if (content == nullptr || !content->is_string() || content->get<std::string>().empty()) {
+        return error(absl::StrCat(key, ".content"), "missing, empty or not a string");
+      }
+      const std::string text = content->get<std::string>();
+      if (id == nullptr || !id->is_number_unsigned() || id->get<uint64_t>() > kMaxTokenId) {
+        return error(absl::StrCat(key, ".id"),
+                     absl::StrCat("missing or not an integer in [0, ", kMaxTokenId, "]"));
+      }
+      for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
+        if (const Json* v = Member(a, flag); !IsNullOrAbsent(v) && *v != false) {
+          return unsupported(absl::StrCat(key, ".", flag, " ('", text, "')"), *v, "false");
+        }
+      }
+      AddedToken token{text, 0, false, true};
+      if (const Json* v = Member(a, "special"); v != nullptr && v->is_boolean()) {
+        token.special = v->get<bool>();
+      }
+      if (const Json* v = Member(a, "normalized"); v != nullptr && v->is_boolean()) {
+        token.normalized = v->get<bool>();
+      } else {
+        token.normalized = !token.special;
+      }
+      uint32_t expected;
+      if (const auto it = tok->token_to_id_.find(text); it != tok->token_to_id_.end()) {
+        expected = it->second;
+      } else if (max_added < 0) {
+        expected = model_vocab_len;
+      } else {
+        expected = static_cast<uint64_t>(max_added) >= model_vocab_len || model_vocab_len == 0
+                       ? static_cast<uint32_t>(max_added + 1)
+                       : model_vocab_len;
+      }
+      if (id->get<uint64_t>() != expected) {
+        return error(
+            absl::StrCat(key, ".id"),
+            absl::StrCat("'", text, "' has id ", id->dump(),
+                         " but the tokenizers library gives it ", expected,
+                         " (its model.vocab id, or the next id after the ", model_vocab_len,
+                         " vocabulary entries); the file is "
+                         "inconsistent"));
+      }
+      token.id = expected;
+      if (tok->added_by_id_.contains(expected)) continue;  // the library keeps the first
+      max_added = std::max<int64_t>(max_added, expected);
+      tok->added_by_first_byte_[static_cast<uint8_t>(text[0])].push_back(tok->added_.size());
+      tok->added_by_id_[expected] = tok->added_.size();
+      tok->added_.push_back(std::move(token));
+    }
+  }
+  tok->vocab_size_ = std::max(max_id, max_added) + 1;
+
+  // post_processor: the document token.
+  if (const Json* p = Member(root, "post_processor"); !IsNullOrAbsent(p)) {
+    const Json* t = Member(*p, "type");
+    const Json* single = Member(*p, "single");
+    if (t != nullptr && *t == "TemplateProcessing" && single != nullptr && single->is_array() &&
+        !single->empty()) {
+      const Json* special = Member((*single)[0], "SpecialToken");
+      const Json* special_name = special == nullptr ? nullptr : Member(*special, "id");
+      if (special_name != nullptr && special_name->is_string()) {
+        const std::optional<uint32_t> bos = tok->TokenId(special_name->get<std::string>());
+        if (!bos.has_value()) {
+          return error("post_processor.single[0].SpecialToken.id",
+                       absl::StrCat(special_name->dump(), " is not a token of this tokenizer"));
+        }
+        tok->document_token_ = bos;
+      }
+    }
+  }
+  if (!tok->document_token_.has_value()) tok->document_token_ = tok->TokenId("<|endoftext|>");
+  return tok;
+}
+
+std::string BpeTokenizer::name() const {
+  std::vector<std::string> patterns;
+  for (const SplitPattern p : splits_) patterns.emplace_back(SplitPatternName(p));
+  return absl::StrCat(kind_, " (", absl::StrJoin(patterns, "+"), " pre-tokenizer",
+                      nfc_ ? ", NFC" : "", ignore_merges_ ? ", ignore_merges" : "", ")");
+}
+
+std::optional<uint32_t> BpeTokenizer::TokenId(absl::string_view token) const {
+  for (const AddedToken& a : added_) {
+    if (a.content == token) return a.id;
+  }
   const auto it = token_to_id_.find(token);
   if (it == token_to_id_.end()) return std::nullopt;
   return it->second;
 }
 
-void Gpt2BpeTokenizer::EncodePiece(absl::string_view piece, std::vector<uint16_t>* out) const {
-  // A doubly linked list of symbols; merging keeps the left node, so node indices stay in text
-  // order.
+void BpeTokenizer::SplitAddedTokens(absl::string_view text, bool normalized,
+                                    std::vector<std::pair<absl::string_view, int>>* out) const {
+  size_t start = 0;  // of the current ordinary segment
+  size_t pos = 0;
+  while (pos < text.size()) {
+    // Leftmost-longest, over all added tokens of this kind; a special token that is not parsed
+    // still takes its match (as the library), which then stays ordinary text.
+    int best = -1;
+    for (const size_t i : added_by_first_byte_[static_cast<uint8_t>(text[pos])]) {
+      const AddedToken& a = added_[i];
+      if (a.normalized != normalized) continue;
+      if (!absl::StartsWith(text.substr(pos), a.content)) continue;
+      if (best < 0 || a.content.size() > added_[best].content.size()) best = static_cast<int>(i);
+    }
+    if (best < 0) {
+      ++pos;
+      continue;
+    }
+    const size_t end = pos + added_[best].content.size();
+    if (added_[best].special && !parse_special_tokens_) {
+      pos = end;
+      continue;
+    }
+    if (pos > start) out->emplace_back(text.substr(start, pos - start), -1);
+    out->emplace_back(text.substr(pos, end - pos), best);
+    start = pos = end;
+  }
+  if (start < text.size()) out->emplace_back(text.substr(start), -1);
+}
+
+absl::Status BpeTokenizer::Encode(absl::string_view text, std::vector<uint32_t>* out) {
+  if (added_.empty() && !nfc_) {
+    EncodeOrdinary(text, out);
+    return absl::OkStatus();
+  }
+  std::vector<std::pair<absl::string_view, int>> raw, normalized;
+  SplitAddedTokens(text, /*normalized=*/false, &raw);
+  for (const auto& [segment, added] : raw) {
+    if (added >= 0) {
+      out->push_back(added_[added].id);
+      continue;
+    }
+    const std::string nfc = nfc_ ? Nfc(segment) : std::string();
+    const absl::string_view norm = nfc_ ? absl::string_view(nfc) : segment;
+    normalized.clear();
+    SplitAddedTokens(norm, /*normalized=*/true, &normalized);
+    for (const auto& [piece, added2] : normalized) {
+      if (added2 >= 0) {
+        out->push_back(added_[added2].id);
+      } else {
+        EncodeOrdinary(piece, out);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void BpeTokenizer::EncodeOrdinary(absl::string_view text, std::vector<uint32_t>* out) {
+  std::vector<absl::string_view> pieces = {text}, next;
+  for (const SplitPattern pattern : splits_) {
+    next.clear();
+    for (const absl::string_view p : pieces) PreTokenize(pattern, p, &next);
+    pieces.swap(next);
+  }
+  for (const absl::string_view piece : pieces) {
+    if (piece.empty()) continue;
+    const auto it = cache_.find(piece);
+    if (it != cache_.end()) {
+      out->insert(out->end(), it->second.begin(), it->second.end());
+      continue;
+    }
+    std::vector<uint32_t> ids;
+    EncodePiece(piece, &ids);
+    out->insert(out->end(), ids.begin(), ids.end());
+    if (cache_.size() >= kMaxCacheEntries) cache_.clear();
+    cache_.emplace(piece, std::move(ids));
+  }
+}
+
+void BpeTokenizer::EncodePiece(absl::string_view piece, std::vector<uint32_t>* out) const {
   const int n = static_cast<int>(piece.size());
   if (n == 0) return;
-  std::vector<uint16_t> sym(n);
+  if (ignore_merges_) {
+    std::string symbols;
+    for (const char c : piece) symbols += Gpt2ByteToUnicode()[static_cast<uint8_t>(c)];
+    const auto it = token_to_id_.find(symbols);
+    if (it != token_to_id_.end()) {
+      out->push_back(it->second);
+      return;
+    }
+  }
+  // A doubly linked list of symbols; merging keeps the left node, so node indices stay in text
+  // order.
+  std::vector<uint32_t> sym(n);
   std::vector<int> prev(n), next(n);
   for (int i = 0; i < n; ++i) {
     sym[i] = byte_to_id_[static_cast<uint8_t>(piece[i])];
@@ -291,9 +665,11 @@ void Gpt2BpeTokenizer::EncodePiece(absl::string_view piece, std::vector<uint16_t
   struct Candidate {
     uint32_t rank;
     int left;
-    uint16_t left_sym, right_sym;
+    uint32_t left_sym, right_sym;
   };
-  // A min-heap on (rank, left): one rank at a time, left to right within it.
+  // A min-heap on (rank, left): the lowest rank first, leftmost first within it. A merge never
+  // creates a pair of its own rank (the merged symbol is longer than either part), so merging
+  // every occurrence of one rank left to right is the same as the library's one-at-a-time heap.
   auto later = [](const Candidate& a, const Candidate& b) {
     return a.rank != b.rank ? a.rank > b.rank : a.left > b.left;
   };
@@ -308,9 +684,6 @@ void Gpt2BpeTokenizer::EncodePiece(absl::string_view piece, std::vector<uint16_t
   std::make_heap(heap.begin(), heap.end(), later);
   std::vector<Candidate> pending;
   while (!heap.empty()) {
-    // Merge every current occurrence of the best pair, left to right (encoder.py's inner loop).
-    // Pairs created meanwhile wait until the round is over, as encoder.py only looks for the next
-    // best pair after the whole pass.
     const uint32_t round = heap.front().rank;
     while (!heap.empty() && heap.front().rank == round) {
       std::pop_heap(heap.begin(), heap.end(), later);
@@ -327,7 +700,7 @@ void Gpt2BpeTokenizer::EncodePiece(absl::string_view piece, std::vector<uint16_t
       if (next[right] >= 0) prev[next[right]] = left;
       prev[right] = -2;  // dead
       next[right] = -1;
-      sym[right] = 0xFFFF;
+      sym[right] = std::numeric_limits<uint32_t>::max();
       if (prev[left] >= 0) candidate(prev[left], &pending);
       candidate(left, &pending);
     }
@@ -340,39 +713,29 @@ void Gpt2BpeTokenizer::EncodePiece(absl::string_view piece, std::vector<uint16_t
   for (int i = 0; i >= 0; i = next[i]) out->push_back(sym[i]);
 }
 
-void Gpt2BpeTokenizer::Encode(absl::string_view text, std::vector<uint16_t>* out) {
-  for (const absl::string_view piece : Gpt2PreTokenize(text)) {
-    const auto it = cache_.find(piece);
-    if (it != cache_.end()) {
-      out->insert(out->end(), it->second.begin(), it->second.end());
-      continue;
-    }
-    std::vector<uint16_t> ids;
-    EncodePiece(piece, &ids);
-    out->insert(out->end(), ids.begin(), ids.end());
-    if (cache_.size() >= kMaxCacheEntries) cache_.clear();
-    cache_.emplace(piece, std::move(ids));
-  }
-}
-
-absl::StatusOr<std::string> Gpt2BpeTokenizer::Decode(absl::Span<const uint16_t> tokens) const {
+absl::StatusOr<std::string> BpeTokenizer::Decode(absl::Span<const uint32_t> tokens) const {
   std::string text;
   for (size_t i = 0; i < tokens.size(); ++i) {
-    const uint16_t id = tokens[i];
-    if (id >= id_to_token_.size() || !id_to_token_[id].has_value()) {
+    const uint32_t id = tokens[i];
+    if (const auto added = added_by_id_.find(id); added != added_by_id_.end()) {
+      text += added_[added->second].content;
+      continue;
+    }
+    const auto it = id_to_token_.find(id);
+    if (it == id_to_token_.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("token ", id, " at position ", i, " is not in the vocabulary"));
     }
-    const std::string& token = *id_to_token_[id];
+    const std::string& token = it->second;
     for (size_t pos = 0; pos < token.size();) {
       const Utf8Char c = DecodeUtf8(token, pos);
-      const auto it = char_to_byte_.find(c.cp);
-      if (it == char_to_byte_.end()) {
+      const auto byte = char_to_byte_.find(c.cp);
+      if (byte == char_to_byte_.end()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "token ", id, " ('", token, "') at position ", i,
             " has a character outside GPT-2's byte alphabet; it cannot be decoded to bytes"));
       }
-      text.push_back(static_cast<char>(it->second));
+      text.push_back(static_cast<char>(byte->second));
       pos += static_cast<size_t>(c.length);
     }
   }

@@ -35,9 +35,9 @@ std::string ReadFileOrDie(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-std::unique_ptr<Gpt2BpeTokenizer> TinyTokenizer() {
+std::unique_ptr<BpeTokenizer> TinyTokenizer() {
   auto tok =
-      Gpt2BpeTokenizer::Load(TestDataPath("tiny_vocab.json"), TestDataPath("tiny_merges.txt"));
+      BpeTokenizer::LoadGpt2(TestDataPath("tiny_vocab.json"), TestDataPath("tiny_merges.txt"));
   EXPECT_OK(tok);
   return tok.ok() ? std::move(tok).value() : nullptr;
 }
@@ -48,9 +48,9 @@ std::vector<std::string> Pieces(absl::string_view text) {
   return out;
 }
 
-std::vector<uint16_t> Encode(Tokenizer& tok, absl::string_view text) {
-  std::vector<uint16_t> ids;
-  tok.Encode(text, &ids);
+std::vector<uint32_t> Encode(Tokenizer& tok, absl::string_view text) {
+  std::vector<uint32_t> ids;
+  EXPECT_OK(tok.Encode(text, &ids));
   return ids;
 }
 
@@ -89,7 +89,7 @@ TEST(Gpt2PreTokenizeTest, HandWorkedExamples) {
 struct FixtureCase {
   std::string text;
   std::vector<std::string> pieces;
-  std::vector<uint16_t> ids;
+  std::vector<uint32_t> ids;
 };
 
 std::vector<FixtureCase> FixtureCases() {
@@ -100,7 +100,7 @@ std::vector<FixtureCase> FixtureCases() {
     f.text = absl::HexStringToBytes(c["text_hex"].get<std::string>());
     for (const auto& p : c["pieces_hex"])
       f.pieces.push_back(absl::HexStringToBytes(p.get<std::string>()));
-    for (const auto& id : c["ids"]) f.ids.push_back(id.get<uint16_t>());
+    for (const auto& id : c["ids"]) f.ids.push_back(id.get<uint32_t>());
     cases.push_back(std::move(f));
   }
   return cases;
@@ -124,12 +124,12 @@ TEST(Gpt2PreTokenizeTest, MatchesThePythonReference) {
 // bc 265, ab 266, aba 267, ĠĠ 268, ĠĠĠĠ 269, ĊĊ 270, Ã© 271, 's 272, Ġt 273, Ġth 274, ...,
 // 12 279, 123 280.
 
-TEST(Gpt2BpeTokenizerTest, HandWorkedEncodings) {
-  std::unique_ptr<Gpt2BpeTokenizer> tok = TinyTokenizer();
+TEST(BpeTokenizerGpt2FilesTest, HandWorkedEncodings) {
+  std::unique_ptr<BpeTokenizer> tok = TinyTokenizer();
   ASSERT_NE(tok, nullptr);
   EXPECT_EQ(tok->vocab_size(), 292);
   EXPECT_EQ(tok->num_merges(), 35);
-  EXPECT_EQ(tok->eot_token(), 291);
+  EXPECT_EQ(tok->document_token(), 291);
   // h e -> he; l l -> ll; he ll -> hell; hell o -> hello. " world": Ġ w, Ġw o, r l, Ġwo rl,
   // Ġworl d.
   EXPECT_THAT(Encode(*tok, "hello world"), ElementsAre(259, 264));
@@ -152,20 +152,20 @@ TEST(Gpt2BpeTokenizerTest, HandWorkedEncodings) {
   // Six spaces at the end: ĠĠ ĠĠ ĠĠ, then ĠĠ ĠĠ -> ĠĠĠĠ once.
   EXPECT_THAT(Encode(*tok, "      "), ElementsAre(269, 268));
   // Encode appends.
-  std::vector<uint16_t> ids = {7};
-  tok->Encode("hello", &ids);
-  tok->Encode("", &ids);
+  std::vector<uint32_t> ids = {7};
+  ASSERT_OK(tok->Encode("hello", &ids));
+  ASSERT_OK(tok->Encode("", &ids));
   EXPECT_THAT(ids, ElementsAre(7, 259));
 }
 
-TEST(Gpt2BpeTokenizerTest, MatchesThePythonReferenceAndRoundTrips) {
-  std::unique_ptr<Gpt2BpeTokenizer> tok = TinyTokenizer();
+TEST(BpeTokenizerGpt2FilesTest, MatchesThePythonReferenceAndRoundTrips) {
+  std::unique_ptr<BpeTokenizer> tok = TinyTokenizer();
   ASSERT_NE(tok, nullptr);
   std::string all_text;
-  std::vector<uint16_t> all_ids;
+  std::vector<uint32_t> all_ids;
   for (int pass = 0; pass < 2; ++pass) {  // the second pass is served from the cache
     for (const FixtureCase& c : FixtureCases()) {
-      const std::vector<uint16_t> ids = Encode(*tok, c.text);
+      const std::vector<uint32_t> ids = Encode(*tok, c.text);
       EXPECT_THAT(ids, ElementsAreArray(c.ids)) << absl::CHexEscape(c.text);
       EXPECT_THAT(tok->Decode(ids), IsOkAndHolds(c.text));
       if (pass == 0) {
@@ -179,8 +179,8 @@ TEST(Gpt2BpeTokenizerTest, MatchesThePythonReferenceAndRoundTrips) {
   EXPECT_THAT(tok->Decode(all_ids), IsOkAndHolds(all_text));
 }
 
-TEST(Gpt2BpeTokenizerTest, EveryByteRoundTrips) {
-  std::unique_ptr<Gpt2BpeTokenizer> tok = TinyTokenizer();
+TEST(BpeTokenizerGpt2FilesTest, EveryByteRoundTrips) {
+  std::unique_ptr<BpeTokenizer> tok = TinyTokenizer();
   ASSERT_NE(tok, nullptr);
   std::string bytes;
   for (int b = 0; b < 256; ++b) bytes.push_back(static_cast<char>(b));
@@ -189,22 +189,22 @@ TEST(Gpt2BpeTokenizerTest, EveryByteRoundTrips) {
   // A long piece (one run of letters) goes through the heap path.
   std::string long_word;
   for (int i = 0; i < 50000; ++i) long_word += "ab";
-  const std::vector<uint16_t> ids = Encode(*tok, long_word);
+  const std::vector<uint32_t> ids = Encode(*tok, long_word);
   EXPECT_EQ(ids.size(), 50000u);
   EXPECT_THAT(ids, ::testing::Each(266));  // every "a b" merges; "ab ab" has no merge
 }
 
-TEST(Gpt2BpeTokenizerTest, DecodeRejectsUnknownIdsAndUndecodableTokens) {
-  std::unique_ptr<Gpt2BpeTokenizer> tok = TinyTokenizer();
+TEST(BpeTokenizerGpt2FilesTest, DecodeRejectsUnknownIdsAndUndecodableTokens) {
+  std::unique_ptr<BpeTokenizer> tok = TinyTokenizer();
   ASSERT_NE(tok, nullptr);
-  EXPECT_THAT(tok->Decode(std::vector<uint16_t>{259, 292}),
+  EXPECT_THAT(tok->Decode(std::vector<uint32_t>{259, 292}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("token 292"), HasSubstr("position 1"))));
   // "<|endoftext|>" decodes to its literal text, as in encoder.py.
-  EXPECT_THAT(tok->Decode(std::vector<uint16_t>{291}), IsOkAndHolds("<|endoftext|>"));
+  EXPECT_THAT(tok->Decode(std::vector<uint32_t>{291}), IsOkAndHolds("<|endoftext|>"));
 }
 
-TEST(Gpt2BpeTokenizerTest, ByteTables) {
+TEST(BpeTokenizerGpt2FilesTest, ByteTables) {
   const auto& table = Gpt2ByteToUnicode();
   EXPECT_EQ(table['a'], "a");
   EXPECT_EQ(table[' '], "Ġ");
@@ -240,7 +240,7 @@ class MalformedBpeFilesTest : public ::testing::TestWithParam<BadInput> {};
 
 TEST_P(MalformedBpeFilesTest, IsInvalidArgumentSayingWhatIsWrong) {
   const BadInput& bad = GetParam();
-  const auto tok = Gpt2BpeTokenizer::FromContents(bad.vocab, bad.merges, "'v.json'", "'m.txt'");
+  const auto tok = BpeTokenizer::FromGpt2Contents(bad.vocab, bad.merges, "'v.json'", "'m.txt'");
   ASSERT_THAT(tok, StatusIs(absl::StatusCode::kInvalidArgument));
   for (const std::string& part : bad.message_parts) {
     EXPECT_THAT(tok.status().message(), HasSubstr(part));
@@ -257,10 +257,13 @@ std::vector<BadInput> BadInputs() {
       {"invalid_utf8", "{\"\xFF\": 1}", "", {"not valid JSON (or not valid UTF-8)"}},
       {"array", "[1, 2]", "", {"not a JSON object"}},
       {"empty_object", "{}", "", {"empty"}},
-      {"string_id", VocabWith(R"(, "ab": "256")"), "", {"token 'ab'", "\"256\"", "[0, 65535]"}},
+      {"string_id",
+       VocabWith(R"(, "ab": "256")"),
+       "",
+       {"token 'ab'", "\"256\"", "[0, 2147483647]"}},
       {"negative_id", VocabWith(R"(, "ab": -1)"), "", {"token 'ab'", "-1"}},
       {"float_id", VocabWith(R"(, "ab": 2.5)"), "", {"token 'ab'", "2.5"}},
-      {"huge_id", VocabWith(R"(, "ab": 65536)"), "", {"65536", "uint16"}},
+      {"huge_id", VocabWith(R"(, "ab": 2147483648)"), "", {"2147483648", "[0, 2147483647]"}},
       {"duplicate_id", VocabWith(R"(, "ab": 97)"), "", {"same id 97"}},
       {"duplicate_key", VocabWith(R"(, "ab": 256, "ab": 257)"), "", {"'ab' appears twice"}},
       {"empty_token", VocabWith(R"(, "": 256)"), "", {"empty token"}},
@@ -284,38 +287,38 @@ INSTANTIATE_TEST_SUITE_P(AllCases, MalformedBpeFilesTest, ::testing::ValuesIn(Ba
                            return info.param.name;
                          });
 
-TEST(Gpt2BpeTokenizerTest, AcceptsCrlfAndAMissingFinalNewline) {
+TEST(BpeTokenizerGpt2FilesTest, AcceptsCrlfAndAMissingFinalNewline) {
   const std::string vocab = VocabWith(R"(, "ab": 256, "abc": 257)");
   ASSERT_OK_AND_ASSIGN(auto tok,
-                       Gpt2BpeTokenizer::FromContents(vocab, "#version: 0.2\r\na b\r\nab c"));
+                       BpeTokenizer::FromGpt2Contents(vocab, "#version: 0.2\r\na b\r\nab c"));
   EXPECT_EQ(tok->num_merges(), 2);
   EXPECT_THAT(Encode(*tok, "abcab"), ElementsAre(257, 256));
-  EXPECT_EQ(tok->eot_token(), std::nullopt);
+  EXPECT_EQ(tok->document_token(), std::nullopt);
   // No merges at all is a valid (byte-level) BPE.
-  ASSERT_OK_AND_ASSIGN(auto bytes_only, Gpt2BpeTokenizer::FromContents(vocab, ""));
+  ASSERT_OK_AND_ASSIGN(auto bytes_only, BpeTokenizer::FromGpt2Contents(vocab, ""));
   EXPECT_THAT(Encode(*bytes_only, "ab"), ElementsAre(97, 98));  // VocabWith: byte b has id b
 }
 
-TEST(Gpt2BpeTokenizerTest, DecodeRejectsTokensOutsideTheByteAlphabet) {
+TEST(BpeTokenizerGpt2FilesTest, DecodeRejectsTokensOutsideTheByteAlphabet) {
   // A raw space is not one of GPT-2's stand-in characters.
-  ASSERT_OK_AND_ASSIGN(auto tok, Gpt2BpeTokenizer::FromContents(VocabWith(R"(, "a b": 300)"), ""));
+  ASSERT_OK_AND_ASSIGN(auto tok, BpeTokenizer::FromGpt2Contents(VocabWith(R"(, "a b": 300)"), ""));
   EXPECT_EQ(tok->vocab_size(), 301);
-  EXPECT_THAT(tok->Decode(std::vector<uint16_t>{300}),
+  EXPECT_THAT(tok->Decode(std::vector<uint32_t>{300}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("token 300 ('a b')"), HasSubstr("byte alphabet"))));
   // Ids 256..299 are gaps.
-  EXPECT_THAT(tok->Decode(std::vector<uint16_t>{256}),
+  EXPECT_THAT(tok->Decode(std::vector<uint32_t>{256}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not in the vocabulary")));
 }
 
-TEST(Gpt2BpeTokenizerTest, MissingFilesAreNotFound) {
-  EXPECT_THAT(Gpt2BpeTokenizer::Load("/no/such/vocab.json", TestDataPath("tiny_merges.txt")),
+TEST(BpeTokenizerGpt2FilesTest, MissingFilesAreNotFound) {
+  EXPECT_THAT(BpeTokenizer::LoadGpt2("/no/such/vocab.json", TestDataPath("tiny_merges.txt")),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("/no/such/vocab.json")));
-  EXPECT_THAT(Gpt2BpeTokenizer::Load(TestDataPath("tiny_vocab.json"), "/no/such/merges.txt"),
+  EXPECT_THAT(BpeTokenizer::LoadGpt2(TestDataPath("tiny_vocab.json"), "/no/such/merges.txt"),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("/no/such/merges.txt")));
   // Error messages of loaded files name the path.
   EXPECT_THAT(
-      Gpt2BpeTokenizer::Load(TestDataPath("tiny_merges.txt"), TestDataPath("tiny_merges.txt")),
+      BpeTokenizer::LoadGpt2(TestDataPath("tiny_merges.txt"), TestDataPath("tiny_merges.txt")),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tiny_merges.txt'")));
 }
 
@@ -327,11 +330,11 @@ TEST(ByteTokenizerTest, EveryByteIsOneToken) {
   EXPECT_EQ(tok.vocab_size(), 256);
   std::string bytes;
   for (int b = 0; b < 256; ++b) bytes.push_back(static_cast<char>(b));
-  const std::vector<uint16_t> ids = Encode(tok, bytes);
+  const std::vector<uint32_t> ids = Encode(tok, bytes);
   ASSERT_EQ(ids.size(), 256u);
   for (int b = 0; b < 256; ++b) EXPECT_EQ(ids[b], b);
   EXPECT_THAT(tok.Decode(ids), IsOkAndHolds(bytes));
-  EXPECT_THAT(tok.Decode(std::vector<uint16_t>{1, 256}),
+  EXPECT_THAT(tok.Decode(std::vector<uint32_t>{1, 256}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("token 256"), HasSubstr("position 1"))));
 }

@@ -83,7 +83,10 @@ absl::StatusOr<CublasHandle> CublasHandle::Create(int64_t workspace_bytes) {
 CublasHandle::CublasHandle(CublasHandle&& other) noexcept
     : handle_(std::exchange(other.handle_, nullptr)),
       workspace_(std::exchange(other.workspace_, nullptr)),
-      workspace_bytes_(std::exchange(other.workspace_bytes_, 0)) {}
+      workspace_bytes_(std::exchange(other.workspace_bytes_, 0)),
+      external_(std::exchange(other.external_, false)),
+      external_workspace_(std::exchange(other.external_workspace_, nullptr)),
+      external_workspace_bytes_(std::exchange(other.external_workspace_bytes_, 0)) {}
 
 CublasHandle& CublasHandle::operator=(CublasHandle&& other) noexcept {
   if (this != &other) {
@@ -91,6 +94,9 @@ CublasHandle& CublasHandle::operator=(CublasHandle&& other) noexcept {
     handle_ = std::exchange(other.handle_, nullptr);
     workspace_ = std::exchange(other.workspace_, nullptr);
     workspace_bytes_ = std::exchange(other.workspace_bytes_, 0);
+    external_ = std::exchange(other.external_, false);
+    external_workspace_ = std::exchange(other.external_workspace_, nullptr);
+    external_workspace_bytes_ = std::exchange(other.external_workspace_bytes_, 0);
   }
   return *this;
 }
@@ -110,6 +116,11 @@ void CublasHandle::Reset() {
 absl::Status CublasHandle::Bind(cudaStream_t stream) const {
   if (handle_ == nullptr) return absl::FailedPreconditionError("CublasHandle: moved-from handle");
   RETURN_IF_ERROR(CublasStatus(cublasSetStream(handle_, stream), "cublasSetStream"));
+  if (external_) {
+    return CublasStatus(cublasSetWorkspace(handle_, external_workspace_,
+                                           static_cast<size_t>(external_workspace_bytes_)),
+                        "cublasSetWorkspace");
+  }
   if (workspace_ != nullptr) {
     RETURN_IF_ERROR(
         CublasStatus(cublasSetWorkspace(handle_, workspace_, static_cast<size_t>(workspace_bytes_)),

@@ -59,6 +59,18 @@ class CublasHandle {
   // below does this.
   [[nodiscard]] absl::Status Bind(cudaStream_t stream) const;
 
+  // From now on, Bind attaches `workspace` (`bytes` of device memory, not
+  // owned, 256-byte aligned; nullptr with 0 runs cuBLAS without a workspace)
+  // instead of the handle's own, so that cuBLAS's scratch is the caller's
+  // memory and counts against its allocator's cap (CudaKernels passes each
+  // operation's workspace). The memory must stay valid until the calls that
+  // used it have run on their stream. Not thread-safe (as the handle).
+  void UseExternalWorkspace(void* workspace, int64_t bytes) {
+    external_ = true;
+    external_workspace_ = workspace;
+    external_workspace_bytes_ = bytes;
+  }
+
  private:
   CublasHandle(cublasHandle_t handle, void* workspace, int64_t workspace_bytes)
       : handle_(handle), workspace_(workspace), workspace_bytes_(workspace_bytes) {}
@@ -67,6 +79,10 @@ class CublasHandle {
   cublasHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   int64_t workspace_bytes_ = 0;
+  // Set by UseExternalWorkspace.
+  bool external_ = false;
+  void* external_workspace_ = nullptr;
+  int64_t external_workspace_bytes_ = 0;
 };
 
 // Element type of the GEMM operands A and B.

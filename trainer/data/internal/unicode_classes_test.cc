@@ -25,7 +25,7 @@ TEST(UnicodeClassesTest, ClassifiesLettersNumbersSpacesAndOthers) {
                             0xD800u, 0x0378u, 0x110000u, 0xFFFFFFFFu}) {
     EXPECT_EQ(ClassOf(cp), CharClass::kOther) << std::hex << cp;
   }
-  EXPECT_EQ(UnicodeTablesVersion(), "14.0.0");
+  EXPECT_EQ(UnicodeTablesVersion(), "16.0.0");
 }
 
 }  // namespace

@@ -1,0 +1,418 @@
+// Stream-ordered frees of the CachingAllocator (DeallocateOnStream) on the emulated accelerator:
+// a freed block is never handed out again while work enqueued before the free may still touch it,
+// the accounting counts pending frees as in use, pressure waits for them, and a randomized
+// sequence of allocations, kernels, frees, stalls and waits keeps every invariant after every step.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "base/mutex.h"
+#include "base/testing/status_matchers.h"
+#include "base/units.h"
+#include "gtest/gtest.h"
+#include "memory/backend.h"
+#include "memory/caching_allocator.h"
+#include "memory/cpu_backend.h"
+#include "memory/device_memory.h"
+#include "memory/memory_tracker.h"
+#include "memory/resources.h"
+
+namespace ps {
+namespace {
+
+// Scaled-down sizes (as caching_allocator_test.cc) so a few thousand steps split, merge and fill
+// segments constantly.
+CachingAllocatorOptions TinyOptions(Backend* backend, MemoryTracker* tracker) {
+  CachingAllocatorOptions options;
+  options.round_bytes = 256;
+  options.small_request_max_bytes = 4 * kKiB;
+  options.small_segment_bytes = 8 * kKiB;
+  options.large_segment_round_bytes = 8 * kKiB;
+  options.tracker = tracker;
+  options.event_backend = backend;
+  return options;
+}
+
+struct Fixture {
+  explicit Fixture(int64_t capacity_bytes = 4 * kMiB, std::optional<int64_t> budget = {}) {
+    backend = CreateCpuBackend({.capacity_bytes = capacity_bytes}).value();
+    upstream = std::make_unique<BackendDeviceResource>(backend.get(), budget);
+    tracker = std::make_unique<MemoryTracker>(backend->device());
+    allocator =
+        CachingAllocator::Create(upstream.get(), TinyOptions(backend.get(), tracker.get())).value();
+    stream = backend->CreateStream().value();
+  }
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<BackendDeviceResource> upstream;
+  std::unique_ptr<MemoryTracker> tracker;
+  std::unique_ptr<CachingAllocator> allocator;
+  std::unique_ptr<Stream> stream;
+};
+
+TEST(CachingAllocatorStreamTest, FreedBlockIsReusedOnlyAfterTheStreamPassedTheFree) {
+  Fixture f;
+  ASSERT_OK_AND_ASSIGN(void* p, f.allocator->Allocate(1000));  // a 1 KiB block
+  ASSERT_OK_AND_ASSIGN(auto stall, StallCpuStream(*f.stream));
+  std::atomic<bool> kernel_ran{false};
+  ASSERT_OK(f.stream->LaunchHostFunc([&kernel_ran, p] {
+    std::memset(p, 7, 1000);  // a kernel still using the block
+    kernel_ran = true;
+  }));
+  ASSERT_OK(f.allocator->DeallocateOnStream(p, 1000, *f.stream));
+
+  CachingAllocatorStats stats = f.allocator->stats();
+  EXPECT_EQ(stats.pending_frees, 1);
+  EXPECT_EQ(stats.pending_free_bytes, 1024);
+  EXPECT_EQ(stats.in_use_bytes, 1024);  // still occupied on the device
+  EXPECT_EQ(stats.live_allocations, 0);
+  EXPECT_EQ(stats.requested_bytes, 0);
+  EXPECT_EQ(f.tracker->current_bytes(MemoryKind::kNonModelData), 1024);
+  // The same size again: not the pending block (the kernel has not run).
+  ASSERT_OK_AND_ASSIGN(void* q, f.allocator->Allocate(1000));
+  EXPECT_NE(q, p);
+  EXPECT_FALSE(kernel_ran.load());
+  EXPECT_EQ(f.allocator->ProcessPendingFrees(), 0);
+  // A second free of the pending pointer is a double free.
+  EXPECT_THAT(f.allocator->Deallocate(p, 1000), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(f.allocator->DeallocateOnStream(p, 1000, *f.stream),
+              StatusIs(absl::StatusCode::kInvalidArgument, "freed already"));
+
+  ASSERT_OK(f.stream->Synchronize());
+  EXPECT_TRUE(kernel_ran.load());
+  EXPECT_EQ(f.allocator->ProcessPendingFrees(), 1024);
+  stats = f.allocator->stats();
+  EXPECT_EQ(stats.pending_frees, 0);
+  EXPECT_EQ(stats.in_use_bytes, 1024);  // q
+  EXPECT_EQ(stats.stream_ordered_frees, 1);
+  EXPECT_EQ(f.tracker->current_bytes(MemoryKind::kNonModelData), 1024);
+  ASSERT_OK_AND_ASSIGN(void* r, f.allocator->Allocate(1000));
+  EXPECT_EQ(r, p);  // best fit: the lowest free block of the size, now reusable
+  EXPECT_OK(f.allocator->Deallocate(q, 1000));
+  EXPECT_OK(f.allocator->Deallocate(r, 1000));
+}
+
+TEST(CachingAllocatorStreamTest, AllocateProcessesFinishedFreesWithoutAnExplicitCall) {
+  Fixture f;
+  ASSERT_OK_AND_ASSIGN(void* p, f.allocator->Allocate(300));
+  ASSERT_OK(f.allocator->DeallocateOnStream(p, 300, *f.stream));
+  ASSERT_OK(f.stream->Synchronize());
+  ASSERT_OK_AND_ASSIGN(void* q, f.allocator->Allocate(300));
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(f.allocator->stats().pending_frees, 0);
+  EXPECT_OK(f.allocator->Deallocate(q, 300));
+}
+
+class FailingRecordStream final : public Stream {
+ public:
+  absl::Status MemcpyAsync(void*, const void*, int64_t, CopyKind) override {
+    return absl::OkStatus();
+  }
+  absl::Status MemsetAsync(void*, int, int64_t) override { return absl::OkStatus(); }
+  absl::Status LaunchHostFunc(absl::AnyInvocable<void() &&>) override { return absl::OkStatus(); }
+  absl::Status RecordEvent(Event*) override {
+    return absl::InvalidArgumentError("RecordEvent: the event was not created by this backend");
+  }
+  absl::Status WaitEvent(Event*) override { return absl::OkStatus(); }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+  void* native_handle() override { return nullptr; }
+};
+
+TEST(CachingAllocatorStreamTest, ErrorsChangeNothing) {
+  Fixture f;
+  ASSERT_OK_AND_ASSIGN(void* p, f.allocator->Allocate(512));
+  EXPECT_THAT(f.allocator->DeallocateOnStream(p, 513, *f.stream),
+              StatusIs(absl::StatusCode::kInvalidArgument, "allocated with 512 bytes"));
+  int on_stack = 0;
+  EXPECT_THAT(f.allocator->DeallocateOnStream(&on_stack, 4, *f.stream),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a live allocation"));
+  FailingRecordStream foreign;
+  EXPECT_THAT(f.allocator->DeallocateOnStream(p, 512, foreign),
+              StatusIs(absl::StatusCode::kInvalidArgument, "DeallocateOnStream"));
+  CachingAllocatorStats stats = f.allocator->stats();
+  EXPECT_EQ(stats.live_allocations, 1);
+  EXPECT_EQ(stats.requested_bytes, 512);
+  EXPECT_EQ(stats.pending_frees, 0);
+  // Still the caller's: a plain free works.
+  EXPECT_OK(f.allocator->Deallocate(p, 512));
+
+  // Without an event backend, stream-ordered frees are refused.
+  CachingAllocatorOptions options = TinyOptions(nullptr, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto plain, CachingAllocator::Create(f.upstream.get(), options));
+  ASSERT_OK_AND_ASSIGN(void* q, plain->Allocate(100));
+  EXPECT_THAT(plain->DeallocateOnStream(q, 100, *f.stream),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "event_backend"));
+  EXPECT_OK(plain->Deallocate(q, 100));
+}
+
+TEST(CachingAllocatorStreamTest, UnderPressureAllocateWaitsForPendingFrees) {
+  // Budget for exactly two 8 KiB segments.
+  Fixture f(4 * kMiB, 16 * kKiB);
+  ASSERT_OK_AND_ASSIGN(void* a, f.allocator->Allocate(8 * kKiB));
+  ASSERT_OK_AND_ASSIGN(void* b, f.allocator->Allocate(8 * kKiB));
+  ASSERT_OK_AND_ASSIGN(auto stall, StallCpuStream(*f.stream));
+  std::atomic<bool> kernel_ran{false};
+  ASSERT_OK(f.stream->LaunchHostFunc([&] { kernel_ran = true; }));
+  ASSERT_OK(f.allocator->DeallocateOnStream(a, 8 * kKiB, *f.stream));
+  // Nothing cached fits, the upstream is full: the allocator waits for the stream (a host wait,
+  // which also ends the stall) and reuses the block.
+  ASSERT_OK_AND_ASSIGN(void* c, f.allocator->Allocate(8 * kKiB));
+  EXPECT_TRUE(kernel_ran.load());
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(f.allocator->stats().pending_free_waits, 1);
+  // With nothing pending the usual error remains.
+  EXPECT_THAT(f.allocator->Allocate(8 * kKiB), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_OK(f.allocator->Deallocate(b, 8 * kKiB));
+  EXPECT_OK(f.allocator->Deallocate(c, 8 * kKiB));
+}
+
+TEST(CachingAllocatorStreamTest, ReleaseCachedWaitsForPendingFreesAndReturnsTheirSegments) {
+  Fixture f;
+  ASSERT_OK_AND_ASSIGN(void* p, f.allocator->Allocate(100));
+  ASSERT_OK_AND_ASSIGN(void* q, f.allocator->Allocate(5000));  // a large segment of its own
+  ASSERT_OK_AND_ASSIGN(auto stall, StallCpuStream(*f.stream));
+  std::atomic<bool> kernel_ran{false};
+  ASSERT_OK(f.stream->LaunchHostFunc([&] { kernel_ran = true; }));
+  ASSERT_OK(f.allocator->DeallocateOnStream(p, 100, *f.stream));
+  EXPECT_EQ(f.allocator->ProcessPendingFrees(), 0);  // never blocks
+  EXPECT_EQ(f.allocator->stats().segments, 2);
+  // Under pressure (the device's other pool asks), the allocator waits for the stream.
+  EXPECT_EQ(f.allocator->ReleaseCached(), 8 * kKiB);
+  EXPECT_TRUE(kernel_ran.load());
+  EXPECT_EQ(f.allocator->stats().segments, 1);
+  EXPECT_EQ(f.allocator->stats().pending_frees, 0);
+  EXPECT_OK(f.allocator->Deallocate(q, 5000));
+}
+
+// Returns segments through a hook, so a test can check what the stream has done by then.
+class HookedResource final : public MemoryResource {
+ public:
+  HookedResource(MemoryResource* upstream, std::function<void()> on_deallocate)
+      : upstream_(upstream), on_deallocate_(std::move(on_deallocate)) {}
+  absl::StatusOr<void*> Allocate(int64_t bytes) override { return upstream_->Allocate(bytes); }
+  absl::Status Deallocate(void* ptr, int64_t bytes) override {
+    on_deallocate_();
+    return upstream_->Deallocate(ptr, bytes);
+  }
+  Device device() const override { return upstream_->device(); }
+  std::string name() const override { return "hooked"; }
+
+ private:
+  MemoryResource* const upstream_;
+  std::function<void()> on_deallocate_;
+};
+
+TEST(CachingAllocatorStreamTest, DestructionWaitsForPendingFreesBeforeReturningSegments) {
+  Fixture f;
+  std::atomic<bool> kernel_ran{false};
+  std::atomic<int> early_returns{0};
+  HookedResource hooked(f.upstream.get(), [&] {
+    if (!kernel_ran.load()) ++early_returns;
+  });
+  ASSERT_OK_AND_ASSIGN(auto allocator,
+                       CachingAllocator::Create(&hooked, TinyOptions(f.backend.get(), nullptr)));
+  ASSERT_OK_AND_ASSIGN(void* p, allocator->Allocate(4000));
+  ASSERT_OK_AND_ASSIGN(auto stall, StallCpuStream(*f.stream));
+  ASSERT_OK(f.stream->LaunchHostFunc([&kernel_ran, p] {
+    std::memset(p, 1, 4000);
+    kernel_ran = true;
+  }));
+  ASSERT_OK(allocator->DeallocateOnStream(p, 4000, *f.stream));
+  allocator.reset();
+  EXPECT_TRUE(kernel_ran.load());
+  EXPECT_EQ(early_returns.load(), 0);
+}
+
+TEST(CachingAllocatorStreamTest, DeviceMemoryScratchFreesInStreamOrder) {
+  ASSERT_OK_AND_ASSIGN(auto backend, CreateCpuBackend({.capacity_bytes = 64 * kMiB}));
+  DeviceMemoryOptions options;
+  options.chunk_block_bytes = kMiB;
+  ASSERT_OK_AND_ASSIGN(auto memory, CreateAcceleratorMemory(backend.get(), options));
+  ASSERT_OK_AND_ASSIGN(auto stream, backend->CreateStream());
+  ASSERT_OK_AND_ASSIGN(void* p, memory->scratch()->Allocate(kKiB));
+  ASSERT_OK(memory->scratch()->DeallocateOnStream(p, kKiB, *stream));
+  ASSERT_OK(stream->Synchronize());
+  EXPECT_EQ(memory->scratch()->ProcessPendingFrees(), kKiB);
+  EXPECT_EQ(memory->tracker()->current_bytes(MemoryKind::kNonModelData), 0);
+  // Host memory without a backend has no events.
+  options.pinned = false;
+  ASSERT_OK_AND_ASSIGN(auto host, CreateHostMemory(nullptr, options));
+  ASSERT_OK_AND_ASSIGN(void* h, host->scratch()->Allocate(kKiB));
+  EXPECT_THAT(host->scratch()->DeallocateOnStream(h, kKiB, *stream),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_OK(host->scratch()->Deallocate(h, kKiB));
+}
+
+// --- Randomized operation sequences
+// ---------------------------------------------------------------
+//
+// Allocations, "kernels" on three streams that read and write blocks, stream-ordered frees (with a
+// cross-stream wait when a block was used on several streams, as record_stream would), synchronous
+// frees after synchronizing, stalls, releases, host waits and explicit processing. Invariants:
+//  - a block handed out never overlaps a kernel that has not finished (checked at every Allocate,
+//    and by every kernel, which finds its owner's id in the block when it starts);
+//  - the tracker records exactly in_use_bytes; pending bytes are part of it; in use + cached =
+//    reserved; the live allocations are the model's.
+
+struct Kernel {
+  uintptr_t begin = 0, end = 0;
+  std::atomic<bool> done{false};
+};
+
+struct Allocation {
+  uint64_t id = 0;
+  int64_t bytes = 0;
+  std::vector<int> streams_used;  // indices, in first-use order
+  int last_stream = -1;
+};
+
+class StreamOrderRandomTest : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(StreamOrderRandomTest, NoBlockIsHandedOutUnderAQueuedKernel) {
+  constexpr int kStreams = 3;
+  constexpr int kSteps = 2500;
+  ASSERT_OK_AND_ASSIGN(auto backend, CreateCpuBackend({.capacity_bytes = 2 * kMiB}));
+  BackendDeviceResource upstream(backend.get());
+  MemoryTracker tracker(backend->device());
+  ASSERT_OK_AND_ASSIGN(auto allocator,
+                       CachingAllocator::Create(&upstream, TinyOptions(backend.get(), &tracker)));
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<std::unique_ptr<CpuStreamStall>> stalls(kStreams);
+  for (int i = 0; i < kStreams; ++i) streams.push_back(backend->CreateStream().value());
+  std::vector<std::unique_ptr<Event>> events;  // kept alive to the end
+
+  std::mt19937 rng(GetParam());
+  absl::flat_hash_map<void*, Allocation> live;
+  std::vector<std::shared_ptr<Kernel>> kernels;
+  std::atomic<int> kernel_violations{0};
+  uint64_t next_id = 1;
+
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint32_t>(n)); };
+  auto random_live = [&]() -> void* {
+    auto it = live.begin();
+    std::advance(it, pick(static_cast<int>(live.size())));
+    return it->first;
+  };
+
+  for (int step = 0; step < kSteps; ++step) {
+    const int op = pick(100);
+    if (op < 30 || live.empty()) {
+      // Allocate: small or large, 8 bytes to 20 KiB.
+      const int64_t bytes = (rng() % 4 == 0) ? 4 * kKiB + pick(16 * kKiB) : 8 + pick(3000);
+      absl::StatusOr<void*> p = allocator->Allocate(bytes);
+      if (!p.ok()) {
+        ASSERT_THAT(p.status(), StatusIs(absl::StatusCode::kResourceExhausted));
+        continue;
+      }
+      const auto begin = reinterpret_cast<uintptr_t>(*p);
+      const uintptr_t end = begin + static_cast<uintptr_t>(allocator->RoundedSize(bytes));
+      for (const auto& k : kernels) {
+        if (!k->done.load() && k->begin < end && begin < k->end) {
+          FAIL() << "step " << step << ": block [" << begin << ", " << end
+                 << ") handed out under a kernel still queued on [" << k->begin << ", " << k->end
+                 << ")";
+        }
+      }
+      const uint64_t id = next_id++;
+      std::memcpy(*p, &id, sizeof(id));  // the host writes its new block at once
+      live[*p] = Allocation{id, bytes, {}, -1};
+    } else if (op < 55) {
+      // A kernel on a random stream reads the owner id and rewrites the block.
+      void* p = random_live();
+      Allocation& a = live[p];
+      const int s = pick(kStreams);
+      // Kernels on one block are ordered, as a correct program orders them: a kernel on another
+      // stream than the block's last user waits for that stream first.
+      if (a.last_stream >= 0 && a.last_stream != s) {
+        events.push_back(backend->CreateEvent().value());
+        ASSERT_OK(streams[a.last_stream]->RecordEvent(events.back().get()));
+        ASSERT_OK(streams[s]->WaitEvent(events.back().get()));
+      }
+      a.last_stream = s;
+      auto kernel = std::make_shared<Kernel>();
+      kernel->begin = reinterpret_cast<uintptr_t>(p);
+      kernel->end = kernel->begin + static_cast<uintptr_t>(a.bytes);
+      kernels.push_back(kernel);
+      ASSERT_OK(
+          streams[s]->LaunchHostFunc([kernel, p, id = a.id, bytes = a.bytes, &kernel_violations] {
+            uint64_t seen;
+            std::memcpy(&seen, p, sizeof(seen));
+            if (seen != id) ++kernel_violations;
+            auto* bytes_p = static_cast<unsigned char*>(p);
+            for (int64_t i = sizeof(uint64_t); i < bytes; ++i) bytes_p[i] ^= 0x5a;
+            kernel->done = true;
+          }));
+      if (std::find(a.streams_used.begin(), a.streams_used.end(), s) == a.streams_used.end()) {
+        a.streams_used.push_back(s);
+      }
+    } else if (op < 72) {
+      // Stream-ordered free on one of the streams that used the block (or any, if none did),
+      // after that stream waits for the others.
+      void* p = random_live();
+      const Allocation a = live[p];
+      const int s = a.streams_used.empty()
+                        ? pick(kStreams)
+                        : a.streams_used[pick(static_cast<int>(a.streams_used.size()))];
+      for (int other : a.streams_used) {
+        if (other == s) continue;
+        events.push_back(backend->CreateEvent().value());
+        ASSERT_OK(streams[other]->RecordEvent(events.back().get()));
+        ASSERT_OK(streams[s]->WaitEvent(events.back().get()));
+      }
+      ASSERT_OK(allocator->DeallocateOnStream(p, a.bytes, *streams[s]));
+      live.erase(p);
+    } else if (op < 78) {
+      // Synchronous free, after the host waited for every stream that used the block.
+      void* p = random_live();
+      const Allocation a = live[p];
+      for (int s : a.streams_used) ASSERT_OK(streams[s]->Synchronize());
+      ASSERT_OK(allocator->Deallocate(p, a.bytes));
+      live.erase(p);
+    } else if (op < 88) {
+      // Stall or release a stream.
+      const int s = pick(kStreams);
+      if (stalls[s] != nullptr && stalls[s]->active()) {
+        stalls[s]->Release();
+      } else {
+        ASSERT_OK_AND_ASSIGN(stalls[s], StallCpuStream(*streams[s]));
+      }
+    } else if (op < 95) {
+      ASSERT_OK(streams[pick(kStreams)]->Synchronize());
+    } else {
+      allocator->ProcessPendingFrees();
+    }
+
+    const CachingAllocatorStats stats = allocator->stats();
+    ASSERT_EQ(tracker.current_bytes(MemoryKind::kNonModelData), stats.in_use_bytes)
+        << "step " << step;
+    ASSERT_LE(stats.pending_free_bytes, stats.in_use_bytes);
+    ASSERT_EQ(stats.in_use_bytes + stats.cached_bytes, stats.reserved_bytes);
+    ASSERT_EQ(stats.live_allocations, static_cast<int64_t>(live.size()));
+    ASSERT_GE(stats.pending_frees, 0);
+    if (kernels.size() > 256) {
+      std::erase_if(kernels, [](const std::shared_ptr<Kernel>& k) { return k->done.load(); });
+    }
+  }
+  for (auto& stream : streams) ASSERT_OK(stream->Synchronize());
+  EXPECT_EQ(kernel_violations.load(), 0);
+  allocator->ProcessPendingFrees();
+  const CachingAllocatorStats stats = allocator->stats();
+  EXPECT_EQ(stats.pending_frees, 0);
+  EXPECT_GT(stats.stream_ordered_frees, 100);
+  for (const auto& [p, a] : live) ASSERT_OK(allocator->Deallocate(p, a.bytes));
+  EXPECT_EQ(tracker.current_bytes(MemoryKind::kNonModelData), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, StreamOrderRandomTest, ::testing::Values(1u, 2u, 3u, 4u));
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,112 @@
+#include "model/gpt_config.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "glog/logging.h"
+
+namespace ps {
+namespace {
+
+struct Preset {
+  const char* name;
+  int64_t vocab_size;
+  int64_t max_seq_len;
+  int64_t hidden;
+  int64_t num_layers;
+  int64_t num_heads;
+};
+
+constexpr Preset kPresets[] = {
+    {"tiny", 256, 64, 64, 2, 4},
+    {"gpt2", 50257, 1024, 768, 12, 12},
+    {"gpt2-medium", 50257, 1024, 1024, 24, 16},
+    {"gpt2-large", 50257, 1024, 1280, 36, 20},
+    {"gpt2-xl", 50257, 1024, 1600, 48, 25},
+    {"1B", 50257, 1024, 2048, 20, 16},
+    {"2B", 50257, 1024, 2048, 40, 16},
+    {"4B", 50257, 1024, 2304, 64, 16},
+    {"6B", 50257, 1024, 3072, 53, 16},
+    {"8B", 50257, 1024, 3072, 72, 16},
+    {"10B", 50257, 1024, 4096, 50, 16},
+    {"12B", 50257, 1024, 4096, 60, 16},
+    {"15B", 50257, 1024, 4096, 78, 16},
+    {"18B", 50257, 1024, 4096, 90, 16},
+};
+
+OperatorSpec LinearOp(const std::string& name, int64_t in, int64_t out) {
+  return OperatorSpec{name, {{name + ".weight", {in, out}}, {name + ".bias", {out}}}};
+}
+
+OperatorSpec LayerNormOp(const std::string& name, int64_t hidden) {
+  return OperatorSpec{name, {{name + ".weight", {hidden}}, {name + ".bias", {hidden}}}};
+}
+
+}  // namespace
+
+absl::StatusOr<GptConfig> GptPreset(absl::string_view name) {
+  for (const Preset& p : kPresets) {
+    if (name == p.name) {
+      return GptConfig{p.name, p.vocab_size, p.max_seq_len, p.hidden, p.num_layers, p.num_heads};
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown GPT preset '", name, "'; known presets: ", absl::StrJoin(GptPresetNames(), ", ")));
+}
+
+std::vector<std::string> GptPresetNames() {
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.push_back(p.name);
+  return names;
+}
+
+absl::Status ValidateGptConfig(const GptConfig& c) {
+  const std::pair<const char*, int64_t> fields[] = {{"vocab_size", c.vocab_size},
+                                                    {"max_seq_len", c.max_seq_len},
+                                                    {"hidden", c.hidden},
+                                                    {"num_layers", c.num_layers},
+                                                    {"num_heads", c.num_heads}};
+  for (const auto& [field, value] : fields) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GPT config '", c.name, "': ", field, " must be positive, got ", value));
+    }
+  }
+  if (c.hidden % c.num_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GPT config '", c.name, "': hidden ", c.hidden,
+                                                   " is not a multiple of num_heads ",
+                                                   c.num_heads));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<OperatorSpec> GptOperators(const GptConfig& c) {
+  const absl::Status valid = ValidateGptConfig(c);
+  CHECK(valid.ok()) << valid;
+  const int64_t h = c.hidden;
+  std::vector<OperatorSpec> ops;
+  ops.reserve(2 + 6 * c.num_layers);
+  ops.push_back(OperatorSpec{
+      "embedding", {{"wte.weight", {c.vocab_size, h}}, {"wpe.weight", {c.max_seq_len, h}}}});
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = absl::StrCat("h.", i, ".");
+    ops.push_back(LayerNormOp(p + "ln_1", h));
+    ops.push_back(LinearOp(p + "attn.c_attn", h, 3 * h));
+    ops.push_back(LinearOp(p + "attn.c_proj", h, h));
+    ops.push_back(LayerNormOp(p + "ln_2", h));
+    ops.push_back(LinearOp(p + "mlp.c_fc", h, 4 * h));
+    ops.push_back(LinearOp(p + "mlp.c_proj", 4 * h, h));
+  }
+  ops.push_back(LayerNormOp("ln_f", h));
+  return ops;
+}
+
+int64_t GptParameterCount(const GptConfig& c) {
+  const int64_t h = c.hidden;
+  return (c.vocab_size + c.max_seq_len) * h + c.num_layers * (12 * h * h + 13 * h) + 2 * h;
+}
+
+}  // namespace ps

@@ -1,0 +1,367 @@
+#include "model/hf_checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "base/file_io.h"
+#include "base/status_macros.h"
+#include "memory/convert.h"
+#include "model/atomic_directory.h"
+#include "model/hf_config.h"
+#include "model/hf_json.h"
+
+namespace ps {
+namespace {
+
+constexpr absl::string_view kGpt2Prefix = "transformer.";
+
+std::string JoinPath(absl::string_view dir, absl::string_view name) {
+  if (!dir.empty() && dir.back() == '/') return absl::StrCat(dir, name);
+  return absl::StrCat(dir, "/", name);
+}
+
+// Consumes a run of decimal digits at the front of `s`.
+bool ConsumeDigits(absl::string_view& s) {
+  size_t n = 0;
+  while (n < s.size() && absl::ascii_isdigit(static_cast<unsigned char>(s[n]))) ++n;
+  if (n == 0) return false;
+  s.remove_prefix(n);
+  return true;
+}
+
+// "<prefix><digits><suffix>" exactly.
+bool MatchesIndexed(absl::string_view name, absl::string_view prefix, absl::string_view suffix) {
+  if (!absl::ConsumePrefix(&name, prefix)) return false;
+  if (!ConsumeDigits(name)) return false;
+  return name == suffix;
+}
+
+// Non-parameter tensors that files of the family may carry (see the header).
+bool IsIgnorableBuffer(const ModelConfig& c, absl::string_view name) {
+  if (c.architecture() == ModelArchitecture::kLlama) {
+    return MatchesIndexed(name, "model.layers.", ".self_attn.rotary_emb.inv_freq");
+  }
+  absl::ConsumePrefix(&name, kGpt2Prefix);
+  return MatchesIndexed(name, "h.", ".attn.bias") ||
+         MatchesIndexed(name, "h.", ".attn.masked_bias");
+}
+
+std::string EmbeddingName(const ModelConfig& c) {
+  return c.architecture() == ModelArchitecture::kGpt2 ? "wte.weight" : "model.embed_tokens.weight";
+}
+
+// "a, b, c and 4 more".
+std::string ListSome(const std::vector<std::string>& items) {
+  constexpr size_t kShown = 8;
+  if (items.size() <= kShown) return absl::StrJoin(items, ", ");
+  return absl::StrCat(absl::StrJoin(items.begin(), items.begin() + kShown, ", "), " and ",
+                      items.size() - kShown, " more");
+}
+
+// Whether two tensors hold the same values (as f32), comparing piecewise.
+absl::StatusOr<bool> SameValues(const ShardedSafetensors& w, const std::string& a,
+                                const std::string& b, int64_t numel) {
+  constexpr int64_t kPiece = int64_t{1} << 16;
+  std::vector<float> x(static_cast<size_t>(std::min(numel, kPiece)));
+  std::vector<float> y(x.size());
+  for (int64_t first = 0; first < numel; first += kPiece) {
+    const int64_t n = std::min(kPiece, numel - first);
+    RETURN_IF_ERROR(w.ReadAsF32(a, first, absl::MakeSpan(x.data(), static_cast<size_t>(n))));
+    RETURN_IF_ERROR(w.ReadAsF32(b, first, absl::MakeSpan(y.data(), static_cast<size_t>(n))));
+    if (std::memcmp(x.data(), y.data(), static_cast<size_t>(n) * sizeof(float)) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Appends the contents of file `source` to `fd`.
+absl::Status CopyInto(const std::string& source, int fd, const std::string& fd_path) {
+  const int in = ::open(source.c_str(), O_RDONLY | O_CLOEXEC);
+  if (in < 0) return ErrnoError(errno, "cannot open extra file", source);
+  absl::Cleanup close_in = [in] { ::close(in); };
+  std::vector<char> buffer(1 << 20);
+  while (true) {
+    const ssize_t n = ::read(in, buffer.data(), buffer.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError(errno, "cannot read extra file", source);
+    }
+    if (n == 0) return absl::OkStatus();
+    RETURN_IF_ERROR(WriteAll(fd, buffer.data(), static_cast<size_t>(n), fd_path));
+  }
+}
+
+}  // namespace
+
+std::vector<TensorSpec> HfParameterSpecs(const ModelConfig& config) {
+  std::vector<TensorSpec> specs;
+  for (OperatorSpec& op : ModelOperators(config)) {
+    for (TensorSpec& t : op.tensors) specs.push_back(std::move(t));
+  }
+  return specs;
+}
+
+bool IsHfCheckpointFileName(absl::string_view name) {
+  if (name == kHfConfigFileName || name == kSafetensorsSingleFileName ||
+      name == kSafetensorsIndexFileName) {
+    return true;
+  }
+  // model-NNNNN-of-NNNNN.safetensors
+  if (!absl::ConsumePrefix(&name, "model-") || !ConsumeDigits(name) ||
+      !absl::ConsumePrefix(&name, "-of-") || !ConsumeDigits(name)) {
+    return false;
+  }
+  return name == ".safetensors";
+}
+
+absl::StatusOr<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    return ErrnoError(errno, "cannot open model directory", dir);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model directory '", dir, "' is not a directory"));
+  }
+  const std::string config_path = JoinPath(dir, kHfConfigFileName);
+  absl::StatusOr<std::string> text = hf_json::ReadTextFile(config_path, "Hugging Face config");
+  if (absl::IsNotFound(text.status())) {
+    return absl::NotFoundError(
+        absl::StrCat("model directory '", dir, "' has no ", kHfConfigFileName));
+  }
+  RETURN_IF_ERROR(text.status());
+  ASSIGN_OR_RETURN(ModelConfig config, ParseHfConfig(*text, config_path));
+  ASSIGN_OR_RETURN(ShardedSafetensors weights, ShardedSafetensors::OpenDirectory(dir));
+
+  HfCheckpoint ckpt(dir, std::move(weights));
+  ckpt.config_ = std::move(config);
+  ckpt.config_json_ = *std::move(text);
+  ckpt.parameters_ = HfParameterSpecs(ckpt.config_);
+  const ModelConfig& c = ckpt.config_;
+  const ShardedSafetensors& w = ckpt.weights_;
+  const bool gpt2 = c.architecture() == ModelArchitecture::kGpt2;
+
+  std::vector<std::string> missing, duplicated, misshapen, unexpected;
+  absl::flat_hash_set<std::string> used;  // file names accounted for
+  for (const TensorSpec& p : ckpt.parameters_) {
+    std::vector<std::string> candidates = {p.name};
+    if (gpt2) candidates.push_back(absl::StrCat(kGpt2Prefix, p.name));
+    std::vector<std::string> present;
+    for (const std::string& name : candidates) {
+      if (w.Find(name).info != nullptr) present.push_back(name);
+    }
+    if (present.empty()) {
+      missing.push_back(p.name);
+      continue;
+    }
+    if (present.size() > 1) {
+      duplicated.push_back(absl::StrCat(present[0], " and ", present[1]));
+      continue;
+    }
+    const SafetensorsTensorInfo* info = w.Find(present[0]).info;
+    used.insert(present[0]);
+    ckpt.file_names_.emplace(p.name, present[0]);
+    if (info->shape != p.shape) {
+      misshapen.push_back(absl::StrCat(present[0], " ", ShapeString(info->shape), " (expected ",
+                                       ShapeString(p.shape), ")"));
+      continue;
+    }
+    if (!info->dtype.has_value()) {
+      return absl::UnimplementedError(
+          absl::StrCat("model directory '", dir, "': tensor '", present[0], "' is stored as ",
+                       info->dtype_name, "; only F32, F16 and BF16 parameters are supported"));
+    }
+  }
+  // A tied model's lm_head.weight, if present, must be the embedding.
+  const std::string embed = EmbeddingName(c);
+  for (const std::string& head :
+       {std::string("lm_head.weight"), gpt2 ? absl::StrCat(kGpt2Prefix, "lm_head.weight") : ""}) {
+    if (head.empty() || !c.tie_word_embeddings || w.Find(head).info == nullptr) continue;
+    used.insert(head);
+    const auto embed_file = ckpt.file_names_.find(embed);
+    if (embed_file == ckpt.file_names_.end()) continue;  // reported as missing
+    const SafetensorsTensorInfo* h = w.Find(head).info;
+    const SafetensorsTensorInfo* e = w.Find(embed_file->second).info;
+    bool same = false;
+    if (h->shape == e->shape && h->dtype.has_value() && e->dtype.has_value()) {
+      ASSIGN_OR_RETURN(same, SameValues(w, head, embed_file->second, e->num_elements));
+    }
+    if (!same) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model directory '", dir, "': config.json says tie_word_embeddings is true, but '", head,
+          "' differs from '", embed_file->second,
+          "'; an untied head needs tie_word_embeddings false"));
+    }
+    ckpt.had_tied_lm_head_ = true;
+  }
+  for (const std::string& name : w.names()) {
+    if (!used.contains(name) && !IsIgnorableBuffer(c, name)) unexpected.push_back(name);
+  }
+  if (!missing.empty() || !duplicated.empty() || !misshapen.empty() || !unexpected.empty()) {
+    std::vector<std::string> parts;
+    if (!missing.empty()) parts.push_back(absl::StrCat("missing: ", ListSome(missing)));
+    if (!duplicated.empty()) {
+      parts.push_back(absl::StrCat("present twice (with and without \"transformer.\"): ",
+                                   ListSome(duplicated)));
+    }
+    if (!misshapen.empty()) parts.push_back(absl::StrCat("wrong shape: ", ListSome(misshapen)));
+    if (!unexpected.empty()) {
+      parts.push_back(absl::StrCat("not parameters of this ", ModelFamilyName(c.family),
+                                   " configuration: ", ListSome(unexpected)));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model directory '", dir, "': the weights do not match config.json (",
+        ModelFamilyName(c.family), ", ", c.num_layers, " layers, hidden ", c.hidden_size,
+        ", vocab ", c.vocab_size, c.tie_word_embeddings ? ", tied" : ", untied",
+        " LM head): ", absl::StrJoin(parts, "; ")));
+  }
+  return ckpt;
+}
+
+const SafetensorsTensorInfo* HfCheckpoint::Find(absl::string_view name) const {
+  const auto it = file_names_.find(name);
+  return it == file_names_.end() ? nullptr : weights_.Find(it->second).info;
+}
+
+absl::StatusOr<SafetensorsTensorView> HfCheckpoint::Get(absl::string_view name) const {
+  const auto it = file_names_.find(name);
+  if (it == file_names_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("model directory '", dir_, "': '", name, "' is not a parameter"));
+  }
+  return weights_.Get(it->second);
+}
+
+absl::Status HfCheckpoint::ReadAsF32(absl::string_view name, int64_t first_elem,
+                                     absl::Span<float> out) const {
+  const auto it = file_names_.find(name);
+  if (it == file_names_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("model directory '", dir_, "': '", name, "' is not a parameter"));
+  }
+  return weights_.ReadAsF32(it->second, first_elem, out);
+}
+
+HfExportFillFn ConvertingFill(HfExportF32FillFn f32_fill, DType dtype) {
+  return [f32_fill = std::move(f32_fill), dtype, buffer = std::vector<float>()](
+             const TensorSpec& tensor, int64_t first_elem,
+             absl::Span<uint8_t> dst) mutable -> absl::Status {
+    const int64_t n = static_cast<int64_t>(dst.size()) / SizeOf(dtype);
+    if (dtype == DType::kF32) {
+      // The writer's buffer is aligned for any element type.
+      return f32_fill(tensor, first_elem,
+                      absl::MakeSpan(reinterpret_cast<float*>(dst.data()), static_cast<size_t>(n)));
+    }
+    buffer.resize(static_cast<size_t>(n));
+    RETURN_IF_ERROR(f32_fill(tensor, first_elem, absl::MakeSpan(buffer)));
+    return Convert(DType::kF32, buffer.data(), dtype, dst.data(), n);
+  };
+}
+
+HfExportFillFn FillFromCheckpoint(const HfCheckpoint& source, DType dtype) {
+  return [&source, dtype, buffer = std::vector<uint8_t>()](
+             const TensorSpec& tensor, int64_t first_elem,
+             absl::Span<uint8_t> dst) mutable -> absl::Status {
+    ASSIGN_OR_RETURN(const SafetensorsTensorView view, source.Get(tensor.name));
+    const int64_t n = static_cast<int64_t>(dst.size()) / SizeOf(dtype);
+    if (view.info->num_elements < first_elem + n || view.info->shape != tensor.shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", tensor.name, "' of '", source.dir(), "' has shape ",
+                       ShapeString(view.info->shape), ", not ", ShapeString(tensor.shape)));
+    }
+    const int64_t src_size = SizeOf(view.dtype);
+    const uint8_t* src = view.bytes.data() + first_elem * src_size;
+    if (view.dtype == dtype) {
+      std::memcpy(dst.data(), src, dst.size());
+      return absl::OkStatus();
+    }
+    // Through an aligned copy: files from other writers may hold tensors at odd offsets.
+    buffer.resize(static_cast<size_t>(n * src_size));
+    std::memcpy(buffer.data(), src, buffer.size());
+    return Convert(view.dtype, buffer.data(), dtype, dst.data(), n);
+  };
+}
+
+absl::Status WriteHfCheckpoint(const std::string& dir, const ModelConfig& config, DType dtype,
+                               const HfExportFillFn& fill, const HfExportOptions& options) {
+  RETURN_IF_ERROR(ValidateModelConfig(config));
+  if (options.max_shard_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "HfExportOptions.max_shard_bytes must be positive, got ", options.max_shard_bytes));
+  }
+  if (options.max_piece_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "HfExportOptions.max_piece_bytes must be positive, got ", options.max_piece_bytes));
+  }
+  std::vector<std::pair<std::string, std::string>> extra;  // (source, base name)
+  for (const std::string& path : options.extra_files) {
+    const size_t slash = path.rfind('/');
+    std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+    if (base.empty() || base == "." || base == ".." || IsHfCheckpointFileName(base)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "HfExportOptions.extra_files: '", path,
+          "' cannot be copied into a model directory under that name (config.json and the "
+          "weight files are written by the export itself)"));
+    }
+    for (const auto& [other, other_base] : extra) {
+      if (other_base == base) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "HfExportOptions.extra_files: '", path, "' and '", other, "' have the same file name"));
+      }
+    }
+    extra.emplace_back(path, std::move(base));
+  }
+  ASSIGN_OR_RETURN(
+      const std::string config_json,
+      HfConfigJson(config, {.torch_dtype = dtype, .base_json = options.base_config_json}));
+  const std::vector<TensorSpec> params = HfParameterSpecs(config);
+  std::vector<SafetensorsTensorSpec> specs;
+  specs.reserve(params.size());
+  for (const TensorSpec& p : params) specs.push_back({p.name, dtype, p.shape});
+
+  DirectoryReplaceOptions replace;
+  replace.marker_file = std::string(kHfConfigFileName);
+  replace.is_replaced = [](absl::string_view name) { return IsHfCheckpointFileName(name); };
+  return ReplaceDirectoryAtomically(dir, replace, [&](const std::string& staging) -> absl::Status {
+    ShardedWriteOptions write;
+    write.max_shard_bytes = options.max_shard_bytes;
+    write.max_piece_bytes = options.max_piece_bytes;
+    RETURN_IF_ERROR(WriteShardedSafetensors(
+                        staging, specs,
+                        [&](size_t index, int64_t first_elem, absl::Span<uint8_t> dst) {
+                          return fill(params[index], first_elem, dst);
+                        },
+                        write)
+                        .status());
+    RETURN_IF_ERROR(WriteFileAtomically(
+        JoinPath(staging, kHfConfigFileName), [&](int fd, const std::string& tmp_path) {
+          return WriteAll(fd, config_json.data(), config_json.size(), tmp_path);
+        }));
+    for (const auto& [source, base] : extra) {
+      RETURN_IF_ERROR(WriteFileAtomically(
+          JoinPath(staging, base),
+          [&](int fd, const std::string& tmp_path) { return CopyInto(source, fd, tmp_path); }));
+    }
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace ps

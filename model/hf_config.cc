@@ -1,0 +1,666 @@
+#include "model/hf_config.h"
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "model/hf_json.h"
+#include "nlohmann/json.hpp"
+
+namespace ps {
+namespace {
+
+using nlohmann::json;
+
+constexpr absl::string_view kWhat = "Hugging Face config";
+
+// Typed access to the keys of one config.json object, with errors naming the file and the key.
+class Keys {
+ public:
+  Keys(const json& object, absl::string_view path) : object_(object), path_(path) {}
+
+  absl::string_view path() const { return path_; }
+
+  // The value at `key`, or nullptr when the key is absent.
+  const json* Find(absl::string_view key) const {
+    const auto it = object_.find(std::string(key));
+    return it == object_.end() ? nullptr : &*it;
+  }
+  // The value at `key`, or nullptr when it is absent or null.
+  const json* FindNonNull(absl::string_view key) const {
+    const json* v = Find(key);
+    return v == nullptr || v->is_null() ? nullptr : v;
+  }
+
+  absl::Status Invalid(absl::string_view key, absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat(kWhat, " '", path_, "': \"", key, "\" ", what));
+  }
+  absl::Status Unsupported(absl::string_view key, absl::string_view what) const {
+    return absl::UnimplementedError(absl::StrCat(kWhat, " '", path_, "': \"", key, "\" ", what));
+  }
+
+  // An integer that fits int64 (not a float, even 4096.0: transformers 5 refuses those too).
+  absl::StatusOr<int64_t> AsInt(absl::string_view key, const json& v) const {
+    if (v.is_number_unsigned()) {
+      const auto u = v.get<uint64_t>();
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return Invalid(key, absl::StrCat("is ", u, ", too large"));
+      }
+      return static_cast<int64_t>(u);
+    }
+    if (v.is_number_integer()) return v.get<int64_t>();
+    return Invalid(key, absl::StrCat("must be an integer, got ", hf_json::TypeName(v), " ",
+                                     hf_json::Brief(v)));
+  }
+
+  // A positive integer at `key`; `fallback` when absent. Null is an error unless
+  // `null_is_default`.
+  absl::StatusOr<int64_t> PositiveInt(absl::string_view key, int64_t fallback,
+                                      bool null_is_default = false) const {
+    const json* v = Find(key);
+    if (v == nullptr || (null_is_default && v->is_null())) return fallback;
+    ASSIGN_OR_RETURN(const int64_t n, AsInt(key, *v));
+    if (n <= 0) return Invalid(key, absl::StrCat("must be a positive integer, got ", n));
+    return n;
+  }
+
+  // A positive integer at `key`, nullopt when absent or null.
+  absl::StatusOr<std::optional<int64_t>> OptionalPositiveInt(absl::string_view key) const {
+    const json* v = FindNonNull(key);
+    if (v == nullptr) return std::optional<int64_t>();
+    ASSIGN_OR_RETURN(const int64_t n, AsInt(key, *v));
+    if (n <= 0) return Invalid(key, absl::StrCat("must be a positive integer, got ", n));
+    return std::optional<int64_t>(n);
+  }
+
+  absl::StatusOr<double> AsNumber(absl::string_view key, const json& v) const {
+    if (!v.is_number()) {
+      return Invalid(key, absl::StrCat("must be a number, got ", hf_json::TypeName(v), " ",
+                                       hf_json::Brief(v)));
+    }
+    return v.get<double>();
+  }
+
+  // A finite positive number at `key`; `fallback` when absent.
+  absl::StatusOr<double> PositiveNumber(absl::string_view key, double fallback) const {
+    const json* v = Find(key);
+    if (v == nullptr) return fallback;
+    ASSIGN_OR_RETURN(const double d, AsNumber(key, *v));
+    if (!std::isfinite(d) || d <= 0) {
+      return Invalid(key, absl::StrCat("must be a positive number, got ", hf_json::Brief(*v)));
+    }
+    return d;
+  }
+
+  absl::StatusOr<bool> Bool(absl::string_view key, bool fallback) const {
+    const json* v = Find(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_boolean()) {
+      return Invalid(key, absl::StrCat("must be true or false, got ", hf_json::TypeName(*v), " ",
+                                       hf_json::Brief(*v)));
+    }
+    return v->get<bool>();
+  }
+
+  absl::StatusOr<std::string> String(absl::string_view key, absl::string_view fallback) const {
+    const json* v = Find(key);
+    if (v == nullptr) return std::string(fallback);
+    if (!v->is_string()) {
+      return Invalid(key, absl::StrCat("must be a string, got ", hf_json::TypeName(*v), " ",
+                                       hf_json::Brief(*v)));
+    }
+    return v->get<std::string>();
+  }
+
+ private:
+  const json& object_;
+  std::string path_;
+};
+
+struct FamilyInfo {
+  ModelFamily family;
+  const char* model_type;
+  const char* architecture;
+};
+constexpr FamilyInfo kFamilies[] = {
+    {ModelFamily::kLlama, "llama", "LlamaForCausalLM"},
+    {ModelFamily::kQwen2, "qwen2", "Qwen2ForCausalLM"},
+    {ModelFamily::kMistral, "mistral", "MistralForCausalLM"},
+    {ModelFamily::kGpt2, "gpt2", "GPT2LMHeadModel"},
+};
+
+// Keys whose presence (with a value other than null or 0) means a mixture-of-experts model.
+constexpr const char* kMoeKeys[] = {
+    "num_experts",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "n_routed_experts",
+    "n_shared_experts",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+};
+
+absl::Status CheckArchitectures(const Keys& keys, ModelFamily family) {
+  const json* archs = keys.FindNonNull("architectures");
+  if (archs == nullptr) return absl::OkStatus();
+  if (!archs->is_array() || archs->empty()) {
+    return keys.Invalid("architectures", absl::StrCat("must be a non-empty array of class names, "
+                                                      "got ",
+                                                      hf_json::Brief(*archs)));
+  }
+  const absl::string_view expected = HfArchitectureName(family);
+  for (const json& a : *archs) {
+    if (!a.is_string()) {
+      return keys.Invalid("architectures",
+                          absl::StrCat("must hold class names (strings), got ", hf_json::Brief(a)));
+    }
+    const std::string name = a.get<std::string>();
+    if (name == expected) continue;
+    for (const FamilyInfo& f : kFamilies) {
+      if (name == f.architecture) {
+        return keys.Invalid("architectures",
+                            absl::StrCat("names ", name, ", which contradicts model_type \"",
+                                         ModelFamilyName(family), "\" (expected ", expected, ")"));
+      }
+    }
+    return keys.Unsupported("architectures", absl::StrCat("names ", name, "; only ", expected,
+                                                          " is supported for model_type \"",
+                                                          ModelFamilyName(family), "\""));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNoMoeNoQuantization(const Keys& keys) {
+  for (const char* key : kMoeKeys) {
+    const json* v = keys.FindNonNull(key);
+    if (v == nullptr) continue;
+    if (v->is_number_integer() && v->get<int64_t>() == 0) continue;
+    return keys.Unsupported(key, absl::StrCat("is ", hf_json::Brief(*v),
+                                              ": mixture-of-experts models are not supported"));
+  }
+  if (const json* q = keys.FindNonNull("quantization_config"); q != nullptr) {
+    return keys.Unsupported("quantization_config",
+                            "is set: quantized checkpoints are not supported (use the model's "
+                            "unquantized float32/float16/bfloat16 weights)");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<DType>> ParseTorchDType(const Keys& keys) {
+  const char* key = "dtype";
+  const json* v = keys.FindNonNull(key);
+  if (v == nullptr) {
+    key = "torch_dtype";
+    v = keys.FindNonNull(key);
+  }
+  if (v == nullptr) return std::optional<DType>();
+  if (!v->is_string()) {
+    return keys.Invalid(
+        key, absl::StrCat("must be a string such as \"bfloat16\", got ", hf_json::Brief(*v)));
+  }
+  const std::string name = v->get<std::string>();
+  if (name == "float32") return std::optional<DType>(DType::kF32);
+  if (name == "float16") return std::optional<DType>(DType::kF16);
+  if (name == "bfloat16") return std::optional<DType>(DType::kBF16);
+  return keys.Unsupported(key,
+                          absl::StrCat("is \"", name, "\"; supported: float32, float16, bfloat16"));
+}
+
+// Returns the key among {canonical, alias} that is present (canonical when neither is), refusing
+// the two with different values.
+absl::StatusOr<const char*> CanonicalOrAlias(const Keys& keys, const char* canonical,
+                                             const char* alias) {
+  const json* c = keys.Find(canonical);
+  const json* a = keys.Find(alias);
+  if (c != nullptr && a != nullptr && *c != *a) {
+    return keys.Invalid(
+        alias, absl::StrCat("is ", hf_json::Brief(*a), " but \"", canonical,
+                            "\" (the same setting in GPT-2's naming) is ", hf_json::Brief(*c)));
+  }
+  return c == nullptr && a != nullptr ? alias : canonical;
+}
+
+absl::StatusOr<ModelConfig> ParseGpt2(const Keys& keys, ModelConfig c) {
+  ASSIGN_OR_RETURN(c.vocab_size, keys.PositiveInt("vocab_size", 50257));
+  ASSIGN_OR_RETURN(const char* positions_key,
+                   CanonicalOrAlias(keys, "n_positions", "max_position_embeddings"));
+  ASSIGN_OR_RETURN(c.max_position_embeddings, keys.PositiveInt(positions_key, 1024));
+  ASSIGN_OR_RETURN(const char* embd_key, CanonicalOrAlias(keys, "n_embd", "hidden_size"));
+  ASSIGN_OR_RETURN(c.hidden_size, keys.PositiveInt(embd_key, 768));
+  ASSIGN_OR_RETURN(const char* layer_key, CanonicalOrAlias(keys, "n_layer", "num_hidden_layers"));
+  ASSIGN_OR_RETURN(c.num_layers, keys.PositiveInt(layer_key, 12));
+  ASSIGN_OR_RETURN(const char* head_key, CanonicalOrAlias(keys, "n_head", "num_attention_heads"));
+  ASSIGN_OR_RETURN(c.num_heads, keys.PositiveInt(head_key, 12));
+  if (c.hidden_size % c.num_heads != 0) {
+    return keys.Invalid(
+        head_key, absl::StrCat(c.num_heads, " does not divide ", embd_key, " ", c.hidden_size));
+  }
+  c.num_kv_heads = c.num_heads;
+  c.head_dim = c.hidden_size / c.num_heads;
+  ASSIGN_OR_RETURN(const std::optional<int64_t> n_inner, keys.OptionalPositiveInt("n_inner"));
+  c.intermediate_size = n_inner.value_or(4 * c.hidden_size);
+  ASSIGN_OR_RETURN(const std::string act, keys.String("activation_function", "gelu_new"));
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
+    return keys.Unsupported("activation_function",
+                            absl::StrCat("is \"", act,
+                                         "\"; supported: gelu_new, gelu_pytorch_tanh (GELU with "
+                                         "the tanh approximation)"));
+  }
+  c.hidden_act = HiddenAct::kGeluTanh;
+  ASSIGN_OR_RETURN(c.norm_eps, keys.PositiveNumber("layer_norm_epsilon", 1e-5));
+  ASSIGN_OR_RETURN(c.tie_word_embeddings, keys.Bool("tie_word_embeddings", true));
+  if (!c.tie_word_embeddings) {
+    return keys.Unsupported("tie_word_embeddings",
+                            "is false: GPT-2's LM head is supported only tied to wte");
+  }
+  ASSIGN_OR_RETURN(const bool scale_attn_weights, keys.Bool("scale_attn_weights", true));
+  if (!scale_attn_weights) {
+    return keys.Unsupported("scale_attn_weights",
+                            "is false: attention without the 1/sqrt(head_dim) scale is not "
+                            "supported");
+  }
+  ASSIGN_OR_RETURN(const bool by_layer, keys.Bool("scale_attn_by_inverse_layer_idx", false));
+  if (by_layer) {
+    return keys.Unsupported("scale_attn_by_inverse_layer_idx", "is true: not supported");
+  }
+  ASSIGN_OR_RETURN(const bool cross, keys.Bool("add_cross_attention", false));
+  if (cross) return keys.Unsupported("add_cross_attention", "is true: not supported");
+  c.qkv_bias = c.o_proj_bias = c.mlp_bias = true;
+  c.rope_theta = 10000;
+  return c;
+}
+
+absl::Status ParseRope(const Keys& keys, ModelConfig& c) {
+  const char* rope_key = "rope_scaling";
+  const json* rope = keys.FindNonNull(rope_key);
+  if (rope == nullptr || (rope->is_object() && rope->empty())) {
+    rope_key = "rope_parameters";
+    rope = keys.FindNonNull(rope_key);
+  }
+  if (rope != nullptr && !rope->is_object()) {
+    return keys.Invalid(
+        rope_key, absl::StrCat("must be an object or null, got ", hf_json::TypeName(*rope), " ",
+                               hf_json::Brief(*rope)));
+  }
+  auto sub = [&](absl::string_view k) { return absl::StrCat(rope_key, ".", k); };
+
+  std::optional<double> top_theta;
+  if (const json* t = keys.Find("rope_theta"); t != nullptr) {
+    ASSIGN_OR_RETURN(top_theta, keys.PositiveNumber("rope_theta", 0));
+  }
+  std::optional<double> inner_theta;
+  std::string type = "default";
+  const json no_rope = json::object();
+  const Keys inner(rope == nullptr ? no_rope : *rope, keys.path());
+  if (rope != nullptr) {
+    for (const char* nested : {"full_attention", "sliding_attention"}) {
+      if (rope->contains(nested)) {
+        return keys.Unsupported(rope_key,
+                                "holds per-layer-type rope parameters, which are not "
+                                "supported");
+      }
+    }
+    const char* type_key = rope->contains("rope_type") ? "rope_type" : "type";
+    if (const json* t = inner.Find(type_key); t != nullptr) {
+      if (!t->is_string()) {
+        return keys.Invalid(sub(type_key),
+                            absl::StrCat("must be a string, got ", hf_json::Brief(*t)));
+      }
+      type = t->get<std::string>();
+    }
+    if (const json* t = inner.Find("rope_theta"); t != nullptr) {
+      ASSIGN_OR_RETURN(const double theta, keys.AsNumber(sub("rope_theta"), *t));
+      if (!std::isfinite(theta) || theta <= 0) {
+        return keys.Invalid(sub("rope_theta"),
+                            absl::StrCat("must be a positive number, got ", hf_json::Brief(*t)));
+      }
+      inner_theta = theta;
+    }
+    if (const json* p = inner.FindNonNull("partial_rotary_factor"); p != nullptr) {
+      ASSIGN_OR_RETURN(const double f, keys.AsNumber(sub("partial_rotary_factor"), *p));
+      if (f != 1.0) {
+        return keys.Unsupported(sub("partial_rotary_factor"),
+                                absl::StrCat("is ", f, ": partial RoPE is not supported"));
+      }
+    }
+  }
+  if (top_theta.has_value() && inner_theta.has_value() && *top_theta != *inner_theta) {
+    return keys.Invalid("rope_theta", absl::StrCat("is ", *top_theta, " but ", sub("rope_theta"),
+                                                   " is ", *inner_theta));
+  }
+  c.rope_theta = inner_theta.value_or(top_theta.value_or(10000.0));
+
+  if (type == "default") {
+    c.rope_scaling = RopeScaling{};
+    return absl::OkStatus();
+  }
+  if (type != "llama3") {
+    return keys.Unsupported(sub("rope_type"),
+                            absl::StrCat("is \"", type, "\"; supported: default, llama3"));
+  }
+  RopeScaling rs;
+  rs.type = RopeScalingType::kLlama3;
+  for (auto [name, field] : {std::pair<const char*, double*>{"factor", &rs.factor},
+                             {"low_freq_factor", &rs.low_freq_factor},
+                             {"high_freq_factor", &rs.high_freq_factor}}) {
+    const json* v = inner.FindNonNull(name);
+    if (v == nullptr) return keys.Invalid(sub(name), "is required for rope_type llama3");
+    ASSIGN_OR_RETURN(*field, keys.AsNumber(sub(name), *v));
+  }
+  // transformers 5: a top-level original_max_position_embeddings wins, then the rope object's,
+  // then max_position_embeddings.
+  if (const json* v = keys.FindNonNull("original_max_position_embeddings"); v != nullptr) {
+    ASSIGN_OR_RETURN(rs.original_max_position_embeddings,
+                     keys.AsInt("original_max_position_embeddings", *v));
+  } else if (const json* w = inner.FindNonNull("original_max_position_embeddings"); w != nullptr) {
+    ASSIGN_OR_RETURN(rs.original_max_position_embeddings,
+                     keys.AsInt(sub("original_max_position_embeddings"), *w));
+  } else {
+    rs.original_max_position_embeddings = c.max_position_embeddings;
+  }
+  if (!std::isfinite(rs.factor) || rs.factor < 1) {
+    return keys.Invalid(sub("factor"), absl::StrCat("must be >= 1, got ", rs.factor));
+  }
+  if (!std::isfinite(rs.low_freq_factor) || rs.low_freq_factor <= 0) {
+    return keys.Invalid(sub("low_freq_factor"),
+                        absl::StrCat("must be positive, got ", rs.low_freq_factor));
+  }
+  if (!std::isfinite(rs.high_freq_factor) || rs.high_freq_factor <= rs.low_freq_factor) {
+    return keys.Invalid(sub("high_freq_factor"),
+                        absl::StrCat("must exceed low_freq_factor ", rs.low_freq_factor, ", got ",
+                                     rs.high_freq_factor));
+  }
+  if (rs.original_max_position_embeddings <= 0) {
+    return keys.Invalid(
+        sub("original_max_position_embeddings"),
+        absl::StrCat("must be positive, got ", rs.original_max_position_embeddings));
+  }
+  c.rope_scaling = rs;
+  return absl::OkStatus();
+}
+
+// The window of sliding_window (absent: `fallback`; null: none).
+absl::StatusOr<std::optional<int64_t>> SlidingWindow(const Keys& keys,
+                                                     std::optional<int64_t> fallback) {
+  const json* v = keys.Find("sliding_window");
+  if (v == nullptr) return fallback;
+  if (v->is_null()) return std::optional<int64_t>();
+  ASSIGN_OR_RETURN(const int64_t w, keys.AsInt("sliding_window", *v));
+  if (w <= 0) return keys.Invalid("sliding_window", absl::StrCat("must be positive, got ", w));
+  return std::optional<int64_t>(w);
+}
+
+absl::Status CheckSlidingWindow(const Keys& keys, const ModelConfig& c) {
+  if (c.family == ModelFamily::kMistral) {
+    ASSIGN_OR_RETURN(const std::optional<int64_t> window, SlidingWindow(keys, 4096));
+    if (window.has_value() && *window < c.max_position_embeddings) {
+      return keys.Unsupported(
+          "sliding_window",
+          absl::StrCat(
+              "is ", *window, ", below max_position_embeddings ", c.max_position_embeddings,
+              (keys.Find("sliding_window") == nullptr ? " (4096 is MistralConfig's default)" : ""),
+              ": sliding-window attention is not supported (Mistral-7B-v0.2 and later "
+              "set it to null)"));
+    }
+    return absl::OkStatus();
+  }
+  if (c.family != ModelFamily::kQwen2) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const bool use, keys.Bool("use_sliding_window", false));
+  ASSIGN_OR_RETURN(const std::optional<int64_t> window, SlidingWindow(keys, 4096));
+  int64_t max_window_layers = 28;
+  if (const json* v = keys.Find("max_window_layers"); v != nullptr) {
+    ASSIGN_OR_RETURN(max_window_layers, keys.AsInt("max_window_layers", *v));
+    if (max_window_layers < 0) {
+      return keys.Invalid("max_window_layers",
+                          absl::StrCat("must be non-negative, got ", max_window_layers));
+    }
+  }
+  // Which layers would use the window: layer_types when given, else layers >= max_window_layers.
+  int64_t first_sliding = -1;
+  const char* culprit = "use_sliding_window";
+  if (const json* types = keys.FindNonNull("layer_types"); types != nullptr) {
+    if (!types->is_array() || static_cast<int64_t>(types->size()) != c.num_layers) {
+      return keys.Invalid("layer_types",
+                          absl::StrCat("must be an array of ", c.num_layers,
+                                       " strings (one per layer), got ", hf_json::Brief(*types)));
+    }
+    for (size_t i = 0; i < types->size(); ++i) {
+      const json& t = (*types)[i];
+      if (t == "full_attention") continue;
+      if (t == "sliding_attention") {
+        if (first_sliding < 0) first_sliding = static_cast<int64_t>(i);
+        continue;
+      }
+      return keys.Unsupported(
+          absl::StrCat("layer_types[", i, "]"),
+          absl::StrCat("is ", hf_json::Brief(t), "; supported: full_attention, sliding_attention"));
+    }
+    culprit = "layer_types";
+  } else if (max_window_layers < c.num_layers) {
+    first_sliding = max_window_layers;
+  }
+  if (use && window.has_value() && *window < c.max_position_embeddings && first_sliding >= 0) {
+    return keys.Unsupported(
+        culprit, absl::StrCat("puts layer ", first_sliding, " under a sliding window of ", *window,
+                              " positions (use_sliding_window is true): sliding-window "
+                              "attention is not supported"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
+  int64_t default_vocab = 32000, default_inter = 11008, default_positions = 2048;
+  if (c.family == ModelFamily::kQwen2) {
+    default_vocab = 151936;
+    default_inter = 22016;
+    default_positions = 32768;
+  } else if (c.family == ModelFamily::kMistral) {
+    default_inter = 14336;
+    default_positions = 131072;
+  }
+  ASSIGN_OR_RETURN(c.vocab_size, keys.PositiveInt("vocab_size", default_vocab));
+  ASSIGN_OR_RETURN(c.hidden_size, keys.PositiveInt("hidden_size", 4096));
+  ASSIGN_OR_RETURN(c.intermediate_size, keys.PositiveInt("intermediate_size", default_inter));
+  ASSIGN_OR_RETURN(c.num_layers, keys.PositiveInt("num_hidden_layers", 32));
+  ASSIGN_OR_RETURN(c.num_heads, keys.PositiveInt("num_attention_heads", 32));
+  ASSIGN_OR_RETURN(c.max_position_embeddings,
+                   keys.PositiveInt("max_position_embeddings", default_positions));
+  // num_key_value_heads: absent means the family's default, null means "= heads".
+  int64_t default_kv = c.num_heads;
+  if (keys.Find("num_key_value_heads") == nullptr) {
+    if (c.family == ModelFamily::kQwen2) default_kv = 32;
+    if (c.family == ModelFamily::kMistral) default_kv = 8;
+  }
+  ASSIGN_OR_RETURN(c.num_kv_heads, keys.PositiveInt("num_key_value_heads", default_kv,
+                                                    /*null_is_default=*/true));
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return keys.Invalid(
+        "num_key_value_heads",
+        absl::StrCat(c.num_kv_heads, " does not divide num_attention_heads ", c.num_heads));
+  }
+  ASSIGN_OR_RETURN(const std::optional<int64_t> head_dim, keys.OptionalPositiveInt("head_dim"));
+  const bool divisible = c.hidden_size % c.num_heads == 0;
+  if (!divisible && (!head_dim.has_value() || c.family == ModelFamily::kLlama)) {
+    return keys.Invalid("num_attention_heads",
+                        absl::StrCat(c.num_heads, " does not divide hidden_size ", c.hidden_size,
+                                     c.family == ModelFamily::kLlama ? ""
+                                                                     : " and head_dim is not "
+                                                                       "set"));
+  }
+  c.head_dim = head_dim.value_or(c.hidden_size / c.num_heads);
+  if (c.head_dim % 2 != 0) {
+    return keys.Invalid(head_dim.has_value() ? "head_dim" : "num_attention_heads",
+                        absl::StrCat("gives head_dim ", c.head_dim,
+                                     ", which is odd; RoPE rotates pairs of channels"));
+  }
+  ASSIGN_OR_RETURN(c.norm_eps, keys.PositiveNumber("rms_norm_eps", 1e-6));
+  ASSIGN_OR_RETURN(const std::string act, keys.String("hidden_act", "silu"));
+  if (act != "silu" && act != "swish") {
+    return keys.Unsupported("hidden_act",
+                            absl::StrCat("is \"", act, "\"; supported: silu (= swish)"));
+  }
+  c.hidden_act = HiddenAct::kSilu;
+  ASSIGN_OR_RETURN(c.tie_word_embeddings, keys.Bool("tie_word_embeddings", false));
+  switch (c.family) {
+    case ModelFamily::kLlama: {
+      ASSIGN_OR_RETURN(const bool attention_bias, keys.Bool("attention_bias", false));
+      c.qkv_bias = c.o_proj_bias = attention_bias;
+      ASSIGN_OR_RETURN(c.mlp_bias, keys.Bool("mlp_bias", false));
+      break;
+    }
+    case ModelFamily::kQwen2:
+      c.qkv_bias = true;
+      break;
+    default:
+      break;
+  }
+  if (const json* p = keys.FindNonNull("partial_rotary_factor"); p != nullptr) {
+    ASSIGN_OR_RETURN(const double f, keys.AsNumber("partial_rotary_factor", *p));
+    if (f != 1.0) {
+      return keys.Unsupported("partial_rotary_factor",
+                              absl::StrCat("is ", f, ": partial RoPE is not supported"));
+    }
+  }
+  RETURN_IF_ERROR(ParseRope(keys, c));
+  RETURN_IF_ERROR(CheckSlidingWindow(keys, c));
+  return c;
+}
+
+}  // namespace
+
+absl::string_view HfArchitectureName(ModelFamily family) {
+  for (const FamilyInfo& f : kFamilies) {
+    if (f.family == family) return f.architecture;
+  }
+  return "unknown";
+}
+
+absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, absl::string_view path) {
+  ASSIGN_OR_RETURN(const json object, hf_json::ParseObject(json_text, kWhat, path,
+                                                           absl::StatusCode::kInvalidArgument));
+  const Keys keys(object, path);
+  const json* type = keys.Find("model_type");
+  if (type == nullptr) {
+    return keys.Invalid("model_type",
+                        "is missing; a Hugging Face config names its model type "
+                        "(\"llama\", \"qwen2\", \"mistral\" or \"gpt2\")");
+  }
+  if (!type->is_string()) {
+    return keys.Invalid("model_type",
+                        absl::StrCat("must be a string, got ", hf_json::Brief(*type)));
+  }
+  const std::string model_type = type->get<std::string>();
+  const FamilyInfo* info = nullptr;
+  for (const FamilyInfo& f : kFamilies) {
+    if (model_type == f.model_type) info = &f;
+  }
+  if (info == nullptr) {
+    return keys.Unsupported(
+        "model_type",
+        absl::StrCat("is \"", model_type, "\"; supported: llama, qwen2, mistral, gpt2"));
+  }
+  RETURN_IF_ERROR(CheckArchitectures(keys, info->family));
+  RETURN_IF_ERROR(CheckNoMoeNoQuantization(keys));
+  ModelConfig c;
+  c.name = std::string(path);
+  c.family = info->family;
+  ASSIGN_OR_RETURN(c.torch_dtype, ParseTorchDType(keys));
+  if (c.family == ModelFamily::kGpt2) {
+    ASSIGN_OR_RETURN(c, ParseGpt2(keys, std::move(c)));
+  } else {
+    ASSIGN_OR_RETURN(c, ParseLlamaLike(keys, std::move(c)));
+  }
+  if (absl::Status valid = ValidateModelConfig(c); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(kWhat, " '", path, "': ", valid.message()));
+  }
+  return c;
+}
+
+absl::StatusOr<ModelConfig> ReadHfConfig(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string text, hf_json::ReadTextFile(path, kWhat));
+  return ParseHfConfig(text, path);
+}
+
+absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c, const HfConfigJsonOptions& options) {
+  RETURN_IF_ERROR(ValidateModelConfig(c));
+  json out = json::object();
+  if (!options.base_json.empty()) {
+    ASSIGN_OR_RETURN(out, hf_json::ParseObject(options.base_json, "base config.json",
+                                               "(HfConfigJsonOptions::base_json)",
+                                               absl::StatusCode::kInvalidArgument));
+    if (const auto it = out.find("model_type");
+        it != out.end() && *it != std::string(ModelFamilyName(c.family))) {
+      return absl::InvalidArgumentError(absl::StrCat("base config.json has model_type ",
+                                                     hf_json::Brief(*it), " but the model is ",
+                                                     ModelFamilyName(c.family)));
+    }
+  }
+  for (const char* stale : {"rope_parameters", "dtype", "torch_dtype"}) out.erase(stale);
+  out["architectures"] = json::array({std::string(HfArchitectureName(c.family))});
+  out["model_type"] = std::string(ModelFamilyName(c.family));
+  out["vocab_size"] = c.vocab_size;
+  if (c.family == ModelFamily::kGpt2) {
+    for (const char* alias :
+         {"hidden_size", "max_position_embeddings", "num_attention_heads", "num_hidden_layers"}) {
+      out.erase(alias);
+    }
+    out["n_positions"] = c.max_position_embeddings;
+    if (out.contains("n_ctx")) out["n_ctx"] = c.max_position_embeddings;
+    out["n_embd"] = c.hidden_size;
+    out["n_layer"] = c.num_layers;
+    out["n_head"] = c.num_heads;
+    out["n_inner"] =
+        c.intermediate_size == 4 * c.hidden_size ? json(nullptr) : json(c.intermediate_size);
+    out["activation_function"] = "gelu_new";
+    out["layer_norm_epsilon"] = c.norm_eps;
+    out["tie_word_embeddings"] = true;
+  } else {
+    out["hidden_size"] = c.hidden_size;
+    out["intermediate_size"] = c.intermediate_size;
+    out["num_hidden_layers"] = c.num_layers;
+    out["num_attention_heads"] = c.num_heads;
+    out["num_key_value_heads"] = c.num_kv_heads;
+    out["head_dim"] = c.head_dim;
+    out["max_position_embeddings"] = c.max_position_embeddings;
+    out["rms_norm_eps"] = c.norm_eps;
+    out["rope_theta"] = c.rope_theta;
+    out.erase("original_max_position_embeddings");  // now inside rope_scaling
+    out.erase("partial_rotary_factor");             // only 1 was accepted
+    if (c.rope_scaling.type == RopeScalingType::kLlama3) {
+      out["rope_scaling"] = {
+          {"rope_type", "llama3"},
+          {"factor", c.rope_scaling.factor},
+          {"low_freq_factor", c.rope_scaling.low_freq_factor},
+          {"high_freq_factor", c.rope_scaling.high_freq_factor},
+          {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+    } else {
+      out["rope_scaling"] = nullptr;
+    }
+    out["hidden_act"] = "silu";
+    out["tie_word_embeddings"] = c.tie_word_embeddings;
+    if (c.family == ModelFamily::kLlama) {
+      out["attention_bias"] = c.qkv_bias;
+      out["mlp_bias"] = c.mlp_bias;
+    } else if (c.family == ModelFamily::kQwen2) {
+      out["use_sliding_window"] = false;
+    } else if (c.family == ModelFamily::kMistral) {
+      out["sliding_window"] = nullptr;
+    }
+  }
+  const std::optional<DType> dtype =
+      options.torch_dtype.has_value() ? options.torch_dtype : c.torch_dtype;
+  if (dtype.has_value()) {
+    out["torch_dtype"] = *dtype == DType::kF32   ? "float32"
+                         : *dtype == DType::kF16 ? "float16"
+                                                 : "bfloat16";
+  }
+  return out.dump(2) + "\n";
+}
+
+}  // namespace ps

@@ -1,0 +1,434 @@
+#include "model/kernels/cpu_kernels.h"
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "base/status_macros.h"
+#include "memory/convert.h"
+#include "memory/cpu_backend.h"
+#include "model/kernels/attention.h"
+#include "model/kernels/embedding.h"
+#include "model/kernels/encoder.h"
+#include "model/kernels/gelu.h"
+#include "model/kernels/gqa_attention.h"
+#include "model/kernels/internal/blas.h"
+#include "model/kernels/layernorm.h"
+#include "model/kernels/linear.h"
+#include "model/kernels/lm_head_cross_entropy.h"
+#include "model/kernels/matmul.h"
+#include "model/kernels/residual.h"
+#include "model/kernels/rmsnorm.h"
+#include "model/kernels/rope.h"
+#include "model/kernels/swiglu.h"
+
+namespace ps {
+namespace {
+
+// Every kernel below is a lambda that captures its arguments by value (shapes, device pointers,
+// the pool) and nothing of the CpuKernels object, so the object may go away while it is queued.
+template <typename Fn>
+absl::Status Enqueue(Stream& stream, Fn fn) {
+  return LaunchCheckedHostFunc(stream, std::move(fn));
+}
+
+template <typename T>
+absl::Span<const T> In(const T* p, int64_t n) {
+  return absl::MakeConstSpan(p, static_cast<size_t>(n));
+}
+template <typename T>
+absl::Span<T> Out(T* p, int64_t n) {
+  return absl::MakeSpan(p, static_cast<size_t>(n));
+}
+
+// Rows and columns of a GEMM operand as stored.
+struct Stored {
+  int64_t rows, cols;
+};
+Stored StoredA(const GemmShape& s) { return s.trans_a ? Stored{s.k, s.m} : Stored{s.m, s.k}; }
+Stored StoredB(const GemmShape& s) { return s.trans_b ? Stored{s.n, s.k} : Stored{s.k, s.n}; }
+
+// Widens a stored 16-bit matrix (rows x cols, `ld` apart) into a packed f32 one.
+void Widen(DType dtype, const void* src, Stored m, int64_t ld, float* dst) {
+  const auto* s = static_cast<const uint16_t*>(src);
+  for (int64_t r = 0; r < m.rows; ++r) {
+    if (dtype == DType::kF16) {
+      ConvertF16ToF32(s + r * ld, dst + r * m.cols, m.cols);
+    } else {
+      ConvertBF16ToF32(s + r * ld, dst + r * m.cols, m.cols);
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuKernels>> CpuKernels::Create(Backend* backend,
+                                                               const CpuKernelsOptions& options) {
+  if (backend == nullptr) return absl::InvalidArgumentError("CpuKernels: the backend is null");
+  if (backend->name() != "cpu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CpuKernels: run on the cpu backend (the emulated accelerator), not on the ",
+                     backend->name(), " backend; use CreateKernels to pick the implementation"));
+  }
+  return std::unique_ptr<CpuKernels>(new CpuKernels(backend, options));
+}
+
+absl::Status CpuKernels::CheckBuffer(absl::string_view op, const BufferArg& buffer) {
+  return CheckCpuDeviceRange(*backend_, buffer.ptr, buffer.bytes,
+                             absl::StrCat(op, ": ", buffer.name));
+}
+
+// --- Workspaces ---------------------------------------------------------------------------------
+
+int64_t CpuKernels::GemmWorkspaceBytes(const GemmShape& s) const {
+  if (s.ab_dtype == DType::kF32) return 0;
+  const Stored a = StoredA(s), b = StoredB(s);
+  return (a.rows * a.cols + b.rows * b.cols) * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t CpuKernels::AttentionForwardWorkspaceBytes(const AttentionShape& s) const {
+  return ::ps::AttentionWorkspaceBytes<float>(s, pool_threads());
+}
+
+int64_t CpuKernels::GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape& s) const {
+  return ::ps::GqaAttentionWorkspaceBytes<float>(s, pool_threads());
+}
+
+int64_t CpuKernels::LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& s) const {
+  return ::ps::LmHeadCrossEntropyWorkspaceBytes<float>(s);
+}
+
+// --- Memory and GEMM
+// ------------------------------------------------------------------------------
+
+absl::Status CpuKernels::DoZero(Stream& stream, void* dst, int64_t bytes) {
+  return stream.MemsetAsync(dst, 0, bytes);
+}
+
+absl::Status CpuKernels::DoConvert(Stream& stream, DType src_dtype, const void* src,
+                                   DType dst_dtype, void* dst, int64_t n) {
+  return Enqueue(stream, [=] { return ::ps::Convert(src_dtype, src, dst_dtype, dst, n); });
+}
+
+absl::Status CpuKernels::DoGemm(Stream& stream, const GemmShape& s, float alpha, const void* a,
+                                const void* b, float beta, float* c, void* workspace, int64_t) {
+  return Enqueue(stream, [=] {
+    if (s.ab_dtype == DType::kF32) {
+      kernels_internal::Gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, alpha,
+                             static_cast<const float*>(a), s.lda, static_cast<const float*>(b),
+                             s.ldb, beta, c, s.ldc);
+      return absl::OkStatus();
+    }
+    // 16-bit operands: widen both exactly into the workspace, then multiply in f32 (the products
+    // of two 16-bit values are exact in f32, so this is what a tensor core computes, summed in a
+    // different order).
+    const Stored sa = StoredA(s), sb = StoredB(s);
+    auto* wa = static_cast<float*>(workspace);
+    float* wb = wa + sa.rows * sa.cols;
+    Widen(s.ab_dtype, a, sa, s.lda, wa);
+    Widen(s.ab_dtype, b, sb, s.ldb, wb);
+    kernels_internal::Gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, alpha, wa, sa.cols, wb, sb.cols,
+                           beta, c, s.ldc);
+    return absl::OkStatus();
+  });
+}
+
+// --- GPT-2
+// ----------------------------------------------------------------------------------------
+
+absl::Status CpuKernels::DoEncoderForward(Stream& stream, const EncoderShape& s,
+                                          const int32_t* tokens, const float* wte, const float* wpe,
+                                          float* out) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    const int64_t bt = s.batch * s.seq_len;
+    return ::ps::EncoderForward<float>(s, In(tokens, bt), In(wte, s.vocab_size * s.channels),
+                                       In(wpe, s.max_seq_len * s.channels),
+                                       Out(out, bt * s.channels), pool);
+  });
+}
+
+absl::Status CpuKernels::DoEncoderBackward(Stream& stream, const EncoderShape& s,
+                                           const int32_t* tokens, const float* dout, float* dwte,
+                                           float* dwpe) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    const int64_t bt = s.batch * s.seq_len;
+    return ::ps::EncoderBackward<float>(s, In(tokens, bt), In(dout, bt * s.channels),
+                                        Out(dwte, s.vocab_size * s.channels),
+                                        Out(dwpe, s.max_seq_len * s.channels), pool);
+  });
+}
+
+absl::Status CpuKernels::DoLayerNormForward(Stream& stream, const LayerNormShape& s, const float* x,
+                                            const float* w, const float* b, float* y, float* mean,
+                                            float* rstd) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    const int64_t nc = s.rows * s.channels;
+    return ::ps::LayerNormForward<float>(s, In(x, nc), In(w, s.channels), In(b, s.channels),
+                                         Out(y, nc), Out(mean, s.rows), Out(rstd, s.rows), pool);
+  });
+}
+
+absl::Status CpuKernels::DoLayerNormBackward(Stream& stream, const LayerNormShape& s,
+                                             const float* x, const float* w, const float* mean,
+                                             const float* rstd, const float* dy, float* dx,
+                                             float* dw, float* db) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    const int64_t nc = s.rows * s.channels;
+    return ::ps::LayerNormBackward<float>(s, In(x, nc), In(w, s.channels), In(mean, s.rows),
+                                          In(rstd, s.rows), In(dy, nc), Out(dx, nc),
+                                          Out(dw, s.channels), Out(db, s.channels), pool);
+  });
+}
+
+absl::Status CpuKernels::DoMatmulForward(Stream& stream, const MatmulShape& s, const float* x,
+                                         const float* w, const float* b, float* y, void*, int64_t) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::MatmulForward<float>(s, In(x, s.rows * s.in_features),
+                                      In(w, s.in_features * s.out_features), In(b, s.out_features),
+                                      Out(y, s.rows * s.out_features), pool);
+  });
+}
+
+absl::Status CpuKernels::DoMatmulBackward(Stream& stream, const MatmulShape& s, const float* x,
+                                          const float* w, const float* dy, float* dx, float* dw,
+                                          float* db, void*, int64_t) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::MatmulBackward<float>(
+        s, In(x, s.rows * s.in_features), In(w, s.in_features * s.out_features),
+        In(dy, s.rows * s.out_features), Out(dx, s.rows * s.in_features),
+        Out(dw, s.in_features * s.out_features), Out(db, s.out_features), pool);
+  });
+}
+
+absl::Status CpuKernels::DoGeluForward(Stream& stream, int64_t n, const float* x, float* y) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] { return ::ps::GeluForward<float>(In(x, n), Out(y, n), pool); });
+}
+
+absl::Status CpuKernels::DoGeluBackward(Stream& stream, int64_t n, const float* x, const float* dy,
+                                        float* dx) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream,
+                 [=] { return ::ps::GeluBackward<float>(In(x, n), In(dy, n), Out(dx, n), pool); });
+}
+
+absl::Status CpuKernels::DoResidualForward(Stream& stream, int64_t n, const float* a,
+                                           const float* b, float* out) {
+  ThreadPool* pool = pool_;
+  return Enqueue(
+      stream, [=] { return ::ps::ResidualForward<float>(In(a, n), In(b, n), Out(out, n), pool); });
+}
+
+absl::Status CpuKernels::DoResidualBackward(Stream& stream, int64_t n, const float* dout, float* da,
+                                            float* db) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::ResidualBackward<float>(In(dout, n), Out(da, n), Out(db, n), pool);
+  });
+}
+
+absl::Status CpuKernels::DoAttentionForward(Stream& stream, const AttentionShape& s,
+                                            const float* qkv, float* out, float* lse,
+                                            void* workspace, int64_t workspace_bytes) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    const int64_t btc = s.batch * s.seq_len * s.channels;
+    return ::ps::AttentionForward<float>(
+        s, In(qkv, 3 * btc), Out(out, btc), Out(lse, s.batch * s.num_heads * s.seq_len),
+        Out(static_cast<float*>(workspace), workspace_bytes / static_cast<int64_t>(sizeof(float))),
+        pool);
+  });
+}
+
+absl::Status CpuKernels::DoAttentionBackward(Stream& stream, const AttentionShape& s,
+                                             const float* qkv, const float* out, const float* lse,
+                                             const float* dout, float* dqkv, void*, int64_t) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    const int64_t btc = s.batch * s.seq_len * s.channels;
+    return ::ps::AttentionBackward<float>(s, In(qkv, 3 * btc), In(out, btc),
+                                          In(lse, s.batch * s.num_heads * s.seq_len), In(dout, btc),
+                                          Out(dqkv, 3 * btc), pool);
+  });
+}
+
+absl::Status CpuKernels::DoLmHeadCrossEntropyForward(
+    Stream& stream, const LmHeadCrossEntropyShape& s, const float* h, const float* wte,
+    const int32_t* targets, float* lse, double* loss, void* workspace, int64_t workspace_bytes) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=]() -> absl::Status {
+    ASSIGN_OR_RETURN(const double mean_loss,
+                     ::ps::LmHeadCrossEntropyForward<float>(
+                         s, In(h, s.rows * s.channels), In(wte, s.vocab_size * s.channels),
+                         In(targets, s.rows), Out(lse, s.rows),
+                         Out(static_cast<float*>(workspace),
+                             workspace_bytes / static_cast<int64_t>(sizeof(float))),
+                         pool));
+    *loss = mean_loss;
+    return absl::OkStatus();
+  });
+}
+
+absl::Status CpuKernels::DoLmHeadCrossEntropyBackward(Stream& stream,
+                                                      const LmHeadCrossEntropyShape& s,
+                                                      const float* h, const float* wte,
+                                                      const int32_t* targets, const float* lse,
+                                                      double loss_grad, float* dh, float* dwte,
+                                                      void* workspace, int64_t workspace_bytes) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::LmHeadCrossEntropyBackward<float>(
+        s, In(h, s.rows * s.channels), In(wte, s.vocab_size * s.channels), In(targets, s.rows),
+        In(lse, s.rows), loss_grad, Out(dh, s.rows * s.channels),
+        Out(dwte, s.vocab_size * s.channels),
+        Out(static_cast<float*>(workspace), workspace_bytes / static_cast<int64_t>(sizeof(float))),
+        pool);
+  });
+}
+
+// --- Llama / Qwen2 / Mistral
+// ----------------------------------------------------------------------
+
+absl::Status CpuKernels::DoRmsNormForward(Stream& stream, const RmsNormShape& s, const float* x,
+                                          const float* w, float* y, float* rstd) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    const int64_t nc = s.rows * s.channels;
+    return ::ps::RmsNormForward<float>(s, In(x, nc), In(w, s.channels), Out(y, nc),
+                                       Out(rstd, s.rows), pool);
+  });
+}
+
+absl::Status CpuKernels::DoRmsNormBackward(Stream& stream, const RmsNormShape& s, const float* x,
+                                           const float* w, const float* rstd, const float* dy,
+                                           float* dx, float* dw) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    const int64_t nc = s.rows * s.channels;
+    return ::ps::RmsNormBackward<float>(s, In(x, nc), In(w, s.channels), In(rstd, s.rows),
+                                        In(dy, nc), Out(dx, nc), Out(dw, s.channels), pool);
+  });
+}
+
+absl::Status CpuKernels::DoRopeForward(Stream& stream, const RopeShape& s, const float* cos,
+                                       const float* sin, float* x) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    const int64_t table = s.table_positions * (s.head_dim / 2);
+    return ::ps::RopeForward<float>(s, In(cos, table), In(sin, table),
+                                    Out(x, s.batch * s.seq_len * s.num_heads * s.head_dim), pool);
+  });
+}
+
+absl::Status CpuKernels::DoRopeBackward(Stream& stream, const RopeShape& s, const float* cos,
+                                        const float* sin, float* dx) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    const int64_t table = s.table_positions * (s.head_dim / 2);
+    return ::ps::RopeBackward<float>(s, In(cos, table), In(sin, table),
+                                     Out(dx, s.batch * s.seq_len * s.num_heads * s.head_dim), pool);
+  });
+}
+
+absl::Status CpuKernels::DoSwiGluForward(Stream& stream, int64_t n, const float* g, const float* u,
+                                         float* h) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream,
+                 [=] { return ::ps::SwiGluForward<float>(In(g, n), In(u, n), Out(h, n), pool); });
+}
+
+absl::Status CpuKernels::DoSwiGluBackward(Stream& stream, int64_t n, const float* g, const float* u,
+                                          const float* dh, float* dg, float* du) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::SwiGluBackward<float>(In(g, n), In(u, n), In(dh, n), Out(dg, n), Out(du, n), pool);
+  });
+}
+
+absl::Status CpuKernels::DoGqaAttentionForward(Stream& stream, const GqaAttentionShape& s,
+                                               const float* q, const float* k, const float* v,
+                                               float* out, float* lse, void* workspace,
+                                               int64_t workspace_bytes) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    const int64_t bt = s.batch * s.seq_len;
+    const int64_t q_elems = bt * s.num_heads * s.head_dim;
+    const int64_t kv_elems = bt * s.num_kv_heads * s.head_dim;
+    return ::ps::GqaAttentionForward<float>(
+        s, In(q, q_elems), In(k, kv_elems), In(v, kv_elems), Out(out, q_elems),
+        Out(lse, s.batch * s.num_heads * s.seq_len),
+        Out(static_cast<float*>(workspace), workspace_bytes / static_cast<int64_t>(sizeof(float))),
+        pool);
+  });
+}
+
+absl::Status CpuKernels::DoGqaAttentionBackward(Stream& stream, const GqaAttentionShape& s,
+                                                const float* q, const float* k, const float* v,
+                                                const float* out, const float* lse,
+                                                const float* dout, float* dq, float* dk, float* dv,
+                                                void*, int64_t) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    const int64_t bt = s.batch * s.seq_len;
+    const int64_t q_elems = bt * s.num_heads * s.head_dim;
+    const int64_t kv_elems = bt * s.num_kv_heads * s.head_dim;
+    return ::ps::GqaAttentionBackward<float>(
+        s, In(q, q_elems), In(k, kv_elems), In(v, kv_elems), In(out, q_elems),
+        In(lse, s.batch * s.num_heads * s.seq_len), In(dout, q_elems), Out(dq, q_elems),
+        Out(dk, kv_elems), Out(dv, kv_elems), pool);
+  });
+}
+
+absl::Status CpuKernels::DoLinearForward(Stream& stream, const LinearShape& s, const float* x,
+                                         const float* w, const float* b, float* y, void*, int64_t) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::LinearForward<float>(s, In(x, s.rows * s.in_features),
+                                      In(w, s.out_features * s.in_features),
+                                      s.bias ? In(b, s.out_features) : absl::Span<const float>(),
+                                      Out(y, s.rows * s.out_features), pool);
+  });
+}
+
+absl::Status CpuKernels::DoLinearBackward(Stream& stream, const LinearShape& s, const float* x,
+                                          const float* w, const float* dy, float* dx, float* dw,
+                                          float* db, void*, int64_t) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::LinearBackward<float>(
+        s, In(x, s.rows * s.in_features), In(w, s.out_features * s.in_features),
+        In(dy, s.rows * s.out_features), Out(dx, s.rows * s.in_features),
+        Out(dw, s.out_features * s.in_features),
+        s.bias ? Out(db, s.out_features) : absl::Span<float>(), pool);
+  });
+}
+
+absl::Status CpuKernels::DoEmbeddingForward(Stream& stream, const EmbeddingShape& s,
+                                            const int32_t* tokens, const float* wte, float* out) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::EmbeddingForward<float>(s, In(tokens, s.rows), In(wte, s.vocab_size * s.channels),
+                                         Out(out, s.rows * s.channels), pool);
+  });
+}
+
+absl::Status CpuKernels::DoEmbeddingBackward(Stream& stream, const EmbeddingShape& s,
+                                             const int32_t* tokens, const float* dout,
+                                             float* dwte) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::EmbeddingBackward<float>(s, In(tokens, s.rows), In(dout, s.rows * s.channels),
+                                          Out(dwte, s.vocab_size * s.channels), pool);
+  });
+}
+
+}  // namespace ps

@@ -1,0 +1,375 @@
+#include "model/kernels/cuda/cuda_kernels.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "memory/cuda/convert_kernels.h"
+#include "memory/cuda/cuda_status.h"
+#include "model/kernels/cuda/attention.h"
+#include "model/kernels/cuda/elementwise.h"
+#include "model/kernels/cuda/gqa_attention.h"
+#include "model/kernels/cuda/internal/host_util.h"
+#include "model/kernels/cuda/layernorm.h"
+#include "model/kernels/cuda/linear.h"
+#include "model/kernels/cuda/llama_elementwise.h"
+#include "model/kernels/cuda/lm_head_cross_entropy.h"
+#include "model/kernels/cuda/matmul.h"
+#include "model/kernels/cuda/rmsnorm.h"
+
+namespace ps::cuda {
+namespace {
+
+using cuda_internal::AlignBytes;
+
+constexpr int64_t kHopperCublasWorkspaceBytes = int64_t{32} << 20;
+constexpr int64_t kPreHopperCublasWorkspaceBytes = int64_t{4} << 20;
+
+GemmOperand OperandOf(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return GemmOperand::kF16;
+    case DType::kBF16:
+      return GemmOperand::kBF16;
+    case DType::kF32:
+      break;
+  }
+  return GemmOperand::kF32;
+}
+
+absl::Status ConvertStatus(cudaError_t error) {
+  return cuda_internal::LaunchStatus(error, "cuda::Convert");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaKernels>> CudaKernels::Create(
+    Backend* backend, const CudaKernelsOptions& options) {
+  if (backend == nullptr) return absl::InvalidArgumentError("CudaKernels: the backend is null");
+  if (backend->name() != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaKernels: run on the cuda backend, not on the ", backend->name(),
+                     " backend; use CreateKernels to pick the implementation"));
+  }
+  if (options.cublas_workspace_bytes < 0 || options.cublas_workspace_bytes % 256 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaKernelsOptions.cublas_workspace_bytes must be 0 (NVIDIA's default) or a "
+                     "positive multiple of 256, got ",
+                     options.cublas_workspace_bytes));
+  }
+  const int device = backend->device().index;
+  PS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  int64_t workspace_bytes = options.cublas_workspace_bytes;
+  if (workspace_bytes == 0) {
+    int major = 0;
+    PS_CUDA_RETURN_IF_ERROR(
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    workspace_bytes = major >= 9 ? kHopperCublasWorkspaceBytes : kPreHopperCublasWorkspaceBytes;
+  }
+  // No workspace of its own: every call attaches the caller's.
+  ASSIGN_OR_RETURN(CublasHandle handle, CublasHandle::Create(/*workspace_bytes=*/0));
+  return std::unique_ptr<CudaKernels>(
+      new CudaKernels(device, std::move(handle), workspace_bytes, options.check_device_pointers));
+}
+
+absl::StatusOr<cudaStream_t> CudaKernels::Prepare(Stream& stream) {
+  auto* native = static_cast<cudaStream_t>(stream.native_handle());
+  if (native == nullptr) {
+    return absl::InvalidArgumentError(
+        "CudaKernels: the stream is not a cuda stream (was it created by the cpu backend?)");
+  }
+  PS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_index_));
+  return native;
+}
+
+template <typename Fn>
+absl::Status CudaKernels::WithCublas(void* workspace, int64_t bytes, Fn fn) {
+  MutexLock lock(&cublas_mu_);
+  cublas_.UseExternalWorkspace(workspace, bytes);
+  return fn(static_cast<const CublasHandle&>(cublas_));
+}
+
+absl::Status CudaKernels::CheckBuffer(absl::string_view op, const BufferArg& buffer) {
+  if (!check_device_pointers_) return absl::OkStatus();
+  cudaPointerAttributes attributes;
+  const cudaError_t error = cudaPointerGetAttributes(&attributes, buffer.ptr);
+  if (error != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": ", buffer.name,
+        " is not device memory (cudaPointerGetAttributes: ", cudaGetErrorString(error), ")"));
+  }
+  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": ", buffer.name, " is host memory; kernels take device memory of the accelerator"));
+  }
+  return absl::OkStatus();
+}
+
+// --- Workspaces ---------------------------------------------------------------------------------
+
+int64_t CudaKernels::AttentionBackwardWorkspaceBytes(const AttentionShape& s) const {
+  return ::ps::cuda::AttentionBackwardWorkspaceBytes(s);
+}
+
+int64_t CudaKernels::GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& s) const {
+  return ::ps::cuda::GqaAttentionBackwardWorkspaceBytes(s);
+}
+
+int64_t CudaKernels::LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& s) const {
+  // The kernels' own part, then cuBLAS's.
+  return AlignBytes(::ps::cuda::LmHeadCrossEntropyWorkspaceBytes(s)) + cublas_workspace_bytes_;
+}
+
+// --- Memory and GEMM
+// ------------------------------------------------------------------------------
+
+absl::Status CudaKernels::DoZero(Stream& stream, void* dst, int64_t bytes) {
+  RETURN_IF_ERROR(Prepare(stream).status());
+  return stream.MemsetAsync(dst, 0, bytes);
+}
+
+absl::Status CudaKernels::DoConvert(Stream& stream, DType from, const void* src, DType to,
+                                    void* dst, int64_t n) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  if (from == to) {
+    return stream.MemcpyAsync(dst, src, n * SizeOf(from), CopyKind::kDeviceToDevice);
+  }
+  const auto* u16 = static_cast<const uint16_t*>(src);
+  auto* o16 = static_cast<uint16_t*>(dst);
+  if (from == DType::kF32) {
+    const auto* f = static_cast<const float*>(src);
+    return ConvertStatus(to == DType::kF16 ? LaunchConvertF32ToF16(f, o16, n, s)
+                                           : LaunchConvertF32ToBF16(f, o16, n, s));
+  }
+  if (to == DType::kF32) {
+    auto* f = static_cast<float*>(dst);
+    return ConvertStatus(from == DType::kF16 ? LaunchConvertF16ToF32(u16, f, n, s)
+                                             : LaunchConvertBF16ToF32(u16, f, n, s));
+  }
+  return ConvertStatus(from == DType::kF16 ? LaunchConvertF16ToBF16(u16, o16, n, s)
+                                           : LaunchConvertBF16ToF16(u16, o16, n, s));
+}
+
+absl::Status CudaKernels::DoGemm(Stream& stream, const GemmShape& g, float alpha, const void* a,
+                                 const void* b, float beta, float* c, void* workspace,
+                                 int64_t workspace_bytes) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return WithCublas(workspace, cublas_workspace_bytes_, [&](const CublasHandle& h) {
+    return ::ps::cuda::Gemm(h, s, g.trans_a, g.trans_b, g.m, g.n, g.k, alpha, OperandOf(g.ab_dtype),
+                            a, g.lda, b, g.ldb, beta, c, g.ldc);
+  });
+}
+
+// --- GPT-2
+// ----------------------------------------------------------------------------------------
+
+absl::Status CudaKernels::DoEncoderForward(Stream& stream, const EncoderShape& shape,
+                                           const int32_t* tokens, const float* wte,
+                                           const float* wpe, float* out) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::EncoderForward(shape, tokens, wte, wpe, out, s);
+}
+
+absl::Status CudaKernels::DoEncoderBackward(Stream& stream, const EncoderShape& shape,
+                                            const int32_t* tokens, const float* dout, float* dwte,
+                                            float* dwpe) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::EncoderBackward(shape, tokens, dout, dwte, dwpe, s);
+}
+
+absl::Status CudaKernels::DoLayerNormForward(Stream& stream, const LayerNormShape& shape,
+                                             const float* x, const float* w, const float* b,
+                                             float* y, float* mean, float* rstd) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::LayerNormForward(shape, x, w, b, y, mean, rstd, s);
+}
+
+absl::Status CudaKernels::DoLayerNormBackward(Stream& stream, const LayerNormShape& shape,
+                                              const float* x, const float* w, const float* mean,
+                                              const float* rstd, const float* dy, float* dx,
+                                              float* dw, float* db) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::LayerNormBackward(shape, x, w, mean, rstd, dy, dx, dw, db, s);
+}
+
+absl::Status CudaKernels::DoMatmulForward(Stream& stream, const MatmulShape& shape, const float* x,
+                                          const float* w, const float* b, float* y, void* workspace,
+                                          int64_t) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return WithCublas(workspace, cublas_workspace_bytes_, [&](const CublasHandle& h) {
+    return ::ps::cuda::MatmulForward(h, shape, x, w, b, y, s);
+  });
+}
+
+absl::Status CudaKernels::DoMatmulBackward(Stream& stream, const MatmulShape& shape, const float* x,
+                                           const float* w, const float* dy, float* dx, float* dw,
+                                           float* db, void* workspace, int64_t) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return WithCublas(workspace, cublas_workspace_bytes_, [&](const CublasHandle& h) {
+    return ::ps::cuda::MatmulBackward(h, shape, x, w, dy, dx, dw, db, s);
+  });
+}
+
+absl::Status CudaKernels::DoGeluForward(Stream& stream, int64_t n, const float* x, float* y) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::GeluForward(n, x, y, s);
+}
+
+absl::Status CudaKernels::DoGeluBackward(Stream& stream, int64_t n, const float* x, const float* dy,
+                                         float* dx) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::GeluBackward(n, x, dy, dx, s);
+}
+
+absl::Status CudaKernels::DoResidualForward(Stream& stream, int64_t n, const float* a,
+                                            const float* b, float* out) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::ResidualForward(n, a, b, out, s);
+}
+
+absl::Status CudaKernels::DoResidualBackward(Stream& stream, int64_t n, const float* dout,
+                                             float* da, float* db) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::ResidualBackward(n, dout, da, db, s);
+}
+
+absl::Status CudaKernels::DoAttentionForward(Stream& stream, const AttentionShape& shape,
+                                             const float* qkv, float* out, float* lse, void*,
+                                             int64_t) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::AttentionForward(shape, qkv, out, lse, s);
+}
+
+absl::Status CudaKernels::DoAttentionBackward(Stream& stream, const AttentionShape& shape,
+                                              const float* qkv, const float* out, const float* lse,
+                                              const float* dout, float* dqkv, void* workspace,
+                                              int64_t workspace_bytes) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::AttentionBackward(shape, qkv, out, lse, dout, dqkv, workspace, workspace_bytes,
+                                       s);
+}
+
+absl::Status CudaKernels::DoLmHeadCrossEntropyForward(Stream& stream,
+                                                      const LmHeadCrossEntropyShape& shape,
+                                                      const float* h, const float* wte,
+                                                      const int32_t* targets, float* lse,
+                                                      double* loss, void* workspace, int64_t) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  const int64_t own = AlignBytes(::ps::cuda::LmHeadCrossEntropyWorkspaceBytes(shape));
+  void* cublas_workspace = static_cast<char*>(workspace) + own;
+  return WithCublas(cublas_workspace, cublas_workspace_bytes_, [&](const CublasHandle& hd) {
+    return ::ps::cuda::LmHeadCrossEntropyForward(hd, shape, h, wte, targets, lse, loss, workspace,
+                                                 own, s);
+  });
+}
+
+absl::Status CudaKernels::DoLmHeadCrossEntropyBackward(Stream& stream,
+                                                       const LmHeadCrossEntropyShape& shape,
+                                                       const float* h, const float* wte,
+                                                       const int32_t* targets, const float* lse,
+                                                       double loss_grad, float* dh, float* dwte,
+                                                       void* workspace, int64_t) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  const int64_t own = AlignBytes(::ps::cuda::LmHeadCrossEntropyWorkspaceBytes(shape));
+  void* cublas_workspace = static_cast<char*>(workspace) + own;
+  return WithCublas(cublas_workspace, cublas_workspace_bytes_, [&](const CublasHandle& hd) {
+    return ::ps::cuda::LmHeadCrossEntropyBackward(hd, shape, h, wte, targets, lse, loss_grad, dh,
+                                                  dwte, workspace, own, s);
+  });
+}
+
+// --- Llama / Qwen2 / Mistral
+// ----------------------------------------------------------------------
+
+absl::Status CudaKernels::DoRmsNormForward(Stream& stream, const RmsNormShape& shape,
+                                           const float* x, const float* w, float* y, float* rstd) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::RmsNormForward(shape, x, w, y, rstd, s);
+}
+
+absl::Status CudaKernels::DoRmsNormBackward(Stream& stream, const RmsNormShape& shape,
+                                            const float* x, const float* w, const float* rstd,
+                                            const float* dy, float* dx, float* dw) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::RmsNormBackward(shape, x, w, rstd, dy, dx, dw, s);
+}
+
+absl::Status CudaKernels::DoRopeForward(Stream& stream, const RopeShape& shape, const float* cos,
+                                        const float* sin, float* x) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::RopeForward(shape, cos, sin, x, s);
+}
+
+absl::Status CudaKernels::DoRopeBackward(Stream& stream, const RopeShape& shape, const float* cos,
+                                         const float* sin, float* dx) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::RopeBackward(shape, cos, sin, dx, s);
+}
+
+absl::Status CudaKernels::DoSwiGluForward(Stream& stream, int64_t n, const float* g, const float* u,
+                                          float* h) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::SwiGluForward(n, g, u, h, s);
+}
+
+absl::Status CudaKernels::DoSwiGluBackward(Stream& stream, int64_t n, const float* g,
+                                           const float* u, const float* dh, float* dg, float* du) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::SwiGluBackward(n, g, u, dh, dg, du, s);
+}
+
+absl::Status CudaKernels::DoGqaAttentionForward(Stream& stream, const GqaAttentionShape& shape,
+                                                const float* q, const float* k, const float* v,
+                                                float* out, float* lse, void*, int64_t) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::GqaAttentionForward(shape, q, k, v, out, lse, s);
+}
+
+absl::Status CudaKernels::DoGqaAttentionBackward(Stream& stream, const GqaAttentionShape& shape,
+                                                 const float* q, const float* k, const float* v,
+                                                 const float* out, const float* lse,
+                                                 const float* dout, float* dq, float* dk, float* dv,
+                                                 void* workspace, int64_t workspace_bytes) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::GqaAttentionBackward(shape, q, k, v, out, lse, dout, dq, dk, dv, workspace,
+                                          workspace_bytes, s);
+}
+
+absl::Status CudaKernels::DoLinearForward(Stream& stream, const LinearShape& shape, const float* x,
+                                          const float* w, const float* b, float* y, void* workspace,
+                                          int64_t) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return WithCublas(workspace, cublas_workspace_bytes_, [&](const CublasHandle& h) {
+    return ::ps::cuda::LinearForward(h, shape, x, w, b, y, s);
+  });
+}
+
+absl::Status CudaKernels::DoLinearBackward(Stream& stream, const LinearShape& shape, const float* x,
+                                           const float* w, const float* dy, float* dx, float* dw,
+                                           float* db, void* workspace, int64_t) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return WithCublas(workspace, cublas_workspace_bytes_, [&](const CublasHandle& h) {
+    return ::ps::cuda::LinearBackward(h, shape, x, w, dy, dx, dw, db, s);
+  });
+}
+
+absl::Status CudaKernels::DoEmbeddingForward(Stream& stream, const EmbeddingShape& shape,
+                                             const int32_t* tokens, const float* wte, float* out) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::EmbeddingForward(shape, tokens, wte, out, s);
+}
+
+absl::Status CudaKernels::DoEmbeddingBackward(Stream& stream, const EmbeddingShape& shape,
+                                              const int32_t* tokens, const float* dout,
+                                              float* dwte) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::EmbeddingBackward(shape, tokens, dout, dwte, s);
+}
+
+}  // namespace ps::cuda

@@ -1,0 +1,93 @@
+// CudaKernels under the Kernels conformance suite: every method against the CPU kernels (f64
+// references, and the f32 kernels within rounding) on awkward shapes, argument errors, asynchrony
+// behind a gate, stream-ordered scratch, data errors (NaN rows) and two concurrent streams. Every
+// test reports SKIPPED on a machine without a GPU, and in a build without --config=cuda.
+#include <vector>
+
+#include "base/testing/status_matchers.h"
+#include "gtest/gtest.h"
+#include "memory/backend_factory.h"
+#include "model/kernels/testing/kernels_conformance.h"
+
+#if PS_WITH_CUDA
+#include "memory/cuda/cuda_backend.h"
+#include "model/kernels/cuda/cuda_kernels.h"
+#endif
+
+namespace ps {
+namespace {
+
+using kernel_testing::KernelsConformanceTest;
+using kernel_testing::KernelsFactory;
+using kernel_testing::KernelsFactoryName;
+using kernel_testing::KernelsUnderTest;
+
+#if PS_WITH_CUDA
+
+absl::StatusOr<KernelsUnderTest> MakeCuda(const cuda::CudaKernelsOptions& options) {
+  KernelsUnderTest env;
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      CreateBackend({.kind = "cuda", .capacity_bytes = int64_t{1} << 30});
+  if (!backend.ok()) return backend.status();  // Unavailable without a GPU: SKIPPED
+  env.backend = *std::move(backend);
+  absl::StatusOr<std::unique_ptr<cuda::CudaKernels>> kernels =
+      cuda::CudaKernels::Create(env.backend.get(), options);
+  if (!kernels.ok()) return kernels.status();
+  env.kernels = *std::move(kernels);
+  return env;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cuda, KernelsConformanceTest,
+    ::testing::Values(KernelsFactory{"cuda", [] { return MakeCuda({}); }, /*bit_identical=*/false},
+                      // A workspace too small for any algorithm that wants one (cuBLAS must do
+                      // without), and no pointer checks.
+                      KernelsFactory{"cuda_tiny_cublas_workspace",
+                                     [] {
+                                       return MakeCuda({.cublas_workspace_bytes = 256,
+                                                        .check_device_pointers = false});
+                                     },
+                                     false}),
+    KernelsFactoryName);
+
+TEST(CudaKernels, CreateRefusesOtherBackendsAndBadOptions) {
+  EXPECT_THAT(cuda::CudaKernels::Create(nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, "null"));
+  ASSERT_OK_AND_ASSIGN(auto cpu, CreateBackend({.kind = "cpu", .capacity_bytes = 1 << 20}));
+  EXPECT_THAT(cuda::CudaKernels::Create(cpu.get()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "cpu backend"));
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  ASSERT_OK_AND_ASSIGN(auto gpu, CreateBackend({.kind = "cuda", .capacity_bytes = 1 << 28}));
+  EXPECT_THAT(cuda::CudaKernels::Create(gpu.get(), {.cublas_workspace_bytes = 100}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "multiple of 256"));
+  ASSERT_OK_AND_ASSIGN(auto kernels, cuda::CudaKernels::Create(gpu.get()));
+  EXPECT_GE(kernels->cublas_workspace_bytes(), int64_t{4} << 20);
+  // The cuBLAS workspace is part of every GEMM's workspace: it comes from the caller.
+  EXPECT_EQ(kernels->MatmulWorkspaceBytes({.rows = 8, .in_features = 8, .out_features = 8}),
+            kernels->cublas_workspace_bytes());
+}
+
+TEST(CudaKernels, HostPointersAreRefusedAtEnqueue) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  ASSERT_OK_AND_ASSIGN(auto gpu, CreateBackend({.kind = "cuda", .capacity_bytes = 1 << 28}));
+  ASSERT_OK_AND_ASSIGN(auto kernels, cuda::CudaKernels::Create(gpu.get()));
+  ASSERT_OK_AND_ASSIGN(auto stream, gpu->CreateStream());
+  ASSERT_OK_AND_ASSIGN(void* device, gpu->AllocateDevice(1024));
+  std::vector<float> host(256);
+  EXPECT_THAT(kernels->GeluForward(*stream, 256, host.data(), static_cast<float*>(device)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "GeluForward: x is host memory"));
+  ASSERT_OK(stream->Synchronize());
+  ASSERT_OK(gpu->FreeDevice(device));
+}
+
+#else  // !PS_WITH_CUDA
+
+TEST(CudaKernels, NotBuilt) {
+  EXPECT_FALSE(CudaBackendCompiledIn());
+  GTEST_SKIP() << "built without --config=cuda: the CudaKernels tests did not run";
+}
+
+#endif
+
+}  // namespace
+}  // namespace ps

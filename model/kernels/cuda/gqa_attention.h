@@ -1,0 +1,52 @@
+// Causal grouped-query attention on the GPU, f32: the math, layouts (q, out [B,T,Hq,D]; k, v
+// [B,T,Hkv,D]; lse [B,Hq,T]) and accumulation (+=) of the CPU kernel
+// (model/kernels/gqa_attention.h), with its online-softmax and backward arithmetic
+// (attention_math.h, softmax_math.h).
+//
+// Tiling (see gqa_attention_kernels.cu): a block per (batch, head, group of 8 positions), one warp
+// per position; keys and values stream through shared memory in tiles of 32 positions with the
+// online softmax, so nothing of size T x T exists. The backward recomputes the probabilities from
+// the saved lse, FlashAttention-2 style: a key pass per kv head for dk/dv (summing over the query
+// heads of its group) and a query pass for dq, each output row owned by one warp (deterministic,
+// no atomics). GqaAttentionShape::tile (the CPU kernel's tile) is not used: the GPU tiles are
+// fixed.
+//
+// Limits: head_dim <= 128 (the per-lane register arrays, and 32 KiB of shared memory per block),
+// B and Hq <= 65535 (grid dimensions).
+//
+// Device pointers; validates shape, pointers and workspace, enqueues on `stream`, returns the
+// launch status. Never allocates or synchronizes. Thread safety: stateless.
+#ifndef PATRICKSTAR_MODEL_KERNELS_CUDA_GQA_ATTENTION_H_
+#define PATRICKSTAR_MODEL_KERNELS_CUDA_GQA_ATTENTION_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "model/kernels/gqa_attention.h"
+
+namespace ps::cuda {
+
+// The forward needs no workspace.
+inline int64_t GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape&) { return 0; }
+// The backward's workspace: D_i = dout_i . out_i per (batch, query head, position), B*Hq*T floats.
+int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& shape);
+
+// out = attention(q, k, v), lse [B,Hq,T] saved.
+[[nodiscard]] absl::Status GqaAttentionForward(const GqaAttentionShape& shape, const float* q,
+                                               const float* k, const float* v, float* out,
+                                               float* lse, cudaStream_t stream);
+
+// dq += dL/dq, dk += dL/dk, dv += dL/dv for L = sum dout . out, from the forward's q, k, v, out and
+// lse. `workspace` (device) holds at least GqaAttentionBackwardWorkspaceBytes(shape) bytes, 4-byte
+// aligned.
+[[nodiscard]] absl::Status GqaAttentionBackward(const GqaAttentionShape& shape, const float* q,
+                                                const float* k, const float* v, const float* out,
+                                                const float* lse, const float* dout, float* dq,
+                                                float* dk, float* dv, void* workspace,
+                                                int64_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace ps::cuda
+
+#endif  // PATRICKSTAR_MODEL_KERNELS_CUDA_GQA_ATTENTION_H_

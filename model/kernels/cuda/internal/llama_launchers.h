@@ -1,0 +1,73 @@
+// Launchers of the Llama-family CUDA kernels of model/kernels/cuda (RMSNorm, RoPE, SwiGLU, token
+// embedding, grouped-query attention), one per device kernel or short sequence of kernels. Plain
+// C++ without Abseil so that nvcc compiles the .cu files that define them; the public host API
+// (model/kernels/cuda/{rmsnorm,llama_elementwise,gqa_attention}.h) validates shapes and pointers,
+// calls these and turns the returned cudaError_t (cudaGetLastError after the launch) into a
+// Status. The GPT-2 kernels' launchers are internal/launchers.h.
+//
+// Every launcher enqueues on `stream` and returns; none allocates or synchronizes. Shapes are
+// REQUIRED valid (checked by the callers); dimensions are element counts.
+#ifndef PATRICKSTAR_MODEL_KERNELS_CUDA_INTERNAL_LLAMA_LAUNCHERS_H_
+#define PATRICKSTAR_MODEL_KERNELS_CUDA_INTERNAL_LLAMA_LAUNCHERS_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ps::cuda_internal {
+
+// --- RMSNorm (rmsnorm_kernels.cu) ---------------------------------------------------------------
+
+cudaError_t LaunchRmsNormForward(int64_t rows, int64_t channels, float eps, const float* x,
+                                 const float* w, float* y, float* rstd, cudaStream_t stream);
+// dx += ..., dw += ... (dw a deterministic column reduction).
+cudaError_t LaunchRmsNormBackward(int64_t rows, int64_t channels, const float* x, const float* w,
+                                  const float* rstd, const float* dy, float* dx, float* dw,
+                                  cudaStream_t stream);
+
+// --- Element-wise (llama_elementwise_kernels.cu) -------------------------------------------------
+
+// x [B,T,H,D] rotated in place by the tables cos/sin [P, D/2] (row t for position t); the
+// inverse rotation when `inverse`.
+cudaError_t LaunchRope(int64_t batch, int64_t seq_len, int64_t num_heads, int64_t head_dim,
+                       const float* cos, const float* sin, float* x, bool inverse,
+                       cudaStream_t stream);
+// h = silu(g) * u over n elements (h may equal g or u).
+cudaError_t LaunchSwiGluForward(int64_t n, const float* g, const float* u, float* h,
+                                cudaStream_t stream);
+// dg += dh * u * silu'(g), du += dh * silu(g).
+cudaError_t LaunchSwiGluBackward(int64_t n, const float* g, const float* u, const float* dh,
+                                 float* dg, float* du, cudaStream_t stream);
+// out[r,:] = wte[tokens[r],:]; a row whose token is outside [0, V) becomes NaN.
+cudaError_t LaunchEmbeddingForward(int64_t rows, int64_t channels, int64_t vocab,
+                                   const int32_t* tokens, const float* wte, float* out,
+                                   cudaStream_t stream);
+// dwte[tokens[r],:] += dout[r,:] (rows in order per element), skipping padding_idx (-1: none)
+// and out-of-range tokens.
+cudaError_t LaunchEmbeddingBackward(int64_t rows, int64_t channels, int64_t vocab,
+                                    int64_t padding_idx, const int32_t* tokens, const float* dout,
+                                    float* dwte, cudaStream_t stream);
+
+// --- Grouped-query attention (gqa_attention_kernels.cu) ------------------------------------------
+
+// Largest head dimension the GQA kernels support (registers per lane: kGqaMaxHeadDim / 32; shared
+// memory 2 * 32 * D floats = 32 KiB at D = 128, within the 48 KiB a launch gets without opting in).
+inline constexpr int64_t kGqaMaxHeadDim = 128;
+// Query (or key) rows per block, one warp each, and keys per shared-memory tile.
+inline constexpr int kGqaRowsPerBlock = 8;
+inline constexpr int kGqaKeyTile = 32;
+
+cudaError_t LaunchGqaAttentionForward(int64_t batch, int64_t seq_len, int64_t num_heads,
+                                      int64_t num_kv_heads, int64_t head_dim, const float* q,
+                                      const float* k, const float* v, float* out, float* lse,
+                                      cudaStream_t stream);
+// row_d: workspace of batch * num_heads * seq_len floats (D_i = dout_i . out_i).
+cudaError_t LaunchGqaAttentionBackward(int64_t batch, int64_t seq_len, int64_t num_heads,
+                                       int64_t num_kv_heads, int64_t head_dim, const float* q,
+                                       const float* k, const float* v, const float* out,
+                                       const float* lse, const float* dout, float* row_d, float* dq,
+                                       float* dk, float* dv, cudaStream_t stream);
+
+}  // namespace ps::cuda_internal
+
+#endif  // PATRICKSTAR_MODEL_KERNELS_CUDA_INTERNAL_LLAMA_LAUNCHERS_H_

@@ -1,0 +1,238 @@
+#include "model/kernels/gqa_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "base/status_macros.h"
+#include "base/thread_pool.h"
+#include "model/kernels/attention_math.h"
+#include "model/kernels/internal/kernel_util.h"
+#include "model/kernels/internal/simd.h"
+#include "model/kernels/softmax_math.h"
+
+namespace ps {
+namespace {
+
+using kernels_internal::CheckElems;
+using kernels_internal::CheckPositive;
+using kernels_internal::CheckWorkspace;
+using kernels_internal::NumTasks;
+using kernels_internal::ParallelFor;
+
+absl::Status CheckShape(const char* kernel, const GqaAttentionShape& s) {
+  RETURN_IF_ERROR(CheckPositive(kernel, "batch", s.batch));
+  RETURN_IF_ERROR(CheckPositive(kernel, "seq_len", s.seq_len));
+  RETURN_IF_ERROR(CheckPositive(kernel, "num_heads", s.num_heads));
+  RETURN_IF_ERROR(CheckPositive(kernel, "num_kv_heads", s.num_kv_heads));
+  RETURN_IF_ERROR(CheckPositive(kernel, "head_dim", s.head_dim));
+  RETURN_IF_ERROR(CheckPositive(kernel, "tile", s.tile));
+  if (s.num_heads % s.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kernel, ": num_attention_heads ", s.num_heads,
+                                                   " is not a multiple of num_key_value_heads ",
+                                                   s.num_kv_heads));
+  }
+  return absl::OkStatus();
+}
+
+// The inner loops: vectorized for float (internal/simd.h), scalar for double.
+template <typename T>
+inline T DotProduct(const T* a, const T* b, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) return kernels_internal::simd::Dot(a, b, n);
+  T s = 0;
+  for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
+  return s;
+}
+
+// y += alpha x.
+template <typename T>
+inline void Axpy(T alpha, const T* x, T* y, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    kernels_internal::simd::Axpy(alpha, x, y, n);
+  } else {
+    for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
+  }
+}
+
+// y *= alpha.
+template <typename T>
+inline void ScaleInPlace(T alpha, T* y, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    kernels_internal::simd::Scale(alpha, y, n);
+  } else {
+    for (int64_t d = 0; d < n; ++d) y[d] *= alpha;
+  }
+}
+
+// A work item (b, head, tile index) from its number; `heads` is Hq or Hkv depending on the pass.
+struct Item {
+  int64_t b, h, tile;
+};
+inline Item DecodeItem(int64_t item, int64_t heads, int64_t num_tiles) {
+  return {item / (heads * num_tiles), (item / num_tiles) % heads, item % num_tiles};
+}
+
+// Row addressing of the [B, T, H, D] tensors.
+struct Rows {
+  int64_t L, Hq, Hkv, D;
+  int64_t Q(int64_t b, int64_t t, int64_t h) const { return ((b * L + t) * Hq + h) * D; }
+  int64_t KV(int64_t b, int64_t t, int64_t g) const { return ((b * L + t) * Hkv + g) * D; }
+  int64_t Lse(int64_t b, int64_t h, int64_t t) const { return (b * Hq + h) * L + t; }
+};
+
+}  // namespace
+
+int64_t GqaAttentionWorkspaceElems(const GqaAttentionShape& shape, int num_threads) {
+  return std::max(1, num_threads) * (shape.tile + shape.head_dim);
+}
+
+template <typename T>
+absl::Status GqaAttentionForward(const GqaAttentionShape& shape, absl::Span<const T> q,
+                                 absl::Span<const T> k, absl::Span<const T> v, absl::Span<T> out,
+                                 absl::Span<T> lse, absl::Span<T> workspace, ThreadPool* pool) {
+  constexpr char kKernel[] = "GqaAttentionForward";
+  RETURN_IF_ERROR(CheckShape(kKernel, shape));
+  const int64_t B = shape.batch, L = shape.seq_len, Hq = shape.num_heads, Hkv = shape.num_kv_heads,
+                D = shape.head_dim, tile = shape.tile;
+  RETURN_IF_ERROR(CheckElems(kKernel, "q", q, B * L * Hq * D, "B*T*Hq*D"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "k", k, B * L * Hkv * D, "B*T*Hkv*D"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "v", v, B * L * Hkv * D, "B*T*Hkv*D"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "out", out, B * L * Hq * D, "B*T*Hq*D"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "lse", lse, B * Hq * L, "B*Hq*T"));
+  const int num_slots = pool == nullptr ? 1 : pool->num_threads();
+  RETURN_IF_ERROR(CheckWorkspace(kKernel, workspace, GqaAttentionWorkspaceElems(shape, num_slots)));
+
+  const Rows rows{L, Hq, Hkv, D};
+  const int64_t group = Hq / Hkv;
+  const T scale = AttentionScale<T>(D);
+  const int64_t num_tiles = NumTasks(L, tile);
+  const int64_t num_items = B * Hq * num_tiles;
+  // Slot s runs items s, s + num_slots, ... with its own score row and output row.
+  ParallelFor(pool, num_slots, [&](int64_t slot) {
+    T* scores = workspace.data() + slot * (tile + D);
+    T* acc = scores + tile;
+    for (int64_t item = slot; item < num_items; item += num_slots) {
+      const Item it = DecodeItem(item, Hq, num_tiles);
+      const int64_t g = it.h / group;
+      const int64_t i0 = it.tile * tile, i1 = std::min(L, i0 + tile);
+      for (int64_t i = i0; i < i1; ++i) {
+        const T* qi = q.data() + rows.Q(it.b, i, it.h);
+        T m = NegativeInfinity<T>(), l = 0;
+        std::fill(acc, acc + D, T{0});
+        for (int64_t j0 = 0; j0 <= i; j0 += tile) {
+          const int64_t j1 = std::min(i + 1, j0 + tile);  // causal: keys j <= i
+          T tile_max = NegativeInfinity<T>();
+          for (int64_t j = j0; j < j1; ++j) {
+            const T s = scale * DotProduct(qi, k.data() + rows.KV(it.b, j, g), D);
+            scores[j - j0] = s;
+            tile_max = MaxOf(tile_max, s);
+          }
+          const T new_m = MaxOf(m, tile_max);
+          const T correction = SoftmaxRescale(m, new_m);  // 0 on the first tile (m = -inf)
+          l *= correction;
+          ScaleInPlace(correction, acc, D);
+          for (int64_t j = j0; j < j1; ++j) {
+            const T p = SoftmaxWeight(scores[j - j0], new_m);
+            l += p;
+            Axpy(p, v.data() + rows.KV(it.b, j, g), acc, D);
+          }
+          m = new_m;
+        }
+        T* o = out.data() + rows.Q(it.b, i, it.h);
+        const T inv_l = T{1} / l;
+        for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inv_l;
+        lse[rows.Lse(it.b, it.h, i)] = SoftmaxLogSumExp(SoftmaxState<T>{m, l});
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status GqaAttentionBackward(const GqaAttentionShape& shape, absl::Span<const T> q,
+                                  absl::Span<const T> k, absl::Span<const T> v,
+                                  absl::Span<const T> out, absl::Span<const T> lse,
+                                  absl::Span<const T> dout, absl::Span<T> dq, absl::Span<T> dk,
+                                  absl::Span<T> dv, ThreadPool* pool) {
+  constexpr char kKernel[] = "GqaAttentionBackward";
+  RETURN_IF_ERROR(CheckShape(kKernel, shape));
+  const int64_t B = shape.batch, L = shape.seq_len, Hq = shape.num_heads, Hkv = shape.num_kv_heads,
+                D = shape.head_dim, tile = shape.tile;
+  RETURN_IF_ERROR(CheckElems(kKernel, "q", q, B * L * Hq * D, "B*T*Hq*D"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "k", k, B * L * Hkv * D, "B*T*Hkv*D"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "v", v, B * L * Hkv * D, "B*T*Hkv*D"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "out", out, B * L * Hq * D, "B*T*Hq*D"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "lse", lse, B * Hq * L, "B*Hq*T"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "dout", dout, B * L * Hq * D, "B*T*Hq*D"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "dq", dq, B * L * Hq * D, "B*T*Hq*D"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "dk", dk, B * L * Hkv * D, "B*T*Hkv*D"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "dv", dv, B * L * Hkv * D, "B*T*Hkv*D"));
+
+  const Rows rows{L, Hq, Hkv, D};
+  const int64_t group = Hq / Hkv;
+  const T scale = AttentionScale<T>(D);
+  const int64_t num_tiles = NumTasks(L, tile);
+
+  // Pass A: dk, dv for the keys of one tile of kv head g, summing over the group's query heads
+  // (increasing) and, for each, over queries i >= j (increasing).
+  ParallelFor(pool, B * Hkv * num_tiles, [&](int64_t item) {
+    const Item it = DecodeItem(item, Hkv, num_tiles);
+    const int64_t g = it.h;
+    const int64_t j0 = it.tile * tile, j1 = std::min(L, j0 + tile);
+    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+      for (int64_t i = j0; i < L; ++i) {
+        const T* qi = q.data() + rows.Q(it.b, i, h);
+        const T* dout_i = dout.data() + rows.Q(it.b, i, h);
+        const T Di = DotProduct(dout_i, out.data() + rows.Q(it.b, i, h), D);
+        const T row_lse = lse[rows.Lse(it.b, h, i)];
+        const int64_t j_end = std::min(j1, i + 1);
+        for (int64_t j = j0; j < j_end; ++j) {
+          const int64_t kv = rows.KV(it.b, j, g);
+          const T p = AttentionProbability(scale * DotProduct(qi, k.data() + kv, D), row_lse);
+          const T dS = AttentionScoreGrad(p, DotProduct(dout_i, v.data() + kv, D), Di);
+          Axpy(scale * dS, qi, dk.data() + kv, D);
+          Axpy(p, dout_i, dv.data() + kv, D);
+        }
+      }
+    }
+  });
+  // Pass B: dq for the queries of one tile of query head h, summing over keys j <= i in order.
+  ParallelFor(pool, B * Hq * num_tiles, [&](int64_t item) {
+    const Item it = DecodeItem(item, Hq, num_tiles);
+    const int64_t g = it.h / group;
+    const int64_t i0 = it.tile * tile, i1 = std::min(L, i0 + tile);
+    for (int64_t i = i0; i < i1; ++i) {
+      const T* qi = q.data() + rows.Q(it.b, i, it.h);
+      const T* dout_i = dout.data() + rows.Q(it.b, i, it.h);
+      const T Di = DotProduct(dout_i, out.data() + rows.Q(it.b, i, it.h), D);
+      const T row_lse = lse[rows.Lse(it.b, it.h, i)];
+      T* dqi = dq.data() + rows.Q(it.b, i, it.h);
+      for (int64_t j = 0; j <= i; ++j) {
+        const T* kj = k.data() + rows.KV(it.b, j, g);
+        const T p = AttentionProbability(scale * DotProduct(qi, kj, D), row_lse);
+        const T dS =
+            AttentionScoreGrad(p, DotProduct(dout_i, v.data() + rows.KV(it.b, j, g), D), Di);
+        Axpy(scale * dS, kj, dqi, D);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+#define PS_GQA_ATTENTION_INSTANTIATE_(T)                                                           \
+  template absl::Status GqaAttentionForward<T>(                                                    \
+      const GqaAttentionShape&, absl::Span<const T>, absl::Span<const T>, absl::Span<const T>,     \
+      absl::Span<T>, absl::Span<T>, absl::Span<T>, ThreadPool*);                                   \
+  template absl::Status GqaAttentionBackward<T>(                                                   \
+      const GqaAttentionShape&, absl::Span<const T>, absl::Span<const T>, absl::Span<const T>,     \
+      absl::Span<const T>, absl::Span<const T>, absl::Span<const T>, absl::Span<T>, absl::Span<T>, \
+      absl::Span<T>, ThreadPool*)
+PS_GQA_ATTENTION_INSTANTIATE_(float);
+PS_GQA_ATTENTION_INSTANTIATE_(double);
+#undef PS_GQA_ATTENTION_INSTANTIATE_
+
+}  // namespace ps

@@ -1,0 +1,335 @@
+// Kernels: the one interface through which a model runs its operators on an accelerator — every
+// operator's forward and backward of the chunked GPT-2 and Llama-family models, plus zero-fill,
+// dtype conversion and a GEMM with 16-bit operands — with a CPU implementation for the emulated
+// accelerator (model/kernels/cpu_kernels.h) and a CUDA one (model/kernels/cuda/cuda_kernels.h,
+// --config=cuda). Create the one matching a backend with CreateKernels (kernels_factory.h).
+//
+// The contract every implementation keeps, and the model relies on:
+//  - Asynchronous, stream-ordered. Every operation is *enqueued* on the given Stream and returns
+//    at once; it runs after the work enqueued on that stream before it, and before the work
+//    enqueued after it, as a CUDA kernel launch does. The CPU implementation really does this: the
+//    kernel runs later on the emulated stream's worker thread, so the host races ahead exactly as
+//    it does with a GPU, and an ordering mistake (reading a result before waiting for it, reusing a
+//    buffer a queued kernel still reads, another stream reading gradients backward still writes)
+//    gives wrong results on the CPU too — deterministically with the cpu backend's stall hooks
+//    (memory/cpu_backend.h).
+//  - Device memory only. Every pointer is device memory of the backend the stream belongs to
+//    (chunk payloads, scratch from DeviceMemory::scratch()), never host memory; tokens, targets and
+//    the loss live on the device too (copy them with Stream::MemcpyAsync). Buffers must stay valid,
+//    and inputs unchanged, until the operation has run: free scratch with
+//    CachingAllocator::DeallocateOnStream on the same stream, or after an event/synchronization.
+//  - No allocation, no synchronization. Workspaces are the caller's: an operation that needs one
+//    has a `...WorkspaceBytes(shape)` query, answered by the implementation (the CUDA ones include
+//    the cuBLAS workspace, so even cuBLAS's scratch comes from the caller's allocator and counts
+//    against the device cap and the tide).
+//  - Errors. Every argument error is found at enqueue, identically for every implementation (this
+//    class checks them before an implementation sees the call): InvalidArgument naming the
+//    operation and the offending dimension or buffer, and nothing is enqueued. An implementation
+//    adds its own limits at enqueue (CUDA: head_dim <= 128, grid dimensions; CPU: every buffer must
+//    lie inside a live device allocation of its backend, which catches host pointers and buffers
+//    too small for the shape). Errors that depend on device data (a token or target outside the
+//    vocabulary) cannot be seen at enqueue: the CPU implementation reports them at the stream's
+//    next Synchronize (the stream's asynchronous error, as a CUDA kernel fault), the CUDA kernels
+//    write NaN into the affected rows instead of reading out of bounds.
+//  - Math. Shapes, layouts and the `+=` gradient contract are those of the CPU kernels in
+//    model/kernels/*.h (each header has the math): gradients accumulate, so zero them (Zero) before
+//    the first micro-batch. The CPU implementation gives bit for bit what calling those kernels
+//    directly gives; the CUDA one differs by rounding (documented per kernel in
+//    model/kernels/cuda). Activations and gradients are f32; low-precision (f16/bf16) parameters
+//    are either converted to f32 scratch with Convert, or multiplied directly with Gemm (16-bit
+//    operands, f32 accumulation: tensor cores on the GPU).
+//
+// Why an abstract class and not a struct of function objects: the implementations carry state the
+// operations share (the CPU thread pool; the cuBLAS handle and its lock; the backend whose memory
+// the CPU checks pointers against), a model holds one object for all ~40 operations rather than 40
+// separately-initialized callables that could be half set, and the public methods are
+// non-virtual: they validate arguments once, here, and call the private virtual Do* methods only
+// with valid ones (the non-virtual interface idiom), so every implementation rejects the same
+// inputs with the same words and none can forget a check. A test fake overrides the Do* methods.
+//
+// Thread safety: implementations are thread-safe; operations may be enqueued from several threads
+// (on one stream, the caller orders its own enqueues). Keep the Kernels object (and, for the CPU,
+// its thread pool) alive until the work enqueued through it has completed.
+#ifndef PATRICKSTAR_MODEL_KERNELS_KERNELS_H_
+#define PATRICKSTAR_MODEL_KERNELS_KERNELS_H_
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "memory/backend.h"
+#include "memory/dtype.h"
+#include "model/kernels/attention.h"
+#include "model/kernels/embedding.h"
+#include "model/kernels/encoder.h"
+#include "model/kernels/gqa_attention.h"
+#include "model/kernels/layernorm.h"
+#include "model/kernels/linear.h"
+#include "model/kernels/lm_head_cross_entropy.h"
+#include "model/kernels/matmul.h"
+#include "model/kernels/rmsnorm.h"
+#include "model/kernels/rope.h"
+
+namespace ps {
+
+// A row-major GEMM with f32 accumulation and an f32 output (cuBLAS's and internal/blas.h's
+// conventions):
+//   C[m,n] = alpha * op(A)[m,k] op(B)[k,n] + beta * C[m,n],  op(X) = X or X^T
+// A and B are both of `ab_dtype` (f32, f16 or bf16); lda, ldb, ldc are the elements between rows
+// of the matrices as stored (A is [m,k] or, transposed, [k,m]). With beta == 0, C is not read.
+struct GemmShape {
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t m = 0, n = 0, k = 0;  // each in [1, 2^31)
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  DType ab_dtype = DType::kF32;
+};
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+
+  // "cpu" or "cuda".
+  virtual absl::string_view name() const = 0;
+
+  // --- Workspaces ---------------------------------------------------------------------------
+  // Bytes of device workspace each operation needs (0 when none); pass at least that many.
+  // They depend on the implementation (and for the CPU on its thread count), not only the shape.
+  virtual int64_t GemmWorkspaceBytes(const GemmShape& shape) const = 0;
+  virtual int64_t MatmulWorkspaceBytes(const MatmulShape& shape) const = 0;  // fwd and bwd
+  virtual int64_t LinearWorkspaceBytes(const LinearShape& shape) const = 0;  // fwd and bwd
+  virtual int64_t AttentionForwardWorkspaceBytes(const AttentionShape& shape) const = 0;
+  virtual int64_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape) const = 0;
+  virtual int64_t GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape& shape) const = 0;
+  virtual int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& shape) const = 0;
+  // Forward and backward.
+  virtual int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& shape) const = 0;
+
+  // --- Memory -------------------------------------------------------------------------------
+  // Sets `bytes` bytes at dst to zero (0.0 in f32, f16 and bf16). bytes == 0 enqueues nothing.
+  [[nodiscard]] absl::Status Zero(Stream& stream, void* dst, int64_t bytes);
+  // dst[i] = src[i] converted from src_dtype to dst_dtype for i < num_elems, bit for bit as
+  // memory/convert.h (round-to-nearest-even, NaN payloads kept); same dtype is a copy. src and dst
+  // must not overlap. num_elems == 0 enqueues nothing.
+  [[nodiscard]] absl::Status Convert(Stream& stream, DType src_dtype, const void* src,
+                                     DType dst_dtype, void* dst, int64_t num_elems);
+
+  // --- GEMM with 16-bit operands --------------------------------------------------------------
+  // See GemmShape. For bf16 compute (on the GPU: cublasGemmEx, CUBLAS_COMPUTE_32F, tensor cores;
+  // on the CPU: operands widened to f32 in the workspace, then sgemm — exact products, f32 sums).
+  [[nodiscard]] absl::Status Gemm(Stream& stream, const GemmShape& shape, float alpha,
+                                  const void* a, const void* b, float beta, float* c,
+                                  void* workspace, int64_t workspace_bytes);
+
+  // --- GPT-2 -----------------------------------------------------------------------------------
+  // model/kernels/encoder.h: out[B,T,C] = wte[tokens] + wpe[0..T); tokens [B,T] int32.
+  [[nodiscard]] absl::Status EncoderForward(Stream& stream, const EncoderShape& shape,
+                                            const int32_t* tokens, const float* wte,
+                                            const float* wpe, float* out);
+  [[nodiscard]] absl::Status EncoderBackward(Stream& stream, const EncoderShape& shape,
+                                             const int32_t* tokens, const float* dout, float* dwte,
+                                             float* dwpe);
+  // model/kernels/layernorm.h.
+  [[nodiscard]] absl::Status LayerNormForward(Stream& stream, const LayerNormShape& shape,
+                                              const float* x, const float* w, const float* b,
+                                              float* y, float* mean, float* rstd);
+  [[nodiscard]] absl::Status LayerNormBackward(Stream& stream, const LayerNormShape& shape,
+                                               const float* x, const float* w, const float* mean,
+                                               const float* rstd, const float* dy, float* dx,
+                                               float* dw, float* db);
+  // model/kernels/matmul.h (Conv1D, W [in, out]): y = x W + b.
+  [[nodiscard]] absl::Status MatmulForward(Stream& stream, const MatmulShape& shape, const float* x,
+                                           const float* w, const float* b, float* y,
+                                           void* workspace, int64_t workspace_bytes);
+  [[nodiscard]] absl::Status MatmulBackward(Stream& stream, const MatmulShape& shape,
+                                            const float* x, const float* w, const float* dy,
+                                            float* dx, float* dw, float* db, void* workspace,
+                                            int64_t workspace_bytes);
+  // model/kernels/gelu.h over num_elems elements; y may equal x.
+  [[nodiscard]] absl::Status GeluForward(Stream& stream, int64_t num_elems, const float* x,
+                                         float* y);
+  [[nodiscard]] absl::Status GeluBackward(Stream& stream, int64_t num_elems, const float* x,
+                                          const float* dy, float* dx);
+  // model/kernels/residual.h: out = a + b (out may equal a or b); da += dout, db += dout (da and
+  // db must not overlap).
+  [[nodiscard]] absl::Status ResidualForward(Stream& stream, int64_t num_elems, const float* a,
+                                             const float* b, float* out);
+  [[nodiscard]] absl::Status ResidualBackward(Stream& stream, int64_t num_elems, const float* dout,
+                                              float* da, float* db);
+  // model/kernels/attention.h: qkv [B,T,3C] -> out [B,T,C], lse [B,H,T].
+  [[nodiscard]] absl::Status AttentionForward(Stream& stream, const AttentionShape& shape,
+                                              const float* qkv, float* out, float* lse,
+                                              void* workspace, int64_t workspace_bytes);
+  [[nodiscard]] absl::Status AttentionBackward(Stream& stream, const AttentionShape& shape,
+                                               const float* qkv, const float* out, const float* lse,
+                                               const float* dout, float* dqkv, void* workspace,
+                                               int64_t workspace_bytes);
+  // model/kernels/lm_head_cross_entropy.h. The forward writes the mean loss to *loss (one double
+  // in device memory: copy it to the host after the stream got there) and lse [N]. wte is the
+  // tied embedding or an untied lm_head.weight [V, C]; targets [N] int32 on the device.
+  [[nodiscard]] absl::Status LmHeadCrossEntropyForward(
+      Stream& stream, const LmHeadCrossEntropyShape& shape, const float* h, const float* wte,
+      const int32_t* targets, float* lse, double* loss, void* workspace, int64_t workspace_bytes);
+  // dh += dloss/dh * loss_grad, dwte += dloss/dwte * loss_grad (loss_grad: 1, or the loss scale).
+  [[nodiscard]] absl::Status LmHeadCrossEntropyBackward(Stream& stream,
+                                                        const LmHeadCrossEntropyShape& shape,
+                                                        const float* h, const float* wte,
+                                                        const int32_t* targets, const float* lse,
+                                                        double loss_grad, float* dh, float* dwte,
+                                                        void* workspace, int64_t workspace_bytes);
+
+  // --- Llama / Qwen2 / Mistral --------------------------------------------------------------
+  // model/kernels/rmsnorm.h.
+  [[nodiscard]] absl::Status RmsNormForward(Stream& stream, const RmsNormShape& shape,
+                                            const float* x, const float* w, float* y, float* rstd);
+  [[nodiscard]] absl::Status RmsNormBackward(Stream& stream, const RmsNormShape& shape,
+                                             const float* x, const float* w, const float* rstd,
+                                             const float* dy, float* dx, float* dw);
+  // model/kernels/rope.h: x [B,T,H,D] rotated in place; cos, sin [table_positions, D/2] (f32
+  // tables from RopeTables, copied to the device). The backward is a transform, not a +=.
+  [[nodiscard]] absl::Status RopeForward(Stream& stream, const RopeShape& shape, const float* cos,
+                                         const float* sin, float* x);
+  [[nodiscard]] absl::Status RopeBackward(Stream& stream, const RopeShape& shape, const float* cos,
+                                          const float* sin, float* dx);
+  // model/kernels/swiglu.h: h = silu(g) * u (h may equal g or u); dg and du must not overlap.
+  [[nodiscard]] absl::Status SwiGluForward(Stream& stream, int64_t num_elems, const float* g,
+                                           const float* u, float* h);
+  [[nodiscard]] absl::Status SwiGluBackward(Stream& stream, int64_t num_elems, const float* g,
+                                            const float* u, const float* dh, float* dg, float* du);
+  // model/kernels/gqa_attention.h: q, out [B,T,Hq,D]; k, v [B,T,Hkv,D]; lse [B,Hq,T].
+  [[nodiscard]] absl::Status GqaAttentionForward(Stream& stream, const GqaAttentionShape& shape,
+                                                 const float* q, const float* k, const float* v,
+                                                 float* out, float* lse, void* workspace,
+                                                 int64_t workspace_bytes);
+  [[nodiscard]] absl::Status GqaAttentionBackward(Stream& stream, const GqaAttentionShape& shape,
+                                                  const float* q, const float* k, const float* v,
+                                                  const float* out, const float* lse,
+                                                  const float* dout, float* dq, float* dk,
+                                                  float* dv, void* workspace,
+                                                  int64_t workspace_bytes);
+  // model/kernels/linear.h (nn.Linear, W [out, in]): y = x W^T + b. b and db are null when
+  // !shape.bias.
+  [[nodiscard]] absl::Status LinearForward(Stream& stream, const LinearShape& shape, const float* x,
+                                           const float* w, const float* b, float* y,
+                                           void* workspace, int64_t workspace_bytes);
+  [[nodiscard]] absl::Status LinearBackward(Stream& stream, const LinearShape& shape,
+                                            const float* x, const float* w, const float* dy,
+                                            float* dx, float* dw, float* db, void* workspace,
+                                            int64_t workspace_bytes);
+  // model/kernels/embedding.h: out[N,C] = wte[tokens]; dwte += scatter, skipping padding_idx.
+  [[nodiscard]] absl::Status EmbeddingForward(Stream& stream, const EmbeddingShape& shape,
+                                              const int32_t* tokens, const float* wte, float* out);
+  [[nodiscard]] absl::Status EmbeddingBackward(Stream& stream, const EmbeddingShape& shape,
+                                               const int32_t* tokens, const float* dout,
+                                               float* dwte);
+
+ protected:
+  // One buffer argument of an operation, as the checks see it.
+  struct BufferArg {
+    absl::string_view name;
+    const void* ptr = nullptr;
+    int64_t bytes = 0;
+  };
+  // Implementation-specific check of a (non-null, aligned) buffer argument, at enqueue: the CPU
+  // implementation checks it lies inside a live device allocation of its backend. Default: OK.
+  [[nodiscard]] virtual absl::Status CheckBuffer(absl::string_view op, const BufferArg& buffer);
+
+ private:
+  // Validates the buffers of `op` (non-null, aligned to `align` bytes, sizes that fit int64, then
+  // CheckBuffer).
+  absl::Status CheckBuffers(absl::string_view op, std::initializer_list<BufferArg> buffers,
+                            int64_t align);
+  absl::Status CheckWorkspace(absl::string_view op, const void* workspace, int64_t workspace_bytes,
+                              int64_t needed_bytes);
+
+  // The implementations. Called only with arguments that passed every check above.
+  virtual absl::Status DoZero(Stream& stream, void* dst, int64_t bytes) = 0;
+  virtual absl::Status DoConvert(Stream& stream, DType src_dtype, const void* src, DType dst_dtype,
+                                 void* dst, int64_t num_elems) = 0;
+  virtual absl::Status DoGemm(Stream& stream, const GemmShape& shape, float alpha, const void* a,
+                              const void* b, float beta, float* c, void* workspace,
+                              int64_t workspace_bytes) = 0;
+  virtual absl::Status DoEncoderForward(Stream& stream, const EncoderShape& shape,
+                                        const int32_t* tokens, const float* wte, const float* wpe,
+                                        float* out) = 0;
+  virtual absl::Status DoEncoderBackward(Stream& stream, const EncoderShape& shape,
+                                         const int32_t* tokens, const float* dout, float* dwte,
+                                         float* dwpe) = 0;
+  virtual absl::Status DoLayerNormForward(Stream& stream, const LayerNormShape& shape,
+                                          const float* x, const float* w, const float* b, float* y,
+                                          float* mean, float* rstd) = 0;
+  virtual absl::Status DoLayerNormBackward(Stream& stream, const LayerNormShape& shape,
+                                           const float* x, const float* w, const float* mean,
+                                           const float* rstd, const float* dy, float* dx, float* dw,
+                                           float* db) = 0;
+  virtual absl::Status DoMatmulForward(Stream& stream, const MatmulShape& shape, const float* x,
+                                       const float* w, const float* b, float* y, void* workspace,
+                                       int64_t workspace_bytes) = 0;
+  virtual absl::Status DoMatmulBackward(Stream& stream, const MatmulShape& shape, const float* x,
+                                        const float* w, const float* dy, float* dx, float* dw,
+                                        float* db, void* workspace, int64_t workspace_bytes) = 0;
+  virtual absl::Status DoGeluForward(Stream& stream, int64_t num_elems, const float* x,
+                                     float* y) = 0;
+  virtual absl::Status DoGeluBackward(Stream& stream, int64_t num_elems, const float* x,
+                                      const float* dy, float* dx) = 0;
+  virtual absl::Status DoResidualForward(Stream& stream, int64_t num_elems, const float* a,
+                                         const float* b, float* out) = 0;
+  virtual absl::Status DoResidualBackward(Stream& stream, int64_t num_elems, const float* dout,
+                                          float* da, float* db) = 0;
+  virtual absl::Status DoAttentionForward(Stream& stream, const AttentionShape& shape,
+                                          const float* qkv, float* out, float* lse, void* workspace,
+                                          int64_t workspace_bytes) = 0;
+  virtual absl::Status DoAttentionBackward(Stream& stream, const AttentionShape& shape,
+                                           const float* qkv, const float* out, const float* lse,
+                                           const float* dout, float* dqkv, void* workspace,
+                                           int64_t workspace_bytes) = 0;
+  virtual absl::Status DoLmHeadCrossEntropyForward(Stream& stream,
+                                                   const LmHeadCrossEntropyShape& shape,
+                                                   const float* h, const float* wte,
+                                                   const int32_t* targets, float* lse, double* loss,
+                                                   void* workspace, int64_t workspace_bytes) = 0;
+  virtual absl::Status DoLmHeadCrossEntropyBackward(Stream& stream,
+                                                    const LmHeadCrossEntropyShape& shape,
+                                                    const float* h, const float* wte,
+                                                    const int32_t* targets, const float* lse,
+                                                    double loss_grad, float* dh, float* dwte,
+                                                    void* workspace, int64_t workspace_bytes) = 0;
+  virtual absl::Status DoRmsNormForward(Stream& stream, const RmsNormShape& shape, const float* x,
+                                        const float* w, float* y, float* rstd) = 0;
+  virtual absl::Status DoRmsNormBackward(Stream& stream, const RmsNormShape& shape, const float* x,
+                                         const float* w, const float* rstd, const float* dy,
+                                         float* dx, float* dw) = 0;
+  virtual absl::Status DoRopeForward(Stream& stream, const RopeShape& shape, const float* cos,
+                                     const float* sin, float* x) = 0;
+  virtual absl::Status DoRopeBackward(Stream& stream, const RopeShape& shape, const float* cos,
+                                      const float* sin, float* dx) = 0;
+  virtual absl::Status DoSwiGluForward(Stream& stream, int64_t num_elems, const float* g,
+                                       const float* u, float* h) = 0;
+  virtual absl::Status DoSwiGluBackward(Stream& stream, int64_t num_elems, const float* g,
+                                        const float* u, const float* dh, float* dg, float* du) = 0;
+  virtual absl::Status DoGqaAttentionForward(Stream& stream, const GqaAttentionShape& shape,
+                                             const float* q, const float* k, const float* v,
+                                             float* out, float* lse, void* workspace,
+                                             int64_t workspace_bytes) = 0;
+  virtual absl::Status DoGqaAttentionBackward(Stream& stream, const GqaAttentionShape& shape,
+                                              const float* q, const float* k, const float* v,
+                                              const float* out, const float* lse, const float* dout,
+                                              float* dq, float* dk, float* dv, void* workspace,
+                                              int64_t workspace_bytes) = 0;
+  virtual absl::Status DoLinearForward(Stream& stream, const LinearShape& shape, const float* x,
+                                       const float* w, const float* b, float* y, void* workspace,
+                                       int64_t workspace_bytes) = 0;
+  virtual absl::Status DoLinearBackward(Stream& stream, const LinearShape& shape, const float* x,
+                                        const float* w, const float* dy, float* dx, float* dw,
+                                        float* db, void* workspace, int64_t workspace_bytes) = 0;
+  virtual absl::Status DoEmbeddingForward(Stream& stream, const EmbeddingShape& shape,
+                                          const int32_t* tokens, const float* wte, float* out) = 0;
+  virtual absl::Status DoEmbeddingBackward(Stream& stream, const EmbeddingShape& shape,
+                                           const int32_t* tokens, const float* dout,
+                                           float* dwte) = 0;
+};
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_MODEL_KERNELS_KERNELS_H_

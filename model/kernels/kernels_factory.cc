@@ -1,0 +1,41 @@
+#include "model/kernels/kernels_factory.h"
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "model/kernels/cpu_kernels.h"
+
+#if PS_WITH_CUDA
+#include "model/kernels/cuda/cuda_kernels.h"
+#endif
+
+namespace ps {
+
+absl::StatusOr<std::unique_ptr<Kernels>> CreateKernels(Backend* backend,
+                                                       const KernelsOptions& options) {
+  if (backend == nullptr) return absl::InvalidArgumentError("CreateKernels: the backend is null");
+  if (backend->name() == "cpu") {
+    absl::StatusOr<std::unique_ptr<CpuKernels>> kernels =
+        CpuKernels::Create(backend, {.pool = options.cpu_pool});
+    if (!kernels.ok()) return kernels.status();
+    return std::unique_ptr<Kernels>(*std::move(kernels));
+  }
+  if (backend->name() == "cuda") {
+#if PS_WITH_CUDA
+    absl::StatusOr<std::unique_ptr<cuda::CudaKernels>> kernels = cuda::CudaKernels::Create(
+        backend, {.cublas_workspace_bytes = options.cuda_cublas_workspace_bytes});
+    if (!kernels.ok()) return kernels.status();
+    return std::unique_ptr<Kernels>(*std::move(kernels));
+#else
+    return absl::FailedPreconditionError(
+        "CreateKernels: the cuda kernels were not built into this binary; rebuild with "
+        "--config=cuda");
+#endif
+  }
+  return absl::InvalidArgumentError(absl::StrCat("CreateKernels: no kernels for the \"",
+                                                 backend->name(),
+                                                 "\" backend; expected \"cpu\" or \"cuda\""));
+}
+
+}  // namespace ps

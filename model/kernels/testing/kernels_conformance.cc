@@ -1,0 +1,870 @@
+#include "model/kernels/testing/kernels_conformance.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "base/testing/status_matchers.h"
+#include "base/units.h"
+#include "memory/convert.h"
+#include "memory/device_memory.h"
+#include "memory/dtype_math.h"
+#include "memory/testing/stream_gate.h"
+#include "model/kernels/attention.h"
+#include "model/kernels/embedding.h"
+#include "model/kernels/encoder.h"
+#include "model/kernels/gelu.h"
+#include "model/kernels/gqa_attention.h"
+#include "model/kernels/internal/blas.h"
+#include "model/kernels/layernorm.h"
+#include "model/kernels/linear.h"
+#include "model/kernels/lm_head_cross_entropy.h"
+#include "model/kernels/matmul.h"
+#include "model/kernels/residual.h"
+#include "model/kernels/rmsnorm.h"
+#include "model/kernels/rope.h"
+#include "model/kernels/swiglu.h"
+#include "model/kernels/testing/kernel_test_util.h"
+
+namespace ps::kernel_testing {
+
+using ::testing::HasSubstr;
+
+void KernelsConformanceTest::SetUp() {
+  absl::StatusOr<KernelsUnderTest> env = GetParam().create();
+  if (absl::IsUnavailable(env.status())) {
+    GTEST_SKIP() << GetParam().name << " kernels unavailable here: " << env.status().message();
+  }
+  ASSERT_OK(env.status());
+  env_ = *std::move(env);
+  ASSERT_NE(env_.kernels, nullptr);
+  ASSERT_OK_AND_ASSIGN(stream_, env_.backend->CreateStream());
+  ASSERT_OK_AND_ASSIGN(side_, env_.backend->CreateStream());
+  // OpenBLAS's own threads: one, so the direct calls and the implementation's agree run to run.
+  SetBlasThreads(1);
+}
+
+void KernelsConformanceTest::TearDown() {
+  if (stream_ != nullptr) {
+    // An asynchronous error a test provoked is the test's business; drain the stream either way.
+    (void)stream_->Synchronize();
+  }
+  if (side_ != nullptr) {
+    EXPECT_OK(side_->Synchronize());
+  }
+  for (void* p : buffers_) EXPECT_OK(env_.backend->FreeDevice(p));
+  buffers_.clear();
+  side_.reset();
+  stream_.reset();
+}
+
+void* KernelsConformanceTest::AllocBytes(int64_t bytes) {
+  absl::StatusOr<void*> p = env_.backend->AllocateDevice(std::max<int64_t>(bytes, 1));
+  EXPECT_OK(p.status());
+  if (!p.ok()) return nullptr;
+  buffers_.push_back(*p);
+  return *p;
+}
+
+void KernelsConformanceTest::UploadBytes(void* device, const void* host, int64_t bytes,
+                                         Stream* on) {
+  Stream& s = on == nullptr ? *stream_ : *on;
+  EXPECT_OK(s.MemcpyAsync(device, host, bytes, CopyKind::kHostToDevice));
+  EXPECT_OK(s.Synchronize());  // `host` may go away after this
+}
+
+void KernelsConformanceTest::DownloadBytes(void* host, const void* device, int64_t bytes,
+                                           Stream* on) {
+  Stream& s = on == nullptr ? *stream_ : *on;
+  EXPECT_OK(s.MemcpyAsync(host, device, bytes, CopyKind::kDeviceToHost));
+  EXPECT_OK(s.Synchronize());
+}
+
+void KernelsConformanceTest::Check(const std::vector<float>& got, const std::vector<float>& direct,
+                                   const std::vector<double>& reference, const std::string& what,
+                                   double tol) {
+  ASSERT_EQ(got.size(), reference.size()) << what;
+  if (bit_identical()) {
+    ASSERT_EQ(got.size(), direct.size()) << what;
+    int64_t differing = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      uint32_t a, b;
+      std::memcpy(&a, &got[i], 4);
+      std::memcpy(&b, &direct[i], 4);
+      if (a != b && differing++ < 3) {
+        ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " differs from the direct CPU "
+                      << "kernel's " << direct[i] << " (must be bit-identical)";
+      }
+    }
+    EXPECT_EQ(differing, 0) << what << ": elements differing from the direct CPU kernel";
+  }
+  double scale = 0;
+  for (double r : reference) scale = std::max(scale, std::abs(r));
+  ExpectAllNear(got, reference, tol * std::max(scale, 1e-30), tol, what + " vs the f64 reference");
+}
+
+namespace {
+
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(KernelsConformanceTest);
+
+std::vector<float> Rand(std::mt19937& rng, int64_t n, float lo = -1, float hi = 1) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+std::vector<double> D(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+template <typename T>
+absl::Span<const T> C(const std::vector<T>& v) {
+  return absl::MakeConstSpan(v);
+}
+template <typename T>
+absl::Span<T> M(std::vector<T>& v) {
+  return absl::MakeSpan(v);
+}
+
+// --- Memory, conversion and GEMM
+// ------------------------------------------------------------------
+
+TEST_P(KernelsConformanceTest, ZeroSetsExactlyTheRange) {
+  std::mt19937 rng(1);
+  std::vector<uint8_t> host(1024);
+  for (auto& b : host) b = static_cast<uint8_t>(1 + rng() % 255);
+  uint8_t* d = Upload(host);
+  ASSERT_OK(kernels().Zero(stream(), d + 3, 1001));
+  ASSERT_OK(kernels().Zero(stream(), d, 0));
+  const std::vector<uint8_t> got = Download(d, 1024);
+  for (int i = 0; i < 1024; ++i) {
+    ASSERT_EQ(got[i], (i >= 3 && i < 1004) ? 0 : host[i]) << i;
+  }
+}
+
+TEST_P(KernelsConformanceTest, ConvertMatchesTheHostBitForBit) {
+  constexpr int64_t kN = 1031;
+  std::mt19937 rng(2);
+  // Random f32 bit patterns (every exponent, NaNs with payloads, Infs, subnormals) plus ties.
+  std::vector<float> f32(kN);
+  for (int64_t i = 0; i < kN; ++i) {
+    const uint32_t bits = i < 64 ? (static_cast<uint32_t>(rng()) & 0xFFFF0000u) | 0x8000u
+                                 : static_cast<uint32_t>(rng());
+    std::memcpy(&f32[i], &bits, 4);
+  }
+  std::vector<uint16_t> u16(kN);
+  for (auto& x : u16) x = static_cast<uint16_t>(rng());
+  const DType kTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+  for (DType from : kTypes) {
+    const void* src_host = from == DType::kF32 ? static_cast<const void*>(f32.data()) : u16.data();
+    void* src = AllocBytes(kN * SizeOf(from));
+    UploadBytes(src, src_host, kN * SizeOf(from));
+    for (DType to : kTypes) {
+      void* dst = AllocBytes(kN * SizeOf(to));
+      ASSERT_OK(kernels().Convert(stream(), from, src, to, dst, kN));
+      std::vector<uint8_t> got(kN * SizeOf(to)), want(kN * SizeOf(to));
+      DownloadBytes(got.data(), dst, kN * SizeOf(to));
+      ASSERT_OK(ps::Convert(from, src_host, to, want.data(), kN));
+      EXPECT_EQ(got, want) << DTypeName(from) << " -> " << DTypeName(to);
+    }
+  }
+  EXPECT_OK(kernels().Convert(stream(), DType::kF32, nullptr, DType::kF16, nullptr, 0));
+}
+
+TEST_P(KernelsConformanceTest, GemmWithEveryOperandTypeAndTranspose) {
+  std::mt19937 rng(3);
+  const int64_t m = 13, n = 17, k = 21;
+  const float alpha = 0.75f, beta = 0.5f;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int t = 0; t < 4; ++t) {
+      GemmShape s;
+      s.trans_a = t & 1;
+      s.trans_b = t & 2;
+      s.m = m, s.n = n, s.k = k;
+      s.ab_dtype = dtype;
+      const int64_t a_rows = s.trans_a ? k : m, a_cols = s.trans_a ? m : k;
+      const int64_t b_rows = s.trans_b ? n : k, b_cols = s.trans_b ? k : n;
+      s.lda = a_cols + 3;  // padded rows
+      s.ldb = b_cols + 1;
+      s.ldc = n + 2;
+      // Operands as f32 values exactly representable in `dtype`, stored in `dtype`.
+      auto make = [&](int64_t rows, int64_t ld, std::vector<float>& values,
+                      std::vector<uint8_t>& stored) {
+        values = Rand(rng, rows * ld);
+        stored.resize(values.size() * SizeOf(dtype));
+        if (dtype == DType::kF32) {
+          std::memcpy(stored.data(), values.data(), stored.size());
+          return;
+        }
+        auto* bits = reinterpret_cast<uint16_t*>(stored.data());
+        for (size_t i = 0; i < values.size(); ++i) {
+          bits[i] =
+              dtype == DType::kF16 ? FloatToHalfBits(values[i]) : FloatToBFloat16Bits(values[i]);
+          values[i] =
+              dtype == DType::kF16 ? HalfBitsToFloat(bits[i]) : BFloat16BitsToFloat(bits[i]);
+        }
+      };
+      std::vector<float> a, b;
+      std::vector<uint8_t> a_stored, b_stored;
+      make(a_rows, s.lda, a, a_stored);
+      make(b_rows, s.ldb, b, b_stored);
+      std::vector<float> c0 = Rand(rng, m * s.ldc);
+      void* da = Upload(a_stored);
+      void* db = Upload(b_stored);
+      float* dc = Upload(c0);
+      const int64_t ws_bytes = kernels().GemmWorkspaceBytes(s);
+      ASSERT_OK(
+          kernels().Gemm(stream(), s, alpha, da, db, beta, dc, Workspace(ws_bytes), ws_bytes));
+      const std::vector<float> got = Download(dc, m * s.ldc);
+
+      std::vector<float> direct = c0;
+      kernels_internal::Gemm(s.trans_a, s.trans_b, m, n, k, alpha, a.data(), s.lda, b.data(), s.ldb,
+                             beta, direct.data(), s.ldc);
+      std::vector<double> reference = D(c0);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double sum = 0;
+          for (int64_t p = 0; p < k; ++p) {
+            const double av = s.trans_a ? a[p * s.lda + i] : a[i * s.lda + p];
+            const double bv = s.trans_b ? b[j * s.ldb + p] : b[p * s.ldb + j];
+            sum += av * bv;
+          }
+          reference[i * s.ldc + j] = alpha * sum + beta * static_cast<double>(c0[i * s.ldc + j]);
+        }
+      }
+      // The padding between rows of C must be untouched.
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = n; j < s.ldc; ++j) ASSERT_EQ(got[i * s.ldc + j], c0[i * s.ldc + j]);
+      }
+      // Bit identity holds for f32 operands (the same sgemm call); 16-bit operands are widened
+      // exactly, so the CPU still runs the very same sgemm on the same values.
+      Check(
+          got, direct, reference,
+          absl::StrCat("Gemm ", DTypeName(dtype), " trans_a=", s.trans_a, " trans_b=", s.trans_b));
+    }
+  }
+}
+
+// --- GPT-2
+// ----------------------------------------------------------------------------------------
+
+TEST_P(KernelsConformanceTest, Encoder) {
+  std::mt19937 rng(4);
+  const EncoderShape s{
+      .batch = 3, .seq_len = 5, .channels = 13, .vocab_size = 11, .max_seq_len = 7};
+  const int64_t bt = s.batch * s.seq_len, btc = bt * s.channels;
+  std::vector<int32_t> tokens(bt);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 4);  // many repeats
+  tokens.back() = 10;
+  const auto wte = Rand(rng, s.vocab_size * s.channels),
+             wpe = Rand(rng, s.max_seq_len * s.channels);
+  const auto dout = Rand(rng, btc);
+  const auto dwte0 = Rand(rng, s.vocab_size * s.channels),
+             dwpe0 = Rand(rng, s.max_seq_len * s.channels);
+  int32_t* d_tokens = Upload(tokens);
+  float* d_out = Alloc<float>(btc);
+  float *d_dwte = Upload(dwte0), *d_dwpe = Upload(dwpe0);
+  ASSERT_OK(kernels().EncoderForward(stream(), s, d_tokens, Upload(wte), Upload(wpe), d_out));
+  ASSERT_OK(kernels().EncoderBackward(stream(), s, d_tokens, Upload(dout), d_dwte, d_dwpe));
+
+  std::vector<float> out(btc), dwte = dwte0, dwpe = dwpe0;
+  ASSERT_OK(EncoderForward<float>(s, C(tokens), C(wte), C(wpe), M(out), nullptr));
+  ASSERT_OK(EncoderBackward<float>(s, C(tokens), C(dout), M(dwte), M(dwpe), nullptr));
+  std::vector<double> out_r(btc), dwte_r = D(dwte0), dwpe_r = D(dwpe0);
+  ASSERT_OK(EncoderForward<double>(s, C(tokens), C(D(wte)), C(D(wpe)), M(out_r), nullptr));
+  ASSERT_OK(EncoderBackward<double>(s, C(tokens), C(D(dout)), M(dwte_r), M(dwpe_r), nullptr));
+  Check(Download(d_out, btc), out, out_r, "EncoderForward out");
+  Check(Download(d_dwte, s.vocab_size * s.channels), dwte, dwte_r, "EncoderBackward dwte");
+  Check(Download(d_dwpe, s.max_seq_len * s.channels), dwpe, dwpe_r, "EncoderBackward dwpe");
+}
+
+TEST_P(KernelsConformanceTest, LayerNorm) {
+  std::mt19937 rng(5);
+  for (const LayerNormShape s :
+       {LayerNormShape{.rows = 37, .channels = 19}, LayerNormShape{.rows = 5, .channels = 131}}) {
+    const int64_t nc = s.rows * s.channels;
+    const auto x = Rand(rng, nc, -3, 3), w = Rand(rng, s.channels), b = Rand(rng, s.channels);
+    const auto dy = Rand(rng, nc), dx0 = Rand(rng, nc);
+    const auto dw0 = Rand(rng, s.channels), db0 = Rand(rng, s.channels);
+    float *d_x = Upload(x), *d_w = Upload(w), *d_y = Alloc<float>(nc);
+    float *d_mean = Alloc<float>(s.rows), *d_rstd = Alloc<float>(s.rows);
+    float *d_dx = Upload(dx0), *d_dw = Upload(dw0), *d_db = Upload(db0);
+    ASSERT_OK(kernels().LayerNormForward(stream(), s, d_x, d_w, Upload(b), d_y, d_mean, d_rstd));
+    ASSERT_OK(kernels().LayerNormBackward(stream(), s, d_x, d_w, d_mean, d_rstd, Upload(dy), d_dx,
+                                          d_dw, d_db));
+
+    std::vector<float> y(nc), mean(s.rows), rstd(s.rows), dx = dx0, dw = dw0, db = db0;
+    ASSERT_OK(LayerNormForward<float>(s, C(x), C(w), C(b), M(y), M(mean), M(rstd), nullptr));
+    ASSERT_OK(LayerNormBackward<float>(s, C(x), C(w), C(mean), C(rstd), C(dy), M(dx), M(dw), M(db),
+                                       nullptr));
+    std::vector<double> y_r(nc), mean_r(s.rows), rstd_r(s.rows), dx_r = D(dx0), dw_r = D(dw0),
+                                                                 db_r = D(db0);
+    ASSERT_OK(LayerNormForward<double>(s, C(D(x)), C(D(w)), C(D(b)), M(y_r), M(mean_r), M(rstd_r),
+                                       nullptr));
+    ASSERT_OK(LayerNormBackward<double>(s, C(D(x)), C(D(w)), C(mean_r), C(rstd_r), C(D(dy)),
+                                        M(dx_r), M(dw_r), M(db_r), nullptr));
+    const std::string c = absl::StrCat(" C=", s.channels);
+    Check(Download(d_y, nc), y, y_r, "LayerNormForward y" + c);
+    Check(Download(d_mean, s.rows), mean, mean_r, "LayerNormForward mean" + c);
+    Check(Download(d_rstd, s.rows), rstd, rstd_r, "LayerNormForward rstd" + c);
+    Check(Download(d_dx, nc), dx, dx_r, "LayerNormBackward dx" + c);
+    Check(Download(d_dw, s.channels), dw, dw_r, "LayerNormBackward dw" + c);
+    Check(Download(d_db, s.channels), db, db_r, "LayerNormBackward db" + c);
+  }
+}
+
+TEST_P(KernelsConformanceTest, Matmul) {
+  std::mt19937 rng(6);
+  const MatmulShape s{.rows = 23, .in_features = 17, .out_features = 29};
+  const int64_t ni = s.rows * s.in_features, no = s.rows * s.out_features,
+                io = s.in_features * s.out_features;
+  const auto x = Rand(rng, ni), w = Rand(rng, io), b = Rand(rng, s.out_features);
+  const auto dy = Rand(rng, no), dx0 = Rand(rng, ni), dw0 = Rand(rng, io),
+             db0 = Rand(rng, s.out_features);
+  float *d_x = Upload(x), *d_w = Upload(w), *d_y = Alloc<float>(no);
+  float *d_dx = Upload(dx0), *d_dw = Upload(dw0), *d_db = Upload(db0);
+  const int64_t ws = kernels().MatmulWorkspaceBytes(s);
+  void* d_ws = Workspace(ws);
+  ASSERT_OK(kernels().MatmulForward(stream(), s, d_x, d_w, Upload(b), d_y, d_ws, ws));
+  ASSERT_OK(
+      kernels().MatmulBackward(stream(), s, d_x, d_w, Upload(dy), d_dx, d_dw, d_db, d_ws, ws));
+  std::vector<float> y(no), dx = dx0, dw = dw0, db = db0;
+  ASSERT_OK(MatmulForward<float>(s, C(x), C(w), C(b), M(y), nullptr));
+  ASSERT_OK(MatmulBackward<float>(s, C(x), C(w), C(dy), M(dx), M(dw), M(db), nullptr));
+  std::vector<double> y_r(no), dx_r = D(dx0), dw_r = D(dw0), db_r = D(db0);
+  ASSERT_OK(MatmulForward<double>(s, C(D(x)), C(D(w)), C(D(b)), M(y_r), nullptr));
+  ASSERT_OK(
+      MatmulBackward<double>(s, C(D(x)), C(D(w)), C(D(dy)), M(dx_r), M(dw_r), M(db_r), nullptr));
+  Check(Download(d_y, no), y, y_r, "MatmulForward y");
+  Check(Download(d_dx, ni), dx, dx_r, "MatmulBackward dx");
+  Check(Download(d_dw, io), dw, dw_r, "MatmulBackward dw");
+  Check(Download(d_db, s.out_features), db, db_r, "MatmulBackward db");
+}
+
+TEST_P(KernelsConformanceTest, GeluAndResidual) {
+  std::mt19937 rng(7);
+  constexpr int64_t kN = 1031;
+  const auto x = Rand(rng, kN, -4, 4), x2 = Rand(rng, kN), dy = Rand(rng, kN), dx0 = Rand(rng, kN),
+             db0 = Rand(rng, kN);
+  float *d_x = Upload(x), *d_x2 = Upload(x2), *d_dy = Upload(dy);
+  float *d_y = Alloc<float>(kN), *d_dx = Upload(dx0), *d_sum = Alloc<float>(kN);
+  float *d_da = Upload(dx0), *d_db = Upload(db0);
+  ASSERT_OK(kernels().GeluForward(stream(), kN, d_x, d_y));
+  ASSERT_OK(kernels().GeluBackward(stream(), kN, d_x, d_dy, d_dx));
+  ASSERT_OK(kernels().ResidualForward(stream(), kN, d_x, d_x2, d_sum));
+  ASSERT_OK(kernels().ResidualBackward(stream(), kN, d_dy, d_da, d_db));
+  // In place: y may equal x, out may equal a.
+  float* d_inplace = Upload(x);
+  ASSERT_OK(kernels().GeluForward(stream(), kN, d_inplace, d_inplace));
+
+  std::vector<float> y(kN), dx = dx0, sum(kN), da = dx0, db = db0;
+  ASSERT_OK(GeluForward<float>(C(x), M(y), nullptr));
+  ASSERT_OK(GeluBackward<float>(C(x), C(dy), M(dx), nullptr));
+  ASSERT_OK(ResidualForward<float>(C(x), C(x2), M(sum), nullptr));
+  ASSERT_OK(ResidualBackward<float>(C(dy), M(da), M(db), nullptr));
+  std::vector<double> y_r(kN), dx_r = D(dx0), sum_r(kN), da_r = D(dx0), db_r = D(db0);
+  ASSERT_OK(GeluForward<double>(C(D(x)), M(y_r), nullptr));
+  ASSERT_OK(GeluBackward<double>(C(D(x)), C(D(dy)), M(dx_r), nullptr));
+  ASSERT_OK(ResidualForward<double>(C(D(x)), C(D(x2)), M(sum_r), nullptr));
+  ASSERT_OK(ResidualBackward<double>(C(D(dy)), M(da_r), M(db_r), nullptr));
+  Check(Download(d_y, kN), y, y_r, "GeluForward y");
+  Check(Download(d_inplace, kN), y, y_r, "GeluForward in place");
+  Check(Download(d_dx, kN), dx, dx_r, "GeluBackward dx");
+  Check(Download(d_sum, kN), sum, sum_r, "ResidualForward out");
+  Check(Download(d_da, kN), da, da_r, "ResidualBackward da");
+  Check(Download(d_db, kN), db, db_r, "ResidualBackward db");
+}
+
+TEST_P(KernelsConformanceTest, Attention) {
+  std::mt19937 rng(8);
+  const AttentionShape s{.batch = 2, .seq_len = 19, .channels = 24, .num_heads = 3, .tile = 8};
+  const int64_t btc = s.batch * s.seq_len * s.channels, bht = s.batch * s.num_heads * s.seq_len;
+  const auto qkv = Rand(rng, 3 * btc, -2, 2), dout = Rand(rng, btc), dqkv0 = Rand(rng, 3 * btc);
+  float *d_qkv = Upload(qkv), *d_out = Alloc<float>(btc), *d_lse = Alloc<float>(bht);
+  float* d_dqkv = Upload(dqkv0);
+  const int64_t fws = kernels().AttentionForwardWorkspaceBytes(s);
+  const int64_t bws = kernels().AttentionBackwardWorkspaceBytes(s);
+  ASSERT_OK(kernels().AttentionForward(stream(), s, d_qkv, d_out, d_lse, Workspace(fws), fws));
+  ASSERT_OK(kernels().AttentionBackward(stream(), s, d_qkv, d_out, d_lse, Upload(dout), d_dqkv,
+                                        Workspace(bws), bws));
+  std::vector<float> out(btc), lse(bht), dqkv = dqkv0;
+  std::vector<float> ws(AttentionWorkspaceElems(s, 1));
+  ASSERT_OK(AttentionForward<float>(s, C(qkv), M(out), M(lse), M(ws), nullptr));
+  ASSERT_OK(AttentionBackward<float>(s, C(qkv), C(out), C(lse), C(dout), M(dqkv), nullptr));
+  std::vector<double> out_r(btc), lse_r(bht), dqkv_r = D(dqkv0), ws_r(ws.size());
+  ASSERT_OK(AttentionForward<double>(s, C(D(qkv)), M(out_r), M(lse_r), M(ws_r), nullptr));
+  ASSERT_OK(
+      AttentionBackward<double>(s, C(D(qkv)), C(out_r), C(lse_r), C(D(dout)), M(dqkv_r), nullptr));
+  Check(Download(d_out, btc), out, out_r, "AttentionForward out");
+  Check(Download(d_lse, bht), lse, lse_r, "AttentionForward lse");
+  Check(Download(d_dqkv, 3 * btc), dqkv, dqkv_r, "AttentionBackward dqkv");
+}
+
+TEST_P(KernelsConformanceTest, LmHeadCrossEntropy) {
+  std::mt19937 rng(9);
+  const LmHeadCrossEntropyShape s{
+      .rows = 21, .channels = 16, .vocab_size = 150, .row_tile = 8, .vocab_tile = 64};
+  const int64_t nc = s.rows * s.channels, vc = s.vocab_size * s.channels;
+  std::vector<int32_t> targets(s.rows);
+  for (auto& t : targets) t = static_cast<int32_t>(rng() % s.vocab_size);
+  targets[2] = targets[11] = s.ignore_index;
+  const auto h = Rand(rng, nc, -2, 2), wte = Rand(rng, vc), dh0 = Rand(rng, nc),
+             dwte0 = Rand(rng, vc);
+  constexpr double kLossGrad = 1.7;
+  float *d_h = Upload(h), *d_wte = Upload(wte), *d_lse = Alloc<float>(s.rows);
+  float *d_dh = Upload(dh0), *d_dwte = Upload(dwte0);
+  int32_t* d_targets = Upload(targets);
+  double* d_loss = Alloc<double>(1);
+  const int64_t ws = kernels().LmHeadCrossEntropyWorkspaceBytes(s);
+  void* d_ws = Workspace(ws);
+  ASSERT_OK(kernels().LmHeadCrossEntropyForward(stream(), s, d_h, d_wte, d_targets, d_lse, d_loss,
+                                                d_ws, ws));
+  ASSERT_OK(kernels().LmHeadCrossEntropyBackward(stream(), s, d_h, d_wte, d_targets, d_lse,
+                                                 kLossGrad, d_dh, d_dwte, d_ws, ws));
+  std::vector<float> lse(s.rows), dh = dh0, dwte = dwte0;
+  std::vector<float> ws_f(LmHeadCrossEntropyWorkspaceElems(s));
+  ASSERT_OK_AND_ASSIGN(
+      const double loss,
+      LmHeadCrossEntropyForward<float>(s, C(h), C(wte), C(targets), M(lse), M(ws_f), nullptr));
+  ASSERT_OK(LmHeadCrossEntropyBackward<float>(s, C(h), C(wte), C(targets), C(lse), kLossGrad, M(dh),
+                                              M(dwte), M(ws_f), nullptr));
+  std::vector<double> lse_r(s.rows), dh_r = D(dh0), dwte_r = D(dwte0), ws_r(ws_f.size());
+  ASSERT_OK_AND_ASSIGN(const double loss_r,
+                       LmHeadCrossEntropyForward<double>(s, C(D(h)), C(D(wte)), C(targets),
+                                                         M(lse_r), M(ws_r), nullptr));
+  ASSERT_OK(LmHeadCrossEntropyBackward<double>(s, C(D(h)), C(D(wte)), C(targets), C(lse_r),
+                                               kLossGrad, M(dh_r), M(dwte_r), M(ws_r), nullptr));
+  const double got_loss = Download(d_loss, 1)[0];
+  if (bit_identical()) {
+    EXPECT_EQ(got_loss, loss);
+  }
+  EXPECT_NEAR(got_loss, loss_r, 1e-5 * std::abs(loss_r));
+  Check(Download(d_lse, s.rows), lse, lse_r, "LmHeadCrossEntropyForward lse");
+  Check(Download(d_dh, nc), dh, dh_r, "LmHeadCrossEntropyBackward dh");
+  Check(Download(d_dwte, vc), dwte, dwte_r, "LmHeadCrossEntropyBackward dwte");
+}
+
+// --- Llama / Qwen2 / Mistral
+// ----------------------------------------------------------------------
+
+TEST_P(KernelsConformanceTest, RmsNorm) {
+  std::mt19937 rng(10);
+  const RmsNormShape s{.rows = 29, .channels = 45, .eps = 1e-6};
+  const int64_t nc = s.rows * s.channels;
+  const auto x = Rand(rng, nc, -2, 2), w = Rand(rng, s.channels), dy = Rand(rng, nc),
+             dx0 = Rand(rng, nc), dw0 = Rand(rng, s.channels);
+  float *d_x = Upload(x), *d_w = Upload(w), *d_y = Alloc<float>(nc), *d_rstd = Alloc<float>(s.rows);
+  float *d_dx = Upload(dx0), *d_dw = Upload(dw0);
+  ASSERT_OK(kernels().RmsNormForward(stream(), s, d_x, d_w, d_y, d_rstd));
+  ASSERT_OK(kernels().RmsNormBackward(stream(), s, d_x, d_w, d_rstd, Upload(dy), d_dx, d_dw));
+  std::vector<float> y(nc), rstd(s.rows), dx = dx0, dw = dw0;
+  ASSERT_OK(RmsNormForward<float>(s, C(x), C(w), M(y), M(rstd), nullptr));
+  ASSERT_OK(RmsNormBackward<float>(s, C(x), C(w), C(rstd), C(dy), M(dx), M(dw), nullptr));
+  std::vector<double> y_r(nc), rstd_r(s.rows), dx_r = D(dx0), dw_r = D(dw0);
+  ASSERT_OK(RmsNormForward<double>(s, C(D(x)), C(D(w)), M(y_r), M(rstd_r), nullptr));
+  ASSERT_OK(
+      RmsNormBackward<double>(s, C(D(x)), C(D(w)), C(rstd_r), C(D(dy)), M(dx_r), M(dw_r), nullptr));
+  Check(Download(d_y, nc), y, y_r, "RmsNormForward y");
+  Check(Download(d_rstd, s.rows), rstd, rstd_r, "RmsNormForward rstd");
+  Check(Download(d_dx, nc), dx, dx_r, "RmsNormBackward dx");
+  Check(Download(d_dw, s.channels), dw, dw_r, "RmsNormBackward dw");
+}
+
+TEST_P(KernelsConformanceTest, Rope) {
+  std::mt19937 rng(11);
+  const RopeShape s{
+      .batch = 2, .seq_len = 9, .num_heads = 3, .head_dim = 10, .table_positions = 12};
+  RopeConfig config;
+  config.head_dim = 10;
+  config.theta = 10000.0;
+  const int64_t half = s.head_dim / 2, table = s.table_positions * half;
+  const int64_t n = s.batch * s.seq_len * s.num_heads * s.head_dim;
+  std::vector<float> cos(table), sin(table);
+  ASSERT_OK(RopeTables<float>(config, s.table_positions, M(cos), M(sin)));
+  std::vector<double> cos_r(table), sin_r(table);
+  ASSERT_OK(RopeTables<double>(config, s.table_positions, M(cos_r), M(sin_r)));
+  const auto x = Rand(rng, n), dx0 = Rand(rng, n);
+  float *d_cos = Upload(cos), *d_sin = Upload(sin), *d_x = Upload(x), *d_dx = Upload(dx0);
+  ASSERT_OK(kernels().RopeForward(stream(), s, d_cos, d_sin, d_x));
+  ASSERT_OK(kernels().RopeBackward(stream(), s, d_cos, d_sin, d_dx));
+  std::vector<float> y = x, dx = dx0;
+  ASSERT_OK(RopeForward<float>(s, C(cos), C(sin), M(y), nullptr));
+  ASSERT_OK(RopeBackward<float>(s, C(cos), C(sin), M(dx), nullptr));
+  // The reference rotates in double with the f32 tables widened (what the f32 kernels use).
+  std::vector<double> y_r = D(x), dx_r = D(dx0);
+  ASSERT_OK(RopeForward<double>(s, C(D(cos)), C(D(sin)), M(y_r), nullptr));
+  ASSERT_OK(RopeBackward<double>(s, C(D(cos)), C(D(sin)), M(dx_r), nullptr));
+  Check(Download(d_x, n), y, y_r, "RopeForward x");
+  Check(Download(d_dx, n), dx, dx_r, "RopeBackward dx");
+}
+
+TEST_P(KernelsConformanceTest, SwiGlu) {
+  std::mt19937 rng(12);
+  constexpr int64_t kN = 1031;
+  const auto g = Rand(rng, kN, -5, 5), u = Rand(rng, kN), dh = Rand(rng, kN), dg0 = Rand(rng, kN),
+             du0 = Rand(rng, kN);
+  float *d_g = Upload(g), *d_u = Upload(u), *d_h = Alloc<float>(kN);
+  float *d_dg = Upload(dg0), *d_du = Upload(du0);
+  ASSERT_OK(kernels().SwiGluForward(stream(), kN, d_g, d_u, d_h));
+  ASSERT_OK(kernels().SwiGluBackward(stream(), kN, d_g, d_u, Upload(dh), d_dg, d_du));
+  std::vector<float> h(kN), dg = dg0, du = du0;
+  ASSERT_OK(SwiGluForward<float>(C(g), C(u), M(h), nullptr));
+  ASSERT_OK(SwiGluBackward<float>(C(g), C(u), C(dh), M(dg), M(du), nullptr));
+  std::vector<double> h_r(kN), dg_r = D(dg0), du_r = D(du0);
+  ASSERT_OK(SwiGluForward<double>(C(D(g)), C(D(u)), M(h_r), nullptr));
+  ASSERT_OK(SwiGluBackward<double>(C(D(g)), C(D(u)), C(D(dh)), M(dg_r), M(du_r), nullptr));
+  Check(Download(d_h, kN), h, h_r, "SwiGluForward h");
+  Check(Download(d_dg, kN), dg, dg_r, "SwiGluBackward dg");
+  Check(Download(d_du, kN), du, du_r, "SwiGluBackward du");
+}
+
+TEST_P(KernelsConformanceTest, GqaAttention) {
+  std::mt19937 rng(13);
+  const GqaAttentionShape s{
+      .batch = 2, .seq_len = 17, .num_heads = 6, .num_kv_heads = 2, .head_dim = 8, .tile = 8};
+  const int64_t bt = s.batch * s.seq_len, nq = bt * s.num_heads * s.head_dim,
+                nkv = bt * s.num_kv_heads * s.head_dim, bht = s.batch * s.num_heads * s.seq_len;
+  const auto q = Rand(rng, nq, -2, 2), k = Rand(rng, nkv, -2, 2), v = Rand(rng, nkv),
+             dout = Rand(rng, nq), dq0 = Rand(rng, nq), dk0 = Rand(rng, nkv), dv0 = Rand(rng, nkv);
+  float *d_q = Upload(q), *d_k = Upload(k), *d_v = Upload(v), *d_out = Alloc<float>(nq),
+        *d_lse = Alloc<float>(bht), *d_dq = Upload(dq0), *d_dk = Upload(dk0), *d_dv = Upload(dv0);
+  const int64_t fws = kernels().GqaAttentionForwardWorkspaceBytes(s);
+  const int64_t bws = kernels().GqaAttentionBackwardWorkspaceBytes(s);
+  ASSERT_OK(
+      kernels().GqaAttentionForward(stream(), s, d_q, d_k, d_v, d_out, d_lse, Workspace(fws), fws));
+  ASSERT_OK(kernels().GqaAttentionBackward(stream(), s, d_q, d_k, d_v, d_out, d_lse, Upload(dout),
+                                           d_dq, d_dk, d_dv, Workspace(bws), bws));
+  std::vector<float> out(nq), lse(bht), dq = dq0, dk = dk0, dv = dv0;
+  std::vector<float> ws(GqaAttentionWorkspaceElems(s, 1));
+  ASSERT_OK(GqaAttentionForward<float>(s, C(q), C(k), C(v), M(out), M(lse), M(ws), nullptr));
+  ASSERT_OK(GqaAttentionBackward<float>(s, C(q), C(k), C(v), C(out), C(lse), C(dout), M(dq), M(dk),
+                                        M(dv), nullptr));
+  std::vector<double> out_r(nq), lse_r(bht), dq_r = D(dq0), dk_r = D(dk0), dv_r = D(dv0),
+                                             ws_r(ws.size());
+  ASSERT_OK(GqaAttentionForward<double>(s, C(D(q)), C(D(k)), C(D(v)), M(out_r), M(lse_r), M(ws_r),
+                                        nullptr));
+  ASSERT_OK(GqaAttentionBackward<double>(s, C(D(q)), C(D(k)), C(D(v)), C(out_r), C(lse_r),
+                                         C(D(dout)), M(dq_r), M(dk_r), M(dv_r), nullptr));
+  Check(Download(d_out, nq), out, out_r, "GqaAttentionForward out");
+  Check(Download(d_lse, bht), lse, lse_r, "GqaAttentionForward lse");
+  Check(Download(d_dq, nq), dq, dq_r, "GqaAttentionBackward dq");
+  Check(Download(d_dk, nkv), dk, dk_r, "GqaAttentionBackward dk");
+  Check(Download(d_dv, nkv), dv, dv_r, "GqaAttentionBackward dv");
+}
+
+TEST_P(KernelsConformanceTest, LinearWithAndWithoutBias) {
+  std::mt19937 rng(14);
+  for (bool bias : {false, true}) {
+    const LinearShape s{.rows = 19, .in_features = 23, .out_features = 14, .bias = bias};
+    const int64_t ni = s.rows * s.in_features, no = s.rows * s.out_features,
+                  oi = s.out_features * s.in_features;
+    const auto x = Rand(rng, ni), w = Rand(rng, oi), b = Rand(rng, s.out_features),
+               dy = Rand(rng, no), dx0 = Rand(rng, ni), dw0 = Rand(rng, oi),
+               db0 = Rand(rng, s.out_features);
+    float *d_x = Upload(x), *d_w = Upload(w), *d_y = Alloc<float>(no), *d_dx = Upload(dx0),
+          *d_dw = Upload(dw0), *d_db = Upload(db0);
+    const int64_t ws = kernels().LinearWorkspaceBytes(s);
+    void* d_ws = Workspace(ws);
+    ASSERT_OK(
+        kernels().LinearForward(stream(), s, d_x, d_w, bias ? Upload(b) : nullptr, d_y, d_ws, ws));
+    ASSERT_OK(kernels().LinearBackward(stream(), s, d_x, d_w, Upload(dy), d_dx, d_dw,
+                                       bias ? d_db : nullptr, d_ws, ws));
+    std::vector<float> y(no), dx = dx0, dw = dw0, db = db0;
+    const absl::Span<const float> b_span = bias ? C(b) : absl::Span<const float>();
+    const absl::Span<float> db_span = bias ? M(db) : absl::Span<float>();
+    ASSERT_OK(LinearForward<float>(s, C(x), C(w), b_span, M(y), nullptr));
+    ASSERT_OK(LinearBackward<float>(s, C(x), C(w), C(dy), M(dx), M(dw), db_span, nullptr));
+    const std::vector<double> b_d = D(b);
+    std::vector<double> y_r(no), dx_r = D(dx0), dw_r = D(dw0), db_r = D(db0);
+    ASSERT_OK(LinearForward<double>(s, C(D(x)), C(D(w)), bias ? C(b_d) : absl::Span<const double>(),
+                                    M(y_r), nullptr));
+    ASSERT_OK(LinearBackward<double>(s, C(D(x)), C(D(w)), C(D(dy)), M(dx_r), M(dw_r),
+                                     bias ? M(db_r) : absl::Span<double>(), nullptr));
+    const std::string tag = bias ? " (bias)" : " (no bias)";
+    Check(Download(d_y, no), y, y_r, "LinearForward y" + tag);
+    Check(Download(d_dx, ni), dx, dx_r, "LinearBackward dx" + tag);
+    Check(Download(d_dw, oi), dw, dw_r, "LinearBackward dw" + tag);
+    // Without a bias, db is neither read nor written.
+    Check(Download(d_db, s.out_features), db, db_r, "LinearBackward db" + tag);
+  }
+}
+
+TEST_P(KernelsConformanceTest, EmbeddingWithPadding) {
+  std::mt19937 rng(15);
+  const EmbeddingShape s{.rows = 31, .channels = 11, .vocab_size = 9, .padding_idx = 3};
+  std::vector<int32_t> tokens(s.rows);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % s.vocab_size);
+  tokens[0] = tokens[5] = 3;
+  const int64_t vc = s.vocab_size * s.channels, nc = s.rows * s.channels;
+  const auto wte = Rand(rng, vc), dout = Rand(rng, nc), dwte0 = Rand(rng, vc);
+  int32_t* d_tokens = Upload(tokens);
+  float *d_out = Alloc<float>(nc), *d_dwte = Upload(dwte0);
+  ASSERT_OK(kernels().EmbeddingForward(stream(), s, d_tokens, Upload(wte), d_out));
+  ASSERT_OK(kernels().EmbeddingBackward(stream(), s, d_tokens, Upload(dout), d_dwte));
+  std::vector<float> out(nc), dwte = dwte0;
+  ASSERT_OK(EmbeddingForward<float>(s, C(tokens), C(wte), M(out), nullptr));
+  ASSERT_OK(EmbeddingBackward<float>(s, C(tokens), C(dout), M(dwte), nullptr));
+  std::vector<double> out_r(nc), dwte_r = D(dwte0);
+  ASSERT_OK(EmbeddingForward<double>(s, C(tokens), C(D(wte)), M(out_r), nullptr));
+  ASSERT_OK(EmbeddingBackward<double>(s, C(tokens), C(D(dout)), M(dwte_r), nullptr));
+  Check(Download(d_out, nc), out, out_r, "EmbeddingForward out");
+  Check(Download(d_dwte, vc), dwte, dwte_r, "EmbeddingBackward dwte");
+}
+
+// --- Argument errors ----------------------------------------------------------------------------
+
+TEST_P(KernelsConformanceTest, ArgumentErrorsAreInvalidArgumentAtEnqueueAndRunNothing) {
+  constexpr int64_t kN = 64;
+  std::vector<float> pattern(kN, 7.0f);
+  float* out = Upload(pattern);
+  float* in = Upload(std::vector<float>(kN, 1.0f));
+  Kernels& k = kernels();
+  Stream& s = stream();
+  const auto invalid = [](absl::string_view substring) {
+    return StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(std::string(substring)));
+  };
+  EXPECT_THAT(k.GeluForward(s, 0, in, out), invalid("GeluForward: num_elems must be positive"));
+  EXPECT_THAT(k.GeluForward(s, kN, nullptr, out), invalid("GeluForward: x is null"));
+  EXPECT_THAT(
+      k.GeluForward(s, kN - 1,
+                    reinterpret_cast<const float*>(reinterpret_cast<const char*>(in) + 2), out),
+      invalid("x is not 4-byte aligned"));
+  EXPECT_THAT(k.ResidualBackward(s, kN, in, out, out), invalid("da and db overlap"));
+  EXPECT_THAT(k.SwiGluBackward(s, kN, in, in, in, out, out), invalid("dg and du overlap"));
+  EXPECT_THAT(k.LayerNormForward(s, {.rows = 2, .channels = 0}, in, in, in, out, out, out),
+              invalid("channels must be positive"));
+  EXPECT_THAT(
+      k.LayerNormForward(s, {.rows = 2, .channels = 4, .eps = 0}, in, in, in, out, out, out),
+      invalid("eps"));
+  EXPECT_THAT(k.AttentionForward(s, {.batch = 1, .seq_len = 1, .channels = 10, .num_heads = 3}, in,
+                                 out, out, nullptr, 0),
+              invalid("not a multiple of num_heads"));
+  EXPECT_THAT(k.GqaAttentionForward(
+                  s, {.batch = 1, .seq_len = 2, .num_heads = 4, .num_kv_heads = 3, .head_dim = 2},
+                  in, in, in, out, out, nullptr, 0),
+              invalid("num_key_value_heads"));
+  EXPECT_THAT(
+      k.RopeForward(s,
+                    {.batch = 1, .seq_len = 2, .num_heads = 1, .head_dim = 3, .table_positions = 2},
+                    in, in, out),
+      invalid("odd"));
+  EXPECT_THAT(
+      k.RopeForward(s,
+                    {.batch = 1, .seq_len = 5, .num_heads = 1, .head_dim = 2, .table_positions = 4},
+                    in, in, out),
+      invalid("exceeds the cos/sin tables"));
+  EXPECT_THAT(k.EncoderForward(
+                  s, {.batch = 1, .seq_len = 9, .channels = 2, .vocab_size = 4, .max_seq_len = 8},
+                  reinterpret_cast<const int32_t*>(in), in, in, out),
+              invalid("exceeds max_seq_len"));
+  EXPECT_THAT(k.EmbeddingForward(s, {.rows = 2, .channels = 2, .vocab_size = 4, .padding_idx = 4},
+                                 reinterpret_cast<const int32_t*>(in), in, out),
+              invalid("padding_idx 4"));
+  EXPECT_THAT(k.MatmulForward(s, {.rows = int64_t{1} << 31, .in_features = 1, .out_features = 1},
+                              in, in, in, out, nullptr, 0),
+              invalid("rows must be in [1, 2^31)"));
+  GemmShape gemm{.m = 4, .n = 4, .k = 4, .lda = 3, .ldb = 4, .ldc = 4};
+  EXPECT_THAT(k.Gemm(s, gemm, 1, in, in, 0, out, nullptr, 0), invalid("lda is 3"));
+  EXPECT_THAT(k.Convert(s, DType::kF32, in, DType::kF16, reinterpret_cast<char*>(in) + 4, 8),
+              invalid("overlap"));
+  EXPECT_THAT(k.Zero(s, out, -1), invalid("negative"));
+  EXPECT_THAT(k.MatmulForward(s, {.rows = 1 << 20, .in_features = 1 << 20, .out_features = 1 << 20},
+                              in, in, in, out, nullptr, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  // A workspace one byte short (every implementation needs one for the LM head).
+  const LmHeadCrossEntropyShape lm{.rows = 2, .channels = 2, .vocab_size = 4};
+  const int64_t needed = k.LmHeadCrossEntropyWorkspaceBytes(lm);
+  ASSERT_GT(needed, 0);
+  void* ws = Workspace(needed);
+  EXPECT_THAT(k.LmHeadCrossEntropyForward(s, lm, in, in, reinterpret_cast<const int32_t*>(in), out,
+                                          reinterpret_cast<double*>(out), ws, needed - 1),
+              invalid("workspace has"));
+  EXPECT_THAT(k.LmHeadCrossEntropyForward(s, lm, in, in, reinterpret_cast<const int32_t*>(in), out,
+                                          reinterpret_cast<double*>(out), nullptr, needed),
+              invalid("workspace is null"));
+  if (k.name() == "cpu") {
+    // Host memory where device memory is meant, and a device buffer too small for the shape.
+    std::vector<float> host(kN);
+    EXPECT_THAT(k.GeluForward(s, kN, host.data(), out), invalid("GeluForward: x"));
+    EXPECT_THAT(k.GeluForward(s, kN * 2, in, out), invalid("not inside device memory"));
+  }
+  // Nothing ran: the output is untouched.
+  EXPECT_EQ(Download(out, kN), pattern);
+}
+
+// --- Asynchrony and stream order --------------------------------------------------------------
+
+TEST_P(KernelsConformanceTest, KernelsRunAsynchronouslyAndInStreamOrder) {
+  std::mt19937 rng(16);
+  constexpr int64_t kN = 777;
+  const auto a = Rand(rng, kN), b = Rand(rng, kN);
+  const std::vector<float> sentinel(kN, -123.0f);
+  float *d_a = Upload(a), *d_b = Upload(b), *d_t1 = Alloc<float>(kN), *d_t2 = Alloc<float>(kN);
+  float* d_out = Upload(sentinel);
+  ASSERT_OK_AND_ASSIGN(auto gate, StreamGate::Close(stream()));
+  // A chain: each kernel reads the previous one's output.
+  ASSERT_OK(kernels().ResidualForward(stream(), kN, d_a, d_b, d_t1));
+  ASSERT_OK(kernels().GeluForward(stream(), kN, d_t1, d_t2));
+  ASSERT_OK(kernels().ResidualForward(stream(), kN, d_t2, d_a, d_out));
+  // Every enqueue has returned; none of the kernels has run (read through another stream).
+  EXPECT_EQ(Download(d_out, kN, side_.get()), sentinel);
+  gate->Open();
+  std::vector<float> t1(kN), t2(kN), out(kN);
+  ASSERT_OK(ResidualForward<float>(C(a), C(b), M(t1), nullptr));
+  ASSERT_OK(GeluForward<float>(C(t1), M(t2), nullptr));
+  ASSERT_OK(ResidualForward<float>(C(t2), C(a), M(out), nullptr));
+  std::vector<double> t1_r(kN), t2_r(kN), out_r(kN);
+  ASSERT_OK(ResidualForward<double>(C(D(a)), C(D(b)), M(t1_r), nullptr));
+  ASSERT_OK(GeluForward<double>(C(t1_r), M(t2_r), nullptr));
+  ASSERT_OK(ResidualForward<double>(C(t2_r), C(D(a)), M(out_r), nullptr));
+  Check(Download(d_out, kN), out, out_r, "the chain after the gate opened");
+}
+
+// The hazard every ordering bug reduces to, made deterministic: a kernel reads its input when it
+// runs, not when it was enqueued, so a host that reuses the buffer in between changes the result.
+TEST_P(KernelsConformanceTest, ABufferReusedBeforeTheKernelRanIsWhatTheKernelReads) {
+  std::mt19937 rng(17);
+  constexpr int64_t kN = 300;
+  const auto x_old = Rand(rng, kN), x_new = Rand(rng, kN);
+  float *d_x = Upload(x_old), *d_y = Alloc<float>(kN);
+  ASSERT_OK_AND_ASSIGN(auto gate, StreamGate::Close(stream()));
+  ASSERT_OK(kernels().GeluForward(stream(), kN, d_x, d_y));
+  UploadBytes(d_x, x_new.data(), kN * sizeof(float), side_.get());  // the premature reuse
+  gate->Open();
+  std::vector<float> y_new(kN), y_old(kN);
+  ASSERT_OK(GeluForward<float>(C(x_new), M(y_new), nullptr));
+  ASSERT_OK(GeluForward<float>(C(x_old), M(y_old), nullptr));
+  const std::vector<float> got = Download(d_y, kN);
+  ExpectAllNear(got, y_new, 1e-5, 1e-5, "the kernel read the reused buffer");
+  EXPECT_NE(got, y_old);
+}
+
+// ... and what prevents it: scratch freed in stream order is not handed out again while a kernel
+// queued before the free still reads it.
+TEST_P(KernelsConformanceTest, StreamOrderedScratchIsNotReusedUnderAQueuedKernel) {
+  std::mt19937 rng(18);
+  constexpr int64_t kN = 300;
+  constexpr int64_t kBytes = kN * sizeof(float);
+  DeviceMemoryOptions options;
+  options.chunk_block_bytes = kMiB;
+  options.capacity_bytes = 16 * kMiB;
+  ASSERT_OK_AND_ASSIGN(auto memory, CreateAcceleratorMemory(&backend(), options));
+  CachingAllocator& scratch = *memory->scratch();
+  const auto x_old = Rand(rng, kN), x_new = Rand(rng, kN);
+  ASSERT_OK_AND_ASSIGN(void* x, scratch.Allocate(kBytes));
+  ASSERT_OK_AND_ASSIGN(void* y, scratch.Allocate(kBytes));
+  UploadBytes(x, x_old.data(), kBytes);
+  ASSERT_OK_AND_ASSIGN(auto gate, StreamGate::Close(stream()));
+  ASSERT_OK(kernels().GeluForward(stream(), kN, static_cast<float*>(x), static_cast<float*>(y)));
+  ASSERT_OK(scratch.DeallocateOnStream(x, kBytes, stream()));
+  ASSERT_OK_AND_ASSIGN(void* x2, scratch.Allocate(kBytes));  // the host wants scratch again
+  EXPECT_NE(x2, x);
+  UploadBytes(x2, x_new.data(), kBytes, side_.get());
+  gate->Open();
+  std::vector<float> y_old(kN);
+  ASSERT_OK(GeluForward<float>(C(x_old), M(y_old), nullptr));
+  ExpectAllNear(Download(static_cast<float*>(y), kN), y_old, 1e-5, 1e-5, "kernel output");
+  ASSERT_OK(stream().Synchronize());
+  EXPECT_OK(scratch.Deallocate(x2, kBytes));
+  EXPECT_OK(scratch.Deallocate(y, kBytes));
+}
+
+TEST_P(KernelsConformanceTest, DataErrorsFoundWhileRunningAreReportedOrLoud) {
+  const EmbeddingShape s{.rows = 4, .channels = 3, .vocab_size = 5};
+  const std::vector<int32_t> tokens = {0, 4, 5, 1};  // 5 is outside the vocabulary
+  int32_t* d_tokens = Upload(tokens);
+  float* d_wte = Upload(std::vector<float>(15, 0.5f));
+  float* d_out = Alloc<float>(12);
+  // Enqueuing succeeds: the tokens are device data.
+  ASSERT_OK(kernels().EmbeddingForward(stream(), s, d_tokens, d_wte, d_out));
+  if (kernels().name() == "cpu") {
+    EXPECT_THAT(stream().Synchronize(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("token 5 at index 2")));
+  } else {
+    const std::vector<float> out = Download(d_out, 12);
+    for (int c = 0; c < 3; ++c) {
+      EXPECT_TRUE(std::isnan(out[2 * 3 + c])) << c;
+      EXPECT_EQ(out[1 * 3 + c], 0.5f);
+    }
+  }
+}
+
+TEST_P(KernelsConformanceTest, ConcurrentStreamsGiveTheResultsOfOneStreamAlone) {
+  std::mt19937 rng(19);
+  // Per stream: qkv = x W + b, attention, LayerNorm of the attention output, four times over.
+  const AttentionShape as{.batch = 2, .seq_len = 16, .channels = 32, .num_heads = 4, .tile = 8};
+  const int64_t rows = as.batch * as.seq_len, c = as.channels;
+  const MatmulShape ms{.rows = rows, .in_features = 48, .out_features = 3 * c};
+  const LayerNormShape ls{.rows = rows, .channels = c};
+  const auto x = Rand(rng, rows * ms.in_features), w = Rand(rng, ms.in_features * 3 * c),
+             b = Rand(rng, 3 * c);
+  float *d_x = Upload(x), *d_w = Upload(w), *d_b = Upload(b);
+  const std::vector<float> ln_w(c, 1.0f), ln_b(c, 0.0f);
+  float *d_lw = Upload(ln_w), *d_lb = Upload(ln_b);
+  struct Outputs {
+    float *qkv, *att, *lse, *ln, *mean, *rstd;
+    void *mws, *aws;
+  };
+  const int64_t mws = kernels().MatmulWorkspaceBytes(ms);
+  const int64_t aws = kernels().AttentionForwardWorkspaceBytes(as);
+  const int64_t lse_elems = as.batch * as.num_heads * as.seq_len;
+  auto make = [&] {
+    return Outputs{Alloc<float>(rows * 3 * c),
+                   Alloc<float>(rows * c),
+                   Alloc<float>(lse_elems),
+                   Alloc<float>(rows * c),
+                   Alloc<float>(rows),
+                   Alloc<float>(rows),
+                   Workspace(mws),
+                   Workspace(aws)};
+  };
+  const Outputs o1 = make(), o2 = make();
+  auto enqueue = [&](Stream& s, const Outputs& o) {
+    for (int round = 0; round < 4; ++round) {
+      ASSERT_OK(kernels().MatmulForward(s, ms, d_x, d_w, d_b, o.qkv, o.mws, mws));
+      ASSERT_OK(kernels().AttentionForward(s, as, o.qkv, o.att, o.lse, o.aws, aws));
+      ASSERT_OK(kernels().LayerNormForward(s, ls, o.att, d_lw, d_lb, o.ln, o.mean, o.rstd));
+    }
+  };
+  std::atomic<bool> host_ok{true};
+  std::thread host([&] {
+    // The host uses the kernels' pool at the same time (as CPU Adam would).
+    if (env_.pool == nullptr) return;
+    std::vector<int64_t> sums(64, 0);
+    for (int r = 0; r < 50; ++r) {
+      env_.pool->ParallelFor(64, [&](int64_t t) { sums[t] += t; });
+    }
+    host_ok = sums[63] == 50 * 63;
+  });
+  enqueue(stream(), o1);
+  enqueue(*side_, o2);
+  host.join();
+  EXPECT_TRUE(host_ok.load());
+  ASSERT_OK(side_->Synchronize());
+  const std::vector<float> ln1 = Download(o1.ln, rows * c), ln2 = Download(o2.ln, rows * c);
+  EXPECT_EQ(ln1, ln2);
+  // And what one stream computes is the direct chain's result.
+  std::vector<float> qkv(rows * 3 * c), att(rows * c), lse(lse_elems),
+      ws(AttentionWorkspaceElems(as, 1)), ln(rows * c), mean(rows), rstd(rows);
+  ASSERT_OK(MatmulForward<float>(ms, C(x), C(w), C(b), M(qkv), nullptr));
+  ASSERT_OK(AttentionForward<float>(as, C(qkv), M(att), M(lse), M(ws), nullptr));
+  ASSERT_OK(
+      LayerNormForward<float>(ls, C(att), C(ln_w), C(ln_b), M(ln), M(mean), M(rstd), nullptr));
+  if (bit_identical()) {
+    EXPECT_EQ(ln1, ln);
+  } else {
+    ExpectAllNear(ln1, ln, 1e-3, 1e-3, "LayerNorm of attention of the GEMM");
+  }
+}
+
+}  // namespace
+}  // namespace ps::kernel_testing

@@ -1,0 +1,472 @@
+#include "model/model_config.h"
+
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "glog/logging.h"
+
+namespace ps {
+namespace {
+
+// Presets of published llama-like models. Every number is the model's config.json on the Hugging
+// Face Hub. Where they were read (the Hub itself is not reachable from here):
+//  [L] Lightning-AI/litgpt litgpt/config.py (commit 26857050fe3f, 2026-06-29), whose entries cite
+//      the config.json URL of each model: hidden, layers, heads, kv heads (n_query_groups),
+//      intermediate, vocab (padded_vocab_size), positions (block_size), rope_theta (rope_base),
+//      norm eps, attention bias (attn_bias), llama3 rope (rope_adjustments).
+//  [T] kevinstephano/thunder_model_blocks hf_llama/llama_config.py: a verbatim copy of
+//      meta-llama/Llama-3.2-1B-Instruct's config.json (same architecture as the base model):
+//      head_dim 64, rms_norm_eps 1e-05, tie_word_embeddings true, torch_dtype bfloat16.
+//  [Q] copies of Qwen/Qwen2.5-0.5B's config.json (transformers 4.40.1; e.g. in
+//      rwth-i6/i6_experiments .../qwen2/qwen2_configs.py for Qwen2-0.5B, same shapes): rms_norm_eps
+//      1e-06, tie_word_embeddings true, use_sliding_window false, bfloat16. Qwen2.5-1.5B's model
+//      card: "tied word embeddings", 1.54B parameters (1.31B non-embedding).
+// Tied/untied and dtypes not in [L]: Llama-2-7b-hf, Meta-Llama-3-8B and Mistral-7B-v0.3 have
+// tie_word_embeddings false (their safetensors indexes list lm_head.weight), TinyLlama's config
+// says false and float32 (its safetensors header holds F32 tensors only), Llama-2-7b-hf float16.
+// The parameter counts in the header (checked by model_config_test) are the Hub's "safetensors
+// total" of each model, cross-checked against the index files' total_size where one was found:
+// Meta-Llama-3-8B 16,060,522,496 bytes / 2 = 8,030,261,248; Llama-2-7b-hf 13,476,839,424 bytes =
+// 2 x 6,738,415,616 + 8,192 (its files also hold 32 layers x 64 f32 rotary_emb.inv_freq buffers).
+struct LlamaPreset {
+  const char* name;
+  ModelFamily family;
+  int64_t vocab_size;
+  int64_t hidden_size;
+  int64_t num_layers;
+  int64_t num_heads;
+  int64_t num_kv_heads;
+  int64_t head_dim;
+  int64_t intermediate_size;
+  int64_t max_position_embeddings;
+  double norm_eps;
+  double rope_theta;
+  RopeScaling rope_scaling;
+  bool qkv_bias;
+  bool tie_word_embeddings;
+  DType torch_dtype;
+};
+
+constexpr RopeScaling kNoScaling{};
+
+const LlamaPreset kLlamaPresets[] = {
+    // [L] Llama-3.2-1B, [T]: rope_scaling {factor 32, low 1, high 4, original 8192, "llama3"}.
+    {"llama-3.2-1b", ModelFamily::kLlama, 128256, 2048, 16, 32, 8, 64, 8192, 131072, 1e-5, 500000.0,
+     RopeScaling{RopeScalingType::kLlama3, 32.0, 1.0, 4.0, 8192}, false, true, DType::kBF16},
+    // [L] Meta-Llama-3-8B: no rope scaling (that came with 3.1).
+    {"llama-3-8b", ModelFamily::kLlama, 128256, 4096, 32, 32, 8, 128, 14336, 8192, 1e-5, 500000.0,
+     kNoScaling, false, false, DType::kBF16},
+    // [L] Llama-2-7b-hf: litgpt's defaults n_embd 4096, n_head 32 (= kv heads), block 4096.
+    {"llama-2-7b", ModelFamily::kLlama, 32000, 4096, 32, 32, 32, 128, 11008, 4096, 1e-5, 10000.0,
+     kNoScaling, false, false, DType::kF16},
+    // [L] TinyLlama-1.1B-intermediate-step-1431k-3T.
+    {"tinyllama-1.1b", ModelFamily::kLlama, 32000, 2048, 22, 32, 4, 64, 5632, 2048, 1e-5, 10000.0,
+     kNoScaling, false, false, DType::kF32},
+    // [L], [Q] Qwen2.5-0.5B.
+    {"qwen2.5-0.5b", ModelFamily::kQwen2, 151936, 896, 24, 14, 2, 64, 4864, 32768, 1e-6, 1000000.0,
+     kNoScaling, true, true, DType::kBF16},
+    // [L] Qwen2.5-1.5B (the base model's config.json has max_position_embeddings 131072).
+    {"qwen2.5-1.5b", ModelFamily::kQwen2, 151936, 1536, 28, 12, 2, 128, 8960, 131072, 1e-6,
+     1000000.0, kNoScaling, true, true, DType::kBF16},
+    // [L] Mistral-7B-v0.3: sliding_window null (v0.1's 4096 window is gone), vocab 32768.
+    {"mistral-7b-v0.3", ModelFamily::kMistral, 32768, 4096, 32, 32, 8, 128, 14336, 32768, 1e-5,
+     1000000.0, kNoScaling, false, false, DType::kBF16},
+    // For tests: every llama feature that changes shapes (GQA, untied head) at a tiny size.
+    {"llama-tiny", ModelFamily::kLlama, 256, 64, 2, 4, 2, 16, 160, 128, 1e-5, 10000.0, kNoScaling,
+     false, false, DType::kF32},
+};
+
+ModelConfig FromLlamaPreset(const LlamaPreset& p) {
+  ModelConfig c;
+  c.name = p.name;
+  c.family = p.family;
+  c.vocab_size = p.vocab_size;
+  c.hidden_size = p.hidden_size;
+  c.num_layers = p.num_layers;
+  c.num_heads = p.num_heads;
+  c.num_kv_heads = p.num_kv_heads;
+  c.head_dim = p.head_dim;
+  c.intermediate_size = p.intermediate_size;
+  c.max_position_embeddings = p.max_position_embeddings;
+  c.norm_eps = p.norm_eps;
+  c.rope_theta = p.rope_theta;
+  c.rope_scaling = p.rope_scaling;
+  c.qkv_bias = p.qkv_bias;
+  c.o_proj_bias = false;
+  c.mlp_bias = false;
+  c.tie_word_embeddings = p.tie_word_embeddings;
+  c.hidden_act = HiddenAct::kSilu;
+  c.torch_dtype = p.torch_dtype;
+  return c;
+}
+
+absl::Status Invalid(const ModelConfig& c, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("model config '", c.name, "': ", what));
+}
+
+bool FinitePositive(double v) { return std::isfinite(v) && v > 0; }
+
+// Adds a*b (+ into *acc), reporting overflow.
+bool AddProduct(int64_t* acc, int64_t a, int64_t b) {
+  int64_t p;
+  return !__builtin_mul_overflow(a, b, &p) && !__builtin_add_overflow(*acc, p, acc);
+}
+
+// The closed form, with overflow detection. nullopt on overflow.
+std::optional<int64_t> CheckedParameterCount(const ModelConfig& c) {
+  const int64_t e = c.hidden_size, v = c.vocab_size, i = c.intermediate_size;
+  int64_t per_layer = 0;
+  int64_t total = 0;
+  if (c.architecture() == ModelArchitecture::kGpt2) {
+    // ln_1, ln_2: 4E; c_attn: E x 3E + 3E; attn.c_proj: E x E + E; c_fc: E x I + I;
+    // mlp.c_proj: I x E + E.
+    if (!AddProduct(&per_layer, 4 * e, e) || !AddProduct(&per_layer, 2 * e, i) ||
+        !AddProduct(&per_layer, 1, i) || !AddProduct(&per_layer, 9, e)) {
+      return std::nullopt;
+    }
+    if (!AddProduct(&total, v + c.max_position_embeddings, e) ||
+        !AddProduct(&total, c.num_layers, per_layer) || !AddProduct(&total, 2, e)) {
+      return std::nullopt;
+    }
+    return total;
+  }
+  const int64_t q = c.q_size(), k = c.kv_size();
+  if (!AddProduct(&per_layer, 2, e) || !AddProduct(&per_layer, 2 * e, q) ||
+      !AddProduct(&per_layer, 2 * e, k) || !AddProduct(&per_layer, 3 * e, i)) {
+    return std::nullopt;
+  }
+  if (c.qkv_bias && !AddProduct(&per_layer, 1, q + 2 * k)) return std::nullopt;
+  if (c.o_proj_bias && !AddProduct(&per_layer, 1, e)) return std::nullopt;
+  if (c.mlp_bias && !AddProduct(&per_layer, 1, 2 * i + e)) return std::nullopt;
+  if (!AddProduct(&total, v, e) || (!c.tie_word_embeddings && !AddProduct(&total, v, e)) ||
+      !AddProduct(&total, 1, e) || !AddProduct(&total, c.num_layers, per_layer)) {
+    return std::nullopt;
+  }
+  return total;
+}
+
+OperatorSpec Op(std::string name, std::vector<TensorSpec> tensors) {
+  return OperatorSpec{std::move(name), std::move(tensors)};
+}
+
+// A linear layer: "<name>.weight" [out, in] and, with `bias`, "<name>.bias" [out].
+OperatorSpec LinearOp(const std::string& name, int64_t in, int64_t out, bool bias) {
+  OperatorSpec op{name, {{name + ".weight", {out, in}}}};
+  if (bias) op.tensors.push_back({name + ".bias", {out}});
+  return op;
+}
+
+// GPT-2's Conv1D: "<name>.weight" [in, out], "<name>.bias" [out].
+OperatorSpec Conv1DOp(const std::string& name, int64_t in, int64_t out) {
+  return Op(name, {{name + ".weight", {in, out}}, {name + ".bias", {out}}});
+}
+
+std::vector<OperatorSpec> Gpt2Operators(const ModelConfig& c) {
+  const int64_t e = c.hidden_size, i = c.intermediate_size;
+  auto layer_norm = [e](const std::string& name) {
+    return Op(name, {{name + ".weight", {e}}, {name + ".bias", {e}}});
+  };
+  std::vector<OperatorSpec> ops;
+  ops.reserve(2 + 6 * c.num_layers);
+  ops.push_back(Op("embedding", {{"wte.weight", {c.vocab_size, e}},
+                                 {"wpe.weight", {c.max_position_embeddings, e}}}));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = absl::StrCat("h.", l, ".");
+    ops.push_back(layer_norm(p + "ln_1"));
+    ops.push_back(Conv1DOp(p + "attn.c_attn", e, 3 * e));
+    ops.push_back(Conv1DOp(p + "attn.c_proj", e, e));
+    ops.push_back(layer_norm(p + "ln_2"));
+    ops.push_back(Conv1DOp(p + "mlp.c_fc", e, i));
+    ops.push_back(Conv1DOp(p + "mlp.c_proj", i, e));
+  }
+  ops.push_back(layer_norm("ln_f"));
+  return ops;
+}
+
+std::vector<OperatorSpec> LlamaOperators(const ModelConfig& c) {
+  const int64_t e = c.hidden_size, i = c.intermediate_size, q = c.q_size(), k = c.kv_size();
+  auto norm = [e](const std::string& name) { return Op(name, {{name + ".weight", {e}}}); };
+  std::vector<OperatorSpec> ops;
+  ops.reserve(3 + 7 * c.num_layers);
+  ops.push_back(Op("model.embed_tokens", {{"model.embed_tokens.weight", {c.vocab_size, e}}}));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    ops.push_back(norm(p + "input_layernorm"));
+    const std::string a = p + "self_attn.";
+    OperatorSpec qkv{a + "qkv_proj",
+                     {{a + "q_proj.weight", {q, e}},
+                      {a + "k_proj.weight", {k, e}},
+                      {a + "v_proj.weight", {k, e}}}};
+    if (c.qkv_bias) {
+      qkv.tensors.push_back({a + "q_proj.bias", {q}});
+      qkv.tensors.push_back({a + "k_proj.bias", {k}});
+      qkv.tensors.push_back({a + "v_proj.bias", {k}});
+    }
+    ops.push_back(std::move(qkv));
+    ops.push_back(LinearOp(a + "o_proj", q, e, c.o_proj_bias));
+    ops.push_back(norm(p + "post_attention_layernorm"));
+    ops.push_back(LinearOp(p + "mlp.gate_proj", e, i, c.mlp_bias));
+    ops.push_back(LinearOp(p + "mlp.up_proj", e, i, c.mlp_bias));
+    ops.push_back(LinearOp(p + "mlp.down_proj", i, e, c.mlp_bias));
+  }
+  ops.push_back(norm("model.norm"));
+  if (!c.tie_word_embeddings) {
+    ops.push_back(Op("lm_head", {{"lm_head.weight", {c.vocab_size, e}}}));
+  }
+  return ops;
+}
+
+}  // namespace
+
+absl::string_view ModelFamilyName(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kGpt2:
+      return "gpt2";
+    case ModelFamily::kLlama:
+      return "llama";
+    case ModelFamily::kQwen2:
+      return "qwen2";
+    case ModelFamily::kMistral:
+      return "mistral";
+  }
+  return "unknown";
+}
+
+ModelArchitecture ArchitectureOf(ModelFamily family) {
+  return family == ModelFamily::kGpt2 ? ModelArchitecture::kGpt2 : ModelArchitecture::kLlama;
+}
+
+absl::string_view HiddenActName(HiddenAct act) {
+  switch (act) {
+    case HiddenAct::kSilu:
+      return "silu";
+    case HiddenAct::kGeluTanh:
+      return "gelu_new";
+  }
+  return "unknown";
+}
+
+std::ostream& operator<<(std::ostream& os, const ModelConfig& c) {
+  os << "ModelConfig{name='" << c.name << "', family=" << ModelFamilyName(c.family)
+     << ", vocab_size=" << c.vocab_size << ", hidden_size=" << c.hidden_size
+     << ", num_layers=" << c.num_layers << ", num_heads=" << c.num_heads
+     << ", num_kv_heads=" << c.num_kv_heads << ", head_dim=" << c.head_dim
+     << ", intermediate_size=" << c.intermediate_size
+     << ", max_position_embeddings=" << c.max_position_embeddings << ", norm_eps=" << c.norm_eps
+     << ", rope_theta=" << c.rope_theta;
+  if (c.rope_scaling.type == RopeScalingType::kLlama3) {
+    os << ", rope_scaling=llama3{factor=" << c.rope_scaling.factor
+       << ", low_freq_factor=" << c.rope_scaling.low_freq_factor
+       << ", high_freq_factor=" << c.rope_scaling.high_freq_factor
+       << ", original_max_position_embeddings=" << c.rope_scaling.original_max_position_embeddings
+       << "}";
+  }
+  os << ", qkv_bias=" << c.qkv_bias << ", o_proj_bias=" << c.o_proj_bias
+     << ", mlp_bias=" << c.mlp_bias << ", tie_word_embeddings=" << c.tie_word_embeddings
+     << ", hidden_act=" << HiddenActName(c.hidden_act) << ", torch_dtype="
+     << (c.torch_dtype.has_value() ? DTypeName(*c.torch_dtype) : absl::string_view("none")) << "}";
+  return os;
+}
+
+absl::Status ValidateModelConfig(const ModelConfig& c) {
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"num_layers", c.num_layers},
+      {"num_heads", c.num_heads},
+      {"num_kv_heads", c.num_kv_heads},
+      {"head_dim", c.head_dim},
+      {"intermediate_size", c.intermediate_size},
+      {"max_position_embeddings", c.max_position_embeddings}};
+  for (const auto& [field, value] : sizes) {
+    if (value <= 0) return Invalid(c, absl::StrCat(field, " must be positive, got ", value));
+  }
+  if (c.num_layers > (int64_t{1} << 20)) {
+    return Invalid(c, absl::StrCat("num_layers ", c.num_layers, " exceeds 2^20"));
+  }
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return Invalid(
+        c, absl::StrCat("num_kv_heads ", c.num_kv_heads, " does not divide num_heads ", c.num_heads,
+                        " (grouped-query attention shares each key/value "
+                        "head among a whole number of query heads)"));
+  }
+  if (!FinitePositive(c.norm_eps)) {
+    return Invalid(c, absl::StrCat("norm_eps must be finite and positive, got ", c.norm_eps));
+  }
+  int64_t q_size;
+  if (__builtin_mul_overflow(c.num_heads, c.head_dim, &q_size)) {
+    return Invalid(c, "num_heads * head_dim overflows");
+  }
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.type == RopeScalingType::kNone &&
+      (rs.factor != 0 || rs.low_freq_factor != 0 || rs.high_freq_factor != 0 ||
+       rs.original_max_position_embeddings != 0)) {
+    return Invalid(c, "rope_scaling parameters are set but rope_scaling.type is none");
+  }
+  const absl::string_view family = ModelFamilyName(c.family);
+  if (c.architecture() == ModelArchitecture::kGpt2) {
+    if (c.num_kv_heads != c.num_heads) {
+      return Invalid(c, absl::StrCat("gpt2 has no grouped-query attention: num_kv_heads ",
+                                     c.num_kv_heads, " must equal num_heads ", c.num_heads));
+    }
+    if (q_size != c.hidden_size) {
+      return Invalid(c, absl::StrCat("gpt2 needs head_dim * num_heads == hidden_size, got ",
+                                     c.head_dim, " * ", c.num_heads, " != ", c.hidden_size));
+    }
+    if (!c.qkv_bias || !c.o_proj_bias || !c.mlp_bias) {
+      return Invalid(c,
+                     "gpt2 has biases on every linear: qkv_bias, o_proj_bias and mlp_bias must "
+                     "be true");
+    }
+    if (!c.tie_word_embeddings) {
+      return Invalid(c, "gpt2's LM head is tied to wte: tie_word_embeddings must be true");
+    }
+    if (c.hidden_act != HiddenAct::kGeluTanh) {
+      return Invalid(
+          c, absl::StrCat("gpt2 uses hidden_act gelu_new, got ", HiddenActName(c.hidden_act)));
+    }
+    if (rs.type != RopeScalingType::kNone) {
+      return Invalid(c, "gpt2 has learned positions: rope_scaling must be none");
+    }
+  } else {
+    if (c.head_dim % 2 != 0) {
+      return Invalid(
+          c, absl::StrCat("head_dim ", c.head_dim, " is odd; RoPE rotates pairs of channels"));
+    }
+    if (!FinitePositive(c.rope_theta)) {
+      return Invalid(c, absl::StrCat("rope_theta must be finite and positive, got ", c.rope_theta));
+    }
+    if (rs.type == RopeScalingType::kLlama3) {
+      if (!std::isfinite(rs.factor) || rs.factor < 1) {
+        return Invalid(c, absl::StrCat("rope_scaling.factor must be >= 1, got ", rs.factor));
+      }
+      if (!FinitePositive(rs.low_freq_factor)) {
+        return Invalid(c, absl::StrCat("rope_scaling.low_freq_factor must be positive, got ",
+                                       rs.low_freq_factor));
+      }
+      if (!std::isfinite(rs.high_freq_factor) || rs.high_freq_factor <= rs.low_freq_factor) {
+        return Invalid(c, absl::StrCat("rope_scaling.high_freq_factor ", rs.high_freq_factor,
+                                       " must exceed low_freq_factor ", rs.low_freq_factor));
+      }
+      if (rs.original_max_position_embeddings <= 0) {
+        return Invalid(
+            c, absl::StrCat("rope_scaling.original_max_position_embeddings must be positive, "
+                            "got ",
+                            rs.original_max_position_embeddings));
+      }
+    }
+    if (c.hidden_act != HiddenAct::kSilu) {
+      return Invalid(
+          c, absl::StrCat(family, " uses hidden_act silu, got ", HiddenActName(c.hidden_act)));
+    }
+    switch (c.family) {
+      case ModelFamily::kLlama:
+        if (c.qkv_bias != c.o_proj_bias) {
+          return Invalid(c,
+                         "llama's config.json has one attention_bias for q, k, v and o: "
+                         "qkv_bias and o_proj_bias must be equal");
+        }
+        break;
+      case ModelFamily::kQwen2:
+        if (!c.qkv_bias || c.o_proj_bias || c.mlp_bias) {
+          return Invalid(c,
+                         "qwen2 has biases on q, k and v only: qkv_bias must be true, "
+                         "o_proj_bias and mlp_bias false");
+        }
+        break;
+      case ModelFamily::kMistral:
+        if (c.qkv_bias || c.o_proj_bias || c.mlp_bias) {
+          return Invalid(c,
+                         "mistral has no biases: qkv_bias, o_proj_bias and mlp_bias must be "
+                         "false");
+        }
+        break;
+      case ModelFamily::kGpt2:
+        break;
+    }
+  }
+  if (!CheckedParameterCount(c).has_value()) {
+    return Invalid(c, "the parameter count overflows a 64-bit integer");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name) {
+  for (const LlamaPreset& p : kLlamaPresets) {
+    if (name == p.name) return FromLlamaPreset(p);
+  }
+  for (const std::string& gpt : GptPresetNames()) {
+    if (name == gpt) {
+      ASSIGN_OR_RETURN(const GptConfig g, GptPreset(name));
+      return FromGptConfig(g);
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown model preset '", name,
+                   "'; known presets: ", absl::StrJoin(ModelPresetNames(), ", ")));
+}
+
+std::vector<std::string> ModelPresetNames() {
+  std::vector<std::string> names;
+  for (const LlamaPreset& p : kLlamaPresets) names.push_back(p.name);
+  for (std::string& gpt : GptPresetNames()) names.push_back(std::move(gpt));
+  return names;
+}
+
+std::vector<OperatorSpec> ModelOperators(const ModelConfig& config) {
+  const absl::Status valid = ValidateModelConfig(config);
+  CHECK(valid.ok()) << valid;
+  return config.architecture() == ModelArchitecture::kGpt2 ? Gpt2Operators(config)
+                                                           : LlamaOperators(config);
+}
+
+int64_t ModelParameterCount(const ModelConfig& config) {
+  const std::optional<int64_t> count = CheckedParameterCount(config);
+  CHECK(count.has_value()) << "parameter count of '" << config.name << "' overflows";
+  return *count;
+}
+
+ModelConfig FromGptConfig(const GptConfig& gpt) {
+  ModelConfig c;
+  c.name = gpt.name;
+  c.family = ModelFamily::kGpt2;
+  c.vocab_size = gpt.vocab_size;
+  c.hidden_size = gpt.hidden;
+  c.num_layers = gpt.num_layers;
+  c.num_heads = gpt.num_heads;
+  c.num_kv_heads = gpt.num_heads;
+  c.head_dim = gpt.num_heads > 0 ? gpt.hidden / gpt.num_heads : 0;
+  c.intermediate_size = 4 * gpt.hidden;
+  c.max_position_embeddings = gpt.max_seq_len;
+  c.norm_eps = 1e-5;
+  c.qkv_bias = c.o_proj_bias = c.mlp_bias = true;
+  c.tie_word_embeddings = true;
+  c.hidden_act = HiddenAct::kGeluTanh;
+  return c;
+}
+
+absl::StatusOr<GptConfig> ToGptConfig(const ModelConfig& c) {
+  if (c.family != ModelFamily::kGpt2) {
+    return Invalid(c, absl::StrCat("is a ", ModelFamilyName(c.family),
+                                   " model, not gpt2; GptConfig describes GPT-2 only"));
+  }
+  RETURN_IF_ERROR(ValidateModelConfig(c));
+  if (c.intermediate_size != 4 * c.hidden_size) {
+    return Invalid(c, absl::StrCat("intermediate_size (n_inner) ", c.intermediate_size,
+                                   " is not 4 * hidden_size = ", 4 * c.hidden_size,
+                                   ", the only MLP width GptModel has"));
+  }
+  if (c.norm_eps != 1e-5) {
+    return Invalid(c, absl::StrCat("norm_eps (layer_norm_epsilon) ", c.norm_eps,
+                                   " is not 1e-5, the only value GptModel computes with"));
+  }
+  return GptConfig{c.name,        c.vocab_size, c.max_position_embeddings,
+                   c.hidden_size, c.num_layers, c.num_heads};
+}
+
+}  // namespace ps

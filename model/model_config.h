@@ -1,0 +1,194 @@
+// ModelConfig: the shape and numerics of one model of the transformer family this project trains —
+// GPT-2, and the Llama architecture in its Llama 2/3, Qwen2/2.5 and Mistral variants — with
+// presets of real models, validation, the parameter count in closed form, and the parameters as
+// operators for the chunk layer.
+//
+// Families and what distinguishes them (Hugging Face model_type in quotes):
+//   "gpt2"     LayerNorm, learned positions, GELU(tanh) MLP of width intermediate_size, biases on
+//              every linear, LM head tied to the token embedding.
+//   "llama"    RMSNorm, RoPE (optionally with Llama 3.1's "llama3" frequency scaling), SwiGLU MLP
+//              (down(silu(gate(x)) * up(x))), grouped-query attention (num_kv_heads divides
+//              num_heads), optional biases: attention_bias puts one on q, k, v and o; mlp_bias on
+//              gate, up and down. Tied or untied LM head.
+//   "qwen2"    as llama, with biases on q, k, v (not o), none in the MLP.
+//   "mistral"  as llama, no biases (the sliding-window attention of Mistral 7B v0.1 is refused
+//              when parsing config.json: model/hf_config.h).
+// The three llama-like families share one computation (architecture() == kLlama); the family is
+// kept so that an export writes back the config.json the model came from.
+//
+// Parameters, as OperatorSpecs in forward order (ModelOperators). Names are Hugging Face's, so
+// the chunk layout, the importer and the exporter speak one language. Llama architecture
+// (E = hidden_size, V = vocab_size, I = intermediate_size, Q = num_heads * head_dim,
+//  K = num_kv_heads * head_dim; Linear weights are torch.nn.Linear's [out, in]):
+//   operator                               tensors
+//   model.embed_tokens                     model.embed_tokens.weight [V, E]
+//   per layer i (p = "model.layers.{i}."):
+//   p input_layernorm                      p input_layernorm.weight [E]
+//   p self_attn.qkv_proj                   p self_attn.q_proj.weight [Q, E], k_proj.weight [K, E],
+//                                          v_proj.weight [K, E], then (with qkv_bias) q_proj.bias
+//                                          [Q], k_proj.bias [K], v_proj.bias [K]
+//   p self_attn.o_proj                     p self_attn.o_proj.weight [E, Q] (+ .bias [E])
+//   p post_attention_layernorm             p post_attention_layernorm.weight [E]
+//   p mlp.gate_proj                        p mlp.gate_proj.weight [I, E] (+ .bias [I])
+//   p mlp.up_proj                          p mlp.up_proj.weight [I, E] (+ .bias [I])
+//   p mlp.down_proj                        p mlp.down_proj.weight [E, I] (+ .bias [E])
+//   model.norm                             model.norm.weight [E]
+//   lm_head (only if not tied)             lm_head.weight [V, E]
+// GPT-2: model/gpt_config.h's operators (names without the "transformer." prefix), with the MLP
+// width intermediate_size instead of a fixed 4E.
+//
+// Why this grouping. An operator is the unit of chunk access: all its tensors are resident
+// together, so the largest operator bounds the chunk size from below. q, k and v are one operator
+// because one attention step reads all three from the same normalized input, and together they
+// are (Q + 2K) x E, at most 3 Q E — with grouped-query attention much less (Llama-3-8B: 48 MiB in
+// bf16); gate and up are two operators although SwiGLU combines them, because each can be applied
+// on its own (g = x Wg^T, then u = x Wu^T, both kept for backward): keeping them apart halves the
+// MLP's working set (Llama-3-8B: 112 MiB each in bf16 instead of 224 MiB together). The largest
+// per-layer operator is then one MLP matrix, I x E.
+//
+// The vocabulary matrices (embed_tokens, lm_head, GPT-2's wte) are each an operator of their own
+// with a single [V, E] tensor, and every use of them is row-separable: the embedding gathers rows
+// by token id, the LM head computes logits one vocabulary tile at a time. That is what lets a
+// later step split them into chunk-sized row blocks (operators "model.embed_tokens.rows.{k}"
+// holding rows [r_k, r_{k+1})) without touching anything else: the Hugging Face reader
+// (model/safetensors_index.h) reads any element range of a tensor and the writer
+// (model/hf_checkpoint.h) asks for element ranges, so a split matrix is imported and exported
+// block by block, never whole.
+//
+// Thread safety: value types and pure functions.
+#ifndef PATRICKSTAR_MODEL_MODEL_CONFIG_H_
+#define PATRICKSTAR_MODEL_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "model/gpt_config.h"
+#include "chunk/operator_spec.h"
+#include "memory/dtype.h"
+
+namespace ps {
+
+// Hugging Face model_type of a supported family.
+enum class ModelFamily { kGpt2, kLlama, kQwen2, kMistral };
+
+// What the model computes: GPT-2, or the Llama architecture (Llama, Qwen2 and Mistral).
+enum class ModelArchitecture { kGpt2, kLlama };
+
+// "gpt2", "llama", "qwen2", "mistral" (the Hugging Face model_type).
+absl::string_view ModelFamilyName(ModelFamily family);
+ModelArchitecture ArchitectureOf(ModelFamily family);
+
+// The MLP activation. kSilu: x * sigmoid(x) (Hugging Face "silu"). kGeluTanh: GELU with the tanh
+// approximation (Hugging Face "gelu_new" and "gelu_pytorch_tanh", the same function).
+enum class HiddenAct { kSilu, kGeluTanh };
+absl::string_view HiddenActName(HiddenAct act);  // "silu", "gelu_new"
+
+// RoPE frequency scaling. kNone: inv_freq[j] = rope_theta^(-2j/head_dim). kLlama3 (Llama 3.1+):
+// with wavelen = 2 pi / inv_freq, low_wavelen = original_max_position_embeddings /
+// high_freq_factor and high_wavelen = original_max_position_embeddings / low_freq_factor,
+// wavelengths below low_wavelen keep inv_freq, those above high_wavelen use inv_freq / factor, and
+// those between interpolate with smooth = (original_max_position_embeddings / wavelen -
+// low_freq_factor) / (high_freq_factor - low_freq_factor):
+// (1 - smooth) inv_freq / factor + smooth inv_freq. (transformers' _compute_llama3_parameters.)
+enum class RopeScalingType { kNone, kLlama3 };
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;
+  // kLlama3 only (zero otherwise).
+  double factor = 0;
+  double low_freq_factor = 0;
+  double high_freq_factor = 0;
+  int64_t original_max_position_embeddings = 0;
+
+  friend bool operator==(const RopeScaling&, const RopeScaling&) = default;
+};
+
+struct ModelConfig {
+  std::string name;
+  ModelFamily family = ModelFamily::kLlama;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;        // E (GPT-2: n_embd)
+  int64_t num_layers = 0;         // num_hidden_layers (GPT-2: n_layer)
+  int64_t num_heads = 0;          // num_attention_heads (GPT-2: n_head)
+  int64_t num_kv_heads = 0;       // num_key_value_heads; divides num_heads (GPT-2: num_heads)
+  int64_t head_dim = 0;           // usually hidden_size / num_heads; may differ for llama-likes
+  int64_t intermediate_size = 0;  // MLP width (GPT-2: n_inner, 4E when null)
+  // Positions the model was trained for (GPT-2: n_positions; the size of wpe).
+  int64_t max_position_embeddings = 0;
+  double norm_eps = 1e-5;            // rms_norm_eps (llama-likes) / layer_norm_epsilon (GPT-2)
+  double rope_theta = 10000;         // llama-likes only
+  RopeScaling rope_scaling;          // llama-likes only
+  bool qkv_bias = false;             // bias on q_proj, k_proj, v_proj (GPT-2: c_attn.bias, always)
+  bool o_proj_bias = false;          // bias on o_proj (GPT-2: attn.c_proj.bias, always)
+  bool mlp_bias = false;             // bias on the MLP's linears (GPT-2: always)
+  bool tie_word_embeddings = false;  // LM head = token embedding (GPT-2: always)
+  HiddenAct hidden_act = HiddenAct::kSilu;
+  // The dtype the checkpoint declares (config.json "torch_dtype" / "dtype"); informational: the
+  // tensors' own dtypes are what is read. nullopt when not declared.
+  std::optional<DType> torch_dtype;
+
+  ModelArchitecture architecture() const { return ArchitectureOf(family); }
+  int64_t q_size() const { return num_heads * head_dim; }      // Q: rows of q_proj
+  int64_t kv_size() const { return num_kv_heads * head_dim; }  // K: rows of k_proj and v_proj
+
+  friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
+};
+std::ostream& operator<<(std::ostream& os, const ModelConfig& config);
+
+// OK, or InvalidArgument naming the field (and the config's name) for: a non-positive size; more
+// than 2^20 layers; num_kv_heads not dividing num_heads; an odd head_dim (RoPE rotates pairs);
+// a norm_eps or rope_theta that is not finite and positive; llama3 rope scaling with factor < 1,
+// a non-positive frequency factor, high_freq_factor <= low_freq_factor or a non-positive
+// original_max_position_embeddings; scaling parameters set without a scaling type; a parameter
+// count that overflows int64; and combinations the family cannot express in its config.json:
+//   gpt2     num_kv_heads == num_heads, head_dim * num_heads == hidden_size, all biases, tied,
+//            gelu_new, no rope scaling;
+//   llama    silu, qkv_bias == o_proj_bias (one attention_bias key);
+//   qwen2    silu, qkv_bias, no o_proj or MLP bias;
+//   mistral  silu, no biases.
+[[nodiscard]] absl::Status ValidateModelConfig(const ModelConfig& config);
+
+// Presets with the real shapes of published models (values from each model's config.json on the
+// Hugging Face Hub; sources in model_config.cc), for planning and benchmarks:
+//   "llama-3.2-1b"    meta-llama/Llama-3.2-1B                         1,235,814,400 params
+//   "llama-3-8b"      meta-llama/Meta-Llama-3-8B                      8,030,261,248
+//   "llama-2-7b"      meta-llama/Llama-2-7b-hf                        6,738,415,616
+//   "tinyllama-1.1b"  TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T  1,100,048,384
+//   "qwen2.5-0.5b"    Qwen/Qwen2.5-0.5B                                 494,032,768
+//   "qwen2.5-1.5b"    Qwen/Qwen2.5-1.5B                               1,543,714,304
+//   "mistral-7b-v0.3" mistralai/Mistral-7B-v0.3                       7,248,023,552
+//   "llama-tiny"      a 2-layer GQA Llama for tests (vocab 256, E 64, 4 heads, 2 kv heads)
+// and every GPT-2-architecture preset of GptPreset ("tiny", "gpt2", ..., "18B") converted with
+// FromGptConfig. InvalidArgument listing the known names for anything else.
+[[nodiscard]] absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name);
+
+// The preset names above, llama-likes first.
+std::vector<std::string> ModelPresetNames();
+
+// The operators in forward order (see the file comment). REQUIRES: ValidateModelConfig is OK.
+std::vector<OperatorSpec> ModelOperators(const ModelConfig& config);
+
+// Closed form of the parameter count (== ModelNumElems(ModelOperators(config))).
+//   llama-likes: V E (1 + untied) + E + L (2E + 2 E Q + 2 E K + 3 E I
+//                + qkv_bias (Q + 2K) + o_proj_bias E + mlp_bias (2I + E))
+//   gpt2:        (V + P) E + L (4E^2 + 2 E I + I + 9E) + 2E
+// REQUIRES: ValidateModelConfig is OK.
+int64_t ModelParameterCount(const ModelConfig& config);
+
+// The GPT-2 ModelConfig of a GptConfig: intermediate 4E, layer_norm_epsilon 1e-5, tied, biases,
+// gelu_new (what GptModel computes).
+ModelConfig FromGptConfig(const GptConfig& gpt);
+
+// The GptConfig of a GPT-2 ModelConfig. InvalidArgument naming the field when `config` is not a
+// valid gpt2-family config or uses what GptConfig cannot express: intermediate_size (n_inner)
+// other than 4 hidden_size, norm_eps (layer_norm_epsilon) other than 1e-5.
+[[nodiscard]] absl::StatusOr<GptConfig> ToGptConfig(const ModelConfig& config);
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_MODEL_MODEL_CONFIG_H_

@@ -1,0 +1,50 @@
+#include "scheduler/chunk_counters.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/units.h"
+
+namespace ps {
+
+TransferCounters& TransferCounters::operator+=(const TransferCounters& o) {
+  *this = FlatCounters<TransferCounters>::Combine(*this, o, 1);
+  return *this;
+}
+
+TransferCounters ChunkManagerCounters::Total() const {
+  TransferCounters total;
+  for (const TransferCounters& s : by_stage) total += s;
+  return total;
+}
+
+ChunkManagerCounters ChunkManagerCounters::Minus(const ChunkManagerCounters& earlier) const {
+  return FlatCounters<ChunkManagerCounters>::Combine(*this, earlier, -1);
+}
+
+ChunkManagerCounters& ChunkManagerCounters::operator+=(const ChunkManagerCounters& o) {
+  *this = FlatCounters<ChunkManagerCounters>::Combine(*this, o, 1);
+  return *this;
+}
+
+std::string ChunkManagerCounters::DebugString() const {
+  std::string out;
+  for (Stage s : {Stage::kForward, Stage::kBackward, Stage::kAdam}) {
+    const TransferCounters& c = stage(s);
+    absl::StrAppend(&out, StageName(s), ": ", c.loads, " loads (", FormatBytes(c.load_bytes), "), ",
+                    c.write_backs, " write-backs (", FormatBytes(c.write_back_bytes), "), ",
+                    c.clean_evictions, " clean evictions, ", c.allocations, " allocations; ");
+  }
+  absl::StrAppend(&out, prefetches, " prefetches, ", prefetch_hits, " prefetch hits, ",
+                  write_behinds, " write-behinds, ", pressure_evictions,
+                  " evictions under pressure, stall ", absl::StrFormat("%.3f ms", stall_ns / 1e6));
+  if (all_gathers > 0 || reduce_scatters > 0) {
+    absl::StrAppend(&out, "; ZeRO: ", all_gathers, " all-gathers (", FormatBytes(all_gather_bytes),
+                    " in), ", reduce_scatters, " reduce-scatters (",
+                    FormatBytes(reduce_scatter_bytes), " out), ", remote_releases,
+                    " remote payloads freed, ", absl::StrFormat("%.3f ms", comm_ns / 1e6),
+                    " in collectives");
+  }
+  return out;
+}
+
+}  // namespace ps

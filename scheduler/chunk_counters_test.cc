@@ -1,0 +1,79 @@
+// The counters' arithmetic is derived from their fields: random values through +=, Minus, Total
+// and ==, checked against per-field arithmetic on the flat view and on named fields.
+#include "scheduler/chunk_counters.h"
+
+#include <cstdint>
+#include <random>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+using ::testing::HasSubstr;
+
+template <typename T>
+T Random(std::mt19937_64& rng) {
+  typename FlatCounters<T>::Array a;
+  for (int64_t& v : a) v = static_cast<int64_t>(rng() % 1'000'000'007) - 500'000'000;
+  return FlatCounters<T>::From(a);
+}
+
+TEST(ChunkCounters, EveryFieldTakesPartInTheArithmetic) {
+  // Every field is an int64_t of the flat view: 6 per TransferCounters, and the stages' traffic
+  // plus the scalar counters for ChunkManagerCounters.
+  EXPECT_EQ(FlatCounters<TransferCounters>::kFields, sizeof(TransferCounters) / sizeof(int64_t));
+  EXPECT_EQ(FlatCounters<ChunkManagerCounters>::kFields,
+            sizeof(ChunkManagerCounters) / sizeof(int64_t));
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 100; ++trial) {
+    const ChunkManagerCounters a = Random<ChunkManagerCounters>(rng);
+    const ChunkManagerCounters b = Random<ChunkManagerCounters>(rng);
+    const auto fa = FlatCounters<ChunkManagerCounters>::Of(a);
+    const auto fb = FlatCounters<ChunkManagerCounters>::Of(b);
+    const auto diff = FlatCounters<ChunkManagerCounters>::Of(a.Minus(b));
+    ChunkManagerCounters sum = a;
+    sum += b;
+    const auto fsum = FlatCounters<ChunkManagerCounters>::Of(sum);
+    for (size_t i = 0; i < fa.size(); ++i) {
+      EXPECT_EQ(diff[i], fa[i] - fb[i]) << "field " << i;
+      EXPECT_EQ(fsum[i], fa[i] + fb[i]) << "field " << i;
+    }
+    EXPECT_EQ(sum.Minus(b), a);
+    EXPECT_EQ(a.Minus(a), ChunkManagerCounters());
+    // Named fields, so a reordering of the struct cannot hide behind the flat view.
+    EXPECT_EQ(a.Minus(b).pressure_evictions, a.pressure_evictions - b.pressure_evictions);
+    EXPECT_EQ(a.Minus(b).comm_ns, a.comm_ns - b.comm_ns);
+    EXPECT_EQ(
+        a.Minus(b).stage(Stage::kBackward).write_back_bytes,
+        a.stage(Stage::kBackward).write_back_bytes - b.stage(Stage::kBackward).write_back_bytes);
+    TransferCounters t = a.stage(Stage::kForward);
+    t += a.stage(Stage::kAdam);
+    EXPECT_EQ(t.clean_evictions,
+              a.stage(Stage::kForward).clean_evictions + a.stage(Stage::kAdam).clean_evictions);
+    TransferCounters total;
+    for (Stage s : {Stage::kForward, Stage::kBackward, Stage::kAdam}) {
+      total.loads += a.stage(s).loads;
+      total.allocations += a.stage(s).allocations;
+    }
+    EXPECT_EQ(a.Total().loads, total.loads);
+    EXPECT_EQ(a.Total().allocations, total.allocations);
+    EXPECT_EQ(a.Total().moved_bytes(), a.Total().load_bytes + a.Total().write_back_bytes);
+  }
+}
+
+TEST(ChunkCounters, DebugStringNamesTheTrafficAndZeroOnlyWhenUsed) {
+  ChunkManagerCounters c;
+  c.stage(Stage::kBackward).write_backs = 3;
+  c.stage(Stage::kBackward).write_back_bytes = 3 << 20;
+  c.pressure_evictions = 2;
+  EXPECT_THAT(c.DebugString(), HasSubstr("BWD: 0 loads (0 B), 3 write-backs (3.00 MiB)"));
+  EXPECT_THAT(c.DebugString(), HasSubstr("2 evictions under pressure"));
+  EXPECT_THAT(c.DebugString(), ::testing::Not(HasSubstr("ZeRO")));
+  c.all_gathers = 1;
+  EXPECT_THAT(c.DebugString(), HasSubstr("ZeRO: 1 all-gathers"));
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,110 @@
+#include "trainer/config_json.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "base/units.h"
+#include "nlohmann/json.hpp"
+#include "trainer/config_schema.h"
+
+namespace ps {
+namespace {
+
+using OrderedJson = nlohmann::ordered_json;
+
+// "8MiB" when a whole number of the largest binary unit that divides it, else the integer.
+// (Only below 2^60: ParseBytes computes in double and rejects values near the int64 limit.)
+OrderedJson BytesToJson(int64_t bytes) {
+  if (bytes > 0 && bytes < (int64_t{1} << 60)) {
+    constexpr std::pair<int64_t, absl::string_view> kUnits[] = {
+        {kGiB * 1024, "TiB"}, {kGiB, "GiB"}, {kMiB, "MiB"}, {kKiB, "KiB"}};
+    for (const auto& [unit, name] : kUnits) {
+      if (bytes % unit == 0) return absl::StrCat(bytes / unit, name);
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+std::string TrainConfigToJson(const TrainConfig& c) {
+  OrderedJson j = OrderedJson::object();
+  if (c.train_batch_size != 0) j["train_batch_size"] = c.train_batch_size;
+  j["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
+  j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
+  j["train_steps"] = c.steps;
+  j["seed"] = c.seed;
+  j["threads"] = c.threads;
+  j["steps_per_print"] = c.steps_per_print;
+  j["gradient_clipping"] = c.gradient_clipping;
+
+  OrderedJson opt_params = OrderedJson::object();
+  opt_params["lr"] = c.optimizer.lr;
+  opt_params["betas"] = OrderedJson::array({c.optimizer.beta1, c.optimizer.beta2});
+  opt_params["eps"] = c.optimizer.eps;
+  opt_params["weight_decay"] = c.optimizer.weight_decay;
+  j["optimizer"] =
+      OrderedJson{{"type", OptimizerTypeName(c.optimizer.type)}, {"params", std::move(opt_params)}};
+
+  const SchedulerConfig& s = c.scheduler;
+  if (s.type != SchedulerType::kNone) {
+    OrderedJson params = OrderedJson::object();
+    const auto put = [&](absl::string_view key, OrderedJson value) {
+      if (SchedulerParamApplies(s.type, key)) params[std::string(key)] = std::move(value);
+    };
+    put("warmup_min_lr", s.warmup_min_lr);
+    if (s.warmup_max_lr != -1) put("warmup_max_lr", s.warmup_max_lr);
+    put("warmup_num_steps", s.warmup_num_steps);
+    put("warmup_type", s.warmup_type);
+    put("total_num_steps", s.total_num_steps);
+    put("warmup_min_ratio", s.warmup_min_ratio);
+    put("cos_min_ratio", s.cos_min_ratio);
+    j["scheduler"] =
+        OrderedJson{{"type", SchedulerTypeName(s.type)}, {"params", std::move(params)}};
+  }
+
+  j["fp16"] = OrderedJson{{"enabled", c.fp16.enabled},
+                          {"loss_scale", c.fp16.loss_scale},
+                          {"initial_scale_power", c.fp16.initial_scale_power},
+                          {"loss_scale_window", c.fp16.loss_scale_window},
+                          {"hysteresis", c.fp16.hysteresis},
+                          {"consecutive_hysteresis", c.fp16.consecutive_hysteresis},
+                          {"min_loss_scale", c.fp16.min_loss_scale}};
+  j["bf16"] = OrderedJson{{"enabled", c.bf16}};
+  j["model"] = OrderedJson{{"preset", c.model.preset},
+                           {"vocab_size", c.model.vocab_size},
+                           {"n_positions", c.model.max_seq_len},
+                           {"n_embd", c.model.hidden},
+                           {"n_layer", c.model.num_layers},
+                           {"n_head", c.model.num_heads},
+                           {"activation_checkpointing", c.model.activation_checkpointing}};
+  j["chunk"] = OrderedJson{
+      {"size", c.chunk.size_elems == 0 ? OrderedJson("auto") : OrderedJson(c.chunk.size_elems)}};
+  j["accelerator"] = OrderedJson{{"backend", AcceleratorKindName(c.accelerator.kind)},
+                                 {"memory", BytesToJson(c.accelerator.memory_bytes)},
+                                 {"host_memory", BytesToJson(c.accelerator.host_memory_bytes)},
+                                 {"copy_bandwidth", c.accelerator.copy_bandwidth_bytes_per_s},
+                                 {"device", c.accelerator.device_index}};
+  j["data"] = OrderedJson{{"train", c.data.train_path},
+                          {"val", c.data.val_path},
+                          {"seq_len", c.data.seq_len},
+                          {"shuffle", c.data.shuffle},
+                          {"seed", c.data.seed},
+                          {"eval_every", c.data.eval_every},
+                          {"eval_batches", c.data.eval_batches}};
+  j["checkpoint"] = OrderedJson{{"dir", c.checkpoint.dir},
+                                {"every", c.checkpoint.every},
+                                {"keep_last", c.checkpoint.keep_last},
+                                {"resume", c.checkpoint.resume},
+                                {"init_from", c.checkpoint.init_from},
+                                {"export", c.checkpoint.export_path}};
+  j["profile"] = OrderedJson{{"trace", c.profile.trace_path}, {"metrics", c.profile.metrics_path}};
+  // Strings that are not UTF-8 (only possible from overrides; ValidateTrainConfig rejects them)
+  // are written with U+FFFD instead of throwing.
+  return j.dump(2, ' ', false, OrderedJson::error_handler_t::replace);
+}
+
+}  // namespace ps

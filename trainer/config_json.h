@@ -1,0 +1,24 @@
+// The canonical JSON form of a TrainConfig: what checkpoint manifests store and resume compares,
+// and what --print_config prints.
+//
+// Thread safety: pure functions.
+#ifndef PATRICKSTAR_TRAINER_CONFIG_JSON_H_
+#define PATRICKSTAR_TRAINER_CONFIG_JSON_H_
+
+#include <string>
+
+#include "trainer/config.h"
+
+namespace ps {
+
+// The canonical JSON of `config`: every key in a fixed order, two-space indented; byte quantities
+// as "8MiB"-style strings when a whole number of KiB/MiB/GiB/TiB, else integers; chunk.size 0 as
+// "auto"; scheduler params only those of its type (none and no section for kNone); warmup_max_lr
+// omitted when -1; train_batch_size omitted when 0. For a config that passes the per-key checks,
+// ParseTrainConfig(TrainConfigToJson(c)) == c (scheduler params that do not apply to its type are
+// not written, so they come back as defaults).
+std::string TrainConfigToJson(const TrainConfig& config);
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_TRAINER_CONFIG_JSON_H_

@@ -1,0 +1,98 @@
+#include "trainer/config_overrides.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/units.h"
+#include "model/gpt_config.h"
+#include "trainer/config_schema.h"
+
+namespace ps {
+
+absl::Status ApplyOverrides(const ConfigOverrides& o, TrainConfig* config) {
+  TrainConfig c = *config;
+  const auto bad = [](absl::string_view flag, absl::string_view value, absl::string_view rule) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": ", rule));
+  };
+  if (o.model.has_value()) {
+    const std::vector<std::string> names = GptPresetNames();
+    if (std::find(names.begin(), names.end(), *o.model) == names.end()) {
+      return bad("model", *o.model,
+                 absl::StrCat("unknown model preset; valid presets: ", absl::StrJoin(names, ", ")));
+    }
+    const bool checkpointing = c.model.activation_checkpointing;
+    c.model = ModelConfig{};
+    c.model.preset = *o.model;
+    c.model.activation_checkpointing = checkpointing;
+  }
+  if (o.train_data.has_value()) c.data.train_path = *o.train_data;
+  if (o.val_data.has_value()) c.data.val_path = *o.val_data;
+  if (o.init_from.has_value()) c.checkpoint.init_from = *o.init_from;
+  if (o.save_dir.has_value()) c.checkpoint.dir = *o.save_dir;
+  if (o.metrics_out.has_value()) c.profile.metrics_path = *o.metrics_out;
+  if (o.trace_out.has_value()) c.profile.trace_path = *o.trace_out;
+  if (o.accelerator.has_value()) {
+    absl::StatusOr<AcceleratorKind> kind = ParseAcceleratorKind(*o.accelerator);
+    if (!kind.ok()) return bad("accelerator", *o.accelerator, kind.status().message());
+    c.accelerator.kind = *kind;
+  }
+  if (o.accelerator_memory.has_value()) {
+    absl::StatusOr<int64_t> bytes = ParseBytes(*o.accelerator_memory);
+    if (!bytes.ok()) {
+      return bad(
+          "accelerator_memory", *o.accelerator_memory,
+          absl::StrCat(bytes.status().message(), "; write e.g. 64MiB, 1.5GB or a number of bytes"));
+    }
+    c.accelerator.memory_bytes = *bytes;
+  }
+  if (o.chunk_size.has_value()) {
+    const absl::string_view text = absl::StripAsciiWhitespace(*o.chunk_size);
+    int64_t elems = 0;
+    if (absl::EqualsIgnoreCase(text, "auto")) {
+      c.chunk.size_elems = 0;
+    } else if (absl::SimpleAtoi(text, &elems) && elems >= 1 && elems <= kMaxChunkElems) {
+      c.chunk.size_elems = elems;
+    } else if (absl::EndsWithIgnoreCase(text, "b") && ParseBytes(text).ok()) {
+      return bad("chunk_size", *o.chunk_size,
+                 "chunk sizes are in elements, not bytes; give an integer number of elements "
+                 "(e.g. 67108864) or \"auto\"");
+    } else {
+      return bad("chunk_size", *o.chunk_size,
+                 absl::StrCat("must be an integer number of elements in [1, ", kMaxChunkElems,
+                              "] or \"auto\""));
+    }
+  }
+  if (o.steps.has_value()) {
+    if (*o.steps < 1) {
+      return bad("steps", absl::StrCat(*o.steps), "must be > 0 optimizer steps");
+    }
+    c.steps = *o.steps;
+  }
+  if (o.seq_len.has_value()) {
+    if (*o.seq_len < 0) {
+      return bad("seq_len", absl::StrCat(*o.seq_len),
+                 "must be >= 0 tokens (0: the model's n_positions)");
+    }
+    c.data.seq_len = *o.seq_len;
+  }
+  if (o.micro_batch_size.has_value()) {
+    if (*o.micro_batch_size < 1) {
+      return bad("micro_batch_size", absl::StrCat(*o.micro_batch_size), "must be >= 1 sequences");
+    }
+    c.train_micro_batch_size_per_gpu = *o.micro_batch_size;
+    c.train_batch_size = 0;  // derived from the flag, never contradicting it
+  }
+  if (o.seed.has_value()) c.seed = *o.seed;
+  if (o.resume.has_value()) c.checkpoint.resume = *o.resume;
+  *config = std::move(c);
+  return absl::OkStatus();
+}
+
+}  // namespace ps

@@ -1,0 +1,42 @@
+// Command-line overrides of single config keys (the trainer's flags, trainer/train.cc).
+//
+// Thread safety: value types and pure functions.
+#ifndef PATRICKSTAR_TRAINER_CONFIG_OVERRIDES_H_
+#define PATRICKSTAR_TRAINER_CONFIG_OVERRIDES_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "trainer/config.h"
+
+namespace ps {
+
+// Overrides from command-line flags; unset fields leave the file's value.
+//   model               a preset name; also clears model's explicit dimensions (they belonged to
+//                       the file's model), keeping activation_checkpointing
+//   train_data, val_data, init_from, save_dir (checkpoint.dir), metrics_out (profile.metrics),
+//   trace_out (profile.trace): strings, taken as they are
+//   accelerator         "cpu" | "cuda" (case-insensitive)
+//   accelerator_memory  a byte quantity, base/units.h ParseBytes ("64MiB", "1.5GB", "1048576")
+//   chunk_size          elements (an integer > 0) or "auto"
+//   steps (> 0), seq_len (>= 0; 0 = the model's n_positions), seed, resume
+//   micro_batch_size    >= 1; also resets train_batch_size to 0 (derived), so a file's
+//                       train_batch_size cannot contradict the flag
+struct ConfigOverrides {
+  std::optional<std::string> model, train_data, val_data, init_from, accelerator,
+      accelerator_memory, chunk_size, save_dir, metrics_out, trace_out;
+  std::optional<int64_t> steps, seq_len, micro_batch_size;
+  std::optional<uint64_t> seed;
+  std::optional<bool> resume;
+};
+
+// Applies `o` to `config`. InvalidArgument naming the flag and its value for a value it cannot
+// parse or that is out of range (the config is then unchanged). Checks only what it parses; call
+// ValidateTrainConfig afterwards.
+[[nodiscard]] absl::Status ApplyOverrides(const ConfigOverrides& o, TrainConfig* config);
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_TRAINER_CONFIG_OVERRIDES_H_

@@ -1,0 +1,361 @@
+#include "trainer/config_parse.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "base/units.h"
+#include "trainer/config_schema.h"
+#include "trainer/config_validate.h"
+#include "trainer/json_reader.h"
+
+namespace ps {
+namespace {
+
+absl::Status ReadOptimizer(const JsonReader& r, const Json& top, TrainConfig* c) {
+  ASSIGN_OR_RETURN(const Json* opt, r.GetSection(top, ConfigSchema().optimizer, "optimizer"));
+  if (opt == nullptr) return absl::OkStatus();
+  const Json* type = JsonReader::Find(*opt, "type");
+  if (type == nullptr) {
+    return r.Error(
+        "`optimizer.type` is required when an optimizer section is given: \"Adam\" or "
+        "\"AdamW\"");
+  }
+  if (!type->is_string()) return r.TypeError("optimizer.type", "a string", *type);
+  absl::StatusOr<OptimizerType> parsed = ParseOptimizerType(type->get_ref<const std::string&>());
+  if (!parsed.ok()) return r.ValueError("optimizer.type", *type, parsed.status().message());
+  c->optimizer.type = *parsed;
+
+  ASSIGN_OR_RETURN(const Json* params,
+                   r.GetSection(*opt, ConfigSchema().optimizer_params, "params"));
+  if (params == nullptr) return absl::OkStatus();
+  constexpr absl::string_view p = "optimizer.params";
+  RETURN_IF_ERROR(r.GetDouble(*params, p, "lr", &c->optimizer.lr));
+  RETURN_IF_ERROR(r.GetDouble(*params, p, "eps", &c->optimizer.eps));
+  RETURN_IF_ERROR(r.GetDouble(*params, p, "weight_decay", &c->optimizer.weight_decay));
+  if (const Json* betas = JsonReader::Find(*params, "betas"); betas != nullptr) {
+    if (!betas->is_array() || betas->size() != 2 || !(*betas)[0].is_number() ||
+        !(*betas)[1].is_number()) {
+      return r.TypeError("optimizer.params.betas", "an array of two numbers [beta1, beta2]",
+                         *betas);
+    }
+    c->optimizer.beta1 = (*betas)[0].get<double>();
+    c->optimizer.beta2 = (*betas)[1].get<double>();
+  }
+  if (const Json* mode = JsonReader::Find(*params, "adam_w_mode"); mode != nullptr) {
+    bool adam_w_mode = false;
+    RETURN_IF_ERROR(r.GetBool(*params, p, "adam_w_mode", &adam_w_mode));
+    if (c->optimizer.type == OptimizerType::kAdamW && !adam_w_mode) {
+      return r.ValueError("optimizer.params.adam_w_mode", *mode,
+                          "contradicts optimizer.type \"AdamW\"; use type \"Adam\" for L2 weight "
+                          "decay");
+    }
+    if (adam_w_mode) c->optimizer.type = OptimizerType::kAdamW;
+  }
+  if (const Json* amsgrad = JsonReader::Find(*params, "amsgrad"); amsgrad != nullptr) {
+    bool value = false;
+    RETURN_IF_ERROR(r.GetBool(*params, p, "amsgrad", &value));
+    if (value)
+      return r.ValueError("optimizer.params.amsgrad", *amsgrad, "not supported; use false");
+  }
+  if (const Json* bc = JsonReader::Find(*params, "bias_correction"); bc != nullptr) {
+    bool value = true;
+    RETURN_IF_ERROR(r.GetBool(*params, p, "bias_correction", &value));
+    if (!value) {
+      return r.ValueError("optimizer.params.bias_correction", *bc,
+                          "not supported; bias correction is always applied (use true)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadScheduler(const JsonReader& r, const Json& top, TrainConfig* c) {
+  ASSIGN_OR_RETURN(const Json* sched, r.GetSection(top, ConfigSchema().scheduler, "scheduler"));
+  if (sched == nullptr) return absl::OkStatus();
+  const Json* type = JsonReader::Find(*sched, "type");
+  if (type == nullptr) {
+    return r.Error(
+        "`scheduler.type` is required when a scheduler section is given: \"WarmupLR\", "
+        "\"WarmupDecayLR\" or \"WarmupCosineLR\" (omit the section for a constant learning rate)");
+  }
+  if (!type->is_string()) return r.TypeError("scheduler.type", "a string", *type);
+  absl::StatusOr<SchedulerType> parsed = ParseSchedulerType(type->get_ref<const std::string&>());
+  if (!parsed.ok()) return r.ValueError("scheduler.type", *type, parsed.status().message());
+  SchedulerConfig& s = c->scheduler;
+  s.type = *parsed;
+
+  ASSIGN_OR_RETURN(const Json* params,
+                   r.GetSection(*sched, ConfigSchema().scheduler_params, "params"));
+  if (params == nullptr) return absl::OkStatus();
+  for (auto it = params->begin(); it != params->end(); ++it) {
+    if (!SchedulerParamApplies(s.type, it.key())) {
+      return r.Error(
+          absl::StrCat("`scheduler.params.", it.key(), "` does not apply to scheduler type ",
+                       SchedulerTypeName(s.type),
+                       ", which takes: ", absl::StrJoin(SchedulerParamsOf(s.type), ", ")));
+    }
+  }
+  constexpr absl::string_view p = "scheduler.params";
+  RETURN_IF_ERROR(r.GetDouble(*params, p, "warmup_min_lr", &s.warmup_min_lr));
+  if (const Json* v = JsonReader::Find(*params, "warmup_max_lr"); v != nullptr) {
+    RETURN_IF_ERROR(r.GetDouble(*params, p, "warmup_max_lr", &s.warmup_max_lr));
+    if (!(s.warmup_max_lr >= 0)) {
+      return r.ValueError("scheduler.params.warmup_max_lr", *v,
+                          "must be >= 0 (omit it to use optimizer.params.lr)");
+    }
+  }
+  RETURN_IF_ERROR(r.GetInt(*params, p, "warmup_num_steps", &s.warmup_num_steps));
+  if (const Json* v = JsonReader::Find(*params, "warmup_type"); v != nullptr) {
+    RETURN_IF_ERROR(r.GetString(*params, p, "warmup_type", &s.warmup_type));
+    s.warmup_type = absl::AsciiStrToLower(s.warmup_type);
+    if (s.warmup_type != "log" && s.warmup_type != "linear") {
+      return r.ValueError("scheduler.params.warmup_type", *v, "use \"log\" or \"linear\"");
+    }
+  }
+  RETURN_IF_ERROR(r.GetInt(*params, p, "total_num_steps", &s.total_num_steps));
+  RETURN_IF_ERROR(r.GetDouble(*params, p, "warmup_min_ratio", &s.warmup_min_ratio));
+  RETURN_IF_ERROR(r.GetDouble(*params, p, "cos_min_ratio", &s.cos_min_ratio));
+  if (const Json* v = JsonReader::Find(*params, "last_batch_iteration"); v != nullptr) {
+    int64_t last = -1;
+    RETURN_IF_ERROR(r.GetInt(*params, p, "last_batch_iteration", &last));
+    if (last != -1) {
+      return r.ValueError("scheduler.params.last_batch_iteration", *v,
+                          "only -1 (a fresh start) is accepted; to continue a run, resume from "
+                          "its checkpoint (checkpoint.resume), which restores the schedule");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadPrecision(const JsonReader& r, const Json& top, TrainConfig* c) {
+  ASSIGN_OR_RETURN(const Json* fp16, r.GetSection(top, ConfigSchema().fp16, "fp16"));
+  if (fp16 != nullptr) {
+    Fp16Config& f = c->fp16;
+    RETURN_IF_ERROR(r.GetBool(*fp16, "fp16", "enabled", &f.enabled));
+    RETURN_IF_ERROR(r.GetDouble(*fp16, "fp16", "loss_scale", &f.loss_scale));
+    RETURN_IF_ERROR(r.GetInt(*fp16, "fp16", "initial_scale_power", &f.initial_scale_power));
+    RETURN_IF_ERROR(r.GetInt(*fp16, "fp16", "loss_scale_window", &f.loss_scale_window));
+    RETURN_IF_ERROR(r.GetInt(*fp16, "fp16", "hysteresis", &f.hysteresis));
+    RETURN_IF_ERROR(r.GetBool(*fp16, "fp16", "consecutive_hysteresis", &f.consecutive_hysteresis));
+    RETURN_IF_ERROR(r.GetDouble(*fp16, "fp16", "min_loss_scale", &f.min_loss_scale));
+  }
+  ASSIGN_OR_RETURN(const Json* bf16, r.GetSection(top, ConfigSchema().bf16, "bf16"));
+  if (bf16 != nullptr) RETURN_IF_ERROR(r.GetBool(*bf16, "bf16", "enabled", &c->bf16));
+  return absl::OkStatus();
+}
+
+absl::Status ReadModel(const JsonReader& r, const Json& top, TrainConfig* c) {
+  ASSIGN_OR_RETURN(const Json* model, r.GetSection(top, ConfigSchema().model, "model"));
+  if (model == nullptr) return absl::OkStatus();
+  ModelConfig& m = c->model;
+  RETURN_IF_ERROR(r.GetString(*model, "model", "preset", &m.preset));
+  RETURN_IF_ERROR(r.GetInt(*model, "model", "vocab_size", &m.vocab_size));
+  RETURN_IF_ERROR(r.GetInt(*model, "model", "n_positions", &m.max_seq_len));
+  RETURN_IF_ERROR(r.GetInt(*model, "model", "n_embd", &m.hidden));
+  RETURN_IF_ERROR(r.GetInt(*model, "model", "n_layer", &m.num_layers));
+  RETURN_IF_ERROR(r.GetInt(*model, "model", "n_head", &m.num_heads));
+  RETURN_IF_ERROR(
+      r.GetBool(*model, "model", "activation_checkpointing", &m.activation_checkpointing));
+  return absl::OkStatus();
+}
+
+absl::Status ReadChunk(const JsonReader& r, const Json& top, TrainConfig* c) {
+  ASSIGN_OR_RETURN(const Json* chunk, r.GetSection(top, ConfigSchema().chunk, "chunk"));
+  if (chunk == nullptr) return absl::OkStatus();
+  const Json* size = JsonReader::Find(*chunk, "size");
+  if (size == nullptr) return absl::OkStatus();
+  if (size->is_string()) {
+    if (!absl::EqualsIgnoreCase(size->get_ref<const std::string&>(), "auto")) {
+      return r.ValueError("chunk.size", *size,
+                          "use \"auto\" (chunk-size search) or an integer number of elements "
+                          "(not bytes)");
+    }
+    c->chunk.size_elems = 0;
+    return absl::OkStatus();
+  }
+  if (!size->is_number()) {
+    return r.TypeError("chunk.size", "an integer number of elements or \"auto\"", *size);
+  }
+  ASSIGN_OR_RETURN(c->chunk.size_elems, r.ToInt64(*size, "chunk.size", 1, kMaxChunkElems));
+  return absl::OkStatus();
+}
+
+absl::Status ReadAccelerator(const JsonReader& r, const Json& top, TrainConfig* c) {
+  ASSIGN_OR_RETURN(const Json* acc, r.GetSection(top, ConfigSchema().accelerator, "accelerator"));
+  if (acc == nullptr) return absl::OkStatus();
+  AcceleratorConfig& a = c->accelerator;
+  if (const Json* backend = JsonReader::Find(*acc, "backend"); backend != nullptr) {
+    if (!backend->is_string()) return r.TypeError("accelerator.backend", "a string", *backend);
+    absl::StatusOr<AcceleratorKind> kind =
+        ParseAcceleratorKind(backend->get_ref<const std::string&>());
+    if (!kind.ok()) return r.ValueError("accelerator.backend", *backend, kind.status().message());
+    a.kind = *kind;
+  }
+  RETURN_IF_ERROR(r.GetBytes(*acc, "accelerator", "memory", &a.memory_bytes));
+  RETURN_IF_ERROR(r.GetBytes(*acc, "accelerator", "host_memory", &a.host_memory_bytes));
+  if (const Json* bw = JsonReader::Find(*acc, "copy_bandwidth"); bw != nullptr) {
+    if (bw->is_string()) {
+      absl::StatusOr<double> parsed = ParseBandwidth(bw->get_ref<const std::string&>());
+      if (!parsed.ok()) {
+        return r.ValueError("accelerator.copy_bandwidth", *bw,
+                            absl::StrCat(parsed.status().message(),
+                                         "; write e.g. \"12GB/s\" or a number of bytes per "
+                                         "second (0: unthrottled)"));
+      }
+      a.copy_bandwidth_bytes_per_s = *parsed;
+    } else if (bw->is_number()) {
+      a.copy_bandwidth_bytes_per_s = bw->get<double>();
+    } else {
+      return r.TypeError("accelerator.copy_bandwidth",
+                         "a bandwidth (a string like \"12GB/s\" or a number of bytes per second)",
+                         *bw);
+    }
+  }
+  RETURN_IF_ERROR(r.GetInt(*acc, "accelerator", "device", &a.device_index));
+  return absl::OkStatus();
+}
+
+absl::Status ReadData(const JsonReader& r, const Json& top, TrainConfig* c) {
+  ASSIGN_OR_RETURN(const Json* data, r.GetSection(top, ConfigSchema().data, "data"));
+  if (data == nullptr) return absl::OkStatus();
+  DataConfig& d = c->data;
+  RETURN_IF_ERROR(r.GetString(*data, "data", "train", &d.train_path));
+  RETURN_IF_ERROR(r.GetString(*data, "data", "val", &d.val_path));
+  RETURN_IF_ERROR(r.GetInt(*data, "data", "seq_len", &d.seq_len));
+  RETURN_IF_ERROR(r.GetBool(*data, "data", "shuffle", &d.shuffle));
+  RETURN_IF_ERROR(r.GetUint64(*data, "data", "seed", &d.seed));
+  RETURN_IF_ERROR(r.GetInt(*data, "data", "eval_every", &d.eval_every));
+  RETURN_IF_ERROR(r.GetInt(*data, "data", "eval_batches", &d.eval_batches));
+  return absl::OkStatus();
+}
+
+absl::Status ReadCheckpoint(const JsonReader& r, const Json& top, TrainConfig* c) {
+  ASSIGN_OR_RETURN(const Json* ckpt, r.GetSection(top, ConfigSchema().checkpoint, "checkpoint"));
+  if (ckpt == nullptr) return absl::OkStatus();
+  CheckpointConfig& k = c->checkpoint;
+  RETURN_IF_ERROR(r.GetString(*ckpt, "checkpoint", "dir", &k.dir));
+  RETURN_IF_ERROR(r.GetInt(*ckpt, "checkpoint", "every", &k.every));
+  RETURN_IF_ERROR(r.GetInt(*ckpt, "checkpoint", "keep_last", &k.keep_last));
+  RETURN_IF_ERROR(r.GetBool(*ckpt, "checkpoint", "resume", &k.resume));
+  RETURN_IF_ERROR(r.GetString(*ckpt, "checkpoint", "init_from", &k.init_from));
+  RETURN_IF_ERROR(r.GetString(*ckpt, "checkpoint", "export", &k.export_path));
+  return absl::OkStatus();
+}
+
+absl::Status ReadProfile(const JsonReader& r, const Json& top, TrainConfig* c) {
+  ASSIGN_OR_RETURN(const Json* prof, r.GetSection(top, ConfigSchema().profile, "profile"));
+  if (prof == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(r.GetString(*prof, "profile", "trace", &c->profile.trace_path));
+  RETURN_IF_ERROR(r.GetString(*prof, "profile", "metrics", &c->profile.metrics_path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainConfig> ParseTrainConfigImpl(absl::string_view text, absl::string_view source,
+                                                 std::vector<std::string>* ignored_keys) {
+  RETURN_IF_ERROR(CheckJsonSyntax(text, source, kMaxConfigJsonDepth,
+                                  " (a config needs 3); this is not a config file"));
+  const Json top = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (top.is_discarded()) {
+    // The SAX pass accepted the same text; this cannot happen.
+    return absl::InternalError(absl::StrCat(source, ": the JSON parser rejected the text"));
+  }
+  const JsonReader r(source, ignored_keys);
+  if (!top.is_object()) {
+    return r.Error(absl::StrCat("a config is a JSON object ({...}), found ", DescribeJson(top)));
+  }
+  RETURN_IF_ERROR(r.CheckKeys(top, ConfigSchema().top));
+
+  TrainConfig c;
+  RETURN_IF_ERROR(r.GetInt(top, "", "train_batch_size", &c.train_batch_size));
+  RETURN_IF_ERROR(
+      r.GetInt(top, "", "train_micro_batch_size_per_gpu", &c.train_micro_batch_size_per_gpu));
+  RETURN_IF_ERROR(r.GetInt(top, "", "gradient_accumulation_steps", &c.gradient_accumulation_steps));
+  RETURN_IF_ERROR(r.GetInt(top, "", "train_steps", &c.steps));
+  RETURN_IF_ERROR(r.GetUint64(top, "", "seed", &c.seed));
+  RETURN_IF_ERROR(r.GetInt(top, "", "threads", &c.threads));
+  RETURN_IF_ERROR(r.GetInt(top, "", "steps_per_print", &c.steps_per_print));
+  RETURN_IF_ERROR(r.GetDouble(top, "", "gradient_clipping", &c.gradient_clipping));
+  RETURN_IF_ERROR(ReadOptimizer(r, top, &c));
+  RETURN_IF_ERROR(ReadScheduler(r, top, &c));
+  RETURN_IF_ERROR(ReadPrecision(r, top, &c));
+  RETURN_IF_ERROR(ReadModel(r, top, &c));
+  RETURN_IF_ERROR(ReadChunk(r, top, &c));
+  RETURN_IF_ERROR(ReadAccelerator(r, top, &c));
+  RETURN_IF_ERROR(ReadData(r, top, &c));
+  RETURN_IF_ERROR(ReadCheckpoint(r, top, &c));
+  RETURN_IF_ERROR(ReadProfile(r, top, &c));
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<TrainConfig> ParseTrainConfig(absl::string_view json_text, absl::string_view source,
+                                             std::vector<std::string>* ignored_keys) {
+  // nlohmann/json throws; nothing here should (types are checked before every get), but no
+  // exception may leave this function.
+  try {
+    ASSIGN_OR_RETURN(TrainConfig config, ParseTrainConfigImpl(json_text, source, ignored_keys));
+    const absl::Status values = CheckTrainConfigValues(config);
+    if (!values.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": ", values.message()));
+    }
+    return config;
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat(source, ": unexpected error parsing the config: ", e.what()));
+  }
+}
+
+absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    const std::string message =
+        absl::StrCat("cannot open config file ", path, ": ", std::strerror(err));
+    if (err == ENOENT || err == ENOTDIR) return absl::NotFoundError(message);
+    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(message);
+    return absl::InvalidArgumentError(message);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat("config path ", path, " is a directory, not a JSON file"));
+  }
+  std::string text;
+  char buffer[64 * 1024];
+  while (true) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot read config file ", path, ": ", std::strerror(err)));
+    }
+    if (n == 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+    if (static_cast<int64_t>(text.size()) > kMaxConfigFileBytes) {
+      ::close(fd);
+      return absl::InvalidArgumentError(absl::StrCat("config file ", path, " is larger than ",
+                                                     FormatBytes(kMaxConfigFileBytes),
+                                                     "; it is not a config"));
+    }
+  }
+  ::close(fd);
+  return ParseTrainConfig(text, path);
+}
+
+}  // namespace ps

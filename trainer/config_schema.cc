@@ -1,0 +1,260 @@
+#include "trainer/config_schema.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "base/units.h"
+
+namespace ps {
+namespace {
+
+constexpr absl::string_view kTopKeys[] = {"train_batch_size",
+                                          "train_micro_batch_size_per_gpu",
+                                          "gradient_accumulation_steps",
+                                          "train_steps",
+                                          "seed",
+                                          "threads",
+                                          "steps_per_print",
+                                          "gradient_clipping",
+                                          "optimizer",
+                                          "scheduler",
+                                          "fp16",
+                                          "bf16",
+                                          "model",
+                                          "chunk",
+                                          "accelerator",
+                                          "data",
+                                          "checkpoint",
+                                          "profile"};
+constexpr JsonKeyAlias kTopAliases[] = {
+    {"steps", "train_steps"},
+    {"max_steps", "train_steps"},
+    {"train_iters", "train_steps"},
+    {"num_steps", "train_steps"},
+    {"batch_size", "train_micro_batch_size_per_gpu"},
+    {"micro_batch_size", "train_micro_batch_size_per_gpu"},
+    {"train_micro_batch_size", "train_micro_batch_size_per_gpu"},
+    {"bfloat16", "bf16"},
+    {"lr", "optimizer.params.lr"},
+    {"learning_rate", "optimizer.params.lr"},
+    {"max_grad_norm", "gradient_clipping"},
+    {"grad_clip", "gradient_clipping"},
+    {"num_threads", "threads"},
+};
+
+constexpr absl::string_view kOptimizerKeys[] = {"type", "params"};
+constexpr JsonKeyAlias kOptimizerAliases[] = {{"lr", "params"},
+                                              {"betas", "params"},
+                                              {"eps", "params"},
+                                              {"weight_decay", "params"},
+                                              {"name", "type"}};
+constexpr absl::string_view kOptimizerParamKeys[] = {
+    "lr", "betas", "eps", "weight_decay", "adam_w_mode", "amsgrad", "bias_correction"};
+constexpr JsonKeyAlias kOptimizerParamAliases[] = {
+    {"learning_rate", "lr"}, {"beta1", "betas"}, {"beta2", "betas"}, {"epsilon", "eps"}};
+
+constexpr absl::string_view kSchedulerKeys[] = {"type", "params"};
+constexpr JsonKeyAlias kSchedulerAliases[] = {{"name", "type"}};
+constexpr absl::string_view kSchedulerParamKeys[] = {
+    "warmup_min_lr",   "warmup_max_lr",    "warmup_num_steps", "warmup_type",
+    "total_num_steps", "warmup_min_ratio", "cos_min_ratio",    "last_batch_iteration"};
+constexpr JsonKeyAlias kSchedulerParamAliases[] = {{"warmup_steps", "warmup_num_steps"},
+                                                   {"total_steps", "total_num_steps"}};
+
+constexpr absl::string_view kFp16Keys[] = {
+    "enabled",           "loss_scale", "initial_scale_power",
+    "loss_scale_window", "hysteresis", "consecutive_hysteresis",
+    "min_loss_scale"};
+constexpr absl::string_view kBf16Keys[] = {"enabled"};
+
+constexpr absl::string_view kModelKeys[] = {"preset",
+                                            "vocab_size",
+                                            "n_positions",
+                                            "n_embd",
+                                            "n_layer",
+                                            "n_head",
+                                            "activation_checkpointing"};
+constexpr JsonKeyAlias kModelAliases[] = {
+    {"name", "preset"},
+    {"hidden", "n_embd"},
+    {"hidden_size", "n_embd"},
+    {"d_model", "n_embd"},
+    {"num_layers", "n_layer"},
+    {"num_hidden_layers", "n_layer"},
+    {"num_heads", "n_head"},
+    {"num_attention_heads", "n_head"},
+    {"n_ctx", "n_positions"},
+    {"max_seq_len", "n_positions"},
+    {"max_position_embeddings", "n_positions"},
+    {"seq_len", "n_positions"},
+    {"gradient_checkpointing", "activation_checkpointing"},
+};
+
+constexpr absl::string_view kChunkKeys[] = {"size"};
+constexpr JsonKeyAlias kChunkAliases[] = {
+    {"size_elems", "size"}, {"chunk_size", "size"}, {"elements", "size"}};
+
+constexpr absl::string_view kAcceleratorKeys[] = {"backend", "memory", "host_memory",
+                                                  "copy_bandwidth", "device"};
+constexpr JsonKeyAlias kAcceleratorAliases[] = {
+    {"kind", "backend"},
+    {"type", "backend"},
+    {"memory_bytes", "memory"},
+    {"capacity", "memory"},
+    {"bandwidth", "copy_bandwidth"},
+    {"device_index", "device"},
+};
+
+constexpr absl::string_view kDataKeys[] = {"train", "val",        "seq_len",     "shuffle",
+                                           "seed",  "eval_every", "eval_batches"};
+constexpr JsonKeyAlias kDataAliases[] = {
+    {"train_path", "train"},   {"train_data", "train"}, {"val_path", "val"},
+    {"val_data", "val"},       {"validation", "val"},   {"valid", "val"},
+    {"seq_length", "seq_len"},
+};
+
+constexpr absl::string_view kCheckpointKeys[] = {"dir",    "every",     "keep_last",
+                                                 "resume", "init_from", "export"};
+constexpr JsonKeyAlias kCheckpointAliases[] = {
+    {"save_dir", "dir"},   {"path", "dir"},           {"directory", "dir"},
+    {"keep", "keep_last"}, {"export_path", "export"}, {"save_every", "every"},
+};
+
+constexpr absl::string_view kProfileKeys[] = {"trace", "metrics"};
+constexpr JsonKeyAlias kProfileAliases[] = {{"trace_path", "trace"},
+                                            {"trace_out", "trace"},
+                                            {"metrics_path", "metrics"},
+                                            {"metrics_out", "metrics"}};
+
+// Top-level DeepSpeed keys accepted and ignored, with the reason given in the warning.
+constexpr JsonIgnoredKey kIgnoredKeys[] = {
+    {"zero_optimization",
+     "chunks replace ZeRO stages; data-parallel ranks shard chunks ZeRO-style on their own"},
+    {"zero_allow_untested_optimizer", "the optimizer is always HybridAdam"},
+    {"wall_clock_breakdown", "use profile.trace for timings"},
+    {"memory_breakdown", "use profile.trace and profile.metrics for memory"},
+    {"prescale_gradients", "gradients are averaged after the reduction"},
+    {"gradient_predivide_factor", "gradients are averaged after the reduction"},
+    {"communication_data_type", "collectives use the chunks' dtype"},
+    {"sparse_gradients", "the model has no sparse gradients"},
+    {"tensorboard", "use profile.metrics (JSONL)"},
+    {"wandb", "use profile.metrics (JSONL)"},
+    {"csv_monitor", "use profile.metrics (JSONL)"},
+    {"comms_logger", "use profile.trace"},
+    {"flops_profiler", "use profile.trace and profile.metrics"},
+    {"dump_state", "not applicable"},
+    {"activation_checkpointing", "set model.activation_checkpointing instead"},
+};
+
+}  // namespace
+
+const TrainConfigSchema& ConfigSchema() {
+  static constexpr TrainConfigSchema kSchema{
+      .top = {"", kTopKeys, kTopAliases, kIgnoredKeys},
+      .optimizer = {"optimizer", kOptimizerKeys, kOptimizerAliases},
+      .optimizer_params = {"optimizer.params", kOptimizerParamKeys, kOptimizerParamAliases},
+      .scheduler = {"scheduler", kSchedulerKeys, kSchedulerAliases},
+      .scheduler_params = {"scheduler.params", kSchedulerParamKeys, kSchedulerParamAliases},
+      .fp16 = {"fp16", kFp16Keys},
+      .bf16 = {"bf16", kBf16Keys},
+      .model = {"model", kModelKeys, kModelAliases},
+      .chunk = {"chunk", kChunkKeys, kChunkAliases},
+      .accelerator = {"accelerator", kAcceleratorKeys, kAcceleratorAliases},
+      .data = {"data", kDataKeys, kDataAliases},
+      .checkpoint = {"checkpoint", kCheckpointKeys, kCheckpointAliases},
+      .profile = {"profile", kProfileKeys, kProfileAliases},
+  };
+  return kSchema;
+}
+
+bool SchedulerParamApplies(SchedulerType type, absl::string_view key) {
+  if (key == "last_batch_iteration" || key == "warmup_num_steps" || key == "warmup_type") {
+    return type != SchedulerType::kNone;
+  }
+  switch (type) {
+    case SchedulerType::kNone:
+      return false;
+    case SchedulerType::kWarmupLR:
+      return key == "warmup_min_lr" || key == "warmup_max_lr";
+    case SchedulerType::kWarmupDecayLR:
+      return key == "warmup_min_lr" || key == "warmup_max_lr" || key == "total_num_steps";
+    case SchedulerType::kWarmupCosineLR:
+      return key == "total_num_steps" || key == "warmup_min_ratio" || key == "cos_min_ratio";
+  }
+  return false;
+}
+
+std::vector<std::string> SchedulerParamsOf(SchedulerType type) {
+  std::vector<std::string> keys;
+  for (absl::string_view key : kSchedulerParamKeys) {
+    if (SchedulerParamApplies(type, key)) keys.emplace_back(key);
+  }
+  return keys;
+}
+
+std::vector<std::string> TrainConfigKeyPaths() {
+  std::vector<std::string> paths;
+  const auto add = [&paths](const JsonSection& section) {
+    for (absl::string_view key : section.keys) {
+      // Sections are listed through their own tables.
+      if (section.path.empty() &&
+          (key == "optimizer" || key == "scheduler" || key == "fp16" || key == "bf16" ||
+           key == "model" || key == "chunk" || key == "accelerator" || key == "data" ||
+           key == "checkpoint" || key == "profile")) {
+        continue;
+      }
+      if (key == "params") continue;
+      paths.push_back(JsonReader::JoinKeyPath(section.path, key));
+    }
+  };
+  const TrainConfigSchema& s = ConfigSchema();
+  for (const JsonSection* section :
+       {&s.top, &s.optimizer, &s.optimizer_params, &s.scheduler, &s.scheduler_params, &s.fp16,
+        &s.bf16, &s.model, &s.chunk, &s.accelerator, &s.data, &s.checkpoint, &s.profile}) {
+    add(*section);
+  }
+  return paths;
+}
+
+std::vector<std::string> IgnoredDeepSpeedKeys() {
+  std::vector<std::string> keys;
+  for (const JsonIgnoredKey& k : kIgnoredKeys) keys.emplace_back(k.key);
+  return keys;
+}
+
+absl::StatusOr<OptimizerType> ParseOptimizerType(absl::string_view name) {
+  if (absl::EqualsIgnoreCase(name, "Adam")) return OptimizerType::kAdam;
+  if (absl::EqualsIgnoreCase(name, "AdamW")) return OptimizerType::kAdamW;
+  return absl::InvalidArgumentError("is not supported; use \"Adam\" or \"AdamW\"");
+}
+
+absl::StatusOr<SchedulerType> ParseSchedulerType(absl::string_view name) {
+  for (SchedulerType t :
+       {SchedulerType::kWarmupLR, SchedulerType::kWarmupDecayLR, SchedulerType::kWarmupCosineLR}) {
+    if (absl::EqualsIgnoreCase(name, SchedulerTypeName(t))) return t;
+  }
+  return absl::InvalidArgumentError(
+      "is not supported; use \"WarmupLR\", \"WarmupDecayLR\" or \"WarmupCosineLR\" (omit the "
+      "scheduler section for a constant learning rate)");
+}
+
+absl::StatusOr<AcceleratorKind> ParseAcceleratorKind(absl::string_view name) {
+  if (absl::EqualsIgnoreCase(name, "cpu")) return AcceleratorKind::kCpu;
+  if (absl::EqualsIgnoreCase(name, "cuda")) return AcceleratorKind::kCuda;
+  return absl::InvalidArgumentError(
+      "is not a backend; use \"cpu\" (the emulated accelerator) or \"cuda\"");
+}
+
+// "12GB/s", "1.5 GiB/s", "100MB" (the "/s" is optional).
+absl::StatusOr<double> ParseBandwidth(absl::string_view text) {
+  absl::string_view s = absl::StripAsciiWhitespace(text);
+  if (absl::EndsWithIgnoreCase(s, "/s")) s.remove_suffix(2);
+  absl::StatusOr<int64_t> bytes = ParseBytes(s);
+  if (!bytes.ok()) return bytes.status();
+  return static_cast<double>(*bytes);
+}
+
+}  // namespace ps

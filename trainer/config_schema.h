@@ -1,0 +1,117 @@
+// The schema of the training config file: every key, where it may appear, the spellings people
+// commonly use instead (suggested in errors), the DeepSpeed keys that are accepted and ignored, the
+// enum names, and the sanity bounds shared by parsing, validation and overrides.
+//
+// The file format. DeepSpeed's keys, spelled as DeepSpeed spells them:
+//
+//   train_batch_size                  int > 0; optional (derived: micro x accumulation x world)
+//   train_micro_batch_size_per_gpu    int >= 1
+//   gradient_accumulation_steps       int; only 1 is supported yet
+//   optimizer: {type: "Adam" | "AdamW" (case-insensitive),
+//               params: {lr, betas: [b1, b2], eps, weight_decay,
+//                        adam_w_mode (bool; with "Adam": true = decoupled decay, i.e. AdamW),
+//                        amsgrad (false only), bias_correction (true only)}}
+//       "Adam" without adam_w_mode is Adam with L2 weight decay (torch.optim.Adam, PatrickStar's
+//       meaning). DeepSpeed's own "Adam" defaults to adam_w_mode = true; write "AdamW" (or
+//       adam_w_mode: true) to get that. adam_w_mode: false with "AdamW" is an error.
+//   scheduler: {type: "WarmupLR" | "WarmupDecayLR" | "WarmupCosineLR" (case-insensitive),
+//               params: {...}}             (no section: a constant learning rate)
+//       WarmupLR:        warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type
+//       WarmupDecayLR:   the above and total_num_steps
+//       WarmupCosineLR:  warmup_num_steps, warmup_type, total_num_steps, warmup_min_ratio,
+//                        cos_min_ratio
+//       each also accepts last_batch_iteration = -1 (resume from a checkpoint instead); a key
+//       that does not apply to the type is an error, as in DeepSpeed. warmup_max_lr absent means
+//       optimizer.params.lr (stored as -1); total_num_steps 0 means train_steps.
+//   fp16: {enabled, loss_scale (0 = dynamic), initial_scale_power, loss_scale_window,
+//          hysteresis, consecutive_hysteresis, min_loss_scale}
+//   bf16: {enabled}
+//   gradient_clipping                 global L2 norm, >= 0; 0 = off
+//   steps_per_print                   int >= 1
+//
+// Our sections:
+//
+//   train_steps   int >= 0 in a file; > 0 after overrides (ValidateTrainConfig)
+//   seed          uint64, parameter initialization      threads   int >= 0, 0 = all cores
+//   model:       {preset, vocab_size, n_positions, n_embd, n_layer, n_head,
+//                 activation_checkpointing}   (Hugging Face GPT-2 names; 0 = from the preset)
+//   chunk:       {size: <elements, > 0> | "auto"}
+//   accelerator: {backend: "cpu" | "cuda", memory: "64MiB" | <bytes>, host_memory: same,
+//                 copy_bandwidth: "12GB/s" | <bytes per second>, device: <index>}
+//   data:        {train, val, seq_len, shuffle, seed, eval_every, eval_batches}
+//   checkpoint:  {dir, every, keep_last, resume, init_from, export}
+//   profile:     {trace, metrics}
+//
+// DeepSpeed keys that do not apply here are accepted and ignored with a LOG(WARNING) — only these
+// top-level ones (IgnoredDeepSpeedKeys()): zero_optimization, zero_allow_untested_optimizer,
+// wall_clock_breakdown, memory_breakdown, prescale_gradients, gradient_predivide_factor,
+// communication_data_type, sparse_gradients, tensorboard, wandb, csv_monitor, comms_logger,
+// flops_profiler, dump_state, activation_checkpointing (DeepSpeed's section; ours is
+// model.activation_checkpointing). Every other unknown key, at any level, is an error.
+//
+// Thread safety: constants and pure functions.
+#ifndef PATRICKSTAR_TRAINER_CONFIG_SCHEMA_H_
+#define PATRICKSTAR_TRAINER_CONFIG_SCHEMA_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "trainer/config.h"
+#include "trainer/json_reader.h"
+
+namespace ps {
+
+// --- Sanity bounds (keep every product below int64 overflow) ------------------------------------
+
+// A config file is a few KiB; the cap stops `--config=/dev/zero` from eating memory.
+inline constexpr int64_t kMaxConfigFileBytes = int64_t{16} << 20;
+// The deepest config path is 3 objects (optimizer.params.betas); anything much deeper is not a
+// config, and the limit keeps every later walk shallow.
+inline constexpr int kMaxConfigJsonDepth = 16;
+inline constexpr int64_t kMaxChunkElems = int64_t{1} << 40;
+inline constexpr int64_t kMaxModelDim = int64_t{1} << 30;
+inline constexpr double kMaxModelParams = 9007199254740992.0;  // 2^53
+inline constexpr int kMaxThreads = 1 << 16;
+inline constexpr double kMaxBatchElems = 1099511627776.0;  // 2^40 sequences or tokens
+inline constexpr int kMaxDeviceIndex = 1 << 16;
+
+// --- The key tables ------------------------------------------------------------------------------
+
+// The sections of the file, for JsonReader (the top level lists the ignored DeepSpeed keys).
+struct TrainConfigSchema {
+  JsonSection top, optimizer, optimizer_params, scheduler, scheduler_params, fp16, bf16, model,
+      chunk, accelerator, data, checkpoint, profile;
+};
+const TrainConfigSchema& ConfigSchema();
+
+// Every key path the parser accepts, e.g. "optimizer.params.betas", "model.n_embd", in the order
+// of TrainConfigToJson (scheduler params listed once each). For tests and documentation.
+std::vector<std::string> TrainConfigKeyPaths();
+
+// The top-level DeepSpeed keys accepted and ignored (see the file comment).
+std::vector<std::string> IgnoredDeepSpeedKeys();
+
+// Whether scheduler.params.`key` applies to scheduler `type` (see the file comment), and the keys
+// that do, in the schema's order.
+bool SchedulerParamApplies(SchedulerType type, absl::string_view key);
+std::vector<std::string> SchedulerParamsOf(SchedulerType type);
+
+// --- Names as written in the file and on the command line -------------------------------------
+// The errors' messages are rules to print after the offending value ("is not supported; use
+// \"Adam\" or \"AdamW\"").
+
+// "Adam" | "AdamW", case-insensitive.
+absl::StatusOr<OptimizerType> ParseOptimizerType(absl::string_view name);
+// "WarmupLR" | "WarmupDecayLR" | "WarmupCosineLR", case-insensitive.
+absl::StatusOr<SchedulerType> ParseSchedulerType(absl::string_view name);
+// "cpu" | "cuda", case-insensitive.
+absl::StatusOr<AcceleratorKind> ParseAcceleratorKind(absl::string_view name);
+// "12GB/s", "1.5 GiB/s", "100MB" (the "/s" is optional): bytes per second.
+absl::StatusOr<double> ParseBandwidth(absl::string_view text);
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_TRAINER_CONFIG_SCHEMA_H_

@@ -1,0 +1,372 @@
+#include "trainer/config_validate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "base/status_macros.h"
+#include "base/utf8.h"
+#include "chunk/operator_spec.h"
+#include "optimizer/loss_scaler.h"
+#include "optimizer/lr_schedule.h"
+#include "trainer/config_optimizer.h"
+#include "trainer/config_schema.h"
+#include "trainer/json_reader.h"
+
+namespace ps {
+namespace {
+
+absl::Status BadValue(absl::string_view key, absl::string_view value, absl::string_view rule) {
+  return absl::InvalidArgumentError(absl::StrCat("`", key, "` = ", value, ": ", rule));
+}
+absl::Status BadValue(absl::string_view key, int64_t value, absl::string_view rule) {
+  return BadValue(key, absl::StrCat(value), rule);
+}
+absl::Status BadDouble(absl::string_view key, double value, absl::string_view rule) {
+  return BadValue(key, FormatShortestDouble(value), rule);
+}
+
+absl::Status CheckString(absl::string_view key, const std::string& value) {
+  if (!IsValidUtf8(value)) {
+    return BadValue(key, QuoteForMessage(value),
+                    "is not valid UTF-8 (the config is stored as JSON)");
+  }
+  if (value.find('\0') != std::string::npos) {
+    return BadValue(key, QuoteForMessage(value), "contains a NUL character");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckTrainConfigValues(const TrainConfig& c) {
+  // Batch and steps.
+  if (c.train_batch_size < 0) {
+    return BadValue("train_batch_size", c.train_batch_size,
+                    "must be >= 1 (or omitted: micro batch x accumulation x world size)");
+  }
+  if (c.train_micro_batch_size_per_gpu < 1) {
+    return BadValue("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu,
+                    "must be >= 1");
+  }
+  if (c.gradient_accumulation_steps < 1) {
+    return BadValue("gradient_accumulation_steps", c.gradient_accumulation_steps,
+                    "must be >= 1 (and only 1 is supported yet)");
+  }
+  if (c.gradient_accumulation_steps > 1) {
+    return BadValue("gradient_accumulation_steps", c.gradient_accumulation_steps,
+                    "gradient accumulation is not supported yet; use 1 and raise "
+                    "train_micro_batch_size_per_gpu instead");
+  }
+  if (c.steps < 0) {
+    return BadValue("train_steps", c.steps, "must be > 0 (or 0 in a file, set with --steps)");
+  }
+  if (c.threads < 0 || c.threads > kMaxThreads) {
+    return BadValue("threads", c.threads,
+                    absl::StrCat("must be in [0, ", kMaxThreads, "]; 0 uses every core"));
+  }
+  if (c.steps_per_print < 1) {
+    return BadValue("steps_per_print", c.steps_per_print, "must be >= 1");
+  }
+  if (!(c.gradient_clipping >= 0) || !std::isfinite(c.gradient_clipping)) {
+    return BadDouble("gradient_clipping", c.gradient_clipping,
+                     "must be finite and >= 0 (the global L2 norm to clip to; 0 = off)");
+  }
+
+  // Optimizer.
+  const OptimizerConfig& o = c.optimizer;
+  if (!(o.lr >= 0) || !std::isfinite(o.lr)) {
+    return BadDouble("optimizer.params.lr", o.lr, "the learning rate must be finite and >= 0");
+  }
+  if (!(o.beta1 >= 0 && o.beta1 < 1)) {
+    return BadDouble("optimizer.params.betas[0]", o.beta1, "must be in [0, 1), e.g. 0.9");
+  }
+  if (!(o.beta2 >= 0 && o.beta2 < 1)) {
+    return BadDouble("optimizer.params.betas[1]", o.beta2, "must be in [0, 1), e.g. 0.999");
+  }
+  if (!(o.eps > 0) || !std::isfinite(o.eps)) {
+    return BadDouble("optimizer.params.eps", o.eps, "must be finite and > 0, e.g. 1e-8");
+  }
+  if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay)) {
+    return BadDouble("optimizer.params.weight_decay", o.weight_decay, "must be finite and >= 0");
+  }
+
+  // Scheduler.
+  const SchedulerConfig& s = c.scheduler;
+  if (!(s.warmup_min_lr >= 0) || !std::isfinite(s.warmup_min_lr)) {
+    return BadDouble("scheduler.params.warmup_min_lr", s.warmup_min_lr, "must be finite and >= 0");
+  }
+  if (!(s.warmup_max_lr == -1 || (s.warmup_max_lr >= 0 && std::isfinite(s.warmup_max_lr)))) {
+    return BadDouble("scheduler.params.warmup_max_lr", s.warmup_max_lr,
+                     "must be finite and >= 0 (or omitted: optimizer.params.lr)");
+  }
+  if (s.warmup_num_steps < 0) {
+    return BadValue("scheduler.params.warmup_num_steps", s.warmup_num_steps, "must be >= 0");
+  }
+  if (s.warmup_type != "log" && s.warmup_type != "linear") {
+    return BadValue("scheduler.params.warmup_type", QuoteForMessage(s.warmup_type),
+                    "use \"log\" or \"linear\"");
+  }
+  if (s.total_num_steps < 0) {
+    return BadValue("scheduler.params.total_num_steps", s.total_num_steps,
+                    "must be >= 0 (0: train_steps)");
+  }
+  if (!(s.warmup_min_ratio >= 0 && s.warmup_min_ratio <= 1)) {
+    return BadDouble("scheduler.params.warmup_min_ratio", s.warmup_min_ratio, "must be in [0, 1]");
+  }
+  if (!(s.cos_min_ratio >= 0 && s.cos_min_ratio <= 1)) {
+    return BadDouble("scheduler.params.cos_min_ratio", s.cos_min_ratio, "must be in [0, 1]");
+  }
+
+  // fp16.
+  const Fp16Config& f = c.fp16;
+  if (!(f.loss_scale >= 0 && f.loss_scale <= kMaxLossScale)) {
+    return BadDouble("fp16.loss_scale", f.loss_scale,
+                     "must be in [0, 2^100]; 0 selects dynamic loss scaling");
+  }
+  if (f.initial_scale_power < 0 || f.initial_scale_power > 100) {
+    return BadValue("fp16.initial_scale_power", f.initial_scale_power,
+                    "must be in [0, 100] (the initial scale is 2^power)");
+  }
+  if (f.loss_scale_window < 1) {
+    return BadValue("fp16.loss_scale_window", f.loss_scale_window, "must be >= 1 clean steps");
+  }
+  if (f.hysteresis < 1) return BadValue("fp16.hysteresis", f.hysteresis, "must be >= 1");
+  if (!(f.min_loss_scale > 0 && f.min_loss_scale <= kMaxLossScale)) {
+    return BadDouble("fp16.min_loss_scale", f.min_loss_scale, "must be in (0, 2^100]");
+  }
+
+  // Model.
+  const ModelConfig& m = c.model;
+  RETURN_IF_ERROR(CheckString("model.preset", m.preset));
+  if (!m.preset.empty()) {
+    const std::vector<std::string> names = GptPresetNames();
+    if (std::find(names.begin(), names.end(), m.preset) == names.end()) {
+      return BadValue("model.preset", QuoteForMessage(m.preset),
+                      absl::StrCat("unknown preset; valid presets: ", absl::StrJoin(names, ", "),
+                                   " (or omit it and give every dimension)"));
+    }
+  }
+  for (const auto& [key, value] :
+       {std::pair<absl::string_view, int64_t>{"model.vocab_size", m.vocab_size},
+        {"model.n_positions", m.max_seq_len},
+        {"model.n_embd", m.hidden},
+        {"model.n_layer", m.num_layers},
+        {"model.n_head", m.num_heads}}) {
+    if (value < 0 || value > kMaxModelDim) {
+      return BadValue(key, value,
+                      absl::StrCat("must be in [1, ", kMaxModelDim, "] (or 0: the preset's)"));
+    }
+  }
+
+  // Chunk.
+  if (c.chunk.size_elems < 0 || c.chunk.size_elems > kMaxChunkElems) {
+    return BadValue("chunk.size", c.chunk.size_elems,
+                    absl::StrCat("must be in [1, ", kMaxChunkElems, "] elements, or \"auto\" (0)"));
+  }
+
+  // Accelerator.
+  const AcceleratorConfig& a = c.accelerator;
+  if (a.memory_bytes < 0) {
+    return BadValue("accelerator.memory", a.memory_bytes, "must be >= 0 bytes (0: default)");
+  }
+  if (a.host_memory_bytes < 0) {
+    return BadValue("accelerator.host_memory", a.host_memory_bytes,
+                    "must be >= 0 bytes (0: unlimited)");
+  }
+  if (!(a.copy_bandwidth_bytes_per_s >= 0) || !std::isfinite(a.copy_bandwidth_bytes_per_s)) {
+    return BadDouble("accelerator.copy_bandwidth", a.copy_bandwidth_bytes_per_s,
+                     "must be finite and >= 0 bytes/s (0: unthrottled)");
+  }
+  if (a.device_index < 0 || a.device_index > kMaxDeviceIndex) {
+    return BadValue("accelerator.device", a.device_index,
+                    absl::StrCat("must be in [0, ", kMaxDeviceIndex, "]"));
+  }
+
+  // Data.
+  const DataConfig& d = c.data;
+  RETURN_IF_ERROR(CheckString("data.train", d.train_path));
+  RETURN_IF_ERROR(CheckString("data.val", d.val_path));
+  if (d.seq_len < 0) {
+    return BadValue("data.seq_len", d.seq_len, "must be >= 0 (0: the model's n_positions)");
+  }
+  if (d.eval_every < 0) {
+    return BadValue("data.eval_every", d.eval_every,
+                    "must be >= 0 steps (0: only at the end when there is a validation set)");
+  }
+  if (d.eval_batches < 1) return BadValue("data.eval_batches", d.eval_batches, "must be >= 1");
+
+  // Checkpoint and profile.
+  const CheckpointConfig& k = c.checkpoint;
+  RETURN_IF_ERROR(CheckString("checkpoint.dir", k.dir));
+  RETURN_IF_ERROR(CheckString("checkpoint.init_from", k.init_from));
+  RETURN_IF_ERROR(CheckString("checkpoint.export", k.export_path));
+  if (k.every < 0) {
+    return BadValue("checkpoint.every", k.every, "must be >= 0 steps (0: only at the end)");
+  }
+  if (k.keep_last < 1) {
+    return BadValue("checkpoint.keep_last", k.keep_last, "must be >= 1 checkpoints");
+  }
+  RETURN_IF_ERROR(CheckString("profile.trace", c.profile.trace_path));
+  RETURN_IF_ERROR(CheckString("profile.metrics", c.profile.metrics_path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GptConfig> ResolveModelConfig(const ModelConfig& m) {
+  for (const auto& [key, value] :
+       {std::pair<absl::string_view, int64_t>{"model.vocab_size", m.vocab_size},
+        {"model.n_positions", m.max_seq_len},
+        {"model.n_embd", m.hidden},
+        {"model.n_layer", m.num_layers},
+        {"model.n_head", m.num_heads}}) {
+    if (value < 0 || value > kMaxModelDim) {
+      return BadValue(key, value,
+                      absl::StrCat("must be in [1, ", kMaxModelDim, "] (or 0: the preset's)"));
+    }
+  }
+  GptConfig g;
+  if (!m.preset.empty()) {
+    absl::StatusOr<GptConfig> preset = GptPreset(m.preset);
+    if (!preset.ok()) {
+      return BadValue(
+          "model.preset", QuoteForMessage(m.preset),
+          absl::StrCat("unknown preset; valid presets: ", absl::StrJoin(GptPresetNames(), ", ")));
+    }
+    g = *std::move(preset);
+  } else {
+    std::vector<std::string> missing;
+    if (m.vocab_size == 0) missing.push_back("model.vocab_size");
+    if (m.max_seq_len == 0) missing.push_back("model.n_positions");
+    if (m.hidden == 0) missing.push_back("model.n_embd");
+    if (m.num_layers == 0) missing.push_back("model.n_layer");
+    if (m.num_heads == 0) missing.push_back("model.n_head");
+    if (!missing.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the model is not defined: set model.preset (", absl::StrJoin(GptPresetNames(), ", "),
+          ") or all five dimensions; missing: ", absl::StrJoin(missing, ", ")));
+    }
+    g.name = "custom";
+  }
+  if (m.vocab_size > 0) g.vocab_size = m.vocab_size;
+  if (m.max_seq_len > 0) g.max_seq_len = m.max_seq_len;
+  if (m.hidden > 0) g.hidden = m.hidden;
+  if (m.num_layers > 0) g.num_layers = m.num_layers;
+  if (m.num_heads > 0) g.num_heads = m.num_heads;
+  if (g.hidden % g.num_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "`model.n_embd` = ", g.hidden, " is not divisible by `model.n_head` = ", g.num_heads,
+        ": each head gets n_embd / n_head dimensions"));
+  }
+  // The closed form of GptParameterCount, in floating point so it cannot overflow.
+  const double h = static_cast<double>(g.hidden);
+  const double params =
+      (static_cast<double>(g.vocab_size) + static_cast<double>(g.max_seq_len)) * h +
+      static_cast<double>(g.num_layers) * (12 * h * h + 13 * h) + 2 * h;
+  if (params > kMaxModelParams) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model (vocab_size ", g.vocab_size, ", n_positions ", g.max_seq_len, ", n_embd ",
+        g.hidden, ", n_layer ", g.num_layers, ") would have ", FormatShortestDouble(params),
+        " parameters, more than 2^53; use smaller dimensions"));
+  }
+  RETURN_IF_ERROR(ValidateGptConfig(g));
+  return g;
+}
+
+absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
+  RETURN_IF_ERROR(CheckTrainConfigValues(c));
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world size must be >= 1 ranks, got ", world_size));
+  }
+  if (c.steps < 1) {
+    return BadValue("train_steps", c.steps,
+                    "must be > 0: set train_steps in the config or pass --steps");
+  }
+  if (c.fp16.enabled && c.bf16) {
+    return absl::InvalidArgumentError(
+        "`fp16.enabled` and `bf16.enabled` are both true; enable at most one (neither: f32)");
+  }
+  if (c.train_batch_size > 0) {
+    // Both factors are bounded by the checks above only from below; compare in floating point.
+    const double derived = static_cast<double>(c.train_micro_batch_size_per_gpu) *
+                           static_cast<double>(c.gradient_accumulation_steps) * world_size;
+    if (static_cast<double>(c.train_batch_size) != derived) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "`train_batch_size` = ", c.train_batch_size,
+          " does not equal train_micro_batch_size_per_gpu (", c.train_micro_batch_size_per_gpu,
+          ") x gradient_accumulation_steps (", c.gradient_accumulation_steps, ") x world size (",
+          world_size, ") = ", FormatShortestDouble(derived),
+          "; fix one of them or omit train_batch_size to derive it"));
+    }
+  }
+  ASSIGN_OR_RETURN(const GptConfig model, ResolveModelConfig(c.model));
+  // Bounds that keep the trainer's batch and token arithmetic far from int64 overflow.
+  const double global_batch = static_cast<double>(c.train_micro_batch_size_per_gpu) *
+                              static_cast<double>(c.gradient_accumulation_steps) * world_size;
+  const double micro_tokens = static_cast<double>(c.train_micro_batch_size_per_gpu) *
+                              static_cast<double>(ResolveSeqLen(c, model));
+  if (global_batch > kMaxBatchElems || micro_tokens > kMaxBatchElems) {
+    return BadValue(
+        "train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu,
+        absl::StrCat("with world size ", world_size, " and seq_len ", ResolveSeqLen(c, model),
+                     " this is ", FormatShortestDouble(global_batch), " sequences, ",
+                     FormatShortestDouble(micro_tokens),
+                     " tokens per micro batch; both must be at most 2^40"));
+  }
+  if (c.data.seq_len > model.max_seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`data.seq_len` = ", c.data.seq_len, " exceeds the model's n_positions (",
+                     model.max_seq_len, ", model ", model.name, "); use at most ",
+                     model.max_seq_len, ", or 0 for n_positions"));
+  }
+  if (c.chunk.size_elems > 0) {
+    const std::vector<OperatorSpec> ops = GptOperators(model);
+    const OperatorSpec* largest = nullptr;
+    int64_t largest_elems = 0;
+    for (const OperatorSpec& op : ops) {
+      const int64_t elems = OperatorNumElems(op);
+      if (elems > largest_elems) {
+        largest_elems = elems;
+        largest = &op;
+      }
+    }
+    if (largest != nullptr && largest_elems > c.chunk.size_elems) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "`chunk.size` = ", c.chunk.size_elems, " elements cannot hold operator ", largest->name,
+          " (", largest_elems, " elements; all tensors of an operator share one chunk) of model ",
+          model.name, "; use chunk.size >= ", largest_elems, " or \"auto\""));
+    }
+  }
+  if (absl::StatusOr<LrSchedule> schedule = LrSchedule::Create(MakeLrScheduleOptions(c));
+      !schedule.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scheduler ", SchedulerTypeName(c.scheduler.type), ": ", schedule.status().message()));
+  }
+  RETURN_IF_ERROR(MakeLossScaler(c).status());
+  if (c.checkpoint.every > 0 && c.checkpoint.dir.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`checkpoint.every` = ", c.checkpoint.every,
+                     " needs a checkpoint directory: set checkpoint.dir (or --save_dir)"));
+  }
+  if (c.checkpoint.resume && c.checkpoint.dir.empty()) {
+    return absl::InvalidArgumentError(
+        "`checkpoint.resume` = true needs checkpoint.dir (or --save_dir) to resume from");
+  }
+  if (c.accelerator.kind == AcceleratorKind::kCuda &&
+      c.accelerator.copy_bandwidth_bytes_per_s > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "`accelerator.copy_bandwidth` = ",
+        FormatShortestDouble(c.accelerator.copy_bandwidth_bytes_per_s),
+        " bytes/s emulates a link and applies only to backend \"cpu\"; remove it (or set 0) for "
+        "\"cuda\""));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ps

@@ -1,0 +1,38 @@
+// Checks of a TrainConfig before any work is done: each value on its own (CheckTrainConfigValues,
+// which ParseTrainConfig also runs) and across keys (ValidateTrainConfig), and the model the config
+// describes (ResolveModelConfig). Every problem is InvalidArgument naming the key(s) and value(s)
+// and what is allowed.
+//
+// Thread safety: pure functions.
+#ifndef PATRICKSTAR_TRAINER_CONFIG_VALIDATE_H_
+#define PATRICKSTAR_TRAINER_CONFIG_VALIDATE_H_
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model/gpt_config.h"
+#include "trainer/config.h"
+
+namespace ps {
+
+// Each value on its own: ranges, enum names, presets, UTF-8 strings without NUL (they go into JSON
+// manifests). InvalidArgument "`key` = value: rule" for the first bad one.
+[[nodiscard]] absl::Status CheckTrainConfigValues(const TrainConfig& config);
+
+// Every check: each value on its own (as ParseTrainConfig does) and across keys — train_steps > 0,
+// not both fp16 and bf16, train_batch_size == micro x accumulation x world_size when set, the model
+// resolves (ResolveModelConfig), data.seq_len <= n_positions, an explicit chunk.size holds the
+// largest operator (all of an operator's tensors share a chunk), the learning-rate schedule and the
+// loss scaler can be built, checkpoint.every / resume need checkpoint.dir, copy_bandwidth only with
+// the cpu backend, strings are UTF-8 without NUL (they go into JSON manifests). InvalidArgument
+// naming the key(s) and value(s).
+[[nodiscard]] absl::Status ValidateTrainConfig(const TrainConfig& config, int world_size = 1);
+
+// The model: the preset (if any) with the explicit dimensions > 0 replacing its fields, checked by
+// ValidateGptConfig (and for sizes whose parameter count would not fit in int64). The name is the
+// preset's, or "custom". InvalidArgument naming model.* keys (the missing dimensions, an unknown
+// preset with the valid names, n_embd not divisible by n_head, ...).
+absl::StatusOr<GptConfig> ResolveModelConfig(const ModelConfig& m);
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_TRAINER_CONFIG_VALIDATE_H_

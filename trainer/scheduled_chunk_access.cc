@@ -1,0 +1,58 @@
+#include "trainer/scheduled_chunk_access.h"
+
+#include <vector>
+
+#include "base/status_macros.h"
+#include "chunk/chunk_type.h"
+
+namespace ps {
+namespace {
+
+std::vector<ChunkType> TypesFor(AdamChunkUse use) {
+  switch (use) {
+    case AdamChunkUse::kGradients:
+      return {ChunkType::kParam};
+    case AdamChunkUse::kRestore:
+      return {ChunkType::kParam, ChunkType::kMaster};
+    case AdamChunkUse::kUpdate:
+      return {ChunkType::kParam, ChunkType::kMaster, ChunkType::kMomentum, ChunkType::kVariance};
+  }
+  return {};
+}
+
+}  // namespace
+
+absl::StatusOr<AdamChunkPayloads> ScheduledChunkAccess::Acquire(int64_t chunk_index,
+                                                                AdamChunkUse use) {
+  const Device device = DeviceFor(chunk_index);
+  const std::vector<ChunkType> types = TypesFor(use);
+  const AccessMode mode =
+      use == AdamChunkUse::kGradients ? AccessMode::kRead : AccessMode::kReadWrite;
+  RETURN_IF_ERROR(manager_.AccessChunks(chunk_index, types, device, mode));
+  AdamChunkPayloads payloads;
+  payloads.device = device;
+  for (ChunkType type : types) {
+    void* p = store_.chunk(type, chunk_index).payload();
+    switch (type) {
+      case ChunkType::kParam:
+        payloads.param = p;
+        break;
+      case ChunkType::kMaster:
+        payloads.master = static_cast<float*>(p);
+        break;
+      case ChunkType::kMomentum:
+        payloads.exp_avg = static_cast<float*>(p);
+        break;
+      case ChunkType::kVariance:
+        payloads.exp_avg_sq = static_cast<float*>(p);
+        break;
+    }
+  }
+  return payloads;
+}
+
+absl::Status ScheduledChunkAccess::Release(int64_t chunk_index, AdamChunkUse use) {
+  return manager_.ReleaseChunks(chunk_index, TypesFor(use));
+}
+
+}  // namespace ps
