@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <numbers>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -146,6 +147,10 @@ struct GptModel::Activations {
   std::vector<Buffer> x;
   std::vector<BlockActs> blocks;
   Buffer lnf, lnf_mean, lnf_rstd, ce_lse;
+  // Training: the loss scale, and d(lnf) and d(wte) (the LM head's part; the encoder adds its
+  // own in Backward), which the training forward computes together with the loss.
+  double loss_scale = 1.0;
+  Buffer dlnf, dwte;
 };
 
 namespace {
@@ -298,6 +303,13 @@ absl::StatusOr<GptModel::Buffer> GptModel::ParamF32(TensorId tensor,
   RETURN_IF_ERROR(Convert(v.dtype, v.data, DType::kF32, buffer.data(), v.numel));
   *values = buffer.cspan();
   return buffer;
+}
+
+absl::StatusOr<std::optional<absl::Span<const uint16_t>>> GptModel::ParamBf16(TensorId tensor) {
+  ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, tensor));
+  if (v.dtype != DType::kBF16) return std::nullopt;
+  return absl::Span<const uint16_t>(static_cast<const uint16_t*>(v.data),
+                                    static_cast<size_t>(v.numel));
 }
 
 absl::Status GptModel::WriteGrad(TensorId tensor, absl::Span<const float> grad) {
@@ -511,11 +523,19 @@ absl::Status GptModel::CheckInputs(absl::Span<const int32_t> tokens,
 absl::Status GptModel::LinearForward(const LinearOp& op, int64_t in_features, int64_t out_features,
                                      absl::Span<const float> x, absl::Span<float> y) {
   ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kForward));
+  const MatmulShape shape{options_.batch * options_.seq_len, in_features, out_features};
   absl::Span<const float> w, b;
+  ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> w_bf16, ParamBf16(op.w));
+  if (w_bf16.has_value()) {
+    // bf16 chunks: the GEMM reads the chunk's bf16 weights in place (matmul.h, bf16 variants).
+    ASSIGN_OR_RETURN(Buffer b_f32, ParamF32(op.b, &b));
+    ASSIGN_OR_RETURN(Buffer ws, Alloc(MatmulBf16ForwardWorkspaceElems(shape), false));
+    RETURN_IF_ERROR(MatmulForwardBf16(shape, x, *w_bf16, b, y, ws.span(), pool_.get()));
+    return access.End();
+  }
   ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
   ASSIGN_OR_RETURN(Buffer b_f32, ParamF32(op.b, &b));
-  RETURN_IF_ERROR(MatmulForward<float>(
-      {options_.batch * options_.seq_len, in_features, out_features}, x, w, b, y, pool_.get()));
+  RETURN_IF_ERROR(MatmulForward<float>(shape, x, w, b, y, pool_.get()));
   w_f32.Reset();
   b_f32.Reset();
   return access.End();
@@ -582,10 +602,18 @@ absl::StatusOr<double> GptModel::Forward(absl::Span<const int32_t> tokens,
     ASSIGN_OR_RETURN(ScopedAccess access,
                      ScopedAccess::Begin(manager_, embedding_op_, Stage::kForward));
     absl::Span<const float> wte, wpe;
-    ASSIGN_OR_RETURN(Buffer wte_f32, ParamF32(wte_, &wte));
+    // bf16 chunks: only the rows read are widened (not the whole V x C table).
+    ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> wte_bf16, ParamBf16(wte_));
+    Buffer wte_f32;
+    if (!wte_bf16.has_value()) {
+      ASSIGN_OR_RETURN(wte_f32, ParamF32(wte_, &wte));
+    }
     ASSIGN_OR_RETURN(Buffer wpe_f32, ParamF32(wpe_, &wpe));
-    RETURN_IF_ERROR(EncoderForward<float>({B, T, C, V, config_.max_seq_len}, tokens, wte, wpe,
-                                          acts.x[0].span(), pool_.get()));
+    const EncoderShape shape{B, T, C, V, config_.max_seq_len};
+    RETURN_IF_ERROR(
+        wte_bf16.has_value()
+            ? EncoderForwardBf16(shape, tokens, *wte_bf16, wpe, acts.x[0].span(), pool_.get())
+            : EncoderForward<float>(shape, tokens, wte, wpe, acts.x[0].span(), pool_.get()));
     wte_f32.Reset();
     wpe_f32.Reset();
     RETURN_IF_ERROR(access.End());
@@ -602,7 +630,11 @@ absl::StatusOr<double> GptModel::Forward(absl::Span<const int32_t> tokens,
     acts.lnf_mean.Reset();
     acts.lnf_rstd.Reset();
   }
-  // The LM head, tied to wte: the embedding operator's second use.
+  // The LM head, tied to wte: the embedding operator's second use. Training runs the head's
+  // forward and backward in one kernel (LmHeadCrossEntropyForwardBackward: the same bits as the
+  // two kernels, without computing the logits a second time); its gradients wait in `acts` for
+  // Backward.
+  const bool train = mode != ForwardMode::kEvaluate;
   const LmHeadCrossEntropyShape ce{.rows = N,
                                    .channels = C,
                                    .vocab_size = V,
@@ -610,14 +642,39 @@ absl::StatusOr<double> GptModel::Forward(absl::Span<const int32_t> tokens,
                                    .vocab_tile = options_.ce_vocab_tile,
                                    .ignore_index = kIgnoreIndex};
   ASSIGN_OR_RETURN(acts.ce_lse, Alloc(N, false));
-  ASSIGN_OR_RETURN(Buffer ws, Alloc(LmHeadCrossEntropyWorkspaceElems(ce), false));
+  if (train) {
+    ASSIGN_OR_RETURN(acts.dwte, Alloc(V * C, true));
+    ASSIGN_OR_RETURN(acts.dlnf, Alloc(N * C, true));
+  }
   ASSIGN_OR_RETURN(ScopedAccess access,
                    ScopedAccess::Begin(manager_, embedding_op_, Stage::kForward));
+  double loss = 0;
+  ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> wte_bf16, ParamBf16(wte_));
+  if (wte_bf16.has_value()) {
+    ASSIGN_OR_RETURN(Buffer ws, Alloc(train ? LmHeadCrossEntropyFusedBf16WorkspaceElems(ce)
+                                            : LmHeadCrossEntropyBf16WorkspaceElems(ce),
+                                      false));
+    ASSIGN_OR_RETURN(
+        loss,
+        train ? LmHeadCrossEntropyForwardBackwardBf16(
+                    ce, acts.lnf.cspan(), *wte_bf16, targets, acts.loss_scale, acts.ce_lse.span(),
+                    acts.dlnf.span(), acts.dwte.span(), ws.span(), pool_.get())
+              : LmHeadCrossEntropyForwardBf16(ce, acts.lnf.cspan(), *wte_bf16, targets,
+                                              acts.ce_lse.span(), ws.span(), pool_.get()));
+    RETURN_IF_ERROR(access.End());
+    return loss;
+  }
+  ASSIGN_OR_RETURN(Buffer ws, Alloc(train ? LmHeadCrossEntropyFusedWorkspaceElems(ce)
+                                          : LmHeadCrossEntropyWorkspaceElems(ce),
+                                    false));
   absl::Span<const float> wte;
   ASSIGN_OR_RETURN(Buffer wte_f32, ParamF32(wte_, &wte));
-  ASSIGN_OR_RETURN(const double loss,
-                   LmHeadCrossEntropyForward<float>(ce, acts.lnf.cspan(), wte, targets,
-                                                    acts.ce_lse.span(), ws.span(), pool_.get()));
+  ASSIGN_OR_RETURN(
+      loss, train ? LmHeadCrossEntropyForwardBackward<float>(
+                        ce, acts.lnf.cspan(), wte, targets, acts.loss_scale, acts.ce_lse.span(),
+                        acts.dlnf.span(), acts.dwte.span(), ws.span(), pool_.get())
+                  : LmHeadCrossEntropyForward<float>(ce, acts.lnf.cspan(), wte, targets,
+                                                     acts.ce_lse.span(), ws.span(), pool_.get()));
   wte_f32.Reset();
   RETURN_IF_ERROR(access.End());
   return loss;
@@ -632,12 +689,17 @@ absl::Status GptModel::LinearBackward(const LinearOp& op, int64_t in_features, i
   ASSIGN_OR_RETURN(Buffer dw, Alloc(in_features * out_features, true));
   ASSIGN_OR_RETURN(Buffer db, Alloc(out_features, true));
   ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kBackward));
+  const MatmulShape shape{options_.batch * options_.seq_len, in_features, out_features};
   absl::Span<const float> w, b;
-  ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
-  RETURN_IF_ERROR(
-      MatmulBackward<float>({options_.batch * options_.seq_len, in_features, out_features}, x, w,
-                            dy, dx, dw.span(), db.span(), pool_.get()));
-  w_f32.Reset();
+  ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> w_bf16, ParamBf16(op.w));
+  if (w_bf16.has_value()) {
+    ASSIGN_OR_RETURN(Buffer ws, Alloc(MatmulBf16BackwardWorkspaceElems(shape), false));
+    RETURN_IF_ERROR(MatmulBackwardBf16(shape, x, *w_bf16, dy, dx, dw.span(), db.span(), ws.span(),
+                                       pool_.get()));
+  } else {
+    ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
+    RETURN_IF_ERROR(MatmulBackward<float>(shape, x, w, dy, dx, dw.span(), db.span(), pool_.get()));
+  }
   // This is the operator's only backward use: its slots take the gradients now.
   RETURN_IF_ERROR(WriteGrad(op.w, dw.cspan()));
   RETURN_IF_ERROR(WriteGrad(op.b, db.cspan()));
@@ -723,25 +785,14 @@ absl::Status GptModel::Backward(absl::Span<const int32_t> tokens, absl::Span<con
                                 double loss_scale, Activations& acts) {
   const int64_t B = options_.batch, T = options_.seq_len, C = config_.hidden, N = B * T;
   const int64_t V = config_.vocab_size, L = config_.num_layers;
-  // d(wte) of both uses: the LM head's part now, the encoder's part at the end.
-  ASSIGN_OR_RETURN(Buffer dwte, Alloc(V * C, true));
-  ASSIGN_OR_RETURN(Buffer dlnf, Alloc(N * C, true));
+  // d(wte) of both uses (the LM head's part, computed by the training forward; the encoder's part
+  // at the end) and d(lnf).
+  Buffer dwte = std::move(acts.dwte), dlnf = std::move(acts.dlnf);
   {
-    const LmHeadCrossEntropyShape ce{.rows = N,
-                                     .channels = C,
-                                     .vocab_size = V,
-                                     .row_tile = options_.ce_row_tile,
-                                     .vocab_tile = options_.ce_vocab_tile,
-                                     .ignore_index = kIgnoreIndex};
-    ASSIGN_OR_RETURN(Buffer ws, Alloc(LmHeadCrossEntropyWorkspaceElems(ce), false));
+    // The LM head's backward use of the embedding operator: its gradients are already in dwte
+    // and dlnf (Forward), but the access stays, so the schedule of chunk accesses is unchanged.
     ASSIGN_OR_RETURN(ScopedAccess access,
                      ScopedAccess::Begin(manager_, embedding_op_, Stage::kBackward));
-    absl::Span<const float> wte;
-    ASSIGN_OR_RETURN(Buffer wte_f32, ParamF32(wte_, &wte));
-    RETURN_IF_ERROR(LmHeadCrossEntropyBackward<float>(ce, acts.lnf.cspan(), wte, targets,
-                                                      acts.ce_lse.cspan(), loss_scale, dlnf.span(),
-                                                      dwte.span(), ws.span(), pool_.get()));
-    wte_f32.Reset();
     RETURN_IF_ERROR(access.End());
   }
   acts.ce_lse.Reset();
@@ -805,6 +856,7 @@ absl::StatusOr<double> GptModel::ForwardBackward(absl::Span<const int32_t> token
         "first (or use TrainStep)");
   }
   Activations acts;
+  acts.loss_scale = loss_scale;
   const ForwardMode mode =
       options_.activation_checkpointing ? ForwardMode::kCheckpoint : ForwardMode::kTrain;
   ASSIGN_OR_RETURN(const double loss, Forward(tokens, targets, mode, acts));

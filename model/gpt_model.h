@@ -16,18 +16,26 @@
 // Gradients. A backward access computes its operator's parameter gradients into a zeroed f32
 // workspace (the kernels accumulate) and, once that operator's last backward use is done,
 // writes them into the parameters' own slots of the param chunk (the slot holds the gradient from
-// then on; chunk/chunk_type.h). The tied wte is used twice: the LM head's backward accumulates its
-// part of d(wte) into an f32 workspace that lives until the encoder's backward, which adds its
-// part and writes the total into wte's slot. The optimizer (HybridAdam) then reads the gradients
-// from the param chunks and writes the new parameters back into them.
+// then on; chunk/chunk_type.h). The tied wte is used twice: the LM head accumulates its part of
+// d(wte) into an f32 workspace that lives until the encoder's backward, which adds its part and
+// writes the total into wte's slot. (In training the LM head's forward access already computes
+// its gradients, in one kernel with the loss that keeps a row tile's logits instead of computing
+// them again — model/kernels/lm_head_cross_entropy.h LmHeadCrossEntropyForwardBackward, the same
+// bits; its backward access remains, computing nothing, so the access schedule is unchanged.)
+// The optimizer (HybridAdam) then reads the gradients from the param chunks and writes the new
+// parameters back into them.
 //
 // Non-model data. Activations, gradients of activations, gradient workspaces and kernel
 // workspaces are allocations of the accelerator's scratch() (DeviceMemory), so the accelerator's
 // MemoryTracker sees them as non-model data and the scheduler learns the tide: they are allocated
 // when produced and freed as soon as nothing later needs them — the tide rises through forward and
-// falls through backward. With f16/bf16 param chunks every parameter an operator reads is converted
-// into an f32 workspace (non-model) for the kernels, and gradients are converted back into the
-// slot (round-to-nearest-even); with f32 chunks the kernels read the chunk directly.
+// falls through backward. With f16 param chunks every parameter an operator reads is converted
+// into an f32 workspace (non-model) for the kernels; with bf16 chunks the GEMM weights (Conv1D
+// weights and the tied wte of the LM head) are read in place as bf16 by the bf16 GEMM kernels
+// (model/kernels/matmul.h: activations rounded to bf16, f32 accumulation, like PyTorch's CPU
+// autocast) and the other parameters are converted to f32; gradients are computed in f32 and
+// converted back into the slot (round-to-nearest-even); with f32 chunks the kernels read the
+// chunk directly.
 //
 // Activation checkpointing (GptModelOptions::activation_checkpointing): forward keeps only each
 // block's input; backward recomputes the block (accessing its operators in forward again) right
@@ -52,6 +60,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -227,6 +236,9 @@ class GptModel {
   absl::StatusOr<Buffer> Alloc(int64_t elems, bool zero);
   // The parameter's values as f32: the chunk slot itself (f32 chunks) or a converted workspace.
   absl::StatusOr<Buffer> ParamF32(TensorId tensor, absl::Span<const float>* values);
+  // The parameter's slot as bf16 bit patterns (read in place by the bf16 GEMM kernels) if the
+  // chunk's dtype is bf16, else nullopt.
+  absl::StatusOr<std::optional<absl::Span<const uint16_t>>> ParamBf16(TensorId tensor);
   // Writes an f32 gradient into the tensor's param slot (converting to the compute dtype).
   absl::Status WriteGrad(TensorId tensor, absl::Span<const float> grad);
   // Writes f32 values into the tensor's master slot and its param slot (rounded), zeroes momentum
