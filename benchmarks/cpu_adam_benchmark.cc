@@ -12,10 +12,15 @@
 // ownership that STREAM does not count, while Adam's stores go to lines it has just read) and with
 // non-temporal stores, which avoid that read — the stricter reference of the "of NT triad" column.
 //
-// Rows: the fused kernel on every Highway target the CPU supports (hwy::SetSupportedTargetsForTest
-// restricts the dispatch), f16, bf16 and f32 gradients on the best target, and the naive loop —
-// AdamUpdate from optimizer/adam_math.h plus the scalar f16 conversions, element by element —
-// on one thread and on the pool. Every figure is the best of --reps runs after one warm-up run.
+// Rows: the fused kernel with f16, bf16 and f32 gradients on every Highway target the CPU
+// supports (hwy::SetSupportedTargetsForTest restricts the dispatch; "*" marks the target the
+// run-time dispatch picks), and the naive loop — AdamUpdate from optimizer/adam_math.h plus the
+// scalar f16 conversions, element by element — on one thread and on the pool. Every row runs once
+// as a warm-up before any is timed; then the rows are timed round-robin, each next to its two
+// triads, --reps times, and each figure is the best of its reps: on a shared machine the
+// available bandwidth drifts, and interleaving makes the rows see the same conditions. The last
+// lines compare the dispatched f16 kernel with the triad (goal: >= 1.4x) and with the other
+// targets.
 //
 //   bazel run //benchmarks:cpu_adam_benchmark -- --elems=67108864 --reps=5 --cpu_adam_threads=0
 #include <algorithm>
@@ -31,6 +36,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "base/check.h"
+#include "base/thread_pool.h"
 #include "glog/logging.h"
 #include "hwy/aligned_allocator.h"
 #include "hwy/targets.h"
@@ -39,7 +45,6 @@
 #include "optimizer/adam_kernels.h"
 #include "optimizer/adam_math.h"
 #include "optimizer/cpu_adam.h"
-#include "base/thread_pool.h"
 
 // The triad, once per SIMD target (hwy/foreach_target.h re-includes this file).
 #undef HWY_TARGET_INCLUDE
@@ -109,20 +114,27 @@ void ForEachTask(ThreadPool& pool, int64_t n, const std::function<void(int64_t, 
   });
 }
 
-// Best times of one row's kernel and of the two triads, measured alternately in the same minutes:
-// on a machine shared with other work the available bandwidth drifts, and a fraction of a triad
-// measured at another time would mean little.
+// Best times of one row's kernel and of the two triads measured next to it.
 struct Measurement {
   double kernel_s = 1e30;
   double triad_s = 1e30;
   double nt_triad_s = 1e30;
 };
 
+// One row: a kernel, the Highway targets it runs with (0: all the CPU supports), its labels and
+// the bytes it moves per element.
+struct RowSpec {
+  std::string kernel, target;
+  int threads;
+  int64_t bytes_per_elem;
+  int64_t targets;
+  std::function<void()> run;
+};
+
 class Bench {
  public:
-  Bench(int64_t n, int reps, ThreadPool& pool)
+  Bench(int64_t n, ThreadPool& pool)
       : n_(n),
-        reps_(reps),
         pool_(pool),
         a_(hwy::AllocateAligned<float>(n)),
         b_(hwy::AllocateAligned<float>(n)),
@@ -134,20 +146,22 @@ class Bench {
     }
   }
 
-  // Runs `kernel` with the Highway targets restricted to `kernel_targets` (0: all the CPU
-  // supports); the triads always run on the best target.
-  Measurement Measure(int64_t kernel_targets, const std::function<void()>& kernel) {
-    Measurement best;
-    for (int r = 0; r <= reps_; ++r) {  // run 0 is a warm-up
-      hwy::SetSupportedTargetsForTest(kernel_targets);
-      const double k = Seconds(kernel);
-      hwy::SetSupportedTargetsForTest(0);
-      const double t = Seconds([&] { Triad(false); });
-      const double nt = Seconds([&] { Triad(true); });
-      if (r == 0) continue;
-      best.kernel_s = std::min(best.kernel_s, k);
-      best.triad_s = std::min(best.triad_s, t);
-      best.nt_triad_s = std::min(best.nt_triad_s, nt);
+  // Runs every row once untimed, then `reps` rounds over all rows, each row's kernel (restricted
+  // to its targets) followed by the two triads (best target).
+  std::vector<Measurement> MeasureRoundRobin(const std::vector<RowSpec>& rows, int reps) {
+    std::vector<Measurement> best(rows.size());
+    for (int r = 0; r <= reps; ++r) {  // round 0 is the warm-up
+      for (size_t k = 0; k < rows.size(); ++k) {
+        hwy::SetSupportedTargetsForTest(rows[k].targets);
+        const double kernel = Seconds(rows[k].run);
+        hwy::SetSupportedTargetsForTest(0);
+        const double t = Seconds([&] { Triad(false); });
+        const double nt = Seconds([&] { Triad(true); });
+        if (r == 0) continue;
+        best[k].kernel_s = std::min(best[k].kernel_s, kernel);
+        best[k].triad_s = std::min(best[k].triad_s, t);
+        best[k].nt_triad_s = std::min(best[k].nt_triad_s, nt);
+      }
     }
     CHECK_EQ(a_[n_ - 1], 7.0f);
     return best;
@@ -161,19 +175,24 @@ class Bench {
   }
 
   const int64_t n_;
-  const int reps_;
   ThreadPool& pool_;
   hwy::AlignedFreeUniquePtr<float[]> a_, b_, c_;
 };
 
-void PrintRow(const std::string& kernel, const std::string& target, int threads, int64_t elems,
-              int64_t bytes_per_elem, const Measurement& m) {
+// Bytes per second of the row relative to its triads.
+double OfTriad(const RowSpec& row, const Measurement& m, int64_t elems) {
+  const double bytes_per_s =
+      static_cast<double>(elems) / m.kernel_s * static_cast<double>(row.bytes_per_elem);
+  return bytes_per_s / (12.0 * static_cast<double>(elems) / m.triad_s);
+}
+
+void PrintRow(const RowSpec& row, int64_t elems, const Measurement& m) {
   const double elems_per_s = static_cast<double>(elems) / m.kernel_s;
-  const double bytes_per_s = elems_per_s * static_cast<double>(bytes_per_elem);
+  const double bytes_per_s = elems_per_s * static_cast<double>(row.bytes_per_elem);
   const double triad = 12.0 * static_cast<double>(elems) / m.triad_s;
   const double nt_triad = 12.0 * static_cast<double>(elems) / m.nt_triad_s;
-  std::printf("%-26s %-7s %7d %9.1f %7.2f %8.2f %9.2f %8.1f%% %8.1f%%\n", kernel.c_str(),
-              target.c_str(), threads, elems_per_s / 1e6, bytes_per_s / 1e9, triad / 1e9,
+  std::printf("%-26s %-8s %7d %9.1f %7.2f %8.2f %9.2f %8.1f%% %8.1f%%\n", row.kernel.c_str(),
+              row.target.c_str(), row.threads, elems_per_s / 1e6, bytes_per_s / 1e9, triad / 1e9,
               nt_triad / 1e9, 100.0 * bytes_per_s / triad, 100.0 * bytes_per_s / nt_triad);
   std::fflush(stdout);
 }
@@ -188,7 +207,7 @@ int Main() {
   std::unique_ptr<CpuAdam> adam = *std::move(adam_or);
   const int threads = adam->num_threads();
   ThreadPool pool(threads);
-  Bench bench(n, reps, pool);
+  Bench bench(n, pool);
 
   // Adam state: one chunk of each type.
   std::mt19937 rng(1);
@@ -207,30 +226,33 @@ int Main() {
   const AdamStepScalars s = MakeAdamStepScalars(AdamMode::kAdamW, 1e-3, 0.9, 0.999, 1e-8, 0.01,
                                                 /*step=*/10, /*loss_scale=*/1024.0);
 
-  std::printf(
-      "cpu_adam_benchmark: %lld elements per chunk, %d threads, best of %d runs; bytes counted "
-      "as STREAM does (Adam: 28 B/elem with 16-bit gradients, 32 with f32; triad: 12 B/elem)\n",
-      static_cast<long long>(n), threads, reps);
-  std::printf("%-26s %-7s %7s %9s %7s %8s %9s %9s %9s\n", "kernel", "target", "threads", "Melem/s",
-              "GB/s", "triad", "NT triad", "of triad", "of NT");
-
   auto fused = [&](DType dtype, void* grad) {
-    return
+    return std::function<void()>(
         [&adam, segment = AdamSegment{s, dtype, grad, grad, master.data(), m.data(), v.data(), n}] {
           PS_CHECK_OK(adam->Step({&segment, 1}));
-        };
+        });
   };
+  // The target the dispatch picks with all targets allowed.
+  hwy::SetSupportedTargetsForTest(0);
+  const std::string dispatched = CpuAdamTargetName();
 
-  // The fused kernel on every supported target, f16 gradients (the PatrickStar case).
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    const Measurement meas = bench.Measure(target, fused(DType::kF16, grad16.data()));
-    PrintRow("CpuAdam fused, f16 grads", hwy::TargetName(target), threads, n, 28, meas);
+  std::vector<RowSpec> rows;
+  struct Grad {
+    const char* name;
+    DType dtype;
+    void* data;
+    int64_t bytes;
+  };
+  for (const Grad& g : {Grad{"f16", DType::kF16, grad16.data(), 28},
+                        Grad{"bf16", DType::kBF16, grad_bf16.data(), 28},
+                        Grad{"f32", DType::kF32, grad32.data(), 32}}) {
+    for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+      const std::string name = hwy::TargetName(target);
+      rows.push_back({std::string("CpuAdam fused, ") + g.name + " grads",
+                      name + (name == dispatched ? " *" : ""), threads, g.bytes, target,
+                      fused(g.dtype, g.data)});
+    }
   }
-  PrintRow("CpuAdam fused, bf16 grads", CpuAdamTargetName(), threads, n, 28,
-           bench.Measure(0, fused(DType::kBF16, grad_bf16.data())));
-  PrintRow("CpuAdam fused, f32 grads", CpuAdamTargetName(), threads, n, 32,
-           bench.Measure(0, fused(DType::kF32, grad32.data())));
-
   // The naive loop: the scalar reference element by element.
   auto naive = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -244,9 +266,33 @@ int Main() {
       grad16[i] = FloatToHalfBits(p);
     }
   };
-  PrintRow("naive scalar loop, f16", "-", 1, n, 28, bench.Measure(0, [&] { naive(0, n); }));
-  PrintRow("naive scalar loop, f16", "-", threads, n, 28,
-           bench.Measure(0, [&] { ForEachTask(pool, n, naive); }));
+  rows.push_back({"naive scalar loop, f16", "-", 1, 28, 0, [&] { naive(0, n); }});
+  rows.push_back(
+      {"naive scalar loop, f16", "-", threads, 28, 0, [&] { ForEachTask(pool, n, naive); }});
+
+  std::printf(
+      "cpu_adam_benchmark: %lld elements per chunk, %d threads, best of %d round-robin rounds "
+      "after a warm-up round; bytes counted as STREAM does (Adam: 28 B/elem with 16-bit "
+      "gradients, 32 with f32; triad: 12 B/elem); * = the target the dispatch picks\n",
+      static_cast<long long>(n), threads, reps);
+  const std::vector<Measurement> best = bench.MeasureRoundRobin(rows, reps);
+  std::printf("%-26s %-8s %7s %9s %7s %8s %9s %9s %9s\n", "kernel", "target", "threads", "Melem/s",
+              "GB/s", "triad", "NT triad", "of triad", "of NT");
+  for (size_t k = 0; k < rows.size(); ++k) PrintRow(rows[k], n, best[k]);
+
+  // The acceptance figures: the dispatched f16 kernel against the triad and the other targets.
+  for (size_t k = 0; k < rows.size(); ++k) {
+    if (rows[k].kernel != "CpuAdam fused, f16 grads" || rows[k].target != dispatched + " *") {
+      continue;
+    }
+    std::printf("\ndispatched f16 kernel (%s): %.2fx the triad (goal >= 1.4x)", dispatched.c_str(),
+                OfTriad(rows[k], best[k], n));
+    for (size_t j = 0; j < rows.size(); ++j) {
+      if (j == k || rows[j].kernel != rows[k].kernel) continue;
+      std::printf("; %.2fx %s", best[j].kernel_s / best[k].kernel_s, rows[j].target.c_str());
+    }
+    std::printf("\n");
+  }
   return 0;
 }
 

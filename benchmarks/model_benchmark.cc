@@ -1,38 +1,47 @@
-// GptModel forward+backward on the CPU (emulated accelerator): tokens/s for GPT-2 124M at batch 1,
-// sequence 256, f32 chunks, and the GEMM FLOP/s the iteration achieves as a fraction of
-// OpenBLAS's sgemm peak, measured in the same run with the same OpenBLAS thread count.
+// GptModel training steps on the CPU (emulated accelerator) against the GEMM peak measured in the
+// same run: GPT-2 124M at batch 4 x sequence 256 (the defaults), f32 and bf16 param chunks,
+// activation checkpointing off and on.
 //
-// FLOPs are counted analytically (multiply-add = 2 FLOPs), N = B*T rows:
-//   linear layers (c_attn, attn.c_proj, c_fc, mlp.c_proj): forward 2*N*in*out each, backward
-//     twice that (dX and dW) — per block 24*N*C^2 forward;
-//   LM head (tied wte): forward 2*N*C*V, backward 4*N*C*V (dh and d(wte)); the kernel also
-//     recomputes the logits tile by tile in backward (another 2*N*C*V, "executed" column);
-//   attention (causal, blockwise kernel, not BLAS): QK^T and PV over the causal triangle,
-//     forward 2*T*(T+1)*C per sequence and layer, backward twice that (model FLOPs).
-// The achieved rate is (model or executed) FLOPs / measured forward+backward time, and its fraction
-// of the best cblas_sgemm rate on square matrices. Everything not a GEMM (LayerNorm, GELU,
-// softmax, attention, chunk accesses) is time the GEMM rate has to absorb.
+// 1. Peaks, on the benchmark's thread count: OpenBLAS sgemm and the bf16 GEMM
+//    (model/kernels/internal/bf16_gemm.h: oneDNN on AVX512-BF16, or its f32 fallback) on square
+//    matrices, best of several runs.
+// 2. Kernel breakdown: every kernel a step runs, timed alone at the model's shapes on the same
+//    thread pool, times the number of calls per step: where a step's time should go, next to the
+//    GEMM FLOP rate of each GEMM shape (the shapes OpenBLAS or oneDNN handle badly show up here).
+//    What the measured step spends beyond the sum is the rest: chunk accesses, allocations,
+//    conversions of small parameters, thread hand-offs.
+// 3. Whole training steps (GptModel::TrainStep: forward, backward, HybridAdam at lr = 0, so every
+//    step computes on the same weights; two warm-up steps first, see RunSteps): best and median
+//    step time, and the useful FLOP rate as a fraction of the GEMM peak of the step's precision
+//    (sgemm for f32, the bf16 GEMM for bf16).
 //
-// Each timed iteration is BeginIteration, ForwardBackward (timed), then an untimed HybridAdam step
-// at lr = 0 (it writes the unchanged master weights back over the gradients in the param slots)
-// and EndIteration.
+// Useful FLOPs per step (multiply-add = 2): linear layers 6 * N * 12 C^2 * L (forward 2, backward
+// 4); the tied LM head 6 * N * C * V; causal attention 4 * T(T+1)/2 * C * L * B forward (QK^T and
+// PV over the causal triangle) and twice that backward. Recomputation (the blocks' forward under
+// activation checkpointing) is not useful work: it lowers the fraction, as it should.
 //
-// Usage: bazel run //benchmarks:model_benchmark [-- --iters=N --threads=N --seq=N]
+//   bazel run //benchmarks:model_benchmark -- [--iters=3 --threads=0 --batch=4 --seq=256
+//       --dtypes=f32,bf16 --checkpointing=off,on --breakdown=true --bf16_gemm=auto]
 #include <cblas.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include <fstream>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "absl/types/span.h"
 #include "base/check.h"
+#include "base/thread_pool.h"
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
@@ -42,106 +51,346 @@
 #include "memory/cpu_backend.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
+#include "memory/dtype_math.h"
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
+#include "model/kernels/attention.h"
+#include "model/kernels/encoder.h"
+#include "model/kernels/gelu.h"
+#include "model/kernels/internal/bf16_gemm.h"
+#include "model/kernels/layernorm.h"
+#include "model/kernels/lm_head_cross_entropy.h"
 #include "model/kernels/matmul.h"
+#include "model/kernels/residual.h"
 #include "optimizer/cpu_adam.h"
 #include "optimizer/hybrid_adam.h"
-#include "trainer/scheduled_chunk_access.h"
+
+ABSL_FLAG(int32_t, iters, 3, "timed training steps per configuration (after one warm-up step)");
+ABSL_FLAG(int32_t, threads, 0, "threads (model pool, OpenBLAS, Adam); 0 = all cores");
+ABSL_FLAG(int64_t, batch, 4, "sequences per batch");
+ABSL_FLAG(int64_t, seq, 256, "tokens per sequence");
+ABSL_FLAG(std::string, model, "gpt2", "GptPreset name");
+ABSL_FLAG(std::string, dtypes, "f32,bf16", "param chunk dtypes to run (f32, bf16)");
+ABSL_FLAG(std::string, checkpointing, "off,on", "activation checkpointing settings to run");
+ABSL_FLAG(bool, breakdown, true, "time each kernel alone at the model's shapes");
 #include "scheduler/chunk_manager.h"
+#include "trainer/train_step.h"
 
 namespace ps {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using kernels_internal::Bf16GemmBackend;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// Best-of-`reps` GFLOP/s of C = A B for [m,k] x [k,n] row-major f32 matrices.
-double SgemmGflops(int m, int k, int n, int reps) {
-  std::vector<float> a(static_cast<size_t>(m) * k), b(static_cast<size_t>(k) * n),
-      c(static_cast<size_t>(m) * n);
-  std::mt19937 gen(1);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (float& x : a) x = dist(gen);
-  for (float& x : b) x = dist(gen);
-  const double flops = 2.0 * m * k * n;
+// Best time of `reps` runs of fn after one warm-up run.
+double BestSeconds(int reps, const std::function<void()>& fn) {
+  fn();
   double best = 1e30;
-  for (int r = 0; r < reps + 1; ++r) {  // the first run is a warm-up
+  for (int r = 0; r < reps; ++r) {
     const auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(), n,
-                0.0f, c.data(), n);
-    const double s = Seconds(t0, Clock::now());
-    if (r > 0) best = std::min(best, s);
+    fn();
+    best = std::min(best, Seconds(t0, Clock::now()));
   }
-  return flops / best / 1e9;
+  return best;
 }
 
-struct Flops {
-  double linear_fwd = 0, linear_bwd = 0;
-  double head_fwd = 0, head_bwd = 0, head_recompute = 0;
-  double attn_fwd = 0, attn_bwd = 0;
-  double ModelGemm() const { return linear_fwd + linear_bwd + head_fwd + head_bwd; }
-  double ExecutedGemm() const { return ModelGemm() + head_recompute; }
-  double Model() const { return ModelGemm() + attn_fwd + attn_bwd; }
+std::string LoadAverage() {
+  std::ifstream f("/proc/loadavg");
+  std::string a, b, c;
+  f >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+std::vector<float> RandomFloats(int64_t n, float scale, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBFloat16Bits(v[i]);
+  return out;
+}
+
+// --- 1. Peaks -----------------------------------------------------------------------------------
+
+double SgemmGflops(int n, int reps) {
+  const std::vector<float> a = RandomFloats(int64_t{n} * n, 1, 1),
+                           b = RandomFloats(int64_t{n} * n, 1, 2);
+  std::vector<float> c(static_cast<size_t>(n) * n);
+  const double s = BestSeconds(reps, [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
+  });
+  return 2.0 * n * n * n / s / 1e9;
+}
+
+double Bf16GemmGflops(int n, int reps, ThreadPool* pool) {
+  const std::vector<uint16_t> a = ToBf16(RandomFloats(int64_t{n} * n, 1, 3)),
+                              b = ToBf16(RandomFloats(int64_t{n} * n, 1, 4));
+  std::vector<float> c(static_cast<size_t>(n) * n);
+  const double s = BestSeconds(reps, [&] {
+    PS_CHECK_OK(kernels_internal::GemmBf16({.m = n,
+                                            .n = n,
+                                            .k = n,
+                                            .a = a.data(),
+                                            .lda = n,
+                                            .b = b.data(),
+                                            .ldb = n,
+                                            .c = c.data(),
+                                            .ldc = n},
+                                           pool));
+  });
+  return 2.0 * n * n * n / s / 1e9;
+}
+
+struct Peaks {
+  double sgemm = 0, bf16 = 0;
 };
 
-Flops CountFlops(const GptConfig& c, int64_t batch, int64_t seq) {
+Peaks MeasurePeaks(ThreadPool* pool) {
+  Peaks p;
+  p.sgemm = std::max(SgemmGflops(1024, 5), SgemmGflops(2048, 3));
+  p.bf16 = std::max(Bf16GemmGflops(1024, 5, pool), Bf16GemmGflops(2048, 3, pool));
+  return p;
+}
+
+// --- FLOPs --------------------------------------------------------------------------------------
+
+struct Flops {
+  double linear = 0, head = 0, attention = 0;
+  double Useful() const { return linear + head + attention; }
+};
+
+Flops UsefulFlops(const GptConfig& c, int64_t batch, int64_t seq) {
   const double n = static_cast<double>(batch) * seq, C = c.hidden, V = c.vocab_size,
                L = c.num_layers, T = seq;
   Flops f;
-  // c_attn C->3C, attn.c_proj C->C, c_fc C->4C, mlp.c_proj 4C->C: 12 C^2 multiply-adds per row.
-  f.linear_fwd = L * 2.0 * n * 12.0 * C * C;
-  f.linear_bwd = 2.0 * f.linear_fwd;
-  f.head_fwd = 2.0 * n * C * V;
-  f.head_bwd = 4.0 * n * C * V;
-  f.head_recompute = 2.0 * n * C * V;
-  f.attn_fwd = L * batch * 2.0 * T * (T + 1) * C;
-  f.attn_bwd = 2.0 * f.attn_fwd;
+  f.linear = 6.0 * n * 12.0 * C * C * L;  // c_attn 3C^2, attn.c_proj C^2, c_fc 4C^2, c_proj 4C^2
+  f.head = 6.0 * n * C * V;
+  f.attention = 3.0 * L * batch * 4.0 * T * (T + 1) / 2.0 * C;
   return f;
 }
 
-int64_t IntFlag(int argc, char** argv, const char* name, int64_t def) {
-  const std::string prefix = std::string("--") + name + "=";
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) {
-      return std::atoll(argv[i] + prefix.size());
+// --- 2. Kernel breakdown ------------------------------------------------------------------------
+
+struct Row {
+  std::string name;
+  double calls_off = 0, calls_on = 0;  // per step, checkpointing off / on
+  double seconds = 0;                  // per call
+  double gemm_flops = 0;               // per call (0: not a GEMM)
+};
+
+void PrintBreakdown(const char* title, const std::vector<Row>& rows, double peak) {
+  std::printf("\n%s (per call, then per step with checkpointing off / on)\n", title);
+  std::printf("%-34s %8s %9s %9s %10s %10s %8s\n", "kernel", "calls", "ms/call", "GFLOP/s",
+              "of peak", "ms/step", "(on)");
+  double total_off = 0, total_on = 0;
+  for (const Row& r : rows) {
+    const double off = r.calls_off * r.seconds * 1e3, on = r.calls_on * r.seconds * 1e3;
+    total_off += off;
+    total_on += on;
+    if (r.gemm_flops > 0) {
+      const double g = r.gemm_flops / r.seconds / 1e9;
+      std::printf("%-34s %8.0f %9.3f %9.1f %9.0f%% %10.1f %8.1f\n", r.name.c_str(), r.calls_off,
+                  r.seconds * 1e3, g, 100.0 * g / peak, off, on);
+    } else {
+      std::printf("%-34s %8.0f %9.3f %9s %10s %10.1f %8.1f\n", r.name.c_str(), r.calls_off,
+                  r.seconds * 1e3, "", "", off, on);
     }
   }
-  return def;
+  std::printf("%-34s %8s %9s %9s %10s %10.1f %8.1f\n", "sum", "", "", "", "", total_off, total_on);
 }
 
-int Main(int argc, char** argv) {
-  const int threads = static_cast<int>(
-      IntFlag(argc, argv, "threads", std::max(1u, std::thread::hardware_concurrency())));
-  const int iters = static_cast<int>(IntFlag(argc, argv, "iters", 3));
-  const int64_t seq = IntFlag(argc, argv, "seq", 256);
-  const int64_t batch = 1;
-  SetBlasThreads(threads);
+// Times every kernel of a step at the model's shapes. bf16: the GEMM kernels' bf16 variants.
+std::vector<Row> KernelBreakdown(const GptConfig& cfg, int64_t B, int64_t T, bool bf16,
+                                 ThreadPool* pool, int64_t total_params) {
+  const int64_t C = cfg.hidden, V = cfg.vocab_size, L = cfg.num_layers, H = cfg.num_heads;
+  const int64_t N = B * T;
+  constexpr int kReps = 3;
+  std::vector<Row> rows;
+  const double Ld = static_cast<double>(L);
+  // Linear layers: forward once (twice with checkpointing), backward once.
+  struct Linear {
+    const char* name;
+    int64_t in, out;
+  };
+  for (const Linear& l : {Linear{"attn.c_attn", C, 3 * C}, Linear{"attn.c_proj", C, C},
+                          Linear{"mlp.c_fc", C, 4 * C}, Linear{"mlp.c_proj", 4 * C, C}}) {
+    const MatmulShape s{N, l.in, l.out};
+    const std::vector<float> x = RandomFloats(N * l.in, 1, 5),
+                             w = RandomFloats(l.in * l.out, 0.02f, 6), b(l.out, 0.0f),
+                             dy = RandomFloats(N * l.out, 1e-3f, 7);
+    const std::vector<uint16_t> wb = ToBf16(w);
+    std::vector<float> y(N * l.out), dx(N * l.in), dw(l.in * l.out), db(l.out);
+    std::vector<float> ws(
+        std::max(MatmulBf16ForwardWorkspaceElems(s), MatmulBf16BackwardWorkspaceElems(s)));
+    const double flops = 2.0 * N * l.in * l.out;
+    const bool recomputed = std::string(l.name) != "mlp.c_proj";
+    const double fwd = BestSeconds(kReps, [&] {
+      if (bf16) {
+        PS_CHECK_OK(MatmulForwardBf16(s, x, wb, b, absl::MakeSpan(y), absl::MakeSpan(ws), pool));
+      } else {
+        PS_CHECK_OK(MatmulForward<float>(s, x, w, b, absl::MakeSpan(y), pool));
+      }
+    });
+    const double bwd = BestSeconds(kReps, [&] {
+      if (bf16) {
+        PS_CHECK_OK(MatmulBackwardBf16(s, x, wb, dy, absl::MakeSpan(dx), absl::MakeSpan(dw),
+                                       absl::MakeSpan(db), absl::MakeSpan(ws), pool));
+      } else {
+        PS_CHECK_OK(MatmulBackward<float>(s, x, w, dy, absl::MakeSpan(dx), absl::MakeSpan(dw),
+                                          absl::MakeSpan(db), pool));
+      }
+    });
+    rows.push_back({std::string(l.name) + " fwd " + std::to_string(N) + "x" +
+                        std::to_string(l.out) + "x" + std::to_string(l.in),
+                    Ld, recomputed ? 2 * Ld : Ld, fwd, flops});
+    rows.push_back({std::string(l.name) + " bwd (dx, dw, db)", Ld, Ld, bwd, 2 * flops});
+  }
+  // LM head + cross-entropy: the training step runs the fused forward+backward kernel.
+  {
+    const LmHeadCrossEntropyShape ce{.rows = N, .channels = C, .vocab_size = V};
+    const std::vector<float> h = RandomFloats(N * C, 1, 8), wte = RandomFloats(V * C, 0.02f, 9);
+    const std::vector<uint16_t> wteb = ToBf16(wte);
+    std::vector<int32_t> targets(N);
+    for (int64_t i = 0; i < N; ++i) targets[i] = static_cast<int32_t>((i * 7919) % V);
+    std::vector<float> lse(N), dh(N * C), dwte(V * C);
+    std::vector<float> ws(bf16 ? LmHeadCrossEntropyFusedBf16WorkspaceElems(ce)
+                               : LmHeadCrossEntropyFusedWorkspaceElems(ce));
+    const double s = BestSeconds(1, [&] {
+      if (bf16) {
+        PS_CHECK_OK(LmHeadCrossEntropyForwardBackwardBf16(
+                        ce, h, wteb, targets, 1.0, absl::MakeSpan(lse), absl::MakeSpan(dh),
+                        absl::MakeSpan(dwte), absl::MakeSpan(ws), pool)
+                        .status());
+      } else {
+        PS_CHECK_OK(LmHeadCrossEntropyForwardBackward<float>(
+                        ce, h, wte, targets, 1.0, absl::MakeSpan(lse), absl::MakeSpan(dh),
+                        absl::MakeSpan(dwte), absl::MakeSpan(ws), pool)
+                        .status());
+      }
+    });
+    rows.push_back({"LM head + CE fwd+bwd (fused)", 1, 1, s, 3 * 2.0 * N * C * V});
+  }
+  // Attention.
+  {
+    const AttentionShape att{B, T, C, H, 64};
+    const std::vector<float> qkv = RandomFloats(N * 3 * C, 1, 10),
+                             dout = RandomFloats(N * C, 1, 11);
+    std::vector<float> out(N * C), lse(B * H * T), dqkv(N * 3 * C),
+        ws(AttentionWorkspaceElems(att, pool == nullptr ? 1 : pool->num_threads()));
+    const double fwd = BestSeconds(kReps, [&] {
+      PS_CHECK_OK(AttentionForward<float>(att, qkv, absl::MakeSpan(out), absl::MakeSpan(lse),
+                                          absl::MakeSpan(ws), pool));
+    });
+    const double bwd = BestSeconds(kReps, [&] {
+      PS_CHECK_OK(AttentionBackward<float>(att, qkv, out, lse, dout, absl::MakeSpan(dqkv), pool));
+    });
+    rows.push_back({"attention fwd", Ld, 2 * Ld, fwd, 0});
+    rows.push_back({"attention bwd", Ld, Ld, bwd, 0});
+  }
+  // Element-wise kernels.
+  {
+    const std::vector<float> x = RandomFloats(N * C, 1, 12), w(C, 1.0f), b(C, 0.0f),
+                             dy = RandomFloats(N * C, 1, 13);
+    std::vector<float> y(N * C), mean(N), rstd(N), dx(N * C), dw(C), db(C);
+    const double fwd = BestSeconds(kReps, [&] {
+      PS_CHECK_OK(LayerNormForward<float>({N, C}, x, w, b, absl::MakeSpan(y), absl::MakeSpan(mean),
+                                          absl::MakeSpan(rstd), pool));
+    });
+    const double bwd = BestSeconds(kReps, [&] {
+      PS_CHECK_OK(LayerNormBackward<float>({N, C}, x, w, mean, rstd, dy, absl::MakeSpan(dx),
+                                           absl::MakeSpan(dw), absl::MakeSpan(db), pool));
+    });
+    rows.push_back({"layernorm fwd", 2 * Ld + 1, 4 * Ld + 1, fwd, 0});
+    rows.push_back({"layernorm bwd", 2 * Ld + 1, 2 * Ld + 1, bwd, 0});
+    const double res_fwd = BestSeconds(
+        kReps, [&] { PS_CHECK_OK(ResidualForward<float>(x, dy, absl::MakeSpan(y), pool)); });
+    const double res_bwd = BestSeconds(kReps, [&] {
+      PS_CHECK_OK(ResidualBackward<float>(x, absl::MakeSpan(y), absl::MakeSpan(dx), pool));
+    });
+    rows.push_back({"residual fwd", 2 * Ld, 3 * Ld, res_fwd, 0});
+    rows.push_back({"residual bwd", 2 * Ld, 2 * Ld, res_bwd, 0});
+  }
+  {
+    const std::vector<float> x = RandomFloats(N * 4 * C, 2, 14),
+                             dy = RandomFloats(N * 4 * C, 1, 15);
+    std::vector<float> y(N * 4 * C), dx(N * 4 * C);
+    const double fwd =
+        BestSeconds(kReps, [&] { PS_CHECK_OK(GeluForward<float>(x, absl::MakeSpan(y), pool)); });
+    const double bwd = BestSeconds(
+        kReps, [&] { PS_CHECK_OK(GeluBackward<float>(x, dy, absl::MakeSpan(dx), pool)); });
+    rows.push_back({"gelu fwd", Ld, 2 * Ld, fwd, 0});
+    rows.push_back({"gelu bwd", Ld, Ld, bwd, 0});
+  }
+  {
+    const EncoderShape es{B, T, C, V, cfg.max_seq_len};
+    std::vector<int32_t> tokens(N);
+    for (int64_t i = 0; i < N; ++i) tokens[i] = static_cast<int32_t>((i * 104729) % V);
+    const std::vector<float> wte = RandomFloats(V * C, 0.02f, 16),
+                             wpe = RandomFloats(cfg.max_seq_len * C, 0.02f, 17),
+                             dout = RandomFloats(N * C, 1, 18);
+    std::vector<float> out(N * C), dwte(V * C), dwpe(cfg.max_seq_len * C);
+    const double fwd = BestSeconds(kReps, [&] {
+      PS_CHECK_OK(EncoderForward<float>(es, tokens, wte, wpe, absl::MakeSpan(out), pool));
+    });
+    const double bwd = BestSeconds(kReps, [&] {
+      PS_CHECK_OK(EncoderBackward<float>(es, tokens, dout, absl::MakeSpan(dwte),
+                                         absl::MakeSpan(dwpe), pool));
+    });
+    rows.push_back({"encoder fwd", 1, 1, fwd, 0});
+    rows.push_back({"encoder bwd", 1, 1, bwd, 0});
+  }
+  // The optimizer: one fused Adam pass over every parameter.
+  {
+    auto adam_or = CpuAdam::Create({.num_threads = pool == nullptr ? 1 : pool->num_threads()});
+    PS_CHECK_OK(adam_or);
+    std::vector<float> master(total_params, 0.01f), m(total_params, 0.0f), v(total_params, 0.0f);
+    std::vector<uint16_t> grad16(bf16 ? total_params : 0, FloatToBFloat16Bits(1e-3f));
+    std::vector<float> grad32(bf16 ? 0 : total_params, 1e-3f);
+    const AdamStepScalars sc = MakeAdamStepScalars(AdamMode::kAdam, 0.0, 0.9, 0.999, 1e-8, 0.0,
+                                                   /*step=*/1, /*loss_scale=*/1.0);
+    const AdamSegment seg{sc,
+                          bf16 ? DType::kBF16 : DType::kF32,
+                          bf16 ? static_cast<const void*>(grad16.data()) : grad32.data(),
+                          bf16 ? static_cast<void*>(grad16.data()) : grad32.data(),
+                          master.data(),
+                          m.data(),
+                          v.data(),
+                          total_params};
+    const double s = BestSeconds(1, [&] { PS_CHECK_OK((*adam_or)->Step({&seg, 1}).status()); });
+    rows.push_back({"Adam (all parameters)", 1, 1, s, 0});
+  }
+  return rows;
+}
 
-  // (1) OpenBLAS sgemm peak, same thread count.
-  std::printf("OpenBLAS threads: %d (model ThreadPool threads: %d)\n", BlasThreads(), threads);
-  const double g1024 = SgemmGflops(1024, 1024, 1024, 5);
-  const double g2048 = SgemmGflops(2048, 2048, 2048, 3);
-  const double peak = std::max(g1024, g2048);
-  // The model's own shapes (N = B*T rows) for reference: c_fc forward and the LM head tile.
-  const double g_fc = SgemmGflops(static_cast<int>(batch * seq), 768, 3072, 5);
-  std::printf("%-40s %10s\n", "cblas_sgemm", "GFLOP/s");
-  std::printf("%-40s %10.1f\n", "  1024 x 1024 x 1024", g1024);
-  std::printf("%-40s %10.1f\n", "  2048 x 2048 x 2048", g2048);
-  std::printf("%-40s %10.1f  (%.0f%% of peak)\n", "  256 x 768 x 3072 (c_fc shape)", g_fc,
-              100.0 * g_fc / peak);
-  std::printf("%-40s %10.1f\n\n", "  peak (best square)", peak);
+// --- 3. Whole steps -----------------------------------------------------------------------------
 
-  // (2) The model: GPT-2 124M, f32 chunks of 40 Mi elements (the embedding operator, 39.4 M
-  // elements, fits in one), everything resident on a 4 GiB emulated accelerator.
-  auto config_or = GptPreset("gpt2");
-  PS_CHECK_OK(config_or);
-  const GptConfig config = *config_or;
-  constexpr int64_t kChunkElems = 40 * kMiB;
-  auto backend_or = CreateCpuBackend({.capacity_bytes = 4 * kGiB});
+struct StepResult {
+  double best_s = 0, median_s = 0, fwd_bwd_s = 0, adam_s = 0, loss = 0;
+  // The GEMM peak of the step's precision probed right before and after each timed step (the
+  // higher of the two), and the step's useful FLOP rate as a fraction of it: best and median over
+  // the steps. On a machine shared with other work the rate of both drifts together.
+  double best_fraction = 0, median_fraction = 0, probe_peak_at_best = 0;
+};
+
+// A short probe of the GEMM peak (best of three 1024^3 products) for `dtype`'s GEMMs.
+double ProbePeak(DType dtype, ThreadPool* pool) {
+  return dtype == DType::kBF16 ? Bf16GemmGflops(1024, 3, pool) : SgemmGflops(1024, 3);
+}
+
+StepResult RunSteps(const GptConfig& config, int64_t batch, int64_t seq, int threads, int iters,
+                    DType dtype, bool checkpointing, double useful_flops, ThreadPool* pool) {
+  constexpr int64_t kChunkElems = 40 * kMiB;  // the embedding operator (39.4M elements) fits
+  auto backend_or = CreateCpuBackend({.capacity_bytes = 6 * kGiB});
   PS_CHECK_OK(backend_or);
   std::unique_ptr<Backend> backend = std::move(*backend_or);
   DeviceMemoryOptions memory_options;
@@ -155,7 +404,7 @@ int Main(int argc, char** argv) {
   std::unique_ptr<DeviceMemory> host = std::move(*host_or);
   auto layout_or = ChunkLayout::Build({.capacity_elems = kChunkElems}, GptOperators(config));
   PS_CHECK_OK(layout_or);
-  auto store_or = ChunkStore::Create(std::move(*layout_or), {.compute_dtype = DType::kF32});
+  auto store_or = ChunkStore::Create(std::move(*layout_or), {.compute_dtype = dtype});
   PS_CHECK_OK(store_or);
   std::unique_ptr<ChunkStore> store = std::move(*store_or);
   auto manager_or =
@@ -166,11 +415,22 @@ int Main(int argc, char** argv) {
   model_options.batch = batch;
   model_options.seq_len = seq;
   model_options.threads = threads;
+  model_options.activation_checkpointing = checkpointing;
   auto model_or =
       GptModel::Create(config, store.get(), manager.get(), accelerator.get(), model_options);
   PS_CHECK_OK(model_or);
   std::unique_ptr<GptModel> model = std::move(*model_or);
   PS_CHECK_OK(model->InitializeParameters(1));
+  auto cpu_adam_or = CpuAdam::Create({.num_threads = threads});
+  PS_CHECK_OK(cpu_adam_or);
+  std::unique_ptr<CpuAdam> cpu_adam = std::move(*cpu_adam_or);
+  HybridAdamOptions adam_options;
+  // lr = 0: every step computes on the same weights (the optimizer's work is the same).
+  adam_options.groups = {ParamGroupOptions{.name = "default", .lr = 0.0, .weight_decay = 0.0}};
+  auto adam_or = HybridAdam::Create(store->layout(), 0, dtype, adam_options,
+                                    {.host = cpu_adam.get(), .accelerator = cpu_adam.get()});
+  PS_CHECK_OK(adam_or);
+  std::unique_ptr<HybridAdam> adam = std::move(*adam_or);
 
   std::mt19937 gen(2);
   std::vector<int32_t> tokens(batch * seq + 1);
@@ -178,65 +438,67 @@ int Main(int argc, char** argv) {
   std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
   tokens.pop_back();
 
-  // Forward only (Evaluate: outside an iteration), for the forward/backward split.
-  PS_CHECK_OK(model->Evaluate(tokens, targets));  // warm-up
-  double fwd_s = 1e30;
-  for (int i = 0; i < 2; ++i) {
-    const auto t0 = Clock::now();
-    PS_CHECK_OK(model->Evaluate(tokens, targets));
-    fwd_s = std::min(fwd_s, Seconds(t0, Clock::now()));
-  }
-
-  // Forward+backward: one warm-up iteration (it records the access trace), then `iters` timed.
-  // After the backward the param chunks' slots hold the gradients (gpt_model.h), so each
-  // iteration ends with an untimed HybridAdam step at lr = 0 that writes the unchanged master
-  // weights back into them; without it the next iteration would run on gradients as weights
-  // (tiny and denormal values: 10x slower GEMMs).
-  auto cpu_adam_or = CpuAdam::Create({.num_threads = threads});
-  PS_CHECK_OK(cpu_adam_or);
-  std::unique_ptr<CpuAdam> cpu_adam = std::move(*cpu_adam_or);
-  HybridAdamOptions adam_options;
-  adam_options.groups = {ParamGroupOptions{.name = "default", .lr = 0.0, .weight_decay = 0.0}};
-  auto adam_or = HybridAdam::Create(store->layout(), 0, DType::kF32, adam_options,
-                                    {.host = cpu_adam.get(), .accelerator = cpu_adam.get()});
-  PS_CHECK_OK(adam_or);
-  std::unique_ptr<HybridAdam> adam = std::move(*adam_or);
-
-  std::vector<double> times, adam_times;
-  double loss = 0;
-  for (int i = 0; i < iters + 1; ++i) {
-    PS_CHECK_OK(manager->BeginIteration());
+  std::vector<double> times, fractions;
+  StepResult result;
+  double best = 1e30;
+  double peak_before = ProbePeak(dtype, pool);
+  // Step 0 is the ChunkManager's warm-up iteration (it records the activation tide); step 1 then
+  // moves the optimizer state to where the tide leaves room for it for good (a one-time load of
+  // up to the whole state); from step 2 on, steps are alike.
+  constexpr int kWarmupSteps = 2;
+  for (int i = 0; i < iters + kWarmupSteps; ++i) {
     const ChunkManagerCounters before = manager->counters();
     const auto t0 = Clock::now();
-    auto loss_or = model->ForwardBackward(tokens, targets, adam->loss_scaler().scale());
-    PS_CHECK_OK(loss_or);
+    auto step_or = TrainStep(*model, *manager, *adam, tokens, targets);
+    PS_CHECK_OK(step_or);
     const double s = Seconds(t0, Clock::now());
-    const ChunkManagerCounters d = manager->counters().Minus(before);
-    loss = *loss_or;
-    const auto t1 = Clock::now();
-    {
-      auto placement_or = manager->BeginAdam();
-      PS_CHECK_OK(placement_or);
-      ScheduledChunkAccess access(*manager, *store, accelerator->device(),
-                                  std::move(*placement_or));
-      PS_CHECK_OK(adam->Step(access));
+    const ChunkManagerCounters moved = manager->counters().Minus(before);
+    std::printf(
+        "    step %d%s: %.3f s (forward+backward %.3f s, optimizer %.3f s), loss %.4f; %s\n", i,
+        i < kWarmupSteps ? " (warm-up)" : "", s, step_or->forward_backward_ns * 1e-9,
+        step_or->optimizer_ns * 1e-9, step_or->loss, moved.DebugString().c_str());
+    std::fflush(stdout);
+    if (i < kWarmupSteps) continue;
+    const double peak_after = ProbePeak(dtype, pool);
+    const double peak = std::max(peak_before, peak_after);
+    peak_before = peak_after;
+    const double fraction = useful_flops / s / 1e9 / peak;
+    std::printf(
+        "      useful %.1f GFLOP/s = %.1f%% of the adjacent GEMM peak probe (%.1f GFLOP/s)\n",
+        useful_flops / s / 1e9, 100.0 * fraction, peak);
+    times.push_back(s);
+    fractions.push_back(fraction);
+    if (fraction > result.best_fraction) {
+      result.best_fraction = fraction;
+      result.probe_peak_at_best = peak;
     }
-    PS_CHECK_OK(manager->EndIteration());
-    const double adam_s = Seconds(t1, Clock::now());
-    std::printf("iteration %d%s: fwd+bwd %.3f s (chunk traffic %.0f MiB, copy stall %.3f s), "
-                "untimed lr=0 Adam + EndIteration %.3f s, loss %.4f\n",
-                i, i == 0 ? " (warm-up)" : "", s, d.Total().moved_bytes() / double(kMiB),
-                d.stall_ns * 1e-9, adam_s, loss);
-    if (i > 0) {
-      times.push_back(s);
-      adam_times.push_back(adam_s);
+    if (s < best) {
+      best = s;
+      result.fwd_bwd_s = step_or->forward_backward_ns * 1e-9;
+      result.adam_s = step_or->optimizer_ns * 1e-9;
     }
+    result.loss = step_or->loss;
   }
   std::sort(times.begin(), times.end());
-  const double best = times.front(), median = times[times.size() / 2];
-  double mean = 0;
-  for (double t : times) mean += t;
-  mean /= static_cast<double>(times.size());
+  std::sort(fractions.begin(), fractions.end());
+  result.best_s = times.front();
+  result.median_s = times[times.size() / 2];
+  result.median_fraction = fractions[fractions.size() / 2];
+  return result;
+}
+
+int Main() {
+  int threads = absl::GetFlag(FLAGS_threads);
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int iters = std::max(1, absl::GetFlag(FLAGS_iters));
+  const int64_t batch = absl::GetFlag(FLAGS_batch), seq = absl::GetFlag(FLAGS_seq);
+  auto config_or = GptPreset(absl::GetFlag(FLAGS_model));
+  PS_CHECK_OK(config_or);
+  const GptConfig config = *config_or;
+  SetBlasThreads(threads);
+  ThreadPool pool(threads);
+  Bf16GemmBackend bf16_backend;
+  PS_CHECK_OK(kernels_internal::ResolveBf16GemmBackend(&bf16_backend));
 
   int64_t params = 0;
   for (const OperatorSpec& op : GptOperators(config)) {
@@ -246,47 +508,90 @@ int Main(int argc, char** argv) {
       params += n;
     }
   }
-  const Flops f = CountFlops(config, batch, seq);
-  const double tokens_per_iter = static_cast<double>(batch * seq);
-  std::printf("GPT-2 124M (%lld params), batch %lld x seq %lld, f32, %d timed iterations "
-              "(+1 warm-up), last loss %.4f\n",
-              static_cast<long long>(params), static_cast<long long>(batch),
-              static_cast<long long>(seq), iters, loss);
-  std::printf("%-40s %12s %12s %12s\n", "", "best", "median", "mean");
-  std::printf("%-40s %12.3f %12.3f %12.3f\n", "fwd+bwd seconds / iteration", best, median, mean);
-  std::printf("%-40s %12.1f %12.1f %12.1f\n", "tokens/s (fwd+bwd)", tokens_per_iter / best,
-              tokens_per_iter / median, tokens_per_iter / mean);
-  std::printf("\n%-40s %12s %12s\n", "FLOPs per iteration", "GFLOP", "share");
-  const double total_exec = f.ExecutedGemm() + f.attn_fwd + f.attn_bwd;
-  auto row = [&](const char* name, double v) {
-    std::printf("%-40s %12.2f %11.1f%%\n", name, v / 1e9, 100.0 * v / total_exec);
-  };
-  row("  linear fwd", f.linear_fwd);
-  row("  linear bwd (dX + dW)", f.linear_bwd);
-  row("  LM head fwd", f.head_fwd);
-  row("  LM head bwd (dh + dwte)", f.head_bwd);
-  row("  LM head bwd logits recompute", f.head_recompute);
-  row("  attention fwd (not BLAS)", f.attn_fwd);
-  row("  attention bwd (not BLAS, model)", f.attn_bwd);
-  std::printf("%-40s %12.2f\n", "  model GEMM total", f.ModelGemm() / 1e9);
-  std::printf("%-40s %12.2f\n", "  executed GEMM total (with recompute)", f.ExecutedGemm() / 1e9);
+  const Flops flops = UsefulFlops(config, batch, seq);
+  std::printf(
+      "model %s (%lld parameters), batch %lld x seq %lld; %d threads (model pool, "
+      "OpenBLAS, Adam); load average %s\n",
+      config.name.c_str(), static_cast<long long>(params), static_cast<long long>(batch),
+      static_cast<long long>(seq), threads, LoadAverage().c_str());
+  std::printf("bf16 GEMMs: %s (%s)\n",
+              std::string(kernels_internal::Bf16GemmBackendName(bf16_backend)).c_str(),
+              kernels_internal::OneDnnBf16Description().c_str());
+  std::printf("useful GFLOP per step: %.1f (linear %.1f, LM head %.1f, attention %.1f)\n",
+              flops.Useful() / 1e9, flops.linear / 1e9, flops.head / 1e9, flops.attention / 1e9);
 
-  std::printf("\n%-40s %12s %12s\n", "achieved (best iteration)", "GFLOP/s", "of peak");
-  auto rate = [&](const char* name, double flops) {
-    const double g = flops / best / 1e9;
-    std::printf("%-40s %12.1f %11.1f%%\n", name, g, 100.0 * g / peak);
-  };
-  rate("  model GEMM FLOPs / fwd+bwd time", f.ModelGemm());
-  rate("  executed GEMM FLOPs / fwd+bwd time", f.ExecutedGemm());
-  rate("  model FLOPs incl. attention", f.Model());
-  std::printf("%-40s %12.1f\n", "  sgemm peak (same threads)", peak);
+  Peaks peaks = MeasurePeaks(&pool);
+  std::printf(
+      "\nGEMM peaks (square 1024/2048, best): sgemm %.1f GFLOP/s, bf16 GEMM %.1f GFLOP/s "
+      "(%.2fx)\n",
+      peaks.sgemm, peaks.bf16, peaks.bf16 / peaks.sgemm);
 
-  std::printf("\n%-40s %12.3f s (%.0f%% of fwd+bwd; GEMM-only lower bound at peak %.3f s)\n",
-              "forward only (Evaluate, best of 2)", fwd_s, 100.0 * fwd_s / best,
-              (f.linear_fwd + f.head_fwd) / (peak * 1e9));
-  std::printf("%-40s %12.3f s (GEMM-only lower bound at peak %.3f s)\n",
-              "backward (fwd+bwd - forward)", best - fwd_s,
-              (f.linear_bwd + f.head_bwd + f.head_recompute) / (peak * 1e9));
+  std::vector<DType> dtypes;
+  for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',')) {
+    if (d == "f32") dtypes.push_back(DType::kF32);
+    if (d == "bf16") dtypes.push_back(DType::kBF16);
+  }
+  std::vector<bool> ckpts;
+  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_checkpointing), ',')) {
+    if (c == "off") ckpts.push_back(false);
+    if (c == "on") ckpts.push_back(true);
+  }
+
+  if (absl::GetFlag(FLAGS_breakdown)) {
+    for (DType dtype : dtypes) {
+      const bool bf16 = dtype == DType::kBF16;
+      const std::vector<Row> rows = KernelBreakdown(config, batch, seq, bf16, &pool, params);
+      PrintBreakdown(bf16 ? "kernel breakdown, bf16 GEMMs" : "kernel breakdown, f32", rows,
+                     bf16 ? peaks.bf16 : peaks.sgemm);
+    }
+  }
+
+  struct Done {
+    DType dtype;
+    bool checkpointing;
+    StepResult r;
+  };
+  std::vector<Done> done;
+  for (DType dtype : dtypes) {
+    for (bool ckpt : ckpts) {
+      std::printf("\n%s, activation checkpointing %s:\n", DTypeName(dtype).data(),
+                  ckpt ? "on" : "off");
+      done.push_back(
+          {dtype, ckpt,
+           RunSteps(config, batch, seq, threads, iters, dtype, ckpt, flops.Useful(), &pool)});
+    }
+  }
+  // The peaks again after the steps: the fractions use the higher of the two measurements.
+  const Peaks after = MeasurePeaks(&pool);
+  peaks.sgemm = std::max(peaks.sgemm, after.sgemm);
+  peaks.bf16 = std::max(peaks.bf16, after.bf16);
+  std::printf(
+      "\nGEMM peaks after the steps: sgemm %.1f, bf16 %.1f GFLOP/s (fractions below use "
+      "the higher: %.1f, %.1f); load average %s\n",
+      after.sgemm, after.bf16, peaks.sgemm, peaks.bf16, LoadAverage().c_str());
+
+  std::printf("\n%-6s %-5s %9s %9s %9s %9s %9s %11s %9s %9s %9s %8s\n", "dtype", "ckpt",
+              "step best", "median", "fwd+bwd", "optim", "tokens/s", "useful GF/s", "of peak",
+              "(probe)", "(median)", "vs f32");
+  for (const Done& d : done) {
+    const double peak = d.dtype == DType::kBF16 ? peaks.bf16 : peaks.sgemm;
+    const double g = flops.Useful() / d.r.best_s / 1e9;
+    double f32_best = 0;
+    for (const Done& e : done) {
+      if (e.dtype == DType::kF32 && e.checkpointing == d.checkpointing) f32_best = e.r.best_s;
+    }
+    char vs[32] = "";
+    if (f32_best > 0) std::snprintf(vs, sizeof(vs), "%.2fx", f32_best / d.r.best_s);
+    std::printf("%-6s %-5s %9.3f %9.3f %9.3f %9.3f %9.0f %11.1f %8.1f%% %8.1f%% %8.1f%% %8s\n",
+                DTypeName(d.dtype).data(), d.checkpointing ? "on" : "off", d.r.best_s, d.r.median_s,
+                d.r.fwd_bwd_s, d.r.adam_s, static_cast<double>(batch * seq) / d.r.best_s, g,
+                100.0 * g / peak, 100.0 * d.r.best_fraction, 100.0 * d.r.median_fraction, vs);
+  }
+  std::printf(
+      "of peak: the best step's useful FLOP rate over the run's GEMM peak (sgemm for f32, the bf16 "
+      "GEMM for bf16, the higher of the measurements before and after the steps); (probe): the "
+      "best per-step fraction of the peak probed right before and after that step; (median): the "
+      "median per-step fraction; vs f32: step time ratio at the same checkpointing\n");
   return 0;
 }
 
@@ -294,6 +599,7 @@ int Main(int argc, char** argv) {
 }  // namespace ps
 
 int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
   google::InitGoogleLogging(argv[0]);
-  return ps::Main(argc, argv);
+  return ps::Main();
 }

@@ -13,6 +13,7 @@
 #include "chunk/chunk_layout.h"
 #include "glog/logging.h"
 #include "model/kernels/attention.h"
+#include "model/kernels/matmul.h"
 #include "model/kernels/vocab_blocks.h"
 
 namespace ps {
@@ -29,6 +30,7 @@ class Profiler {
       : c_(config),
         o_(o),
         sixteen_bit_(dtype != DType::kF32),
+        bf16_(dtype == DType::kBF16),
         blocks_(GptVocabBlocks(config, layout)),
         b_(ops) {
     B_ = o.batch;
@@ -98,6 +100,14 @@ class Profiler {
   // GptModel::LinearForward.
   void LinearForward(const std::string& op, int64_t in, int64_t out) {
     b_.Access(op, Stage::kForward);
+    if (bf16_) {  // the GEMM reads the bf16 weights in place
+      int64_t b = ParamF32(out);
+      int64_t ws = A(MatmulBf16ForwardWorkspaceElems({N_, in, out}));
+      b_.Release(op, Stage::kForward);
+      F(ws);
+      F(b);
+      return;
+    }
     int64_t w = ParamF32(in * out);
     int64_t b = ParamF32(out);
     F(w);
@@ -179,8 +189,13 @@ class Profiler {
     int64_t dw = A(in * out);
     int64_t db = A(out);
     b_.Access(op, Stage::kBackward);
-    int64_t w = ParamF32(in * out);
-    F(w);
+    if (bf16_) {
+      int64_t ws = A(MatmulBf16BackwardWorkspaceElems({N_, in, out}));
+      F(ws);
+    } else {
+      int64_t w = ParamF32(in * out);
+      F(w);
+    }
     b_.Release(op, Stage::kBackward);
     F(db);
     F(dw);
@@ -278,6 +293,7 @@ class Profiler {
   const GptConfig c_;
   const GptModelOptions o_;
   const bool sixteen_bit_;
+  const bool bf16_;  // Conv1D GEMMs read bf16 weights in place (GptModel::ParamBf16)
   const std::vector<GptVocabBlock> blocks_;
   ActivationProfileBuilder b_;
   int64_t B_ = 0, T_ = 0, C_ = 0, N_ = 0;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <numbers>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -376,6 +377,13 @@ absl::StatusOr<GptModel::Buffer> GptModel::ParamF32(TensorId tensor,
   return buffer;
 }
 
+absl::StatusOr<std::optional<absl::Span<const uint16_t>>> GptModel::ParamBf16(TensorId tensor) {
+  ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, tensor));
+  if (v.dtype != DType::kBF16) return std::nullopt;
+  return absl::Span<const uint16_t>(static_cast<const uint16_t*>(v.data),
+                                    static_cast<size_t>(v.numel));
+}
+
 absl::Status GptModel::WriteGrad(TensorId tensor, absl::Span<const float> grad) {
   ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, tensor));
   CHECK_EQ(v.numel, static_cast<int64_t>(grad.size()));
@@ -641,11 +649,19 @@ absl::Status GptModel::CheckInputs(absl::Span<const int32_t> tokens,
 absl::Status GptModel::LinearForward(const LinearOp& op, int64_t in_features, int64_t out_features,
                                      absl::Span<const float> x, absl::Span<float> y) {
   ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kForward));
+  const MatmulShape shape{options_.batch * options_.seq_len, in_features, out_features};
   absl::Span<const float> w, b;
+  ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> w_bf16, ParamBf16(op.w));
+  if (w_bf16.has_value()) {
+    // bf16 chunks: the GEMM reads the chunk's bf16 weights in place (matmul.h, bf16 variants).
+    ASSIGN_OR_RETURN(Buffer b_f32, ParamF32(op.b, &b));
+    ASSIGN_OR_RETURN(Buffer ws, Alloc(MatmulBf16ForwardWorkspaceElems(shape), false));
+    RETURN_IF_ERROR(MatmulForwardBf16(shape, x, *w_bf16, b, y, ws.span(), pool_.get()));
+    return access.End();
+  }
   ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
   ASSIGN_OR_RETURN(Buffer b_f32, ParamF32(op.b, &b));
-  RETURN_IF_ERROR(MatmulForward<float>(
-      {options_.batch * options_.seq_len, in_features, out_features}, x, w, b, y, pool_.get()));
+  RETURN_IF_ERROR(MatmulForward<float>(shape, x, w, b, y, pool_.get()));
   w_f32.Reset();
   b_f32.Reset();
   return access.End();
@@ -790,12 +806,17 @@ absl::Status GptModel::LinearBackward(const LinearOp& op, int64_t in_features, i
   ASSIGN_OR_RETURN(Buffer dw, Alloc(in_features * out_features, true));
   ASSIGN_OR_RETURN(Buffer db, Alloc(out_features, true));
   ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kBackward));
+  const MatmulShape shape{options_.batch * options_.seq_len, in_features, out_features};
   absl::Span<const float> w, b;
-  ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
-  RETURN_IF_ERROR(
-      MatmulBackward<float>({options_.batch * options_.seq_len, in_features, out_features}, x, w,
-                            dy, dx, dw.span(), db.span(), pool_.get()));
-  w_f32.Reset();
+  ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> w_bf16, ParamBf16(op.w));
+  if (w_bf16.has_value()) {
+    ASSIGN_OR_RETURN(Buffer ws, Alloc(MatmulBf16BackwardWorkspaceElems(shape), false));
+    RETURN_IF_ERROR(MatmulBackwardBf16(shape, x, *w_bf16, dy, dx, dw.span(), db.span(), ws.span(),
+                                       pool_.get()));
+  } else {
+    ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
+    RETURN_IF_ERROR(MatmulBackward<float>(shape, x, w, dy, dx, dw.span(), db.span(), pool_.get()));
+  }
   // This is the operator's only backward use: its slots take the gradients now.
   RETURN_IF_ERROR(WriteGrad(op.w, dw.cspan()));
   RETURN_IF_ERROR(WriteGrad(op.b, db.cspan()));

@@ -37,9 +37,13 @@
 // workspaces are allocations of the accelerator's scratch() (DeviceMemory), so the accelerator's
 // MemoryTracker sees them as non-model data and the scheduler learns the tide: they are allocated
 // when produced and freed as soon as nothing later needs them — the tide rises through forward and
-// falls through backward. With f16/bf16 param chunks every parameter an operator reads is converted
-// into an f32 workspace (non-model) for the kernels, and gradients are converted back into the
-// slot (round-to-nearest-even); with f32 chunks the kernels read the chunk directly.
+// falls through backward. With f16 param chunks every parameter an operator reads is converted
+// into an f32 workspace (non-model) for the kernels; with bf16 chunks the GEMM weights (Conv1D
+// weights and the tied wte of the LM head) are read in place as bf16 by the bf16 GEMM kernels
+// (model/kernels/matmul.h: activations rounded to bf16, f32 accumulation, like PyTorch's CPU
+// autocast) and the other parameters are converted to f32; gradients are computed in f32 and
+// converted back into the slot (round-to-nearest-even); with f32 chunks the kernels read the
+// chunk directly.
 //
 // Activation checkpointing (GptModelOptions::activation_checkpointing): forward keeps only each
 // block's input; backward recomputes the block (accessing its operators in forward again) right
@@ -64,6 +68,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -260,6 +265,9 @@ class GptModel {
   absl::StatusOr<Buffer> Alloc(int64_t elems, bool zero);
   // The parameter's values as f32: the chunk slot itself (f32 chunks) or a converted workspace.
   absl::StatusOr<Buffer> ParamF32(TensorId tensor, absl::Span<const float>* values);
+  // The parameter's slot as bf16 bit patterns (read in place by the bf16 GEMM kernels) if the
+  // chunk's dtype is bf16, else nullopt.
+  absl::StatusOr<std::optional<absl::Span<const uint16_t>>> ParamBf16(TensorId tensor);
   // Writes an f32 gradient into the tensor's param slot (converting to the compute dtype).
   absl::Status WriteGrad(TensorId tensor, absl::Span<const float> grad);
   // Writes `rows` rows of hidden values from `grad` into rows [first_row, first_row + rows) of a

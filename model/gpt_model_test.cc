@@ -34,6 +34,7 @@
 #include "memory/dtype.h"
 #include "model/gpt2_checkpoint.h"
 #include "model/gpt_config.h"
+#include "model/kernels/internal/bf16_gemm.h"
 #include "model/kernels/testing/tiny_gpt2.h"
 #include "scheduler/chunk_manager.h"
 
@@ -219,8 +220,9 @@ TEST(GptModel, InitializationIsGpt2sAndReproducible) {
 // --- 2. The reference model ----------------------------------------------------------------------
 
 // The chunked model with `dtype` param chunks against TinyGpt2<float> holding the same (f32)
-// parameter values: the same kernels in the same order on the same f32 operands, so the loss is
-// bit-identical and the gradients are bit-identical after rounding to `dtype` (for f32: exactly).
+// parameter values: the same kernels in the same order on the same f32 operands (with bf16
+// chunks: the same bf16 GEMM kernels on the same bf16 weights), so the loss is bit-identical and
+// the gradients are bit-identical after rounding to `dtype` (for f32: exactly).
 void ExpectMatchesReference(DType dtype, bool checkpointing) {
   const GptConfig config = SmallConfig();
   RigOptions o;
@@ -229,7 +231,11 @@ void ExpectMatchesReference(DType dtype, bool checkpointing) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(config, o));
   ASSERT_OK(rig->model->InitializeParameters(3));
   const int64_t B = o.model.batch, T = o.model.seq_len;
-  kernel_testing::TinyGpt2<float> reference(ReferenceConfig(config, o.model), B, T);
+  kernel_testing::TinyGpt2Config reference_config = ReferenceConfig(config, o.model);
+  reference_config.bf16_gemms = dtype == DType::kBF16;
+  // GptModel's LM head walks wte's row blocks, widening 16-bit blocks per tile (f32 math).
+  reference_config.bf16_lm_head = false;
+  kernel_testing::TinyGpt2<float> reference(reference_config, B, T);
   for (const kernel_testing::ParamTensor& t : reference.tensors()) {
     ASSERT_OK_AND_ASSIGN(std::vector<float> v, rig->model->ReadTensor(ChunkType::kParam, t.name));
     ASSERT_EQ(static_cast<int64_t>(v.size()), t.size) << t.name;
@@ -270,6 +276,13 @@ void ExpectMatchesReference(DType dtype, bool checkpointing) {
 TEST(GptModel, MatchesReferenceModelBitForBitF32) { ExpectMatchesReference(DType::kF32, false); }
 TEST(GptModel, MatchesReferenceModelBitForBitF16) { ExpectMatchesReference(DType::kF16, false); }
 TEST(GptModel, MatchesReferenceModelBitForBitBF16) { ExpectMatchesReference(DType::kBF16, false); }
+// The same with the bf16 GEMMs forced onto the fallback (f32 sgemm on the widened operands), the
+// path of CPUs without AVX512-BF16.
+TEST(GptModel, MatchesReferenceModelBitForBitBF16FallbackGemms) {
+  kernels_internal::SetBf16GemmBackendForTest(kernels_internal::Bf16GemmBackend::kFallback);
+  ExpectMatchesReference(DType::kBF16, false);
+  kernels_internal::SetBf16GemmBackendForTest(kernels_internal::Bf16GemmBackend::kAuto);
+}
 TEST(GptModel, MatchesReferenceModelWithCheckpointing) {
   ExpectMatchesReference(DType::kF32, true);
 }

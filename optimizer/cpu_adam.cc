@@ -5,11 +5,14 @@
 //
 // Per target there are two block kernels, each run by one pool thread on one block of one
 // segment: StepBlock (the fused Adam update) and StatsBlock (sum of squares and Inf/NaN count).
-// 16-bit gradients go through an f32 tile on the stack, widened and narrowed by memory/convert.h,
-// whose conversions are bit-exact on every target (Highway 1.0.3's own f16/bf16 conversions are
-// not; see memory/convert.h). The tile stays in L1, so main memory is still touched once per
-// element and array: 2 bytes of gradient read, 12 bytes of master/momentum/variance read and
-// written, 2 bytes of parameter written (with f16/bf16 compute).
+// StepBlock converts 16-bit gradients and parameters in registers, inside the update loop (IO
+// policies below, bit-identical to memory/convert.h), so main memory is touched once per element
+// and array: 2 bytes of gradient read, 12 bytes of master/momentum/variance read and written,
+// 2 bytes of parameter written (with f16/bf16 compute), and nothing else is. (It used to widen
+// each 1024-element tile into an f32 staging buffer and narrow it back with two dispatched
+// memory/convert.h calls per tile; only f16 on targets without F16C still does.) StatsBlock widens
+// into an L1-resident f32 tile with memory/convert.h, whose tiles also fix the order of its
+// partial sums.
 #include "optimizer/cpu_adam.h"
 
 #include <algorithm>
@@ -32,6 +35,7 @@
 #include "base/status_macros.h"
 #include "memory/convert.h"
 #include "memory/dtype.h"
+#include "memory/dtype_math.h"
 #include "optimizer/adam_kernels.h"
 #include "optimizer/adam_math.h"
 
@@ -48,14 +52,100 @@ namespace cpu_adam_internal {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// The Adam update of n elements whose stored gradients are f32 at `grad` (which may alias
-// `param_out`; param_out may be null). Whole vectors first, then the rest through the scalar
-// reference. Returns true if some effective gradient was Inf or NaN.
-template <bool kL2, bool kDecay>
-bool AdamLoop(const AdamStepScalars& s, const float* grad, float* HWY_RESTRICT master,
-              float* HWY_RESTRICT exp_avg, float* HWY_RESTRICT exp_avg_sq, float* param_out,
-              size_t n) {
-  const hn::ScalableTag<float> d;
+// How AdamLoop reads the stored gradients and writes the new parameters: f32, or 16-bit values
+// converted in registers (no staging tile). Each IO reads element i's gradient before it writes
+// element i's parameter, so the two may share memory (the usual in-place case).
+//
+// The 16-bit conversions are bit-identical to memory/convert.h: f16 with the F16C instructions
+// convert.cc uses on x86 targets from AVX2 up (round-to-nearest immediate, NaNs quieted as
+// dtype_math.h does); bf16 with the integer form of dtype_math.h that convert.cc vectorizes. f16
+// on targets without F16C keeps the staging tile (StepBlock).
+#undef PS_CPU_ADAM_F16C
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
+#define PS_CPU_ADAM_F16C 1
+#else
+#define PS_CPU_ADAM_F16C 0
+#endif
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+struct F32IO {
+  const float* grad;
+  float* param;  // may be null: only the master copy is updated
+  VF Load(DF d, size_t i) const { return hn::LoadU(d, grad + i); }
+  void Store(DF d, size_t i, VF p) const {
+    if (param != nullptr) hn::StoreU(p, d, param + i);
+  }
+  float LoadScalar(size_t i) const { return grad[i]; }
+  void StoreScalar(size_t i, float p) const {
+    if (param != nullptr) param[i] = p;
+  }
+};
+
+#if PS_CPU_ADAM_F16C
+struct F16IO {
+  const uint16_t* grad;
+  uint16_t* param;
+  VF Load(DF d, size_t i) const {
+    const hn::Rebind<uint16_t, DF> du16;
+    const hn::Rebind<hwy::float16_t, DF> df16;
+    return hn::PromoteTo(d, hn::BitCast(df16, hn::LoadU(du16, grad + i)));
+  }
+  void Store(DF d, size_t i, VF p) const {
+    const hn::Rebind<uint16_t, DF> du16;
+    const hn::Rebind<hwy::float16_t, DF> df16;
+    hn::StoreU(hn::BitCast(du16, hn::DemoteTo(df16, p)), du16, param + i);
+  }
+  float LoadScalar(size_t i) const { return HalfBitsToFloat(grad[i]); }
+  void StoreScalar(size_t i, float p) const { param[i] = FloatToHalfBits(p); }
+};
+#endif
+
+struct BF16IO {
+  const uint16_t* grad;
+  uint16_t* param;
+  VF Load(DF d, size_t i) const {
+    namespace dti = dtype_internal;
+    const hn::RebindToUnsigned<DF> du32;
+    const hn::RebindToSigned<DF> di32;
+    const hn::Rebind<uint16_t, DF> du16;
+    // BFloat16BitsToFloat: the bits shifted up; a NaN comes back quiet.
+    const auto bits = hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, grad + i)));
+    const auto abs = hn::And(bits, hn::Set(du32, dti::kF32AbsMask));
+    const auto is_nan = hn::RebindMask(
+        du32, hn::BitCast(di32, abs) > hn::Set(di32, static_cast<int32_t>(dti::kF32Inf)));
+    return hn::BitCast(d,
+                       hn::Or(bits, hn::IfThenElseZero(is_nan, hn::Set(du32, dti::kF32QuietBit))));
+  }
+  void Store(DF d, size_t i, VF p) const {
+    namespace dti = dtype_internal;
+    const hn::RebindToUnsigned<DF> du32;
+    const hn::RebindToSigned<DF> di32;
+    const hn::Rebind<uint16_t, DF> du16;
+    // FloatToBFloat16Bits: round to nearest even; a NaN keeps its top payload bits, quieted.
+    const auto x = hn::BitCast(du32, p);
+    const auto abs = hn::And(x, hn::Set(du32, dti::kF32AbsMask));
+    const auto odd = hn::And(hn::ShiftRight<16>(x), hn::Set(du32, 1u));
+    const auto rounded = hn::ShiftRight<16>(hn::Add(x, hn::Add(hn::Set(du32, 0x7fffu), odd)));
+    const auto nan = hn::Or(hn::ShiftRight<16>(x), hn::Set(du32, dti::kBF16QuietBit));
+    const auto is_nan = hn::RebindMask(
+        du32, hn::BitCast(di32, abs) > hn::Set(di32, static_cast<int32_t>(dti::kF32Inf)));
+    const auto b = hn::IfThenElse(is_nan, nan, rounded);
+    // Lanes hold values <= 0xffff, so the saturating i32 -> u16 demotion is exact.
+    hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di32, b)), du16, param + i);
+  }
+  float LoadScalar(size_t i) const { return BFloat16BitsToFloat(grad[i]); }
+  void StoreScalar(size_t i, float p) const { param[i] = FloatToBFloat16Bits(p); }
+};
+
+// The Adam update of n elements: whole vectors first, then the rest through the scalar reference
+// AdamUpdate. Returns the number of effective gradients (unscaled and clipped) that were Inf or
+// NaN, counted as they go by (so no copy of in-place gradients is needed to count them later).
+template <bool kL2, bool kDecay, class IO>
+int64_t AdamLoop(const AdamStepScalars& s, const IO& io, float* HWY_RESTRICT master,
+                 float* HWY_RESTRICT exp_avg, float* HWY_RESTRICT exp_avg_sq, size_t n) {
+  const DF d;
   const size_t lanes = hn::Lanes(d);
   const auto loss_scale = hn::Set(d, s.loss_scale);
   const auto clip_coef = hn::Set(d, s.clip_coef);
@@ -68,13 +158,14 @@ bool AdamLoop(const AdamStepScalars& s, const float* grad, float* HWY_RESTRICT m
   const auto eps = hn::Set(d, s.eps);
   const auto step_size = hn::Set(d, s.step_size);
   const auto inv_sqrt_bc2 = hn::Set(d, s.inv_sqrt_bias_correction2);
-  // All-ones lanes while every effective gradient seen in that lane was finite (starts all-ones:
-  // loss_scale == loss_scale in every lane).
-  auto finite = hn::VecFromMask(d, hn::Eq(loss_scale, loss_scale));
+  int64_t nonfinite = 0;
   size_t i = 0;
   for (; i + lanes <= n; i += lanes) {
-    auto g = hn::Mul(hn::Div(hn::LoadU(d, grad + i), loss_scale), clip_coef);
-    finite = hn::And(finite, hn::VecFromMask(d, hn::IsFinite(g)));
+    auto g = hn::Mul(hn::Div(io.Load(d, i), loss_scale), clip_coef);
+    const auto bad = hn::Not(hn::IsFinite(g));
+    if (HWY_UNLIKELY(!hn::AllFalse(d, bad))) {
+      nonfinite += static_cast<int64_t>(hn::CountTrue(d, bad));
+    }
     auto p = hn::LoadU(d, master + i);
     if (kL2) g = hn::MulAdd(l2, p, g);
     if (kDecay) p = hn::Mul(p, decay);
@@ -86,12 +177,11 @@ bool AdamLoop(const AdamStepScalars& s, const float* grad, float* HWY_RESTRICT m
     hn::StoreU(m, d, exp_avg + i);
     hn::StoreU(v, d, exp_avg_sq + i);
     hn::StoreU(p, d, master + i);
-    if (param_out != nullptr) hn::StoreU(p, d, param_out + i);
+    io.Store(d, i, p);
   }
-  bool any_nonfinite = !hn::AllTrue(d, hn::MaskFromVec(finite));
   for (; i < n; ++i) {
-    const float raw = grad[i];
-    any_nonfinite |= !std::isfinite(AdamEffectiveGrad(s, raw));
+    const float raw = io.LoadScalar(i);
+    nonfinite += std::isfinite(AdamEffectiveGrad(s, raw)) ? 0 : 1;
     float p = master[i];
     float m = exp_avg[i];
     float v = exp_avg_sq[i];
@@ -99,26 +189,20 @@ bool AdamLoop(const AdamStepScalars& s, const float* grad, float* HWY_RESTRICT m
     master[i] = p;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
-    if (param_out != nullptr) param_out[i] = p;
+    io.StoreScalar(i, p);
   }
-  return any_nonfinite;
+  return nonfinite;
 }
 
-bool AdamLoopDispatch(const AdamStepScalars& s, const float* grad, float* master, float* exp_avg,
-                      float* exp_avg_sq, float* param_out, size_t n) {
+template <class IO>
+int64_t AdamLoopDispatch(const AdamStepScalars& s, const IO& io, float* master, float* exp_avg,
+                         float* exp_avg_sq, size_t n) {
   const bool l2 = s.l2 != 0.0f;
   const bool decay = s.decay != 1.0f;
-  if (l2 && decay) return AdamLoop<true, true>(s, grad, master, exp_avg, exp_avg_sq, param_out, n);
-  if (l2) return AdamLoop<true, false>(s, grad, master, exp_avg, exp_avg_sq, param_out, n);
-  if (decay) return AdamLoop<false, true>(s, grad, master, exp_avg, exp_avg_sq, param_out, n);
-  return AdamLoop<false, false>(s, grad, master, exp_avg, exp_avg_sq, param_out, n);
-}
-
-// Counts the effective gradients of f32 `grad[0, n)` that are Inf or NaN (the rare path).
-int64_t CountNonFinite(const AdamStepScalars& s, const float* grad, size_t n) {
-  int64_t count = 0;
-  for (size_t i = 0; i < n; ++i) count += std::isfinite(AdamEffectiveGrad(s, grad[i])) ? 0 : 1;
-  return count;
+  if (l2 && decay) return AdamLoop<true, true>(s, io, master, exp_avg, exp_avg_sq, n);
+  if (l2) return AdamLoop<true, false>(s, io, master, exp_avg, exp_avg_sq, n);
+  if (decay) return AdamLoop<false, true>(s, io, master, exp_avg, exp_avg_sq, n);
+  return AdamLoop<false, false>(s, io, master, exp_avg, exp_avg_sq, n);
 }
 
 // Widens n 16-bit values into f32 (bit-exact, memory/convert.h).
@@ -130,14 +214,6 @@ void Widen(DType dtype, const uint16_t* src, float* dst, size_t n) {
   }
 }
 
-void Narrow(DType dtype, const float* src, uint16_t* dst, size_t n) {
-  if (dtype == DType::kF16) {
-    ConvertF32ToF16(src, dst, static_cast<int64_t>(n));
-  } else {
-    ConvertF32ToBF16(src, dst, static_cast<int64_t>(n));
-  }
-}
-
 // The fused update of elements [begin, begin + len) of `seg`. Returns the number of non-finite
 // effective gradients.
 int64_t StepBlock(const AdamSegment& seg, int64_t begin, int64_t len) {
@@ -146,39 +222,32 @@ int64_t StepBlock(const AdamSegment& seg, int64_t begin, int64_t len) {
   float* exp_avg = seg.exp_avg + begin;
   float* exp_avg_sq = seg.exp_avg_sq + begin;
   const size_t n = static_cast<size_t>(len);
-  HWY_ALIGN float tile[kCpuAdamTileElems];
-  int64_t nonfinite = 0;
   if (seg.dtype == DType::kF32) {
-    const float* grad = static_cast<const float*>(seg.grad) + begin;
-    float* param = seg.param == nullptr ? nullptr : static_cast<float*>(seg.param) + begin;
-    // In place (param == grad) the gradients are read from a copy in the tile, so that they can
-    // still be counted after the parameters overwrote them.
-    const bool in_place = seg.param == seg.grad;
-    for (size_t off = 0; off < n; off += kCpuAdamTileElems) {
-      const size_t t = std::min<size_t>(kCpuAdamTileElems, n - off);
-      const float* g = grad + off;
-      if (in_place) {
-        std::memcpy(tile, g, t * sizeof(float));
-        g = tile;
-      }
-      if (AdamLoopDispatch(s, g, master + off, exp_avg + off, exp_avg_sq + off,
-                           param == nullptr ? nullptr : param + off, t)) {
-        nonfinite += CountNonFinite(s, g, t);
-      }
-    }
-    return nonfinite;
+    const F32IO io{static_cast<const float*>(seg.grad) + begin,
+                   seg.param == nullptr ? nullptr : static_cast<float*>(seg.param) + begin};
+    return AdamLoopDispatch(s, io, master, exp_avg, exp_avg_sq, n);
   }
   const uint16_t* grad = static_cast<const uint16_t*>(seg.grad) + begin;
   uint16_t* param = static_cast<uint16_t*>(seg.param) + begin;
+  if (seg.dtype == DType::kBF16) {
+    return AdamLoopDispatch(s, BF16IO{grad, param}, master, exp_avg, exp_avg_sq, n);
+  }
+#if PS_CPU_ADAM_F16C
+  return AdamLoopDispatch(s, F16IO{grad, param}, master, exp_avg, exp_avg_sq, n);
+#else
+  // f16 without F16C: widen a tile at a time into f32 with memory/convert.h (its integer
+  // emulation), update, and round the new master values back.
+  HWY_ALIGN float tile[kCpuAdamTileElems];
+  int64_t nonfinite = 0;
   for (size_t off = 0; off < n; off += kCpuAdamTileElems) {
     const size_t t = std::min<size_t>(kCpuAdamTileElems, n - off);
     Widen(seg.dtype, grad + off, tile, t);
-    if (AdamLoopDispatch(s, tile, master + off, exp_avg + off, exp_avg_sq + off, nullptr, t)) {
-      nonfinite += CountNonFinite(s, tile, t);
-    }
-    Narrow(seg.dtype, master + off, param + off, t);
+    nonfinite +=
+        AdamLoopDispatch(s, F32IO{tile, nullptr}, master + off, exp_avg + off, exp_avg_sq + off, t);
+    ConvertF32ToF16(master + off, param + off, static_cast<int64_t>(t));
   }
   return nonfinite;
+#endif
 }
 
 // Sum of x*x over x[0, n), lanes accumulated in f32 (four accumulators), then added in double in

@@ -9,13 +9,15 @@
 //
 // How the work is cut, and why results do not depend on the thread count: every segment is split
 // into blocks of kCpuAdamBlockElems elements at fixed offsets from its start, and blocks are the
-// tasks of the pool. Within a block, 16-bit gradients are widened into an L1-resident f32 tile of
-// kCpuAdamTileElems elements with memory/convert.h (bit-exact), the update runs on whole vectors,
-// the leftover elements of the segment's last tile run through AdamUpdate (adam_math.h), and the
-// new master values are rounded to the compute dtype with memory/convert.h. Which code path an
-// element takes depends only on its offset in its segment and the segment's length; partial sums
-// of GradientStats are kept per tile and added in a fixed order. So for one instruction set the
-// output bits are the same for any number of threads and any scheduling.
+// tasks of the pool. Within a block, Step converts 16-bit gradients to f32 in registers (F16C for
+// f16 on x86 from AVX2 up, integer arithmetic for bf16; bit-exact like memory/convert.h; f16
+// elsewhere goes through an f32 tile of kCpuAdamTileElems), the update runs on whole vectors, the
+// leftover elements of the segment's last vector run through AdamUpdate (adam_math.h), and the new
+// master values are rounded to the compute dtype (round-to-nearest-even) in the same pass.
+// GradientStats widens into f32 tiles; its partial sums are kept per tile and added in a fixed
+// order. Which code path an element takes depends only on its offset in its segment and the
+// segment's length, so for one instruction set the output bits are the same for any number of
+// threads and any scheduling.
 //
 // Lengths and pointers: any n_elems >= 0; pointers need only their element alignment.
 //
@@ -31,8 +33,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "optimizer/adam_kernels.h"
 #include "base/thread_pool.h"
+#include "optimizer/adam_kernels.h"
 
 // Threads of a CpuAdam created with num_threads = 0; 0 here means every core.
 ABSL_DECLARE_FLAG(int32_t, cpu_adam_threads);

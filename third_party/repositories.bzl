@@ -130,4 +130,9 @@ def patrickstar_cc_repositories():
         targets = {"sentencepiece": ["sentencepiece"]},
     )
     _maybe(system_library, name = "utf8proc", targets = {"utf8proc": ["libutf8proc"]})
+
+    # oneDNN (Debian libdnnl-dev, OpenMP runtime): the bf16 GEMMs of model/kernels. The package
+    # ships no pkg-config file, so the link flags are given directly (libgomp: its threads are set
+    # with omp_set_num_threads).
+    _maybe(system_library, name = "onednn", targets = {"dnnl": ["-ldnnl", "-lgomp"]})
     _maybe(cuda_configure, name = "local_config_cuda")

@@ -15,6 +15,7 @@ PACKAGES=(
   libbenchmark-dev     # @com_github_google_benchmark
   libhwy-dev           # @com_github_google_highway: run-time SIMD dispatch
   libopenblas-dev      # @openblas: CPU GEMM
+  libdnnl-dev          # @onednn: bf16 GEMMs (AVX512-BF16 / AMX where the CPU has them)
   nlohmann-json3-dev   # @com_github_nlohmann_json: config and file headers
   libopenmpi-dev       # @openmpi: multi-rank runs on CPU, NCCL bootstrap
   openmpi-bin          # mpirun

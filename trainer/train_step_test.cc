@@ -33,6 +33,7 @@
 #include "memory/dtype.h"
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
+#include "model/kernels/internal/bf16_gemm.h"
 #include "optimizer/cpu_adam.h"
 #include "optimizer/hybrid_adam.h"
 #include "optimizer/loss_scaler.h"
@@ -278,6 +279,42 @@ TEST(GptTraining, OverfitsOneBatchWithHybridAdam) { ExpectOverfitsOneBatch(DType
 TEST(GptTraining, OverfitsOneBatchInBF16) { ExpectOverfitsOneBatch(DType::kBF16, 1.0); }
 TEST(GptTraining, OverfitsOneBatchInF16WithLossScaling) {
   ExpectOverfitsOneBatch(DType::kF16, 1024.0);
+}
+
+// bf16 training against f32 training from the same initialization, on the same batch, on the
+// default bf16 GEMM backend and on the fallback.
+//
+// Tolerances. Iteration 0 is a forward and backward on the same masters: bf16 rounds every
+// parameter and every GEMM activation operand to 8 significant bits (relative error <= 2^-8), so a
+// logit moves by at most 2 * 2^-8 of the sum of |terms| of its dot product and the loss, which
+// moves by at most twice the largest logit change, by far less in practice: the errors have random
+// signs (measured here: 4e-5). The bound 2e-4 leaves 5x. After an update the runs differ for a
+// second reason: Adam's first updates are +-lr (m / sqrt(v) = g / |g|) whatever the gradient's
+// size, so a parameter whose bf16 and f32 gradients differ in sign (small gradients) moves 2 lr
+// apart. With lr 1e-2 the measured differences stay below 3.6e-3 over 8 steps while the f32 loss
+// falls by ~0.25 per step; the bound 1.5e-2 leaves 4x and still fails for a broken gradient, which
+// shifts the trajectory by a whole step's progress.
+void ExpectBf16TracksF32() {
+  const GptConfig config = SmallConfig();
+  constexpr int kIterations = 8;
+  RigOptions f32;
+  RigOptions bf16;
+  bf16.dtype = DType::kBF16;
+  ASSERT_OK_AND_ASSIGN(TrainTrace a, Train(config, f32, kIterations));
+  ASSERT_OK_AND_ASSIGN(TrainTrace b, Train(config, bf16, kIterations));
+  for (int it = 0; it < kIterations; ++it) {
+    LOG(INFO) << "iteration " << it << ": f32 loss " << a.losses[it] << ", bf16 " << b.losses[it]
+              << ", difference " << b.losses[it] - a.losses[it];
+    EXPECT_NEAR(b.losses[it], a.losses[it], it == 0 ? 2e-4 : 1.5e-2) << "iteration " << it;
+  }
+  EXPECT_LT(b.losses.back(), b.losses.front() - 1.0);  // bf16 training happened
+}
+
+TEST(GptTraining, Bf16TrainingTracksF32) { ExpectBf16TracksF32(); }
+TEST(GptTraining, Bf16TrainingTracksF32WithFallbackGemms) {
+  kernels_internal::SetBf16GemmBackendForTest(kernels_internal::Bf16GemmBackend::kFallback);
+  ExpectBf16TracksF32();
+  kernels_internal::SetBf16GemmBackendForTest(kernels_internal::Bf16GemmBackend::kAuto);
 }
 
 // --- 3. Activation checkpointing ---------------------------------------------------------------

@@ -1,6 +1,7 @@
 #include "model/kernels/attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -9,20 +10,24 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
-#include "model/kernels/attention_math.h"
-#include "model/kernels/internal/kernel_util.h"
-#include "model/kernels/internal/simd.h"
-#include "model/kernels/softmax_math.h"
 #include "base/thread_pool.h"
+#include "model/kernels/attention_math.h"
+#include "model/kernels/internal/attention_reference.h"
+#include "model/kernels/internal/attention_simd.h"
+#include "model/kernels/internal/kernel_util.h"
+#include "model/kernels/softmax_math.h"
 
 namespace ps {
 namespace {
 
+using kernels_internal::AttentionBackwardReference;
+using kernels_internal::AttentionForwardReference;
 using kernels_internal::CheckElems;
 using kernels_internal::CheckPositive;
 using kernels_internal::CheckWorkspace;
 using kernels_internal::NumTasks;
 using kernels_internal::ParallelFor;
+namespace simd = kernels_internal::simd;
 
 absl::Status CheckShape(const char* kernel, const AttentionShape& s) {
   RETURN_IF_ERROR(CheckPositive(kernel, "batch", s.batch));
@@ -35,43 +40,6 @@ absl::Status CheckShape(const char* kernel, const AttentionShape& s) {
         kernel, ": channels ", s.channels, " is not a multiple of num_heads ", s.num_heads));
   }
   return absl::OkStatus();
-}
-
-// The inner loops: vectorized for float (internal/simd.h), scalar for double.
-template <typename T>
-inline T DotProduct(const T* a, const T* b, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) return kernels_internal::simd::Dot(a, b, n);
-  T s = 0;
-  for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
-  return s;
-}
-
-// y += alpha x.
-template <typename T>
-inline void Axpy(T alpha, const T* x, T* y, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    kernels_internal::simd::Axpy(alpha, x, y, n);
-  } else {
-    for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
-  }
-}
-
-// y *= alpha.
-template <typename T>
-inline void ScaleInPlace(T alpha, T* y, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    kernels_internal::simd::Scale(alpha, y, n);
-  } else {
-    for (int64_t d = 0; d < n; ++d) y[d] *= alpha;
-  }
-}
-
-// Decodes a work item (b, h, tile index) from its number.
-struct Item {
-  int64_t b, h, tile;
-};
-inline Item DecodeItem(int64_t item, int64_t num_heads, int64_t num_tiles) {
-  return {item / (num_heads * num_tiles), (item / num_tiles) % num_heads, item % num_tiles};
 }
 
 }  // namespace
@@ -95,47 +63,34 @@ absl::Status AttentionForward(const AttentionShape& shape, absl::Span<const T> q
   const int num_slots = pool == nullptr ? 1 : pool->num_threads();
   RETURN_IF_ERROR(CheckWorkspace(kKernel, workspace, AttentionWorkspaceElems(shape, num_slots)));
 
-  const T scale = AttentionScale<T>(hd);
-  const int64_t num_tiles = NumTasks(L, tile);
-  const int64_t num_items = B * H * num_tiles;
-  // Slot s runs items s, s + num_slots, ... with its own score row and output row.
-  ParallelFor(pool, num_slots, [&](int64_t slot) {
-    T* scores = workspace.data() + slot * (tile + hd);
-    T* acc = scores + tile;
-    for (int64_t item = slot; item < num_items; item += num_slots) {
-      const Item it = DecodeItem(item, H, num_tiles);
-      const T* base = qkv.data() + it.b * L * 3 * C;
-      const int64_t i0 = it.tile * tile, i1 = std::min(L, i0 + tile);
-      for (int64_t i = i0; i < i1; ++i) {
-        const T* q = base + i * 3 * C + it.h * hd;
-        T m = NegativeInfinity<T>(), l = 0;
-        std::fill(acc, acc + hd, T{0});
-        for (int64_t j0 = 0; j0 <= i; j0 += tile) {
-          const int64_t j1 = std::min(i + 1, j0 + tile);  // causal: keys j <= i
-          T tile_max = NegativeInfinity<T>();
-          for (int64_t j = j0; j < j1; ++j) {
-            const T s = scale * DotProduct(q, base + j * 3 * C + C + it.h * hd, hd);
-            scores[j - j0] = s;
-            tile_max = MaxOf(tile_max, s);
-          }
-          const T new_m = MaxOf(m, tile_max);
-          const T correction = SoftmaxRescale(m, new_m);  // 0 on the first tile (m = -inf)
-          l *= correction;
-          ScaleInPlace(correction, acc, hd);
-          for (int64_t j = j0; j < j1; ++j) {
-            const T p = SoftmaxWeight(scores[j - j0], new_m);
-            l += p;
-            Axpy(p, base + j * 3 * C + 2 * C + it.h * hd, acc, hd);
-          }
-          m = new_m;
-        }
-        T* o = out.data() + (it.b * L + i) * C + it.h * hd;
-        const T inv_l = T{1} / l;
-        for (int64_t d = 0; d < hd; ++d) o[d] = acc[d] * inv_l;
-        lse[(it.b * H + it.h) * L + i] = SoftmaxLogSumExp(SoftmaxState<T>{m, l});
+  if constexpr (std::is_same_v<T, float>) {
+    // The fast schedule (bit-identical to the reference, internal/attention_simd.h). Work items
+    // are whole heads (b, h), of equal cost (the reference's (b, h, query tile) items differ by
+    // the causal triangle, and their static round-robin left one thread ~20% more work); each
+    // slot claims the next unclaimed head until none is left, with its own scores and output row.
+    const float scale = AttentionScale<float>(hd);
+    const int64_t num_items = B * H;
+    std::atomic<int64_t> next_item{0};
+    ParallelFor(pool, num_slots, [&](int64_t slot) {
+      float* scores = workspace.data() + slot * (tile + hd);
+      float* acc = scores + tile;
+      for (int64_t item = next_item++; item < num_items; item = next_item++) {
+        const int64_t b = item / H, h = item % H;
+        const float* base = qkv.data() + b * L * 3 * C + h * hd;
+        const simd::AttentionHeadView head{.q = base,
+                                           .k = base + C,
+                                           .v = base + 2 * C,
+                                           .qkv_stride = 3 * C,
+                                           .seq_len = L,
+                                           .head_dim = hd,
+                                           .scale = scale};
+        simd::AttentionForwardRows(head, tile, 0, L, out.data() + b * L * C + h * hd, C,
+                                   lse.data() + (b * H + h) * L, scores, acc);
       }
-    }
-  });
+    });
+  } else {
+    AttentionForwardReference<T>(shape, qkv, out, lse, workspace, pool);
+  }
   return absl::OkStatus();
 }
 
@@ -146,64 +101,34 @@ absl::Status AttentionBackward(const AttentionShape& shape, absl::Span<const T> 
   constexpr char kKernel[] = "AttentionBackward";
   RETURN_IF_ERROR(CheckShape(kKernel, shape));
   const int64_t B = shape.batch, L = shape.seq_len, C = shape.channels, H = shape.num_heads;
-  const int64_t hd = C / H, tile = shape.tile;
+  const int64_t hd = C / H;
   RETURN_IF_ERROR(CheckElems(kKernel, "qkv", qkv, B * L * 3 * C, "B*T*3C"));
   RETURN_IF_ERROR(CheckElems(kKernel, "out", out, B * L * C, "B*T*C"));
   RETURN_IF_ERROR(CheckElems(kKernel, "lse", lse, B * H * L, "B*H*T"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dout", dout, B * L * C, "B*T*C"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dqkv", dqkv, B * L * 3 * C, "B*T*3C"));
 
-  const T scale = AttentionScale<T>(hd);
-  const int64_t num_tiles = NumTasks(L, tile);
-  const int64_t num_items = B * H * num_tiles;
-  // Pointers into row t of batch b, head h.
-  auto q_of = [&](int64_t b, int64_t h, int64_t t) {
-    return qkv.data() + (b * L + t) * 3 * C + h * hd;
-  };
-  auto row_of = [&](int64_t b, int64_t h, int64_t t) { return (b * L + t) * C + h * hd; };
-
-  // Pass A: dk, dv for the keys of one tile, summing over queries i >= j in increasing order.
-  ParallelFor(pool, num_items, [&](int64_t item) {
-    const Item it = DecodeItem(item, H, num_tiles);
-    const int64_t j0 = it.tile * tile, j1 = std::min(L, j0 + tile);
-    for (int64_t i = j0; i < L; ++i) {
-      const T* q = q_of(it.b, it.h, i);
-      const T* o = out.data() + row_of(it.b, it.h, i);
-      const T* dout_i = dout.data() + row_of(it.b, it.h, i);
-      const T D = DotProduct(dout_i, o, hd);
-      const T row_lse = lse[(it.b * H + it.h) * L + i];
-      const int64_t j_end = std::min(j1, i + 1);
-      for (int64_t j = j0; j < j_end; ++j) {
-        const T* k = q_of(it.b, it.h, j) + C;
-        const T* v = k + C;
-        const T p = AttentionProbability(scale * DotProduct(q, k, hd), row_lse);
-        const T dS = AttentionScoreGrad(p, DotProduct(dout_i, v, hd), D);
-        T* dk = dqkv.data() + (it.b * L + j) * 3 * C + C + it.h * hd;
-        T* dv = dk + C;
-        Axpy(scale * dS, q, dk, hd);
-        Axpy(p, dout_i, dv, hd);
-      }
-    }
-  });
-  // Pass B: dq for the queries of one tile, summing over keys j <= i in increasing order.
-  ParallelFor(pool, num_items, [&](int64_t item) {
-    const Item it = DecodeItem(item, H, num_tiles);
-    const int64_t i0 = it.tile * tile, i1 = std::min(L, i0 + tile);
-    for (int64_t i = i0; i < i1; ++i) {
-      const T* q = q_of(it.b, it.h, i);
-      const T* dout_i = dout.data() + row_of(it.b, it.h, i);
-      const T D = DotProduct(dout_i, out.data() + row_of(it.b, it.h, i), hd);
-      const T row_lse = lse[(it.b * H + it.h) * L + i];
-      T* dq = dqkv.data() + (it.b * L + i) * 3 * C + it.h * hd;
-      for (int64_t j = 0; j <= i; ++j) {
-        const T* k = q_of(it.b, it.h, j) + C;
-        const T* v = k + C;
-        const T p = AttentionProbability(scale * DotProduct(q, k, hd), row_lse);
-        const T dS = AttentionScoreGrad(p, DotProduct(dout_i, v, hd), D);
-        Axpy(scale * dS, k, dq, hd);
-      }
-    }
-  });
+  if constexpr (std::is_same_v<T, float>) {
+    // One task per (b, h): it owns that head's dq, dk and dv (internal/attention_simd.h).
+    const float scale = AttentionScale<float>(hd);
+    ParallelFor(pool, B * H, [&](int64_t item) {
+      const int64_t b = item / H, h = item % H;
+      const float* base = qkv.data() + b * L * 3 * C + h * hd;
+      float* dbase = dqkv.data() + b * L * 3 * C + h * hd;
+      const simd::AttentionHeadView head{.q = base,
+                                         .k = base + C,
+                                         .v = base + 2 * C,
+                                         .qkv_stride = 3 * C,
+                                         .seq_len = L,
+                                         .head_dim = hd,
+                                         .scale = scale};
+      const int64_t row = b * L * C + h * hd;
+      simd::AttentionBackwardHead(head, out.data() + row, dout.data() + row, C,
+                                  lse.data() + (b * H + h) * L, dbase, dbase + C, dbase + 2 * C);
+    });
+  } else {
+    AttentionBackwardReference<T>(shape, qkv, out, lse, dout, dqkv, pool);
+  }
   return absl::OkStatus();
 }
 

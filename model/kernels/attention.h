@@ -20,18 +20,25 @@
 //   dP_ij = dO_i . v_j
 //   dS_ij = P_ij (dP_ij - D_i)                       (softmax Jacobian)
 //   dq_i += scale sum_j dS_ij k_j,   dk_j += scale sum_i dS_ij q_i,   dv_j += sum_i P_ij dO_i
-// dq is a sum over keys and dk, dv sums over queries, so two passes keep every output owned by
-// one task without atomics: pass A, parallel over key tiles, accumulates dk and dv; pass B,
-// parallel over query tiles, accumulates dq. Each recomputes the probabilities it needs.
+// dq is a sum over keys and dk, dv sums over queries. The reference schedule
+// (internal/attention_reference.h, the f64 path) keeps every output owned by one task without
+// atomics with two passes: pass A, parallel over key tiles, accumulates dk and dv; pass B,
+// parallel over query tiles, accumulates dq; each recomputes the probabilities it needs.
 //
-// SIMD: for f32 the head-dim dot products, rescales and axpys run Highway loops
-// (internal/simd.h); a dot product sums in vector accumulators and a lane tree instead of index
-// order (rounding differences only). f64 is scalar.
+// f32 (internal/attention_simd.h) runs a faster schedule with the same bits as the reference:
+// the forward inlines its dot products and accumulates the output row chunk by chunk in
+// registers; the backward runs one task per (b, h) that walks 64 x 64 (query, key) blocks, computes
+// each block's P and dS once and feeds dk, dv and dq from them, keeping every sum in the
+// reference's order (dk_j, dv_j over queries ascending, dq_i over keys ascending). A dot product
+// sums in vector accumulators and a lane tree (internal/simd-inl.h DotExact), not in index order
+// (rounding differences from a scalar loop only). f64 is scalar.
 //
-// Threading and determinism: work items are (b, h, tile); each writes only its own rows and sums
-// in a fixed order, so results do not depend on the thread count. The forward's workspace is one
-// slot (a score tile and an output row) per pool thread — O(threads * (tile + hd)), independent
-// of T. The backward needs no workspace. Gradients accumulate (+=).
+// Threading and determinism: work items are (b, h) for f32 (claimed dynamically in the forward)
+// and (b, h, query or key tile) in the reference schedule; each writes only its own rows and sums
+// in a fixed order, so results do not depend on the thread count or on which thread ran an item. The forward's workspace is one slot (a score tile and an output row) per
+// pool thread — O(threads * (tile + hd)), independent of T. The backward needs no workspace (the
+// f32 schedule keeps its two 64 x 64 blocks, 32 KiB, on the task's stack). Gradients accumulate
+// (+=).
 #ifndef PATRICKSTAR_MODEL_KERNELS_ATTENTION_H_
 #define PATRICKSTAR_MODEL_KERNELS_ATTENTION_H_
 

@@ -2,17 +2,21 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/random/random.h"
 #include "absl/types/span.h"
 #include "base/check.h"
 #include "base/testing/status_matchers.h"
+#include "base/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "hwy/targets.h"
+#include "model/kernels/internal/attention_reference.h"
 #include "model/kernels/testing/kernel_test_util.h"
-#include "base/thread_pool.h"
 
 namespace ps {
 namespace {
@@ -112,6 +116,63 @@ TEST(AttentionTest, FloatMatchesNaiveReference) {
     ExpectAllNear(lse, ref.lse, 1e-5, 1e-6, "lse");
     ExpectAllNear(dqkv, ref.dqkv, 3e-5, 1e-4, "dqkv");
   }
+}
+
+// Element-wise bit equality (so -0 vs +0 and NaN payloads count), naming the first difference.
+void ExpectSameBits(const std::vector<float>& got, const std::vector<float>& want,
+                    const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+      ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", reference " << want[i];
+      return;
+    }
+  }
+}
+
+// The f32 kernels run a faster schedule (internal/attention_simd.h) that must reproduce the
+// reference schedule (internal/attention_reference.h, the loops the kernels ran before) bit for
+// bit, on every instruction set this CPU has: the training losses depend on it.
+TEST(AttentionTest, FloatIsBitIdenticalToTheReferenceScheduleOnEveryTarget) {
+  absl::BitGen gen(std::seed_seq{4});  // fixed seed: reproducible failures
+  ThreadPool pool(3);
+  // Head dims with and without vector tails (1, 3, 17, 20, 40, 80) and GPT-2's 64 and the default
+  // run's 32; sequence lengths around the 64-row backward block; tiles from 1 to > T.
+  const AttentionShape shapes[] = {{1, 1, 4, 2, 8},    {2, 37, 12, 3, 8},   {1, 5, 6, 1, 64},
+                                   {3, 20, 10, 2, 7},  {1, 130, 64, 1, 64}, {1, 64, 128, 4, 64},
+                                   {1, 65, 32, 1, 16}, {1, 70, 51, 3, 1},   {1, 129, 40, 2, 256},
+                                   {1, 9, 1, 1, 4}};
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    for (const AttentionShape& s : shapes) {
+      SCOPED_TRACE(::testing::Message()
+                   << "B=" << s.batch << " T=" << s.seq_len << " C=" << s.channels
+                   << " H=" << s.num_heads << " tile=" << s.tile);
+      const int64_t B = s.batch, L = s.seq_len, C = s.channels, H = s.num_heads;
+      const std::vector<float> qkv = RandomVector<float>(gen, B * L * 3 * C, -2, 2);
+      const std::vector<float> dout = RandomVector<float>(gen, B * L * C);
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        const int slots = p == nullptr ? 1 : p->num_threads();
+        std::vector<float> ws(AttentionWorkspaceElems(s, slots));
+        std::vector<float> out(B * L * C), lse(B * H * L), ref_out(B * L * C), ref_lse(B * H * L);
+        ASSERT_OK(AttentionForward<float>(s, qkv, absl::MakeSpan(out), absl::MakeSpan(lse),
+                                          absl::MakeSpan(ws), p));
+        kernels_internal::AttentionForwardReference<float>(
+            s, qkv, absl::MakeSpan(ref_out), absl::MakeSpan(ref_lse), absl::MakeSpan(ws), p);
+        ExpectSameBits(out, ref_out, "out");
+        ExpectSameBits(lse, ref_lse, "lse");
+        // Backward accumulates into a non-zero gradient, as the model's dqkv may be.
+        const std::vector<float> init = RandomVector<float>(gen, B * L * 3 * C);
+        std::vector<float> dqkv = init, ref_dqkv = init;
+        ASSERT_OK(AttentionBackward<float>(s, qkv, out, lse, dout, absl::MakeSpan(dqkv), p));
+        kernels_internal::AttentionBackwardReference<float>(s, qkv, out, lse, dout,
+                                                            absl::MakeSpan(ref_dqkv), p);
+        ExpectSameBits(dqkv, ref_dqkv, "dqkv");
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST(AttentionTest, GradientMatchesFiniteDifferencesInDouble) {

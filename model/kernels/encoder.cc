@@ -8,9 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
+#include "base/thread_pool.h"
+#include "memory/convert.h"
 #include "model/kernels/internal/kernel_util.h"
 #include "model/kernels/internal/simd.h"
-#include "base/thread_pool.h"
 
 namespace ps {
 namespace {
@@ -71,6 +72,28 @@ absl::Status EncoderForward(const EncoderShape& shape, absl::Span<const int32_t>
       } else {
         for (int64_t c = 0; c < C; ++c) o[c] = te[c] + pe[c];
       }
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status EncoderForwardBf16(const EncoderShape& shape, absl::Span<const int32_t> tokens,
+                                absl::Span<const uint16_t> wte, absl::Span<const float> wpe,
+                                absl::Span<float> out, ThreadPool* pool) {
+  constexpr char kKernel[] = "EncoderForwardBf16";
+  RETURN_IF_ERROR(CheckShape(kKernel, shape, tokens));
+  const int64_t B = shape.batch, L = shape.seq_len, C = shape.channels;
+  RETURN_IF_ERROR(CheckElems(kKernel, "wte", wte, shape.vocab_size * C, "V*C"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "wpe", wpe, shape.max_seq_len * C, "max_seq_len*C"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "out", out, B * L * C, "B*T*C"));
+  const int64_t rows = B * L;
+  const int64_t grain = RowsPerTask(C);
+  ParallelFor(pool, NumTasks(rows, grain), [&](int64_t task) {
+    const int64_t end = std::min(rows, (task + 1) * grain);
+    for (int64_t row = task * grain; row < end; ++row) {
+      float* o = out.data() + row * C;
+      ConvertBF16ToF32(wte.data() + static_cast<int64_t>(tokens[row]) * C, o, C);
+      kernels_internal::simd::Add(o, wpe.data() + (row % L) * C, o, C);
     }
   });
   return absl::OkStatus();

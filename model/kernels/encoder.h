@@ -46,6 +46,15 @@ template <typename T>
                                           ThreadPool* pool);
 
 // dwte += scatter(dout by token), dwpe[0..T) += sum over batch of dout. Same checks as forward.
+// EncoderForward with wte as bf16 bit patterns (a bf16 param chunk, read in place): each row read
+// is widened to f32 (exactly) into `out` before wpe is added, so the result is bit-identical to
+// EncoderForward<float> on the widened table, without converting the whole table.
+[[nodiscard]] absl::Status EncoderForwardBf16(const EncoderShape& shape,
+                                              absl::Span<const int32_t> tokens,
+                                              absl::Span<const uint16_t> wte,
+                                              absl::Span<const float> wpe, absl::Span<float> out,
+                                              ThreadPool* pool);
+
 template <typename T>
 [[nodiscard]] absl::Status EncoderBackward(const EncoderShape& shape,
                                            absl::Span<const int32_t> tokens,

@@ -1,6 +1,7 @@
 #include "model/kernels/encoder.h"
 
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -8,10 +9,11 @@
 #include "absl/types/span.h"
 #include "base/check.h"
 #include "base/testing/status_matchers.h"
+#include "base/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "memory/dtype_math.h"
 #include "model/kernels/testing/kernel_test_util.h"
-#include "base/thread_pool.h"
 
 namespace ps {
 namespace {
@@ -30,6 +32,37 @@ std::vector<int32_t> RandomTokens(absl::BitGen& gen, int64_t n, int64_t vocab) {
 
 // B=1 and B>1, C not a multiple of any vector width, T < max_T, more channels than one task.
 const EncoderShape kShapes[] = {{1, 5, 7, 11, 9}, {3, 13, 67, 17, 16}, {2, 4, 130, 5, 4}};
+
+// The bf16 variant widens the rows it reads: bit-identical to the f32 kernel on the widened
+// table (odd channel counts cross the vector tails; NaN and Inf rows go through too).
+TEST(EncoderTest, Bf16ForwardEqualsF32OnTheWidenedTable) {
+  absl::BitGen gen(std::seed_seq{7});  // fixed seed: reproducible failures
+  ThreadPool pool(3);
+  for (const EncoderShape s : {EncoderShape{2, 5, 7, 11, 9}, EncoderShape{3, 33, 130, 50, 40},
+                               EncoderShape{1, 1, 1, 1, 1}}) {
+    const int64_t B = s.batch, L = s.seq_len, C = s.channels, V = s.vocab_size;
+    std::vector<uint16_t> wte_bits(V * C);
+    std::vector<float> wte(V * C);
+    for (int64_t i = 0; i < V * C; ++i) {
+      wte_bits[i] = FloatToBFloat16Bits(absl::Uniform(gen, -3.0f, 3.0f));
+      wte[i] = BFloat16BitsToFloat(wte_bits[i]);
+    }
+    wte_bits[0] = FloatToBFloat16Bits(INFINITY);
+    wte[0] = INFINITY;
+    const std::vector<float> wpe = RandomVector<float>(gen, s.max_seq_len * C);
+    std::vector<int32_t> tokens(B * L);
+    for (int32_t& t : tokens) t = absl::Uniform<int32_t>(gen, 0, static_cast<int32_t>(V));
+    std::vector<float> want(B * L * C), got(B * L * C, -1.f);
+    ASSERT_OK(EncoderForward<float>(s, tokens, wte, wpe, absl::MakeSpan(want), &pool));
+    ASSERT_OK(EncoderForwardBf16(s, tokens, wte_bits, wpe, absl::MakeSpan(got), &pool));
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+  }
+  std::vector<uint16_t> short_wte(10);
+  std::vector<float> wpe(9), out(2);
+  EXPECT_THAT(EncoderForwardBf16({1, 2, 1, 11, 9}, std::vector<int32_t>{1, 2}, short_wte, wpe,
+                                 absl::MakeSpan(out), nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("wte has 10")));
+}
 
 TEST(EncoderTest, ForwardAndBackwardMatchNaiveLoops) {
   absl::BitGen gen(std::seed_seq{1});  // fixed seed: reproducible failures

@@ -16,10 +16,12 @@
 //   dz_nv = g / |valid| * (p_nv - [v == t_n])  for valid n, 0 for ignored rows
 //   dh_n  += sum_v dz_nv wte_v                (GEMM per tile: dh += dZ wte_tile)
 //   dwte_v += sum_n dz_nv h_n                 (GEMM per tile: dwte_tile += dZ^T h)
-// Each tile's logits are recomputed from h and wte (one extra GEMM) instead of stored.
+// Each tile's logits are recomputed from h and wte (one extra GEMM) instead of stored, unless
+// the fused training kernel (LmHeadCrossEntropyForwardBackward, below) keeps a row tile's logits.
 //
-// Threading: GEMMs run in OpenBLAS (see SetBlasThreads in matmul.h); the per-tile softmax runs on
-// `pool` over rows, each row in a fixed order. The loss sum is taken in double in row order.
+// Threading: GEMMs run in OpenBLAS (see SetBlasThreads in matmul.h), or for the bf16 variants in
+// fixed blocks on `pool` (internal/bf16_gemm.h); the per-tile softmax runs on `pool` over rows,
+// each row in a fixed order. The loss sum is taken in double in row order.
 // Results do not depend on the pool's thread count.
 //
 // SIMD: for f32 the row max, the sum of exp(z - max) (vector accumulators, Highway's exp) and
@@ -77,7 +79,46 @@ template <typename T>
     absl::Span<const int32_t> targets, absl::Span<const T> lse, double loss_grad, absl::Span<T> dh,
     absl::Span<T> dwte, absl::Span<T> workspace, ThreadPool* pool);
 
+// bf16 variants (as matmul.h's, internal/bf16_gemm.h): wte [V, C] is read as bf16 in place (the
+// param chunk's own values); h is rounded to bf16 once per call and each dz tile before its two
+// GEMMs (round-to-nearest-even); logits, the softmax, the loss, dh and dwte stay f32 (products
+// exact, f32 accumulation). The workspace, in f32 elements, holds the f32 workspace above plus
+// the bf16 copies of h and of one dz tile. Errors as the f32 kernels, plus those of GemmBf16.
+int64_t LmHeadCrossEntropyBf16WorkspaceElems(const LmHeadCrossEntropyShape& s);
+[[nodiscard]] absl::StatusOr<double> LmHeadCrossEntropyForwardBf16(
+    const LmHeadCrossEntropyShape& shape, absl::Span<const float> h, absl::Span<const uint16_t> wte,
+    absl::Span<const int32_t> targets, absl::Span<float> lse, absl::Span<float> workspace,
+    ThreadPool* pool);
+[[nodiscard]] absl::Status LmHeadCrossEntropyBackwardBf16(
+    const LmHeadCrossEntropyShape& shape, absl::Span<const float> h, absl::Span<const uint16_t> wte,
+    absl::Span<const int32_t> targets, absl::Span<const float> lse, double loss_grad,
+    absl::Span<float> dh, absl::Span<float> dwte, absl::Span<float> workspace, ThreadPool* pool);
+
+// Training: LmHeadCrossEntropyForward and LmHeadCrossEntropyBackward(loss_grad) in one call,
+// bit-identical to calling the two, without the backward's second computation of the logits
+// (a third of the head's GEMM FLOPs): each row tile's logits for the whole vocabulary are kept
+// until the tile's lse is known and then turned into dz in place. The price is the workspace:
+// row_tile * vocab_size logits instead of one row_tile * vocab_tile tile (GPT-2, row tile 256:
+// 51 MB instead of 2 MB). Returns the loss; writes lse, dh += ..., dwte += ... Errors as the two.
+int64_t LmHeadCrossEntropyFusedWorkspaceElems(const LmHeadCrossEntropyShape& s);
+template <typename T>
+[[nodiscard]] absl::StatusOr<double> LmHeadCrossEntropyForwardBackward(
+    const LmHeadCrossEntropyShape& shape, absl::Span<const T> h, absl::Span<const T> wte,
+    absl::Span<const int32_t> targets, double loss_grad, absl::Span<T> lse, absl::Span<T> dh,
+    absl::Span<T> dwte, absl::Span<T> workspace, ThreadPool* pool);
+// The bf16 variant (the bf16 kernels' rounding, see above), bit-identical to
+// LmHeadCrossEntropyForwardBf16 followed by LmHeadCrossEntropyBackwardBf16.
+int64_t LmHeadCrossEntropyFusedBf16WorkspaceElems(const LmHeadCrossEntropyShape& s);
+[[nodiscard]] absl::StatusOr<double> LmHeadCrossEntropyForwardBackwardBf16(
+    const LmHeadCrossEntropyShape& shape, absl::Span<const float> h, absl::Span<const uint16_t> wte,
+    absl::Span<const int32_t> targets, double loss_grad, absl::Span<float> lse,
+    absl::Span<float> dh, absl::Span<float> dwte, absl::Span<float> workspace, ThreadPool* pool);
+
 #define PS_LM_HEAD_CE_EXTERN_(T)                                                            \
+  extern template absl::StatusOr<double> LmHeadCrossEntropyForwardBackward<T>(              \
+      const LmHeadCrossEntropyShape&, absl::Span<const T>, absl::Span<const T>,             \
+      absl::Span<const int32_t>, double, absl::Span<T>, absl::Span<T>, absl::Span<T>,       \
+      absl::Span<T>, ThreadPool*);                                                          \
   extern template absl::StatusOr<double> LmHeadCrossEntropyForward<T>(                      \
       const LmHeadCrossEntropyShape&, absl::Span<const T>, absl::Span<const T>,             \
       absl::Span<const int32_t>, absl::Span<T>, absl::Span<T>, ThreadPool*);                \

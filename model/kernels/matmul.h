@@ -15,9 +15,22 @@
 // differently. SetBlasThreads pins the count (tests pin it to 1). Kernels call OpenBLAS from the
 // calling thread only.
 //
-// f32 and f64 only: low-precision weights are converted to an f32 workspace by the caller (the
-// conversion buffer counts as non-model data). Gradients accumulate (+=). Needs no workspace.
-// All dimensions must fit OpenBLAS's 32-bit integers.
+// MatmulForward/MatmulBackward: f32 and f64, no workspace; f16 weights are converted to an f32
+// workspace by the caller (the conversion buffer counts as non-model data). Gradients accumulate
+// (+=). All dimensions must fit OpenBLAS's 32-bit integers.
+//
+// The bf16 variants (MatmulForwardBf16/MatmulBackwardBf16) multiply in bf16 with f32
+// accumulation (internal/bf16_gemm.h: oneDNN on AVX512-BF16, else f32 sgemm on the same bf16
+// values), PyTorch CPU autocast's treatment of a Linear layer:
+//   - W is read as bf16 in place (the param chunk's own values; nothing is converted);
+//   - the GEMM's activation operands are rounded to bf16 (round-to-nearest-even) into the
+//     workspace: x in the forward; dy and x (transposed, so every GEMM operand is plain) in the
+//     backward;
+//   - products are exact and summed in f32; y, dx, dw are f32 (dw is rounded to bf16 only when
+//     the caller writes it into the param slot); b and db stay f32 (db sums the unrounded dy).
+// So each output carries the rounding of its K bf16 inputs on both sides (relative 2^-8 each,
+// bf16's unit roundoff) plus f32 summation. Threading: the GEMM blocks run on `pool`, a grid fixed
+// by the shape, so results do not depend on the thread count.
 #ifndef PATRICKSTAR_MODEL_KERNELS_MATMUL_H_
 #define PATRICKSTAR_MODEL_KERNELS_MATMUL_H_
 
@@ -57,6 +70,26 @@ template <typename T>
                                           absl::Span<const T> w, absl::Span<const T> dy,
                                           absl::Span<T> dx, absl::Span<T> dw, absl::Span<T> db,
                                           ThreadPool* pool);
+
+// Workspace of the bf16 variants in f32 elements (it holds the bf16 copies of the activations):
+// forward N*in bf16 values, backward N*out + N*in.
+int64_t MatmulBf16ForwardWorkspaceElems(const MatmulShape& shape);
+int64_t MatmulBf16BackwardWorkspaceElems(const MatmulShape& shape);
+
+// y = bf16(x) W + b, w [in, out] bf16 bit patterns. Errors as MatmulForward, plus InvalidArgument
+// for a workspace smaller than MatmulBf16ForwardWorkspaceElems and the errors of GemmBf16
+// (FailedPrecondition for --bf16_gemm=onednn without AVX512-BF16).
+[[nodiscard]] absl::Status MatmulForwardBf16(const MatmulShape& shape, absl::Span<const float> x,
+                                             absl::Span<const uint16_t> w,
+                                             absl::Span<const float> b, absl::Span<float> y,
+                                             absl::Span<float> workspace, ThreadPool* pool);
+
+// dx += bf16(dy) W^T, dw += bf16(x)^T bf16(dy), db += column sums of dy (f32).
+[[nodiscard]] absl::Status MatmulBackwardBf16(const MatmulShape& shape, absl::Span<const float> x,
+                                              absl::Span<const uint16_t> w,
+                                              absl::Span<const float> dy, absl::Span<float> dx,
+                                              absl::Span<float> dw, absl::Span<float> db,
+                                              absl::Span<float> workspace, ThreadPool* pool);
 
 #define PS_MATMUL_EXTERN_(T)                                                              \
   extern template absl::Status MatmulForward<T>(const MatmulShape&, absl::Span<const T>,  \

@@ -1,17 +1,21 @@
 #include "model/kernels/matmul.h"
 
+#include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/random/random.h"
 #include "absl/types/span.h"
 #include "base/check.h"
 #include "base/testing/status_matchers.h"
+#include "base/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "memory/dtype_math.h"
+#include "model/kernels/internal/bf16_gemm.h"
 #include "model/kernels/testing/kernel_test_util.h"
-#include "base/thread_pool.h"
 
 namespace ps {
 namespace {
@@ -97,6 +101,134 @@ TEST_F(MatmulTest, ResultsDoNotDependOnPoolThreads) {
   ASSERT_OK(MatmulBackward<float>(s, x, w, dy, absl::MakeSpan(dx), absl::MakeSpan(dw),
                                   absl::MakeSpan(db2), &pool));
   EXPECT_EQ(db1, db2);
+}
+
+// --- bf16 GEMMs, on each backend --------------------------------------------------------------
+
+using kernels_internal::Bf16GemmBackend;
+
+std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBFloat16Bits(v[i]);
+  return out;
+}
+double Bf16(float x) { return BFloat16BitsToFloat(FloatToBFloat16Bits(x)); }
+
+class MatmulBf16Test : public ::testing::TestWithParam<Bf16GemmBackend> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Bf16GemmBackend::kOneDnn && !kernels_internal::OneDnnBf16Available()) {
+      GTEST_SKIP() << kernels_internal::OneDnnBf16Description();
+    }
+    kernels_internal::SetBf16GemmBackendForTest(GetParam());
+    SetBlasThreads(1);
+  }
+  void TearDown() override { kernels_internal::SetBf16GemmBackendForTest(Bf16GemmBackend::kAuto); }
+};
+
+// The bf16 kernels round x and dy to bf16 and multiply exactly-representable products summed in
+// f32; against a double reference on the same rounded operands the only error is f32 summation:
+// at most ~(K + 2) * 6e-8 of the sum of |terms| (K <= 130 here: < 1e-5 relative to that sum).
+TEST_P(MatmulBf16Test, MatchesDoubleSumsOfTheRoundedOperands) {
+  absl::BitGen gen(std::seed_seq{4});  // fixed seed: reproducible failures
+  ThreadPool pool(3);
+  for (const MatmulShape s : {MatmulShape{1, 3, 5}, MatmulShape{17, 33, 99},
+                              MatmulShape{40, 24, 130}, MatmulShape{130, 65, 300}}) {
+    const int64_t N = s.rows, I = s.in_features, O = s.out_features;
+    const std::vector<float> x = RandomVector<float>(gen, N * I);
+    const std::vector<float> w32 = RandomVector<float>(gen, I * O);
+    const std::vector<uint16_t> w = ToBf16(w32);
+    const std::vector<float> b = RandomVector<float>(gen, O);
+    const std::vector<float> dy = RandomVector<float>(gen, N * O);
+    std::vector<float> y(N * O, 9.f), dx(N * I, 1.f), dw(I * O, 2.f), db(O, 3.f);
+    std::vector<float> ws(
+        std::max(MatmulBf16ForwardWorkspaceElems(s), MatmulBf16BackwardWorkspaceElems(s)));
+    ASSERT_OK(MatmulForwardBf16(s, x, w, b, absl::MakeSpan(y), absl::MakeSpan(ws), &pool));
+    ASSERT_OK(MatmulBackwardBf16(s, x, w, dy, absl::MakeSpan(dx), absl::MakeSpan(dw),
+                                 absl::MakeSpan(db), absl::MakeSpan(ws), &pool));
+    std::vector<double> y_ref(N * O), dx_ref(N * I, 1.0), dw_ref(I * O, 2.0), db_ref(O, 3.0);
+    std::vector<double> y_abs(N * O), dx_abs(N * I, 1.0), dw_abs(I * O, 2.0);
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t o = 0; o < O; ++o) {
+        double acc = b[o], abs = std::abs(b[o]);
+        for (int64_t i = 0; i < I; ++i) {
+          const double wv = Bf16(w32[i * O + o]), xv = Bf16(x[n * I + i]),
+                       dyv = Bf16(dy[n * O + o]);
+          acc += xv * wv;
+          abs += std::abs(xv * wv);
+          dx_ref[n * I + i] += dyv * wv;
+          dx_abs[n * I + i] += std::abs(dyv * wv);
+          dw_ref[i * O + o] += xv * dyv;
+          dw_abs[i * O + o] += std::abs(xv * dyv);
+        }
+        y_ref[n * O + o] = acc;
+        y_abs[n * O + o] = abs;
+        db_ref[o] += dy[n * O + o];  // db sums the unrounded dy
+      }
+    }
+    auto expect_close = [](const std::vector<float>& got, const std::vector<double>& ref,
+                           const std::vector<double>& abs, int64_t k, const char* what) {
+      int64_t bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (!(std::abs(got[i] - ref[i]) <= (k + 2) * 6e-8 * abs[i] + 1e-30) && ++bad <= 3) {
+          ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", reference " << ref[i];
+        }
+      }
+      EXPECT_EQ(bad, 0) << what;
+    };
+    expect_close(y, y_ref, y_abs, I, "y");
+    expect_close(dx, dx_ref, dx_abs, O, "dx");
+    expect_close(dw, dw_ref, dw_abs, N, "dw");
+    ExpectAllNear(db, db_ref, 1e-5, 1e-6, "db");
+  }
+}
+
+TEST_P(MatmulBf16Test, ResultsDoNotDependOnPoolThreads) {
+  absl::BitGen gen(std::seed_seq{5});  // fixed seed: reproducible failures
+  const MatmulShape s{300, 40, 700};
+  const std::vector<float> x = RandomVector<float>(gen, 300 * 40),
+                           dy = RandomVector<float>(gen, 300 * 700);
+  const std::vector<uint16_t> w = ToBf16(RandomVector<float>(gen, 40 * 700));
+  const std::vector<float> b(700, 0.5f);
+  std::vector<float> ws(MatmulBf16BackwardWorkspaceElems(s));
+  ThreadPool pool(4);
+  std::vector<float> out[2][4];
+  for (int run = 0; run < 2; ++run) {
+    ThreadPool* p = run == 0 ? nullptr : &pool;
+    out[run][0].assign(300 * 700, 0.f);
+    out[run][1].assign(300 * 40, 0.f);
+    out[run][2].assign(40 * 700, 0.f);
+    out[run][3].assign(700, 0.f);
+    ASSERT_OK(MatmulForwardBf16(s, x, w, b, absl::MakeSpan(out[run][0]), absl::MakeSpan(ws), p));
+    ASSERT_OK(MatmulBackwardBf16(s, x, w, dy, absl::MakeSpan(out[run][1]),
+                                 absl::MakeSpan(out[run][2]), absl::MakeSpan(out[run][3]),
+                                 absl::MakeSpan(ws), p));
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(out[0][i], out[1][i]) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, MatmulBf16Test,
+                         ::testing::Values(Bf16GemmBackend::kOneDnn, Bf16GemmBackend::kFallback),
+                         [](const ::testing::TestParamInfo<Bf16GemmBackend>& info) {
+                           return std::string(kernels_internal::Bf16GemmBackendName(info.param));
+                         });
+
+TEST(MatmulBf16Errors, RejectsSmallWorkspacesAndBadSizes) {
+  const MatmulShape s{4, 3, 5};
+  std::vector<float> x(12), b(5), y(20), dy(20), dx(12), dw(15), db(5);
+  std::vector<uint16_t> w(15);
+  std::vector<float> ws(MatmulBf16ForwardWorkspaceElems(s) - 1);
+  EXPECT_THAT(MatmulForwardBf16(s, x, w, b, absl::MakeSpan(y), absl::MakeSpan(ws), nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("workspace")));
+  ws.assign(MatmulBf16BackwardWorkspaceElems(s) - 1, 0.f);
+  EXPECT_THAT(MatmulBackwardBf16(s, x, w, dy, absl::MakeSpan(dx), absl::MakeSpan(dw),
+                                 absl::MakeSpan(db), absl::MakeSpan(ws), nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("workspace")));
+  ws.assign(100, 0.f);
+  EXPECT_THAT(MatmulForwardBf16(s, x, absl::MakeSpan(w).subspan(1), b, absl::MakeSpan(y),
+                                absl::MakeSpan(ws), nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("w has 14")));
+  EXPECT_EQ(MatmulBf16ForwardWorkspaceElems({3, 3, 1}), 5);  // 9 bf16 values in 5 floats
 }
 
 TEST_F(MatmulTest, RejectsBadShapes) {

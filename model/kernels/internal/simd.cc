@@ -18,32 +18,14 @@
 #include "hwy/highway.h"
 // After highway.h: per-target, re-included with each HWY_TARGET.
 #include "hwy/contrib/math/math-inl.h"
+#include "model/kernels/internal/simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace ps::kernels_internal::simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-using D = hn::ScalableTag<float>;
-using V = hn::Vec<D>;
-constexpr size_t kMaxLanes = HWY_MAX_BYTES / sizeof(float);
-
-// Staging buffers for the tail vector.
-struct TailBuffers {
-  HWY_ALIGN float in[kMaxLanes];
-  HWY_ALIGN float out[kMaxLanes];
-};
-
-HWY_INLINE V LoadTail(D d, const float* p, size_t count, float fill, float* buf) {
-  const size_t lanes = hn::Lanes(d);
-  for (size_t i = 0; i < lanes; ++i) buf[i] = i < count ? p[i] : fill;
-  return hn::Load(d, buf);
-}
-
-HWY_INLINE void StoreTail(D d, V v, float* p, size_t count, float* buf) {
-  hn::Store(v, d, buf);
-  for (size_t i = 0; i < count; ++i) p[i] = buf[i];
-}
+// D, V, kMaxLanes, TailBuffers, LoadTail, StoreTail and DotExact: internal/simd-inl.h.
 
 // sum over i of f(i-th vectors), four accumulators, then the tail with `fill` padding.
 template <class F>
@@ -64,18 +46,7 @@ HWY_INLINE float ReduceSum(D d, size_t n, F f) {
 }
 
 float DotImpl(const float* a, const float* b, int64_t n) {
-  const D d;
-  struct F {
-    D d;
-    const float* a;
-    const float* b;
-    V operator()(size_t i) const { return hn::Mul(hn::LoadU(d, a + i), hn::LoadU(d, b + i)); }
-    V Tail(size_t i, size_t r) const {
-      TailBuffers t;
-      return hn::Mul(LoadTail(d, a + i, r, 0.0f, t.in), LoadTail(d, b + i, r, 0.0f, t.out));
-    }
-  };
-  return ReduceSum(d, static_cast<size_t>(n), F{d, a, b});
+  return DotExact(D(), a, b, static_cast<size_t>(n));
 }
 
 float SumImpl(const float* x, int64_t n) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/random/random.h"
@@ -12,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
+#include "base/thread_pool.h"
+#include "memory/dtype_math.h"
 #include "model/kernels/attention.h"
 #include "model/kernels/encoder.h"
 #include "model/kernels/gelu.h"
@@ -19,7 +22,6 @@
 #include "model/kernels/lm_head_cross_entropy.h"
 #include "model/kernels/matmul.h"
 #include "model/kernels/residual.h"
-#include "base/thread_pool.h"
 
 namespace ps::kernel_testing {
 
@@ -102,6 +104,44 @@ void TinyGpt2<T>::InitGpt2(absl::BitGen& gen) {
 }
 
 template <typename T>
+std::vector<uint16_t> TinyGpt2<T>::Bf16Param(int64_t offset, int64_t size) const {
+  std::vector<uint16_t> bits(static_cast<size_t>(size));
+  for (int64_t i = 0; i < size; ++i) {
+    bits[i] = FloatToBFloat16Bits(static_cast<float>(params_[offset + i]));
+  }
+  return bits;
+}
+
+template <typename T>
+absl::Status TinyGpt2<T>::Linear(int64_t in, int64_t out, absl::Span<const T> x, int64_t w,
+                                 int64_t b, absl::Span<T> y, ThreadPool* pool) {
+  const MatmulShape shape{B_ * L_, in, out};
+  if constexpr (std::is_same_v<T, float>) {
+    if (cfg_.bf16_gemms) {
+      std::vector<float> ws(MatmulBf16ForwardWorkspaceElems(shape));
+      return MatmulForwardBf16(shape, x, Bf16Param(w, in * out), P(b, out), y, absl::MakeSpan(ws),
+                               pool);
+    }
+  }
+  return MatmulForward<T>(shape, x, P(w, in * out), P(b, out), y, pool);
+}
+
+template <typename T>
+absl::Status TinyGpt2<T>::LinearBackward(int64_t in, int64_t out, absl::Span<const T> x, int64_t w,
+                                         int64_t b, absl::Span<const T> dy, absl::Span<T> dx,
+                                         ThreadPool* pool) {
+  const MatmulShape shape{B_ * L_, in, out};
+  if constexpr (std::is_same_v<T, float>) {
+    if (cfg_.bf16_gemms) {
+      std::vector<float> ws(MatmulBf16BackwardWorkspaceElems(shape));
+      return MatmulBackwardBf16(shape, x, Bf16Param(w, in * out), dy, dx, G(w, in * out), G(b, out),
+                                absl::MakeSpan(ws), pool);
+    }
+  }
+  return MatmulBackward<T>(shape, x, P(w, in * out), dy, dx, G(w, in * out), G(b, out), pool);
+}
+
+template <typename T>
 absl::StatusOr<double> TinyGpt2<T>::Forward(absl::Span<const int32_t> tokens,
                                             absl::Span<const int32_t> targets, ThreadPool* pool) {
   const int64_t C = cfg_.channels, N = B_ * L_, H = cfg_.num_heads;
@@ -120,27 +160,31 @@ absl::StatusOr<double> TinyGpt2<T>::Forward(absl::Span<const int32_t> tokens,
     RETURN_IF_ERROR(LayerNormForward<T>({N, C}, a.in, P(w.ln1_w, C), P(w.ln1_b, C),
                                         absl::MakeSpan(a.ln1), absl::MakeSpan(a.ln1_mean),
                                         absl::MakeSpan(a.ln1_rstd), pool));
-    RETURN_IF_ERROR(MatmulForward<T>({N, C, 3 * C}, a.ln1, P(w.attn_w, 3 * C * C),
-                                     P(w.attn_b, 3 * C), absl::MakeSpan(a.qkv), pool));
+    RETURN_IF_ERROR(Linear(C, 3 * C, a.ln1, w.attn_w, w.attn_b, absl::MakeSpan(a.qkv), pool));
     RETURN_IF_ERROR(AttentionForward<T>(att, a.qkv, absl::MakeSpan(a.atty), absl::MakeSpan(a.lse),
                                         absl::MakeSpan(att_ws), pool));
-    RETURN_IF_ERROR(MatmulForward<T>({N, C, C}, a.atty, P(w.proj_w, C * C), P(w.proj_b, C),
-                                     absl::MakeSpan(a.attproj), pool));
+    RETURN_IF_ERROR(Linear(C, C, a.atty, w.proj_w, w.proj_b, absl::MakeSpan(a.attproj), pool));
     RETURN_IF_ERROR(ResidualForward<T>(a.in, a.attproj, absl::MakeSpan(a.res2), pool));
     RETURN_IF_ERROR(LayerNormForward<T>({N, C}, a.res2, P(w.ln2_w, C), P(w.ln2_b, C),
                                         absl::MakeSpan(a.ln2), absl::MakeSpan(a.ln2_mean),
                                         absl::MakeSpan(a.ln2_rstd), pool));
-    RETURN_IF_ERROR(MatmulForward<T>({N, C, 4 * C}, a.ln2, P(w.fc_w, 4 * C * C), P(w.fc_b, 4 * C),
-                                     absl::MakeSpan(a.fch), pool));
+    RETURN_IF_ERROR(Linear(C, 4 * C, a.ln2, w.fc_w, w.fc_b, absl::MakeSpan(a.fch), pool));
     RETURN_IF_ERROR(GeluForward<T>(a.fch, absl::MakeSpan(a.fch_gelu), pool));
-    RETURN_IF_ERROR(MatmulForward<T>({N, 4 * C, C}, a.fch_gelu, P(w.fcproj_w, 4 * C * C),
-                                     P(w.fcproj_b, C), absl::MakeSpan(a.fcproj), pool));
+    RETURN_IF_ERROR(
+        Linear(4 * C, C, a.fch_gelu, w.fcproj_w, w.fcproj_b, absl::MakeSpan(a.fcproj), pool));
     RETURN_IF_ERROR(ResidualForward<T>(a.res2, a.fcproj, out, pool));
   }
   RETURN_IF_ERROR(LayerNormForward<T>({N, C}, final_in_, P(lnf_w_, C), P(lnf_b_, C),
                                       absl::MakeSpan(lnf_), absl::MakeSpan(lnf_mean_),
                                       absl::MakeSpan(lnf_rstd_), pool));
   const LmHeadCrossEntropyShape ce{N, C, V, cfg_.ce_row_tile, cfg_.ce_vocab_tile};
+  if constexpr (std::is_same_v<T, float>) {
+    if (cfg_.bf16_gemms && cfg_.bf16_lm_head) {
+      std::vector<float> ws(LmHeadCrossEntropyBf16WorkspaceElems(ce));
+      return LmHeadCrossEntropyForwardBf16(ce, lnf_, Bf16Param(wte_, V * C), targets,
+                                           absl::MakeSpan(ce_lse_), absl::MakeSpan(ws), pool);
+    }
+  }
   std::vector<T> ce_ws(LmHeadCrossEntropyWorkspaceElems(ce));
   return LmHeadCrossEntropyForward<T>(ce, lnf_, P(wte_, V * C), targets, absl::MakeSpan(ce_lse_),
                                       absl::MakeSpan(ce_ws), pool);
@@ -155,10 +199,22 @@ absl::Status TinyGpt2<T>::Backward(absl::Span<const int32_t> tokens,
   // d(residual stream) flowing down from the layer above; starts at the final LayerNorm.
   std::vector<T> dres(N * C, T{0}), dlnf(N * C, T{0});
   const LmHeadCrossEntropyShape ce{N, C, V, cfg_.ce_row_tile, cfg_.ce_vocab_tile};
-  std::vector<T> ce_ws(LmHeadCrossEntropyWorkspaceElems(ce));
-  RETURN_IF_ERROR(LmHeadCrossEntropyBackward<T>(ce, lnf_, P(wte_, V * C), targets, ce_lse_, 1.0,
-                                                absl::MakeSpan(dlnf), G(wte_, V * C),
-                                                absl::MakeSpan(ce_ws), pool));
+  bool head_done = false;
+  if constexpr (std::is_same_v<T, float>) {
+    if (cfg_.bf16_gemms && cfg_.bf16_lm_head) {
+      std::vector<float> ws(LmHeadCrossEntropyBf16WorkspaceElems(ce));
+      RETURN_IF_ERROR(LmHeadCrossEntropyBackwardBf16(ce, lnf_, Bf16Param(wte_, V * C), targets,
+                                                     ce_lse_, 1.0, absl::MakeSpan(dlnf),
+                                                     G(wte_, V * C), absl::MakeSpan(ws), pool));
+      head_done = true;
+    }
+  }
+  if (!head_done) {
+    std::vector<T> ce_ws(LmHeadCrossEntropyWorkspaceElems(ce));
+    RETURN_IF_ERROR(LmHeadCrossEntropyBackward<T>(ce, lnf_, P(wte_, V * C), targets, ce_lse_, 1.0,
+                                                  absl::MakeSpan(dlnf), G(wte_, V * C),
+                                                  absl::MakeSpan(ce_ws), pool));
+  }
   RETURN_IF_ERROR(LayerNormBackward<T>({N, C}, final_in_, P(lnf_w_, C), lnf_mean_, lnf_rstd_, dlnf,
                                        absl::MakeSpan(dres), G(lnf_w_, C), G(lnf_b_, C), pool));
   const AttentionShape att{B_, L_, C, H, cfg_.attention_tile};
@@ -171,27 +227,23 @@ absl::Status TinyGpt2<T>::Backward(absl::Span<const int32_t> tokens,
     // out = res2 + fcproj
     RETURN_IF_ERROR(
         ResidualBackward<T>(dres, absl::MakeSpan(dres2), absl::MakeSpan(dfcproj), pool));
-    RETURN_IF_ERROR(MatmulBackward<T>({N, 4 * C, C}, a.fch_gelu, P(w.fcproj_w, 4 * C * C), dfcproj,
-                                      absl::MakeSpan(dfch_gelu), G(w.fcproj_w, 4 * C * C),
-                                      G(w.fcproj_b, C), pool));
+    RETURN_IF_ERROR(LinearBackward(4 * C, C, a.fch_gelu, w.fcproj_w, w.fcproj_b, dfcproj,
+                                   absl::MakeSpan(dfch_gelu), pool));
     RETURN_IF_ERROR(GeluBackward<T>(a.fch, dfch_gelu, absl::MakeSpan(dfch), pool));
-    RETURN_IF_ERROR(MatmulBackward<T>({N, C, 4 * C}, a.ln2, P(w.fc_w, 4 * C * C), dfch,
-                                      absl::MakeSpan(dln2), G(w.fc_w, 4 * C * C), G(w.fc_b, 4 * C),
-                                      pool));
+    RETURN_IF_ERROR(
+        LinearBackward(C, 4 * C, a.ln2, w.fc_w, w.fc_b, dfch, absl::MakeSpan(dln2), pool));
     RETURN_IF_ERROR(LayerNormBackward<T>({N, C}, a.res2, P(w.ln2_w, C), a.ln2_mean, a.ln2_rstd,
                                          dln2, absl::MakeSpan(dres2), G(w.ln2_w, C), G(w.ln2_b, C),
                                          pool));
     // res2 = in + attproj
     RETURN_IF_ERROR(
         ResidualBackward<T>(dres2, absl::MakeSpan(din), absl::MakeSpan(dattproj), pool));
-    RETURN_IF_ERROR(MatmulBackward<T>({N, C, C}, a.atty, P(w.proj_w, C * C), dattproj,
-                                      absl::MakeSpan(datty), G(w.proj_w, C * C), G(w.proj_b, C),
-                                      pool));
+    RETURN_IF_ERROR(
+        LinearBackward(C, C, a.atty, w.proj_w, w.proj_b, dattproj, absl::MakeSpan(datty), pool));
     RETURN_IF_ERROR(
         AttentionBackward<T>(att, a.qkv, a.atty, a.lse, datty, absl::MakeSpan(dqkv), pool));
-    RETURN_IF_ERROR(MatmulBackward<T>({N, C, 3 * C}, a.ln1, P(w.attn_w, 3 * C * C), dqkv,
-                                      absl::MakeSpan(dln1), G(w.attn_w, 3 * C * C),
-                                      G(w.attn_b, 3 * C), pool));
+    RETURN_IF_ERROR(
+        LinearBackward(C, 3 * C, a.ln1, w.attn_w, w.attn_b, dqkv, absl::MakeSpan(dln1), pool));
     RETURN_IF_ERROR(LayerNormBackward<T>({N, C}, a.in, P(w.ln1_w, C), a.ln1_mean, a.ln1_rstd, dln1,
                                          absl::MakeSpan(din), G(w.ln1_w, C), G(w.ln1_b, C), pool));
     dres = std::move(din);

@@ -30,6 +30,13 @@ struct TinyGpt2Config {
   int64_t attention_tile = 5;
   int64_t ce_row_tile = 7;
   int64_t ce_vocab_tile = 24;
+  // TinyGpt2<float> only: run the linear layers and the LM head with the bf16 kernels
+  // (MatmulForwardBf16 etc., weights rounded to bf16 at each use), as GptModel does with bf16
+  // param chunks; the rest stays f32.
+  bool bf16_gemms = false;
+  // With bf16_gemms: the LM head too (false: the head widens wte and runs f32, as GptModel's
+  // row-block LM head does with bf16 blocks).
+  bool bf16_lm_head = true;
 };
 
 // One named parameter tensor inside the flat parameter vector.
@@ -71,6 +78,13 @@ class TinyGpt2 {
         ln2_rstd, fch, fch_gelu, fcproj;
   };
   int64_t Add(const std::string& name, int64_t size);
+  // y = x W + b and its backward (G += the gradients), on the f32 or the bf16 kernels.
+  absl::Status Linear(int64_t in, int64_t out, absl::Span<const T> x, int64_t w, int64_t b,
+                      absl::Span<T> y, ThreadPool* pool);
+  absl::Status LinearBackward(int64_t in, int64_t out, absl::Span<const T> x, int64_t w, int64_t b,
+                              absl::Span<const T> dy, absl::Span<T> dx, ThreadPool* pool);
+  // Parameter tensor `offset` rounded to bf16.
+  std::vector<uint16_t> Bf16Param(int64_t offset, int64_t size) const;
   absl::Span<const T> P(int64_t offset, int64_t size) const {
     return absl::Span<const T>(params_).subspan(offset, size);
   }
