@@ -106,7 +106,8 @@ Probe Run(const std::string& preset, const std::string& dtype, int64_t cap_bytes
       absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*config, env);
       status = trainer.status();
       if (status.ok()) status = (*trainer)->Run();
-      if (status.ok()) p.accelerator_peak_bytes = (*trainer)->summary().accelerator_peak_total_bytes;
+      if (status.ok())
+        p.accelerator_peak_bytes = (*trainer)->summary().accelerator_peak_total_bytes;
     }
     p.ok = status.ok();
     if (!status.ok()) {

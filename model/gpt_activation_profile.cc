@@ -1,9 +1,9 @@
 #include "model/gpt_activation_profile.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <optional>
-#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -133,8 +133,8 @@ class Profiler {
     LinearForward(Layer(l, "attn.c_attn"), C_, 3 * C_);
     a.atty = A(N_ * C_);
     a.lse = A(B_ * c_.num_heads * T_);
-    int64_t ws = A(AttentionWorkspaceElems({B_, T_, C_, c_.num_heads, o_.attention_tile},
-                                           o_.threads));
+    int64_t ws =
+        A(AttentionWorkspaceElems({B_, T_, C_, c_.num_heads, o_.attention_tile}, o_.threads));
     F(ws);
     a.res2 = A(N_ * C_);
     LinearForward(Layer(l, "attn.c_proj"), C_, C_);
@@ -319,9 +319,9 @@ absl::StatusOr<GptRunPlan> PlanOne(const GptRunPlanOptions& o, int64_t chunk_ele
   run.vocab.vocab_block_rows =
       GptVocabBlockRowsForChunk(o.config, chunk_elems, o.model.ce_vocab_tile);
   if (run.vocab.vocab_block_rows == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk.size ", chunk_elems, " elements cannot hold one vocabulary tile of ",
-        o.model.ce_vocab_tile, " wte rows of model ", o.config.name));
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.size ", chunk_elems, " elements cannot hold one vocabulary tile of ",
+                     o.model.ce_vocab_tile, " wte rows of model ", o.config.name));
   }
   if (run.vocab.vocab_block_rows >= o.config.vocab_size) run.vocab.vocab_block_rows = 0;
   GptModelOptions model = o.model;
@@ -369,10 +369,10 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
   const int64_t min_elems = GptMinChunkElems(o.config, o.model.ce_vocab_tile);
   if (o.chunk_elems > 0) {
     if (o.chunk_elems < min_elems) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk.size = ", o.chunk_elems, " elements is below the smallest chunk of model ",
-          o.config.name, " (", min_elems, " elements); use chunk.size >= ", min_elems,
-          " or \"auto\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk.size = ", o.chunk_elems,
+                       " elements is below the smallest chunk of model ", o.config.name, " (",
+                       min_elems, " elements); use chunk.size >= ", min_elems, " or \"auto\""));
     }
     ASSIGN_OR_RETURN(GptRunPlan run, PlanOne(o, o.chunk_elems));
     run.chunk_note = "chunk.size";
@@ -397,9 +397,10 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
                      ChunkLayout::Build(layout_options, GptOperators(o.config, vocab)));
     candidates.push_back({c, layout.RankModelDataBytes(o.compute_dtype, o.rank)});
   }
-  std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
-    return a.model_data_bytes < b.model_data_bytes;
-  });
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) {
+                     return a.model_data_bytes < b.model_data_bytes;
+                   });
   std::optional<GptRunPlan> best;
   int64_t too_large_elems = std::numeric_limits<int64_t>::max();
   int planned = 0;
@@ -420,8 +421,8 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
       best = std::move(run);
     }
   }
-  best->chunk_note = absl::StrCat("chunk.size \"auto\": ", candidates.size(),
-                                  " candidates, ", planned, " planned");
+  best->chunk_note = absl::StrCat("chunk.size \"auto\": ", candidates.size(), " candidates, ",
+                                  planned, " planned");
   return *std::move(best);
 }
 absl::Status CheckGptRunFits(const GptRunPlanOptions& o, const GptRunPlan& run) {
@@ -439,9 +440,9 @@ absl::Status CheckGptRunFits(const GptRunPlanOptions& o, const GptRunPlan& run) 
       limit = absl::StrCat("accelerator.host_memory caps the host pools at ",
                            FormatBytes(*o.host_cap_bytes));
     } else {
-      limit = absl::StrCat("the OS can give this process only ",
-                           FormatBytes(o.host_available_bytes),
-                           " more (MemAvailable, or the memory cgroup's limit if lower)");
+      limit =
+          absl::StrCat("the OS can give this process only ", FormatBytes(o.host_available_bytes),
+                       " more (MemAvailable, or the memory cgroup's limit if lower)");
     }
     return absl::ResourceExhaustedError(absl::StrCat(
         what, " does not fit in host memory: the plan needs ", FormatBytes(p.host_needed_bytes),

@@ -34,13 +34,11 @@ int64_t ActivationProfileBuilder::OpIndex(absl::string_view op) const {
 }
 
 void ActivationProfileBuilder::Access(absl::string_view op, Stage stage) {
-  events_.push_back(
-      {.kind = ActivationEvent::Kind::kAccess, .op = OpIndex(op), .stage = stage});
+  events_.push_back({.kind = ActivationEvent::Kind::kAccess, .op = OpIndex(op), .stage = stage});
 }
 
 void ActivationProfileBuilder::Release(absl::string_view op, Stage stage) {
-  events_.push_back(
-      {.kind = ActivationEvent::Kind::kRelease, .op = OpIndex(op), .stage = stage});
+  events_.push_back({.kind = ActivationEvent::Kind::kRelease, .op = OpIndex(op), .stage = stage});
 }
 
 std::vector<ActivationEvent> ActivationProfileBuilder::Take() { return std::exchange(events_, {}); }

@@ -52,8 +52,8 @@ class Replayer {
   };
 
   // Replays `events`; moments go to `out` (nullptr: dropped). `where` names the pass in errors.
-  absl::Status Run(const std::vector<ActivationEvent>& events, int64_t num_ops,
-                   const char* where, std::vector<Moment>* out) {
+  absl::Status Run(const std::vector<ActivationEvent>& events, int64_t num_ops, const char* where,
+                   std::vector<Moment>* out) {
     std::vector<Moment> moments;
     for (size_t i = 0; i < events.size(); ++i) {
       const ActivationEvent& e = events[i];
@@ -71,8 +71,8 @@ class Replayer {
         case ActivationEvent::Kind::kFree: {
           auto it = live_.find(e.buffer);
           if (it == live_.end()) {
-            return absl::InvalidArgumentError(absl::StrCat("MemoryPlanOptions.profile.", where,
-                                                           "[", i, "]: free of buffer ", e.buffer,
+            return absl::InvalidArgumentError(absl::StrCat("MemoryPlanOptions.profile.", where, "[",
+                                                           i, "]: free of buffer ", e.buffer,
                                                            ", which is not live"));
           }
           RETURN_IF_ERROR(allocator_->Deallocate(it->second.first, it->second.second));
@@ -81,9 +81,9 @@ class Replayer {
         }
         case ActivationEvent::Kind::kAccess: {
           if (e.op < 0 || e.op >= num_ops) {
-            return absl::InvalidArgumentError(
-                absl::StrCat("MemoryPlanOptions.profile.", where, "[", i,
-                             "]: access of operator ", e.op, " (the model has ", num_ops, ")"));
+            return absl::InvalidArgumentError(absl::StrCat("MemoryPlanOptions.profile.", where, "[",
+                                                           i, "]: access of operator ", e.op,
+                                                           " (the model has ", num_ops, ")"));
           }
           const CachingAllocatorStats s = allocator_->stats();
           moments.push_back({.stage = e.stage,
@@ -153,8 +153,8 @@ absl::Status CheckOptions(const MemoryPlanOptions& o) {
     }
   }
   if (o.rank < 0 || o.rank >= o.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("MemoryPlanOptions.rank ", o.rank,
-                                                   " is outside [0, ", o.world_size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MemoryPlanOptions.rank ", o.rank, " is outside [0, ", o.world_size, ")"));
   }
   if (o.host_cap_bytes.has_value() && *o.host_cap_bytes <= 0) {
     return absl::InvalidArgumentError("MemoryPlanOptions.host_cap_bytes must be positive");
@@ -226,9 +226,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
       const int64_t need = working_set[m.op] + std::max(m.peak, m.now);
       if (need > plan.lower_bound_bytes) {
         plan.lower_bound_bytes = need;
-        plan.lower_bound_at = absl::StrCat(o.ops[m.op].name, " (",
-                                           evaluation_pass ? "evaluation" : StageName(m.stage),
-                                           ")");
+        plan.lower_bound_at = absl::StrCat(
+            o.ops[m.op].name, " (", evaluation_pass ? "evaluation" : StageName(m.stage), ")");
       }
       plan.activation_peak_bytes = std::max(plan.activation_peak_bytes, m.peak);
       if (evaluation_pass) {
@@ -262,7 +261,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
   int64_t rank_param_bytes = 0;
   int64_t owned_data_chunks = 0;
   for (int64_t c = 0; c < layout.num_chunks(); ++c) {
-    if (layout.HoldsPayload(ChunkType::kParam, c, o.rank)) rank_param_bytes += plan.param_chunk_bytes;
+    if (layout.HoldsPayload(ChunkType::kParam, c, o.rank))
+      rank_param_bytes += plan.param_chunk_bytes;
     if (layout.HoldsPayload(ChunkType::kMaster, c, o.rank)) ++owned_data_chunks;
   }
   const int64_t gathered_bytes =
@@ -273,8 +273,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
     const Replayer::Moment& next = steady[(i + 1) % steady.size()];
     const int64_t tide = std::max(m.peak, next.peak);
     const int64_t chunkable = std::max<int64_t>(0, o.accelerator_bytes - tide - reserved);
-    const int64_t chunks =
-        std::min(usable_chunk_bytes, std::max(working_set[m.op], chunkable));
+    const int64_t chunks = std::min(usable_chunk_bytes, std::max(working_set[m.op], chunkable));
     plan.predicted_accelerator_peak_bytes =
         std::max(plan.predicted_accelerator_peak_bytes, chunks + m.peak);
   }
@@ -282,8 +281,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
       std::min(plan.predicted_accelerator_peak_bytes, o.accelerator_bytes);
 
   // --- Host.
-  plan.rank_model_data_bytes =
-      rank_param_bytes + 3 * owned_data_chunks * plan.state_chunk_bytes;
+  plan.rank_model_data_bytes = rank_param_bytes + 3 * owned_data_chunks * plan.state_chunk_bytes;
   plan.host_model_data_bytes = plan.rank_model_data_bytes + gathered_bytes;
   if (o.gradient_accumulation_steps > 1) {
     plan.host_accumulator_bytes = owned_data_chunks * plan.state_chunk_bytes;
@@ -312,15 +310,15 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
 }
 
 std::string MemoryPlan::Summary() const {
-  std::string s = absl::StrCat(
-      "parameters ", parameters, ", chunks of ", chunk_elems, " elements: ", num_chunks,
-      " per type (", num_data_chunks, " with data); param chunk ", FormatBytes(param_chunk_bytes),
-      ", state chunk ", FormatBytes(state_chunk_bytes), "\n");
+  std::string s = absl::StrCat("parameters ", parameters, ", chunks of ", chunk_elems,
+                               " elements: ", num_chunks, " per type (", num_data_chunks,
+                               " with data); param chunk ", FormatBytes(param_chunk_bytes),
+                               ", state chunk ", FormatBytes(state_chunk_bytes), "\n");
   absl::StrAppend(&s, "accelerator: lower bound ", FormatBytes(lower_bound_bytes), " at ",
                   lower_bound_at, " (working set up to ", FormatBytes(largest_working_set_bytes),
                   ", activations peak ", FormatBytes(activation_peak_bytes), ", evaluation ",
-                  FormatBytes(evaluation_peak_bytes), "); slack ", FormatBytes(slack_bytes),
-                  " (", FormatBytes(stranded_bytes), " stranded in segments); minimum ",
+                  FormatBytes(evaluation_peak_bytes), "); slack ", FormatBytes(slack_bytes), " (",
+                  FormatBytes(stranded_bytes), " stranded in segments); minimum ",
                   FormatBytes(min_accelerator_bytes), "; predicted peak ",
                   FormatBytes(predicted_accelerator_peak_bytes), "; warm-up chunk share ",
                   absl::StrFormat("%.3f", warmup_chunk_fraction), "\n");

@@ -35,10 +35,10 @@
 // Host. The rank's model data in per-dtype chunk blocks (every param chunk keeps its host copy
 // while on the accelerator, so all of it is resident on the host throughout), the gathered remote
 // param chunks of ZeRO (two groups at once), with gradient accumulation (k > 1) an f32 accumulator
-// for the parameters the rank owns (4/N bytes per parameter), the emulated accelerator's memory when it is host
-// RAM (the cpu backend: its predicted peak), the process as it is now, what the run allocates
-// beside the pools, and checkpoint/export buffers. It fits when the part not yet resident is at
-// most what the OS can still give (memory/host_memory_info.h).
+// for the parameters the rank owns (4/N bytes per parameter), the emulated accelerator's memory
+// when it is host RAM (the cpu backend: its predicted peak), the process as it is now, what the run
+// allocates beside the pools, and checkpoint/export buffers. It fits when the part not yet resident
+// is at most what the OS can still give (memory/host_memory_info.h).
 //
 // Thread safety: pure functions.
 #ifndef PATRICKSTAR_SCHEDULER_MEMORY_PLAN_H_
@@ -117,15 +117,15 @@ struct MemoryPlan {
 
   // --- Accelerator.
   std::vector<PlannedMoment> moments;  // the steady iteration's
-  int64_t activation_peak_bytes = 0;       // highest non-model peak, iteration and evaluation
-  int64_t evaluation_peak_bytes = 0;       // the evaluation pass's
+  int64_t activation_peak_bytes = 0;   // highest non-model peak, iteration and evaluation
+  int64_t evaluation_peak_bytes = 0;   // the evaluation pass's
   int64_t largest_working_set_bytes = 0;
-  int64_t lower_bound_bytes = 0;           // see the file comment
-  std::string lower_bound_at;              // "h.3.mlp.c_fc (BWD)": the moment that sets it
-  int64_t stranded_bytes = 0;              // most bytes the segments strand at once
-  int64_t slack_bytes = 0;                 // stranded + margin: ChunkManager's nonmodel slack
-  int64_t min_accelerator_bytes = 0;       // lower bound + slack + communication buffers
-  double warmup_chunk_fraction = 0.2;      // for accelerator_bytes
+  int64_t lower_bound_bytes = 0;                 // see the file comment
+  std::string lower_bound_at;                    // "h.3.mlp.c_fc (BWD)": the moment that sets it
+  int64_t stranded_bytes = 0;                    // most bytes the segments strand at once
+  int64_t slack_bytes = 0;                       // stranded + margin: ChunkManager's nonmodel slack
+  int64_t min_accelerator_bytes = 0;             // lower bound + slack + communication buffers
+  double warmup_chunk_fraction = 0.2;            // for accelerator_bytes
   int64_t predicted_accelerator_peak_bytes = 0;  // at accelerator_bytes
   bool fits_accelerator = false;
 

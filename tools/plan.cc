@@ -18,8 +18,8 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "memory/dtype.h"
@@ -48,12 +48,11 @@ ABSL_FLAG(bool, moments, false, "print every moment of the steady iteration");
 namespace ps {
 namespace {
 
-
 absl::StatusOr<int64_t> BytesFlag(const char* flag, const std::string& text) {
   absl::StatusOr<int64_t> bytes = ParseBytes(text);
   if (!bytes.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", text, ": ",
-                                                   bytes.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", text, ": ", bytes.status().message()));
   }
   return bytes;
 }
@@ -114,8 +113,8 @@ int Run() {
   if (!run.ok()) return fail2(run.status());
   const MemoryPlan& p = run->plan;
   std::cout << absl::StrFormat(
-      "model %s (%d parameters), %s, micro batch %d x %d tokens, world size %d\n",
-      o.config.name, p.parameters, DTypeName(o.compute_dtype), o.model.batch,
+      "model %s (%d parameters), %s, micro batch %d x %d tokens, world size %d\n", o.config.name,
+      p.parameters, DTypeName(o.compute_dtype), o.model.batch,
       o.model.seq_len == 0 ? o.config.max_seq_len : o.model.seq_len, o.world_size);
   std::cout << "accelerator budget " << FormatBytes(run->accelerator_bytes) << " ("
             << run->chunk_note << ")\n"
@@ -129,9 +128,8 @@ int Run() {
     for (size_t i = 0; i < p.moments.size(); ++i) {
       const PlannedMoment& m = p.moments[i];
       std::cout << absl::StrFormat("%5d %-4s ws %10d now %10d peak %10d reserved %10d\n", i,
-                                   StageName(m.stage), m.working_set_bytes,
-                                   m.nonmodel_now_bytes, m.nonmodel_peak_bytes,
-                                   m.scratch_reserved_bytes);
+                                   StageName(m.stage), m.working_set_bytes, m.nonmodel_now_bytes,
+                                   m.nonmodel_peak_bytes, m.scratch_reserved_bytes);
     }
   }
   if (absl::Status fits = CheckGptRunFits(o, *run); !fits.ok()) {

@@ -10,9 +10,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "glog/logging.h"
 #include "base/testing/status_matchers.h"
 #include "base/units.h"
+#include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "memory/dtype.h"
@@ -85,11 +85,11 @@ TEST(Preflight, RandomShapesTrainWithinThePlansMinimumOrAreRefusedUpFront) {
     TrainConfig c = Shape(rng, &dtype);
     c.accelerator.memory_bytes = 64 * kMiB;
     const int64_t min_bytes = Plan(c, dtype).plan.min_accelerator_bytes;
-    SCOPED_TRACE(absl::StrCat("trial ", trial, ": ", DTypeName(dtype), " hidden ",
-                              c.model.hidden, " layers ", c.model.num_layers, " vocab ",
-                              c.model.vocab_size, " batch ", c.train_micro_batch_size_per_gpu,
-                              " x ", c.data.seq_len, " checkpointing ",
-                              c.model.activation_checkpointing, "; plan minimum ", min_bytes));
+    SCOPED_TRACE(absl::StrCat("trial ", trial, ": ", DTypeName(dtype), " hidden ", c.model.hidden,
+                              " layers ", c.model.num_layers, " vocab ", c.model.vocab_size,
+                              " batch ", c.train_micro_batch_size_per_gpu, " x ", c.data.seq_len,
+                              " checkpointing ", c.model.activation_checkpointing,
+                              "; plan minimum ", min_bytes));
     // Just below the minimum: refused before anything is allocated, naming the minimum.
     c.accelerator.memory_bytes = min_bytes - 4 * kKiB;
     const int64_t below_minimum = Plan(c, dtype).plan.min_accelerator_bytes;

@@ -373,7 +373,10 @@ absl::Status Trainer::Impl::PlanMemoryOrRefuse() {
     return absl::Status(plan.status().code(),
                         absl::StrCat("memory plan: ", plan.status().message()));
   }
-  if (env_.enforce_memory_plan) RETURN_IF_ERROR(CheckGptRunFits(o, *plan));
+  // (Host memory is always enforced: a run the OS would kill is never started.)
+  if (env_.enforce_memory_plan || !plan->plan.fits_host) {
+    RETURN_IF_ERROR(CheckGptRunFits(o, *plan));
+  }
   plan_ = *std::move(plan);
   chunk_elems_ = plan_.plan.chunk_elems;
   chunk_size_note_ = plan_.chunk_note;

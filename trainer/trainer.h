@@ -77,7 +77,8 @@ struct TrainerEnvironment {
   absl::Duration comm_timeout = absl::Minutes(10);
   // Refuse a run the pre-flight memory plan says does not fit (model/gpt_activation_profile.h).
   // Only benchmarks that probe below the plan's minimum (benchmarks/capacity_benchmark) turn it
-  // off; the run may then fail mid-way with an out-of-memory error.
+  // off; the run may then fail mid-way with an out-of-memory error. A run that does not fit host
+  // memory is refused either way.
   bool enforce_memory_plan = true;
 };
 
