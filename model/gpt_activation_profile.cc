@@ -348,8 +348,12 @@ absl::StatusOr<GptRunPlan> PlanOne(const GptRunPlanOptions& o, int64_t chunk_ele
   for (int round = 0; round < 3; ++round) {
     p.accelerator_bytes = run.accelerator_bytes;
     p.scratch = ScratchOptionsForBudget(run.accelerator_bytes);
-    // One segment beside the stranded bytes: a request between two samples, a free still pending.
+    // One segment beside the stranded bytes (a request between two samples, a free still
+    // pending), and 1/32 of the activation peak: measured, gpt2 bf16's real tide ran ~0.5% above
+    // the profile's at one moment (capacity_benchmark); the test that would pin that down (the
+    // model against its profile, moment by moment) does not exist yet.
     p.slack_margin_bytes = p.scratch.small_segment_bytes;
+    p.slack_peak_fraction = 1.0 / 32;
     ASSIGN_OR_RETURN(run.plan, PlanMemory(p));
     run.scratch = p.scratch;
     if (o.accelerator_bytes > 0 || run.plan.min_accelerator_bytes <= run.accelerator_bytes) break;

@@ -156,6 +156,10 @@ absl::Status CheckOptions(const MemoryPlanOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("MemoryPlanOptions.rank ", o.rank, " is outside [0, ", o.world_size, ")"));
   }
+  if (!(o.slack_peak_fraction >= 0 && o.slack_peak_fraction < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MemoryPlanOptions.slack_peak_fraction must be in [0, 1), got ", o.slack_peak_fraction));
+  }
   if (o.host_cap_bytes.has_value() && *o.host_cap_bytes <= 0) {
     return absl::InvalidArgumentError("MemoryPlanOptions.host_cap_bytes must be positive");
   }
@@ -219,8 +223,6 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
     plan.largest_working_set_bytes = std::max(plan.largest_working_set_bytes, working_set[i]);
   }
   plan.stranded_bytes = replayer.max_stranded();
-  plan.slack_bytes = plan.stranded_bytes + o.slack_margin_bytes;
-  const int64_t reserved = plan.slack_bytes + o.comm_buffer_bytes;
   const auto consider = [&](const std::vector<Replayer::Moment>& moments, bool evaluation_pass) {
     for (const Replayer::Moment& m : moments) {
       const int64_t need = working_set[m.op] + std::max(m.peak, m.now);
@@ -238,6 +240,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
   consider(evaluation, true);
   consider(warmup, false);
   consider(steady, false);
+  plan.slack_bytes =
+      plan.stranded_bytes + o.slack_margin_bytes +
+      static_cast<int64_t>(o.slack_peak_fraction * static_cast<double>(plan.activation_peak_bytes));
+  const int64_t reserved = plan.slack_bytes + o.comm_buffer_bytes;
   plan.min_accelerator_bytes = plan.lower_bound_bytes + reserved;
   plan.fits_accelerator = o.accelerator_bytes >= plan.min_accelerator_bytes;
   for (const Replayer::Moment& m : steady) {

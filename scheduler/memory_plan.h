@@ -76,6 +76,8 @@ struct MemoryPlanOptions {
   int64_t comm_buffer_bytes = 0;
   // Extra slack beyond the stranded bytes the replay measures (>= 0).
   int64_t slack_margin_bytes = 0;
+  // And this fraction of the highest activation peak (in [0, 1)), for what the profile misses.
+  double slack_peak_fraction = 0;
   // Micro-batches per optimizer step (>= 1); > 1 adds the owner's f32 gradient accumulator.
   int gradient_accumulation_steps = 1;
 
