@@ -240,11 +240,13 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
   consider(evaluation, true);
   consider(warmup, false);
   consider(steady, false);
-  plan.slack_bytes =
-      plan.stranded_bytes + o.slack_margin_bytes +
+  // The manager reserves the slack; the tide margin is room the plan keeps (not reserved) for a
+  // tide that runs above the profile's.
+  plan.slack_bytes = plan.stranded_bytes + o.slack_margin_bytes;
+  plan.tide_margin_bytes =
       static_cast<int64_t>(o.slack_peak_fraction * static_cast<double>(plan.activation_peak_bytes));
   const int64_t reserved = plan.slack_bytes + o.comm_buffer_bytes;
-  plan.min_accelerator_bytes = plan.lower_bound_bytes + reserved;
+  plan.min_accelerator_bytes = plan.lower_bound_bytes + reserved + plan.tide_margin_bytes;
   plan.fits_accelerator = o.accelerator_bytes >= plan.min_accelerator_bytes;
   for (const Replayer::Moment& m : steady) {
     plan.moments.push_back({.stage = m.stage,
@@ -258,9 +260,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
 
   // The warm-up share: what the budget leaves beside the highest peak and the reserve.
   const double budget = static_cast<double>(o.accelerator_bytes);
-  plan.warmup_chunk_fraction = std::clamp(
-      static_cast<double>(o.accelerator_bytes - plan.activation_peak_bytes - reserved) / budget,
-      0.01, 1.0);
+  plan.warmup_chunk_fraction =
+      std::clamp(static_cast<double>(o.accelerator_bytes - plan.activation_peak_bytes - reserved -
+                                     plan.tide_margin_bytes) /
+                     budget,
+                 0.01, 1.0);
 
   // Param chunks this rank keeps (and ZeRO's gathered ones): the most chunk bytes the accelerator
   // can usefully hold.
@@ -324,10 +328,10 @@ std::string MemoryPlan::Summary() const {
                   lower_bound_at, " (working set up to ", FormatBytes(largest_working_set_bytes),
                   ", activations peak ", FormatBytes(activation_peak_bytes), ", evaluation ",
                   FormatBytes(evaluation_peak_bytes), "); slack ", FormatBytes(slack_bytes), " (",
-                  FormatBytes(stranded_bytes), " stranded in segments); minimum ",
-                  FormatBytes(min_accelerator_bytes), "; predicted peak ",
-                  FormatBytes(predicted_accelerator_peak_bytes), "; warm-up chunk share ",
-                  absl::StrFormat("%.3f", warmup_chunk_fraction), "\n");
+                  FormatBytes(stranded_bytes), " stranded in segments); tide margin ",
+                  FormatBytes(tide_margin_bytes), "; minimum ", FormatBytes(min_accelerator_bytes),
+                  "; predicted peak ", FormatBytes(predicted_accelerator_peak_bytes),
+                  "; warm-up chunk share ", absl::StrFormat("%.3f", warmup_chunk_fraction), "\n");
   absl::StrAppend(&s, "host: model data ", FormatBytes(host_model_data_bytes), " (this rank ",
                   FormatBytes(rank_model_data_bytes), ")");
   if (host_accumulator_bytes > 0) {

@@ -24,7 +24,7 @@
 //                            working_set + max(peak, now)     (the physical floor: one operator's
 //                                                              working set plus the activations
 //                                                              live at that moment)
-//   min_accelerator_bytes  = lower_bound + slack + comm_buffer_bytes
+//   min_accelerator_bytes  = lower_bound + slack + tide margin + comm_buffer_bytes
 // The warm-up share of the budget (off-trace accesses may keep that much resident) is set so that
 // it plus the highest non-model peak plus the reserve fit the budget: the warm-up never needs the
 // pressure reclaimer. The predicted accelerator peak is what the budget will hold at its fullest:
@@ -76,7 +76,8 @@ struct MemoryPlanOptions {
   int64_t comm_buffer_bytes = 0;
   // Extra slack beyond the stranded bytes the replay measures (>= 0).
   int64_t slack_margin_bytes = 0;
-  // And this fraction of the highest activation peak (in [0, 1)), for what the profile misses.
+  // Room kept in the minimum (not reserved by the manager) for a tide above the profile's: this
+  // fraction of the highest activation peak, in [0, 1).
   double slack_peak_fraction = 0;
   // Micro-batches per optimizer step (>= 1); > 1 adds the owner's f32 gradient accumulator.
   int gradient_accumulation_steps = 1;
@@ -122,12 +123,13 @@ struct MemoryPlan {
   int64_t activation_peak_bytes = 0;   // highest non-model peak, iteration and evaluation
   int64_t evaluation_peak_bytes = 0;   // the evaluation pass's
   int64_t largest_working_set_bytes = 0;
-  int64_t lower_bound_bytes = 0;                 // see the file comment
-  std::string lower_bound_at;                    // "h.3.mlp.c_fc (BWD)": the moment that sets it
-  int64_t stranded_bytes = 0;                    // most bytes the segments strand at once
-  int64_t slack_bytes = 0;                       // stranded + margin: ChunkManager's nonmodel slack
-  int64_t min_accelerator_bytes = 0;             // lower bound + slack + communication buffers
-  double warmup_chunk_fraction = 0.2;            // for accelerator_bytes
+  int64_t lower_bound_bytes = 0;       // see the file comment
+  std::string lower_bound_at;          // "h.3.mlp.c_fc (BWD)": the moment that sets it
+  int64_t stranded_bytes = 0;          // most bytes the segments strand at once
+  int64_t slack_bytes = 0;             // stranded + margin: ChunkManager's nonmodel slack
+  int64_t tide_margin_bytes = 0;       // slack_peak_fraction x the activation peak
+  int64_t min_accelerator_bytes = 0;   // lower bound + slack + tide margin + communication
+  double warmup_chunk_fraction = 0.2;  // for accelerator_bytes
   int64_t predicted_accelerator_peak_bytes = 0;  // at accelerator_bytes
   bool fits_accelerator = false;
 

@@ -72,7 +72,7 @@ TEST(MemoryPlan, LowerBoundIsTheWorkingSetPlusTheActivationsOfTheWorstMoment) {
   EXPECT_EQ(p.activation_peak_bytes, (128 + 200 + 320) * kKiB);
   EXPECT_EQ(p.lower_bound_bytes, 4 * kKiB + (128 + 200 + 320) * kKiB);
   EXPECT_EQ(p.lower_bound_at, "b (FWD)");
-  EXPECT_EQ(p.min_accelerator_bytes, p.lower_bound_bytes + p.slack_bytes);
+  EXPECT_EQ(p.min_accelerator_bytes, p.lower_bound_bytes + p.slack_bytes + p.tide_margin_bytes);
   EXPECT_GE(p.slack_bytes, p.stranded_bytes);
   EXPECT_EQ(p.moments.size(), 6u);
   EXPECT_TRUE(p.fits());
