@@ -386,9 +386,9 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
   int64_t step = 1024;
   while (step * 2 * 8 <= min_elems) step *= 2;
   const int64_t first = AlignUp(min_elems, step);
-  // Candidates by the model data they hold (a layout each, cheap), then planned in that order
-  // (a replay each): the first that fits wins. A chunk that does not fit the accelerator rules
-  // out the larger ones (their working sets are larger).
+  // Candidates by the model data of all ranks (a layout each, cheap), then planned in that order
+  // (a replay each): the first that fits the accelerator wins. A chunk that does not fit the
+  // accelerator rules out the larger ones (their working sets are larger).
   struct Candidate {
     int64_t chunk_elems;
     int64_t model_data_bytes;
@@ -400,7 +400,7 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
     ChunkLayoutOptions layout_options{.capacity_elems = c, .world_size = o.world_size};
     ASSIGN_OR_RETURN(ChunkLayout layout,
                      ChunkLayout::Build(layout_options, GptOperators(o.config, vocab)));
-    candidates.push_back({c, layout.RankModelDataBytes(o.compute_dtype, o.rank)});
+    candidates.push_back({c, layout.TotalModelDataBytes(o.compute_dtype)});
   }
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const Candidate& a, const Candidate& b) {
@@ -413,11 +413,9 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
     if (c.chunk_elems >= too_large_elems) continue;
     ++planned;
     ASSIGN_OR_RETURN(GptRunPlan run, PlanOne(o, c.chunk_elems));
-    if (run.plan.fits()) {
-      best = std::move(run);
-      break;
-    }
-    if (!run.plan.fits_host) {  // the least model data already: no candidate fits the host
+    // Every rank must choose the same chunk size: the choice depends on nothing rank-local (the
+    // total model data, the accelerator's fit), never on the host memory a rank sees.
+    if (run.plan.fits_accelerator) {
       best = std::move(run);
       break;
     }

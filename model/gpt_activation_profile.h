@@ -50,10 +50,10 @@ GptMemoryModel GptActivationProfile(const GptConfig& config, const GptModelOptio
 // and runs PlanMemory (scheduler/memory_plan.h). With chunk_elems 0 ("auto") it scans chunk sizes
 // from the smallest that holds every operator (GptMinChunkElems) to twice that, in steps of
 // 1/8 of it rounded down to a power of two (at least 1 Ki elements; about 9 candidates), and picks
-// the one that fits with the least model data (padding waste), ties to the smaller; when none fits,
+// the one that fits the accelerator with the least model data of all ranks (padding waste), ties
+// to the smaller — the same choice on every rank (nothing rank-local decides it); when none fits,
 // the one that needs the least accelerator memory (the refusal then names its numbers). With
-// accelerator_bytes 0
-// ("auto") the budget is max(4 GiB, the plan's minimum).
+// accelerator_bytes 0 ("auto") the budget is max(4 GiB, the plan's minimum).
 
 struct GptRunPlanOptions {
   GptConfig config;
