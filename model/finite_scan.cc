@@ -96,7 +96,7 @@ int64_t FindFirstNonFiniteImpl(DType dtype, const uint8_t* bytes, size_t n) {
   return -1;
 }
 
-const char* TargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
+const char* FiniteScanTargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
 }  // namespace ps
@@ -106,7 +106,7 @@ HWY_AFTER_NAMESPACE();
 namespace ps {
 
 HWY_EXPORT(FindFirstNonFiniteImpl);
-HWY_EXPORT(TargetNameImpl);
+HWY_EXPORT(FiniteScanTargetNameImpl);
 
 int64_t FindFirstNonFinite(DType dtype, const void* data, int64_t num_elems) {
   if (num_elems <= 0) return -1;
@@ -163,7 +163,7 @@ absl::Status CheckTensorFinite(absl::string_view where, absl::string_view name, 
       "Use the file from before the run diverged, or re-export the weights"));
 }
 
-const char* FiniteScanTargetName() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }
+const char* FiniteScanTargetName() { return HWY_DYNAMIC_DISPATCH(FiniteScanTargetNameImpl)(); }
 
 }  // namespace ps
 #endif  // HWY_ONCE

@@ -1,5 +1,6 @@
 #include "optimizer/hybrid_adam.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -13,6 +14,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "chunk/chunk.h"
 #include "chunk/chunk_layout.h"
@@ -50,6 +52,21 @@ const char* UseName(AdamChunkUse use) {
   }
   return "?";
 }
+
+// Row-major coordinates of flat element `index` of `shape`: "[3, 17]".
+std::string Coordinates(const std::vector<int64_t>& shape, int64_t index) {
+  std::vector<int64_t> coords(shape.size(), 0);
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] <= 0) break;
+    coords[d] = index % shape[d];
+    index /= shape[d];
+  }
+  return absl::StrCat("[", absl::StrJoin(coords, ", "), "]");
+}
+
+constexpr absl::string_view kDivergenceAdvice =
+    "Lower the learning rate (optimizer.params.lr), enable gradient clipping (gradient_clipping, "
+    "e.g. 1.0), and check the training data and the initial weights";
 
 absl::Status CheckFiniteAtLeast(absl::string_view what, double value, double min) {
   if (!std::isfinite(value) || value < min) {
@@ -129,6 +146,11 @@ absl::StatusOr<std::unique_ptr<HybridAdam>> HybridAdam::Create(const ChunkLayout
     return absl::InvalidArgumentError(
         absl::StrCat("HybridAdam: rank ", rank, " outside [0, ", layout.world_size(), ")"));
   }
+  if (options.max_consecutive_skipped_steps < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "HybridAdam: max_consecutive_skipped_steps must be >= 0, or -1 for no limit, got ",
+        options.max_consecutive_skipped_steps));
+  }
   if (compute_dtype != DType::kF32 && compute_dtype != DType::kF16 &&
       compute_dtype != DType::kBF16) {
     return absl::InvalidArgumentError(
@@ -149,13 +171,16 @@ absl::StatusOr<std::unique_ptr<HybridAdam>> HybridAdam::Create(const ChunkLayout
   adam->grad_stats_reducer_ = std::move(options.grad_stats_reducer);
   adam->kernels_ = kernels;
   adam->compute_dtype_ = compute_dtype;
+  adam->max_consecutive_skipped_steps_ = options.max_consecutive_skipped_steps;
   adam->tensor_group_.assign(static_cast<size_t>(layout.num_tensor_ids()), -1);
 
   for (int64_t chunk = 0; chunk < layout.num_chunks(); ++chunk) {
     if (!layout.HoldsPayload(ChunkType::kMaster, chunk, rank)) continue;
     std::vector<Run> runs;
+    std::vector<Slot> slots;
     for (TensorId id : layout.TensorsInChunk(chunk)) {
       const TensorInfo& tensor = layout.tensor(id);
+      slots.push_back({tensor.name, tensor.shape, tensor.offset_elems, tensor.numel});
       int group = -1;
       for (size_t g = 0; g < options.groups.size(); ++g) {
         const auto& selector = options.groups[g].selector;
@@ -178,8 +203,11 @@ absl::StatusOr<std::unique_ptr<HybridAdam>> HybridAdam::Create(const ChunkLayout
       }
     }
     if (runs.empty()) continue;
+    std::sort(slots.begin(), slots.end(),
+              [](const Slot& a, const Slot& b) { return a.offset_elems < b.offset_elems; });
     adam->owned_chunks_.push_back(chunk);
     adam->runs_.push_back(std::move(runs));
+    adam->slots_.push_back(std::move(slots));
   }
   return adam;
 }
@@ -232,6 +260,39 @@ int HybridAdam::group_of(TensorId tensor) const {
   return tensor_group_[tensor];
 }
 
+absl::StatusOr<std::string> HybridAdam::LocateNonFinite(AdamChunkAccess& access, size_t k) {
+  const int64_t chunk = owned_chunks_[k];
+  const int64_t width = SizeOf(compute_dtype_);
+  std::string where = absl::StrCat("chunk ", chunk);
+  RETURN_IF_ERROR(WithChunk(
+      access, chunk, AdamChunkUse::kGradients, [&](const AdamChunkPayloads& p) -> absl::Status {
+        ASSIGN_OR_RETURN(AdamKernels * kernels, KernelsFor(chunk, p.device));
+        const char* base = static_cast<const char*>(p.param);
+        // Inf/NaN among elements [offset, offset + n) of the chunk, counted by the kernel (the
+        // payload may be device memory the host cannot read).
+        const auto count = [&](int64_t offset, int64_t n) -> absl::StatusOr<int64_t> {
+          const GradSegment segment{compute_dtype_, base + offset * width, n};
+          ASSIGN_OR_RETURN(const GradStats stats, kernels->GradientStats({&segment, 1}));
+          return stats.nonfinite_elems;
+        };
+        for (const Slot& slot : slots_[k]) {
+          ASSIGN_OR_RETURN(const int64_t bad, count(slot.offset_elems, slot.numel));
+          if (bad == 0) continue;
+          // The first one lies in [lo, hi): halve until one element is left.
+          int64_t lo = 0, hi = slot.numel;
+          while (hi - lo > 1) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            ASSIGN_OR_RETURN(const int64_t left, count(slot.offset_elems + lo, mid - lo));
+            (left > 0 ? hi : lo) = mid;
+          }
+          where = absl::StrCat(slot.name, " at ", Coordinates(slot.shape, lo));
+          return absl::OkStatus();
+        }
+        return absl::OkStatus();
+      }));
+  return where;
+}
+
 absl::StatusOr<AdamStepReport> HybridAdam::Step(AdamChunkAccess& access) {
   RETURN_IF_ERROR(ValidateHyperParams());
   const int64_t width = SizeOf(compute_dtype_);
@@ -241,6 +302,7 @@ absl::StatusOr<AdamStepReport> HybridAdam::Step(AdamChunkAccess& access) {
 
   // Gradient pass: overflow and norm, before anything is written.
   GradStats stats;
+  std::vector<int64_t> chunk_nonfinite(owned_chunks_.size(), 0);
   std::vector<GradSegment> grad_segments;
   for (size_t k = 0; k < owned_chunks_.size(); ++k) {
     const int64_t chunk = owned_chunks_[k];
@@ -255,6 +317,7 @@ absl::StatusOr<AdamStepReport> HybridAdam::Step(AdamChunkAccess& access) {
           }
           ASSIGN_OR_RETURN(const GradStats chunk_stats, kernels->GradientStats(grad_segments));
           stats += chunk_stats;
+          chunk_nonfinite[k] = chunk_stats.nonfinite_elems;
           return absl::OkStatus();
         }));
   }
@@ -262,9 +325,16 @@ absl::StatusOr<AdamStepReport> HybridAdam::Step(AdamChunkAccess& access) {
   report.nonfinite_grads = stats.nonfinite_elems;
 
   if (!stats.finite()) {
-    // Skip the step: the param slots hold gradients; put the parameters back.
+    // Skip the step: the param slots hold gradients; find the first bad one while they are
+    // there, then put the parameters back.
     report.skipped = true;
     report.grad_norm = std::numeric_limits<double>::infinity();
+    report.first_nonfinite = "on another rank";
+    for (size_t k = 0; k < owned_chunks_.size(); ++k) {
+      if (chunk_nonfinite[k] == 0) continue;
+      ASSIGN_OR_RETURN(report.first_nonfinite, LocateNonFinite(access, k));
+      break;
+    }
     std::vector<ParamRestoreSegment> restore_segments;
     for (size_t k = 0; k < owned_chunks_.size(); ++k) {
       const int64_t chunk = owned_chunks_[k];
@@ -281,11 +351,41 @@ absl::StatusOr<AdamStepReport> HybridAdam::Step(AdamChunkAccess& access) {
             return kernels->RestoreParams(restore_segments);
           }));
     }
+    const std::string first = absl::StrCat(
+        stats.nonfinite_elems, " Inf/NaN gradient", stats.nonfinite_elems == 1 ? "" : "s",
+        "; the first ", report.first_nonfinite == "on another rank" ? "is " : "in ",
+        report.first_nonfinite);
+    if (compute_dtype_ != DType::kF16) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "non-finite gradients at optimizer step ", step_ + 1, " (", first, ") with ",
+          DTypeName(compute_dtype_),
+          " parameters: nothing is loss-scaled, so this is divergence (or bad data or weights), "
+          "not a loss-scale event. The step was not applied and training stops. ",
+          kDivergenceAdvice));
+    }
+    ++consecutive_skipped_steps_;
+    report.consecutive_skipped_steps = consecutive_skipped_steps_;
     const absl::Status scaler_status = loss_scaler_.Update(/*overflow=*/true);
     report.next_loss_scale = loss_scaler_.scale();
-    RETURN_IF_ERROR(scaler_status);
+    if (!scaler_status.ok()) {
+      return absl::Status(scaler_status.code(),
+                          absl::StrCat(scaler_status.message(), " (", first, ")"));
+    }
+    if (max_consecutive_skipped_steps_ >= 0 &&
+        consecutive_skipped_steps_ > max_consecutive_skipped_steps_) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "fp16: ", consecutive_skipped_steps_,
+          " optimizer steps in a row were skipped for "
+          "non-finite gradients (this one: ",
+          first, "; loss scale ", report.loss_scale,
+          "), more than fp16.max_consecutive_skipped_steps = ", max_consecutive_skipped_steps_,
+          ". Lowering the loss scale has not helped: training diverged or the data or weights "
+          "are bad, and training stops. ",
+          kDivergenceAdvice));
+    }
     return report;
   }
+  consecutive_skipped_steps_ = 0;
 
   report.grad_norm = stats.Norm(report.loss_scale);
   report.clip_coef = ClipCoefficient(report.grad_norm, max_grad_norm_);

@@ -15,10 +15,18 @@
 //   2. Gradient pass: for every owned chunk, the sum of squares and Inf/NaN count of the gradients
 //      in its param chunk (GradStats), over the tensors only — gaps between tensors hold garbage.
 //      The optional reducer (all-reduce over ranks, from comm/) makes them global.
-//   3. Overflow (any Inf/NaN): the step is skipped: every owned param chunk, whose slots hold
-//      gradients, gets its parameters back from the master copy (rounded to the compute dtype,
-//      so bit-identical to the parameters before backward), the loss scaler lowers the scale as
-//      its policy says, and the step counter does not advance.
+//   3. Inf/NaN anywhere: the first one this rank holds is located (a second pass over the
+//      first chunk that had one: per tensor, then a bisection to the element — only on this
+//      path), every owned param chunk, whose slots hold gradients, gets its parameters back from
+//      the master copy (rounded to the compute dtype, so bit-identical to the parameters before
+//      backward), and the step counter does not advance. Then:
+//       - f32 and bf16 parameters: nothing is loss-scaled, so an Inf/NaN gradient is divergence,
+//         not a loss-scale event: Step returns OutOfRange naming the tensor and element and what
+//         to do (lower the learning rate, clip gradients, check the data).
+//       - f16 parameters: the step is skipped — a loss-scale event: the loss scaler lowers the
+//         scale as its policy says (OutOfRange when it is already at min_loss_scale, as
+//         DeepSpeed raises) — unless more than max_consecutive_skipped_steps steps in a row have
+//         now been skipped (OutOfRange).
 //   4. Otherwise the clipping coefficient is computed from the global norm of the unscaled
 //      gradients (a true L2 norm; optimizer/grad_clip.h), and the fused Adam kernel updates
 //      master/momentum/variance of every owned chunk and writes the new parameters into the param
@@ -131,6 +139,10 @@ struct HybridAdamOptions {
   // Makes the gradient statistics of all ranks global (sums them; comm/ provides it). Empty for
   // a single rank.
   std::function<absl::Status(GradStats&)> grad_stats_reducer = nullptr;
+  // f16 parameters only: the most steps in a row that may be skipped for Inf/NaN gradients; the
+  // next one is OutOfRange. -1: no limit of its own (the loss scaler's min_loss_scale error still
+  // stops a dynamic scale). The trainer sets it from fp16.max_consecutive_skipped_steps.
+  int64_t max_consecutive_skipped_steps = -1;
 };
 
 // The per-step hyperparameters a caller may change between steps.
@@ -158,6 +170,11 @@ struct AdamStepReport {
   double loss_scale = 1.0;
   double next_loss_scale = 1.0;
   int64_t nonfinite_grads = 0;
+  // When Inf/NaN gradients were found: where the first one this rank holds is, e.g.
+  // "h.1.attn.c_attn.weight at [3, 17] (NaN)", or "on another rank".
+  std::string first_nonfinite;
+  // f16: steps skipped in a row, this one included (0 after a clean step).
+  int64_t consecutive_skipped_steps = 0;
   // Adam's step count after this step (unchanged when skipped).
   int64_t step = 0;
   // Owned chunks stepped on each kind of device.
@@ -184,10 +201,12 @@ class HybridAdam {
   // One optimizer step, as described at the top of the file. Errors: InvalidArgument for
   // hyperparameters made invalid since the last step (nothing is touched); the access's and the
   // kernels' errors; FailedPrecondition for an accelerator chunk without accelerator kernels;
-  // OutOfRange from the loss scaler when an overflow happens at min_loss_scale (the step was
-  // skipped and the parameters restored); Internal if the update saw Inf/NaN gradients the
-  // gradient pass did not (the gradients changed during the step). An error after the first
-  // chunk was updated leaves the step partially applied; resume from a checkpoint.
+  // OutOfRange for Inf/NaN gradients that stop the run (see step 3 at the top: f32/bf16, an
+  // overflow at min_loss_scale, too many skipped steps in a row), naming the first tensor and
+  // element that held one — the step was not applied and the parameters are restored; Internal
+  // if the update saw Inf/NaN gradients the gradient pass did not (the gradients changed during
+  // the step). An error after the first chunk was updated leaves the step partially applied;
+  // resume from a checkpoint.
   [[nodiscard]] absl::StatusOr<AdamStepReport> Step(AdamChunkAccess& access);
 
   // --- Hyperparameters, read at every step ---------------------------------------------------
@@ -215,6 +234,9 @@ class HybridAdam {
   int64_t step() const { return step_; }
   // For resuming from a checkpoint.
   void set_step(int64_t step) { step_ = step; }
+  // f16: the steps skipped in a row so far (for checkpoints, so the limit spans a resume).
+  int64_t consecutive_skipped_steps() const { return consecutive_skipped_steps_; }
+  void set_consecutive_skipped_steps(int64_t n) { consecutive_skipped_steps_ = n; }
   LossScaler& loss_scaler() { return loss_scaler_; }
   const LossScaler& loss_scaler() const { return loss_scaler_; }
   // Owned chunk indices, ascending.
@@ -227,11 +249,21 @@ class HybridAdam {
     int64_t numel;
     int group;
   };
+  // A tensor of an owned chunk, for naming the first Inf/NaN gradient.
+  struct Slot {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t offset_elems;
+    int64_t numel;
+  };
 
   HybridAdam() = default;
 
   absl::Status ValidateHyperParams() const;
   absl::StatusOr<AdamKernels*> KernelsFor(int64_t chunk_index, Device device) const;
+  // Where the first Inf/NaN gradient of owned chunk k (whose param slots hold gradients) is:
+  // "<tensor> at [i, j] (NaN)". A second pass over that chunk only.
+  absl::StatusOr<std::string> LocateNonFinite(AdamChunkAccess& access, size_t k);
 
   AdamMode mode_ = AdamMode::kAdam;
   double beta1_ = 0.9;
@@ -246,8 +278,11 @@ class HybridAdam {
   HybridAdamKernels kernels_;
   DType compute_dtype_ = DType::kF16;
   std::vector<int64_t> owned_chunks_;
-  std::vector<std::vector<Run>> runs_;  // parallel to owned_chunks_
+  std::vector<std::vector<Run>> runs_;    // parallel to owned_chunks_
+  std::vector<std::vector<Slot>> slots_;  // parallel to owned_chunks_, by offset
+  int64_t max_consecutive_skipped_steps_ = -1;
   int64_t step_ = 0;
+  int64_t consecutive_skipped_steps_ = 0;
 };
 
 }  // namespace ps

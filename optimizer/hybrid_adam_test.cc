@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/testing/status_matchers.h"
 #include "chunk/chunk.h"
 #include "chunk/chunk_layout.h"
@@ -36,6 +37,7 @@
 namespace ps {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // A small GPT-like model: per block a LayerNorm, an attention projection and an MLP, with awkward
@@ -376,8 +378,8 @@ TEST_F(HybridAdamTest, OverflowSkipsTheStepRestoresParamsAndLowersTheScale) {
     // of the chunk on the accelerator.
     WriteRandomGradients(*adam, 1024.0f, 10 + overflow);
     const int64_t chunk = overflow == 1 ? adam->owned_chunks().back() : 2;
-    const TensorInfo& t = store_->layout().tensor(
-        store_->layout().TensorsInChunk(chunk)[overflow == 1 ? 0 : 1]);
+    const TensorInfo& t =
+        store_->layout().tensor(store_->layout().TensorsInChunk(chunk)[overflow == 1 ? 0 : 1]);
     WriteParam(DType::kF16, ParamPayload(chunk),
                overflow == 1 ? t.offset_elems + t.numel / 2 : t.offset_elems,
                overflow == 1 ? std::numeric_limits<float>::infinity()
@@ -408,6 +410,134 @@ TEST_F(HybridAdamTest, OverflowSkipsTheStepRestoresParamsAndLowersTheScale) {
   EXPECT_FALSE(report.skipped);
   EXPECT_EQ(report.loss_scale, 512.0);
   ExpectStepped(*adam, before, 2, 512.0, 1.0);
+}
+
+// Without loss scaling (f32, bf16) an Inf/NaN gradient is divergence: the step is refused with
+// OutOfRange naming the first tensor and element (found by a second pass over that chunk), the
+// parameters come back bit-exactly, and nothing else changes.
+TEST_F(HybridAdamTest, NonFiniteGradientsStopF32AndBf16NamingTheTensor) {
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    Build(dtype, 1, 0, /*on_accelerator=*/{1});
+    ASSERT_OK_AND_ASSIGN(auto adam, HybridAdam::Create(store_->layout(), 0, dtype,
+                                                       AdamWWithNoDecayGroup(), Kernels()));
+    ResidentChunkAccess access(*store_);
+    WriteRandomGradients(*adam, 1.0f, 1);
+    ASSERT_OK(adam->Step(access));
+    std::vector<std::vector<uint8_t>> params_before, master_before;
+    for (int64_t i : adam->owned_chunks()) {
+      params_before.push_back(PayloadBytes(store_->chunk(ChunkType::kParam, i)));
+      master_before.push_back(PayloadBytes(store_->chunk(ChunkType::kMaster, i)));
+    }
+    // Two bad gradients: element [5, 30] of a matrix in chunk 1 (on the accelerator) and a later
+    // one; the first is named.
+    WriteRandomGradients(*adam, 1.0f, 2);
+    const TensorInfo* two_d = nullptr;
+    for (TensorId id : store_->layout().TensorsInChunk(1)) {
+      if (store_->layout().tensor(id).shape.size() == 2 && two_d == nullptr) {
+        two_d = &store_->layout().tensor(id);
+      }
+    }
+    ASSERT_NE(two_d, nullptr);
+    const TensorInfo& t = *two_d;
+    const int64_t e = 5 * t.shape[1] + 30;
+    WriteParam(dtype, ParamPayload(1), t.offset_elems + e, std::numeric_limits<float>::infinity());
+    WriteParam(dtype, ParamPayload(1), t.offset_elems + e + 7,
+               std::numeric_limits<float>::quiet_NaN());
+    EXPECT_THAT(adam->Step(access),
+                StatusIs(absl::StatusCode::kOutOfRange,
+                         AllOf(HasSubstr("2 Inf/NaN gradients"),
+                               HasSubstr(absl::StrCat("the first in ", t.name, " at [5, 30]")),
+                               HasSubstr(DTypeName(dtype)), HasSubstr("not a loss-scale event"),
+                               HasSubstr("optimizer.params.lr"), HasSubstr("gradient_clipping"))));
+    EXPECT_EQ(adam->step(), 1);
+    for (size_t k = 0; k < adam->owned_chunks().size(); ++k) {
+      const int64_t i = adam->owned_chunks()[k];
+      EXPECT_EQ(PayloadBytes(store_->chunk(ChunkType::kParam, i)), params_before[k]) << i;
+      EXPECT_EQ(PayloadBytes(store_->chunk(ChunkType::kMaster, i)), master_before[k]) << i;
+    }
+  }
+}
+
+// fp16: skipped steps in a row are counted; a clean step resets the count; one more than the
+// limit stops with OutOfRange naming fp16.max_consecutive_skipped_steps. Each skipped step's
+// report names the first bad gradient.
+TEST_F(HybridAdamTest, TooManySkippedStepsInARowStopF16) {
+  Build(DType::kF16, 1, 0, /*on_accelerator=*/{2});
+  HybridAdamOptions options = AdamWWithNoDecayGroup();
+  ASSERT_OK_AND_ASSIGN(options.loss_scaler,
+                       LossScaler::Dynamic({.initial_scale_power = 30, .hysteresis = 1}));
+  options.max_consecutive_skipped_steps = 2;
+  ASSERT_OK_AND_ASSIGN(auto adam,
+                       HybridAdam::Create(store_->layout(), 0, DType::kF16, options, Kernels()));
+  ResidentChunkAccess access(*store_);
+  const TensorInfo& t = store_->layout().tensor(store_->layout().TensorsInChunk(2)[0]);
+  const auto overflow = [&](int64_t at) {
+    WriteRandomGradients(*adam, 1.0f, 3);
+    WriteParam(DType::kF16, ParamPayload(2), t.offset_elems + at,
+               std::numeric_limits<float>::quiet_NaN());
+    return adam->Step(access);
+  };
+  for (int round = 0; round < 2; ++round) {
+    for (int64_t skip = 1; skip <= 2; ++skip) {
+      ASSERT_OK_AND_ASSIGN(const AdamStepReport r, overflow(skip));
+      EXPECT_TRUE(r.skipped);
+      EXPECT_EQ(r.consecutive_skipped_steps, skip);
+      EXPECT_EQ(r.first_nonfinite,
+                absl::StrCat(t.name, " at ",
+                             t.shape.size() == 1 ? absl::StrCat("[", skip, "]")
+                                                 : absl::StrCat("[0, ", skip, "]")));
+    }
+    if (round == 0) {
+      WriteRandomGradients(*adam, 1.0f, 4);
+      ASSERT_OK_AND_ASSIGN(const AdamStepReport clean, adam->Step(access));
+      EXPECT_FALSE(clean.skipped);
+      EXPECT_EQ(adam->consecutive_skipped_steps(), 0);
+    }
+  }
+  EXPECT_THAT(overflow(0), StatusIs(absl::StatusCode::kOutOfRange,
+                                    AllOf(HasSubstr("3 optimizer steps in a row"),
+                                          HasSubstr("fp16.max_consecutive_skipped_steps = 2"),
+                                          HasSubstr(t.name))));
+  // A resumed optimizer continues the count.
+  adam->set_consecutive_skipped_steps(2);
+  EXPECT_THAT(overflow(1), StatusIs(absl::StatusCode::kOutOfRange));
+}
+
+// A static fp16 scale with a limit of 0 stops at the first overflow; the loss scaler's own
+// min-scale error names the first bad gradient too.
+TEST_F(HybridAdamTest, F16LimitZeroAndMinScaleNameTheGradient) {
+  Build(DType::kF16);
+  HybridAdamOptions options = AdamWWithNoDecayGroup();
+  ASSERT_OK_AND_ASSIGN(options.loss_scaler, LossScaler::Static(8.0));
+  options.max_consecutive_skipped_steps = 0;
+  ASSERT_OK_AND_ASSIGN(auto adam,
+                       HybridAdam::Create(store_->layout(), 0, DType::kF16, options, Kernels()));
+  ResidentChunkAccess access(*store_);
+  const int64_t last = adam->owned_chunks().back();
+  const TensorInfo& t = store_->layout().tensor(store_->layout().TensorsInChunk(last).back());
+  WriteRandomGradients(*adam, 1.0f, 5);
+  WriteParam(DType::kF16, ParamPayload(last), t.offset_elems + t.numel - 1,
+             -std::numeric_limits<float>::infinity());
+  EXPECT_THAT(
+      adam->Step(access),
+      StatusIs(absl::StatusCode::kOutOfRange,
+               AllOf(HasSubstr("fp16.max_consecutive_skipped_steps = 0"), HasSubstr(t.name))));
+
+  options = AdamWWithNoDecayGroup();
+  ASSERT_OK_AND_ASSIGN(options.loss_scaler,
+                       LossScaler::Dynamic({.initial_scale_power = 0, .hysteresis = 1}));
+  ASSERT_OK_AND_ASSIGN(adam,
+                       HybridAdam::Create(store_->layout(), 0, DType::kF16, options, Kernels()));
+  WriteRandomGradients(*adam, 1.0f, 6);
+  WriteParam(DType::kF16, ParamPayload(last), t.offset_elems,
+             std::numeric_limits<float>::infinity());
+  EXPECT_THAT(adam->Step(access),
+              StatusIs(absl::StatusCode::kOutOfRange,
+                       AllOf(HasSubstr("fp16.min_loss_scale"), HasSubstr(t.name))));
+  EXPECT_THAT(HybridAdam::Create(store_->layout(), 0, DType::kF16,
+                                 HybridAdamOptions{.max_consecutive_skipped_steps = -2}, Kernels()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_consecutive")));
 }
 
 // The norm is the L2 norm of the unscaled gradients of all chunks together, and clipping scales

@@ -189,7 +189,7 @@ absl::StatusOr<std::string> WriteTrainingCheckpoint(const std::string& root, int
                       {"hysteresis_left", state.loss_scaler.hysteresis_left}};
   j["data_cursor"] = {{"epoch", state.data_cursor.epoch},
                       {"batch_in_epoch", state.data_cursor.batch_in_epoch}};
-  j["last_loss"] = state.last_loss;
+  j["last_loss"] = state.last_loss;  // null when not finite (a skipped fp16 step)
   j["consecutive_skipped_steps"] = state.consecutive_skipped_steps;
   j["identity"] = IdentityJson(state.identity);
   j["config"] = state.config_json;
@@ -233,7 +233,12 @@ absl::StatusOr<TrainingCheckpointState> ReadTrainingCheckpoint(const std::string
   TrainingCheckpointState state;
   RETURN_IF_ERROR(Get(j, "step", where, &state.step));
   RETURN_IF_ERROR(Get(j, "adam_step", where, &state.adam_step));
-  RETURN_IF_ERROR(Get(j, "last_loss", where, &state.last_loss));
+  // A skipped fp16 step may have a NaN loss, which JSON writes as null.
+  if (const auto it = j.find("last_loss"); it != j.end() && it->is_null()) {
+    state.last_loss = std::numeric_limits<double>::quiet_NaN();
+  } else {
+    RETURN_IF_ERROR(Get(j, "last_loss", where, &state.last_loss));
+  }
   RETURN_IF_ERROR(Get(j, "config", where, &state.config_json));
   if (j.contains("consecutive_skipped_steps")) {  // absent in checkpoints of earlier versions
     RETURN_IF_ERROR(Get(j, "consecutive_skipped_steps", where, &state.consecutive_skipped_steps));

@@ -114,6 +114,14 @@ TEST(TrainingCheckpoint, RoundTripsTheStateExactly) {
       EXPECT_EQ(Tensor(*a->model, type, name), Tensor(*b->model, type, name)) << name;
     }
   }
+  // The last step was a skipped fp16 step whose loss is NaN (JSON null): still resumable.
+  TrainingCheckpointState skipped = State(6);
+  skipped.last_loss = std::nan("");
+  ASSERT_OK_AND_ASSIGN(const std::string dir6,
+                       WriteTrainingCheckpoint(root, 2, skipped, *a->model));
+  ASSERT_OK_AND_ASSIGN(const TrainingCheckpointState s6,
+                       ReadTrainingCheckpoint(dir6, Identity(SmallConfig()), b->model.get()));
+  EXPECT_TRUE(std::isnan(s6.last_loss));
 }
 
 // A master weight that became NaN: the write is refused naming it, nothing is committed, the

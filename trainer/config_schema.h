@@ -24,7 +24,10 @@
 //       that does not apply to the type is an error, as in DeepSpeed. warmup_max_lr absent means
 //       optimizer.params.lr (stored as -1); total_num_steps 0 means train_steps.
 //   fp16: {enabled, loss_scale (0 = dynamic), initial_scale_power, loss_scale_window,
-//          hysteresis, consecutive_hysteresis, min_loss_scale}
+//          hysteresis, consecutive_hysteresis, min_loss_scale,
+//          max_consecutive_skipped_steps (ours; int >= 0; 0 = DeepSpeed's rule: a dynamic scale
+//          stops the run when it overflows at min_loss_scale, a static scale at its first
+//          overflow; N > 0 also stops after more than N skipped steps in a row)}
 //   bf16: {enabled}
 //   gradient_clipping                 global L2 norm, >= 0; 0 = off
 //   steps_per_print                   int >= 1

@@ -141,6 +141,11 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
   if (!(f.min_loss_scale > 0 && f.min_loss_scale <= kMaxLossScale)) {
     return BadDouble("fp16.min_loss_scale", f.min_loss_scale, "must be in (0, 2^100]");
   }
+  if (f.max_consecutive_skipped_steps < 0) {
+    return BadValue("fp16.max_consecutive_skipped_steps", f.max_consecutive_skipped_steps,
+                    "must be >= 0 (0: stop where DeepSpeed does, at an overflow with the loss "
+                    "scale at fp16.min_loss_scale)");
+  }
 
   // Model.
   const ModelConfig& m = c.model;

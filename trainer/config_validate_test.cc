@@ -165,6 +165,8 @@ INSTANTIATE_TEST_SUITE_P(
                      "`fp16.hysteresis` = 0: must be >= 1"},
         BadValueCase{WithMinimal({{"fp16", {{"min_loss_scale", 0}}}}),
                      "`fp16.min_loss_scale` = 0: must be in (0, 2^100]"},
+        BadValueCase{WithMinimal({{"fp16", {{"max_consecutive_skipped_steps", -1}}}}),
+                     "`fp16.max_consecutive_skipped_steps` = -1: must be >= 0"},
         BadValueCase{WithMinimal({{"model", {{"preset", "gpt3"}}}}),
                      "`model.preset` = \"gpt3\": unknown preset; valid presets: tiny, gpt2, "
                      "gpt2-medium, gpt2-large, gpt2-xl, 1B, 2B, 4B, 6B, 8B, 10B, 12B, 15B, 18B"},

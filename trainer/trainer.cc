@@ -450,6 +450,7 @@ absl::Status Trainer::Impl::Resume() {
   ASSIGN_OR_RETURN(TrainingCheckpointState state,
                    ReadTrainingCheckpoint(dir, Identity(), model_.get()));
   adam_->set_step(state.adam_step);
+  adam_->set_consecutive_skipped_steps(state.consecutive_skipped_steps);
   RETURN_IF_ERROR(adam_->loss_scaler().Restore(state.loss_scaler));
   RETURN_IF_ERROR(train_loader_->Seek(state.data_cursor));
   step_ = state.step;
@@ -519,6 +520,16 @@ absl::Status Trainer::Impl::Step(StepMetrics& m) {
   ASSIGN_OR_RETURN(m.loss, MeanOverRanks(r.loss));
   m.grad_norm = r.adam.grad_norm;
   m.skipped = r.adam.skipped;
+  // A non-finite loss is divergence unless it came with a skipped fp16 step (a loss-scale event).
+  // (Non-finite gradients already stopped the optimizer: HybridAdam.) Nothing is saved for it.
+  if (!std::isfinite(m.loss) && !(dtype_ == DType::kF16 && m.skipped)) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "the loss of step %d is %f (%s): training diverged or the data or weights are bad, and "
+        "training stops; no checkpoint is written for this step. Lower the learning rate "
+        "(optimizer.params.lr), enable gradient clipping (gradient_clipping, e.g. 1.0), and "
+        "check the training data",
+        m.step, m.loss, DTypeName(dtype_)));
+  }
   const double step_s = static_cast<double>(r.forward_backward_ns + r.optimizer_ns) * 1e-9;
   m.step_ms = step_s * 1e3;
   m.tokens_per_s = static_cast<double>(micro_batch_ * seq_len_ * world_) / std::max(1e-9, step_s);
@@ -576,6 +587,7 @@ absl::Status Trainer::Impl::SaveCheckpoint() {
   state.loss_scaler = adam_->loss_scaler().state();
   state.data_cursor = train_loader_->cursor();
   state.last_loss = last_loss_;
+  state.consecutive_skipped_steps = adam_->consecutive_skipped_steps();
   state.identity = Identity();
   state.config_json = TrainConfigToJson(config_);
   ASSIGN_OR_RETURN(const std::string dir,
