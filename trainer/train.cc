@@ -145,6 +145,7 @@ int Main(int argc, char** argv) {
   env.out = &std::cout;
   env.communicator = communicator.get();
   env.stop_requested = [] { return StopRequested(); };
+  env.config_path = absl::GetFlag(FLAGS_config);
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*config, env);
   if (!trainer.ok()) {
     std::cerr << "error: " << trainer.status().message() << "\n";

@@ -52,6 +52,7 @@
 #include "trainer/data/token_file.h"
 #include "trainer/io/checkpoint_dir.h"
 #include "trainer/io/metrics_writer.h"
+#include "trainer/io/run_paths.h"
 #include "trainer/io/trace_writer.h"
 #include "trainer/profiler.h"
 #include "trainer/train_step.h"
@@ -102,6 +103,8 @@ class Trainer::Impl {
   std::vector<StepMetrics> history_;
 
  private:
+  // No output may overwrite an input or another output (trainer/io/run_paths.h).
+  absl::Status CheckPaths() const;
   absl::Status LoadData();
   absl::Status ChooseChunkSize(const std::vector<OperatorSpec>& ops);
   absl::Status InitializeWeights();
@@ -193,6 +196,7 @@ absl::Status Trainer::Impl::Build() {
         "(model/gpt_model.h computes on host-addressable memory); train with "
         "--accelerator=cpu, the emulated accelerator");
   }
+  RETURN_IF_ERROR(CheckPaths());
   RETURN_IF_ERROR(LoadData());
 
   const std::vector<OperatorSpec> ops = GptOperators(gpt_);
@@ -290,6 +294,19 @@ absl::Status Trainer::Impl::Build() {
   accelerator_->tracker()->SnapshotAndResetIntervalPeaks();
   host_->tracker()->SnapshotAndResetIntervalPeaks();
   return absl::OkStatus();
+}
+
+absl::Status Trainer::Impl::CheckPaths() const {
+  const RunInput inputs[] = {{env_.config_path, "the config file (--config)"},
+                             {config_.data.train_path, "data.train (--train_data)"},
+                             {config_.data.val_path, "data.val (--val_data)"},
+                             {config_.checkpoint.init_from, "checkpoint.init_from (--init_from)"}};
+  const RunOutput outputs[] = {
+      {config_.profile.metrics_path, "profile.metrics (--metrics_out)"},
+      {config_.profile.trace_path, "profile.trace (--trace_out)"},
+      {config_.checkpoint.export_path, "checkpoint.export"},
+      {config_.checkpoint.dir, "checkpoint.dir (--save_dir)", RunOutputKind::kCheckpointRoot}};
+  return CheckRunPaths(inputs, outputs);
 }
 
 absl::Status Trainer::Impl::LoadData() {

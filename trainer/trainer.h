@@ -75,6 +75,9 @@ struct TrainerEnvironment {
   Communicator* communicator = nullptr;
   // Bound on every wait for a collective.
   absl::Duration comm_timeout = absl::Minutes(10);
+  // The config file the run was loaded from (--config), if any: an input no output may overwrite
+  // (trainer/io/run_paths.h).
+  std::string config_path;
 };
 
 // One step, as the metrics file has it.
@@ -139,7 +142,9 @@ class Trainer {
  public:
   // Validates `config` (ValidateTrainConfig) and builds everything (see the file comment),
   // including loading the data, the initial weights or the checkpoint to resume from.
-  // Errors: InvalidArgument for a bad config (naming the key); the data's errors (NotFound,
+  // Errors: InvalidArgument for a bad config (naming the key), or for outputs that would overwrite
+  // an input or each other or cannot be created (trainer/io/run_paths.h, checked before anything
+  // is opened); the data's errors (NotFound,
   // DataLoss naming the file); Unimplemented for accelerator.backend "cuda" (GptModel's kernels
   // run on host-addressable memory only, see model/gpt_model.h); ResourceExhausted when the model
   // cannot fit host memory; the checkpoint's errors (NotFound, DataLoss, FailedPrecondition for
