@@ -40,7 +40,8 @@
 //                 activation_checkpointing}   (Hugging Face GPT-2 names; 0 = from the preset)
 //   chunk:       {size: <elements, > 0> | "auto"}
 //   accelerator: {backend: "cpu" | "cuda", memory: "64MiB" | <bytes>, host_memory: same,
-//                 copy_bandwidth: "12GB/s" | <bytes per second>, device: <index>}
+//                 copy_bandwidth: "12GB/s" | <bytes per second>, 0 or in [1MB/s, 1PB/s],
+//                 device: <index>}
 //   data:        {train, val, seq_len, shuffle, seed, eval_every, eval_batches}
 //   checkpoint:  {dir, every, keep_last, resume, init_from, export}
 //   profile:     {trace, metrics}
@@ -80,6 +81,11 @@ inline constexpr double kMaxModelParams = 9007199254740992.0;  // 2^53
 inline constexpr int kMaxThreads = 1 << 16;
 inline constexpr double kMaxBatchElems = 1099511627776.0;  // 2^40 sequences or tokens
 inline constexpr int kMaxDeviceIndex = 1 << 16;
+// accelerator.copy_bandwidth, when not 0: 1 MB/s (1000x below the slowest link worth emulating;
+// below it a step's chunk copies take minutes) to 1 PB/s (far above any link; keeps byte counts
+// derived from it in int64).
+inline constexpr double kMinCopyBandwidthBytesPerS = 1e6;
+inline constexpr double kMaxCopyBandwidthBytesPerS = 1e15;
 
 // --- The key tables ------------------------------------------------------------------------------
 

@@ -185,6 +185,13 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
     return BadValue("accelerator.host_memory", a.host_memory_bytes,
                     "must be >= 0 bytes (0: unlimited)");
   }
+  if (a.copy_bandwidth_bytes_per_s != 0 &&
+      !(a.copy_bandwidth_bytes_per_s >= kMinCopyBandwidthBytesPerS &&
+        a.copy_bandwidth_bytes_per_s <= kMaxCopyBandwidthBytesPerS)) {
+    return BadDouble("accelerator.copy_bandwidth", a.copy_bandwidth_bytes_per_s,
+                     "must be 0 (unthrottled) or between 1MB/s and 1PB/s: a slower emulated link "
+                     "makes every chunk copy of a step take seconds to years (PCIe moves ~10GB/s)");
+  }
   if (!(a.copy_bandwidth_bytes_per_s >= 0) || !std::isfinite(a.copy_bandwidth_bytes_per_s)) {
     return BadDouble("accelerator.copy_bandwidth", a.copy_bandwidth_bytes_per_s,
                      "must be finite and >= 0 bytes/s (0: unthrottled)");
@@ -362,6 +369,17 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
   if (c.checkpoint.resume && c.checkpoint.dir.empty()) {
     return absl::InvalidArgumentError(
         "`checkpoint.resume` = true needs checkpoint.dir (or --save_dir) to resume from");
+  }
+  // The accelerator holds chunks whole (their blocks are chunk.size f32 elements).
+  if (c.accelerator.memory_bytes > 0 && c.chunk.size_elems > 0 &&
+      static_cast<double>(c.chunk.size_elems) * 4 >
+          static_cast<double>(c.accelerator.memory_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`accelerator.memory` = ", c.accelerator.memory_bytes,
+                     " bytes cannot hold one chunk of `chunk.size` = ", c.chunk.size_elems,
+                     " elements (", c.chunk.size_elems * 4,
+                     " bytes: chunks move whole, in f32-sized blocks); raise accelerator.memory "
+                     "(--accelerator_memory) or lower chunk.size (--chunk_size)"));
   }
   if (c.accelerator.kind == AcceleratorKind::kCuda &&
       c.accelerator.copy_bandwidth_bytes_per_s > 0) {

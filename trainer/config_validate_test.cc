@@ -197,7 +197,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadValueCase{WithMinimal({{"accelerator", {{"copy_bandwidth", "fast"}}}}),
                      "`accelerator.copy_bandwidth` = string \"fast\": cannot parse"},
         BadValueCase{WithMinimal({{"accelerator", {{"copy_bandwidth", -1}}}}),
-                     "`accelerator.copy_bandwidth` = -1: must be finite and >= 0"},
+                     "`accelerator.copy_bandwidth` = -1: must be 0 (unthrottled) or between 1MB/s "
+                     "and 1PB/s"},
+        BadValueCase{WithMinimal({{"accelerator", {{"copy_bandwidth", "1KB/s"}}}}),
+                     "`accelerator.copy_bandwidth` = 1000: must be 0 (unthrottled) or between"},
+        BadValueCase{WithMinimal({{"accelerator", {{"copy_bandwidth", 1e300}}}}),
+                     "`accelerator.copy_bandwidth` = 1e+300: must be 0 (unthrottled) or between"},
         BadValueCase{WithMinimal({{"accelerator", {{"device", -1}}}}),
                      "`accelerator.device` = -1: must be in [0, 65536]"},
         BadValueCase{WithMinimal({{"data", {{"seq_len", -1}}}}),
@@ -266,7 +271,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadValueCase{
             WithMinimal({{"accelerator", {{"backend", "cuda"}, {"copy_bandwidth", "1GB/s"}}}}),
             "`accelerator.copy_bandwidth` = 1e+09 bytes/s emulates a link and applies "
-            "only to backend \"cpu\""}));
+            "only to backend \"cpu\""},
+        BadValueCase{
+            WithMinimal({{"accelerator", {{"memory", "64KiB"}}}, {"chunk", {{"size", 1 << 20}}}}),
+            "`accelerator.memory` = 65536 bytes cannot hold one chunk of `chunk.size` = "
+            "1048576 elements"}));
 
 TEST(ValidateTrainConfigTest, BatchSizeAgreesWithWorldSize) {
   const std::string doc =

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -28,6 +29,7 @@
 #include "glog/logging.h"
 #include "memory/backend.h"
 #include "memory/backend_factory.h"
+#include "memory/cpu_backend.h"
 #include "memory/device.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
@@ -210,6 +212,9 @@ absl::Status Trainer::Impl::Build() {
       config_.accelerator.memory_bytes > 0 ? config_.accelerator.memory_bytes : 4 * kGiB;
   backend_options.copy_bandwidth_bytes_per_s = config_.accelerator.copy_bandwidth_bytes_per_s;
   ASSIGN_OR_RETURN(backend_, CreateBackend(backend_options));
+  if (env_.stop_requested_async && backend_options.copy_bandwidth_bytes_per_s > 0) {
+    RETURN_IF_ERROR(SetCpuLinkInterrupt(*backend_, env_.stop_requested_async));
+  }
   DeviceMemoryOptions memory_options;
   memory_options.chunk_block_bytes = chunk_elems_ * static_cast<int64_t>(sizeof(float));
   DeviceMemoryOptions host_options = memory_options;
@@ -236,7 +241,18 @@ absl::Status Trainer::Impl::Build() {
   store_options.rank = rank_;
   ASSIGN_OR_RETURN(store_, ChunkStore::Create(std::move(layout), store_options));
 
-  // Outputs are opened only once everything above has been checked, by rank 0 only.
+  // Outputs are opened only once everything above has been checked, by rank 0 only (each rank
+  // creates its checkpoint root now, so that a directory that cannot be created fails here, not
+  // at the first checkpoint after hours of training).
+  if (!config_.checkpoint.dir.empty()) {
+    const std::string root = RankCheckpointRoot(config_.checkpoint.dir, rank_);
+    std::error_code ec;
+    std::filesystem::create_directories(root, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("checkpoint.dir (--save_dir): cannot create '", root, "': ", ec.message()));
+    }
+  }
   if (!config_.profile.trace_path.empty() && rank_ == 0) {
     TraceWriterOptions trace_options;
     trace_options.process_name = absl::StrCat("patrickstar_cc train (", gpt_.name, ")");

@@ -70,6 +70,12 @@ struct TrainerEnvironment {
   std::ostream* out = nullptr;
   // Checked after every step; true ends the run after a checkpoint (if checkpoint.dir is set).
   std::function<bool()> stop_requested = nullptr;
+  // The same request, readable from any thread at any time (an atomic load: train.cc passes
+  // trainer/io/signal_flag.h's StopRequested). The emulated accelerator's copy engine polls it
+  // while a copy sleeps out its link time (accelerator.copy_bandwidth), and a stop ends the link
+  // emulation, so the current step finishes and the checkpoint is written in seconds however
+  // slow the link (memory/cpu_backend.h SetCpuLinkInterrupt). Null: copies are never cut short.
+  std::function<bool()> stop_requested_async = nullptr;
   // The data-parallel world (see the file comment). Null: a world of one. Not owned; must
   // outlive the Trainer and be used by no one else meanwhile.
   Communicator* communicator = nullptr;
