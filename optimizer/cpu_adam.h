@@ -31,8 +31,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "optimizer/adam_kernels.h"
 #include "base/thread_pool.h"
+#include "optimizer/adam_kernels.h"
 
 // Threads of a CpuAdam created with num_threads = 0; 0 here means every core.
 ABSL_DECLARE_FLAG(int32_t, cpu_adam_threads);
@@ -65,6 +65,8 @@ class CpuAdam final : public AdamKernels {
   [[nodiscard]] absl::StatusOr<AdamStepResult> Step(
       absl::Span<const AdamSegment> segments) override;
   [[nodiscard]] absl::Status RestoreParams(absl::Span<const ParamRestoreSegment> segments) override;
+  [[nodiscard]] absl::Status AccumulateGradients(
+      absl::Span<const GradAccumulateSegment> segments) override;
 
  private:
   explicit CpuAdam(int num_threads) : pool_(num_threads) {}

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "memory/dtype.h"
 #include "optimizer/adam_kernels.h"
 #include "optimizer/adam_math.h"
+#include "optimizer/grad_accumulator.h"
 #include "optimizer/grad_clip.h"
 #include "optimizer/loss_scaler.h"
 
@@ -151,6 +153,11 @@ absl::StatusOr<std::unique_ptr<HybridAdam>> HybridAdam::Create(const ChunkLayout
         "HybridAdam: max_consecutive_skipped_steps must be >= 0, or -1 for no limit, got ",
         options.max_consecutive_skipped_steps));
   }
+  if (options.gradient_accumulation_steps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HybridAdam: gradient_accumulation_steps must be >= 1, got ",
+                     options.gradient_accumulation_steps));
+  }
   if (compute_dtype != DType::kF32 && compute_dtype != DType::kF16 &&
       compute_dtype != DType::kBF16) {
     return absl::InvalidArgumentError(
@@ -205,9 +212,29 @@ absl::StatusOr<std::unique_ptr<HybridAdam>> HybridAdam::Create(const ChunkLayout
     if (runs.empty()) continue;
     std::sort(slots.begin(), slots.end(),
               [](const Slot& a, const Slot& b) { return a.offset_elems < b.offset_elems; });
+    std::vector<int64_t> acc_offsets;
+    for (const Run& run : runs) {
+      acc_offsets.push_back(adam->owned_param_elems_);
+      adam->owned_param_elems_ += run.numel;
+    }
     adam->owned_chunks_.push_back(chunk);
     adam->runs_.push_back(std::move(runs));
     adam->slots_.push_back(std::move(slots));
+    adam->run_acc_offsets_.push_back(std::move(acc_offsets));
+  }
+  adam->accumulation_steps_ = options.gradient_accumulation_steps;
+  const int64_t acc_bytes =
+      GradientAccumulatorBytes(adam->owned_param_elems_, adam->accumulation_steps_);
+  if (acc_bytes > 0) {
+    try {
+      adam->accumulator_.assign(static_cast<size_t>(adam->owned_param_elems_), 0.0f);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "HybridAdam: cannot allocate the gradient accumulator of gradient_accumulation_steps ",
+          adam->accumulation_steps_, ": ", acc_bytes,
+          " bytes of host memory (4 per owned "
+          "parameter)"));
+    }
   }
   return adam;
 }
@@ -293,16 +320,11 @@ absl::StatusOr<std::string> HybridAdam::LocateNonFinite(AdamChunkAccess& access,
   return where;
 }
 
-absl::StatusOr<AdamStepReport> HybridAdam::Step(AdamChunkAccess& access) {
-  RETURN_IF_ERROR(ValidateHyperParams());
+absl::Status HybridAdam::GradientPass(AdamChunkAccess& access, GradStats& stats,
+                                      std::vector<int64_t>& chunk_nonfinite) {
   const int64_t width = SizeOf(compute_dtype_);
-  AdamStepReport report;
-  report.loss_scale = loss_scaler_.scale();
-  report.step = step_;
-
-  // Gradient pass: overflow and norm, before anything is written.
-  GradStats stats;
-  std::vector<int64_t> chunk_nonfinite(owned_chunks_.size(), 0);
+  stats = GradStats{};
+  chunk_nonfinite.assign(owned_chunks_.size(), 0);
   std::vector<GradSegment> grad_segments;
   for (size_t k = 0; k < owned_chunks_.size(); ++k) {
     const int64_t chunk = owned_chunks_[k];
@@ -322,79 +344,238 @@ absl::StatusOr<AdamStepReport> HybridAdam::Step(AdamChunkAccess& access) {
         }));
   }
   if (grad_stats_reducer_) RETURN_IF_ERROR(grad_stats_reducer_(stats));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> HybridAdam::FirstNonFinite(
+    AdamChunkAccess& access, const std::vector<int64_t>& chunk_nonfinite) {
+  for (size_t k = 0; k < owned_chunks_.size(); ++k) {
+    if (chunk_nonfinite[k] != 0) return LocateNonFinite(access, k);
+  }
+  return std::string("on another rank");
+}
+
+absl::Status HybridAdam::AccumulatePass(AdamChunkAccess& access) {
+  const int64_t width = SizeOf(compute_dtype_);
+  std::vector<GradAccumulateSegment> acc_segments;
+  for (size_t k = 0; k < owned_chunks_.size(); ++k) {
+    const int64_t chunk = owned_chunks_[k];
+    RETURN_IF_ERROR(WithChunk(
+        access, chunk, AdamChunkUse::kGradients, [&](const AdamChunkPayloads& p) -> absl::Status {
+          ASSIGN_OR_RETURN(AdamKernels * kernels, KernelsFor(chunk, p.device));
+          acc_segments.clear();
+          for (size_t r = 0; r < runs_[k].size(); ++r) {
+            const Run& run = runs_[k][r];
+            acc_segments.push_back({compute_dtype_,
+                                    static_cast<const char*>(p.param) + run.offset_elems * width,
+                                    accumulator_.data() + run_acc_offsets_[k][r], run.numel});
+          }
+          return kernels->AccumulateGradients(acc_segments);
+        }));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HybridAdam::RestorePass(AdamChunkAccess& access, AdamStepReport& report) {
+  const int64_t width = SizeOf(compute_dtype_);
+  std::vector<ParamRestoreSegment> restore_segments;
+  for (size_t k = 0; k < owned_chunks_.size(); ++k) {
+    const int64_t chunk = owned_chunks_[k];
+    RETURN_IF_ERROR(WithChunk(
+        access, chunk, AdamChunkUse::kRestore, [&](const AdamChunkPayloads& p) -> absl::Status {
+          ASSIGN_OR_RETURN(AdamKernels * kernels, KernelsFor(chunk, p.device));
+          (p.device.is_host() ? report.host_chunks : report.accelerator_chunks)++;
+          restore_segments.clear();
+          for (const Run& run : runs_[k]) {
+            restore_segments.push_back({p.master + run.offset_elems, compute_dtype_,
+                                        static_cast<char*>(p.param) + run.offset_elems * width,
+                                        run.numel});
+          }
+          return kernels->RestoreParams(restore_segments);
+        }));
+  }
+  return absl::OkStatus();
+}
+
+void HybridAdam::ResetAccumulation() {
+  std::fill(accumulator_.begin(), accumulator_.end(), 0.0f);
+  pending_micro_batches_ = 0;
+  pending_nonfinite_ = 0;
+  pending_first_nonfinite_.clear();
+}
+
+absl::StatusOr<AdamStepReport> HybridAdam::EndSkippedStep(int64_t nonfinite,
+                                                          const std::string& where,
+                                                          AdamStepReport report) {
+  ResetAccumulation();
+  report.skipped = true;
+  report.grad_norm = std::numeric_limits<double>::infinity();
+  report.nonfinite_grads = nonfinite;
+  report.first_nonfinite = where;
+  const std::string first =
+      absl::StrCat(nonfinite, " Inf/NaN gradient", nonfinite == 1 ? "" : "s", "; the first ",
+                   where == "on another rank" ? "is " : "in ", where);
+  if (compute_dtype_ != DType::kF16) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "non-finite gradients at optimizer step ", step_ + 1, " (", first, ") with ",
+        DTypeName(compute_dtype_),
+        " parameters: nothing is loss-scaled, so this is divergence (or bad data or weights), "
+        "not a loss-scale event. The step was not applied and training stops. ",
+        kDivergenceAdvice));
+  }
+  ++consecutive_skipped_steps_;
+  report.consecutive_skipped_steps = consecutive_skipped_steps_;
+  const absl::Status scaler_status = loss_scaler_.Update(/*overflow=*/true);
+  report.next_loss_scale = loss_scaler_.scale();
+  if (!scaler_status.ok()) {
+    return absl::Status(scaler_status.code(),
+                        absl::StrCat(scaler_status.message(), " (", first, ")"));
+  }
+  if (max_consecutive_skipped_steps_ >= 0 &&
+      consecutive_skipped_steps_ > max_consecutive_skipped_steps_) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "fp16: ", consecutive_skipped_steps_,
+        " optimizer steps in a row were skipped for "
+        "non-finite gradients (this one: ",
+        first, "; loss scale ", report.loss_scale,
+        "), more than fp16.max_consecutive_skipped_steps = ", max_consecutive_skipped_steps_,
+        ". Lowering the loss scale has not helped: training diverged or the data or weights "
+        "are bad, and training stops. ",
+        kDivergenceAdvice));
+  }
+  return report;
+}
+
+absl::StatusOr<AdamStepReport> HybridAdam::Accumulate(AdamChunkAccess& access) {
+  if (accumulation_steps_ <= 1 || pending_micro_batches_ >= accumulation_steps_ - 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("HybridAdam::Accumulate: ", pending_micro_batches_,
+                     " micro-batches are pending with gradient_accumulation_steps ",
+                     accumulation_steps_, "; the next micro-batch ends the step (call Step)"));
+  }
+  AdamStepReport report;
+  report.accumulated = true;
+  report.loss_scale = loss_scaler_.scale();
+  report.next_loss_scale = report.loss_scale;
+  report.step = step_;
+  report.consecutive_skipped_steps = consecutive_skipped_steps_;
+  GradStats stats;
+  std::vector<int64_t> chunk_nonfinite;
+  RETURN_IF_ERROR(GradientPass(access, stats, chunk_nonfinite));
+  report.nonfinite_grads = stats.nonfinite_elems;
+  if (!stats.finite()) {
+    ASSIGN_OR_RETURN(const std::string where, FirstNonFinite(access, chunk_nonfinite));
+    RETURN_IF_ERROR(RestorePass(access, report));
+    if (compute_dtype_ != DType::kF16) {
+      return EndSkippedStep(stats.nonfinite_elems,
+                            absl::StrCat(where, ", micro-batch ", pending_micro_batches_ + 1),
+                            report);
+    }
+    // f16: a loss-scale event; the step is skipped when its last micro-batch arrives.
+    if (pending_nonfinite_ == 0) {
+      pending_first_nonfinite_ = absl::StrCat(where, ", micro-batch ", pending_micro_batches_ + 1);
+    }
+    pending_nonfinite_ += stats.nonfinite_elems;
+    report.first_nonfinite = pending_first_nonfinite_;
+    ++pending_micro_batches_;
+    return report;
+  }
+  report.grad_norm = stats.Norm(report.loss_scale);
+  // Three passes, like Step's (gradients, fold, update), so that every micro-batch makes the
+  // same chunk accesses and the scheduler's warm-up trace fits them all. After an f16 overflow
+  // earlier in this step the sum is discarded anyway: only restore.
+  if (pending_nonfinite_ == 0) RETURN_IF_ERROR(AccumulatePass(access));
+  RETURN_IF_ERROR(RestorePass(access, report));
+  ++pending_micro_batches_;
+  return report;
+}
+
+absl::StatusOr<AdamStepReport> HybridAdam::Step(AdamChunkAccess& access) {
+  RETURN_IF_ERROR(ValidateHyperParams());
+  if (pending_micro_batches_ != accumulation_steps_ - 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "HybridAdam::Step: ", pending_micro_batches_,
+        " micro-batches are pending but gradient_accumulation_steps ", accumulation_steps_,
+        " needs ", accumulation_steps_ - 1, " before the step (call Accumulate)"));
+  }
+  const int64_t width = SizeOf(compute_dtype_);
+  const bool accumulating = accumulation_steps_ > 1;
+  AdamStepReport report;
+  report.loss_scale = loss_scaler_.scale();
+  report.step = step_;
+
+  // Gradient pass: overflow and norm, before anything is written.
+  GradStats stats;
+  std::vector<int64_t> chunk_nonfinite;
+  RETURN_IF_ERROR(GradientPass(access, stats, chunk_nonfinite));
   report.nonfinite_grads = stats.nonfinite_elems;
 
-  if (!stats.finite()) {
+  if (!stats.finite() || pending_nonfinite_ > 0) {
     // Skip the step: the param slots hold gradients; find the first bad one while they are
     // there, then put the parameters back.
-    report.skipped = true;
-    report.grad_norm = std::numeric_limits<double>::infinity();
-    report.first_nonfinite = "on another rank";
-    for (size_t k = 0; k < owned_chunks_.size(); ++k) {
-      if (chunk_nonfinite[k] == 0) continue;
-      ASSIGN_OR_RETURN(report.first_nonfinite, LocateNonFinite(access, k));
-      break;
+    std::string where = pending_first_nonfinite_;
+    if (!stats.finite()) {
+      ASSIGN_OR_RETURN(where, FirstNonFinite(access, chunk_nonfinite));
+      if (accumulating) absl::StrAppend(&where, ", micro-batch ", accumulation_steps_);
+      if (!pending_first_nonfinite_.empty()) where = pending_first_nonfinite_;
     }
-    std::vector<ParamRestoreSegment> restore_segments;
+    RETURN_IF_ERROR(RestorePass(access, report));
+    return EndSkippedStep(stats.nonfinite_elems + pending_nonfinite_, where, report);
+  }
+
+  // The unscale factor: the loss scale, times k when the gradient is a sum of k micro-batch
+  // means.
+  const double unscale = report.loss_scale * static_cast<double>(accumulation_steps_);
+  if (accumulating) {
+    // Fold the last micro-batch into the accumulator and take the stats of the sum (host
+    // memory: the host kernels). The param slots keep their gradients until the update.
+    GradStats sum_stats;
+    std::vector<GradAccumulateSegment> acc_segments;
+    std::vector<GradSegment> sum_segments;
     for (size_t k = 0; k < owned_chunks_.size(); ++k) {
       const int64_t chunk = owned_chunks_[k];
       RETURN_IF_ERROR(WithChunk(
-          access, chunk, AdamChunkUse::kRestore, [&](const AdamChunkPayloads& p) -> absl::Status {
+          access, chunk, AdamChunkUse::kGradients, [&](const AdamChunkPayloads& p) -> absl::Status {
             ASSIGN_OR_RETURN(AdamKernels * kernels, KernelsFor(chunk, p.device));
-            (p.device.is_host() ? report.host_chunks : report.accelerator_chunks)++;
-            restore_segments.clear();
-            for (const Run& run : runs_[k]) {
-              restore_segments.push_back({p.master + run.offset_elems, compute_dtype_,
-                                          static_cast<char*>(p.param) + run.offset_elems * width,
-                                          run.numel});
+            acc_segments.clear();
+            sum_segments.clear();
+            for (size_t r = 0; r < runs_[k].size(); ++r) {
+              const Run& run = runs_[k][r];
+              float* acc = accumulator_.data() + run_acc_offsets_[k][r];
+              acc_segments.push_back({compute_dtype_,
+                                      static_cast<const char*>(p.param) + run.offset_elems * width,
+                                      acc, run.numel});
+              sum_segments.push_back({DType::kF32, acc, run.numel});
             }
-            return kernels->RestoreParams(restore_segments);
+            RETURN_IF_ERROR(kernels->AccumulateGradients(acc_segments));
+            ASSIGN_OR_RETURN(const GradStats chunk_stats,
+                             kernels_.host->GradientStats(sum_segments));
+            sum_stats += chunk_stats;
+            return absl::OkStatus();
           }));
     }
-    const std::string first = absl::StrCat(
-        stats.nonfinite_elems, " Inf/NaN gradient", stats.nonfinite_elems == 1 ? "" : "s",
-        "; the first ", report.first_nonfinite == "on another rank" ? "is " : "in ",
-        report.first_nonfinite);
-    if (compute_dtype_ != DType::kF16) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "non-finite gradients at optimizer step ", step_ + 1, " (", first, ") with ",
-          DTypeName(compute_dtype_),
-          " parameters: nothing is loss-scaled, so this is divergence (or bad data or weights), "
-          "not a loss-scale event. The step was not applied and training stops. ",
-          kDivergenceAdvice));
+    if (grad_stats_reducer_) RETURN_IF_ERROR(grad_stats_reducer_(sum_stats));
+    if (!sum_stats.finite()) {
+      // Every micro-batch was finite but their f32 sum is not.
+      RETURN_IF_ERROR(RestorePass(access, report));
+      return EndSkippedStep(sum_stats.nonfinite_elems,
+                            absl::StrCat("the sum of the ", accumulation_steps_,
+                                         " micro-batches' gradients (f32 overflow)"),
+                            report);
     }
-    ++consecutive_skipped_steps_;
-    report.consecutive_skipped_steps = consecutive_skipped_steps_;
-    const absl::Status scaler_status = loss_scaler_.Update(/*overflow=*/true);
-    report.next_loss_scale = loss_scaler_.scale();
-    if (!scaler_status.ok()) {
-      return absl::Status(scaler_status.code(),
-                          absl::StrCat(scaler_status.message(), " (", first, ")"));
-    }
-    if (max_consecutive_skipped_steps_ >= 0 &&
-        consecutive_skipped_steps_ > max_consecutive_skipped_steps_) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "fp16: ", consecutive_skipped_steps_,
-          " optimizer steps in a row were skipped for "
-          "non-finite gradients (this one: ",
-          first, "; loss scale ", report.loss_scale,
-          "), more than fp16.max_consecutive_skipped_steps = ", max_consecutive_skipped_steps_,
-          ". Lowering the loss scale has not helped: training diverged or the data or weights "
-          "are bad, and training stops. ",
-          kDivergenceAdvice));
-    }
-    return report;
+    stats = sum_stats;
   }
   consecutive_skipped_steps_ = 0;
 
-  report.grad_norm = stats.Norm(report.loss_scale);
+  report.grad_norm = stats.Norm(unscale);
   report.clip_coef = ClipCoefficient(report.grad_norm, max_grad_norm_);
   std::vector<AdamStepScalars> scalars;
   for (const ParamGroupSettings& group : group_settings_) {
     scalars.push_back(MakeAdamStepScalars(mode_, group.lr, beta1_, beta2_, eps_, group.weight_decay,
-                                          step_ + 1, report.loss_scale, report.clip_coef));
+                                          step_ + 1, unscale, report.clip_coef));
   }
   std::vector<AdamSegment> segments;
+  std::vector<ParamRestoreSegment> restore_segments;
   for (size_t k = 0; k < owned_chunks_.size(); ++k) {
     const int64_t chunk = owned_chunks_[k];
     RETURN_IF_ERROR(WithChunk(
@@ -402,11 +583,24 @@ absl::StatusOr<AdamStepReport> HybridAdam::Step(AdamChunkAccess& access) {
           ASSIGN_OR_RETURN(AdamKernels * kernels, KernelsFor(chunk, p.device));
           (p.device.is_host() ? report.host_chunks : report.accelerator_chunks)++;
           segments.clear();
-          for (const Run& run : runs_[k]) {
+          restore_segments.clear();
+          for (size_t r = 0; r < runs_[k].size(); ++r) {
+            const Run& run = runs_[k][r];
             char* param = static_cast<char*>(p.param) + run.offset_elems * width;
-            segments.push_back({scalars[run.group], compute_dtype_, param, param,
-                                p.master + run.offset_elems, p.exp_avg + run.offset_elems,
-                                p.exp_avg_sq + run.offset_elems, run.numel});
+            if (accumulating) {
+              // The gradient is the f32 sum; the master is updated, then the parameter is
+              // written from it (the same rounding as the fused write).
+              segments.push_back({scalars[run.group], DType::kF32,
+                                  accumulator_.data() + run_acc_offsets_[k][r], nullptr,
+                                  p.master + run.offset_elems, p.exp_avg + run.offset_elems,
+                                  p.exp_avg_sq + run.offset_elems, run.numel});
+              restore_segments.push_back(
+                  {p.master + run.offset_elems, compute_dtype_, param, run.numel});
+            } else {
+              segments.push_back({scalars[run.group], compute_dtype_, param, param,
+                                  p.master + run.offset_elems, p.exp_avg + run.offset_elems,
+                                  p.exp_avg_sq + run.offset_elems, run.numel});
+            }
           }
           ASSIGN_OR_RETURN(const AdamStepResult result, kernels->Step(segments));
           if (result.nonfinite_elems != 0) {
@@ -415,9 +609,11 @@ absl::StatusOr<AdamStepReport> HybridAdam::Step(AdamChunkAccess& access) {
                 " Inf/NaN gradients that the gradient pass did not; the gradients changed during "
                 "the optimizer step"));
           }
+          if (accumulating) RETURN_IF_ERROR(kernels->RestoreParams(restore_segments));
           return absl::OkStatus();
         }));
   }
+  if (accumulating) ResetAccumulation();
   ++step_;
   report.step = step_;
   RETURN_IF_ERROR(loss_scaler_.Update(/*overflow=*/false));

@@ -33,6 +33,21 @@
 //      chunk, one kernel call per chunk with one segment per run of same-group tensors.
 //   5. The loss scaler sees a clean step; the step counter advances.
 //
+// Gradient accumulation (gradient_accumulation_steps = k > 1): an optimizer step consumes k
+// micro-batches. After each of micro-batches 1..k-1 the caller runs Accumulate() instead of
+// Step(): the gradient pass checks that micro-batch's gradients (the overflow check covers every
+// micro-batch), the param slots are added into an f32 accumulator in host memory held only for the
+// owned chunks (GradientAccumulatorBytes, optimizer/grad_accumulator.h), and the parameters are
+// restored from the master copy (the skipped-step restore). Step() after the k-th micro-batch
+// folds its gradients into the accumulator, takes the norm of the sum, and updates from the
+// accumulator with the unscale factor loss_scale * k — each micro-batch's loss is a mean over its
+// own tokens, so (g_1 + ... + g_k) / k is the gradient of the mean over all k micro-batches, the
+// gradient one batch of k times the sequences would give. Then the accumulator is zeroed. An
+// Inf/NaN in any micro-batch: f32/bf16 stop (OutOfRange) at that micro-batch; f16 skips the
+// whole step at its end. Nothing about accumulation is checkpointed: between steps the
+// accumulator is zero. Needs host-addressable payloads (the cpu backend): CudaAdam's
+// AccumulateGradients is Unimplemented.
+//
 // The emulated accelerator (cpu backend): its chunks run through the CpuAdam passed as
 // HybridAdamKernels::accelerator, directly on the calling thread, not enqueued on a stream with
 // Stream::LaunchHostFunc. Stream ordering would buy nothing: Acquire returns only once the
@@ -143,6 +158,9 @@ struct HybridAdamOptions {
   // next one is OutOfRange. -1: no limit of its own (the loss scaler's min_loss_scale error still
   // stops a dynamic scale). The trainer sets it from fp16.max_consecutive_skipped_steps.
   int64_t max_consecutive_skipped_steps = -1;
+  // Micro-batches per optimizer step (gradient_accumulation_steps), >= 1. With k > 1 the
+  // optimizer allocates its accumulator (GradientAccumulatorBytes) at Create.
+  int64_t gradient_accumulation_steps = 1;
 };
 
 // The per-step hyperparameters a caller may change between steps.
@@ -160,6 +178,9 @@ struct HybridAdamKernels {
 };
 
 struct AdamStepReport {
+  // True for Accumulate(): the micro-batch's gradients were added (or, f16, an Inf/NaN among
+  // them recorded so that the step will be skipped); no step was taken.
+  bool accumulated = false;
   // True if the step was skipped because a gradient was Inf/NaN.
   bool skipped = false;
   // Global L2 norm of the unscaled gradients (before clipping); Inf/NaN-free only if !skipped.
@@ -207,7 +228,22 @@ class HybridAdam {
   // if the update saw Inf/NaN gradients the gradient pass did not (the gradients changed during
   // the step). An error after the first chunk was updated leaves the step partially applied;
   // resume from a checkpoint.
+  //
+  // With gradient_accumulation_steps k > 1: FailedPrecondition (nothing touched) unless exactly
+  // k - 1 Accumulate() calls came since the last step.
   [[nodiscard]] absl::StatusOr<AdamStepReport> Step(AdamChunkAccess& access);
+
+  // Micro-batches 1..k-1 of a step with gradient accumulation (see the top of the file): adds the
+  // gradients in the owned param slots into the accumulator and restores the parameters from
+  // the master copy. FailedPrecondition (nothing touched) when k == 1 or k - 1 micro-batches are
+  // already pending; OutOfRange for Inf/NaN gradients with f32/bf16 parameters (the parameters are
+  // restored, the pending micro-batches discarded); the access's and kernels' errors.
+  [[nodiscard]] absl::StatusOr<AdamStepReport> Accumulate(AdamChunkAccess& access);
+  // Micro-batches accumulated since the last step (0 at step boundaries).
+  int64_t pending_micro_batches() const { return pending_micro_batches_; }
+  int64_t gradient_accumulation_steps() const { return accumulation_steps_; }
+  // Parameters in the owned chunks (the accumulator's length when k > 1).
+  int64_t owned_param_elems() const { return owned_param_elems_; }
 
   // --- Hyperparameters, read at every step ---------------------------------------------------
 
@@ -264,6 +300,22 @@ class HybridAdam {
   // Where the first Inf/NaN gradient of owned chunk k (whose param slots hold gradients) is:
   // "<tensor> at [i, j] (NaN)". A second pass over that chunk only.
   absl::StatusOr<std::string> LocateNonFinite(AdamChunkAccess& access, size_t k);
+  // The gradient pass over the param slots: global stats (after the reducer) and each owned
+  // chunk's Inf/NaN count (this rank's).
+  absl::Status GradientPass(AdamChunkAccess& access, GradStats& stats,
+                            std::vector<int64_t>& chunk_nonfinite);
+  // Where the first Inf/NaN of this rank is: "on another rank" if none here.
+  absl::StatusOr<std::string> FirstNonFinite(AdamChunkAccess& access,
+                                             const std::vector<int64_t>& chunk_nonfinite);
+  // Adds the param slots (gradients) of every owned chunk into the accumulator.
+  absl::Status AccumulatePass(AdamChunkAccess& access);
+  // Param slots := master rounded to the compute dtype, every owned chunk.
+  absl::Status RestorePass(AdamChunkAccess& access, AdamStepReport& report);
+  // The skipped-step ending (params already restored): f32/bf16 OutOfRange; f16 counts the skip,
+  // lowers the loss scale, and may stop (see Step). Also discards pending micro-batches.
+  absl::StatusOr<AdamStepReport> EndSkippedStep(int64_t nonfinite, const std::string& where,
+                                                AdamStepReport report);
+  void ResetAccumulation();
 
   AdamMode mode_ = AdamMode::kAdam;
   double beta1_ = 0.9;
@@ -281,6 +333,15 @@ class HybridAdam {
   std::vector<std::vector<Run>> runs_;    // parallel to owned_chunks_
   std::vector<std::vector<Slot>> slots_;  // parallel to owned_chunks_, by offset
   int64_t max_consecutive_skipped_steps_ = -1;
+  int64_t accumulation_steps_ = 1;
+  int64_t owned_param_elems_ = 0;
+  // Parallel to runs_: each run's offset in accumulator_ (runs packed back to back).
+  std::vector<std::vector<int64_t>> run_acc_offsets_;
+  std::vector<float> accumulator_;  // owned_param_elems_ floats when k > 1, else empty
+  int64_t pending_micro_batches_ = 0;
+  // f16: Inf/NaN seen in a pending micro-batch (the step will be skipped), how many and where.
+  int64_t pending_nonfinite_ = 0;
+  std::string pending_first_nonfinite_;
   int64_t step_ = 0;
   int64_t consecutive_skipped_steps_ = 0;
 };
