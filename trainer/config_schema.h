@@ -6,7 +6,7 @@
 //
 //   train_batch_size                  int > 0; optional (derived: micro x accumulation x world)
 //   train_micro_batch_size_per_gpu    int >= 1
-//   gradient_accumulation_steps       int; only 1 is supported yet
+//   gradient_accumulation_steps       int >= 1: micro-batches per optimizer step (> 1: backend cpu)
 //   optimizer: {type: "Adam" | "AdamW" (case-insensitive),
 //               params: {lr, betas: [b1, b2], eps, weight_decay,
 //                        adam_w_mode (bool; with "Adam": true = decoupled decay, i.e. AdamW),

@@ -101,9 +101,9 @@ INSTANTIATE_TEST_SUITE_P(
                      "`train_micro_batch_size_per_gpu` = 0: must be >= 1"},
         BadValueCase{WithMinimal({{"train_batch_size", -8}}),
                      "`train_batch_size` = -8: must be >= 1"},
-        BadValueCase{
-            WithMinimal({{"gradient_accumulation_steps", 4}}),
-            "`gradient_accumulation_steps` = 4: gradient accumulation is not supported yet"},
+        BadValueCase{WithMinimal({{"gradient_accumulation_steps", 2},
+                                  {"accelerator", {{"backend", "cuda"}}}}),
+                     "`gradient_accumulation_steps` = 2 is implemented for backend \"cpu\" only"},
         BadValueCase{WithMinimal({{"gradient_accumulation_steps", 0}}),
                      "`gradient_accumulation_steps` = 0: must be >= 1"},
         BadValueCase{WithMinimal({{"train_steps", -1}}), "`train_steps` = -1: must be > 0"},
@@ -239,6 +239,13 @@ INSTANTIATE_TEST_SUITE_P(
         BadValueCase{WithMinimal({{"train_batch_size", 16}, {"train_micro_batch_size_per_gpu", 4}}),
                      "`train_batch_size` = 16 does not equal train_micro_batch_size_per_gpu (4) x "
                      "gradient_accumulation_steps (1) x world size (1) = 4"},
+        BadValueCase{WithMinimal({{"train_batch_size", 16},
+                                  {"train_micro_batch_size_per_gpu", 4},
+                                  {"gradient_accumulation_steps", 3}}),
+                     "Check batch related parameters. train_batch_size is not equal to "
+                     "micro_batch_per_gpu * gradient_acc_step * world_size 16 != 4 * 3 * 1: "
+                     "`train_batch_size` = 16 does not equal train_micro_batch_size_per_gpu (4) x "
+                     "gradient_accumulation_steps (3) x world size (1) = 12"},
         BadValueCase{WithMinimal({{"data", {{"seq_len", 65}}}}),
                      "`data.seq_len` = 65 exceeds the model's n_positions (64, model tiny)"},
         BadValueCase{WithMinimal({{"model", {{"preset", "tiny"}, {"n_head", 5}}}}),

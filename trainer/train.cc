@@ -59,6 +59,8 @@ ABSL_FLAG(std::optional<int64_t>, seq_len, std::nullopt,
           "Tokens per sequence (data.seq_len; 0: the model's n_positions).");
 ABSL_FLAG(std::optional<int64_t>, micro_batch_size, std::nullopt,
           "Sequences per step (train_micro_batch_size_per_gpu).");
+ABSL_FLAG(std::optional<int64_t>, gradient_accumulation_steps, std::nullopt,
+          "Micro-batches per optimizer step (gradient_accumulation_steps).");
 ABSL_FLAG(std::string, accelerator, "", "Accelerator backend: cpu (emulated) or cuda.");
 ABSL_FLAG(std::string, accelerator_memory, "",
           "Accelerator memory cap, e.g. 64MiB or 1.5GB (accelerator.memory).");
@@ -85,15 +87,25 @@ std::optional<std::string> NonEmpty(const std::string& s) {
 }
 
 // The flags of this program, for "did you mean".
-constexpr absl::string_view kOwnFlags[] = {"config",       "model",
-                                           "train_data",   "val_data",
-                                           "init_from",    "steps",
-                                           "seq_len",      "micro_batch_size",
-                                           "accelerator",  "accelerator_memory",
-                                           "chunk_size",   "save_dir",
-                                           "resume",       "metrics_out",
-                                           "trace_out",    "seed",
-                                           "print_config", "comm",
+constexpr absl::string_view kOwnFlags[] = {"config",
+                                           "model",
+                                           "train_data",
+                                           "val_data",
+                                           "init_from",
+                                           "steps",
+                                           "seq_len",
+                                           "micro_batch_size",
+                                           "gradient_accumulation_steps",
+                                           "accelerator",
+                                           "accelerator_memory",
+                                           "chunk_size",
+                                           "save_dir",
+                                           "resume",
+                                           "metrics_out",
+                                           "trace_out",
+                                           "seed",
+                                           "print_config",
+                                           "comm",
                                            "help"};
 
 size_t EditDistance(absl::string_view a, absl::string_view b) {
@@ -226,6 +238,7 @@ int Main(int argc, char** argv) {
   o.steps = absl::GetFlag(FLAGS_steps);
   o.seq_len = absl::GetFlag(FLAGS_seq_len);
   o.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
+  o.gradient_accumulation_steps = absl::GetFlag(FLAGS_gradient_accumulation_steps);
   o.seed = absl::GetFlag(FLAGS_seed);
   if (absl::GetFlag(FLAGS_resume)) o.resume = true;
   absl::Status status = ApplyOverrides(o, &*config);

@@ -40,6 +40,7 @@
 #include "model/kernels/matmul.h"
 #include "nlohmann/json.hpp"
 #include "optimizer/cpu_adam.h"
+#include "optimizer/grad_accumulator.h"
 #include "optimizer/hybrid_adam.h"
 #include "optimizer/lr_schedule.h"
 #include "scheduler/chunk_manager.h"
@@ -139,6 +140,7 @@ class Trainer::Impl {
   GptConfig gpt_;
   int64_t seq_len_ = 0;
   int64_t micro_batch_ = 0;
+  int64_t accumulation_steps_ = 1;  // micro-batches per optimizer step
   int threads_ = 1;
   DType dtype_ = DType::kF32;
   int64_t chunk_elems_ = 0;
@@ -190,6 +192,7 @@ absl::Status Trainer::Impl::Build() {
   ASSIGN_OR_RETURN(gpt_, ResolveModelConfig(config_.model));
   seq_len_ = ResolveSeqLen(config_, gpt_);
   micro_batch_ = config_.train_micro_batch_size_per_gpu;
+  accumulation_steps_ = config_.gradient_accumulation_steps;
   threads_ = ResolveThreads(config_.threads);
   dtype_ = ComputeDType(config_.precision());
   if (config_.accelerator.kind == AcceleratorKind::kCuda) {
@@ -537,7 +540,6 @@ absl::Status Trainer::Impl::Export(const std::string& path) {
 }
 
 absl::Status Trainer::Impl::Step(StepMetrics& m) {
-  RETURN_IF_ERROR(train_loader_->Next(absl::MakeSpan(tokens_), absl::MakeSpan(targets_)));
   m.step = step_ + 1;
   m.lr = schedule_->LearningRate(step_);
   adam_->SetLearningRate(m.lr);
@@ -545,9 +547,27 @@ absl::Status Trainer::Impl::Step(StepMetrics& m) {
   m.warmup = manager_->metronome().is_warmup();
   const ChunkManagerCounters c0 = manager_->counters();
   const int64_t trace_t0 = trace_ != nullptr ? trace_->NowNs() : 0;
-  // TrainStep uses the loss scale read above (the optimizer's, unchanged until its step).
-  ASSIGN_OR_RETURN(const TrainStepResult r,
-                   TrainStep(*model_, *manager_, *adam_, tokens_, targets_));
+  // One optimizer step: gradient_accumulation_steps micro-batches, each one iteration of the
+  // manager; all but the last add their gradients into the optimizer's accumulator. TrainStep
+  // uses the loss scale read above (the optimizer's, unchanged until its step). The loss is the
+  // mean of the micro-batches' means (each over the same number of tokens: the mean of the
+  // whole batch).
+  TrainStepResult r;
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {
+    RETURN_IF_ERROR(train_loader_->Next(absl::MakeSpan(tokens_), absl::MakeSpan(targets_)));
+    const bool last = micro + 1 == accumulation_steps_;
+    ASSIGN_OR_RETURN(const TrainStepResult mr,
+                     TrainStep(*model_, *manager_, *adam_, tokens_, targets_,
+                               last ? OptimizerCall::kStep : OptimizerCall::kAccumulate));
+    loss_sum += mr.loss;
+    r.adam = mr.adam;
+    r.forward_backward_ns += mr.forward_backward_ns;
+    r.optimizer_ns += mr.optimizer_ns;
+    r.forward_backward_stall_ns += mr.forward_backward_stall_ns;
+    r.optimizer_stall_ns += mr.optimizer_stall_ns;
+  }
+  r.loss = loss_sum / static_cast<double>(accumulation_steps_);
   const ChunkManagerCounters c1 = manager_->counters();
 
   ASSIGN_OR_RETURN(m.loss, MeanOverRanks(r.loss));
@@ -565,7 +585,8 @@ absl::Status Trainer::Impl::Step(StepMetrics& m) {
   }
   const double step_s = static_cast<double>(r.forward_backward_ns + r.optimizer_ns) * 1e-9;
   m.step_ms = step_s * 1e3;
-  m.tokens_per_s = static_cast<double>(micro_batch_ * seq_len_ * world_) / std::max(1e-9, step_s);
+  m.tokens_per_s = static_cast<double>(micro_batch_ * accumulation_steps_ * seq_len_ * world_) /
+                   std::max(1e-9, step_s);
   const auto ms = [](int64_t ns) { return static_cast<double>(std::max<int64_t>(0, ns)) * 1e-6; };
   m.copy_wait_ms = ms(r.forward_backward_stall_ns + r.optimizer_stall_ns);
   m.compute_ms = ms(r.forward_backward_ns - r.forward_backward_stall_ns);
@@ -673,11 +694,18 @@ void Trainer::Impl::PrintHeader() {
           : std::string());
   *out() << absl::StrFormat("training %d steps from step %d with %d threads\n", config_.steps,
                             step_, threads_);
+  if (accumulation_steps_ > 1) {
+    *out() << absl::StrFormat(
+        "gradient accumulation: %d micro-batches of %d sequences per optimizer step; f32 "
+        "accumulator %s of host memory on this rank\n",
+        accumulation_steps_, micro_batch_,
+        FormatBytes(GradientAccumulatorBytes(adam_->owned_param_elems(), accumulation_steps_)));
+  }
   if (world_ > 1) {
     *out() << absl::StrFormat(
         "data parallel (ZeRO): %d ranks; global batch %d x %d tokens; model data per rank %s "
         "(rank 0)\n",
-        world_, micro_batch_ * world_, seq_len_,
+        world_, micro_batch_ * accumulation_steps_ * world_, seq_len_,
         FormatBytes(store_->layout().RankModelDataBytes(dtype_, 0)));
   }
 }
@@ -803,7 +831,8 @@ absl::Status Trainer::Impl::Run() {
     for (size_t i = history_.size() - n; i < history_.size(); ++i) sum += history_[i].loss;
     summary_.final_mean_loss = sum / static_cast<double>(n);
   }
-  summary_.tokens = static_cast<int64_t>(history_.size()) * micro_batch_ * seq_len_ * world_;
+  summary_.tokens = static_cast<int64_t>(history_.size()) * micro_batch_ * accumulation_steps_ *
+                    seq_len_ * world_;
   for (const StepMetrics& m : history_) {
     summary_.compute_s += m.compute_ms * 1e-3;
     summary_.copy_wait_s += m.copy_wait_ms * 1e-3;
