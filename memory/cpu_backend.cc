@@ -1,9 +1,12 @@
 #include "memory/cpu_backend.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -29,15 +32,47 @@ namespace {
 using backend_internal::CheckAllocationSize;
 using backend_internal::CheckTransferArgs;
 
+// Whether the link emulation still runs: it ends for good once `interrupt` (SetCpuLinkInterrupt)
+// returns true, polled by sleeping copies. Shared by both directions.
+class LinkControl {
+ public:
+  bool ended() const { return ended_.load(std::memory_order_relaxed); }
+
+  // Polls the interrupt; true (and ended from now on) once it fired.
+  bool PollInterrupt() {
+    if (ended()) return true;
+    std::function<bool()> interrupt;
+    {
+      MutexLock lock(&mu_);
+      interrupt = interrupt_;
+    }
+    if (interrupt && interrupt()) ended_.store(true, std::memory_order_relaxed);
+    return ended();
+  }
+
+  void SetInterrupt(std::function<bool()> interrupt) {
+    MutexLock lock(&mu_);
+    interrupt_ = std::move(interrupt);
+  }
+
+ private:
+  std::atomic<bool> ended_{false};
+  Mutex mu_;
+  std::function<bool()> interrupt_ ABSL_GUARDED_BY(mu_);
+};
+
 // One direction of the emulated host<->device link. Copies in one direction are serialized, and
 // with a bandwidth cap each one takes at least bytes / bandwidth: the memcpy happens at host speed,
-// then the copy engine sleeps out the remainder.
+// then the copy engine sleeps out the remainder, in slices of at most kCpuLinkPollInterval, so
+// that an interrupt ends the emulation within one slice (the data is already copied: ending it
+// only makes the copy finish early).
 class Link {
  public:
-  explicit Link(double bandwidth_bytes_per_s) : bandwidth_bytes_per_s_(bandwidth_bytes_per_s) {}
+  Link(double bandwidth_bytes_per_s, LinkControl* control)
+      : bandwidth_bytes_per_s_(bandwidth_bytes_per_s), control_(control) {}
 
   void Copy(void* dst, const void* src, int64_t bytes) {
-    if (bandwidth_bytes_per_s_ <= 0) {
+    if (bandwidth_bytes_per_s_ <= 0 || control_->ended()) {
       std::memcpy(dst, src, static_cast<size_t>(bytes));
       return;
     }
@@ -46,12 +81,16 @@ class Link {
     std::memcpy(dst, src, static_cast<size_t>(bytes));
     const absl::Time done =
         start + absl::Seconds(static_cast<double>(bytes) / bandwidth_bytes_per_s_);
-    const absl::Duration left = done - absl::Now();
-    if (left > absl::ZeroDuration()) absl::SleepFor(left);
+    for (absl::Duration left = done - absl::Now(); left > absl::ZeroDuration();
+         left = done - absl::Now()) {
+      if (control_->PollInterrupt()) return;
+      absl::SleepFor(std::min(left, kCpuLinkPollInterval));
+    }
   }
 
  private:
   const double bandwidth_bytes_per_s_;
+  LinkControl* const control_;
   Mutex mu_;
 };
 
@@ -62,10 +101,11 @@ class StreamCore;
 struct SharedState {
   SharedState(const CpuBackendOptions& o)
       : options(o),
-        host_to_device(o.copy_bandwidth_bytes_per_s),
-        device_to_host(o.copy_bandwidth_bytes_per_s) {}
+        host_to_device(o.copy_bandwidth_bytes_per_s, &link_control),
+        device_to_host(o.copy_bandwidth_bytes_per_s, &link_control) {}
 
   const CpuBackendOptions options;
+  LinkControl link_control;
   Link host_to_device;
   Link device_to_host;
 
@@ -576,6 +616,16 @@ absl::Status CheckCpuDeviceRange(const Backend& backend, const void* ptr, int64_
   return cpu->state()->CheckDeviceRange(ptr, bytes, what);
 }
 
+absl::Status SetCpuLinkInterrupt(Backend& backend, std::function<bool()> interrupt) {
+  auto* cpu = dynamic_cast<CpuBackend*>(&backend);
+  if (cpu == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SetCpuLinkInterrupt needs a cpu backend, got the ", backend.name(), " backend"));
+  }
+  cpu->state()->link_control.SetInterrupt(std::move(interrupt));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<CpuStreamStall>> StallCpuStream(Stream& stream) {
   auto* cpu_stream = dynamic_cast<CpuStream*>(&stream);
   if (cpu_stream == nullptr) {
@@ -594,10 +644,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOption
                      "memory cap), got ",
                      options.capacity_bytes));
   }
-  if (options.copy_bandwidth_bytes_per_s < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cpu backend: copy_bandwidth_bytes_per_s must be >= 0 (0 = unlimited), got ",
-                     options.copy_bandwidth_bytes_per_s));
+  if (!(options.copy_bandwidth_bytes_per_s >= 0) ||
+      !std::isfinite(options.copy_bandwidth_bytes_per_s)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cpu backend: copy_bandwidth_bytes_per_s must be finite and >= 0 (0 = unlimited), got ",
+        options.copy_bandwidth_bytes_per_s));
   }
   if (options.device_index < 0) {
     return absl::InvalidArgumentError(

@@ -12,6 +12,10 @@
 //    least bytes / bandwidth seconds, and copies in one direction share that direction's link
 //    (like the one copy engine per direction of a PCIe GPU), so two concurrent host-to-device
 //    copies take as long as their sum. Device-to-device and host-to-host copies are not capped.
+//    The data moves at host speed first; the copy engine then sleeps out the remainder in slices
+//    of kCpuLinkPollInterval, polling SetCpuLinkInterrupt's predicate, so a stop request ends the
+//    emulation (and every copy completes at host speed from then on) within one slice, however
+//    slow the link.
 //
 // Asynchronous errors: work enqueued with LaunchCheckedHostFunc (the CPU kernels of
 // model/kernels/cpu_kernels.h) may fail while it runs, as a CUDA kernel may fault. The first such
@@ -41,12 +45,14 @@
 #define PATRICKSTAR_MEMORY_CPU_BACKEND_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "memory/backend.h"
 
 namespace ps {
@@ -63,8 +69,21 @@ struct CpuBackendOptions {
   bool stall_streams_until_host_waits = false;
 };
 
-// Returns InvalidArgument for a non-positive capacity or a negative bandwidth.
+// Returns InvalidArgument for a non-positive capacity or a negative or non-finite bandwidth.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options);
+
+// How often a copy sleeping out its emulated link time polls the interrupt.
+inline constexpr absl::Duration kCpuLinkPollInterval = absl::Milliseconds(10);
+
+// Lets `interrupt` end the link emulation of `backend`, a cpu backend: copies sleeping out their
+// emulated time call it every kCpuLinkPollInterval, and once it returns true the emulation ends
+// for good — the sleeping copies complete at once and later copies run at host speed. Results
+// never change (the bytes are copied before the sleep); only time does. For stop requests: a run
+// throttled to a slow link still finishes its step and writes its checkpoint in seconds.
+// `interrupt` is called on the copy-engine threads, so it must be thread-safe and cheap (an
+// atomic load; trainer/io/signal_flag.h's StopRequested). Replaces an earlier predicate; an empty
+// one never interrupts. InvalidArgument for a backend that is not a cpu backend.
+[[nodiscard]] absl::Status SetCpuLinkInterrupt(Backend& backend, std::function<bool()> interrupt);
 
 // Enqueues `fn` on `stream` like Stream::LaunchHostFunc; if `fn` returns an error when it runs, the
 // stream keeps it (the first one) as its asynchronous error (see the file comment). `fn` must not

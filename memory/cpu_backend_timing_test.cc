@@ -5,13 +5,16 @@
 // completes while a long one in the other direction is still running). How close the overlap
 // comes to the link's limit is measured by //benchmarks:cpu_backend_link_benchmark.
 #include <atomic>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/testing/status_matchers.h"
 #include "base/units.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "memory/cpu_backend.h"
 
@@ -109,6 +112,51 @@ TEST(CpuBackendTiming, CopiesOverlapCompute) {
   ASSERT_OK(copy->Synchronize());
   EXPECT_TRUE(saw_copy);
   EXPECT_OK(backend->FreeDevice(d));
+}
+
+// A stop request must not wait out a slow link: once the interrupt fires, a copy that would take
+// ~17 minutes on a 1 KB/s link completes (with the right bytes) and later copies run at host
+// speed. The copy is first seen still running (a capped copy never finishes early), then the
+// interrupt ends it; the bound on the wait is generous (the copy would take 1000 s without it).
+TEST(CpuBackendTiming, AnInterruptEndsTheLinkEmulation) {
+  constexpr int64_t kBytes = 1'000'000;
+  ASSERT_OK_AND_ASSIGN(auto backend, CreateCpuBackend({.capacity_bytes = 64 * kMiB,
+                                                       .copy_bandwidth_bytes_per_s = 1000}));
+  std::atomic<bool> stop{false};
+  std::atomic<int> polls{0};
+  ASSERT_OK(SetCpuLinkInterrupt(*backend, [&] {
+    polls.fetch_add(1);
+    return stop.load();
+  }));
+  ASSERT_OK_AND_ASSIGN(void* d, backend->AllocateDevice(kBytes));
+  std::vector<uint8_t> host(kBytes);
+  for (int64_t i = 0; i < kBytes; ++i) host[i] = static_cast<uint8_t>(i * 7);
+  std::vector<uint8_t> back(kBytes, 0);
+  ASSERT_OK_AND_ASSIGN(auto stream, backend->CreateStream());
+  ASSERT_OK_AND_ASSIGN(auto event, backend->CreateEvent());
+  ASSERT_OK(stream->MemcpyAsync(d, host.data(), kBytes, CopyKind::kHostToDevice));
+  ASSERT_OK(stream->RecordEvent(event.get()));
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(event->Query()) << "the link time had not passed";
+  EXPECT_GT(polls.load(), 0) << "the sleeping copy polls the interrupt";
+  const absl::Time start = absl::Now();
+  stop.store(true);
+  ASSERT_OK(stream->Synchronize());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(60));
+  // Later copies, either direction, at host speed.
+  const absl::Time again = absl::Now();
+  ASSERT_OK(stream->MemcpyAsync(back.data(), d, kBytes, CopyKind::kDeviceToHost));
+  ASSERT_OK(stream->Synchronize());
+  EXPECT_LT(absl::Now() - again, absl::Seconds(60));
+  EXPECT_EQ(back, host);
+  EXPECT_OK(backend->FreeDevice(d));
+}
+
+TEST(CpuBackendTiming, BandwidthMustBeFinite) {
+  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    EXPECT_THAT(CreateCpuBackend({.capacity_bytes = kMiB, .copy_bandwidth_bytes_per_s = bad}),
+                StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("bandwidth")));
+  }
 }
 
 }  // namespace

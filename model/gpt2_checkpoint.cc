@@ -11,6 +11,7 @@
 #include "absl/strings/strip.h"
 #include "base/status_macros.h"
 #include "memory/convert.h"
+#include "model/finite_scan.h"
 
 namespace ps {
 namespace {
@@ -250,6 +251,15 @@ absl::StatusOr<Gpt2Checkpoint> Gpt2Checkpoint::Load(SafetensorsFile file,
                      dims.num_layers, " (vocab_size/max_positions/hidden/num_layers",
                      expected.has_value() ? "" : ", inferred from wte, wpe and h.{i}",
                      "): ", absl::StrJoin(problems, "; ")));
+  }
+
+  // Every value must be finite: one pass over the stored bits (model/finite_scan.h), before any
+  // of them is loaded. (A present lm_head.weight is compared with wte below, so it is covered.)
+  const std::string where = absl::StrCat("safetensors file '", f.path(), "'");
+  for (const Gpt2TensorSpec& s : ckpt.specs_) {
+    const SafetensorsTensorInfo& t = *f.Find(ckpt.file_names_.at(s.name));
+    RETURN_IF_ERROR(
+        CheckTensorFinite(where, t.name, *t.dtype, t.shape, f.Bytes(t).data(), t.num_elements));
   }
 
   if (lm_head != nullptr) {

@@ -93,12 +93,14 @@ class Gpt2Checkpoint {
   // Validates `file` as a GPT-2 checkpoint with dimensions `expected`, or with the dimensions
   // inferred from the file (InferGpt2Dims) when `expected` is nullopt. Checks that every expected
   // tensor is present exactly once (prefixed or not), has the expected shape and a supported dtype
-  // (F32/F16/BF16), that nothing unexpected is present, and that a present lm_head.weight equals
-  // wte.weight.
+  // (F32/F16/BF16), that nothing unexpected is present, that every value is finite (one
+  // vectorized pass over the stored bits, model/finite_scan.h), and that a present lm_head.weight
+  // equals wte.weight.
   // Errors: InvalidArgument listing every missing, unexpected, duplicated, mis-shaped or
-  // unsupported tensor by name (with actual and expected shapes); InvalidArgument naming
-  // lm_head.weight and the first differing element if the head is not tied; errors of
-  // InferGpt2Dims.
+  // unsupported tensor by name (with actual and expected shapes); DataLoss naming the first
+  // tensor (in model order) that holds an Inf or NaN, with the element's coordinates;
+  // InvalidArgument naming lm_head.weight and the first differing element if the head is not
+  // tied; errors of InferGpt2Dims.
   [[nodiscard]] static absl::StatusOr<Gpt2Checkpoint> Load(
       SafetensorsFile file, std::optional<Gpt2Dims> expected = std::nullopt);
 

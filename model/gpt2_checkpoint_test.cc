@@ -333,6 +333,42 @@ TEST(Gpt2CheckpointTest, InferenceErrorsNameTheTensor) {
               StatusIs(absl::StatusCode::kInvalidArgument, "block index h.999999 is impossible"));
 }
 
+// Weights holding Inf or NaN are refused when the file is opened, naming the first such tensor in
+// model order and the element, in whatever dtype they are stored.
+TEST(Gpt2CheckpointTest, RefusesNonFiniteValuesNamingTheTensorAndElement) {
+  std::vector<Entry> entries = TinyEntries(kTiny, "transformer.");
+  // h.1.attn.c_proj.weight is [4, 4]: element 11 is [2, 3]. ln_f.bias comes later in model order.
+  FindEntry(entries, "transformer.h.1.attn.c_proj.weight")->values[11] = std::nanf("");
+  FindEntry(entries, "transformer.ln_f.bias")->values[0] = INFINITY;
+  EXPECT_THAT(Gpt2Checkpoint::Open(WriteEntries("nan.safetensors", entries)),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("nan.safetensors"),
+                             HasSubstr("'transformer.h.1.attn.c_proj.weight' holds NaN at [2, 3]"),
+                             HasSubstr("element 11 of 16"))));
+
+  // Stored as f16 (the writer converts f32 Inf to f16 Inf).
+  const std::string f16_path = TmpPath("inf_f16.safetensors");
+  ASSERT_OK(WriteGpt2Safetensors(f16_path, kTiny, DType::kF16,
+                                 [](absl::string_view name, absl::Span<float> out) {
+                                   for (size_t j = 0; j < out.size(); ++j) out[j] = 0.5f;
+                                   if (name == "wpe.weight") out[5] = -INFINITY;
+                                   return absl::OkStatus();
+                                 }));
+  EXPECT_THAT(Gpt2Checkpoint::Open(f16_path),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("'wpe.weight' holds -Inf at [1, 1]"), HasSubstr("f16"))));
+  // A finite value that overflows f16 is not written as f16 Inf silently either: it is Inf in the
+  // file, so the same refusal applies.
+  ASSERT_OK(WriteGpt2Safetensors(f16_path, kTiny, DType::kF16,
+                                 [](absl::string_view name, absl::Span<float> out) {
+                                   for (size_t j = 0; j < out.size(); ++j) out[j] = 0.5f;
+                                   if (name == "ln_f.weight") out[3] = 1e6f;
+                                   return absl::OkStatus();
+                                 }));
+  EXPECT_THAT(Gpt2Checkpoint::Open(f16_path),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("'ln_f.weight' holds +Inf at [3]")));
+}
+
 // A file written by the Python safetensors library, laid out as transformers' GPT2LMHeadModel
 // saves it: "transformer." prefix, mask buffers, lm_head, and mixed dtypes (wte BF16, ln_1 F16,
 // lm_head and the rest F32).

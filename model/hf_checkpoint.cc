@@ -24,6 +24,7 @@
 #include "base/status_macros.h"
 #include "memory/convert.h"
 #include "model/atomic_directory.h"
+#include "model/finite_scan.h"
 #include "model/hf_config.h"
 #include "model/hf_json.h"
 
@@ -232,6 +233,15 @@ absl::StatusOr<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
         ModelFamilyName(c.family), ", ", c.num_layers, " layers, hidden ", c.hidden_size,
         ", vocab ", c.vocab_size, c.tie_word_embeddings ? ", tied" : ", untied",
         " LM head): ", absl::StrJoin(parts, "; ")));
+  }
+  // Every parameter's values must be finite: one pass over the stored bits of each
+  // (model/finite_scan.h). A tied lm_head.weight equals the embedding (checked above).
+  for (const TensorSpec& p : ckpt.parameters_) {
+    const ShardedTensorRef ref = w.Find(ckpt.file_names_.at(p.name));
+    RETURN_IF_ERROR(
+        CheckTensorFinite(absl::StrCat("model directory '", dir, "' (", ref.file->path(), ")"),
+                          ref.info->name, *ref.info->dtype, ref.info->shape,
+                          ref.file->Bytes(*ref.info).data(), ref.info->num_elements));
   }
   return ckpt;
 }

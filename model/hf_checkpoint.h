@@ -15,7 +15,10 @@
 // original openai-community/gpt2 files); parameters() names them without it, like
 // model/gpt2_checkpoint.h. Errors (InvalidArgument naming the directory) list every missing,
 // unexpected, duplicated or mis-shaped tensor; Unimplemented names a tensor of an unsupported
-// dtype. Layouts are the file's: Linear weights [out, in] (GPT-2's Conv1D: [in, out]).
+// dtype. Every parameter's values must be finite: Open scans the stored bits once
+// (model/finite_scan.h, vectorized, about the cost of reading the files) and a tensor holding Inf
+// or NaN is DataLoss naming the directory, the file, the tensor and the element's coordinates.
+// Layouts are the file's: Linear weights [out, in] (GPT-2's Conv1D: [in, out]).
 //
 // Writing (WriteHfCheckpoint): config.json (HfConfigJson, over the original file's keys when
 // given) and the parameters in one dtype, sharded above max_shard_bytes, streaming — the fill
@@ -61,7 +64,8 @@ class HfCheckpoint {
  public:
   // Opens `dir`. Errors: NotFound (no directory, no config.json, no weights, a missing shard);
   // the errors of ReadHfConfig and ShardedSafetensors::OpenDirectory; InvalidArgument /
-  // Unimplemented for tensors that do not match the config (see the file comment).
+  // Unimplemented for tensors that do not match the config, DataLoss for a parameter holding
+  // Inf or NaN (see the file comment).
   [[nodiscard]] static absl::StatusOr<HfCheckpoint> Open(const std::string& dir);
 
   HfCheckpoint(HfCheckpoint&&) = default;

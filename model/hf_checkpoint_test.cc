@@ -431,6 +431,42 @@ TEST(HfCheckpointTest, MismatchedWeightsAreListed) {
                        AllOf(HasSubstr("model.norm.weight"), HasSubstr("I32"))));
 }
 
+// A parameter holding Inf or NaN is refused at Open, naming the directory, the shard, the tensor
+// and the element — in a sharded bf16 directory as in a single f32 file.
+TEST(HfCheckpointTest, RefusesNonFiniteParameters) {
+  const ModelConfig c = TinyLlama(256);
+  const std::string bad_name = "model.layers.1.mlp.down_proj.weight";
+  int64_t cols = 0;
+  for (const TensorSpec& p : HfParameterSpecs(c)) {
+    if (p.name == bad_name) cols = p.shape[1];
+  }
+  ASSERT_GT(cols, 0);
+  const int64_t bad_elem = 2 * cols + 5;
+  for (const DType dtype : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const HfExportFillFn poisoned = ConvertingFill(
+        [&](const TensorSpec& t, int64_t first, absl::Span<float> dst) {
+          for (size_t j = 0; j < dst.size(); ++j) {
+            const int64_t e = first + static_cast<int64_t>(j);
+            dst[j] = t.name == bad_name && e == bad_elem ? std::nanf("") : HfTestValue(t.name, e);
+          }
+          return absl::OkStatus();
+        },
+        dtype);
+    const std::string out = FreshDir(absl::StrCat("nonfinite_", DTypeName(dtype))) + "/m";
+    ASSERT_OK(WriteHfCheckpoint(out, c, dtype, poisoned,
+                                MaxShard(dtype == DType::kBF16 ? 64 * 1024 : int64_t{1} << 40)));
+    EXPECT_THAT(HfCheckpoint::Open(out),
+                StatusIs(absl::StatusCode::kDataLoss,
+                         AllOf(HasSubstr(out), HasSubstr(".safetensors"),
+                               HasSubstr(absl::StrCat("'", bad_name, "' holds NaN at [2, 5]")))));
+  }
+  // The same directory without the NaN opens.
+  const std::string ok = FreshDir("finite") + "/m";
+  ASSERT_OK(WriteHfCheckpoint(ok, c, DType::kBF16, ValueFill(DType::kBF16), MaxShard(64 * 1024)));
+  EXPECT_OK(HfCheckpoint::Open(ok).status());
+}
+
 TEST(HfCheckpointTest, TiedHeadMustEqualTheEmbedding) {
   ModelConfig c = TinyLlama(256);
   c.tie_word_embeddings = true;

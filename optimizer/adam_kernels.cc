@@ -115,4 +115,18 @@ absl::Status ValidateRestoreSegments(absl::string_view kernel,
   return absl::OkStatus();
 }
 
+absl::Status ValidateAccumulateSegments(absl::string_view kernel,
+                                        absl::Span<const GradAccumulateSegment> segments) {
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const GradAccumulateSegment& s = segments[i];
+    if (absl::Status st = CheckLengthAndDType(kernel, i, s.n_elems, s.dtype); !st.ok()) return st;
+    if (s.n_elems == 0) continue;
+    if (absl::Status st = CheckPointer(kernel, i, "grad", s.grad, SizeOf(s.dtype)); !st.ok()) {
+      return st;
+    }
+    if (absl::Status st = CheckPointer(kernel, i, "acc", s.acc, 4); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace ps

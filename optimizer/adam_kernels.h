@@ -5,7 +5,7 @@
 //     (whose device memory is host RAM).
 //   - CudaAdam (optimizer/cuda/cuda_adam.h, --config=cuda): CUDA device memory.
 //
-// The three kernels of one step:
+// The three kernels of one step (and a fourth, AccumulateGradients, for gradient accumulation):
 //   1. GradientStats: the sum of squares of the stored (loss-scaled) gradients and the number of
 //      Inf/NaN among them, over every chunk, before anything is updated: the overflow decision and
 //      the global norm for clipping are global, so they must precede the first update.
@@ -90,6 +90,16 @@ struct ParamRestoreSegment {
   int64_t n_elems = 0;
 };
 
+// Gradient accumulation (gradient_accumulation_steps > 1): acc[i] += grad[i] widened to f32
+// (exact: f16 and bf16 are subsets of f32), grad of `dtype`, acc f32. `acc` is host memory
+// (optimizer/grad_accumulator.h).
+struct GradAccumulateSegment {
+  DType dtype = DType::kF16;
+  const void* grad = nullptr;
+  float* acc = nullptr;
+  int64_t n_elems = 0;
+};
+
 class AdamKernels {
  public:
   virtual ~AdamKernels() = default;
@@ -106,6 +116,11 @@ class AdamKernels {
       absl::Span<const AdamSegment> segments) = 0;
   [[nodiscard]] virtual absl::Status RestoreParams(
       absl::Span<const ParamRestoreSegment> segments) = 0;
+  // Adds each segment's gradients into its host f32 accumulator. Same errors as above.
+  // Unimplemented where the kernels' memory is not host-addressable (CudaAdam): gradient
+  // accumulation needs every owned chunk stepped in host-addressable memory.
+  [[nodiscard]] virtual absl::Status AccumulateGradients(
+      absl::Span<const GradAccumulateSegment> segments) = 0;
 };
 
 // The argument checks every implementation makes (the errors listed above), for reuse.
@@ -117,6 +132,8 @@ class AdamKernels {
                                                 absl::Span<const AdamSegment> segments);
 [[nodiscard]] absl::Status ValidateRestoreSegments(absl::string_view kernel,
                                                    absl::Span<const ParamRestoreSegment> segments);
+[[nodiscard]] absl::Status ValidateAccumulateSegments(
+    absl::string_view kernel, absl::Span<const GradAccumulateSegment> segments);
 
 }  // namespace ps
 

@@ -442,6 +442,35 @@ absl::Status CpuAdam::RestoreParams(absl::Span<const ParamRestoreSegment> segmen
   return absl::OkStatus();
 }
 
+absl::Status CpuAdam::AccumulateGradients(absl::Span<const GradAccumulateSegment> segments) {
+  RETURN_IF_ERROR(ValidateAccumulateSegments("CpuAdam::AccumulateGradients", segments));
+  const std::vector<BlockTask> blocks = MakeBlocks(segments);
+  pool_.ParallelFor(static_cast<int64_t>(blocks.size()), [&](int64_t task) {
+    const BlockTask& b = blocks[task];
+    const GradAccumulateSegment& seg = segments[b.segment];
+    float* acc = seg.acc + b.begin;
+    if (seg.dtype == DType::kF32) {
+      const float* grad = static_cast<const float*>(seg.grad) + b.begin;
+      for (int64_t i = 0; i < b.len; ++i) acc[i] += grad[i];
+      return;
+    }
+    // Widen a block at a time on the stack, then add.
+    constexpr int64_t kTile = 1024;
+    float wide[kTile];
+    const uint16_t* grad = static_cast<const uint16_t*>(seg.grad) + b.begin;
+    for (int64_t t = 0; t < b.len; t += kTile) {
+      const int64_t n = std::min(kTile, b.len - t);
+      if (seg.dtype == DType::kF16) {
+        ConvertF16ToF32(grad + t, wide, n);
+      } else {
+        ConvertBF16ToF32(grad + t, wide, n);
+      }
+      for (int64_t i = 0; i < n; ++i) acc[t + i] += wide[i];
+    }
+  });
+  return absl::OkStatus();
+}
+
 const char* CpuAdamTargetName() { return cpu_adam_internal::DispatchTargetName(); }
 
 }  // namespace ps

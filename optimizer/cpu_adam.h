@@ -67,6 +67,8 @@ class CpuAdam final : public AdamKernels {
   [[nodiscard]] absl::StatusOr<AdamStepResult> Step(
       absl::Span<const AdamSegment> segments) override;
   [[nodiscard]] absl::Status RestoreParams(absl::Span<const ParamRestoreSegment> segments) override;
+  [[nodiscard]] absl::Status AccumulateGradients(
+      absl::Span<const GradAccumulateSegment> segments) override;
 
  private:
   explicit CpuAdam(int num_threads) : pool_(num_threads) {}

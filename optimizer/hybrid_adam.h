@@ -15,15 +15,38 @@
 //   2. Gradient pass: for every owned chunk, the sum of squares and Inf/NaN count of the gradients
 //      in its param chunk (GradStats), over the tensors only — gaps between tensors hold garbage.
 //      The optional reducer (all-reduce over ranks, from comm/) makes them global.
-//   3. Overflow (any Inf/NaN): the step is skipped: every owned param chunk, whose slots hold
-//      gradients, gets its parameters back from the master copy (rounded to the compute dtype,
-//      so bit-identical to the parameters before backward), the loss scaler lowers the scale as
-//      its policy says, and the step counter does not advance.
+//   3. Inf/NaN anywhere: the first one this rank holds is located (a second pass over the
+//      first chunk that had one: per tensor, then a bisection to the element — only on this
+//      path), every owned param chunk, whose slots hold gradients, gets its parameters back from
+//      the master copy (rounded to the compute dtype, so bit-identical to the parameters before
+//      backward), and the step counter does not advance. Then:
+//       - f32 and bf16 parameters: nothing is loss-scaled, so an Inf/NaN gradient is divergence,
+//         not a loss-scale event: Step returns OutOfRange naming the tensor and element and what
+//         to do (lower the learning rate, clip gradients, check the data).
+//       - f16 parameters: the step is skipped — a loss-scale event: the loss scaler lowers the
+//         scale as its policy says (OutOfRange when it is already at min_loss_scale, as
+//         DeepSpeed raises) — unless more than max_consecutive_skipped_steps steps in a row have
+//         now been skipped (OutOfRange).
 //   4. Otherwise the clipping coefficient is computed from the global norm of the unscaled
 //      gradients (a true L2 norm; optimizer/grad_clip.h), and the fused Adam kernel updates
 //      master/momentum/variance of every owned chunk and writes the new parameters into the param
 //      chunk, one kernel call per chunk with one segment per run of same-group tensors.
 //   5. The loss scaler sees a clean step; the step counter advances.
+//
+// Gradient accumulation (gradient_accumulation_steps = k > 1): an optimizer step consumes k
+// micro-batches. After each of micro-batches 1..k-1 the caller runs Accumulate() instead of
+// Step(): the gradient pass checks that micro-batch's gradients (the overflow check covers every
+// micro-batch), the param slots are added into an f32 accumulator in host memory held only for the
+// owned chunks (GradientAccumulatorBytes, optimizer/grad_accumulator.h), and the parameters are
+// restored from the master copy (the skipped-step restore). Step() after the k-th micro-batch
+// folds its gradients into the accumulator, takes the norm of the sum, and updates from the
+// accumulator with the unscale factor loss_scale * k — each micro-batch's loss is a mean over its
+// own tokens, so (g_1 + ... + g_k) / k is the gradient of the mean over all k micro-batches, the
+// gradient one batch of k times the sequences would give. Then the accumulator is zeroed. An
+// Inf/NaN in any micro-batch: f32/bf16 stop (OutOfRange) at that micro-batch; f16 skips the
+// whole step at its end. Nothing about accumulation is checkpointed: between steps the
+// accumulator is zero. Needs host-addressable payloads (the cpu backend): CudaAdam's
+// AccumulateGradients is Unimplemented.
 //
 // The emulated accelerator (cpu backend): its chunks run through the CpuAdam passed as
 // HybridAdamKernels::accelerator, directly on the calling thread, not enqueued on a stream with
@@ -131,6 +154,13 @@ struct HybridAdamOptions {
   // Makes the gradient statistics of all ranks global (sums them; comm/ provides it). Empty for
   // a single rank.
   std::function<absl::Status(GradStats&)> grad_stats_reducer = nullptr;
+  // f16 parameters only: the most steps in a row that may be skipped for Inf/NaN gradients; the
+  // next one is OutOfRange. -1: no limit of its own (the loss scaler's min_loss_scale error still
+  // stops a dynamic scale). The trainer sets it from fp16.max_consecutive_skipped_steps.
+  int64_t max_consecutive_skipped_steps = -1;
+  // Micro-batches per optimizer step (gradient_accumulation_steps), >= 1. With k > 1 the
+  // optimizer allocates its accumulator (GradientAccumulatorBytes) at Create.
+  int64_t gradient_accumulation_steps = 1;
 };
 
 // The per-step hyperparameters a caller may change between steps.
@@ -148,6 +178,9 @@ struct HybridAdamKernels {
 };
 
 struct AdamStepReport {
+  // True for Accumulate(): the micro-batch's gradients were added (or, f16, an Inf/NaN among
+  // them recorded so that the step will be skipped); no step was taken.
+  bool accumulated = false;
   // True if the step was skipped because a gradient was Inf/NaN.
   bool skipped = false;
   // Global L2 norm of the unscaled gradients (before clipping); Inf/NaN-free only if !skipped.
@@ -158,6 +191,11 @@ struct AdamStepReport {
   double loss_scale = 1.0;
   double next_loss_scale = 1.0;
   int64_t nonfinite_grads = 0;
+  // When Inf/NaN gradients were found: where the first one this rank holds is, e.g.
+  // "h.1.attn.c_attn.weight at [3, 17] (NaN)", or "on another rank".
+  std::string first_nonfinite;
+  // f16: steps skipped in a row, this one included (0 after a clean step).
+  int64_t consecutive_skipped_steps = 0;
   // Adam's step count after this step (unchanged when skipped).
   int64_t step = 0;
   // Owned chunks stepped on each kind of device.
@@ -184,11 +222,28 @@ class HybridAdam {
   // One optimizer step, as described at the top of the file. Errors: InvalidArgument for
   // hyperparameters made invalid since the last step (nothing is touched); the access's and the
   // kernels' errors; FailedPrecondition for an accelerator chunk without accelerator kernels;
-  // OutOfRange from the loss scaler when an overflow happens at min_loss_scale (the step was
-  // skipped and the parameters restored); Internal if the update saw Inf/NaN gradients the
-  // gradient pass did not (the gradients changed during the step). An error after the first
-  // chunk was updated leaves the step partially applied; resume from a checkpoint.
+  // OutOfRange for Inf/NaN gradients that stop the run (see step 3 at the top: f32/bf16, an
+  // overflow at min_loss_scale, too many skipped steps in a row), naming the first tensor and
+  // element that held one — the step was not applied and the parameters are restored; Internal
+  // if the update saw Inf/NaN gradients the gradient pass did not (the gradients changed during
+  // the step). An error after the first chunk was updated leaves the step partially applied;
+  // resume from a checkpoint.
+  //
+  // With gradient_accumulation_steps k > 1: FailedPrecondition (nothing touched) unless exactly
+  // k - 1 Accumulate() calls came since the last step.
   [[nodiscard]] absl::StatusOr<AdamStepReport> Step(AdamChunkAccess& access);
+
+  // Micro-batches 1..k-1 of a step with gradient accumulation (see the top of the file): adds the
+  // gradients in the owned param slots into the accumulator and restores the parameters from
+  // the master copy. FailedPrecondition (nothing touched) when k == 1 or k - 1 micro-batches are
+  // already pending; OutOfRange for Inf/NaN gradients with f32/bf16 parameters (the parameters are
+  // restored, the pending micro-batches discarded); the access's and kernels' errors.
+  [[nodiscard]] absl::StatusOr<AdamStepReport> Accumulate(AdamChunkAccess& access);
+  // Micro-batches accumulated since the last step (0 at step boundaries).
+  int64_t pending_micro_batches() const { return pending_micro_batches_; }
+  int64_t gradient_accumulation_steps() const { return accumulation_steps_; }
+  // Parameters in the owned chunks (the accumulator's length when k > 1).
+  int64_t owned_param_elems() const { return owned_param_elems_; }
 
   // --- Hyperparameters, read at every step ---------------------------------------------------
 
@@ -215,6 +270,9 @@ class HybridAdam {
   int64_t step() const { return step_; }
   // For resuming from a checkpoint.
   void set_step(int64_t step) { step_ = step; }
+  // f16: the steps skipped in a row so far (for checkpoints, so the limit spans a resume).
+  int64_t consecutive_skipped_steps() const { return consecutive_skipped_steps_; }
+  void set_consecutive_skipped_steps(int64_t n) { consecutive_skipped_steps_ = n; }
   LossScaler& loss_scaler() { return loss_scaler_; }
   const LossScaler& loss_scaler() const { return loss_scaler_; }
   // Owned chunk indices, ascending.
@@ -227,11 +285,37 @@ class HybridAdam {
     int64_t numel;
     int group;
   };
+  // A tensor of an owned chunk, for naming the first Inf/NaN gradient.
+  struct Slot {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t offset_elems;
+    int64_t numel;
+  };
 
   HybridAdam() = default;
 
   absl::Status ValidateHyperParams() const;
   absl::StatusOr<AdamKernels*> KernelsFor(int64_t chunk_index, Device device) const;
+  // Where the first Inf/NaN gradient of owned chunk k (whose param slots hold gradients) is:
+  // "<tensor> at [i, j] (NaN)". A second pass over that chunk only.
+  absl::StatusOr<std::string> LocateNonFinite(AdamChunkAccess& access, size_t k);
+  // The gradient pass over the param slots: global stats (after the reducer) and each owned
+  // chunk's Inf/NaN count (this rank's).
+  absl::Status GradientPass(AdamChunkAccess& access, GradStats& stats,
+                            std::vector<int64_t>& chunk_nonfinite);
+  // Where the first Inf/NaN of this rank is: "on another rank" if none here.
+  absl::StatusOr<std::string> FirstNonFinite(AdamChunkAccess& access,
+                                             const std::vector<int64_t>& chunk_nonfinite);
+  // Adds the param slots (gradients) of every owned chunk into the accumulator.
+  absl::Status AccumulatePass(AdamChunkAccess& access);
+  // Param slots := master rounded to the compute dtype, every owned chunk.
+  absl::Status RestorePass(AdamChunkAccess& access, AdamStepReport& report);
+  // The skipped-step ending (params already restored): f32/bf16 OutOfRange; f16 counts the skip,
+  // lowers the loss scale, and may stop (see Step). Also discards pending micro-batches.
+  absl::StatusOr<AdamStepReport> EndSkippedStep(int64_t nonfinite, const std::string& where,
+                                                AdamStepReport report);
+  void ResetAccumulation();
 
   AdamMode mode_ = AdamMode::kAdam;
   double beta1_ = 0.9;
@@ -246,8 +330,20 @@ class HybridAdam {
   HybridAdamKernels kernels_;
   DType compute_dtype_ = DType::kF16;
   std::vector<int64_t> owned_chunks_;
-  std::vector<std::vector<Run>> runs_;  // parallel to owned_chunks_
+  std::vector<std::vector<Run>> runs_;    // parallel to owned_chunks_
+  std::vector<std::vector<Slot>> slots_;  // parallel to owned_chunks_, by offset
+  int64_t max_consecutive_skipped_steps_ = -1;
+  int64_t accumulation_steps_ = 1;
+  int64_t owned_param_elems_ = 0;
+  // Parallel to runs_: each run's offset in accumulator_ (runs packed back to back).
+  std::vector<std::vector<int64_t>> run_acc_offsets_;
+  std::vector<float> accumulator_;  // owned_param_elems_ floats when k > 1, else empty
+  int64_t pending_micro_batches_ = 0;
+  // f16: Inf/NaN seen in a pending micro-batch (the step will be skipped), how many and where.
+  int64_t pending_nonfinite_ = 0;
+  std::string pending_first_nonfinite_;
   int64_t step_ = 0;
+  int64_t consecutive_skipped_steps_ = 0;
 };
 
 }  // namespace ps

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/testing/status_matchers.h"
 #include "chunk/chunk.h"
 #include "chunk/chunk_layout.h"
@@ -31,11 +32,13 @@
 #include "optimizer/adam_kernels.h"
 #include "optimizer/adam_math.h"
 #include "optimizer/cpu_adam.h"
+#include "optimizer/grad_accumulator.h"
 #include "optimizer/loss_scaler.h"
 
 namespace ps {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // A small GPT-like model: per block a LayerNorm, an attention projection and an MLP, with awkward
@@ -376,8 +379,8 @@ TEST_F(HybridAdamTest, OverflowSkipsTheStepRestoresParamsAndLowersTheScale) {
     // of the chunk on the accelerator.
     WriteRandomGradients(*adam, 1024.0f, 10 + overflow);
     const int64_t chunk = overflow == 1 ? adam->owned_chunks().back() : 2;
-    const TensorInfo& t = store_->layout().tensor(
-        store_->layout().TensorsInChunk(chunk)[overflow == 1 ? 0 : 1]);
+    const TensorInfo& t =
+        store_->layout().tensor(store_->layout().TensorsInChunk(chunk)[overflow == 1 ? 0 : 1]);
     WriteParam(DType::kF16, ParamPayload(chunk),
                overflow == 1 ? t.offset_elems + t.numel / 2 : t.offset_elems,
                overflow == 1 ? std::numeric_limits<float>::infinity()
@@ -408,6 +411,134 @@ TEST_F(HybridAdamTest, OverflowSkipsTheStepRestoresParamsAndLowersTheScale) {
   EXPECT_FALSE(report.skipped);
   EXPECT_EQ(report.loss_scale, 512.0);
   ExpectStepped(*adam, before, 2, 512.0, 1.0);
+}
+
+// Without loss scaling (f32, bf16) an Inf/NaN gradient is divergence: the step is refused with
+// OutOfRange naming the first tensor and element (found by a second pass over that chunk), the
+// parameters come back bit-exactly, and nothing else changes.
+TEST_F(HybridAdamTest, NonFiniteGradientsStopF32AndBf16NamingTheTensor) {
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    Build(dtype, 1, 0, /*on_accelerator=*/{1});
+    ASSERT_OK_AND_ASSIGN(auto adam, HybridAdam::Create(store_->layout(), 0, dtype,
+                                                       AdamWWithNoDecayGroup(), Kernels()));
+    ResidentChunkAccess access(*store_);
+    WriteRandomGradients(*adam, 1.0f, 1);
+    ASSERT_OK(adam->Step(access));
+    std::vector<std::vector<uint8_t>> params_before, master_before;
+    for (int64_t i : adam->owned_chunks()) {
+      params_before.push_back(PayloadBytes(store_->chunk(ChunkType::kParam, i)));
+      master_before.push_back(PayloadBytes(store_->chunk(ChunkType::kMaster, i)));
+    }
+    // Two bad gradients: element [5, 30] of a matrix in chunk 1 (on the accelerator) and a later
+    // one; the first is named.
+    WriteRandomGradients(*adam, 1.0f, 2);
+    const TensorInfo* two_d = nullptr;
+    for (TensorId id : store_->layout().TensorsInChunk(1)) {
+      if (store_->layout().tensor(id).shape.size() == 2 && two_d == nullptr) {
+        two_d = &store_->layout().tensor(id);
+      }
+    }
+    ASSERT_NE(two_d, nullptr);
+    const TensorInfo& t = *two_d;
+    const int64_t e = 5 * t.shape[1] + 30;
+    WriteParam(dtype, ParamPayload(1), t.offset_elems + e, std::numeric_limits<float>::infinity());
+    WriteParam(dtype, ParamPayload(1), t.offset_elems + e + 7,
+               std::numeric_limits<float>::quiet_NaN());
+    EXPECT_THAT(adam->Step(access),
+                StatusIs(absl::StatusCode::kOutOfRange,
+                         AllOf(HasSubstr("2 Inf/NaN gradients"),
+                               HasSubstr(absl::StrCat("the first in ", t.name, " at [5, 30]")),
+                               HasSubstr(DTypeName(dtype)), HasSubstr("not a loss-scale event"),
+                               HasSubstr("optimizer.params.lr"), HasSubstr("gradient_clipping"))));
+    EXPECT_EQ(adam->step(), 1);
+    for (size_t k = 0; k < adam->owned_chunks().size(); ++k) {
+      const int64_t i = adam->owned_chunks()[k];
+      EXPECT_EQ(PayloadBytes(store_->chunk(ChunkType::kParam, i)), params_before[k]) << i;
+      EXPECT_EQ(PayloadBytes(store_->chunk(ChunkType::kMaster, i)), master_before[k]) << i;
+    }
+  }
+}
+
+// fp16: skipped steps in a row are counted; a clean step resets the count; one more than the
+// limit stops with OutOfRange naming fp16.max_consecutive_skipped_steps. Each skipped step's
+// report names the first bad gradient.
+TEST_F(HybridAdamTest, TooManySkippedStepsInARowStopF16) {
+  Build(DType::kF16, 1, 0, /*on_accelerator=*/{2});
+  HybridAdamOptions options = AdamWWithNoDecayGroup();
+  ASSERT_OK_AND_ASSIGN(options.loss_scaler,
+                       LossScaler::Dynamic({.initial_scale_power = 30, .hysteresis = 1}));
+  options.max_consecutive_skipped_steps = 2;
+  ASSERT_OK_AND_ASSIGN(auto adam,
+                       HybridAdam::Create(store_->layout(), 0, DType::kF16, options, Kernels()));
+  ResidentChunkAccess access(*store_);
+  const TensorInfo& t = store_->layout().tensor(store_->layout().TensorsInChunk(2)[0]);
+  const auto overflow = [&](int64_t at) {
+    WriteRandomGradients(*adam, 1.0f, 3);
+    WriteParam(DType::kF16, ParamPayload(2), t.offset_elems + at,
+               std::numeric_limits<float>::quiet_NaN());
+    return adam->Step(access);
+  };
+  for (int round = 0; round < 2; ++round) {
+    for (int64_t skip = 1; skip <= 2; ++skip) {
+      ASSERT_OK_AND_ASSIGN(const AdamStepReport r, overflow(skip));
+      EXPECT_TRUE(r.skipped);
+      EXPECT_EQ(r.consecutive_skipped_steps, skip);
+      EXPECT_EQ(r.first_nonfinite,
+                absl::StrCat(t.name, " at ",
+                             t.shape.size() == 1 ? absl::StrCat("[", skip, "]")
+                                                 : absl::StrCat("[0, ", skip, "]")));
+    }
+    if (round == 0) {
+      WriteRandomGradients(*adam, 1.0f, 4);
+      ASSERT_OK_AND_ASSIGN(const AdamStepReport clean, adam->Step(access));
+      EXPECT_FALSE(clean.skipped);
+      EXPECT_EQ(adam->consecutive_skipped_steps(), 0);
+    }
+  }
+  EXPECT_THAT(overflow(0), StatusIs(absl::StatusCode::kOutOfRange,
+                                    AllOf(HasSubstr("3 optimizer steps in a row"),
+                                          HasSubstr("fp16.max_consecutive_skipped_steps = 2"),
+                                          HasSubstr(t.name))));
+  // A resumed optimizer continues the count.
+  adam->set_consecutive_skipped_steps(2);
+  EXPECT_THAT(overflow(1), StatusIs(absl::StatusCode::kOutOfRange));
+}
+
+// A static fp16 scale with a limit of 0 stops at the first overflow; the loss scaler's own
+// min-scale error names the first bad gradient too.
+TEST_F(HybridAdamTest, F16LimitZeroAndMinScaleNameTheGradient) {
+  Build(DType::kF16);
+  HybridAdamOptions options = AdamWWithNoDecayGroup();
+  ASSERT_OK_AND_ASSIGN(options.loss_scaler, LossScaler::Static(8.0));
+  options.max_consecutive_skipped_steps = 0;
+  ASSERT_OK_AND_ASSIGN(auto adam,
+                       HybridAdam::Create(store_->layout(), 0, DType::kF16, options, Kernels()));
+  ResidentChunkAccess access(*store_);
+  const int64_t last = adam->owned_chunks().back();
+  const TensorInfo& t = store_->layout().tensor(store_->layout().TensorsInChunk(last).back());
+  WriteRandomGradients(*adam, 1.0f, 5);
+  WriteParam(DType::kF16, ParamPayload(last), t.offset_elems + t.numel - 1,
+             -std::numeric_limits<float>::infinity());
+  EXPECT_THAT(
+      adam->Step(access),
+      StatusIs(absl::StatusCode::kOutOfRange,
+               AllOf(HasSubstr("fp16.max_consecutive_skipped_steps = 0"), HasSubstr(t.name))));
+
+  options = AdamWWithNoDecayGroup();
+  ASSERT_OK_AND_ASSIGN(options.loss_scaler,
+                       LossScaler::Dynamic({.initial_scale_power = 0, .hysteresis = 1}));
+  ASSERT_OK_AND_ASSIGN(adam,
+                       HybridAdam::Create(store_->layout(), 0, DType::kF16, options, Kernels()));
+  WriteRandomGradients(*adam, 1.0f, 6);
+  WriteParam(DType::kF16, ParamPayload(last), t.offset_elems,
+             std::numeric_limits<float>::infinity());
+  EXPECT_THAT(adam->Step(access),
+              StatusIs(absl::StatusCode::kOutOfRange,
+                       AllOf(HasSubstr("fp16.min_loss_scale"), HasSubstr(t.name))));
+  EXPECT_THAT(HybridAdam::Create(store_->layout(), 0, DType::kF16,
+                                 HybridAdamOptions{.max_consecutive_skipped_steps = -2}, Kernels()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_consecutive")));
 }
 
 // The norm is the L2 norm of the unscaled gradients of all chunks together, and clipping scales
@@ -531,6 +662,215 @@ TEST_F(HybridAdamTest, Errors) {
   WriteRandomGradients(*adam, 1.0f, 3);
   EXPECT_THAT(adam->Step(access),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("variance#2")));
+}
+
+// --- Gradient accumulation ----------------------------------------------------------------------
+
+// k micro-batches: Accumulate() k-1 times (each leaves the parameters bit-exactly as they were and
+// touches no optimizer state), then Step(): the update is Adam on the f32 sum of the stored
+// gradients unscaled by loss_scale * k, i.e. on the mean gradient — checked against the scalar
+// reference (optimizer/adam_math.h) — over two optimizer steps (the accumulator restarts from
+// zero), with chunks on the host and on the emulated accelerator, for every compute dtype.
+TEST_F(HybridAdamTest, AccumulationStepsOnTheMeanOfTheMicroBatchGradients) {
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const int k : {2, 3}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " k=", k));
+      Build(dtype, 1, 0, /*on_accelerator=*/{1});
+      HybridAdamOptions options = AdamWWithNoDecayGroup();
+      options.gradient_accumulation_steps = k;
+      const float scale = dtype == DType::kF16 ? 256.0f : 1.0f;
+      if (dtype == DType::kF16) {
+        ASSERT_OK_AND_ASSIGN(options.loss_scaler, LossScaler::Static(scale));
+      }
+      ASSERT_OK_AND_ASSIGN(auto adam,
+                           HybridAdam::Create(store_->layout(), 0, dtype, options, Kernels()));
+      int64_t owned = 0;
+      for (int64_t i : adam->owned_chunks()) {
+        for (TensorId id : store_->layout().TensorsInChunk(i)) {
+          owned += store_->layout().tensor(id).numel;
+        }
+      }
+      EXPECT_EQ(adam->owned_param_elems(), owned);
+      EXPECT_EQ(GradientAccumulatorBytes(adam->owned_param_elems(), k), 4 * owned);
+      ResidentChunkAccess access(*store_);
+      for (int step = 1; step <= 2; ++step) {
+        Snapshot before = Take(*adam);  // grad: the parameters now; replaced by the sum below
+        std::vector<std::vector<uint8_t>> params_before;
+        for (int64_t i : adam->owned_chunks()) {
+          params_before.push_back(PayloadBytes(store_->chunk(ChunkType::kParam, i)));
+        }
+        std::vector<std::vector<float>> sum(before.grad.size());
+        for (size_t c = 0; c < sum.size(); ++c) sum[c].assign(before.grad[c].size(), 0.0f);
+        for (int micro = 0; micro < k; ++micro) {
+          WriteRandomGradients(*adam, scale, static_cast<uint32_t>(100 * step + micro));
+          const Snapshot g = Take(*adam);
+          for (size_t c = 0; c < sum.size(); ++c) {
+            for (size_t e = 0; e < sum[c].size(); ++e) sum[c][e] += g.grad[c][e];
+          }
+          if (micro + 1 < k) {
+            ASSERT_OK_AND_ASSIGN(const AdamStepReport r, adam->Accumulate(access));
+            EXPECT_TRUE(r.accumulated);
+            EXPECT_FALSE(r.skipped);
+            EXPECT_EQ(adam->pending_micro_batches(), micro + 1);
+            EXPECT_EQ(adam->step(), step - 1);
+            for (size_t c = 0; c < adam->owned_chunks().size(); ++c) {
+              const int64_t i = adam->owned_chunks()[c];
+              ASSERT_EQ(PayloadBytes(store_->chunk(ChunkType::kParam, i)), params_before[c])
+                  << "micro-batch " << micro << ": parameters not restored";
+              ASSERT_EQ(
+                  std::memcmp(Master(i), before.master[c].data(), before.master[c].size() * 4), 0);
+            }
+          }
+        }
+        before.grad = sum;
+        ASSERT_OK_AND_ASSIGN(const AdamStepReport r, adam->Step(access));
+        EXPECT_FALSE(r.skipped);
+        EXPECT_FALSE(r.accumulated);
+        EXPECT_EQ(r.step, step);
+        EXPECT_EQ(adam->pending_micro_batches(), 0);
+        double sum_squares = 0;
+        for (size_t c = 0; c < sum.size(); ++c) {
+          const int64_t i = adam->owned_chunks()[c];
+          for (TensorId id : store_->layout().TensorsInChunk(i)) {
+            const TensorInfo& t = store_->layout().tensor(id);
+            for (int64_t e = t.offset_elems; e < t.offset_elems + t.numel; ++e) {
+              sum_squares += static_cast<double>(sum[c][e]) * sum[c][e];
+            }
+          }
+        }
+        EXPECT_NEAR(r.grad_norm, std::sqrt(sum_squares) / (scale * k), 1e-5 * r.grad_norm);
+        ExpectStepped(*adam, before, step, static_cast<double>(scale) * k, 1.0);
+      }
+    }
+  }
+}
+
+// f16: an Inf/NaN in an early micro-batch is a loss-scale event for the whole step: Accumulate
+// reports where it is, the step skips at its last micro-batch (nothing changes but the scale), and
+// the next step starts from an empty accumulator. f32/bf16: it stops at that micro-batch.
+TEST_F(HybridAdamTest, AccumulationOverflowSkipsTheWholeStep) {
+  Build(DType::kF16, 1, 0, /*on_accelerator=*/{2});
+  HybridAdamOptions options = AdamWWithNoDecayGroup();
+  options.gradient_accumulation_steps = 2;
+  ASSERT_OK_AND_ASSIGN(
+      options.loss_scaler,
+      LossScaler::Dynamic({.initial_scale_power = 10, .loss_scale_window = 1000, .hysteresis = 1}));
+  ASSERT_OK_AND_ASSIGN(auto adam,
+                       HybridAdam::Create(store_->layout(), 0, DType::kF16, options, Kernels()));
+  ResidentChunkAccess access(*store_);
+  std::vector<std::vector<uint8_t>> params_before, master_before;
+  for (int64_t i : adam->owned_chunks()) {
+    params_before.push_back(PayloadBytes(store_->chunk(ChunkType::kParam, i)));
+    master_before.push_back(PayloadBytes(store_->chunk(ChunkType::kMaster, i)));
+  }
+  WriteRandomGradients(*adam, 1024.0f, 1);
+  const TensorInfo& t = store_->layout().tensor(store_->layout().TensorsInChunk(2)[0]);
+  WriteParam(DType::kF16, ParamPayload(2), t.offset_elems + 3,
+             std::numeric_limits<float>::infinity());
+  ASSERT_OK_AND_ASSIGN(AdamStepReport r, adam->Accumulate(access));
+  EXPECT_EQ(r.nonfinite_grads, 1);
+  EXPECT_THAT(r.first_nonfinite, HasSubstr(absl::StrCat(t.name, " at ")));
+  EXPECT_THAT(r.first_nonfinite, HasSubstr("micro-batch 1"));
+  WriteRandomGradients(*adam, 1024.0f, 2);  // a clean second micro-batch
+  ASSERT_OK_AND_ASSIGN(r, adam->Step(access));
+  EXPECT_TRUE(r.skipped);
+  EXPECT_EQ(r.nonfinite_grads, 1);
+  EXPECT_EQ(r.next_loss_scale, 512.0);
+  EXPECT_EQ(adam->step(), 0);
+  for (size_t c = 0; c < adam->owned_chunks().size(); ++c) {
+    const int64_t i = adam->owned_chunks()[c];
+    EXPECT_EQ(PayloadBytes(store_->chunk(ChunkType::kParam, i)), params_before[c]);
+    EXPECT_EQ(PayloadBytes(store_->chunk(ChunkType::kMaster, i)), master_before[c]);
+  }
+  // A clean step afterwards: the mean of its own two micro-batches only.
+  Snapshot before = Take(*adam);
+  WriteRandomGradients(*adam, 512.0f, 3);
+  const Snapshot g1 = Take(*adam);
+  ASSERT_OK(adam->Accumulate(access));
+  WriteRandomGradients(*adam, 512.0f, 4);
+  const Snapshot g2 = Take(*adam);
+  for (size_t c = 0; c < before.grad.size(); ++c) {
+    for (size_t e = 0; e < before.grad[c].size(); ++e) {
+      before.grad[c][e] = g1.grad[c][e] + g2.grad[c][e];
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(r, adam->Step(access));
+  EXPECT_FALSE(r.skipped);
+  ExpectStepped(*adam, before, 1, 512.0 * 2, 1.0);
+
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    Build(dtype, 1, 0, /*on_accelerator=*/{1});
+    HybridAdamOptions o = AdamWWithNoDecayGroup();
+    o.gradient_accumulation_steps = 3;
+    ASSERT_OK_AND_ASSIGN(auto a, HybridAdam::Create(store_->layout(), 0, dtype, o, Kernels()));
+    ResidentChunkAccess acc(*store_);
+    WriteRandomGradients(*a, 1.0f, 1);
+    ASSERT_OK(a->Accumulate(acc));
+    WriteRandomGradients(*a, 1.0f, 2);
+    const TensorInfo& u = store_->layout().tensor(store_->layout().TensorsInChunk(1)[0]);
+    WriteParam(dtype, ParamPayload(1), u.offset_elems, std::numeric_limits<float>::quiet_NaN());
+    EXPECT_THAT(a->Accumulate(acc), StatusIs(absl::StatusCode::kOutOfRange,
+                                             AllOf(HasSubstr(u.name), HasSubstr("micro-batch 2"),
+                                                   HasSubstr("not a loss-scale event"))));
+    EXPECT_EQ(a->pending_micro_batches(), 0);
+    EXPECT_EQ(a->step(), 0);
+  }
+}
+
+// The call protocol: Accumulate only with k > 1 and before the last micro-batch; Step only after
+// exactly k - 1 of them. Each refusal touches nothing.
+TEST_F(HybridAdamTest, AccumulationCallOrderIsChecked) {
+  Build(DType::kF32);
+  ASSERT_OK_AND_ASSIGN(auto single,
+                       HybridAdam::Create(store_->layout(), 0, DType::kF32, {}, Kernels()));
+  ResidentChunkAccess access(*store_);
+  WriteRandomGradients(*single, 1.0f, 1);
+  EXPECT_THAT(single->Accumulate(access),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("call Step")));
+  HybridAdamOptions options;
+  options.gradient_accumulation_steps = 2;
+  ASSERT_OK_AND_ASSIGN(auto adam,
+                       HybridAdam::Create(store_->layout(), 0, DType::kF32, options, Kernels()));
+  const std::vector<uint8_t> param = PayloadBytes(store_->chunk(ChunkType::kParam, 0));
+  EXPECT_THAT(adam->Step(access),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("call Accumulate")));
+  EXPECT_EQ(PayloadBytes(store_->chunk(ChunkType::kParam, 0)), param);
+  ASSERT_OK(adam->Accumulate(access));
+  WriteRandomGradients(*adam, 1.0f, 2);
+  EXPECT_THAT(adam->Accumulate(access),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("call Step")));
+  ASSERT_OK(adam->Step(access));
+  EXPECT_EQ(adam->step(), 1);
+  options.gradient_accumulation_steps = 0;
+  EXPECT_THAT(HybridAdam::Create(store_->layout(), 0, DType::kF32, options, Kernels()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("gradient_accumulation_steps must be >= 1")));
+}
+
+// The accumulator is 4 bytes per owned parameter, only with k > 1; with ZeRO each rank holds its
+// own share.
+TEST_F(HybridAdamTest, AccumulatorBytesCountOwnedParametersOnly) {
+  EXPECT_EQ(GradientAccumulatorBytes(1000, 1), 0);
+  EXPECT_EQ(GradientAccumulatorBytes(1000, 2), 4000);
+  EXPECT_EQ(GradientAccumulatorBytes(0, 8), 0);
+  EXPECT_EQ(GradientAccumulatorBytes(-5, 8), 0);
+  int64_t total = 0, world_total = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    Build(DType::kBF16, /*world=*/2, rank);
+    HybridAdamOptions options;
+    options.gradient_accumulation_steps = 4;
+    ASSERT_OK_AND_ASSIGN(
+        auto adam, HybridAdam::Create(store_->layout(), rank, DType::kBF16, options, Kernels()));
+    world_total += adam->owned_param_elems();
+    if (rank == 0) {
+      for (TensorId id = 0; id < store_->layout().num_tensor_ids(); ++id) {
+        total += store_->layout().tensor(id).numel;
+      }
+    }
+    EXPECT_LT(adam->owned_param_elems(), total);
+  }
+  EXPECT_EQ(world_total, total);
 }
 
 TEST(IsBiasOrNormTensorTest, MatchesGpt2AndBertNames) {

@@ -2,11 +2,14 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -17,6 +20,7 @@
 #include "chunk/chunk_type.h"
 #include "chunk/operator_spec.h"
 #include "memory/dtype.h"
+#include "model/finite_scan.h"
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
 #include "model/safetensors.h"
@@ -47,7 +51,9 @@ nlohmann::json IdentityJson(const CheckpointIdentity& id) {
   return j;
 }
 
-// Reads a field of the manifest's state, DataLoss naming it when absent or of the wrong type.
+// Reads a field of the manifest's state, DataLoss naming it when absent, of the wrong type, or
+// (for integers) not representable in T — the manifest is not checksummed, so every value is
+// checked here.
 template <typename T>
 absl::Status Get(const nlohmann::json& j, const char* key, const std::string& where, T* out) {
   auto it = j.find(key);
@@ -58,16 +64,39 @@ absl::Status Get(const nlohmann::json& j, const char* key, const std::string& wh
     if (!it->is_boolean()) {
       return absl::DataLossError(absl::StrCat(where, ": \"", key, "\" is not a boolean"));
     }
-  } else if constexpr (std::is_arithmetic_v<T>) {
+    *out = it->get<bool>();
+  } else if constexpr (std::is_integral_v<T>) {
+    const auto out_of_range = [&] {
+      return absl::DataLossError(
+          absl::StrCat(where, ": \"", key, "\" = ", it->dump(), " is not an integer in [",
+                       std::numeric_limits<T>::min(), ", ", std::numeric_limits<T>::max(), "]"));
+    };
+    if (it->is_number_unsigned()) {
+      const uint64_t v = it->get<uint64_t>();
+      if (v > static_cast<uint64_t>(std::numeric_limits<T>::max())) return out_of_range();
+      *out = static_cast<T>(v);
+    } else if (it->is_number_integer()) {
+      const int64_t v = it->get<int64_t>();
+      if (v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+          (v > 0 &&
+           static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<T>::max()))) {
+        return out_of_range();
+      }
+      *out = static_cast<T>(v);
+    } else {
+      return out_of_range();
+    }
+  } else if constexpr (std::is_floating_point_v<T>) {
     if (!it->is_number()) {
       return absl::DataLossError(absl::StrCat(where, ": \"", key, "\" is not a number"));
     }
+    *out = it->get<T>();
   } else {
     if (!it->is_string()) {
       return absl::DataLossError(absl::StrCat(where, ": \"", key, "\" is not a string"));
     }
+    *out = it->get<T>();
   }
-  *out = it->get<T>();
   return absl::OkStatus();
 }
 
@@ -134,6 +163,17 @@ absl::StatusOr<std::string> WriteTrainingCheckpoint(const std::string& root, int
           return absl::InternalError(
               absl::StrCat("checkpoint: size of ", specs[index].name, " changed"));
         }
+        // Never a checkpoint of a diverged state: the write is abandoned (nothing is committed,
+        // the previous checkpoints stay the newest).
+        if (const int64_t bad = FindFirstNonFinite(DType::kF32, v.data(), v.size()); bad >= 0) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "refusing to write checkpoint step ", state.step, " under '", root,
+              "': ", specs[index].name, " holds ", NonFiniteKind(DType::kF32, v.data(), bad),
+              " at ", ElementCoordinates(specs[index].shape, bad),
+              "; the training state is not finite (the run diverged). Nothing was written; "
+              "resume from an earlier checkpoint with a lower learning rate or gradient "
+              "clipping"));
+        }
         std::memcpy(dst.data(), v.data(), dst.size());
         return absl::OkStatus();
       }));
@@ -148,7 +188,8 @@ absl::StatusOr<std::string> WriteTrainingCheckpoint(const std::string& root, int
                       {"hysteresis_left", state.loss_scaler.hysteresis_left}};
   j["data_cursor"] = {{"epoch", state.data_cursor.epoch},
                       {"batch_in_epoch", state.data_cursor.batch_in_epoch}};
-  j["last_loss"] = state.last_loss;
+  j["last_loss"] = state.last_loss;  // null when not finite (a skipped fp16 step)
+  j["consecutive_skipped_steps"] = state.consecutive_skipped_steps;
   j["identity"] = IdentityJson(state.identity);
   j["config"] = state.config_json;
   return writer.Commit(j);
@@ -191,8 +232,23 @@ absl::StatusOr<TrainingCheckpointState> ReadTrainingCheckpoint(const std::string
   TrainingCheckpointState state;
   RETURN_IF_ERROR(Get(j, "step", where, &state.step));
   RETURN_IF_ERROR(Get(j, "adam_step", where, &state.adam_step));
-  RETURN_IF_ERROR(Get(j, "last_loss", where, &state.last_loss));
+  // A skipped fp16 step may have a NaN loss, which JSON writes as null.
+  if (const auto it = j.find("last_loss"); it != j.end() && it->is_null()) {
+    state.last_loss = std::numeric_limits<double>::quiet_NaN();
+  } else {
+    RETURN_IF_ERROR(Get(j, "last_loss", where, &state.last_loss));
+  }
   RETURN_IF_ERROR(Get(j, "config", where, &state.config_json));
+  if (j.contains("consecutive_skipped_steps")) {  // absent in checkpoints of earlier versions
+    RETURN_IF_ERROR(Get(j, "consecutive_skipped_steps", where, &state.consecutive_skipped_steps));
+  }
+  if (state.step < 0 || state.adam_step < 0 || state.adam_step > state.step ||
+      state.consecutive_skipped_steps < 0 || state.consecutive_skipped_steps > state.step) {
+    return absl::DataLossError(
+        absl::StrCat(where, ": impossible counters in the manifest: step ", state.step,
+                     ", adam_step ", state.adam_step, ", consecutive_skipped_steps ",
+                     state.consecutive_skipped_steps, " (each must be in [0, step])"));
+  }
   if (!j.contains("loss_scaler") || !j.contains("data_cursor") || !j.contains("identity")) {
     return absl::DataLossError(
         absl::StrCat(where, ": the state lacks loss_scaler, data_cursor or identity"));
@@ -226,20 +282,44 @@ absl::StatusOr<TrainingCheckpointState> ReadTrainingCheckpoint(const std::string
                      "order, or start a new run in another checkpoint directory"));
   }
 
+  // Exactly the files this program writes, and in the state file exactly the tensors this model
+  // (this rank's share of it) needs: anything else is a damaged or foreign checkpoint.
+  for (const CheckpointFileInfo& f : checkpoint.files) {
+    if (f.name != kStateFile) {
+      return absl::DataLossError(absl::StrCat(where, ": its manifest lists file '", f.name,
+                                              "', which this program does not write (a "
+                                              "checkpoint holds ",
+                                              kStateFile, " only)"));
+    }
+  }
   ASSIGN_OR_RETURN(const std::string path, checkpoint.FilePath(kStateFile));
   ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
-  // Check every tensor before touching the model.
-  for (const TensorSpec& t : model->ParameterSpecs()) {
-    if (!model->HoldsTrainingState(t.name)) continue;  // another rank's (ZeRO)
-    for (ChunkType type : kStateTypes) {
-      const std::string name = absl::StrCat(ChunkTypeName(type), "/", t.name);
-      const SafetensorsTensorInfo* info = file.Find(name);
-      if (info == nullptr || info->num_elements != t.numel() || info->dtype != DType::kF32) {
-        return absl::DataLossError(absl::StrCat(
-            where, ": ", path, " has no f32 tensor '", name, "' of ", t.numel(),
-            " elements (a checkpoint of a run with another chunk.size splits wte differently: "
-            "resume with the chunk size that wrote it)"));
+  // Check every tensor before touching the model: present, f32, the model's shape, finite.
+  absl::flat_hash_set<std::string> expected_names;
+  {
+    for (const TensorSpec& t : model->ParameterSpecs()) {
+      if (!model->HoldsTrainingState(t.name)) continue;  // another rank's (ZeRO)
+      for (ChunkType type : kStateTypes) {
+        const std::string name = absl::StrCat(ChunkTypeName(type), "/", t.name);
+        const SafetensorsTensorInfo* info = file.Find(name);
+        if (info == nullptr || info->dtype != DType::kF32 || info->shape != t.shape) {
+          return absl::DataLossError(absl::StrCat(where, ": ", path, " has no f32 tensor '", name,
+                                                  "' of shape [", absl::StrJoin(t.shape, ", "),
+                                                  "]"));
+        }
+        RETURN_IF_ERROR(CheckTensorFinite(absl::StrCat(where, " (", path, ")"), name, DType::kF32,
+                                          info->shape, file.Bytes(*info).data(),
+                                          info->num_elements));
+        expected_names.insert(name);
       }
+    }
+  }
+  for (const SafetensorsTensorInfo& info : file.tensors()) {
+    if (!expected_names.contains(info.name)) {
+      return absl::DataLossError(absl::StrCat(
+          where, ": ", path, " holds tensor '", info.name,
+          "', which is not part of this rank's training state (", expected_names.size(),
+          " tensors); a checkpoint must hold exactly the model's tensors"));
     }
   }
   RETURN_IF_ERROR(

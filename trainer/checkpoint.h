@@ -12,8 +12,12 @@
 //                      identity of the run (model dimensions, compute dtype, world size, micro
 //                      batch, sequence length, data shuffle and seed) and the config as JSON.
 // Loading refuses, before touching the model, a checkpoint whose identity differs from the
-// run's (FailedPrecondition naming every field that differs), and a damaged one (DataLoss naming
-// the file) or a missing one (NotFound).
+// run's (FailedPrecondition naming every field that differs), a missing one (NotFound), and a
+// damaged one (DataLoss naming the file and what is wrong): a checksum mismatch, a manifest
+// value of the wrong type or out of range (the manifest itself is not checksummed), a manifest
+// listing files other than state.safetensors, a state file whose tensors are not exactly the
+// model's (missing, extra, another shape or dtype), or a tensor holding Inf or NaN (named, with
+// the element). Writing refuses a state that is not finite.
 //
 // ZeRO (world size N > 1): every rank writes its own complete checkpoint directory under its own
 // root, RankCheckpointRoot(root, rank): rank 0 under `root` itself (so a world-of-one run finds
@@ -67,6 +71,9 @@ struct TrainingCheckpointState {
   DataCursor data_cursor;
   // The loss of the last step, for the record.
   double last_loss = 0;
+  // fp16: steps skipped in a row for Inf/NaN gradients up to this one (HybridAdam's count, so the
+  // fp16.max_consecutive_skipped_steps limit spans a resume). Absent in older checkpoints: 0.
+  int64_t consecutive_skipped_steps = 0;
   CheckpointIdentity identity;
   // TrainConfigToJson of the run that wrote it.
   std::string config_json;
@@ -74,7 +81,10 @@ struct TrainingCheckpointState {
 
 // Writes a checkpoint of `model` (outside an iteration) and `state` under `root` as step
 // `state.step`, keeping the newest `keep_last` checkpoints. Returns the checkpoint's directory.
-// Errors: I/O errors naming the path; AlreadyExists if that step was already committed.
+// Errors: I/O errors naming the path; AlreadyExists if that step was already committed;
+// FailedPrecondition naming the tensor and element when a master weight, momentum or variance
+// is Inf or NaN — a diverged state is never committed (the temporary directory is removed, the
+// earlier checkpoints are untouched and nothing is pruned).
 absl::StatusOr<std::string> WriteTrainingCheckpoint(const std::string& root, int64_t keep_last,
                                                     const TrainingCheckpointState& state,
                                                     const GptModel& model);

@@ -70,6 +70,10 @@ struct Fp16Config {
   int hysteresis = 2;                // >= 1
   bool consecutive_hysteresis = false;
   double min_loss_scale = 1;  // (0, 2^100]
+  // >= 0. 0: DeepSpeed's rule — a dynamic scale stops the run when it overflows at
+  // min_loss_scale; a static scale, which cannot be lowered, stops at its first overflow.
+  // N > 0: also stop when more than N steps in a row were skipped.
+  int64_t max_consecutive_skipped_steps = 0;
 
   friend bool operator==(const Fp16Config&, const Fp16Config&) = default;
 };

@@ -72,7 +72,8 @@ std::string TrainConfigToJson(const TrainConfig& c) {
                           {"loss_scale_window", c.fp16.loss_scale_window},
                           {"hysteresis", c.fp16.hysteresis},
                           {"consecutive_hysteresis", c.fp16.consecutive_hysteresis},
-                          {"min_loss_scale", c.fp16.min_loss_scale}};
+                          {"min_loss_scale", c.fp16.min_loss_scale},
+                          {"max_consecutive_skipped_steps", c.fp16.max_consecutive_skipped_steps}};
   j["bf16"] = OrderedJson{{"enabled", c.bf16}};
   j["model"] = OrderedJson{{"preset", c.model.preset},
                            {"vocab_size", c.model.vocab_size},

@@ -55,6 +55,12 @@ absl::StatusOr<HybridAdamOptions> MakeHybridAdamOptions(const TrainConfig& confi
   o.eps = config.optimizer.eps;
   o.max_grad_norm = config.gradient_clipping;
   ASSIGN_OR_RETURN(o.loss_scaler, MakeLossScaler(config));
+  // fp16.max_consecutive_skipped_steps 0 is DeepSpeed's rule: a dynamic scale has no count limit
+  // (its overflow at min_loss_scale stops the run); a static one cannot be lowered, so its first
+  // overflow does. (f32/bf16 never skip: HybridAdam stops at the first Inf/NaN gradient.)
+  const int64_t max_skips = config.fp16.max_consecutive_skipped_steps;
+  o.max_consecutive_skipped_steps = max_skips > 0 ? max_skips : (o.loss_scaler.dynamic() ? -1 : 0);
+  o.gradient_accumulation_steps = config.gradient_accumulation_steps;
   o.groups.clear();
   if (config.optimizer.weight_decay > 0) {
     ParamGroupOptions no_decay;

@@ -93,6 +93,14 @@ absl::Status ApplyOverrides(const ConfigOverrides& o, TrainConfig* config) {
     c.train_micro_batch_size_per_gpu = *o.micro_batch_size;
     c.train_batch_size = 0;  // derived from the flag, never contradicting it
   }
+  if (o.gradient_accumulation_steps.has_value()) {
+    if (*o.gradient_accumulation_steps < 1) {
+      return bad("gradient_accumulation_steps", absl::StrCat(*o.gradient_accumulation_steps),
+                 "must be >= 1 micro-batches per optimizer step");
+    }
+    c.gradient_accumulation_steps = *o.gradient_accumulation_steps;
+    c.train_batch_size = 0;  // derived from the flag, never contradicting it
+  }
   if (o.seed.has_value()) c.seed = *o.seed;
   if (o.resume.has_value()) c.checkpoint.resume = *o.resume;
   *config = std::move(c);

@@ -24,10 +24,11 @@ namespace ps {
 //   steps (> 0), seq_len (>= 0; 0 = the model's n_positions), seed, resume
 //   micro_batch_size    >= 1; also resets train_batch_size to 0 (derived), so a file's
 //                       train_batch_size cannot contradict the flag
+//   gradient_accumulation_steps  >= 1; also resets train_batch_size to 0, like micro_batch_size
 struct ConfigOverrides {
   std::optional<std::string> model, train_data, val_data, init_from, accelerator,
       accelerator_memory, chunk_size, save_dir, metrics_out, trace_out;
-  std::optional<int64_t> steps, seq_len, micro_batch_size;
+  std::optional<int64_t> steps, seq_len, micro_batch_size, gradient_accumulation_steps;
   std::optional<uint64_t> seed;
   std::optional<bool> resume;
 };

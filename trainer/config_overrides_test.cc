@@ -146,7 +146,26 @@ INSTANTIATE_TEST_SUITE_P(
         BadOverride{[](ConfigOverrides& o) { o.steps = -3; }, "--steps=-3: must be > 0"},
         BadOverride{[](ConfigOverrides& o) { o.seq_len = -1; }, "--seq_len=-1: must be >= 0"},
         BadOverride{[](ConfigOverrides& o) { o.micro_batch_size = 0; },
-                    "--micro_batch_size=0: must be >= 1"}));
+                    "--micro_batch_size=0: must be >= 1"},
+        BadOverride{[](ConfigOverrides& o) { o.gradient_accumulation_steps = 0; },
+                    "--gradient_accumulation_steps=0: must be >= 1"}));
+
+// --gradient_accumulation_steps lands and, like --micro_batch_size, re-derives train_batch_size
+// (a file's value cannot contradict the flag).
+TEST(ApplyOverridesTest, GradientAccumulationStepsLandsAndRederivesTheBatch) {
+  ASSERT_OK_AND_ASSIGN(TrainConfig c,
+                       ParseTrainConfig(
+                           R"({"model": {"preset": "tiny"}, "train_steps": 2, "train_batch_size": 4,
+              "train_micro_batch_size_per_gpu": 4})",
+                           "cfg.json"));
+  ConfigOverrides o;
+  o.gradient_accumulation_steps = 3;
+  ASSERT_OK(ApplyOverrides(o, &c));
+  EXPECT_EQ(c.gradient_accumulation_steps, 3);
+  EXPECT_EQ(c.train_batch_size, 0);
+  EXPECT_OK(ValidateTrainConfig(c));
+  EXPECT_EQ(ResolveTrainBatchSize(c, 2), 24);
+}
 
 TEST(ApplyOverridesTest, ChunkSizeForms) {
   TrainConfig c = DefaultTrainConfig();

@@ -150,6 +150,8 @@ absl::Status ReadPrecision(const JsonReader& r, const Json& top, TrainConfig* c)
     RETURN_IF_ERROR(r.GetInt(*fp16, "fp16", "hysteresis", &f.hysteresis));
     RETURN_IF_ERROR(r.GetBool(*fp16, "fp16", "consecutive_hysteresis", &f.consecutive_hysteresis));
     RETURN_IF_ERROR(r.GetDouble(*fp16, "fp16", "min_loss_scale", &f.min_loss_scale));
+    RETURN_IF_ERROR(
+        r.GetInt(*fp16, "fp16", "max_consecutive_skipped_steps", &f.max_consecutive_skipped_steps));
   }
   ASSIGN_OR_RETURN(const Json* bf16, r.GetSection(top, ConfigSchema().bf16, "bf16"));
   if (bf16 != nullptr) RETURN_IF_ERROR(r.GetBool(*bf16, "bf16", "enabled", &c->bf16));

@@ -64,10 +64,14 @@ constexpr absl::string_view kSchedulerParamKeys[] = {
 constexpr JsonKeyAlias kSchedulerParamAliases[] = {{"warmup_steps", "warmup_num_steps"},
                                                    {"total_steps", "total_num_steps"}};
 
-constexpr absl::string_view kFp16Keys[] = {
-    "enabled",           "loss_scale", "initial_scale_power",
-    "loss_scale_window", "hysteresis", "consecutive_hysteresis",
-    "min_loss_scale"};
+constexpr absl::string_view kFp16Keys[] = {"enabled",
+                                           "loss_scale",
+                                           "initial_scale_power",
+                                           "loss_scale_window",
+                                           "hysteresis",
+                                           "consecutive_hysteresis",
+                                           "min_loss_scale",
+                                           "max_consecutive_skipped_steps"};
 constexpr absl::string_view kBf16Keys[] = {"enabled"};
 
 constexpr absl::string_view kModelKeys[] = {"preset",

@@ -6,7 +6,7 @@
 //
 //   train_batch_size                  int > 0; optional (derived: micro x accumulation x world)
 //   train_micro_batch_size_per_gpu    int >= 1
-//   gradient_accumulation_steps       int; only 1 is supported yet
+//   gradient_accumulation_steps       int >= 1: micro-batches per optimizer step (> 1: backend cpu)
 //   optimizer: {type: "Adam" | "AdamW" (case-insensitive),
 //               params: {lr, betas: [b1, b2], eps, weight_decay,
 //                        adam_w_mode (bool; with "Adam": true = decoupled decay, i.e. AdamW),
@@ -24,7 +24,10 @@
 //       that does not apply to the type is an error, as in DeepSpeed. warmup_max_lr absent means
 //       optimizer.params.lr (stored as -1); total_num_steps 0 means train_steps.
 //   fp16: {enabled, loss_scale (0 = dynamic), initial_scale_power, loss_scale_window,
-//          hysteresis, consecutive_hysteresis, min_loss_scale}
+//          hysteresis, consecutive_hysteresis, min_loss_scale,
+//          max_consecutive_skipped_steps (ours; int >= 0; 0 = DeepSpeed's rule: a dynamic scale
+//          stops the run when it overflows at min_loss_scale, a static scale at its first
+//          overflow; N > 0 also stops after more than N skipped steps in a row)}
 //   bf16: {enabled}
 //   gradient_clipping                 global L2 norm, >= 0; 0 = off
 //   steps_per_print                   int >= 1
@@ -37,7 +40,8 @@
 //                 activation_checkpointing}   (Hugging Face GPT-2 names; 0 = from the preset)
 //   chunk:       {size: <elements, > 0> | "auto"}
 //   accelerator: {backend: "cpu" | "cuda", memory: "64MiB" | <bytes>, host_memory: same,
-//                 copy_bandwidth: "12GB/s" | <bytes per second>, device: <index>}
+//                 copy_bandwidth: "12GB/s" | <bytes per second>, 0 or in [1MB/s, 1PB/s],
+//                 device: <index>}
 //   data:        {train, val, seq_len, shuffle, seed, eval_every, eval_batches}
 //   checkpoint:  {dir, every, keep_last, resume, init_from, export}
 //   profile:     {trace, metrics}
@@ -77,6 +81,11 @@ inline constexpr double kMaxModelParams = 9007199254740992.0;  // 2^53
 inline constexpr int kMaxThreads = 1 << 16;
 inline constexpr double kMaxBatchElems = 1099511627776.0;  // 2^40 sequences or tokens
 inline constexpr int kMaxDeviceIndex = 1 << 16;
+// accelerator.copy_bandwidth, when not 0: 1 MB/s (1000x below the slowest link worth emulating;
+// below it a step's chunk copies take minutes) to 1 PB/s (far above any link; keeps byte counts
+// derived from it in int64).
+inline constexpr double kMinCopyBandwidthBytesPerS = 1e6;
+inline constexpr double kMaxCopyBandwidthBytesPerS = 1e15;
 
 // --- The key tables ------------------------------------------------------------------------------
 

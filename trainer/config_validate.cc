@@ -57,12 +57,7 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
   }
   if (c.gradient_accumulation_steps < 1) {
     return BadValue("gradient_accumulation_steps", c.gradient_accumulation_steps,
-                    "must be >= 1 (and only 1 is supported yet)");
-  }
-  if (c.gradient_accumulation_steps > 1) {
-    return BadValue("gradient_accumulation_steps", c.gradient_accumulation_steps,
-                    "gradient accumulation is not supported yet; use 1 and raise "
-                    "train_micro_batch_size_per_gpu instead");
+                    "must be >= 1 (micro-batches per optimizer step)");
   }
   if (c.steps < 0) {
     return BadValue("train_steps", c.steps, "must be > 0 (or 0 in a file, set with --steps)");
@@ -141,6 +136,11 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
   if (!(f.min_loss_scale > 0 && f.min_loss_scale <= kMaxLossScale)) {
     return BadDouble("fp16.min_loss_scale", f.min_loss_scale, "must be in (0, 2^100]");
   }
+  if (f.max_consecutive_skipped_steps < 0) {
+    return BadValue("fp16.max_consecutive_skipped_steps", f.max_consecutive_skipped_steps,
+                    "must be >= 0 (0: stop where DeepSpeed does, at an overflow with the loss "
+                    "scale at fp16.min_loss_scale)");
+  }
 
   // Model.
   const ModelConfig& m = c.model;
@@ -179,6 +179,13 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
   if (a.host_memory_bytes < 0) {
     return BadValue("accelerator.host_memory", a.host_memory_bytes,
                     "must be >= 0 bytes (0: unlimited)");
+  }
+  if (a.copy_bandwidth_bytes_per_s != 0 &&
+      !(a.copy_bandwidth_bytes_per_s >= kMinCopyBandwidthBytesPerS &&
+        a.copy_bandwidth_bytes_per_s <= kMaxCopyBandwidthBytesPerS)) {
+    return BadDouble("accelerator.copy_bandwidth", a.copy_bandwidth_bytes_per_s,
+                     "must be 0 (unthrottled) or between 1MB/s and 1PB/s: a slower emulated link "
+                     "makes every chunk copy of a step take seconds to years (PCIe moves ~10GB/s)");
   }
   if (!(a.copy_bandwidth_bytes_per_s >= 0) || !std::isfinite(a.copy_bandwidth_bytes_per_s)) {
     return BadDouble("accelerator.copy_bandwidth", a.copy_bandwidth_bytes_per_s,
@@ -297,8 +304,13 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
     const double derived = static_cast<double>(c.train_micro_batch_size_per_gpu) *
                            static_cast<double>(c.gradient_accumulation_steps) * world_size;
     if (static_cast<double>(c.train_batch_size) != derived) {
+      // DeepSpeed's _batch_assertion sentence, then the keys as the user wrote them.
       return absl::InvalidArgumentError(absl::StrCat(
-          "`train_batch_size` = ", c.train_batch_size,
+          "Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu "
+          "* gradient_acc_step * world_size ",
+          c.train_batch_size, " != ", c.train_micro_batch_size_per_gpu, " * ",
+          c.gradient_accumulation_steps, " * ", world_size,
+          ": `train_batch_size` = ", c.train_batch_size,
           " does not equal train_micro_batch_size_per_gpu (", c.train_micro_batch_size_per_gpu,
           ") x gradient_accumulation_steps (", c.gradient_accumulation_steps, ") x world size (",
           world_size, ") = ", FormatShortestDouble(derived),
@@ -351,6 +363,24 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
   if (c.checkpoint.resume && c.checkpoint.dir.empty()) {
     return absl::InvalidArgumentError(
         "`checkpoint.resume` = true needs checkpoint.dir (or --save_dir) to resume from");
+  }
+  // The accelerator holds chunks whole (their blocks are chunk.size f32 elements).
+  if (c.accelerator.memory_bytes > 0 && c.chunk.size_elems > 0 &&
+      static_cast<double>(c.chunk.size_elems) * 4 >
+          static_cast<double>(c.accelerator.memory_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`accelerator.memory` = ", c.accelerator.memory_bytes,
+                     " bytes cannot hold one chunk of `chunk.size` = ", c.chunk.size_elems,
+                     " elements (", c.chunk.size_elems * 4,
+                     " bytes: chunks move whole, in f32-sized blocks); raise accelerator.memory "
+                     "(--accelerator_memory) or lower chunk.size (--chunk_size)"));
+  }
+  if (c.accelerator.kind == AcceleratorKind::kCuda && c.gradient_accumulation_steps > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "`gradient_accumulation_steps` = ", c.gradient_accumulation_steps,
+        " is implemented for backend \"cpu\" only (its f32 accumulator lives in host memory and "
+        "the CUDA Adam kernels cannot add device gradients into it yet); use 1 with "
+        "`accelerator.backend` \"cuda\" and raise train_micro_batch_size_per_gpu instead"));
   }
   if (c.accelerator.kind == AcceleratorKind::kCuda &&
       c.accelerator.copy_bandwidth_bytes_per_s > 0) {

@@ -101,9 +101,9 @@ INSTANTIATE_TEST_SUITE_P(
                      "`train_micro_batch_size_per_gpu` = 0: must be >= 1"},
         BadValueCase{WithMinimal({{"train_batch_size", -8}}),
                      "`train_batch_size` = -8: must be >= 1"},
-        BadValueCase{
-            WithMinimal({{"gradient_accumulation_steps", 4}}),
-            "`gradient_accumulation_steps` = 4: gradient accumulation is not supported yet"},
+        BadValueCase{WithMinimal({{"gradient_accumulation_steps", 2},
+                                  {"accelerator", {{"backend", "cuda"}}}}),
+                     "`gradient_accumulation_steps` = 2 is implemented for backend \"cpu\" only"},
         BadValueCase{WithMinimal({{"gradient_accumulation_steps", 0}}),
                      "`gradient_accumulation_steps` = 0: must be >= 1"},
         BadValueCase{WithMinimal({{"train_steps", -1}}), "`train_steps` = -1: must be > 0"},
@@ -165,6 +165,8 @@ INSTANTIATE_TEST_SUITE_P(
                      "`fp16.hysteresis` = 0: must be >= 1"},
         BadValueCase{WithMinimal({{"fp16", {{"min_loss_scale", 0}}}}),
                      "`fp16.min_loss_scale` = 0: must be in (0, 2^100]"},
+        BadValueCase{WithMinimal({{"fp16", {{"max_consecutive_skipped_steps", -1}}}}),
+                     "`fp16.max_consecutive_skipped_steps` = -1: must be >= 0"},
         BadValueCase{WithMinimal({{"model", {{"preset", "gpt3"}}}}),
                      "`model.preset` = \"gpt3\": unknown preset; valid presets: tiny, gpt2, "
                      "gpt2-medium, gpt2-large, gpt2-xl, 1B, 2B, 4B, 6B, 8B, 10B, 12B, 15B, 18B"},
@@ -195,7 +197,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadValueCase{WithMinimal({{"accelerator", {{"copy_bandwidth", "fast"}}}}),
                      "`accelerator.copy_bandwidth` = string \"fast\": cannot parse"},
         BadValueCase{WithMinimal({{"accelerator", {{"copy_bandwidth", -1}}}}),
-                     "`accelerator.copy_bandwidth` = -1: must be finite and >= 0"},
+                     "`accelerator.copy_bandwidth` = -1: must be 0 (unthrottled) or between 1MB/s "
+                     "and 1PB/s"},
+        BadValueCase{WithMinimal({{"accelerator", {{"copy_bandwidth", "1KB/s"}}}}),
+                     "`accelerator.copy_bandwidth` = 1000: must be 0 (unthrottled) or between"},
+        BadValueCase{WithMinimal({{"accelerator", {{"copy_bandwidth", 1e300}}}}),
+                     "`accelerator.copy_bandwidth` = 1e+300: must be 0 (unthrottled) or between"},
         BadValueCase{WithMinimal({{"accelerator", {{"device", -1}}}}),
                      "`accelerator.device` = -1: must be in [0, 65536]"},
         BadValueCase{WithMinimal({{"data", {{"seq_len", -1}}}}),
@@ -232,6 +239,13 @@ INSTANTIATE_TEST_SUITE_P(
         BadValueCase{WithMinimal({{"train_batch_size", 16}, {"train_micro_batch_size_per_gpu", 4}}),
                      "`train_batch_size` = 16 does not equal train_micro_batch_size_per_gpu (4) x "
                      "gradient_accumulation_steps (1) x world size (1) = 4"},
+        BadValueCase{WithMinimal({{"train_batch_size", 16},
+                                  {"train_micro_batch_size_per_gpu", 4},
+                                  {"gradient_accumulation_steps", 3}}),
+                     "Check batch related parameters. train_batch_size is not equal to "
+                     "micro_batch_per_gpu * gradient_acc_step * world_size 16 != 4 * 3 * 1: "
+                     "`train_batch_size` = 16 does not equal train_micro_batch_size_per_gpu (4) x "
+                     "gradient_accumulation_steps (3) x world size (1) = 12"},
         BadValueCase{WithMinimal({{"data", {{"seq_len", 65}}}}),
                      "`data.seq_len` = 65 exceeds the model's n_positions (64, model tiny)"},
         BadValueCase{WithMinimal({{"model", {{"preset", "tiny"}, {"n_head", 5}}}}),
@@ -264,7 +278,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadValueCase{
             WithMinimal({{"accelerator", {{"backend", "cuda"}, {"copy_bandwidth", "1GB/s"}}}}),
             "`accelerator.copy_bandwidth` = 1e+09 bytes/s emulates a link and applies "
-            "only to backend \"cpu\""}));
+            "only to backend \"cpu\""},
+        BadValueCase{
+            WithMinimal({{"accelerator", {{"memory", "64KiB"}}}, {"chunk", {{"size", 1 << 20}}}}),
+            "`accelerator.memory` = 65536 bytes cannot hold one chunk of `chunk.size` = "
+            "1048576 elements"}));
 
 TEST(ValidateTrainConfigTest, BatchSizeAgreesWithWorldSize) {
   const std::string doc =

@@ -6,12 +6,15 @@
 // default; the other flags override single keys of whichever config is used. See README.md.
 //
 // Exit codes: 0 after training (also after a SIGINT/SIGTERM, which finishes the current step
-// and writes a checkpoint when checkpoint.dir / --save_dir is set); 1 when the run failed; 2
-// for a bad config or flag, reported before any work is done.
+// and writes a checkpoint when checkpoint.dir / --save_dir is set); 1 when the run failed
+// (including a run that diverged: Inf/NaN loss or gradients); 2 for a bad config or flag — one
+// that cannot be parsed, an unknown one, a stray argument, a bad value, or outputs that would
+// overwrite an input — reported before any work is done.
 //
 // Data parallelism: `mpirun -np N bazel-bin/trainer/train ...` runs N ranks of one run (the mpi
 // communicator, --comm=auto); see trainer/trainer.h. A rank that fails exits 1 without
 // MPI_Finalize, so mpirun ends the others.
+#include <algorithm>
 #include <cstdint>
 #include <iostream>
 #include <memory>
@@ -19,11 +22,16 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "comm/communicator.h"
 #include "comm/communicator_factory.h"
 #include "comm/mpi_communicator.h"
@@ -51,6 +59,8 @@ ABSL_FLAG(std::optional<int64_t>, seq_len, std::nullopt,
           "Tokens per sequence (data.seq_len; 0: the model's n_positions).");
 ABSL_FLAG(std::optional<int64_t>, micro_batch_size, std::nullopt,
           "Sequences per step (train_micro_batch_size_per_gpu).");
+ABSL_FLAG(std::optional<int64_t>, gradient_accumulation_steps, std::nullopt,
+          "Micro-batches per optimizer step (gradient_accumulation_steps).");
 ABSL_FLAG(std::string, accelerator, "", "Accelerator backend: cpu (emulated) or cuda.");
 ABSL_FLAG(std::string, accelerator_memory, "",
           "Accelerator memory cap, e.g. 64MiB or 1.5GB (accelerator.memory).");
@@ -76,6 +86,118 @@ std::optional<std::string> NonEmpty(const std::string& s) {
   return s;
 }
 
+// The flags of this program, for "did you mean".
+constexpr absl::string_view kOwnFlags[] = {"config",
+                                           "model",
+                                           "train_data",
+                                           "val_data",
+                                           "init_from",
+                                           "steps",
+                                           "seq_len",
+                                           "micro_batch_size",
+                                           "gradient_accumulation_steps",
+                                           "accelerator",
+                                           "accelerator_memory",
+                                           "chunk_size",
+                                           "save_dir",
+                                           "resume",
+                                           "metrics_out",
+                                           "trace_out",
+                                           "seed",
+                                           "print_config",
+                                           "comm",
+                                           "help"};
+
+size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// absl::ParseCommandLine exits with status 1 on an argument it cannot parse, but a bad flag must
+// exit 2 (README). So every argument is checked first, with absl's own syntax (--name=value,
+// --name value for non-boolean flags, --[no]name for booleans, -name as --name, "--" ends the
+// flags) and each flag's own parser (CommandLineFlag::ParseFrom; absl parses again afterwards).
+// This program takes no positional arguments. Arguments that change how absl reads the others
+// (--flagfile, --fromenv, --tryfromenv, --undefok) and the usage flags (--help*, --version,
+// --only_check_args) are left to absl.
+absl::Status CheckArguments(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view a = argv[i];
+    for (absl::string_view special :
+         {"flagfile", "fromenv", "tryfromenv", "undefok", "help", "version", "only_check_args"}) {
+      if (absl::StartsWith(a, absl::StrCat("--", special)) ||
+          absl::StartsWith(a, absl::StrCat("-", special))) {
+        return absl::OkStatus();
+      }
+    }
+  }
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") {
+      if (i + 1 < argc) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "unexpected argument '", argv[i + 1], "': this program takes flags only (see --help)"));
+      }
+      break;
+    }
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument '", arg,
+                       "': this program takes flags only, written --name=value (see --help)"));
+    }
+    const size_t eq = arg.find('=');
+    const absl::string_view name = arg.substr(0, eq);
+    const bool has_value = eq != absl::string_view::npos;
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && !has_value && absl::StartsWith(name, "no")) {
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) continue;  // --noresume
+    }
+    if (flag == nullptr || flag->IsRetired()) {
+      absl::string_view nearest;
+      size_t best = 3;  // suggest only close spellings
+      for (absl::string_view known : kOwnFlags) {
+        const size_t d = EditDistance(name, known);
+        if (d < best) {
+          best = d;
+          nearest = known;
+        }
+      }
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag --", name,
+                       nearest.empty() ? "" : absl::StrCat("; did you mean --", nearest, "?"),
+                       " (--help lists the flags)"));
+    }
+    std::string value;
+    if (has_value) {
+      value = std::string(arg.substr(eq + 1));
+    } else if (flag->IsOfType<bool>()) {
+      continue;
+    } else if (i + 1 < argc && !absl::StartsWith(argv[i + 1], "--")) {
+      value = argv[++i];  // --name value
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --", name, " needs a value: --", name, "=VALUE (see --help)"));
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, "=", value, ": ", error, " (see --help)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Trains a GPT-2 whose parameters, gradients and Adam state live in chunks that move "
@@ -83,7 +205,16 @@ int Main(int argc, char** argv) {
       "  bazel run //trainer:train                      # the embedded default run\n"
       "  bazel run //trainer:train -- --config=ds.json  # a DeepSpeed-format config\n"
       "Flags override single keys of the config.");
+  if (absl::Status s = CheckArguments(argc, argv); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return 2;
+  }
   absl::ParseCommandLine(argc, argv);
+  const std::string comm_kind = absl::GetFlag(FLAGS_comm);
+  if (comm_kind != "auto" && comm_kind != "local" && comm_kind != "mpi") {
+    std::cerr << "error: --comm must be auto, local or mpi, got \"" << comm_kind << "\"\n";
+    return 2;
+  }
 
   absl::StatusOr<TrainConfig> config = DefaultTrainConfig();
   if (!absl::GetFlag(FLAGS_config).empty()) {
@@ -107,6 +238,7 @@ int Main(int argc, char** argv) {
   o.steps = absl::GetFlag(FLAGS_steps);
   o.seq_len = absl::GetFlag(FLAGS_seq_len);
   o.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
+  o.gradient_accumulation_steps = absl::GetFlag(FLAGS_gradient_accumulation_steps);
   o.seed = absl::GetFlag(FLAGS_seed);
   if (absl::GetFlag(FLAGS_resume)) o.resume = true;
   absl::Status status = ApplyOverrides(o, &*config);
@@ -125,11 +257,6 @@ int Main(int argc, char** argv) {
     std::cerr << "error: " << s.message() << "\n";
     return 1;
   }
-  const std::string comm_kind = absl::GetFlag(FLAGS_comm);
-  if (comm_kind != "auto" && comm_kind != "local" && comm_kind != "mpi") {
-    std::cerr << "error: --comm must be auto, local or mpi, got \"" << comm_kind << "\"\n";
-    return 2;
-  }
   std::unique_ptr<Communicator> communicator;
   if (comm_kind == "mpi" || (comm_kind == "auto" && MpiCommunicator::LaunchedByMpirun())) {
     CommunicatorOptions comm_options;
@@ -145,6 +272,8 @@ int Main(int argc, char** argv) {
   env.out = &std::cout;
   env.communicator = communicator.get();
   env.stop_requested = [] { return StopRequested(); };
+  env.stop_requested_async = [] { return StopRequested(); };
+  env.config_path = absl::GetFlag(FLAGS_config);
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*config, env);
   if (!trainer.ok()) {
     std::cerr << "error: " << trainer.status().message() << "\n";

@@ -12,10 +12,12 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "base/testing/status_matchers.h"
 #include "base/units.h"
@@ -24,6 +26,7 @@
 #include "nlohmann/json.hpp"
 #include "trainer/config.h"
 #include "trainer/config_json.h"
+#include "trainer/data/token_file.h"
 #include "trainer/io/checkpoint_dir.h"
 #include "trainer/testing/test_files.h"
 
@@ -213,12 +216,136 @@ TEST(TrainBinary, KillNineNeverLeavesABrokenCheckpoint) {
   }
   // Resume from whatever is there and take two more steps.
   ASSERT_OK_AND_ASSIGN(CheckpointRef latest, LatestCheckpoint(dir + "/ckpt"));
-  const Result r =
-      RunToEnd({"--config=" + config, "--save_dir=" + dir + "/ckpt", "--resume",
-                absl::StrCat("--steps=", latest.step + 2)},
-               dir);
+  const Result r = RunToEnd({"--config=" + config, "--save_dir=" + dir + "/ckpt", "--resume",
+                             absl::StrCat("--steps=", latest.step + 2)},
+                            dir);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr(absl::StrCat("resumed from ", latest.path)));
+}
+
+// Every flag that cannot be parsed, an unknown flag and a stray argument exit 2 naming it (absl's
+// own parser would exit 1), before any work.
+TEST(TrainBinary, EveryUnparseableFlagExitsTwoNamingIt) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "flags");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--steps=abc"}, "--steps=abc"},
+      {{"--steps=1e3"}, "--steps=1e3"},
+      {{"--steps=99999999999999999999"}, "--steps"},
+      {{"--seed=-1"}, "--seed=-1"},
+      {{"--resume=maybe"}, "--resume=maybe"},
+      {{"--micro_batch_size=two"}, "--micro_batch_size"},
+      {{"--nosuchflag"}, "unknown flag --nosuchflag"},
+      {{"--stpes=3"}, "did you mean --steps?"},
+      {{"--steps"}, "--steps needs a value"},
+      {{"train.bin"}, "unexpected argument 'train.bin'"},
+      {{"--", "extra"}, "unexpected argument 'extra'"},
+      {{"--comm=tcp", "--print_config"}, "--comm must be auto, local or mpi"},
+      {{"--accelerator_memory=lots"}, "--accelerator_memory=lots"},
+  };
+  for (const auto& [args, expected] : cases) {
+    SCOPED_TRACE(args[0]);
+    const Result r = RunToEnd(args, dir);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(expected));
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step ")));
+  }
+  // The accepted spellings still work.
+  const Result r = RunToEnd({"--steps", "7", "--noresume", "-seed=3", "--print_config"}, dir);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"train_steps\": 7"));
+}
+
+// An output that is an input — same path, a hard link, a symlink — is refused with exit 2 before
+// anything is opened for writing: the token file keeps its bytes (it used to be truncated to 0
+// and the run died of SIGBUS).
+TEST(TrainBinary, OutputsThatAreInputsExitTwoAndDestroyNothing) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "alias");
+  const std::string config = WriteTinyConfig(dir, 3);
+  std::vector<uint16_t> tokens(20000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i * 31 % 256);
+  ASSERT_OK(WriteTokenFile(dir + "/train.bin", tokens));
+  const std::string original = ReadFile(dir + "/train.bin");
+  std::filesystem::create_hard_link(dir + "/train.bin", dir + "/hard.bin");
+  std::filesystem::create_symlink(dir + "/train.bin", dir + "/soft.bin");
+  const std::string train = "--train_data=" + dir + "/train.bin";
+  for (const std::vector<std::string>& outputs :
+       std::vector<std::vector<std::string>>{{"--metrics_out=" + dir + "/train.bin"},
+                                             {"--trace_out=" + dir + "/hard.bin"},
+                                             {"--metrics_out=" + dir + "/soft.bin"},
+                                             {"--trace_out=" + config},
+                                             {"--save_dir=" + dir + "/train.bin"}}) {
+    SCOPED_TRACE(outputs[0]);
+    std::vector<std::string> args = {"--config=" + config, train};
+    args.insert(args.end(), outputs.begin(), outputs.end());
+    const Result r = RunToEnd(args, dir);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(outputs[0].substr(2, outputs[0].find('=') - 2)));
+    EXPECT_EQ(ReadFile(dir + "/train.bin"), original);
+  }
+  // A checkpoint directory holding the data is fine where the writer does not manage it.
+  const Result ok = RunToEnd({"--config=" + config, train, "--save_dir=" + dir}, dir);
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_EQ(ReadFile(dir + "/train.bin"), original);
+}
+
+// A run that diverges (an absurd learning rate) exits 1 with the reason and what to do, and the
+// checkpoints written before it are the only ones: none of the failing step.
+TEST(TrainBinary, ADivergedRunExitsOneAndSavesNothingNew) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "diverge");
+  {
+    const nlohmann::json tiny = nlohmann::json::parse(ReadFile(WriteTinyConfig(dir, 10, 1)));
+    nlohmann::json j = tiny;
+    j["optimizer"]["params"]["lr"] = 1e30;
+    j["gradient_clipping"] = 0;
+    j["checkpoint"]["keep_last"] = 10;
+    std::ofstream(dir + "/diverge.json") << j.dump();
+  }
+  const Result r =
+      RunToEnd({"--config=" + dir + "/diverge.json", "--save_dir=" + dir + "/ckpt"}, dir);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("non-finite gradients"));
+  EXPECT_THAT(r.err, HasSubstr("optimizer.params.lr"));
+  ASSERT_OK_AND_ASSIGN(std::vector<CheckpointRef> refs, ListCheckpoints(dir + "/ckpt"));
+  ASSERT_FALSE(refs.empty());
+  int last_printed = 0;
+  for (int s = 1; s <= 10; ++s) {
+    if (absl::StrContains(r.out, absl::StrCat("step ", absl::StrFormat("%5d", s), "/10"))) {
+      last_printed = s;
+    }
+  }
+  EXPECT_EQ(refs.back().step, last_printed) << r.out;
+  for (const CheckpointRef& ref : refs) EXPECT_OK(OpenCheckpoint(ref.path).status());
+}
+
+// SIGINT on a run throttled to the slowest allowed link (1 MB/s; a step moves ~40 MiB, ~40 s at
+// that speed): the link emulation ends, the current step finishes, a checkpoint is written and
+// the program exits 0 well before the step could have finished at link speed.
+TEST(TrainBinary, SigintEndsASlowLinkRunInSeconds) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "slow_link");
+  nlohmann::json j = nlohmann::json::parse(ReadFile(WriteTinyConfig(dir, 1000)));
+  j["model"]["n_embd"] = 256;
+  j["model"]["n_layer"] = 4;
+  j["model"]["n_head"] = 4;
+  j["chunk"]["size"] = 266240;
+  j["accelerator"]["memory"] = 8 * kMiB;
+  j["accelerator"]["copy_bandwidth"] = "1MB/s";
+  std::ofstream(dir + "/slow.json") << j.dump();
+  const pid_t pid = Start({"--config=" + dir + "/slow.json", "--save_dir=" + dir + "/ckpt"}, dir);
+  // The checkpoint root is created once the stop handlers are installed and everything is
+  // checked (stdout is a file, so progress lines are buffered); then the first chunk copies run.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!std::filesystem::exists(dir + "/ckpt") && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(std::filesystem::exists(dir + "/ckpt")) << ReadFile(dir + "/stderr.txt");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  ASSERT_EQ(::kill(pid, SIGINT), 0);
+  const int status = Wait(pid, std::chrono::seconds(30));
+  ASSERT_TRUE(WIFEXITED(status)) << ReadFile(dir + "/stderr.txt");
+  EXPECT_EQ(WEXITSTATUS(status), 0) << ReadFile(dir + "/stderr.txt");
+  EXPECT_THAT(ReadFile(dir + "/stdout.txt"), HasSubstr("stop requested"));
+  ASSERT_OK_AND_ASSIGN(CheckpointRef latest, LatestCheckpoint(dir + "/ckpt"));
+  EXPECT_OK(OpenCheckpoint(latest.path).status());
 }
 
 }  // namespace

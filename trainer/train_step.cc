@@ -12,7 +12,7 @@ namespace ps {
 
 absl::StatusOr<TrainStepResult> TrainStep(GptModel& model, ChunkManager& manager, HybridAdam& adam,
                                           absl::Span<const int32_t> tokens,
-                                          absl::Span<const int32_t> targets) {
+                                          absl::Span<const int32_t> targets, OptimizerCall call) {
   RETURN_IF_ERROR(model.CheckInputs(tokens, targets));
   using Clock = std::chrono::steady_clock;
   const auto elapsed_ns = [](Clock::time_point a, Clock::time_point b) {
@@ -33,7 +33,11 @@ absl::StatusOr<TrainStepResult> TrainStep(GptModel& model, ChunkManager& manager
     ASSIGN_OR_RETURN(AdamPlacement placement, manager.BeginAdam());
     ScheduledChunkAccess access(manager, manager.store(), manager.accelerator_device(),
                                 std::move(placement));
-    ASSIGN_OR_RETURN(result.adam, adam.Step(access));
+    if (call == OptimizerCall::kAccumulate) {
+      ASSIGN_OR_RETURN(result.adam, adam.Accumulate(access));
+    } else {
+      ASSIGN_OR_RETURN(result.adam, adam.Step(access));
+    }
     return absl::OkStatus();
   }();
   const absl::Status ended = manager.EndIteration();

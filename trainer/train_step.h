@@ -5,7 +5,9 @@
 //   GptModel::ForwardBackward (at the loss scaler's current scale)
 //   ChunkManager::BeginAdam -> the ADAM placement
 //   HybridAdam::Step over ScheduledChunkAccess (trainer/scheduled_chunk_access.h): each chunk
-//       updated where the placement runs it
+//       updated where the placement runs it — or, for micro-batches 1..k-1 of a step with
+//       gradient accumulation, HybridAdam::Accumulate (gradients added into the owner's
+//       accumulator, parameters restored) over the same placement
 //   ChunkManager::EndIteration (also after an error in between, so the manager is never left
 //       inside an iteration)
 //
@@ -27,6 +29,12 @@
 
 namespace ps {
 
+// Which optimizer call ends the iteration.
+enum class OptimizerCall {
+  kStep,        // HybridAdam::Step: the only or the last micro-batch of an optimizer step
+  kAccumulate,  // HybridAdam::Accumulate: micro-batches 1..k-1 of a step
+};
+
 // What TrainStep did.
 struct TrainStepResult {
   // Mean cross-entropy of the batch (before the update, unscaled).
@@ -45,11 +53,13 @@ struct TrainStepResult {
 // GptModel::ForwardBackward takes them). REQUIRES: `model` computes through `manager` (both over
 // the same ChunkStore), `adam` was created for that store's layout, rank and compute dtype, and
 // no iteration is open. The batch is checked before the iteration begins (InvalidArgument, nothing
-// accessed); otherwise the errors of the calls above, after the iteration was ended.
+// accessed); otherwise the errors of the calls above, after the iteration was ended. `call`
+// chooses Step or Accumulate (the optimizer checks the micro-batch count: FailedPrecondition).
 [[nodiscard]] absl::StatusOr<TrainStepResult> TrainStep(GptModel& model, ChunkManager& manager,
                                                         HybridAdam& adam,
                                                         absl::Span<const int32_t> tokens,
-                                                        absl::Span<const int32_t> targets);
+                                                        absl::Span<const int32_t> targets,
+                                                        OptimizerCall call = OptimizerCall::kStep);
 
 }  // namespace ps
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -27,18 +28,20 @@
 #include "glog/logging.h"
 #include "memory/backend.h"
 #include "memory/backend_factory.h"
+#include "memory/cpu_backend.h"
 #include "memory/device.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
-#include "memory/memory_tracker.h"
 #include "memory/host_memory_info.h"
+#include "memory/memory_tracker.h"
 #include "model/gpt2_checkpoint.h"
-#include "model/gpt_config.h"
 #include "model/gpt_activation_profile.h"
+#include "model/gpt_config.h"
 #include "model/gpt_model.h"
 #include "model/kernels/matmul.h"
 #include "nlohmann/json.hpp"
 #include "optimizer/cpu_adam.h"
+#include "optimizer/grad_accumulator.h"
 #include "optimizer/hybrid_adam.h"
 #include "optimizer/lr_schedule.h"
 #include "scheduler/chunk_manager.h"
@@ -53,6 +56,7 @@
 #include "trainer/data/token_file.h"
 #include "trainer/io/checkpoint_dir.h"
 #include "trainer/io/metrics_writer.h"
+#include "trainer/io/run_paths.h"
 #include "trainer/io/trace_writer.h"
 #include "trainer/profiler.h"
 #include "trainer/train_step.h"
@@ -86,6 +90,8 @@ class Trainer::Impl {
   std::vector<StepMetrics> history_;
 
  private:
+  // No output may overwrite an input or another output (trainer/io/run_paths.h).
+  absl::Status CheckPaths() const;
   absl::Status LoadData();
   // The pre-flight memory plan (model/gpt_activation_profile.h): the chunk size, the budget and
   // its slack; refuses a run that does not fit before anything is allocated.
@@ -120,6 +126,7 @@ class Trainer::Impl {
   GptConfig gpt_;
   int64_t seq_len_ = 0;
   int64_t micro_batch_ = 0;
+  int64_t accumulation_steps_ = 1;  // micro-batches per optimizer step
   int threads_ = 1;
   DType dtype_ = DType::kF32;
   int64_t chunk_elems_ = 0;
@@ -172,6 +179,7 @@ absl::Status Trainer::Impl::Build() {
   ASSIGN_OR_RETURN(gpt_, ResolveModelConfig(config_.model));
   seq_len_ = ResolveSeqLen(config_, gpt_);
   micro_batch_ = config_.train_micro_batch_size_per_gpu;
+  accumulation_steps_ = config_.gradient_accumulation_steps;
   threads_ = ResolveThreads(config_.threads);
   dtype_ = ComputeDType(config_.precision());
   if (config_.accelerator.kind == AcceleratorKind::kCuda) {
@@ -180,6 +188,7 @@ absl::Status Trainer::Impl::Build() {
         "(model/gpt_model.h computes on host-addressable memory); train with "
         "--accelerator=cpu, the emulated accelerator");
   }
+  RETURN_IF_ERROR(CheckPaths());
   // Before anything sizeable is allocated (the data too): the plan.
   RETURN_IF_ERROR(PlanMemoryOrRefuse());
   RETURN_IF_ERROR(LoadData());
@@ -194,6 +203,9 @@ absl::Status Trainer::Impl::Build() {
   backend_options.capacity_bytes = plan_.accelerator_bytes;
   backend_options.copy_bandwidth_bytes_per_s = config_.accelerator.copy_bandwidth_bytes_per_s;
   ASSIGN_OR_RETURN(backend_, CreateBackend(backend_options));
+  if (env_.stop_requested_async && backend_options.copy_bandwidth_bytes_per_s > 0) {
+    RETURN_IF_ERROR(SetCpuLinkInterrupt(*backend_, env_.stop_requested_async));
+  }
   DeviceMemoryOptions memory_options;
   memory_options.chunk_block_bytes = chunk_elems_ * static_cast<int64_t>(sizeof(float));
   if (SizeOf(dtype_) != static_cast<int64_t>(sizeof(float))) {
@@ -218,7 +230,18 @@ absl::Status Trainer::Impl::Build() {
   store_options.rank = rank_;
   ASSIGN_OR_RETURN(store_, ChunkStore::Create(std::move(layout), store_options));
 
-  // Outputs are opened only once everything above has been checked, by rank 0 only.
+  // Outputs are opened only once everything above has been checked, by rank 0 only (each rank
+  // creates its checkpoint root now, so that a directory that cannot be created fails here, not
+  // at the first checkpoint after hours of training).
+  if (!config_.checkpoint.dir.empty()) {
+    const std::string root = RankCheckpointRoot(config_.checkpoint.dir, rank_);
+    std::error_code ec;
+    std::filesystem::create_directories(root, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("checkpoint.dir (--save_dir): cannot create '", root, "': ", ec.message()));
+    }
+  }
   if (!config_.profile.trace_path.empty() && rank_ == 0) {
     TraceWriterOptions trace_options;
     trace_options.process_name = absl::StrCat("patrickstar_cc train (", gpt_.name, ")");
@@ -242,8 +265,8 @@ absl::Status Trainer::Impl::Build() {
   model_options.seed = config_.seed;
   model_options.threads = threads_;
   SetBlasThreads(threads_);
-  ASSIGN_OR_RETURN(model_, GptModel::Create(gpt_, store_.get(), manager_.get(),
-                                            accelerator_.get(), model_options));
+  ASSIGN_OR_RETURN(model_, GptModel::Create(gpt_, store_.get(), manager_.get(), accelerator_.get(),
+                                            model_options));
 
   CpuAdamOptions cpu_adam_options;
   cpu_adam_options.num_threads = threads_;
@@ -258,8 +281,8 @@ absl::Status Trainer::Impl::Build() {
   HybridAdamKernels kernels;
   kernels.host = cpu_adam_.get();
   kernels.accelerator = cpu_adam_.get();  // the emulated accelerator's memory is host memory
-  ASSIGN_OR_RETURN(adam_, HybridAdam::Create(store_->layout(), rank_, dtype_,
-                                             std::move(adam_options), kernels));
+  ASSIGN_OR_RETURN(
+      adam_, HybridAdam::Create(store_->layout(), rank_, dtype_, std::move(adam_options), kernels));
   ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(MakeLrScheduleOptions(config_)));
   schedule_.emplace(schedule);
 
@@ -280,6 +303,19 @@ absl::Status Trainer::Impl::Build() {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::Impl::CheckPaths() const {
+  const RunInput inputs[] = {{env_.config_path, "the config file (--config)"},
+                             {config_.data.train_path, "data.train (--train_data)"},
+                             {config_.data.val_path, "data.val (--val_data)"},
+                             {config_.checkpoint.init_from, "checkpoint.init_from (--init_from)"}};
+  const RunOutput outputs[] = {
+      {config_.profile.metrics_path, "profile.metrics (--metrics_out)"},
+      {config_.profile.trace_path, "profile.trace (--trace_out)"},
+      {config_.checkpoint.export_path, "checkpoint.export"},
+      {config_.checkpoint.dir, "checkpoint.dir (--save_dir)", RunOutputKind::kCheckpointRoot}};
+  return CheckRunPaths(inputs, outputs);
+}
+
 absl::Status Trainer::Impl::LoadData() {
   DataLoaderOptions options;
   options.batch_size = micro_batch_;
@@ -292,10 +328,10 @@ absl::Status Trainer::Impl::LoadData() {
   TokenSpan train, val;
   if (config_.data.train_path.empty()) {
     if (gpt_.vocab_size < SyntheticCorpus::kVocabSize) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the built-in synthetic corpus is byte-level (", SyntheticCorpus::kVocabSize,
-          " tokens) but model.vocab_size is ", gpt_.vocab_size,
-          "; use vocab_size >= 256 or give data.train (--train_data)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the built-in synthetic corpus is byte-level (", SyntheticCorpus::kVocabSize,
+                       " tokens) but model.vocab_size is ", gpt_.vocab_size,
+                       "; use vocab_size >= 256 or give data.train (--train_data)"));
     }
     SyntheticCorpusOptions corpus_options;
     corpus_options.seed = config_.data.seed;
@@ -454,6 +490,7 @@ absl::Status Trainer::Impl::Resume() {
   ASSIGN_OR_RETURN(TrainingCheckpointState state,
                    ReadTrainingCheckpoint(dir, Identity(), model_.get()));
   adam_->set_step(state.adam_step);
+  adam_->set_consecutive_skipped_steps(state.consecutive_skipped_steps);
   RETURN_IF_ERROR(adam_->loss_scaler().Restore(state.loss_scaler));
   RETURN_IF_ERROR(train_loader_->Seek(state.data_cursor));
   step_ = state.step;
@@ -522,7 +559,6 @@ absl::Status Trainer::Impl::Export(const std::string& path) {
 }
 
 absl::Status Trainer::Impl::Step(StepMetrics& m) {
-  RETURN_IF_ERROR(train_loader_->Next(absl::MakeSpan(tokens_), absl::MakeSpan(targets_)));
   m.step = step_ + 1;
   m.lr = schedule_->LearningRate(step_);
   adam_->SetLearningRate(m.lr);
@@ -530,17 +566,46 @@ absl::Status Trainer::Impl::Step(StepMetrics& m) {
   m.warmup = manager_->metronome().is_warmup();
   const ChunkManagerCounters c0 = manager_->counters();
   const int64_t trace_t0 = trace_ != nullptr ? trace_->NowNs() : 0;
-  // TrainStep uses the loss scale read above (the optimizer's, unchanged until its step).
-  ASSIGN_OR_RETURN(const TrainStepResult r,
-                   TrainStep(*model_, *manager_, *adam_, tokens_, targets_));
+  // One optimizer step: gradient_accumulation_steps micro-batches, each one iteration of the
+  // manager; all but the last add their gradients into the optimizer's accumulator. TrainStep
+  // uses the loss scale read above (the optimizer's, unchanged until its step). The loss is the
+  // mean of the micro-batches' means (each over the same number of tokens: the mean of the
+  // whole batch).
+  TrainStepResult r;
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < accumulation_steps_; ++micro) {
+    RETURN_IF_ERROR(train_loader_->Next(absl::MakeSpan(tokens_), absl::MakeSpan(targets_)));
+    const bool last = micro + 1 == accumulation_steps_;
+    ASSIGN_OR_RETURN(const TrainStepResult mr,
+                     TrainStep(*model_, *manager_, *adam_, tokens_, targets_,
+                               last ? OptimizerCall::kStep : OptimizerCall::kAccumulate));
+    loss_sum += mr.loss;
+    r.adam = mr.adam;
+    r.forward_backward_ns += mr.forward_backward_ns;
+    r.optimizer_ns += mr.optimizer_ns;
+    r.forward_backward_stall_ns += mr.forward_backward_stall_ns;
+    r.optimizer_stall_ns += mr.optimizer_stall_ns;
+  }
+  r.loss = loss_sum / static_cast<double>(accumulation_steps_);
   const ChunkManagerCounters c1 = manager_->counters();
 
   ASSIGN_OR_RETURN(m.loss, MeanOverRanks(r.loss));
   m.grad_norm = r.adam.grad_norm;
   m.skipped = r.adam.skipped;
+  // A non-finite loss is divergence unless it came with a skipped fp16 step (a loss-scale event).
+  // (Non-finite gradients already stopped the optimizer: HybridAdam.) Nothing is saved for it.
+  if (!std::isfinite(m.loss) && !(dtype_ == DType::kF16 && m.skipped)) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "the loss of step %d is %f (%s): training diverged or the data or weights are bad, and "
+        "training stops; no checkpoint is written for this step. Lower the learning rate "
+        "(optimizer.params.lr), enable gradient clipping (gradient_clipping, e.g. 1.0), and "
+        "check the training data",
+        m.step, m.loss, DTypeName(dtype_)));
+  }
   const double step_s = static_cast<double>(r.forward_backward_ns + r.optimizer_ns) * 1e-9;
   m.step_ms = step_s * 1e3;
-  m.tokens_per_s = static_cast<double>(micro_batch_ * seq_len_ * world_) / std::max(1e-9, step_s);
+  m.tokens_per_s = static_cast<double>(micro_batch_ * accumulation_steps_ * seq_len_ * world_) /
+                   std::max(1e-9, step_s);
   const auto ms = [](int64_t ns) { return static_cast<double>(std::max<int64_t>(0, ns)) * 1e-6; };
   m.copy_wait_ms = ms(r.forward_backward_stall_ns + r.optimizer_stall_ns);
   m.compute_ms = ms(r.forward_backward_ns - r.forward_backward_stall_ns);
@@ -563,8 +628,7 @@ absl::Status Trainer::Impl::Step(StepMetrics& m) {
                      trace_t2 - trace_t0,
                      {{"loss", m.loss}, {"lr", m.lr}, {"loaded_bytes", m.loaded_bytes}});
     if (m.warmup) {
-      trace_->MarkRegion("warm-up iteration", trace_t0, trace_t2 - trace_t0,
-                         {{"step", m.step}});
+      trace_->MarkRegion("warm-up iteration", trace_t0, trace_t2 - trace_t0, {{"step", m.step}});
     }
   }
   ++step_;
@@ -596,6 +660,7 @@ absl::Status Trainer::Impl::SaveCheckpoint() {
   state.loss_scaler = adam_->loss_scaler().state();
   state.data_cursor = train_loader_->cursor();
   state.last_loss = last_loss_;
+  state.consecutive_skipped_steps = adam_->consecutive_skipped_steps();
   state.identity = Identity();
   state.config_json = TrainConfigToJson(config_);
   ASSIGN_OR_RETURN(const std::string dir,
@@ -604,8 +669,8 @@ absl::Status Trainer::Impl::SaveCheckpoint() {
   summary_.checkpoints_written.push_back(dir);
   summary_.checkpoint_s += Seconds(t0, Clock::now());
   if (trace_ != nullptr) {
-    trace_->Complete(steps_track_, "checkpoint", "checkpoint", trace_t0,
-                     trace_->NowNs() - trace_t0, {{"step", step_}, {"dir", dir}});
+    trace_->Complete(steps_track_, "checkpoint", "checkpoint", trace_t0, trace_->NowNs() - trace_t0,
+                     {{"step", step_}, {"dir", dir}});
   }
   if (out() != nullptr) *out() << "checkpoint: " << dir << "\n";
   return absl::OkStatus();
@@ -628,9 +693,10 @@ void Trainer::Impl::PrintHeader() {
       "accelerator: %s, cap %s%s; host memory %s\n", backend_->name(),
       FormatBytes(backend_->capacity_bytes()),
       config_.accelerator.copy_bandwidth_bytes_per_s > 0
-          ? absl::StrCat(", link ", FormatBytes(static_cast<int64_t>(
-                                        config_.accelerator.copy_bandwidth_bytes_per_s)),
-                         "/s")
+          ? absl::StrCat(
+                ", link ",
+                FormatBytes(static_cast<int64_t>(config_.accelerator.copy_bandwidth_bytes_per_s)),
+                "/s")
           : std::string(),
       config_.accelerator.host_memory_bytes > 0
           ? absl::StrCat("cap ", FormatBytes(config_.accelerator.host_memory_bytes))
@@ -648,11 +714,18 @@ void Trainer::Impl::PrintHeader() {
           : std::string());
   *out() << absl::StrFormat("training %d steps from step %d with %d threads\n", config_.steps,
                             step_, threads_);
+  if (accumulation_steps_ > 1) {
+    *out() << absl::StrFormat(
+        "gradient accumulation: %d micro-batches of %d sequences per optimizer step; f32 "
+        "accumulator %s of host memory on this rank\n",
+        accumulation_steps_, micro_batch_,
+        FormatBytes(GradientAccumulatorBytes(adam_->owned_param_elems(), accumulation_steps_)));
+  }
   if (world_ > 1) {
     *out() << absl::StrFormat(
         "data parallel (ZeRO): %d ranks; global batch %d x %d tokens; model data per rank %s "
         "(rank 0)\n",
-        world_, micro_batch_ * world_, seq_len_,
+        world_, micro_batch_ * accumulation_steps_ * world_, seq_len_,
         FormatBytes(store_->layout().RankModelDataBytes(dtype_, 0)));
   }
 }
@@ -734,8 +807,8 @@ absl::Status Trainer::Impl::Run() {
         ASSIGN_OR_RETURN(const double v, EvaluateValidation());
         summary_.eval_s += Seconds(e0, Clock::now());
         if (trace_ != nullptr) {
-          trace_->Complete(steps_track_, "validation", "eval", trace_e0,
-                           trace_->NowNs() - trace_e0, {{"val_loss", v}});
+          trace_->Complete(steps_track_, "validation", "eval", trace_e0, trace_->NowNs() - trace_e0,
+                           {{"val_loss", v}});
         }
         m.val_loss = v;
         summary_.last_val_loss = v;
@@ -746,10 +819,9 @@ absl::Status Trainer::Impl::Run() {
           m.step == summary_.first_step + 1 || m.val_loss.has_value()) {
         PrintProgress(m);
       }
-      const bool checkpoint_due = !config_.checkpoint.dir.empty() &&
-                                  ((config_.checkpoint.every > 0 &&
-                                    step_ % config_.checkpoint.every == 0) ||
-                                   last || stop);
+      const bool checkpoint_due =
+          !config_.checkpoint.dir.empty() &&
+          ((config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0) || last || stop);
       if (checkpoint_due) RETURN_IF_ERROR(SaveCheckpoint());
       if (stop && !last) {
         summary_.stopped_by_request = true;
@@ -778,7 +850,8 @@ absl::Status Trainer::Impl::Run() {
     for (size_t i = history_.size() - n; i < history_.size(); ++i) sum += history_[i].loss;
     summary_.final_mean_loss = sum / static_cast<double>(n);
   }
-  summary_.tokens = static_cast<int64_t>(history_.size()) * micro_batch_ * seq_len_ * world_;
+  summary_.tokens = static_cast<int64_t>(history_.size()) * micro_batch_ * accumulation_steps_ *
+                    seq_len_ * world_;
   for (const StepMetrics& m : history_) {
     summary_.compute_s += m.compute_ms * 1e-3;
     summary_.copy_wait_s += m.copy_wait_ms * 1e-3;
@@ -836,18 +909,17 @@ std::string Trainer::Impl::SummaryText() const {
     os << absl::StrFormat("validation loss %.4f -> %.4f\n", *s.first_val_loss, *s.last_val_loss);
   }
   const double total = std::max(1e-9, s.seconds);
-  const double other =
-      std::max(0.0, s.seconds - s.compute_s - s.copy_wait_s - s.optimizer_s - s.eval_s -
-                        s.checkpoint_s);
+  const double other = std::max(
+      0.0, s.seconds - s.compute_s - s.copy_wait_s - s.optimizer_s - s.eval_s - s.checkpoint_s);
   os << absl::StrFormat(
       "time: compute %.1f s (%.0f%%), waiting for chunk copies %.1f s (%.0f%%), optimizer %.1f s "
       "(%.0f%%), validation %.1f s, checkpoints %.1f s, other %.1f s\n",
       s.compute_s, 100 * s.compute_s / total, s.copy_wait_s, 100 * s.copy_wait_s / total,
       s.optimizer_s, 100 * s.optimizer_s / total, s.eval_s, s.checkpoint_s, other);
-  os << absl::StrFormat(
-      "accelerator %s (cap %s): peak model data %s, peak non-model %s\n",
-      accelerator_->device().ToString(), FormatBytes(backend_->capacity_bytes()),
-      FormatBytes(s.accelerator_peak_model_bytes), FormatBytes(s.accelerator_peak_non_model_bytes));
+  os << absl::StrFormat("accelerator %s (cap %s): peak model data %s, peak non-model %s\n",
+                        accelerator_->device().ToString(), FormatBytes(backend_->capacity_bytes()),
+                        FormatBytes(s.accelerator_peak_model_bytes),
+                        FormatBytes(s.accelerator_peak_non_model_bytes));
   os << absl::StrFormat("host: peak model data %s, peak non-model %s\n",
                         FormatBytes(s.host_peak_model_bytes),
                         FormatBytes(s.host_peak_non_model_bytes));

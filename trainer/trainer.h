@@ -70,6 +70,12 @@ struct TrainerEnvironment {
   std::ostream* out = nullptr;
   // Checked after every step; true ends the run after a checkpoint (if checkpoint.dir is set).
   std::function<bool()> stop_requested = nullptr;
+  // The same request, readable from any thread at any time (an atomic load: train.cc passes
+  // trainer/io/signal_flag.h's StopRequested). The emulated accelerator's copy engine polls it
+  // while a copy sleeps out its link time (accelerator.copy_bandwidth), and a stop ends the link
+  // emulation, so the current step finishes and the checkpoint is written in seconds however
+  // slow the link (memory/cpu_backend.h SetCpuLinkInterrupt). Null: copies are never cut short.
+  std::function<bool()> stop_requested_async = nullptr;
   // The data-parallel world (see the file comment). Null: a world of one. Not owned; must
   // outlive the Trainer and be used by no one else meanwhile.
   Communicator* communicator = nullptr;
@@ -80,6 +86,9 @@ struct TrainerEnvironment {
   // off; the run may then fail mid-way with an out-of-memory error. A run that does not fit host
   // memory is refused either way.
   bool enforce_memory_plan = true;
+  // The config file the run was loaded from (--config), if any: an input no output may overwrite
+  // (trainer/io/run_paths.h).
+  std::string config_path;
 };
 
 // One step, as the metrics file has it.
@@ -146,7 +155,9 @@ class Trainer {
  public:
   // Validates `config` (ValidateTrainConfig) and builds everything (see the file comment),
   // including loading the data, the initial weights or the checkpoint to resume from.
-  // Errors: InvalidArgument for a bad config (naming the key); the data's errors (NotFound,
+  // Errors: InvalidArgument for a bad config (naming the key), or for outputs that would overwrite
+  // an input or each other or cannot be created (trainer/io/run_paths.h, checked before anything
+  // is opened); the data's errors (NotFound,
   // DataLoss naming the file); Unimplemented for accelerator.backend "cuda" (GptModel's kernels
   // run on host-addressable memory only, see model/gpt_model.h); ResourceExhausted when the model
   // cannot fit host memory; the checkpoint's errors (NotFound, DataLoss, FailedPrecondition for

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -21,6 +22,7 @@
 #include "base/units.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "trainer/config.h"
 #include "trainer/data/token_file.h"
@@ -63,7 +65,7 @@ TrainConfig TinyConfig() {
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Train(const TrainConfig& config,
-                                             TrainerEnvironment env = {}) {
+                                               TrainerEnvironment env = {}) {
   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config, env));
   RETURN_IF_ERROR(trainer->Run());
   return trainer;
@@ -222,6 +224,112 @@ TEST(Trainer, RefusesMissingMismatchingAndCorruptCheckpoints) {
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("state.safetensors")));
 }
 
+// --- Divergence (issue #15) -------------------------------------------------------------------
+
+// An absurd learning rate: the weights blow up after the first real update, the next step's
+// gradients are Inf/NaN. In f32 and bf16 that stops the run with OutOfRange naming the tensor and
+// what to do; the checkpoints written before stay, nothing is written for the failing step.
+TEST(Trainer, NonFiniteGradientsStopF32AndBf16RunsWithoutSavingThem) {
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "f32");
+    const std::string dir =
+        trainer_testing::FreshTempDir("trainer_test", bf16 ? "diverge_bf16" : "diverge_f32");
+    TrainConfig c = TinyConfig();
+    c.bf16 = bf16;
+    c.steps = 10;
+    c.optimizer.lr = 1e30;
+    c.gradient_clipping = 0;
+    c.checkpoint.dir = dir;
+    c.checkpoint.every = 1;
+    c.checkpoint.keep_last = 10;
+    c.profile.metrics_path = dir + "/metrics.jsonl";
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Trainer> t, Trainer::Create(c));
+    EXPECT_THAT(t->Run(), StatusIs(absl::StatusCode::kOutOfRange,
+                                   AllOf(HasSubstr("non-finite gradients at optimizer step"),
+                                         HasSubstr("the first in "), HasSubstr("learning rate"))));
+    const int64_t failed_step = t->summary().last_step + 1;
+    ASSERT_OK_AND_ASSIGN(std::vector<CheckpointRef> refs, ListCheckpoints(dir));
+    ASSERT_FALSE(refs.empty());
+    EXPECT_EQ(refs.back().step, failed_step - 1) << "no checkpoint of the failing step";
+    for (const CheckpointRef& ref : refs) EXPECT_OK(OpenCheckpoint(ref.path).status());
+    int lines = 0;
+    std::ifstream metrics(c.profile.metrics_path);
+    for (std::string line; std::getline(metrics, line);) ++lines;
+    EXPECT_EQ(lines, failed_step - 1);
+  }
+}
+
+// fp16: skipped steps are loss-scale events up to fp16.max_consecutive_skipped_steps in a row;
+// one more stops the run. The count is in the checkpoint, so a resume continues it.
+TEST(Trainer, TooManySkippedFp16StepsStopTheRunAcrossAResume) {
+  const std::string dir = trainer_testing::FreshTempDir("trainer_test", "skips");
+  TrainConfig c = TinyConfig();
+  c.fp16.enabled = true;
+  c.fp16.max_consecutive_skipped_steps = 3;
+  c.steps = 20;
+  c.optimizer.lr = 1e30;
+  c.gradient_clipping = 0;
+  c.checkpoint.dir = dir;
+  c.checkpoint.every = 1;
+  c.checkpoint.keep_last = 20;
+  std::ostringstream out;
+  TrainerEnvironment env;
+  env.out = &out;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Trainer> t, Trainer::Create(c, env));
+  EXPECT_THAT(t->Run(), StatusIs(absl::StatusCode::kOutOfRange,
+                                 AllOf(HasSubstr("4 optimizer steps in a row"),
+                                       HasSubstr("fp16.max_consecutive_skipped_steps = 3"))));
+  EXPECT_THAT(out.str(), HasSubstr("(skipped: overflow)"));
+  const std::vector<StepMetrics>& h = t->history();
+  ASSERT_GE(h.size(), 3u);
+  for (size_t i = h.size() - 3; i < h.size(); ++i) EXPECT_TRUE(h[i].skipped) << i;
+  ASSERT_OK_AND_ASSIGN(CheckpointRef latest, LatestCheckpoint(dir));
+  EXPECT_EQ(latest.step, static_cast<int64_t>(h.size()));
+  ASSERT_OK_AND_ASSIGN(Checkpoint ckpt, OpenCheckpoint(latest.path));
+  EXPECT_EQ(ckpt.state["consecutive_skipped_steps"], 3);
+
+  // Resumed, the first step skips again: the fourth in a row.
+  c.checkpoint.resume = true;
+  ASSERT_OK_AND_ASSIGN(t, Trainer::Create(c));
+  EXPECT_THAT(t->Run(),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("4 optimizer steps in a row")));
+  EXPECT_TRUE(t->history().empty());
+  ASSERT_OK_AND_ASSIGN(CheckpointRef after, LatestCheckpoint(dir));
+  EXPECT_EQ(after.step, latest.step);
+}
+
+// Weights with a NaN are refused before training, naming the tensor.
+TEST(Trainer, RefusesNonFiniteInitialWeights) {
+  const std::string dir = trainer_testing::FreshTempDir("trainer_test", "nan_init");
+  TrainConfig c = TinyConfig();
+  c.steps = 2;
+  c.checkpoint.export_path = dir + "/w.safetensors";
+  ASSERT_OK(Train(c).status());
+  // Patch one value of h.1.attn.c_attn.weight ([64, 192], f32) in a copy of the exported file,
+  // found by its first bytes.
+  ASSERT_OK_AND_ASSIGN(SafetensorsFile file, SafetensorsFile::Open(c.checkpoint.export_path));
+  const SafetensorsTensorInfo* info = file.Find("h.1.attn.c_attn.weight");
+  ASSERT_NE(info, nullptr);
+  std::string bytes = ReadFile(c.checkpoint.export_path);
+  const std::string needle(reinterpret_cast<const char*>(file.Bytes(*info).data()), 64);
+  const size_t at = bytes.find(needle);
+  ASSERT_NE(at, std::string::npos);
+  const float nan = std::nanf("");
+  std::memcpy(&bytes[at + 4 * (1 * 192 + 2)], &nan, 4);
+  {
+    std::ofstream f(dir + "/nan.safetensors", std::ios::binary);
+    f << bytes;
+  }
+  TrainConfig from = TinyConfig();
+  from.checkpoint.init_from = dir + "/nan.safetensors";
+  from.profile.metrics_path = dir + "/m.jsonl";
+  EXPECT_THAT(Trainer::Create(from).status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("nan.safetensors"),
+                             HasSubstr("'h.1.attn.c_attn.weight' holds NaN at [1, 2]"))));
+  EXPECT_FALSE(std::filesystem::exists(from.profile.metrics_path));
+}
+
 TEST(Trainer, RejectsBadInputsBeforeAnyWork) {
   const std::string dir = trainer_testing::FreshTempDir("trainer_test", "bad");
   TrainConfig c = TinyConfig();
@@ -280,8 +388,8 @@ TEST(Trainer, TrainsOnATokenFile) {
   std::vector<uint16_t> tokens;
   for (int i = 0; i < 20000; ++i) tokens.push_back(static_cast<uint16_t>("abcdefgh"[i % 8]));
   ASSERT_OK(WriteTokenFile(dir + "/train.bin", tokens));
-  ASSERT_OK(WriteTokenFile(dir + "/val.bin", std::vector<uint16_t>(tokens.begin(),
-                                                                   tokens.begin() + 2000)));
+  ASSERT_OK(WriteTokenFile(dir + "/val.bin",
+                           std::vector<uint16_t>(tokens.begin(), tokens.begin() + 2000)));
   TrainConfig c = TinyConfig();
   c.steps = 80;
   c.data.train_path = dir + "/train.bin";

@@ -8,6 +8,8 @@
 //    payloads held after the last step).
 //  - Checkpoint and resume under 2 ranks is bit-exact: 2 steps, stop, resume to 4 gives the
 //    losses of 4 straight steps exactly; resuming on 1 rank is refused naming world_size.
+//  - Gradient accumulation: 2 ranks x 2 micro-batches of 2 train like 1 rank with batch 8 and
+//    like 2 ranks with micro-batch 4 (losses 1e-5, gradient norms 1e-4 relative, same lr).
 //  - Killing one rank (SIGKILL) makes the job exit non-zero well within the watchdog.
 //
 // mpirun flags as comm/mpi_multiprocess_test.cc (offline, as root, 2 cores, TMPDIR=/tmp).
@@ -154,6 +156,58 @@ TEST(ZeroTraining, TwoRanksTrainLikeOneRankWithHalfTheModelData) {
   const double share = static_cast<double>(rank0) / static_cast<double>(single);
   EXPECT_GT(share, 0.35) << single << " vs " << rank0;
   EXPECT_LT(share, 0.65) << single << " vs " << rank0;
+}
+
+// Gradient accumulation under ZeRO: 2 ranks x 2 micro-batches of 2 sequences train like one rank
+// with one batch of 8 (the same 8 windows per step: rank r reads global batches r, r + 2, ...),
+// and like 2 ranks with micro-batches of 4. Gradients are reduce-scattered once per micro-batch
+// (the owner accumulates its averaged shard), so the reduce-scattered bytes double with k = 2.
+TEST(ZeroTraining, AccumulationUnderTwoRanksTrainsLikeOneLargeBatch) {
+  const std::string dir = TempDir() + "/accumulation";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string m1 = dir + "/one.jsonl", m2 = dir + "/two_acc.jsonl", m3 = dir + "/two.jsonl";
+  std::vector<std::string> one = Flags(8, 4);
+  one.push_back("--metrics_out=" + m1);
+  const SubprocessResult r1 = RunSingle(one, absl::Seconds(300));
+  ASSERT_EQ(r1.exit_code, 0) << DescribeExit(r1) << "\n" << r1.output;
+  auto two_ranks = [&](int64_t micro, int64_t k, const std::string& metrics) {
+    std::vector<std::string> p = {TrainBinary()};
+    for (const std::string& f : Flags(micro, 4)) p.push_back(f);
+    p.push_back(absl::StrCat("--gradient_accumulation_steps=", k));
+    p.push_back("--metrics_out=" + metrics);
+    return RunMpi(2, p, absl::Seconds(300));
+  };
+  const SubprocessResult r2 = two_ranks(2, 2, m2);
+  ASSERT_EQ(r2.exit_code, 0) << DescribeExit(r2) << "\n" << r2.output;
+  EXPECT_THAT(r2.output, HasSubstr("global batch 8 x 32 tokens"));
+  EXPECT_THAT(r2.output, HasSubstr("gradient accumulation: 2 micro-batches of 2 sequences"));
+  const SubprocessResult r3 = two_ranks(4, 1, m3);
+  ASSERT_EQ(r3.exit_code, 0) << DescribeExit(r3) << "\n" << r3.output;
+
+  const std::vector<nlohmann::json> a = ReadMetrics(m1), b = ReadMetrics(m2), c = ReadMetrics(m3);
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  ASSERT_EQ(c.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (const std::vector<nlohmann::json>* other : {&b, &c}) {
+      const double la = a[i]["loss"], lb = (*other)[i]["loss"];
+      EXPECT_LE(std::abs(la - lb), 1e-5 * std::abs(la))
+          << "step " << i + 1 << ": " << la << " vs " << lb;
+      const double ga = a[i]["grad_norm"], gb = (*other)[i]["grad_norm"];
+      EXPECT_LE(std::abs(ga - gb), 1e-4 * std::abs(ga)) << "step " << i + 1;
+      EXPECT_EQ((*other)[i]["lr"], a[i]["lr"]);
+      EXPECT_EQ((*other)[i]["step"], a[i]["step"]);
+    }
+  }
+  // "reduce-scattered X" of the summary: k = 2 moves twice the gradient bytes of k = 1.
+  auto reduce_scattered = [](const std::string& out) {
+    const size_t at = out.find("reduce-scattered ");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find(',', at) - at);
+  };
+  std::cout << "k=2: " << reduce_scattered(r2.output) << "; k=1: " << reduce_scattered(r3.output)
+            << "\n";
+  EXPECT_FALSE(reduce_scattered(r2.output).empty()) << r2.output;
 }
 
 TEST(ZeroTraining, CheckpointAndResumeUnderTwoRanksIsBitExact) {

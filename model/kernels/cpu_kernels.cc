@@ -15,6 +15,7 @@
 #include "model/kernels/encoder.h"
 #include "model/kernels/gelu.h"
 #include "model/kernels/gqa_attention.h"
+#include "model/kernels/internal/bf16_gemm.h"
 #include "model/kernels/internal/blas.h"
 #include "model/kernels/layernorm.h"
 #include "model/kernels/linear.h"
@@ -85,6 +86,8 @@ absl::Status CpuKernels::CheckBuffer(absl::string_view op, const BufferArg& buff
 
 int64_t CpuKernels::GemmWorkspaceBytes(const GemmShape& s) const {
   if (s.ab_dtype == DType::kF32) return 0;
+  // bf16: the product, for alpha != 1 or beta not in {0, 1} (GemmBf16 writes or adds to C only).
+  if (s.ab_dtype == DType::kBF16) return s.m * s.n * static_cast<int64_t>(sizeof(float));
   const Stored a = StoredA(s), b = StoredB(s);
   return (a.rows * a.cols + b.rows * b.cols) * static_cast<int64_t>(sizeof(float));
 }
@@ -115,14 +118,50 @@ absl::Status CpuKernels::DoConvert(Stream& stream, DType src_dtype, const void* 
 
 absl::Status CpuKernels::DoGemm(Stream& stream, const GemmShape& s, float alpha, const void* a,
                                 const void* b, float beta, float* c, void* workspace, int64_t) {
-  return Enqueue(stream, [=] {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=]() -> absl::Status {
     if (s.ab_dtype == DType::kF32) {
       kernels_internal::Gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, alpha,
                              static_cast<const float*>(a), s.lda, static_cast<const float*>(b),
                              s.ldb, beta, c, s.ldc);
       return absl::OkStatus();
     }
-    // 16-bit operands: widen both exactly into the workspace, then multiply in f32 (the products
+    if (s.ab_dtype == DType::kBF16) {
+      // bf16 operands: the bf16 GEMM of the model's kernels (internal/bf16_gemm.h: oneDNN's
+      // AVX512-BF16 kernels where the CPU has them, else sgemm on the widened operands), f32
+      // accumulation, bit-identical for any pool size.
+      kernels_internal::Bf16GemmArgs g;
+      g.trans_a = s.trans_a;
+      g.trans_b = s.trans_b;
+      g.m = s.m, g.n = s.n, g.k = s.k;
+      g.a = static_cast<const uint16_t*>(a);
+      g.lda = s.lda;
+      g.b = static_cast<const uint16_t*>(b);
+      g.ldb = s.ldb;
+      if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) {
+        g.accumulate = beta == 1.0f;
+        g.c = c;
+        g.ldc = s.ldc;
+        return kernels_internal::GemmBf16(g, pool);
+      }
+      // Other alpha, beta: the product into the workspace, then scaled into C (C unread when
+      // beta == 0).
+      auto* product = static_cast<float*>(workspace);
+      g.c = product;
+      g.ldc = s.n;
+      RETURN_IF_ERROR(kernels_internal::GemmBf16(g, pool));
+      for (int64_t i = 0; i < s.m; ++i) {
+        float* row = c + i * s.ldc;
+        const float* p = product + i * s.n;
+        if (beta == 0.0f) {
+          for (int64_t j = 0; j < s.n; ++j) row[j] = alpha * p[j];
+        } else {
+          for (int64_t j = 0; j < s.n; ++j) row[j] = alpha * p[j] + beta * row[j];
+        }
+      }
+      return absl::OkStatus();
+    }
+    // f16 operands: widen both exactly into the workspace, then multiply in f32 (the products
     // of two 16-bit values are exact in f32, so this is what a tensor core computes, summed in a
     // different order).
     const Stored sa = StoredA(s), sb = StoredB(s);

@@ -117,7 +117,9 @@ class Kernels {
 
   // --- GEMM with 16-bit operands --------------------------------------------------------------
   // See GemmShape. For bf16 compute (on the GPU: cublasGemmEx, CUBLAS_COMPUTE_32F, tensor cores;
-  // on the CPU: operands widened to f32 in the workspace, then sgemm — exact products, f32 sums).
+  // on the CPU: bf16 operands through internal/bf16_gemm.h, oneDNN's AVX512-BF16 kernels where
+  // the CPU has them, else widened to f32 and sgemm; f16 operands widened to f32 in the workspace,
+  // then sgemm — exact products, f32 sums in every case).
   [[nodiscard]] absl::Status Gemm(Stream& stream, const GemmShape& shape, float alpha,
                                   const void* a, const void* b, float beta, float* c,
                                   void* workspace, int64_t workspace_bytes);

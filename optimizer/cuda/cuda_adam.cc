@@ -137,4 +137,12 @@ absl::Status CudaAdam::RestoreParams(absl::Span<const ParamRestoreSegment> segme
   return stream_->Synchronize();
 }
 
+absl::Status CudaAdam::AccumulateGradients(absl::Span<const GradAccumulateSegment> segments) {
+  RETURN_IF_ERROR(ValidateAccumulateSegments("CudaAdam::AccumulateGradients", segments));
+  return absl::UnimplementedError(
+      "CudaAdam: gradient accumulation (gradient_accumulation_steps > 1) keeps its f32 "
+      "accumulator in host memory and is implemented for host-addressable chunks only (cpu "
+      "backend); use gradient_accumulation_steps 1 with accelerator.backend \"cuda\"");
+}
+
 }  // namespace ps

@@ -43,6 +43,10 @@ class CudaAdam final : public AdamKernels {
   [[nodiscard]] absl::StatusOr<AdamStepResult> Step(
       absl::Span<const AdamSegment> segments) override;
   [[nodiscard]] absl::Status RestoreParams(absl::Span<const ParamRestoreSegment> segments) override;
+  // Unimplemented: the accumulator is host memory and CUDA payloads are device memory (gradient
+  // accumulation is refused with accelerator.backend "cuda" before training starts).
+  [[nodiscard]] absl::Status AccumulateGradients(
+      absl::Span<const GradAccumulateSegment> segments) override;
 
  private:
   CudaAdam(Backend& backend, std::unique_ptr<Stream> stream, void* device_workspace,

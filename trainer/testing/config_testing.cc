@@ -88,6 +88,8 @@ std::map<std::string, KeySample> KeySamples() {
       true, [](const TrainConfig& c) { return c.fp16.consecutive_hysteresis; }};
   s["fp16.min_loss_scale"] = {0.25,
                               [](const TrainConfig& c) { return c.fp16.min_loss_scale == 0.25; }};
+  s["fp16.max_consecutive_skipped_steps"] = {
+      7, [](const TrainConfig& c) { return c.fp16.max_consecutive_skipped_steps == 7; }};
   s["bf16.enabled"] = {true, [](const TrainConfig& c) { return c.bf16; }};
   s["model.preset"] = {"gpt2", [](const TrainConfig& c) { return c.model.preset == "gpt2"; }};
   s["model.vocab_size"] = {1000, [](const TrainConfig& c) { return c.model.vocab_size == 1000; }};

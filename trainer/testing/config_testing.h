@@ -55,6 +55,7 @@ class RandomConfigs {
     TrainConfig c;
     c.train_batch_size = Int(0, std::numeric_limits<int64_t>::max());
     c.train_micro_batch_size_per_gpu = Int(1, std::numeric_limits<int64_t>::max());
+    c.gradient_accumulation_steps = Int(1, std::numeric_limits<int64_t>::max());
     c.steps = Int(0, std::numeric_limits<int64_t>::max());
     c.seed = U64();
     c.threads = static_cast<int>(Int(0, 65536));
@@ -104,7 +105,9 @@ class RandomConfigs {
     c.accelerator.kind = Bool() ? AcceleratorKind::kCpu : AcceleratorKind::kCuda;
     c.accelerator.memory_bytes = Bytes();
     c.accelerator.host_memory_bytes = Bytes();
-    c.accelerator.copy_bandwidth_bytes_per_s = NonNegative();
+    // 0 (unthrottled) or within [1MB/s, 1PB/s]: here [2^20, 2^49] bytes/s.
+    c.accelerator.copy_bandwidth_bytes_per_s =
+        Bool() ? 0.0 : std::ldexp(0.5 + UnitClosed() / 2, static_cast<int>(Int(21, 49)));
     c.accelerator.device_index = static_cast<int>(Int(0, 65536));
     c.data.train_path = String();
     c.data.val_path = String();

@@ -25,6 +25,7 @@
 #include "model/kernels/encoder.h"
 #include "model/kernels/gelu.h"
 #include "model/kernels/gqa_attention.h"
+#include "model/kernels/internal/bf16_gemm.h"
 #include "model/kernels/internal/blas.h"
 #include "model/kernels/layernorm.h"
 #include "model/kernels/linear.h"
@@ -182,74 +183,107 @@ TEST_P(KernelsConformanceTest, ConvertMatchesTheHostBitForBit) {
 
 TEST_P(KernelsConformanceTest, GemmWithEveryOperandTypeAndTranspose) {
   std::mt19937 rng(3);
-  const int64_t m = 13, n = 17, k = 21;
-  const float alpha = 0.75f, beta = 0.5f;
-  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (int t = 0; t < 4; ++t) {
-      GemmShape s;
-      s.trans_a = t & 1;
-      s.trans_b = t & 2;
-      s.m = m, s.n = n, s.k = k;
-      s.ab_dtype = dtype;
-      const int64_t a_rows = s.trans_a ? k : m, a_cols = s.trans_a ? m : k;
-      const int64_t b_rows = s.trans_b ? n : k, b_cols = s.trans_b ? k : n;
-      s.lda = a_cols + 3;  // padded rows
-      s.ldb = b_cols + 1;
-      s.ldc = n + 2;
-      // Operands as f32 values exactly representable in `dtype`, stored in `dtype`.
-      auto make = [&](int64_t rows, int64_t ld, std::vector<float>& values,
-                      std::vector<uint8_t>& stored) {
-        values = Rand(rng, rows * ld);
-        stored.resize(values.size() * SizeOf(dtype));
-        if (dtype == DType::kF32) {
-          std::memcpy(stored.data(), values.data(), stored.size());
-          return;
-        }
-        auto* bits = reinterpret_cast<uint16_t*>(stored.data());
-        for (size_t i = 0; i < values.size(); ++i) {
-          bits[i] =
-              dtype == DType::kF16 ? FloatToHalfBits(values[i]) : FloatToBFloat16Bits(values[i]);
-          values[i] =
-              dtype == DType::kF16 ? HalfBitsToFloat(bits[i]) : BFloat16BitsToFloat(bits[i]);
-        }
-      };
-      std::vector<float> a, b;
-      std::vector<uint8_t> a_stored, b_stored;
-      make(a_rows, s.lda, a, a_stored);
-      make(b_rows, s.ldb, b, b_stored);
-      std::vector<float> c0 = Rand(rng, m * s.ldc);
-      void* da = Upload(a_stored);
-      void* db = Upload(b_stored);
-      float* dc = Upload(c0);
-      const int64_t ws_bytes = kernels().GemmWorkspaceBytes(s);
-      ASSERT_OK(
-          kernels().Gemm(stream(), s, alpha, da, db, beta, dc, Workspace(ws_bytes), ws_bytes));
-      const std::vector<float> got = Download(dc, m * s.ldc);
-
-      std::vector<float> direct = c0;
-      kernels_internal::Gemm(s.trans_a, s.trans_b, m, n, k, alpha, a.data(), s.lda, b.data(), s.ldb,
-                             beta, direct.data(), s.ldc);
-      std::vector<double> reference = D(c0);
-      for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < n; ++j) {
-          double sum = 0;
-          for (int64_t p = 0; p < k; ++p) {
-            const double av = s.trans_a ? a[p * s.lda + i] : a[i * s.lda + p];
-            const double bv = s.trans_b ? b[j * s.ldb + p] : b[p * s.ldb + j];
-            sum += av * bv;
+  // A small odd shape with general alpha and beta, and shapes wider than one block of the bf16
+  // GEMM's output grid (internal/bf16_gemm.h: blocks of >= 128) that overwrite and add to C.
+  struct Case {
+    int64_t m, n, k;
+    float alpha, beta;
+  };
+  for (const Case& cs : {Case{13, 17, 21, 0.75f, 0.5f}, Case{150, 290, 37, 1.0f, 0.0f},
+                         Case{131, 140, 19, 1.0f, 1.0f}}) {
+    const int64_t m = cs.m, n = cs.n, k = cs.k;
+    const float alpha = cs.alpha, beta = cs.beta;
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+      for (int t = 0; t < 4; ++t) {
+        GemmShape s;
+        s.trans_a = t & 1;
+        s.trans_b = t & 2;
+        s.m = m, s.n = n, s.k = k;
+        s.ab_dtype = dtype;
+        const int64_t a_rows = s.trans_a ? k : m, a_cols = s.trans_a ? m : k;
+        const int64_t b_rows = s.trans_b ? n : k, b_cols = s.trans_b ? k : n;
+        s.lda = a_cols + 3;  // padded rows
+        s.ldb = b_cols + 1;
+        s.ldc = n + 2;
+        // Operands as f32 values exactly representable in `dtype`, stored in `dtype`.
+        auto make = [&](int64_t rows, int64_t ld, std::vector<float>& values,
+                        std::vector<uint8_t>& stored) {
+          values = Rand(rng, rows * ld);
+          stored.resize(values.size() * SizeOf(dtype));
+          if (dtype == DType::kF32) {
+            std::memcpy(stored.data(), values.data(), stored.size());
+            return;
           }
-          reference[i * s.ldc + j] = alpha * sum + beta * static_cast<double>(c0[i * s.ldc + j]);
+          auto* bits = reinterpret_cast<uint16_t*>(stored.data());
+          for (size_t i = 0; i < values.size(); ++i) {
+            bits[i] =
+                dtype == DType::kF16 ? FloatToHalfBits(values[i]) : FloatToBFloat16Bits(values[i]);
+            values[i] =
+                dtype == DType::kF16 ? HalfBitsToFloat(bits[i]) : BFloat16BitsToFloat(bits[i]);
+          }
+        };
+        std::vector<float> a, b;
+        std::vector<uint8_t> a_stored, b_stored;
+        make(a_rows, s.lda, a, a_stored);
+        make(b_rows, s.ldb, b, b_stored);
+        std::vector<float> c0 = Rand(rng, m * s.ldc);
+        void* da = Upload(a_stored);
+        void* db = Upload(b_stored);
+        float* dc = Upload(c0);
+        const int64_t ws_bytes = kernels().GemmWorkspaceBytes(s);
+        ASSERT_OK(
+            kernels().Gemm(stream(), s, alpha, da, db, beta, dc, Workspace(ws_bytes), ws_bytes));
+        const std::vector<float> got = Download(dc, m * s.ldc);
+
+        std::vector<float> direct = c0;
+        if (dtype == DType::kBF16) {
+          // The CPU's bf16 GEMM (oneDNN on AVX512-BF16, else sgemm on the widened operands), which
+          // writes or adds the product; other alpha, beta scale a product into C.
+          kernels_internal::Bf16GemmArgs g;
+          g.trans_a = s.trans_a, g.trans_b = s.trans_b;
+          g.m = m, g.n = n, g.k = k;
+          g.a = reinterpret_cast<const uint16_t*>(a_stored.data()), g.lda = s.lda;
+          g.b = reinterpret_cast<const uint16_t*>(b_stored.data()), g.ldb = s.ldb;
+          std::vector<float> product(static_cast<size_t>(m * n));
+          const bool in_place = alpha == 1.0f && (beta == 0.0f || beta == 1.0f);
+          g.accumulate = in_place && beta == 1.0f;
+          g.c = in_place ? direct.data() : product.data();
+          g.ldc = in_place ? s.ldc : n;
+          ASSERT_OK(kernels_internal::GemmBf16(g, nullptr));
+          for (int64_t i = 0; !in_place && i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              float& out = direct[i * s.ldc + j];
+              out = beta == 0.0f ? alpha * product[i * n + j]
+                                 : alpha * product[i * n + j] + beta * out;
+            }
+          }
+        } else {
+          kernels_internal::Gemm(s.trans_a, s.trans_b, m, n, k, alpha, a.data(), s.lda, b.data(),
+                                 s.ldb, beta, direct.data(), s.ldc);
         }
+        std::vector<double> reference = D(c0);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            double sum = 0;
+            for (int64_t p = 0; p < k; ++p) {
+              const double av = s.trans_a ? a[p * s.lda + i] : a[i * s.lda + p];
+              const double bv = s.trans_b ? b[j * s.ldb + p] : b[p * s.ldb + j];
+              sum += av * bv;
+            }
+            reference[i * s.ldc + j] = alpha * sum + beta * static_cast<double>(c0[i * s.ldc + j]);
+          }
+        }
+        // The padding between rows of C must be untouched.
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = n; j < s.ldc; ++j) ASSERT_EQ(got[i * s.ldc + j], c0[i * s.ldc + j]);
+        }
+        // Bit identity holds for f32 operands (the same sgemm call) and f16 ones (widened exactly,
+        // then the very same sgemm on the same values); bf16 operands run the same bf16 GEMM, whose
+        // blocks do not depend on the pool.
+        Check(got, direct, reference,
+              absl::StrCat("Gemm ", DTypeName(dtype), " ", m, "x", n, "x", k, " alpha=", alpha,
+                           " beta=", beta, " trans_a=", s.trans_a, " trans_b=", s.trans_b));
       }
-      // The padding between rows of C must be untouched.
-      for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = n; j < s.ldc; ++j) ASSERT_EQ(got[i * s.ldc + j], c0[i * s.ldc + j]);
-      }
-      // Bit identity holds for f32 operands (the same sgemm call); 16-bit operands are widened
-      // exactly, so the CPU still runs the very same sgemm on the same values.
-      Check(
-          got, direct, reference,
-          absl::StrCat("Gemm ", DTypeName(dtype), " trans_a=", s.trans_a, " trans_b=", s.trans_b));
     }
   }
 }
