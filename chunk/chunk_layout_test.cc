@@ -416,6 +416,8 @@ TEST(ChunkLayout, GptLayoutHoldsEveryParameterAndIs14BytesPerParam) {
   ASSERT_OK_AND_ASSIGN(TensorId wte, layout.FindTensor("wte.weight"));
   EXPECT_EQ(layout.tensor(wte).offset_elems, 0);
   EXPECT_EQ(layout.tensor(wte).chunk_index, 0);
+  ASSERT_OK_AND_ASSIGN(TensorId wpe, layout.FindTensor("wpe.weight"));
+  EXPECT_EQ(layout.tensor(wpe).offset_elems, 50257 * 768);  // after wte
   ASSERT_OK_AND_ASSIGN(TensorId c_attn, layout.FindTensor("h.3.attn.c_attn.weight"));
   EXPECT_THAT(layout.tensor(c_attn).shape, ElementsAre(768, 2304));
 }

@@ -460,6 +460,10 @@ CachingAllocatorStats CachingAllocator::StatsLocked() const {
     largest_bytes = std::max(largest_bytes, (*large_free_.rbegin())->size_bytes);
   }
   stats.largest_free_block_bytes = largest_bytes;
+  for (const auto& [base, segment] : segments_) {
+    const Block* head = segment->head;
+    if (!head->allocated && head->next == nullptr) stats.free_segment_bytes += segment->size_bytes;
+  }
   stats.fragmentation = stats.cached_bytes == 0 ? 0.0
                                                 : 1.0 - static_cast<double>(largest_bytes) /
                                                             static_cast<double>(stats.cached_bytes);

@@ -126,6 +126,9 @@ struct CachingAllocatorStats {
   int64_t pending_free_bytes = 0;
   int64_t stream_ordered_frees = 0;
   int64_t pending_free_waits = 0;
+  // Bytes of the segments with no block in use (what ReleaseCached would give back now); the rest
+  // of cached_bytes is free space inside segments still in use, which only a free can recover.
+  int64_t free_segment_bytes = 0;
   // Free blocks now, and the largest of them.
   int64_t free_blocks = 0;
   int64_t largest_free_block_bytes = 0;

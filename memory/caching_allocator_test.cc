@@ -121,14 +121,16 @@ TEST(CachingAllocatorTest, SmallRequestsAreRoundedAndShareASegment) {
   EXPECT_EQ(stats.cached_bytes, 2 * kMiB - 1536);
   EXPECT_EQ(stats.segments, 1);
   EXPECT_EQ(stats.free_blocks, 1);
+  EXPECT_EQ(stats.free_segment_bytes, 0);  // the free tail is in a segment still in use
   EXPECT_EQ(stats.upstream_allocations, 1);
   EXPECT_EQ(host.in_use_bytes(), 2 * kMiB);
   ASSERT_OK(allocator->Deallocate(a, 1));
   ASSERT_OK(allocator->Deallocate(b, 513));
   stats = allocator->stats();
   EXPECT_EQ(stats.in_use_bytes, 0);
-  EXPECT_EQ(stats.reserved_bytes, 2 * kMiB);  // stays cached
-  EXPECT_EQ(stats.free_blocks, 1);            // merged back into one block
+  EXPECT_EQ(stats.reserved_bytes, 2 * kMiB);      // stays cached
+  EXPECT_EQ(stats.free_blocks, 1);                // merged back into one block
+  EXPECT_EQ(stats.free_segment_bytes, 2 * kMiB);  // all of it could go back
   EXPECT_EQ(stats.fragmentation, 0.0);
 }
 

@@ -8,8 +8,11 @@
 //       └── CachingAllocator  non-model data  └── CachingAllocator  non-model data
 //                 both report to one MemoryTracker
 //
-//  - chunk_pool(): fixed-size blocks for chunk payloads. Every block in use is accounted as model
-//    data.
+//  - chunk pools: fixed-size blocks for chunk payloads, one pool per block size. A model whose
+//    param chunks are 16-bit and whose optimizer-state chunks are f32 has two pools (f32-sized and
+//    16-bit-sized blocks), so a 16-bit chunk occupies a 16-bit-sized block: chunk_pool_for(bytes)
+//    is the pool with the smallest blocks that hold `bytes`. Every block in use is accounted as
+//    model data.
 //  - scratch(): the caching allocator for everything else (activations, workspaces, staging
 //    buffers). Every byte in use is accounted as non-model data. It frees in stream order
 //    (CachingAllocator::DeallocateOnStream) with events of the backend the memory was created
@@ -33,6 +36,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "memory/backend.h"
@@ -45,9 +49,14 @@
 namespace ps {
 
 struct DeviceMemoryOptions {
-  // Bytes of every chunk payload (chunk capacity in elements times the element size). Required.
+  // Bytes of the main pool's chunk payloads (chunk capacity in elements times the largest element
+  // size). Required.
   int64_t chunk_block_bytes = 0;
-  // Most chunk blocks held at once, in use plus cached; no limit but the memory itself when unset.
+  // Block sizes of further chunk pools, one per size: e.g. the 16-bit param chunks' bytes beside
+  // the f32 main pool. Each positive and different from chunk_block_bytes and from each other.
+  std::vector<int64_t> more_chunk_block_bytes;
+  // Most chunk blocks held at once by each pool, in use plus cached; no limit but the memory itself
+  // when unset.
   std::optional<int64_t> max_chunk_blocks;
   // Cap on all memory this device's pools take. Accelerator: a budget at most the backend's
   // capacity (unset: the whole capacity). Host: a hard cap on host memory (unset: none).
@@ -66,7 +75,10 @@ struct DeviceMemoryStats {
   std::optional<int64_t> capacity_bytes;
   MemoryTrackerSnapshot usage;
   ProviderResourceStats upstream;
+  // The main pool (chunk_pool()).
   ChunkBlockPoolStats chunk_pool;
+  // Every chunk pool, by increasing block size (the main pool among them).
+  std::vector<ChunkBlockPoolStats> chunk_pools;
   CachingAllocatorStats scratch;
 };
 
@@ -81,8 +93,14 @@ class DeviceMemory {
 
   // The device this memory lives on.
   Device device() const { return device_; }
-  // The fixed-size pool for chunk payloads (model data). Owned by this object.
+  // The main pool for chunk payloads (model data), of chunk_block_bytes() blocks. Owned by this
+  // object.
   ChunkBlockPool* chunk_pool() const { return chunk_pool_.get(); }
+  // The chunk pool with the smallest blocks of at least `bytes` (a chunk of `bytes` bytes takes
+  // one of its blocks); null when no pool's blocks are that large. Owned by this object.
+  ChunkBlockPool* chunk_pool_for(int64_t bytes) const;
+  // Every chunk pool, by increasing block size.
+  std::vector<ChunkBlockPool*> chunk_pools() const;
   // The caching allocator for non-model data. Owned by this object.
   CachingAllocator* scratch() const { return scratch_.get(); }
   // The accounting of this device. Owned by this object.
@@ -95,7 +113,7 @@ class DeviceMemory {
   // The cap the pools share (the budget, or the backend's capacity); nullopt for an uncapped host.
   std::optional<int64_t> capacity_bytes() const { return upstream_->effective_capacity_bytes(); }
 
-  // Returns both pools' cached memory to the device; returns the bytes released.
+  // Returns every pool's cached memory to the device; returns the bytes released.
   int64_t ReleaseCached();
 
   DeviceMemoryStats stats() const;
@@ -120,13 +138,16 @@ class DeviceMemory {
   std::unique_ptr<MemoryTracker> tracker_;
   std::unique_ptr<ProviderResource> upstream_;
   std::unique_ptr<ChunkBlockPool> chunk_pool_;
+  // The pools of more_chunk_block_bytes.
+  std::vector<std::unique_ptr<ChunkBlockPool>> more_chunk_pools_;
   std::unique_ptr<CachingAllocator> scratch_;
 };
 
 // The memory of the accelerator driven by `backend` (not owned; must outlive the result).
 // Returns InvalidArgument, naming the DeviceMemoryOptions field, for a null backend, a
 // non-positive chunk_block_bytes, max_chunk_blocks or capacity_bytes, a capacity_bytes above the
-// backend's capacity, a chunk block that cannot fit in the capacity, or invalid scratch options.
+// backend's capacity, a chunk block that cannot fit in the capacity, a repeated or non-positive
+// more_chunk_block_bytes, or invalid scratch options.
 absl::StatusOr<std::unique_ptr<DeviceMemory>> CreateAcceleratorMemory(
     Backend* backend, const DeviceMemoryOptions& options);
 

@@ -275,6 +275,68 @@ TEST(DeviceMemoryTest, ConcurrentPoolsOnASmallDevice) {
   EXPECT_EQ(backend->allocated_bytes(), 0);
 }
 
+TEST(DeviceMemoryTest, ChunkPoolsPerBlockSizeGiveA16BitChunkA16BitBlock) {
+  // f32 state chunks of 1 MiB and bf16 param chunks of 512 KiB (the same element capacity).
+  auto backend = MakeCpuBackend(16 * kMiB);
+  DeviceMemoryOptions options = ChunkBytes(kMiB);
+  options.more_chunk_block_bytes = {kMiB / 2};
+  ASSERT_OK_AND_ASSIGN(auto memory, CreateAcceleratorMemory(backend.get(), options));
+  ASSERT_EQ(memory->chunk_pools().size(), 2u);
+  EXPECT_EQ(memory->chunk_pools()[0]->block_bytes(), kMiB / 2);
+  EXPECT_EQ(memory->chunk_pools()[1]->block_bytes(), kMiB);
+  EXPECT_EQ(memory->chunk_pool()->block_bytes(), kMiB);
+  EXPECT_EQ(memory->chunk_pool_for(kMiB / 2)->block_bytes(), kMiB / 2);
+  EXPECT_EQ(memory->chunk_pool_for(100)->block_bytes(), kMiB / 2);
+  EXPECT_EQ(memory->chunk_pool_for(kMiB / 2 + 1)->block_bytes(), kMiB);
+  EXPECT_EQ(memory->chunk_pool_for(kMiB + 1), nullptr);
+
+  ASSERT_OK_AND_ASSIGN(void* half, memory->chunk_pool_for(kMiB / 2)->AllocateBlock());
+  ASSERT_OK_AND_ASSIGN(void* full, memory->chunk_pool_for(kMiB)->AllocateBlock());
+  EXPECT_EQ(backend->allocated_bytes(), kMiB + kMiB / 2);
+  EXPECT_EQ(memory->tracker()->Snapshot().model_bytes, kMiB + kMiB / 2);
+  const DeviceMemoryStats stats = memory->stats();
+  ASSERT_EQ(stats.chunk_pools.size(), 2u);
+  EXPECT_EQ(stats.chunk_pools[0].blocks_in_use, 1);
+  EXPECT_EQ(stats.chunk_pools[1].blocks_in_use, 1);
+  EXPECT_THAT(memory->DebugString(), AllOf(HasSubstr("chunk blocks of 512.00 KiB: 1 in use"),
+                                           HasSubstr("chunk blocks of 1.00 MiB: 1 in use")));
+  ASSERT_OK(memory->chunk_pool_for(kMiB / 2)->DeallocateBlock(half));
+  ASSERT_OK(memory->chunk_pool_for(kMiB)->DeallocateBlock(full));
+  // Both pools' caches go back to the device.
+  EXPECT_EQ(memory->ReleaseCached(), kMiB + kMiB / 2);
+  EXPECT_EQ(backend->allocated_bytes(), 0);
+}
+
+TEST(DeviceMemoryTest, ChunkPoolsUnderPressureGiveTheirCachesToEachOther) {
+  // 2 MiB: a cached 512 KiB block must go back for the 1 MiB pool to get its second block.
+  auto backend = MakeCpuBackend(2 * kMiB);
+  DeviceMemoryOptions options = ChunkBytes(kMiB);
+  options.more_chunk_block_bytes = {kMiB / 2};
+  ASSERT_OK_AND_ASSIGN(auto memory, CreateAcceleratorMemory(backend.get(), options));
+  ChunkBlockPool* small = memory->chunk_pool_for(kMiB / 2);
+  ASSERT_OK_AND_ASSIGN(void* a, small->AllocateBlock());
+  ASSERT_OK_AND_ASSIGN(void* b, small->AllocateBlock());
+  ASSERT_OK(small->DeallocateBlock(a));
+  ASSERT_OK(small->DeallocateBlock(b));
+  ASSERT_OK_AND_ASSIGN(void* c, memory->chunk_pool()->AllocateBlock());
+  ASSERT_OK_AND_ASSIGN(void* d, memory->chunk_pool()->AllocateBlock());
+  EXPECT_EQ(backend->allocated_bytes(), 2 * kMiB);
+  EXPECT_EQ(small->stats().cached_blocks, 0);
+  ASSERT_OK(memory->chunk_pool()->DeallocateBlock(c));
+  ASSERT_OK(memory->chunk_pool()->DeallocateBlock(d));
+}
+
+TEST(DeviceMemoryTest, MoreChunkBlockBytesAreCheckedNamingTheField) {
+  auto backend = MakeCpuBackend(8 * kMiB);
+  for (const std::vector<int64_t>& more :
+       std::vector<std::vector<int64_t>>{{0}, {-4}, {kMiB}, {kKiB, kKiB}, {16 * kMiB}}) {
+    DeviceMemoryOptions options = ChunkBytes(kMiB);
+    options.more_chunk_block_bytes = more;
+    EXPECT_THAT(CreateAcceleratorMemory(backend.get(), options),
+                StatusIs(absl::StatusCode::kInvalidArgument, "more_chunk_block_bytes"));
+  }
+}
+
 TEST(DeviceMemoryTest, DestructionReturnsEverythingToTheBackend) {
   auto backend = MakeCpuBackend(16 * kMiB);
   {

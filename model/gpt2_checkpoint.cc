@@ -306,6 +306,16 @@ absl::Status Gpt2Checkpoint::ReadF32(absl::string_view name, absl::Span<float> o
   return file_.ReadAsF32(it->second, out);
 }
 
+absl::Status Gpt2Checkpoint::ReadF32(absl::string_view name, int64_t first_elem,
+                                     absl::Span<float> out) const {
+  const auto it = file_names_.find(name);
+  if (it == file_names_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("'", name, "' is not a GPT-2 tensor of checkpoint '", file_.path(), "'"));
+  }
+  return file_.ReadAsF32(it->second, first_elem, out);
+}
+
 absl::StatusOr<std::vector<float>> Gpt2Checkpoint::ReadF32(absl::string_view name) const {
   const SafetensorsTensorInfo* info = Find(name);
   std::vector<float> out(info == nullptr ? 0 : static_cast<size_t>(info->num_elements));

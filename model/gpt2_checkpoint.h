@@ -123,6 +123,10 @@ class Gpt2Checkpoint {
   // if out.size() is not its element count.
   [[nodiscard]] absl::Status ReadF32(absl::string_view name, absl::Span<float> out) const;
   [[nodiscard]] absl::StatusOr<std::vector<float>> ReadF32(absl::string_view name) const;
+  // Elements [first_elem, first_elem + out.size()) of tensor `name`, row-major (a row block of
+  // wte.weight is a contiguous range). InvalidArgument if the range is not within the tensor.
+  [[nodiscard]] absl::Status ReadF32(absl::string_view name, int64_t first_elem,
+                                     absl::Span<float> out) const;
 
  private:
   explicit Gpt2Checkpoint(SafetensorsFile file) : file_(std::move(file)) {}

@@ -1,9 +1,13 @@
 #include "model/gpt_config.h"
 
+#include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
@@ -83,14 +87,73 @@ absl::Status ValidateGptConfig(const GptConfig& c) {
   return absl::OkStatus();
 }
 
-std::vector<OperatorSpec> GptOperators(const GptConfig& c) {
+std::string RowBlockNameOf(absl::string_view base, int64_t row_begin, int64_t row_end) {
+  return absl::StrCat(base, "[", row_begin, ":", row_end, "]");
+}
+
+std::optional<RowBlockName> ParseRowBlockName(absl::string_view name) {
+  if (!absl::EndsWith(name, "]")) return std::nullopt;
+  const size_t open = name.rfind('[');
+  if (open == absl::string_view::npos || open == 0) return std::nullopt;
+  const absl::string_view range = name.substr(open + 1, name.size() - open - 2);
+  const size_t colon = range.find(':');
+  if (colon == absl::string_view::npos) return std::nullopt;
+  RowBlockName out;
+  if (!absl::SimpleAtoi(range.substr(0, colon), &out.row_begin) ||
+      !absl::SimpleAtoi(range.substr(colon + 1), &out.row_end) || out.row_begin < 0 ||
+      out.row_end <= out.row_begin) {
+    return std::nullopt;
+  }
+  out.base = std::string(name.substr(0, open));
+  return out;
+}
+
+std::vector<GptVocabBlock> GptVocabBlocks(const GptConfig& c, const VocabLayoutOptions& layout) {
+  CHECK_GE(layout.vocab_block_rows, 0);
+  const int64_t v = c.vocab_size;
+  const int64_t rows = layout.vocab_block_rows == 0 ? v : std::min(layout.vocab_block_rows, v);
+  std::vector<GptVocabBlock> blocks;
+  if (rows == v) {
+    blocks.push_back({0, v, "wte", "wte.weight"});
+    return blocks;
+  }
+  for (int64_t r = 0; r < v; r += rows) {
+    const int64_t end = std::min(v, r + rows);
+    blocks.push_back(
+        {r, end - r, RowBlockNameOf("wte", r, end), RowBlockNameOf("wte.weight", r, end)});
+  }
+  return blocks;
+}
+
+int64_t GptVocabBlockRowsForChunk(const GptConfig& c, int64_t chunk_elems, int64_t row_quantum) {
+  CHECK_GT(chunk_elems, 0);
+  CHECK_GT(row_quantum, 0);
+  const int64_t quantum = std::min(row_quantum, c.vocab_size);
+  const int64_t fit_rows = chunk_elems / c.hidden;
+  const int64_t rows = fit_rows / quantum * quantum;
+  return std::min(rows, c.vocab_size);
+}
+
+int64_t GptMinChunkElems(const GptConfig& c, int64_t row_quantum) {
+  int64_t largest = std::min(row_quantum, c.vocab_size) * c.hidden;
+  for (const OperatorSpec& op : GptOperators(c, {.vocab_block_rows = 1})) {
+    if (absl::StartsWith(op.name, "wte")) continue;
+    largest = std::max(largest, OperatorNumElems(op));
+  }
+  return largest;
+}
+
+std::vector<OperatorSpec> GptOperators(const GptConfig& c, const VocabLayoutOptions& layout) {
   const absl::Status valid = ValidateGptConfig(c);
   CHECK(valid.ok()) << valid;
   const int64_t h = c.hidden;
+  const std::vector<GptVocabBlock> blocks = GptVocabBlocks(c, layout);
   std::vector<OperatorSpec> ops;
-  ops.reserve(2 + 6 * c.num_layers);
-  ops.push_back(OperatorSpec{
-      "embedding", {{"wte.weight", {c.vocab_size, h}}, {"wpe.weight", {c.max_seq_len, h}}}});
+  ops.reserve(blocks.size() + 2 + 6 * c.num_layers);
+  for (const GptVocabBlock& b : blocks) {
+    ops.push_back(OperatorSpec{b.op_name, {{b.tensor_name, {b.rows, h}}}});
+  }
+  ops.push_back(OperatorSpec{"wpe", {{"wpe.weight", {c.max_seq_len, h}}}});
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = absl::StrCat("h.", i, ".");
     ops.push_back(LayerNormOp(p + "ln_1", h));

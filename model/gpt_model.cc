@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
+#include "base/thread_pool.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
@@ -36,13 +37,11 @@
 #include "model/gpt2_checkpoint.h"
 #include "model/gpt_config.h"
 #include "model/kernels/attention.h"
-#include "model/kernels/encoder.h"
 #include "model/kernels/gelu.h"
 #include "model/kernels/layernorm.h"
-#include "model/kernels/lm_head_cross_entropy.h"
 #include "model/kernels/matmul.h"
 #include "model/kernels/residual.h"
-#include "base/thread_pool.h"
+#include "model/kernels/vocab_blocks.h"
 #include "scheduler/chunk_manager.h"
 
 namespace ps {
@@ -147,10 +146,13 @@ struct GptModel::Activations {
   std::vector<Buffer> x;
   std::vector<BlockActs> blocks;
   Buffer lnf, lnf_mean, lnf_rstd, ce_lse;
-  // Training: the loss scale, and d(lnf) and d(wte) (the LM head's part; the encoder adds its
-  // own in Backward), which the training forward computes together with the loss.
-  double loss_scale = 1.0;
-  Buffer dlnf, dwte;
+  // The batch's distinct tokens (backward): touched_tokens[slot] = token, slot_of_token[token] =
+  // slot or -1; touched_grads holds their f32 wte gradient rows (LM head's part, then the
+  // embedding's added), sized for min(tokens, vocab) rows whatever the batch, so that the tide
+  // does not depend on the data.
+  std::vector<int32_t> slot_of_token;
+  std::vector<int32_t> touched_tokens;
+  Buffer touched_grads;
 };
 
 namespace {
@@ -162,18 +164,48 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// N(0, std) values from stream `stream` of `seed`: mt19937_64 (its sequence is fixed by the C++
-// standard) and Box-Muller in double (std::normal_distribution is implementation-defined).
-void FillNormal(uint64_t seed, uint64_t stream, double std, absl::Span<float> out) {
+// Elements [first_elem, first_elem + out.size()) of the N(0, std) values of stream `stream` of
+// `seed`: mt19937_64 (its sequence is fixed by the C++ standard) and Box-Muller in double
+// (std::normal_distribution is implementation-defined); element 2p is the cosine and 2p + 1 the
+// sine of pair p, which draws the generator's values 2p and 2p + 1. A row block of a tensor gets
+// exactly the values the whole tensor would.
+void FillNormal(uint64_t seed, uint64_t stream, double std, int64_t first_elem,
+                absl::Span<float> out) {
   std::mt19937_64 gen(SplitMix64(seed ^ SplitMix64(stream)));
+  gen.discard(static_cast<unsigned long long>(first_elem / 2) * 2);
   constexpr double kTwoPi = 2.0 * std::numbers::pi;
-  for (size_t i = 0; i < out.size(); i += 2) {
+  int64_t e = first_elem;
+  size_t i = 0;
+  while (i < out.size()) {
     const double u1 = static_cast<double>((gen() >> 11) + 1) * 0x1.0p-53;  // (0, 1]
     const double u2 = static_cast<double>(gen() >> 11) * 0x1.0p-53;        // [0, 1)
     const double r = std::sqrt(-2.0 * std::log(u1));
-    out[i] = static_cast<float>(std * r * std::cos(kTwoPi * u2));
-    if (i + 1 < out.size()) out[i + 1] = static_cast<float>(std * r * std::sin(kTwoPi * u2));
+    if (e % 2 == 0) {
+      out[i++] = static_cast<float>(std * r * std::cos(kTwoPi * u2));
+      ++e;
+      if (i == out.size()) break;
+    }
+    out[i++] = static_cast<float>(std * r * std::sin(kTwoPi * u2));
+    ++e;
   }
+}
+
+// The initialization stream of a Hugging Face tensor: its index in the order wte, wpe, then the
+// blocks' and ln_f's tensors (the order before wte could be split, kept so that the same seed
+// gives the same model whatever the layout).
+uint64_t InitStream(const GptConfig& config, absl::string_view hf_name) {
+  if (hf_name == "wte.weight") return 0;
+  if (hf_name == "wpe.weight") return 1;
+  uint64_t index = 2;
+  for (const OperatorSpec& op : GptOperators(config)) {
+    for (const TensorSpec& t : op.tensors) {
+      if (t.name == "wte.weight" || t.name == "wpe.weight") continue;
+      if (t.name == hf_name) return index;
+      ++index;
+    }
+  }
+  LOG(FATAL) << "no GPT-2 tensor " << hf_name;
+  return 0;
 }
 
 }  // namespace
@@ -227,7 +259,22 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& conf
 
 absl::Status GptModel::ResolveLayout() {
   const ChunkLayout& layout = store_->layout();
-  const std::vector<OperatorSpec> ops = GptOperators(config_);
+  // The layout's wte split: one operator "wte", or blocks "wte[0:R]", "wte[R:2R]", ...
+  VocabLayoutOptions vocab;
+  if (!layout.FindOperator("wte").ok()) {
+    for (OperatorId op = 0; op < layout.num_operator_ids(); ++op) {
+      const std::optional<RowBlockName> block = ParseRowBlockName(layout.op(op).name);
+      if (block.has_value() && block->base == "wte" && block->row_begin == 0) {
+        vocab.vocab_block_rows = block->row_end;
+      }
+    }
+    if (vocab.vocab_block_rows == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GptModel: the chunk layout has no operator 'wte' or 'wte[0:R]' (GPT config '",
+          config_.name, "'); build the layout from GptOperators(config, layout)"));
+    }
+  }
+  const std::vector<OperatorSpec> ops = GptOperators(config_, vocab);
   if (layout.num_operator_ids() != static_cast<int64_t>(ops.size())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GptModel: the chunk layout has ", layout.num_operator_ids(), " operators but GPT config '",
@@ -263,15 +310,40 @@ absl::Status GptModel::ResolveLayout() {
     }
     resolved.push_back(r);
   }
-  embedding_op_ = resolved[0].op;
-  wte_ = resolved[0].w;
-  wpe_ = resolved[0].b;
+  const std::vector<GptVocabBlock> blocks = GptVocabBlocks(config_, vocab);
+  wpe_op_ = resolved[blocks.size()].op;
+  wpe_ = resolved[blocks.size()].w;
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    const LinearOp& r = resolved[k];
+    vocab_blocks_.push_back({r.op, r.w, blocks[k].row_begin, blocks[k].rows});
+    if (blocks[k].row_begin % options_.ce_vocab_tile != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GptModel: wte block '", blocks[k].op_name, "' starts at row ", blocks[k].row_begin,
+          ", not a multiple of GptModelOptions.ce_vocab_tile = ", options_.ce_vocab_tile,
+          "; blocks must hold whole LM-head vocabulary tiles (size them with "
+          "GptVocabBlockRowsForChunk) so that the split cannot change results"));
+    }
+  }
+  const size_t first_layer = 1 + blocks.size();
   for (int64_t l = 0; l < config_.num_layers; ++l) {
-    const LinearOp* r = &resolved[1 + 6 * l];
+    const LinearOp* r = &resolved[first_layer + 6 * l];
     blocks_.push_back(BlockOps{r[0], r[1], r[2], r[3], r[4], r[5]});
   }
   ln_f_ = std::make_unique<LinearOp>(resolved.back());
   return absl::OkStatus();
+}
+
+int64_t GptModel::vocab_block_rows() const { return vocab_blocks_.front().rows; }
+
+VocabBlockShape GptModel::BlockShape(const VocabBlock& b) const {
+  return VocabBlockShape{.rows = options_.batch * options_.seq_len,
+                         .channels = config_.hidden,
+                         .vocab_size = config_.vocab_size,
+                         .row_begin = b.row_begin,
+                         .block_rows = b.rows,
+                         .row_tile = options_.ce_row_tile,
+                         .vocab_tile = options_.ce_vocab_tile,
+                         .ignore_index = kIgnoreIndex};
 }
 
 Gpt2Dims GptModel::dims() const {
@@ -318,6 +390,15 @@ absl::Status GptModel::WriteGrad(TensorId tensor, absl::Span<const float> grad) 
   return Convert(DType::kF32, grad.data(), v.dtype, v.data, v.numel);
 }
 
+absl::Status GptModel::WriteGradRows(TensorId tensor, int64_t first_row, int64_t rows,
+                                     const float* grad) {
+  ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, tensor));
+  const int64_t c = config_.hidden;
+  CHECK_LE((first_row + rows) * c, v.numel);
+  return Convert(DType::kF32, grad, v.dtype,
+                 static_cast<char*>(v.data) + first_row * c * SizeOf(v.dtype), rows * c);
+}
+
 absl::Status GptModel::WriteParameter(TensorId tensor, absl::Span<const float> values) {
   ASSIGN_OR_RETURN(TensorView master, store_->View(ChunkType::kMaster, tensor));
   ASSIGN_OR_RETURN(TensorView param, store_->View(ChunkType::kParam, tensor));
@@ -332,14 +413,12 @@ absl::Status GptModel::WriteParameter(TensorId tensor, absl::Span<const float> v
 }
 
 absl::Status GptModel::SetParameters(
-    const std::function<absl::Status(size_t index, absl::Span<float> out)>& fill) {
+    const std::function<absl::Status(TensorId tensor, absl::Span<float> out)>& fill) {
   if (manager_->in_iteration()) {
     return absl::FailedPreconditionError(
         "GptModel: parameters can only be set outside an iteration (after EndIteration)");
   }
   const ChunkLayout& layout = store_->layout();
-  absl::flat_hash_map<TensorId, size_t> index_of;
-  for (size_t i = 0; i < param_tensors_.size(); ++i) index_of[param_tensors_[i]] = i;
   // ZeRO: other ranks' copies of this rank's chunks are stale from now on.
   RETURN_IF_ERROR(manager_->ReleaseRemoteChunks());
   std::vector<float> values;
@@ -351,7 +430,7 @@ absl::Status GptModel::SetParameters(
     absl::Status status;
     for (TensorId t : tensors) {
       values.assign(static_cast<size_t>(layout.tensor(t).numel), 0.0f);
-      status = fill(index_of.at(t), absl::MakeSpan(values));
+      status = fill(t, absl::MakeSpan(values));
       if (status.ok()) status = WriteParameter(t, values);
       if (!status.ok()) break;
     }
@@ -365,14 +444,21 @@ absl::Status GptModel::SetParameters(
 absl::Status GptModel::InitializeParameters(uint64_t seed) {
   const ChunkLayout& layout = store_->layout();
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.num_layers));
-  return SetParameters([&](size_t index, absl::Span<float> out) {
-    const std::string& name = layout.tensor(param_tensors_[index]).name;
+  return SetParameters([&](TensorId t, absl::Span<float> out) {
+    // A wte block draws its rows of wte's stream.
+    std::string name = layout.tensor(t).name;
+    int64_t first_elem = 0;
+    if (const std::optional<RowBlockName> block = ParseRowBlockName(name); block.has_value()) {
+      name = block->base;
+      first_elem = block->row_begin * config_.hidden;
+    }
     if (absl::StrContains(name, "ln_")) {
       std::fill(out.begin(), out.end(), absl::EndsWith(name, ".weight") ? 1.0f : 0.0f);
     } else if (absl::EndsWith(name, ".bias")) {
       std::fill(out.begin(), out.end(), 0.0f);
     } else {
-      FillNormal(seed, index, absl::EndsWith(name, "c_proj.weight") ? residual_std : 0.02, out);
+      FillNormal(seed, InitStream(config_, name),
+                 absl::EndsWith(name, "c_proj.weight") ? residual_std : 0.02, first_elem, out);
     }
     return absl::OkStatus();
   });
@@ -386,8 +472,12 @@ absl::Status GptModel::LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint) {
     return absl::InvalidArgumentError(os.str());
   }
   const ChunkLayout& layout = store_->layout();
-  return SetParameters([&](size_t index, absl::Span<float> out) {
-    return checkpoint.ReadF32(layout.tensor(param_tensors_[index]).name, out);
+  return SetParameters([&](TensorId t, absl::Span<float> out) {
+    const std::string& name = layout.tensor(t).name;
+    if (const std::optional<RowBlockName> block = ParseRowBlockName(name); block.has_value()) {
+      return checkpoint.ReadF32(block->base, block->row_begin * config_.hidden, out);
+    }
+    return checkpoint.ReadF32(name, out);
   });
 }
 
@@ -415,8 +505,7 @@ absl::Status GptModel::LoadTrainingState(const TrainingStateFillFn& fill) {
         }
         // `values` holds the master values now.
         ASSIGN_OR_RETURN(TensorView param, store_->View(ChunkType::kParam, t));
-        RETURN_IF_ERROR(
-            Convert(DType::kF32, values.data(), param.dtype, param.data, param.numel));
+        RETURN_IF_ERROR(Convert(DType::kF32, values.data(), param.dtype, param.data, param.numel));
       }
       return absl::OkStatus();
     }();
@@ -451,10 +540,17 @@ bool GptModel::HoldsTrainingState(absl::string_view name) const {
 
 std::vector<std::string> GptModel::ParameterNames() const {
   std::vector<std::string> names;
-  for (const OperatorSpec& op : GptOperators(config_)) {
-    for (const TensorSpec& t : op.tensors) names.push_back(t.name);
-  }
+  for (TensorId t : param_tensors_) names.push_back(store_->layout().tensor(t).name);
   return names;
+}
+
+std::vector<TensorSpec> GptModel::ParameterSpecs() const {
+  std::vector<TensorSpec> specs;
+  for (TensorId t : param_tensors_) {
+    const TensorInfo& info = store_->layout().tensor(t);
+    specs.push_back({info.name, info.shape});
+  }
+  return specs;
 }
 
 absl::Status GptModel::SaveGpt2Safetensors(const std::string& path, DType dtype) const {
@@ -465,27 +561,57 @@ absl::Status GptModel::SaveGpt2Safetensors(const std::string& path, DType dtype)
   if (store_->layout().world_size() > 1) {
     return absl::FailedPreconditionError(absl::StrCat(
         "GptModel::SaveGpt2Safetensors: this rank holds the master weights of its own chunks "
-        "only (ZeRO, world size ", store_->layout().world_size(),
+        "only (ZeRO, world size ",
+        store_->layout().world_size(),
         "); gather them first, as the trainer's export does (trainer/trainer.h)"));
   }
-  return WriteGpt2Safetensors(
-      path, dims(), dtype, [&](absl::string_view name, absl::Span<float> out) -> absl::Status {
-        ASSIGN_OR_RETURN(std::vector<float> v, ReadTensor(ChunkType::kMaster, name));
-        if (v.size() != out.size()) {
-          return absl::InternalError(absl::StrCat("GptModel: size of '", name, "' differs"));
-        }
-        std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
-        return absl::OkStatus();
-      });
+  return WriteGpt2Safetensors(path, dims(), dtype,
+                              [&](absl::string_view name, absl::Span<float> out) -> absl::Status {
+                                return ReadTensorInto(ChunkType::kMaster, name, out);
+                              });
 }
 
 absl::StatusOr<std::vector<float>> GptModel::ReadTensor(ChunkType type,
                                                         absl::string_view name) const {
-  ASSIGN_OR_RETURN(TensorId t, store_->layout().FindTensor(name));
-  ASSIGN_OR_RETURN(TensorView v, store_->View(type, t));
-  std::vector<float> out(static_cast<size_t>(v.numel));
-  RETURN_IF_ERROR(Convert(v.dtype, v.data, DType::kF32, out.data(), v.numel));
+  int64_t numel = 0;
+  if (absl::StatusOr<TensorId> t = store_->layout().FindTensor(name); t.ok()) {
+    numel = store_->layout().tensor(*t).numel;
+  } else if (name == "wte.weight") {
+    numel = config_.vocab_size * config_.hidden;
+  } else {
+    return t.status();
+  }
+  std::vector<float> out(static_cast<size_t>(numel));
+  RETURN_IF_ERROR(ReadTensorInto(type, name, absl::MakeSpan(out)));
   return out;
+}
+
+absl::Status GptModel::ReadTensorInto(ChunkType type, absl::string_view name,
+                                      absl::Span<float> out) const {
+  const ChunkLayout& layout = store_->layout();
+  absl::StatusOr<TensorId> t = layout.FindTensor(name);
+  if (t.ok()) {
+    ASSIGN_OR_RETURN(TensorView v, store_->View(type, *t));
+    if (static_cast<int64_t>(out.size()) != v.numel) {
+      return absl::InvalidArgumentError(absl::StrCat("GptModel::ReadTensorInto: '", name, "' has ",
+                                                     v.numel, " elements, not ", out.size()));
+    }
+    return Convert(v.dtype, v.data, DType::kF32, out.data(), v.numel);
+  }
+  if (name != "wte.weight") return t.status();
+  // wte in row blocks: assembled.
+  const int64_t c = config_.hidden;
+  if (static_cast<int64_t>(out.size()) != config_.vocab_size * c) {
+    return absl::InvalidArgumentError(absl::StrCat("GptModel::ReadTensorInto: 'wte.weight' has ",
+                                                   config_.vocab_size * c, " elements, not ",
+                                                   out.size()));
+  }
+  for (const VocabBlock& b : vocab_blocks_) {
+    ASSIGN_OR_RETURN(TensorView v, store_->View(type, b.tensor));
+    RETURN_IF_ERROR(
+        Convert(v.dtype, v.data, DType::kF32, out.data() + b.row_begin * c, b.rows * c));
+  }
+  return absl::OkStatus();
 }
 
 // --- Inputs
@@ -590,34 +716,71 @@ absl::Status GptModel::BlockForward(int64_t layer, absl::Span<const float> in, b
   return ResidualForward<float>(a.res2.cspan(), out.cspan(), out.span(), pool_.get());
 }
 
+absl::Status GptModel::EmbeddingForward(absl::Span<const int32_t> tokens, Activations& acts) {
+  const int64_t B = options_.batch, T = options_.seq_len, C = config_.hidden, N = B * T;
+  ASSIGN_OR_RETURN(acts.x[0], Alloc(N * C, false));
+  // Each block writes the rows of its tokens (16-bit rows widened as they are read); every row
+  // belongs to exactly one block.
+  for (const VocabBlock& b : vocab_blocks_) {
+    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, b.op, Stage::kForward));
+    ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, b.tensor));
+    if (v.dtype == DType::kF32) {
+      RETURN_IF_ERROR(EmbeddingBlockForward<float>(
+          BlockShape(b), tokens,
+          absl::Span<const float>(static_cast<const float*>(v.data), static_cast<size_t>(v.numel)),
+          acts.x[0].span(), pool_.get()));
+    } else {
+      RETURN_IF_ERROR(EmbeddingBlockForward(BlockShape(b), tokens,
+                                            Block16{static_cast<const uint16_t*>(v.data), v.dtype},
+                                            acts.x[0].span(), pool_.get()));
+    }
+    RETURN_IF_ERROR(access.End());
+  }
+  // Then the positions: x = wte[token] + wpe[position].
+  ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, wpe_op_, Stage::kForward));
+  absl::Span<const float> wpe;
+  ASSIGN_OR_RETURN(Buffer wpe_f32, ParamF32(wpe_, &wpe));
+  RETURN_IF_ERROR(PositionEmbeddingForward<float>(B, T, C, wpe, acts.x[0].span(), pool_.get()));
+  wpe_f32.Reset();
+  return access.End();
+}
+
+absl::StatusOr<double> GptModel::LmHeadForward(absl::Span<const int32_t> targets,
+                                               Activations& acts) {
+  const int64_t N = options_.batch * options_.seq_len;
+  const bool sixteen_bit = store_->compute_dtype() != DType::kF32;
+  ASSIGN_OR_RETURN(acts.ce_lse, Alloc(N, false));
+  // The online softmax state of every row, carried across the blocks.
+  ASSIGN_OR_RETURN(Buffer state, Alloc(3 * N, false));
+  LmHeadStateInit<float>(state.span());
+  for (const VocabBlock& b : vocab_blocks_) {
+    const VocabBlockShape shape = BlockShape(b);
+    ASSIGN_OR_RETURN(Buffer ws, Alloc(LmHeadBlockForwardWorkspaceElems(shape, sixteen_bit), false));
+    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, b.op, Stage::kForward));
+    ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, b.tensor));
+    if (v.dtype == DType::kF32) {
+      RETURN_IF_ERROR(LmHeadBlockForward<float>(
+          shape, acts.lnf.cspan(),
+          absl::Span<const float>(static_cast<const float*>(v.data), static_cast<size_t>(v.numel)),
+          targets, state.span(), ws.span(), pool_.get()));
+    } else {
+      RETURN_IF_ERROR(LmHeadBlockForward(shape, acts.lnf.cspan(),
+                                         Block16{static_cast<const uint16_t*>(v.data), v.dtype},
+                                         targets, state.span(), ws.span(), pool_.get()));
+    }
+    RETURN_IF_ERROR(access.End());
+  }
+  return LmHeadFinish<float>(BlockShape(vocab_blocks_.front()), targets, state.cspan(),
+                             acts.ce_lse.span());
+}
+
 absl::StatusOr<double> GptModel::Forward(absl::Span<const int32_t> tokens,
                                          absl::Span<const int32_t> targets, ForwardMode mode,
                                          Activations& acts) {
-  const int64_t B = options_.batch, T = options_.seq_len, C = config_.hidden, N = B * T;
-  const int64_t V = config_.vocab_size, L = config_.num_layers;
+  const int64_t L = config_.num_layers;
   acts.x.resize(L + 1);
   acts.blocks.resize(L);
-  {
-    ASSIGN_OR_RETURN(acts.x[0], Alloc(N * C, false));
-    ASSIGN_OR_RETURN(ScopedAccess access,
-                     ScopedAccess::Begin(manager_, embedding_op_, Stage::kForward));
-    absl::Span<const float> wte, wpe;
-    // bf16 chunks: only the rows read are widened (not the whole V x C table).
-    ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> wte_bf16, ParamBf16(wte_));
-    Buffer wte_f32;
-    if (!wte_bf16.has_value()) {
-      ASSIGN_OR_RETURN(wte_f32, ParamF32(wte_, &wte));
-    }
-    ASSIGN_OR_RETURN(Buffer wpe_f32, ParamF32(wpe_, &wpe));
-    const EncoderShape shape{B, T, C, V, config_.max_seq_len};
-    RETURN_IF_ERROR(
-        wte_bf16.has_value()
-            ? EncoderForwardBf16(shape, tokens, *wte_bf16, wpe, acts.x[0].span(), pool_.get())
-            : EncoderForward<float>(shape, tokens, wte, wpe, acts.x[0].span(), pool_.get()));
-    wte_f32.Reset();
-    wpe_f32.Reset();
-    RETURN_IF_ERROR(access.End());
-  }
+  RETURN_IF_ERROR(EmbeddingForward(tokens, acts));
   for (int64_t l = 0; l < L; ++l) {
     RETURN_IF_ERROR(
         BlockForward(l, acts.x[l].cspan(), /*recompute=*/false, acts.blocks[l], acts.x[l + 1]));
@@ -630,54 +793,8 @@ absl::StatusOr<double> GptModel::Forward(absl::Span<const int32_t> tokens,
     acts.lnf_mean.Reset();
     acts.lnf_rstd.Reset();
   }
-  // The LM head, tied to wte: the embedding operator's second use. Training runs the head's
-  // forward and backward in one kernel (LmHeadCrossEntropyForwardBackward: the same bits as the
-  // two kernels, without computing the logits a second time); its gradients wait in `acts` for
-  // Backward.
-  const bool train = mode != ForwardMode::kEvaluate;
-  const LmHeadCrossEntropyShape ce{.rows = N,
-                                   .channels = C,
-                                   .vocab_size = V,
-                                   .row_tile = options_.ce_row_tile,
-                                   .vocab_tile = options_.ce_vocab_tile,
-                                   .ignore_index = kIgnoreIndex};
-  ASSIGN_OR_RETURN(acts.ce_lse, Alloc(N, false));
-  if (train) {
-    ASSIGN_OR_RETURN(acts.dwte, Alloc(V * C, true));
-    ASSIGN_OR_RETURN(acts.dlnf, Alloc(N * C, true));
-  }
-  ASSIGN_OR_RETURN(ScopedAccess access,
-                   ScopedAccess::Begin(manager_, embedding_op_, Stage::kForward));
-  double loss = 0;
-  ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> wte_bf16, ParamBf16(wte_));
-  if (wte_bf16.has_value()) {
-    ASSIGN_OR_RETURN(Buffer ws, Alloc(train ? LmHeadCrossEntropyFusedBf16WorkspaceElems(ce)
-                                            : LmHeadCrossEntropyBf16WorkspaceElems(ce),
-                                      false));
-    ASSIGN_OR_RETURN(
-        loss,
-        train ? LmHeadCrossEntropyForwardBackwardBf16(
-                    ce, acts.lnf.cspan(), *wte_bf16, targets, acts.loss_scale, acts.ce_lse.span(),
-                    acts.dlnf.span(), acts.dwte.span(), ws.span(), pool_.get())
-              : LmHeadCrossEntropyForwardBf16(ce, acts.lnf.cspan(), *wte_bf16, targets,
-                                              acts.ce_lse.span(), ws.span(), pool_.get()));
-    RETURN_IF_ERROR(access.End());
-    return loss;
-  }
-  ASSIGN_OR_RETURN(Buffer ws, Alloc(train ? LmHeadCrossEntropyFusedWorkspaceElems(ce)
-                                          : LmHeadCrossEntropyWorkspaceElems(ce),
-                                    false));
-  absl::Span<const float> wte;
-  ASSIGN_OR_RETURN(Buffer wte_f32, ParamF32(wte_, &wte));
-  ASSIGN_OR_RETURN(
-      loss, train ? LmHeadCrossEntropyForwardBackward<float>(
-                        ce, acts.lnf.cspan(), wte, targets, acts.loss_scale, acts.ce_lse.span(),
-                        acts.dlnf.span(), acts.dwte.span(), ws.span(), pool_.get())
-                  : LmHeadCrossEntropyForward<float>(ce, acts.lnf.cspan(), wte, targets,
-                                                     acts.ce_lse.span(), ws.span(), pool_.get()));
-  wte_f32.Reset();
-  RETURN_IF_ERROR(access.End());
-  return loss;
+  // The LM head, tied to wte: the blocks' second use.
+  return LmHeadForward(targets, acts);
 }
 
 // --- Backward
@@ -781,20 +898,94 @@ absl::Status GptModel::BlockBackward(int64_t layer, BlockActs& a, Buffer& in, Bu
   return absl::OkStatus();
 }
 
+absl::Status GptModel::LmHeadBackward(absl::Span<const int32_t> targets, double loss_scale,
+                                      Activations& acts, Buffer& dlnf) {
+  const int64_t C = config_.hidden;
+  const bool sixteen_bit = store_->compute_dtype() != DType::kF32;
+  for (const VocabBlock& b : vocab_blocks_) {
+    const VocabBlockShape shape = BlockShape(b);
+    ASSIGN_OR_RETURN(Buffer ws,
+                     Alloc(LmHeadBlockBackwardWorkspaceElems(shape, sixteen_bit), false));
+    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, b.op, Stage::kBackward));
+    // Each finished vocabulary tile: the batch's rows stay in f32 for the embedding's part, the
+    // tile goes into the slots (its parameters are not read again).
+    auto on_tile = [&](int64_t v0, int64_t rows, const float* grad) -> absl::Status {
+      for (int64_t r = 0; r < rows; ++r) {
+        const int32_t slot = acts.slot_of_token[v0 + r];
+        if (slot >= 0) {
+          std::memcpy(acts.touched_grads.data() + static_cast<int64_t>(slot) * C, grad + r * C,
+                      static_cast<size_t>(C) * sizeof(float));
+        }
+      }
+      return WriteGradRows(b.tensor, v0 - b.row_begin, rows, grad);
+    };
+    ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, b.tensor));
+    if (v.dtype == DType::kF32) {
+      RETURN_IF_ERROR(LmHeadBlockBackward<float>(
+          shape, acts.lnf.cspan(),
+          absl::Span<const float>(static_cast<const float*>(v.data), static_cast<size_t>(v.numel)),
+          targets, acts.ce_lse.cspan(), loss_scale, dlnf.span(), ws.span(), on_tile, pool_.get()));
+    } else {
+      RETURN_IF_ERROR(LmHeadBlockBackward(
+          shape, acts.lnf.cspan(), Block16{static_cast<const uint16_t*>(v.data), v.dtype}, targets,
+          acts.ce_lse.cspan(), loss_scale, dlnf.span(), ws.span(), on_tile, pool_.get()));
+    }
+    RETURN_IF_ERROR(access.End());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::EmbeddingBackward(absl::Span<const int32_t> tokens, Activations& acts,
+                                         Buffer& dx0) {
+  const int64_t B = options_.batch, T = options_.seq_len, C = config_.hidden;
+  // The embedding's part of the batch's rows, added to the LM head's in token order (no
+  // parameter is read: nothing is accessed).
+  RETURN_IF_ERROR(ScatterRowsAdd<float>(
+      C, tokens, acts.slot_of_token, dx0.cspan(),
+      acts.touched_grads.span().subspan(0, acts.touched_tokens.size() * static_cast<size_t>(C)),
+      pool_.get()));
+  {
+    ASSIGN_OR_RETURN(Buffer dwpe, Alloc(config_.max_seq_len * C, true));
+    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, wpe_op_, Stage::kBackward));
+    RETURN_IF_ERROR(
+        PositionEmbeddingBackward<float>(B, T, C, dx0.cspan(), dwpe.span(), pool_.get()));
+    RETURN_IF_ERROR(WriteGrad(wpe_, dwpe.cspan()));
+    RETURN_IF_ERROR(access.End());
+  }
+  dx0.Reset();
+  // wte's last backward use: the batch's rows take their complete gradients (every block is
+  // accessed, whether the batch touches it or not, so the schedule does not depend on the data).
+  for (auto it = vocab_blocks_.rbegin(); it != vocab_blocks_.rend(); ++it) {
+    const VocabBlock& b = *it;
+    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, b.op, Stage::kBackward));
+    for (size_t slot = 0; slot < acts.touched_tokens.size(); ++slot) {
+      const int64_t token = acts.touched_tokens[slot];
+      if (token < b.row_begin || token >= b.row_begin + b.rows) continue;
+      RETURN_IF_ERROR(WriteGradRows(b.tensor, token - b.row_begin, 1,
+                                    acts.touched_grads.data() + static_cast<int64_t>(slot) * C));
+    }
+    RETURN_IF_ERROR(access.End());
+  }
+  acts.touched_grads.Reset();
+  return absl::OkStatus();
+}
+
 absl::Status GptModel::Backward(absl::Span<const int32_t> tokens, absl::Span<const int32_t> targets,
                                 double loss_scale, Activations& acts) {
   const int64_t B = options_.batch, T = options_.seq_len, C = config_.hidden, N = B * T;
   const int64_t V = config_.vocab_size, L = config_.num_layers;
-  // d(wte) of both uses (the LM head's part, computed by the training forward; the encoder's part
-  // at the end) and d(lnf).
-  Buffer dwte = std::move(acts.dwte), dlnf = std::move(acts.dlnf);
-  {
-    // The LM head's backward use of the embedding operator: its gradients are already in dwte
-    // and dlnf (Forward), but the access stays, so the schedule of chunk accesses is unchanged.
-    ASSIGN_OR_RETURN(ScopedAccess access,
-                     ScopedAccess::Begin(manager_, embedding_op_, Stage::kBackward));
-    RETURN_IF_ERROR(access.End());
+  // The batch's distinct tokens: their wte rows get both gradient parts before one write.
+  acts.slot_of_token.assign(static_cast<size_t>(V), -1);
+  acts.touched_tokens.clear();
+  for (int32_t t : tokens) {
+    if (acts.slot_of_token[t] < 0) {
+      acts.slot_of_token[t] = static_cast<int32_t>(acts.touched_tokens.size());
+      acts.touched_tokens.push_back(t);
+    }
   }
+  ASSIGN_OR_RETURN(acts.touched_grads, Alloc(std::min(N, V) * C, false));
+  ASSIGN_OR_RETURN(Buffer dlnf, Alloc(N * C, true));
+  RETURN_IF_ERROR(LmHeadBackward(targets, loss_scale, acts, dlnf));
   acts.ce_lse.Reset();
   acts.lnf.Reset();
   ASSIGN_OR_RETURN(Buffer dres, Alloc(N * C, true));
@@ -812,15 +1003,7 @@ absl::Status GptModel::Backward(absl::Span<const int32_t> tokens, absl::Span<con
     }
     RETURN_IF_ERROR(BlockBackward(l, acts.blocks[l], acts.x[l], dres));
   }
-  ASSIGN_OR_RETURN(Buffer dwpe, Alloc(config_.max_seq_len * C, true));
-  ASSIGN_OR_RETURN(ScopedAccess access,
-                   ScopedAccess::Begin(manager_, embedding_op_, Stage::kBackward));
-  RETURN_IF_ERROR(EncoderBackward<float>({B, T, C, V, config_.max_seq_len}, tokens, dres.cspan(),
-                                         dwte.span(), dwpe.span(), pool_.get()));
-  // wte's last backward use: both parts are in; the slots take the gradients.
-  RETURN_IF_ERROR(WriteGrad(wte_, dwte.cspan()));
-  RETURN_IF_ERROR(WriteGrad(wpe_, dwpe.cspan()));
-  return access.End();
+  return EmbeddingBackward(tokens, acts, dres);
 }
 
 // --- Entry points
@@ -856,7 +1039,6 @@ absl::StatusOr<double> GptModel::ForwardBackward(absl::Span<const int32_t> token
         "first (or use TrainStep)");
   }
   Activations acts;
-  acts.loss_scale = loss_scale;
   const ForwardMode mode =
       options_.activation_checkpointing ? ForwardMode::kCheckpoint : ForwardMode::kTrain;
   ASSIGN_OR_RETURN(const double loss, Forward(tokens, targets, mode, acts));

@@ -2,28 +2,36 @@
 // positions, LM head tied to wte) whose parameters live in chunks managed by a ChunkManager.
 //
 // The model owns no model data. Its parameters are the tensors of model/gpt_config.h's
-// GptOperators(config) (Hugging Face names, Conv1D weights [in, out]) placed in a ChunkStore; every
-// operator of GptOperators is one chunk-access unit. Each computation that needs parameters is
+// GptOperators(config, layout) (Hugging Face names, Conv1D weights [in, out]) for any
+// VocabLayoutOptions: wte whole ("wte.weight") or in row blocks ("wte.weight[r0:r1]"), placed in a
+// ChunkStore; every operator is one chunk-access unit. Each computation that needs parameters is
 // bracketed by ChunkManager::Access(op, stage) / Release(op, stage), so an operator's chunk is
 // resident only while that operator computes, and the scheduler may evict it at any other time.
+// The vocabulary blocks are computed one at a time (model/kernels/vocab_blocks.h), so no operator
+// ever needs all of wte, and no [vocab, hidden] buffer exists; the blocks must hold whole LM-head
+// vocabulary tiles (every block's first row a multiple of GptModelOptions::ce_vocab_tile), which
+// makes the results independent of the split: a split model computes bit for bit what the
+// unsplit one does.
 //
 // One training iteration (ForwardBackward) accesses, in order:
-//   forward:  embedding, then per block ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
-//             mlp.c_proj, then ln_f, then embedding again (the tied LM head + cross-entropy);
-//   backward: embedding (LM head), ln_f, per block from the last: mlp.c_proj, mlp.c_fc, ln_2,
-//             attn.c_proj, attn.c_attn, ln_1 (each block first re-accessing its six operators in
-//             forward when activation checkpointing is on), then embedding (the encoder).
+//   forward:  every wte block, then wpe (the embedding: each block writes the rows of its
+//             tokens, then the positions are added), then per block ln_1, attn.c_attn,
+//             attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj, then ln_f, then every wte block again
+//             (the tied LM head + cross-entropy, the online softmax carried across blocks);
+//   backward: every wte block (LM head), ln_f, per block from the last: mlp.c_proj, mlp.c_fc,
+//             ln_2, attn.c_proj, attn.c_attn, ln_1 (each block first re-accessing its six
+//             operators in forward when activation checkpointing is on), then wpe and every wte
+//             block in reverse order (the embedding's gradient).
 // Gradients. A backward access computes its operator's parameter gradients into a zeroed f32
 // workspace (the kernels accumulate) and, once that operator's last backward use is done,
 // writes them into the parameters' own slots of the param chunk (the slot holds the gradient from
-// then on; chunk/chunk_type.h). The tied wte is used twice: the LM head accumulates its part of
-// d(wte) into an f32 workspace that lives until the encoder's backward, which adds its part and
-// writes the total into wte's slot. (In training the LM head's forward access already computes
-// its gradients, in one kernel with the loss that keeps a row tile's logits instead of computing
-// them again — model/kernels/lm_head_cross_entropy.h LmHeadCrossEntropyForwardBackward, the same
-// bits; its backward access remains, computing nothing, so the access schedule is unchanged.)
-// The optimizer (HybridAdam) then reads the gradients from the param chunks and writes the new
-// parameters back into them.
+// then on; chunk/chunk_type.h). The tied wte is used twice: the LM head's backward writes each
+// block's gradient into its slots one vocabulary tile at a time (the block's parameters are not
+// needed after that), except the rows of the tokens in the batch, whose f32 LM-head gradient is
+// kept in a [distinct tokens, hidden] buffer until the embedding's backward has added its part;
+// those rows are then written — so every gradient is rounded to a 16-bit slot once, exactly as
+// when both parts were summed in one f32 [vocab, hidden] workspace. The optimizer (HybridAdam)
+// then reads the gradients from the param chunks and writes the new parameters back into them.
 //
 // Non-model data. Activations, gradients of activations, gradient workspaces and kernel
 // workspaces are allocations of the accelerator's scratch() (DeviceMemory), so the accelerator's
@@ -68,6 +76,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "base/thread_pool.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
@@ -75,7 +84,7 @@
 #include "memory/dtype.h"
 #include "model/gpt2_checkpoint.h"
 #include "model/gpt_config.h"
-#include "base/thread_pool.h"
+#include "model/kernels/vocab_blocks.h"
 #include "scheduler/chunk_manager.h"
 
 namespace ps {
@@ -92,11 +101,12 @@ struct GptModelOptions {
   // Threads of the model's ThreadPool for the element-wise kernels, the caller included. >= 1.
   // (OpenBLAS's thread count is process-wide: model/kernels/matmul.h SetBlasThreads.)
   int threads = 1;
-  // Kernel tiles (model/kernels/attention.h, lm_head_cross_entropy.h); the defaults suit real
-  // models, tests use small ones to cross tile boundaries.
+  // Kernel tiles (model/kernels/attention.h, vocab_blocks.h); the defaults suit real models, tests
+  // use small ones to cross tile boundaries. Every wte block must start at a multiple of
+  // ce_vocab_tile (model/gpt_config.h's GptVocabBlockRowsForChunk sizes blocks so).
   int64_t attention_tile = 64;
   int64_t ce_row_tile = 256;
-  int64_t ce_vocab_tile = 2048;
+  int64_t ce_vocab_tile = kDefaultVocabTileRows;
 };
 
 class GptModel {
@@ -104,13 +114,14 @@ class GptModel {
   // Targets equal to this are excluded from the loss (PyTorch's default ignore_index).
   static constexpr int32_t kIgnoreIndex = -100;
 
-  // A model of `config` over `store`, whose layout must hold exactly GptOperators(config) (same
-  // operator and tensor names and sizes; any placement). None of the pointers is owned; all must
-  // outlive the model. `manager` must manage `store`, and `accelerator` be its accelerator memory:
-  // activations are allocated from accelerator->scratch().
+  // A model of `config` over `store`, whose layout must hold exactly GptOperators(config, layout)
+  // for some VocabLayoutOptions (same operator and tensor names and sizes; any placement). None of
+  // the pointers is owned; all must outlive the model. `manager` must manage `store`, and
+  // `accelerator` be its accelerator memory: activations are allocated from
+  // accelerator->scratch().
   // Errors: InvalidArgument for null pointers, an invalid config (ValidateGptConfig), bad options
-  // (naming the field) or a layout that does not match the config (naming the operator or
-  // tensor).
+  // (naming the field), a layout that does not match the config (naming the operator or
+  // tensor), or wte blocks that do not start on a multiple of ce_vocab_tile.
   static absl::StatusOr<std::unique_ptr<GptModel>> Create(const GptConfig& config,
                                                           ChunkStore* store, ChunkManager* manager,
                                                           DeviceMemory* accelerator,
@@ -170,12 +181,17 @@ class GptModel {
   [[nodiscard]] absl::Status CheckInputs(absl::Span<const int32_t> tokens,
                                          absl::Span<const int32_t> targets) const;
 
-  // A copy of tensor `name` (Hugging Face name, e.g. "h.0.attn.c_attn.weight") of chunk `type`,
-  // converted to f32, read where the chunk's payload is now; no chunk moves and no moment, so it
-  // may be called between the backward and the optimizer step to read gradients. While no operator
-  // is accessed. NotFound for an unknown name; FailedPrecondition if the chunk has no payload.
+  // A copy of tensor `name` of chunk `type`, converted to f32, read where the chunk's payload is
+  // now; no chunk moves and no moment, so it may be called between the backward and the optimizer
+  // step to read gradients. While no operator is accessed. `name` is a stored tensor
+  // (ParameterNames: "h.0.attn.c_attn.weight", "wte.weight[0:2048]") or a Hugging Face tensor
+  // held in row blocks ("wte.weight", assembled from its blocks; all of them must have payloads
+  // on this rank). NotFound for an unknown name; FailedPrecondition if a chunk has no payload.
   [[nodiscard]] absl::StatusOr<std::vector<float>> ReadTensor(ChunkType type,
                                                               absl::string_view name) const;
+  // The same into `out` (sized to the tensor; InvalidArgument otherwise).
+  [[nodiscard]] absl::Status ReadTensorInto(ChunkType type, absl::string_view name,
+                                            absl::Span<float> out) const;
 
   // Hugging Face GPT-2 checkpoint import: sets the parameters (param and master chunks, momentum
   // and variance zeroed) from `checkpoint`, whose dimensions must match the config
@@ -201,8 +217,14 @@ class GptModel {
   // always for world size 1; for the tensors of the chunks it owns under ZeRO. False for an
   // unknown name.
   bool HoldsTrainingState(absl::string_view name) const;
-  // The parameter names in checkpoint order (the operators' order of GptOperators).
+  // The stored tensors' names in checkpoint order (the operators' order of GptOperators): wte's
+  // row blocks under their block names ("wte.weight[0:2048]"), so a ZeRO rank can hold some of
+  // them.
   std::vector<std::string> ParameterNames() const;
+  // The stored tensors (names and shapes) in that order.
+  std::vector<TensorSpec> ParameterSpecs() const;
+  // Rows per wte block of this model's layout (vocab_size when wte is whole).
+  int64_t vocab_block_rows() const;
   // Export: writes the master weights (f32, exact) to `path` as a Hugging Face GPT-2 safetensors
   // file stored as `dtype`. Outside an iteration; FailedPrecondition for world size > 1 (no rank
   // holds every master weight: gather them, as the trainer's export does). I/O errors of
@@ -223,6 +245,13 @@ class GptModel {
   struct BlockOps;
   struct BlockActs;
   struct Activations;
+  // One row block of wte.
+  struct VocabBlock {
+    OperatorId op = -1;
+    TensorId tensor = -1;
+    int64_t row_begin = 0;
+    int64_t rows = 0;
+  };
   enum class ForwardMode { kTrain, kCheckpoint, kEvaluate };
 
   GptModel(const GptConfig& config, ChunkStore* store, ChunkManager* manager,
@@ -241,12 +270,27 @@ class GptModel {
   absl::StatusOr<std::optional<absl::Span<const uint16_t>>> ParamBf16(TensorId tensor);
   // Writes an f32 gradient into the tensor's param slot (converting to the compute dtype).
   absl::Status WriteGrad(TensorId tensor, absl::Span<const float> grad);
+  // Writes `rows` rows of hidden values from `grad` into rows [first_row, first_row + rows) of a
+  // 2-D tensor's param slot (converting).
+  absl::Status WriteGradRows(TensorId tensor, int64_t first_row, int64_t rows, const float* grad);
   // Writes f32 values into the tensor's master slot and its param slot (rounded), zeroes momentum
   // and variance. REQUIRES: the tensor's chunks are accessed on the host.
   absl::Status WriteParameter(TensorId tensor, absl::Span<const float> values);
   // Writes every parameter from `fill` (outside an iteration).
   absl::Status SetParameters(
-      const std::function<absl::Status(size_t index, absl::Span<float> out)>& fill);
+      const std::function<absl::Status(TensorId tensor, absl::Span<float> out)>& fill);
+  // The shape of wte block `b` for the vocab_blocks kernels.
+  VocabBlockShape BlockShape(const VocabBlock& b) const;
+  // The embedding: acts.x[0] = the wte rows of `tokens` + wpe.
+  absl::Status EmbeddingForward(absl::Span<const int32_t> tokens, Activations& acts);
+  // The LM head and cross-entropy over every block; returns the loss, keeps acts.ce_lse.
+  absl::StatusOr<double> LmHeadForward(absl::Span<const int32_t> targets, Activations& acts);
+  // The LM head's backward over every block: dlnf += ..., the blocks' gradients into their slots
+  // (the batch's rows into acts.touched_grads).
+  absl::Status LmHeadBackward(absl::Span<const int32_t> targets, double loss_scale,
+                              Activations& acts, Buffer& dlnf);
+  // The embedding's backward from d(x[0]) `dx0`: wpe's gradient, and the batch's wte rows.
+  absl::Status EmbeddingBackward(absl::Span<const int32_t> tokens, Activations& acts, Buffer& dx0);
 
   absl::StatusOr<double> Forward(absl::Span<const int32_t> tokens,
                                  absl::Span<const int32_t> targets, ForwardMode mode,
@@ -279,8 +323,9 @@ class GptModel {
   std::unique_ptr<ThreadPool> pool_;
 
   // Resolved layout: operator and tensor ids.
-  OperatorId embedding_op_ = -1;
-  TensorId wte_ = -1, wpe_ = -1;
+  OperatorId wpe_op_ = -1;
+  TensorId wpe_ = -1;
+  std::vector<VocabBlock> vocab_blocks_;
   std::vector<BlockOps> blocks_;
   std::unique_ptr<LinearOp> ln_f_;
   // Every parameter tensor in GptOperators order (the initialization's stream index).

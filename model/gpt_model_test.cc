@@ -41,6 +41,7 @@
 namespace ps {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // The reference model's default shape: vocab 64, 16 positions, 32 channels, 2 layers, 4 heads.
@@ -64,6 +65,8 @@ struct RigOptions {
   // ChunkManagerOptions::device_budget_bytes (unset: the capacity).
   std::optional<int64_t> budget_bytes;
   double warmup_chunk_fraction = 0.2;
+  // wte in row blocks of this many rows (0: whole).
+  int64_t vocab_block_rows = 0;
   GptModelOptions model = {.batch = 2,
                            .seq_len = 16,
                            .threads = 2,
@@ -89,8 +92,10 @@ absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const GptConfig& config, const RigO
   memory_options.chunk_block_bytes = o.chunk_elems * 4;
   ASSIGN_OR_RETURN(rig->accelerator, CreateAcceleratorMemory(rig->backend.get(), memory_options));
   ASSIGN_OR_RETURN(rig->host, CreateHostMemory(rig->backend.get(), memory_options));
-  ASSIGN_OR_RETURN(ChunkLayout layout,
-                   ChunkLayout::Build({.capacity_elems = o.chunk_elems}, GptOperators(config)));
+  ASSIGN_OR_RETURN(
+      ChunkLayout layout,
+      ChunkLayout::Build({.capacity_elems = o.chunk_elems},
+                         GptOperators(config, {.vocab_block_rows = o.vocab_block_rows})));
   ASSIGN_OR_RETURN(rig->store, ChunkStore::Create(std::move(layout), {.compute_dtype = o.dtype}));
   ChunkManagerOptions manager_options;
   manager_options.device_budget_bytes = o.budget_bytes;
@@ -121,6 +126,7 @@ Batch RandomBatch(const GptConfig& config, int64_t batch, int64_t seq_len, uint3
   return b;
 }
 
+// The Hugging Face names (wte whole), whatever the layout.
 std::vector<std::string> ParamNames(const GptConfig& config) {
   std::vector<std::string> names;
   for (const OperatorSpec& op : GptOperators(config)) {
@@ -227,6 +233,8 @@ void ExpectMatchesReference(DType dtype, bool checkpointing) {
   const int64_t B = o.model.batch, T = o.model.seq_len;
   kernel_testing::TinyGpt2Config reference_config = ReferenceConfig(config, o.model);
   reference_config.bf16_gemms = dtype == DType::kBF16;
+  // GptModel's LM head walks wte's row blocks, widening 16-bit blocks per tile (f32 math).
+  reference_config.bf16_lm_head = false;
   kernel_testing::TinyGpt2<float> reference(reference_config, B, T);
   for (const kernel_testing::ParamTensor& t : reference.tensors()) {
     ASSERT_OK_AND_ASSIGN(std::vector<float> v, rig->model->ReadTensor(ChunkType::kParam, t.name));
@@ -277,6 +285,94 @@ TEST(GptModel, MatchesReferenceModelBitForBitBF16FallbackGemms) {
 }
 TEST(GptModel, MatchesReferenceModelWithCheckpointing) {
   ExpectMatchesReference(DType::kF32, true);
+}
+
+// --- 2b. The vocabulary in row blocks ----------------------------------------------------------
+
+// wte in blocks of whole LM-head tiles computes bit for bit what the unsplit model computes:
+// initialization, loss, every gradient (f32, and bf16 where the tied gradient is rounded once).
+void ExpectSplitEqualsWhole(DType dtype, bool checkpointing) {
+  SCOPED_TRACE(absl::StrCat(DTypeName(dtype), checkpointing ? " checkpointing" : ""));
+  const GptConfig config = SmallConfig();  // vocab 64, CE vocabulary tile 24
+  RigOptions whole_options;
+  whole_options.dtype = dtype;
+  whole_options.model.activation_checkpointing = checkpointing;
+  RigOptions split_options = whole_options;
+  split_options.vocab_block_rows = 24;  // blocks [0:24] [24:48] [48:64]
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> whole, MakeRig(config, whole_options));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> split, MakeRig(config, split_options));
+  EXPECT_EQ(whole->model->vocab_block_rows(), 64);
+  EXPECT_EQ(split->model->vocab_block_rows(), 24);
+  ASSERT_EQ(split->model->ParameterNames()[0], "wte.weight[0:24]");
+  ASSERT_OK(whole->model->InitializeParameters(5));
+  ASSERT_OK(split->model->InitializeParameters(5));
+  ASSERT_OK_AND_ASSIGN(auto pw, ReadAll(*whole->model, ChunkType::kParam));
+  ASSERT_OK_AND_ASSIGN(auto ps, ReadAll(*split->model, ChunkType::kParam));
+  const std::vector<std::string> names = ParamNames(config);
+  for (size_t i = 0; i < names.size(); ++i) EXPECT_TRUE(BitEqual(pw[i], ps[i])) << names[i];
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    const Batch batch = RandomBatch(config, 2, 16, seed);
+    double losses[2];
+    std::vector<std::vector<float>> grads[2];
+    Rig* rigs[2] = {whole.get(), split.get()};
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_OK(rigs[r]->manager->BeginIteration());
+      ASSERT_OK_AND_ASSIGN(losses[r], rigs[r]->model->ForwardBackward(batch.tokens, batch.targets));
+      ASSERT_OK_AND_ASSIGN(grads[r], ReadAll(*rigs[r]->model, ChunkType::kParam));
+      ASSERT_OK(rigs[r]->manager->EndIteration());
+      ASSERT_OK(rigs[r]->model->InitializeParameters(5));
+      EXPECT_EQ(rigs[r]->accelerator->scratch()->stats().in_use_bytes, 0);
+    }
+    EXPECT_EQ(losses[0], losses[1]) << "seed " << seed;
+    for (size_t i = 0; i < names.size(); ++i) {
+      EXPECT_TRUE(BitEqual(grads[0][i], grads[1][i])) << names[i] << " seed " << seed;
+    }
+    ASSERT_OK_AND_ASSIGN(const double eval_whole,
+                         whole->model->Evaluate(batch.tokens, batch.targets));
+    EXPECT_THAT(split->model->Evaluate(batch.tokens, batch.targets), IsOkAndHolds(eval_whole));
+  }
+}
+
+TEST(GptModel, VocabularyBlocksAreBitIdenticalToTheWholeMatrixF32) {
+  ExpectSplitEqualsWhole(DType::kF32, false);
+  ExpectSplitEqualsWhole(DType::kF32, true);
+}
+TEST(GptModel, VocabularyBlocksAreBitIdenticalToTheWholeMatrixBF16) {
+  ExpectSplitEqualsWhole(DType::kBF16, false);
+}
+
+TEST(GptModel, VocabularyBlocksMustHoldWholeTiles) {
+  const GptConfig config = SmallConfig();
+  RigOptions o;
+  o.vocab_block_rows = 20;  // not a multiple of the 24-row tile
+  EXPECT_THAT(MakeRig(config, o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("wte[20:40]"), HasSubstr("ce_vocab_tile = 24"))));
+}
+
+TEST(GptModel, SplitModelsExportAndImportTheWholeMatrix) {
+  const GptConfig config = SmallConfig();
+  RigOptions split;
+  split.vocab_block_rows = 48;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> a, MakeRig(config, split));
+  ASSERT_OK(a->model->InitializeParameters(9));
+  const std::string path = absl::StrCat(testing::TempDir(), "/gpt_model_split.safetensors");
+  ASSERT_OK(a->model->SaveGpt2Safetensors(path, DType::kF32));
+  ASSERT_OK_AND_ASSIGN(Gpt2Checkpoint checkpoint, Gpt2Checkpoint::Open(path));
+  ASSERT_OK_AND_ASSIGN(std::vector<float> wte, checkpoint.ReadF32("wte.weight"));
+  ASSERT_OK_AND_ASSIGN(std::vector<float> master,
+                       a->model->ReadTensor(ChunkType::kMaster, "wte.weight"));
+  EXPECT_TRUE(BitEqual(wte, master));
+  // Into a whole model and into another split.
+  for (int64_t rows : {int64_t{0}, int64_t{24}}) {
+    RigOptions o;
+    o.vocab_block_rows = rows;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> b, MakeRig(config, o));
+    ASSERT_OK(b->model->LoadGpt2Checkpoint(checkpoint));
+    ASSERT_OK_AND_ASSIGN(auto ma, ReadAll(*a->model, ChunkType::kMaster));
+    ASSERT_OK_AND_ASSIGN(auto mb, ReadAll(*b->model, ChunkType::kMaster));
+    for (size_t i = 0; i < ma.size(); ++i) EXPECT_TRUE(BitEqual(ma[i], mb[i])) << i;
+  }
 }
 
 // --- 3. Checkpoint import and export
@@ -427,7 +523,7 @@ TEST(GptModel, OutOfMemoryIsResourceExhaustedAndLeavesNothingAccessed) {
     ASSERT_OK((*small)->model->InitializeParameters(1));
     ASSERT_OK((*small)->manager->BeginIteration());
     EXPECT_THAT((*small)->model->ForwardBackward(batch.tokens, batch.targets),
-                StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("embedding")));
+                StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("wte")));
     // The failing operator was released and every activation freed.
     EXPECT_OK((*small)->manager->EndIteration());
     EXPECT_EQ((*small)->accelerator->scratch()->stats().in_use_bytes, 0);

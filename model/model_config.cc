@@ -1,5 +1,6 @@
 #include "model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -166,15 +167,32 @@ OperatorSpec Conv1DOp(const std::string& name, int64_t in, int64_t out) {
   return Op(name, {{name + ".weight", {in, out}}, {name + ".bias", {out}}});
 }
 
-std::vector<OperatorSpec> Gpt2Operators(const ModelConfig& c) {
+// The row blocks of a [V, E] vocabulary matrix: operator `op` holding `tensor` whole, or one
+// operator "op[r0:r1]" holding "tensor[r0:r1]" per block.
+void AppendVocabularyOperators(const std::string& op, const std::string& tensor, int64_t v,
+                               int64_t e, const VocabLayoutOptions& layout,
+                               std::vector<OperatorSpec>& ops) {
+  CHECK_GE(layout.vocab_block_rows, 0);
+  const int64_t rows = layout.vocab_block_rows == 0 ? v : std::min(layout.vocab_block_rows, v);
+  if (rows == v) {
+    ops.push_back(Op(op, {{tensor, {v, e}}}));
+    return;
+  }
+  for (int64_t r = 0; r < v; r += rows) {
+    const int64_t end = std::min(v, r + rows);
+    ops.push_back(Op(RowBlockNameOf(op, r, end), {{RowBlockNameOf(tensor, r, end), {end - r, e}}}));
+  }
+}
+
+std::vector<OperatorSpec> Gpt2Operators(const ModelConfig& c, const VocabLayoutOptions& layout) {
   const int64_t e = c.hidden_size, i = c.intermediate_size;
   auto layer_norm = [e](const std::string& name) {
     return Op(name, {{name + ".weight", {e}}, {name + ".bias", {e}}});
   };
   std::vector<OperatorSpec> ops;
-  ops.reserve(2 + 6 * c.num_layers);
-  ops.push_back(Op("embedding", {{"wte.weight", {c.vocab_size, e}},
-                                 {"wpe.weight", {c.max_position_embeddings, e}}}));
+  ops.reserve(3 + 6 * c.num_layers);
+  AppendVocabularyOperators("wte", "wte.weight", c.vocab_size, e, layout, ops);
+  ops.push_back(Op("wpe", {{"wpe.weight", {c.max_position_embeddings, e}}}));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = absl::StrCat("h.", l, ".");
     ops.push_back(layer_norm(p + "ln_1"));
@@ -188,12 +206,13 @@ std::vector<OperatorSpec> Gpt2Operators(const ModelConfig& c) {
   return ops;
 }
 
-std::vector<OperatorSpec> LlamaOperators(const ModelConfig& c) {
+std::vector<OperatorSpec> LlamaOperators(const ModelConfig& c, const VocabLayoutOptions& layout) {
   const int64_t e = c.hidden_size, i = c.intermediate_size, q = c.q_size(), k = c.kv_size();
   auto norm = [e](const std::string& name) { return Op(name, {{name + ".weight", {e}}}); };
   std::vector<OperatorSpec> ops;
   ops.reserve(3 + 7 * c.num_layers);
-  ops.push_back(Op("model.embed_tokens", {{"model.embed_tokens.weight", {c.vocab_size, e}}}));
+  AppendVocabularyOperators("model.embed_tokens", "model.embed_tokens.weight", c.vocab_size, e,
+                            layout, ops);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
     ops.push_back(norm(p + "input_layernorm"));
@@ -216,7 +235,7 @@ std::vector<OperatorSpec> LlamaOperators(const ModelConfig& c) {
   }
   ops.push_back(norm("model.norm"));
   if (!c.tie_word_embeddings) {
-    ops.push_back(Op("lm_head", {{"lm_head.weight", {c.vocab_size, e}}}));
+    AppendVocabularyOperators("lm_head", "lm_head.weight", c.vocab_size, e, layout, ops);
   }
   return ops;
 }
@@ -418,11 +437,12 @@ std::vector<std::string> ModelPresetNames() {
   return names;
 }
 
-std::vector<OperatorSpec> ModelOperators(const ModelConfig& config) {
+std::vector<OperatorSpec> ModelOperators(const ModelConfig& config,
+                                         const VocabLayoutOptions& layout) {
   const absl::Status valid = ValidateModelConfig(config);
   CHECK(valid.ok()) << valid;
-  return config.architecture() == ModelArchitecture::kGpt2 ? Gpt2Operators(config)
-                                                           : LlamaOperators(config);
+  return config.architecture() == ModelArchitecture::kGpt2 ? Gpt2Operators(config, layout)
+                                                           : LlamaOperators(config, layout);
 }
 
 int64_t ModelParameterCount(const ModelConfig& config) {

@@ -22,6 +22,7 @@
 //  K = num_kv_heads * head_dim; Linear weights are torch.nn.Linear's [out, in]):
 //   operator                               tensors
 //   model.embed_tokens                     model.embed_tokens.weight [V, E]
+//     or, split: model.embed_tokens[r0:r1] model.embed_tokens.weight[r0:r1] [r1 - r0, E]
 //   per layer i (p = "model.layers.{i}."):
 //   p input_layernorm                      p input_layernorm.weight [E]
 //   p self_attn.qkv_proj                   p self_attn.q_proj.weight [Q, E], k_proj.weight [K, E],
@@ -34,8 +35,10 @@
 //   p mlp.down_proj                        p mlp.down_proj.weight [E, I] (+ .bias [E])
 //   model.norm                             model.norm.weight [E]
 //   lm_head (only if not tied)             lm_head.weight [V, E]
-// GPT-2: model/gpt_config.h's operators (names without the "transformer." prefix), with the MLP
-// width intermediate_size instead of a fixed 4E.
+//     or, split: lm_head[r0:r1]            lm_head.weight[r0:r1] [r1 - r0, E]
+// GPT-2: model/gpt_config.h's operators (names without the "transformer." prefix: wte whole or in
+// row blocks, wpe, the blocks, ln_f), with the MLP width intermediate_size instead of a fixed
+// 4E.
 //
 // Why this grouping. An operator is the unit of chunk access: all its tensors are resident
 // together, so the largest operator bounds the chunk size from below. q, k and v are one operator
@@ -48,12 +51,17 @@
 //
 // The vocabulary matrices (embed_tokens, lm_head, GPT-2's wte) are each an operator of their own
 // with a single [V, E] tensor, and every use of them is row-separable: the embedding gathers rows
-// by token id, the LM head computes logits one vocabulary tile at a time. That is what lets a
-// later step split them into chunk-sized row blocks (operators "model.embed_tokens.rows.{k}"
-// holding rows [r_k, r_{k+1})) without touching anything else: the Hugging Face reader
-// (model/safetensors_index.h) reads any element range of a tensor and the writer
-// (model/hf_checkpoint.h) asks for element ranges, so a split matrix is imported and exported
-// block by block, never whole.
+// by token id, the LM head computes logits one vocabulary tile at a time
+// (model/kernels/vocab_blocks.h computes both one row block at a time, bit-identical to the whole
+// matrix). VocabLayoutOptions::vocab_block_rows splits them into chunk-sized row blocks, each an
+// ordinary operator named "<operator>[r0:r1]" holding "<tensor>[r0:r1]" (rows [r0, r1) of the
+// Hugging Face tensor, a contiguous element range), so the vocabulary never sets the chunk size:
+// model/gpt_config.h's GptVocabBlockRowsForChunk sizes the blocks to the chunk in whole LM-head
+// vocabulary tiles. The Hugging Face reader (model/safetensors_index.h) reads any element range of
+// a tensor and the writer (model/hf_checkpoint.h) asks for element ranges, so a split matrix is
+// imported and exported block by block, never whole. A tied LM head reuses embed_tokens' blocks
+// (each block is then used twice per pass, as GPT-2's wte; ZeRO's reduce waits for the second
+// use: scheduler/zero_groups.h).
 //
 // Thread safety: value types and pure functions.
 #ifndef PATRICKSTAR_MODEL_MODEL_CONFIG_H_
@@ -68,9 +76,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "model/gpt_config.h"
 #include "chunk/operator_spec.h"
 #include "memory/dtype.h"
+#include "model/gpt_config.h"
 
 namespace ps {
 
@@ -170,8 +178,10 @@ std::ostream& operator<<(std::ostream& os, const ModelConfig& config);
 // The preset names above, llama-likes first.
 std::vector<std::string> ModelPresetNames();
 
-// The operators in forward order (see the file comment). REQUIRES: ValidateModelConfig is OK.
-std::vector<OperatorSpec> ModelOperators(const ModelConfig& config);
+// The operators in forward order (see the file comment), the vocabulary matrices whole or in row
+// blocks of layout.vocab_block_rows. REQUIRES: ValidateModelConfig is OK, vocab_block_rows >= 0.
+std::vector<OperatorSpec> ModelOperators(const ModelConfig& config,
+                                         const VocabLayoutOptions& layout = {});
 
 // Closed form of the parameter count (== ModelNumElems(ModelOperators(config))).
 //   llama-likes: V E (1 + untied) + E + L (2E + 2 E Q + 2 E K + 3 E I

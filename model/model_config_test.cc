@@ -1,5 +1,6 @@
 #include "model/model_config.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <set>
@@ -9,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "base/splitmix64.h"
 #include "base/testing/status_matchers.h"
-#include "model/gpt_config.h"
 #include "chunk/operator_spec.h"
 #include "gtest/gtest.h"
+#include "model/gpt_config.h"
 
 namespace ps {
 namespace {
@@ -110,6 +111,31 @@ TEST(ModelConfigTest, QwenHasQkvBiasesAndUntiedLlamaHasAHead) {
   EXPECT_EQ(ops.back().tensors[0].shape, (std::vector<int64_t>{128256, 4096}));
 }
 
+TEST(ModelConfigTest, VocabularyMatricesSplitIntoRowBlocks) {
+  ASSERT_OK_AND_ASSIGN(const ModelConfig llama3, ModelPreset("llama-3-8b"));
+  const std::vector<OperatorSpec> whole = ModelOperators(llama3);
+  const std::vector<OperatorSpec> split = ModelOperators(llama3, {.vocab_block_rows = 32768});
+  // 128256 rows: four blocks of 32768 rows (the last 29952) for embed_tokens and for lm_head.
+  ASSERT_EQ(split.size(), whole.size() + 6);
+  EXPECT_EQ(ModelNumElems(split), ModelNumElems(whole));
+  EXPECT_EQ(split[0].name, "model.embed_tokens[0:32768]");
+  EXPECT_EQ(split[0].tensors[0].name, "model.embed_tokens.weight[0:32768]");
+  EXPECT_EQ(split[3].tensors[0].shape, (std::vector<int64_t>{128256 - 3 * 32768, 4096}));
+  EXPECT_EQ(split[4].name, "model.layers.0.input_layernorm");
+  EXPECT_EQ(split.back().name, "lm_head[98304:128256]");
+  EXPECT_EQ(split.back().tensors[0].name, "lm_head.weight[98304:128256]");
+  // With blocks of 8192 rows the largest operator is an MLP matrix, not the vocabulary.
+  int64_t largest = 0;
+  for (const OperatorSpec& op : ModelOperators(llama3, {.vocab_block_rows = 8192})) {
+    largest = std::max(largest, OperatorNumElems(op));
+  }
+  EXPECT_EQ(largest, 14336 * 4096);
+  ASSERT_OK_AND_ASSIGN(const ModelConfig tied, ModelPreset("llama-3.2-1b"));
+  const std::vector<OperatorSpec> tied_split = ModelOperators(tied, {.vocab_block_rows = 40000});
+  EXPECT_EQ(tied_split.size(), ModelOperators(tied).size() + 3);
+  EXPECT_EQ(tied_split.back().name, "model.norm");  // the head reuses embed_tokens' blocks
+}
+
 TEST(ModelConfigTest, GptPresetsMatchGptShapes) {
   for (const std::string& name : GptPresetNames()) {
     ASSERT_OK_AND_ASSIGN(const GptConfig g, GptPreset(name));
@@ -117,6 +143,10 @@ TEST(ModelConfigTest, GptPresetsMatchGptShapes) {
     EXPECT_EQ(c, FromGptConfig(g));
     EXPECT_EQ(c.architecture(), ModelArchitecture::kGpt2);
     ExpectSameOperators(ModelOperators(c), GptOperators(g));
+    for (int64_t rows : {int64_t{2048}, int64_t{100}}) {
+      ExpectSameOperators(ModelOperators(c, {.vocab_block_rows = rows}),
+                          GptOperators(g, {.vocab_block_rows = rows}));
+    }
     EXPECT_EQ(ModelParameterCount(c), GptParameterCount(g)) << name;
     ASSERT_OK_AND_ASSIGN(const GptConfig back, ToGptConfig(c));
     EXPECT_EQ(back.name, g.name);

@@ -73,11 +73,11 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(ChunkStore* s
   for (ChunkType type : kAllChunkTypes) {
     const int64_t bytes = layout.ChunkBytes(type, store->compute_dtype());
     for (DeviceMemory* memory : {accelerator, host}) {
-      if (bytes > memory->chunk_block_bytes()) {
+      if (memory->chunk_pool_for(bytes) == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat(
             "ChunkManager: a ", ChunkTypeName(type), " chunk needs ", FormatBytes(bytes),
-            " but the chunk pool of ", memory->device().ToString(), " has blocks of ",
-            FormatBytes(memory->chunk_block_bytes()),
+            " but the largest chunk pool of ", memory->device().ToString(), " has blocks of ",
+            FormatBytes(memory->chunk_pools().back()->block_bytes()),
             "; set DeviceMemoryOptions.chunk_block_bytes to the largest chunk's bytes"));
       }
     }
@@ -94,12 +94,20 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(ChunkStore* s
   const ChunkManagerOptions& o = manager->options_;
   ASSIGN_OR_RETURN(
       ResidencyPlanner planner,
-      ResidencyPlanner::Create({.budget_bytes = budget,
-                                .reserved_bytes = o.comm_buffer_bytes + o.nonmodel_slack_bytes,
-                                .warmup_chunk_fraction = o.warmup_chunk_fraction,
-                                .chunk_cost_bytes = accelerator->chunk_block_bytes(),
-                                .adam_margin_bytes = o.adam_margin_bytes,
-                                .num_chunks = store->num_chunks()}));
+      ResidencyPlanner::Create(
+          {.budget_bytes = budget,
+           .reserved_bytes = o.comm_buffer_bytes + o.nonmodel_slack_bytes,
+           .warmup_chunk_fraction = o.warmup_chunk_fraction,
+           .chunk_cost_bytes =
+               accelerator
+                   ->chunk_pool_for(layout.ChunkBytes(ChunkType::kMaster, store->compute_dtype()))
+                   ->block_bytes(),
+           .param_chunk_cost_bytes =
+               accelerator
+                   ->chunk_pool_for(layout.ChunkBytes(ChunkType::kParam, store->compute_dtype()))
+                   ->block_bytes(),
+           .adam_margin_bytes = o.adam_margin_bytes,
+           .num_chunks = store->num_chunks()}));
   manager->planner_.emplace(std::move(planner));
   ASSIGN_OR_RETURN(manager->engine_, ResidencyEngine::Create(store, backend, accelerator, host,
                                                              {.clean_eviction = o.clean_eviction,
@@ -265,24 +273,28 @@ absl::Status ChunkManager::MakeResident(const std::vector<int64_t>& keys, Stage 
       missing.push_back(key);
     }
   }
-  const AccessPlan plan =
-      planner_->PlanAccess(moment, accel_->tracker()->current_bytes(MemoryKind::kNonModelData),
-                           engine_->resident_bytes(), static_cast<int64_t>(keys.size()),
-                           engine_->CountStuck(keep), static_cast<int64_t>(missing.size()));
+  int64_t own_bytes = 0, missing_bytes = 0;
+  for (int64_t key : keys) own_bytes += engine_->key_cost_bytes(key);
+  for (int64_t key : missing) missing_bytes += engine_->key_cost_bytes(key);
+  const AccessPlan plan = planner_->PlanAccess(
+      moment, accel_->tracker()->current_bytes(MemoryKind::kNonModelData),
+      engine_->resident_bytes(), own_bytes, engine_->StuckBytes(keep), missing_bytes);
   if (!plan.fits) return absl::ResourceExhaustedError(WorkingSetError(what, plan, moment));
   current_limit_bytes_ = plan.limit_bytes;
   VLOG(2) << "moment " << moment << ": " << what << ", limit " << current_limit_bytes_ << " bytes, "
           << engine_->num_resident() << " chunks resident";
   const MoveContext context{stage, moment};
   if (plan.evict_bytes > 0) {
-    const int64_t cost = engine_->chunk_cost_bytes();
     std::vector<EvictionCandidate> candidates;
     for (int64_t key : engine_->ResidentKeys()) {
-      if (!keep.contains(key) && ChunkOfKey(key).movable()) candidates.push_back({key, cost});
+      if (!keep.contains(key) && ChunkOfKey(key).movable()) {
+        candidates.push_back({key, engine_->key_cost_bytes(key)});
+      }
     }
     const std::vector<int64_t> victims =
         policy_->ChooseVictims(candidates, plan.evict_bytes, moment);
-    const int64_t freed = cost * static_cast<int64_t>(victims.size());
+    int64_t freed = 0;
+    for (int64_t key : victims) freed += engine_->key_cost_bytes(key);
     if (freed < plan.evict_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
           what, ": cannot make room for its chunks on ", accel_->device().ToString(), ": ",
@@ -310,22 +322,27 @@ absl::Status ChunkManager::Prefetch(int64_t moment) {
     }
   }
   if (keys.empty()) return absl::OkStatus();
+  int64_t missing_bytes = 0, next_bytes = 0;
+  for (int64_t key : keys) missing_bytes += engine_->key_cost_bytes(key);
+  for (int64_t key : next_keys) next_bytes += engine_->key_cost_bytes(key);
   const PrefetchPlan plan =
       planner_->PlanPrefetch(moment, accel_->tracker()->current_bytes(MemoryKind::kNonModelData),
-                             engine_->resident_bytes(), static_cast<int64_t>(keys.size()),
-                             static_cast<int64_t>(next_keys.size()));
+                             engine_->resident_bytes(), missing_bytes, next_bytes);
   if (!plan.allowed) return absl::OkStatus();
   const MoveContext context{stage, moment};
   if (plan.evict_bytes > 0) {
     // The victims the access at `next` would choose, and only free (clean) ones.
-    const int64_t cost = engine_->chunk_cost_bytes();
     const absl::flat_hash_set<int64_t> keep(next_keys.begin(), next_keys.end());
     std::vector<EvictionCandidate> candidates;
     for (int64_t key : engine_->ResidentKeys()) {
-      if (!keep.contains(key) && !ChunkOfKey(key).pinned()) candidates.push_back({key, cost});
+      if (!keep.contains(key) && !ChunkOfKey(key).pinned()) {
+        candidates.push_back({key, engine_->key_cost_bytes(key)});
+      }
     }
     const std::vector<int64_t> victims = policy_->ChooseVictims(candidates, plan.evict_bytes, next);
-    if (cost * static_cast<int64_t>(victims.size()) < plan.evict_bytes) return absl::OkStatus();
+    int64_t freed = 0;
+    for (int64_t key : victims) freed += engine_->key_cost_bytes(key);
+    if (freed < plan.evict_bytes) return absl::OkStatus();
     for (int64_t key : victims) {
       const Chunk& chunk = ChunkOfKey(key);
       if (!chunk.movable() || !chunk.backing_valid() || !engine_->CopiesDone(key)) {

@@ -162,10 +162,12 @@ struct ChunkManagerOptions {
 class ChunkManager {
  public:
   // None of the pointers is owned; all must outlive the manager. `accelerator` must be the memory
-  // of `backend`'s device and `host` host memory; both chunk pools must hold a chunk of every
-  // type of `store`. Chunks' payloads keep pointing into those pools after the manager is gone.
-  // InvalidArgument (naming the field) for null arguments or invalid options, and for a layout of
-  // world size > 1 without matching ChunkManagerOptions::collectives.
+  // of `backend`'s device and `host` host memory; both must have a chunk pool for every chunk
+  // type's size of `store` (DeviceMemory::chunk_pool_for: with 16-bit params, a pool of 16-bit
+  // blocks beside the f32 one, or else the param chunks take f32-sized blocks). Chunks' payloads
+  // keep pointing into those pools after the manager is gone. InvalidArgument (naming the field)
+  // for null arguments or invalid options, and for a layout of world size > 1 without matching
+  // ChunkManagerOptions::collectives.
   static absl::StatusOr<std::unique_ptr<ChunkManager>> Create(ChunkStore* store, Backend* backend,
                                                               DeviceMemory* accelerator,
                                                               DeviceMemory* host,
@@ -247,8 +249,11 @@ class ChunkManager {
   int64_t budget_bytes() const { return planner_->options().budget_bytes; }
   // Bytes kept free beside the tide: comm_buffer_bytes + nonmodel_slack_bytes.
   int64_t reserved_bytes() const { return planner_->options().reserved_bytes; }
-  // What one resident chunk costs on the accelerator (a chunk-pool block).
-  int64_t device_chunk_cost_bytes() const { return engine_->chunk_cost_bytes(); }
+  // What one resident chunk of `type` costs on the accelerator (a block of its size's chunk
+  // pool: a 16-bit param chunk costs half an f32 one).
+  int64_t device_chunk_cost_bytes(ChunkType type = ChunkType::kParam) const {
+    return engine_->chunk_cost_bytes(type);
+  }
   // Accelerator bytes of resident chunks (including loads in flight).
   int64_t resident_bytes() const { return engine_->resident_bytes(); }
   // Dense keys of the chunks resident on the accelerator, ascending.

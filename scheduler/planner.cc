@@ -26,12 +26,24 @@ absl::StatusOr<ResidencyPlanner> ResidencyPlanner::Create(const PlannerOptions& 
     return absl::InvalidArgumentError(absl::StrCat(
         "PlannerOptions.warmup_chunk_fraction must be in (0, 1], got ", o.warmup_chunk_fraction));
   }
+  if (o.param_chunk_cost_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PlannerOptions.param_chunk_cost_bytes must not be negative (0: as chunk_cost_bytes), got ",
+        o.param_chunk_cost_bytes));
+  }
   if (o.reserved_bytes < 0 || o.adam_margin_bytes < 0 || o.num_chunks < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "PlannerOptions: reserved_bytes (", o.reserved_bytes, "), adam_margin_bytes (",
         o.adam_margin_bytes, ") and num_chunks (", o.num_chunks, ") must not be negative"));
   }
   return ResidencyPlanner(o);
+}
+
+int64_t ResidencyPlanner::ChunkCostBytes(ChunkType type) const {
+  if (type == ChunkType::kParam && options_.param_chunk_cost_bytes > 0) {
+    return options_.param_chunk_cost_bytes;
+  }
+  return options_.chunk_cost_bytes;
 }
 
 void ResidencyPlanner::SetTrace(const TideTrace* trace) {
@@ -70,16 +82,15 @@ MomentLimits ResidencyPlanner::LimitsAt(int64_t moment, int64_t nonmodel_now_byt
 }
 
 AccessPlan ResidencyPlanner::PlanAccess(int64_t moment, int64_t nonmodel_now_bytes,
-                                        int64_t resident_bytes, int64_t own_chunks,
-                                        int64_t stuck_chunks, int64_t missing_chunks) const {
-  const int64_t cost = options_.chunk_cost_bytes;
+                                        int64_t resident_bytes, int64_t own_bytes,
+                                        int64_t stuck_bytes, int64_t missing_bytes) const {
   AccessPlan p;
   p.limits = LimitsAt(moment, nonmodel_now_bytes);
-  p.own_bytes = cost * own_chunks;
-  p.working_set_bytes = p.own_bytes + cost * stuck_chunks;
+  p.own_bytes = own_bytes;
+  p.working_set_bytes = p.own_bytes + stuck_bytes;
   p.fits = p.working_set_bytes <= p.limits.hard_bytes;
   p.limit_bytes = std::max(p.limits.target_bytes, p.working_set_bytes);
-  p.evict_bytes = std::max<int64_t>(0, resident_bytes + cost * missing_chunks - p.limit_bytes);
+  p.evict_bytes = std::max<int64_t>(0, resident_bytes + missing_bytes - p.limit_bytes);
   return p;
 }
 
@@ -92,12 +103,10 @@ int64_t ResidencyPlanner::PrefetchMoment(int64_t moment) const {
 }
 
 PrefetchPlan ResidencyPlanner::PlanPrefetch(int64_t moment, int64_t nonmodel_now_bytes,
-                                            int64_t resident_bytes, int64_t missing_chunks,
-                                            int64_t next_access_chunks) const {
+                                            int64_t resident_bytes, int64_t missing_bytes,
+                                            int64_t next_access_bytes) const {
   const int64_t next = PrefetchMoment(moment);
   CHECK_GE(next, 0) << "no prefetch after moment " << moment;
-  const int64_t cost = options_.chunk_cost_bytes;
-  const int64_t missing_bytes = cost * missing_chunks;
   PrefetchPlan p;
   const int64_t over =
       resident_bytes + missing_bytes - LimitsAt(moment, nonmodel_now_bytes).target_bytes;
@@ -107,7 +116,7 @@ PrefetchPlan ResidencyPlanner::PlanPrefetch(int64_t moment, int64_t nonmodel_now
   }
   // Only the evictions the access at `next` would make itself (its limit is the trace's target,
   // or its own chunks when they are more).
-  const int64_t next_allowed = std::max(ChunkableBytes(next), cost * next_access_chunks);
+  const int64_t next_allowed = std::max(ChunkableBytes(next), next_access_bytes);
   const int64_t demand_over = resident_bytes + missing_bytes - next_allowed;
   if (over > demand_over) return p;
   p.allowed = true;
@@ -118,7 +127,6 @@ PrefetchPlan ResidencyPlanner::PlanPrefetch(int64_t moment, int64_t nonmodel_now
 AdamPlacement ResidencyPlanner::PlanAdam(absl::Span<const int64_t> state_indices) const {
   CHECK(trace_ != nullptr) << "ResidencyPlanner::PlanAdam needs the learned trace";
   const ChunkKeys k = keys();
-  const int64_t cost = options_.chunk_cost_bytes;
   AdamPlacement placement;
   // Room that stays free at every moment once every param chunk the iteration uses on the
   // accelerator is resident: optimizer state placed there is never evicted again.
@@ -132,10 +140,11 @@ AdamPlacement ResidencyPlanner::PlanAdam(absl::Span<const int64_t> state_indices
     if (k.IdOf(key).type == ChunkType::kParam) last_use[key] = m;
   }
   placement.available_bytes = std::max<int64_t>(
-      0, min_chunkable - cost * static_cast<int64_t>(last_use.size()) - options_.adam_margin_bytes);
+      0, min_chunkable - ChunkCostBytes(ChunkType::kParam) * static_cast<int64_t>(last_use.size()) -
+             options_.adam_margin_bytes);
   // Each index updated on the accelerator keeps its three optimizer-state chunks there. The
   // indices whose param chunk is used last (resident when the step starts) come first.
-  const int64_t per_index_bytes = 3 * cost;
+  const int64_t per_index_bytes = 3 * ChunkCostBytes(ChunkType::kMaster);
   std::vector<std::pair<int64_t, int64_t>> order;  // (-last use, index)
   for (int64_t i : state_indices) {
     auto it = last_use.find(k.Key(ChunkType::kParam, i));

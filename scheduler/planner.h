@@ -10,8 +10,9 @@
 // chunk, stream or memory, so it answers the same for a TideTrace recorded in a warm-up and for
 // one predicted before anything is allocated (a pre-flight memory plan).
 //
-// Limits at moment m. Chunks on the accelerator are counted at what they cost there
-// (chunk_cost_bytes: one block of the accelerator's chunk pool). With the trace known and m on it:
+// Limits at moment m. Chunks on the accelerator are counted at what they cost there: one block of
+// the accelerator's chunk pool for their size (ChunkCostBytes: a 16-bit param chunk costs half
+// an f32 optimizer-state chunk of the same capacity). With the trace known and m on it:
 //   target(m) = ChunkableBytes(m) = budget - max(peak[m], peak[next(m)]) - reserved
 //     (evicting down to target(m) at moment m is the proactive eviction: whatever stays resident
 //     already leaves room for the next moment's tide)
@@ -58,8 +59,12 @@ struct PlannerOptions {
   int64_t reserved_bytes = 0;
   // Share of the budget chunks may take off the trace, in (0, 1].
   double warmup_chunk_fraction = 0.2;
-  // Accelerator bytes one resident chunk costs (> 0).
+  // Accelerator bytes one resident optimizer-state chunk (master, momentum, variance: f32) costs,
+  // and a param chunk unless param_chunk_cost_bytes is set (> 0).
   int64_t chunk_cost_bytes = 0;
+  // Accelerator bytes one resident param chunk costs (its compute dtype's block); 0: as
+  // chunk_cost_bytes (>= 0).
+  int64_t param_chunk_cost_bytes = 0;
   // ADAM placement: bytes kept free beside the param chunks and the placed optimizer state (>= 0).
   int64_t adam_margin_bytes = 0;
   // Chunks per type, for the dense keys of the trace (>= 0).
@@ -117,6 +122,9 @@ class ResidencyPlanner {
 
   const PlannerOptions& options() const { return options_; }
   ChunkKeys keys() const { return ChunkKeys(options_.num_chunks); }
+  // What one resident chunk of `type` (of dense key `key`) costs on the accelerator.
+  int64_t ChunkCostBytes(ChunkType type) const;
+  int64_t KeyCostBytes(int64_t key) const { return ChunkCostBytes(keys().IdOf(key).type); }
 
   // The learned trace, from now on. REQUIRES: trace->finished(); it outlives the planner (or the
   // next SetTrace).
@@ -131,18 +139,19 @@ class ResidencyPlanner {
   // The limits at `moment` (-1: untracked) when `nonmodel_now_bytes` of non-model data are in use
   // on the accelerator.
   MomentLimits LimitsAt(int64_t moment, int64_t nonmodel_now_bytes) const;
-  // An access at `moment` of `own_chunks` chunks, `missing_chunks` of them not resident, while
-  // `stuck_chunks` other resident chunks cannot move and `resident_bytes` are resident.
+  // An access at `moment` of chunks costing `own_bytes`, `missing_bytes` of them not resident,
+  // while other resident chunks costing `stuck_bytes` cannot move and `resident_bytes` are
+  // resident (all in accelerator cost, ChunkCostBytes).
   AccessPlan PlanAccess(int64_t moment, int64_t nonmodel_now_bytes, int64_t resident_bytes,
-                        int64_t own_chunks, int64_t stuck_chunks, int64_t missing_chunks) const;
+                        int64_t own_bytes, int64_t stuck_bytes, int64_t missing_bytes) const;
 
   // The moment whose chunks a prefetch after `moment` would load: moment + 1 when both are on
   // the trace and it is not an ADAM moment; -1 otherwise.
   int64_t PrefetchMoment(int64_t moment) const;
-  // A prefetch after `moment` of `missing_chunks` chunks (of the PrefetchMoment's accesses, which
-  // has `next_access_chunks` chunks in all). REQUIRES: PrefetchMoment(moment) >= 0.
+  // A prefetch after `moment` of chunks costing `missing_bytes` (of the PrefetchMoment's accesses,
+  // whose chunks cost `next_access_bytes` in all). REQUIRES: PrefetchMoment(moment) >= 0.
   PrefetchPlan PlanPrefetch(int64_t moment, int64_t nonmodel_now_bytes, int64_t resident_bytes,
-                            int64_t missing_chunks, int64_t next_access_chunks) const;
+                            int64_t missing_bytes, int64_t next_access_bytes) const;
 
   // The ADAM placement over the chunk indices whose optimizer state this rank holds
   // (`state_indices`, any order). REQUIRES: a trace.

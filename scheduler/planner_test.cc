@@ -114,23 +114,23 @@ TEST(ResidencyPlanner, AccessPlans) {
   p.SetTrace(&trace);
   // Moment 2: target 100 - 40 - 6 = 54, hard 54. Five chunks resident and one missing: the 6
   // bytes over the limit must go.
-  AccessPlan a = p.PlanAccess(2, 0, /*resident_bytes=*/50, /*own_chunks=*/1, /*stuck_chunks=*/0,
-                              /*missing_chunks=*/1);
+  AccessPlan a = p.PlanAccess(2, 0, /*resident_bytes=*/50, /*own_bytes=*/10, /*stuck_bytes=*/0,
+                              /*missing_bytes=*/10);
   EXPECT_TRUE(a.fits);
   EXPECT_EQ(a.own_bytes, 10);
   EXPECT_EQ(a.working_set_bytes, 10);
   EXPECT_EQ(a.limit_bytes, 54);
   EXPECT_EQ(a.evict_bytes, 50 + 10 - 54);
   // A working set above the target but under the hard limit: the limit is the working set.
-  a = p.PlanAccess(2, 0, 0, 2, 3, 2);
+  a = p.PlanAccess(2, 0, 0, 20, 30, 20);
   EXPECT_TRUE(a.fits);
   EXPECT_EQ(a.working_set_bytes, 50);
   EXPECT_EQ(a.limit_bytes, 54);
-  a = p.PlanAccess(2, 0, 60, 3, 3, 3);
+  a = p.PlanAccess(2, 0, 60, 30, 30, 30);
   EXPECT_FALSE(a.fits);  // 60 > 54
   EXPECT_EQ(a.limit_bytes, 60);
   // Nothing to evict when everything fits.
-  EXPECT_EQ(p.PlanAccess(0, 0, 10, 1, 0, 1).evict_bytes, 0);
+  EXPECT_EQ(p.PlanAccess(0, 0, 10, 10, 0, 10).evict_bytes, 0);
 }
 
 TEST(ResidencyPlanner, PrefetchStaysInTheIterationAndEvictsOnlyWhatTheDemandAccessWould) {
@@ -144,16 +144,16 @@ TEST(ResidencyPlanner, PrefetchStaysInTheIterationAndEvictsOnlyWhatTheDemandAcce
   EXPECT_EQ(p.PrefetchMoment(6), -1);  // not across iterations
   EXPECT_EQ(p.PrefetchMoment(-1), -1);
   // After moment 0 (target 74): 60 resident + 10 missing fit.
-  PrefetchPlan f = p.PlanPrefetch(0, 0, 60, 1, 1);
+  PrefetchPlan f = p.PlanPrefetch(0, 0, 60, 10, 10);
   EXPECT_TRUE(f.allowed);
   EXPECT_EQ(f.evict_bytes, 0);
   // After moment 1 (target 54): 60 + 10 is 16 over; moment 2's own limit (54) asks the same.
-  f = p.PlanPrefetch(1, 0, 60, 1, 1);
+  f = p.PlanPrefetch(1, 0, 60, 10, 10);
   EXPECT_TRUE(f.allowed);
   EXPECT_EQ(f.evict_bytes, 16);
   // After moment 3 (target 100 - 40 - 6 = 54) towards moment 4 (limit 100 - 25 - 6 = 69): the
   // demand access would evict only 1 of the 16 bytes now over: wait for it.
-  f = p.PlanPrefetch(3, 0, 60, 1, 1);
+  f = p.PlanPrefetch(3, 0, 60, 10, 10);
   EXPECT_FALSE(f.allowed);
 }
 
@@ -191,6 +191,16 @@ TEST(ResidencyPlanner, AdamPlacementKeepsStateWhereItCanStay) {
   p = MakePlanner(o);
   p.SetTrace(&trace);
   EXPECT_THAT(p.PlanAdam({2, 3}).accelerator_chunks, ElementsAre(2));
+  // 16-bit param chunks cost half: 54 - 3 x 5 = 39 leaves room for one f32 triple of 30.
+  o = kOptions;
+  o.param_chunk_cost_bytes = kCost / 2;
+  p = MakePlanner(o);
+  p.SetTrace(&trace);
+  EXPECT_EQ(p.ChunkCostBytes(ChunkType::kParam), 5);
+  EXPECT_EQ(p.KeyCostBytes(p.keys().Key(ChunkType::kMomentum, 1)), kCost);
+  a = p.PlanAdam({0, 1, 2, 3});
+  EXPECT_EQ(a.available_bytes, 39);
+  EXPECT_THAT(a.accelerator_chunks, ElementsAre(0));
 }
 
 TEST(ResidencyPlanner, NextUseInTheIteration) {
@@ -219,6 +229,9 @@ TEST(ResidencyPlanner, RejectsBadOptions) {
   o = kOptions;
   o.reserved_bytes = -1;
   EXPECT_THAT(bad(o), StatusIs(absl::StatusCode::kInvalidArgument, "reserved_bytes"));
+  o = kOptions;
+  o.param_chunk_cost_bytes = -1;
+  EXPECT_THAT(bad(o), StatusIs(absl::StatusCode::kInvalidArgument, "param_chunk_cost_bytes"));
   EXPECT_OK(ResidencyPlanner::Create(kOptions).status());
 }
 
@@ -248,7 +261,12 @@ TEST(ResidencyPlanner, RandomTracesObeyTheFormulas) {
                      .chunk_cost_bytes = uniform(1, 60),
                      .adam_margin_bytes = uniform(0, 50),
                      .num_chunks = num_chunks};
+    // Half the trials with cheaper (16-bit) param chunks.
+    if (uniform(0, 1) == 1) o.param_chunk_cost_bytes = uniform(1, o.chunk_cost_bytes);
     ResidencyPlanner p = MakePlanner(o);
+    const int64_t pc = p.ChunkCostBytes(ChunkType::kParam);
+    EXPECT_EQ(pc, o.param_chunk_cost_bytes > 0 ? o.param_chunk_cost_bytes : o.chunk_cost_bytes);
+    EXPECT_EQ(p.ChunkCostBytes(ChunkType::kVariance), o.chunk_cost_bytes);
     p.SetTrace(&trace);
     int64_t min_chunkable = o.budget_bytes;
     for (int64_t m = 0; m < n; ++m) {
@@ -264,9 +282,9 @@ TEST(ResidencyPlanner, RandomTracesObeyTheFormulas) {
                     0, o.budget_bytes - std::max(moments[m].peak_bytes, now) - o.reserved_bytes));
       EXPECT_EQ(l.target_bytes, std::min(l.hard_bytes, chunkable));
       EXPECT_GE(l.target_bytes, 0);
-      const int64_t resident = o.chunk_cost_bytes * uniform(0, 8);
-      const AccessPlan a =
-          p.PlanAccess(m, now, resident, uniform(1, 3), uniform(0, 2), uniform(0, 3));
+      const int64_t resident = pc * uniform(0, 8);
+      const AccessPlan a = p.PlanAccess(m, now, resident, pc * uniform(1, 3), pc * uniform(0, 2),
+                                        pc * uniform(0, 3));
       EXPECT_EQ(a.fits, a.working_set_bytes <= l.hard_bytes);
       EXPECT_EQ(a.limit_bytes, std::max(l.target_bytes, a.working_set_bytes));
       EXPECT_GE(a.evict_bytes, 0);
@@ -275,14 +293,13 @@ TEST(ResidencyPlanner, RandomTracesObeyTheFormulas) {
         EXPECT_EQ(next, m + 1);
         EXPECT_NE(moments[next].stage, Stage::kAdam);
         const int64_t missing = uniform(1, 2);
-        const PrefetchPlan f = p.PlanPrefetch(m, now, resident, missing, 1);
+        const PrefetchPlan f = p.PlanPrefetch(m, now, resident, pc * missing, pc);
         if (f.allowed && f.evict_bytes > 0) {
           // Never more than the demand access at `next` would evict.
-          const int64_t demand = resident + o.chunk_cost_bytes * missing -
-                                 std::max(p.ChunkableBytes(next), o.chunk_cost_bytes);
+          const int64_t demand = resident + pc * missing - std::max(p.ChunkableBytes(next), pc);
           EXPECT_LE(f.evict_bytes, demand);
           // And exactly what keeps this moment under its target.
-          EXPECT_EQ(resident + o.chunk_cost_bytes * missing - f.evict_bytes, l.target_bytes);
+          EXPECT_EQ(resident + pc * missing - f.evict_bytes, l.target_bytes);
         }
       }
     }

@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
+#include "base/units.h"
+#include "chunk/chunk_type.h"
 #include "glog/logging.h"
 #include "memory/memory_tracker.h"
 
@@ -22,6 +24,18 @@ absl::StatusOr<std::unique_ptr<ResidencyEngine>> ResidencyEngine::Create(
   }
   std::unique_ptr<ResidencyEngine> engine(
       new ResidencyEngine(store, backend, accelerator, host, std::move(options), counters));
+  for (ChunkType type : kAllChunkTypes) {
+    const int64_t bytes = store->layout().ChunkBytes(type, store->compute_dtype());
+    for (DeviceMemory* memory : {accelerator, host}) {
+      if (memory->chunk_pool_for(bytes) == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ResidencyEngine: a ", ChunkTypeName(type), " chunk needs ", FormatBytes(bytes),
+            " but no chunk pool of ", memory->device().ToString(), " has blocks that large"));
+      }
+    }
+    engine->cost_bytes_[static_cast<size_t>(type)] =
+        accelerator->chunk_pool_for(bytes)->block_bytes();
+  }
   ASSIGN_OR_RETURN(engine->load_stream_, backend->CreateStream());
   ASSIGN_OR_RETURN(engine->store_stream_, backend->CreateStream());
   ASSIGN_OR_RETURN(engine->compute_done_, backend->CreateEvent());
@@ -37,8 +51,7 @@ ResidencyEngine::ResidencyEngine(ChunkStore* store, Backend* backend, DeviceMemo
       host_(host),
       options_(std::move(options)),
       counters_(counters),
-      keys_(store->num_chunks()),
-      cost_bytes_(accelerator->chunk_block_bytes()) {}
+      keys_(store->num_chunks()) {}
 
 ResidencyEngine::~ResidencyEngine() {
   if (compute_pending_) {
@@ -59,10 +72,10 @@ std::vector<int64_t> ResidencyEngine::ResidentKeys() const {
   return keys;
 }
 
-int64_t ResidencyEngine::CountStuck(const absl::flat_hash_set<int64_t>& keep) const {
+int64_t ResidencyEngine::StuckBytes(const absl::flat_hash_set<int64_t>& keep) const {
   int64_t stuck = 0;
   for (int64_t key : resident_) {
-    if (!keep.contains(key) && !chunk(key).movable()) ++stuck;
+    if (!keep.contains(key) && !chunk(key).movable()) stuck += key_cost_bytes(key);
   }
   return stuck;
 }
@@ -141,15 +154,17 @@ absl::Status ResidencyEngine::Load(const std::vector<int64_t>& keys, MoveContext
   for (int64_t key : keys) {
     Chunk& ch = chunk(key);
     if (!ch.has_payload()) {
-      status = ch.AllocatePayload(*accel_->chunk_pool());
+      status = ch.AllocatePayload(*accel_->chunk_pool_for(ch.capacity_bytes()));
       if (!status.ok()) break;
       ++c.allocations;
       ReportMove(ChunkMoveKind::kAllocation, key, context);
     } else if (ch.device().is_host()) {
       status = TimedCopy(
           *load_stream_,
-          MoveEvent(prefetch ? ChunkMoveKind::kPrefetch : ChunkMoveKind::kLoad, ch, context),
-          [&] { return ch.CopyToKeepingBacking(*accel_->chunk_pool(), *load_stream_); });
+          MoveEvent(prefetch ? ChunkMoveKind::kPrefetch : ChunkMoveKind::kLoad, ch, context), [&] {
+            return ch.CopyToKeepingBacking(*accel_->chunk_pool_for(ch.capacity_bytes()),
+                                           *load_stream_);
+          });
       if (!status.ok()) break;
       copied.push_back(key);
       ++c.loads;
@@ -161,7 +176,7 @@ absl::Status ResidencyEngine::Load(const std::vector<int64_t>& keys, MoveContext
     }
     VLOG(2) << "moment " << context.moment << ": " << (prefetch ? "prefetch " : "load ") << ch.id();
     resident_.insert(key);
-    resident_bytes_ += cost_bytes_;
+    resident_bytes_ += key_cost_bytes(key);
     if (prefetch) {
       prefetched_.insert(key);
       ++counters_->prefetches;
@@ -189,8 +204,9 @@ absl::Status ResidencyEngine::Evict(const std::vector<int64_t>& victims, MoveCon
   int64_t enqueued = 0;
   for (int64_t key : dirty) {
     Chunk& ch = chunk(key);
-    written = TimedCopy(*store_stream_, MoveEvent(ChunkMoveKind::kWriteBack, ch, context),
-                        [&] { return ch.WriteBackAsync(*store_stream_, host_->chunk_pool()); });
+    written = TimedCopy(*store_stream_, MoveEvent(ChunkMoveKind::kWriteBack, ch, context), [&] {
+      return ch.WriteBackAsync(*store_stream_, host_->chunk_pool_for(ch.capacity_bytes()));
+    });
     if (!written.ok()) break;
     ++enqueued;
     ++c.write_backs;
@@ -206,7 +222,7 @@ absl::Status ResidencyEngine::Evict(const std::vector<int64_t>& victims, MoveCon
             << (was_dirty ? " (written back)" : " (clean)");
     RETURN_IF_ERROR(ch.RevertToBacking());
     resident_.erase(key);
-    resident_bytes_ -= cost_bytes_;
+    resident_bytes_ -= key_cost_bytes(key);
     prefetched_.erase(key);
     if (evicted != nullptr) ++*evicted;
     if (!was_dirty) {
@@ -219,7 +235,7 @@ absl::Status ResidencyEngine::Evict(const std::vector<int64_t>& victims, MoveCon
 
 absl::Status ResidencyEngine::MoveToHost(int64_t key, MoveContext context) {
   Chunk& ch = chunk(key);
-  if (!ch.has_payload()) return ch.AllocatePayload(*host_->chunk_pool());
+  if (!ch.has_payload()) return ch.AllocatePayload(*host_->chunk_pool_for(ch.capacity_bytes()));
   if (ch.device().is_host()) return absl::OkStatus();
   return Evict({key}, context);
 }
@@ -231,8 +247,9 @@ absl::StatusOr<bool> ResidencyEngine::StartWriteBehind(int64_t key, MoveContext 
   // A stream-side wait for the caller's kernels up to the last release: the host does not block.
   if (compute_pending_) RETURN_IF_ERROR(store_stream_->WaitEvent(compute_done_.get()));
   RETURN_IF_ERROR(
-      TimedCopy(*store_stream_, MoveEvent(ChunkMoveKind::kWriteBehind, ch, context),
-                [&] { return ch.WriteBackAsync(*store_stream_, host_->chunk_pool()); }));
+      TimedCopy(*store_stream_, MoveEvent(ChunkMoveKind::kWriteBehind, ch, context), [&] {
+        return ch.WriteBackAsync(*store_stream_, host_->chunk_pool_for(ch.capacity_bytes()));
+      }));
   ASSIGN_OR_RETURN(std::shared_ptr<Event> event, backend_->CreateEvent());
   RETURN_IF_ERROR(store_stream_->RecordEvent(event.get()));
   pending_[key] = std::move(event);
@@ -249,7 +266,7 @@ absl::Status ResidencyEngine::ReleasePayload(int64_t key) {
   // Kernels enqueued before the last release may still read the payload.
   RETURN_IF_ERROR(WaitForCompute());
   RETURN_IF_ERROR(chunk(key).ReleasePayload());
-  if (resident_.erase(key) > 0) resident_bytes_ -= cost_bytes_;
+  if (resident_.erase(key) > 0) resident_bytes_ -= key_cost_bytes(key);
   prefetched_.erase(key);
   return absl::OkStatus();
 }
@@ -330,7 +347,9 @@ int64_t ResidencyEngine::ReclaimUnderPressure(const absl::flat_hash_set<int64_t>
         << " chunks to make room (raise ChunkManagerOptions.nonmodel_slack_bytes to plan for the "
            "allocator's overhead instead)";
   }
-  return accel_->chunk_pool()->ReleaseCached();
+  int64_t released = 0;
+  for (ChunkBlockPool* pool : accel_->chunk_pools()) released += pool->ReleaseCached();
+  return released;
 }
 
 }  // namespace ps

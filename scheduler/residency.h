@@ -38,6 +38,7 @@
 #ifndef PATRICKSTAR_SCHEDULER_RESIDENCY_H_
 #define PATRICKSTAR_SCHEDULER_RESIDENCY_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -82,8 +83,10 @@ struct MoveContext {
 class ResidencyEngine {
  public:
   // None of the pointers is owned; all must outlive the engine. `accelerator` is the memory of
-  // `backend`'s device and `host` host memory; `counters` is where the engine counts.
-  // Errors of creating the streams and the event.
+  // `backend`'s device and `host` host memory, both with a chunk pool for every chunk type's
+  // size; `counters` is where the engine counts.
+  // InvalidArgument when a device has no chunk pool for a chunk type; errors of creating the
+  // streams and the event.
   static absl::StatusOr<std::unique_ptr<ResidencyEngine>> Create(
       ChunkStore* store, Backend* backend, DeviceMemory* accelerator, DeviceMemory* host,
       ResidencyOptions options, ChunkManagerCounters* counters);
@@ -94,8 +97,11 @@ class ResidencyEngine {
 
   ChunkKeys keys() const { return keys_; }
   Chunk& chunk(int64_t key) const { return store_->chunk(keys_.IdOf(key)); }
-  // What one resident chunk costs on the accelerator (a chunk-pool block).
-  int64_t chunk_cost_bytes() const { return cost_bytes_; }
+  // What one resident chunk of `type` costs on the accelerator: a block of the chunk pool for its
+  // size (DeviceMemory::chunk_pool_for), so a 16-bit param chunk costs a 16-bit block.
+  int64_t chunk_cost_bytes(ChunkType type) const { return cost_bytes_[static_cast<size_t>(type)]; }
+  // The cost of the chunk of dense key `key`.
+  int64_t key_cost_bytes(int64_t key) const { return chunk_cost_bytes(keys_.IdOf(key).type); }
   DeviceMemory& accelerator() const { return *accel_; }
 
   // --- The resident set (loads in flight included) ----------------------------------------------
@@ -105,8 +111,9 @@ class ResidencyEngine {
   int64_t num_resident() const { return static_cast<int64_t>(resident_.size()); }
   // Ascending.
   std::vector<int64_t> ResidentKeys() const;
-  // Resident chunks that cannot move (COMPUTE or pinned) and are not in `keep`.
-  int64_t CountStuck(const absl::flat_hash_set<int64_t>& keep) const;
+  // Accelerator cost of the resident chunks that cannot move (COMPUTE or pinned) and are not in
+  // `keep`.
+  int64_t StuckBytes(const absl::flat_hash_set<int64_t>& keep) const;
   // Whether a copy of `key` (load or write-behind) is in flight.
   bool in_flight(int64_t key) const { return pending_.contains(key); }
 
@@ -190,7 +197,8 @@ class ResidencyEngine {
   const ResidencyOptions options_;
   ChunkManagerCounters* const counters_;
   const ChunkKeys keys_;
-  const int64_t cost_bytes_;
+  // chunk_cost_bytes per ChunkType.
+  std::array<int64_t, kNumChunkTypes> cost_bytes_ = {};
 
   // Host-to-accelerator copies and zero-fills; accelerator-to-host copies (two copy engines).
   std::unique_ptr<Stream> load_stream_;

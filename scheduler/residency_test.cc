@@ -121,7 +121,7 @@ TEST_F(ResidencyTest, LoadsKeepABackingCopySoCleanEvictionsCopyNothing) {
   ASSERT_OK(engine_->Load({0, 1}, kFwd, /*prefetch=*/false));
   EXPECT_TRUE(engine_->resident(0));
   EXPECT_EQ(engine_->resident_bytes(), 2 * kChunkBytes);
-  EXPECT_EQ(engine_->chunk_cost_bytes(), kChunkBytes);
+  EXPECT_EQ(engine_->chunk_cost_bytes(ChunkType::kParam), kChunkBytes);
   ASSERT_OK(engine_->WaitForCopies({0, 1}));
   EXPECT_FALSE(engine_->in_flight(0));
   EXPECT_FALSE(OnHost(0));
@@ -214,6 +214,53 @@ TEST_F(ResidencyTest, PrefetchHitsAreCountedOnce) {
   EXPECT_TRUE(engine_->CopiesDone(0));
 }
 
+// bf16 params and f32 state, each in a pool of its own size: a param chunk costs (and takes) a
+// 16-bit block on both devices, a master chunk an f32 one.
+TEST(ResidencyPerDtypeTest, SixteenBitParamChunksTakeSixteenBitBlocks) {
+  ChunkManagerCounters counters;
+  ASSERT_OK_AND_ASSIGN(auto backend, CreateCpuBackend({.capacity_bytes = 16 * kChunkBytes}));
+  DeviceMemoryOptions memory;
+  memory.chunk_block_bytes = kChunkBytes;
+  memory.more_chunk_block_bytes = {kChunkBytes / 2};
+  ASSERT_OK_AND_ASSIGN(auto accel, CreateAcceleratorMemory(backend.get(), memory));
+  ASSERT_OK_AND_ASSIGN(auto host, CreateHostMemory(backend.get(), memory));
+  ASSERT_OK_AND_ASSIGN(
+      ChunkLayout layout,
+      ChunkLayout::Build({.capacity_elems = kChunkElems},
+                         std::vector<OperatorSpec>{{"op", {{"w", {kChunkElems}}}}}));
+  ASSERT_OK_AND_ASSIGN(auto store,
+                       ChunkStore::Create(std::move(layout), {.compute_dtype = DType::kBF16}));
+  ASSERT_OK_AND_ASSIGN(auto engine, ResidencyEngine::Create(store.get(), backend.get(), accel.get(),
+                                                            host.get(), {}, &counters));
+  EXPECT_EQ(engine->chunk_cost_bytes(ChunkType::kParam), kChunkBytes / 2);
+  EXPECT_EQ(engine->chunk_cost_bytes(ChunkType::kMaster), kChunkBytes);
+  const ChunkKeys keys = engine->keys();
+  const int64_t param = keys.Key(ChunkType::kParam, 0), master = keys.Key(ChunkType::kMaster, 0);
+  ASSERT_OK(engine->MoveToHost(param, kFwd));
+  ASSERT_OK(engine->MoveToHost(master, kFwd));
+  EXPECT_EQ(host->tracker()->Snapshot().model_bytes, kChunkBytes / 2 + kChunkBytes);
+  for (int64_t key : {param, master}) {
+    ASSERT_OK(engine->chunk(key).SetTensorState(0, TensorState::kHold));
+  }
+  ASSERT_OK(engine->Load({param, master}, kFwd, false));
+  ASSERT_OK(engine->WaitForCopies({param, master}));
+  EXPECT_EQ(engine->resident_bytes(), kChunkBytes / 2 + kChunkBytes);
+  EXPECT_EQ(accel->tracker()->Snapshot().model_bytes, kChunkBytes / 2 + kChunkBytes);
+  EXPECT_EQ(accel->chunk_pool_for(kChunkBytes / 2)->stats().blocks_in_use, 1);
+  EXPECT_EQ(accel->chunk_pool()->stats().blocks_in_use, 1);
+  ASSERT_OK(engine->Evict({param, master}, kFwd));
+  EXPECT_EQ(engine->resident_bytes(), 0);
+
+  // A device without a pool large enough for the f32 chunks is refused up front.
+  DeviceMemoryOptions small;
+  small.chunk_block_bytes = kChunkBytes / 2;
+  ASSERT_OK_AND_ASSIGN(auto small_accel, CreateAcceleratorMemory(backend.get(), small));
+  EXPECT_THAT(ResidencyEngine::Create(store.get(), backend.get(), small_accel.get(), host.get(), {},
+                                      &counters)
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "master chunk needs"));
+}
+
 TEST_F(ResidencyTest, StuckChunksAreCountedAndNeverReclaimed) {
   Build({});
   for (int64_t i = 0; i < 3; ++i) PutOnHost(i);
@@ -221,8 +268,8 @@ TEST_F(ResidencyTest, StuckChunksAreCountedAndNeverReclaimed) {
   ASSERT_OK(engine_->WaitForCopies({0, 1, 2}));
   ASSERT_OK(engine_->chunk(0).SetTensorState(0, TensorState::kCompute));
   engine_->chunk(1).Pin();
-  EXPECT_EQ(engine_->CountStuck({}), 2);
-  EXPECT_EQ(engine_->CountStuck({0}), 1);
+  EXPECT_EQ(engine_->StuckBytes({}), 2 * kChunkBytes);
+  EXPECT_EQ(engine_->StuckBytes({0}), kChunkBytes);
   // Pressure: only chunk 2 may move (and is not kept).
   const int64_t released = engine_->ReclaimUnderPressure({}, kFwd);
   EXPECT_GE(released, kChunkBytes);

@@ -141,17 +141,16 @@ absl::StatusOr<std::string> WriteTrainingCheckpoint(const std::string& root, int
   // Tensors "<type>/<name>", flat f32, streamed one at a time from the chunks.
   std::vector<SafetensorsTensorSpec> specs;
   std::vector<std::pair<ChunkType, std::string>> sources;
-  for (const OperatorSpec& op : GptOperators(model.config())) {
-    for (const TensorSpec& t : op.tensors) {
-      if (!model.HoldsTrainingState(t.name)) continue;  // another rank's (ZeRO)
-      for (ChunkType type : kStateTypes) {
-        SafetensorsTensorSpec spec;
-        spec.name = absl::StrCat(ChunkTypeName(type), "/", t.name);
-        spec.dtype = DType::kF32;
-        spec.shape = t.shape;
-        specs.push_back(std::move(spec));
-        sources.emplace_back(type, t.name);
-      }
+  // The tensors as the model stores them (wte's row blocks under their block names).
+  for (const TensorSpec& t : model.ParameterSpecs()) {
+    if (!model.HoldsTrainingState(t.name)) continue;  // another rank's (ZeRO)
+    for (ChunkType type : kStateTypes) {
+      SafetensorsTensorSpec spec;
+      spec.name = absl::StrCat(ChunkTypeName(type), "/", t.name);
+      spec.dtype = DType::kF32;
+      spec.shape = t.shape;
+      specs.push_back(std::move(spec));
+      sources.emplace_back(type, t.name);
     }
   }
   std::map<std::string, std::string> metadata = {{"format", "patrickstar_cc training state"}};
@@ -297,8 +296,8 @@ absl::StatusOr<TrainingCheckpointState> ReadTrainingCheckpoint(const std::string
   ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
   // Check every tensor before touching the model: present, f32, the model's shape, finite.
   absl::flat_hash_set<std::string> expected_names;
-  for (const OperatorSpec& op : GptOperators(model->config())) {
-    for (const TensorSpec& t : op.tensors) {
+  {
+    for (const TensorSpec& t : model->ParameterSpecs()) {
       if (!model->HoldsTrainingState(t.name)) continue;  // another rank's (ZeRO)
       for (ChunkType type : kStateTypes) {
         const std::string name = absl::StrCat(ChunkTypeName(type), "/", t.name);

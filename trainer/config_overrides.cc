@@ -31,6 +31,10 @@ absl::Status ApplyOverrides(const ConfigOverrides& o, TrainConfig* config) {
     c.model = ModelConfig{};
     c.model.preset = *o.model;
     c.model.activation_checkpointing = checkpointing;
+    // A preset comes with the sizes that suit it: the chunk size and the emulated accelerator's
+    // memory go back to "auto" (the memory plan picks them) unless given as flags too.
+    if (!o.chunk_size.has_value()) c.chunk.size_elems = 0;
+    if (!o.accelerator_memory.has_value()) c.accelerator.memory_bytes = 0;
   }
   if (o.train_data.has_value()) c.data.train_path = *o.train_data;
   if (o.val_data.has_value()) c.data.val_path = *o.val_data;

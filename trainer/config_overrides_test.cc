@@ -192,16 +192,23 @@ TEST(ApplyOverridesTest, ModelOverrideThenValidationSaysWhatToChange) {
   ASSERT_OK(ApplyOverrides(o, &c));
   EXPECT_OK(ValidateTrainConfig(c));
 
+  // A preset comes with its sizes: --model alone makes the chunk size and the accelerator memory
+  // "auto" (the default's 80 Ki-element chunks cannot hold gpt2's mlp.c_fc).
   c = DefaultTrainConfig();
   o = ConfigOverrides{};
-  o.model = "gpt2";  // its embedding does not fit the default's chunk
+  o.model = "gpt2";
   ASSERT_OK(ApplyOverrides(o, &c));
-  EXPECT_THAT(ValidateTrainConfig(c),
-              StatusIs(kInvalid, HasSubstr("cannot hold operator embedding")));
-  o = ConfigOverrides{};
-  o.chunk_size = "auto";
-  ASSERT_OK(ApplyOverrides(o, &c));
+  EXPECT_EQ(c.chunk.size_elems, 0);
+  EXPECT_EQ(c.accelerator.memory_bytes, 0);
   EXPECT_OK(ValidateTrainConfig(c));
+  // Flags given beside --model win; a chunk below the model's smallest says what to change.
+  c = DefaultTrainConfig();
+  o.chunk_size = "100000";
+  o.accelerator_memory = "1GiB";
+  ASSERT_OK(ApplyOverrides(o, &c));
+  EXPECT_EQ(c.accelerator.memory_bytes, kGiB);
+  EXPECT_THAT(ValidateTrainConfig(c),
+              StatusIs(kInvalid, HasSubstr("below the smallest chunk of model gpt2")));
 }
 
 TEST(ApplyOverridesTest, StepsOverrideSatisfiesAFileWithoutSteps) {

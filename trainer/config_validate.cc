@@ -338,21 +338,15 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
                      model.max_seq_len, ", or 0 for n_positions"));
   }
   if (c.chunk.size_elems > 0) {
-    const std::vector<OperatorSpec> ops = GptOperators(model);
-    const OperatorSpec* largest = nullptr;
-    int64_t largest_elems = 0;
-    for (const OperatorSpec& op : ops) {
-      const int64_t elems = OperatorNumElems(op);
-      if (elems > largest_elems) {
-        largest_elems = elems;
-        largest = &op;
-      }
-    }
-    if (largest != nullptr && largest_elems > c.chunk.size_elems) {
+    // wte is split into row blocks sized to the chunk (model/gpt_config.h): the chunk must hold
+    // the largest other operator and one LM-head vocabulary tile of rows.
+    const int64_t min_elems = GptMinChunkElems(model);
+    if (min_elems > c.chunk.size_elems) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "`chunk.size` = ", c.chunk.size_elems, " elements cannot hold operator ", largest->name,
-          " (", largest_elems, " elements; all tensors of an operator share one chunk) of model ",
-          model.name, "; use chunk.size >= ", largest_elems, " or \"auto\""));
+          "`chunk.size` = ", c.chunk.size_elems, " elements is below the smallest chunk of model ",
+          model.name, " (", min_elems,
+          " elements: its largest operator, or one vocabulary tile of ", kDefaultVocabTileRows,
+          " wte rows); use chunk.size >= ", min_elems, " or \"auto\""));
     }
   }
   if (absl::StatusOr<LrSchedule> schedule = LrSchedule::Create(MakeLrScheduleOptions(c));

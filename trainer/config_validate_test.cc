@@ -255,9 +255,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadValueCase{R"({"train_steps": 1, "model": {"n_embd": 64, "n_head": 4}})",
                      "missing: model.vocab_size, model.n_positions, model.n_layer"},
         BadValueCase{WithMinimal({{"model", {{"preset", "gpt2"}}}, {"chunk", {{"size", 1000000}}}}),
-                     "`chunk.size` = 1000000 elements cannot hold operator embedding (39383808 "
-                     "elements; all tensors of an operator share one chunk) of model gpt2; use "
-                     "chunk.size >= 39383808 or \"auto\""},
+                     "`chunk.size` = 1000000 elements is below the smallest chunk of model gpt2 "
+                     "(2362368 elements: its largest operator, or one vocabulary tile of 2048 wte "
+                     "rows); use chunk.size >= 2362368 or \"auto\""},
         BadValueCase{
             WithMinimal({{"model", {{"vocab_size", 1 << 30}, {"n_embd", 1 << 30}, {"n_head", 1}}}}),
             "parameters, more than 2^53"},

@@ -22,7 +22,6 @@
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
-#include "chunk/chunk_size_search.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
 #include "chunk/operator_spec.h"
@@ -33,8 +32,10 @@
 #include "memory/device.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
+#include "memory/host_memory_info.h"
 #include "memory/memory_tracker.h"
 #include "model/gpt2_checkpoint.h"
+#include "model/gpt_activation_profile.h"
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
 #include "model/kernels/matmul.h"
@@ -74,23 +75,6 @@ int ResolveThreads(int configured) {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
-// The largest operator's elements (the chunk size's lower bound).
-int64_t LargestOperatorElems(const std::vector<OperatorSpec>& ops) {
-  int64_t largest = 0;
-  for (const OperatorSpec& op : ops) {
-    int64_t n = 0;
-    for (const TensorSpec& t : op.tensors) n += t.numel();
-    largest = std::max(largest, n);
-  }
-  return largest;
-}
-
-int64_t PowerOfTwoAtMost(int64_t n) {
-  int64_t p = 1;
-  while (p * 2 <= n) p *= 2;
-  return p;
-}
-
 }  // namespace
 
 class Trainer::Impl {
@@ -109,7 +93,9 @@ class Trainer::Impl {
   // No output may overwrite an input or another output (trainer/io/run_paths.h).
   absl::Status CheckPaths() const;
   absl::Status LoadData();
-  absl::Status ChooseChunkSize(const std::vector<OperatorSpec>& ops);
+  // The pre-flight memory plan (model/gpt_activation_profile.h): the chunk size, the budget and
+  // its slack; refuses a run that does not fit before anything is allocated.
+  absl::Status PlanMemoryOrRefuse();
   absl::Status InitializeWeights();
   absl::Status Step(StepMetrics& m);
   absl::StatusOr<double> EvaluateValidation();
@@ -145,6 +131,7 @@ class Trainer::Impl {
   DType dtype_ = DType::kF32;
   int64_t chunk_elems_ = 0;
   std::string chunk_size_note_;
+  GptRunPlan plan_;
 
   // Data.
   std::optional<TokenFile> train_file_, val_file_;
@@ -202,17 +189,18 @@ absl::Status Trainer::Impl::Build() {
         "--accelerator=cpu, the emulated accelerator");
   }
   RETURN_IF_ERROR(CheckPaths());
+  // Before anything sizeable is allocated (the data too): the plan.
+  RETURN_IF_ERROR(PlanMemoryOrRefuse());
   RETURN_IF_ERROR(LoadData());
 
-  const std::vector<OperatorSpec> ops = GptOperators(gpt_);
-  RETURN_IF_ERROR(ChooseChunkSize(ops));
+  const std::vector<OperatorSpec> ops = GptOperators(gpt_, plan_.vocab);
 
-  // Memory: the emulated accelerator under its cap, pinned host memory under the host cap.
+  // Memory: the emulated accelerator under its cap, pinned host memory under the host cap; one
+  // chunk pool per block size (16-bit param chunks take 16-bit blocks).
   BackendOptions backend_options;
   backend_options.kind = "cpu";
   backend_options.device_index = config_.accelerator.device_index;
-  backend_options.capacity_bytes =
-      config_.accelerator.memory_bytes > 0 ? config_.accelerator.memory_bytes : 4 * kGiB;
+  backend_options.capacity_bytes = plan_.accelerator_bytes;
   backend_options.copy_bandwidth_bytes_per_s = config_.accelerator.copy_bandwidth_bytes_per_s;
   ASSIGN_OR_RETURN(backend_, CreateBackend(backend_options));
   if (env_.stop_requested_async && backend_options.copy_bandwidth_bytes_per_s > 0) {
@@ -220,15 +208,13 @@ absl::Status Trainer::Impl::Build() {
   }
   DeviceMemoryOptions memory_options;
   memory_options.chunk_block_bytes = chunk_elems_ * static_cast<int64_t>(sizeof(float));
+  if (SizeOf(dtype_) != static_cast<int64_t>(sizeof(float))) {
+    memory_options.more_chunk_block_bytes = {chunk_elems_ * SizeOf(dtype_)};
+  }
   DeviceMemoryOptions host_options = memory_options;
-  // Activations come from the caching allocator in segments; the scheduler sees the bytes in
-  // use, not the segments' free tails. Segments scaled to the cap (2 MiB, PyTorch's size, from a
-  // 128 MiB cap up; smaller below) keep those tails small, and the slack below covers them.
-  const int64_t segment_bytes = std::clamp<int64_t>(
-      PowerOfTwoAtMost(backend_->capacity_bytes() / 64), 64 * kKiB, 2 * kMiB);
-  memory_options.scratch.small_request_max_bytes = segment_bytes / 2;
-  memory_options.scratch.small_segment_bytes = segment_bytes;
-  memory_options.scratch.large_segment_round_bytes = segment_bytes;
+  // Activations come from the caching allocator in segments sized to the budget; the plan
+  // measured what they strand and the manager's slack below covers it.
+  memory_options.scratch = plan_.scratch;
   ASSIGN_OR_RETURN(accelerator_, CreateAcceleratorMemory(backend_.get(), memory_options));
   if (config_.accelerator.host_memory_bytes > 0) {
     host_options.capacity_bytes = config_.accelerator.host_memory_bytes;
@@ -265,8 +251,10 @@ absl::Status Trainer::Impl::Build() {
   }
   ChunkManagerOptions manager_options;
   if (profiler_ != nullptr) manager_options.listener = profiler_.get();
-  // Room for the free tails of the activation segments (see above): about two segments.
-  manager_options.nonmodel_slack_bytes = 2 * segment_bytes;
+  // Room for what the activation segments strand (the plan replayed them), and a warm-up share
+  // that leaves the highest activation peak room: the warm-up needs no pressure eviction.
+  manager_options.nonmodel_slack_bytes = plan_.plan.slack_bytes;
+  manager_options.warmup_chunk_fraction = plan_.plan.warmup_chunk_fraction;
   manager_options.collectives = collectives_.get();
   ASSIGN_OR_RETURN(manager_, ChunkManager::Create(store_.get(), backend_.get(), accelerator_.get(),
                                                   host_.get(), manager_options));
@@ -277,8 +265,8 @@ absl::Status Trainer::Impl::Build() {
   model_options.seed = config_.seed;
   model_options.threads = threads_;
   SetBlasThreads(threads_);
-  ASSIGN_OR_RETURN(model_, GptModel::Create(gpt_, store_.get(), manager_.get(),
-                                            accelerator_.get(), model_options));
+  ASSIGN_OR_RETURN(model_, GptModel::Create(gpt_, store_.get(), manager_.get(), accelerator_.get(),
+                                            model_options));
 
   CpuAdamOptions cpu_adam_options;
   cpu_adam_options.num_threads = threads_;
@@ -293,8 +281,8 @@ absl::Status Trainer::Impl::Build() {
   HybridAdamKernels kernels;
   kernels.host = cpu_adam_.get();
   kernels.accelerator = cpu_adam_.get();  // the emulated accelerator's memory is host memory
-  ASSIGN_OR_RETURN(adam_, HybridAdam::Create(store_->layout(), rank_, dtype_,
-                                             std::move(adam_options), kernels));
+  ASSIGN_OR_RETURN(
+      adam_, HybridAdam::Create(store_->layout(), rank_, dtype_, std::move(adam_options), kernels));
   ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(MakeLrScheduleOptions(config_)));
   schedule_.emplace(schedule);
 
@@ -340,10 +328,10 @@ absl::Status Trainer::Impl::LoadData() {
   TokenSpan train, val;
   if (config_.data.train_path.empty()) {
     if (gpt_.vocab_size < SyntheticCorpus::kVocabSize) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the built-in synthetic corpus is byte-level (", SyntheticCorpus::kVocabSize,
-          " tokens) but model.vocab_size is ", gpt_.vocab_size,
-          "; use vocab_size >= 256 or give data.train (--train_data)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the built-in synthetic corpus is byte-level (", SyntheticCorpus::kVocabSize,
+                       " tokens) but model.vocab_size is ", gpt_.vocab_size,
+                       "; use vocab_size >= 256 or give data.train (--train_data)"));
     }
     SyntheticCorpusOptions corpus_options;
     corpus_options.seed = config_.data.seed;
@@ -387,31 +375,47 @@ absl::Status Trainer::Impl::LoadData() {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::Impl::ChooseChunkSize(const std::vector<OperatorSpec>& ops) {
-  if (config_.chunk.size_elems > 0) {
-    chunk_elems_ = config_.chunk.size_elems;
-    chunk_size_note_ = "chunk.size";
-    return absl::OkStatus();
+absl::Status Trainer::Impl::PlanMemoryOrRefuse() {
+  GptRunPlanOptions o;
+  o.config = gpt_;
+  o.model.batch = micro_batch_;
+  o.model.seq_len = seq_len_;
+  o.model.activation_checkpointing = config_.model.activation_checkpointing;
+  o.model.threads = threads_;
+  o.compute_dtype = dtype_;
+  o.world_size = world_;
+  o.rank = rank_;
+  o.gradient_accumulation_steps = static_cast<int>(config_.gradient_accumulation_steps);
+  o.chunk_elems = config_.chunk.size_elems;
+  o.accelerator_bytes = config_.accelerator.memory_bytes;
+  if (config_.accelerator.host_memory_bytes > 0) {
+    o.host_cap_bytes = config_.accelerator.host_memory_bytes;
   }
-  ChunkSizeSearchOptions options;
-  options.world_size = world_;
-  options.compute_dtype = dtype_;
-  options.accelerator_memory_bytes =
-      config_.accelerator.memory_bytes > 0 ? config_.accelerator.memory_bytes : 4 * kGiB;
-  options.host_memory_bytes = config_.accelerator.host_memory_bytes > 0
-                                  ? config_.accelerator.host_memory_bytes
-                                  : 1024 * kGiB;
-  // Candidates in steps of at most 1 Mi elements, finer for small models.
-  options.granularity_elems =
-      std::clamp<int64_t>(PowerOfTwoAtMost(LargestOperatorElems(ops) / 8), 1024, kMiB);
-  absl::StatusOr<ChunkSizeSearchResult> result = SearchChunkSize(ops, options);
-  if (!result.ok()) {
-    return absl::Status(result.status().code(),
-                        absl::StrCat("chunk.size \"auto\": ", result.status().message()));
+  // What the OS can still give (MemAvailable, or the memory cgroup's limit if lower); unreadable
+  // /proc: unchecked.
+  if (absl::StatusOr<HostMemoryInfo> info = ReadHostMemoryInfo(); info.ok()) {
+    o.host_available_bytes = info->available_bytes();
+  } else {
+    LOG(WARNING) << "host memory not checked: " << info.status();
   }
-  chunk_elems_ = result->best.chunk_elems;
-  chunk_size_note_ = absl::StrCat("chunk.size \"auto\": ", result->candidates.size(),
-                                  " candidates searched");
+  // Beside the pools: the data loader's corpus, thread stacks and BLAS buffers.
+  o.host_overhead_bytes = 256 * kMiB;
+  // Export gathers every tensor as f32 at the end.
+  if (!config_.checkpoint.export_path.empty()) {
+    o.host_workspace_bytes = GptParameterCount(gpt_) * static_cast<int64_t>(sizeof(float));
+  }
+  absl::StatusOr<GptRunPlan> plan = PlanGptRun(o);
+  if (!plan.ok()) {
+    return absl::Status(plan.status().code(),
+                        absl::StrCat("memory plan: ", plan.status().message()));
+  }
+  // (Host memory is always enforced: a run the OS would kill is never started.)
+  if (env_.enforce_memory_plan || !plan->plan.fits_host) {
+    RETURN_IF_ERROR(CheckGptRunFits(o, *plan));
+  }
+  plan_ = *std::move(plan);
+  chunk_elems_ = plan_.plan.chunk_elems;
+  chunk_size_note_ = plan_.chunk_note;
   return absl::OkStatus();
 }
 
@@ -525,10 +529,25 @@ absl::Status Trainer::Impl::Export(const std::string& path) {
         path, model_->dims(), DType::kF32,
         [&](absl::string_view name, absl::Span<float> out) -> absl::Status {
           auto it = gathered.find(std::string(name));
-          if (it == gathered.end() || it->second.size() != out.size()) {
+          if (it != gathered.end() && it->second.size() == out.size()) {
+            std::copy(it->second.begin(), it->second.end(), out.begin());
+            return absl::OkStatus();
+          }
+          // A tensor held in row blocks ("wte.weight[r0:r1]"): assembled.
+          int64_t filled = 0;
+          for (const auto& [stored, values] : gathered) {
+            const std::optional<RowBlockName> block = ParseRowBlockName(stored);
+            if (!block.has_value() || block->base != name) continue;
+            const int64_t first = block->row_begin * gpt_.hidden;
+            if (first + static_cast<int64_t>(values.size()) > static_cast<int64_t>(out.size())) {
+              return absl::InternalError(absl::StrCat("export: block '", stored, "' out of range"));
+            }
+            std::copy(values.begin(), values.end(), out.begin() + first);
+            filled += static_cast<int64_t>(values.size());
+          }
+          if (filled != static_cast<int64_t>(out.size())) {
             return absl::InternalError(absl::StrCat("export: tensor '", name, "' not gathered"));
           }
-          std::copy(it->second.begin(), it->second.end(), out.begin());
           return absl::OkStatus();
         });
   }
@@ -595,6 +614,7 @@ absl::Status Trainer::Impl::Step(StepMetrics& m) {
   const MemoryTrackerSnapshot h = host_->tracker()->SnapshotAndResetIntervalPeaks();
   m.accelerator_peak_model_bytes = a.peak_model_bytes;
   m.accelerator_peak_non_model_bytes = a.peak_non_model_bytes;
+  m.accelerator_peak_total_bytes = a.peak_total_bytes;
   m.host_peak_model_bytes = h.peak_model_bytes;
   m.host_peak_non_model_bytes = h.peak_non_model_bytes;
   const TransferCounters d = c1.Minus(c0).Total();
@@ -608,8 +628,7 @@ absl::Status Trainer::Impl::Step(StepMetrics& m) {
                      trace_t2 - trace_t0,
                      {{"loss", m.loss}, {"lr", m.lr}, {"loaded_bytes", m.loaded_bytes}});
     if (m.warmup) {
-      trace_->MarkRegion("warm-up iteration", trace_t0, trace_t2 - trace_t0,
-                         {{"step", m.step}});
+      trace_->MarkRegion("warm-up iteration", trace_t0, trace_t2 - trace_t0, {{"step", m.step}});
     }
   }
   ++step_;
@@ -650,8 +669,8 @@ absl::Status Trainer::Impl::SaveCheckpoint() {
   summary_.checkpoints_written.push_back(dir);
   summary_.checkpoint_s += Seconds(t0, Clock::now());
   if (trace_ != nullptr) {
-    trace_->Complete(steps_track_, "checkpoint", "checkpoint", trace_t0,
-                     trace_->NowNs() - trace_t0, {{"step", step_}, {"dir", dir}});
+    trace_->Complete(steps_track_, "checkpoint", "checkpoint", trace_t0, trace_->NowNs() - trace_t0,
+                     {{"step", step_}, {"dir", dir}});
   }
   if (out() != nullptr) *out() << "checkpoint: " << dir << "\n";
   return absl::OkStatus();
@@ -674,9 +693,10 @@ void Trainer::Impl::PrintHeader() {
       "accelerator: %s, cap %s%s; host memory %s\n", backend_->name(),
       FormatBytes(backend_->capacity_bytes()),
       config_.accelerator.copy_bandwidth_bytes_per_s > 0
-          ? absl::StrCat(", link ", FormatBytes(static_cast<int64_t>(
-                                        config_.accelerator.copy_bandwidth_bytes_per_s)),
-                         "/s")
+          ? absl::StrCat(
+                ", link ",
+                FormatBytes(static_cast<int64_t>(config_.accelerator.copy_bandwidth_bytes_per_s)),
+                "/s")
           : std::string(),
       config_.accelerator.host_memory_bytes > 0
           ? absl::StrCat("cap ", FormatBytes(config_.accelerator.host_memory_bytes))
@@ -787,8 +807,8 @@ absl::Status Trainer::Impl::Run() {
         ASSIGN_OR_RETURN(const double v, EvaluateValidation());
         summary_.eval_s += Seconds(e0, Clock::now());
         if (trace_ != nullptr) {
-          trace_->Complete(steps_track_, "validation", "eval", trace_e0,
-                           trace_->NowNs() - trace_e0, {{"val_loss", v}});
+          trace_->Complete(steps_track_, "validation", "eval", trace_e0, trace_->NowNs() - trace_e0,
+                           {{"val_loss", v}});
         }
         m.val_loss = v;
         summary_.last_val_loss = v;
@@ -799,10 +819,9 @@ absl::Status Trainer::Impl::Run() {
           m.step == summary_.first_step + 1 || m.val_loss.has_value()) {
         PrintProgress(m);
       }
-      const bool checkpoint_due = !config_.checkpoint.dir.empty() &&
-                                  ((config_.checkpoint.every > 0 &&
-                                    step_ % config_.checkpoint.every == 0) ||
-                                   last || stop);
+      const bool checkpoint_due =
+          !config_.checkpoint.dir.empty() &&
+          ((config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0) || last || stop);
       if (checkpoint_due) RETURN_IF_ERROR(SaveCheckpoint());
       if (stop && !last) {
         summary_.stopped_by_request = true;
@@ -841,6 +860,8 @@ absl::Status Trainer::Impl::Run() {
         std::max(summary_.accelerator_peak_model_bytes, m.accelerator_peak_model_bytes);
     summary_.accelerator_peak_non_model_bytes =
         std::max(summary_.accelerator_peak_non_model_bytes, m.accelerator_peak_non_model_bytes);
+    summary_.accelerator_peak_total_bytes =
+        std::max(summary_.accelerator_peak_total_bytes, m.accelerator_peak_total_bytes);
     summary_.host_peak_model_bytes =
         std::max(summary_.host_peak_model_bytes, m.host_peak_model_bytes);
     summary_.host_peak_non_model_bytes =
@@ -888,18 +909,17 @@ std::string Trainer::Impl::SummaryText() const {
     os << absl::StrFormat("validation loss %.4f -> %.4f\n", *s.first_val_loss, *s.last_val_loss);
   }
   const double total = std::max(1e-9, s.seconds);
-  const double other =
-      std::max(0.0, s.seconds - s.compute_s - s.copy_wait_s - s.optimizer_s - s.eval_s -
-                        s.checkpoint_s);
+  const double other = std::max(
+      0.0, s.seconds - s.compute_s - s.copy_wait_s - s.optimizer_s - s.eval_s - s.checkpoint_s);
   os << absl::StrFormat(
       "time: compute %.1f s (%.0f%%), waiting for chunk copies %.1f s (%.0f%%), optimizer %.1f s "
       "(%.0f%%), validation %.1f s, checkpoints %.1f s, other %.1f s\n",
       s.compute_s, 100 * s.compute_s / total, s.copy_wait_s, 100 * s.copy_wait_s / total,
       s.optimizer_s, 100 * s.optimizer_s / total, s.eval_s, s.checkpoint_s, other);
-  os << absl::StrFormat(
-      "accelerator %s (cap %s): peak model data %s, peak non-model %s\n",
-      accelerator_->device().ToString(), FormatBytes(backend_->capacity_bytes()),
-      FormatBytes(s.accelerator_peak_model_bytes), FormatBytes(s.accelerator_peak_non_model_bytes));
+  os << absl::StrFormat("accelerator %s (cap %s): peak model data %s, peak non-model %s\n",
+                        accelerator_->device().ToString(), FormatBytes(backend_->capacity_bytes()),
+                        FormatBytes(s.accelerator_peak_model_bytes),
+                        FormatBytes(s.accelerator_peak_non_model_bytes));
   os << absl::StrFormat("host: peak model data %s, peak non-model %s\n",
                         FormatBytes(s.host_peak_model_bytes),
                         FormatBytes(s.host_peak_non_model_bytes));

@@ -81,6 +81,11 @@ struct TrainerEnvironment {
   Communicator* communicator = nullptr;
   // Bound on every wait for a collective.
   absl::Duration comm_timeout = absl::Minutes(10);
+  // Refuse a run the pre-flight memory plan says does not fit (model/gpt_activation_profile.h).
+  // Only benchmarks that probe below the plan's minimum (benchmarks/capacity_benchmark) turn it
+  // off; the run may then fail mid-way with an out-of-memory error. A run that does not fit host
+  // memory is refused either way.
+  bool enforce_memory_plan = true;
   // The config file the run was loaded from (--config), if any: an input no output may overwrite
   // (trainer/io/run_paths.h).
   std::string config_path;
@@ -104,6 +109,7 @@ struct StepMetrics {
   // Peaks over the step, per device.
   int64_t accelerator_peak_model_bytes = 0;
   int64_t accelerator_peak_non_model_bytes = 0;
+  int64_t accelerator_peak_total_bytes = 0;  // model + non-model at once
   int64_t host_peak_model_bytes = 0;
   int64_t host_peak_non_model_bytes = 0;
   // Chunk traffic of the step.
@@ -128,6 +134,7 @@ struct TrainSummary {
   double compute_s = 0, copy_wait_s = 0, optimizer_s = 0, eval_s = 0, checkpoint_s = 0;
   int64_t accelerator_peak_model_bytes = 0;
   int64_t accelerator_peak_non_model_bytes = 0;
+  int64_t accelerator_peak_total_bytes = 0;  // model + non-model at once
   int64_t host_peak_model_bytes = 0;
   int64_t host_peak_non_model_bytes = 0;
   int64_t loaded_bytes = 0, written_back_bytes = 0;

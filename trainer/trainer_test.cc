@@ -204,6 +204,7 @@ TEST(Trainer, RefusesMissingMismatchingAndCorruptCheckpoints) {
   other.checkpoint.resume = true;
   other.steps = 4;
   other.train_micro_batch_size_per_gpu = 3;
+  other.accelerator.memory_bytes = 4 * kMiB;  // the larger batch's activations (the plan)
   EXPECT_THAT(Trainer::Create(other).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("micro_batch 2")));
   // Nothing was touched by the refusals.

@@ -1,6 +1,7 @@
 // Operator lists shaped like a GPT-2 transformer, for tests of the chunk layer, which knows no
-// model: realistic operator sizes and Hugging Face GPT-2 names (embedding, per block ln_1,
-// attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj, then ln_f) without depending on model/.
+// model: realistic operator sizes and Hugging Face GPT-2 names (wte whole or in row blocks
+// "wte[r0:r1]", wpe, per block ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj, then ln_f)
+// without depending on model/.
 // model/gpt_config_test checks that model/gpt_config.h's GptOperators produces exactly these lists
 // for every preset, so the chunk tests exercise the model's real shapes. Test-only.
 //
@@ -21,6 +22,8 @@ struct TransformerShape {
   int64_t positions = 0;
   int64_t hidden = 0;
   int64_t num_layers = 0;
+  // Rows of wte per operator; 0: one operator "wte" (model/gpt_config.h's VocabLayoutOptions).
+  int64_t vocab_block_rows = 0;
 };
 
 // Shapes of model/gpt_config.h's presets "tiny", "gpt2", "gpt2-medium", "1B" and "10B".

@@ -179,7 +179,7 @@ absl::StatusOr<double> TinyGpt2<T>::Forward(absl::Span<const int32_t> tokens,
                                       absl::MakeSpan(lnf_rstd_), pool));
   const LmHeadCrossEntropyShape ce{N, C, V, cfg_.ce_row_tile, cfg_.ce_vocab_tile};
   if constexpr (std::is_same_v<T, float>) {
-    if (cfg_.bf16_gemms) {
+    if (cfg_.bf16_gemms && cfg_.bf16_lm_head) {
       std::vector<float> ws(LmHeadCrossEntropyBf16WorkspaceElems(ce));
       return LmHeadCrossEntropyForwardBf16(ce, lnf_, Bf16Param(wte_, V * C), targets,
                                            absl::MakeSpan(ce_lse_), absl::MakeSpan(ws), pool);
@@ -201,7 +201,7 @@ absl::Status TinyGpt2<T>::Backward(absl::Span<const int32_t> tokens,
   const LmHeadCrossEntropyShape ce{N, C, V, cfg_.ce_row_tile, cfg_.ce_vocab_tile};
   bool head_done = false;
   if constexpr (std::is_same_v<T, float>) {
-    if (cfg_.bf16_gemms) {
+    if (cfg_.bf16_gemms && cfg_.bf16_lm_head) {
       std::vector<float> ws(LmHeadCrossEntropyBf16WorkspaceElems(ce));
       RETURN_IF_ERROR(LmHeadCrossEntropyBackwardBf16(ce, lnf_, Bf16Param(wte_, V * C), targets,
                                                      ce_lse_, 1.0, absl::MakeSpan(dlnf),

@@ -34,6 +34,9 @@ struct TinyGpt2Config {
   // (MatmulForwardBf16 etc., weights rounded to bf16 at each use), as GptModel does with bf16
   // param chunks; the rest stays f32.
   bool bf16_gemms = false;
+  // With bf16_gemms: the LM head too (false: the head widens wte and runs f32, as GptModel's
+  // row-block LM head does with bf16 blocks).
+  bool bf16_lm_head = true;
 };
 
 // One named parameter tensor inside the flat parameter vector.

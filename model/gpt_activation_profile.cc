@@ -1,0 +1,491 @@
+#include "model/gpt_activation_profile.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "base/units.h"
+#include "chunk/chunk_layout.h"
+#include "glog/logging.h"
+#include "model/kernels/attention.h"
+#include "model/kernels/matmul.h"
+#include "model/kernels/vocab_blocks.h"
+
+namespace ps {
+namespace {
+
+constexpr int64_t kF32 = sizeof(float);
+
+// Follows GptModel's forward and backward (model/gpt_model.cc) statement by statement; each
+// method names the GptModel method it mirrors. Buffers are ids; -1 is an empty Buffer.
+class Profiler {
+ public:
+  Profiler(const GptConfig& config, const GptModelOptions& o, DType dtype,
+           const VocabLayoutOptions& layout, const std::vector<OperatorSpec>& ops)
+      : c_(config),
+        o_(o),
+        sixteen_bit_(dtype != DType::kF32),
+        bf16_(dtype == DType::kBF16),
+        blocks_(GptVocabBlocks(config, layout)),
+        b_(ops) {
+    B_ = o.batch;
+    T_ = o.seq_len == 0 ? config.max_seq_len : o.seq_len;
+    C_ = config.hidden;
+    N_ = B_ * T_;
+  }
+
+  // GptModel::ForwardBackward.
+  std::vector<ActivationEvent> Iteration() {
+    Acts acts(c_.num_layers);
+    Forward(o_.activation_checkpointing ? Mode::kCheckpoint : Mode::kTrain, acts);
+    Backward(acts);
+    FreeAll(acts);
+    return b_.Take();
+  }
+
+  // GptModel::Evaluate.
+  std::vector<ActivationEvent> Evaluation() {
+    Acts acts(c_.num_layers);
+    Forward(Mode::kEvaluate, acts);
+    FreeAll(acts);
+    return b_.Take();
+  }
+
+ private:
+  enum class Mode { kTrain, kCheckpoint, kEvaluate };
+  // GptModel::BlockActs, members in declaration order.
+  struct BlockActs {
+    int64_t ln1 = -1, ln1_mean = -1, ln1_rstd = -1, qkv = -1, atty = -1, lse = -1, res2 = -1,
+            ln2 = -1, ln2_mean = -1, ln2_rstd = -1, fch = -1, fch_gelu = -1;
+  };
+  struct Acts {
+    explicit Acts(int64_t layers) : x(layers + 1, -1), blocks(layers) {}
+    std::vector<int64_t> x;
+    std::vector<BlockActs> blocks;
+    int64_t lnf = -1, lnf_mean = -1, lnf_rstd = -1, ce_lse = -1, touched = -1;
+  };
+
+  int64_t A(int64_t elems) { return b_.Alloc(elems * kF32); }
+  void F(int64_t& buffer) {
+    b_.Free(buffer);
+    buffer = -1;
+  }
+  // BlockActs::Reset: frees in member order.
+  void ResetBlock(BlockActs& a) {
+    for (int64_t* p : {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.atty, &a.lse, &a.res2, &a.ln2,
+                       &a.ln2_mean, &a.ln2_rstd, &a.fch, &a.fch_gelu}) {
+      F(*p);
+    }
+  }
+  // What Activations' destructor frees (after the last moment: order does not matter).
+  void FreeAll(Acts& acts) {
+    F(acts.touched);
+    F(acts.ce_lse);
+    F(acts.lnf_rstd);
+    F(acts.lnf_mean);
+    F(acts.lnf);
+    for (BlockActs& a : acts.blocks) ResetBlock(a);
+    for (int64_t& x : acts.x) F(x);
+  }
+  static std::string Layer(int64_t l, const char* op) { return absl::StrCat("h.", l, ".", op); }
+
+  // GptModel::ParamF32 of an operator's tensor of `elems` elements (16-bit chunks only).
+  int64_t ParamF32(int64_t elems) { return sixteen_bit_ ? A(elems) : -1; }
+
+  // GptModel::LinearForward.
+  void LinearForward(const std::string& op, int64_t in, int64_t out) {
+    b_.Access(op, Stage::kForward);
+    if (bf16_) {  // the GEMM reads the bf16 weights in place
+      int64_t b = ParamF32(out);
+      int64_t ws = A(MatmulBf16ForwardWorkspaceElems({N_, in, out}));
+      b_.Release(op, Stage::kForward);
+      F(ws);
+      F(b);
+      return;
+    }
+    int64_t w = ParamF32(in * out);
+    int64_t b = ParamF32(out);
+    F(w);
+    F(b);
+    b_.Release(op, Stage::kForward);
+  }
+  // GptModel::LayerNormFwd.
+  void LayerNormFwd(const std::string& op, int64_t& y, int64_t& mean, int64_t& rstd) {
+    y = A(N_ * C_);
+    mean = A(N_);
+    rstd = A(N_);
+    b_.Access(op, Stage::kForward);
+    int64_t w = ParamF32(C_);
+    int64_t b = ParamF32(C_);
+    F(w);
+    F(b);
+    b_.Release(op, Stage::kForward);
+  }
+  // GptModel::BlockForward.
+  void BlockForward(int64_t l, bool recompute, BlockActs& a, int64_t& out) {
+    LayerNormFwd(Layer(l, "ln_1"), a.ln1, a.ln1_mean, a.ln1_rstd);
+    a.qkv = A(N_ * 3 * C_);
+    LinearForward(Layer(l, "attn.c_attn"), C_, 3 * C_);
+    a.atty = A(N_ * C_);
+    a.lse = A(B_ * c_.num_heads * T_);
+    int64_t ws =
+        A(AttentionWorkspaceElems({B_, T_, C_, c_.num_heads, o_.attention_tile}, o_.threads));
+    F(ws);
+    a.res2 = A(N_ * C_);
+    LinearForward(Layer(l, "attn.c_proj"), C_, C_);
+    LayerNormFwd(Layer(l, "ln_2"), a.ln2, a.ln2_mean, a.ln2_rstd);
+    a.fch = A(N_ * 4 * C_);
+    LinearForward(Layer(l, "mlp.c_fc"), C_, 4 * C_);
+    a.fch_gelu = A(N_ * 4 * C_);
+    if (recompute) return;
+    out = A(N_ * C_);
+    LinearForward(Layer(l, "mlp.c_proj"), 4 * C_, C_);
+  }
+  VocabBlockShape BlockShape(const GptVocabBlock& b) const {
+    return VocabBlockShape{.rows = N_,
+                           .channels = C_,
+                           .vocab_size = c_.vocab_size,
+                           .row_begin = b.row_begin,
+                           .block_rows = b.rows,
+                           .row_tile = o_.ce_row_tile,
+                           .vocab_tile = o_.ce_vocab_tile};
+  }
+  // GptModel::Forward with EmbeddingForward and LmHeadForward.
+  void Forward(Mode mode, Acts& acts) {
+    const int64_t L = c_.num_layers;
+    acts.x[0] = A(N_ * C_);
+    for (const GptVocabBlock& b : blocks_) b_.Touch(b.op_name, Stage::kForward);
+    b_.Access("wpe", Stage::kForward);
+    int64_t wpe = ParamF32(c_.max_seq_len * C_);
+    F(wpe);
+    b_.Release("wpe", Stage::kForward);
+    for (int64_t l = 0; l < L; ++l) {
+      BlockForward(l, /*recompute=*/false, acts.blocks[l], acts.x[l + 1]);
+      if (mode != Mode::kTrain) ResetBlock(acts.blocks[l]);
+      if (mode == Mode::kEvaluate) F(acts.x[l]);
+    }
+    LayerNormFwd("ln_f", acts.lnf, acts.lnf_mean, acts.lnf_rstd);
+    if (mode == Mode::kEvaluate) {
+      F(acts.x[L]);
+      F(acts.lnf_mean);
+      F(acts.lnf_rstd);
+    }
+    acts.ce_lse = A(N_);
+    int64_t state = A(LmHeadStateElems(BlockShape(blocks_.front())));
+    for (const GptVocabBlock& b : blocks_) {
+      int64_t ws = A(LmHeadBlockForwardWorkspaceElems(BlockShape(b), sixteen_bit_));
+      b_.Touch(b.op_name, Stage::kForward);
+      F(ws);
+    }
+    F(state);
+  }
+  // GptModel::LinearBackward.
+  void LinearBackward(const std::string& op, int64_t in, int64_t out) {
+    int64_t dw = A(in * out);
+    int64_t db = A(out);
+    b_.Access(op, Stage::kBackward);
+    if (bf16_) {
+      int64_t ws = A(MatmulBf16BackwardWorkspaceElems({N_, in, out}));
+      F(ws);
+    } else {
+      int64_t w = ParamF32(in * out);
+      F(w);
+    }
+    b_.Release(op, Stage::kBackward);
+    F(db);
+    F(dw);
+  }
+  // GptModel::LayerNormBwd.
+  void LayerNormBwd(const std::string& op) {
+    int64_t dw = A(C_);
+    int64_t db = A(C_);
+    b_.Access(op, Stage::kBackward);
+    int64_t w = ParamF32(C_);
+    F(w);
+    b_.Release(op, Stage::kBackward);
+    F(db);
+    F(dw);
+  }
+  // GptModel::BlockBackward.
+  void BlockBackward(int64_t l, BlockActs& a, int64_t& in, int64_t& dres) {
+    int64_t dres2 = A(N_ * C_);
+    int64_t dfcproj = A(N_ * C_);
+    F(dres);
+    int64_t dfch_gelu = A(N_ * 4 * C_);
+    LinearBackward(Layer(l, "mlp.c_proj"), 4 * C_, C_);
+    F(dfcproj);
+    F(a.fch_gelu);
+    int64_t dfch = A(N_ * 4 * C_);
+    F(a.fch);
+    F(dfch_gelu);
+    int64_t dln2 = A(N_ * C_);
+    LinearBackward(Layer(l, "mlp.c_fc"), C_, 4 * C_);
+    F(dfch);
+    F(a.ln2);
+    LayerNormBwd(Layer(l, "ln_2"));
+    F(dln2);
+    F(a.res2);
+    F(a.ln2_mean);
+    F(a.ln2_rstd);
+    int64_t din = A(N_ * C_);
+    int64_t dattproj = A(N_ * C_);
+    F(dres2);
+    int64_t datty = A(N_ * C_);
+    LinearBackward(Layer(l, "attn.c_proj"), C_, C_);
+    F(dattproj);
+    int64_t dqkv = A(N_ * 3 * C_);
+    F(datty);
+    F(a.atty);
+    F(a.lse);
+    F(a.qkv);
+    int64_t dln1 = A(N_ * C_);
+    LinearBackward(Layer(l, "attn.c_attn"), C_, 3 * C_);
+    F(dqkv);
+    F(a.ln1);
+    LayerNormBwd(Layer(l, "ln_1"));
+    F(dln1);
+    F(in);
+    ResetBlock(a);
+    dres = din;
+  }
+  // GptModel::Backward with LmHeadBackward and EmbeddingBackward.
+  void Backward(Acts& acts) {
+    const int64_t L = c_.num_layers;
+    acts.touched = A(std::min(N_, c_.vocab_size) * C_);
+    int64_t dlnf = A(N_ * C_);
+    for (const GptVocabBlock& b : blocks_) {
+      int64_t ws = A(LmHeadBlockBackwardWorkspaceElems(BlockShape(b), sixteen_bit_));
+      b_.Touch(b.op_name, Stage::kBackward);
+      F(ws);
+    }
+    F(acts.ce_lse);
+    F(acts.lnf);
+    int64_t dres = A(N_ * C_);
+    LayerNormBwd("ln_f");
+    F(dlnf);
+    F(acts.lnf_mean);
+    F(acts.lnf_rstd);
+    F(acts.x[L]);
+    for (int64_t l = L - 1; l >= 0; --l) {
+      if (o_.activation_checkpointing) {
+        int64_t unused = -1;
+        BlockForward(l, /*recompute=*/true, acts.blocks[l], unused);
+      }
+      BlockBackward(l, acts.blocks[l], acts.x[l], dres);
+    }
+    {
+      int64_t dwpe = A(c_.max_seq_len * C_);
+      b_.Touch("wpe", Stage::kBackward);
+      F(dwpe);
+    }
+    F(dres);
+    for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
+      b_.Touch(it->op_name, Stage::kBackward);
+    }
+    F(acts.touched);
+  }
+
+  const GptConfig c_;
+  const GptModelOptions o_;
+  const bool sixteen_bit_;
+  const bool bf16_;  // Conv1D GEMMs read bf16 weights in place (GptModel::ParamBf16)
+  const std::vector<GptVocabBlock> blocks_;
+  ActivationProfileBuilder b_;
+  int64_t B_ = 0, T_ = 0, C_ = 0, N_ = 0;
+};
+
+}  // namespace
+
+GptMemoryModel GptActivationProfile(const GptConfig& config, const GptModelOptions& options,
+                                    DType compute_dtype, const VocabLayoutOptions& layout) {
+  GptMemoryModel m;
+  m.ops = GptOperators(config, layout);
+  Profiler profiler(config, options, compute_dtype, layout, m.ops);
+  m.profile.iteration = profiler.Iteration();
+  m.profile.evaluation = profiler.Evaluation();
+  return m;
+}
+
+namespace {
+
+// The plan of one chunk size and budget.
+absl::StatusOr<GptRunPlan> PlanOne(const GptRunPlanOptions& o, int64_t chunk_elems) {
+  GptRunPlan run;
+  run.vocab.vocab_block_rows =
+      GptVocabBlockRowsForChunk(o.config, chunk_elems, o.model.ce_vocab_tile);
+  if (run.vocab.vocab_block_rows == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.size ", chunk_elems, " elements cannot hold one vocabulary tile of ",
+                     o.model.ce_vocab_tile, " wte rows of model ", o.config.name));
+  }
+  if (run.vocab.vocab_block_rows >= o.config.vocab_size) run.vocab.vocab_block_rows = 0;
+  GptModelOptions model = o.model;
+  if (model.seq_len == 0) model.seq_len = o.config.max_seq_len;
+  GptMemoryModel memory = GptActivationProfile(o.config, model, o.compute_dtype, run.vocab);
+  MemoryPlanOptions p;
+  p.ops = std::move(memory.ops);
+  p.profile = std::move(memory.profile);
+  p.chunk_elems = chunk_elems;
+  p.compute_dtype = o.compute_dtype;
+  p.world_size = o.world_size;
+  p.rank = o.rank;
+  p.gradient_accumulation_steps = o.gradient_accumulation_steps;
+  p.comm_buffer_bytes = o.comm_buffer_bytes;
+  p.host_cap_bytes = o.host_cap_bytes;
+  p.host_available_bytes = o.host_available_bytes;
+  p.host_resident_bytes = o.host_resident_bytes;
+  p.host_overhead_bytes = o.host_overhead_bytes;
+  p.host_workspace_bytes = o.host_workspace_bytes;
+  p.accelerator_in_host_memory = o.accelerator_in_host_memory;
+  // A budget first guessed, then (auto) set to what the plan needs: the segments, and so the
+  // slack, depend on it.
+  run.accelerator_bytes = o.accelerator_bytes > 0 ? o.accelerator_bytes : 4 * kGiB;
+  for (int round = 0; round < 3; ++round) {
+    p.accelerator_bytes = run.accelerator_bytes;
+    p.scratch = ScratchOptionsForBudget(run.accelerator_bytes);
+    // One segment beside the stranded bytes (a request between two samples), and a tide margin
+    // of 1/32 of the activation peak: measured (capacity_benchmark), bf16 runs' real tide ran
+    // 0.5-0.9% above the profile's at mlp.c_proj's backward (stream-ordered frees still pending
+    // when the tracker is sampled, most likely); the test that would pin that down (the model
+    // against its profile, moment by moment) does not exist yet.
+    p.slack_margin_bytes = p.scratch.small_segment_bytes;
+    p.slack_peak_fraction = 1.0 / 32;
+    ASSIGN_OR_RETURN(run.plan, PlanMemory(p));
+    run.scratch = p.scratch;
+    if (o.accelerator_bytes > 0 || run.plan.min_accelerator_bytes <= run.accelerator_bytes) break;
+    run.accelerator_bytes = AlignUp(run.plan.min_accelerator_bytes, kMiB);
+  }
+  return run;
+}
+
+}  // namespace
+
+absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
+  RETURN_IF_ERROR(ValidateGptConfig(o.config));
+  if (o.model.batch <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train_micro_batch_size_per_gpu must be >= 1, got ", o.model.batch));
+  }
+  const int64_t min_elems = GptMinChunkElems(o.config, o.model.ce_vocab_tile);
+  if (o.chunk_elems > 0) {
+    if (o.chunk_elems < min_elems) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk.size = ", o.chunk_elems,
+                       " elements is below the smallest chunk of model ", o.config.name, " (",
+                       min_elems, " elements); use chunk.size >= ", min_elems, " or \"auto\""));
+    }
+    ASSIGN_OR_RETURN(GptRunPlan run, PlanOne(o, o.chunk_elems));
+    run.chunk_note = "chunk.size";
+    return run;
+  }
+  int64_t step = 1024;
+  while (step * 2 * 8 <= min_elems) step *= 2;
+  const int64_t first = AlignUp(min_elems, step);
+  // Candidates by the model data of all ranks (a layout each, cheap), then planned in that order
+  // (a replay each): the first that fits the accelerator wins. A chunk that does not fit the
+  // accelerator rules out the larger ones (their working sets are larger).
+  struct Candidate {
+    int64_t chunk_elems;
+    int64_t model_data_bytes;
+  };
+  std::vector<Candidate> candidates;
+  for (int64_t c = first; c <= std::max(first, 2 * min_elems); c += step) {
+    VocabLayoutOptions vocab{.vocab_block_rows =
+                                 GptVocabBlockRowsForChunk(o.config, c, o.model.ce_vocab_tile)};
+    ChunkLayoutOptions layout_options{.capacity_elems = c, .world_size = o.world_size};
+    ASSIGN_OR_RETURN(ChunkLayout layout,
+                     ChunkLayout::Build(layout_options, GptOperators(o.config, vocab)));
+    candidates.push_back({c, layout.TotalModelDataBytes(o.compute_dtype)});
+  }
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) {
+                     return a.model_data_bytes < b.model_data_bytes;
+                   });
+  std::optional<GptRunPlan> best;
+  int64_t too_large_elems = std::numeric_limits<int64_t>::max();
+  int planned = 0;
+  for (const Candidate& c : candidates) {
+    if (c.chunk_elems >= too_large_elems) continue;
+    ++planned;
+    ASSIGN_OR_RETURN(GptRunPlan run, PlanOne(o, c.chunk_elems));
+    // Every rank must choose the same chunk size: the choice depends on nothing rank-local (the
+    // total model data, the accelerator's fit), never on the host memory a rank sees.
+    if (run.plan.fits_accelerator) {
+      best = std::move(run);
+      break;
+    }
+    too_large_elems = c.chunk_elems;
+    if (!best.has_value() || run.plan.min_accelerator_bytes < best->plan.min_accelerator_bytes) {
+      best = std::move(run);
+    }
+  }
+  best->chunk_note = absl::StrCat("chunk.size \"auto\": ", candidates.size(), " candidates, ",
+                                  planned, " planned");
+  return *std::move(best);
+}
+absl::Status CheckGptRunFits(const GptRunPlanOptions& o, const GptRunPlan& run) {
+  const MemoryPlan& p = run.plan;
+  if (p.fits()) return absl::OkStatus();
+  const std::string what = absl::StrCat(
+      "model ", o.config.name, " (", GptParameterCount(o.config), " parameters, ",
+      DTypeName(o.compute_dtype), ", micro batch ", o.model.batch, ", seq_len ",
+      o.model.seq_len == 0 ? o.config.max_seq_len : o.model.seq_len,
+      o.world_size > 1 ? absl::StrCat(", world size ", o.world_size) : std::string(), ")");
+  if (!p.fits_host) {
+    std::string limit;
+    if (o.host_cap_bytes.has_value() &&
+        p.host_model_data_bytes + p.host_accumulator_bytes > *o.host_cap_bytes) {
+      limit = absl::StrCat("accelerator.host_memory caps the host pools at ",
+                           FormatBytes(*o.host_cap_bytes));
+    } else {
+      limit =
+          absl::StrCat("the OS can give this process only ", FormatBytes(o.host_available_bytes),
+                       " more (MemAvailable, or the memory cgroup's limit if lower)");
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, " does not fit in host memory: the plan needs ", FormatBytes(p.host_needed_bytes),
+        " more host memory (model data ", FormatBytes(p.host_model_data_bytes),
+        p.host_accumulator_bytes > 0
+            ? absl::StrCat(", gradient accumulator ", FormatBytes(p.host_accumulator_bytes))
+            : std::string(),
+        p.host_accelerator_bytes > 0
+            ? absl::StrCat(", the emulated accelerator ", FormatBytes(p.host_accelerator_bytes))
+            : std::string(),
+        ") but ", limit, "; the smallest host memory that fits is ",
+        FormatBytes(p.host_needed_bytes),
+        ". Use a smaller model, 16-bit precision, more ranks (ZeRO shards the model data), or a "
+        "machine with more memory. Nothing was allocated"));
+  }
+  // The accelerator: the largest batch that fits this budget, if any.
+  std::string batch;
+  for (int64_t b = o.model.batch - 1; b >= 1; b = b > 8 ? b / 2 : b - 1) {
+    GptRunPlanOptions smaller = o;
+    smaller.model.batch = b;
+    smaller.chunk_elems = p.chunk_elems;
+    smaller.accelerator_bytes = run.accelerator_bytes;
+    absl::StatusOr<GptRunPlan> r = PlanGptRun(smaller);
+    if (r.ok() && r->plan.fits_accelerator) {
+      batch = absl::StrCat(", or --micro_batch_size=", b, " (train_micro_batch_size_per_gpu)");
+      break;
+    }
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, " does not fit the accelerator's ", FormatBytes(run.accelerator_bytes),
+      ": it needs at least ", FormatBytes(p.min_accelerator_bytes), " (",
+      FormatBytes(p.lower_bound_bytes), " at ", p.lower_bound_at, ": the operator's ",
+      FormatBytes(p.largest_working_set_bytes), " working set plus the activations then; ",
+      FormatBytes(p.slack_bytes), " of allocator slack",
+      o.comm_buffer_bytes > 0
+          ? absl::StrCat(", ", FormatBytes(o.comm_buffer_bytes), " of communication buffers")
+          : std::string(),
+      "). Use --accelerator_memory=", FormatBytes(AlignUp(p.min_accelerator_bytes, kMiB)),
+      " (accelerator.memory) or more", batch,
+      ", or activation checkpointing. Nothing was allocated"));
+}
+
+}  // namespace ps

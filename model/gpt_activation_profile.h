@@ -1,0 +1,101 @@
+// GptActivationProfile: GptModel's activation profile (scheduler/activation_profile.h) — every
+// scratch allocation, free and operator access of one ForwardBackward and one Evaluate, in
+// program order, with the bytes GptModel requests — for a config, batch, sequence length,
+// activation checkpointing, compute dtype, thread count, kernel tiles and wte split. The memory
+// plan (scheduler/memory_plan.h) replays it to predict the tide before a run allocates anything.
+//
+// One source of truth. The profile is written beside GptModel's forward and backward and follows
+// them statement by statement (model/gpt_model.cc): the same buffers, sizes (the same
+// ...WorkspaceElems functions of the kernels), order of allocation, access and release, and order
+// of frees. model/gpt_activation_profile_test runs GptModel's warm-up on the emulated accelerator
+// for random shapes, dtypes, splits and checkpointing and requires the recorded tide to equal the
+// replayed profile's at every moment, so a change to the model that is not made here fails that
+// test. (Llama-family models add a profile of their own beside their model.)
+//
+// Thread safety: pure functions.
+#ifndef PATRICKSTAR_MODEL_GPT_ACTIVATION_PROFILE_H_
+#define PATRICKSTAR_MODEL_GPT_ACTIVATION_PROFILE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "chunk/operator_spec.h"
+#include "memory/dtype.h"
+#include "model/gpt_config.h"
+#include "model/gpt_model.h"
+#include "scheduler/activation_profile.h"
+#include "scheduler/memory_plan.h"
+
+namespace ps {
+
+// The operators a layout is built from and the profile over them.
+struct GptMemoryModel {
+  std::vector<OperatorSpec> ops;
+  ActivationProfile profile;
+};
+
+// REQUIRES: a valid config, options GptModel::Create accepts (seq_len resolved: 0 means
+// max_seq_len; threads = the model's ThreadPool size) and a wte split whose blocks start on
+// multiples of options.ce_vocab_tile.
+GptMemoryModel GptActivationProfile(const GptConfig& config, const GptModelOptions& options,
+                                    DType compute_dtype, const VocabLayoutOptions& layout);
+
+// --- The pre-flight plan of a GPT run -------------------------------------------------------
+//
+// PlanGptRun lays the model out (wte split in row blocks sized to the chunk), builds its profile
+// and runs PlanMemory (scheduler/memory_plan.h). With chunk_elems 0 ("auto") it scans chunk sizes
+// from the smallest that holds every operator (GptMinChunkElems) to twice that, in steps of
+// 1/8 of it rounded down to a power of two (at least 1 Ki elements; about 9 candidates), and picks
+// the one that fits the accelerator with the least model data of all ranks (padding waste), ties
+// to the smaller — the same choice on every rank (nothing rank-local decides it); when none fits,
+// the one that needs the least accelerator memory (the refusal then names its numbers). With
+// accelerator_bytes 0 ("auto") the budget is max(4 GiB, the plan's minimum).
+
+struct GptRunPlanOptions {
+  GptConfig config;
+  // batch, seq_len (0: max_seq_len), activation_checkpointing, threads and the kernel tiles.
+  GptModelOptions model;
+  DType compute_dtype = DType::kF32;
+  int world_size = 1;
+  int rank = 0;
+  int gradient_accumulation_steps = 1;
+  // 0: auto (see above).
+  int64_t chunk_elems = 0;
+  int64_t accelerator_bytes = 0;
+  int64_t comm_buffer_bytes = 0;
+  // As MemoryPlanOptions.
+  std::optional<int64_t> host_cap_bytes;
+  int64_t host_available_bytes = 0;
+  int64_t host_resident_bytes = 0;
+  int64_t host_overhead_bytes = 0;
+  int64_t host_workspace_bytes = 0;
+  bool accelerator_in_host_memory = true;
+};
+
+struct GptRunPlan {
+  MemoryPlan plan;
+  VocabLayoutOptions vocab;
+  int64_t accelerator_bytes = 0;
+  // The scratch allocator's options for that budget (ScratchOptionsForBudget).
+  CachingAllocatorOptions scratch;
+  // "chunk.size \"auto\": 9 candidates searched" or "chunk.size".
+  std::string chunk_note;
+};
+
+// InvalidArgument for an invalid config or options (naming the field), a chunk_elems below
+// GptMinChunkElems.
+absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& options);
+
+// OK when `plan` fits; otherwise ResourceExhausted with one message for a person: what does not
+// fit, by how much, and the smallest accelerator memory (--accelerator_memory), the host memory,
+// or the largest micro batch (--micro_batch_size) that would fit. Re-plans smaller batches, so it
+// takes the options `plan` came from.
+absl::Status CheckGptRunFits(const GptRunPlanOptions& options, const GptRunPlan& plan);
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_MODEL_GPT_ACTIVATION_PROFILE_H_

@@ -1,0 +1,512 @@
+#include "model/kernels/vocab_blocks.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "base/status_macros.h"
+#include "base/thread_pool.h"
+#include "memory/convert.h"
+#include "model/kernels/cross_entropy_math.h"
+#include "model/kernels/internal/blas.h"
+#include "model/kernels/internal/kernel_util.h"
+#include "model/kernels/internal/simd.h"
+#include "model/kernels/softmax_math.h"
+
+namespace ps {
+namespace {
+
+using kernels_internal::CheckBlasDim;
+using kernels_internal::CheckElems;
+using kernels_internal::CheckPositive;
+using kernels_internal::CheckWorkspace;
+using kernels_internal::Gemm;
+using kernels_internal::NumTasks;
+using kernels_internal::ParallelFor;
+using kernels_internal::RowsPerTask;
+
+// Channels per task of the scatters: enough to amortize the walk over the tokens.
+constexpr int64_t kChannelsPerTask = 64;
+
+absl::Status CheckBlock(const char* kernel, const VocabBlockShape& s) {
+  RETURN_IF_ERROR(CheckBlasDim(kernel, "rows", s.rows));
+  RETURN_IF_ERROR(CheckBlasDim(kernel, "channels", s.channels));
+  RETURN_IF_ERROR(CheckBlasDim(kernel, "vocab_size", s.vocab_size));
+  RETURN_IF_ERROR(CheckBlasDim(kernel, "block_rows", s.block_rows));
+  if (s.row_begin < 0 || s.row_begin + s.block_rows > s.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kernel, ": block rows [", s.row_begin, ", ", s.row_begin + s.block_rows,
+                     ") are not inside [0, vocab_size=", s.vocab_size, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTokens(const char* kernel, absl::string_view what,
+                         absl::Span<const int32_t> tokens, int64_t vocab_size,
+                         std::optional<int32_t> ignore_index) {
+  for (int64_t n = 0; n < static_cast<int64_t>(tokens.size()); ++n) {
+    const int32_t t = tokens[n];
+    if (ignore_index.has_value() && t == *ignore_index) continue;
+    if (t < 0 || t >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kernel, ": ", what, " ", t, " at row ", n, " is outside [0, vocab_size=", vocab_size, ")",
+          ignore_index.has_value() ? absl::StrCat(" and is not ignore_index ", *ignore_index)
+                                   : std::string()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLmHead(const char* kernel, const VocabBlockShape& s,
+                         absl::Span<const int32_t> targets, int64_t h_elems, int64_t block_elems,
+                         int64_t workspace_elems, int64_t needed_workspace_elems) {
+  RETURN_IF_ERROR(CheckBlock(kernel, s));
+  RETURN_IF_ERROR(CheckBlasDim(kernel, "row_tile", s.row_tile));
+  RETURN_IF_ERROR(CheckBlasDim(kernel, "vocab_tile", s.vocab_tile));
+  if (s.row_begin % s.vocab_tile != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kernel, ": the block starts at row ", s.row_begin, ", not a multiple of vocab_tile ",
+        s.vocab_tile,
+        "; blocks must hold whole vocabulary tiles (all but the last block a multiple of "
+        "vocab_tile rows) so that the tiles, and the results, are those of the whole matrix"));
+  }
+  if (h_elems != s.rows * s.channels) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kernel, ": h has ", h_elems, " elements, expected rows*channels = ", s.rows * s.channels));
+  }
+  if (block_elems != s.block_rows * s.channels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kernel, ": the block has ", block_elems,
+                     " elements, expected block_rows*channels = ", s.block_rows * s.channels));
+  }
+  RETURN_IF_ERROR(CheckElems(kernel, "targets", targets, s.rows, "rows"));
+  if (workspace_elems < needed_workspace_elems) {
+    return absl::InvalidArgumentError(absl::StrCat(kernel, ": workspace has ", workspace_elems,
+                                                   " elements, needs ", needed_workspace_elems));
+  }
+  return CheckTokens(kernel, "target", targets, s.vocab_size, s.ignore_index);
+}
+
+// Where the rows of a vocabulary tile come from: the block itself (f32/f64), or a widened copy in
+// `scratch` (16-bit). `local_row` counts from the block's first row.
+template <typename T>
+struct NativeRows {
+  const T* block;
+  int64_t channels;
+  absl::StatusOr<const T*> operator()(int64_t local_row, int64_t, T*) const {
+    return block + local_row * channels;
+  }
+};
+struct WidenedRows {
+  Block16 block;
+  int64_t channels;
+  absl::StatusOr<const float*> operator()(int64_t local_row, int64_t rows, float* scratch) const {
+    RETURN_IF_ERROR(Convert(block.dtype, block.data + local_row * channels, DType::kF32, scratch,
+                            rows * channels));
+    return scratch;
+  }
+};
+
+template <typename T, typename Rows>
+absl::Status LmHeadForwardImpl(const VocabBlockShape& s, const T* h, const Rows& rows_of,
+                               absl::Span<const int32_t> targets, absl::Span<T> state, T* workspace,
+                               ThreadPool* pool) {
+  const int64_t N = s.rows, C = s.channels;
+  const int64_t row_tile = std::min(N, s.row_tile);
+  const int64_t vocab_tile = std::min(s.vocab_size, s.vocab_tile);
+  const int64_t row_end = s.row_begin + s.block_rows;
+  T* z = workspace;
+  T* scratch = z + row_tile * std::min(s.block_rows, vocab_tile);
+  T* run_max = state.data();
+  T* run_sum = run_max + N;
+  T* target_logit = run_sum + N;
+  for (int64_t v0 = s.row_begin; v0 < row_end; v0 += vocab_tile) {
+    const int64_t Vt = std::min(vocab_tile, row_end - v0);
+    ASSIGN_OR_RETURN(const T* w, rows_of(v0 - s.row_begin, Vt, scratch));
+    for (int64_t r0 = 0; r0 < N; r0 += row_tile) {
+      const int64_t R = std::min(row_tile, N - r0);
+      Gemm(false, true, R, Vt, C, T{1}, h + r0 * C, C, w, C, T{0}, z, Vt);
+      const int64_t grain = RowsPerTask(Vt, 8192);
+      ParallelFor(pool, NumTasks(R, grain), [&](int64_t task) {
+        const int64_t end = std::min(R, (task + 1) * grain);
+        for (int64_t i = task * grain; i < end; ++i) {
+          const int64_t n = r0 + i;
+          const T* zi = z + i * Vt;
+          T tile_max = zi[0];
+          if constexpr (std::is_same_v<T, float>) {
+            tile_max = kernels_internal::simd::Max(zi, Vt);
+          } else {
+            for (int64_t v = 1; v < Vt; ++v) tile_max = MaxOf(tile_max, zi[v]);
+          }
+          const T new_max = MaxOf(run_max[n], tile_max);
+          T sum = run_sum[n] * SoftmaxRescale(run_max[n], new_max);  // 0 on the first tile
+          if constexpr (std::is_same_v<T, float>) {
+            sum += kernels_internal::simd::SumExpMinus(zi, new_max, Vt);
+          } else {
+            for (int64_t v = 0; v < Vt; ++v) sum += SoftmaxWeight(zi[v], new_max);
+          }
+          run_max[n] = new_max;
+          run_sum[n] = sum;
+          const int64_t t = targets[n];
+          if (t >= v0 && t < v0 + Vt) target_logit[n] = zi[t - v0];
+        }
+      });
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename T, typename Rows>
+absl::Status LmHeadBackwardImpl(const VocabBlockShape& s, const T* h, const Rows& rows_of,
+                                absl::Span<const int32_t> targets, const T* lse, double loss_grad,
+                                T* dh, T* workspace, VocabTileGradFn<T> on_tile, ThreadPool* pool) {
+  const int64_t N = s.rows, C = s.channels;
+  const int64_t row_tile = std::min(N, s.row_tile);
+  const int64_t vocab_tile = std::min(s.vocab_size, s.vocab_tile);
+  const int64_t row_end = s.row_begin + s.block_rows;
+  const int64_t block_tile = std::min(s.block_rows, vocab_tile);
+  T* dz = workspace;
+  T* dw = dz + row_tile * block_tile;
+  T* scratch = dw + block_tile * C;
+  int64_t num_valid = 0;
+  for (int64_t n = 0; n < N; ++n) num_valid += targets[n] != s.ignore_index;
+  // With no valid target the loss is the constant 0: every gradient is zero.
+  const T scale =
+      num_valid == 0 ? T{0} : static_cast<T>(loss_grad / static_cast<double>(num_valid));
+  for (int64_t v0 = s.row_begin; v0 < row_end; v0 += vocab_tile) {
+    const int64_t Vt = std::min(vocab_tile, row_end - v0);
+    std::fill(dw, dw + Vt * C, T{0});
+    if (num_valid > 0) {
+      ASSIGN_OR_RETURN(const T* w, rows_of(v0 - s.row_begin, Vt, scratch));
+      for (int64_t r0 = 0; r0 < N; r0 += row_tile) {
+        const int64_t R = std::min(row_tile, N - r0);
+        bool any_valid = false;
+        for (int64_t i = 0; i < R; ++i) any_valid |= targets[r0 + i] != s.ignore_index;
+        if (!any_valid) continue;
+        Gemm(false, true, R, Vt, C, T{1}, h + r0 * C, C, w, C, T{0}, dz, Vt);
+        // dz = scale * (softmax - onehot), in place over the logits tile.
+        const int64_t grain = RowsPerTask(Vt, 8192);
+        ParallelFor(pool, NumTasks(R, grain), [&](int64_t task) {
+          const int64_t end = std::min(R, (task + 1) * grain);
+          for (int64_t i = task * grain; i < end; ++i) {
+            T* zi = dz + i * Vt;
+            const int64_t t = targets[r0 + i];
+            if (t == s.ignore_index) {
+              std::fill(zi, zi + Vt, T{0});
+              continue;
+            }
+            const T row_lse = lse[r0 + i];
+            if constexpr (std::is_same_v<T, float>) {
+              kernels_internal::simd::ScaledExpMinus(scale, row_lse, zi, Vt);
+              if (t >= v0 && t < v0 + Vt) zi[t - v0] -= scale;
+            } else {
+              for (int64_t v = 0; v < Vt; ++v) {
+                zi[v] = CrossEntropyLogitGrad(zi[v], row_lse, scale, v0 + v == t);
+              }
+            }
+          }
+        });
+        // dh[r0:r0+R] += dz w;  dw += dz^T h[r0:r0+R].
+        Gemm(false, false, R, C, Vt, T{1}, dz, Vt, w, C, T{1}, dh + r0 * C, C);
+        Gemm(true, false, Vt, C, R, T{1}, dz, Vt, h + r0 * C, C, T{1}, dw, C);
+      }
+    }
+    RETURN_IF_ERROR(on_tile(v0, Vt, dw));
+  }
+  return absl::OkStatus();
+}
+
+// out[n, :] = row of tokens[n] for the block's tokens; `copy_row(local_row, dst)` writes one row.
+template <typename T, typename CopyRow>
+absl::Status EmbeddingForwardImpl(const VocabBlockShape& s, absl::Span<const int32_t> tokens,
+                                  const CopyRow& copy_row, absl::Span<T> out, ThreadPool* pool) {
+  const int64_t N = s.rows, C = s.channels;
+  const int64_t row_end = s.row_begin + s.block_rows;
+  const int64_t grain = RowsPerTask(C);
+  ParallelFor(pool, NumTasks(N, grain), [&](int64_t task) {
+    const int64_t end = std::min(N, (task + 1) * grain);
+    for (int64_t n = task * grain; n < end; ++n) {
+      const int64_t t = tokens[n];
+      if (t < s.row_begin || t >= row_end) continue;
+      copy_row(t - s.row_begin, out.data() + n * C);
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// --- Embedding ---------------------------------------------------------------------------------
+
+template <typename T>
+absl::Status EmbeddingBlockForward(const VocabBlockShape& shape, absl::Span<const int32_t> tokens,
+                                   absl::Span<const T> block, absl::Span<T> out, ThreadPool* pool) {
+  constexpr char kKernel[] = "EmbeddingBlockForward";
+  RETURN_IF_ERROR(CheckBlock(kKernel, shape));
+  const int64_t C = shape.channels;
+  RETURN_IF_ERROR(CheckElems(kKernel, "tokens", tokens, shape.rows, "rows"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "block", block, shape.block_rows * C, "block_rows*C"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "out", out, shape.rows * C, "rows*C"));
+  RETURN_IF_ERROR(CheckTokens(kKernel, "token", tokens, shape.vocab_size, std::nullopt));
+  return EmbeddingForwardImpl<T>(
+      shape, tokens,
+      [&](int64_t local_row, T* dst) {
+        std::memcpy(dst, block.data() + local_row * C, static_cast<size_t>(C) * sizeof(T));
+      },
+      out, pool);
+}
+
+absl::Status EmbeddingBlockForward(const VocabBlockShape& shape, absl::Span<const int32_t> tokens,
+                                   Block16 block, absl::Span<float> out, ThreadPool* pool) {
+  constexpr char kKernel[] = "EmbeddingBlockForward";
+  RETURN_IF_ERROR(CheckBlock(kKernel, shape));
+  const int64_t C = shape.channels;
+  if (block.data == nullptr || (block.dtype != DType::kF16 && block.dtype != DType::kBF16)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kKernel, ": a 16-bit block needs data and dtype f16 or bf16"));
+  }
+  RETURN_IF_ERROR(CheckElems(kKernel, "tokens", tokens, shape.rows, "rows"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "out", out, shape.rows * C, "rows*C"));
+  RETURN_IF_ERROR(CheckTokens(kKernel, "token", tokens, shape.vocab_size, std::nullopt));
+  return EmbeddingForwardImpl<float>(
+      shape, tokens,
+      [&](int64_t local_row, float* dst) {
+        // Convert cannot fail for these dtypes and sizes (checked above).
+        (void)Convert(block.dtype, block.data + local_row * C, DType::kF32, dst, C);
+      },
+      out, pool);
+}
+
+template <typename T>
+absl::Status ScatterRowsAdd(int64_t channels, absl::Span<const int32_t> tokens,
+                            absl::Span<const int32_t> slot_of_token, absl::Span<const T> dout,
+                            absl::Span<T> rows, ThreadPool* pool) {
+  constexpr char kKernel[] = "ScatterRowsAdd";
+  RETURN_IF_ERROR(CheckPositive(kKernel, "channels", channels));
+  const int64_t N = static_cast<int64_t>(tokens.size()), C = channels;
+  RETURN_IF_ERROR(CheckElems(kKernel, "dout", dout, N * C, "tokens*channels"));
+  if (static_cast<int64_t>(rows.size()) % C != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kKernel, ": rows has ", rows.size(),
+                                                   " elements, not a multiple of channels ", C));
+  }
+  const int64_t num_slots = static_cast<int64_t>(rows.size()) / C;
+  for (int64_t n = 0; n < N; ++n) {
+    const int32_t t = tokens[n];
+    if (t < 0 || t >= static_cast<int64_t>(slot_of_token.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kKernel, ": token ", t, " at row ", n, " is outside [0, ", slot_of_token.size(), ")"));
+    }
+    if (slot_of_token[t] >= num_slots) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kKernel, ": token ", t, " has slot ", slot_of_token[t], " but rows holds ", num_slots));
+    }
+  }
+  ParallelFor(pool, NumTasks(C, kChannelsPerTask), [&](int64_t task) {
+    const int64_t c0 = task * kChannelsPerTask;
+    const int64_t c1 = std::min(C, c0 + kChannelsPerTask);
+    for (int64_t n = 0; n < N; ++n) {
+      const int32_t slot = slot_of_token[tokens[n]];
+      if (slot < 0) continue;
+      const T* d = dout.data() + n * C;
+      T* r = rows.data() + static_cast<int64_t>(slot) * C;
+      if constexpr (std::is_same_v<T, float>) {
+        kernels_internal::simd::AddTo(d + c0, r + c0, c1 - c0);
+      } else {
+        for (int64_t c = c0; c < c1; ++c) r[c] += d[c];
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status PositionEmbeddingForward(int64_t batch, int64_t seq_len, int64_t channels,
+                                      absl::Span<const T> wpe, absl::Span<T> out,
+                                      ThreadPool* pool) {
+  constexpr char kKernel[] = "PositionEmbeddingForward";
+  RETURN_IF_ERROR(CheckPositive(kKernel, "batch", batch));
+  RETURN_IF_ERROR(CheckPositive(kKernel, "seq_len", seq_len));
+  RETURN_IF_ERROR(CheckPositive(kKernel, "channels", channels));
+  const int64_t C = channels, rows = batch * seq_len;
+  if (static_cast<int64_t>(wpe.size()) < seq_len * C || wpe.size() % C != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kKernel, ": wpe has ", wpe.size(),
+                                                   " elements, not [max_seq_len >= ", seq_len, ", ",
+                                                   C, "]"));
+  }
+  RETURN_IF_ERROR(CheckElems(kKernel, "out", out, rows * C, "B*T*C"));
+  const int64_t grain = RowsPerTask(C);
+  ParallelFor(pool, NumTasks(rows, grain), [&](int64_t task) {
+    const int64_t end = std::min(rows, (task + 1) * grain);
+    for (int64_t row = task * grain; row < end; ++row) {
+      const T* pe = wpe.data() + (row % seq_len) * C;
+      T* o = out.data() + row * C;
+      if constexpr (std::is_same_v<T, float>) {
+        kernels_internal::simd::AddTo(pe, o, C);
+      } else {
+        for (int64_t c = 0; c < C; ++c) o[c] += pe[c];
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status PositionEmbeddingBackward(int64_t batch, int64_t seq_len, int64_t channels,
+                                       absl::Span<const T> dout, absl::Span<T> dwpe,
+                                       ThreadPool* pool) {
+  constexpr char kKernel[] = "PositionEmbeddingBackward";
+  RETURN_IF_ERROR(CheckPositive(kKernel, "batch", batch));
+  RETURN_IF_ERROR(CheckPositive(kKernel, "seq_len", seq_len));
+  RETURN_IF_ERROR(CheckPositive(kKernel, "channels", channels));
+  const int64_t C = channels, B = batch, L = seq_len;
+  if (static_cast<int64_t>(dwpe.size()) < L * C || dwpe.size() % C != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kKernel, ": dwpe has ", dwpe.size(), " elements, not [max_seq_len >= ", L, ", ", C, "]"));
+  }
+  RETURN_IF_ERROR(CheckElems(kKernel, "dout", dout, B * L * C, "B*T*C"));
+  ParallelFor(pool, NumTasks(C, kChannelsPerTask), [&](int64_t task) {
+    const int64_t c0 = task * kChannelsPerTask;
+    const int64_t c1 = std::min(C, c0 + kChannelsPerTask);
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < L; ++t) {
+        const T* d = dout.data() + (b * L + t) * C;
+        T* pe = dwpe.data() + t * C;
+        if constexpr (std::is_same_v<T, float>) {
+          kernels_internal::simd::AddTo(d + c0, pe + c0, c1 - c0);
+        } else {
+          for (int64_t c = c0; c < c1; ++c) pe[c] += d[c];
+        }
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+// --- LM head ------------------------------------------------------------------------------------
+
+template <typename T>
+void LmHeadStateInit(absl::Span<T> state) {
+  const size_t n = state.size() / 3;
+  std::fill(state.begin(), state.begin() + n, NegativeInfinity<T>());
+  std::fill(state.begin() + n, state.end(), T{0});
+}
+
+template <typename T>
+absl::Status LmHeadBlockForward(const VocabBlockShape& shape, absl::Span<const T> h,
+                                absl::Span<const T> block, absl::Span<const int32_t> targets,
+                                absl::Span<T> state, absl::Span<T> workspace, ThreadPool* pool) {
+  constexpr char kKernel[] = "LmHeadBlockForward";
+  RETURN_IF_ERROR(CheckLmHead(kKernel, shape, targets, h.size(), block.size(), workspace.size(),
+                              LmHeadBlockForwardWorkspaceElems(shape, false)));
+  RETURN_IF_ERROR(CheckElems(kKernel, "state", state, LmHeadStateElems(shape), "3*rows"));
+  return LmHeadForwardImpl<T>(shape, h.data(), NativeRows<T>{block.data(), shape.channels}, targets,
+                              state, workspace.data(), pool);
+}
+
+absl::Status LmHeadBlockForward(const VocabBlockShape& shape, absl::Span<const float> h,
+                                Block16 block, absl::Span<const int32_t> targets,
+                                absl::Span<float> state, absl::Span<float> workspace,
+                                ThreadPool* pool) {
+  constexpr char kKernel[] = "LmHeadBlockForward";
+  if (block.data == nullptr || (block.dtype != DType::kF16 && block.dtype != DType::kBF16)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kKernel, ": a 16-bit block needs data and dtype f16 or bf16"));
+  }
+  RETURN_IF_ERROR(CheckLmHead(kKernel, shape, targets, h.size(), shape.block_rows * shape.channels,
+                              workspace.size(), LmHeadBlockForwardWorkspaceElems(shape, true)));
+  RETURN_IF_ERROR(CheckElems(kKernel, "state", state, LmHeadStateElems(shape), "3*rows"));
+  return LmHeadForwardImpl<float>(shape, h.data(), WidenedRows{block, shape.channels}, targets,
+                                  state, workspace.data(), pool);
+}
+
+template <typename T>
+absl::StatusOr<double> LmHeadFinish(const VocabBlockShape& shape, absl::Span<const int32_t> targets,
+                                    absl::Span<const T> state, absl::Span<T> lse) {
+  constexpr char kKernel[] = "LmHeadFinish";
+  const int64_t N = shape.rows;
+  RETURN_IF_ERROR(CheckElems(kKernel, "targets", targets, N, "rows"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "state", state, 3 * N, "3*rows"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "lse", lse, N, "rows"));
+  const T* run_max = state.data();
+  const T* run_sum = run_max + N;
+  const T* target_logit = run_sum + N;
+  double loss_sum = 0;
+  int64_t num_valid = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    lse[n] = SoftmaxLogSumExp(SoftmaxState<T>{run_max[n], run_sum[n]});
+    if (targets[n] != shape.ignore_index) {
+      loss_sum += CrossEntropyRowLoss(lse[n], target_logit[n]);
+      ++num_valid;
+    }
+  }
+  return num_valid == 0 ? 0.0 : loss_sum / static_cast<double>(num_valid);
+}
+
+template <typename T>
+absl::Status LmHeadBlockBackward(const VocabBlockShape& shape, absl::Span<const T> h,
+                                 absl::Span<const T> block, absl::Span<const int32_t> targets,
+                                 absl::Span<const T> lse, double loss_grad, absl::Span<T> dh,
+                                 absl::Span<T> workspace, VocabTileGradFn<T> on_tile,
+                                 ThreadPool* pool) {
+  constexpr char kKernel[] = "LmHeadBlockBackward";
+  RETURN_IF_ERROR(CheckLmHead(kKernel, shape, targets, h.size(), block.size(), workspace.size(),
+                              LmHeadBlockBackwardWorkspaceElems(shape, false)));
+  RETURN_IF_ERROR(CheckElems(kKernel, "lse", lse, shape.rows, "rows"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "dh", dh, shape.rows * shape.channels, "rows*channels"));
+  return LmHeadBackwardImpl<T>(shape, h.data(), NativeRows<T>{block.data(), shape.channels},
+                               targets, lse.data(), loss_grad, dh.data(), workspace.data(), on_tile,
+                               pool);
+}
+
+absl::Status LmHeadBlockBackward(const VocabBlockShape& shape, absl::Span<const float> h,
+                                 Block16 block, absl::Span<const int32_t> targets,
+                                 absl::Span<const float> lse, double loss_grad,
+                                 absl::Span<float> dh, absl::Span<float> workspace,
+                                 VocabTileGradFn<float> on_tile, ThreadPool* pool) {
+  constexpr char kKernel[] = "LmHeadBlockBackward";
+  if (block.data == nullptr || (block.dtype != DType::kF16 && block.dtype != DType::kBF16)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kKernel, ": a 16-bit block needs data and dtype f16 or bf16"));
+  }
+  RETURN_IF_ERROR(CheckLmHead(kKernel, shape, targets, h.size(), shape.block_rows * shape.channels,
+                              workspace.size(), LmHeadBlockBackwardWorkspaceElems(shape, true)));
+  RETURN_IF_ERROR(CheckElems(kKernel, "lse", lse, shape.rows, "rows"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "dh", dh, shape.rows * shape.channels, "rows*channels"));
+  return LmHeadBackwardImpl<float>(shape, h.data(), WidenedRows{block, shape.channels}, targets,
+                                   lse.data(), loss_grad, dh.data(), workspace.data(), on_tile,
+                                   pool);
+}
+
+#define PS_VOCAB_BLOCKS_INSTANTIATE_(T)                                                            \
+  template absl::Status EmbeddingBlockForward<T>(const VocabBlockShape&,                           \
+                                                 absl::Span<const int32_t>, absl::Span<const T>,   \
+                                                 absl::Span<T>, ThreadPool*);                      \
+  template absl::Status ScatterRowsAdd<T>(int64_t, absl::Span<const int32_t>,                      \
+                                          absl::Span<const int32_t>, absl::Span<const T>,          \
+                                          absl::Span<T>, ThreadPool*);                             \
+  template absl::Status PositionEmbeddingForward<T>(                                               \
+      int64_t, int64_t, int64_t, absl::Span<const T>, absl::Span<T>, ThreadPool*);                 \
+  template absl::Status PositionEmbeddingBackward<T>(                                              \
+      int64_t, int64_t, int64_t, absl::Span<const T>, absl::Span<T>, ThreadPool*);                 \
+  template void LmHeadStateInit<T>(absl::Span<T>);                                                 \
+  template absl::Status LmHeadBlockForward<T>(const VocabBlockShape&, absl::Span<const T>,         \
+                                              absl::Span<const T>, absl::Span<const int32_t>,      \
+                                              absl::Span<T>, absl::Span<T>, ThreadPool*);          \
+  template absl::StatusOr<double> LmHeadFinish<T>(                                                 \
+      const VocabBlockShape&, absl::Span<const int32_t>, absl::Span<const T>, absl::Span<T>);      \
+  template absl::Status LmHeadBlockBackward<T>(                                                    \
+      const VocabBlockShape&, absl::Span<const T>, absl::Span<const T>, absl::Span<const int32_t>, \
+      absl::Span<const T>, double, absl::Span<T>, absl::Span<T>, VocabTileGradFn<T>, ThreadPool*)
+PS_VOCAB_BLOCKS_INSTANTIATE_(float);
+PS_VOCAB_BLOCKS_INSTANTIATE_(double);
+#undef PS_VOCAB_BLOCKS_INSTANTIATE_
+
+}  // namespace ps

@@ -1,0 +1,348 @@
+#include "scheduler/memory_plan.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "base/units.h"
+#include "chunk/chunk_layout.h"
+#include "chunk/chunk_type.h"
+
+namespace ps {
+namespace {
+
+// An upstream that hands out addresses and never memory: the CachingAllocator never touches what
+// it manages, so replaying a profile through it costs nothing but its bookkeeping.
+class VirtualUpstream final : public MemoryResource {
+ public:
+  absl::StatusOr<void*> Allocate(int64_t bytes) override {
+    if (bytes <= 0) return absl::InvalidArgumentError("VirtualUpstream: bytes <= 0");
+    const uintptr_t address = next_;
+    next_ += static_cast<uintptr_t>(AlignUp(bytes, 4096));
+    return reinterpret_cast<void*>(address);
+  }
+  absl::Status Deallocate(void*, int64_t) override { return absl::OkStatus(); }
+  Device device() const override { return Device::Accelerator(0); }
+  std::string name() const override { return "memory_plan(virtual)"; }
+
+ private:
+  uintptr_t next_ = uintptr_t{1} << 40;
+};
+
+// Replays events through a CachingAllocator, one moment per access.
+class Replayer {
+ public:
+  explicit Replayer(CachingAllocator* allocator) : allocator_(allocator) {}
+
+  struct Moment {
+    Stage stage = Stage::kForward;
+    int64_t op = -1;
+    int64_t now = 0;
+    int64_t peak = 0;
+    int64_t reserved = 0;
+    int64_t stranded = 0;
+  };
+
+  // Replays `events`; moments go to `out` (nullptr: dropped). `where` names the pass in errors.
+  absl::Status Run(const std::vector<ActivationEvent>& events, int64_t num_ops, const char* where,
+                   std::vector<Moment>* out) {
+    std::vector<Moment> moments;
+    for (size_t i = 0; i < events.size(); ++i) {
+      const ActivationEvent& e = events[i];
+      switch (e.kind) {
+        case ActivationEvent::Kind::kAlloc: {
+          if (e.bytes <= 0 || live_.contains(e.buffer)) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "MemoryPlanOptions.profile.", where, "[", i, "]: allocation of buffer ", e.buffer,
+                " (", e.bytes, " bytes) is empty or the buffer is live"));
+          }
+          ASSIGN_OR_RETURN(void* p, allocator_->Allocate(e.bytes));
+          live_[e.buffer] = {p, e.bytes};
+          break;
+        }
+        case ActivationEvent::Kind::kFree: {
+          auto it = live_.find(e.buffer);
+          if (it == live_.end()) {
+            return absl::InvalidArgumentError(absl::StrCat("MemoryPlanOptions.profile.", where, "[",
+                                                           i, "]: free of buffer ", e.buffer,
+                                                           ", which is not live"));
+          }
+          RETURN_IF_ERROR(allocator_->Deallocate(it->second.first, it->second.second));
+          live_.erase(it);
+          break;
+        }
+        case ActivationEvent::Kind::kAccess: {
+          if (e.op < 0 || e.op >= num_ops) {
+            return absl::InvalidArgumentError(absl::StrCat("MemoryPlanOptions.profile.", where, "[",
+                                                           i, "]: access of operator ", e.op,
+                                                           " (the model has ", num_ops, ")"));
+          }
+          const CachingAllocatorStats s = allocator_->stats();
+          moments.push_back({.stage = e.stage,
+                             .op = e.op,
+                             .now = s.in_use_bytes,
+                             .peak = s.in_use_bytes,
+                             .reserved = s.reserved_bytes,
+                             .stranded = s.cached_bytes - s.free_segment_bytes});
+          break;
+        }
+        case ActivationEvent::Kind::kRelease:
+          break;
+      }
+      if (e.kind == ActivationEvent::Kind::kAlloc) {
+        const CachingAllocatorStats s = allocator_->stats();
+        max_stranded_ = std::max(max_stranded_, s.cached_bytes - s.free_segment_bytes);
+        if (!moments.empty()) {
+          Moment& m = moments.back();
+          m.peak = std::max(m.peak, s.in_use_bytes);
+          m.reserved = std::max(m.reserved, s.reserved_bytes);
+          m.stranded = std::max(m.stranded, s.cached_bytes - s.free_segment_bytes);
+        }
+      }
+    }
+    if (!live_.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("MemoryPlanOptions.profile.", where, ": ",
+                                                     live_.size(),
+                                                     " buffers are still live at its end"));
+    }
+    if (out != nullptr) *out = std::move(moments);
+    return absl::OkStatus();
+  }
+
+  int64_t max_stranded() const { return max_stranded_; }
+
+ private:
+  CachingAllocator* const allocator_;
+  absl::flat_hash_map<int64_t, std::pair<void*, int64_t>> live_;
+  int64_t max_stranded_ = 0;
+};
+
+absl::Status CheckOptions(const MemoryPlanOptions& o) {
+  if (o.ops.empty()) return absl::InvalidArgumentError("MemoryPlanOptions.ops is empty");
+  const std::pair<const char*, int64_t> positive[] = {
+      {"chunk_elems", o.chunk_elems},
+      {"tensor_alignment_elems", o.tensor_alignment_elems},
+      {"world_size", o.world_size},
+      {"accelerator_bytes", o.accelerator_bytes},
+      {"gradient_accumulation_steps", o.gradient_accumulation_steps}};
+  for (const auto& [field, value] : positive) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("MemoryPlanOptions.", field, " must be positive, got ", value));
+    }
+  }
+  const std::pair<const char*, int64_t> non_negative[] = {
+      {"comm_buffer_bytes", o.comm_buffer_bytes},
+      {"slack_margin_bytes", o.slack_margin_bytes},
+      {"host_available_bytes", o.host_available_bytes},
+      {"host_resident_bytes", o.host_resident_bytes},
+      {"host_overhead_bytes", o.host_overhead_bytes},
+      {"host_workspace_bytes", o.host_workspace_bytes}};
+  for (const auto& [field, value] : non_negative) {
+    if (value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("MemoryPlanOptions.", field, " must be >= 0, got ", value));
+    }
+  }
+  if (o.rank < 0 || o.rank >= o.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MemoryPlanOptions.rank ", o.rank, " is outside [0, ", o.world_size, ")"));
+  }
+  if (!(o.slack_peak_fraction >= 0 && o.slack_peak_fraction < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MemoryPlanOptions.slack_peak_fraction must be in [0, 1), got ", o.slack_peak_fraction));
+  }
+  if (o.host_cap_bytes.has_value() && *o.host_cap_bytes <= 0) {
+    return absl::InvalidArgumentError("MemoryPlanOptions.host_cap_bytes must be positive");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+CachingAllocatorOptions ScratchOptionsForBudget(int64_t accelerator_bytes) {
+  int64_t segment = 64 * kKiB;
+  while (segment < 2 * kMiB && segment * 2 * 64 <= accelerator_bytes) segment *= 2;
+  CachingAllocatorOptions o;
+  o.small_request_max_bytes = segment / 2;
+  o.small_segment_bytes = segment;
+  o.large_segment_round_bytes = segment;
+  return o;
+}
+
+absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
+  RETURN_IF_ERROR(CheckOptions(o));
+  MemoryPlan plan;
+
+  // --- Layout.
+  ChunkLayoutOptions layout_options;
+  layout_options.capacity_elems = o.chunk_elems;
+  layout_options.world_size = o.world_size;
+  layout_options.tensor_alignment_elems = o.tensor_alignment_elems;
+  ASSIGN_OR_RETURN(ChunkLayout layout, ChunkLayout::Build(layout_options, o.ops));
+  plan.chunk_elems = o.chunk_elems;
+  plan.num_chunks = layout.num_chunks();
+  plan.num_data_chunks = layout.num_data_chunks();
+  plan.param_chunk_bytes = o.chunk_elems * SizeOf(o.compute_dtype);
+  plan.state_chunk_bytes = o.chunk_elems * static_cast<int64_t>(sizeof(float));
+  for (const OperatorSpec& op : o.ops) plan.parameters += OperatorNumElems(op);
+
+  // --- Accelerator: replay evaluation, warm-up, steady iteration.
+  VirtualUpstream upstream;
+  ASSIGN_OR_RETURN(std::unique_ptr<CachingAllocator> allocator,
+                   CachingAllocator::Create(&upstream, [&] {
+                     CachingAllocatorOptions scratch = o.scratch;
+                     scratch.tracker = nullptr;
+                     scratch.event_backend = nullptr;
+                     return scratch;
+                   }()));
+  Replayer replayer(allocator.get());
+  const int64_t num_ops = static_cast<int64_t>(o.ops.size());
+  std::vector<Replayer::Moment> evaluation, warmup, steady;
+  RETURN_IF_ERROR(replayer.Run(o.profile.evaluation, num_ops, "evaluation", &evaluation));
+  RETURN_IF_ERROR(replayer.Run(o.profile.iteration, num_ops, "iteration", &warmup));
+  RETURN_IF_ERROR(replayer.Run(o.profile.iteration, num_ops, "iteration", &steady));
+  if (steady.empty()) {
+    return absl::InvalidArgumentError("MemoryPlanOptions.profile.iteration accesses no operator");
+  }
+
+  // Working set per operator: its ZeRO group's param chunks.
+  std::vector<int64_t> working_set(o.ops.size(), 0);
+  for (int64_t i = 0; i < num_ops; ++i) {
+    ASSIGN_OR_RETURN(OperatorId id, layout.FindOperator(o.ops[i].name));
+    if (!layout.op(id).placed()) continue;
+    working_set[i] = o.world_size * plan.param_chunk_bytes;
+    plan.largest_working_set_bytes = std::max(plan.largest_working_set_bytes, working_set[i]);
+  }
+  plan.stranded_bytes = replayer.max_stranded();
+  const auto consider = [&](const std::vector<Replayer::Moment>& moments, bool evaluation_pass) {
+    for (const Replayer::Moment& m : moments) {
+      const int64_t need = working_set[m.op] + std::max(m.peak, m.now);
+      if (need > plan.lower_bound_bytes) {
+        plan.lower_bound_bytes = need;
+        plan.lower_bound_at = absl::StrCat(
+            o.ops[m.op].name, " (", evaluation_pass ? "evaluation" : StageName(m.stage), ")");
+      }
+      plan.activation_peak_bytes = std::max(plan.activation_peak_bytes, m.peak);
+      if (evaluation_pass) {
+        plan.evaluation_peak_bytes = std::max(plan.evaluation_peak_bytes, m.peak);
+      }
+    }
+  };
+  consider(evaluation, true);
+  consider(warmup, false);
+  consider(steady, false);
+  // The manager reserves the slack; the tide margin is room the plan keeps (not reserved) for a
+  // tide that runs above the profile's.
+  plan.slack_bytes = plan.stranded_bytes + o.slack_margin_bytes;
+  plan.tide_margin_bytes =
+      static_cast<int64_t>(o.slack_peak_fraction * static_cast<double>(plan.activation_peak_bytes));
+  const int64_t reserved = plan.slack_bytes + o.comm_buffer_bytes;
+  plan.min_accelerator_bytes = plan.lower_bound_bytes + reserved + plan.tide_margin_bytes;
+  plan.fits_accelerator = o.accelerator_bytes >= plan.min_accelerator_bytes;
+  for (const Replayer::Moment& m : steady) {
+    plan.moments.push_back({.stage = m.stage,
+                            .op = m.op,
+                            .working_set_bytes = working_set[m.op],
+                            .nonmodel_now_bytes = m.now,
+                            .nonmodel_peak_bytes = m.peak,
+                            .scratch_reserved_bytes = m.reserved,
+                            .stranded_bytes = m.stranded});
+  }
+
+  // The warm-up share: what the budget leaves beside the highest peak and the reserve.
+  const double budget = static_cast<double>(o.accelerator_bytes);
+  plan.warmup_chunk_fraction =
+      std::clamp(static_cast<double>(o.accelerator_bytes - plan.activation_peak_bytes - reserved -
+                                     plan.tide_margin_bytes) /
+                     budget,
+                 0.01, 1.0);
+
+  // Param chunks this rank keeps (and ZeRO's gathered ones): the most chunk bytes the accelerator
+  // can usefully hold.
+  int64_t rank_param_bytes = 0;
+  int64_t owned_data_chunks = 0;
+  for (int64_t c = 0; c < layout.num_chunks(); ++c) {
+    if (layout.HoldsPayload(ChunkType::kParam, c, o.rank))
+      rank_param_bytes += plan.param_chunk_bytes;
+    if (layout.HoldsPayload(ChunkType::kMaster, c, o.rank)) ++owned_data_chunks;
+  }
+  const int64_t gathered_bytes =
+      o.world_size > 1 ? 2 * (o.world_size - 1) * plan.param_chunk_bytes : 0;
+  const int64_t usable_chunk_bytes = rank_param_bytes + gathered_bytes;
+  for (size_t i = 0; i < steady.size(); ++i) {
+    const Replayer::Moment& m = steady[i];
+    const Replayer::Moment& next = steady[(i + 1) % steady.size()];
+    const int64_t tide = std::max(m.peak, next.peak);
+    const int64_t chunkable = std::max<int64_t>(0, o.accelerator_bytes - tide - reserved);
+    const int64_t chunks = std::min(usable_chunk_bytes, std::max(working_set[m.op], chunkable));
+    plan.predicted_accelerator_peak_bytes =
+        std::max(plan.predicted_accelerator_peak_bytes, chunks + m.peak);
+  }
+  plan.predicted_accelerator_peak_bytes =
+      std::min(plan.predicted_accelerator_peak_bytes, o.accelerator_bytes);
+
+  // --- Host.
+  plan.rank_model_data_bytes = rank_param_bytes + 3 * owned_data_chunks * plan.state_chunk_bytes;
+  plan.host_model_data_bytes = plan.rank_model_data_bytes + gathered_bytes;
+  if (o.gradient_accumulation_steps > 1) {
+    plan.host_accumulator_bytes = owned_data_chunks * plan.state_chunk_bytes;
+  }
+  if (o.accelerator_in_host_memory) {
+    // The emulated accelerator's chunk blocks and segments are host memory too.
+    int64_t held = 0;
+    for (const Replayer::Moment& m : steady) held = std::max(held, m.reserved);
+    plan.host_accelerator_bytes = std::min<int64_t>(
+        o.accelerator_bytes, plan.predicted_accelerator_peak_bytes - plan.activation_peak_bytes +
+                                 std::max(held, plan.activation_peak_bytes));
+  }
+  plan.host_peak_bytes = o.host_resident_bytes + plan.host_model_data_bytes +
+                         plan.host_accumulator_bytes + plan.host_accelerator_bytes +
+                         o.host_overhead_bytes + o.host_workspace_bytes;
+  plan.host_needed_bytes = plan.host_peak_bytes - o.host_resident_bytes;
+  plan.fits_host = true;
+  if (o.host_available_bytes > 0 && plan.host_needed_bytes > o.host_available_bytes) {
+    plan.fits_host = false;
+  }
+  if (o.host_cap_bytes.has_value() &&
+      plan.host_model_data_bytes + plan.host_accumulator_bytes > *o.host_cap_bytes) {
+    plan.fits_host = false;
+  }
+  return plan;
+}
+
+std::string MemoryPlan::Summary() const {
+  std::string s = absl::StrCat("parameters ", parameters, ", chunks of ", chunk_elems,
+                               " elements: ", num_chunks, " per type (", num_data_chunks,
+                               " with data); param chunk ", FormatBytes(param_chunk_bytes),
+                               ", state chunk ", FormatBytes(state_chunk_bytes), "\n");
+  absl::StrAppend(&s, "accelerator: lower bound ", FormatBytes(lower_bound_bytes), " at ",
+                  lower_bound_at, " (working set up to ", FormatBytes(largest_working_set_bytes),
+                  ", activations peak ", FormatBytes(activation_peak_bytes), ", evaluation ",
+                  FormatBytes(evaluation_peak_bytes), "); slack ", FormatBytes(slack_bytes), " (",
+                  FormatBytes(stranded_bytes), " stranded in segments); tide margin ",
+                  FormatBytes(tide_margin_bytes), "; minimum ", FormatBytes(min_accelerator_bytes),
+                  "; predicted peak ", FormatBytes(predicted_accelerator_peak_bytes),
+                  "; warm-up chunk share ", absl::StrFormat("%.3f", warmup_chunk_fraction), "\n");
+  absl::StrAppend(&s, "host: model data ", FormatBytes(host_model_data_bytes), " (this rank ",
+                  FormatBytes(rank_model_data_bytes), ")");
+  if (host_accumulator_bytes > 0) {
+    absl::StrAppend(&s, ", gradient accumulator ", FormatBytes(host_accumulator_bytes));
+  }
+  if (host_accelerator_bytes > 0) {
+    absl::StrAppend(&s, ", emulated accelerator ", FormatBytes(host_accelerator_bytes));
+  }
+  absl::StrAppend(&s, "; predicted peak ", FormatBytes(host_peak_bytes), " (",
+                  FormatBytes(host_needed_bytes), " more than now)");
+  return s;
+}
+
+}  // namespace ps

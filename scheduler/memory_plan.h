@@ -1,0 +1,161 @@
+// The pre-flight memory plan: before a run allocates anything, predict from the model's operators
+// and its activation profile (scheduler/activation_profile.h) what the accelerator and the host
+// will need, so that a run that cannot fit is refused up front instead of failing mid-run, and
+// so that the allocator's segments, the non-model slack and the warm-up share are sized to the
+// run.
+//
+// How. The profile's allocations are replayed through a real CachingAllocator (the run's options)
+// over a virtual address space — the allocator never touches the memory it manages — so the plan
+// sees exactly what the accelerator's MemoryTracker will count (requests rounded, tails kept with
+// their blocks) and what the segments strand: free space inside segments still in use, which the
+// device cannot give to chunks (fully free segments it can: the pools reclaim them). Replayed in
+// the run's order — one evaluation (the trainer evaluates before training), then two training
+// iterations (the warm-up and a steady one) — the steady iteration gives the predicted tide: per
+// moment (every operator access) the non-model bytes at the access and their peak until the next
+// moment, as the ChunkManager's warm-up records them. (The optimizer's moments hold no
+// activations and add nothing to the accelerator's floor: Adam runs where each chunk is.)
+//
+// Accelerator. An access at moment m fits the ResidencyPlanner's hard limit iff
+//   working_set(m) + max(peak[m], non-model at the access) + reserved <= budget
+// where working_set is the operator's param chunk at its pool's block size (its ZeRO group's N
+// chunks for world size N) and reserved = comm_buffer_bytes + slack, and slack covers the most
+// bytes the segments ever strand. So
+//   lower_bound            = max over moments (iteration and evaluation) of
+//                            working_set + max(peak, now)     (the physical floor: one operator's
+//                                                              working set plus the activations
+//                                                              live at that moment)
+//   min_accelerator_bytes  = lower_bound + slack + tide margin + comm_buffer_bytes
+// The warm-up share of the budget (off-trace accesses may keep that much resident) is set so that
+// it plus the highest non-model peak plus the reserve fit the budget: the warm-up never needs the
+// pressure reclaimer. The predicted accelerator peak is what the budget will hold at its fullest:
+// at every moment the resident chunks the planner allows (max(target, working set), at most every
+// chunk the iteration uses plus the optimizer state the ADAM placement keeps) plus the segments
+// held then, and never more than the budget.
+//
+// Host. The rank's model data in per-dtype chunk blocks (every param chunk keeps its host copy
+// while on the accelerator, so all of it is resident on the host throughout), the gathered remote
+// param chunks of ZeRO (two groups at once), with gradient accumulation (k > 1) an f32 accumulator
+// for the parameters the rank owns (4/N bytes per parameter), the emulated accelerator's memory
+// when it is host RAM (the cpu backend: its predicted peak), the process as it is now, what the run
+// allocates beside the pools, and checkpoint/export buffers. It fits when the part not yet resident
+// is at most what the OS can still give (memory/host_memory_info.h).
+//
+// Thread safety: pure functions.
+#ifndef PATRICKSTAR_SCHEDULER_MEMORY_PLAN_H_
+#define PATRICKSTAR_SCHEDULER_MEMORY_PLAN_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "chunk/operator_spec.h"
+#include "memory/caching_allocator.h"
+#include "memory/dtype.h"
+#include "scheduler/activation_profile.h"
+#include "scheduler/metronome.h"
+
+namespace ps {
+
+struct MemoryPlanOptions {
+  // The model: its operators in layout order, the chunk size its layout uses, its profile.
+  std::vector<OperatorSpec> ops;
+  ActivationProfile profile;
+  int64_t chunk_elems = 0;
+  int64_t tensor_alignment_elems = 1;
+  DType compute_dtype = DType::kF32;
+  int world_size = 1;
+  int rank = 0;
+
+  // The accelerator budget of the run (> 0).
+  int64_t accelerator_bytes = 0;
+  // The run's scratch allocator options (their tracker and event backend are ignored).
+  CachingAllocatorOptions scratch;
+  // Bytes kept free for communication buffers (ChunkManagerOptions::comm_buffer_bytes).
+  int64_t comm_buffer_bytes = 0;
+  // Extra slack beyond the stranded bytes the replay measures (>= 0).
+  int64_t slack_margin_bytes = 0;
+  // Room kept in the minimum (not reserved by the manager) for a tide above the profile's: this
+  // fraction of the highest activation peak, in [0, 1).
+  double slack_peak_fraction = 0;
+  // Micro-batches per optimizer step (>= 1); > 1 adds the owner's f32 gradient accumulator.
+  int gradient_accumulation_steps = 1;
+
+  // Host: what the OS can still give this process (0: not checked), the process's resident bytes
+  // now, what the run will allocate beside the chunk pools (thread stacks, BLAS buffers, the data
+  // loader), checkpoint/export buffers, the configured cap on the host pools (if any).
+  int64_t host_available_bytes = 0;
+  int64_t host_resident_bytes = 0;
+  int64_t host_overhead_bytes = 0;
+  int64_t host_workspace_bytes = 0;
+  std::optional<int64_t> host_cap_bytes;
+  // The emulated accelerator (cpu backend): its memory is host memory.
+  bool accelerator_in_host_memory = false;
+};
+
+// One moment of the predicted iteration.
+struct PlannedMoment {
+  Stage stage = Stage::kForward;
+  // The operator accessed (an index into MemoryPlanOptions::ops); -1 for ADAM moments.
+  int64_t op = -1;
+  int64_t working_set_bytes = 0;
+  // Non-model bytes when the access is made, and their peak until the next moment.
+  int64_t nonmodel_now_bytes = 0;
+  int64_t nonmodel_peak_bytes = 0;
+  // Segment bytes held, and stranded (free inside segments in use), at their highest.
+  int64_t scratch_reserved_bytes = 0;
+  int64_t stranded_bytes = 0;
+};
+
+struct MemoryPlan {
+  // --- Layout.
+  int64_t chunk_elems = 0;
+  int64_t num_chunks = 0;  // per type, padding included
+  int64_t num_data_chunks = 0;
+  int64_t param_chunk_bytes = 0;  // one param chunk's block (compute dtype)
+  int64_t state_chunk_bytes = 0;  // one master/momentum/variance chunk's block (f32)
+  int64_t rank_model_data_bytes = 0;
+  int64_t parameters = 0;
+
+  // --- Accelerator.
+  std::vector<PlannedMoment> moments;  // the steady iteration's
+  int64_t activation_peak_bytes = 0;   // highest non-model peak, iteration and evaluation
+  int64_t evaluation_peak_bytes = 0;   // the evaluation pass's
+  int64_t largest_working_set_bytes = 0;
+  int64_t lower_bound_bytes = 0;       // see the file comment
+  std::string lower_bound_at;          // "h.3.mlp.c_fc (BWD)": the moment that sets it
+  int64_t stranded_bytes = 0;          // most bytes the segments strand at once
+  int64_t slack_bytes = 0;             // stranded + margin: ChunkManager's nonmodel slack
+  int64_t tide_margin_bytes = 0;       // slack_peak_fraction x the activation peak
+  int64_t min_accelerator_bytes = 0;   // lower bound + slack + tide margin + communication
+  double warmup_chunk_fraction = 0.2;  // for accelerator_bytes
+  int64_t predicted_accelerator_peak_bytes = 0;  // at accelerator_bytes
+  bool fits_accelerator = false;
+
+  // --- Host.
+  int64_t host_model_data_bytes = 0;   // this rank's chunk blocks (and ZeRO's gathered ones)
+  int64_t host_accumulator_bytes = 0;  // gradient accumulation's f32 accumulator (k > 1)
+  int64_t host_accelerator_bytes = 0;  // the emulated accelerator's share
+  int64_t host_peak_bytes = 0;         // the whole process at its peak
+  int64_t host_needed_bytes = 0;       // host_peak - what is resident now: what the OS must give
+  bool fits_host = true;
+
+  bool fits() const { return fits_accelerator && fits_host; }
+  // A few lines for people.
+  std::string Summary() const;
+};
+
+// The scratch allocator's options for an accelerator budget: segments of a 64th of the budget as a
+// power of two, 64 KiB..2 MiB (PyTorch's 2 MiB from a 128 MiB budget up), so that the free tails
+// the segments strand stay small beside the budget.
+CachingAllocatorOptions ScratchOptionsForBudget(int64_t accelerator_bytes);
+
+// The plan (see the file comment). InvalidArgument for bad options (naming the field), an
+// operator the chunk size cannot hold, or a profile that is inconsistent (a free of an unknown
+// buffer, an access of an unknown operator, a release without its access).
+absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& options);
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_SCHEDULER_MEMORY_PLAN_H_

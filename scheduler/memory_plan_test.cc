@@ -1,0 +1,131 @@
+#include "scheduler/memory_plan.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "base/testing/status_matchers.h"
+#include "base/units.h"
+#include "chunk/operator_spec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "scheduler/activation_profile.h"
+
+namespace ps {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<OperatorSpec> Ops() {
+  return {
+      {"a", {{"a.w", {1000}}}}, {"b", {{"b.w", {600}}, {"b.b", {400}}}}, {"c", {{"c.w", {10}}}}};
+}
+
+// A forward a, b, c then backward c, b, a with one activation per op and a workspace at b.
+ActivationProfile Profile(const std::vector<OperatorSpec>& ops) {
+  ActivationProfileBuilder b(ops);
+  ActivationProfile p;
+  const int64_t x0 = b.Alloc(100 * kKiB);
+  b.Touch("a", Stage::kForward);
+  const int64_t x1 = b.Alloc(200 * kKiB);
+  b.Access("b", Stage::kForward);
+  const int64_t ws = b.Alloc(300 * kKiB);
+  b.Free(ws);
+  b.Release("b", Stage::kForward);
+  b.Touch("c", Stage::kForward);
+  b.Touch("c", Stage::kBackward);
+  b.Touch("b", Stage::kBackward);
+  b.Free(x1);
+  b.Touch("a", Stage::kBackward);
+  b.Free(x0);
+  p.iteration = b.Take();
+  const int64_t e = b.Alloc(50 * kKiB);
+  b.Touch("a", Stage::kForward);
+  b.Touch("b", Stage::kForward);
+  b.Touch("c", Stage::kForward);
+  b.Free(e);
+  p.evaluation = b.Take();
+  return p;
+}
+
+MemoryPlanOptions Options() {
+  MemoryPlanOptions o;
+  o.ops = Ops();
+  o.profile = Profile(o.ops);
+  o.chunk_elems = 1024;  // a alone; b (1000 elements) and c (10) share the second chunk
+  o.accelerator_bytes = 64 * kMiB;
+  o.scratch.small_request_max_bytes = 32 * kKiB;
+  o.scratch.small_segment_bytes = 64 * kKiB;
+  o.scratch.large_segment_round_bytes = 64 * kKiB;
+  return o;
+}
+
+TEST(MemoryPlan, LowerBoundIsTheWorkingSetPlusTheActivationsOfTheWorstMoment) {
+  ASSERT_OK_AND_ASSIGN(MemoryPlan p, PlanMemory(Options()));
+  EXPECT_EQ(p.num_chunks, 2);
+  EXPECT_EQ(p.param_chunk_bytes, 4 * kKiB);
+  EXPECT_EQ(p.largest_working_set_bytes, 4 * kKiB);
+  // At b's forward: x0 + x1 + the workspace as the tracker counts them: a large request takes a
+  // segment of its size rounded to 64 KiB and keeps a tail of at most 32 KiB (100 -> 128 KiB,
+  // 200 KiB split off its 256 KiB segment, 300 -> 320 KiB).
+  EXPECT_EQ(p.activation_peak_bytes, (128 + 200 + 320) * kKiB);
+  EXPECT_EQ(p.lower_bound_bytes, 4 * kKiB + (128 + 200 + 320) * kKiB);
+  EXPECT_EQ(p.lower_bound_at, "b (FWD)");
+  EXPECT_EQ(p.min_accelerator_bytes, p.lower_bound_bytes + p.slack_bytes + p.tide_margin_bytes);
+  EXPECT_GE(p.slack_bytes, p.stranded_bytes);
+  EXPECT_EQ(p.moments.size(), 6u);
+  EXPECT_TRUE(p.fits());
+  // The model data: param chunks in f32 plus three f32 state chunks each.
+  EXPECT_EQ(p.rank_model_data_bytes, 2 * 4 * 4 * kKiB);
+}
+
+TEST(MemoryPlan, RefusesABudgetBelowTheMinimumAndHostMemoryBelowTheNeed) {
+  MemoryPlanOptions o = Options();
+  ASSERT_OK_AND_ASSIGN(MemoryPlan p, PlanMemory(o));
+  o.accelerator_bytes = p.min_accelerator_bytes - 1;
+  ASSERT_OK_AND_ASSIGN(MemoryPlan below, PlanMemory(o));
+  EXPECT_FALSE(below.fits_accelerator);
+  o.accelerator_bytes = p.min_accelerator_bytes;
+  o.host_available_bytes = p.host_needed_bytes - 1;
+  ASSERT_OK_AND_ASSIGN(MemoryPlan host, PlanMemory(o));
+  EXPECT_TRUE(host.fits_accelerator);
+  EXPECT_FALSE(host.fits_host);
+}
+
+TEST(MemoryPlan, GradientAccumulationAddsTheOwnersF32Accumulator) {
+  MemoryPlanOptions o = Options();
+  ASSERT_OK_AND_ASSIGN(MemoryPlan one, PlanMemory(o));
+  EXPECT_EQ(one.host_accumulator_bytes, 0);
+  o.gradient_accumulation_steps = 4;
+  ASSERT_OK_AND_ASSIGN(MemoryPlan four, PlanMemory(o));
+  EXPECT_EQ(four.host_accumulator_bytes, 2 * 4 * kKiB);
+  EXPECT_EQ(four.host_needed_bytes, one.host_needed_bytes + 2 * 4 * kKiB);
+}
+
+TEST(MemoryPlan, SixteenBitParamChunksTakeHalfBlocks) {
+  MemoryPlanOptions o = Options();
+  o.compute_dtype = DType::kBF16;
+  ASSERT_OK_AND_ASSIGN(MemoryPlan p, PlanMemory(o));
+  EXPECT_EQ(p.param_chunk_bytes, 2 * kKiB);
+  EXPECT_EQ(p.rank_model_data_bytes, 2 * (2 + 12) * kKiB);
+}
+
+TEST(MemoryPlan, InconsistentProfilesAndBadOptionsAreInvalidArguments) {
+  MemoryPlanOptions o = Options();
+  o.profile.iteration.push_back({.kind = ActivationEvent::Kind::kFree, .buffer = 12345});
+  EXPECT_THAT(PlanMemory(o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not live")));
+  o = Options();
+  o.profile.iteration.push_back({.kind = ActivationEvent::Kind::kAlloc, .buffer = 999, .bytes = 8});
+  EXPECT_THAT(PlanMemory(o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("still live")));
+  o = Options();
+  o.chunk_elems = 0;
+  EXPECT_THAT(PlanMemory(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("chunk_elems")));
+  o = Options();
+  o.chunk_elems = 512;  // a does not fit
+  EXPECT_THAT(PlanMemory(o), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,150 @@
+// Prints the pre-flight memory plan of a GPT run (scheduler/memory_plan.h, built by
+// model/gpt_activation_profile.h's PlanGptRun, exactly as the trainer builds it before it
+// allocates anything): the chunk size, the accelerator's lower bound and minimum, the slack, the
+// predicted accelerator and host peaks — and whether the run fits, with the message the trainer
+// would refuse it with.
+//
+//   bazel run //tools:plan -- --model=1B --dtype=bf16 --micro_batch_size=1 --seq_len=64
+//       --accelerator_memory=512MiB
+//
+// Exit status as the trainer's: 0 the run fits (the plan on stdout); 1 it does not (the plan on
+// stdout, the refusal on stderr); 2 a flag that cannot be parsed or an invalid model/option.
+#include <cstdint>
+#include <iostream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/units.h"
+#include "memory/dtype.h"
+#include "memory/host_memory_info.h"
+#include "model/gpt_activation_profile.h"
+#include "model/gpt_config.h"
+#include "scheduler/metronome.h"
+
+ABSL_FLAG(std::string, model, "gpt2", "GPT preset (tiny, gpt2, gpt2-medium, ..., 1B, ..., 18B)");
+ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32, bf16 or f16");
+ABSL_FLAG(int64_t, micro_batch_size, 1, "sequences per micro batch (>= 1)");
+ABSL_FLAG(int64_t, seq_len, 0, "tokens per sequence (0: the model's n_positions)");
+ABSL_FLAG(int, world_size, 1, "data-parallel ranks (ZeRO)");
+ABSL_FLAG(int, gradient_accumulation_steps, 1, "micro batches per optimizer step (>= 1)");
+ABSL_FLAG(bool, activation_checkpointing, false, "recompute each block in backward");
+ABSL_FLAG(int, threads, 2, "model threads (the attention workspace scales with them)");
+ABSL_FLAG(std::string, chunk_size, "auto", "elements per chunk, or \"auto\"");
+ABSL_FLAG(std::string, accelerator_memory, "auto",
+          "accelerator budget (\"512MiB\"), or \"auto\": max(4 GiB, the plan's minimum)");
+ABSL_FLAG(std::string, host_memory, "", "cap on the host pools (accelerator.host_memory); none");
+ABSL_FLAG(std::string, host_available, "auto",
+          "host memory the OS can still give: \"auto\" (MemAvailable / cgroup), a byte quantity, "
+          "or \"0\" (unchecked)");
+ABSL_FLAG(bool, moments, false, "print every moment of the steady iteration");
+
+namespace ps {
+namespace {
+
+absl::StatusOr<int64_t> BytesFlag(const char* flag, const std::string& text) {
+  absl::StatusOr<int64_t> bytes = ParseBytes(text);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", text, ": ", bytes.status().message()));
+  }
+  return bytes;
+}
+
+int Run() {
+  const auto fail2 = [](const absl::Status& s) {
+    std::cerr << "error: " << s.message() << "\n";
+    return 2;
+  };
+  GptRunPlanOptions o;
+  absl::StatusOr<GptConfig> config = GptPreset(absl::GetFlag(FLAGS_model));
+  if (!config.ok()) return fail2(config.status());
+  o.config = *config;
+  absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) return fail2(dtype.status());
+  o.compute_dtype = *dtype;
+  o.model.batch = absl::GetFlag(FLAGS_micro_batch_size);
+  o.model.seq_len = absl::GetFlag(FLAGS_seq_len);
+  o.model.activation_checkpointing = absl::GetFlag(FLAGS_activation_checkpointing);
+  o.model.threads = absl::GetFlag(FLAGS_threads);
+  o.world_size = absl::GetFlag(FLAGS_world_size);
+  o.gradient_accumulation_steps = absl::GetFlag(FLAGS_gradient_accumulation_steps);
+  if (o.model.batch < 1 || o.model.seq_len < 0 || o.model.seq_len > o.config.max_seq_len ||
+      o.world_size < 1 || o.gradient_accumulation_steps < 1 || o.model.threads < 1) {
+    return fail2(absl::InvalidArgumentError(absl::StrCat(
+        "--micro_batch_size, --world_size, --gradient_accumulation_steps and --threads must be "
+        ">= 1 and --seq_len in [0, ",
+        o.config.max_seq_len, "]")));
+  }
+  const std::string chunk = absl::GetFlag(FLAGS_chunk_size);
+  if (chunk != "auto" && (!absl::SimpleAtoi(chunk, &o.chunk_elems) || o.chunk_elems <= 0)) {
+    return fail2(absl::InvalidArgumentError(
+        absl::StrCat("--chunk_size=", chunk, ": an integer > 0 or \"auto\"")));
+  }
+  if (const std::string a = absl::GetFlag(FLAGS_accelerator_memory); a != "auto") {
+    absl::StatusOr<int64_t> bytes = BytesFlag("accelerator_memory", a);
+    if (!bytes.ok()) return fail2(bytes.status());
+    o.accelerator_bytes = *bytes;
+  }
+  if (const std::string h = absl::GetFlag(FLAGS_host_memory); !h.empty()) {
+    absl::StatusOr<int64_t> bytes = BytesFlag("host_memory", h);
+    if (!bytes.ok()) return fail2(bytes.status());
+    o.host_cap_bytes = *bytes;
+  }
+  if (const std::string h = absl::GetFlag(FLAGS_host_available); h == "auto") {
+    absl::StatusOr<HostMemoryInfo> info = ReadHostMemoryInfo();
+    if (info.ok()) {
+      o.host_available_bytes = info->available_bytes();
+      std::cout << "host: " << info->DebugString() << "\n";
+    }
+  } else {
+    absl::StatusOr<int64_t> bytes = BytesFlag("host_available", h);
+    if (!bytes.ok()) return fail2(bytes.status());
+    o.host_available_bytes = *bytes;
+  }
+  o.host_overhead_bytes = 256 * kMiB;  // as the trainer
+  absl::StatusOr<GptRunPlan> run = PlanGptRun(o);
+  if (!run.ok()) return fail2(run.status());
+  const MemoryPlan& p = run->plan;
+  std::cout << absl::StrFormat(
+      "model %s (%d parameters), %s, micro batch %d x %d tokens, world size %d\n", o.config.name,
+      p.parameters, DTypeName(o.compute_dtype), o.model.batch,
+      o.model.seq_len == 0 ? o.config.max_seq_len : o.model.seq_len, o.world_size);
+  std::cout << "accelerator budget " << FormatBytes(run->accelerator_bytes) << " ("
+            << run->chunk_note << ")\n"
+            << p.Summary() << "\n";
+  std::cout << absl::StrFormat(
+      "lower_bound_bytes=%d min_accelerator_bytes=%d predicted_accelerator_peak_bytes=%d "
+      "host_model_data_bytes=%d host_needed_bytes=%d chunk_elems=%d\n",
+      p.lower_bound_bytes, p.min_accelerator_bytes, p.predicted_accelerator_peak_bytes,
+      p.host_model_data_bytes, p.host_needed_bytes, p.chunk_elems);
+  if (absl::GetFlag(FLAGS_moments)) {
+    for (size_t i = 0; i < p.moments.size(); ++i) {
+      const PlannedMoment& m = p.moments[i];
+      std::cout << absl::StrFormat("%5d %-4s ws %10d now %10d peak %10d reserved %10d\n", i,
+                                   StageName(m.stage), m.working_set_bytes, m.nonmodel_now_bytes,
+                                   m.nonmodel_peak_bytes, m.scratch_reserved_bytes);
+    }
+  }
+  if (absl::Status fits = CheckGptRunFits(o, *run); !fits.ok()) {
+    std::cerr << "error: " << fits.message() << "\n";
+    return 1;
+  }
+  std::cout << "fits\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace ps
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Prints the pre-flight memory plan of a GPT training run.");
+  absl::ParseCommandLine(argc, argv);
+  return ps::Run();
+}

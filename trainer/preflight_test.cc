@@ -1,0 +1,150 @@
+// The trainer's pre-flight memory plan (model/gpt_activation_profile.h PlanGptRun, called before
+// anything is allocated): random tiny shapes x dtypes x caps at and just below the plan's minimum
+// either train within the cap or are refused up front — never an out-of-memory mid-run; a shape
+// whose parameters cannot fit this machine's memory is refused before allocating (it used to
+// abort with std::bad_alloc); gpt2's automatic chunk size gives at least 20 chunks per type.
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "base/testing/status_matchers.h"
+#include "base/units.h"
+#include "glog/logging.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "memory/dtype.h"
+#include "model/gpt_activation_profile.h"
+#include "model/gpt_config.h"
+#include "trainer/config.h"
+#include "trainer/trainer.h"
+
+namespace ps {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+TrainConfig Shape(std::mt19937_64& rng, DType* dtype) {
+  const auto uniform = [&rng](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  TrainConfig c = DefaultTrainConfig();
+  c.model = ModelConfig{};
+  c.model.num_heads = uniform(1, 3);
+  c.model.hidden = c.model.num_heads * 8 * uniform(1, 4);
+  c.model.vocab_size = uniform(256, 700);  // >= the synthetic corpus's 256 tokens; odd sizes
+  c.model.max_seq_len = uniform(8, 40);
+  c.model.num_layers = uniform(1, 3);
+  c.model.activation_checkpointing = uniform(0, 1) == 1;
+  c.data.seq_len = uniform(4, c.model.max_seq_len);
+  c.train_micro_batch_size_per_gpu = uniform(1, 3);
+  c.train_batch_size = 0;
+  c.steps = 3;
+  c.chunk.size_elems = 0;  // auto
+  c.threads = 2;
+  c.data.eval_every = 0;
+  c.data.eval_batches = 1;
+  c.checkpoint = CheckpointConfig{};
+  c.profile = ProfileConfig{};
+  c.scheduler.total_num_steps = 0;
+  c.scheduler.warmup_num_steps = 1;
+  const int d = static_cast<int>(uniform(0, 2));
+  *dtype = d == 0 ? DType::kF32 : d == 1 ? DType::kBF16 : DType::kF16;
+  c.bf16 = *dtype == DType::kBF16;
+  c.fp16.enabled = *dtype == DType::kF16;
+  return c;
+}
+
+// The plan the trainer makes for `c` (same options as Trainer::Impl::PlanMemoryOrRefuse).
+GptRunPlan Plan(const TrainConfig& c, DType dtype) {
+  GptRunPlanOptions o;
+  o.config.name = "custom";
+  o.config.vocab_size = c.model.vocab_size;
+  o.config.max_seq_len = c.model.max_seq_len;
+  o.config.hidden = c.model.hidden;
+  o.config.num_layers = c.model.num_layers;
+  o.config.num_heads = c.model.num_heads;
+  o.model.batch = c.train_micro_batch_size_per_gpu;
+  o.model.seq_len = c.data.seq_len;
+  o.model.activation_checkpointing = c.model.activation_checkpointing;
+  o.model.threads = c.threads;
+  o.compute_dtype = dtype;
+  o.accelerator_bytes = c.accelerator.memory_bytes;
+  absl::StatusOr<GptRunPlan> plan = PlanGptRun(o);
+  CHECK(plan.ok()) << plan.status();
+  return *plan;
+}
+
+TEST(Preflight, RandomShapesTrainWithinThePlansMinimumOrAreRefusedUpFront) {
+  std::mt19937_64 rng(20261124);
+  for (int trial = 0; trial < 12; ++trial) {
+    DType dtype;
+    TrainConfig c = Shape(rng, &dtype);
+    c.accelerator.memory_bytes = 64 * kMiB;
+    const int64_t min_bytes = Plan(c, dtype).plan.min_accelerator_bytes;
+    SCOPED_TRACE(absl::StrCat("trial ", trial, ": ", DTypeName(dtype), " hidden ", c.model.hidden,
+                              " layers ", c.model.num_layers, " vocab ", c.model.vocab_size,
+                              " batch ", c.train_micro_batch_size_per_gpu, " x ", c.data.seq_len,
+                              " checkpointing ", c.model.activation_checkpointing,
+                              "; plan minimum ", min_bytes));
+    // Just below the minimum: refused before anything is allocated, naming the minimum.
+    c.accelerator.memory_bytes = min_bytes - 4 * kKiB;
+    const int64_t below_minimum = Plan(c, dtype).plan.min_accelerator_bytes;
+    if (below_minimum > c.accelerator.memory_bytes) {
+      EXPECT_THAT(Trainer::Create(c).status(),
+                  StatusIs(absl::StatusCode::kResourceExhausted,
+                           AllOf(HasSubstr("does not fit the accelerator"),
+                                 HasSubstr("--accelerator_memory="))));
+    }
+    // At the minimum (as planned at that cap): trains every step within the cap.
+    c.accelerator.memory_bytes = AlignUp(min_bytes, 4 * kKiB);
+    for (int i = 0; i < 3 && Plan(c, dtype).plan.min_accelerator_bytes > c.accelerator.memory_bytes;
+         ++i) {
+      c.accelerator.memory_bytes = AlignUp(Plan(c, dtype).plan.min_accelerator_bytes, 4 * kKiB);
+    }
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Trainer> trainer, Trainer::Create(c));
+    ASSERT_OK(trainer->Run());
+    EXPECT_LE(trainer->summary().accelerator_peak_total_bytes, c.accelerator.memory_bytes);
+  }
+}
+
+// Issue 15: parameters beyond this machine's memory used to abort with std::bad_alloc.
+TEST(Preflight, RefusesAModelBeyondHostMemoryBeforeAllocating) {
+  TrainConfig c = DefaultTrainConfig();
+  c.model = ModelConfig{};
+  c.model.vocab_size = 50257;
+  c.model.max_seq_len = 1024;
+  c.model.hidden = 16384;
+  c.model.num_layers = 96;
+  c.model.num_heads = 128;
+  c.data.seq_len = 64;
+  c.train_micro_batch_size_per_gpu = 1;
+  c.train_batch_size = 0;
+  c.chunk.size_elems = 0;
+  c.accelerator.memory_bytes = 0;
+  EXPECT_THAT(Trainer::Create(c).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("does not fit in host memory"),
+                             HasSubstr("the smallest host memory that fits is"),
+                             HasSubstr("Nothing was allocated"))));
+}
+
+TEST(Preflight, Gpt2sAutomaticChunkSizeGivesAtLeastTwentyChunksPerType) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    GptRunPlanOptions o;
+    ASSERT_OK_AND_ASSIGN(o.config, GptPreset("gpt2"));
+    o.model.batch = 1;
+    o.model.seq_len = 64;
+    o.model.threads = 2;
+    o.compute_dtype = dtype;
+    ASSERT_OK_AND_ASSIGN(GptRunPlan plan, PlanGptRun(o));
+    EXPECT_GE(plan.plan.num_chunks, 20) << DTypeName(dtype);
+    EXPECT_TRUE(plan.plan.fits());
+  }
+}
+
+}  // namespace
+}  // namespace ps
