@@ -183,6 +183,17 @@ absl::Status Trainer::Impl::Build() {
   threads_ = ResolveThreads(config_.threads);
   dtype_ = ComputeDType(config_.precision());
   if (config_.accelerator.kind == AcceleratorKind::kCuda) {
+    // First what the machine says: no CUDA in this build, or no usable GPU, is the user's answer
+    // (the backend's message names the fix); only with a GPU present is the missing model wiring
+    // the reason.
+    BackendOptions probe;
+    probe.kind = "cuda";
+    probe.device_index = config_.accelerator.device_index;
+    absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateBackend(probe);
+    if (!cuda.ok()) {
+      return absl::Status(cuda.status().code(),
+                          absl::StrCat("accelerator.backend \"cuda\": ", cuda.status().message()));
+    }
     return absl::UnimplementedError(
         "accelerator.backend \"cuda\": the model's CUDA kernels are not wired into GptModel yet "
         "(model/gpt_model.h computes on host-addressable memory); train with "

@@ -22,6 +22,7 @@
 #include "base/units.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "memory/backend_factory.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "trainer/config.h"
@@ -328,6 +329,25 @@ TEST(Trainer, RefusesNonFiniteInitialWeights) {
                        AllOf(HasSubstr("nan.safetensors"),
                              HasSubstr("'h.1.attn.c_attn.weight' holds NaN at [1, 2]"))));
   EXPECT_FALSE(std::filesystem::exists(from.profile.metrics_path));
+}
+
+// --accelerator=cuda says what the machine lacks before anything else: a binary built without
+// CUDA, or no usable GPU (the backend's own message); only with a GPU does the missing model
+// wiring (issue #13) answer, as Unimplemented.
+TEST(Trainer, CudaWithoutAGpuSaysSo) {
+  TrainConfig c = TinyConfig();
+  c.accelerator.kind = AcceleratorKind::kCuda;
+  c.accelerator.copy_bandwidth_bytes_per_s = 0;
+  const absl::Status status = Trainer::Create(c).status();
+  ASSERT_FALSE(status.ok());
+  EXPECT_THAT(std::string(status.message()), HasSubstr("accelerator.backend \"cuda\""));
+  if (!CudaBackendCompiledIn()) {
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                 HasSubstr("built without CUDA support")));
+  } else if (status.code() != absl::StatusCode::kUnimplemented) {
+    EXPECT_THAT(status,
+                StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no CUDA device is available")));
+  }
 }
 
 TEST(Trainer, RejectsBadInputsBeforeAnyWork) {
