@@ -233,8 +233,8 @@ void ExpectMatchesReference(DType dtype, bool checkpointing) {
   const int64_t B = o.model.batch, T = o.model.seq_len;
   kernel_testing::TinyGpt2Config reference_config = ReferenceConfig(config, o.model);
   reference_config.bf16_gemms = dtype == DType::kBF16;
-  // GptModel's LM head walks wte's row blocks, widening 16-bit blocks per tile (f32 math).
-  reference_config.bf16_lm_head = false;
+  // GptModel's LM head walks wte's row blocks with bf16 GEMMs for bf16 blocks, the same bits as
+  // the whole-matrix bf16 LM head (reference_config.bf16_lm_head, the default).
   kernel_testing::TinyGpt2<float> reference(reference_config, B, T);
   for (const kernel_testing::ParamTensor& t : reference.tensors()) {
     ASSERT_OK_AND_ASSIGN(std::vector<float> v, rig->model->ReadTensor(ChunkType::kParam, t.name));

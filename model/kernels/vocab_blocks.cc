@@ -16,6 +16,7 @@
 #include "base/thread_pool.h"
 #include "memory/convert.h"
 #include "model/kernels/cross_entropy_math.h"
+#include "model/kernels/internal/bf16_gemm.h"
 #include "model/kernels/internal/blas.h"
 #include "model/kernels/internal/kernel_util.h"
 #include "model/kernels/internal/simd.h"
@@ -24,13 +25,18 @@
 namespace ps {
 namespace {
 
+using kernels_internal::Bf16GemmBackend;
 using kernels_internal::CheckBlasDim;
 using kernels_internal::CheckElems;
 using kernels_internal::CheckPositive;
 using kernels_internal::CheckWorkspace;
 using kernels_internal::Gemm;
+using kernels_internal::GemmBf16;
 using kernels_internal::NumTasks;
 using kernels_internal::ParallelFor;
+using kernels_internal::ResolveBf16GemmBackend;
+using kernels_internal::RoundToBf16;
+using kernels_internal::RoundToBf16Transposed;
 using kernels_internal::RowsPerTask;
 
 // Channels per task of the scatters: enough to amortize the walk over the tokens.
@@ -95,45 +101,138 @@ absl::Status CheckLmHead(const char* kernel, const VocabBlockShape& s,
   return CheckTokens(kernel, "target", targets, s.vocab_size, s.ignore_index);
 }
 
-// Where the rows of a vocabulary tile come from: the block itself (f32/f64), or a widened copy in
-// `scratch` (16-bit). `local_row` counts from the block's first row.
+// The GEMMs of one vocabulary tile (rows [v0, v0 + Vt) of the block, `local_row` = v0 - row_begin),
+// behind one interface so that the f32/f64/f16 and the bf16 blocks share the tiling and the
+// softmax code (as lm_head_cross_entropy.cc's BlasGemms / Bf16Gemms):
+//   BeginTile: makes the tile's weight rows available;
+//   Logits:    z[R, Vt] = h[r0:r0+R] w^T, packed with row stride Vt;
+//   Grads:     dh[r0:r0+R] += dz w;  dw[Vt, C] += dz^T h[r0:r0+R].
+// f32/f64 blocks: the rows themselves; f16 blocks: the tile widened exactly into `scratch`.
+// Both run OpenBLAS in T.
 template <typename T>
-struct NativeRows {
-  const T* block;
-  int64_t channels;
-  absl::StatusOr<const T*> operator()(int64_t local_row, int64_t, T*) const {
-    return block + local_row * channels;
+struct BlasTileGemms {
+  const T* h;
+  const T* block;   // T blocks, or null
+  Block16 block16;  // f16 (or, for tests of the widened path, bf16) blocks
+  int64_t C;
+  T* scratch;            // Vt * C elements (16-bit blocks)
+  const T* w = nullptr;  // the current tile's rows
+  absl::Status BeginTile(int64_t local_row, int64_t Vt) {
+    if (block != nullptr) {
+      w = block + local_row * C;
+      return absl::OkStatus();
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      RETURN_IF_ERROR(
+          Convert(block16.dtype, block16.data + local_row * C, DType::kF32, scratch, Vt * C));
+      w = scratch;
+      return absl::OkStatus();
+    }
+    return absl::InternalError("BlasTileGemms: 16-bit block for a non-f32 kernel");
   }
-};
-struct WidenedRows {
-  Block16 block;
-  int64_t channels;
-  absl::StatusOr<const float*> operator()(int64_t local_row, int64_t rows, float* scratch) const {
-    RETURN_IF_ERROR(Convert(block.dtype, block.data + local_row * channels, DType::kF32, scratch,
-                            rows * channels));
-    return scratch;
+  absl::Status Logits(int64_t r0, int64_t R, int64_t Vt, T* z) const {
+    Gemm(false, true, R, Vt, C, T{1}, h + r0 * C, C, w, C, T{0}, z, Vt);
+    return absl::OkStatus();
+  }
+  absl::Status Grads(int64_t r0, int64_t R, int64_t Vt, const T* dz, T* dh, T* dw) const {
+    Gemm(false, false, R, C, Vt, T{1}, dz, Vt, w, C, T{1}, dh + r0 * C, C);
+    Gemm(true, false, Vt, C, R, T{1}, dz, Vt, h + r0 * C, C, T{1}, dw, C);
+    return absl::OkStatus();
   }
 };
 
-template <typename T, typename Rows>
-absl::Status LmHeadForwardImpl(const VocabBlockShape& s, const T* h, const Rows& rows_of,
+// bf16 blocks: bf16 x bf16 GEMMs with f32 accumulation (internal/bf16_gemm.h), exactly the calls
+// of LmHeadCrossEntropy*Bf16 for the same tile: h rounded to bf16 once per call (hb), the block's
+// rows used in place, dz rounded to bf16 per tile as dzb [R, Vt] for dh and transposed as dzbt
+// [Vt, R] for dw (plain layouts for oneDNN).
+struct Bf16TileGemms {
+  const uint16_t* hb;
+  const uint16_t* block;
+  int64_t C;
+  uint16_t* dzb;   // R * Vt values
+  uint16_t* dzbt;  // the same, transposed
+  ThreadPool* pool;
+  const uint16_t* w = nullptr;
+  absl::Status BeginTile(int64_t local_row, int64_t) {
+    w = block + local_row * C;
+    return absl::OkStatus();
+  }
+  absl::Status Logits(int64_t r0, int64_t R, int64_t Vt, float* z) const {
+    return GemmBf16({.trans_b = true,
+                     .m = R,
+                     .n = Vt,
+                     .k = C,
+                     .a = hb + r0 * C,
+                     .lda = C,
+                     .b = w,
+                     .ldb = C,
+                     .c = z,
+                     .ldc = Vt},
+                    pool);
+  }
+  absl::Status Grads(int64_t r0, int64_t R, int64_t Vt, const float* dz, float* dh,
+                     float* dw) const {
+    RoundToBf16(dz, dzb, R * Vt, pool);
+    RoundToBf16Transposed(dz, R, Vt, dzbt, pool);
+    RETURN_IF_ERROR(GemmBf16({.m = R,
+                              .n = C,
+                              .k = Vt,
+                              .a = dzb,
+                              .lda = Vt,
+                              .b = w,
+                              .ldb = C,
+                              .accumulate = true,
+                              .c = dh + r0 * C,
+                              .ldc = C},
+                             pool));
+    return GemmBf16({.m = Vt,
+                     .n = C,
+                     .k = R,
+                     .a = dzbt,
+                     .lda = R,
+                     .b = hb + r0 * C,
+                     .ldb = C,
+                     .accumulate = true,
+                     .c = dw,
+                     .ldc = C},
+                    pool);
+  }
+};
+
+// Where the bf16 path's buffers lie in a 16-bit workspace: after `f32_elems` f32 elements, hb
+// (N * C values), then (backward) dzb and dzbt, each 64-byte aligned as in the header's sizes.
+struct Bf16Buffers {
+  uint16_t* hb;
+  uint16_t* dzb;
+  uint16_t* dzbt;
+};
+Bf16Buffers Bf16BuffersAt(const VocabBlockShape& s, float* workspace, int64_t f32_elems) {
+  using vocab_blocks_internal::Bf16AsF32Elems;
+  const int64_t r = std::min(s.rows, s.row_tile), v = std::min(s.block_rows, s.vocab_tile);
+  float* base = workspace + f32_elems;
+  float* dzb = base + Bf16AsF32Elems(s.rows * s.channels);
+  return {reinterpret_cast<uint16_t*>(base), reinterpret_cast<uint16_t*>(dzb),
+          reinterpret_cast<uint16_t*>(dzb + Bf16AsF32Elems(r * v))};
+}
+
+template <typename T, typename Gemms>
+absl::Status LmHeadForwardImpl(const VocabBlockShape& s, Gemms& gemms,
                                absl::Span<const int32_t> targets, absl::Span<T> state, T* workspace,
                                ThreadPool* pool) {
-  const int64_t N = s.rows, C = s.channels;
+  const int64_t N = s.rows;
   const int64_t row_tile = std::min(N, s.row_tile);
   const int64_t vocab_tile = std::min(s.vocab_size, s.vocab_tile);
   const int64_t row_end = s.row_begin + s.block_rows;
   T* z = workspace;
-  T* scratch = z + row_tile * std::min(s.block_rows, vocab_tile);
   T* run_max = state.data();
   T* run_sum = run_max + N;
   T* target_logit = run_sum + N;
   for (int64_t v0 = s.row_begin; v0 < row_end; v0 += vocab_tile) {
     const int64_t Vt = std::min(vocab_tile, row_end - v0);
-    ASSIGN_OR_RETURN(const T* w, rows_of(v0 - s.row_begin, Vt, scratch));
+    RETURN_IF_ERROR(gemms.BeginTile(v0 - s.row_begin, Vt));
     for (int64_t r0 = 0; r0 < N; r0 += row_tile) {
       const int64_t R = std::min(row_tile, N - r0);
-      Gemm(false, true, R, Vt, C, T{1}, h + r0 * C, C, w, C, T{0}, z, Vt);
+      RETURN_IF_ERROR(gemms.Logits(r0, R, Vt, z));
       const int64_t grain = RowsPerTask(Vt, 8192);
       ParallelFor(pool, NumTasks(R, grain), [&](int64_t task) {
         const int64_t end = std::min(R, (task + 1) * grain);
@@ -164,8 +263,8 @@ absl::Status LmHeadForwardImpl(const VocabBlockShape& s, const T* h, const Rows&
   return absl::OkStatus();
 }
 
-template <typename T, typename Rows>
-absl::Status LmHeadBackwardImpl(const VocabBlockShape& s, const T* h, const Rows& rows_of,
+template <typename T, typename Gemms>
+absl::Status LmHeadBackwardImpl(const VocabBlockShape& s, Gemms& gemms,
                                 absl::Span<const int32_t> targets, const T* lse, double loss_grad,
                                 T* dh, T* workspace, VocabTileGradFn<T> on_tile, ThreadPool* pool) {
   const int64_t N = s.rows, C = s.channels;
@@ -175,7 +274,6 @@ absl::Status LmHeadBackwardImpl(const VocabBlockShape& s, const T* h, const Rows
   const int64_t block_tile = std::min(s.block_rows, vocab_tile);
   T* dz = workspace;
   T* dw = dz + row_tile * block_tile;
-  T* scratch = dw + block_tile * C;
   int64_t num_valid = 0;
   for (int64_t n = 0; n < N; ++n) num_valid += targets[n] != s.ignore_index;
   // With no valid target the loss is the constant 0: every gradient is zero.
@@ -185,13 +283,13 @@ absl::Status LmHeadBackwardImpl(const VocabBlockShape& s, const T* h, const Rows
     const int64_t Vt = std::min(vocab_tile, row_end - v0);
     std::fill(dw, dw + Vt * C, T{0});
     if (num_valid > 0) {
-      ASSIGN_OR_RETURN(const T* w, rows_of(v0 - s.row_begin, Vt, scratch));
+      RETURN_IF_ERROR(gemms.BeginTile(v0 - s.row_begin, Vt));
       for (int64_t r0 = 0; r0 < N; r0 += row_tile) {
         const int64_t R = std::min(row_tile, N - r0);
         bool any_valid = false;
         for (int64_t i = 0; i < R; ++i) any_valid |= targets[r0 + i] != s.ignore_index;
         if (!any_valid) continue;
-        Gemm(false, true, R, Vt, C, T{1}, h + r0 * C, C, w, C, T{0}, dz, Vt);
+        RETURN_IF_ERROR(gemms.Logits(r0, R, Vt, dz));
         // dz = scale * (softmax - onehot), in place over the logits tile.
         const int64_t grain = RowsPerTask(Vt, 8192);
         ParallelFor(pool, NumTasks(R, grain), [&](int64_t task) {
@@ -215,8 +313,7 @@ absl::Status LmHeadBackwardImpl(const VocabBlockShape& s, const T* h, const Rows
           }
         });
         // dh[r0:r0+R] += dz w;  dw += dz^T h[r0:r0+R].
-        Gemm(false, false, R, C, Vt, T{1}, dz, Vt, w, C, T{1}, dh + r0 * C, C);
-        Gemm(true, false, Vt, C, R, T{1}, dz, Vt, h + r0 * C, C, T{1}, dw, C);
+        RETURN_IF_ERROR(gemms.Grads(r0, R, Vt, dz, dh, dw));
       }
     }
     RETURN_IF_ERROR(on_tile(v0, Vt, dw));
@@ -407,8 +504,8 @@ absl::Status LmHeadBlockForward(const VocabBlockShape& shape, absl::Span<const T
   RETURN_IF_ERROR(CheckLmHead(kKernel, shape, targets, h.size(), block.size(), workspace.size(),
                               LmHeadBlockForwardWorkspaceElems(shape, false)));
   RETURN_IF_ERROR(CheckElems(kKernel, "state", state, LmHeadStateElems(shape), "3*rows"));
-  return LmHeadForwardImpl<T>(shape, h.data(), NativeRows<T>{block.data(), shape.channels}, targets,
-                              state, workspace.data(), pool);
+  BlasTileGemms<T> gemms{h.data(), block.data(), {}, shape.channels, nullptr};
+  return LmHeadForwardImpl<T>(shape, gemms, targets, state, workspace.data(), pool);
 }
 
 absl::Status LmHeadBlockForward(const VocabBlockShape& shape, absl::Span<const float> h,
@@ -423,8 +520,20 @@ absl::Status LmHeadBlockForward(const VocabBlockShape& shape, absl::Span<const f
   RETURN_IF_ERROR(CheckLmHead(kKernel, shape, targets, h.size(), shape.block_rows * shape.channels,
                               workspace.size(), LmHeadBlockForwardWorkspaceElems(shape, true)));
   RETURN_IF_ERROR(CheckElems(kKernel, "state", state, LmHeadStateElems(shape), "3*rows"));
-  return LmHeadForwardImpl<float>(shape, h.data(), WidenedRows{block, shape.channels}, targets,
-                                  state, workspace.data(), pool);
+  // The f32 part (LmHeadBlockForwardWorkspaceElems(shape, false)), then the 16-bit part.
+  const int64_t f32_elems =
+      vocab_blocks_internal::AlignF32Elems(LmHeadBlockForwardWorkspaceElems(shape, false));
+  if (block.dtype == DType::kBF16) {
+    Bf16GemmBackend backend;
+    RETURN_IF_ERROR(ResolveBf16GemmBackend(&backend));  // before anything is written
+    const Bf16Buffers b = Bf16BuffersAt(shape, workspace.data(), f32_elems);
+    RoundToBf16(h.data(), b.hb, shape.rows * shape.channels, pool);
+    Bf16TileGemms gemms{b.hb, block.data, shape.channels, nullptr, nullptr, pool};
+    return LmHeadForwardImpl<float>(shape, gemms, targets, state, workspace.data(), pool);
+  }
+  BlasTileGemms<float> gemms{h.data(), nullptr, block, shape.channels,
+                             workspace.data() + f32_elems};
+  return LmHeadForwardImpl<float>(shape, gemms, targets, state, workspace.data(), pool);
 }
 
 template <typename T>
@@ -461,9 +570,9 @@ absl::Status LmHeadBlockBackward(const VocabBlockShape& shape, absl::Span<const 
                               LmHeadBlockBackwardWorkspaceElems(shape, false)));
   RETURN_IF_ERROR(CheckElems(kKernel, "lse", lse, shape.rows, "rows"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dh", dh, shape.rows * shape.channels, "rows*channels"));
-  return LmHeadBackwardImpl<T>(shape, h.data(), NativeRows<T>{block.data(), shape.channels},
-                               targets, lse.data(), loss_grad, dh.data(), workspace.data(), on_tile,
-                               pool);
+  BlasTileGemms<T> gemms{h.data(), block.data(), {}, shape.channels, nullptr};
+  return LmHeadBackwardImpl<T>(shape, gemms, targets, lse.data(), loss_grad, dh.data(),
+                               workspace.data(), on_tile, pool);
 }
 
 absl::Status LmHeadBlockBackward(const VocabBlockShape& shape, absl::Span<const float> h,
@@ -480,9 +589,22 @@ absl::Status LmHeadBlockBackward(const VocabBlockShape& shape, absl::Span<const 
                               workspace.size(), LmHeadBlockBackwardWorkspaceElems(shape, true)));
   RETURN_IF_ERROR(CheckElems(kKernel, "lse", lse, shape.rows, "rows"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dh", dh, shape.rows * shape.channels, "rows*channels"));
-  return LmHeadBackwardImpl<float>(shape, h.data(), WidenedRows{block, shape.channels}, targets,
-                                   lse.data(), loss_grad, dh.data(), workspace.data(), on_tile,
-                                   pool);
+  // The f32 part (LmHeadBlockBackwardWorkspaceElems(shape, false)), then the 16-bit part.
+  const int64_t f32_elems =
+      vocab_blocks_internal::AlignF32Elems(LmHeadBlockBackwardWorkspaceElems(shape, false));
+  if (block.dtype == DType::kBF16) {
+    Bf16GemmBackend backend;
+    RETURN_IF_ERROR(ResolveBf16GemmBackend(&backend));  // before anything is written
+    const Bf16Buffers b = Bf16BuffersAt(shape, workspace.data(), f32_elems);
+    RoundToBf16(h.data(), b.hb, shape.rows * shape.channels, pool);
+    Bf16TileGemms gemms{b.hb, block.data, shape.channels, b.dzb, b.dzbt, pool};
+    return LmHeadBackwardImpl<float>(shape, gemms, targets, lse.data(), loss_grad, dh.data(),
+                                     workspace.data(), on_tile, pool);
+  }
+  BlasTileGemms<float> gemms{h.data(), nullptr, block, shape.channels,
+                             workspace.data() + f32_elems};
+  return LmHeadBackwardImpl<float>(shape, gemms, targets, lse.data(), loss_grad, dh.data(),
+                                   workspace.data(), on_tile, pool);
 }
 
 #define PS_VOCAB_BLOCKS_INSTANTIATE_(T)                                                            \

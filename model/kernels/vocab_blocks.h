@@ -30,9 +30,14 @@
 // LmHeadCrossEntropyForward/Backward bit for bit (tested), whatever the block size. Blocks not
 // aligned that way are refused (InvalidArgument), so a layout can never change results.
 //
-// Storage. A block may be f32/f64 (T) or, for T = float, f16/bf16 (`Block16`): 16-bit rows are
-// widened tile by tile into the workspace (exactly, as a whole-matrix conversion would), so a
-// 16-bit block never needs an f32 copy of itself — the workspace is a few tiles.
+// Storage. A block may be f32/f64 (T) or, for T = float, f16/bf16 (`Block16`). f16 rows are
+// widened tile by tile into the workspace (exactly, as a whole-matrix conversion would) and
+// multiplied in f32. bf16 blocks run the GEMMs as bf16 x bf16 with f32 accumulation
+// (internal/bf16_gemm.h, --bf16_gemm): h rounded to bf16 once per call, the block's rows used in
+// place, each dlogits tile rounded to bf16 before the two gradient GEMMs — exactly the calls of
+// LmHeadCrossEntropy{Forward,Backward}Bf16, so bf16 blocks equal those kernels on the whole bf16
+// matrix bit for bit (and the same bits for any pool size). A 16-bit block never needs an f32
+// copy of itself: the workspace is a few tiles plus h in bf16.
 //
 // Tied weights. The LM head's d(wte) and the embedding's are added before the one write into the
 // gradient slot (model/gpt_model.h): rows the batch touches keep the LM head's f32 part in a
@@ -119,21 +124,37 @@ inline int64_t LmHeadStateElems(const VocabBlockShape& s) { return 3 * s.rows; }
 template <typename T>
 void LmHeadStateInit(absl::Span<T> state);
 
-// Workspace elements the forward needs: one logits tile, plus (16-bit blocks) one widened
-// vocabulary tile.
+namespace vocab_blocks_internal {
+// `elems` rounded up to a multiple of 16 (64 bytes of f32).
+inline int64_t AlignF32Elems(int64_t elems) { return (elems + 15) / 16 * 16; }
+// f32 elements that hold `bf16_elems` bf16 values, rounded up to 64 bytes.
+inline int64_t Bf16AsF32Elems(int64_t bf16_elems) { return AlignF32Elems((bf16_elems + 1) / 2); }
+}  // namespace vocab_blocks_internal
+// Workspace elements the forward needs: one logits tile, plus (16-bit blocks) the larger of one
+// widened vocabulary tile (f16) and h rounded to bf16 (bf16).
 inline int64_t LmHeadBlockForwardWorkspaceElems(const VocabBlockShape& s, bool sixteen_bit) {
   const int64_t r = std::min(s.rows, s.row_tile), v = std::min(s.block_rows, s.vocab_tile);
-  return r * v + (sixteen_bit ? v * s.channels : 0);
+  if (!sixteen_bit) return r * v;
+  return vocab_blocks_internal::AlignF32Elems(r * v) +
+         std::max(v * s.channels, vocab_blocks_internal::Bf16AsF32Elems(s.rows * s.channels));
 }
-// The backward: the forward's, plus one vocabulary tile's gradient.
+// The backward: one logits tile and one vocabulary tile's gradient, plus (16-bit blocks) the
+// larger of one widened vocabulary tile (f16) and h, a dz tile and its transpose in bf16 (bf16).
 inline int64_t LmHeadBlockBackwardWorkspaceElems(const VocabBlockShape& s, bool sixteen_bit) {
-  return LmHeadBlockForwardWorkspaceElems(s, sixteen_bit) +
-         std::min(s.block_rows, s.vocab_tile) * s.channels;
+  using vocab_blocks_internal::AlignF32Elems;
+  using vocab_blocks_internal::Bf16AsF32Elems;
+  const int64_t r = std::min(s.rows, s.row_tile), v = std::min(s.block_rows, s.vocab_tile);
+  if (!sixteen_bit) return r * v + v * s.channels;
+  return AlignF32Elems(r * v + v * s.channels) +
+         std::max(v * s.channels, Bf16AsF32Elems(s.rows * s.channels) + 2 * Bf16AsF32Elems(r * v));
 }
 
 // Updates the state with the block's logits h block^T. h [N, C], targets [N] in [0, V) or
 // ignore_index, state from LmHeadStateInit (earlier blocks applied). InvalidArgument for a bad
 // shape, buffer size, target, or a row_begin that is not a multiple of vocab_tile.
+// bf16 blocks: also the errors of ResolveBf16GemmBackend (FailedPrecondition for
+// --bf16_gemm=onednn on a CPU without native bf16 GEMMs), before anything is written, and
+// Internal if oneDNN fails.
 template <typename T>
 [[nodiscard]] absl::Status LmHeadBlockForward(const VocabBlockShape& shape, absl::Span<const T> h,
                                               absl::Span<const T> block,

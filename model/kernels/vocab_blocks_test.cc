@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "memory/convert.h"
 #include "model/kernels/encoder.h"
+#include "model/kernels/internal/bf16_gemm.h"
 #include "model/kernels/lm_head_cross_entropy.h"
 
 namespace ps {
@@ -230,11 +231,11 @@ TEST(VocabBlocksTest, AllTargetsIgnoredGivesZeroGradientsForEveryTile) {
   EXPECT_EQ(loss, 0.0);
 }
 
-// 16-bit blocks widen tile by tile exactly as converting the whole block first would.
-TEST(VocabBlocksTest, SixteenBitBlocksEqualTheWidenedBlock) {
+// f16 blocks widen tile by tile exactly as converting the whole block first would.
+TEST(VocabBlocksTest, F16BlocksEqualTheWidenedBlock) {
   std::mt19937_64 rng(7);
   const int64_t N = 9, C = 6, V = 21;
-  for (DType dtype : {DType::kBF16, DType::kF16}) {
+  for (DType dtype : {DType::kF16}) {
     SCOPED_TRACE(DTypeName(dtype));
     const std::vector<float> wide_src = Random<float>(rng, V * C);
     std::vector<uint16_t> narrow(V * C);
@@ -298,6 +299,92 @@ TEST(VocabBlocksTest, SixteenBitBlocksEqualTheWidenedBlock) {
     EXPECT_TRUE(BitEqual(g16, g32));
     EXPECT_TRUE(BitEqual(enc16, enc32));
   }
+}
+
+// bf16 blocks run bf16 x bf16 GEMMs with f32 accumulation: block by block they equal the
+// whole-matrix bf16 kernels (LmHeadCrossEntropy*Bf16) bit for bit, on both GEMM backends and for
+// any pool size.
+void CheckBf16BlocksEqualWholeMatrix(const Case& c, uint64_t seed, ThreadPool* pool) {
+  SCOPED_TRACE(absl::StrCat("N ", c.rows, " C ", c.channels, " V ", c.vocab, " tiles ", c.row_tile,
+                            "x", c.vocab_tile, " block tiles ", c.block_tiles,
+                            pool == nullptr ? " no pool" : " pool"));
+  std::mt19937_64 rng(seed);
+  const int64_t N = c.rows, C = c.channels, V = c.vocab;
+  const std::vector<float> h = Random<float>(rng, N * C);
+  const std::vector<float> wte_src = Random<float>(rng, V * C, 0.5);
+  std::vector<uint16_t> wte(V * C);
+  ASSERT_OK(Convert(DType::kF32, wte_src.data(), DType::kBF16, wte.data(), V * C));
+  std::vector<int32_t> targets(N);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(V - 1));
+  for (int64_t n = 0; n < N; ++n) targets[n] = (c.some_ignored && n % 3 == 1) ? -100 : tok(rng);
+
+  const LmHeadCrossEntropyShape ce{.rows = N,
+                                   .channels = C,
+                                   .vocab_size = V,
+                                   .row_tile = c.row_tile,
+                                   .vocab_tile = c.vocab_tile};
+  std::vector<float> ws(LmHeadCrossEntropyBf16WorkspaceElems(ce)), lse_ref(N), dh_ref(N * C, 0),
+      dwte_ref(V * C, 0);
+  ASSERT_OK_AND_ASSIGN(const double loss_ref,
+                       LmHeadCrossEntropyForwardBf16(ce, h, wte, targets, absl::MakeSpan(lse_ref),
+                                                     absl::MakeSpan(ws), pool));
+  ASSERT_OK(LmHeadCrossEntropyBackwardBf16(ce, h, wte, targets, lse_ref, 3.5,
+                                           absl::MakeSpan(dh_ref), absl::MakeSpan(dwte_ref),
+                                           absl::MakeSpan(ws), pool));
+
+  const int64_t block_rows = c.block_tiles * c.vocab_tile;
+  std::vector<float> state(3 * N), lse(N), dh(N * C, 0), dwte(V * C, 0);
+  LmHeadStateInit<float>(absl::MakeSpan(state));
+  auto shape_of = [&](int64_t r0, int64_t rows) {
+    return VocabBlockShape{.rows = N,
+                           .channels = C,
+                           .vocab_size = V,
+                           .row_begin = r0,
+                           .block_rows = rows,
+                           .row_tile = c.row_tile,
+                           .vocab_tile = c.vocab_tile};
+  };
+  for (const auto& [r0, rows] : Blocks(V, block_rows)) {
+    const VocabBlockShape s = shape_of(r0, rows);
+    // Filled with garbage: nothing may depend on the workspace's contents.
+    std::vector<float> fws(LmHeadBlockForwardWorkspaceElems(s, true), -3.0f);
+    ASSERT_OK(LmHeadBlockForward(s, h, Block16{wte.data() + r0 * C, DType::kBF16}, targets,
+                                 absl::MakeSpan(state), absl::MakeSpan(fws), pool));
+  }
+  ASSERT_OK_AND_ASSIGN(const double loss,
+                       LmHeadFinish<float>({.rows = N}, targets, state, absl::MakeSpan(lse)));
+  EXPECT_EQ(loss, loss_ref);
+  EXPECT_TRUE(BitEqual(lse, lse_ref));
+  for (const auto& [r0, rows] : Blocks(V, block_rows)) {
+    const VocabBlockShape s = shape_of(r0, rows);
+    std::vector<float> bws(LmHeadBlockBackwardWorkspaceElems(s, true), -3.0f);
+    ASSERT_OK(LmHeadBlockBackward(
+        s, h, Block16{wte.data() + r0 * C, DType::kBF16}, targets, lse, 3.5, absl::MakeSpan(dh),
+        absl::MakeSpan(bws),
+        [&](int64_t v0, int64_t n, const float* grad) -> absl::Status {
+          std::copy(grad, grad + n * C, dwte.begin() + v0 * C);
+          return absl::OkStatus();
+        },
+        pool));
+  }
+  EXPECT_TRUE(BitEqual(dh, dh_ref));
+  EXPECT_TRUE(BitEqual(dwte, dwte_ref));
+}
+
+TEST(VocabBlocksTest, Bf16BlocksEqualTheWholeMatrixBf16KernelsBitForBit) {
+  using kernels_internal::Bf16GemmBackend;
+  ThreadPool pool(3);
+  for (Bf16GemmBackend backend : {Bf16GemmBackend::kAuto, Bf16GemmBackend::kFallback}) {
+    SCOPED_TRACE(kernels_internal::Bf16GemmBackendName(backend));
+    kernels_internal::SetBf16GemmBackendForTest(backend);
+    uint64_t seed = 200;
+    for (const Case& c : kCases) {
+      CheckBf16BlocksEqualWholeMatrix(c, seed, nullptr);
+      CheckBf16BlocksEqualWholeMatrix(c, seed, &pool);
+      ++seed;
+    }
+  }
+  kernels_internal::SetBf16GemmBackendForTest(Bf16GemmBackend::kAuto);
 }
 
 TEST(VocabBlocksTest, BadArgumentsAreInvalidArgument) {

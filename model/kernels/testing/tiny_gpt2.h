@@ -34,8 +34,8 @@ struct TinyGpt2Config {
   // (MatmulForwardBf16 etc., weights rounded to bf16 at each use), as GptModel does with bf16
   // param chunks; the rest stays f32.
   bool bf16_gemms = false;
-  // With bf16_gemms: the LM head too (false: the head widens wte and runs f32, as GptModel's
-  // row-block LM head does with bf16 blocks).
+  // With bf16_gemms: the LM head too, as GptModel's row-block LM head does with bf16 blocks
+  // (false: the head runs f32 on wte rounded to bf16).
   bool bf16_lm_head = true;
 };
 
