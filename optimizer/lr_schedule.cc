@@ -40,26 +40,29 @@ absl::StatusOr<LrScheduleType> ParseLrScheduleType(absl::string_view name) {
 absl::StatusOr<LrSchedule> LrSchedule::Create(const LrScheduleOptions& options) {
   if (!(options.lr >= 0.0) || !std::isfinite(options.lr)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("scheduler lr (warmup_max_lr) must be finite and >= 0, got ", options.lr));
+        absl::StrCat("scheduler lr (`scheduler.params.warmup_max_lr`, or `optimizer.params.lr`) "
+                     "must be finite and >= 0, got ",
+                     options.lr));
   }
   if (options.type == LrScheduleType::kConstant) return LrSchedule(options);
   if (!(options.warmup_min_lr >= 0.0) || !(options.warmup_min_lr <= options.lr)) {
-    return absl::InvalidArgumentError(absl::StrCat("scheduler.params.warmup_min_lr must be in [0, ",
-                                                   options.lr, "], got ", options.warmup_min_lr));
+    return absl::InvalidArgumentError(
+        absl::StrCat("`scheduler.params.warmup_min_lr` must be in [0, ", options.lr, "], got ",
+                     options.warmup_min_lr));
   }
   if (options.warmup_num_steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "scheduler.params.warmup_num_steps must be >= 0, got ", options.warmup_num_steps));
+        "`scheduler.params.warmup_num_steps` must be >= 0, got ", options.warmup_num_steps));
   }
   if (options.type == LrScheduleType::kWarmupDecay && options.total_num_steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "scheduler.params.total_num_steps must be >= 0, got ", options.total_num_steps));
+        "`scheduler.params.total_num_steps` must be >= 0, got ", options.total_num_steps));
   }
   if (options.type == LrScheduleType::kWarmupCosine) {
     const int64_t warmup = std::max<int64_t>(2, options.warmup_num_steps);
     if (options.total_num_steps <= warmup) {
       return absl::InvalidArgumentError(
-          absl::StrCat("scheduler.params.total_num_steps (", options.total_num_steps,
+          absl::StrCat("`scheduler.params.total_num_steps` (", options.total_num_steps,
                        ") must exceed the warm-up steps (", warmup, ") for WarmupCosineLR"));
     }
     for (const auto& [key, value] :
@@ -67,7 +70,7 @@ absl::StatusOr<LrSchedule> LrSchedule::Create(const LrScheduleOptions& options) 
           {"cos_min_ratio", options.cos_min_ratio}}) {
       if (!(value >= 0.0 && value <= 1.0)) {
         return absl::InvalidArgumentError(
-            absl::StrCat("scheduler.params.", key, " must be in [0, 1], got ", value));
+            absl::StrCat("`scheduler.params.", key, "` must be in [0, 1], got ", value));
       }
     }
   }

@@ -265,12 +265,12 @@ INSTANTIATE_TEST_SUITE_P(
             WithMinimal({{"scheduler",
                           {{"type", "WarmupCosineLR"},
                            {"params", {{"warmup_num_steps", 20}, {"total_num_steps", 20}}}}}}),
-            "scheduler WarmupCosineLR: scheduler.params.total_num_steps (20) must exceed the "
+            "scheduler WarmupCosineLR: `scheduler.params.total_num_steps` (20) must exceed the "
             "warm-up steps (20)"},
         BadValueCase{WithMinimal({{"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.001}}}}},
                                   {"scheduler",
                                    {{"type", "WarmupLR"}, {"params", {{"warmup_min_lr", 0.01}}}}}}),
-                     "scheduler WarmupLR: scheduler.params.warmup_min_lr must be in [0, 0.001]"},
+                     "scheduler WarmupLR: `scheduler.params.warmup_min_lr` must be in [0, 0.001]"},
         BadValueCase{WithMinimal({{"checkpoint", {{"every", 100}}}}),
                      "`checkpoint.every` = 100 needs a checkpoint directory"},
         BadValueCase{WithMinimal({{"checkpoint", {{"resume", true}}}}),

@@ -502,8 +502,14 @@ absl::Status Trainer::Impl::Resume() {
                    ReadTrainingCheckpoint(dir, Identity(), model_.get()));
   adam_->set_step(state.adam_step);
   adam_->set_consecutive_skipped_steps(state.consecutive_skipped_steps);
-  RETURN_IF_ERROR(adam_->loss_scaler().Restore(state.loss_scaler));
-  RETURN_IF_ERROR(train_loader_->Seek(state.data_cursor));
+  // The state's values were read from the checkpoint's manifest: an error names it.
+  const auto in_manifest = [&dir](absl::Status s) {
+    if (s.ok()) return s;
+    return absl::Status(s.code(),
+                        absl::StrCat("checkpoint ", dir, "/manifest.json: ", s.message()));
+  };
+  RETURN_IF_ERROR(in_manifest(adam_->loss_scaler().Restore(state.loss_scaler)));
+  RETURN_IF_ERROR(in_manifest(train_loader_->Seek(state.data_cursor)));
   step_ = state.step;
   last_loss_ = state.last_loss;
   if (out() != nullptr) {
