@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -263,9 +264,22 @@ TEST(CpuBackend, AStallMakesAMissingCrossStreamWaitDeterministic) {
       ASSERT_OK(reader->WaitEvent(done.get()));
     }
     float seen = -1;
-    ASSERT_OK(reader->LaunchHostFunc([g, &seen] { seen = *g; }));  // "Adam" reads it
-    ASSERT_OK(reader->Synchronize());
+    std::promise<void> read;
+    std::future<void> read_done = read.get_future();
+    ASSERT_OK(reader->LaunchHostFunc([g, &seen, &read] {  // "Adam" reads it
+      seen = *g;
+      read.set_value();
+    }));
+    if (reader_waits) {
+      // The host wait ends the stall; the reader runs after the write.
+      ASSERT_OK(reader->Synchronize());
+    } else {
+      // No host wait on any stream (one would end the stall and race the write): the reader runs
+      // while the producer is still held.
+      read_done.wait();
+    }
     EXPECT_EQ(seen, reader_waits ? 42.0f : 0.0f) << "reader_waits=" << reader_waits;
+    ASSERT_OK(reader->Synchronize());
     ASSERT_OK(compute->Synchronize());
   }
   ASSERT_OK(backend->FreeDevice(grad));

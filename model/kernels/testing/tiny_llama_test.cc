@@ -329,8 +329,12 @@ TEST_F(TinyLlamaTest, FreshInitializationLossIsNearLogVocab) {
     const Reference batch = RandomBatch(gen, cfg.vocab_size, 2, 16);
     ASSERT_OK_AND_ASSIGN(const double loss, model.Forward(batch.tokens, batch.targets, nullptr));
     // Logits h . w_v with unit-RMS h and weights N(0, 0.02): standard deviation 0.02 sqrt(C) =
-    // 0.11, so the loss exceeds ln V by about var/2 = 0.006 on average.
-    EXPECT_THAT(loss, DoubleNear(std::log(static_cast<double>(cfg.vocab_size)), 0.05)) << c.file;
+    // 0.11, so the loss exceeds ln V by about var/2 = 0.006 on average. Over 32 target tokens the
+    // mean of the target logits alone varies with a standard deviation of about 0.11 / sqrt(32) =
+    // 0.02 (a clean CI build measured 0.052 above ln V for tiny_qwen2): the bound 0.15 is over 7
+    // of those, and a wrongly scaled initialization (std 0.1: logits of std 0.57, +0.16; or 1.0:
+    // +16) still fails.
+    EXPECT_THAT(loss, DoubleNear(std::log(static_cast<double>(cfg.vocab_size)), 0.15)) << c.file;
   }
 }
 
