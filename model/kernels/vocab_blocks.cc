@@ -19,6 +19,7 @@
 #include "model/kernels/internal/bf16_gemm.h"
 #include "model/kernels/internal/blas.h"
 #include "model/kernels/internal/kernel_util.h"
+#include "model/kernels/internal/logit_tiles.h"
 #include "model/kernels/internal/simd.h"
 #include "model/kernels/softmax_math.h"
 
@@ -233,31 +234,8 @@ absl::Status LmHeadForwardImpl(const VocabBlockShape& s, Gemms& gemms,
     for (int64_t r0 = 0; r0 < N; r0 += row_tile) {
       const int64_t R = std::min(row_tile, N - r0);
       RETURN_IF_ERROR(gemms.Logits(r0, R, Vt, z));
-      const int64_t grain = RowsPerTask(Vt, 8192);
-      ParallelFor(pool, NumTasks(R, grain), [&](int64_t task) {
-        const int64_t end = std::min(R, (task + 1) * grain);
-        for (int64_t i = task * grain; i < end; ++i) {
-          const int64_t n = r0 + i;
-          const T* zi = z + i * Vt;
-          T tile_max = zi[0];
-          if constexpr (std::is_same_v<T, float>) {
-            tile_max = kernels_internal::simd::Max(zi, Vt);
-          } else {
-            for (int64_t v = 1; v < Vt; ++v) tile_max = MaxOf(tile_max, zi[v]);
-          }
-          const T new_max = MaxOf(run_max[n], tile_max);
-          T sum = run_sum[n] * SoftmaxRescale(run_max[n], new_max);  // 0 on the first tile
-          if constexpr (std::is_same_v<T, float>) {
-            sum += kernels_internal::simd::SumExpMinus(zi, new_max, Vt);
-          } else {
-            for (int64_t v = 0; v < Vt; ++v) sum += SoftmaxWeight(zi[v], new_max);
-          }
-          run_max[n] = new_max;
-          run_sum[n] = sum;
-          const int64_t t = targets[n];
-          if (t >= v0 && t < v0 + Vt) target_logit[n] = zi[t - v0];
-        }
-      });
+      kernels_internal::SoftmaxTile(targets.data() + r0, R, v0, Vt, z, run_max + r0, run_sum + r0,
+                                    target_logit + r0, pool);
     }
   }
   return absl::OkStatus();
@@ -291,27 +269,8 @@ absl::Status LmHeadBackwardImpl(const VocabBlockShape& s, Gemms& gemms,
         if (!any_valid) continue;
         RETURN_IF_ERROR(gemms.Logits(r0, R, Vt, dz));
         // dz = scale * (softmax - onehot), in place over the logits tile.
-        const int64_t grain = RowsPerTask(Vt, 8192);
-        ParallelFor(pool, NumTasks(R, grain), [&](int64_t task) {
-          const int64_t end = std::min(R, (task + 1) * grain);
-          for (int64_t i = task * grain; i < end; ++i) {
-            T* zi = dz + i * Vt;
-            const int64_t t = targets[r0 + i];
-            if (t == s.ignore_index) {
-              std::fill(zi, zi + Vt, T{0});
-              continue;
-            }
-            const T row_lse = lse[r0 + i];
-            if constexpr (std::is_same_v<T, float>) {
-              kernels_internal::simd::ScaledExpMinus(scale, row_lse, zi, Vt);
-              if (t >= v0 && t < v0 + Vt) zi[t - v0] -= scale;
-            } else {
-              for (int64_t v = 0; v < Vt; ++v) {
-                zi[v] = CrossEntropyLogitGrad(zi[v], row_lse, scale, v0 + v == t);
-              }
-            }
-          }
-        });
+        kernels_internal::LogitGradTile(targets.data() + r0, lse + r0, s.ignore_index, scale, R, v0,
+                                        Vt, dz, pool);
         // dh[r0:r0+R] += dz w;  dw += dz^T h[r0:r0+R].
         RETURN_IF_ERROR(gemms.Grads(r0, R, Vt, dz, dh, dw));
       }
