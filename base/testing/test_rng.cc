@@ -35,10 +35,10 @@ TestRng::TestRng(uint64_t test_seed, uint64_t stream, std::source_location locat
       trace_(location.file_name(), static_cast<int>(location.line()), Describe()) {}
 
 std::string TestRng::Describe() const {
-  std::string replay = absl::StrCat("bazel test ");
+  std::string replay = "bazel test ";
   const char* target = std::getenv("TEST_TARGET");  // set by `bazel test`
-  absl::StrAppend(&replay, target != nullptr ? target : "<target>", " --test_env=",
-                  kTestSeedEnvVar, "=", test_seed_);
+  absl::StrAppend(&replay, target != nullptr ? target : "<target>", " --test_env=", kTestSeedEnvVar,
+                  "=", test_seed_);
   const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
   if (test != nullptr) {
     absl::StrAppend(&replay, " --test_filter='", test->test_suite_name(), ".", test->name(), "'");

@@ -123,7 +123,8 @@ TEST(TestRng, FailuresNameTheSeedAndTheReplayCommand) {
         TestRng gen(3);
         ADD_FAILURE() << "a mismatch on random inputs";
       },
-      "--test_env=PS_TEST_SEED=4242 --test_filter='TestRng.FailuresNameTheSeedAndTheReplayCommand'");
+      "--test_env=PS_TEST_SEED=4242 "
+      "--test_filter='TestRng.FailuresNameTheSeedAndTheReplayCommand'");
   // The trace ends with the generator: a later failure does not name it.
   { TestRng gen(3); }
   ::testing::TestPartResultArray results;
@@ -133,8 +134,7 @@ TEST(TestRng, FailuresNameTheSeedAndTheReplayCommand) {
     ADD_FAILURE() << "unrelated";
   }
   ASSERT_EQ(results.size(), 1);
-  EXPECT_EQ(std::string(results.GetTestPartResult(0).message()).find("TestRng"),
-            std::string::npos);
+  EXPECT_EQ(std::string(results.GetTestPartResult(0).message()).find("TestRng"), std::string::npos);
 }
 
 TEST(TestRngDeathTest, MalformedPsTestSeedDiesNamingTheVariable) {
