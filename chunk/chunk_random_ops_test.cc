@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/testing/status_matchers.h"
+#include "base/testing/test_rng.h"
 #include "base/units.h"
 #include "chunk/chunk.h"
 #include "chunk/chunk_type.h"
@@ -481,7 +482,7 @@ class RandomOps {
     int refused_reverts = 0;
   };
 
-  std::mt19937_64 rng_;
+  TestRng rng_;
   Stats stats_;
   TestHostResource host_;
   std::unique_ptr<Backend> backend_;
