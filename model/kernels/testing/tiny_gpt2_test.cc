@@ -72,8 +72,12 @@ TEST_F(TinyGpt2Test, FreshInitializationLossIsNearLogVocab) {
   const Batch batch = RandomBatch(gen, cfg_);
   ASSERT_OK_AND_ASSIGN(const double loss, model.Forward(batch.tokens, batch.targets, nullptr));
   // Logits h . wte have standard deviation ~0.02 * sqrt(C) = 0.11 (h is LayerNorm output), so
-  // the loss exceeds ln V by about var/2 = 0.006 on average.
-  EXPECT_THAT(loss, DoubleNear(std::log(64.0), 0.05));
+  // the loss exceeds ln V by about var/2 = 0.006 on average. Over the 30 target tokens the mean of
+  // the target logits alone varies with a standard deviation of about 0.11 / sqrt(30) = 0.02
+  // (PS_TEST_SEED 0..299 measured mean +0.0064, sd 0.021, extremes -0.058 and +0.057; the old bound
+  // 0.05 failed 6 of the 300): the bound 0.15 is about 7 of those, as in tiny_llama_test, and a
+  // wrongly scaled initialization (std 1.0: logits of std 5.7, about +16) still fails.
+  EXPECT_THAT(loss, DoubleNear(std::log(64.0), 0.15));
 }
 
 TEST_F(TinyGpt2Test, WholeModelGradientMatchesFiniteDifferencesInDouble) {
