@@ -10,6 +10,7 @@
 #include "absl/container/btree_map.h"
 #include "absl/strings/str_cat.h"
 #include "base/testing/status_matchers.h"
+#include "base/testing/test_rng.h"
 #include "chunk/chunk_type.h"
 #include "chunk/operator_spec.h"
 #include "chunk/testing/transformer_operators.h"
@@ -316,7 +317,7 @@ void CheckPlacement(const ChunkLayout& layout) {
 TEST(ChunkLayout, RandomInsertDeleteNeverOverlaps) {
   for (uint64_t seed : {1u, 2u, 3u, 4u}) {
     SCOPED_TRACE(absl::StrCat("seed ", seed));
-    std::mt19937_64 rng(seed);
+    TestRng rng(seed);
     auto uniform = [&rng](int64_t lo, int64_t hi) {  // [lo, hi]
       return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
     };

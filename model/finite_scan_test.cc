@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/testing/status_matchers.h"
+#include "base/testing/test_rng.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hwy/highway.h"
@@ -90,7 +91,7 @@ TEST_P(FiniteScanTest, DispatchesToTheTargetUnderTest) {
 // Random finite data with 0, 1 or 2 non-finite elements planted at random places, every length up
 // to 300 and a few long ones, at byte offsets 0..3.
 TEST_P(FiniteScanTest, FindsTheFirstNonFiniteElementLikeTheReference) {
-  std::mt19937_64 rng(7);
+  TestRng rng(7);
   std::vector<size_t> lengths;
   for (size_t n = 0; n <= 300; ++n) lengths.push_back(n);
   for (size_t n : {1023, 1024, 1025, 4099, 65537}) lengths.push_back(n);

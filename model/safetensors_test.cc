@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/testing/status_matchers.h"
+#include "base/testing/test_rng.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "memory/dtype.h"
@@ -67,7 +68,7 @@ absl::StatusOr<SafetensorsFile> OpenImage(const std::string& name, const std::st
 }
 
 std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
+  TestRng rng(seed);
   std::vector<uint8_t> out(n);
   for (uint8_t& b : out) b = static_cast<uint8_t>(rng());
   return out;
@@ -552,7 +553,7 @@ TEST(SafetensorsCorruptionTest, RandomByteFlipsNeverCrash) {
   const std::string full = ReadRawFile(full_path);
   uint64_t header_size;
   std::memcpy(&header_size, full.data(), 8);
-  std::mt19937 rng(42);
+  TestRng rng(42);
   const std::string path = TmpPath("fuzz.safetensors");
   int opened = 0;
   for (int iter = 0; iter < 600; ++iter) {

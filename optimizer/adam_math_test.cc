@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <random>
 
+#include "base/testing/test_rng.h"
 #include "gtest/gtest.h"
 
 namespace ps {
@@ -92,7 +93,7 @@ TEST(AdamMathTest, LossScaleAndClipCoefficientScaleTheGradient) {
 // Many steps of random gradients, f32 reference against the double transcription: the relative
 // error stays at the level of f32 rounding.
 TEST(AdamMathTest, MatchesDoublePrecisionAlgorithmOverManySteps) {
-  std::mt19937 rng(42);
+  TestRng rng(42);
   std::normal_distribution<double> normal;
   for (AdamMode mode : {AdamMode::kAdam, AdamMode::kAdamW}) {
     for (int trial = 0; trial < 50; ++trial) {

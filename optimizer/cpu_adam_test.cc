@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "base/testing/status_matchers.h"
+#include "base/testing/test_rng.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hwy/highway.h"
@@ -95,7 +96,7 @@ struct Problem {
 };
 
 Problem MakeProblem(DType dtype, int64_t n, float loss_scale, bool in_place, uint32_t seed) {
-  std::mt19937 rng(seed);
+  TestRng rng(seed);
   std::normal_distribution<float> normal;
   Problem p;
   p.dtype = dtype;

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/testing/status_matchers.h"
+#include "base/testing/test_rng.h"
 #include "chunk/chunk.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
@@ -111,7 +112,7 @@ class HybridAdamTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(backend_, CreateCpuBackend({.capacity_bytes = int64_t{64} << 20}));
     device_ = std::make_unique<TestDeviceResource>(*backend_);
     ASSERT_OK_AND_ASSIGN(cpu_adam_, CpuAdam::Create({.num_threads = 2}));
-    std::mt19937 rng(7);
+    TestRng rng(7);
     std::normal_distribution<float> normal;
     for (int64_t i = 0; i < store_->num_chunks(); ++i) {
       const bool accel =
@@ -170,7 +171,7 @@ class HybridAdamTest : public ::testing::Test {
   }
 
   void WriteRandomGradients(const HybridAdam& adam, float loss_scale, uint32_t seed) {
-    std::mt19937 rng(seed);
+    TestRng rng(seed);
     std::normal_distribution<float> normal;
     WriteGradients(adam, [&](int64_t, int64_t) { return normal(rng) * loss_scale; });
   }

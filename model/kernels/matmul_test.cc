@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/random/random.h"
 #include "absl/types/span.h"
 #include "base/check.h"
 #include "base/testing/status_matchers.h"
+#include "base/testing/test_rng.h"
 #include "base/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -35,7 +35,7 @@ class MatmulTest : public ::testing::Test {
 TEST_F(MatmulTest, SetBlasThreadsPinsTheCount) { EXPECT_EQ(BlasThreads(), 1); }
 
 TEST_F(MatmulTest, ForwardAndBackwardMatchNaiveLoops) {
-  absl::BitGen gen(std::seed_seq{1});  // fixed seed: reproducible failures
+  TestRng gen(1);  // fixed seed: reproducible failures
   ThreadPool pool(3);
   for (const MatmulShape s :
        {MatmulShape{1, 3, 5}, MatmulShape{17, 33, 99}, MatmulShape{40, 24, 130}}) {
@@ -71,7 +71,7 @@ TEST_F(MatmulTest, ForwardAndBackwardMatchNaiveLoops) {
 }
 
 TEST_F(MatmulTest, GradientMatchesFiniteDifferencesInDouble) {
-  absl::BitGen gen(std::seed_seq{2});  // fixed seed: reproducible failures
+  TestRng gen(2);  // fixed seed: reproducible failures
   const MatmulShape s{4, 5, 7};
   std::vector<double> x = RandomVector<double>(gen, 20), w = RandomVector<double>(gen, 35),
                       b = RandomVector<double>(gen, 7);
@@ -90,7 +90,7 @@ TEST_F(MatmulTest, GradientMatchesFiniteDifferencesInDouble) {
 }
 
 TEST_F(MatmulTest, ResultsDoNotDependOnPoolThreads) {
-  absl::BitGen gen(std::seed_seq{3});  // fixed seed: reproducible failures
+  TestRng gen(3);  // fixed seed: reproducible failures
   const MatmulShape s{300, 8, 200};
   const std::vector<float> x = RandomVector<float>(gen, 2400), w = RandomVector<float>(gen, 1600),
                            dy = RandomVector<float>(gen, 60000);
@@ -130,7 +130,7 @@ class MatmulBf16Test : public ::testing::TestWithParam<Bf16GemmBackend> {
 // f32; against a double reference on the same rounded operands the only error is f32 summation:
 // at most ~(K + 2) * 6e-8 of the sum of |terms| (K <= 130 here: < 1e-5 relative to that sum).
 TEST_P(MatmulBf16Test, MatchesDoubleSumsOfTheRoundedOperands) {
-  absl::BitGen gen(std::seed_seq{4});  // fixed seed: reproducible failures
+  TestRng gen(4);  // fixed seed: reproducible failures
   ThreadPool pool(3);
   for (const MatmulShape s : {MatmulShape{1, 3, 5}, MatmulShape{17, 33, 99},
                               MatmulShape{40, 24, 130}, MatmulShape{130, 65, 300}}) {
@@ -184,7 +184,7 @@ TEST_P(MatmulBf16Test, MatchesDoubleSumsOfTheRoundedOperands) {
 }
 
 TEST_P(MatmulBf16Test, ResultsDoNotDependOnPoolThreads) {
-  absl::BitGen gen(std::seed_seq{5});  // fixed seed: reproducible failures
+  TestRng gen(5);  // fixed seed: reproducible failures
   const MatmulShape s{300, 40, 700};
   const std::vector<float> x = RandomVector<float>(gen, 300 * 40),
                            dy = RandomVector<float>(gen, 300 * 700);

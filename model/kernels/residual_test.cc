@@ -4,13 +4,13 @@
 #include <random>
 #include <vector>
 
-#include "absl/random/random.h"
 #include "absl/types/span.h"
 #include "base/testing/status_matchers.h"
+#include "base/testing/test_rng.h"
+#include "base/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/kernels/testing/kernel_test_util.h"
-#include "base/thread_pool.h"
 
 namespace ps {
 namespace {
@@ -19,7 +19,7 @@ using ::ps::kernel_testing::RandomVector;
 using ::testing::HasSubstr;
 
 TEST(ResidualTest, AddsAndScattersGradientToBothInputs) {
-  absl::BitGen gen(std::seed_seq{1});  // fixed seed: reproducible failures
+  TestRng gen(1);  // fixed seed: reproducible failures
   ThreadPool pool(3);
   const int64_t n = 16384 * 2 + 5;
   const std::vector<float> a = RandomVector<float>(gen, n), b = RandomVector<float>(gen, n),

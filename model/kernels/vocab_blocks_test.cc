@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "base/testing/status_matchers.h"
+#include "base/testing/test_rng.h"
 #include "base/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -23,7 +24,7 @@ namespace {
 using ::testing::HasSubstr;
 
 template <typename T>
-std::vector<T> Random(std::mt19937_64& rng, int64_t n, double scale = 1.0) {
+std::vector<T> Random(TestRng& rng, int64_t n, double scale = 1.0) {
   std::normal_distribution<double> d(0.0, scale);
   std::vector<T> v(static_cast<size_t>(n));
   for (T& x : v) x = static_cast<T>(d(rng));
@@ -56,7 +57,7 @@ void CheckBlocksEqualWholeMatrix(const Case& c, uint64_t seed, ThreadPool* pool)
   SCOPED_TRACE(absl::StrCat("N ", c.rows, " C ", c.channels, " V ", c.vocab, " tiles ", c.row_tile,
                             "x", c.vocab_tile, " block tiles ", c.block_tiles,
                             sizeof(T) == 4 ? " f32" : " f64"));
-  std::mt19937_64 rng(seed);
+  TestRng rng(seed);
   const int64_t N = c.rows, C = c.channels, V = c.vocab;
   const std::vector<T> h = Random<T>(rng, N * C);
   const std::vector<T> wte = Random<T>(rng, V * C, 0.5);
@@ -233,7 +234,7 @@ TEST(VocabBlocksTest, AllTargetsIgnoredGivesZeroGradientsForEveryTile) {
 
 // f16 blocks widen tile by tile exactly as converting the whole block first would.
 TEST(VocabBlocksTest, F16BlocksEqualTheWidenedBlock) {
-  std::mt19937_64 rng(7);
+  TestRng rng(7);
   const int64_t N = 9, C = 6, V = 21;
   for (DType dtype : {DType::kF16}) {
     SCOPED_TRACE(DTypeName(dtype));
@@ -308,7 +309,7 @@ void CheckBf16BlocksEqualWholeMatrix(const Case& c, uint64_t seed, ThreadPool* p
   SCOPED_TRACE(absl::StrCat("N ", c.rows, " C ", c.channels, " V ", c.vocab, " tiles ", c.row_tile,
                             "x", c.vocab_tile, " block tiles ", c.block_tiles,
                             pool == nullptr ? " no pool" : " pool"));
-  std::mt19937_64 rng(seed);
+  TestRng rng(seed);
   const int64_t N = c.rows, C = c.channels, V = c.vocab;
   const std::vector<float> h = Random<float>(rng, N * C);
   const std::vector<float> wte_src = Random<float>(rng, V * C, 0.5);

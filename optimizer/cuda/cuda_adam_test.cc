@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "base/testing/test_rng.h"
 #include "glog/logging.h"
 #include "memory/backend.h"
 #include "memory/cpu_backend.h"
@@ -92,7 +93,7 @@ class CudaAdamTest : public ::testing::Test {
 };
 
 TEST_F(CudaAdamTest, StepMatchesScalarReference) {
-  std::mt19937 rng(3);
+  TestRng rng(3);
   std::normal_distribution<float> normal;
   for (AdamMode mode : {AdamMode::kAdam, AdamMode::kAdamW}) {
     for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
@@ -163,7 +164,7 @@ TEST_F(CudaAdamTest, StepMatchesScalarReference) {
 }
 
 TEST_F(CudaAdamTest, GradientStatsAndNonFiniteCounts) {
-  std::mt19937 rng(5);
+  TestRng rng(5);
   std::normal_distribution<float> normal;
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (int64_t n : {1, 255, 256, 257, 1 << 20}) {
@@ -220,7 +221,7 @@ TEST_F(CudaAdamTest, GradientStatsAndNonFiniteCounts) {
 }
 
 TEST_F(CudaAdamTest, RestoreParamsRoundsMasterExactly) {
-  std::mt19937 rng(9);
+  TestRng rng(9);
   std::normal_distribution<float> normal;
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     const int64_t n = 10001;

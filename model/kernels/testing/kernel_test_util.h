@@ -14,15 +14,16 @@
 #include <string>
 #include <vector>
 
-#include "absl/random/random.h"
+#include "absl/random/distributions.h"
 #include "absl/types/span.h"
+#include "base/testing/test_rng.h"
 #include "gtest/gtest.h"
 
 namespace ps::kernel_testing {
 
 // Uniform values in [lo, hi).
 template <typename T>
-std::vector<T> RandomVector(absl::BitGen& gen, int64_t n, double lo = -1.0, double hi = 1.0) {
+std::vector<T> RandomVector(TestRng& gen, int64_t n, double lo = -1.0, double hi = 1.0) {
   std::vector<T> v(n);
   for (T& x : v) x = static_cast<T>(absl::Uniform<double>(gen, lo, hi));
   return v;

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/testing/status_matchers.h"
+#include "base/testing/test_rng.h"
 #include "base/units.h"
 #include "memory/convert.h"
 #include "memory/device_memory.h"
@@ -118,7 +119,7 @@ namespace {
 
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(KernelsConformanceTest);
 
-std::vector<float> Rand(std::mt19937& rng, int64_t n, float lo = -1, float hi = 1) {
+std::vector<float> Rand(TestRng& rng, int64_t n, float lo = -1, float hi = 1) {
   std::uniform_real_distribution<float> u(lo, hi);
   std::vector<float> v(static_cast<size_t>(n));
   for (float& x : v) x = u(rng);
@@ -140,7 +141,7 @@ absl::Span<T> M(std::vector<T>& v) {
 // ------------------------------------------------------------------
 
 TEST_P(KernelsConformanceTest, ZeroSetsExactlyTheRange) {
-  std::mt19937 rng(1);
+  TestRng rng(1);
   std::vector<uint8_t> host(1024);
   for (auto& b : host) b = static_cast<uint8_t>(1 + rng() % 255);
   uint8_t* d = Upload(host);
@@ -154,7 +155,7 @@ TEST_P(KernelsConformanceTest, ZeroSetsExactlyTheRange) {
 
 TEST_P(KernelsConformanceTest, ConvertMatchesTheHostBitForBit) {
   constexpr int64_t kN = 1031;
-  std::mt19937 rng(2);
+  TestRng rng(2);
   // Random f32 bit patterns (every exponent, NaNs with payloads, Infs, subnormals) plus ties.
   std::vector<float> f32(kN);
   for (int64_t i = 0; i < kN; ++i) {
@@ -182,7 +183,7 @@ TEST_P(KernelsConformanceTest, ConvertMatchesTheHostBitForBit) {
 }
 
 TEST_P(KernelsConformanceTest, GemmWithEveryOperandTypeAndTranspose) {
-  std::mt19937 rng(3);
+  TestRng rng(3);
   // A small odd shape with general alpha and beta, and shapes wider than one block of the bf16
   // GEMM's output grid (internal/bf16_gemm.h: blocks of >= 128) that overwrite and add to C.
   struct Case {
@@ -292,7 +293,7 @@ TEST_P(KernelsConformanceTest, GemmWithEveryOperandTypeAndTranspose) {
 // ----------------------------------------------------------------------------------------
 
 TEST_P(KernelsConformanceTest, Encoder) {
-  std::mt19937 rng(4);
+  TestRng rng(4);
   const EncoderShape s{
       .batch = 3, .seq_len = 5, .channels = 13, .vocab_size = 11, .max_seq_len = 7};
   const int64_t bt = s.batch * s.seq_len, btc = bt * s.channels;
@@ -322,7 +323,7 @@ TEST_P(KernelsConformanceTest, Encoder) {
 }
 
 TEST_P(KernelsConformanceTest, LayerNorm) {
-  std::mt19937 rng(5);
+  TestRng rng(5);
   for (const LayerNormShape s :
        {LayerNormShape{.rows = 37, .channels = 19}, LayerNormShape{.rows = 5, .channels = 131}}) {
     const int64_t nc = s.rows * s.channels;
@@ -357,7 +358,7 @@ TEST_P(KernelsConformanceTest, LayerNorm) {
 }
 
 TEST_P(KernelsConformanceTest, Matmul) {
-  std::mt19937 rng(6);
+  TestRng rng(6);
   const MatmulShape s{.rows = 23, .in_features = 17, .out_features = 29};
   const int64_t ni = s.rows * s.in_features, no = s.rows * s.out_features,
                 io = s.in_features * s.out_features;
@@ -385,7 +386,7 @@ TEST_P(KernelsConformanceTest, Matmul) {
 }
 
 TEST_P(KernelsConformanceTest, GeluAndResidual) {
-  std::mt19937 rng(7);
+  TestRng rng(7);
   constexpr int64_t kN = 1031;
   const auto x = Rand(rng, kN, -4, 4), x2 = Rand(rng, kN), dy = Rand(rng, kN), dx0 = Rand(rng, kN),
              db0 = Rand(rng, kN);
@@ -419,7 +420,7 @@ TEST_P(KernelsConformanceTest, GeluAndResidual) {
 }
 
 TEST_P(KernelsConformanceTest, Attention) {
-  std::mt19937 rng(8);
+  TestRng rng(8);
   const AttentionShape s{.batch = 2, .seq_len = 19, .channels = 24, .num_heads = 3, .tile = 8};
   const int64_t btc = s.batch * s.seq_len * s.channels, bht = s.batch * s.num_heads * s.seq_len;
   const auto qkv = Rand(rng, 3 * btc, -2, 2), dout = Rand(rng, btc), dqkv0 = Rand(rng, 3 * btc);
@@ -444,7 +445,7 @@ TEST_P(KernelsConformanceTest, Attention) {
 }
 
 TEST_P(KernelsConformanceTest, LmHeadCrossEntropy) {
-  std::mt19937 rng(9);
+  TestRng rng(9);
   const LmHeadCrossEntropyShape s{
       .rows = 21, .channels = 16, .vocab_size = 150, .row_tile = 8, .vocab_tile = 64};
   const int64_t nc = s.rows * s.channels, vc = s.vocab_size * s.channels;
@@ -491,7 +492,7 @@ TEST_P(KernelsConformanceTest, LmHeadCrossEntropy) {
 // ----------------------------------------------------------------------
 
 TEST_P(KernelsConformanceTest, RmsNorm) {
-  std::mt19937 rng(10);
+  TestRng rng(10);
   const RmsNormShape s{.rows = 29, .channels = 45, .eps = 1e-6};
   const int64_t nc = s.rows * s.channels;
   const auto x = Rand(rng, nc, -2, 2), w = Rand(rng, s.channels), dy = Rand(rng, nc),
@@ -514,7 +515,7 @@ TEST_P(KernelsConformanceTest, RmsNorm) {
 }
 
 TEST_P(KernelsConformanceTest, Rope) {
-  std::mt19937 rng(11);
+  TestRng rng(11);
   const RopeShape s{
       .batch = 2, .seq_len = 9, .num_heads = 3, .head_dim = 10, .table_positions = 12};
   RopeConfig config;
@@ -542,7 +543,7 @@ TEST_P(KernelsConformanceTest, Rope) {
 }
 
 TEST_P(KernelsConformanceTest, SwiGlu) {
-  std::mt19937 rng(12);
+  TestRng rng(12);
   constexpr int64_t kN = 1031;
   const auto g = Rand(rng, kN, -5, 5), u = Rand(rng, kN), dh = Rand(rng, kN), dg0 = Rand(rng, kN),
              du0 = Rand(rng, kN);
@@ -562,7 +563,7 @@ TEST_P(KernelsConformanceTest, SwiGlu) {
 }
 
 TEST_P(KernelsConformanceTest, GqaAttention) {
-  std::mt19937 rng(13);
+  TestRng rng(13);
   const GqaAttentionShape s{
       .batch = 2, .seq_len = 17, .num_heads = 6, .num_kv_heads = 2, .head_dim = 8, .tile = 8};
   const int64_t bt = s.batch * s.seq_len, nq = bt * s.num_heads * s.head_dim,
@@ -596,7 +597,7 @@ TEST_P(KernelsConformanceTest, GqaAttention) {
 }
 
 TEST_P(KernelsConformanceTest, LinearWithAndWithoutBias) {
-  std::mt19937 rng(14);
+  TestRng rng(14);
   for (bool bias : {false, true}) {
     const LinearShape s{.rows = 19, .in_features = 23, .out_features = 14, .bias = bias};
     const int64_t ni = s.rows * s.in_features, no = s.rows * s.out_features,
@@ -633,7 +634,7 @@ TEST_P(KernelsConformanceTest, LinearWithAndWithoutBias) {
 }
 
 TEST_P(KernelsConformanceTest, EmbeddingWithPadding) {
-  std::mt19937 rng(15);
+  TestRng rng(15);
   const EmbeddingShape s{.rows = 31, .channels = 11, .vocab_size = 9, .padding_idx = 3};
   std::vector<int32_t> tokens(s.rows);
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % s.vocab_size);
@@ -738,7 +739,7 @@ TEST_P(KernelsConformanceTest, ArgumentErrorsAreInvalidArgumentAtEnqueueAndRunNo
 // --- Asynchrony and stream order --------------------------------------------------------------
 
 TEST_P(KernelsConformanceTest, KernelsRunAsynchronouslyAndInStreamOrder) {
-  std::mt19937 rng(16);
+  TestRng rng(16);
   constexpr int64_t kN = 777;
   const auto a = Rand(rng, kN), b = Rand(rng, kN);
   const std::vector<float> sentinel(kN, -123.0f);
@@ -766,7 +767,7 @@ TEST_P(KernelsConformanceTest, KernelsRunAsynchronouslyAndInStreamOrder) {
 // The hazard every ordering bug reduces to, made deterministic: a kernel reads its input when it
 // runs, not when it was enqueued, so a host that reuses the buffer in between changes the result.
 TEST_P(KernelsConformanceTest, ABufferReusedBeforeTheKernelRanIsWhatTheKernelReads) {
-  std::mt19937 rng(17);
+  TestRng rng(17);
   constexpr int64_t kN = 300;
   const auto x_old = Rand(rng, kN), x_new = Rand(rng, kN);
   float *d_x = Upload(x_old), *d_y = Alloc<float>(kN);
@@ -785,7 +786,7 @@ TEST_P(KernelsConformanceTest, ABufferReusedBeforeTheKernelRanIsWhatTheKernelRea
 // ... and what prevents it: scratch freed in stream order is not handed out again while a kernel
 // queued before the free still reads it.
 TEST_P(KernelsConformanceTest, StreamOrderedScratchIsNotReusedUnderAQueuedKernel) {
-  std::mt19937 rng(18);
+  TestRng rng(18);
   constexpr int64_t kN = 300;
   constexpr int64_t kBytes = kN * sizeof(float);
   DeviceMemoryOptions options;
@@ -833,7 +834,7 @@ TEST_P(KernelsConformanceTest, DataErrorsFoundWhileRunningAreReportedOrLoud) {
 }
 
 TEST_P(KernelsConformanceTest, ConcurrentStreamsGiveTheResultsOfOneStreamAlone) {
-  std::mt19937 rng(19);
+  TestRng rng(19);
   // Per stream: qkv = x W + b, attention, LayerNorm of the attention output, four times over.
   const AttentionShape as{.batch = 2, .seq_len = 16, .channels = 32, .num_heads = 4, .tile = 8};
   const int64_t rows = as.batch * as.seq_len, c = as.channels;

@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "absl/random/random.h"
+#include "absl/random/distributions.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -84,7 +84,7 @@ TinyGpt2<T>::TinyGpt2(const TinyGpt2Config& config, int64_t batch, int64_t seq_l
 }
 
 template <typename T>
-void TinyGpt2<T>::InitGpt2(absl::BitGen& gen) {
+void TinyGpt2<T>::InitGpt2(TestRng& gen) {
   const double residual_std = 0.02 / std::sqrt(2.0 * cfg_.num_layers);
   for (const ParamTensor& t : tensors_) {
     const std::string& n = t.name;

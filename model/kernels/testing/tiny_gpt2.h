@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "base/testing/test_rng.h"
 #include "base/thread_pool.h"
 
 namespace ps::kernel_testing {
@@ -55,7 +55,7 @@ class TinyGpt2 {
   // GPT-2's initialization: weights ~ N(0, 0.02), the two residual projections of each block
   // (attn.c_proj, mlp.c_proj) ~ N(0, 0.02 / sqrt(2 * num_layers)), biases 0, LayerNorm weight 1
   // and bias 0.
-  void InitGpt2(absl::BitGen& gen);
+  void InitGpt2(TestRng& gen);
 
   // Mean cross-entropy of predicting targets[b, t] (ignore_index -100) from tokens[b, 0..t].
   [[nodiscard]] absl::StatusOr<double> Forward(absl::Span<const int32_t> tokens,

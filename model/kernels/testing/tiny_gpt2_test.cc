@@ -7,15 +7,16 @@
 #include <random>
 #include <vector>
 
-#include "absl/random/random.h"
+#include "absl/random/distributions.h"
 #include "absl/types/span.h"
 #include "base/check.h"
 #include "base/testing/status_matchers.h"
+#include "base/testing/test_rng.h"
+#include "base/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/kernels/matmul.h"
 #include "model/kernels/testing/kernel_test_util.h"
-#include "base/thread_pool.h"
 
 namespace ps::kernel_testing {
 namespace {
@@ -29,7 +30,7 @@ constexpr int64_t kSeqLen = 16;
 struct Batch {
   std::vector<int32_t> tokens, targets;
 };
-Batch RandomBatch(absl::BitGen& gen, const TinyGpt2Config& cfg) {
+Batch RandomBatch(TestRng& gen, const TinyGpt2Config& cfg) {
   Batch batch;
   std::vector<int32_t> stream(kBatch * (kSeqLen + 1));
   for (int32_t& t : stream) t = absl::Uniform<int32_t>(gen, 0, cfg.vocab_size);
@@ -45,7 +46,7 @@ Batch RandomBatch(absl::BitGen& gen, const TinyGpt2Config& cfg) {
 // Parameters far from initialization (weights ~0.3, LayerNorm gains around 1, nonzero biases),
 // so every nonlinearity is exercised and no gradient is trivially tiny.
 template <typename T>
-void RandomizeParams(absl::BitGen& gen, TinyGpt2<T>& model) {
+void RandomizeParams(TestRng& gen, TinyGpt2<T>& model) {
   for (const ParamTensor& t : model.tensors()) {
     const bool is_ln = t.name.find("ln_") != std::string::npos;
     const bool is_weight = t.name.find("weight") != std::string::npos;
@@ -65,18 +66,22 @@ class TinyGpt2Test : public ::testing::Test {
 };
 
 TEST_F(TinyGpt2Test, FreshInitializationLossIsNearLogVocab) {
-  absl::BitGen gen(std::seed_seq{1});  // fixed seed: reproducible failures
+  TestRng gen(1);  // fixed seed: reproducible failures
   TinyGpt2<float> model(cfg_, kBatch, kSeqLen);
   model.InitGpt2(gen);
   const Batch batch = RandomBatch(gen, cfg_);
   ASSERT_OK_AND_ASSIGN(const double loss, model.Forward(batch.tokens, batch.targets, nullptr));
   // Logits h . wte have standard deviation ~0.02 * sqrt(C) = 0.11 (h is LayerNorm output), so
-  // the loss exceeds ln V by about var/2 = 0.006 on average.
-  EXPECT_THAT(loss, DoubleNear(std::log(64.0), 0.05));
+  // the loss exceeds ln V by about var/2 = 0.006 on average. Over the 30 target tokens the mean of
+  // the target logits alone varies with a standard deviation of about 0.11 / sqrt(30) = 0.02
+  // (PS_TEST_SEED 0..299 measured mean +0.0064, sd 0.021, extremes -0.058 and +0.057; the old bound
+  // 0.05 failed 6 of the 300): the bound 0.15 is about 7 of those, as in tiny_llama_test, and a
+  // wrongly scaled initialization (std 1.0: logits of std 5.7, about +16) still fails.
+  EXPECT_THAT(loss, DoubleNear(std::log(64.0), 0.15));
 }
 
 TEST_F(TinyGpt2Test, WholeModelGradientMatchesFiniteDifferencesInDouble) {
-  absl::BitGen gen(std::seed_seq{2});  // fixed seed: reproducible failures
+  TestRng gen(2);  // fixed seed: reproducible failures
   TinyGpt2<double> model(cfg_, kBatch, kSeqLen);
   RandomizeParams(gen, model);
   const Batch batch = RandomBatch(gen, cfg_);
@@ -106,7 +111,7 @@ TEST_F(TinyGpt2Test, WholeModelGradientMatchesFiniteDifferencesInDouble) {
 }
 
 TEST_F(TinyGpt2Test, FloatGradientsMatchDoubleGradients) {
-  absl::BitGen gen(std::seed_seq{3});  // fixed seed: reproducible failures
+  TestRng gen(3);  // fixed seed: reproducible failures
   TinyGpt2<double> model64(cfg_, kBatch, kSeqLen);
   RandomizeParams(gen, model64);
   TinyGpt2<float> model32(cfg_, kBatch, kSeqLen);
@@ -130,7 +135,7 @@ TEST_F(TinyGpt2Test, FloatGradientsMatchDoubleGradients) {
 }
 
 TEST_F(TinyGpt2Test, ResultsDoNotDependOnThreadCount) {
-  absl::BitGen gen(std::seed_seq{4});  // fixed seed: reproducible failures
+  TestRng gen(4);  // fixed seed: reproducible failures
   TinyGpt2<float> a(cfg_, kBatch, kSeqLen), b(cfg_, kBatch, kSeqLen);
   a.InitGpt2(gen);
   b.params() = a.params();

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "absl/random/random.h"
+#include "absl/random/distributions.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -98,7 +98,7 @@ TinyLlama<T>::TinyLlama(const TinyLlamaConfig& config, int64_t batch, int64_t se
 }
 
 template <typename T>
-void TinyLlama<T>::InitLlama(absl::BitGen& gen) {
+void TinyLlama<T>::InitLlama(TestRng& gen) {
   for (const ParamTensor& t : tensors_) {
     const std::string& n = t.name;
     T* p = params_.data() + t.offset;

@@ -28,10 +28,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "base/testing/test_rng.h"
 #include "base/thread_pool.h"
 #include "model/kernels/rope.h"
 #include "model/kernels/testing/tiny_gpt2.h"  // ParamTensor
@@ -66,7 +66,7 @@ class TinyLlama {
 
   // transformers' _init_weights: Linear and Embedding weights ~ N(0, 0.02), biases 0, RMSNorm
   // weights 1.
-  void InitLlama(absl::BitGen& gen);
+  void InitLlama(TestRng& gen);
 
   // Mean cross-entropy of predicting targets[b, t] (ignore_index -100) from tokens[b, 0..t].
   [[nodiscard]] absl::StatusOr<double> Forward(absl::Span<const int32_t> tokens,
