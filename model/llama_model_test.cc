@@ -37,6 +37,7 @@
 #include "memory/cpu_backend.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
+#include "model/gpt_activation_profile.h"
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
 #include "model/hf_checkpoint.h"
@@ -45,6 +46,7 @@
 #include "model/model_config.h"
 #include "model/safetensors.h"
 #include "scheduler/chunk_manager.h"
+#include "scheduler/memory_plan.h"
 
 namespace ps {
 namespace {
@@ -468,6 +470,67 @@ TEST_F(LlamaModelTest, HfDirectoryRoundTripIsBitExact) {
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> c, MakeRig(other, {}));
     EXPECT_THAT(c->model->LoadHfCheckpoint(ckpt),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(dir1)));
+  }
+}
+
+// The pre-flight plan's activation profile (model/gpt_activation_profile.h) replays the model's
+// scratch allocations: the non-model peak it predicts for each moment of the iteration equals the
+// tide the warm-up measured, for f32/bf16 chunks, whole/split vocabularies, with and without
+// checkpointing, tied and untied.
+TEST_F(LlamaModelTest, ActivationProfileMatchesTheMeasuredTide) {
+  for (const Reference& ref : kReferences) {
+    const ModelConfig config = ref.config();
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      // The measured peak without and with checkpointing (which must lower it: the comparison
+      // sees the activations, not just allocator segments).
+      int64_t peaks[2] = {0, 0};
+      for (bool checkpointing : {false, true}) {
+        for (int64_t rows : {int64_t{0}, int64_t{24}}) {
+          SCOPED_TRACE(absl::StrCat(config.name, " ", DTypeName(dtype), " checkpointing ",
+                                    checkpointing, " rows ", rows));
+          RigOptions o;
+          o.dtype = dtype;
+          o.vocab_block_rows = rows;
+          o.model.activation_checkpointing = checkpointing;
+          ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(config, o));
+          ASSERT_OK(rig->model->InitializeParameters(2));
+          std::mt19937_64 gen(3);
+          std::vector<int32_t> tokens(kBatch * kSeqLen), targets(kBatch * kSeqLen);
+          for (int32_t& t : tokens) t = static_cast<int32_t>(gen() % 96);
+          for (int32_t& t : targets) t = static_cast<int32_t>(gen() % 96);
+          ASSERT_OK(Step(*rig, tokens, targets).status());
+          const TideTrace& tide = rig->manager->tide();
+          ASSERT_TRUE(tide.finished());
+
+          const GptMemoryModel memory =
+              ModelActivationProfile(config, o.model, dtype, {.vocab_block_rows = rows});
+          MemoryPlanOptions p;
+          p.ops = memory.ops;
+          p.profile = memory.profile;
+          p.chunk_elems = o.chunk_elems;
+          p.compute_dtype = dtype;
+          p.accelerator_bytes = o.capacity_bytes;
+          p.scratch = DeviceMemoryOptions{}.scratch;
+          ASSERT_OK_AND_ASSIGN(const MemoryPlan plan, PlanMemory(p));
+          // The iteration's moments, in order, are the model's accesses (no optimizer ran).
+          std::vector<int64_t> predicted;
+          for (const PlannedMoment& m : plan.moments) {
+            if (m.op >= 0) predicted.push_back(m.nonmodel_peak_bytes);
+          }
+          ASSERT_EQ(static_cast<int64_t>(predicted.size()), tide.num_recorded());
+          int64_t measured_peak = 0, predicted_peak = 0;
+          for (int64_t m = 0; m < tide.num_recorded(); ++m) {
+            EXPECT_EQ(predicted[m], tide.sample(m).accelerator_peak_bytes) << "moment " << m;
+            measured_peak = std::max(measured_peak, tide.sample(m).accelerator_peak_bytes);
+            predicted_peak = std::max(predicted_peak, predicted[m]);
+          }
+          EXPECT_EQ(predicted_peak, measured_peak);
+          EXPECT_GT(measured_peak, 0);
+          if (rows == 0) peaks[checkpointing] = measured_peak;
+        }
+      }
+      EXPECT_LT(peaks[1], peaks[0]);
+    }
   }
 }
 

@@ -143,7 +143,7 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
   }
 
   // Model.
-  const ModelConfig& m = c.model;
+  const TrainModelConfig& m = c.model;
   RETURN_IF_ERROR(CheckString("model.preset", m.preset));
   if (!m.preset.empty()) {
     const std::vector<std::string> names = GptPresetNames();
@@ -225,7 +225,7 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<GptConfig> ResolveModelConfig(const ModelConfig& m) {
+absl::StatusOr<GptConfig> ResolveModelConfig(const TrainModelConfig& m) {
   for (const auto& [key, value] :
        {std::pair<absl::string_view, int64_t>{"model.vocab_size", m.vocab_size},
         {"model.n_positions", m.max_seq_len},

@@ -31,7 +31,7 @@ namespace ps {
 // ValidateGptConfig (and for sizes whose parameter count would not fit in int64). The name is the
 // preset's, or "custom". InvalidArgument naming model.* keys (the missing dimensions, an unknown
 // preset with the valid names, n_embd not divisible by n_head, ...).
-absl::StatusOr<GptConfig> ResolveModelConfig(const ModelConfig& m);
+absl::StatusOr<GptConfig> ResolveModelConfig(const TrainModelConfig& m);
 
 }  // namespace ps
 
