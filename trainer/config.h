@@ -129,8 +129,9 @@ struct CheckpointConfig {
   int64_t every = 0;      // steps; 0 = only at the end / on a signal
   int64_t keep_last = 2;  // >= 1
   bool resume = false;
-  std::string init_from;    // Hugging Face GPT-2 safetensors to start from
-  std::string export_path;  // "export": write Hugging Face safetensors at the end
+  std::string init_from;  // Hugging Face GPT-2 safetensors file or model directory to start from
+  std::string
+      export_path;  // "export": Hugging Face safetensors (a directory for a directory model)
 
   friend bool operator==(const CheckpointConfig&, const CheckpointConfig&) = default;
 };
