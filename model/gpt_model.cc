@@ -573,6 +573,12 @@ absl::Status GptModel::InitializeParameters(uint64_t seed) {
 }
 
 absl::Status GptModel::LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint) {
+  if (model_config_.architecture() != ModelArchitecture::kGpt2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GptModel::LoadGpt2Checkpoint: model '", config_.name, "' is a ",
+                     ModelFamilyName(model_config_.family),
+                     " model, not GPT-2; load a Hugging Face directory (LoadHfCheckpoint)"));
+  }
   if (!(checkpoint.dims() == dims())) {
     std::ostringstream os;
     os << "GptModel: the checkpoint's dimensions " << checkpoint.dims()
@@ -704,6 +710,12 @@ std::vector<TensorSpec> GptModel::ParameterSpecs() const {
 }
 
 absl::Status GptModel::SaveGpt2Safetensors(const std::string& path, DType dtype) const {
+  if (model_config_.architecture() != ModelArchitecture::kGpt2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GptModel::SaveGpt2Safetensors: model '", config_.name, "' is a ",
+                     ModelFamilyName(model_config_.family),
+                     " model, not GPT-2; export a Hugging Face directory (SaveHfCheckpoint)"));
+  }
   if (manager_->in_iteration()) {
     return absl::FailedPreconditionError(
         "GptModel: export the parameters outside an iteration (after EndIteration)");

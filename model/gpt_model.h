@@ -230,7 +230,8 @@ class GptModel {
 
   // Hugging Face GPT-2 checkpoint import: sets the parameters (param and master chunks, momentum
   // and variance zeroed) from `checkpoint`, whose dimensions must match the config
-  // (InvalidArgument naming both otherwise). Outside an iteration (FailedPrecondition otherwise).
+  // (InvalidArgument naming both otherwise). Outside an iteration (FailedPrecondition otherwise,
+  // and for a model of the Llama architecture).
   [[nodiscard]] absl::Status LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint);
   // Hugging Face directory import (any architecture): sets the parameters from `checkpoint`,
   // whose config must describe this model (every field but name and torch_dtype equal;
@@ -276,8 +277,8 @@ class GptModel {
   int64_t vocab_block_rows() const;
   // Export: writes the master weights (f32, exact) to `path` as a Hugging Face GPT-2 safetensors
   // file stored as `dtype`. Outside an iteration; FailedPrecondition for world size > 1 (no rank
-  // holds every master weight: gather them, as the trainer's export does). I/O errors of
-  // WriteGpt2Safetensors.
+  // holds every master weight: gather them, as the trainer's export does) and for a Llama-
+  // architecture model (SaveHfCheckpoint exports it). I/O errors of WriteGpt2Safetensors.
   [[nodiscard]] absl::Status SaveGpt2Safetensors(const std::string& path, DType dtype) const;
 
   // The GPT-2 view of the dimensions (for a Llama model: name, vocab, max_position_embeddings,

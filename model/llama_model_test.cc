@@ -539,6 +539,9 @@ TEST_F(LlamaModelTest, LayoutOfAnotherModelIsRefused) {
   EXPECT_THAT(TransformerModel::Create(Qwen2Reference(), rig->store.get(), rig->manager.get(),
                                        rig->accelerator.get(), RigOptions{}.model),
               StatusIs(absl::StatusCode::kInvalidArgument));
+  // GPT-2's single-file import/export is not a Llama model's.
+  EXPECT_THAT(rig->model->SaveGpt2Safetensors(TempDir("llama.safetensors"), DType::kF32),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("SaveHfCheckpoint")));
   GptModelOptions too_long = RigOptions{}.model;
   too_long.seq_len = 129;
   EXPECT_THAT(TransformerModel::Create(LlamaReference(), rig->store.get(), rig->manager.get(),
