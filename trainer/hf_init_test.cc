@@ -181,6 +181,27 @@ TEST(HfInit, AContradictingModelSectionIsRefusedNamingBoth) {
                              HasSubstr("hidden_size = 64"))));
 }
 
+// No model section at all (a config file without one) is fine; the checks against the model use
+// config.json's numbers.
+TEST(HfInit, NoModelSectionNeededAndSeqLenIsCheckedAgainstConfigJson) {
+  const std::string root = FreshTempDir("hf_no_model", "llama");
+  const std::string dir = root + "/model";
+  ASSERT_OK(WriteModel(dir, TinyLlama()));
+  TrainConfig c = HfConfig(dir);
+  c.model = TrainModelConfig{};
+  c.model.activation_checkpointing = true;  // as the default model section (1 MiB cap)
+  c.steps = 1;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Trainer> trainer, Trainer::Create(c, {}));
+  ASSERT_OK(trainer->Run());
+  // 129 tokens: more than the default GPT's 128 positions would allow, and more than config.json's
+  // max_position_embeddings (128): refused naming both.
+  c.data.seq_len = 129;
+  EXPECT_THAT(Trainer::Create(c, {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("data.seq_len"), HasSubstr(dir + "/config.json"),
+                             HasSubstr("max_position_embeddings (128)"))));
+}
+
 TEST(HfInit, MalformedDirectoriesNameTheFileAndKey) {
   const std::string root = FreshTempDir("hf_malformed", "llama");
   const std::string dir = root + "/model";

@@ -345,6 +345,12 @@ absl::Status Trainer::Impl::ResolveModel() {
   hf_.emplace(*std::move(hf));
   model_config_ = hf_->config();
   gpt_ = GptConfigView(model_config_);
+  if (config_.data.seq_len > gpt_.max_seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`data.seq_len` (--seq_len) = ", config_.data.seq_len, " exceeds ", init_from,
+                     "/config.json's max_position_embeddings (", gpt_.max_seq_len,
+                     "); use at most ", gpt_.max_seq_len));
+  }
   // A model section other than the default one must agree with config.json.
   TrainModelConfig defaults = DefaultTrainConfig().model, given = config_.model;
   defaults.activation_checkpointing = given.activation_checkpointing = false;
