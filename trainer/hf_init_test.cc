@@ -3,8 +3,8 @@
 // (model/hf_checkpoint.h), train under an accelerator cap below their model data with
 // chunk.size "auto" (the plan covers the Llama architecture) and the loss falls; the model comes
 // from config.json (no model section needed, a contradicting one is refused naming both); the
-// export writes the directory back (loadable by our reader; bit-exact after a step at lr 0);
-// malformed directories are errors naming the file and key.
+// export writes the directory back (loadable by our reader; bit-exact after a step at lr 0); a
+// stopped run resumes bit for bit; malformed directories are errors naming the file and key.
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -166,6 +166,47 @@ TEST(HfInit, ImportExportRoundTripIsBitExact) {
       ++files;
     }
     EXPECT_GE(files, 2);
+  }
+}
+
+// A Llama run stopped after 3 steps and resumed (--resume) continues bit for bit: the losses and
+// the exported directory equal those of 6 straight steps.
+TEST(HfInit, ResumeOfALlamaRunIsBitExact) {
+  const std::string root = FreshTempDir("hf_resume", "qwen2");
+  const std::string dir = root + "/model";
+  ASSERT_OK(WriteModel(dir, TinyQwen2()));
+  TrainConfig straight = HfConfig(dir);
+  straight.steps = 6;
+  straight.checkpoint.dir = root + "/straight";
+  straight.checkpoint.export_path = root + "/straight_export";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Trainer> a, Trainer::Create(straight, {}));
+  ASSERT_OK(a->Run());
+
+  TrainConfig first = straight;
+  first.checkpoint.dir = root + "/split";
+  first.checkpoint.export_path = "";
+  int steps_seen = 0;
+  TrainerEnvironment env;
+  env.stop_requested = [&] { return ++steps_seen >= 3; };
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Trainer> b1, Trainer::Create(first, env));
+  ASSERT_OK(b1->Run());
+  ASSERT_EQ(b1->summary().last_step, 3);
+  TrainConfig second = first;
+  second.checkpoint.resume = true;
+  second.checkpoint.export_path = root + "/split_export";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Trainer> b2, Trainer::Create(second, {}));
+  ASSERT_OK(b2->Run());
+
+  std::vector<double> want, got;
+  for (const StepMetrics& m : a->history()) want.push_back(m.loss);
+  for (const Trainer* t : {b1.get(), b2.get()}) {
+    for (const StepMetrics& m : t->history()) got.push_back(m.loss);
+  }
+  EXPECT_EQ(want, got);
+  for (const auto& entry : std::filesystem::directory_iterator(straight.checkpoint.export_path)) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_EQ(ReadFile(entry.path().string()), ReadFile(second.checkpoint.export_path + "/" + name))
+        << name;
   }
 }
 
