@@ -20,11 +20,11 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <random>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -70,19 +70,17 @@ std::string TempDir() {
 
 // A small f32 run: 2 layers, hidden 64, sequences of 32 tokens, a cap that makes chunks move.
 std::vector<std::string> Flags(int64_t micro_batch, int64_t steps) {
-  return {"--model=tiny",
-          absl::StrCat("--micro_batch_size=", micro_batch),
-          absl::StrCat("--steps=", steps),
-          "--seq_len=32",
-          "--accelerator_memory=64MiB"};
+  return {"--model=tiny", absl::StrCat("--micro_batch_size=", micro_batch),
+          absl::StrCat("--steps=", steps), "--seq_len=32", "--accelerator_memory=64MiB"};
 }
 
 SubprocessResult Run(std::vector<std::string> argv, absl::Duration timeout) {
   SubprocessOptions options;
   options.argv = std::move(argv);
-  options.unset_env = {"XML_OUTPUT_FILE", "GTEST_OUTPUT", "TEST_PREMATURE_EXIT_FILE",
-                       "TEST_WARNINGS_OUTPUT_FILE", "GTEST_SHARD_*", "TEST_SHARD_*",
-                       "TEST_TOTAL_SHARDS", "GTEST_TOTAL_SHARDS", "TMPDIR"};
+  options.unset_env = {
+      "XML_OUTPUT_FILE",           "GTEST_OUTPUT",       "TEST_PREMATURE_EXIT_FILE",
+      "TEST_WARNINGS_OUTPUT_FILE", "GTEST_SHARD_*",      "TEST_SHARD_*",
+      "TEST_TOTAL_SHARDS",         "GTEST_TOTAL_SHARDS", "TMPDIR"};
   options.set_env = {"TMPDIR=/tmp"};
   if (const char* asan = std::getenv("ASAN_OPTIONS"); asan != nullptr) {
     options.unset_env.push_back("ASAN_OPTIONS");
@@ -101,9 +99,9 @@ SubprocessResult RunSingle(std::vector<std::string> flags, absl::Duration timeou
 }
 
 SubprocessResult RunMpi(int np, std::vector<std::string> program, absl::Duration timeout) {
-  std::vector<std::string> argv = {FindMpirun(),     "--allow-run-as-root", "--oversubscribe",
-                                   "-np",            absl::StrCat(np),      "--mca",
-                                   "btl",            "self,vader"};
+  std::vector<std::string> argv = {FindMpirun(), "--allow-run-as-root", "--oversubscribe",
+                                   "-np",        absl::StrCat(np),      "--mca",
+                                   "btl",        "self,vader"};
   argv.insert(argv.end(), program.begin(), program.end());
   return Run(argv, timeout);
 }
@@ -152,8 +150,8 @@ TEST(ZeroTraining, TwoRanksTrainLikeOneRankWithHalfTheModelData) {
   ASSERT_EQ(b.size(), 5u);
   for (size_t i = 0; i < a.size(); ++i) {
     const double la = a[i]["loss"], lb = b[i]["loss"];
-    EXPECT_LE(std::abs(la - lb), 1e-5 * std::abs(la)) << "step " << i + 1 << ": " << la << " vs "
-                                                      << lb;
+    EXPECT_LE(std::abs(la - lb), 1e-5 * std::abs(la))
+        << "step " << i + 1 << ": " << la << " vs " << lb;
     const double ga = a[i]["grad_norm"], gb = b[i]["grad_norm"];
     EXPECT_LE(std::abs(ga - gb), 1e-4 * std::abs(ga)) << "step " << i + 1;
     EXPECT_EQ(a[i]["skipped"], b[i]["skipped"]);
@@ -229,8 +227,7 @@ TEST(ZeroTraining, CheckpointAndResumeUnderTwoRanksIsBitExact) {
     p.insert(p.end(), extra.begin(), extra.end());
     return p;
   };
-  SubprocessResult r =
-      RunMpi(2, program(4, {"--metrics_out=" + straight}), absl::Seconds(300));
+  SubprocessResult r = RunMpi(2, program(4, {"--metrics_out=" + straight}), absl::Seconds(300));
   ASSERT_EQ(r.exit_code, 0) << DescribeExit(r) << "\n" << r.output;
   r = RunMpi(2, program(2, {"--metrics_out=" + resumed, "--save_dir=" + dir + "/ckpt"}),
              absl::Seconds(300));
@@ -238,8 +235,7 @@ TEST(ZeroTraining, CheckpointAndResumeUnderTwoRanksIsBitExact) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt/step-00000002/manifest.json")) << r.output;
   EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt/rank-1/step-00000002/manifest.json"))
       << r.output;
-  r = RunMpi(2,
-             program(4, {"--metrics_out=" + resumed, "--save_dir=" + dir + "/ckpt", "--resume"}),
+  r = RunMpi(2, program(4, {"--metrics_out=" + resumed, "--save_dir=" + dir + "/ckpt", "--resume"}),
              absl::Seconds(300));
   ASSERT_EQ(r.exit_code, 0) << DescribeExit(r) << "\n" << r.output;
   EXPECT_THAT(r.output, HasSubstr("resumed from"));
@@ -262,9 +258,9 @@ TEST(ZeroTraining, CheckpointAndResumeUnderTwoRanksIsBitExact) {
 
 TEST(ZeroTraining, KillingOneRankEndsTheJob) {
   // Rank 1 is SIGKILLed 4 s after it starts (the shell's pid is the trainer's after exec).
-  const std::string script = absl::StrCat(
-      "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then (sleep 4; kill -9 $$) & fi; exec ",
-      TrainBinary(), " --model=tiny --micro_batch_size=2 --seq_len=32 --steps=100000");
+  const std::string script =
+      absl::StrCat("if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then (sleep 4; kill -9 $$) & fi; exec ",
+                   TrainBinary(), " --model=tiny --micro_batch_size=2 --seq_len=32 --steps=100000");
   const absl::Time start = absl::Now();
   const SubprocessResult r = RunMpi(2, {"/bin/sh", "-c", script}, absl::Seconds(120));
   EXPECT_FALSE(r.timed_out) << "the surviving rank hung:\n" << r.output;
