@@ -1,6 +1,9 @@
-// GptModel training steps on the CPU (emulated accelerator) against the GEMM peak measured in the
-// same run: GPT-2 124M at batch 4 x sequence 256 (the defaults), f32 and bf16 param chunks,
-// activation checkpointing off and on.
+// GptModel (TransformerModel) training steps on the CPU (emulated accelerator) against the GEMM
+// peak measured in the same run: GPT-2 124M at batch 4 x sequence 256 (the defaults), f32 and
+// bf16 param chunks, activation checkpointing off and on; or any ModelPreset, the Llama
+// architecture included (--model=llama-3.2-1b, --model=qwen2.5-0.5b), with --layers=K to keep the
+// real widths, vocabulary and attention shape but only K layers (a full 1B step does not fit a
+// 2-core, 24 GiB machine shared with other work; the output says when layers were cut).
 //
 // 1. Peaks, on the benchmark's thread count: OpenBLAS sgemm and the bf16 GEMM
 //    (model/kernels/internal/bf16_gemm.h: oneDNN on AVX512-BF16, or its f32 fallback) on square
@@ -17,8 +20,11 @@
 //
 // Useful FLOPs per step (multiply-add = 2): linear layers 6 * N * 12 C^2 * L (forward 2, backward
 // 4); the tied LM head 6 * N * C * V; causal attention 4 * T(T+1)/2 * C * L * B forward (QK^T and
-// PV over the causal triangle) and twice that backward. Recomputation (the blocks' forward under
-// activation checkpointing) is not useful work: it lowers the fraction, as it should.
+// PV over the causal triangle) and twice that backward. Llama: linear 6 N L (C (Q + 2K) + Q C +
+// 3 C I), the LM head (tied or not) 6 N C V, attention with Q = heads x head_dim for C. The
+// kernel breakdown (2.) covers GPT-2's kernels only and is skipped for the Llama architecture.
+// Recomputation (the blocks' forward under activation checkpointing) is not useful work: it lowers
+// the fraction, as it should.
 //
 //   bazel run //benchmarks:model_benchmark -- [--iters=3 --threads=0 --batch=4 --seq=256
 //       --dtypes=f32,bf16 --checkpointing=off,on --breakdown=true --bf16_gemm=auto]
@@ -52,6 +58,7 @@
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
 #include "memory/dtype_math.h"
+#include "model/gpt_activation_profile.h"
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
 #include "model/kernels/attention.h"
@@ -62,6 +69,7 @@
 #include "model/kernels/lm_head_cross_entropy.h"
 #include "model/kernels/matmul.h"
 #include "model/kernels/residual.h"
+#include "model/model_config.h"
 #include "optimizer/cpu_adam.h"
 #include "optimizer/hybrid_adam.h"
 
@@ -69,7 +77,8 @@ ABSL_FLAG(int32_t, iters, 3, "timed training steps per configuration (after one 
 ABSL_FLAG(int32_t, threads, 0, "threads (model pool, OpenBLAS, Adam); 0 = all cores");
 ABSL_FLAG(int64_t, batch, 4, "sequences per batch");
 ABSL_FLAG(int64_t, seq, 256, "tokens per sequence");
-ABSL_FLAG(std::string, model, "gpt2", "GptPreset name");
+ABSL_FLAG(std::string, model, "gpt2", "ModelPreset name (GPT-2 or Llama architecture)");
+ABSL_FLAG(int32_t, layers, 0, "keep only this many layers of the preset (0: all)");
 ABSL_FLAG(std::string, dtypes, "f32,bf16", "param chunk dtypes to run (f32, bf16)");
 ABSL_FLAG(std::string, checkpointing, "off,on", "activation checkpointing settings to run");
 ABSL_FLAG(bool, breakdown, true, "time each kernel alone at the model's shapes");
@@ -177,6 +186,20 @@ Flops UsefulFlops(const GptConfig& c, int64_t batch, int64_t seq) {
   f.head = 6.0 * n * C * V;
   f.attention = 3.0 * L * batch * 4.0 * T * (T + 1) / 2.0 * C;
   return f;
+}
+
+Flops UsefulFlops(const ModelConfig& m, int64_t batch, int64_t seq) {
+  if (m.architecture() == ModelArchitecture::kLlama) {
+    const double n = static_cast<double>(batch) * seq, C = m.hidden_size, V = m.vocab_size,
+                 L = m.num_layers, T = seq, Q = m.q_size(), K = m.kv_size(),
+                 I = m.intermediate_size;
+    Flops f;
+    f.linear = 6.0 * n * L * (C * (Q + 2 * K) + Q * C + 3 * C * I);
+    f.head = 6.0 * n * C * V;
+    f.attention = 3.0 * L * batch * 4.0 * T * (T + 1) / 2.0 * Q;
+    return f;
+  }
+  return UsefulFlops(*ToGptConfig(m), batch, seq);
 }
 
 // --- 2. Kernel breakdown ------------------------------------------------------------------------
@@ -387,9 +410,16 @@ double ProbePeak(DType dtype, ThreadPool* pool) {
   return dtype == DType::kBF16 ? Bf16GemmGflops(1024, 3, pool) : SgemmGflops(1024, 3);
 }
 
-StepResult RunSteps(const GptConfig& config, int64_t batch, int64_t seq, int threads, int iters,
+StepResult RunSteps(const ModelConfig& config, int64_t batch, int64_t seq, int threads, int iters,
                     DType dtype, bool checkpointing, double useful_flops, ThreadPool* pool) {
-  constexpr int64_t kChunkElems = 40 * kMiB;  // the embedding operator (39.4M elements) fits
+  const bool gpt2 = config.architecture() == ModelArchitecture::kGpt2;
+  // GPT-2: chunks of 40M elements (the embedding operator, 39.4M elements, fits whole). Llama:
+  // the smallest chunk of the model, the vocabulary in row blocks sized to it.
+  const int64_t kChunkElems = gpt2 ? 40 * kMiB : ModelMinChunkElems(config, kDefaultVocabTileRows);
+  VocabLayoutOptions vocab;
+  if (!gpt2) {
+    vocab.vocab_block_rows = GptVocabBlockRowsForChunk(GptConfigView(config), kChunkElems);
+  }
   auto backend_or = CreateCpuBackend({.capacity_bytes = 6 * kGiB});
   PS_CHECK_OK(backend_or);
   std::unique_ptr<Backend> backend = std::move(*backend_or);
@@ -402,7 +432,8 @@ StepResult RunSteps(const GptConfig& config, int64_t batch, int64_t seq, int thr
   auto host_or = CreateHostMemory(backend.get(), memory_options);
   PS_CHECK_OK(host_or);
   std::unique_ptr<DeviceMemory> host = std::move(*host_or);
-  auto layout_or = ChunkLayout::Build({.capacity_elems = kChunkElems}, GptOperators(config));
+  auto layout_or =
+      ChunkLayout::Build({.capacity_elems = kChunkElems}, ModelOperators(config, vocab));
   PS_CHECK_OK(layout_or);
   auto store_or = ChunkStore::Create(std::move(*layout_or), {.compute_dtype = dtype});
   PS_CHECK_OK(store_or);
@@ -416,8 +447,8 @@ StepResult RunSteps(const GptConfig& config, int64_t batch, int64_t seq, int thr
   model_options.seq_len = seq;
   model_options.threads = threads;
   model_options.activation_checkpointing = checkpointing;
-  auto model_or =
-      GptModel::Create(config, store.get(), manager.get(), accelerator.get(), model_options);
+  auto model_or = TransformerModel::Create(config, store.get(), manager.get(), accelerator.get(),
+                                           model_options);
   PS_CHECK_OK(model_or);
   std::unique_ptr<GptModel> model = std::move(*model_or);
   PS_CHECK_OK(model->InitializeParameters(1));
@@ -492,28 +523,41 @@ int Main() {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int iters = std::max(1, absl::GetFlag(FLAGS_iters));
   const int64_t batch = absl::GetFlag(FLAGS_batch), seq = absl::GetFlag(FLAGS_seq);
-  auto config_or = GptPreset(absl::GetFlag(FLAGS_model));
-  PS_CHECK_OK(config_or);
-  const GptConfig config = *config_or;
+  auto model_or = ModelPreset(absl::GetFlag(FLAGS_model));
+  PS_CHECK_OK(model_or);
+  ModelConfig model = *model_or;
+  const int64_t preset_layers = model.num_layers;
+  if (absl::GetFlag(FLAGS_layers) > 0 && absl::GetFlag(FLAGS_layers) < model.num_layers) {
+    model.num_layers = absl::GetFlag(FLAGS_layers);
+  }
+  const bool gpt2 = model.architecture() == ModelArchitecture::kGpt2;
+  // The GPT-2 view (the kernel breakdown's shapes; for Llama only the common dimensions).
+  const GptConfig config = gpt2 ? *ToGptConfig(model) : GptConfigView(model);
   SetBlasThreads(threads);
   ThreadPool pool(threads);
   Bf16GemmBackend bf16_backend;
   PS_CHECK_OK(kernels_internal::ResolveBf16GemmBackend(&bf16_backend));
 
   int64_t params = 0;
-  for (const OperatorSpec& op : GptOperators(config)) {
+  for (const OperatorSpec& op : ModelOperators(model)) {
     for (const TensorSpec& t : op.tensors) {
       int64_t n = 1;
       for (int64_t d : t.shape) n *= d;
       params += n;
     }
   }
-  const Flops flops = UsefulFlops(config, batch, seq);
+  const Flops flops = UsefulFlops(model, batch, seq);
   std::printf(
-      "model %s (%lld parameters), batch %lld x seq %lld; %d threads (model pool, "
-      "OpenBLAS, Adam); load average %s\n",
-      config.name.c_str(), static_cast<long long>(params), static_cast<long long>(batch),
-      static_cast<long long>(seq), threads, LoadAverage().c_str());
+      "model %s (%s architecture, %lld parameters), batch %lld x seq %lld; %d threads (model "
+      "pool, OpenBLAS, Adam); load average %s\n",
+      model.name.c_str(), gpt2 ? "GPT-2" : "Llama", static_cast<long long>(params),
+      static_cast<long long>(batch), static_cast<long long>(seq), threads, LoadAverage().c_str());
+  if (model.num_layers != preset_layers) {
+    std::printf(
+        "SHRUNK: %lld of the preset's %lld layers (--layers); widths, vocabulary and attention "
+        "shape are the preset's\n",
+        static_cast<long long>(model.num_layers), static_cast<long long>(preset_layers));
+  }
   std::printf("bf16 GEMMs: %s (%s)\n",
               std::string(kernels_internal::Bf16GemmBackendName(bf16_backend)).c_str(),
               kernels_internal::OneDnnBf16Description().c_str());
@@ -537,7 +581,10 @@ int Main() {
     if (c == "on") ckpts.push_back(true);
   }
 
-  if (absl::GetFlag(FLAGS_breakdown)) {
+  if (absl::GetFlag(FLAGS_breakdown) && !gpt2) {
+    std::printf("\n(kernel breakdown: GPT-2's kernels only; skipped for the Llama architecture)\n");
+  }
+  if (absl::GetFlag(FLAGS_breakdown) && gpt2) {
     for (DType dtype : dtypes) {
       const bool bf16 = dtype == DType::kBF16;
       const std::vector<Row> rows = KernelBreakdown(config, batch, seq, bf16, &pool, params);
@@ -558,7 +605,7 @@ int Main() {
                   ckpt ? "on" : "off");
       done.push_back(
           {dtype, ckpt,
-           RunSteps(config, batch, seq, threads, iters, dtype, ckpt, flops.Useful(), &pool)});
+           RunSteps(model, batch, seq, threads, iters, dtype, ckpt, flops.Useful(), &pool)});
     }
   }
   // The peaks again after the steps: the fractions use the higher of the two measurements.

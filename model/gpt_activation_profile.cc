@@ -13,8 +13,11 @@
 #include "chunk/chunk_layout.h"
 #include "glog/logging.h"
 #include "model/kernels/attention.h"
+#include "model/kernels/gqa_attention.h"
 #include "model/kernels/matmul.h"
 #include "model/kernels/vocab_blocks.h"
+#include "model/model_config.h"
+#include "model/transformer_block_spec.h"
 
 namespace ps {
 namespace {
@@ -25,13 +28,17 @@ constexpr int64_t kF32 = sizeof(float);
 // method names the GptModel method it mirrors. Buffers are ids; -1 is an empty Buffer.
 class Profiler {
  public:
-  Profiler(const GptConfig& config, const GptModelOptions& o, DType dtype,
+  Profiler(const ModelConfig& model, const GptConfig& config, const GptModelOptions& o, DType dtype,
            const VocabLayoutOptions& layout, const std::vector<OperatorSpec>& ops)
-      : c_(config),
+      : m_(model),
+        spec_(BlockSpecOf(model)),
+        llama_(model.architecture() == ModelArchitecture::kLlama),
+        c_(config),
         o_(o),
         sixteen_bit_(dtype != DType::kF32),
         bf16_(dtype == DType::kBF16),
-        blocks_(GptVocabBlocks(config, layout)),
+        blocks_(VocabBlocksNamed(config, layout, llama_ ? "model.embed_tokens" : "wte")),
+        head_blocks_(spec_.tied_lm_head ? blocks_ : VocabBlocksNamed(config, layout, "lm_head")),
         b_(ops) {
     B_ = o.batch;
     T_ = o.seq_len == 0 ? config.max_seq_len : o.seq_len;
@@ -58,10 +65,23 @@ class Profiler {
 
  private:
   enum class Mode { kTrain, kCheckpoint, kEvaluate };
+  // GptVocabBlocks with the operators named after `base` ("wte", "model.embed_tokens",
+  // "lm_head").
+  static std::vector<GptVocabBlock> VocabBlocksNamed(const GptConfig& config,
+                                                     const VocabLayoutOptions& layout,
+                                                     const std::string& base) {
+    std::vector<GptVocabBlock> blocks = GptVocabBlocks(config, layout);
+    const bool split = blocks.size() > 1 || blocks.front().rows < config.vocab_size;
+    for (GptVocabBlock& b : blocks) {
+      b.op_name = split ? RowBlockNameOf(base, b.row_begin, b.row_begin + b.rows) : base;
+    }
+    return blocks;
+  }
   // GptModel::BlockActs, members in declaration order.
   struct BlockActs {
     int64_t ln1 = -1, ln1_mean = -1, ln1_rstd = -1, qkv = -1, atty = -1, lse = -1, res2 = -1,
             ln2 = -1, ln2_mean = -1, ln2_rstd = -1, fch = -1, fch_gelu = -1;
+    int64_t q = -1, k = -1, v = -1, up = -1;
   };
   struct Acts {
     explicit Acts(int64_t layers) : x(layers + 1, -1), blocks(layers) {}
@@ -78,7 +98,7 @@ class Profiler {
   // BlockActs::Reset: frees in member order.
   void ResetBlock(BlockActs& a) {
     for (int64_t* p : {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.atty, &a.lse, &a.res2, &a.ln2,
-                       &a.ln2_mean, &a.ln2_rstd, &a.fch, &a.fch_gelu}) {
+                       &a.ln2_mean, &a.ln2_rstd, &a.fch, &a.fch_gelu, &a.q, &a.k, &a.v, &a.up}) {
       F(*p);
     }
   }
@@ -92,7 +112,9 @@ class Profiler {
     for (BlockActs& a : acts.blocks) ResetBlock(a);
     for (int64_t& x : acts.x) F(x);
   }
-  static std::string Layer(int64_t l, const char* op) { return absl::StrCat("h.", l, ".", op); }
+  std::string Layer(int64_t l, const char* op) const {
+    return absl::StrCat(llama_ ? "model.layers." : "h.", l, ".", op);
+  }
 
   // GptModel::ParamF32 of an operator's tensor of `elems` elements (16-bit chunks only).
   int64_t ParamF32(int64_t elems) { return sixteen_bit_ ? A(elems) : -1; }
@@ -126,8 +148,142 @@ class Profiler {
     F(b);
     b_.Release(op, Stage::kForward);
   }
+  // GptModel::NormFwd (RMSNorm) and NormBwd.
+  void NormFwd(const std::string& op, int64_t& y, int64_t& mean, int64_t& rstd) {
+    if (!llama_) return LayerNormFwd(op, y, mean, rstd);
+    y = A(N_ * C_);
+    rstd = A(N_);
+    b_.Access(op, Stage::kForward);
+    int64_t w = ParamF32(C_);
+    F(w);
+    b_.Release(op, Stage::kForward);
+  }
+  void NormBwd(const std::string& op) {
+    if (!llama_) return LayerNormBwd(op);
+    int64_t dw = A(C_);
+    b_.Access(op, Stage::kBackward);
+    int64_t w = ParamF32(C_);
+    F(w);
+    b_.Release(op, Stage::kBackward);
+    F(dw);
+  }
+  // GptModel::NnLinearFwd / NnLinearBwd (inside the caller's access): every weight is read as
+  // f32 (16-bit chunks converted).
+  void NnLinearFwd(int64_t in, int64_t out, bool bias) {
+    int64_t w = ParamF32(in * out);
+    int64_t b = bias ? ParamF32(out) : -1;
+    F(b);
+    F(w);
+  }
+  void NnLinearBwd(int64_t in, int64_t out, bool bias) {
+    int64_t dw = A(in * out);
+    int64_t db = bias ? A(out) : -1;
+    int64_t w = ParamF32(in * out);
+    F(w);
+    F(db);
+    F(dw);
+  }
+  // GptModel::NnLinearForward / NnLinearBackward.
+  void NnLinearForward(const std::string& op, int64_t in, int64_t out, bool bias) {
+    b_.Access(op, Stage::kForward);
+    NnLinearFwd(in, out, bias);
+    b_.Release(op, Stage::kForward);
+  }
+  void NnLinearBackward(const std::string& op, int64_t in, int64_t out, bool bias) {
+    b_.Access(op, Stage::kBackward);
+    NnLinearBwd(in, out, bias);
+    b_.Release(op, Stage::kBackward);
+  }
+  // GptModel::LlamaBlockForward.
+  void LlamaBlockForward(int64_t l, bool recompute, BlockActs& a, int64_t& out) {
+    const int64_t Q = m_.q_size(), K = m_.kv_size(), I = m_.intermediate_size;
+    NormFwd(Layer(l, "input_layernorm"), a.ln1, a.ln1_mean, a.ln1_rstd);
+    a.q = A(N_ * Q);
+    a.k = A(N_ * K);
+    a.v = A(N_ * K);
+    const std::string qkv = Layer(l, "self_attn.qkv_proj");
+    b_.Access(qkv, Stage::kForward);
+    NnLinearFwd(C_, Q, spec_.qkv_bias);
+    NnLinearFwd(C_, K, spec_.qkv_bias);
+    NnLinearFwd(C_, K, spec_.qkv_bias);
+    b_.Release(qkv, Stage::kForward);
+    a.atty = A(N_ * Q);
+    a.lse = A(B_ * m_.num_heads * T_);
+    int64_t ws = A(GqaAttentionWorkspaceElems(
+        {B_, T_, m_.num_heads, m_.num_kv_heads, m_.head_dim, o_.attention_tile}, o_.threads));
+    F(ws);
+    a.res2 = A(N_ * C_);
+    NnLinearForward(Layer(l, "self_attn.o_proj"), Q, C_, spec_.o_bias);
+    NormFwd(Layer(l, "post_attention_layernorm"), a.ln2, a.ln2_mean, a.ln2_rstd);
+    a.fch = A(N_ * I);
+    NnLinearForward(Layer(l, "mlp.gate_proj"), C_, I, spec_.mlp_bias);
+    a.up = A(N_ * I);
+    NnLinearForward(Layer(l, "mlp.up_proj"), C_, I, spec_.mlp_bias);
+    a.fch_gelu = A(N_ * I);
+    if (recompute) return;
+    out = A(N_ * C_);
+    NnLinearForward(Layer(l, "mlp.down_proj"), I, C_, spec_.mlp_bias);
+  }
+  // GptModel::LlamaBlockBackward.
+  void LlamaBlockBackward(int64_t l, BlockActs& a, int64_t& in, int64_t& dres) {
+    const int64_t Q = m_.q_size(), K = m_.kv_size(), I = m_.intermediate_size;
+    int64_t dres2 = A(N_ * C_);
+    int64_t ddown = A(N_ * C_);
+    F(dres);
+    int64_t dh = A(N_ * I);
+    NnLinearBackward(Layer(l, "mlp.down_proj"), I, C_, spec_.mlp_bias);
+    F(ddown);
+    F(a.fch_gelu);
+    int64_t dgate = A(N_ * I);
+    int64_t dup = A(N_ * I);
+    F(dh);
+    F(a.fch);
+    F(a.up);
+    int64_t dln2 = A(N_ * C_);
+    NnLinearBackward(Layer(l, "mlp.gate_proj"), C_, I, spec_.mlp_bias);
+    F(dgate);
+    NnLinearBackward(Layer(l, "mlp.up_proj"), C_, I, spec_.mlp_bias);
+    F(dup);
+    F(a.ln2);
+    NormBwd(Layer(l, "post_attention_layernorm"));
+    F(dln2);
+    F(a.res2);
+    F(a.ln2_rstd);
+    int64_t din = A(N_ * C_);
+    int64_t dattproj = A(N_ * C_);
+    F(dres2);
+    int64_t datty = A(N_ * Q);
+    NnLinearBackward(Layer(l, "self_attn.o_proj"), Q, C_, spec_.o_bias);
+    F(dattproj);
+    int64_t dq = A(N_ * Q);
+    int64_t dk = A(N_ * K);
+    int64_t dv = A(N_ * K);
+    F(datty);
+    F(a.atty);
+    F(a.lse);
+    F(a.q);
+    F(a.k);
+    F(a.v);
+    int64_t dln1 = A(N_ * C_);
+    const std::string qkv = Layer(l, "self_attn.qkv_proj");
+    b_.Access(qkv, Stage::kBackward);
+    NnLinearBwd(C_, Q, spec_.qkv_bias);
+    F(dq);
+    NnLinearBwd(C_, K, spec_.qkv_bias);
+    F(dk);
+    NnLinearBwd(C_, K, spec_.qkv_bias);
+    F(dv);
+    b_.Release(qkv, Stage::kBackward);
+    F(a.ln1);
+    NormBwd(Layer(l, "input_layernorm"));
+    F(dln1);
+    F(in);
+    ResetBlock(a);
+    dres = din;
+  }
   // GptModel::BlockForward.
   void BlockForward(int64_t l, bool recompute, BlockActs& a, int64_t& out) {
+    if (llama_) return LlamaBlockForward(l, recompute, a, out);
     LayerNormFwd(Layer(l, "ln_1"), a.ln1, a.ln1_mean, a.ln1_rstd);
     a.qkv = A(N_ * 3 * C_);
     LinearForward(Layer(l, "attn.c_attn"), C_, 3 * C_);
@@ -160,24 +316,26 @@ class Profiler {
     const int64_t L = c_.num_layers;
     acts.x[0] = A(N_ * C_);
     for (const GptVocabBlock& b : blocks_) b_.Touch(b.op_name, Stage::kForward);
-    b_.Access("wpe", Stage::kForward);
-    int64_t wpe = ParamF32(c_.max_seq_len * C_);
-    F(wpe);
-    b_.Release("wpe", Stage::kForward);
+    if (!llama_) {
+      b_.Access("wpe", Stage::kForward);
+      int64_t wpe = ParamF32(c_.max_seq_len * C_);
+      F(wpe);
+      b_.Release("wpe", Stage::kForward);
+    }
     for (int64_t l = 0; l < L; ++l) {
       BlockForward(l, /*recompute=*/false, acts.blocks[l], acts.x[l + 1]);
       if (mode != Mode::kTrain) ResetBlock(acts.blocks[l]);
       if (mode == Mode::kEvaluate) F(acts.x[l]);
     }
-    LayerNormFwd("ln_f", acts.lnf, acts.lnf_mean, acts.lnf_rstd);
+    NormFwd(llama_ ? "model.norm" : "ln_f", acts.lnf, acts.lnf_mean, acts.lnf_rstd);
     if (mode == Mode::kEvaluate) {
       F(acts.x[L]);
       F(acts.lnf_mean);
       F(acts.lnf_rstd);
     }
     acts.ce_lse = A(N_);
-    int64_t state = A(LmHeadStateElems(BlockShape(blocks_.front())));
-    for (const GptVocabBlock& b : blocks_) {
+    int64_t state = A(LmHeadStateElems(BlockShape(head_blocks_.front())));
+    for (const GptVocabBlock& b : head_blocks_) {
       int64_t ws = A(LmHeadBlockForwardWorkspaceElems(BlockShape(b), sixteen_bit_));
       b_.Touch(b.op_name, Stage::kForward);
       F(ws);
@@ -213,6 +371,7 @@ class Profiler {
   }
   // GptModel::BlockBackward.
   void BlockBackward(int64_t l, BlockActs& a, int64_t& in, int64_t& dres) {
+    if (llama_) return LlamaBlockBackward(l, a, in, dres);
     int64_t dres2 = A(N_ * C_);
     int64_t dfcproj = A(N_ * C_);
     F(dres);
@@ -258,7 +417,7 @@ class Profiler {
     const int64_t L = c_.num_layers;
     acts.touched = A(std::min(N_, c_.vocab_size) * C_);
     int64_t dlnf = A(N_ * C_);
-    for (const GptVocabBlock& b : blocks_) {
+    for (const GptVocabBlock& b : head_blocks_) {
       int64_t ws = A(LmHeadBlockBackwardWorkspaceElems(BlockShape(b), sixteen_bit_));
       b_.Touch(b.op_name, Stage::kBackward);
       F(ws);
@@ -266,7 +425,7 @@ class Profiler {
     F(acts.ce_lse);
     F(acts.lnf);
     int64_t dres = A(N_ * C_);
-    LayerNormBwd("ln_f");
+    NormBwd(llama_ ? "model.norm" : "ln_f");
     F(dlnf);
     F(acts.lnf_mean);
     F(acts.lnf_rstd);
@@ -278,7 +437,7 @@ class Profiler {
       }
       BlockBackward(l, acts.blocks[l], acts.x[l], dres);
     }
-    {
+    if (!llama_) {
       int64_t dwpe = A(c_.max_seq_len * C_);
       b_.Touch("wpe", Stage::kBackward);
       F(dwpe);
@@ -290,43 +449,91 @@ class Profiler {
     F(acts.touched);
   }
 
+  const ModelConfig m_;
+  const TransformerBlockSpec spec_;
+  const bool llama_;
   const GptConfig c_;
   const GptModelOptions o_;
   const bool sixteen_bit_;
   const bool bf16_;  // Conv1D GEMMs read bf16 weights in place (GptModel::ParamBf16)
   const std::vector<GptVocabBlock> blocks_;
+  const std::vector<GptVocabBlock> head_blocks_;
   ActivationProfileBuilder b_;
   int64_t B_ = 0, T_ = 0, C_ = 0, N_ = 0;
 };
 
 }  // namespace
 
-GptMemoryModel GptActivationProfile(const GptConfig& config, const GptModelOptions& options,
-                                    DType compute_dtype, const VocabLayoutOptions& layout) {
+GptConfig GptConfigView(const ModelConfig& config) {
+  return GptConfig{.name = config.name,
+                   .vocab_size = config.vocab_size,
+                   .max_seq_len = config.max_position_embeddings,
+                   .hidden = config.hidden_size,
+                   .num_layers = config.num_layers,
+                   .num_heads = config.num_heads};
+}
+
+GptMemoryModel ModelActivationProfile(const ModelConfig& config, const GptModelOptions& options,
+                                      DType compute_dtype, const VocabLayoutOptions& layout) {
   GptMemoryModel m;
-  m.ops = GptOperators(config, layout);
-  Profiler profiler(config, options, compute_dtype, layout, m.ops);
+  m.ops = ModelOperators(config, layout);
+  Profiler profiler(config, GptConfigView(config), options, compute_dtype, layout, m.ops);
   m.profile.iteration = profiler.Iteration();
   m.profile.evaluation = profiler.Evaluation();
   return m;
 }
 
+GptMemoryModel GptActivationProfile(const GptConfig& config, const GptModelOptions& options,
+                                    DType compute_dtype, const VocabLayoutOptions& layout) {
+  GptMemoryModel m;
+  m.ops = GptOperators(config, layout);
+  Profiler profiler(FromGptConfig(config), config, options, compute_dtype, layout, m.ops);
+  m.profile.iteration = profiler.Iteration();
+  m.profile.evaluation = profiler.Evaluation();
+  return m;
+}
+
+int64_t ModelMinChunkElems(const ModelConfig& config, int64_t row_quantum) {
+  if (config.architecture() == ModelArchitecture::kGpt2) {
+    absl::StatusOr<GptConfig> gpt = ToGptConfig(config);
+    if (gpt.ok()) return GptMinChunkElems(*gpt, row_quantum);
+  }
+  const int64_t rows = std::min(row_quantum, config.vocab_size);
+  int64_t largest = 0;
+  for (const OperatorSpec& op : ModelOperators(config, {.vocab_block_rows = rows})) {
+    int64_t elems = 0;
+    for (const TensorSpec& t : op.tensors) {
+      int64_t n = 1;
+      for (int64_t d : t.shape) n *= d;
+      elems += n;
+    }
+    largest = std::max(largest, elems);
+  }
+  return largest;
+}
+
 namespace {
+
+// The model planned: model_config, or config's GPT-2.
+ModelConfig PlannedModel(const GptRunPlanOptions& o) {
+  return o.model_config.has_value() ? *o.model_config : FromGptConfig(o.config);
+}
 
 // The plan of one chunk size and budget.
 absl::StatusOr<GptRunPlan> PlanOne(const GptRunPlanOptions& o, int64_t chunk_elems) {
+  const ModelConfig mc = PlannedModel(o);
+  const GptConfig view = GptConfigView(mc);
   GptRunPlan run;
-  run.vocab.vocab_block_rows =
-      GptVocabBlockRowsForChunk(o.config, chunk_elems, o.model.ce_vocab_tile);
+  run.vocab.vocab_block_rows = GptVocabBlockRowsForChunk(view, chunk_elems, o.model.ce_vocab_tile);
   if (run.vocab.vocab_block_rows == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk.size ", chunk_elems, " elements cannot hold one vocabulary tile of ",
-                     o.model.ce_vocab_tile, " wte rows of model ", o.config.name));
+                     o.model.ce_vocab_tile, " embedding rows of model ", view.name));
   }
-  if (run.vocab.vocab_block_rows >= o.config.vocab_size) run.vocab.vocab_block_rows = 0;
+  if (run.vocab.vocab_block_rows >= view.vocab_size) run.vocab.vocab_block_rows = 0;
   GptModelOptions model = o.model;
-  if (model.seq_len == 0) model.seq_len = o.config.max_seq_len;
-  GptMemoryModel memory = GptActivationProfile(o.config, model, o.compute_dtype, run.vocab);
+  if (model.seq_len == 0) model.seq_len = view.max_seq_len;
+  GptMemoryModel memory = ModelActivationProfile(mc, model, o.compute_dtype, run.vocab);
   MemoryPlanOptions p;
   p.ops = std::move(memory.ops);
   p.profile = std::move(memory.profile);
@@ -366,18 +573,23 @@ absl::StatusOr<GptRunPlan> PlanOne(const GptRunPlanOptions& o, int64_t chunk_ele
 }  // namespace
 
 absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
-  RETURN_IF_ERROR(ValidateGptConfig(o.config));
+  if (o.model_config.has_value()) {
+    RETURN_IF_ERROR(ValidateModelConfig(*o.model_config));
+  } else {
+    RETURN_IF_ERROR(ValidateGptConfig(o.config));
+  }
+  const ModelConfig mc = PlannedModel(o);
+  const GptConfig view = GptConfigView(mc);
   if (o.model.batch <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("train_micro_batch_size_per_gpu must be >= 1, got ", o.model.batch));
   }
-  const int64_t min_elems = GptMinChunkElems(o.config, o.model.ce_vocab_tile);
+  const int64_t min_elems = ModelMinChunkElems(mc, o.model.ce_vocab_tile);
   if (o.chunk_elems > 0) {
     if (o.chunk_elems < min_elems) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk.size = ", o.chunk_elems,
-                       " elements is below the smallest chunk of model ", o.config.name, " (",
-                       min_elems, " elements); use chunk.size >= ", min_elems, " or \"auto\""));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk.size = ", o.chunk_elems, " elements is below the smallest chunk of model ",
+          view.name, " (", min_elems, " elements); use chunk.size >= ", min_elems, " or \"auto\""));
     }
     ASSIGN_OR_RETURN(GptRunPlan run, PlanOne(o, o.chunk_elems));
     run.chunk_note = "chunk.size";
@@ -396,10 +608,10 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
   std::vector<Candidate> candidates;
   for (int64_t c = first; c <= std::max(first, 2 * min_elems); c += step) {
     VocabLayoutOptions vocab{.vocab_block_rows =
-                                 GptVocabBlockRowsForChunk(o.config, c, o.model.ce_vocab_tile)};
+                                 GptVocabBlockRowsForChunk(view, c, o.model.ce_vocab_tile)};
     ChunkLayoutOptions layout_options{.capacity_elems = c, .world_size = o.world_size};
     ASSIGN_OR_RETURN(ChunkLayout layout,
-                     ChunkLayout::Build(layout_options, GptOperators(o.config, vocab)));
+                     ChunkLayout::Build(layout_options, ModelOperators(mc, vocab)));
     candidates.push_back({c, layout.TotalModelDataBytes(o.compute_dtype)});
   }
   std::stable_sort(candidates.begin(), candidates.end(),
@@ -431,10 +643,11 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
 absl::Status CheckGptRunFits(const GptRunPlanOptions& o, const GptRunPlan& run) {
   const MemoryPlan& p = run.plan;
   if (p.fits()) return absl::OkStatus();
+  const ModelConfig mc = PlannedModel(o);
   const std::string what = absl::StrCat(
-      "model ", o.config.name, " (", GptParameterCount(o.config), " parameters, ",
-      DTypeName(o.compute_dtype), ", micro batch ", o.model.batch, ", seq_len ",
-      o.model.seq_len == 0 ? o.config.max_seq_len : o.model.seq_len,
+      "model ", mc.name, " (", ModelParameterCount(mc), " parameters, ", DTypeName(o.compute_dtype),
+      ", micro batch ", o.model.batch, ", seq_len ",
+      o.model.seq_len == 0 ? mc.max_position_embeddings : o.model.seq_len,
       o.world_size > 1 ? absl::StrCat(", world size ", o.world_size) : std::string(), ")");
   if (!p.fits_host) {
     std::string limit;

@@ -10,7 +10,8 @@
 // of frees. model/gpt_activation_profile_test runs GptModel's warm-up on the emulated accelerator
 // for random shapes, dtypes, splits and checkpointing and requires the recorded tide to equal the
 // replayed profile's at every moment, so a change to the model that is not made here fails that
-// test. (Llama-family models add a profile of their own beside their model.)
+// test. The Llama architecture follows GptModel's Llama block (LlamaBlockForward/Backward) the same
+// way; TransformerBlockSpec (model/transformer_block_spec.h) picks the branch, as in the model.
 //
 // Thread safety: pure functions.
 #ifndef PATRICKSTAR_MODEL_GPT_ACTIVATION_PROFILE_H_
@@ -27,6 +28,7 @@
 #include "memory/dtype.h"
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
+#include "model/model_config.h"
 #include "scheduler/activation_profile.h"
 #include "scheduler/memory_plan.h"
 
@@ -43,6 +45,18 @@ struct GptMemoryModel {
 // multiples of options.ce_vocab_tile.
 GptMemoryModel GptActivationProfile(const GptConfig& config, const GptModelOptions& options,
                                     DType compute_dtype, const VocabLayoutOptions& layout);
+// The same for any architecture (ModelOperators(config, layout) and GptModel's Create(ModelConfig)
+// path; for a GPT-2 config identical to GptActivationProfile of its GptConfig).
+GptMemoryModel ModelActivationProfile(const ModelConfig& config, const GptModelOptions& options,
+                                      DType compute_dtype, const VocabLayoutOptions& layout);
+
+// The GptConfig view of a ModelConfig's common dimensions (vocab, max_position_embeddings,
+// hidden, layers, heads): what the vocabulary row-block helpers of model/gpt_config.h read.
+GptConfig GptConfigView(const ModelConfig& config);
+
+// The smallest chunk that holds every operator once the vocabulary matrices are split in blocks
+// of `row_quantum` rows (GptMinChunkElems for GPT-2). REQUIRES: a valid config.
+int64_t ModelMinChunkElems(const ModelConfig& config, int64_t row_quantum);
 
 // --- The pre-flight plan of a GPT run -------------------------------------------------------
 //
@@ -57,6 +71,8 @@ GptMemoryModel GptActivationProfile(const GptConfig& config, const GptModelOptio
 
 struct GptRunPlanOptions {
   GptConfig config;
+  // When set, the model planned (any architecture; `config` is then ignored).
+  std::optional<ModelConfig> model_config;
   // batch, seq_len (0: max_seq_len), activation_checkpointing, threads and the kernel tiles.
   GptModelOptions model;
   DType compute_dtype = DType::kF32;

@@ -36,12 +36,20 @@
 #include "memory/dtype.h"
 #include "model/gpt2_checkpoint.h"
 #include "model/gpt_config.h"
+#include "model/hf_checkpoint.h"
 #include "model/kernels/attention.h"
 #include "model/kernels/gelu.h"
+#include "model/kernels/gqa_attention.h"
 #include "model/kernels/layernorm.h"
+#include "model/kernels/linear.h"
 #include "model/kernels/matmul.h"
 #include "model/kernels/residual.h"
+#include "model/kernels/rmsnorm.h"
+#include "model/kernels/rope.h"
+#include "model/kernels/swiglu.h"
 #include "model/kernels/vocab_blocks.h"
+#include "model/model_config.h"
+#include "model/transformer_block_spec.h"
 #include "scheduler/chunk_manager.h"
 
 namespace ps {
@@ -124,20 +132,32 @@ class GptModel::ScopedAccess {
   Stage stage_;
 };
 
-// An operator with a weight and a bias: Conv1D (weight [in, out]) or LayerNorm (weight, bias [C]).
+// An operator with a weight and an optional bias (-1 when absent): Conv1D (weight [in, out]),
+// nn.Linear (weight [out, in]), LayerNorm (weight, bias [C]) or RMSNorm (weight [C]).
 struct GptModel::LinearOp {
   OperatorId op = -1;
   TensorId w = -1;
   TensorId b = -1;
 };
 
-struct GptModel::BlockOps {
-  LinearOp ln_1, c_attn, attn_proj, ln_2, c_fc, mlp_proj;
+// Llama's self_attn.qkv_proj: three nn.Linear weights and optional biases.
+struct GptModel::QkvOp {
+  OperatorId op = -1;
+  TensorId q_w = -1, k_w = -1, v_w = -1, q_b = -1, k_b = -1, v_b = -1;
 };
 
-// What one block's backward needs from its forward (its input is kept in Activations::x).
+// GPT-2: ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj. Llama: ln_1 = input_layernorm, qkv,
+// attn_proj = o_proj, ln_2 = post_attention_layernorm, c_fc = gate_proj, up, mlp_proj = down_proj.
+struct GptModel::BlockOps {
+  LinearOp ln_1, c_attn, attn_proj, ln_2, c_fc, mlp_proj, up;
+  QkvOp qkv;
+};
+
+// What one block's backward needs from its forward (its input is kept in Activations::x). Llama
+// keeps q, k (rotated), v, and up; fch is its gate projection and fch_gelu silu(gate) * up.
 struct GptModel::BlockActs {
   Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, lse, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+  Buffer q, k, v, up;
   void Reset() { *this = BlockActs(); }
 };
 
@@ -190,32 +210,16 @@ void FillNormal(uint64_t seed, uint64_t stream, double std, int64_t first_elem,
   }
 }
 
-// The initialization stream of a Hugging Face tensor: its index in the order wte, wpe, then the
-// blocks' and ln_f's tensors (the order before wte could be split, kept so that the same seed
-// gives the same model whatever the layout).
-uint64_t InitStream(const GptConfig& config, absl::string_view hf_name) {
-  if (hf_name == "wte.weight") return 0;
-  if (hf_name == "wpe.weight") return 1;
-  uint64_t index = 2;
-  for (const OperatorSpec& op : GptOperators(config)) {
-    for (const TensorSpec& t : op.tensors) {
-      if (t.name == "wte.weight" || t.name == "wpe.weight") continue;
-      if (t.name == hf_name) return index;
-      ++index;
-    }
-  }
-  LOG(FATAL) << "no GPT-2 tensor " << hf_name;
-  return 0;
-}
-
 }  // namespace
 
 // --- Construction
 // ---------------------------------------------------------------------------------
 
-GptModel::GptModel(const GptConfig& config, ChunkStore* store, ChunkManager* manager,
-                   DeviceMemory* accelerator, const GptModelOptions& options)
-    : config_(config),
+GptModel::GptModel(const ModelConfig& config, const GptConfig& gpt, ChunkStore* store,
+                   ChunkManager* manager, DeviceMemory* accelerator, const GptModelOptions& options)
+    : model_config_(config),
+      config_(gpt),
+      spec_(BlockSpecOf(config)),
       options_(options),
       store_(store),
       manager_(manager),
@@ -227,11 +231,35 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& conf
                                                            ChunkStore* store, ChunkManager* manager,
                                                            DeviceMemory* accelerator,
                                                            const GptModelOptions& options) {
+  RETURN_IF_ERROR(ValidateGptConfig(config));
+  return CreateImpl(FromGptConfig(config), config, store, manager, accelerator, options);
+}
+
+absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelConfig& config,
+                                                           ChunkStore* store, ChunkManager* manager,
+                                                           DeviceMemory* accelerator,
+                                                           const GptModelOptions& options) {
+  RETURN_IF_ERROR(ValidateModelConfig(config));
+  if (config.architecture() == ModelArchitecture::kGpt2) {
+    ASSIGN_OR_RETURN(GptConfig gpt, ToGptConfig(config));
+    return CreateImpl(config, gpt, store, manager, accelerator, options);
+  }
+  const GptConfig view{.name = config.name,
+                       .vocab_size = config.vocab_size,
+                       .max_seq_len = config.max_position_embeddings,
+                       .hidden = config.hidden_size,
+                       .num_layers = config.num_layers,
+                       .num_heads = config.num_heads};
+  return CreateImpl(config, view, store, manager, accelerator, options);
+}
+
+absl::StatusOr<std::unique_ptr<GptModel>> GptModel::CreateImpl(
+    const ModelConfig& mconfig, const GptConfig& config, ChunkStore* store, ChunkManager* manager,
+    DeviceMemory* accelerator, const GptModelOptions& options) {
   if (store == nullptr || manager == nullptr || accelerator == nullptr) {
     return absl::InvalidArgumentError(
         "GptModel::Create: store, manager and accelerator must not be null");
   }
-  RETURN_IF_ERROR(ValidateGptConfig(config));
   GptModelOptions o = options;
   if (o.seq_len == 0) o.seq_len = config.max_seq_len;
   const std::pair<const char*, int64_t> positive[] = {{"batch", o.batch},
@@ -251,8 +279,25 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& conf
         "GptModelOptions.seq_len ", o.seq_len, " exceeds the model's ", config.max_seq_len,
         " positions (GptConfig.max_seq_len of '", config.name, "'); use a shorter sequence"));
   }
-  std::unique_ptr<GptModel> model(new GptModel(config, store, manager, accelerator, o));
+  std::unique_ptr<GptModel> model(new GptModel(mconfig, config, store, manager, accelerator, o));
   RETURN_IF_ERROR(model->ResolveLayout());
+  if (model->spec_.positions == TransformerBlockSpec::Positions::kRope) {
+    RopeConfig rope{.head_dim = mconfig.head_dim,
+                    .theta = mconfig.rope_theta,
+                    .scaling_type = "",
+                    .llama3 = RopeLlama3Params{}};
+    if (mconfig.rope_scaling.type == RopeScalingType::kLlama3) {
+      const RopeScaling& rs = mconfig.rope_scaling;
+      rope.scaling_type = "llama3";
+      rope.llama3 = RopeLlama3Params{rs.factor, rs.low_freq_factor, rs.high_freq_factor,
+                                     static_cast<double>(rs.original_max_position_embeddings)};
+    }
+    const size_t table = static_cast<size_t>(o.seq_len * mconfig.head_dim / 2);
+    model->rope_cos_.resize(table);
+    model->rope_sin_.resize(table);
+    RETURN_IF_ERROR(RopeTables<float>(rope, o.seq_len, absl::MakeSpan(model->rope_cos_),
+                                      absl::MakeSpan(model->rope_sin_)));
+  }
   model->pool_ = std::make_unique<ThreadPool>(o.threads);
   return model;
 }
@@ -260,27 +305,40 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& conf
 absl::Status GptModel::ResolveLayout() {
   const ChunkLayout& layout = store_->layout();
   // The layout's wte split: one operator "wte", or blocks "wte[0:R]", "wte[R:2R]", ...
+  const bool gpt2 = model_config_.architecture() == ModelArchitecture::kGpt2;
+  const std::string embed = gpt2 ? "wte" : "model.embed_tokens";
   VocabLayoutOptions vocab;
-  if (!layout.FindOperator("wte").ok()) {
+  if (!layout.FindOperator(embed).ok()) {
     for (OperatorId op = 0; op < layout.num_operator_ids(); ++op) {
       const std::optional<RowBlockName> block = ParseRowBlockName(layout.op(op).name);
-      if (block.has_value() && block->base == "wte" && block->row_begin == 0) {
+      if (block.has_value() && block->base == embed && block->row_begin == 0) {
         vocab.vocab_block_rows = block->row_end;
       }
     }
     if (vocab.vocab_block_rows == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "GptModel: the chunk layout has no operator 'wte' or 'wte[0:R]' (GPT config '",
-          config_.name, "'); build the layout from GptOperators(config, layout)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("GptModel: the chunk layout has no operator '", embed, "' or '", embed,
+                       "[0:R]' (model config '", config_.name,
+                       "'); build the layout from ModelOperators(config, layout)"));
     }
   }
-  const std::vector<OperatorSpec> ops = GptOperators(config_, vocab);
+  // The initialization streams: a tensor's index in the unsplit order (for GPT-2 wte, wpe, then
+  // the blocks' and ln_f's tensors, as before wte could be split), so that the same seed gives
+  // the same model whatever the layout.
+  for (const OperatorSpec& op : ModelOperators(model_config_)) {
+    for (const TensorSpec& t : op.tensors) {
+      init_stream_.emplace(t.name, static_cast<uint64_t>(init_stream_.size()));
+    }
+  }
+  const std::vector<OperatorSpec> ops = ModelOperators(model_config_, vocab);
   if (layout.num_operator_ids() != static_cast<int64_t>(ops.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GptModel: the chunk layout has ", layout.num_operator_ids(), " operators but GPT config '",
-        config_.name, "' has ", ops.size(), "; build the layout from GptOperators(config)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("GptModel: the chunk layout has ", layout.num_operator_ids(),
+                     " operators but model config '", config_.name, "' has ", ops.size(),
+                     "; build the layout from ModelOperators(config)"));
   }
   std::vector<LinearOp> resolved;
+  std::vector<QkvOp> qkv_resolved;
   for (const OperatorSpec& spec : ops) {
     absl::StatusOr<OperatorId> op = layout.FindOperator(spec.name);
     if (!op.ok()) {
@@ -296,6 +354,7 @@ absl::Status GptModel::ResolveLayout() {
                        spec.tensors.size(), " placed tensors"));
     }
     LinearOp r{.op = *op};
+    std::vector<TensorId> ids;
     for (size_t i = 0; i < spec.tensors.size(); ++i) {
       const TensorSpec& ts = spec.tensors[i];
       absl::StatusOr<TensorId> t = layout.FindTensor(ts.name);
@@ -305,31 +364,70 @@ absl::Status GptModel::ResolveLayout() {
             absl::StrCat("GptModel: tensor '", ts.name, "' ", ShapeString(ts.shape),
                          " of operator '", spec.name, "' is missing from the layout or differs"));
       }
-      (i == 0 ? r.w : r.b) = *t;
+      if (i == 0) r.w = *t;
+      if (i == 1) r.b = *t;
+      ids.push_back(*t);
       param_tensors_.push_back(*t);
+    }
+    if (absl::EndsWith(spec.name, "qkv_proj")) {
+      // q, k, v weights, then (with biases) q, k, v biases.
+      QkvOp q{.op = *op, .q_w = ids[0], .k_w = ids[1], .v_w = ids[2]};
+      if (ids.size() == 6) {
+        q.q_b = ids[3];
+        q.k_b = ids[4];
+        q.v_b = ids[5];
+      }
+      qkv_resolved.push_back(q);
     }
     resolved.push_back(r);
   }
+  // The row blocks are those of GptVocabBlocks (the same split for every vocabulary matrix).
   const std::vector<GptVocabBlock> blocks = GptVocabBlocks(config_, vocab);
-  wpe_op_ = resolved[blocks.size()].op;
-  wpe_ = resolved[blocks.size()].w;
-  for (size_t k = 0; k < blocks.size(); ++k) {
-    const LinearOp& r = resolved[k];
-    vocab_blocks_.push_back({r.op, r.w, blocks[k].row_begin, blocks[k].rows});
-    if (blocks[k].row_begin % options_.ce_vocab_tile != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "GptModel: wte block '", blocks[k].op_name, "' starts at row ", blocks[k].row_begin,
-          ", not a multiple of GptModelOptions.ce_vocab_tile = ", options_.ce_vocab_tile,
-          "; blocks must hold whole LM-head vocabulary tiles (size them with "
-          "GptVocabBlockRowsForChunk) so that the split cannot change results"));
+  const size_t nb = blocks.size();
+  auto add_blocks = [&](size_t first, std::vector<VocabBlock>& out) -> absl::Status {
+    for (size_t k = 0; k < nb; ++k) {
+      const LinearOp& r = resolved[first + k];
+      out.push_back({r.op, r.w, blocks[k].row_begin, blocks[k].rows});
+      if (blocks[k].row_begin % options_.ce_vocab_tile != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "GptModel: vocabulary block '", layout.op(r.op).name, "' starts at row ",
+            blocks[k].row_begin,
+            ", not a multiple of GptModelOptions.ce_vocab_tile = ", options_.ce_vocab_tile,
+            "; blocks must hold whole LM-head vocabulary tiles (size them with "
+            "GptVocabBlockRowsForChunk) so that the split cannot change results"));
+      }
     }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(add_blocks(0, vocab_blocks_));
+  const int64_t L = model_config_.num_layers;
+  if (gpt2) {
+    wpe_op_ = resolved[nb].op;
+    wpe_ = resolved[nb].w;
+    const size_t first_layer = 1 + nb;
+    for (int64_t l = 0; l < L; ++l) {
+      const LinearOp* r = &resolved[first_layer + 6 * l];
+      blocks_.push_back(BlockOps{r[0], r[1], r[2], r[3], r[4], r[5], LinearOp{}, QkvOp{}});
+    }
+    ln_f_ = std::make_unique<LinearOp>(resolved.back());
+    return absl::OkStatus();
   }
-  const size_t first_layer = 1 + blocks.size();
-  for (int64_t l = 0; l < config_.num_layers; ++l) {
-    const LinearOp* r = &resolved[first_layer + 6 * l];
-    blocks_.push_back(BlockOps{r[0], r[1], r[2], r[3], r[4], r[5]});
+  // Llama: per layer input_layernorm, qkv_proj, o_proj, post_attention_layernorm, gate, up, down.
+  for (int64_t l = 0; l < L; ++l) {
+    const LinearOp* r = &resolved[nb + 7 * l];
+    blocks_.push_back(BlockOps{.ln_1 = r[0],
+                               .c_attn = r[1],
+                               .attn_proj = r[2],
+                               .ln_2 = r[3],
+                               .c_fc = r[4],
+                               .mlp_proj = r[6],
+                               .up = r[5],
+                               .qkv = qkv_resolved[static_cast<size_t>(l)]});
   }
-  ln_f_ = std::make_unique<LinearOp>(resolved.back());
+  ln_f_ = std::make_unique<LinearOp>(resolved[nb + 7 * static_cast<size_t>(L)]);
+  if (!spec_.tied_lm_head) {
+    RETURN_IF_ERROR(add_blocks(nb + 7 * static_cast<size_t>(L) + 1, lm_head_blocks_));
+  }
   return absl::OkStatus();
 }
 
@@ -452,19 +550,35 @@ absl::Status GptModel::InitializeParameters(uint64_t seed) {
       name = block->base;
       first_elem = block->row_begin * config_.hidden;
     }
-    if (absl::StrContains(name, "ln_")) {
+    const bool gpt2 = model_config_.architecture() == ModelArchitecture::kGpt2;
+    // Norm weights 1 (GPT-2's LayerNorm biases 0): GPT-2's ln_*, Llama's *layernorm and
+    // model.norm.
+    const bool norm = gpt2
+                          ? absl::StrContains(name, "ln_")
+                          : absl::EndsWith(name, "layernorm.weight") || name == "model.norm.weight";
+    if (norm) {
       std::fill(out.begin(), out.end(), absl::EndsWith(name, ".weight") ? 1.0f : 0.0f);
     } else if (absl::EndsWith(name, ".bias")) {
       std::fill(out.begin(), out.end(), 0.0f);
     } else {
-      FillNormal(seed, InitStream(config_, name),
-                 absl::EndsWith(name, "c_proj.weight") ? residual_std : 0.02, first_elem, out);
+      const auto stream = init_stream_.find(name);
+      CHECK(stream != init_stream_.end()) << "no tensor " << name;
+      // GPT-2 scales its residual projections; transformers' Llama uses N(0, 0.02) throughout.
+      FillNormal(seed, stream->second,
+                 gpt2 && absl::EndsWith(name, "c_proj.weight") ? residual_std : 0.02, first_elem,
+                 out);
     }
     return absl::OkStatus();
   });
 }
 
 absl::Status GptModel::LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint) {
+  if (model_config_.architecture() != ModelArchitecture::kGpt2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GptModel::LoadGpt2Checkpoint: model '", config_.name, "' is a ",
+                     ModelFamilyName(model_config_.family),
+                     " model, not GPT-2; load a Hugging Face directory (LoadHfCheckpoint)"));
+  }
   if (!(checkpoint.dims() == dims())) {
     std::ostringstream os;
     os << "GptModel: the checkpoint's dimensions " << checkpoint.dims()
@@ -479,6 +593,48 @@ absl::Status GptModel::LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint) {
     }
     return checkpoint.ReadF32(name, out);
   });
+}
+
+absl::Status GptModel::LoadHfCheckpoint(const HfCheckpoint& checkpoint) {
+  ModelConfig theirs = checkpoint.config(), ours = model_config_;
+  theirs.name = ours.name = "";
+  theirs.torch_dtype = ours.torch_dtype = std::nullopt;
+  if (!(theirs == ours)) {
+    std::ostringstream os;
+    os << "GptModel: the Hugging Face model in " << checkpoint.dir() << " (" << checkpoint.config()
+       << ") differs from the model's configuration (" << model_config_ << ")";
+    return absl::InvalidArgumentError(os.str());
+  }
+  const ChunkLayout& layout = store_->layout();
+  return SetParameters([&](TensorId t, absl::Span<float> out) {
+    const std::string& name = layout.tensor(t).name;
+    if (const std::optional<RowBlockName> block = ParseRowBlockName(name); block.has_value()) {
+      return checkpoint.ReadAsF32(block->base, block->row_begin * config_.hidden, out);
+    }
+    return checkpoint.ReadAsF32(name, 0, out);
+  });
+}
+
+absl::Status GptModel::SaveHfCheckpoint(const std::string& dir, DType dtype,
+                                        const HfExportOptions& options) const {
+  if (manager_->in_iteration()) {
+    return absl::FailedPreconditionError(
+        "GptModel: export the parameters outside an iteration (after EndIteration)");
+  }
+  if (store_->layout().world_size() > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GptModel::SaveHfCheckpoint: this rank holds the master weights of its own chunks only "
+        "(ZeRO, world size ",
+        store_->layout().world_size(), "); gather them first, as the trainer's export does"));
+  }
+  return WriteHfCheckpoint(
+      dir, model_config_, dtype,
+      ConvertingFill(
+          [&](const TensorSpec& tensor, int64_t first_elem, absl::Span<float> dst) {
+            return ReadTensorRange(ChunkType::kMaster, tensor.name, first_elem, dst);
+          },
+          dtype),
+      options);
 }
 
 absl::Status GptModel::LoadTrainingState(const TrainingStateFillFn& fill) {
@@ -554,6 +710,12 @@ std::vector<TensorSpec> GptModel::ParameterSpecs() const {
 }
 
 absl::Status GptModel::SaveGpt2Safetensors(const std::string& path, DType dtype) const {
+  if (model_config_.architecture() != ModelArchitecture::kGpt2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GptModel::SaveGpt2Safetensors: model '", config_.name, "' is a ",
+                     ModelFamilyName(model_config_.family),
+                     " model, not GPT-2; export a Hugging Face directory (SaveHfCheckpoint)"));
+  }
   if (manager_->in_iteration()) {
     return absl::FailedPreconditionError(
         "GptModel: export the parameters outside an iteration (after EndIteration)");
@@ -576,7 +738,7 @@ absl::StatusOr<std::vector<float>> GptModel::ReadTensor(ChunkType type,
   int64_t numel = 0;
   if (absl::StatusOr<TensorId> t = store_->layout().FindTensor(name); t.ok()) {
     numel = store_->layout().tensor(*t).numel;
-  } else if (name == "wte.weight") {
+  } else if (BlocksOf(name) != nullptr) {
     numel = config_.vocab_size * config_.hidden;
   } else {
     return t.status();
@@ -598,18 +760,60 @@ absl::Status GptModel::ReadTensorInto(ChunkType type, absl::string_view name,
     }
     return Convert(v.dtype, v.data, DType::kF32, out.data(), v.numel);
   }
-  if (name != "wte.weight") return t.status();
-  // wte in row blocks: assembled.
+  if (BlocksOf(name) == nullptr) return t.status();
+  // A vocabulary matrix in row blocks: assembled.
   const int64_t c = config_.hidden;
   if (static_cast<int64_t>(out.size()) != config_.vocab_size * c) {
-    return absl::InvalidArgumentError(absl::StrCat("GptModel::ReadTensorInto: 'wte.weight' has ",
+    return absl::InvalidArgumentError(absl::StrCat("GptModel::ReadTensorInto: '", name, "' has ",
                                                    config_.vocab_size * c, " elements, not ",
                                                    out.size()));
   }
-  for (const VocabBlock& b : vocab_blocks_) {
+  return ReadTensorRange(type, name, 0, out);
+}
+
+const std::vector<GptModel::VocabBlock>* GptModel::BlocksOf(absl::string_view name) const {
+  const ChunkLayout& layout = store_->layout();
+  for (const std::vector<VocabBlock>* blocks : {&vocab_blocks_, &lm_head_blocks_}) {
+    if (blocks->empty()) continue;
+    const std::string& first = layout.tensor(blocks->front().tensor).name;
+    const std::optional<RowBlockName> block = ParseRowBlockName(first);
+    if (block.has_value() && block->base == name) return blocks;
+  }
+  return nullptr;
+}
+
+absl::Status GptModel::ReadTensorRange(ChunkType type, absl::string_view name, int64_t first_elem,
+                                       absl::Span<float> out) const {
+  const ChunkLayout& layout = store_->layout();
+  const int64_t n = static_cast<int64_t>(out.size());
+  auto outside = [&](int64_t numel) {
+    return absl::InvalidArgumentError(absl::StrCat("GptModel::ReadTensorRange: elements [",
+                                                   first_elem, ", ", first_elem + n, ") of '", name,
+                                                   "' are outside its ", numel));
+  };
+  if (absl::StatusOr<TensorId> t = layout.FindTensor(name); t.ok()) {
+    ASSIGN_OR_RETURN(TensorView v, store_->View(type, *t));
+    if (first_elem < 0 || first_elem + n > v.numel) return outside(v.numel);
+    return Convert(v.dtype, static_cast<const char*>(v.data) + first_elem * SizeOf(v.dtype),
+                   DType::kF32, out.data(), n);
+  }
+  const std::vector<VocabBlock>* blocks = BlocksOf(name);
+  if (blocks == nullptr) {
+    return absl::NotFoundError(absl::StrCat("GptModel: no tensor '", name, "'"));
+  }
+  const int64_t c = config_.hidden;
+  if (first_elem < 0 || first_elem + n > config_.vocab_size * c) {
+    return outside(config_.vocab_size * c);
+  }
+  // Each block holds the element range [row_begin c, (row_begin + rows) c) of the whole.
+  for (const VocabBlock& b : *blocks) {
+    const int64_t lo = std::max(first_elem, b.row_begin * c);
+    const int64_t hi = std::min(first_elem + n, (b.row_begin + b.rows) * c);
+    if (lo >= hi) continue;
     ASSIGN_OR_RETURN(TensorView v, store_->View(type, b.tensor));
-    RETURN_IF_ERROR(
-        Convert(v.dtype, v.data, DType::kF32, out.data() + b.row_begin * c, b.rows * c));
+    RETURN_IF_ERROR(Convert(
+        v.dtype, static_cast<const char*>(v.data) + (lo - b.row_begin * c) * SizeOf(v.dtype),
+        DType::kF32, out.data() + (lo - first_elem), hi - lo));
   }
   return absl::OkStatus();
 }
@@ -686,6 +890,9 @@ absl::Status GptModel::LayerNormFwd(const LinearOp& op, absl::Span<const float> 
 
 absl::Status GptModel::BlockForward(int64_t layer, absl::Span<const float> in, bool recompute,
                                     BlockActs& a, Buffer& out) {
+  if (spec_.attention == TransformerBlockSpec::Attention::kGqaRope) {
+    return LlamaBlockForward(layer, in, recompute, a, out);
+  }
   const BlockOps& ops = blocks_[layer];
   const int64_t B = options_.batch, T = options_.seq_len, C = config_.hidden, N = B * T;
   const int64_t H = config_.num_heads;
@@ -736,6 +943,7 @@ absl::Status GptModel::EmbeddingForward(absl::Span<const int32_t> tokens, Activa
     }
     RETURN_IF_ERROR(access.End());
   }
+  if (spec_.positions != TransformerBlockSpec::Positions::kLearned) return absl::OkStatus();
   // Then the positions: x = wte[token] + wpe[position].
   ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, wpe_op_, Stage::kForward));
   absl::Span<const float> wpe;
@@ -753,7 +961,7 @@ absl::StatusOr<double> GptModel::LmHeadForward(absl::Span<const int32_t> targets
   // The online softmax state of every row, carried across the blocks.
   ASSIGN_OR_RETURN(Buffer state, Alloc(3 * N, false));
   LmHeadStateInit<float>(state.span());
-  for (const VocabBlock& b : vocab_blocks_) {
+  for (const VocabBlock& b : head_blocks()) {
     const VocabBlockShape shape = BlockShape(b);
     ASSIGN_OR_RETURN(Buffer ws, Alloc(LmHeadBlockForwardWorkspaceElems(shape, sixteen_bit), false));
     ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, b.op, Stage::kForward));
@@ -770,7 +978,7 @@ absl::StatusOr<double> GptModel::LmHeadForward(absl::Span<const int32_t> targets
     }
     RETURN_IF_ERROR(access.End());
   }
-  return LmHeadFinish<float>(BlockShape(vocab_blocks_.front()), targets, state.cspan(),
+  return LmHeadFinish<float>(BlockShape(head_blocks().front()), targets, state.cspan(),
                              acts.ce_lse.span());
 }
 
@@ -787,13 +995,13 @@ absl::StatusOr<double> GptModel::Forward(absl::Span<const int32_t> tokens,
     if (mode != ForwardMode::kTrain) acts.blocks[l].Reset();
     if (mode == ForwardMode::kEvaluate) acts.x[l].Reset();
   }
-  RETURN_IF_ERROR(LayerNormFwd(*ln_f_, acts.x[L].cspan(), acts.lnf, acts.lnf_mean, acts.lnf_rstd));
+  RETURN_IF_ERROR(NormFwd(*ln_f_, acts.x[L].cspan(), acts.lnf, acts.lnf_mean, acts.lnf_rstd));
   if (mode == ForwardMode::kEvaluate) {
     acts.x[L].Reset();
     acts.lnf_mean.Reset();
     acts.lnf_rstd.Reset();
   }
-  // The LM head, tied to wte: the blocks' second use.
+  // The LM head (tied: the embedding blocks' second use).
   return LmHeadForward(targets, acts);
 }
 
@@ -841,6 +1049,9 @@ absl::Status GptModel::LayerNormBwd(const LinearOp& op, absl::Span<const float> 
 }
 
 absl::Status GptModel::BlockBackward(int64_t layer, BlockActs& a, Buffer& in, Buffer& dres) {
+  if (spec_.attention == TransformerBlockSpec::Attention::kGqaRope) {
+    return LlamaBlockBackward(layer, a, in, dres);
+  }
   const BlockOps& ops = blocks_[layer];
   const int64_t B = options_.batch, T = options_.seq_len, C = config_.hidden, N = B * T;
   ThreadPool* pool = pool_.get();
@@ -902,7 +1113,8 @@ absl::Status GptModel::LmHeadBackward(absl::Span<const int32_t> targets, double 
                                       Activations& acts, Buffer& dlnf) {
   const int64_t C = config_.hidden;
   const bool sixteen_bit = store_->compute_dtype() != DType::kF32;
-  for (const VocabBlock& b : vocab_blocks_) {
+  const bool tied = spec_.tied_lm_head;
+  for (const VocabBlock& b : head_blocks()) {
     const VocabBlockShape shape = BlockShape(b);
     ASSIGN_OR_RETURN(Buffer ws,
                      Alloc(LmHeadBlockBackwardWorkspaceElems(shape, sixteen_bit), false));
@@ -910,7 +1122,7 @@ absl::Status GptModel::LmHeadBackward(absl::Span<const int32_t> targets, double 
     // Each finished vocabulary tile: the batch's rows stay in f32 for the embedding's part, the
     // tile goes into the slots (its parameters are not read again).
     auto on_tile = [&](int64_t v0, int64_t rows, const float* grad) -> absl::Status {
-      for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t r = 0; tied && r < rows; ++r) {
         const int32_t slot = acts.slot_of_token[v0 + r];
         if (slot >= 0) {
           std::memcpy(acts.touched_grads.data() + static_cast<int64_t>(slot) * C, grad + r * C,
@@ -944,7 +1156,7 @@ absl::Status GptModel::EmbeddingBackward(absl::Span<const int32_t> tokens, Activ
       C, tokens, acts.slot_of_token, dx0.cspan(),
       acts.touched_grads.span().subspan(0, acts.touched_tokens.size() * static_cast<size_t>(C)),
       pool_.get()));
-  {
+  if (spec_.positions == TransformerBlockSpec::Positions::kLearned) {
     ASSIGN_OR_RETURN(Buffer dwpe, Alloc(config_.max_seq_len * C, true));
     ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, wpe_op_, Stage::kBackward));
     RETURN_IF_ERROR(
@@ -955,9 +1167,14 @@ absl::Status GptModel::EmbeddingBackward(absl::Span<const int32_t> tokens, Activ
   dx0.Reset();
   // wte's last backward use: the batch's rows take their complete gradients (every block is
   // accessed, whether the batch touches it or not, so the schedule does not depend on the data).
+  // Untied, this is the embedding's only backward use: its other rows' gradient is zero.
   for (auto it = vocab_blocks_.rbegin(); it != vocab_blocks_.rend(); ++it) {
     const VocabBlock& b = *it;
     ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, b.op, Stage::kBackward));
+    if (!spec_.tied_lm_head) {
+      ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, b.tensor));
+      std::memset(v.data, 0, static_cast<size_t>(v.bytes()));
+    }
     for (size_t slot = 0; slot < acts.touched_tokens.size(); ++slot) {
       const int64_t token = acts.touched_tokens[slot];
       if (token < b.row_begin || token >= b.row_begin + b.rows) continue;
@@ -983,14 +1200,16 @@ absl::Status GptModel::Backward(absl::Span<const int32_t> tokens, absl::Span<con
       acts.touched_tokens.push_back(t);
     }
   }
-  ASSIGN_OR_RETURN(acts.touched_grads, Alloc(std::min(N, V) * C, false));
+  // Tied, the LM head writes every touched row before the embedding adds to it; untied, the
+  // embedding's part starts from zero.
+  ASSIGN_OR_RETURN(acts.touched_grads, Alloc(std::min(N, V) * C, !spec_.tied_lm_head));
   ASSIGN_OR_RETURN(Buffer dlnf, Alloc(N * C, true));
   RETURN_IF_ERROR(LmHeadBackward(targets, loss_scale, acts, dlnf));
   acts.ce_lse.Reset();
   acts.lnf.Reset();
   ASSIGN_OR_RETURN(Buffer dres, Alloc(N * C, true));
-  RETURN_IF_ERROR(LayerNormBwd(*ln_f_, acts.x[L].cspan(), acts.lnf_mean.cspan(),
-                               acts.lnf_rstd.cspan(), dlnf.cspan(), dres.span()));
+  RETURN_IF_ERROR(NormBwd(*ln_f_, acts.x[L].cspan(), acts.lnf_mean.cspan(), acts.lnf_rstd.cspan(),
+                          dlnf.cspan(), dres.span()));
   dlnf.Reset();
   acts.lnf_mean.Reset();
   acts.lnf_rstd.Reset();
@@ -1004,6 +1223,226 @@ absl::Status GptModel::Backward(absl::Span<const int32_t> tokens, absl::Span<con
     RETURN_IF_ERROR(BlockBackward(l, acts.blocks[l], acts.x[l], dres));
   }
   return EmbeddingBackward(tokens, acts, dres);
+}
+
+// --- The Llama block ----------------------------------------------------------------------------
+
+absl::Status GptModel::NormFwd(const LinearOp& op, absl::Span<const float> x, Buffer& y,
+                               Buffer& mean, Buffer& rstd) {
+  if (spec_.norm == TransformerBlockSpec::Norm::kLayerNorm) {
+    return LayerNormFwd(op, x, y, mean, rstd);
+  }
+  const int64_t n = options_.batch * options_.seq_len, c = config_.hidden;
+  ASSIGN_OR_RETURN(y, Alloc(n * c, false));
+  ASSIGN_OR_RETURN(rstd, Alloc(n, false));
+  ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kForward));
+  absl::Span<const float> w;
+  ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
+  RETURN_IF_ERROR(RmsNormForward<float>({n, c, model_config_.norm_eps}, x, w, y.span(), rstd.span(),
+                                        pool_.get()));
+  w_f32.Reset();
+  return access.End();
+}
+
+absl::Status GptModel::NormBwd(const LinearOp& op, absl::Span<const float> x,
+                               absl::Span<const float> mean, absl::Span<const float> rstd,
+                               absl::Span<const float> dy, absl::Span<float> dx) {
+  if (spec_.norm == TransformerBlockSpec::Norm::kLayerNorm) {
+    return LayerNormBwd(op, x, mean, rstd, dy, dx);
+  }
+  const int64_t n = options_.batch * options_.seq_len, c = config_.hidden;
+  ASSIGN_OR_RETURN(Buffer dw, Alloc(c, true));
+  ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kBackward));
+  absl::Span<const float> w;
+  ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
+  RETURN_IF_ERROR(RmsNormBackward<float>({n, c, model_config_.norm_eps}, x, w, rstd, dy, dx,
+                                         dw.span(), pool_.get()));
+  w_f32.Reset();
+  RETURN_IF_ERROR(WriteGrad(op.w, dw.cspan()));
+  return access.End();
+}
+
+absl::Status GptModel::NnLinearFwd(TensorId w, TensorId b, int64_t in_features,
+                                   int64_t out_features, absl::Span<const float> x,
+                                   absl::Span<float> y) {
+  absl::Span<const float> wv, bv;
+  ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(w, &wv));
+  Buffer b_f32;
+  if (b >= 0) {
+    ASSIGN_OR_RETURN(b_f32, ParamF32(b, &bv));
+  }
+  return ::ps::LinearForward<float>(
+      {options_.batch * options_.seq_len, in_features, out_features, b >= 0}, x, wv, bv, y,
+      pool_.get());
+}
+
+absl::Status GptModel::NnLinearForward(const LinearOp& op, int64_t in_features,
+                                       int64_t out_features, absl::Span<const float> x,
+                                       absl::Span<float> y) {
+  ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kForward));
+  RETURN_IF_ERROR(NnLinearFwd(op.w, op.b, in_features, out_features, x, y));
+  return access.End();
+}
+
+absl::Status GptModel::NnLinearBwd(TensorId w, TensorId b, int64_t in_features,
+                                   int64_t out_features, absl::Span<const float> x,
+                                   absl::Span<const float> dy, absl::Span<float> dx) {
+  ASSIGN_OR_RETURN(Buffer dw, Alloc(in_features * out_features, true));
+  Buffer db;
+  if (b >= 0) {
+    ASSIGN_OR_RETURN(db, Alloc(out_features, true));
+  }
+  absl::Span<const float> wv;
+  ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(w, &wv));
+  RETURN_IF_ERROR(::ps::LinearBackward<float>(
+      {options_.batch * options_.seq_len, in_features, out_features, b >= 0}, x, wv, dy, dx,
+      dw.span(), b >= 0 ? db.span() : absl::Span<float>(), pool_.get()));
+  w_f32.Reset();
+  // The weight's only backward use: its slot takes the gradient now.
+  RETURN_IF_ERROR(WriteGrad(w, dw.cspan()));
+  if (b >= 0) RETURN_IF_ERROR(WriteGrad(b, db.cspan()));
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::NnLinearBackward(const LinearOp& op, int64_t in_features,
+                                        int64_t out_features, absl::Span<const float> x,
+                                        absl::Span<const float> dy, absl::Span<float> dx) {
+  ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kBackward));
+  RETURN_IF_ERROR(NnLinearBwd(op.w, op.b, in_features, out_features, x, dy, dx));
+  return access.End();
+}
+
+absl::Status GptModel::LlamaBlockForward(int64_t layer, absl::Span<const float> in, bool recompute,
+                                         BlockActs& a, Buffer& out) {
+  const BlockOps& ops = blocks_[layer];
+  const ModelConfig& m = model_config_;
+  const int64_t B = options_.batch, T = options_.seq_len, C = m.hidden_size, N = B * T;
+  const int64_t Q = m.q_size(), K = m.kv_size(), I = m.intermediate_size;
+  ThreadPool* pool = pool_.get();
+  RETURN_IF_ERROR(NormFwd(ops.ln_1, in, a.ln1, a.ln1_mean, a.ln1_rstd));
+  ASSIGN_OR_RETURN(a.q, Alloc(N * Q, false));
+  ASSIGN_OR_RETURN(a.k, Alloc(N * K, false));
+  ASSIGN_OR_RETURN(a.v, Alloc(N * K, false));
+  {
+    const QkvOp& qkv = ops.qkv;
+    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, qkv.op, Stage::kForward));
+    RETURN_IF_ERROR(NnLinearFwd(qkv.q_w, qkv.q_b, C, Q, a.ln1.cspan(), a.q.span()));
+    RETURN_IF_ERROR(NnLinearFwd(qkv.k_w, qkv.k_b, C, K, a.ln1.cspan(), a.k.span()));
+    RETURN_IF_ERROR(NnLinearFwd(qkv.v_w, qkv.v_b, C, K, a.ln1.cspan(), a.v.span()));
+    RETURN_IF_ERROR(access.End());
+  }
+  const int64_t D = m.head_dim;
+  RETURN_IF_ERROR(
+      RopeForward<float>({B, T, m.num_heads, D, T}, rope_cos_, rope_sin_, a.q.span(), pool));
+  RETURN_IF_ERROR(
+      RopeForward<float>({B, T, m.num_kv_heads, D, T}, rope_cos_, rope_sin_, a.k.span(), pool));
+  {
+    const GqaAttentionShape att{B, T, m.num_heads, m.num_kv_heads, D, options_.attention_tile};
+    ASSIGN_OR_RETURN(a.atty, Alloc(N * Q, false));
+    ASSIGN_OR_RETURN(a.lse, Alloc(B * m.num_heads * T, false));
+    ASSIGN_OR_RETURN(Buffer ws,
+                     Alloc(GqaAttentionWorkspaceElems(att, pool_->num_threads()), false));
+    RETURN_IF_ERROR(GqaAttentionForward<float>(att, a.q.cspan(), a.k.cspan(), a.v.cspan(),
+                                               a.atty.span(), a.lse.span(), ws.span(), pool));
+  }
+  // res2 = in + o_proj(att), computed in place of the projection.
+  ASSIGN_OR_RETURN(a.res2, Alloc(N * C, false));
+  RETURN_IF_ERROR(NnLinearForward(ops.attn_proj, Q, C, a.atty.cspan(), a.res2.span()));
+  RETURN_IF_ERROR(ResidualForward<float>(in, a.res2.cspan(), a.res2.span(), pool));
+  RETURN_IF_ERROR(NormFwd(ops.ln_2, a.res2.cspan(), a.ln2, a.ln2_mean, a.ln2_rstd));
+  ASSIGN_OR_RETURN(a.fch, Alloc(N * I, false));
+  RETURN_IF_ERROR(NnLinearForward(ops.c_fc, C, I, a.ln2.cspan(), a.fch.span()));
+  ASSIGN_OR_RETURN(a.up, Alloc(N * I, false));
+  RETURN_IF_ERROR(NnLinearForward(ops.up, C, I, a.ln2.cspan(), a.up.span()));
+  ASSIGN_OR_RETURN(a.fch_gelu, Alloc(N * I, false));
+  RETURN_IF_ERROR(SwiGluForward<float>(a.fch.cspan(), a.up.cspan(), a.fch_gelu.span(), pool));
+  if (recompute) return absl::OkStatus();  // the block's output is not needed again
+  // out = res2 + down_proj(h), in place of the projection.
+  ASSIGN_OR_RETURN(out, Alloc(N * C, false));
+  RETURN_IF_ERROR(NnLinearForward(ops.mlp_proj, I, C, a.fch_gelu.cspan(), out.span()));
+  return ResidualForward<float>(a.res2.cspan(), out.cspan(), out.span(), pool);
+}
+
+absl::Status GptModel::LlamaBlockBackward(int64_t layer, BlockActs& a, Buffer& in, Buffer& dres) {
+  const BlockOps& ops = blocks_[layer];
+  const ModelConfig& m = model_config_;
+  const int64_t B = options_.batch, T = options_.seq_len, C = m.hidden_size, N = B * T;
+  const int64_t Q = m.q_size(), K = m.kv_size(), I = m.intermediate_size, D = m.head_dim;
+  ThreadPool* pool = pool_.get();
+  // out = res2 + down
+  ASSIGN_OR_RETURN(Buffer dres2, Alloc(N * C, true));
+  ASSIGN_OR_RETURN(Buffer ddown, Alloc(N * C, true));
+  RETURN_IF_ERROR(ResidualBackward<float>(dres.cspan(), dres2.span(), ddown.span(), pool));
+  dres.Reset();
+  ASSIGN_OR_RETURN(Buffer dh, Alloc(N * I, true));
+  RETURN_IF_ERROR(
+      NnLinearBackward(ops.mlp_proj, I, C, a.fch_gelu.cspan(), ddown.cspan(), dh.span()));
+  ddown.Reset();
+  a.fch_gelu.Reset();
+  ASSIGN_OR_RETURN(Buffer dgate, Alloc(N * I, true));
+  ASSIGN_OR_RETURN(Buffer dup, Alloc(N * I, true));
+  RETURN_IF_ERROR(SwiGluBackward<float>(a.fch.cspan(), a.up.cspan(), dh.cspan(), dgate.span(),
+                                        dup.span(), pool));
+  dh.Reset();
+  a.fch.Reset();
+  a.up.Reset();
+  ASSIGN_OR_RETURN(Buffer dln2, Alloc(N * C, true));
+  RETURN_IF_ERROR(NnLinearBackward(ops.c_fc, C, I, a.ln2.cspan(), dgate.cspan(), dln2.span()));
+  dgate.Reset();
+  RETURN_IF_ERROR(NnLinearBackward(ops.up, C, I, a.ln2.cspan(), dup.cspan(), dln2.span()));
+  dup.Reset();
+  a.ln2.Reset();
+  RETURN_IF_ERROR(NormBwd(ops.ln_2, a.res2.cspan(), a.ln2_mean.cspan(), a.ln2_rstd.cspan(),
+                          dln2.cspan(), dres2.span()));
+  dln2.Reset();
+  a.res2.Reset();
+  a.ln2_rstd.Reset();
+  // res2 = in + o_proj(att)
+  ASSIGN_OR_RETURN(Buffer din, Alloc(N * C, true));
+  ASSIGN_OR_RETURN(Buffer dattproj, Alloc(N * C, true));
+  RETURN_IF_ERROR(ResidualBackward<float>(dres2.cspan(), din.span(), dattproj.span(), pool));
+  dres2.Reset();
+  ASSIGN_OR_RETURN(Buffer datty, Alloc(N * Q, true));
+  RETURN_IF_ERROR(
+      NnLinearBackward(ops.attn_proj, Q, C, a.atty.cspan(), dattproj.cspan(), datty.span()));
+  dattproj.Reset();
+  ASSIGN_OR_RETURN(Buffer dq, Alloc(N * Q, true));
+  ASSIGN_OR_RETURN(Buffer dk, Alloc(N * K, true));
+  ASSIGN_OR_RETURN(Buffer dv, Alloc(N * K, true));
+  const GqaAttentionShape att{B, T, m.num_heads, m.num_kv_heads, D, options_.attention_tile};
+  RETURN_IF_ERROR(GqaAttentionBackward<float>(att, a.q.cspan(), a.k.cspan(), a.v.cspan(),
+                                              a.atty.cspan(), a.lse.cspan(), datty.cspan(),
+                                              dq.span(), dk.span(), dv.span(), pool));
+  datty.Reset();
+  a.atty.Reset();
+  a.lse.Reset();
+  a.q.Reset();
+  a.k.Reset();
+  a.v.Reset();
+  RETURN_IF_ERROR(
+      RopeBackward<float>({B, T, m.num_heads, D, T}, rope_cos_, rope_sin_, dq.span(), pool));
+  RETURN_IF_ERROR(
+      RopeBackward<float>({B, T, m.num_kv_heads, D, T}, rope_cos_, rope_sin_, dk.span(), pool));
+  ASSIGN_OR_RETURN(Buffer dln1, Alloc(N * C, true));
+  {
+    const QkvOp& qkv = ops.qkv;
+    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, qkv.op, Stage::kBackward));
+    RETURN_IF_ERROR(NnLinearBwd(qkv.q_w, qkv.q_b, C, Q, a.ln1.cspan(), dq.cspan(), dln1.span()));
+    dq.Reset();
+    RETURN_IF_ERROR(NnLinearBwd(qkv.k_w, qkv.k_b, C, K, a.ln1.cspan(), dk.cspan(), dln1.span()));
+    dk.Reset();
+    RETURN_IF_ERROR(NnLinearBwd(qkv.v_w, qkv.v_b, C, K, a.ln1.cspan(), dv.cspan(), dln1.span()));
+    dv.Reset();
+    RETURN_IF_ERROR(access.End());
+  }
+  a.ln1.Reset();
+  RETURN_IF_ERROR(NormBwd(ops.ln_1, in.cspan(), a.ln1_mean.cspan(), a.ln1_rstd.cspan(),
+                          dln1.cspan(), din.span()));
+  dln1.Reset();
+  in.Reset();
+  a.Reset();
+  dres = std::move(din);
+  return absl::OkStatus();
 }
 
 // --- Entry points

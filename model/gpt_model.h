@@ -1,5 +1,28 @@
-// GptModel: GPT-2 (Hugging Face GPT2LMHeadModel's math: pre-LayerNorm blocks, GELU(tanh), learned
-// positions, LM head tied to wte) whose parameters live in chunks managed by a ChunkManager.
+// GptModel (also spelled TransformerModel): the chunked decoder-only transformer, in two
+// architectures that share all of its machinery (operator accesses, gradient slots, activation
+// checkpointing, f16/bf16 handling, the vocabulary in row blocks, import/export) and differ only in
+// the block, described by model/transformer_block_spec.h:
+//   - GPT-2 (Hugging Face GPT2LMHeadModel's math: pre-LayerNorm blocks, fused c_attn, GELU(tanh)
+//     MLP, learned positions wpe, LM head tied to wte), created from a GptConfig or a gpt2
+//     ModelConfig; everything below about wte/wpe/h.{i} describes it;
+//   - Llama (LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM, model/model_config.h):
+//     RMSNorm, q/k/v projections (optional biases) with RoPE (rope_theta, llama3 scaling) and
+//     grouped-query attention, o_proj, SwiGLU MLP (gate, up, down), final RMSNorm, LM head tied to
+//     model.embed_tokens or untied (lm_head.weight, in row blocks of its own). Parameters carry
+//     Hugging Face's names (model.layers.{i}.self_attn.q_proj.weight, nn.Linear weights
+//     [out, in]); an operator per ModelOperators entry. One Llama training iteration accesses, in
+//     order: forward: every model.embed_tokens block; per layer input_layernorm,
+//     self_attn.qkv_proj, self_attn.o_proj, post_attention_layernorm, mlp.gate_proj, mlp.up_proj,
+//     mlp.down_proj; model.norm; every LM-head block (lm_head's, or embed_tokens' again when
+//     tied); backward: the LM-head blocks, model.norm, per layer from the last down_proj, up_proj,
+//     gate_proj, post_attention_layernorm, o_proj, qkv_proj, input_layernorm (re-accessing the
+//     layer's operators in forward first under activation checkpointing), then the embed_tokens
+//     blocks in reverse order. Untied, the embedding's gradient is zero outside the batch's rows,
+//     written when each block's backward access writes the batch's rows. The Llama linears read
+//     f32 weights (16-bit chunks are converted into an f32 workspace; the bf16 in-place GEMMs take
+//     GPT-2's [in, out] layout only). With f32 chunks the Llama results are bit-identical to
+//     model/kernels/testing/tiny_llama (same kernel calls in the same order). The RoPE tables
+//     ([seq_len, head_dim / 2] cos and sin, a few KiB) are host memory of the model, computed once.
 //
 // The model owns no model data. Its parameters are the tensors of model/gpt_config.h's
 // GptOperators(config, layout) (Hugging Face names, Conv1D weights [in, out]) for any
@@ -72,6 +95,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -84,7 +108,10 @@
 #include "memory/dtype.h"
 #include "model/gpt2_checkpoint.h"
 #include "model/gpt_config.h"
+#include "model/hf_checkpoint.h"
 #include "model/kernels/vocab_blocks.h"
+#include "model/model_config.h"
+#include "model/transformer_block_spec.h"
 #include "scheduler/chunk_manager.h"
 
 namespace ps {
@@ -123,6 +150,14 @@ class GptModel {
   // (naming the field), a layout that does not match the config (naming the operator or
   // tensor), or wte blocks that do not start on a multiple of ce_vocab_tile.
   static absl::StatusOr<std::unique_ptr<GptModel>> Create(const GptConfig& config,
+                                                          ChunkStore* store, ChunkManager* manager,
+                                                          DeviceMemory* accelerator,
+                                                          const GptModelOptions& options);
+  // A model of any supported architecture: `store`'s layout must hold exactly
+  // ModelOperators(config, layout) for some VocabLayoutOptions. A gpt2-family config must be one
+  // a GptConfig expresses (ToGptConfig) and gives the same model as the GptConfig overload.
+  // Errors as above, with ValidateModelConfig; seq_len is bounded by max_position_embeddings.
+  static absl::StatusOr<std::unique_ptr<GptModel>> Create(const ModelConfig& config,
                                                           ChunkStore* store, ChunkManager* manager,
                                                           DeviceMemory* accelerator,
                                                           const GptModelOptions& options);
@@ -195,8 +230,23 @@ class GptModel {
 
   // Hugging Face GPT-2 checkpoint import: sets the parameters (param and master chunks, momentum
   // and variance zeroed) from `checkpoint`, whose dimensions must match the config
-  // (InvalidArgument naming both otherwise). Outside an iteration (FailedPrecondition otherwise).
+  // (InvalidArgument naming both otherwise). Outside an iteration (FailedPrecondition otherwise,
+  // and for a model of the Llama architecture).
   [[nodiscard]] absl::Status LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint);
+  // Hugging Face directory import (any architecture): sets the parameters from `checkpoint`,
+  // whose config must describe this model (every field but name and torch_dtype equal;
+  // InvalidArgument naming the directory and both configs otherwise). Reads element ranges, one
+  // chunk at a time. Outside an iteration.
+  [[nodiscard]] absl::Status LoadHfCheckpoint(const HfCheckpoint& checkpoint);
+  // Hugging Face directory export of the master weights as `dtype` (WriteHfCheckpoint: streaming
+  // element ranges, sharded above options.max_shard_bytes, atomic). Outside an iteration;
+  // FailedPrecondition for world size > 1 (as SaveGpt2Safetensors).
+  [[nodiscard]] absl::Status SaveHfCheckpoint(const std::string& dir, DType dtype,
+                                              const HfExportOptions& options = {}) const;
+  // Elements [first_elem, first_elem + out.size()) of Hugging Face tensor `name` of chunk `type`
+  // as f32, assembled across row blocks; the reading rules of ReadTensorInto.
+  [[nodiscard]] absl::Status ReadTensorRange(ChunkType type, absl::string_view name,
+                                             int64_t first_elem, absl::Span<float> out) const;
   // Checkpoint resume: sets the training state of every tensor this rank holds (see
   // HoldsTrainingState) from `fill(name, type, out)`,
   // called for type kMaster, kMomentum and kVariance in turn (f32 values, `out` sized to the
@@ -227,11 +277,15 @@ class GptModel {
   int64_t vocab_block_rows() const;
   // Export: writes the master weights (f32, exact) to `path` as a Hugging Face GPT-2 safetensors
   // file stored as `dtype`. Outside an iteration; FailedPrecondition for world size > 1 (no rank
-  // holds every master weight: gather them, as the trainer's export does). I/O errors of
-  // WriteGpt2Safetensors.
+  // holds every master weight: gather them, as the trainer's export does) and for a Llama-
+  // architecture model (SaveHfCheckpoint exports it). I/O errors of WriteGpt2Safetensors.
   [[nodiscard]] absl::Status SaveGpt2Safetensors(const std::string& path, DType dtype) const;
 
+  // The GPT-2 view of the dimensions (for a Llama model: name, vocab, max_position_embeddings,
+  // hidden, layers and heads; the rest of its shape is in model_config()).
   const GptConfig& config() const { return config_; }
+  const ModelConfig& model_config() const { return model_config_; }
+  const TransformerBlockSpec& block_spec() const { return spec_; }
   const GptModelOptions& options() const { return options_; }
   int64_t batch() const { return options_.batch; }
   int64_t seq_len() const { return options_.seq_len; }
@@ -242,6 +296,7 @@ class GptModel {
   class Buffer;
   class ScopedAccess;
   struct LinearOp;
+  struct QkvOp;
   struct BlockOps;
   struct BlockActs;
   struct Activations;
@@ -254,8 +309,18 @@ class GptModel {
   };
   enum class ForwardMode { kTrain, kCheckpoint, kEvaluate };
 
-  GptModel(const GptConfig& config, ChunkStore* store, ChunkManager* manager,
-           DeviceMemory* accelerator, const GptModelOptions& options);
+  GptModel(const ModelConfig& config, const GptConfig& gpt, ChunkStore* store,
+           ChunkManager* manager, DeviceMemory* accelerator, const GptModelOptions& options);
+  static absl::StatusOr<std::unique_ptr<GptModel>> CreateImpl(
+      const ModelConfig& config, const GptConfig& gpt, ChunkStore* store, ChunkManager* manager,
+      DeviceMemory* accelerator, const GptModelOptions& options);
+  // The LM head's blocks: lm_head's when untied, else the embedding's.
+  const std::vector<VocabBlock>& head_blocks() const {
+    return spec_.tied_lm_head ? vocab_blocks_ : lm_head_blocks_;
+  }
+  // The row blocks of Hugging Face tensor `name` (the embedding's or the untied LM head's), or
+  // nullptr.
+  const std::vector<VocabBlock>* BlocksOf(absl::string_view name) const;
 
   absl::Status ResolveLayout();
   // FailedPrecondition if a param slot holds a gradient (its tensor is HOLD_AFTER_BWD: a backward
@@ -303,6 +368,16 @@ class GptModel {
                              absl::Span<const float> x, absl::Span<float> y);
   absl::Status LayerNormFwd(const LinearOp& op, absl::Span<const float> x, Buffer& y, Buffer& mean,
                             Buffer& rstd);
+  // The block's norm (LayerNorm or RMSNorm, which keeps no mean) and the Llama block.
+  absl::Status NormFwd(const LinearOp& op, absl::Span<const float> x, Buffer& y, Buffer& mean,
+                       Buffer& rstd);
+  absl::Status LlamaBlockForward(int64_t layer, absl::Span<const float> in, bool recompute,
+                                 BlockActs& a, Buffer& out);
+  // y = x W^T (+ b) for an nn.Linear, inside the caller's access of its operator.
+  absl::Status NnLinearFwd(TensorId w, TensorId b, int64_t in_features, int64_t out_features,
+                           absl::Span<const float> x, absl::Span<float> y);
+  absl::Status NnLinearForward(const LinearOp& op, int64_t in_features, int64_t out_features,
+                               absl::Span<const float> x, absl::Span<float> y);
   absl::Status Backward(absl::Span<const int32_t> tokens, absl::Span<const int32_t> targets,
                         double loss_scale, Activations& acts);
   // Backward through block `layer` from d(output) `dres`, which becomes d(input); frees the
@@ -314,8 +389,21 @@ class GptModel {
   absl::Status LayerNormBwd(const LinearOp& op, absl::Span<const float> x,
                             absl::Span<const float> mean, absl::Span<const float> rstd,
                             absl::Span<const float> dy, absl::Span<float> dx);
+  absl::Status NormBwd(const LinearOp& op, absl::Span<const float> x, absl::Span<const float> mean,
+                       absl::Span<const float> rstd, absl::Span<const float> dy,
+                       absl::Span<float> dx);
+  absl::Status LlamaBlockBackward(int64_t layer, BlockActs& a, Buffer& in, Buffer& dres);
+  // dx += dy W, the weight's (and bias's) gradient into its slot, inside the caller's access.
+  absl::Status NnLinearBwd(TensorId w, TensorId b, int64_t in_features, int64_t out_features,
+                           absl::Span<const float> x, absl::Span<const float> dy,
+                           absl::Span<float> dx);
+  absl::Status NnLinearBackward(const LinearOp& op, int64_t in_features, int64_t out_features,
+                                absl::Span<const float> x, absl::Span<const float> dy,
+                                absl::Span<float> dx);
 
+  const ModelConfig model_config_;
   const GptConfig config_;
+  const TransformerBlockSpec spec_;
   GptModelOptions options_;
   ChunkStore* const store_;
   ChunkManager* const manager_;
@@ -326,11 +414,21 @@ class GptModel {
   OperatorId wpe_op_ = -1;
   TensorId wpe_ = -1;
   std::vector<VocabBlock> vocab_blocks_;
+  std::vector<VocabBlock> lm_head_blocks_;  // untied LM head only
   std::vector<BlockOps> blocks_;
-  std::unique_ptr<LinearOp> ln_f_;
+  std::unique_ptr<LinearOp> ln_f_;  // ln_f or model.norm
+  // RoPE tables [seq_len, head_dim / 2] (RoPE positions only).
+  std::vector<float> rope_cos_, rope_sin_;
+  // Hugging Face tensor name -> its index in the unsplit ModelOperators order (the
+  // initialization's stream).
+  absl::flat_hash_map<std::string, uint64_t> init_stream_;
   // Every parameter tensor in GptOperators order (the initialization's stream index).
   std::vector<TensorId> param_tensors_;
 };
+
+// The architecture-neutral name.
+using TransformerModel = GptModel;
+using TransformerModelOptions = GptModelOptions;
 
 }  // namespace ps
 

@@ -80,7 +80,7 @@ struct Fp16Config {
 
 // model. Either a preset (GptPresetNames(), model/gpt_config.h), whose fields the dimensions
 // below override where they are > 0, or no preset and all five dimensions > 0.
-struct ModelConfig {
+struct TrainModelConfig {
   std::string preset;
   int64_t vocab_size = 0;   // "vocab_size"
   int64_t max_seq_len = 0;  // "n_positions"
@@ -89,7 +89,7 @@ struct ModelConfig {
   int64_t num_heads = 0;    // "n_head"
   bool activation_checkpointing = false;
 
-  friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
+  friend bool operator==(const TrainModelConfig&, const TrainModelConfig&) = default;
 };
 
 // chunk.
@@ -129,8 +129,9 @@ struct CheckpointConfig {
   int64_t every = 0;      // steps; 0 = only at the end / on a signal
   int64_t keep_last = 2;  // >= 1
   bool resume = false;
-  std::string init_from;    // Hugging Face GPT-2 safetensors to start from
-  std::string export_path;  // "export": write Hugging Face safetensors at the end
+  std::string init_from;  // Hugging Face GPT-2 safetensors file or model directory to start from
+  std::string
+      export_path;  // "export": Hugging Face safetensors (a directory for a directory model)
 
   friend bool operator==(const CheckpointConfig&, const CheckpointConfig&) = default;
 };
@@ -157,7 +158,7 @@ struct TrainConfig {
   int64_t steps = 0;  // "train_steps" (required > 0 after overrides)
   uint64_t seed = 0;  // "seed": parameter init
   int threads = 0;    // "threads": 0 = hardware concurrency
-  ModelConfig model;
+  TrainModelConfig model;
   ChunkConfig chunk;
   AcceleratorConfig accelerator;
   DataConfig data;

@@ -28,7 +28,7 @@ absl::Status ApplyOverrides(const ConfigOverrides& o, TrainConfig* config) {
                  absl::StrCat("unknown model preset; valid presets: ", absl::StrJoin(names, ", ")));
     }
     const bool checkpointing = c.model.activation_checkpointing;
-    c.model = ModelConfig{};
+    c.model = TrainModelConfig{};
     c.model.preset = *o.model;
     c.model.activation_checkpointing = checkpointing;
     // A preset comes with the sizes that suit it: the chunk size and the emulated accelerator's

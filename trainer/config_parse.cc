@@ -161,7 +161,7 @@ absl::Status ReadPrecision(const JsonReader& r, const Json& top, TrainConfig* c)
 absl::Status ReadModel(const JsonReader& r, const Json& top, TrainConfig* c) {
   ASSIGN_OR_RETURN(const Json* model, r.GetSection(top, ConfigSchema().model, "model"));
   if (model == nullptr) return absl::OkStatus();
-  ModelConfig& m = c->model;
+  TrainModelConfig& m = c->model;
   RETURN_IF_ERROR(r.GetString(*model, "model", "preset", &m.preset));
   RETURN_IF_ERROR(r.GetInt(*model, "model", "vocab_size", &m.vocab_size));
   RETURN_IF_ERROR(r.GetInt(*model, "model", "n_positions", &m.max_seq_len));

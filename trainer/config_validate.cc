@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -143,7 +144,7 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
   }
 
   // Model.
-  const ModelConfig& m = c.model;
+  const TrainModelConfig& m = c.model;
   RETURN_IF_ERROR(CheckString("model.preset", m.preset));
   if (!m.preset.empty()) {
     const std::vector<std::string> names = GptPresetNames();
@@ -225,7 +226,7 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<GptConfig> ResolveModelConfig(const ModelConfig& m) {
+absl::StatusOr<GptConfig> ResolveModelConfig(const TrainModelConfig& m) {
   for (const auto& [key, value] :
        {std::pair<absl::string_view, int64_t>{"model.vocab_size", m.vocab_size},
         {"model.n_positions", m.max_seq_len},
@@ -317,7 +318,19 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
           "; fix one of them or omit train_batch_size to derive it"));
     }
   }
-  ASSIGN_OR_RETURN(const GptConfig model, ResolveModelConfig(c.model));
+  // checkpoint.init_from naming a Hugging Face directory: the model is its config.json's (the
+  // trainer reads it and checks seq_len and chunk.size against it); the model section is then
+  // not checked here.
+  std::error_code ec;
+  const bool model_from_directory =
+      !c.checkpoint.init_from.empty() && std::filesystem::is_directory(c.checkpoint.init_from, ec);
+  GptConfig model;
+  if (model_from_directory) {
+    model.name = c.checkpoint.init_from;
+    model.max_seq_len = std::max<int64_t>(c.data.seq_len, 1);
+  } else {
+    ASSIGN_OR_RETURN(model, ResolveModelConfig(c.model));
+  }
   // Bounds that keep the trainer's batch and token arithmetic far from int64 overflow.
   const double global_batch = static_cast<double>(c.train_micro_batch_size_per_gpu) *
                               static_cast<double>(c.gradient_accumulation_steps) * world_size;
@@ -337,7 +350,7 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
                      model.max_seq_len, ", model ", model.name, "); use at most ",
                      model.max_seq_len, ", or 0 for n_positions"));
   }
-  if (c.chunk.size_elems > 0) {
+  if (c.chunk.size_elems > 0 && !model_from_directory) {
     // wte is split into row blocks sized to the chunk (model/gpt_config.h): the chunk must hold
     // the largest other operator and one LM-head vocabulary tile of rows.
     const int64_t min_elems = GptMinChunkElems(model);

@@ -24,14 +24,16 @@ namespace ps {
 // largest operator (all of an operator's tensors share a chunk), the learning-rate schedule and the
 // loss scaler can be built, checkpoint.every / resume need checkpoint.dir, copy_bandwidth only with
 // the cpu backend, strings are UTF-8 without NUL (they go into JSON manifests). InvalidArgument
-// naming the key(s) and value(s).
+// naming the key(s) and value(s). When checkpoint.init_from names an existing directory (a
+// Hugging Face model, whose config.json defines the model: the one filesystem read here), the
+// model section and the checks against it are left to the trainer.
 [[nodiscard]] absl::Status ValidateTrainConfig(const TrainConfig& config, int world_size = 1);
 
 // The model: the preset (if any) with the explicit dimensions > 0 replacing its fields, checked by
 // ValidateGptConfig (and for sizes whose parameter count would not fit in int64). The name is the
 // preset's, or "custom". InvalidArgument naming model.* keys (the missing dimensions, an unknown
 // preset with the valid names, n_embd not divisible by n_head, ...).
-absl::StatusOr<GptConfig> ResolveModelConfig(const ModelConfig& m);
+absl::StatusOr<GptConfig> ResolveModelConfig(const TrainModelConfig& m);
 
 }  // namespace ps
 

@@ -334,7 +334,7 @@ TEST(ValidateTrainConfigTest, RejectsWhatOnlyCodeOrFlagsCanProduce) {
 TEST(ResolveModelConfigTest, EveryPresetResolvesToItself) {
   for (const std::string& name : GptPresetNames()) {
     SCOPED_TRACE(name);
-    ModelConfig m;
+    TrainModelConfig m;
     m.preset = name;
     ASSERT_OK_AND_ASSIGN(const GptConfig g, ResolveModelConfig(m));
     ASSERT_OK_AND_ASSIGN(const GptConfig want, GptPreset(name));
@@ -352,7 +352,7 @@ TEST(ResolveModelConfigTest, EveryPresetResolvesToItself) {
 }
 
 TEST(ResolveModelConfigTest, ExplicitDimensionsOverrideThePreset) {
-  ModelConfig m;
+  TrainModelConfig m;
   m.preset = "gpt2";
   m.num_layers = 2;
   m.max_seq_len = 256;
@@ -365,7 +365,7 @@ TEST(ResolveModelConfigTest, ExplicitDimensionsOverrideThePreset) {
 }
 
 TEST(ResolveModelConfigTest, CustomModelNeedsEveryDimension) {
-  ModelConfig m;
+  TrainModelConfig m;
   m.vocab_size = 100;
   m.max_seq_len = 16;
   m.hidden = 32;
@@ -376,13 +376,13 @@ TEST(ResolveModelConfigTest, CustomModelNeedsEveryDimension) {
   EXPECT_EQ(GptParameterCount(g), (100 + 16) * 32 + 1 * (12 * 32 * 32 + 13 * 32) + 2 * 32);
   m.num_heads = 0;
   EXPECT_THAT(ResolveModelConfig(m), StatusIs(kInvalid, HasSubstr("missing: model.n_head")));
-  EXPECT_THAT(ResolveModelConfig(ModelConfig{}),
+  EXPECT_THAT(ResolveModelConfig(TrainModelConfig{}),
               StatusIs(kInvalid, HasSubstr("missing: model.vocab_size, model.n_positions, "
                                            "model.n_embd, model.n_layer, model.n_head")));
 }
 
 TEST(ResolveModelConfigTest, HugeDimensionsAreRejectedNotOverflowed) {
-  ModelConfig m;
+  TrainModelConfig m;
   m.preset = "tiny";
   m.num_layers = int64_t{1} << 30;
   m.hidden = int64_t{1} << 30;

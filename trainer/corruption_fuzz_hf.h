@@ -1,6 +1,6 @@
-// The Hugging Face half of corruption_fuzz_test: model/model_config.h and trainer/config.h both
-// define ps::ModelConfig, so the code that needs the former lives in its own translation unit
-// behind this interface (which names neither). Test-only.
+// The Hugging Face half of corruption_fuzz_test, in its own translation unit behind this
+// interface (which names no config type; written when trainer/config.h's TrainModelConfig was
+// still called ModelConfig and clashed with model/model_config.h's). Test-only.
 #ifndef PATRICKSTAR_TRAINER_CORRUPTION_FUZZ_HF_H_
 #define PATRICKSTAR_TRAINER_CORRUPTION_FUZZ_HF_H_
 

@@ -90,7 +90,7 @@ std::map<std::string, std::string> Snapshot(const std::string& root) {
 // The trainer's model for the checkpoints: TinyConfig of trainer_test.cc.
 TrainConfig TinyConfig(const std::string& data) {
   TrainConfig c = DefaultTrainConfig();
-  c.model = ModelConfig{};
+  c.model = TrainModelConfig{};
   c.model.vocab_size = 256;
   c.model.max_seq_len = 32;
   c.model.hidden = 64;

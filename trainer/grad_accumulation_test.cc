@@ -34,7 +34,7 @@ using ::testing::HasSubstr;
 // below its model data: every micro-batch moves chunks.
 TrainConfig TinyConfig(int64_t micro_batch, int64_t accumulation) {
   TrainConfig c = DefaultTrainConfig();
-  c.model = ModelConfig{};
+  c.model = TrainModelConfig{};
   c.model.vocab_size = 256;
   c.model.max_seq_len = 32;
   c.model.hidden = 64;

@@ -32,7 +32,7 @@ TrainConfig Shape(std::mt19937_64& rng, DType* dtype) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
   TrainConfig c = DefaultTrainConfig();
-  c.model = ModelConfig{};
+  c.model = TrainModelConfig{};
   c.model.num_heads = uniform(1, 3);
   c.model.hidden = c.model.num_heads * 8 * uniform(1, 4);
   c.model.vocab_size = uniform(256, 700);  // >= the synthetic corpus's 256 tokens; odd sizes
@@ -114,7 +114,7 @@ TEST(Preflight, RandomShapesTrainWithinThePlansMinimumOrAreRefusedUpFront) {
 // Issue 15: parameters beyond this machine's memory used to abort with std::bad_alloc.
 TEST(Preflight, RefusesAModelBeyondHostMemoryBeforeAllocating) {
   TrainConfig c = DefaultTrainConfig();
-  c.model = ModelConfig{};
+  c.model = TrainModelConfig{};
   c.model.vocab_size = 50257;
   c.model.max_seq_len = 1024;
   c.model.hidden = 16384;

@@ -53,7 +53,9 @@ ABSL_FLAG(std::string, model, "",
 ABSL_FLAG(std::string, train_data, "", "Training tokens: an llm.c .bin file (data.train).");
 ABSL_FLAG(std::string, val_data, "", "Validation tokens: an llm.c .bin file (data.val).");
 ABSL_FLAG(std::string, init_from, "",
-          "Initialize from a Hugging Face GPT-2 safetensors file (checkpoint.init_from).");
+          "Initialize from a Hugging Face GPT-2 safetensors file, or a Hugging Face model "
+          "directory (config.json of Llama/Qwen2/Mistral/GPT-2 + model.safetensors or its "
+          "sharded index), whose config.json then defines the model (checkpoint.init_from).");
 ABSL_FLAG(std::optional<int64_t>, steps, std::nullopt, "Training steps (train_steps).");
 ABSL_FLAG(std::optional<int64_t>, seq_len, std::nullopt,
           "Tokens per sequence (data.seq_len; 0: the model's n_positions).");

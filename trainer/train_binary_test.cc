@@ -92,7 +92,7 @@ Result RunToEnd(const std::vector<std::string>& args, const std::string& dir) {
 // The tiny model of trainer_test.cc, as a config file.
 std::string WriteTinyConfig(const std::string& dir, int64_t steps, int64_t checkpoint_every = 0) {
   TrainConfig c = DefaultTrainConfig();
-  c.model = ModelConfig{};
+  c.model = TrainModelConfig{};
   c.model.vocab_size = 256;
   c.model.max_seq_len = 32;
   c.model.hidden = 64;

@@ -38,7 +38,9 @@
 #include "model/gpt_activation_profile.h"
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
+#include "model/hf_checkpoint.h"
 #include "model/kernels/matmul.h"
+#include "model/model_config.h"
 #include "nlohmann/json.hpp"
 #include "optimizer/cpu_adam.h"
 #include "optimizer/grad_accumulator.h"
@@ -92,6 +94,12 @@ class Trainer::Impl {
  private:
   // No output may overwrite an input or another output (trainer/io/run_paths.h).
   absl::Status CheckPaths() const;
+  // The model from the model section, or from the Hugging Face directory checkpoint.init_from
+  // names (a differing model section is refused naming both).
+  absl::Status ResolveModel();
+  // Whether checkpoint.export writes a Hugging Face directory (the model came from one) rather
+  // than a GPT-2 safetensors file.
+  bool ExportsHfDirectory() const;
   absl::Status LoadData();
   // The pre-flight memory plan (model/gpt_activation_profile.h): the chunk size, the budget and
   // its slack; refuses a run that does not fit before anything is allocated.
@@ -123,7 +131,12 @@ class Trainer::Impl {
   int rank_ = 0;
   int world_ = 1;
   std::unique_ptr<CommCollectives> collectives_;
+  // The model: model_config_ (any architecture); gpt_ its GPT-2 view (ModelConfig's common
+  // dimensions) for the data and checkpoint checks. hf_ is the Hugging Face directory of
+  // checkpoint.init_from, when it names one.
   GptConfig gpt_;
+  ModelConfig model_config_;
+  std::optional<HfCheckpoint> hf_;
   int64_t seq_len_ = 0;
   int64_t micro_batch_ = 0;
   int64_t accumulation_steps_ = 1;  // micro-batches per optimizer step
@@ -176,7 +189,7 @@ absl::Status Trainer::Impl::Build() {
     }
   }
   RETURN_IF_ERROR(ValidateTrainConfig(config_, world_));
-  ASSIGN_OR_RETURN(gpt_, ResolveModelConfig(config_.model));
+  RETURN_IF_ERROR(ResolveModel());
   seq_len_ = ResolveSeqLen(config_, gpt_);
   micro_batch_ = config_.train_micro_batch_size_per_gpu;
   accumulation_steps_ = config_.gradient_accumulation_steps;
@@ -204,7 +217,7 @@ absl::Status Trainer::Impl::Build() {
   RETURN_IF_ERROR(PlanMemoryOrRefuse());
   RETURN_IF_ERROR(LoadData());
 
-  const std::vector<OperatorSpec> ops = GptOperators(gpt_, plan_.vocab);
+  const std::vector<OperatorSpec> ops = ModelOperators(model_config_, plan_.vocab);
 
   // Memory: the emulated accelerator under its cap, pinned host memory under the host cap; one
   // chunk pool per block size (16-bit param chunks take 16-bit blocks).
@@ -276,8 +289,8 @@ absl::Status Trainer::Impl::Build() {
   model_options.seed = config_.seed;
   model_options.threads = threads_;
   SetBlasThreads(threads_);
-  ASSIGN_OR_RETURN(model_, GptModel::Create(gpt_, store_.get(), manager_.get(), accelerator_.get(),
-                                            model_options));
+  ASSIGN_OR_RETURN(model_, TransformerModel::Create(model_config_, store_.get(), manager_.get(),
+                                                    accelerator_.get(), model_options));
 
   CpuAdamOptions cpu_adam_options;
   cpu_adam_options.num_threads = threads_;
@@ -314,6 +327,59 @@ absl::Status Trainer::Impl::Build() {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::Impl::ResolveModel() {
+  const std::string& init_from = config_.checkpoint.init_from;
+  std::error_code ec;
+  if (init_from.empty() || !std::filesystem::is_directory(init_from, ec)) {
+    // The model section (a preset or dimensions); init_from, if any, is a GPT-2 safetensors file.
+    ASSIGN_OR_RETURN(gpt_, ResolveModelConfig(config_.model));
+    model_config_ = FromGptConfig(gpt_);
+    return absl::OkStatus();
+  }
+  // A Hugging Face model directory: the model is its config.json's.
+  absl::StatusOr<HfCheckpoint> hf = HfCheckpoint::Open(init_from);
+  if (!hf.ok()) {
+    return absl::Status(hf.status().code(), absl::StrCat("checkpoint.init_from (--init_from): ",
+                                                         hf.status().message()));
+  }
+  hf_.emplace(*std::move(hf));
+  model_config_ = hf_->config();
+  gpt_ = GptConfigView(model_config_);
+  if (config_.data.seq_len > gpt_.max_seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`data.seq_len` (--seq_len) = ", config_.data.seq_len, " exceeds ", init_from,
+                     "/config.json's max_position_embeddings (", gpt_.max_seq_len,
+                     "); use at most ", gpt_.max_seq_len));
+  }
+  // A model section other than the default one must agree with config.json.
+  TrainModelConfig defaults = DefaultTrainConfig().model, given = config_.model;
+  defaults.activation_checkpointing = given.activation_checkpointing = false;
+  if (given == defaults || given == TrainModelConfig{}) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const GptConfig section, ResolveModelConfig(config_.model));
+  const std::string json = absl::StrCat(init_from, "/config.json");
+  const std::pair<const char*, std::pair<int64_t, int64_t>> keys[] = {
+      {"vocab_size", {section.vocab_size, gpt_.vocab_size}},
+      {"n_positions", {section.max_seq_len, gpt_.max_seq_len}},
+      {"n_embd", {section.hidden, gpt_.hidden}},
+      {"n_layer", {section.num_layers, gpt_.num_layers}},
+      {"n_head", {section.num_heads, gpt_.num_heads}}};
+  const char* hf_keys[] = {"vocab_size", "max_position_embeddings", "hidden_size",
+                           "num_hidden_layers", "num_attention_heads"};
+  for (size_t i = 0; i < std::size(keys); ++i) {
+    if (keys[i].second.first != keys[i].second.second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the config's model section (model.", keys[i].first, " = ", keys[i].second.first,
+          config_.model.preset.empty()
+              ? ""
+              : absl::StrCat(", model.preset \"", config_.model.preset, "\""),
+          ") contradicts ", json, " (", hf_keys[i], " = ", keys[i].second.second,
+          ") of checkpoint.init_from (--init_from); the model comes from the Hugging Face "
+          "directory: remove the model section (or --model)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::Impl::CheckPaths() const {
   const RunInput inputs[] = {{env_.config_path, "the config file (--config)"},
                              {config_.data.train_path, "data.train (--train_data)"},
@@ -322,7 +388,8 @@ absl::Status Trainer::Impl::CheckPaths() const {
   const RunOutput outputs[] = {
       {config_.profile.metrics_path, "profile.metrics (--metrics_out)"},
       {config_.profile.trace_path, "profile.trace (--trace_out)"},
-      {config_.checkpoint.export_path, "checkpoint.export"},
+      {config_.checkpoint.export_path, "checkpoint.export",
+       ExportsHfDirectory() ? RunOutputKind::kReplacedDirectory : RunOutputKind::kFile},
       {config_.checkpoint.dir, "checkpoint.dir (--save_dir)", RunOutputKind::kCheckpointRoot}};
   return CheckRunPaths(inputs, outputs);
 }
@@ -389,6 +456,7 @@ absl::Status Trainer::Impl::LoadData() {
 absl::Status Trainer::Impl::PlanMemoryOrRefuse() {
   GptRunPlanOptions o;
   o.config = gpt_;
+  o.model_config = model_config_;
   o.model.batch = micro_batch_;
   o.model.seq_len = seq_len_;
   o.model.activation_checkpointing = config_.model.activation_checkpointing;
@@ -413,7 +481,8 @@ absl::Status Trainer::Impl::PlanMemoryOrRefuse() {
   o.host_overhead_bytes = 256 * kMiB;
   // Export gathers every tensor as f32 at the end.
   if (!config_.checkpoint.export_path.empty()) {
-    o.host_workspace_bytes = GptParameterCount(gpt_) * static_cast<int64_t>(sizeof(float));
+    o.host_workspace_bytes =
+        ModelParameterCount(model_config_) * static_cast<int64_t>(sizeof(float));
   }
   absl::StatusOr<GptRunPlan> plan = PlanGptRun(o);
   if (!plan.ok()) {
@@ -448,6 +517,14 @@ CheckpointIdentity Trainer::Impl::Identity() const {
 
 absl::Status Trainer::Impl::InitializeWeights() {
   if (config_.checkpoint.resume) return Resume();
+  if (hf_.has_value()) {
+    RETURN_IF_ERROR(model_->LoadHfCheckpoint(*hf_));
+    if (out() != nullptr) {
+      *out() << "initialized from the Hugging Face " << ModelFamilyName(model_config_.family)
+             << " model in " << config_.checkpoint.init_from << "\n";
+    }
+    return absl::OkStatus();
+  }
   if (!config_.checkpoint.init_from.empty()) {
     ASSIGN_OR_RETURN(Gpt2Checkpoint checkpoint, Gpt2Checkpoint::Open(config_.checkpoint.init_from));
     RETURN_IF_ERROR(model_->LoadGpt2Checkpoint(checkpoint));
@@ -521,8 +598,20 @@ absl::Status Trainer::Impl::Resume() {
   return absl::OkStatus();
 }
 
+bool Trainer::Impl::ExportsHfDirectory() const {
+  std::error_code ec;
+  const bool hf_dir = !config_.checkpoint.init_from.empty() &&
+                      std::filesystem::is_directory(config_.checkpoint.init_from, ec);
+  return hf_dir;
+}
+
 absl::Status Trainer::Impl::Export(const std::string& path) {
-  if (collectives_ == nullptr) return model_->SaveGpt2Safetensors(path, DType::kF32);
+  HfExportOptions hf_options;
+  if (hf_.has_value()) hf_options.base_config_json = hf_->config_json();
+  if (collectives_ == nullptr) {
+    if (ExportsHfDirectory()) return model_->SaveHfCheckpoint(path, DType::kF32, hf_options);
+    return model_->SaveGpt2Safetensors(path, DType::kF32);
+  }
   // Gather: each tensor is broadcast from its owner, in checkpoint order; rank 0 keeps them.
   const ChunkLayout& layout = store_->layout();
   std::map<std::string, std::vector<float>> gathered;
@@ -541,7 +630,43 @@ absl::Status Trainer::Impl::Export(const std::string& path) {
     if (rank_ == 0) gathered.emplace(name, std::move(values));
   }
   absl::Status written = absl::OkStatus();
-  if (rank_ == 0) {
+  if (rank_ == 0 && ExportsHfDirectory()) {
+    // Element ranges of the gathered tensors (whole, or assembled from row blocks).
+    const int64_t hidden = model_config_.hidden_size;
+    written = WriteHfCheckpoint(
+        path, model_config_, DType::kF32,
+        ConvertingFill(
+            [&](const TensorSpec& tensor, int64_t first, absl::Span<float> dst) -> absl::Status {
+              const int64_t n = static_cast<int64_t>(dst.size());
+              if (auto it = gathered.find(tensor.name); it != gathered.end()) {
+                if (first + n > static_cast<int64_t>(it->second.size())) {
+                  return absl::InternalError(absl::StrCat("export: '", tensor.name, "' range"));
+                }
+                std::copy(it->second.begin() + first, it->second.begin() + first + n, dst.begin());
+                return absl::OkStatus();
+              }
+              int64_t filled = 0;
+              for (const auto& [stored, values] : gathered) {
+                const std::optional<RowBlockName> block = ParseRowBlockName(stored);
+                if (!block.has_value() || block->base != tensor.name) continue;
+                const int64_t lo = std::max(first, block->row_begin * hidden);
+                const int64_t hi = std::min(
+                    first + n, block->row_begin * hidden + static_cast<int64_t>(values.size()));
+                if (lo >= hi) continue;
+                std::copy(values.begin() + (lo - block->row_begin * hidden),
+                          values.begin() + (hi - block->row_begin * hidden),
+                          dst.begin() + (lo - first));
+                filled += hi - lo;
+              }
+              if (filled != n) {
+                return absl::InternalError(
+                    absl::StrCat("export: tensor '", tensor.name, "' not gathered"));
+              }
+              return absl::OkStatus();
+            },
+            DType::kF32),
+        hf_options);
+  } else if (rank_ == 0) {
     written = WriteGpt2Safetensors(
         path, model_->dims(), DType::kF32,
         [&](absl::string_view name, absl::Span<float> out) -> absl::Status {
@@ -696,7 +821,7 @@ absl::Status Trainer::Impl::SaveCheckpoint() {
 void Trainer::Impl::PrintHeader() {
   if (out() == nullptr) return;
   const ChunkLayout& layout = store_->layout();
-  const int64_t params = GptParameterCount(gpt_);
+  const int64_t params = ModelParameterCount(model_config_);
   const int64_t model_data = params * ModelDataBytesPerParam(dtype_);
   *out() << absl::StrFormat(
       "model %s: %d layers, %d heads, hidden %d, vocab %d, %.2fM parameters, %s of model data "
@@ -851,8 +976,11 @@ absl::Status Trainer::Impl::Run() {
     if (!config_.checkpoint.export_path.empty()) {
       RETURN_IF_ERROR(Export(config_.checkpoint.export_path));
       if (out() != nullptr) {
-        *out() << "exported Hugging Face GPT-2 weights to " << config_.checkpoint.export_path
-               << "\n";
+        *out() << "exported Hugging Face "
+               << (ExportsHfDirectory()
+                       ? absl::StrCat(ModelFamilyName(model_config_.family), " model directory")
+                       : std::string("GPT-2 weights"))
+               << " to " << config_.checkpoint.export_path << "\n";
       }
     }
     return absl::OkStatus();

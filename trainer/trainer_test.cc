@@ -42,7 +42,7 @@ using ::testing::HasSubstr;
 // every step moves chunks.
 TrainConfig TinyConfig() {
   TrainConfig c = DefaultTrainConfig();
-  c.model = ModelConfig{};
+  c.model = TrainModelConfig{};
   c.model.vocab_size = 256;
   c.model.max_seq_len = 32;
   c.model.hidden = 64;

@@ -11,6 +11,8 @@
 //  - Gradient accumulation: 2 ranks x 2 micro-batches of 2 train like 1 rank with batch 8 and
 //    like 2 ranks with micro-batch 4 (losses 1e-5, gradient norms 1e-4 relative, same lr).
 //  - Killing one rank (SIGKILL) makes the job exit non-zero well within the watchdog.
+//  - A Hugging Face Llama directory (--init_from=DIR): 2 ranks train like 1 rank, and the export
+//    gathers every rank's tensors into the directory (bit-exact after a step at lr 0).
 //
 // mpirun flags as comm/mpi_multiprocess_test.cc (offline, as root, 2 cores, TMPDIR=/tmp).
 #include <limits.h>
@@ -22,16 +24,22 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "comm/testing/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "memory/dtype.h"
+#include "model/hf_checkpoint.h"
+#include "model/model_config.h"
 #include "nlohmann/json.hpp"
 #include "trainer/testing/test_files.h"
 
@@ -62,19 +70,17 @@ std::string TempDir() {
 
 // A small f32 run: 2 layers, hidden 64, sequences of 32 tokens, a cap that makes chunks move.
 std::vector<std::string> Flags(int64_t micro_batch, int64_t steps) {
-  return {"--model=tiny",
-          absl::StrCat("--micro_batch_size=", micro_batch),
-          absl::StrCat("--steps=", steps),
-          "--seq_len=32",
-          "--accelerator_memory=64MiB"};
+  return {"--model=tiny", absl::StrCat("--micro_batch_size=", micro_batch),
+          absl::StrCat("--steps=", steps), "--seq_len=32", "--accelerator_memory=64MiB"};
 }
 
 SubprocessResult Run(std::vector<std::string> argv, absl::Duration timeout) {
   SubprocessOptions options;
   options.argv = std::move(argv);
-  options.unset_env = {"XML_OUTPUT_FILE", "GTEST_OUTPUT", "TEST_PREMATURE_EXIT_FILE",
-                       "TEST_WARNINGS_OUTPUT_FILE", "GTEST_SHARD_*", "TEST_SHARD_*",
-                       "TEST_TOTAL_SHARDS", "GTEST_TOTAL_SHARDS", "TMPDIR"};
+  options.unset_env = {
+      "XML_OUTPUT_FILE",           "GTEST_OUTPUT",       "TEST_PREMATURE_EXIT_FILE",
+      "TEST_WARNINGS_OUTPUT_FILE", "GTEST_SHARD_*",      "TEST_SHARD_*",
+      "TEST_TOTAL_SHARDS",         "GTEST_TOTAL_SHARDS", "TMPDIR"};
   options.set_env = {"TMPDIR=/tmp"};
   if (const char* asan = std::getenv("ASAN_OPTIONS"); asan != nullptr) {
     options.unset_env.push_back("ASAN_OPTIONS");
@@ -93,9 +99,9 @@ SubprocessResult RunSingle(std::vector<std::string> flags, absl::Duration timeou
 }
 
 SubprocessResult RunMpi(int np, std::vector<std::string> program, absl::Duration timeout) {
-  std::vector<std::string> argv = {FindMpirun(),     "--allow-run-as-root", "--oversubscribe",
-                                   "-np",            absl::StrCat(np),      "--mca",
-                                   "btl",            "self,vader"};
+  std::vector<std::string> argv = {FindMpirun(), "--allow-run-as-root", "--oversubscribe",
+                                   "-np",        absl::StrCat(np),      "--mca",
+                                   "btl",        "self,vader"};
   argv.insert(argv.end(), program.begin(), program.end());
   return Run(argv, timeout);
 }
@@ -144,8 +150,8 @@ TEST(ZeroTraining, TwoRanksTrainLikeOneRankWithHalfTheModelData) {
   ASSERT_EQ(b.size(), 5u);
   for (size_t i = 0; i < a.size(); ++i) {
     const double la = a[i]["loss"], lb = b[i]["loss"];
-    EXPECT_LE(std::abs(la - lb), 1e-5 * std::abs(la)) << "step " << i + 1 << ": " << la << " vs "
-                                                      << lb;
+    EXPECT_LE(std::abs(la - lb), 1e-5 * std::abs(la))
+        << "step " << i + 1 << ": " << la << " vs " << lb;
     const double ga = a[i]["grad_norm"], gb = b[i]["grad_norm"];
     EXPECT_LE(std::abs(ga - gb), 1e-4 * std::abs(ga)) << "step " << i + 1;
     EXPECT_EQ(a[i]["skipped"], b[i]["skipped"]);
@@ -221,8 +227,7 @@ TEST(ZeroTraining, CheckpointAndResumeUnderTwoRanksIsBitExact) {
     p.insert(p.end(), extra.begin(), extra.end());
     return p;
   };
-  SubprocessResult r =
-      RunMpi(2, program(4, {"--metrics_out=" + straight}), absl::Seconds(300));
+  SubprocessResult r = RunMpi(2, program(4, {"--metrics_out=" + straight}), absl::Seconds(300));
   ASSERT_EQ(r.exit_code, 0) << DescribeExit(r) << "\n" << r.output;
   r = RunMpi(2, program(2, {"--metrics_out=" + resumed, "--save_dir=" + dir + "/ckpt"}),
              absl::Seconds(300));
@@ -230,8 +235,7 @@ TEST(ZeroTraining, CheckpointAndResumeUnderTwoRanksIsBitExact) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt/step-00000002/manifest.json")) << r.output;
   EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt/rank-1/step-00000002/manifest.json"))
       << r.output;
-  r = RunMpi(2,
-             program(4, {"--metrics_out=" + resumed, "--save_dir=" + dir + "/ckpt", "--resume"}),
+  r = RunMpi(2, program(4, {"--metrics_out=" + resumed, "--save_dir=" + dir + "/ckpt", "--resume"}),
              absl::Seconds(300));
   ASSERT_EQ(r.exit_code, 0) << DescribeExit(r) << "\n" << r.output;
   EXPECT_THAT(r.output, HasSubstr("resumed from"));
@@ -254,15 +258,95 @@ TEST(ZeroTraining, CheckpointAndResumeUnderTwoRanksIsBitExact) {
 
 TEST(ZeroTraining, KillingOneRankEndsTheJob) {
   // Rank 1 is SIGKILLed 4 s after it starts (the shell's pid is the trainer's after exec).
-  const std::string script = absl::StrCat(
-      "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then (sleep 4; kill -9 $$) & fi; exec ",
-      TrainBinary(), " --model=tiny --micro_batch_size=2 --seq_len=32 --steps=100000");
+  const std::string script =
+      absl::StrCat("if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then (sleep 4; kill -9 $$) & fi; exec ",
+                   TrainBinary(), " --model=tiny --micro_batch_size=2 --seq_len=32 --steps=100000");
   const absl::Time start = absl::Now();
   const SubprocessResult r = RunMpi(2, {"/bin/sh", "-c", script}, absl::Seconds(120));
   EXPECT_FALSE(r.timed_out) << "the surviving rank hung:\n" << r.output;
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_LT(absl::Now() - start, absl::Seconds(90));
   EXPECT_THAT(r.output, HasSubstr("signal 9"));
+}
+
+// A tiny untied Llama (vocabulary 256 for the built-in corpus), GQA, llama3 rope scaling.
+void WriteTinyLlama(const std::string& dir) {
+  ModelConfig c;
+  c.name = "tiny-llama";
+  c.family = ModelFamily::kLlama;
+  c.vocab_size = 256;
+  c.hidden_size = 64;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.intermediate_size = 128;
+  c.max_position_embeddings = 128;
+  c.rope_scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 64};
+  c.hidden_act = HiddenAct::kSilu;
+  const absl::Status s = WriteHfCheckpoint(
+      dir, c, DType::kF32,
+      ConvertingFill(
+          [](const TensorSpec& t, int64_t first, absl::Span<float> out) -> absl::Status {
+            const bool norm = t.name.find("norm") != std::string::npos;
+            std::mt19937_64 gen(std::hash<std::string>()(t.name) ^ static_cast<uint64_t>(first));
+            std::normal_distribution<double> normal(0.0, 0.02);
+            for (float& v : out) v = norm ? 1.0f : static_cast<float>(normal(gen));
+            return absl::OkStatus();
+          },
+          DType::kF32));
+  ASSERT_TRUE(s.ok()) << s;
+}
+
+TEST(ZeroTraining, HuggingFaceLlamaDirectoryTrainsAndExportsUnderTwoRanks) {
+  const std::string dir = TempDir() + "/hf_llama";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string model = dir + "/model";
+  WriteTinyLlama(model);
+  auto flags = [&](int64_t micro, int64_t steps, const std::string& tag) {
+    const std::string config = absl::StrCat(dir, "/", tag, ".json");
+    // No model section: the model is config.json's. The warm-up starts at lr 0.
+    nlohmann::json json;
+    json["checkpoint"]["export"] = absl::StrCat(dir, "/export_", tag);
+    json["scheduler"] = {
+        {"type", "WarmupLR"},
+        {"params", {{"warmup_min_lr", 0.0}, {"warmup_max_lr", 1e-3}, {"warmup_num_steps", 4}}}};
+    std::ofstream(config) << json.dump();
+    return std::vector<std::string>{"--init_from=" + model,
+                                    "--config=" + config,
+                                    absl::StrCat("--micro_batch_size=", micro),
+                                    absl::StrCat("--steps=", steps),
+                                    "--seq_len=32",
+                                    "--accelerator_memory=64MiB",
+                                    absl::StrCat("--metrics_out=", dir, "/", tag, ".jsonl")};
+  };
+  const SubprocessResult r1 = RunSingle(flags(4, 3, "one"), absl::Seconds(300));
+  ASSERT_EQ(r1.exit_code, 0) << DescribeExit(r1) << "\n" << r1.output;
+  std::vector<std::string> two = {TrainBinary()};
+  for (const std::string& f : flags(2, 3, "two")) two.push_back(f);
+  const SubprocessResult r2 = RunMpi(2, two, absl::Seconds(300));
+  ASSERT_EQ(r2.exit_code, 0) << DescribeExit(r2) << "\n" << r2.output;
+  const std::vector<nlohmann::json> a = ReadMetrics(dir + "/one.jsonl"),
+                                    b = ReadMetrics(dir + "/two.jsonl");
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double la = a[i]["loss"], lb = b[i]["loss"];
+    EXPECT_LE(std::abs(la - lb), 1e-5 * std::abs(la)) << "step " << i + 1;
+  }
+  // One step at lr 0 under 2 ranks: the gathered export equals the imported files.
+  std::vector<std::string> zero_lr = {TrainBinary()};
+  for (const std::string& f : flags(2, 1, "lr0")) zero_lr.push_back(f);
+  const SubprocessResult r3 = RunMpi(2, zero_lr, absl::Seconds(300));
+  ASSERT_EQ(r3.exit_code, 0) << DescribeExit(r3) << "\n" << r3.output;
+  ASSERT_EQ(ReadMetrics(dir + "/lr0.jsonl").at(0)["lr"], 0.0);
+  for (const auto& entry : std::filesystem::directory_iterator(model)) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_EQ(trainer_testing::ReadFile(entry.path().string()),
+              trainer_testing::ReadFile(dir + "/export_lr0/" + name))
+        << name;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,553 @@
+// The chunked model (model/gpt_model.h) in the Llama architecture: a tiny LlamaForCausalLM (GQA,
+// untied LM head, llama3 rope scaling) and a tiny Qwen2ForCausalLM (q/k/v biases, tied
+// embeddings, one kv head) against
+//  - Hugging Face transformers' loss and gradients (the committed reference of
+//    model/kernels/testing/testdata/make_llama_testdata.py), with tiny_llama_test's tolerances;
+//  - model/kernels/testing/tiny_llama (the same kernel calls on host vectors): bit for bit;
+// and against itself: vocabulary row blocks vs whole matrices, activation checkpointing, a roomy
+// accelerator vs one that evicts every chunk (all bit-identical), bf16 chunks tracking f32, the
+// initialization, and a Hugging Face directory round trip (export -> import -> export, bit-exact).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "base/status_macros.h"
+#include "base/testing/status_matchers.h"
+#include "base/thread_pool.h"
+#include "base/units.h"
+#include "chunk/chunk_layout.h"
+#include "chunk/chunk_store.h"
+#include "chunk/chunk_type.h"
+#include "glog/logging.h"
+#include "gtest/gtest.h"
+#include "memory/cpu_backend.h"
+#include "memory/device_memory.h"
+#include "memory/dtype.h"
+#include "model/gpt_activation_profile.h"
+#include "model/gpt_config.h"
+#include "model/gpt_model.h"
+#include "model/hf_checkpoint.h"
+#include "model/kernels/matmul.h"
+#include "model/kernels/testing/tiny_llama.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
+#include "scheduler/chunk_manager.h"
+#include "scheduler/memory_plan.h"
+
+namespace ps {
+namespace {
+
+using ::testing::HasSubstr;
+
+// make_llama_testdata.py's two models (keep in sync with tiny_llama_test.cc).
+ModelConfig LlamaReference() {
+  ModelConfig c;
+  c.name = "tiny-llama-ref";
+  c.family = ModelFamily::kLlama;
+  c.vocab_size = 96;
+  c.hidden_size = 32;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.intermediate_size = 56;
+  c.max_position_embeddings = 128;
+  c.norm_eps = 1e-5;
+  c.rope_theta = 10000;
+  c.rope_scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 128};
+  c.tie_word_embeddings = false;
+  c.hidden_act = HiddenAct::kSilu;
+  return c;
+}
+
+ModelConfig Qwen2Reference() {
+  ModelConfig c;
+  c.name = "tiny-qwen2-ref";
+  c.family = ModelFamily::kQwen2;
+  c.vocab_size = 96;
+  c.hidden_size = 32;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 1;
+  c.head_dim = 8;
+  c.intermediate_size = 64;
+  c.max_position_embeddings = 128;
+  c.norm_eps = 1e-6;
+  c.rope_theta = 1000000;
+  c.qkv_bias = true;
+  c.tie_word_embeddings = true;
+  c.hidden_act = HiddenAct::kSilu;
+  return c;
+}
+
+kernel_testing::TinyLlamaConfig TinyConfigOf(const ModelConfig& m) {
+  kernel_testing::TinyLlamaConfig c;
+  c.vocab_size = m.vocab_size;
+  c.hidden_size = m.hidden_size;
+  c.intermediate_size = m.intermediate_size;
+  c.num_layers = m.num_layers;
+  c.num_heads = m.num_heads;
+  c.num_kv_heads = m.num_kv_heads;
+  c.head_dim = m.head_dim;
+  c.rms_norm_eps = m.norm_eps;
+  c.rope = RopeConfig{m.head_dim, m.rope_theta, "", {}};
+  if (m.rope_scaling.type == RopeScalingType::kLlama3) {
+    c.rope.scaling_type = "llama3";
+    c.rope.llama3 = {m.rope_scaling.factor, m.rope_scaling.low_freq_factor,
+                     m.rope_scaling.high_freq_factor,
+                     static_cast<double>(m.rope_scaling.original_max_position_embeddings)};
+  }
+  c.attention_bias = m.qkv_bias;
+  c.tie_word_embeddings = m.tie_word_embeddings;
+  c.attention_tile = 5;
+  c.ce_row_tile = 7;
+  c.ce_vocab_tile = 24;
+  return c;
+}
+
+constexpr int64_t kBatch = 2, kSeqLen = 11;
+// Chunks of 4096 elements: the largest operator (the whole 96 x 32 embedding, 3072) fits.
+constexpr int64_t kChunkElems = 4096;
+
+struct RigOptions {
+  DType dtype = DType::kF32;
+  int64_t chunk_elems = kChunkElems;
+  int64_t capacity_bytes = 64 * kMiB;
+  std::optional<int64_t> budget_bytes;
+  int64_t vocab_block_rows = 0;
+  GptModelOptions model = {.batch = kBatch,
+                           .seq_len = kSeqLen,
+                           .threads = 2,
+                           .attention_tile = 5,
+                           .ce_row_tile = 7,
+                           .ce_vocab_tile = 24};
+};
+
+struct Rig {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<DeviceMemory> accelerator;
+  std::unique_ptr<DeviceMemory> host;
+  std::unique_ptr<ChunkStore> store;
+  std::unique_ptr<ChunkManager> manager;
+  std::unique_ptr<TransformerModel> model;
+};
+
+absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const ModelConfig& config, const RigOptions& o) {
+  auto rig = std::make_unique<Rig>();
+  ASSIGN_OR_RETURN(rig->backend, CreateCpuBackend({.capacity_bytes = o.capacity_bytes}));
+  DeviceMemoryOptions memory_options;
+  memory_options.chunk_block_bytes = o.chunk_elems * 4;
+  ASSIGN_OR_RETURN(rig->accelerator, CreateAcceleratorMemory(rig->backend.get(), memory_options));
+  ASSIGN_OR_RETURN(rig->host, CreateHostMemory(rig->backend.get(), memory_options));
+  ASSIGN_OR_RETURN(
+      ChunkLayout layout,
+      ChunkLayout::Build({.capacity_elems = o.chunk_elems},
+                         ModelOperators(config, {.vocab_block_rows = o.vocab_block_rows})));
+  ASSIGN_OR_RETURN(rig->store, ChunkStore::Create(std::move(layout), {.compute_dtype = o.dtype}));
+  ChunkManagerOptions manager_options;
+  manager_options.device_budget_bytes = o.budget_bytes;
+  ASSIGN_OR_RETURN(rig->manager,
+                   ChunkManager::Create(rig->store.get(), rig->backend.get(),
+                                        rig->accelerator.get(), rig->host.get(), manager_options));
+  ASSIGN_OR_RETURN(rig->model,
+                   TransformerModel::Create(config, rig->store.get(), rig->manager.get(),
+                                            rig->accelerator.get(), o.model));
+  return rig;
+}
+
+std::string Runfile(const std::string& name) {
+  const char* dir = std::getenv("TEST_SRCDIR");
+  return absl::StrCat(dir != nullptr ? dir : ".", "/patrickstar_cc/model/kernels/testing/testdata/",
+                      name);
+}
+
+std::string TempDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
+}
+
+// The Hugging Face names of `config`'s parameters (vocabulary matrices whole).
+std::vector<std::string> HfNames(const ModelConfig& config) {
+  std::vector<std::string> names;
+  for (const TensorSpec& t : HfParameterSpecs(config)) names.push_back(t.name);
+  return names;
+}
+
+// Sets every parameter (master and param chunks, moments zero) from `values(hf_name)`, sliced
+// for row blocks.
+using ValuesFn = std::function<std::vector<float>(const std::string& hf_name)>;
+absl::Status SetParams(TransformerModel& model, const ValuesFn& values) {
+  return model.LoadTrainingState([&](absl::string_view name, ChunkType type,
+                                     absl::Span<float> out) -> absl::Status {
+    if (type != ChunkType::kMaster) {
+      std::fill(out.begin(), out.end(), 0.0f);
+      return absl::OkStatus();
+    }
+    std::string base(name);
+    int64_t first = 0;
+    if (const std::optional<RowBlockName> block = ParseRowBlockName(name); block.has_value()) {
+      base = block->base;
+      first = block->row_begin * model.model_config().hidden_size;
+    }
+    const std::vector<float> v = values(base);
+    if (first + static_cast<int64_t>(out.size()) > static_cast<int64_t>(v.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("size of ", name));
+    }
+    std::copy(v.begin() + first, v.begin() + first + static_cast<int64_t>(out.size()), out.begin());
+    return absl::OkStatus();
+  });
+}
+
+struct Result {
+  double loss = 0;
+  std::vector<std::vector<float>> grads;  // HfNames order
+};
+
+// One ForwardBackward inside an iteration; the parameters are restored afterwards by `reset`.
+absl::StatusOr<Result> Step(Rig& rig, const std::vector<int32_t>& tokens,
+                            const std::vector<int32_t>& targets) {
+  Result r;
+  RETURN_IF_ERROR(rig.manager->BeginIteration());
+  ASSIGN_OR_RETURN(r.loss, rig.model->ForwardBackward(tokens, targets));
+  for (const std::string& name : HfNames(rig.model->model_config())) {
+    ASSIGN_OR_RETURN(std::vector<float> g, rig.model->ReadTensor(ChunkType::kParam, name));
+    r.grads.push_back(std::move(g));
+  }
+  RETURN_IF_ERROR(rig.manager->EndIteration());
+  EXPECT_EQ(rig.accelerator->scratch()->stats().in_use_bytes, 0);
+  return r;
+}
+
+bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct Reference {
+  const char* file;
+  ModelConfig (*config)();
+};
+const Reference kReferences[] = {{"tiny_llama.safetensors", LlamaReference},
+                                 {"tiny_qwen2.safetensors", Qwen2Reference}};
+
+template <typename E>
+std::vector<E> ReadRaw(const SafetensorsFile& file, const std::string& name,
+                       const std::string& dtype) {
+  const SafetensorsTensorInfo* info = file.Find(name);
+  CHECK(info != nullptr) << name << " missing from " << file.path();
+  CHECK_EQ(info->dtype_name, dtype) << name;
+  std::vector<E> out(info->num_elements);
+  const absl::Span<const uint8_t> bytes = file.Bytes(*info);
+  CHECK_EQ(bytes.size(), out.size() * sizeof(E)) << name;
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+ValuesFn FileValues(const SafetensorsFile& file) {
+  return [&file](const std::string& name) {
+    absl::StatusOr<std::vector<float>> v = file.ReadAsF32(name);
+    CHECK(v.ok()) << v.status();
+    return *std::move(v);
+  };
+}
+
+class LlamaModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override { SetBlasThreads(1); }
+};
+
+// transformers' f32 loss and f64 gradients; tiny_llama bit for bit; the split and the
+// checkpointed model bit for bit.
+TEST_F(LlamaModelTest, MatchesTransformersAndTinyLlama) {
+  for (const Reference& ref : kReferences) {
+    SCOPED_TRACE(ref.file);
+    const ModelConfig config = ref.config();
+    ASSERT_OK_AND_ASSIGN(const SafetensorsFile file, SafetensorsFile::Open(Runfile(ref.file)));
+    const std::vector<int32_t> tokens = ReadRaw<int32_t>(file, "test.tokens", "I32");
+    const std::vector<int32_t> targets = ReadRaw<int32_t>(file, "test.targets", "I32");
+    ASSERT_EQ(static_cast<int64_t>(tokens.size()), kBatch * kSeqLen);
+
+    // Whole vocabulary; row blocks of 24 rows (untied: lm_head's too) with checkpointing.
+    RigOptions split;
+    split.vocab_block_rows = 24;
+    split.model.activation_checkpointing = true;
+    for (const RigOptions& o : {RigOptions{}, split}) {
+      SCOPED_TRACE(absl::StrCat("vocab_block_rows ", o.vocab_block_rows));
+      ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(config, o));
+      ASSERT_OK(SetParams(*rig->model, FileValues(file)));
+      ASSERT_OK_AND_ASSIGN(const double eval, rig->model->Evaluate(tokens, targets));
+      ASSERT_OK_AND_ASSIGN(const Result got, Step(*rig, tokens, targets));
+      EXPECT_EQ(eval, got.loss);
+
+      // transformers, with tiny_llama_test's f32 bounds: the loss within 1e-5 relative, the
+      // gradients within 2e-5 of each tensor's largest (against torch autograd in f64).
+      EXPECT_NEAR(got.loss, ReadRaw<float>(file, "test.loss_f32", "F32")[0], 1e-5 * got.loss);
+      const std::vector<std::string> names = HfNames(config);
+      for (size_t i = 0; i < names.size(); ++i) {
+        const std::vector<double> expected = ReadRaw<double>(file, "test.grad." + names[i], "F64");
+        ASSERT_EQ(expected.size(), got.grads[i].size()) << names[i];
+        double scale = 0, worst = 0;
+        for (size_t j = 0; j < expected.size(); ++j) {
+          scale = std::max(scale, std::abs(expected[j]));
+          worst = std::max(worst, std::abs(expected[j] - got.grads[i][j]));
+        }
+        ASSERT_GT(scale, 0) << names[i];
+        EXPECT_LE(worst, 2e-5 * scale) << names[i];
+      }
+
+      // tiny_llama: the same kernels in the same order on the same values.
+      kernel_testing::TinyLlama<float> tiny(TinyConfigOf(config), kBatch, kSeqLen);
+      for (const kernel_testing::ParamTensor& t : tiny.tensors()) {
+        const std::vector<float> v = FileValues(file)(t.name);
+        std::copy(v.begin(), v.end(), tiny.params().begin() + t.offset);
+      }
+      ThreadPool pool(2);
+      ASSERT_OK_AND_ASSIGN(const double tiny_loss, tiny.Forward(tokens, targets, &pool));
+      ASSERT_OK(tiny.Backward(tokens, targets, &pool));
+      EXPECT_EQ(got.loss, tiny_loss);
+      for (size_t i = 0; i < names.size(); ++i) {
+        const kernel_testing::ParamTensor* t = tiny.Find(names[i]);
+        ASSERT_NE(t, nullptr) << names[i];
+        const std::vector<float> expected(tiny.grads().begin() + t->offset,
+                                          tiny.grads().begin() + t->offset + t->size);
+        EXPECT_TRUE(BitEqual(got.grads[i], expected)) << names[i];
+      }
+    }
+  }
+}
+
+// An accelerator whose budget holds barely the largest operator (every chunk is evicted between
+// uses) computes what a roomy one does, and bf16 chunks track f32.
+TEST_F(LlamaModelTest, EvictionChangesNothingAndBf16TracksF32) {
+  for (const Reference& ref : kReferences) {
+    SCOPED_TRACE(ref.file);
+    const ModelConfig config = ref.config();
+    ASSERT_OK_AND_ASSIGN(const SafetensorsFile file, SafetensorsFile::Open(Runfile(ref.file)));
+    const std::vector<int32_t> tokens = ReadRaw<int32_t>(file, "test.tokens", "I32");
+    const std::vector<int32_t> targets = ReadRaw<int32_t>(file, "test.targets", "I32");
+    RigOptions roomy;
+    roomy.vocab_block_rows = 24;
+    roomy.chunk_elems = 2048;
+    roomy.model.activation_checkpointing = true;
+    RigOptions tight = roomy;
+    // Room for the non-model peak (with checkpointing) and a few of the ~17 chunks the model's
+    // f32 parameters fill.
+    tight.budget_bytes = 96 * kKiB;
+    RigOptions bf16 = roomy;
+    bf16.dtype = DType::kBF16;
+    Result results[3];
+    int64_t loads[3] = {0, 0, 0};
+    int i = 0;
+    for (const RigOptions& o : {roomy, tight, bf16}) {
+      ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(config, o));
+      ASSERT_OK(SetParams(*rig->model, FileValues(file)));
+      // Two iterations: the warm-up, then the scheduled one (the tight budget evicts in both).
+      ASSERT_OK_AND_ASSIGN(results[i], Step(*rig, tokens, targets));
+      ASSERT_OK(SetParams(*rig->model, FileValues(file)));
+      ASSERT_OK_AND_ASSIGN(const Result again, Step(*rig, tokens, targets));
+      EXPECT_EQ(again.loss, results[i].loss);
+      for (const TransferCounters& c : rig->manager->counters().by_stage) loads[i] += c.loads;
+      ++i;
+    }
+    // The tight budget reloads evicted chunks many times over.
+    EXPECT_GT(loads[1], 2 * loads[0]) << loads[0] << " vs " << loads[1];
+    EXPECT_EQ(results[0].loss, results[1].loss);
+    const std::vector<std::string> names = HfNames(config);
+    for (size_t t = 0; t < names.size(); ++t) {
+      EXPECT_TRUE(BitEqual(results[0].grads[t], results[1].grads[t])) << names[t];
+    }
+    // bf16: weights and gradients rounded to 8 bits of mantissa (2^-9 relative each), through
+    // two layers: the loss within 1e-2 relative, each gradient within 5% of its largest value.
+    EXPECT_NEAR(results[2].loss, results[0].loss, 1e-2 * results[0].loss);
+    for (size_t t = 0; t < names.size(); ++t) {
+      double scale = 0, worst = 0;
+      for (size_t j = 0; j < results[0].grads[t].size(); ++j) {
+        scale = std::max(scale, static_cast<double>(std::abs(results[0].grads[t][j])));
+        worst = std::max(
+            worst, static_cast<double>(std::abs(results[0].grads[t][j] - results[2].grads[t][j])));
+      }
+      EXPECT_LE(worst, 5e-2 * scale) << names[t];
+    }
+  }
+}
+
+// transformers' _init_weights: N(0, 0.02) weights, zero biases, unit norm weights; the same seed
+// gives the same model whatever the vocabulary split.
+TEST_F(LlamaModelTest, InitializationIsTransformersAndLayoutIndependent) {
+  const ModelConfig config = Qwen2Reference();
+  RigOptions split;
+  split.vocab_block_rows = 24;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> a, MakeRig(config, {}));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> b, MakeRig(config, split));
+  ASSERT_OK(a->model->InitializeParameters(9));
+  ASSERT_OK(b->model->InitializeParameters(9));
+  for (const std::string& name : HfNames(config)) {
+    ASSERT_OK_AND_ASSIGN(const std::vector<float> va,
+                         a->model->ReadTensor(ChunkType::kParam, name));
+    ASSERT_OK_AND_ASSIGN(const std::vector<float> vb,
+                         b->model->ReadTensor(ChunkType::kParam, name));
+    EXPECT_TRUE(BitEqual(va, vb)) << name;
+    double sum = 0, sum_sq = 0;
+    for (float x : va) {
+      sum += x;
+      sum_sq += static_cast<double>(x) * x;
+    }
+    const double mean = sum / va.size(), std = std::sqrt(sum_sq / va.size() - mean * mean);
+    if (name.find("norm") != std::string::npos) {
+      EXPECT_EQ(mean, 1.0) << name;
+    } else if (name.ends_with(".bias")) {
+      EXPECT_EQ(sum_sq, 0.0) << name;
+    } else if (va.size() >= 1024) {
+      EXPECT_NEAR(std, 0.02, 0.1 * 0.02) << name;
+    }
+  }
+  // A fresh model predicts uniformly: the loss is near ln(vocab).
+  std::mt19937_64 gen(5);
+  std::vector<int32_t> tokens(kBatch * kSeqLen), targets(kBatch * kSeqLen);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(gen() % 96);
+  for (int32_t& t : targets) t = static_cast<int32_t>(gen() % 96);
+  ASSERT_OK_AND_ASSIGN(const double loss, a->model->Evaluate(tokens, targets));
+  EXPECT_NEAR(loss, std::log(96.0), 0.1);
+}
+
+HfExportOptions ShardedExport() {
+  HfExportOptions o;
+  o.max_shard_bytes = 8192;
+  return o;
+}
+
+std::string ReadFileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Export -> import (into a differently split model) -> export: the parameters and the files are
+// bit-exact; a checkpoint of another shape is refused naming the directory.
+TEST_F(LlamaModelTest, HfDirectoryRoundTripIsBitExact) {
+  for (const Reference& ref : kReferences) {
+    SCOPED_TRACE(ref.file);
+    const ModelConfig config = ref.config();
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> a, MakeRig(config, {}));
+    ASSERT_OK(a->model->InitializeParameters(4));
+    const std::string dir1 = TempDir(absl::StrCat(config.name, "-1"));
+    const std::string dir2 = TempDir(absl::StrCat(config.name, "-2"));
+    // Small shards, so the writer streams several files.
+    ASSERT_OK(a->model->SaveHfCheckpoint(dir1, DType::kF32, ShardedExport()));
+    ASSERT_TRUE(std::filesystem::exists(dir1 + "/model.safetensors.index.json"));
+    ASSERT_OK_AND_ASSIGN(const HfCheckpoint ckpt, HfCheckpoint::Open(dir1));
+    RigOptions split;
+    split.vocab_block_rows = 24;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> b, MakeRig(config, split));
+    ASSERT_OK(b->model->LoadHfCheckpoint(ckpt));
+    for (const std::string& name : HfNames(config)) {
+      ASSERT_OK_AND_ASSIGN(const std::vector<float> va,
+                           a->model->ReadTensor(ChunkType::kMaster, name));
+      ASSERT_OK_AND_ASSIGN(const std::vector<float> vb,
+                           b->model->ReadTensor(ChunkType::kMaster, name));
+      EXPECT_TRUE(BitEqual(va, vb)) << name;
+    }
+    ASSERT_OK(b->model->SaveHfCheckpoint(dir2, DType::kF32, ShardedExport()));
+    for (const auto& entry : std::filesystem::directory_iterator(dir1)) {
+      const std::string base = entry.path().filename().string();
+      EXPECT_EQ(ReadFileBytes(entry.path().string()), ReadFileBytes(dir2 + "/" + base)) << base;
+    }
+    // Another shape: refused with both configurations named.
+    ModelConfig other = config;
+    other.intermediate_size += 8;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> c, MakeRig(other, {}));
+    EXPECT_THAT(c->model->LoadHfCheckpoint(ckpt),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(dir1)));
+  }
+}
+
+// The pre-flight plan's activation profile (model/gpt_activation_profile.h) replays the model's
+// scratch allocations: the non-model peak it predicts for each moment of the iteration equals the
+// tide the warm-up measured, for f32/bf16 chunks, whole/split vocabularies, with and without
+// checkpointing, tied and untied.
+TEST_F(LlamaModelTest, ActivationProfileMatchesTheMeasuredTide) {
+  for (const Reference& ref : kReferences) {
+    const ModelConfig config = ref.config();
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      // The measured peak without and with checkpointing (which must lower it: the comparison
+      // sees the activations, not just allocator segments).
+      int64_t peaks[2] = {0, 0};
+      for (bool checkpointing : {false, true}) {
+        for (int64_t rows : {int64_t{0}, int64_t{24}}) {
+          SCOPED_TRACE(absl::StrCat(config.name, " ", DTypeName(dtype), " checkpointing ",
+                                    checkpointing, " rows ", rows));
+          RigOptions o;
+          o.dtype = dtype;
+          o.vocab_block_rows = rows;
+          o.model.activation_checkpointing = checkpointing;
+          ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(config, o));
+          ASSERT_OK(rig->model->InitializeParameters(2));
+          std::mt19937_64 gen(3);
+          std::vector<int32_t> tokens(kBatch * kSeqLen), targets(kBatch * kSeqLen);
+          for (int32_t& t : tokens) t = static_cast<int32_t>(gen() % 96);
+          for (int32_t& t : targets) t = static_cast<int32_t>(gen() % 96);
+          ASSERT_OK(Step(*rig, tokens, targets).status());
+          const TideTrace& tide = rig->manager->tide();
+          ASSERT_TRUE(tide.finished());
+
+          const GptMemoryModel memory =
+              ModelActivationProfile(config, o.model, dtype, {.vocab_block_rows = rows});
+          MemoryPlanOptions p;
+          p.ops = memory.ops;
+          p.profile = memory.profile;
+          p.chunk_elems = o.chunk_elems;
+          p.compute_dtype = dtype;
+          p.accelerator_bytes = o.capacity_bytes;
+          p.scratch = DeviceMemoryOptions{}.scratch;
+          ASSERT_OK_AND_ASSIGN(const MemoryPlan plan, PlanMemory(p));
+          // The iteration's moments, in order, are the model's accesses (no optimizer ran).
+          std::vector<int64_t> predicted;
+          for (const PlannedMoment& m : plan.moments) {
+            if (m.op >= 0) predicted.push_back(m.nonmodel_peak_bytes);
+          }
+          ASSERT_EQ(static_cast<int64_t>(predicted.size()), tide.num_recorded());
+          int64_t measured_peak = 0, predicted_peak = 0;
+          for (int64_t m = 0; m < tide.num_recorded(); ++m) {
+            EXPECT_EQ(predicted[m], tide.sample(m).accelerator_peak_bytes) << "moment " << m;
+            measured_peak = std::max(measured_peak, tide.sample(m).accelerator_peak_bytes);
+            predicted_peak = std::max(predicted_peak, predicted[m]);
+          }
+          EXPECT_EQ(predicted_peak, measured_peak);
+          EXPECT_GT(measured_peak, 0);
+          if (rows == 0) peaks[checkpointing] = measured_peak;
+        }
+      }
+      EXPECT_LT(peaks[1], peaks[0]);
+    }
+  }
+}
+
+TEST_F(LlamaModelTest, LayoutOfAnotherModelIsRefused) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(LlamaReference(), {}));
+  EXPECT_THAT(TransformerModel::Create(Qwen2Reference(), rig->store.get(), rig->manager.get(),
+                                       rig->accelerator.get(), RigOptions{}.model),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  // GPT-2's single-file import/export is not a Llama model's.
+  EXPECT_THAT(rig->model->SaveGpt2Safetensors(TempDir("llama.safetensors"), DType::kF32),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("SaveHfCheckpoint")));
+  GptModelOptions too_long = RigOptions{}.model;
+  too_long.seq_len = 129;
+  EXPECT_THAT(TransformerModel::Create(LlamaReference(), rig->store.get(), rig->manager.get(),
+                                       rig->accelerator.get(), too_long),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("seq_len")));
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,59 @@
+// TransformerBlockSpec: the small description of a transformer block that lets one chunked model
+// (model/gpt_model.h) and one activation profile (model/gpt_activation_profile.h) serve both
+// architectures of model/model_config.h. Everything else (operator accesses, gradient slots,
+// activation checkpointing, 16-bit chunks, the vocabulary in row blocks) is shared; these fields
+// are what differs between GPT-2 and the Llama family.
+//
+// Thread safety: a value type and a pure function.
+#ifndef PATRICKSTAR_MODEL_TRANSFORMER_BLOCK_SPEC_H_
+#define PATRICKSTAR_MODEL_TRANSFORMER_BLOCK_SPEC_H_
+
+#include "model/model_config.h"
+
+namespace ps {
+
+struct TransformerBlockSpec {
+  // LayerNorm (weight and bias, keeps mean and rstd) or RMSNorm (weight, keeps rstd); the final
+  // norm is the same kind.
+  enum class Norm { kLayerNorm, kRmsNorm };
+  // GPT-2's c_fc -> GELU(tanh) -> c_proj, or SwiGLU: down(silu(gate(x)) * up(x)).
+  enum class Mlp { kGelu, kSwiGlu };
+  // GPT-2's fused c_attn ([in, out] Conv1D, multi-head attention over the packed qkv), or
+  // separate q/k/v nn.Linear projections, RoPE on q and k, grouped-query attention.
+  enum class Attention { kFusedMha, kGqaRope };
+  // Learned absolute positions (wpe, added to the embedding) or rotary positions.
+  enum class Positions { kLearned, kRope };
+
+  Norm norm = Norm::kLayerNorm;
+  Mlp mlp = Mlp::kGelu;
+  Attention attention = Attention::kFusedMha;
+  Positions positions = Positions::kLearned;
+  // Linear weights stored [out, in] (nn.Linear) rather than [in, out] (GPT-2's Conv1D).
+  bool linear_out_in = false;
+  bool qkv_bias = true;
+  bool o_bias = true;
+  bool mlp_bias = true;
+  // LM head = token embedding (no lm_head operators).
+  bool tied_lm_head = true;
+};
+
+// The block of `config`'s architecture. REQUIRES: ValidateModelConfig(config) is OK.
+inline TransformerBlockSpec BlockSpecOf(const ModelConfig& config) {
+  TransformerBlockSpec s;
+  if (config.architecture() == ModelArchitecture::kLlama) {
+    s.norm = TransformerBlockSpec::Norm::kRmsNorm;
+    s.mlp = TransformerBlockSpec::Mlp::kSwiGlu;
+    s.attention = TransformerBlockSpec::Attention::kGqaRope;
+    s.positions = TransformerBlockSpec::Positions::kRope;
+    s.linear_out_in = true;
+  }
+  s.qkv_bias = config.qkv_bias;
+  s.o_bias = config.o_proj_bias;
+  s.mlp_bias = config.mlp_bias;
+  s.tied_lm_head = config.tie_word_embeddings;
+  return s;
+}
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_MODEL_TRANSFORMER_BLOCK_SPEC_H_
