@@ -9,11 +9,31 @@
 #include "memory/memory_resource.h"
 
 namespace ps::memory_internal {
+namespace {
+
+// Under AddressSanitizer every allocation comes from the heap, whose blocks ASan surrounds with
+// redzones: an overrun of a chunk block or a device allocation is reported, not silently written
+// into the next mapping.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kMapPages = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kMapPages = false;
+#else
+constexpr bool kMapPages = true;
+#endif
+#else
+constexpr bool kMapPages = true;
+#endif
+
+bool Mapped(int64_t bytes) { return kMapPages && bytes >= kPageAllocationMinBytes; }
+
+}  // namespace
 
 static_assert(kAllocationAlignment <= 4096, "a mapping is only page-aligned");
 
 void* AllocatePages(int64_t bytes) {
-  if (bytes < kPageAllocationMinBytes) {
+  if (!Mapped(bytes)) {
     const int64_t rounded =
         (bytes + kAllocationAlignment - 1) / kAllocationAlignment * kAllocationAlignment;
     return std::aligned_alloc(kAllocationAlignment, static_cast<size_t>(rounded));
@@ -25,7 +45,7 @@ void* AllocatePages(int64_t bytes) {
 
 void FreePages(void* ptr, int64_t bytes) {
   if (ptr == nullptr) return;
-  if (bytes < kPageAllocationMinBytes) {
+  if (!Mapped(bytes)) {
     std::free(ptr);
     return;
   }

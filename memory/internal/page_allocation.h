@@ -10,7 +10,8 @@
 // to the OS when it is freed, so the process's resident set is what the memory plan predicts.
 //
 // Requests below kPageAllocationMinBytes (small test allocations) use aligned_alloc: a mapping
-// each would waste a page apiece and a system call.
+// each would waste a page apiece and a system call. Under AddressSanitizer every request does, so
+// that overruns hit a redzone.
 //
 // Thread safety: thread-safe (the OS's).
 #ifndef PATRICKSTAR_MEMORY_INTERNAL_PAGE_ALLOCATION_H_
