@@ -209,8 +209,14 @@ int Main() {
         std::cerr << preset << " " << dtype << ": " << first.status() << "\n";
         continue;
       }
-      // The plan's minimum must train; else 10% more, three times.
+      // The plan's minimum as planned at that cap (the segments, and so the slack, depend on the
+      // cap), rounded up to 1 MiB, must train; else 10% more, three times.
       int64_t hi = AlignUp(first->plan.min_accelerator_bytes, kMiB);
+      for (int i = 0; i < 3; ++i) {
+        absl::StatusOr<GptRunPlan> at = PlanFor(*config, hi, 0);
+        if (!at.ok() || at->plan.min_accelerator_bytes <= hi) break;
+        hi = AlignUp(at->plan.min_accelerator_bytes, kMiB);
+      }
       Probe at_hi;
       int probes = 0;
       for (int i = 0; i < 4; ++i) {
