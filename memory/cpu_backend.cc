@@ -24,6 +24,7 @@
 #include "base/units.h"
 #include "glog/logging.h"
 #include "memory/internal/backend_errors.h"
+#include "memory/internal/page_allocation.h"
 #include "memory/memory_resource.h"
 
 namespace ps {
@@ -112,7 +113,7 @@ struct SharedState {
   Mutex mu;
   // Live device allocations: start address -> rounded size in bytes.
   absl::btree_map<uintptr_t, int64_t> device_allocations ABSL_GUARDED_BY(mu);
-  absl::btree_set<uintptr_t> pinned_allocations ABSL_GUARDED_BY(mu);
+  absl::btree_map<uintptr_t, int64_t> pinned_allocations ABSL_GUARDED_BY(mu);
   int64_t allocated_bytes ABSL_GUARDED_BY(mu) = 0;
   BackendCounters counters ABSL_GUARDED_BY(mu);
 
@@ -503,9 +504,11 @@ class CpuBackend final : public Backend {
                    << FormatBytes(state_->allocated_bytes) << ") still live; freeing them";
     }
     for (const auto& [p, bytes] : state_->device_allocations) {
-      std::free(reinterpret_cast<void*>(p));
+      memory_internal::FreePages(reinterpret_cast<void*>(p), bytes);
     }
-    for (uintptr_t p : state_->pinned_allocations) std::free(reinterpret_cast<void*>(p));
+    for (const auto& [p, bytes] : state_->pinned_allocations) {
+      memory_internal::FreePages(reinterpret_cast<void*>(p), bytes);
+    }
   }
 
   absl::string_view name() const override { return "cpu"; }
@@ -529,10 +532,12 @@ class CpuBackend final : public Backend {
       return backend_internal::DeviceOutOfMemory(device(), "emulated by the cpu backend", "",
                                                  rounded, state_->allocated_bytes, cap);
     }
-    void* p = std::aligned_alloc(kAllocationAlignment, static_cast<size_t>(rounded));
+    // Mapped pages (memory/internal/page_allocation.h): freed device memory goes back to the OS,
+    // so the emulated accelerator's host footprint is what it holds, never more than the cap.
+    void* p = memory_internal::AllocatePages(rounded);
     if (p == nullptr) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("host RAM backing ", device().ToString(), " is exhausted: aligned_alloc of ",
+          absl::StrCat("host RAM backing ", device().ToString(), " is exhausted: allocating ",
                        FormatBytes(rounded), " failed. Lower the accelerator memory cap."));
     }
     state_->device_allocations[reinterpret_cast<uintptr_t>(p)] = rounded;
@@ -550,31 +555,34 @@ class CpuBackend final : public Backend {
       return backend_internal::NotALiveAllocation("FreeDevice", ptr, device(), "device");
     }
     state_->allocated_bytes -= it->second;
+    memory_internal::FreePages(ptr, it->second);
     state_->device_allocations.erase(it);
-    std::free(ptr);
     return absl::OkStatus();
   }
 
   absl::StatusOr<void*> AllocatePinnedHost(int64_t bytes) override {
     if (absl::Status s = CheckAllocationSize("AllocatePinnedHost", bytes); !s.ok()) return s;
-    void* p = std::aligned_alloc(kAllocationAlignment,
-                                 static_cast<size_t>(AlignUp(bytes, kAllocationAlignment)));
+    // Mapped pages: a chunk block's tail that is never written is never resident.
+    const int64_t rounded = AlignUp(bytes, kAllocationAlignment);
+    void* p = memory_internal::AllocatePages(rounded);
     if (p == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("host memory exhausted: could not allocate ",
                                                        FormatBytes(bytes),
                                                        " of pinned host memory"));
     }
     MutexLock lock(&state_->mu);
-    state_->pinned_allocations.insert(reinterpret_cast<uintptr_t>(p));
+    state_->pinned_allocations[reinterpret_cast<uintptr_t>(p)] = rounded;
     return p;
   }
 
   absl::Status FreePinnedHost(void* ptr) override {
     MutexLock lock(&state_->mu);
-    if (state_->pinned_allocations.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
+    auto it = state_->pinned_allocations.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == state_->pinned_allocations.end()) {
       return backend_internal::NotALiveAllocation("FreePinnedHost", ptr, device(), "pinned host");
     }
-    std::free(ptr);
+    memory_internal::FreePages(ptr, it->second);
+    state_->pinned_allocations.erase(it);
     return absl::OkStatus();
   }
 

@@ -151,7 +151,33 @@ int64_t ChunkManager::ReclaimUnderPressure() {
   BusyScope busy(this);
   const Stage stage =
       in_iteration_ && metronome_.moment() >= 0 ? PassOf(metronome_.stage()) : Stage::kForward;
-  return engine_->ReclaimUnderPressure(active_chunks_, {stage, CurrentMoment()});
+  const int64_t reclaims = counters_.pressure_reclaims;
+  const int64_t resident = engine_->resident_bytes();
+  const CachingAllocatorStats scratch = accel_->scratch()->stats();
+  const int64_t released = engine_->ReclaimUnderPressure(active_chunks_, {stage, CurrentMoment()});
+  if (counters_.pressure_reclaims > reclaims) {
+    // What the plan's slack did not cover: the numbers to compare with the plan's moment.
+    LOG_FIRST_N(WARNING, 5) << "ChunkManager: pressure reclaim at iteration "
+                            << metronome_.iteration() << " moment " << CurrentMoment() << " ("
+                            << StageName(stage) << "): chunks resident " << FormatBytes(resident)
+                            << " (limit " << FormatBytes(current_limit_bytes_)
+                            << "), non-model in use " << FormatBytes(scratch.in_use_bytes)
+                            << " in segments of " << FormatBytes(scratch.reserved_bytes)
+                            << " (free inside segments "
+                            << FormatBytes(scratch.cached_bytes - scratch.free_segment_bytes)
+                            << ", reserved beside the tide " << FormatBytes(reserved_bytes())
+                            << ")";
+  }
+  return released;
+}
+
+int64_t ChunkManager::UnplannedStrandedBytes() const {
+  const CachingAllocator* scratch = accel_->scratch();
+  if (scratch == nullptr) return 0;
+  const CachingAllocatorStats s = scratch->stats();
+  // Free space inside segments still in use (fully free segments the pools reclaim on demand).
+  const int64_t stranded = s.cached_bytes - s.free_segment_bytes;
+  return std::max<int64_t>(0, stranded - options_.nonmodel_slack_bytes);
 }
 
 // --- Moments -------------------------------------------------------------------------------------
@@ -276,9 +302,10 @@ absl::Status ChunkManager::MakeResident(const std::vector<int64_t>& keys, Stage 
   int64_t own_bytes = 0, missing_bytes = 0;
   for (int64_t key : keys) own_bytes += engine_->key_cost_bytes(key);
   for (int64_t key : missing) missing_bytes += engine_->key_cost_bytes(key);
-  const AccessPlan plan = planner_->PlanAccess(
-      moment, accel_->tracker()->current_bytes(MemoryKind::kNonModelData),
-      engine_->resident_bytes(), own_bytes, engine_->StuckBytes(keep), missing_bytes);
+  const AccessPlan plan =
+      planner_->PlanAccess(moment, accel_->tracker()->current_bytes(MemoryKind::kNonModelData),
+                           engine_->resident_bytes(), own_bytes, engine_->StuckBytes(keep),
+                           missing_bytes, UnplannedStrandedBytes());
   if (!plan.fits) return absl::ResourceExhaustedError(WorkingSetError(what, plan, moment));
   current_limit_bytes_ = plan.limit_bytes;
   VLOG(2) << "moment " << moment << ": " << what << ", limit " << current_limit_bytes_ << " bytes, "
@@ -325,9 +352,9 @@ absl::Status ChunkManager::Prefetch(int64_t moment) {
   int64_t missing_bytes = 0, next_bytes = 0;
   for (int64_t key : keys) missing_bytes += engine_->key_cost_bytes(key);
   for (int64_t key : next_keys) next_bytes += engine_->key_cost_bytes(key);
-  const PrefetchPlan plan =
-      planner_->PlanPrefetch(moment, accel_->tracker()->current_bytes(MemoryKind::kNonModelData),
-                             engine_->resident_bytes(), missing_bytes, next_bytes);
+  const PrefetchPlan plan = planner_->PlanPrefetch(
+      moment, accel_->tracker()->current_bytes(MemoryKind::kNonModelData),
+      engine_->resident_bytes(), missing_bytes, next_bytes, UnplannedStrandedBytes());
   if (!plan.allowed) return absl::OkStatus();
   const MoveContext context{stage, moment};
   if (plan.evict_bytes > 0) {

@@ -66,7 +66,9 @@
 //
 // Pressure. The tide is what the accelerator's MemoryTracker counts. The caching allocator holds
 // activations in segments whose free tails it cannot always reuse, so the device can run out of
-// memory while the tracker says there is room (nonmodel_slack_bytes is the planned margin). When
+// memory while the tracker says there is room (nonmodel_slack_bytes is the planned margin). Every
+// access and prefetch also reads how much the segments strand right now and keeps the part beyond
+// the slack free as well (the planner's unplanned bytes), evicting in order at the access. When
 // it happens anyway, the accelerator's bottom resource asks its reclaimers before failing; with
 // evict_under_pressure the manager is one of them and the engine evicts every chunk that may move.
 // Allocations made by the manager itself (inside its own calls) never trigger this.
@@ -309,6 +311,11 @@ class ChunkManager {
   int64_t NextMoment() const { return in_iteration_ ? metronome_.moment() + 1 : -1; }
   // The current moment for moves and events; -1 outside an iteration.
   int64_t CurrentMoment() const { return in_iteration_ ? metronome_.moment() : -1; }
+  // Free bytes stranded inside the accelerator's activation segments beyond nonmodel_slack_bytes:
+  // memory the tide does not count, the slack does not cover and no chunk can use. Accesses and
+  // prefetches keep that much more room (the plan replays one allocator history; a run whose
+  // segments were released and re-taken under pressure can strand more).
+  int64_t UnplannedStrandedBytes() const;
   // Closes the current moment's tide interval (recording it during the warm-up) and starts
   // moment `moment` (NextMoment()) of `stage`. No-op for an untracked access (moment -1).
   absl::Status Tick(Stage stage, int64_t moment);

@@ -292,6 +292,16 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
 
   // --- Host.
   plan.rank_model_data_bytes = rank_param_bytes + 3 * owned_data_chunks * plan.state_chunk_bytes;
+  // Pages written: a param chunk's whole block (copies between devices move whole payloads), an
+  // optimizer-state chunk's pages up to its last tensor (only the optimizer writes them, tensor
+  // by tensor; the tail's pages are never faulted in).
+  int64_t state_touched_bytes = 0;
+  for (int64_t c = 0; c < layout.num_chunks(); ++c) {
+    if (!layout.HoldsPayload(ChunkType::kMaster, c, o.rank)) continue;
+    state_touched_bytes += std::min(
+        plan.state_chunk_bytes,
+        AlignUp(layout.end_elems(c) * static_cast<int64_t>(sizeof(float)), kHostPageBytes));
+  }
   plan.host_model_data_bytes = plan.rank_model_data_bytes + gathered_bytes;
   if (o.gradient_accumulation_steps > 1) {
     plan.host_accumulator_bytes = owned_data_chunks * plan.state_chunk_bytes;
@@ -308,6 +318,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
                          plan.host_accumulator_bytes + plan.host_accelerator_bytes +
                          o.host_overhead_bytes + o.host_workspace_bytes;
   plan.host_needed_bytes = plan.host_peak_bytes - o.host_resident_bytes;
+  plan.host_model_data_touched_bytes = rank_param_bytes + 3 * state_touched_bytes + gathered_bytes;
+  plan.host_expected_peak_bytes = o.host_resident_bytes + plan.host_model_data_touched_bytes +
+                                  plan.host_accumulator_bytes + plan.host_accelerator_bytes +
+                                  std::min(o.host_overhead_bytes, kExpectedHostOverheadBytes) +
+                                  o.host_workspace_bytes;
   plan.fits_host = true;
   if (o.host_available_bytes > 0 && plan.host_needed_bytes > o.host_available_bytes) {
     plan.fits_host = false;
@@ -341,7 +356,9 @@ std::string MemoryPlan::Summary() const {
     absl::StrAppend(&s, ", emulated accelerator ", FormatBytes(host_accelerator_bytes));
   }
   absl::StrAppend(&s, "; predicted peak ", FormatBytes(host_peak_bytes), " (",
-                  FormatBytes(host_needed_bytes), " more than now)");
+                  FormatBytes(host_needed_bytes), " more than now), expected ",
+                  FormatBytes(host_expected_peak_bytes), " (model data pages written ",
+                  FormatBytes(host_model_data_touched_bytes), ")");
   return s;
 }
 

@@ -10,6 +10,7 @@
 #include "chunk/operator_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "memory/dtype.h"
 #include "scheduler/activation_profile.h"
 
 namespace ps {
@@ -78,6 +79,32 @@ TEST(MemoryPlan, LowerBoundIsTheWorkingSetPlusTheActivationsOfTheWorstMoment) {
   EXPECT_TRUE(p.fits());
   // The model data: param chunks in f32 plus three f32 state chunks each.
   EXPECT_EQ(p.rank_model_data_bytes, 2 * 4 * 4 * kKiB);
+}
+
+// The expected host peak counts the pages written: param blocks whole, optimizer-state chunks up
+// to their last tensor (page-rounded), the measured overhead; the safe bound counts every block
+// and the budgeted overhead.
+TEST(MemoryPlan, ExpectedHostPeakCountsTheWrittenPages) {
+  MemoryPlanOptions o = Options();
+  o.ops = {
+      {"a", {{"a.w", {1500}}}}, {"b", {{"b.w", {2000}}, {"b.b", {1000}}}}, {"c", {{"c.w", {10}}}}};
+  o.profile = Profile(o.ops);
+  o.chunk_elems = 4096;  // a in chunk 0 (6000 bytes), b and c in chunk 1 (12040 bytes)
+  o.host_resident_bytes = 1 * kMiB;
+  o.host_overhead_bytes = 256 * kMiB;
+  ASSERT_OK_AND_ASSIGN(MemoryPlan p, PlanMemory(o));
+  ASSERT_EQ(p.num_chunks, 2);
+  EXPECT_EQ(p.rank_model_data_bytes, 2 * 4 * 16 * kKiB);
+  EXPECT_EQ(p.host_model_data_touched_bytes, 2 * 16 * kKiB + 3 * (8 + 12) * kKiB);
+  EXPECT_EQ(p.host_peak_bytes, 1 * kMiB + 2 * 4 * 16 * kKiB + 256 * kMiB);
+  EXPECT_EQ(p.host_expected_peak_bytes,
+            1 * kMiB + p.host_model_data_touched_bytes + kExpectedHostOverheadBytes);
+  // The budgeted overhead caps the measured one; 16-bit param blocks are half as large.
+  o.host_overhead_bytes = 1 * kMiB;
+  o.compute_dtype = DType::kBF16;
+  ASSERT_OK_AND_ASSIGN(p, PlanMemory(o));
+  EXPECT_EQ(p.host_model_data_touched_bytes, 2 * 8 * kKiB + 3 * (8 + 12) * kKiB);
+  EXPECT_EQ(p.host_expected_peak_bytes, 2 * kMiB + p.host_model_data_touched_bytes);
 }
 
 TEST(MemoryPlan, RefusesABudgetBelowTheMinimumAndHostMemoryBelowTheNeed) {

@@ -61,10 +61,12 @@ int64_t ResidencyPlanner::ChunkableBytes(int64_t moment) const {
   return trace_->ChunkableBytes(moment, options_.budget_bytes, options_.reserved_bytes);
 }
 
-MomentLimits ResidencyPlanner::LimitsAt(int64_t moment, int64_t nonmodel_now_bytes) const {
+MomentLimits ResidencyPlanner::LimitsAt(int64_t moment, int64_t nonmodel_now_bytes,
+                                        int64_t unplanned_bytes) const {
   MomentLimits l;
   const int64_t budget = options_.budget_bytes;
   const int64_t reserved = options_.reserved_bytes;
+  const int64_t unplanned = std::max<int64_t>(0, unplanned_bytes);
   if (OnTrace(moment)) {
     l.known = true;
     l.tide_bytes = trace_->AcceleratorTideBytes(moment);
@@ -78,14 +80,18 @@ MomentLimits ResidencyPlanner::LimitsAt(int64_t moment, int64_t nonmodel_now_byt
     l.target_bytes = std::min(l.hard_bytes, static_cast<int64_t>(options_.warmup_chunk_fraction *
                                                                  static_cast<double>(budget)));
   }
+  // Unplanned bytes lower the target only: an access whose working set still fits the hard limit
+  // runs (the pressure reclaimer stays the backstop), it just keeps fewer other chunks.
+  l.target_bytes = std::max<int64_t>(0, l.target_bytes - unplanned);
   return l;
 }
 
 AccessPlan ResidencyPlanner::PlanAccess(int64_t moment, int64_t nonmodel_now_bytes,
                                         int64_t resident_bytes, int64_t own_bytes,
-                                        int64_t stuck_bytes, int64_t missing_bytes) const {
+                                        int64_t stuck_bytes, int64_t missing_bytes,
+                                        int64_t unplanned_bytes) const {
   AccessPlan p;
-  p.limits = LimitsAt(moment, nonmodel_now_bytes);
+  p.limits = LimitsAt(moment, nonmodel_now_bytes, unplanned_bytes);
   p.own_bytes = own_bytes;
   p.working_set_bytes = p.own_bytes + stuck_bytes;
   p.fits = p.working_set_bytes <= p.limits.hard_bytes;
@@ -104,12 +110,13 @@ int64_t ResidencyPlanner::PrefetchMoment(int64_t moment) const {
 
 PrefetchPlan ResidencyPlanner::PlanPrefetch(int64_t moment, int64_t nonmodel_now_bytes,
                                             int64_t resident_bytes, int64_t missing_bytes,
-                                            int64_t next_access_bytes) const {
+                                            int64_t next_access_bytes,
+                                            int64_t unplanned_bytes) const {
   const int64_t next = PrefetchMoment(moment);
   CHECK_GE(next, 0) << "no prefetch after moment " << moment;
   PrefetchPlan p;
-  const int64_t over =
-      resident_bytes + missing_bytes - LimitsAt(moment, nonmodel_now_bytes).target_bytes;
+  const int64_t over = resident_bytes + missing_bytes -
+                       LimitsAt(moment, nonmodel_now_bytes, unplanned_bytes).target_bytes;
   if (over <= 0) {
     p.allowed = true;
     return p;

@@ -137,13 +137,19 @@ class ResidencyPlanner {
   // target(m) on the trace. REQUIRES: OnTrace(moment).
   int64_t ChunkableBytes(int64_t moment) const;
   // The limits at `moment` (-1: untracked) when `nonmodel_now_bytes` of non-model data are in use
-  // on the accelerator.
-  MomentLimits LimitsAt(int64_t moment, int64_t nonmodel_now_bytes) const;
+  // on the accelerator and `unplanned_bytes` (>= 0) more are held beyond the tide and the reserve
+  // (free space stranded in the activation allocator's segments beyond the planned slack, which no
+  // chunk can use): the target shrinks by them, so the access evicts for them in order rather
+  // than the pressure reclaimer in an emergency (the hard limit, whether the access can run at
+  // all, does not: the pressure reclaimer stays the backstop).
+  MomentLimits LimitsAt(int64_t moment, int64_t nonmodel_now_bytes,
+                        int64_t unplanned_bytes = 0) const;
   // An access at `moment` of chunks costing `own_bytes`, `missing_bytes` of them not resident,
   // while other resident chunks costing `stuck_bytes` cannot move and `resident_bytes` are
   // resident (all in accelerator cost, ChunkCostBytes).
   AccessPlan PlanAccess(int64_t moment, int64_t nonmodel_now_bytes, int64_t resident_bytes,
-                        int64_t own_bytes, int64_t stuck_bytes, int64_t missing_bytes) const;
+                        int64_t own_bytes, int64_t stuck_bytes, int64_t missing_bytes,
+                        int64_t unplanned_bytes = 0) const;
 
   // The moment whose chunks a prefetch after `moment` would load: moment + 1 when both are on
   // the trace and it is not an ADAM moment; -1 otherwise.
@@ -151,7 +157,8 @@ class ResidencyPlanner {
   // A prefetch after `moment` of chunks costing `missing_bytes` (of the PrefetchMoment's accesses,
   // whose chunks cost `next_access_bytes` in all). REQUIRES: PrefetchMoment(moment) >= 0.
   PrefetchPlan PlanPrefetch(int64_t moment, int64_t nonmodel_now_bytes, int64_t resident_bytes,
-                            int64_t missing_bytes, int64_t next_access_bytes) const;
+                            int64_t missing_bytes, int64_t next_access_bytes,
+                            int64_t unplanned_bytes = 0) const;
 
   // The ADAM placement over the chunk indices whose optimizer state this rank holds
   // (`state_indices`, any order). REQUIRES: a trace.

@@ -90,6 +90,29 @@ TEST(ResidencyPlanner, LimitsOnTheTraceLeaveRoomForThisAndTheNextMoment) {
   EXPECT_EQ(l.target_bytes, 0);
 }
 
+// Free space stranded in the activation segments beyond the slack ("unplanned"): the target
+// shrinks by it, on and off the trace, never below 0; the hard limit (whether the access can run
+// at all) does not, and an access whose working set exceeds the lowered target still fits.
+TEST(ResidencyPlanner, UnplannedBytesLowerTheTargetNotTheHardLimit) {
+  const TideTrace trace = MakeTrace(kMoments);
+  ResidencyPlanner p = MakePlanner(kOptions);
+  p.SetTrace(&trace);
+  for (int64_t unplanned : {int64_t{0}, int64_t{7}, int64_t{50}, int64_t{1000}}) {
+    SCOPED_TRACE(unplanned);
+    for (int64_t moment : {int64_t{1}, int64_t{-1}}) {
+      const MomentLimits plain = p.LimitsAt(moment, 10);
+      const MomentLimits l = p.LimitsAt(moment, 10, unplanned);
+      EXPECT_EQ(l.hard_bytes, plain.hard_bytes);
+      EXPECT_EQ(l.target_bytes, std::max<int64_t>(0, plain.target_bytes - unplanned));
+    }
+    const AccessPlan a = p.PlanAccess(1, 10, /*resident_bytes=*/50, /*own_bytes=*/10,
+                                      /*stuck_bytes=*/0, /*missing_bytes=*/10, unplanned);
+    EXPECT_TRUE(a.fits);
+    EXPECT_EQ(a.limit_bytes, std::max<int64_t>(10, 100 - 40 - 6 - unplanned));
+    EXPECT_EQ(a.evict_bytes, std::max<int64_t>(0, 50 + 10 - a.limit_bytes));
+  }
+}
+
 TEST(ResidencyPlanner, OffTheTraceTheWarmupShareApplies) {
   const TideTrace trace = MakeTrace(kMoments);
   ResidencyPlanner p = MakePlanner(kOptions);

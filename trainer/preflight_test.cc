@@ -108,7 +108,41 @@ TEST(Preflight, RandomShapesTrainWithinThePlansMinimumOrAreRefusedUpFront) {
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<Trainer> trainer, Trainer::Create(c));
     ASSERT_OK(trainer->Run());
     EXPECT_LE(trainer->summary().accelerator_peak_total_bytes, c.accelerator.memory_bytes);
+    // The plan's segments and slack reach the allocator and the manager: no emergency eviction.
+    EXPECT_EQ(trainer->summary().pressure_reclaims, 0);
   }
+}
+
+// Issue 12: preset 1B in bf16 under 2 GiB finished the warm-up, then ran out of accelerator memory
+// (trainer/activation_profile_match_test reproduces the mechanism at a tiny shape). At the plan
+// level for the real preset: it fits; the activation segments are sized to the budget; the slack
+// the manager reserves covers every byte the segments strand in the replay (the bytes a manager
+// without slack fills with chunks after the warm-up), and the warm-up share leaves room for the
+// highest activation peak plus that slack.
+TEST(Preflight, Preset1BInBf16Under2GiBKeepsRoomForWhatItsSegmentsStrand) {
+  GptRunPlanOptions o;
+  ASSERT_OK_AND_ASSIGN(o.config, GptPreset("1B"));
+  o.model.batch = 1;
+  o.model.seq_len = 64;
+  o.model.activation_checkpointing = true;
+  o.model.threads = 2;
+  o.compute_dtype = DType::kBF16;
+  o.accelerator_bytes = 2 * kGiB;
+  ASSERT_OK_AND_ASSIGN(const GptRunPlan run, PlanGptRun(o));
+  const MemoryPlan& p = run.plan;
+  EXPECT_TRUE(p.fits_accelerator);
+  EXPECT_EQ(run.scratch.small_segment_bytes, 2 * kMiB);
+  EXPECT_GT(p.stranded_bytes, 0);
+  EXPECT_GE(p.slack_bytes, p.stranded_bytes + run.scratch.small_segment_bytes);
+  for (const PlannedMoment& m : p.moments) {
+    EXPECT_LE(m.stranded_bytes, p.slack_bytes);
+  }
+  EXPECT_LE(p.warmup_chunk_fraction * static_cast<double>(run.accelerator_bytes) +
+                static_cast<double>(p.activation_peak_bytes + p.slack_bytes),
+            static_cast<double>(run.accelerator_bytes));
+  // The host: 1B's model data is 14 bytes per parameter plus the chunks' padding.
+  EXPECT_GE(p.host_model_data_bytes, 14 * p.parameters);
+  EXPECT_LT(p.host_expected_peak_bytes, p.host_peak_bytes);
 }
 
 // Issue 15: parameters beyond this machine's memory used to abort with std::bad_alloc.

@@ -763,6 +763,7 @@ absl::Status Trainer::Impl::Step(StepMetrics& m) {
   m.loaded_bytes = d.load_bytes;
   m.written_back_bytes = d.write_back_bytes;
   m.evictions = d.write_backs + d.clean_evictions;
+  m.pressure_reclaims = c1.pressure_reclaims - c0.pressure_reclaims;
 
   if (trace_ != nullptr) {
     const int64_t trace_t2 = trace_->NowNs();
@@ -908,6 +909,7 @@ void Trainer::Impl::WriteMetrics(const StepMetrics& m) {
   j["loaded_bytes"] = m.loaded_bytes;
   j["written_back_bytes"] = m.written_back_bytes;
   j["evictions"] = m.evictions;
+  j["pressure_reclaims"] = m.pressure_reclaims;
   if (m.val_loss.has_value()) j["val_loss"] = *m.val_loss;
   if (absl::Status s = metrics_->Write(j); !s.ok()) {
     LOG(WARNING) << "metrics: " << s;
@@ -1025,6 +1027,7 @@ absl::Status Trainer::Impl::Run() {
   summary_.prefetch_hits = c.prefetch_hits;
   summary_.write_behinds = c.write_behinds;
   summary_.pressure_evictions = c.pressure_evictions;
+  summary_.pressure_reclaims = c.pressure_reclaims;
   summary_.world_size = world_;
   summary_.rank_model_data_bytes =
       store_->PayloadBytesOn(Device::Host()) + store_->PayloadBytesOn(accelerator_->device());
@@ -1076,9 +1079,9 @@ std::string Trainer::Impl::SummaryText() const {
       "in %d write-backs (%d started early, write-behind), %d clean evictions (no copy)%s\n",
       FormatBytes(s.loaded_bytes), s.loads, s.prefetches, s.prefetch_hits,
       FormatBytes(s.written_back_bytes), s.write_backs, s.write_behinds, s.clean_evictions,
-      s.pressure_evictions > 0
-          ? absl::StrFormat(", %d evicted under memory pressure", s.pressure_evictions)
-          : std::string());
+      s.pressure_evictions > 0 ? absl::StrFormat(", %d evicted under memory pressure (%d reclaims)",
+                                                 s.pressure_evictions, s.pressure_reclaims)
+                               : std::string());
   if (s.world_size > 1) {
     os << absl::StrFormat(
         "ZeRO over %d ranks (rank 0's numbers): all-gathered %s, reduce-scattered %s, %.1f s in "

@@ -116,6 +116,9 @@ struct StepMetrics {
   int64_t loaded_bytes = 0;
   int64_t written_back_bytes = 0;
   int64_t evictions = 0;  // write-backs and clean evictions
+  // Times the accelerator ran out of memory between accesses and the chunk manager evicted under
+  // pressure (0 when the plan's slack held).
+  int64_t pressure_reclaims = 0;
   std::optional<double> val_loss;
 };
 
@@ -139,7 +142,7 @@ struct TrainSummary {
   int64_t host_peak_non_model_bytes = 0;
   int64_t loaded_bytes = 0, written_back_bytes = 0;
   int64_t loads = 0, write_backs = 0, write_behinds = 0, clean_evictions = 0, prefetches = 0,
-          prefetch_hits = 0, pressure_evictions = 0;
+          prefetch_hits = 0, pressure_evictions = 0, pressure_reclaims = 0;
   bool stopped_by_request = false;
   // Chunk payload bytes this rank holds (host and accelerator) after the last step: its share of
   // the model data (under ZeRO, the chunks it owns).

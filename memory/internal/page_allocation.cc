@@ -1,0 +1,57 @@
+#include "memory/internal/page_allocation.h"
+
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstdlib>
+
+#include "glog/logging.h"
+#include "memory/memory_resource.h"
+
+namespace ps::memory_internal {
+namespace {
+
+// Under AddressSanitizer every allocation comes from the heap, whose blocks ASan surrounds with
+// redzones: an overrun of a chunk block or a device allocation is reported, not silently written
+// into the next mapping.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kMapPages = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kMapPages = false;
+#else
+constexpr bool kMapPages = true;
+#endif
+#else
+constexpr bool kMapPages = true;
+#endif
+
+bool Mapped(int64_t bytes) { return kMapPages && bytes >= kPageAllocationMinBytes; }
+
+}  // namespace
+
+static_assert(kAllocationAlignment <= 4096, "a mapping is only page-aligned");
+
+void* AllocatePages(int64_t bytes) {
+  if (!Mapped(bytes)) {
+    const int64_t rounded =
+        (bytes + kAllocationAlignment - 1) / kAllocationAlignment * kAllocationAlignment;
+    return std::aligned_alloc(kAllocationAlignment, static_cast<size_t>(rounded));
+  }
+  void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+void FreePages(void* ptr, int64_t bytes) {
+  if (ptr == nullptr) return;
+  if (!Mapped(bytes)) {
+    std::free(ptr);
+    return;
+  }
+  // munmap fails only for an address range that was never mapped: a caller's bug.
+  PCHECK(munmap(ptr, static_cast<size_t>(bytes)) == 0)
+      << "munmap of " << bytes << " bytes at " << ptr;
+}
+
+}  // namespace ps::memory_internal
