@@ -526,6 +526,11 @@ absl::StatusOr<AdamPlacement> ChunkManager::BeginAdam() {
                      "' is still accessed; release every operator before the optimizer step"));
   }
   RETURN_IF_ERROR(FinishGroups(PassOf(Stage::kBackward)));
+  // The optimizer reads the gradients backward's kernels write: CPU Adam on the host, GPU Adam on
+  // its own stream, from chunks that stay where backward left them (no move, so no copy waits for
+  // the compute stream). Every gradient is needed before the first update anyway (the global norm
+  // and the overflow check), so one host wait here costs no overlap.
+  RETURN_IF_ERROR(engine_->WaitForCompute());
   const int64_t moment = NextMoment();
   RETURN_IF_ERROR(Tick(Stage::kAdam, moment));
   // Nothing is known during the warm-up (or off the trace): every index runs on the host.

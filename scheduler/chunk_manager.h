@@ -206,8 +206,10 @@ class ChunkManager {
 
   // --- The optimizer --------------------------------------------------------------------------
 
-  // The start of the optimizer step (a moment of stage ADAM). Returns the placement (see the file
-  // comment). FailedPrecondition while an operator is accessed.
+  // The start of the optimizer step (a moment of stage ADAM). Waits (on the host) for the compute
+  // stream up to the last Release, so the optimizer never reads a gradient a queued backward
+  // kernel has yet to write. Returns the placement (see the file comment). FailedPrecondition
+  // while an operator is accessed; the compute stream's asynchronous error, if any.
   [[nodiscard]] absl::StatusOr<AdamPlacement> BeginAdam();
 
   // Makes chunk `chunk_index` of each of `types` resident on `device` (the accelerator of this

@@ -562,6 +562,43 @@ TEST_F(ChunkManagerApiTest, MemoryPressureEvictsChunksThatMayMove) {
   ASSERT_OK(m.Release(0, Stage::kForward));
 }
 
+// Backward's kernels run on the compute stream after the host has moved on (a GPU, or the emulated
+// accelerator's asynchronous kernels). The optimizer step must not read a gradient before the
+// kernel that writes it has run: BeginAdam waits for the compute stream up to the last Release.
+// Here the compute stream is stalled, so the queued "backward kernel" runs only once the host
+// waits for the backend; an optimizer step that read the chunk without that wait would see the old
+// bytes every time, not once in a thousand runs (issue 13's BeginAdam race).
+TEST_F(ChunkManagerApiTest, OptimizerStepWaitsForGradientsBackwardStillHasQueued) {
+  ChunkManager& m = h_->manager();
+  ASSERT_OK(m.BeginIteration());
+  ASSERT_OK(m.Access(2, Stage::kBackward));  // op2: the whole of chunk 1
+  ASSERT_OK_AND_ASSIGN(const TensorView view, h_->store().View(ChunkType::kParam, 2));
+  ASSERT_EQ(view.device, m.accelerator_device());
+  float* grad = static_cast<float*>(view.data);
+  const int64_t n = view.numel;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CpuStreamStall> stall, StallCpuStream(h_->compute_stream()));
+  ASSERT_OK(h_->compute_stream().LaunchHostFunc([grad, n] {
+    for (int64_t i = 0; i < n; ++i) grad[i] = 0.5f + static_cast<float>(i);
+  }));
+  ASSERT_OK(m.Release(2, Stage::kBackward));
+  ASSERT_TRUE(stall->active());  // the host ran ahead: the gradient is not written yet
+
+  ASSERT_OK(m.BeginAdam().status());
+  // The optimizer takes the chunk where it is (the accelerator: no move, so no copy waits).
+  ASSERT_OK(m.AccessChunks(1, {ChunkType::kParam}, m.accelerator_device(), AccessMode::kRead));
+  ASSERT_OK_AND_ASSIGN(const TensorView now, h_->store().View(ChunkType::kParam, 2));
+  ASSERT_EQ(now.data, view.data);
+  const float* read = static_cast<const float*>(now.data);
+  int64_t stale = 0;
+  for (int64_t i = 0; i < n; ++i) stale += read[i] != 0.5f + static_cast<float>(i) ? 1 : 0;
+  EXPECT_EQ(stale, 0) << "the optimizer read " << stale << " of " << n
+                      << " gradients before backward's queued kernel wrote them";
+  EXPECT_FALSE(stall->active());
+  stall->Release();
+  ASSERT_OK(m.ReleaseChunks(1, {ChunkType::kParam}));
+  ASSERT_OK(m.EndIteration());
+}
+
 TEST(ChunkManagerPressure, SwitchedOffTheAllocationFails) {
   HarnessConfig config;
   config.cap_bytes = 4 * kChunkBytes;

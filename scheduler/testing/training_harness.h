@@ -90,6 +90,8 @@ class TrainingHarness {
   ChunkStore& store() { return *store_; }
   Backend& backend() { return *backend_; }
   DeviceMemory& accelerator() { return *accel_; }
+  // The stream the harness's "kernels" run on (the manager's compute_stream).
+  Stream& compute_stream() { return *compute_; }
   int64_t chunk_bytes() const { return chunk_bytes_; }
   // Tensors whose bytes were verified.
   int64_t verified_tensors() const { return verified_tensors_; }
