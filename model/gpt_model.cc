@@ -259,19 +259,24 @@ absl::Status GptModel::ReadPayloadRange(const TensorView& v, int64_t first_elem,
       return absl::InternalError(
           "GptModel: the accelerator memory has no backend to copy its payloads with");
     }
-    Backend* backend = device->backend();
-    ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend->CreateStream());
-    ASSIGN_OR_RETURN(void* staging, backend->AllocatePinnedHost(options_.payload_staging_bytes));
-    staging_backend_ = backend;
-    staging_stream_ = std::move(stream);
-    staging_ = staging;
+    staging_backend_ = device->backend();
+    ASSIGN_OR_RETURN(staging_,
+                     staging_backend_->AllocatePinnedHost(options_.payload_staging_bytes));
+  }
+  if (staging_stream_ == nullptr) {
+    ASSIGN_OR_RETURN(staging_stream_, staging_backend_->CreateStream());
   }
   const int64_t piece_elems = options_.payload_staging_bytes / elem_bytes;
   for (int64_t done = 0; done < n; done += piece_elems) {
     const int64_t elems = std::min(piece_elems, n - done);
-    RETURN_IF_ERROR(staging_stream_->MemcpyAsync(staging_, src + done * elem_bytes,
-                                                 elems * elem_bytes, CopyKind::kDeviceToHost));
-    RETURN_IF_ERROR(staging_stream_->Synchronize());
+    absl::Status copied = staging_stream_->MemcpyAsync(staging_, src + done * elem_bytes,
+                                                       elems * elem_bytes, CopyKind::kDeviceToHost);
+    if (copied.ok()) copied = staging_stream_->Synchronize();
+    if (!copied.ok()) {
+      // A stream that failed keeps its error (memory/backend.h): the next read gets a new one.
+      staging_stream_.reset();
+      return copied;
+    }
     RETURN_IF_ERROR(Convert(v.dtype, staging_, DType::kF32, out.data() + done, elems));
   }
   return absl::OkStatus();
