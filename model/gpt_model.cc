@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "base/thread_pool.h"
@@ -29,11 +30,13 @@
 #include "chunk/operator_spec.h"
 #include "chunk/tensor_state.h"
 #include "glog/logging.h"
+#include "memory/backend.h"
 #include "memory/caching_allocator.h"
 #include "memory/convert.h"
 #include "memory/device.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
+#include "memory/resources.h"
 #include "model/gpt2_checkpoint.h"
 #include "model/gpt_config.h"
 #include "model/hf_checkpoint.h"
@@ -225,7 +228,59 @@ GptModel::GptModel(const ModelConfig& config, const GptConfig& gpt, ChunkStore* 
       manager_(manager),
       accelerator_(accelerator) {}
 
-GptModel::~GptModel() = default;
+GptModel::~GptModel() {
+  absl::MutexLock lock(&staging_mu_);
+  if (staging_ != nullptr) {
+    // The stream waited for its copies when each read ended; nothing is in flight.
+    const absl::Status freed = staging_backend_->FreePinnedHost(staging_);
+    LOG_IF(WARNING, !freed.ok()) << "GptModel: freeing the payload staging buffer: " << freed;
+  }
+}
+
+absl::Status GptModel::RequireHostPayload(const TensorView& v, absl::string_view what) {
+  if (v.device.is_host()) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("GptModel: ", what, " found a payload on ",
+                                          v.device.ToString(),
+                                          " where the manager should have moved it to the host"));
+}
+
+absl::Status GptModel::ReadPayloadRange(const TensorView& v, int64_t first_elem,
+                                        absl::Span<float> out) const {
+  const int64_t n = static_cast<int64_t>(out.size());
+  const int64_t elem_bytes = SizeOf(v.dtype);
+  CHECK(first_elem >= 0 && first_elem + n <= v.numel);
+  const char* src = static_cast<const char*>(v.data) + first_elem * elem_bytes;
+  if (v.device.is_host()) return Convert(v.dtype, src, DType::kF32, out.data(), n);
+  absl::MutexLock lock(&staging_mu_);
+  if (staging_ == nullptr) {
+    // The accelerator memory sits on its backend (CreateAcceleratorMemory).
+    const auto* device = dynamic_cast<const BackendDeviceResource*>(accelerator_->upstream());
+    if (device == nullptr) {
+      return absl::InternalError(
+          "GptModel: the accelerator memory has no backend to copy its payloads with");
+    }
+    staging_backend_ = device->backend();
+    ASSIGN_OR_RETURN(staging_,
+                     staging_backend_->AllocatePinnedHost(options_.payload_staging_bytes));
+  }
+  if (staging_stream_ == nullptr) {
+    ASSIGN_OR_RETURN(staging_stream_, staging_backend_->CreateStream());
+  }
+  const int64_t piece_elems = options_.payload_staging_bytes / elem_bytes;
+  for (int64_t done = 0; done < n; done += piece_elems) {
+    const int64_t elems = std::min(piece_elems, n - done);
+    absl::Status copied = staging_stream_->MemcpyAsync(staging_, src + done * elem_bytes,
+                                                       elems * elem_bytes, CopyKind::kDeviceToHost);
+    if (copied.ok()) copied = staging_stream_->Synchronize();
+    if (!copied.ok()) {
+      // A stream that failed keeps its error (memory/backend.h): the next read gets a new one.
+      staging_stream_.reset();
+      return copied;
+    }
+    RETURN_IF_ERROR(Convert(v.dtype, staging_, DType::kF32, out.data() + done, elems));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config,
                                                            ChunkStore* store, ChunkManager* manager,
@@ -273,6 +328,11 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::CreateImpl(
       return absl::InvalidArgumentError(
           absl::StrCat("GptModelOptions.", field, " must be positive, got ", value));
     }
+  }
+  if (o.payload_staging_bytes < static_cast<int64_t>(sizeof(float))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GptModelOptions.payload_staging_bytes must be at least ", sizeof(float),
+                     " (one f32 element), got ", o.payload_staging_bytes));
   }
   if (o.seq_len > config.max_seq_len) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -501,10 +561,13 @@ absl::Status GptModel::WriteParameter(TensorId tensor, absl::Span<const float> v
   ASSIGN_OR_RETURN(TensorView master, store_->View(ChunkType::kMaster, tensor));
   ASSIGN_OR_RETURN(TensorView param, store_->View(ChunkType::kParam, tensor));
   CHECK_EQ(master.numel, static_cast<int64_t>(values.size()));
+  RETURN_IF_ERROR(RequireHostPayload(master, "setting a master weight"));
+  RETURN_IF_ERROR(RequireHostPayload(param, "setting a parameter"));
   std::memcpy(master.data, values.data(), values.size() * sizeof(float));
   RETURN_IF_ERROR(Convert(DType::kF32, values.data(), param.dtype, param.data, param.numel));
   for (ChunkType type : {ChunkType::kMomentum, ChunkType::kVariance}) {
     ASSIGN_OR_RETURN(TensorView v, store_->View(type, tensor));
+    RETURN_IF_ERROR(RequireHostPayload(v, "zeroing the optimizer state"));
     std::memset(v.data, 0, static_cast<size_t>(v.bytes()));
   }
   return absl::OkStatus();
@@ -657,10 +720,12 @@ absl::Status GptModel::LoadTrainingState(const TrainingStateFillFn& fill) {
         for (ChunkType type : {ChunkType::kMomentum, ChunkType::kVariance, ChunkType::kMaster}) {
           RETURN_IF_ERROR(fill(info.name, type, absl::MakeSpan(values)));
           ASSIGN_OR_RETURN(TensorView v, store_->View(type, t));
+          RETURN_IF_ERROR(RequireHostPayload(v, "loading the training state"));
           std::memcpy(v.data, values.data(), values.size() * sizeof(float));
         }
         // `values` holds the master values now.
         ASSIGN_OR_RETURN(TensorView param, store_->View(ChunkType::kParam, t));
+        RETURN_IF_ERROR(RequireHostPayload(param, "loading the training state"));
         RETURN_IF_ERROR(Convert(DType::kF32, values.data(), param.dtype, param.data, param.numel));
       }
       return absl::OkStatus();
@@ -758,7 +823,7 @@ absl::Status GptModel::ReadTensorInto(ChunkType type, absl::string_view name,
       return absl::InvalidArgumentError(absl::StrCat("GptModel::ReadTensorInto: '", name, "' has ",
                                                      v.numel, " elements, not ", out.size()));
     }
-    return Convert(v.dtype, v.data, DType::kF32, out.data(), v.numel);
+    return ReadPayloadRange(v, 0, out);
   }
   if (BlocksOf(name) == nullptr) return t.status();
   // A vocabulary matrix in row blocks: assembled.
@@ -794,8 +859,7 @@ absl::Status GptModel::ReadTensorRange(ChunkType type, absl::string_view name, i
   if (absl::StatusOr<TensorId> t = layout.FindTensor(name); t.ok()) {
     ASSIGN_OR_RETURN(TensorView v, store_->View(type, *t));
     if (first_elem < 0 || first_elem + n > v.numel) return outside(v.numel);
-    return Convert(v.dtype, static_cast<const char*>(v.data) + first_elem * SizeOf(v.dtype),
-                   DType::kF32, out.data(), n);
+    return ReadPayloadRange(v, first_elem, out);
   }
   const std::vector<VocabBlock>* blocks = BlocksOf(name);
   if (blocks == nullptr) {
@@ -811,9 +875,9 @@ absl::Status GptModel::ReadTensorRange(ChunkType type, absl::string_view name, i
     const int64_t hi = std::min(first_elem + n, (b.row_begin + b.rows) * c);
     if (lo >= hi) continue;
     ASSIGN_OR_RETURN(TensorView v, store_->View(type, b.tensor));
-    RETURN_IF_ERROR(Convert(
-        v.dtype, static_cast<const char*>(v.data) + (lo - b.row_begin * c) * SizeOf(v.dtype),
-        DType::kF32, out.data() + (lo - first_elem), hi - lo));
+    RETURN_IF_ERROR(ReadPayloadRange(
+        v, lo - b.row_begin * c,
+        out.subspan(static_cast<size_t>(lo - first_elem), static_cast<size_t>(hi - lo))));
   }
   return absl::OkStatus();
 }

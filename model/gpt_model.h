@@ -84,6 +84,16 @@
 // memory must be host-addressable, i.e. the emulated accelerator (memory/cpu_backend.h) or the
 // host. CUDA kernels are not wired here yet.
 //
+// Reading and setting the state outside compute (ReadTensor*, VisitTrainingState, the exports,
+// the imports, LoadTrainingState) never dereferences an accelerator payload on the host, so it is
+// correct where accelerator memory is not host-addressable (cuda): a payload on the accelerator is
+// copied with Stream::MemcpyAsync (device to host) into one pinned staging buffer of
+// GptModelOptions::payload_staging_bytes from the accelerator's backend, piece by piece, and
+// converted from there; a payload in host memory is read in place. The imports first move every
+// chunk they write to the host through the manager (AccessChunks), and write only host payloads.
+// The staging buffer and its stream are created at the first staged read and kept until the model
+// is destroyed.
+//
 // Thread safety: thread-compatible. One thread drives the model and its ChunkManager.
 #ifndef PATRICKSTAR_MODEL_GPT_MODEL_H_
 #define PATRICKSTAR_MODEL_GPT_MODEL_H_
@@ -95,15 +105,18 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "base/thread_pool.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
+#include "memory/backend.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
 #include "model/gpt2_checkpoint.h"
@@ -115,6 +128,10 @@
 #include "scheduler/chunk_manager.h"
 
 namespace ps {
+
+// Pinned host bytes a model uses to read accelerator payloads outside compute (one buffer, reused
+// for every range; see the file comment). Counted by the trainer's host plan.
+inline constexpr int64_t kPayloadStagingBytes = int64_t{4} << 20;
 
 struct GptModelOptions {
   // Sequences per batch (B). Must be >= 1.
@@ -134,6 +151,9 @@ struct GptModelOptions {
   int64_t attention_tile = 64;
   int64_t ce_row_tile = 256;
   int64_t ce_vocab_tile = kDefaultVocabTileRows;
+  // Bytes of the pinned buffer that stages accelerator payloads read outside compute (see the
+  // file comment); at least 4 (one f32 element). Tests use small ones to cross piece boundaries.
+  int64_t payload_staging_bytes = kPayloadStagingBytes;
 };
 
 class GptModel {
@@ -217,11 +237,13 @@ class GptModel {
                                          absl::Span<const int32_t> targets) const;
 
   // A copy of tensor `name` of chunk `type`, converted to f32, read where the chunk's payload is
-  // now; no chunk moves and no moment, so it may be called between the backward and the optimizer
-  // step to read gradients. While no operator is accessed. `name` is a stored tensor
-  // (ParameterNames: "h.0.attn.c_attn.weight", "wte.weight[0:2048]") or a Hugging Face tensor
-  // held in row blocks ("wte.weight", assembled from its blocks; all of them must have payloads
-  // on this rank). NotFound for an unknown name; FailedPrecondition if a chunk has no payload.
+  // now (an accelerator payload through the pinned staging buffer: see the file comment; the
+  // host waits for the copy); no chunk moves and no moment, so it may be called between the
+  // backward and the optimizer step to read gradients. While no operator is accessed. `name` is a
+  // stored tensor (ParameterNames: "h.0.attn.c_attn.weight", "wte.weight[0:2048]") or a Hugging
+  // Face tensor held in row blocks ("wte.weight", assembled from its blocks; all of them must have
+  // payloads on this rank). NotFound for an unknown name; FailedPrecondition if a chunk has no
+  // payload.
   [[nodiscard]] absl::StatusOr<std::vector<float>> ReadTensor(ChunkType type,
                                                               absl::string_view name) const;
   // The same into `out` (sized to the tensor; InvalidArgument otherwise).
@@ -401,6 +423,14 @@ class GptModel {
                                 absl::Span<const float> x, absl::Span<const float> dy,
                                 absl::Span<float> dx);
 
+  // Elements [first_elem, first_elem + out.size()) of the payload `v`, converted to f32 into
+  // `out`: in place for a host payload, through the staging buffer for an accelerator payload.
+  // REQUIRES: the range lies inside v.
+  absl::Status ReadPayloadRange(const TensorView& v, int64_t first_elem,
+                                absl::Span<float> out) const;
+  // InternalError naming `what` unless `v` is in host memory (the imports write only there).
+  static absl::Status RequireHostPayload(const TensorView& v, absl::string_view what);
+
   const ModelConfig model_config_;
   const GptConfig config_;
   const TransformerBlockSpec spec_;
@@ -424,6 +454,13 @@ class GptModel {
   absl::flat_hash_map<std::string, uint64_t> init_stream_;
   // Every parameter tensor in GptOperators order (the initialization's stream index).
   std::vector<TensorId> param_tensors_;
+
+  // The staging of accelerator payloads (ReadPayloadRange), created on first use. Guarded by
+  // staging_mu_ so that const readers stay safe to call from several threads.
+  mutable absl::Mutex staging_mu_;
+  mutable Backend* staging_backend_ ABSL_GUARDED_BY(staging_mu_) = nullptr;
+  mutable std::unique_ptr<Stream> staging_stream_ ABSL_GUARDED_BY(staging_mu_);
+  mutable void* staging_ ABSL_GUARDED_BY(staging_mu_) = nullptr;
 };
 
 // The architecture-neutral name.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -404,6 +405,34 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
         "\"cuda\""));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckNcclComm(const TrainConfig& config, bool nccl_compiled_in,
+                           const std::function<absl::Status()>& probe_gpu) {
+  const bool cuda = config.accelerator.kind == AcceleratorKind::kCuda;
+  if (!nccl_compiled_in) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--comm=nccl: this binary was built without CUDA, so it has no NCCL; rebuild with "
+        "--config=cuda (bazel build --config=cuda //trainer:train)",
+        cuda ? "" : " and set accelerator.backend to \"cuda\" (--accelerator=cuda)",
+        ", or use --comm=mpi"));
+  }
+  if (!cuda) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--comm=nccl needs accelerator.backend \"cuda\" (--accelerator=cuda), got \"",
+        AcceleratorKindName(config.accelerator.kind),
+        "\": NCCL moves accelerator buffers; the emulated accelerator's memory is host memory, "
+        "which --comm=mpi handles"));
+  }
+  if (absl::Status gpu = probe_gpu(); !gpu.ok()) {
+    return absl::Status(gpu.code(),
+                        absl::StrCat("--comm=nccl: accelerator.backend \"cuda\": ", gpu.message()));
+  }
+  return absl::UnimplementedError(
+      "--comm=nccl: NCCL cannot carry a run yet: the trainer's ZeRO scalar agreement (loss, "
+      "overflow, gradient norm; scheduler/comm_collectives.h) and its export gather exchange host "
+      "buffers, which NCCL cannot read, and the model's CUDA path is not wired "
+      "(accelerator.backend \"cuda\" is refused too); use --comm=mpi with --accelerator=cpu");
 }
 
 }  // namespace ps

@@ -7,6 +7,8 @@
 #ifndef PATRICKSTAR_TRAINER_CONFIG_VALIDATE_H_
 #define PATRICKSTAR_TRAINER_CONFIG_VALIDATE_H_
 
+#include <functional>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/gpt_config.h"
@@ -34,6 +36,23 @@ namespace ps {
 // preset's, or "custom". InvalidArgument naming model.* keys (the missing dimensions, an unknown
 // preset with the valid names, n_embd not divisible by n_head, ...).
 absl::StatusOr<GptConfig> ResolveModelConfig(const TrainModelConfig& m);
+
+// --comm=nccl (trainer/train.cc): whether this run can train over the NCCL communicator, checked
+// before any work. `nccl_compiled_in` is comm/communicator_factory.h's NcclCompiledIn();
+// `probe_gpu` returns OK when a CUDA device is usable and otherwise the cuda backend's error (it is
+// called only when the build and the config allow NCCL). Errors, the first that applies:
+//  - FailedPrecondition when the binary was built without CUDA: "rebuild with --config=cuda"
+//    (and, when accelerator.backend is not "cuda", that it must be too);
+//  - InvalidArgument when accelerator.backend is not "cuda": NCCL moves accelerator buffers;
+//  - probe_gpu's error with its code, prefixed `--comm=nccl: accelerator.backend "cuda": ` (the
+//    wording of the trainer's own check: Unavailable, "no CUDA device is available", on a machine
+//    without a GPU);
+//  - Unimplemented otherwise: the trainer's ZeRO scalar agreement (scheduler/comm_collectives.h)
+//    and its export gather exchange host buffers, which NCCL cannot read, so NCCL cannot carry a
+//    run yet (and the model's CUDA path is not wired: accelerator.backend "cuda" is refused too).
+// Never OK today; the checks are in the order a user fixes them.
+[[nodiscard]] absl::Status CheckNcclComm(const TrainConfig& config, bool nccl_compiled_in,
+                                         const std::function<absl::Status()>& probe_gpu);
 
 }  // namespace ps
 

@@ -392,5 +392,54 @@ TEST(ResolveModelConfigTest, HugeDimensionsAreRejectedNotOverflowed) {
   EXPECT_THAT(ResolveModelConfig(m), StatusIs(kInvalid, HasSubstr("`model.n_embd` = ")));
 }
 
+// --comm=nccl: each refusal in the order a user fixes them, with the key or flag to change; the GPU
+// probe runs only once the build and the config allow NCCL.
+TEST(CheckNcclCommTest, RefusesWithTheFixNamed) {
+  TrainConfig c = DefaultTrainConfig();
+  int probes = 0;
+  const auto no_gpu = [&] {
+    ++probes;
+    return absl::UnavailableError("no CUDA device is available (cudaGetDeviceCount: no device)");
+  };
+  const auto gpu = [&] {
+    ++probes;
+    return absl::OkStatus();
+  };
+
+  // A build without CUDA: rebuild, and (with the cpu backend) switch the backend too.
+  c.accelerator.kind = AcceleratorKind::kCpu;
+  EXPECT_THAT(CheckNcclComm(c, /*nccl_compiled_in=*/false, no_gpu),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("rebuild with --config=cuda"),
+                             HasSubstr("accelerator.backend"), HasSubstr("--accelerator=cuda"))));
+  c.accelerator.kind = AcceleratorKind::kCuda;
+  EXPECT_THAT(
+      CheckNcclComm(c, false, no_gpu),
+      StatusIs(absl::StatusCode::kFailedPrecondition, AllOf(HasSubstr("rebuild with --config=cuda"),
+                                                            Not(HasSubstr("--accelerator=cuda")))));
+  EXPECT_EQ(probes, 0);
+
+  // A cuda build with the emulated accelerator: a config error naming both keys.
+  c.accelerator.kind = AcceleratorKind::kCpu;
+  EXPECT_THAT(CheckNcclComm(c, true, gpu),
+              StatusIs(kInvalid, AllOf(HasSubstr("--comm=nccl"), HasSubstr("accelerator.backend"),
+                                       HasSubstr("\"cpu\""), HasSubstr("--comm=mpi"))));
+  EXPECT_EQ(probes, 0);
+
+  // A cuda build without a GPU: the backend's own verdict, with its code.
+  c.accelerator.kind = AcceleratorKind::kCuda;
+  EXPECT_THAT(CheckNcclComm(c, true, no_gpu),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr("--comm=nccl: accelerator.backend \"cuda\""),
+                             HasSubstr("no CUDA device is available"))));
+  EXPECT_EQ(probes, 1);
+
+  // Everything in place: still refused, honestly, with what is missing.
+  EXPECT_THAT(CheckNcclComm(c, true, gpu),
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       AllOf(HasSubstr("host buffers"), HasSubstr("--comm=mpi"))));
+  EXPECT_EQ(probes, 2);
+}
+
 }  // namespace
 }  // namespace ps

@@ -13,7 +13,8 @@
 //
 // Data parallelism: `mpirun -np N bazel-bin/trainer/train ...` runs N ranks of one run (the mpi
 // communicator, --comm=auto); see trainer/trainer.h. A rank that fails exits 1 without
-// MPI_Finalize, so mpirun ends the others.
+// MPI_Finalize, so mpirun ends the others. --comm=nccl is accepted and refused before any work
+// (config_validate.h CheckNcclComm: exit 1 for the build or the machine, 2 for the config).
 #include <algorithm>
 #include <cstdint>
 #include <iostream>
@@ -36,6 +37,7 @@
 #include "comm/communicator_factory.h"
 #include "comm/mpi_communicator.h"
 #include "glog/logging.h"
+#include "memory/backend_factory.h"
 #include "trainer/config.h"
 #include "trainer/config_json.h"
 #include "trainer/config_overrides.h"
@@ -77,8 +79,10 @@ ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt, "Seed of the parameter in
 ABSL_FLAG(bool, print_config, false, "Print the resolved config as JSON and exit.");
 ABSL_FLAG(std::string, comm, "auto",
           "Data-parallel communicator: auto (mpi when started by mpirun, else a world of one), "
-          "local (a world of one) or mpi. With N ranks, chunks are sharded ZeRO-style and each "
-          "step trains on N micro-batches; rank 0 prints.");
+          "local (a world of one), mpi, or nccl (needs a --config=cuda build, "
+          "--accelerator=cuda and a GPU; refused before any work, as the trainer cannot run "
+          "ZeRO over NCCL yet). With N ranks, chunks are sharded ZeRO-style and each step "
+          "trains on N micro-batches; rank 0 prints.");
 
 namespace ps {
 namespace {
@@ -213,8 +217,8 @@ int Main(int argc, char** argv) {
   }
   absl::ParseCommandLine(argc, argv);
   const std::string comm_kind = absl::GetFlag(FLAGS_comm);
-  if (comm_kind != "auto" && comm_kind != "local" && comm_kind != "mpi") {
-    std::cerr << "error: --comm must be auto, local or mpi, got \"" << comm_kind << "\"\n";
+  if (comm_kind != "auto" && comm_kind != "local" && comm_kind != "mpi" && comm_kind != "nccl") {
+    std::cerr << "error: --comm must be auto, local, mpi or nccl, got \"" << comm_kind << "\"\n";
     return 2;
   }
 
@@ -248,6 +252,19 @@ int Main(int argc, char** argv) {
   if (!status.ok()) {
     std::cerr << "error: " << status.message() << "\n";
     return 2;
+  }
+  if (comm_kind == "nccl") {
+    // The build, the config and the machine, before any work (config_validate.h).
+    status = CheckNcclComm(*config, NcclCompiledIn(), [&] {
+      BackendOptions probe;
+      probe.kind = "cuda";
+      probe.device_index = config->accelerator.device_index;
+      return CreateBackend(probe).status();
+    });
+    if (!status.ok()) {
+      std::cerr << "error: " << status.message() << "\n";
+      return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
   }
   if (absl::GetFlag(FLAGS_print_config)) {
     // (Before any communicator: prints on every rank under mpirun.)

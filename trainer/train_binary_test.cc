@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "base/testing/status_matchers.h"
 #include "base/units.h"
+#include "comm/communicator_factory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -239,7 +240,7 @@ TEST(TrainBinary, EveryUnparseableFlagExitsTwoNamingIt) {
       {{"--steps"}, "--steps needs a value"},
       {{"train.bin"}, "unexpected argument 'train.bin'"},
       {{"--", "extra"}, "unexpected argument 'extra'"},
-      {{"--comm=tcp", "--print_config"}, "--comm must be auto, local or mpi"},
+      {{"--comm=tcp", "--print_config"}, "--comm must be auto, local, mpi or nccl"},
       {{"--accelerator_memory=lots"}, "--accelerator_memory=lots"},
   };
   for (const auto& [args, expected] : cases) {
@@ -253,6 +254,33 @@ TEST(TrainBinary, EveryUnparseableFlagExitsTwoNamingIt) {
   const Result r = RunToEnd({"--steps", "7", "--noresume", "-seed=3", "--print_config"}, dir);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("\"train_steps\": 7"));
+}
+
+// --comm=nccl is a known value, refused before any work with the fix named: in this build (no
+// CUDA) exit 1, "rebuild with --config=cuda"; in a cuda build, with the emulated accelerator,
+// exit 2 naming accelerator.backend, and without a GPU exit 1 with the backend's words.
+TEST(TrainBinary, CommNcclIsRefusedBeforeAnyWorkWithTheFix) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "nccl");
+  const std::string metrics = dir + "/metrics.jsonl";
+  for (const std::string accelerator : {"cpu", "cuda"}) {
+    SCOPED_TRACE(accelerator);
+    const Result r = RunToEnd(
+        {"--comm=nccl", "--accelerator=" + accelerator, "--steps=1", "--metrics_out=" + metrics},
+        dir);
+    EXPECT_THAT(r.err, HasSubstr("--comm=nccl"));
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step ")));
+    EXPECT_FALSE(std::filesystem::exists(metrics)) << "no output before the checks";
+    if (!NcclCompiledIn()) {
+      EXPECT_EQ(r.exit_code, 1) << r.err;
+      EXPECT_THAT(r.err, HasSubstr("rebuild with --config=cuda"));
+    } else if (accelerator == "cpu") {
+      EXPECT_EQ(r.exit_code, 2) << r.err;
+      EXPECT_THAT(r.err, HasSubstr("accelerator.backend"));
+    } else {
+      // No GPU: Unavailable; a GPU: Unimplemented (config_validate.h). Both exit 1.
+      EXPECT_EQ(r.exit_code, 1) << r.err;
+    }
+  }
 }
 
 // An output that is an input — same path, a hard link, a symlink — is refused with exit 2 before

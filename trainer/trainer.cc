@@ -484,6 +484,11 @@ absl::Status Trainer::Impl::PlanMemoryOrRefuse() {
     o.host_workspace_bytes =
         ModelParameterCount(model_config_) * static_cast<int64_t>(sizeof(float));
   }
+  // Checkpoints and the export read accelerator payloads through the model's pinned staging
+  // buffer (model/gpt_model.h, GptModelOptions::payload_staging_bytes).
+  if (!config_.checkpoint.export_path.empty() || !config_.checkpoint.dir.empty()) {
+    o.host_workspace_bytes += kPayloadStagingBytes;
+  }
   absl::StatusOr<GptRunPlan> plan = PlanGptRun(o);
   if (!plan.ok()) {
     return absl::Status(plan.status().code(),
