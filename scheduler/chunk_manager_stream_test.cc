@@ -160,6 +160,9 @@ void AccessAndQueue(TrainingHarness& h, Stage stage, Queued& q) {
   ASSERT_OK(m.Access(kOp2, stage));
   ASSERT_OK_AND_ASSIGN(const TensorView view, h.store().View(ChunkType::kParam, TensorOf(h, 2)));
   ASSERT_EQ(view.device, m.accelerator_device());
+  // The load is done before the stall (its completion is not what is tested here, and a host
+  // wait for it later would end the stall).
+  ASSERT_OK(h.compute_stream().Synchronize());
   ASSERT_OK_AND_ASSIGN(q.stall, StallCpuStream(h.compute_stream()));
   ASSERT_OK(QueueRead(h.compute_stream(), view, &q.reader));
   if (stage == Stage::kBackward) {
