@@ -4,6 +4,7 @@
 // write back or free that chunk. Whatever the manager does, the kernel must see the bytes the
 // chunk held at its access and its writes must survive; and an access must not make the host wait
 // for its loads when the compute stream can wait instead.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -262,6 +263,76 @@ TEST(ChunkManagerStreamOrder, WriteBehindWaitsOnTheStreamForTheQueuedWriter) {
   EXPECT_THAT(HostBytes(*h, kOp2), IsOkAndHolds(q.written))
       << "the write-behind copied the chunk before backward's queued kernel wrote it";
   ASSERT_OK(m.ReleaseChunks(kChunkOfOp2, {ChunkType::kParam}));
+}
+
+TEST(ChunkManagerStreamOrder, PrefetchEvictingAVictimWaitsForItsQueuedReader) {
+  // Four operators of one chunk each on a device of four chunks, one chunk of it taken by an
+  // activation for the whole run: three chunks fit. Forward 0..3 then backward 3..0: at op2's
+  // forward the prefetch of chunk 3 evicts chunk 0 (used again last), whose queued reader (op0's
+  // forward kernel) has not run yet.
+  HarnessConfig config;
+  config.cap_bytes = 4 * kChunkBytes;
+  config.options.warmup_chunk_fraction = 0.5;
+  ASSERT_OK_AND_ASSIGN(
+      auto h,
+      TrainingHarness::Create({.chunk_elems = kChunkElems,
+                               .op_numels = {kChunkElems, kChunkElems, kChunkElems, kChunkElems}},
+                              config));
+  ASSERT_OK(h->Initialize());
+  ChunkManager& m = h->manager();
+  ASSERT_OK_AND_ASSIGN(void* act, h->accelerator().scratch()->Allocate(kChunkBytes));
+  const auto iteration = [&](const std::function<void(OperatorId)>& after_forward_access) {
+    ASSERT_OK(m.BeginIteration());
+    for (OperatorId op : {0, 1, 2, 3}) {
+      ASSERT_OK(m.Access(op, Stage::kForward));
+      after_forward_access(op);
+      ASSERT_OK(m.Release(op, Stage::kForward));
+    }
+    for (OperatorId op : {3, 2, 1, 0}) {
+      ASSERT_OK(m.Access(op, Stage::kBackward));
+      ASSERT_OK(m.Release(op, Stage::kBackward));
+    }
+    ASSERT_OK(m.EndIteration());
+  };
+  iteration([](OperatorId) {});
+  // Backward left chunks 0 and 1 dirty on the accelerator; bring them home so that the next
+  // forward loads them clean (a prefetch only evicts clean chunks).
+  for (int64_t index : {0, 1}) {
+    ASSERT_OK(m.AccessChunks(index, {ChunkType::kParam}, Device::Host(), AccessMode::kRead));
+    ASSERT_OK(m.ReleaseChunks(index, {ChunkType::kParam}));
+  }
+  const std::vector<uint8_t> expected = h->ExpectedBytes(ChunkType::kParam, TensorOf(*h, 0));
+  std::unique_ptr<CpuStreamStall> stall;
+  QueuedReader reader;
+  int64_t evictions_before = 0, prefetches_before = 0;
+  bool evicted_by_prefetch = false;
+  iteration([&](OperatorId op) {
+    if (op == 0) {
+      ASSERT_OK_AND_ASSIGN(const TensorView view, h->store().View(ChunkType::kParam, 0));
+      ASSERT_OK(h->compute_stream().Synchronize());
+      ASSERT_OK_AND_ASSIGN(stall, StallCpuStream(h->compute_stream()));
+      ASSERT_OK(QueueRead(h->compute_stream(), view, &reader));
+    }
+    if (op == 1) {
+      ASSERT_TRUE(stall->active());
+      evictions_before = m.counters().Total().clean_evictions;
+      prefetches_before = m.counters().prefetches;
+    }
+    if (op == 2) {
+      // Access(op2) prefetched chunk 3 and made room by dropping chunk 0.
+      const std::vector<int64_t> resident = m.ResidentChunkKeys();
+      evicted_by_prefetch = m.counters().prefetches > prefetches_before &&
+                            m.counters().Total().clean_evictions > evictions_before &&
+                            std::find(resident.begin(), resident.end(),
+                                      m.ChunkKey({ChunkType::kParam, 0})) == resident.end();
+      EXPECT_TRUE(reader.ran.load()) << "chunk 0 was dropped before its queued reader ran";
+    }
+  });
+  ASSERT_TRUE(evicted_by_prefetch) << "the program no longer makes the prefetch evict chunk 0";
+  stall->Release();
+  ASSERT_OK(h->compute_stream().Synchronize());
+  EXPECT_EQ(reader.seen, expected);
+  ASSERT_OK(h->accelerator().scratch()->Deallocate(act, kChunkBytes));
 }
 
 TEST(ChunkManagerStreamOrder, DestructorWaitsForTheQueuedKernel) {
