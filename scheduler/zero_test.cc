@@ -545,6 +545,57 @@ TEST(ZeroModelBytes, EachRankHoldsItsShare) {
   }
 }
 
+// A group touched by backward but not finished (an operator of it never ran its backward) is
+// reduced by BeginAdam, and with kernels queued on the compute stream the reduction must see the
+// gradients the queued kernel writes; on device-memory collectives too.
+TEST(ZeroQueuedKernels, BeginAdamReducesAfterTheQueuedGradientWrites) {
+  for (bool device_comm : {false, true}) {
+    ZeroSetup setup;
+    setup.world = 2;
+    setup.chunk_elems = 256;
+    setup.op_numels = {256, 256};  // one group: op0 in chunk 0 (rank 0's), op1 in chunk 1
+    setup.device_comm = device_comm;
+    setup.queued_kernels = true;
+    std::vector<absl::Status> status = RunRanks(setup, [&](Rank& r) -> absl::Status {
+      RETURN_IF_ERROR(r.WriteOwnedParameters(/*v=*/0, /*all_types=*/true));
+      ChunkManager& m = r.manager();
+      RETURN_IF_ERROR(m.BeginIteration());
+      for (OperatorId op : {0, 1}) {
+        RETURN_IF_ERROR(m.Access(op, Stage::kForward));
+        RETURN_IF_ERROR(m.Release(op, Stage::kForward));
+      }
+      const TensorId t = r.layout().op(0).tensors[0];
+      RETURN_IF_ERROR(m.Access(0, Stage::kBackward));
+      std::vector<float> g(static_cast<size_t>(r.layout().tensor(t).numel));
+      for (size_t i = 0; i < g.size(); ++i) g[i] = Grad(r.rank(), t, i, 0);
+      RETURN_IF_ERROR(r.WriteGradient(t, std::move(g)));
+      RETURN_IF_ERROR(m.Release(0, Stage::kBackward));
+      if (m.counters().reduce_scatters != 0 || !m.group_gathered(0)) {
+        return absl::InternalError("the unfinished group was reduced or freed at the release");
+      }
+      RETURN_IF_ERROR(m.BeginAdam().status());
+      if (m.counters().reduce_scatters != 1 || m.group_gathered(0)) {
+        return absl::InternalError("BeginAdam did not reduce and free the group");
+      }
+      if (r.rank() == 0) {
+        RETURN_IF_ERROR(r.SyncCompute());
+        const std::vector<float> got = r.ReadTensor(ChunkType::kParam, t);
+        for (size_t i = 0; i < got.size(); ++i) {
+          const float want = MeanGrad(setup.world, t, i, 0, setup.dtype);
+          if (got[i] != want) {
+            return absl::DataLossError(absl::StrCat("gradient [", i, "] = ", got[i],
+                                                    ", want the mean of the queued writes ", want));
+          }
+        }
+      }
+      return m.EndIteration();
+    });
+    for (int r = 0; r < setup.world; ++r) {
+      EXPECT_OK(status[r]) << "rank " << r << (device_comm ? " (device collectives)" : "");
+    }
+  }
+}
+
 // A forward-only pass outside an iteration (evaluation) frees each group once all of its
 // tensors are HOLD_AFTER_FWD, so at most the groups still in use stay gathered.
 TEST(ZeroEvaluate, ForwardFreesFinishedGroups) {
