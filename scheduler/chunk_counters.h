@@ -79,8 +79,14 @@ struct ChunkManagerCounters {
   // counts neither.
   int64_t pressure_reclaims = 0;
   int64_t pressure_evictions = 0;
-  // Time the calling thread waited for copies (loads, write-backs, zero-fills).
+  // Time the calling thread blocked on the device: waiting for copies (loads, write-backs,
+  // zero-fills) and for the compute stream. With a compute stream (stream-ordered accesses, see
+  // scheduler/chunk_manager.h) an access no longer waits for its loads on the host, so this is
+  // only the host waits that remain (evictions, the optimizer's host chunks, ZeRO collectives).
   int64_t stall_ns = 0;
+  // Stream-ordered accesses whose loads (or zero-fills) were still in flight when the access
+  // returned: the compute stream waits for them instead of the host (not counted in stall_ns).
+  int64_t stream_ordered_waits = 0;
   // ZeRO (world size > 1): group all-gathers and the bytes this rank received (remote data
   // chunks), reduce-scatters and the bytes this rank sent for others (remote data chunks), and
   // remote payloads freed. Time inside the collectives counts as comm_ns, not as stall.

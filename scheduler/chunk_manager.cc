@@ -330,8 +330,13 @@ absl::Status ChunkManager::MakeResident(const std::vector<int64_t>& keys, Stage 
     }
     RETURN_IF_ERROR(engine_->Evict(victims, context));
   }
-  RETURN_IF_ERROR(engine_->Load(missing, context, /*prefetch=*/false));
-  return engine_->WaitForCopies(keys);
+  return engine_->Load(missing, context, /*prefetch=*/false);
+}
+
+absl::Status ChunkManager::AwaitAccess(const std::vector<int64_t>& keys, bool zero_fill) {
+  if (engine_->has_compute_stream()) return engine_->OrderComputeAfterLoads(keys, zero_fill);
+  RETURN_IF_ERROR(engine_->WaitForCopies(keys));
+  return zero_fill ? engine_->SyncLoadStream() : absl::OkStatus();
 }
 
 absl::Status ChunkManager::Prefetch(int64_t moment) {
@@ -444,7 +449,7 @@ absl::Status ChunkManager::Access(OperatorId op, Stage stage) {
   }
   RETURN_IF_ERROR(store_->SetOperatorState(ChunkType::kParam, op, TensorState::kCompute,
                                            &engine_->load_stream()));
-  if (zero_fill) RETURN_IF_ERROR(engine_->SyncLoadStream());
+  RETURN_IF_ERROR(AwaitAccess(keys, zero_fill));
   if (stage == Stage::kBackward) chunk.MarkPayloadWritten();
   active_ops_.emplace(op, stage);
   if (groups_ != nullptr) {
@@ -590,6 +595,9 @@ absl::Status ChunkManager::AccessChunks(int64_t chunk_index, absl::Span<const Ch
     if (mode == AccessMode::kReadWrite) chunk.MarkPayloadWritten();
     active_chunks_.insert(key);
   }
+  // The optimizer reads its chunks from the calling thread (optimizer/hybrid_adam.h): the host
+  // waits for the loads and zero-fills, also for the accelerator.
+  RETURN_IF_ERROR(engine_->WaitForCopies(keys));
   if (device_zero_fill) RETURN_IF_ERROR(engine_->SyncLoadStream());
   if (device.is_accelerator()) {
     for (int64_t key : keys) {

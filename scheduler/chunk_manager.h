@@ -41,9 +41,10 @@
 // limit of m (else ResourceExhausted naming the operator, the bytes, the budget and the tide, and
 // what to change) and how many bytes must be evicted to stay under max(target(m), working set);
 // the policy picks the victims among the resident chunks that may move (not COMPUTE, not pinned,
-// not the access's own); the engine evicts and loads, and Access returns once the chunks are
-// resident and their copies complete (the host waits; the time counts as stall), so the caller
-// may use the views from the host or any stream at once. Then the chunks of m+1 are prefetched as
+// not the access's own); the engine evicts and starts the loads. What Access then waits for
+// depends on where the caller computes (see "Stream order" below): with a compute stream, nothing
+// on the host; without one, the host waits for the copies (the time counts as stall) and the
+// caller may use the views from the host at once. Then the chunks of m+1 are prefetched as
 // the planner allows, evicting only clean chunks the policy would evict at m+1 (a prefetch whose
 // victim is dirty is left to the demand access). After the warm-up, a BWD Release that ends a
 // param chunk's last accelerator use of the iteration starts its write-back at once (write-behind),
@@ -73,8 +74,30 @@
 // evict_under_pressure the manager is one of them and the engine evicts every chunk that may move.
 // Allocations made by the manager itself (inside its own calls) never trigger this.
 //
+// Stream order (ChunkManagerOptions::compute_stream). The caller's kernels run asynchronously on
+// its compute stream; the host runs ahead. Both directions are ordered by events:
+//  - Into a kernel: Access returns without waiting for its loads or zero-fills; it makes the
+//    compute stream wait (Stream::WaitEvent) for them (a write-behind still writing the chunk
+//    back included), so every kernel enqueued after Access sees the loaded bytes. Views may only
+//    be used from the compute stream (or a stream that waits for it) until a host wait; the
+//    counters' stream_ordered_waits counts the accesses whose copies were still in flight.
+//  - Out of a kernel: every Release records the compute stream's position. Nothing that frees,
+//    moves, overwrites or reduces a chunk a released kernel may still use happens before the
+//    compute stream got there: a dirty write-back (and a write-behind) waits for it on the store
+//    stream; a clean drop, an eviction under pressure, a ZeRO remote payload freed, a
+//    reduce-scatter, BeginAdam (the optimizer reads the gradients) and the destructor wait for
+//    it on the host, because the host acts on the payload right after (returns its block to the
+//    pool, calls the collective, runs the optimizer).
+//  - The host waits for copies where the host itself touches the payload: AccessChunks (the
+//    optimizer runs on the calling thread, also for accelerator chunks, optimizer/hybrid_adam.h),
+//    the ZeRO collectives (called from the host), evictions.
+// Without a compute stream the caller computes on the host: Access waits for the copies as above.
+//
 // Known limits: before dropping a clean chunk the host waits for the compute stream up to the last
-// Release (one event for all chunks, not one per chunk).
+// Release (one event for all chunks, not one per chunk); a stream-ordered drop would need the
+// chunk pools to free blocks in stream order. ZeRO collectives are issued from the host after a
+// host wait for the compute stream (stream-ordered collectives need a communicator that enqueues
+// on the compute stream).
 //
 // Thread safety: thread-compatible. One thread (the training loop) calls the manager; the copy
 // streams only move bytes the manager told them to.
@@ -144,8 +167,7 @@ struct ChunkManagerOptions {
   // accelerator.
   int64_t adam_margin_bytes = 0;
   // The stream the caller's accelerator kernels run on, if any (not owned; must outlive the
-  // manager). Write-backs and drops of a chunk's device copy wait for the work enqueued on it
-  // before the last Release (a host wait, except for write-behinds, which wait on the stream).
+  // manager). Accesses become stream-ordered: see "Stream order" in the file comment.
   Stream* compute_stream = nullptr;
   // Monotonic clock for stall times, in nanoseconds; absl::GetCurrentTimeNanos when unset.
   std::function<int64_t()> clock_ns = nullptr;
@@ -192,12 +214,14 @@ class ChunkManager {
   // --- The model ------------------------------------------------------------------------------
 
   // Makes operator `op`'s param chunk resident on the accelerator (allocating it if released,
-  // loading it, evicting others as the policy chooses), waits for its copy, and sets its tensors
-  // to COMPUTE (FREE tensors are zero-filled). `stage` is kForward (read-only: the chunk stays
-  // clean) or kBackward (gradients overwrite parameters: the chunk becomes dirty).
-  // InvalidArgument for an unknown operator or stage kAdam; FailedPrecondition if the operator is
-  // already accessed or has no tensors; ResourceExhausted if its working set cannot fit (see the
-  // file comment); errors of the pools and streams otherwise. A failed Access is no moment.
+  // loading it, evicting others as the policy chooses) and sets its tensors to COMPUTE (FREE
+  // tensors are zero-filled). With a compute stream, that stream waits for the copies and the
+  // host returns at once; without one, the host waits for them (see "Stream order"). `stage` is
+  // kForward (read-only: the chunk stays clean) or kBackward (gradients overwrite parameters: the
+  // chunk becomes dirty). InvalidArgument for an unknown operator or stage kAdam;
+  // FailedPrecondition if the operator is already accessed or has no tensors; ResourceExhausted if
+  // its working set cannot fit (see the file comment); errors of the pools and streams otherwise. A
+  // failed Access is no moment.
   [[nodiscard]] absl::Status Access(OperatorId op, Stage stage);
 
   // Sets the operator's tensors COMPUTE -> HOLD_AFTER_FWD (kForward) or HOLD_AFTER_BWD
@@ -214,6 +238,7 @@ class ChunkManager {
 
   // Makes chunk `chunk_index` of each of `types` resident on `device` (the accelerator of this
   // manager, or the host) and sets all of its tensors to COMPUTE. kReadWrite marks them dirty.
+  // Returns once the copies are complete (the host waits, with or without a compute stream).
   // One moment of stage ADAM. InvalidArgument for a bad index, no types, a repeated type or
   // another device; FailedPrecondition if one of them is already accessed or cannot hold a
   // payload (another rank's optimizer state); ResourceExhausted as for Access. A failed call is
@@ -322,10 +347,14 @@ class ChunkManager {
   // moment `moment` (NextMoment()) of `stage`. No-op for an untracked access (moment -1).
   absl::Status Tick(Stage stage, int64_t moment);
   absl::Status SampleTide();
-  // Makes `keys` resident on the accelerator at `moment`: checks the working set, evicts, loads,
-  // waits. `stage` is the pass the traffic counts under.
+  // Makes `keys` resident on the accelerator at `moment`: checks the working set, evicts, starts
+  // the loads (nobody waits for them yet: see AwaitAccess). `stage` is the pass the traffic counts
+  // under.
   absl::Status MakeResident(const std::vector<int64_t>& keys, Stage stage, int64_t moment,
                             const std::string& what);
+  // The end of an access of `keys` (`zero_fill`: zero-fills were enqueued on the load stream):
+  // with a compute stream, that stream waits for their copies; without one, the host does.
+  absl::Status AwaitAccess(const std::vector<int64_t>& keys, bool zero_fill);
   std::string WorkingSetError(const std::string& what, const AccessPlan& plan,
                               int64_t moment) const;
   // Prefetches the chunks of the moment after `moment`, as the planner allows.

@@ -6,8 +6,97 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "glog/logging.h"
+#include "memory/caching_allocator.h"
+#include "memory/memory_resource.h"
 
 namespace ps {
+
+namespace {
+
+int64_t RoundUpToAlignment(int64_t bytes) {
+  return (bytes + kAllocationAlignment - 1) / kAllocationAlignment * kAllocationAlignment;
+}
+
+}  // namespace
+
+int64_t CommCollectives::DeviceStagingBytes(int world, int64_t chunk_elems, DType dtype) {
+  const int64_t reduce = world > 1 ? RoundUpToAlignment(world * chunk_elems * SizeOf(dtype)) : 0;
+  return reduce + RoundUpToAlignment(world * kScalarSlotBytes);
+}
+
+CommCollectives::CommCollectives(Communicator* comm, CommCollectivesOptions options)
+    : comm_(comm), timeout_(options.timeout), options_(options) {}
+
+absl::StatusOr<std::unique_ptr<CommCollectives>> CommCollectives::Create(
+    Communicator* comm, CommCollectivesOptions options) {
+  if (comm == nullptr) return absl::InvalidArgumentError("CommCollectives: no communicator");
+  std::unique_ptr<CommCollectives> c(new CommCollectives(comm, options));
+  if (comm->memory() == CommMemory::kHost) return c;
+  if (options.backend == nullptr || options.accelerator == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CommCollectives: the '", comm->name(),
+                     "' communicator needs device memory; set CommCollectivesOptions.backend and "
+                     ".accelerator to the accelerator the chunks live on"));
+  }
+  if (options.chunk_elems < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CommCollectivesOptions.chunk_elems must not be negative, got ", options.chunk_elems));
+  }
+  if (options.accelerator->device() != options.backend->device()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CommCollectivesOptions: the accelerator memory is on ",
+                     options.accelerator->device().ToString(), " but the backend drives ",
+                     options.backend->device().ToString()));
+  }
+  const int world = comm->world_size();
+  c->reduce_staging_bytes_ = world > 1 ? options.chunk_elems * SizeOf(options.dtype) * world : 0;
+  c->scalar_offset_ = world > 1 ? RoundUpToAlignment(c->reduce_staging_bytes_) : 0;
+  c->device_staging_bytes_ = DeviceStagingBytes(world, options.chunk_elems, options.dtype);
+  ASSIGN_OR_RETURN(c->stream_, options.backend->CreateStream());
+  absl::StatusOr<void*> staging =
+      options.accelerator->scratch()->Allocate(c->device_staging_bytes_);
+  if (!staging.ok()) {
+    return absl::Status(
+        staging.status().code(),
+        absl::StrCat("CommCollectives: the ZeRO staging buffer (", c->device_staging_bytes_,
+                     " bytes: ", world, " chunks of ", options.chunk_elems, " ",
+                     DTypeName(options.dtype),
+                     " elements and the scalar word) does not fit the accelerator: ",
+                     staging.status().message()));
+  }
+  c->device_staging_ = *staging;
+  return c;
+}
+
+CommCollectives::~CommCollectives() {
+  if (device_staging_ == nullptr) return;
+  absl::Status s = stream_->Synchronize();
+  s.Update(options_.accelerator->scratch()->Deallocate(device_staging_, device_staging_bytes_));
+  LOG_IF(ERROR, !s.ok()) << "CommCollectives: giving the device staging back failed: " << s;
+}
+
+absl::StatusOr<uint8_t*> CommCollectives::StageOnDevice(absl::Span<void* const> payloads,
+                                                        int64_t bytes) {
+  if (bytes * comm_->world_size() > reduce_staging_bytes_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ZeRO reduce-scatter of ", comm_->world_size(), " x ", bytes,
+                     " bytes but the device staging holds ", reduce_staging_bytes_,
+                     " (CommCollectivesOptions.chunk_elems and .dtype must be the chunk store's)"));
+  }
+  uint8_t* staging = static_cast<uint8_t*>(device_staging_);
+  for (int r = 0; r < comm_->world_size(); ++r) {
+    uint8_t* slot = staging + r * bytes;
+    const void* payload = payloads[static_cast<size_t>(r)];
+    if (payload == nullptr) {
+      RETURN_IF_ERROR(stream_->MemsetAsync(slot, 0, bytes));
+    } else {
+      RETURN_IF_ERROR(stream_->MemcpyAsync(slot, payload, bytes, CopyKind::kDeviceToDevice));
+    }
+  }
+  RETURN_IF_ERROR(stream_->Synchronize());
+  return staging;
+}
 
 absl::Status CommCollectives::CheckPayloads(absl::Span<void* const> payloads,
                                             int64_t count_elems) const {
@@ -55,21 +144,33 @@ absl::Status CommCollectives::ReduceScatterGroup(int64_t group, absl::Span<void*
   RETURN_IF_ERROR(CheckPayloads(payloads, count_elems));
   const int world = comm_->world_size();
   const int64_t bytes = count_elems * SizeOf(dtype);
-  staging_.resize(static_cast<size_t>(bytes * world));
-  for (int r = 0; r < world; ++r) {
-    uint8_t* slot = staging_.data() + r * bytes;
-    if (payloads[static_cast<size_t>(r)] == nullptr) {
-      std::memset(slot, 0, static_cast<size_t>(bytes));
-    } else {
-      std::memcpy(slot, payloads[static_cast<size_t>(r)], static_cast<size_t>(bytes));
+  uint8_t* staging = nullptr;
+  if (on_device()) {
+    if (device_staging_ == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("CommCollectives: the '", comm_->name(),
+                       "' communicator needs device memory; build the collectives with "
+                       "CommCollectives::Create and CommCollectivesOptions.accelerator"));
+    }
+    ASSIGN_OR_RETURN(staging, StageOnDevice(payloads, bytes));
+  } else {
+    staging_.resize(static_cast<size_t>(bytes * world));
+    staging = staging_.data();
+    for (int r = 0; r < world; ++r) {
+      uint8_t* slot = staging + r * bytes;
+      if (payloads[static_cast<size_t>(r)] == nullptr) {
+        std::memset(slot, 0, static_cast<size_t>(bytes));
+      } else {
+        std::memcpy(slot, payloads[static_cast<size_t>(r)], static_cast<size_t>(bytes));
+      }
     }
   }
   // This rank's own chunk may be padding (no payload): it then receives into its staging slot.
   void* recv = payloads[static_cast<size_t>(comm_->rank())];
-  if (recv == nullptr) recv = staging_.data() + comm_->rank() * bytes;
-  ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> request,
-                   comm_->ReduceScatterAsync(staging_.data(), recv, count_elems, ToCommDType(dtype),
-                                             ReduceOp::kAvg));
+  if (recv == nullptr) recv = staging + comm_->rank() * bytes;
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<CommRequest> request,
+      comm_->ReduceScatterAsync(staging, recv, count_elems, ToCommDType(dtype), ReduceOp::kAvg));
   absl::Status waited = request->Wait(timeout_);
   if (!waited.ok()) {
     return absl::Status(waited.code(), absl::StrCat("reduce-scatter of chunk group ", group, ": ",
@@ -80,10 +181,30 @@ absl::Status CommCollectives::ReduceScatterGroup(int64_t group, absl::Span<void*
 
 absl::Status CommCollectives::GatherBytes(const void* in, int64_t bytes,
                                           std::vector<uint8_t>& out) {
-  out.assign(static_cast<size_t>(bytes * comm_->world_size()), 0);
+  const int world = comm_->world_size();
+  out.assign(static_cast<size_t>(bytes * world), 0);
+  if (!on_device()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> request,
+                     comm_->AllGatherAsync(in, out.data(), bytes, CommDType::kU8));
+    return request->Wait(timeout_);
+  }
+  if (device_staging_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CommCollectives: the '", comm_->name(),
+        "' communicator needs device memory; build the collectives with CommCollectives::Create "
+        "and CommCollectivesOptions.accelerator"));
+  }
+  CHECK_LE(bytes, kScalarSlotBytes);
+  // In place: this rank's value goes into its slot of the word.
+  uint8_t* word = static_cast<uint8_t*>(device_staging_) + scalar_offset_;
+  uint8_t* mine = word + comm_->rank() * bytes;
+  RETURN_IF_ERROR(stream_->MemcpyAsync(mine, in, bytes, CopyKind::kHostToDevice));
+  RETURN_IF_ERROR(stream_->Synchronize());
   ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> request,
-                   comm_->AllGatherAsync(in, out.data(), bytes, CommDType::kU8));
-  return request->Wait(timeout_);
+                   comm_->AllGatherAsync(mine, word, bytes, CommDType::kU8));
+  RETURN_IF_ERROR(request->Wait(timeout_));
+  RETURN_IF_ERROR(stream_->MemcpyAsync(out.data(), word, bytes * world, CopyKind::kDeviceToHost));
+  return stream_->Synchronize();
 }
 
 absl::Status CommCollectives::ReduceGradStats(double& sum_squares, int64_t& nonfinite_elems) {

@@ -80,6 +80,14 @@ struct MemoryPlanOptions {
   CachingAllocatorOptions scratch;
   // Bytes kept free for communication buffers (ChunkManagerOptions::comm_buffer_bytes).
   int64_t comm_buffer_bytes = 0;
+  // Accelerator bytes the ZeRO collectives hold in the scratch allocator for the whole run: for a
+  // communicator that needs device memory (nccl), CommCollectives::DeviceStagingBytes (the
+  // reduce-scatter staging and the scalar word, scheduler/comm_collectives.h); 0 for host
+  // communicators (local, mpi), whose staging is host memory. The replay allocates it before
+  // anything else, as the run does, so the tide, the lower bound, the stranded bytes and the
+  // peaks include it exactly as the ChunkManager will measure it (its tide counts the scratch
+  // allocator's bytes; no extra reserve is needed).
+  int64_t device_comm_staging_bytes = 0;
   // Extra slack beyond the stranded bytes the replay measures (>= 0).
   int64_t slack_margin_bytes = 0;
   // Room kept in the minimum (not reserved by the manager) for a tide above the profile's: this
@@ -129,13 +137,14 @@ struct MemoryPlan {
   int64_t activation_peak_bytes = 0;   // highest non-model peak, iteration and evaluation
   int64_t evaluation_peak_bytes = 0;   // the evaluation pass's
   int64_t largest_working_set_bytes = 0;
-  int64_t lower_bound_bytes = 0;       // see the file comment
-  std::string lower_bound_at;          // "h.3.mlp.c_fc (BWD)": the moment that sets it
-  int64_t stranded_bytes = 0;          // most bytes the segments strand at once
-  int64_t slack_bytes = 0;             // stranded + margin: ChunkManager's nonmodel slack
-  int64_t tide_margin_bytes = 0;       // slack_peak_fraction x the activation peak
-  int64_t min_accelerator_bytes = 0;   // lower bound + slack + tide margin + communication
-  double warmup_chunk_fraction = 0.2;  // for accelerator_bytes
+  int64_t lower_bound_bytes = 0;          // see the file comment
+  std::string lower_bound_at;             // "h.3.mlp.c_fc (BWD)": the moment that sets it
+  int64_t stranded_bytes = 0;             // most bytes the segments strand at once
+  int64_t slack_bytes = 0;                // stranded + margin: ChunkManager's nonmodel slack
+  int64_t tide_margin_bytes = 0;          // slack_peak_fraction x the activation peak
+  int64_t min_accelerator_bytes = 0;      // lower bound + slack + tide margin + communication
+  int64_t device_comm_staging_bytes = 0;  // inside the tide (see MemoryPlanOptions)
+  double warmup_chunk_fraction = 0.2;     // for accelerator_bytes
   int64_t predicted_accelerator_peak_bytes = 0;  // at accelerator_bytes
   bool fits_accelerator = false;
 

@@ -81,6 +81,32 @@ TEST(MemoryPlan, LowerBoundIsTheWorkingSetPlusTheActivationsOfTheWorstMoment) {
   EXPECT_EQ(p.rank_model_data_bytes, 2 * 4 * 4 * kKiB);
 }
 
+// A device-memory communicator's staging (nccl: CommCollectives::DeviceStagingBytes) lives in
+// the scratch allocator for the whole run: it is in every moment's tide, the lower bound and the
+// minimum, and a budget that fits without it can be refused with it.
+TEST(MemoryPlan, DeviceCommStagingIsPartOfTheTide) {
+  ASSERT_OK_AND_ASSIGN(const MemoryPlan host, PlanMemory(Options()));
+  MemoryPlanOptions o = Options();
+  constexpr int64_t kStaging = 40 * kKiB + 256;  // two 20 KiB chunks and the scalar word
+  o.device_comm_staging_bytes = kStaging;
+  ASSERT_OK_AND_ASSIGN(const MemoryPlan device, PlanMemory(o));
+  EXPECT_EQ(device.device_comm_staging_bytes, kStaging);
+  EXPECT_GE(device.activation_peak_bytes - host.activation_peak_bytes, kStaging);
+  EXPECT_GE(device.lower_bound_bytes - host.lower_bound_bytes, kStaging);
+  EXPECT_GE(device.min_accelerator_bytes - host.min_accelerator_bytes, kStaging);
+  ASSERT_EQ(device.moments.size(), host.moments.size());
+  for (size_t i = 0; i < device.moments.size(); ++i) {
+    EXPECT_GE(device.moments[i].nonmodel_now_bytes - host.moments[i].nonmodel_now_bytes, kStaging)
+        << "moment " << i;
+  }
+  o.accelerator_bytes = host.min_accelerator_bytes;
+  ASSERT_OK_AND_ASSIGN(const MemoryPlan tight, PlanMemory(o));
+  EXPECT_FALSE(tight.fits_accelerator);
+  o.device_comm_staging_bytes = -1;
+  EXPECT_THAT(PlanMemory(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("device_comm_staging_bytes")));
+}
+
 // The expected host peak counts the pages written: param blocks whole, optimizer-state chunks up
 // to their last tensor (page-rounded), the measured overhead; the safe bound counts every block
 // and the budgeted overhead.

@@ -1,6 +1,7 @@
 #include "scheduler/residency.h"
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -39,6 +40,8 @@ absl::StatusOr<std::unique_ptr<ResidencyEngine>> ResidencyEngine::Create(
   ASSIGN_OR_RETURN(engine->load_stream_, backend->CreateStream());
   ASSIGN_OR_RETURN(engine->store_stream_, backend->CreateStream());
   ASSIGN_OR_RETURN(engine->compute_done_, backend->CreateEvent());
+  ASSIGN_OR_RETURN(engine->loads_done_, backend->CreateEvent());
+  ASSIGN_OR_RETURN(engine->stores_done_, backend->CreateEvent());
   return engine;
 }
 
@@ -54,6 +57,12 @@ ResidencyEngine::ResidencyEngine(ChunkStore* store, Backend* backend, DeviceMemo
       keys_(store->num_chunks()) {}
 
 ResidencyEngine::~ResidencyEngine() {
+  if (compute_waits_on_loads_) {
+    // The compute stream may still have to pass a wait on loads_done_, which dies with the engine.
+    absl::Status s = options_.compute_stream->RecordEvent(compute_done_.get());
+    compute_pending_ = true;
+    LOG_IF(ERROR, !s.ok()) << "ChunkManager: compute stream failed at destruction: " << s;
+  }
   if (compute_pending_) {
     // The caller's compute stream still has to complete the event this engine owns.
     absl::Status s = compute_done_->Synchronize();
@@ -194,11 +203,19 @@ absl::Status ResidencyEngine::Evict(const std::vector<int64_t>& victims, MoveCon
                                     int64_t* evicted) {
   if (victims.empty()) return absl::OkStatus();
   RETURN_IF_ERROR(WaitForCopies(victims));
-  RETURN_IF_ERROR(WaitForCompute());
   TransferCounters& c = traffic(context.stage);
   std::vector<int64_t> dirty;
   for (int64_t key : victims) {
     if (!chunk(key).backing_valid()) dirty.push_back(key);
+  }
+  // Kernels enqueued before the last release may still use a victim. A clean drop frees the block
+  // on the host at once: the host waits for them. Write-backs only: the store stream waits for
+  // them, and the host waits for the store stream below anyway.
+  const bool compute_waited_by_store = compute_pending_ && dirty.size() == victims.size();
+  if (compute_waited_by_store) {
+    RETURN_IF_ERROR(store_stream_->WaitEvent(compute_done_.get()));
+  } else {
+    RETURN_IF_ERROR(WaitForCompute());
   }
   absl::Status written = absl::OkStatus();
   int64_t enqueued = 0;
@@ -213,7 +230,11 @@ absl::Status ResidencyEngine::Evict(const std::vector<int64_t>& victims, MoveCon
     c.write_back_bytes += ch.capacity_bytes();
   }
   // Wait even after a failure: a chunk whose write-back is enqueued counts as clean.
-  if (enqueued > 0) RETURN_IF_ERROR(SyncStream(*store_stream_));
+  if (enqueued > 0 || compute_waited_by_store) {
+    RETURN_IF_ERROR(SyncStream(*store_stream_));
+    // The store stream passed the compute stream's last release point: nothing is pending.
+    if (compute_waited_by_store) compute_pending_ = false;
+  }
   RETURN_IF_ERROR(written);
   for (int64_t key : victims) {
     Chunk& ch = chunk(key);
@@ -243,7 +264,17 @@ absl::Status ResidencyEngine::MoveToHost(int64_t key, MoveContext context) {
 absl::StatusOr<bool> ResidencyEngine::StartWriteBehind(int64_t key, MoveContext context) {
   if (!resident_.contains(key)) return false;
   Chunk& ch = chunk(key);
-  if (!ch.movable() || ch.backing_valid() || pending_.contains(key)) return false;
+  if (!ch.movable() || ch.backing_valid() || behind_.contains(key)) return false;
+  if (auto it = pending_.find(key); it != pending_.end()) {
+    // Its load (a stream-ordered access does not wait for it on the host): done, or the store
+    // stream waits for the load stream.
+    if (it->second->Query()) {
+      RETURN_IF_ERROR(WaitForCopies({key}));
+    } else {
+      RETURN_IF_ERROR(load_stream_->RecordEvent(loads_done_.get()));
+      RETURN_IF_ERROR(store_stream_->WaitEvent(loads_done_.get()));
+    }
+  }
   // A stream-side wait for the caller's kernels up to the last release: the host does not block.
   if (compute_pending_) RETURN_IF_ERROR(store_stream_->WaitEvent(compute_done_.get()));
   RETURN_IF_ERROR(
@@ -253,6 +284,7 @@ absl::StatusOr<bool> ResidencyEngine::StartWriteBehind(int64_t key, MoveContext 
   ASSIGN_OR_RETURN(std::shared_ptr<Event> event, backend_->CreateEvent());
   RETURN_IF_ERROR(store_stream_->RecordEvent(event.get()));
   pending_[key] = std::move(event);
+  behind_.insert(key);
   TransferCounters& c = traffic(context.stage);
   ++c.write_backs;
   c.write_back_bytes += ch.capacity_bytes();
@@ -287,6 +319,7 @@ absl::Status ResidencyEngine::WaitForCopies(const std::vector<int64_t>& keys) {
       counters_->stall_ns += NowNs() - start;
     }
     pending_.erase(it);
+    behind_.erase(key);
     Chunk& ch = chunk(key);
     if (!options_.clean_eviction && ch.has_backing()) RETURN_IF_ERROR(ch.DiscardBacking());
   }
@@ -320,7 +353,38 @@ absl::Status ResidencyEngine::NoteComputeRelease() {
 absl::Status ResidencyEngine::WaitForCompute() {
   if (!compute_pending_) return absl::OkStatus();
   compute_pending_ = false;
-  return compute_done_->Synchronize();
+  const int64_t start = NowNs();
+  absl::Status s = compute_done_->Synchronize();
+  counters_->stall_ns += NowNs() - start;
+  return s;
+}
+
+absl::Status ResidencyEngine::OrderComputeAfterLoads(const std::vector<int64_t>& keys,
+                                                     bool zero_fill) {
+  CHECK(options_.compute_stream != nullptr) << "OrderComputeAfterLoads without a compute stream";
+  bool loads = zero_fill, stores = false;
+  for (int64_t key : keys) {
+    auto it = pending_.find(key);
+    if (it == pending_.end()) continue;
+    // A finished copy completes its bookkeeping here (and reports its error) without blocking.
+    if (it->second->Query()) {
+      RETURN_IF_ERROR(WaitForCopies({key}));
+      continue;
+    }
+    (behind_.contains(key) ? stores : loads) = true;
+  }
+  bool in_flight = false;
+  for (auto [wanted, stream, event] :
+       {std::tuple{loads, load_stream_.get(), loads_done_.get()},
+        std::tuple{stores, store_stream_.get(), stores_done_.get()}}) {
+    if (!wanted) continue;
+    RETURN_IF_ERROR(stream->RecordEvent(event));
+    in_flight |= !event->Query();
+    RETURN_IF_ERROR(options_.compute_stream->WaitEvent(event));
+    compute_waits_on_loads_ = true;
+  }
+  if (in_flight) ++counters_->stream_ordered_waits;
+  return absl::OkStatus();
 }
 
 // --- Pressure ------------------------------------------------------------------------------------

@@ -22,7 +22,13 @@
 //
 // The caller's compute stream (ResidencyOptions::compute_stream). NoteComputeRelease records an
 // event on it at every release; before a chunk's device payload is written back or dropped, the
-// engine waits for that event, so kernels enqueued before the release are done with it.
+// engine waits for that event, so kernels enqueued before the release are done with it: a host
+// wait before a drop, a pressure eviction or a payload release (the block returns to its pool on
+// the host at once, so the host must know the kernels are done), a stream-side wait of the store
+// stream before a write-back or a write-behind. In the other direction OrderComputeAfterLoads
+// makes the compute stream wait for the load stream (loads and zero-fills), so an access needs no
+// host wait for its loads; their bookkeeping (pending copies) completes at the next
+// WaitForCopies or CopiesDone.
 //
 // Pressure. ReclaimUnderPressure evicts every resident chunk that may move (not COMPUTE, not
 // pinned, not kept by the caller) — dirty ones written back, waiting for the copies — and returns
@@ -92,7 +98,8 @@ class ResidencyEngine {
       ResidencyOptions options, ChunkManagerCounters* counters);
   ResidencyEngine(const ResidencyEngine&) = delete;
   ResidencyEngine& operator=(const ResidencyEngine&) = delete;
-  // Waits for the compute stream to reach the last release and for the copies in flight.
+  // Waits for the compute stream to reach the last release (and, once it was made to wait for the
+  // load stream, for all of its work) and for the copies in flight.
   ~ResidencyEngine();
 
   ChunkKeys keys() const { return keys_; }
@@ -160,6 +167,16 @@ class ResidencyEngine {
   [[nodiscard]] absl::Status NoteComputeRelease();
   // Waits on the host for that point.
   [[nodiscard]] absl::Status WaitForCompute();
+  // Whether a compute stream was given.
+  bool has_compute_stream() const { return options_.compute_stream != nullptr; }
+  // Makes the compute stream wait, stream-side, for the copies of `keys` still in flight and, with
+  // `zero_fill`, for the zero-fills enqueued on the load stream: for a load, the load stream's
+  // work so far (it runs in order, so that is exactly the completion of the latest such load);
+  // for a write-behind (its kernels would overwrite the bytes being written back), the store
+  // stream's. Counts a stream-ordered wait when something is still in flight. Errors of copies
+  // that already failed. REQUIRES: has_compute_stream().
+  [[nodiscard]] absl::Status OrderComputeAfterLoads(const std::vector<int64_t>& keys,
+                                                    bool zero_fill);
 
   // --- Pressure -------------------------------------------------------------------------------
 
@@ -205,12 +222,21 @@ class ResidencyEngine {
   std::unique_ptr<Stream> store_stream_;
   std::unique_ptr<Event> compute_done_;
   bool compute_pending_ = false;
+  // Recorded on the load stream by OrderComputeAfterLoads; the compute stream waits for it. Owned
+  // here and only re-recorded (a stream wait refers to the event until it ran), and
+  // `compute_waits_on_loads_` says the destructor must let the compute stream pass such a wait
+  // before the event dies.
+  std::unique_ptr<Event> loads_done_;
+  std::unique_ptr<Event> stores_done_;
+  bool compute_waits_on_loads_ = false;
 
   // Chunks whose payload is on the accelerator (loads in flight included).
   absl::flat_hash_set<int64_t> resident_;
   int64_t resident_bytes_ = 0;
   // Copies in flight (loads, write-behinds): key -> the event recorded after the copy.
   absl::flat_hash_map<int64_t, std::shared_ptr<Event>> pending_;
+  // The keys of pending_ whose copy is a write-behind (on the store stream).
+  absl::flat_hash_set<int64_t> behind_;
   // Chunks loaded by a prefetch and not accessed since.
   absl::flat_hash_set<int64_t> prefetched_;
 };

@@ -75,6 +75,9 @@ bool ZeroGroups::FinishedBackward(int64_t group) const {
 absl::Status ZeroGroups::RunCollective(
     int64_t group, const std::vector<int64_t>& keys,
     const std::function<absl::Status(absl::Span<void* const>, int64_t, DType)>& collective) {
+  // The loads of the group and any write-behind must be complete before the collective reads or
+  // writes the payloads (the collectives are called from the host).
+  RETURN_IF_ERROR(residency_->WaitForCopies(keys));
   std::vector<void*> payloads(static_cast<size_t>(world_size_), nullptr);
   for (int64_t key : keys) {
     Chunk& chunk = residency_->chunk(key);

@@ -29,6 +29,12 @@
 // Accounting: PatrickStar budgets backward as if every rank held every group buffer of every rank
 // (its available memory is multiplied by the world size); here a gathered remote chunk is one
 // chunk-pool block on this rank, exactly what it occupies.
+// Order with the caller's compute stream (scheduler/chunk_manager.h, "Stream order"): every
+// collective is called from the host after the group's copies completed (a host wait). A
+// reduce-scatter and a free first wait on the host for the compute stream up to the last Release
+// (the gradients a queued kernel writes, the payload a queued kernel reads). A gather does not: it
+// writes only remote payloads that were just allocated (their blocks were given back only after
+// such a wait) and reads owners' chunks no kernel writes while the group is not gathered.
 // Known limits: gathers are synchronous (no prefetching of the next group's collective), and the
 // reduce-scatter needs the whole group resident at once.
 //

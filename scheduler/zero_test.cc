@@ -42,6 +42,7 @@
 #include "scheduler/chunk_manager.h"
 #include "scheduler/comm_collectives.h"
 #include "scheduler/metronome.h"
+#include "scheduler/testing/device_checking_communicator.h"
 
 namespace ps {
 namespace {
@@ -82,6 +83,12 @@ struct ZeroSetup {
   // The emulated accelerator's cap in chunks (of f32 chunk blocks).
   int64_t cap_chunks = 64;
   uint64_t seed = 1;
+  // The communicator needs device memory (as nccl does): every buffer it is handed is checked to
+  // be the rank's accelerator memory (scheduler/testing/device_checking_communicator.h).
+  bool device_comm = false;
+  // The manager gets a compute stream, and the "kernels" run on it, queued behind a stall: the
+  // forward's reads and the backward's gradient writes happen only when the host next waits.
+  bool queued_kernels = false;
 };
 
 // One rank: its emulated accelerator, memories, chunks, collectives and manager.
@@ -91,9 +98,21 @@ class Rank {
     std::unique_ptr<Rank> r(new Rank());
     r->setup_ = setup;
     const int64_t block = setup.chunk_elems * 4;
-    ASSIGN_OR_RETURN(r->backend_, CreateCpuBackend({.capacity_bytes = setup.cap_chunks * block}));
     DeviceMemoryOptions accel_options;
     accel_options.chunk_block_bytes = block;
+    int64_t cap_bytes = setup.cap_chunks * block;
+    if (setup.device_comm) {
+      // The collectives' staging lives in the scratch allocator: exact-size segments, and room
+      // for them beside the chunks.
+      accel_options.scratch.round_bytes = 512;
+      accel_options.scratch.small_request_max_bytes = 512;
+      accel_options.scratch.small_segment_bytes = 512;
+      accel_options.scratch.large_segment_round_bytes = 512;
+      const int64_t staging =
+          CommCollectives::DeviceStagingBytes(setup.world, setup.chunk_elems, setup.dtype);
+      cap_bytes += (staging + 511) / 512 * 512;
+    }
+    ASSIGN_OR_RETURN(r->backend_, CreateCpuBackend({.capacity_bytes = cap_bytes}));
     ASSIGN_OR_RETURN(r->accel_, CreateAcceleratorMemory(r->backend_.get(), accel_options));
     DeviceMemoryOptions host_options;
     host_options.chunk_block_bytes = block;
@@ -111,9 +130,23 @@ class Rank {
     store_options.compute_dtype = setup.dtype;
     store_options.rank = comm->rank();
     ASSIGN_OR_RETURN(r->store_, ChunkStore::Create(std::move(layout), store_options));
-    r->collectives_ = std::make_unique<CommCollectives>(comm, absl::Seconds(60));
+    if (setup.device_comm) {
+      r->device_comm_ = std::make_unique<DeviceCheckingCommunicator>(comm, r->backend_.get());
+      ASSIGN_OR_RETURN(r->collectives_, CommCollectives::Create(r->device_comm_.get(),
+                                                                {.timeout = absl::Seconds(60),
+                                                                 .backend = r->backend_.get(),
+                                                                 .accelerator = r->accel_.get(),
+                                                                 .chunk_elems = setup.chunk_elems,
+                                                                 .dtype = setup.dtype}));
+    } else {
+      r->collectives_ = std::make_unique<CommCollectives>(comm, absl::Seconds(60));
+    }
     ChunkManagerOptions options;
     options.collectives = r->collectives_.get();
+    if (setup.queued_kernels) {
+      ASSIGN_OR_RETURN(r->compute_, r->backend_->CreateStream());
+      options.compute_stream = r->compute_.get();
+    }
     options.warmup_chunk_fraction = 1.0;
     ASSIGN_OR_RETURN(r->manager_, ChunkManager::Create(r->store_.get(), r->backend_.get(),
                                                        r->accel_.get(), r->host_.get(), options));
@@ -123,6 +156,68 @@ class Rank {
   ~Rank() {
     manager_.reset();
     store_.reset();
+  }
+
+  // Buffers the device-memory communicator checked (0 without one).
+  int64_t checked_buffers() const {
+    return device_comm_ != nullptr ? device_comm_->checked_buffers() : 0;
+  }
+
+  // With queued kernels: the host waits for them (a host read of a payload comes after the
+  // kernels and loads enqueued before it).
+  absl::Status SyncCompute() {
+    return compute_ != nullptr ? compute_->Synchronize() : absl::OkStatus();
+  }
+
+  // Holds the compute stream (unless it is held already) until the host next waits.
+  absl::Status Stall() {
+    if (stall_ != nullptr && stall_->active()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(stall_, StallCpuStream(*compute_));
+    return absl::OkStatus();
+  }
+
+  // Writes `values` into tensor `t`'s param payload: on the host, or with queued kernels as a
+  // kernel on the compute stream behind a stall that ends at the host's next wait.
+  absl::Status WriteGradient(TensorId t, std::vector<float> values) {
+    if (compute_ == nullptr) {
+      WriteTensor(ChunkType::kParam, t, values);
+      return absl::OkStatus();
+    }
+    ASSIGN_OR_RETURN(const TensorView v, store_->View(ChunkType::kParam, t));
+    RETURN_IF_ERROR(Stall());
+    return compute_->LaunchHostFunc([v, values = std::move(values)] {
+      CHECK(Convert(DType::kF32, values.data(), v.dtype, v.data, v.numel).ok());
+    });
+  }
+
+  // Forward "kernel": with queued kernels, reads the operator's parameters on the compute stream
+  // behind a stall and checks them once the host waited; otherwise checks them at once.
+  absl::Status QueueForwardRead(OperatorId op, int v, std::vector<float>* seen) {
+    if (compute_ == nullptr) return CheckParams(op, v);
+    const TensorId t = layout().op(op).tensors[0];
+    ASSIGN_OR_RETURN(const TensorView view, store_->View(ChunkType::kParam, t));
+    RETURN_IF_ERROR(Stall());
+    return compute_->LaunchHostFunc([view, seen] {
+      seen->resize(static_cast<size_t>(view.numel));
+      CHECK(Convert(view.dtype, view.data, DType::kF32, seen->data(), view.numel).ok());
+    });
+  }
+  absl::Status CheckForwardRead(OperatorId op, int v, const std::vector<float>& seen) {
+    if (compute_ == nullptr) return absl::OkStatus();
+    RETURN_IF_ERROR(SyncCompute());
+    const TensorId t = layout().op(op).tensors[0];
+    if (seen.size() != static_cast<size_t>(layout().tensor(t).numel)) {
+      return absl::InternalError(
+          absl::StrCat("rank ", rank(), ": op", op, "'s queued read never ran"));
+    }
+    for (size_t i = 0; i < seen.size(); ++i) {
+      if (seen[i] != Round(Param(t, i, v), setup_.dtype)) {
+        return absl::DataLossError(absl::StrCat("rank ", rank(), ": the queued kernel of op", op,
+                                                " read [", i, "] = ", seen[i],
+                                                ", want parameter version ", v));
+      }
+    }
+    return absl::OkStatus();
   }
 
   ChunkManager& manager() { return *manager_; }
@@ -220,9 +315,11 @@ class Rank {
     for (OperatorId op : forward) {
       RETURN_IF_ERROR(manager_->Access(op, Stage::kForward));
       RETURN_IF_ERROR(CheckInvariants("forward access"));
-      RETURN_IF_ERROR(CheckParams(op, v));
+      std::vector<float> seen;
+      RETURN_IF_ERROR(QueueForwardRead(op, v, &seen));
       RETURN_IF_ERROR(manager_->Release(op, Stage::kForward));
       RETURN_IF_ERROR(CheckInvariants("forward release"));
+      RETURN_IF_ERROR(CheckForwardRead(op, v, seen));
     }
     // After the forward, a gathered group must still be needed: not all HOLD_AFTER_FWD.
     for (int64_t g = 0; g < layout().num_groups(); ++g) {
@@ -245,8 +342,9 @@ class Rank {
         // The slot takes this rank's gradient.
         std::vector<float> g(static_cast<size_t>(layout().tensor(t).numel));
         for (size_t i = 0; i < g.size(); ++i) g[i] = Grad(rank(), t, i, v);
-        WriteTensor(ChunkType::kParam, t, g);
+        RETURN_IF_ERROR(WriteGradient(t, std::move(g)));
       } else {
+        RETURN_IF_ERROR(SyncCompute());
         RETURN_IF_ERROR(CheckParams(op, v));
       }
       RETURN_IF_ERROR(manager_->Release(op, Stage::kBackward));
@@ -263,7 +361,8 @@ class Rank {
             absl::StrCat("rank ", rank(), ": group ", g, " is still gathered after the backward"));
       }
     }
-    // The owners hold the mean gradients.
+    // The owners hold the mean gradients (the reduce-scatters ran after the queued kernels).
+    RETURN_IF_ERROR(SyncCompute());
     for (TensorId t = 0; t < layout().num_tensor_ids(); ++t) {
       const int64_t c = layout().tensor(t).chunk_index;
       if (layout().owner_of(c) != rank()) continue;
@@ -291,6 +390,9 @@ class Rank {
   std::unique_ptr<DeviceMemory> accel_;
   std::unique_ptr<DeviceMemory> host_;
   std::unique_ptr<ChunkStore> store_;
+  std::unique_ptr<Stream> compute_;
+  std::unique_ptr<CpuStreamStall> stall_;
+  std::unique_ptr<DeviceCheckingCommunicator> device_comm_;
   std::unique_ptr<CommCollectives> collectives_;
   std::unique_ptr<ChunkManager> manager_;
 };
@@ -328,6 +430,8 @@ struct Param3 {
   int world;
   DType dtype;
   bool tight;  // an accelerator cap of a few groups: chunks (remote ones too) are evicted
+  bool device_comm = false;
+  bool queued_kernels = false;
 };
 
 class ZeroTrainingTest : public ::testing::TestWithParam<Param3> {};
@@ -343,6 +447,8 @@ TEST_P(ZeroTrainingTest, GathersParametersAndAveragesGradientsLikeOneRank) {
     setup.op_numels = RandomOps(rng, setup.chunk_elems, 8 + static_cast<int>(seed) * 4);
     setup.cap_chunks = p.tight ? p.world + 1 : 256;
     setup.seed = seed;
+    setup.device_comm = p.device_comm;
+    setup.queued_kernels = p.queued_kernels;
     std::vector<absl::Status> status = RunRanks(setup, [&](Rank& r) -> absl::Status {
       RETURN_IF_ERROR(r.WriteOwnedParameters(/*v=*/0, /*all_types=*/true));
       for (int v = 0; v < 3; ++v) RETURN_IF_ERROR(r.RunIteration(v));
@@ -359,6 +465,9 @@ TEST_P(ZeroTrainingTest, GathersParametersAndAveragesGradientsLikeOneRank) {
       if (c.all_gathers < 3 * data_groups) {
         return absl::InternalError(
             absl::StrCat("rank ", r.rank(), ": only ", c.all_gathers, " all-gathers"));
+      }
+      if (p.device_comm && r.checked_buffers() == 0) {
+        return absl::InternalError("the device-memory communicator was never handed a buffer");
       }
       if (p.tight && r.layout().num_data_chunks() > setup.cap_chunks &&
           c.Total().write_backs + c.Total().clean_evictions == 0) {
@@ -389,10 +498,19 @@ INSTANTIATE_TEST_SUITE_P(
     Worlds, ZeroTrainingTest,
     ::testing::Values(Param3{2, DType::kF32, false}, Param3{3, DType::kF32, false},
                       Param3{2, DType::kBF16, false}, Param3{3, DType::kF16, false},
-                      Param3{2, DType::kF32, true}, Param3{3, DType::kBF16, true}),
+                      Param3{2, DType::kF32, true}, Param3{3, DType::kBF16, true},
+                      // Device-memory collectives (nccl's contract) and kernels queued on a
+                      // compute stream: the reduce-scatter must see the queued gradients.
+                      Param3{2, DType::kF32, false, true, true},
+                      Param3{3, DType::kBF16, true, true, true},
+                      Param3{4, DType::kF32, true, true, true},
+                      Param3{4, DType::kF16, false, true, false},
+                      Param3{2, DType::kF32, true, false, true}),
     [](const ::testing::TestParamInfo<Param3>& info) {
       return absl::StrCat(info.param.world, "Ranks", DTypeName(info.param.dtype),
-                          info.param.tight ? "Tight" : "Roomy");
+                          info.param.tight ? "Tight" : "Roomy",
+                          info.param.device_comm ? "DeviceComm" : "",
+                          info.param.queued_kernels ? "Queued" : "");
     });
 
 // The model-data share, exactly: 40 operators of 1000 elements, 4 per 4096-element chunk, make 10
@@ -424,6 +542,57 @@ TEST(ZeroModelBytes, EachRankHoldsItsShare) {
       total += layout.RankModelDataBytes(DType::kF16, r);
     }
     EXPECT_EQ(total, layout.TotalModelDataBytes(DType::kF16)) << "world " << world;
+  }
+}
+
+// A group touched by backward but not finished (an operator of it never ran its backward) is
+// reduced by BeginAdam, and with kernels queued on the compute stream the reduction must see the
+// gradients the queued kernel writes; on device-memory collectives too.
+TEST(ZeroQueuedKernels, BeginAdamReducesAfterTheQueuedGradientWrites) {
+  for (bool device_comm : {false, true}) {
+    ZeroSetup setup;
+    setup.world = 2;
+    setup.chunk_elems = 256;
+    setup.op_numels = {256, 256};  // one group: op0 in chunk 0 (rank 0's), op1 in chunk 1
+    setup.device_comm = device_comm;
+    setup.queued_kernels = true;
+    std::vector<absl::Status> status = RunRanks(setup, [&](Rank& r) -> absl::Status {
+      RETURN_IF_ERROR(r.WriteOwnedParameters(/*v=*/0, /*all_types=*/true));
+      ChunkManager& m = r.manager();
+      RETURN_IF_ERROR(m.BeginIteration());
+      for (OperatorId op : {0, 1}) {
+        RETURN_IF_ERROR(m.Access(op, Stage::kForward));
+        RETURN_IF_ERROR(m.Release(op, Stage::kForward));
+      }
+      const TensorId t = r.layout().op(0).tensors[0];
+      RETURN_IF_ERROR(m.Access(0, Stage::kBackward));
+      std::vector<float> g(static_cast<size_t>(r.layout().tensor(t).numel));
+      for (size_t i = 0; i < g.size(); ++i) g[i] = Grad(r.rank(), t, i, 0);
+      RETURN_IF_ERROR(r.WriteGradient(t, std::move(g)));
+      RETURN_IF_ERROR(m.Release(0, Stage::kBackward));
+      if (m.counters().reduce_scatters != 0 || !m.group_gathered(0)) {
+        return absl::InternalError("the unfinished group was reduced or freed at the release");
+      }
+      RETURN_IF_ERROR(m.BeginAdam().status());
+      if (m.counters().reduce_scatters != 1 || m.group_gathered(0)) {
+        return absl::InternalError("BeginAdam did not reduce and free the group");
+      }
+      if (r.rank() == 0) {
+        RETURN_IF_ERROR(r.SyncCompute());
+        const std::vector<float> got = r.ReadTensor(ChunkType::kParam, t);
+        for (size_t i = 0; i < got.size(); ++i) {
+          const float want = MeanGrad(setup.world, t, i, 0, setup.dtype);
+          if (got[i] != want) {
+            return absl::DataLossError(absl::StrCat("gradient [", i, "] = ", got[i],
+                                                    ", want the mean of the queued writes ", want));
+          }
+        }
+      }
+      return m.EndIteration();
+    });
+    for (int r = 0; r < setup.world; ++r) {
+      EXPECT_OK(status[r]) << "rank " << r << (device_comm ? " (device collectives)" : "");
+    }
   }
 }
 

@@ -40,9 +40,11 @@ absl::StatusOr<std::unique_ptr<TrainingHarness>> TrainingHarness::Create(
   std::unique_ptr<TrainingHarness> h(new TrainingHarness());
   h->config_ = config;
   h->chunk_bytes_ = model.chunk_elems * 4;
-  ASSIGN_OR_RETURN(h->backend_, CreateCpuBackend({.capacity_bytes = config.cap_bytes,
-                                                  .copy_bandwidth_bytes_per_s =
-                                                      config.copy_bandwidth_bytes_per_s}));
+  ASSIGN_OR_RETURN(
+      h->backend_,
+      CreateCpuBackend({.capacity_bytes = config.cap_bytes,
+                        .copy_bandwidth_bytes_per_s = config.copy_bandwidth_bytes_per_s,
+                        .stall_streams_until_host_waits = config.stall_streams_until_host_waits}));
   ASSIGN_OR_RETURN(h->compute_, h->backend_->CreateStream());
   DeviceMemoryOptions accel_options;
   accel_options.chunk_block_bytes = h->chunk_bytes_;
@@ -66,7 +68,7 @@ absl::StatusOr<std::unique_ptr<TrainingHarness>> TrainingHarness::Create(
   ASSIGN_OR_RETURN(h->store_,
                    ChunkStore::Create(std::move(layout), {.compute_dtype = DType::kF32}));
   ChunkManagerOptions options = config.options;
-  options.compute_stream = h->compute_.get();
+  options.compute_stream = config.give_compute_stream ? h->compute_.get() : nullptr;
   ASSIGN_OR_RETURN(h->manager_, ChunkManager::Create(h->store_.get(), h->backend_.get(),
                                                      h->accel_.get(), h->host_.get(), options));
   h->version_.assign(kNumChunkTypes,
@@ -120,6 +122,11 @@ absl::Status TrainingHarness::VerifyTensor(ChunkType type, TensorId id) {
   }
   ++verified_tensors_;
   return absl::OkStatus();
+}
+
+std::vector<uint8_t> TrainingHarness::ExpectedBytes(ChunkType type, TensorId id) const {
+  return Pattern(type, id, version_[static_cast<int>(type)][id],
+                 store_->layout().tensor(id).numel * 4);
 }
 
 absl::Status TrainingHarness::WriteTensor(ChunkType type, TensorId id) {

@@ -72,6 +72,12 @@ struct HarnessConfig {
   absl::Duration compute = absl::ZeroDuration();
   // Check and write tensor bytes. Off for timing runs: the checks copy over the emulated link.
   bool verify = true;
+  // Give the manager the harness's compute stream (stream-ordered accesses); without it the
+  // manager's callers compute on the host.
+  bool give_compute_stream = true;
+  // CpuBackendOptions::stall_streams_until_host_waits: every stream (the manager's copy streams
+  // included) holds its work until the host next waits for the backend.
+  bool stall_streams_until_host_waits = false;
 };
 
 class TrainingHarness {
@@ -93,6 +99,10 @@ class TrainingHarness {
   // The stream the harness's "kernels" run on (the manager's compute_stream).
   Stream& compute_stream() { return *compute_; }
   int64_t chunk_bytes() const { return chunk_bytes_; }
+  // The bytes the harness last wrote into tensor `id` of `type` (what VerifyTensor expects).
+  std::vector<uint8_t> ExpectedBytes(ChunkType type, TensorId id) const;
+  // Destroys the manager now (for tests of its destructor); manager() is invalid afterwards.
+  void DestroyManager() { manager_.reset(); }
   // Tensors whose bytes were verified.
   int64_t verified_tensors() const { return verified_tensors_; }
   // Highest resident bytes seen.
