@@ -121,7 +121,8 @@ class AdamKernels {
       absl::Span<const ParamRestoreSegment> segments) = 0;
   // Adds each segment's gradients (on the implementation's device) into its f32 accumulator
   // (host memory; see GradAccumulateSegment). Same errors as above. CudaAdam reaches the host
-  // accumulator through a staging tile or, when it is pinned, in place (optimizer/cuda/cuda_adam.h).
+  // accumulator through a staging tile or, when it is pinned, in place
+  // (optimizer/cuda/cuda_adam.h).
   [[nodiscard]] virtual absl::Status AccumulateGradients(
       absl::Span<const GradAccumulateSegment> segments) = 0;
 };
