@@ -91,8 +91,11 @@ struct ParamRestoreSegment {
 };
 
 // Gradient accumulation (gradient_accumulation_steps > 1): acc[i] += grad[i] widened to f32
-// (exact: f16 and bf16 are subsets of f32), grad of `dtype`, acc f32. `acc` is host memory
-// (optimizer/grad_accumulator.h).
+// (exact: f16 and bf16 are subsets of f32; optimizer/grad_accumulate_math.h is the arithmetic),
+// grad of `dtype` on the kernels' device, acc f32. `acc` is host memory
+// (optimizer/grad_accumulator.h) for every chunk, wherever its gradients are: a chunk may be
+// stepped on the host in one micro-batch and on the accelerator in the next (the scheduler's
+// warm-up), and the accumulator serves both without moving.
 struct GradAccumulateSegment {
   DType dtype = DType::kF16;
   const void* grad = nullptr;
@@ -116,9 +119,10 @@ class AdamKernels {
       absl::Span<const AdamSegment> segments) = 0;
   [[nodiscard]] virtual absl::Status RestoreParams(
       absl::Span<const ParamRestoreSegment> segments) = 0;
-  // Adds each segment's gradients into its host f32 accumulator. Same errors as above.
-  // Unimplemented where the kernels' memory is not host-addressable (CudaAdam): gradient
-  // accumulation needs every owned chunk stepped in host-addressable memory.
+  // Adds each segment's gradients (on the implementation's device) into its f32 accumulator
+  // (host memory; see GradAccumulateSegment). Same errors as above. CudaAdam reaches the host
+  // accumulator through a staging tile or, when it is pinned, in place
+  // (optimizer/cuda/cuda_adam.h).
   [[nodiscard]] virtual absl::Status AccumulateGradients(
       absl::Span<const GradAccumulateSegment> segments) = 0;
 };

@@ -527,8 +527,9 @@ absl::StatusOr<AdamStepReport> HybridAdam::Step(AdamChunkAccess& access) {
   // means.
   const double unscale = report.loss_scale * static_cast<double>(accumulation_steps_);
   if (accumulating) {
-    // Fold the last micro-batch into the accumulator and take the stats of the sum (host
-    // memory: the host kernels). The param slots keep their gradients until the update.
+    // Fold the last micro-batch into the accumulator (on the chunk's device's kernels) and take
+    // the stats of the sum (host memory: the host kernels). The param slots keep their gradients
+    // until the update.
     GradStats sum_stats;
     std::vector<GradAccumulateSegment> acc_segments;
     std::vector<GradSegment> sum_segments;

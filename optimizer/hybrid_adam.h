@@ -45,8 +45,8 @@
 // gradient one batch of k times the sequences would give. Then the accumulator is zeroed. An
 // Inf/NaN in any micro-batch: f32/bf16 stop (OutOfRange) at that micro-batch; f16 skips the
 // whole step at its end. Nothing about accumulation is checkpointed: between steps the
-// accumulator is zero. Needs host-addressable payloads (the cpu backend): CudaAdam's
-// AccumulateGradients is Unimplemented.
+// accumulator is zero. The accumulator is host memory for GPU chunks too: CudaAdam stages it
+// through the bus (optimizer/cuda/cuda_adam.h), and updates from it with the sum staged likewise.
 //
 // The emulated accelerator (cpu backend): its chunks run through the CpuAdam passed as
 // HybridAdamKernels::accelerator, directly on the calling thread, not enqueued on a stream with

@@ -70,8 +70,18 @@
 #include "model/kernels/matmul.h"
 #include "model/kernels/rmsnorm.h"
 #include "model/kernels/rope.h"
+#include "model/kernels/vocab_blocks.h"
 
 namespace ps {
+
+// The touched-rows buffer of a vocabulary matrix (model/kernels/vocab_blocks.h, "Tied weights"):
+// `slot_of_token` [vocab_size] int32 on the device maps a row of the matrix to its slot in
+// `slot_rows` [num_slots, channels] f32, or to -1 when the batch does not touch it.
+struct TouchedRowsShape {
+  int64_t channels = 0;    // C
+  int64_t vocab_size = 0;  // V: entries of slot_of_token
+  int64_t num_slots = 0;   // rows of slot_rows
+};
 
 // A row-major GEMM with f32 accumulation and an f32 output (cuBLAS's and internal/blas.h's
 // conventions):
@@ -105,6 +115,17 @@ class Kernels {
   virtual int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& shape) const = 0;
   // Forward and backward.
   virtual int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& shape) const = 0;
+  // The bf16-weight GEMMs (MatmulForwardBf16 / MatmulBackwardBf16 below).
+  // Until every implementation overrides them (the base class answers 0, and the operations
+  // answer Unimplemented), the queries of the entry points added for the model are not pure.
+  virtual int64_t MatmulBf16ForwardWorkspaceBytes(const MatmulShape& shape) const;
+  virtual int64_t MatmulBf16BackwardWorkspaceBytes(const MatmulShape& shape) const;
+  // The vocabulary-block LM head (LmHeadBlockForward / LmHeadBlockBackward below) for a block
+  // stored as `block_dtype`.
+  virtual int64_t LmHeadBlockForwardWorkspaceBytes(const VocabBlockShape& shape,
+                                                   DType block_dtype) const;
+  virtual int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& shape,
+                                                    DType block_dtype) const;
 
   // --- Memory -------------------------------------------------------------------------------
   // Sets `bytes` bytes at dst to zero (0.0 in f32, f16 and bf16). bytes == 0 enqueues nothing.
@@ -180,6 +201,86 @@ class Kernels {
                                                         const int32_t* targets, const float* lse,
                                                         double loss_grad, float* dh, float* dwte,
                                                         void* workspace, int64_t workspace_bytes);
+
+  // model/kernels/matmul.h's bf16 variants (Conv1D, W [in, out] bf16 bit patterns read in place):
+  // y = bf16(x) W + b; dx += bf16(dy) W^T, dw += bf16(x)^T bf16(dy), db += column sums of dy.
+  // Activations rounded to bf16 (round-to-nearest-even) in the workspace, f32 accumulation, f32
+  // outputs (dw too: the caller converts it into the gradient slot). b and db are f32.
+  [[nodiscard]] absl::Status MatmulForwardBf16(Stream& stream, const MatmulShape& shape,
+                                               const float* x, const uint16_t* w, const float* b,
+                                               float* y, void* workspace, int64_t workspace_bytes);
+  [[nodiscard]] absl::Status MatmulBackwardBf16(Stream& stream, const MatmulShape& shape,
+                                                const float* x, const uint16_t* w, const float* dy,
+                                                float* dx, float* dw, float* db, void* workspace,
+                                                int64_t workspace_bytes);
+
+  // --- The vocabulary in row blocks (model/kernels/vocab_blocks.h has the math) ---------------
+  // A block is rows [row_begin, row_begin + block_rows) of the [vocab_size, C] matrix, stored as
+  // `block_dtype` (f32, f16 or bf16) and read in place. tokens and targets are [rows] int32 on the
+  // device; a token or target outside the vocabulary is a device-data error (see above).
+  //
+  // out[n, :] = block[tokens[n] - row_begin, :] (widened exactly) for the tokens in the block;
+  // other rows of out [rows, C] f32 are left alone.
+  [[nodiscard]] absl::Status EmbeddingBlockForward(Stream& stream, const VocabBlockShape& shape,
+                                                   const int32_t* tokens, DType block_dtype,
+                                                   const void* block, float* out);
+  // slot_rows[slot_of_token[tokens[n]], :] += dout[n, :] for n = 0, 1, ..., num_tokens - 1 whose
+  // token has a slot (>= 0). dout [num_tokens, C]. A slot >= num_slots is a device-data error.
+  [[nodiscard]] absl::Status ScatterRowsAdd(Stream& stream, const TouchedRowsShape& shape,
+                                            int64_t num_tokens, const int32_t* tokens,
+                                            const int32_t* slot_of_token, const float* dout,
+                                            float* slot_rows);
+  // slot_rows[slot_of_token[row_begin + r], :] = src[r, :] for r in [0, rows) with a slot >= 0
+  // (the LM head's gradient rows of one vocabulary tile kept for the embedding's part). src
+  // [rows, C] f32; [row_begin, row_begin + rows) inside [0, vocab_size).
+  [[nodiscard]] absl::Status CopyRowsToSlots(Stream& stream, const TouchedRowsShape& shape,
+                                             int64_t row_begin, int64_t rows,
+                                             const int32_t* slot_of_token, const float* src,
+                                             float* slot_rows);
+  // dst[r, :] = slot_rows[slot_of_token[row_begin + r], :] converted to dst_dtype, for r in
+  // [0, rows) with a slot >= 0; the other rows of dst [rows, C] (dst_dtype) are left alone (the
+  // touched rows' complete gradients written into a block's gradient slot).
+  [[nodiscard]] absl::Status CopySlotsToRows(Stream& stream, const TouchedRowsShape& shape,
+                                             int64_t row_begin, int64_t rows,
+                                             const int32_t* slot_of_token, const float* slot_rows,
+                                             DType dst_dtype, void* dst);
+  // GPT-2's learned positions: out[b, t, :] += wpe[t, :]; dwpe[t, :] += sum over b (increasing)
+  // of dout[b, t, :]. out/dout [batch, seq_len, C], wpe/dwpe [max_seq_len, C] f32.
+  [[nodiscard]] absl::Status PositionEmbeddingForward(Stream& stream, int64_t batch,
+                                                      int64_t seq_len, int64_t channels,
+                                                      int64_t max_seq_len, const float* wpe,
+                                                      float* out);
+  [[nodiscard]] absl::Status PositionEmbeddingBackward(Stream& stream, int64_t batch,
+                                                       int64_t seq_len, int64_t channels,
+                                                       int64_t max_seq_len, const float* dout,
+                                                       float* dwpe);
+  // The LM head over blocks: LmHeadStateInit, LmHeadBlockForward for every block in increasing
+  // row order, LmHeadFinish. state is LmHeadStateElems(shape) = 3 * rows f32 (only shape.rows is
+  // read by the init). h [rows, C] f32. The forward refuses a row_begin that is not a multiple of
+  // vocab_tile (InvalidArgument, at enqueue).
+  [[nodiscard]] absl::Status LmHeadStateInit(Stream& stream, const VocabBlockShape& shape,
+                                             float* state);
+  [[nodiscard]] absl::Status LmHeadBlockForward(Stream& stream, const VocabBlockShape& shape,
+                                                const float* h, DType block_dtype,
+                                                const void* block, const int32_t* targets,
+                                                float* state, void* workspace,
+                                                int64_t workspace_bytes);
+  // lse [rows] and the mean cross-entropy over the valid targets (0 if none) as one double in
+  // device memory at *loss (copy it to the host after the stream got there).
+  [[nodiscard]] absl::Status LmHeadFinish(Stream& stream, const VocabBlockShape& shape,
+                                          const int32_t* targets, const float* state, float* lse,
+                                          double* loss);
+  // dh += dloss/dh * loss_grad for this block's part of the vocabulary (f32 [rows, C]), and
+  // dblock [block_rows, C] f32 = dloss/dblock * loss_grad (written, not added). Calling it once
+  // per vocabulary tile (block_rows <= vocab_tile, row_begin a multiple of vocab_tile) in
+  // increasing order gives the same dh and gradient bits as one call over the whole block, so
+  // dblock can stay one tile of scratch.
+  [[nodiscard]] absl::Status LmHeadBlockBackward(Stream& stream, const VocabBlockShape& shape,
+                                                 const float* h, DType block_dtype,
+                                                 const void* block, const int32_t* targets,
+                                                 const float* lse, double loss_grad, float* dh,
+                                                 float* dblock, void* workspace,
+                                                 int64_t workspace_bytes);
 
   // --- Llama / Qwen2 / Mistral --------------------------------------------------------------
   // model/kernels/rmsnorm.h.
@@ -330,6 +431,51 @@ class Kernels {
   virtual absl::Status DoEmbeddingBackward(Stream& stream, const EmbeddingShape& shape,
                                            const int32_t* tokens, const float* dout,
                                            float* dwte) = 0;
+
+  // The entry points added for the model (issue 13). Each default answers Unimplemented naming
+  // the operation and name(), until both implementations override them.
+  virtual absl::Status DoMatmulForwardBf16(Stream& stream, const MatmulShape& shape, const float* x,
+                                           const uint16_t* w, const float* b, float* y,
+                                           void* workspace, int64_t workspace_bytes);
+  virtual absl::Status DoMatmulBackwardBf16(Stream& stream, const MatmulShape& shape,
+                                            const float* x, const uint16_t* w, const float* dy,
+                                            float* dx, float* dw, float* db, void* workspace,
+                                            int64_t workspace_bytes);
+  virtual absl::Status DoEmbeddingBlockForward(Stream& stream, const VocabBlockShape& shape,
+                                               const int32_t* tokens, DType block_dtype,
+                                               const void* block, float* out);
+  virtual absl::Status DoScatterRowsAdd(Stream& stream, const TouchedRowsShape& shape,
+                                        int64_t num_tokens, const int32_t* tokens,
+                                        const int32_t* slot_of_token, const float* dout,
+                                        float* slot_rows);
+  virtual absl::Status DoCopyRowsToSlots(Stream& stream, const TouchedRowsShape& shape,
+                                         int64_t row_begin, int64_t rows,
+                                         const int32_t* slot_of_token, const float* src,
+                                         float* slot_rows);
+  virtual absl::Status DoCopySlotsToRows(Stream& stream, const TouchedRowsShape& shape,
+                                         int64_t row_begin, int64_t rows,
+                                         const int32_t* slot_of_token, const float* slot_rows,
+                                         DType dst_dtype, void* dst);
+  virtual absl::Status DoPositionEmbeddingForward(Stream& stream, int64_t batch, int64_t seq_len,
+                                                  int64_t channels, int64_t max_seq_len,
+                                                  const float* wpe, float* out);
+  virtual absl::Status DoPositionEmbeddingBackward(Stream& stream, int64_t batch, int64_t seq_len,
+                                                   int64_t channels, int64_t max_seq_len,
+                                                   const float* dout, float* dwpe);
+  virtual absl::Status DoLmHeadStateInit(Stream& stream, const VocabBlockShape& shape,
+                                         float* state);
+  virtual absl::Status DoLmHeadBlockForward(Stream& stream, const VocabBlockShape& shape,
+                                            const float* h, DType block_dtype, const void* block,
+                                            const int32_t* targets, float* state, void* workspace,
+                                            int64_t workspace_bytes);
+  virtual absl::Status DoLmHeadFinish(Stream& stream, const VocabBlockShape& shape,
+                                      const int32_t* targets, const float* state, float* lse,
+                                      double* loss);
+  virtual absl::Status DoLmHeadBlockBackward(Stream& stream, const VocabBlockShape& shape,
+                                             const float* h, DType block_dtype, const void* block,
+                                             const int32_t* targets, const float* lse,
+                                             double loss_grad, float* dh, float* dblock,
+                                             void* workspace, int64_t workspace_bytes);
 };
 
 }  // namespace ps

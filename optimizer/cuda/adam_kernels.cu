@@ -14,6 +14,7 @@
 #include "memory/dtype_math.h"
 #include "optimizer/adam_math.h"
 #include "optimizer/cuda/adam_kernels.h"
+#include "optimizer/grad_accumulate_math.h"
 
 namespace ps {
 namespace cuda {
@@ -24,16 +25,19 @@ constexpr int64_t kMaxBlocks = 8192;
 
 struct F32Type {
   using Storage = float;
+  static __device__ float Accumulate(float acc, float g) { return AccumulateGradF32(acc, g); }
   static __device__ float ToFloat(float x) { return x; }
   static __device__ float FromFloat(float x) { return x; }
 };
 struct F16Type {
   using Storage = uint16_t;
+  static __device__ float Accumulate(float acc, uint16_t g) { return AccumulateGradF16(acc, g); }
   static __device__ float ToFloat(uint16_t x) { return HalfBitsToFloat(x); }
   static __device__ uint16_t FromFloat(float x) { return FloatToHalfBits(x); }
 };
 struct BF16Type {
   using Storage = uint16_t;
+  static __device__ float Accumulate(float acc, uint16_t g) { return AccumulateGradBF16(acc, g); }
   static __device__ float ToFloat(uint16_t x) { return BFloat16BitsToFloat(x); }
   static __device__ uint16_t FromFloat(float x) { return FloatToBFloat16Bits(x); }
 };
@@ -159,6 +163,18 @@ __global__ void GradStatsKernel(const typename T::Storage* __restrict__ grad, in
   if (bad != 0) atomicAdd(nonfinite_count, bad);
 }
 
+// acc[i] += widen(grad[i]), one element per thread (the kernel is bound by memory or, for a
+// mapped host accumulator, by the bus; wider accesses would not change that).
+template <typename T>
+__global__ void AccumulateKernel(const typename T::Storage* __restrict__ grad,
+                                 float* __restrict__ acc, int64_t n_elems) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_elems;
+       i += stride) {
+    acc[i] = T::Accumulate(acc[i], grad[i]);
+  }
+}
+
 unsigned int BlocksFor(int64_t work_items, int64_t max_blocks) {
   return static_cast<unsigned int>(
       std::min<int64_t>((work_items + kThreadsPerBlock - 1) / kThreadsPerBlock, max_blocks));
@@ -196,6 +212,13 @@ cudaError_t LaunchStats(const void* grad, int64_t n_elems, double* block_sums,
                         unsigned long long* nonfinite_count, cudaStream_t stream) {
   GradStatsKernel<T><<<BlocksFor(n_elems, kGradStatsMaxBlocks), kThreadsPerBlock, 0, stream>>>(
       static_cast<const typename T::Storage*>(grad), n_elems, block_sums, nonfinite_count);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchAccumulate(const void* grad, float* acc, int64_t n_elems, cudaStream_t stream) {
+  AccumulateKernel<T><<<BlocksFor(n_elems, kMaxBlocks), kThreadsPerBlock, 0, stream>>>(
+      static_cast<const typename T::Storage*>(grad), acc, n_elems);
   return cudaGetLastError();
 }
 
@@ -239,6 +262,22 @@ cudaError_t LaunchGradStats(GradType type, const void* grad, int64_t n_elems, do
       return LaunchStats<F16Type>(grad, n_elems, block_sums, nonfinite_count, stream);
     case GradType::kBF16:
       return LaunchStats<BF16Type>(grad, n_elems, block_sums, nonfinite_count, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchAccumulateGrads(GradType type, const void* grad, float* acc, int64_t n_elems,
+                                  cudaStream_t stream) {
+  if (n_elems < 0) return cudaErrorInvalidValue;
+  if (n_elems == 0) return cudaSuccess;
+  if (grad == nullptr || acc == nullptr) return cudaErrorInvalidValue;
+  switch (type) {
+    case GradType::kF32:
+      return LaunchAccumulate<F32Type>(grad, acc, n_elems, stream);
+    case GradType::kF16:
+      return LaunchAccumulate<F16Type>(grad, acc, n_elems, stream);
+    case GradType::kBF16:
+      return LaunchAccumulate<BF16Type>(grad, acc, n_elems, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -1,6 +1,7 @@
 // The Adam kernels on the GPU: the fused update (optimizer/adam_math.h's AdamUpdate, element for
-// element — the very function the CPU tests check) and the gradient statistics pass. The host
-// wrapper implementing optimizer/adam_kernels.h is optimizer/cuda/cuda_adam.h.
+// element — the very function the CPU tests check), the gradient statistics pass, and gradient
+// accumulation (optimizer/grad_accumulate_math.h). The host wrapper implementing
+// optimizer/adam_kernels.h is optimizer/cuda/cuda_adam.h.
 //
 // The launchers are plain C++ (no Abseil; includable from host code compiled by the host
 // compiler): they enqueue on `stream` and return the launch status from cudaGetLastError(). They
@@ -49,6 +50,15 @@ cudaError_t LaunchAdamStep(const AdamStepScalars& scalars, GradType type, const 
 // reproducible.
 cudaError_t LaunchGradStats(GradType type, const void* grad, int64_t n_elems, double* block_sums,
                             unsigned long long* nonfinite_count, cudaStream_t stream);
+
+// Gradient accumulation: acc[i] = acc[i] + grad[i] widened to f32 (AccumulateGradF32/F16/BF16 of
+// optimizer/grad_accumulate_math.h), i in [0, n_elems). Both pointers must be addressable by the
+// device: device memory, or pinned host memory mapped into the unified address space (then each
+// element crosses the bus once each way).
+// REQUIRES: grad and acc do not overlap. n_elems == 0 launches nothing; n_elems < 0, an unknown
+// type, or a null pointer (n_elems > 0) is cudaErrorInvalidValue.
+cudaError_t LaunchAccumulateGrads(GradType type, const void* grad, float* acc, int64_t n_elems,
+                                  cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace ps

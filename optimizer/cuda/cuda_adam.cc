@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -33,6 +34,26 @@ constexpr int64_t kWorkspaceBytes = kBlockSumsBytes + sizeof(unsigned long long)
 
 cuda::GradType ToGradType(DType dtype) { return static_cast<cuda::GradType>(dtype); }
 
+// Whether a kernel on the current device may dereference `ptr`: device or managed memory, or
+// pinned host memory mapped at the same address in the unified address space. Pageable host
+// memory may not. A pointer the runtime does not know is pageable memory.
+bool DeviceAddressable(const void* ptr) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    (void)cudaGetLastError();  // clears the non-sticky error this query leaves behind
+    return false;
+  }
+  switch (attr.type) {
+    case cudaMemoryTypeDevice:
+    case cudaMemoryTypeManaged:
+      return true;
+    case cudaMemoryTypeHost:
+      return attr.devicePointer == ptr;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaAdam>> CudaAdam::Create(Backend& backend) {
@@ -48,8 +69,16 @@ absl::StatusOr<std::unique_ptr<CudaAdam>> CudaAdam::Create(Backend& backend) {
     (void)backend.FreeDevice(device_workspace);
     return host_workspace.status();
   }
+  absl::StatusOr<void*> staging = backend.AllocateDevice(kCudaAdamStagingBytes);
+  if (!staging.ok()) {
+    (void)backend.FreeDevice(device_workspace);
+    (void)backend.FreePinnedHost(*host_workspace);
+    return absl::Status(staging.status().code(),
+                        absl::StrCat("CudaAdam: its ", kCudaAdamStagingBytes,
+                                     "-byte staging tile: ", staging.status().message()));
+  }
   return std::unique_ptr<CudaAdam>(
-      new CudaAdam(backend, std::move(stream), device_workspace, *host_workspace));
+      new CudaAdam(backend, std::move(stream), device_workspace, *host_workspace, *staging));
 }
 
 CudaAdam::~CudaAdam() {
@@ -64,6 +93,7 @@ CudaAdam::~CudaAdam() {
   if (absl::Status s = backend_.FreePinnedHost(host_workspace_); !s.ok()) {
     LOG(ERROR) << "CudaAdam: " << s;
   }
+  if (absl::Status s = backend_.FreeDevice(staging_); !s.ok()) LOG(ERROR) << "CudaAdam: " << s;
 }
 
 absl::StatusOr<GradStats> CudaAdam::GradientStats(absl::Span<const GradSegment> segments) {
@@ -98,7 +128,20 @@ absl::StatusOr<AdamStepResult> CudaAdam::Step(absl::Span<const AdamSegment> segm
                                                         kBlockSumsBytes);
   RETURN_IF_ERROR(stream_->MemsetAsync(counter, 0, sizeof(unsigned long long)));
   auto* cuda_stream = static_cast<cudaStream_t>(stream_->native_handle());
-  for (const AdamSegment& s : segments) {
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const AdamSegment& s = segments[i];
+    if (s.n_elems == 0) continue;
+    if (!DeviceAddressable(s.grad)) {
+      if (s.param != nullptr && !DeviceAddressable(s.param)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "CudaAdam::Step: segment ", i,
+            "'s gradients and parameters are host memory the GPU cannot address; only "
+            "gradients may be staged from the host (pass param = nullptr with f32 gradients "
+            "and write the parameters with RestoreParams)"));
+      }
+      RETURN_IF_ERROR(StagedStep(s, counter));
+      continue;
+    }
     PS_CUDA_RETURN_IF_ERROR(cuda::LaunchAdamStep(s.scalars, ToGradType(s.dtype), s.grad, s.param,
                                                  s.master, s.exp_avg, s.exp_avg_sq, s.n_elems,
                                                  counter, cuda_stream));
@@ -137,12 +180,61 @@ absl::Status CudaAdam::RestoreParams(absl::Span<const ParamRestoreSegment> segme
   return stream_->Synchronize();
 }
 
+absl::Status CudaAdam::StagedStep(const AdamSegment& s, unsigned long long* counter) {
+  auto* cuda_stream = static_cast<cudaStream_t>(stream_->native_handle());
+  const int64_t width = SizeOf(s.dtype);
+  const int64_t tile_elems = kCudaAdamStagingBytes / width;
+  for (int64_t off = 0; off < s.n_elems; off += tile_elems) {
+    const int64_t n = std::min(tile_elems, s.n_elems - off);
+    // Stream-ordered after the previous tile's kernel, which read the staging tile.
+    RETURN_IF_ERROR(stream_->MemcpyAsync(staging_, static_cast<const char*>(s.grad) + off * width,
+                                         n * width, CopyKind::kHostToDevice));
+    PS_CUDA_RETURN_IF_ERROR(cuda::LaunchAdamStep(
+        s.scalars, ToGradType(s.dtype), staging_,
+        s.param == nullptr ? nullptr : static_cast<char*>(s.param) + off * width, s.master + off,
+        s.exp_avg + off, s.exp_avg_sq + off, n, counter, cuda_stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaAdam::StagedAccumulate(const GradAccumulateSegment& s) {
+  auto* cuda_stream = static_cast<cudaStream_t>(stream_->native_handle());
+  auto* tile = static_cast<float*>(staging_);
+  const int64_t width = SizeOf(s.dtype);
+  constexpr int64_t kTileElems = kCudaAdamStagingBytes / sizeof(float);
+  for (int64_t off = 0; off < s.n_elems; off += kTileElems) {
+    const int64_t n = std::min(kTileElems, s.n_elems - off);
+    const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
+    RETURN_IF_ERROR(stream_->MemcpyAsync(tile, s.acc + off, bytes, CopyKind::kHostToDevice));
+    PS_CUDA_RETURN_IF_ERROR(cuda::LaunchAccumulateGrads(
+        ToGradType(s.dtype), static_cast<const char*>(s.grad) + off * width, tile, n, cuda_stream));
+    RETURN_IF_ERROR(stream_->MemcpyAsync(s.acc + off, tile, bytes, CopyKind::kDeviceToHost));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaAdam::AccumulateGradients(absl::Span<const GradAccumulateSegment> segments) {
   RETURN_IF_ERROR(ValidateAccumulateSegments("CudaAdam::AccumulateGradients", segments));
-  return absl::UnimplementedError(
-      "CudaAdam: gradient accumulation (gradient_accumulation_steps > 1) keeps its f32 "
-      "accumulator in host memory and is implemented for host-addressable chunks only (cpu "
-      "backend); use gradient_accumulation_steps 1 with accelerator.backend \"cuda\"");
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (segments[i].n_elems > 0 && !DeviceAddressable(segments[i].grad)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CudaAdam::AccumulateGradients: segment ", i,
+                       "'s gradients are not memory the GPU can address; CudaAdam accumulates "
+                       "gradients of chunks on the GPU (host chunks run on CpuAdam)"));
+    }
+  }
+  MutexLock lock(&mu_);
+  auto* cuda_stream = static_cast<cudaStream_t>(stream_->native_handle());
+  for (const GradAccumulateSegment& s : segments) {
+    if (s.n_elems == 0) continue;
+    if (DeviceAddressable(s.acc)) {
+      PS_CUDA_RETURN_IF_ERROR(
+          cuda::LaunchAccumulateGrads(ToGradType(s.dtype), s.grad, s.acc, s.n_elems, cuda_stream));
+    } else {
+      RETURN_IF_ERROR(StagedAccumulate(s));
+    }
+  }
+  return stream_->Synchronize();
 }
 
 }  // namespace ps

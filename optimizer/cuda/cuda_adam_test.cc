@@ -1,7 +1,10 @@
 // CudaAdam (optimizer/cuda/cuda_adam.h) against the scalar reference (optimizer/adam_math.h):
 // Adam and AdamW, f32/f16/bf16 gradients, loss scale on and off, lengths with tails, aligned
 // (float4 path) and unaligned (one element per thread) starts; gradient statistics; parameter
-// restore. Every test reports SKIPPED on a machine without a GPU, and in a build without
+// restore; gradient accumulation against CpuAdam (bit for bit, with the accumulator in pageable
+// host, pinned host and device memory, lengths around the staging tile) and the step from an
+// accumulated host sum against CpuAdam's. Every test reports SKIPPED on a machine without a GPU,
+// and in a build without
 // --config=cuda (where this file is compiled with no CUDA at all) — never passed.
 #include "base/testing/status_matchers.h"
 #include "gtest/gtest.h"
@@ -27,6 +30,7 @@
 #include "memory/dtype_math.h"
 #include "optimizer/adam_kernels.h"
 #include "optimizer/adam_math.h"
+#include "optimizer/cpu_adam.h"
 #include "optimizer/cuda/cuda_adam.h"
 #endif
 
@@ -243,6 +247,256 @@ TEST_F(CudaAdamTest, RestoreParamsRoundsMasterExactly) {
       }
     }
   }
+}
+
+// Where a test keeps the f32 accumulator.
+enum class AccMemory { kPageable, kPinned, kDevice };
+
+const char* AccMemoryName(AccMemory m) {
+  switch (m) {
+    case AccMemory::kPageable:
+      return "pageable host";
+    case AccMemory::kPinned:
+      return "pinned host";
+    case AccMemory::kDevice:
+      return "device";
+  }
+  return "?";
+}
+
+// An f32 accumulator of n elements, `offset_elems` in, in one kind of memory, with its host value.
+class Accumulator {
+ public:
+  Accumulator(Backend& backend, AccMemory memory, int64_t n, int64_t offset_elems)
+      : backend_(backend), memory_(memory), n_(n), host_(n + offset_elems), off_(offset_elems) {
+    const int64_t bytes = std::max<int64_t>(4, (n + offset_elems) * 4);
+    if (memory == AccMemory::kPinned) {
+      auto p = backend.AllocatePinnedHost(bytes);
+      CHECK(p.ok()) << p.status();
+      base_ = static_cast<float*>(*p);
+    } else if (memory == AccMemory::kDevice) {
+      auto p = backend.AllocateDevice(bytes);
+      CHECK(p.ok()) << p.status();
+      base_ = static_cast<float*>(*p);
+    }
+  }
+  ~Accumulator() {
+    if (memory_ == AccMemory::kPinned) CHECK(backend_.FreePinnedHost(base_).ok());
+    if (memory_ == AccMemory::kDevice) CHECK(backend_.FreeDevice(base_).ok());
+  }
+  // The host value (what Upload sends, what Download fills).
+  float* host() { return host_.data() + off_; }
+  // What the kernels get.
+  float* acc() { return memory_ == AccMemory::kPageable ? host() : base_ + off_; }
+  absl::Status Upload(Stream& s) {
+    if (memory_ == AccMemory::kPageable || n_ == 0) return absl::OkStatus();
+    if (memory_ == AccMemory::kPinned) {
+      std::memcpy(acc(), host(), n_ * 4);
+      return absl::OkStatus();
+    }
+    return s.MemcpyAsync(acc(), host(), n_ * 4, CopyKind::kHostToDevice);
+  }
+  absl::Status Download(Stream& s) {
+    if (memory_ == AccMemory::kPageable || n_ == 0) return absl::OkStatus();
+    if (memory_ == AccMemory::kPinned) {
+      std::memcpy(host(), acc(), n_ * 4);
+      return absl::OkStatus();
+    }
+    return s.MemcpyAsync(host(), acc(), n_ * 4, CopyKind::kDeviceToHost);
+  }
+
+ private:
+  Backend& backend_;
+  AccMemory memory_;
+  int64_t n_;
+  std::vector<float> host_;
+  int64_t off_;
+  float* base_ = nullptr;
+};
+
+uint32_t Bits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  return b;
+}
+
+// Fills n gradients of `dtype` (host side of `grad`) with normal values times `scale`, and with
+// `specials` a few Inf/NaN/subnormal ones; returns their widened values.
+std::vector<float> FillGradients(TestRng& rng, DType dtype, DeviceArray& grad, int64_t n,
+                                 float scale, bool specials) {
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> pick(0, 99);
+  std::vector<float> wide(n);
+  for (int64_t i = 0; i < n; ++i) {
+    float x = normal(rng) * scale;
+    if (specials) {
+      const int p = pick(rng);
+      if (p == 0) x = std::numeric_limits<float>::infinity();
+      if (p == 1) x = std::nanf("");
+      if (p == 2) x = std::numeric_limits<float>::denorm_min();
+      if (p == 3) x = -0.0f;
+    }
+    if (dtype == DType::kF32) {
+      grad.host<float>()[i] = x;
+    } else {
+      grad.host<uint16_t>()[i] = Narrow(dtype, x);
+      x = Widen(dtype, grad.host<uint16_t>()[i]);
+    }
+    wide[i] = x;
+  }
+  return wide;
+}
+
+// Three micro-batches of AccumulateGradients on the GPU and on CpuAdam give the same
+// accumulator bits, wherever the GPU's accumulator lives, for lengths around the staging tile.
+TEST_F(CudaAdamTest, AccumulateGradientsMatchesCpuAdamBitForBit) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CpuAdam> cpu, CpuAdam::Create({.num_threads = 1}));
+  TestRng rng(13);
+  std::normal_distribution<float> normal;
+  const int64_t tile = kCudaAdamStagingBytes / 4;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{1025}, tile - 1, tile, tile + 5,
+                      2 * tile + 3}) {
+      for (int64_t off : {0, 1}) {
+        for (AccMemory memory : {AccMemory::kPageable, AccMemory::kPinned, AccMemory::kDevice}) {
+          SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " n=" << n << " off=" << off
+                                            << " accumulator in " << AccMemoryName(memory));
+          DeviceArray grad(*backend_, SizeOf(dtype), n, off);
+          Accumulator gpu_acc(*backend_, memory, n, off);
+          std::vector<float> want(n);
+          for (int64_t i = 0; i < n; ++i) want[i] = gpu_acc.host()[i] = normal(rng);
+          ASSERT_OK(gpu_acc.Upload(*stream_));
+          for (int micro = 0; micro < 3; ++micro) {
+            FillGradients(rng, dtype, grad, n, 1.0f, /*specials=*/true);
+            ASSERT_OK(grad.Upload(*stream_));
+            ASSERT_OK(stream_->Synchronize());
+            const GradAccumulateSegment on_host{dtype, grad.host<char>(), want.data(), n};
+            ASSERT_OK(cpu->AccumulateGradients({&on_host, 1}));
+            const GradAccumulateSegment on_gpu{dtype, grad.device(), gpu_acc.acc(), n};
+            ASSERT_OK(adam_->AccumulateGradients({&on_gpu, 1}));
+          }
+          ASSERT_OK(gpu_acc.Download(*stream_));
+          ASSERT_OK(stream_->Synchronize());
+          int failures = 0;
+          for (int64_t i = 0; i < n && failures < 5; ++i) {
+            const float got = gpu_acc.host()[i];
+            if (std::isnan(want[i]) ? !std::isnan(got) : Bits(got) != Bits(want[i])) {
+              ++failures;
+              ADD_FAILURE() << "element " << i << ": GPU " << got << ", CpuAdam " << want[i];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The update from an accumulated f32 sum in host memory (staged through the tile when pageable,
+// read in place when pinned) matches CpuAdam's step from the same sum, and RestoreParams then
+// writes the parameters exactly as rounded from the GPU's master.
+TEST_F(CudaAdamTest, StepFromAccumulatedHostSumMatchesCpuAdam) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CpuAdam> cpu, CpuAdam::Create({.num_threads = 1}));
+  TestRng rng(17);
+  std::normal_distribution<float> normal;
+  constexpr int kMicroBatches = 3;
+  const int64_t tile = kCudaAdamStagingBytes / 4;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const double loss_scale = dtype == DType::kF16 ? 1024.0 : 1.0;
+    for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{1025}, tile + 7, int64_t{100003}}) {
+      for (int64_t off : {0, 3}) {
+        for (AccMemory memory : {AccMemory::kPageable, AccMemory::kPinned}) {
+          SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " n=" << n << " off=" << off
+                                            << " accumulator in " << AccMemoryName(memory));
+          DeviceArray grad(*backend_, SizeOf(dtype), n, off), param(*backend_, SizeOf(dtype), n, 1),
+              master(*backend_, 4, n, off), m(*backend_, 4, n, 0), v(*backend_, 4, n, off);
+          Accumulator gpu_acc(*backend_, memory, n, off);
+          std::vector<float> cpu_acc(n, 0.0f), p0(n), m0(n), v0(n);
+          for (int64_t i = 0; i < n; ++i) {
+            gpu_acc.host()[i] = 0.0f;
+            master.host<float>()[i] = p0[i] = normal(rng) * (i % 2 ? 1.0f : 1e-3f);
+            m.host<float>()[i] = m0[i] = 0.1f * normal(rng);
+            v.host<float>()[i] = v0[i] = 0.01f * std::abs(normal(rng));
+          }
+          ASSERT_OK(gpu_acc.Upload(*stream_));
+          for (DeviceArray* a : {&master, &m, &v}) ASSERT_OK(a->Upload(*stream_));
+          for (int micro = 0; micro < kMicroBatches; ++micro) {
+            FillGradients(rng, dtype, grad, n, static_cast<float>(loss_scale), /*specials=*/false);
+            ASSERT_OK(grad.Upload(*stream_));
+            ASSERT_OK(stream_->Synchronize());
+            const GradAccumulateSegment on_host{dtype, grad.host<char>(), cpu_acc.data(), n};
+            ASSERT_OK(cpu->AccumulateGradients({&on_host, 1}));
+            const GradAccumulateSegment on_gpu{dtype, grad.device(), gpu_acc.acc(), n};
+            ASSERT_OK(adam_->AccumulateGradients({&on_gpu, 1}));
+          }
+          const AdamStepScalars s =
+              MakeAdamStepScalars(AdamMode::kAdamW, 1e-3, 0.9, 0.999, 1e-8, 0.01, 3,
+                                  loss_scale * kMicroBatches, /*clip_coef=*/0.5);
+          std::vector<float> pc = p0, mc = m0, vc = v0;
+          const AdamSegment host_segment{s,         DType::kF32, cpu_acc.data(), nullptr,
+                                         pc.data(), mc.data(),   vc.data(),      n};
+          ASSERT_OK(cpu->Step({&host_segment, 1}).status());
+          const AdamSegment gpu_segment{s,
+                                        DType::kF32,
+                                        gpu_acc.acc(),
+                                        nullptr,
+                                        static_cast<float*>(master.device()),
+                                        static_cast<float*>(m.device()),
+                                        static_cast<float*>(v.device()),
+                                        n};
+          ASSERT_OK_AND_ASSIGN(const AdamStepResult result, adam_->Step({&gpu_segment, 1}));
+          EXPECT_EQ(result.nonfinite_elems, 0);
+          const ParamRestoreSegment restore{static_cast<const float*>(master.device()), dtype,
+                                            param.device(), n};
+          ASSERT_OK(adam_->RestoreParams({&restore, 1}));
+          for (DeviceArray* a : {&param, &master, &m, &v}) ASSERT_OK(a->Download(*stream_));
+          ASSERT_OK(stream_->Synchronize());
+          int failures = 0;
+          for (int64_t i = 0; i < n && failures < 5; ++i) {
+            // Both devices form fused multiply-adds, not necessarily the same ones: a few ULP of
+            // each quantity's scale.
+            const double g = std::abs(cpu_acc[i] / (loss_scale * kMicroBatches) * s.clip_coef);
+            const double p_scale =
+                std::abs(p0[i]) + s.step_size * (std::abs(mc[i]) + g) / (std::sqrt(vc[i]) + s.eps);
+            const double m_scale = std::abs(m0[i]) + g;
+            const double v_scale = v0[i] + g * g;
+            const float got_p = master.host<float>()[i];
+            const bool ok = std::abs(got_p - pc[i]) <= 8 * FLT_EPSILON * p_scale + FLT_MIN &&
+                            std::abs(m.host<float>()[i] - mc[i]) <= 8 * FLT_EPSILON * m_scale &&
+                            std::abs(v.host<float>()[i] - vc[i]) <= 8 * FLT_EPSILON * v_scale;
+            const bool param_ok = dtype == DType::kF32
+                                      ? param.host<float>()[i] == got_p
+                                      : param.host<uint16_t>()[i] == Narrow(dtype, got_p);
+            if (!ok || !param_ok) {
+              ++failures;
+              ADD_FAILURE() << "element " << i << ": master " << got_p << " (CpuAdam " << pc[i]
+                            << "), m " << m.host<float>()[i] << " (" << mc[i] << "), v "
+                            << v.host<float>()[i] << " (" << vc[i] << ")";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaAdamTest, HostMemoryItCannotStageIsInvalidArgument) {
+  std::vector<float> host_grad(8, 1.0f), host_acc(8, 0.0f), host_param(8, 0.0f);
+  DeviceArray master(*backend_, 4, 8, 0), m(*backend_, 4, 8, 0), v(*backend_, 4, 8, 0);
+  // Accumulating needs the gradients on the GPU.
+  const GradAccumulateSegment acc{DType::kF32, host_grad.data(), host_acc.data(), 8};
+  EXPECT_THAT(adam_->AccumulateGradients({&acc, 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "segment 0's gradients"));
+  // A staged update cannot write host parameters.
+  const AdamSegment step{MakeAdamStepScalars(AdamMode::kAdam, 1e-3, 0.9, 0.999, 1e-8, 0, 1),
+                         DType::kF32,
+                         host_grad.data(),
+                         host_param.data(),
+                         static_cast<float*>(master.device()),
+                         static_cast<float*>(m.device()),
+                         static_cast<float*>(v.device()),
+                         8};
+  EXPECT_THAT(adam_->Step({&step, 1}), StatusIs(absl::StatusCode::kInvalidArgument, "param"));
+  EXPECT_EQ(host_acc[0], 0.0f);
 }
 
 TEST(CudaAdamCreateTest, RejectsTheCpuBackend) {

@@ -21,6 +21,7 @@
 #include "model/kernels/cuda/lm_head_cross_entropy.h"
 #include "model/kernels/cuda/matmul.h"
 #include "model/kernels/cuda/rmsnorm.h"
+#include "model/kernels/cuda/vocab_blocks.h"
 
 namespace ps::cuda {
 namespace {
@@ -124,6 +125,26 @@ int64_t CudaKernels::GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape&
 int64_t CudaKernels::LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& s) const {
   // The kernels' own part, then cuBLAS's.
   return AlignBytes(::ps::cuda::LmHeadCrossEntropyWorkspaceBytes(s)) + cublas_workspace_bytes_;
+}
+
+int64_t CudaKernels::MatmulBf16ForwardWorkspaceBytes(const MatmulShape& s) const {
+  return AlignBytes(::ps::cuda::MatmulBf16ForwardWorkspaceBytes(s)) + cublas_workspace_bytes_;
+}
+
+int64_t CudaKernels::MatmulBf16BackwardWorkspaceBytes(const MatmulShape& s) const {
+  return AlignBytes(::ps::cuda::MatmulBf16BackwardWorkspaceBytes(s)) + cublas_workspace_bytes_;
+}
+
+int64_t CudaKernels::LmHeadBlockForwardWorkspaceBytes(const VocabBlockShape& s,
+                                                      DType block_dtype) const {
+  return AlignBytes(::ps::cuda::LmHeadBlockForwardWorkspaceBytes(s, block_dtype)) +
+         cublas_workspace_bytes_;
+}
+
+int64_t CudaKernels::LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& s,
+                                                       DType block_dtype) const {
+  return AlignBytes(::ps::cuda::LmHeadBlockBackwardWorkspaceBytes(s, block_dtype)) +
+         cublas_workspace_bytes_;
 }
 
 // --- Memory and GEMM
@@ -370,6 +391,120 @@ absl::Status CudaKernels::DoEmbeddingBackward(Stream& stream, const EmbeddingSha
                                               float* dwte) {
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
   return ::ps::cuda::EmbeddingBackward(shape, tokens, dout, dwte, s);
+}
+
+// --- bf16-weight GEMMs and the vocabulary in row blocks ------------------------------------------
+// Operations with a workspace: the kernels' own part first, cuBLAS's after it.
+
+absl::Status CudaKernels::DoMatmulForwardBf16(Stream& stream, const MatmulShape& shape,
+                                              const float* x, const uint16_t* w, const float* b,
+                                              float* y, void* workspace, int64_t) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  const int64_t own = AlignBytes(::ps::cuda::MatmulBf16ForwardWorkspaceBytes(shape));
+  void* cublas_workspace = static_cast<char*>(workspace) + own;
+  return WithCublas(cublas_workspace, cublas_workspace_bytes_, [&](const CublasHandle& h) {
+    return ::ps::cuda::MatmulForwardBf16(h, shape, x, w, b, y, workspace, own, s);
+  });
+}
+
+absl::Status CudaKernels::DoMatmulBackwardBf16(Stream& stream, const MatmulShape& shape,
+                                               const float* x, const uint16_t* w, const float* dy,
+                                               float* dx, float* dw, float* db, void* workspace,
+                                               int64_t) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  const int64_t own = AlignBytes(::ps::cuda::MatmulBf16BackwardWorkspaceBytes(shape));
+  void* cublas_workspace = static_cast<char*>(workspace) + own;
+  return WithCublas(cublas_workspace, cublas_workspace_bytes_, [&](const CublasHandle& h) {
+    return ::ps::cuda::MatmulBackwardBf16(h, shape, x, w, dy, dx, dw, db, workspace, own, s);
+  });
+}
+
+absl::Status CudaKernels::DoEmbeddingBlockForward(Stream& stream, const VocabBlockShape& shape,
+                                                  const int32_t* tokens, DType block_dtype,
+                                                  const void* block, float* out) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::EmbeddingBlockForward(shape, tokens, block_dtype, block, out, s);
+}
+
+absl::Status CudaKernels::DoScatterRowsAdd(Stream& stream, const TouchedRowsShape& shape,
+                                           int64_t num_tokens, const int32_t* tokens,
+                                           const int32_t* slot_of_token, const float* dout,
+                                           float* slot_rows) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::ScatterRowsAdd(shape.channels, shape.vocab_size, shape.num_slots, num_tokens,
+                                    tokens, slot_of_token, dout, slot_rows, s);
+}
+
+absl::Status CudaKernels::DoCopyRowsToSlots(Stream& stream, const TouchedRowsShape& shape,
+                                            int64_t row_begin, int64_t rows,
+                                            const int32_t* slot_of_token, const float* src,
+                                            float* slot_rows) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::CopyRowsToSlots(shape.channels, shape.vocab_size, shape.num_slots, row_begin,
+                                     rows, slot_of_token, src, slot_rows, s);
+}
+
+absl::Status CudaKernels::DoCopySlotsToRows(Stream& stream, const TouchedRowsShape& shape,
+                                            int64_t row_begin, int64_t rows,
+                                            const int32_t* slot_of_token, const float* slot_rows,
+                                            DType dst_dtype, void* dst) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::CopySlotsToRows(shape.channels, shape.vocab_size, shape.num_slots, row_begin,
+                                     rows, slot_of_token, slot_rows, dst_dtype, dst, s);
+}
+
+absl::Status CudaKernels::DoPositionEmbeddingForward(Stream& stream, int64_t batch, int64_t seq_len,
+                                                     int64_t channels, int64_t, const float* wpe,
+                                                     float* out) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::PositionEmbeddingForward(batch, seq_len, channels, wpe, out, s);
+}
+
+absl::Status CudaKernels::DoPositionEmbeddingBackward(Stream& stream, int64_t batch,
+                                                      int64_t seq_len, int64_t channels, int64_t,
+                                                      const float* dout, float* dwpe) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::PositionEmbeddingBackward(batch, seq_len, channels, dout, dwpe, s);
+}
+
+absl::Status CudaKernels::DoLmHeadStateInit(Stream& stream, const VocabBlockShape& shape,
+                                            float* state) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::LmHeadStateInit(shape.rows, state, s);
+}
+
+absl::Status CudaKernels::DoLmHeadBlockForward(Stream& stream, const VocabBlockShape& shape,
+                                               const float* h, DType block_dtype, const void* block,
+                                               const int32_t* targets, float* state,
+                                               void* workspace, int64_t) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  const int64_t own = AlignBytes(::ps::cuda::LmHeadBlockForwardWorkspaceBytes(shape, block_dtype));
+  void* cublas_workspace = static_cast<char*>(workspace) + own;
+  return WithCublas(cublas_workspace, cublas_workspace_bytes_, [&](const CublasHandle& hd) {
+    return ::ps::cuda::LmHeadBlockForward(hd, shape, h, block_dtype, block, targets, state,
+                                          workspace, own, s);
+  });
+}
+
+absl::Status CudaKernels::DoLmHeadFinish(Stream& stream, const VocabBlockShape& shape,
+                                         const int32_t* targets, const float* state, float* lse,
+                                         double* loss) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::LmHeadFinish(shape, targets, state, lse, loss, s);
+}
+
+absl::Status CudaKernels::DoLmHeadBlockBackward(Stream& stream, const VocabBlockShape& shape,
+                                                const float* h, DType block_dtype,
+                                                const void* block, const int32_t* targets,
+                                                const float* lse, double loss_grad, float* dh,
+                                                float* dblock, void* workspace, int64_t) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  const int64_t own = AlignBytes(::ps::cuda::LmHeadBlockBackwardWorkspaceBytes(shape, block_dtype));
+  void* cublas_workspace = static_cast<char*>(workspace) + own;
+  return WithCublas(cublas_workspace, cublas_workspace_bytes_, [&](const CublasHandle& hd) {
+    return ::ps::cuda::LmHeadBlockBackward(hd, shape, h, block_dtype, block, targets, lse,
+                                           loss_grad, dh, dblock, workspace, own, s);
+  });
 }
 
 }  // namespace ps::cuda

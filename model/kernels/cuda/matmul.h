@@ -16,6 +16,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "model/kernels/cuda/cublas.h"
 #include "model/kernels/matmul.h"
@@ -31,6 +33,25 @@ namespace ps::cuda {
 [[nodiscard]] absl::Status MatmulBackward(const CublasHandle& cublas, const MatmulShape& shape,
                                           const float* x, const float* w, const float* dy,
                                           float* dx, float* dw, float* db, cudaStream_t stream);
+
+// The bf16-weight variants (model/kernels/matmul.h's MatmulForwardBf16 / MatmulBackwardBf16):
+// W [in, out] bf16 read in place; the activation operands rounded to bf16 (round to nearest even,
+// memory/cuda/convert_kernels.h) into the caller's workspace; cublasGemmEx with bf16 operands and
+// CUBLAS_COMPUTE_32F (exact products, f32 sums, f32 outputs):
+//   forward   y = b, then y += bf16(x) W
+//   backward  dx += bf16(dy) W^T;  dW += bf16(x)^T bf16(dy);  db += column sums of dy (f32)
+// The workspace (these bytes, 256-byte aligned; cuBLAS's own is separate): forward bf16(x),
+// backward bf16(x) and bf16(dy).
+int64_t MatmulBf16ForwardWorkspaceBytes(const MatmulShape& shape);
+int64_t MatmulBf16BackwardWorkspaceBytes(const MatmulShape& shape);
+[[nodiscard]] absl::Status MatmulForwardBf16(const CublasHandle& cublas, const MatmulShape& shape,
+                                             const float* x, const uint16_t* w, const float* b,
+                                             float* y, void* workspace, int64_t workspace_bytes,
+                                             cudaStream_t stream);
+[[nodiscard]] absl::Status MatmulBackwardBf16(const CublasHandle& cublas, const MatmulShape& shape,
+                                              const float* x, const uint16_t* w, const float* dy,
+                                              float* dx, float* dw, float* db, void* workspace,
+                                              int64_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace ps::cuda
 
