@@ -582,6 +582,11 @@ absl::StatusOr<GptModel::Buffer> GptModel::Alloc(int64_t elems, bool zero) {
   return buffer;
 }
 
+absl::StatusOr<GptModel::Buffer> GptModel::Workspace(int64_t bytes) {
+  if (bytes == 0) return Buffer();
+  return Alloc(F32ElemsOf(bytes), false);
+}
+
 absl::StatusOr<GptModel::Buffer> GptModel::ParamF32(TensorId tensor,
                                                     absl::Span<const float>* values) {
   ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, tensor));
@@ -994,8 +999,10 @@ absl::Status GptModel::LinearForward(const LinearOp& op, int64_t in_features, in
   }
   ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
   ASSIGN_OR_RETURN(Buffer b_f32, ParamF32(op.b, &b));
-  RETURN_IF_ERROR(
-      kernels_->MatmulForward(*stream_, shape, x.data(), w.data(), b.data(), y.data(), nullptr, 0));
+  const int64_t ws_bytes = kernels_->MatmulWorkspaceBytes(shape);
+  ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
+  RETURN_IF_ERROR(kernels_->MatmulForward(*stream_, shape, x.data(), w.data(), b.data(), y.data(),
+                                          ws.data(), ws_bytes));
   w_f32.Reset();
   b_f32.Reset();
   return access.End();
@@ -1208,8 +1215,10 @@ absl::Status GptModel::LinearBackward(const LinearOp& op, int64_t in_features, i
                                                  ws.data(), ws_bytes));
   } else {
     ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
+    const int64_t ws_bytes = kernels_->MatmulWorkspaceBytes(shape);
+    ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
     RETURN_IF_ERROR(kernels_->MatmulBackward(*stream_, shape, x.data(), w.data(), dy.data(),
-                                             dx.data(), dw.data(), db.data(), nullptr, 0));
+                                             dx.data(), dw.data(), db.data(), ws.data(), ws_bytes));
   }
   // This is the operator's only backward use: its slots take the gradients now.
   RETURN_IF_ERROR(WriteGrad(op.w, dw.cspan()));
@@ -1278,9 +1287,12 @@ absl::Status GptModel::BlockBackward(int64_t layer, BlockActs& a, Buffer& in, Bu
   dattproj.Reset();
   ASSIGN_OR_RETURN(Buffer dqkv, Alloc(N * 3 * C, true));
   const AttentionShape att{B, T, C, config_.num_heads, options_.attention_tile};
+  const int64_t att_ws_bytes = kernels_->AttentionBackwardWorkspaceBytes(att);
+  ASSIGN_OR_RETURN(Buffer att_ws, Workspace(att_ws_bytes));
   RETURN_IF_ERROR(kernels_->AttentionBackward(*stream_, att, a.qkv.data(), a.atty.data(),
-                                              a.lse.data(), datty.data(), dqkv.data(), nullptr,
-                                              kernels_->AttentionBackwardWorkspaceBytes(att)));
+                                              a.lse.data(), datty.data(), dqkv.data(),
+                                              att_ws.data(), att_ws_bytes));
+  att_ws.Reset();
   datty.Reset();
   a.atty.Reset();
   a.lse.Reset();
@@ -1467,8 +1479,10 @@ absl::Status GptModel::NnLinearFwd(TensorId w, TensorId b, int64_t in_features,
     ASSIGN_OR_RETURN(b_f32, ParamF32(b, &bv));
   }
   const LinearShape shape{options_.batch * options_.seq_len, in_features, out_features, b >= 0};
+  const int64_t ws_bytes = kernels_->LinearWorkspaceBytes(shape);
+  ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
   return kernels_->LinearForward(*stream_, shape, x.data(), wv.data(), b >= 0 ? bv.data() : nullptr,
-                                 y.data(), nullptr, kernels_->LinearWorkspaceBytes(shape));
+                                 y.data(), ws.data(), ws_bytes);
 }
 
 absl::Status GptModel::NnLinearForward(const LinearOp& op, int64_t in_features,
@@ -1491,9 +1505,12 @@ absl::Status GptModel::NnLinearBwd(TensorId w, TensorId b, int64_t in_features,
   absl::Span<const float> wv;
   ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(w, &wv));
   const LinearShape shape{options_.batch * options_.seq_len, in_features, out_features, b >= 0};
+  const int64_t ws_bytes = kernels_->LinearWorkspaceBytes(shape);
+  ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
   RETURN_IF_ERROR(kernels_->LinearBackward(*stream_, shape, x.data(), wv.data(), dy.data(),
                                            dx.data(), dw.data(), b >= 0 ? db.data() : nullptr,
-                                           nullptr, kernels_->LinearWorkspaceBytes(shape)));
+                                           ws.data(), ws_bytes));
+  ws.Reset();
   w_f32.Reset();
   // The weight's only backward use: its slot takes the gradient now.
   RETURN_IF_ERROR(WriteGrad(w, dw.cspan()));
@@ -1610,9 +1627,12 @@ absl::Status GptModel::LlamaBlockBackward(int64_t layer, BlockActs& a, Buffer& i
   ASSIGN_OR_RETURN(Buffer dk, Alloc(N * K, true));
   ASSIGN_OR_RETURN(Buffer dv, Alloc(N * K, true));
   const GqaAttentionShape att{B, T, m.num_heads, m.num_kv_heads, D, options_.attention_tile};
+  const int64_t att_ws_bytes = kernels_->GqaAttentionBackwardWorkspaceBytes(att);
+  ASSIGN_OR_RETURN(Buffer att_ws, Workspace(att_ws_bytes));
   RETURN_IF_ERROR(kernels_->GqaAttentionBackward(
       *stream_, att, a.q.data(), a.k.data(), a.v.data(), a.atty.data(), a.lse.data(), datty.data(),
-      dq.data(), dk.data(), dv.data(), nullptr, kernels_->GqaAttentionBackwardWorkspaceBytes(att)));
+      dq.data(), dk.data(), dv.data(), att_ws.data(), att_ws_bytes));
+  att_ws.Reset();
   datty.Reset();
   a.atty.Reset();
   a.lse.Reset();
