@@ -88,6 +88,7 @@ class Profiler {
     std::vector<int64_t> x;
     std::vector<BlockActs> blocks;
     int64_t lnf = -1, lnf_mean = -1, lnf_rstd = -1, ce_lse = -1, touched = -1;
+    int64_t inputs = -1, slots = -1;
   };
 
   int64_t A(int64_t elems) { return b_.Alloc(elems * kF32); }
@@ -104,6 +105,8 @@ class Profiler {
   }
   // What Activations' destructor frees (after the last moment: order does not matter).
   void FreeAll(Acts& acts) {
+    F(acts.inputs);
+    F(acts.slots);
     F(acts.touched);
     F(acts.ce_lse);
     F(acts.lnf_rstd);
@@ -314,6 +317,10 @@ class Profiler {
   // GptModel::Forward with EmbeddingForward and LmHeadForward.
   void Forward(Mode mode, Acts& acts) {
     const int64_t L = c_.num_layers;
+    // GptModel::UploadInputs: the loss (a double), tokens, targets, the RoPE cos/sin tables.
+    const int64_t rope_table =
+        spec_.positions == TransformerBlockSpec::Positions::kRope ? T_ * m_.head_dim / 2 : 0;
+    acts.inputs = A(2 + 2 * N_ + 2 * rope_table);
     acts.x[0] = A(N_ * C_);
     for (const GptVocabBlock& b : blocks_) b_.Touch(b.op_name, Stage::kForward);
     if (!llama_) {
@@ -416,10 +423,16 @@ class Profiler {
   void Backward(Acts& acts) {
     const int64_t L = c_.num_layers;
     acts.touched = A(std::min(N_, c_.vocab_size) * C_);
+    acts.slots = A(c_.vocab_size);  // slot_of_token on the device
     int64_t dlnf = A(N_ * C_);
     for (const GptVocabBlock& b : head_blocks_) {
-      int64_t ws = A(LmHeadBlockBackwardWorkspaceElems(BlockShape(b), sixteen_bit_));
+      const VocabBlockShape shape = BlockShape(b);
+      int64_t ws = A(LmHeadBlockBackwardWorkspaceElems(shape, sixteen_bit_));
+      // One vocabulary tile of the block's gradient (GptModel::LmHeadBackward).
+      int64_t dblock =
+          A(std::min(shape.block_rows, std::min(shape.vocab_size, shape.vocab_tile)) * C_);
       b_.Touch(b.op_name, Stage::kBackward);
+      F(dblock);
       F(ws);
     }
     F(acts.ce_lse);
@@ -447,6 +460,7 @@ class Profiler {
       b_.Touch(it->op_name, Stage::kBackward);
     }
     F(acts.touched);
+    F(acts.slots);
   }
 
   const ModelConfig m_;

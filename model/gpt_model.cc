@@ -43,6 +43,8 @@
 #include "model/kernels/attention.h"
 #include "model/kernels/gelu.h"
 #include "model/kernels/gqa_attention.h"
+#include "model/kernels/kernels.h"
+#include "model/kernels/kernels_factory.h"
 #include "model/kernels/layernorm.h"
 #include "model/kernels/linear.h"
 #include "model/kernels/matmul.h"
@@ -64,16 +66,18 @@ namespace ps {
 class GptModel::Buffer {
  public:
   Buffer() = default;
-  Buffer(CachingAllocator* allocator, float* data, int64_t elems)
-      : allocator_(allocator), data_(data), elems_(elems) {}
+  Buffer(CachingAllocator* allocator, Stream* stream, float* data, int64_t elems)
+      : allocator_(allocator), stream_(stream), data_(data), elems_(elems) {}
   Buffer(Buffer&& other) noexcept
       : allocator_(std::exchange(other.allocator_, nullptr)),
+        stream_(std::exchange(other.stream_, nullptr)),
         data_(std::exchange(other.data_, nullptr)),
         elems_(std::exchange(other.elems_, 0)) {}
   Buffer& operator=(Buffer&& other) noexcept {
     if (this != &other) {
       Reset();
       allocator_ = std::exchange(other.allocator_, nullptr);
+      stream_ = std::exchange(other.stream_, nullptr);
       data_ = std::exchange(other.data_, nullptr);
       elems_ = std::exchange(other.elems_, 0);
     }
@@ -83,16 +87,25 @@ class GptModel::Buffer {
   Buffer& operator=(const Buffer&) = delete;
   ~Buffer() { Reset(); }
 
+  // Frees the buffer once the compute stream has run every kernel enqueued so far (a kernel still
+  // queued may read or write it): the host waits for the stream, then returns the block, so the
+  // allocator's accounting moves at the same program point as the profile's
+  // (model/gpt_activation_profile.h). A stream error is the stream's to report (at the next
+  // ScopedAccess::End or input copy); the work has completed either way.
   void Reset() {
     if (data_ == nullptr) return;
+    const absl::Status synced = stream_->Synchronize();
+    VLOG_IF(1, !synced.ok()) << "GptModel: the compute stream failed before a free: " << synced;
     const absl::Status s =
         allocator_->Deallocate(data_, elems_ * static_cast<int64_t>(sizeof(float)));
     CHECK(s.ok()) << "GptModel: freeing an activation buffer failed: " << s;
     allocator_ = nullptr;
+    stream_ = nullptr;
     data_ = nullptr;
     elems_ = 0;
   }
   float* data() const { return data_; }
+  int32_t* i32() const { return reinterpret_cast<int32_t*>(data_); }
   int64_t elems() const { return elems_; }
   absl::Span<float> span() const { return absl::Span<float>(data_, static_cast<size_t>(elems_)); }
   absl::Span<const float> cspan() const {
@@ -101,6 +114,7 @@ class GptModel::Buffer {
 
  private:
   CachingAllocator* allocator_ = nullptr;
+  Stream* stream_ = nullptr;
   float* data_ = nullptr;
   int64_t elems_ = 0;
 };
@@ -109,28 +123,41 @@ class GptModel::Buffer {
 // error path), so a failing kernel never leaves an operator accessed.
 class GptModel::ScopedAccess {
  public:
-  static absl::StatusOr<ScopedAccess> Begin(ChunkManager* manager, OperatorId op, Stage stage) {
+  static absl::StatusOr<ScopedAccess> Begin(ChunkManager* manager, Stream* compute, OperatorId op,
+                                            Stage stage) {
     RETURN_IF_ERROR(manager->Access(op, stage));
-    return ScopedAccess(manager, op, stage);
+    return ScopedAccess(manager, compute, op, stage);
   }
   ScopedAccess(ScopedAccess&& other) noexcept
-      : manager_(std::exchange(other.manager_, nullptr)), op_(other.op_), stage_(other.stage_) {}
+      : manager_(std::exchange(other.manager_, nullptr)),
+        compute_(other.compute_),
+        op_(other.op_),
+        stage_(other.stage_) {}
   ScopedAccess& operator=(ScopedAccess&&) = delete;
   ScopedAccess(const ScopedAccess&) = delete;
   ScopedAccess& operator=(const ScopedAccess&) = delete;
   ~ScopedAccess() {
     if (manager_ == nullptr) return;
+    // An error path: the operator's queued kernels finish before its chunks may move.
+    const absl::Status synced = compute_->Synchronize();
+    VLOG_IF(1, !synced.ok()) << "GptModel: compute stream error on an error path: " << synced;
     const absl::Status s = manager_->Release(op_, stage_);
     LOG_IF(ERROR, !s.ok()) << "GptModel: releasing operator " << op_ << " after an error: " << s;
   }
+  // Waits for the operator's kernels (the compute stream), then releases it: the manager may move
+  // or drop its chunks from then on. Returns the stream's error first, if any (the operator is
+  // released either way).
   [[nodiscard]] absl::Status End() {
-    return std::exchange(manager_, nullptr)->Release(op_, stage_);
+    const absl::Status synced = compute_->Synchronize();
+    const absl::Status released = std::exchange(manager_, nullptr)->Release(op_, stage_);
+    return synced.ok() ? released : synced;
   }
 
  private:
-  ScopedAccess(ChunkManager* manager, OperatorId op, Stage stage)
-      : manager_(manager), op_(op), stage_(stage) {}
+  ScopedAccess(ChunkManager* manager, Stream* compute, OperatorId op, Stage stage)
+      : manager_(manager), compute_(compute), op_(op), stage_(stage) {}
   ChunkManager* manager_;
+  Stream* compute_;
   OperatorId op_;
   Stage stage_;
 };
@@ -176,9 +203,18 @@ struct GptModel::Activations {
   std::vector<int32_t> slot_of_token;
   std::vector<int32_t> touched_tokens;
   Buffer touched_grads;
+  // Device copies of the inputs (GptModel::InputsLayout): the loss (one double), tokens, targets
+  // and (RoPE) the cos/sin tables; and of slot_of_token (backward).
+  Buffer inputs;
+  Buffer slots;
 };
 
 namespace {
+
+// f32 elements that hold `bytes` bytes (a kernel's workspace, allocated as an f32 Buffer).
+int64_t F32ElemsOf(int64_t bytes) {
+  return (bytes + static_cast<int64_t>(sizeof(float)) - 1) / static_cast<int64_t>(sizeof(float));
+}
 
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ULL;
@@ -244,6 +280,16 @@ absl::Status GptModel::RequireHostPayload(const TensorView& v, absl::string_view
                                           " where the manager should have moved it to the host"));
 }
 
+absl::StatusOr<Backend*> GptModel::AcceleratorBackend() const {
+  // The accelerator memory sits on its backend (CreateAcceleratorMemory).
+  const auto* device = dynamic_cast<const BackendDeviceResource*>(accelerator_->upstream());
+  if (device == nullptr) {
+    return absl::InternalError(
+        "GptModel: the accelerator memory has no backend to compute and copy with");
+  }
+  return device->backend();
+}
+
 absl::Status GptModel::ReadPayloadRange(const TensorView& v, int64_t first_elem,
                                         absl::Span<float> out) const {
   const int64_t n = static_cast<int64_t>(out.size());
@@ -253,19 +299,18 @@ absl::Status GptModel::ReadPayloadRange(const TensorView& v, int64_t first_elem,
   if (v.device.is_host()) return Convert(v.dtype, src, DType::kF32, out.data(), n);
   absl::MutexLock lock(&staging_mu_);
   if (staging_ == nullptr) {
-    // The accelerator memory sits on its backend (CreateAcceleratorMemory).
-    const auto* device = dynamic_cast<const BackendDeviceResource*>(accelerator_->upstream());
-    if (device == nullptr) {
-      return absl::InternalError(
-          "GptModel: the accelerator memory has no backend to copy its payloads with");
-    }
-    staging_backend_ = device->backend();
+    ASSIGN_OR_RETURN(staging_backend_, AcceleratorBackend());
     ASSIGN_OR_RETURN(staging_,
                      staging_backend_->AllocatePinnedHost(options_.payload_staging_bytes));
   }
   if (staging_stream_ == nullptr) {
     ASSIGN_OR_RETURN(staging_stream_, staging_backend_->CreateStream());
+    ASSIGN_OR_RETURN(staging_event_, staging_backend_->CreateEvent());
   }
+  // The payload may have been written by compute still queued (a gradient written into its slot):
+  // the copy waits for the compute stream's work so far.
+  RETURN_IF_ERROR(stream_->RecordEvent(staging_event_.get()));
+  RETURN_IF_ERROR(staging_stream_->WaitEvent(staging_event_.get()));
   const int64_t piece_elems = options_.payload_staging_bytes / elem_bytes;
   for (int64_t done = 0; done < n; done += piece_elems) {
     const int64_t elems = std::min(piece_elems, n - done);
@@ -359,6 +404,20 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::CreateImpl(
                                       absl::MakeSpan(model->rope_sin_)));
   }
   model->pool_ = std::make_unique<ThreadPool>(o.threads);
+  model->kernels_ = o.kernels;
+  model->stream_ = o.compute_stream;
+  if (model->kernels_ == nullptr || model->stream_ == nullptr) {
+    ASSIGN_OR_RETURN(Backend * backend, model->AcceleratorBackend());
+    if (model->kernels_ == nullptr) {
+      ASSIGN_OR_RETURN(model->owned_kernels_,
+                       CreateKernels(backend, KernelsOptions{.cpu_pool = model->pool_.get()}));
+      model->kernels_ = model->owned_kernels_.get();
+    }
+    if (model->stream_ == nullptr) {
+      ASSIGN_OR_RETURN(model->owned_stream_, backend->CreateStream());
+      model->stream_ = model->owned_stream_.get();
+    }
+  }
   return model;
 }
 
@@ -516,9 +575,16 @@ Gpt2Dims GptModel::dims() const {
 absl::StatusOr<GptModel::Buffer> GptModel::Alloc(int64_t elems, bool zero) {
   CachingAllocator* scratch = accelerator_->scratch();
   ASSIGN_OR_RETURN(void* p, scratch->Allocate(elems * static_cast<int64_t>(sizeof(float))));
-  Buffer buffer(scratch, static_cast<float*>(p), elems);
-  if (zero) std::memset(p, 0, static_cast<size_t>(elems) * sizeof(float));
+  Buffer buffer(scratch, stream_, static_cast<float*>(p), elems);
+  if (zero) {
+    RETURN_IF_ERROR(kernels_->Zero(*stream_, p, elems * static_cast<int64_t>(sizeof(float))));
+  }
   return buffer;
+}
+
+absl::StatusOr<GptModel::Buffer> GptModel::Workspace(int64_t bytes) {
+  if (bytes == 0) return Buffer();
+  return Alloc(F32ElemsOf(bytes), false);
 }
 
 absl::StatusOr<GptModel::Buffer> GptModel::ParamF32(TensorId tensor,
@@ -530,7 +596,8 @@ absl::StatusOr<GptModel::Buffer> GptModel::ParamF32(TensorId tensor,
     return Buffer();
   }
   ASSIGN_OR_RETURN(Buffer buffer, Alloc(v.numel, /*zero=*/false));
-  RETURN_IF_ERROR(Convert(v.dtype, v.data, DType::kF32, buffer.data(), v.numel));
+  RETURN_IF_ERROR(
+      kernels_->Convert(*stream_, v.dtype, v.data, DType::kF32, buffer.data(), v.numel));
   *values = buffer.cspan();
   return buffer;
 }
@@ -545,7 +612,7 @@ absl::StatusOr<std::optional<absl::Span<const uint16_t>>> GptModel::ParamBf16(Te
 absl::Status GptModel::WriteGrad(TensorId tensor, absl::Span<const float> grad) {
   ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, tensor));
   CHECK_EQ(v.numel, static_cast<int64_t>(grad.size()));
-  return Convert(DType::kF32, grad.data(), v.dtype, v.data, v.numel);
+  return kernels_->Convert(*stream_, DType::kF32, grad.data(), v.dtype, v.data, v.numel);
 }
 
 absl::Status GptModel::WriteGradRows(TensorId tensor, int64_t first_row, int64_t rows,
@@ -553,8 +620,8 @@ absl::Status GptModel::WriteGradRows(TensorId tensor, int64_t first_row, int64_t
   ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, tensor));
   const int64_t c = config_.hidden;
   CHECK_LE((first_row + rows) * c, v.numel);
-  return Convert(DType::kF32, grad, v.dtype,
-                 static_cast<char*>(v.data) + first_row * c * SizeOf(v.dtype), rows * c);
+  return kernels_->Convert(*stream_, DType::kF32, grad, v.dtype,
+                           static_cast<char*>(v.data) + first_row * c * SizeOf(v.dtype), rows * c);
 }
 
 absl::Status GptModel::WriteParameter(TensorId tensor, absl::Span<const float> values) {
@@ -916,20 +983,26 @@ absl::Status GptModel::CheckInputs(absl::Span<const int32_t> tokens,
 
 absl::Status GptModel::LinearForward(const LinearOp& op, int64_t in_features, int64_t out_features,
                                      absl::Span<const float> x, absl::Span<float> y) {
-  ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kForward));
+  ASSIGN_OR_RETURN(ScopedAccess access,
+                   ScopedAccess::Begin(manager_, stream_, op.op, Stage::kForward));
   const MatmulShape shape{options_.batch * options_.seq_len, in_features, out_features};
   absl::Span<const float> w, b;
   ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> w_bf16, ParamBf16(op.w));
   if (w_bf16.has_value()) {
     // bf16 chunks: the GEMM reads the chunk's bf16 weights in place (matmul.h, bf16 variants).
     ASSIGN_OR_RETURN(Buffer b_f32, ParamF32(op.b, &b));
-    ASSIGN_OR_RETURN(Buffer ws, Alloc(MatmulBf16ForwardWorkspaceElems(shape), false));
-    RETURN_IF_ERROR(MatmulForwardBf16(shape, x, *w_bf16, b, y, ws.span(), pool_.get()));
+    const int64_t ws_bytes = kernels_->MatmulBf16ForwardWorkspaceBytes(shape);
+    ASSIGN_OR_RETURN(Buffer ws, Alloc(F32ElemsOf(ws_bytes), false));
+    RETURN_IF_ERROR(kernels_->MatmulForwardBf16(*stream_, shape, x.data(), w_bf16->data(), b.data(),
+                                                y.data(), ws.data(), ws_bytes));
     return access.End();
   }
   ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
   ASSIGN_OR_RETURN(Buffer b_f32, ParamF32(op.b, &b));
-  RETURN_IF_ERROR(MatmulForward<float>(shape, x, w, b, y, pool_.get()));
+  const int64_t ws_bytes = kernels_->MatmulWorkspaceBytes(shape);
+  ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
+  RETURN_IF_ERROR(kernels_->MatmulForward(*stream_, shape, x.data(), w.data(), b.data(), y.data(),
+                                          ws.data(), ws_bytes));
   w_f32.Reset();
   b_f32.Reset();
   return access.End();
@@ -941,12 +1014,13 @@ absl::Status GptModel::LayerNormFwd(const LinearOp& op, absl::Span<const float> 
   ASSIGN_OR_RETURN(y, Alloc(n * c, false));
   ASSIGN_OR_RETURN(mean, Alloc(n, false));
   ASSIGN_OR_RETURN(rstd, Alloc(n, false));
-  ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kForward));
+  ASSIGN_OR_RETURN(ScopedAccess access,
+                   ScopedAccess::Begin(manager_, stream_, op.op, Stage::kForward));
   absl::Span<const float> w, b;
   ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
   ASSIGN_OR_RETURN(Buffer b_f32, ParamF32(op.b, &b));
-  RETURN_IF_ERROR(
-      LayerNormForward<float>({n, c}, x, w, b, y.span(), mean.span(), rstd.span(), pool_.get()));
+  RETURN_IF_ERROR(kernels_->LayerNormForward(*stream_, {n, c}, x.data(), w.data(), b.data(),
+                                             y.data(), mean.data(), rstd.data()));
   w_f32.Reset();
   b_f32.Reset();
   return access.End();
@@ -967,83 +1041,127 @@ absl::Status GptModel::BlockForward(int64_t layer, absl::Span<const float> in, b
     const AttentionShape att{B, T, C, H, options_.attention_tile};
     ASSIGN_OR_RETURN(a.atty, Alloc(N * C, false));
     ASSIGN_OR_RETURN(a.lse, Alloc(B * H * T, false));
-    ASSIGN_OR_RETURN(Buffer ws, Alloc(AttentionWorkspaceElems(att, pool_->num_threads()), false));
-    RETURN_IF_ERROR(AttentionForward<float>(att, a.qkv.cspan(), a.atty.span(), a.lse.span(),
-                                            ws.span(), pool_.get()));
+    const int64_t ws_bytes = kernels_->AttentionForwardWorkspaceBytes(att);
+    ASSIGN_OR_RETURN(Buffer ws, Alloc(F32ElemsOf(ws_bytes), false));
+    RETURN_IF_ERROR(kernels_->AttentionForward(*stream_, att, a.qkv.data(), a.atty.data(),
+                                               a.lse.data(), ws.data(), ws_bytes));
   }
   // res2 = in + attn.c_proj(atty), computed in place of the projection.
   ASSIGN_OR_RETURN(a.res2, Alloc(N * C, false));
   RETURN_IF_ERROR(LinearForward(ops.attn_proj, C, C, a.atty.cspan(), a.res2.span()));
-  RETURN_IF_ERROR(ResidualForward<float>(in, a.res2.cspan(), a.res2.span(), pool_.get()));
+  RETURN_IF_ERROR(Residual(in, a.res2));
   RETURN_IF_ERROR(LayerNormFwd(ops.ln_2, a.res2.cspan(), a.ln2, a.ln2_mean, a.ln2_rstd));
   ASSIGN_OR_RETURN(a.fch, Alloc(N * 4 * C, false));
   RETURN_IF_ERROR(LinearForward(ops.c_fc, C, 4 * C, a.ln2.cspan(), a.fch.span()));
   ASSIGN_OR_RETURN(a.fch_gelu, Alloc(N * 4 * C, false));
-  RETURN_IF_ERROR(GeluForward<float>(a.fch.cspan(), a.fch_gelu.span(), pool_.get()));
+  RETURN_IF_ERROR(kernels_->GeluForward(*stream_, a.fch.elems(), a.fch.data(), a.fch_gelu.data()));
   if (recompute) return absl::OkStatus();  // the block's output is not needed again
   // out = res2 + mlp.c_proj(fch_gelu), in place of the projection.
   ASSIGN_OR_RETURN(out, Alloc(N * C, false));
   RETURN_IF_ERROR(LinearForward(ops.mlp_proj, 4 * C, C, a.fch_gelu.cspan(), out.span()));
-  return ResidualForward<float>(a.res2.cspan(), out.cspan(), out.span(), pool_.get());
+  return Residual(a.res2.cspan(), out);
 }
 
-absl::Status GptModel::EmbeddingForward(absl::Span<const int32_t> tokens, Activations& acts) {
+GptModel::InputsOffsets GptModel::InputsLayout() const {
+  const int64_t N = options_.batch * options_.seq_len;
+  InputsOffsets o;
+  o.tokens = 2;  // after the loss (one double: two f32 elements, 8-byte aligned)
+  o.targets = o.tokens + N;
+  o.rope_cos = o.targets + N;
+  const int64_t table = static_cast<int64_t>(rope_cos_.size());
+  o.rope_sin = o.rope_cos + table;
+  o.total = o.rope_sin + table;
+  return o;
+}
+
+absl::Status GptModel::UploadInputs(absl::Span<const int32_t> tokens,
+                                    absl::Span<const int32_t> targets, Activations& acts) {
+  const InputsOffsets o = InputsLayout();
+  ASSIGN_OR_RETURN(acts.inputs, Alloc(o.total, false));
+  // The host spans stay valid until the copies ran: the host waits for the stream before Forward
+  // returns, on every path (the Activations' frees wait for it too).
+  const auto copy = [&](int64_t offset, const void* host, int64_t elems) {
+    return stream_->MemcpyAsync(acts.inputs.data() + offset, host,
+                                elems * static_cast<int64_t>(sizeof(float)),
+                                CopyKind::kHostToDevice);
+  };
+  RETURN_IF_ERROR(copy(o.tokens, tokens.data(), static_cast<int64_t>(tokens.size())));
+  RETURN_IF_ERROR(copy(o.targets, targets.data(), static_cast<int64_t>(targets.size())));
+  if (!rope_cos_.empty()) {
+    RETURN_IF_ERROR(copy(o.rope_cos, rope_cos_.data(), static_cast<int64_t>(rope_cos_.size())));
+    RETURN_IF_ERROR(copy(o.rope_sin, rope_sin_.data(), static_cast<int64_t>(rope_sin_.size())));
+  }
+  rope_dev_ = acts.inputs.data();
+  return absl::OkStatus();
+}
+
+double* GptModel::LossOnDevice(const Activations& acts) const {
+  return reinterpret_cast<double*>(acts.inputs.data());
+}
+
+TouchedRowsShape GptModel::TouchedShape(const Activations& acts) const {
+  const int64_t N = options_.batch * options_.seq_len;
+  return TouchedRowsShape{.channels = config_.hidden,
+                          .vocab_size = config_.vocab_size,
+                          .num_slots = std::min(N, config_.vocab_size)};
+}
+
+absl::Status GptModel::Residual(absl::Span<const float> in, Buffer& out) {
+  return kernels_->ResidualForward(*stream_, out.elems(), in.data(), out.data(), out.data());
+}
+
+absl::Status GptModel::ResidualBwd(const Buffer& dout, Buffer& da, Buffer& db) {
+  return kernels_->ResidualBackward(*stream_, dout.elems(), dout.data(), da.data(), db.data());
+}
+
+absl::Status GptModel::EmbeddingForward(Activations& acts) {
   const int64_t B = options_.batch, T = options_.seq_len, C = config_.hidden, N = B * T;
+  const int32_t* tokens = acts.inputs.i32() + InputsLayout().tokens;
   ASSIGN_OR_RETURN(acts.x[0], Alloc(N * C, false));
   // Each block writes the rows of its tokens (16-bit rows widened as they are read); every row
   // belongs to exactly one block.
   for (const VocabBlock& b : vocab_blocks_) {
-    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, b.op, Stage::kForward));
+    ASSIGN_OR_RETURN(ScopedAccess access,
+                     ScopedAccess::Begin(manager_, stream_, b.op, Stage::kForward));
     ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, b.tensor));
-    if (v.dtype == DType::kF32) {
-      RETURN_IF_ERROR(EmbeddingBlockForward<float>(
-          BlockShape(b), tokens,
-          absl::Span<const float>(static_cast<const float*>(v.data), static_cast<size_t>(v.numel)),
-          acts.x[0].span(), pool_.get()));
-    } else {
-      RETURN_IF_ERROR(EmbeddingBlockForward(BlockShape(b), tokens,
-                                            Block16{static_cast<const uint16_t*>(v.data), v.dtype},
-                                            acts.x[0].span(), pool_.get()));
-    }
+    RETURN_IF_ERROR(kernels_->EmbeddingBlockForward(*stream_, BlockShape(b), tokens, v.dtype,
+                                                    v.data, acts.x[0].data()));
     RETURN_IF_ERROR(access.End());
   }
   if (spec_.positions != TransformerBlockSpec::Positions::kLearned) return absl::OkStatus();
   // Then the positions: x = wte[token] + wpe[position].
-  ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, wpe_op_, Stage::kForward));
+  ASSIGN_OR_RETURN(ScopedAccess access,
+                   ScopedAccess::Begin(manager_, stream_, wpe_op_, Stage::kForward));
   absl::Span<const float> wpe;
   ASSIGN_OR_RETURN(Buffer wpe_f32, ParamF32(wpe_, &wpe));
-  RETURN_IF_ERROR(PositionEmbeddingForward<float>(B, T, C, wpe, acts.x[0].span(), pool_.get()));
+  RETURN_IF_ERROR(kernels_->PositionEmbeddingForward(*stream_, B, T, C, config_.max_seq_len,
+                                                     wpe.data(), acts.x[0].data()));
   wpe_f32.Reset();
   return access.End();
 }
 
-absl::StatusOr<double> GptModel::LmHeadForward(absl::Span<const int32_t> targets,
-                                               Activations& acts) {
+absl::Status GptModel::LmHeadForward(Activations& acts) {
   const int64_t N = options_.batch * options_.seq_len;
-  const bool sixteen_bit = store_->compute_dtype() != DType::kF32;
+  const DType dtype = store_->compute_dtype();
+  const int32_t* targets = acts.inputs.i32() + InputsLayout().targets;
   ASSIGN_OR_RETURN(acts.ce_lse, Alloc(N, false));
   // The online softmax state of every row, carried across the blocks.
   ASSIGN_OR_RETURN(Buffer state, Alloc(3 * N, false));
-  LmHeadStateInit<float>(state.span());
+  RETURN_IF_ERROR(
+      kernels_->LmHeadStateInit(*stream_, BlockShape(head_blocks().front()), state.data()));
   for (const VocabBlock& b : head_blocks()) {
     const VocabBlockShape shape = BlockShape(b);
-    ASSIGN_OR_RETURN(Buffer ws, Alloc(LmHeadBlockForwardWorkspaceElems(shape, sixteen_bit), false));
-    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, b.op, Stage::kForward));
+    const int64_t ws_bytes = kernels_->LmHeadBlockForwardWorkspaceBytes(shape, dtype);
+    ASSIGN_OR_RETURN(Buffer ws, Alloc(F32ElemsOf(ws_bytes), false));
+    ASSIGN_OR_RETURN(ScopedAccess access,
+                     ScopedAccess::Begin(manager_, stream_, b.op, Stage::kForward));
     ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, b.tensor));
-    if (v.dtype == DType::kF32) {
-      RETURN_IF_ERROR(LmHeadBlockForward<float>(
-          shape, acts.lnf.cspan(),
-          absl::Span<const float>(static_cast<const float*>(v.data), static_cast<size_t>(v.numel)),
-          targets, state.span(), ws.span(), pool_.get()));
-    } else {
-      RETURN_IF_ERROR(LmHeadBlockForward(shape, acts.lnf.cspan(),
-                                         Block16{static_cast<const uint16_t*>(v.data), v.dtype},
-                                         targets, state.span(), ws.span(), pool_.get()));
-    }
+    RETURN_IF_ERROR(kernels_->LmHeadBlockForward(*stream_, shape, acts.lnf.data(), v.dtype, v.data,
+                                                 targets, state.data(), ws.data(), ws_bytes));
     RETURN_IF_ERROR(access.End());
   }
-  return LmHeadFinish<float>(BlockShape(head_blocks().front()), targets, state.cspan(),
-                             acts.ce_lse.span());
+  return kernels_->LmHeadFinish(*stream_, BlockShape(head_blocks().front()), targets, state.data(),
+                                acts.ce_lse.data(), LossOnDevice(acts));
 }
 
 absl::StatusOr<double> GptModel::Forward(absl::Span<const int32_t> tokens,
@@ -1052,7 +1170,8 @@ absl::StatusOr<double> GptModel::Forward(absl::Span<const int32_t> tokens,
   const int64_t L = config_.num_layers;
   acts.x.resize(L + 1);
   acts.blocks.resize(L);
-  RETURN_IF_ERROR(EmbeddingForward(tokens, acts));
+  RETURN_IF_ERROR(UploadInputs(tokens, targets, acts));
+  RETURN_IF_ERROR(EmbeddingForward(acts));
   for (int64_t l = 0; l < L; ++l) {
     RETURN_IF_ERROR(
         BlockForward(l, acts.x[l].cspan(), /*recompute=*/false, acts.blocks[l], acts.x[l + 1]));
@@ -1066,7 +1185,13 @@ absl::StatusOr<double> GptModel::Forward(absl::Span<const int32_t> tokens,
     acts.lnf_rstd.Reset();
   }
   // The LM head (tied: the embedding blocks' second use).
-  return LmHeadForward(targets, acts);
+  RETURN_IF_ERROR(LmHeadForward(acts));
+  // The one value the host needs: the loss, copied back once the stream got there.
+  double loss = 0;
+  RETURN_IF_ERROR(
+      stream_->MemcpyAsync(&loss, LossOnDevice(acts), sizeof(double), CopyKind::kDeviceToHost));
+  RETURN_IF_ERROR(stream_->Synchronize());
+  return loss;
 }
 
 // --- Backward
@@ -1077,17 +1202,23 @@ absl::Status GptModel::LinearBackward(const LinearOp& op, int64_t in_features, i
                                       absl::Span<float> dx) {
   ASSIGN_OR_RETURN(Buffer dw, Alloc(in_features * out_features, true));
   ASSIGN_OR_RETURN(Buffer db, Alloc(out_features, true));
-  ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kBackward));
+  ASSIGN_OR_RETURN(ScopedAccess access,
+                   ScopedAccess::Begin(manager_, stream_, op.op, Stage::kBackward));
   const MatmulShape shape{options_.batch * options_.seq_len, in_features, out_features};
   absl::Span<const float> w, b;
   ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> w_bf16, ParamBf16(op.w));
   if (w_bf16.has_value()) {
-    ASSIGN_OR_RETURN(Buffer ws, Alloc(MatmulBf16BackwardWorkspaceElems(shape), false));
-    RETURN_IF_ERROR(MatmulBackwardBf16(shape, x, *w_bf16, dy, dx, dw.span(), db.span(), ws.span(),
-                                       pool_.get()));
+    const int64_t ws_bytes = kernels_->MatmulBf16BackwardWorkspaceBytes(shape);
+    ASSIGN_OR_RETURN(Buffer ws, Alloc(F32ElemsOf(ws_bytes), false));
+    RETURN_IF_ERROR(kernels_->MatmulBackwardBf16(*stream_, shape, x.data(), w_bf16->data(),
+                                                 dy.data(), dx.data(), dw.data(), db.data(),
+                                                 ws.data(), ws_bytes));
   } else {
     ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
-    RETURN_IF_ERROR(MatmulBackward<float>(shape, x, w, dy, dx, dw.span(), db.span(), pool_.get()));
+    const int64_t ws_bytes = kernels_->MatmulWorkspaceBytes(shape);
+    ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
+    RETURN_IF_ERROR(kernels_->MatmulBackward(*stream_, shape, x.data(), w.data(), dy.data(),
+                                             dx.data(), dw.data(), db.data(), ws.data(), ws_bytes));
   }
   // This is the operator's only backward use: its slots take the gradients now.
   RETURN_IF_ERROR(WriteGrad(op.w, dw.cspan()));
@@ -1101,11 +1232,13 @@ absl::Status GptModel::LayerNormBwd(const LinearOp& op, absl::Span<const float> 
   const int64_t n = options_.batch * options_.seq_len, c = config_.hidden;
   ASSIGN_OR_RETURN(Buffer dw, Alloc(c, true));
   ASSIGN_OR_RETURN(Buffer db, Alloc(c, true));
-  ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kBackward));
+  ASSIGN_OR_RETURN(ScopedAccess access,
+                   ScopedAccess::Begin(manager_, stream_, op.op, Stage::kBackward));
   absl::Span<const float> w;
   ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
-  RETURN_IF_ERROR(LayerNormBackward<float>({n, c}, x, w, mean, rstd, dy, dx, dw.span(), db.span(),
-                                           pool_.get()));
+  RETURN_IF_ERROR(kernels_->LayerNormBackward(*stream_, {n, c}, x.data(), w.data(), mean.data(),
+                                              rstd.data(), dy.data(), dx.data(), dw.data(),
+                                              db.data()));
   w_f32.Reset();
   RETURN_IF_ERROR(WriteGrad(op.w, dw.cspan()));
   RETURN_IF_ERROR(WriteGrad(op.b, db.cspan()));
@@ -1118,11 +1251,10 @@ absl::Status GptModel::BlockBackward(int64_t layer, BlockActs& a, Buffer& in, Bu
   }
   const BlockOps& ops = blocks_[layer];
   const int64_t B = options_.batch, T = options_.seq_len, C = config_.hidden, N = B * T;
-  ThreadPool* pool = pool_.get();
   // out = res2 + fcproj
   ASSIGN_OR_RETURN(Buffer dres2, Alloc(N * C, true));
   ASSIGN_OR_RETURN(Buffer dfcproj, Alloc(N * C, true));
-  RETURN_IF_ERROR(ResidualBackward<float>(dres.cspan(), dres2.span(), dfcproj.span(), pool));
+  RETURN_IF_ERROR(ResidualBwd(dres, dres2, dfcproj));
   dres.Reset();
   ASSIGN_OR_RETURN(Buffer dfch_gelu, Alloc(N * 4 * C, true));
   RETURN_IF_ERROR(LinearBackward(ops.mlp_proj, 4 * C, C, a.fch_gelu.cspan(), dfcproj.cspan(),
@@ -1130,7 +1262,8 @@ absl::Status GptModel::BlockBackward(int64_t layer, BlockActs& a, Buffer& in, Bu
   dfcproj.Reset();
   a.fch_gelu.Reset();
   ASSIGN_OR_RETURN(Buffer dfch, Alloc(N * 4 * C, true));
-  RETURN_IF_ERROR(GeluBackward<float>(a.fch.cspan(), dfch_gelu.cspan(), dfch.span(), pool));
+  RETURN_IF_ERROR(
+      kernels_->GeluBackward(*stream_, a.fch.elems(), a.fch.data(), dfch_gelu.data(), dfch.data()));
   a.fch.Reset();
   dfch_gelu.Reset();
   ASSIGN_OR_RETURN(Buffer dln2, Alloc(N * C, true));
@@ -1146,7 +1279,7 @@ absl::Status GptModel::BlockBackward(int64_t layer, BlockActs& a, Buffer& in, Bu
   // res2 = in + attproj
   ASSIGN_OR_RETURN(Buffer din, Alloc(N * C, true));
   ASSIGN_OR_RETURN(Buffer dattproj, Alloc(N * C, true));
-  RETURN_IF_ERROR(ResidualBackward<float>(dres2.cspan(), din.span(), dattproj.span(), pool));
+  RETURN_IF_ERROR(ResidualBwd(dres2, din, dattproj));
   dres2.Reset();
   ASSIGN_OR_RETURN(Buffer datty, Alloc(N * C, true));
   RETURN_IF_ERROR(
@@ -1154,8 +1287,12 @@ absl::Status GptModel::BlockBackward(int64_t layer, BlockActs& a, Buffer& in, Bu
   dattproj.Reset();
   ASSIGN_OR_RETURN(Buffer dqkv, Alloc(N * 3 * C, true));
   const AttentionShape att{B, T, C, config_.num_heads, options_.attention_tile};
-  RETURN_IF_ERROR(AttentionBackward<float>(att, a.qkv.cspan(), a.atty.cspan(), a.lse.cspan(),
-                                           datty.cspan(), dqkv.span(), pool));
+  const int64_t att_ws_bytes = kernels_->AttentionBackwardWorkspaceBytes(att);
+  ASSIGN_OR_RETURN(Buffer att_ws, Workspace(att_ws_bytes));
+  RETURN_IF_ERROR(kernels_->AttentionBackward(*stream_, att, a.qkv.data(), a.atty.data(),
+                                              a.lse.data(), datty.data(), dqkv.data(),
+                                              att_ws.data(), att_ws_bytes));
+  att_ws.Reset();
   datty.Reset();
   a.atty.Reset();
   a.lse.Reset();
@@ -1173,58 +1310,58 @@ absl::Status GptModel::BlockBackward(int64_t layer, BlockActs& a, Buffer& in, Bu
   return absl::OkStatus();
 }
 
-absl::Status GptModel::LmHeadBackward(absl::Span<const int32_t> targets, double loss_scale,
-                                      Activations& acts, Buffer& dlnf) {
+absl::Status GptModel::LmHeadBackward(double loss_scale, Activations& acts, Buffer& dlnf) {
   const int64_t C = config_.hidden;
-  const bool sixteen_bit = store_->compute_dtype() != DType::kF32;
-  const bool tied = spec_.tied_lm_head;
+  const DType dtype = store_->compute_dtype();
+  const int32_t* targets = acts.inputs.i32() + InputsLayout().targets;
   for (const VocabBlock& b : head_blocks()) {
     const VocabBlockShape shape = BlockShape(b);
-    ASSIGN_OR_RETURN(Buffer ws,
-                     Alloc(LmHeadBlockBackwardWorkspaceElems(shape, sixteen_bit), false));
-    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, b.op, Stage::kBackward));
-    // Each finished vocabulary tile: the batch's rows stay in f32 for the embedding's part, the
-    // tile goes into the slots (its parameters are not read again).
-    auto on_tile = [&](int64_t v0, int64_t rows, const float* grad) -> absl::Status {
-      for (int64_t r = 0; tied && r < rows; ++r) {
-        const int32_t slot = acts.slot_of_token[v0 + r];
-        if (slot >= 0) {
-          std::memcpy(acts.touched_grads.data() + static_cast<int64_t>(slot) * C, grad + r * C,
-                      static_cast<size_t>(C) * sizeof(float));
-        }
-      }
-      return WriteGradRows(b.tensor, v0 - b.row_begin, rows, grad);
-    };
+    // One vocabulary tile at a time (the same bits as the whole block: vocab_blocks.h), so the
+    // block's gradient needs one tile of scratch. The workspace is sized for the block, which
+    // covers every tile of it.
+    const int64_t ws_bytes = kernels_->LmHeadBlockBackwardWorkspaceBytes(shape, dtype);
+    ASSIGN_OR_RETURN(Buffer ws, Alloc(F32ElemsOf(ws_bytes), false));
+    const int64_t tile_rows =
+        std::min(shape.block_rows, std::min(shape.vocab_size, shape.vocab_tile));
+    ASSIGN_OR_RETURN(Buffer dblock, Alloc(tile_rows * C, false));
+    ASSIGN_OR_RETURN(ScopedAccess access,
+                     ScopedAccess::Begin(manager_, stream_, b.op, Stage::kBackward));
     ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, b.tensor));
-    if (v.dtype == DType::kF32) {
-      RETURN_IF_ERROR(LmHeadBlockBackward<float>(
-          shape, acts.lnf.cspan(),
-          absl::Span<const float>(static_cast<const float*>(v.data), static_cast<size_t>(v.numel)),
-          targets, acts.ce_lse.cspan(), loss_scale, dlnf.span(), ws.span(), on_tile, pool_.get()));
-    } else {
-      RETURN_IF_ERROR(LmHeadBlockBackward(
-          shape, acts.lnf.cspan(), Block16{static_cast<const uint16_t*>(v.data), v.dtype}, targets,
-          acts.ce_lse.cspan(), loss_scale, dlnf.span(), ws.span(), on_tile, pool_.get()));
+    for (int64_t r0 = 0; r0 < b.rows; r0 += tile_rows) {
+      VocabBlockShape tile = shape;
+      tile.row_begin = b.row_begin + r0;
+      tile.block_rows = std::min(tile_rows, b.rows - r0);
+      RETURN_IF_ERROR(kernels_->LmHeadBlockBackward(
+          *stream_, tile, acts.lnf.data(), v.dtype,
+          static_cast<const char*>(v.data) + r0 * C * SizeOf(v.dtype), targets, acts.ce_lse.data(),
+          loss_scale, dlnf.data(), dblock.data(), ws.data(), ws_bytes));
+      // The batch's rows stay in f32 for the embedding's part (tied); the tile goes into the
+      // slots (its parameters are not read again).
+      if (spec_.tied_lm_head) {
+        RETURN_IF_ERROR(kernels_->CopyRowsToSlots(*stream_, TouchedShape(acts), tile.row_begin,
+                                                  tile.block_rows, acts.slots.i32(), dblock.data(),
+                                                  acts.touched_grads.data()));
+      }
+      RETURN_IF_ERROR(WriteGradRows(b.tensor, r0, tile.block_rows, dblock.data()));
     }
     RETURN_IF_ERROR(access.End());
   }
   return absl::OkStatus();
 }
 
-absl::Status GptModel::EmbeddingBackward(absl::Span<const int32_t> tokens, Activations& acts,
-                                         Buffer& dx0) {
+absl::Status GptModel::EmbeddingBackward(Activations& acts, Buffer& dx0) {
   const int64_t B = options_.batch, T = options_.seq_len, C = config_.hidden;
   // The embedding's part of the batch's rows, added to the LM head's in token order (no
   // parameter is read: nothing is accessed).
-  RETURN_IF_ERROR(ScatterRowsAdd<float>(
-      C, tokens, acts.slot_of_token, dx0.cspan(),
-      acts.touched_grads.span().subspan(0, acts.touched_tokens.size() * static_cast<size_t>(C)),
-      pool_.get()));
+  RETURN_IF_ERROR(kernels_->ScatterRowsAdd(
+      *stream_, TouchedShape(acts), B * T, acts.inputs.i32() + InputsLayout().tokens,
+      acts.slots.i32(), dx0.data(), acts.touched_grads.data()));
   if (spec_.positions == TransformerBlockSpec::Positions::kLearned) {
     ASSIGN_OR_RETURN(Buffer dwpe, Alloc(config_.max_seq_len * C, true));
-    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, wpe_op_, Stage::kBackward));
-    RETURN_IF_ERROR(
-        PositionEmbeddingBackward<float>(B, T, C, dx0.cspan(), dwpe.span(), pool_.get()));
+    ASSIGN_OR_RETURN(ScopedAccess access,
+                     ScopedAccess::Begin(manager_, stream_, wpe_op_, Stage::kBackward));
+    RETURN_IF_ERROR(kernels_->PositionEmbeddingBackward(*stream_, B, T, C, config_.max_seq_len,
+                                                        dx0.data(), dwpe.data()));
     RETURN_IF_ERROR(WriteGrad(wpe_, dwpe.cspan()));
     RETURN_IF_ERROR(access.End());
   }
@@ -1234,25 +1371,22 @@ absl::Status GptModel::EmbeddingBackward(absl::Span<const int32_t> tokens, Activ
   // Untied, this is the embedding's only backward use: its other rows' gradient is zero.
   for (auto it = vocab_blocks_.rbegin(); it != vocab_blocks_.rend(); ++it) {
     const VocabBlock& b = *it;
-    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, b.op, Stage::kBackward));
-    if (!spec_.tied_lm_head) {
-      ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, b.tensor));
-      std::memset(v.data, 0, static_cast<size_t>(v.bytes()));
-    }
-    for (size_t slot = 0; slot < acts.touched_tokens.size(); ++slot) {
-      const int64_t token = acts.touched_tokens[slot];
-      if (token < b.row_begin || token >= b.row_begin + b.rows) continue;
-      RETURN_IF_ERROR(WriteGradRows(b.tensor, token - b.row_begin, 1,
-                                    acts.touched_grads.data() + static_cast<int64_t>(slot) * C));
-    }
+    ASSIGN_OR_RETURN(ScopedAccess access,
+                     ScopedAccess::Begin(manager_, stream_, b.op, Stage::kBackward));
+    ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, b.tensor));
+    if (!spec_.tied_lm_head) RETURN_IF_ERROR(kernels_->Zero(*stream_, v.data, v.bytes()));
+    RETURN_IF_ERROR(kernels_->CopySlotsToRows(*stream_, TouchedShape(acts), b.row_begin, b.rows,
+                                              acts.slots.i32(), acts.touched_grads.data(), v.dtype,
+                                              v.data));
     RETURN_IF_ERROR(access.End());
   }
   acts.touched_grads.Reset();
+  acts.slots.Reset();
   return absl::OkStatus();
 }
 
-absl::Status GptModel::Backward(absl::Span<const int32_t> tokens, absl::Span<const int32_t> targets,
-                                double loss_scale, Activations& acts) {
+absl::Status GptModel::Backward(absl::Span<const int32_t> tokens, double loss_scale,
+                                Activations& acts) {
   const int64_t B = options_.batch, T = options_.seq_len, C = config_.hidden, N = B * T;
   const int64_t V = config_.vocab_size, L = config_.num_layers;
   // The batch's distinct tokens: their wte rows get both gradient parts before one write.
@@ -1267,8 +1401,14 @@ absl::Status GptModel::Backward(absl::Span<const int32_t> tokens, absl::Span<con
   // Tied, the LM head writes every touched row before the embedding adds to it; untied, the
   // embedding's part starts from zero.
   ASSIGN_OR_RETURN(acts.touched_grads, Alloc(std::min(N, V) * C, !spec_.tied_lm_head));
+  // slot_of_token on the device; the host vector stays unchanged until the Activations go (after
+  // the stream passed the copy).
+  ASSIGN_OR_RETURN(acts.slots, Alloc(V, false));
+  RETURN_IF_ERROR(stream_->MemcpyAsync(acts.slots.data(), acts.slot_of_token.data(),
+                                       V * static_cast<int64_t>(sizeof(int32_t)),
+                                       CopyKind::kHostToDevice));
   ASSIGN_OR_RETURN(Buffer dlnf, Alloc(N * C, true));
-  RETURN_IF_ERROR(LmHeadBackward(targets, loss_scale, acts, dlnf));
+  RETURN_IF_ERROR(LmHeadBackward(loss_scale, acts, dlnf));
   acts.ce_lse.Reset();
   acts.lnf.Reset();
   ASSIGN_OR_RETURN(Buffer dres, Alloc(N * C, true));
@@ -1286,7 +1426,7 @@ absl::Status GptModel::Backward(absl::Span<const int32_t> tokens, absl::Span<con
     }
     RETURN_IF_ERROR(BlockBackward(l, acts.blocks[l], acts.x[l], dres));
   }
-  return EmbeddingBackward(tokens, acts, dres);
+  return EmbeddingBackward(acts, dres);
 }
 
 // --- The Llama block ----------------------------------------------------------------------------
@@ -1299,11 +1439,12 @@ absl::Status GptModel::NormFwd(const LinearOp& op, absl::Span<const float> x, Bu
   const int64_t n = options_.batch * options_.seq_len, c = config_.hidden;
   ASSIGN_OR_RETURN(y, Alloc(n * c, false));
   ASSIGN_OR_RETURN(rstd, Alloc(n, false));
-  ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kForward));
+  ASSIGN_OR_RETURN(ScopedAccess access,
+                   ScopedAccess::Begin(manager_, stream_, op.op, Stage::kForward));
   absl::Span<const float> w;
   ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
-  RETURN_IF_ERROR(RmsNormForward<float>({n, c, model_config_.norm_eps}, x, w, y.span(), rstd.span(),
-                                        pool_.get()));
+  RETURN_IF_ERROR(kernels_->RmsNormForward(*stream_, {n, c, model_config_.norm_eps}, x.data(),
+                                           w.data(), y.data(), rstd.data()));
   w_f32.Reset();
   return access.End();
 }
@@ -1316,11 +1457,13 @@ absl::Status GptModel::NormBwd(const LinearOp& op, absl::Span<const float> x,
   }
   const int64_t n = options_.batch * options_.seq_len, c = config_.hidden;
   ASSIGN_OR_RETURN(Buffer dw, Alloc(c, true));
-  ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kBackward));
+  ASSIGN_OR_RETURN(ScopedAccess access,
+                   ScopedAccess::Begin(manager_, stream_, op.op, Stage::kBackward));
   absl::Span<const float> w;
   ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
-  RETURN_IF_ERROR(RmsNormBackward<float>({n, c, model_config_.norm_eps}, x, w, rstd, dy, dx,
-                                         dw.span(), pool_.get()));
+  RETURN_IF_ERROR(kernels_->RmsNormBackward(*stream_, {n, c, model_config_.norm_eps}, x.data(),
+                                            w.data(), rstd.data(), dy.data(), dx.data(),
+                                            dw.data()));
   w_f32.Reset();
   RETURN_IF_ERROR(WriteGrad(op.w, dw.cspan()));
   return access.End();
@@ -1335,15 +1478,18 @@ absl::Status GptModel::NnLinearFwd(TensorId w, TensorId b, int64_t in_features,
   if (b >= 0) {
     ASSIGN_OR_RETURN(b_f32, ParamF32(b, &bv));
   }
-  return ::ps::LinearForward<float>(
-      {options_.batch * options_.seq_len, in_features, out_features, b >= 0}, x, wv, bv, y,
-      pool_.get());
+  const LinearShape shape{options_.batch * options_.seq_len, in_features, out_features, b >= 0};
+  const int64_t ws_bytes = kernels_->LinearWorkspaceBytes(shape);
+  ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
+  return kernels_->LinearForward(*stream_, shape, x.data(), wv.data(), b >= 0 ? bv.data() : nullptr,
+                                 y.data(), ws.data(), ws_bytes);
 }
 
 absl::Status GptModel::NnLinearForward(const LinearOp& op, int64_t in_features,
                                        int64_t out_features, absl::Span<const float> x,
                                        absl::Span<float> y) {
-  ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kForward));
+  ASSIGN_OR_RETURN(ScopedAccess access,
+                   ScopedAccess::Begin(manager_, stream_, op.op, Stage::kForward));
   RETURN_IF_ERROR(NnLinearFwd(op.w, op.b, in_features, out_features, x, y));
   return access.End();
 }
@@ -1358,9 +1504,13 @@ absl::Status GptModel::NnLinearBwd(TensorId w, TensorId b, int64_t in_features,
   }
   absl::Span<const float> wv;
   ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(w, &wv));
-  RETURN_IF_ERROR(::ps::LinearBackward<float>(
-      {options_.batch * options_.seq_len, in_features, out_features, b >= 0}, x, wv, dy, dx,
-      dw.span(), b >= 0 ? db.span() : absl::Span<float>(), pool_.get()));
+  const LinearShape shape{options_.batch * options_.seq_len, in_features, out_features, b >= 0};
+  const int64_t ws_bytes = kernels_->LinearWorkspaceBytes(shape);
+  ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
+  RETURN_IF_ERROR(kernels_->LinearBackward(*stream_, shape, x.data(), wv.data(), dy.data(),
+                                           dx.data(), dw.data(), b >= 0 ? db.data() : nullptr,
+                                           ws.data(), ws_bytes));
+  ws.Reset();
   w_f32.Reset();
   // The weight's only backward use: its slot takes the gradient now.
   RETURN_IF_ERROR(WriteGrad(w, dw.cspan()));
@@ -1371,7 +1521,8 @@ absl::Status GptModel::NnLinearBwd(TensorId w, TensorId b, int64_t in_features,
 absl::Status GptModel::NnLinearBackward(const LinearOp& op, int64_t in_features,
                                         int64_t out_features, absl::Span<const float> x,
                                         absl::Span<const float> dy, absl::Span<float> dx) {
-  ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, op.op, Stage::kBackward));
+  ASSIGN_OR_RETURN(ScopedAccess access,
+                   ScopedAccess::Begin(manager_, stream_, op.op, Stage::kBackward));
   RETURN_IF_ERROR(NnLinearBwd(op.w, op.b, in_features, out_features, x, dy, dx));
   return access.End();
 }
@@ -1382,49 +1533,52 @@ absl::Status GptModel::LlamaBlockForward(int64_t layer, absl::Span<const float> 
   const ModelConfig& m = model_config_;
   const int64_t B = options_.batch, T = options_.seq_len, C = m.hidden_size, N = B * T;
   const int64_t Q = m.q_size(), K = m.kv_size(), I = m.intermediate_size;
-  ThreadPool* pool = pool_.get();
   RETURN_IF_ERROR(NormFwd(ops.ln_1, in, a.ln1, a.ln1_mean, a.ln1_rstd));
   ASSIGN_OR_RETURN(a.q, Alloc(N * Q, false));
   ASSIGN_OR_RETURN(a.k, Alloc(N * K, false));
   ASSIGN_OR_RETURN(a.v, Alloc(N * K, false));
   {
     const QkvOp& qkv = ops.qkv;
-    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, qkv.op, Stage::kForward));
+    ASSIGN_OR_RETURN(ScopedAccess access,
+                     ScopedAccess::Begin(manager_, stream_, qkv.op, Stage::kForward));
     RETURN_IF_ERROR(NnLinearFwd(qkv.q_w, qkv.q_b, C, Q, a.ln1.cspan(), a.q.span()));
     RETURN_IF_ERROR(NnLinearFwd(qkv.k_w, qkv.k_b, C, K, a.ln1.cspan(), a.k.span()));
     RETURN_IF_ERROR(NnLinearFwd(qkv.v_w, qkv.v_b, C, K, a.ln1.cspan(), a.v.span()));
     RETURN_IF_ERROR(access.End());
   }
   const int64_t D = m.head_dim;
+  const float* cos = rope_dev_ + InputsLayout().rope_cos;
+  const float* sin = rope_dev_ + InputsLayout().rope_sin;
+  RETURN_IF_ERROR(kernels_->RopeForward(*stream_, {B, T, m.num_heads, D, T}, cos, sin, a.q.data()));
   RETURN_IF_ERROR(
-      RopeForward<float>({B, T, m.num_heads, D, T}, rope_cos_, rope_sin_, a.q.span(), pool));
-  RETURN_IF_ERROR(
-      RopeForward<float>({B, T, m.num_kv_heads, D, T}, rope_cos_, rope_sin_, a.k.span(), pool));
+      kernels_->RopeForward(*stream_, {B, T, m.num_kv_heads, D, T}, cos, sin, a.k.data()));
   {
     const GqaAttentionShape att{B, T, m.num_heads, m.num_kv_heads, D, options_.attention_tile};
     ASSIGN_OR_RETURN(a.atty, Alloc(N * Q, false));
     ASSIGN_OR_RETURN(a.lse, Alloc(B * m.num_heads * T, false));
-    ASSIGN_OR_RETURN(Buffer ws,
-                     Alloc(GqaAttentionWorkspaceElems(att, pool_->num_threads()), false));
-    RETURN_IF_ERROR(GqaAttentionForward<float>(att, a.q.cspan(), a.k.cspan(), a.v.cspan(),
-                                               a.atty.span(), a.lse.span(), ws.span(), pool));
+    const int64_t ws_bytes = kernels_->GqaAttentionForwardWorkspaceBytes(att);
+    ASSIGN_OR_RETURN(Buffer ws, Alloc(F32ElemsOf(ws_bytes), false));
+    RETURN_IF_ERROR(kernels_->GqaAttentionForward(*stream_, att, a.q.data(), a.k.data(), a.v.data(),
+                                                  a.atty.data(), a.lse.data(), ws.data(),
+                                                  ws_bytes));
   }
   // res2 = in + o_proj(att), computed in place of the projection.
   ASSIGN_OR_RETURN(a.res2, Alloc(N * C, false));
   RETURN_IF_ERROR(NnLinearForward(ops.attn_proj, Q, C, a.atty.cspan(), a.res2.span()));
-  RETURN_IF_ERROR(ResidualForward<float>(in, a.res2.cspan(), a.res2.span(), pool));
+  RETURN_IF_ERROR(Residual(in, a.res2));
   RETURN_IF_ERROR(NormFwd(ops.ln_2, a.res2.cspan(), a.ln2, a.ln2_mean, a.ln2_rstd));
   ASSIGN_OR_RETURN(a.fch, Alloc(N * I, false));
   RETURN_IF_ERROR(NnLinearForward(ops.c_fc, C, I, a.ln2.cspan(), a.fch.span()));
   ASSIGN_OR_RETURN(a.up, Alloc(N * I, false));
   RETURN_IF_ERROR(NnLinearForward(ops.up, C, I, a.ln2.cspan(), a.up.span()));
   ASSIGN_OR_RETURN(a.fch_gelu, Alloc(N * I, false));
-  RETURN_IF_ERROR(SwiGluForward<float>(a.fch.cspan(), a.up.cspan(), a.fch_gelu.span(), pool));
+  RETURN_IF_ERROR(kernels_->SwiGluForward(*stream_, a.fch.elems(), a.fch.data(), a.up.data(),
+                                          a.fch_gelu.data()));
   if (recompute) return absl::OkStatus();  // the block's output is not needed again
   // out = res2 + down_proj(h), in place of the projection.
   ASSIGN_OR_RETURN(out, Alloc(N * C, false));
   RETURN_IF_ERROR(NnLinearForward(ops.mlp_proj, I, C, a.fch_gelu.cspan(), out.span()));
-  return ResidualForward<float>(a.res2.cspan(), out.cspan(), out.span(), pool);
+  return Residual(a.res2.cspan(), out);
 }
 
 absl::Status GptModel::LlamaBlockBackward(int64_t layer, BlockActs& a, Buffer& in, Buffer& dres) {
@@ -1432,11 +1586,10 @@ absl::Status GptModel::LlamaBlockBackward(int64_t layer, BlockActs& a, Buffer& i
   const ModelConfig& m = model_config_;
   const int64_t B = options_.batch, T = options_.seq_len, C = m.hidden_size, N = B * T;
   const int64_t Q = m.q_size(), K = m.kv_size(), I = m.intermediate_size, D = m.head_dim;
-  ThreadPool* pool = pool_.get();
   // out = res2 + down
   ASSIGN_OR_RETURN(Buffer dres2, Alloc(N * C, true));
   ASSIGN_OR_RETURN(Buffer ddown, Alloc(N * C, true));
-  RETURN_IF_ERROR(ResidualBackward<float>(dres.cspan(), dres2.span(), ddown.span(), pool));
+  RETURN_IF_ERROR(ResidualBwd(dres, dres2, ddown));
   dres.Reset();
   ASSIGN_OR_RETURN(Buffer dh, Alloc(N * I, true));
   RETURN_IF_ERROR(
@@ -1445,8 +1598,8 @@ absl::Status GptModel::LlamaBlockBackward(int64_t layer, BlockActs& a, Buffer& i
   a.fch_gelu.Reset();
   ASSIGN_OR_RETURN(Buffer dgate, Alloc(N * I, true));
   ASSIGN_OR_RETURN(Buffer dup, Alloc(N * I, true));
-  RETURN_IF_ERROR(SwiGluBackward<float>(a.fch.cspan(), a.up.cspan(), dh.cspan(), dgate.span(),
-                                        dup.span(), pool));
+  RETURN_IF_ERROR(kernels_->SwiGluBackward(*stream_, a.fch.elems(), a.fch.data(), a.up.data(),
+                                           dh.data(), dgate.data(), dup.data()));
   dh.Reset();
   a.fch.Reset();
   a.up.Reset();
@@ -1464,7 +1617,7 @@ absl::Status GptModel::LlamaBlockBackward(int64_t layer, BlockActs& a, Buffer& i
   // res2 = in + o_proj(att)
   ASSIGN_OR_RETURN(Buffer din, Alloc(N * C, true));
   ASSIGN_OR_RETURN(Buffer dattproj, Alloc(N * C, true));
-  RETURN_IF_ERROR(ResidualBackward<float>(dres2.cspan(), din.span(), dattproj.span(), pool));
+  RETURN_IF_ERROR(ResidualBwd(dres2, din, dattproj));
   dres2.Reset();
   ASSIGN_OR_RETURN(Buffer datty, Alloc(N * Q, true));
   RETURN_IF_ERROR(
@@ -1474,23 +1627,31 @@ absl::Status GptModel::LlamaBlockBackward(int64_t layer, BlockActs& a, Buffer& i
   ASSIGN_OR_RETURN(Buffer dk, Alloc(N * K, true));
   ASSIGN_OR_RETURN(Buffer dv, Alloc(N * K, true));
   const GqaAttentionShape att{B, T, m.num_heads, m.num_kv_heads, D, options_.attention_tile};
-  RETURN_IF_ERROR(GqaAttentionBackward<float>(att, a.q.cspan(), a.k.cspan(), a.v.cspan(),
-                                              a.atty.cspan(), a.lse.cspan(), datty.cspan(),
-                                              dq.span(), dk.span(), dv.span(), pool));
+  const int64_t att_ws_bytes = kernels_->GqaAttentionBackwardWorkspaceBytes(att);
+  ASSIGN_OR_RETURN(Buffer att_ws, Workspace(att_ws_bytes));
+  RETURN_IF_ERROR(kernels_->GqaAttentionBackward(
+      *stream_, att, a.q.data(), a.k.data(), a.v.data(), a.atty.data(), a.lse.data(), datty.data(),
+      dq.data(), dk.data(), dv.data(), att_ws.data(), att_ws_bytes));
+  att_ws.Reset();
   datty.Reset();
   a.atty.Reset();
   a.lse.Reset();
   a.q.Reset();
   a.k.Reset();
   a.v.Reset();
-  RETURN_IF_ERROR(
-      RopeBackward<float>({B, T, m.num_heads, D, T}, rope_cos_, rope_sin_, dq.span(), pool));
-  RETURN_IF_ERROR(
-      RopeBackward<float>({B, T, m.num_kv_heads, D, T}, rope_cos_, rope_sin_, dk.span(), pool));
+  {
+    const float* cos = rope_dev_ + InputsLayout().rope_cos;
+    const float* sin = rope_dev_ + InputsLayout().rope_sin;
+    RETURN_IF_ERROR(
+        kernels_->RopeBackward(*stream_, {B, T, m.num_heads, D, T}, cos, sin, dq.data()));
+    RETURN_IF_ERROR(
+        kernels_->RopeBackward(*stream_, {B, T, m.num_kv_heads, D, T}, cos, sin, dk.data()));
+  }
   ASSIGN_OR_RETURN(Buffer dln1, Alloc(N * C, true));
   {
     const QkvOp& qkv = ops.qkv;
-    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(manager_, qkv.op, Stage::kBackward));
+    ASSIGN_OR_RETURN(ScopedAccess access,
+                     ScopedAccess::Begin(manager_, stream_, qkv.op, Stage::kBackward));
     RETURN_IF_ERROR(NnLinearBwd(qkv.q_w, qkv.q_b, C, Q, a.ln1.cspan(), dq.cspan(), dln1.span()));
     dq.Reset();
     RETURN_IF_ERROR(NnLinearBwd(qkv.k_w, qkv.k_b, C, K, a.ln1.cspan(), dk.cspan(), dln1.span()));
@@ -1545,7 +1706,9 @@ absl::StatusOr<double> GptModel::ForwardBackward(absl::Span<const int32_t> token
   const ForwardMode mode =
       options_.activation_checkpointing ? ForwardMode::kCheckpoint : ForwardMode::kTrain;
   ASSIGN_OR_RETURN(const double loss, Forward(tokens, targets, mode, acts));
-  RETURN_IF_ERROR(Backward(tokens, targets, loss_scale, acts));
+  RETURN_IF_ERROR(Backward(tokens, loss_scale, acts));
+  // Every gradient is in its slot before the optimizer (or a caller) reads it.
+  RETURN_IF_ERROR(stream_->Synchronize());
   return loss;
 }
 

@@ -79,15 +79,26 @@
 // with f32 chunks they are bit-identical to model/kernels/testing/tiny_gpt2 (same kernel calls in
 // the same order).
 //
-// Compute runs on the calling thread (and the model's ThreadPool / OpenBLAS threads) with the CPU
-// kernels of model/kernels, reading chunk payloads and scratch memory directly: the accelerator
-// memory must be host-addressable, i.e. the emulated accelerator (memory/cpu_backend.h) or the
-// host. CUDA kernels are not wired here yet.
+// Compute. Every operator, zero-fill, dtype conversion and row copy the model does on activation,
+// gradient and chunk memory goes through a Kernels object (model/kernels/kernels.h) and is
+// enqueued on one compute Stream of the accelerator's backend (GptModelOptions::kernels and
+// compute_stream, or the model's own): no host code reads or writes accelerator memory during
+// compute. The inputs go to the device with Stream::MemcpyAsync (tokens, targets, the RoPE tables
+// into one scratch buffer; slot_of_token of the batch's distinct tokens in backward), the loss
+// comes back the same way (a double the LM head writes on the device), and the host waits for the
+// stream: before each Release of an operator (so the manager moves or drops a chunk only after the
+// kernels that read or wrote it ran), before each scratch buffer goes back to the allocator (so
+// the allocator's and the tracker's view of the tide moves at the same program points as the
+// activation profile's, model/gpt_activation_profile.h), for the loss, and at the end of
+// ForwardBackward. Within an operator the host runs ahead of the kernels. With the cpu backend
+// the CPU kernels run on the stream's worker thread (model/kernels/cpu_kernels.h), bit for bit as
+// direct calls; the trainer still refuses the cuda backend.
 //
 // Reading and setting the state outside compute (ReadTensor*, VisitTrainingState, the exports,
 // the imports, LoadTrainingState) never dereferences an accelerator payload on the host, so it is
 // correct where accelerator memory is not host-addressable (cuda): a payload on the accelerator is
-// copied with Stream::MemcpyAsync (device to host) into one pinned staging buffer of
+// copied, after the work enqueued on the compute stream so far (an event the copy waits for), with
+// Stream::MemcpyAsync (device to host) into one pinned staging buffer of
 // GptModelOptions::payload_staging_bytes from the accelerator's backend, piece by piece, and
 // converted from there; a payload in host memory is read in place. The imports first move every
 // chunk they write to the host through the manager (AccessChunks), and write only host payloads.
@@ -122,6 +133,7 @@
 #include "model/gpt2_checkpoint.h"
 #include "model/gpt_config.h"
 #include "model/hf_checkpoint.h"
+#include "model/kernels/kernels.h"
 #include "model/kernels/vocab_blocks.h"
 #include "model/model_config.h"
 #include "model/transformer_block_spec.h"
@@ -154,6 +166,14 @@ struct GptModelOptions {
   // Bytes of the pinned buffer that stages accelerator payloads read outside compute (see the
   // file comment); at least 4 (one f32 element). Tests use small ones to cross piece boundaries.
   int64_t payload_staging_bytes = kPayloadStagingBytes;
+  // Where the model computes (see "Compute" in the file comment). Not owned; each must outlive
+  // the model. `kernels` must be the implementation of the accelerator's backend, created with a
+  // pool of `threads` threads (its workspace sizes enter the activation profile); null: the model
+  // creates CreateKernels(backend, {.cpu_pool = its own pool}). `compute_stream` must be a stream
+  // of the accelerator's backend — the one the ChunkManager was given as its compute_stream, when
+  // it was given one; null: the model creates its own.
+  Kernels* kernels = nullptr;
+  Stream* compute_stream = nullptr;
 };
 
 class GptModel {
@@ -350,6 +370,9 @@ class GptModel {
   absl::Status CheckParametersInSlots(absl::string_view caller) const;
   // f32 scratch buffer of `elems` elements, zeroed if asked.
   absl::StatusOr<Buffer> Alloc(int64_t elems, bool zero);
+  // A kernel workspace of `bytes` (an empty Buffer for 0: the CPU kernels need none for most
+  // operations, and the activation profile has none then).
+  absl::StatusOr<Buffer> Workspace(int64_t bytes);
   // The parameter's values as f32: the chunk slot itself (f32 chunks) or a converted workspace.
   absl::StatusOr<Buffer> ParamF32(TensorId tensor, absl::Span<const float>* values);
   // The parameter's slot as bf16 bit patterns (read in place by the bf16 GEMM kernels) if the
@@ -368,16 +391,31 @@ class GptModel {
       const std::function<absl::Status(TensorId tensor, absl::Span<float> out)>& fill);
   // The shape of wte block `b` for the vocab_blocks kernels.
   VocabBlockShape BlockShape(const VocabBlock& b) const;
-  // The embedding: acts.x[0] = the wte rows of `tokens` + wpe.
-  absl::Status EmbeddingForward(absl::Span<const int32_t> tokens, Activations& acts);
-  // The LM head and cross-entropy over every block; returns the loss, keeps acts.ce_lse.
-  absl::StatusOr<double> LmHeadForward(absl::Span<const int32_t> targets, Activations& acts);
+  // Elements of Activations::inputs (f32-sized): the loss (a double) at 0, tokens, targets, the
+  // RoPE cos and sin tables (empty without RoPE).
+  struct InputsOffsets {
+    int64_t tokens = 0, targets = 0, rope_cos = 0, rope_sin = 0, total = 0;
+  };
+  InputsOffsets InputsLayout() const;
+  // Allocates acts.inputs and enqueues the copies of tokens, targets and the RoPE tables.
+  absl::Status UploadInputs(absl::Span<const int32_t> tokens, absl::Span<const int32_t> targets,
+                            Activations& acts);
+  double* LossOnDevice(const Activations& acts) const;
+  TouchedRowsShape TouchedShape(const Activations& acts) const;
+  // out = in + out; da += dout, db += dout (enqueued).
+  absl::Status Residual(absl::Span<const float> in, Buffer& out);
+  absl::Status ResidualBwd(const Buffer& dout, Buffer& da, Buffer& db);
+  // The backend of the accelerator memory (InternalError if it has none).
+  absl::StatusOr<Backend*> AcceleratorBackend() const;
+  // The embedding: acts.x[0] = the wte rows of the tokens + wpe.
+  absl::Status EmbeddingForward(Activations& acts);
+  // The LM head and cross-entropy over every block: the loss on the device, keeps acts.ce_lse.
+  absl::Status LmHeadForward(Activations& acts);
   // The LM head's backward over every block: dlnf += ..., the blocks' gradients into their slots
   // (the batch's rows into acts.touched_grads).
-  absl::Status LmHeadBackward(absl::Span<const int32_t> targets, double loss_scale,
-                              Activations& acts, Buffer& dlnf);
+  absl::Status LmHeadBackward(double loss_scale, Activations& acts, Buffer& dlnf);
   // The embedding's backward from d(x[0]) `dx0`: wpe's gradient, and the batch's wte rows.
-  absl::Status EmbeddingBackward(absl::Span<const int32_t> tokens, Activations& acts, Buffer& dx0);
+  absl::Status EmbeddingBackward(Activations& acts, Buffer& dx0);
 
   absl::StatusOr<double> Forward(absl::Span<const int32_t> tokens,
                                  absl::Span<const int32_t> targets, ForwardMode mode,
@@ -400,8 +438,7 @@ class GptModel {
                            absl::Span<const float> x, absl::Span<float> y);
   absl::Status NnLinearForward(const LinearOp& op, int64_t in_features, int64_t out_features,
                                absl::Span<const float> x, absl::Span<float> y);
-  absl::Status Backward(absl::Span<const int32_t> tokens, absl::Span<const int32_t> targets,
-                        double loss_scale, Activations& acts);
+  absl::Status Backward(absl::Span<const int32_t> tokens, double loss_scale, Activations& acts);
   // Backward through block `layer` from d(output) `dres`, which becomes d(input); frees the
   // block's activations and its input `in`.
   absl::Status BlockBackward(int64_t layer, BlockActs& a, Buffer& in, Buffer& dres);
@@ -439,6 +476,14 @@ class GptModel {
   ChunkManager* const manager_;
   DeviceMemory* const accelerator_;
   std::unique_ptr<ThreadPool> pool_;
+  // The kernels and the compute stream (options', or the model's own). The owned ones are
+  // destroyed first (the stream, waiting for its work, then the kernels), before the pool.
+  Kernels* kernels_ = nullptr;
+  Stream* stream_ = nullptr;
+  std::unique_ptr<Kernels> owned_kernels_;
+  std::unique_ptr<Stream> owned_stream_;
+  // The device copy of the RoPE tables during a Forward/ForwardBackward (in Activations::inputs).
+  const float* rope_dev_ = nullptr;
 
   // Resolved layout: operator and tensor ids.
   OperatorId wpe_op_ = -1;
@@ -460,6 +505,8 @@ class GptModel {
   mutable absl::Mutex staging_mu_;
   mutable Backend* staging_backend_ ABSL_GUARDED_BY(staging_mu_) = nullptr;
   mutable std::unique_ptr<Stream> staging_stream_ ABSL_GUARDED_BY(staging_mu_);
+  // Recorded on the compute stream before each staged copy, which waits for it.
+  mutable std::unique_ptr<Event> staging_event_ ABSL_GUARDED_BY(staging_mu_);
   mutable void* staging_ ABSL_GUARDED_BY(staging_mu_) = nullptr;
 };
 

@@ -40,6 +40,8 @@
 #include "model/gpt_config.h"
 #include "model/hf_checkpoint.h"
 #include "model/kernels/internal/bf16_gemm.h"
+#include "model/kernels/kernels.h"
+#include "model/kernels/kernels_factory.h"
 #include "model/kernels/testing/tiny_gpt2.h"
 #include "scheduler/chunk_manager.h"
 
@@ -72,6 +74,12 @@ struct RigOptions {
   double warmup_chunk_fraction = 0.2;
   // wte in row blocks of this many rows (0: whole).
   int64_t vocab_block_rows = 0;
+  // The cpu backend holds all stream work until the host waits (memory/cpu_backend.h), so any
+  // host read of a result it did not wait for sees stale memory.
+  bool stall_streams_until_host_waits = false;
+  // The rig creates the kernels and the compute stream and gives the stream to the manager too
+  // (as the trainer does); otherwise the model creates its own.
+  bool shared_compute_stream = false;
   GptModelOptions model = {.batch = 2,
                            .seq_len = 16,
                            .threads = 2,
@@ -86,13 +94,18 @@ struct Rig {
   std::unique_ptr<DeviceMemory> accelerator;
   std::unique_ptr<DeviceMemory> host;
   std::unique_ptr<ChunkStore> store;
+  std::unique_ptr<ThreadPool> kernel_pool;
+  std::unique_ptr<Kernels> kernels;
+  std::unique_ptr<Stream> compute_stream;
   std::unique_ptr<ChunkManager> manager;
   std::unique_ptr<GptModel> model;
 };
 
 absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const GptConfig& config, const RigOptions& o) {
   auto rig = std::make_unique<Rig>();
-  ASSIGN_OR_RETURN(rig->backend, CreateCpuBackend({.capacity_bytes = o.capacity_bytes}));
+  ASSIGN_OR_RETURN(rig->backend, CreateCpuBackend({.capacity_bytes = o.capacity_bytes,
+                                                   .stall_streams_until_host_waits =
+                                                       o.stall_streams_until_host_waits}));
   DeviceMemoryOptions memory_options;
   memory_options.chunk_block_bytes = o.chunk_elems * 4;
   ASSIGN_OR_RETURN(rig->accelerator, CreateAcceleratorMemory(rig->backend.get(), memory_options));
@@ -105,11 +118,21 @@ absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const GptConfig& config, const RigO
   ChunkManagerOptions manager_options;
   manager_options.device_budget_bytes = o.budget_bytes;
   manager_options.warmup_chunk_fraction = o.warmup_chunk_fraction;
+  GptModelOptions model_options = o.model;
+  if (o.shared_compute_stream) {
+    rig->kernel_pool = std::make_unique<ThreadPool>(o.model.threads);
+    ASSIGN_OR_RETURN(rig->kernels,
+                     CreateKernels(rig->backend.get(), {.cpu_pool = rig->kernel_pool.get()}));
+    ASSIGN_OR_RETURN(rig->compute_stream, rig->backend->CreateStream());
+    manager_options.compute_stream = rig->compute_stream.get();
+    model_options.kernels = rig->kernels.get();
+    model_options.compute_stream = rig->compute_stream.get();
+  }
   ASSIGN_OR_RETURN(rig->manager,
                    ChunkManager::Create(rig->store.get(), rig->backend.get(),
                                         rig->accelerator.get(), rig->host.get(), manager_options));
   ASSIGN_OR_RETURN(rig->model, GptModel::Create(config, rig->store.get(), rig->manager.get(),
-                                                rig->accelerator.get(), o.model));
+                                                rig->accelerator.get(), model_options));
   return rig;
 }
 
@@ -228,9 +251,8 @@ TEST(GptModel, InitializationIsGpt2sAndReproducible) {
 // parameter values: the same kernels in the same order on the same f32 operands (with bf16
 // chunks: the same bf16 GEMM kernels on the same bf16 weights), so the loss is bit-identical and
 // the gradients are bit-identical after rounding to `dtype` (for f32: exactly).
-void ExpectMatchesReference(DType dtype, bool checkpointing) {
+void ExpectMatchesReference(DType dtype, bool checkpointing, RigOptions o = {}) {
   const GptConfig config = SmallConfig();
-  RigOptions o;
   o.dtype = dtype;
   o.model.activation_checkpointing = checkpointing;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(config, o));
@@ -290,6 +312,69 @@ TEST(GptModel, MatchesReferenceModelBitForBitBF16FallbackGemms) {
 }
 TEST(GptModel, MatchesReferenceModelWithCheckpointing) {
   ExpectMatchesReference(DType::kF32, true);
+}
+
+// --- 2a. Compute on the stream ---------------------------------------------------------------
+
+// The kernels run on the compute stream, after the host enqueued them. With every stream of the
+// backend held until the host waits, a result the model (or the manager, or a staged read) used
+// without waiting for the stream would be stale — the loss copied back, a gradient converted into
+// its slot before the chunk moved, a payload read outside compute — and the results would differ
+// from the reference; they must still be bit-identical.
+TEST(GptModel, ComputeHeldUntilTheHostWaitsStillMatchesTheReference) {
+  RigOptions o;
+  o.stall_streams_until_host_waits = true;
+  ExpectMatchesReference(DType::kF32, false, o);
+  ExpectMatchesReference(DType::kBF16, true, o);
+}
+
+// The trainer's wiring: the caller's kernels and compute stream, the same stream given to the
+// manager (whose write-backs and drops then wait for it on the stream); a small budget makes the
+// manager evict and write back chunks between operators.
+TEST(GptModel, CallersKernelsAndComputeStreamSharedWithTheManager) {
+  RigOptions o;
+  o.shared_compute_stream = true;
+  ExpectMatchesReference(DType::kF32, false, o);
+  o.stall_streams_until_host_waits = true;
+  ExpectMatchesReference(DType::kF16, false, o);
+}
+
+// A gradient the compute stream has not written yet is not what a staged read returns: ReadTensor
+// waits for the compute stream's work (an event) before copying the payload. Here the caller's
+// own kernel, held behind a stall of the compute stream, overwrites a gradient slot on the
+// accelerator; the read must return the new values.
+TEST(GptModel, StagedReadsWaitForQueuedCompute) {
+  const GptConfig config = SmallConfig();
+  RigOptions o;
+  o.shared_compute_stream = true;
+  // Room for every chunk: they stay on the accelerator after the iteration.
+  o.capacity_bytes = 64 * kMiB;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(config, o));
+  ASSERT_OK(rig->model->InitializeParameters(3));
+  const Batch batch = RandomBatch(config, o.model.batch, o.model.seq_len, 1);
+  ASSERT_OK(rig->manager->BeginIteration());
+  ASSERT_OK(rig->model->ForwardBackward(batch.tokens, batch.targets).status());
+  const ChunkLayout* layout = &rig->store->layout();
+  // A gradient slot whose chunk is on the accelerator.
+  std::optional<TensorView> slot;
+  std::string name;
+  for (const std::string& n : ParamNames(config)) {
+    absl::StatusOr<TensorId> t = layout->FindTensor(n);
+    if (!t.ok()) continue;
+    ASSERT_OK_AND_ASSIGN(TensorView v, rig->store->View(ChunkType::kParam, *t));
+    if (!v.device.is_host()) {
+      slot = v;
+      name = n;
+      break;
+    }
+  }
+  ASSERT_TRUE(slot.has_value()) << "no param chunk stayed on the accelerator";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CpuStreamStall> stall, StallCpuStream(*rig->compute_stream));
+  ASSERT_OK(rig->kernels->Zero(*rig->compute_stream, slot->data, slot->bytes()));
+  ASSERT_OK_AND_ASSIGN(std::vector<float> got, rig->model->ReadTensor(ChunkType::kParam, name));
+  EXPECT_EQ(got, std::vector<float>(got.size(), 0.0f)) << name;
+  stall->Release();
+  ASSERT_OK(rig->manager->EndIteration());
 }
 
 // --- 2b. The vocabulary in row blocks ----------------------------------------------------------

@@ -129,6 +129,9 @@ struct RigOptions {
   int64_t capacity_bytes = 64 * kMiB;
   std::optional<int64_t> budget_bytes;
   int64_t vocab_block_rows = 0;
+  // Every stream held until the host waits (memory/cpu_backend.h): a result used without waiting
+  // for the compute stream would be stale.
+  bool stall_streams_until_host_waits = false;
   GptModelOptions model = {.batch = kBatch,
                            .seq_len = kSeqLen,
                            .threads = 2,
@@ -148,7 +151,9 @@ struct Rig {
 
 absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const ModelConfig& config, const RigOptions& o) {
   auto rig = std::make_unique<Rig>();
-  ASSIGN_OR_RETURN(rig->backend, CreateCpuBackend({.capacity_bytes = o.capacity_bytes}));
+  ASSIGN_OR_RETURN(rig->backend, CreateCpuBackend({.capacity_bytes = o.capacity_bytes,
+                                                   .stall_streams_until_host_waits =
+                                                       o.stall_streams_until_host_waits}));
   DeviceMemoryOptions memory_options;
   memory_options.chunk_block_bytes = o.chunk_elems * 4;
   ASSIGN_OR_RETURN(rig->accelerator, CreateAcceleratorMemory(rig->backend.get(), memory_options));
@@ -280,11 +285,15 @@ TEST_F(LlamaModelTest, MatchesTransformersAndTinyLlama) {
     const std::vector<int32_t> targets = ReadRaw<int32_t>(file, "test.targets", "I32");
     ASSERT_EQ(static_cast<int64_t>(tokens.size()), kBatch * kSeqLen);
 
-    // Whole vocabulary; row blocks of 24 rows (untied: lm_head's too) with checkpointing.
+    // Whole vocabulary; row blocks of 24 rows (untied: lm_head's too) with checkpointing; and
+    // that again with every stream held until the host waits (the RoPE tables, tokens and targets
+    // copied to the device, the loss copied back, the kernels on the compute stream).
     RigOptions split;
     split.vocab_block_rows = 24;
     split.model.activation_checkpointing = true;
-    for (const RigOptions& o : {RigOptions{}, split}) {
+    RigOptions held = split;
+    held.stall_streams_until_host_waits = true;
+    for (const RigOptions& o : {RigOptions{}, split, held}) {
       SCOPED_TRACE(absl::StrCat("vocab_block_rows ", o.vocab_block_rows));
       ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(config, o));
       ASSERT_OK(SetParams(*rig->model, FileValues(file)));

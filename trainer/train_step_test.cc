@@ -73,6 +73,9 @@ struct RigOptions {
                            .ce_row_tile = 7,
                            .ce_vocab_tile = 24};
   double lr = 1e-2;
+  // Every stream of the cpu backend held until the host waits (memory/cpu_backend.h): the model's
+  // kernels, the manager's copies and the optimizer run only when the host waits for them.
+  bool stall_streams_until_host_waits = false;
 };
 
 // Everything one model needs, destroyed in the right order (the store before the memories).
@@ -89,7 +92,9 @@ struct Rig {
 
 absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const GptConfig& config, const RigOptions& o) {
   auto rig = std::make_unique<Rig>();
-  ASSIGN_OR_RETURN(rig->backend, CreateCpuBackend({.capacity_bytes = o.capacity_bytes}));
+  ASSIGN_OR_RETURN(rig->backend, CreateCpuBackend({.capacity_bytes = o.capacity_bytes,
+                                                   .stall_streams_until_host_waits =
+                                                       o.stall_streams_until_host_waits}));
   DeviceMemoryOptions memory_options;
   memory_options.chunk_block_bytes = o.chunk_elems * 4;
   ASSIGN_OR_RETURN(rig->accelerator, CreateAcceleratorMemory(rig->backend.get(), memory_options));
@@ -237,6 +242,26 @@ TEST(GptTraining, ChunkedExecutionUnderEvictionIsExact) {
             kIterations * (evicting.num_chunks - 1));
   // Training happened.
   EXPECT_LT(resident.losses.back(), resident.losses.front());
+}
+
+// The model's kernels run on its compute stream, the manager's loads and write-backs on copy
+// streams. With every stream held until the host waits, an operator released before its kernels
+// ran would let a write-back copy (or a drop) take the chunk's payload before the gradients were
+// converted into it, and the training would differ; under eviction at every access it must still
+// be exact.
+TEST(GptTraining, ChunkedExecutionUnderEvictionIsExactWithStreamsHeldUntilTheHostWaits) {
+  const GptConfig config = SmallConfig();
+  constexpr int kIterations = 3;
+  RigOptions roomy;
+  ASSERT_OK_AND_ASSIGN(TrainTrace resident, Train(config, roomy, kIterations));
+  RigOptions tight;
+  tight.budget_bytes = resident.peak_nonmodel_bytes + kChunkElems * 4 + 4 * kKiB;
+  tight.warmup_chunk_fraction = 0.01;
+  tight.stall_streams_until_host_waits = true;
+  ASSERT_OK_AND_ASSIGN(TrainTrace evicting, Train(config, tight, kIterations));
+  ExpectSameTraining(resident, evicting);
+  EXPECT_GE(evicting.counters.stage(Stage::kBackward).write_backs,
+            kIterations * (evicting.num_chunks - 1));
 }
 
 // --- 2. Overfitting one batch ------------------------------------------------------------------

@@ -161,6 +161,8 @@ class Trainer::Impl {
   std::unique_ptr<ChunkStore> store_;
   std::unique_ptr<TraceWriter> trace_;
   std::unique_ptr<TraceProfiler> profiler_;
+  // The stream the model's kernels run on; the manager orders its chunk moves after it.
+  std::unique_ptr<Stream> compute_stream_;
   std::unique_ptr<ChunkManager> manager_;
   std::unique_ptr<GptModel> model_;
   std::unique_ptr<CpuAdam> cpu_adam_;
@@ -280,6 +282,8 @@ absl::Status Trainer::Impl::Build() {
   manager_options.nonmodel_slack_bytes = plan_.plan.slack_bytes;
   manager_options.warmup_chunk_fraction = plan_.plan.warmup_chunk_fraction;
   manager_options.collectives = collectives_.get();
+  ASSIGN_OR_RETURN(compute_stream_, backend_->CreateStream());
+  manager_options.compute_stream = compute_stream_.get();
   ASSIGN_OR_RETURN(manager_, ChunkManager::Create(store_.get(), backend_.get(), accelerator_.get(),
                                                   host_.get(), manager_options));
   GptModelOptions model_options;
@@ -288,6 +292,8 @@ absl::Status Trainer::Impl::Build() {
   model_options.activation_checkpointing = config_.model.activation_checkpointing;
   model_options.seed = config_.seed;
   model_options.threads = threads_;
+  // The model creates the backend's kernels over its own pool of `threads` threads.
+  model_options.compute_stream = compute_stream_.get();
   SetBlasThreads(threads_);
   ASSIGN_OR_RETURN(model_, TransformerModel::Create(model_config_, store_.get(), manager_.get(),
                                                     accelerator_.get(), model_options));

@@ -1,6 +1,7 @@
 #include "model/kernels/cpu_kernels.h"
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <utility>
 
@@ -25,6 +26,7 @@
 #include "model/kernels/rmsnorm.h"
 #include "model/kernels/rope.h"
 #include "model/kernels/swiglu.h"
+#include "model/kernels/vocab_blocks.h"
 
 namespace ps {
 namespace {
@@ -34,6 +36,11 @@ namespace {
 template <typename Fn>
 absl::Status Enqueue(Stream& stream, Fn fn) {
   return LaunchCheckedHostFunc(stream, std::move(fn));
+}
+
+absl::Span<float> F32Workspace(void* workspace, int64_t workspace_bytes) {
+  return absl::MakeSpan(static_cast<float*>(workspace),
+                        static_cast<size_t>(workspace_bytes / static_cast<int64_t>(sizeof(float))));
 }
 
 template <typename T>
@@ -467,6 +474,219 @@ absl::Status CpuKernels::DoEmbeddingBackward(Stream& stream, const EmbeddingShap
   return Enqueue(stream, [=] {
     return ::ps::EmbeddingBackward<float>(s, In(tokens, s.rows), In(dout, s.rows * s.channels),
                                           Out(dwte, s.vocab_size * s.channels), pool);
+  });
+}
+
+// --- bf16-weight GEMMs and the vocabulary blocks -------------------------------------------------
+
+int64_t CpuKernels::MatmulBf16ForwardWorkspaceBytes(const MatmulShape& s) const {
+  return ::ps::MatmulBf16ForwardWorkspaceElems(s) * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t CpuKernels::MatmulBf16BackwardWorkspaceBytes(const MatmulShape& s) const {
+  return ::ps::MatmulBf16BackwardWorkspaceElems(s) * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t CpuKernels::LmHeadBlockForwardWorkspaceBytes(const VocabBlockShape& s,
+                                                     DType block_dtype) const {
+  return ::ps::LmHeadBlockForwardWorkspaceElems(s, block_dtype != DType::kF32) *
+         static_cast<int64_t>(sizeof(float));
+}
+
+int64_t CpuKernels::LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& s,
+                                                      DType block_dtype) const {
+  return ::ps::LmHeadBlockBackwardWorkspaceElems(s, block_dtype != DType::kF32) *
+         static_cast<int64_t>(sizeof(float));
+}
+
+absl::Status CpuKernels::DoMatmulForwardBf16(Stream& stream, const MatmulShape& s, const float* x,
+                                             const uint16_t* w, const float* b, float* y,
+                                             void* workspace, int64_t workspace_bytes) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::MatmulForwardBf16(s, In(x, s.rows * s.in_features),
+                                   In(w, s.in_features * s.out_features), In(b, s.out_features),
+                                   Out(y, s.rows * s.out_features),
+                                   F32Workspace(workspace, workspace_bytes), pool);
+  });
+}
+
+absl::Status CpuKernels::DoMatmulBackwardBf16(Stream& stream, const MatmulShape& s, const float* x,
+                                              const uint16_t* w, const float* dy, float* dx,
+                                              float* dw, float* db, void* workspace,
+                                              int64_t workspace_bytes) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::MatmulBackwardBf16(
+        s, In(x, s.rows * s.in_features), In(w, s.in_features * s.out_features),
+        In(dy, s.rows * s.out_features), Out(dx, s.rows * s.in_features),
+        Out(dw, s.in_features * s.out_features), Out(db, s.out_features),
+        F32Workspace(workspace, workspace_bytes), pool);
+  });
+}
+
+absl::Status CpuKernels::DoEmbeddingBlockForward(Stream& stream, const VocabBlockShape& s,
+                                                 const int32_t* tokens, DType block_dtype,
+                                                 const void* block, float* out) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    const int64_t block_elems = s.block_rows * s.channels;
+    if (block_dtype == DType::kF32) {
+      return ::ps::EmbeddingBlockForward<float>(s, In(tokens, s.rows),
+                                                In(static_cast<const float*>(block), block_elems),
+                                                Out(out, s.rows * s.channels), pool);
+    }
+    return ::ps::EmbeddingBlockForward(s, In(tokens, s.rows),
+                                       Block16{static_cast<const uint16_t*>(block), block_dtype},
+                                       Out(out, s.rows * s.channels), pool);
+  });
+}
+
+absl::Status CpuKernels::DoScatterRowsAdd(Stream& stream, const TouchedRowsShape& s,
+                                          int64_t num_tokens, const int32_t* tokens,
+                                          const int32_t* slot_of_token, const float* dout,
+                                          float* slot_rows) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::ScatterRowsAdd<float>(
+        s.channels, In(tokens, num_tokens), In(slot_of_token, s.vocab_size),
+        In(dout, num_tokens * s.channels), Out(slot_rows, s.num_slots * s.channels), pool);
+  });
+}
+
+namespace {
+// The slot of vocabulary row `row`, or InvalidArgument (a device-data error) when it is outside
+// the buffer.
+absl::StatusOr<int32_t> SlotOf(absl::string_view op, const TouchedRowsShape& s,
+                               const int32_t* slot_of_token, int64_t row) {
+  const int32_t slot = slot_of_token[row];
+  if (slot >= s.num_slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": row ", row, " has slot ", slot, " but slot_rows holds ", s.num_slots));
+  }
+  return slot;
+}
+}  // namespace
+
+absl::Status CpuKernels::DoCopyRowsToSlots(Stream& stream, const TouchedRowsShape& s,
+                                           int64_t row_begin, int64_t rows,
+                                           const int32_t* slot_of_token, const float* src,
+                                           float* slot_rows) {
+  return Enqueue(stream, [=]() -> absl::Status {
+    const int64_t C = s.channels;
+    for (int64_t r = 0; r < rows; ++r) {
+      ASSIGN_OR_RETURN(const int32_t slot,
+                       SlotOf("CopyRowsToSlots", s, slot_of_token, row_begin + r));
+      if (slot < 0) continue;
+      std::memcpy(slot_rows + static_cast<int64_t>(slot) * C, src + r * C,
+                  static_cast<size_t>(C) * sizeof(float));
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status CpuKernels::DoCopySlotsToRows(Stream& stream, const TouchedRowsShape& s,
+                                           int64_t row_begin, int64_t rows,
+                                           const int32_t* slot_of_token, const float* slot_rows,
+                                           DType dst_dtype, void* dst) {
+  return Enqueue(stream, [=]() -> absl::Status {
+    const int64_t C = s.channels, row_bytes = C * SizeOf(dst_dtype);
+    for (int64_t r = 0; r < rows; ++r) {
+      ASSIGN_OR_RETURN(const int32_t slot,
+                       SlotOf("CopySlotsToRows", s, slot_of_token, row_begin + r));
+      if (slot < 0) continue;
+      RETURN_IF_ERROR(::ps::Convert(DType::kF32, slot_rows + static_cast<int64_t>(slot) * C,
+                                    dst_dtype, static_cast<char*>(dst) + r * row_bytes, C));
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status CpuKernels::DoPositionEmbeddingForward(Stream& stream, int64_t batch, int64_t seq_len,
+                                                    int64_t channels, int64_t max_seq_len,
+                                                    const float* wpe, float* out) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::PositionEmbeddingForward<float>(batch, seq_len, channels,
+                                                 In(wpe, max_seq_len * channels),
+                                                 Out(out, batch * seq_len * channels), pool);
+  });
+}
+
+absl::Status CpuKernels::DoPositionEmbeddingBackward(Stream& stream, int64_t batch, int64_t seq_len,
+                                                     int64_t channels, int64_t max_seq_len,
+                                                     const float* dout, float* dwpe) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::PositionEmbeddingBackward<float>(batch, seq_len, channels,
+                                                  In(dout, batch * seq_len * channels),
+                                                  Out(dwpe, max_seq_len * channels), pool);
+  });
+}
+
+absl::Status CpuKernels::DoLmHeadStateInit(Stream& stream, const VocabBlockShape& s, float* state) {
+  return Enqueue(stream, [=] {
+    ::ps::LmHeadStateInit<float>(Out(state, LmHeadStateElems(s)));
+    return absl::OkStatus();
+  });
+}
+
+absl::Status CpuKernels::DoLmHeadBlockForward(Stream& stream, const VocabBlockShape& s,
+                                              const float* h, DType block_dtype, const void* block,
+                                              const int32_t* targets, float* state, void* workspace,
+                                              int64_t workspace_bytes) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    const int64_t block_elems = s.block_rows * s.channels;
+    if (block_dtype == DType::kF32) {
+      return ::ps::LmHeadBlockForward<float>(s, In(h, s.rows * s.channels),
+                                             In(static_cast<const float*>(block), block_elems),
+                                             In(targets, s.rows), Out(state, LmHeadStateElems(s)),
+                                             F32Workspace(workspace, workspace_bytes), pool);
+    }
+    return ::ps::LmHeadBlockForward(s, In(h, s.rows * s.channels),
+                                    Block16{static_cast<const uint16_t*>(block), block_dtype},
+                                    In(targets, s.rows), Out(state, LmHeadStateElems(s)),
+                                    F32Workspace(workspace, workspace_bytes), pool);
+  });
+}
+
+absl::Status CpuKernels::DoLmHeadFinish(Stream& stream, const VocabBlockShape& s,
+                                        const int32_t* targets, const float* state, float* lse,
+                                        double* loss) {
+  return Enqueue(stream, [=]() -> absl::Status {
+    ASSIGN_OR_RETURN(const double mean_loss,
+                     ::ps::LmHeadFinish<float>(s, In(targets, s.rows),
+                                               In(state, LmHeadStateElems(s)), Out(lse, s.rows)));
+    *loss = mean_loss;
+    return absl::OkStatus();
+  });
+}
+
+absl::Status CpuKernels::DoLmHeadBlockBackward(Stream& stream, const VocabBlockShape& s,
+                                               const float* h, DType block_dtype, const void* block,
+                                               const int32_t* targets, const float* lse,
+                                               double loss_grad, float* dh, float* dblock,
+                                               void* workspace, int64_t workspace_bytes) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    const int64_t C = s.channels, block_elems = s.block_rows * C;
+    // Each finished vocabulary tile lands in its rows of dblock.
+    auto on_tile = [&](int64_t v0, int64_t rows, const float* grad) -> absl::Status {
+      std::memcpy(dblock + (v0 - s.row_begin) * C, grad,
+                  static_cast<size_t>(rows * C) * sizeof(float));
+      return absl::OkStatus();
+    };
+    if (block_dtype == DType::kF32) {
+      return ::ps::LmHeadBlockBackward<float>(
+          s, In(h, s.rows * C), In(static_cast<const float*>(block), block_elems),
+          In(targets, s.rows), In(lse, s.rows), loss_grad, Out(dh, s.rows * C),
+          F32Workspace(workspace, workspace_bytes), on_tile, pool);
+    }
+    return ::ps::LmHeadBlockBackward(
+        s, In(h, s.rows * C), Block16{static_cast<const uint16_t*>(block), block_dtype},
+        In(targets, s.rows), In(lse, s.rows), loss_grad, Out(dh, s.rows * C),
+        F32Workspace(workspace, workspace_bytes), on_tile, pool);
   });
 }
 

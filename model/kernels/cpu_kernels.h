@@ -65,6 +65,12 @@ class CpuKernels final : public Kernels {
   int64_t GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape& shape) const override;
   int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape&) const override { return 0; }
   int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& shape) const override;
+  int64_t MatmulBf16ForwardWorkspaceBytes(const MatmulShape& shape) const override;
+  int64_t MatmulBf16BackwardWorkspaceBytes(const MatmulShape& shape) const override;
+  int64_t LmHeadBlockForwardWorkspaceBytes(const VocabBlockShape& shape,
+                                           DType block_dtype) const override;
+  int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& shape,
+                                            DType block_dtype) const override;
 
  private:
   CpuKernels(Backend* backend, const CpuKernelsOptions& options)
@@ -151,6 +157,42 @@ class CpuKernels final : public Kernels {
 
   Backend* const backend_;
   ThreadPool* const pool_;
+  absl::Status DoMatmulForwardBf16(Stream& stream, const MatmulShape& shape, const float* x,
+                                   const uint16_t* w, const float* b, float* y, void* workspace,
+                                   int64_t workspace_bytes) override;
+  absl::Status DoMatmulBackwardBf16(Stream& stream, const MatmulShape& shape, const float* x,
+                                    const uint16_t* w, const float* dy, float* dx, float* dw,
+                                    float* db, void* workspace, int64_t workspace_bytes) override;
+  absl::Status DoEmbeddingBlockForward(Stream& stream, const VocabBlockShape& shape,
+                                       const int32_t* tokens, DType block_dtype, const void* block,
+                                       float* out) override;
+  absl::Status DoScatterRowsAdd(Stream& stream, const TouchedRowsShape& shape, int64_t num_tokens,
+                                const int32_t* tokens, const int32_t* slot_of_token,
+                                const float* dout, float* slot_rows) override;
+  absl::Status DoCopyRowsToSlots(Stream& stream, const TouchedRowsShape& shape, int64_t row_begin,
+                                 int64_t rows, const int32_t* slot_of_token, const float* src,
+                                 float* slot_rows) override;
+  absl::Status DoCopySlotsToRows(Stream& stream, const TouchedRowsShape& shape, int64_t row_begin,
+                                 int64_t rows, const int32_t* slot_of_token, const float* slot_rows,
+                                 DType dst_dtype, void* dst) override;
+  absl::Status DoPositionEmbeddingForward(Stream& stream, int64_t batch, int64_t seq_len,
+                                          int64_t channels, int64_t max_seq_len, const float* wpe,
+                                          float* out) override;
+  absl::Status DoPositionEmbeddingBackward(Stream& stream, int64_t batch, int64_t seq_len,
+                                           int64_t channels, int64_t max_seq_len, const float* dout,
+                                           float* dwpe) override;
+  absl::Status DoLmHeadStateInit(Stream& stream, const VocabBlockShape& shape,
+                                 float* state) override;
+  absl::Status DoLmHeadBlockForward(Stream& stream, const VocabBlockShape& shape, const float* h,
+                                    DType block_dtype, const void* block, const int32_t* targets,
+                                    float* state, void* workspace,
+                                    int64_t workspace_bytes) override;
+  absl::Status DoLmHeadFinish(Stream& stream, const VocabBlockShape& shape, const int32_t* targets,
+                              const float* state, float* lse, double* loss) override;
+  absl::Status DoLmHeadBlockBackward(Stream& stream, const VocabBlockShape& shape, const float* h,
+                                     DType block_dtype, const void* block, const int32_t* targets,
+                                     const float* lse, double loss_grad, float* dh, float* dblock,
+                                     void* workspace, int64_t workspace_bytes) override;
 };
 
 }  // namespace ps
