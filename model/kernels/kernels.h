@@ -116,16 +116,14 @@ class Kernels {
   // Forward and backward.
   virtual int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& shape) const = 0;
   // The bf16-weight GEMMs (MatmulForwardBf16 / MatmulBackwardBf16 below).
-  // Until every implementation overrides them (the base class answers 0, and the operations
-  // answer Unimplemented), the queries of the entry points added for the model are not pure.
-  virtual int64_t MatmulBf16ForwardWorkspaceBytes(const MatmulShape& shape) const;
-  virtual int64_t MatmulBf16BackwardWorkspaceBytes(const MatmulShape& shape) const;
+  virtual int64_t MatmulBf16ForwardWorkspaceBytes(const MatmulShape& shape) const = 0;
+  virtual int64_t MatmulBf16BackwardWorkspaceBytes(const MatmulShape& shape) const = 0;
   // The vocabulary-block LM head (LmHeadBlockForward / LmHeadBlockBackward below) for a block
   // stored as `block_dtype`.
   virtual int64_t LmHeadBlockForwardWorkspaceBytes(const VocabBlockShape& shape,
-                                                   DType block_dtype) const;
+                                                   DType block_dtype) const = 0;
   virtual int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& shape,
-                                                    DType block_dtype) const;
+                                                    DType block_dtype) const = 0;
 
   // --- Memory -------------------------------------------------------------------------------
   // Sets `bytes` bytes at dst to zero (0.0 in f32, f16 and bf16). bytes == 0 enqueues nothing.
@@ -432,50 +430,49 @@ class Kernels {
                                            const int32_t* tokens, const float* dout,
                                            float* dwte) = 0;
 
-  // The entry points added for the model (issue 13). Each default answers Unimplemented naming
-  // the operation and name(), until both implementations override them.
+  // The vocabulary blocks, the touched rows and the bf16-weight GEMMs.
   virtual absl::Status DoMatmulForwardBf16(Stream& stream, const MatmulShape& shape, const float* x,
                                            const uint16_t* w, const float* b, float* y,
-                                           void* workspace, int64_t workspace_bytes);
+                                           void* workspace, int64_t workspace_bytes) = 0;
   virtual absl::Status DoMatmulBackwardBf16(Stream& stream, const MatmulShape& shape,
                                             const float* x, const uint16_t* w, const float* dy,
                                             float* dx, float* dw, float* db, void* workspace,
-                                            int64_t workspace_bytes);
+                                            int64_t workspace_bytes) = 0;
   virtual absl::Status DoEmbeddingBlockForward(Stream& stream, const VocabBlockShape& shape,
                                                const int32_t* tokens, DType block_dtype,
-                                               const void* block, float* out);
+                                               const void* block, float* out) = 0;
   virtual absl::Status DoScatterRowsAdd(Stream& stream, const TouchedRowsShape& shape,
                                         int64_t num_tokens, const int32_t* tokens,
                                         const int32_t* slot_of_token, const float* dout,
-                                        float* slot_rows);
+                                        float* slot_rows) = 0;
   virtual absl::Status DoCopyRowsToSlots(Stream& stream, const TouchedRowsShape& shape,
                                          int64_t row_begin, int64_t rows,
                                          const int32_t* slot_of_token, const float* src,
-                                         float* slot_rows);
+                                         float* slot_rows) = 0;
   virtual absl::Status DoCopySlotsToRows(Stream& stream, const TouchedRowsShape& shape,
                                          int64_t row_begin, int64_t rows,
                                          const int32_t* slot_of_token, const float* slot_rows,
-                                         DType dst_dtype, void* dst);
+                                         DType dst_dtype, void* dst) = 0;
   virtual absl::Status DoPositionEmbeddingForward(Stream& stream, int64_t batch, int64_t seq_len,
                                                   int64_t channels, int64_t max_seq_len,
-                                                  const float* wpe, float* out);
+                                                  const float* wpe, float* out) = 0;
   virtual absl::Status DoPositionEmbeddingBackward(Stream& stream, int64_t batch, int64_t seq_len,
                                                    int64_t channels, int64_t max_seq_len,
-                                                   const float* dout, float* dwpe);
+                                                   const float* dout, float* dwpe) = 0;
   virtual absl::Status DoLmHeadStateInit(Stream& stream, const VocabBlockShape& shape,
-                                         float* state);
+                                         float* state) = 0;
   virtual absl::Status DoLmHeadBlockForward(Stream& stream, const VocabBlockShape& shape,
                                             const float* h, DType block_dtype, const void* block,
                                             const int32_t* targets, float* state, void* workspace,
-                                            int64_t workspace_bytes);
+                                            int64_t workspace_bytes) = 0;
   virtual absl::Status DoLmHeadFinish(Stream& stream, const VocabBlockShape& shape,
                                       const int32_t* targets, const float* state, float* lse,
-                                      double* loss);
+                                      double* loss) = 0;
   virtual absl::Status DoLmHeadBlockBackward(Stream& stream, const VocabBlockShape& shape,
                                              const float* h, DType block_dtype, const void* block,
                                              const int32_t* targets, const float* lse,
                                              double loss_grad, float* dh, float* dblock,
-                                             void* workspace, int64_t workspace_bytes);
+                                             void* workspace, int64_t workspace_bytes) = 0;
 };
 
 }  // namespace ps
