@@ -82,9 +82,9 @@ ABSL_FLAG(bool, print_config, false, "Print the resolved config as JSON and exit
 ABSL_FLAG(std::string, comm, "auto",
           "Data-parallel communicator: auto (mpi when started by mpirun, else a world of one), "
           "local (a world of one), mpi, or nccl (needs a --config=cuda build, "
-          "--accelerator=cuda and a GPU; refused before any work, as the trainer cannot run "
-          "ZeRO over NCCL yet). With N ranks, chunks are sharded ZeRO-style and each step "
-          "trains on N micro-batches; rank 0 prints.");
+          "--accelerator=cuda and a GPU, one per rank: accelerator.device; bootstrapped over "
+          "mpi, so launch with mpirun). With N ranks, chunks are sharded ZeRO-style and each "
+          "step trains on N micro-batches; rank 0 prints.");
 
 namespace ps {
 namespace {
