@@ -47,10 +47,10 @@ absl::StatusOr<GptConfig> ResolveModelConfig(const TrainModelConfig& m);
 //  - probe_gpu's error with its code, prefixed `--comm=nccl: accelerator.backend "cuda": ` (the
 //    wording of the trainer's own check: Unavailable, "no CUDA device is available", on a machine
 //    without a GPU);
-//  - Unimplemented otherwise: the trainer's ZeRO scalar agreement (scheduler/comm_collectives.h)
-//    and its export gather exchange host buffers, which NCCL cannot read, so NCCL cannot carry a
-//    run yet (and the model's CUDA path is not wired: accelerator.backend "cuda" is refused too).
-// Never OK today; the checks are in the order a user fixes them.
+// OK otherwise: the trainer then creates the NCCL communicator (comm/communicator_factory.h,
+// bootstrapped over mpi) on accelerator.device and runs its ZeRO collectives, scalar agreement
+// and export gather on device buffers (trainer/trainer.h). The checks are in the order a user
+// fixes them.
 [[nodiscard]] absl::Status CheckNcclComm(const TrainConfig& config, bool nccl_compiled_in,
                                          const std::function<absl::Status()>& probe_gpu);
 

@@ -101,9 +101,6 @@ INSTANTIATE_TEST_SUITE_P(
                      "`train_micro_batch_size_per_gpu` = 0: must be >= 1"},
         BadValueCase{WithMinimal({{"train_batch_size", -8}}),
                      "`train_batch_size` = -8: must be >= 1"},
-        BadValueCase{WithMinimal({{"gradient_accumulation_steps", 2},
-                                  {"accelerator", {{"backend", "cuda"}}}}),
-                     "`gradient_accumulation_steps` = 2 is implemented for backend \"cpu\" only"},
         BadValueCase{WithMinimal({{"gradient_accumulation_steps", 0}}),
                      "`gradient_accumulation_steps` = 0: must be >= 1"},
         BadValueCase{WithMinimal({{"train_steps", -1}}), "`train_steps` = -1: must be > 0"},
@@ -394,7 +391,7 @@ TEST(ResolveModelConfigTest, HugeDimensionsAreRejectedNotOverflowed) {
 
 // --comm=nccl: each refusal in the order a user fixes them, with the key or flag to change; the GPU
 // probe runs only once the build and the config allow NCCL.
-TEST(CheckNcclCommTest, RefusesWithTheFixNamed) {
+TEST(CheckNcclCommTest, RefusesWithTheFixNamedAndAcceptsAGpuRun) {
   TrainConfig c = DefaultTrainConfig();
   int probes = 0;
   const auto no_gpu = [&] {
@@ -434,11 +431,23 @@ TEST(CheckNcclCommTest, RefusesWithTheFixNamed) {
                              HasSubstr("no CUDA device is available"))));
   EXPECT_EQ(probes, 1);
 
-  // Everything in place: still refused, honestly, with what is missing.
-  EXPECT_THAT(CheckNcclComm(c, true, gpu),
-              StatusIs(absl::StatusCode::kUnimplemented,
-                       AllOf(HasSubstr("host buffers"), HasSubstr("--comm=mpi"))));
+  // Everything in place: the run may start (the trainer creates the NCCL communicator).
+  EXPECT_THAT(CheckNcclComm(c, true, gpu), IsOk());
   EXPECT_EQ(probes, 2);
+}
+
+// CudaAdam accumulates gradients into the host f32 accumulator (optimizer/cuda/cuda_adam.h), so
+// accumulation is a valid cuda config; the values are still checked.
+TEST(ValidateTrainConfigTest, CudaAcceptsGradientAccumulation) {
+  TrainConfig c = DefaultTrainConfig();
+  c.accelerator.kind = AcceleratorKind::kCuda;
+  c.accelerator.copy_bandwidth_bytes_per_s = 0;
+  c.gradient_accumulation_steps = 3;
+  c.train_batch_size = 0;
+  EXPECT_THAT(ValidateTrainConfig(c), IsOk());
+  c.gradient_accumulation_steps = 0;
+  EXPECT_THAT(ValidateTrainConfig(c),
+              StatusIs(kInvalid, HasSubstr("`gradient_accumulation_steps` = 0: must be >= 1")));
 }
 
 }  // namespace

@@ -13,8 +13,10 @@
 //
 // Data parallelism: `mpirun -np N bazel-bin/trainer/train ...` runs N ranks of one run (the mpi
 // communicator, --comm=auto); see trainer/trainer.h. A rank that fails exits 1 without
-// MPI_Finalize, so mpirun ends the others. --comm=nccl is accepted and refused before any work
-// (config_validate.h CheckNcclComm: exit 1 for the build or the machine, 2 for the config).
+// MPI_Finalize, so mpirun ends the others. --comm=nccl (a --config=cuda build, --accelerator=cuda,
+// a GPU: config_validate.h CheckNcclComm refuses anything else before any work, exit 1 for the
+// build or the machine, 2 for the config) runs the same ranks' collectives over NCCL on
+// accelerator.device of each rank, bootstrapped over mpi (comm/communicator_factory.h).
 #include <algorithm>
 #include <cstdint>
 #include <iostream>
@@ -80,9 +82,9 @@ ABSL_FLAG(bool, print_config, false, "Print the resolved config as JSON and exit
 ABSL_FLAG(std::string, comm, "auto",
           "Data-parallel communicator: auto (mpi when started by mpirun, else a world of one), "
           "local (a world of one), mpi, or nccl (needs a --config=cuda build, "
-          "--accelerator=cuda and a GPU; refused before any work, as the trainer cannot run "
-          "ZeRO over NCCL yet). With N ranks, chunks are sharded ZeRO-style and each step "
-          "trains on N micro-batches; rank 0 prints.");
+          "--accelerator=cuda and a GPU, one per rank: accelerator.device; bootstrapped over "
+          "mpi, so launch with mpirun). With N ranks, chunks are sharded ZeRO-style and each "
+          "step trains on N micro-batches; rank 0 prints.");
 
 namespace ps {
 namespace {
@@ -277,7 +279,19 @@ int Main(int argc, char** argv) {
     return 1;
   }
   std::unique_ptr<Communicator> communicator;
-  if (comm_kind == "mpi" || (comm_kind == "auto" && MpiCommunicator::LaunchedByMpirun())) {
+  if (comm_kind == "nccl") {
+    // NCCL on this rank's GPU (the trainer's cuda backend uses the same accelerator.device),
+    // its unique id broadcast over a new mpi communicator (a world of one without mpirun).
+    CommunicatorOptions comm_options;
+    comm_options.kind = "nccl";
+    comm_options.cuda_device = config->accelerator.device_index;
+    absl::StatusOr<std::unique_ptr<Communicator>> created = CreateCommunicator(comm_options);
+    if (!created.ok()) {
+      std::cerr << "error: --comm=nccl: " << created.status().message() << "\n";
+      return 1;
+    }
+    communicator = *std::move(created);
+  } else if (comm_kind == "mpi" || (comm_kind == "auto" && MpiCommunicator::LaunchedByMpirun())) {
     CommunicatorOptions comm_options;
     comm_options.kind = "mpi";
     absl::StatusOr<std::unique_ptr<Communicator>> created = CreateCommunicator(comm_options);

@@ -24,6 +24,7 @@
 #include "comm/communicator_factory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "memory/backend_factory.h"
 #include "nlohmann/json.hpp"
 #include "trainer/config.h"
 #include "trainer/config_json.h"
@@ -256,17 +257,27 @@ TEST(TrainBinary, EveryUnparseableFlagExitsTwoNamingIt) {
   EXPECT_THAT(r.out, HasSubstr("\"train_steps\": 7"));
 }
 
-// --comm=nccl is a known value, refused before any work with the fix named: in this build (no
+// --comm=nccl is refused before any work with the fix named, except on a GPU: in this build (no
 // CUDA) exit 1, "rebuild with --config=cuda"; in a cuda build, with the emulated accelerator,
-// exit 2 naming accelerator.backend, and without a GPU exit 1 with the backend's words.
+// exit 2 naming accelerator.backend, and without a GPU exit 1 with the backend's words. With a GPU
+// (a cuda build on a GPU machine) the cuda run trains one step over NCCL, a world of one.
 TEST(TrainBinary, CommNcclIsRefusedBeforeAnyWorkWithTheFix) {
   const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "nccl");
   const std::string metrics = dir + "/metrics.jsonl";
+  BackendOptions probe;
+  probe.kind = "cuda";
+  const bool gpu = CreateBackend(probe).ok();
   for (const std::string accelerator : {"cpu", "cuda"}) {
     SCOPED_TRACE(accelerator);
+    std::filesystem::remove(metrics);
     const Result r = RunToEnd(
         {"--comm=nccl", "--accelerator=" + accelerator, "--steps=1", "--metrics_out=" + metrics},
         dir);
+    if (NcclCompiledIn() && accelerator == "cuda" && gpu) {
+      EXPECT_EQ(r.exit_code, 0) << r.err;
+      EXPECT_TRUE(std::filesystem::exists(metrics));
+      continue;
+    }
     EXPECT_THAT(r.err, HasSubstr("--comm=nccl"));
     EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step ")));
     EXPECT_FALSE(std::filesystem::exists(metrics)) << "no output before the checks";
@@ -277,8 +288,8 @@ TEST(TrainBinary, CommNcclIsRefusedBeforeAnyWorkWithTheFix) {
       EXPECT_EQ(r.exit_code, 2) << r.err;
       EXPECT_THAT(r.err, HasSubstr("accelerator.backend"));
     } else {
-      // No GPU: Unavailable; a GPU: Unimplemented (config_validate.h). Both exit 1.
       EXPECT_EQ(r.exit_code, 1) << r.err;
+      EXPECT_THAT(r.err, HasSubstr("no CUDA device is available"));
     }
   }
 }

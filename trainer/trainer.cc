@@ -43,6 +43,7 @@
 #include "model/model_config.h"
 #include "nlohmann/json.hpp"
 #include "optimizer/cpu_adam.h"
+#include "optimizer/cuda_adam_footprint.h"
 #include "optimizer/grad_accumulator.h"
 #include "optimizer/hybrid_adam.h"
 #include "optimizer/lr_schedule.h"
@@ -63,6 +64,10 @@
 #include "trainer/profiler.h"
 #include "trainer/train_step.h"
 
+#if PS_WITH_CUDA
+#include "optimizer/cuda/cuda_adam.h"
+#endif
+
 namespace ps {
 namespace {
 
@@ -77,7 +82,36 @@ int ResolveThreads(int configured) {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
+// The accelerator-side Adam of a cuda backend: CudaAdam (only in a --config=cuda build, the only
+// one that can create a cuda backend).
+absl::StatusOr<std::unique_ptr<AdamKernels>> CreateCudaAdam(Backend& backend) {
+#if PS_WITH_CUDA
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaAdam> adam, CudaAdam::Create(backend));
+  return std::unique_ptr<AdamKernels>(std::move(adam));
+#else
+  (void)backend;
+  return absl::FailedPreconditionError(
+      "accelerator.backend \"cuda\": this binary was built without CUDA support; rebuild with "
+      "--config=cuda");
+#endif
+}
+
 }  // namespace
+
+AcceleratorReserve PlanAcceleratorReserve(AcceleratorKind kind, bool device_communicator, int world,
+                                          int64_t chunk_elems, DType dtype, bool exports) {
+  AcceleratorReserve r;
+  if (kind == AcceleratorKind::kCuda) r.adam_bytes = kCudaAdamDeviceBytes;
+  if (device_communicator && world > 1) {
+    r.comm_staging_bytes = CommCollectives::DeviceStagingBytes(world, chunk_elems, dtype);
+    // A tensor (or row block) lies inside one chunk: no tile needs more than one chunk of f32.
+    if (exports) {
+      r.export_tile_bytes =
+          std::min(kExportTileBytes, chunk_elems * static_cast<int64_t>(sizeof(float)));
+    }
+  }
+  return r;
+}
 
 class Trainer::Impl {
  public:
@@ -121,16 +155,22 @@ class Trainer::Impl {
   absl::Status Resume();
   // Writes checkpoint.export_path, gathering every master weight to rank 0 under ZeRO.
   absl::Status Export(const std::string& path);
+  // Broadcasts `values` from `owner` to every rank (in place), through a device tile when the
+  // communicator takes device memory only.
+  absl::Status BroadcastFromOwner(std::vector<float>& values, int owner);
+  // Whether the communicator of a world > 1 takes device memory only (nccl, or the test hook).
+  bool DeviceCommunicator() const;
 
   // Progress output: rank 0 only.
   std::ostream* out() const { return rank_ == 0 ? env_.out : nullptr; }
 
   const TrainConfig config_;
   const TrainerEnvironment env_;
-  // The data-parallel world; collectives_ only for world_ > 1.
+  // The data-parallel world; comm_ and collectives_ (below) only for world_ > 1.
   int rank_ = 0;
   int world_ = 1;
-  std::unique_ptr<CommCollectives> collectives_;
+  // What the plan reserves on the accelerator beside chunks and activations.
+  AcceleratorReserve reserve_;
   // The model: model_config_ (any architecture); gpt_ its GPT-2 view (ModelConfig's common
   // dimensions) for the data and checkpoint checks. hf_ is the Hugging Face directory of
   // checkpoint.init_from, when it names one.
@@ -158,6 +198,14 @@ class Trainer::Impl {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<DeviceMemory> accelerator_;
   std::unique_ptr<DeviceMemory> host_;
+  // The communicator collectives go through: env_.communicator, or the test hook's stand-in
+  // (owned by test_communicator_). Declared after the memories: the collectives' device staging
+  // goes back to the accelerator's scratch before it is destroyed.
+  std::unique_ptr<Communicator> test_communicator_;
+  Communicator* comm_ = nullptr;
+  std::unique_ptr<CommCollectives> collectives_;
+  // The accelerator-side Adam on a GPU (CudaAdam); null on the emulated accelerator.
+  std::unique_ptr<AdamKernels> accelerator_adam_;
   std::unique_ptr<ChunkStore> store_;
   std::unique_ptr<TraceWriter> trace_;
   std::unique_ptr<TraceProfiler> profiler_;
@@ -186,9 +234,6 @@ absl::Status Trainer::Impl::Build() {
   if (env_.communicator != nullptr) {
     rank_ = env_.communicator->rank();
     world_ = env_.communicator->world_size();
-    if (world_ > 1) {
-      collectives_ = std::make_unique<CommCollectives>(env_.communicator, env_.comm_timeout);
-    }
   }
   RETURN_IF_ERROR(ValidateTrainConfig(config_, world_));
   RETURN_IF_ERROR(ResolveModel());
@@ -198,9 +243,8 @@ absl::Status Trainer::Impl::Build() {
   threads_ = ResolveThreads(config_.threads);
   dtype_ = ComputeDType(config_.precision());
   if (config_.accelerator.kind == AcceleratorKind::kCuda) {
-    // First what the machine says: no CUDA in this build, or no usable GPU, is the user's answer
-    // (the backend's message names the fix); only with a GPU present is the missing model wiring
-    // the reason.
+    // What the machine says first, before any work: no CUDA in this build, or no usable GPU (the
+    // backend's message names the fix).
     BackendOptions probe;
     probe.kind = "cuda";
     probe.device_index = config_.accelerator.device_index;
@@ -209,10 +253,6 @@ absl::Status Trainer::Impl::Build() {
       return absl::Status(cuda.status().code(),
                           absl::StrCat("accelerator.backend \"cuda\": ", cuda.status().message()));
     }
-    return absl::UnimplementedError(
-        "accelerator.backend \"cuda\": the model's CUDA kernels are not wired into GptModel yet "
-        "(model/gpt_model.h computes on host-addressable memory); train with "
-        "--accelerator=cpu, the emulated accelerator");
   }
   RETURN_IF_ERROR(CheckPaths());
   // Before anything sizeable is allocated (the data too): the plan.
@@ -221,14 +261,28 @@ absl::Status Trainer::Impl::Build() {
 
   const std::vector<OperatorSpec> ops = ModelOperators(model_config_, plan_.vocab);
 
-  // Memory: the emulated accelerator under its cap, pinned host memory under the host cap; one
-  // chunk pool per block size (16-bit param chunks take 16-bit blocks).
+  // Memory: the accelerator (the emulated one, or the GPU) under its cap, pinned host memory
+  // under the host cap; one chunk pool per block size (16-bit param chunks take 16-bit blocks).
+  const bool cuda = config_.accelerator.kind == AcceleratorKind::kCuda;
   BackendOptions backend_options;
-  backend_options.kind = "cpu";
+  backend_options.kind = cuda ? "cuda" : "cpu";
   backend_options.device_index = config_.accelerator.device_index;
   backend_options.capacity_bytes = plan_.accelerator_bytes;
-  backend_options.copy_bandwidth_bytes_per_s = config_.accelerator.copy_bandwidth_bytes_per_s;
-  ASSIGN_OR_RETURN(backend_, CreateBackend(backend_options));
+  // (ValidateTrainConfig refuses accelerator.copy_bandwidth with "cuda".)
+  if (!cuda) {
+    backend_options.copy_bandwidth_bytes_per_s = config_.accelerator.copy_bandwidth_bytes_per_s;
+  }
+  {
+    absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(backend_options);
+    if (!backend.ok()) {
+      return absl::Status(backend.status().code(),
+                          absl::StrCat("accelerator.backend \"", backend_options.kind, "\" with ",
+                                       FormatBytes(plan_.accelerator_bytes),
+                                       " (accelerator.memory, or the plan's minimum when unset): ",
+                                       backend.status().message()));
+    }
+    backend_ = *std::move(backend);
+  }
   if (env_.stop_requested_async && backend_options.copy_bandwidth_bytes_per_s > 0) {
     RETURN_IF_ERROR(SetCpuLinkInterrupt(*backend_, env_.stop_requested_async));
   }
@@ -241,11 +295,38 @@ absl::Status Trainer::Impl::Build() {
   // Activations come from the caching allocator in segments sized to the budget; the plan
   // measured what they strand and the manager's slack below covers it.
   memory_options.scratch = plan_.scratch;
+  // CudaAdam's device bytes come from the backend beside the pools (see trainer.h).
+  if (reserve_.adam_bytes > 0) {
+    memory_options.capacity_bytes = plan_.accelerator_bytes - reserve_.adam_bytes;
+  }
   ASSIGN_OR_RETURN(accelerator_, CreateAcceleratorMemory(backend_.get(), memory_options));
   if (config_.accelerator.host_memory_bytes > 0) {
     host_options.capacity_bytes = config_.accelerator.host_memory_bytes;
   }
   ASSIGN_OR_RETURN(host_, CreateHostMemory(backend_.get(), host_options));
+
+  // The ZeRO collectives: a device-memory communicator stages in the accelerator's scratch from
+  // here on (the plan reserved it: reserve_.comm_staging_bytes).
+  if (world_ > 1) {
+    comm_ = env_.communicator;
+    if (env_.device_communicator_for_test) {
+      test_communicator_ = env_.device_communicator_for_test(env_.communicator, backend_.get());
+      if (test_communicator_ == nullptr || test_communicator_->memory() == CommMemory::kHost ||
+          test_communicator_->rank() != rank_ || test_communicator_->world_size() != world_) {
+        return absl::InvalidArgumentError(
+            "TrainerEnvironment::device_communicator_for_test must return a device-memory "
+            "communicator of the same rank and world");
+      }
+      comm_ = test_communicator_.get();
+    }
+    CommCollectivesOptions collectives_options;
+    collectives_options.timeout = env_.comm_timeout;
+    collectives_options.backend = backend_.get();
+    collectives_options.accelerator = accelerator_.get();
+    collectives_options.chunk_elems = chunk_elems_;
+    collectives_options.dtype = dtype_;
+    ASSIGN_OR_RETURN(collectives_, CommCollectives::Create(comm_, collectives_options));
+  }
 
   ChunkLayoutOptions layout_options;
   layout_options.capacity_elems = chunk_elems_;
@@ -282,6 +363,8 @@ absl::Status Trainer::Impl::Build() {
   manager_options.nonmodel_slack_bytes = plan_.plan.slack_bytes;
   manager_options.warmup_chunk_fraction = plan_.plan.warmup_chunk_fraction;
   manager_options.collectives = collectives_.get();
+  // The export's broadcast tile (device-memory communicator) is allocated after the last step.
+  manager_options.comm_buffer_bytes = reserve_.export_tile_bytes;
   ASSIGN_OR_RETURN(compute_stream_, backend_->CreateStream());
   manager_options.compute_stream = compute_stream_.get();
   ASSIGN_OR_RETURN(manager_, ChunkManager::Create(store_.get(), backend_.get(), accelerator_.get(),
@@ -310,7 +393,12 @@ absl::Status Trainer::Impl::Build() {
   }
   HybridAdamKernels kernels;
   kernels.host = cpu_adam_.get();
-  kernels.accelerator = cpu_adam_.get();  // the emulated accelerator's memory is host memory
+  if (cuda) {
+    ASSIGN_OR_RETURN(accelerator_adam_, CreateCudaAdam(*backend_));
+    kernels.accelerator = accelerator_adam_.get();
+  } else {
+    kernels.accelerator = cpu_adam_.get();  // the emulated accelerator's memory is host memory
+  }
   ASSIGN_OR_RETURN(
       adam_, HybridAdam::Create(store_->layout(), rank_, dtype_, std::move(adam_options), kernels));
   ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(MakeLrScheduleOptions(config_)));
@@ -495,7 +583,25 @@ absl::Status Trainer::Impl::PlanMemoryOrRefuse() {
   if (!config_.checkpoint.export_path.empty() || !config_.checkpoint.dir.empty()) {
     o.host_workspace_bytes += kPayloadStagingBytes;
   }
+  // The emulated accelerator's memory is host memory; a GPU's is not.
+  const AcceleratorKind kind = config_.accelerator.kind;
+  o.accelerator_in_host_memory = kind == AcceleratorKind::kCpu;
+  // What the run holds on the accelerator beside chunks and activations (trainer.h), reserved.
+  const bool exports = !config_.checkpoint.export_path.empty();
+  reserve_ =
+      PlanAcceleratorReserve(kind, DeviceCommunicator(), world_, o.chunk_elems, dtype_, exports);
+  o.comm_buffer_bytes = reserve_.total_bytes();
   absl::StatusOr<GptRunPlan> plan = PlanGptRun(o);
+  if (plan.ok() && DeviceCommunicator() && o.chunk_elems == 0) {
+    // chunk.size "auto": the collectives' staging is sized by the chunk the search picked; plan
+    // that chunk size again with its staging reserved.
+    const std::string note = plan->chunk_note;
+    o.chunk_elems = plan->plan.chunk_elems;
+    reserve_ = PlanAcceleratorReserve(kind, true, world_, o.chunk_elems, dtype_, exports);
+    o.comm_buffer_bytes = reserve_.total_bytes();
+    plan = PlanGptRun(o);
+    if (plan.ok()) plan->chunk_note = note;
+  }
   if (!plan.ok()) {
     return absl::Status(plan.status().code(),
                         absl::StrCat("memory plan: ", plan.status().message()));
@@ -543,6 +649,48 @@ absl::Status Trainer::Impl::InitializeWeights() {
     return absl::OkStatus();
   }
   return model_->InitializeParameters(config_.seed);
+}
+
+bool Trainer::Impl::DeviceCommunicator() const {
+  if (world_ <= 1) return false;
+  return env_.device_communicator_for_test != nullptr ||
+         env_.communicator->memory() != CommMemory::kHost;
+}
+
+absl::Status Trainer::Impl::BroadcastFromOwner(std::vector<float>& values, int owner) {
+  const int64_t elems = static_cast<int64_t>(values.size());
+  if (!collectives_->on_device()) {
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<CommRequest> request,
+        comm_->BroadcastAsync(values.data(), values.data(), elems, CommDType::kF32, owner));
+    return request->Wait(env_.comm_timeout);
+  }
+  // Device memory only: tile by tile through a scratch buffer the manager kept free
+  // (reserve_.export_tile_bytes), the owner copying each tile in and every rank copying it out.
+  const int64_t tile_elems =
+      std::max<int64_t>(1, reserve_.export_tile_bytes / static_cast<int64_t>(sizeof(float)));
+  const int64_t tile_bytes = std::min(elems, tile_elems) * static_cast<int64_t>(sizeof(float));
+  if (tile_bytes == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend_->CreateStream());
+  ASSIGN_OR_RETURN(void* tile, accelerator_->scratch()->Allocate(tile_bytes));
+  absl::Status s = absl::OkStatus();
+  for (int64_t first = 0; first < elems && s.ok(); first += tile_elems) {
+    const int64_t n = std::min(tile_elems, elems - first);
+    const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
+    if (owner == rank_) {
+      s = stream->MemcpyAsync(tile, values.data() + first, bytes, CopyKind::kHostToDevice);
+      if (s.ok()) s = stream->Synchronize();
+      if (!s.ok()) break;
+    }
+    absl::StatusOr<std::unique_ptr<CommRequest>> request =
+        comm_->BroadcastAsync(tile, tile, n, CommDType::kF32, owner);
+    s = request.ok() ? (*request)->Wait(env_.comm_timeout) : request.status();
+    if (!s.ok()) break;
+    s = stream->MemcpyAsync(values.data() + first, tile, bytes, CopyKind::kDeviceToHost);
+    if (s.ok()) s = stream->Synchronize();
+  }
+  s.Update(accelerator_->scratch()->Deallocate(tile, tile_bytes));
+  return s;
 }
 
 absl::StatusOr<double> Trainer::Impl::MeanOverRanks(double value) {
@@ -633,11 +781,7 @@ absl::Status Trainer::Impl::Export(const std::string& path) {
     if (owner == rank_) {
       ASSIGN_OR_RETURN(values, model_->ReadTensor(ChunkType::kMaster, name));
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> request,
-                     env_.communicator->BroadcastAsync(values.data(), values.data(),
-                                                       static_cast<int64_t>(values.size()),
-                                                       CommDType::kF32, owner));
-    RETURN_IF_ERROR(request->Wait(env_.comm_timeout));
+    RETURN_IF_ERROR(BroadcastFromOwner(values, owner));
     if (rank_ == 0) gathered.emplace(name, std::move(values));
   }
   absl::Status written = absl::OkStatus();

@@ -4,14 +4,26 @@
 // From a validated TrainConfig (trainer/config.h) it builds the whole stack, bottom up:
 //   data       the token files (trainer/data/token_file.h) or the built-in synthetic corpus
 //              (trainer/data/synthetic_corpus.h), cut into batches by a DataLoader;
-//   memory     the accelerator backend (the emulated `cpu` one under its memory cap and link
-//              bandwidth) and its DeviceMemory, and pinned host memory;
+//   memory     the accelerator backend — the emulated `cpu` one under its memory cap and link
+//              bandwidth, or `cuda` (a GPU, accelerator.device) — its DeviceMemory, and pinned
+//              host memory;
 //   chunks     the layout of GPT-2's parameters in chunks of chunk.size elements (or the size
 //              the chunk-size search picks, chunk/chunk_size_search.h), and the ChunkStore;
 //   runtime    the tide-aware ChunkManager (scheduler/chunk_manager.h);
-//   model      GptModel (model/gpt_model.h), initialized from the seed, an HF GPT-2 safetensors
+//   model      GptModel (model/gpt_model.h) computing with the backend's kernels
+//              (model/kernels/kernels_factory.h: CpuKernels or CudaKernels) on one compute stream
+//              shared with the ChunkManager, initialized from the seed, an HF GPT-2 safetensors
 //              file (checkpoint.init_from) or a checkpoint (checkpoint.resume);
-//   optimizer  HybridAdam over CpuAdam, the loss scaler and the learning-rate schedule.
+//   optimizer  HybridAdam — CpuAdam for the chunks on the host; for the accelerator's chunks
+//              CpuAdam on the emulated accelerator, CudaAdam on a GPU — the loss scaler and the
+//              learning-rate schedule.
+//
+// Accelerator memory on cuda. accelerator.memory (or the plan's minimum when unset) caps the
+// backend: everything the run allocates on the GPU through it. CudaAdam's staging tile and
+// workspace (optimizer/cuda_adam_footprint.h) are allocated from the backend beside the
+// DeviceMemory, whose budget is the cap minus them; the plan counts them as reserved bytes
+// (GptRunPlanOptions::comm_buffer_bytes). cuBLAS's handle (CudaKernels, once) and the CUDA
+// context are outside the cap.
 // Run() then trains for train_steps steps: each step is one ChunkManager iteration (the first is
 // the warm-up that learns the tide), forward and backward of one micro-batch, and the optimizer
 // step. It prints a progress line every steps_per_print steps, writes one JSON object per step to
@@ -44,6 +56,12 @@
 //    one tensor at a time (rank 0 holds the f32 model once while writing the file).
 // Every collective waits at most TrainerEnvironment::comm_timeout, so a rank whose peer died
 // fails instead of hanging (under mpirun, mpirun ends the job first).
+// A device-memory communicator (nccl; CommMemory other than kHost) is handed device buffers only:
+// the ZeRO collectives stage in the accelerator's scratch (CommCollectives::Create, its
+// DeviceStagingBytes counted by the plan as reserved bytes), the scalar agreement (loss, flags,
+// Inf/NaN count, gradient norm) goes through CommCollectives' device scalar word, and the export
+// broadcasts each tensor through a device tile (AcceleratorReserve::export_tile_bytes) the
+// manager keeps free.
 //
 // Thread safety: thread-compatible. One thread calls Run().
 #ifndef PATRICKSTAR_TRAINER_TRAINER_H_
@@ -61,9 +79,36 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "comm/communicator.h"
+#include "memory/backend.h"
+#include "memory/dtype.h"
 #include "trainer/config.h"
 
 namespace ps {
+
+// Most bytes of the device tile the export broadcasts through with a device-memory communicator
+// (at most one chunk of f32: see PlanAcceleratorReserve).
+inline constexpr int64_t kExportTileBytes = int64_t{4} << 20;
+
+// Accelerator bytes a run holds beside the chunks and the activations (see the file comment),
+// which the plan reserves (GptRunPlanOptions::comm_buffer_bytes).
+struct AcceleratorReserve {
+  // CudaAdam's staging tile and workspace (cuda only), from the backend beside the DeviceMemory.
+  int64_t adam_bytes = 0;
+  // The ZeRO collectives' device staging (device-memory communicator, world > 1), from the
+  // accelerator's scratch for the whole run (CommCollectives::DeviceStagingBytes).
+  int64_t comm_staging_bytes = 0;
+  // The export's broadcast tile (device-memory communicator, world > 1, checkpoint.export set):
+  // min(kExportTileBytes, one chunk of f32), from the scratch at the end; the ChunkManager keeps
+  // it free (comm_buffer_bytes).
+  int64_t export_tile_bytes = 0;
+  int64_t total_bytes() const { return adam_bytes + comm_staging_bytes + export_tile_bytes; }
+};
+
+// The reserve of a run on `kind` with a communicator of `world` ranks (device_communicator: it
+// takes device memory only), chunks of `chunk_elems` elements of `dtype`, exporting or not.
+// REQUIRES: world >= 1, chunk_elems >= 0.
+AcceleratorReserve PlanAcceleratorReserve(AcceleratorKind kind, bool device_communicator, int world,
+                                          int64_t chunk_elems, DType dtype, bool exports);
 
 struct TrainerEnvironment {
   // Progress lines and the summary. Null: nothing is printed.
@@ -89,6 +134,13 @@ struct TrainerEnvironment {
   // The config file the run was loaded from (--config), if any: an input no output may overwrite
   // (trainer/io/run_paths.h).
   std::string config_path;
+  // Tests only: stands a device-memory communicator in for `communicator` on the emulated
+  // accelerator. Called once the accelerator's backend exists, with `communicator` and that
+  // backend; the result (e.g. scheduler/testing/device_checking_communicator.h over
+  // `communicator`) must report device memory (CommMemory other than kHost) and is used for every
+  // collective, exactly as the nccl communicator is on a GPU. Null: `communicator` itself.
+  std::function<std::unique_ptr<Communicator>(Communicator* communicator, Backend* backend)>
+      device_communicator_for_test = nullptr;
 };
 
 // One step, as the metrics file has it.
@@ -161,10 +213,12 @@ class Trainer {
   // Errors: InvalidArgument for a bad config (naming the key), or for outputs that would overwrite
   // an input or each other or cannot be created (trainer/io/run_paths.h, checked before anything
   // is opened); the data's errors (NotFound,
-  // DataLoss naming the file); Unimplemented for accelerator.backend "cuda" (GptModel's kernels
-  // run on host-addressable memory only, see model/gpt_model.h); ResourceExhausted when the model
-  // cannot fit host memory; the checkpoint's errors (NotFound, DataLoss, FailedPrecondition for
-  // a checkpoint of another model). Nothing is written before everything is checked.
+  // DataLoss naming the file); for accelerator.backend "cuda", the backend's error
+  // before any work (FailedPrecondition "rebuild with --config=cuda" in a build without CUDA,
+  // Unavailable "no CUDA device is available" without a GPU); ResourceExhausted when the model
+  // cannot fit host memory or the accelerator (the plan); the checkpoint's errors (NotFound,
+  // DataLoss, FailedPrecondition for a checkpoint of another model). Nothing is written before
+  // everything is checked.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
                                                          TrainerEnvironment env = {});
   ~Trainer();

@@ -331,23 +331,61 @@ TEST(Trainer, RefusesNonFiniteInitialWeights) {
   EXPECT_FALSE(std::filesystem::exists(from.profile.metrics_path));
 }
 
-// --accelerator=cuda says what the machine lacks before anything else: a binary built without
-// CUDA, or no usable GPU (the backend's own message); only with a GPU does the missing model
-// wiring (issue #13) answer, as Unimplemented.
+// --accelerator=cuda says what the machine lacks before any work: a binary built without CUDA,
+// or no usable GPU (the backend's own message). On a GPU the run is built.
 TEST(Trainer, CudaWithoutAGpuSaysSo) {
+  const std::string dir = trainer_testing::FreshTempDir("trainer_test", "cuda");
   TrainConfig c = TinyConfig();
   c.accelerator.kind = AcceleratorKind::kCuda;
   c.accelerator.copy_bandwidth_bytes_per_s = 0;
+  c.profile.metrics_path = dir + "/m.jsonl";
+  BackendOptions probe;
+  probe.kind = "cuda";
+  const bool gpu = CreateBackend(probe).ok();
   const absl::Status status = Trainer::Create(c).status();
+  if (gpu) {
+    EXPECT_THAT(status, IsOk());
+    return;
+  }
   ASSERT_FALSE(status.ok());
   EXPECT_THAT(std::string(status.message()), HasSubstr("accelerator.backend \"cuda\""));
+  EXPECT_FALSE(std::filesystem::exists(c.profile.metrics_path)) << "no output before the checks";
   if (!CudaBackendCompiledIn()) {
     EXPECT_THAT(status, StatusIs(absl::StatusCode::kFailedPrecondition,
                                  HasSubstr("built without CUDA support")));
-  } else if (status.code() != absl::StatusCode::kUnimplemented) {
+  } else {
     EXPECT_THAT(status,
                 StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no CUDA device is available")));
   }
+}
+
+// What a run holds on the accelerator beside chunks and activations, which the plan reserves:
+// CudaAdam's device bytes on cuda only; the collectives' device staging and the export tile only
+// with a device-memory communicator of world > 1.
+TEST(PlanAcceleratorReserveTest, CountsWhatEachBackendAndCommunicatorAllocates) {
+  const int64_t chunk = 24 * 1024 + 3;  // not a multiple of the alignment
+  AcceleratorReserve r =
+      PlanAcceleratorReserve(AcceleratorKind::kCpu, false, 1, chunk, DType::kF32, true);
+  EXPECT_EQ(r.total_bytes(), 0);
+  r = PlanAcceleratorReserve(AcceleratorKind::kCpu, false, 4, chunk, DType::kF32, true);
+  EXPECT_EQ(r.total_bytes(), 0) << "a host communicator stages in host memory";
+  r = PlanAcceleratorReserve(AcceleratorKind::kCuda, false, 1, chunk, DType::kBF16, true);
+  EXPECT_EQ(r.adam_bytes, (1 << 20) + AlignUp(1024 * 8 + 8, 256));
+  EXPECT_EQ(r.total_bytes(), r.adam_bytes);
+  r = PlanAcceleratorReserve(AcceleratorKind::kCuda, true, 1, chunk, DType::kBF16, true);
+  EXPECT_EQ(r.total_bytes(), r.adam_bytes) << "a world of one runs no collective";
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    r = PlanAcceleratorReserve(AcceleratorKind::kCuda, true, 3, chunk, dtype, false);
+    // Three chunks of the compute dtype, then the scalar word (3 slots of 16 bytes), each aligned.
+    EXPECT_EQ(r.comm_staging_bytes, AlignUp(3 * chunk * SizeOf(dtype), 256) + 256);
+    EXPECT_EQ(r.export_tile_bytes, 0);
+    r = PlanAcceleratorReserve(AcceleratorKind::kCuda, true, 3, chunk, dtype, true);
+    EXPECT_EQ(r.export_tile_bytes, chunk * 4) << "one chunk of f32 at most";
+    EXPECT_EQ(r.total_bytes(), r.adam_bytes + r.comm_staging_bytes + r.export_tile_bytes);
+  }
+  r = PlanAcceleratorReserve(AcceleratorKind::kCpu, true, 2, 64 << 20, DType::kF32, true);
+  EXPECT_EQ(r.adam_bytes, 0);
+  EXPECT_EQ(r.export_tile_bytes, kExportTileBytes);
 }
 
 TEST(Trainer, RejectsBadInputsBeforeAnyWork) {

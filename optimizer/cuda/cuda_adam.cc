@@ -31,6 +31,8 @@ static_assert(static_cast<int>(cuda::GradType::kBF16) == static_cast<int>(DType:
 
 constexpr int64_t kBlockSumsBytes = cuda::kGradStatsMaxBlocks * sizeof(double);
 constexpr int64_t kWorkspaceBytes = kBlockSumsBytes + sizeof(unsigned long long);
+// The footprint memory plans count (optimizer/cuda_adam_footprint.h) is this one.
+static_assert(kWorkspaceBytes == kCudaAdamWorkspaceBytes);
 
 cuda::GradType ToGradType(DType dtype) { return static_cast<cuda::GradType>(dtype); }
 

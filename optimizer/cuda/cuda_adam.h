@@ -48,11 +48,12 @@
 #include "base/mutex.h"
 #include "memory/backend.h"
 #include "optimizer/adam_kernels.h"
+#include "optimizer/cuda_adam_footprint.h"
 
 namespace ps {
 
-// Bytes of the device tile through which CudaAdam stages host memory the GPU cannot address.
-inline constexpr int64_t kCudaAdamStagingBytes = int64_t{1} << 20;
+// kCudaAdamStagingBytes, kCudaAdamWorkspaceBytes and their sum kCudaAdamDeviceBytes (what Create
+// takes from the backend) are in optimizer/cuda_adam_footprint.h, for plans in builds without CUDA.
 
 class CudaAdam final : public AdamKernels {
  public:
