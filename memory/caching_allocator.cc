@@ -155,15 +155,19 @@ void CachingAllocator::EraseFree(FreeSet& free_set, Block* block) {
   free_set.erase(it);
 }
 
-CachingAllocator::Block* CachingAllocator::TakeBestFitLocked(int64_t rounded_bytes) {
+CachingAllocator::Block* CachingAllocator::TakeBestFitLocked(int64_t rounded_bytes,
+                                                             bool for_stream) {
   FreeSet& free_set = FreeSetOf(IsSmall(rounded_bytes));
   Block probe;
   probe.size_bytes = rounded_bytes;  // ptr = nullptr sorts before every block of this size
-  const auto it = free_set.lower_bound(&probe);
-  if (it == free_set.end()) return nullptr;
-  Block* block = *it;
-  free_set.erase(it);
-  return block;
+  for (auto it = free_set.lower_bound(&probe); it != free_set.end(); ++it) {
+    Block* block = *it;
+    // The host skips blocks a stream may still use (a stream waits for them instead).
+    if (!for_stream && !UnpassedGuardsLocked(block, nullptr).empty()) continue;
+    free_set.erase(it);
+    return block;
+  }
+  return nullptr;
 }
 
 void* CachingAllocator::UseBlockLocked(Block* block, int64_t rounded_bytes,
@@ -266,7 +270,7 @@ absl::StatusOr<void*> CachingAllocator::AllocateImpl(int64_t bytes, Stream* stre
   {
     MutexLock lock(&mu_);
     ProcessPendingLocked();
-    if (Block* block = TakeBestFitLocked(rounded_bytes)) {
+    if (Block* block = TakeBestFitLocked(rounded_bytes, stream != nullptr)) {
       ptr = TakeGuardedLocked(block, rounded_bytes, bytes, stream, &waits);
     }
   }
@@ -280,11 +284,12 @@ absl::StatusOr<void*> CachingAllocator::AllocateImpl(int64_t bytes, Stream* stre
   const int64_t segment_bytes = SegmentSizeFor(bytes);
   absl::StatusOr<void*> base = upstream_->Allocate(segment_bytes);
   if (!base.ok() && absl::IsResourceExhausted(base.status())) {
-    // Retry only when something changed: an upstream that reclaims (ProviderResource) has already
-    // asked this allocator once. (A block freed meanwhile by another thread may fit now.)
+    // Memory freed on streams that have not got there yet is the last reserve of the host: wait
+    // for it. (Also, another thread may have freed a block that fits meanwhile.)
+    WaitForPendingFrees();
     {
       MutexLock lock(&mu_);
-      if (Block* block = TakeBestFitLocked(rounded_bytes)) {
+      if (Block* block = TakeBestFitLocked(rounded_bytes, stream != nullptr)) {
         ptr = TakeGuardedLocked(block, rounded_bytes, bytes, stream, &waits);
       }
     }
@@ -292,6 +297,8 @@ absl::StatusOr<void*> CachingAllocator::AllocateImpl(int64_t bytes, Stream* stre
       WaitForGuards(waits, stream);
       return ptr;
     }
+    // Retry only when something changed: an upstream that reclaims (ProviderResource) has already
+    // asked this allocator once.
     if (ReleaseCached() > 0) base = upstream_->Allocate(segment_bytes);
   }
   if (!base.ok()) {

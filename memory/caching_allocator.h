@@ -41,12 +41,13 @@
 //    enqueued on `stream` from now on. It takes the best-fitting free block, whatever guards it:
 //    guards of `stream` need nothing; for a guard of another stream whose free has not completed,
 //    `stream` waits for that free's event (Stream::WaitEvent, no host wait).
-//  - Allocate (the MemoryResource call) is for the host or any stream: it takes the same block
-//    and, if another stream's free of it has not completed, the host waits for that free's event
-//    before it returns.
 //    So the choice of block never depends on how far a stream has got: a program that allocates
 //    and frees on one stream gets exactly the blocks (and the statistics) it would get with
 //    Allocate and Deallocate — which is what the memory plan replays.
+//  - Allocate (the MemoryResource call) is for the host or any stream, at once: it passes over
+//    free blocks whose stream-ordered frees have not completed (best fit among the others, or a
+//    new segment); only when the upstream is out of memory does the host wait for the pending
+//    frees and try them.
 //    Guards are checked (Event::Query, never blocking) at every allocation and at
 //    ProcessPendingFrees. ReleaseCached (the device's other pool needs memory, or an upstream
 //    allocation failed) waits on the host for every pending free before it returns segments, so
@@ -274,8 +275,10 @@ class CachingAllocator final : public MemoryResource, public Reclaimer {
   // Removes `block`, which must be in `free_set`, from it.
   static void EraseFree(FreeSet& free_set, Block* block);
   // The best-fitting free block of at least `rounded_bytes` in its class, removed from its free
-  // set; nullptr when none fits.
-  Block* TakeBestFitLocked(int64_t rounded_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // set; nullptr when none fits. Unless `for_stream`, blocks whose stream-ordered frees have not
+  // completed are passed over.
+  Block* TakeBestFitLocked(int64_t rounded_bytes, bool for_stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Validates a free of `ptr` (`call` names the method in errors) and takes it away from the
   // caller: out of allocated_, out of the live counters (in_use_bytes unchanged).
   absl::StatusOr<Block*> TakeAllocationLocked(absl::string_view call, void* ptr, int64_t bytes)

@@ -62,7 +62,8 @@ struct Fixture {
 
 // A block freed on a stream is free at once for that stream (stream order runs its next user after
 // the kernel that still reads it), and the accounting moves at the free; another stream gets it
-// only behind a stream-side wait for the free, the host only after the stream passed it.
+// only behind a stream-side wait for the free, the host (which never waits for it unless memory
+// ran out) only after the stream passed it.
 TEST(CachingAllocatorStreamTest, FreedBlockIsReusedAtOnceOnItsStreamAndByOthersAfterTheFree) {
   Fixture f;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Stream> other, f.backend->CreateStream());
@@ -107,21 +108,36 @@ TEST(CachingAllocatorStreamTest, FreedBlockIsReusedAtOnceOnItsStreamAndByOthersA
   ASSERT_OK(other->Synchronize());
   EXPECT_TRUE(saw_kernel.load());
 
-  // And the host (plain Allocate) only after the stream passed the free.
+  // And the host (plain Allocate) only after the stream passed the free: until then it gets
+  // another block, at once.
   ASSERT_OK_AND_ASSIGN(auto stall2, StallCpuStream(*other));
   std::atomic<bool> second_ran{false};
   ASSERT_OK(other->LaunchHostFunc([&second_ran] { second_ran = true; }));
   ASSERT_OK(f.allocator->DeallocateOnStream(r, 1000, *other));
   EXPECT_EQ(f.allocator->ProcessPendingFrees(), 1024 + 1024);  // the first stream's two frees
   ASSERT_OK_AND_ASSIGN(void* h, f.allocator->Allocate(1000));
-  EXPECT_EQ(h, p);
-  EXPECT_TRUE(second_ran.load());  // the host waited for `other` to pass the free
+  // Not from p's segment, whose only free block (all of it) the free guards: a new segment.
+  EXPECT_FALSE(h >= p && static_cast<char*>(h) < static_cast<char*>(p) + 8 * kKiB);
+  EXPECT_EQ(f.allocator->stats().segments, 2);
+  EXPECT_TRUE(stall2->active());
+  EXPECT_FALSE(second_ran.load());
+  stall2->Release();
+  ASSERT_OK(other->Synchronize());
   EXPECT_EQ(f.allocator->ProcessPendingFrees(), 1024);
+  // Now the host may have p's segment: the first 4 KiB fits the rest of h's segment, the second
+  // only p's.
+  ASSERT_OK_AND_ASSIGN(void* h1, f.allocator->Allocate(4 * kKiB));
+  ASSERT_OK_AND_ASSIGN(void* h2, f.allocator->Allocate(4 * kKiB));
+  EXPECT_NE(h1, p);
+  EXPECT_EQ(h2, p);
+  EXPECT_EQ(f.allocator->stats().segments, 2);
   stats = f.allocator->stats();
   EXPECT_EQ(stats.pending_frees, 0);
   EXPECT_EQ(stats.stream_ordered_frees, 3);
-  EXPECT_EQ(stats.in_use_bytes, 1024);
+  EXPECT_EQ(stats.in_use_bytes, 1024 + 8 * kKiB);
   EXPECT_OK(f.allocator->Deallocate(h, 1000));
+  EXPECT_OK(f.allocator->Deallocate(h1, 4 * kKiB));
+  EXPECT_OK(f.allocator->Deallocate(h2, 4 * kKiB));
 }
 
 // Frees on a stream merge with their neighbours as plain frees do, so one stream's program gets the
