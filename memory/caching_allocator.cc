@@ -244,7 +244,12 @@ void CachingAllocator::WaitForGuards(const std::vector<std::shared_ptr<Event>>& 
   // frees of it: a stream-side wait for a stream-ordered allocation, else a host wait.
   for (const std::shared_ptr<Event>& event : waits) {
     absl::Status status = absl::UnknownError("no stream");
-    if (stream != nullptr) status = stream->WaitEvent(event.get());
+    if (stream != nullptr) {
+      status = stream->WaitEvent(event.get());
+      // A backend may read the event when the wait runs (the cpu backend does): the event lives
+      // until the stream is past the wait.
+      if (status.ok()) status = stream->LaunchHostFunc([keep = event] {});
+    }
     if (!status.ok()) status = event->Synchronize();
     LOG_IF(WARNING, !status.ok()) << name_ << ": a stream-ordered free's stream failed: " << status;
   }
