@@ -125,6 +125,25 @@ class GptModel::Buffer {
   int64_t elems_ = 0;
 };
 
+// The host runs ahead of the compute stream, so an error can return while kernels and copies it
+// enqueued are still queued (reading the caller's tokens, say): on an error path the host waits
+// for the stream before ForwardBackward or Evaluate returns.
+class WaitOnError {
+ public:
+  explicit WaitOnError(Stream* stream) : stream_(stream) {}
+  WaitOnError(const WaitOnError&) = delete;
+  WaitOnError& operator=(const WaitOnError&) = delete;
+  ~WaitOnError() {
+    if (stream_ == nullptr) return;
+    const absl::Status s = stream_->Synchronize();
+    VLOG_IF(1, !s.ok()) << "GptModel: the compute stream failed on an error path: " << s;
+  }
+  void Dismiss() { stream_ = nullptr; }
+
+ private:
+  Stream* stream_;
+};
+
 // Access(op, stage) ... Release(op, stage); released on destruction if End() was not reached (an
 // error path), so a failing kernel never leaves an operator accessed. `host_wait` is the compute
 // stream when the manager does not order its work by it (GptModel::release_wait_): the host then
@@ -1717,12 +1736,14 @@ absl::StatusOr<double> GptModel::ForwardBackward(absl::Span<const int32_t> token
         "GptModel::ForwardBackward runs inside an iteration: call ChunkManager::BeginIteration "
         "first (or use TrainStep)");
   }
+  WaitOnError wait(stream_);  // after the activations' stream-ordered frees
   Activations acts;
   const ForwardMode mode =
       options_.activation_checkpointing ? ForwardMode::kCheckpoint : ForwardMode::kTrain;
   ASSIGN_OR_RETURN(const double loss, Forward(tokens, targets, mode, acts));
   RETURN_IF_ERROR(Backward(tokens, loss_scale, acts));
   // Every gradient is in its slot before the optimizer (or a caller) reads it.
+  wait.Dismiss();
   RETURN_IF_ERROR(stream_->Synchronize());
   return loss;
 }
@@ -1736,8 +1757,11 @@ absl::StatusOr<double> GptModel::Evaluate(absl::Span<const int32_t> tokens,
         "GptModel::Evaluate runs outside an iteration (its accesses are untracked); call it "
         "after EndIteration");
   }
+  WaitOnError wait(stream_);
   Activations acts;
-  return Forward(tokens, targets, ForwardMode::kEvaluate, acts);
+  absl::StatusOr<double> loss = Forward(tokens, targets, ForwardMode::kEvaluate, acts);
+  if (loss.ok()) wait.Dismiss();  // Forward waited for the loss
+  return loss;
 }
 
 }  // namespace ps
