@@ -97,7 +97,6 @@ CachingAllocator::~CachingAllocator() {
   std::vector<std::pair<char*, int64_t>> segments;
   {
     MutexLock lock(&mu_);
-    DCHECK(pending_.empty());
     if (!allocated_.empty()) {
       LOG(WARNING) << name_ << " destroyed with " << allocated_.size()
                    << " allocations still live; returning their segments upstream";
@@ -156,15 +155,19 @@ void CachingAllocator::EraseFree(FreeSet& free_set, Block* block) {
   free_set.erase(it);
 }
 
-CachingAllocator::Block* CachingAllocator::TakeBestFitLocked(int64_t rounded_bytes) {
+CachingAllocator::Block* CachingAllocator::TakeBestFitLocked(int64_t rounded_bytes,
+                                                             bool for_stream) {
   FreeSet& free_set = FreeSetOf(IsSmall(rounded_bytes));
   Block probe;
   probe.size_bytes = rounded_bytes;  // ptr = nullptr sorts before every block of this size
-  const auto it = free_set.lower_bound(&probe);
-  if (it == free_set.end()) return nullptr;
-  Block* block = *it;
-  free_set.erase(it);
-  return block;
+  for (auto it = free_set.lower_bound(&probe); it != free_set.end(); ++it) {
+    Block* block = *it;
+    // The host skips blocks a stream may still use (a stream waits for them instead).
+    if (!for_stream && !UnpassedGuardsLocked(block, nullptr).empty()) continue;
+    free_set.erase(it);
+    return block;
+  }
+  return nullptr;
 }
 
 void* CachingAllocator::UseBlockLocked(Block* block, int64_t rounded_bytes,
@@ -182,6 +185,7 @@ void* CachingAllocator::UseBlockLocked(Block* block, int64_t rounded_bytes,
     rest->prev = block;
     rest->next = block->next;
     rest->segment = block->segment;
+    rest->guards = block->guards;  // the remainder still waits for the same streams
     if (block->next != nullptr) block->next->prev = rest;
     block->next = rest;
     block->size_bytes = rounded_bytes;
@@ -190,6 +194,7 @@ void* CachingAllocator::UseBlockLocked(Block* block, int64_t rounded_bytes,
   }
   block->allocated = true;
   block->requested_bytes = requested_bytes;
+  block->guards.clear();  // the caller has waited for them (AllocateImpl)
   allocated_.emplace(block->ptr, block);
   counters_.in_use_bytes += block->size_bytes;
   counters_.requested_bytes += requested_bytes;
@@ -201,6 +206,56 @@ void* CachingAllocator::UseBlockLocked(Block* block, int64_t rounded_bytes,
 }
 
 absl::StatusOr<void*> CachingAllocator::Allocate(int64_t bytes) {
+  return AllocateImpl(bytes, nullptr);
+}
+
+absl::StatusOr<void*> CachingAllocator::AllocateOnStream(int64_t bytes, Stream& stream) {
+  return AllocateImpl(bytes, &stream);
+}
+
+std::vector<std::shared_ptr<Event>> CachingAllocator::UnpassedGuardsLocked(const Block* block,
+                                                                           const Stream* stream) {
+  std::vector<std::shared_ptr<Event>> waits;
+  for (const Guard& g : block->guards) {
+    if (g.stream == stream) continue;
+    const auto it = streams_.find(g.stream);
+    if (it == streams_.end() || it->second.passed_seq >= g.seq) continue;
+    for (const PendingFree& f : it->second.frees) {
+      if (f.seq == g.seq) {
+        waits.push_back(f.event);
+        break;
+      }
+    }
+  }
+  return waits;
+}
+
+void* CachingAllocator::TakeGuardedLocked(Block* block, int64_t rounded_bytes,
+                                          int64_t requested_bytes, const Stream* stream,
+                                          std::vector<std::shared_ptr<Event>>* waits) {
+  *waits = UnpassedGuardsLocked(block, stream);
+  if (!waits->empty()) ++counters_.pending_free_waits;
+  return UseBlockLocked(block, rounded_bytes, requested_bytes);
+}
+
+void CachingAllocator::WaitForGuards(const std::vector<std::shared_ptr<Event>>& waits,
+                                     Stream* stream) const {
+  // The block is the caller's already; it becomes usable once the other streams passed their
+  // frees of it: a stream-side wait for a stream-ordered allocation, else a host wait.
+  for (const std::shared_ptr<Event>& event : waits) {
+    absl::Status status = absl::UnknownError("no stream");
+    if (stream != nullptr) {
+      status = stream->WaitEvent(event.get());
+      // A backend may read the event when the wait runs (the cpu backend does): the event lives
+      // until the stream is past the wait.
+      if (status.ok()) status = stream->LaunchHostFunc([keep = event] {});
+    }
+    if (!status.ok()) status = event->Synchronize();
+    LOG_IF(WARNING, !status.ok()) << name_ << ": a stream-ordered free's stream failed: " << status;
+  }
+}
+
+absl::StatusOr<void*> CachingAllocator::AllocateImpl(int64_t bytes, Stream* stream) {
   if (bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         name_, ": cannot allocate ", bytes, " bytes; an allocation must be at least 1 byte"));
@@ -215,12 +270,18 @@ absl::StatusOr<void*> CachingAllocator::Allocate(int64_t bytes) {
                                                      bytes, " bytes): larger than any device"));
   }
   const int64_t rounded_bytes = RoundedSize(bytes);
+  std::vector<std::shared_ptr<Event>> waits;
+  void* ptr = nullptr;
   {
     MutexLock lock(&mu_);
-    if (!pending_.empty()) ProcessPendingLocked();
-    if (Block* block = TakeBestFitLocked(rounded_bytes)) {
-      return UseBlockLocked(block, rounded_bytes, bytes);
+    ProcessPendingLocked();
+    if (Block* block = TakeBestFitLocked(rounded_bytes, stream != nullptr)) {
+      ptr = TakeGuardedLocked(block, rounded_bytes, bytes, stream, &waits);
     }
+  }
+  if (ptr != nullptr) {
+    WaitForGuards(waits, stream);
+    return ptr;
   }
 
   // No cached block fits: take a new segment. Without the lock, because an upstream that reclaims
@@ -228,13 +289,18 @@ absl::StatusOr<void*> CachingAllocator::Allocate(int64_t bytes) {
   const int64_t segment_bytes = SegmentSizeFor(bytes);
   absl::StatusOr<void*> base = upstream_->Allocate(segment_bytes);
   if (!base.ok() && absl::IsResourceExhausted(base.status())) {
-    // Memory freed on streams that have not got there yet is the last reserve: wait for it.
-    const bool waited = WaitForPendingFrees();
-    if (waited) {
+    // Memory freed on streams that have not got there yet is the last reserve of the host: wait
+    // for it. (Also, another thread may have freed a block that fits meanwhile.)
+    WaitForPendingFrees();
+    {
       MutexLock lock(&mu_);
-      if (Block* block = TakeBestFitLocked(rounded_bytes)) {
-        return UseBlockLocked(block, rounded_bytes, bytes);
+      if (Block* block = TakeBestFitLocked(rounded_bytes, stream != nullptr)) {
+        ptr = TakeGuardedLocked(block, rounded_bytes, bytes, stream, &waits);
       }
+    }
+    if (ptr != nullptr) {
+      WaitForGuards(waits, stream);
+      return ptr;
     }
     // Retry only when something changed: an upstream that reclaims (ProviderResource) has already
     // asked this allocator once.
@@ -306,6 +372,7 @@ void CachingAllocator::FreeBlockLocked(Block* block) {
   FreeSet& free_set = FreeSetOf(block->segment->small);
   if (Block* prev = block->prev; prev != nullptr && !prev->allocated) {
     EraseFree(free_set, prev);  // before its size (the key) changes
+    MergeGuards(block->guards, prev->guards);
     prev->size_bytes += block->size_bytes;
     prev->next = block->next;
     if (block->next != nullptr) block->next->prev = prev;
@@ -314,6 +381,7 @@ void CachingAllocator::FreeBlockLocked(Block* block) {
   }
   if (Block* next = block->next; next != nullptr && !next->allocated) {
     EraseFree(free_set, next);
+    MergeGuards(next->guards, block->guards);
     block->size_bytes += next->size_bytes;
     block->next = next->next;
     if (next->next != nullptr) next->next->prev = block;
@@ -330,6 +398,20 @@ absl::Status CachingAllocator::Deallocate(void* ptr, int64_t bytes) {
   return absl::OkStatus();
 }
 
+void CachingAllocator::MergeGuards(const std::vector<Guard>& from, std::vector<Guard>& into) {
+  for (const Guard& g : from) {
+    bool merged = false;
+    for (Guard& h : into) {
+      if (h.stream == g.stream) {
+        h.seq = std::max(h.seq, g.seq);  // a stream passes its frees in order
+        merged = true;
+        break;
+      }
+    }
+    if (!merged) into.push_back(g);
+  }
+}
+
 absl::Status CachingAllocator::DeallocateOnStream(void* ptr, int64_t bytes, Stream& stream) {
   if (options_.event_backend == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -338,79 +420,70 @@ absl::Status CachingAllocator::DeallocateOnStream(void* ptr, int64_t bytes, Stre
         "whose streams order the frees); without it, synchronize and call Deallocate"));
   }
   Block* block = nullptr;
-  Event* event = nullptr;
   {
     MutexLock lock(&mu_);
     absl::StatusOr<Block*> taken = TakeAllocationLocked("DeallocateOnStream", ptr, bytes);
     if (!taken.ok()) return taken.status();
     block = *taken;
-    if (!idle_events_.empty()) {
-      event = idle_events_.back();
-      idle_events_.pop_back();
-    }
   }
-  // The block is out of allocated_ (a second free of `ptr` fails) but not yet pending.
-  absl::Status status;
-  std::unique_ptr<Event> created;
-  if (event == nullptr) {
-    absl::StatusOr<std::unique_ptr<Event>> made = options_.event_backend->CreateEvent();
-    if (made.ok()) {
-      created = *std::move(made);
-      event = created.get();
-    } else {
-      status = made.status();
-    }
+  // The block is out of allocated_ (a second free of `ptr` fails) but not yet free.
+  absl::StatusOr<std::unique_ptr<Event>> made = options_.event_backend->CreateEvent();
+  absl::Status status = made.status();
+  std::shared_ptr<Event> event;
+  if (made.ok()) {
+    event = std::shared_ptr<Event>(*std::move(made));
+    status = stream.RecordEvent(event.get());
   }
-  if (status.ok()) status = stream.RecordEvent(event);
   MutexLock lock(&mu_);
-  if (created != nullptr) events_.push_back(std::move(created));
   if (!status.ok()) {
-    if (event != nullptr) idle_events_.push_back(event);
     RestoreAllocationLocked(block);
     return absl::Status(
         status.code(), absl::StrCat(name_, ": DeallocateOnStream(", PointerString(ptr), ", ", bytes,
                                     " bytes): ", status.message()));
   }
-  block->pending_event = event;
-  pending_.push_back(block);
+  StreamFrees& frees = streams_[&stream];
+  const uint64_t seq = ++frees.next_seq;
+  frees.frees.push_back({.seq = seq, .event = std::move(event), .bytes = block->size_bytes});
   ++counters_.pending_frees;
   counters_.pending_free_bytes += block->size_bytes;
   ++counters_.stream_ordered_frees;
+  block->guards.push_back({.stream = &stream, .seq = seq});
+  FreeBlockLocked(block);  // free for `stream` at once; for the rest once the stream passed
   return absl::OkStatus();
 }
 
 int64_t CachingAllocator::ProcessPendingLocked() {
-  int64_t freed_bytes = 0;
-  auto keep = pending_.begin();
-  for (Block* block : pending_) {
-    if (!block->pending_event->Query()) {
-      *keep++ = block;
-      continue;
+  int64_t passed_bytes = 0;
+  for (auto& [stream, frees] : streams_) {
+    while (!frees.frees.empty() && frees.frees.front().event->Query()) {
+      const PendingFree& f = frees.frees.front();
+      frees.passed_seq = std::max(frees.passed_seq, f.seq);
+      --counters_.pending_frees;
+      counters_.pending_free_bytes -= f.bytes;
+      passed_bytes += f.bytes;
+      frees.frees.pop_front();
     }
-    idle_events_.push_back(block->pending_event);
-    block->pending_event = nullptr;
-    --counters_.pending_frees;
-    counters_.pending_free_bytes -= block->size_bytes;
-    freed_bytes += block->size_bytes;
-    FreeBlockLocked(block);  // may recycle `block`
   }
-  pending_.erase(keep, pending_.end());
-  return freed_bytes;
+  return passed_bytes;
 }
 
 int64_t CachingAllocator::ProcessPendingFrees() {
   MutexLock lock(&mu_);
-  return pending_.empty() ? 0 : ProcessPendingLocked();
+  return ProcessPendingLocked();
 }
 
 bool CachingAllocator::WaitForPendingFrees() {
-  std::vector<Event*> events;
+  std::vector<std::shared_ptr<Event>> events;
   {
     MutexLock lock(&mu_);
-    for (Block* block : pending_) events.push_back(block->pending_event);
+    ProcessPendingLocked();
+    // A stream completes its work in order: its latest free covers the earlier ones.
+    for (const auto& [stream, frees] : streams_) {
+      if (!frees.frees.empty()) events.push_back(frees.frees.back().event);
+    }
   }
   if (events.empty()) return false;
-  for (Event* event : events) {
+  for (const std::shared_ptr<Event>& event : events) {
     // An error is the stream's asynchronous failure: its work has still completed.
     const absl::Status status = event->Synchronize();
     LOG_IF(WARNING, !status.ok()) << name_ << ": a stream-ordered free's stream failed: " << status;
@@ -426,9 +499,12 @@ int64_t CachingAllocator::ReleaseCached() {
   std::vector<std::pair<char*, int64_t>> released;
   {
     MutexLock lock(&mu_);
+    ProcessPendingLocked();
     for (const auto& [base, segment] : segments_) {
       Block* head = segment->head;
       if (head->allocated || head->next != nullptr) continue;
+      // Freed on a stream after the wait above, by another thread: not the device's yet.
+      if (!UnpassedGuardsLocked(head, nullptr).empty()) continue;
       DCHECK_EQ(head->size_bytes, segment->size_bytes);
       EraseFree(FreeSetOf(segment->small), head);
       RecycleBlockLocked(head);

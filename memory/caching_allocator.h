@@ -25,33 +25,46 @@
 //
 // The allocator never reads or writes the memory it manages (it may be accelerator memory).
 //
-// Two ways to free:
+// Two ways to free, two ways to allocate:
 //  - Deallocate (the MemoryResource call) is not stream-ordered: the block is reusable as soon as
 //    it returns, so the caller must first make sure no stream still reads or writes it
 //    (synchronize, or wait on an event recorded after the last use).
 //  - DeallocateOnStream(ptr, bytes, stream) is stream-ordered, as cudaFreeAsync: it returns at
-//    once, and the block is handed out again only after the work enqueued on `stream` before the
-//    call has completed. The allocator records an event on `stream` (events come from
-//    options.event_backend) and keeps the block *pending* until the event completes; a kernel
-//    still queued on `stream` that reads the block therefore never sees it reused. Work on other
-//    streams is not covered: make `stream` wait for it first (Stream::WaitEvent), which is what
-//    PyTorch's record_stream achieves with one event per stream.
-//    Pending frees are checked (Event::Query, never blocking) at every Allocate and at
-//    ProcessPendingFrees; finished ones are merged back into the cache. Under memory pressure the
-//    allocator waits for them (a host wait): Allocate, when no cached block fits and the upstream
-//    is out of memory, before it reports ResourceExhausted; ReleaseCached, when the device's other
-//    pool needs memory. Hence Allocate and ReleaseCached must not run in a host function on a
-//    stream (a stream would wait for itself).
+//    once and the block is free at once — merged with its free neighbours exactly as Deallocate
+//    would — but *guarded* by `stream`: the allocator records an event on `stream`, and the block
+//    (and any free block it is merged into or split from) may be used by anything other than
+//    `stream` only after the event completed. As in PyTorch's caching allocator, later work on
+//    `stream` itself may reuse it at once, because stream order runs it after every kernel
+//    enqueued before the free. Work on other streams is not covered: make `stream` wait for it
+//    first (Stream::WaitEvent), which is what PyTorch's record_stream achieves.
+//  - AllocateOnStream(bytes, stream) is the stream-ordered allocation: the memory is for work
+//    enqueued on `stream` from now on. It takes the best-fitting free block, whatever guards it:
+//    guards of `stream` need nothing; for a guard of another stream whose free has not completed,
+//    `stream` waits for that free's event (Stream::WaitEvent, no host wait).
+//    So the choice of block never depends on how far a stream has got: a program that allocates
+//    and frees on one stream gets exactly the blocks (and the statistics) it would get with
+//    Allocate and Deallocate — which is what the memory plan replays.
+//  - Allocate (the MemoryResource call) is for the host or any stream, at once: it passes over
+//    free blocks whose stream-ordered frees have not completed (best fit among the others, or a
+//    new segment); only when the upstream is out of memory does the host wait for the pending
+//    frees and try them.
+//    Guards are checked (Event::Query, never blocking) at every allocation and at
+//    ProcessPendingFrees. ReleaseCached (the device's other pool needs memory, or an upstream
+//    allocation failed) waits on the host for every pending free before it returns segments, so
+//    memory never leaves this allocator while a queued kernel may still use it. Hence Allocate
+//    and ReleaseCached must not run in a host function on a stream (a stream would wait for
+//    itself).
 //
 // Accounting: in_use_bytes counts whole blocks handed out (a request rounded up, plus an unsplit
-// tail) *and* pending frees: a block freed on a stream stays in use, for the tracker too, until
-// the allocator has seen the stream pass the free, because until then the device cannot give it
-// to anyone (not to this allocator, not to the chunk pool) — so the scheduler's tide counts the
-// memory the device really holds, never less. pending_free_bytes says how much of in_use_bytes is
-// such memory; ProcessPendingFrees() (called before the tracker is sampled) keeps the lag between
-// "the stream passed the free" and "the tracker knows" to one check. With a tracker, exactly
-// in_use_bytes is recorded as `tracked_kind` (non-model data by default). reserved_bytes counts
-// segments held from the upstream.
+// tail); a stream-ordered free leaves it at the call, as a plain free does, so the tracker's tide
+// moves at the program's points and not at the stream's — the same tide on every run, the one the
+// memory plan replays. The device never holds more than the cap for it: a block freed on a stream
+// stays in this allocator's segments (reserved_bytes, which the device's cap bounds) and is used
+// again only in stream order or after the stream passed the free. pending_frees and
+// pending_free_bytes say how many stream-ordered frees the allocator has not yet seen completed
+// (informational; that memory is counted cached). With a tracker, exactly in_use_bytes is recorded
+// as `tracked_kind` (non-model data by default). reserved_bytes counts segments held from the
+// upstream.
 //
 // Thread safety: thread-safe. The upstream is called without the allocator's lock held, so an
 // upstream that reclaims (ProviderResource) may call back into ReleaseCached(). Streams and events
@@ -60,6 +73,7 @@
 #define PATRICKSTAR_MEMORY_CACHING_ALLOCATOR_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -120,8 +134,9 @@ struct CachingAllocatorStats {
   // Allocate calls that ended in ResourceExhausted.
   int64_t failed_allocations = 0;
   // Stream-ordered frees whose stream has not (as far as the allocator has seen) passed them yet:
-  // their count and bytes (part of in_use_bytes). Since construction: stream-ordered frees, and
-  // the times the allocator waited for pending frees under memory pressure.
+  // their count and bytes (not in in_use_bytes: that memory is cached, guarded by its stream).
+  // Since construction: stream-ordered frees, and the times the allocator waited for pending
+  // frees (a host wait under memory pressure, or a wait for another stream's free of a block).
   int64_t pending_frees = 0;
   int64_t pending_free_bytes = 0;
   int64_t stream_ordered_frees = 0;
@@ -161,17 +176,21 @@ class CachingAllocator final : public MemoryResource, public Reclaimer {
   // InvalidArgument, with no state changed, for a pointer that is not a live allocation or a
   // different size.
   [[nodiscard]] absl::StatusOr<void*> Allocate(int64_t bytes) override;
+  // Stream-ordered allocation (see the file comment): the memory is for work enqueued on `stream`
+  // after this call. Errors as Allocate. `stream` must be of options.event_backend's backend.
+  [[nodiscard]] absl::StatusOr<void*> AllocateOnStream(int64_t bytes, Stream& stream);
   [[nodiscard]] absl::Status Deallocate(void* ptr, int64_t bytes) override;
 
-  // Stream-ordered free (see the file comment): `ptr` is no longer the caller's when this returns,
-  // but its block is reused only after all work enqueued on `stream` before this call completed.
+  // Stream-ordered free (see the file comment): `ptr` is no longer the caller's when this returns;
+  // its block is reused at once by work on `stream`, by anything else only after all work
+  // enqueued on `stream` before this call completed.
   // Errors, with no state changed: InvalidArgument as Deallocate; FailedPrecondition without
   // options.event_backend; the error of creating or recording the event (InvalidArgument for a
   // stream of another backend).
   [[nodiscard]] absl::Status DeallocateOnStream(void* ptr, int64_t bytes, Stream& stream);
 
-  // Moves the pending frees whose streams have passed them into the cache. Never blocks. Returns
-  // the bytes made reusable (and no longer counted in use by the tracker).
+  // Notes the pending frees whose streams have passed them (their blocks become usable by every
+  // stream and the host without a wait). Never blocks. Returns their bytes.
   int64_t ProcessPendingFrees();
   Device device() const override { return device_; }
   // "caching_allocator(accelerator:0)".
@@ -194,16 +213,33 @@ class CachingAllocator final : public MemoryResource, public Reclaimer {
 
  private:
   struct Segment;
+  // "Usable by others once `stream` passed its seq-th stream-ordered free."
+  struct Guard {
+    const Stream* stream = nullptr;
+    uint64_t seq = 0;
+  };
+  struct PendingFree {
+    uint64_t seq = 0;
+    std::shared_ptr<Event> event;  // shared with waiters outside the lock
+    int64_t bytes = 0;
+  };
+  // The stream-ordered frees of one stream: those not yet seen completed, oldest first, and the
+  // latest seen completed.
+  struct StreamFrees {
+    uint64_t next_seq = 0;
+    uint64_t passed_seq = 0;
+    std::deque<PendingFree> frees;
+  };
   // A contiguous piece of a segment, free or handed out. The blocks of a segment form a
   // doubly-linked list in address order; the first block of a segment never goes away (merges
   // keep the lower block), so Segment::head stays valid.
   struct Block {
     char* ptr = nullptr;
     int64_t size_bytes = 0;
-    // Handed out, or freed on a stream and still pending: not free, never merged.
+    // Handed out: not free, never merged.
     bool allocated = false;
-    // Set while a stream-ordered free waits for its stream. Owned by events_.
-    Event* pending_event = nullptr;
+    // A free block's stream-ordered frees, at most one per stream (its latest).
+    std::vector<Guard> guards;
     int64_t requested_bytes = 0;
     Block* prev = nullptr;
     Block* next = nullptr;
@@ -239,8 +275,10 @@ class CachingAllocator final : public MemoryResource, public Reclaimer {
   // Removes `block`, which must be in `free_set`, from it.
   static void EraseFree(FreeSet& free_set, Block* block);
   // The best-fitting free block of at least `rounded_bytes` in its class, removed from its free
-  // set; nullptr when none fits.
-  Block* TakeBestFitLocked(int64_t rounded_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // set; nullptr when none fits. Unless `for_stream`, blocks whose stream-ordered frees have not
+  // completed are passed over.
+  Block* TakeBestFitLocked(int64_t rounded_bytes, bool for_stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Validates a free of `ptr` (`call` names the method in errors) and takes it away from the
   // caller: out of allocated_, out of the live counters (in_use_bytes unchanged).
   absl::StatusOr<Block*> TakeAllocationLocked(absl::string_view call, void* ptr, int64_t bytes)
@@ -249,9 +287,22 @@ class CachingAllocator final : public MemoryResource, public Reclaimer {
   void RestoreAllocationLocked(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns `block` (allocated, in no free set) to the cache: merges it with free neighbours.
   void FreeBlockLocked(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Finalizes the pending frees whose events have completed; returns their bytes.
+  absl::StatusOr<void*> AllocateImpl(int64_t bytes, Stream* stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // `into` gets the guards of `from` (one per stream, the later free).
+  static void MergeGuards(const std::vector<Guard>& from, std::vector<Guard>& into);
+  // The events of `block`'s guards whose frees have not completed, except `stream`'s.
+  std::vector<std::shared_ptr<Event>> UnpassedGuardsLocked(const Block* block, const Stream* stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands out `block` for a request on `stream` (nullptr: the host), with the events to wait for.
+  void* TakeGuardedLocked(Block* block, int64_t rounded_bytes, int64_t requested_bytes,
+                          const Stream* stream, std::vector<std::shared_ptr<Event>>* waits)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `stream` wait for `waits` (the host when `stream` is null or its wait fails).
+  void WaitForGuards(const std::vector<std::shared_ptr<Event>>& waits, Stream* stream) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Notes the pending frees whose events have completed; returns their bytes.
   int64_t ProcessPendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Blocks (without the lock) until every pending free's stream has passed it, then finalizes
+  // Blocks (without the lock) until every pending free's stream has passed it, then notes
   // them. Returns whether there were any.
   bool WaitForPendingFrees() ABSL_LOCKS_EXCLUDED(mu_);
   // Hands out `block` (not in any free set) for a request, splitting off a worthwhile remainder.
@@ -276,11 +327,8 @@ class CachingAllocator final : public MemoryResource, public Reclaimer {
   absl::flat_hash_map<char*, std::unique_ptr<Segment>> segments_ ABSL_GUARDED_BY(mu_);
   // Block objects not in any list, for reuse. Owned.
   std::vector<Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);
-  // Blocks freed on a stream, oldest first.
-  std::vector<Block*> pending_ ABSL_GUARDED_BY(mu_);
-  // Every event this allocator created (owned), and those not attached to a pending free.
-  std::vector<std::unique_ptr<Event>> events_ ABSL_GUARDED_BY(mu_);
-  std::vector<Event*> idle_events_ ABSL_GUARDED_BY(mu_);
+  // Stream-ordered frees by stream.
+  absl::flat_hash_map<const Stream*, StreamFrees> streams_ ABSL_GUARDED_BY(mu_);
   // The counters of CachingAllocatorStats that are kept rather than computed.
   CachingAllocatorStats counters_ ABSL_GUARDED_BY(mu_);
 };

@@ -1,6 +1,7 @@
 // Stream-ordered frees of the CachingAllocator (DeallocateOnStream) on the emulated accelerator:
-// a freed block is never handed out again while work enqueued before the free may still touch it,
-// the accounting counts pending frees as in use, pressure waits for them, and a randomized
+// a freed block is reused at once by its own stream and by nothing else while work enqueued before
+// the free may still touch it, the accounting moves at the free, pressure waits for the streams,
+// and a randomized
 // sequence of allocations, kernels, frees, stalls and waits keeps every invariant after every step.
 #include <algorithm>
 #include <atomic>
@@ -59,8 +60,13 @@ struct Fixture {
   std::unique_ptr<Stream> stream;
 };
 
-TEST(CachingAllocatorStreamTest, FreedBlockIsReusedOnlyAfterTheStreamPassedTheFree) {
+// A block freed on a stream is free at once for that stream (stream order runs its next user after
+// the kernel that still reads it), and the accounting moves at the free; another stream gets it
+// only behind a stream-side wait for the free, the host (which never waits for it unless memory
+// ran out) only after the stream passed it.
+TEST(CachingAllocatorStreamTest, FreedBlockIsReusedAtOnceOnItsStreamAndByOthersAfterTheFree) {
   Fixture f;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Stream> other, f.backend->CreateStream());
   ASSERT_OK_AND_ASSIGN(void* p, f.allocator->Allocate(1000));  // a 1 KiB block
   ASSERT_OK_AND_ASSIGN(auto stall, StallCpuStream(*f.stream));
   std::atomic<bool> kernel_ran{false};
@@ -73,32 +79,106 @@ TEST(CachingAllocatorStreamTest, FreedBlockIsReusedOnlyAfterTheStreamPassedTheFr
   CachingAllocatorStats stats = f.allocator->stats();
   EXPECT_EQ(stats.pending_frees, 1);
   EXPECT_EQ(stats.pending_free_bytes, 1024);
-  EXPECT_EQ(stats.in_use_bytes, 1024);  // still occupied on the device
+  EXPECT_EQ(stats.in_use_bytes, 0);  // counted at the free, as the program sees it
   EXPECT_EQ(stats.live_allocations, 0);
   EXPECT_EQ(stats.requested_bytes, 0);
-  EXPECT_EQ(f.tracker->current_bytes(MemoryKind::kNonModelData), 1024);
-  // The same size again: not the pending block (the kernel has not run).
-  ASSERT_OK_AND_ASSIGN(void* q, f.allocator->Allocate(1000));
-  EXPECT_NE(q, p);
-  EXPECT_FALSE(kernel_ran.load());
-  EXPECT_EQ(f.allocator->ProcessPendingFrees(), 0);
-  // A second free of the pending pointer is a double free.
+  EXPECT_EQ(f.tracker->current_bytes(MemoryKind::kNonModelData), 0);
+  // A second free of the freed pointer is a double free.
   EXPECT_THAT(f.allocator->Deallocate(p, 1000), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(f.allocator->DeallocateOnStream(p, 1000, *f.stream),
               StatusIs(absl::StatusCode::kInvalidArgument, "freed already"));
 
-  ASSERT_OK(f.stream->Synchronize());
-  EXPECT_TRUE(kernel_ran.load());
+  // The same stream takes it back at once, with no wait: its next kernel runs after the first.
+  ASSERT_OK_AND_ASSIGN(void* q, f.allocator->AllocateOnStream(1000, *f.stream));
+  EXPECT_EQ(q, p);
+  EXPECT_TRUE(stall->active());  // no host wait
+  EXPECT_FALSE(kernel_ran.load());
+  EXPECT_EQ(f.allocator->stats().pending_free_waits, 0);
+  EXPECT_EQ(f.tracker->current_bytes(MemoryKind::kNonModelData), 1024);
+  ASSERT_OK(f.allocator->DeallocateOnStream(q, 1000, *f.stream));
+
+  // Another stream gets the same best fit, but its work waits for the free on the stream.
+  ASSERT_OK_AND_ASSIGN(void* r, f.allocator->AllocateOnStream(1000, *other));
+  EXPECT_EQ(r, p);
+  EXPECT_TRUE(stall->active());  // a stream-side wait, not a host wait
+  std::atomic<bool> saw_kernel{false};
+  ASSERT_OK(other->LaunchHostFunc([&] { saw_kernel = kernel_ran.load(); }));
+  EXPECT_EQ(f.allocator->stats().pending_free_waits, 1);
+  stall->Release();
+  ASSERT_OK(other->Synchronize());
+  EXPECT_TRUE(saw_kernel.load());
+
+  // And the host (plain Allocate) only after the stream passed the free: until then it gets
+  // another block, at once.
+  ASSERT_OK_AND_ASSIGN(auto stall2, StallCpuStream(*other));
+  std::atomic<bool> second_ran{false};
+  ASSERT_OK(other->LaunchHostFunc([&second_ran] { second_ran = true; }));
+  ASSERT_OK(f.allocator->DeallocateOnStream(r, 1000, *other));
+  EXPECT_EQ(f.allocator->ProcessPendingFrees(), 1024 + 1024);  // the first stream's two frees
+  ASSERT_OK_AND_ASSIGN(void* h, f.allocator->Allocate(1000));
+  // Not from p's segment, whose only free block (all of it) the free guards: a new segment.
+  EXPECT_FALSE(h >= p && static_cast<char*>(h) < static_cast<char*>(p) + 8 * kKiB);
+  EXPECT_EQ(f.allocator->stats().segments, 2);
+  EXPECT_TRUE(stall2->active());
+  EXPECT_FALSE(second_ran.load());
+  stall2->Release();
+  ASSERT_OK(other->Synchronize());
   EXPECT_EQ(f.allocator->ProcessPendingFrees(), 1024);
+  // Now the host may have p's segment: the first 4 KiB fits the rest of h's segment, the second
+  // only p's.
+  ASSERT_OK_AND_ASSIGN(void* h1, f.allocator->Allocate(4 * kKiB));
+  ASSERT_OK_AND_ASSIGN(void* h2, f.allocator->Allocate(4 * kKiB));
+  EXPECT_NE(h1, p);
+  EXPECT_EQ(h2, p);
+  EXPECT_EQ(f.allocator->stats().segments, 2);
   stats = f.allocator->stats();
   EXPECT_EQ(stats.pending_frees, 0);
-  EXPECT_EQ(stats.in_use_bytes, 1024);  // q
-  EXPECT_EQ(stats.stream_ordered_frees, 1);
-  EXPECT_EQ(f.tracker->current_bytes(MemoryKind::kNonModelData), 1024);
-  ASSERT_OK_AND_ASSIGN(void* r, f.allocator->Allocate(1000));
-  EXPECT_EQ(r, p);  // best fit: the lowest free block of the size, now reusable
-  EXPECT_OK(f.allocator->Deallocate(q, 1000));
-  EXPECT_OK(f.allocator->Deallocate(r, 1000));
+  EXPECT_EQ(stats.stream_ordered_frees, 3);
+  EXPECT_EQ(stats.in_use_bytes, 1024 + 8 * kKiB);
+  EXPECT_OK(f.allocator->Deallocate(h, 1000));
+  EXPECT_OK(f.allocator->Deallocate(h1, 4 * kKiB));
+  EXPECT_OK(f.allocator->Deallocate(h2, 4 * kKiB));
+}
+
+// Frees on a stream merge with their neighbours as plain frees do, so one stream's program gets the
+// same blocks, and the same statistics, as with Allocate and Deallocate (what the memory plan
+// replays), however far the stream has got.
+TEST(CachingAllocatorStreamTest, OneStreamsProgramGetsTheBlocksOfThePlainProgram) {
+  Fixture plain;
+  Fixture ordered;
+  ASSERT_OK_AND_ASSIGN(auto stall, StallCpuStream(*ordered.stream));
+  ASSERT_OK(ordered.stream->LaunchHostFunc([] {}));
+  std::mt19937 rng(11);
+  std::vector<std::pair<std::pair<void*, void*>, int64_t>> live;
+  for (int step = 0; step < 400; ++step) {
+    if (live.empty() || rng() % 2 == 0) {
+      const int64_t bytes = 1 + static_cast<int64_t>(rng() % (20 * kKiB));
+      ASSERT_OK_AND_ASSIGN(void* a, plain.allocator->Allocate(bytes));
+      ASSERT_OK_AND_ASSIGN(void* b, ordered.allocator->AllocateOnStream(bytes, *ordered.stream));
+      live.push_back({{a, b}, bytes});
+    } else {
+      const size_t k = rng() % live.size();
+      ASSERT_OK(plain.allocator->Deallocate(live[k].first.first, live[k].second));
+      ASSERT_OK(ordered.allocator->DeallocateOnStream(live[k].first.second, live[k].second,
+                                                      *ordered.stream));
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+    const CachingAllocatorStats a = plain.allocator->stats();
+    const CachingAllocatorStats b = ordered.allocator->stats();
+    ASSERT_EQ(a.in_use_bytes, b.in_use_bytes) << "step " << step;
+    ASSERT_EQ(a.reserved_bytes, b.reserved_bytes) << "step " << step;
+    ASSERT_EQ(a.free_segment_bytes, b.free_segment_bytes) << "step " << step;
+    ASSERT_EQ(a.largest_free_block_bytes, b.largest_free_block_bytes) << "step " << step;
+    ASSERT_EQ(a.free_blocks, b.free_blocks) << "step " << step;
+    ASSERT_EQ(plain.tracker->current_bytes(MemoryKind::kNonModelData),
+              ordered.tracker->current_bytes(MemoryKind::kNonModelData));
+  }
+  EXPECT_TRUE(stall->active());  // the ordered program never waited for its stream
+  EXPECT_EQ(ordered.allocator->stats().pending_free_waits, 0);
+  for (auto& [ptrs, bytes] : live) {
+    ASSERT_OK(plain.allocator->Deallocate(ptrs.first, bytes));
+    ASSERT_OK(ordered.allocator->DeallocateOnStream(ptrs.second, bytes, *ordered.stream));
+  }
 }
 
 TEST(CachingAllocatorStreamTest, AllocateProcessesFinishedFreesWithoutAnExplicitCall) {
@@ -260,8 +340,10 @@ TEST(CachingAllocatorStreamTest, DeviceMemoryScratchFreesInStreamOrder) {
 // frees after synchronizing, stalls, releases, host waits and explicit processing. Invariants:
 //  - a block handed out never overlaps a kernel that has not finished (checked at every Allocate,
 //    and by every kernel, which finds its owner's id in the block when it starts);
-//  - the tracker records exactly in_use_bytes; pending bytes are part of it; in use + cached =
-//    reserved; the live allocations are the model's.
+//  - the tracker records exactly in_use_bytes; in use + cached = reserved; the live allocations
+//    are the model's;
+//  - half of the allocations are stream-ordered (AllocateOnStream), whose owner id the stream
+//    writes: a kernel that finds another id ran on memory reused too early.
 
 struct Kernel {
   uintptr_t begin = 0, end = 0;
@@ -308,6 +390,20 @@ TEST_P(StreamOrderRandomTest, NoBlockIsHandedOutUnderAQueuedKernel) {
     if (op < 30 || live.empty()) {
       // Allocate: small or large, 8 bytes to 20 KiB.
       const int64_t bytes = (rng() % 4 == 0) ? 4 * kKiB + pick(16 * kKiB) : 8 + pick(3000);
+      // Half of them stream-ordered: the block is for work on that stream from now on, which
+      // writes the owner id (in stream order, after whatever the stream still does).
+      if (pick(2) == 0) {
+        const int s = pick(kStreams);
+        absl::StatusOr<void*> p = allocator->AllocateOnStream(bytes, *streams[s]);
+        if (!p.ok()) {
+          ASSERT_THAT(p.status(), StatusIs(absl::StatusCode::kResourceExhausted));
+          continue;
+        }
+        const uint64_t id = next_id++;
+        ASSERT_OK(streams[s]->LaunchHostFunc([p = *p, id] { std::memcpy(p, &id, sizeof(id)); }));
+        live[*p] = Allocation{id, bytes, {s}, s};
+        continue;
+      }
       absl::StatusOr<void*> p = allocator->Allocate(bytes);
       if (!p.ok()) {
         ASSERT_THAT(p.status(), StatusIs(absl::StatusCode::kResourceExhausted));
@@ -394,7 +490,7 @@ TEST_P(StreamOrderRandomTest, NoBlockIsHandedOutUnderAQueuedKernel) {
     const CachingAllocatorStats stats = allocator->stats();
     ASSERT_EQ(tracker.current_bytes(MemoryKind::kNonModelData), stats.in_use_bytes)
         << "step " << step;
-    ASSERT_LE(stats.pending_free_bytes, stats.in_use_bytes);
+    ASSERT_GE(stats.pending_free_bytes, 0);
     ASSERT_EQ(stats.in_use_bytes + stats.cached_bytes, stats.reserved_bytes);
     ASSERT_EQ(stats.live_allocations, static_cast<int64_t>(live.size()));
     ASSERT_GE(stats.pending_frees, 0);

@@ -167,10 +167,11 @@ struct SharedState {
 // complete out of order (records on different streams), so completion is tracked exactly: every
 // generation <= `done_through_` is done, plus the ones in `done_beyond_`. A generation recorded on
 // a stream that had an asynchronous error carries it; Synchronize() reports the latest
-// generation's.
-class CpuEvent final : public Event {
+// generation's. The state is shared with the records and waits queued on streams, so the Event may
+// be destroyed before they ran (as cudaEventDestroy allows).
+class CpuEventState {
  public:
-  explicit CpuEvent(std::shared_ptr<SharedState> state) : state_(std::move(state)) {}
+  explicit CpuEventState(std::shared_ptr<SharedState> state) : state_(std::move(state)) {}
 
   // Called by Stream::RecordEvent: returns the generation the stream must complete.
   int64_t NextGeneration() {
@@ -201,11 +202,11 @@ class CpuEvent final : public Event {
     mu_.Await(done);
   }
 
-  bool Query() override {
+  bool Query() {
     MutexLock lock(&mu_);
     return IsDoneLocked(recorded_);
   }
-  absl::Status Synchronize() override {
+  absl::Status Synchronize() {
     const int64_t generation = latest();
     state_->HostWaits();
     WaitFor(generation);
@@ -226,6 +227,18 @@ class CpuEvent final : public Event {
   absl::btree_set<int64_t> done_beyond_ ABSL_GUARDED_BY(mu_);
   int64_t error_generation_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+};
+
+class CpuEvent final : public Event {
+ public:
+  explicit CpuEvent(std::shared_ptr<SharedState> state)
+      : impl_(std::make_shared<CpuEventState>(std::move(state))) {}
+  bool Query() override { return impl_->Query(); }
+  absl::Status Synchronize() override { return impl_->Synchronize(); }
+  const std::shared_ptr<CpuEventState>& impl() const { return impl_; }
+
+ private:
+  const std::shared_ptr<CpuEventState> impl_;
 };
 
 // The queue of one stream and the loop its worker thread runs. Owned by the CpuStream (which
@@ -464,7 +477,7 @@ class CpuStream final : public Stream {
       return absl::InvalidArgumentError("RecordEvent: the event was not created by a cpu backend");
     }
     StreamCore* core = core_.get();
-    core_->EnqueueBuilt([e, core]() -> StreamCore::Op {
+    core_->EnqueueBuilt([e = e->impl(), core]() -> StreamCore::Op {
       const int64_t generation = e->NextGeneration();
       return [e, core, generation] { e->Complete(generation, core->error()); };
     });
@@ -476,9 +489,9 @@ class CpuStream final : public Stream {
     if (e == nullptr) {
       return absl::InvalidArgumentError("WaitEvent: the event was not created by a cpu backend");
     }
-    const int64_t generation = e->latest();
+    const int64_t generation = e->impl()->latest();
     if (generation == 0) return absl::OkStatus();  // never recorded: already complete
-    core_->Enqueue([e, generation] { e->WaitFor(generation); });
+    core_->Enqueue([e = e->impl(), generation] { e->WaitFor(generation); });
     return absl::OkStatus();
   }
 

@@ -87,17 +87,23 @@ class GptModel::Buffer {
   Buffer& operator=(const Buffer&) = delete;
   ~Buffer() { Reset(); }
 
-  // Frees the buffer once the compute stream has run every kernel enqueued so far (a kernel still
-  // queued may read or write it): the host waits for the stream, then returns the block, so the
-  // allocator's accounting moves at the same program point as the profile's
-  // (model/gpt_activation_profile.h). A stream error is the stream's to report (at the next
-  // ScopedAccess::End or input copy); the work has completed either way.
+  // Frees the buffer in stream order (CachingAllocator::DeallocateOnStream on the compute stream):
+  // the host does not wait; a kernel still queued may read or write the block, so only later work
+  // on the compute stream reuses it at once — anything else (another stream, the host, the chunk
+  // pool through ReleaseCached) only after the stream passed this point. The allocator's (and
+  // the tracker's) accounting moves now, at the same program point as the profile's
+  // (model/gpt_activation_profile.h). Without events (an allocator with no event backend) the
+  // host waits for the stream and frees at once.
   void Reset() {
     if (data_ == nullptr) return;
-    const absl::Status synced = stream_->Synchronize();
-    VLOG_IF(1, !synced.ok()) << "GptModel: the compute stream failed before a free: " << synced;
-    const absl::Status s =
-        allocator_->Deallocate(data_, elems_ * static_cast<int64_t>(sizeof(float)));
+    const int64_t bytes = elems_ * static_cast<int64_t>(sizeof(float));
+    absl::Status s = allocator_->DeallocateOnStream(data_, bytes, *stream_);
+    if (!s.ok()) {
+      VLOG(1) << "GptModel: a stream-ordered free failed (" << s << "); waiting for the stream";
+      const absl::Status synced = stream_->Synchronize();
+      VLOG_IF(1, !synced.ok()) << "GptModel: the compute stream failed before a free: " << synced;
+      s = allocator_->Deallocate(data_, bytes);
+    }
     CHECK(s.ok()) << "GptModel: freeing an activation buffer failed: " << s;
     allocator_ = nullptr;
     stream_ = nullptr;
@@ -119,18 +125,40 @@ class GptModel::Buffer {
   int64_t elems_ = 0;
 };
 
+// The host runs ahead of the compute stream, so an error can return while kernels and copies it
+// enqueued are still queued (reading the caller's tokens, say): on an error path the host waits
+// for the stream before ForwardBackward or Evaluate returns.
+class WaitOnError {
+ public:
+  explicit WaitOnError(Stream* stream) : stream_(stream) {}
+  WaitOnError(const WaitOnError&) = delete;
+  WaitOnError& operator=(const WaitOnError&) = delete;
+  ~WaitOnError() {
+    if (stream_ == nullptr) return;
+    const absl::Status s = stream_->Synchronize();
+    VLOG_IF(1, !s.ok()) << "GptModel: the compute stream failed on an error path: " << s;
+  }
+  void Dismiss() { stream_ = nullptr; }
+
+ private:
+  Stream* stream_;
+};
+
 // Access(op, stage) ... Release(op, stage); released on destruction if End() was not reached (an
-// error path), so a failing kernel never leaves an operator accessed.
+// error path), so a failing kernel never leaves an operator accessed. `host_wait` is the compute
+// stream when the manager does not order its work by it (GptModel::release_wait_): the host then
+// waits for the operator's kernels before each Release; null when the manager shares the stream,
+// and the host runs ahead.
 class GptModel::ScopedAccess {
  public:
-  static absl::StatusOr<ScopedAccess> Begin(ChunkManager* manager, Stream* compute, OperatorId op,
+  static absl::StatusOr<ScopedAccess> Begin(ChunkManager* manager, Stream* host_wait, OperatorId op,
                                             Stage stage) {
     RETURN_IF_ERROR(manager->Access(op, stage));
-    return ScopedAccess(manager, compute, op, stage);
+    return ScopedAccess(manager, host_wait, op, stage);
   }
   ScopedAccess(ScopedAccess&& other) noexcept
       : manager_(std::exchange(other.manager_, nullptr)),
-        compute_(other.compute_),
+        host_wait_(other.host_wait_),
         op_(other.op_),
         stage_(other.stage_) {}
   ScopedAccess& operator=(ScopedAccess&&) = delete;
@@ -139,25 +167,28 @@ class GptModel::ScopedAccess {
   ~ScopedAccess() {
     if (manager_ == nullptr) return;
     // An error path: the operator's queued kernels finish before its chunks may move.
-    const absl::Status synced = compute_->Synchronize();
+    const absl::Status synced = Wait();
     VLOG_IF(1, !synced.ok()) << "GptModel: compute stream error on an error path: " << synced;
     const absl::Status s = manager_->Release(op_, stage_);
     LOG_IF(ERROR, !s.ok()) << "GptModel: releasing operator " << op_ << " after an error: " << s;
   }
-  // Waits for the operator's kernels (the compute stream), then releases it: the manager may move
-  // or drop its chunks from then on. Returns the stream's error first, if any (the operator is
-  // released either way).
+  // Releases the operator: the manager may move or drop its chunks after the kernels enqueued so
+  // far (stream order), or — with `host_wait` — the host first waits for them and returns the
+  // stream's error first, if any (the operator is released either way).
   [[nodiscard]] absl::Status End() {
-    const absl::Status synced = compute_->Synchronize();
+    const absl::Status synced = Wait();
     const absl::Status released = std::exchange(manager_, nullptr)->Release(op_, stage_);
     return synced.ok() ? released : synced;
   }
 
  private:
-  ScopedAccess(ChunkManager* manager, Stream* compute, OperatorId op, Stage stage)
-      : manager_(manager), compute_(compute), op_(op), stage_(stage) {}
+  ScopedAccess(ChunkManager* manager, Stream* host_wait, OperatorId op, Stage stage)
+      : manager_(manager), host_wait_(host_wait), op_(op), stage_(stage) {}
+  absl::Status Wait() {
+    return host_wait_ == nullptr ? absl::OkStatus() : host_wait_->Synchronize();
+  }
   ChunkManager* manager_;
-  Stream* compute_;
+  Stream* host_wait_;
   OperatorId op_;
   Stage stage_;
 };
@@ -416,6 +447,8 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::CreateImpl(
     if (model->stream_ == nullptr) {
       ASSIGN_OR_RETURN(model->owned_stream_, backend->CreateStream());
       model->stream_ = model->owned_stream_.get();
+      // The manager does not know this stream: the host waits before each Release.
+      model->release_wait_ = model->stream_;
     }
   }
   return model;
@@ -574,7 +607,8 @@ Gpt2Dims GptModel::dims() const {
 
 absl::StatusOr<GptModel::Buffer> GptModel::Alloc(int64_t elems, bool zero) {
   CachingAllocator* scratch = accelerator_->scratch();
-  ASSIGN_OR_RETURN(void* p, scratch->Allocate(elems * static_cast<int64_t>(sizeof(float))));
+  ASSIGN_OR_RETURN(
+      void* p, scratch->AllocateOnStream(elems * static_cast<int64_t>(sizeof(float)), *stream_));
   Buffer buffer(scratch, stream_, static_cast<float*>(p), elems);
   if (zero) {
     RETURN_IF_ERROR(kernels_->Zero(*stream_, p, elems * static_cast<int64_t>(sizeof(float))));
@@ -984,7 +1018,7 @@ absl::Status GptModel::CheckInputs(absl::Span<const int32_t> tokens,
 absl::Status GptModel::LinearForward(const LinearOp& op, int64_t in_features, int64_t out_features,
                                      absl::Span<const float> x, absl::Span<float> y) {
   ASSIGN_OR_RETURN(ScopedAccess access,
-                   ScopedAccess::Begin(manager_, stream_, op.op, Stage::kForward));
+                   ScopedAccess::Begin(manager_, release_wait_, op.op, Stage::kForward));
   const MatmulShape shape{options_.batch * options_.seq_len, in_features, out_features};
   absl::Span<const float> w, b;
   ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> w_bf16, ParamBf16(op.w));
@@ -1015,7 +1049,7 @@ absl::Status GptModel::LayerNormFwd(const LinearOp& op, absl::Span<const float> 
   ASSIGN_OR_RETURN(mean, Alloc(n, false));
   ASSIGN_OR_RETURN(rstd, Alloc(n, false));
   ASSIGN_OR_RETURN(ScopedAccess access,
-                   ScopedAccess::Begin(manager_, stream_, op.op, Stage::kForward));
+                   ScopedAccess::Begin(manager_, release_wait_, op.op, Stage::kForward));
   absl::Span<const float> w, b;
   ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
   ASSIGN_OR_RETURN(Buffer b_f32, ParamF32(op.b, &b));
@@ -1122,7 +1156,7 @@ absl::Status GptModel::EmbeddingForward(Activations& acts) {
   // belongs to exactly one block.
   for (const VocabBlock& b : vocab_blocks_) {
     ASSIGN_OR_RETURN(ScopedAccess access,
-                     ScopedAccess::Begin(manager_, stream_, b.op, Stage::kForward));
+                     ScopedAccess::Begin(manager_, release_wait_, b.op, Stage::kForward));
     ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, b.tensor));
     RETURN_IF_ERROR(kernels_->EmbeddingBlockForward(*stream_, BlockShape(b), tokens, v.dtype,
                                                     v.data, acts.x[0].data()));
@@ -1131,7 +1165,7 @@ absl::Status GptModel::EmbeddingForward(Activations& acts) {
   if (spec_.positions != TransformerBlockSpec::Positions::kLearned) return absl::OkStatus();
   // Then the positions: x = wte[token] + wpe[position].
   ASSIGN_OR_RETURN(ScopedAccess access,
-                   ScopedAccess::Begin(manager_, stream_, wpe_op_, Stage::kForward));
+                   ScopedAccess::Begin(manager_, release_wait_, wpe_op_, Stage::kForward));
   absl::Span<const float> wpe;
   ASSIGN_OR_RETURN(Buffer wpe_f32, ParamF32(wpe_, &wpe));
   RETURN_IF_ERROR(kernels_->PositionEmbeddingForward(*stream_, B, T, C, config_.max_seq_len,
@@ -1154,7 +1188,7 @@ absl::Status GptModel::LmHeadForward(Activations& acts) {
     const int64_t ws_bytes = kernels_->LmHeadBlockForwardWorkspaceBytes(shape, dtype);
     ASSIGN_OR_RETURN(Buffer ws, Alloc(F32ElemsOf(ws_bytes), false));
     ASSIGN_OR_RETURN(ScopedAccess access,
-                     ScopedAccess::Begin(manager_, stream_, b.op, Stage::kForward));
+                     ScopedAccess::Begin(manager_, release_wait_, b.op, Stage::kForward));
     ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, b.tensor));
     RETURN_IF_ERROR(kernels_->LmHeadBlockForward(*stream_, shape, acts.lnf.data(), v.dtype, v.data,
                                                  targets, state.data(), ws.data(), ws_bytes));
@@ -1203,7 +1237,7 @@ absl::Status GptModel::LinearBackward(const LinearOp& op, int64_t in_features, i
   ASSIGN_OR_RETURN(Buffer dw, Alloc(in_features * out_features, true));
   ASSIGN_OR_RETURN(Buffer db, Alloc(out_features, true));
   ASSIGN_OR_RETURN(ScopedAccess access,
-                   ScopedAccess::Begin(manager_, stream_, op.op, Stage::kBackward));
+                   ScopedAccess::Begin(manager_, release_wait_, op.op, Stage::kBackward));
   const MatmulShape shape{options_.batch * options_.seq_len, in_features, out_features};
   absl::Span<const float> w, b;
   ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> w_bf16, ParamBf16(op.w));
@@ -1233,7 +1267,7 @@ absl::Status GptModel::LayerNormBwd(const LinearOp& op, absl::Span<const float> 
   ASSIGN_OR_RETURN(Buffer dw, Alloc(c, true));
   ASSIGN_OR_RETURN(Buffer db, Alloc(c, true));
   ASSIGN_OR_RETURN(ScopedAccess access,
-                   ScopedAccess::Begin(manager_, stream_, op.op, Stage::kBackward));
+                   ScopedAccess::Begin(manager_, release_wait_, op.op, Stage::kBackward));
   absl::Span<const float> w;
   ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
   RETURN_IF_ERROR(kernels_->LayerNormBackward(*stream_, {n, c}, x.data(), w.data(), mean.data(),
@@ -1325,7 +1359,7 @@ absl::Status GptModel::LmHeadBackward(double loss_scale, Activations& acts, Buff
         std::min(shape.block_rows, std::min(shape.vocab_size, shape.vocab_tile));
     ASSIGN_OR_RETURN(Buffer dblock, Alloc(tile_rows * C, false));
     ASSIGN_OR_RETURN(ScopedAccess access,
-                     ScopedAccess::Begin(manager_, stream_, b.op, Stage::kBackward));
+                     ScopedAccess::Begin(manager_, release_wait_, b.op, Stage::kBackward));
     ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, b.tensor));
     for (int64_t r0 = 0; r0 < b.rows; r0 += tile_rows) {
       VocabBlockShape tile = shape;
@@ -1359,7 +1393,7 @@ absl::Status GptModel::EmbeddingBackward(Activations& acts, Buffer& dx0) {
   if (spec_.positions == TransformerBlockSpec::Positions::kLearned) {
     ASSIGN_OR_RETURN(Buffer dwpe, Alloc(config_.max_seq_len * C, true));
     ASSIGN_OR_RETURN(ScopedAccess access,
-                     ScopedAccess::Begin(manager_, stream_, wpe_op_, Stage::kBackward));
+                     ScopedAccess::Begin(manager_, release_wait_, wpe_op_, Stage::kBackward));
     RETURN_IF_ERROR(kernels_->PositionEmbeddingBackward(*stream_, B, T, C, config_.max_seq_len,
                                                         dx0.data(), dwpe.data()));
     RETURN_IF_ERROR(WriteGrad(wpe_, dwpe.cspan()));
@@ -1372,7 +1406,7 @@ absl::Status GptModel::EmbeddingBackward(Activations& acts, Buffer& dx0) {
   for (auto it = vocab_blocks_.rbegin(); it != vocab_blocks_.rend(); ++it) {
     const VocabBlock& b = *it;
     ASSIGN_OR_RETURN(ScopedAccess access,
-                     ScopedAccess::Begin(manager_, stream_, b.op, Stage::kBackward));
+                     ScopedAccess::Begin(manager_, release_wait_, b.op, Stage::kBackward));
     ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, b.tensor));
     if (!spec_.tied_lm_head) RETURN_IF_ERROR(kernels_->Zero(*stream_, v.data, v.bytes()));
     RETURN_IF_ERROR(kernels_->CopySlotsToRows(*stream_, TouchedShape(acts), b.row_begin, b.rows,
@@ -1440,7 +1474,7 @@ absl::Status GptModel::NormFwd(const LinearOp& op, absl::Span<const float> x, Bu
   ASSIGN_OR_RETURN(y, Alloc(n * c, false));
   ASSIGN_OR_RETURN(rstd, Alloc(n, false));
   ASSIGN_OR_RETURN(ScopedAccess access,
-                   ScopedAccess::Begin(manager_, stream_, op.op, Stage::kForward));
+                   ScopedAccess::Begin(manager_, release_wait_, op.op, Stage::kForward));
   absl::Span<const float> w;
   ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
   RETURN_IF_ERROR(kernels_->RmsNormForward(*stream_, {n, c, model_config_.norm_eps}, x.data(),
@@ -1458,7 +1492,7 @@ absl::Status GptModel::NormBwd(const LinearOp& op, absl::Span<const float> x,
   const int64_t n = options_.batch * options_.seq_len, c = config_.hidden;
   ASSIGN_OR_RETURN(Buffer dw, Alloc(c, true));
   ASSIGN_OR_RETURN(ScopedAccess access,
-                   ScopedAccess::Begin(manager_, stream_, op.op, Stage::kBackward));
+                   ScopedAccess::Begin(manager_, release_wait_, op.op, Stage::kBackward));
   absl::Span<const float> w;
   ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(op.w, &w));
   RETURN_IF_ERROR(kernels_->RmsNormBackward(*stream_, {n, c, model_config_.norm_eps}, x.data(),
@@ -1489,7 +1523,7 @@ absl::Status GptModel::NnLinearForward(const LinearOp& op, int64_t in_features,
                                        int64_t out_features, absl::Span<const float> x,
                                        absl::Span<float> y) {
   ASSIGN_OR_RETURN(ScopedAccess access,
-                   ScopedAccess::Begin(manager_, stream_, op.op, Stage::kForward));
+                   ScopedAccess::Begin(manager_, release_wait_, op.op, Stage::kForward));
   RETURN_IF_ERROR(NnLinearFwd(op.w, op.b, in_features, out_features, x, y));
   return access.End();
 }
@@ -1522,7 +1556,7 @@ absl::Status GptModel::NnLinearBackward(const LinearOp& op, int64_t in_features,
                                         int64_t out_features, absl::Span<const float> x,
                                         absl::Span<const float> dy, absl::Span<float> dx) {
   ASSIGN_OR_RETURN(ScopedAccess access,
-                   ScopedAccess::Begin(manager_, stream_, op.op, Stage::kBackward));
+                   ScopedAccess::Begin(manager_, release_wait_, op.op, Stage::kBackward));
   RETURN_IF_ERROR(NnLinearBwd(op.w, op.b, in_features, out_features, x, dy, dx));
   return access.End();
 }
@@ -1540,7 +1574,7 @@ absl::Status GptModel::LlamaBlockForward(int64_t layer, absl::Span<const float> 
   {
     const QkvOp& qkv = ops.qkv;
     ASSIGN_OR_RETURN(ScopedAccess access,
-                     ScopedAccess::Begin(manager_, stream_, qkv.op, Stage::kForward));
+                     ScopedAccess::Begin(manager_, release_wait_, qkv.op, Stage::kForward));
     RETURN_IF_ERROR(NnLinearFwd(qkv.q_w, qkv.q_b, C, Q, a.ln1.cspan(), a.q.span()));
     RETURN_IF_ERROR(NnLinearFwd(qkv.k_w, qkv.k_b, C, K, a.ln1.cspan(), a.k.span()));
     RETURN_IF_ERROR(NnLinearFwd(qkv.v_w, qkv.v_b, C, K, a.ln1.cspan(), a.v.span()));
@@ -1651,7 +1685,7 @@ absl::Status GptModel::LlamaBlockBackward(int64_t layer, BlockActs& a, Buffer& i
   {
     const QkvOp& qkv = ops.qkv;
     ASSIGN_OR_RETURN(ScopedAccess access,
-                     ScopedAccess::Begin(manager_, stream_, qkv.op, Stage::kBackward));
+                     ScopedAccess::Begin(manager_, release_wait_, qkv.op, Stage::kBackward));
     RETURN_IF_ERROR(NnLinearBwd(qkv.q_w, qkv.q_b, C, Q, a.ln1.cspan(), dq.cspan(), dln1.span()));
     dq.Reset();
     RETURN_IF_ERROR(NnLinearBwd(qkv.k_w, qkv.k_b, C, K, a.ln1.cspan(), dk.cspan(), dln1.span()));
@@ -1702,12 +1736,14 @@ absl::StatusOr<double> GptModel::ForwardBackward(absl::Span<const int32_t> token
         "GptModel::ForwardBackward runs inside an iteration: call ChunkManager::BeginIteration "
         "first (or use TrainStep)");
   }
+  WaitOnError wait(stream_);  // after the activations' stream-ordered frees
   Activations acts;
   const ForwardMode mode =
       options_.activation_checkpointing ? ForwardMode::kCheckpoint : ForwardMode::kTrain;
   ASSIGN_OR_RETURN(const double loss, Forward(tokens, targets, mode, acts));
   RETURN_IF_ERROR(Backward(tokens, loss_scale, acts));
   // Every gradient is in its slot before the optimizer (or a caller) reads it.
+  wait.Dismiss();
   RETURN_IF_ERROR(stream_->Synchronize());
   return loss;
 }
@@ -1721,8 +1757,11 @@ absl::StatusOr<double> GptModel::Evaluate(absl::Span<const int32_t> tokens,
         "GptModel::Evaluate runs outside an iteration (its accesses are untracked); call it "
         "after EndIteration");
   }
+  WaitOnError wait(stream_);
   Activations acts;
-  return Forward(tokens, targets, ForwardMode::kEvaluate, acts);
+  absl::StatusOr<double> loss = Forward(tokens, targets, ForwardMode::kEvaluate, acts);
+  if (loss.ok()) wait.Dismiss();  // Forward waited for the loss
+  return loss;
 }
 
 }  // namespace ps

@@ -85,14 +85,27 @@
 // compute_stream, or the model's own): no host code reads or writes accelerator memory during
 // compute. The inputs go to the device with Stream::MemcpyAsync (tokens, targets, the RoPE tables
 // into one scratch buffer; slot_of_token of the batch's distinct tokens in backward), the loss
-// comes back the same way (a double the LM head writes on the device), and the host waits for the
-// stream: before each Release of an operator (so the manager moves or drops a chunk only after the
-// kernels that read or wrote it ran), before each scratch buffer goes back to the allocator (so
-// the allocator's and the tracker's view of the tide moves at the same program points as the
-// activation profile's, model/gpt_activation_profile.h), for the loss, and at the end of
-// ForwardBackward. Within an operator the host runs ahead of the kernels. With the cpu backend
-// the CPU kernels run on the stream's worker thread (model/kernels/cpu_kernels.h), bit for bit as
-// direct calls; the trainer still refuses the cuda backend.
+// comes back the same way (a double the LM head writes on the device). The host runs ahead of
+// the kernels across operators, as it does with a GPU:
+//  - Release. With a compute_stream in the options — which must then be the ChunkManager's
+//    compute_stream (ChunkManagerOptions::compute_stream; the trainer's wiring) — each operator's
+//    Release is stream-ordered: the manager records the stream's position and moves, writes back
+//    or drops the operator's chunks only after it (scheduler/chunk_manager.h "Stream order"), so
+//    the host does not wait. Without one, the model creates its own stream, which a manager cannot
+//    know, and the host waits for the stream before each Release (only then may the manager move
+//    a chunk the kernels read or wrote); a manager given a compute stream must therefore also be
+//    given to the model as options.compute_stream.
+//  - Scratch. Buffers come from accelerator->scratch() with CachingAllocator::AllocateOnStream and
+//    go back with DeallocateOnStream on the compute stream (memory/caching_allocator.h): later
+//    kernels on the stream reuse a freed block at once, nothing else (another stream, the chunk
+//    pool) before the stream passed the free. The allocator and the tracker count a free when it
+//    is made, so the tide moves at the program's points, exactly as the activation profile
+//    (model/gpt_activation_profile.h) replays it.
+// The host waits for the stream for the loss (a device-to-host copy), at the end of
+// ForwardBackward and Evaluate, and wherever the scheduler or the allocator must (an eviction
+// that waits on the host, memory pressure). With the cpu backend the CPU kernels run on the
+// stream's worker thread (model/kernels/cpu_kernels.h), bit for bit as direct calls; the trainer
+// still refuses the cuda backend.
 //
 // Reading and setting the state outside compute (ReadTensor*, VisitTrainingState, the exports,
 // the imports, LoadTrainingState) never dereferences an accelerator payload on the host, so it is
@@ -170,8 +183,9 @@ struct GptModelOptions {
   // the model. `kernels` must be the implementation of the accelerator's backend, created with a
   // pool of `threads` threads (its workspace sizes enter the activation profile); null: the model
   // creates CreateKernels(backend, {.cpu_pool = its own pool}). `compute_stream` must be a stream
-  // of the accelerator's backend — the one the ChunkManager was given as its compute_stream, when
-  // it was given one; null: the model creates its own.
+  // of the accelerator's backend and the one the ChunkManager was given as its compute_stream
+  // (the model releases operators in stream order on it, see "Compute"); null: the model creates
+  // its own, and the manager must have no compute stream (the host then waits at each Release).
   Kernels* kernels = nullptr;
   Stream* compute_stream = nullptr;
 };
@@ -482,6 +496,9 @@ class GptModel {
   Stream* stream_ = nullptr;
   std::unique_ptr<Kernels> owned_kernels_;
   std::unique_ptr<Stream> owned_stream_;
+  // The stream the host waits for before each Release: the owned stream (the manager does not
+  // order by it); null with the caller's stream (the manager's compute stream).
+  Stream* release_wait_ = nullptr;
   // The device copy of the RoPE tables during a Forward/ForwardBackward (in Activations::inputs).
   const float* rope_dev_ = nullptr;
 

@@ -5,6 +5,7 @@
 // checkpointing's memory, training-state round trips) are the trainer's: trainer/train_step_test.
 #include "model/gpt_model.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -37,12 +38,14 @@
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
 #include "model/gpt2_checkpoint.h"
+#include "model/gpt_activation_profile.h"
 #include "model/gpt_config.h"
 #include "model/hf_checkpoint.h"
 #include "model/kernels/internal/bf16_gemm.h"
 #include "model/kernels/kernels.h"
 #include "model/kernels/kernels_factory.h"
 #include "model/kernels/testing/tiny_gpt2.h"
+#include "scheduler/activation_profile.h"
 #include "scheduler/chunk_manager.h"
 
 namespace ps {
@@ -251,7 +254,40 @@ TEST(GptModel, InitializationIsGpt2sAndReproducible) {
 // parameter values: the same kernels in the same order on the same f32 operands (with bf16
 // chunks: the same bf16 GEMM kernels on the same bf16 weights), so the loss is bit-identical and
 // the gradients are bit-identical after rounding to `dtype` (for f32: exactly).
-void ExpectMatchesReference(DType dtype, bool checkpointing, RigOptions o = {}) {
+// Scratch allocations the model makes in one ForwardBackward before its `n`-th operator access
+// (n = 0: before its last access of the forward pass), from the activation profile, which follows
+// the model statement by statement.
+int64_t AllocationsBeforeAccess(const GptConfig& config, const RigOptions& o, int n) {
+  const GptMemoryModel m =
+      GptActivationProfile(config, o.model, o.dtype, {.vocab_block_rows = o.vocab_block_rows});
+  const std::vector<ActivationEvent>& events = m.profile.iteration;
+  int64_t end = static_cast<int64_t>(events.size());
+  int accesses = 0;
+  for (int64_t i = 0; i < static_cast<int64_t>(events.size()); ++i) {
+    const ActivationEvent& e = events[static_cast<size_t>(i)];
+    if (e.kind != ActivationEvent::Kind::kAccess) continue;
+    if (n == 0) {
+      if (e.stage != Stage::kForward) break;  // backward (and its recomputations) begins
+      end = i;
+    } else if (++accesses == n) {
+      end = i;
+      break;
+    }
+  }
+  int64_t allocs = 0;
+  for (int64_t i = 0; i < end; ++i) {
+    allocs += events[static_cast<size_t>(i)].kind == ActivationEvent::Kind::kAlloc ? 1 : 0;
+  }
+  return allocs;
+}
+
+// With `stall`, each ForwardBackward starts behind a stall of the compute stream (which ends at
+// the host's first wait for the backend), and a probe queued first records how many scratch
+// allocations the host had made when the stream started: the host must have got through the
+// whole forward's enqueues by then (it first waits for the loss) — at least up to the last
+// forward access, which is many operators.
+void ExpectMatchesReference(DType dtype, bool checkpointing, RigOptions o = {},
+                            bool stall = false) {
   const GptConfig config = SmallConfig();
   o.dtype = dtype;
   o.model.activation_checkpointing = checkpointing;
@@ -276,9 +312,30 @@ void ExpectMatchesReference(DType dtype, bool checkpointing, RigOptions o = {}) 
     ASSERT_OK(reference.Backward(batch.tokens, batch.targets, &pool));
 
     ASSERT_OK(rig->manager->BeginIteration());
+    std::unique_ptr<CpuStreamStall> stalled;
+    std::atomic<int64_t> allocs_when_the_stream_started{-1};
+    const int64_t allocs_before = rig->accelerator->scratch()->stats().total_allocations;
+    if (stall) {
+      ASSERT_TRUE(o.shared_compute_stream);
+      ASSERT_OK_AND_ASSIGN(stalled, StallCpuStream(*rig->compute_stream));
+      ASSERT_OK(rig->compute_stream->LaunchHostFunc([&, scratch = rig->accelerator->scratch()] {
+        allocs_when_the_stream_started = scratch->stats().total_allocations - allocs_before;
+      }));
+    }
     ASSERT_OK_AND_ASSIGN(const double loss,
                          rig->model->ForwardBackward(batch.tokens, batch.targets));
     EXPECT_EQ(loss, expected_loss);
+    if (stall) {
+      const int64_t forward = AllocationsBeforeAccess(config, o, 0);
+      ASSERT_GT(forward, AllocationsBeforeAccess(config, o, 4));  // more than three operators
+      EXPECT_GE(allocs_when_the_stream_started.load(), forward)
+          << "the compute stream started before the host had enqueued the forward (seed " << seed
+          << ")";
+      LOG(INFO) << "scratch allocations before the stream started: "
+                << allocs_when_the_stream_started.load()
+                << " (up to the last forward access: " << forward
+                << ", three operators: " << AllocationsBeforeAccess(config, o, 4) << ")";
+    }
     for (const kernel_testing::ParamTensor& t : reference.tensors()) {
       ASSERT_OK_AND_ASSIGN(std::vector<float> grad,
                            rig->model->ReadTensor(ChunkType::kParam, t.name));
@@ -337,6 +394,22 @@ TEST(GptModel, CallersKernelsAndComputeStreamSharedWithTheManager) {
   ExpectMatchesReference(DType::kF32, false, o);
   o.stall_streams_until_host_waits = true;
   ExpectMatchesReference(DType::kF16, false, o);
+}
+
+// The host runs ahead of the kernels as with a GPU: with the stream shared with the manager,
+// neither a Release nor a scratch free waits for the stream, so a ForwardBackward held behind a
+// stall of the compute stream enqueues operator after operator (the whole forward, until it waits
+// for the loss) before the first kernel runs — and the results, once the stream ran, are still
+// bit-identical to tiny_gpt2 (f32; bf16 with the reference's bf16 GEMMs; f16; checkpointing).
+// Meanwhile every scratch buffer is freed while kernels that read it are still queued, and later
+// kernels reuse the blocks in stream order: a block handed to anyone else too early would change
+// the results.
+TEST(GptModel, HostRunsAheadOfTheComputeStreamAcrossOperators) {
+  RigOptions o;
+  o.shared_compute_stream = true;
+  ExpectMatchesReference(DType::kF32, false, o, /*stall=*/true);
+  ExpectMatchesReference(DType::kBF16, false, o, /*stall=*/true);
+  ExpectMatchesReference(DType::kF16, true, o, /*stall=*/true);
 }
 
 // A gradient the compute stream has not written yet is not what a staged read returns: ReadTensor

@@ -6,6 +6,7 @@
 // refused before the iteration opens, the iteration ended after an error).
 #include "trainer/train_step.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -28,15 +29,19 @@
 #include "chunk/chunk_type.h"
 #include "glog/logging.h"
 #include "gtest/gtest.h"
+#include "memory/backend.h"
+#include "memory/caching_allocator.h"
 #include "memory/cpu_backend.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
+#include "model/gpt_activation_profile.h"
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
 #include "model/kernels/internal/bf16_gemm.h"
 #include "optimizer/cpu_adam.h"
 #include "optimizer/hybrid_adam.h"
 #include "optimizer/loss_scaler.h"
+#include "scheduler/activation_profile.h"
 #include "scheduler/chunk_manager.h"
 #include "trainer/scheduled_chunk_access.h"
 
@@ -76,6 +81,10 @@ struct RigOptions {
   // Every stream of the cpu backend held until the host waits (memory/cpu_backend.h): the model's
   // kernels, the manager's copies and the optimizer run only when the host waits for them.
   bool stall_streams_until_host_waits = false;
+  // The rig creates a compute stream and gives it to the manager and the model (the trainer's
+  // wiring: operators are released in stream order, the host runs ahead); otherwise the model
+  // creates its own, and the host waits for it at each Release.
+  bool shared_compute_stream = false;
 };
 
 // Everything one model needs, destroyed in the right order (the store before the memories).
@@ -84,6 +93,7 @@ struct Rig {
   std::unique_ptr<DeviceMemory> accelerator;
   std::unique_ptr<DeviceMemory> host;
   std::unique_ptr<ChunkStore> store;
+  std::unique_ptr<Stream> compute_stream;
   std::unique_ptr<ChunkManager> manager;
   std::unique_ptr<GptModel> model;
   std::unique_ptr<CpuAdam> cpu_adam;
@@ -105,11 +115,17 @@ absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const GptConfig& config, const RigO
   ChunkManagerOptions manager_options;
   manager_options.device_budget_bytes = o.budget_bytes;
   manager_options.warmup_chunk_fraction = o.warmup_chunk_fraction;
+  GptModelOptions model_options = o.model;
+  if (o.shared_compute_stream) {
+    ASSIGN_OR_RETURN(rig->compute_stream, rig->backend->CreateStream());
+    manager_options.compute_stream = rig->compute_stream.get();
+    model_options.compute_stream = rig->compute_stream.get();
+  }
   ASSIGN_OR_RETURN(rig->manager,
                    ChunkManager::Create(rig->store.get(), rig->backend.get(),
                                         rig->accelerator.get(), rig->host.get(), manager_options));
   ASSIGN_OR_RETURN(rig->model, GptModel::Create(config, rig->store.get(), rig->manager.get(),
-                                                rig->accelerator.get(), o.model));
+                                                rig->accelerator.get(), model_options));
   ASSIGN_OR_RETURN(rig->cpu_adam, CpuAdam::Create({.num_threads = 2}));
   HybridAdamOptions adam_options;
   adam_options.groups = {ParamGroupOptions{.name = "default", .lr = o.lr, .weight_decay = 0.0}};
@@ -262,6 +278,91 @@ TEST(GptTraining, ChunkedExecutionUnderEvictionIsExactWithStreamsHeldUntilTheHos
   ExpectSameTraining(resident, evicting);
   EXPECT_GE(evicting.counters.stage(Stage::kBackward).write_backs,
             kIterations * (evicting.num_chunks - 1));
+}
+
+// The trainer's wiring under the same eviction and held streams: the manager orders its work by
+// the model's compute stream, so the model releases operators without waiting for their kernels
+// (the host runs ahead) — the write-backs and drops wait for the stream instead — and the training
+// is still exact.
+TEST(GptTraining, ChunkedExecutionUnderEvictionIsExactWithTheComputeStreamSharedAndHeld) {
+  const GptConfig config = SmallConfig();
+  constexpr int kIterations = 3;
+  RigOptions roomy;
+  ASSERT_OK_AND_ASSIGN(TrainTrace resident, Train(config, roomy, kIterations));
+  RigOptions tight;
+  tight.budget_bytes = resident.peak_nonmodel_bytes + kChunkElems * 4 + 4 * kKiB;
+  tight.warmup_chunk_fraction = 0.01;
+  tight.stall_streams_until_host_waits = true;
+  tight.shared_compute_stream = true;
+  ASSERT_OK_AND_ASSIGN(TrainTrace evicting, Train(config, tight, kIterations));
+  ExpectSameTraining(resident, evicting);
+  EXPECT_GE(evicting.counters.stage(Stage::kBackward).write_backs,
+            kIterations * (evicting.num_chunks - 1));
+}
+
+// TrainStep with the compute stream stalled at the start of each step (the stall ends at the
+// host's first wait for the backend): a probe queued first sees that the host had enqueued the
+// whole forward — every scratch allocation up to the last forward access, from the activation
+// profile — before the first kernel ran; the losses and the trained parameters equal the
+// unstalled run's bit for bit (f32 and bf16).
+void ExpectTrainStepRunsAhead(DType dtype) {
+  SCOPED_TRACE(DTypeName(dtype));
+  const GptConfig config = SmallConfig();
+  constexpr int kSteps = 3;
+  RigOptions o;
+  o.dtype = dtype;
+  o.shared_compute_stream = true;
+  const GptMemoryModel profile = GptActivationProfile(config, o.model, dtype, {});
+  int64_t forward_allocs = 0;
+  int64_t forward_accesses = 0;
+  {
+    int64_t pending_allocs = 0;
+    for (const ActivationEvent& e : profile.profile.iteration) {
+      if (e.kind == ActivationEvent::Kind::kAlloc) ++pending_allocs;
+      if (e.kind != ActivationEvent::Kind::kAccess) continue;
+      if (e.stage != Stage::kForward) break;
+      forward_allocs = pending_allocs;  // allocations before this forward access
+      ++forward_accesses;
+    }
+  }
+  ASSERT_GT(forward_accesses, 3);
+  const Batch batch = RandomBatch(config, o.model.batch, o.model.seq_len, 9);
+  std::vector<double> losses[2];
+  std::vector<std::vector<float>> master[2];
+  for (int stalled = 0; stalled < 2; ++stalled) {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(config, o));
+    ASSERT_OK(rig->model->InitializeParameters(5));
+    CachingAllocator* scratch = rig->accelerator->scratch();
+    for (int step = 0; step < kSteps; ++step) {
+      std::unique_ptr<CpuStreamStall> stall;
+      std::atomic<int64_t> allocs_when_started{-1};
+      const int64_t before = scratch->stats().total_allocations;
+      if (stalled == 1) {
+        ASSERT_OK_AND_ASSIGN(stall, StallCpuStream(*rig->compute_stream));
+        ASSERT_OK(rig->compute_stream->LaunchHostFunc(
+            [&] { allocs_when_started = scratch->stats().total_allocations - before; }));
+      }
+      ASSERT_OK_AND_ASSIGN(TrainStepResult r, TrainStep(*rig->model, *rig->manager, *rig->adam,
+                                                        batch.tokens, batch.targets));
+      losses[stalled].push_back(r.loss);
+      if (stalled == 1) {
+        EXPECT_GE(allocs_when_started.load(), forward_allocs)
+            << "step " << step << ": the compute stream started before the host enqueued the "
+            << "forward's " << forward_accesses << " accesses";
+      }
+    }
+    ASSERT_OK_AND_ASSIGN(master[stalled], ReadAll(*rig->model, ChunkType::kMaster));
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  ASSERT_EQ(master[0].size(), master[1].size());
+  for (size_t t = 0; t < master[0].size(); ++t) {
+    EXPECT_TRUE(BitEqual(master[0][t], master[1][t])) << "master " << t;
+  }
+}
+
+TEST(GptTraining, TrainStepHostRunsAheadOfAStalledComputeStream) {
+  ExpectTrainStepRunsAhead(DType::kF32);
+  ExpectTrainStepRunsAhead(DType::kBF16);
 }
 
 // --- 2. Overfitting one batch ------------------------------------------------------------------
