@@ -79,11 +79,15 @@ struct ChunkManagerCounters {
   // counts neither.
   int64_t pressure_reclaims = 0;
   int64_t pressure_evictions = 0;
-  // Time the calling thread blocked on the device: waiting for copies (loads, write-backs,
-  // zero-fills) and for the compute stream. With a compute stream (stream-ordered accesses, see
-  // scheduler/chunk_manager.h) an access no longer waits for its loads on the host, so this is
-  // only the host waits that remain (evictions, the optimizer's host chunks, ZeRO collectives).
+  // Time the calling thread blocked on chunk copies (loads, write-backs, zero-fills). With a
+  // compute stream (stream-ordered accesses, see scheduler/chunk_manager.h) an access no longer
+  // waits for its loads on the host, so this is only the host waits that remain (evictions, the
+  // optimizer's host chunks, ZeRO collectives). Time a kernel spends waiting on the device for a
+  // load is not visible to the host and is not counted.
   int64_t stall_ns = 0;
+  // Time the calling thread blocked on the compute stream (before a clean drop, BeginAdam, ZeRO
+  // reductions): the host had run ahead of the kernels, so this is compute, not copy time.
+  int64_t compute_wait_ns = 0;
   // Stream-ordered accesses whose loads (or zero-fills) were still in flight when the access
   // returned: the compute stream waits for them instead of the host (not counted in stall_ns).
   int64_t stream_ordered_waits = 0;

@@ -355,7 +355,7 @@ absl::Status ResidencyEngine::WaitForCompute() {
   compute_pending_ = false;
   const int64_t start = NowNs();
   absl::Status s = compute_done_->Synchronize();
-  counters_->stall_ns += NowNs() - start;
+  counters_->compute_wait_ns += NowNs() - start;
   return s;
 }
 
