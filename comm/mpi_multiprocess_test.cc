@@ -8,7 +8,6 @@
 //   --mca btl self,vader  shared memory only (no network interfaces needed)
 // and TMPDIR=/tmp: OpenMPI puts its session directory and PMIx's Unix sockets under TMPDIR, and
 // Bazel's test TMPDIR is longer than a socket path may be.
-#include <limits.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -18,7 +17,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "base/testing/status_matchers.h"
 #include "comm/testing/subprocess.h"
@@ -27,21 +25,6 @@
 
 namespace ps {
 namespace {
-
-// mpirun derives its installation prefix from the directory it is run from, and refuses "/"
-// (what /bin/mpirun gives where /bin is a link to /usr/bin): resolve the directory first.
-std::string FindMpirun() {
-  if (const char* env = std::getenv("PS_MPIRUN"); env != nullptr && *env != '\0') return env;
-  const char* path = std::getenv("PATH");
-  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "", ':')) {
-    if (dir.empty()) continue;
-    char resolved[PATH_MAX];
-    if (realpath(std::string(dir).c_str(), resolved) == nullptr) continue;
-    const std::string candidate = absl::StrCat(resolved, "/mpirun");
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "/usr/bin/mpirun";
-}
 
 std::string Runfile(absl::string_view path) {
   const char* srcdir = std::getenv("TEST_SRCDIR");

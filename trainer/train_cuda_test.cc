@@ -19,7 +19,6 @@
 #include "gtest/gtest.h"
 
 #if PS_WITH_CUDA
-#include <limits.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -27,19 +26,17 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "comm/testing/subprocess.h"
 #include "gmock/gmock.h"
 #include "memory/cuda/cuda_backend.h"
 #include "nlohmann/json.hpp"
 #include "trainer/testing/test_files.h"
+#include "trainer/testing/train_process.h"
 #endif
 
 namespace ps {
@@ -65,62 +62,10 @@ std::string FreshDir(const std::string& name) {
   return trainer_testing::FreshTempDir("train_cuda_test", name);
 }
 
-std::string FindMpirun() {
-  if (const char* env = std::getenv("PS_MPIRUN"); env != nullptr && *env != '\0') return env;
-  const char* path = std::getenv("PATH");
-  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "", ':')) {
-    if (dir.empty()) continue;
-    char resolved[PATH_MAX];
-    if (realpath(std::string(dir).c_str(), resolved) == nullptr) continue;
-    const std::string candidate = absl::StrCat(resolved, "/mpirun");
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "/usr/bin/mpirun";
-}
-
-SubprocessResult RunProgram(std::vector<std::string> argv, absl::Duration timeout) {
-  SubprocessOptions options;
-  options.argv = std::move(argv);
-  options.unset_env = {
-      "XML_OUTPUT_FILE",           "GTEST_OUTPUT",       "TEST_PREMATURE_EXIT_FILE",
-      "TEST_WARNINGS_OUTPUT_FILE", "GTEST_SHARD_*",      "TEST_SHARD_*",
-      "TEST_TOTAL_SHARDS",         "GTEST_TOTAL_SHARDS", "TMPDIR"};
-  options.set_env = {"TMPDIR=/tmp"};
-  options.timeout = timeout;
-  absl::StatusOr<SubprocessResult> result = RunSubprocess(options);
-  EXPECT_TRUE(result.ok()) << result.status();
-  return result.ok() ? *result : SubprocessResult{};
-}
-
-// One process (a world of one): the binary with `flags`.
-SubprocessResult RunSingle(std::vector<std::string> flags, absl::Duration timeout) {
-  flags.insert(flags.begin(), TrainBinary());
-  flags.push_back("--comm=local");
-  return RunProgram(flags, timeout);
-}
-
-std::vector<nlohmann::json> ReadMetrics(const std::string& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
-  }
-  return out;
-}
-
-// "model data held ... after the last step: X (N bytes)" from the summary; -1 if absent.
-int64_t HeldModelBytes(const std::string& output) {
-  const size_t at = output.find("after the last step:");
-  if (at == std::string::npos) return -1;
-  const size_t open = output.find('(', at);
-  const size_t space = output.find(" bytes)", open);
-  int64_t bytes = -1;
-  if (open == std::string::npos || space == std::string::npos ||
-      !absl::SimpleAtoi(output.substr(open + 1, space - open - 1), &bytes)) {
-    return -1;
-  }
-  return bytes;
-}
+using trainer_testing::HeldModelBytes;
+using trainer_testing::ReadMetrics;
+using trainer_testing::RunProgram;
+using trainer_testing::RunSingle;
 
 void ExpectLossesNear(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b,
                       double rel) {

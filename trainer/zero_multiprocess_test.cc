@@ -15,7 +15,6 @@
 //    gathers every rank's tensors into the directory (bit-exact after a step at lr 0).
 //
 // mpirun flags as comm/mpi_multiprocess_test.cc (offline, as root, 2 cores, TMPDIR=/tmp).
-#include <limits.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -29,9 +28,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "comm/testing/subprocess.h"
@@ -42,24 +39,16 @@
 #include "model/model_config.h"
 #include "nlohmann/json.hpp"
 #include "trainer/testing/test_files.h"
+#include "trainer/testing/train_process.h"
 
 namespace ps {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string FindMpirun() {
-  if (const char* env = std::getenv("PS_MPIRUN"); env != nullptr && *env != '\0') return env;
-  const char* path = std::getenv("PATH");
-  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "", ':')) {
-    if (dir.empty()) continue;
-    char resolved[PATH_MAX];
-    if (realpath(std::string(dir).c_str(), resolved) == nullptr) continue;
-    const std::string candidate = absl::StrCat(resolved, "/mpirun");
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "/usr/bin/mpirun";
-}
+using trainer_testing::HeldModelBytes;
+using trainer_testing::ReadMetrics;
+using trainer_testing::RunProgram;
+using trainer_testing::RunSingle;
 
 std::string TrainBinary() { return trainer_testing::Runfile("trainer/train"); }
 
@@ -74,59 +63,12 @@ std::vector<std::string> Flags(int64_t micro_batch, int64_t steps) {
           absl::StrCat("--steps=", steps), "--seq_len=32", "--accelerator_memory=64MiB"};
 }
 
-SubprocessResult Run(std::vector<std::string> argv, absl::Duration timeout) {
-  SubprocessOptions options;
-  options.argv = std::move(argv);
-  options.unset_env = {
-      "XML_OUTPUT_FILE",           "GTEST_OUTPUT",       "TEST_PREMATURE_EXIT_FILE",
-      "TEST_WARNINGS_OUTPUT_FILE", "GTEST_SHARD_*",      "TEST_SHARD_*",
-      "TEST_TOTAL_SHARDS",         "GTEST_TOTAL_SHARDS", "TMPDIR"};
-  options.set_env = {"TMPDIR=/tmp"};
-  if (const char* asan = std::getenv("ASAN_OPTIONS"); asan != nullptr) {
-    options.unset_env.push_back("ASAN_OPTIONS");
-    options.set_env.push_back(absl::StrCat("ASAN_OPTIONS=", asan, ":detect_leaks=0"));
-  }
-  options.timeout = timeout;
-  absl::StatusOr<SubprocessResult> result = RunSubprocess(options);
-  EXPECT_TRUE(result.ok()) << result.status();
-  return result.ok() ? *result : SubprocessResult{};
-}
-
-SubprocessResult RunSingle(std::vector<std::string> flags, absl::Duration timeout) {
-  flags.insert(flags.begin(), TrainBinary());
-  flags.push_back("--comm=local");
-  return Run(flags, timeout);
-}
-
 SubprocessResult RunMpi(int np, std::vector<std::string> program, absl::Duration timeout) {
   std::vector<std::string> argv = {FindMpirun(), "--allow-run-as-root", "--oversubscribe",
                                    "-np",        absl::StrCat(np),      "--mca",
                                    "btl",        "self,vader"};
   argv.insert(argv.end(), program.begin(), program.end());
-  return Run(argv, timeout);
-}
-
-std::vector<nlohmann::json> ReadMetrics(const std::string& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
-  }
-  return out;
-}
-
-// "model data held ... after the last step: X (N bytes)" from the summary.
-int64_t HeldModelBytes(const std::string& output) {
-  const size_t at = output.find("after the last step:");
-  if (at == std::string::npos) return -1;
-  const size_t open = output.find('(', at);
-  const size_t space = output.find(" bytes)", open);
-  int64_t bytes = -1;
-  if (open == std::string::npos || space == std::string::npos ||
-      !absl::SimpleAtoi(output.substr(open + 1, space - open - 1), &bytes)) {
-    return -1;
-  }
-  return bytes;
+  return RunProgram(argv, timeout);
 }
 
 TEST(ZeroTraining, TwoRanksTrainLikeOneRankWithHalfTheModelData) {

@@ -1,6 +1,7 @@
 #include "comm/testing/subprocess.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/types.h>
@@ -8,12 +9,15 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 
 extern char** environ;
@@ -122,6 +126,19 @@ std::string DescribeExit(const SubprocessResult& result) {
   }
   return absl::StrCat("exit code ", result.exit_code, " after ",
                       absl::FormatDuration(result.elapsed));
+}
+
+std::string FindMpirun() {
+  if (const char* env = std::getenv("PS_MPIRUN"); env != nullptr && *env != '\0') return env;
+  const char* path = std::getenv("PATH");
+  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "", ':')) {
+    if (dir.empty()) continue;
+    char resolved[PATH_MAX];
+    if (realpath(std::string(dir).c_str(), resolved) == nullptr) continue;
+    const std::string candidate = absl::StrCat(resolved, "/mpirun");
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "/usr/bin/mpirun";
 }
 
 }  // namespace ps

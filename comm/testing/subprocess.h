@@ -36,6 +36,12 @@ absl::StatusOr<SubprocessResult> RunSubprocess(const SubprocessOptions& options)
 // "exit code 3", "signal 9 (Killed)" or "killed by the watchdog after 60s", for messages.
 std::string DescribeExit(const SubprocessResult& result);
 
+// The mpirun to launch: $PS_MPIRUN if set, else the first executable `mpirun` in a PATH
+// directory, resolved (mpirun derives its installation prefix from the directory it is run from,
+// and refuses "/", which is what /bin/mpirun gives where /bin is a link to /usr/bin), else
+// /usr/bin/mpirun.
+std::string FindMpirun();
+
 }  // namespace ps
 
 #endif  // PATRICKSTAR_COMM_TESTING_SUBPROCESS_H_
