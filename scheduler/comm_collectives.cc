@@ -76,6 +76,14 @@ CommCollectives::~CommCollectives() {
   LOG_IF(ERROR, !s.ok()) << "CommCollectives: giving the device staging back failed: " << s;
 }
 
+absl::Status CommCollectives::RequireDeviceStaging() const {
+  if (device_staging_ != nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("CommCollectives: the '", comm_->name(),
+                   "' communicator needs device memory; build the collectives with "
+                   "CommCollectives::Create and CommCollectivesOptions.accelerator"));
+}
+
 absl::StatusOr<uint8_t*> CommCollectives::StageOnDevice(absl::Span<void* const> payloads,
                                                         int64_t bytes) {
   if (bytes * comm_->world_size() > reduce_staging_bytes_) {
@@ -146,12 +154,7 @@ absl::Status CommCollectives::ReduceScatterGroup(int64_t group, absl::Span<void*
   const int64_t bytes = count_elems * SizeOf(dtype);
   uint8_t* staging = nullptr;
   if (on_device()) {
-    if (device_staging_ == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("CommCollectives: the '", comm_->name(),
-                       "' communicator needs device memory; build the collectives with "
-                       "CommCollectives::Create and CommCollectivesOptions.accelerator"));
-    }
+    RETURN_IF_ERROR(RequireDeviceStaging());
     ASSIGN_OR_RETURN(staging, StageOnDevice(payloads, bytes));
   } else {
     staging_.resize(static_cast<size_t>(bytes * world));
@@ -188,12 +191,7 @@ absl::Status CommCollectives::GatherBytes(const void* in, int64_t bytes,
                      comm_->AllGatherAsync(in, out.data(), bytes, CommDType::kU8));
     return request->Wait(timeout_);
   }
-  if (device_staging_ == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "CommCollectives: the '", comm_->name(),
-        "' communicator needs device memory; build the collectives with CommCollectives::Create "
-        "and CommCollectivesOptions.accelerator"));
-  }
+  RETURN_IF_ERROR(RequireDeviceStaging());
   CHECK_LE(bytes, kScalarSlotBytes);
   // In place: this rank's value goes into its slot of the word.
   uint8_t* word = static_cast<uint8_t*>(device_staging_) + scalar_offset_;

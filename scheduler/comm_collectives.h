@@ -125,6 +125,9 @@ class CommCollectives final : public CollectiveHooks {
   absl::Status GatherBytes(const void* in, int64_t bytes, std::vector<uint8_t>& out);
   // The device path's staging: `bytes` of the reduce-scatter buffer, filled from `payloads`.
   absl::StatusOr<uint8_t*> StageOnDevice(absl::Span<void* const> payloads, int64_t bytes);
+  // FailedPrecondition unless the device staging exists (the collectives of a device-memory
+  // communicator were built by Create with an accelerator).
+  absl::Status RequireDeviceStaging() const;
 
   static constexpr int64_t kScalarSlotBytes = 16;
 
