@@ -671,7 +671,9 @@ absl::Status Trainer::Impl::BroadcastFromOwner(std::vector<float>& values, int o
       std::max<int64_t>(1, reserve_.export_tile_bytes / static_cast<int64_t>(sizeof(float)));
   const int64_t tile_bytes = std::min(elems, tile_elems) * static_cast<int64_t>(sizeof(float));
   if (tile_bytes == 0) return absl::OkStatus();
-  ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend_->CreateStream());
+  // The copies go on the compute stream (after any compute still queued), not a stream created
+  // per tensor.
+  Stream* stream = compute_stream_.get();
   ASSIGN_OR_RETURN(void* tile, accelerator_->scratch()->Allocate(tile_bytes));
   absl::Status s = absl::OkStatus();
   for (int64_t first = 0; first < elems && s.ok(); first += tile_elems) {
