@@ -89,28 +89,6 @@ absl::Status CpuKernels::CheckBuffer(absl::string_view op, const BufferArg& buff
                              absl::StrCat(op, ": ", buffer.name));
 }
 
-// --- Workspaces ---------------------------------------------------------------------------------
-
-int64_t CpuKernels::GemmWorkspaceBytes(const GemmShape& s) const {
-  if (s.ab_dtype == DType::kF32) return 0;
-  // bf16: the product, for alpha != 1 or beta not in {0, 1} (GemmBf16 writes or adds to C only).
-  if (s.ab_dtype == DType::kBF16) return s.m * s.n * static_cast<int64_t>(sizeof(float));
-  const Stored a = StoredA(s), b = StoredB(s);
-  return (a.rows * a.cols + b.rows * b.cols) * static_cast<int64_t>(sizeof(float));
-}
-
-int64_t CpuKernels::AttentionForwardWorkspaceBytes(const AttentionShape& s) const {
-  return ::ps::AttentionWorkspaceBytes<float>(s, pool_threads());
-}
-
-int64_t CpuKernels::GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape& s) const {
-  return ::ps::GqaAttentionWorkspaceBytes<float>(s, pool_threads());
-}
-
-int64_t CpuKernels::LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& s) const {
-  return ::ps::LmHeadCrossEntropyWorkspaceBytes<float>(s);
-}
-
 // --- Memory and GEMM
 // ------------------------------------------------------------------------------
 
@@ -478,26 +456,6 @@ absl::Status CpuKernels::DoEmbeddingBackward(Stream& stream, const EmbeddingShap
 }
 
 // --- bf16-weight GEMMs and the vocabulary blocks -------------------------------------------------
-
-int64_t CpuKernels::MatmulBf16ForwardWorkspaceBytes(const MatmulShape& s) const {
-  return ::ps::MatmulBf16ForwardWorkspaceElems(s) * static_cast<int64_t>(sizeof(float));
-}
-
-int64_t CpuKernels::MatmulBf16BackwardWorkspaceBytes(const MatmulShape& s) const {
-  return ::ps::MatmulBf16BackwardWorkspaceElems(s) * static_cast<int64_t>(sizeof(float));
-}
-
-int64_t CpuKernels::LmHeadBlockForwardWorkspaceBytes(const VocabBlockShape& s,
-                                                     DType block_dtype) const {
-  return ::ps::LmHeadBlockForwardWorkspaceElems(s, block_dtype != DType::kF32) *
-         static_cast<int64_t>(sizeof(float));
-}
-
-int64_t CpuKernels::LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& s,
-                                                      DType block_dtype) const {
-  return ::ps::LmHeadBlockBackwardWorkspaceElems(s, block_dtype != DType::kF32) *
-         static_cast<int64_t>(sizeof(float));
-}
 
 absl::Status CpuKernels::DoMatmulForwardBf16(Stream& stream, const MatmulShape& s, const float* x,
                                              const uint16_t* w, const float* b, float* y,

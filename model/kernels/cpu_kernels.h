@@ -37,6 +37,7 @@
 #include "absl/strings/string_view.h"
 #include "base/thread_pool.h"
 #include "memory/backend.h"
+#include "model/kernels/kernel_workspaces.h"
 #include "model/kernels/kernels.h"
 
 namespace ps {
@@ -57,25 +58,14 @@ class CpuKernels final : public Kernels {
   absl::string_view name() const override { return "cpu"; }
   ThreadPool* pool() const { return pool_; }
 
-  int64_t GemmWorkspaceBytes(const GemmShape& shape) const override;
-  int64_t MatmulWorkspaceBytes(const MatmulShape&) const override { return 0; }
-  int64_t LinearWorkspaceBytes(const LinearShape&) const override { return 0; }
-  int64_t AttentionForwardWorkspaceBytes(const AttentionShape& shape) const override;
-  int64_t AttentionBackwardWorkspaceBytes(const AttentionShape&) const override { return 0; }
-  int64_t GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape& shape) const override;
-  int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape&) const override { return 0; }
-  int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& shape) const override;
-  int64_t MatmulBf16ForwardWorkspaceBytes(const MatmulShape& shape) const override;
-  int64_t MatmulBf16BackwardWorkspaceBytes(const MatmulShape& shape) const override;
-  int64_t LmHeadBlockForwardWorkspaceBytes(const VocabBlockShape& shape,
-                                           DType block_dtype) const override;
-  int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& shape,
-                                            DType block_dtype) const override;
+  // CpuKernelWorkspaces for the pool's thread count (1 without a pool).
+  const KernelWorkspaces& workspaces() const override { return workspaces_; }
 
  private:
   CpuKernels(Backend* backend, const CpuKernelsOptions& options)
-      : backend_(backend), pool_(options.pool) {}
-  int pool_threads() const { return pool_ == nullptr ? 1 : pool_->num_threads(); }
+      : backend_(backend),
+        pool_(options.pool),
+        workspaces_(pool_ == nullptr ? 1 : pool_->num_threads()) {}
 
   absl::Status CheckBuffer(absl::string_view op, const BufferArg& buffer) override;
 
@@ -157,6 +147,7 @@ class CpuKernels final : public Kernels {
 
   Backend* const backend_;
   ThreadPool* const pool_;
+  const CpuKernelWorkspaces workspaces_;
   absl::Status DoMatmulForwardBf16(Stream& stream, const MatmulShape& shape, const float* x,
                                    const uint16_t* w, const float* b, float* y, void* workspace,
                                    int64_t workspace_bytes) override;

@@ -63,7 +63,9 @@
 #include "model/kernels/attention.h"
 #include "model/kernels/embedding.h"
 #include "model/kernels/encoder.h"
+#include "model/kernels/gemm_shape.h"
 #include "model/kernels/gqa_attention.h"
+#include "model/kernels/kernel_workspaces.h"
 #include "model/kernels/layernorm.h"
 #include "model/kernels/linear.h"
 #include "model/kernels/lm_head_cross_entropy.h"
@@ -83,18 +85,6 @@ struct TouchedRowsShape {
   int64_t num_slots = 0;   // rows of slot_rows
 };
 
-// A row-major GEMM with f32 accumulation and an f32 output (cuBLAS's and internal/blas.h's
-// conventions):
-//   C[m,n] = alpha * op(A)[m,k] op(B)[k,n] + beta * C[m,n],  op(X) = X or X^T
-// A and B are both of `ab_dtype` (f32, f16 or bf16); lda, ldb, ldc are the elements between rows
-// of the matrices as stored (A is [m,k] or, transposed, [k,m]). With beta == 0, C is not read.
-struct GemmShape {
-  bool trans_a = false;
-  bool trans_b = false;
-  int64_t m = 0, n = 0, k = 0;  // each in [1, 2^31)
-  int64_t lda = 0, ldb = 0, ldc = 0;
-  DType ab_dtype = DType::kF32;
-};
 
 class Kernels {
  public:
@@ -104,26 +94,49 @@ class Kernels {
   virtual absl::string_view name() const = 0;
 
   // --- Workspaces ---------------------------------------------------------------------------
-  // Bytes of device workspace each operation needs (0 when none); pass at least that many.
-  // They depend on the implementation (and for the CPU on its thread count), not only the shape.
-  virtual int64_t GemmWorkspaceBytes(const GemmShape& shape) const = 0;
-  virtual int64_t MatmulWorkspaceBytes(const MatmulShape& shape) const = 0;  // fwd and bwd
-  virtual int64_t LinearWorkspaceBytes(const LinearShape& shape) const = 0;  // fwd and bwd
-  virtual int64_t AttentionForwardWorkspaceBytes(const AttentionShape& shape) const = 0;
-  virtual int64_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape) const = 0;
-  virtual int64_t GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape& shape) const = 0;
-  virtual int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& shape) const = 0;
+  // The bytes of device workspace each operation asks its caller for (kernel_workspaces.h): they
+  // depend on the implementation (and for the CPU on its thread count), not only the shape. Pass
+  // at least that many. The queries below forward to workspaces().
+  virtual const KernelWorkspaces& workspaces() const = 0;
+
+  int64_t GemmWorkspaceBytes(const GemmShape& s) const { return workspaces().GemmWorkspaceBytes(s); }
+  int64_t MatmulWorkspaceBytes(const MatmulShape& s) const {  // fwd and bwd
+    return workspaces().MatmulWorkspaceBytes(s);
+  }
+  int64_t LinearWorkspaceBytes(const LinearShape& s) const {  // fwd and bwd
+    return workspaces().LinearWorkspaceBytes(s);
+  }
+  int64_t AttentionForwardWorkspaceBytes(const AttentionShape& s) const {
+    return workspaces().AttentionForwardWorkspaceBytes(s);
+  }
+  int64_t AttentionBackwardWorkspaceBytes(const AttentionShape& s) const {
+    return workspaces().AttentionBackwardWorkspaceBytes(s);
+  }
+  int64_t GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape& s) const {
+    return workspaces().GqaAttentionForwardWorkspaceBytes(s);
+  }
+  int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& s) const {
+    return workspaces().GqaAttentionBackwardWorkspaceBytes(s);
+  }
   // Forward and backward.
-  virtual int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& shape) const = 0;
+  int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& s) const {
+    return workspaces().LmHeadCrossEntropyWorkspaceBytes(s);
+  }
   // The bf16-weight GEMMs (MatmulForwardBf16 / MatmulBackwardBf16 below).
-  virtual int64_t MatmulBf16ForwardWorkspaceBytes(const MatmulShape& shape) const = 0;
-  virtual int64_t MatmulBf16BackwardWorkspaceBytes(const MatmulShape& shape) const = 0;
+  int64_t MatmulBf16ForwardWorkspaceBytes(const MatmulShape& s) const {
+    return workspaces().MatmulBf16ForwardWorkspaceBytes(s);
+  }
+  int64_t MatmulBf16BackwardWorkspaceBytes(const MatmulShape& s) const {
+    return workspaces().MatmulBf16BackwardWorkspaceBytes(s);
+  }
   // The vocabulary-block LM head (LmHeadBlockForward / LmHeadBlockBackward below) for a block
   // stored as `block_dtype`.
-  virtual int64_t LmHeadBlockForwardWorkspaceBytes(const VocabBlockShape& shape,
-                                                   DType block_dtype) const = 0;
-  virtual int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& shape,
-                                                    DType block_dtype) const = 0;
+  int64_t LmHeadBlockForwardWorkspaceBytes(const VocabBlockShape& s, DType block_dtype) const {
+    return workspaces().LmHeadBlockForwardWorkspaceBytes(s, block_dtype);
+  }
+  int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& s, DType block_dtype) const {
+    return workspaces().LmHeadBlockBackwardWorkspaceBytes(s, block_dtype);
+  }
 
   // --- Memory -------------------------------------------------------------------------------
   // Sets `bytes` bytes at dst to zero (0.0 in f32, f16 and bf16). bytes == 0 enqueues nothing.

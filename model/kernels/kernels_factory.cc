@@ -38,4 +38,43 @@ absl::StatusOr<std::unique_ptr<Kernels>> CreateKernels(Backend* backend,
                                                  "\" backend; expected \"cpu\" or \"cuda\""));
 }
 
+absl::StatusOr<std::unique_ptr<KernelWorkspaces>> CreateKernelWorkspaces(
+    Backend* backend, int cpu_threads, const KernelsOptions& options) {
+  if (backend == nullptr) {
+    return absl::InvalidArgumentError("CreateKernelWorkspaces: the backend is null");
+  }
+  if (backend->name() == "cpu") {
+    if (cpu_threads < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CreateKernelWorkspaces: cpu_threads must be >= 1, got ", cpu_threads));
+    }
+    return std::unique_ptr<KernelWorkspaces>(new CpuKernelWorkspaces(cpu_threads));
+  }
+  if (backend->name() == "cuda") {
+#if PS_WITH_CUDA
+    int64_t cublas_bytes = options.cuda_cublas_workspace_bytes;
+    if (cublas_bytes < 0 || cublas_bytes % 256 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CreateKernelWorkspaces: cuda_cublas_workspace_bytes must be 0 (NVIDIA's default) or a "
+          "positive multiple of 256, got ",
+          cublas_bytes));
+    }
+    if (cublas_bytes == 0) {
+      absl::StatusOr<int64_t> bytes =
+          cuda::CudaKernels::DefaultCublasWorkspaceBytes(backend->device().index);
+      if (!bytes.ok()) return bytes.status();
+      cublas_bytes = *bytes;
+    }
+    return std::unique_ptr<KernelWorkspaces>(new CudaKernelWorkspaces(cublas_bytes));
+#else
+    return absl::FailedPreconditionError(
+        "CreateKernelWorkspaces: the cuda kernels were not built into this binary; rebuild with "
+        "--config=cuda");
+#endif
+  }
+  return absl::InvalidArgumentError(absl::StrCat("CreateKernelWorkspaces: no kernels for the \"",
+                                                 backend->name(),
+                                                 "\" backend; expected \"cpu\" or \"cuda\""));
+}
+
 }  // namespace ps

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "base/thread_pool.h"
 #include "memory/backend.h"
+#include "model/kernels/kernel_workspaces.h"
 #include "model/kernels/kernels.h"
 
 namespace ps {
@@ -29,6 +30,15 @@ struct KernelsOptions {
 // Create otherwise.
 absl::StatusOr<std::unique_ptr<Kernels>> CreateKernels(Backend* backend,
                                                        const KernelsOptions& options = {});
+
+// The workspace sizes (kernel_workspaces.h) that CreateKernels(backend, options) gives kernels
+// for, without creating them (no cuBLAS handle): what the pre-flight plan replays. cpu:
+// CpuKernelWorkspaces for `cpu_threads` threads (the pool the kernels will run on; >= 1). cuda:
+// CudaKernelWorkspaces with options.cuda_cublas_workspace_bytes, or when 0 the GPU's default (its
+// compute capability, asked of the device). Errors as CreateKernels, and InvalidArgument for
+// cpu_threads < 1.
+absl::StatusOr<std::unique_ptr<KernelWorkspaces>> CreateKernelWorkspaces(
+    Backend* backend, int cpu_threads, const KernelsOptions& options = {});
 
 }  // namespace ps
 

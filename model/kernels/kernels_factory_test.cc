@@ -57,5 +57,53 @@ TEST(CreateKernels, RefusesWhatItCannotRun) {
   }
 }
 
+// The plan's workspace sizes for a backend are the ones its kernels answer with.
+TEST(CreateKernelWorkspaces, AnswersAsTheKernelsOfTheBackendDo) {
+  ASSERT_OK_AND_ASSIGN(auto backend, CreateBackend({.kind = "cpu", .capacity_bytes = kMiB}));
+  for (int threads : {1, 3}) {
+    ThreadPool pool(threads);
+    ASSERT_OK_AND_ASSIGN(auto kernels, CreateKernels(backend.get(), {.cpu_pool = &pool}));
+    ASSERT_OK_AND_ASSIGN(auto workspaces, CreateKernelWorkspaces(backend.get(), threads));
+    EXPECT_EQ(workspaces->name(), "cpu");
+    // Attention keeps a tile of scores per thread: the one query that depends on the pool.
+    const AttentionShape att{.batch = 2, .seq_len = 33, .channels = 24, .num_heads = 3, .tile = 8};
+    EXPECT_EQ(workspaces->AttentionForwardWorkspaceBytes(att),
+              kernels->AttentionForwardWorkspaceBytes(att));
+    const GqaAttentionShape gqa{.batch = 2,
+                                .seq_len = 17,
+                                .num_heads = 4,
+                                .num_kv_heads = 2,
+                                .head_dim = 8,
+                                .tile = 5};
+    EXPECT_EQ(workspaces->GqaAttentionForwardWorkspaceBytes(gqa),
+              kernels->GqaAttentionForwardWorkspaceBytes(gqa));
+    const VocabBlockShape block{.rows = 12,
+                                .channels = 16,
+                                .vocab_size = 300,
+                                .row_begin = 96,
+                                .block_rows = 96,
+                                .row_tile = 7,
+                                .vocab_tile = 48};
+    EXPECT_EQ(workspaces->LmHeadBlockBackwardWorkspaceBytes(block, DType::kBF16),
+              kernels->LmHeadBlockBackwardWorkspaceBytes(block, DType::kBF16));
+  }
+}
+
+TEST(CreateKernelWorkspaces, RefusesWhatItCannotAnswerFor) {
+  ASSERT_OK_AND_ASSIGN(auto backend, CreateBackend({.kind = "cpu", .capacity_bytes = kMiB}));
+  EXPECT_THAT(CreateKernelWorkspaces(backend.get(), 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, "cpu_threads must be >= 1, got 0"));
+  EXPECT_THAT(CreateKernelWorkspaces(nullptr, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, "null"));
+  NamedBackend tpu("tpu");
+  EXPECT_THAT(CreateKernelWorkspaces(&tpu, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, "\"cpu\" or \"cuda\""));
+  if (!CudaBackendCompiledIn()) {
+    NamedBackend cuda("cuda");
+    EXPECT_THAT(CreateKernelWorkspaces(&cuda, 1),
+                StatusIs(absl::StatusCode::kFailedPrecondition, "--config=cuda"));
+  }
+}
+
 }  // namespace
 }  // namespace ps

@@ -41,10 +41,6 @@ absl::Status CheckShape(const char* kernel, const AttentionShape& s) {
 
 }  // namespace
 
-int64_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape) {
-  return shape.batch * shape.num_heads * shape.seq_len * static_cast<int64_t>(sizeof(float));
-}
-
 absl::Status AttentionForward(const AttentionShape& shape, const float* qkv, float* out, float* lse,
                               cudaStream_t stream) {
   constexpr char kKernel[] = "cuda::AttentionForward";

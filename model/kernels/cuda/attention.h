@@ -27,14 +27,12 @@
 
 #include "absl/status/status.h"
 #include "model/kernels/attention.h"
+#include "model/kernels/cuda/workspace_sizes.h"
 
 namespace ps::cuda {
 
-// The forward needs no workspace.
-inline int64_t AttentionForwardWorkspaceBytes(const AttentionShape&) { return 0; }
-// The backward's workspace: D_i = dout_i . out_i per (batch, head, position),
-// B*H*T floats.
-int64_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape);
+// Workspace sizes: AttentionForwardWorkspaceBytes / AttentionBackwardWorkspaceBytes in
+// cuda/workspace_sizes.h.
 
 // out = attention(qkv), lse [B,H,T] saved.
 [[nodiscard]] absl::Status AttentionForward(const AttentionShape& shape, const float* qkv,

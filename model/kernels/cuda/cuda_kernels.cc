@@ -28,9 +28,6 @@ namespace {
 
 using cuda_internal::AlignBytes;
 
-constexpr int64_t kHopperCublasWorkspaceBytes = int64_t{32} << 20;
-constexpr int64_t kPreHopperCublasWorkspaceBytes = int64_t{4} << 20;
-
 GemmOperand OperandOf(DType dtype) {
   switch (dtype) {
     case DType::kF16:
@@ -48,6 +45,13 @@ absl::Status ConvertStatus(cudaError_t error) {
 }
 
 }  // namespace
+
+absl::StatusOr<int64_t> CudaKernels::DefaultCublasWorkspaceBytes(int device) {
+  int major = 0;
+  PS_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return CudaKernelWorkspaces::DefaultCublasWorkspaceBytes(major);
+}
 
 absl::StatusOr<std::unique_ptr<CudaKernels>> CudaKernels::Create(
     Backend* backend, const CudaKernelsOptions& options) {
@@ -67,10 +71,7 @@ absl::StatusOr<std::unique_ptr<CudaKernels>> CudaKernels::Create(
   PS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   int64_t workspace_bytes = options.cublas_workspace_bytes;
   if (workspace_bytes == 0) {
-    int major = 0;
-    PS_CUDA_RETURN_IF_ERROR(
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    workspace_bytes = major >= 9 ? kHopperCublasWorkspaceBytes : kPreHopperCublasWorkspaceBytes;
+    ASSIGN_OR_RETURN(workspace_bytes, DefaultCublasWorkspaceBytes(device));
   }
   // No workspace of its own: every call attaches the caller's.
   ASSIGN_OR_RETURN(CublasHandle handle, CublasHandle::Create(/*workspace_bytes=*/0));
@@ -110,41 +111,6 @@ absl::Status CudaKernels::CheckBuffer(absl::string_view op, const BufferArg& buf
         op, ": ", buffer.name, " is host memory; kernels take device memory of the accelerator"));
   }
   return absl::OkStatus();
-}
-
-// --- Workspaces ---------------------------------------------------------------------------------
-
-int64_t CudaKernels::AttentionBackwardWorkspaceBytes(const AttentionShape& s) const {
-  return ::ps::cuda::AttentionBackwardWorkspaceBytes(s);
-}
-
-int64_t CudaKernels::GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& s) const {
-  return ::ps::cuda::GqaAttentionBackwardWorkspaceBytes(s);
-}
-
-int64_t CudaKernels::LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& s) const {
-  // The kernels' own part, then cuBLAS's.
-  return AlignBytes(::ps::cuda::LmHeadCrossEntropyWorkspaceBytes(s)) + cublas_workspace_bytes_;
-}
-
-int64_t CudaKernels::MatmulBf16ForwardWorkspaceBytes(const MatmulShape& s) const {
-  return AlignBytes(::ps::cuda::MatmulBf16ForwardWorkspaceBytes(s)) + cublas_workspace_bytes_;
-}
-
-int64_t CudaKernels::MatmulBf16BackwardWorkspaceBytes(const MatmulShape& s) const {
-  return AlignBytes(::ps::cuda::MatmulBf16BackwardWorkspaceBytes(s)) + cublas_workspace_bytes_;
-}
-
-int64_t CudaKernels::LmHeadBlockForwardWorkspaceBytes(const VocabBlockShape& s,
-                                                      DType block_dtype) const {
-  return AlignBytes(::ps::cuda::LmHeadBlockForwardWorkspaceBytes(s, block_dtype)) +
-         cublas_workspace_bytes_;
-}
-
-int64_t CudaKernels::LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& s,
-                                                       DType block_dtype) const {
-  return AlignBytes(::ps::cuda::LmHeadBlockBackwardWorkspaceBytes(s, block_dtype)) +
-         cublas_workspace_bytes_;
 }
 
 // --- Memory and GEMM

@@ -37,6 +37,7 @@
 #include "base/mutex.h"
 #include "memory/backend.h"
 #include "model/kernels/cuda/cublas.h"
+#include "model/kernels/kernel_workspaces.h"
 #include "model/kernels/kernels.h"
 
 namespace ps::cuda {
@@ -60,33 +61,22 @@ class CudaKernels final : public Kernels {
       Backend* backend, const CudaKernelsOptions& options = {});
 
   absl::string_view name() const override { return "cuda"; }
-  int64_t cublas_workspace_bytes() const { return cublas_workspace_bytes_; }
+  int64_t cublas_workspace_bytes() const { return workspaces_.cublas_workspace_bytes(); }
 
-  int64_t GemmWorkspaceBytes(const GemmShape&) const override { return cublas_workspace_bytes_; }
-  int64_t MatmulWorkspaceBytes(const MatmulShape&) const override {
-    return cublas_workspace_bytes_;
-  }
-  int64_t LinearWorkspaceBytes(const LinearShape&) const override {
-    return cublas_workspace_bytes_;
-  }
-  int64_t AttentionForwardWorkspaceBytes(const AttentionShape&) const override { return 0; }
-  int64_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape) const override;
-  int64_t GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape&) const override { return 0; }
-  int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& shape) const override;
-  int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& shape) const override;
-  // The kernels' own part (cuda/matmul.h, cuda/vocab_blocks.h), then cuBLAS's.
-  int64_t MatmulBf16ForwardWorkspaceBytes(const MatmulShape& shape) const override;
-  int64_t MatmulBf16BackwardWorkspaceBytes(const MatmulShape& shape) const override;
-  int64_t LmHeadBlockForwardWorkspaceBytes(const VocabBlockShape& shape,
-                                           DType block_dtype) const override;
-  int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& shape,
-                                            DType block_dtype) const override;
+  // CudaKernelWorkspaces over cublas_workspace_bytes(): the sizes a plan gets from
+  // CreateKernelWorkspaces (kernels_factory.h) for this GPU.
+  const KernelWorkspaces& workspaces() const override { return workspaces_; }
+
+  // The cuBLAS workspace CudaKernels uses on `device` when not told otherwise:
+  // CudaKernelWorkspaces::DefaultCublasWorkspaceBytes of the GPU's compute capability.
+  static absl::StatusOr<int64_t> DefaultCublasWorkspaceBytes(int device);
 
  private:
   CudaKernels(int device_index, CublasHandle handle, int64_t cublas_workspace_bytes,
               bool check_device_pointers)
       : device_index_(device_index),
         cublas_workspace_bytes_(cublas_workspace_bytes),
+        workspaces_(cublas_workspace_bytes),
         check_device_pointers_(check_device_pointers),
         cublas_(std::move(handle)) {}
 
@@ -213,6 +203,7 @@ class CudaKernels final : public Kernels {
 
   const int device_index_;
   const int64_t cublas_workspace_bytes_;
+  const CudaKernelWorkspaces workspaces_;
   const bool check_device_pointers_;
   Mutex cublas_mu_;
   CublasHandle cublas_ ABSL_GUARDED_BY(cublas_mu_);

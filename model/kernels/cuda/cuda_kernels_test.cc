@@ -12,6 +12,8 @@
 #if PS_WITH_CUDA
 #include "memory/cuda/cuda_backend.h"
 #include "model/kernels/cuda/cuda_kernels.h"
+#include "model/kernels/kernel_workspaces.h"
+#include "model/kernels/kernels_factory.h"
 #endif
 
 namespace ps {
@@ -65,6 +67,37 @@ TEST(CudaKernels, CreateRefusesOtherBackendsAndBadOptions) {
   // The cuBLAS workspace is part of every GEMM's workspace: it comes from the caller.
   EXPECT_EQ(kernels->MatmulWorkspaceBytes({.rows = 8, .in_features = 8, .out_features = 8}),
             kernels->cublas_workspace_bytes());
+}
+
+// The pre-flight plan asks CreateKernelWorkspaces before the model's kernels exist; on this GPU it
+// must answer what the kernels then ask for.
+TEST(CudaKernels, ThePlansWorkspacesAreTheKernels) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  ASSERT_OK_AND_ASSIGN(auto gpu, CreateBackend({.kind = "cuda", .capacity_bytes = 1 << 28}));
+  ASSERT_OK_AND_ASSIGN(auto kernels, CreateKernels(gpu.get()));
+  ASSERT_OK_AND_ASSIGN(auto planned, CreateKernelWorkspaces(gpu.get(), /*cpu_threads=*/1));
+  EXPECT_EQ(planned->name(), "cuda");
+  const MatmulShape mm{.rows = 96, .in_features = 40, .out_features = 72};
+  const VocabBlockShape block{.rows = 96,
+                              .channels = 40,
+                              .vocab_size = 500,
+                              .row_begin = 256,
+                              .block_rows = 244,
+                              .row_tile = 64,
+                              .vocab_tile = 128};
+  const GqaAttentionShape gqa{.batch = 2, .seq_len = 48, .num_heads = 4, .num_kv_heads = 2,
+                              .head_dim = 10};
+  EXPECT_EQ(planned->MatmulWorkspaceBytes(mm), kernels->MatmulWorkspaceBytes(mm));
+  EXPECT_EQ(planned->MatmulBf16BackwardWorkspaceBytes(mm),
+            kernels->MatmulBf16BackwardWorkspaceBytes(mm));
+  EXPECT_EQ(planned->GqaAttentionBackwardWorkspaceBytes(gqa),
+            kernels->GqaAttentionBackwardWorkspaceBytes(gqa));
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    EXPECT_EQ(planned->LmHeadBlockForwardWorkspaceBytes(block, dtype),
+              kernels->LmHeadBlockForwardWorkspaceBytes(block, dtype));
+    EXPECT_EQ(planned->LmHeadBlockBackwardWorkspaceBytes(block, dtype),
+              kernels->LmHeadBlockBackwardWorkspaceBytes(block, dtype));
+  }
 }
 
 TEST(CudaKernels, HostPointersAreRefusedAtEnqueue) {

@@ -41,10 +41,6 @@ absl::Status CheckShape(const char* kernel, const GqaAttentionShape& s) {
 
 }  // namespace
 
-int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& shape) {
-  return shape.batch * shape.num_heads * shape.seq_len * static_cast<int64_t>(sizeof(float));
-}
-
 absl::Status GqaAttentionForward(const GqaAttentionShape& shape, const float* q, const float* k,
                                  const float* v, float* out, float* lse, cudaStream_t stream) {
   constexpr char kKernel[] = "cuda::GqaAttentionForward";

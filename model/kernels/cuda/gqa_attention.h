@@ -24,14 +24,13 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "model/kernels/cuda/workspace_sizes.h"
 #include "model/kernels/gqa_attention.h"
 
 namespace ps::cuda {
 
-// The forward needs no workspace.
-inline int64_t GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape&) { return 0; }
-// The backward's workspace: D_i = dout_i . out_i per (batch, query head, position), B*Hq*T floats.
-int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& shape);
+// Workspace sizes: GqaAttentionForwardWorkspaceBytes / GqaAttentionBackwardWorkspaceBytes in
+// cuda/workspace_sizes.h.
 
 // out = attention(q, k, v), lse [B,Hq,T] saved.
 [[nodiscard]] absl::Status GqaAttentionForward(const GqaAttentionShape& shape, const float* q,

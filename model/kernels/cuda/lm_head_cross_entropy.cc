@@ -17,7 +17,6 @@
 namespace ps::cuda {
 namespace {
 
-using cuda_internal::AlignBytes;
 using cuda_internal::CheckNotNull;
 using cuda_internal::LaunchStatus;
 using kernels_internal::CheckBlasDim;
@@ -32,28 +31,20 @@ struct Workspace {
   double* row_loss;
 };
 
-struct Tiles {
-  int64_t rows, vocab;
-};
-Tiles TilesOf(const LmHeadCrossEntropyShape& s) {
-  return {std::min(s.rows, s.row_tile), std::min(s.vocab_size, s.vocab_tile)};
-}
+using Tiles = VocabTiles;
+Tiles TilesOf(const LmHeadCrossEntropyShape& s) { return VocabTilesOf(s); }
 
+// The parts at LmHeadCrossEntropyLayout's offsets (cuda/workspace_sizes.h).
 Workspace Carve(const LmHeadCrossEntropyShape& s, void* base) {
-  const Tiles t = TilesOf(s);
+  const LmHeadCrossEntropyWorkspaceLayout l = LmHeadCrossEntropyLayout(s);
   char* p = static_cast<char*>(base);
   Workspace w;
-  w.logits = reinterpret_cast<float*>(p);
-  p += AlignBytes(t.rows * t.vocab * static_cast<int64_t>(sizeof(float)));
-  w.run_max = reinterpret_cast<float*>(p);
-  p += AlignBytes(t.rows * static_cast<int64_t>(sizeof(float)));
-  w.run_sum = reinterpret_cast<float*>(p);
-  p += AlignBytes(t.rows * static_cast<int64_t>(sizeof(float)));
-  w.target_logit = reinterpret_cast<float*>(p);
-  p += AlignBytes(t.rows * static_cast<int64_t>(sizeof(float)));
-  w.scale = reinterpret_cast<float*>(p);
-  p += AlignBytes(sizeof(float));
-  w.row_loss = reinterpret_cast<double*>(p);
+  w.logits = reinterpret_cast<float*>(p + l.logits);
+  w.run_max = reinterpret_cast<float*>(p + l.run_max);
+  w.run_sum = reinterpret_cast<float*>(p + l.run_sum);
+  w.target_logit = reinterpret_cast<float*>(p + l.target_logit);
+  w.scale = reinterpret_cast<float*>(p + l.scale);
+  w.row_loss = reinterpret_cast<double*>(p + l.row_loss);
   return w;
 }
 
@@ -81,13 +72,6 @@ absl::Status CheckArgs(const char* kernel, const LmHeadCrossEntropyShape& s, con
 }
 
 }  // namespace
-
-int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& s) {
-  const Tiles t = TilesOf(s);
-  const int64_t f = sizeof(float);
-  return AlignBytes(t.rows * t.vocab * f) + 3 * AlignBytes(t.rows * f) + AlignBytes(f) +
-         AlignBytes(std::max<int64_t>(0, s.rows) * static_cast<int64_t>(sizeof(double)));
-}
 
 absl::Status LmHeadCrossEntropyForward(const CublasHandle& cublas,
                                        const LmHeadCrossEntropyShape& shape, const float* h,

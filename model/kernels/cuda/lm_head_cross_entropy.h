@@ -32,14 +32,14 @@
 
 #include "absl/status/status.h"
 #include "model/kernels/cuda/cublas.h"
+#include "model/kernels/cuda/workspace_sizes.h"
 #include "model/kernels/lm_head_cross_entropy.h"
 
 namespace ps::cuda {
 
-// Device workspace of the forward and the backward: one logits tile, three
-// floats per tile row, a scale, and one double per row (the row losses), each
-// part 256-byte aligned.
-int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& shape);
+// Device workspace of the forward and the backward (LmHeadCrossEntropyWorkspaceBytes in
+// cuda/workspace_sizes.h): one logits tile, three floats per tile row, a scale, and one double per
+// row (the row losses), each part 256-byte aligned.
 
 // *loss (device) = mean cross-entropy over the valid targets (0 if none);
 // lse[N] written. h [N,C], wte [V,C], targets [N] int32.

@@ -73,15 +73,6 @@ absl::Status CheckBf16Workspace(const char* kernel, const void* workspace, int64
 
 }  // namespace
 
-int64_t MatmulBf16ForwardWorkspaceBytes(const MatmulShape& s) {
-  return cuda_internal::AlignBytes(s.rows * s.in_features * 2);
-}
-
-int64_t MatmulBf16BackwardWorkspaceBytes(const MatmulShape& s) {
-  return cuda_internal::AlignBytes(s.rows * s.in_features * 2) +
-         cuda_internal::AlignBytes(s.rows * s.out_features * 2);
-}
-
 absl::Status MatmulForwardBf16(const CublasHandle& cublas, const MatmulShape& shape, const float* x,
                                const uint16_t* w, const float* b, float* y, void* workspace,
                                int64_t workspace_bytes, cudaStream_t stream) {

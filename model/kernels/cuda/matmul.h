@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "model/kernels/cuda/cublas.h"
+#include "model/kernels/cuda/workspace_sizes.h"
 #include "model/kernels/matmul.h"
 
 namespace ps::cuda {
@@ -40,10 +41,9 @@ namespace ps::cuda {
 // CUBLAS_COMPUTE_32F (exact products, f32 sums, f32 outputs):
 //   forward   y = b, then y += bf16(x) W
 //   backward  dx += bf16(dy) W^T;  dW += bf16(x)^T bf16(dy);  db += column sums of dy (f32)
-// The workspace (these bytes, 256-byte aligned; cuBLAS's own is separate): forward bf16(x),
-// backward bf16(x) and bf16(dy).
-int64_t MatmulBf16ForwardWorkspaceBytes(const MatmulShape& shape);
-int64_t MatmulBf16BackwardWorkspaceBytes(const MatmulShape& shape);
+// The workspace (MatmulBf16ForwardWorkspaceBytes / MatmulBf16BackwardWorkspaceBytes in
+// cuda/workspace_sizes.h, 256-byte aligned; cuBLAS's own is separate): forward bf16(x), backward
+// bf16(x) and bf16(dy).
 [[nodiscard]] absl::Status MatmulForwardBf16(const CublasHandle& cublas, const MatmulShape& shape,
                                              const float* x, const uint16_t* w, const float* b,
                                              float* y, void* workspace, int64_t workspace_bytes,

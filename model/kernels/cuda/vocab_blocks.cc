@@ -20,16 +20,11 @@
 namespace ps::cuda {
 namespace {
 
-using cuda_internal::AlignBytes;
 using cuda_internal::CheckNotNull;
 using cuda_internal::LaunchStatus;
 
-struct Tiles {
-  int64_t rows, vocab;
-};
-Tiles TilesOf(const VocabBlockShape& s) {
-  return {std::min(s.rows, s.row_tile), std::min(s.block_rows, s.vocab_tile)};
-}
+using Tiles = VocabTiles;
+Tiles TilesOf(const VocabBlockShape& s) { return VocabTilesOf(s); }
 
 // The workspace carved into its parts (null where the dtype needs none).
 struct Workspace {
@@ -41,24 +36,20 @@ struct Workspace {
   int64_t bytes = 0;
 };
 
+// The parts at LmHeadBlockLayout's offsets (cuda/workspace_sizes.h).
 Workspace Carve(const VocabBlockShape& s, DType dtype, bool backward, void* base) {
-  const Tiles t = TilesOf(s);
+  const LmHeadBlockWorkspaceLayout l = LmHeadBlockLayout(s, dtype, backward);
   char* p = static_cast<char*>(base);
-  int64_t off = 0;
-  Workspace w;
-  auto take = [&](int64_t bytes) {
-    char* at = p == nullptr ? nullptr : p + off;
-    off += AlignBytes(bytes);
-    return at;
+  auto part = [&](int64_t offset) -> void* {
+    return offset < 0 || p == nullptr ? nullptr : p + offset;
   };
-  w.logits = reinterpret_cast<float*>(take(t.rows * t.vocab * 4));
-  if (backward) w.scale = reinterpret_cast<float*>(take(4));
-  if (dtype == DType::kF16) w.wide = reinterpret_cast<float*>(take(t.vocab * s.channels * 4));
-  if (dtype == DType::kBF16) {
-    w.hb = reinterpret_cast<uint16_t*>(take(s.rows * s.channels * 2));
-    if (backward) w.dzb = reinterpret_cast<uint16_t*>(take(t.rows * t.vocab * 2));
-  }
-  w.bytes = off;
+  Workspace w;
+  w.logits = static_cast<float*>(part(l.logits));
+  w.scale = static_cast<float*>(part(l.scale));
+  w.wide = static_cast<float*>(part(l.wide));
+  w.hb = static_cast<uint16_t*>(part(l.hb));
+  w.dzb = static_cast<uint16_t*>(part(l.dzb));
+  w.bytes = l.bytes;
   return w;
 }
 
@@ -172,14 +163,6 @@ absl::Status PositionEmbeddingBackward(int64_t batch, int64_t seq_len, int64_t c
   return LaunchStatus(
       cuda_internal::LaunchPositionEmbeddingBackward(batch, seq_len, channels, dout, dwpe, stream),
       kKernel);
-}
-
-int64_t LmHeadBlockForwardWorkspaceBytes(const VocabBlockShape& s, DType block_dtype) {
-  return Carve(s, block_dtype, /*backward=*/false, nullptr).bytes;
-}
-
-int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& s, DType block_dtype) {
-  return Carve(s, block_dtype, /*backward=*/true, nullptr).bytes;
 }
 
 absl::Status LmHeadStateInit(int64_t rows, float* state, cudaStream_t stream) {

@@ -41,6 +41,7 @@
 #include "absl/status/status.h"
 #include "memory/dtype.h"
 #include "model/kernels/cuda/cublas.h"
+#include "model/kernels/cuda/workspace_sizes.h"
 #include "model/kernels/vocab_blocks.h"
 
 namespace ps::cuda {
@@ -71,11 +72,10 @@ namespace ps::cuda {
                                                      int64_t channels, const float* dout,
                                                      float* dwpe, cudaStream_t stream);
 
-// The kernels' own workspace (without cuBLAS's), each part 256-byte aligned: the logits tile,
-// plus a widened vocabulary tile (f16) or h in bf16 (bf16); the backward also the gradient scale
-// and (bf16) a dlogits tile in bf16.
-int64_t LmHeadBlockForwardWorkspaceBytes(const VocabBlockShape& shape, DType block_dtype);
-int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& shape, DType block_dtype);
+// The kernels' own workspace (without cuBLAS's; LmHeadBlockForwardWorkspaceBytes /
+// LmHeadBlockBackwardWorkspaceBytes in cuda/workspace_sizes.h), each part 256-byte aligned: the
+// logits tile, plus a widened vocabulary tile (f16) or h in bf16 (bf16); the backward also the
+// gradient scale and (bf16) a dlogits tile in bf16.
 
 [[nodiscard]] absl::Status LmHeadStateInit(int64_t rows, float* state, cudaStream_t stream);
 [[nodiscard]] absl::Status LmHeadBlockForward(const CublasHandle& cublas,

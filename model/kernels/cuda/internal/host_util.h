@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "memory/cuda/cuda_status.h"
+#include "model/kernels/cuda/workspace_sizes.h"
 
 namespace ps::cuda_internal {
 
@@ -42,7 +43,7 @@ namespace ps::cuda_internal {
 }
 
 // Bytes rounded up to 256 (cudaMalloc's alignment), for carving workspaces.
-inline constexpr int64_t AlignBytes(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+inline constexpr int64_t AlignBytes(int64_t bytes) { return ::ps::cuda::AlignWorkspaceBytes(bytes); }
 
 }  // namespace ps::cuda_internal
 

@@ -1,0 +1,82 @@
+// The CUDA kernels' own device workspaces (without cuBLAS's, which CudaKernels adds): sizes and
+// layouts as pure host functions of the shapes, with no CUDA dependency, so that
+// CudaKernelWorkspaces (model/kernels/kernel_workspaces.h) can answer for a GPU run in any build —
+// the pre-flight plan runs before a GPU is touched, and the emulated accelerator's tests replay a
+// GPU's workspaces. The kernels carve their workspaces with the same layouts (cuda/*.cc), so the
+// sizes asked for and the bytes used are one computation.
+//
+// Every part starts on a 256-byte boundary (as cudaMalloc returns memory), so every part is
+// aligned for any element type and for cuBLAS.
+//
+// Thread safety: pure functions.
+#ifndef PATRICKSTAR_MODEL_KERNELS_CUDA_WORKSPACE_SIZES_H_
+#define PATRICKSTAR_MODEL_KERNELS_CUDA_WORKSPACE_SIZES_H_
+
+#include <cstdint>
+
+#include "memory/dtype.h"
+#include "model/kernels/attention.h"
+#include "model/kernels/gqa_attention.h"
+#include "model/kernels/lm_head_cross_entropy.h"
+#include "model/kernels/matmul.h"
+#include "model/kernels/vocab_blocks.h"
+
+namespace ps::cuda {
+
+inline constexpr int64_t kWorkspaceAlignment = 256;
+// `bytes` rounded up to kWorkspaceAlignment.
+inline constexpr int64_t AlignWorkspaceBytes(int64_t bytes) {
+  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+}
+
+// The forwards need no workspace.
+inline int64_t AttentionForwardWorkspaceBytes(const AttentionShape&) { return 0; }
+inline int64_t GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape&) { return 0; }
+// The backwards' workspace: D_i = dout_i . out_i per (batch, query head, position), B*H*T floats.
+int64_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape);
+int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& shape);
+
+// The bf16-weight Conv1D GEMMs (cuda/matmul.h): forward bf16(x) [N, in]; backward bf16(x), then
+// bf16(dy) [N, out].
+int64_t MatmulBf16ForwardWorkspaceBytes(const MatmulShape& shape);
+int64_t MatmulBf16BackwardWorkspaceBytes(const MatmulShape& shape);
+
+// The tiles the LM-head kernels compute at a time: rows of h by rows of the vocabulary.
+struct VocabTiles {
+  int64_t rows = 0;
+  int64_t vocab = 0;
+};
+VocabTiles VocabTilesOf(const LmHeadCrossEntropyShape& shape);  // the whole vocabulary
+VocabTiles VocabTilesOf(const VocabBlockShape& shape);          // one block of it
+
+// cuda/lm_head_cross_entropy.h, forward and backward: byte offsets of the parts and the total.
+struct LmHeadCrossEntropyWorkspaceLayout {
+  int64_t logits = 0;        // [R, Vt] f32
+  int64_t run_max = 0;       // [R] f32
+  int64_t run_sum = 0;       // [R] f32
+  int64_t target_logit = 0;  // [R] f32
+  int64_t scale = 0;         // one f32
+  int64_t row_loss = 0;      // [N] f64
+  int64_t bytes = 0;
+};
+LmHeadCrossEntropyWorkspaceLayout LmHeadCrossEntropyLayout(const LmHeadCrossEntropyShape& shape);
+int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& shape);
+
+// cuda/vocab_blocks.h's LM head over a block stored as `block_dtype`: byte offsets of the parts
+// (-1 where the dtype or direction needs none) and the total.
+struct LmHeadBlockWorkspaceLayout {
+  int64_t logits = -1;  // [R, Vt] f32: the logits tile, then dlogits in place
+  int64_t scale = -1;   // backward: loss_grad / valid targets, one f32
+  int64_t wide = -1;    // f16: a vocabulary tile widened [Vt, C] f32
+  int64_t hb = -1;      // bf16: h rounded [N, C] bf16
+  int64_t dzb = -1;     // bf16 backward: the dlogits tile rounded [R, Vt] bf16
+  int64_t bytes = 0;
+};
+LmHeadBlockWorkspaceLayout LmHeadBlockLayout(const VocabBlockShape& shape, DType block_dtype,
+                                             bool backward);
+int64_t LmHeadBlockForwardWorkspaceBytes(const VocabBlockShape& shape, DType block_dtype);
+int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& shape, DType block_dtype);
+
+}  // namespace ps::cuda
+
+#endif  // PATRICKSTAR_MODEL_KERNELS_CUDA_WORKSPACE_SIZES_H_

@@ -1,0 +1,151 @@
+// KernelWorkspaces: the CPU kernels' sizes (what CpuKernels asks for, and what its operations
+// really need: an operation given exactly the answered bytes runs), and the CUDA kernels' (the
+// cuBLAS workspace in exactly the operations that run a cuBLAS GEMM, after the kernels' own part;
+// NVIDIA's default by compute capability).
+#include "model/kernels/kernel_workspaces.h"
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "base/testing/status_matchers.h"
+#include "base/thread_pool.h"
+#include "gtest/gtest.h"
+#include "memory/cpu_backend.h"
+#include "memory/dtype.h"
+#include "model/kernels/cpu_kernels.h"
+#include "model/kernels/cuda/workspace_sizes.h"
+#include "model/kernels/kernels.h"
+
+namespace ps {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+const MatmulShape kMatmul{.rows = 6, .in_features = 10, .out_features = 14};
+const LinearShape kLinear{.rows = 6, .in_features = 10, .out_features = 14, .bias = true};
+const AttentionShape kAttention{.batch = 2, .seq_len = 9, .channels = 12, .num_heads = 3, .tile = 4};
+const GqaAttentionShape kGqa{
+    .batch = 2, .seq_len = 9, .num_heads = 4, .num_kv_heads = 2, .head_dim = 6, .tile = 4};
+const LmHeadCrossEntropyShape kCe{
+    .rows = 6, .channels = 10, .vocab_size = 50, .row_tile = 4, .vocab_tile = 16};
+const VocabBlockShape kBlock{.rows = 6,
+                             .channels = 10,
+                             .vocab_size = 50,
+                             .row_begin = 16,
+                             .block_rows = 20,
+                             .row_tile = 4,
+                             .vocab_tile = 16};
+
+TEST(CpuKernelWorkspaces, AreWhatCpuKernelsAskFor) {
+  std::unique_ptr<Backend> backend = *CreateCpuBackend({.capacity_bytes = 64 * kMiB});
+  for (int threads : {1, 2, 5}) {
+    SCOPED_TRACE(threads);
+    ThreadPool pool(threads);
+    std::unique_ptr<CpuKernels> kernels = *CpuKernels::Create(backend.get(), {.pool = &pool});
+    const CpuKernelWorkspaces w(threads);
+    EXPECT_EQ(kernels->workspaces().name(), "cpu");
+    EXPECT_EQ(w.AttentionForwardWorkspaceBytes(kAttention),
+              kernels->AttentionForwardWorkspaceBytes(kAttention));
+    EXPECT_EQ(w.GqaAttentionForwardWorkspaceBytes(kGqa),
+              kernels->GqaAttentionForwardWorkspaceBytes(kGqa));
+    // Per thread: the attention forwards grow with the pool, nothing else does.
+    EXPECT_EQ(w.AttentionForwardWorkspaceBytes(kAttention),
+              threads * CpuKernelWorkspaces(1).AttentionForwardWorkspaceBytes(kAttention));
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+      EXPECT_EQ(w.LmHeadBlockForwardWorkspaceBytes(kBlock, dtype),
+                kernels->LmHeadBlockForwardWorkspaceBytes(kBlock, dtype));
+      EXPECT_EQ(w.LmHeadBlockBackwardWorkspaceBytes(kBlock, dtype),
+                kernels->LmHeadBlockBackwardWorkspaceBytes(kBlock, dtype));
+    }
+    // The paths the CPU runs without a workspace (a CUDA run has one on each).
+    EXPECT_EQ(w.MatmulWorkspaceBytes(kMatmul), 0);
+    EXPECT_EQ(w.LinearWorkspaceBytes(kLinear), 0);
+    EXPECT_EQ(w.AttentionBackwardWorkspaceBytes(kAttention), 0);
+    EXPECT_EQ(w.GqaAttentionBackwardWorkspaceBytes(kGqa), 0);
+  }
+}
+
+// A 16-bit GEMM given exactly GemmWorkspaceBytes runs, for every transpose (the f16 operands are
+// widened into the workspace as stored: [m,k] or [k,m], [k,n] or [n,k]).
+TEST(CpuKernelWorkspaces, A16BitGemmRunsInExactlyTheAnsweredWorkspace) {
+  std::unique_ptr<Backend> backend = *CreateCpuBackend({.capacity_bytes = 64 * kMiB});
+  std::unique_ptr<CpuKernels> kernels = *CpuKernels::Create(backend.get());
+  std::unique_ptr<Stream> stream = *backend->CreateStream();
+  const int64_t m = 5, n = 7, k = 3;
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        SCOPED_TRACE(testing::Message() << DTypeName(dtype) << " ta " << ta << " tb " << tb);
+        const GemmShape s{.trans_a = ta,
+                          .trans_b = tb,
+                          .m = m,
+                          .n = n,
+                          .k = k,
+                          .lda = ta ? m : k,
+                          .ldb = tb ? k : n,
+                          .ldc = n,
+                          .ab_dtype = dtype};
+        const int64_t ws_bytes = kernels->workspaces().GemmWorkspaceBytes(s);
+        EXPECT_EQ(ws_bytes, dtype == DType::kF16 ? (m * k + k * n) * 4 : m * n * 4);
+        std::vector<void*> buffers;
+        auto alloc = [&](int64_t bytes) {
+          void* p = *backend->AllocateDevice(bytes);
+          std::memset(p, 0, static_cast<size_t>(bytes));
+          buffers.push_back(p);
+          return p;
+        };
+        void* a = alloc(m * k * 2);
+        void* b = alloc(k * n * 2);
+        auto* c = static_cast<float*>(alloc(m * n * 4));
+        void* ws = alloc(ws_bytes);
+        ASSERT_OK(kernels->Gemm(*stream, s, 0.5f, a, b, 0.25f, c, ws, ws_bytes));
+        ASSERT_OK(stream->Synchronize());
+        EXPECT_THAT(kernels->Gemm(*stream, s, 0.5f, a, b, 0.25f, c, ws, ws_bytes - 4),
+                    StatusIs(absl::StatusCode::kInvalidArgument, "workspace has"));
+        for (void* p : buffers) ASSERT_OK(backend->FreeDevice(p));
+      }
+    }
+  }
+}
+
+TEST(CudaKernelWorkspaces, DefaultCublasWorkspaceByComputeCapability) {
+  EXPECT_EQ(CudaKernelWorkspaces::DefaultCublasWorkspaceBytes(7), 4 * kMiB);
+  EXPECT_EQ(CudaKernelWorkspaces::DefaultCublasWorkspaceBytes(8), 4 * kMiB);
+  EXPECT_EQ(CudaKernelWorkspaces::DefaultCublasWorkspaceBytes(9), 32 * kMiB);
+  EXPECT_EQ(CudaKernelWorkspaces::DefaultCublasWorkspaceBytes(10), 32 * kMiB);
+}
+
+TEST(CudaKernelWorkspaces, CublasWorkspaceInEveryGemmAfterTheKernelsOwnPart) {
+  for (int64_t cublas : {int64_t{0}, int64_t{256}, 32 * kMiB}) {
+    SCOPED_TRACE(cublas);
+    const CudaKernelWorkspaces w(cublas);
+    EXPECT_EQ(w.name(), "cuda");
+    EXPECT_EQ(w.cublas_workspace_bytes(), cublas);
+    const GemmShape gemm{.m = 4, .n = 4, .k = 4, .lda = 4, .ldb = 4, .ldc = 4};
+    EXPECT_EQ(w.GemmWorkspaceBytes(gemm), cublas);
+    EXPECT_EQ(w.MatmulWorkspaceBytes(kMatmul), cublas);
+    EXPECT_EQ(w.LinearWorkspaceBytes(kLinear), cublas);
+    EXPECT_EQ(w.MatmulBf16ForwardWorkspaceBytes(kMatmul),
+              cuda::MatmulBf16ForwardWorkspaceBytes(kMatmul) + cublas);
+    EXPECT_EQ(w.MatmulBf16BackwardWorkspaceBytes(kMatmul),
+              cuda::MatmulBf16BackwardWorkspaceBytes(kMatmul) + cublas);
+    EXPECT_EQ(w.LmHeadCrossEntropyWorkspaceBytes(kCe),
+              cuda::LmHeadCrossEntropyWorkspaceBytes(kCe) + cublas);
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+      EXPECT_EQ(w.LmHeadBlockForwardWorkspaceBytes(kBlock, dtype),
+                cuda::LmHeadBlockForwardWorkspaceBytes(kBlock, dtype) + cublas);
+      EXPECT_EQ(w.LmHeadBlockBackwardWorkspaceBytes(kBlock, dtype),
+                cuda::LmHeadBlockBackwardWorkspaceBytes(kBlock, dtype) + cublas);
+    }
+    // No GEMM in attention: the kernels' own part only (none in the forwards).
+    EXPECT_EQ(w.AttentionForwardWorkspaceBytes(kAttention), 0);
+    EXPECT_EQ(w.GqaAttentionForwardWorkspaceBytes(kGqa), 0);
+    EXPECT_EQ(w.AttentionBackwardWorkspaceBytes(kAttention), 2 * 3 * 9 * 4);
+    EXPECT_EQ(w.GqaAttentionBackwardWorkspaceBytes(kGqa), 2 * 4 * 9 * 4);
+  }
+}
+
+}  // namespace
+}  // namespace ps
