@@ -12,9 +12,7 @@
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
 #include "glog/logging.h"
-#include "model/kernels/attention.h"
-#include "model/kernels/gqa_attention.h"
-#include "model/kernels/matmul.h"
+#include "model/kernels/kernel_workspaces.h"
 #include "model/kernels/vocab_blocks.h"
 #include "model/model_config.h"
 #include "model/transformer_block_spec.h"
@@ -29,16 +27,19 @@ constexpr int64_t kF32 = sizeof(float);
 class Profiler {
  public:
   Profiler(const ModelConfig& model, const GptConfig& config, const GptModelOptions& o, DType dtype,
-           const VocabLayoutOptions& layout, const std::vector<OperatorSpec>& ops)
+           const VocabLayoutOptions& layout, const std::vector<OperatorSpec>& ops,
+           const KernelWorkspaces& workspaces)
       : m_(model),
         spec_(BlockSpecOf(model)),
         llama_(model.architecture() == ModelArchitecture::kLlama),
         c_(config),
         o_(o),
+        dtype_(dtype),
         sixteen_bit_(dtype != DType::kF32),
         bf16_(dtype == DType::kBF16),
         blocks_(VocabBlocksNamed(config, layout, llama_ ? "model.embed_tokens" : "wte")),
         head_blocks_(spec_.tied_lm_head ? blocks_ : VocabBlocksNamed(config, layout, "lm_head")),
+        ws_(workspaces),
         b_(ops) {
     B_ = o.batch;
     T_ = o.seq_len == 0 ? config.max_seq_len : o.seq_len;
@@ -92,6 +93,8 @@ class Profiler {
   };
 
   int64_t A(int64_t elems) { return b_.Alloc(elems * kF32); }
+  // GptModel::Workspace: `bytes` as f32 elements, no allocation for 0.
+  int64_t Ws(int64_t bytes) { return bytes == 0 ? -1 : A((bytes + kF32 - 1) / kF32); }
   void F(int64_t& buffer) {
     b_.Free(buffer);
     buffer = -1;
@@ -127,7 +130,7 @@ class Profiler {
     b_.Access(op, Stage::kForward);
     if (bf16_) {  // the GEMM reads the bf16 weights in place
       int64_t b = ParamF32(out);
-      int64_t ws = A(MatmulBf16ForwardWorkspaceElems({N_, in, out}));
+      int64_t ws = Ws(ws_.MatmulBf16ForwardWorkspaceBytes({N_, in, out}));
       b_.Release(op, Stage::kForward);
       F(ws);
       F(b);
@@ -135,9 +138,11 @@ class Profiler {
     }
     int64_t w = ParamF32(in * out);
     int64_t b = ParamF32(out);
+    int64_t ws = Ws(ws_.MatmulWorkspaceBytes({N_, in, out}));
     F(w);
     F(b);
     b_.Release(op, Stage::kForward);
+    F(ws);
   }
   // GptModel::LayerNormFwd.
   void LayerNormFwd(const std::string& op, int64_t& y, int64_t& mean, int64_t& rstd) {
@@ -175,6 +180,8 @@ class Profiler {
   void NnLinearFwd(int64_t in, int64_t out, bool bias) {
     int64_t w = ParamF32(in * out);
     int64_t b = bias ? ParamF32(out) : -1;
+    int64_t ws = Ws(ws_.LinearWorkspaceBytes({N_, in, out, bias}));
+    F(ws);
     F(b);
     F(w);
   }
@@ -182,6 +189,8 @@ class Profiler {
     int64_t dw = A(in * out);
     int64_t db = bias ? A(out) : -1;
     int64_t w = ParamF32(in * out);
+    int64_t ws = Ws(ws_.LinearWorkspaceBytes({N_, in, out, bias}));
+    F(ws);
     F(w);
     F(db);
     F(dw);
@@ -212,8 +221,7 @@ class Profiler {
     b_.Release(qkv, Stage::kForward);
     a.atty = A(N_ * Q);
     a.lse = A(B_ * m_.num_heads * T_);
-    int64_t ws = A(GqaAttentionWorkspaceElems(
-        {B_, T_, m_.num_heads, m_.num_kv_heads, m_.head_dim, o_.attention_tile}, o_.threads));
+    int64_t ws = Ws(ws_.GqaAttentionForwardWorkspaceBytes(GqaShape()));
     F(ws);
     a.res2 = A(N_ * C_);
     NnLinearForward(Layer(l, "self_attn.o_proj"), Q, C_, spec_.o_bias);
@@ -261,6 +269,8 @@ class Profiler {
     int64_t dq = A(N_ * Q);
     int64_t dk = A(N_ * K);
     int64_t dv = A(N_ * K);
+    int64_t att_ws = Ws(ws_.GqaAttentionBackwardWorkspaceBytes(GqaShape()));
+    F(att_ws);
     F(datty);
     F(a.atty);
     F(a.lse);
@@ -292,8 +302,7 @@ class Profiler {
     LinearForward(Layer(l, "attn.c_attn"), C_, 3 * C_);
     a.atty = A(N_ * C_);
     a.lse = A(B_ * c_.num_heads * T_);
-    int64_t ws =
-        A(AttentionWorkspaceElems({B_, T_, C_, c_.num_heads, o_.attention_tile}, o_.threads));
+    int64_t ws = Ws(ws_.AttentionForwardWorkspaceBytes(AttentionShapeOf()));
     F(ws);
     a.res2 = A(N_ * C_);
     LinearForward(Layer(l, "attn.c_proj"), C_, C_);
@@ -304,6 +313,12 @@ class Profiler {
     if (recompute) return;
     out = A(N_ * C_);
     LinearForward(Layer(l, "mlp.c_proj"), 4 * C_, C_);
+  }
+  AttentionShape AttentionShapeOf() const {
+    return {B_, T_, C_, c_.num_heads, o_.attention_tile};
+  }
+  GqaAttentionShape GqaShape() const {
+    return {B_, T_, m_.num_heads, m_.num_kv_heads, m_.head_dim, o_.attention_tile};
   }
   VocabBlockShape BlockShape(const GptVocabBlock& b) const {
     return VocabBlockShape{.rows = N_,
@@ -343,7 +358,7 @@ class Profiler {
     acts.ce_lse = A(N_);
     int64_t state = A(LmHeadStateElems(BlockShape(head_blocks_.front())));
     for (const GptVocabBlock& b : head_blocks_) {
-      int64_t ws = A(LmHeadBlockForwardWorkspaceElems(BlockShape(b), sixteen_bit_));
+      int64_t ws = Ws(ws_.LmHeadBlockForwardWorkspaceBytes(BlockShape(b), dtype_));
       b_.Touch(b.op_name, Stage::kForward);
       F(ws);
     }
@@ -355,10 +370,12 @@ class Profiler {
     int64_t db = A(out);
     b_.Access(op, Stage::kBackward);
     if (bf16_) {
-      int64_t ws = A(MatmulBf16BackwardWorkspaceElems({N_, in, out}));
+      int64_t ws = Ws(ws_.MatmulBf16BackwardWorkspaceBytes({N_, in, out}));
       F(ws);
     } else {
       int64_t w = ParamF32(in * out);
+      int64_t ws = Ws(ws_.MatmulWorkspaceBytes({N_, in, out}));
+      F(ws);
       F(w);
     }
     b_.Release(op, Stage::kBackward);
@@ -405,6 +422,8 @@ class Profiler {
     LinearBackward(Layer(l, "attn.c_proj"), C_, C_);
     F(dattproj);
     int64_t dqkv = A(N_ * 3 * C_);
+    int64_t att_ws = Ws(ws_.AttentionBackwardWorkspaceBytes(AttentionShapeOf()));
+    F(att_ws);
     F(datty);
     F(a.atty);
     F(a.lse);
@@ -427,7 +446,7 @@ class Profiler {
     int64_t dlnf = A(N_ * C_);
     for (const GptVocabBlock& b : head_blocks_) {
       const VocabBlockShape shape = BlockShape(b);
-      int64_t ws = A(LmHeadBlockBackwardWorkspaceElems(shape, sixteen_bit_));
+      int64_t ws = Ws(ws_.LmHeadBlockBackwardWorkspaceBytes(shape, dtype_));
       // One vocabulary tile of the block's gradient (GptModel::LmHeadBackward).
       int64_t dblock =
           A(std::min(shape.block_rows, std::min(shape.vocab_size, shape.vocab_tile)) * C_);
@@ -468,10 +487,12 @@ class Profiler {
   const bool llama_;
   const GptConfig c_;
   const GptModelOptions o_;
+  const DType dtype_;
   const bool sixteen_bit_;
   const bool bf16_;  // Conv1D GEMMs read bf16 weights in place (GptModel::ParamBf16)
   const std::vector<GptVocabBlock> blocks_;
   const std::vector<GptVocabBlock> head_blocks_;
+  const KernelWorkspaces& ws_;
   ActivationProfileBuilder b_;
   int64_t B_ = 0, T_ = 0, C_ = 0, N_ = 0;
 };
@@ -488,20 +509,26 @@ GptConfig GptConfigView(const ModelConfig& config) {
 }
 
 GptMemoryModel ModelActivationProfile(const ModelConfig& config, const GptModelOptions& options,
-                                      DType compute_dtype, const VocabLayoutOptions& layout) {
+                                      DType compute_dtype, const VocabLayoutOptions& layout,
+                                      const KernelWorkspaces* workspaces) {
+  const CpuKernelWorkspaces cpu(options.threads);
   GptMemoryModel m;
   m.ops = ModelOperators(config, layout);
-  Profiler profiler(config, GptConfigView(config), options, compute_dtype, layout, m.ops);
+  Profiler profiler(config, GptConfigView(config), options, compute_dtype, layout, m.ops,
+                    workspaces != nullptr ? *workspaces : cpu);
   m.profile.iteration = profiler.Iteration();
   m.profile.evaluation = profiler.Evaluation();
   return m;
 }
 
 GptMemoryModel GptActivationProfile(const GptConfig& config, const GptModelOptions& options,
-                                    DType compute_dtype, const VocabLayoutOptions& layout) {
+                                    DType compute_dtype, const VocabLayoutOptions& layout,
+                                    const KernelWorkspaces* workspaces) {
+  const CpuKernelWorkspaces cpu(options.threads);
   GptMemoryModel m;
   m.ops = GptOperators(config, layout);
-  Profiler profiler(FromGptConfig(config), config, options, compute_dtype, layout, m.ops);
+  Profiler profiler(FromGptConfig(config), config, options, compute_dtype, layout, m.ops,
+                    workspaces != nullptr ? *workspaces : cpu);
   m.profile.iteration = profiler.Iteration();
   m.profile.evaluation = profiler.Evaluation();
   return m;
@@ -547,7 +574,8 @@ absl::StatusOr<GptRunPlan> PlanOne(const GptRunPlanOptions& o, int64_t chunk_ele
   if (run.vocab.vocab_block_rows >= view.vocab_size) run.vocab.vocab_block_rows = 0;
   GptModelOptions model = o.model;
   if (model.seq_len == 0) model.seq_len = view.max_seq_len;
-  GptMemoryModel memory = ModelActivationProfile(mc, model, o.compute_dtype, run.vocab);
+  GptMemoryModel memory =
+      ModelActivationProfile(mc, model, o.compute_dtype, run.vocab, o.kernel_workspaces.get());
   MemoryPlanOptions p;
   p.ops = std::move(memory.ops);
   p.profile = std::move(memory.profile);

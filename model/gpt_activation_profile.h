@@ -5,9 +5,11 @@
 // plan (scheduler/memory_plan.h) replays it to predict the tide before a run allocates anything.
 //
 // One source of truth. The profile is written beside GptModel's forward and backward and follows
-// them statement by statement (model/gpt_model.cc): the same buffers, sizes (the same
-// ...WorkspaceElems functions of the kernels), order of allocation, access and release, and order
-// of frees. model/gpt_activation_profile_test runs GptModel's warm-up on the emulated accelerator
+// them statement by statement (model/gpt_model.cc): the same buffers, sizes, order of allocation,
+// access and release, and order of frees. Kernel workspaces are asked of a KernelWorkspaces
+// (model/kernels/kernel_workspaces.h): the sizes of the implementation the run will use — the
+// CPU's on the emulated accelerator, CUDA's (cuBLAS's workspace in every GEMM) on a GPU — which
+// are the sizes that implementation's Kernels answer the model with. model/gpt_activation_profile_test runs GptModel's warm-up on the emulated accelerator
 // for random shapes, dtypes, splits and checkpointing and requires the recorded tide to equal the
 // replayed profile's at every moment, so a change to the model that is not made here fails that
 // test. The Llama architecture follows GptModel's Llama block (LlamaBlockForward/Backward) the same
@@ -18,6 +20,7 @@
 #define PATRICKSTAR_MODEL_GPT_ACTIVATION_PROFILE_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +31,7 @@
 #include "memory/dtype.h"
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
+#include "model/kernels/kernel_workspaces.h"
 #include "model/model_config.h"
 #include "scheduler/activation_profile.h"
 #include "scheduler/memory_plan.h"
@@ -40,15 +44,20 @@ struct GptMemoryModel {
   ActivationProfile profile;
 };
 
+// `workspaces`: the kernel workspace sizes of the run's Kernels (CreateKernelWorkspaces, or the
+// model's kernels' workspaces()); null: CpuKernelWorkspaces(options.threads), what the model's
+// own CPU kernels ask for.
 // REQUIRES: a valid config, options GptModel::Create accepts (seq_len resolved: 0 means
 // max_seq_len; threads = the model's ThreadPool size) and a wte split whose blocks start on
 // multiples of options.ce_vocab_tile.
 GptMemoryModel GptActivationProfile(const GptConfig& config, const GptModelOptions& options,
-                                    DType compute_dtype, const VocabLayoutOptions& layout);
+                                    DType compute_dtype, const VocabLayoutOptions& layout,
+                                    const KernelWorkspaces* workspaces = nullptr);
 // The same for any architecture (ModelOperators(config, layout) and GptModel's Create(ModelConfig)
 // path; for a GPT-2 config identical to GptActivationProfile of its GptConfig).
 GptMemoryModel ModelActivationProfile(const ModelConfig& config, const GptModelOptions& options,
-                                      DType compute_dtype, const VocabLayoutOptions& layout);
+                                      DType compute_dtype, const VocabLayoutOptions& layout,
+                                      const KernelWorkspaces* workspaces = nullptr);
 
 // The GptConfig view of a ModelConfig's common dimensions (vocab, max_position_embeddings,
 // hidden, layers, heads): what the vocabulary row-block helpers of model/gpt_config.h read.
@@ -75,6 +84,10 @@ struct GptRunPlanOptions {
   std::optional<ModelConfig> model_config;
   // batch, seq_len (0: max_seq_len), activation_checkpointing, threads and the kernel tiles.
   GptModelOptions model;
+  // The kernel workspace sizes of the implementation the run computes with
+  // (CreateKernelWorkspaces for its backend: CUDA's add cuBLAS's workspace to every GEMM); null:
+  // the CPU kernels' for model.threads (the emulated accelerator).
+  std::shared_ptr<const KernelWorkspaces> kernel_workspaces;
   DType compute_dtype = DType::kF32;
   int world_size = 1;
   int rank = 0;

@@ -1026,7 +1026,7 @@ absl::Status GptModel::LinearForward(const LinearOp& op, int64_t in_features, in
     // bf16 chunks: the GEMM reads the chunk's bf16 weights in place (matmul.h, bf16 variants).
     ASSIGN_OR_RETURN(Buffer b_f32, ParamF32(op.b, &b));
     const int64_t ws_bytes = kernels_->MatmulBf16ForwardWorkspaceBytes(shape);
-    ASSIGN_OR_RETURN(Buffer ws, Alloc(F32ElemsOf(ws_bytes), false));
+    ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
     RETURN_IF_ERROR(kernels_->MatmulForwardBf16(*stream_, shape, x.data(), w_bf16->data(), b.data(),
                                                 y.data(), ws.data(), ws_bytes));
     return access.End();
@@ -1076,7 +1076,7 @@ absl::Status GptModel::BlockForward(int64_t layer, absl::Span<const float> in, b
     ASSIGN_OR_RETURN(a.atty, Alloc(N * C, false));
     ASSIGN_OR_RETURN(a.lse, Alloc(B * H * T, false));
     const int64_t ws_bytes = kernels_->AttentionForwardWorkspaceBytes(att);
-    ASSIGN_OR_RETURN(Buffer ws, Alloc(F32ElemsOf(ws_bytes), false));
+    ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
     RETURN_IF_ERROR(kernels_->AttentionForward(*stream_, att, a.qkv.data(), a.atty.data(),
                                                a.lse.data(), ws.data(), ws_bytes));
   }
@@ -1186,7 +1186,7 @@ absl::Status GptModel::LmHeadForward(Activations& acts) {
   for (const VocabBlock& b : head_blocks()) {
     const VocabBlockShape shape = BlockShape(b);
     const int64_t ws_bytes = kernels_->LmHeadBlockForwardWorkspaceBytes(shape, dtype);
-    ASSIGN_OR_RETURN(Buffer ws, Alloc(F32ElemsOf(ws_bytes), false));
+    ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
     ASSIGN_OR_RETURN(ScopedAccess access,
                      ScopedAccess::Begin(manager_, release_wait_, b.op, Stage::kForward));
     ASSIGN_OR_RETURN(TensorView v, store_->View(ChunkType::kParam, b.tensor));
@@ -1243,7 +1243,7 @@ absl::Status GptModel::LinearBackward(const LinearOp& op, int64_t in_features, i
   ASSIGN_OR_RETURN(const std::optional<absl::Span<const uint16_t>> w_bf16, ParamBf16(op.w));
   if (w_bf16.has_value()) {
     const int64_t ws_bytes = kernels_->MatmulBf16BackwardWorkspaceBytes(shape);
-    ASSIGN_OR_RETURN(Buffer ws, Alloc(F32ElemsOf(ws_bytes), false));
+    ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
     RETURN_IF_ERROR(kernels_->MatmulBackwardBf16(*stream_, shape, x.data(), w_bf16->data(),
                                                  dy.data(), dx.data(), dw.data(), db.data(),
                                                  ws.data(), ws_bytes));
@@ -1354,7 +1354,7 @@ absl::Status GptModel::LmHeadBackward(double loss_scale, Activations& acts, Buff
     // block's gradient needs one tile of scratch. The workspace is sized for the block, which
     // covers every tile of it.
     const int64_t ws_bytes = kernels_->LmHeadBlockBackwardWorkspaceBytes(shape, dtype);
-    ASSIGN_OR_RETURN(Buffer ws, Alloc(F32ElemsOf(ws_bytes), false));
+    ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
     const int64_t tile_rows =
         std::min(shape.block_rows, std::min(shape.vocab_size, shape.vocab_tile));
     ASSIGN_OR_RETURN(Buffer dblock, Alloc(tile_rows * C, false));
@@ -1591,7 +1591,7 @@ absl::Status GptModel::LlamaBlockForward(int64_t layer, absl::Span<const float> 
     ASSIGN_OR_RETURN(a.atty, Alloc(N * Q, false));
     ASSIGN_OR_RETURN(a.lse, Alloc(B * m.num_heads * T, false));
     const int64_t ws_bytes = kernels_->GqaAttentionForwardWorkspaceBytes(att);
-    ASSIGN_OR_RETURN(Buffer ws, Alloc(F32ElemsOf(ws_bytes), false));
+    ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
     RETURN_IF_ERROR(kernels_->GqaAttentionForward(*stream_, att, a.q.data(), a.k.data(), a.v.data(),
                                                   a.atty.data(), a.lse.data(), ws.data(),
                                                   ws_bytes));

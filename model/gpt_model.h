@@ -384,8 +384,8 @@ class GptModel {
   absl::Status CheckParametersInSlots(absl::string_view caller) const;
   // f32 scratch buffer of `elems` elements, zeroed if asked.
   absl::StatusOr<Buffer> Alloc(int64_t elems, bool zero);
-  // A kernel workspace of `bytes` (an empty Buffer for 0: the CPU kernels need none for most
-  // operations, and the activation profile has none then).
+  // A kernel workspace of `bytes`, as the kernels' workspace query answered (an empty Buffer for
+  // 0: no allocation, and none in the activation profile, which asks the same KernelWorkspaces).
   absl::StatusOr<Buffer> Workspace(int64_t bytes);
   // The parameter's values as f32: the chunk slot itself (f32 chunks) or a converted workspace.
   absl::StatusOr<Buffer> ParamF32(TensorId tensor, absl::Span<const float>* values);

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -41,7 +42,10 @@
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
 #include "model/hf_checkpoint.h"
+#include "model/kernels/kernel_workspaces.h"
+#include "model/kernels/kernels_factory.h"
 #include "model/kernels/matmul.h"
+#include "model/kernels/testing/extra_workspace_kernels.h"
 #include "model/kernels/testing/tiny_llama.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
@@ -132,6 +136,9 @@ struct RigOptions {
   // Every stream held until the host waits (memory/cpu_backend.h): a result used without waiting
   // for the compute stream would be stale.
   bool stall_streams_until_host_waits = false;
+  // When set, the model computes with the CPU kernels but asks for their workspaces plus these
+  // (kernel_testing::ExtraWorkspaceKernels): another implementation's workspaces on top.
+  const KernelWorkspaces* extra_workspaces = nullptr;
   GptModelOptions model = {.batch = kBatch,
                            .seq_len = kSeqLen,
                            .threads = 2,
@@ -146,6 +153,9 @@ struct Rig {
   std::unique_ptr<DeviceMemory> host;
   std::unique_ptr<ChunkStore> store;
   std::unique_ptr<ChunkManager> manager;
+  std::unique_ptr<ThreadPool> kernel_pool;
+  std::unique_ptr<Kernels> cpu_kernels;
+  std::unique_ptr<kernel_testing::ExtraWorkspaceKernels> kernels;
   std::unique_ptr<TransformerModel> model;
 };
 
@@ -168,9 +178,18 @@ absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const ModelConfig& config, const Ri
   ASSIGN_OR_RETURN(rig->manager,
                    ChunkManager::Create(rig->store.get(), rig->backend.get(),
                                         rig->accelerator.get(), rig->host.get(), manager_options));
+  GptModelOptions model_options = o.model;
+  if (o.extra_workspaces != nullptr) {
+    rig->kernel_pool = std::make_unique<ThreadPool>(o.model.threads);
+    ASSIGN_OR_RETURN(rig->cpu_kernels,
+                     CreateKernels(rig->backend.get(), {.cpu_pool = rig->kernel_pool.get()}));
+    rig->kernels = std::make_unique<kernel_testing::ExtraWorkspaceKernels>(*rig->cpu_kernels,
+                                                                           *o.extra_workspaces);
+    model_options.kernels = rig->kernels.get();
+  }
   ASSIGN_OR_RETURN(rig->model,
                    TransformerModel::Create(config, rig->store.get(), rig->manager.get(),
-                                            rig->accelerator.get(), o.model));
+                                            rig->accelerator.get(), model_options));
   return rig;
 }
 
@@ -482,63 +501,110 @@ TEST_F(LlamaModelTest, HfDirectoryRoundTripIsBitExact) {
   }
 }
 
-// The pre-flight plan's activation profile (model/gpt_activation_profile.h) replays the model's
-// scratch allocations: the non-model peak it predicts for each moment of the iteration equals the
-// tide the warm-up measured, for f32/bf16 chunks, whole/split vocabularies, with and without
-// checkpointing, tied and untied.
+// One training iteration of `config` on a rig of `o`, its tide compared moment by moment with the
+// replayed activation profile (model/gpt_activation_profile.h) built with `planned` workspaces
+// (null: the CPU kernels'). Sets *measured_peak to the highest tide.
+void ExpectTideMatchesProfile(const ModelConfig& config, const RigOptions& o,
+                              const KernelWorkspaces* planned, int64_t* measured_peak) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(config, o));
+  ASSERT_OK(rig->model->InitializeParameters(2));
+  std::mt19937_64 gen(3);
+  std::vector<int32_t> tokens(kBatch * kSeqLen), targets(kBatch * kSeqLen);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(gen() % 96);
+  for (int32_t& t : targets) t = static_cast<int32_t>(gen() % 96);
+  ASSERT_OK(Step(*rig, tokens, targets).status());
+  const TideTrace& tide = rig->manager->tide();
+  ASSERT_TRUE(tide.finished());
+
+  const GptMemoryModel memory = ModelActivationProfile(
+      config, o.model, o.dtype, {.vocab_block_rows = o.vocab_block_rows}, planned);
+  MemoryPlanOptions p;
+  p.ops = memory.ops;
+  p.profile = memory.profile;
+  p.chunk_elems = o.chunk_elems;
+  p.compute_dtype = o.dtype;
+  p.accelerator_bytes = o.capacity_bytes;
+  p.scratch = DeviceMemoryOptions{}.scratch;
+  ASSERT_OK_AND_ASSIGN(const MemoryPlan plan, PlanMemory(p));
+  // The iteration's moments, in order, are the model's accesses (no optimizer ran).
+  std::vector<int64_t> predicted;
+  for (const PlannedMoment& m : plan.moments) {
+    if (m.op >= 0) predicted.push_back(m.nonmodel_peak_bytes);
+  }
+  ASSERT_EQ(static_cast<int64_t>(predicted.size()), tide.num_recorded());
+  int64_t predicted_peak = 0;
+  *measured_peak = 0;
+  for (int64_t m = 0; m < tide.num_recorded(); ++m) {
+    EXPECT_EQ(predicted[m], tide.sample(m).accelerator_peak_bytes) << "moment " << m;
+    *measured_peak = std::max(*measured_peak, tide.sample(m).accelerator_peak_bytes);
+    predicted_peak = std::max(predicted_peak, predicted[m]);
+  }
+  EXPECT_EQ(predicted_peak, *measured_peak);
+  EXPECT_GT(*measured_peak, 0);
+}
+
+// The pre-flight plan's activation profile replays the model's scratch allocations: the non-model
+// peak it predicts for each moment of the iteration equals the tide the warm-up measured, for
+// f32/bf16 chunks, whole/split vocabularies, with and without checkpointing, tied and untied —
+// with the CPU kernels' workspaces, and with a CUDA run's on top (cuBLAS's in every nn.Linear,
+// the attention backward's, which the CPU kernels do not have).
 TEST_F(LlamaModelTest, ActivationProfileMatchesTheMeasuredTide) {
+  const CudaKernelWorkspaces cuda(/*cublas_workspace_bytes=*/64 * 1024);
+  const CpuKernelWorkspaces cpu(RigOptions{}.model.threads);
+  const kernel_testing::SumOfWorkspaces cpu_and_cuda(cpu, cuda);
   for (const Reference& ref : kReferences) {
     const ModelConfig config = ref.config();
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       // The measured peak without and with checkpointing (which must lower it: the comparison
-      // sees the activations, not just allocator segments).
-      int64_t peaks[2] = {0, 0};
-      for (bool checkpointing : {false, true}) {
-        for (int64_t rows : {int64_t{0}, int64_t{24}}) {
-          SCOPED_TRACE(absl::StrCat(config.name, " ", DTypeName(dtype), " checkpointing ",
-                                    checkpointing, " rows ", rows));
-          RigOptions o;
-          o.dtype = dtype;
-          o.vocab_block_rows = rows;
-          o.model.activation_checkpointing = checkpointing;
-          ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(config, o));
-          ASSERT_OK(rig->model->InitializeParameters(2));
-          std::mt19937_64 gen(3);
-          std::vector<int32_t> tokens(kBatch * kSeqLen), targets(kBatch * kSeqLen);
-          for (int32_t& t : tokens) t = static_cast<int32_t>(gen() % 96);
-          for (int32_t& t : targets) t = static_cast<int32_t>(gen() % 96);
-          ASSERT_OK(Step(*rig, tokens, targets).status());
-          const TideTrace& tide = rig->manager->tide();
-          ASSERT_TRUE(tide.finished());
-
-          const GptMemoryModel memory =
-              ModelActivationProfile(config, o.model, dtype, {.vocab_block_rows = rows});
-          MemoryPlanOptions p;
-          p.ops = memory.ops;
-          p.profile = memory.profile;
-          p.chunk_elems = o.chunk_elems;
-          p.compute_dtype = dtype;
-          p.accelerator_bytes = o.capacity_bytes;
-          p.scratch = DeviceMemoryOptions{}.scratch;
-          ASSERT_OK_AND_ASSIGN(const MemoryPlan plan, PlanMemory(p));
-          // The iteration's moments, in order, are the model's accesses (no optimizer ran).
-          std::vector<int64_t> predicted;
-          for (const PlannedMoment& m : plan.moments) {
-            if (m.op >= 0) predicted.push_back(m.nonmodel_peak_bytes);
+      // sees the activations, not just allocator segments), and without checkpointing with
+      // CUDA's workspaces.
+      int64_t peaks[2] = {0, 0}, cuda_peak = 0;
+      for (bool with_cuda : {false, true}) {
+        for (bool checkpointing : {false, true}) {
+          for (int64_t rows : {int64_t{0}, int64_t{24}}) {
+            SCOPED_TRACE(absl::StrCat(config.name, " ", DTypeName(dtype), " checkpointing ",
+                                      checkpointing, " rows ", rows,
+                                      with_cuda ? " with CUDA's workspaces" : ""));
+            RigOptions o;
+            o.extra_workspaces = with_cuda ? &cuda : nullptr;
+            o.dtype = dtype;
+            o.vocab_block_rows = rows;
+            o.model.activation_checkpointing = checkpointing;
+            int64_t peak = 0;
+            ExpectTideMatchesProfile(config, o, with_cuda ? &cpu_and_cuda : nullptr, &peak);
+            if (rows == 0 && !with_cuda) peaks[checkpointing] = peak;
+            if (rows == 0 && with_cuda && !checkpointing) cuda_peak = peak;
           }
-          ASSERT_EQ(static_cast<int64_t>(predicted.size()), tide.num_recorded());
-          int64_t measured_peak = 0, predicted_peak = 0;
-          for (int64_t m = 0; m < tide.num_recorded(); ++m) {
-            EXPECT_EQ(predicted[m], tide.sample(m).accelerator_peak_bytes) << "moment " << m;
-            measured_peak = std::max(measured_peak, tide.sample(m).accelerator_peak_bytes);
-            predicted_peak = std::max(predicted_peak, predicted[m]);
-          }
-          EXPECT_EQ(predicted_peak, measured_peak);
-          EXPECT_GT(measured_peak, 0);
-          if (rows == 0) peaks[checkpointing] = measured_peak;
         }
       }
       EXPECT_LT(peaks[1], peaks[0]);
+      // Every GEMM's workspace holds the cuBLAS part, so the peak's moment does too.
+      EXPECT_GE(cuda_peak, peaks[0] + cuda.cublas_workspace_bytes());
+    }
+  }
+}
+
+// One workspace query at a time made to dominate the tide (kernel_testing::SingleQueryWorkspaces:
+// a large workspace for that query on top of the CPU kernels'): the profile must allocate every
+// workspace of each query at the moment the Llama block does, with its shape.
+TEST_F(LlamaModelTest, EachWorkspaceQueryIsAllocatedWhereTheProfileSays) {
+  const CpuKernelWorkspaces cpu(RigOptions{}.model.threads);
+  for (int q = 0; q < kernel_testing::kNumWorkspaceQueries; ++q) {
+    const auto query = static_cast<kernel_testing::WorkspaceQuery>(q);
+    const kernel_testing::SingleQueryWorkspaces single(query, 64 * kKiB);
+    const kernel_testing::SumOfWorkspaces planned(cpu, single);
+    for (const Reference& ref : kReferences) {
+      for (DType dtype : {DType::kF32, DType::kBF16}) {
+        SCOPED_TRACE(absl::StrCat(kernel_testing::WorkspaceQueryName(query), " ", ref.file, " ",
+                                  DTypeName(dtype)));
+        RigOptions o;
+        o.extra_workspaces = &single;
+        o.dtype = dtype;
+        o.vocab_block_rows = 24;
+        o.model.activation_checkpointing = q % 2 == 1;
+        int64_t peak = 0;
+        ExpectTideMatchesProfile(ref.config(), o, &planned, &peak);
+      }
     }
   }
 }
