@@ -7,10 +7,15 @@
 //   bazel run //tools:plan -- --model=1B --dtype=bf16 --micro_batch_size=1 --seq_len=64
 //       --accelerator_memory=512MiB
 //
+// --accelerator=cuda plans a GPU run from any machine (no GPU needed): the CUDA kernels'
+// workspaces (cuBLAS's in every GEMM, --cuda_compute_capability picking NVIDIA's default size),
+// CudaAdam's device bytes reserved, and the GPU's memory apart from the host's.
+//
 // Exit status as the trainer's: 0 the run fits (the plan on stdout); 1 it does not (the plan on
 // stdout, the refusal on stderr); 2 a flag that cannot be parsed or an invalid model/option.
 #include <cstdint>
 #include <iostream>
+#include <memory>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -23,6 +28,8 @@
 #include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "memory/dtype.h"
+#include "model/kernels/kernel_workspaces.h"
+#include "optimizer/cuda_adam_footprint.h"
 #include "memory/host_memory_info.h"
 #include "model/gpt_activation_profile.h"
 #include "model/gpt_config.h"
@@ -44,6 +51,11 @@ ABSL_FLAG(std::string, host_available, "auto",
           "host memory the OS can still give: \"auto\" (MemAvailable / cgroup), a byte quantity, "
           "or \"0\" (unchecked)");
 ABSL_FLAG(bool, moments, false, "print every moment of the steady iteration");
+ABSL_FLAG(std::string, accelerator, "cpu",
+          "cpu (the emulated accelerator) or cuda (a GPU run, planned without a GPU)");
+ABSL_FLAG(int, cuda_compute_capability, 9,
+          "--accelerator=cuda: the GPU's compute capability major (9: Hopper, 32 MiB cuBLAS "
+          "workspace; 8 and below: 4 MiB)");
 
 namespace ps {
 namespace {
@@ -109,6 +121,25 @@ int Run() {
     o.host_available_bytes = *bytes;
   }
   o.host_overhead_bytes = 256 * kMiB;  // as the trainer
+  if (const std::string a = absl::GetFlag(FLAGS_accelerator); a == "cuda") {
+    // As the trainer plans --accelerator=cuda (trainer.cc: PlanAcceleratorReserve and the
+    // workspaces of CreateKernelWorkspaces for the GPU).
+    const int cc = absl::GetFlag(FLAGS_cuda_compute_capability);
+    if (cc < 1) {
+      return fail2(absl::InvalidArgumentError(
+          absl::StrCat("--cuda_compute_capability must be >= 1, got ", cc)));
+    }
+    o.kernel_workspaces = std::make_shared<const CudaKernelWorkspaces>(
+        CudaKernelWorkspaces::DefaultCublasWorkspaceBytes(cc));
+    o.accelerator_in_host_memory = false;
+    o.comm_buffer_bytes = kCudaAdamDeviceBytes;
+    std::cout << "kernels: cuda, cuBLAS workspace "
+              << FormatBytes(CudaKernelWorkspaces::DefaultCublasWorkspaceBytes(cc))
+              << " per GEMM (compute capability " << cc << ")\n";
+  } else if (a != "cpu") {
+    return fail2(absl::InvalidArgumentError(
+        absl::StrCat("--accelerator must be cpu or cuda, got \"", a, "\"")));
+  }
   absl::StatusOr<GptRunPlan> run = PlanGptRun(o);
   if (!run.ok()) return fail2(run.status());
   const MemoryPlan& p = run->plan;

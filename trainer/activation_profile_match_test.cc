@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -29,7 +30,10 @@
 #include "model/gpt_activation_profile.h"
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
+#include "model/kernels/kernel_workspaces.h"
+#include "model/kernels/kernels_factory.h"
 #include "model/kernels/matmul.h"
+#include "model/kernels/testing/extra_workspace_kernels.h"
 #include "optimizer/cpu_adam.h"
 #include "optimizer/hybrid_adam.h"
 #include "scheduler/chunk_manager.h"
@@ -50,6 +54,9 @@ struct Case {
   GptConfig config;
   GptModelOptions model;
   int64_t chunk_elems = 0;  // 0: auto (the plan's choice, wte in row blocks)
+  // When set, the model computes with the CPU kernels but asks for their workspaces plus these
+  // (kernel_testing::ExtraWorkspaceKernels), and the plan is told so: e.g. a CUDA run's.
+  std::shared_ptr<const KernelWorkspaces> extra_workspaces;
 };
 
 std::string Name(const Case& c) {
@@ -66,6 +73,9 @@ struct Rig {
   std::unique_ptr<DeviceMemory> host;
   std::unique_ptr<ChunkStore> store;
   std::unique_ptr<ChunkManager> manager;
+  std::unique_ptr<ThreadPool> kernel_pool;
+  std::unique_ptr<Kernels> cpu_kernels;
+  std::unique_ptr<kernel_testing::ExtraWorkspaceKernels> kernels;
   std::unique_ptr<GptModel> model;
   std::unique_ptr<CpuAdam> cpu_adam;
   std::unique_ptr<HybridAdam> adam;
@@ -107,8 +117,17 @@ absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const Case& c, const GptRunPlan& pl
   ASSIGN_OR_RETURN(rig->manager,
                    ChunkManager::Create(rig->store.get(), rig->backend.get(),
                                         rig->accelerator.get(), rig->host.get(), manager_options));
+  GptModelOptions model_options = c.model;
+  if (c.extra_workspaces != nullptr) {
+    rig->kernel_pool = std::make_unique<ThreadPool>(c.model.threads);
+    ASSIGN_OR_RETURN(rig->cpu_kernels,
+                     CreateKernels(rig->backend.get(), {.cpu_pool = rig->kernel_pool.get()}));
+    rig->kernels = std::make_unique<kernel_testing::ExtraWorkspaceKernels>(*rig->cpu_kernels,
+                                                                           *c.extra_workspaces);
+    model_options.kernels = rig->kernels.get();
+  }
   ASSIGN_OR_RETURN(rig->model, GptModel::Create(c.config, rig->store.get(), rig->manager.get(),
-                                                rig->accelerator.get(), c.model));
+                                                rig->accelerator.get(), model_options));
   ASSIGN_OR_RETURN(rig->cpu_adam, CpuAdam::Create({.num_threads = 2}));
   HybridAdamOptions adam_options;
   adam_options.groups = {ParamGroupOptions{.name = "default", .lr = 1e-3, .weight_decay = 0.0}};
@@ -118,6 +137,16 @@ absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const Case& c, const GptRunPlan& pl
   return rig;
 }
 
+// What ExtraWorkspaceKernels over the CPU kernels answers, built apart from the run's kernels (as
+// a plan's workspaces are, before the kernels exist).
+struct CpuPlusExtra {
+  CpuPlusExtra(int threads, std::shared_ptr<const KernelWorkspaces> extra_workspaces)
+      : cpu(threads), extra(std::move(extra_workspaces)), sum(cpu, *extra) {}
+  const CpuKernelWorkspaces cpu;
+  const std::shared_ptr<const KernelWorkspaces> extra;
+  const kernel_testing::SumOfWorkspaces sum;
+};
+
 absl::StatusOr<GptRunPlan> Plan(const Case& c, int64_t accelerator_bytes) {
   GptRunPlanOptions o;
   o.config = c.config;
@@ -125,6 +154,10 @@ absl::StatusOr<GptRunPlan> Plan(const Case& c, int64_t accelerator_bytes) {
   o.compute_dtype = c.dtype;
   o.chunk_elems = c.chunk_elems;
   o.accelerator_bytes = accelerator_bytes;
+  if (c.extra_workspaces != nullptr) {
+    auto planned = std::make_shared<CpuPlusExtra>(c.model.threads, c.extra_workspaces);
+    o.kernel_workspaces = std::shared_ptr<const KernelWorkspaces>(planned, &planned->sum);
+  }
   return PlanGptRun(o);
 }
 
@@ -190,6 +223,20 @@ GptConfig TinyConfig(std::mt19937_64& rng) {
   return g;
 }
 
+// A tiny random model with a random micro batch (the same draws, in the same order, as before
+// this helper existed: the tests' cases are unchanged).
+Case RandomCase(DType dtype, bool checkpointing, std::mt19937_64& rng) {
+  Case c;
+  c.dtype = dtype;
+  c.checkpointing = checkpointing;
+  c.config = TinyConfig(rng);
+  c.model.batch = std::uniform_int_distribution<int64_t>(1, 3)(rng);
+  c.model.seq_len = std::uniform_int_distribution<int64_t>(1, c.config.max_seq_len)(rng);
+  c.model.activation_checkpointing = checkpointing;
+  c.model.threads = 2;
+  return c;
+}
+
 TEST(ActivationProfileMatch, WarmupTideEqualsTheProfileAtEveryMoment) {
   std::mt19937_64 rng(20261124);
   for (DType dtype : {DType::kF32, DType::kBF16}) {
@@ -213,14 +260,7 @@ TEST(ActivationProfileMatch, WarmupTideEqualsTheProfileAtEveryMoment) {
 TEST(ActivationProfileMatch, RandomShapesMatchTheProfile) {
   std::mt19937_64 rng(777);
   for (int trial = 0; trial < 6; ++trial) {
-    Case c;
-    c.dtype = trial % 2 == 0 ? DType::kF32 : DType::kBF16;
-    c.checkpointing = (trial / 2) % 2 == 1;
-    c.config = TinyConfig(rng);
-    c.model.batch = std::uniform_int_distribution<int64_t>(1, 3)(rng);
-    c.model.seq_len = std::uniform_int_distribution<int64_t>(1, c.config.max_seq_len)(rng);
-    c.model.activation_checkpointing = c.checkpointing;
-    c.model.threads = 2;
+    Case c = RandomCase(trial % 2 == 0 ? DType::kF32 : DType::kBF16, (trial / 2) % 2 == 1, rng);
     SCOPED_TRACE(absl::StrCat("trial ", trial));
     ExpectWarmupMatchesProfile(c, 64 * kMiB, 1, rng);
   }
@@ -246,6 +286,84 @@ TEST(ActivationProfileMatch, LargerShapesMatchTheProfile) {
       ExpectWarmupMatchesProfile(c, 256 * kMiB, 1, rng);
     }
   }
+}
+
+// A run whose kernels ask for a CUDA run's workspaces (cuBLAS's in every GEMM, the attention
+// backward's, which the CPU kernels do not have): the plan told so predicts the warm-up's tide at
+// every moment, and its peak holds the cuBLAS workspace.
+TEST(ActivationProfileMatch, CudaSizedWorkspacesMatchTheProfile) {
+  std::mt19937_64 rng(1313);
+  auto cuda = std::make_shared<const CudaKernelWorkspaces>(/*cublas_workspace_bytes=*/256 * kKiB);
+  for (int trial = 0; trial < 6; ++trial) {
+    Case c = RandomCase(trial % 2 == 0 ? DType::kF32 : DType::kBF16, (trial / 2) % 2 == 1, rng);
+    SCOPED_TRACE(absl::StrCat("trial ", trial));
+    ASSERT_OK_AND_ASSIGN(const GptRunPlan cpu_plan, Plan(c, 64 * kMiB));
+    c.extra_workspaces = cuda;
+    ASSERT_OK_AND_ASSIGN(const GptRunPlan cuda_plan, Plan(c, 64 * kMiB));
+    EXPECT_GE(cuda_plan.plan.activation_peak_bytes,
+              cpu_plan.plan.activation_peak_bytes + cuda->cublas_workspace_bytes());
+    ExpectWarmupMatchesProfile(c, 64 * kMiB, 1, rng);
+  }
+}
+
+// One query at a time made to dominate the tide (a large workspace for that query, none from the
+// others on top of the CPU kernels'): the profile must place every workspace of each of the twelve
+// queries at the moment the model allocates it, with the model's shape — a check a small workspace
+// cannot make, since the moment's peak is then decided elsewhere. GPT-2 in f32 and bf16 (the
+// Conv1D GEMMs take other queries), with and without checkpointing, wte whole and in row blocks.
+TEST(ActivationProfileMatch, EachWorkspaceQueryIsAllocatedWhereTheProfileSays) {
+  std::mt19937_64 rng(2411);
+  for (int q = 0; q < kernel_testing::kNumWorkspaceQueries; ++q) {
+    const auto query = static_cast<kernel_testing::WorkspaceQuery>(q);
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      Case c;
+      c.dtype = dtype;
+      c.checkpointing = q % 2 == 1;
+      c.config = GptConfig{.name = "small",
+                           .vocab_size = 300,
+                           .max_seq_len = 16,
+                           .hidden = 32,
+                           .num_layers = 2,
+                           .num_heads = 4};
+      c.model = {.batch = 2,
+                 .seq_len = 13,
+                 .activation_checkpointing = c.checkpointing,
+                 .threads = 2,
+                 .ce_vocab_tile = 64};
+      c.chunk_elems = dtype == DType::kF32 ? 0 : 10240;  // wte in row blocks, or whole
+      c.extra_workspaces =
+          std::make_shared<const kernel_testing::SingleQueryWorkspaces>(query, 64 * kKiB);
+      SCOPED_TRACE(kernel_testing::WorkspaceQueryName(query));
+      ExpectWarmupMatchesProfile(c, 64 * kMiB, 1, rng);
+    }
+  }
+}
+
+// The plan of a GPU run with NVIDIA's Hopper default (32 MiB of cuBLAS workspace in each GEMM)
+// needs about that much more accelerator memory than the same run on the emulated accelerator
+// (not quite: the CPU kernels' own workspaces at the peak, e.g. the bf16 GEMM's f32 product and
+// attention's per-thread tiles, are larger than the CUDA kernels').
+TEST(ActivationProfileMatch, AHopperPlanHoldsCublassWorkspace) {
+  Case c;
+  c.dtype = DType::kBF16;
+  c.config = GptConfig{.name = "small",
+                       .vocab_size = 300,
+                       .max_seq_len = 16,
+                       .hidden = 32,
+                       .num_layers = 2,
+                       .num_heads = 4};
+  c.model = {.batch = 2, .seq_len = 16, .threads = 2};
+  ASSERT_OK_AND_ASSIGN(const GptRunPlan cpu_plan, Plan(c, 0));
+  GptRunPlanOptions o;
+  o.config = c.config;
+  o.model = c.model;
+  o.compute_dtype = c.dtype;
+  o.kernel_workspaces = std::make_shared<const CudaKernelWorkspaces>(
+      CudaKernelWorkspaces::DefaultCublasWorkspaceBytes(/*compute_capability_major=*/9));
+  ASSERT_OK_AND_ASSIGN(const GptRunPlan cuda_plan, PlanGptRun(o));
+  EXPECT_GE(cuda_plan.plan.activation_peak_bytes, 32 * kMiB);
+  EXPECT_GE(cuda_plan.plan.activation_peak_bytes, cpu_plan.plan.activation_peak_bytes + 31 * kMiB);
+  EXPECT_GE(cuda_plan.plan.min_accelerator_bytes, cpu_plan.plan.min_accelerator_bytes + 31 * kMiB);
 }
 
 // Trains `steps` steps at the plan's minimum accelerator memory (as planned at that cap) with the
@@ -287,14 +405,7 @@ absl::Status TrainAtThePlansMinimum(const Case& c, int steps, const RigOptions& 
 TEST(StepsAfterTheWarmup, RandomShapesAtThePlansMinimumNeedNoPressureReclaim) {
   std::mt19937_64 rng(99);
   for (int trial = 0; trial < 8; ++trial) {
-    Case c;
-    c.dtype = trial % 2 == 0 ? DType::kBF16 : DType::kF32;
-    c.checkpointing = (trial / 2) % 2 == 0;
-    c.config = TinyConfig(rng);
-    c.model.batch = std::uniform_int_distribution<int64_t>(1, 3)(rng);
-    c.model.seq_len = std::uniform_int_distribution<int64_t>(1, c.config.max_seq_len)(rng);
-    c.model.activation_checkpointing = c.checkpointing;
-    c.model.threads = 2;
+    Case c = RandomCase(trial % 2 == 0 ? DType::kBF16 : DType::kF32, (trial / 2) % 2 == 0, rng);
     SCOPED_TRACE(absl::StrCat("trial ", trial, ": ", Name(c)));
     int64_t cap = 0;
     EXPECT_OK(TrainAtThePlansMinimum(c, 4, {.evict_under_pressure = false}, rng, &cap));

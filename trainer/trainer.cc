@@ -43,6 +43,8 @@
 #include "model/model_config.h"
 #include "nlohmann/json.hpp"
 #include "optimizer/cpu_adam.h"
+#include "model/kernels/kernel_workspaces.h"
+#include "model/kernels/kernels_factory.h"
 #include "optimizer/cuda_adam_footprint.h"
 #include "optimizer/grad_accumulator.h"
 #include "optimizer/hybrid_adam.h"
@@ -171,6 +173,9 @@ class Trainer::Impl {
   int world_ = 1;
   // What the plan reserves on the accelerator beside chunks and activations.
   AcceleratorReserve reserve_;
+  // The workspace sizes the run's kernels will ask for (the plan replays them): the CPU kernels'
+  // for threads_, or CudaKernels' for the GPU (cuBLAS's workspace by its compute capability).
+  std::shared_ptr<const KernelWorkspaces> kernel_workspaces_;
   // The model: model_config_ (any architecture); gpt_ its GPT-2 view (ModelConfig's common
   // dimensions) for the data and checkpoint checks. hf_ is the Hugging Face directory of
   // checkpoint.init_from, when it names one.
@@ -253,6 +258,18 @@ absl::Status Trainer::Impl::Build() {
       return absl::Status(cuda.status().code(),
                           absl::StrCat("accelerator.backend \"cuda\": ", cuda.status().message()));
     }
+    // The GPU's kernel workspaces, for the plan: the model's CudaKernels (CreateKernels with the
+    // same defaults) will ask for exactly these.
+    absl::StatusOr<std::unique_ptr<KernelWorkspaces>> workspaces =
+        CreateKernelWorkspaces(cuda->get(), threads_);
+    if (!workspaces.ok()) {
+      return absl::Status(
+          workspaces.status().code(),
+          absl::StrCat("accelerator.backend \"cuda\": ", workspaces.status().message()));
+    }
+    kernel_workspaces_ = *std::move(workspaces);
+  } else {
+    kernel_workspaces_ = std::make_shared<const CpuKernelWorkspaces>(threads_);
   }
   RETURN_IF_ERROR(CheckPaths());
   // Before anything sizeable is allocated (the data too): the plan.
@@ -555,6 +572,7 @@ absl::Status Trainer::Impl::PlanMemoryOrRefuse() {
   o.model.seq_len = seq_len_;
   o.model.activation_checkpointing = config_.model.activation_checkpointing;
   o.model.threads = threads_;
+  o.kernel_workspaces = kernel_workspaces_;
   o.compute_dtype = dtype_;
   o.world_size = world_;
   o.rank = rank_;
