@@ -7,7 +7,10 @@
 //  - Stream::RecordEvent captures all work enqueued on that stream so far; the event completes
 //    when that work has. Re-recording replaces what the event captures.
 //  - Stream::WaitEvent makes later work on the waiting stream start only after the event's
-//    captured work completes (an event never recorded is already complete).
+//    captured work completes (an event never recorded is already complete). The wait is for the
+//    record current at the WaitEvent call: once WaitEvent returned, re-recording (or destroying)
+//    the event does not move it (cudaStreamWaitEvent's rule; the cpu backend keeps the record's
+//    generation).
 //
 // Implementations:
 //  - cpu  (memory/cpu_backend.h): the emulated accelerator. Device memory is host RAM under the

@@ -49,7 +49,7 @@ std::string CachingAllocatorStats::DebugString() const {
           ? std::string()
           : absl::StrCat(", stream-ordered frees ", stream_ordered_frees, " (", pending_frees,
                          " pending, ", FormatBytes(pending_free_bytes), "; waited ",
-                         pending_free_waits, " times)"));
+                         pending_free_waits, " times; ", events_created, " events created)"));
 }
 
 absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(
@@ -89,7 +89,8 @@ CachingAllocator::CachingAllocator(MemoryResource* upstream, const CachingAlloca
     : upstream_(upstream),
       device_(upstream->device()),
       name_(absl::StrCat("caching_allocator(", upstream->device().ToString(), ")")),
-      options_(options) {}
+      options_(options),
+      event_pool_(std::make_shared<EventPool>()) {}
 
 CachingAllocator::~CachingAllocator() {
   // Streams may still use memory freed on them; the segments go upstream only after that.
@@ -244,12 +245,9 @@ void CachingAllocator::WaitForGuards(const std::vector<std::shared_ptr<Event>>& 
   // frees of it: a stream-side wait for a stream-ordered allocation, else a host wait.
   for (const std::shared_ptr<Event>& event : waits) {
     absl::Status status = absl::UnknownError("no stream");
-    if (stream != nullptr) {
-      status = stream->WaitEvent(event.get());
-      // A backend may read the event when the wait runs (the cpu backend does): the event lives
-      // until the stream is past the wait.
-      if (status.ok()) status = stream->LaunchHostFunc([keep = event] {});
-    }
+    // The wait is for the event's record at this call (backend.h): once it returns, the event
+    // may go back to the pool and be recorded again without moving this wait.
+    if (stream != nullptr) status = stream->WaitEvent(event.get());
     if (!status.ok()) status = event->Synchronize();
     LOG_IF(WARNING, !status.ok()) << name_ << ": a stream-ordered free's stream failed: " << status;
   }
@@ -412,6 +410,32 @@ void CachingAllocator::MergeGuards(const std::vector<Guard>& from, std::vector<G
   }
 }
 
+absl::StatusOr<std::shared_ptr<Event>> CachingAllocator::TakeEvent() {
+  std::unique_ptr<Event> event;
+  {
+    MutexLock lock(&event_pool_->mu);
+    if (!event_pool_->events.empty()) {
+      event = std::move(event_pool_->events.back());
+      event_pool_->events.pop_back();
+    }
+  }
+  if (event == nullptr) {
+    absl::StatusOr<std::unique_ptr<Event>> made = options_.event_backend->CreateEvent();
+    if (!made.ok()) return made.status();
+    event = *std::move(made);
+    MutexLock lock(&mu_);
+    ++counters_.events_created;
+  }
+  // The last reference goes back to the pool, never destroys the event: the pending free's
+  // reference is dropped only once its completion was seen (ProcessPendingLocked), a waiter's
+  // once its WaitEvent or Synchronize returned. Pooling also keeps cudaEventDestroy out of the
+  // threads that drop references.
+  return std::shared_ptr<Event>(event.release(), [pool = event_pool_](Event* e) {
+    MutexLock lock(&pool->mu);
+    pool->events.emplace_back(e);
+  });
+}
+
 absl::Status CachingAllocator::DeallocateOnStream(void* ptr, int64_t bytes, Stream& stream) {
   if (options_.event_backend == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -427,11 +451,13 @@ absl::Status CachingAllocator::DeallocateOnStream(void* ptr, int64_t bytes, Stre
     block = *taken;
   }
   // The block is out of allocated_ (a second free of `ptr` fails) but not yet free.
-  absl::StatusOr<std::unique_ptr<Event>> made = options_.event_backend->CreateEvent();
-  absl::Status status = made.status();
+  absl::StatusOr<std::shared_ptr<Event>> taken_event = TakeEvent();
+  absl::Status status = taken_event.status();
   std::shared_ptr<Event> event;
-  if (made.ok()) {
-    event = std::shared_ptr<Event>(*std::move(made));
+  if (taken_event.ok()) {
+    event = *std::move(taken_event);
+    // A pooled event's last record completed, and no wait refers to it: re-recording it is a
+    // fresh record (a failed record leaves it so; dropping `event` then pools it again).
     status = stream.RecordEvent(event.get());
   }
   MutexLock lock(&mu_);

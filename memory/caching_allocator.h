@@ -48,6 +48,23 @@
 //    free blocks whose stream-ordered frees have not completed (best fit among the others, or a
 //    new segment); only when the upstream is out of memory does the host wait for the pending
 //    frees and try them.
+//  - The events of stream-ordered frees are pooled, as PyTorch's caching allocator pools its
+//    CUDA events, so a training step does not pay an event creation and destruction (on the cuda
+//    backend cudaEventCreate + cudaEventDestroy) per free: DeallocateOnStream records an event
+//    from the allocator's free list and creates one only when the list is empty
+//    (stats().events_created). An event goes back to the list when the last reference to it is
+//    dropped, which is only once (a) the allocator has seen its free complete — Event::Query at
+//    an allocation or ProcessPendingFrees, or the host wait of an allocation under pressure, of
+//    ReleaseCached or of the destructor — and dropped the pending free, so no guard of a free
+//    block can reach the event any more (a guard names its free by stream and sequence number;
+//    once the stream has passed the free, the guard never looks for its event), and (b) every
+//    wait that took the event while the free was pending has been enqueued (Stream::WaitEvent)
+//    or has returned (Event::Synchronize). Re-recording is then safe in both backends: the
+//    event's previous record completed, and a stream wait is for the record current when
+//    WaitEvent was called, not for a later one (cudaStreamWaitEvent's rule, and the cpu
+//    backend's: the wait keeps the record's generation). So the events alive at once are the
+//    pending frees plus the events of waits being enqueued right now; a recycled event never
+//    marks an earlier free as passed.
 //    Guards are checked (Event::Query, never blocking) at every allocation and at
 //    ProcessPendingFrees. ReleaseCached (the device's other pool needs memory, or an upstream
 //    allocation failed) waits on the host for every pending free before it returns segments, so
@@ -141,6 +158,10 @@ struct CachingAllocatorStats {
   int64_t pending_free_bytes = 0;
   int64_t stream_ordered_frees = 0;
   int64_t pending_free_waits = 0;
+  // Events the allocator has created (Backend::CreateEvent) since construction. Events are
+  // pooled (see the file comment), so this stays at the most stream-ordered frees pending at
+  // once (plus waits being enqueued concurrently), not at stream_ordered_frees.
+  int64_t events_created = 0;
   // Bytes of the segments with no block in use (what ReleaseCached would give back now); the rest
   // of cached_bytes is free space inside segments still in use, which only a free can recover.
   int64_t free_segment_bytes = 0;
@@ -184,9 +205,10 @@ class CachingAllocator final : public MemoryResource, public Reclaimer {
   // Stream-ordered free (see the file comment): `ptr` is no longer the caller's when this returns;
   // its block is reused at once by work on `stream`, by anything else only after all work
   // enqueued on `stream` before this call completed.
+  // The event comes from the allocator's pool; a new one is created only when the pool is empty.
   // Errors, with no state changed: InvalidArgument as Deallocate; FailedPrecondition without
   // options.event_backend; the error of creating or recording the event (InvalidArgument for a
-  // stream of another backend).
+  // stream of another backend; the event goes back to the pool).
   [[nodiscard]] absl::Status DeallocateOnStream(void* ptr, int64_t bytes, Stream& stream);
 
   // Notes the pending frees whose streams have passed them (their blocks become usable by every
@@ -218,9 +240,18 @@ class CachingAllocator final : public MemoryResource, public Reclaimer {
     const Stream* stream = nullptr;
     uint64_t seq = 0;
   };
+  // Events whose last reference was dropped, ready to be recorded again. Shared with the deleters
+  // of the events handed out (TakeEvent), so it lives as long as any of them. `mu` is a leaf lock:
+  // taken under mu_ (a pending free dropped) and without it (a waiter's reference dropped).
+  struct EventPool {
+    Mutex mu;
+    std::vector<std::unique_ptr<Event>> events ABSL_GUARDED_BY(mu);
+  };
   struct PendingFree {
     uint64_t seq = 0;
-    std::shared_ptr<Event> event;  // shared with waiters outside the lock
+    // From TakeEvent; shared with waiters outside the lock. Dropping the last reference returns
+    // the event to the pool.
+    std::shared_ptr<Event> event;
     int64_t bytes = 0;
   };
   // The stream-ordered frees of one stream: those not yet seen completed, oldest first, and the
@@ -300,7 +331,12 @@ class CachingAllocator final : public MemoryResource, public Reclaimer {
   // Makes `stream` wait for `waits` (the host when `stream` is null or its wait fails).
   void WaitForGuards(const std::vector<std::shared_ptr<Event>>& waits, Stream* stream) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Notes the pending frees whose events have completed; returns their bytes.
+  // An event for a stream-ordered free: from the pool, else new from options_.event_backend
+  // (counted in events_created). The returned pointer's last reference puts it back in the pool.
+  // Errors: CreateEvent's.
+  absl::StatusOr<std::shared_ptr<Event>> TakeEvent() ABSL_LOCKS_EXCLUDED(mu_);
+  // Notes the pending frees whose events have completed (dropping their events' references, see
+  // the file comment); returns their bytes.
   int64_t ProcessPendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Blocks (without the lock) until every pending free's stream has passed it, then notes
   // them. Returns whether there were any.
@@ -329,6 +365,9 @@ class CachingAllocator final : public MemoryResource, public Reclaimer {
   std::vector<Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);
   // Stream-ordered frees by stream.
   absl::flat_hash_map<const Stream*, StreamFrees> streams_ ABSL_GUARDED_BY(mu_);
+  // Never null. The deleters of the events handed out share it, so it outlives the allocator
+  // while a waiter still holds an event.
+  const std::shared_ptr<EventPool> event_pool_;
   // The counters of CachingAllocatorStats that are kept rather than computed.
   CachingAllocatorStats counters_ ABSL_GUARDED_BY(mu_);
 };

@@ -13,6 +13,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -190,6 +191,256 @@ TEST(CachingAllocatorStreamTest, AllocateProcessesFinishedFreesWithoutAnExplicit
   EXPECT_EQ(q, p);
   EXPECT_EQ(f.allocator->stats().pending_frees, 0);
   EXPECT_OK(f.allocator->Deallocate(q, 300));
+}
+
+// The events of stream-ordered frees are pooled: however many frees, the allocator creates only as
+// many events as frees are pending at once. A stalled stream holds every free pending (one event
+// each); once it passed them, the next frees record the same events again.
+TEST(CachingAllocatorStreamTest, EventsCreatedStayAtTheMostFreesPendingAtOnce) {
+  Fixture f;
+  constexpr int kHeld = 48;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int64_t> size(1, 12 * kKiB);  // small and large, awkward sizes
+  auto round = [&](Stream& stream) -> absl::Status {
+    const int64_t bytes = size(rng);
+    absl::StatusOr<void*> p = f.allocator->AllocateOnStream(bytes, stream);
+    if (!p.ok()) return p.status();
+    return f.allocator->DeallocateOnStream(*p, bytes, stream);
+  };
+  for (int phase = 0; phase < 3; ++phase) {
+    ASSERT_OK_AND_ASSIGN(auto stall, StallCpuStream(*f.stream));
+    for (int i = 0; i < kHeld; ++i) ASSERT_OK(round(*f.stream));
+    EXPECT_TRUE(stall->active());
+    EXPECT_EQ(f.allocator->stats().pending_frees, kHeld);
+    // Each held free needs its own event; later phases take them all from the pool.
+    EXPECT_EQ(f.allocator->stats().events_created, kHeld) << "phase " << phase;
+    stall->Release();
+    ASSERT_OK(f.stream->Synchronize());
+    f.allocator->ProcessPendingFrees();
+    EXPECT_EQ(f.allocator->stats().pending_frees, 0);
+  }
+
+  // A stream that advances on its own: the events stay at the most frees seen pending at once.
+  int64_t most_pending = kHeld;
+  for (int i = 0; i < 3000; ++i) {
+    ASSERT_OK(round(*f.stream));
+    most_pending = std::max(most_pending, f.allocator->stats().pending_frees);
+  }
+  ASSERT_OK(f.stream->Synchronize());
+  f.allocator->ProcessPendingFrees();
+  const CachingAllocatorStats stats = f.allocator->stats();
+  EXPECT_EQ(stats.stream_ordered_frees, 3 * kHeld + 3000);
+  EXPECT_LE(stats.events_created, most_pending);
+  EXPECT_EQ(stats.pending_frees, 0);
+  EXPECT_EQ(stats.in_use_bytes, 0);
+  EXPECT_EQ(f.tracker->current_bytes(MemoryKind::kNonModelData), 0);
+}
+
+// With every stream holding its work until the host waits, the frees between two host waits are
+// all pending at once; blocks move between three streams (stream-side waits for the other streams'
+// frees, whose events the waits take). The events created equal the most frees pending at once,
+// not the number of frees, and no kernel ever saw its block touched by another stream's kernel.
+TEST(CachingAllocatorStreamTest, EventsAreRecycledAcrossStreamsThatWaitForEachOther) {
+  auto backend =
+      CreateCpuBackend({.capacity_bytes = 4 * kMiB, .stall_streams_until_host_waits = true})
+          .value();
+  BackendDeviceResource upstream(backend.get());
+  MemoryTracker tracker(backend->device());
+  ASSERT_OK_AND_ASSIGN(auto allocator,
+                       CachingAllocator::Create(&upstream, TinyOptions(backend.get(), &tracker)));
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (int i = 0; i < 3; ++i) streams.push_back(backend->CreateStream().value());
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int64_t> size(1, 6 * kKiB);
+  std::uniform_int_distribution<int> pick(0, 2);
+  std::uniform_int_distribution<int> burst(1, 12);
+  std::atomic<int> violations{0};
+  int64_t most_pending = 0;
+  int64_t frees = 0;
+  for (int round = 0; round < 200; ++round) {
+    const int n = burst(rng);
+    for (int i = 0; i < n; ++i) {
+      Stream& stream = *streams[pick(rng)];
+      const int64_t bytes = size(rng);
+      ASSERT_OK_AND_ASSIGN(void* p, allocator->AllocateOnStream(bytes, stream));
+      // A kernel that owns the block while it runs: it writes a stamp and finds it unchanged.
+      const unsigned char stamp = static_cast<unsigned char>(round * 13 + i);
+      ASSERT_OK(stream.LaunchHostFunc([p, bytes, stamp, &violations] {
+        auto* bytes_p = static_cast<unsigned char*>(p);
+        std::memset(bytes_p, stamp, bytes);
+        std::this_thread::yield();
+        for (int64_t k = 0; k < bytes; ++k) {
+          if (bytes_p[k] != stamp) {
+            ++violations;
+            return;
+          }
+        }
+      }));
+      ASSERT_OK(allocator->DeallocateOnStream(p, bytes, stream));
+      ++frees;
+      most_pending = std::max(most_pending, allocator->stats().pending_frees);
+    }
+    ASSERT_OK(streams[pick(rng)]->Synchronize());  // a host wait: every held stream runs
+  }
+  for (auto& stream : streams) ASSERT_OK(stream->Synchronize());
+  allocator->ProcessPendingFrees();
+  const CachingAllocatorStats stats = allocator->stats();
+  EXPECT_EQ(violations.load(), 0);
+  EXPECT_EQ(stats.stream_ordered_frees, frees);
+  EXPECT_GT(stats.pending_free_waits, 0);  // blocks did change streams
+  EXPECT_LE(stats.events_created, most_pending);
+  EXPECT_LT(stats.events_created, frees / 4);
+  EXPECT_EQ(stats.pending_frees, 0);
+}
+
+// A recycled event must never mark an earlier free as passed. The event of a completed free goes
+// back to the pool and is recorded again for a free of block X on a stalled stream A; the next
+// free, of block Y on stream C, must get a new event — were the pooled event still handed out
+// while A's free refers to it, C's record would replace A's, and once C ran, stream B would take X
+// without waiting for A and the host would take the rest of X's segment while A's kernel may still
+// write it.
+TEST(CachingAllocatorStreamTest, ARecycledEventNeverLetsAnotherStreamOrTheHostTakeABlockEarly) {
+  Fixture f;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Stream> b, f.backend->CreateStream());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Stream> c, f.backend->CreateStream());
+  // A completed free on C leaves one event in the pool.
+  ASSERT_OK_AND_ASSIGN(void* p0, f.allocator->AllocateOnStream(6 * kKiB, *c));  // a large block
+  ASSERT_OK(f.allocator->DeallocateOnStream(p0, 6 * kKiB, *c));
+  ASSERT_OK(c->Synchronize());
+  EXPECT_EQ(f.allocator->ProcessPendingFrees(), 8 * kKiB);
+  EXPECT_EQ(f.allocator->stats().events_created, 1);
+
+  // X (1 KiB of a small segment) freed on stalled A, behind a kernel still writing it: the free
+  // records the pooled event.
+  Stream& a = *f.stream;
+  ASSERT_OK_AND_ASSIGN(void* x, f.allocator->Allocate(1000));
+  ASSERT_OK_AND_ASSIGN(auto stall, StallCpuStream(a));
+  std::atomic<bool> a_kernel_ran{false};
+  ASSERT_OK(a.LaunchHostFunc([x, &a_kernel_ran] {
+    std::memset(x, 1, 1000);
+    a_kernel_ran = true;
+  }));
+  ASSERT_OK(f.allocator->DeallocateOnStream(x, 1000, a));
+  EXPECT_EQ(f.allocator->stats().events_created, 1);  // recycled
+
+  // Y freed on C, which runs: the pool is empty (A's free holds its event), so a new event.
+  ASSERT_OK_AND_ASSIGN(void* y, f.allocator->AllocateOnStream(6 * kKiB, *c));
+  EXPECT_EQ(y, p0);
+  ASSERT_OK(f.allocator->DeallocateOnStream(y, 6 * kKiB, *c));
+  EXPECT_EQ(f.allocator->stats().events_created, 2);
+  std::atomic<bool> c_passed{false};
+  ASSERT_OK(c->LaunchHostFunc([&c_passed] { c_passed = true; }));
+  while (!c_passed.load()) std::this_thread::yield();  // not a host wait: A stays stalled
+  // Only C's free has passed.
+  EXPECT_EQ(f.allocator->ProcessPendingFrees(), 8 * kKiB);
+  EXPECT_EQ(f.allocator->stats().pending_frees, 1);
+
+  // B gets X (the only small free block) behind a stream-side wait for A's free.
+  ASSERT_OK_AND_ASSIGN(void* r, f.allocator->AllocateOnStream(1000, *b));
+  EXPECT_EQ(r, x);
+  EXPECT_EQ(f.allocator->stats().pending_free_waits, 1);
+  std::atomic<bool> b_saw_a{false};
+  ASSERT_OK(b->LaunchHostFunc([&] { b_saw_a = a_kernel_ran.load(); }));
+  // The host passes over the rest of X's segment, still guarded by A: a new segment.
+  ASSERT_OK_AND_ASSIGN(void* h, f.allocator->Allocate(1000));
+  EXPECT_FALSE(h >= x && static_cast<char*>(h) < static_cast<char*>(x) + 8 * kKiB);
+  EXPECT_TRUE(stall->active());
+  EXPECT_FALSE(a_kernel_ran.load());
+  stall->Release();
+  ASSERT_OK(b->Synchronize());
+  EXPECT_TRUE(b_saw_a.load());
+  ASSERT_OK(a.Synchronize());
+  EXPECT_OK(f.allocator->Deallocate(r, 1000));
+  EXPECT_OK(f.allocator->Deallocate(h, 1000));
+  f.allocator->ProcessPendingFrees();
+  EXPECT_EQ(f.allocator->stats().pending_frees, 0);
+  EXPECT_EQ(f.allocator->stats().events_created, 2);
+}
+
+// What the pool relies on, in the cpu backend: a stream wait is for the record current when
+// WaitEvent was called; recording the event again elsewhere (where it completes at once) does not
+// release the wait early.
+TEST(CachingAllocatorStreamTest, ReRecordingAnEventDoesNotMoveAnEnqueuedWait) {
+  Fixture f;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Stream> b, f.backend->CreateStream());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Stream> c, f.backend->CreateStream());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Event> event, f.backend->CreateEvent());
+  ASSERT_OK_AND_ASSIGN(auto stall, StallCpuStream(*f.stream));
+  std::atomic<bool> a_ran{false};
+  ASSERT_OK(f.stream->LaunchHostFunc([&a_ran] { a_ran = true; }));
+  ASSERT_OK(f.stream->RecordEvent(event.get()));
+  ASSERT_OK(b->WaitEvent(event.get()));
+  std::atomic<int> b_state{0};  // 1: ran before A, 2: ran after A
+  ASSERT_OK(b->LaunchHostFunc([&] { b_state = a_ran.load() ? 2 : 1; }));
+  ASSERT_OK(c->RecordEvent(event.get()));  // replaces A's record for later users
+  std::atomic<bool> c_passed{false};
+  ASSERT_OK(c->LaunchHostFunc([&c_passed] { c_passed = true; }));
+  while (!c_passed.load()) std::this_thread::yield();
+  EXPECT_TRUE(event->Query());  // the latest record (C's) completed
+  for (int i = 0; i < 100 && b_state.load() == 0; ++i) std::this_thread::yield();
+  EXPECT_EQ(b_state.load(), 0);  // still waiting for A's record
+  stall->Release();
+  ASSERT_OK(b->Synchronize());
+  EXPECT_EQ(b_state.load(), 2);
+}
+
+// Threads free and allocate on their own streams at once; blocks (and so waits for frees and the
+// events they take) cross streams. Kernels never see their block touched by another, and the
+// events stay bounded by the frees that can be pending at once (each stream is synchronized every
+// kSyncEvery frees) plus one per thread for a wait being enqueued.
+TEST(CachingAllocatorStreamTest, ConcurrentFreesRecycleEventsSafely) {
+  Fixture f(16 * kMiB);
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 400;
+  constexpr int kSyncEvery = 16;
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (int i = 0; i < kThreads; ++i) streams.push_back(f.backend->CreateStream().value());
+  std::atomic<int> violations{0};
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Stream& stream = *streams[t];
+      std::mt19937 rng(100 + t);
+      std::uniform_int_distribution<int64_t> size(1, 6 * kKiB);
+      for (int i = 0; i < kRounds; ++i) {
+        const int64_t bytes = size(rng);
+        absl::StatusOr<void*> p = f.allocator->AllocateOnStream(bytes, stream);
+        if (!p.ok()) {
+          ++errors;
+          return;
+        }
+        const unsigned char stamp = static_cast<unsigned char>(t * 64 + i % 64);
+        absl::Status status = stream.LaunchHostFunc([p = *p, bytes, stamp, &violations] {
+          auto* bytes_p = static_cast<unsigned char*>(p);
+          std::memset(bytes_p, stamp, bytes);
+          std::this_thread::yield();
+          for (int64_t k = 0; k < bytes; ++k) {
+            if (bytes_p[k] != stamp) {
+              ++violations;
+              return;
+            }
+          }
+        });
+        if (status.ok()) status = f.allocator->DeallocateOnStream(*p, bytes, stream);
+        if (status.ok() && i % kSyncEvery == kSyncEvery - 1) status = stream.Synchronize();
+        if (!status.ok()) {
+          ++errors;
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (auto& stream : streams) ASSERT_OK(stream->Synchronize());
+  f.allocator->ProcessPendingFrees();
+  const CachingAllocatorStats stats = f.allocator->stats();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(violations.load(), 0);
+  EXPECT_EQ(stats.stream_ordered_frees, kThreads * kRounds);
+  EXPECT_EQ(stats.pending_frees, 0);
+  EXPECT_LE(stats.events_created, kThreads * (2 * kSyncEvery + 1));
+  EXPECT_EQ(stats.in_use_bytes, 0);
 }
 
 class FailingRecordStream final : public Stream {
