@@ -209,6 +209,16 @@ void ExpectWarmupMatchesProfile(const Case& c, int64_t accelerator_bytes, int st
   EXPECT_LE(real_peak, plan.plan.activation_peak_bytes);
 }
 
+// A small GPT-2 whose vocabulary (300 rows) splits into row blocks at the plan's chunk sizes.
+GptConfig SmallConfig() {
+  return GptConfig{.name = "small",
+                   .vocab_size = 300,
+                   .max_seq_len = 16,
+                   .hidden = 32,
+                   .num_layers = 2,
+                   .num_heads = 4};
+}
+
 GptConfig TinyConfig(std::mt19937_64& rng) {
   const auto uniform = [&rng](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
@@ -244,12 +254,7 @@ TEST(ActivationProfileMatch, WarmupTideEqualsTheProfileAtEveryMoment) {
       Case c;
       c.dtype = dtype;
       c.checkpointing = checkpointing;
-      c.config = GptConfig{.name = "small",
-                           .vocab_size = 300,
-                           .max_seq_len = 16,
-                           .hidden = 32,
-                           .num_layers = 2,
-                           .num_heads = 4};
+      c.config = SmallConfig();
       c.model = {
           .batch = 2, .seq_len = 16, .activation_checkpointing = checkpointing, .threads = 2};
       ExpectWarmupMatchesProfile(c, 64 * kMiB, 1, rng);
@@ -319,12 +324,7 @@ TEST(ActivationProfileMatch, EachWorkspaceQueryIsAllocatedWhereTheProfileSays) {
       Case c;
       c.dtype = dtype;
       c.checkpointing = q % 2 == 1;
-      c.config = GptConfig{.name = "small",
-                           .vocab_size = 300,
-                           .max_seq_len = 16,
-                           .hidden = 32,
-                           .num_layers = 2,
-                           .num_heads = 4};
+      c.config = SmallConfig();
       c.model = {.batch = 2,
                  .seq_len = 13,
                  .activation_checkpointing = c.checkpointing,
@@ -346,12 +346,7 @@ TEST(ActivationProfileMatch, EachWorkspaceQueryIsAllocatedWhereTheProfileSays) {
 TEST(ActivationProfileMatch, AHopperPlanHoldsCublassWorkspace) {
   Case c;
   c.dtype = DType::kBF16;
-  c.config = GptConfig{.name = "small",
-                       .vocab_size = 300,
-                       .max_seq_len = 16,
-                       .hidden = 32,
-                       .num_layers = 2,
-                       .num_heads = 4};
+  c.config = SmallConfig();
   c.model = {.batch = 2, .seq_len = 16, .threads = 2};
   ASSERT_OK_AND_ASSIGN(const GptRunPlan cpu_plan, Plan(c, 0));
   GptRunPlanOptions o;
