@@ -52,20 +52,11 @@ absl::StatusOr<std::unique_ptr<KernelWorkspaces>> CreateKernelWorkspaces(
   }
   if (backend->name() == "cuda") {
 #if PS_WITH_CUDA
-    int64_t cublas_bytes = options.cuda_cublas_workspace_bytes;
-    if (cublas_bytes < 0 || cublas_bytes % 256 != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "CreateKernelWorkspaces: cuda_cublas_workspace_bytes must be 0 (NVIDIA's default) or a "
-          "positive multiple of 256, got ",
-          cublas_bytes));
-    }
-    if (cublas_bytes == 0) {
-      absl::StatusOr<int64_t> bytes =
-          cuda::CudaKernels::DefaultCublasWorkspaceBytes(backend->device().index);
-      if (!bytes.ok()) return bytes.status();
-      cublas_bytes = *bytes;
-    }
-    return std::unique_ptr<KernelWorkspaces>(new CudaKernelWorkspaces(cublas_bytes));
+    // The size CudaKernels::Create resolves for the same options.
+    absl::StatusOr<int64_t> cublas_bytes = cuda::CudaKernels::CublasWorkspaceBytes(
+        backend->device().index, options.cuda_cublas_workspace_bytes);
+    if (!cublas_bytes.ok()) return cublas_bytes.status();
+    return std::unique_ptr<KernelWorkspaces>(new CudaKernelWorkspaces(*cublas_bytes));
 #else
     return absl::FailedPreconditionError(
         "CreateKernelWorkspaces: the cuda kernels were not built into this binary; rebuild with "

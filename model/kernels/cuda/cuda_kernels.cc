@@ -46,7 +46,14 @@ absl::Status ConvertStatus(cudaError_t error) {
 
 }  // namespace
 
-absl::StatusOr<int64_t> CudaKernels::DefaultCublasWorkspaceBytes(int device) {
+absl::StatusOr<int64_t> CudaKernels::CublasWorkspaceBytes(int device, int64_t requested_bytes) {
+  if (requested_bytes < 0 || requested_bytes % 256 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaKernelsOptions.cublas_workspace_bytes must be 0 (NVIDIA's default) or a "
+                     "positive multiple of 256, got ",
+                     requested_bytes));
+  }
+  if (requested_bytes > 0) return requested_bytes;
   int major = 0;
   PS_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -61,18 +68,10 @@ absl::StatusOr<std::unique_ptr<CudaKernels>> CudaKernels::Create(
         absl::StrCat("CudaKernels: run on the cuda backend, not on the ", backend->name(),
                      " backend; use CreateKernels to pick the implementation"));
   }
-  if (options.cublas_workspace_bytes < 0 || options.cublas_workspace_bytes % 256 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CudaKernelsOptions.cublas_workspace_bytes must be 0 (NVIDIA's default) or a "
-                     "positive multiple of 256, got ",
-                     options.cublas_workspace_bytes));
-  }
   const int device = backend->device().index;
+  ASSIGN_OR_RETURN(const int64_t workspace_bytes,
+                   CublasWorkspaceBytes(device, options.cublas_workspace_bytes));
   PS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-  int64_t workspace_bytes = options.cublas_workspace_bytes;
-  if (workspace_bytes == 0) {
-    ASSIGN_OR_RETURN(workspace_bytes, DefaultCublasWorkspaceBytes(device));
-  }
   // No workspace of its own: every call attaches the caller's.
   ASSIGN_OR_RETURN(CublasHandle handle, CublasHandle::Create(/*workspace_bytes=*/0));
   return std::unique_ptr<CudaKernels>(
@@ -147,7 +146,7 @@ absl::Status CudaKernels::DoGemm(Stream& stream, const GemmShape& g, float alpha
                                  const void* b, float beta, float* c, void* workspace,
                                  int64_t workspace_bytes) {
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
-  return WithCublas(workspace, cublas_workspace_bytes_, [&](const CublasHandle& h) {
+  return WithCublas(workspace, cublas_workspace_bytes(), [&](const CublasHandle& h) {
     return ::ps::cuda::Gemm(h, s, g.trans_a, g.trans_b, g.m, g.n, g.k, alpha, OperandOf(g.ab_dtype),
                             a, g.lda, b, g.ldb, beta, c, g.ldc);
   });
@@ -189,7 +188,7 @@ absl::Status CudaKernels::DoMatmulForward(Stream& stream, const MatmulShape& sha
                                           const float* w, const float* b, float* y, void* workspace,
                                           int64_t) {
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
-  return WithCublas(workspace, cublas_workspace_bytes_, [&](const CublasHandle& h) {
+  return WithCublas(workspace, cublas_workspace_bytes(), [&](const CublasHandle& h) {
     return ::ps::cuda::MatmulForward(h, shape, x, w, b, y, s);
   });
 }
@@ -198,7 +197,7 @@ absl::Status CudaKernels::DoMatmulBackward(Stream& stream, const MatmulShape& sh
                                            const float* w, const float* dy, float* dx, float* dw,
                                            float* db, void* workspace, int64_t) {
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
-  return WithCublas(workspace, cublas_workspace_bytes_, [&](const CublasHandle& h) {
+  return WithCublas(workspace, cublas_workspace_bytes(), [&](const CublasHandle& h) {
     return ::ps::cuda::MatmulBackward(h, shape, x, w, dy, dx, dw, db, s);
   });
 }
@@ -250,7 +249,7 @@ absl::Status CudaKernels::DoLmHeadCrossEntropyForward(Stream& stream,
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
   const int64_t own = AlignBytes(::ps::cuda::LmHeadCrossEntropyWorkspaceBytes(shape));
   void* cublas_workspace = static_cast<char*>(workspace) + own;
-  return WithCublas(cublas_workspace, cublas_workspace_bytes_, [&](const CublasHandle& hd) {
+  return WithCublas(cublas_workspace, cublas_workspace_bytes(), [&](const CublasHandle& hd) {
     return ::ps::cuda::LmHeadCrossEntropyForward(hd, shape, h, wte, targets, lse, loss, workspace,
                                                  own, s);
   });
@@ -265,7 +264,7 @@ absl::Status CudaKernels::DoLmHeadCrossEntropyBackward(Stream& stream,
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
   const int64_t own = AlignBytes(::ps::cuda::LmHeadCrossEntropyWorkspaceBytes(shape));
   void* cublas_workspace = static_cast<char*>(workspace) + own;
-  return WithCublas(cublas_workspace, cublas_workspace_bytes_, [&](const CublasHandle& hd) {
+  return WithCublas(cublas_workspace, cublas_workspace_bytes(), [&](const CublasHandle& hd) {
     return ::ps::cuda::LmHeadCrossEntropyBackward(hd, shape, h, wte, targets, lse, loss_grad, dh,
                                                   dwte, workspace, own, s);
   });
@@ -332,7 +331,7 @@ absl::Status CudaKernels::DoLinearForward(Stream& stream, const LinearShape& sha
                                           const float* w, const float* b, float* y, void* workspace,
                                           int64_t) {
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
-  return WithCublas(workspace, cublas_workspace_bytes_, [&](const CublasHandle& h) {
+  return WithCublas(workspace, cublas_workspace_bytes(), [&](const CublasHandle& h) {
     return ::ps::cuda::LinearForward(h, shape, x, w, b, y, s);
   });
 }
@@ -341,7 +340,7 @@ absl::Status CudaKernels::DoLinearBackward(Stream& stream, const LinearShape& sh
                                            const float* w, const float* dy, float* dx, float* dw,
                                            float* db, void* workspace, int64_t) {
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
-  return WithCublas(workspace, cublas_workspace_bytes_, [&](const CublasHandle& h) {
+  return WithCublas(workspace, cublas_workspace_bytes(), [&](const CublasHandle& h) {
     return ::ps::cuda::LinearBackward(h, shape, x, w, dy, dx, dw, db, s);
   });
 }
@@ -368,7 +367,7 @@ absl::Status CudaKernels::DoMatmulForwardBf16(Stream& stream, const MatmulShape&
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
   const int64_t own = AlignBytes(::ps::cuda::MatmulBf16ForwardWorkspaceBytes(shape));
   void* cublas_workspace = static_cast<char*>(workspace) + own;
-  return WithCublas(cublas_workspace, cublas_workspace_bytes_, [&](const CublasHandle& h) {
+  return WithCublas(cublas_workspace, cublas_workspace_bytes(), [&](const CublasHandle& h) {
     return ::ps::cuda::MatmulForwardBf16(h, shape, x, w, b, y, workspace, own, s);
   });
 }
@@ -380,7 +379,7 @@ absl::Status CudaKernels::DoMatmulBackwardBf16(Stream& stream, const MatmulShape
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
   const int64_t own = AlignBytes(::ps::cuda::MatmulBf16BackwardWorkspaceBytes(shape));
   void* cublas_workspace = static_cast<char*>(workspace) + own;
-  return WithCublas(cublas_workspace, cublas_workspace_bytes_, [&](const CublasHandle& h) {
+  return WithCublas(cublas_workspace, cublas_workspace_bytes(), [&](const CublasHandle& h) {
     return ::ps::cuda::MatmulBackwardBf16(h, shape, x, w, dy, dx, dw, db, workspace, own, s);
   });
 }
@@ -446,7 +445,7 @@ absl::Status CudaKernels::DoLmHeadBlockForward(Stream& stream, const VocabBlockS
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
   const int64_t own = AlignBytes(::ps::cuda::LmHeadBlockForwardWorkspaceBytes(shape, block_dtype));
   void* cublas_workspace = static_cast<char*>(workspace) + own;
-  return WithCublas(cublas_workspace, cublas_workspace_bytes_, [&](const CublasHandle& hd) {
+  return WithCublas(cublas_workspace, cublas_workspace_bytes(), [&](const CublasHandle& hd) {
     return ::ps::cuda::LmHeadBlockForward(hd, shape, h, block_dtype, block, targets, state,
                                           workspace, own, s);
   });
@@ -467,7 +466,7 @@ absl::Status CudaKernels::DoLmHeadBlockBackward(Stream& stream, const VocabBlock
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
   const int64_t own = AlignBytes(::ps::cuda::LmHeadBlockBackwardWorkspaceBytes(shape, block_dtype));
   void* cublas_workspace = static_cast<char*>(workspace) + own;
-  return WithCublas(cublas_workspace, cublas_workspace_bytes_, [&](const CublasHandle& hd) {
+  return WithCublas(cublas_workspace, cublas_workspace_bytes(), [&](const CublasHandle& hd) {
     return ::ps::cuda::LmHeadBlockBackward(hd, shape, h, block_dtype, block, targets, lse,
                                            loss_grad, dh, dblock, workspace, own, s);
   });

@@ -67,15 +67,16 @@ class CudaKernels final : public Kernels {
   // CreateKernelWorkspaces (kernels_factory.h) for this GPU.
   const KernelWorkspaces& workspaces() const override { return workspaces_; }
 
-  // The cuBLAS workspace CudaKernels uses on `device` when not told otherwise:
-  // CudaKernelWorkspaces::DefaultCublasWorkspaceBytes of the GPU's compute capability.
-  static absl::StatusOr<int64_t> DefaultCublasWorkspaceBytes(int device);
+  // The cuBLAS workspace CudaKernels uses on `device` for CudaKernelsOptions.cublas_workspace_bytes
+  // = `requested_bytes`: that, or for 0 CudaKernelWorkspaces::DefaultCublasWorkspaceBytes of the
+  // GPU's compute capability. InvalidArgument unless 0 or a positive multiple of 256; the CUDA
+  // error if the device cannot be asked.
+  static absl::StatusOr<int64_t> CublasWorkspaceBytes(int device, int64_t requested_bytes);
 
  private:
   CudaKernels(int device_index, CublasHandle handle, int64_t cublas_workspace_bytes,
               bool check_device_pointers)
       : device_index_(device_index),
-        cublas_workspace_bytes_(cublas_workspace_bytes),
         workspaces_(cublas_workspace_bytes),
         check_device_pointers_(check_device_pointers),
         cublas_(std::move(handle)) {}
@@ -202,7 +203,6 @@ class CudaKernels final : public Kernels {
                                      void* workspace, int64_t workspace_bytes) override;
 
   const int device_index_;
-  const int64_t cublas_workspace_bytes_;
   const CudaKernelWorkspaces workspaces_;
   const bool check_device_pointers_;
   Mutex cublas_mu_;
