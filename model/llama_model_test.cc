@@ -43,7 +43,6 @@
 #include "model/gpt_model.h"
 #include "model/hf_checkpoint.h"
 #include "model/kernels/kernel_workspaces.h"
-#include "model/kernels/kernels_factory.h"
 #include "model/kernels/matmul.h"
 #include "model/kernels/testing/extra_workspace_kernels.h"
 #include "model/kernels/testing/tiny_llama.h"
@@ -153,8 +152,6 @@ struct Rig {
   std::unique_ptr<DeviceMemory> host;
   std::unique_ptr<ChunkStore> store;
   std::unique_ptr<ChunkManager> manager;
-  std::unique_ptr<ThreadPool> kernel_pool;
-  std::unique_ptr<Kernels> cpu_kernels;
   std::unique_ptr<kernel_testing::ExtraWorkspaceKernels> kernels;
   std::unique_ptr<TransformerModel> model;
 };
@@ -180,11 +177,8 @@ absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const ModelConfig& config, const Ri
                                         rig->accelerator.get(), rig->host.get(), manager_options));
   GptModelOptions model_options = o.model;
   if (o.extra_workspaces != nullptr) {
-    rig->kernel_pool = std::make_unique<ThreadPool>(o.model.threads);
-    ASSIGN_OR_RETURN(rig->cpu_kernels,
-                     CreateKernels(rig->backend.get(), {.cpu_pool = rig->kernel_pool.get()}));
-    rig->kernels = std::make_unique<kernel_testing::ExtraWorkspaceKernels>(*rig->cpu_kernels,
-                                                                           *o.extra_workspaces);
+    ASSIGN_OR_RETURN(rig->kernels, kernel_testing::ExtraWorkspaceKernels::OverCpuKernels(
+                                       rig->backend.get(), o.model.threads, *o.extra_workspaces));
     model_options.kernels = rig->kernels.get();
   }
   ASSIGN_OR_RETURN(rig->model,

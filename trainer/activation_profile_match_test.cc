@@ -31,7 +31,6 @@
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
 #include "model/kernels/kernel_workspaces.h"
-#include "model/kernels/kernels_factory.h"
 #include "model/kernels/matmul.h"
 #include "model/kernels/testing/extra_workspace_kernels.h"
 #include "optimizer/cpu_adam.h"
@@ -73,8 +72,6 @@ struct Rig {
   std::unique_ptr<DeviceMemory> host;
   std::unique_ptr<ChunkStore> store;
   std::unique_ptr<ChunkManager> manager;
-  std::unique_ptr<ThreadPool> kernel_pool;
-  std::unique_ptr<Kernels> cpu_kernels;
   std::unique_ptr<kernel_testing::ExtraWorkspaceKernels> kernels;
   std::unique_ptr<GptModel> model;
   std::unique_ptr<CpuAdam> cpu_adam;
@@ -119,11 +116,8 @@ absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const Case& c, const GptRunPlan& pl
                                         rig->accelerator.get(), rig->host.get(), manager_options));
   GptModelOptions model_options = c.model;
   if (c.extra_workspaces != nullptr) {
-    rig->kernel_pool = std::make_unique<ThreadPool>(c.model.threads);
-    ASSIGN_OR_RETURN(rig->cpu_kernels,
-                     CreateKernels(rig->backend.get(), {.cpu_pool = rig->kernel_pool.get()}));
-    rig->kernels = std::make_unique<kernel_testing::ExtraWorkspaceKernels>(*rig->cpu_kernels,
-                                                                           *c.extra_workspaces);
+    ASSIGN_OR_RETURN(rig->kernels, kernel_testing::ExtraWorkspaceKernels::OverCpuKernels(
+                                       rig->backend.get(), c.model.threads, *c.extra_workspaces));
     model_options.kernels = rig->kernels.get();
   }
   ASSIGN_OR_RETURN(rig->model, GptModel::Create(c.config, rig->store.get(), rig->manager.get(),

@@ -1,5 +1,10 @@
 #include "model/kernels/testing/extra_workspace_kernels.h"
 
+#include <memory>
+#include <utility>
+
+#include "model/kernels/kernels_factory.h"
+
 namespace ps::kernel_testing {
 
 const char* WorkspaceQueryName(WorkspaceQuery query) {
@@ -87,6 +92,15 @@ int64_t SingleQueryWorkspaces::LmHeadBlockBackwardWorkspaceBytes(const VocabBloc
                                                                  DType d) const {
   return Answer(WorkspaceQuery::kLmHeadBlockBackward,
                 {s.rows, s.channels, s.row_begin, s.block_rows, SizeOf(d), s.vocab_tile});
+}
+
+absl::StatusOr<std::unique_ptr<ExtraWorkspaceKernels>> ExtraWorkspaceKernels::OverCpuKernels(
+    Backend* backend, int threads, const KernelWorkspaces& extra) {
+  auto pool = std::make_unique<ThreadPool>(threads);
+  absl::StatusOr<std::unique_ptr<Kernels>> inner = CreateKernels(backend, {.cpu_pool = pool.get()});
+  if (!inner.ok()) return inner.status();
+  return std::unique_ptr<ExtraWorkspaceKernels>(
+      new ExtraWorkspaceKernels(std::move(pool), *std::move(inner), extra));
 }
 
 // Each operation runs on the inner kernels, which check the arguments again against their own

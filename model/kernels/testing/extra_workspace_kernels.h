@@ -12,9 +12,13 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
+#include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/thread_pool.h"
 #include "memory/backend.h"
 #include "memory/dtype.h"
 #include "model/kernels/kernel_workspaces.h"
@@ -127,6 +131,10 @@ class ExtraWorkspaceKernels final : public Kernels {
  public:
   ExtraWorkspaceKernels(Kernels& inner, const KernelWorkspaces& extra)
       : inner_(inner), workspaces_(inner.workspaces(), extra) {}
+  // Over CPU kernels of its own on `backend` (CreateKernels with a pool of `threads` threads, the
+  // pool a model of `threads` threads would give its kernels). `extra` must outlive the result.
+  static absl::StatusOr<std::unique_ptr<ExtraWorkspaceKernels>> OverCpuKernels(
+      Backend* backend, int threads, const KernelWorkspaces& extra);
 
   absl::string_view name() const override { return inner_.name(); }
   // The inner kernels' workspaces plus `extra`'s.
@@ -245,6 +253,16 @@ class ExtraWorkspaceKernels final : public Kernels {
                                      const float* lse, double loss_grad, float* dh, float* dblock,
                                      void* workspace, int64_t workspace_bytes) override;
 
+  ExtraWorkspaceKernels(std::unique_ptr<ThreadPool> pool, std::unique_ptr<Kernels> inner,
+                        const KernelWorkspaces& extra)
+      : pool_(std::move(pool)),
+        owned_inner_(std::move(inner)),
+        inner_(*owned_inner_),
+        workspaces_(inner_.workspaces(), extra) {}
+
+  // OverCpuKernels' own pool and kernels (null otherwise).
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Kernels> owned_inner_;
   Kernels& inner_;
   const SumOfWorkspaces workspaces_;
 };
