@@ -28,12 +28,13 @@
 #include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "memory/dtype.h"
-#include "model/kernels/kernel_workspaces.h"
-#include "optimizer/cuda_adam_footprint.h"
 #include "memory/host_memory_info.h"
 #include "model/gpt_activation_profile.h"
 #include "model/gpt_config.h"
+#include "model/kernels/kernel_workspaces.h"
 #include "scheduler/metronome.h"
+#include "trainer/config.h"
+#include "trainer/trainer.h"
 
 ABSL_FLAG(std::string, model, "gpt2", "GPT preset (tiny, gpt2, gpt2-medium, ..., 1B, ..., 18B)");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32, bf16 or f16");
@@ -132,7 +133,10 @@ int Run() {
     o.kernel_workspaces = std::make_shared<const CudaKernelWorkspaces>(
         CudaKernelWorkspaces::DefaultCublasWorkspaceBytes(cc));
     o.accelerator_in_host_memory = false;
-    o.comm_buffer_bytes = kCudaAdamDeviceBytes;
+    // A host communicator (the plan tool models no NCCL run) and no export.
+    o.comm_buffer_bytes = PlanAcceleratorReserve(AcceleratorKind::kCuda, false, o.world_size,
+                                                 o.chunk_elems, o.compute_dtype, false)
+                              .total_bytes();
     std::cout << "kernels: cuda, cuBLAS workspace "
               << FormatBytes(CudaKernelWorkspaces::DefaultCublasWorkspaceBytes(cc))
               << " per GEMM (compute capability " << cc << ")\n";
