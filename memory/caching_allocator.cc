@@ -498,7 +498,7 @@ int64_t CachingAllocator::ProcessPendingFrees() {
   return ProcessPendingLocked();
 }
 
-bool CachingAllocator::WaitForPendingFrees() {
+void CachingAllocator::WaitForPendingFrees() {
   std::vector<std::shared_ptr<Event>> events;
   {
     MutexLock lock(&mu_);
@@ -508,7 +508,7 @@ bool CachingAllocator::WaitForPendingFrees() {
       if (!frees.frees.empty()) events.push_back(frees.frees.back().event);
     }
   }
-  if (events.empty()) return false;
+  if (events.empty()) return;
   for (const std::shared_ptr<Event>& event : events) {
     // An error is the stream's asynchronous failure: its work has still completed.
     const absl::Status status = event->Synchronize();
@@ -517,7 +517,6 @@ bool CachingAllocator::WaitForPendingFrees() {
   MutexLock lock(&mu_);
   ++counters_.pending_free_waits;
   ProcessPendingLocked();
-  return true;
 }
 
 int64_t CachingAllocator::ReleaseCached() {

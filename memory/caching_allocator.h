@@ -339,8 +339,8 @@ class CachingAllocator final : public MemoryResource, public Reclaimer {
   // the file comment); returns their bytes.
   int64_t ProcessPendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Blocks (without the lock) until every pending free's stream has passed it, then notes
-  // them. Returns whether there were any.
-  bool WaitForPendingFrees() ABSL_LOCKS_EXCLUDED(mu_);
+  // them.
+  void WaitForPendingFrees() ABSL_LOCKS_EXCLUDED(mu_);
   // Hands out `block` (not in any free set) for a request, splitting off a worthwhile remainder.
   void* UseBlockLocked(Block* block, int64_t rounded_bytes, int64_t requested_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
