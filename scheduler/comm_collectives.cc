@@ -6,23 +6,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "base/units.h"
 #include "glog/logging.h"
 #include "memory/caching_allocator.h"
 #include "memory/memory_resource.h"
 
 namespace ps {
 
-namespace {
-
-int64_t RoundUpToAlignment(int64_t bytes) {
-  return (bytes + kAllocationAlignment - 1) / kAllocationAlignment * kAllocationAlignment;
-}
-
-}  // namespace
-
 int64_t CommCollectives::DeviceStagingBytes(int world, int64_t chunk_elems, DType dtype) {
-  const int64_t reduce = world > 1 ? RoundUpToAlignment(world * chunk_elems * SizeOf(dtype)) : 0;
-  return reduce + RoundUpToAlignment(world * kScalarSlotBytes);
+  const int64_t reduce =
+      world > 1 ? AlignUp(world * chunk_elems * SizeOf(dtype), kAllocationAlignment) : 0;
+  return reduce + AlignUp(world * kScalarSlotBytes, kAllocationAlignment);
 }
 
 CommCollectives::CommCollectives(Communicator* comm, CommCollectivesOptions options)
@@ -51,7 +45,7 @@ absl::StatusOr<std::unique_ptr<CommCollectives>> CommCollectives::Create(
   }
   const int world = comm->world_size();
   c->reduce_staging_bytes_ = world > 1 ? options.chunk_elems * SizeOf(options.dtype) * world : 0;
-  c->scalar_offset_ = world > 1 ? RoundUpToAlignment(c->reduce_staging_bytes_) : 0;
+  c->scalar_offset_ = AlignUp(c->reduce_staging_bytes_, kAllocationAlignment);
   c->device_staging_bytes_ = DeviceStagingBytes(world, options.chunk_elems, options.dtype);
   ASSIGN_OR_RETURN(c->stream_, options.backend->CreateStream());
   absl::StatusOr<void*> staging =
