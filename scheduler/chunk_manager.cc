@@ -335,6 +335,10 @@ absl::Status ChunkManager::MakeResident(const std::vector<int64_t>& keys, Stage 
 
 absl::Status ChunkManager::AwaitAccess(const std::vector<int64_t>& keys, bool zero_fill) {
   if (engine_->has_compute_stream()) return engine_->OrderComputeAfterLoads(keys, zero_fill);
+  return WaitForAccessOnHost(keys, zero_fill);
+}
+
+absl::Status ChunkManager::WaitForAccessOnHost(const std::vector<int64_t>& keys, bool zero_fill) {
   RETURN_IF_ERROR(engine_->WaitForCopies(keys));
   return zero_fill ? engine_->SyncLoadStream() : absl::OkStatus();
 }
@@ -597,8 +601,7 @@ absl::Status ChunkManager::AccessChunks(int64_t chunk_index, absl::Span<const Ch
   }
   // The optimizer reads its chunks from the calling thread (optimizer/hybrid_adam.h): the host
   // waits for the loads and zero-fills, also for the accelerator.
-  RETURN_IF_ERROR(engine_->WaitForCopies(keys));
-  if (device_zero_fill) RETURN_IF_ERROR(engine_->SyncLoadStream());
+  RETURN_IF_ERROR(WaitForAccessOnHost(keys, device_zero_fill));
   if (device.is_accelerator()) {
     for (int64_t key : keys) {
       policy_->RecordUse(key, std::max<int64_t>(moment, 0));

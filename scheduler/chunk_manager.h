@@ -355,6 +355,8 @@ class ChunkManager {
   // The end of an access of `keys` (`zero_fill`: zero-fills were enqueued on the load stream):
   // with a compute stream, that stream waits for their copies; without one, the host does.
   absl::Status AwaitAccess(const std::vector<int64_t>& keys, bool zero_fill);
+  // The host waits for the copies of `keys` and (`zero_fill`) the load stream's zero-fills.
+  absl::Status WaitForAccessOnHost(const std::vector<int64_t>& keys, bool zero_fill);
   std::string WorkingSetError(const std::string& what, const AccessPlan& plan,
                               int64_t moment) const;
   // Prefetches the chunks of the moment after `moment`, as the planner allows.
