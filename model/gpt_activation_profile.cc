@@ -94,7 +94,7 @@ class Profiler {
 
   int64_t A(int64_t elems) { return b_.Alloc(elems * kF32); }
   // GptModel::Workspace: `bytes` as f32 elements, no allocation for 0.
-  int64_t Ws(int64_t bytes) { return bytes == 0 ? -1 : A((bytes + kF32 - 1) / kF32); }
+  int64_t Ws(int64_t bytes) { return bytes == 0 ? -1 : A(CeilDiv(bytes, kF32)); }
   void F(int64_t& buffer) {
     b_.Free(buffer);
     buffer = -1;
@@ -314,9 +314,7 @@ class Profiler {
     out = A(N_ * C_);
     LinearForward(Layer(l, "mlp.c_proj"), 4 * C_, C_);
   }
-  AttentionShape AttentionShapeOf() const {
-    return {B_, T_, C_, c_.num_heads, o_.attention_tile};
-  }
+  AttentionShape AttentionShapeOf() const { return {B_, T_, C_, c_.num_heads, o_.attention_tile}; }
   GqaAttentionShape GqaShape() const {
     return {B_, T_, m_.num_heads, m_.num_kv_heads, m_.head_dim, o_.attention_tile};
   }

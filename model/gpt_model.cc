@@ -24,6 +24,7 @@
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "base/thread_pool.h"
+#include "base/units.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
@@ -241,11 +242,6 @@ struct GptModel::Activations {
 };
 
 namespace {
-
-// f32 elements that hold `bytes` bytes (a kernel's workspace, allocated as an f32 Buffer).
-int64_t F32ElemsOf(int64_t bytes) {
-  return (bytes + static_cast<int64_t>(sizeof(float)) - 1) / static_cast<int64_t>(sizeof(float));
-}
 
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ULL;
@@ -618,7 +614,7 @@ absl::StatusOr<GptModel::Buffer> GptModel::Alloc(int64_t elems, bool zero) {
 
 absl::StatusOr<GptModel::Buffer> GptModel::Workspace(int64_t bytes) {
   if (bytes == 0) return Buffer();
-  return Alloc(F32ElemsOf(bytes), false);
+  return Alloc(CeilDiv(bytes, static_cast<int64_t>(sizeof(float))), false);
 }
 
 absl::StatusOr<GptModel::Buffer> GptModel::ParamF32(TensorId tensor,
