@@ -39,12 +39,12 @@
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
 #include "model/hf_checkpoint.h"
+#include "model/kernels/kernel_workspaces.h"
+#include "model/kernels/kernels_factory.h"
 #include "model/kernels/matmul.h"
 #include "model/model_config.h"
 #include "nlohmann/json.hpp"
 #include "optimizer/cpu_adam.h"
-#include "model/kernels/kernel_workspaces.h"
-#include "model/kernels/kernels_factory.h"
 #include "optimizer/cuda_adam_footprint.h"
 #include "optimizer/grad_accumulator.h"
 #include "optimizer/hybrid_adam.h"
@@ -168,7 +168,7 @@ class Trainer::Impl {
 
   const TrainConfig config_;
   const TrainerEnvironment env_;
-  // The data-parallel world; comm_ and collectives_ (below) only for world_ > 1.
+  // The data-parallel world; collectives_ (below) only for world_ > 1.
   int rank_ = 0;
   int world_ = 1;
   // What the plan reserves on the accelerator beside chunks and activations.
@@ -203,11 +203,10 @@ class Trainer::Impl {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<DeviceMemory> accelerator_;
   std::unique_ptr<DeviceMemory> host_;
-  // The communicator collectives go through: env_.communicator, or the test hook's stand-in
-  // (owned by test_communicator_). Declared after the memories: the collectives' device staging
+  // The test hook's stand-in for env_.communicator, when set; collectives_ go through it
+  // (collectives_->communicator()). Declared after the memories: the collectives' device staging
   // goes back to the accelerator's scratch before it is destroyed.
   std::unique_ptr<Communicator> test_communicator_;
-  Communicator* comm_ = nullptr;
   std::unique_ptr<CommCollectives> collectives_;
   // The accelerator-side Adam on a GPU (CudaAdam); null on the emulated accelerator.
   std::unique_ptr<AdamKernels> accelerator_adam_;
@@ -263,9 +262,8 @@ absl::Status Trainer::Impl::Build() {
     absl::StatusOr<std::unique_ptr<KernelWorkspaces>> workspaces =
         CreateKernelWorkspaces(cuda->get(), threads_);
     if (!workspaces.ok()) {
-      return absl::Status(
-          workspaces.status().code(),
-          absl::StrCat("accelerator.backend \"cuda\": ", workspaces.status().message()));
+      return absl::Status(workspaces.status().code(), absl::StrCat("accelerator.backend \"cuda\": ",
+                                                                   workspaces.status().message()));
     }
     kernel_workspaces_ = *std::move(workspaces);
   } else {
@@ -325,7 +323,7 @@ absl::Status Trainer::Impl::Build() {
   // The ZeRO collectives: a device-memory communicator stages in the accelerator's scratch from
   // here on (the plan reserved it: reserve_.comm_staging_bytes).
   if (world_ > 1) {
-    comm_ = env_.communicator;
+    Communicator* comm = env_.communicator;
     if (env_.device_communicator_for_test) {
       test_communicator_ = env_.device_communicator_for_test(env_.communicator, backend_.get());
       if (test_communicator_ == nullptr || test_communicator_->memory() == CommMemory::kHost ||
@@ -334,7 +332,7 @@ absl::Status Trainer::Impl::Build() {
             "TrainerEnvironment::device_communicator_for_test must return a device-memory "
             "communicator of the same rank and world");
       }
-      comm_ = test_communicator_.get();
+      comm = test_communicator_.get();
     }
     CommCollectivesOptions collectives_options;
     collectives_options.timeout = env_.comm_timeout;
@@ -342,7 +340,7 @@ absl::Status Trainer::Impl::Build() {
     collectives_options.accelerator = accelerator_.get();
     collectives_options.chunk_elems = chunk_elems_;
     collectives_options.dtype = dtype_;
-    ASSIGN_OR_RETURN(collectives_, CommCollectives::Create(comm_, collectives_options));
+    ASSIGN_OR_RETURN(collectives_, CommCollectives::Create(comm, collectives_options));
   }
 
   ChunkLayoutOptions layout_options;
@@ -678,9 +676,9 @@ bool Trainer::Impl::DeviceCommunicator() const {
 absl::Status Trainer::Impl::BroadcastFromOwner(std::vector<float>& values, int owner) {
   const int64_t elems = static_cast<int64_t>(values.size());
   if (!collectives_->on_device()) {
-    ASSIGN_OR_RETURN(
-        std::unique_ptr<CommRequest> request,
-        comm_->BroadcastAsync(values.data(), values.data(), elems, CommDType::kF32, owner));
+    ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> request,
+                     collectives_->communicator()->BroadcastAsync(values.data(), values.data(),
+                                                                  elems, CommDType::kF32, owner));
     return request->Wait(env_.comm_timeout);
   }
   // Device memory only: tile by tile through a scratch buffer the manager kept free
@@ -703,7 +701,7 @@ absl::Status Trainer::Impl::BroadcastFromOwner(std::vector<float>& values, int o
       if (!s.ok()) break;
     }
     absl::StatusOr<std::unique_ptr<CommRequest>> request =
-        comm_->BroadcastAsync(tile, tile, n, CommDType::kF32, owner);
+        collectives_->communicator()->BroadcastAsync(tile, tile, n, CommDType::kF32, owner);
     s = request.ok() ? (*request)->Wait(env_.comm_timeout) : request.status();
     if (!s.ok()) break;
     s = stream->MemcpyAsync(values.data() + first, tile, bytes, CopyKind::kDeviceToHost);
