@@ -6,7 +6,8 @@
 // 2-core, 24 GiB machine shared with other work; the output says when layers were cut).
 //
 // 1. Peaks, on the benchmark's thread count: OpenBLAS sgemm and the bf16 GEMM
-//    (model/kernels/internal/bf16_gemm.h: oneDNN on AVX512-BF16, or its f32 fallback) on square
+//    (model/kernels/internal/bf16_gemm.h: oneDNN on AVX512-BF16, or its f32 fallback), both as the
+//    kernels run them (grids fixed by the shape on the benchmark's pool), on square
 //    matrices, best of several runs.
 // 2. Kernel breakdown: every kernel a step runs, timed alone at the model's shapes on the same
 //    thread pool, times the number of calls per step: where a step's time should go, next to the
@@ -28,8 +29,6 @@
 //
 //   bazel run //benchmarks:model_benchmark -- [--iters=3 --threads=0 --batch=4 --seq=256
 //       --dtypes=f32,bf16 --checkpointing=off,on --breakdown=true --bf16_gemm=auto]
-#include <cblas.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -65,6 +64,7 @@
 #include "model/kernels/encoder.h"
 #include "model/kernels/gelu.h"
 #include "model/kernels/internal/bf16_gemm.h"
+#include "model/kernels/internal/blas.h"
 #include "model/kernels/layernorm.h"
 #include "model/kernels/lm_head_cross_entropy.h"
 #include "model/kernels/matmul.h"
@@ -74,7 +74,7 @@
 #include "optimizer/hybrid_adam.h"
 
 ABSL_FLAG(int32_t, iters, 3, "timed training steps per configuration (after one warm-up step)");
-ABSL_FLAG(int32_t, threads, 0, "threads (model pool, OpenBLAS, Adam); 0 = all cores");
+ABSL_FLAG(int32_t, threads, 0, "threads (model pool and its GEMM grids, Adam); 0 = all cores");
 ABSL_FLAG(int64_t, batch, 4, "sequences per batch");
 ABSL_FLAG(int64_t, seq, 256, "tokens per sequence");
 ABSL_FLAG(std::string, model, "gpt2", "ModelPreset name (GPT-2 or Llama architecture)");
@@ -130,13 +130,15 @@ std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
 
 // --- 1. Peaks -----------------------------------------------------------------------------------
 
-double SgemmGflops(int n, int reps) {
+// sgemm as the kernels run it: the shape-fixed grid of single-threaded OpenBLAS calls on `pool`
+// (model/kernels/internal/blas.h).
+double SgemmGflops(int n, int reps, ThreadPool* pool) {
   const std::vector<float> a = RandomFloats(int64_t{n} * n, 1, 1),
                            b = RandomFloats(int64_t{n} * n, 1, 2);
   std::vector<float> c(static_cast<size_t>(n) * n);
   const double s = BestSeconds(reps, [&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
-                0.0f, c.data(), n);
+    kernels_internal::Gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n,
+                           pool);
   });
   return 2.0 * n * n * n / s / 1e9;
 }
@@ -166,7 +168,7 @@ struct Peaks {
 
 Peaks MeasurePeaks(ThreadPool* pool) {
   Peaks p;
-  p.sgemm = std::max(SgemmGflops(1024, 5), SgemmGflops(2048, 3));
+  p.sgemm = std::max(SgemmGflops(1024, 5, pool), SgemmGflops(2048, 3, pool));
   p.bf16 = std::max(Bf16GemmGflops(1024, 5, pool), Bf16GemmGflops(2048, 3, pool));
   return p;
 }
@@ -407,7 +409,7 @@ struct StepResult {
 
 // A short probe of the GEMM peak (best of three 1024^3 products) for `dtype`'s GEMMs.
 double ProbePeak(DType dtype, ThreadPool* pool) {
-  return dtype == DType::kBF16 ? Bf16GemmGflops(1024, 3, pool) : SgemmGflops(1024, 3);
+  return dtype == DType::kBF16 ? Bf16GemmGflops(1024, 3, pool) : SgemmGflops(1024, 3, pool);
 }
 
 StepResult RunSteps(const ModelConfig& config, int64_t batch, int64_t seq, int threads, int iters,
@@ -533,7 +535,6 @@ int Main() {
   const bool gpt2 = model.architecture() == ModelArchitecture::kGpt2;
   // The GPT-2 view (the kernel breakdown's shapes; for Llama only the common dimensions).
   const GptConfig config = gpt2 ? *ToGptConfig(model) : GptConfigView(model);
-  SetBlasThreads(threads);
   ThreadPool pool(threads);
   Bf16GemmBackend bf16_backend;
   PS_CHECK_OK(kernels_internal::ResolveBf16GemmBackend(&bf16_backend));

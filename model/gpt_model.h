@@ -167,8 +167,8 @@ struct GptModelOptions {
   bool activation_checkpointing = false;
   // Seed of InitializeParameters().
   uint64_t seed = 0;
-  // Threads of the model's ThreadPool for the element-wise kernels, the caller included. >= 1.
-  // (OpenBLAS's thread count is process-wide: model/kernels/matmul.h SetBlasThreads.)
+  // Threads of the model's ThreadPool for the kernels and their GEMM grids, the caller included.
+  // >= 1. Results do not depend on it.
   int threads = 1;
   // Kernel tiles (model/kernels/attention.h, vocab_blocks.h); the defaults suit real models, tests
   // use small ones to cross tile boundaries. Every wte block must start at a multiple of

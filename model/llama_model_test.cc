@@ -282,10 +282,7 @@ ValuesFn FileValues(const SafetensorsFile& file) {
   };
 }
 
-class LlamaModelTest : public ::testing::Test {
- protected:
-  void SetUp() override { SetBlasThreads(1); }
-};
+class LlamaModelTest : public ::testing::Test {};
 
 // transformers' f32 loss and f64 gradients; tiny_llama bit for bit; the split and the
 // checkpointed model bit for bit.

@@ -160,7 +160,6 @@ absl::StatusOr<GptRunPlan> Plan(const Case& c, int64_t accelerator_bytes) {
 void ExpectWarmupMatchesProfile(const Case& c, int64_t accelerator_bytes, int steps,
                                 std::mt19937_64& rng) {
   SCOPED_TRACE(Name(c));
-  SetBlasThreads(1);  // OpenBLAS's own threads are invisible to ThreadSanitizer
   ASSERT_OK_AND_ASSIGN(const GptRunPlan plan, Plan(c, accelerator_bytes));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(c, plan));
   ASSERT_OK(rig->model->InitializeParameters(7));
@@ -359,7 +358,6 @@ TEST(ActivationProfileMatch, AHopperPlanHoldsCublassWorkspace) {
 // pressure reclaimer off. Returns the first error.
 absl::Status TrainAtThePlansMinimum(const Case& c, int steps, const RigOptions& options,
                                     std::mt19937_64& rng, int64_t* cap_bytes) {
-  SetBlasThreads(1);
   ASSIGN_OR_RETURN(GptRunPlan plan, Plan(c, 64 * kMiB));
   int64_t cap = AlignUp(plan.plan.min_accelerator_bytes, 4 * kKiB);
   for (int i = 0; i < 3; ++i) {

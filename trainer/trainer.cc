@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/simd_targets.h"
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
@@ -39,9 +40,10 @@
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
 #include "model/hf_checkpoint.h"
+#include "model/kernels/internal/bf16_gemm.h"
+#include "model/kernels/internal/blas.h"
 #include "model/kernels/kernel_workspaces.h"
 #include "model/kernels/kernels_factory.h"
-#include "model/kernels/matmul.h"
 #include "model/model_config.h"
 #include "nlohmann/json.hpp"
 #include "optimizer/cpu_adam.h"
@@ -392,7 +394,6 @@ absl::Status Trainer::Impl::Build() {
   model_options.threads = threads_;
   // The model creates the backend's kernels over its own pool of `threads` threads.
   model_options.compute_stream = compute_stream_.get();
-  SetBlasThreads(threads_);
   ASSIGN_OR_RETURN(model_, TransformerModel::Create(model_config_, store_.get(), manager_.get(),
                                                     accelerator_.get(), model_options));
 
@@ -1017,6 +1018,20 @@ void Trainer::Impl::PrintHeader() {
       config_.accelerator.host_memory_bytes > 0
           ? absl::StrCat("cap ", FormatBytes(config_.accelerator.host_memory_bytes))
           : std::string("uncapped"));
+  if (config_.accelerator.kind != AcceleratorKind::kCuda) {
+    // What the CPU kernels dispatch to on this machine: losses are bit-identical run to run and
+    // for any `threads` on one CPU kind, and differ in the last bits between kinds.
+    std::string bf16;
+    if (dtype_ == DType::kBF16) {
+      kernels_internal::Bf16GemmBackend backend;
+      const absl::Status s = kernels_internal::ResolveBf16GemmBackend(&backend);
+      bf16 = s.ok() ? absl::StrCat("; bf16 GEMMs: ", kernels_internal::Bf16GemmBackendName(backend),
+                                   " (", kernels_internal::OneDnnBf16Description(), ")")
+                    : absl::StrCat("; bf16 GEMMs: ", s.message());
+    }
+    *out() << absl::StrFormat("cpu kernels: SIMD %s; OpenBLAS %s kernels%s\n",
+                              DescribeSimdDispatch(), kernels_internal::OpenBlasCoreName(), bf16);
+  }
   *out() << absl::StrFormat(
       "data: %s, %d tokens; batch %d x %d tokens; %d batches per epoch%s\n",
       config_.data.train_path.empty() ? std::string("built-in synthetic corpus")

@@ -108,7 +108,7 @@ absl::Status CpuKernels::DoGemm(Stream& stream, const GemmShape& s, float alpha,
     if (s.ab_dtype == DType::kF32) {
       kernels_internal::Gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, alpha,
                              static_cast<const float*>(a), s.lda, static_cast<const float*>(b),
-                             s.ldb, beta, c, s.ldc);
+                             s.ldb, beta, c, s.ldc, pool);
       return absl::OkStatus();
     }
     if (s.ab_dtype == DType::kBF16) {
@@ -155,7 +155,7 @@ absl::Status CpuKernels::DoGemm(Stream& stream, const GemmShape& s, float alpha,
     Widen(s.ab_dtype, a, sa, s.lda, wa);
     Widen(s.ab_dtype, b, sb, s.ldb, wb);
     kernels_internal::Gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, alpha, wa, sa.cols, wb, sb.cols,
-                           beta, c, s.ldc);
+                           beta, c, s.ldc, pool);
     return absl::OkStatus();
   });
 }

@@ -20,9 +20,9 @@
 //  - Therefore nobody may block inside a pool task, and no host function on a stream may call
 //    ParallelFor on a pool whose current caller waits for that stream (e.g. host code that calls
 //    Stream::Synchronize from inside a ParallelFor task). Kernels enqueued here never do.
-//  - OpenBLAS (Debian's pthread build) is thread-safe: calls from two streams' threads at once are
-//    serialized inside it. OpenBLAS's own thread count is process-wide (SetBlasThreads in
-//    matmul.h); results are reproducible for a fixed count.
+//  - GEMMs are grids of single-threaded OpenBLAS calls run as tasks of `pool` (internal/blas.h;
+//    OpenBLAS's own thread count is pinned to 1, and Debian's pthread build is thread-safe for
+//    concurrent single-threaded calls), so results do not depend on the pool's size.
 //
 // Thread safety: thread-safe. The pool (not owned) must outlive all work enqueued through this
 // object; the object itself may be destroyed while that work is still queued.

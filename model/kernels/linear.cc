@@ -53,7 +53,7 @@ absl::Status LinearForward(const LinearShape& shape, absl::Span<const T> x, absl
     });
     beta = T{1};
   }
-  Gemm(false, true, N, O, I, T{1}, x.data(), I, w.data(), I, beta, y.data(), O);
+  Gemm(false, true, N, O, I, T{1}, x.data(), I, w.data(), I, beta, y.data(), O, pool);
   return absl::OkStatus();
 }
 
@@ -72,9 +72,9 @@ absl::Status LinearBackward(const LinearShape& shape, absl::Span<const T> x, abs
   RETURN_IF_ERROR(CheckElems(kKernel, "db", db, shape.bias ? O : 0,
                              shape.bias ? "out_features" : "0: the shape has no bias"));
   // dx[N,I] += dy[N,O] W[O,I]
-  Gemm(false, false, N, I, O, T{1}, dy.data(), O, w.data(), I, T{1}, dx.data(), I);
+  Gemm(false, false, N, I, O, T{1}, dy.data(), O, w.data(), I, T{1}, dx.data(), I, pool);
   // dW[O,I] += dy[N,O]^T x[N,I]
-  Gemm(true, false, O, I, N, T{1}, dy.data(), O, x.data(), I, T{1}, dw.data(), I);
+  Gemm(true, false, O, I, N, T{1}, dy.data(), O, x.data(), I, T{1}, dw.data(), I, pool);
   if (!shape.bias) return absl::OkStatus();
   ParallelFor(pool, NumTasks(O, kColumnsPerTask), [&](int64_t task) {
     const int64_t c0 = task * kColumnsPerTask;

@@ -9,9 +9,9 @@
 //   dx[N, in]   += dy W                  (GEMM, no transposes)
 //   dW[out, in] += dy^T x                (GEMM, A transposed)
 //   db[out]     += sum over rows of dy   (when there is a bias)
-// The GEMMs run in OpenBLAS (cblas_sgemm / cblas_dgemm); db is summed in this file, parallel over
-// column slices with the rows in order, so it is deterministic. Threading: as matmul.h (OpenBLAS's
-// own threads; SetBlasThreads pins their count). Kernels call OpenBLAS from the calling thread.
+// The GEMMs run in OpenBLAS (cblas_sgemm / cblas_dgemm) as a grid fixed by the shape on `pool`
+// (internal/blas.h); db is summed in this file, parallel over column slices with the rows in
+// order. Results do not depend on the pool's size.
 //
 // f32 and f64 only: low-precision weights are converted to an f32 workspace by the caller, as for
 // GPT-2. Gradients accumulate (+=). Needs no workspace. All dimensions must fit OpenBLAS's 32-bit

@@ -25,10 +25,7 @@ using ::ps::kernel_testing::ExpectGradientMatchesFiniteDifferences;
 using ::ps::kernel_testing::RandomVector;
 using ::testing::HasSubstr;
 
-class LinearTest : public ::testing::Test {
- protected:
-  void SetUp() override { SetBlasThreads(1); }
-};
+class LinearTest : public ::testing::Test {};
 
 TEST_F(LinearTest, FloatMatchesNaiveReferenceWithAndWithoutBias) {
   TestRng gen(1);  // fixed seed: reproducible failures

@@ -74,14 +74,15 @@ struct BlasGemms {
   const T* h;
   const T* wte;
   int64_t C;
+  ThreadPool* pool;  // runs the GEMM grid (internal/blas.h)
   absl::Status Logits(int64_t r0, int64_t R, int64_t v0, int64_t Vt, T* z) const {
-    Gemm(false, true, R, Vt, C, T{1}, h + r0 * C, C, wte + v0 * C, C, T{0}, z, Vt);
+    Gemm(false, true, R, Vt, C, T{1}, h + r0 * C, C, wte + v0 * C, C, T{0}, z, Vt, pool);
     return absl::OkStatus();
   }
   absl::Status Grads(int64_t r0, int64_t R, int64_t v0, int64_t Vt, const T* dz, T* dh,
                      T* dwte) const {
-    Gemm(false, false, R, C, Vt, T{1}, dz, Vt, wte + v0 * C, C, T{1}, dh + r0 * C, C);
-    Gemm(true, false, Vt, C, R, T{1}, dz, Vt, h + r0 * C, C, T{1}, dwte + v0 * C, C);
+    Gemm(false, false, R, C, Vt, T{1}, dz, Vt, wte + v0 * C, C, T{1}, dh + r0 * C, C, pool);
+    Gemm(true, false, Vt, C, R, T{1}, dz, Vt, h + r0 * C, C, T{1}, dwte + v0 * C, C, pool);
     return absl::OkStatus();
   }
 };
@@ -286,8 +287,8 @@ absl::StatusOr<double> LmHeadCrossEntropyForward(const LmHeadCrossEntropyShape& 
   RETURN_IF_ERROR(CheckArgs<T>("LmHeadCrossEntropyForward", shape, h, wte.size(), targets,
                                absl::Span<const T>(lse), workspace.size(),
                                LmHeadCrossEntropyWorkspaceElems(shape)));
-  return ForwardTiles<T>(shape, BlasGemms<T>{h.data(), wte.data(), shape.channels}, targets, lse,
-                         workspace.data(), pool);
+  return ForwardTiles<T>(shape, BlasGemms<T>{h.data(), wte.data(), shape.channels, pool}, targets,
+                         lse, workspace.data(), pool);
 }
 
 template <typename T>
@@ -302,8 +303,8 @@ absl::Status LmHeadCrossEntropyBackward(const LmHeadCrossEntropyShape& shape, ab
   const int64_t N = shape.rows, V = shape.vocab_size, C = shape.channels;
   RETURN_IF_ERROR(CheckElems(kKernel, "dh", dh, N * C, "rows*channels"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dwte", dwte, V * C, "vocab_size*channels"));
-  return BackwardTiles<T>(shape, BlasGemms<T>{h.data(), wte.data(), C}, targets, lse, loss_grad, dh,
-                          dwte, workspace.data(), pool);
+  return BackwardTiles<T>(shape, BlasGemms<T>{h.data(), wte.data(), C, pool}, targets, lse,
+                          loss_grad, dh, dwte, workspace.data(), pool);
 }
 
 int64_t LmHeadCrossEntropyFusedWorkspaceElems(const LmHeadCrossEntropyShape& s) {
@@ -328,8 +329,8 @@ absl::StatusOr<double> LmHeadCrossEntropyForwardBackward(
   const int64_t N = shape.rows, V = shape.vocab_size, C = shape.channels;
   RETURN_IF_ERROR(CheckElems(kKernel, "dh", dh, N * C, "rows*channels"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dwte", dwte, V * C, "vocab_size*channels"));
-  return FusedTiles<T>(shape, BlasGemms<T>{h.data(), wte.data(), C}, targets, loss_grad, lse, dh,
-                       dwte, workspace.data(), pool);
+  return FusedTiles<T>(shape, BlasGemms<T>{h.data(), wte.data(), C, pool}, targets, loss_grad, lse,
+                       dh, dwte, workspace.data(), pool);
 }
 
 absl::StatusOr<double> LmHeadCrossEntropyForwardBackwardBf16(

@@ -19,8 +19,8 @@
 // Each tile's logits are recomputed from h and wte (one extra GEMM) instead of stored, unless
 // the fused training kernel (LmHeadCrossEntropyForwardBackward, below) keeps a row tile's logits.
 //
-// Threading: GEMMs run in OpenBLAS (see SetBlasThreads in matmul.h), or for the bf16 variants in
-// fixed blocks on `pool` (internal/bf16_gemm.h); the per-tile softmax runs on `pool` over rows,
+// Threading: GEMMs run in fixed blocks on `pool` (OpenBLAS: internal/blas.h; the bf16 variants:
+// internal/bf16_gemm.h); the per-tile softmax runs on `pool` over rows,
 // each row in a fixed order. The loss sum is taken in double in row order.
 // Results do not depend on the pool's thread count.
 //

@@ -83,10 +83,7 @@ std::vector<int32_t> RandomTargets(TestRng& gen, int64_t n, int64_t vocab, int32
   return t;
 }
 
-class LmHeadCrossEntropyTest : public ::testing::Test {
- protected:
-  void SetUp() override { SetBlasThreads(1); }
-};
+class LmHeadCrossEntropyTest : public ::testing::Test {};
 
 TEST_F(LmHeadCrossEntropyTest, FloatMatchesNaiveReferenceWithTileTails) {
   TestRng gen(1);  // fixed seed: reproducible failures
@@ -130,7 +127,6 @@ class LmHeadCrossEntropyBf16Test : public ::testing::TestWithParam<Bf16GemmBacke
       GTEST_SKIP() << kernels_internal::OneDnnBf16Description();
     }
     kernels_internal::SetBf16GemmBackendForTest(GetParam());
-    SetBlasThreads(1);
   }
   void TearDown() override { kernels_internal::SetBf16GemmBackendForTest(Bf16GemmBackend::kAuto); }
 };

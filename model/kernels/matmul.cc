@@ -1,7 +1,5 @@
 #include "model/kernels/matmul.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -82,13 +80,6 @@ absl::Status CheckShape(const char* kernel, const MatmulShape& s) {
 
 }  // namespace
 
-void SetBlasThreads(int num_threads) {
-  CHECK_GE(num_threads, 1) << "OpenBLAS needs at least one thread";
-  openblas_set_num_threads(num_threads);
-}
-
-int BlasThreads() { return openblas_get_num_threads(); }
-
 template <typename T>
 absl::Status MatmulForward(const MatmulShape& shape, absl::Span<const T> x, absl::Span<const T> w,
                            absl::Span<const T> b, absl::Span<T> y, ThreadPool* pool) {
@@ -101,7 +92,7 @@ absl::Status MatmulForward(const MatmulShape& shape, absl::Span<const T> x, absl
   RETURN_IF_ERROR(CheckElems(kKernel, "y", y, N * O, "rows*out_features"));
   // y = b broadcast over rows, then y += x W.
   BroadcastRows(b, N, y.data(), pool);
-  Gemm(false, false, N, O, I, T{1}, x.data(), I, w.data(), O, T{1}, y.data(), O);
+  Gemm(false, false, N, O, I, T{1}, x.data(), I, w.data(), O, T{1}, y.data(), O, pool);
   return absl::OkStatus();
 }
 
@@ -119,9 +110,9 @@ absl::Status MatmulBackward(const MatmulShape& shape, absl::Span<const T> x, abs
   RETURN_IF_ERROR(CheckElems(kKernel, "dw", dw, I * O, "in_features*out_features"));
   RETURN_IF_ERROR(CheckElems(kKernel, "db", db, O, "out_features"));
   // dx[N,I] += dy[N,O] W[I,O]^T
-  Gemm(false, true, N, I, O, T{1}, dy.data(), O, w.data(), O, T{1}, dx.data(), I);
+  Gemm(false, true, N, I, O, T{1}, dy.data(), O, w.data(), O, T{1}, dx.data(), I, pool);
   // dW[I,O] += x[N,I]^T dy[N,O]
-  Gemm(true, false, I, O, N, T{1}, x.data(), I, dy.data(), O, T{1}, dw.data(), O);
+  Gemm(true, false, I, O, N, T{1}, x.data(), I, dy.data(), O, T{1}, dw.data(), O, pool);
   AddColumnSums(dy, N, O, db, pool);
   return absl::OkStatus();
 }

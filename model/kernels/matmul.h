@@ -10,10 +10,8 @@
 // The GEMMs run in OpenBLAS (cblas_sgemm / cblas_dgemm); db is summed in this file, parallel over
 // column slices with the rows in order, so it is deterministic.
 //
-// Threading and determinism: OpenBLAS runs its own threads inside each GEMM. For a fixed
-// OpenBLAS thread count its results are reproducible run to run; different counts may round
-// differently. SetBlasThreads pins the count (tests pin it to 1). Kernels call OpenBLAS from the
-// calling thread only.
+// Threading and determinism: each GEMM is a grid of single-threaded OpenBLAS calls fixed by the
+// shape, run on `pool` (internal/blas.h), so results are bit-identical for any pool size.
 //
 // MatmulForward/MatmulBackward: f32 and f64, no workspace; f16 weights are converted to an f32
 // workspace by the caller (the conversion buffer counts as non-model data). Gradients accumulate
@@ -47,12 +45,6 @@ struct MatmulShape {
   int64_t in_features = 0;   // Conv1D nx
   int64_t out_features = 0;  // Conv1D nf
 };
-
-// Sets the number of threads OpenBLAS uses for every later GEMM in this process (a process-wide
-// OpenBLAS setting). REQUIRES: num_threads >= 1.
-void SetBlasThreads(int num_threads);
-// The number of threads OpenBLAS currently uses.
-int BlasThreads();
 
 // Workspace Matmul needs: none.
 inline int64_t MatmulWorkspaceBytes(const MatmulShape&) { return 0; }

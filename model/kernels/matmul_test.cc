@@ -1,11 +1,16 @@
 #include "model/kernels/matmul.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/base/casts.h"
+#include "absl/random/distributions.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "base/check.h"
 #include "base/testing/status_matchers.h"
@@ -15,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "memory/dtype_math.h"
 #include "model/kernels/internal/bf16_gemm.h"
+#include "model/kernels/internal/blas.h"
 #include "model/kernels/testing/kernel_test_util.h"
 
 namespace ps {
@@ -27,12 +33,7 @@ using ::ps::kernel_testing::ExpectGradientMatchesFiniteDifferences;
 using ::ps::kernel_testing::RandomVector;
 using ::testing::HasSubstr;
 
-class MatmulTest : public ::testing::Test {
- protected:
-  void SetUp() override { SetBlasThreads(1); }
-};
-
-TEST_F(MatmulTest, SetBlasThreadsPinsTheCount) { EXPECT_EQ(BlasThreads(), 1); }
+class MatmulTest : public ::testing::Test {};
 
 TEST_F(MatmulTest, ForwardAndBackwardMatchNaiveLoops) {
   TestRng gen(1);  // fixed seed: reproducible failures
@@ -121,7 +122,6 @@ class MatmulBf16Test : public ::testing::TestWithParam<Bf16GemmBackend> {
       GTEST_SKIP() << kernels_internal::OneDnnBf16Description();
     }
     kernels_internal::SetBf16GemmBackendForTest(GetParam());
-    SetBlasThreads(1);
   }
   void TearDown() override { kernels_internal::SetBf16GemmBackendForTest(Bf16GemmBackend::kAuto); }
 };
@@ -240,6 +240,102 @@ TEST_F(MatmulTest, RejectsBadShapes) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("out_features")));
   EXPECT_THAT(MatmulForward<float>({int64_t{1} << 31, 3, 4}, x, w, b, absl::MakeSpan(y), nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rows")));
+}
+
+// --- The GEMM grid (internal/blas.h) ---------------------------------------------------------
+
+// Random m x n x k products over the grid's block edges (1, a block less one, a block, a block
+// plus one, several blocks), every transpose pair, padded leading dimensions, alpha/beta: C's bits
+// are the same for every pool size and without a pool, every block of C is the single-threaded
+// OpenBLAS call over that block alone, and C is the product to within f32 rounding (a double
+// reference). On Haswell/Zen OpenBLAS kernels a whole 2-thread sgemm rounds differently from a
+// 1-thread one, which made the trainer's losses depend on `threads` on AVX2 machines.
+TEST(GemmGrid, BitsDoNotDependOnThePoolAndEachBlockIsOneCall) {
+  using kernels_internal::kGemmBlockCols;
+  using kernels_internal::kGemmBlockRows;
+  TestRng gen(6);
+  const int64_t edges[] = {1, kGemmBlockRows - 1, kGemmBlockRows, kGemmBlockRows + 1,
+                           2 * kGemmBlockCols + 37};
+  ThreadPool pool2(2), pool3(3), pool5(5);
+  for (int trial = 0; trial < 12; ++trial) {
+    const int64_t m = edges[absl::Uniform<int>(gen, 0, 5)];
+    const int64_t n = edges[absl::Uniform<int>(gen, 0, 5)];
+    const int64_t k = absl::Uniform<int64_t>(gen, 1, 300);
+    const bool ta = absl::Bernoulli(gen, 0.5), tb = absl::Bernoulli(gen, 0.5);
+    const int64_t lda = (ta ? m : k) + absl::Uniform<int64_t>(gen, 0, 3);
+    const int64_t ldb = (tb ? k : n) + absl::Uniform<int64_t>(gen, 0, 3);
+    const int64_t ldc = n + absl::Uniform<int64_t>(gen, 0, 3);
+    const float alpha = trial % 3 == 0 ? 1.0f : 0.75f, beta = trial % 2 == 0 ? 0.0f : 1.5f;
+    SCOPED_TRACE(
+        absl::StrCat(m, "x", n, "x", k, " ta=", ta, " tb=", tb, " alpha=", alpha, " beta=", beta));
+    const std::vector<float> a = RandomVector<float>(gen, (ta ? k : m) * lda);
+    const std::vector<float> b = RandomVector<float>(gen, (tb ? n : k) * ldb);
+    const std::vector<float> c0 = RandomVector<float>(gen, m * ldc);
+    auto run = [&](ThreadPool* pool) {
+      std::vector<float> c = c0;
+      kernels_internal::Gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(),
+                             ldc, pool);
+      return c;
+    };
+    const std::vector<float> serial = run(nullptr);
+    for (ThreadPool* pool : {&pool2, &pool3, &pool5}) {
+      const std::vector<float> c = run(pool);
+      for (size_t i = 0; i < c.size(); ++i) {
+        ASSERT_EQ(absl::bit_cast<uint32_t>(c[i]), absl::bit_cast<uint32_t>(serial[i]))
+            << "element " << i << " with " << pool->num_threads() << " threads";
+      }
+    }
+    // Each block, alone, in one single-threaded call.
+    std::vector<float> blocks = c0;
+    for (int64_t m0 = 0; m0 < m; m0 += kGemmBlockRows) {
+      for (int64_t n0 = 0; n0 < n; n0 += kGemmBlockCols) {
+        const int64_t bm = std::min(kGemmBlockRows, m - m0), bn = std::min(kGemmBlockCols, n - n0);
+        kernels_internal::GemmSingleCall(ta, tb, bm, bn, k, alpha,
+                                         ta ? a.data() + m0 : a.data() + m0 * lda, lda,
+                                         tb ? b.data() + n0 * ldb : b.data() + n0, ldb, beta,
+                                         blocks.data() + m0 * ldc + n0, ldc);
+      }
+    }
+    ASSERT_EQ(0, std::memcmp(blocks.data(), serial.data(), serial.size() * sizeof(float)));
+    // The product itself, and the padding of C untouched.
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < ldc; ++j) {
+        const float got = serial[i * ldc + j];
+        if (j >= n) {
+          ASSERT_EQ(got, c0[i * ldc + j]) << "padding (" << i << ", " << j << ") written";
+          continue;
+        }
+        double sum = 0, magnitude = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          const double x = ta ? a[p * lda + i] : a[i * lda + p];
+          const double y = tb ? b[j * ldb + p] : b[p * ldb + j];
+          sum += x * y;
+          magnitude += std::abs(x * y);
+        }
+        const double want = alpha * sum + beta * c0[i * ldc + j];
+        ASSERT_NEAR(got, want, 1e-6 * (alpha * magnitude + std::abs(beta * c0[i * ldc + j])) + 1e-6)
+            << "(" << i << ", " << j << ")";
+      }
+    }
+  }
+  EXPECT_EQ(kernels_internal::OpenBlasThreads(), 1)
+      << "the grid must be OpenBLAS's only parallelism";
+}
+
+// The f64 grid: pool-independent bits too (the reference kernels of the tests run in f64).
+TEST(GemmGrid, DoubleBitsDoNotDependOnThePool) {
+  TestRng gen(7);
+  const int64_t m = 2 * kernels_internal::kGemmBlockRows + 3,
+                n = kernels_internal::kGemmBlockCols + 9, k = 129;
+  const std::vector<double> a = RandomVector<double>(gen, k * m),
+                            b = RandomVector<double>(gen, n * k);
+  ThreadPool pool(3);
+  std::vector<double> serial(static_cast<size_t>(m * n)), pooled(serial.size());
+  kernels_internal::Gemm(true, true, m, n, k, 1.0, a.data(), m, b.data(), k, 0.0, serial.data(), n,
+                         nullptr);
+  kernels_internal::Gemm(true, true, m, n, k, 1.0, a.data(), m, b.data(), k, 0.0, pooled.data(), n,
+                         &pool);
+  EXPECT_EQ(0, std::memcmp(serial.data(), pooled.data(), serial.size() * sizeof(double)));
 }
 
 }  // namespace

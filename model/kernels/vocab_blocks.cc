@@ -117,6 +117,7 @@ struct BlasTileGemms {
   Block16 block16;  // f16 (or, for tests of the widened path, bf16) blocks
   int64_t C;
   T* scratch;            // Vt * C elements (16-bit blocks)
+  ThreadPool* pool;      // runs the GEMM grid (internal/blas.h)
   const T* w = nullptr;  // the current tile's rows
   absl::Status BeginTile(int64_t local_row, int64_t Vt) {
     if (block != nullptr) {
@@ -132,12 +133,12 @@ struct BlasTileGemms {
     return absl::InternalError("BlasTileGemms: 16-bit block for a non-f32 kernel");
   }
   absl::Status Logits(int64_t r0, int64_t R, int64_t Vt, T* z) const {
-    Gemm(false, true, R, Vt, C, T{1}, h + r0 * C, C, w, C, T{0}, z, Vt);
+    Gemm(false, true, R, Vt, C, T{1}, h + r0 * C, C, w, C, T{0}, z, Vt, pool);
     return absl::OkStatus();
   }
   absl::Status Grads(int64_t r0, int64_t R, int64_t Vt, const T* dz, T* dh, T* dw) const {
-    Gemm(false, false, R, C, Vt, T{1}, dz, Vt, w, C, T{1}, dh + r0 * C, C);
-    Gemm(true, false, Vt, C, R, T{1}, dz, Vt, h + r0 * C, C, T{1}, dw, C);
+    Gemm(false, false, R, C, Vt, T{1}, dz, Vt, w, C, T{1}, dh + r0 * C, C, pool);
+    Gemm(true, false, Vt, C, R, T{1}, dz, Vt, h + r0 * C, C, T{1}, dw, C, pool);
     return absl::OkStatus();
   }
 };
@@ -463,7 +464,7 @@ absl::Status LmHeadBlockForward(const VocabBlockShape& shape, absl::Span<const T
   RETURN_IF_ERROR(CheckLmHead(kKernel, shape, targets, h.size(), block.size(), workspace.size(),
                               LmHeadBlockForwardWorkspaceElems(shape, false)));
   RETURN_IF_ERROR(CheckElems(kKernel, "state", state, LmHeadStateElems(shape), "3*rows"));
-  BlasTileGemms<T> gemms{h.data(), block.data(), {}, shape.channels, nullptr};
+  BlasTileGemms<T> gemms{h.data(), block.data(), {}, shape.channels, nullptr, pool};
   return LmHeadForwardImpl<T>(shape, gemms, targets, state, workspace.data(), pool);
 }
 
@@ -490,8 +491,8 @@ absl::Status LmHeadBlockForward(const VocabBlockShape& shape, absl::Span<const f
     Bf16TileGemms gemms{b.hb, block.data, shape.channels, nullptr, nullptr, pool};
     return LmHeadForwardImpl<float>(shape, gemms, targets, state, workspace.data(), pool);
   }
-  BlasTileGemms<float> gemms{h.data(), nullptr, block, shape.channels,
-                             workspace.data() + f32_elems};
+  BlasTileGemms<float> gemms{h.data(), nullptr, block, shape.channels, workspace.data() + f32_elems,
+                             pool};
   return LmHeadForwardImpl<float>(shape, gemms, targets, state, workspace.data(), pool);
 }
 
@@ -529,7 +530,7 @@ absl::Status LmHeadBlockBackward(const VocabBlockShape& shape, absl::Span<const 
                               LmHeadBlockBackwardWorkspaceElems(shape, false)));
   RETURN_IF_ERROR(CheckElems(kKernel, "lse", lse, shape.rows, "rows"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dh", dh, shape.rows * shape.channels, "rows*channels"));
-  BlasTileGemms<T> gemms{h.data(), block.data(), {}, shape.channels, nullptr};
+  BlasTileGemms<T> gemms{h.data(), block.data(), {}, shape.channels, nullptr, pool};
   return LmHeadBackwardImpl<T>(shape, gemms, targets, lse.data(), loss_grad, dh.data(),
                                workspace.data(), on_tile, pool);
 }
@@ -560,8 +561,8 @@ absl::Status LmHeadBlockBackward(const VocabBlockShape& shape, absl::Span<const 
     return LmHeadBackwardImpl<float>(shape, gemms, targets, lse.data(), loss_grad, dh.data(),
                                      workspace.data(), on_tile, pool);
   }
-  BlasTileGemms<float> gemms{h.data(), nullptr, block, shape.channels,
-                             workspace.data() + f32_elems};
+  BlasTileGemms<float> gemms{h.data(), nullptr, block, shape.channels, workspace.data() + f32_elems,
+                             pool};
   return LmHeadBackwardImpl<float>(shape, gemms, targets, lse.data(), loss_grad, dh.data(),
                                    workspace.data(), on_tile, pool);
 }

@@ -38,7 +38,6 @@ class CudaLinearTest : public ::testing::Test {
   void SetUp() override {
     if (!HaveGpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
     stream_.emplace();
-    SetBlasThreads(1);
     ASSERT_OK_AND_ASSIGN(cublas_, cuda::CublasHandle::Create());
   }
   std::optional<TestStream> stream_;  // created once a GPU is known to exist

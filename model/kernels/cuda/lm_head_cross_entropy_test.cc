@@ -41,7 +41,6 @@ class CudaLmHeadCrossEntropyTest : public ::testing::Test {
   void SetUp() override {
     if (!HaveGpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
     stream_.emplace();
-    SetBlasThreads(1);
     ASSERT_OK_AND_ASSIGN(cublas_, cuda::CublasHandle::Create());
   }
 

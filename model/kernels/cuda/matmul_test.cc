@@ -39,7 +39,6 @@ class CudaMatmulTest : public ::testing::Test {
   void SetUp() override {
     if (!HaveGpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
     stream_.emplace();
-    SetBlasThreads(1);
     ASSERT_OK_AND_ASSIGN(cublas_, cuda::CublasHandle::Create());
   }
   std::optional<TestStream> stream_;  // created once a GPU is known to exist
@@ -112,7 +111,7 @@ TEST_F(CudaMatmulTest, GemmTransposesLeadingDimsAnd16BitOperands) {
                              d_c.get(), ldc));
         std::vector<float> c = c0;
         kernels_internal::Gemm(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 2.0f, c.data(),
-                               ldc);
+                               ldc, /*pool=*/nullptr);
         ExpectAllNear(d_c.Download(), c, GemmTolerance(k), 1e-6, "c");
       }
     }

@@ -319,20 +319,24 @@ absl::Status GemmOneDnn(const Bf16GemmArgs& g, ThreadPool* pool) {
   return absl::OkStatus();
 }
 
-// rows x cols bf16 (leading dimension ld) widened into a packed f32 matrix.
-std::vector<float> Widen(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld) {
+// rows x cols bf16 (leading dimension ld) widened into a packed f32 matrix, in fixed row ranges on
+// `pool` (exact: every bf16 value is an f32 value).
+std::vector<float> Widen(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld,
+                         ThreadPool* pool) {
   std::vector<float> out(static_cast<size_t>(rows * cols));
-  for (int64_t r = 0; r < rows; ++r) ConvertBF16ToF32(src + r * ld, out.data() + r * cols, cols);
+  ParallelForRanges(pool, rows, RowsPerTask(cols, 64 * 1024), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) ConvertBF16ToF32(src + r * ld, out.data() + r * cols, cols);
+  });
   return out;
 }
 
-absl::Status GemmFallback(const Bf16GemmArgs& g) {
+absl::Status GemmFallback(const Bf16GemmArgs& g, ThreadPool* pool) {
   const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
   const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
-  const std::vector<float> a = Widen(g.a, a_rows, a_cols, g.lda);
-  const std::vector<float> b = Widen(g.b, b_rows, b_cols, g.ldb);
+  const std::vector<float> a = Widen(g.a, a_rows, a_cols, g.lda, pool);
+  const std::vector<float> b = Widen(g.b, b_rows, b_cols, g.ldb, pool);
   Gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, 1.0f, a.data(), a_cols, b.data(), b_cols,
-       g.accumulate ? 1.0f : 0.0f, g.c, g.ldc);
+       g.accumulate ? 1.0f : 0.0f, g.c, g.ldc, pool);
   return absl::OkStatus();
 }
 
@@ -395,7 +399,7 @@ absl::Status GemmBf16(const Bf16GemmArgs& args, ThreadPool* pool) {
   Bf16GemmBackend backend;
   RETURN_IF_ERROR(ResolveBf16GemmBackend(&backend));
   if (backend == Bf16GemmBackend::kOneDnn) return GemmOneDnn(args, pool);
-  return GemmFallback(args);
+  return GemmFallback(args, pool);
 }
 
 }  // namespace ps::kernels_internal

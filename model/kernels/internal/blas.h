@@ -2,35 +2,53 @@
 //   C[m,n] = alpha * op(A)[m,k] op(B)[k,n] + beta * C[m,n]
 // with op(X) = X or X^T and leading dimensions lda, ldb, ldc (elements between rows).
 //
-// Threading: OpenBLAS runs its own worker threads inside each call (see SetBlasThreads in
-// model/kernels/matmul.h). Kernels call these only from the calling thread, never from inside a
-// ThreadPool task.
+// Threading and determinism: C is cut into a grid of blocks of at most kGemmBlockRows x
+// kGemmBlockCols, fixed by (m, n) alone, and each block is one single-threaded OpenBLAS call over
+// the whole of k, run as a task of `pool` (may be null: the calling thread runs them all). So the
+// bits of C depend on the shape and the CPU's OpenBLAS kernel, never on the thread count.
+// OpenBLAS's own threading cannot promise that: on Haswell/Zen kernels (AVX2) a 2-thread sgemm
+// rounds differently from a 1-thread one for every GPT-2-shaped product (its edge micro-kernels sum
+// in another order), so the trainer's losses changed with `threads` on CPUs without AVX-512.
+// OpenBLAS's thread count is pinned to 1 for the process on the first call (the grid is the
+// parallelism; nothing else in this project may raise it).
+//
+// Callers call Gemm from the calling thread, never from inside a task of the same pool.
 #ifndef PATRICKSTAR_MODEL_KERNELS_INTERNAL_BLAS_H_
 #define PATRICKSTAR_MODEL_KERNELS_INTERNAL_BLAS_H_
 
-#include <cblas.h>
-
 #include <cstdint>
+#include <string>
+
+#include "base/thread_pool.h"
 
 namespace ps::kernels_internal {
 
-inline void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                 const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-                 int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
-              static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
-              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
-}
+// The grid's block extents (rows of C, columns of C). A block packs its own rows of op(A) and its
+// own columns of op(B), so the repacking the grid adds over one whole call is (m/bm)·n·k +
+// (n/bn)·m·k elements against 2·m·n·k flops: a few percent at these sizes.
+inline constexpr int64_t kGemmBlockRows = 256;
+inline constexpr int64_t kGemmBlockCols = 256;
 
-inline void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
-                 const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
-                 int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
-              static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
-              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
-}
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+          ThreadPool* pool);
+
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+          const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
+          int64_t ldc, ThreadPool* pool);
+
+// One single-threaded OpenBLAS call for the whole product (no grid): what each block of Gemm
+// runs. For tests that check Gemm's blocks, and for benchmarks.
+void GemmSingleCall(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                    int64_t ldc);
+
+// The thread count OpenBLAS runs with (1 once any Gemm ran).
+int OpenBlasThreads();
+
+// The kernel family OpenBLAS chose for this CPU, e.g. "Haswell", "Zen", "SkylakeX" (its
+// OPENBLAS_CORETYPE override included).
+std::string OpenBlasCoreName();
 
 }  // namespace ps::kernels_internal
 

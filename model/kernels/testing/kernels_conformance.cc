@@ -53,8 +53,6 @@ void KernelsConformanceTest::SetUp() {
   ASSERT_NE(env_.kernels, nullptr);
   ASSERT_OK_AND_ASSIGN(stream_, env_.backend->CreateStream());
   ASSERT_OK_AND_ASSIGN(side_, env_.backend->CreateStream());
-  // OpenBLAS's own threads: one, so the direct calls and the implementation's agree run to run.
-  SetBlasThreads(1);
 }
 
 void KernelsConformanceTest::TearDown() {
@@ -261,7 +259,7 @@ TEST_P(KernelsConformanceTest, GemmWithEveryOperandTypeAndTranspose) {
           }
         } else {
           kernels_internal::Gemm(s.trans_a, s.trans_b, m, n, k, alpha, a.data(), s.lda, b.data(),
-                                 s.ldb, beta, direct.data(), s.ldc);
+                                 s.ldb, beta, direct.data(), s.ldc, /*pool=*/nullptr);
         }
         std::vector<double> reference = D(c0);
         for (int64_t i = 0; i < m; ++i) {

@@ -61,7 +61,6 @@ void RandomizeParams(TestRng& gen, TinyGpt2<T>& model) {
 
 class TinyGpt2Test : public ::testing::Test {
  protected:
-  void SetUp() override { SetBlasThreads(1); }
   TinyGpt2Config cfg_;  // vocab 64, T 16, C 32, 2 layers, 4 heads
 };
 

@@ -128,10 +128,7 @@ struct ReferenceCase {
 const ReferenceCase kCases[] = {{"tiny_llama.safetensors", LlamaReferenceConfig},
                                 {"tiny_qwen2.safetensors", Qwen2ReferenceConfig}};
 
-class TinyLlamaTest : public ::testing::Test {
- protected:
-  void SetUp() override { SetBlasThreads(1); }
-};
+class TinyLlamaTest : public ::testing::Test {};
 
 TEST_F(TinyLlamaTest, RopeTablesMatchTransformers) {
   for (const ReferenceCase& c : kCases) {
