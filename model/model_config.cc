@@ -74,6 +74,13 @@ const LlamaPreset kLlamaPresets[] = {
     // [L] Qwen2.5-1.5B (the base model's config.json has max_position_embeddings 131072).
     {"qwen2.5-1.5b", ModelFamily::kQwen2, 151936, 1536, 28, 12, 2, 128, 8960, 131072, 1e-6,
      1000000.0, kNoScaling, true, true, DType::kBF16},
+    // Qwen2.5-3B (issue #21's headline model): the values of Qwen/Qwen2.5-3B's config.json as
+    // issue #24 gives them (hidden 2048, 36 layers, 16 heads, 2 kv heads, intermediate 11008,
+    // vocab 151936, tied), with the Qwen2.5 family's rope_theta 1e6, rms_norm_eps 1e-6, q/k/v
+    // biases, 32768 positions and bf16 of [L]/[Q]; head_dim 2048 / 16 = 128. Its closed-form
+    // count, 3,085,938,688, is the "3.09B" of the model card.
+    {"qwen2.5-3b", ModelFamily::kQwen2, 151936, 2048, 36, 16, 2, 128, 11008, 32768, 1e-6,
+     1000000.0, kNoScaling, true, true, DType::kBF16},
     // [L] Mistral-7B-v0.3: sliding_window null (v0.1's 4096 window is gone), vocab 32768.
     {"mistral-7b-v0.3", ModelFamily::kMistral, 32768, 4096, 32, 32, 8, 128, 14336, 32768, 1e-5,
      1000000.0, kNoScaling, false, false, DType::kBF16},

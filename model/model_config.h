@@ -162,13 +162,15 @@ std::ostream& operator<<(std::ostream& os, const ModelConfig& config);
 [[nodiscard]] absl::Status ValidateModelConfig(const ModelConfig& config);
 
 // Presets with the real shapes of published models (values from each model's config.json on the
-// Hugging Face Hub; sources in model_config.cc), for planning and benchmarks:
+// Hugging Face Hub; sources in model_config.cc), for planning, benchmarks and training from a
+// seeded random init (the trainer's --model / model.preset):
 //   "llama-3.2-1b"    meta-llama/Llama-3.2-1B                         1,235,814,400 params
 //   "llama-3-8b"      meta-llama/Meta-Llama-3-8B                      8,030,261,248
 //   "llama-2-7b"      meta-llama/Llama-2-7b-hf                        6,738,415,616
 //   "tinyllama-1.1b"  TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T  1,100,048,384
 //   "qwen2.5-0.5b"    Qwen/Qwen2.5-0.5B                                 494,032,768
 //   "qwen2.5-1.5b"    Qwen/Qwen2.5-1.5B                               1,543,714,304
+//   "qwen2.5-3b"      Qwen/Qwen2.5-3B                                 3,085,938,688
 //   "mistral-7b-v0.3" mistralai/Mistral-7B-v0.3                       7,248,023,552
 //   "llama-tiny"      a 2-layer GQA Llama for tests (vocab 256, E 64, 4 heads, 2 kv heads)
 // and every GPT-2-architecture preset of GptPreset ("tiny", "gpt2", ..., "18B") converted with

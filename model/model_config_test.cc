@@ -24,8 +24,8 @@ using ::testing::HasSubstr;
 // model.safetensors.index.json's total_size: Meta-Llama-3-8B 16,060,522,496 bytes of bf16;
 // Llama-2-7b-hf 13,476,839,424 bytes = 2 x 6,738,415,616 f16 parameters + 8,192 bytes of f32
 // rotary_emb.inv_freq buffers (32 layers x 64), which are not parameters. TinyLlama's
-// safetensors header: {"F32": 1100048384}. Qwen2.5 model cards: 0.49B (0.36B non-embedding) and
-// 1.54B (1.31B non-embedding).
+// safetensors header: {"F32": 1100048384}. Qwen2.5 model cards: 0.49B (0.36B non-embedding),
+// 1.54B (1.31B non-embedding) and 3.09B (2.77B non-embedding).
 struct Published {
   const char* preset;
   int64_t params;
@@ -34,7 +34,7 @@ constexpr Published kPublished[] = {
     {"llama-3.2-1b", 1'235'814'400},    {"llama-3-8b", 8'030'261'248},
     {"llama-2-7b", 6'738'415'616},      {"tinyllama-1.1b", 1'100'048'384},
     {"qwen2.5-0.5b", 494'032'768},      {"qwen2.5-1.5b", 1'543'714'304},
-    {"mistral-7b-v0.3", 7'248'023'552},
+    {"qwen2.5-3b", 3'085'938'688},      {"mistral-7b-v0.3", 7'248'023'552},
 };
 
 void ExpectSameOperators(const std::vector<OperatorSpec>& a, const std::vector<OperatorSpec>& b) {
@@ -95,6 +95,27 @@ TEST(ModelConfigTest, Llama32OneBShapes) {
   EXPECT_EQ(ops[6].tensors[0].name, "model.layers.0.mlp.up_proj.weight");
   EXPECT_EQ(ops[7].tensors[0].name, "model.layers.0.mlp.down_proj.weight");
   EXPECT_EQ(ops[7].tensors[0].shape, (std::vector<int64_t>{2048, 8192}));
+}
+
+TEST(ModelConfigTest, Qwen25ThreeBShapes) {
+  ASSERT_OK_AND_ASSIGN(const ModelConfig c, ModelPreset("qwen2.5-3b"));
+  EXPECT_EQ(c.family, ModelFamily::kQwen2);
+  EXPECT_EQ(c.hidden_size, 2048);
+  EXPECT_EQ(c.num_layers, 36);
+  EXPECT_EQ(c.num_heads, 16);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.intermediate_size, 11008);
+  EXPECT_EQ(c.vocab_size, 151936);
+  EXPECT_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.norm_eps, 1e-6);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_FALSE(c.o_proj_bias);
+  EXPECT_FALSE(c.mlp_bias);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  const std::vector<OperatorSpec> ops = ModelOperators(c);
+  ASSERT_EQ(ops.size(), 2 + 7 * 36u);  // tied: no lm_head
+  EXPECT_EQ(ops[2].tensors[4].shape, (std::vector<int64_t>{256}));  // k_proj.bias: 2 x 128
 }
 
 TEST(ModelConfigTest, QwenHasQkvBiasesAndUntiedLlamaHasAHead) {

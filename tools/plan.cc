@@ -1,4 +1,4 @@
-// Prints the pre-flight memory plan of a GPT run (scheduler/memory_plan.h, built by
+// Prints the pre-flight memory plan of a run of any preset (GPT-2 or the Llama family) (scheduler/memory_plan.h, built by
 // model/gpt_activation_profile.h's PlanGptRun, exactly as the trainer builds it before it
 // allocates anything): the chunk size, the accelerator's lower bound and minimum, the slack, the
 // predicted accelerator and host peaks — and whether the run fits, with the message the trainer
@@ -32,11 +32,15 @@
 #include "model/gpt_activation_profile.h"
 #include "model/gpt_config.h"
 #include "model/kernels/kernel_workspaces.h"
+#include "model/model_config.h"
 #include "scheduler/metronome.h"
 #include "trainer/config.h"
 #include "trainer/trainer.h"
 
-ABSL_FLAG(std::string, model, "gpt2", "GPT preset (tiny, gpt2, gpt2-medium, ..., 1B, ..., 18B)");
+ABSL_FLAG(std::string, model, "gpt2",
+          "model preset: GPT-2's (tiny, gpt2, gpt2-medium, ..., 1B, ..., 18B) or the Llama "
+          "family's (llama-3.2-1b, llama-3-8b, llama-2-7b, tinyllama-1.1b, qwen2.5-0.5b, "
+          "qwen2.5-1.5b, qwen2.5-3b, mistral-7b-v0.3, llama-tiny)");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32, bf16 or f16");
 ABSL_FLAG(int64_t, micro_batch_size, 1, "sequences per micro batch (>= 1)");
 ABSL_FLAG(int64_t, seq_len, 0, "tokens per sequence (0: the model's n_positions)");
@@ -76,9 +80,11 @@ int Run() {
     return 2;
   };
   GptRunPlanOptions o;
-  absl::StatusOr<GptConfig> config = GptPreset(absl::GetFlag(FLAGS_model));
-  if (!config.ok()) return fail2(config.status());
-  o.config = *config;
+  // Any architecture, as the trainer plans it (model_config; config is its GPT-2 view).
+  absl::StatusOr<ModelConfig> model = ModelPreset(absl::GetFlag(FLAGS_model));
+  if (!model.ok()) return fail2(model.status());
+  o.model_config = *model;
+  o.config = GptConfigView(*model);
   absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
   if (!dtype.ok()) return fail2(dtype.status());
   o.compute_dtype = *dtype;

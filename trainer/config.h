@@ -78,8 +78,9 @@ struct Fp16Config {
   friend bool operator==(const Fp16Config&, const Fp16Config&) = default;
 };
 
-// model. Either a preset (GptPresetNames(), model/gpt_config.h), whose fields the dimensions
-// below override where they are > 0, or no preset and all five dimensions > 0.
+// model. Either a preset (ModelPresetNames(), model/model_config.h: GPT-2 and the Llama family),
+// whose fields the dimensions below override where they are > 0, or no preset and all five
+// dimensions > 0 (a GPT-2). trainer/config_validate.h ResolveTrainModel resolves it.
 struct TrainModelConfig {
   std::string preset;
   int64_t vocab_size = 0;   // "vocab_size"
@@ -117,7 +118,7 @@ struct DataConfig {
   int64_t seq_len = 0;     // 0: the model's n_positions
   bool shuffle = false;
   uint64_t seed = 0;
-  int64_t eval_every = 0;    // steps; 0 = only at the end when there is a validation set
+  int64_t eval_every = 0;    // steps; 0 = never validate (N: before step 1, every N, at the end)
   int64_t eval_batches = 4;  // >= 1
 
   friend bool operator==(const DataConfig&, const DataConfig&) = default;

@@ -11,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/units.h"
-#include "model/gpt_config.h"
 #include "trainer/config_schema.h"
 
 namespace ps {
@@ -22,7 +21,7 @@ absl::Status ApplyOverrides(const ConfigOverrides& o, TrainConfig* config) {
     return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": ", rule));
   };
   if (o.model.has_value()) {
-    const std::vector<std::string> names = GptPresetNames();
+    const std::vector<std::string> names = TrainModelPresetNames();
     if (std::find(names.begin(), names.end(), *o.model) == names.end()) {
       return bad("model", *o.model,
                  absl::StrCat("unknown model preset; valid presets: ", absl::StrJoin(names, ", ")));

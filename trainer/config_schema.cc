@@ -1,12 +1,16 @@
 #include "trainer/config_schema.h"
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "base/units.h"
+#include "model/gpt_config.h"
+#include "model/model_config.h"
 
 namespace ps {
 namespace {
@@ -227,6 +231,18 @@ std::vector<std::string> IgnoredDeepSpeedKeys() {
   std::vector<std::string> keys;
   for (const JsonIgnoredKey& k : kIgnoredKeys) keys.emplace_back(k.key);
   return keys;
+}
+
+std::vector<std::string> TrainModelPresetNames() {
+  std::vector<std::string> names = GptPresetNames();
+  const size_t gpt = names.size();
+  for (std::string& name : ModelPresetNames()) {
+    if (std::find(names.begin(), names.begin() + static_cast<ptrdiff_t>(gpt), name) ==
+        names.begin() + static_cast<ptrdiff_t>(gpt)) {
+      names.push_back(std::move(name));
+    }
+  }
+  return names;
 }
 
 absl::StatusOr<OptimizerType> ParseOptimizerType(absl::string_view name) {

@@ -38,11 +38,17 @@
 //   seed          uint64, parameter initialization      threads   int >= 0, 0 = all cores
 //   model:       {preset, vocab_size, n_positions, n_embd, n_layer, n_head,
 //                 activation_checkpointing}   (Hugging Face GPT-2 names; 0 = from the preset)
+//       preset: any of model/model_config.h ModelPresetNames() — GPT-2's (tiny, gpt2, ..., 18B)
+//       and the Llama family's (llama-3.2-1b, ..., qwen2.5-3b, mistral-7b-v0.3, llama-tiny),
+//       trained from a seeded random init. Without a preset all five dimensions define a GPT-2.
+//       n_layer <= 2^20, the others <= 2^30.
 //   chunk:       {size: <elements, > 0> | "auto"}
 //   accelerator: {backend: "cpu" | "cuda", memory: "64MiB" | <bytes>, host_memory: same,
 //                 copy_bandwidth: "12GB/s" | <bytes per second>, 0 or in [1MB/s, 1PB/s],
 //                 device: <index>}
 //   data:        {train, val, seq_len, shuffle, seed, eval_every, eval_batches}
+//       eval_every: 0 = never validate; N > 0 = on the validation set (data.val, or the built-in
+//       corpus's validation split) before the first step, every N steps and after the last.
 //   checkpoint:  {dir, every, keep_last, resume, init_from, export}
 //   profile:     {trace, metrics}
 //
@@ -77,6 +83,8 @@ inline constexpr int64_t kMaxConfigFileBytes = int64_t{16} << 20;
 inline constexpr int kMaxConfigJsonDepth = 16;
 inline constexpr int64_t kMaxChunkElems = int64_t{1} << 40;
 inline constexpr int64_t kMaxModelDim = int64_t{1} << 30;
+// model.n_layer: model/model_config.h's bound.
+inline constexpr int64_t kMaxModelLayers = int64_t{1} << 20;
 inline constexpr double kMaxModelParams = 9007199254740992.0;  // 2^53
 inline constexpr int kMaxThreads = 1 << 16;
 inline constexpr double kMaxBatchElems = 1099511627776.0;  // 2^40 sequences or tokens
@@ -102,6 +110,10 @@ std::vector<std::string> TrainConfigKeyPaths();
 
 // The top-level DeepSpeed keys accepted and ignored (see the file comment).
 std::vector<std::string> IgnoredDeepSpeedKeys();
+
+// The presets model.preset and --model take: GPT-2's (model/gpt_config.h GptPresetNames) first,
+// then the Llama family's (the rest of model/model_config.h ModelPresetNames).
+std::vector<std::string> TrainModelPresetNames();
 
 // Whether scheduler.params.`key` applies to scheduler `type` (see the file comment), and the keys
 // that do, in the schema's order.

@@ -1,10 +1,14 @@
 #include "trainer/config_validate.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,9 +16,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "base/file_io.h"
 #include "base/status_macros.h"
 #include "base/utf8.h"
 #include "chunk/operator_spec.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
 #include "optimizer/loss_scaler.h"
 #include "optimizer/lr_schedule.h"
 #include "trainer/config_optimizer.h"
@@ -43,6 +50,140 @@ absl::Status CheckString(absl::string_view key, const std::string& value) {
     return BadValue(key, QuoteForMessage(value), "contains a NUL character");
   }
   return absl::OkStatus();
+}
+
+// The model section's dimensions under the keys a config writes them with, and the largest
+// value each may take (model/model_config.h refuses more than 2^20 layers; the trainer says so
+// naming the key the user wrote, not ModelConfig's field).
+struct ModelDimension {
+  absl::string_view key;
+  int64_t value;
+  int64_t max;
+};
+std::vector<ModelDimension> ModelDimensions(const TrainModelConfig& m) {
+  return {{"model.vocab_size", m.vocab_size, kMaxModelDim},
+          {"model.n_positions", m.max_seq_len, kMaxModelDim},
+          {"model.n_embd", m.hidden, kMaxModelDim},
+          {"model.n_layer", m.num_layers, kMaxModelLayers},
+          {"model.n_head", m.num_heads, kMaxModelDim}};
+}
+
+absl::Status CheckModelDimensions(const TrainModelConfig& m) {
+  for (const ModelDimension& d : ModelDimensions(m)) {
+    if (d.value < 0 || d.value > d.max) {
+      return BadValue(d.key, d.value,
+                      absl::StrCat("must be in [1, ", d.max, "] (or 0: the preset's)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string PresetList() { return absl::StrJoin(TrainModelPresetNames(), ", "); }
+
+// The Llama-family preset `name` (any architecture but GPT-2), or nullopt.
+std::optional<ModelConfig> LlamaFamilyPreset(absl::string_view name) {
+  if (name.empty()) return std::nullopt;
+  absl::StatusOr<ModelConfig> preset = ModelPreset(name);
+  if (!preset.ok() || preset->architecture() == ModelArchitecture::kGpt2) return std::nullopt;
+  return *std::move(preset);
+}
+
+GptConfig GptView(const ModelConfig& c) {
+  return GptConfig{c.name, c.vocab_size, c.max_position_embeddings, c.hidden_size, c.num_layers,
+                   c.num_heads};
+}
+
+// The smallest chunk that holds every operator of `model` with its vocabulary matrices split into
+// blocks of one LM-head tile of rows (model/gpt_activation_profile.h ModelMinChunkElems).
+int64_t MinChunkElems(const ModelConfig& model) {
+  if (model.architecture() == ModelArchitecture::kGpt2) return GptMinChunkElems(GptView(model));
+  const int64_t rows = std::min(kDefaultVocabTileRows, model.vocab_size);
+  int64_t largest = 0;
+  for (const OperatorSpec& op : ModelOperators(model, {.vocab_block_rows = rows})) {
+    int64_t elems = 0;
+    for (const TensorSpec& t : op.tensors) {
+      int64_t n = 1;
+      for (int64_t d : t.shape) n *= d;
+      elems += n;
+    }
+    largest = std::max(largest, elems);
+  }
+  return largest;
+}
+
+// A Llama-family preset with the section's explicit dimensions replacing its fields: n_embd and
+// n_head set hidden_size and num_heads, and the head dimension becomes n_embd / n_head; the
+// preset's key/value heads, MLP width, RoPE and norm stay. Errors name the keys as written.
+absl::StatusOr<ModelConfig> ResolveLlamaPreset(const TrainModelConfig& m, ModelConfig c) {
+  const std::string preset = absl::StrCat("model.preset \"", m.preset, "\"");
+  if (m.vocab_size > 0) c.vocab_size = m.vocab_size;
+  if (m.max_seq_len > 0) c.max_position_embeddings = m.max_seq_len;
+  if (m.num_layers > 0) c.num_layers = m.num_layers;
+  if (m.hidden > 0 || m.num_heads > 0) {
+    if (m.hidden > 0) c.hidden_size = m.hidden;
+    if (m.num_heads > 0) c.num_heads = m.num_heads;
+    if (c.hidden_size % c.num_heads != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "`model.n_embd` = ", c.hidden_size, m.hidden > 0 ? "" : absl::StrCat(" (", preset, ")"),
+          " is not divisible by `model.n_head` = ", c.num_heads,
+          m.num_heads > 0 ? "" : absl::StrCat(" (", preset, ")"),
+          ": each head gets n_embd / n_head dimensions"));
+    }
+    c.head_dim = c.hidden_size / c.num_heads;
+    if (c.num_heads % c.num_kv_heads != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "`model.n_head` = ", c.num_heads, " is not a multiple of the ", c.num_kv_heads,
+          " key/value heads of ", preset,
+          " (grouped-query attention shares each key/value head among a whole number of query "
+          "heads); use a multiple of ",
+          c.num_kv_heads));
+    }
+    if (c.head_dim % 2 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "`model.n_embd` / `model.n_head` = ", c.hidden_size, " / ", c.num_heads, " = ",
+          c.head_dim, " dimensions per head, an odd number: RoPE (", preset,
+          ") rotates pairs of dimensions"));
+    }
+  }
+  // The closed form of ModelParameterCount, in floating point so it cannot overflow.
+  const double e = static_cast<double>(c.hidden_size), q = static_cast<double>(c.q_size()),
+               k = static_cast<double>(c.kv_size()), i = static_cast<double>(c.intermediate_size);
+  const double per_layer =
+      2 * e + 2 * e * q + 2 * e * k + 3 * e * i + (c.qkv_bias ? q + 2 * k : 0);
+  const double params = static_cast<double>(c.vocab_size) * e * (c.tie_word_embeddings ? 1 : 2) +
+                        e + static_cast<double>(c.num_layers) * per_layer;
+  if (params > kMaxModelParams) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model (", preset, ", vocab_size ", c.vocab_size, ", n_embd ", c.hidden_size,
+        ", n_layer ", c.num_layers, ") would have ", FormatShortestDouble(params),
+        " parameters, more than 2^53; use smaller dimensions"));
+  }
+  RETURN_IF_ERROR(ValidateModelConfig(c));
+  return c;
+}
+
+// checkpoint.init_from names no directory and the model section defines no model: the path
+// and the reason it cannot be read come first (what the trainer would say with a model section),
+// then that a GPT-2 safetensors file does not define the model.
+absl::Status ExplainInitFromWithoutModel(const std::string& path, const absl::Status& undefined) {
+  constexpr absl::string_view kKey = "checkpoint.init_from (--init_from)";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    return ErrnoError(err, absl::StrCat("cannot examine ", kKey), path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kKey, " '", path,
+        "' is neither a Hugging Face model directory nor a GPT-2 safetensors file"));
+  }
+  if (absl::Status header = SafetensorsFile::Open(path).status(); !header.ok()) {
+    return absl::Status(header.code(), absl::StrCat(kKey, ": ", header.message()));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      kKey, " '", path,
+      "' is a safetensors file: GPT-2 weights, which do not say the model's dimensions; ",
+      undefined.message(), " (or give a Hugging Face model directory, whose config.json does)"));
 }
 
 }  // namespace
@@ -148,24 +289,14 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
   const TrainModelConfig& m = c.model;
   RETURN_IF_ERROR(CheckString("model.preset", m.preset));
   if (!m.preset.empty()) {
-    const std::vector<std::string> names = GptPresetNames();
+    const std::vector<std::string> names = TrainModelPresetNames();
     if (std::find(names.begin(), names.end(), m.preset) == names.end()) {
       return BadValue("model.preset", QuoteForMessage(m.preset),
                       absl::StrCat("unknown preset; valid presets: ", absl::StrJoin(names, ", "),
-                                   " (or omit it and give every dimension)"));
+                                   " (or omit it and give every dimension of a GPT-2)"));
     }
   }
-  for (const auto& [key, value] :
-       {std::pair<absl::string_view, int64_t>{"model.vocab_size", m.vocab_size},
-        {"model.n_positions", m.max_seq_len},
-        {"model.n_embd", m.hidden},
-        {"model.n_layer", m.num_layers},
-        {"model.n_head", m.num_heads}}) {
-    if (value < 0 || value > kMaxModelDim) {
-      return BadValue(key, value,
-                      absl::StrCat("must be in [1, ", kMaxModelDim, "] (or 0: the preset's)"));
-    }
-  }
+  RETURN_IF_ERROR(CheckModelDimensions(m));
 
   // Chunk.
   if (c.chunk.size_elems < 0 || c.chunk.size_elems > kMaxChunkElems) {
@@ -207,7 +338,8 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
   }
   if (d.eval_every < 0) {
     return BadValue("data.eval_every", d.eval_every,
-                    "must be >= 0 steps (0: only at the end when there is a validation set)");
+                    "must be >= 0 steps (0: never validate; N: before the first step, every N "
+                    "steps and after the last)");
   }
   if (d.eval_batches < 1) return BadValue("data.eval_batches", d.eval_batches, "must be >= 1");
 
@@ -228,24 +360,17 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
 }
 
 absl::StatusOr<GptConfig> ResolveModelConfig(const TrainModelConfig& m) {
-  for (const auto& [key, value] :
-       {std::pair<absl::string_view, int64_t>{"model.vocab_size", m.vocab_size},
-        {"model.n_positions", m.max_seq_len},
-        {"model.n_embd", m.hidden},
-        {"model.n_layer", m.num_layers},
-        {"model.n_head", m.num_heads}}) {
-    if (value < 0 || value > kMaxModelDim) {
-      return BadValue(key, value,
-                      absl::StrCat("must be in [1, ", kMaxModelDim, "] (or 0: the preset's)"));
-    }
-  }
+  RETURN_IF_ERROR(CheckModelDimensions(m));
   GptConfig g;
   if (!m.preset.empty()) {
+    if (std::optional<ModelConfig> llama = LlamaFamilyPreset(m.preset); llama.has_value()) {
+      ASSIGN_OR_RETURN(const ModelConfig c, ResolveLlamaPreset(m, *std::move(llama)));
+      return GptView(c);
+    }
     absl::StatusOr<GptConfig> preset = GptPreset(m.preset);
     if (!preset.ok()) {
-      return BadValue(
-          "model.preset", QuoteForMessage(m.preset),
-          absl::StrCat("unknown preset; valid presets: ", absl::StrJoin(GptPresetNames(), ", ")));
+      return BadValue("model.preset", QuoteForMessage(m.preset),
+                      absl::StrCat("unknown preset; valid presets: ", PresetList()));
     }
     g = *std::move(preset);
   } else {
@@ -257,8 +382,8 @@ absl::StatusOr<GptConfig> ResolveModelConfig(const TrainModelConfig& m) {
     if (m.num_heads == 0) missing.push_back("model.n_head");
     if (!missing.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "the model is not defined: set model.preset (", absl::StrJoin(GptPresetNames(), ", "),
-          ") or all five dimensions; missing: ", absl::StrJoin(missing, ", ")));
+          "the model is not defined: set model.preset (", PresetList(),
+          ") or all five dimensions of a GPT-2; missing: ", absl::StrJoin(missing, ", ")));
     }
     g.name = "custom";
   }
@@ -284,7 +409,18 @@ absl::StatusOr<GptConfig> ResolveModelConfig(const TrainModelConfig& m) {
         " parameters, more than 2^53; use smaller dimensions"));
   }
   RETURN_IF_ERROR(ValidateGptConfig(g));
+  // What ModelConfig adds to GptConfig's checks, named as the config writes it.
+  RETURN_IF_ERROR(ValidateModelConfig(FromGptConfig(g)));
   return g;
+}
+
+absl::StatusOr<ModelConfig> ResolveTrainModel(const TrainModelConfig& m) {
+  RETURN_IF_ERROR(CheckModelDimensions(m));
+  if (std::optional<ModelConfig> llama = LlamaFamilyPreset(m.preset); llama.has_value()) {
+    return ResolveLlamaPreset(m, *std::move(llama));
+  }
+  ASSIGN_OR_RETURN(const GptConfig g, ResolveModelConfig(m));
+  return FromGptConfig(g);
 }
 
 absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
@@ -326,11 +462,30 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
   const bool model_from_directory =
       !c.checkpoint.init_from.empty() && std::filesystem::is_directory(c.checkpoint.init_from, ec);
   GptConfig model;
+  std::optional<ModelConfig> resolved;
   if (model_from_directory) {
     model.name = c.checkpoint.init_from;
     model.max_seq_len = std::max<int64_t>(c.data.seq_len, 1);
   } else {
-    ASSIGN_OR_RETURN(model, ResolveModelConfig(c.model));
+    absl::StatusOr<ModelConfig> m = ResolveTrainModel(c.model);
+    if (!m.ok() && !c.checkpoint.init_from.empty()) {
+      // No directory there: what is wrong with the path comes first when the section leaves the
+      // model undefined (a model section makes the trainer read the file and say so itself).
+      RETURN_IF_ERROR(ExplainInitFromWithoutModel(c.checkpoint.init_from, m.status()));
+    }
+    RETURN_IF_ERROR(m.status());
+    resolved = *std::move(m);
+    model = GptView(*resolved);
+    if (!c.checkpoint.init_from.empty() &&
+        resolved->architecture() != ModelArchitecture::kGpt2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint.init_from (--init_from) '", c.checkpoint.init_from,
+          "' is not a directory, so it would be read as GPT-2 safetensors weights, but model.preset "
+          "\"",
+          c.model.preset, "\" is a ", ModelFamilyName(resolved->family),
+          " model: give a Hugging Face model directory (config.json + safetensors) to start a ",
+          ModelFamilyName(resolved->family), " model from, or no --init_from for a random init"));
+    }
   }
   // Bounds that keep the trainer's batch and token arithmetic far from int64 overflow.
   const double global_batch = static_cast<double>(c.train_micro_batch_size_per_gpu) *
@@ -351,10 +506,10 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
                      model.max_seq_len, ", model ", model.name, "); use at most ",
                      model.max_seq_len, ", or 0 for n_positions"));
   }
-  if (c.chunk.size_elems > 0 && !model_from_directory) {
-    // wte is split into row blocks sized to the chunk (model/gpt_config.h): the chunk must hold
-    // the largest other operator and one LM-head vocabulary tile of rows.
-    const int64_t min_elems = GptMinChunkElems(model);
+  if (c.chunk.size_elems > 0 && resolved.has_value()) {
+    // The vocabulary matrices are split into row blocks sized to the chunk (model/gpt_config.h):
+    // the chunk must hold the largest other operator and one LM-head vocabulary tile of rows.
+    const int64_t min_elems = MinChunkElems(*resolved);
     if (min_elems > c.chunk.size_elems) {
       return absl::InvalidArgumentError(absl::StrCat(
           "`chunk.size` = ", c.chunk.size_elems, " elements is below the smallest chunk of model ",

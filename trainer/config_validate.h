@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/gpt_config.h"
+#include "model/model_config.h"
 #include "trainer/config.h"
 
 namespace ps {
@@ -27,15 +28,30 @@ namespace ps {
 // loss scaler can be built, checkpoint.every / resume need checkpoint.dir, copy_bandwidth only with
 // the cpu backend, strings are UTF-8 without NUL (they go into JSON manifests). InvalidArgument
 // naming the key(s) and value(s). When checkpoint.init_from names an existing directory (a
-// Hugging Face model, whose config.json defines the model: the one filesystem read here), the
-// model section and the checks against it are left to the trainer.
+// Hugging Face model, whose config.json defines the model), the model section and the checks
+// against it are left to the trainer. When it names anything else and the model section does not
+// define the model, the path and what is wrong with it come first: the errno's code for a path
+// that cannot be examined (NotFound, ELOOP's, PermissionDenied), DataLoss for a file that is not
+// safetensors, InvalidArgument saying that GPT-2 safetensors weights do not define the model.
+// A file with a Llama-family preset is InvalidArgument (a file is read as GPT-2 weights).
 [[nodiscard]] absl::Status ValidateTrainConfig(const TrainConfig& config, int world_size = 1);
 
 // The model: the preset (if any) with the explicit dimensions > 0 replacing its fields, checked by
-// ValidateGptConfig (and for sizes whose parameter count would not fit in int64). The name is the
-// preset's, or "custom". InvalidArgument naming model.* keys (the missing dimensions, an unknown
-// preset with the valid names, n_embd not divisible by n_head, ...).
+// ValidateGptConfig and ValidateModelConfig (and for sizes whose parameter count would not fit
+// in 2^53). The name is the preset's, or "custom". InvalidArgument naming the model.* keys as a
+// config writes them (the missing dimensions, an unknown preset with the valid names, n_embd not
+// divisible by n_head, more than 2^20 layers, ...). For a Llama-family preset, the GptConfig
+// view (vocab, positions, hidden, layers, heads) of ResolveTrainModel's model.
 absl::StatusOr<GptConfig> ResolveModelConfig(const TrainModelConfig& m);
+
+// The model of any architecture the section describes: a GPT-2 preset or five dimensions
+// (ResolveModelConfig, as FromGptConfig), or a Llama-family preset of model/model_config.h
+// (ModelPresetNames: llama-*, tinyllama-*, qwen2.5-*, mistral-*) with the explicit dimensions
+// replacing its fields — n_positions its max_position_embeddings, n_embd and n_head its hidden
+// size and query heads (the head dimension becomes n_embd / n_head, which must be even, and
+// n_head a multiple of the preset's key/value heads); its key/value heads, MLP width, RoPE, norm
+// and biases stay. Errors as ResolveModelConfig's, naming model.* keys.
+absl::StatusOr<ModelConfig> ResolveTrainModel(const TrainModelConfig& m);
 
 // --comm=nccl (trainer/train.cc): whether this run can train over the NCCL communicator, checked
 // before any work. `nccl_compiled_in` is comm/communicator_factory.h's NcclCompiledIn();

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -26,9 +27,11 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/gpt_config.h"
+#include "model/model_config.h"
 #include "nlohmann/json.hpp"
 #include "trainer/config.h"
 #include "trainer/config_parse.h"
+#include "trainer/config_schema.h"
 #include "trainer/testing/config_testing.h"
 
 namespace ps {
@@ -381,12 +384,94 @@ TEST(ResolveModelConfigTest, CustomModelNeedsEveryDimension) {
 TEST(ResolveModelConfigTest, HugeDimensionsAreRejectedNotOverflowed) {
   TrainModelConfig m;
   m.preset = "tiny";
-  m.num_layers = int64_t{1} << 30;
+  m.num_layers = int64_t{1} << 20;
   m.hidden = int64_t{1} << 30;
   m.num_heads = 1;
   EXPECT_THAT(ResolveModelConfig(m), StatusIs(kInvalid, HasSubstr("more than 2^53")));
   m.hidden = std::numeric_limits<int64_t>::max();
   EXPECT_THAT(ResolveModelConfig(m), StatusIs(kInvalid, HasSubstr("`model.n_embd` = ")));
+}
+
+// More layers than the model allows is refused naming model.n_layer, as the config writes it
+// (it used to reach the memory plan, which named ModelConfig's num_layers).
+TEST(ResolveModelConfigTest, TooManyLayersNameTheKeyAsWritten) {
+  for (const std::string preset : {"", "tiny", "llama-tiny"}) {
+    SCOPED_TRACE(preset);
+    TrainConfig c = DefaultTrainConfig();
+    if (!preset.empty()) c.model = TrainModelConfig{.preset = preset};
+    c.model.num_layers = (int64_t{1} << 20) + 1;
+    EXPECT_THAT(ValidateTrainConfig(c),
+                StatusIs(kInvalid, AllOf(HasSubstr("`model.n_layer` = 1048577: must be in [1, "
+                                                   "1048576]"),
+                                         Not(HasSubstr("num_layers")))));
+  }
+}
+
+// Every preset, GPT-2's and the Llama family's, resolves to ModelPreset's model and validates
+// from a file.
+TEST(ResolveTrainModelTest, EveryPresetResolvesToItsModel) {
+  const std::vector<std::string> names = TrainModelPresetNames();
+  EXPECT_EQ(names.front(), "tiny");
+  for (const char* llama : {"llama-3.2-1b", "qwen2.5-3b", "mistral-7b-v0.3", "llama-tiny"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), llama), names.end()) << llama;
+  }
+  for (const std::string& name : names) {
+    SCOPED_TRACE(name);
+    ASSERT_OK_AND_ASSIGN(const ModelConfig want, ModelPreset(name));
+    ASSERT_OK_AND_ASSIGN(const ModelConfig got, ResolveTrainModel(TrainModelConfig{.preset = name}));
+    EXPECT_EQ(got, want);
+    ASSERT_OK(ParseAndValidate(WithMinimal({{"model", {{"preset", name}}},
+                                            {"chunk", {{"size", "auto"}}},
+                                            {"data", {{"seq_len", 64}}}})));
+  }
+}
+
+TEST(ResolveTrainModelTest, ExplicitDimensionsOverrideALlamaPreset) {
+  TrainModelConfig m{.preset = "llama-tiny"};
+  m.num_layers = 3;
+  m.max_seq_len = 48;
+  m.hidden = 128;
+  m.num_heads = 8;
+  m.vocab_size = 300;
+  ASSERT_OK_AND_ASSIGN(const ModelConfig c, ResolveTrainModel(m));
+  EXPECT_EQ(c.family, ModelFamily::kLlama);
+  EXPECT_EQ(c.num_layers, 3);
+  EXPECT_EQ(c.max_position_embeddings, 48);
+  EXPECT_EQ(c.hidden_size, 128);
+  EXPECT_EQ(c.num_heads, 8);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.num_kv_heads, 2);        // the preset's
+  EXPECT_EQ(c.intermediate_size, 160);  // the preset's
+  EXPECT_EQ(c.vocab_size, 300);
+  // The GPT-2 view has the same dimensions.
+  ASSERT_OK_AND_ASSIGN(const GptConfig g, ResolveModelConfig(m));
+  EXPECT_EQ(g.hidden, 128);
+  EXPECT_EQ(g.num_heads, 8);
+
+  m = TrainModelConfig{.preset = "llama-tiny"};
+  m.num_heads = 6;  // 64 / 6
+  EXPECT_THAT(ResolveTrainModel(m), StatusIs(kInvalid, HasSubstr("`model.n_head` = 6")));
+  m.hidden = 96;  // 16 per head, but 6 heads over 2 key/value heads is fine; 5 is not
+  ASSERT_OK(ResolveTrainModel(m).status());
+  m.hidden = 80;
+  m.num_heads = 5;
+  EXPECT_THAT(ResolveTrainModel(m),
+              StatusIs(kInvalid, HasSubstr("`model.n_head` = 5 is not a multiple of the 2 "
+                                           "key/value heads of model.preset \"llama-tiny\"")));
+  m.num_heads = 4;
+  m.hidden = 68;  // 17 per head
+  EXPECT_THAT(ResolveTrainModel(m), StatusIs(kInvalid, HasSubstr("RoPE")));
+}
+
+// A file with a Llama-family preset is refused: a file is read as GPT-2 weights.
+TEST(ValidateTrainConfigTest, ALlamaPresetTakesNoSafetensorsFile) {
+  TrainConfig c = DefaultTrainConfig();
+  c.model = TrainModelConfig{.preset = "llama-tiny"};
+  c.chunk.size_elems = 0;
+  c.checkpoint.init_from = "/nonexistent/gpt2.safetensors";
+  EXPECT_THAT(ValidateTrainConfig(c),
+              StatusIs(kInvalid, AllOf(HasSubstr("gpt2.safetensors"),
+                                       HasSubstr("is a llama model"))));
 }
 
 // --comm=nccl: each refusal in the order a user fixes them, with the key or flag to change; the GPU

@@ -3,11 +3,13 @@
 // With no arguments it trains the embedded default (trainer/config.h DefaultTrainConfig: a small
 // GPT on the built-in synthetic corpus, on the emulated accelerator with a memory cap below the
 // model data, so chunks really move). A DeepSpeed-format JSON config (--config) replaces the
-// default; the other flags override single keys of whichever config is used. See README.md.
+// default; the other flags override single keys of whichever config is used. The config may be a
+// pipe or FIFO (--config=<(...), --config=/dev/stdin): it is read once. See README.md.
 //
 // Exit codes: 0 after training (also after a SIGINT/SIGTERM, which finishes the current step
 // and writes a checkpoint when checkpoint.dir / --save_dir is set); 1 when the run failed
-// (including a run that diverged: Inf/NaN loss or gradients); 2 for a bad config or flag — one
+// (including a run that diverged: Inf/NaN loss or gradients, or fp16 weights that are no longer
+// finite; and an input that cannot be read); 2 for a bad config or flag — one
 // that cannot be parsed, an unknown one, a stray argument, a bad value, or outputs that would
 // overwrite an input — reported before any work is done.
 //
@@ -52,8 +54,10 @@ ABSL_FLAG(std::string, config, "",
           "DeepSpeed-format JSON config file (with this project's model/chunk/accelerator/data/"
           "checkpoint/profile sections). Empty: the embedded default run.");
 ABSL_FLAG(std::string, model, "",
-          "Model preset (tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, 1B ... 18B); replaces the "
-          "config's model dimensions.");
+          "Model preset, trained from a seeded random init; replaces the config's model "
+          "dimensions. GPT-2: tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, 1B ... 18B; the Llama "
+          "family: llama-3.2-1b, llama-3-8b, llama-2-7b, tinyllama-1.1b, qwen2.5-0.5b, "
+          "qwen2.5-1.5b, qwen2.5-3b, mistral-7b-v0.3, llama-tiny.");
 ABSL_FLAG(std::string, train_data, "", "Training tokens: an llm.c .bin file (data.train).");
 ABSL_FLAG(std::string, val_data, "", "Validation tokens: an llm.c .bin file (data.val).");
 ABSL_FLAG(std::string, init_from, "",
@@ -208,8 +212,10 @@ absl::Status CheckArguments(int argc, char** argv) {
 
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "Trains a GPT-2 whose parameters, gradients and Adam state live in chunks that move "
-      "between accelerator and host memory (PatrickStar's design).\n"
+      "Trains a transformer language model — GPT-2, or the Llama family (Llama 2/3, Qwen2/2.5, "
+      "Mistral) from a preset (--model) or a Hugging Face directory (--init_from) — whose "
+      "parameters, gradients and Adam state live in chunks that move between accelerator and "
+      "host memory (PatrickStar's design).\n"
       "  bazel run //trainer:train                      # the embedded default run\n"
       "  bazel run //trainer:train -- --config=ds.json  # a DeepSpeed-format config\n"
       "Flags override single keys of the config.");
@@ -252,8 +258,10 @@ int Main(int argc, char** argv) {
   absl::Status status = ApplyOverrides(o, &*config);
   if (status.ok()) status = ValidateTrainConfig(*config);
   if (!status.ok()) {
+    // A bad value is the config's (2); an input that cannot be read (checkpoint.init_from
+    // missing, a symlink loop, not safetensors) fails as it does when the trainer reads it (1).
     std::cerr << "error: " << status.message() << "\n";
-    return 2;
+    return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   if (comm_kind == "nccl") {
     // The build, the config and the machine, before any work (config_validate.h).

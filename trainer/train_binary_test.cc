@@ -1,6 +1,8 @@
 // Runs the real training program (//trainer:train) as a user would: exit codes, error messages,
 // signals, and kill -9 in the middle of checkpoint writes.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,8 +42,10 @@ using ::testing::HasSubstr;
 
 std::string TrainBinary() { return trainer_testing::Runfile("trainer/train"); }
 
-// Starts the binary with `args`, stdout and stderr to files in `dir`.
-pid_t Start(const std::vector<std::string>& args, const std::string& dir) {
+// Starts the binary with `args`, stdout and stderr to files in `dir`; stdin from `stdin_fd` when
+// it is >= 0 (the child inherits every descriptor not marked close-on-exec, as a shell's process
+// substitution passes /dev/fd/N).
+pid_t Start(const std::vector<std::string>& args, const std::string& dir, int stdin_fd = -1) {
   const std::string out = dir + "/stdout.txt";
   const std::string err = dir + "/stderr.txt";
   const pid_t pid = ::fork();
@@ -49,6 +53,7 @@ pid_t Start(const std::vector<std::string>& args, const std::string& dir) {
     std::FILE* o = std::freopen(out.c_str(), "w", stdout);
     std::FILE* e = std::freopen(err.c_str(), "w", stderr);
     if (o == nullptr || e == nullptr) ::_exit(120);
+    if (stdin_fd >= 0 && ::dup2(stdin_fd, 0) < 0) ::_exit(122);
     std::vector<char*> argv;
     const std::string binary = TrainBinary();
     argv.push_back(const_cast<char*>(binary.c_str()));
@@ -82,8 +87,9 @@ struct Result {
   std::string out, err;
 };
 
-Result RunToEnd(const std::vector<std::string>& args, const std::string& dir) {
-  const int status = Wait(Start(args, dir));
+Result RunToEnd(const std::vector<std::string>& args, const std::string& dir,
+                int stdin_fd = -1) {
+  const int status = Wait(Start(args, dir, stdin_fd));
   Result r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.out = ReadFile(dir + "/stdout.txt");
@@ -385,6 +391,234 @@ TEST(TrainBinary, SigintEndsASlowLinkRunInSeconds) {
   EXPECT_THAT(ReadFile(dir + "/stdout.txt"), HasSubstr("stop requested"));
   ASSERT_OK_AND_ASSIGN(CheckpointRef latest, LatestCheckpoint(dir + "/ckpt"));
   EXPECT_OK(OpenCheckpoint(latest.path).status());
+}
+
+// A pipe holding `text`, write end closed: its read end (inherited by the trainer: pipe(2) does
+// not set close-on-exec) is what a shell's <(echo ...) passes as /dev/fd/N.
+int PipeHolding(const std::string& text) {
+  int fds[2];
+  if (::pipe(fds) != 0) return -1;
+  const ssize_t n = ::write(fds[1], text.data(), text.size());
+  ::close(fds[1]);
+  if (n != static_cast<ssize_t>(text.size())) {
+    ::close(fds[0]);
+    return -1;
+  }
+  return fds[0];
+}
+
+// Writes `text` into the FIFO `path` once a reader opens it (polling, so that a trainer that
+// never opens it leaves no writer blocked), for up to a minute.
+std::thread FifoWriter(const std::string& path, const std::string& text) {
+  return std::thread([path, text] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+      if (fd < 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
+      ::fcntl(fd, F_SETFL, 0);
+      ssize_t written = 0;
+      while (written < static_cast<ssize_t>(text.size())) {
+        const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+        if (n <= 0) break;
+        written += n;
+      }
+      ::close(fd);
+      return;
+    }
+  });
+}
+
+// A config in a pipe (--config=<(...), i.e. /dev/fd/N, and --config=/dev/stdin) or a named FIFO
+// is read once and trains; an output that is the config's FIFO is still refused.
+TEST(TrainBinary, AConfigFromAPipeOrAFifoTrains) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "pipe");
+  const std::string text = ReadFile(WriteTinyConfig(dir, 2));
+  {
+    SCOPED_TRACE("--config=/dev/fd/N");
+    const int fd = PipeHolding(text);
+    ASSERT_GE(fd, 0);
+    const Result r = RunToEnd({absl::StrCat("--config=/dev/fd/", fd)}, dir);
+    ::close(fd);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("step     2/2"));
+  }
+  {
+    SCOPED_TRACE("--config=/dev/stdin");
+    const int fd = PipeHolding(text);
+    ASSERT_GE(fd, 0);
+    const Result r = RunToEnd({"--config=/dev/stdin"}, dir, /*stdin_fd=*/fd);
+    ::close(fd);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("step     2/2"));
+  }
+  const std::string fifo = dir + "/config.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  {
+    SCOPED_TRACE("a FIFO");
+    std::thread writer = FifoWriter(fifo, text);
+    const Result r = RunToEnd({"--config=" + fifo}, dir);
+    writer.join();
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("step     2/2"));
+  }
+  {
+    SCOPED_TRACE("an output that is the config's FIFO");
+    std::thread writer = FifoWriter(fifo, text);
+    const Result r = RunToEnd({"--config=" + fifo, "--metrics_out=" + fifo}, dir);
+    writer.join();
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("profile.metrics (--metrics_out)"));
+    EXPECT_THAT(r.err, HasSubstr("the config file (--config)"));
+  }
+}
+
+// Every model dimension out of range, and a Llama-family preset's dimensions that do not fit it,
+// are refused naming the key the config wrote (not the model's internal field names).
+TEST(TrainBinary, ModelKeysAreNamedAsTheConfigWritesThem) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "model_keys");
+  const nlohmann::json tiny = nlohmann::json::parse(ReadFile(WriteTinyConfig(dir, 1)));
+  const std::vector<std::pair<nlohmann::json, std::string>> cases = {
+      {{{"n_layer", 1000000000}}, "`model.n_layer` = 1000000000"},
+      {{{"n_embd", int64_t{1} << 31}}, "`model.n_embd` = 2147483648"},
+      {{{"n_head", int64_t{1} << 31}}, "`model.n_head` = 2147483648"},
+      {{{"n_positions", int64_t{1} << 31}}, "`model.n_positions` = 2147483648"},
+      {{{"vocab_size", int64_t{1} << 31}}, "`model.vocab_size` = 2147483648"},
+      {{{"preset", "llama-tiny"}, {"n_layer", 1 << 21}}, "`model.n_layer` = 2097152"},
+      {{{"preset", "llama-tiny"}, {"n_head", 3}}, "`model.n_head` = 3"},
+      {{{"preset", "llama-tiny"}, {"n_embd", 80}, {"n_head", 5}}, "`model.n_head` = 5"},
+      {{{"preset", "llama-tiny"}, {"n_embd", 68}}, "`model.n_embd` / `model.n_head`"},
+  };
+  for (const auto& [model, expected] : cases) {
+    SCOPED_TRACE(model.dump());
+    nlohmann::json j = tiny;
+    if (model.contains("preset")) {
+      j["model"] = model;
+    } else {
+      j["model"].update(model);
+    }
+    std::ofstream(dir + "/model.json") << j.dump();
+    const Result r = RunToEnd({"--config=" + dir + "/model.json"}, dir);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(expected));
+    for (const char* internal :
+         {"num_layers", "hidden_size", "num_heads", "max_position_embeddings", "head_dim"}) {
+      EXPECT_THAT(r.err, ::testing::Not(HasSubstr(internal)));
+    }
+  }
+}
+
+// fp16 with a learning rate that makes the weights overflow f16 stops at once (exit 1, the
+// reason on stderr), as f32/bf16 divergence does; a gradient overflow with finite weights (a huge
+// loss scale) is still a skipped step, and the run goes on to its end.
+TEST(TrainBinary, Fp16WeightsThatOverflowStopButGradientOverflowsSkip) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "fp16");
+  const nlohmann::json tiny = nlohmann::json::parse(ReadFile(WriteTinyConfig(dir, 10)));
+  nlohmann::json j = tiny;
+  j["fp16"]["enabled"] = true;
+  j["optimizer"]["params"]["lr"] = 1e30;
+  j["gradient_clipping"] = 0;
+  std::ofstream(dir + "/weights.json") << j.dump();
+  Result r = RunToEnd({"--config=" + dir + "/weights.json"}, dir);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("fp16: the parameters are no longer finite at step"));
+  EXPECT_THAT(r.err, HasSubstr("optimizer.params.lr"));
+  // At the first skip: no skipped step was printed (the one that stopped is not).
+  EXPECT_THAT(r.out, HasSubstr("step     1/10"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("(skipped: overflow)")));
+
+  j = tiny;
+  j["train_steps"] = 3;
+  j["fp16"]["enabled"] = true;
+  j["fp16"]["initial_scale_power"] = 40;
+  std::ofstream(dir + "/gradients.json") << j.dump();
+  r = RunToEnd({"--config=" + dir + "/gradients.json"}, dir);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("(skipped: overflow)"));
+  EXPECT_THAT(r.out, HasSubstr("step     3/3"));
+}
+
+// --init_from naming no directory, with no model section: the path and why it cannot be read
+// come first (exit 1, as with a model section), not "the model is not defined".
+TEST(TrainBinary, InitFromWithoutAModelNamesThePathAndTheCause) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "init_from");
+  std::ofstream(dir + "/config.json") << R"({"train_steps": 1})";
+  std::ofstream(dir + "/notes.txt") << "hello";
+  std::filesystem::create_symlink(dir + "/loop_b", dir + "/loop_a");
+  std::filesystem::create_symlink(dir + "/loop_a", dir + "/loop_b");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {dir + "/notes.txt", "not a safetensors file"},
+      {dir + "/loop_a", "Too many levels of symbolic links"},
+      {dir + "/missing.safetensors", "No such file or directory"},
+  };
+  for (const auto& [path, cause] : cases) {
+    SCOPED_TRACE(path);
+    const Result r = RunToEnd({"--config=" + dir + "/config.json", "--init_from=" + path}, dir);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(path));
+    EXPECT_THAT(r.err, HasSubstr(cause));
+    EXPECT_THAT(r.err, HasSubstr("checkpoint.init_from (--init_from)"));
+    EXPECT_THAT(r.err, ::testing::Not(HasSubstr("the model is not defined")));
+  }
+}
+
+// data.eval_every 0 never validates; N validates before the first step, every N and at the end.
+TEST(TrainBinary, EvalEveryZeroTurnsValidationOff) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "eval");
+  const std::string config = WriteTinyConfig(dir, 2);  // eval_every 0
+  Result r = RunToEnd({"--config=" + config}, dir);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("validation loss")));
+  EXPECT_THAT(r.out, HasSubstr("validation: off (data.eval_every = 0"));
+  nlohmann::json j = nlohmann::json::parse(ReadFile(config));
+  j["data"]["eval_every"] = 1;
+  std::ofstream(dir + "/eval1.json") << j.dump();
+  r = RunToEnd({"--config=" + dir + "/eval1.json"}, dir);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("step     0 validation loss"));
+  EXPECT_THAT(r.out, HasSubstr("step     2 validation loss"));
+}
+
+std::vector<double> MetricLosses(const std::string& path) {
+  std::vector<double> losses;
+  for (absl::string_view line : absl::StrSplit(ReadFile(path), '\n', absl::SkipEmpty())) {
+    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  }
+  return losses;
+}
+
+// --model= takes the Llama-family presets: a small one trains from a seeded random init under a
+// cap below its 1.82 MiB of model data, bit for bit the same for a seed, with falling loss; an unknown
+// preset lists every valid name.
+TEST(TrainBinary, ALlamaFamilyPresetTrainsFromASeededRandomInit) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "llama_preset");
+  const auto run = [&](const std::string& seed, const std::string& metrics) {
+    return RunToEnd({"--model=llama-tiny", "--steps=12", "--seq_len=32", "--micro_batch_size=4",
+                     "--accelerator_memory=1536KiB", "--seed=" + seed, "--metrics_out=" + metrics},
+                    dir);
+  };
+  Result r = run("5", dir + "/a.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("model llama-tiny: 2 layers, 4 heads, hidden 64"));
+  r = run("5", dir + "/b.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run("6", dir + "/c.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<double> a = MetricLosses(dir + "/a.jsonl");
+  const std::vector<double> b = MetricLosses(dir + "/b.jsonl");
+  const std::vector<double> c = MetricLosses(dir + "/c.jsonl");
+  ASSERT_EQ(a.size(), 12u);
+  EXPECT_EQ(a, b) << "the same seed must give the same losses";
+  EXPECT_NE(a.front(), c.front()) << "the seed must reach the initialization";
+  EXPECT_LT((a[9] + a[10] + a[11]) / 3, a[0] - 0.3) << r.out;
+
+  r = RunToEnd({"--model=llama-9"}, dir);
+  EXPECT_EQ(r.exit_code, 2);
+  for (const char* name : {"llama-tiny", "qwen2.5-3b", "mistral-7b-v0.3", "gpt2"}) {
+    EXPECT_THAT(r.err, HasSubstr(name));
+  }
 }
 
 }  // namespace

@@ -33,6 +33,7 @@
 #include "memory/device.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
+#include "memory/dtype_math.h"
 #include "memory/host_memory_info.h"
 #include "memory/memory_tracker.h"
 #include "model/gpt2_checkpoint.h"
@@ -144,6 +145,8 @@ class Trainer::Impl {
   absl::Status PlanMemoryOrRefuse();
   absl::Status InitializeWeights();
   absl::Status Step(StepMetrics& m);
+  // fp16, after a skipped step: OutOfRange when any f16 parameter (every rank's) is Inf/NaN.
+  absl::Status CheckF16ParametersFinite(int64_t step);
   absl::StatusOr<double> EvaluateValidation();
   absl::Status SaveCheckpoint();
   void PrintHeader();
@@ -441,9 +444,10 @@ absl::Status Trainer::Impl::ResolveModel() {
   const std::string& init_from = config_.checkpoint.init_from;
   std::error_code ec;
   if (init_from.empty() || !std::filesystem::is_directory(init_from, ec)) {
-    // The model section (a preset or dimensions); init_from, if any, is a GPT-2 safetensors file.
-    ASSIGN_OR_RETURN(gpt_, ResolveModelConfig(config_.model));
-    model_config_ = FromGptConfig(gpt_);
+    // The model section (a GPT-2 or Llama-family preset, or GPT-2 dimensions); init_from, if
+    // any, is a GPT-2 safetensors file.
+    ASSIGN_OR_RETURN(model_config_, ResolveTrainModel(config_.model));
+    gpt_ = GptConfigView(model_config_);
     return absl::OkStatus();
   }
   // A Hugging Face model directory: the model is its config.json's.
@@ -777,6 +781,8 @@ absl::Status Trainer::Impl::Resume() {
 }
 
 bool Trainer::Impl::ExportsHfDirectory() const {
+  // A Llama-family model (from a preset or a directory) has no single-file GPT-2 format.
+  if (model_config_.architecture() != ModelArchitecture::kGpt2) return true;
   std::error_code ec;
   const bool hf_dir = !config_.checkpoint.init_from.empty() &&
                       std::filesystem::is_directory(config_.checkpoint.init_from, ec);
@@ -908,6 +914,11 @@ absl::Status Trainer::Impl::Step(StepMetrics& m) {
   ASSIGN_OR_RETURN(m.loss, MeanOverRanks(r.loss));
   m.grad_norm = r.adam.grad_norm;
   m.skipped = r.adam.skipped;
+  if (dtype_ == DType::kF16 && m.skipped) {
+    // A skip is a loss-scale event only while the f16 parameters are finite: a lower scale
+    // cures gradients that overflowed, not weights that did.
+    RETURN_IF_ERROR(CheckF16ParametersFinite(m.step));
+  }
   // A non-finite loss is divergence unless it came with a skipped fp16 step (a loss-scale event).
   // (Non-finite gradients already stopped the optimizer: HybridAdam.) Nothing is saved for it.
   if (!std::isfinite(m.loss) && !(dtype_ == DType::kF16 && m.skipped)) {
@@ -951,6 +962,35 @@ absl::Status Trainer::Impl::Step(StepMetrics& m) {
   ++step_;
   last_loss_ = m.loss;
   return absl::OkStatus();
+}
+
+absl::Status Trainer::Impl::CheckF16ParametersFinite(int64_t step) {
+  // The parameters were restored from the master weights (rounded to f16) by the skip: a master
+  // weight that is not finite, or beyond f16's range, is an Inf in the parameters every
+  // forward reads.
+  std::string first;
+  int64_t bad = 0;
+  for (const std::string& name : model_->ParameterNames()) {
+    if (!model_->HoldsTrainingState(name)) continue;
+    ASSIGN_OR_RETURN(const std::vector<float> master, model_->ReadTensor(ChunkType::kMaster, name));
+    for (size_t i = 0; i < master.size(); ++i) {
+      if ((FloatToHalfBits(master[i]) & 0x7c00u) != 0x7c00u) continue;
+      if (bad++ == 0) {
+        first = absl::StrFormat("%s element %d (master weight %g)", name, i, master[i]);
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(const bool any, AnyRank(bad > 0));
+  if (!any) return absl::OkStatus();
+  return absl::OutOfRangeError(absl::StrCat(
+      "fp16: the parameters are no longer finite at step ", step, " (",
+      bad > 0 ? absl::StrCat(bad, " f16 weight", bad == 1 ? "" : "s",
+                             " Inf or NaN; the first: ", first)
+              : std::string("on another rank"),
+      "): no loss-scale reduction can cure weights, so training diverged and stops; no "
+      "checkpoint is written for this step. Lower the learning rate (optimizer.params.lr), enable "
+      "gradient clipping (gradient_clipping, e.g. 1.0), or train in bf16 (bf16.enabled), whose "
+      "range is f32's"));
 }
 
 absl::StatusOr<double> Trainer::Impl::EvaluateValidation() {
@@ -1043,6 +1083,9 @@ void Trainer::Impl::PrintHeader() {
                                 ? absl::StrFormat(", entropy rate %.3f", *entropy_rate_)
                                 : std::string())
           : std::string());
+  if (val_loader_.has_value() && config_.data.eval_every == 0) {
+    *out() << "validation: off (data.eval_every = 0; N > 0 validates every N steps)\n";
+  }
   *out() << absl::StrFormat("training %d steps from step %d with %d threads\n", config_.steps,
                             step_, threads_);
   if (accumulation_steps_ > 1) {
@@ -1117,8 +1160,10 @@ absl::Status Trainer::Impl::Run() {
   summary_.first_step = step_;
   const Clock::time_point start = Clock::now();
   const int64_t eval_every = config_.data.eval_every;
+  // data.eval_every 0: never validate.
+  const bool validates = val_loader_.has_value() && eval_every > 0;
   absl::Status status = [&]() -> absl::Status {
-    if (val_loader_.has_value()) {
+    if (validates) {
       const Clock::time_point e0 = Clock::now();
       ASSIGN_OR_RETURN(const double v, EvaluateValidation());
       summary_.eval_s += Seconds(e0, Clock::now());
@@ -1132,8 +1177,7 @@ absl::Status Trainer::Impl::Run() {
       RETURN_IF_ERROR(Step(m));
       const bool last = step_ == config_.steps;
       ASSIGN_OR_RETURN(const bool stop, AnyRank(env_.stop_requested && env_.stop_requested()));
-      if (val_loader_.has_value() &&
-          ((eval_every > 0 && step_ % eval_every == 0) || last || stop)) {
+      if (validates && (step_ % eval_every == 0 || last || stop)) {
         const Clock::time_point e0 = Clock::now();
         const int64_t trace_e0 = trace_ != nullptr ? trace_->NowNs() : 0;
         ASSIGN_OR_RETURN(const double v, EvaluateValidation());

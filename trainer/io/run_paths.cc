@@ -87,7 +87,12 @@ std::string JoinRest(const std::string& parent_rest, const std::string& name) {
   return absl::StrJoin(parts, "/");
 }
 
-absl::StatusOr<Identity> Identify(const std::string& path, const std::string& name, int depth = 0) {
+// `input`: a file the run only reads. An existing input that realpath(3) cannot resolve — a pipe
+// of process substitution, /dev/fd/N, /dev/stdin on a pipe: its /proc link names "pipe:[N]",
+// not a path — is identified by (st_dev, st_ino) alone, which is all rule 1 needs; its anchor is
+// the path as written (an output must resolve: rules 2-4 place it on the filesystem).
+absl::StatusOr<Identity> Identify(const std::string& path, const std::string& name,
+                                  bool input = false, int depth = 0) {
   std::string p = StripTrailingSlashes(path);
   for (int links = 0;; ++links) {
     struct stat st;
@@ -96,7 +101,14 @@ absl::StatusOr<Identity> Identify(const std::string& path, const std::string& na
       out.exists = true;
       out.is_dir = S_ISDIR(st.st_mode);
       out.id = IdOf(st);
-      ASSIGN_OR_RETURN(out.anchor, RealPath(p, name));
+      absl::StatusOr<std::string> real = RealPath(p, name);
+      if (!real.ok() && input && !S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
+        std::error_code ec;
+        const std::filesystem::path absolute = std::filesystem::absolute(p, ec);
+        out.anchor = ec ? p : absolute.lexically_normal().string();
+        return out;
+      }
+      ASSIGN_OR_RETURN(out.anchor, std::move(real));
       return out;
     }
     if (errno != ENOENT && errno != ENOTDIR) {
@@ -128,7 +140,7 @@ absl::StatusOr<Identity> Identify(const std::string& path, const std::string& na
   if (parent == p) {  // "/" cannot be missing; guard against loops anyway
     return absl::InvalidArgumentError(absl::StrCat(name, " '", path, "' cannot be examined"));
   }
-  ASSIGN_OR_RETURN(Identity out, Identify(parent, name, depth + 1));
+  ASSIGN_OR_RETURN(Identity out, Identify(parent, name, /*input=*/false, depth + 1));
   if (out.exists) {
     out.exists = false;
     out.ancestor_is_dir = out.is_dir;
@@ -203,7 +215,7 @@ absl::Status CheckRunPaths(absl::Span<const RunInput> inputs, absl::Span<const R
     all.push_back({out.path, out.name, true, out.kind, {}});
   }
   for (Named& n : all) {
-    ASSIGN_OR_RETURN(n.id, Identify(n.path, n.name));
+    ASSIGN_OR_RETURN(n.id, Identify(n.path, n.name, /*input=*/!n.output));
   }
 
   // Rule 4: outputs must be creatable.

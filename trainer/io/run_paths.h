@@ -7,7 +7,9 @@
 // What counts as the same file. Paths are compared by what they name on the filesystem, not by
 // spelling, so symlinks, hard links, "..", bind mounts and relative paths are all seen through:
 //   - a path that exists is identified by (st_dev, st_ino) of what stat(2) finds (symlinks
-//     followed), so two hard links to one file are the same file;
+//     followed), so two hard links to one file are the same file; an input that is a pipe,
+//     FIFO, socket or device (--config=<(...), --config=/dev/stdin) need not resolve to a path
+//     (a pipe's /proc link does not), only outputs must;
 //   - a dangling symlink is identified by the path it points to (followed up to 40 times, as the
 //     kernel does when an output is created through it);
 //   - a path that does not exist (yet) is identified by its nearest existing ancestor directory

@@ -16,6 +16,7 @@
 #include "base/units.h"
 #include "nlohmann/json.hpp"
 #include "trainer/config.h"
+#include "trainer/config_schema.h"
 
 namespace ps {
 
@@ -93,12 +94,12 @@ class RandomConfigs {
     c.fp16.consecutive_hysteresis = Bool();
     c.fp16.min_loss_scale = std::ldexp(0.5 + UnitClosed() / 2, static_cast<int>(Int(-60, 99)));
     c.bf16 = Bool();
-    const std::vector<std::string> presets = GptPresetNames();
+    const std::vector<std::string> presets = TrainModelPresetNames();
     c.model.preset = Bool() ? "" : presets[Int(0, presets.size() - 1)];
     c.model.vocab_size = Int(0, int64_t{1} << 30);
     c.model.max_seq_len = Int(0, int64_t{1} << 30);
     c.model.hidden = Int(0, int64_t{1} << 30);
-    c.model.num_layers = Int(0, int64_t{1} << 30);
+    c.model.num_layers = Int(0, kMaxModelLayers);
     c.model.num_heads = Int(0, int64_t{1} << 30);
     c.model.activation_checkpointing = Bool();
     c.chunk.size_elems = Int(0, int64_t{1} << 40);
