@@ -319,24 +319,42 @@ absl::Status GemmOneDnn(const Bf16GemmArgs& g, ThreadPool* pool) {
   return absl::OkStatus();
 }
 
-// rows x cols bf16 (leading dimension ld) widened into a packed f32 matrix, in fixed row ranges on
-// `pool` (exact: every bf16 value is an f32 value).
-std::vector<float> Widen(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld,
-                         ThreadPool* pool) {
-  std::vector<float> out(static_cast<size_t>(rows * cols));
+// The fallback's widened operands, kept by the calling thread between GEMMs and grown as needed: a
+// fresh allocation per GEMM faulted in zeroed pages on every call (on a Zen 3 the fallback then
+// reached 0.81x of sgemm on 1024^3 products, and bf16 training steps ran 0.92x as fast as f32).
+// Holds the largest operands this thread multiplied until the thread ends (the stream's worker).
+struct WidenScratch {
+  std::unique_ptr<float[]> data;
+  int64_t elems = 0;
+  float* Get(int64_t n) {
+    if (n > elems) {
+      data.reset();  // release before growing: never both at once
+      data.reset(new float[static_cast<size_t>(n)]);
+      elems = n;
+    }
+    return data.get();
+  }
+};
+
+// rows x cols bf16 (leading dimension ld) widened into a packed f32 matrix `out`, in fixed row
+// ranges on `pool` (exact: every bf16 value is an f32 value).
+void Widen(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* out,
+           ThreadPool* pool) {
   ParallelForRanges(pool, rows, RowsPerTask(cols, 64 * 1024), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) ConvertBF16ToF32(src + r * ld, out.data() + r * cols, cols);
+    for (int64_t r = r0; r < r1; ++r) ConvertBF16ToF32(src + r * ld, out + r * cols, cols);
   });
-  return out;
 }
 
 absl::Status GemmFallback(const Bf16GemmArgs& g, ThreadPool* pool) {
+  thread_local WidenScratch scratch_a, scratch_b;
   const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
   const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
-  const std::vector<float> a = Widen(g.a, a_rows, a_cols, g.lda, pool);
-  const std::vector<float> b = Widen(g.b, b_rows, b_cols, g.ldb, pool);
-  Gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, 1.0f, a.data(), a_cols, b.data(), b_cols,
-       g.accumulate ? 1.0f : 0.0f, g.c, g.ldc, pool);
+  float* a = scratch_a.Get(a_rows * a_cols);
+  float* b = scratch_b.Get(b_rows * b_cols);
+  Widen(g.a, a_rows, a_cols, g.lda, a, pool);
+  Widen(g.b, b_rows, b_cols, g.ldb, b, pool);
+  Gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, 1.0f, a, a_cols, b, b_cols, g.accumulate ? 1.0f : 0.0f,
+       g.c, g.ldc, pool);
   return absl::OkStatus();
 }
 
