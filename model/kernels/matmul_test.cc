@@ -251,15 +251,14 @@ TEST_F(MatmulTest, RejectsBadShapes) {
 // reference). On Haswell/Zen OpenBLAS kernels a whole 2-thread sgemm rounds differently from a
 // 1-thread one, which made the trainer's losses depend on `threads` on AVX2 machines.
 TEST(GemmGrid, BitsDoNotDependOnThePoolAndEachBlockIsOneCall) {
-  using kernels_internal::kGemmBlockCols;
-  using kernels_internal::kGemmBlockRows;
   TestRng gen(6);
-  const int64_t edges[] = {1, kGemmBlockRows - 1, kGemmBlockRows, kGemmBlockRows + 1,
-                           2 * kGemmBlockCols + 37};
+  // Extents around the block-size rule's corners: the 64 floor, the 256 ceiling (a quarter of
+  // 1024), one past each.
+  const int64_t edges[] = {1, 63, 65, 257, 1024, 1025};
   ThreadPool pool2(2), pool3(3), pool5(5);
   for (int trial = 0; trial < 12; ++trial) {
-    const int64_t m = edges[absl::Uniform<int>(gen, 0, 5)];
-    const int64_t n = edges[absl::Uniform<int>(gen, 0, 5)];
+    const int64_t m = edges[absl::Uniform<int>(gen, 0, 6)];
+    const int64_t n = edges[absl::Uniform<int>(gen, 0, 6)];
     const int64_t k = absl::Uniform<int64_t>(gen, 1, 300);
     const bool ta = absl::Bernoulli(gen, 0.5), tb = absl::Bernoulli(gen, 0.5);
     const int64_t lda = (ta ? m : k) + absl::Uniform<int64_t>(gen, 0, 3);
@@ -286,10 +285,11 @@ TEST(GemmGrid, BitsDoNotDependOnThePoolAndEachBlockIsOneCall) {
       }
     }
     // Each block, alone, in one single-threaded call.
+    const kernels_internal::GemmBlocks grid = kernels_internal::GemmBlocksFor(m, n);
     std::vector<float> blocks = c0;
-    for (int64_t m0 = 0; m0 < m; m0 += kGemmBlockRows) {
-      for (int64_t n0 = 0; n0 < n; n0 += kGemmBlockCols) {
-        const int64_t bm = std::min(kGemmBlockRows, m - m0), bn = std::min(kGemmBlockCols, n - n0);
+    for (int64_t m0 = 0; m0 < m; m0 += grid.rows) {
+      for (int64_t n0 = 0; n0 < n; n0 += grid.cols) {
+        const int64_t bm = std::min(grid.rows, m - m0), bn = std::min(grid.cols, n - n0);
         kernels_internal::GemmSingleCall(ta, tb, bm, bn, k, alpha,
                                          ta ? a.data() + m0 : a.data() + m0 * lda, lda,
                                          tb ? b.data() + n0 * ldb : b.data() + n0, ldb, beta,
@@ -322,11 +322,22 @@ TEST(GemmGrid, BitsDoNotDependOnThePoolAndEachBlockIsOneCall) {
       << "the grid must be OpenBLAS's only parallelism";
 }
 
+// The block-size rule: a quarter of each extent, a multiple of 16, within [64, 256].
+TEST(GemmGrid, BlocksAreAQuarterOfEachExtentWithinBounds) {
+  using kernels_internal::GemmBlocksFor;
+  EXPECT_EQ(GemmBlocksFor(1, 1).rows, 64);
+  EXPECT_EQ(GemmBlocksFor(512, 128).rows, 128);
+  EXPECT_EQ(GemmBlocksFor(512, 128).cols, 64);
+  EXPECT_EQ(GemmBlocksFor(300, 384).rows, 80);  // 75 rounded up to 16
+  EXPECT_EQ(GemmBlocksFor(300, 384).cols, 96);
+  EXPECT_EQ(GemmBlocksFor(50257, 4096).rows, 256);
+  EXPECT_EQ(GemmBlocksFor(50257, 4096).cols, 256);
+}
+
 // The f64 grid: pool-independent bits too (the reference kernels of the tests run in f64).
 TEST(GemmGrid, DoubleBitsDoNotDependOnThePool) {
   TestRng gen(7);
-  const int64_t m = 2 * kernels_internal::kGemmBlockRows + 3,
-                n = kernels_internal::kGemmBlockCols + 9, k = 129;
+  const int64_t m = 1027, n = 265, k = 129;
   const std::vector<double> a = RandomVector<double>(gen, k * m),
                             b = RandomVector<double>(gen, n * k);
   ThreadPool pool(3);

@@ -35,14 +35,21 @@ void Call(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const
               static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
+int64_t BlockExtent(int64_t extent) {
+  constexpr int64_t kMin = 64, kMax = 256, kMultiple = 16;
+  const int64_t quarter = (extent + 3) / 4;
+  return std::clamp((quarter + kMultiple - 1) / kMultiple * kMultiple, kMin, kMax);
+}
+
 template <typename T>
 void GridGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
               const T* b, int64_t ldb, T beta, T* c, int64_t ldc, ThreadPool* pool) {
   PinOpenBlasToOneThread();
-  const int64_t m_blocks = NumTasks(m, kGemmBlockRows), n_blocks = NumTasks(n, kGemmBlockCols);
+  const GemmBlocks blocks = GemmBlocksFor(m, n);
+  const int64_t m_blocks = NumTasks(m, blocks.rows), n_blocks = NumTasks(n, blocks.cols);
   ParallelFor(pool, m_blocks * n_blocks, [&](int64_t task) {
-    const int64_t m0 = (task / n_blocks) * kGemmBlockRows, n0 = (task % n_blocks) * kGemmBlockCols;
-    const int64_t bm = std::min(kGemmBlockRows, m - m0), bn = std::min(kGemmBlockCols, n - n0);
+    const int64_t m0 = (task / n_blocks) * blocks.rows, n0 = (task % n_blocks) * blocks.cols;
+    const int64_t bm = std::min(blocks.rows, m - m0), bn = std::min(blocks.cols, n - n0);
     // op(A)'s rows m0.. : A's rows (plain) or columns (transposed); op(B)'s columns n0.. likewise.
     const T* a0 = ta ? a + m0 : a + m0 * lda;
     const T* b0 = tb ? b + n0 * ldb : b + n0;
@@ -51,6 +58,8 @@ void GridGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const 
 }
 
 }  // namespace
+
+GemmBlocks GemmBlocksFor(int64_t m, int64_t n) { return {BlockExtent(m), BlockExtent(n)}; }
 
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,

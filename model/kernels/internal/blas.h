@@ -2,15 +2,15 @@
 //   C[m,n] = alpha * op(A)[m,k] op(B)[k,n] + beta * C[m,n]
 // with op(X) = X or X^T and leading dimensions lda, ldb, ldc (elements between rows).
 //
-// Threading and determinism: C is cut into a grid of blocks of at most kGemmBlockRows x
-// kGemmBlockCols, fixed by (m, n) alone, and each block is one single-threaded OpenBLAS call over
-// the whole of k, run as a task of `pool` (may be null: the calling thread runs them all). So the
-// bits of C depend on the shape and the CPU's OpenBLAS kernel, never on the thread count.
-// OpenBLAS's own threading cannot promise that: on Haswell/Zen kernels (AVX2) a 2-thread sgemm
-// rounds differently from a 1-thread one for every GPT-2-shaped product (its edge micro-kernels sum
-// in another order), so the trainer's losses changed with `threads` on CPUs without AVX-512.
-// OpenBLAS's thread count is pinned to 1 for the process on the first call (the grid is the
-// parallelism; nothing else in this project may raise it).
+// Threading and determinism: C is cut into a grid of blocks (GemmBlocks), fixed by (m, n) alone,
+// and each block is one single-threaded OpenBLAS call over the whole of k, run as a task of `pool`
+// (may be null: the calling thread runs them all). So the bits of C depend on the shape and the
+// CPU's OpenBLAS kernel, never on the thread count. OpenBLAS's own threading cannot promise that:
+// on Haswell/Zen kernels (AVX2) a 2-thread sgemm rounds differently from a 1-thread one for every
+// GPT-2-shaped product (its edge micro-kernels sum in another order), so the trainer's losses
+// changed with `threads` on CPUs without AVX-512. OpenBLAS's thread count is pinned to 1 for the
+// process on the first call (the grid is the parallelism; nothing else in this project may raise
+// it).
 //
 // Callers call Gemm from the calling thread, never from inside a task of the same pool.
 #ifndef PATRICKSTAR_MODEL_KERNELS_INTERNAL_BLAS_H_
@@ -23,11 +23,16 @@
 
 namespace ps::kernels_internal {
 
-// The grid's block extents (rows of C, columns of C). A block packs its own rows of op(A) and its
-// own columns of op(B), so the repacking the grid adds over one whole call is (m/bm)·n·k +
-// (n/bn)·m·k elements against 2·m·n·k flops: a few percent at these sizes.
-inline constexpr int64_t kGemmBlockRows = 256;
-inline constexpr int64_t kGemmBlockCols = 256;
+// The grid's block extents for an m x n C: a quarter of each extent rounded up to a multiple of 16,
+// at least 64 and at most 256 — so a small product still gives a pool up to 16 blocks, and a large
+// one blocks that keep OpenBLAS's packing cheap. A block packs its own rows of op(A) and columns of
+// op(B): the repacking the grid adds over one whole call is (m/bm)·n·k + (n/bn)·m·k elements
+// against 2·m·n·k flops.
+struct GemmBlocks {
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+GemmBlocks GemmBlocksFor(int64_t m, int64_t n);
 
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
