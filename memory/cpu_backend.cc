@@ -19,6 +19,7 @@
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -156,6 +157,61 @@ struct SharedState {
   CpuBackendMemoryStats memory_stats ABSL_GUARDED_BY(mu);
   // When the cache may next ask whether the host runs low.
   absl::Time next_host_memory_check ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+
+  // A block of `bytes` cut from the front of the smallest larger cached block whose rest stays a
+  // block (memory/internal/page_allocation.h: PagesResizable); the rest stays cached. Null when
+  // there is none. Host memory held does not change.
+  void* SplitCachedLocked(int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!memory_internal::PagesResizable(bytes)) return nullptr;
+    for (auto it = device_cache.upper_bound(bytes); it != device_cache.end(); ++it) {
+      const int64_t rest = it->first - bytes;
+      if (!memory_internal::PagesResizable(it->first) ||
+          !memory_internal::PagesResizable(rest)) {
+        continue;
+      }
+      const uintptr_t block = it->second;
+      device_cache.erase(it);
+      device_cache.emplace(rest, block + static_cast<uintptr_t>(bytes));
+      memory_stats.cached_bytes -= bytes;
+      UnpoisonCached(reinterpret_cast<void*>(block), bytes);
+      return reinterpret_cast<void*>(block);
+    }
+    return nullptr;
+  }
+
+  // The largest cached block smaller than `bytes`, resized (mremap) to `bytes`: only the grown
+  // tail faults in. The other cached blocks are first trimmed to `cache_target` bytes. Null (and
+  // nothing changed but the trim) when there is none or the OS refuses.
+  void* GrowCachedLocked(int64_t bytes, int64_t cache_target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!memory_internal::PagesResizable(bytes)) return nullptr;
+    // Every block before lower_bound(bytes) is smaller; take the largest resizable one.
+    auto it = device_cache.lower_bound(bytes);
+    bool found = false;
+    while (!found && it != device_cache.begin()) {
+      --it;
+      found = memory_internal::PagesResizable(it->first);
+    }
+    if (!found) return nullptr;
+    const int64_t old_bytes = it->first;
+    void* block = reinterpret_cast<void*>(it->second);
+    device_cache.erase(it);
+    memory_stats.cached_bytes -= old_bytes;
+    memory_stats.cached_blocks -= 1;
+    memory_stats.mapped_bytes -= old_bytes;
+    // The grown block must fit the bound with what stays cached.
+    TrimCacheLocked(cache_target);
+    UnpoisonCached(block, old_bytes);
+    void* grown = memory_internal::ResizePages(block, old_bytes, bytes);
+    if (grown == nullptr) {
+      memory_internal::FreePages(block, old_bytes);
+      memory_stats.blocks_unmapped += 1;
+      return nullptr;
+    }
+    memory_stats.mapped_bytes += bytes;
+    memory_stats.peak_mapped_bytes = std::max(memory_stats.peak_mapped_bytes,
+                                              memory_stats.mapped_bytes);
+    return grown;
+  }
 
   // Unmaps cached blocks, largest first, until at most `target` bytes stay cached.
   void TrimCacheLocked(int64_t target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -647,14 +703,21 @@ class CpuBackend final : public Backend {
       ms.cached_blocks -= 1;
       ms.cache_hits += 1;
       UnpoisonCached(p, rounded);
+    } else if (p = state_->SplitCachedLocked(rounded); p != nullptr) {
+      ms.split_reuses += 1;
     } else {
-      // Mapped pages (memory/internal/page_allocation.h). The backend never holds more host
-      // memory than its highest live total (this allocation included): unmap cached blocks of
-      // other sizes first where mapping this one would exceed it.
+      // The backend never holds more host memory than its highest live total (this allocation
+      // included): unmap cached blocks first where mapping this one would exceed it.
       const int64_t bound = std::max(ms.peak_live_bytes, state_->allocated_bytes + rounded);
       const int64_t before = ms.blocks_unmapped;
+      // Grow the largest smaller cached block in place of a fresh mapping: its pages stay.
+      p = state_->GrowCachedLocked(rounded, bound - state_->allocated_bytes - rounded);
+      if (p != nullptr) ms.grow_reuses += 1;
       state_->TrimCacheLocked(bound - state_->allocated_bytes - rounded);
       ms.bound_evictions += ms.blocks_unmapped - before;
+    }
+    if (p == nullptr) {
+      // Mapped pages (memory/internal/page_allocation.h).
       p = memory_internal::AllocatePages(rounded);
       if (p == nullptr && ms.cached_bytes > 0) {
         // The host refused: give back what the cache holds and try again.
@@ -850,7 +913,20 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOption
     return absl::InvalidArgumentError(
         absl::StrCat("cpu backend: device_index must be >= 0, got ", options.device_index));
   }
-  return std::unique_ptr<Backend>(new CpuBackend(options));
+  CpuBackendOptions resolved = options;
+  if (!resolved.max_cached_bytes.has_value()) {
+    if (const char* env = std::getenv("PS_CPU_DEVICE_CACHE_BYTES"); env != nullptr && *env) {
+      int64_t bytes = 0;
+      if (!absl::SimpleAtoi(env, &bytes) || bytes < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cpu backend: PS_CPU_DEVICE_CACHE_BYTES must be a byte count >= 0 (0 turns the cache "
+            "of freed device blocks off), got \"",
+            env, "\""));
+      }
+      resolved.max_cached_bytes = bytes;
+    }
+  }
+  return std::unique_ptr<Backend>(new CpuBackend(resolved));
 }
 
 }  // namespace ps

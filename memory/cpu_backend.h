@@ -7,8 +7,10 @@
 //    Every live allocation is registered, so copies and memsets into device memory are checked
 //    against it at enqueue time (InvalidArgument for a range outside any live allocation).
 //  - Mapped blocks are kept for reuse, as CUDA's caching allocator keeps cudaMalloc'd blocks:
-//    FreeDevice puts a block in a cache (by exact rounded size) instead of unmapping it, and an
-//    AllocateDevice of that size takes it back without a system call or a single page fault. Once
+//    FreeDevice puts a block in a cache instead of unmapping it, and AllocateDevice takes a block
+//    of that size back without a system call or a single page fault; failing that it cuts the
+//    front off the smallest larger block (the rest stays cached) or grows the largest smaller one
+//    with mremap (its pages stay; only the new tail faults in). Once
 //    every chunk load mapped fresh pages that the kernel zeroed one fault at a time (1B bf16 at
 //    its minimum cap: more system time than user time). Semantics are CUDA's: memory from
 //    AllocateDevice holds whatever it held (it is not zeroed); the cap counts live bytes only,
@@ -84,7 +86,9 @@ struct CpuBackendOptions {
   bool stall_streams_until_host_waits = false;
   // The cache of freed device blocks (see the file comment). Most bytes it keeps; unset: bounded
   // only by the highest live total so far. 0 turns the cache off (every free unmaps). Must be
-  // >= 0 when set.
+  // >= 0 when set. When unset, the environment variable PS_CPU_DEVICE_CACHE_BYTES (a byte count)
+  // sets it for every cpu backend of the process: an escape hatch for a host short of memory, and
+  // how benchmarks compare runs without the cache.
   std::optional<int64_t> max_cached_bytes = std::nullopt;
   // Host-memory pressure: while the cache grows, at most once per host_memory_check_interval,
   // the backend asks `host_available_bytes` what the host can still give (default: empty, which
@@ -104,9 +108,14 @@ struct CpuBackendMemoryStats {
   int64_t mapped_bytes = 0;       // live + cached: the host memory the device holds
   int64_t peak_mapped_bytes = 0;  // highest mapped_bytes since construction
   int64_t peak_live_bytes = 0;    // highest live_bytes since construction
-  // Successful AllocateDevice calls and how many a cached block served (no mapping, no faults).
+  // Successful AllocateDevice calls and how many a cached block served (no mapping, no faults):
+  // one of the same size, the front of a larger one (the rest stays cached), or a smaller one
+  // grown in place (mremap: only the new tail faults in).
   int64_t allocations = 0;
   int64_t cache_hits = 0;
+  int64_t split_reuses = 0;
+  int64_t grow_reuses = 0;
+  int64_t reuses() const { return cache_hits + split_reuses + grow_reuses; }
   // Blocks mapped from and unmapped back to the OS (pages of the host allocator).
   int64_t blocks_mapped = 0;
   int64_t blocks_unmapped = 0;
