@@ -7,6 +7,8 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <iterator>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,6 +19,7 @@
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -24,11 +27,43 @@
 #include "base/units.h"
 #include "glog/logging.h"
 #include "memory/internal/backend_errors.h"
+#include "memory/host_memory_info.h"
 #include "memory/internal/page_allocation.h"
 #include "memory/memory_resource.h"
 
+// Cached device blocks are poisoned under AddressSanitizer, so a use after FreeDevice is reported
+// although the block stays allocated (CpuBackendOptions' cache).
+#if defined(__SANITIZE_ADDRESS__)
+#define PS_CPU_BACKEND_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PS_CPU_BACKEND_ASAN 1
+#endif
+#endif
+#ifdef PS_CPU_BACKEND_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace ps {
 namespace {
+
+void PoisonCached(void* p, int64_t bytes) {
+#ifdef PS_CPU_BACKEND_ASAN
+  ASAN_POISON_MEMORY_REGION(p, static_cast<size_t>(bytes));
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+void UnpoisonCached(void* p, int64_t bytes) {
+#ifdef PS_CPU_BACKEND_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(p, static_cast<size_t>(bytes));
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
 
 using backend_internal::CheckAllocationSize;
 using backend_internal::CheckTransferArgs;
@@ -116,6 +151,118 @@ struct SharedState {
   absl::btree_map<uintptr_t, int64_t> pinned_allocations ABSL_GUARDED_BY(mu);
   int64_t allocated_bytes ABSL_GUARDED_BY(mu) = 0;
   BackendCounters counters ABSL_GUARDED_BY(mu);
+  // Freed device blocks kept mapped for reuse: rounded size -> start address. Not registered in
+  // device_allocations (so no copy may target them) and poisoned under AddressSanitizer.
+  absl::btree_multimap<int64_t, uintptr_t> device_cache ABSL_GUARDED_BY(mu);
+  CpuBackendMemoryStats memory_stats ABSL_GUARDED_BY(mu);
+  // When the cache may next ask whether the host runs low.
+  absl::Time next_host_memory_check ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+
+  // A block of `bytes` cut from the front of the smallest larger cached block whose rest stays a
+  // block (memory/internal/page_allocation.h: PagesResizable); the rest stays cached. Null when
+  // there is none. Host memory held does not change.
+  void* SplitCachedLocked(int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!memory_internal::PagesResizable(bytes)) return nullptr;
+    for (auto it = device_cache.upper_bound(bytes); it != device_cache.end(); ++it) {
+      const int64_t rest = it->first - bytes;
+      if (!memory_internal::PagesResizable(it->first) ||
+          !memory_internal::PagesResizable(rest)) {
+        continue;
+      }
+      const uintptr_t block = it->second;
+      device_cache.erase(it);
+      device_cache.emplace(rest, block + static_cast<uintptr_t>(bytes));
+      memory_stats.cached_bytes -= bytes;
+      UnpoisonCached(reinterpret_cast<void*>(block), bytes);
+      return reinterpret_cast<void*>(block);
+    }
+    return nullptr;
+  }
+
+  // The largest cached block smaller than `bytes`, resized (mremap) to `bytes`: only the grown
+  // tail faults in. The other cached blocks are first trimmed to `cache_target` bytes. Null (and
+  // nothing changed but the trim) when there is none or the OS refuses.
+  void* GrowCachedLocked(int64_t bytes, int64_t cache_target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!memory_internal::PagesResizable(bytes)) return nullptr;
+    // Every block before lower_bound(bytes) is smaller; take the largest resizable one.
+    auto it = device_cache.lower_bound(bytes);
+    bool found = false;
+    while (!found && it != device_cache.begin()) {
+      --it;
+      found = memory_internal::PagesResizable(it->first);
+    }
+    if (!found) return nullptr;
+    const int64_t old_bytes = it->first;
+    void* block = reinterpret_cast<void*>(it->second);
+    device_cache.erase(it);
+    memory_stats.cached_bytes -= old_bytes;
+    memory_stats.cached_blocks -= 1;
+    memory_stats.mapped_bytes -= old_bytes;
+    // The grown block must fit the bound with what stays cached.
+    TrimCacheLocked(cache_target);
+    UnpoisonCached(block, old_bytes);
+    void* grown = memory_internal::ResizePages(block, old_bytes, bytes);
+    if (grown == nullptr) {
+      memory_internal::FreePages(block, old_bytes);
+      memory_stats.blocks_unmapped += 1;
+      return nullptr;
+    }
+    memory_stats.mapped_bytes += bytes;
+    memory_stats.peak_mapped_bytes = std::max(memory_stats.peak_mapped_bytes,
+                                              memory_stats.mapped_bytes);
+    return grown;
+  }
+
+  // Unmaps cached blocks, largest first, until at most `target` bytes stay cached.
+  void TrimCacheLocked(int64_t target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    while (memory_stats.cached_bytes > target && !device_cache.empty()) {
+      auto largest = std::prev(device_cache.end());
+      UnmapLocked(reinterpret_cast<void*>(largest->second), largest->first);
+      memory_stats.cached_bytes -= largest->first;
+      memory_stats.cached_blocks -= 1;
+      device_cache.erase(largest);
+    }
+  }
+
+  void UnmapLocked(void* p, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    UnpoisonCached(p, bytes);
+    memory_internal::FreePages(p, bytes);
+    memory_stats.blocks_unmapped += 1;
+    memory_stats.mapped_bytes -= bytes;
+  }
+
+  // Empties the cache; returns the bytes unmapped.
+  int64_t ReleaseCacheLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const int64_t released = memory_stats.cached_bytes;
+    TrimCacheLocked(0);
+    return released;
+  }
+
+  // Called after a free grew the cache, without the lock: empties the cache if the host runs low
+  // (at most once per host_memory_check_interval).
+  void CheckHostMemory() {
+    {
+      MutexLock lock(&mu);
+      const absl::Time now = absl::Now();
+      if (device_cache.empty() || now < next_host_memory_check) return;
+      next_host_memory_check = now + options.host_memory_check_interval;
+    }
+    int64_t available = -1;
+    if (options.host_available_bytes) {
+      available = options.host_available_bytes();
+    } else if (absl::StatusOr<HostMemoryInfo> info = ReadHostMemoryInfo(); info.ok()) {
+      available = info->available_bytes();
+    }
+    if (available < 0 || available >= options.host_low_memory_bytes) return;
+    MutexLock lock(&mu);
+    if (device_cache.empty()) return;
+    LOG(INFO) << "cpu backend for " << device() << ": the host has " << FormatBytes(available)
+              << " available (below " << FormatBytes(options.host_low_memory_bytes)
+              << "); unmapping " << FormatBytes(memory_stats.cached_bytes)
+              << " of cached device blocks";
+    ReleaseCacheLocked();
+    memory_stats.pressure_releases += 1;
+  }
 
   // The stall hooks (see cpu_backend.h). Every host wait increments the epoch; work held by a
   // stall remembers the epoch it was enqueued in and may start once the epoch has moved past it.
@@ -519,6 +666,7 @@ class CpuBackend final : public Backend {
     for (const auto& [p, bytes] : state_->device_allocations) {
       memory_internal::FreePages(reinterpret_cast<void*>(p), bytes);
     }
+    state_->ReleaseCacheLocked();
     for (const auto& [p, bytes] : state_->pinned_allocations) {
       memory_internal::FreePages(reinterpret_cast<void*>(p), bytes);
     }
@@ -545,31 +693,83 @@ class CpuBackend final : public Backend {
       return backend_internal::DeviceOutOfMemory(device(), "emulated by the cpu backend", "",
                                                  rounded, state_->allocated_bytes, cap);
     }
-    // Mapped pages (memory/internal/page_allocation.h): freed device memory goes back to the OS,
-    // so the emulated accelerator's host footprint is what it holds, never more than the cap.
-    void* p = memory_internal::AllocatePages(rounded);
+    CpuBackendMemoryStats& ms = state_->memory_stats;
+    void* p = nullptr;
+    if (auto cached = state_->device_cache.find(rounded); cached != state_->device_cache.end()) {
+      // A block of this size was freed: reuse it, its pages are resident already.
+      p = reinterpret_cast<void*>(cached->second);
+      state_->device_cache.erase(cached);
+      ms.cached_bytes -= rounded;
+      ms.cached_blocks -= 1;
+      ms.cache_hits += 1;
+      UnpoisonCached(p, rounded);
+    } else if (p = state_->SplitCachedLocked(rounded); p != nullptr) {
+      ms.split_reuses += 1;
+    } else {
+      // The backend never holds more host memory than its highest live total (this allocation
+      // included): unmap cached blocks first where mapping this one would exceed it.
+      const int64_t bound = std::max(ms.peak_live_bytes, state_->allocated_bytes + rounded);
+      const int64_t before = ms.blocks_unmapped;
+      // Grow the largest smaller cached block in place of a fresh mapping: its pages stay.
+      p = state_->GrowCachedLocked(rounded, bound - state_->allocated_bytes - rounded);
+      if (p != nullptr) ms.grow_reuses += 1;
+      state_->TrimCacheLocked(bound - state_->allocated_bytes - rounded);
+      ms.bound_evictions += ms.blocks_unmapped - before;
+    }
     if (p == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("host RAM backing ", device().ToString(), " is exhausted: allocating ",
-                       FormatBytes(rounded), " failed. Lower the accelerator memory cap."));
+      // Mapped pages (memory/internal/page_allocation.h).
+      p = memory_internal::AllocatePages(rounded);
+      if (p == nullptr && ms.cached_bytes > 0) {
+        // The host refused: give back what the cache holds and try again.
+        state_->ReleaseCacheLocked();
+        ms.pressure_releases += 1;
+        p = memory_internal::AllocatePages(rounded);
+      }
+      if (p == nullptr) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("host RAM backing ", device().ToString(), " is exhausted: allocating ",
+                         FormatBytes(rounded), " failed. Lower the accelerator memory cap."));
+      }
+      ms.blocks_mapped += 1;
+      ms.mapped_bytes += rounded;
+      ms.peak_mapped_bytes = std::max(ms.peak_mapped_bytes, ms.mapped_bytes);
     }
     state_->device_allocations[reinterpret_cast<uintptr_t>(p)] = rounded;
     state_->allocated_bytes += rounded;
     state_->counters.device_allocations += 1;
     state_->counters.peak_device_allocated_bytes =
         std::max(state_->counters.peak_device_allocated_bytes, state_->allocated_bytes);
+    ms.allocations += 1;
+    ms.peak_live_bytes = std::max(ms.peak_live_bytes, state_->allocated_bytes);
     return p;
   }
 
   absl::Status FreeDevice(void* ptr) override {
-    MutexLock lock(&state_->mu);
-    auto it = state_->device_allocations.find(reinterpret_cast<uintptr_t>(ptr));
-    if (it == state_->device_allocations.end()) {
-      return backend_internal::NotALiveAllocation("FreeDevice", ptr, device(), "device");
+    {
+      MutexLock lock(&state_->mu);
+      auto it = state_->device_allocations.find(reinterpret_cast<uintptr_t>(ptr));
+      if (it == state_->device_allocations.end()) {
+        return backend_internal::NotALiveAllocation("FreeDevice", ptr, device(), "device");
+      }
+      const int64_t bytes = it->second;
+      state_->allocated_bytes -= bytes;
+      state_->device_allocations.erase(it);
+      // Kept mapped for the next allocation of this size (see cpu_backend.h), within
+      // max_cached_bytes; from now on no copy may target it, and AddressSanitizer reports a use.
+      CpuBackendMemoryStats& ms = state_->memory_stats;
+      const int64_t max_cached =
+          state_->options.max_cached_bytes.value_or(std::numeric_limits<int64_t>::max());
+      if (bytes > max_cached) {
+        state_->UnmapLocked(ptr, bytes);
+        return absl::OkStatus();
+      }
+      state_->TrimCacheLocked(max_cached - bytes);
+      PoisonCached(ptr, bytes);
+      state_->device_cache.emplace(bytes, reinterpret_cast<uintptr_t>(ptr));
+      ms.cached_bytes += bytes;
+      ms.cached_blocks += 1;
     }
-    state_->allocated_bytes -= it->second;
-    memory_internal::FreePages(ptr, it->second);
-    state_->device_allocations.erase(it);
+    state_->CheckHostMemory();
     return absl::OkStatus();
   }
 
@@ -609,6 +809,20 @@ class CpuBackend final : public Backend {
 
   SharedState* state() const { return state_.get(); }
 
+  CpuBackendMemoryStats memory_stats() const {
+    MutexLock lock(&state_->mu);
+    CpuBackendMemoryStats s = state_->memory_stats;
+    s.live_bytes = state_->allocated_bytes;
+    return s;
+  }
+
+  int64_t ReleaseCache() {
+    MutexLock lock(&state_->mu);
+    if (state_->device_cache.empty()) return 0;
+    state_->memory_stats.explicit_releases += 1;
+    return state_->ReleaseCacheLocked();
+  }
+
  private:
   std::shared_ptr<SharedState> state_;
 };
@@ -635,6 +849,24 @@ absl::Status CheckCpuDeviceRange(const Backend& backend, const void* ptr, int64_
     return absl::InvalidArgumentError(absl::StrCat(what, ": negative size ", bytes));
   }
   return cpu->state()->CheckDeviceRange(ptr, bytes, what);
+}
+
+absl::StatusOr<CpuBackendMemoryStats> GetCpuBackendMemoryStats(const Backend& backend) {
+  const auto* cpu = dynamic_cast<const CpuBackend*>(&backend);
+  if (cpu == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GetCpuBackendMemoryStats needs a cpu backend, got the ", backend.name(), " backend"));
+  }
+  return cpu->memory_stats();
+}
+
+absl::StatusOr<int64_t> ReleaseCpuDeviceCache(Backend& backend) {
+  auto* cpu = dynamic_cast<CpuBackend*>(&backend);
+  if (cpu == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ReleaseCpuDeviceCache needs a cpu backend, got the ", backend.name(), " backend"));
+  }
+  return cpu->ReleaseCache();
 }
 
 absl::Status SetCpuLinkInterrupt(Backend& backend, std::function<bool()> interrupt) {
@@ -671,11 +903,30 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOption
         "cpu backend: copy_bandwidth_bytes_per_s must be finite and >= 0 (0 = unlimited), got ",
         options.copy_bandwidth_bytes_per_s));
   }
+  if (options.max_cached_bytes.has_value() && *options.max_cached_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cpu backend: max_cached_bytes must be >= 0 (0 turns the cache of freed device blocks "
+        "off), got ",
+        *options.max_cached_bytes));
+  }
   if (options.device_index < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("cpu backend: device_index must be >= 0, got ", options.device_index));
   }
-  return std::unique_ptr<Backend>(new CpuBackend(options));
+  CpuBackendOptions resolved = options;
+  if (!resolved.max_cached_bytes.has_value()) {
+    if (const char* env = std::getenv("PS_CPU_DEVICE_CACHE_BYTES"); env != nullptr && *env) {
+      int64_t bytes = 0;
+      if (!absl::SimpleAtoi(env, &bytes) || bytes < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cpu backend: PS_CPU_DEVICE_CACHE_BYTES must be a byte count >= 0 (0 turns the cache "
+            "of freed device blocks off), got \"",
+            env, "\""));
+      }
+      resolved.max_cached_bytes = bytes;
+    }
+  }
+  return std::unique_ptr<Backend>(new CpuBackend(resolved));
 }
 
 }  // namespace ps

@@ -6,6 +6,22 @@
 //    up to kAllocationAlignment). Over the cap is ResourceExhausted; nothing is over-committed.
 //    Every live allocation is registered, so copies and memsets into device memory are checked
 //    against it at enqueue time (InvalidArgument for a range outside any live allocation).
+//  - Mapped blocks are kept for reuse, as CUDA's caching allocator keeps cudaMalloc'd blocks:
+//    FreeDevice puts a block in a cache instead of unmapping it, and AllocateDevice takes a block
+//    of that size back without a system call or a single page fault; failing that it cuts the
+//    front off the smallest larger block (the rest stays cached) or grows the largest smaller one
+//    with mremap (its pages stay; only the new tail faults in). Once
+//    every chunk load mapped fresh pages that the kernel zeroed one fault at a time (1B bf16 at
+//    its minimum cap: more system time than user time). Semantics are CUDA's: memory from
+//    AllocateDevice holds whatever it held (it is not zeroed); the cap counts live bytes only,
+//    exactly as without the cache; a cached block is not a live allocation, so copies into it
+//    are refused until it is allocated again, and under AddressSanitizer it is poisoned, so a
+//    use after FreeDevice is still reported. The cache never makes the backend hold more host
+//    memory than its highest live total so far (mapped = live + cached <= that peak <= the cap):
+//    a miss that would exceed it unmaps cached blocks first (largest first). It is emptied when
+//    the host runs low (CpuBackendOptions::host_low_memory_bytes, checked at most every
+//    host_memory_check_interval while the cache grows), when mapping fails (and the mapping is
+//    retried), by ReleaseCpuDeviceCache, and at destruction. CpuBackendMemoryStats counts it all.
 //  - Streams: each stream is a worker thread running its queue in order. A copy on a copy stream
 //    really overlaps computation on a compute stream, as a DMA engine would.
 //  - Link emulation: with `copy_bandwidth_bytes_per_s > 0`, every host<->device copy takes at
@@ -47,6 +63,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
@@ -67,7 +84,54 @@ struct CpuBackendOptions {
   // For tests: every stream holds its work until the host next waits for the backend (see the
   // file comment). Slower (no overlap between the host and the streams) but deterministic.
   bool stall_streams_until_host_waits = false;
+  // The cache of freed device blocks (see the file comment). Most bytes it keeps; unset: bounded
+  // only by the highest live total so far. 0 turns the cache off (every free unmaps). Must be
+  // >= 0 when set. When unset, the environment variable PS_CPU_DEVICE_CACHE_BYTES (a byte count)
+  // sets it for every cpu backend of the process: an escape hatch for a host short of memory, and
+  // how benchmarks compare runs without the cache.
+  std::optional<int64_t> max_cached_bytes = std::nullopt;
+  // Host-memory pressure: while the cache grows, at most once per host_memory_check_interval,
+  // the backend asks `host_available_bytes` what the host can still give (default: empty, which
+  // reads ReadHostMemoryInfo().available_bytes(), memory/host_memory_info.h) and empties the
+  // cache when the answer is below host_low_memory_bytes. A negative answer (unknown) never
+  // empties it. Tests inject a function; it is called without the backend's locks held.
+  int64_t host_low_memory_bytes = int64_t{512} << 20;
+  absl::Duration host_memory_check_interval = absl::Milliseconds(200);
+  std::function<int64_t()> host_available_bytes = nullptr;
 };
+
+// What the emulated accelerator's memory costs the host (see the file comment).
+struct CpuBackendMemoryStats {
+  int64_t live_bytes = 0;         // allocated, what the cap counts
+  int64_t cached_bytes = 0;       // freed, kept mapped for reuse
+  int64_t cached_blocks = 0;
+  int64_t mapped_bytes = 0;       // live + cached: the host memory the device holds
+  int64_t peak_mapped_bytes = 0;  // highest mapped_bytes since construction
+  int64_t peak_live_bytes = 0;    // highest live_bytes since construction
+  // Successful AllocateDevice calls and how many a cached block served (no mapping, no faults):
+  // one of the same size, the front of a larger one (the rest stays cached), or a smaller one
+  // grown in place (mremap: only the new tail faults in).
+  int64_t allocations = 0;
+  int64_t cache_hits = 0;
+  int64_t split_reuses = 0;
+  int64_t grow_reuses = 0;
+  int64_t reuses() const { return cache_hits + split_reuses + grow_reuses; }
+  // Blocks mapped from and unmapped back to the OS (pages of the host allocator).
+  int64_t blocks_mapped = 0;
+  int64_t blocks_unmapped = 0;
+  // Cached blocks unmapped to stay within the bound on a miss, and caches emptied because the
+  // host ran low (host_low_memory_bytes), mapping failed, or ReleaseCpuDeviceCache was called.
+  int64_t bound_evictions = 0;
+  int64_t pressure_releases = 0;
+  int64_t explicit_releases = 0;
+};
+
+// The counters above for `backend`, a cpu backend; InvalidArgument for another backend.
+absl::StatusOr<CpuBackendMemoryStats> GetCpuBackendMemoryStats(const Backend& backend);
+
+// Unmaps every cached block of `backend`, a cpu backend, and returns the bytes given back to the
+// OS; InvalidArgument for another backend. Live allocations are untouched.
+absl::StatusOr<int64_t> ReleaseCpuDeviceCache(Backend& backend);
 
 // Returns InvalidArgument for a non-positive capacity or a negative or non-finite bandwidth.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options);

@@ -1,8 +1,10 @@
 #include "memory/cpu_backend.h"
 
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <future>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "base/units.h"
 #include "gtest/gtest.h"
 #include "memory/backend_factory.h"
+#include "memory/host_memory_info.h"
 #include "memory/testing/backend_conformance.h"
 
 namespace ps {
@@ -178,6 +181,315 @@ TEST(CpuBackend, CheckCpuDeviceRangeAcceptsOnlyLiveDeviceMemory) {
   ASSERT_OK(backend->FreeDevice(p));
   EXPECT_THAT(CheckCpuDeviceRange(*backend, p, 4, "freed"),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// --- The cache of freed device blocks -----------------------------------------------------------
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAsan = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAsan = true;
+#else
+constexpr bool kAsan = false;
+#endif
+#else
+constexpr bool kAsan = false;
+#endif
+
+CpuBackendMemoryStats MemoryStats(const Backend& backend) {
+  absl::StatusOr<CpuBackendMemoryStats> stats = GetCpuBackendMemoryStats(backend);
+  EXPECT_OK(stats);
+  return stats.ok() ? *stats : CpuBackendMemoryStats{};
+}
+
+TEST(CpuBackendCache, FreedBlocksAreReusedWithoutMappingAgain) {
+  ASSERT_OK_AND_ASSIGN(auto backend, CreateCpuBackend({.capacity_bytes = 8 * kMiB}));
+  ASSERT_OK_AND_ASSIGN(void* a, backend->AllocateDevice(kMiB));
+  ASSERT_OK(backend->FreeDevice(a));
+  CpuBackendMemoryStats s = MemoryStats(*backend);
+  EXPECT_EQ(s.cached_bytes, kMiB);
+  EXPECT_EQ(s.mapped_bytes, kMiB);
+  EXPECT_EQ(s.live_bytes, 0);
+  EXPECT_EQ(backend->allocated_bytes(), 0);
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_OK_AND_ASSIGN(void* b, backend->AllocateDevice(kMiB - 100));  // the same rounded size
+    EXPECT_EQ(b, a);
+    ASSERT_OK(backend->FreeDevice(b));
+  }
+  s = MemoryStats(*backend);
+  EXPECT_EQ(s.allocations, 11);
+  EXPECT_EQ(s.cache_hits, 10);
+  EXPECT_EQ(s.blocks_mapped, 1);
+  EXPECT_EQ(s.blocks_unmapped, 0);
+  EXPECT_EQ(s.peak_mapped_bytes, kMiB);
+  // Another size: the cached block is grown (or, under AddressSanitizer, unmapped for a new one:
+  // 2 MiB live after a 1 MiB peak leaves no room to keep it).
+  ASSERT_OK_AND_ASSIGN(void* c, backend->AllocateDevice(2 * kMiB));
+  s = MemoryStats(*backend);
+  EXPECT_EQ(s.blocks_mapped, kAsan ? 2 : 1);
+  EXPECT_EQ(s.grow_reuses, kAsan ? 0 : 1);
+  EXPECT_EQ(s.cached_bytes, 0);
+  EXPECT_EQ(s.mapped_bytes, 2 * kMiB);
+  ASSERT_OK(backend->FreeDevice(c));
+  // Explicit release.
+  EXPECT_THAT(ReleaseCpuDeviceCache(*backend), IsOkAndHolds(2 * kMiB));
+  s = MemoryStats(*backend);
+  EXPECT_EQ(s.mapped_bytes, 0);
+  EXPECT_EQ(s.cached_blocks, 0);
+  EXPECT_EQ(s.explicit_releases, 1);
+}
+
+// A request of another size reuses mapped pages too: the front of a larger cached block (the
+// rest stays cached, still refused as a copy target), or a smaller one grown in place.
+TEST(CpuBackendCache, OtherSizesSplitALargerBlockOrGrowASmallerOne) {
+  if (kAsan) GTEST_SKIP() << "under AddressSanitizer blocks come from the heap: exact sizes only";
+  ASSERT_OK_AND_ASSIGN(auto backend, CreateCpuBackend({.capacity_bytes = 16 * kMiB}));
+  ASSERT_OK_AND_ASSIGN(void* p, backend->AllocateDevice(4 * kMiB));
+  std::memset(p, 0x5a, 4 * kMiB);
+  ASSERT_OK(backend->FreeDevice(p));
+  ASSERT_OK_AND_ASSIGN(void* front, backend->AllocateDevice(kMiB));
+  EXPECT_EQ(front, p);
+  EXPECT_EQ(static_cast<unsigned char*>(front)[kMiB - 1], 0x5a) << "the same pages";
+  CpuBackendMemoryStats s = MemoryStats(*backend);
+  EXPECT_EQ(s.split_reuses, 1);
+  EXPECT_EQ(s.cached_bytes, 3 * kMiB);
+  EXPECT_EQ(s.mapped_bytes, 4 * kMiB);
+  char* rest = static_cast<char*>(p) + kMiB;
+  EXPECT_THAT(CheckCpuDeviceRange(*backend, rest, 1, "rest"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(CheckCpuDeviceRange(*backend, front, kMiB + 1, "front"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_OK_AND_ASSIGN(void* back, backend->AllocateDevice(3 * kMiB));
+  EXPECT_EQ(back, rest);
+  EXPECT_EQ(MemoryStats(*backend).cache_hits, 1);
+  ASSERT_OK(backend->FreeDevice(front));
+  ASSERT_OK(backend->FreeDevice(back));
+  // 6 MiB: the 3 MiB block grows; the 1 MiB one is unmapped (mapped stays <= the 6 MiB peak).
+  ASSERT_OK_AND_ASSIGN(void* grown, backend->AllocateDevice(6 * kMiB));
+  s = MemoryStats(*backend);
+  EXPECT_EQ(s.grow_reuses, 1);
+  EXPECT_EQ(s.blocks_mapped, 1);
+  EXPECT_EQ(static_cast<unsigned char*>(grown)[3 * kMiB - 1], 0x5a) << "kept its pages";
+  EXPECT_EQ(static_cast<unsigned char*>(grown)[6 * kMiB - 1], 0) << "a new tail";
+  EXPECT_EQ(s.mapped_bytes, 6 * kMiB);
+  EXPECT_EQ(s.cached_bytes, 0) << "mapped <= the highest live total (6 MiB now)";
+  EXPECT_OK(CheckCpuDeviceRange(*backend, grown, 6 * kMiB, "grown"));
+  ASSERT_OK(backend->FreeDevice(grown));
+}
+
+TEST(CpuBackendCache, MaxCachedBytesBoundsTheCacheAndZeroTurnsItOff) {
+  EXPECT_THAT(CreateCpuBackend({.capacity_bytes = kMiB, .max_cached_bytes = -1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "max_cached_bytes"));
+  ASSERT_OK_AND_ASSIGN(auto off, CreateCpuBackend({.capacity_bytes = 8 * kMiB,
+                                                   .max_cached_bytes = 0}));
+  ASSERT_OK_AND_ASSIGN(void* a, off->AllocateDevice(kMiB));
+  ASSERT_OK(off->FreeDevice(a));
+  EXPECT_EQ(MemoryStats(*off).mapped_bytes, 0);
+  EXPECT_EQ(MemoryStats(*off).blocks_unmapped, 1);
+
+  ASSERT_OK_AND_ASSIGN(auto small, CreateCpuBackend({.capacity_bytes = 8 * kMiB,
+                                                     .max_cached_bytes = 3 * kMiB}));
+  std::vector<void*> blocks;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_OK_AND_ASSIGN(void* p, small->AllocateDevice(kMiB));
+    blocks.push_back(p);
+  }
+  for (void* p : blocks) ASSERT_OK(small->FreeDevice(p));
+  EXPECT_EQ(MemoryStats(*small).cached_bytes, 3 * kMiB);
+  EXPECT_EQ(MemoryStats(*small).mapped_bytes, 3 * kMiB);
+  EXPECT_THAT(GetCpuBackendMemoryStats(*small), IsOk());
+}
+
+// The cap counts live bytes: whatever is cached, every request succeeds or fails exactly as on a
+// backend without a cache, with the same bytes in use, and the cache never holds the host memory
+// above the highest live total.
+TEST(CpuBackendCache, CapIsEnforcedIdenticallyWithAWarmCache) {
+  constexpr int64_t kCap = 6 * kMiB;
+  ASSERT_OK_AND_ASSIGN(auto cached, CreateCpuBackend({.capacity_bytes = kCap}));
+  ASSERT_OK_AND_ASSIGN(auto plain,
+                       CreateCpuBackend({.capacity_bytes = kCap, .max_cached_bytes = 0}));
+  // A warm cache first: the whole cap allocated and freed.
+  {
+    std::vector<void*> all;
+    for (int i = 0; i < 6; ++i) {
+      ASSERT_OK_AND_ASSIGN(void* p, cached->AllocateDevice(kMiB));
+      all.push_back(p);
+    }
+    for (void* p : all) ASSERT_OK(cached->FreeDevice(p));
+    ASSERT_EQ(MemoryStats(*cached).cached_bytes, kCap);
+  }
+  std::mt19937 rng(7);
+  const int64_t sizes[] = {64 * kKiB, 256 * kKiB, kMiB, 2 * kMiB, 3 * kMiB, 5 * kMiB};
+  std::vector<std::pair<void*, void*>> live;  // (cached backend's, plain backend's)
+  for (int step = 0; step < 400; ++step) {
+    if (!live.empty() && rng() % 2 == 0) {
+      const size_t i = rng() % live.size();
+      ASSERT_OK(cached->FreeDevice(live[i].first));
+      ASSERT_OK(plain->FreeDevice(live[i].second));
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      const int64_t bytes = sizes[rng() % std::size(sizes)];
+      absl::StatusOr<void*> a = cached->AllocateDevice(bytes);
+      absl::StatusOr<void*> b = plain->AllocateDevice(bytes);
+      ASSERT_EQ(a.ok(), b.ok()) << "step " << step << ", " << bytes << " bytes: " << a.status()
+                                << " vs " << b.status();
+      if (a.ok()) {
+        live.emplace_back(*a, *b);
+      } else {
+        EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted);
+      }
+    }
+    ASSERT_EQ(cached->allocated_bytes(), plain->allocated_bytes()) << "step " << step;
+    const CpuBackendMemoryStats s = MemoryStats(*cached);
+    ASSERT_EQ(s.mapped_bytes, s.live_bytes + s.cached_bytes);
+    ASSERT_LE(s.mapped_bytes, s.peak_live_bytes);
+    ASSERT_LE(s.peak_mapped_bytes, kCap);
+  }
+  EXPECT_GT(MemoryStats(*cached).cache_hits, 50);
+  for (auto [a, b] : live) {
+    ASSERT_OK(cached->FreeDevice(a));
+    ASSERT_OK(plain->FreeDevice(b));
+  }
+}
+
+TEST(CpuBackendCache, ACachedBlockIsRefusedAsACopyTargetUntilAllocatedAgain) {
+  ASSERT_OK_AND_ASSIGN(auto backend, CreateCpuBackend({.capacity_bytes = 4 * kMiB}));
+  ASSERT_OK_AND_ASSIGN(auto stream, backend->CreateStream());
+  std::vector<char> host(kMiB, 7);
+  ASSERT_OK_AND_ASSIGN(void* p, backend->AllocateDevice(kMiB));
+  ASSERT_OK(backend->FreeDevice(p));
+  ASSERT_EQ(MemoryStats(*backend).cached_blocks, 1);
+  EXPECT_THAT(stream->MemcpyAsync(p, host.data(), kMiB, CopyKind::kHostToDevice),
+              StatusIs(absl::StatusCode::kInvalidArgument, "destination"));
+  EXPECT_THAT(stream->MemcpyAsync(host.data(), p, 64, CopyKind::kDeviceToHost),
+              StatusIs(absl::StatusCode::kInvalidArgument, "source"));
+  EXPECT_THAT(stream->MemsetAsync(p, 0, 64), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(CheckCpuDeviceRange(*backend, p, 4, "freed"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(backend->FreeDevice(p), StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_OK_AND_ASSIGN(void* again, backend->AllocateDevice(kMiB));
+  ASSERT_EQ(again, p);
+  EXPECT_OK(stream->MemcpyAsync(again, host.data(), kMiB, CopyKind::kHostToDevice));
+  EXPECT_OK(stream->Synchronize());
+  EXPECT_EQ(static_cast<char*>(again)[kMiB - 1], 7);
+  ASSERT_OK(backend->FreeDevice(again));
+}
+
+TEST(CpuBackendCache, UseAfterFreeOfACachedBlockIsReportedUnderAddressSanitizer) {
+  if (!kAsan) GTEST_SKIP() << "AddressSanitizer only";
+  ASSERT_OK_AND_ASSIGN(auto backend, CreateCpuBackend({.capacity_bytes = 4 * kMiB}));
+  ASSERT_OK_AND_ASSIGN(void* p, backend->AllocateDevice(kMiB));
+  ASSERT_OK(backend->FreeDevice(p));
+  ASSERT_EQ(MemoryStats(*backend).cached_blocks, 1);
+  volatile char* bytes = static_cast<char*>(p);
+  EXPECT_DEATH(bytes[100] = 1, "use-after-poison");
+}
+
+TEST(CpuBackendCache, TheCacheIsEmptiedWhenTheHostRunsLow) {
+  auto available = std::make_shared<std::atomic<int64_t>>(int64_t{64} << 30);
+  std::atomic<int> probes{0};
+  ASSERT_OK_AND_ASSIGN(
+      auto backend,
+      CreateCpuBackend({.capacity_bytes = 8 * kMiB,
+                        .host_low_memory_bytes = 100 * kMiB,
+                        .host_memory_check_interval = absl::ZeroDuration(),
+                        .host_available_bytes = [available, &probes] {
+                          probes.fetch_add(1);
+                          return available->load();
+                        }}));
+  ASSERT_OK_AND_ASSIGN(void* a, backend->AllocateDevice(kMiB));
+  ASSERT_OK_AND_ASSIGN(void* b, backend->AllocateDevice(2 * kMiB));
+  ASSERT_OK(backend->FreeDevice(a));
+  EXPECT_EQ(MemoryStats(*backend).cached_bytes, kMiB);  // plenty available: kept
+  EXPECT_EQ(probes.load(), 1);
+  available->store(-1);  // unknown: kept
+  ASSERT_OK_AND_ASSIGN(void* c, backend->AllocateDevice(kMiB));
+  ASSERT_OK(backend->FreeDevice(c));
+  EXPECT_EQ(MemoryStats(*backend).cached_bytes, kMiB);
+  EXPECT_EQ(probes.load(), 2);
+  available->store(50 * kMiB);  // below the 100 MiB mark: everything cached goes
+  ASSERT_OK(backend->FreeDevice(b));
+  const CpuBackendMemoryStats s = MemoryStats(*backend);
+  EXPECT_EQ(s.cached_bytes, 0);
+  EXPECT_EQ(s.mapped_bytes, 0);
+  EXPECT_EQ(s.pressure_releases, 1);
+  EXPECT_EQ(s.blocks_unmapped, 2);
+}
+
+TEST(CpuBackendCache, CachedPagesLeaveTheProcessOnReleaseAndAtDestruction) {
+  if (kSanitized) GTEST_SKIP() << "resident sizes are checked without sanitizers only";
+  constexpr int64_t kBytes = 64 * kMiB;
+  auto resident = [] {
+    absl::StatusOr<HostMemoryInfo> info = ReadHostMemoryInfo();
+    EXPECT_OK(info);
+    return info.ok() ? info->process_resident_bytes : 0;
+  };
+  for (bool destroy : {false, true}) {
+    const int64_t before = resident();
+    ASSERT_OK_AND_ASSIGN(auto backend, CreateCpuBackend({.capacity_bytes = kBytes}));
+    ASSERT_OK_AND_ASSIGN(void* p, backend->AllocateDevice(kBytes));
+    std::memset(p, 1, kBytes);
+    ASSERT_OK(backend->FreeDevice(p));
+    EXPECT_GE(resident() - before, kBytes - 8 * kMiB) << "a cached block stays resident";
+    if (destroy) {
+      backend.reset();
+    } else {
+      ASSERT_THAT(ReleaseCpuDeviceCache(*backend), IsOkAndHolds(kBytes));
+    }
+    EXPECT_LT(resident() - before, 8 * kMiB) << (destroy ? "destroyed" : "released");
+  }
+}
+
+// Several threads allocate and free through one backend: no block is ever handed out twice, and
+// the accounting adds up afterwards.
+TEST(CpuBackendCache, ConcurrentAllocateAndFreeFromSeveralThreads) {
+  constexpr int64_t kCap = 6 * kMiB;
+  ASSERT_OK_AND_ASSIGN(auto backend, CreateCpuBackend({.capacity_bytes = kCap}));
+  constexpr int kThreads = 4;
+  std::atomic<int64_t> exhausted{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&backend, &exhausted, t] {
+      std::mt19937 rng(100 + t);
+      const int64_t sizes[] = {64 * kKiB, 128 * kKiB, 512 * kKiB, kMiB};
+      for (int i = 0; i < 150; ++i) {
+        const int64_t bytes = sizes[rng() % std::size(sizes)];
+        absl::StatusOr<void*> p = backend->AllocateDevice(bytes);
+        if (!p.ok()) {
+          EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
+          exhausted.fetch_add(1);
+          continue;
+        }
+        auto* data = static_cast<unsigned char*>(*p);
+        std::memset(data, t + 1, static_cast<size_t>(bytes));
+        std::this_thread::yield();
+        EXPECT_EQ(data[0], t + 1);
+        EXPECT_EQ(data[bytes - 1], t + 1);
+        EXPECT_OK(backend->FreeDevice(*p));
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  const CpuBackendMemoryStats s = MemoryStats(*backend);
+  EXPECT_EQ(s.live_bytes, 0);
+  EXPECT_EQ(s.mapped_bytes, s.cached_bytes);
+  EXPECT_EQ(s.allocations, s.reuses() + s.blocks_mapped);
+  EXPECT_EQ(s.allocations + exhausted.load(), kThreads * 150);
+  EXPECT_GT(s.cache_hits, 0);
+  EXPECT_LE(s.peak_mapped_bytes, kCap);
 }
 
 // --- Making the host run ahead ------------------------------------------------------------------

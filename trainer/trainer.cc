@@ -1,5 +1,7 @@
 #include "trainer/trainer.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -77,6 +79,28 @@ namespace ps {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// What the process has used so far (every thread): wall clock, CPU time, page faults. Differences
+// around each step go into the summary (issue #24: the emulated accelerator once spent more
+// system time than user time faulting in freshly mapped pages).
+struct ProcessUsage {
+  Clock::time_point wall;
+  double user_s = 0, system_s = 0;
+  int64_t minor_faults = 0, major_faults = 0;
+};
+
+ProcessUsage ReadProcessUsage() {
+  ProcessUsage u;
+  u.wall = Clock::now();
+  struct rusage r {};
+  if (getrusage(RUSAGE_SELF, &r) == 0) {
+    u.user_s = static_cast<double>(r.ru_utime.tv_sec) + 1e-6 * r.ru_utime.tv_usec;
+    u.system_s = static_cast<double>(r.ru_stime.tv_sec) + 1e-6 * r.ru_stime.tv_usec;
+    u.minor_faults = r.ru_minflt;
+    u.major_faults = r.ru_majflt;
+  }
+  return u;
+}
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -1174,7 +1198,14 @@ absl::Status Trainer::Impl::Run() {
     }
     while (step_ < config_.steps) {
       StepMetrics m;
+      const ProcessUsage u0 = ReadProcessUsage();
       RETURN_IF_ERROR(Step(m));
+      const ProcessUsage u1 = ReadProcessUsage();
+      summary_.steps_wall_s += Seconds(u0.wall, u1.wall);
+      summary_.steps_user_s += u1.user_s - u0.user_s;
+      summary_.steps_system_s += u1.system_s - u0.system_s;
+      summary_.steps_minor_faults += u1.minor_faults - u0.minor_faults;
+      summary_.steps_major_faults += u1.major_faults - u0.major_faults;
       const bool last = step_ == config_.steps;
       ASSIGN_OR_RETURN(const bool stop, AnyRank(env_.stop_requested && env_.stop_requested()));
       if (validates && (step_ % eval_every == 0 || last || stop)) {
@@ -1266,6 +1297,11 @@ absl::Status Trainer::Impl::Run() {
   summary_.all_gather_bytes = c.all_gather_bytes;
   summary_.reduce_scatter_bytes = c.reduce_scatter_bytes;
   summary_.comm_s = static_cast<double>(c.comm_ns) * 1e-9;
+  if (absl::StatusOr<CpuBackendMemoryStats> m = GetCpuBackendMemoryStats(*backend_); m.ok()) {
+    summary_.accelerator_allocations = m->allocations;
+    summary_.accelerator_cache_hits = m->reuses();
+    summary_.accelerator_peak_mapped_bytes = m->peak_mapped_bytes;
+  }
   if (out() != nullptr && !history_.empty()) *out() << SummaryText();
   status.Update(CloseOutputs());
   return status;
@@ -1320,6 +1356,20 @@ std::string Trainer::Impl::SummaryText() const {
         "collectives\n",
         s.world_size, FormatBytes(s.all_gather_bytes), FormatBytes(s.reduce_scatter_bytes),
         s.comm_s);
+  }
+  if (s.steps_wall_s > 0) {
+    os << absl::StrFormat(
+        "host CPU in the steps (every thread): user %.1f s, system %.1f s (%.1f%% of the steps' "
+        "%.1f s); page faults %d minor, %d major\n",
+        s.steps_user_s, s.steps_system_s, 100 * s.steps_system_s / s.steps_wall_s, s.steps_wall_s,
+        s.steps_minor_faults, s.steps_major_faults);
+  }
+  if (s.accelerator_allocations > 0) {
+    os << absl::StrFormat(
+        "emulated accelerator memory: %d of %d allocations reused a cached block; at most %s "
+        "mapped\n",
+        s.accelerator_cache_hits, s.accelerator_allocations,
+        FormatBytes(s.accelerator_peak_mapped_bytes));
   }
   if (s.stopped_by_request) os << "stopped early on request (signal)\n";
   return os.str();

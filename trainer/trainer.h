@@ -203,6 +203,14 @@ struct TrainSummary {
   int world_size = 1;
   int64_t all_gather_bytes = 0, reduce_scatter_bytes = 0;
   double comm_s = 0;
+  // The process's usage over the training steps (getrusage, every thread; validation and
+  // checkpoints excluded): wall time of the steps, CPU time, page faults.
+  double steps_wall_s = 0, steps_user_s = 0, steps_system_s = 0;
+  int64_t steps_minor_faults = 0, steps_major_faults = 0;
+  // The emulated accelerator (cpu backend; zero otherwise): device allocations, how many reused
+  // a freed block kept mapped, the most host memory its blocks held at once (live + cached).
+  int64_t accelerator_allocations = 0, accelerator_cache_hits = 0;
+  int64_t accelerator_peak_mapped_bytes = 0;
   std::vector<std::string> checkpoints_written;
 };
 

@@ -101,6 +101,19 @@ TEST(Trainer, LossFallsAndChunksMove) {
   EXPECT_THAT(out.str(), HasSubstr("== summary =="));
   EXPECT_THAT(out.str(), HasSubstr("chunk traffic: loaded"));
   EXPECT_THAT(out.str(), HasSubstr("waiting for chunk copies"));
+  // The process's usage over the steps, and the emulated accelerator's reuse of freed blocks.
+  EXPECT_GT(s.steps_wall_s, 0);
+  EXPECT_LE(s.steps_wall_s, s.seconds);
+  EXPECT_GT(s.steps_user_s + s.steps_system_s, 0);
+  EXPECT_GE(s.steps_minor_faults, 0);
+  EXPECT_GE(s.steps_major_faults, 0);
+  EXPECT_THAT(out.str(), HasSubstr("host CPU in the steps"));
+  EXPECT_THAT(out.str(), HasSubstr("minor,"));
+  EXPECT_GT(s.accelerator_allocations, 0);
+  // The chunk pools keep their blocks, so the backend sees few allocations here.
+  EXPECT_LE(s.accelerator_cache_hits, s.accelerator_allocations);
+  EXPECT_LE(s.accelerator_peak_mapped_bytes, c.accelerator.memory_bytes);
+  EXPECT_THAT(out.str(), HasSubstr("allocations reused a cached block"));
 }
 
 // The memory cap changes where chunks are, never the numbers.

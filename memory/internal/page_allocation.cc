@@ -1,6 +1,10 @@
 #include "memory/internal/page_allocation.h"
 
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE  // mremap
+#endif
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -28,6 +32,11 @@ constexpr bool kMapPages = true;
 
 bool Mapped(int64_t bytes) { return kMapPages && bytes >= kPageAllocationMinBytes; }
 
+int64_t PageBytes() {
+  static const int64_t page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+  return page;
+}
+
 }  // namespace
 
 static_assert(kAllocationAlignment <= 4096, "a mapping is only page-aligned");
@@ -52,6 +61,15 @@ void FreePages(void* ptr, int64_t bytes) {
   // munmap fails only for an address range that was never mapped: a caller's bug.
   PCHECK(munmap(ptr, static_cast<size_t>(bytes)) == 0)
       << "munmap of " << bytes << " bytes at " << ptr;
+}
+
+bool PagesResizable(int64_t bytes) { return Mapped(bytes) && bytes % PageBytes() == 0; }
+
+void* ResizePages(void* ptr, int64_t old_bytes, int64_t new_bytes) {
+  if (ptr == nullptr || !PagesResizable(old_bytes) || !PagesResizable(new_bytes)) return nullptr;
+  void* p = mremap(ptr, static_cast<size_t>(old_bytes), static_cast<size_t>(new_bytes),
+                   MREMAP_MAYMOVE);
+  return p == MAP_FAILED ? nullptr : p;
 }
 
 }  // namespace ps::memory_internal

@@ -31,6 +31,18 @@ void* AllocatePages(int64_t bytes);
 // Frees what AllocatePages(bytes) returned; `bytes` must be the same value.
 void FreePages(void* ptr, int64_t bytes);
 
+// Whether a block of `bytes` is mapped pages that may be split and resized: AllocatePages maps it
+// (not under AddressSanitizer, not below kPageAllocationMinBytes) and it is whole pages. For such
+// blocks, any page-aligned piece [ptr + a, ptr + a + n) with PagesResizable(n) is itself a block
+// that FreePages(ptr + a, n) and ResizePages accept.
+bool PagesResizable(int64_t bytes);
+
+// Resizes a block for which PagesResizable(old_bytes) and PagesResizable(new_bytes) hold (mremap,
+// possibly moving it): the first min(old, new) bytes keep their contents and their resident pages
+// (no faults), a grown tail reads as zeros. Returns the block's new address, or nullptr with the
+// block untouched when the OS refuses.
+void* ResizePages(void* ptr, int64_t old_bytes, int64_t new_bytes);
+
 }  // namespace ps::memory_internal
 
 #endif  // PATRICKSTAR_MEMORY_INTERNAL_PAGE_ALLOCATION_H_
