@@ -19,7 +19,7 @@
 #include "base/file_io.h"
 #include "base/status_macros.h"
 #include "base/utf8.h"
-#include "chunk/operator_spec.h"
+#include "model/gpt_activation_profile.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
 #include "optimizer/loss_scaler.h"
@@ -91,24 +91,6 @@ std::optional<ModelConfig> LlamaFamilyPreset(absl::string_view name) {
 GptConfig GptView(const ModelConfig& c) {
   return GptConfig{c.name, c.vocab_size, c.max_position_embeddings, c.hidden_size, c.num_layers,
                    c.num_heads};
-}
-
-// The smallest chunk that holds every operator of `model` with its vocabulary matrices split into
-// blocks of one LM-head tile of rows (model/gpt_activation_profile.h ModelMinChunkElems).
-int64_t MinChunkElems(const ModelConfig& model) {
-  if (model.architecture() == ModelArchitecture::kGpt2) return GptMinChunkElems(GptView(model));
-  const int64_t rows = std::min(kDefaultVocabTileRows, model.vocab_size);
-  int64_t largest = 0;
-  for (const OperatorSpec& op : ModelOperators(model, {.vocab_block_rows = rows})) {
-    int64_t elems = 0;
-    for (const TensorSpec& t : op.tensors) {
-      int64_t n = 1;
-      for (int64_t d : t.shape) n *= d;
-      elems += n;
-    }
-    largest = std::max(largest, elems);
-  }
-  return largest;
 }
 
 // A Llama-family preset with the section's explicit dimensions replacing its fields: n_embd and
@@ -509,7 +491,7 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
   if (c.chunk.size_elems > 0 && resolved.has_value()) {
     // The vocabulary matrices are split into row blocks sized to the chunk (model/gpt_config.h):
     // the chunk must hold the largest other operator and one LM-head vocabulary tile of rows.
-    const int64_t min_elems = MinChunkElems(*resolved);
+    const int64_t min_elems = ModelMinChunkElems(*resolved, kDefaultVocabTileRows);
     if (min_elems > c.chunk.size_elems) {
       return absl::InvalidArgumentError(absl::StrCat(
           "`chunk.size` = ", c.chunk.size_elems, " elements is below the smallest chunk of model ",
