@@ -6,10 +6,10 @@
 //   PS_SIMD_MAX=avx512|avx2|sse4|ssse3|scalar   (case-insensitive; unset or empty: no cap)
 //
 // avx512 allows every x86 target (AVX3_DL and AVX3 included); avx2 disables the AVX-512 targets;
-// sse4 also AVX2; ssse3 also SSE4; scalar leaves only Highway's portable targets (EMU128/SCALAR). A cap above what
-// the CPU has changes nothing. The variable is read once, while the program starts (a static
-// initializer of this library, linked into every binary that links a SIMD library); a value
-// outside the list ends the process at start with a message naming the variable, since a typo
+// sse4 also AVX2; ssse3 also SSE4; scalar leaves only Highway's portable targets (EMU128/SCALAR). A
+// cap above what the CPU has changes nothing. The variable is read once, while the program starts
+// (a static initializer of this library, linked into every binary that links a SIMD library); a
+// value outside the list ends the process at start with a message naming the variable, since a typo
 // must not silently test the default path.
 #ifndef PATRICKSTAR_BASE_SIMD_TARGETS_H_
 #define PATRICKSTAR_BASE_SIMD_TARGETS_H_

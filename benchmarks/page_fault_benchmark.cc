@@ -171,11 +171,10 @@ int Main() {
     }
     cap = *min;
   }
-  std::cout << absl::StrFormat(
-      "%s %s, micro batch %d x seq %d, %d steps, accelerator cap %s\n\n",
-      absl::GetFlag(FLAGS_preset), absl::GetFlag(FLAGS_dtype),
-      absl::GetFlag(FLAGS_micro_batch_size), absl::GetFlag(FLAGS_seq_len),
-      absl::GetFlag(FLAGS_steps), FormatBytes(cap));
+  std::cout << absl::StrFormat("%s %s, micro batch %d x seq %d, %d steps, accelerator cap %s\n\n",
+                               absl::GetFlag(FLAGS_preset), absl::GetFlag(FLAGS_dtype),
+                               absl::GetFlag(FLAGS_micro_batch_size), absl::GetFlag(FLAGS_seq_len),
+                               absl::GetFlag(FLAGS_steps), FormatBytes(cap));
   std::cout << "| device block cache | steps (s) | user (s) | system (s) | system / step time | "
                "minor faults | major | device allocations reusing a cached block |\n"
                "|---|---|---|---|---|---|---|---|\n";
@@ -191,8 +190,8 @@ int Main() {
     }
     std::cout << absl::StrFormat("| %s | %.1f | %.1f | %.1f | %.1f%% | %d | %d | %d of %d |\n",
                                  mode, r.steps_wall_s, r.user_s, r.system_s,
-                                 100 * r.system_s / std::max(r.steps_wall_s, 1e-9),
-                                 r.minor_faults, r.major_faults, r.reuses, r.allocations);
+                                 100 * r.system_s / std::max(r.steps_wall_s, 1e-9), r.minor_faults,
+                                 r.major_faults, r.reuses, r.allocations);
     std::cout.flush();
   }
   return failures == 0 ? 0 : 1;

@@ -26,8 +26,8 @@
 #include "base/mutex.h"
 #include "base/units.h"
 #include "glog/logging.h"
-#include "memory/internal/backend_errors.h"
 #include "memory/host_memory_info.h"
+#include "memory/internal/backend_errors.h"
 #include "memory/internal/page_allocation.h"
 #include "memory/memory_resource.h"
 
@@ -165,8 +165,7 @@ struct SharedState {
     if (!memory_internal::PagesResizable(bytes)) return nullptr;
     for (auto it = device_cache.upper_bound(bytes); it != device_cache.end(); ++it) {
       const int64_t rest = it->first - bytes;
-      if (!memory_internal::PagesResizable(it->first) ||
-          !memory_internal::PagesResizable(rest)) {
+      if (!memory_internal::PagesResizable(it->first) || !memory_internal::PagesResizable(rest)) {
         continue;
       }
       const uintptr_t block = it->second;
@@ -208,8 +207,8 @@ struct SharedState {
       return nullptr;
     }
     memory_stats.mapped_bytes += bytes;
-    memory_stats.peak_mapped_bytes = std::max(memory_stats.peak_mapped_bytes,
-                                              memory_stats.mapped_bytes);
+    memory_stats.peak_mapped_bytes =
+        std::max(memory_stats.peak_mapped_bytes, memory_stats.mapped_bytes);
     return grown;
   }
 

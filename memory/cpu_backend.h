@@ -102,8 +102,8 @@ struct CpuBackendOptions {
 
 // What the emulated accelerator's memory costs the host (see the file comment).
 struct CpuBackendMemoryStats {
-  int64_t live_bytes = 0;         // allocated, what the cap counts
-  int64_t cached_bytes = 0;       // freed, kept mapped for reuse
+  int64_t live_bytes = 0;    // allocated, what the cap counts
+  int64_t cached_bytes = 0;  // freed, kept mapped for reuse
   int64_t cached_blocks = 0;
   int64_t mapped_bytes = 0;       // live + cached: the host memory the device holds
   int64_t peak_mapped_bytes = 0;  // highest mapped_bytes since construction

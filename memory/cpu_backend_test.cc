@@ -293,15 +293,15 @@ TEST(CpuBackendCache, OtherSizesSplitALargerBlockOrGrowASmallerOne) {
 TEST(CpuBackendCache, MaxCachedBytesBoundsTheCacheAndZeroTurnsItOff) {
   EXPECT_THAT(CreateCpuBackend({.capacity_bytes = kMiB, .max_cached_bytes = -1}),
               StatusIs(absl::StatusCode::kInvalidArgument, "max_cached_bytes"));
-  ASSERT_OK_AND_ASSIGN(auto off, CreateCpuBackend({.capacity_bytes = 8 * kMiB,
-                                                   .max_cached_bytes = 0}));
+  ASSERT_OK_AND_ASSIGN(auto off,
+                       CreateCpuBackend({.capacity_bytes = 8 * kMiB, .max_cached_bytes = 0}));
   ASSERT_OK_AND_ASSIGN(void* a, off->AllocateDevice(kMiB));
   ASSERT_OK(off->FreeDevice(a));
   EXPECT_EQ(MemoryStats(*off).mapped_bytes, 0);
   EXPECT_EQ(MemoryStats(*off).blocks_unmapped, 1);
 
-  ASSERT_OK_AND_ASSIGN(auto small, CreateCpuBackend({.capacity_bytes = 8 * kMiB,
-                                                     .max_cached_bytes = 3 * kMiB}));
+  ASSERT_OK_AND_ASSIGN(
+      auto small, CreateCpuBackend({.capacity_bytes = 8 * kMiB, .max_cached_bytes = 3 * kMiB}));
   std::vector<void*> blocks;
   for (int i = 0; i < 5; ++i) {
     ASSERT_OK_AND_ASSIGN(void* p, small->AllocateDevice(kMiB));
@@ -401,15 +401,14 @@ TEST(CpuBackendCache, UseAfterFreeOfACachedBlockIsReportedUnderAddressSanitizer)
 TEST(CpuBackendCache, TheCacheIsEmptiedWhenTheHostRunsLow) {
   auto available = std::make_shared<std::atomic<int64_t>>(int64_t{64} << 30);
   std::atomic<int> probes{0};
-  ASSERT_OK_AND_ASSIGN(
-      auto backend,
-      CreateCpuBackend({.capacity_bytes = 8 * kMiB,
-                        .host_low_memory_bytes = 100 * kMiB,
-                        .host_memory_check_interval = absl::ZeroDuration(),
-                        .host_available_bytes = [available, &probes] {
-                          probes.fetch_add(1);
-                          return available->load();
-                        }}));
+  ASSERT_OK_AND_ASSIGN(auto backend,
+                       CreateCpuBackend({.capacity_bytes = 8 * kMiB,
+                                         .host_low_memory_bytes = 100 * kMiB,
+                                         .host_memory_check_interval = absl::ZeroDuration(),
+                                         .host_available_bytes = [available, &probes] {
+                                           probes.fetch_add(1);
+                                           return available->load();
+                                         }}));
   ASSERT_OK_AND_ASSIGN(void* a, backend->AllocateDevice(kMiB));
   ASSERT_OK_AND_ASSIGN(void* b, backend->AllocateDevice(2 * kMiB));
   ASSERT_OK(backend->FreeDevice(a));

@@ -79,8 +79,8 @@ const LlamaPreset kLlamaPresets[] = {
     // vocab 151936, tied), with the Qwen2.5 family's rope_theta 1e6, rms_norm_eps 1e-6, q/k/v
     // biases, 32768 positions and bf16 of [L]/[Q]; head_dim 2048 / 16 = 128. Its closed-form
     // count, 3,085,938,688, is the "3.09B" of the model card.
-    {"qwen2.5-3b", ModelFamily::kQwen2, 151936, 2048, 36, 16, 2, 128, 11008, 32768, 1e-6,
-     1000000.0, kNoScaling, true, true, DType::kBF16},
+    {"qwen2.5-3b", ModelFamily::kQwen2, 151936, 2048, 36, 16, 2, 128, 11008, 32768, 1e-6, 1000000.0,
+     kNoScaling, true, true, DType::kBF16},
     // [L] Mistral-7B-v0.3: sliding_window null (v0.1's 4096 window is gone), vocab 32768.
     {"mistral-7b-v0.3", ModelFamily::kMistral, 32768, 4096, 32, 32, 8, 128, 14336, 32768, 1e-5,
      1000000.0, kNoScaling, false, false, DType::kBF16},

@@ -31,10 +31,10 @@ struct Published {
   int64_t params;
 };
 constexpr Published kPublished[] = {
-    {"llama-3.2-1b", 1'235'814'400},    {"llama-3-8b", 8'030'261'248},
-    {"llama-2-7b", 6'738'415'616},      {"tinyllama-1.1b", 1'100'048'384},
-    {"qwen2.5-0.5b", 494'032'768},      {"qwen2.5-1.5b", 1'543'714'304},
-    {"qwen2.5-3b", 3'085'938'688},      {"mistral-7b-v0.3", 7'248'023'552},
+    {"llama-3.2-1b", 1'235'814'400}, {"llama-3-8b", 8'030'261'248},
+    {"llama-2-7b", 6'738'415'616},   {"tinyllama-1.1b", 1'100'048'384},
+    {"qwen2.5-0.5b", 494'032'768},   {"qwen2.5-1.5b", 1'543'714'304},
+    {"qwen2.5-3b", 3'085'938'688},   {"mistral-7b-v0.3", 7'248'023'552},
 };
 
 void ExpectSameOperators(const std::vector<OperatorSpec>& a, const std::vector<OperatorSpec>& b) {
@@ -114,7 +114,7 @@ TEST(ModelConfigTest, Qwen25ThreeBShapes) {
   EXPECT_FALSE(c.mlp_bias);
   EXPECT_TRUE(c.tie_word_embeddings);
   const std::vector<OperatorSpec> ops = ModelOperators(c);
-  ASSERT_EQ(ops.size(), 2 + 7 * 36u);  // tied: no lm_head
+  ASSERT_EQ(ops.size(), 2 + 7 * 36u);                               // tied: no lm_head
   EXPECT_EQ(ops[2].tensors[4].shape, (std::vector<int64_t>{256}));  // k_proj.bias: 2 x 128
 }
 

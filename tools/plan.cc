@@ -1,8 +1,8 @@
-// Prints the pre-flight memory plan of a run of any preset (GPT-2 or the Llama family) (scheduler/memory_plan.h, built by
-// model/gpt_activation_profile.h's PlanGptRun, exactly as the trainer builds it before it
-// allocates anything): the chunk size, the accelerator's lower bound and minimum, the slack, the
-// predicted accelerator and host peaks — and whether the run fits, with the message the trainer
-// would refuse it with.
+// Prints the pre-flight memory plan of a run of any preset (GPT-2 or the Llama family)
+// (scheduler/memory_plan.h, built by model/gpt_activation_profile.h's PlanGptRun, exactly as the
+// trainer builds it before it allocates anything): the chunk size, the accelerator's lower bound
+// and minimum, the slack, the predicted accelerator and host peaks — and whether the run fits, with
+// the message the trainer would refuse it with.
 //
 //   bazel run //tools:plan -- --model=1B --dtype=bf16 --micro_batch_size=1 --seq_len=64
 //       --accelerator_memory=512MiB

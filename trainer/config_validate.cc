@@ -89,8 +89,8 @@ std::optional<ModelConfig> LlamaFamilyPreset(absl::string_view name) {
 }
 
 GptConfig GptView(const ModelConfig& c) {
-  return GptConfig{c.name, c.vocab_size, c.max_position_embeddings, c.hidden_size, c.num_layers,
-                   c.num_heads};
+  return GptConfig{c.name,        c.vocab_size, c.max_position_embeddings,
+                   c.hidden_size, c.num_layers, c.num_heads};
 }
 
 // A Llama-family preset with the section's explicit dimensions replacing its fields: n_embd and
@@ -121,17 +121,16 @@ absl::StatusOr<ModelConfig> ResolveLlamaPreset(const TrainModelConfig& m, ModelC
           c.num_kv_heads));
     }
     if (c.head_dim % 2 != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "`model.n_embd` / `model.n_head` = ", c.hidden_size, " / ", c.num_heads, " = ",
-          c.head_dim, " dimensions per head, an odd number: RoPE (", preset,
-          ") rotates pairs of dimensions"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("`model.n_embd` / `model.n_head` = ", c.hidden_size, " / ", c.num_heads,
+                       " = ", c.head_dim, " dimensions per head, an odd number: RoPE (", preset,
+                       ") rotates pairs of dimensions"));
     }
   }
   // The closed form of ModelParameterCount, in floating point so it cannot overflow.
   const double e = static_cast<double>(c.hidden_size), q = static_cast<double>(c.q_size()),
                k = static_cast<double>(c.kv_size()), i = static_cast<double>(c.intermediate_size);
-  const double per_layer =
-      2 * e + 2 * e * q + 2 * e * k + 3 * e * i + (c.qkv_bias ? q + 2 * k : 0);
+  const double per_layer = 2 * e + 2 * e * q + 2 * e * k + 3 * e * i + (c.qkv_bias ? q + 2 * k : 0);
   const double params = static_cast<double>(c.vocab_size) * e * (c.tie_word_embeddings ? 1 : 2) +
                         e + static_cast<double>(c.num_layers) * per_layer;
   if (params > kMaxModelParams) {
@@ -155,9 +154,9 @@ absl::Status ExplainInitFromWithoutModel(const std::string& path, const absl::St
     return ErrnoError(err, absl::StrCat("cannot examine ", kKey), path);
   }
   if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kKey, " '", path,
-        "' is neither a Hugging Face model directory nor a GPT-2 safetensors file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(kKey, " '", path,
+                     "' is neither a Hugging Face model directory nor a GPT-2 safetensors file"));
   }
   if (absl::Status header = SafetensorsFile::Open(path).status(); !header.ok()) {
     return absl::Status(header.code(), absl::StrCat(kKey, ": ", header.message()));
@@ -458,11 +457,11 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
     RETURN_IF_ERROR(m.status());
     resolved = *std::move(m);
     model = GptView(*resolved);
-    if (!c.checkpoint.init_from.empty() &&
-        resolved->architecture() != ModelArchitecture::kGpt2) {
+    if (!c.checkpoint.init_from.empty() && resolved->architecture() != ModelArchitecture::kGpt2) {
       return absl::InvalidArgumentError(absl::StrCat(
           "checkpoint.init_from (--init_from) '", c.checkpoint.init_from,
-          "' is not a directory, so it would be read as GPT-2 safetensors weights, but model.preset "
+          "' is not a directory, so it would be read as GPT-2 safetensors weights, but "
+          "model.preset "
           "\"",
           c.model.preset, "\" is a ", ModelFamilyName(resolved->family),
           " model: give a Hugging Face model directory (config.json + safetensors) to start a ",

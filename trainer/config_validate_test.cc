@@ -418,7 +418,8 @@ TEST(ResolveTrainModelTest, EveryPresetResolvesToItsModel) {
   for (const std::string& name : names) {
     SCOPED_TRACE(name);
     ASSERT_OK_AND_ASSIGN(const ModelConfig want, ModelPreset(name));
-    ASSERT_OK_AND_ASSIGN(const ModelConfig got, ResolveTrainModel(TrainModelConfig{.preset = name}));
+    ASSERT_OK_AND_ASSIGN(const ModelConfig got,
+                         ResolveTrainModel(TrainModelConfig{.preset = name}));
     EXPECT_EQ(got, want);
     ASSERT_OK(ParseAndValidate(WithMinimal({{"model", {{"preset", name}}},
                                             {"chunk", {{"size", "auto"}}},
@@ -440,7 +441,7 @@ TEST(ResolveTrainModelTest, ExplicitDimensionsOverrideALlamaPreset) {
   EXPECT_EQ(c.hidden_size, 128);
   EXPECT_EQ(c.num_heads, 8);
   EXPECT_EQ(c.head_dim, 16);
-  EXPECT_EQ(c.num_kv_heads, 2);        // the preset's
+  EXPECT_EQ(c.num_kv_heads, 2);         // the preset's
   EXPECT_EQ(c.intermediate_size, 160);  // the preset's
   EXPECT_EQ(c.vocab_size, 300);
   // The GPT-2 view has the same dimensions.
@@ -469,9 +470,8 @@ TEST(ValidateTrainConfigTest, ALlamaPresetTakesNoSafetensorsFile) {
   c.model = TrainModelConfig{.preset = "llama-tiny"};
   c.chunk.size_elems = 0;
   c.checkpoint.init_from = "/nonexistent/gpt2.safetensors";
-  EXPECT_THAT(ValidateTrainConfig(c),
-              StatusIs(kInvalid, AllOf(HasSubstr("gpt2.safetensors"),
-                                       HasSubstr("is a llama model"))));
+  EXPECT_THAT(ValidateTrainConfig(c), StatusIs(kInvalid, AllOf(HasSubstr("gpt2.safetensors"),
+                                                               HasSubstr("is a llama model"))));
 }
 
 // --comm=nccl: each refusal in the order a user fixes them, with the key or flag to change; the GPU

@@ -87,8 +87,7 @@ struct Result {
   std::string out, err;
 };
 
-Result RunToEnd(const std::vector<std::string>& args, const std::string& dir,
-                int stdin_fd = -1) {
+Result RunToEnd(const std::vector<std::string>& args, const std::string& dir, int stdin_fd = -1) {
   const int status = Wait(Start(args, dir, stdin_fd));
   Result r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -590,8 +589,8 @@ std::vector<double> MetricLosses(const std::string& path) {
 }
 
 // --model= takes the Llama-family presets: a small one trains from a seeded random init under a
-// cap below its 1.82 MiB of model data, bit for bit the same for a seed, with falling loss; an unknown
-// preset lists every valid name.
+// cap below its 1.82 MiB of model data, bit for bit the same for a seed, with falling loss; an
+// unknown preset lists every valid name.
 TEST(TrainBinary, ALlamaFamilyPresetTrainsFromASeededRandomInit) {
   const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "llama_preset");
   const auto run = [&](const std::string& seed, const std::string& metrics) {

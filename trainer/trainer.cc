@@ -1008,9 +1008,9 @@ absl::Status Trainer::Impl::CheckF16ParametersFinite(int64_t step) {
   if (!any) return absl::OkStatus();
   return absl::OutOfRangeError(absl::StrCat(
       "fp16: the parameters are no longer finite at step ", step, " (",
-      bad > 0 ? absl::StrCat(bad, " f16 weight", bad == 1 ? "" : "s",
-                             " Inf or NaN; the first: ", first)
-              : std::string("on another rank"),
+      bad > 0
+          ? absl::StrCat(bad, " f16 weight", bad == 1 ? "" : "s", " Inf or NaN; the first: ", first)
+          : std::string("on another rank"),
       "): no loss-scale reduction can cure weights, so training diverged and stops; no "
       "checkpoint is written for this step. Lower the learning rate (optimizer.params.lr), enable "
       "gradient clipping (gradient_clipping, e.g. 1.0), or train in bf16 (bf16.enabled), whose "

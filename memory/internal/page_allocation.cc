@@ -67,8 +67,8 @@ bool PagesResizable(int64_t bytes) { return Mapped(bytes) && bytes % PageBytes()
 
 void* ResizePages(void* ptr, int64_t old_bytes, int64_t new_bytes) {
   if (ptr == nullptr || !PagesResizable(old_bytes) || !PagesResizable(new_bytes)) return nullptr;
-  void* p = mremap(ptr, static_cast<size_t>(old_bytes), static_cast<size_t>(new_bytes),
-                   MREMAP_MAYMOVE);
+  void* p =
+      mremap(ptr, static_cast<size_t>(old_bytes), static_cast<size_t>(new_bytes), MREMAP_MAYMOVE);
   return p == MAP_FAILED ? nullptr : p;
 }
 
