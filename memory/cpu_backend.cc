@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/mutex.h"
+#include "base/sanitizers.h"
 #include "base/units.h"
 #include "glog/logging.h"
 #include "memory/host_memory_info.h"
@@ -33,14 +34,7 @@
 
 // Cached device blocks are poisoned under AddressSanitizer, so a use after FreeDevice is reported
 // although the block stays allocated (CpuBackendOptions' cache).
-#if defined(__SANITIZE_ADDRESS__)
-#define PS_CPU_BACKEND_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define PS_CPU_BACKEND_ASAN 1
-#endif
-#endif
-#ifdef PS_CPU_BACKEND_ASAN
+#if PS_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
 
@@ -48,7 +42,7 @@ namespace ps {
 namespace {
 
 void PoisonCached(void* p, int64_t bytes) {
-#ifdef PS_CPU_BACKEND_ASAN
+#if PS_ASAN
   ASAN_POISON_MEMORY_REGION(p, static_cast<size_t>(bytes));
 #else
   (void)p;
@@ -57,7 +51,7 @@ void PoisonCached(void* p, int64_t bytes) {
 }
 
 void UnpoisonCached(void* p, int64_t bytes) {
-#ifdef PS_CPU_BACKEND_ASAN
+#if PS_ASAN
   ASAN_UNPOISON_MEMORY_REGION(p, static_cast<size_t>(bytes));
 #else
   (void)p;

@@ -11,6 +11,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/sanitizers.h"
 #include "base/testing/status_matchers.h"
 #include "base/units.h"
 #include "gtest/gtest.h"
@@ -185,29 +186,7 @@ TEST(CpuBackend, CheckCpuDeviceRangeAcceptsOnlyLiveDeviceMemory) {
 
 // --- The cache of freed device blocks -----------------------------------------------------------
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
-
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAsan = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAsan = true;
-#else
-constexpr bool kAsan = false;
-#endif
-#else
-constexpr bool kAsan = false;
-#endif
+constexpr bool kSanitized = kAsan || kTsan;
 
 CpuBackendMemoryStats MemoryStats(const Backend& backend) {
   absl::StatusOr<CpuBackendMemoryStats> stats = GetCpuBackendMemoryStats(backend);

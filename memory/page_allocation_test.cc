@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "base/sanitizers.h"
 #include "base/testing/status_matchers.h"
 #include "base/units.h"
 #include "gtest/gtest.h"
@@ -18,17 +19,7 @@ namespace {
 
 // Under AddressSanitizer every block comes from the heap; under ThreadSanitizer writes also fault
 // in shadow memory: the resident-size checks hold without sanitizers only.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+constexpr bool kSanitized = kAsan || kTsan;
 
 int64_t ResidentBytes() {
   absl::StatusOr<HostMemoryInfo> info = ReadHostMemoryInfo();

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "base/sanitizers.h"
 #include "glog/logging.h"
 #include "memory/memory_resource.h"
 
@@ -18,17 +19,7 @@ namespace {
 // Under AddressSanitizer every allocation comes from the heap, whose blocks ASan surrounds with
 // redzones: an overrun of a chunk block or a device allocation is reported, not silently written
 // into the next mapping.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kMapPages = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kMapPages = false;
-#else
-constexpr bool kMapPages = true;
-#endif
-#else
-constexpr bool kMapPages = true;
-#endif
+constexpr bool kMapPages = !kAsan;
 
 bool Mapped(int64_t bytes) { return kMapPages && bytes >= kPageAllocationMinBytes; }
 
