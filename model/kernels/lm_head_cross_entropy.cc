@@ -23,13 +23,16 @@ namespace {
 using kernels_internal::Bf16GemmBackend;
 using kernels_internal::CheckBlasDim;
 using kernels_internal::CheckElems;
+using kernels_internal::FallbackScratch;
 using kernels_internal::Gemm;
 using kernels_internal::GemmBf16;
 using kernels_internal::LogitGradTile;
 using kernels_internal::ResolveBf16GemmBackend;
 using kernels_internal::RoundToBf16;
 using kernels_internal::RoundToBf16Transposed;
+using kernels_internal::RoundToBf16Values;
 using kernels_internal::SoftmaxTile;
+using kernels_internal::WidenBf16;
 
 // The checks shared by all four kernels; wte's element count and the workspace's are passed
 // as numbers (wte is f32/f64 or bf16).
@@ -139,6 +142,46 @@ struct Bf16Gemms {
                     pool);
   }
 };
+
+// The fallback of Bf16Gemms (no native bf16 GEMM on this CPU, internal/bf16_gemm.h): the same
+// products through sgemm on f32 operands that hold bf16 values: h rounded once per call (hr), the
+// wte tile widened for each GEMM that reads it (wf), dz rounded per tile (dzr). sgemm reads the
+// transposes itself, so nothing is copied transposed, and nothing is rounded to bf16 and widened
+// back.
+struct Bf16FallbackGemms {
+  const float* hr;  // rows * C
+  const uint16_t* wte;
+  int64_t C;
+  float* wf;   // vocab_tile * C
+  float* dzr;  // row_tile * vocab_tile
+  ThreadPool* pool;
+  absl::Status Logits(int64_t r0, int64_t R, int64_t v0, int64_t Vt, float* z) const {
+    WidenBf16(wte + v0 * C, wf, Vt * C, pool);
+    Gemm(false, true, R, Vt, C, 1.0f, hr + r0 * C, C, wf, C, 0.0f, z, Vt, pool);
+    return absl::OkStatus();
+  }
+  absl::Status Grads(int64_t r0, int64_t R, int64_t v0, int64_t Vt, const float* dz, float* dh,
+                     float* dwte) const {
+    WidenBf16(wte + v0 * C, wf, Vt * C, pool);
+    RoundToBf16Values(dz, dzr, R * Vt, pool);
+    Gemm(false, false, R, C, Vt, 1.0f, dzr, Vt, wf, C, 1.0f, dh + r0 * C, C, pool);
+    Gemm(true, false, Vt, C, R, 1.0f, dzr, Vt, hr + r0 * C, C, 1.0f, dwte + v0 * C, C, pool);
+    return absl::OkStatus();
+  }
+};
+
+// Bf16FallbackGemms over the thread's fallback scratch (internal/bf16_gemm.h's FallbackScratch),
+// with h rounded into it.
+Bf16FallbackGemms MakeBf16FallbackGemms(const LmHeadCrossEntropyShape& s, const float* h,
+                                        const uint16_t* wte, ThreadPool* pool) {
+  const int64_t N = s.rows, V = s.vocab_size, C = s.channels;
+  const int64_t row_tile = std::min(N, s.row_tile), vocab_tile = std::min(V, s.vocab_tile);
+  float* hr = FallbackScratch(0, N * C);
+  RoundToBf16Values(h, hr, N * C, pool);
+  return Bf16FallbackGemms{
+      hr,  wte, C, FallbackScratch(1, vocab_tile * C), FallbackScratch(2, row_tile * vocab_tile),
+      pool};
+}
 
 // Bf16 workspace layout (in f32 elements): the f32 workspace of LmHeadCrossEntropyWorkspaceElems,
 // then h in bf16 (rows * channels values), then one dz tile in bf16 and its transpose, each
@@ -346,6 +389,10 @@ absl::StatusOr<double> LmHeadCrossEntropyForwardBackwardBf16(
   RETURN_IF_ERROR(CheckElems(kKernel, "dwte", dwte, V * C, "vocab_size*channels"));
   Bf16GemmBackend backend;
   RETURN_IF_ERROR(ResolveBf16GemmBackend(&backend));  // before anything is written
+  if (backend == Bf16GemmBackend::kFallback) {
+    return FusedTiles<float>(shape, MakeBf16FallbackGemms(shape, h.data(), wte.data(), pool),
+                             targets, loss_grad, lse, dh, dwte, workspace.data(), pool);
+  }
   float* f32_end = workspace.data() + AlignF32(LmHeadCrossEntropyFusedWorkspaceElems(shape));
   const int64_t tile_elems = std::min(N, shape.row_tile) * std::min(V, shape.vocab_tile);
   uint16_t* hb = reinterpret_cast<uint16_t*>(f32_end);
@@ -365,6 +412,10 @@ absl::StatusOr<double> LmHeadCrossEntropyForwardBf16(
                                    LmHeadCrossEntropyBf16WorkspaceElems(shape)));
   Bf16GemmBackend backend;
   RETURN_IF_ERROR(ResolveBf16GemmBackend(&backend));  // before anything is written
+  if (backend == Bf16GemmBackend::kFallback) {
+    return ForwardTiles<float>(shape, MakeBf16FallbackGemms(shape, h.data(), wte.data(), pool),
+                               targets, lse, workspace.data(), pool);
+  }
   uint16_t* hb = reinterpret_cast<uint16_t*>(workspace.data() +
                                              AlignF32(LmHeadCrossEntropyWorkspaceElems(shape)));
   RoundToBf16(h.data(), hb, shape.rows * shape.channels, pool);
@@ -385,6 +436,10 @@ absl::Status LmHeadCrossEntropyBackwardBf16(
   RETURN_IF_ERROR(CheckElems(kKernel, "dwte", dwte, V * C, "vocab_size*channels"));
   Bf16GemmBackend backend;
   RETURN_IF_ERROR(ResolveBf16GemmBackend(&backend));  // before anything is written
+  if (backend == Bf16GemmBackend::kFallback) {
+    return BackwardTiles<float>(shape, MakeBf16FallbackGemms(shape, h.data(), wte.data(), pool),
+                                targets, lse, loss_grad, dh, dwte, workspace.data(), pool);
+  }
   float* f32_end = workspace.data() + AlignF32(LmHeadCrossEntropyWorkspaceElems(shape));
   uint16_t* hb = reinterpret_cast<uint16_t*>(f32_end);
   const int64_t tile_elems = std::min(N, shape.row_tile) * std::min(V, shape.vocab_tile);

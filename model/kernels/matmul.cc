@@ -21,6 +21,7 @@ using kernels_internal::Bf16GemmBackend;
 using kernels_internal::CheckBlasDim;
 using kernels_internal::CheckElems;
 using kernels_internal::CheckWorkspace;
+using kernels_internal::FallbackScratch;
 using kernels_internal::Gemm;
 using kernels_internal::GemmBf16;
 using kernels_internal::NumTasks;
@@ -28,7 +29,9 @@ using kernels_internal::ParallelFor;
 using kernels_internal::ResolveBf16GemmBackend;
 using kernels_internal::RoundToBf16;
 using kernels_internal::RoundToBf16Transposed;
+using kernels_internal::RoundToBf16Values;
 using kernels_internal::RowsPerTask;
+using kernels_internal::WidenBf16;
 
 constexpr int64_t kColumnsPerTask = 64;
 
@@ -140,6 +143,17 @@ absl::Status MatmulForwardBf16(const MatmulShape& shape, absl::Span<const float>
   RETURN_IF_ERROR(CheckWorkspace(kKernel, workspace, MatmulBf16ForwardWorkspaceElems(shape)));
   Bf16GemmBackend backend;
   RETURN_IF_ERROR(ResolveBf16GemmBackend(&backend));  // before anything is written
+  if (backend == Bf16GemmBackend::kFallback) {
+    // No native bf16 GEMM: the same products through sgemm on f32 copies holding x rounded to
+    // bf16 and W widened (internal/bf16_gemm.h), with no bf16 copy of x in between.
+    float* xr = FallbackScratch(0, N * I);
+    float* wf = FallbackScratch(1, I * O);
+    RoundToBf16Values(x.data(), xr, N * I, pool);
+    WidenBf16(w.data(), wf, I * O, pool);
+    BroadcastRows(b, N, y.data(), pool);
+    Gemm(false, false, N, O, I, 1.0f, xr, I, wf, O, 1.0f, y.data(), O, pool);
+    return absl::OkStatus();
+  }
   uint16_t* xb = Bf16Workspace(workspace);
   RoundToBf16(x.data(), xb, N * I, pool);
   BroadcastRows(b, N, y.data(), pool);
@@ -172,6 +186,22 @@ absl::Status MatmulBackwardBf16(const MatmulShape& shape, absl::Span<const float
   RETURN_IF_ERROR(CheckWorkspace(kKernel, workspace, MatmulBf16BackwardWorkspaceElems(shape)));
   Bf16GemmBackend backend;
   RETURN_IF_ERROR(ResolveBf16GemmBackend(&backend));  // before anything is written
+  if (backend == Bf16GemmBackend::kFallback) {
+    // As MatmulForwardBf16's fallback: dy and x rounded to bf16 values in f32, W widened; sgemm
+    // reads x transposed itself (no transposed copy).
+    float* dyr = FallbackScratch(0, N * O);
+    float* wf = FallbackScratch(1, I * O);
+    float* xr = FallbackScratch(2, N * I);
+    RoundToBf16Values(dy.data(), dyr, N * O, pool);
+    WidenBf16(w.data(), wf, I * O, pool);
+    RoundToBf16Values(x.data(), xr, N * I, pool);
+    // dx[N,I] += dy[N,O] W[I,O]^T
+    Gemm(false, true, N, I, O, 1.0f, dyr, O, wf, O, 1.0f, dx.data(), I, pool);
+    // dW[I,O] += x[N,I]^T dy[N,O]
+    Gemm(true, false, I, O, N, 1.0f, xr, I, dyr, O, 1.0f, dw.data(), O, pool);
+    AddColumnSums(dy, N, O, db, pool);
+    return absl::OkStatus();
+  }
   // dy in bf16 [N, O]; x in bf16 and transposed, [I, N], so that dW's GEMM reads both operands
   // in plain layout (oneDNN would copy a transposed A once per output block).
   uint16_t* dyb = Bf16Workspace(workspace);

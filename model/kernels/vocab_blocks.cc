@@ -31,6 +31,7 @@ using kernels_internal::CheckBlasDim;
 using kernels_internal::CheckElems;
 using kernels_internal::CheckPositive;
 using kernels_internal::CheckWorkspace;
+using kernels_internal::FallbackScratch;
 using kernels_internal::Gemm;
 using kernels_internal::GemmBf16;
 using kernels_internal::NumTasks;
@@ -38,7 +39,9 @@ using kernels_internal::ParallelFor;
 using kernels_internal::ResolveBf16GemmBackend;
 using kernels_internal::RoundToBf16;
 using kernels_internal::RoundToBf16Transposed;
+using kernels_internal::RoundToBf16Values;
 using kernels_internal::RowsPerTask;
+using kernels_internal::WidenBf16;
 
 // Channels per task of the scatters: enough to amortize the walk over the tokens.
 constexpr int64_t kChannelsPerTask = 64;
@@ -200,6 +203,44 @@ struct Bf16TileGemms {
                     pool);
   }
 };
+
+// The fallback of Bf16TileGemms (no native bf16 GEMM on this CPU, internal/bf16_gemm.h): the same
+// products through sgemm on f32 operands that hold bf16 values: h rounded once per call (hr), the
+// tile's rows widened once per tile (wf, for its logits and its gradients), dz rounded per tile
+// (dzr); sgemm reads the transposes itself (no transposed copies, no bf16 round trips).
+struct Bf16FallbackTileGemms {
+  const float* hr;  // rows * C
+  const uint16_t* block;
+  int64_t C;
+  float* wf;   // vocab_tile * C
+  float* dzr;  // row_tile * vocab_tile
+  ThreadPool* pool;
+  absl::Status BeginTile(int64_t local_row, int64_t Vt) {
+    WidenBf16(block + local_row * C, wf, Vt * C, pool);
+    return absl::OkStatus();
+  }
+  absl::Status Logits(int64_t r0, int64_t R, int64_t Vt, float* z) const {
+    Gemm(false, true, R, Vt, C, 1.0f, hr + r0 * C, C, wf, C, 0.0f, z, Vt, pool);
+    return absl::OkStatus();
+  }
+  absl::Status Grads(int64_t r0, int64_t R, int64_t Vt, const float* dz, float* dh,
+                     float* dw) const {
+    RoundToBf16Values(dz, dzr, R * Vt, pool);
+    Gemm(false, false, R, C, Vt, 1.0f, dzr, Vt, wf, C, 1.0f, dh + r0 * C, C, pool);
+    Gemm(true, false, Vt, C, R, 1.0f, dzr, Vt, hr + r0 * C, C, 1.0f, dw, C, pool);
+    return absl::OkStatus();
+  }
+};
+
+// Bf16FallbackTileGemms over the thread's fallback scratch (internal/bf16_gemm.h), h rounded in.
+Bf16FallbackTileGemms MakeBf16FallbackTileGemms(const VocabBlockShape& s, const float* h,
+                                                const uint16_t* block, ThreadPool* pool) {
+  const int64_t r = std::min(s.rows, s.row_tile), v = std::min(s.block_rows, s.vocab_tile);
+  float* hr = FallbackScratch(0, s.rows * s.channels);
+  RoundToBf16Values(h, hr, s.rows * s.channels, pool);
+  return Bf16FallbackTileGemms{
+      hr, block, s.channels, FallbackScratch(1, v * s.channels), FallbackScratch(2, r * v), pool};
+}
 
 // Where the bf16 path's buffers lie in a 16-bit workspace: after `f32_elems` f32 elements, hb
 // (N * C values), then (backward) dzb and dzbt, each 64-byte aligned as in the header's sizes.
@@ -486,6 +527,10 @@ absl::Status LmHeadBlockForward(const VocabBlockShape& shape, absl::Span<const f
   if (block.dtype == DType::kBF16) {
     Bf16GemmBackend backend;
     RETURN_IF_ERROR(ResolveBf16GemmBackend(&backend));  // before anything is written
+    if (backend == Bf16GemmBackend::kFallback) {
+      Bf16FallbackTileGemms gemms = MakeBf16FallbackTileGemms(shape, h.data(), block.data, pool);
+      return LmHeadForwardImpl<float>(shape, gemms, targets, state, workspace.data(), pool);
+    }
     const Bf16Buffers b = Bf16BuffersAt(shape, workspace.data(), f32_elems);
     RoundToBf16(h.data(), b.hb, shape.rows * shape.channels, pool);
     Bf16TileGemms gemms{b.hb, block.data, shape.channels, nullptr, nullptr, pool};
@@ -555,6 +600,11 @@ absl::Status LmHeadBlockBackward(const VocabBlockShape& shape, absl::Span<const 
   if (block.dtype == DType::kBF16) {
     Bf16GemmBackend backend;
     RETURN_IF_ERROR(ResolveBf16GemmBackend(&backend));  // before anything is written
+    if (backend == Bf16GemmBackend::kFallback) {
+      Bf16FallbackTileGemms gemms = MakeBf16FallbackTileGemms(shape, h.data(), block.data, pool);
+      return LmHeadBackwardImpl<float>(shape, gemms, targets, lse.data(), loss_grad, dh.data(),
+                                       workspace.data(), on_tile, pool);
+    }
     const Bf16Buffers b = Bf16BuffersAt(shape, workspace.data(), f32_elems);
     RoundToBf16(h.data(), b.hb, shape.rows * shape.channels, pool);
     Bf16TileGemms gemms{b.hb, block.data, shape.channels, b.dzb, b.dzbt, pool};

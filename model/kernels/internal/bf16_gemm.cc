@@ -319,11 +319,10 @@ absl::Status GemmOneDnn(const Bf16GemmArgs& g, ThreadPool* pool) {
   return absl::OkStatus();
 }
 
-// The fallback's widened operands, kept by the calling thread between GEMMs and grown as needed: a
-// fresh allocation per GEMM faulted in zeroed pages on every call (on a Zen 3 the fallback then
-// reached 0.81x of sgemm on 1024^3 products, and bf16 training steps ran 0.92x as fast as f32).
-// Holds the largest operands this thread multiplied until the thread ends (the stream's worker).
-struct WidenScratch {
+// The fallback's scratch: one buffer per slot per thread, grown as needed (a fresh allocation per
+// GEMM faulted in zeroed pages on every call: on a Zen 3 the fallback then reached 0.81x of sgemm
+// on 1024^3 products, and bf16 training steps ran 0.92x as fast as f32).
+struct ScratchBuffer {
   std::unique_ptr<float[]> data;
   int64_t elems = 0;
   float* Get(int64_t n) {
@@ -346,11 +345,10 @@ void Widen(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* o
 }
 
 absl::Status GemmFallback(const Bf16GemmArgs& g, ThreadPool* pool) {
-  thread_local WidenScratch scratch_a, scratch_b;
   const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
   const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
-  float* a = scratch_a.Get(a_rows * a_cols);
-  float* b = scratch_b.Get(b_rows * b_cols);
+  float* a = FallbackScratch(0, a_rows * a_cols);
+  float* b = FallbackScratch(1, b_rows * b_cols);
   Widen(g.a, a_rows, a_cols, g.lda, a, pool);
   Widen(g.b, b_rows, b_cols, g.ldb, b, pool);
   Gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, 1.0f, a, a_cols, b, b_cols, g.accumulate ? 1.0f : 0.0f,
@@ -381,6 +379,32 @@ void RoundToBf16Transposed(const float* src, int64_t rows, int64_t cols, uint16_
       for (int64_t c = c0; c < c1; ++c) dst[c * rows + r] = rounded[c - c0];
     }
   });
+}
+
+void RoundToBf16Values(const float* src, float* dst, int64_t n, ThreadPool* pool) {
+  constexpr int64_t kGrain = 64 * 1024;
+  ParallelForRanges(pool, n, kGrain, [&](int64_t begin, int64_t end) {
+    // Through a bf16 buffer in L1: the rounding of RoundToBf16 (memory/convert.h), bit for bit.
+    constexpr int64_t kPiece = 2048;
+    uint16_t rounded[kPiece];
+    for (int64_t i = begin; i < end; i += kPiece) {
+      const int64_t len = std::min(kPiece, end - i);
+      ConvertF32ToBF16(src + i, rounded, len);
+      ConvertBF16ToF32(rounded, dst + i, len);
+    }
+  });
+}
+
+void WidenBf16(const uint16_t* src, float* dst, int64_t n, ThreadPool* pool) {
+  constexpr int64_t kGrain = 64 * 1024;
+  ParallelForRanges(pool, n, kGrain, [&](int64_t begin, int64_t end) {
+    ConvertBF16ToF32(src + begin, dst + begin, end - begin);
+  });
+}
+
+float* FallbackScratch(int slot, int64_t elems) {
+  thread_local ScratchBuffer buffers[kFallbackScratchSlots];
+  return buffers[slot].Get(std::max<int64_t>(elems, 1));
 }
 
 bool OneDnnBf16Available() { return OneDnn::Get().available(); }

@@ -19,8 +19,8 @@
 // (never by the thread count), each computed by one serial oneDNN call (OpenMP threads set to 1 in
 // the calling thread: no OpenMP worker threads spin next to ours) on `pool`, so results are
 // bit-identical for any pool size, including none. oneDNN primitives are created once per block
-// shape and cached for the process. The fallback runs OpenBLAS on the calling thread (OpenBLAS's
-// own threads, as internal/blas.h).
+// shape and cached for the process. The fallback widens on `pool` and runs internal/blas.h's
+// grid of single-threaded sgemm calls on `pool`, bit-identical for any pool size too.
 //
 // Thread safety: GemmBf16 may be called from several threads (the primitive cache is locked);
 // calls must not overlap on the same output.
@@ -83,6 +83,27 @@ void RoundToBf16(const float* src, uint16_t* dst, int64_t n, ThreadPool* pool);
 // otherwise copied again by every output block).
 void RoundToBf16Transposed(const float* src, int64_t rows, int64_t cols, uint16_t* dst,
                            ThreadPool* pool);
+
+// --- The fallback's pieces, for kernels that call sgemm themselves ------------------------------
+// Without native bf16 GEMMs (the fallback), a kernel whose operands start as f32 (activations,
+// gradients) need not round them to bf16 and widen them back, nor transpose them for oneDNN: it
+// rounds them once into f32 values that are bf16 values (RoundToBf16Values), widens its bf16
+// operands (WidenBf16) and calls Gemm (internal/blas.h) with the transposes sgemm reads itself.
+// The products are those of GemmBf16's fallback (every operand a bf16 value, f32 sums).
+
+// dst[i] = bf16(src[i]) as an f32 (exactly the value RoundToBf16 stores, widened), in fixed ranges
+// on `pool` (may be null). dst may equal src.
+void RoundToBf16Values(const float* src, float* dst, int64_t n, ThreadPool* pool);
+
+// dst[i] = src[i] widened to f32 (exact), in fixed ranges on `pool` (may be null).
+void WidenBf16(const uint16_t* src, float* dst, int64_t n, ThreadPool* pool);
+
+// Per-thread f32 scratch for the fallback's operands: slot 0, 1 or 2 holds at least `elems`
+// floats (contents unspecified), grown when asked for more and kept until the thread ends (so a
+// training step's GEMMs fault in no fresh pages). GemmBf16's fallback uses slots 0 and 1: a kernel
+// that fills slots itself must not call GemmBf16 while it still reads them.
+inline constexpr int kFallbackScratchSlots = 3;
+float* FallbackScratch(int slot, int64_t elems);
 
 // Runs the GEMM on the resolved backend; `pool` (may be null) runs the onednn blocks.
 // REQUIRES: m, n, k >= 1; the buffers valid for their extents; C does not overlap A or B.

@@ -2,12 +2,15 @@
 
 #include <cblas.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -184,6 +187,78 @@ TEST(RoundToBf16Test, PlainAndTransposedMatchTheScalarRounding) {
       }
     }
   }
+}
+
+uint32_t Bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return u;
+}
+
+// The fallback's pieces: RoundToBf16Values is RoundToBf16 widened back, bit for bit (NaN payloads,
+// infinities, subnormals, ties to even), in place too; WidenBf16 is the exact widening. Lengths
+// cross the 2048-value pieces and the 64K-value task ranges.
+TEST(RoundToBf16Test, ValuesAndWideningMatchTheScalarConversions) {
+  TestRng gen(5);  // fixed seed: reproducible failures
+  ThreadPool pool(3);
+  const float specials[] = {NAN,
+                            -NAN,
+                            INFINITY,
+                            -INFINITY,
+                            0.0f,
+                            -0.0f,
+                            1e-40f,             // subnormal
+                            -3e-39f,            // subnormal
+                            1.0f + 1.0f / 256,  // a tie: rounds to even (1.0)
+                            1.0f + 3.0f / 256,  // a tie: rounds to even (up)
+                            3.3895314e38f,      // rounds up to infinity
+                            std::numeric_limits<float>::max(),
+                            std::bit_cast<float>(0x7fa00001u)};  // a signalling NaN with payload
+  for (int64_t n :
+       {int64_t{1}, int64_t{13}, int64_t{2048}, int64_t{2049}, int64_t{70000}, int64_t{200003}}) {
+    std::vector<float> src(static_cast<size_t>(n));
+    for (float& x : src)
+      x = absl::Uniform(gen, -5.0f, 5.0f) * std::exp2(absl::Uniform(gen, -30, 30));
+    for (size_t i = 0; i < std::size(specials) && i < src.size(); ++i) {
+      src[(i * 7919) % src.size()] = specials[i];
+    }
+    std::vector<float> values(src.size()), widened(src.size());
+    std::vector<uint16_t> bf16(src.size());
+    RoundToBf16Values(src.data(), values.data(), n, &pool);
+    RoundToBf16(src.data(), bf16.data(), n, &pool);
+    WidenBf16(bf16.data(), widened.data(), n, &pool);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t want = FloatToBFloat16Bits(src[i]);
+      ASSERT_EQ(Bits(values[i]), uint32_t{want} << 16) << "n=" << n << " at " << i;
+      ASSERT_EQ(Bits(widened[i]), uint32_t{want} << 16) << "n=" << n << " at " << i;
+    }
+    std::vector<float> in_place = src;
+    RoundToBf16Values(in_place.data(), in_place.data(), n, nullptr);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(Bits(in_place[i]), Bits(values[i])) << "in place, n=" << n << " at " << i;
+    }
+  }
+}
+
+// FallbackScratch: a slot keeps its buffer while it is large enough and grows when asked for more;
+// slots are distinct; every thread has its own.
+TEST(FallbackScratchTest, SlotsGrowAndArePerThread) {
+  float* a = FallbackScratch(0, 100);
+  float* b = FallbackScratch(1, 100);
+  float* c = FallbackScratch(2, 100);
+  EXPECT_NE(a, b);
+  EXPECT_NE(b, c);
+  EXPECT_NE(a, c);
+  a[99] = 1.5f;
+  EXPECT_EQ(FallbackScratch(0, 50), a);
+  EXPECT_EQ(FallbackScratch(0, 100)[99], 1.5f);
+  float* grown = FallbackScratch(0, 1 << 20);
+  grown[(1 << 20) - 1] = 2.5f;  // the whole grown extent is writable (ASan checks it)
+  EXPECT_EQ(FallbackScratch(0, 1 << 20), grown);
+  float* other = nullptr;
+  std::thread([&] { other = FallbackScratch(0, 1 << 20); }).join();
+  EXPECT_NE(other, nullptr);
+  EXPECT_NE(other, grown);
 }
 
 TEST(Bf16GemmBackendTest, AutoResolvesByTheCpu) {
