@@ -11,6 +11,7 @@
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
+#include "chunk/chunk_type.h"
 #include "glog/logging.h"
 #include "model/kernels/kernel_workspaces.h"
 #include "model/kernels/vocab_blocks.h"
@@ -537,9 +538,12 @@ int64_t ModelMinChunkElems(const ModelConfig& config, int64_t row_quantum) {
     absl::StatusOr<GptConfig> gpt = ToGptConfig(config);
     if (gpt.ok()) return GptMinChunkElems(*gpt, row_quantum);
   }
-  const int64_t rows = std::min(row_quantum, config.vocab_size);
+  // As GptMinChunkElems: the same model with a vocabulary of one block of row_quantum rows has
+  // the same largest operator, without listing every block of a large vocabulary.
+  ModelConfig one_block = config;
+  one_block.vocab_size = std::min(row_quantum, config.vocab_size);
   int64_t largest = 0;
-  for (const OperatorSpec& op : ModelOperators(config, {.vocab_block_rows = rows})) {
+  for (const OperatorSpec& op : ModelOperators(one_block, {.vocab_block_rows = 0})) {
     int64_t elems = 0;
     for (const TensorSpec& t : op.tensors) {
       int64_t n = 1;
@@ -624,6 +628,39 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
   if (o.model.batch <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("train_micro_batch_size_per_gpu must be >= 1, got ", o.model.batch));
+  }
+  // A model whose model data alone exceeds the host memory this process may use is refused
+  // before any layout is built: a mistyped size (a vocabulary of 1e9 rows) otherwise spent minutes
+  // and gigabytes listing blocks for a plan that could only refuse it. Every rank holds at least
+  // its share of the model data in host memory, less what a real accelerator keeps.
+  if (o.host_available_bytes > 0 && (o.accelerator_in_host_memory || o.accelerator_bytes > 0)) {
+    const double model_data = static_cast<double>(ModelParameterCount(mc)) *
+                              static_cast<double>(ModelDataBytesPerParam(o.compute_dtype));
+    const double lower_bound =
+        model_data / o.world_size -
+        (o.accelerator_in_host_memory ? 0.0 : static_cast<double>(o.accelerator_bytes));
+    const int64_t host_limit = o.host_cap_bytes.has_value()
+                                   ? std::min(*o.host_cap_bytes, o.host_available_bytes)
+                                   : o.host_available_bytes;
+    if (lower_bound > static_cast<double>(host_limit)) {
+      const std::string needed = FormatBytes(static_cast<int64_t>(
+          std::min(lower_bound, static_cast<double>(std::numeric_limits<int64_t>::max()))));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "model ", mc.name, " (", ModelParameterCount(mc), " parameters, ",
+          DTypeName(o.compute_dtype),
+          o.world_size > 1 ? absl::StrCat(", world size ", o.world_size) : std::string(),
+          ") does not fit in host memory: its model data alone needs at least ", needed,
+          " of host memory (", ModelDataBytesPerParam(o.compute_dtype),
+          " bytes per parameter) but ",
+          host_limit < o.host_available_bytes
+              ? absl::StrCat("accelerator.host_memory caps the host pools at ",
+                             FormatBytes(host_limit))
+              : absl::StrCat("the OS can give this process only ", FormatBytes(host_limit),
+                             " more (MemAvailable, or the memory cgroup's limit if lower)"),
+          "; the smallest host memory that fits is at least ", needed,
+          ". Use a smaller model, 16-bit precision, more ranks (ZeRO shards the model data), or a "
+          "machine with more memory. Nothing was allocated"));
+    }
   }
   const int64_t min_elems = ModelMinChunkElems(mc, o.model.ce_vocab_tile);
   if (o.chunk_elems > 0) {

@@ -135,9 +135,14 @@ int64_t GptVocabBlockRowsForChunk(const GptConfig& c, int64_t chunk_elems, int64
 }
 
 int64_t GptMinChunkElems(const GptConfig& c, int64_t row_quantum) {
-  int64_t largest = std::min(row_quantum, c.vocab_size) * c.hidden;
-  for (const OperatorSpec& op : GptOperators(c, {.vocab_block_rows = 1})) {
-    if (absl::StartsWith(op.name, "wte")) continue;
+  // The largest operator when wte is cut into blocks of row_quantum rows: every other operator is
+  // independent of the vocabulary, so the operators of the same model with a vocabulary of one
+  // block (unsplit) give it without listing the blocks (a vocabulary of 1e9 rows made this list a
+  // billion one-row blocks: minutes and gigabytes before any plan could refuse the model).
+  GptConfig one_block = c;
+  one_block.vocab_size = std::min(row_quantum, c.vocab_size);
+  int64_t largest = 0;
+  for (const OperatorSpec& op : GptOperators(one_block, {.vocab_block_rows = 0})) {
     largest = std::max(largest, OperatorNumElems(op));
   }
   return largest;

@@ -166,6 +166,27 @@ TEST(Preflight, RefusesAModelBeyondHostMemoryBeforeAllocating) {
                              HasSubstr("Nothing was allocated"))));
 }
 
+// A mistyped vocabulary of 1e9 rows on the tiny preset (64e9 parameters): refused at once, naming
+// host memory. It used to list a billion one-row vocabulary blocks, then build layouts of 10^5
+// blocks for every chunk-size candidate: minutes and gigabytes (and no answer to SIGINT) before the
+// same refusal. The test's timeout (size small: 60 s) is the guard.
+TEST(Preflight, RefusesAHugeVocabularyAtOnce) {
+  TrainConfig c = DefaultTrainConfig();
+  c.model = TrainModelConfig{};
+  c.model.preset = "tiny";
+  c.model.vocab_size = 1000000000;
+  c.data.seq_len = 16;
+  c.train_micro_batch_size_per_gpu = 1;
+  c.train_batch_size = 0;
+  c.chunk.size_elems = 0;
+  c.accelerator.memory_bytes = 0;
+  EXPECT_THAT(Trainer::Create(c).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("does not fit in host memory"),
+                             HasSubstr("model data alone needs at least"),
+                             HasSubstr("Nothing was allocated"))));
+}
+
 TEST(Preflight, Gpt2sAutomaticChunkSizeGivesAtLeastTwentyChunksPerType) {
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     GptRunPlanOptions o;
