@@ -76,12 +76,7 @@ class CudaEvent final : public Event {
 
   bool Query() override {
     if (!state_->MakeCurrent().ok()) return false;
-    const cudaError_t e = cudaEventQuery(event_);
-    if (e == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // not an error, but the runtime records it as the last error
-      return false;
-    }
-    return e == cudaSuccess;
+    return QueryEvent(event_) == cudaSuccess;  // clears the NotReady it records
   }
 
   absl::Status Synchronize() override {

@@ -16,12 +16,26 @@ namespace ps {
 // InvalidArgument, "no device" to Unavailable, everything else to Internal.
 absl::Status CudaStatus(cudaError_t error, absl::string_view what);
 
+// cudaEventQuery(event) without its side effect on the calling thread: the runtime records
+// cudaErrorNotReady as the thread's last error, and every kernel launcher here ends with
+// `return cudaGetLastError()`, so one poll of an unfinished event would make the next launch on
+// that thread report "launch failed: cudaErrorNotReady". QueryEvent returns what the query
+// returned and, on cudaErrorNotReady only, consumes the recorded error. Every event poll in this
+// project (CudaEvent::Query, the nccl communicator's requests) goes through it.
+cudaError_t QueryEvent(cudaEvent_t event);
+
+namespace cuda_internal {
+// QueryEvent with the two runtime calls passed in (tests drive it with a fake runtime).
+cudaError_t QueryEventWith(cudaEvent_t event, cudaError_t (*query)(cudaEvent_t),
+                           cudaError_t (*get_last_error)());
+}  // namespace cuda_internal
+
 }  // namespace ps
 
 // Returns from the enclosing function if the CUDA runtime call `expr` failed.
-#define PS_CUDA_RETURN_IF_ERROR(expr)                                       \
-  do {                                                                      \
-    const cudaError_t ps_cuda_error_ = (expr);                              \
+#define PS_CUDA_RETURN_IF_ERROR(expr)                                                  \
+  do {                                                                                 \
+    const cudaError_t ps_cuda_error_ = (expr);                                         \
     if (ps_cuda_error_ != cudaSuccess) return ::ps::CudaStatus(ps_cuda_error_, #expr); \
   } while (0)
 
