@@ -142,6 +142,21 @@ AcceleratorReserve PlanAcceleratorReserve(AcceleratorKind kind, bool device_comm
   return r;
 }
 
+absl::Status CheckCommunicatorFitsAccelerator(AcceleratorKind kind,
+                                              const Communicator* communicator,
+                                              bool device_communicator_for_test) {
+  if (kind != AcceleratorKind::kCuda || communicator == nullptr ||
+      communicator->world_size() <= 1 || device_communicator_for_test ||
+      communicator->memory() != CommMemory::kHost) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "accelerator.backend \"cuda\" with the host-memory communicator \"", communicator->name(),
+      "\" (", communicator->world_size(),
+      " ranks) hands GPU memory to a host communicator: the ZeRO chunk payloads live on the GPU. "
+      "Use --comm=nccl (or --comm=auto, which picks nccl for --accelerator=cuda under mpirun)"));
+}
+
 class Trainer::Impl {
  public:
   Impl(const TrainConfig& config, TrainerEnvironment env) : config_(config), env_(std::move(env)) {}
@@ -252,7 +267,8 @@ class Trainer::Impl {
   std::unique_ptr<MetricsWriter> metrics_;
   TrackId steps_track_ = 0;
 
-  int64_t step_ = 0;  // steps taken
+  int64_t step_ = 0;      // steps taken
+  int device_index_ = 0;  // the accelerator's device (Build)
   double last_loss_ = 0;
   bool closed_ = false;
 };
@@ -268,6 +284,15 @@ absl::Status Trainer::Impl::Build() {
     rank_ = env_.communicator->rank();
     world_ = env_.communicator->world_size();
   }
+  RETURN_IF_ERROR(CheckCommunicatorFitsAccelerator(config_.accelerator.kind,
+                                                   world_ > 1 ? env_.communicator : nullptr,
+                                                   env_.device_communicator_for_test != nullptr));
+  // The GPU: the device communicator's (nccl picks each rank's by its node-local rank), else
+  // accelerator.device.
+  device_index_ = config_.accelerator.device_index;
+  if (env_.communicator != nullptr && env_.communicator->cuda_device() >= 0) {
+    device_index_ = env_.communicator->cuda_device();
+  }
   RETURN_IF_ERROR(ValidateTrainConfig(config_, world_));
   RETURN_IF_ERROR(ResolveModel());
   seq_len_ = ResolveSeqLen(config_, gpt_);
@@ -280,7 +305,7 @@ absl::Status Trainer::Impl::Build() {
     // backend's message names the fix).
     BackendOptions probe;
     probe.kind = "cuda";
-    probe.device_index = config_.accelerator.device_index;
+    probe.device_index = device_index_;
     absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateBackend(probe);
     if (!cuda.ok()) {
       return absl::Status(cuda.status().code(),
@@ -310,7 +335,7 @@ absl::Status Trainer::Impl::Build() {
   const bool cuda = config_.accelerator.kind == AcceleratorKind::kCuda;
   BackendOptions backend_options;
   backend_options.kind = cuda ? "cuda" : "cpu";
-  backend_options.device_index = config_.accelerator.device_index;
+  backend_options.device_index = device_index_;
   backend_options.capacity_bytes = plan_.accelerator_bytes;
   // (ValidateTrainConfig refuses accelerator.copy_bandwidth with "cuda".)
   if (!cuda) {

@@ -110,6 +110,14 @@ struct AcceleratorReserve {
 AcceleratorReserve PlanAcceleratorReserve(AcceleratorKind kind, bool device_communicator, int world,
                                           int64_t chunk_elems, DType dtype, bool exports);
 
+// InvalidArgument naming --comm=nccl when a multi-rank `communicator` (null for a world of one)
+// works on host memory while the accelerator is "cuda": the ZeRO chunk payloads would live on the
+// GPU, and a host communicator (mpi) or its memcpy would dereference device pointers. A test's
+// device-memory stand-in (`device_communicator_for_test`) is accepted.
+[[nodiscard]] absl::Status CheckCommunicatorFitsAccelerator(AcceleratorKind kind,
+                                                            const Communicator* communicator,
+                                                            bool device_communicator_for_test);
+
 struct TrainerEnvironment {
   // Progress lines and the summary. Null: nothing is printed.
   std::ostream* out = nullptr;

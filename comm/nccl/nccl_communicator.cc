@@ -256,7 +256,8 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"); env != nullptr) {
       if (!absl::SimpleAtoi(env, &local_rank)) local_rank = state->rank;
     }
-    state->device = local_rank % device_count;
+    state->device =
+        comm_internal::NodeLocalCudaDevice(options.first_cuda_device, local_rank, device_count);
   }
   PS_CUDA_RETURN_IF_ERROR(cudaSetDevice(state->device));
 
