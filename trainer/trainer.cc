@@ -32,6 +32,7 @@
 #include "memory/backend.h"
 #include "memory/backend_factory.h"
 #include "memory/cpu_backend.h"
+#include "memory/cuda_capacity.h"
 #include "memory/device.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
@@ -140,6 +141,15 @@ AcceleratorReserve PlanAcceleratorReserve(AcceleratorKind kind, bool device_comm
     }
   }
   return r;
+}
+
+int64_t DefaultAcceleratorBudget(AcceleratorKind kind, int64_t configured_bytes,
+                                 int64_t cuda_usable_bytes, int world) {
+  if (configured_bytes > 0) return configured_bytes;
+  if (kind == AcceleratorKind::kCuda && world == 1 && cuda_usable_bytes > 0) {
+    return cuda_usable_bytes;
+  }
+  return 0;
 }
 
 absl::Status CheckCommunicatorFitsAccelerator(AcceleratorKind kind,
@@ -269,6 +279,8 @@ class Trainer::Impl {
 
   int64_t step_ = 0;      // steps taken
   int device_index_ = 0;  // the accelerator's device (Build)
+  // cuda: the device's free memory minus the margin (Build, before the plan).
+  int64_t cuda_usable_bytes_ = 0;
   double last_loss_ = 0;
   bool closed_ = false;
 };
@@ -306,10 +318,23 @@ absl::Status Trainer::Impl::Build() {
     BackendOptions probe;
     probe.kind = "cuda";
     probe.device_index = device_index_;
+    probe.cuda_margin_bytes = CudaMarginBytes(world_ > 1 && DeviceCommunicator());
     absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateBackend(probe);
     if (!cuda.ok()) {
       return absl::Status(cuda.status().code(),
                           absl::StrCat("accelerator.backend \"cuda\": ", cuda.status().message()));
+    }
+    // Uncapped, the probe holds what this run can use: free memory minus the margin.
+    cuda_usable_bytes_ = (*cuda)->capacity_bytes();
+    if (config_.accelerator.memory_bytes > cuda_usable_bytes_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "accelerator.memory (--accelerator_memory) = ",
+          FormatBytes(config_.accelerator.memory_bytes), " is more than cuda device ",
+          device_index_, " can give this run: ", FormatBytes(cuda_usable_bytes_),
+          " (its free memory minus ", FormatBytes(probe.cuda_margin_bytes),
+          " kept for the CUDA runtime, cuBLAS and NCCL, which allocate outside the cap). Use "
+          "--accelerator_memory=",
+          FormatBytes(cuda_usable_bytes_ / kMiB * kMiB), " or less, or leave it unset"));
     }
     // The GPU's kernel workspaces, for the plan: the model's CudaKernels (CreateKernels with the
     // same defaults) will ask for exactly these.
@@ -336,6 +361,10 @@ absl::Status Trainer::Impl::Build() {
   BackendOptions backend_options;
   backend_options.kind = cuda ? "cuda" : "cpu";
   backend_options.device_index = device_index_;
+  // The plan already kept the whole margin out of the budget (Build's probe); the backend checks
+  // the cap again against the free memory now, which the probe's cuBLAS handle and lazily loaded
+  // modules may have lowered since: half the margin is left for that re-check.
+  backend_options.cuda_margin_bytes = CudaMarginBytes(world_ > 1 && DeviceCommunicator()) / 2;
   backend_options.capacity_bytes = plan_.accelerator_bytes;
   // (ValidateTrainConfig refuses accelerator.copy_bandwidth with "cuda".)
   if (!cuda) {
@@ -630,7 +659,8 @@ absl::Status Trainer::Impl::PlanMemoryOrRefuse() {
   o.rank = rank_;
   o.gradient_accumulation_steps = static_cast<int>(config_.gradient_accumulation_steps);
   o.chunk_elems = config_.chunk.size_elems;
-  o.accelerator_bytes = config_.accelerator.memory_bytes;
+  o.accelerator_bytes = DefaultAcceleratorBudget(
+      config_.accelerator.kind, config_.accelerator.memory_bytes, cuda_usable_bytes_, world_);
   if (config_.accelerator.host_memory_bytes > 0) {
     o.host_cap_bytes = config_.accelerator.host_memory_bytes;
   }

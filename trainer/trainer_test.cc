@@ -406,6 +406,19 @@ TEST(Trainer, CudaWithAMultiRankHostCommunicatorIsRefused) {
   EXPECT_THAT(CheckCommunicatorFitsAccelerator(AcceleratorKind::kCuda, two[0].get(), true), IsOk());
 }
 
+// Without accelerator.memory a cuda run plans with the GPU (free memory minus the margin), not a
+// 4 GiB guess; a set value wins; the emulated accelerator and multi-rank cuda runs (the budget
+// picks the chunk size, which every rank must share) keep the plan's minimum.
+TEST(DefaultAcceleratorBudgetTest, CudaUsesTheCardWhenUnset) {
+  const int64_t usable = 78 * kGiB;
+  EXPECT_EQ(DefaultAcceleratorBudget(AcceleratorKind::kCuda, 0, usable, 1), usable);
+  EXPECT_EQ(DefaultAcceleratorBudget(AcceleratorKind::kCuda, 2 * kGiB, usable, 1), 2 * kGiB);
+  EXPECT_EQ(DefaultAcceleratorBudget(AcceleratorKind::kCuda, 0, usable, 2), 0);
+  EXPECT_EQ(DefaultAcceleratorBudget(AcceleratorKind::kCuda, 3 * kGiB, usable, 2), 3 * kGiB);
+  EXPECT_EQ(DefaultAcceleratorBudget(AcceleratorKind::kCpu, 0, 0, 1), 0);
+  EXPECT_EQ(DefaultAcceleratorBudget(AcceleratorKind::kCpu, kGiB, 0, 4), kGiB);
+}
+
 // What a run holds on the accelerator beside chunks and activations, which the plan reserves:
 // CudaAdam's device bytes on cuda only; the collectives' device staging and the export tile only
 // with a device-memory communicator of world > 1.
