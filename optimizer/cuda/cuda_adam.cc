@@ -84,6 +84,11 @@ absl::StatusOr<std::unique_ptr<CudaAdam>> CudaAdam::Create(Backend& backend) {
       new CudaAdam(backend, std::move(stream), device_workspace, *host_workspace, *staging));
 }
 
+absl::Status CudaAdam::MakeCurrent() const {
+  PS_CUDA_RETURN_IF_ERROR(cudaSetDevice(backend_.device().index));
+  return absl::OkStatus();
+}
+
 CudaAdam::~CudaAdam() {
   {
     MutexLock lock(&mu_);
@@ -101,6 +106,7 @@ CudaAdam::~CudaAdam() {
 
 absl::StatusOr<GradStats> CudaAdam::GradientStats(absl::Span<const GradSegment> segments) {
   RETURN_IF_ERROR(ValidateGradSegments("CudaAdam::GradientStats", segments));
+  RETURN_IF_ERROR(MakeCurrent());
   MutexLock lock(&mu_);
   auto* block_sums = static_cast<double*>(device_workspace_);
   auto* counter = reinterpret_cast<unsigned long long*>(static_cast<char*>(device_workspace_) +
@@ -145,6 +151,7 @@ absl::StatusOr<GradStats> CudaAdam::GradientStats(absl::Span<const GradSegment> 
 
 absl::StatusOr<AdamStepResult> CudaAdam::Step(absl::Span<const AdamSegment> segments) {
   RETURN_IF_ERROR(ValidateAdamSegments("CudaAdam::Step", segments));
+  RETURN_IF_ERROR(MakeCurrent());
   MutexLock lock(&mu_);
   auto* counter = reinterpret_cast<unsigned long long*>(static_cast<char*>(device_workspace_) +
                                                         kBlockSumsBytes);
@@ -179,6 +186,7 @@ absl::StatusOr<AdamStepResult> CudaAdam::Step(absl::Span<const AdamSegment> segm
 
 absl::Status CudaAdam::RestoreParams(absl::Span<const ParamRestoreSegment> segments) {
   RETURN_IF_ERROR(ValidateRestoreSegments("CudaAdam::RestoreParams", segments));
+  RETURN_IF_ERROR(MakeCurrent());
   MutexLock lock(&mu_);
   auto* cuda_stream = static_cast<cudaStream_t>(stream_->native_handle());
   for (const ParamRestoreSegment& s : segments) {
@@ -237,6 +245,7 @@ absl::Status CudaAdam::StagedAccumulate(const GradAccumulateSegment& s) {
 
 absl::Status CudaAdam::AccumulateGradients(absl::Span<const GradAccumulateSegment> segments) {
   RETURN_IF_ERROR(ValidateAccumulateSegments("CudaAdam::AccumulateGradients", segments));
+  RETURN_IF_ERROR(MakeCurrent());
   for (size_t i = 0; i < segments.size(); ++i) {
     if (segments[i].n_elems > 0 && !DeviceAddressable(segments[i].grad)) {
       return absl::InvalidArgumentError(

@@ -89,6 +89,11 @@ class CudaAdam final : public AdamKernels {
         host_workspace_(host_workspace),
         staging_(staging) {}
 
+  // Makes the backend's GPU current on the calling thread: every entry point launches kernels or
+  // queries pointers, which go to the thread's current device, and a thread that never called
+  // the backend (or last used another GPU) would otherwise use the wrong one.
+  absl::Status MakeCurrent() const;
+
   // One Adam segment whose gradients the GPU cannot address, tile by tile through staging_.
   absl::Status StagedStep(const AdamSegment& segment, unsigned long long* counter)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
