@@ -493,6 +493,9 @@ absl::Status Trainer::Impl::Build() {
   if (cuda) {
     ASSIGN_OR_RETURN(accelerator_adam_, CreateCudaAdam(*backend_));
     kernels.accelerator = accelerator_adam_.get();
+    // Pinned, so CudaAdam accumulates GPU chunks' gradients into it in place (mapped memory)
+    // instead of through synchronous pageable round trips.
+    kernels.pinned_accumulator_backend = backend_.get();
   } else {
     kernels.accelerator = cpu_adam_.get();  // the emulated accelerator's memory is host memory
   }
