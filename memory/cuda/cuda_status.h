@@ -13,8 +13,16 @@ namespace ps {
 
 // OK for cudaSuccess; otherwise a Status whose message has `what`, the error's name and its
 // description. cudaErrorMemoryAllocation maps to ResourceExhausted, invalid values to
-// InvalidArgument, "no device" to Unavailable, everything else to Internal.
+// InvalidArgument, "no device" to Unavailable, everything else to Internal. A sticky error
+// (IsStickyCudaError) also says that the CUDA context is unusable and the process must restart:
+// every later CUDA call of the process fails with it, so the first message is the one to read.
 absl::Status CudaStatus(cudaError_t error, absl::string_view what);
+
+// Whether `error` is one the CUDA runtime documents as leaving the process's context unusable
+// (a kernel fault: illegal address or instruction, misaligned address, device assert, launch
+// failure or timeout, ...): "any further CUDA work will return the same error; to continue using
+// CUDA, the process must be terminated and relaunched".
+bool IsStickyCudaError(cudaError_t error);
 
 // cudaEventQuery(event) without its side effect on the calling thread: the runtime records
 // cudaErrorNotReady as the thread's last error, and every kernel launcher here ends with

@@ -64,6 +64,24 @@ TEST(QueryEvent, RealErrorsStayRecorded) {
   EXPECT_EQ(fake_last_error, cudaErrorLaunchFailure);
 }
 
+// A kernel fault poisons the whole context: the message says so, and that the process must
+// restart, instead of leaving a cascade of secondary failures to decode.
+TEST(CudaStatus, StickyErrorsSayTheContextIsUnusable) {
+  for (cudaError_t e : {cudaErrorIllegalAddress, cudaErrorLaunchFailure, cudaErrorAssert,
+                        cudaErrorMisalignedAddress}) {
+    EXPECT_TRUE(IsStickyCudaError(e)) << cudaGetErrorName(e);
+    const absl::Status s = CudaStatus(e, "cuda::Matmul launch");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+    EXPECT_NE(s.message().find("cuda::Matmul launch failed"), absl::string_view::npos);
+    EXPECT_NE(s.message().find("sticky"), absl::string_view::npos) << s;
+    EXPECT_NE(s.message().find("Restart the process"), absl::string_view::npos) << s;
+  }
+  for (cudaError_t e : {cudaErrorMemoryAllocation, cudaErrorInvalidValue, cudaErrorNotReady}) {
+    EXPECT_FALSE(IsStickyCudaError(e)) << cudaGetErrorName(e);
+    EXPECT_EQ(CudaStatus(e, "x").message().find("sticky"), absl::string_view::npos);
+  }
+}
+
 TEST(CudaStatus, MapsCodes) {
   EXPECT_TRUE(CudaStatus(cudaSuccess, "x").ok());
   EXPECT_EQ(CudaStatus(cudaErrorMemoryAllocation, "x").code(),
