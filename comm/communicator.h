@@ -121,6 +121,9 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   virtual CommMemory memory() const = 0;
+  // The CUDA device whose memory this communicator moves (nccl: this rank's GPU); -1 for
+  // host-memory communicators. A trainer puts its accelerator on the same device.
+  virtual int cuda_device() const { return -1; }
 
   // --- Asynchronous collectives (semantics in the file comment) ---------------------------------
 

@@ -14,16 +14,19 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "comm/communicator.h"
 
 namespace ps {
 
 struct CommunicatorOptions {
   std::string kind = "local";
-  // nccl only: the GPU (-1: node-local rank modulo the GPU count), the cudaStream_t to enqueue on
-  // (nullptr: one owned by the communicator), and the host communicator the NCCL unique id is
-  // broadcast on (null: a new mpi communicator).
+  // nccl only: the GPU (-1: the node's ranks take consecutive GPUs from first_cuda_device,
+  // modulo the GPU count), the cudaStream_t to enqueue on (nullptr: one owned by the
+  // communicator), and the host communicator the NCCL unique id is broadcast on (null: a new mpi
+  // communicator).
   int cuda_device = -1;
+  int first_cuda_device = 0;
   void* cuda_stream = nullptr;
   std::shared_ptr<Communicator> bootstrap;
 };
@@ -33,6 +36,21 @@ struct CommunicatorOptions {
 
 // Whether this binary was built with --config=cuda (and so has the nccl communicator).
 bool NcclCompiledIn();
+
+// The communicator of a training run, from the trainer's --comm flag ("auto", "local", "mpi",
+// "nccl"), whether its accelerator is "cuda", whether mpirun started this process, and
+// accelerator.device. A kind of "" means no communicator (a world of one).
+//  - auto: nccl under mpirun with cuda (ZeRO payloads are device memory, which only nccl can
+//    move), mpi under mpirun otherwise, none without mpirun.
+//  - mpi with cuda under mpirun: InvalidArgument naming --comm=nccl (the host communicator
+//    would dereference device pointers).
+//  - nccl under mpirun: each rank takes its GPU by node-local rank, counting from
+//    accelerator.device (cuda_device -1, first_cuda_device = accelerator.device), so ranks do not
+//    all land on one GPU; without mpirun (a world of one): accelerator.device.
+// Anything else is InvalidArgument.
+[[nodiscard]] absl::StatusOr<CommunicatorOptions> ChooseTrainingCommunicator(
+    absl::string_view comm_flag, bool cuda_accelerator, bool launched_by_mpirun,
+    int accelerator_device);
 
 }  // namespace ps
 

@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
     return CreateCudaBackend(CudaBackendOptions{
         .device_index = options.device_index,
         .capacity_bytes = options.capacity_bytes,
+        .margin_bytes = options.cuda_margin_bytes,
     });
 #else
     return absl::FailedPreconditionError(

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "memory/backend.h"
+#include "memory/cuda_capacity.h"
 
 namespace ps {
 
@@ -15,9 +16,12 @@ struct BackendOptions {
   // "cpu" (the emulated accelerator) or "cuda".
   std::string kind = "cpu";
   int device_index = 0;
-  // Memory cap in bytes. Required (> 0) for cpu. For cuda, 0 means the device's total memory;
-  // a larger value than the device has is InvalidArgument.
+  // Memory cap in bytes. Required (> 0) for cpu. For cuda, 0 means the device's free memory
+  // minus cuda_margin_bytes; a larger value than that is InvalidArgument (memory/cuda_capacity.h).
   int64_t capacity_bytes = 0;
+  // cuda only: free device memory kept out of the cap for the CUDA runtime, cuBLAS and NCCL
+  // (CudaMarginBytes(true) for a run with a multi-rank nccl communicator).
+  int64_t cuda_margin_bytes = kCudaRuntimeMarginBytes;
   // cpu only: emulated host<->device bandwidth per direction, bytes/s; 0 = unlimited.
   double copy_bandwidth_bytes_per_s = 0;
 };

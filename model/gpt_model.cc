@@ -291,6 +291,54 @@ GptModel::GptModel(const ModelConfig& config, const GptConfig& gpt, ChunkStore* 
       manager_(manager),
       accelerator_(accelerator) {}
 
+// A pinned host buffer for stream-ordered uploads, reused: before it is overwritten, and before it
+// is freed, the host waits for the event recorded after the last copy out of it.
+class PinnedUploadBuffer {
+ public:
+  explicit PinnedUploadBuffer(Backend* backend) : backend_(backend) {}
+  PinnedUploadBuffer(const PinnedUploadBuffer&) = delete;
+  PinnedUploadBuffer& operator=(const PinnedUploadBuffer&) = delete;
+  ~PinnedUploadBuffer() {
+    if (absl::Status s = WaitAndFree(); !s.ok()) LOG(WARNING) << "GptModel: " << s;
+  }
+
+  // At least `bytes` of pinned memory the host may fill now (no copy out of it is pending).
+  absl::StatusOr<char*> Acquire(int64_t bytes) {
+    // Query first: a finished copy (the usual case: the host waited for the stream since) costs
+    // no wait, so the host keeps running ahead of the compute stream.
+    if (event_ != nullptr && !event_->Query()) RETURN_IF_ERROR(event_->Synchronize());
+    if (bytes > bytes_) {
+      RETURN_IF_ERROR(WaitAndFree());
+      ASSIGN_OR_RETURN(void* data, backend_->AllocatePinnedHost(bytes));
+      data_ = static_cast<char*>(data);
+      bytes_ = bytes;
+    }
+    if (event_ == nullptr) {
+      ASSIGN_OR_RETURN(event_, backend_->CreateEvent());
+    }
+    return data_;
+  }
+  // Copies the first `bytes` of the buffer to `dst` on `stream`, after its work so far.
+  absl::Status Upload(Stream& stream, void* dst, int64_t bytes) {
+    RETURN_IF_ERROR(stream.MemcpyAsync(dst, data_, bytes, CopyKind::kHostToDevice));
+    return stream.RecordEvent(event_.get());
+  }
+
+ private:
+  absl::Status WaitAndFree() {
+    if (data_ == nullptr) return absl::OkStatus();
+    if (event_ != nullptr) RETURN_IF_ERROR(event_->Synchronize());
+    void* data = std::exchange(data_, nullptr);
+    bytes_ = 0;
+    return backend_->FreePinnedHost(data);
+  }
+
+  Backend* const backend_;
+  std::unique_ptr<Event> event_;
+  char* data_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
 GptModel::~GptModel() {
   absl::MutexLock lock(&staging_mu_);
   if (staging_ != nullptr) {
@@ -1108,19 +1156,24 @@ absl::Status GptModel::UploadInputs(absl::Span<const int32_t> tokens,
                                     absl::Span<const int32_t> targets, Activations& acts) {
   const InputsOffsets o = InputsLayout();
   ASSIGN_OR_RETURN(acts.inputs, Alloc(o.total, false));
-  // The host spans stay valid until the copies ran: the host waits for the stream before Forward
-  // returns, on every path (the Activations' frees wait for it too).
-  const auto copy = [&](int64_t offset, const void* host, int64_t elems) {
-    return stream_->MemcpyAsync(acts.inputs.data() + offset, host,
-                                elems * static_cast<int64_t>(sizeof(float)),
-                                CopyKind::kHostToDevice);
-  };
-  RETURN_IF_ERROR(copy(o.tokens, tokens.data(), static_cast<int64_t>(tokens.size())));
-  RETURN_IF_ERROR(copy(o.targets, targets.data(), static_cast<int64_t>(targets.size())));
-  if (!rope_cos_.empty()) {
-    RETURN_IF_ERROR(copy(o.rope_cos, rope_cos_.data(), static_cast<int64_t>(rope_cos_.size())));
-    RETURN_IF_ERROR(copy(o.rope_sin, rope_sin_.data(), static_cast<int64_t>(rope_sin_.size())));
+  // Tokens, targets and the RoPE tables lie back to back from o.tokens: gathered in pinned
+  // staging (4-byte elements each) and uploaded in one asynchronous copy.
+  CHECK_EQ(o.targets, o.tokens + static_cast<int64_t>(tokens.size()));
+  CHECK_EQ(o.rope_cos, o.targets + static_cast<int64_t>(targets.size()));
+  const int64_t bytes = (o.total - o.tokens) * static_cast<int64_t>(sizeof(float));
+  if (input_upload_ == nullptr) {
+    ASSIGN_OR_RETURN(Backend * backend, AcceleratorBackend());
+    input_upload_ = std::make_unique<PinnedUploadBuffer>(backend);
   }
+  ASSIGN_OR_RETURN(char* staged, input_upload_->Acquire(bytes));
+  const auto put = [&](int64_t offset, const void* host, size_t elems) {
+    if (elems > 0) std::memcpy(staged + (offset - o.tokens) * sizeof(float), host, elems * 4);
+  };
+  put(o.tokens, tokens.data(), tokens.size());
+  put(o.targets, targets.data(), targets.size());
+  put(o.rope_cos, rope_cos_.data(), rope_cos_.size());
+  put(o.rope_sin, rope_sin_.data(), rope_sin_.size());
+  RETURN_IF_ERROR(input_upload_->Upload(*stream_, acts.inputs.data() + o.tokens, bytes));
   rope_dev_ = acts.inputs.data();
   return absl::OkStatus();
 }
@@ -1431,12 +1484,18 @@ absl::Status GptModel::Backward(absl::Span<const int32_t> tokens, double loss_sc
   // Tied, the LM head writes every touched row before the embedding adds to it; untied, the
   // embedding's part starts from zero.
   ASSIGN_OR_RETURN(acts.touched_grads, Alloc(std::min(N, V) * C, !spec_.tied_lm_head));
-  // slot_of_token on the device; the host vector stays unchanged until the Activations go (after
-  // the stream passed the copy).
+  // slot_of_token on the device, uploaded asynchronously through pinned staging.
   ASSIGN_OR_RETURN(acts.slots, Alloc(V, false));
-  RETURN_IF_ERROR(stream_->MemcpyAsync(acts.slots.data(), acts.slot_of_token.data(),
-                                       V * static_cast<int64_t>(sizeof(int32_t)),
-                                       CopyKind::kHostToDevice));
+  {
+    const int64_t bytes = V * static_cast<int64_t>(sizeof(int32_t));
+    if (slots_upload_ == nullptr) {
+      ASSIGN_OR_RETURN(Backend * backend, AcceleratorBackend());
+      slots_upload_ = std::make_unique<PinnedUploadBuffer>(backend);
+    }
+    ASSIGN_OR_RETURN(char* staged, slots_upload_->Acquire(bytes));
+    std::memcpy(staged, acts.slot_of_token.data(), static_cast<size_t>(bytes));
+    RETURN_IF_ERROR(slots_upload_->Upload(*stream_, acts.slots.data(), bytes));
+  }
   ASSIGN_OR_RETURN(Buffer dlnf, Alloc(N * C, true));
   RETURN_IF_ERROR(LmHeadBackward(loss_scale, acts, dlnf));
   acts.ce_lse.Reset();

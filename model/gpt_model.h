@@ -154,6 +154,8 @@
 
 namespace ps {
 
+class PinnedUploadBuffer;  // gpt_model.cc
+
 // Pinned host bytes a model uses to read accelerator payloads outside compute (one buffer, reused
 // for every range; see the file comment). Counted by the trainer's host plan.
 inline constexpr int64_t kPayloadStagingBytes = int64_t{4} << 20;
@@ -525,6 +527,12 @@ class GptModel {
   // Recorded on the compute stream before each staged copy, which waits for it.
   mutable std::unique_ptr<Event> staging_event_ ABSL_GUARDED_BY(staging_mu_);
   mutable void* staging_ ABSL_GUARDED_BY(staging_mu_) = nullptr;
+
+  // Pinned host staging of the small per-micro-batch uploads on the compute stream (tokens,
+  // targets and RoPE tables; slot_of_token), so that these copies are asynchronous: a pageable
+  // source makes the runtime copy synchronously. Created on first use.
+  std::unique_ptr<PinnedUploadBuffer> input_upload_;
+  std::unique_ptr<PinnedUploadBuffer> slots_upload_;
 };
 
 // The architecture-neutral name.

@@ -19,9 +19,14 @@
 // only: PyTorch updates m with lerp (m + (1-beta1)(g-m)) where we use the textbook form above,
 // and we multiply by 1/sqrt(1-beta2^t) instead of dividing by sqrt(1-beta2^t).
 //
-// Kernels may evaluate a*b+c with a fused multiply-add (AVX2/AVX-512 and CUDA do, the scalar
-// host build does not), so results agree with this reference within a few ULP, not bit for bit.
-// For one instruction set, results are bitwise reproducible.
+// The multiply-adds are explicit and fused (FusedMulAdd: std::fma on the host, __fmaf_rn on the
+// GPU) exactly where the Highway kernel uses MulAdd/NegMulAdd, and every other product and sum is
+// rounded on its own (adam_kernels.cu is compiled with --fmad=false, the host build contracts
+// nothing). So the CPU kernel on a target with native FMA (AVX2, AVX-512: its vectors and its
+// scalar tail), the CUDA kernel and this reference give the same bits: a chunk's Adam step is the
+// same whichever device runs it (a resumed run replays the warm-up step on the CPU). A target
+// without native FMA (SSE4, the emulated scalar one) rounds the vector products separately and
+// agrees within a few ULP.
 //
 // Thread safety: pure functions and value types.
 #ifndef PATRICKSTAR_OPTIMIZER_ADAM_MATH_H_
@@ -90,6 +95,15 @@ inline AdamStepScalars MakeAdamStepScalars(AdamMode mode, double lr, double beta
   return s;
 }
 
+// a * b + c rounded once (IEEE fused multiply-add) on the host and the GPU alike.
+PS_HOST_DEVICE float FusedMulAdd(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
 // The effective gradient: raw / loss_scale * clip_coef.
 PS_HOST_DEVICE float AdamEffectiveGrad(const AdamStepScalars& s, float raw_grad) {
   return raw_grad / s.loss_scale * s.clip_coef;
@@ -100,18 +114,20 @@ PS_HOST_DEVICE float AdamEffectiveGrad(const AdamStepScalars& s, float raw_grad)
 // so an Inf/NaN master value is never multiplied by a zero coefficient into a NaN it was not.
 PS_HOST_DEVICE void AdamUpdate(const AdamStepScalars& s, float raw_grad, float& param,
                                float& exp_avg, float& exp_avg_sq) {
+  // Each FusedMulAdd is a Highway MulAdd (NegMulAdd for the last) in optimizer/cpu_adam.cc's
+  // AdamLoop, in the same order; keep the two in step.
   float g = AdamEffectiveGrad(s, raw_grad);
   float p = param;
-  if (s.l2 != 0.0f) g = g + s.l2 * p;
+  if (s.l2 != 0.0f) g = FusedMulAdd(s.l2, p, g);
   if (s.decay != 1.0f) p = p * s.decay;
-  const float m = s.beta1 * exp_avg + s.one_minus_beta1 * g;
-  const float v = s.beta2 * exp_avg_sq + (s.one_minus_beta2 * g) * g;
+  const float m = FusedMulAdd(s.beta1, exp_avg, s.one_minus_beta1 * g);
+  const float v = FusedMulAdd(s.beta2, exp_avg_sq, (s.one_minus_beta2 * g) * g);
 #if defined(__CUDA_ARCH__)
-  const float denom = sqrtf(v) * s.inv_sqrt_bias_correction2 + s.eps;
+  const float denom = FusedMulAdd(sqrtf(v), s.inv_sqrt_bias_correction2, s.eps);
 #else
-  const float denom = std::sqrt(v) * s.inv_sqrt_bias_correction2 + s.eps;
+  const float denom = FusedMulAdd(std::sqrt(v), s.inv_sqrt_bias_correction2, s.eps);
 #endif
-  p = p - s.step_size * (m / denom);
+  p = FusedMulAdd(-s.step_size, m / denom, p);
   exp_avg = m;
   exp_avg_sq = v;
   param = p;

@@ -251,7 +251,9 @@ int64_t StepBlock(const AdamSegment& seg, int64_t begin, int64_t len) {
 }
 
 // Sum of x*x over x[0, n), lanes accumulated in f32 (four accumulators), then added in double in
-// a fixed order. Inf or NaN if an element is, or if an f32 partial sum overflowed.
+// a fixed order. Inf or NaN if an element is, or if an f32 partial sum overflowed. The CUDA kernel
+// reproduces this order (optimizer/grad_stats_math.h; keep the two in step); the file is compiled
+// with -ffp-contract=off, so the double products below are rounded as written.
 double SumSquares(const float* HWY_RESTRICT x, size_t n) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
@@ -322,6 +324,11 @@ GradStats StatsBlock(const GradSegment& seg, int64_t begin, int64_t len) {
 
 const char* TargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
 
+CpuSumSquaresShape SumSquaresShapeImpl() {
+  const hn::ScalableTag<float> d;
+  return CpuSumSquaresShape{static_cast<int>(hn::Lanes(d)), HWY_NATIVE_FMA != 0};
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace cpu_adam_internal
 }  // namespace ps
@@ -339,6 +346,7 @@ namespace cpu_adam_internal {
 HWY_EXPORT(StepBlock);
 HWY_EXPORT(StatsBlock);
 HWY_EXPORT(TargetNameImpl);
+HWY_EXPORT(SumSquaresShapeImpl);
 
 int64_t DispatchStepBlock(const AdamSegment& segment, int64_t begin, int64_t len) {
   return HWY_DYNAMIC_DISPATCH(StepBlock)(segment, begin, len);
@@ -347,6 +355,7 @@ GradStats DispatchStatsBlock(const GradSegment& segment, int64_t begin, int64_t 
   return HWY_DYNAMIC_DISPATCH(StatsBlock)(segment, begin, len);
 }
 const char* DispatchTargetName() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }
+CpuSumSquaresShape DispatchSumSquaresShape() { return HWY_DYNAMIC_DISPATCH(SumSquaresShapeImpl)(); }
 
 }  // namespace cpu_adam_internal
 
@@ -472,6 +481,8 @@ absl::Status CpuAdam::AccumulateGradients(absl::Span<const GradAccumulateSegment
 }
 
 const char* CpuAdamTargetName() { return cpu_adam_internal::DispatchTargetName(); }
+
+CpuSumSquaresShape CpuAdamSumSquaresShape() { return cpu_adam_internal::DispatchSumSquaresShape(); }
 
 }  // namespace ps
 #endif  // HWY_ONCE

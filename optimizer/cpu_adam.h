@@ -76,6 +76,15 @@ class CpuAdam final : public AdamKernels {
   ThreadPool pool_;
 };
 
+// How the dispatched target's GradientStats sums squares (optimizer/grad_stats_math.h): its f32
+// lanes per vector and whether its multiply-add is fused. CudaAdam reproduces that order, so a
+// chunk's statistics have the same bits on either device.
+struct CpuSumSquaresShape {
+  int lanes = 1;
+  bool fused = false;
+};
+CpuSumSquaresShape CpuAdamSumSquaresShape();
+
 // The Highway target CpuAdam dispatches to right now ("AVX3", "AVX2", "SSE4", "SCALAR", ...).
 // Tests may change it with hwy::SetSupportedTargetsForTest.
 const char* CpuAdamTargetName();

@@ -6,6 +6,7 @@
 // gradient statistics, parameter restore, and argument errors.
 #include "optimizer/cpu_adam.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -27,6 +28,7 @@
 #include "memory/dtype_math.h"
 #include "optimizer/adam_kernels.h"
 #include "optimizer/adam_math.h"
+#include "optimizer/grad_stats_math.h"
 
 namespace ps {
 namespace {
@@ -354,6 +356,108 @@ TEST_P(CpuAdamTest, GradientStatsSurviveF32Overflow) {
   EXPECT_EQ(stats.nonfinite_elems, 0);
   EXPECT_NEAR(stats.sum_squares, want, 1e-9 * want);
   EXPECT_NEAR(stats.Norm(1.0), std::sqrt(want), 1e-9 * std::sqrt(want));
+}
+
+// GradientStats of one call in the order optimizer/grad_stats_math.h spells out (the order the
+// CUDA kernel runs), for `shape`: per segment, blocks, tiles, the fast tile sum or the recount.
+GradStats SharedOrderGradStats(const std::vector<Problem>& problems, CpuSumSquaresShape shape) {
+  GradStats total;
+  for (const Problem& p : problems) {
+    for (int64_t begin = 0; begin < p.n; begin += kCpuAdamBlockElems) {
+      const int64_t len = std::min(kCpuAdamBlockElems, p.n - begin);
+      GradStats block;
+      for (int64_t off = 0; off < len; off += kCpuAdamTileElems) {
+        const int64_t t = std::min(kCpuAdamTileElems, len - off);
+        const auto x = [&](int64_t i) { return p.RawGrad(begin + off + i); };
+        const double sum = TileSumSquares(x, t, shape.lanes, shape.fused);
+        if (std::isfinite(sum)) {
+          block.sum_squares += sum;
+        } else {
+          AddTileSquaresSlowly(x, t, block.sum_squares, block.nonfinite_elems);
+        }
+      }
+      total += block;
+    }
+  }
+  return total;
+}
+
+// The CPU's statistics follow the shared order bit for bit on every target (so CudaAdam, which
+// runs that order with the dispatched target's lanes, gives a chunk the same norm): tails of every
+// length, block and tile boundaries, 16-bit gradients, several segments, Inf/NaN tiles and tiles
+// whose f32 partial sums overflow.
+TEST_P(CpuAdamTest, GradientStatsFollowTheSharedOrderBitForBit) {
+  const CpuSumSquaresShape shape = CpuAdamSumSquaresShape();
+  ASSERT_GE(shape.lanes, 1);
+  auto adam = MakeCpuAdam(3);
+  ASSERT_NE(adam, nullptr);
+  uint32_t seed = 7000;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    std::vector<Problem> problems;
+    for (int64_t n : Lengths()) problems.push_back(MakeProblem(dtype, n, 64.0f, false, ++seed));
+    // A tile with Inf and NaN, and (f32) one whose squares overflow the f32 accumulators.
+    Problem& bad = problems.back();
+    bad.SetRawGrad(3, std::numeric_limits<float>::infinity());
+    bad.SetRawGrad(kCpuAdamBlockElems + 1, std::numeric_limits<float>::quiet_NaN());
+    if (dtype == DType::kF32) {
+      for (int64_t i = 0; i < 40; ++i) bad.SetRawGrad(5 * kCpuAdamTileElems + i, 3e37f);
+    }
+    for (size_t first = 0; first < problems.size(); first += 20) {
+      const size_t count = std::min<size_t>(20, problems.size() - first);
+      const std::vector<Problem> batch(problems.begin() + first, problems.begin() + first + count);
+      std::vector<GradSegment> segments;
+      for (const Problem& p : batch) segments.push_back({dtype, p.grad(), p.n});
+      ASSERT_OK_AND_ASSIGN(const GradStats got, adam->GradientStats(segments));
+      const GradStats want = SharedOrderGradStats(batch, shape);
+      EXPECT_EQ(got.nonfinite_elems, want.nonfinite_elems) << DTypeName(dtype);
+      EXPECT_EQ(std::memcmp(&got.sum_squares, &want.sum_squares, sizeof(double)), 0)
+          << DTypeName(dtype) << " segments from " << first << ": " << got.sum_squares << " vs "
+          << want.sum_squares;
+    }
+  }
+}
+
+// On targets with native FMA (AVX2, AVX-512) the step is AdamUpdate bit for bit, vectors and
+// scalar tail alike: the explicit FusedMulAdds of adam_math.h are the kernel's MulAdds. CudaAdam
+// runs the same AdamUpdate, so a chunk steps to the same bits on either device.
+TEST_P(CpuAdamTest, StepIsTheScalarReferenceBitForBitWithNativeFma) {
+  if (!CpuAdamSumSquaresShape().fused) {
+    GTEST_SKIP() << hwy::TargetName(GetParam()) << " has no native FMA: checked within ULPs above";
+  }
+  auto adam = MakeCpuAdam(2);
+  ASSERT_NE(adam, nullptr);
+  uint32_t seed = 9000;
+  for (AdamMode mode : {AdamMode::kAdam, AdamMode::kAdamW}) {
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+      const AdamStepScalars s =
+          MakeAdamStepScalars(mode, 1e-3, 0.9, 0.999, 1e-8, 0.01, /*step=*/7, 256.0, 0.625);
+      for (int64_t n : Lengths()) {
+        ++seed;
+        const Problem before = MakeProblem(dtype, n, 256.0f, seed % 2 == 0, seed);
+        Problem got = before;
+        const AdamSegment segment = got.Segment(s);
+        ASSERT_OK(adam->Step({&segment, 1}));
+        int failures = 0;
+        for (int64_t i = 0; i < n && failures < 5; ++i) {
+          float p = before.master[before.master_off + i];
+          float m = before.m[before.m_off + i];
+          float v = before.v[before.v_off + i];
+          AdamUpdate(s, before.RawGrad(i), p, m, v);
+          const float got_p = got.master[got.master_off + i];
+          const float got_m = got.m[got.m_off + i];
+          const float got_v = got.v[got.v_off + i];
+          if (std::memcmp(&got_p, &p, 4) != 0 || std::memcmp(&got_m, &m, 4) != 0 ||
+              std::memcmp(&got_v, &v, 4) != 0) {
+            ++failures;
+            ADD_FAILURE() << DTypeName(dtype) << " n " << n << " element " << i << ": master "
+                          << got_p << " vs " << p << ", m " << got_m << " vs " << m << ", v "
+                          << got_v << " vs " << v;
+          }
+        }
+        if (HasFailure()) return;
+      }
+    }
+  }
 }
 
 TEST_P(CpuAdamTest, RestoreParamsRoundsMasterExactly) {

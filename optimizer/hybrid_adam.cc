@@ -21,6 +21,8 @@
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
+#include "glog/logging.h"
+#include "memory/backend.h"
 #include "memory/device.h"
 #include "memory/dtype.h"
 #include "optimizer/adam_kernels.h"
@@ -134,6 +136,14 @@ bool IsBiasOrNormTensor(const TensorInfo& tensor) {
          absl::StrContains(name, "norm.");
 }
 
+HybridAdam::~HybridAdam() {
+  if (accumulator_backend_ != nullptr && accumulator_ != nullptr) {
+    if (absl::Status s = accumulator_backend_->FreePinnedHost(accumulator_); !s.ok()) {
+      LOG(ERROR) << "HybridAdam: freeing the pinned gradient accumulator: " << s;
+    }
+  }
+}
+
 absl::StatusOr<std::unique_ptr<HybridAdam>> HybridAdam::Create(const ChunkLayout& layout, int rank,
                                                                DType compute_dtype,
                                                                HybridAdamOptions options,
@@ -226,15 +236,30 @@ absl::StatusOr<std::unique_ptr<HybridAdam>> HybridAdam::Create(const ChunkLayout
   const int64_t acc_bytes =
       GradientAccumulatorBytes(adam->owned_param_elems_, adam->accumulation_steps_);
   if (acc_bytes > 0) {
-    try {
-      adam->accumulator_.assign(static_cast<size_t>(adam->owned_param_elems_), 0.0f);
-    } catch (const std::bad_alloc&) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "HybridAdam: cannot allocate the gradient accumulator of gradient_accumulation_steps ",
-          adam->accumulation_steps_, ": ", acc_bytes,
-          " bytes of host memory (4 per owned "
-          "parameter)"));
+    const std::string what = absl::StrCat(
+        "HybridAdam: cannot allocate the gradient accumulator of gradient_accumulation_steps ",
+        adam->accumulation_steps_, ": ", acc_bytes, " bytes of ",
+        kernels.pinned_accumulator_backend != nullptr ? "pinned " : "",
+        "host memory (4 per owned parameter)");
+    if (kernels.pinned_accumulator_backend != nullptr) {
+      absl::StatusOr<void*> pinned =
+          kernels.pinned_accumulator_backend->AllocatePinnedHost(acc_bytes);
+      if (!pinned.ok()) {
+        return absl::Status(pinned.status().code(),
+                            absl::StrCat(what, ": ", pinned.status().message()));
+      }
+      adam->accumulator_backend_ = kernels.pinned_accumulator_backend;
+      adam->accumulator_ = static_cast<float*>(*pinned);
+      std::fill(adam->accumulator_, adam->accumulator_ + adam->owned_param_elems_, 0.0f);
+    } else {
+      try {
+        adam->accumulator_storage_.assign(static_cast<size_t>(adam->owned_param_elems_), 0.0f);
+      } catch (const std::bad_alloc&) {
+        return absl::ResourceExhaustedError(what);
+      }
+      adam->accumulator_ = adam->accumulator_storage_.data();
     }
+    adam->accumulator_elems_ = adam->owned_param_elems_;
   }
   return adam;
 }
@@ -368,7 +393,7 @@ absl::Status HybridAdam::AccumulatePass(AdamChunkAccess& access) {
             const Run& run = runs_[k][r];
             acc_segments.push_back({compute_dtype_,
                                     static_cast<const char*>(p.param) + run.offset_elems * width,
-                                    accumulator_.data() + run_acc_offsets_[k][r], run.numel});
+                                    accumulator_ + run_acc_offsets_[k][r], run.numel});
           }
           return kernels->AccumulateGradients(acc_segments);
         }));
@@ -398,7 +423,7 @@ absl::Status HybridAdam::RestorePass(AdamChunkAccess& access, AdamStepReport& re
 }
 
 void HybridAdam::ResetAccumulation() {
-  std::fill(accumulator_.begin(), accumulator_.end(), 0.0f);
+  if (accumulator_ != nullptr) std::fill(accumulator_, accumulator_ + accumulator_elems_, 0.0f);
   pending_micro_batches_ = 0;
   pending_nonfinite_ = 0;
   pending_first_nonfinite_.clear();
@@ -542,7 +567,7 @@ absl::StatusOr<AdamStepReport> HybridAdam::Step(AdamChunkAccess& access) {
             sum_segments.clear();
             for (size_t r = 0; r < runs_[k].size(); ++r) {
               const Run& run = runs_[k][r];
-              float* acc = accumulator_.data() + run_acc_offsets_[k][r];
+              float* acc = accumulator_ + run_acc_offsets_[k][r];
               acc_segments.push_back({compute_dtype_,
                                       static_cast<const char*>(p.param) + run.offset_elems * width,
                                       acc, run.numel});
@@ -592,7 +617,7 @@ absl::StatusOr<AdamStepReport> HybridAdam::Step(AdamChunkAccess& access) {
               // The gradient is the f32 sum; the master is updated, then the parameter is
               // written from it (the same rounding as the fused write).
               segments.push_back({scalars[run.group], DType::kF32,
-                                  accumulator_.data() + run_acc_offsets_[k][r], nullptr,
+                                  accumulator_ + run_acc_offsets_[k][r], nullptr,
                                   p.master + run.offset_elems, p.exp_avg + run.offset_elems,
                                   p.exp_avg_sq + run.offset_elems, run.numel});
               restore_segments.push_back(

@@ -74,6 +74,7 @@
 #include "absl/strings/string_view.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
+#include "memory/backend.h"
 #include "memory/device.h"
 #include "memory/dtype.h"
 #include "optimizer/adam_kernels.h"
@@ -175,6 +176,13 @@ struct ParamGroupSettings {
 struct HybridAdamKernels {
   AdamKernels* host = nullptr;
   AdamKernels* accelerator = nullptr;
+  // Optional (gradient_accumulation_steps > 1): the backend whose pinned host memory holds the
+  // accumulator instead of pageable memory; must outlive the optimizer. With the cuda backend,
+  // pinned memory is mapped into the GPU's address space, so CudaAdam accumulates a GPU chunk's
+  // gradients into it in place instead of staging them through pageable 1 MiB tiles, each a
+  // synchronous round trip. The accumulator stays in host memory either way (the same host bytes
+  // GradientAccumulatorBytes counts). Null: a std::vector.
+  Backend* pinned_accumulator_backend = nullptr;
 };
 
 struct AdamStepReport {
@@ -295,6 +303,10 @@ class HybridAdam {
 
   HybridAdam() = default;
 
+ public:
+  ~HybridAdam();
+
+ private:
   absl::Status ValidateHyperParams() const;
   absl::StatusOr<AdamKernels*> KernelsFor(int64_t chunk_index, Device device) const;
   // Where the first Inf/NaN gradient of owned chunk k (whose param slots hold gradients) is:
@@ -337,7 +349,12 @@ class HybridAdam {
   int64_t owned_param_elems_ = 0;
   // Parallel to runs_: each run's offset in accumulator_ (runs packed back to back).
   std::vector<std::vector<int64_t>> run_acc_offsets_;
-  std::vector<float> accumulator_;  // owned_param_elems_ floats when k > 1, else empty
+  // owned_param_elems_ floats when k > 1, else null: accumulator_storage_'s, or pinned memory of
+  // accumulator_backend_ (freed by the destructor).
+  float* accumulator_ = nullptr;
+  int64_t accumulator_elems_ = 0;
+  std::vector<float> accumulator_storage_;
+  Backend* accumulator_backend_ = nullptr;
   int64_t pending_micro_batches_ = 0;
   // f16: Inf/NaN seen in a pending micro-batch (the step will be skipped), how many and where.
   int64_t pending_nonfinite_ = 0;

@@ -671,76 +671,83 @@ TEST_F(HybridAdamTest, Errors) {
 // touches no optimizer state), then Step(): the update is Adam on the f32 sum of the stored
 // gradients unscaled by loss_scale * k, i.e. on the mean gradient — checked against the scalar
 // reference (optimizer/adam_math.h) — over two optimizer steps (the accumulator restarts from
-// zero), with chunks on the host and on the emulated accelerator, for every compute dtype.
+// zero), with chunks on the host and on the emulated accelerator, for every compute dtype, with
+// the accumulator in pageable memory and in the backend's pinned memory (what a cuda run uses, so
+// that CudaAdam updates it in place).
 TEST_F(HybridAdamTest, AccumulationStepsOnTheMeanOfTheMicroBatchGradients) {
   for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const int k : {2, 3}) {
-      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " k=", k));
-      Build(dtype, 1, 0, /*on_accelerator=*/{1});
-      HybridAdamOptions options = AdamWWithNoDecayGroup();
-      options.gradient_accumulation_steps = k;
-      const float scale = dtype == DType::kF16 ? 256.0f : 1.0f;
-      if (dtype == DType::kF16) {
-        ASSERT_OK_AND_ASSIGN(options.loss_scaler, LossScaler::Static(scale));
-      }
-      ASSERT_OK_AND_ASSIGN(auto adam,
-                           HybridAdam::Create(store_->layout(), 0, dtype, options, Kernels()));
-      int64_t owned = 0;
-      for (int64_t i : adam->owned_chunks()) {
-        for (TensorId id : store_->layout().TensorsInChunk(i)) {
-          owned += store_->layout().tensor(id).numel;
+      for (const bool pinned : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " k=", k, pinned ? " pinned" : ""));
+        Build(dtype, 1, 0, /*on_accelerator=*/{1});
+        HybridAdamOptions options = AdamWWithNoDecayGroup();
+        options.gradient_accumulation_steps = k;
+        const float scale = dtype == DType::kF16 ? 256.0f : 1.0f;
+        if (dtype == DType::kF16) {
+          ASSERT_OK_AND_ASSIGN(options.loss_scaler, LossScaler::Static(scale));
         }
-      }
-      EXPECT_EQ(adam->owned_param_elems(), owned);
-      EXPECT_EQ(GradientAccumulatorBytes(adam->owned_param_elems(), k), 4 * owned);
-      ResidentChunkAccess access(*store_);
-      for (int step = 1; step <= 2; ++step) {
-        Snapshot before = Take(*adam);  // grad: the parameters now; replaced by the sum below
-        std::vector<std::vector<uint8_t>> params_before;
+        HybridAdamKernels kernels = Kernels();
+        if (pinned) kernels.pinned_accumulator_backend = backend_.get();
+        ASSERT_OK_AND_ASSIGN(auto adam,
+                             HybridAdam::Create(store_->layout(), 0, dtype, options, kernels));
+        int64_t owned = 0;
         for (int64_t i : adam->owned_chunks()) {
-          params_before.push_back(PayloadBytes(store_->chunk(ChunkType::kParam, i)));
-        }
-        std::vector<std::vector<float>> sum(before.grad.size());
-        for (size_t c = 0; c < sum.size(); ++c) sum[c].assign(before.grad[c].size(), 0.0f);
-        for (int micro = 0; micro < k; ++micro) {
-          WriteRandomGradients(*adam, scale, static_cast<uint32_t>(100 * step + micro));
-          const Snapshot g = Take(*adam);
-          for (size_t c = 0; c < sum.size(); ++c) {
-            for (size_t e = 0; e < sum[c].size(); ++e) sum[c][e] += g.grad[c][e];
-          }
-          if (micro + 1 < k) {
-            ASSERT_OK_AND_ASSIGN(const AdamStepReport r, adam->Accumulate(access));
-            EXPECT_TRUE(r.accumulated);
-            EXPECT_FALSE(r.skipped);
-            EXPECT_EQ(adam->pending_micro_batches(), micro + 1);
-            EXPECT_EQ(adam->step(), step - 1);
-            for (size_t c = 0; c < adam->owned_chunks().size(); ++c) {
-              const int64_t i = adam->owned_chunks()[c];
-              ASSERT_EQ(PayloadBytes(store_->chunk(ChunkType::kParam, i)), params_before[c])
-                  << "micro-batch " << micro << ": parameters not restored";
-              ASSERT_EQ(
-                  std::memcmp(Master(i), before.master[c].data(), before.master[c].size() * 4), 0);
-            }
-          }
-        }
-        before.grad = sum;
-        ASSERT_OK_AND_ASSIGN(const AdamStepReport r, adam->Step(access));
-        EXPECT_FALSE(r.skipped);
-        EXPECT_FALSE(r.accumulated);
-        EXPECT_EQ(r.step, step);
-        EXPECT_EQ(adam->pending_micro_batches(), 0);
-        double sum_squares = 0;
-        for (size_t c = 0; c < sum.size(); ++c) {
-          const int64_t i = adam->owned_chunks()[c];
           for (TensorId id : store_->layout().TensorsInChunk(i)) {
-            const TensorInfo& t = store_->layout().tensor(id);
-            for (int64_t e = t.offset_elems; e < t.offset_elems + t.numel; ++e) {
-              sum_squares += static_cast<double>(sum[c][e]) * sum[c][e];
-            }
+            owned += store_->layout().tensor(id).numel;
           }
         }
-        EXPECT_NEAR(r.grad_norm, std::sqrt(sum_squares) / (scale * k), 1e-5 * r.grad_norm);
-        ExpectStepped(*adam, before, step, static_cast<double>(scale) * k, 1.0);
+        EXPECT_EQ(adam->owned_param_elems(), owned);
+        EXPECT_EQ(GradientAccumulatorBytes(adam->owned_param_elems(), k), 4 * owned);
+        ResidentChunkAccess access(*store_);
+        for (int step = 1; step <= 2; ++step) {
+          Snapshot before = Take(*adam);  // grad: the parameters now; replaced by the sum below
+          std::vector<std::vector<uint8_t>> params_before;
+          for (int64_t i : adam->owned_chunks()) {
+            params_before.push_back(PayloadBytes(store_->chunk(ChunkType::kParam, i)));
+          }
+          std::vector<std::vector<float>> sum(before.grad.size());
+          for (size_t c = 0; c < sum.size(); ++c) sum[c].assign(before.grad[c].size(), 0.0f);
+          for (int micro = 0; micro < k; ++micro) {
+            WriteRandomGradients(*adam, scale, static_cast<uint32_t>(100 * step + micro));
+            const Snapshot g = Take(*adam);
+            for (size_t c = 0; c < sum.size(); ++c) {
+              for (size_t e = 0; e < sum[c].size(); ++e) sum[c][e] += g.grad[c][e];
+            }
+            if (micro + 1 < k) {
+              ASSERT_OK_AND_ASSIGN(const AdamStepReport r, adam->Accumulate(access));
+              EXPECT_TRUE(r.accumulated);
+              EXPECT_FALSE(r.skipped);
+              EXPECT_EQ(adam->pending_micro_batches(), micro + 1);
+              EXPECT_EQ(adam->step(), step - 1);
+              for (size_t c = 0; c < adam->owned_chunks().size(); ++c) {
+                const int64_t i = adam->owned_chunks()[c];
+                ASSERT_EQ(PayloadBytes(store_->chunk(ChunkType::kParam, i)), params_before[c])
+                    << "micro-batch " << micro << ": parameters not restored";
+                ASSERT_EQ(
+                    std::memcmp(Master(i), before.master[c].data(), before.master[c].size() * 4),
+                    0);
+              }
+            }
+          }
+          before.grad = sum;
+          ASSERT_OK_AND_ASSIGN(const AdamStepReport r, adam->Step(access));
+          EXPECT_FALSE(r.skipped);
+          EXPECT_FALSE(r.accumulated);
+          EXPECT_EQ(r.step, step);
+          EXPECT_EQ(adam->pending_micro_batches(), 0);
+          double sum_squares = 0;
+          for (size_t c = 0; c < sum.size(); ++c) {
+            const int64_t i = adam->owned_chunks()[c];
+            for (TensorId id : store_->layout().TensorsInChunk(i)) {
+              const TensorInfo& t = store_->layout().tensor(id);
+              for (int64_t e = t.offset_elems; e < t.offset_elems + t.numel; ++e) {
+                sum_squares += static_cast<double>(sum[c][e]) * sum[c][e];
+              }
+            }
+          }
+          EXPECT_NEAR(r.grad_norm, std::sqrt(sum_squares) / (scale * k), 1e-5 * r.grad_norm);
+          ExpectStepped(*adam, before, step, static_cast<double>(scale) * k, 1.0);
+        }
       }
     }
   }

@@ -14,11 +14,13 @@
 // overwrite an input — reported before any work is done.
 //
 // Data parallelism: `mpirun -np N bazel-bin/trainer/train ...` runs N ranks of one run (the mpi
-// communicator, --comm=auto); see trainer/trainer.h. A rank that fails exits 1 without
-// MPI_Finalize, so mpirun ends the others. --comm=nccl (a --config=cuda build, --accelerator=cuda,
-// a GPU: config_validate.h CheckNcclComm refuses anything else before any work, exit 1 for the
-// build or the machine, 2 for the config) runs the same ranks' collectives over NCCL on
-// accelerator.device of each rank, bootstrapped over mpi (comm/communicator_factory.h).
+// communicator, --comm=auto; nccl when --accelerator=cuda); see trainer/trainer.h. A rank that
+// fails exits 1 without MPI_Finalize, so mpirun ends the others. --comm=nccl (a --config=cuda
+// build, --accelerator=cuda, a GPU: config_validate.h CheckNcclComm refuses anything else before
+// any work, exit 1 for the build or the machine, 2 for the config) runs the same ranks'
+// collectives over NCCL, bootstrapped over mpi, each rank on its own GPU: the node-local rank
+// counted from accelerator.device (comm/communicator_factory.h ChooseTrainingCommunicator).
+// --comm=mpi with --accelerator=cuda under mpirun is refused (exit 2).
 #include <algorithm>
 #include <cstdint>
 #include <iostream>
@@ -84,11 +86,12 @@ ABSL_FLAG(std::string, trace_out, "",
 ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt, "Seed of the parameter initialization.");
 ABSL_FLAG(bool, print_config, false, "Print the resolved config as JSON and exit.");
 ABSL_FLAG(std::string, comm, "auto",
-          "Data-parallel communicator: auto (mpi when started by mpirun, else a world of one), "
-          "local (a world of one), mpi, or nccl (needs a --config=cuda build, "
-          "--accelerator=cuda and a GPU, one per rank: accelerator.device; bootstrapped over "
-          "mpi, so launch with mpirun). With N ranks, chunks are sharded ZeRO-style and each "
-          "step trains on N micro-batches; rank 0 prints.");
+          "Data-parallel communicator: auto (when started by mpirun: nccl with "
+          "--accelerator=cuda, else mpi; without mpirun a world of one), local (a world of "
+          "one), mpi (host memory: not with --accelerator=cuda), or nccl (needs a --config=cuda "
+          "build, --accelerator=cuda and a GPU per rank: the node-local rank counted from "
+          "accelerator.device; bootstrapped over mpi, so launch with mpirun). With N ranks, "
+          "chunks are sharded ZeRO-style and each step trains on N micro-batches; rank 0 prints.");
 
 namespace ps {
 namespace {
@@ -263,7 +266,16 @@ int Main(int argc, char** argv) {
     std::cerr << "error: " << status.message() << "\n";
     return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  if (comm_kind == "nccl") {
+  // Which communicator (comm/communicator_factory.h): --comm=auto picks nccl for cuda under
+  // mpirun, --comm=mpi with cuda under mpirun is refused, nccl ranks take their GPU by local rank.
+  absl::StatusOr<CommunicatorOptions> comm_choice = ChooseTrainingCommunicator(
+      comm_kind, config->accelerator.kind == AcceleratorKind::kCuda,
+      MpiCommunicator::LaunchedByMpirun(), config->accelerator.device_index);
+  if (!comm_choice.ok()) {
+    std::cerr << "error: " << comm_choice.status().message() << "\n";
+    return 2;
+  }
+  if (comm_choice->kind == "nccl") {
     // The build, the config and the machine, before any work (config_validate.h).
     status = CheckNcclComm(*config, NcclCompiledIn(), [&] {
       BackendOptions probe;
@@ -287,24 +299,13 @@ int Main(int argc, char** argv) {
     return 1;
   }
   std::unique_ptr<Communicator> communicator;
-  if (comm_kind == "nccl") {
-    // NCCL on this rank's GPU (the trainer's cuda backend uses the same accelerator.device),
+  if (!comm_choice->kind.empty()) {
+    // nccl: on this rank's GPU (the trainer's cuda backend follows the communicator's device),
     // its unique id broadcast over a new mpi communicator (a world of one without mpirun).
-    CommunicatorOptions comm_options;
-    comm_options.kind = "nccl";
-    comm_options.cuda_device = config->accelerator.device_index;
-    absl::StatusOr<std::unique_ptr<Communicator>> created = CreateCommunicator(comm_options);
+    absl::StatusOr<std::unique_ptr<Communicator>> created = CreateCommunicator(*comm_choice);
     if (!created.ok()) {
-      std::cerr << "error: --comm=nccl: " << created.status().message() << "\n";
-      return 1;
-    }
-    communicator = *std::move(created);
-  } else if (comm_kind == "mpi" || (comm_kind == "auto" && MpiCommunicator::LaunchedByMpirun())) {
-    CommunicatorOptions comm_options;
-    comm_options.kind = "mpi";
-    absl::StatusOr<std::unique_ptr<Communicator>> created = CreateCommunicator(comm_options);
-    if (!created.ok()) {
-      std::cerr << "error: " << created.status().message() << "\n";
+      std::cerr << "error: --comm=" << comm_choice->kind << ": " << created.status().message()
+                << "\n";
       return 1;
     }
     communicator = *std::move(created);

@@ -32,6 +32,7 @@
 #include "memory/backend.h"
 #include "memory/backend_factory.h"
 #include "memory/cpu_backend.h"
+#include "memory/cuda_capacity.h"
 #include "memory/device.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
@@ -140,6 +141,30 @@ AcceleratorReserve PlanAcceleratorReserve(AcceleratorKind kind, bool device_comm
     }
   }
   return r;
+}
+
+int64_t DefaultAcceleratorBudget(AcceleratorKind kind, int64_t configured_bytes,
+                                 int64_t cuda_usable_bytes, int world) {
+  if (configured_bytes > 0) return configured_bytes;
+  if (kind == AcceleratorKind::kCuda && world == 1 && cuda_usable_bytes > 0) {
+    return cuda_usable_bytes;
+  }
+  return 0;
+}
+
+absl::Status CheckCommunicatorFitsAccelerator(AcceleratorKind kind,
+                                              const Communicator* communicator,
+                                              bool device_communicator_for_test) {
+  if (kind != AcceleratorKind::kCuda || communicator == nullptr ||
+      communicator->world_size() <= 1 || device_communicator_for_test ||
+      communicator->memory() != CommMemory::kHost) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "accelerator.backend \"cuda\" with the host-memory communicator \"", communicator->name(),
+      "\" (", communicator->world_size(),
+      " ranks) hands GPU memory to a host communicator: the ZeRO chunk payloads live on the GPU. "
+      "Use --comm=nccl (or --comm=auto, which picks nccl for --accelerator=cuda under mpirun)"));
 }
 
 class Trainer::Impl {
@@ -252,7 +277,10 @@ class Trainer::Impl {
   std::unique_ptr<MetricsWriter> metrics_;
   TrackId steps_track_ = 0;
 
-  int64_t step_ = 0;  // steps taken
+  int64_t step_ = 0;      // steps taken
+  int device_index_ = 0;  // the accelerator's device (Build)
+  // cuda: the device's free memory minus the margin (Build, before the plan).
+  int64_t cuda_usable_bytes_ = 0;
   double last_loss_ = 0;
   bool closed_ = false;
 };
@@ -268,6 +296,15 @@ absl::Status Trainer::Impl::Build() {
     rank_ = env_.communicator->rank();
     world_ = env_.communicator->world_size();
   }
+  RETURN_IF_ERROR(CheckCommunicatorFitsAccelerator(config_.accelerator.kind,
+                                                   world_ > 1 ? env_.communicator : nullptr,
+                                                   env_.device_communicator_for_test != nullptr));
+  // The GPU: the device communicator's (nccl picks each rank's by its node-local rank), else
+  // accelerator.device.
+  device_index_ = config_.accelerator.device_index;
+  if (env_.communicator != nullptr && env_.communicator->cuda_device() >= 0) {
+    device_index_ = env_.communicator->cuda_device();
+  }
   RETURN_IF_ERROR(ValidateTrainConfig(config_, world_));
   RETURN_IF_ERROR(ResolveModel());
   seq_len_ = ResolveSeqLen(config_, gpt_);
@@ -280,11 +317,24 @@ absl::Status Trainer::Impl::Build() {
     // backend's message names the fix).
     BackendOptions probe;
     probe.kind = "cuda";
-    probe.device_index = config_.accelerator.device_index;
+    probe.device_index = device_index_;
+    probe.cuda_margin_bytes = CudaMarginBytes(world_ > 1 && DeviceCommunicator());
     absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateBackend(probe);
     if (!cuda.ok()) {
       return absl::Status(cuda.status().code(),
                           absl::StrCat("accelerator.backend \"cuda\": ", cuda.status().message()));
+    }
+    // Uncapped, the probe holds what this run can use: free memory minus the margin.
+    cuda_usable_bytes_ = (*cuda)->capacity_bytes();
+    if (config_.accelerator.memory_bytes > cuda_usable_bytes_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "accelerator.memory (--accelerator_memory) = ",
+          FormatBytes(config_.accelerator.memory_bytes), " is more than cuda device ",
+          device_index_, " can give this run: ", FormatBytes(cuda_usable_bytes_),
+          " (its free memory minus ", FormatBytes(probe.cuda_margin_bytes),
+          " kept for the CUDA runtime, cuBLAS and NCCL, which allocate outside the cap). Use "
+          "--accelerator_memory=",
+          FormatBytes(cuda_usable_bytes_ / kMiB * kMiB), " or less, or leave it unset"));
     }
     // The GPU's kernel workspaces, for the plan: the model's CudaKernels (CreateKernels with the
     // same defaults) will ask for exactly these.
@@ -310,7 +360,11 @@ absl::Status Trainer::Impl::Build() {
   const bool cuda = config_.accelerator.kind == AcceleratorKind::kCuda;
   BackendOptions backend_options;
   backend_options.kind = cuda ? "cuda" : "cpu";
-  backend_options.device_index = config_.accelerator.device_index;
+  backend_options.device_index = device_index_;
+  // The plan already kept the whole margin out of the budget (Build's probe); the backend checks
+  // the cap again against the free memory now, which the probe's cuBLAS handle and lazily loaded
+  // modules may have lowered since: half the margin is left for that re-check.
+  backend_options.cuda_margin_bytes = CudaMarginBytes(world_ > 1 && DeviceCommunicator()) / 2;
   backend_options.capacity_bytes = plan_.accelerator_bytes;
   // (ValidateTrainConfig refuses accelerator.copy_bandwidth with "cuda".)
   if (!cuda) {
@@ -439,6 +493,9 @@ absl::Status Trainer::Impl::Build() {
   if (cuda) {
     ASSIGN_OR_RETURN(accelerator_adam_, CreateCudaAdam(*backend_));
     kernels.accelerator = accelerator_adam_.get();
+    // Pinned, so CudaAdam accumulates GPU chunks' gradients into it in place (mapped memory)
+    // instead of through synchronous pageable round trips.
+    kernels.pinned_accumulator_backend = backend_.get();
   } else {
     kernels.accelerator = cpu_adam_.get();  // the emulated accelerator's memory is host memory
   }
@@ -605,7 +662,8 @@ absl::Status Trainer::Impl::PlanMemoryOrRefuse() {
   o.rank = rank_;
   o.gradient_accumulation_steps = static_cast<int>(config_.gradient_accumulation_steps);
   o.chunk_elems = config_.chunk.size_elems;
-  o.accelerator_bytes = config_.accelerator.memory_bytes;
+  o.accelerator_bytes = DefaultAcceleratorBudget(
+      config_.accelerator.kind, config_.accelerator.memory_bytes, cuda_usable_bytes_, world_);
   if (config_.accelerator.host_memory_bytes > 0) {
     o.host_cap_bytes = config_.accelerator.host_memory_bytes;
   }

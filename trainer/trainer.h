@@ -110,6 +110,22 @@ struct AcceleratorReserve {
 AcceleratorReserve PlanAcceleratorReserve(AcceleratorKind kind, bool device_communicator, int world,
                                           int64_t chunk_elems, DType dtype, bool exports);
 
+// The accelerator budget the memory plan starts from: accelerator.memory (`configured_bytes`) when
+// set; unset, on cuda in a world of one, the GPU (`cuda_usable_bytes`: its free memory minus the
+// margin of memory/cuda_capacity.h), not a 4 GiB guess; otherwise 0 (the plan's minimum). With
+// several ranks the budget picks the chunk size, which every rank must share, and free memory is
+// rank-local: cuda with world > 1 keeps the plan's minimum unless accelerator.memory is set.
+int64_t DefaultAcceleratorBudget(AcceleratorKind kind, int64_t configured_bytes,
+                                 int64_t cuda_usable_bytes, int world);
+
+// InvalidArgument naming --comm=nccl when a multi-rank `communicator` (null for a world of one)
+// works on host memory while the accelerator is "cuda": the ZeRO chunk payloads would live on the
+// GPU, and a host communicator (mpi) or its memcpy would dereference device pointers. A test's
+// device-memory stand-in (`device_communicator_for_test`) is accepted.
+[[nodiscard]] absl::Status CheckCommunicatorFitsAccelerator(AcceleratorKind kind,
+                                                            const Communicator* communicator,
+                                                            bool device_communicator_for_test);
+
 struct TrainerEnvironment {
   // Progress lines and the summary. Null: nothing is printed.
   std::ostream* out = nullptr;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -20,6 +21,8 @@
 #include "base/status_macros.h"
 #include "base/testing/status_matchers.h"
 #include "base/units.h"
+#include "comm/communicator.h"
+#include "comm/testing/thread_communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "memory/backend_factory.h"
@@ -373,6 +376,47 @@ TEST(Trainer, CudaWithoutAGpuSaysSo) {
     EXPECT_THAT(status,
                 StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no CUDA device is available")));
   }
+}
+
+// `mpirun -np N train --accelerator=cuda --comm=mpi` would give the GPU-resident ZeRO payloads to
+// MPI and memcpy (a segfault at the first all-gather): refused before any work, naming the fix,
+// with or without a GPU.
+TEST(Trainer, CudaWithAMultiRankHostCommunicatorIsRefused) {
+  std::vector<std::unique_ptr<Communicator>> two = CreateThreadCommunicators(2);
+  ASSERT_EQ(two[0]->memory(), CommMemory::kHost);
+  TrainConfig c = TinyConfig();
+  c.accelerator.kind = AcceleratorKind::kCuda;
+  c.accelerator.copy_bandwidth_bytes_per_s = 0;
+  TrainerEnvironment env;
+  env.communicator = two[0].get();
+  EXPECT_THAT(Trainer::Create(c, env).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("accelerator.backend \"cuda\""),
+                             HasSubstr("host-memory communicator"), HasSubstr("--comm=nccl"))));
+
+  EXPECT_THAT(CheckCommunicatorFitsAccelerator(AcceleratorKind::kCuda, two[1].get(), false),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--comm=nccl")));
+  // What stays accepted: the emulated accelerator (its memory is host memory), a world of one,
+  // and a test's device-memory stand-in.
+  EXPECT_THAT(CheckCommunicatorFitsAccelerator(AcceleratorKind::kCpu, two[0].get(), false), IsOk());
+  EXPECT_THAT(CheckCommunicatorFitsAccelerator(AcceleratorKind::kCuda, nullptr, false), IsOk());
+  std::vector<std::unique_ptr<Communicator>> one = CreateThreadCommunicators(1);
+  EXPECT_THAT(CheckCommunicatorFitsAccelerator(AcceleratorKind::kCuda, one[0].get(), false),
+              IsOk());
+  EXPECT_THAT(CheckCommunicatorFitsAccelerator(AcceleratorKind::kCuda, two[0].get(), true), IsOk());
+}
+
+// Without accelerator.memory a cuda run plans with the GPU (free memory minus the margin), not a
+// 4 GiB guess; a set value wins; the emulated accelerator and multi-rank cuda runs (the budget
+// picks the chunk size, which every rank must share) keep the plan's minimum.
+TEST(DefaultAcceleratorBudgetTest, CudaUsesTheCardWhenUnset) {
+  const int64_t usable = 78 * kGiB;
+  EXPECT_EQ(DefaultAcceleratorBudget(AcceleratorKind::kCuda, 0, usable, 1), usable);
+  EXPECT_EQ(DefaultAcceleratorBudget(AcceleratorKind::kCuda, 2 * kGiB, usable, 1), 2 * kGiB);
+  EXPECT_EQ(DefaultAcceleratorBudget(AcceleratorKind::kCuda, 0, usable, 2), 0);
+  EXPECT_EQ(DefaultAcceleratorBudget(AcceleratorKind::kCuda, 3 * kGiB, usable, 2), 3 * kGiB);
+  EXPECT_EQ(DefaultAcceleratorBudget(AcceleratorKind::kCpu, 0, 0, 1), 0);
+  EXPECT_EQ(DefaultAcceleratorBudget(AcceleratorKind::kCpu, kGiB, 0, 4), kGiB);
 }
 
 // What a run holds on the accelerator beside chunks and activations, which the plan reserves:

@@ -8,6 +8,11 @@
 #include "absl/strings/str_cat.h"
 
 namespace ps::comm_internal {
+
+int NodeLocalCudaDevice(int first_device, int local_rank, int device_count) {
+  return static_cast<int>((static_cast<int64_t>(first_device) + local_rank) % device_count);
+}
+
 namespace {
 
 bool ValidDType(CommDType dtype) { return CommDTypeSize(dtype) != 0; }
@@ -125,13 +130,13 @@ absl::Status Validate(const CollectiveCall& call, int rank, int world, int64_t m
   if (call.kind == Collective::kBarrier) return absl::OkStatus();
   const std::string what = CollectiveName(call.kind);
   if (!ValidDType(call.dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": dtype ", CommDTypeName(call.dtype), " is not one of f32, f16, bf16, i32, u8"));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": dtype ", CommDTypeName(call.dtype),
+                                                   " is not one of f32, f16, bf16, i32, u8"));
   }
   if (HasOp(call.kind)) {
     if (!ValidOp(call.op)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": reduction ", ReduceOpName(call.op), " is not one of sum, avg, max"));
+      return absl::InvalidArgumentError(absl::StrCat(what, ": reduction ", ReduceOpName(call.op),
+                                                     " is not one of sum, avg, max"));
     }
     if (call.op == ReduceOp::kAvg && !IsFloatingPoint(call.dtype)) {
       return absl::InvalidArgumentError(
@@ -140,8 +145,8 @@ absl::Status Validate(const CollectiveCall& call, int rank, int world, int64_t m
     }
   }
   if (call.kind == Collective::kBroadcast && (call.root < 0 || call.root >= world)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": root ", call.root,
-                                                   " is not a rank of this world of ", world));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": root ", call.root, " is not a rank of this world of ", world));
   }
   if (call.count_elems < 0) {
     return absl::InvalidArgumentError(
@@ -150,8 +155,8 @@ absl::Status Validate(const CollectiveCall& call, int rank, int world, int64_t m
   const int64_t elem = CommDTypeSize(call.dtype);
   // count * world * elem must fit an int64 byte count.
   if (call.count_elems > std::numeric_limits<int64_t>::max() / world / elem) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": count ", call.count_elems, " x ",
-                                                   world, " ranks x ", elem,
+    return absl::InvalidArgumentError(absl::StrCat(what, ": count ", call.count_elems, " x ", world,
+                                                   " ranks x ", elem,
                                                    " bytes overflows a 64-bit byte count"));
   }
   if (call.count_elems > max_count_elems) {

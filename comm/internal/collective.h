@@ -13,6 +13,12 @@
 
 namespace ps::comm_internal {
 
+// The GPU of a rank that was not given one: the node's ranks take consecutive GPUs from
+// `first_device` (accelerator.device), wrapping around the `device_count` GPUs this process sees
+// (one each when every rank is wrapped with its own CUDA_VISIBLE_DEVICES). REQUIRES:
+// device_count > 0, first_device >= 0, local_rank >= 0.
+int NodeLocalCudaDevice(int first_device, int local_rank, int device_count);
+
 enum class Collective : uint8_t { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
 
 // "all-gather", "reduce-scatter", "all-reduce", "broadcast", "barrier".

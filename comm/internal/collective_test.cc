@@ -20,6 +20,17 @@ using ::testing::HasSubstr;
 constexpr Collective kKinds[] = {Collective::kAllGather, Collective::kReduceScatter,
                                  Collective::kAllReduce, Collective::kBroadcast};
 
+TEST(NodeLocalCudaDevice, RanksOfANodeTakeDistinctGpus) {
+  // 4 ranks on a 4-GPU node: GPUs 0..3, all distinct.
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(NodeLocalCudaDevice(0, r, 4), r);
+  // Counting from accelerator.device = 2 on 8 GPUs: 2..5.
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(NodeLocalCudaDevice(2, r, 8), 2 + r);
+  // Wrapping: 2 ranks from GPU 3 of 4 take 3 and 0.
+  EXPECT_EQ(NodeLocalCudaDevice(3, 1, 4), 0);
+  // Each rank wrapped in its own CUDA_VISIBLE_DEVICES sees one GPU: device 0 for every rank.
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(NodeLocalCudaDevice(0, r, 1), 0);
+}
+
 TEST(CommDType, NamesSizesAndConversions) {
   EXPECT_EQ(CommDTypeName(CommDType::kF32), "f32");
   EXPECT_EQ(CommDTypeName(CommDType::kBF16), "bf16");
@@ -121,7 +132,8 @@ TEST(Collective, OverlapRuleOnRandomPlacements) {
     call.recv = arena.data() + recv_off;
     const bool disjoint = send_off + send_bytes <= recv_off || recv_off + recv_bytes <= send_off;
     int64_t in_place_send = recv_off;
-    if (call.kind == Collective::kAllGather) in_place_send = recv_off + rank * call.count_elems * elem;
+    if (call.kind == Collective::kAllGather)
+      in_place_send = recv_off + rank * call.count_elems * elem;
     if (call.kind == Collective::kReduceScatter) {
       in_place_send = recv_off - rank * call.count_elems * elem;
     }
@@ -176,7 +188,8 @@ TEST(Collective, DescriptionsNameEverything) {
             "reduce-scatter (avg) of 1000 bf16 elements per rank on rank 1 of 4");
   call.kind = Collective::kBroadcast;
   call.root = 2;
-  EXPECT_EQ(Describe(call, 0, 4), "broadcast from root 2 of 1000 bf16 elements per rank on rank 0 of 4");
+  EXPECT_EQ(Describe(call, 0, 4),
+            "broadcast from root 2 of 1000 bf16 elements per rank on rank 0 of 4");
   call.kind = Collective::kBarrier;
   EXPECT_EQ(Describe(call, 3, 4), "barrier on rank 3 of 4");
 }

@@ -29,10 +29,9 @@ namespace nccl_internal {
 absl::Status NcclStatus(ncclResult_t result, ncclComm_t comm, absl::string_view what) {
   if (result == ncclSuccess) return absl::OkStatus();
   const char* last = ncclGetLastError(comm);
-  const std::string message =
-      absl::StrCat(what, " failed: NCCL error ", static_cast<int>(result), " (",
-                   ncclGetErrorString(result), ")", last != nullptr && *last ? ": " : "",
-                   last != nullptr ? last : "");
+  const std::string message = absl::StrCat(
+      what, " failed: NCCL error ", static_cast<int>(result), " (", ncclGetErrorString(result), ")",
+      last != nullptr && *last ? ": " : "", last != nullptr ? last : "");
   switch (result) {
     case ncclInvalidArgument:
     case ncclInvalidUsage:
@@ -62,8 +61,7 @@ struct NcclState {
   absl::Status CheckUsable() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (!aborted) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat(
-        "this nccl communicator was aborted (", abort_reason,
-        "); create a new one on every rank"));
+        "this nccl communicator was aborted (", abort_reason, "); create a new one on every rank"));
   }
   void Abort(std::string reason) {
     MutexLock lock(&mu);
@@ -115,16 +113,16 @@ absl::Status CheckDeviceMemory(const char* which, const void* ptr, int device,
   if (e != cudaSuccess) {
     cudaGetLastError();  // clear the sticky-free error
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", which, " buffer 0x", address,
-                                                   " is not CUDA memory (",
-                                                   cudaGetErrorString(e), ")"));
+                                                   " is not CUDA memory (", cudaGetErrorString(e),
+                                                   ")"));
   }
   if (attr.type == cudaMemoryTypeManaged) return absl::OkStatus();
   if (attr.type != cudaMemoryTypeDevice || attr.device != device) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": ", which, " buffer 0x", address, " is ",
-        attr.type == cudaMemoryTypeDevice ? absl::StrCat("memory of GPU ", attr.device)
-                                          : std::string("host memory"),
-        "; the nccl communicator needs device memory of GPU ", device));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", which, " buffer 0x", address, " is ",
+                     attr.type == cudaMemoryTypeDevice ? absl::StrCat("memory of GPU ", attr.device)
+                                                       : std::string("host memory"),
+                     "; the nccl communicator needs device memory of GPU ", device));
   }
   return absl::OkStatus();
 }
@@ -140,7 +138,9 @@ class NcclRequest final : public CommRequest {
 
   bool Done() override {
     cudaSetDevice(state_->device);
-    return cudaEventQuery(event_) != cudaErrorNotReady;
+    // QueryEvent, not cudaEventQuery: a NotReady left as this thread's last CUDA error would fail
+    // the next kernel launch on the training thread.
+    return QueryEvent(event_) != cudaErrorNotReady;
   }
   absl::Status Wait() override { return Wait(absl::InfiniteDuration()); }
   absl::Status Wait(absl::Duration timeout) override {
@@ -148,7 +148,7 @@ class NcclRequest final : public CommRequest {
         timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
     cudaSetDevice(state_->device);
     while (true) {
-      const cudaError_t e = cudaEventQuery(event_);
+      const cudaError_t e = QueryEvent(event_);  // clears the NotReady it records
       if (e == cudaSuccess) return absl::OkStatus();
       if (e != cudaErrorNotReady) return CudaStatus(e, description_);
       absl::Status async_error;
@@ -164,8 +164,8 @@ class NcclRequest final : public CommRequest {
       }
       if (!async_error.ok()) {
         state_->Abort(std::string(async_error.message()));
-        return absl::UnavailableError(absl::StrCat(async_error.message(),
-                                                   "; the NCCL communicator was aborted"));
+        return absl::UnavailableError(
+            absl::StrCat(async_error.message(), "; the NCCL communicator was aborted"));
       }
       if (absl::Now() >= deadline) {
         const std::string message =
@@ -235,10 +235,10 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   const cudaError_t count_error = cudaGetDeviceCount(&device_count);
   if (count_error != cudaSuccess || device_count == 0) {
     cudaGetLastError();
-    return absl::UnavailableError(absl::StrCat(
-        "nccl communicator: no CUDA GPU on this machine (",
-        count_error == cudaSuccess ? "0 devices" : cudaGetErrorString(count_error),
-        "); use the mpi communicator for host buffers"));
+    return absl::UnavailableError(
+        absl::StrCat("nccl communicator: no CUDA GPU on this machine (",
+                     count_error == cudaSuccess ? "0 devices" : cudaGetErrorString(count_error),
+                     "); use the mpi communicator for host buffers"));
   }
   auto state = std::make_shared<NcclState>();
   state->bootstrap = options.bootstrap;
@@ -256,7 +256,8 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"); env != nullptr) {
       if (!absl::SimpleAtoi(env, &local_rank)) local_rank = state->rank;
     }
-    state->device = local_rank % device_count;
+    state->device =
+        comm_internal::NodeLocalCudaDevice(options.first_cuda_device, local_rank, device_count);
   }
   PS_CUDA_RETURN_IF_ERROR(cudaSetDevice(state->device));
 
@@ -312,8 +313,10 @@ int NcclCommunicator::world_size() const { return state_->world; }
 int NcclCommunicator::cuda_device() const { return state_->device; }
 void* NcclCommunicator::cuda_stream() const { return state_->stream; }
 
-absl::StatusOr<std::unique_ptr<CommRequest>> NcclCommunicator::AllGatherAsync(
-    const void* send, void* recv, int64_t count_elems, CommDType dtype) {
+absl::StatusOr<std::unique_ptr<CommRequest>> NcclCommunicator::AllGatherAsync(const void* send,
+                                                                              void* recv,
+                                                                              int64_t count_elems,
+                                                                              CommDType dtype) {
   nccl_internal::CollectiveCall call;
   call.kind = nccl_internal::Collective::kAllGather;
   call.send = send;

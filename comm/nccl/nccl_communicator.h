@@ -38,9 +38,10 @@ struct NcclState;
 struct NcclCommunicatorOptions {
   // Required: the communicator the unique id is broadcast on (kept alive by this communicator).
   std::shared_ptr<Communicator> bootstrap;
-  // The GPU of this rank; -1: the node-local rank (OMPI_COMM_WORLD_LOCAL_RANK, else the
-  // bootstrap rank) modulo the number of GPUs.
+  // The GPU of this rank; -1: NodeLocalCudaDevice(first_cuda_device, the node-local rank
+  // (OMPI_COMM_WORLD_LOCAL_RANK, else the bootstrap rank), the number of GPUs).
   int cuda_device = -1;
+  int first_cuda_device = 0;
   // The cudaStream_t collectives are enqueued on; nullptr: a non-blocking stream owned by the
   // communicator (see cuda_stream()).
   void* cuda_stream = nullptr;
@@ -59,7 +60,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override;
   int world_size() const override;
   CommMemory memory() const override { return CommMemory::kCudaDevice; }
-  int cuda_device() const;
+  int cuda_device() const override;
   // The cudaStream_t collectives run on.
   void* cuda_stream() const;
 
@@ -71,12 +72,11 @@ class NcclCommunicator final : public Communicator {
                                                                   CommDType dtype,
                                                                   ReduceOp op) override;
   absl::StatusOr<std::unique_ptr<CommRequest>> AllReduceAsync(const void* send, void* recv,
-                                                              int64_t count_elems,
-                                                              CommDType dtype,
+                                                              int64_t count_elems, CommDType dtype,
                                                               ReduceOp op) override;
   absl::StatusOr<std::unique_ptr<CommRequest>> BroadcastAsync(const void* send, void* recv,
-                                                              int64_t count_elems,
-                                                              CommDType dtype, int root) override;
+                                                              int64_t count_elems, CommDType dtype,
+                                                              int root) override;
   absl::StatusOr<std::unique_ptr<CommRequest>> BarrierAsync() override;
 
  private:

@@ -12,11 +12,14 @@
 #if PS_WITH_CUDA
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "comm/local_communicator.h"
-#include "comm/testing/communicator_conformance.h"
 #include "comm/nccl/nccl_communicator.h"
+#include "comm/testing/communicator_conformance.h"
 #endif
 
 namespace ps {
@@ -62,9 +65,8 @@ CommTestMemory CudaTestMemory() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Nccl, CommunicatorConformanceTest,
-                         ::testing::Values(CommunicatorFactory{
-                             "nccl", CreateNccl, CudaTestMemory(),
-                             /*exact_float_reductions=*/false}),
+                         ::testing::Values(CommunicatorFactory{"nccl", CreateNccl, CudaTestMemory(),
+                                                               /*exact_float_reductions=*/false}),
                          CommunicatorFactoryName);
 
 TEST(NcclCommunicator, RejectsHostBuffers) {
@@ -73,6 +75,43 @@ TEST(NcclCommunicator, RejectsHostBuffers) {
   std::vector<float> host(16);
   EXPECT_THAT(comm->AllReduceAsync(host.data(), host.data(), 16, CommDType::kF32, ReduceOp::kSum),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("device memory")));
+}
+
+// Polling an unfinished collective must not leave cudaErrorNotReady as this thread's last CUDA
+// error: every kernel launcher ends with `return cudaGetLastError()`, so the first kernel after a
+// ZeRO gather would fail with "launch failed: cudaErrorNotReady". The stream is held by a host
+// function, so the collective is surely unfinished when polled.
+TEST(NcclCommunicator, PollingLeavesNoLastCudaError) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  NcclCommunicatorOptions options;
+  options.bootstrap = std::make_shared<LocalCommunicator>();
+  options.cuda_device = 0;
+  ASSERT_OK_AND_ASSIGN(auto comm, NcclCommunicator::Create(options));
+  float* buffer = nullptr;
+  ASSERT_EQ(cudaMalloc(&buffer, 64 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(buffer, 0, 64 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+
+  std::atomic<bool> release{false};
+  auto hold = [](void* flag) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
+  };
+  ASSERT_EQ(cudaLaunchHostFunc(static_cast<cudaStream_t>(comm->cuda_stream()), hold, &release),
+            cudaSuccess);
+  ASSERT_OK_AND_ASSIGN(auto request,
+                       comm->AllReduceAsync(buffer, buffer, 64, CommDType::kF32, ReduceOp::kSum));
+  EXPECT_FALSE(request->Done());
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "Done() left its NotReady behind";
+  // Wait polls the unfinished event many times before another thread lets the stream go.
+  std::thread releaser([&release] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    release.store(true);
+  });
+  EXPECT_OK(request->Wait());
+  releaser.join();
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "Wait() left its NotReady behind";
+  EXPECT_EQ(cudaFree(buffer), cudaSuccess);
 }
 
 TEST(NcclCommunicator, UnavailableWithoutGpu) {

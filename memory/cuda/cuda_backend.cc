@@ -76,12 +76,7 @@ class CudaEvent final : public Event {
 
   bool Query() override {
     if (!state_->MakeCurrent().ok()) return false;
-    const cudaError_t e = cudaEventQuery(event_);
-    if (e == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // not an error, but the runtime records it as the last error
-      return false;
-    }
-    return e == cudaSuccess;
+    return QueryEvent(event_) == cudaSuccess;  // clears the NotReady it records
   }
 
   absl::Status Synchronize() override {
@@ -349,13 +344,12 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
   PS_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device_index));
   size_t free_bytes = 0, total_bytes = 0;
   PS_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-  int64_t cap = options.capacity_bytes;
-  if (cap < 0 || cap > static_cast<int64_t>(total_bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "accelerator memory cap ", FormatBytes(cap), " is not between 0 and the ",
-        FormatBytes(static_cast<int64_t>(total_bytes)), " of cuda device ", options.device_index));
-  }
-  if (cap == 0) cap = static_cast<int64_t>(total_bytes);
+  // Free, not total: the context (and anything another process holds) is already gone, and the
+  // margin keeps room for what cuBLAS, NCCL and lazily loaded kernels allocate outside the cap.
+  ASSIGN_OR_RETURN(const int64_t cap,
+                   CudaCapacityFromFree(options.capacity_bytes, static_cast<int64_t>(free_bytes),
+                                        static_cast<int64_t>(total_bytes), options.margin_bytes,
+                                        options.device_index));
   LOG(INFO) << "cuda backend on device " << options.device_index << ": cap " << FormatBytes(cap)
             << ", " << FormatBytes(static_cast<int64_t>(free_bytes)) << " free of "
             << FormatBytes(static_cast<int64_t>(total_bytes));

@@ -15,18 +15,22 @@
 
 #include "absl/status/statusor.h"
 #include "memory/backend.h"
+#include "memory/cuda_capacity.h"
 
 namespace ps {
 
 struct CudaBackendOptions {
   int device_index = 0;
-  // Cap on device memory handed out; 0 = the device's total memory.
+  // Cap on device memory handed out; 0 = the device's free memory minus margin_bytes.
   int64_t capacity_bytes = 0;
+  // Free device memory kept out of the cap for the CUDA runtime, cuBLAS and NCCL, which allocate
+  // outside it (memory/cuda_capacity.h).
+  int64_t margin_bytes = kCudaRuntimeMarginBytes;
 };
 
 // Unavailable when no usable GPU exists (no device, or no driver): "no CUDA device is available
 // (cudaGetDeviceCount: ...)"; InvalidArgument for a device index out of range or a capacity above
-// what the device has.
+// the device's free memory minus margin_bytes (CudaCapacityFromFree).
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options);
 
 // Number of CUDA devices usable by this process (0 when there is no driver or GPU).

@@ -27,11 +27,9 @@ constexpr int64_t kTestCapacityBytes = int64_t{512} << 20;
 
 INSTANTIATE_TEST_SUITE_P(
     Cuda, BackendConformanceTest,
-    ::testing::Values(BackendFactory{"cuda",
-                                     [] {
-                                       return CreateBackend({.kind = "cuda",
-                                                             .capacity_bytes = kTestCapacityBytes});
-                                     }}),
+    ::testing::Values(BackendFactory{
+        "cuda",
+        [] { return CreateBackend({.kind = "cuda", .capacity_bytes = kTestCapacityBytes}); }}),
     BackendFactoryName);
 
 TEST(CudaBackend, RejectsBadOptions) {
@@ -42,6 +40,26 @@ TEST(CudaBackend, RejectsBadOptions) {
               StatusIs(absl::StatusCode::kInvalidArgument, "cap"));
   EXPECT_THAT(CreateBackend({.kind = "cuda", .copy_bandwidth_bytes_per_s = 1e9}),
               StatusIs(absl::StatusCode::kInvalidArgument, "cpu backend only"));
+}
+
+// The cap is checked against free memory minus the margin, not the total: a cap the card has but
+// cannot give (the context, cuBLAS and NCCL live outside it) is refused up front, and no cap means
+// the free memory minus the margin.
+TEST(CudaBackend, CapsAgainstFreeMemoryMinusTheMargin) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  const int64_t usable = static_cast<int64_t>(free_bytes) - kCudaRuntimeMarginBytes;
+  ASSERT_GT(usable, kTestCapacityBytes);
+  EXPECT_THAT(CreateCudaBackend({.capacity_bytes = static_cast<int64_t>(total_bytes) - (1 << 20)}),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("free")));
+  ASSERT_OK_AND_ASSIGN(auto whole, CreateCudaBackend({}));
+  EXPECT_LE(whole->capacity_bytes(), usable + (64 << 20));  // free memory may move a little
+  EXPECT_GT(whole->capacity_bytes(), usable - (256 << 20));
+  ASSERT_OK_AND_ASSIGN(auto wide_margin,
+                       CreateCudaBackend({.margin_bytes = CudaMarginBytes(/*nccl=*/true)}));
+  EXPECT_LT(wide_margin->capacity_bytes(), whole->capacity_bytes());
 }
 
 TEST(CudaBackend, UnavailableWithoutGpuIsReportedNotCrashed) {

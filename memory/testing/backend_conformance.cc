@@ -1,5 +1,6 @@
 #include "memory/testing/backend_conformance.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -55,6 +56,30 @@ class DeviceBuffer {
  private:
   Backend* backend_;
   void* ptr_ = nullptr;
+};
+
+// Pinned host buffer freed at scope exit. Copies that must stay asynchronous behind a held stream
+// use it: CUDA may run a pageable-memory cudaMemcpyAsync synchronously (its "API sync behavior"),
+// so a pageable copy queued behind a stream the test itself releases later can deadlock.
+class PinnedBuffer {
+ public:
+  PinnedBuffer(Backend* backend, int64_t bytes) : backend_(backend), bytes_(bytes) {
+    absl::StatusOr<void*> p = backend->AllocatePinnedHost(bytes);
+    EXPECT_OK(p.status());
+    if (p.ok()) ptr_ = static_cast<uint8_t*>(*p);
+  }
+  ~PinnedBuffer() {
+    if (ptr_ != nullptr) {
+      EXPECT_OK(backend_->FreePinnedHost(ptr_));
+    }
+  }
+  uint8_t* get() const { return ptr_; }
+  std::vector<uint8_t> ToVector() const { return std::vector<uint8_t>(ptr_, ptr_ + bytes_); }
+
+ private:
+  Backend* backend_;
+  int64_t bytes_;
+  uint8_t* ptr_ = nullptr;
 };
 
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(BackendConformanceTest);
@@ -198,6 +223,14 @@ TEST_P(BackendConformanceTest, EventsCaptureWorkAndOrderStreams) {
 
   constexpr int64_t kBytes = 1 << 20;
   const std::vector<uint8_t> pattern = RandomBytes(kBytes, 7);
+  // Both host ends pinned: a pageable copy may block this thread until the held producer runs,
+  // and only this thread releases it.
+  PinnedBuffer source(backend_.get(), kBytes);
+  PinnedBuffer out(backend_.get(), kBytes);
+  ASSERT_NE(source.get(), nullptr);
+  ASSERT_NE(out.get(), nullptr);
+  std::copy(pattern.begin(), pattern.end(), source.get());
+  std::fill(out.get(), out.get() + kBytes, 0);
   DeviceBuffer d(backend_.get(), kBytes);
   ASSERT_OK(consumer->MemsetAsync(d.get(), 0, kBytes));
   ASSERT_OK(consumer->Synchronize());
@@ -208,18 +241,17 @@ TEST_P(BackendConformanceTest, EventsCaptureWorkAndOrderStreams) {
   ASSERT_OK(producer->LaunchHostFunc([&] {
     while (!release.load()) absl::SleepFor(absl::Milliseconds(1));
   }));
-  ASSERT_OK(producer->MemcpyAsync(d.get(), pattern.data(), kBytes, CopyKind::kHostToDevice));
+  ASSERT_OK(producer->MemcpyAsync(d.get(), source.get(), kBytes, CopyKind::kHostToDevice));
   ASSERT_OK(producer->RecordEvent(event.get()));
   EXPECT_FALSE(event->Query());
-  std::vector<uint8_t> out(kBytes, 0);
   ASSERT_OK(consumer->WaitEvent(event.get()));
-  ASSERT_OK(consumer->MemcpyAsync(out.data(), d.get(), kBytes, CopyKind::kDeviceToHost));
+  ASSERT_OK(consumer->MemcpyAsync(out.get(), d.get(), kBytes, CopyKind::kDeviceToHost));
   absl::SleepFor(absl::Milliseconds(20));
   EXPECT_FALSE(event->Query());
   release.store(true);
   ASSERT_OK(consumer->Synchronize());
   EXPECT_TRUE(event->Query());
-  EXPECT_EQ(out, pattern);
+  EXPECT_EQ(out.ToVector(), pattern);
 }
 
 TEST_P(BackendConformanceTest, ReRecordingMovesTheEvent) {

@@ -4,8 +4,10 @@
 // kernels aim at full-width coalesced accesses: four elements per thread with 16-byte loads of
 // the f32 arrays when the pointers allow, grid-stride loops with a capped grid. The per-element
 // arithmetic is AdamUpdate from optimizer/adam_math.h and the conversions are
-// memory/dtype_math.h's, so the GPU computes what the CPU reference computes (up to the
-// fused multiply-adds nvcc forms).
+// memory/dtype_math.h's, so the GPU computes what the CPU reference computes, bit for bit: this
+// file is compiled with --fmad=false (optimizer/cuda/BUILD.bazel), so the only fused
+// multiply-adds are AdamUpdate's explicit ones, which are the CPU kernel's. The statistics run the
+// CPU kernel's summation order (optimizer/grad_stats_math.h).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include "optimizer/adam_math.h"
 #include "optimizer/cuda/adam_kernels.h"
 #include "optimizer/grad_accumulate_math.h"
+#include "optimizer/grad_stats_math.h"
 
 namespace ps {
 namespace cuda {
@@ -136,31 +139,57 @@ __global__ void AdamQuadKernel(AdamStepScalars s, const typename T::Storage* gra
   }
 }
 
+// One CUDA block per CPU block (optimizer/grad_stats_math.h): the f32 accumulators of every tile
+// in parallel (thread j of a tile's 4 * lanes takes accumulator j / lanes, lane j % lanes: a warp
+// reads consecutive elements), then each tile's double sum in the CPU's order, then the block's
+// sum over its tiles in order, recounting a tile whose fast sum is not finite.
 template <typename T>
 __global__ void GradStatsKernel(const typename T::Storage* __restrict__ grad, int64_t n_elems,
+                                int64_t first_block, GradStatsOrder order,
                                 double* __restrict__ block_sums,
                                 unsigned long long* nonfinite_count) {
-  __shared__ double partial[kThreadsPerBlock];
-  double sum = 0.0;
-  unsigned long long bad = 0;
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_elems;
-       i += stride) {
-    const float x = T::ToFloat(grad[i]);
-    if (isfinite(x)) {
-      sum += static_cast<double>(x) * static_cast<double>(x);
-    } else {
-      ++bad;
-    }
+  __shared__ float accumulators[kGradStatsMaxTilesPerBlock][4 * kGradStatsMaxLanes];
+  __shared__ double tile_sums[kGradStatsMaxTilesPerBlock];
+  const int lanes = order.lanes;
+  const int slots = 4 * lanes;
+  const int64_t begin = (first_block + blockIdx.x) * order.block_elems;
+  const int64_t len = n_elems - begin < order.block_elems ? n_elems - begin : order.block_elems;
+  const int tiles = static_cast<int>((len + order.tile_elems - 1) / order.tile_elems);
+  const auto tile_len = [&](int t) {
+    const int64_t rest = len - t * order.tile_elems;
+    return rest < order.tile_elems ? rest : order.tile_elems;
+  };
+  for (int task = threadIdx.x; task < tiles * slots; task += blockDim.x) {
+    const int t = task / slots;
+    const int slot = task % slots;
+    const typename T::Storage* x = grad + begin + t * order.tile_elems;
+    accumulators[t][slot] = SumSquaresAccumulator(
+        [x](int64_t i) { return T::ToFloat(x[i]); }, tile_len(t), lanes, slot / lanes,
+        slot % lanes, order.fused);
   }
-  partial[threadIdx.x] = sum;
   __syncthreads();
-  for (int width = kThreadsPerBlock / 2; width > 0; width /= 2) {
-    if (static_cast<int>(threadIdx.x) < width) partial[threadIdx.x] += partial[threadIdx.x + width];
-    __syncthreads();
+  if (static_cast<int>(threadIdx.x) < tiles) {
+    const int t = threadIdx.x;
+    const typename T::Storage* x = grad + begin + t * order.tile_elems;
+    tile_sums[t] = SumSquaresFromAccumulators(
+        [x](int64_t i) { return T::ToFloat(x[i]); }, tile_len(t), lanes,
+        [&](int a, int lane) { return accumulators[t][a * lanes + lane]; });
   }
-  if (threadIdx.x == 0) block_sums[blockIdx.x] += partial[0];
-  if (bad != 0) atomicAdd(nonfinite_count, bad);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double sum = 0.0;
+    int64_t bad = 0;
+    for (int t = 0; t < tiles; ++t) {
+      if (isfinite(tile_sums[t])) {
+        sum += tile_sums[t];
+      } else {
+        const typename T::Storage* x = grad + begin + t * order.tile_elems;
+        AddTileSquaresSlowly([x](int64_t i) { return T::ToFloat(x[i]); }, tile_len(t), sum, bad);
+      }
+    }
+    block_sums[blockIdx.x] = sum;
+    if (bad != 0) atomicAdd(nonfinite_count, static_cast<unsigned long long>(bad));
+  }
 }
 
 // acc[i] += widen(grad[i]), one element per thread (the kernel is bound by memory or, for a
@@ -208,10 +237,12 @@ cudaError_t LaunchStep(const AdamStepScalars& s, const void* grad_v, void* param
 }
 
 template <typename T>
-cudaError_t LaunchStats(const void* grad, int64_t n_elems, double* block_sums,
+cudaError_t LaunchStats(const void* grad, int64_t n_elems, int64_t first_block, int64_t n_blocks,
+                        const GradStatsOrder& order, double* block_sums,
                         unsigned long long* nonfinite_count, cudaStream_t stream) {
-  GradStatsKernel<T><<<BlocksFor(n_elems, kGradStatsMaxBlocks), kThreadsPerBlock, 0, stream>>>(
-      static_cast<const typename T::Storage*>(grad), n_elems, block_sums, nonfinite_count);
+  GradStatsKernel<T><<<static_cast<unsigned int>(n_blocks), kThreadsPerBlock, 0, stream>>>(
+      static_cast<const typename T::Storage*>(grad), n_elems, first_block, order, block_sums,
+      nonfinite_count);
   return cudaGetLastError();
 }
 
@@ -248,20 +279,27 @@ cudaError_t LaunchAdamStep(const AdamStepScalars& scalars, GradType type, const 
   return cudaErrorInvalidValue;
 }
 
-cudaError_t LaunchGradStats(GradType type, const void* grad, int64_t n_elems, double* block_sums,
+cudaError_t LaunchGradStats(GradType type, const void* grad, int64_t n_elems, int64_t first_block,
+                            int64_t n_blocks, const GradStatsOrder& order, double* block_sums,
                             unsigned long long* nonfinite_count, cudaStream_t stream) {
-  if (n_elems < 0) return cudaErrorInvalidValue;
-  if (n_elems == 0) return cudaSuccess;
-  if (grad == nullptr || block_sums == nullptr || nonfinite_count == nullptr) {
+  if (n_elems <= 0 || grad == nullptr || block_sums == nullptr || nonfinite_count == nullptr ||
+      order.lanes < 1 || order.lanes > kGradStatsMaxLanes || order.tile_elems < 1 ||
+      order.block_elems < order.tile_elems || order.block_elems % order.tile_elems != 0 ||
+      order.block_elems / order.tile_elems > kGradStatsMaxTilesPerBlock || n_blocks < 1 ||
+      n_blocks > kGradStatsMaxBlocks || first_block < 0 ||
+      (first_block + n_blocks - 1) * order.block_elems >= n_elems) {
     return cudaErrorInvalidValue;
   }
   switch (type) {
     case GradType::kF32:
-      return LaunchStats<F32Type>(grad, n_elems, block_sums, nonfinite_count, stream);
+      return LaunchStats<F32Type>(grad, n_elems, first_block, n_blocks, order, block_sums,
+                                  nonfinite_count, stream);
     case GradType::kF16:
-      return LaunchStats<F16Type>(grad, n_elems, block_sums, nonfinite_count, stream);
+      return LaunchStats<F16Type>(grad, n_elems, first_block, n_blocks, order, block_sums,
+                                  nonfinite_count, stream);
     case GradType::kBF16:
-      return LaunchStats<BF16Type>(grad, n_elems, block_sums, nonfinite_count, stream);
+      return LaunchStats<BF16Type>(grad, n_elems, first_block, n_blocks, order, block_sums,
+                                   nonfinite_count, stream);
   }
   return cudaErrorInvalidValue;
 }

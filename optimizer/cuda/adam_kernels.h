@@ -1,7 +1,9 @@
 // The Adam kernels on the GPU: the fused update (optimizer/adam_math.h's AdamUpdate, element for
-// element — the very function the CPU tests check), the gradient statistics pass, and gradient
-// accumulation (optimizer/grad_accumulate_math.h). The host wrapper implementing
-// optimizer/adam_kernels.h is optimizer/cuda/cuda_adam.h.
+// element — the very function the CPU tests check; adam_kernels.cu is compiled with --fmad=false,
+// so only its explicit fused multiply-adds are fused and the result is CpuAdam's bit for bit on
+// FMA targets), the gradient statistics pass (in CpuAdam's summation order,
+// optimizer/grad_stats_math.h), and gradient accumulation (optimizer/grad_accumulate_math.h). The
+// host wrapper implementing optimizer/adam_kernels.h is optimizer/cuda/cuda_adam.h.
 //
 // The launchers are plain C++ (no Abseil; includable from host code compiled by the host
 // compiler): they enqueue on `stream` and return the launch status from cudaGetLastError(). They
@@ -29,8 +31,20 @@ namespace cuda {
 // is not included here to keep Abseil out of nvcc.
 enum class GradType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
-// Blocks of the statistics kernel; its workspace holds one double per block.
+// CPU-order blocks one statistics launch covers at most; its workspace holds one double per block.
 inline constexpr int kGradStatsMaxBlocks = 1024;
+// Limits of the CPU order the statistics kernel reproduces: tiles per block, f32 lanes.
+inline constexpr int64_t kGradStatsMaxTilesPerBlock = 32;
+inline constexpr int kGradStatsMaxLanes = 16;
+
+// The CPU kernel's summation order (optimizer/grad_stats_math.h): blocks of `block_elems` from the
+// segment's start, tiles of `tile_elems`, `lanes` f32 lanes, multiply-adds fused or not.
+struct GradStatsOrder {
+  int64_t block_elems = 0;
+  int64_t tile_elems = 0;
+  int lanes = 0;
+  bool fused = true;
+};
 
 // The fused Adam update of n_elems elements (see AdamSegment in optimizer/adam_kernels.h):
 // reads grad[i], updates master/exp_avg/exp_avg_sq[i], writes param[i] = master[i] rounded to
@@ -43,12 +57,16 @@ cudaError_t LaunchAdamStep(const AdamStepScalars& scalars, GradType type, const 
                            int64_t n_elems, unsigned long long* nonfinite_count,
                            cudaStream_t stream);
 
-// Gradient statistics of n_elems gradients: adds the sum of squares of the finite ones, per
-// block in double, into block_sums[0, kGradStatsMaxBlocks) (device; the caller zeroes it once and
-// may accumulate several segments), and the number of Inf/NaN ones into *nonfinite_count. The
-// grid depends only on n_elems, so the per-block sums — and their sum in index order — are
-// reproducible.
-cudaError_t LaunchGradStats(GradType type, const void* grad, int64_t n_elems, double* block_sums,
+// Gradient statistics of blocks [first_block, first_block + n_blocks) of a segment of n_elems
+// gradients, in `order` (the CPU kernel's, so the caller adding block_sums[0, n_blocks) in index
+// order after the blocks before them gets CpuAdam's bits): writes block b's sum of squares of the
+// finite gradients (double) to block_sums[b - first_block] (device) and adds its Inf/NaN count to
+// *nonfinite_count. One CUDA block per CPU block.
+// REQUIRES: 1 <= n_blocks <= kGradStatsMaxBlocks, the blocks lie in the segment, 1 <= lanes <=
+// kGradStatsMaxLanes, block_elems a multiple of tile_elems with at most
+// kGradStatsMaxTilesPerBlock tiles; otherwise cudaErrorInvalidValue.
+cudaError_t LaunchGradStats(GradType type, const void* grad, int64_t n_elems, int64_t first_block,
+                            int64_t n_blocks, const GradStatsOrder& order, double* block_sums,
                             unsigned long long* nonfinite_count, cudaStream_t stream);
 
 // Gradient accumulation: acc[i] = acc[i] + grad[i] widened to f32 (AccumulateGradF32/F16/BF16 of

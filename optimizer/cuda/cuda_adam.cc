@@ -20,6 +20,7 @@
 #include "memory/cuda/cuda_status.h"
 #include "memory/dtype.h"
 #include "optimizer/adam_kernels.h"
+#include "optimizer/cpu_adam.h"
 #include "optimizer/cuda/adam_kernels.h"
 
 namespace ps {
@@ -83,6 +84,11 @@ absl::StatusOr<std::unique_ptr<CudaAdam>> CudaAdam::Create(Backend& backend) {
       new CudaAdam(backend, std::move(stream), device_workspace, *host_workspace, *staging));
 }
 
+absl::Status CudaAdam::MakeCurrent() const {
+  PS_CUDA_RETURN_IF_ERROR(cudaSetDevice(backend_.device().index));
+  return absl::OkStatus();
+}
+
 CudaAdam::~CudaAdam() {
   {
     MutexLock lock(&mu_);
@@ -100,22 +106,42 @@ CudaAdam::~CudaAdam() {
 
 absl::StatusOr<GradStats> CudaAdam::GradientStats(absl::Span<const GradSegment> segments) {
   RETURN_IF_ERROR(ValidateGradSegments("CudaAdam::GradientStats", segments));
+  RETURN_IF_ERROR(MakeCurrent());
   MutexLock lock(&mu_);
   auto* block_sums = static_cast<double*>(device_workspace_);
   auto* counter = reinterpret_cast<unsigned long long*>(static_cast<char*>(device_workspace_) +
                                                         kBlockSumsBytes);
   RETURN_IF_ERROR(stream_->MemsetAsync(device_workspace_, 0, kWorkspaceBytes));
   auto* cuda_stream = static_cast<cudaStream_t>(stream_->native_handle());
-  for (const GradSegment& s : segments) {
-    PS_CUDA_RETURN_IF_ERROR(cuda::LaunchGradStats(ToGradType(s.dtype), s.grad, s.n_elems,
-                                                  block_sums, counter, cuda_stream));
-  }
-  RETURN_IF_ERROR(stream_->MemcpyAsync(host_workspace_, device_workspace_, kWorkspaceBytes,
-                                       CopyKind::kDeviceToHost));
-  RETURN_IF_ERROR(stream_->Synchronize());
+  // CpuAdam's order (optimizer/grad_stats_math.h) with the lanes of the CPU target this process
+  // dispatches to: a chunk's statistics, and so the clipping coefficient, have the same bits
+  // whichever device holds the chunk. Per segment, up to kGradStatsMaxBlocks blocks per launch;
+  // the block sums are added here in order, as CpuAdam adds its blocks'.
+  const CpuSumSquaresShape shape = CpuAdamSumSquaresShape();
+  cuda::GradStatsOrder order;
+  order.block_elems = kCpuAdamBlockElems;
+  order.tile_elems = kCpuAdamTileElems;
+  order.lanes = shape.lanes;
+  order.fused = shape.fused;
   GradStats stats;
   const auto* host_sums = static_cast<const double*>(host_workspace_);
-  for (int b = 0; b < cuda::kGradStatsMaxBlocks; ++b) stats.sum_squares += host_sums[b];
+  for (const GradSegment& s : segments) {
+    const int64_t blocks = (s.n_elems + kCpuAdamBlockElems - 1) / kCpuAdamBlockElems;
+    for (int64_t first = 0; first < blocks; first += cuda::kGradStatsMaxBlocks) {
+      const int64_t n = std::min<int64_t>(cuda::kGradStatsMaxBlocks, blocks - first);
+      PS_CUDA_RETURN_IF_ERROR(cuda::LaunchGradStats(ToGradType(s.dtype), s.grad, s.n_elems, first,
+                                                    n, order, block_sums, counter, cuda_stream));
+      RETURN_IF_ERROR(stream_->MemcpyAsync(host_workspace_, device_workspace_,
+                                           n * static_cast<int64_t>(sizeof(double)),
+                                           CopyKind::kDeviceToHost));
+      RETURN_IF_ERROR(stream_->Synchronize());
+      for (int64_t b = 0; b < n; ++b) stats.sum_squares += host_sums[b];
+    }
+  }
+  RETURN_IF_ERROR(stream_->MemcpyAsync(static_cast<char*>(host_workspace_) + kBlockSumsBytes,
+                                       counter, sizeof(unsigned long long),
+                                       CopyKind::kDeviceToHost));
+  RETURN_IF_ERROR(stream_->Synchronize());
   unsigned long long nonfinite;
   std::memcpy(&nonfinite, static_cast<const char*>(host_workspace_) + kBlockSumsBytes,
               sizeof(nonfinite));
@@ -125,6 +151,7 @@ absl::StatusOr<GradStats> CudaAdam::GradientStats(absl::Span<const GradSegment> 
 
 absl::StatusOr<AdamStepResult> CudaAdam::Step(absl::Span<const AdamSegment> segments) {
   RETURN_IF_ERROR(ValidateAdamSegments("CudaAdam::Step", segments));
+  RETURN_IF_ERROR(MakeCurrent());
   MutexLock lock(&mu_);
   auto* counter = reinterpret_cast<unsigned long long*>(static_cast<char*>(device_workspace_) +
                                                         kBlockSumsBytes);
@@ -159,6 +186,7 @@ absl::StatusOr<AdamStepResult> CudaAdam::Step(absl::Span<const AdamSegment> segm
 
 absl::Status CudaAdam::RestoreParams(absl::Span<const ParamRestoreSegment> segments) {
   RETURN_IF_ERROR(ValidateRestoreSegments("CudaAdam::RestoreParams", segments));
+  RETURN_IF_ERROR(MakeCurrent());
   MutexLock lock(&mu_);
   auto* cuda_stream = static_cast<cudaStream_t>(stream_->native_handle());
   for (const ParamRestoreSegment& s : segments) {
@@ -217,6 +245,7 @@ absl::Status CudaAdam::StagedAccumulate(const GradAccumulateSegment& s) {
 
 absl::Status CudaAdam::AccumulateGradients(absl::Span<const GradAccumulateSegment> segments) {
   RETURN_IF_ERROR(ValidateAccumulateSegments("CudaAdam::AccumulateGradients", segments));
+  RETURN_IF_ERROR(MakeCurrent());
   for (size_t i = 0; i < segments.size(); ++i) {
     if (segments[i].n_elems > 0 && !DeviceAddressable(segments[i].grad)) {
       return absl::InvalidArgumentError(

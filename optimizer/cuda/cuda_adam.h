@@ -7,8 +7,12 @@
 // GPU part of a hybrid step is short next to the CPU part, so chunk-level overlap of the two is
 // not attempted yet.
 //
-// Gradient statistics are summed per block in double on the GPU and the block sums in index order
-// on the host, so they are reproducible run to run.
+// Results are CpuAdam's bit for bit on CPU targets with native FMA (AVX2, AVX-512): the step is
+// adam_math.h's AdamUpdate with its explicit fused multiply-adds and nothing else contracted, and
+// the gradient statistics run CpuAdam's summation order (optimizer/grad_stats_math.h) with the
+// lanes of the CPU target this process dispatches to; the block sums are added in order on the
+// host. So a chunk steps to the same bits on either device, and a resumed run (whose warm-up step
+// runs every chunk on the CPU) continues bit-exactly.
 //
 // Gradient accumulation (gradient_accumulation_steps > 1). The f32 accumulator stays where the
 // contract puts it, in host memory (optimizer/adam_kernels.h, optimizer/grad_accumulator.h), for
@@ -84,6 +88,11 @@ class CudaAdam final : public AdamKernels {
         device_workspace_(device_workspace),
         host_workspace_(host_workspace),
         staging_(staging) {}
+
+  // Makes the backend's GPU current on the calling thread: every entry point launches kernels or
+  // queries pointers, which go to the thread's current device, and a thread that never called
+  // the backend (or last used another GPU) would otherwise use the wrong one.
+  absl::Status MakeCurrent() const;
 
   // One Adam segment whose gradients the GPU cannot address, tile by tile through staging_.
   absl::Status StagedStep(const AdamSegment& segment, unsigned long long* counter)
