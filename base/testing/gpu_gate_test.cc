@@ -41,7 +41,9 @@ TEST_F(GpuGateTest, ProbeDescribesWhatItFound) {
   const CudaProbe& probe = ProbeCuda();
   EXPECT_FALSE(probe.description.empty());
   EXPECT_EQ(&probe, &ProbeCuda()) << "probed once per process";
-  if (!probe.compiled_in) EXPECT_TRUE(probe.no_device);
+  if (!probe.compiled_in) {
+    EXPECT_TRUE(probe.no_device);
+  }
   if (probe.no_device) {
     EXPECT_EQ(probe.device_count, 0);
     EXPECT_TRUE(probe.error.empty());

@@ -36,9 +36,11 @@ for t in "${tools[@]}"; do
   p=$(command -v "$t" || true)
   [[ -n "$p" ]] && deps+=("$p")
 done
-deps+=(/usr/lib/python3*/lib-dynload/*.so)
+# python3 may be a wrapper (pyenv): take the interpreter and its extension modules.
+deps+=("$(python3 -c 'import sys; print(sys.executable)')")
+deps+=("$(python3 -c 'import sysconfig; print(sysconfig.get_path("platstdlib"))')"/lib-dynload/*.so)
 for p in "${deps[@]}"; do
-  ldd "$p" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | while read -r lib; do
+  { ldd "$p" 2>/dev/null || true; } | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | while read -r lib; do
     cp -Ln "$lib" "$MIN/" 2>/dev/null || true
   done
 done
