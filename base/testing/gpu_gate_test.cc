@@ -24,7 +24,8 @@ class GpuGateTest : public ::testing::Test {
     had_ = old != nullptr;
     unsetenv("PS_EXPECT_GPU");
   }
-  void TearDown() override {
+  void TearDown() override { RestoreExpectGpu(); }
+  void RestoreExpectGpu() {
     if (had_) {
       setenv("PS_EXPECT_GPU", saved_.c_str(), 1);
     } else {
@@ -76,7 +77,10 @@ TEST_F(GpuGateTest, NoDeviceSkipsAndExpectGpuMakesItFail) {
 
 TEST_F(GpuGateTest, AvailableGpusRunAndMissingOnesSkipUnlessExpected) {
   const CudaProbe& probe = ProbeCuda();
-  if (probe.device_count == 0) GTEST_SKIP() << "no usable GPU here: " << probe.description;
+  if (probe.device_count == 0) {
+    RestoreExpectGpu();  // the caller's PS_EXPECT_GPU decides whether "no GPU" skips or fails
+    PS_REQUIRE_GPUS(1);
+  }
   EXPECT_EQ(CheckGpus(probe.device_count).verdict, Verdict::kRun);
   setenv("PS_EXPECT_GPU", "1", 1);
   EXPECT_EQ(CheckGpus(1).verdict, Verdict::kRun);
