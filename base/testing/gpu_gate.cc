@@ -13,9 +13,6 @@
 namespace ps {
 namespace {
 
-constexpr char kHowToFail[] =
-    " (set PS_EXPECT_GPU=1 to make this a failure where a GPU is expected)";
-
 CudaProbe Probe() {
   CudaProbe probe;
 #if PS_WITH_CUDA
@@ -98,7 +95,9 @@ GpuGate CheckGpus(int gpus) {
             absl::StrCat(why, "; PS_EXPECT_GPU=", expected, " says tests needing up to ", expected,
                          " GPU(s) must run here")};
   }
-  return {GpuGate::Verdict::kSkip, absl::StrCat(why, kHowToFail)};
+  return {GpuGate::Verdict::kSkip,
+          absl::StrCat(why, " (set PS_EXPECT_GPU=", gpus,
+                       " to make this a failure where the GPUs are expected)")};
 }
 
 absl::Status GpuGateStatus(int gpus) {

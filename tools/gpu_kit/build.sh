@@ -136,6 +136,9 @@ done
   echo "cuda toolkit: $(/usr/local/cuda/bin/nvcc --version | tail -1)"
   echo "tests: ${TESTS[*]}"
   echo "benchmarks: ${existing_benchmarks[*]}"
+  # The newest glibc/libstdc++ symbol versions anything packed asks for (run.sh prints them).
+  echo "needs $(for f in "$STAGE"/bin/* "$STAGE"/lib/*; do objdump -T "$f" 2>/dev/null; done |
+    grep -o 'GLIBC_2\.[0-9]*\|GLIBCXX_3\.4\.[0-9]*' | sort -uV | awk -F_ '{m[$1] = $0} END {print m["GLIBC"], m["GLIBCXX"]}')"
   echo "libraries:"
   for soname in $(printf '%s\n' "${!LIBS[@]}" | sort); do echo "  $soname <- ${LIBS[$soname]}"; done
 } >"$STAGE/MANIFEST"

@@ -76,8 +76,10 @@ lib_path="$KIT/lib"
 for d in "$cudart_dir" "$cublas_dir" "$nccl_dir"; do
   [[ -n "$d" && ":$lib_path:" != *":$d:"* ]] && lib_path="$lib_path:$d"
 done
-export LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-note "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+# Only our binaries get the kit's libraries: python3 (PyTorch, the summary) keeps the system's.
+KIT_LD="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+note "LD_LIBRARY_PATH for the kit's binaries: $KIT_LD"
+note "system: $(ldd --version 2>&1 | head -1); the kit needs $(grep -m1 '^needs' "$KIT/MANIFEST" || echo '(see MANIFEST)')"
 note "cudart: ${cudart_dir:-NOT FOUND}; cuBLAS: ${cublas_dir:-NOT FOUND}; NCCL: ${nccl_dir:-NOT FOUND}"
 
 echo "--- nvidia-smi"
@@ -102,11 +104,15 @@ for b in "$KIT"/bin/*; do
     [[ -n "${shown[$soname]:-}" ]] && continue
     shown[$soname]=1
     echo "  $soname => $(readlink -f "$path")"
-  done < <(ldd "$b" 2>&1)
+  done < <(LD_LIBRARY_PATH="$KIT_LD" ldd "$b" 2>&1)
+  if LD_LIBRARY_PATH="$KIT_LD" ldd "$b" 2>&1 | grep -q "version .* not found"; then
+    note "TOO OLD: $(basename "$b"): $(LD_LIBRARY_PATH="$KIT_LD" ldd "$b" 2>&1 | grep -m2 'not found' | tr '\n' ' ')"
+    unresolved=1
+  fi
 done
 for soname in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
   [[ -n "${shown[$soname]:-}" ]] || continue
-  p=$(ldd "$KIT/bin/train" "$KIT"/bin/*_test 2>/dev/null | awk -v s="$soname" '$1 == s {print $3; exit}')
+  p=$(LD_LIBRARY_PATH="$KIT_LD" ldd "$KIT/bin/train" "$KIT"/bin/*_test 2>/dev/null | awk -v s="$soname" '$1 == s {print $3; exit}')
   note "  $soname => $(readlink -f "$p")"
 done
 [[ $unresolved -eq 0 ]] || note "some libraries are missing: the binaries that need them fail below"
@@ -132,7 +138,10 @@ step() {
   [[ "$(basename "$1")" == *_test ]] && cmd+=("--gtest_output=xml:$xml")
   echo "--- $name (timeout ${limit}s): ${cmd[*]}"
   t0=$(date +%s)
-  TEST_TMPDIR="$(mktemp -d "$WORK/tmp.XXXXXX")" timeout -k 10 "$limit" "${cmd[@]}" >"$log" 2>&1
+  local ld="$KIT_LD"
+  [[ "$1" == python3 ]] && ld="${LD_LIBRARY_PATH:-}"
+  TEST_TMPDIR="$(mktemp -d "$WORK/tmp.XXXXXX")" LD_LIBRARY_PATH="$ld" \
+    timeout -k 10 "$limit" "${cmd[@]}" >"$log" 2>&1
   rc=$?
   local secs=$(($(date +%s) - t0)) verdict
   tail -40 "$log"
