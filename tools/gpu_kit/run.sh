@@ -79,7 +79,7 @@ done
 # Only our binaries get the kit's libraries: python3 (PyTorch, the summary) keeps the system's.
 KIT_LD="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 note "LD_LIBRARY_PATH for the kit's binaries: $KIT_LD"
-note "system: $(ldd --version 2>&1 | head -1); the kit needs $(grep -m1 '^needs' "$KIT/MANIFEST" || echo '(see MANIFEST)')"
+note "system: $(ldd --version 2>&1 | head -1); the kit $(grep -m1 '^needs' "$KIT/MANIFEST" || echo 'needs: see MANIFEST')"
 note "cudart: ${cudart_dir:-NOT FOUND}; cuBLAS: ${cublas_dir:-NOT FOUND}; NCCL: ${nccl_dir:-NOT FOUND}"
 
 echo "--- nvidia-smi"
