@@ -7,7 +7,7 @@
 # wheel (else the toolkit, else ldconfig), prints nvidia-smi and every library it resolved, then
 # runs, in order of value and each under a timeout: a CPU training smoke run from the archive, the
 # kernel tests, the Adam tests, the backend tests, the model GPU test, train_cuda_test, the GPU
-# benchmarks. Every GPU test runs with PS_EXPECT_GPU=1, so "no GPU" fails rather than skips.
+# benchmarks, the trainer in bf16 on the GPU, the same GPT-2 step in PyTorch. Every GPU test runs with PS_EXPECT_GPU=1, so "no GPU" fails rather than skips.
 # Results go to $OUT when set, else to the folder printed at the start: summary.txt (what ran,
 # passed/failed/skipped, the numbers), run.log (everything printed) and results.tar.gz (gtest XML
 # and one log per step). Environment: KIT_BUDGET_S (default 400 seconds for the whole run: each
@@ -166,7 +166,7 @@ import os, re, sys, xml.etree.ElementTree as ET
 xml, log = sys.argv[1], sys.argv[2]
 if not os.path.exists(xml):
     text = open(log, errors="replace").read() if os.path.exists(log) else ""
-    nums = [l for l in text.splitlines() if re.search(r"tokens/s|GB/s|TFLOP|MFU|step\s+\d+|loss", l)]
+    nums = [l for l in text.splitlines() if re.search(r"tokens/s|GB/s|TFLOP|MFU|peak|^time:|step\s+\d+|loss", l)]
     last = [l for l in text.splitlines() if l.strip()][-2:]
     print(" / ".join(nums[-12:]) if nums else "last output: " + " / ".join(last))
     sys.exit()
@@ -218,8 +218,26 @@ done
 for bench in "$B"/*_benchmark; do
   [[ -x "$bench" ]] && step "$(basename "$bench")" 90 "$bench"
 done
+# The trainer on the GPU, bf16 (each prints tokens/s per step and the split of step time into
+# compute, waiting for chunk copies and optimizer): GPT-2 124M at the PyTorch script's batch with
+# all model data resident, then under a cap below its model data (~2 GiB), then 1B and a Llama
+# preset resident, one sequence of 1024 tokens per step.
+echo '{"bf16": {"enabled": true}}' >"$WORK/bf16.json"
+gpu_train() {  # gpu_train NAME TIMEOUT FLAGS...
+  local name=$1 limit=$2
+  shift 2
+  step "$name" "$limit" "$B/train" --config="$WORK/bf16.json" --accelerator=cuda --steps=6 "$@"
+}
+gpu_train train_gpu_gpt2_resident 90 --model=gpt2 --accelerator_memory=48GiB --seq_len=1024 \
+  --micro_batch_size=8
+gpu_train train_gpu_gpt2_capped 90 --model=gpt2 --accelerator_memory=1GiB --seq_len=1024 \
+  --micro_batch_size=1
+gpu_train train_gpu_1b_resident 120 --model=1B --accelerator_memory=48GiB --seq_len=1024 \
+  --micro_batch_size=1
+gpu_train train_gpu_llama_3_2_1b_resident 120 --model=llama-3.2-1b --accelerator_memory=48GiB \
+  --seq_len=1024 --micro_batch_size=1
 if [[ -f "$KIT/torch_gpt2_step.py" ]]; then
-  step torch_gpt2_step 120 python3 "$KIT/torch_gpt2_step.py"
+  step torch_gpt2_step 120 python3 "$KIT/torch_gpt2_step.py" --batch 8 --seq 1024
 fi
 
 # --- summary -------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ GPT-2 small (124M: 12 layers, 768 wide, 12 heads, vocabulary 50257, context 1024
 over f32 parameters with fused AdamW (lr 3e-4, betas 0.9/0.95, weight decay 0.1): the setup our
 trainer runs with bf16 compute and f32 master weights. Prints tokens/s and model TFLOP/s
 (6 * params * tokens + 12 * layers * seq * width * tokens, the PaLM count) as the median of
---steps timed steps after --warmup steps, and the peak memory PyTorch held. Exits 1, saying why,
+--steps timed steps after --warmup steps, the MFU against a bf16 GEMM peak probed in the same run,
+and the peak memory PyTorch held. Exits 1, saying why,
 without a CUDA GPU.
 
     python3 tools/gpu_kit/torch_gpt2_step.py --batch 8 --seq 1024
@@ -102,10 +103,27 @@ def main() -> int:
     t = statistics.median(times)
     tokens = args.batch * args.seq
     flops = 6 * params * tokens + 12 * layers * args.seq * width * tokens
+
+    # The bf16 GEMM peak in the same run (cuBLAS through torch.matmul, 8192^3, best of 5).
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(2):
+        a @ b
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a @ b
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    peak = 2 * n**3 / best
+    print(f"cuBLAS bf16 GEMM peak (torch.matmul {n}^3, best of 5): {peak / 1e12:.1f} TFLOP/s")
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}: GPT-2 124M "
           f"({params / 1e6:.1f}M parameters) bf16 autocast + fused AdamW, batch {args.batch} x "
           f"{args.seq}: step {t * 1e3:.1f} ms (median of {args.steps}), {tokens / t:.0f} tokens/s, "
-          f"{flops / t / 1e12:.1f} model TFLOP/s, loss {loss.item():.4f}, peak memory "
+          f"{flops / t / 1e12:.1f} model TFLOP/s (MFU {flops / t / peak:.3f} of the GEMM peak), "
+          f"loss {loss.item():.4f}, peak memory "
           f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
     return 0
 
