@@ -7,7 +7,8 @@
 # wheel (else the toolkit, else ldconfig), prints nvidia-smi and every library it resolved, then
 # runs, in order of value and each under a timeout: a CPU training smoke run from the archive, the
 # kernel tests, the Adam tests, the backend tests, the model GPU test, train_cuda_test, the GPU
-# benchmarks, the trainer in bf16 on the GPU, the same GPT-2 step in PyTorch. Every GPU test runs with PS_EXPECT_GPU=1, so "no GPU" fails rather than skips.
+# benchmarks, the trainer in bf16 on the GPU, the same GPT-2 step in PyTorch. Every GPU test runs
+# with PS_EXPECT_GPU=1, so "no GPU" fails rather than skips.
 # Results go to $OUT when set, else to the folder printed at the start: summary.txt (what ran,
 # passed/failed/skipped, the numbers), run.log (everything printed) and results.tar.gz (gtest XML
 # and one log per step). Environment: KIT_BUDGET_S (default 400 seconds for the whole run: each
