@@ -11,48 +11,70 @@
 #endif
 
 namespace ps {
-namespace {
+namespace gpu_gate_internal {
 
-CudaProbe Probe() {
+CudaProbe ClassifyCudaProbe(const CudaAnswers& a) {
   CudaProbe probe;
-#if PS_WITH_CUDA
   probe.compiled_in = true;
-  int runtime = 0, driver = 0;
-  (void)cudaRuntimeGetVersion(&runtime);
-  // 0 when no CUDA driver is installed at all (documented), the driver's version otherwise.
-  const cudaError_t driver_error = cudaDriverGetVersion(&driver);
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  (void)cudaGetLastError();  // clear the probe's error for later calls
   const std::string versions =
-      absl::StrCat("CUDA runtime ", runtime, ", driver ",
-                   driver_error == cudaSuccess ? absl::StrCat(driver) : "unknown");
-  if (e == cudaSuccess && count > 0) {
-    probe.device_count = count;
-    probe.description = absl::StrCat(versions, ": ", count, " CUDA device(s)");
-  } else if (e == cudaSuccess || e == cudaErrorNoDevice) {
+      absl::StrCat("CUDA runtime ", a.runtime_version, ", driver ",
+                   a.driver_known ? absl::StrCat(a.driver_version) : "unknown");
+  if (a.count_error == kCudaSuccess && a.device_count > 0) {
+    probe.device_count = a.device_count;
+    probe.description = absl::StrCat(versions, ": ", a.device_count, " CUDA device(s)");
+  } else if (a.count_error == kCudaSuccess || a.count_error == kCudaErrorNoDevice) {
     probe.no_device = true;
-    probe.description = absl::StrCat(versions, ": no CUDA device (cudaGetDeviceCount: ",
-                                     e == cudaSuccess ? "0 devices" : cudaGetErrorName(e), ")");
-  } else if (e == cudaErrorInsufficientDriver && driver_error == cudaSuccess && driver == 0) {
+    probe.description =
+        absl::StrCat(versions, ": no CUDA device (cudaGetDeviceCount: ",
+                     a.count_error == kCudaSuccess ? "0 devices" : a.count_error_name, ")");
+  } else if (a.count_error == kCudaErrorInsufficientDriver && a.driver_known &&
+             a.driver_version == 0) {
     probe.no_device = true;
     probe.description = absl::StrCat(
         versions, ": no CUDA device (no CUDA driver is installed: cudaDriverGetVersion gives 0)");
   } else {
-    probe.error = absl::StrCat("cudaGetDeviceCount failed with ", cudaGetErrorName(e), " (",
-                               cudaGetErrorString(e), ")");
-    if (e == cudaErrorInsufficientDriver) {
-      absl::StrAppend(&probe.error, ": the installed driver (", driver,
-                      ") is older than the CUDA runtime this binary was built with (", runtime,
+    probe.error = absl::StrCat("cudaGetDeviceCount failed with ", a.count_error_name, " (",
+                               a.count_error_text, ")");
+    if (a.count_error == kCudaErrorInsufficientDriver) {
+      absl::StrAppend(&probe.error, ": the installed driver (", a.driver_version,
+                      ") is older than the CUDA runtime this binary was built with (",
+                      a.runtime_version,
                       "); install a newer driver or build with an older toolkit");
     }
     probe.description = absl::StrCat(versions, ": ", probe.error);
   }
+  return probe;
+}
+
+}  // namespace gpu_gate_internal
+
+namespace {
+
+CudaProbe Probe() {
+#if PS_WITH_CUDA
+  static_assert(gpu_gate_internal::kCudaSuccess == cudaSuccess);
+  static_assert(gpu_gate_internal::kCudaErrorInsufficientDriver == cudaErrorInsufficientDriver);
+  static_assert(gpu_gate_internal::kCudaErrorNoDevice == cudaErrorNoDevice);
+  int runtime = 0, driver = 0;
+  (void)cudaRuntimeGetVersion(&runtime);
+  // 0 when no CUDA driver is installed at all (documented), the driver's version otherwise.
+  const bool driver_known = cudaDriverGetVersion(&driver) == cudaSuccess;
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  (void)cudaGetLastError();  // clear the probe's error for later calls
+  return gpu_gate_internal::ClassifyCudaProbe({.runtime_version = runtime,
+                                               .driver_known = driver_known,
+                                               .driver_version = driver,
+                                               .count_error = static_cast<int>(e),
+                                               .count_error_name = cudaGetErrorName(e),
+                                               .count_error_text = cudaGetErrorString(e),
+                                               .device_count = count});
 #else
+  CudaProbe probe;
   probe.no_device = true;
   probe.description = "built without --config=cuda: no CUDA in this binary";
-#endif
   return probe;
+#endif
 }
 
 }  // namespace

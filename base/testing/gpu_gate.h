@@ -37,6 +37,32 @@ struct CudaProbe {
 };
 const CudaProbe& ProbeCuda();
 
+namespace gpu_gate_internal {
+
+// cudaError_t values the classification needs (static_assert-ed against the runtime's in a CUDA
+// build), so the rule is testable in every build.
+inline constexpr int kCudaSuccess = 0;
+inline constexpr int kCudaErrorInsufficientDriver = 35;
+inline constexpr int kCudaErrorNoDevice = 100;
+
+// What the CUDA runtime answered to the probe's calls.
+struct CudaAnswers {
+  int runtime_version = 0;            // cudaRuntimeGetVersion
+  bool driver_known = false;          // cudaDriverGetVersion succeeded
+  int driver_version = 0;             // its answer: 0 when no driver is installed
+  int count_error = 0;                // cudaGetDeviceCount's cudaError_t
+  std::string count_error_name = "";  // cudaGetErrorName of it
+  std::string count_error_text = "";  // cudaGetErrorString of it
+  int device_count = 0;
+};
+
+// The rule: a device count > 0 runs; 0 devices, cudaErrorNoDevice, or cudaErrorInsufficientDriver
+// with no driver installed (version 0) is "no device"; anything else (an installed driver older
+// than the runtime included) is an error that fails the tests.
+CudaProbe ClassifyCudaProbe(const CudaAnswers& answers);
+
+}  // namespace gpu_gate_internal
+
 // The test's verdict when it needs `gpus` CUDA devices, under the current PS_EXPECT_GPU.
 GpuGate CheckGpus(int gpus);
 

@@ -90,6 +90,54 @@ TEST_F(GpuGateTest, AvailableGpusRunAndMissingOnesSkipUnlessExpected) {
   EXPECT_THAT(more.message, HasSubstr("needs"));
 }
 
+TEST(GpuGateRule, OnlyNoDeviceOrNoDriverIsNoDevice) {
+  using gpu_gate_internal::ClassifyCudaProbe;
+  const CudaProbe gpus = ClassifyCudaProbe(
+      {.runtime_version = 13000, .driver_known = true, .driver_version = 13000, .device_count = 2});
+  EXPECT_EQ(gpus.device_count, 2);
+  EXPECT_FALSE(gpus.no_device);
+  EXPECT_TRUE(gpus.error.empty());
+
+  const CudaProbe zero = ClassifyCudaProbe({.driver_known = true, .driver_version = 13000});
+  EXPECT_TRUE(zero.no_device);
+  EXPECT_THAT(zero.description, HasSubstr("no CUDA device (cudaGetDeviceCount: 0 devices)"));
+
+  const CudaProbe none = ClassifyCudaProbe({.driver_known = true,
+                                            .driver_version = 13000,
+                                            .count_error = gpu_gate_internal::kCudaErrorNoDevice,
+                                            .count_error_name = "cudaErrorNoDevice"});
+  EXPECT_TRUE(none.no_device);
+  EXPECT_TRUE(none.error.empty());
+
+  const CudaProbe no_driver =
+      ClassifyCudaProbe({.runtime_version = 13000,
+                         .driver_known = true,
+                         .driver_version = 0,
+                         .count_error = gpu_gate_internal::kCudaErrorInsufficientDriver,
+                         .count_error_name = "cudaErrorInsufficientDriver"});
+  EXPECT_TRUE(no_driver.no_device);
+  EXPECT_THAT(no_driver.description, HasSubstr("no CUDA driver is installed"));
+
+  // A driver older than the runtime is not "no GPU": it fails, naming both versions.
+  const CudaProbe old_driver =
+      ClassifyCudaProbe({.runtime_version = 13000,
+                         .driver_known = true,
+                         .driver_version = 12040,
+                         .count_error = gpu_gate_internal::kCudaErrorInsufficientDriver,
+                         .count_error_name = "cudaErrorInsufficientDriver",
+                         .count_error_text = "CUDA driver version is insufficient"});
+  EXPECT_FALSE(old_driver.no_device);
+  EXPECT_THAT(old_driver.error, HasSubstr("driver (12040) is older than the CUDA runtime"));
+  EXPECT_THAT(old_driver.error, HasSubstr("(13000)"));
+
+  const CudaProbe unknown = ClassifyCudaProbe({.driver_known = true,
+                                               .driver_version = 13000,
+                                               .count_error = 999,
+                                               .count_error_name = "cudaErrorUnknown"});
+  EXPECT_FALSE(unknown.no_device);
+  EXPECT_THAT(unknown.error, HasSubstr("cudaErrorUnknown"));
+}
+
 TEST_F(GpuGateTest, ABadSwitchFailsNamingIt) {
   if (!ProbeCuda().error.empty())
     GTEST_SKIP() << "the CUDA error fails first: " << ProbeCuda().error;
