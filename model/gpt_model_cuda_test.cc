@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "base/testing/gpu_gate.h"
 #include "base/testing/status_matchers.h"
 #include "base/thread_pool.h"
 #include "base/units.h"
@@ -168,15 +169,8 @@ absl::StatusOr<Pass> RunPasses(const ModelConfig& config, const std::string& kin
   return pass;
 }
 
-bool HaveGpu() {
-  BackendOptions probe;
-  probe.kind = "cuda";
-  return CreateBackend(probe).ok();
-}
-
 void ExpectGpuMatchesCpu(const ModelConfig& config, DType dtype) {
-  if (!CudaBackendCompiledIn()) GTEST_SKIP() << "built without --config=cuda";
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device is available";
+  PS_REQUIRE_GPUS(1);
   ASSERT_OK_AND_ASSIGN(const Pass cpu, RunPasses(config, "cpu", dtype));
   ASSERT_OK_AND_ASSIGN(const Pass gpu, RunPasses(config, "cuda", dtype));
   const bool f32 = dtype == DType::kF32;

@@ -13,9 +13,11 @@
 //    sees one GPU (CUDA_VISIBLE_DEVICES = its local rank, NCCL's one-GPU-per-rank convention), so
 //    accelerator.device stays 0 on both. Skipped with fewer than 2 GPUs.
 //
-// Every test first asks the cuda backend's device probe (CudaDeviceCount, memory/cuda) for a GPU
-// and reports SKIPPED, naming why, without one — and in a build without --config=cuda, where this
-// file is compiled with no CUDA — never passed. Every launch has a watchdog.
+// Every test first asks base/testing/gpu_gate.h (PS_REQUIRE_GPUS) for its GPUs and reports
+// SKIPPED, naming why, without a CUDA device (or, in a build without --config=cuda, where this file
+// is compiled with no CUDA) — never passed; any other CUDA error, or no GPU under PS_EXPECT_GPU,
+// fails. Every launch has a watchdog.
+#include "base/testing/gpu_gate.h"
 #include "gtest/gtest.h"
 
 #if PS_WITH_CUDA
@@ -45,16 +47,6 @@ namespace {
 #if PS_WITH_CUDA
 
 using ::testing::HasSubstr;
-
-// Skips the calling test unless the cuda backend sees at least `gpus` GPUs.
-#define PS_REQUIRE_GPUS(gpus)                                                                 \
-  do {                                                                                        \
-    const int ps_found_gpus = CudaDeviceCount();                                              \
-    if (ps_found_gpus < (gpus)) {                                                             \
-      GTEST_SKIP() << "needs " << (gpus) << " CUDA GPU" << ((gpus) == 1 ? "" : "s")           \
-                   << ", the cuda backend's probe (CudaDeviceCount) found " << ps_found_gpus; \
-    }                                                                                         \
-  } while (0)
 
 std::string TrainBinary() { return trainer_testing::Runfile("trainer/train"); }
 
@@ -200,9 +192,7 @@ TEST(TrainCuda, TwoRanksOverNcclTrainLikeOneRank) {
 
 #else  // !PS_WITH_CUDA
 
-TEST(TrainCuda, NotBuilt) {
-  GTEST_SKIP() << "built without --config=cuda: the GPU training tests did not run";
-}
+TEST(TrainCuda, NotBuilt) { PS_REQUIRE_GPUS(1); }
 
 #endif
 

@@ -328,6 +328,24 @@ int CudaDeviceCount() {
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
+  int driver_version = 0;
+  const bool driver_known = cudaDriverGetVersion(&driver_version) == cudaSuccess;
+  const bool no_device = (e == cudaSuccess && count == 0) || e == cudaErrorNoDevice ||
+                         (e == cudaErrorInsufficientDriver && driver_known && driver_version == 0);
+  if (e != cudaSuccess && !no_device) {
+    // A driver older than the runtime, or any other failure to count the devices, is a broken
+    // setup, not a machine without a GPU: FailedPrecondition, so nothing reads it as "no GPU".
+    (void)cudaGetLastError();
+    int runtime_version = 0;
+    (void)cudaRuntimeGetVersion(&runtime_version);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the CUDA runtime cannot use this machine's GPUs (cudaGetDeviceCount: ",
+        cudaGetErrorName(e), ": ", cudaGetErrorString(e), "; driver version ",
+        driver_known ? absl::StrCat(driver_version) : std::string("unknown"), ", runtime version ",
+        runtime_version,
+        "): update the NVIDIA driver to one that supports this runtime, or check that the device "
+        "is visible and not in use exclusively"));
+  }
   if (e != cudaSuccess || count == 0) {
     (void)cudaGetLastError();
     return absl::UnavailableError(absl::StrCat(

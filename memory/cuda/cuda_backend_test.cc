@@ -1,6 +1,9 @@
 // The cuda backend under the backend conformance suite. Every test here reports SKIPPED on a
-// machine without a GPU, and in a build without --config=cuda (where this file is compiled with no
-// CUDA at all) — never passed.
+// machine without a CUDA device, and in a build without --config=cuda (where this file is compiled
+// with no CUDA at all) — never passed; under PS_EXPECT_GPU=1 those skips fail
+// (base/testing/gpu_gate.h).
+#include "base/status_macros.h"
+#include "base/testing/gpu_gate.h"
 #include "base/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "memory/backend_factory.h"
@@ -25,15 +28,19 @@ namespace {
 
 constexpr int64_t kTestCapacityBytes = int64_t{512} << 20;
 
-INSTANTIATE_TEST_SUITE_P(
-    Cuda, BackendConformanceTest,
-    ::testing::Values(BackendFactory{
-        "cuda",
-        [] { return CreateBackend({.kind = "cuda", .capacity_bytes = kTestCapacityBytes}); }}),
-    BackendFactoryName);
+INSTANTIATE_TEST_SUITE_P(Cuda, BackendConformanceTest,
+                         ::testing::Values(BackendFactory{
+                             "cuda",
+                             []() -> absl::StatusOr<std::unique_ptr<Backend>> {
+                               // Unavailable (SKIPPED) only without a CUDA device.
+                               RETURN_IF_ERROR(GpuGateStatus(1));
+                               return CreateBackend(
+                                   {.kind = "cuda", .capacity_bytes = kTestCapacityBytes});
+                             }}),
+                         BackendFactoryName);
 
 TEST(CudaBackend, RejectsBadOptions) {
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  PS_REQUIRE_GPUS(1);
   EXPECT_THAT(CreateCudaBackend({.device_index = CudaDeviceCount()}),
               StatusIs(absl::StatusCode::kInvalidArgument, "out of range"));
   EXPECT_THAT(CreateCudaBackend({.capacity_bytes = int64_t{1} << 50}),
@@ -46,7 +53,7 @@ TEST(CudaBackend, RejectsBadOptions) {
 // cannot give (the context, cuBLAS and NCCL live outside it) is refused up front, and no cap means
 // the free memory minus the margin.
 TEST(CudaBackend, CapsAgainstFreeMemoryMinusTheMargin) {
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  PS_REQUIRE_GPUS(1);
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   size_t free_bytes = 0, total_bytes = 0;
   ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
@@ -70,7 +77,7 @@ TEST(CudaBackend, UnavailableWithoutGpuIsReportedNotCrashed) {
 // The GPU conversion kernels give the same bits as the CPU's dtype_math.h functions: every f16 and
 // bf16 pattern widened, and 4M random f32 patterns (plus every tie) narrowed.
 TEST(CudaConvertKernels, MatchTheCpuBitForBit) {
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  PS_REQUIRE_GPUS(1);
   ASSERT_OK_AND_ASSIGN(auto backend, CreateCudaBackend({.capacity_bytes = kTestCapacityBytes}));
   ASSERT_OK_AND_ASSIGN(auto stream, backend->CreateStream());
   auto* cuda_stream = static_cast<cudaStream_t>(stream->native_handle());
@@ -129,7 +136,7 @@ TEST(CudaConvertKernels, MatchTheCpuBitForBit) {
 
 TEST(CudaBackend, NotBuilt) {
   EXPECT_FALSE(CudaBackendCompiledIn());
-  GTEST_SKIP() << "built without --config=cuda: the cuda backend tests did not run";
+  PS_REQUIRE_GPUS(1);
 }
 
 #endif

@@ -6,6 +6,7 @@
 // accumulated host sum against CpuAdam's. Every test reports SKIPPED on a machine without a GPU,
 // and in a build without
 // --config=cuda (where this file is compiled with no CUDA at all) — never passed.
+#include "base/testing/gpu_gate.h"
 #include "base/testing/status_matchers.h"
 #include "gtest/gtest.h"
 
@@ -85,7 +86,7 @@ class DeviceArray {
 class CudaAdamTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+    PS_REQUIRE_GPUS(1);
     ASSERT_OK_AND_ASSIGN(backend_, CreateCudaBackend({.capacity_bytes = kTestCapacityBytes}));
     ASSERT_OK_AND_ASSIGN(adam_, CudaAdam::Create(*backend_));
     ASSERT_OK_AND_ASSIGN(stream_, backend_->CreateStream());
@@ -608,9 +609,7 @@ TEST(CudaAdamCreateTest, RejectsTheCpuBackend) {
 
 #else  // !PS_WITH_CUDA
 
-TEST(CudaAdam, NotBuilt) {
-  GTEST_SKIP() << "built without --config=cuda: the CUDA Adam tests did not run";
-}
+TEST(CudaAdam, NotBuilt) { PS_REQUIRE_GPUS(1); }
 
 #endif
 

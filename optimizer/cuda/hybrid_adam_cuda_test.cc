@@ -8,6 +8,7 @@
 // devices form different fused multiply-adds), and the parameters are exactly the masters rounded.
 // f32, f16 and bf16 parameters; gaps between tensors hold NaN and must never be read.
 // Every test reports SKIPPED on a machine without a GPU and in a build without --config=cuda.
+#include "base/testing/gpu_gate.h"
 #include "gtest/gtest.h"
 
 #if PS_WITH_CUDA
@@ -183,7 +184,7 @@ class HostAccess final : public AdamChunkAccess {
 };
 
 TEST(HybridAdamCuda, AccumulationOverAMovingPlacementMatchesTheHostOnlyRun) {
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  PS_REQUIRE_GPUS(1);
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Backend> backend,
                        CreateCudaBackend({.capacity_bytes = int64_t{1} << 30}));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Stream> stream, backend->CreateStream());
@@ -312,9 +313,7 @@ TEST(HybridAdamCuda, AccumulationOverAMovingPlacementMatchesTheHostOnlyRun) {
 
 #else  // !PS_WITH_CUDA
 
-TEST(HybridAdamCuda, NotBuilt) {
-  GTEST_SKIP() << "built without --config=cuda: the HybridAdam + CudaAdam tests did not run";
-}
+TEST(HybridAdamCuda, NotBuilt) { PS_REQUIRE_GPUS(1); }
 
 #endif
 

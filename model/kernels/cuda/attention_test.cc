@@ -2,6 +2,7 @@
 // the 8-query groups or the 32-key tiles, head dims below, at, between and at
 // the limit of the per-lane registers, B and H > 1. Every test reports SKIPPED
 // without a GPU, and in a build without --config=cuda — never passed.
+#include "base/testing/gpu_gate.h"
 #include "gtest/gtest.h"
 
 #if PS_WITH_CUDA
@@ -26,7 +27,6 @@ namespace {
 #if PS_WITH_CUDA
 
 using ::ps::cuda_testing::DeviceVector;
-using ::ps::cuda_testing::HaveGpu;
 using ::ps::cuda_testing::TestStream;
 using ::ps::kernel_testing::ExpectAllNear;
 using ::ps::kernel_testing::RandomVector;
@@ -35,7 +35,7 @@ using ::testing::HasSubstr;
 class CudaAttentionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!HaveGpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+    PS_REQUIRE_GPUS(1);
     stream_.emplace();
   }
   std::optional<TestStream> stream_;  // created once a GPU is known to exist
@@ -118,9 +118,7 @@ TEST_F(CudaAttentionTest, RejectsBadArguments) {
 
 #else  // !PS_WITH_CUDA
 
-TEST(CudaAttention, NotBuilt) {
-  GTEST_SKIP() << "built without --config=cuda: the CUDA kernel tests did not run";
-}
+TEST(CudaAttention, NotBuilt) { PS_REQUIRE_GPUS(1); }
 
 #endif
 

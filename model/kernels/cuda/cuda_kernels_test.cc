@@ -4,6 +4,7 @@
 // test reports SKIPPED on a machine without a GPU, and in a build without --config=cuda.
 #include <vector>
 
+#include "base/testing/gpu_gate.h"
 #include "base/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "memory/backend_factory.h"
@@ -27,10 +28,13 @@ using kernel_testing::KernelsUnderTest;
 #if PS_WITH_CUDA
 
 absl::StatusOr<KernelsUnderTest> MakeCuda(const cuda::CudaKernelsOptions& options) {
+  // Unavailable (SKIPPED) only without a CUDA device; any other error, or no device under
+  // PS_EXPECT_GPU, fails the suite's SetUp.
+  if (absl::Status gate = GpuGateStatus(1); !gate.ok()) return gate;
   KernelsUnderTest env;
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       CreateBackend({.kind = "cuda", .capacity_bytes = int64_t{1} << 30});
-  if (!backend.ok()) return backend.status();  // Unavailable without a GPU: SKIPPED
+  if (!backend.ok()) return backend.status();
   env.backend = *std::move(backend);
   absl::StatusOr<std::unique_ptr<cuda::CudaKernels>> kernels =
       cuda::CudaKernels::Create(env.backend.get(), options);
@@ -60,7 +64,7 @@ TEST(CudaKernels, CreateRefusesOtherBackendsAndBadOptions) {
   ASSERT_OK_AND_ASSIGN(auto cpu, CreateBackend({.kind = "cpu", .capacity_bytes = 1 << 20}));
   EXPECT_THAT(cuda::CudaKernels::Create(cpu.get()),
               StatusIs(absl::StatusCode::kInvalidArgument, "cpu backend"));
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  PS_REQUIRE_GPUS(1);
   ASSERT_OK_AND_ASSIGN(auto gpu, CreateBackend({.kind = "cuda", .capacity_bytes = 1 << 28}));
   EXPECT_THAT(cuda::CudaKernels::Create(gpu.get(), {.cublas_workspace_bytes = 100}),
               StatusIs(absl::StatusCode::kInvalidArgument, "multiple of 256"));
@@ -74,7 +78,7 @@ TEST(CudaKernels, CreateRefusesOtherBackendsAndBadOptions) {
 // The pre-flight plan asks CreateKernelWorkspaces before the model's kernels exist; on this GPU it
 // must answer what the kernels then ask for.
 TEST(CudaKernels, ThePlansWorkspacesAreTheKernels) {
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  PS_REQUIRE_GPUS(1);
   ASSERT_OK_AND_ASSIGN(auto gpu, CreateBackend({.kind = "cuda", .capacity_bytes = 1 << 28}));
   ASSERT_OK_AND_ASSIGN(auto kernels, CreateKernels(gpu.get()));
   ASSERT_OK_AND_ASSIGN(auto planned, CreateKernelWorkspaces(gpu.get(), /*cpu_threads=*/1));
@@ -87,8 +91,8 @@ TEST(CudaKernels, ThePlansWorkspacesAreTheKernels) {
                               .block_rows = 244,
                               .row_tile = 64,
                               .vocab_tile = 128};
-  const GqaAttentionShape gqa{.batch = 2, .seq_len = 48, .num_heads = 4, .num_kv_heads = 2,
-                              .head_dim = 10};
+  const GqaAttentionShape gqa{
+      .batch = 2, .seq_len = 48, .num_heads = 4, .num_kv_heads = 2, .head_dim = 10};
   EXPECT_EQ(planned->MatmulWorkspaceBytes(mm), kernels->MatmulWorkspaceBytes(mm));
   EXPECT_EQ(planned->MatmulBf16BackwardWorkspaceBytes(mm),
             kernels->MatmulBf16BackwardWorkspaceBytes(mm));
@@ -103,7 +107,7 @@ TEST(CudaKernels, ThePlansWorkspacesAreTheKernels) {
 }
 
 TEST(CudaKernels, HostPointersAreRefusedAtEnqueue) {
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  PS_REQUIRE_GPUS(1);
   ASSERT_OK_AND_ASSIGN(auto gpu, CreateBackend({.kind = "cuda", .capacity_bytes = 1 << 28}));
   ASSERT_OK_AND_ASSIGN(auto kernels, cuda::CudaKernels::Create(gpu.get()));
   ASSERT_OK_AND_ASSIGN(auto stream, gpu->CreateStream());
@@ -119,7 +123,7 @@ TEST(CudaKernels, HostPointersAreRefusedAtEnqueue) {
 
 TEST(CudaKernels, NotBuilt) {
   EXPECT_FALSE(CudaBackendCompiledIn());
-  GTEST_SKIP() << "built without --config=cuda: the CudaKernels tests did not run";
+  PS_REQUIRE_GPUS(1);
 }
 
 #endif

@@ -2,6 +2,7 @@
 // awkward sizes. Every test reports SKIPPED without a GPU, and in a build
 // without --config=cuda (where this file is compiled with no CUDA at all) —
 // never passed.
+#include "base/testing/gpu_gate.h"
 #include "gtest/gtest.h"
 
 #if PS_WITH_CUDA
@@ -30,7 +31,6 @@ namespace {
 #if PS_WITH_CUDA
 
 using ::ps::cuda_testing::DeviceVector;
-using ::ps::cuda_testing::HaveGpu;
 using ::ps::cuda_testing::TestStream;
 using ::ps::kernel_testing::ExpectAllNear;
 using ::ps::kernel_testing::RandomVector;
@@ -39,7 +39,7 @@ using ::testing::HasSubstr;
 class CudaElementwiseTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!HaveGpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+    PS_REQUIRE_GPUS(1);
     stream_.emplace();
   }
   std::optional<TestStream> stream_;  // created once a GPU is known to exist
@@ -161,9 +161,7 @@ TEST_F(CudaElementwiseTest, RejectsBadArguments) {
 
 #else  // !PS_WITH_CUDA
 
-TEST(CudaElementwise, NotBuilt) {
-  GTEST_SKIP() << "built without --config=cuda: the CUDA kernel tests did not run";
-}
+TEST(CudaElementwise, NotBuilt) { PS_REQUIRE_GPUS(1); }
 
 #endif
 

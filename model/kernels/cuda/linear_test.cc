@@ -1,5 +1,6 @@
 // cuda::Linear* against the CPU kernel on awkward shapes, with and without a bias. Every test
 // reports SKIPPED without a GPU, and in a build without --config=cuda — never passed.
+#include "base/testing/gpu_gate.h"
 #include "gtest/gtest.h"
 
 #if PS_WITH_CUDA
@@ -27,7 +28,6 @@ namespace {
 #if PS_WITH_CUDA
 
 using ::ps::cuda_testing::DeviceVector;
-using ::ps::cuda_testing::HaveGpu;
 using ::ps::cuda_testing::TestStream;
 using ::ps::kernel_testing::ExpectAllNear;
 using ::ps::kernel_testing::RandomVector;
@@ -36,7 +36,7 @@ using ::testing::HasSubstr;
 class CudaLinearTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!HaveGpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+    PS_REQUIRE_GPUS(1);
     stream_.emplace();
     ASSERT_OK_AND_ASSIGN(cublas_, cuda::CublasHandle::Create());
   }
@@ -92,9 +92,7 @@ TEST_F(CudaLinearTest, RejectsBadArguments) {
 
 #else  // !PS_WITH_CUDA
 
-TEST(CudaLinear, NotBuilt) {
-  GTEST_SKIP() << "built without --config=cuda: the CUDA kernel tests did not run";
-}
+TEST(CudaLinear, NotBuilt) { PS_REQUIRE_GPUS(1); }
 
 #endif
 

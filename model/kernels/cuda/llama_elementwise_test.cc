@@ -1,5 +1,6 @@
 // cuda::Rope*, cuda::SwiGlu*, cuda::Embedding* against the CPU kernels on awkward shapes. Every
 // test reports SKIPPED without a GPU, and in a build without --config=cuda — never passed.
+#include "base/testing/gpu_gate.h"
 #include "gtest/gtest.h"
 
 #if PS_WITH_CUDA
@@ -28,7 +29,6 @@ namespace {
 #if PS_WITH_CUDA
 
 using ::ps::cuda_testing::DeviceVector;
-using ::ps::cuda_testing::HaveGpu;
 using ::ps::cuda_testing::TestStream;
 using ::ps::kernel_testing::ExpectAllNear;
 using ::ps::kernel_testing::RandomVector;
@@ -37,7 +37,7 @@ using ::testing::HasSubstr;
 class CudaLlamaElementwiseTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!HaveGpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+    PS_REQUIRE_GPUS(1);
     stream_.emplace();
   }
   std::optional<TestStream> stream_;  // created once a GPU is known to exist
@@ -146,9 +146,7 @@ TEST_F(CudaLlamaElementwiseTest, RejectsBadArguments) {
 
 #else  // !PS_WITH_CUDA
 
-TEST(CudaLlamaElementwise, NotBuilt) {
-  GTEST_SKIP() << "built without --config=cuda: the CUDA kernel tests did not run";
-}
+TEST(CudaLlamaElementwise, NotBuilt) { PS_REQUIRE_GPUS(1); }
 
 #endif
 

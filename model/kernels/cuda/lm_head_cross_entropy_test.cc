@@ -2,6 +2,7 @@
 // with tails, ignored targets, all rows ignored, an out-of-range target. Every
 // test reports SKIPPED without a GPU, and in a build without --config=cuda —
 // never passed.
+#include "base/testing/gpu_gate.h"
 #include "gtest/gtest.h"
 
 #if PS_WITH_CUDA
@@ -30,7 +31,6 @@ namespace {
 #if PS_WITH_CUDA
 
 using ::ps::cuda_testing::DeviceVector;
-using ::ps::cuda_testing::HaveGpu;
 using ::ps::cuda_testing::TestStream;
 using ::ps::kernel_testing::ExpectAllNear;
 using ::ps::kernel_testing::RandomVector;
@@ -39,7 +39,7 @@ using ::testing::HasSubstr;
 class CudaLmHeadCrossEntropyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!HaveGpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+    PS_REQUIRE_GPUS(1);
     stream_.emplace();
     ASSERT_OK_AND_ASSIGN(cublas_, cuda::CublasHandle::Create());
   }
@@ -161,9 +161,7 @@ TEST_F(CudaLmHeadCrossEntropyTest, RejectsBadArguments) {
 
 #else  // !PS_WITH_CUDA
 
-TEST(CudaLmHeadCrossEntropy, NotBuilt) {
-  GTEST_SKIP() << "built without --config=cuda: the CUDA kernel tests did not run";
-}
+TEST(CudaLmHeadCrossEntropy, NotBuilt) { PS_REQUIRE_GPUS(1); }
 
 #endif
 

@@ -1,6 +1,7 @@
 // cuda::Gemm and cuda::Matmul* against OpenBLAS (the CPU kernels) on awkward
 // shapes, f32 and 16-bit operands. Every test reports SKIPPED without a GPU,
 // and in a build without --config=cuda — never passed.
+#include "base/testing/gpu_gate.h"
 #include "gtest/gtest.h"
 
 #if PS_WITH_CUDA
@@ -28,7 +29,6 @@ namespace {
 #if PS_WITH_CUDA
 
 using ::ps::cuda_testing::DeviceVector;
-using ::ps::cuda_testing::HaveGpu;
 using ::ps::cuda_testing::TestStream;
 using ::ps::kernel_testing::ExpectAllNear;
 using ::ps::kernel_testing::RandomVector;
@@ -37,7 +37,7 @@ using ::testing::HasSubstr;
 class CudaMatmulTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!HaveGpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+    PS_REQUIRE_GPUS(1);
     stream_.emplace();
     ASSERT_OK_AND_ASSIGN(cublas_, cuda::CublasHandle::Create());
   }
@@ -140,9 +140,7 @@ TEST_F(CudaMatmulTest, RejectsBadArguments) {
 
 #else  // !PS_WITH_CUDA
 
-TEST(CudaMatmul, NotBuilt) {
-  GTEST_SKIP() << "built without --config=cuda: the CUDA kernel tests did not run";
-}
+TEST(CudaMatmul, NotBuilt) { PS_REQUIRE_GPUS(1); }
 
 #endif
 

@@ -1,5 +1,6 @@
 // cuda::RmsNorm* against the CPU kernel on awkward shapes. Every test reports SKIPPED without a
 // GPU, and in a build without --config=cuda — never passed.
+#include "base/testing/gpu_gate.h"
 #include "gtest/gtest.h"
 
 #if PS_WITH_CUDA
@@ -24,7 +25,6 @@ namespace {
 #if PS_WITH_CUDA
 
 using ::ps::cuda_testing::DeviceVector;
-using ::ps::cuda_testing::HaveGpu;
 using ::ps::cuda_testing::TestStream;
 using ::ps::kernel_testing::ExpectAllNear;
 using ::ps::kernel_testing::RandomVector;
@@ -33,7 +33,7 @@ using ::testing::HasSubstr;
 class CudaRmsNormTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!HaveGpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+    PS_REQUIRE_GPUS(1);
     stream_.emplace();
   }
   std::optional<TestStream> stream_;  // created once a GPU is known to exist
@@ -86,9 +86,7 @@ TEST_F(CudaRmsNormTest, RejectsBadArguments) {
 
 #else  // !PS_WITH_CUDA
 
-TEST(CudaRmsNorm, NotBuilt) {
-  GTEST_SKIP() << "built without --config=cuda: the CUDA kernel tests did not run";
-}
+TEST(CudaRmsNorm, NotBuilt) { PS_REQUIRE_GPUS(1); }
 
 #endif
 

@@ -10,6 +10,7 @@
 //     the backward called per vocabulary tile equal to one call, bit for bit;
 //   - MatmulForwardBf16 / MatmulBackwardBf16 against the CPU's within f32-summation rounding.
 // Every test reports SKIPPED without a GPU, and in a build without --config=cuda — never passed.
+#include "base/testing/gpu_gate.h"
 #include "gtest/gtest.h"
 
 #if PS_WITH_CUDA
@@ -44,7 +45,6 @@ namespace {
 #if PS_WITH_CUDA
 
 using ::ps::cuda_testing::DeviceVector;
-using ::ps::cuda_testing::HaveGpu;
 using ::ps::kernel_testing::ExpectAllNear;
 using ::ps::kernel_testing::RandomVector;
 
@@ -77,7 +77,7 @@ void ExpectBitEqual(const std::vector<float>& got, const std::vector<float>& wan
 class CudaVocabBlocksTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!HaveGpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+    PS_REQUIRE_GPUS(1);
     ASSERT_OK_AND_ASSIGN(backend_, CreateBackend({.kind = "cuda", .capacity_bytes = 1 << 30}));
     ASSERT_OK_AND_ASSIGN(kernels_, cuda::CudaKernels::Create(backend_.get()));
     ASSERT_OK_AND_ASSIGN(stream_, backend_->CreateStream());
@@ -435,9 +435,7 @@ TEST_F(CudaVocabBlocksTest, MatmulBf16MatchesTheCpu) {
 
 #else  // !PS_WITH_CUDA
 
-TEST(CudaVocabBlocks, NotBuilt) {
-  GTEST_SKIP() << "built without --config=cuda: the CUDA vocabulary-block tests did not run";
-}
+TEST(CudaVocabBlocks, NotBuilt) { PS_REQUIRE_GPUS(1); }
 
 #endif
 
