@@ -15,9 +15,10 @@
 //    What the measured step spends beyond the sum is the rest: chunk accesses, allocations,
 //    conversions of small parameters, thread hand-offs.
 // 3. Whole training steps (GptModel::TrainStep: forward, backward, HybridAdam at lr = 0, so every
-//    step computes on the same weights; two warm-up steps first, see RunSteps): best and median
-//    step time, and the useful FLOP rate as a fraction of the GEMM peak of the step's precision
-//    (sgemm for f32, the bf16 GEMM for bf16).
+//    step computes on the same weights; two warm-up steps first, see kWarmupSteps): best and
+//    median step time, its CPU time, and the useful FLOP rate as a fraction of the GEMM peak of the
+//    step's precision (sgemm for f32, the bf16 GEMM for bf16). With --interleave (the default) the
+//    configurations' steps alternate, so a drift in the machine's speed hits them alike.
 //
 // Useful FLOPs per step (multiply-add = 2): linear layers 6 * N * 12 C^2 * L (forward 2, backward
 // 4); the tied LM head 6 * N * C * V; causal attention 4 * T(T+1)/2 * C * L * B forward (QK^T and
@@ -75,7 +76,7 @@
 #include "optimizer/cpu_adam.h"
 #include "optimizer/hybrid_adam.h"
 
-ABSL_FLAG(int32_t, iters, 3, "timed training steps per configuration (after one warm-up step)");
+ABSL_FLAG(int32_t, iters, 3, "timed training steps per configuration (after two warm-up steps)");
 ABSL_FLAG(int32_t, threads, 0, "threads (model pool and its GEMM grids, Adam); 0 = all cores");
 ABSL_FLAG(int64_t, batch, 4, "sequences per batch");
 ABSL_FLAG(int64_t, seq, 256, "tokens per sequence");
@@ -84,6 +85,9 @@ ABSL_FLAG(int32_t, layers, 0, "keep only this many layers of the preset (0: all)
 ABSL_FLAG(std::string, dtypes, "f32,bf16", "param chunk dtypes to run (f32, bf16)");
 ABSL_FLAG(std::string, checkpointing, "off,on", "activation checkpointing settings to run");
 ABSL_FLAG(bool, breakdown, true, "time each kernel alone at the model's shapes");
+ABSL_FLAG(bool, interleave, true,
+          "build every configuration first and take their steps in turn (fair on a machine whose "
+          "speed drifts; needs the memory of all of them at once), or run them one after another");
 #include "scheduler/chunk_manager.h"
 #include "trainer/train_step.h"
 
@@ -426,8 +430,39 @@ double ProbePeak(DType dtype, ThreadPool* pool) {
   return dtype == DType::kBF16 ? Bf16GemmGflops(1024, 3, pool) : SgemmGflops(1024, 3, pool);
 }
 
-StepResult RunSteps(const ModelConfig& config, int64_t batch, int64_t seq, int threads, int iters,
-                    DType dtype, bool checkpointing, double useful_flops, ThreadPool* pool) {
+// One configuration's training state (the model on the emulated accelerator, its chunks, Adam)
+// and its timed steps so far. Members are destroyed in reverse order: the optimizer and the model
+// before the manager, the store, the memories and the backend they use.
+struct StepRun {
+  DType dtype = DType::kF32;
+  bool checkpointing = false;
+  std::string name;  // "bf16, checkpointing off"
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<DeviceMemory> accelerator, host;
+  std::unique_ptr<ChunkStore> store;
+  std::unique_ptr<ChunkManager> manager;
+  std::unique_ptr<GptModel> model;
+  std::unique_ptr<CpuAdam> cpu_adam;
+  std::unique_ptr<HybridAdam> adam;
+  std::vector<int32_t> tokens, targets;
+  int steps_done = 0;
+  double peak_before = 0, best = 1e30;
+  std::vector<double> times, fractions, cpu_times;
+  StepResult result;
+};
+
+// Step 0 is the ChunkManager's warm-up iteration (it records the activation tide); step 1 then
+// moves the optimizer state to where the tide leaves room for it for good (a one-time load of up
+// to the whole state); from step 2 on, steps are alike.
+constexpr int kWarmupSteps = 2;
+
+std::unique_ptr<StepRun> MakeRun(const ModelConfig& config, int64_t batch, int64_t seq, int threads,
+                                 DType dtype, bool checkpointing) {
+  auto run = std::make_unique<StepRun>();
+  run->dtype = dtype;
+  run->checkpointing = checkpointing;
+  run->name = std::string(DTypeName(dtype)) + ", activation checkpointing " +
+              (checkpointing ? "on" : "off");
   const bool gpt2 = config.architecture() == ModelArchitecture::kGpt2;
   // GPT-2: chunks of 40M elements (the embedding operator, 39.4M elements, fits whole). Llama:
   // the smallest chunk of the model, the vocabulary in row blocks sized to it.
@@ -438,104 +473,107 @@ StepResult RunSteps(const ModelConfig& config, int64_t batch, int64_t seq, int t
   }
   auto backend_or = CreateCpuBackend({.capacity_bytes = 6 * kGiB});
   PS_CHECK_OK(backend_or);
-  std::unique_ptr<Backend> backend = std::move(*backend_or);
+  run->backend = std::move(*backend_or);
   DeviceMemoryOptions memory_options;
   memory_options.chunk_block_bytes = kChunkElems * 4;
-  auto accel_or = CreateAcceleratorMemory(backend.get(), memory_options);
+  auto accel_or = CreateAcceleratorMemory(run->backend.get(), memory_options);
   PS_CHECK_OK(accel_or);
-  std::unique_ptr<DeviceMemory> accelerator = std::move(*accel_or);
+  run->accelerator = std::move(*accel_or);
   memory_options.pinned = false;
-  auto host_or = CreateHostMemory(backend.get(), memory_options);
+  auto host_or = CreateHostMemory(run->backend.get(), memory_options);
   PS_CHECK_OK(host_or);
-  std::unique_ptr<DeviceMemory> host = std::move(*host_or);
+  run->host = std::move(*host_or);
   auto layout_or =
       ChunkLayout::Build({.capacity_elems = kChunkElems}, ModelOperators(config, vocab));
   PS_CHECK_OK(layout_or);
   auto store_or = ChunkStore::Create(std::move(*layout_or), {.compute_dtype = dtype});
   PS_CHECK_OK(store_or);
-  std::unique_ptr<ChunkStore> store = std::move(*store_or);
-  auto manager_or =
-      ChunkManager::Create(store.get(), backend.get(), accelerator.get(), host.get(), {});
+  run->store = std::move(*store_or);
+  auto manager_or = ChunkManager::Create(run->store.get(), run->backend.get(),
+                                         run->accelerator.get(), run->host.get(), {});
   PS_CHECK_OK(manager_or);
-  std::unique_ptr<ChunkManager> manager = std::move(*manager_or);
+  run->manager = std::move(*manager_or);
   GptModelOptions model_options;
   model_options.batch = batch;
   model_options.seq_len = seq;
   model_options.threads = threads;
   model_options.activation_checkpointing = checkpointing;
-  auto model_or = TransformerModel::Create(config, store.get(), manager.get(), accelerator.get(),
-                                           model_options);
+  auto model_or = TransformerModel::Create(config, run->store.get(), run->manager.get(),
+                                           run->accelerator.get(), model_options);
   PS_CHECK_OK(model_or);
-  std::unique_ptr<GptModel> model = std::move(*model_or);
-  PS_CHECK_OK(model->InitializeParameters(1));
+  run->model = std::move(*model_or);
+  PS_CHECK_OK(run->model->InitializeParameters(1));
   auto cpu_adam_or = CpuAdam::Create({.num_threads = threads});
   PS_CHECK_OK(cpu_adam_or);
-  std::unique_ptr<CpuAdam> cpu_adam = std::move(*cpu_adam_or);
+  run->cpu_adam = std::move(*cpu_adam_or);
   HybridAdamOptions adam_options;
   // lr = 0: every step computes on the same weights (the optimizer's work is the same).
   adam_options.groups = {ParamGroupOptions{.name = "default", .lr = 0.0, .weight_decay = 0.0}};
-  auto adam_or = HybridAdam::Create(store->layout(), 0, dtype, adam_options,
-                                    {.host = cpu_adam.get(), .accelerator = cpu_adam.get()});
+  auto adam_or =
+      HybridAdam::Create(run->store->layout(), 0, dtype, adam_options,
+                         {.host = run->cpu_adam.get(), .accelerator = run->cpu_adam.get()});
   PS_CHECK_OK(adam_or);
-  std::unique_ptr<HybridAdam> adam = std::move(*adam_or);
+  run->adam = std::move(*adam_or);
 
   std::mt19937 gen(2);
-  std::vector<int32_t> tokens(batch * seq + 1);
-  for (int32_t& t : tokens) t = static_cast<int32_t>(gen() % config.vocab_size);
-  std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
-  tokens.pop_back();
+  run->tokens.resize(batch * seq + 1);
+  for (int32_t& t : run->tokens) t = static_cast<int32_t>(gen() % config.vocab_size);
+  run->targets.assign(run->tokens.begin() + 1, run->tokens.end());
+  run->tokens.pop_back();
+  return run;
+}
 
-  std::vector<double> times, fractions, cpu_times;
-  StepResult result;
-  double best = 1e30;
-  double peak_before = ProbePeak(dtype, pool);
-  // Step 0 is the ChunkManager's warm-up iteration (it records the activation tide); step 1 then
-  // moves the optimizer state to where the tide leaves room for it for good (a one-time load of
-  // up to the whole state); from step 2 on, steps are alike.
-  constexpr int kWarmupSteps = 2;
-  for (int i = 0; i < iters + kWarmupSteps; ++i) {
-    const ChunkManagerCounters before = manager->counters();
-    const auto t0 = Clock::now();
-    const double cpu0 = ProcessCpuSeconds();
-    auto step_or = TrainStep(*model, *manager, *adam, tokens, targets);
-    PS_CHECK_OK(step_or);
-    const double s = Seconds(t0, Clock::now());
-    const double cpu_s = ProcessCpuSeconds() - cpu0;
-    const ChunkManagerCounters moved = manager->counters().Minus(before);
-    std::printf(
-        "    step %d%s: %.3f s (forward+backward %.3f s, optimizer %.3f s; CPU time %.3f s), loss "
-        "%.4f; %s\n",
-        i, i < kWarmupSteps ? " (warm-up)" : "", s, step_or->forward_backward_ns * 1e-9,
-        step_or->optimizer_ns * 1e-9, cpu_s, step_or->loss, moved.DebugString().c_str());
-    std::fflush(stdout);
-    if (i < kWarmupSteps) continue;
-    const double peak_after = ProbePeak(dtype, pool);
-    const double peak = std::max(peak_before, peak_after);
-    peak_before = peak_after;
-    const double fraction = useful_flops / s / 1e9 / peak;
-    std::printf(
-        "      useful %.1f GFLOP/s = %.1f%% of the adjacent GEMM peak probe (%.1f GFLOP/s)\n",
-        useful_flops / s / 1e9, 100.0 * fraction, peak);
-    times.push_back(s);
-    fractions.push_back(fraction);
-    cpu_times.push_back(cpu_s);
-    if (fraction > result.best_fraction) {
-      result.best_fraction = fraction;
-      result.probe_peak_at_best = peak;
-    }
-    if (s < best) {
-      best = s;
-      result.fwd_bwd_s = step_or->forward_backward_ns * 1e-9;
-      result.adam_s = step_or->optimizer_ns * 1e-9;
-    }
-    result.loss = step_or->loss;
+// Runs and reports the run's next training step.
+void RunOneStep(StepRun& run, double useful_flops, ThreadPool* pool) {
+  const int i = run.steps_done++;
+  if (i == 0) run.peak_before = ProbePeak(run.dtype, pool);
+  const ChunkManagerCounters before = run.manager->counters();
+  const auto t0 = Clock::now();
+  const double cpu0 = ProcessCpuSeconds();
+  auto step_or = TrainStep(*run.model, *run.manager, *run.adam, run.tokens, run.targets);
+  PS_CHECK_OK(step_or);
+  const double s = Seconds(t0, Clock::now());
+  const double cpu_s = ProcessCpuSeconds() - cpu0;
+  const ChunkManagerCounters moved = run.manager->counters().Minus(before);
+  std::printf(
+      "    %s, step %d%s: %.3f s (forward+backward %.3f s, optimizer %.3f s; CPU time %.3f s), "
+      "loss %.4f; %s\n",
+      run.name.c_str(), i, i < kWarmupSteps ? " (warm-up)" : "", s,
+      step_or->forward_backward_ns * 1e-9, step_or->optimizer_ns * 1e-9, cpu_s, step_or->loss,
+      moved.DebugString().c_str());
+  std::fflush(stdout);
+  if (i < kWarmupSteps) return;
+  const double peak_after = ProbePeak(run.dtype, pool);
+  const double peak = std::max(run.peak_before, peak_after);
+  run.peak_before = peak_after;
+  const double fraction = useful_flops / s / 1e9 / peak;
+  std::printf("      useful %.1f GFLOP/s = %.1f%% of the adjacent GEMM peak probe (%.1f GFLOP/s)\n",
+              useful_flops / s / 1e9, 100.0 * fraction, peak);
+  run.times.push_back(s);
+  run.fractions.push_back(fraction);
+  run.cpu_times.push_back(cpu_s);
+  StepResult& result = run.result;
+  if (fraction > result.best_fraction) {
+    result.best_fraction = fraction;
+    result.probe_peak_at_best = peak;
   }
-  std::sort(times.begin(), times.end());
-  std::sort(fractions.begin(), fractions.end());
-  result.best_s = times.front();
-  result.median_s = times[times.size() / 2];
-  result.median_fraction = fractions[fractions.size() / 2];
-  result.best_cpu_s = *std::min_element(cpu_times.begin(), cpu_times.end());
+  if (s < run.best) {
+    run.best = s;
+    result.fwd_bwd_s = step_or->forward_backward_ns * 1e-9;
+    result.adam_s = step_or->optimizer_ns * 1e-9;
+  }
+  result.loss = step_or->loss;
+}
+
+// The run's result over its timed steps.
+StepResult Finish(StepRun& run) {
+  std::sort(run.times.begin(), run.times.end());
+  std::sort(run.fractions.begin(), run.fractions.end());
+  StepResult result = run.result;
+  result.best_s = run.times.front();
+  result.median_s = run.times[run.times.size() / 2];
+  result.median_fraction = run.fractions[run.fractions.size() / 2];
+  result.best_cpu_s = *std::min_element(run.cpu_times.begin(), run.cpu_times.end());
   return result;
 }
 
@@ -619,13 +657,27 @@ int Main() {
     StepResult r;
   };
   std::vector<Done> done;
-  for (DType dtype : dtypes) {
-    for (bool ckpt : ckpts) {
-      std::printf("\n%s, activation checkpointing %s:\n", DTypeName(dtype).data(),
-                  ckpt ? "on" : "off");
-      done.push_back(
-          {dtype, ckpt,
-           RunSteps(model, batch, seq, threads, iters, dtype, ckpt, flops.Useful(), &pool)});
+  const int total_steps = iters + kWarmupSteps;
+  if (absl::GetFlag(FLAGS_interleave)) {
+    // Every configuration built first, then their steps taken in turn: a machine whose speed
+    // drifts (a shared VM: +-15% between minutes on the 2-core Zen 3) slows them alike.
+    std::vector<std::unique_ptr<StepRun>> runs;
+    for (DType dtype : dtypes) {
+      for (bool ckpt : ckpts) runs.push_back(MakeRun(model, batch, seq, threads, dtype, ckpt));
+    }
+    std::printf("\nsteps, the configurations in turn (--interleave):\n");
+    for (int i = 0; i < total_steps; ++i) {
+      for (auto& run : runs) RunOneStep(*run, flops.Useful(), &pool);
+    }
+    for (auto& run : runs) done.push_back({run->dtype, run->checkpointing, Finish(*run)});
+  } else {
+    for (DType dtype : dtypes) {
+      for (bool ckpt : ckpts) {
+        std::unique_ptr<StepRun> run = MakeRun(model, batch, seq, threads, dtype, ckpt);
+        std::printf("\n%s:\n", run->name.c_str());
+        for (int i = 0; i < total_steps; ++i) RunOneStep(*run, flops.Useful(), &pool);
+        done.push_back({dtype, ckpt, Finish(*run)});
+      }
     }
   }
   // The peaks again after the steps: the fractions use the higher of the two measurements.
