@@ -181,34 +181,8 @@ Peaks MeasurePeaks(ThreadPool* pool) {
 
 // --- FLOPs --------------------------------------------------------------------------------------
 
-struct Flops {
-  double linear = 0, head = 0, attention = 0;
-  double Useful() const { return linear + head + attention; }
-};
-
-Flops UsefulFlops(const GptConfig& c, int64_t batch, int64_t seq) {
-  const double n = static_cast<double>(batch) * seq, C = c.hidden, V = c.vocab_size,
-               L = c.num_layers, T = seq;
-  Flops f;
-  f.linear = 6.0 * n * 12.0 * C * C * L;  // c_attn 3C^2, attn.c_proj C^2, c_fc 4C^2, c_proj 4C^2
-  f.head = 6.0 * n * C * V;
-  f.attention = 3.0 * L * batch * 4.0 * T * (T + 1) / 2.0 * C;
-  return f;
-}
-
-Flops UsefulFlops(const ModelConfig& m, int64_t batch, int64_t seq) {
-  if (m.architecture() == ModelArchitecture::kLlama) {
-    const double n = static_cast<double>(batch) * seq, C = m.hidden_size, V = m.vocab_size,
-                 L = m.num_layers, T = seq, Q = m.q_size(), K = m.kv_size(),
-                 I = m.intermediate_size;
-    Flops f;
-    f.linear = 6.0 * n * L * (C * (Q + 2 * K) + Q * C + 3 * C * I);
-    f.head = 6.0 * n * C * V;
-    f.attention = 3.0 * L * batch * 4.0 * T * (T + 1) / 2.0 * Q;
-    return f;
-  }
-  return UsefulFlops(*ToGptConfig(m), batch, seq);
-}
+// Useful FLOPs per step: model/model_config.h's ModelTrainingFlops (the formulas above).
+using Flops = ModelFlops;
 
 // --- 2. Kernel breakdown ------------------------------------------------------------------------
 
@@ -604,7 +578,7 @@ int Main() {
       params += n;
     }
   }
-  const Flops flops = UsefulFlops(model, batch, seq);
+  const Flops flops = ModelTrainingFlops(model, batch, seq);
   std::printf(
       "model %s (%s architecture, %lld parameters), batch %lld x seq %lld; %d threads (model "
       "pool, OpenBLAS, Adam); load average %s\n",
@@ -620,7 +594,7 @@ int Main() {
               std::string(kernels_internal::Bf16GemmBackendName(bf16_backend)).c_str(),
               kernels_internal::OneDnnBf16Description().c_str());
   std::printf("useful GFLOP per step: %.1f (linear %.1f, LM head %.1f, attention %.1f)\n",
-              flops.Useful() / 1e9, flops.linear / 1e9, flops.head / 1e9, flops.attention / 1e9);
+              flops.Total() / 1e9, flops.linear / 1e9, flops.head / 1e9, flops.attention / 1e9);
 
   Peaks peaks = MeasurePeaks(&pool);
   std::printf(
@@ -667,7 +641,7 @@ int Main() {
     }
     std::printf("\nsteps, the configurations in turn (--interleave):\n");
     for (int i = 0; i < total_steps; ++i) {
-      for (auto& run : runs) RunOneStep(*run, flops.Useful(), &pool);
+      for (auto& run : runs) RunOneStep(*run, flops.Total(), &pool);
     }
     for (auto& run : runs) done.push_back({run->dtype, run->checkpointing, Finish(*run)});
   } else {
@@ -675,7 +649,7 @@ int Main() {
       for (bool ckpt : ckpts) {
         std::unique_ptr<StepRun> run = MakeRun(model, batch, seq, threads, dtype, ckpt);
         std::printf("\n%s:\n", run->name.c_str());
-        for (int i = 0; i < total_steps; ++i) RunOneStep(*run, flops.Useful(), &pool);
+        for (int i = 0; i < total_steps; ++i) RunOneStep(*run, flops.Total(), &pool);
         done.push_back({dtype, ckpt, Finish(*run)});
       }
     }
@@ -694,7 +668,7 @@ int Main() {
               "(probe)", "(median)", "vs f32", "CPU s", "(vs f32)");
   for (const Done& d : done) {
     const double peak = d.dtype == DType::kBF16 ? peaks.bf16 : peaks.sgemm;
-    const double g = flops.Useful() / d.r.best_s / 1e9;
+    const double g = flops.Total() / d.r.best_s / 1e9;
     double f32_best = 0, f32_cpu = 0;
     for (const Done& e : done) {
       if (e.dtype == DType::kF32 && e.checkpointing == d.checkpointing) {

@@ -458,6 +458,22 @@ int64_t ModelParameterCount(const ModelConfig& config) {
   return *count;
 }
 
+ModelFlops ModelTrainingFlops(const ModelConfig& c, int64_t batch, int64_t seq_len) {
+  const double n = static_cast<double>(batch) * static_cast<double>(seq_len);
+  const double E = static_cast<double>(c.hidden_size), V = static_cast<double>(c.vocab_size),
+               L = static_cast<double>(c.num_layers), T = static_cast<double>(seq_len),
+               Q = static_cast<double>(c.q_size()), K = static_cast<double>(c.kv_size()),
+               I = static_cast<double>(c.intermediate_size);
+  const double per_layer = c.architecture() == ModelArchitecture::kLlama
+                               ? E * (Q + 2 * K) + Q * E + 3 * E * I
+                               : E * (Q + 2 * K) + Q * E + 2 * E * I;
+  ModelFlops f;
+  f.linear = 6.0 * n * L * per_layer;
+  f.head = 6.0 * n * E * V;
+  f.attention = 3.0 * L * static_cast<double>(batch) * 4.0 * T * (T + 1) / 2.0 * Q;
+  return f;
+}
+
 ModelConfig FromGptConfig(const GptConfig& gpt) {
   ModelConfig c;
   c.name = gpt.name;

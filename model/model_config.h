@@ -192,6 +192,21 @@ std::vector<OperatorSpec> ModelOperators(const ModelConfig& config,
 // REQUIRES: ValidateModelConfig is OK.
 int64_t ModelParameterCount(const ModelConfig& config);
 
+// The useful FLOPs of one training step (forward and backward; a multiply-add counts 2) on `batch`
+// sequences of `seq_len` tokens, the numerator of a model FLOP rate and of MFU:
+//   linear: 6 per weight of the blocks' projections and token (forward 2, backward 4):
+//           gpt2 E(3E) + E^2 + 2 E I per layer, llama E(Q + 2K) + Q E + 3 E I;
+//   head:   6 E V per token (the LM head's product, tied or not);
+//   attention: the causal triangle's QK^T and PV, 4 Q per query-key pair forward, twice that
+//           backward.
+// Not counted: embeddings, norms, activations, softmax, the optimizer (memory-bound work).
+// REQUIRES: ValidateModelConfig is OK, batch >= 1, seq_len >= 1.
+struct ModelFlops {
+  double linear = 0, head = 0, attention = 0;
+  double Total() const { return linear + head + attention; }
+};
+ModelFlops ModelTrainingFlops(const ModelConfig& config, int64_t batch, int64_t seq_len);
+
 // The GPT-2 ModelConfig of a GptConfig: intermediate 4E, layer_norm_epsilon 1e-5, tied, biases,
 // gelu_new (what GptModel computes).
 ModelConfig FromGptConfig(const GptConfig& gpt);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/splitmix64.h"
 #include "base/testing/status_matchers.h"
@@ -155,6 +156,41 @@ TEST(ModelConfigTest, VocabularyMatricesSplitIntoRowBlocks) {
   const std::vector<OperatorSpec> tied_split = ModelOperators(tied, {.vocab_block_rows = 40000});
   EXPECT_EQ(tied_split.size(), ModelOperators(tied).size() + 3);
   EXPECT_EQ(tied_split.back().name, "model.norm");  // the head reuses embed_tokens' blocks
+}
+
+// ModelTrainingFlops against the operators themselves: the linear term is 6 per token times the
+// elements of every 2-D weight outside the vocabulary and position matrices (counted from
+// ModelOperators, not from the formula), the head 6 E V per token, and attention 12 Q per
+// query-key pair of the causal triangle (counted by a loop).
+TEST(ModelConfigTest, TrainingFlopsCountTheOperatorsWeights) {
+  for (const char* preset :
+       {"gpt2", "gpt2-medium", "llama-3.2-1b", "qwen2.5-0.5b", "mistral-7b-v0.3"}) {
+    SCOPED_TRACE(preset);
+    absl::StatusOr<ModelConfig> c = ModelPreset(preset);
+    ASSERT_OK(c.status());
+    double weights = 0;
+    for (const OperatorSpec& op : ModelOperators(*c)) {
+      for (const TensorSpec& t : op.tensors) {
+        const bool vocabulary =
+            absl::StrContains(t.name, "wte") || absl::StrContains(t.name, "wpe") ||
+            absl::StrContains(t.name, "embed_tokens") || absl::StrContains(t.name, "lm_head");
+        if (t.shape.size() != 2 || vocabulary) continue;
+        weights += static_cast<double>(t.shape[0]) * static_cast<double>(t.shape[1]);
+      }
+    }
+    const int64_t batch = 3, seq = 17;
+    double pairs = 0;
+    for (int64_t q = 0; q < seq; ++q) {
+      for (int64_t k = 0; k <= q; ++k) pairs += 1;
+    }
+    const ModelFlops f = ModelTrainingFlops(*c, batch, seq);
+    const double tokens = batch * seq;
+    EXPECT_DOUBLE_EQ(f.linear, 6 * tokens * weights);
+    EXPECT_DOUBLE_EQ(f.head, 6 * tokens * c->hidden_size * c->vocab_size);
+    EXPECT_DOUBLE_EQ(f.attention,
+                     12.0 * c->q_size() * pairs * batch * static_cast<double>(c->num_layers));
+    EXPECT_DOUBLE_EQ(f.Total(), f.linear + f.head + f.attention);
+  }
 }
 
 TEST(ModelConfigTest, GptPresetsMatchGptShapes) {

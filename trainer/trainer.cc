@@ -1372,6 +1372,18 @@ std::string Trainer::Impl::SummaryText() const {
   os << "== summary ==\n";
   os << absl::StrFormat("steps %d..%d in %.1f s; %d tokens, %.0f tokens/s of training\n",
                         s.first_step + 1, s.last_step, s.seconds, s.tokens, s.tokens_per_s);
+  if (s.tokens_per_s > 0 && seq_len_ > 0) {
+    // The model FLOP rate (the numerator of MFU): the useful FLOPs of the tokens trained.
+    const double per_token =
+        ModelTrainingFlops(model_config_, 1, seq_len_).Total() / static_cast<double>(seq_len_);
+    const double rate = per_token * s.tokens_per_s;  // over the training time, as tokens/s
+    os << absl::StrFormat(
+        "model compute %s (%.4g MFLOP per token: linear layers, LM head and causal attention, "
+        "forward and backward; model/model_config.h ModelTrainingFlops)\n",
+        rate >= 1e12 ? absl::StrFormat("%.4g TFLOP/s", rate / 1e12)
+                     : absl::StrFormat("%.4g GFLOP/s", rate / 1e9),
+        per_token / 1e6);
+  }
   os << absl::StrFormat("loss %.4f -> %.4f (mean of the last %d steps %.4f)", s.first_loss,
                         s.last_loss, std::min<int64_t>(10, steps), s.final_mean_loss);
   if (unigram_entropy_.has_value()) {

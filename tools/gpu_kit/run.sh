@@ -241,12 +241,26 @@ if [[ -f "$KIT/torch_gpt2_step.py" ]]; then
   step torch_gpt2_step 120 python3 "$KIT/torch_gpt2_step.py" --batch 8 --seq 1024
 fi
 
+# --- MFU: each GPU training run's model FLOP rate (its summary's "model compute") over the cuBLAS
+# bf16 GEMM peak the PyTorch step probed in this run (absent when either is missing).
+peak_tflops=$(sed -n 's/^cuBLAS bf16 GEMM peak.*: \([0-9.]*\) TFLOP\/s.*/\1/p' \
+  "$WORK/logs/torch_gpt2_step.log" 2>/dev/null | tail -1)
+MFU_LINES=()
+for log in "$WORK"/logs/train_gpu_*.log; do
+  [[ -f "$log" && -n "$peak_tflops" ]] || continue
+  rate=$(sed -n 's/^model compute \([0-9.e+]*\) \([GT]\)FLOP\/s.*/\1 \2/p' "$log" | tail -1)
+  [[ -n "$rate" ]] || continue
+  MFU_LINES+=("$(python3 -c 'import sys; v, unit, peak = float(sys.argv[1]), sys.argv[2], float(sys.argv[3]); t = v / 1000 if unit == "G" else v; print(f"{sys.argv[4]}: {t:.2f} model TFLOP/s = MFU {t / peak:.3f} of the {peak:.1f} TFLOP/s bf16 GEMM peak")' \
+    ${rate} "$peak_tflops" "$(basename "$log" .log)")")
+done
+
 # --- summary -------------------------------------------------------------------------------------
 {
   echo
   echo "step | verdict | time | gtest cases / numbers"
   for r in "${ROWS[@]}"; do echo "$r"; done
   echo
+  for m in "${MFU_LINES[@]}"; do echo "$m"; done
   echo "$failed_steps step(s) not ok; whole run $(($(date +%s) - START)) s"
 } | tee -a "$SUMMARY"
 tar -C "$WORK" -czf "$RESULTS/results.tar.gz" xml logs
