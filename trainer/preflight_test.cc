@@ -145,21 +145,27 @@ TEST(Preflight, Preset1BInBf16Under2GiBKeepsRoomForWhatItsSegmentsStrand) {
   EXPECT_LT(p.host_expected_peak_bytes, p.host_peak_bytes);
 }
 
-// Issue 15: parameters beyond this machine's memory used to abort with std::bad_alloc.
-TEST(Preflight, RefusesAModelBeyondHostMemoryBeforeAllocating) {
+// A config training `model` on one sequence of `seq_len` tokens, chunk size and cap automatic.
+TrainConfig OneSequenceOf(const TrainModelConfig& model, int64_t seq_len) {
   TrainConfig c = DefaultTrainConfig();
-  c.model = TrainModelConfig{};
-  c.model.vocab_size = 50257;
-  c.model.max_seq_len = 1024;
-  c.model.hidden = 16384;
-  c.model.num_layers = 96;
-  c.model.num_heads = 128;
-  c.data.seq_len = 64;
+  c.model = model;
+  c.data.seq_len = seq_len;
   c.train_micro_batch_size_per_gpu = 1;
   c.train_batch_size = 0;
   c.chunk.size_elems = 0;
   c.accelerator.memory_bytes = 0;
-  EXPECT_THAT(Trainer::Create(c).status(),
+  return c;
+}
+
+// Issue 15: parameters beyond this machine's memory used to abort with std::bad_alloc.
+TEST(Preflight, RefusesAModelBeyondHostMemoryBeforeAllocating) {
+  TrainModelConfig m;
+  m.vocab_size = 50257;
+  m.max_seq_len = 1024;
+  m.hidden = 16384;
+  m.num_layers = 96;
+  m.num_heads = 128;
+  EXPECT_THAT(Trainer::Create(OneSequenceOf(m, 64)).status(),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        AllOf(HasSubstr("does not fit in host memory"),
                              HasSubstr("the smallest host memory that fits is"),
@@ -171,16 +177,10 @@ TEST(Preflight, RefusesAModelBeyondHostMemoryBeforeAllocating) {
 // blocks for every chunk-size candidate: minutes and gigabytes (and no answer to SIGINT) before the
 // same refusal. The test's timeout (size small: 60 s) is the guard.
 TEST(Preflight, RefusesAHugeVocabularyAtOnce) {
-  TrainConfig c = DefaultTrainConfig();
-  c.model = TrainModelConfig{};
-  c.model.preset = "tiny";
-  c.model.vocab_size = 1000000000;
-  c.data.seq_len = 16;
-  c.train_micro_batch_size_per_gpu = 1;
-  c.train_batch_size = 0;
-  c.chunk.size_elems = 0;
-  c.accelerator.memory_bytes = 0;
-  EXPECT_THAT(Trainer::Create(c).status(),
+  TrainModelConfig m;
+  m.preset = "tiny";
+  m.vocab_size = 1000000000;
+  EXPECT_THAT(Trainer::Create(OneSequenceOf(m, 16)).status(),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        AllOf(HasSubstr("does not fit in host memory"),
                              HasSubstr("model data alone needs at least"),
