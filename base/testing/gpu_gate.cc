@@ -22,16 +22,16 @@ CudaProbe ClassifyCudaProbe(const CudaAnswers& a) {
   if (a.count_error == kCudaSuccess && a.device_count > 0) {
     probe.device_count = a.device_count;
     probe.description = absl::StrCat(versions, ": ", a.device_count, " CUDA device(s)");
-  } else if (a.count_error == kCudaSuccess || a.count_error == kCudaErrorNoDevice) {
+  } else if (CudaAnswersMeanNoDevice(a.count_error, a.device_count, a.driver_known,
+                                     a.driver_version)) {
     probe.no_device = true;
     probe.description =
-        absl::StrCat(versions, ": no CUDA device (cudaGetDeviceCount: ",
-                     a.count_error == kCudaSuccess ? "0 devices" : a.count_error_name, ")");
-  } else if (a.count_error == kCudaErrorInsufficientDriver && a.driver_known &&
-             a.driver_version == 0) {
-    probe.no_device = true;
-    probe.description = absl::StrCat(
-        versions, ": no CUDA device (no CUDA driver is installed: cudaDriverGetVersion gives 0)");
+        a.count_error == kCudaErrorInsufficientDriver
+            ? absl::StrCat(versions,
+                           ": no CUDA device (no CUDA driver is installed: cudaDriverGetVersion "
+                           "gives 0)")
+            : absl::StrCat(versions, ": no CUDA device (cudaGetDeviceCount: ",
+                           a.count_error == kCudaSuccess ? "0 devices" : a.count_error_name, ")");
   } else {
     probe.error = absl::StrCat("cudaGetDeviceCount failed with ", a.count_error_name, " (",
                                a.count_error_text, ")");

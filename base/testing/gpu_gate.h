@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "base/cuda_device_rule.h"
 #include "gtest/gtest.h"
 
 namespace ps {
@@ -41,9 +42,9 @@ namespace gpu_gate_internal {
 
 // cudaError_t values the classification needs (static_assert-ed against the runtime's in a CUDA
 // build), so the rule is testable in every build.
-inline constexpr int kCudaSuccess = 0;
-inline constexpr int kCudaErrorInsufficientDriver = 35;
-inline constexpr int kCudaErrorNoDevice = 100;
+inline constexpr int kCudaSuccess = kCudaSuccessCode;
+inline constexpr int kCudaErrorInsufficientDriver = kCudaErrorInsufficientDriverCode;
+inline constexpr int kCudaErrorNoDevice = kCudaErrorNoDeviceCode;
 
 // What the CUDA runtime answered to the probe's calls.
 struct CudaAnswers {

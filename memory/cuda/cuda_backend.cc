@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/cuda_device_rule.h"
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "glog/logging.h"
@@ -330,8 +331,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
   const cudaError_t e = cudaGetDeviceCount(&count);
   int driver_version = 0;
   const bool driver_known = cudaDriverGetVersion(&driver_version) == cudaSuccess;
-  const bool no_device = (e == cudaSuccess && count == 0) || e == cudaErrorNoDevice ||
-                         (e == cudaErrorInsufficientDriver && driver_known && driver_version == 0);
+  static_assert(kCudaSuccessCode == cudaSuccess && kCudaErrorNoDeviceCode == cudaErrorNoDevice &&
+                kCudaErrorInsufficientDriverCode == cudaErrorInsufficientDriver);
+  // The rule the GPU tests' gate uses too (base/cuda_device_rule.h).
+  const bool no_device =
+      CudaAnswersMeanNoDevice(static_cast<int>(e), count, driver_known, driver_version);
   if (e != cudaSuccess && !no_device) {
     // A driver older than the runtime, or any other failure to count the devices, is a broken
     // setup, not a machine without a GPU: FailedPrecondition, so nothing reads it as "no GPU".
