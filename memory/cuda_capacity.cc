@@ -32,7 +32,8 @@ absl::StatusOr<int64_t> CudaCapacityFromFree(int64_t requested_bytes, int64_t fr
         absl::StrCat("accelerator memory cap ", FormatBytes(requested_bytes), " is above the ",
                      FormatBytes(usable), " this run can use: ", numbers,
                      ". Lower the cap (accelerator.memory, --accelerator_memory) to at most ",
-                     FormatBytes(usable), ", or leave it unset to use that much"));
+                     // whole MiB, rounded down: a value a person can type that still fits
+                     FormatBytes(usable / kMiB * kMiB), ", or leave it unset to use that much"));
   }
   return requested_bytes;
 }

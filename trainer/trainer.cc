@@ -319,23 +319,17 @@ absl::Status Trainer::Impl::Build() {
     probe.kind = "cuda";
     probe.device_index = device_index_;
     probe.cuda_margin_bytes = CudaMarginBytes(world_ > 1 && DeviceCommunicator());
+    // The configured cap, checked against the free memory minus the margin (the backend refuses
+    // a larger one, naming accelerator.memory and the most that fits: memory/cuda_capacity.h).
+    probe.capacity_bytes = config_.accelerator.memory_bytes;
     absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateBackend(probe);
     if (!cuda.ok()) {
       return absl::Status(cuda.status().code(),
                           absl::StrCat("accelerator.backend \"cuda\": ", cuda.status().message()));
     }
-    // Uncapped, the probe holds what this run can use: free memory minus the margin.
+    // With no cap configured, the probe's capacity is what this run can use: free memory minus
+    // the margin (DefaultAcceleratorBudget plans with it).
     cuda_usable_bytes_ = (*cuda)->capacity_bytes();
-    if (config_.accelerator.memory_bytes > cuda_usable_bytes_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "accelerator.memory (--accelerator_memory) = ",
-          FormatBytes(config_.accelerator.memory_bytes), " is more than cuda device ",
-          device_index_, " can give this run: ", FormatBytes(cuda_usable_bytes_),
-          " (its free memory minus ", FormatBytes(probe.cuda_margin_bytes),
-          " kept for the CUDA runtime, cuBLAS and NCCL, which allocate outside the cap). Use "
-          "--accelerator_memory=",
-          FormatBytes(cuda_usable_bytes_ / kMiB * kMiB), " or less, or leave it unset"));
-    }
     // The GPU's kernel workspaces, for the plan: the model's CudaKernels (CreateKernels with the
     // same defaults) will ask for exactly these.
     absl::StatusOr<std::unique_ptr<KernelWorkspaces>> workspaces =
