@@ -544,13 +544,7 @@ int64_t ModelMinChunkElems(const ModelConfig& config, int64_t row_quantum) {
   one_block.vocab_size = std::min(row_quantum, config.vocab_size);
   int64_t largest = 0;
   for (const OperatorSpec& op : ModelOperators(one_block, {.vocab_block_rows = 0})) {
-    int64_t elems = 0;
-    for (const TensorSpec& t : op.tensors) {
-      int64_t n = 1;
-      for (int64_t d : t.shape) n *= d;
-      elems += n;
-    }
-    largest = std::max(largest, elems);
+    largest = std::max(largest, OperatorNumElems(op));
   }
   return largest;
 }
@@ -561,6 +555,30 @@ namespace {
 ModelConfig PlannedModel(const GptRunPlanOptions& o) {
   return o.model_config.has_value() ? *o.model_config : FromGptConfig(o.config);
 }
+
+// The refusals' pieces: "model NAME (P parameters, DTYPE, micro batch B, seq_len T[, world size
+// W])"; what limits host memory (accelerator.host_memory when `capped`, else what the OS gives);
+// and the advice that ends a host-memory refusal.
+std::string PlannedRunName(const GptRunPlanOptions& o, const ModelConfig& mc) {
+  return absl::StrCat(
+      "model ", mc.name, " (", ModelParameterCount(mc), " parameters, ", DTypeName(o.compute_dtype),
+      ", micro batch ", o.model.batch, ", seq_len ",
+      o.model.seq_len == 0 ? mc.max_position_embeddings : o.model.seq_len,
+      o.world_size > 1 ? absl::StrCat(", world size ", o.world_size) : std::string(), ")");
+}
+
+std::string HostLimit(const GptRunPlanOptions& o, bool capped) {
+  if (capped) {
+    return absl::StrCat("accelerator.host_memory caps the host pools at ",
+                        FormatBytes(*o.host_cap_bytes));
+  }
+  return absl::StrCat("the OS can give this process only ", FormatBytes(o.host_available_bytes),
+                      " more (MemAvailable, or the memory cgroup's limit if lower)");
+}
+
+constexpr char kHostMemoryAdvice[] =
+    ". Use a smaller model, 16-bit precision, more ranks (ZeRO shards the model data), or a "
+    "machine with more memory. Nothing was allocated";
 
 // The plan of one chunk size and budget.
 absl::StatusOr<GptRunPlan> PlanOne(const GptRunPlanOptions& o, int64_t chunk_elems) {
@@ -639,27 +657,17 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
     const double lower_bound =
         model_data / o.world_size -
         (o.accelerator_in_host_memory ? 0.0 : static_cast<double>(o.accelerator_bytes));
-    const int64_t host_limit = o.host_cap_bytes.has_value()
-                                   ? std::min(*o.host_cap_bytes, o.host_available_bytes)
-                                   : o.host_available_bytes;
+    const bool capped = o.host_cap_bytes.has_value() && *o.host_cap_bytes < o.host_available_bytes;
+    const int64_t host_limit = capped ? *o.host_cap_bytes : o.host_available_bytes;
     if (lower_bound > static_cast<double>(host_limit)) {
       const std::string needed = FormatBytes(static_cast<int64_t>(
           std::min(lower_bound, static_cast<double>(std::numeric_limits<int64_t>::max()))));
       return absl::ResourceExhaustedError(absl::StrCat(
-          "model ", mc.name, " (", ModelParameterCount(mc), " parameters, ",
-          DTypeName(o.compute_dtype),
-          o.world_size > 1 ? absl::StrCat(", world size ", o.world_size) : std::string(),
-          ") does not fit in host memory: its model data alone needs at least ", needed,
+          PlannedRunName(o, mc),
+          " does not fit in host memory: its model data alone needs at least ", needed,
           " of host memory (", ModelDataBytesPerParam(o.compute_dtype),
-          " bytes per parameter) but ",
-          host_limit < o.host_available_bytes
-              ? absl::StrCat("accelerator.host_memory caps the host pools at ",
-                             FormatBytes(host_limit))
-              : absl::StrCat("the OS can give this process only ", FormatBytes(host_limit),
-                             " more (MemAvailable, or the memory cgroup's limit if lower)"),
-          "; the smallest host memory that fits is at least ", needed,
-          ". Use a smaller model, 16-bit precision, more ranks (ZeRO shards the model data), or a "
-          "machine with more memory. Nothing was allocated"));
+          " bytes per parameter) but ", HostLimit(o, capped),
+          "; the smallest host memory that fits is at least ", needed, kHostMemoryAdvice));
     }
   }
   const int64_t min_elems = ModelMinChunkElems(mc, o.model.ce_vocab_tile);
@@ -722,22 +730,10 @@ absl::Status CheckGptRunFits(const GptRunPlanOptions& o, const GptRunPlan& run) 
   const MemoryPlan& p = run.plan;
   if (p.fits()) return absl::OkStatus();
   const ModelConfig mc = PlannedModel(o);
-  const std::string what = absl::StrCat(
-      "model ", mc.name, " (", ModelParameterCount(mc), " parameters, ", DTypeName(o.compute_dtype),
-      ", micro batch ", o.model.batch, ", seq_len ",
-      o.model.seq_len == 0 ? mc.max_position_embeddings : o.model.seq_len,
-      o.world_size > 1 ? absl::StrCat(", world size ", o.world_size) : std::string(), ")");
+  const std::string what = PlannedRunName(o, mc);
   if (!p.fits_host) {
-    std::string limit;
-    if (o.host_cap_bytes.has_value() &&
-        p.host_model_data_bytes + p.host_accumulator_bytes > *o.host_cap_bytes) {
-      limit = absl::StrCat("accelerator.host_memory caps the host pools at ",
-                           FormatBytes(*o.host_cap_bytes));
-    } else {
-      limit =
-          absl::StrCat("the OS can give this process only ", FormatBytes(o.host_available_bytes),
-                       " more (MemAvailable, or the memory cgroup's limit if lower)");
-    }
+    const bool capped = o.host_cap_bytes.has_value() &&
+                        p.host_model_data_bytes + p.host_accumulator_bytes > *o.host_cap_bytes;
     return absl::ResourceExhaustedError(absl::StrCat(
         what, " does not fit in host memory: the plan needs ", FormatBytes(p.host_needed_bytes),
         " more host memory (model data ", FormatBytes(p.host_model_data_bytes),
@@ -747,10 +743,8 @@ absl::Status CheckGptRunFits(const GptRunPlanOptions& o, const GptRunPlan& run) 
         p.host_accelerator_bytes > 0
             ? absl::StrCat(", the emulated accelerator ", FormatBytes(p.host_accelerator_bytes))
             : std::string(),
-        ") but ", limit, "; the smallest host memory that fits is ",
-        FormatBytes(p.host_needed_bytes),
-        ". Use a smaller model, 16-bit precision, more ranks (ZeRO shards the model data), or a "
-        "machine with more memory. Nothing was allocated"));
+        ") but ", HostLimit(o, capped), "; the smallest host memory that fits is ",
+        FormatBytes(p.host_needed_bytes), kHostMemoryAdvice));
   }
   // The accelerator: the largest batch that fits this budget, if any.
   std::string batch;
