@@ -24,6 +24,8 @@ using kernels_internal::Bf16GemmBackend;
 using kernels_internal::CheckBlasDim;
 using kernels_internal::CheckElems;
 using kernels_internal::FallbackScratch;
+using kernels_internal::FallbackTileGrads;
+using kernels_internal::FallbackTileLogits;
 using kernels_internal::Gemm;
 using kernels_internal::GemmBf16;
 using kernels_internal::LogitGradTile;
@@ -157,15 +159,13 @@ struct Bf16FallbackGemms {
   ThreadPool* pool;
   absl::Status Logits(int64_t r0, int64_t R, int64_t v0, int64_t Vt, float* z) const {
     WidenBf16(wte + v0 * C, wf, Vt * C, pool);
-    Gemm(false, true, R, Vt, C, 1.0f, hr + r0 * C, C, wf, C, 0.0f, z, Vt, pool);
+    FallbackTileLogits(hr + r0 * C, wf, R, Vt, C, z, pool);
     return absl::OkStatus();
   }
   absl::Status Grads(int64_t r0, int64_t R, int64_t v0, int64_t Vt, const float* dz, float* dh,
                      float* dwte) const {
     WidenBf16(wte + v0 * C, wf, Vt * C, pool);
-    RoundToBf16Values(dz, dzr, R * Vt, pool);
-    Gemm(false, false, R, C, Vt, 1.0f, dzr, Vt, wf, C, 1.0f, dh + r0 * C, C, pool);
-    Gemm(true, false, Vt, C, R, 1.0f, dzr, Vt, hr + r0 * C, C, 1.0f, dwte + v0 * C, C, pool);
+    FallbackTileGrads(hr + r0 * C, wf, dz, dzr, R, Vt, C, dh + r0 * C, dwte + v0 * C, pool);
     return absl::OkStatus();
   }
 };

@@ -32,6 +32,8 @@ using kernels_internal::CheckElems;
 using kernels_internal::CheckPositive;
 using kernels_internal::CheckWorkspace;
 using kernels_internal::FallbackScratch;
+using kernels_internal::FallbackTileGrads;
+using kernels_internal::FallbackTileLogits;
 using kernels_internal::Gemm;
 using kernels_internal::GemmBf16;
 using kernels_internal::NumTasks;
@@ -220,14 +222,12 @@ struct Bf16FallbackTileGemms {
     return absl::OkStatus();
   }
   absl::Status Logits(int64_t r0, int64_t R, int64_t Vt, float* z) const {
-    Gemm(false, true, R, Vt, C, 1.0f, hr + r0 * C, C, wf, C, 0.0f, z, Vt, pool);
+    FallbackTileLogits(hr + r0 * C, wf, R, Vt, C, z, pool);
     return absl::OkStatus();
   }
   absl::Status Grads(int64_t r0, int64_t R, int64_t Vt, const float* dz, float* dh,
                      float* dw) const {
-    RoundToBf16Values(dz, dzr, R * Vt, pool);
-    Gemm(false, false, R, C, Vt, 1.0f, dzr, Vt, wf, C, 1.0f, dh + r0 * C, C, pool);
-    Gemm(true, false, Vt, C, R, 1.0f, dzr, Vt, hr + r0 * C, C, 1.0f, dw, C, pool);
+    FallbackTileGrads(hr + r0 * C, wf, dz, dzr, R, Vt, C, dh + r0 * C, dw, pool);
     return absl::OkStatus();
   }
 };

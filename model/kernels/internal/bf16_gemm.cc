@@ -407,6 +407,18 @@ float* FallbackScratch(int slot, int64_t elems) {
   return buffers[slot].Get(std::max<int64_t>(elems, 1));
 }
 
+void FallbackTileLogits(const float* hr, const float* wf, int64_t R, int64_t Vt, int64_t C,
+                        float* z, ThreadPool* pool) {
+  Gemm(false, true, R, Vt, C, 1.0f, hr, C, wf, C, 0.0f, z, Vt, pool);
+}
+
+void FallbackTileGrads(const float* hr, const float* wf, const float* dz, float* dzr, int64_t R,
+                       int64_t Vt, int64_t C, float* dh, float* dw, ThreadPool* pool) {
+  RoundToBf16Values(dz, dzr, R * Vt, pool);
+  Gemm(false, false, R, C, Vt, 1.0f, dzr, Vt, wf, C, 1.0f, dh, C, pool);
+  Gemm(true, false, Vt, C, R, 1.0f, dzr, Vt, hr, C, 1.0f, dw, C, pool);
+}
+
 bool OneDnnBf16Available() { return OneDnn::Get().available(); }
 const std::string& OneDnnBf16Description() { return OneDnn::Get().description(); }
 

@@ -105,6 +105,17 @@ void WidenBf16(const uint16_t* src, float* dst, int64_t n, ThreadPool* pool);
 inline constexpr int kFallbackScratchSlots = 3;
 float* FallbackScratch(int slot, int64_t elems);
 
+// The LM heads' fallback GEMMs over one tile (lm_head_cross_entropy.cc, vocab_blocks.cc): `hr` is
+// the tile's R rows of h rounded to bf16 values, `wf` its Vt weight rows widened, both with C
+// columns (row-major, packed).
+//   FallbackTileLogits: z[R, Vt] = hr wf^T (packed with row stride Vt).
+//   FallbackTileGrads:  dzr[R, Vt] = dz rounded to bf16 values; dh[R, C] += dzr wf;
+//                       dw[Vt, C] += dzr^T hr.
+void FallbackTileLogits(const float* hr, const float* wf, int64_t R, int64_t Vt, int64_t C,
+                        float* z, ThreadPool* pool);
+void FallbackTileGrads(const float* hr, const float* wf, const float* dz, float* dzr, int64_t R,
+                       int64_t Vt, int64_t C, float* dh, float* dw, ThreadPool* pool);
+
 // Runs the GEMM on the resolved backend; `pool` (may be null) runs the onednn blocks.
 // REQUIRES: m, n, k >= 1; the buffers valid for their extents; C does not overlap A or B.
 // Errors: FailedPrecondition from ResolveBf16GemmBackend; Internal if oneDNN fails (its status
