@@ -11,7 +11,7 @@
 // from here.
 //
 // Thread safety: now_ns may be called from any thread at any time (chunk copies are timed on the
-// copy streams' threads); the steady clock and the fake are safe to.
+// copy streams' threads); both the steady clock and the fake are.
 #ifndef PATRICKSTAR_BASE_CLOCK_H_
 #define PATRICKSTAR_BASE_CLOCK_H_
 
