@@ -21,11 +21,15 @@ T Random(std::mt19937_64& rng) {
 }
 
 TEST(ChunkCounters, EveryFieldTakesPartInTheArithmetic) {
-  // Every field is an int64_t of the flat view: 6 per TransferCounters, and the stages' traffic
-  // plus the scalar counters for ChunkManagerCounters.
-  EXPECT_EQ(FlatCounters<TransferCounters>::kFields, sizeof(TransferCounters) / sizeof(int64_t));
-  EXPECT_EQ(FlatCounters<ChunkManagerCounters>::kFields,
-            sizeof(ChunkManagerCounters) / sizeof(int64_t));
+  // The fields counted by reading the structs in chunk_counters.h, not derived from them: a
+  // field added there must be added here, after checking that the arithmetic and DebugString
+  // cover it. TransferCounters: loads, load_bytes, write_backs, write_back_bytes,
+  // clean_evictions, allocations. ChunkManagerCounters: by_stage (3 stages of 6), prefetches,
+  // prefetch_hits, write_behinds, pressure_reclaims, pressure_evictions, stall_ns,
+  // compute_wait_ns, stream_ordered_waits, all_gathers, all_gather_bytes, reduce_scatters,
+  // reduce_scatter_bytes, remote_releases, comm_ns (14 scalars).
+  EXPECT_EQ(FlatCounters<TransferCounters>::kFields, 6u);
+  EXPECT_EQ(FlatCounters<ChunkManagerCounters>::kFields, 3u * 6u + 14u);
   std::mt19937_64 rng(7);
   for (int trial = 0; trial < 100; ++trial) {
     const ChunkManagerCounters a = Random<ChunkManagerCounters>(rng);

@@ -53,7 +53,7 @@ struct ChunkMoveEvent {
   // The pass whose access caused the move, and its moment (-1 outside an iteration).
   Stage stage = Stage::kForward;
   int64_t moment = -1;
-  // See the file comment. Clock: ChunkManagerOptions::clock_ns.
+  // See the file comment. Clock: ChunkManagerOptions::clock.
   int64_t start_ns = 0;
   int64_t end_ns = 0;
 };

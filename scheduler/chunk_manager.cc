@@ -112,7 +112,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(ChunkStore* s
   ASSIGN_OR_RETURN(manager->engine_, ResidencyEngine::Create(store, backend, accelerator, host,
                                                              {.clean_eviction = o.clean_eviction,
                                                               .compute_stream = o.compute_stream,
-                                                              .clock_ns = o.clock_ns,
+                                                              .clock = o.clock,
                                                               .listener = o.listener},
                                                              &manager->counters_));
   absl::flat_hash_set<int64_t> static_keys;

@@ -105,7 +105,6 @@
 #define PATRICKSTAR_SCHEDULER_CHUNK_MANAGER_H_
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -116,6 +115,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "base/clock.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
@@ -169,8 +169,9 @@ struct ChunkManagerOptions {
   // The stream the caller's accelerator kernels run on, if any (not owned; must outlive the
   // manager). Accesses become stream-ordered: see "Stream order" in the file comment.
   Stream* compute_stream = nullptr;
-  // Monotonic clock for stall times, in nanoseconds; absl::GetCurrentTimeNanos when unset.
-  std::function<int64_t()> clock_ns = nullptr;
+  // Times stalls, compute waits, collectives and chunk events (base/clock.h); clock() hands it
+  // to callers that time around the manager (TrainStep), so all their times share one clock.
+  MonotonicClock clock = kSteadyClock;
   // Evict chunks when the accelerator runs out of memory anyway (see "Pressure" in the file
   // comment).
   bool evict_under_pressure = true;
@@ -295,6 +296,9 @@ class ChunkManager {
   int64_t current_limit_bytes() const { return current_limit_bytes_; }
 
   ChunkManagerCounters counters() const { return counters_; }
+  // ChunkManagerOptions::clock: the clock counters()' times (stall_ns, compute_wait_ns, comm_ns)
+  // and the events' timestamps are read from.
+  MonotonicClock clock() const { return options_.clock; }
   // Counters of each completed iteration (index 0: the warm-up).
   const std::vector<ChunkManagerCounters>& iteration_counters() const {
     return iteration_counters_;

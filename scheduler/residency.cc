@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "chunk/chunk_type.h"
@@ -91,10 +90,6 @@ int64_t ResidencyEngine::StuckBytes(const absl::flat_hash_set<int64_t>& keep) co
 
 // --- Events --------------------------------------------------------------------------------------
 
-int64_t ResidencyEngine::NowNs() const {
-  return options_.clock_ns ? options_.clock_ns() : absl::GetCurrentTimeNanos();
-}
-
 ChunkMoveEvent ResidencyEngine::MoveEvent(ChunkMoveKind kind, const Chunk& chunk,
                                           MoveContext context) const {
   ChunkMoveEvent e;
@@ -110,16 +105,15 @@ absl::Status ResidencyEngine::TimedCopy(Stream& stream, ChunkMoveEvent event,
                                         const std::function<absl::Status()>& enqueue) {
   ChunkEventListener* listener = options_.listener;
   if (listener == nullptr) return enqueue();
-  std::function<int64_t()> clock =
-      options_.clock_ns ? options_.clock_ns : std::function<int64_t()>(absl::GetCurrentTimeNanos);
+  const MonotonicClock clock = options_.clock;
   // Written by the first host function and read by the second, on the same stream thread (a
   // stream runs its work in order), so no synchronization is needed beyond the stream's own.
   auto start_ns = std::make_shared<int64_t>(0);
-  RETURN_IF_ERROR(stream.LaunchHostFunc([start_ns, clock] { *start_ns = clock(); }));
+  RETURN_IF_ERROR(stream.LaunchHostFunc([start_ns, clock] { *start_ns = clock.now_ns(); }));
   RETURN_IF_ERROR(enqueue());
   return stream.LaunchHostFunc([start_ns, clock, listener, event]() mutable {
     event.start_ns = *start_ns;
-    event.end_ns = clock();
+    event.end_ns = clock.now_ns();
     listener->OnChunkMove(event);
   });
 }

@@ -55,6 +55,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/clock.h"
 #include "chunk/chunk.h"
 #include "chunk/chunk_store.h"
 #include "memory/backend.h"
@@ -71,9 +72,8 @@ struct ResidencyOptions {
   bool clean_eviction = true;
   // The caller's compute stream, if any (not owned; must outlive the engine).
   Stream* compute_stream = nullptr;
-  // Monotonic clock for stall times and events, in nanoseconds; absl::GetCurrentTimeNanos when
-  // unset.
-  std::function<int64_t()> clock_ns = nullptr;
+  // Times stalls, collectives and events (base/clock.h).
+  MonotonicClock clock = kSteadyClock;
   // Told about every move and access (not owned; must outlive the engine). Null: nothing is
   // reported and nothing extra is enqueued on the streams.
   ChunkEventListener* listener = nullptr;
@@ -185,7 +185,8 @@ class ResidencyEngine {
 
   // --- Events ---------------------------------------------------------------------------------
 
-  int64_t NowNs() const;
+  // A reading of ResidencyOptions::clock.
+  int64_t NowNs() const { return options_.clock.now_ns(); }
   ChunkEventListener* listener() const { return options_.listener; }
   // Reports an access whose chunks are now resident (requested at `request_ns`).
   void ReportAccess(absl::string_view name, int64_t chunk_index, Stage stage, int64_t moment,

@@ -2,7 +2,7 @@
 // copy, dirty chunks are written back with their bytes, released chunks are allocated, write-behind
 // makes a later eviction clean, prefetch hits are counted once, stuck chunks are never victims,
 // and eviction under memory pressure counts only the chunks it really evicted. A listener sees
-// every move the counters count.
+// every move the counters count; stalls and events are timed on the injected clock.
 #include "scheduler/residency.h"
 
 #include <cstdint>
@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "base/mutex.h"
+#include "base/testing/fake_clock.h"
 #include "base/testing/status_matchers.h"
 #include "base/units.h"
 #include "chunk/chunk.h"
@@ -370,6 +371,34 @@ TEST_F(ResidencyTest, ListenerSeesEveryMoveTheCountersCount) {
   EXPECT_EQ(kinds[static_cast<int>(ChunkMoveKind::kWriteBack)], 1);      // chunk 2
   EXPECT_EQ(kinds[static_cast<int>(ChunkMoveKind::kCleanEviction)], 2);  // 0, and 1 after it
   EXPECT_EQ(kinds[static_cast<int>(ChunkMoveKind::kAllocation)], 1);
+}
+
+// Stalls and every event (copies timed on the streams' threads included) read the injected
+// clock: with a fake that starts at 7 and steps 1000 ns per reading, every time reported is one of
+// its readings, and the stall of the write-back's wait is a whole number of steps.
+TEST_F(ResidencyTest, StallsAndEventsAreTimedOnTheInjectedClock) {
+  constexpr int64_t kStartNs = 7, kStepNs = 1000;
+  FakeClock fake(kStartNs, kStepNs);
+  RecordingListener listener;
+  Build({.clock = fake.clock(), .listener = &listener});
+  for (int64_t i = 0; i < 2; ++i) PutOnHost(i);
+  ASSERT_OK(engine_->Load({0, 1}, kFwd, false));
+  ASSERT_OK(engine_->WaitForCopies({0, 1}));
+  engine_->chunk(1).MarkPayloadWritten();
+  ASSERT_OK(engine_->Evict({0, 1}, kBwd));  // waits for chunk 1's write-back: a stall
+  engine_.reset();                          // waits for the streams: every copy reported
+  const int64_t end_ns = fake.time_ns();
+  auto is_reading = [&](int64_t t) {
+    return t >= kStartNs && t < end_ns && (t - kStartNs) % kStepNs == 0;
+  };
+  const std::vector<ChunkMoveEvent> moves = listener.moves();
+  EXPECT_EQ(moves.size(), 4u);  // 2 loads, a write-back, a clean eviction
+  for (const ChunkMoveEvent& e : moves) {
+    EXPECT_TRUE(is_reading(e.start_ns)) << e.start_ns;
+    EXPECT_TRUE(is_reading(e.end_ns)) << e.end_ns;
+  }
+  EXPECT_GT(counters_.stall_ns, 0);
+  EXPECT_EQ(counters_.stall_ns % kStepNs, 0) << counters_.stall_ns;
 }
 
 }  // namespace

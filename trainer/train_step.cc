@@ -1,10 +1,10 @@
 #include "trainer/train_step.h"
 
-#include <chrono>
 #include <cstdint>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "base/clock.h"
 #include "base/status_macros.h"
 #include "trainer/scheduled_chunk_access.h"
 
@@ -14,21 +14,18 @@ absl::StatusOr<TrainStepResult> TrainStep(GptModel& model, ChunkManager& manager
                                           absl::Span<const int32_t> tokens,
                                           absl::Span<const int32_t> targets, OptimizerCall call) {
   RETURN_IF_ERROR(model.CheckInputs(tokens, targets));
-  using Clock = std::chrono::steady_clock;
-  const auto elapsed_ns = [](Clock::time_point a, Clock::time_point b) {
-    return static_cast<int64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
-  };
-  const Clock::time_point t0 = Clock::now();
+  // The manager's clock, which also times the stalls counted inside each phase.
+  const MonotonicClock clock = manager.clock();
+  const int64_t t0 = clock.now_ns();
   const int64_t stall0 = manager.counters().stall_ns;
   RETURN_IF_ERROR(manager.BeginIteration());
   TrainStepResult result;
-  Clock::time_point t1 = t0;
+  int64_t t1 = t0;
   int64_t stall1 = stall0;
   absl::Status status = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(result.loss,
                      model.ForwardBackward(tokens, targets, adam.loss_scaler().scale()));
-    t1 = Clock::now();
+    t1 = clock.now_ns();
     stall1 = manager.counters().stall_ns;
     ASSIGN_OR_RETURN(AdamPlacement placement, manager.BeginAdam());
     ScheduledChunkAccess access(manager, manager.store(), manager.accelerator_device(),
@@ -43,10 +40,10 @@ absl::StatusOr<TrainStepResult> TrainStep(GptModel& model, ChunkManager& manager
   const absl::Status ended = manager.EndIteration();
   RETURN_IF_ERROR(status);
   RETURN_IF_ERROR(ended);
-  const Clock::time_point t2 = Clock::now();
+  const int64_t t2 = clock.now_ns();
   const int64_t stall2 = manager.counters().stall_ns;
-  result.forward_backward_ns = elapsed_ns(t0, t1);
-  result.optimizer_ns = elapsed_ns(t1, t2);
+  result.forward_backward_ns = t1 - t0;
+  result.optimizer_ns = t2 - t1;
   result.forward_backward_stall_ns = stall1 - stall0;
   result.optimizer_stall_ns = stall2 - stall1;
   return result;

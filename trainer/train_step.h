@@ -40,9 +40,9 @@ struct TrainStepResult {
   // Mean cross-entropy of the batch (before the update, unscaled).
   double loss = 0;
   AdamStepReport adam;
-  // Wall time of the two phases (BeginIteration through backward; BeginAdam through
-  // EndIteration), and the part of each the calling thread spent waiting for chunk copies
-  // (ChunkManagerCounters::stall_ns).
+  // Time of the two phases (BeginIteration through backward; BeginAdam through EndIteration) on
+  // the manager's clock (ChunkManager::clock), and the part of each the calling thread spent
+  // waiting for chunk copies (ChunkManagerCounters::stall_ns, on the same clock).
   int64_t forward_backward_ns = 0;
   int64_t optimizer_ns = 0;
   int64_t forward_backward_stall_ns = 0;

@@ -2,8 +2,8 @@
 // execution with the optimizer step is exact however chunks move, a model overfits one batch in
 // f32, bf16 and f16 (with loss scaling), activation checkpointing trains bit-identically with
 // less memory, a training state written and loaded back continues bit for bit, and the step's
-// own contract (the parameters restored even by a skipped step, phase timings, bad batches
-// refused before the iteration opens, the iteration ended after an error).
+// own contract (the parameters restored even by a skipped step, phase timings on the manager's
+// clock, bad batches refused before the iteration opens, the iteration ended after an error).
 #include "trainer/train_step.h"
 
 #include <atomic>
@@ -21,7 +21,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "base/clock.h"
 #include "base/status_macros.h"
+#include "base/testing/fake_clock.h"
 #include "base/testing/status_matchers.h"
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
@@ -85,6 +87,8 @@ struct RigOptions {
   // wiring: operators are released in stream order, the host runs ahead); otherwise the model
   // creates its own, and the host waits for it at each Release.
   bool shared_compute_stream = false;
+  // ChunkManagerOptions::clock.
+  MonotonicClock clock = kSteadyClock;
 };
 
 // Everything one model needs, destroyed in the right order (the store before the memories).
@@ -115,6 +119,7 @@ absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const GptConfig& config, const RigO
   ChunkManagerOptions manager_options;
   manager_options.device_budget_bytes = o.budget_bytes;
   manager_options.warmup_chunk_fraction = o.warmup_chunk_fraction;
+  manager_options.clock = o.clock;
   GptModelOptions model_options = o.model;
   if (o.shared_compute_stream) {
     ASSIGN_OR_RETURN(rig->compute_stream, rig->backend->CreateStream());
@@ -548,6 +553,44 @@ TEST(TrainStep, RestoresParametersAndTimesItsPhases) {
       step, TrainStep(*rig->model, *rig->manager, *rig->adam, batch.tokens, batch.targets));
   EXPECT_TRUE(step.adam.skipped);
   EXPECT_THAT(rig->model->Evaluate(batch.tokens, batch.targets), IsOkAndHolds(after));
+}
+
+// The phases are timed on the manager's clock, as are the stalls counted inside them. With a fake
+// clock that steps at every reading, the step's first reading (before BeginIteration) and its
+// last (after EndIteration) span every reading the step and the manager made, so the two phases
+// add up to exactly (readings - 1) steps; a phase timed on any other clock would not.
+TEST(TrainStep, TimesItsPhasesOnTheManagersClock) {
+  constexpr int64_t kStepNs = 1000;
+  FakeClock fake(/*start_ns=*/int64_t{1} << 40, kStepNs);
+  const GptConfig config = SmallConfig();
+  RigOptions o;
+  o.clock = fake.clock();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(config, o));
+  ASSERT_OK(rig->model->InitializeParameters(1));
+  const Batch batch = RandomBatch(config, 2, 16, 1);
+  for (int iteration = 0; iteration < 2; ++iteration) {  // the warm-up, then a planned one
+    SCOPED_TRACE(iteration);
+    const int64_t reads_before = fake.reads();
+    const int64_t stall_before = rig->manager->counters().stall_ns;
+    ASSERT_OK_AND_ASSIGN(TrainStepResult step, TrainStep(*rig->model, *rig->manager, *rig->adam,
+                                                         batch.tokens, batch.targets));
+    const int64_t readings = fake.reads() - reads_before;
+    EXPECT_EQ(step.forward_backward_ns + step.optimizer_ns, (readings - 1) * kStepNs);
+    for (const int64_t ns : {step.forward_backward_ns, step.optimizer_ns}) {
+      EXPECT_GE(ns, kStepNs);
+      EXPECT_EQ(ns % kStepNs, 0) << ns;
+    }
+    for (const int64_t ns : {step.forward_backward_stall_ns, step.optimizer_stall_ns}) {
+      EXPECT_EQ(ns % kStepNs, 0) << ns;
+    }
+    EXPECT_LE(step.forward_backward_stall_ns, step.forward_backward_ns);
+    EXPECT_LE(step.optimizer_stall_ns, step.optimizer_ns);
+    EXPECT_EQ(step.forward_backward_stall_ns + step.optimizer_stall_ns,
+              rig->manager->counters().stall_ns - stall_before);
+  }
+  // The chunks were loaded on the host's watch (no compute stream given: the host waits for each
+  // load), so stalls were counted, in fake steps.
+  EXPECT_GT(rig->manager->counters().stall_ns, 0);
 }
 
 // A batch the model would refuse is refused before the iteration opens: nothing is accessed, no

@@ -33,9 +33,7 @@ using ::ps::kernel_testing::ExpectGradientMatchesFiniteDifferences;
 using ::ps::kernel_testing::RandomVector;
 using ::testing::HasSubstr;
 
-class MatmulTest : public ::testing::Test {};
-
-TEST_F(MatmulTest, ForwardAndBackwardMatchNaiveLoops) {
+TEST(MatmulTest, ForwardAndBackwardMatchNaiveLoops) {
   TestRng gen(1);  // fixed seed: reproducible failures
   ThreadPool pool(3);
   for (const MatmulShape s :
@@ -71,7 +69,7 @@ TEST_F(MatmulTest, ForwardAndBackwardMatchNaiveLoops) {
   }
 }
 
-TEST_F(MatmulTest, GradientMatchesFiniteDifferencesInDouble) {
+TEST(MatmulTest, GradientMatchesFiniteDifferencesInDouble) {
   TestRng gen(2);  // fixed seed: reproducible failures
   const MatmulShape s{4, 5, 7};
   std::vector<double> x = RandomVector<double>(gen, 20), w = RandomVector<double>(gen, 35),
@@ -90,7 +88,7 @@ TEST_F(MatmulTest, GradientMatchesFiniteDifferencesInDouble) {
   ExpectGradientMatchesFiniteDifferences(b, db, loss, "db", 1e-8, 1e-7, 1000);
 }
 
-TEST_F(MatmulTest, ResultsDoNotDependOnPoolThreads) {
+TEST(MatmulTest, ResultsDoNotDependOnPoolThreads) {
   TestRng gen(3);  // fixed seed: reproducible failures
   const MatmulShape s{300, 8, 200};
   const std::vector<float> x = RandomVector<float>(gen, 2400), w = RandomVector<float>(gen, 1600),
@@ -231,7 +229,7 @@ TEST(MatmulBf16Errors, RejectsSmallWorkspacesAndBadSizes) {
   EXPECT_EQ(MatmulBf16ForwardWorkspaceElems({3, 3, 1}), 5);  // 9 bf16 values in 5 floats
 }
 
-TEST_F(MatmulTest, RejectsBadShapes) {
+TEST(MatmulTest, RejectsBadShapes) {
   std::vector<float> x(6), w(12), b(4), y(8);
   EXPECT_THAT(MatmulForward<float>({2, 3, 4}, x, w, absl::MakeSpan(b).subspan(1), absl::MakeSpan(y),
                                    nullptr),

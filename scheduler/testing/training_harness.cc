@@ -1,10 +1,13 @@
 #include "scheduler/testing/training_harness.h"
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "base/clock.h"
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "chunk/operator_spec.h"
@@ -246,7 +249,8 @@ absl::Status TrainingHarness::RunAdam(bool on_accelerator) {
 }
 
 absl::Status TrainingHarness::RunIteration(const HarnessProgram& program) {
-  const absl::Time start = absl::Now();
+  const MonotonicClock clock = manager_->clock();
+  const int64_t start_ns = clock.now_ns();
   RETURN_IF_ERROR(manager_->BeginIteration());
   for (size_t s = 0; s < program.steps.size(); ++s) {
     absl::Status status = RunStep(program.steps[s]);
@@ -258,7 +262,7 @@ absl::Status TrainingHarness::RunIteration(const HarnessProgram& program) {
   }
   if (program.adam) RETURN_IF_ERROR(RunAdam(program.adam_on_accelerator));
   RETURN_IF_ERROR(manager_->EndIteration());
-  iteration_times_.push_back(absl::Now() - start);
+  iteration_times_.push_back(absl::Nanoseconds(clock.now_ns() - start_ns));
   return absl::OkStatus();
 }
 

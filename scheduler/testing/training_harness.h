@@ -107,7 +107,7 @@ class TrainingHarness {
   int64_t verified_tensors() const { return verified_tensors_; }
   // Highest resident bytes seen.
   int64_t peak_resident_bytes() const { return peak_resident_bytes_; }
-  // Wall time of each iteration run.
+  // Time of each iteration run, on the manager's clock (ChunkManager::clock).
   const std::vector<absl::Duration>& iteration_times() const { return iteration_times_; }
 
  private:

@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "base/clock.h"
 #include "glog/logging.h"
 #include "trainer/io/internal/json_string.h"
 
@@ -27,7 +27,7 @@ constexpr absl::string_view kRegionTrackName = "regions";
 
 std::function<int64_t()> ClockOrDefault(std::function<int64_t()> clock) {
   if (clock) return clock;
-  return [] { return absl::GetCurrentTimeNanos(); };
+  return kSteadyClock.now_ns;
 }
 
 }  // namespace

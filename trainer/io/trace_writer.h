@@ -141,7 +141,8 @@ struct TraceWriterOptions {
   std::string process_name = "patrickstar_cc";
   int pid = 0;
   // The time source in nanoseconds; timestamps passed to the writer must come from it.
-  // Default (empty): absl::GetCurrentTimeNanos.
+  // Default (empty): the steady clock (base/clock.h), which is also the ChunkManager's default:
+  // the trainer's profiler writes the manager's chunk-event timestamps here.
   std::function<int64_t()> clock_ns;
   // Write the buffer after this many events, or when this long has passed since the last write.
   // REQUIRES: flush_every_events >= 1, flush_interval_ms >= 0.
