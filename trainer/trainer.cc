@@ -66,6 +66,7 @@
 #include "trainer/data/data_loader.h"
 #include "trainer/data/synthetic_corpus.h"
 #include "trainer/data/token_file.h"
+#include "trainer/evaluation.h"
 #include "trainer/internal/train_run.h"
 #include "trainer/io/checkpoint_dir.h"
 #include "trainer/io/metrics_writer.h"
@@ -183,7 +184,6 @@ bool ExportsHfDirectory(const TrainRun& run);
 absl::Status Export(TrainRun& run, const std::string& path);
 absl::Status Step(TrainRun& run, StepMetrics& m);
 absl::Status CheckF16ParametersFinite(TrainRun& run, int64_t step);
-absl::StatusOr<double> EvaluateValidation(TrainRun& run);
 absl::Status SaveCheckpoint(TrainRun& run);
 void WriteMetrics(const TrainRun& run, const StepMetrics& m);
 absl::Status WireRun(TrainRun& run);
@@ -945,22 +945,6 @@ absl::Status CheckF16ParametersFinite(TrainRun& run, int64_t step) {
       "checkpoint is written for this step. Lower the learning rate (optimizer.params.lr), enable "
       "gradient clipping (gradient_clipping, e.g. 1.0), or train in bf16 (bf16.enabled), whose "
       "range is f32's"));
-}
-
-absl::StatusOr<double> EvaluateValidation(TrainRun& run) {
-  const int64_t batches =
-      std::min(run.config.data.eval_batches, run.val_loader->batches_per_epoch());
-  double sum = 0;
-  for (int64_t b = 0; b < batches; ++b) {
-    DataCursor cursor;
-    cursor.epoch = 0;
-    cursor.batch_in_epoch = b;
-    RETURN_IF_ERROR(
-        run.val_loader->BatchAt(cursor, absl::MakeSpan(run.tokens), absl::MakeSpan(run.targets)));
-    ASSIGN_OR_RETURN(const double loss, run.model->Evaluate(run.tokens, run.targets));
-    sum += loss;
-  }
-  return run.MeanOverRanks(sum / static_cast<double>(std::max<int64_t>(batches, 1)));
 }
 
 absl::Status SaveCheckpoint(TrainRun& run) {
