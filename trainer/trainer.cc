@@ -74,6 +74,7 @@
 #include "trainer/io/trace_writer.h"
 #include "trainer/model_resolution.h"
 #include "trainer/profiler.h"
+#include "trainer/run_checkpoints.h"
 #include "trainer/run_data.h"
 #include "trainer/run_plan.h"
 #include "trainer/train_step.h"
@@ -85,20 +86,18 @@
 namespace ps {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // What the process has used so far (every thread): wall clock, CPU time, page faults. Differences
 // around each step go into the summary (issue #24: the emulated accelerator once spent more
 // system time than user time faulting in freshly mapped pages).
 struct ProcessUsage {
-  Clock::time_point wall;
+  trainer_internal::RunClock::time_point wall;
   double user_s = 0, system_s = 0;
   int64_t minor_faults = 0, major_faults = 0;
 };
 
 ProcessUsage ReadProcessUsage() {
   ProcessUsage u;
-  u.wall = Clock::now();
+  u.wall = trainer_internal::RunClock::now();
   struct rusage r {};
   if (getrusage(RUSAGE_SELF, &r) == 0) {
     u.user_s = static_cast<double>(r.ru_utime.tv_sec) + 1e-6 * r.ru_utime.tv_usec;
@@ -107,10 +106,6 @@ ProcessUsage ReadProcessUsage() {
     u.major_faults = r.ru_majflt;
   }
   return u;
-}
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
 }
 
 int ResolveThreads(int configured) {
@@ -155,11 +150,9 @@ namespace trainer_internal {
 absl::Status CheckPaths(const TrainRun& run);
 absl::Status InitializeWeights(TrainRun& run);
 absl::Status BroadcastFromOwner(TrainRun& run, std::vector<float>& values, int owner);
-absl::Status Resume(TrainRun& run);
 absl::Status Export(TrainRun& run, const std::string& path);
 absl::Status Step(TrainRun& run, StepMetrics& m);
 absl::Status CheckF16ParametersFinite(TrainRun& run, int64_t step);
-absl::Status SaveCheckpoint(TrainRun& run);
 void WriteMetrics(const TrainRun& run, const StepMetrics& m);
 absl::Status WireRun(TrainRun& run);
 absl::Status RunTraining(TrainRun& run);
@@ -468,59 +461,6 @@ absl::Status BroadcastFromOwner(TrainRun& run, std::vector<float>& values, int o
   return s;
 }
 
-absl::Status Resume(TrainRun& run) {
-  const std::string root = RankCheckpointRoot(run.config.checkpoint.dir, run.rank);
-  absl::StatusOr<std::string> latest = LatestTrainingCheckpoint(root);
-  std::string dir;
-  if (run.collectives == nullptr) {
-    ASSIGN_OR_RETURN(dir, std::move(latest));
-  } else {
-    // Agree on the newest step every rank has (-1: none, -2: unreadable), so that either every
-    // rank resumes from the same step or every rank fails.
-    int64_t step = -1;
-    if (latest.ok()) {
-      ASSIGN_OR_RETURN(std::vector<CheckpointRef> refs, ListCheckpoints(root));
-      step = refs.empty() ? -1 : refs.back().step;
-    } else if (!absl::IsNotFound(latest.status())) {
-      step = -2;
-    }
-    ASSIGN_OR_RETURN(std::vector<int64_t> steps, run.collectives->AllGatherInt64(step));
-    for (int r = 0; r < run.world; ++r) {
-      if (steps[r] < 0) {
-        if (r == run.rank && !latest.ok()) return latest.status();
-        return absl::FailedPreconditionError(absl::StrCat(
-            "cannot resume: rank ", r, " of ", run.world, " has no readable checkpoint under '",
-            RankCheckpointRoot(run.config.checkpoint.dir, r),
-            "' (checkpoints of a ZeRO run are per rank; resume with the world size that wrote "
-            "them)"));
-      }
-    }
-    const int64_t common = *std::min_element(steps.begin(), steps.end());
-    ASSIGN_OR_RETURN(dir, TrainingCheckpointAtStep(root, common));
-  }
-  ASSIGN_OR_RETURN(TrainingCheckpointState state,
-                   ReadTrainingCheckpoint(dir, run.Identity(), run.model.get()));
-  run.adam->set_step(state.adam_step);
-  run.adam->set_consecutive_skipped_steps(state.consecutive_skipped_steps);
-  // The state's values were read from the checkpoint's manifest: an error names it.
-  const auto in_manifest = [&dir](absl::Status s) {
-    if (s.ok()) return s;
-    return absl::Status(s.code(),
-                        absl::StrCat("checkpoint ", dir, "/manifest.json: ", s.message()));
-  };
-  RETURN_IF_ERROR(in_manifest(run.adam->loss_scaler().Restore(state.loss_scaler)));
-  RETURN_IF_ERROR(in_manifest(run.train_loader->Seek(state.data_cursor)));
-  run.step = state.step;
-  run.last_loss = state.last_loss;
-  if (run.out() != nullptr) {
-    *run.out() << "resumed from " << dir << " at step " << run.step << " (data "
-               << DataCursorString(state.data_cursor) << ")"
-               << (run.world > 1 ? absl::StrCat(", with every rank's checkpoint of that step") : "")
-               << "\n";
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Export(TrainRun& run, const std::string& path) {
   HfExportOptions hf_options;
   if (run.hf.has_value()) hf_options.base_config_json = run.hf->config_json();
@@ -728,31 +668,6 @@ absl::Status CheckF16ParametersFinite(TrainRun& run, int64_t step) {
       "range is f32's"));
 }
 
-absl::Status SaveCheckpoint(TrainRun& run) {
-  const Clock::time_point t0 = Clock::now();
-  const int64_t trace_t0 = run.trace != nullptr ? run.trace->NowNs() : 0;
-  TrainingCheckpointState state;
-  state.step = run.step;
-  state.adam_step = run.adam->step();
-  state.loss_scaler = run.adam->loss_scaler().state();
-  state.data_cursor = run.train_loader->cursor();
-  state.last_loss = run.last_loss;
-  state.consecutive_skipped_steps = run.adam->consecutive_skipped_steps();
-  state.identity = run.Identity();
-  state.config_json = TrainConfigToJson(run.config);
-  ASSIGN_OR_RETURN(const std::string dir,
-                   WriteTrainingCheckpoint(RankCheckpointRoot(run.config.checkpoint.dir, run.rank),
-                                           run.config.checkpoint.keep_last, state, *run.model));
-  run.summary.checkpoints_written.push_back(dir);
-  run.summary.checkpoint_s += Seconds(t0, Clock::now());
-  if (run.trace != nullptr) {
-    run.trace->Complete(run.steps_track, "checkpoint", "checkpoint", trace_t0,
-                        run.trace->NowNs() - trace_t0, {{"step", run.step}, {"dir", dir}});
-  }
-  if (run.out() != nullptr) *run.out() << "checkpoint: " << dir << "\n";
-  return absl::OkStatus();
-}
-
 void WriteMetrics(const TrainRun& run, const StepMetrics& m) {
   if (run.metrics == nullptr) return;
   nlohmann::json j;
@@ -785,15 +700,15 @@ void WriteMetrics(const TrainRun& run, const StepMetrics& m) {
 absl::Status RunTraining(TrainRun& run) {
   PrintHeader(run);
   run.summary.first_step = run.step;
-  const Clock::time_point start = Clock::now();
+  const RunClock::time_point start = RunClock::now();
   const int64_t eval_every = run.config.data.eval_every;
   // data.eval_every 0: never validate.
   const bool validates = run.val_loader.has_value() && eval_every > 0;
   absl::Status status = [&]() -> absl::Status {
     if (validates) {
-      const Clock::time_point e0 = Clock::now();
+      const RunClock::time_point e0 = RunClock::now();
       ASSIGN_OR_RETURN(const double v, EvaluateValidation(run));
-      run.summary.eval_s += Seconds(e0, Clock::now());
+      run.summary.eval_s += Seconds(e0, RunClock::now());
       run.summary.first_val_loss = v;
       if (run.out() != nullptr) {
         *run.out() << absl::StrFormat("step %5d validation loss %.4f\n", run.step, v);
@@ -813,10 +728,10 @@ absl::Status RunTraining(TrainRun& run) {
       ASSIGN_OR_RETURN(const bool stop,
                        run.AnyRank(run.env.stop_requested && run.env.stop_requested()));
       if (validates && (run.step % eval_every == 0 || last || stop)) {
-        const Clock::time_point e0 = Clock::now();
+        const RunClock::time_point e0 = RunClock::now();
         const int64_t trace_e0 = run.trace != nullptr ? run.trace->NowNs() : 0;
         ASSIGN_OR_RETURN(const double v, EvaluateValidation(run));
-        run.summary.eval_s += Seconds(e0, Clock::now());
+        run.summary.eval_s += Seconds(e0, RunClock::now());
         if (run.trace != nullptr) {
           run.trace->Complete(run.steps_track, "validation", "eval", trace_e0,
                               run.trace->NowNs() - trace_e0, {{"val_loss", v}});
@@ -856,7 +771,7 @@ absl::Status RunTraining(TrainRun& run) {
     }
     return absl::OkStatus();
   }();
-  run.summary.seconds = Seconds(start, Clock::now());
+  run.summary.seconds = Seconds(start, RunClock::now());
   run.summary.last_step = run.step;
   if (!run.history.empty()) {
     run.summary.first_loss = run.history.front().loss;

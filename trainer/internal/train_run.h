@@ -17,6 +17,7 @@
 #ifndef PATRICKSTAR_TRAINER_INTERNAL_TRAIN_RUN_H_
 #define PATRICKSTAR_TRAINER_INTERNAL_TRAIN_RUN_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -55,6 +56,15 @@
 
 namespace ps {
 namespace trainer_internal {
+
+// The clock of the summary's wall times (TrainSummary::seconds, eval_s, checkpoint_s,
+// steps_wall_s).
+using RunClock = std::chrono::steady_clock;
+
+// Seconds from `a` to `b`.
+inline double Seconds(RunClock::time_point a, RunClock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 struct TrainRun {
   TrainRun(const TrainConfig& config, TrainerEnvironment env)
