@@ -28,7 +28,6 @@
 
 namespace ps {
 namespace trainer_internal {
-
 namespace {
 
 // Broadcasts `values` from `owner` to every rank (in place), through a device tile when the

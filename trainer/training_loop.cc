@@ -34,7 +34,6 @@
 
 namespace ps {
 namespace trainer_internal {
-
 namespace {
 
 // What the process has used so far (every thread): wall clock, CPU time, page faults. Differences
