@@ -18,6 +18,7 @@
 #include "model/model_config.h"
 #include "optimizer/grad_accumulator.h"
 #include "trainer/config.h"
+#include "trainer/model_resolution.h"
 
 namespace ps {
 namespace trainer_internal {
@@ -105,9 +106,30 @@ void PrintProgress(const TrainRun& run, const StepMetrics& m) {
       FormatBytes(m.accelerator_peak_model_bytes), FormatBytes(m.accelerator_peak_non_model_bytes),
       FormatBytes(m.loaded_bytes + m.written_back_bytes), m.warmup ? " (warm-up)" : "",
       m.skipped ? " (skipped: overflow)" : "");
-  if (m.val_loss.has_value()) {
-    *run.out() << absl::StrFormat("step %5d validation loss %.4f\n", m.step, *m.val_loss);
-  }
+  if (m.val_loss.has_value()) PrintValidationLoss(run, m.step, *m.val_loss);
+}
+
+void PrintValidationLoss(const TrainRun& run, int64_t step, double loss) {
+  if (run.out() == nullptr) return;
+  *run.out() << absl::StrFormat("step %5d validation loss %.4f\n", step, loss);
+}
+
+void PrintStopped(const TrainRun& run) {
+  if (run.out() == nullptr) return;
+  *run.out() << "stop requested: stopped after step " << run.step << "\n";
+}
+
+void PrintExported(const TrainRun& run) {
+  if (run.out() == nullptr) return;
+  *run.out() << "exported Hugging Face "
+             << (ExportsHfDirectory(run)
+                     ? absl::StrCat(ModelFamilyName(run.model_config.family), " model directory")
+                     : std::string("GPT-2 weights"))
+             << " to " << run.config.checkpoint.export_path << "\n";
+}
+
+void PrintSummary(const TrainRun& run) {
+  if (run.out() != nullptr && !run.history.empty()) *run.out() << SummaryText(run);
 }
 
 std::string SummaryText(const TrainRun& run) {

@@ -22,13 +22,11 @@
 #include "memory/dtype.h"
 #include "memory/dtype_math.h"
 #include "memory/memory_tracker.h"
-#include "model/model_config.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/chunk_manager.h"
 #include "trainer/console.h"
 #include "trainer/evaluation.h"
 #include "trainer/export.h"
-#include "trainer/model_resolution.h"
 #include "trainer/run_checkpoints.h"
 #include "trainer/train_step.h"
 
@@ -280,9 +278,7 @@ absl::Status RunTraining(TrainRun& run) {
       ASSIGN_OR_RETURN(const double v, EvaluateValidation(run));
       run.summary.eval_s += Seconds(e0, RunClock::now());
       run.summary.first_val_loss = v;
-      if (run.out() != nullptr) {
-        *run.out() << absl::StrFormat("step %5d validation loss %.4f\n", run.step, v);
-      }
+      PrintValidationLoss(run, run.step, v);
     }
     while (run.step < run.config.steps) {
       StepMetrics m;
@@ -322,28 +318,19 @@ absl::Status RunTraining(TrainRun& run) {
       if (checkpoint_due) RETURN_IF_ERROR(SaveCheckpoint(run));
       if (stop && !last) {
         run.summary.stopped_by_request = true;
-        if (run.out() != nullptr) {
-          *run.out() << "stop requested: stopped after step " << run.step << "\n";
-        }
+        PrintStopped(run);
         break;
       }
     }
     if (!run.config.checkpoint.export_path.empty()) {
       RETURN_IF_ERROR(Export(run, run.config.checkpoint.export_path));
-      if (run.out() != nullptr) {
-        *run.out() << "exported Hugging Face "
-                   << (ExportsHfDirectory(run)
-                           ? absl::StrCat(ModelFamilyName(run.model_config.family),
-                                          " model directory")
-                           : std::string("GPT-2 weights"))
-                   << " to " << run.config.checkpoint.export_path << "\n";
-      }
+      PrintExported(run);
     }
     return absl::OkStatus();
   }();
   run.summary.seconds = Seconds(start, RunClock::now());
   FinishSummary(run);
-  if (run.out() != nullptr && !run.history.empty()) *run.out() << SummaryText(run);
+  PrintSummary(run);
   status.Update(run.CloseOutputs());
   return status;
 }
