@@ -1,17 +1,21 @@
 // TrainRun: the state of one training run, shared by the parts of the Trainer (trainer/trainer.h).
 //
-// The Trainer is a thin façade over a TrainRun and the files that work on it, one concern each:
-//   trainer/run_wiring.h      builds the run from its config: backends, memories, chunks, manager,
-//                             model, optimizer, outputs (Trainer::Create);
+// The Trainer (trainer/trainer.cc) is a thin façade over a TrainRun and the files that work on
+// it, one concern each:
+//   trainer/run_wiring.h        builds the run from its config in named steps: backends,
+//                               memories, chunks, manager, model, optimizer, outputs
+//                               (Trainer::Create);
 //   trainer/model_resolution.h  the model: the model section or a Hugging Face directory;
-//   trainer/run_plan.h        the pre-flight memory plan and what it reserves on the accelerator;
-//   trainer/run_data.h        the training and validation data and their loaders;
-//   trainer/run_checkpoints.h training checkpoints: resume, save;
-//   trainer/training_loop.h   the step loop (Trainer::Run): micro-batches, metrics, the summary;
-//   trainer/evaluation.h      the validation loss;
-//   trainer/export.h          checkpoint.export at the end (gathered to rank 0 under ZeRO);
-//   trainer/console.h         the console: header, progress lines, the summary text.
-// Internal to //trainer:trainer; nothing outside the package includes it.
+//   trainer/run_plan.h          the pre-flight memory plan and what it reserves on the
+//                               accelerator;
+//   trainer/run_data.h          the training and validation data and their loaders;
+//   trainer/run_checkpoints.h   training checkpoints: resume, save;
+//   trainer/training_loop.h     the step loop (Trainer::Run): micro-batches, metrics lines, the
+//                               summary's numbers;
+//   trainer/evaluation.h        the validation loss;
+//   trainer/export.h            checkpoint.export at the end (gathered to rank 0 under ZeRO);
+//   trainer/console.h           the console: header, progress lines, the summary text.
+// Private to //trainer:trainer (listed in its srcs): no other target can include it.
 //
 // Thread safety: thread-compatible; one thread owns a TrainRun.
 #ifndef PATRICKSTAR_TRAINER_INTERNAL_TRAIN_RUN_H_
