@@ -1,0 +1,217 @@
+#include "trainer/console.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/simd_targets.h"
+#include "base/units.h"
+#include "chunk/chunk_layout.h"
+#include "chunk/chunk_type.h"
+#include "memory/dtype.h"
+#include "model/kernels/internal/bf16_gemm.h"
+#include "model/kernels/internal/blas.h"
+#include "model/model_config.h"
+#include "optimizer/grad_accumulator.h"
+#include "trainer/config.h"
+#include "trainer/model_resolution.h"
+
+namespace ps {
+namespace trainer_internal {
+
+void PrintHeader(const TrainRun& run) {
+  if (run.out() == nullptr) return;
+  const ChunkLayout& layout = run.store->layout();
+  const int64_t params = ModelParameterCount(run.model_config);
+  const int64_t model_data = params * ModelDataBytesPerParam(run.dtype);
+  *run.out() << absl::StrFormat(
+      "model %s: %d layers, %d heads, hidden %d, vocab %d, %.2fM parameters, %s of model data "
+      "(%s)\n",
+      run.gpt.name, run.gpt.num_layers, run.gpt.num_heads, run.gpt.hidden, run.gpt.vocab_size,
+      params / 1e6, FormatBytes(model_data), DTypeName(run.dtype));
+  *run.out() << absl::StrFormat(
+      "chunks: %d per type (param, master, momentum, variance) of %d elements (%s) (%s)\n",
+      layout.num_chunks(), run.chunk_elems, FormatBytes(run.chunk_elems * 4), run.chunk_size_note);
+  *run.out() << absl::StrFormat(
+      "accelerator: %s, cap %s%s; host memory %s\n", run.backend->name(),
+      FormatBytes(run.backend->capacity_bytes()),
+      run.config.accelerator.copy_bandwidth_bytes_per_s > 0
+          ? absl::StrCat(", link ",
+                         FormatBytes(static_cast<int64_t>(
+                             run.config.accelerator.copy_bandwidth_bytes_per_s)),
+                         "/s")
+          : std::string(),
+      run.config.accelerator.host_memory_bytes > 0
+          ? absl::StrCat("cap ", FormatBytes(run.config.accelerator.host_memory_bytes))
+          : std::string("uncapped"));
+  if (run.config.accelerator.kind != AcceleratorKind::kCuda) {
+    // What the CPU kernels dispatch to on this machine: losses are bit-identical run to run and
+    // for any `threads` on one CPU kind, and differ in the last bits between kinds.
+    std::string bf16;
+    if (run.dtype == DType::kBF16) {
+      kernels_internal::Bf16GemmBackend backend;
+      const absl::Status s = kernels_internal::ResolveBf16GemmBackend(&backend);
+      bf16 = s.ok() ? absl::StrCat("; bf16 GEMMs: ", kernels_internal::Bf16GemmBackendName(backend),
+                                   " (", kernels_internal::OneDnnBf16Description(), ")")
+                    : absl::StrCat("; bf16 GEMMs: ", s.message());
+    }
+    *run.out() << absl::StrFormat("cpu kernels: SIMD %s; OpenBLAS %s kernels%s\n",
+                                  DescribeSimdDispatch(), kernels_internal::OpenBlasCoreName(),
+                                  bf16);
+  }
+  *run.out() << absl::StrFormat(
+      "data: %s, %d tokens; batch %d x %d tokens; %d batches per epoch%s\n",
+      run.config.data.train_path.empty() ? std::string("built-in synthetic corpus")
+                                         : run.config.data.train_path,
+      run.train_loader->num_tokens(), run.micro_batch, run.seq_len,
+      run.train_loader->batches_per_epoch(),
+      run.unigram_entropy.has_value()
+          ? absl::StrFormat("; unigram entropy %.3f nats%s", *run.unigram_entropy,
+                            run.entropy_rate.has_value()
+                                ? absl::StrFormat(", entropy rate %.3f", *run.entropy_rate)
+                                : std::string())
+          : std::string());
+  if (run.val_loader.has_value() && run.config.data.eval_every == 0) {
+    *run.out() << "validation: off (data.eval_every = 0; N > 0 validates every N steps)\n";
+  }
+  *run.out() << absl::StrFormat("training %d steps from step %d with %d threads\n",
+                                run.config.steps, run.step, run.threads);
+  if (run.accumulation_steps > 1) {
+    *run.out() << absl::StrFormat(
+        "gradient accumulation: %d micro-batches of %d sequences per optimizer step; f32 "
+        "accumulator %s of host memory on this rank\n",
+        run.accumulation_steps, run.micro_batch,
+        FormatBytes(
+            GradientAccumulatorBytes(run.adam->owned_param_elems(), run.accumulation_steps)));
+  }
+  if (run.world > 1) {
+    *run.out() << absl::StrFormat(
+        "data parallel (ZeRO): %d ranks; global batch %d x %d tokens; model data per rank %s "
+        "(rank 0)\n",
+        run.world, run.micro_batch * run.accumulation_steps * run.world, run.seq_len,
+        FormatBytes(run.store->layout().RankModelDataBytes(run.dtype, 0)));
+  }
+}
+
+void PrintProgress(const TrainRun& run, const StepMetrics& m) {
+  if (run.out() == nullptr) return;
+  *run.out() << absl::StrFormat(
+      "step %5d/%d | loss %.4f | lr %.3e | scale %g | %7.0f tok/s | %7.1f ms | accel model %s "
+      "non-model %s | moved %s%s%s\n",
+      m.step, run.config.steps, m.loss, m.lr, m.loss_scale, m.tokens_per_s, m.step_ms,
+      FormatBytes(m.accelerator_peak_model_bytes), FormatBytes(m.accelerator_peak_non_model_bytes),
+      FormatBytes(m.loaded_bytes + m.written_back_bytes), m.warmup ? " (warm-up)" : "",
+      m.skipped ? " (skipped: overflow)" : "");
+  if (m.val_loss.has_value()) PrintValidationLoss(run, m.step, *m.val_loss);
+}
+
+void PrintValidationLoss(const TrainRun& run, int64_t step, double loss) {
+  if (run.out() == nullptr) return;
+  *run.out() << absl::StrFormat("step %5d validation loss %.4f\n", step, loss);
+}
+
+void PrintStopped(const TrainRun& run) {
+  if (run.out() == nullptr) return;
+  *run.out() << "stop requested: stopped after step " << run.step << "\n";
+}
+
+void PrintExported(const TrainRun& run) {
+  if (run.out() == nullptr) return;
+  *run.out() << "exported Hugging Face "
+             << (ExportsHfDirectory(run)
+                     ? absl::StrCat(ModelFamilyName(run.model_config.family), " model directory")
+                     : std::string("GPT-2 weights"))
+             << " to " << run.config.checkpoint.export_path << "\n";
+}
+
+void PrintSummary(const TrainRun& run) {
+  if (run.out() != nullptr && !run.history.empty()) *run.out() << SummaryText(run);
+}
+
+std::string SummaryText(const TrainRun& run) {
+  const TrainSummary& s = run.summary;
+  std::ostringstream os;
+  const int64_t steps = s.last_step - s.first_step;
+  os << "== summary ==\n";
+  os << absl::StrFormat("steps %d..%d in %.1f s; %d tokens, %.0f tokens/s of training\n",
+                        s.first_step + 1, s.last_step, s.seconds, s.tokens, s.tokens_per_s);
+  if (s.tokens_per_s > 0 && run.seq_len > 0) {
+    // The model FLOP rate (the numerator of MFU): the useful FLOPs of the tokens trained.
+    const double per_token = ModelTrainingFlops(run.model_config, 1, run.seq_len).Total() /
+                             static_cast<double>(run.seq_len);
+    const double rate = per_token * s.tokens_per_s;  // over the training time, as tokens/s
+    os << absl::StrFormat(
+        "model compute %s (%.4g MFLOP per token: linear layers, LM head and causal attention, "
+        "forward and backward; model/model_config.h ModelTrainingFlops)\n",
+        rate >= 1e12 ? absl::StrFormat("%.4g TFLOP/s", rate / 1e12)
+                     : absl::StrFormat("%.4g GFLOP/s", rate / 1e9),
+        per_token / 1e6);
+  }
+  os << absl::StrFormat("loss %.4f -> %.4f (mean of the last %d steps %.4f)", s.first_loss,
+                        s.last_loss, std::min<int64_t>(10, steps), s.final_mean_loss);
+  if (run.unigram_entropy.has_value()) {
+    os << absl::StrFormat("; corpus unigram entropy %.4f nats", *run.unigram_entropy);
+    if (run.entropy_rate.has_value())
+      os << absl::StrFormat(", entropy rate %.4f", *run.entropy_rate);
+  }
+  os << "\n";
+  if (s.first_val_loss.has_value() && s.last_val_loss.has_value()) {
+    os << absl::StrFormat("validation loss %.4f -> %.4f\n", *s.first_val_loss, *s.last_val_loss);
+  }
+  const double total = std::max(1e-9, s.seconds);
+  const double other = std::max(
+      0.0, s.seconds - s.compute_s - s.copy_wait_s - s.optimizer_s - s.eval_s - s.checkpoint_s);
+  os << absl::StrFormat(
+      "time: compute %.1f s (%.0f%%), waiting for chunk copies %.1f s (%.0f%%), optimizer %.1f s "
+      "(%.0f%%), validation %.1f s, checkpoints %.1f s, other %.1f s\n",
+      s.compute_s, 100 * s.compute_s / total, s.copy_wait_s, 100 * s.copy_wait_s / total,
+      s.optimizer_s, 100 * s.optimizer_s / total, s.eval_s, s.checkpoint_s, other);
+  os << absl::StrFormat(
+      "accelerator %s (cap %s): peak model data %s, peak non-model %s\n",
+      run.accelerator->device().ToString(), FormatBytes(run.backend->capacity_bytes()),
+      FormatBytes(s.accelerator_peak_model_bytes), FormatBytes(s.accelerator_peak_non_model_bytes));
+  os << absl::StrFormat("host: peak model data %s, peak non-model %s\n",
+                        FormatBytes(s.host_peak_model_bytes),
+                        FormatBytes(s.host_peak_non_model_bytes));
+  os << absl::StrFormat("model data held%s after the last step: %s (%d bytes)\n",
+                        s.world_size > 1 ? " by rank 0" : "", FormatBytes(s.rank_model_data_bytes),
+                        s.rank_model_data_bytes);
+  os << absl::StrFormat(
+      "chunk traffic: loaded %s in %d loads (%d prefetched, %d prefetch hits), written back %s "
+      "in %d write-backs (%d started early, write-behind), %d clean evictions (no copy)%s\n",
+      FormatBytes(s.loaded_bytes), s.loads, s.prefetches, s.prefetch_hits,
+      FormatBytes(s.written_back_bytes), s.write_backs, s.write_behinds, s.clean_evictions,
+      s.pressure_evictions > 0 ? absl::StrFormat(", %d evicted under memory pressure (%d reclaims)",
+                                                 s.pressure_evictions, s.pressure_reclaims)
+                               : std::string());
+  if (s.world_size > 1) {
+    os << absl::StrFormat(
+        "ZeRO over %d ranks (rank 0's numbers): all-gathered %s, reduce-scattered %s, %.1f s in "
+        "collectives\n",
+        s.world_size, FormatBytes(s.all_gather_bytes), FormatBytes(s.reduce_scatter_bytes),
+        s.comm_s);
+  }
+  if (s.steps_wall_s > 0) {
+    os << absl::StrFormat(
+        "host CPU in the steps (every thread): user %.1f s, system %.1f s (%.1f%% of the steps' "
+        "%.1f s); page faults %d minor, %d major\n",
+        s.steps_user_s, s.steps_system_s, 100 * s.steps_system_s / s.steps_wall_s, s.steps_wall_s,
+        s.steps_minor_faults, s.steps_major_faults);
+  }
+  if (s.accelerator_allocations > 0) {
+    os << absl::StrFormat(
+        "emulated accelerator memory: %d of %d allocations reused a cached block; at most %s "
+        "mapped\n",
+        s.accelerator_cache_hits, s.accelerator_allocations,
+        FormatBytes(s.accelerator_peak_mapped_bytes));
+  }
+  if (s.stopped_by_request) os << "stopped early on request (signal)\n";
+  return os.str();
+}
+
+}  // namespace trainer_internal
+}  // namespace ps

@@ -1,0 +1,22 @@
+// The validation loss of a training run: the mean loss over the first data.eval_batches batches of
+// the validation data (in order, never shuffled), averaged over ranks. The training loop
+// (trainer/training_loop.h) calls it before the first step and every data.eval_every steps.
+#ifndef PATRICKSTAR_TRAINER_EVALUATION_H_
+#define PATRICKSTAR_TRAINER_EVALUATION_H_
+
+#include "absl/status/statusor.h"
+#include "trainer/internal/train_run.h"
+
+namespace ps {
+namespace trainer_internal {
+
+// The validation loss (forward passes only: no gradients, no optimizer state changes). Uses
+// run.tokens/run.targets as its batch buffers. Under ZeRO every rank must call it (the mean is a
+// collective).
+// REQUIRES: run.val_loader has a value.
+absl::StatusOr<double> EvaluateValidation(TrainRun& run);
+
+}  // namespace trainer_internal
+}  // namespace ps
+
+#endif  // PATRICKSTAR_TRAINER_EVALUATION_H_

@@ -1,0 +1,26 @@
+// checkpoint.export at the end of a training run: the trained weights as f32, in the model's
+// format — a Hugging Face directory (Llama family, or a model from one) or a GPT-2 safetensors
+// file (trainer/model_resolution.h ExportsHfDirectory). Under ZeRO every master weight is
+// broadcast from the rank that owns it, one tensor at a time, and rank 0 writes the file; with a
+// device-memory communicator (nccl) each broadcast goes through a device tile
+// (AcceleratorReserve::export_tile_bytes) the chunk manager kept free.
+#ifndef PATRICKSTAR_TRAINER_EXPORT_H_
+#define PATRICKSTAR_TRAINER_EXPORT_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "trainer/internal/train_run.h"
+
+namespace ps {
+namespace trainer_internal {
+
+// Writes the model's master weights to `path`. Every rank must call it; every rank returns the
+// same outcome (InternalError on the others when rank 0 fails to write).
+// REQUIRES: WireRun(run) succeeded.
+[[nodiscard]] absl::Status Export(TrainRun& run, const std::string& path);
+
+}  // namespace trainer_internal
+}  // namespace ps
+
+#endif  // PATRICKSTAR_TRAINER_EXPORT_H_

@@ -1,0 +1,59 @@
+// The TrainRun's own helpers: agreement across ranks, the checkpoint identity, closing the outputs.
+#include "trainer/internal/train_run.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/status_macros.h"
+#include "comm/communicator.h"
+#include "trainer/checkpoint.h"
+
+namespace ps {
+namespace trainer_internal {
+
+bool TrainRun::DeviceCommunicator() const {
+  if (world <= 1) return false;
+  return env.device_communicator_for_test != nullptr ||
+         env.communicator->memory() != CommMemory::kHost;
+}
+
+absl::StatusOr<double> TrainRun::MeanOverRanks(double value) {
+  if (collectives == nullptr) return value;
+  return collectives->AllReduceMean(value);
+}
+
+absl::StatusOr<bool> TrainRun::AnyRank(bool flag) {
+  if (collectives == nullptr) return flag;
+  ASSIGN_OR_RETURN(std::vector<int64_t> flags, collectives->AllGatherInt64(flag ? 1 : 0));
+  return std::any_of(flags.begin(), flags.end(), [](int64_t f) { return f != 0; });
+}
+
+CheckpointIdentity TrainRun::Identity() const {
+  CheckpointIdentity id;
+  id.vocab_size = gpt.vocab_size;
+  id.max_seq_len = gpt.max_seq_len;
+  id.hidden = gpt.hidden;
+  id.num_layers = gpt.num_layers;
+  id.num_heads = gpt.num_heads;
+  id.compute_dtype = dtype;
+  id.world_size = world;
+  id.micro_batch = micro_batch;
+  id.seq_len = seq_len;
+  id.shuffle = config.data.shuffle;
+  id.data_seed = config.data.seed;
+  return id;
+}
+
+absl::Status TrainRun::CloseOutputs() {
+  closed = true;
+  absl::Status status;
+  if (metrics != nullptr) status.Update(metrics->Close());
+  if (trace != nullptr) status.Update(trace->Close());
+  return status;
+}
+
+}  // namespace trainer_internal
+}  // namespace ps

@@ -1,0 +1,164 @@
+// TrainRun: the state of one training run, shared by the parts of the Trainer (trainer/trainer.h).
+//
+// The Trainer (trainer/trainer.cc) is a thin façade over a TrainRun and the files that work on
+// it, one concern each:
+//   trainer/run_wiring.h        builds the run from its config in named steps: backends,
+//                               memories, chunks, manager, model, optimizer, outputs
+//                               (Trainer::Create);
+//   trainer/model_resolution.h  the model: the model section or a Hugging Face directory;
+//   trainer/run_plan.h          the pre-flight memory plan and what it reserves on the
+//                               accelerator;
+//   trainer/run_data.h          the training and validation data and their loaders;
+//   trainer/run_checkpoints.h   training checkpoints: resume, save;
+//   trainer/training_loop.h     the step loop (Trainer::Run): micro-batches, metrics lines, the
+//                               summary's numbers;
+//   trainer/evaluation.h        the validation loss;
+//   trainer/export.h            checkpoint.export at the end (gathered to rank 0 under ZeRO);
+//   trainer/console.h           the console: header, progress lines, the summary text.
+// Private to //trainer:trainer (listed in its srcs): no other target can include it.
+//
+// Thread safety: thread-compatible; one thread owns a TrainRun.
+#ifndef PATRICKSTAR_TRAINER_INTERNAL_TRAIN_RUN_H_
+#define PATRICKSTAR_TRAINER_INTERNAL_TRAIN_RUN_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "chunk/chunk_store.h"
+#include "comm/communicator.h"
+#include "memory/backend.h"
+#include "memory/device_memory.h"
+#include "memory/dtype.h"
+#include "model/gpt_activation_profile.h"
+#include "model/gpt_config.h"
+#include "model/gpt_model.h"
+#include "model/hf_checkpoint.h"
+#include "model/kernels/kernel_workspaces.h"
+#include "model/model_config.h"
+#include "optimizer/adam_kernels.h"
+#include "optimizer/cpu_adam.h"
+#include "optimizer/hybrid_adam.h"
+#include "optimizer/lr_schedule.h"
+#include "scheduler/chunk_manager.h"
+#include "scheduler/comm_collectives.h"
+#include "trainer/checkpoint.h"
+#include "trainer/config.h"
+#include "trainer/data/data_loader.h"
+#include "trainer/data/token_file.h"
+#include "trainer/io/metrics_writer.h"
+#include "trainer/io/trace_writer.h"
+#include "trainer/profiler.h"
+#include "trainer/trainer.h"
+
+namespace ps {
+namespace trainer_internal {
+
+// The clock of the summary's wall times (TrainSummary::seconds, eval_s, checkpoint_s,
+// steps_wall_s).
+using RunClock = std::chrono::steady_clock;
+
+// Seconds from `a` to `b`.
+inline double Seconds(RunClock::time_point a, RunClock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+struct TrainRun {
+  TrainRun(const TrainConfig& config, TrainerEnvironment env)
+      : config(config), env(std::move(env)) {}
+  TrainRun(const TrainRun&) = delete;
+  TrainRun& operator=(const TrainRun&) = delete;
+
+  // Progress output: rank 0 only (null elsewhere, and when TrainerEnvironment::out is null).
+  std::ostream* out() const { return rank == 0 ? env.out : nullptr; }
+  // Whether the communicator of a world > 1 takes device memory only (nccl, or the test hook).
+  bool DeviceCommunicator() const;
+  // The mean of `value` over ranks (itself for a world of one).
+  absl::StatusOr<double> MeanOverRanks(double value);
+  // Whether any rank's `flag` is set.
+  absl::StatusOr<bool> AnyRank(bool flag);
+  // What a checkpoint of this run must match to be resumed by it.
+  CheckpointIdentity Identity() const;
+  // Flushes and closes the metrics and trace files (once; the Trainer's destructor closes them if
+  // Run() did not).
+  absl::Status CloseOutputs();
+
+  const TrainConfig config;
+  const TrainerEnvironment env;
+  // The data-parallel world; collectives (below) only for world > 1.
+  int rank = 0;
+  int world = 1;
+  // What the plan reserves on the accelerator beside chunks and activations.
+  AcceleratorReserve reserve;
+  // The workspace sizes the run's kernels will ask for (the plan replays them): the CPU kernels'
+  // for `threads`, or CudaKernels' for the GPU (cuBLAS's workspace by its compute capability).
+  std::shared_ptr<const KernelWorkspaces> kernel_workspaces;
+  // The model: model_config (any architecture); gpt its GPT-2 view (ModelConfig's common
+  // dimensions) for the data and checkpoint checks. hf is the Hugging Face directory of
+  // checkpoint.init_from, when it names one.
+  GptConfig gpt;
+  ModelConfig model_config;
+  std::optional<HfCheckpoint> hf;
+  int64_t seq_len = 0;
+  int64_t micro_batch = 0;
+  int64_t accumulation_steps = 1;  // micro-batches per optimizer step
+  int threads = 1;
+  DType dtype = DType::kF32;
+  int64_t chunk_elems = 0;
+  std::string chunk_size_note;
+  GptRunPlan plan;
+
+  // Data.
+  std::optional<TokenFile> train_file, val_file;
+  std::vector<uint16_t> synthetic_train, synthetic_val;
+  std::optional<double> unigram_entropy, entropy_rate;
+  std::optional<DataLoader> train_loader, val_loader;
+  std::vector<int32_t> tokens, targets;
+
+  // Memory, chunks, runtime, model, optimizer (destroyed in reverse: the model and manager
+  // before the store, the store before the memories, the memories before the backend).
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<DeviceMemory> accelerator;
+  std::unique_ptr<DeviceMemory> host;
+  // The test hook's stand-in for env.communicator, when set; collectives go through it
+  // (collectives->communicator()). Declared after the memories: the collectives' device staging
+  // goes back to the accelerator's scratch before it is destroyed.
+  std::unique_ptr<Communicator> test_communicator;
+  std::unique_ptr<CommCollectives> collectives;
+  // The accelerator-side Adam on a GPU (CudaAdam); null on the emulated accelerator.
+  std::unique_ptr<AdamKernels> accelerator_adam;
+  std::unique_ptr<ChunkStore> store;
+  std::unique_ptr<TraceWriter> trace;
+  std::unique_ptr<TraceProfiler> profiler;
+  // The stream the model's kernels run on; the manager orders its chunk moves after it.
+  std::unique_ptr<Stream> compute_stream;
+  std::unique_ptr<ChunkManager> manager;
+  std::unique_ptr<GptModel> model;
+  std::unique_ptr<CpuAdam> cpu_adam;
+  std::unique_ptr<HybridAdam> adam;
+  std::optional<LrSchedule> schedule;
+  std::unique_ptr<MetricsWriter> metrics;
+  TrackId steps_track = 0;
+
+  int64_t step = 0;      // steps taken
+  int device_index = 0;  // the accelerator's device (WireRun)
+  // cuda: the device's free memory minus the margin (WireRun, before the plan).
+  int64_t cuda_usable_bytes = 0;
+  double last_loss = 0;
+  bool closed = false;
+
+  TrainSummary summary;
+  std::vector<StepMetrics> history;
+};
+
+}  // namespace trainer_internal
+}  // namespace ps
+
+#endif  // PATRICKSTAR_TRAINER_INTERNAL_TRAIN_RUN_H_

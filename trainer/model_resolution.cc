@@ -1,0 +1,89 @@
+#include "trainer/model_resolution.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <iterator>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "model/gpt_activation_profile.h"
+#include "model/gpt_config.h"
+#include "model/hf_checkpoint.h"
+#include "model/model_config.h"
+#include "trainer/config.h"
+#include "trainer/config_validate.h"
+
+namespace ps {
+namespace trainer_internal {
+
+absl::Status ResolveModel(TrainRun& run) {
+  const std::string& init_from = run.config.checkpoint.init_from;
+  std::error_code ec;
+  if (init_from.empty() || !std::filesystem::is_directory(init_from, ec)) {
+    // The model section (a GPT-2 or Llama-family preset, or GPT-2 dimensions); init_from, if
+    // any, is a GPT-2 safetensors file.
+    ASSIGN_OR_RETURN(run.model_config, ResolveTrainModel(run.config.model));
+    run.gpt = GptConfigView(run.model_config);
+    return absl::OkStatus();
+  }
+  // A Hugging Face model directory: the model is its config.json's.
+  absl::StatusOr<HfCheckpoint> hf = HfCheckpoint::Open(init_from);
+  if (!hf.ok()) {
+    return absl::Status(hf.status().code(), absl::StrCat("checkpoint.init_from (--init_from): ",
+                                                         hf.status().message()));
+  }
+  run.hf.emplace(*std::move(hf));
+  run.model_config = run.hf->config();
+  run.gpt = GptConfigView(run.model_config);
+  if (run.config.data.seq_len > run.gpt.max_seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`data.seq_len` (--seq_len) = ", run.config.data.seq_len, " exceeds ",
+                     init_from, "/config.json's max_position_embeddings (", run.gpt.max_seq_len,
+                     "); use at most ", run.gpt.max_seq_len));
+  }
+  // A model section other than the default one must agree with config.json.
+  TrainModelConfig defaults = DefaultTrainConfig().model, given = run.config.model;
+  defaults.activation_checkpointing = given.activation_checkpointing = false;
+  if (given == defaults || given == TrainModelConfig{}) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const GptConfig section, ResolveModelConfig(run.config.model));
+  const std::string json = absl::StrCat(init_from, "/config.json");
+  const std::pair<const char*, std::pair<int64_t, int64_t>> keys[] = {
+      {"vocab_size", {section.vocab_size, run.gpt.vocab_size}},
+      {"n_positions", {section.max_seq_len, run.gpt.max_seq_len}},
+      {"n_embd", {section.hidden, run.gpt.hidden}},
+      {"n_layer", {section.num_layers, run.gpt.num_layers}},
+      {"n_head", {section.num_heads, run.gpt.num_heads}}};
+  const char* hf_keys[] = {"vocab_size", "max_position_embeddings", "hidden_size",
+                           "num_hidden_layers", "num_attention_heads"};
+  for (size_t i = 0; i < std::size(keys); ++i) {
+    if (keys[i].second.first != keys[i].second.second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the config's model section (model.", keys[i].first, " = ", keys[i].second.first,
+          run.config.model.preset.empty()
+              ? ""
+              : absl::StrCat(", model.preset \"", run.config.model.preset, "\""),
+          ") contradicts ", json, " (", hf_keys[i], " = ", keys[i].second.second,
+          ") of checkpoint.init_from (--init_from); the model comes from the Hugging Face "
+          "directory: remove the model section (or --model)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool ExportsHfDirectory(const TrainRun& run) {
+  // A Llama-family model (from a preset or a directory) has no single-file GPT-2 format.
+  if (run.model_config.architecture() != ModelArchitecture::kGpt2) return true;
+  std::error_code ec;
+  const bool hf_dir = !run.config.checkpoint.init_from.empty() &&
+                      std::filesystem::is_directory(run.config.checkpoint.init_from, ec);
+  return hf_dir;
+}
+
+}  // namespace trainer_internal
+}  // namespace ps

@@ -1,0 +1,28 @@
+// Which model a training run trains: the config's model section (a GPT-2 or Llama-family preset,
+// or GPT-2 dimensions), or the Hugging Face directory checkpoint.init_from names (its config.json;
+// a model section other than the default one must agree with it) — and, from that, which format
+// checkpoint.export writes.
+#ifndef PATRICKSTAR_TRAINER_MODEL_RESOLUTION_H_
+#define PATRICKSTAR_TRAINER_MODEL_RESOLUTION_H_
+
+#include "absl/status/status.h"
+#include "trainer/internal/train_run.h"
+
+namespace ps {
+namespace trainer_internal {
+
+// Sets run.model_config, run.gpt (its GPT-2 view) and, for a Hugging Face directory, run.hf.
+// Errors: the directory's (prefixed with checkpoint.init_from); InvalidArgument when data.seq_len
+// exceeds the directory's max_position_embeddings, or the model section contradicts config.json
+// (naming both keys and values).
+[[nodiscard]] absl::Status ResolveModel(TrainRun& run);
+
+// Whether checkpoint.export writes a Hugging Face directory (a Llama-family model, or a model from
+// a Hugging Face directory) rather than a GPT-2 safetensors file. Needs only run.config and, after
+// ResolveModel, run.model_config.
+bool ExportsHfDirectory(const TrainRun& run);
+
+}  // namespace trainer_internal
+}  // namespace ps
+
+#endif  // PATRICKSTAR_TRAINER_MODEL_RESOLUTION_H_

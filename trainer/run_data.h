@@ -1,0 +1,25 @@
+// A training run's data: the token files data.train / data.val (trainer/data/token_file.h), or
+// the built-in synthetic corpus (trainer/data/synthetic_corpus.h) when data.train is unset, cut
+// into micro-batches by this rank's DataLoaders (rank r of N reads global batches r, r + N, ...).
+#ifndef PATRICKSTAR_TRAINER_RUN_DATA_H_
+#define PATRICKSTAR_TRAINER_RUN_DATA_H_
+
+#include "absl/status/status.h"
+#include "trainer/internal/train_run.h"
+
+namespace ps {
+namespace trainer_internal {
+
+// Opens or generates the data and sets run.train_loader (and run.val_loader when there is
+// validation data), keeping what they read in run.train_file/run.val_file or
+// run.synthetic_train/run.synthetic_val (and the corpus's entropies for the console).
+// Errors: the files' (NotFound, DataLoss naming the file), InvalidArgument for tokens beyond the
+// model's vocabulary or a synthetic corpus with a vocabulary under 256, the loaders' (prefixed
+// "training data: " / "validation data: ").
+// REQUIRES: ResolveModel(run) succeeded; run.micro_batch, run.seq_len, run.rank, run.world set.
+[[nodiscard]] absl::Status LoadData(TrainRun& run);
+
+}  // namespace trainer_internal
+}  // namespace ps
+
+#endif  // PATRICKSTAR_TRAINER_RUN_DATA_H_

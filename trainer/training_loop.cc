@@ -1,0 +1,339 @@
+#include "trainer/training_loop.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/types/span.h"
+#include "base/status_macros.h"
+#include "chunk/chunk_type.h"
+#include "glog/logging.h"
+#include "memory/cpu_backend.h"
+#include "memory/device.h"
+#include "memory/dtype.h"
+#include "memory/dtype_math.h"
+#include "memory/memory_tracker.h"
+#include "nlohmann/json.hpp"
+#include "scheduler/chunk_manager.h"
+#include "trainer/console.h"
+#include "trainer/evaluation.h"
+#include "trainer/export.h"
+#include "trainer/run_checkpoints.h"
+#include "trainer/train_step.h"
+
+namespace ps {
+namespace trainer_internal {
+namespace {
+
+// What the process has used so far (every thread): wall clock, CPU time, page faults. Differences
+// around each step go into the summary (issue #24: the emulated accelerator once spent more
+// system time than user time faulting in freshly mapped pages).
+struct ProcessUsage {
+  RunClock::time_point wall;
+  double user_s = 0, system_s = 0;
+  int64_t minor_faults = 0, major_faults = 0;
+};
+
+ProcessUsage ReadProcessUsage() {
+  ProcessUsage u;
+  u.wall = RunClock::now();
+  struct rusage r {};
+  if (getrusage(RUSAGE_SELF, &r) == 0) {
+    u.user_s = static_cast<double>(r.ru_utime.tv_sec) + 1e-6 * r.ru_utime.tv_usec;
+    u.system_s = static_cast<double>(r.ru_stime.tv_sec) + 1e-6 * r.ru_stime.tv_usec;
+    u.minor_faults = r.ru_minflt;
+    u.major_faults = r.ru_majflt;
+  }
+  return u;
+}
+
+// fp16, after a skipped step: OutOfRange when any f16 parameter (every rank's) is Inf or NaN.
+absl::Status CheckF16ParametersFinite(TrainRun& run, int64_t step) {
+  // The parameters were restored from the master weights (rounded to f16) by the skip: a master
+  // weight that is not finite, or beyond f16's range, is an Inf in the parameters every
+  // forward reads.
+  std::string first;
+  int64_t bad = 0;
+  for (const std::string& name : run.model->ParameterNames()) {
+    if (!run.model->HoldsTrainingState(name)) continue;
+    ASSIGN_OR_RETURN(const std::vector<float> master,
+                     run.model->ReadTensor(ChunkType::kMaster, name));
+    for (size_t i = 0; i < master.size(); ++i) {
+      if ((FloatToHalfBits(master[i]) & 0x7c00u) != 0x7c00u) continue;
+      if (bad++ == 0) {
+        first = absl::StrFormat("%s element %d (master weight %g)", name, i, master[i]);
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(const bool any, run.AnyRank(bad > 0));
+  if (!any) return absl::OkStatus();
+  return absl::OutOfRangeError(absl::StrCat(
+      "fp16: the parameters are no longer finite at step ", step, " (",
+      bad > 0
+          ? absl::StrCat(bad, " f16 weight", bad == 1 ? "" : "s", " Inf or NaN; the first: ", first)
+          : std::string("on another rank"),
+      "): no loss-scale reduction can cure weights, so training diverged and stops; no "
+      "checkpoint is written for this step. Lower the learning rate (optimizer.params.lr), enable "
+      "gradient clipping (gradient_clipping, e.g. 1.0), or train in bf16 (bf16.enabled), whose "
+      "range is f32's"));
+}
+
+// One optimizer step (gradient_accumulation_steps micro-batches), measured into `m`; refuses a
+// loss that is no longer finite. Advances run.step and run.last_loss.
+absl::Status Step(TrainRun& run, StepMetrics& m) {
+  m.step = run.step + 1;
+  m.lr = run.schedule->LearningRate(run.step);
+  run.adam->SetLearningRate(m.lr);
+  m.loss_scale = run.adam->loss_scaler().scale();
+  m.warmup = run.manager->metronome().is_warmup();
+  const ChunkManagerCounters c0 = run.manager->counters();
+  const int64_t trace_t0 = run.trace != nullptr ? run.trace->NowNs() : 0;
+  // One optimizer step: gradient_accumulation_steps micro-batches, each one iteration of the
+  // manager; all but the last add their gradients into the optimizer's accumulator. TrainStep
+  // uses the loss scale read above (the optimizer's, unchanged until its step). The loss is the
+  // mean of the micro-batches' means (each over the same number of tokens: the mean of the
+  // whole batch).
+  TrainStepResult r;
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < run.accumulation_steps; ++micro) {
+    RETURN_IF_ERROR(
+        run.train_loader->Next(absl::MakeSpan(run.tokens), absl::MakeSpan(run.targets)));
+    const bool last = micro + 1 == run.accumulation_steps;
+    ASSIGN_OR_RETURN(const TrainStepResult mr,
+                     TrainStep(*run.model, *run.manager, *run.adam, run.tokens, run.targets,
+                               last ? OptimizerCall::kStep : OptimizerCall::kAccumulate));
+    loss_sum += mr.loss;
+    r.adam = mr.adam;
+    r.forward_backward_ns += mr.forward_backward_ns;
+    r.optimizer_ns += mr.optimizer_ns;
+    r.forward_backward_stall_ns += mr.forward_backward_stall_ns;
+    r.optimizer_stall_ns += mr.optimizer_stall_ns;
+  }
+  r.loss = loss_sum / static_cast<double>(run.accumulation_steps);
+  const ChunkManagerCounters c1 = run.manager->counters();
+
+  ASSIGN_OR_RETURN(m.loss, run.MeanOverRanks(r.loss));
+  m.grad_norm = r.adam.grad_norm;
+  m.skipped = r.adam.skipped;
+  if (run.dtype == DType::kF16 && m.skipped) {
+    // A skip is a loss-scale event only while the f16 parameters are finite: a lower scale
+    // cures gradients that overflowed, not weights that did.
+    RETURN_IF_ERROR(CheckF16ParametersFinite(run, m.step));
+  }
+  // A non-finite loss is divergence unless it came with a skipped fp16 step (a loss-scale event).
+  // (Non-finite gradients already stopped the optimizer: HybridAdam.) Nothing is saved for it.
+  if (!std::isfinite(m.loss) && !(run.dtype == DType::kF16 && m.skipped)) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "the loss of step %d is %f (%s): training diverged or the data or weights are bad, and "
+        "training stops; no checkpoint is written for this step. Lower the learning rate "
+        "(optimizer.params.lr), enable gradient clipping (gradient_clipping, e.g. 1.0), and "
+        "check the training data",
+        m.step, m.loss, DTypeName(run.dtype)));
+  }
+  const double step_s = static_cast<double>(r.forward_backward_ns + r.optimizer_ns) * 1e-9;
+  m.step_ms = step_s * 1e3;
+  m.tokens_per_s =
+      static_cast<double>(run.micro_batch * run.accumulation_steps * run.seq_len * run.world) /
+      std::max(1e-9, step_s);
+  const auto ms = [](int64_t ns) { return static_cast<double>(std::max<int64_t>(0, ns)) * 1e-6; };
+  m.copy_wait_ms = ms(r.forward_backward_stall_ns + r.optimizer_stall_ns);
+  m.compute_ms = ms(r.forward_backward_ns - r.forward_backward_stall_ns);
+  m.optimizer_ms = ms(r.optimizer_ns - r.optimizer_stall_ns);
+  const MemoryTrackerSnapshot a = run.accelerator->tracker()->SnapshotAndResetIntervalPeaks();
+  const MemoryTrackerSnapshot h = run.host->tracker()->SnapshotAndResetIntervalPeaks();
+  m.accelerator_peak_model_bytes = a.peak_model_bytes;
+  m.accelerator_peak_non_model_bytes = a.peak_non_model_bytes;
+  m.accelerator_peak_total_bytes = a.peak_total_bytes;
+  m.host_peak_model_bytes = h.peak_model_bytes;
+  m.host_peak_non_model_bytes = h.peak_non_model_bytes;
+  const TransferCounters d = c1.Minus(c0).Total();
+  m.loaded_bytes = d.load_bytes;
+  m.written_back_bytes = d.write_back_bytes;
+  m.evictions = d.write_backs + d.clean_evictions;
+  m.pressure_reclaims = c1.pressure_reclaims - c0.pressure_reclaims;
+
+  if (run.trace != nullptr) {
+    const int64_t trace_t2 = run.trace->NowNs();
+    run.trace->Complete(run.steps_track, absl::StrCat("step ", m.step), "step", trace_t0,
+                        trace_t2 - trace_t0,
+                        {{"loss", m.loss}, {"lr", m.lr}, {"loaded_bytes", m.loaded_bytes}});
+    if (m.warmup) {
+      run.trace->MarkRegion("warm-up iteration", trace_t0, trace_t2 - trace_t0, {{"step", m.step}});
+    }
+  }
+  ++run.step;
+  run.last_loss = m.loss;
+  return absl::OkStatus();
+}
+
+// Step `m` as one line of profile.metrics (rank 0; nothing without a metrics file).
+void WriteMetrics(const TrainRun& run, const StepMetrics& m) {
+  if (run.metrics == nullptr) return;
+  nlohmann::json j;
+  j["step"] = m.step;
+  j["loss"] = m.loss;
+  j["lr"] = m.lr;
+  j["loss_scale"] = m.loss_scale;
+  j["grad_norm"] = m.grad_norm;
+  j["skipped"] = m.skipped;
+  j["warmup"] = m.warmup;
+  j["tokens_per_s"] = m.tokens_per_s;
+  j["step_ms"] = m.step_ms;
+  j["compute_ms"] = m.compute_ms;
+  j["copy_wait_ms"] = m.copy_wait_ms;
+  j["optimizer_ms"] = m.optimizer_ms;
+  j["accelerator"] = {{"peak_model_bytes", m.accelerator_peak_model_bytes},
+                      {"peak_non_model_bytes", m.accelerator_peak_non_model_bytes}};
+  j["host"] = {{"peak_model_bytes", m.host_peak_model_bytes},
+               {"peak_non_model_bytes", m.host_peak_non_model_bytes}};
+  j["loaded_bytes"] = m.loaded_bytes;
+  j["written_back_bytes"] = m.written_back_bytes;
+  j["evictions"] = m.evictions;
+  j["pressure_reclaims"] = m.pressure_reclaims;
+  if (m.val_loss.has_value()) j["val_loss"] = *m.val_loss;
+  if (absl::Status s = run.metrics->Write(j); !s.ok()) {
+    LOG(WARNING) << "metrics: " << s;
+  }
+}
+
+// The rest of run.summary once the steps are over (summary.seconds is set): the step range, the
+// losses, the tokens, the time split and peaks over run.history, the chunk traffic and
+// collectives of the manager, the model data this rank holds, the emulated accelerator's
+// allocations.
+void FinishSummary(TrainRun& run) {
+  run.summary.last_step = run.step;
+  if (!run.history.empty()) {
+    run.summary.first_loss = run.history.front().loss;
+    run.summary.last_loss = run.history.back().loss;
+    const size_t n = std::min<size_t>(10, run.history.size());
+    double sum = 0;
+    for (size_t i = run.history.size() - n; i < run.history.size(); ++i) sum += run.history[i].loss;
+    run.summary.final_mean_loss = sum / static_cast<double>(n);
+  }
+  run.summary.tokens = static_cast<int64_t>(run.history.size()) * run.micro_batch *
+                       run.accumulation_steps * run.seq_len * run.world;
+  for (const StepMetrics& m : run.history) {
+    run.summary.compute_s += m.compute_ms * 1e-3;
+    run.summary.copy_wait_s += m.copy_wait_ms * 1e-3;
+    run.summary.optimizer_s += m.optimizer_ms * 1e-3;
+    run.summary.accelerator_peak_model_bytes =
+        std::max(run.summary.accelerator_peak_model_bytes, m.accelerator_peak_model_bytes);
+    run.summary.accelerator_peak_non_model_bytes =
+        std::max(run.summary.accelerator_peak_non_model_bytes, m.accelerator_peak_non_model_bytes);
+    run.summary.accelerator_peak_total_bytes =
+        std::max(run.summary.accelerator_peak_total_bytes, m.accelerator_peak_total_bytes);
+    run.summary.host_peak_model_bytes =
+        std::max(run.summary.host_peak_model_bytes, m.host_peak_model_bytes);
+    run.summary.host_peak_non_model_bytes =
+        std::max(run.summary.host_peak_non_model_bytes, m.host_peak_non_model_bytes);
+  }
+  const double train_s = run.summary.compute_s + run.summary.copy_wait_s + run.summary.optimizer_s;
+  run.summary.tokens_per_s = train_s > 0 ? static_cast<double>(run.summary.tokens) / train_s : 0;
+  const ChunkManagerCounters c = run.manager->counters();
+  const TransferCounters t = c.Total();
+  run.summary.loaded_bytes = t.load_bytes;
+  run.summary.written_back_bytes = t.write_back_bytes;
+  run.summary.loads = t.loads;
+  run.summary.write_backs = t.write_backs;
+  run.summary.clean_evictions = t.clean_evictions;
+  run.summary.prefetches = c.prefetches;
+  run.summary.prefetch_hits = c.prefetch_hits;
+  run.summary.write_behinds = c.write_behinds;
+  run.summary.pressure_evictions = c.pressure_evictions;
+  run.summary.pressure_reclaims = c.pressure_reclaims;
+  run.summary.world_size = run.world;
+  run.summary.rank_model_data_bytes = run.store->PayloadBytesOn(Device::Host()) +
+                                      run.store->PayloadBytesOn(run.accelerator->device());
+  run.summary.all_gather_bytes = c.all_gather_bytes;
+  run.summary.reduce_scatter_bytes = c.reduce_scatter_bytes;
+  run.summary.comm_s = static_cast<double>(c.comm_ns) * 1e-9;
+  if (absl::StatusOr<CpuBackendMemoryStats> m = GetCpuBackendMemoryStats(*run.backend); m.ok()) {
+    run.summary.accelerator_allocations = m->allocations;
+    run.summary.accelerator_cache_hits = m->reuses();
+    run.summary.accelerator_peak_mapped_bytes = m->peak_mapped_bytes;
+  }
+}
+
+}  // namespace
+
+absl::Status RunTraining(TrainRun& run) {
+  PrintHeader(run);
+  run.summary.first_step = run.step;
+  const RunClock::time_point start = RunClock::now();
+  const int64_t eval_every = run.config.data.eval_every;
+  // data.eval_every 0: never validate.
+  const bool validates = run.val_loader.has_value() && eval_every > 0;
+  absl::Status status = [&]() -> absl::Status {
+    if (validates) {
+      const RunClock::time_point e0 = RunClock::now();
+      ASSIGN_OR_RETURN(const double v, EvaluateValidation(run));
+      run.summary.eval_s += Seconds(e0, RunClock::now());
+      run.summary.first_val_loss = v;
+      PrintValidationLoss(run, run.step, v);
+    }
+    while (run.step < run.config.steps) {
+      StepMetrics m;
+      const ProcessUsage u0 = ReadProcessUsage();
+      RETURN_IF_ERROR(Step(run, m));
+      const ProcessUsage u1 = ReadProcessUsage();
+      run.summary.steps_wall_s += Seconds(u0.wall, u1.wall);
+      run.summary.steps_user_s += u1.user_s - u0.user_s;
+      run.summary.steps_system_s += u1.system_s - u0.system_s;
+      run.summary.steps_minor_faults += u1.minor_faults - u0.minor_faults;
+      run.summary.steps_major_faults += u1.major_faults - u0.major_faults;
+      const bool last = run.step == run.config.steps;
+      ASSIGN_OR_RETURN(const bool stop,
+                       run.AnyRank(run.env.stop_requested && run.env.stop_requested()));
+      if (validates && (run.step % eval_every == 0 || last || stop)) {
+        const RunClock::time_point e0 = RunClock::now();
+        const int64_t trace_e0 = run.trace != nullptr ? run.trace->NowNs() : 0;
+        ASSIGN_OR_RETURN(const double v, EvaluateValidation(run));
+        run.summary.eval_s += Seconds(e0, RunClock::now());
+        if (run.trace != nullptr) {
+          run.trace->Complete(run.steps_track, "validation", "eval", trace_e0,
+                              run.trace->NowNs() - trace_e0, {{"val_loss", v}});
+        }
+        m.val_loss = v;
+        run.summary.last_val_loss = v;
+      }
+      run.history.push_back(m);
+      WriteMetrics(run, m);
+      if (m.step % std::max<int64_t>(run.config.steps_per_print, 1) == 0 || last ||
+          m.step == run.summary.first_step + 1 || m.val_loss.has_value()) {
+        PrintProgress(run, m);
+      }
+      const bool checkpoint_due =
+          !run.config.checkpoint.dir.empty() &&
+          ((run.config.checkpoint.every > 0 && run.step % run.config.checkpoint.every == 0) ||
+           last || stop);
+      if (checkpoint_due) RETURN_IF_ERROR(SaveCheckpoint(run));
+      if (stop && !last) {
+        run.summary.stopped_by_request = true;
+        PrintStopped(run);
+        break;
+      }
+    }
+    if (!run.config.checkpoint.export_path.empty()) {
+      RETURN_IF_ERROR(Export(run, run.config.checkpoint.export_path));
+      PrintExported(run);
+    }
+    return absl::OkStatus();
+  }();
+  run.summary.seconds = Seconds(start, RunClock::now());
+  FinishSummary(run);
+  PrintSummary(run);
+  status.Update(run.CloseOutputs());
+  return status;
+}
+
+}  // namespace trainer_internal
+}  // namespace ps
