@@ -306,14 +306,12 @@ class GptModel {
   // an optimizer step leaves there, so training continues bit for bit. Outside an iteration
   // (FailedPrecondition otherwise); errors of `fill` are returned as they are (the state is then
   // partially set: load again or re-initialize).
-  using TrainingStateFillFn =
-      std::function<absl::Status(absl::string_view name, ChunkType type, absl::Span<float> out)>;
+  using TrainingStateFillFn = ModelStateIo::TrainingStateFillFn;  // (name, type, out)
   [[nodiscard]] absl::Status LoadTrainingState(const TrainingStateFillFn& fill);
   // The counterpart for checkpoints: calls `visit(name, type, values)` for every tensor whose
   // training state this rank holds (all of them for world size 1) and type kMaster, kMomentum,
   // kVariance (f32), reading the chunks where they are. Outside an iteration.
-  using TrainingStateVisitFn = std::function<absl::Status(absl::string_view name, ChunkType type,
-                                                          absl::Span<const float> values)>;
+  using TrainingStateVisitFn = ModelStateIo::TrainingStateVisitFn;  // (name, type, values)
   [[nodiscard]] absl::Status VisitTrainingState(const TrainingStateVisitFn& visit) const;
   // The tensors VisitTrainingState visits, in its order, without reading them (names, types and
   // shapes: the table of contents of a checkpoint of this rank).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -34,6 +35,32 @@
 #include "scheduler/chunk_manager.h"
 
 namespace ps {
+
+namespace {
+
+// Calls `write(tensors)` for every chunk whose master this rank owns, with the chunk's tensors,
+// while all of its chunk types are accessed on the host (AccessChunks, kReadWrite); releases the
+// chunk even when `write` fails, and returns the first error. First drops the gathered copies of
+// other ranks' chunks (ZeRO: they are stale once this rank rewrites its own).
+absl::Status WriteOwnedChunksOnHost(
+    ChunkStore& store, ChunkManager& manager,
+    const std::function<absl::Status(absl::Span<const TensorId> tensors)>& write) {
+  const ChunkLayout& layout = store.layout();
+  RETURN_IF_ERROR(manager.ReleaseRemoteChunks());
+  for (int64_t c = 0; c < layout.num_chunks(); ++c) {
+    const std::vector<TensorId> tensors = layout.TensorsInChunk(c);
+    if (tensors.empty() || !layout.HoldsPayload(ChunkType::kMaster, c, store.rank())) continue;
+    RETURN_IF_ERROR(
+        manager.AccessChunks(c, kAllChunkTypes, Device::Host(), AccessMode::kReadWrite));
+    const absl::Status status = write(tensors);
+    const absl::Status released = manager.ReleaseChunks(c, kAllChunkTypes);
+    RETURN_IF_ERROR(status);
+    RETURN_IF_ERROR(released);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<Backend*> AcceleratorBackendOf(const DeviceMemory& accelerator) {
   // The accelerator memory sits on its backend (CreateAcceleratorMemory).
@@ -121,27 +148,16 @@ absl::Status ModelStateIo::SetParameters(const ParameterFillFn& fill) {
         "GptModel: parameters can only be set outside an iteration (after EndIteration)");
   }
   const ChunkLayout& layout = parts_.store->layout();
-  // ZeRO: other ranks' copies of this rank's chunks are stale from now on.
-  RETURN_IF_ERROR(parts_.manager->ReleaseRemoteChunks());
   std::vector<float> values;
-  for (int64_t c = 0; c < layout.num_chunks(); ++c) {
-    const std::vector<TensorId> tensors = layout.TensorsInChunk(c);
-    if (tensors.empty() || !layout.HoldsPayload(ChunkType::kMaster, c, parts_.store->rank()))
-      continue;
-    RETURN_IF_ERROR(
-        parts_.manager->AccessChunks(c, kAllChunkTypes, Device::Host(), AccessMode::kReadWrite));
-    absl::Status status;
-    for (TensorId t : tensors) {
-      values.assign(static_cast<size_t>(layout.tensor(t).numel), 0.0f);
-      status = fill(t, absl::MakeSpan(values));
-      if (status.ok()) status = WriteParameter(t, values);
-      if (!status.ok()) break;
-    }
-    const absl::Status released = parts_.manager->ReleaseChunks(c, kAllChunkTypes);
-    RETURN_IF_ERROR(status);
-    RETURN_IF_ERROR(released);
-  }
-  return absl::OkStatus();
+  return WriteOwnedChunksOnHost(
+      *parts_.store, *parts_.manager, [&](absl::Span<const TensorId> tensors) -> absl::Status {
+        for (TensorId t : tensors) {
+          values.assign(static_cast<size_t>(layout.tensor(t).numel), 0.0f);
+          RETURN_IF_ERROR(fill(t, absl::MakeSpan(values)));
+          RETURN_IF_ERROR(WriteParameter(t, values));
+        }
+        return absl::OkStatus();
+      });
 }
 
 absl::Status ModelStateIo::LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint) {
@@ -215,36 +231,26 @@ absl::Status ModelStateIo::LoadTrainingState(const TrainingStateFillFn& fill) {
         "GptModel: the training state can only be loaded outside an iteration");
   }
   const ChunkLayout& layout = parts_.store->layout();
-  RETURN_IF_ERROR(parts_.manager->ReleaseRemoteChunks());
   std::vector<float> values;
-  for (int64_t c = 0; c < layout.num_chunks(); ++c) {
-    const std::vector<TensorId> tensors = layout.TensorsInChunk(c);
-    if (tensors.empty() || !layout.HoldsPayload(ChunkType::kMaster, c, parts_.store->rank()))
-      continue;
-    RETURN_IF_ERROR(
-        parts_.manager->AccessChunks(c, kAllChunkTypes, Device::Host(), AccessMode::kReadWrite));
-    absl::Status status = [&]() -> absl::Status {
-      for (TensorId t : tensors) {
-        const TensorInfo& info = layout.tensor(t);
-        values.assign(static_cast<size_t>(info.numel), 0.0f);
-        for (ChunkType type : {ChunkType::kMomentum, ChunkType::kVariance, ChunkType::kMaster}) {
-          RETURN_IF_ERROR(fill(info.name, type, absl::MakeSpan(values)));
-          ASSIGN_OR_RETURN(TensorView v, parts_.store->View(type, t));
-          RETURN_IF_ERROR(RequireHostPayload(v, "loading the training state"));
-          std::memcpy(v.data, values.data(), values.size() * sizeof(float));
+  return WriteOwnedChunksOnHost(
+      *parts_.store, *parts_.manager, [&](absl::Span<const TensorId> tensors) -> absl::Status {
+        for (TensorId t : tensors) {
+          const TensorInfo& info = layout.tensor(t);
+          values.assign(static_cast<size_t>(info.numel), 0.0f);
+          for (ChunkType type : {ChunkType::kMomentum, ChunkType::kVariance, ChunkType::kMaster}) {
+            RETURN_IF_ERROR(fill(info.name, type, absl::MakeSpan(values)));
+            ASSIGN_OR_RETURN(TensorView v, parts_.store->View(type, t));
+            RETURN_IF_ERROR(RequireHostPayload(v, "loading the training state"));
+            std::memcpy(v.data, values.data(), values.size() * sizeof(float));
+          }
+          // `values` holds the master values now.
+          ASSIGN_OR_RETURN(TensorView param, parts_.store->View(ChunkType::kParam, t));
+          RETURN_IF_ERROR(RequireHostPayload(param, "loading the training state"));
+          RETURN_IF_ERROR(
+              Convert(DType::kF32, values.data(), param.dtype, param.data, param.numel));
         }
-        // `values` holds the master values now.
-        ASSIGN_OR_RETURN(TensorView param, parts_.store->View(ChunkType::kParam, t));
-        RETURN_IF_ERROR(RequireHostPayload(param, "loading the training state"));
-        RETURN_IF_ERROR(Convert(DType::kF32, values.data(), param.dtype, param.data, param.numel));
-      }
-      return absl::OkStatus();
-    }();
-    const absl::Status released = parts_.manager->ReleaseChunks(c, kAllChunkTypes);
-    RETURN_IF_ERROR(status);
-    RETURN_IF_ERROR(released);
-  }
-  return absl::OkStatus();
+        return absl::OkStatus();
+      });
 }
 
 absl::Status ModelStateIo::VisitTrainingState(const TrainingStateVisitFn& visit) const {
