@@ -118,7 +118,6 @@
 #define PATRICKSTAR_MODEL_GPT_MODEL_H_
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
