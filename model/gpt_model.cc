@@ -6,10 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <numbers>
 #include <optional>
-#include <random>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,7 +17,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "base/thread_pool.h"
@@ -55,6 +51,8 @@
 #include "model/kernels/swiglu.h"
 #include "model/kernels/vocab_blocks.h"
 #include "model/model_config.h"
+#include "model/model_state_io.h"
+#include "model/parameter_init.h"
 #include "model/transformer_block_spec.h"
 #include "scheduler/chunk_manager.h"
 
@@ -241,43 +239,6 @@ struct GptModel::Activations {
   Buffer slots;
 };
 
-namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
-
-// Elements [first_elem, first_elem + out.size()) of the N(0, std) values of stream `stream` of
-// `seed`: mt19937_64 (its sequence is fixed by the C++ standard) and Box-Muller in double
-// (std::normal_distribution is implementation-defined); element 2p is the cosine and 2p + 1 the
-// sine of pair p, which draws the generator's values 2p and 2p + 1. A row block of a tensor gets
-// exactly the values the whole tensor would.
-void FillNormal(uint64_t seed, uint64_t stream, double std, int64_t first_elem,
-                absl::Span<float> out) {
-  std::mt19937_64 gen(SplitMix64(seed ^ SplitMix64(stream)));
-  gen.discard(static_cast<unsigned long long>(first_elem / 2) * 2);
-  constexpr double kTwoPi = 2.0 * std::numbers::pi;
-  int64_t e = first_elem;
-  size_t i = 0;
-  while (i < out.size()) {
-    const double u1 = static_cast<double>((gen() >> 11) + 1) * 0x1.0p-53;  // (0, 1]
-    const double u2 = static_cast<double>(gen() >> 11) * 0x1.0p-53;        // [0, 1)
-    const double r = std::sqrt(-2.0 * std::log(u1));
-    if (e % 2 == 0) {
-      out[i++] = static_cast<float>(std * r * std::cos(kTwoPi * u2));
-      ++e;
-      if (i == out.size()) break;
-    }
-    out[i++] = static_cast<float>(std * r * std::sin(kTwoPi * u2));
-    ++e;
-  }
-}
-
-}  // namespace
-
 // --- Construction
 // ---------------------------------------------------------------------------------
 
@@ -339,67 +300,10 @@ class PinnedUploadBuffer {
   int64_t bytes_ = 0;
 };
 
-GptModel::~GptModel() {
-  absl::MutexLock lock(&staging_mu_);
-  if (staging_ != nullptr) {
-    // The stream waited for its copies when each read ended; nothing is in flight.
-    const absl::Status freed = staging_backend_->FreePinnedHost(staging_);
-    LOG_IF(WARNING, !freed.ok()) << "GptModel: freeing the payload staging buffer: " << freed;
-  }
-}
-
-absl::Status GptModel::RequireHostPayload(const TensorView& v, absl::string_view what) {
-  if (v.device.is_host()) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("GptModel: ", what, " found a payload on ",
-                                          v.device.ToString(),
-                                          " where the manager should have moved it to the host"));
-}
+GptModel::~GptModel() = default;
 
 absl::StatusOr<Backend*> GptModel::AcceleratorBackend() const {
-  // The accelerator memory sits on its backend (CreateAcceleratorMemory).
-  const auto* device = dynamic_cast<const BackendDeviceResource*>(accelerator_->upstream());
-  if (device == nullptr) {
-    return absl::InternalError(
-        "GptModel: the accelerator memory has no backend to compute and copy with");
-  }
-  return device->backend();
-}
-
-absl::Status GptModel::ReadPayloadRange(const TensorView& v, int64_t first_elem,
-                                        absl::Span<float> out) const {
-  const int64_t n = static_cast<int64_t>(out.size());
-  const int64_t elem_bytes = SizeOf(v.dtype);
-  CHECK(first_elem >= 0 && first_elem + n <= v.numel);
-  const char* src = static_cast<const char*>(v.data) + first_elem * elem_bytes;
-  if (v.device.is_host()) return Convert(v.dtype, src, DType::kF32, out.data(), n);
-  absl::MutexLock lock(&staging_mu_);
-  if (staging_ == nullptr) {
-    ASSIGN_OR_RETURN(staging_backend_, AcceleratorBackend());
-    ASSIGN_OR_RETURN(staging_,
-                     staging_backend_->AllocatePinnedHost(options_.payload_staging_bytes));
-  }
-  if (staging_stream_ == nullptr) {
-    ASSIGN_OR_RETURN(staging_stream_, staging_backend_->CreateStream());
-    ASSIGN_OR_RETURN(staging_event_, staging_backend_->CreateEvent());
-  }
-  // The payload may have been written by compute still queued (a gradient written into its slot):
-  // the copy waits for the compute stream's work so far.
-  RETURN_IF_ERROR(stream_->RecordEvent(staging_event_.get()));
-  RETURN_IF_ERROR(staging_stream_->WaitEvent(staging_event_.get()));
-  const int64_t piece_elems = options_.payload_staging_bytes / elem_bytes;
-  for (int64_t done = 0; done < n; done += piece_elems) {
-    const int64_t elems = std::min(piece_elems, n - done);
-    absl::Status copied = staging_stream_->MemcpyAsync(staging_, src + done * elem_bytes,
-                                                       elems * elem_bytes, CopyKind::kDeviceToHost);
-    if (copied.ok()) copied = staging_stream_->Synchronize();
-    if (!copied.ok()) {
-      // A stream that failed keeps its error (memory/backend.h): the next read gets a new one.
-      staging_stream_.reset();
-      return copied;
-    }
-    RETURN_IF_ERROR(Convert(v.dtype, staging_, DType::kF32, out.data() + done, elems));
-  }
-  return absl::OkStatus();
+  return AcceleratorBackendOf(*accelerator_);
 }
 
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config,
@@ -495,6 +399,23 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::CreateImpl(
       model->release_wait_ = model->stream_;
     }
   }
+  ModelStateIo::Parts io{.model_config = &model->model_config_,
+                         .config = &model->config_,
+                         .dims = model->dims(),
+                         .store = store,
+                         .manager = manager,
+                         .accelerator = accelerator,
+                         .compute_stream = model->stream_,
+                         .payload_staging_bytes = o.payload_staging_bytes,
+                         .param_tensors = model->param_tensors_,
+                         .row_blocks = {}};
+  for (const std::vector<VocabBlock>* blocks : {&model->vocab_blocks_, &model->lm_head_blocks_}) {
+    std::vector<ModelStateIo::RowBlock>& rows = io.row_blocks.emplace_back();
+    for (const VocabBlock& b : *blocks) {
+      rows.push_back({.tensor = b.tensor, .row_begin = b.row_begin, .rows = b.rows});
+    }
+  }
+  model->io_ = std::make_unique<ModelStateIo>(std::move(io));
   return model;
 }
 
@@ -702,55 +623,9 @@ absl::Status GptModel::WriteGradRows(TensorId tensor, int64_t first_row, int64_t
                            static_cast<char*>(v.data) + first_row * c * SizeOf(v.dtype), rows * c);
 }
 
-absl::Status GptModel::WriteParameter(TensorId tensor, absl::Span<const float> values) {
-  ASSIGN_OR_RETURN(TensorView master, store_->View(ChunkType::kMaster, tensor));
-  ASSIGN_OR_RETURN(TensorView param, store_->View(ChunkType::kParam, tensor));
-  CHECK_EQ(master.numel, static_cast<int64_t>(values.size()));
-  RETURN_IF_ERROR(RequireHostPayload(master, "setting a master weight"));
-  RETURN_IF_ERROR(RequireHostPayload(param, "setting a parameter"));
-  std::memcpy(master.data, values.data(), values.size() * sizeof(float));
-  RETURN_IF_ERROR(Convert(DType::kF32, values.data(), param.dtype, param.data, param.numel));
-  for (ChunkType type : {ChunkType::kMomentum, ChunkType::kVariance}) {
-    ASSIGN_OR_RETURN(TensorView v, store_->View(type, tensor));
-    RETURN_IF_ERROR(RequireHostPayload(v, "zeroing the optimizer state"));
-    std::memset(v.data, 0, static_cast<size_t>(v.bytes()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status GptModel::SetParameters(
-    const std::function<absl::Status(TensorId tensor, absl::Span<float> out)>& fill) {
-  if (manager_->in_iteration()) {
-    return absl::FailedPreconditionError(
-        "GptModel: parameters can only be set outside an iteration (after EndIteration)");
-  }
-  const ChunkLayout& layout = store_->layout();
-  // ZeRO: other ranks' copies of this rank's chunks are stale from now on.
-  RETURN_IF_ERROR(manager_->ReleaseRemoteChunks());
-  std::vector<float> values;
-  for (int64_t c = 0; c < layout.num_chunks(); ++c) {
-    const std::vector<TensorId> tensors = layout.TensorsInChunk(c);
-    if (tensors.empty() || !layout.HoldsPayload(ChunkType::kMaster, c, store_->rank())) continue;
-    RETURN_IF_ERROR(
-        manager_->AccessChunks(c, kAllChunkTypes, Device::Host(), AccessMode::kReadWrite));
-    absl::Status status;
-    for (TensorId t : tensors) {
-      values.assign(static_cast<size_t>(layout.tensor(t).numel), 0.0f);
-      status = fill(t, absl::MakeSpan(values));
-      if (status.ok()) status = WriteParameter(t, values);
-      if (!status.ok()) break;
-    }
-    const absl::Status released = manager_->ReleaseChunks(c, kAllChunkTypes);
-    RETURN_IF_ERROR(status);
-    RETURN_IF_ERROR(released);
-  }
-  return absl::OkStatus();
-}
-
 absl::Status GptModel::InitializeParameters(uint64_t seed) {
   const ChunkLayout& layout = store_->layout();
-  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.num_layers));
-  return SetParameters([&](TensorId t, absl::Span<float> out) {
+  return io_->SetParameters([&](TensorId t, absl::Span<float> out) {
     // A wte block draws its rows of wte's stream.
     std::string name = layout.tensor(t).name;
     int64_t first_elem = 0;
@@ -758,273 +633,68 @@ absl::Status GptModel::InitializeParameters(uint64_t seed) {
       name = block->base;
       first_elem = block->row_begin * config_.hidden;
     }
-    const bool gpt2 = model_config_.architecture() == ModelArchitecture::kGpt2;
-    // Norm weights 1 (GPT-2's LayerNorm biases 0): GPT-2's ln_*, Llama's *layernorm and
-    // model.norm.
-    const bool norm = gpt2
-                          ? absl::StrContains(name, "ln_")
-                          : absl::EndsWith(name, "layernorm.weight") || name == "model.norm.weight";
-    if (norm) {
-      std::fill(out.begin(), out.end(), absl::EndsWith(name, ".weight") ? 1.0f : 0.0f);
-    } else if (absl::EndsWith(name, ".bias")) {
-      std::fill(out.begin(), out.end(), 0.0f);
-    } else {
-      const auto stream = init_stream_.find(name);
-      CHECK(stream != init_stream_.end()) << "no tensor " << name;
-      // GPT-2 scales its residual projections; transformers' Llama uses N(0, 0.02) throughout.
-      FillNormal(seed, stream->second,
-                 gpt2 && absl::EndsWith(name, "c_proj.weight") ? residual_std : 0.02, first_elem,
-                 out);
+    const ParameterInit init = InitOf(model_config_.architecture(), config_.num_layers, name);
+    uint64_t stream = 0;
+    if (init.kind == ParameterInit::Kind::kNormal) {
+      const auto it = init_stream_.find(name);
+      CHECK(it != init_stream_.end()) << "no tensor " << name;
+      stream = it->second;
     }
+    FillInitialValues(init, seed, stream, first_elem, out);
     return absl::OkStatus();
   });
 }
 
 absl::Status GptModel::LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint) {
-  if (model_config_.architecture() != ModelArchitecture::kGpt2) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("GptModel::LoadGpt2Checkpoint: model '", config_.name, "' is a ",
-                     ModelFamilyName(model_config_.family),
-                     " model, not GPT-2; load a Hugging Face directory (LoadHfCheckpoint)"));
-  }
-  if (!(checkpoint.dims() == dims())) {
-    std::ostringstream os;
-    os << "GptModel: the checkpoint's dimensions " << checkpoint.dims()
-       << " differ from the model's " << dims() << " (config '" << config_.name << "')";
-    return absl::InvalidArgumentError(os.str());
-  }
-  const ChunkLayout& layout = store_->layout();
-  return SetParameters([&](TensorId t, absl::Span<float> out) {
-    const std::string& name = layout.tensor(t).name;
-    if (const std::optional<RowBlockName> block = ParseRowBlockName(name); block.has_value()) {
-      return checkpoint.ReadF32(block->base, block->row_begin * config_.hidden, out);
-    }
-    return checkpoint.ReadF32(name, out);
-  });
+  return io_->LoadGpt2Checkpoint(checkpoint);
 }
 
 absl::Status GptModel::LoadHfCheckpoint(const HfCheckpoint& checkpoint) {
-  ModelConfig theirs = checkpoint.config(), ours = model_config_;
-  theirs.name = ours.name = "";
-  theirs.torch_dtype = ours.torch_dtype = std::nullopt;
-  if (!(theirs == ours)) {
-    std::ostringstream os;
-    os << "GptModel: the Hugging Face model in " << checkpoint.dir() << " (" << checkpoint.config()
-       << ") differs from the model's configuration (" << model_config_ << ")";
-    return absl::InvalidArgumentError(os.str());
-  }
-  const ChunkLayout& layout = store_->layout();
-  return SetParameters([&](TensorId t, absl::Span<float> out) {
-    const std::string& name = layout.tensor(t).name;
-    if (const std::optional<RowBlockName> block = ParseRowBlockName(name); block.has_value()) {
-      return checkpoint.ReadAsF32(block->base, block->row_begin * config_.hidden, out);
-    }
-    return checkpoint.ReadAsF32(name, 0, out);
-  });
+  return io_->LoadHfCheckpoint(checkpoint);
 }
 
 absl::Status GptModel::SaveHfCheckpoint(const std::string& dir, DType dtype,
                                         const HfExportOptions& options) const {
-  if (manager_->in_iteration()) {
-    return absl::FailedPreconditionError(
-        "GptModel: export the parameters outside an iteration (after EndIteration)");
-  }
-  if (store_->layout().world_size() > 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "GptModel::SaveHfCheckpoint: this rank holds the master weights of its own chunks only "
-        "(ZeRO, world size ",
-        store_->layout().world_size(), "); gather them first, as the trainer's export does"));
-  }
-  return WriteHfCheckpoint(
-      dir, model_config_, dtype,
-      ConvertingFill(
-          [&](const TensorSpec& tensor, int64_t first_elem, absl::Span<float> dst) {
-            return ReadTensorRange(ChunkType::kMaster, tensor.name, first_elem, dst);
-          },
-          dtype),
-      options);
-}
-
-absl::Status GptModel::LoadTrainingState(const TrainingStateFillFn& fill) {
-  if (manager_->in_iteration()) {
-    return absl::FailedPreconditionError(
-        "GptModel: the training state can only be loaded outside an iteration");
-  }
-  const ChunkLayout& layout = store_->layout();
-  RETURN_IF_ERROR(manager_->ReleaseRemoteChunks());
-  std::vector<float> values;
-  for (int64_t c = 0; c < layout.num_chunks(); ++c) {
-    const std::vector<TensorId> tensors = layout.TensorsInChunk(c);
-    if (tensors.empty() || !layout.HoldsPayload(ChunkType::kMaster, c, store_->rank())) continue;
-    RETURN_IF_ERROR(
-        manager_->AccessChunks(c, kAllChunkTypes, Device::Host(), AccessMode::kReadWrite));
-    absl::Status status = [&]() -> absl::Status {
-      for (TensorId t : tensors) {
-        const TensorInfo& info = layout.tensor(t);
-        values.assign(static_cast<size_t>(info.numel), 0.0f);
-        for (ChunkType type : {ChunkType::kMomentum, ChunkType::kVariance, ChunkType::kMaster}) {
-          RETURN_IF_ERROR(fill(info.name, type, absl::MakeSpan(values)));
-          ASSIGN_OR_RETURN(TensorView v, store_->View(type, t));
-          RETURN_IF_ERROR(RequireHostPayload(v, "loading the training state"));
-          std::memcpy(v.data, values.data(), values.size() * sizeof(float));
-        }
-        // `values` holds the master values now.
-        ASSIGN_OR_RETURN(TensorView param, store_->View(ChunkType::kParam, t));
-        RETURN_IF_ERROR(RequireHostPayload(param, "loading the training state"));
-        RETURN_IF_ERROR(Convert(DType::kF32, values.data(), param.dtype, param.data, param.numel));
-      }
-      return absl::OkStatus();
-    }();
-    const absl::Status released = manager_->ReleaseChunks(c, kAllChunkTypes);
-    RETURN_IF_ERROR(status);
-    RETURN_IF_ERROR(released);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status GptModel::VisitTrainingState(const TrainingStateVisitFn& visit) const {
-  if (manager_->in_iteration()) {
-    return absl::FailedPreconditionError(
-        "GptModel: the training state can only be read outside an iteration");
-  }
-  for (const std::string& name : ParameterNames()) {
-    if (!HoldsTrainingState(name)) continue;
-    for (ChunkType type : {ChunkType::kMaster, ChunkType::kMomentum, ChunkType::kVariance}) {
-      ASSIGN_OR_RETURN(std::vector<float> v, ReadTensor(type, name));
-      RETURN_IF_ERROR(visit(name, type, v));
-    }
-  }
-  return absl::OkStatus();
-}
-
-bool GptModel::HoldsTrainingState(absl::string_view name) const {
-  const ChunkLayout& layout = store_->layout();
-  absl::StatusOr<TensorId> t = layout.FindTensor(name);
-  return t.ok() &&
-         layout.HoldsPayload(ChunkType::kMaster, layout.tensor(*t).chunk_index, store_->rank());
-}
-
-std::vector<std::string> GptModel::ParameterNames() const {
-  std::vector<std::string> names;
-  for (TensorId t : param_tensors_) names.push_back(store_->layout().tensor(t).name);
-  return names;
-}
-
-std::vector<TensorSpec> GptModel::ParameterSpecs() const {
-  std::vector<TensorSpec> specs;
-  for (TensorId t : param_tensors_) {
-    const TensorInfo& info = store_->layout().tensor(t);
-    specs.push_back({info.name, info.shape});
-  }
-  return specs;
+  return io_->SaveHfCheckpoint(dir, dtype, options);
 }
 
 absl::Status GptModel::SaveGpt2Safetensors(const std::string& path, DType dtype) const {
-  if (model_config_.architecture() != ModelArchitecture::kGpt2) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("GptModel::SaveGpt2Safetensors: model '", config_.name, "' is a ",
-                     ModelFamilyName(model_config_.family),
-                     " model, not GPT-2; export a Hugging Face directory (SaveHfCheckpoint)"));
-  }
-  if (manager_->in_iteration()) {
-    return absl::FailedPreconditionError(
-        "GptModel: export the parameters outside an iteration (after EndIteration)");
-  }
-  if (store_->layout().world_size() > 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "GptModel::SaveGpt2Safetensors: this rank holds the master weights of its own chunks "
-        "only (ZeRO, world size ",
-        store_->layout().world_size(),
-        "); gather them first, as the trainer's export does (trainer/trainer.h)"));
-  }
-  return WriteGpt2Safetensors(path, dims(), dtype,
-                              [&](absl::string_view name, absl::Span<float> out) -> absl::Status {
-                                return ReadTensorInto(ChunkType::kMaster, name, out);
-                              });
+  return io_->SaveGpt2Safetensors(path, dtype);
 }
+
+absl::Status GptModel::LoadTrainingState(const TrainingStateFillFn& fill) {
+  return io_->LoadTrainingState(fill);
+}
+
+absl::Status GptModel::VisitTrainingState(const TrainingStateVisitFn& visit) const {
+  return io_->VisitTrainingState(visit);
+}
+
+std::vector<TrainingStateTensor> GptModel::TrainingStateTensors() const {
+  return io_->TrainingStateTensors();
+}
+
+bool GptModel::HoldsTrainingState(absl::string_view name) const {
+  return io_->HoldsTrainingState(name);
+}
+
+std::vector<std::string> GptModel::ParameterNames() const { return io_->ParameterNames(); }
+
+std::vector<TensorSpec> GptModel::ParameterSpecs() const { return io_->ParameterSpecs(); }
 
 absl::StatusOr<std::vector<float>> GptModel::ReadTensor(ChunkType type,
                                                         absl::string_view name) const {
-  int64_t numel = 0;
-  if (absl::StatusOr<TensorId> t = store_->layout().FindTensor(name); t.ok()) {
-    numel = store_->layout().tensor(*t).numel;
-  } else if (BlocksOf(name) != nullptr) {
-    numel = config_.vocab_size * config_.hidden;
-  } else {
-    return t.status();
-  }
-  std::vector<float> out(static_cast<size_t>(numel));
-  RETURN_IF_ERROR(ReadTensorInto(type, name, absl::MakeSpan(out)));
-  return out;
+  return io_->ReadTensor(type, name);
 }
 
 absl::Status GptModel::ReadTensorInto(ChunkType type, absl::string_view name,
                                       absl::Span<float> out) const {
-  const ChunkLayout& layout = store_->layout();
-  absl::StatusOr<TensorId> t = layout.FindTensor(name);
-  if (t.ok()) {
-    ASSIGN_OR_RETURN(TensorView v, store_->View(type, *t));
-    if (static_cast<int64_t>(out.size()) != v.numel) {
-      return absl::InvalidArgumentError(absl::StrCat("GptModel::ReadTensorInto: '", name, "' has ",
-                                                     v.numel, " elements, not ", out.size()));
-    }
-    return ReadPayloadRange(v, 0, out);
-  }
-  if (BlocksOf(name) == nullptr) return t.status();
-  // A vocabulary matrix in row blocks: assembled.
-  const int64_t c = config_.hidden;
-  if (static_cast<int64_t>(out.size()) != config_.vocab_size * c) {
-    return absl::InvalidArgumentError(absl::StrCat("GptModel::ReadTensorInto: '", name, "' has ",
-                                                   config_.vocab_size * c, " elements, not ",
-                                                   out.size()));
-  }
-  return ReadTensorRange(type, name, 0, out);
-}
-
-const std::vector<GptModel::VocabBlock>* GptModel::BlocksOf(absl::string_view name) const {
-  const ChunkLayout& layout = store_->layout();
-  for (const std::vector<VocabBlock>* blocks : {&vocab_blocks_, &lm_head_blocks_}) {
-    if (blocks->empty()) continue;
-    const std::string& first = layout.tensor(blocks->front().tensor).name;
-    const std::optional<RowBlockName> block = ParseRowBlockName(first);
-    if (block.has_value() && block->base == name) return blocks;
-  }
-  return nullptr;
+  return io_->ReadTensorInto(type, name, out);
 }
 
 absl::Status GptModel::ReadTensorRange(ChunkType type, absl::string_view name, int64_t first_elem,
                                        absl::Span<float> out) const {
-  const ChunkLayout& layout = store_->layout();
-  const int64_t n = static_cast<int64_t>(out.size());
-  auto outside = [&](int64_t numel) {
-    return absl::InvalidArgumentError(absl::StrCat("GptModel::ReadTensorRange: elements [",
-                                                   first_elem, ", ", first_elem + n, ") of '", name,
-                                                   "' are outside its ", numel));
-  };
-  if (absl::StatusOr<TensorId> t = layout.FindTensor(name); t.ok()) {
-    ASSIGN_OR_RETURN(TensorView v, store_->View(type, *t));
-    if (first_elem < 0 || first_elem + n > v.numel) return outside(v.numel);
-    return ReadPayloadRange(v, first_elem, out);
-  }
-  const std::vector<VocabBlock>* blocks = BlocksOf(name);
-  if (blocks == nullptr) {
-    return absl::NotFoundError(absl::StrCat("GptModel: no tensor '", name, "'"));
-  }
-  const int64_t c = config_.hidden;
-  if (first_elem < 0 || first_elem + n > config_.vocab_size * c) {
-    return outside(config_.vocab_size * c);
-  }
-  // Each block holds the element range [row_begin c, (row_begin + rows) c) of the whole.
-  for (const VocabBlock& b : *blocks) {
-    const int64_t lo = std::max(first_elem, b.row_begin * c);
-    const int64_t hi = std::min(first_elem + n, (b.row_begin + b.rows) * c);
-    if (lo >= hi) continue;
-    ASSIGN_OR_RETURN(TensorView v, store_->View(type, b.tensor));
-    RETURN_IF_ERROR(ReadPayloadRange(
-        v, lo - b.row_begin * c,
-        out.subspan(static_cast<size_t>(lo - first_elem), static_cast<size_t>(hi - lo))));
-  }
-  return absl::OkStatus();
+  return io_->ReadTensorRange(type, name, first_elem, out);
 }
 
 // --- Inputs

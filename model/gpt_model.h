@@ -108,33 +108,25 @@
 // still refuses the cuda backend.
 //
 // Reading and setting the state outside compute (ReadTensor*, VisitTrainingState, the exports,
-// the imports, LoadTrainingState) never dereferences an accelerator payload on the host, so it is
-// correct where accelerator memory is not host-addressable (cuda): a payload on the accelerator is
-// copied, after the work enqueued on the compute stream so far (an event the copy waits for), with
-// Stream::MemcpyAsync (device to host) into one pinned staging buffer of
-// GptModelOptions::payload_staging_bytes from the accelerator's backend, piece by piece, and
-// converted from there; a payload in host memory is read in place. The imports first move every
-// chunk they write to the host through the manager (AccessChunks), and write only host payloads.
-// The staging buffer and its stream are created at the first staged read and kept until the model
-// is destroyed.
+// the imports, LoadTrainingState, InitializeParameters) is model/model_state_io.h's ModelStateIo,
+// which the model owns: it never dereferences an accelerator payload on the host (a pinned
+// staging buffer of GptModelOptions::payload_staging_bytes, see there), so it is correct with
+// cuda. The initial values are model/parameter_init.h's.
 //
 // Thread safety: thread-compatible. One thread drives the model and its ChunkManager.
 #ifndef PATRICKSTAR_MODEL_GPT_MODEL_H_
 #define PATRICKSTAR_MODEL_GPT_MODEL_H_
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "base/thread_pool.h"
 #include "chunk/chunk_layout.h"
@@ -149,6 +141,7 @@
 #include "model/kernels/kernels.h"
 #include "model/kernels/vocab_blocks.h"
 #include "model/model_config.h"
+#include "model/model_state_io.h"
 #include "model/transformer_block_spec.h"
 #include "scheduler/chunk_manager.h"
 
@@ -229,10 +222,10 @@ class GptModel {
   // rank, as they first drop the gathered copies (ChunkManager::ReleaseRemoteChunks). Because the
   // initialization is seeded per tensor, N ranks initialize the same model as one rank does.
   //
-  // GPT-2's initialization, reproducible from `seed` alone (on any platform: a per-tensor
-  // mt19937_64 stream and Box-Muller in double): weights ~ N(0, 0.02), the residual projections
-  // attn.c_proj.weight and mlp.c_proj.weight ~ N(0, 0.02 / sqrt(2 num_layers)), biases 0,
-  // LayerNorm weights 1 and biases 0. Writes the master (f32) chunks and the param chunks (the
+  // The seeded initialization (model/parameter_init.h: reproducible from `seed` alone on any
+  // platform, one stream per tensor; GPT-2: weights ~ N(0, 0.02), the residual projections
+  // ~ N(0, 0.02 / sqrt(2 num_layers)), biases 0, LayerNorm weights 1; Llama: N(0, 0.02)
+  // throughout, norm weights 1). Writes the master (f32) chunks and the param chunks (the
   // master value rounded to the compute dtype) and zeroes momentum and variance. Runs outside an
   // iteration (the accesses are untracked; chunks end up on the host).
   // FailedPrecondition inside an iteration; errors of the manager.
@@ -312,15 +305,16 @@ class GptModel {
   // an optimizer step leaves there, so training continues bit for bit. Outside an iteration
   // (FailedPrecondition otherwise); errors of `fill` are returned as they are (the state is then
   // partially set: load again or re-initialize).
-  using TrainingStateFillFn =
-      std::function<absl::Status(absl::string_view name, ChunkType type, absl::Span<float> out)>;
+  using TrainingStateFillFn = ModelStateIo::TrainingStateFillFn;  // (name, type, out)
   [[nodiscard]] absl::Status LoadTrainingState(const TrainingStateFillFn& fill);
   // The counterpart for checkpoints: calls `visit(name, type, values)` for every tensor whose
   // training state this rank holds (all of them for world size 1) and type kMaster, kMomentum,
   // kVariance (f32), reading the chunks where they are. Outside an iteration.
-  using TrainingStateVisitFn = std::function<absl::Status(absl::string_view name, ChunkType type,
-                                                          absl::Span<const float> values)>;
+  using TrainingStateVisitFn = ModelStateIo::TrainingStateVisitFn;  // (name, type, values)
   [[nodiscard]] absl::Status VisitTrainingState(const TrainingStateVisitFn& visit) const;
+  // The tensors VisitTrainingState visits, in its order, without reading them (names, types and
+  // shapes: the table of contents of a checkpoint of this rank).
+  std::vector<TrainingStateTensor> TrainingStateTensors() const;
   // Whether this rank holds the training state (master, momentum, variance) of parameter `name`:
   // always for world size 1; for the tensors of the chunks it owns under ZeRO. False for an
   // unknown name.
@@ -376,9 +370,6 @@ class GptModel {
   const std::vector<VocabBlock>& head_blocks() const {
     return spec_.tied_lm_head ? vocab_blocks_ : lm_head_blocks_;
   }
-  // The row blocks of Hugging Face tensor `name` (the embedding's or the untied LM head's), or
-  // nullptr.
-  const std::vector<VocabBlock>* BlocksOf(absl::string_view name) const;
 
   absl::Status ResolveLayout();
   // FailedPrecondition if a param slot holds a gradient (its tensor is HOLD_AFTER_BWD: a backward
@@ -399,12 +390,6 @@ class GptModel {
   // Writes `rows` rows of hidden values from `grad` into rows [first_row, first_row + rows) of a
   // 2-D tensor's param slot (converting).
   absl::Status WriteGradRows(TensorId tensor, int64_t first_row, int64_t rows, const float* grad);
-  // Writes f32 values into the tensor's master slot and its param slot (rounded), zeroes momentum
-  // and variance. REQUIRES: the tensor's chunks are accessed on the host.
-  absl::Status WriteParameter(TensorId tensor, absl::Span<const float> values);
-  // Writes every parameter from `fill` (outside an iteration).
-  absl::Status SetParameters(
-      const std::function<absl::Status(TensorId tensor, absl::Span<float> out)>& fill);
   // The shape of wte block `b` for the vocab_blocks kernels.
   VocabBlockShape BlockShape(const VocabBlock& b) const;
   // Elements of Activations::inputs (f32-sized): the loss (a double) at 0, tokens, targets, the
@@ -476,14 +461,6 @@ class GptModel {
                                 absl::Span<const float> x, absl::Span<const float> dy,
                                 absl::Span<float> dx);
 
-  // Elements [first_elem, first_elem + out.size()) of the payload `v`, converted to f32 into
-  // `out`: in place for a host payload, through the staging buffer for an accelerator payload.
-  // REQUIRES: the range lies inside v.
-  absl::Status ReadPayloadRange(const TensorView& v, int64_t first_elem,
-                                absl::Span<float> out) const;
-  // InternalError naming `what` unless `v` is in host memory (the imports write only there).
-  static absl::Status RequireHostPayload(const TensorView& v, absl::string_view what);
-
   const ModelConfig model_config_;
   const GptConfig config_;
   const TransformerBlockSpec spec_;
@@ -519,14 +496,8 @@ class GptModel {
   // Every parameter tensor in GptOperators order (the initialization's stream index).
   std::vector<TensorId> param_tensors_;
 
-  // The staging of accelerator payloads (ReadPayloadRange), created on first use. Guarded by
-  // staging_mu_ so that const readers stay safe to call from several threads.
-  mutable absl::Mutex staging_mu_;
-  mutable Backend* staging_backend_ ABSL_GUARDED_BY(staging_mu_) = nullptr;
-  mutable std::unique_ptr<Stream> staging_stream_ ABSL_GUARDED_BY(staging_mu_);
-  // Recorded on the compute stream before each staged copy, which waits for it.
-  mutable std::unique_ptr<Event> staging_event_ ABSL_GUARDED_BY(staging_mu_);
-  mutable void* staging_ ABSL_GUARDED_BY(staging_mu_) = nullptr;
+  // The state read and set outside compute (reads, checkpoints, imports and exports).
+  std::unique_ptr<ModelStateIo> io_;
 
   // Pinned host staging of the small per-micro-batch uploads on the compute stream (tokens,
   // targets and RoPE tables; slot_of_token), so that these copies are asynchronous: a pageable

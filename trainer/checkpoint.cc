@@ -18,11 +18,11 @@
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "chunk/chunk_type.h"
-#include "chunk/operator_spec.h"
 #include "memory/dtype.h"
 #include "model/finite_scan.h"
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
+#include "model/model_state_io.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "trainer/io/checkpoint_dir.h"
@@ -32,8 +32,10 @@ namespace {
 
 constexpr absl::string_view kStateFile = "state.safetensors";
 
-constexpr ChunkType kStateTypes[] = {ChunkType::kMaster, ChunkType::kMomentum,
-                                     ChunkType::kVariance};
+// The name of a training-state tensor in the state file: "<type>/<name>" ("master/wte.weight").
+std::string StateTensorName(const TrainingStateTensor& t) {
+  return absl::StrCat(ChunkTypeName(t.type), "/", t.name);
+}
 
 nlohmann::json IdentityJson(const CheckpointIdentity& id) {
   nlohmann::json j;
@@ -138,27 +140,19 @@ absl::StatusOr<std::string> WriteTrainingCheckpoint(const std::string& root, int
   options.keep_last = static_cast<int>(keep_last);
   ASSIGN_OR_RETURN(CheckpointWriter writer, CheckpointWriter::Begin(root, state.step, options));
 
-  // Tensors "<type>/<name>", flat f32, streamed one at a time from the chunks.
+  // Tensors "<type>/<name>", flat f32, streamed one at a time from the chunks, in the order the
+  // model visits its training state (wte's row blocks under their block names).
+  const std::vector<TrainingStateTensor> tensors = model.TrainingStateTensors();
   std::vector<SafetensorsTensorSpec> specs;
-  std::vector<std::pair<ChunkType, std::string>> sources;
-  // The tensors as the model stores them (wte's row blocks under their block names).
-  for (const TensorSpec& t : model.ParameterSpecs()) {
-    if (!model.HoldsTrainingState(t.name)) continue;  // another rank's (ZeRO)
-    for (ChunkType type : kStateTypes) {
-      SafetensorsTensorSpec spec;
-      spec.name = absl::StrCat(ChunkTypeName(type), "/", t.name);
-      spec.dtype = DType::kF32;
-      spec.shape = t.shape;
-      specs.push_back(std::move(spec));
-      sources.emplace_back(type, t.name);
-    }
+  for (const TrainingStateTensor& t : tensors) {
+    specs.push_back({.name = StateTensorName(t), .dtype = DType::kF32, .shape = t.shape});
   }
   std::map<std::string, std::string> metadata = {{"format", "patrickstar_cc training state"}};
   RETURN_IF_ERROR(WriteSafetensors(
       writer.FilePath(kStateFile), specs, metadata,
       [&](size_t index, absl::Span<uint8_t> dst) -> absl::Status {
         ASSIGN_OR_RETURN(std::vector<float> v,
-                         model.ReadTensor(sources[index].first, sources[index].second));
+                         model.ReadTensor(tensors[index].type, tensors[index].name));
         if (v.size() * sizeof(float) != dst.size()) {
           return absl::InternalError(
               absl::StrCat("checkpoint: size of ", specs[index].name, " changed"));
@@ -296,23 +290,16 @@ absl::StatusOr<TrainingCheckpointState> ReadTrainingCheckpoint(const std::string
   ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
   // Check every tensor before touching the model: present, f32, the model's shape, finite.
   absl::flat_hash_set<std::string> expected_names;
-  {
-    for (const TensorSpec& t : model->ParameterSpecs()) {
-      if (!model->HoldsTrainingState(t.name)) continue;  // another rank's (ZeRO)
-      for (ChunkType type : kStateTypes) {
-        const std::string name = absl::StrCat(ChunkTypeName(type), "/", t.name);
-        const SafetensorsTensorInfo* info = file.Find(name);
-        if (info == nullptr || info->dtype != DType::kF32 || info->shape != t.shape) {
-          return absl::DataLossError(absl::StrCat(where, ": ", path, " has no f32 tensor '", name,
-                                                  "' of shape [", absl::StrJoin(t.shape, ", "),
-                                                  "]"));
-        }
-        RETURN_IF_ERROR(CheckTensorFinite(absl::StrCat(where, " (", path, ")"), name, DType::kF32,
-                                          info->shape, file.Bytes(*info).data(),
-                                          info->num_elements));
-        expected_names.insert(name);
-      }
+  for (const TrainingStateTensor& t : model->TrainingStateTensors()) {
+    const std::string name = StateTensorName(t);
+    const SafetensorsTensorInfo* info = file.Find(name);
+    if (info == nullptr || info->dtype != DType::kF32 || info->shape != t.shape) {
+      return absl::DataLossError(absl::StrCat(where, ": ", path, " has no f32 tensor '", name,
+                                              "' of shape [", absl::StrJoin(t.shape, ", "), "]"));
     }
+    RETURN_IF_ERROR(CheckTensorFinite(absl::StrCat(where, " (", path, ")"), name, DType::kF32,
+                                      info->shape, file.Bytes(*info).data(), info->num_elements));
+    expected_names.insert(name);
   }
   for (const SafetensorsTensorInfo& info : file.tensors()) {
     if (!expected_names.contains(info.name)) {

@@ -1,0 +1,409 @@
+#include "model/model_state_io.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "base/status_macros.h"
+#include "chunk/chunk_layout.h"
+#include "chunk/chunk_store.h"
+#include "chunk/chunk_type.h"
+#include "chunk/operator_spec.h"
+#include "glog/logging.h"
+#include "memory/backend.h"
+#include "memory/convert.h"
+#include "memory/device.h"
+#include "memory/device_memory.h"
+#include "memory/dtype.h"
+#include "memory/resources.h"
+#include "model/gpt2_checkpoint.h"
+#include "model/gpt_config.h"
+#include "model/hf_checkpoint.h"
+#include "model/model_config.h"
+#include "scheduler/chunk_manager.h"
+
+namespace ps {
+
+namespace {
+
+// Calls `write(tensors)` for every chunk whose master this rank owns, with the chunk's tensors,
+// while all of its chunk types are accessed on the host (AccessChunks, kReadWrite); releases the
+// chunk even when `write` fails, and returns the first error. First drops the gathered copies of
+// other ranks' chunks (ZeRO: they are stale once this rank rewrites its own).
+absl::Status WriteOwnedChunksOnHost(
+    ChunkStore& store, ChunkManager& manager,
+    const std::function<absl::Status(absl::Span<const TensorId> tensors)>& write) {
+  const ChunkLayout& layout = store.layout();
+  RETURN_IF_ERROR(manager.ReleaseRemoteChunks());
+  for (int64_t c = 0; c < layout.num_chunks(); ++c) {
+    const std::vector<TensorId> tensors = layout.TensorsInChunk(c);
+    if (tensors.empty() || !layout.HoldsPayload(ChunkType::kMaster, c, store.rank())) continue;
+    RETURN_IF_ERROR(
+        manager.AccessChunks(c, kAllChunkTypes, Device::Host(), AccessMode::kReadWrite));
+    const absl::Status status = write(tensors);
+    const absl::Status released = manager.ReleaseChunks(c, kAllChunkTypes);
+    RETURN_IF_ERROR(status);
+    RETURN_IF_ERROR(released);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Backend*> AcceleratorBackendOf(const DeviceMemory& accelerator) {
+  // The accelerator memory sits on its backend (CreateAcceleratorMemory).
+  const auto* device = dynamic_cast<const BackendDeviceResource*>(accelerator.upstream());
+  if (device == nullptr) {
+    return absl::InternalError(
+        "GptModel: the accelerator memory has no backend to compute and copy with");
+  }
+  return device->backend();
+}
+
+ModelStateIo::ModelStateIo(Parts parts) : parts_(std::move(parts)) {}
+
+ModelStateIo::~ModelStateIo() {
+  absl::MutexLock lock(&staging_mu_);
+  if (staging_ != nullptr) {
+    // The stream waited for its copies when each read ended; nothing is in flight.
+    const absl::Status freed = staging_backend_->FreePinnedHost(staging_);
+    LOG_IF(WARNING, !freed.ok()) << "GptModel: freeing the payload staging buffer: " << freed;
+  }
+}
+
+absl::Status ModelStateIo::RequireHostPayload(const TensorView& v, absl::string_view what) {
+  if (v.device.is_host()) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("GptModel: ", what, " found a payload on ",
+                                          v.device.ToString(),
+                                          " where the manager should have moved it to the host"));
+}
+
+absl::Status ModelStateIo::ReadPayloadRange(const TensorView& v, int64_t first_elem,
+                                            absl::Span<float> out) const {
+  const int64_t n = static_cast<int64_t>(out.size());
+  const int64_t elem_bytes = SizeOf(v.dtype);
+  CHECK(first_elem >= 0 && first_elem + n <= v.numel);
+  const char* src = static_cast<const char*>(v.data) + first_elem * elem_bytes;
+  if (v.device.is_host()) return Convert(v.dtype, src, DType::kF32, out.data(), n);
+  absl::MutexLock lock(&staging_mu_);
+  if (staging_ == nullptr) {
+    ASSIGN_OR_RETURN(staging_backend_, AcceleratorBackendOf(*parts_.accelerator));
+    ASSIGN_OR_RETURN(staging_, staging_backend_->AllocatePinnedHost(parts_.payload_staging_bytes));
+  }
+  if (staging_stream_ == nullptr) {
+    ASSIGN_OR_RETURN(staging_stream_, staging_backend_->CreateStream());
+    ASSIGN_OR_RETURN(staging_event_, staging_backend_->CreateEvent());
+  }
+  // The payload may have been written by compute still queued (a gradient written into its slot):
+  // the copy waits for the compute stream's work so far.
+  RETURN_IF_ERROR(parts_.compute_stream->RecordEvent(staging_event_.get()));
+  RETURN_IF_ERROR(staging_stream_->WaitEvent(staging_event_.get()));
+  const int64_t piece_elems = parts_.payload_staging_bytes / elem_bytes;
+  for (int64_t done = 0; done < n; done += piece_elems) {
+    const int64_t elems = std::min(piece_elems, n - done);
+    absl::Status copied = staging_stream_->MemcpyAsync(staging_, src + done * elem_bytes,
+                                                       elems * elem_bytes, CopyKind::kDeviceToHost);
+    if (copied.ok()) copied = staging_stream_->Synchronize();
+    if (!copied.ok()) {
+      // A stream that failed keeps its error (memory/backend.h): the next read gets a new one.
+      staging_stream_.reset();
+      return copied;
+    }
+    RETURN_IF_ERROR(Convert(v.dtype, staging_, DType::kF32, out.data() + done, elems));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelStateIo::WriteParameter(TensorId tensor, absl::Span<const float> values) {
+  ASSIGN_OR_RETURN(TensorView master, parts_.store->View(ChunkType::kMaster, tensor));
+  ASSIGN_OR_RETURN(TensorView param, parts_.store->View(ChunkType::kParam, tensor));
+  CHECK_EQ(master.numel, static_cast<int64_t>(values.size()));
+  RETURN_IF_ERROR(RequireHostPayload(master, "setting a master weight"));
+  RETURN_IF_ERROR(RequireHostPayload(param, "setting a parameter"));
+  std::memcpy(master.data, values.data(), values.size() * sizeof(float));
+  RETURN_IF_ERROR(Convert(DType::kF32, values.data(), param.dtype, param.data, param.numel));
+  for (ChunkType type : {ChunkType::kMomentum, ChunkType::kVariance}) {
+    ASSIGN_OR_RETURN(TensorView v, parts_.store->View(type, tensor));
+    RETURN_IF_ERROR(RequireHostPayload(v, "zeroing the optimizer state"));
+    std::memset(v.data, 0, static_cast<size_t>(v.bytes()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelStateIo::SetParameters(const ParameterFillFn& fill) {
+  if (parts_.manager->in_iteration()) {
+    return absl::FailedPreconditionError(
+        "GptModel: parameters can only be set outside an iteration (after EndIteration)");
+  }
+  const ChunkLayout& layout = parts_.store->layout();
+  std::vector<float> values;
+  return WriteOwnedChunksOnHost(
+      *parts_.store, *parts_.manager, [&](absl::Span<const TensorId> tensors) -> absl::Status {
+        for (TensorId t : tensors) {
+          values.assign(static_cast<size_t>(layout.tensor(t).numel), 0.0f);
+          RETURN_IF_ERROR(fill(t, absl::MakeSpan(values)));
+          RETURN_IF_ERROR(WriteParameter(t, values));
+        }
+        return absl::OkStatus();
+      });
+}
+
+absl::Status ModelStateIo::LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint) {
+  if (parts_.model_config->architecture() != ModelArchitecture::kGpt2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GptModel::LoadGpt2Checkpoint: model '", parts_.config->name, "' is a ",
+                     ModelFamilyName(parts_.model_config->family),
+                     " model, not GPT-2; load a Hugging Face directory (LoadHfCheckpoint)"));
+  }
+  if (!(checkpoint.dims() == parts_.dims)) {
+    std::ostringstream os;
+    os << "GptModel: the checkpoint's dimensions " << checkpoint.dims()
+       << " differ from the model's " << parts_.dims << " (config '" << parts_.config->name << "')";
+    return absl::InvalidArgumentError(os.str());
+  }
+  const ChunkLayout& layout = parts_.store->layout();
+  return SetParameters([&](TensorId t, absl::Span<float> out) {
+    const std::string& name = layout.tensor(t).name;
+    if (const std::optional<RowBlockName> block = ParseRowBlockName(name); block.has_value()) {
+      return checkpoint.ReadF32(block->base, block->row_begin * parts_.config->hidden, out);
+    }
+    return checkpoint.ReadF32(name, out);
+  });
+}
+
+absl::Status ModelStateIo::LoadHfCheckpoint(const HfCheckpoint& checkpoint) {
+  ModelConfig theirs = checkpoint.config(), ours = *parts_.model_config;
+  theirs.name = ours.name = "";
+  theirs.torch_dtype = ours.torch_dtype = std::nullopt;
+  if (!(theirs == ours)) {
+    std::ostringstream os;
+    os << "GptModel: the Hugging Face model in " << checkpoint.dir() << " (" << checkpoint.config()
+       << ") differs from the model's configuration (" << *parts_.model_config << ")";
+    return absl::InvalidArgumentError(os.str());
+  }
+  const ChunkLayout& layout = parts_.store->layout();
+  return SetParameters([&](TensorId t, absl::Span<float> out) {
+    const std::string& name = layout.tensor(t).name;
+    if (const std::optional<RowBlockName> block = ParseRowBlockName(name); block.has_value()) {
+      return checkpoint.ReadAsF32(block->base, block->row_begin * parts_.config->hidden, out);
+    }
+    return checkpoint.ReadAsF32(name, 0, out);
+  });
+}
+
+absl::Status ModelStateIo::SaveHfCheckpoint(const std::string& dir, DType dtype,
+                                            const HfExportOptions& options) const {
+  if (parts_.manager->in_iteration()) {
+    return absl::FailedPreconditionError(
+        "GptModel: export the parameters outside an iteration (after EndIteration)");
+  }
+  if (parts_.store->layout().world_size() > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GptModel::SaveHfCheckpoint: this rank holds the master weights of its own chunks only "
+        "(ZeRO, world size ",
+        parts_.store->layout().world_size(), "); gather them first, as the trainer's export does"));
+  }
+  return WriteHfCheckpoint(
+      dir, *parts_.model_config, dtype,
+      ConvertingFill(
+          [&](const TensorSpec& tensor, int64_t first_elem, absl::Span<float> dst) {
+            return ReadTensorRange(ChunkType::kMaster, tensor.name, first_elem, dst);
+          },
+          dtype),
+      options);
+}
+
+absl::Status ModelStateIo::LoadTrainingState(const TrainingStateFillFn& fill) {
+  if (parts_.manager->in_iteration()) {
+    return absl::FailedPreconditionError(
+        "GptModel: the training state can only be loaded outside an iteration");
+  }
+  const ChunkLayout& layout = parts_.store->layout();
+  std::vector<float> values;
+  return WriteOwnedChunksOnHost(
+      *parts_.store, *parts_.manager, [&](absl::Span<const TensorId> tensors) -> absl::Status {
+        for (TensorId t : tensors) {
+          const TensorInfo& info = layout.tensor(t);
+          values.assign(static_cast<size_t>(info.numel), 0.0f);
+          for (ChunkType type : {ChunkType::kMomentum, ChunkType::kVariance, ChunkType::kMaster}) {
+            RETURN_IF_ERROR(fill(info.name, type, absl::MakeSpan(values)));
+            ASSIGN_OR_RETURN(TensorView v, parts_.store->View(type, t));
+            RETURN_IF_ERROR(RequireHostPayload(v, "loading the training state"));
+            std::memcpy(v.data, values.data(), values.size() * sizeof(float));
+          }
+          // `values` holds the master values now.
+          ASSIGN_OR_RETURN(TensorView param, parts_.store->View(ChunkType::kParam, t));
+          RETURN_IF_ERROR(RequireHostPayload(param, "loading the training state"));
+          RETURN_IF_ERROR(
+              Convert(DType::kF32, values.data(), param.dtype, param.data, param.numel));
+        }
+        return absl::OkStatus();
+      });
+}
+
+absl::Status ModelStateIo::VisitTrainingState(const TrainingStateVisitFn& visit) const {
+  if (parts_.manager->in_iteration()) {
+    return absl::FailedPreconditionError(
+        "GptModel: the training state can only be read outside an iteration");
+  }
+  for (const TrainingStateTensor& t : TrainingStateTensors()) {
+    ASSIGN_OR_RETURN(std::vector<float> v, ReadTensor(t.type, t.name));
+    RETURN_IF_ERROR(visit(t.name, t.type, v));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<TrainingStateTensor> ModelStateIo::TrainingStateTensors() const {
+  std::vector<TrainingStateTensor> tensors;
+  for (const TensorSpec& spec : ParameterSpecs()) {
+    if (!HoldsTrainingState(spec.name)) continue;  // another rank's (ZeRO)
+    for (ChunkType type : {ChunkType::kMaster, ChunkType::kMomentum, ChunkType::kVariance}) {
+      tensors.push_back({.name = spec.name, .type = type, .shape = spec.shape});
+    }
+  }
+  return tensors;
+}
+
+bool ModelStateIo::HoldsTrainingState(absl::string_view name) const {
+  const ChunkLayout& layout = parts_.store->layout();
+  absl::StatusOr<TensorId> t = layout.FindTensor(name);
+  return t.ok() && layout.HoldsPayload(ChunkType::kMaster, layout.tensor(*t).chunk_index,
+                                       parts_.store->rank());
+}
+
+std::vector<std::string> ModelStateIo::ParameterNames() const {
+  std::vector<std::string> names;
+  for (TensorId t : parts_.param_tensors) names.push_back(parts_.store->layout().tensor(t).name);
+  return names;
+}
+
+std::vector<TensorSpec> ModelStateIo::ParameterSpecs() const {
+  std::vector<TensorSpec> specs;
+  for (TensorId t : parts_.param_tensors) {
+    const TensorInfo& info = parts_.store->layout().tensor(t);
+    specs.push_back({info.name, info.shape});
+  }
+  return specs;
+}
+
+absl::Status ModelStateIo::SaveGpt2Safetensors(const std::string& path, DType dtype) const {
+  if (parts_.model_config->architecture() != ModelArchitecture::kGpt2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GptModel::SaveGpt2Safetensors: model '", parts_.config->name, "' is a ",
+                     ModelFamilyName(parts_.model_config->family),
+                     " model, not GPT-2; export a Hugging Face directory (SaveHfCheckpoint)"));
+  }
+  if (parts_.manager->in_iteration()) {
+    return absl::FailedPreconditionError(
+        "GptModel: export the parameters outside an iteration (after EndIteration)");
+  }
+  if (parts_.store->layout().world_size() > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GptModel::SaveGpt2Safetensors: this rank holds the master weights of its own chunks "
+        "only (ZeRO, world size ",
+        parts_.store->layout().world_size(),
+        "); gather them first, as the trainer's export does (trainer/trainer.h)"));
+  }
+  return WriteGpt2Safetensors(path, parts_.dims, dtype,
+                              [&](absl::string_view name, absl::Span<float> out) -> absl::Status {
+                                return ReadTensorInto(ChunkType::kMaster, name, out);
+                              });
+}
+
+absl::StatusOr<std::vector<float>> ModelStateIo::ReadTensor(ChunkType type,
+                                                            absl::string_view name) const {
+  int64_t numel = 0;
+  if (absl::StatusOr<TensorId> t = parts_.store->layout().FindTensor(name); t.ok()) {
+    numel = parts_.store->layout().tensor(*t).numel;
+  } else if (BlocksOf(name) != nullptr) {
+    numel = parts_.config->vocab_size * parts_.config->hidden;
+  } else {
+    return t.status();
+  }
+  std::vector<float> out(static_cast<size_t>(numel));
+  RETURN_IF_ERROR(ReadTensorInto(type, name, absl::MakeSpan(out)));
+  return out;
+}
+
+absl::Status ModelStateIo::ReadTensorInto(ChunkType type, absl::string_view name,
+                                          absl::Span<float> out) const {
+  const ChunkLayout& layout = parts_.store->layout();
+  absl::StatusOr<TensorId> t = layout.FindTensor(name);
+  if (t.ok()) {
+    ASSIGN_OR_RETURN(TensorView v, parts_.store->View(type, *t));
+    if (static_cast<int64_t>(out.size()) != v.numel) {
+      return absl::InvalidArgumentError(absl::StrCat("GptModel::ReadTensorInto: '", name, "' has ",
+                                                     v.numel, " elements, not ", out.size()));
+    }
+    return ReadPayloadRange(v, 0, out);
+  }
+  if (BlocksOf(name) == nullptr) return t.status();
+  // A vocabulary matrix in row blocks: assembled.
+  const int64_t c = parts_.config->hidden;
+  if (static_cast<int64_t>(out.size()) != parts_.config->vocab_size * c) {
+    return absl::InvalidArgumentError(absl::StrCat("GptModel::ReadTensorInto: '", name, "' has ",
+                                                   parts_.config->vocab_size * c, " elements, not ",
+                                                   out.size()));
+  }
+  return ReadTensorRange(type, name, 0, out);
+}
+
+const std::vector<ModelStateIo::RowBlock>* ModelStateIo::BlocksOf(absl::string_view name) const {
+  const ChunkLayout& layout = parts_.store->layout();
+  for (const std::vector<RowBlock>& blocks : parts_.row_blocks) {
+    if (blocks.empty()) continue;
+    const std::string& first = layout.tensor(blocks.front().tensor).name;
+    const std::optional<RowBlockName> block = ParseRowBlockName(first);
+    if (block.has_value() && block->base == name) return &blocks;
+  }
+  return nullptr;
+}
+
+absl::Status ModelStateIo::ReadTensorRange(ChunkType type, absl::string_view name,
+                                           int64_t first_elem, absl::Span<float> out) const {
+  const ChunkLayout& layout = parts_.store->layout();
+  const int64_t n = static_cast<int64_t>(out.size());
+  auto outside = [&](int64_t numel) {
+    return absl::InvalidArgumentError(absl::StrCat("GptModel::ReadTensorRange: elements [",
+                                                   first_elem, ", ", first_elem + n, ") of '", name,
+                                                   "' are outside its ", numel));
+  };
+  if (absl::StatusOr<TensorId> t = layout.FindTensor(name); t.ok()) {
+    ASSIGN_OR_RETURN(TensorView v, parts_.store->View(type, *t));
+    if (first_elem < 0 || first_elem + n > v.numel) return outside(v.numel);
+    return ReadPayloadRange(v, first_elem, out);
+  }
+  const std::vector<RowBlock>* blocks = BlocksOf(name);
+  if (blocks == nullptr) {
+    return absl::NotFoundError(absl::StrCat("GptModel: no tensor '", name, "'"));
+  }
+  const int64_t c = parts_.config->hidden;
+  if (first_elem < 0 || first_elem + n > parts_.config->vocab_size * c) {
+    return outside(parts_.config->vocab_size * c);
+  }
+  // Each block holds the element range [row_begin c, (row_begin + rows) c) of the whole.
+  for (const RowBlock& b : *blocks) {
+    const int64_t lo = std::max(first_elem, b.row_begin * c);
+    const int64_t hi = std::min(first_elem + n, (b.row_begin + b.rows) * c);
+    if (lo >= hi) continue;
+    ASSIGN_OR_RETURN(TensorView v, parts_.store->View(type, b.tensor));
+    RETURN_IF_ERROR(ReadPayloadRange(
+        v, lo - b.row_begin * c,
+        out.subspan(static_cast<size_t>(lo - first_elem), static_cast<size_t>(hi - lo))));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ps

@@ -1,0 +1,165 @@
+// ModelStateIo: a chunked transformer's state read and set outside compute — the staged reads of
+// chunk payloads (ReadTensor*), the training state of checkpoints (LoadTrainingState,
+// VisitTrainingState, TrainingStateTensors), and the Hugging Face / GPT-2 imports and exports.
+// GptModel (model/gpt_model.h) owns one and delegates its state methods to it; their contracts
+// are documented there, the mechanics here.
+//
+// Reading. Nothing here dereferences an accelerator payload on the host, so it is correct where
+// accelerator memory is not host-addressable (cuda): a payload on the accelerator is copied, after
+// the work enqueued on the compute stream so far (an event the copy waits for), with
+// Stream::MemcpyAsync (device to host) into one pinned staging buffer of
+// `payload_staging_bytes` from the accelerator's backend, piece by piece, and converted from
+// there; a payload in host memory is read in place. The staging buffer and its stream are created
+// at the first staged read and kept until the object is destroyed.
+//
+// Setting. The imports, the initialization (SetParameters) and LoadTrainingState first move every
+// chunk they write to the host through the manager (ChunkManager::AccessChunks, one chunk at a
+// time, all chunk types), and write only host payloads; under ZeRO they touch only the chunks
+// this rank owns and first drop the gathered copies of the others (ReleaseRemoteChunks).
+//
+// Row blocks. A vocabulary matrix held in row blocks ("wte.weight[0:2048]", ...) is read under its
+// Hugging Face name ("wte.weight") by assembling the blocks; the stored names are those of
+// ParameterNames.
+//
+// Thread safety: the const readers may be called from several threads (the staging is guarded by
+// a mutex); everything else is thread-compatible, driven by the thread that drives the model.
+#ifndef PATRICKSTAR_MODEL_MODEL_STATE_IO_H_
+#define PATRICKSTAR_MODEL_MODEL_STATE_IO_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "chunk/chunk_layout.h"
+#include "chunk/chunk_store.h"
+#include "chunk/chunk_type.h"
+#include "chunk/operator_spec.h"
+#include "memory/backend.h"
+#include "memory/device_memory.h"
+#include "memory/dtype.h"
+#include "model/gpt2_checkpoint.h"
+#include "model/gpt_config.h"
+#include "model/hf_checkpoint.h"
+#include "model/model_config.h"
+#include "scheduler/chunk_manager.h"
+
+namespace ps {
+
+// The backend of `accelerator`'s memory (CreateAcceleratorMemory puts it on a
+// BackendDeviceResource); InternalError if it has none.
+absl::StatusOr<Backend*> AcceleratorBackendOf(const DeviceMemory& accelerator);
+
+// One tensor of the training state: parameter `name` (a stored name, ParameterNames) and one of
+// kMaster, kMomentum, kVariance, all f32 of `shape`.
+struct TrainingStateTensor {
+  std::string name;
+  ChunkType type;
+  std::vector<int64_t> shape;
+};
+
+class ModelStateIo {
+ public:
+  // One row block of a vocabulary matrix: rows [row_begin, row_begin + rows) are stored tensor
+  // `tensor`.
+  struct RowBlock {
+    TensorId tensor = -1;
+    int64_t row_begin = 0;
+    int64_t rows = 0;
+  };
+  // What the state I/O works over. The pointers are not owned and must outlive the object.
+  struct Parts {
+    const ModelConfig* model_config = nullptr;
+    // The GPT-2 view of the dimensions (name, vocab_size, hidden: the row length of row blocks).
+    const GptConfig* config = nullptr;
+    Gpt2Dims dims;
+    ChunkStore* store = nullptr;
+    ChunkManager* manager = nullptr;
+    DeviceMemory* accelerator = nullptr;
+    // The stream the model computes on: staged copies wait for its work so far.
+    Stream* compute_stream = nullptr;
+    // Bytes of the pinned staging buffer; >= sizeof(float).
+    int64_t payload_staging_bytes = 0;
+    // Every parameter tensor in checkpoint order (ModelOperators order, row blocks by block).
+    std::vector<TensorId> param_tensors;
+    // The vocabulary matrices held in row blocks (the embedding's; an untied LM head's), each in
+    // row order; empty lists are ignored.
+    std::vector<std::vector<RowBlock>> row_blocks;
+  };
+
+  explicit ModelStateIo(Parts parts);
+  ModelStateIo(const ModelStateIo&) = delete;
+  ModelStateIo& operator=(const ModelStateIo&) = delete;
+  ~ModelStateIo();
+
+  // Writes every parameter this rank owns from `fill(tensor, out)` (`out` sized to the stored
+  // tensor): the master slot, the param slot (rounded to the compute dtype), momentum and variance
+  // zeroed. FailedPrecondition inside an iteration.
+  using ParameterFillFn = std::function<absl::Status(TensorId tensor, absl::Span<float> out)>;
+  [[nodiscard]] absl::Status SetParameters(const ParameterFillFn& fill);
+
+  // GptModel's imports and exports (see model/gpt_model.h for the contracts).
+  [[nodiscard]] absl::Status LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint);
+  [[nodiscard]] absl::Status LoadHfCheckpoint(const HfCheckpoint& checkpoint);
+  [[nodiscard]] absl::Status SaveHfCheckpoint(const std::string& dir, DType dtype,
+                                              const HfExportOptions& options) const;
+  [[nodiscard]] absl::Status SaveGpt2Safetensors(const std::string& path, DType dtype) const;
+
+  // The training state (see GptModel::LoadTrainingState and VisitTrainingState).
+  using TrainingStateFillFn =
+      std::function<absl::Status(absl::string_view name, ChunkType type, absl::Span<float> out)>;
+  [[nodiscard]] absl::Status LoadTrainingState(const TrainingStateFillFn& fill);
+  using TrainingStateVisitFn = std::function<absl::Status(absl::string_view name, ChunkType type,
+                                                          absl::Span<const float> values)>;
+  [[nodiscard]] absl::Status VisitTrainingState(const TrainingStateVisitFn& visit) const;
+  // The tensors VisitTrainingState visits, in its order (ParameterNames' order, each name's
+  // kMaster, kMomentum, kVariance), without reading them: what a checkpoint file holds.
+  std::vector<TrainingStateTensor> TrainingStateTensors() const;
+  bool HoldsTrainingState(absl::string_view name) const;
+  std::vector<std::string> ParameterNames() const;
+  std::vector<TensorSpec> ParameterSpecs() const;
+
+  // Staged reads (see GptModel::ReadTensor, ReadTensorInto, ReadTensorRange).
+  [[nodiscard]] absl::StatusOr<std::vector<float>> ReadTensor(ChunkType type,
+                                                              absl::string_view name) const;
+  [[nodiscard]] absl::Status ReadTensorInto(ChunkType type, absl::string_view name,
+                                            absl::Span<float> out) const;
+  [[nodiscard]] absl::Status ReadTensorRange(ChunkType type, absl::string_view name,
+                                             int64_t first_elem, absl::Span<float> out) const;
+
+ private:
+  // The row blocks of Hugging Face tensor `name`, or nullptr.
+  const std::vector<RowBlock>* BlocksOf(absl::string_view name) const;
+  // Elements [first_elem, first_elem + out.size()) of the payload `v`, converted to f32 into
+  // `out`: in place for a host payload, through the staging buffer for an accelerator payload.
+  // REQUIRES: the range lies inside v.
+  absl::Status ReadPayloadRange(const TensorView& v, int64_t first_elem,
+                                absl::Span<float> out) const;
+  // Writes f32 values into the tensor's master slot and its param slot (rounded), zeroes momentum
+  // and variance. REQUIRES: the tensor's chunks are accessed on the host.
+  absl::Status WriteParameter(TensorId tensor, absl::Span<const float> values);
+  // InternalError naming `what` unless `v` is in host memory (the imports write only there).
+  static absl::Status RequireHostPayload(const TensorView& v, absl::string_view what);
+
+  const Parts parts_;
+
+  // The staging of accelerator payloads (ReadPayloadRange), created on first use. Guarded by
+  // staging_mu_ so that const readers stay safe to call from several threads.
+  mutable absl::Mutex staging_mu_;
+  mutable Backend* staging_backend_ ABSL_GUARDED_BY(staging_mu_) = nullptr;
+  mutable std::unique_ptr<Stream> staging_stream_ ABSL_GUARDED_BY(staging_mu_);
+  // Recorded on the compute stream before each staged copy, which waits for it.
+  mutable std::unique_ptr<Event> staging_event_ ABSL_GUARDED_BY(staging_mu_);
+  mutable void* staging_ ABSL_GUARDED_BY(staging_mu_) = nullptr;
+};
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_MODEL_MODEL_STATE_IO_H_
