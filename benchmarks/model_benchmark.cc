@@ -63,9 +63,9 @@
 #include "model/gpt_activation_profile.h"
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
-#include "model/kernels/attention.h"
 #include "model/kernels/encoder.h"
 #include "model/kernels/gelu.h"
+#include "model/kernels/gqa_attention.h"
 #include "model/kernels/internal/bf16_gemm.h"
 #include "model/kernels/internal/blas.h"
 #include "model/kernels/layernorm.h"
@@ -287,17 +287,31 @@ std::vector<Row> KernelBreakdown(const GptConfig& cfg, int64_t B, int64_t T, boo
   }
   // Attention.
   {
-    const AttentionShape att{B, T, C, H, 64};
+    // GPT-2's fused qkv read through row strides of 3C (one attention kernel, kv heads = heads).
+    const GqaAttentionShape att{.batch = B,
+                                .seq_len = T,
+                                .num_heads = H,
+                                .num_kv_heads = H,
+                                .head_dim = C / H,
+                                .tile = 64,
+                                .q_row_stride = 3 * C,
+                                .kv_row_stride = 3 * C};
     const std::vector<float> qkv = RandomFloats(N * 3 * C, 1, 10),
                              dout = RandomFloats(N * C, 1, 11);
     std::vector<float> out(N * C), lse(B * H * T), dqkv(N * 3 * C),
-        ws(AttentionWorkspaceElems(att, pool == nullptr ? 1 : pool->num_threads()));
+        ws(GqaAttentionWorkspaceElems(att, pool == nullptr ? 1 : pool->num_threads()));
+    const int64_t n = GqaAttentionQElems(att);
+    const absl::Span<const float> x(qkv);
+    const absl::Span<float> dx = absl::MakeSpan(dqkv);
     const double fwd = BestSeconds(kReps, [&] {
-      PS_CHECK_OK(AttentionForward<float>(att, qkv, absl::MakeSpan(out), absl::MakeSpan(lse),
-                                          absl::MakeSpan(ws), pool));
+      PS_CHECK_OK(GqaAttentionForward<float>(att, x.subspan(0, n), x.subspan(C, n),
+                                             x.subspan(2 * C, n), absl::MakeSpan(out),
+                                             absl::MakeSpan(lse), absl::MakeSpan(ws), pool));
     });
     const double bwd = BestSeconds(kReps, [&] {
-      PS_CHECK_OK(AttentionBackward<float>(att, qkv, out, lse, dout, absl::MakeSpan(dqkv), pool));
+      PS_CHECK_OK(GqaAttentionBackward<float>(att, x.subspan(0, n), x.subspan(C, n),
+                                              x.subspan(2 * C, n), out, lse, dout, dx.subspan(0, n),
+                                              dx.subspan(C, n), dx.subspan(2 * C, n), pool));
     });
     rows.push_back({"attention fwd", Ld, 2 * Ld, fwd, 0});
     rows.push_back({"attention bwd", Ld, Ld, bwd, 0});

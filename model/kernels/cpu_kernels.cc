@@ -11,7 +11,6 @@
 #include "base/status_macros.h"
 #include "memory/convert.h"
 #include "memory/cpu_backend.h"
-#include "model/kernels/attention.h"
 #include "model/kernels/embedding.h"
 #include "model/kernels/encoder.h"
 #include "model/kernels/gelu.h"
@@ -260,31 +259,6 @@ absl::Status CpuKernels::DoResidualBackward(Stream& stream, int64_t n, const flo
   });
 }
 
-absl::Status CpuKernels::DoAttentionForward(Stream& stream, const AttentionShape& s,
-                                            const float* qkv, float* out, float* lse,
-                                            void* workspace, int64_t workspace_bytes) {
-  ThreadPool* pool = pool_;
-  return Enqueue(stream, [=] {
-    const int64_t btc = s.batch * s.seq_len * s.channels;
-    return ::ps::AttentionForward<float>(
-        s, In(qkv, 3 * btc), Out(out, btc), Out(lse, s.batch * s.num_heads * s.seq_len),
-        Out(static_cast<float*>(workspace), workspace_bytes / static_cast<int64_t>(sizeof(float))),
-        pool);
-  });
-}
-
-absl::Status CpuKernels::DoAttentionBackward(Stream& stream, const AttentionShape& s,
-                                             const float* qkv, const float* out, const float* lse,
-                                             const float* dout, float* dqkv, void*, int64_t) {
-  ThreadPool* pool = pool_;
-  return Enqueue(stream, [=] {
-    const int64_t btc = s.batch * s.seq_len * s.channels;
-    return ::ps::AttentionBackward<float>(s, In(qkv, 3 * btc), In(out, btc),
-                                          In(lse, s.batch * s.num_heads * s.seq_len), In(dout, btc),
-                                          Out(dqkv, 3 * btc), pool);
-  });
-}
-
 absl::Status CpuKernels::DoLmHeadCrossEntropyForward(
     Stream& stream, const LmHeadCrossEntropyShape& s, const float* h, const float* wte,
     const int32_t* targets, float* lse, double* loss, void* workspace, int64_t workspace_bytes) {
@@ -384,11 +358,10 @@ absl::Status CpuKernels::DoGqaAttentionForward(Stream& stream, const GqaAttentio
                                                int64_t workspace_bytes) {
   ThreadPool* pool = pool_;
   return Enqueue(stream, [=] {
-    const int64_t bt = s.batch * s.seq_len;
-    const int64_t q_elems = bt * s.num_heads * s.head_dim;
-    const int64_t kv_elems = bt * s.num_kv_heads * s.head_dim;
+    const int64_t out_elems = s.batch * s.seq_len * s.num_heads * s.head_dim;
+    const int64_t q_elems = GqaAttentionQElems(s), kv_elems = GqaAttentionKvElems(s);
     return ::ps::GqaAttentionForward<float>(
-        s, In(q, q_elems), In(k, kv_elems), In(v, kv_elems), Out(out, q_elems),
+        s, In(q, q_elems), In(k, kv_elems), In(v, kv_elems), Out(out, out_elems),
         Out(lse, s.batch * s.num_heads * s.seq_len),
         Out(static_cast<float*>(workspace), workspace_bytes / static_cast<int64_t>(sizeof(float))),
         pool);
@@ -402,12 +375,11 @@ absl::Status CpuKernels::DoGqaAttentionBackward(Stream& stream, const GqaAttenti
                                                 void*, int64_t) {
   ThreadPool* pool = pool_;
   return Enqueue(stream, [=] {
-    const int64_t bt = s.batch * s.seq_len;
-    const int64_t q_elems = bt * s.num_heads * s.head_dim;
-    const int64_t kv_elems = bt * s.num_kv_heads * s.head_dim;
+    const int64_t out_elems = s.batch * s.seq_len * s.num_heads * s.head_dim;
+    const int64_t q_elems = GqaAttentionQElems(s), kv_elems = GqaAttentionKvElems(s);
     return ::ps::GqaAttentionBackward<float>(
-        s, In(q, q_elems), In(k, kv_elems), In(v, kv_elems), In(out, q_elems),
-        In(lse, s.batch * s.num_heads * s.seq_len), In(dout, q_elems), Out(dq, q_elems),
+        s, In(q, q_elems), In(k, kv_elems), In(v, kv_elems), In(out, out_elems),
+        In(lse, s.batch * s.num_heads * s.seq_len), In(dout, out_elems), Out(dq, q_elems),
         Out(dk, kv_elems), Out(dv, kv_elems), pool);
   });
 }

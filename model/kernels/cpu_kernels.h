@@ -98,12 +98,6 @@ class CpuKernels final : public Kernels {
                                  float* out) override;
   absl::Status DoResidualBackward(Stream& stream, int64_t n, const float* dout, float* da,
                                   float* db) override;
-  absl::Status DoAttentionForward(Stream& stream, const AttentionShape& shape, const float* qkv,
-                                  float* out, float* lse, void* workspace,
-                                  int64_t workspace_bytes) override;
-  absl::Status DoAttentionBackward(Stream& stream, const AttentionShape& shape, const float* qkv,
-                                   const float* out, const float* lse, const float* dout,
-                                   float* dqkv, void* workspace, int64_t workspace_bytes) override;
   absl::Status DoLmHeadCrossEntropyForward(Stream& stream, const LmHeadCrossEntropyShape& shape,
                                            const float* h, const float* wte, const int32_t* targets,
                                            float* lse, double* loss, void* workspace,

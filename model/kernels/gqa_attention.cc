@@ -1,7 +1,7 @@
 #include "model/kernels/gqa_attention.h"
 
 #include <algorithm>
-#include <cmath>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -11,9 +11,9 @@
 #include "base/status_macros.h"
 #include "base/thread_pool.h"
 #include "model/kernels/attention_math.h"
+#include "model/kernels/internal/attention_reference.h"
+#include "model/kernels/internal/attention_simd.h"
 #include "model/kernels/internal/kernel_util.h"
-#include "model/kernels/internal/simd.h"
-#include "model/kernels/softmax_math.h"
 
 namespace ps {
 namespace {
@@ -21,8 +21,18 @@ namespace {
 using kernels_internal::CheckElems;
 using kernels_internal::CheckPositive;
 using kernels_internal::CheckWorkspace;
-using kernels_internal::NumTasks;
+using kernels_internal::GqaAttentionBackwardReference;
+using kernels_internal::GqaAttentionForwardReference;
 using kernels_internal::ParallelFor;
+namespace simd = kernels_internal::simd;
+
+absl::Status CheckStride(const char* kernel, const char* name, int64_t stride, int64_t row,
+                         const char* row_formula) {
+  if (stride == 0 || stride >= row) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(kernel, ": ", name, " ", stride,
+                                                 " is shorter than a row (", row_formula, " = ",
+                                                 row, "); use 0 for packed rows"));
+}
 
 absl::Status CheckShape(const char* kernel, const GqaAttentionShape& s) {
   RETURN_IF_ERROR(CheckPositive(kernel, "batch", s.batch));
@@ -36,53 +46,30 @@ absl::Status CheckShape(const char* kernel, const GqaAttentionShape& s) {
                                                    " is not a multiple of num_key_value_heads ",
                                                    s.num_kv_heads));
   }
-  return absl::OkStatus();
+  RETURN_IF_ERROR(
+      CheckStride(kernel, "q_row_stride", s.q_row_stride, s.num_heads * s.head_dim, "Hq*D"));
+  return CheckStride(kernel, "kv_row_stride", s.kv_row_stride, s.num_kv_heads * s.head_dim,
+                     "Hkv*D");
 }
 
-// The inner loops: vectorized for float (internal/simd.h), scalar for double.
-template <typename T>
-inline T DotProduct(const T* a, const T* b, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) return kernels_internal::simd::Dot(a, b, n);
-  T s = 0;
-  for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
-  return s;
-}
+// The q-like and kv-like spans' element counts, for the messages.
+constexpr char kQElems[] = "(B*T-1)*q_row_stride + Hq*D";
+constexpr char kKvElems[] = "(B*T-1)*kv_row_stride + Hkv*D";
 
-// y += alpha x.
-template <typename T>
-inline void Axpy(T alpha, const T* x, T* y, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    kernels_internal::simd::Axpy(alpha, x, y, n);
-  } else {
-    for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
-  }
+// The f32 view of query head h of batch element b and the kv head it reads.
+simd::AttentionHeadView HeadView(const GqaAttentionShape& s, const float* q, const float* k,
+                                 const float* v, int64_t b, int64_t h) {
+  const int64_t L = s.seq_len, D = s.head_dim, g = h / (s.num_heads / s.num_kv_heads);
+  const int64_t q_stride = GqaQRowStride(s), kv_stride = GqaKvRowStride(s);
+  return {.q = q + b * L * q_stride + h * D,
+          .k = k + b * L * kv_stride + g * D,
+          .v = v + b * L * kv_stride + g * D,
+          .q_stride = q_stride,
+          .kv_stride = kv_stride,
+          .seq_len = L,
+          .head_dim = D,
+          .scale = AttentionScale<float>(D)};
 }
-
-// y *= alpha.
-template <typename T>
-inline void ScaleInPlace(T alpha, T* y, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    kernels_internal::simd::Scale(alpha, y, n);
-  } else {
-    for (int64_t d = 0; d < n; ++d) y[d] *= alpha;
-  }
-}
-
-// A work item (b, head, tile index) from its number; `heads` is Hq or Hkv depending on the pass.
-struct Item {
-  int64_t b, h, tile;
-};
-inline Item DecodeItem(int64_t item, int64_t heads, int64_t num_tiles) {
-  return {item / (heads * num_tiles), (item / num_tiles) % heads, item % num_tiles};
-}
-
-// Row addressing of the [B, T, H, D] tensors.
-struct Rows {
-  int64_t L, Hq, Hkv, D;
-  int64_t Q(int64_t b, int64_t t, int64_t h) const { return ((b * L + t) * Hq + h) * D; }
-  int64_t KV(int64_t b, int64_t t, int64_t g) const { return ((b * L + t) * Hkv + g) * D; }
-  int64_t Lse(int64_t b, int64_t h, int64_t t) const { return (b * Hq + h) * L + t; }
-};
 
 }  // namespace
 
@@ -96,59 +83,37 @@ absl::Status GqaAttentionForward(const GqaAttentionShape& shape, absl::Span<cons
                                  absl::Span<T> lse, absl::Span<T> workspace, ThreadPool* pool) {
   constexpr char kKernel[] = "GqaAttentionForward";
   RETURN_IF_ERROR(CheckShape(kKernel, shape));
-  const int64_t B = shape.batch, L = shape.seq_len, Hq = shape.num_heads, Hkv = shape.num_kv_heads,
-                D = shape.head_dim, tile = shape.tile;
-  RETURN_IF_ERROR(CheckElems(kKernel, "q", q, B * L * Hq * D, "B*T*Hq*D"));
-  RETURN_IF_ERROR(CheckElems(kKernel, "k", k, B * L * Hkv * D, "B*T*Hkv*D"));
-  RETURN_IF_ERROR(CheckElems(kKernel, "v", v, B * L * Hkv * D, "B*T*Hkv*D"));
+  const int64_t B = shape.batch, L = shape.seq_len, Hq = shape.num_heads, D = shape.head_dim;
+  const int64_t q_elems = GqaAttentionQElems(shape), kv_elems = GqaAttentionKvElems(shape);
+  RETURN_IF_ERROR(CheckElems(kKernel, "q", q, q_elems, kQElems));
+  RETURN_IF_ERROR(CheckElems(kKernel, "k", k, kv_elems, kKvElems));
+  RETURN_IF_ERROR(CheckElems(kKernel, "v", v, kv_elems, kKvElems));
   RETURN_IF_ERROR(CheckElems(kKernel, "out", out, B * L * Hq * D, "B*T*Hq*D"));
   RETURN_IF_ERROR(CheckElems(kKernel, "lse", lse, B * Hq * L, "B*Hq*T"));
   const int num_slots = pool == nullptr ? 1 : pool->num_threads();
   RETURN_IF_ERROR(CheckWorkspace(kKernel, workspace, GqaAttentionWorkspaceElems(shape, num_slots)));
 
-  const Rows rows{L, Hq, Hkv, D};
-  const int64_t group = Hq / Hkv;
-  const T scale = AttentionScale<T>(D);
-  const int64_t num_tiles = NumTasks(L, tile);
-  const int64_t num_items = B * Hq * num_tiles;
-  // Slot s runs items s, s + num_slots, ... with its own score row and output row.
-  ParallelFor(pool, num_slots, [&](int64_t slot) {
-    T* scores = workspace.data() + slot * (tile + D);
-    T* acc = scores + tile;
-    for (int64_t item = slot; item < num_items; item += num_slots) {
-      const Item it = DecodeItem(item, Hq, num_tiles);
-      const int64_t g = it.h / group;
-      const int64_t i0 = it.tile * tile, i1 = std::min(L, i0 + tile);
-      for (int64_t i = i0; i < i1; ++i) {
-        const T* qi = q.data() + rows.Q(it.b, i, it.h);
-        T m = NegativeInfinity<T>(), l = 0;
-        std::fill(acc, acc + D, T{0});
-        for (int64_t j0 = 0; j0 <= i; j0 += tile) {
-          const int64_t j1 = std::min(i + 1, j0 + tile);  // causal: keys j <= i
-          T tile_max = NegativeInfinity<T>();
-          for (int64_t j = j0; j < j1; ++j) {
-            const T s = scale * DotProduct(qi, k.data() + rows.KV(it.b, j, g), D);
-            scores[j - j0] = s;
-            tile_max = MaxOf(tile_max, s);
-          }
-          const T new_m = MaxOf(m, tile_max);
-          const T correction = SoftmaxRescale(m, new_m);  // 0 on the first tile (m = -inf)
-          l *= correction;
-          ScaleInPlace(correction, acc, D);
-          for (int64_t j = j0; j < j1; ++j) {
-            const T p = SoftmaxWeight(scores[j - j0], new_m);
-            l += p;
-            Axpy(p, v.data() + rows.KV(it.b, j, g), acc, D);
-          }
-          m = new_m;
-        }
-        T* o = out.data() + rows.Q(it.b, i, it.h);
-        const T inv_l = T{1} / l;
-        for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inv_l;
-        lse[rows.Lse(it.b, it.h, i)] = SoftmaxLogSumExp(SoftmaxState<T>{m, l});
+  if constexpr (std::is_same_v<T, float>) {
+    // The fast schedule (bit-identical to the reference, internal/attention_simd.h). Work items
+    // are whole query heads (b, h), of equal cost (the reference's (b, h, query tile) items differ
+    // by the causal triangle, and their static round-robin left one thread ~20% more work); each
+    // slot claims the next unclaimed head until none is left, with its own scores and output row.
+    const int64_t tile = shape.tile;
+    const int64_t num_items = B * Hq;
+    std::atomic<int64_t> next_item{0};
+    ParallelFor(pool, num_slots, [&](int64_t slot) {
+      float* scores = workspace.data() + slot * (tile + D);
+      float* acc = scores + tile;
+      for (int64_t item = next_item++; item < num_items; item = next_item++) {
+        const int64_t b = item / Hq, h = item % Hq;
+        simd::AttentionForwardRows(HeadView(shape, q.data(), k.data(), v.data(), b, h), tile, 0, L,
+                                   out.data() + b * L * Hq * D + h * D, Hq * D,
+                                   lse.data() + (b * Hq + h) * L, scores, acc);
       }
-    }
-  });
+    });
+  } else {
+    GqaAttentionForwardReference<T>(shape, q, k, v, out, lse, workspace, pool);
+  }
   return absl::OkStatus();
 }
 
@@ -161,65 +126,39 @@ absl::Status GqaAttentionBackward(const GqaAttentionShape& shape, absl::Span<con
   constexpr char kKernel[] = "GqaAttentionBackward";
   RETURN_IF_ERROR(CheckShape(kKernel, shape));
   const int64_t B = shape.batch, L = shape.seq_len, Hq = shape.num_heads, Hkv = shape.num_kv_heads,
-                D = shape.head_dim, tile = shape.tile;
-  RETURN_IF_ERROR(CheckElems(kKernel, "q", q, B * L * Hq * D, "B*T*Hq*D"));
-  RETURN_IF_ERROR(CheckElems(kKernel, "k", k, B * L * Hkv * D, "B*T*Hkv*D"));
-  RETURN_IF_ERROR(CheckElems(kKernel, "v", v, B * L * Hkv * D, "B*T*Hkv*D"));
+                D = shape.head_dim;
+  const int64_t q_elems = GqaAttentionQElems(shape), kv_elems = GqaAttentionKvElems(shape);
+  RETURN_IF_ERROR(CheckElems(kKernel, "q", q, q_elems, kQElems));
+  RETURN_IF_ERROR(CheckElems(kKernel, "k", k, kv_elems, kKvElems));
+  RETURN_IF_ERROR(CheckElems(kKernel, "v", v, kv_elems, kKvElems));
   RETURN_IF_ERROR(CheckElems(kKernel, "out", out, B * L * Hq * D, "B*T*Hq*D"));
   RETURN_IF_ERROR(CheckElems(kKernel, "lse", lse, B * Hq * L, "B*Hq*T"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dout", dout, B * L * Hq * D, "B*T*Hq*D"));
-  RETURN_IF_ERROR(CheckElems(kKernel, "dq", dq, B * L * Hq * D, "B*T*Hq*D"));
-  RETURN_IF_ERROR(CheckElems(kKernel, "dk", dk, B * L * Hkv * D, "B*T*Hkv*D"));
-  RETURN_IF_ERROR(CheckElems(kKernel, "dv", dv, B * L * Hkv * D, "B*T*Hkv*D"));
+  RETURN_IF_ERROR(CheckElems(kKernel, "dq", dq, q_elems, kQElems));
+  RETURN_IF_ERROR(CheckElems(kKernel, "dk", dk, kv_elems, kKvElems));
+  RETURN_IF_ERROR(CheckElems(kKernel, "dv", dv, kv_elems, kKvElems));
 
-  const Rows rows{L, Hq, Hkv, D};
-  const int64_t group = Hq / Hkv;
-  const T scale = AttentionScale<T>(D);
-  const int64_t num_tiles = NumTasks(L, tile);
-
-  // Pass A: dk, dv for the keys of one tile of kv head g, summing over the group's query heads
-  // (increasing) and, for each, over queries i >= j (increasing).
-  ParallelFor(pool, B * Hkv * num_tiles, [&](int64_t item) {
-    const Item it = DecodeItem(item, Hkv, num_tiles);
-    const int64_t g = it.h;
-    const int64_t j0 = it.tile * tile, j1 = std::min(L, j0 + tile);
-    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-      for (int64_t i = j0; i < L; ++i) {
-        const T* qi = q.data() + rows.Q(it.b, i, h);
-        const T* dout_i = dout.data() + rows.Q(it.b, i, h);
-        const T Di = DotProduct(dout_i, out.data() + rows.Q(it.b, i, h), D);
-        const T row_lse = lse[rows.Lse(it.b, h, i)];
-        const int64_t j_end = std::min(j1, i + 1);
-        for (int64_t j = j0; j < j_end; ++j) {
-          const int64_t kv = rows.KV(it.b, j, g);
-          const T p = AttentionProbability(scale * DotProduct(qi, k.data() + kv, D), row_lse);
-          const T dS = AttentionScoreGrad(p, DotProduct(dout_i, v.data() + kv, D), Di);
-          Axpy(scale * dS, qi, dk.data() + kv, D);
-          Axpy(p, dout_i, dv.data() + kv, D);
-        }
+  if constexpr (std::is_same_v<T, float>) {
+    // One task per (b, kv head g): it owns g's dk and dv and the dq of g's query heads, which it
+    // walks in increasing order (internal/attention_simd.h) — the reference's order of the sums
+    // over the group.
+    const int64_t group = Hq / Hkv;
+    const int64_t q_stride = GqaQRowStride(shape), kv_stride = GqaKvRowStride(shape);
+    ParallelFor(pool, B * Hkv, [&](int64_t item) {
+      const int64_t b = item / Hkv, g = item % Hkv;
+      float* dk_g = dk.data() + b * L * kv_stride + g * D;
+      float* dv_g = dv.data() + b * L * kv_stride + g * D;
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const int64_t row = b * L * Hq * D + h * D;
+        simd::AttentionBackwardHead(HeadView(shape, q.data(), k.data(), v.data(), b, h),
+                                    out.data() + row, dout.data() + row, Hq * D,
+                                    lse.data() + (b * Hq + h) * L,
+                                    dq.data() + b * L * q_stride + h * D, dk_g, dv_g);
       }
-    }
-  });
-  // Pass B: dq for the queries of one tile of query head h, summing over keys j <= i in order.
-  ParallelFor(pool, B * Hq * num_tiles, [&](int64_t item) {
-    const Item it = DecodeItem(item, Hq, num_tiles);
-    const int64_t g = it.h / group;
-    const int64_t i0 = it.tile * tile, i1 = std::min(L, i0 + tile);
-    for (int64_t i = i0; i < i1; ++i) {
-      const T* qi = q.data() + rows.Q(it.b, i, it.h);
-      const T* dout_i = dout.data() + rows.Q(it.b, i, it.h);
-      const T Di = DotProduct(dout_i, out.data() + rows.Q(it.b, i, it.h), D);
-      const T row_lse = lse[rows.Lse(it.b, it.h, i)];
-      T* dqi = dq.data() + rows.Q(it.b, i, it.h);
-      for (int64_t j = 0; j <= i; ++j) {
-        const T* kj = k.data() + rows.KV(it.b, j, g);
-        const T p = AttentionProbability(scale * DotProduct(qi, kj, D), row_lse);
-        const T dS =
-            AttentionScoreGrad(p, DotProduct(dout_i, v.data() + rows.KV(it.b, j, g), D), Di);
-        Axpy(scale * dS, kj, dqi, D);
-      }
-    }
-  });
+    });
+  } else {
+    GqaAttentionBackwardReference<T>(shape, q, k, v, out, lse, dout, dq, dk, dv, pool);
+  }
   return absl::OkStatus();
 }
 

@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/types/span.h"
@@ -12,7 +14,8 @@
 #include "base/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/kernels/attention.h"
+#include "hwy/targets.h"
+#include "model/kernels/internal/attention_reference.h"
 #include "model/kernels/testing/kernel_test_util.h"
 
 namespace ps {
@@ -157,46 +160,201 @@ TEST(GqaAttentionTest, GradientMatchesFiniteDifferencesInDouble) {
   ExpectGradientMatchesFiniteDifferences(in.v, dv, loss, "dv", 1e-8, 1e-6, 1000);
 }
 
-// With Hkv = Hq the kernel is GPT-2's multi-head attention: fed the same numbers (q, k, v packed
-// into GPT-2's [B, T, 3C] qkv), it must give bit-identical results — same tiles, same loop order,
-// same shared math.
-TEST(GqaAttentionTest, MultiHeadCaseIsBitIdenticalToGpt2Attention) {
+// GPT-2's fused qkv [B, T, 3C] interleaves q, k and v per token; the kernel reads it through row
+// strides of 3C (q = qkv, k = qkv + C, v = qkv + 2C, kv heads = heads) and writes the gradients
+// likewise into dqkv. The same numbers in separate packed tensors must give the same bits: the
+// layout does not change the arithmetic. Also checked against the naive reference.
+struct FusedQkv {
+  GqaAttentionShape shape;  // strided, kv heads = heads
+  std::vector<float> qkv;   // [B, T, 3C]
+};
+FusedQkv Fuse(const GqaAttentionShape& s, const std::vector<float>& q, const std::vector<float>& k,
+              const std::vector<float>& v) {
+  const int64_t C = s.num_heads * s.head_dim;
+  FusedQkv f{s, std::vector<float>(s.batch * s.seq_len * 3 * C)};
+  f.shape.q_row_stride = f.shape.kv_row_stride = 3 * C;
+  for (int64_t row = 0; row < s.batch * s.seq_len; ++row) {
+    for (int64_t c = 0; c < C; ++c) {
+      f.qkv[row * 3 * C + c] = q[row * C + c];
+      f.qkv[row * 3 * C + C + c] = k[row * C + c];
+      f.qkv[row * 3 * C + 2 * C + c] = v[row * C + c];
+    }
+  }
+  return f;
+}
+
+// out, lse and dqkv (accumulated onto `dqkv_init`) of the fused layout.
+struct FusedResult {
+  std::vector<float> out, lse, dqkv;
+};
+FusedResult RunFused(const FusedQkv& f, const std::vector<float>& dout,
+                     const std::vector<float>& dqkv_init, ThreadPool* pool) {
+  const GqaAttentionShape& s = f.shape;
+  const int64_t C = s.num_heads * s.head_dim;
+  const int64_t nq = GqaAttentionQElems(s), nkv = GqaAttentionKvElems(s);
+  EXPECT_EQ(nq, static_cast<int64_t>(f.qkv.size()) - 2 * C);
+  EXPECT_EQ(nkv, nq);
+  FusedResult r{std::vector<float>(s.batch * s.seq_len * C),
+                std::vector<float>(s.batch * s.num_heads * s.seq_len), dqkv_init};
+  std::vector<float> ws(GqaAttentionWorkspaceElems(s, pool == nullptr ? 1 : pool->num_threads()));
+  const absl::Span<const float> in(f.qkv);
+  const absl::Span<float> d = absl::MakeSpan(r.dqkv);
+  EXPECT_OK(GqaAttentionForward<float>(s, in.subspan(0, nq), in.subspan(C, nkv),
+                                       in.subspan(2 * C, nkv), absl::MakeSpan(r.out),
+                                       absl::MakeSpan(r.lse), absl::MakeSpan(ws), pool));
+  EXPECT_OK(GqaAttentionBackward<float>(
+      s, in.subspan(0, nq), in.subspan(C, nkv), in.subspan(2 * C, nkv), r.out, r.lse, dout,
+      d.subspan(0, nq), d.subspan(C, nkv), d.subspan(2 * C, nkv), pool));
+  return r;
+}
+
+TEST(GqaAttentionTest, FusedQkvViewIsBitIdenticalToSeparateTensors) {
   TestRng gen(3);  // fixed seed: reproducible failures
-  const int64_t B = 2, L = 23, H = 3, D = 8, C = H * D, tile = 5;
-  const GqaAttentionShape s{B, L, H, H, D, tile};
-  const AttentionShape gpt2{B, L, C, H, tile};
-  const Tensors in = RandomTensors(gen, s, 2.0);
-  const std::vector<float> q = Convert<float>(in.q), k = Convert<float>(in.k),
-                           v = Convert<float>(in.v);
-  const std::vector<float> dout = RandomVector<float>(gen, B * L * C);
-  std::vector<float> qkv(B * L * 3 * C);
-  for (int64_t row = 0; row < B * L; ++row) {
-    for (int64_t c = 0; c < C; ++c) {
-      qkv[row * 3 * C + c] = q[row * C + c];
-      qkv[row * 3 * C + C + c] = k[row * C + c];
-      qkv[row * 3 * C + 2 * C + c] = v[row * C + c];
+  ThreadPool pool(3);
+  // {B, T, H, H, D, tile}: GPT-2's heads (D = 64), odd head dims, T around the 64-row block.
+  for (const GqaAttentionShape s :
+       {GqaAttentionShape{2, 23, 3, 3, 8, 5}, GqaAttentionShape{1, 70, 2, 2, 64, 64},
+        GqaAttentionShape{3, 9, 4, 4, 3, 1}, GqaAttentionShape{1, 130, 1, 1, 17, 256}}) {
+    const int64_t B = s.batch, L = s.seq_len, C = s.num_heads * s.head_dim;
+    const Tensors in = RandomTensors(gen, s, 2.0);
+    const std::vector<float> q = Convert<float>(in.q), k = Convert<float>(in.k),
+                             v = Convert<float>(in.v);
+    const std::vector<float> dout = RandomVector<float>(gen, B * L * C);
+    const std::vector<float> init = RandomVector<float>(gen, B * L * 3 * C);  // += onto this
+    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      const FusedResult fused = RunFused(Fuse(s, q, k, v), dout, init, p);
+      std::vector<float> out(B * L * C), lse(B * s.num_heads * L), dq(B * L * C), dk(B * L * C),
+          dv(B * L * C);
+      for (int64_t row = 0; row < B * L; ++row) {
+        for (int64_t c = 0; c < C; ++c) {
+          dq[row * C + c] = init[row * 3 * C + c];
+          dk[row * C + c] = init[row * 3 * C + C + c];
+          dv[row * C + c] = init[row * 3 * C + 2 * C + c];
+        }
+      }
+      std::vector<float> ws(GqaAttentionWorkspaceElems(s, p == nullptr ? 1 : p->num_threads()));
+      ASSERT_OK(GqaAttentionForward<float>(s, q, k, v, absl::MakeSpan(out), absl::MakeSpan(lse),
+                                           absl::MakeSpan(ws), p));
+      ASSERT_OK(GqaAttentionBackward<float>(s, q, k, v, out, lse, dout, absl::MakeSpan(dq),
+                                            absl::MakeSpan(dk), absl::MakeSpan(dv), p));
+      EXPECT_EQ(fused.out, out);
+      EXPECT_EQ(fused.lse, lse);
+      for (int64_t row = 0; row < B * L; ++row) {
+        for (int64_t c = 0; c < C; ++c) {
+          ASSERT_EQ(fused.dqkv[row * 3 * C + c], dq[row * C + c]) << row << "," << c;
+          ASSERT_EQ(fused.dqkv[row * 3 * C + C + c], dk[row * C + c]) << row << "," << c;
+          ASSERT_EQ(fused.dqkv[row * 3 * C + 2 * C + c], dv[row * C + c]) << row << "," << c;
+        }
+      }
     }
   }
-  std::vector<float> out1(B * L * C), lse1(B * H * L), ws1(AttentionWorkspaceElems(gpt2, 1)),
-      dqkv(B * L * 3 * C, 0.f);
-  ASSERT_OK(AttentionForward<float>(gpt2, qkv, absl::MakeSpan(out1), absl::MakeSpan(lse1),
-                                    absl::MakeSpan(ws1), nullptr));
-  ASSERT_OK(AttentionBackward<float>(gpt2, qkv, out1, lse1, dout, absl::MakeSpan(dqkv), nullptr));
-  std::vector<float> out2(B * L * C), lse2(B * H * L), ws2(GqaAttentionWorkspaceElems(s, 1)),
-      dq(B * L * C, 0.f), dk(B * L * C, 0.f), dv(B * L * C, 0.f);
-  ASSERT_OK(GqaAttentionForward<float>(s, q, k, v, absl::MakeSpan(out2), absl::MakeSpan(lse2),
-                                       absl::MakeSpan(ws2), nullptr));
-  ASSERT_OK(GqaAttentionBackward<float>(s, q, k, v, out2, lse2, dout, absl::MakeSpan(dq),
-                                        absl::MakeSpan(dk), absl::MakeSpan(dv), nullptr));
-  EXPECT_EQ(out1, out2);
-  EXPECT_EQ(lse1, lse2);
-  for (int64_t row = 0; row < B * L; ++row) {
-    for (int64_t c = 0; c < C; ++c) {
-      ASSERT_EQ(dqkv[row * 3 * C + c], dq[row * C + c]) << row << "," << c;
-      ASSERT_EQ(dqkv[row * 3 * C + C + c], dk[row * C + c]) << row << "," << c;
-      ASSERT_EQ(dqkv[row * 3 * C + 2 * C + c], dv[row * C + c]) << row << "," << c;
+}
+
+TEST(GqaAttentionTest, FusedQkvMatchesNaiveReference) {
+  TestRng gen(5);  // fixed seed: reproducible failures
+  ThreadPool pool(3);
+  // GPT-2's layout: T = 1; T not a multiple of the tile; one tile covering all; B > 1; odd head
+  // dims; a long sequence.
+  for (const GqaAttentionShape s :
+       {GqaAttentionShape{1, 1, 2, 2, 2, 8}, GqaAttentionShape{2, 37, 3, 3, 4, 8},
+        GqaAttentionShape{1, 5, 1, 1, 6, 64}, GqaAttentionShape{3, 20, 2, 2, 5, 7},
+        GqaAttentionShape{1, 300, 2, 2, 8, 64}}) {
+    const Tensors in = RandomTensors(gen, s, 2.0);  // scores reach |s| ~ 6: real rescaling
+    const int64_t B = s.batch, L = s.seq_len, C = s.num_heads * s.head_dim;
+    const std::vector<double> dout = RandomVector<double>(gen, B * L * C);
+    const Reference ref = NaiveGqa(s, in, dout);
+    const FusedResult fused =
+        RunFused(Fuse(s, Convert<float>(in.q), Convert<float>(in.k), Convert<float>(in.v)),
+                 Convert<float>(dout), std::vector<float>(B * L * 3 * C, 0.f), &pool);
+    std::vector<double> dq(B * L * C), dk(B * L * C), dv(B * L * C);
+    for (int64_t row = 0; row < B * L; ++row) {
+      for (int64_t c = 0; c < C; ++c) {
+        dq[row * C + c] = fused.dqkv[row * 3 * C + c];
+        dk[row * C + c] = fused.dqkv[row * 3 * C + C + c];
+        dv[row * C + c] = fused.dqkv[row * 3 * C + 2 * C + c];
+      }
+    }
+    // As FloatMatchesNaiveReference with G = 1.
+    ExpectAllNear(fused.out, ref.out, 1e-5, 1e-5, "out");
+    ExpectAllNear(fused.lse, ref.lse, 1e-5, 1e-6, "lse");
+    ExpectAllNear(dq, ref.dq, 3e-5, 1e-4, "dq");
+    ExpectAllNear(dk, ref.dk, 3e-5, 1e-4, "dk");
+    ExpectAllNear(dv, ref.dv, 3e-5, 1e-4, "dv");
+  }
+}
+
+// Element-wise bit equality (so -0 vs +0 and NaN payloads count), naming the first difference.
+void ExpectSameBits(const std::vector<float>& got, const std::vector<float>& want,
+                    const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+      ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", reference " << want[i];
+      return;
     }
   }
+}
+
+// The f32 kernels run a faster schedule (internal/attention_simd.h) that must reproduce the
+// reference schedule (internal/attention_reference.h, the loops the kernels ran before) bit for
+// bit, on every instruction set this CPU has: the training losses depend on it. Packed and strided
+// (GPT-2's fused qkv) layouts, multi-head, grouped and multi-query heads.
+TEST(GqaAttentionTest, FloatIsBitIdenticalToTheReferenceScheduleOnEveryTarget) {
+  TestRng gen(6);  // fixed seed: reproducible failures
+  ThreadPool pool(3);
+  // {B, T, Hq, Hkv, D, tile, q_row_stride, kv_row_stride}. Head dims with and without vector
+  // tails (1, 3, 17, 20, 40, 80) and GPT-2's 64 and the default run's 32; sequence lengths around
+  // the 64-row backward block; tiles from 1 to > T; strides of a fused qkv and padded rows.
+  const GqaAttentionShape shapes[] = {{1, 1, 2, 2, 4, 8, 24, 24},    {2, 37, 3, 3, 4, 8, 36, 36},
+                                      {1, 5, 1, 1, 6, 64, 18, 18},   {3, 20, 2, 2, 5, 7, 30, 30},
+                                      {1, 130, 1, 1, 64, 64},        {1, 64, 4, 4, 32, 64},
+                                      {1, 65, 1, 1, 32, 16, 96, 96}, {1, 70, 3, 3, 17, 1, 153, 153},
+                                      {1, 129, 2, 2, 20, 256},       {1, 9, 1, 1, 1, 4, 3, 3},
+                                      {2, 37, 4, 2, 6, 8},           {1, 70, 6, 2, 40, 7},
+                                      {1, 130, 4, 1, 80, 64},        {2, 20, 8, 2, 3, 5, 30, 9},
+                                      {1, 66, 6, 3, 17, 64, 120, 60}};
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    for (const GqaAttentionShape& s : shapes) {
+      SCOPED_TRACE(::testing::Message()
+                   << "B=" << s.batch << " T=" << s.seq_len << " Hq=" << s.num_heads
+                   << " Hkv=" << s.num_kv_heads << " D=" << s.head_dim << " tile=" << s.tile
+                   << " strides=" << s.q_row_stride << "," << s.kv_row_stride);
+      const int64_t nq = GqaAttentionQElems(s), nkv = GqaAttentionKvElems(s);
+      const int64_t nout = s.batch * s.seq_len * s.num_heads * s.head_dim;
+      const std::vector<float> q = RandomVector<float>(gen, nq, -2, 2);
+      const std::vector<float> k = RandomVector<float>(gen, nkv, -2, 2);
+      const std::vector<float> v = RandomVector<float>(gen, nkv, -2, 2);
+      const std::vector<float> dout = RandomVector<float>(gen, nout);
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        const int slots = p == nullptr ? 1 : p->num_threads();
+        std::vector<float> ws(GqaAttentionWorkspaceElems(s, slots));
+        const int64_t nlse = s.batch * s.num_heads * s.seq_len;
+        std::vector<float> out(nout), lse(nlse), ref_out(nout), ref_lse(nlse);
+        ASSERT_OK(GqaAttentionForward<float>(s, q, k, v, absl::MakeSpan(out), absl::MakeSpan(lse),
+                                             absl::MakeSpan(ws), p));
+        kernels_internal::GqaAttentionForwardReference<float>(
+            s, q, k, v, absl::MakeSpan(ref_out), absl::MakeSpan(ref_lse), absl::MakeSpan(ws), p);
+        ExpectSameBits(out, ref_out, "out");
+        ExpectSameBits(lse, ref_lse, "lse");
+        // Backward accumulates into non-zero gradients, as the model's may be.
+        const std::vector<float> dq0 = RandomVector<float>(gen, nq);
+        const std::vector<float> dk0 = RandomVector<float>(gen, nkv);
+        const std::vector<float> dv0 = RandomVector<float>(gen, nkv);
+        std::vector<float> dq = dq0, dk = dk0, dv = dv0, ref_dq = dq0, ref_dk = dk0, ref_dv = dv0;
+        ASSERT_OK(GqaAttentionBackward<float>(s, q, k, v, out, lse, dout, absl::MakeSpan(dq),
+                                              absl::MakeSpan(dk), absl::MakeSpan(dv), p));
+        kernels_internal::GqaAttentionBackwardReference<float>(
+            s, q, k, v, out, lse, dout, absl::MakeSpan(ref_dq), absl::MakeSpan(ref_dk),
+            absl::MakeSpan(ref_dv), p);
+        ExpectSameBits(dq, ref_dq, "dq");
+        ExpectSameBits(dk, ref_dk, "dk");
+        ExpectSameBits(dv, ref_dv, "dv");
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST(GqaAttentionTest, ResultsDoNotDependOnThreadCount) {
@@ -251,6 +409,18 @@ TEST(GqaAttentionTest, RejectsBadShapesAndSmallWorkspace) {
   EXPECT_THAT(GqaAttentionForward<float>(s, q, kv2, kv2, absl::MakeSpan(out), absl::MakeSpan(lse),
                                          absl::MakeSpan(small), &pool),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("workspace")));
+  GqaAttentionShape short_stride = s;
+  short_stride.q_row_stride = 11;  // a row of q holds Hq*D = 12
+  EXPECT_THAT(GqaAttentionForward<float>(short_stride, q, kv2, kv2, absl::MakeSpan(out),
+                                         absl::MakeSpan(lse), absl::MakeSpan(ws), nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("q_row_stride 11 is shorter than a row (Hq*D = 12)")));
+  GqaAttentionShape fused = s;  // rows of 20: q must cover (B*T-1)*20 + 12 = 112 elements
+  fused.q_row_stride = fused.kv_row_stride = 20;
+  EXPECT_THAT(
+      GqaAttentionForward<float>(fused, q, kv2, kv2, absl::MakeSpan(out), absl::MakeSpan(lse),
+                                 absl::MakeSpan(ws), nullptr),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("q has 72 elements, expected 112")));
   std::vector<float> dq(q.size()), dk(kv2.size()), dv(kv.size());
   EXPECT_THAT(GqaAttentionBackward<float>(s, q, kv2, kv2, out, lse, out, absl::MakeSpan(dq),
                                           absl::MakeSpan(dk), absl::MakeSpan(dv), nullptr),

@@ -12,7 +12,8 @@ constexpr int64_t kF32 = sizeof(float);
 
 }  // namespace
 
-// --- CPU ------------------------------------------------------------------------------------------
+// --- CPU
+// ------------------------------------------------------------------------------------------
 
 CpuKernelWorkspaces::CpuKernelWorkspaces(int threads) : threads_(threads) {
   CHECK_GE(threads, 1) << "CpuKernelWorkspaces: threads";
@@ -24,10 +25,6 @@ int64_t CpuKernelWorkspaces::GemmWorkspaceBytes(const GemmShape& s) const {
   if (s.ab_dtype == DType::kBF16) return s.m * s.n * kF32;
   // f16: both operands widened to f32 (stored shapes: A [m,k] or [k,m], B [k,n] or [n,k]).
   return (s.m * s.k + s.k * s.n) * kF32;
-}
-
-int64_t CpuKernelWorkspaces::AttentionForwardWorkspaceBytes(const AttentionShape& s) const {
-  return AttentionWorkspaceBytes<float>(s, threads_);
 }
 
 int64_t CpuKernelWorkspaces::GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape& s) const {
@@ -57,7 +54,8 @@ int64_t CpuKernelWorkspaces::LmHeadBlockBackwardWorkspaceBytes(const VocabBlockS
   return LmHeadBlockBackwardWorkspaceElems(s, block_dtype != DType::kF32) * kF32;
 }
 
-// --- CUDA -----------------------------------------------------------------------------------------
+// --- CUDA
+// -----------------------------------------------------------------------------------------
 // Operations that run a cuBLAS GEMM: the kernels' own part (aligned), then cuBLAS's.
 
 CudaKernelWorkspaces::CudaKernelWorkspaces(int64_t cublas_workspace_bytes)
@@ -77,20 +75,11 @@ int64_t CudaKernelWorkspaces::LinearWorkspaceBytes(const LinearShape&) const {
   return cublas_workspace_bytes_;
 }
 
-int64_t CudaKernelWorkspaces::AttentionForwardWorkspaceBytes(const AttentionShape& s) const {
-  return cuda::AttentionForwardWorkspaceBytes(s);
-}
-
-int64_t CudaKernelWorkspaces::AttentionBackwardWorkspaceBytes(const AttentionShape& s) const {
-  return cuda::AttentionBackwardWorkspaceBytes(s);
-}
-
 int64_t CudaKernelWorkspaces::GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape& s) const {
   return cuda::GqaAttentionForwardWorkspaceBytes(s);
 }
 
-int64_t CudaKernelWorkspaces::GqaAttentionBackwardWorkspaceBytes(
-    const GqaAttentionShape& s) const {
+int64_t CudaKernelWorkspaces::GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& s) const {
   return cuda::GqaAttentionBackwardWorkspaceBytes(s);
 }
 

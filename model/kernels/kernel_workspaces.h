@@ -41,10 +41,16 @@ class KernelWorkspaces {
   virtual int64_t GemmWorkspaceBytes(const GemmShape& shape) const = 0;
   virtual int64_t MatmulWorkspaceBytes(const MatmulShape& shape) const = 0;  // fwd and bwd
   virtual int64_t LinearWorkspaceBytes(const LinearShape& shape) const = 0;  // fwd and bwd
-  virtual int64_t AttentionForwardWorkspaceBytes(const AttentionShape& shape) const = 0;
-  virtual int64_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape) const = 0;
   virtual int64_t GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape& shape) const = 0;
   virtual int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& shape) const = 0;
+  // GPT-2's attention: the grouped-query kernel's, for GqaShapeOfPackedQkv(shape).
+  // Transition: removed when the model calls GqaAttention directly (issue #26).
+  int64_t AttentionForwardWorkspaceBytes(const AttentionShape& shape) const {
+    return GqaAttentionForwardWorkspaceBytes(GqaShapeOfPackedQkv(shape));
+  }
+  int64_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape) const {
+    return GqaAttentionBackwardWorkspaceBytes(GqaShapeOfPackedQkv(shape));
+  }
   // Forward and backward.
   virtual int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& shape) const = 0;
   virtual int64_t MatmulBf16ForwardWorkspaceBytes(const MatmulShape& shape) const = 0;
@@ -68,8 +74,6 @@ class CpuKernelWorkspaces final : public KernelWorkspaces {
   int64_t GemmWorkspaceBytes(const GemmShape& shape) const override;
   int64_t MatmulWorkspaceBytes(const MatmulShape&) const override { return 0; }
   int64_t LinearWorkspaceBytes(const LinearShape&) const override { return 0; }
-  int64_t AttentionForwardWorkspaceBytes(const AttentionShape& shape) const override;
-  int64_t AttentionBackwardWorkspaceBytes(const AttentionShape&) const override { return 0; }
   int64_t GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape& shape) const override;
   int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape&) const override { return 0; }
   int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& shape) const override;
@@ -108,8 +112,6 @@ class CudaKernelWorkspaces final : public KernelWorkspaces {
   int64_t GemmWorkspaceBytes(const GemmShape& shape) const override;
   int64_t MatmulWorkspaceBytes(const MatmulShape& shape) const override;
   int64_t LinearWorkspaceBytes(const LinearShape& shape) const override;
-  int64_t AttentionForwardWorkspaceBytes(const AttentionShape& shape) const override;
-  int64_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape) const override;
   int64_t GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape& shape) const override;
   int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& shape) const override;
   int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& shape) const override;

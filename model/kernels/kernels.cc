@@ -127,6 +127,15 @@ absl::Status CheckShape(absl::string_view op, const AttentionShape& s) {
   return absl::OkStatus();
 }
 
+// A row stride: 0 (packed) or at least the packed row.
+absl::Status RowStride(absl::string_view op, absl::string_view name, int64_t stride, int64_t row,
+                       absl::string_view row_formula) {
+  if (stride == 0 || stride >= row) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " ", stride,
+                                                 " is shorter than a row (", row_formula, " = ",
+                                                 row, "); use 0 for packed rows"));
+}
+
 absl::Status CheckShape(absl::string_view op, const GqaAttentionShape& s) {
   RETURN_IF_ERROR(Positive(op, "batch", s.batch));
   RETURN_IF_ERROR(Positive(op, "seq_len", s.seq_len));
@@ -139,7 +148,10 @@ absl::Status CheckShape(absl::string_view op, const GqaAttentionShape& s) {
                                                    " is not a multiple of num_key_value_heads ",
                                                    s.num_kv_heads));
   }
-  return absl::OkStatus();
+  RETURN_IF_ERROR(RowStride(op, "q_row_stride", s.q_row_stride, s.num_heads * s.head_dim,
+                            "num_heads*head_dim"));
+  return RowStride(op, "kv_row_stride", s.kv_row_stride, s.num_kv_heads * s.head_dim,
+                   "num_kv_heads*head_dim");
 }
 
 absl::Status CheckShape(absl::string_view op, const LmHeadCrossEntropyShape& s) {
@@ -507,42 +519,22 @@ absl::Status Kernels::ResidualBackward(Stream& stream, int64_t n, const float* d
 absl::Status Kernels::AttentionForward(Stream& stream, const AttentionShape& s, const float* qkv,
                                        float* out, float* lse, void* workspace,
                                        int64_t workspace_bytes) {
-  constexpr char kOp[] = "AttentionForward";
-  RETURN_IF_ERROR(CheckShape(kOp, s));
-  ASSIGN_OR_RETURN(const int64_t qkv_bytes,
-                   Bytes(kOp, "qkv", {s.batch, s.seq_len, 3, s.channels}, kF32));
-  ASSIGN_OR_RETURN(const int64_t out_bytes,
-                   Bytes(kOp, "out", {s.batch, s.seq_len, s.channels}, kF32));
-  ASSIGN_OR_RETURN(const int64_t lse_bytes,
-                   Bytes(kOp, "lse", {s.batch, s.num_heads, s.seq_len}, kF32));
-  RETURN_IF_ERROR(CheckBuffers(
-      kOp, {{"qkv", qkv, qkv_bytes}, {"out", out, out_bytes}, {"lse", lse, lse_bytes}}, kF32));
-  RETURN_IF_ERROR(
-      CheckWorkspace(kOp, workspace, workspace_bytes, AttentionForwardWorkspaceBytes(s)));
-  return DoAttentionForward(stream, s, qkv, out, lse, workspace, workspace_bytes);
+  RETURN_IF_ERROR(CheckShape("AttentionForward", s));
+  if (qkv == nullptr) return absl::InvalidArgumentError("AttentionForward: qkv is null");
+  const int64_t C = s.channels;
+  return GqaAttentionForward(stream, GqaShapeOfPackedQkv(s), qkv, qkv + C, qkv + 2 * C, out, lse,
+                             workspace, workspace_bytes);
 }
 
 absl::Status Kernels::AttentionBackward(Stream& stream, const AttentionShape& s, const float* qkv,
                                         const float* out, const float* lse, const float* dout,
                                         float* dqkv, void* workspace, int64_t workspace_bytes) {
-  constexpr char kOp[] = "AttentionBackward";
-  RETURN_IF_ERROR(CheckShape(kOp, s));
-  ASSIGN_OR_RETURN(const int64_t qkv_bytes,
-                   Bytes(kOp, "qkv", {s.batch, s.seq_len, 3, s.channels}, kF32));
-  ASSIGN_OR_RETURN(const int64_t out_bytes,
-                   Bytes(kOp, "out", {s.batch, s.seq_len, s.channels}, kF32));
-  ASSIGN_OR_RETURN(const int64_t lse_bytes,
-                   Bytes(kOp, "lse", {s.batch, s.num_heads, s.seq_len}, kF32));
-  RETURN_IF_ERROR(CheckBuffers(kOp,
-                               {{"qkv", qkv, qkv_bytes},
-                                {"out", out, out_bytes},
-                                {"lse", lse, lse_bytes},
-                                {"dout", dout, out_bytes},
-                                {"dqkv", dqkv, qkv_bytes}},
-                               kF32));
-  RETURN_IF_ERROR(
-      CheckWorkspace(kOp, workspace, workspace_bytes, AttentionBackwardWorkspaceBytes(s)));
-  return DoAttentionBackward(stream, s, qkv, out, lse, dout, dqkv, workspace, workspace_bytes);
+  RETURN_IF_ERROR(CheckShape("AttentionBackward", s));
+  if (qkv == nullptr) return absl::InvalidArgumentError("AttentionBackward: qkv is null");
+  if (dqkv == nullptr) return absl::InvalidArgumentError("AttentionBackward: dqkv is null");
+  const int64_t C = s.channels;
+  return GqaAttentionBackward(stream, GqaShapeOfPackedQkv(s), qkv, qkv + C, qkv + 2 * C, out, lse,
+                              dout, dqkv, dqkv + C, dqkv + 2 * C, workspace, workspace_bytes);
 }
 
 absl::Status Kernels::LmHeadCrossEntropyForward(Stream& stream, const LmHeadCrossEntropyShape& s,
@@ -906,17 +898,17 @@ absl::Status Kernels::GqaAttentionForward(Stream& stream, const GqaAttentionShap
                                           int64_t workspace_bytes) {
   constexpr char kOp[] = "GqaAttentionForward";
   RETURN_IF_ERROR(CheckShape(kOp, s));
-  ASSIGN_OR_RETURN(const int64_t q_bytes,
-                   Bytes(kOp, "q", {s.batch, s.seq_len, s.num_heads, s.head_dim}, kF32));
-  ASSIGN_OR_RETURN(const int64_t kv_bytes,
-                   Bytes(kOp, "k", {s.batch, s.seq_len, s.num_kv_heads, s.head_dim}, kF32));
+  ASSIGN_OR_RETURN(const int64_t out_bytes,
+                   Bytes(kOp, "out", {s.batch, s.seq_len, s.num_heads, s.head_dim}, kF32));
+  ASSIGN_OR_RETURN(const int64_t q_bytes, Bytes(kOp, "q", {GqaAttentionQElems(s)}, kF32));
+  ASSIGN_OR_RETURN(const int64_t kv_bytes, Bytes(kOp, "k", {GqaAttentionKvElems(s)}, kF32));
   ASSIGN_OR_RETURN(const int64_t lse_bytes,
                    Bytes(kOp, "lse", {s.batch, s.num_heads, s.seq_len}, kF32));
   RETURN_IF_ERROR(CheckBuffers(kOp,
                                {{"q", q, q_bytes},
                                 {"k", k, kv_bytes},
                                 {"v", v, kv_bytes},
-                                {"out", out, q_bytes},
+                                {"out", out, out_bytes},
                                 {"lse", lse, lse_bytes}},
                                kF32));
   RETURN_IF_ERROR(
@@ -931,19 +923,19 @@ absl::Status Kernels::GqaAttentionBackward(Stream& stream, const GqaAttentionSha
                                            int64_t workspace_bytes) {
   constexpr char kOp[] = "GqaAttentionBackward";
   RETURN_IF_ERROR(CheckShape(kOp, s));
-  ASSIGN_OR_RETURN(const int64_t q_bytes,
-                   Bytes(kOp, "q", {s.batch, s.seq_len, s.num_heads, s.head_dim}, kF32));
-  ASSIGN_OR_RETURN(const int64_t kv_bytes,
-                   Bytes(kOp, "k", {s.batch, s.seq_len, s.num_kv_heads, s.head_dim}, kF32));
+  ASSIGN_OR_RETURN(const int64_t out_bytes,
+                   Bytes(kOp, "out", {s.batch, s.seq_len, s.num_heads, s.head_dim}, kF32));
+  ASSIGN_OR_RETURN(const int64_t q_bytes, Bytes(kOp, "q", {GqaAttentionQElems(s)}, kF32));
+  ASSIGN_OR_RETURN(const int64_t kv_bytes, Bytes(kOp, "k", {GqaAttentionKvElems(s)}, kF32));
   ASSIGN_OR_RETURN(const int64_t lse_bytes,
                    Bytes(kOp, "lse", {s.batch, s.num_heads, s.seq_len}, kF32));
   RETURN_IF_ERROR(CheckBuffers(kOp,
                                {{"q", q, q_bytes},
                                 {"k", k, kv_bytes},
                                 {"v", v, kv_bytes},
-                                {"out", out, q_bytes},
+                                {"out", out, out_bytes},
                                 {"lse", lse, lse_bytes},
-                                {"dout", dout, q_bytes},
+                                {"dout", dout, out_bytes},
                                 {"dq", dq, q_bytes},
                                 {"dk", dk, kv_bytes},
                                 {"dv", dv, kv_bytes}},

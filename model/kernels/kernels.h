@@ -85,7 +85,6 @@ struct TouchedRowsShape {
   int64_t num_slots = 0;   // rows of slot_rows
 };
 
-
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -99,13 +98,16 @@ class Kernels {
   // at least that many. The queries below forward to workspaces().
   virtual const KernelWorkspaces& workspaces() const = 0;
 
-  int64_t GemmWorkspaceBytes(const GemmShape& s) const { return workspaces().GemmWorkspaceBytes(s); }
+  int64_t GemmWorkspaceBytes(const GemmShape& s) const {
+    return workspaces().GemmWorkspaceBytes(s);
+  }
   int64_t MatmulWorkspaceBytes(const MatmulShape& s) const {  // fwd and bwd
     return workspaces().MatmulWorkspaceBytes(s);
   }
   int64_t LinearWorkspaceBytes(const LinearShape& s) const {  // fwd and bwd
     return workspaces().LinearWorkspaceBytes(s);
   }
+  // Transition: removed when the model calls GqaAttention directly (issue #26).
   int64_t AttentionForwardWorkspaceBytes(const AttentionShape& s) const {
     return workspaces().AttentionForwardWorkspaceBytes(s);
   }
@@ -191,7 +193,10 @@ class Kernels {
                                              const float* b, float* out);
   [[nodiscard]] absl::Status ResidualBackward(Stream& stream, int64_t num_elems, const float* dout,
                                               float* da, float* db);
-  // model/kernels/attention.h: qkv [B,T,3C] -> out [B,T,C], lse [B,H,T].
+  // GPT-2's attention, qkv [B,T,3C] -> out [B,T,C], lse [B,H,T]: GqaAttentionForward/Backward
+  // below with GqaShapeOfPackedQkv(shape) (model/kernels/attention.h), q = qkv, k = qkv + C,
+  // v = qkv + 2C, and dq, dk, dv likewise in dqkv. Errors name the GqaAttention operation.
+  // Transition: removed when the model calls GqaAttention directly (issue #26).
   [[nodiscard]] absl::Status AttentionForward(Stream& stream, const AttentionShape& shape,
                                               const float* qkv, float* out, float* lse,
                                               void* workspace, int64_t workspace_bytes);
@@ -311,7 +316,9 @@ class Kernels {
                                            const float* u, float* h);
   [[nodiscard]] absl::Status SwiGluBackward(Stream& stream, int64_t num_elems, const float* g,
                                             const float* u, const float* dh, float* dg, float* du);
-  // model/kernels/gqa_attention.h: q, out [B,T,Hq,D]; k, v [B,T,Hkv,D]; lse [B,Hq,T].
+  // model/kernels/gqa_attention.h: q, out [B,T,Hq,D]; k, v [B,T,Hkv,D]; lse [B,Hq,T]. q (dq)
+  // and k, v (dk, dv) may be strided views (shape.q_row_stride, kv_row_stride) into one fused
+  // buffer; the gradients must not share elements.
   [[nodiscard]] absl::Status GqaAttentionForward(Stream& stream, const GqaAttentionShape& shape,
                                                  const float* q, const float* k, const float* v,
                                                  float* out, float* lse, void* workspace,
@@ -391,13 +398,6 @@ class Kernels {
                                          const float* b, float* out) = 0;
   virtual absl::Status DoResidualBackward(Stream& stream, int64_t num_elems, const float* dout,
                                           float* da, float* db) = 0;
-  virtual absl::Status DoAttentionForward(Stream& stream, const AttentionShape& shape,
-                                          const float* qkv, float* out, float* lse, void* workspace,
-                                          int64_t workspace_bytes) = 0;
-  virtual absl::Status DoAttentionBackward(Stream& stream, const AttentionShape& shape,
-                                           const float* qkv, const float* out, const float* lse,
-                                           const float* dout, float* dqkv, void* workspace,
-                                           int64_t workspace_bytes) = 0;
   virtual absl::Status DoLmHeadCrossEntropyForward(Stream& stream,
                                                    const LmHeadCrossEntropyShape& shape,
                                                    const float* h, const float* wte,

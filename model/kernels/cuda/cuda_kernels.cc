@@ -11,7 +11,6 @@
 #include "base/status_macros.h"
 #include "memory/cuda/convert_kernels.h"
 #include "memory/cuda/cuda_status.h"
-#include "model/kernels/cuda/attention.h"
 #include "model/kernels/cuda/elementwise.h"
 #include "model/kernels/cuda/gqa_attention.h"
 #include "model/kernels/cuda/internal/host_util.h"
@@ -223,22 +222,6 @@ absl::Status CudaKernels::DoResidualBackward(Stream& stream, int64_t n, const fl
                                              float* da, float* db) {
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
   return ::ps::cuda::ResidualBackward(n, dout, da, db, s);
-}
-
-absl::Status CudaKernels::DoAttentionForward(Stream& stream, const AttentionShape& shape,
-                                             const float* qkv, float* out, float* lse, void*,
-                                             int64_t) {
-  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
-  return ::ps::cuda::AttentionForward(shape, qkv, out, lse, s);
-}
-
-absl::Status CudaKernels::DoAttentionBackward(Stream& stream, const AttentionShape& shape,
-                                              const float* qkv, const float* out, const float* lse,
-                                              const float* dout, float* dqkv, void* workspace,
-                                              int64_t workspace_bytes) {
-  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
-  return ::ps::cuda::AttentionBackward(shape, qkv, out, lse, dout, dqkv, workspace, workspace_bytes,
-                                       s);
 }
 
 absl::Status CudaKernels::DoLmHeadCrossEntropyForward(Stream& stream,

@@ -31,6 +31,16 @@ absl::Status CheckShape(const char* kernel, const GqaAttentionShape& s) {
                                                    " is not a multiple of num_key_value_heads ",
                                                    s.num_kv_heads));
   }
+  if (s.q_row_stride != 0 && s.q_row_stride < s.num_heads * s.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kernel, ": q_row_stride ", s.q_row_stride,
+        " is shorter than a row (Hq*D = ", s.num_heads * s.head_dim, "); use 0 for packed rows"));
+  }
+  if (s.kv_row_stride != 0 && s.kv_row_stride < s.num_kv_heads * s.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kernel, ": kv_row_stride ", s.kv_row_stride, " is shorter than a row (Hkv*D = ",
+        s.num_kv_heads * s.head_dim, "); use 0 for packed rows"));
+  }
   RETURN_IF_ERROR(CheckAtMost(kernel, "head_dim", s.head_dim, cuda_internal::kGqaMaxHeadDim,
                               "registers per lane in the GPU kernel"));
   RETURN_IF_ERROR(CheckAtMost(kernel, "batch", s.batch, 65535, "a CUDA grid dimension"));
@@ -47,10 +57,11 @@ absl::Status GqaAttentionForward(const GqaAttentionShape& shape, const float* q,
   RETURN_IF_ERROR(CheckShape(kKernel, shape));
   RETURN_IF_ERROR(
       CheckNotNull(kKernel, {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}}));
-  return LaunchStatus(cuda_internal::LaunchGqaAttentionForward(
-                          shape.batch, shape.seq_len, shape.num_heads, shape.num_kv_heads,
-                          shape.head_dim, q, k, v, out, lse, stream),
-                      kKernel);
+  return LaunchStatus(
+      cuda_internal::LaunchGqaAttentionForward(
+          shape.batch, shape.seq_len, shape.num_heads, shape.num_kv_heads, shape.head_dim,
+          GqaQRowStride(shape), GqaKvRowStride(shape), q, k, v, out, lse, stream),
+      kKernel);
 }
 
 absl::Status GqaAttentionBackward(const GqaAttentionShape& shape, const float* q, const float* k,
@@ -77,11 +88,11 @@ absl::Status GqaAttentionBackward(const GqaAttentionShape& shape, const float* q
   if (reinterpret_cast<uintptr_t>(workspace) % alignof(float) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(kKernel, ": workspace is not 4-byte aligned"));
   }
-  return LaunchStatus(
-      cuda_internal::LaunchGqaAttentionBackward(
-          shape.batch, shape.seq_len, shape.num_heads, shape.num_kv_heads, shape.head_dim, q, k, v,
-          out, lse, dout, static_cast<float*>(workspace), dq, dk, dv, stream),
-      kKernel);
+  return LaunchStatus(cuda_internal::LaunchGqaAttentionBackward(
+                          shape.batch, shape.seq_len, shape.num_heads, shape.num_kv_heads,
+                          shape.head_dim, GqaQRowStride(shape), GqaKvRowStride(shape), q, k, v, out,
+                          lse, dout, static_cast<float*>(workspace), dq, dk, dv, stream),
+                      kKernel);
 }
 
 }  // namespace ps::cuda

@@ -1,7 +1,9 @@
-// Causal grouped-query attention on the GPU, f32: the math, layouts (q, out [B,T,Hq,D]; k, v
-// [B,T,Hkv,D]; lse [B,Hq,T]) and accumulation (+=) of the CPU kernel
+// Causal grouped-query attention on the GPU, f32, the one attention kernel of every model: the
+// math, layouts (q, out [B,T,Hq,D]; k, v [B,T,Hkv,D], q and k, v rows shape.q_row_stride and
+// kv_row_stride apart, 0 = packed; lse [B,Hq,T]) and accumulation (+=) of the CPU kernel
 // (model/kernels/gqa_attention.h), with its online-softmax and backward arithmetic
-// (attention_math.h, softmax_math.h).
+// (attention_math.h, softmax_math.h). GPT-2's multi-head attention is the case Hkv = Hq over its
+// fused qkv [B,T,3C]: q = qkv, k = qkv + C, v = qkv + 2C, both strides 3C.
 //
 // Tiling (see gqa_attention_kernels.cu): a block per (batch, head, group of 8 positions), one warp
 // per position; keys and values stream through shared memory in tiles of 32 positions with the

@@ -1,8 +1,10 @@
-// Causal grouped-query attention on the GPU (see model/kernels/gqa_attention.h for the math and
-// layouts), with the online softmax and the backward recomputation of
-// model/kernels/attention_math.h and softmax_math.h — the functions the CPU kernels call. The
-// structure is GPT-2's attention_kernels.cu with separate q [B,T,Hq,D] and k, v [B,T,Hkv,D]
-// tensors and a key/value head shared by Hq/Hkv query heads.
+// Causal grouped-query attention on the GPU, the one attention kernel of every model (see
+// model/kernels/gqa_attention.h for the math and layouts: GPT-2's multi-head attention is the case
+// Hkv = Hq read from its fused qkv through row strides), with the online softmax and the backward
+// recomputation of model/kernels/attention_math.h and softmax_math.h — the functions the CPU
+// kernels call. q [B,T,Hq,D] and k, v [B,T,Hkv,D] rows are q_stride and kv_stride elements apart
+// (dq, dk, dv likewise); out, dout and lse are packed. A key/value head is shared by Hq/Hkv query
+// heads.
 //
 // Work decomposition. A block is (group of kGqaRowsPerBlock = 8 positions, head, batch); each warp
 // owns one position and holds that position's vectors in registers, lane l holding elements
@@ -37,14 +39,14 @@ constexpr int kTile = kGqaKeyTile;
 constexpr int kPerLane = static_cast<int>(kGqaMaxHeadDim / kWarpSize);
 static_assert(kTile == kWarpSize, "one score per lane in the forward pass");
 
-// The addressing of one batch element: row t of head h of a [T, H, D] tensor starts at
-// (t * H + h) * D.
+// The addressing of one batch element: row t of head h of a [T, H, D] tensor whose token rows are
+// `stride` elements apart starts at t * stride + h * D.
 struct HeadRows {
-  const float* base;  // the batch element's [T, H, D] block
-  int64_t heads;      // H
+  const float* base;  // the batch element's first row
+  int64_t stride;     // elements between consecutive tokens' rows (H * D when packed)
   int64_t head_dim;   // D
   int64_t h;          // the head
-  __device__ const float* Row(int64_t t) const { return base + (t * heads + h) * head_dim; }
+  __device__ const float* Row(int64_t t) const { return base + t * stride + h * head_dim; }
 };
 
 // Copies rows t0 .. t0 + kTile - 1 (zeros past `len`) of one head into dst[kTile][D]. All threads
@@ -89,9 +91,9 @@ __device__ float WarpDot(const float (&reg)[kPerLane], const float* row, int64_t
 
 __global__ void __launch_bounds__(kThreads)
     GqaForwardKernel(int64_t seq_len, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                     const float* __restrict__ q, const float* __restrict__ k,
-                     const float* __restrict__ v, float* __restrict__ out,
-                     float* __restrict__ lse) {
+                     int64_t q_stride, int64_t kv_stride, const float* __restrict__ q,
+                     const float* __restrict__ k, const float* __restrict__ v,
+                     float* __restrict__ out, float* __restrict__ lse) {
   extern __shared__ float smem[];
   const int64_t L = seq_len, Hq = num_heads, Hkv = num_kv_heads, hd = head_dim;
   float* k_s = smem;
@@ -101,9 +103,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kWarps;
   const int64_t i = q0 + warp;
   const bool active = i < L;
-  const HeadRows q_rows{q + b * L * Hq * hd, Hq, hd, h};
-  const HeadRows k_rows{k + b * L * Hkv * hd, Hkv, hd, g};
-  const HeadRows v_rows{v + b * L * Hkv * hd, Hkv, hd, g};
+  const HeadRows q_rows{q + b * L * q_stride, q_stride, hd, h};
+  const HeadRows k_rows{k + b * L * kv_stride, kv_stride, hd, g};
+  const HeadRows v_rows{v + b * L * kv_stride, kv_stride, hd, g};
   const float scale = AttentionScale<float>(hd);
   float qv[kPerLane], acc[kPerLane];
   LoadLaneVector(q_rows.Row(active ? i : 0), hd, lane, qv);
@@ -171,10 +173,11 @@ __global__ void __launch_bounds__(kThreads)
 // dv_j += sum_{h in group} sum_{i>=j} P^h_ij dO^h_i.
 __global__ void __launch_bounds__(kThreads)
     GqaKeyGradKernel(int64_t seq_len, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                     const float* __restrict__ q, const float* __restrict__ k,
-                     const float* __restrict__ v, const float* __restrict__ lse,
-                     const float* __restrict__ dout, const float* __restrict__ row_d,
-                     float* __restrict__ dk, float* __restrict__ dv) {
+                     int64_t q_stride, int64_t kv_stride, const float* __restrict__ q,
+                     const float* __restrict__ k, const float* __restrict__ v,
+                     const float* __restrict__ lse, const float* __restrict__ dout,
+                     const float* __restrict__ row_d, float* __restrict__ dk,
+                     float* __restrict__ dv) {
   extern __shared__ float smem[];
   const int64_t L = seq_len, Hq = num_heads, Hkv = num_kv_heads, hd = head_dim;
   const int64_t group = Hq / Hkv;
@@ -187,7 +190,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t j_first = static_cast<int64_t>(blockIdx.x) * kWarps;
   const int64_t j = j_first + warp;
   const bool active = j < L;
-  const int64_t kv_offset = ((b * L + (active ? j : 0)) * Hkv + g) * hd;
+  const int64_t kv_offset = (b * L + (active ? j : 0)) * kv_stride + g * hd;
   const float scale = AttentionScale<float>(hd);
   float kv[kPerLane], vv[kPerLane], dkv[kPerLane], dvv[kPerLane];
   LoadLaneVector(k + kv_offset, hd, lane, kv);
@@ -195,8 +198,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int kk = 0; kk < kPerLane; ++kk) dkv[kk] = dvv[kk] = 0.0f;
   for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-    const HeadRows q_rows{q + b * L * Hq * hd, Hq, hd, h};
-    const HeadRows do_rows{dout + b * L * Hq * hd, Hq, hd, h};
+    const HeadRows q_rows{q + b * L * q_stride, q_stride, hd, h};
+    const HeadRows do_rows{dout + b * L * Hq * hd, Hq * hd, hd, h};
     const float* lse_bh = lse + (b * Hq + h) * L;
     const float* d_bh = row_d + (b * Hq + h) * L;
     for (int64_t i0 = j_first; i0 < L; i0 += kTile) {
@@ -236,10 +239,10 @@ __global__ void __launch_bounds__(kThreads)
 // Pass B: warp = query i of head h; dq_i += scale sum_{j<=i} dS_ij k_j (k of kv head g(h)).
 __global__ void __launch_bounds__(kThreads)
     GqaQueryGradKernel(int64_t seq_len, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                       const float* __restrict__ q, const float* __restrict__ k,
-                       const float* __restrict__ v, const float* __restrict__ lse,
-                       const float* __restrict__ dout, const float* __restrict__ row_d,
-                       float* __restrict__ dq) {
+                       int64_t q_stride, int64_t kv_stride, const float* __restrict__ q,
+                       const float* __restrict__ k, const float* __restrict__ v,
+                       const float* __restrict__ lse, const float* __restrict__ dout,
+                       const float* __restrict__ row_d, float* __restrict__ dq) {
   extern __shared__ float smem[];
   const int64_t L = seq_len, Hq = num_heads, Hkv = num_kv_heads, hd = head_dim;
   float* k_s = smem;
@@ -250,13 +253,14 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t i = q0 + warp;
   const bool active = i < L;
   const int64_t i_safe = active ? i : 0;
-  const int64_t q_offset = ((b * L + i_safe) * Hq + h) * hd;
-  const HeadRows k_rows{k + b * L * Hkv * hd, Hkv, hd, g};
-  const HeadRows v_rows{v + b * L * Hkv * hd, Hkv, hd, g};
+  const int64_t q_offset = (b * L + i_safe) * q_stride + h * hd;
+  const int64_t out_offset = ((b * L + i_safe) * Hq + h) * hd;
+  const HeadRows k_rows{k + b * L * kv_stride, kv_stride, hd, g};
+  const HeadRows v_rows{v + b * L * kv_stride, kv_stride, hd, g};
   const float scale = AttentionScale<float>(hd);
   float qv[kPerLane], dov[kPerLane], dqv[kPerLane];
   LoadLaneVector(q + q_offset, hd, lane, qv);
-  LoadLaneVector(dout + q_offset, hd, lane, dov);
+  LoadLaneVector(dout + out_offset, hd, lane, dov);
 #pragma unroll
   for (int kk = 0; kk < kPerLane; ++kk) dqv[kk] = 0.0f;
   const float row_lse = lse[(b * Hq + h) * L + i_safe];
@@ -292,31 +296,34 @@ dim3 PositionGrid(int64_t batch, int64_t seq_len, int64_t heads) {
 }  // namespace
 
 cudaError_t LaunchGqaAttentionForward(int64_t batch, int64_t seq_len, int64_t num_heads,
-                                      int64_t num_kv_heads, int64_t head_dim, const float* q,
-                                      const float* k, const float* v, float* out, float* lse,
-                                      cudaStream_t stream) {
+                                      int64_t num_kv_heads, int64_t head_dim, int64_t q_stride,
+                                      int64_t kv_stride, const float* q, const float* k,
+                                      const float* v, float* out, float* lse, cudaStream_t stream) {
   const size_t smem = sizeof(float) * 2 * kTile * head_dim;
   GqaForwardKernel<<<PositionGrid(batch, seq_len, num_heads), kThreads, smem, stream>>>(
-      seq_len, num_heads, num_kv_heads, head_dim, q, k, v, out, lse);
+      seq_len, num_heads, num_kv_heads, head_dim, q_stride, kv_stride, q, k, v, out, lse);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchGqaAttentionBackward(int64_t batch, int64_t seq_len, int64_t num_heads,
-                                       int64_t num_kv_heads, int64_t head_dim, const float* q,
-                                       const float* k, const float* v, const float* out,
-                                       const float* lse, const float* dout, float* row_d, float* dq,
-                                       float* dk, float* dv, cudaStream_t stream) {
+                                       int64_t num_kv_heads, int64_t head_dim, int64_t q_stride,
+                                       int64_t kv_stride, const float* q, const float* k,
+                                       const float* v, const float* out, const float* lse,
+                                       const float* dout, float* row_d, float* dq, float* dk,
+                                       float* dv, cudaStream_t stream) {
   const int64_t rows = batch * num_heads * seq_len;
   GqaRowDKernel<<<static_cast<unsigned int>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
       batch, seq_len, num_heads, head_dim, out, dout, row_d);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const size_t key_smem = sizeof(float) * (2 * kTile * head_dim + 2 * kTile);
   GqaKeyGradKernel<<<PositionGrid(batch, seq_len, num_kv_heads), kThreads, key_smem, stream>>>(
-      seq_len, num_heads, num_kv_heads, head_dim, q, k, v, lse, dout, row_d, dk, dv);
+      seq_len, num_heads, num_kv_heads, head_dim, q_stride, kv_stride, q, k, v, lse, dout, row_d,
+      dk, dv);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const size_t query_smem = sizeof(float) * 2 * kTile * head_dim;
   GqaQueryGradKernel<<<PositionGrid(batch, seq_len, num_heads), kThreads, query_smem, stream>>>(
-      seq_len, num_heads, num_kv_heads, head_dim, q, k, v, lse, dout, row_d, dq);
+      seq_len, num_heads, num_kv_heads, head_dim, q_stride, kv_stride, q, k, v, lse, dout, row_d,
+      dq);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,7 @@
 // cuda::GqaAttention* against the CPU kernel: sequence lengths not multiples of the 8-row groups
-// or the 32-key tiles, MQA/GQA/MHA head layouts, head dims below, at, between and at the limit of
-// the per-lane registers. Every test reports SKIPPED without a GPU, and in a build without
+// or the 32-key tiles, MQA/GQA/MHA head layouts and GPT-2's fused qkv (strided rows), head dims
+// below, at, between and at the limit of the per-lane registers. Every test reports SKIPPED without
+// a GPU, and in a build without
 // --config=cuda — never passed.
 #include "base/testing/gpu_gate.h"
 #include "gtest/gtest.h"
@@ -81,7 +82,7 @@ TEST_F(CudaGqaAttentionTest, ForwardAndBackwardMatchCpu) {
                                          absl::MakeSpan(ws), nullptr));
     ASSERT_OK(GqaAttentionBackward<float>(s, q, k, v, out, lse, dout, absl::MakeSpan(dq),
                                           absl::MakeSpan(dk), absl::MakeSpan(dv), nullptr));
-    // As cuda/attention_test: twice the CPU kernel's own bound against a double reference
+    // Twice the CPU kernel's own bound against a double reference
     // (gqa_attention_test: 1e-5 for out and lse, 3e-5 + 1e-4 relative for gradients, scaled by the
     // group size for dk and dv, which sum over the group's query heads).
     const double G = static_cast<double>(s.num_heads / s.num_kv_heads);
@@ -90,6 +91,51 @@ TEST_F(CudaGqaAttentionTest, ForwardAndBackwardMatchCpu) {
     ExpectAllNear(gpu.dq, dq, 6e-5, 2e-4, "dq");
     ExpectAllNear(gpu.dk, dk, 6e-5 * G, 2e-4, "dk");
     ExpectAllNear(gpu.dv, dv, 6e-5 * G, 2e-4, "dv");
+  }
+}
+
+// GPT-2's attention: kv heads = heads, q, k, v read from the fused qkv [B, T, 3C] through row
+// strides of 3C and the gradients written likewise into dqkv (the shapes of the former multi-head
+// kernel's test: head dims 2, 5, 33, 64 and the limit 128).
+TEST_F(CudaGqaAttentionTest, FusedQkvMatchesCpu) {
+  TestRng gen(3);  // fixed seed: reproducible failures
+  // {B, T, C, H}.
+  const int64_t shapes[][4] = {{1, 1, 4, 2},    {2, 37, 10, 2},  {1, 33, 66, 2},
+                               {2, 70, 128, 2}, {1, 41, 128, 1}, {1, 300, 64, 1}};
+  for (const auto& [B, L, C, H] : shapes) {
+    const GqaAttentionShape s{.batch = B,
+                              .seq_len = L,
+                              .num_heads = H,
+                              .num_kv_heads = H,
+                              .head_dim = C / H,
+                              .q_row_stride = 3 * C,
+                              .kv_row_stride = 3 * C};
+    const int64_t n = GqaAttentionQElems(s), nout = B * L * C;
+    const auto qkv = RandomVector<float>(gen, B * L * 3 * C, -2, 2);
+    const auto dout = RandomVector<float>(gen, nout);
+    auto dqkv = RandomVector<float>(gen, B * L * 3 * C);  // accumulates
+    DeviceVector<float> d_qkv(qkv), d_out(nout), d_lse(B * H * L), d_dout(dout), d_dqkv(dqkv);
+    DeviceVector<char> ws(cuda::GqaAttentionBackwardWorkspaceBytes(s));
+    float* x = d_qkv.get();
+    float* dx = d_dqkv.get();
+    ASSERT_OK(cuda::GqaAttentionForward(s, x, x + C, x + 2 * C, d_out.get(), d_lse.get(),
+                                        stream_->get()));
+    ASSERT_OK(cuda::GqaAttentionBackward(s, x, x + C, x + 2 * C, d_out.get(), d_lse.get(),
+                                         d_dout.get(), dx, dx + C, dx + 2 * C, ws.get(),
+                                         static_cast<int64_t>(ws.size()), stream_->get()));
+    std::vector<float> out(nout), lse(B * H * L), cpu_ws(GqaAttentionWorkspaceElems(s, 1));
+    const absl::Span<const float> in(qkv);
+    const absl::Span<float> d = absl::MakeSpan(dqkv);
+    ASSERT_OK(GqaAttentionForward<float>(s, in.subspan(0, n), in.subspan(C, n),
+                                         in.subspan(2 * C, n), absl::MakeSpan(out),
+                                         absl::MakeSpan(lse), absl::MakeSpan(cpu_ws), nullptr));
+    ASSERT_OK(GqaAttentionBackward<float>(s, in.subspan(0, n), in.subspan(C, n),
+                                          in.subspan(2 * C, n), out, lse, dout, d.subspan(0, n),
+                                          d.subspan(C, n), d.subspan(2 * C, n), nullptr));
+    // As ForwardAndBackwardMatchCpu with one kv head per query head.
+    ExpectAllNear(d_out.Download(), out, 2e-5, 2e-5, "out");
+    ExpectAllNear(d_lse.Download(), lse, 2e-5, 2e-6, "lse");
+    ExpectAllNear(d_dqkv.Download(), dqkv, 6e-5, 2e-4, "dqkv");
   }
 }
 
@@ -119,6 +165,10 @@ TEST_F(CudaGqaAttentionTest, RejectsBadArguments) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_key_value_heads")));
   EXPECT_THAT(cuda::GqaAttentionForward({1, 4, 2, 1, 8}, p, nullptr, p, p, p, stream_->get()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("k is null")));
+  GqaAttentionShape short_stride{1, 4, 2, 1, 8};
+  short_stride.kv_row_stride = 7;  // a row of k holds Hkv*D = 8
+  EXPECT_THAT(cuda::GqaAttentionForward(short_stride, p, p, p, p, p, stream_->get()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("kv_row_stride 7")));
   EXPECT_THAT(cuda::GqaAttentionBackward({1, 8, 2, 1, 8}, p, p, p, p, p, p, p, p, p, ws.get(), 16,
                                          stream_->get()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("workspace has 16 bytes")));

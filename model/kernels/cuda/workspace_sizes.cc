@@ -24,10 +24,6 @@ class Parts {
 
 }  // namespace
 
-int64_t AttentionBackwardWorkspaceBytes(const AttentionShape& s) {
-  return s.batch * s.num_heads * s.seq_len * kF32;
-}
-
 int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& s) {
   return s.batch * s.num_heads * s.seq_len * kF32;
 }
@@ -67,8 +63,7 @@ int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& s) {
   return LmHeadCrossEntropyLayout(s).bytes;
 }
 
-LmHeadBlockWorkspaceLayout LmHeadBlockLayout(const VocabBlockShape& s, DType dtype,
-                                             bool backward) {
+LmHeadBlockWorkspaceLayout LmHeadBlockLayout(const VocabBlockShape& s, DType dtype, bool backward) {
   const VocabTiles t = VocabTilesOf(s);
   Parts parts;
   LmHeadBlockWorkspaceLayout w;

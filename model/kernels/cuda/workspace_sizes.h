@@ -15,7 +15,6 @@
 #include <cstdint>
 
 #include "memory/dtype.h"
-#include "model/kernels/attention.h"
 #include "model/kernels/gqa_attention.h"
 #include "model/kernels/lm_head_cross_entropy.h"
 #include "model/kernels/matmul.h"
@@ -29,11 +28,9 @@ inline constexpr int64_t AlignWorkspaceBytes(int64_t bytes) {
   return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
 }
 
-// The forwards need no workspace.
-inline int64_t AttentionForwardWorkspaceBytes(const AttentionShape&) { return 0; }
+// Attention (GPT-2's too: kv heads = heads). The forward needs no workspace; the backward's holds
+// D_i = dout_i . out_i per (batch, query head, position), B*Hq*T floats.
 inline int64_t GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape&) { return 0; }
-// The backwards' workspace: D_i = dout_i . out_i per (batch, query head, position), B*H*T floats.
-int64_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape);
 int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& shape);
 
 // The bf16-weight Conv1D GEMMs (cuda/matmul.h): forward bf16(x) [N, in]; backward bf16(x), then

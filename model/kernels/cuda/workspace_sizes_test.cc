@@ -60,16 +60,20 @@ TEST(WorkspaceSizes, WorkedExamples) {
   EXPECT_EQ(MatmulBf16ForwardWorkspaceBytes(mm), 256);
   EXPECT_EQ(MatmulBf16BackwardWorkspaceBytes(mm), 512);
 
-  // One f32 per (batch, query head, position); the forwards need none.
-  EXPECT_EQ(AttentionBackwardWorkspaceBytes({.batch = 2, .seq_len = 5, .channels = 12,
-                                             .num_heads = 3}),
-            2 * 3 * 5 * 4);
+  // One f32 per (batch, query head, position); the forwards need none. GPT-2's attention (C = 12,
+  // 3 heads) is the case kv heads = heads over its fused qkv (row strides 3C).
+  const GqaAttentionShape gpt2{.batch = 2,
+                               .seq_len = 5,
+                               .num_heads = 3,
+                               .num_kv_heads = 3,
+                               .head_dim = 4,
+                               .q_row_stride = 36,
+                               .kv_row_stride = 36};
+  EXPECT_EQ(GqaAttentionBackwardWorkspaceBytes(gpt2), 2 * 3 * 5 * 4);
   EXPECT_EQ(GqaAttentionBackwardWorkspaceBytes(
                 {.batch = 2, .seq_len = 5, .num_heads = 4, .num_kv_heads = 2, .head_dim = 8}),
             2 * 4 * 5 * 4);
-  EXPECT_EQ(AttentionForwardWorkspaceBytes({.batch = 2, .seq_len = 5, .channels = 12,
-                                            .num_heads = 3}),
-            0);
+  EXPECT_EQ(GqaAttentionForwardWorkspaceBytes(gpt2), 0);
 }
 
 struct Part {
@@ -96,8 +100,8 @@ TEST(WorkspaceSizes, RandomLmHeadBlockLayoutsCanBeCarved) {
   for (int trial = 0; trial < 300; ++trial) {
     const int64_t vocab_tile = absl::Uniform<int64_t>(gen, 1, 300);
     const int64_t vocab = absl::Uniform<int64_t>(gen, 1, 5000);
-    const int64_t row_begin = absl::Uniform<int64_t>(gen, 0, (vocab - 1) / vocab_tile + 1) *
-                              vocab_tile;
+    const int64_t row_begin =
+        absl::Uniform<int64_t>(gen, 0, (vocab - 1) / vocab_tile + 1) * vocab_tile;
     VocabBlockShape s{.rows = absl::Uniform<int64_t>(gen, 1, 700),
                       .channels = absl::Uniform<int64_t>(gen, 1, 300),
                       .vocab_size = vocab,

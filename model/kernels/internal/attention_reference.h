@@ -1,10 +1,11 @@
-// The reference schedule of the CPU attention kernels (model/kernels/attention.h): the loops as
-// first written, one simd::Dot / simd::Axpy / simd::Scale call per score and per key (scalar loops
-// for double). attention.cc runs them for double; for float it runs internal/attention_simd.h,
-// which computes the same bits faster, and attention_test compares the two bit for bit.
+// The reference schedule of the CPU attention kernel (model/kernels/gqa_attention.h): the loops
+// as first written, one simd::Dot / simd::Axpy / simd::Scale call per score and per key (scalar
+// loops for double). gqa_attention.cc runs them for double; for float it runs
+// internal/attention_simd.h, which computes the same bits faster, and gqa_attention_test compares
+// the two bit for bit.
 //
-// Both functions assume the shapes and buffer sizes were checked (attention.cc does). Threading
-// and determinism as attention.h describes.
+// Both functions assume the shapes and buffer sizes were checked (gqa_attention.cc does).
+// Threading and determinism as gqa_attention.h describes.
 #ifndef PATRICKSTAR_MODEL_KERNELS_INTERNAL_ATTENTION_REFERENCE_H_
 #define PATRICKSTAR_MODEL_KERNELS_INTERNAL_ATTENTION_REFERENCE_H_
 
@@ -14,8 +15,8 @@
 
 #include "absl/types/span.h"
 #include "base/thread_pool.h"
-#include "model/kernels/attention.h"
 #include "model/kernels/attention_math.h"
+#include "model/kernels/gqa_attention.h"
 #include "model/kernels/internal/kernel_util.h"
 #include "model/kernels/internal/simd.h"
 #include "model/kernels/softmax_math.h"
@@ -52,131 +53,144 @@ inline void ScaleInPlace(T alpha, T* y, int64_t n) {
   }
 }
 
-// Decodes a work item (b, h, tile index) from its number.
+// A work item (b, head, tile index) from its number; `heads` is Hq or Hkv depending on the pass.
 struct Item {
   int64_t b, h, tile;
 };
-inline Item DecodeItem(int64_t item, int64_t num_heads, int64_t num_tiles) {
-  return {item / (num_heads * num_tiles), (item / num_tiles) % num_heads, item % num_tiles};
+inline Item DecodeItem(int64_t item, int64_t heads, int64_t num_tiles) {
+  return {item / (heads * num_tiles), (item / num_tiles) % heads, item % num_tiles};
+}
+
+// Element offsets of head rows: q (dq) and k, v (dk, dv) with their strides, out and dout packed.
+struct Rows {
+  int64_t L, Hq, D, q_stride, kv_stride;
+  int64_t Q(int64_t b, int64_t t, int64_t h) const { return (b * L + t) * q_stride + h * D; }
+  int64_t KV(int64_t b, int64_t t, int64_t g) const { return (b * L + t) * kv_stride + g * D; }
+  int64_t Out(int64_t b, int64_t t, int64_t h) const { return ((b * L + t) * Hq + h) * D; }
+  int64_t Lse(int64_t b, int64_t h, int64_t t) const { return (b * Hq + h) * L + t; }
+};
+inline Rows RowsOf(const GqaAttentionShape& s) {
+  return {s.seq_len, s.num_heads, s.head_dim, GqaQRowStride(s), GqaKvRowStride(s)};
 }
 
 }  // namespace attention_reference
 
-// Forward: out and lse from qkv, workspace as AttentionWorkspaceElems.
+// Forward: out and lse from q, k, v; workspace as GqaAttentionWorkspaceElems.
 template <typename T>
-void AttentionForwardReference(const AttentionShape& shape, absl::Span<const T> qkv,
-                               absl::Span<T> out, absl::Span<T> lse, absl::Span<T> workspace,
-                               ThreadPool* pool) {
+void GqaAttentionForwardReference(const GqaAttentionShape& shape, absl::Span<const T> q,
+                                  absl::Span<const T> k, absl::Span<const T> v, absl::Span<T> out,
+                                  absl::Span<T> lse, absl::Span<T> workspace, ThreadPool* pool) {
   using attention_reference::Axpy;
   using attention_reference::DecodeItem;
   using attention_reference::DotProduct;
   using attention_reference::Item;
   using attention_reference::ScaleInPlace;
-  const int64_t B = shape.batch, L = shape.seq_len, C = shape.channels, H = shape.num_heads;
-  const int64_t hd = C / H, tile = shape.tile;
+  const int64_t B = shape.batch, L = shape.seq_len, Hq = shape.num_heads, Hkv = shape.num_kv_heads,
+                D = shape.head_dim, tile = shape.tile;
+  const attention_reference::Rows rows = attention_reference::RowsOf(shape);
   const int num_slots = pool == nullptr ? 1 : pool->num_threads();
-  const T scale = AttentionScale<T>(hd);
+  const int64_t group = Hq / Hkv;
+  const T scale = AttentionScale<T>(D);
   const int64_t num_tiles = NumTasks(L, tile);
-  const int64_t num_items = B * H * num_tiles;
+  const int64_t num_items = B * Hq * num_tiles;
   // Slot s runs items s, s + num_slots, ... with its own score row and output row.
   ParallelFor(pool, num_slots, [&](int64_t slot) {
-    T* scores = workspace.data() + slot * (tile + hd);
+    T* scores = workspace.data() + slot * (tile + D);
     T* acc = scores + tile;
     for (int64_t item = slot; item < num_items; item += num_slots) {
-      const Item it = DecodeItem(item, H, num_tiles);
-      const T* base = qkv.data() + it.b * L * 3 * C;
+      const Item it = DecodeItem(item, Hq, num_tiles);
+      const int64_t g = it.h / group;
       const int64_t i0 = it.tile * tile, i1 = std::min(L, i0 + tile);
       for (int64_t i = i0; i < i1; ++i) {
-        const T* q = base + i * 3 * C + it.h * hd;
+        const T* qi = q.data() + rows.Q(it.b, i, it.h);
         T m = NegativeInfinity<T>(), l = 0;
-        std::fill(acc, acc + hd, T{0});
+        std::fill(acc, acc + D, T{0});
         for (int64_t j0 = 0; j0 <= i; j0 += tile) {
           const int64_t j1 = std::min(i + 1, j0 + tile);  // causal: keys j <= i
           T tile_max = NegativeInfinity<T>();
           for (int64_t j = j0; j < j1; ++j) {
-            const T s = scale * DotProduct(q, base + j * 3 * C + C + it.h * hd, hd);
+            const T s = scale * DotProduct(qi, k.data() + rows.KV(it.b, j, g), D);
             scores[j - j0] = s;
             tile_max = MaxOf(tile_max, s);
           }
           const T new_m = MaxOf(m, tile_max);
           const T correction = SoftmaxRescale(m, new_m);  // 0 on the first tile (m = -inf)
           l *= correction;
-          ScaleInPlace(correction, acc, hd);
+          ScaleInPlace(correction, acc, D);
           for (int64_t j = j0; j < j1; ++j) {
             const T p = SoftmaxWeight(scores[j - j0], new_m);
             l += p;
-            Axpy(p, base + j * 3 * C + 2 * C + it.h * hd, acc, hd);
+            Axpy(p, v.data() + rows.KV(it.b, j, g), acc, D);
           }
           m = new_m;
         }
-        T* o = out.data() + (it.b * L + i) * C + it.h * hd;
+        T* o = out.data() + rows.Out(it.b, i, it.h);
         const T inv_l = T{1} / l;
-        for (int64_t d = 0; d < hd; ++d) o[d] = acc[d] * inv_l;
-        lse[(it.b * H + it.h) * L + i] = SoftmaxLogSumExp(SoftmaxState<T>{m, l});
+        for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inv_l;
+        lse[rows.Lse(it.b, it.h, i)] = SoftmaxLogSumExp(SoftmaxState<T>{m, l});
       }
     }
   });
 }
 
-// Backward: dqkv += the gradient.
+// Backward: dq, dk, dv += the gradients.
 template <typename T>
-void AttentionBackwardReference(const AttentionShape& shape, absl::Span<const T> qkv,
-                                absl::Span<const T> out, absl::Span<const T> lse,
-                                absl::Span<const T> dout, absl::Span<T> dqkv, ThreadPool* pool) {
+void GqaAttentionBackwardReference(const GqaAttentionShape& shape, absl::Span<const T> q,
+                                   absl::Span<const T> k, absl::Span<const T> v,
+                                   absl::Span<const T> out, absl::Span<const T> lse,
+                                   absl::Span<const T> dout, absl::Span<T> dq, absl::Span<T> dk,
+                                   absl::Span<T> dv, ThreadPool* pool) {
   using attention_reference::Axpy;
   using attention_reference::DecodeItem;
   using attention_reference::DotProduct;
   using attention_reference::Item;
-  const int64_t B = shape.batch, L = shape.seq_len, C = shape.channels, H = shape.num_heads;
-  const int64_t hd = C / H, tile = shape.tile;
-  const T scale = AttentionScale<T>(hd);
+  const int64_t B = shape.batch, L = shape.seq_len, Hq = shape.num_heads, Hkv = shape.num_kv_heads,
+                D = shape.head_dim, tile = shape.tile;
+  const attention_reference::Rows rows = attention_reference::RowsOf(shape);
+  const int64_t group = Hq / Hkv;
+  const T scale = AttentionScale<T>(D);
   const int64_t num_tiles = NumTasks(L, tile);
-  const int64_t num_items = B * H * num_tiles;
-  // Pointers into row t of batch b, head h.
-  auto q_of = [&](int64_t b, int64_t h, int64_t t) {
-    return qkv.data() + (b * L + t) * 3 * C + h * hd;
-  };
-  auto row_of = [&](int64_t b, int64_t h, int64_t t) { return (b * L + t) * C + h * hd; };
 
-  // Pass A: dk, dv for the keys of one tile, summing over queries i >= j in increasing order.
-  ParallelFor(pool, num_items, [&](int64_t item) {
-    const Item it = DecodeItem(item, H, num_tiles);
+  // Pass A: dk, dv for the keys of one tile of kv head g, summing over the group's query heads
+  // (increasing) and, for each, over queries i >= j (increasing).
+  ParallelFor(pool, B * Hkv * num_tiles, [&](int64_t item) {
+    const Item it = DecodeItem(item, Hkv, num_tiles);
+    const int64_t g = it.h;
     const int64_t j0 = it.tile * tile, j1 = std::min(L, j0 + tile);
-    for (int64_t i = j0; i < L; ++i) {
-      const T* q = q_of(it.b, it.h, i);
-      const T* o = out.data() + row_of(it.b, it.h, i);
-      const T* dout_i = dout.data() + row_of(it.b, it.h, i);
-      const T D = DotProduct(dout_i, o, hd);
-      const T row_lse = lse[(it.b * H + it.h) * L + i];
-      const int64_t j_end = std::min(j1, i + 1);
-      for (int64_t j = j0; j < j_end; ++j) {
-        const T* k = q_of(it.b, it.h, j) + C;
-        const T* v = k + C;
-        const T p = AttentionProbability(scale * DotProduct(q, k, hd), row_lse);
-        const T dS = AttentionScoreGrad(p, DotProduct(dout_i, v, hd), D);
-        T* dk = dqkv.data() + (it.b * L + j) * 3 * C + C + it.h * hd;
-        T* dv = dk + C;
-        Axpy(scale * dS, q, dk, hd);
-        Axpy(p, dout_i, dv, hd);
+    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+      for (int64_t i = j0; i < L; ++i) {
+        const T* qi = q.data() + rows.Q(it.b, i, h);
+        const T* dout_i = dout.data() + rows.Out(it.b, i, h);
+        const T Di = DotProduct(dout_i, out.data() + rows.Out(it.b, i, h), D);
+        const T row_lse = lse[rows.Lse(it.b, h, i)];
+        const int64_t j_end = std::min(j1, i + 1);
+        for (int64_t j = j0; j < j_end; ++j) {
+          const int64_t kv = rows.KV(it.b, j, g);
+          const T p = AttentionProbability(scale * DotProduct(qi, k.data() + kv, D), row_lse);
+          const T dS = AttentionScoreGrad(p, DotProduct(dout_i, v.data() + kv, D), Di);
+          Axpy(scale * dS, qi, dk.data() + kv, D);
+          Axpy(p, dout_i, dv.data() + kv, D);
+        }
       }
     }
   });
-  // Pass B: dq for the queries of one tile, summing over keys j <= i in increasing order.
-  ParallelFor(pool, num_items, [&](int64_t item) {
-    const Item it = DecodeItem(item, H, num_tiles);
+  // Pass B: dq for the queries of one tile of query head h, summing over keys j <= i in order.
+  ParallelFor(pool, B * Hq * num_tiles, [&](int64_t item) {
+    const Item it = DecodeItem(item, Hq, num_tiles);
+    const int64_t g = it.h / group;
     const int64_t i0 = it.tile * tile, i1 = std::min(L, i0 + tile);
     for (int64_t i = i0; i < i1; ++i) {
-      const T* q = q_of(it.b, it.h, i);
-      const T* dout_i = dout.data() + row_of(it.b, it.h, i);
-      const T D = DotProduct(dout_i, out.data() + row_of(it.b, it.h, i), hd);
-      const T row_lse = lse[(it.b * H + it.h) * L + i];
-      T* dq = dqkv.data() + (it.b * L + i) * 3 * C + it.h * hd;
+      const T* qi = q.data() + rows.Q(it.b, i, it.h);
+      const T* dout_i = dout.data() + rows.Out(it.b, i, it.h);
+      const T Di = DotProduct(dout_i, out.data() + rows.Out(it.b, i, it.h), D);
+      const T row_lse = lse[rows.Lse(it.b, it.h, i)];
+      T* dqi = dq.data() + rows.Q(it.b, i, it.h);
       for (int64_t j = 0; j <= i; ++j) {
-        const T* k = q_of(it.b, it.h, j) + C;
-        const T* v = k + C;
-        const T p = AttentionProbability(scale * DotProduct(q, k, hd), row_lse);
-        const T dS = AttentionScoreGrad(p, DotProduct(dout_i, v, hd), D);
-        Axpy(scale * dS, k, dq, hd);
+        const T* kj = k.data() + rows.KV(it.b, j, g);
+        const T p = AttentionProbability(scale * DotProduct(qi, kj, D), row_lse);
+        const T dS =
+            AttentionScoreGrad(p, DotProduct(dout_i, v.data() + rows.KV(it.b, j, g), D), Di);
+        Axpy(scale * dS, kj, dqi, D);
       }
     }
   });

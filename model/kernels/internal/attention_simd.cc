@@ -1,7 +1,7 @@
 // Highway implementation of model/kernels/internal/attention_simd.h, compiled once per SIMD target
 // (hwy/foreach_target.h) and dispatched at run time, like internal/simd.cc. See the header for why
-// the results equal the reference loops of attention.cc bit for bit; the comments below point at
-// the reference statement each step mirrors.
+// the results equal the reference loops of internal/attention_reference.h bit for bit; the comments
+// below point at the reference statement each step mirrors.
 #include "model/kernels/internal/attention_simd.h"
 
 #include <algorithm>
@@ -119,17 +119,17 @@ void AttentionForwardRowsImpl(const AttentionHeadView& head, int64_t tile, int64
                               float* acc) {
   const D d;
   const size_t hd = static_cast<size_t>(head.head_dim);
-  const int64_t stride = head.qkv_stride;
+  const int64_t kv_stride = head.kv_stride;
   const float scale = head.scale;
   for (int64_t i = i0; i < i1; ++i) {
-    const float* q = head.q + i * stride;
+    const float* q = head.q + i * head.q_stride;
     float m = NegativeInfinity<float>(), l = 0;
     std::fill(acc, acc + hd, 0.0f);
     for (int64_t j0 = 0; j0 <= i; j0 += tile) {
       const int64_t j1 = std::min(i + 1, j0 + tile);  // causal: keys j <= i
       float tile_max = NegativeInfinity<float>();
       for (int64_t j = j0; j < j1; ++j) {
-        const float s = scale * DotExact(d, q, head.k + j * stride, hd);
+        const float s = scale * DotExact(d, q, head.k + j * kv_stride, hd);
         scores[j - j0] = s;
         tile_max = MaxOf(tile_max, s);
       }
@@ -142,7 +142,8 @@ void AttentionForwardRowsImpl(const AttentionHeadView& head, int64_t tile, int64
         l += p;
         scores[j - j0] = p;
       }
-      RescaleAndAccumulate(d, correction, scores, head.v + j0 * stride, stride, j1 - j0, acc, hd);
+      RescaleAndAccumulate(d, correction, scores, head.v + j0 * kv_stride, kv_stride, j1 - j0, acc,
+                           hd);
       m = new_m;
     }
     float* o = out + i * out_stride;
@@ -158,7 +159,7 @@ void AttentionBackwardHeadImpl(const AttentionHeadView& head, const float* out, 
   constexpr int64_t kB = kAttentionBlock;
   const D d;
   const size_t hd = static_cast<size_t>(head.head_dim);
-  const int64_t L = head.seq_len, stride = head.qkv_stride;
+  const int64_t L = head.seq_len, q_stride = head.q_stride, kv_stride = head.kv_stride;
   const float scale = head.scale;
   // P_ij and scale * dS_ij of one (query block, key block), row-major by query.
   HWY_ALIGN float p_block[kB * kB];
@@ -169,7 +170,7 @@ void AttentionBackwardHeadImpl(const AttentionHeadView& head, const float* out, 
     for (int64_t i0 = j0; i0 < L; i0 += kB) {
       const int64_t i1 = std::min(L, i0 + kB);
       for (int64_t i = i0; i < i1; ++i) {
-        const float* q = head.q + i * stride;
+        const float* q = head.q + i * q_stride;
         const float* dout_i = dout + i * out_stride;
         const float D_i = DotExact(d, dout_i, out + i * out_stride, hd);
         const float row_lse = lse[i];
@@ -180,10 +181,10 @@ void AttentionBackwardHeadImpl(const AttentionHeadView& head, const float* out, 
         // exp calls) overlap instead of waiting on each other: the scores into p_row, the dP
         // values into g_row, then P and scale * dS in place.
         for (int64_t j = j0; j < j_end; ++j) {
-          p_row[j - j0] = scale * DotExact(d, q, head.k + j * stride, hd);
+          p_row[j - j0] = scale * DotExact(d, q, head.k + j * kv_stride, hd);
         }
         for (int64_t j = j0; j < j_end; ++j) {
-          g_row[j - j0] = DotExact(d, dout_i, head.v + j * stride, hd);
+          g_row[j - j0] = DotExact(d, dout_i, head.v + j * kv_stride, hd);
         }
         for (int64_t j = j0; j < j_end; ++j) {
           const float p = AttentionProbability(p_row[j - j0], row_lse);
@@ -197,16 +198,16 @@ void AttentionBackwardHeadImpl(const AttentionHeadView& head, const float* out, 
         const int64_t i_begin = std::max(i0, j);
         if (i_begin >= i1) continue;
         const int64_t col = j - j0, row = i_begin - i0;
-        Accumulate(d, g_block + row * kB + col, kB, head.q + i_begin * stride, stride, i1 - i_begin,
-                   dk + j * stride, hd);
+        Accumulate(d, g_block + row * kB + col, kB, head.q + i_begin * q_stride, q_stride,
+                   i1 - i_begin, dk + j * kv_stride, hd);
         Accumulate(d, p_block + row * kB + col, kB, dout + i_begin * out_stride, out_stride,
-                   i1 - i_begin, dv + j * stride, hd);
+                   i1 - i_begin, dv + j * kv_stride, hd);
       }
       // dq_i += scale dS_ij k_j over the block's keys j <= i, ascending.
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t j_end = std::min(j1, i + 1);
-        Accumulate(d, g_block + (i - i0) * kB, 1, head.k + j0 * stride, stride, j_end - j0,
-                   dq + i * stride, hd);
+        Accumulate(d, g_block + (i - i0) * kB, 1, head.k + j0 * kv_stride, kv_stride, j_end - j0,
+                   dq + i * q_stride, hd);
       }
     }
   }

@@ -1,11 +1,11 @@
-// The f32 inner loops of causal attention (model/kernels/attention.h), one (batch, head) at a
+// The f32 inner loops of causal attention (model/kernels/gqa_attention.h), one (batch, head) at a
 // time, in Highway with run-time dispatch (the best instruction set of this CPU, like
 // internal/simd.h).
 //
-// Exactness. These loops compute, bit for bit, what the reference loops of attention.cc compute
-// with simd::Dot, simd::Axpy and simd::Scale per call (attention_test checks it on every target):
-// every score, probability and weight goes through the same operations in the same order. What
-// changed is only the schedule:
+// Exactness. These loops compute, bit for bit, what the reference loops of
+// internal/attention_reference.h compute with simd::Dot, simd::Axpy and simd::Scale per call
+// (gqa_attention_test checks it on every target): every score, probability and weight goes through
+// the same operations in the same order. What changed is only the schedule:
 //   - the dot products are inlined (internal/simd-inl.h DotExact, the function simd::Dot runs)
 //     instead of one dispatched call each;
 //   - an output row's accumulation over keys runs one vector chunk at a time with the chunk in a
@@ -27,16 +27,17 @@
 
 namespace ps::kernels_internal::simd {
 
-// One (batch, head): row t of q, k and v starts at q + t * qkv_stride (likewise k, v), and its
-// head_dim elements are contiguous.
+// One (batch, query head) and the kv head it reads: row t of q starts at q + t * q_stride, row t
+// of k and v at k + t * kv_stride and v + t * kv_stride; a row's head_dim elements are contiguous.
 struct AttentionHeadView {
   const float* q = nullptr;
   const float* k = nullptr;
   const float* v = nullptr;
-  int64_t qkv_stride = 0;  // elements between consecutive positions (3C)
-  int64_t seq_len = 0;     // T
-  int64_t head_dim = 0;    // hd
-  float scale = 0;         // 1 / sqrt(hd)
+  int64_t q_stride = 0;   // elements between consecutive positions of q (3C for GPT-2's qkv)
+  int64_t kv_stride = 0;  // elements between consecutive positions of k and v
+  int64_t seq_len = 0;    // T
+  int64_t head_dim = 0;   // D
+  float scale = 0;        // 1 / sqrt(D)
 };
 
 // Query rows per block and key columns per block of AttentionBackwardHead (its stack buffers are
@@ -44,13 +45,15 @@ struct AttentionHeadView {
 inline constexpr int64_t kAttentionBlock = 64;
 
 // Forward of query rows [i0, i1) over key tiles of `tile` positions (the online softmax of
-// attention.h; the tile fixes the rounding): out row i at out + i * out_stride (head_dim
+// gqa_attention.h; the tile fixes the rounding): out row i at out + i * out_stride (head_dim
 // elements), lse[i]. `scores` holds `tile` floats and `acc` head_dim floats of scratch.
 void AttentionForwardRows(const AttentionHeadView& head, int64_t tile, int64_t i0, int64_t i1,
                           float* out, int64_t out_stride, float* lse, float* scores, float* acc);
 
-// Backward of the whole head: dq, dk, dv (rows at dq + t * qkv_stride, likewise dk, dv) +=
-// the gradients, from the forward's out and its gradient dout (rows at + t * out_stride) and lse.
+// Backward of the whole head: dq (rows at dq + t * q_stride), dk and dv (rows at dk + t *
+// kv_stride, likewise dv) += the gradients, from the forward's out and its gradient dout (rows at
+// + t * out_stride) and lse. dk_j and dv_j sum over queries i ascending, dq_i over keys ascending,
+// so calling this for the query heads of a group in increasing order gives the reference's dk, dv.
 void AttentionBackwardHead(const AttentionHeadView& head, const float* out, const float* dout,
                            int64_t out_stride, const float* lse, float* dq, float* dk, float* dv);
 

@@ -15,10 +15,6 @@ const char* WorkspaceQueryName(WorkspaceQuery query) {
       return "Matmul";
     case WorkspaceQuery::kLinear:
       return "Linear";
-    case WorkspaceQuery::kAttentionForward:
-      return "AttentionForward";
-    case WorkspaceQuery::kAttentionBackward:
-      return "AttentionBackward";
     case WorkspaceQuery::kGqaAttentionForward:
       return "GqaAttentionForward";
     case WorkspaceQuery::kGqaAttentionBackward:
@@ -54,14 +50,6 @@ int64_t SingleQueryWorkspaces::MatmulWorkspaceBytes(const MatmulShape& s) const 
 }
 int64_t SingleQueryWorkspaces::LinearWorkspaceBytes(const LinearShape& s) const {
   return Answer(WorkspaceQuery::kLinear, {s.rows, s.in_features, s.out_features, s.bias});
-}
-int64_t SingleQueryWorkspaces::AttentionForwardWorkspaceBytes(const AttentionShape& s) const {
-  return Answer(WorkspaceQuery::kAttentionForward,
-                {s.batch, s.seq_len, s.channels, s.num_heads, s.tile});
-}
-int64_t SingleQueryWorkspaces::AttentionBackwardWorkspaceBytes(const AttentionShape& s) const {
-  return Answer(WorkspaceQuery::kAttentionBackward,
-                {s.batch, s.seq_len, s.channels, s.num_heads, s.tile});
 }
 int64_t SingleQueryWorkspaces::GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape& s) const {
   return Answer(WorkspaceQuery::kGqaAttentionForward,
@@ -180,21 +168,6 @@ absl::Status ExtraWorkspaceKernels::DoResidualForward(Stream& stream, int64_t nu
 absl::Status ExtraWorkspaceKernels::DoResidualBackward(Stream& stream, int64_t num_elems,
                                                        const float* dout, float* da, float* db) {
   return inner_.ResidualBackward(stream, num_elems, dout, da, db);
-}
-
-absl::Status ExtraWorkspaceKernels::DoAttentionForward(Stream& stream, const AttentionShape& shape,
-                                                       const float* qkv, float* out, float* lse,
-                                                       void* workspace, int64_t workspace_bytes) {
-  return inner_.AttentionForward(stream, shape, qkv, out, lse, workspace, workspace_bytes);
-}
-
-absl::Status ExtraWorkspaceKernels::DoAttentionBackward(Stream& stream, const AttentionShape& shape,
-                                                        const float* qkv, const float* out,
-                                                        const float* lse, const float* dout,
-                                                        float* dqkv, void* workspace,
-                                                        int64_t workspace_bytes) {
-  return inner_.AttentionBackward(stream, shape, qkv, out, lse, dout, dqkv, workspace,
-                                  workspace_bytes);
 }
 
 absl::Status ExtraWorkspaceKernels::DoLmHeadCrossEntropyForward(

@@ -41,12 +41,6 @@ class SumOfWorkspaces final : public KernelWorkspaces {
   int64_t LinearWorkspaceBytes(const LinearShape& s) const override {
     return a_.LinearWorkspaceBytes(s) + b_.LinearWorkspaceBytes(s);
   }
-  int64_t AttentionForwardWorkspaceBytes(const AttentionShape& s) const override {
-    return a_.AttentionForwardWorkspaceBytes(s) + b_.AttentionForwardWorkspaceBytes(s);
-  }
-  int64_t AttentionBackwardWorkspaceBytes(const AttentionShape& s) const override {
-    return a_.AttentionBackwardWorkspaceBytes(s) + b_.AttentionBackwardWorkspaceBytes(s);
-  }
   int64_t GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape& s) const override {
     return a_.GqaAttentionForwardWorkspaceBytes(s) + b_.GqaAttentionForwardWorkspaceBytes(s);
   }
@@ -74,13 +68,11 @@ class SumOfWorkspaces final : public KernelWorkspaces {
   const KernelWorkspaces& b_;
 };
 
-// The twelve workspace queries of KernelWorkspaces.
+// The ten workspace queries of KernelWorkspaces (GPT-2's attention asks the grouped-query ones).
 enum class WorkspaceQuery {
   kGemm,
   kMatmul,
   kLinear,
-  kAttentionForward,
-  kAttentionBackward,
   kGqaAttentionForward,
   kGqaAttentionBackward,
   kLmHeadCrossEntropy,
@@ -89,7 +81,7 @@ enum class WorkspaceQuery {
   kLmHeadBlockForward,
   kLmHeadBlockBackward,
 };
-inline constexpr int kNumWorkspaceQueries = 12;
+inline constexpr int kNumWorkspaceQueries = 10;
 const char* WorkspaceQueryName(WorkspaceQuery query);
 
 // Answers `base_bytes` plus 256 bytes times a weighted sum of the shape's dimensions (weights 1,
@@ -109,8 +101,6 @@ class SingleQueryWorkspaces final : public KernelWorkspaces {
   int64_t GemmWorkspaceBytes(const GemmShape& s) const override;
   int64_t MatmulWorkspaceBytes(const MatmulShape& s) const override;
   int64_t LinearWorkspaceBytes(const LinearShape& s) const override;
-  int64_t AttentionForwardWorkspaceBytes(const AttentionShape& s) const override;
-  int64_t AttentionBackwardWorkspaceBytes(const AttentionShape& s) const override;
   int64_t GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape& s) const override;
   int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& s) const override;
   int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& s) const override;
@@ -170,12 +160,6 @@ class ExtraWorkspaceKernels final : public Kernels {
                                  float* out) override;
   absl::Status DoResidualBackward(Stream& stream, int64_t num_elems, const float* dout, float* da,
                                   float* db) override;
-  absl::Status DoAttentionForward(Stream& stream, const AttentionShape& shape, const float* qkv,
-                                  float* out, float* lse, void* workspace,
-                                  int64_t workspace_bytes) override;
-  absl::Status DoAttentionBackward(Stream& stream, const AttentionShape& shape, const float* qkv,
-                                   const float* out, const float* lse, const float* dout,
-                                   float* dqkv, void* workspace, int64_t workspace_bytes) override;
   absl::Status DoLmHeadCrossEntropyForward(Stream& stream, const LmHeadCrossEntropyShape& shape,
                                            const float* h, const float* wte, const int32_t* targets,
                                            float* lse, double* loss, void* workspace,

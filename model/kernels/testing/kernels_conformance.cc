@@ -136,6 +136,28 @@ absl::Span<T> M(std::vector<T>& v) {
   return absl::MakeSpan(v);
 }
 
+// GPT-2's attention on its fused qkv [B, T, 3C] with the one attention kernel: q = qkv,
+// k = qkv + C, v = qkv + 2C through row strides of 3C (GqaShapeOfPackedQkv), gradients likewise
+// into dqkv.
+template <typename T>
+absl::Status FusedQkvAttentionForward(const AttentionShape& s, absl::Span<const T> qkv,
+                                      absl::Span<T> out, absl::Span<T> lse, absl::Span<T> ws) {
+  const GqaAttentionShape g = GqaShapeOfPackedQkv(s);
+  const int64_t n = GqaAttentionQElems(g), c = s.channels;
+  return GqaAttentionForward<T>(g, qkv.subspan(0, n), qkv.subspan(c, n), qkv.subspan(2 * c, n), out,
+                                lse, ws, nullptr);
+}
+template <typename T>
+absl::Status FusedQkvAttentionBackward(const AttentionShape& s, absl::Span<const T> qkv,
+                                       absl::Span<const T> out, absl::Span<const T> lse,
+                                       absl::Span<const T> dout, absl::Span<T> dqkv) {
+  const GqaAttentionShape g = GqaShapeOfPackedQkv(s);
+  const int64_t n = GqaAttentionQElems(g), c = s.channels;
+  return GqaAttentionBackward<T>(g, qkv.subspan(0, n), qkv.subspan(c, n), qkv.subspan(2 * c, n),
+                                 out, lse, dout, dqkv.subspan(0, n), dqkv.subspan(c, n),
+                                 dqkv.subspan(2 * c, n), nullptr);
+}
+
 // --- Memory, conversion and GEMM
 // ------------------------------------------------------------------
 
@@ -431,13 +453,13 @@ TEST_P(KernelsConformanceTest, Attention) {
   ASSERT_OK(kernels().AttentionBackward(stream(), s, d_qkv, d_out, d_lse, Upload(dout), d_dqkv,
                                         Workspace(bws), bws));
   std::vector<float> out(btc), lse(bht), dqkv = dqkv0;
-  std::vector<float> ws(AttentionWorkspaceElems(s, 1));
-  ASSERT_OK(AttentionForward<float>(s, C(qkv), M(out), M(lse), M(ws), nullptr));
-  ASSERT_OK(AttentionBackward<float>(s, C(qkv), C(out), C(lse), C(dout), M(dqkv), nullptr));
+  std::vector<float> ws(GqaAttentionWorkspaceElems(GqaShapeOfPackedQkv(s), 1));
+  ASSERT_OK(FusedQkvAttentionForward<float>(s, C(qkv), M(out), M(lse), M(ws)));
+  ASSERT_OK(FusedQkvAttentionBackward<float>(s, C(qkv), C(out), C(lse), C(dout), M(dqkv)));
   std::vector<double> out_r(btc), lse_r(bht), dqkv_r = D(dqkv0), ws_r(ws.size());
-  ASSERT_OK(AttentionForward<double>(s, C(D(qkv)), M(out_r), M(lse_r), M(ws_r), nullptr));
+  ASSERT_OK(FusedQkvAttentionForward<double>(s, C(D(qkv)), M(out_r), M(lse_r), M(ws_r)));
   ASSERT_OK(
-      AttentionBackward<double>(s, C(D(qkv)), C(out_r), C(lse_r), C(D(dout)), M(dqkv_r), nullptr));
+      FusedQkvAttentionBackward<double>(s, C(D(qkv)), C(out_r), C(lse_r), C(D(dout)), M(dqkv_r)));
   Check(Download(d_out, btc), out, out_r, "AttentionForward out");
   Check(Download(d_lse, bht), lse, lse_r, "AttentionForward lse");
   Check(Download(d_dqkv, 3 * btc), dqkv, dqkv_r, "AttentionBackward dqkv");
@@ -593,6 +615,48 @@ TEST_P(KernelsConformanceTest, GqaAttention) {
   Check(Download(d_dq, nq), dq, dq_r, "GqaAttentionBackward dq");
   Check(Download(d_dk, nkv), dk, dk_r, "GqaAttentionBackward dk");
   Check(Download(d_dv, nkv), dv, dv_r, "GqaAttentionBackward dv");
+}
+
+// q, k and v as strided views into one fused projection [B, T, (Hq + 2 Hkv) D] (the layout of
+// GPT-2's qkv, here with grouped heads), the gradients likewise into one buffer.
+TEST_P(KernelsConformanceTest, GqaAttentionOnAFusedProjection) {
+  TestRng rng(20);
+  GqaAttentionShape s{
+      .batch = 2, .seq_len = 17, .num_heads = 6, .num_kv_heads = 2, .head_dim = 8, .tile = 8};
+  const int64_t qd = s.num_heads * s.head_dim, kvd = s.num_kv_heads * s.head_dim;
+  const int64_t width = qd + 2 * kvd;
+  s.q_row_stride = s.kv_row_stride = width;
+  const int64_t bt = s.batch * s.seq_len, n = bt * width, nout = bt * qd,
+                bht = s.batch * s.num_heads * s.seq_len;
+  const int64_t nq = GqaAttentionQElems(s), nkv = GqaAttentionKvElems(s);
+  const auto qkv = Rand(rng, n, -2, 2), dout = Rand(rng, nout), dqkv0 = Rand(rng, n);
+  float *d_qkv = Upload(qkv), *d_out = Alloc<float>(nout), *d_lse = Alloc<float>(bht),
+        *d_dqkv = Upload(dqkv0);
+  const int64_t fws = kernels().GqaAttentionForwardWorkspaceBytes(s);
+  const int64_t bws = kernels().GqaAttentionBackwardWorkspaceBytes(s);
+  ASSERT_OK(kernels().GqaAttentionForward(stream(), s, d_qkv, d_qkv + qd, d_qkv + qd + kvd, d_out,
+                                          d_lse, Workspace(fws), fws));
+  ASSERT_OK(kernels().GqaAttentionBackward(stream(), s, d_qkv, d_qkv + qd, d_qkv + qd + kvd, d_out,
+                                           d_lse, Upload(dout), d_dqkv, d_dqkv + qd,
+                                           d_dqkv + qd + kvd, Workspace(bws), bws));
+  auto run = [&](auto zero, const auto& in, const auto& d_out_host, auto& out, auto& lse,
+                 auto& dqkv, auto& ws) {
+    using T = decltype(zero);
+    const absl::Span<const T> x(in);
+    const absl::Span<T> dx = absl::MakeSpan(dqkv);
+    ASSERT_OK(GqaAttentionForward<T>(s, x.subspan(0, nq), x.subspan(qd, nkv),
+                                     x.subspan(qd + kvd, nkv), M(out), M(lse), M(ws), nullptr));
+    ASSERT_OK(GqaAttentionBackward<T>(
+        s, x.subspan(0, nq), x.subspan(qd, nkv), x.subspan(qd + kvd, nkv), C(out), C(lse),
+        C(d_out_host), dx.subspan(0, nq), dx.subspan(qd, nkv), dx.subspan(qd + kvd, nkv), nullptr));
+  };
+  std::vector<float> out(nout), lse(bht), dqkv = dqkv0, ws(GqaAttentionWorkspaceElems(s, 1));
+  run(0.0f, qkv, dout, out, lse, dqkv, ws);
+  std::vector<double> out_r(nout), lse_r(bht), dqkv_r = D(dqkv0), ws_r(ws.size());
+  run(0.0, D(qkv), D(dout), out_r, lse_r, dqkv_r, ws_r);
+  Check(Download(d_out, nout), out, out_r, "GqaAttentionForward out (fused projection)");
+  Check(Download(d_lse, bht), lse, lse_r, "GqaAttentionForward lse (fused projection)");
+  Check(Download(d_dqkv, n), dqkv, dqkv_r, "GqaAttentionBackward dqkv (fused projection)");
 }
 
 TEST_P(KernelsConformanceTest, LinearWithAndWithoutBias) {
@@ -888,9 +952,10 @@ TEST_P(KernelsConformanceTest, ConcurrentStreamsGiveTheResultsOfOneStreamAlone) 
   EXPECT_EQ(ln1, ln2);
   // And what one stream computes is the direct chain's result.
   std::vector<float> qkv(rows * 3 * c), att(rows * c), lse(lse_elems),
-      ws(AttentionWorkspaceElems(as, 1)), ln(rows * c), mean(rows), rstd(rows);
+      ws(GqaAttentionWorkspaceElems(GqaShapeOfPackedQkv(as), 1)), ln(rows * c), mean(rows),
+      rstd(rows);
   ASSERT_OK(MatmulForward<float>(ms, C(x), C(w), C(b), M(qkv), nullptr));
-  ASSERT_OK(AttentionForward<float>(as, C(qkv), M(att), M(lse), M(ws), nullptr));
+  ASSERT_OK(FusedQkvAttentionForward<float>(as, C(qkv), M(att), M(lse), M(ws)));
   ASSERT_OK(
       LayerNormForward<float>(ls, C(att), C(ln_w), C(ln_b), M(ln), M(mean), M(rstd), nullptr));
   if (bit_identical()) {

@@ -15,15 +15,31 @@
 #include "base/status_macros.h"
 #include "base/thread_pool.h"
 #include "memory/dtype_math.h"
-#include "model/kernels/attention.h"
 #include "model/kernels/encoder.h"
 #include "model/kernels/gelu.h"
+#include "model/kernels/gqa_attention.h"
 #include "model/kernels/layernorm.h"
 #include "model/kernels/lm_head_cross_entropy.h"
 #include "model/kernels/matmul.h"
 #include "model/kernels/residual.h"
 
 namespace ps::kernel_testing {
+namespace {
+
+// GPT-2's attention: the grouped-query kernel with kv heads = heads reading q = qkv, k = qkv + C,
+// v = qkv + 2C of the fused qkv [B, T, 3C] through row strides of 3C.
+GqaAttentionShape Gpt2AttentionShape(int64_t B, int64_t T, int64_t C, int64_t H, int64_t tile) {
+  return {.batch = B,
+          .seq_len = T,
+          .num_heads = H,
+          .num_kv_heads = H,
+          .head_dim = C / H,
+          .tile = tile,
+          .q_row_stride = 3 * C,
+          .kv_row_stride = 3 * C};
+}
+
+}  // namespace
 
 template <typename T>
 int64_t TinyGpt2<T>::Add(const std::string& name, int64_t size) {
@@ -147,8 +163,8 @@ absl::StatusOr<double> TinyGpt2<T>::Forward(absl::Span<const int32_t> tokens,
   const int64_t C = cfg_.channels, N = B_ * L_, H = cfg_.num_heads;
   const int64_t V = cfg_.vocab_size;
   const int num_threads = pool == nullptr ? 1 : pool->num_threads();
-  const AttentionShape att{B_, L_, C, H, cfg_.attention_tile};
-  std::vector<T> att_ws(AttentionWorkspaceElems(att, num_threads));
+  const GqaAttentionShape att = Gpt2AttentionShape(B_, L_, C, H, cfg_.attention_tile);
+  std::vector<T> att_ws(GqaAttentionWorkspaceElems(att, num_threads));
   RETURN_IF_ERROR(EncoderForward<T>({B_, L_, C, V, cfg_.max_seq_len}, tokens, P(wte_, V * C),
                                     P(wpe_, cfg_.max_seq_len * C), absl::MakeSpan(acts_[0].in),
                                     pool));
@@ -161,8 +177,11 @@ absl::StatusOr<double> TinyGpt2<T>::Forward(absl::Span<const int32_t> tokens,
                                         absl::MakeSpan(a.ln1), absl::MakeSpan(a.ln1_mean),
                                         absl::MakeSpan(a.ln1_rstd), pool));
     RETURN_IF_ERROR(Linear(C, 3 * C, a.ln1, w.attn_w, w.attn_b, absl::MakeSpan(a.qkv), pool));
-    RETURN_IF_ERROR(AttentionForward<T>(att, a.qkv, absl::MakeSpan(a.atty), absl::MakeSpan(a.lse),
-                                        absl::MakeSpan(att_ws), pool));
+    const absl::Span<const T> qkv(a.qkv);
+    const int64_t n = GqaAttentionQElems(att);
+    RETURN_IF_ERROR(GqaAttentionForward<T>(att, qkv.subspan(0, n), qkv.subspan(C, n),
+                                           qkv.subspan(2 * C, n), absl::MakeSpan(a.atty),
+                                           absl::MakeSpan(a.lse), absl::MakeSpan(att_ws), pool));
     RETURN_IF_ERROR(Linear(C, C, a.atty, w.proj_w, w.proj_b, absl::MakeSpan(a.attproj), pool));
     RETURN_IF_ERROR(ResidualForward<T>(a.in, a.attproj, absl::MakeSpan(a.res2), pool));
     RETURN_IF_ERROR(LayerNormForward<T>({N, C}, a.res2, P(w.ln2_w, C), P(w.ln2_b, C),
@@ -217,7 +236,7 @@ absl::Status TinyGpt2<T>::Backward(absl::Span<const int32_t> tokens,
   }
   RETURN_IF_ERROR(LayerNormBackward<T>({N, C}, final_in_, P(lnf_w_, C), lnf_mean_, lnf_rstd_, dlnf,
                                        absl::MakeSpan(dres), G(lnf_w_, C), G(lnf_b_, C), pool));
-  const AttentionShape att{B_, L_, C, H, cfg_.attention_tile};
+  const GqaAttentionShape att = Gpt2AttentionShape(B_, L_, C, H, cfg_.attention_tile);
   for (int64_t l = cfg_.num_layers - 1; l >= 0; --l) {
     const Layer& w = layers_[l];
     const LayerActs& a = acts_[l];
@@ -240,8 +259,12 @@ absl::Status TinyGpt2<T>::Backward(absl::Span<const int32_t> tokens,
         ResidualBackward<T>(dres2, absl::MakeSpan(din), absl::MakeSpan(dattproj), pool));
     RETURN_IF_ERROR(
         LinearBackward(C, C, a.atty, w.proj_w, w.proj_b, dattproj, absl::MakeSpan(datty), pool));
-    RETURN_IF_ERROR(
-        AttentionBackward<T>(att, a.qkv, a.atty, a.lse, datty, absl::MakeSpan(dqkv), pool));
+    const absl::Span<const T> qkv(a.qkv);
+    const absl::Span<T> dqkv_span = absl::MakeSpan(dqkv);
+    const int64_t n = GqaAttentionQElems(att);
+    RETURN_IF_ERROR(GqaAttentionBackward<T>(
+        att, qkv.subspan(0, n), qkv.subspan(C, n), qkv.subspan(2 * C, n), a.atty, a.lse, datty,
+        dqkv_span.subspan(0, n), dqkv_span.subspan(C, n), dqkv_span.subspan(2 * C, n), pool));
     RETURN_IF_ERROR(
         LinearBackward(C, 3 * C, a.ln1, w.attn_w, w.attn_b, dqkv, absl::MakeSpan(dln1), pool));
     RETURN_IF_ERROR(LayerNormBackward<T>({N, C}, a.in, P(w.ln1_w, C), a.ln1_mean, a.ln1_rstd, dln1,

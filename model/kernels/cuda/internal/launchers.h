@@ -54,26 +54,6 @@ cudaError_t LaunchLayerNormBackward(int64_t rows, int64_t channels, const float*
                                     const float* mean, const float* rstd, const float* dy,
                                     float* dx, float* dw, float* db, cudaStream_t stream);
 
-// --- Attention (attention_kernels.cu)
-// ----------------------------------------------------------
-
-// Largest head dimension the attention kernels support (registers per lane:
-// kMaxHeadDim / 32).
-inline constexpr int64_t kAttentionMaxHeadDim = 128;
-// Query rows per block (one warp each) and keys per shared-memory tile.
-inline constexpr int kAttentionQueriesPerBlock = 8;
-inline constexpr int kAttentionKeyTile = 32;
-
-cudaError_t LaunchAttentionForward(int64_t batch, int64_t seq_len, int64_t channels,
-                                   int64_t num_heads, const float* qkv, float* out, float* lse,
-                                   cudaStream_t stream);
-// row_d: workspace of batch * num_heads * seq_len floats (D_i = dout_i .
-// out_i).
-cudaError_t LaunchAttentionBackward(int64_t batch, int64_t seq_len, int64_t channels,
-                                    int64_t num_heads, const float* qkv, const float* out,
-                                    const float* lse, const float* dout, float* row_d, float* dqkv,
-                                    cudaStream_t stream);
-
 // --- Cross-entropy rows (cross_entropy_kernels.cu)
 // ---------------------------------------------
 

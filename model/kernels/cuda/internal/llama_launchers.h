@@ -57,16 +57,19 @@ inline constexpr int64_t kGqaMaxHeadDim = 128;
 inline constexpr int kGqaRowsPerBlock = 8;
 inline constexpr int kGqaKeyTile = 32;
 
+// q_stride, kv_stride: elements between consecutive tokens' rows of q (dq) and of k, v (dk, dv),
+// never 0 here (the caller resolves packed rows); out, dout and lse are packed.
 cudaError_t LaunchGqaAttentionForward(int64_t batch, int64_t seq_len, int64_t num_heads,
-                                      int64_t num_kv_heads, int64_t head_dim, const float* q,
-                                      const float* k, const float* v, float* out, float* lse,
-                                      cudaStream_t stream);
+                                      int64_t num_kv_heads, int64_t head_dim, int64_t q_stride,
+                                      int64_t kv_stride, const float* q, const float* k,
+                                      const float* v, float* out, float* lse, cudaStream_t stream);
 // row_d: workspace of batch * num_heads * seq_len floats (D_i = dout_i . out_i).
 cudaError_t LaunchGqaAttentionBackward(int64_t batch, int64_t seq_len, int64_t num_heads,
-                                       int64_t num_kv_heads, int64_t head_dim, const float* q,
-                                       const float* k, const float* v, const float* out,
-                                       const float* lse, const float* dout, float* row_d, float* dq,
-                                       float* dk, float* dv, cudaStream_t stream);
+                                       int64_t num_kv_heads, int64_t head_dim, int64_t q_stride,
+                                       int64_t kv_stride, const float* q, const float* k,
+                                       const float* v, const float* out, const float* lse,
+                                       const float* dout, float* row_d, float* dq, float* dk,
+                                       float* dv, cudaStream_t stream);
 
 }  // namespace ps::cuda_internal
 
