@@ -1,4 +1,4 @@
-// The per-score arithmetic of causal attention (see model/kernels/attention.h for the math), as
+// The per-score arithmetic of causal attention (see model/kernels/gqa_attention.h for the math), as
 // PS_HOST_DEVICE functions shared by the CPU kernel, the CUDA kernels (model/kernels/cuda/) and the
 // tests. The streaming softmax over key tiles is model/kernels/softmax_math.h's SoftmaxState: per
 // tile the running max moves to max(m, tile max), the running sum and output row are multiplied by

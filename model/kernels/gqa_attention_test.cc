@@ -128,8 +128,9 @@ TEST(GqaAttentionTest, FloatMatchesNaiveReference) {
     ASSERT_OK(GqaAttentionBackward<float>(s, q, k, v, out, lse, Convert<float>(dout),
                                           absl::MakeSpan(dq), absl::MakeSpan(dk),
                                           absl::MakeSpan(dv), &pool));
-    // As attention_test: scores from D-term f32 dot products (|s| <= ~6), outputs convex
-    // combinations of |v| <= 2; dk/dv sum up to G * T terms of O(1), hence the G-scaled bound.
+    // Scores carry D-term f32 dot products (|s| <= ~6, error ~1e-6); outputs are convex
+    // combinations of |v| <= 2; dq sums up to T terms of O(1), dk and dv up to G * T, hence the
+    // G-scaled bound. The bounds leave ~10x room.
     const double G = static_cast<double>(s.num_heads / s.num_kv_heads);
     ExpectAllNear(out, ref.out, 1e-5, 1e-5, "out");
     ExpectAllNear(lse, ref.lse, 1e-5, 1e-6, "lse");
@@ -310,9 +311,9 @@ TEST(GqaAttentionTest, FloatIsBitIdenticalToTheReferenceScheduleOnEveryTarget) {
                                       {1, 130, 1, 1, 64, 64},        {1, 64, 4, 4, 32, 64},
                                       {1, 65, 1, 1, 32, 16, 96, 96}, {1, 70, 3, 3, 17, 1, 153, 153},
                                       {1, 129, 2, 2, 20, 256},       {1, 9, 1, 1, 1, 4, 3, 3},
-                                      {2, 37, 4, 2, 6, 8},           {1, 70, 6, 2, 40, 7},
-                                      {1, 130, 4, 1, 80, 64},        {2, 20, 8, 2, 3, 5, 30, 9},
-                                      {1, 66, 6, 3, 17, 64, 120, 60}};
+                                      {2, 37, 4, 2, 6, 8},           {1, 40, 4, 2, 40, 7},
+                                      {1, 70, 2, 1, 80, 64},         {2, 20, 8, 2, 3, 5, 30, 9},
+                                      {1, 66, 4, 2, 17, 64, 120, 60}};
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     SCOPED_TRACE(hwy::TargetName(target));
