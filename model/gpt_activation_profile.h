@@ -4,16 +4,15 @@
 // activation checkpointing, compute dtype, thread count, kernel tiles and wte split. The memory
 // plan (scheduler/memory_plan.h) replays it to predict the tide before a run allocates anything.
 //
-// One source of truth. The profile is written beside GptModel's forward and backward and follows
-// them statement by statement (model/gpt_model.cc): the same buffers, sizes, order of allocation,
-// access and release, and order of frees. Kernel workspaces are asked of a KernelWorkspaces
-// (model/kernels/kernel_workspaces.h): the sizes of the implementation the run will use — the
-// CPU's on the emulated accelerator, CUDA's (cuBLAS's workspace in every GEMM) on a GPU — which
-// are the sizes that implementation's Kernels answer the model with. model/gpt_activation_profile_test runs GptModel's warm-up on the emulated accelerator
-// for random shapes, dtypes, splits and checkpointing and requires the recorded tide to equal the
-// replayed profile's at every moment, so a change to the model that is not made here fails that
-// test. The Llama architecture follows GptModel's Llama block (LlamaBlockForward/Backward) the same
-// way; TransformerBlockSpec (model/transformer_block_spec.h) picks the branch, as in the model.
+// One source of truth. The profile is GptModel's own program (model/transformer_program.h) run
+// over a recording context: the same buffers, sizes, order of allocation, access and release, and
+// order of frees, because it is the same code; the kernels are not run. Their workspaces are asked
+// of a KernelWorkspaces (model/kernels/kernel_workspaces.h): the sizes of the implementation the
+// run will use — the CPU's on the emulated accelerator, CUDA's (cuBLAS's workspace in every GEMM)
+// on a GPU — which are the sizes that implementation's Kernels answer the model with.
+// trainer/activation_profile_match_test runs GptModel's warm-up on the emulated accelerator for
+// random shapes, dtypes, splits and checkpointing and requires the recorded tide to equal the
+// replayed profile's at every moment.
 //
 // Thread safety: pure functions.
 #ifndef PATRICKSTAR_MODEL_GPT_ACTIVATION_PROFILE_H_

@@ -140,14 +140,14 @@
 #include "model/hf_checkpoint.h"
 #include "model/kernels/kernels.h"
 #include "model/kernels/vocab_blocks.h"
+#include "model/live_program_context.h"
 #include "model/model_config.h"
 #include "model/model_state_io.h"
 #include "model/transformer_block_spec.h"
+#include "model/transformer_program.h"
 #include "scheduler/chunk_manager.h"
 
 namespace ps {
-
-class PinnedUploadBuffer;  // gpt_model.cc
 
 // Pinned host bytes a model uses to read accelerator payloads outside compute (one buffer, reused
 // for every range; see the file comment). Counted by the trainer's host plan.
@@ -345,121 +345,20 @@ class GptModel {
   Gpt2Dims dims() const;
 
  private:
-  class Buffer;
-  class ScopedAccess;
-  struct LinearOp;
-  struct QkvOp;
-  struct BlockOps;
-  struct BlockActs;
-  struct Activations;
-  // One row block of wte.
-  struct VocabBlock {
-    OperatorId op = -1;
-    TensorId tensor = -1;
-    int64_t row_begin = 0;
-    int64_t rows = 0;
-  };
-  enum class ForwardMode { kTrain, kCheckpoint, kEvaluate };
-
   GptModel(const ModelConfig& config, const GptConfig& gpt, ChunkStore* store,
            ChunkManager* manager, DeviceMemory* accelerator, const GptModelOptions& options);
   static absl::StatusOr<std::unique_ptr<GptModel>> CreateImpl(
       const ModelConfig& config, const GptConfig& gpt, ChunkStore* store, ChunkManager* manager,
       DeviceMemory* accelerator, const GptModelOptions& options);
-  // The LM head's blocks: lm_head's when untied, else the embedding's.
-  const std::vector<VocabBlock>& head_blocks() const {
-    return spec_.tied_lm_head ? vocab_blocks_ : lm_head_blocks_;
-  }
 
-  absl::Status ResolveLayout();
+  // The program's operators and tensors in the store's layout (every parameter tensor also into
+  // param_tensors_); InvalidArgument naming what does not match the config.
+  absl::StatusOr<ProgramLayout> ResolveLayout();
   // FailedPrecondition if a param slot holds a gradient (its tensor is HOLD_AFTER_BWD: a backward
   // released it and no optimizer step or reload has written the parameter back since).
   absl::Status CheckParametersInSlots(absl::string_view caller) const;
-  // f32 scratch buffer of `elems` elements, zeroed if asked.
-  absl::StatusOr<Buffer> Alloc(int64_t elems, bool zero);
-  // A kernel workspace of `bytes`, as the kernels' workspace query answered (an empty Buffer for
-  // 0: no allocation, and none in the activation profile, which asks the same KernelWorkspaces).
-  absl::StatusOr<Buffer> Workspace(int64_t bytes);
-  // The parameter's values as f32: the chunk slot itself (f32 chunks) or a converted workspace.
-  absl::StatusOr<Buffer> ParamF32(TensorId tensor, absl::Span<const float>* values);
-  // The parameter's slot as bf16 bit patterns (read in place by the bf16 GEMM kernels) if the
-  // chunk's dtype is bf16, else nullopt.
-  absl::StatusOr<std::optional<absl::Span<const uint16_t>>> ParamBf16(TensorId tensor);
-  // Writes an f32 gradient into the tensor's param slot (converting to the compute dtype).
-  absl::Status WriteGrad(TensorId tensor, absl::Span<const float> grad);
-  // Writes `rows` rows of hidden values from `grad` into rows [first_row, first_row + rows) of a
-  // 2-D tensor's param slot (converting).
-  absl::Status WriteGradRows(TensorId tensor, int64_t first_row, int64_t rows, const float* grad);
-  // The shape of wte block `b` for the vocab_blocks kernels.
-  VocabBlockShape BlockShape(const VocabBlock& b) const;
-  // Elements of Activations::inputs (f32-sized): the loss (a double) at 0, tokens, targets, the
-  // RoPE cos and sin tables (empty without RoPE).
-  struct InputsOffsets {
-    int64_t tokens = 0, targets = 0, rope_cos = 0, rope_sin = 0, total = 0;
-  };
-  InputsOffsets InputsLayout() const;
-  // Allocates acts.inputs and enqueues the copies of tokens, targets and the RoPE tables.
-  absl::Status UploadInputs(absl::Span<const int32_t> tokens, absl::Span<const int32_t> targets,
-                            Activations& acts);
-  double* LossOnDevice(const Activations& acts) const;
-  TouchedRowsShape TouchedShape(const Activations& acts) const;
-  // out = in + out; da += dout, db += dout (enqueued).
-  absl::Status Residual(absl::Span<const float> in, Buffer& out);
-  absl::Status ResidualBwd(const Buffer& dout, Buffer& da, Buffer& db);
   // The backend of the accelerator memory (InternalError if it has none).
   absl::StatusOr<Backend*> AcceleratorBackend() const;
-  // The embedding: acts.x[0] = the wte rows of the tokens + wpe.
-  absl::Status EmbeddingForward(Activations& acts);
-  // The LM head and cross-entropy over every block: the loss on the device, keeps acts.ce_lse.
-  absl::Status LmHeadForward(Activations& acts);
-  // The LM head's backward over every block: dlnf += ..., the blocks' gradients into their slots
-  // (the batch's rows into acts.touched_grads).
-  absl::Status LmHeadBackward(double loss_scale, Activations& acts, Buffer& dlnf);
-  // The embedding's backward from d(x[0]) `dx0`: wpe's gradient, and the batch's wte rows.
-  absl::Status EmbeddingBackward(Activations& acts, Buffer& dx0);
-
-  absl::StatusOr<double> Forward(absl::Span<const int32_t> tokens,
-                                 absl::Span<const int32_t> targets, ForwardMode mode,
-                                 Activations& acts);
-  // One block from `in`, keeping its activations in `a`. A recompute (activation checkpointing)
-  // stops after what the block's backward needs and leaves `out` empty.
-  absl::Status BlockForward(int64_t layer, absl::Span<const float> in, bool recompute, BlockActs& a,
-                            Buffer& out);
-  absl::Status LinearForward(const LinearOp& op, int64_t in_features, int64_t out_features,
-                             absl::Span<const float> x, absl::Span<float> y);
-  absl::Status LayerNormFwd(const LinearOp& op, absl::Span<const float> x, Buffer& y, Buffer& mean,
-                            Buffer& rstd);
-  // The block's norm (LayerNorm or RMSNorm, which keeps no mean) and the Llama block.
-  absl::Status NormFwd(const LinearOp& op, absl::Span<const float> x, Buffer& y, Buffer& mean,
-                       Buffer& rstd);
-  absl::Status LlamaBlockForward(int64_t layer, absl::Span<const float> in, bool recompute,
-                                 BlockActs& a, Buffer& out);
-  // y = x W^T (+ b) for an nn.Linear, inside the caller's access of its operator.
-  absl::Status NnLinearFwd(TensorId w, TensorId b, int64_t in_features, int64_t out_features,
-                           absl::Span<const float> x, absl::Span<float> y);
-  absl::Status NnLinearForward(const LinearOp& op, int64_t in_features, int64_t out_features,
-                               absl::Span<const float> x, absl::Span<float> y);
-  absl::Status Backward(absl::Span<const int32_t> tokens, double loss_scale, Activations& acts);
-  // Backward through block `layer` from d(output) `dres`, which becomes d(input); frees the
-  // block's activations and its input `in`.
-  absl::Status BlockBackward(int64_t layer, BlockActs& a, Buffer& in, Buffer& dres);
-  absl::Status LinearBackward(const LinearOp& op, int64_t in_features, int64_t out_features,
-                              absl::Span<const float> x, absl::Span<const float> dy,
-                              absl::Span<float> dx);
-  absl::Status LayerNormBwd(const LinearOp& op, absl::Span<const float> x,
-                            absl::Span<const float> mean, absl::Span<const float> rstd,
-                            absl::Span<const float> dy, absl::Span<float> dx);
-  absl::Status NormBwd(const LinearOp& op, absl::Span<const float> x, absl::Span<const float> mean,
-                       absl::Span<const float> rstd, absl::Span<const float> dy,
-                       absl::Span<float> dx);
-  absl::Status LlamaBlockBackward(int64_t layer, BlockActs& a, Buffer& in, Buffer& dres);
-  // dx += dy W, the weight's (and bias's) gradient into its slot, inside the caller's access.
-  absl::Status NnLinearBwd(TensorId w, TensorId b, int64_t in_features, int64_t out_features,
-                           absl::Span<const float> x, absl::Span<const float> dy,
-                           absl::Span<float> dx);
-  absl::Status NnLinearBackward(const LinearOp& op, int64_t in_features, int64_t out_features,
-                                absl::Span<const float> x, absl::Span<const float> dy,
-                                absl::Span<float> dx);
 
   const ModelConfig model_config_;
   const GptConfig config_;
@@ -478,32 +377,21 @@ class GptModel {
   // The stream the host waits for before each Release: the owned stream (the manager does not
   // order by it); null with the caller's stream (the manager's compute stream).
   Stream* release_wait_ = nullptr;
-  // The device copy of the RoPE tables during a Forward/ForwardBackward (in Activations::inputs).
-  const float* rope_dev_ = nullptr;
 
-  // Resolved layout: operator and tensor ids.
-  OperatorId wpe_op_ = -1;
-  TensorId wpe_ = -1;
-  std::vector<VocabBlock> vocab_blocks_;
-  std::vector<VocabBlock> lm_head_blocks_;  // untied LM head only
-  std::vector<BlockOps> blocks_;
-  std::unique_ptr<LinearOp> ln_f_;  // ln_f or model.norm
-  // RoPE tables [seq_len, head_dim / 2] (RoPE positions only).
-  std::vector<float> rope_cos_, rope_sin_;
+  // The forward and backward, and the live context they run over (destroyed before the stream
+  // its uploads copy on).
+  std::optional<TransformerProgram> program_;
+  std::unique_ptr<LiveProgramContext> live_;
+  // ForwardBackward's token -> slot map of the batch's distinct tokens ([vocab], reused).
+  std::vector<int32_t> slot_of_token_;
   // Hugging Face tensor name -> its index in the unsplit ModelOperators order (the
   // initialization's stream).
   absl::flat_hash_map<std::string, uint64_t> init_stream_;
-  // Every parameter tensor in GptOperators order (the initialization's stream index).
+  // Every parameter tensor in ModelOperators order (the initialization's stream index).
   std::vector<TensorId> param_tensors_;
 
   // The state read and set outside compute (reads, checkpoints, imports and exports).
   std::unique_ptr<ModelStateIo> io_;
-
-  // Pinned host staging of the small per-micro-batch uploads on the compute stream (tokens,
-  // targets and RoPE tables; slot_of_token), so that these copies are asynchronous: a pageable
-  // source makes the runtime copy synchronously. Created on first use.
-  std::unique_ptr<PinnedUploadBuffer> input_upload_;
-  std::unique_ptr<PinnedUploadBuffer> slots_upload_;
 };
 
 // The architecture-neutral name.

@@ -33,6 +33,9 @@ struct TransformerBlockSpec {
   bool qkv_bias = true;
   bool o_bias = true;
   bool mlp_bias = true;
+  // A per-head RMSNorm of q and of k (weights q_norm, k_norm [head_dim] in the q/k/v operator,
+  // eps norm_eps) after the projections, before RoPE: Qwen3.
+  bool qk_norm = false;
   // LM head = token embedding (no lm_head operators).
   bool tied_lm_head = true;
 };

@@ -1,0 +1,186 @@
+// TransformerProgram: the forward and backward of a chunked decoder-only transformer — GPT-2 and
+// the Llama family alike — written once, over a small ProgramContext, and run by two consumers:
+//   - GptModel (model/gpt_model.h) runs it over the live context: scratch from the accelerator's
+//     caching allocator, operator accesses through the ChunkManager, parameters in their chunk
+//     slots, the kernels enqueued on the compute stream;
+//   - the activation profile (model/gpt_activation_profile.h) runs it over a recording context:
+//     allocations, frees, accesses and releases become the profile's events, the kernels are not
+//     run, and their workspace sizes come from the same KernelWorkspaces the live kernels answer.
+// So the tide the memory plan predicts is, by construction, the order and sizes of the model's own
+// allocations: a change to the program changes both.
+//
+// The block is one program parameterized by TransformerBlockSpec (model/transformer_block_spec.h):
+// LayerNorm or RMSNorm; a fused [in, out] qkv projection (GPT-2's c_attn) or three nn.Linear
+// projections in one operator (q/k/v_proj, optional biases); RoPE on q and k or learned positions;
+// grouped-query attention (multi-head attention is the case num_kv_heads == num_heads; GPT-2's
+// packed qkv is read with a row stride); GELU(tanh) or SwiGLU MLP; Conv1D ([in, out], the bf16
+// GEMMs read bf16 weights in place) or nn.Linear ([out, in]) weights; a tied or untied LM head.
+// What one training iteration accesses and allocates, in order, is described in gpt_model.h.
+//
+// Buffers are f32 scratch (non-model data); a parameter is read where its slot is (f32 chunks) or
+// through an f32 copy (16-bit chunks; bf16 Conv1D weights are read in place); a gradient is
+// computed into zeroed f32 scratch and written into its parameter's slot at the operator's last
+// backward use.
+//
+// Thread safety: a program is immutable after creation and may run over several contexts, one at a
+// time per context; a context is driven by one thread.
+#ifndef PATRICKSTAR_MODEL_TRANSFORMER_PROGRAM_H_
+#define PATRICKSTAR_MODEL_TRANSFORMER_PROGRAM_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "chunk/chunk.h"
+#include "chunk/chunk_layout.h"
+#include "chunk/operator_spec.h"
+#include "memory/dtype.h"
+#include "model/gpt_config.h"
+#include "model/kernels/kernel_workspaces.h"
+#include "model/kernels/kernels.h"
+#include "model/kernels/vocab_blocks.h"
+#include "model/model_config.h"
+#include "model/transformer_block_spec.h"
+#include "scheduler/metronome.h"
+
+namespace ps {
+
+// What the program asks of the world. Every method is called by the one thread running the program.
+class ProgramContext {
+ public:
+  virtual ~ProgramContext() = default;
+
+  // f32 scratch of `elems` (> 0) elements: non-model accelerator memory. ResourceExhausted when it
+  // does not fit.
+  [[nodiscard]] virtual absl::StatusOr<float*> AllocateScratch(int64_t elems) = 0;
+  // Returns a block of AllocateScratch (stream-ordered in the live context). Never fails.
+  virtual void FreeScratch(float* data, int64_t elems) = 0;
+  // ChunkManager::Access / Release of an operator.
+  [[nodiscard]] virtual absl::Status Access(OperatorId op, Stage stage) = 0;
+  [[nodiscard]] virtual absl::Status Release(OperatorId op, Stage stage) = 0;
+  // Release on an error path (the operator's queued work finished first); logs its own errors.
+  virtual void ReleaseAfterError(OperatorId op, Stage stage) = 0;
+  // The parameter slot of `tensor`, in the compute dtype. REQUIRES: its operator is accessed.
+  [[nodiscard]] virtual absl::StatusOr<TensorView> Param(TensorId tensor) = 0;
+  // The dtype of the parameter slots (f32, f16 or bf16).
+  virtual DType compute_dtype() const = 0;
+  // The kernels' workspace sizes (the implementation that runs, or would run, the program).
+  virtual const KernelWorkspaces& workspaces() const = 0;
+  // Runs `enqueue` with the kernels and the compute stream (the live context), or skips it (the
+  // recording context: nothing is computed).
+  [[nodiscard]] virtual absl::Status Compute(
+      absl::FunctionRef<absl::Status(Kernels&, Stream&)> enqueue) = 0;
+  // Copies host bytes, the concatenation of `pieces`, to `device` on the compute stream (through
+  // pinned staging: `staging` names one of the context's two staging buffers). The host pieces
+  // may be reused once this returns.
+  enum class Staging { kInputs, kTokenSlots };
+  [[nodiscard]] virtual absl::Status Upload(Staging staging, void* device,
+                                            absl::Span<const absl::Span<const char>> pieces) = 0;
+  // The loss the LM head wrote at `device` (the host waits for the stream); 0 when recording.
+  [[nodiscard]] virtual absl::StatusOr<double> ReadLoss(const double* device) = 0;
+};
+
+// The operators and parameter tensors the program reads, resolved to ids of a chunk layout (or of
+// a recording context). An absent bias is -1.
+struct ProgramLayout {
+  struct Op {
+    OperatorId op = -1;
+    TensorId w = -1;
+    TensorId b = -1;
+  };
+  // q/k/v_proj: three nn.Linear weights, optional biases and (Qwen3) the q/k norms' weights in
+  // one operator.
+  struct QkvOp {
+    OperatorId op = -1;
+    TensorId q_w = -1, k_w = -1, v_w = -1, q_b = -1, k_b = -1, v_b = -1, q_norm = -1, k_norm = -1;
+  };
+  // GPT-2: ln_1, c_attn (qkv), attn.c_proj (attn_out), ln_2, mlp.c_fc (mlp_in), mlp.c_proj
+  // (mlp_out). Llama: input_layernorm, q/k/v_proj (qkv_split), o_proj, post_attention_layernorm,
+  // gate_proj (mlp_in), up_proj (mlp_up), down_proj (mlp_out).
+  struct Block {
+    Op ln_1, qkv, attn_out, ln_2, mlp_in, mlp_up, mlp_out;
+    QkvOp qkv_split;
+  };
+  struct VocabBlock {
+    OperatorId op = -1;
+    TensorId tensor = -1;
+    int64_t row_begin = 0;
+    int64_t rows = 0;
+  };
+  std::vector<VocabBlock> embed;    // the token embedding's row blocks
+  std::vector<VocabBlock> lm_head;  // an untied LM head's row blocks (empty when tied)
+  Op wpe;                           // learned positions only
+  std::vector<Block> blocks;
+  Op ln_f;  // ln_f or model.norm
+};
+
+// The ProgramLayout of `ops` = ModelOperators(config, vocab) (the vocabulary split in the row
+// blocks `rows` of GptVocabBlocks), with op_id(i) the id of ops[i] and tensor_id(i, j) the id of
+// its j-th tensor. REQUIRES: ops is that list (the order of model/model_config.h).
+ProgramLayout ProgramLayoutOf(const ModelConfig& config, absl::Span<const OperatorSpec> ops,
+                              absl::Span<const GptVocabBlock> rows,
+                              absl::FunctionRef<OperatorId(size_t op)> op_id,
+                              absl::FunctionRef<TensorId(size_t op, size_t tensor)> tensor_id);
+
+struct ProgramShape {
+  int64_t batch = 1;    // B
+  int64_t seq_len = 1;  // T
+  bool activation_checkpointing = false;
+  int64_t attention_tile = 64;
+  int64_t ce_row_tile = 256;
+  int64_t ce_vocab_tile = kDefaultVocabTileRows;
+};
+
+// One batch's host inputs: tokens and targets [B, T]; for ForwardBackward the token -> slot map of
+// the batch's distinct tokens ([vocab], -1 for tokens not in the batch; see gpt_model.h
+// "Gradients"). A recording context passes empty spans: nothing reads them then.
+struct ProgramInputs {
+  absl::Span<const int32_t> tokens;
+  absl::Span<const int32_t> targets;
+  absl::Span<const int32_t> slot_of_token;
+};
+
+class TransformerProgram {
+ public:
+  // Targets equal to this are excluded from the loss (PyTorch's default ignore_index).
+  static constexpr int32_t kIgnoreIndex = -100;
+
+  // The program of `config` (valid: ValidateModelConfig) over `layout`. InvalidArgument for a bad
+  // RoPE configuration.
+  static absl::StatusOr<TransformerProgram> Create(const ModelConfig& config,
+                                                   const ProgramShape& shape, ProgramLayout layout);
+
+  // Forward and backward of one batch: the mean cross-entropy over the non-ignored targets; every
+  // parameter slot then holds d(loss * loss_scale) / d(param). Errors of the context, returned
+  // after every buffer is freed and every accessed operator released.
+  [[nodiscard]] absl::StatusOr<double> ForwardBackward(ProgramContext& ctx,
+                                                       const ProgramInputs& inputs,
+                                                       double loss_scale) const;
+  // Forward only, keeping no activation beyond the block being computed.
+  [[nodiscard]] absl::StatusOr<double> Evaluate(ProgramContext& ctx,
+                                                const ProgramInputs& inputs) const;
+
+  const ModelConfig& config() const { return config_; }
+  const TransformerBlockSpec& spec() const { return spec_; }
+  const ProgramShape& shape() const { return shape_; }
+  const ProgramLayout& layout() const { return layout_; }
+
+ private:
+  class Run;  // one pass over a context (transformer_program.cc)
+  TransformerProgram(const ModelConfig& config, const ProgramShape& shape, ProgramLayout layout)
+      : config_(config), spec_(BlockSpecOf(config)), shape_(shape), layout_(std::move(layout)) {}
+
+  ModelConfig config_;
+  TransformerBlockSpec spec_;
+  ProgramShape shape_;
+  ProgramLayout layout_;
+  // RoPE tables [seq_len, head_dim / 2] (RoPE positions only), uploaded with the inputs.
+  std::vector<float> rope_cos_, rope_sin_;
+};
+
+}  // namespace ps
+
+#endif  // PATRICKSTAR_MODEL_TRANSFORMER_PROGRAM_H_
