@@ -132,6 +132,7 @@ constexpr FamilyInfo kFamilies[] = {
     {ModelFamily::kLlama, "llama", "LlamaForCausalLM"},
     {ModelFamily::kQwen2, "qwen2", "Qwen2ForCausalLM"},
     {ModelFamily::kMistral, "mistral", "MistralForCausalLM"},
+    {ModelFamily::kQwen3, "qwen3", "Qwen3ForCausalLM"},
     {ModelFamily::kGpt2, "gpt2", "GPT2LMHeadModel"},
 };
 
@@ -410,7 +411,9 @@ absl::Status CheckSlidingWindow(const Keys& keys, const ModelConfig& c) {
     }
     return absl::OkStatus();
   }
-  if (c.family != ModelFamily::kQwen2) return absl::OkStatus();
+  if (c.family != ModelFamily::kQwen2 && c.family != ModelFamily::kQwen3) {
+    return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(const bool use, keys.Bool("use_sliding_window", false));
   ASSIGN_OR_RETURN(const std::optional<int64_t> window, SlidingWindow(keys, 4096));
   int64_t max_window_layers = 28;
@@ -456,7 +459,8 @@ absl::Status CheckSlidingWindow(const Keys& keys, const ModelConfig& c) {
 
 absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
   int64_t default_vocab = 32000, default_inter = 11008, default_positions = 2048;
-  if (c.family == ModelFamily::kQwen2) {
+  if (c.family == ModelFamily::kQwen2 || c.family == ModelFamily::kQwen3) {
+    // Qwen2Config's and Qwen3Config's defaults.
     default_vocab = 151936;
     default_inter = 22016;
     default_positions = 32768;
@@ -474,7 +478,7 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
   // num_key_value_heads: absent means the family's default, null means "= heads".
   int64_t default_kv = c.num_heads;
   if (keys.Find("num_key_value_heads") == nullptr) {
-    if (c.family == ModelFamily::kQwen2) default_kv = 32;
+    if (c.family == ModelFamily::kQwen2 || c.family == ModelFamily::kQwen3) default_kv = 32;
     if (c.family == ModelFamily::kMistral) default_kv = 8;
   }
   ASSIGN_OR_RETURN(c.num_kv_heads, keys.PositiveInt("num_key_value_heads", default_kv,
@@ -484,7 +488,9 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
         "num_key_value_heads",
         absl::StrCat(c.num_kv_heads, " does not divide num_attention_heads ", c.num_heads));
   }
-  ASSIGN_OR_RETURN(const std::optional<int64_t> head_dim, keys.OptionalPositiveInt("head_dim"));
+  ASSIGN_OR_RETURN(std::optional<int64_t> head_dim, keys.OptionalPositiveInt("head_dim"));
+  // Qwen3Config's head_dim defaults to 128 whatever hidden_size / num_attention_heads is.
+  if (!head_dim.has_value() && c.family == ModelFamily::kQwen3) head_dim = 128;
   const bool divisible = c.hidden_size % c.num_heads == 0;
   if (!divisible && (!head_dim.has_value() || c.family == ModelFamily::kLlama)) {
     return keys.Invalid("num_attention_heads",
@@ -508,6 +514,11 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
   c.hidden_act = HiddenAct::kSilu;
   ASSIGN_OR_RETURN(c.tie_word_embeddings, keys.Bool("tie_word_embeddings", false));
   switch (c.family) {
+    case ModelFamily::kQwen3: {
+      ASSIGN_OR_RETURN(const bool attention_bias, keys.Bool("attention_bias", false));
+      c.qkv_bias = c.o_proj_bias = attention_bias;
+      break;
+    }
     case ModelFamily::kLlama: {
       ASSIGN_OR_RETURN(const bool attention_bias, keys.Bool("attention_bias", false));
       c.qkv_bias = c.o_proj_bias = attention_bias;
@@ -549,7 +560,7 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, absl::str
   if (type == nullptr) {
     return keys.Invalid("model_type",
                         "is missing; a Hugging Face config names its model type "
-                        "(\"llama\", \"qwen2\", \"mistral\" or \"gpt2\")");
+                        "(\"llama\", \"qwen2\", \"qwen3\", \"mistral\" or \"gpt2\")");
   }
   if (!type->is_string()) {
     return keys.Invalid("model_type",
@@ -563,7 +574,7 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, absl::str
   if (info == nullptr) {
     return keys.Unsupported(
         "model_type",
-        absl::StrCat("is \"", model_type, "\"; supported: llama, qwen2, mistral, gpt2"));
+        absl::StrCat("is \"", model_type, "\"; supported: llama, qwen2, qwen3, mistral, gpt2"));
   }
   RETURN_IF_ERROR(CheckArchitectures(keys, info->family));
   RETURN_IF_ERROR(CheckNoMoeNoQuantization(keys));
@@ -648,6 +659,9 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c, const HfConfigJso
       out["attention_bias"] = c.qkv_bias;
       out["mlp_bias"] = c.mlp_bias;
     } else if (c.family == ModelFamily::kQwen2) {
+      out["use_sliding_window"] = false;
+    } else if (c.family == ModelFamily::kQwen3) {
+      out["attention_bias"] = c.qkv_bias;
       out["use_sliding_window"] = false;
     } else if (c.family == ModelFamily::kMistral) {
       out["sliding_window"] = nullptr;

@@ -1,10 +1,11 @@
 // Hugging Face config.json <-> ModelConfig, for the families of model/model_config.h.
 //
-// Reading. config.json must name a supported "model_type" — "llama", "qwen2", "mistral", "gpt2"
-// — and, if it has "architectures", the causal-LM class of that type (LlamaForCausalLM,
-// Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel). Keys are read under the names and with
-// the defaults of transformers' config classes (LlamaConfig, Qwen2Config, MistralConfig,
-// GPT2Config; checked against transformers 5.23 and 4.57.6, which agree on these):
+// Reading. config.json must name a supported "model_type" — "llama", "qwen2", "qwen3", "mistral",
+// "gpt2" — and, if it has "architectures", the causal-LM class of that type (LlamaForCausalLM,
+// Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, GPT2LMHeadModel). Keys are read under
+// the names and with the defaults of transformers' config classes (LlamaConfig, Qwen2Config,
+// Qwen3Config, MistralConfig, GPT2Config; checked against transformers 5.23 and 4.57.6, which
+// agree on these; qwen3 has qwen2's defaults unless stated):
 //
 //   key (gpt2 name)                        default when absent
 //   vocab_size                             llama 32000, qwen2 151936, mistral 32000, gpt2 50257
@@ -13,15 +14,17 @@
 //   num_hidden_layers (n_layer)            32 (gpt2 12)
 //   num_attention_heads (n_head)           32 (gpt2 12)
 //   num_key_value_heads                    llama: = heads, qwen2 32, mistral 8 (null: = heads)
-//   head_dim                               hidden_size / num_attention_heads (null: the same)
+//   head_dim                               hidden_size / num_attention_heads (null: the same);
+//                                          qwen3 128
 //   max_position_embeddings (n_positions)  llama 2048, qwen2 32768, mistral 131072 (gpt2 1024)
 //   rms_norm_eps (layer_norm_epsilon)      1e-6 (gpt2 1e-5)
 //   rope_theta                             10000.0
 //   rope_scaling / rope_parameters         none
 //   hidden_act (activation_function)       "silu" (gpt2 "gelu_new")
 //   tie_word_embeddings                    false (gpt2 true)
-//   attention_bias, mlp_bias (llama)       false
-//   sliding_window                         mistral 4096; qwen2 4096 but only with
+//   attention_bias (llama, qwen3)          false
+//   mlp_bias (llama)                       false
+//   sliding_window                         mistral 4096; qwen2, qwen3 4096 but only with
 //   use_sliding_window, max_window_layers  use_sliding_window (false) for layers >= 28
 //   torch_dtype / dtype                    none ("dtype", transformers 5's name, wins)
 // gpt2 also accepts its attribute-map aliases (hidden_size for n_embd, max_position_embeddings for
@@ -43,19 +46,19 @@
 //                    architectures entry that contradicts model_type, rope_theta disagreeing with
 //                    rope_parameters.rope_theta, a missing llama3 parameter, everything
 //                    ValidateModelConfig refuses (with the config key's name).
-//   Unimplemented    a model_type or architecture outside the four; sliding-window attention in
+//   Unimplemented    a model_type or architecture outside the five; sliding-window attention in
 //                    use (mistral: sliding_window < max_position_embeddings, including the default
-//                    4096; qwen2: use_sliding_window with a window below max_position_embeddings
-//                    on some layer, or a "sliding_attention" entry in layer_types); mixture of
-//                    experts (num_experts, num_local_experts, num_experts_per_tok,
-//                    n_routed_experts, n_shared_experts, moe_intermediate_size,
-//                    shared_expert_intermediate_size set to anything but null or 0); a rope type
-//                    other than "default" and "llama3" (linear, dynamic, yarn, longrope, ...);
-//                    per-layer-type rope parameters; partial_rotary_factor other than 1; an
-//                    activation other than silu/swish (llama-likes) or gelu_new/gelu_pytorch_tanh
-//                    (gpt2); quantization_config; a dtype other than float32/float16/bfloat16;
-//                    gpt2 with scale_attn_weights false, scale_attn_by_inverse_layer_idx true or
-//                    add_cross_attention true.
+//                    4096; qwen2, qwen3: use_sliding_window with a window below
+//                    max_position_embeddings on some layer, or a "sliding_attention" entry in
+//                    layer_types); mixture of experts (num_experts, num_local_experts,
+//                    num_experts_per_tok, n_routed_experts, n_shared_experts,
+//                    moe_intermediate_size, shared_expert_intermediate_size set to anything but
+//                    null or 0); a rope type other than "default" and "llama3" (linear, dynamic,
+//                    yarn, longrope, ...); per-layer-type rope parameters; partial_rotary_factor
+//                    other than 1; an activation other than silu/swish (llama-likes) or
+//                    gelu_new/gelu_pytorch_tanh (gpt2); quantization_config; a dtype other than
+//                    float32/float16/bfloat16; gpt2 with scale_attn_weights false,
+//                    scale_attn_by_inverse_layer_idx true or add_cross_attention true.
 // Accepted, by decision: head_dim different from hidden_size / num_attention_heads (Mistral-Nemo
 // style; every shape follows q_size() and kv_size()); attention_bias and mlp_bias true for llama
 // (the biases are ordinary parameters of ModelOperators; a model that does not compute them must

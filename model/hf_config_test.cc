@@ -73,6 +73,17 @@ constexpr absl::string_view kMistral7B_v03 = R"({
   "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.42.0.dev0",
   "use_cache": true, "vocab_size": 32768})";
 
+// Qwen/Qwen3-0.6B's config.json: head_dim 128 is not hidden_size / heads = 64.
+constexpr absl::string_view kQwen3_06B = R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+  "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+  "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+
 // openai-community/gpt2's config.json (abridged: task_specific_params dropped).
 constexpr absl::string_view kGpt2 = R"({
   "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
@@ -101,6 +112,7 @@ TEST(HfConfigTest, PublishedConfigsGiveThePresets) {
       {kLlama32_1B, "llama-3.2-1b"},       {kQwen25_05B, "qwen2.5-0.5b"},
       {kTinyLlama, "tinyllama-1.1b"},      {kLlama2_7B, "llama-2-7b"},
       {kMistral7B_v03, "mistral-7b-v0.3"}, {kLlama3_8B_v5, "llama-3-8b"},
+      {kQwen3_06B, "qwen3-0.6b"},
   };
   for (const auto& [json_text, preset] : cases) {
     ASSERT_OK_AND_ASSIGN(const ModelConfig parsed, ParseHfConfig(json_text, kPath));
@@ -136,6 +148,25 @@ TEST(HfConfigTest, AbsentKeysTakeTransformersDefaults) {
   EXPECT_EQ(qwen.max_position_embeddings, 32768);
   EXPECT_TRUE(qwen.qkv_bias);
   EXPECT_FALSE(qwen.o_proj_bias);
+
+  // Qwen3Config: qwen2's sizes, but head_dim 128 of its own and one attention_bias (false).
+  ASSERT_OK_AND_ASSIGN(const ModelConfig qwen3, ParseHfConfig(R"({"model_type": "qwen3"})", kPath));
+  EXPECT_EQ(qwen3.vocab_size, 151936);
+  EXPECT_EQ(qwen3.intermediate_size, 22016);
+  EXPECT_EQ(qwen3.num_kv_heads, 32);
+  EXPECT_EQ(qwen3.head_dim, 128);
+  EXPECT_EQ(qwen3.max_position_embeddings, 32768);
+  EXPECT_FALSE(qwen3.qkv_bias || qwen3.o_proj_bias || qwen3.mlp_bias);
+  EXPECT_TRUE(qwen3.qk_norm());
+  ASSERT_OK_AND_ASSIGN(
+      const ModelConfig qwen3_bias,
+      ParseHfConfig(R"({"model_type": "qwen3", "attention_bias": true, "head_dim": 64})", kPath));
+  EXPECT_TRUE(qwen3_bias.qkv_bias && qwen3_bias.o_proj_bias);
+  EXPECT_EQ(qwen3_bias.head_dim, 64);
+  EXPECT_THAT(ParseHfConfig(R"({"model_type": "qwen3", "use_sliding_window": true,
+                                "sliding_window": 4096, "max_window_layers": 0})",
+                            kPath),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("sliding")));
 
   // MistralConfig's default sliding_window (4096) is below its default positions (131072).
   EXPECT_THAT(

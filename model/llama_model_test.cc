@@ -1,9 +1,11 @@
 // The chunked model (model/gpt_model.h) in the Llama architecture: a tiny LlamaForCausalLM (GQA,
-// untied LM head, llama3 rope scaling) and a tiny Qwen2ForCausalLM (q/k/v biases, tied
-// embeddings, one kv head) against
+// untied LM head, llama3 rope scaling), a tiny Qwen2ForCausalLM (q/k/v biases, tied
+// embeddings, one kv head) and a tiny Qwen3ForCausalLM (per-head q/k RMSNorm, head_dim 6 against
+// hidden 32 / 4 heads) against
 //  - Hugging Face transformers' loss and gradients (the committed reference of
 //    model/kernels/testing/testdata/make_llama_testdata.py), with tiny_llama_test's tolerances;
-//  - model/kernels/testing/tiny_llama (the same kernel calls on host vectors): bit for bit;
+//  - model/kernels/testing/tiny_llama (the same kernel calls on host vectors): bit for bit (Llama
+//    and Qwen2; tiny_llama has no q/k norm);
 // and against itself: vocabulary row blocks vs whole matrices, activation checkpointing, a roomy
 // accelerator vs one that evicts every chunk (all bit-identical), bf16 chunks tracking f32, the
 // initialization, and a Hugging Face directory round trip (export -> import -> export, bit-exact).
@@ -92,6 +94,25 @@ ModelConfig Qwen2Reference() {
   c.norm_eps = 1e-6;
   c.rope_theta = 1000000;
   c.qkv_bias = true;
+  c.tie_word_embeddings = true;
+  c.hidden_act = HiddenAct::kSilu;
+  return c;
+}
+
+ModelConfig Qwen3Reference() {
+  ModelConfig c;
+  c.name = "tiny-qwen3-ref";
+  c.family = ModelFamily::kQwen3;
+  c.vocab_size = 96;
+  c.hidden_size = 32;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 6;
+  c.intermediate_size = 48;
+  c.max_position_embeddings = 256;
+  c.norm_eps = 1e-6;
+  c.rope_theta = 1000000;
   c.tie_word_embeddings = true;
   c.hidden_act = HiddenAct::kSilu;
   return c;
@@ -257,9 +278,12 @@ bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
 struct Reference {
   const char* file;
   ModelConfig (*config)();
+  // Whether kernel_testing::TinyLlama computes this model (it has no q/k norm).
+  bool tiny_llama = true;
 };
 const Reference kReferences[] = {{"tiny_llama.safetensors", LlamaReference},
-                                 {"tiny_qwen2.safetensors", Qwen2Reference}};
+                                 {"tiny_qwen2.safetensors", Qwen2Reference},
+                                 {"tiny_qwen3.safetensors", Qwen3Reference, false}};
 
 template <typename E>
 std::vector<E> ReadRaw(const SafetensorsFile& file, const std::string& name,
@@ -328,6 +352,7 @@ TEST_F(LlamaModelTest, MatchesTransformersAndTinyLlama) {
       }
 
       // tiny_llama: the same kernels in the same order on the same values.
+      if (!ref.tiny_llama) continue;
       kernel_testing::TinyLlama<float> tiny(TinyConfigOf(config), kBatch, kSeqLen);
       for (const kernel_testing::ParamTensor& t : tiny.tensors()) {
         const std::vector<float> v = FileValues(file)(t.name);

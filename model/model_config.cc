@@ -27,6 +27,14 @@ namespace {
 //      rwth-i6/i6_experiments .../qwen2/qwen2_configs.py for Qwen2-0.5B, same shapes): rms_norm_eps
 //      1e-06, tie_word_embeddings true, use_sliding_window false, bfloat16. Qwen2.5-1.5B's model
 //      card: "tied word embeddings", 1.54B parameters (1.31B non-embedding).
+//  [3] Qwen/Qwen3-0.6B's config.json (transformers 4.51.0), quoted verbatim in public code:
+//      hidden 1024, 28 layers, 16 heads, 8 kv heads, head_dim 128, intermediate 3072, vocab
+//      151936, max_position_embeddings 40960, rope_theta 1e6, rms_norm_eps 1e-06, attention_bias
+//      false, tie_word_embeddings true, bfloat16. Qwen/Qwen3-4B (the April 2025 release, not the
+//      2507 update with 262144 positions and rope_theta 5e6): hidden 2560, 36 layers, 32 heads, 8
+//      kv heads, head_dim 128, intermediate 9728, vocab 151936 (public code checks these against
+//      its config.json), the family's 40960 positions, 1e6, 1e-06 and tied embeddings; its model
+//      card's "4.0B parameters, 3.6B non-embedding" is the closed-form count below.
 // Tied/untied and dtypes not in [L]: Llama-2-7b-hf, Meta-Llama-3-8B and Mistral-7B-v0.3 have
 // tie_word_embeddings false (their safetensors indexes list lm_head.weight), TinyLlama's config
 // says false and float32 (its safetensors header holds F32 tensors only), Llama-2-7b-hf float16.
@@ -84,6 +92,12 @@ const LlamaPreset kLlamaPresets[] = {
     // [L] Mistral-7B-v0.3: sliding_window null (v0.1's 4096 window is gone), vocab 32768.
     {"mistral-7b-v0.3", ModelFamily::kMistral, 32768, 4096, 32, 32, 8, 128, 14336, 32768, 1e-5,
      1000000.0, kNoScaling, false, false, DType::kBF16},
+    // [3] Qwen3-0.6B: head_dim 128 (not 1024 / 16), tied, no attention bias.
+    {"qwen3-0.6b", ModelFamily::kQwen3, 151936, 1024, 28, 16, 8, 128, 3072, 40960, 1e-6, 1000000.0,
+     kNoScaling, false, true, DType::kBF16},
+    // [3] Qwen3-4B: head_dim 128 (not 2560 / 32), tied, no attention bias.
+    {"qwen3-4b", ModelFamily::kQwen3, 151936, 2560, 36, 32, 8, 128, 9728, 40960, 1e-6, 1000000.0,
+     kNoScaling, false, true, DType::kBF16},
     // For tests: every llama feature that changes shapes (GQA, untied head) at a tiny size.
     {"llama-tiny", ModelFamily::kLlama, 256, 64, 2, 4, 2, 16, 160, 128, 1e-5, 10000.0, kNoScaling,
      false, false, DType::kF32},
@@ -151,6 +165,7 @@ std::optional<int64_t> CheckedParameterCount(const ModelConfig& c) {
   if (c.qkv_bias && !AddProduct(&per_layer, 1, q + 2 * k)) return std::nullopt;
   if (c.o_proj_bias && !AddProduct(&per_layer, 1, e)) return std::nullopt;
   if (c.mlp_bias && !AddProduct(&per_layer, 1, 2 * i + e)) return std::nullopt;
+  if (c.qk_norm() && !AddProduct(&per_layer, 2, c.head_dim)) return std::nullopt;
   if (!AddProduct(&total, v, e) || (!c.tie_word_embeddings && !AddProduct(&total, v, e)) ||
       !AddProduct(&total, 1, e) || !AddProduct(&total, c.num_layers, per_layer)) {
     return std::nullopt;
@@ -233,6 +248,10 @@ std::vector<OperatorSpec> LlamaOperators(const ModelConfig& c, const VocabLayout
       qkv.tensors.push_back({a + "k_proj.bias", {k}});
       qkv.tensors.push_back({a + "v_proj.bias", {k}});
     }
+    if (c.qk_norm()) {
+      qkv.tensors.push_back({a + "q_norm.weight", {c.head_dim}});
+      qkv.tensors.push_back({a + "k_norm.weight", {c.head_dim}});
+    }
     ops.push_back(std::move(qkv));
     ops.push_back(LinearOp(a + "o_proj", q, e, c.o_proj_bias));
     ops.push_back(norm(p + "post_attention_layernorm"));
@@ -259,6 +278,8 @@ absl::string_view ModelFamilyName(ModelFamily family) {
       return "qwen2";
     case ModelFamily::kMistral:
       return "mistral";
+    case ModelFamily::kQwen3:
+      return "qwen3";
   }
   return "unknown";
 }
@@ -403,6 +424,13 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
           return Invalid(c,
                          "qwen2 has biases on q, k and v only: qkv_bias must be true, "
                          "o_proj_bias and mlp_bias false");
+        }
+        break;
+      case ModelFamily::kQwen3:
+        if (c.qkv_bias != c.o_proj_bias || c.mlp_bias) {
+          return Invalid(c,
+                         "qwen3's config.json has one attention_bias for q, k, v and o and no "
+                         "MLP bias: qkv_bias and o_proj_bias must be equal, mlp_bias false");
         }
         break;
       case ModelFamily::kMistral:

@@ -13,8 +13,13 @@
 //   "qwen2"    as llama, with biases on q, k, v (not o), none in the MLP.
 //   "mistral"  as llama, no biases (the sliding-window attention of Mistral 7B v0.1 is refused
 //              when parsing config.json: model/hf_config.h).
-// The three llama-like families share one computation (architecture() == kLlama); the family is
-// kept so that an export writes back the config.json the model came from.
+//   "qwen3"    as llama (attention_bias on q, k, v and o, default none; no MLP bias), with a
+//              per-head RMSNorm of q and of k (q_norm, k_norm: weights [head_dim], eps
+//              rms_norm_eps) after the projections and before RoPE, and a head_dim that need
+//              not be hidden_size / num_heads.
+// The llama-like families share one computation (architecture() == kLlama; Qwen3's q/k norm is an
+// option of the block, model/transformer_block_spec.h); the family is kept so that an export
+// writes back the config.json the model came from.
 //
 // Parameters, as OperatorSpecs in forward order (ModelOperators). Names are Hugging Face's, so
 // the chunk layout, the importer and the exporter speak one language. Llama architecture
@@ -27,7 +32,8 @@
 //   p input_layernorm                      p input_layernorm.weight [E]
 //   p self_attn.qkv_proj                   p self_attn.q_proj.weight [Q, E], k_proj.weight [K, E],
 //                                          v_proj.weight [K, E], then (with qkv_bias) q_proj.bias
-//                                          [Q], k_proj.bias [K], v_proj.bias [K]
+//                                          [Q], k_proj.bias [K], v_proj.bias [K], then (qwen3)
+//                                          q_norm.weight [D], k_norm.weight [D]
 //   p self_attn.o_proj                     p self_attn.o_proj.weight [E, Q] (+ .bias [E])
 //   p post_attention_layernorm             p post_attention_layernorm.weight [E]
 //   p mlp.gate_proj                        p mlp.gate_proj.weight [I, E] (+ .bias [I])
@@ -83,12 +89,12 @@
 namespace ps {
 
 // Hugging Face model_type of a supported family.
-enum class ModelFamily { kGpt2, kLlama, kQwen2, kMistral };
+enum class ModelFamily { kGpt2, kLlama, kQwen2, kMistral, kQwen3 };
 
-// What the model computes: GPT-2, or the Llama architecture (Llama, Qwen2 and Mistral).
+// What the model computes: GPT-2, or the Llama architecture (Llama, Qwen2, Mistral and Qwen3).
 enum class ModelArchitecture { kGpt2, kLlama };
 
-// "gpt2", "llama", "qwen2", "mistral" (the Hugging Face model_type).
+// "gpt2", "llama", "qwen2", "mistral", "qwen3" (the Hugging Face model_type).
 absl::string_view ModelFamilyName(ModelFamily family);
 ModelArchitecture ArchitectureOf(ModelFamily family);
 
@@ -143,6 +149,8 @@ struct ModelConfig {
   ModelArchitecture architecture() const { return ArchitectureOf(family); }
   int64_t q_size() const { return num_heads * head_dim; }      // Q: rows of q_proj
   int64_t kv_size() const { return num_kv_heads * head_dim; }  // K: rows of k_proj and v_proj
+  // A per-head RMSNorm of q and k before RoPE (Qwen3's q_norm, k_norm).
+  bool qk_norm() const { return family == ModelFamily::kQwen3; }
 
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
@@ -158,7 +166,8 @@ std::ostream& operator<<(std::ostream& os, const ModelConfig& config);
 //            gelu_new, no rope scaling;
 //   llama    silu, qkv_bias == o_proj_bias (one attention_bias key);
 //   qwen2    silu, qkv_bias, no o_proj or MLP bias;
-//   mistral  silu, no biases.
+//   mistral  silu, no biases;
+//   qwen3    silu, qkv_bias == o_proj_bias (one attention_bias key), no MLP bias.
 [[nodiscard]] absl::Status ValidateModelConfig(const ModelConfig& config);
 
 // Presets with the real shapes of published models (values from each model's config.json on the
@@ -172,6 +181,8 @@ std::ostream& operator<<(std::ostream& os, const ModelConfig& config);
 //   "qwen2.5-1.5b"    Qwen/Qwen2.5-1.5B                               1,543,714,304
 //   "qwen2.5-3b"      Qwen/Qwen2.5-3B                                 3,085,938,688
 //   "mistral-7b-v0.3" mistralai/Mistral-7B-v0.3                       7,248,023,552
+//   "qwen3-0.6b"      Qwen/Qwen3-0.6B                                   596,049,920
+//   "qwen3-4b"        Qwen/Qwen3-4B                                   4,022,468,096
 //   "llama-tiny"      a 2-layer GQA Llama for tests (vocab 256, E 64, 4 heads, 2 kv heads)
 // and every GPT-2-architecture preset of GptPreset ("tiny", "gpt2", ..., "18B") converted with
 // FromGptConfig. InvalidArgument listing the known names for anything else.
@@ -187,7 +198,7 @@ std::vector<OperatorSpec> ModelOperators(const ModelConfig& config,
 
 // Closed form of the parameter count (== ModelNumElems(ModelOperators(config))).
 //   llama-likes: V E (1 + untied) + E + L (2E + 2 E Q + 2 E K + 3 E I
-//                + qkv_bias (Q + 2K) + o_proj_bias E + mlp_bias (2I + E))
+//                + qkv_bias (Q + 2K) + o_proj_bias E + mlp_bias (2I + E) + qk_norm 2D)
 //   gpt2:        (V + P) E + L (4E^2 + 2 E I + I + 9E) + 2E
 // REQUIRES: ValidateModelConfig is OK.
 int64_t ModelParameterCount(const ModelConfig& config);

@@ -26,7 +26,8 @@ using ::testing::HasSubstr;
 // Llama-2-7b-hf 13,476,839,424 bytes = 2 x 6,738,415,616 f16 parameters + 8,192 bytes of f32
 // rotary_emb.inv_freq buffers (32 layers x 64), which are not parameters. TinyLlama's
 // safetensors header: {"F32": 1100048384}. Qwen2.5 model cards: 0.49B (0.36B non-embedding),
-// 1.54B (1.31B non-embedding) and 3.09B (2.77B non-embedding).
+// 1.54B (1.31B non-embedding) and 3.09B (2.77B non-embedding). Qwen3 model cards: 0.6B (0.44B
+// non-embedding), 4.0B (3.6B non-embedding); their embedding is tied (151936 x E).
 struct Published {
   const char* preset;
   int64_t params;
@@ -36,6 +37,7 @@ constexpr Published kPublished[] = {
     {"llama-2-7b", 6'738'415'616},   {"tinyllama-1.1b", 1'100'048'384},
     {"qwen2.5-0.5b", 494'032'768},   {"qwen2.5-1.5b", 1'543'714'304},
     {"qwen2.5-3b", 3'085'938'688},   {"mistral-7b-v0.3", 7'248'023'552},
+    {"qwen3-0.6b", 596'049'920},     {"qwen3-4b", 4'022'468'096},
 };
 
 void ExpectSameOperators(const std::vector<OperatorSpec>& a, const std::vector<OperatorSpec>& b) {

@@ -23,7 +23,8 @@ uint64_t FirstSplitMix64(uint64_t x) { return SplitMix64(x).Next(); }
 ParameterInit InitOf(ModelArchitecture architecture, int64_t num_layers, absl::string_view name) {
   const bool gpt2 = architecture == ModelArchitecture::kGpt2;
   const bool norm = gpt2 ? absl::StrContains(name, "ln_")
-                         : absl::EndsWith(name, "layernorm.weight") || name == "model.norm.weight";
+                         : absl::EndsWith(name, "layernorm.weight") ||
+                               name == "model.norm.weight" || absl::EndsWith(name, "_norm.weight");
   if (norm) {
     return {.kind = ParameterInit::Kind::kConstant,
             .value = absl::EndsWith(name, ".weight") ? 1.0f : 0.0f};

@@ -36,7 +36,7 @@ struct ParameterInit {
 // The initialization of Hugging Face tensor `name` (a whole tensor, not a row block) of a model of
 // `architecture` with `num_layers` layers, following transformers' _init_weights:
 //   - norm weights 1 and norm biases 0 (GPT-2's ln_* LayerNorms; Llama's *layernorm and
-//     model.norm RMSNorms);
+//     model.norm RMSNorms; Qwen3's self_attn.q_norm and k_norm);
 //   - other biases 0;
 //   - every other weight N(0, 0.02), except GPT-2's residual projections (attn.c_proj.weight,
 //     mlp.c_proj.weight), N(0, 0.02 / sqrt(2 num_layers)) as in GPT-2's paper; transformers'

@@ -127,6 +127,9 @@ TEST(InitOfTest, Llama) {
   EXPECT_EQ(init("model.layers.0.input_layernorm.weight").value, 1.0f);
   EXPECT_EQ(init("model.layers.1.post_attention_layernorm.weight").value, 1.0f);
   EXPECT_EQ(init("model.norm.weight").value, 1.0f);
+  EXPECT_EQ(init("model.layers.0.self_attn.q_norm.weight").kind, Kind::kConstant);
+  EXPECT_EQ(init("model.layers.0.self_attn.q_norm.weight").value, 1.0f);
+  EXPECT_EQ(init("model.layers.1.self_attn.k_norm.weight").value, 1.0f);
   EXPECT_EQ(init("model.layers.0.self_attn.q_proj.bias").kind, Kind::kConstant);
   EXPECT_EQ(init("model.layers.0.self_attn.q_proj.bias").value, 0.0f);
   // No residual scaling for Llama.

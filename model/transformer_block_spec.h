@@ -53,6 +53,7 @@ inline TransformerBlockSpec BlockSpecOf(const ModelConfig& config) {
   s.qkv_bias = config.qkv_bias;
   s.o_bias = config.o_proj_bias;
   s.mlp_bias = config.mlp_bias;
+  s.qk_norm = config.qk_norm();
   s.tied_lm_head = config.tie_word_embeddings;
   return s;
 }

@@ -59,12 +59,12 @@ ABSL_FLAG(std::string, model, "",
           "Model preset, trained from a seeded random init; replaces the config's model "
           "dimensions. GPT-2: tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, 1B ... 18B; the Llama "
           "family: llama-3.2-1b, llama-3-8b, llama-2-7b, tinyllama-1.1b, qwen2.5-0.5b, "
-          "qwen2.5-1.5b, qwen2.5-3b, mistral-7b-v0.3, llama-tiny.");
+          "qwen2.5-1.5b, qwen2.5-3b, mistral-7b-v0.3, qwen3-0.6b, qwen3-4b, llama-tiny.");
 ABSL_FLAG(std::string, train_data, "", "Training tokens: an llm.c .bin file (data.train).");
 ABSL_FLAG(std::string, val_data, "", "Validation tokens: an llm.c .bin file (data.val).");
 ABSL_FLAG(std::string, init_from, "",
           "Initialize from a Hugging Face GPT-2 safetensors file, or a Hugging Face model "
-          "directory (config.json of Llama/Qwen2/Mistral/GPT-2 + model.safetensors or its "
+          "directory (config.json of Llama/Qwen2/Qwen3/Mistral/GPT-2 + model.safetensors or its "
           "sharded index), whose config.json then defines the model (checkpoint.init_from).");
 ABSL_FLAG(std::optional<int64_t>, steps, std::nullopt, "Training steps (train_steps).");
 ABSL_FLAG(std::optional<int64_t>, seq_len, std::nullopt,
@@ -216,6 +216,7 @@ absl::Status CheckArguments(int argc, char** argv) {
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Trains a transformer language model — GPT-2, or the Llama family (Llama 2/3, Qwen2/2.5, "
+      "Qwen3, "
       "Mistral) from a preset (--model) or a Hugging Face directory (--init_from) — whose "
       "parameters, gradients and Adam state live in chunks that move between accelerator and "
       "host memory (PatrickStar's design).\n"

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Reference values for model/kernels/testing/tiny_llama_test.cc, from Hugging Face transformers.
 
-Builds a tiny LlamaForCausalLM (grouped-query attention, untied LM head, rope_scaling "llama3") and
-a tiny Qwen2ForCausalLM (q/k/v biases, tied embeddings, one key/value head) from fixed seeded
+Builds a tiny LlamaForCausalLM (grouped-query attention, untied LM head, rope_scaling "llama3"), a
+tiny Qwen2ForCausalLM (q/k/v biases, tied embeddings, one key/value head) and a tiny
+Qwen3ForCausalLM (per-head q/k RMSNorm, head_dim 6 != hidden/heads, tied) from fixed seeded
 weights, runs them on fixed tokens with transformers' own code (eager attention, CPU) and saves,
 per model, one safetensors file holding:
-  <Hugging Face parameter names>   the weights (Llama: F32; Qwen2: BF16 — values generated in f32
-                                   and rounded to bf16, the model then computes in f32/f64 from
-                                   them, as a bf16 checkpoint loaded into an f32 model does)
+  <Hugging Face parameter names>   the weights (Llama, Qwen3: F32; Qwen2: BF16 — values generated
+                                   in f32 and rounded to bf16, the model then computes in f32/f64
+                                   from them, as a bf16 checkpoint loaded into an f32 model does)
   test.tokens, test.targets        I32 [B, T]; targets -100 are ignored
   test.inv_freq                    F32 [D/2], rotary_emb.inv_freq
   test.rope_cos, test.rope_sin     F32 [T, D/2], the first half of the cos/sin tables transformers
@@ -32,7 +33,13 @@ Recorded run (the files checked in were made by it):
   # torch 2.15.0, transformers 4.57.6, safetensors 0.8.0, numpy 2.4.6 (Python 3.11.7)
   /tmp/venv-llama/bin/python model/kernels/testing/testdata/make_llama_testdata.py \
       model/kernels/testing/testdata
-Keep the configs in sync with tiny_llama_test.cc (LlamaReferenceConfig / Qwen2ReferenceConfig).
+tiny_qwen3.safetensors was added later by the same script, the other two files left as they were:
+  /tmp/venv-q3/bin/pip install torch transformers==4.57.6 safetensors numpy
+  # torch 2.15.0, transformers 4.57.6, safetensors 0.8.0, numpy 2.4.6 (Python 3.11.7)
+  /tmp/venv-q3/bin/python model/kernels/testing/testdata/make_llama_testdata.py \
+      model/kernels/testing/testdata tiny_qwen3
+Keep the configs in sync with tiny_llama_test.cc (LlamaReferenceConfig / Qwen2ReferenceConfig) and
+model/llama_model_test.cc (Qwen3Reference).
 """
 import json
 import os
@@ -66,6 +73,16 @@ def qwen2_config():
         vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
         rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+        use_sliding_window=False, hidden_act="silu", pad_token_id=None,
+        attn_implementation="eager")
+
+
+def qwen3_config():
+    # head_dim 6 is not hidden_size / heads = 8: Qwen3's head_dim is its own.
+    return transformers.Qwen3Config(
+        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=6, max_position_embeddings=256,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True, attention_bias=False,
         use_sliding_window=False, hidden_act="silu", pad_token_id=None,
         attn_implementation="eager")
 
@@ -168,11 +185,21 @@ def make(path, config, seed, store_bf16):
           f"({os.path.getsize(path)} bytes)")
 
 
+MODELS = {
+    "tiny_llama": (llama_config, 1234, False),
+    "tiny_qwen2": (qwen2_config, 5678, True),
+    "tiny_qwen3": (qwen3_config, 9012, False),
+}
+
+
 def main():
+    """make_llama_testdata.py [OUT_DIR [MODEL ...]]: every model of MODELS, or those named."""
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+    names = sys.argv[2:] or list(MODELS)
     torch.use_deterministic_algorithms(True)
-    make(os.path.join(out_dir, "tiny_llama.safetensors"), llama_config(), 1234, False)
-    make(os.path.join(out_dir, "tiny_qwen2.safetensors"), qwen2_config(), 5678, True)
+    for name in names:
+        config, seed, store_bf16 = MODELS[name]
+        make(os.path.join(out_dir, name + ".safetensors"), config(), seed, store_bf16)
 
 
 if __name__ == "__main__":
