@@ -1,117 +1,34 @@
-// GptModel (also spelled TransformerModel): the chunked decoder-only transformer, in two
-// architectures that share all of its machinery (operator accesses, gradient slots, activation
-// checkpointing, f16/bf16 handling, the vocabulary in row blocks, import/export) and differ only in
-// the block, described by model/transformer_block_spec.h:
-//   - GPT-2 (Hugging Face GPT2LMHeadModel's math: pre-LayerNorm blocks, fused c_attn, GELU(tanh)
-//     MLP, learned positions wpe, LM head tied to wte), created from a GptConfig or a gpt2
-//     ModelConfig; everything below about wte/wpe/h.{i} describes it;
-//   - Llama (LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM, model/model_config.h):
-//     RMSNorm, q/k/v projections (optional biases) with RoPE (rope_theta, llama3 scaling) and
-//     grouped-query attention, o_proj, SwiGLU MLP (gate, up, down), final RMSNorm, LM head tied to
-//     model.embed_tokens or untied (lm_head.weight, in row blocks of its own). Parameters carry
-//     Hugging Face's names (model.layers.{i}.self_attn.q_proj.weight, nn.Linear weights
-//     [out, in]); an operator per ModelOperators entry. One Llama training iteration accesses, in
-//     order: forward: every model.embed_tokens block; per layer input_layernorm,
-//     self_attn.qkv_proj, self_attn.o_proj, post_attention_layernorm, mlp.gate_proj, mlp.up_proj,
-//     mlp.down_proj; model.norm; every LM-head block (lm_head's, or embed_tokens' again when
-//     tied); backward: the LM-head blocks, model.norm, per layer from the last down_proj, up_proj,
-//     gate_proj, post_attention_layernorm, o_proj, qkv_proj, input_layernorm (re-accessing the
-//     layer's operators in forward first under activation checkpointing), then the embed_tokens
-//     blocks in reverse order. Untied, the embedding's gradient is zero outside the batch's rows,
-//     written when each block's backward access writes the batch's rows. The Llama linears read
-//     f32 weights (16-bit chunks are converted into an f32 workspace; the bf16 in-place GEMMs take
-//     GPT-2's [in, out] layout only). With f32 chunks the Llama results are bit-identical to
-//     model/kernels/testing/tiny_llama (same kernel calls in the same order). The RoPE tables
-//     ([seq_len, head_dim / 2] cos and sin, a few KiB) are host memory of the model, computed once.
+// GptModel (also spelled TransformerModel): the chunked decoder-only transformer — GPT-2
+// (GPT2LMHeadModel's math), and the Llama family (LlamaForCausalLM, Qwen2ForCausalLM,
+// Qwen3ForCausalLM, MistralForCausalLM; model/model_config.h) — whose parameters, gradients and
+// optimizer state live in the chunks of a ChunkStore. The model owns no model data: its parameters
+// are the tensors of ModelOperators(config, layout) (Hugging Face names; the vocabulary matrices
+// whole or in row blocks "wte.weight[r0:r1]" that hold whole LM-head vocabulary tiles, so a split
+// model computes bit for bit what the unsplit one does), every operator one chunk-access unit.
 //
-// The model owns no model data. Its parameters are the tensors of model/gpt_config.h's
-// GptOperators(config, layout) (Hugging Face names, Conv1D weights [in, out]) for any
-// VocabLayoutOptions: wte whole ("wte.weight") or in row blocks ("wte.weight[r0:r1]"), placed in a
-// ChunkStore; every operator is one chunk-access unit. Each computation that needs parameters is
-// bracketed by ChunkManager::Access(op, stage) / Release(op, stage), so an operator's chunk is
-// resident only while that operator computes, and the scheduler may evict it at any other time.
-// The vocabulary blocks are computed one at a time (model/kernels/vocab_blocks.h), so no operator
-// ever needs all of wte, and no [vocab, hidden] buffer exists; the blocks must hold whole LM-head
-// vocabulary tiles (every block's first row a multiple of GptModelOptions::ce_vocab_tile), which
-// makes the results independent of the split: a split model computes bit for bit what the
-// unsplit one does.
+// The model is three parts, each with its own contract:
+//   - the forward and backward: model/transformer_program.h (one program for every architecture:
+//     the order of operator accesses, where gradients go, which buffers are non-model data,
+//     activation checkpointing, determinism);
+//   - where they run: model/live_program_context.h (the accelerator's scratch allocator, the
+//     ChunkManager, the kernels on one compute stream, asynchronous uploads; the host runs ahead
+//     of the stream, and releases are stream-ordered when the manager shares the stream);
+//   - the state outside compute: model/model_state_io.h (ReadTensor*, VisitTrainingState,
+//     LoadTrainingState, the imports and exports; never dereferences an accelerator payload on
+//     the host), with the initial values of model/parameter_init.h.
+// GptModel creates them, resolves the store's layout to the program's operator and tensor ids, and
+// checks the inputs and the state before each pass. The memory plan's activation profile
+// (model/gpt_activation_profile.h) runs the same program over a recording context.
 //
-// One training iteration (ForwardBackward) accesses, in order:
-//   forward:  every wte block, then wpe (the embedding: each block writes the rows of its
-//             tokens, then the positions are added), then per block ln_1, attn.c_attn,
-//             attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj, then ln_f, then every wte block again
-//             (the tied LM head + cross-entropy, the online softmax carried across blocks);
-//   backward: every wte block (LM head), ln_f, per block from the last: mlp.c_proj, mlp.c_fc,
-//             ln_2, attn.c_proj, attn.c_attn, ln_1 (each block first re-accessing its six
-//             operators in forward when activation checkpointing is on), then wpe and every wte
-//             block in reverse order (the embedding's gradient).
-// Gradients. A backward access computes its operator's parameter gradients into a zeroed f32
-// workspace (the kernels accumulate) and, once that operator's last backward use is done,
-// writes them into the parameters' own slots of the param chunk (the slot holds the gradient from
-// then on; chunk/chunk_type.h). The tied wte is used twice: the LM head's backward writes each
-// block's gradient into its slots one vocabulary tile at a time (the block's parameters are not
-// needed after that), except the rows of the tokens in the batch, whose f32 LM-head gradient is
-// kept in a [distinct tokens, hidden] buffer until the embedding's backward has added its part;
-// those rows are then written — so every gradient is rounded to a 16-bit slot once, exactly as
-// when both parts were summed in one f32 [vocab, hidden] workspace. The optimizer (HybridAdam)
-// then reads the gradients from the param chunks and writes the new parameters back into them.
-//
-// Non-model data. Activations, gradients of activations, gradient workspaces and kernel
-// workspaces are allocations of the accelerator's scratch() (DeviceMemory), so the accelerator's
-// MemoryTracker sees them as non-model data and the scheduler learns the tide: they are allocated
-// when produced and freed as soon as nothing later needs them — the tide rises through forward and
-// falls through backward. With f16 param chunks every parameter an operator reads is converted
-// into an f32 workspace (non-model) for the kernels; with bf16 chunks the GEMM weights (Conv1D
-// weights and the tied wte of the LM head) are read in place as bf16 by the bf16 GEMM kernels
-// (model/kernels/matmul.h: activations rounded to bf16, f32 accumulation, like PyTorch's CPU
-// autocast) and the other parameters are converted to f32; gradients are computed in f32 and
-// converted back into the slot (round-to-nearest-even); with f32 chunks the kernels read the
-// chunk directly.
-//
-// Activation checkpointing (GptModelOptions::activation_checkpointing): forward keeps only each
-// block's input; backward recomputes the block (accessing its operators in forward again) right
-// before its backward. The recomputation runs the same kernels on the same inputs, so losses and
-// gradients are bit-identical to the run without checkpointing; the peak of non-model bytes
-// drops from ~all blocks' activations to one block's plus the block inputs.
-//
-// Determinism: for the same parameters and inputs the results do not depend on where the
-// scheduler keeps chunks, on eviction, or on the thread count (the kernels are deterministic);
-// with f32 chunks they are bit-identical to model/kernels/testing/tiny_gpt2 (same kernel calls in
-// the same order).
-//
-// Compute. Every operator, zero-fill, dtype conversion and row copy the model does on activation,
-// gradient and chunk memory goes through a Kernels object (model/kernels/kernels.h) and is
-// enqueued on one compute Stream of the accelerator's backend (GptModelOptions::kernels and
-// compute_stream, or the model's own): no host code reads or writes accelerator memory during
-// compute. The inputs go to the device with Stream::MemcpyAsync (tokens, targets, the RoPE tables
-// into one scratch buffer; slot_of_token of the batch's distinct tokens in backward), the loss
-// comes back the same way (a double the LM head writes on the device). The host runs ahead of
-// the kernels across operators, as it does with a GPU:
-//  - Release. With a compute_stream in the options — which must then be the ChunkManager's
-//    compute_stream (ChunkManagerOptions::compute_stream; the trainer's wiring) — each operator's
-//    Release is stream-ordered: the manager records the stream's position and moves, writes back
-//    or drops the operator's chunks only after it (scheduler/chunk_manager.h "Stream order"), so
-//    the host does not wait. Without one, the model creates its own stream, which a manager cannot
-//    know, and the host waits for the stream before each Release (only then may the manager move
-//    a chunk the kernels read or wrote); a manager given a compute stream must therefore also be
-//    given to the model as options.compute_stream.
-//  - Scratch. Buffers come from accelerator->scratch() with CachingAllocator::AllocateOnStream and
-//    go back with DeallocateOnStream on the compute stream (memory/caching_allocator.h): later
-//    kernels on the stream reuse a freed block at once, nothing else (another stream, the chunk
-//    pool) before the stream passed the free. The allocator and the tracker count a free when it
-//    is made, so the tide moves at the program's points, exactly as the activation profile
-//    (model/gpt_activation_profile.h) replays it.
-// The host waits for the stream for the loss (a device-to-host copy), at the end of
-// ForwardBackward and Evaluate, and wherever the scheduler or the allocator must (an eviction
-// that waits on the host, memory pressure). With the cpu backend the CPU kernels run on the
-// stream's worker thread (model/kernels/cpu_kernels.h), bit for bit as direct calls; the trainer
-// still refuses the cuda backend.
-//
-// Reading and setting the state outside compute (ReadTensor*, VisitTrainingState, the exports,
-// the imports, LoadTrainingState, InitializeParameters) is model/model_state_io.h's ModelStateIo,
-// which the model owns: it never dereferences an accelerator payload on the host (a pinned
-// staging buffer of GptModelOptions::payload_staging_bytes, see there), so it is correct with
-// cuda. The initial values are model/parameter_init.h's.
+// Compute. Every kernel is enqueued on one compute Stream of the accelerator's backend
+// (GptModelOptions::kernels and compute_stream, or the model's own). With a compute_stream in the
+// options — which must then be the ChunkManager's compute_stream (the trainer's wiring) — each
+// Release is stream-ordered and the host does not wait; with the model's own stream, which a
+// manager cannot know, the host waits for the stream before each Release, so a manager given a
+// compute stream must also be given to the model as options.compute_stream. The host waits for the
+// stream for the loss, at the end of ForwardBackward and Evaluate, and wherever the scheduler or
+// the allocator must. With the cpu backend the CPU kernels run on the stream's worker thread
+// (model/kernels/cpu_kernels.h), bit for bit as direct calls.
 //
 // Thread safety: thread-compatible. One thread drives the model and its ChunkManager.
 #ifndef PATRICKSTAR_MODEL_GPT_MODEL_H_

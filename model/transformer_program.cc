@@ -12,6 +12,7 @@
 #include "base/units.h"
 #include "glog/logging.h"
 #include "memory/dtype.h"
+#include "model/internal/program_buffers.h"
 #include "model/kernels/rope.h"
 
 namespace ps {
@@ -20,100 +21,13 @@ namespace {
 using Block = ProgramLayout::Block;
 using Op = ProgramLayout::Op;
 using VocabBlock = ProgramLayout::VocabBlock;
+using program_internal::Activations;
+using program_internal::BlockActs;
+using program_internal::Buffer;
+using program_internal::ScopedAccess;
 
-// An f32 scratch buffer of the context, freed on destruction.
-class Buffer {
- public:
-  Buffer() = default;
-  Buffer(ProgramContext* ctx, float* data, int64_t elems) : ctx_(ctx), data_(data), elems_(elems) {}
-  Buffer(Buffer&& other) noexcept
-      : ctx_(std::exchange(other.ctx_, nullptr)),
-        data_(std::exchange(other.data_, nullptr)),
-        elems_(std::exchange(other.elems_, 0)) {}
-  Buffer& operator=(Buffer&& other) noexcept {
-    if (this != &other) {
-      Reset();
-      ctx_ = std::exchange(other.ctx_, nullptr);
-      data_ = std::exchange(other.data_, nullptr);
-      elems_ = std::exchange(other.elems_, 0);
-    }
-    return *this;
-  }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  ~Buffer() { Reset(); }
-
-  void Reset() {
-    if (data_ == nullptr) return;
-    ctx_->FreeScratch(data_, elems_);
-    ctx_ = nullptr;
-    data_ = nullptr;
-    elems_ = 0;
-  }
-  float* data() const { return data_; }
-  int32_t* i32() const { return reinterpret_cast<int32_t*>(data_); }
-  int64_t elems() const { return elems_; }
-
- private:
-  ProgramContext* ctx_ = nullptr;
-  float* data_ = nullptr;
-  int64_t elems_ = 0;
-};
-
-// Access(op, stage) ... Release(op, stage); released on destruction if End() was not reached (an
-// error path), so a failing kernel never leaves an operator accessed.
-class ScopedAccess {
- public:
-  static absl::StatusOr<ScopedAccess> Begin(ProgramContext* ctx, OperatorId op, Stage stage) {
-    RETURN_IF_ERROR(ctx->Access(op, stage));
-    return ScopedAccess(ctx, op, stage);
-  }
-  ScopedAccess(ScopedAccess&& other) noexcept
-      : ctx_(std::exchange(other.ctx_, nullptr)), op_(other.op_), stage_(other.stage_) {}
-  ScopedAccess& operator=(ScopedAccess&&) = delete;
-  ScopedAccess(const ScopedAccess&) = delete;
-  ScopedAccess& operator=(const ScopedAccess&) = delete;
-  ~ScopedAccess() {
-    if (ctx_ != nullptr) ctx_->ReleaseAfterError(op_, stage_);
-  }
-  [[nodiscard]] absl::Status End() { return std::exchange(ctx_, nullptr)->Release(op_, stage_); }
-
- private:
-  ScopedAccess(ProgramContext* ctx, OperatorId op, Stage stage)
-      : ctx_(ctx), op_(op), stage_(stage) {}
-  ProgramContext* ctx_;
-  OperatorId op_;
-  Stage stage_;
-};
-
-// What one block's backward needs from its forward (its input is kept in Activations::x). The
-// fused projection keeps qkv; the split one q, k (normalized per head with the q/k norm, rotated
-// with RoPE) and v. fch is the MLP's first
-// projection (c_fc, gate_proj), up the SwiGLU up projection, act the activation's output.
-struct BlockActs {
-  Buffer ln1, ln1_mean, ln1_rstd, qkv, q, k, v, atty, lse, res2, ln2, ln2_mean, ln2_rstd, fch, up,
-      act;
-  // With the q/k norm: the projections (the norms' inputs) and the norms' rstd; q and k are then
-  // the normalized (and rotated) heads.
-  Buffer q_in, k_in, q_rstd, k_rstd;
-  void Reset() { *this = BlockActs(); }
-};
-
-struct Activations {
-  // The residual stream: x[l] is block l's input, x[num_layers] the final norm's input.
-  std::vector<Buffer> x;
-  std::vector<BlockActs> blocks;
-  Buffer lnf, lnf_mean, lnf_rstd, ce_lse;
-  // The f32 wte gradient rows of the batch's distinct tokens (LM head's part, then the
-  // embedding's added), sized for min(tokens, vocab) rows whatever the batch, so that the tide
-  // does not depend on the data.
-  Buffer touched_grads;
-  // Device copies of the inputs (InputsLayout): the loss (one double), tokens, targets and (RoPE)
-  // the cos/sin tables; and of slot_of_token (backward).
-  Buffer inputs;
-  Buffer slots;
-};
-
+// What a pass keeps: everything for backward, one block's worth (activation checkpointing) or
+// nothing beyond the block being computed (evaluation).
 enum class Mode { kTrain, kCheckpoint, kEvaluate };
 
 template <typename T>
@@ -898,75 +812,6 @@ class TransformerProgram::Run {
   // The device copy of the RoPE tables (in Activations::inputs) during a pass.
   const float* rope_dev_ = nullptr;
 };
-
-ProgramLayout ProgramLayoutOf(const ModelConfig& config, absl::Span<const OperatorSpec> ops,
-                              absl::Span<const GptVocabBlock> rows,
-                              absl::FunctionRef<OperatorId(size_t op)> op_id,
-                              absl::FunctionRef<TensorId(size_t op, size_t tensor)> tensor_id) {
-  const TransformerBlockSpec spec = BlockSpecOf(config);
-  auto op_at = [&](size_t i) {
-    Op r{.op = op_id(i), .w = tensor_id(i, 0)};
-    if (ops[i].tensors.size() > 1) r.b = tensor_id(i, 1);
-    return r;
-  };
-  auto blocks_at = [&](size_t first) {
-    std::vector<VocabBlock> out;
-    for (size_t k = 0; k < rows.size(); ++k) {
-      out.push_back({op_id(first + k), tensor_id(first + k, 0), rows[k].row_begin, rows[k].rows});
-    }
-    return out;
-  };
-  ProgramLayout layout;
-  const size_t nb = rows.size();
-  layout.embed = blocks_at(0);
-  size_t next = nb;
-  if (spec.positions == TransformerBlockSpec::Positions::kLearned) layout.wpe = op_at(next++);
-  for (int64_t l = 0; l < config.num_layers; ++l) {
-    Block b;
-    if (spec.attention == TransformerBlockSpec::Attention::kFusedMha) {
-      // ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj.
-      b.ln_1 = op_at(next);
-      b.qkv = op_at(next + 1);
-      b.attn_out = op_at(next + 2);
-      b.ln_2 = op_at(next + 3);
-      b.mlp_in = op_at(next + 4);
-      b.mlp_out = op_at(next + 5);
-      next += 6;
-    } else {
-      // input_layernorm, self_attn.qkv_proj (q, k, v weights, then with biases q, k, v biases,
-      // then with the q/k norm q_norm and k_norm),
-      // self_attn.o_proj, post_attention_layernorm, mlp.gate_proj, mlp.up_proj, mlp.down_proj.
-      b.ln_1 = op_at(next);
-      const size_t q = next + 1;
-      ProgramLayout::QkvOp& s = b.qkv_split;
-      s.op = op_id(q);
-      s.q_w = tensor_id(q, 0);
-      s.k_w = tensor_id(q, 1);
-      s.v_w = tensor_id(q, 2);
-      size_t next_tensor = 3;
-      if (config.qkv_bias) {
-        s.q_b = tensor_id(q, next_tensor++);
-        s.k_b = tensor_id(q, next_tensor++);
-        s.v_b = tensor_id(q, next_tensor++);
-      }
-      if (spec.qk_norm) {
-        s.q_norm = tensor_id(q, next_tensor++);
-        s.k_norm = tensor_id(q, next_tensor++);
-      }
-      CHECK_EQ(next_tensor, ops[q].tensors.size()) << ops[q].name;
-      b.attn_out = op_at(next + 2);
-      b.ln_2 = op_at(next + 3);
-      b.mlp_in = op_at(next + 4);
-      b.mlp_up = op_at(next + 5);
-      b.mlp_out = op_at(next + 6);
-      next += 7;
-    }
-    layout.blocks.push_back(b);
-  }
-  layout.ln_f = op_at(next++);
-  if (!spec.tied_lm_head) layout.lm_head = blocks_at(next);
-  return layout;
-}
 
 absl::StatusOr<TransformerProgram> TransformerProgram::Create(const ModelConfig& config,
                                                               const ProgramShape& shape,

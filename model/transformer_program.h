@@ -11,16 +11,46 @@
 //
 // The block is one program parameterized by TransformerBlockSpec (model/transformer_block_spec.h):
 // LayerNorm or RMSNorm; a fused [in, out] qkv projection (GPT-2's c_attn) or three nn.Linear
-// projections in one operator (q/k/v_proj, optional biases); RoPE on q and k or learned positions;
-// grouped-query attention (multi-head attention is the case num_kv_heads == num_heads; GPT-2's
-// packed qkv is read with a row stride); GELU(tanh) or SwiGLU MLP; Conv1D ([in, out], the bf16
-// GEMMs read bf16 weights in place) or nn.Linear ([out, in]) weights; a tied or untied LM head.
-// What one training iteration accesses and allocates, in order, is described in gpt_model.h.
+// projections in one operator (q/k/v_proj, optional biases, optionally Qwen3's per-head RMSNorm of
+// q and k); RoPE on q and k or learned positions; grouped-query attention (multi-head attention is
+// the case num_kv_heads == num_heads; GPT-2's packed qkv is read with a row stride); GELU(tanh) or
+// SwiGLU MLP; Conv1D ([in, out]) or nn.Linear ([out, in]) weights; a tied or untied LM head.
 //
-// Buffers are f32 scratch (non-model data); a parameter is read where its slot is (f32 chunks) or
-// through an f32 copy (16-bit chunks; bf16 Conv1D weights are read in place); a gradient is
-// computed into zeroed f32 scratch and written into its parameter's slot at the operator's last
-// backward use.
+// Accesses. Each computation that needs parameters is bracketed by Access(op, stage) /
+// Release(op, stage), so an operator's chunk is resident only while that operator computes. One
+// ForwardBackward accesses, in order:
+//   forward:  every embedding block (each writes the rows of its tokens), then GPT-2's wpe; per
+//             layer the input norm, the q/k/v projection (GPT-2's c_attn, or q/k/v_proj in one
+//             operator, with Qwen3's q/k norms inside that access), the attention output
+//             projection, the post-attention norm, the MLP's input projections (c_fc; or gate,
+//             then up), its output projection; the final norm; every LM-head block (the untied
+//             lm_head's, or the embedding's again), the online softmax carried across blocks;
+//   backward: the LM-head blocks, the final norm, per layer from the last the same operators in
+//             reverse (re-accessing the layer's operators in forward first under activation
+//             checkpointing), then wpe and the embedding blocks in reverse order.
+// The vocabulary blocks are computed one at a time (model/kernels/vocab_blocks.h): no [vocab,
+// hidden] buffer ever exists.
+//
+// Gradients. A backward access computes its operator's parameter gradients into zeroed f32 scratch
+// (the kernels accumulate) and, at that operator's last backward use, writes them into the
+// parameters' own slots of the param chunk (chunk/chunk_type.h), converted to the slot's dtype. A
+// tied embedding is used twice: the LM head's backward writes each block's gradient into its slots
+// one vocabulary tile at a time, except the rows of the batch's tokens, kept in f32 in a [distinct
+// tokens, hidden] buffer until the embedding's backward has added its part, so every gradient is
+// rounded to a 16-bit slot once. Untied, the embedding's gradient is zero outside the batch's rows.
+//
+// Non-model data. Activations, their gradients, gradient and kernel workspaces, and f32 copies of
+// 16-bit parameters are the context's scratch, allocated when produced and freed as soon as
+// nothing later needs them: the tide rises through forward and falls through backward. With f32
+// chunks the kernels read the slots in place; with f16 chunks every parameter is converted to an
+// f32 copy; with bf16 chunks the Conv1D weights and the LM-head blocks are read in place by the
+// bf16 GEMMs (model/kernels/matmul.h) and the rest is converted.
+//
+// Activation checkpointing keeps only each block's input; backward recomputes the block right
+// before its backward with the same kernels on the same inputs, so losses and gradients are
+// bit-identical to the run without it. Results do not depend on where the scheduler keeps chunks
+// or on the thread count; with f32 chunks they are bit-identical to model/kernels/testing's
+// tiny_gpt2 and tiny_llama for the models they compute (the same kernel calls in the same order).
 //
 // Thread safety: a program is immutable after creation and may run over several contexts, one at a
 // time per context; a context is driven by one thread.

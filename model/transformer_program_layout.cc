@@ -1,0 +1,85 @@
+// ProgramLayoutOf (model/transformer_program.h): the program's operators and tensors, in the order
+// of ModelOperators (model/model_config.h), resolved to ids.
+#include <cstddef>
+#include <vector>
+
+#include "glog/logging.h"
+#include "model/transformer_block_spec.h"
+#include "model/transformer_program.h"
+
+namespace ps {
+
+using Block = ProgramLayout::Block;
+using Op = ProgramLayout::Op;
+using VocabBlock = ProgramLayout::VocabBlock;
+
+ProgramLayout ProgramLayoutOf(const ModelConfig& config, absl::Span<const OperatorSpec> ops,
+                              absl::Span<const GptVocabBlock> rows,
+                              absl::FunctionRef<OperatorId(size_t op)> op_id,
+                              absl::FunctionRef<TensorId(size_t op, size_t tensor)> tensor_id) {
+  const TransformerBlockSpec spec = BlockSpecOf(config);
+  auto op_at = [&](size_t i) {
+    Op r{.op = op_id(i), .w = tensor_id(i, 0)};
+    if (ops[i].tensors.size() > 1) r.b = tensor_id(i, 1);
+    return r;
+  };
+  auto blocks_at = [&](size_t first) {
+    std::vector<VocabBlock> out;
+    for (size_t k = 0; k < rows.size(); ++k) {
+      out.push_back({op_id(first + k), tensor_id(first + k, 0), rows[k].row_begin, rows[k].rows});
+    }
+    return out;
+  };
+  ProgramLayout layout;
+  const size_t nb = rows.size();
+  layout.embed = blocks_at(0);
+  size_t next = nb;
+  if (spec.positions == TransformerBlockSpec::Positions::kLearned) layout.wpe = op_at(next++);
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    Block b;
+    if (spec.attention == TransformerBlockSpec::Attention::kFusedMha) {
+      // ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj.
+      b.ln_1 = op_at(next);
+      b.qkv = op_at(next + 1);
+      b.attn_out = op_at(next + 2);
+      b.ln_2 = op_at(next + 3);
+      b.mlp_in = op_at(next + 4);
+      b.mlp_out = op_at(next + 5);
+      next += 6;
+    } else {
+      // input_layernorm, self_attn.qkv_proj (q, k, v weights, then with biases q, k, v biases,
+      // then with the q/k norm q_norm and k_norm),
+      // self_attn.o_proj, post_attention_layernorm, mlp.gate_proj, mlp.up_proj, mlp.down_proj.
+      b.ln_1 = op_at(next);
+      const size_t q = next + 1;
+      ProgramLayout::QkvOp& s = b.qkv_split;
+      s.op = op_id(q);
+      s.q_w = tensor_id(q, 0);
+      s.k_w = tensor_id(q, 1);
+      s.v_w = tensor_id(q, 2);
+      size_t next_tensor = 3;
+      if (config.qkv_bias) {
+        s.q_b = tensor_id(q, next_tensor++);
+        s.k_b = tensor_id(q, next_tensor++);
+        s.v_b = tensor_id(q, next_tensor++);
+      }
+      if (spec.qk_norm) {
+        s.q_norm = tensor_id(q, next_tensor++);
+        s.k_norm = tensor_id(q, next_tensor++);
+      }
+      CHECK_EQ(next_tensor, ops[q].tensors.size()) << ops[q].name;
+      b.attn_out = op_at(next + 2);
+      b.ln_2 = op_at(next + 3);
+      b.mlp_in = op_at(next + 4);
+      b.mlp_up = op_at(next + 5);
+      b.mlp_out = op_at(next + 6);
+      next += 7;
+    }
+    layout.blocks.push_back(b);
+  }
+  layout.ln_f = op_at(next++);
+  if (!spec.tied_lm_head) layout.lm_head = blocks_at(next);
+  return layout;
+}
+
+}  // namespace ps
