@@ -72,7 +72,7 @@ absl::Status Resume(TrainRun& run) {
 }
 
 absl::Status SaveCheckpoint(TrainRun& run) {
-  const RunClock::time_point t0 = RunClock::now();
+  const int64_t t0 = run.NowNs();
   const int64_t trace_t0 = run.trace != nullptr ? run.trace->NowNs() : 0;
   TrainingCheckpointState state;
   state.step = run.step;
@@ -87,7 +87,7 @@ absl::Status SaveCheckpoint(TrainRun& run) {
                    WriteTrainingCheckpoint(RankCheckpointRoot(run.config.checkpoint.dir, run.rank),
                                            run.config.checkpoint.keep_last, state, *run.model));
   run.summary.checkpoints_written.push_back(dir);
-  run.summary.checkpoint_s += Seconds(t0, RunClock::now());
+  run.summary.checkpoint_s += Seconds(t0, run.NowNs());
   if (run.trace != nullptr) {
     run.trace->Complete(run.steps_track, "checkpoint", "checkpoint", trace_t0,
                         run.trace->NowNs() - trace_t0, {{"step", run.step}, {"dir", dir}});

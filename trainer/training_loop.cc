@@ -38,14 +38,14 @@ namespace {
 // around each step go into the summary (issue #24: the emulated accelerator once spent more
 // system time than user time faulting in freshly mapped pages).
 struct ProcessUsage {
-  RunClock::time_point wall;
+  int64_t wall_ns = 0;  // the run's clock (TrainRun::NowNs)
   double user_s = 0, system_s = 0;
   int64_t minor_faults = 0, major_faults = 0;
 };
 
-ProcessUsage ReadProcessUsage() {
+ProcessUsage ReadProcessUsage(const TrainRun& run) {
   ProcessUsage u;
-  u.wall = RunClock::now();
+  u.wall_ns = run.NowNs();
   struct rusage r {};
   if (getrusage(RUSAGE_SELF, &r) == 0) {
     u.user_s = static_cast<double>(r.ru_utime.tv_sec) + 1e-6 * r.ru_utime.tv_usec;
@@ -268,24 +268,24 @@ void FinishSummary(TrainRun& run) {
 absl::Status RunTraining(TrainRun& run) {
   PrintHeader(run);
   run.summary.first_step = run.step;
-  const RunClock::time_point start = RunClock::now();
+  const int64_t start = run.NowNs();
   const int64_t eval_every = run.config.data.eval_every;
   // data.eval_every 0: never validate.
   const bool validates = run.val_loader.has_value() && eval_every > 0;
   absl::Status status = [&]() -> absl::Status {
     if (validates) {
-      const RunClock::time_point e0 = RunClock::now();
+      const int64_t e0 = run.NowNs();
       ASSIGN_OR_RETURN(const double v, EvaluateValidation(run));
-      run.summary.eval_s += Seconds(e0, RunClock::now());
+      run.summary.eval_s += Seconds(e0, run.NowNs());
       run.summary.first_val_loss = v;
       PrintValidationLoss(run, run.step, v);
     }
     while (run.step < run.config.steps) {
       StepMetrics m;
-      const ProcessUsage u0 = ReadProcessUsage();
+      const ProcessUsage u0 = ReadProcessUsage(run);
       RETURN_IF_ERROR(Step(run, m));
-      const ProcessUsage u1 = ReadProcessUsage();
-      run.summary.steps_wall_s += Seconds(u0.wall, u1.wall);
+      const ProcessUsage u1 = ReadProcessUsage(run);
+      run.summary.steps_wall_s += Seconds(u0.wall_ns, u1.wall_ns);
       run.summary.steps_user_s += u1.user_s - u0.user_s;
       run.summary.steps_system_s += u1.system_s - u0.system_s;
       run.summary.steps_minor_faults += u1.minor_faults - u0.minor_faults;
@@ -294,10 +294,10 @@ absl::Status RunTraining(TrainRun& run) {
       ASSIGN_OR_RETURN(const bool stop,
                        run.AnyRank(run.env.stop_requested && run.env.stop_requested()));
       if (validates && (run.step % eval_every == 0 || last || stop)) {
-        const RunClock::time_point e0 = RunClock::now();
+        const int64_t e0 = run.NowNs();
         const int64_t trace_e0 = run.trace != nullptr ? run.trace->NowNs() : 0;
         ASSIGN_OR_RETURN(const double v, EvaluateValidation(run));
-        run.summary.eval_s += Seconds(e0, RunClock::now());
+        run.summary.eval_s += Seconds(e0, run.NowNs());
         if (run.trace != nullptr) {
           run.trace->Complete(run.steps_track, "validation", "eval", trace_e0,
                               run.trace->NowNs() - trace_e0, {{"val_loss", v}});
@@ -328,7 +328,7 @@ absl::Status RunTraining(TrainRun& run) {
     }
     return absl::OkStatus();
   }();
-  run.summary.seconds = Seconds(start, RunClock::now());
+  run.summary.seconds = Seconds(start, run.NowNs());
   FinishSummary(run);
   PrintSummary(run);
   status.Update(run.CloseOutputs());

@@ -21,7 +21,6 @@
 #ifndef PATRICKSTAR_TRAINER_INTERNAL_TRAIN_RUN_H_
 #define PATRICKSTAR_TRAINER_INTERNAL_TRAIN_RUN_H_
 
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -61,18 +60,19 @@
 namespace ps {
 namespace trainer_internal {
 
-// The clock of the summary's wall times (TrainSummary::seconds, eval_s, checkpoint_s,
-// steps_wall_s).
-using RunClock = std::chrono::steady_clock;
-
-// Seconds from `a` to `b`.
-inline double Seconds(RunClock::time_point a, RunClock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
+// Seconds from reading `a_ns` to reading `b_ns` of one MonotonicClock (base/clock.h).
+inline double Seconds(int64_t a_ns, int64_t b_ns) {
+  return 1e-9 * static_cast<double>(b_ns - a_ns);
 }
 
 struct TrainRun {
   TrainRun(const TrainConfig& config, TrainerEnvironment env)
       : config(config), env(std::move(env)) {}
+
+  // A reading of the run's one clock, the manager's (ChunkManager::clock; TrainStep times its
+  // phases on it too): the summary's wall times (TrainSummary::seconds, eval_s, checkpoint_s,
+  // steps_wall_s). REQUIRES: the manager exists.
+  int64_t NowNs() const { return manager->clock().now_ns(); }
   TrainRun(const TrainRun&) = delete;
   TrainRun& operator=(const TrainRun&) = delete;
 
