@@ -26,8 +26,10 @@
 //             then up), its output projection; the final norm; every LM-head block (the untied
 //             lm_head's, or the embedding's again), the online softmax carried across blocks;
 //   backward: the LM-head blocks, the final norm, per layer from the last the same operators in
-//             reverse (re-accessing the layer's operators in forward first under activation
-//             checkpointing), then wpe and the embedding blocks in reverse order.
+//             reverse (except SwiGLU's gate before up: one SwiGLU backward feeds both), under
+//             activation checkpointing first re-accessing the layer's operators in forward up to
+//             the MLP's output projection (the recompute stops where the block's output would be
+//             made), then wpe and the embedding blocks in reverse order.
 // The vocabulary blocks are computed one at a time (model/kernels/vocab_blocks.h): no [vocab,
 // hidden] buffer ever exists.
 //
