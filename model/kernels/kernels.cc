@@ -114,19 +114,6 @@ absl::Status CheckShape(absl::string_view op, const LinearShape& s) {
   return BlasDim(op, "out_features", s.out_features);
 }
 
-absl::Status CheckShape(absl::string_view op, const AttentionShape& s) {
-  RETURN_IF_ERROR(Positive(op, "batch", s.batch));
-  RETURN_IF_ERROR(Positive(op, "seq_len", s.seq_len));
-  RETURN_IF_ERROR(Positive(op, "channels", s.channels));
-  RETURN_IF_ERROR(Positive(op, "num_heads", s.num_heads));
-  RETURN_IF_ERROR(Positive(op, "tile", s.tile));
-  if (s.channels % s.num_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        op, ": channels ", s.channels, " is not a multiple of num_heads ", s.num_heads));
-  }
-  return absl::OkStatus();
-}
-
 // A row stride: 0 (packed) or at least the packed row.
 absl::Status RowStride(absl::string_view op, absl::string_view name, int64_t stride, int64_t row,
                        absl::string_view row_formula) {
@@ -514,27 +501,6 @@ absl::Status Kernels::ResidualBackward(Stream& stream, int64_t n, const float* d
       CheckBuffers(kOp, {{"dout", dout, bytes}, {"da", da, bytes}, {"db", db, bytes}}, kF32));
   RETURN_IF_ERROR(NoOverlap(kOp, "da", da, "db", db, bytes));
   return DoResidualBackward(stream, n, dout, da, db);
-}
-
-absl::Status Kernels::AttentionForward(Stream& stream, const AttentionShape& s, const float* qkv,
-                                       float* out, float* lse, void* workspace,
-                                       int64_t workspace_bytes) {
-  RETURN_IF_ERROR(CheckShape("AttentionForward", s));
-  if (qkv == nullptr) return absl::InvalidArgumentError("AttentionForward: qkv is null");
-  const int64_t C = s.channels;
-  return GqaAttentionForward(stream, GqaShapeOfPackedQkv(s), qkv, qkv + C, qkv + 2 * C, out, lse,
-                             workspace, workspace_bytes);
-}
-
-absl::Status Kernels::AttentionBackward(Stream& stream, const AttentionShape& s, const float* qkv,
-                                        const float* out, const float* lse, const float* dout,
-                                        float* dqkv, void* workspace, int64_t workspace_bytes) {
-  RETURN_IF_ERROR(CheckShape("AttentionBackward", s));
-  if (qkv == nullptr) return absl::InvalidArgumentError("AttentionBackward: qkv is null");
-  if (dqkv == nullptr) return absl::InvalidArgumentError("AttentionBackward: dqkv is null");
-  const int64_t C = s.channels;
-  return GqaAttentionBackward(stream, GqaShapeOfPackedQkv(s), qkv, qkv + C, qkv + 2 * C, out, lse,
-                              dout, dqkv, dqkv + C, dqkv + 2 * C, workspace, workspace_bytes);
 }
 
 absl::Status Kernels::LmHeadCrossEntropyForward(Stream& stream, const LmHeadCrossEntropyShape& s,

@@ -21,7 +21,6 @@
 #include "memory/device_memory.h"
 #include "memory/dtype_math.h"
 #include "memory/testing/stream_gate.h"
-#include "model/kernels/attention.h"
 #include "model/kernels/embedding.h"
 #include "model/kernels/encoder.h"
 #include "model/kernels/gelu.h"
@@ -136,24 +135,22 @@ absl::Span<T> M(std::vector<T>& v) {
   return absl::MakeSpan(v);
 }
 
-// GPT-2's attention on its fused qkv [B, T, 3C] with the one attention kernel: q = qkv,
-// k = qkv + C, v = qkv + 2C through row strides of 3C (GqaShapeOfPackedQkv), gradients likewise
-// into dqkv.
+// GPT-2's multi-head attention on its fused qkv [B, T, 3C] with the CPU kernel: `s` has kv heads =
+// heads, C = num_heads * head_dim and both row strides 3C; q = qkv, k = qkv + C, v = qkv + 2C,
+// gradients likewise into dqkv.
 template <typename T>
-absl::Status FusedQkvAttentionForward(const AttentionShape& s, absl::Span<const T> qkv,
+absl::Status FusedQkvAttentionForward(const GqaAttentionShape& s, absl::Span<const T> qkv,
                                       absl::Span<T> out, absl::Span<T> lse, absl::Span<T> ws) {
-  const GqaAttentionShape g = GqaShapeOfPackedQkv(s);
-  const int64_t n = GqaAttentionQElems(g), c = s.channels;
-  return GqaAttentionForward<T>(g, qkv.subspan(0, n), qkv.subspan(c, n), qkv.subspan(2 * c, n), out,
+  const int64_t n = GqaAttentionQElems(s), c = s.num_heads * s.head_dim;
+  return GqaAttentionForward<T>(s, qkv.subspan(0, n), qkv.subspan(c, n), qkv.subspan(2 * c, n), out,
                                 lse, ws, nullptr);
 }
 template <typename T>
-absl::Status FusedQkvAttentionBackward(const AttentionShape& s, absl::Span<const T> qkv,
+absl::Status FusedQkvAttentionBackward(const GqaAttentionShape& s, absl::Span<const T> qkv,
                                        absl::Span<const T> out, absl::Span<const T> lse,
                                        absl::Span<const T> dout, absl::Span<T> dqkv) {
-  const GqaAttentionShape g = GqaShapeOfPackedQkv(s);
-  const int64_t n = GqaAttentionQElems(g), c = s.channels;
-  return GqaAttentionBackward<T>(g, qkv.subspan(0, n), qkv.subspan(c, n), qkv.subspan(2 * c, n),
+  const int64_t n = GqaAttentionQElems(s), c = s.num_heads * s.head_dim;
+  return GqaAttentionBackward<T>(s, qkv.subspan(0, n), qkv.subspan(c, n), qkv.subspan(2 * c, n),
                                  out, lse, dout, dqkv.subspan(0, n), dqkv.subspan(c, n),
                                  dqkv.subspan(2 * c, n), nullptr);
 }
@@ -440,29 +437,41 @@ TEST_P(KernelsConformanceTest, GeluAndResidual) {
   Check(Download(d_db, kN), db, db_r, "ResidualBackward db");
 }
 
-TEST_P(KernelsConformanceTest, Attention) {
+// GPT-2's multi-head attention: kv heads = heads, q, k and v read from the fused qkv [B, T, 3C]
+// (C = 24) through row strides of 3C, the gradients written likewise into one dqkv.
+TEST_P(KernelsConformanceTest, MultiHeadAttentionOnAFusedQkv) {
   TestRng rng(8);
-  const AttentionShape s{.batch = 2, .seq_len = 19, .channels = 24, .num_heads = 3, .tile = 8};
-  const int64_t btc = s.batch * s.seq_len * s.channels, bht = s.batch * s.num_heads * s.seq_len;
+  const GqaAttentionShape s{.batch = 2,
+                            .seq_len = 19,
+                            .num_heads = 3,
+                            .num_kv_heads = 3,
+                            .head_dim = 8,
+                            .tile = 8,
+                            .q_row_stride = 72,
+                            .kv_row_stride = 72};
+  const int64_t c = s.num_heads * s.head_dim;
+  const int64_t btc = s.batch * s.seq_len * c, bht = s.batch * s.num_heads * s.seq_len;
   const auto qkv = Rand(rng, 3 * btc, -2, 2), dout = Rand(rng, btc), dqkv0 = Rand(rng, 3 * btc);
   float *d_qkv = Upload(qkv), *d_out = Alloc<float>(btc), *d_lse = Alloc<float>(bht);
   float* d_dqkv = Upload(dqkv0);
-  const int64_t fws = kernels().AttentionForwardWorkspaceBytes(s);
-  const int64_t bws = kernels().AttentionBackwardWorkspaceBytes(s);
-  ASSERT_OK(kernels().AttentionForward(stream(), s, d_qkv, d_out, d_lse, Workspace(fws), fws));
-  ASSERT_OK(kernels().AttentionBackward(stream(), s, d_qkv, d_out, d_lse, Upload(dout), d_dqkv,
-                                        Workspace(bws), bws));
+  const int64_t fws = kernels().GqaAttentionForwardWorkspaceBytes(s);
+  const int64_t bws = kernels().GqaAttentionBackwardWorkspaceBytes(s);
+  ASSERT_OK(kernels().GqaAttentionForward(stream(), s, d_qkv, d_qkv + c, d_qkv + 2 * c, d_out,
+                                          d_lse, Workspace(fws), fws));
+  ASSERT_OK(kernels().GqaAttentionBackward(stream(), s, d_qkv, d_qkv + c, d_qkv + 2 * c, d_out,
+                                           d_lse, Upload(dout), d_dqkv, d_dqkv + c, d_dqkv + 2 * c,
+                                           Workspace(bws), bws));
   std::vector<float> out(btc), lse(bht), dqkv = dqkv0;
-  std::vector<float> ws(GqaAttentionWorkspaceElems(GqaShapeOfPackedQkv(s), 1));
+  std::vector<float> ws(GqaAttentionWorkspaceElems(s, 1));
   ASSERT_OK(FusedQkvAttentionForward<float>(s, C(qkv), M(out), M(lse), M(ws)));
   ASSERT_OK(FusedQkvAttentionBackward<float>(s, C(qkv), C(out), C(lse), C(dout), M(dqkv)));
   std::vector<double> out_r(btc), lse_r(bht), dqkv_r = D(dqkv0), ws_r(ws.size());
   ASSERT_OK(FusedQkvAttentionForward<double>(s, C(D(qkv)), M(out_r), M(lse_r), M(ws_r)));
   ASSERT_OK(
       FusedQkvAttentionBackward<double>(s, C(D(qkv)), C(out_r), C(lse_r), C(D(dout)), M(dqkv_r)));
-  Check(Download(d_out, btc), out, out_r, "AttentionForward out");
-  Check(Download(d_lse, bht), lse, lse_r, "AttentionForward lse");
-  Check(Download(d_dqkv, 3 * btc), dqkv, dqkv_r, "AttentionBackward dqkv");
+  Check(Download(d_out, btc), out, out_r, "GqaAttentionForward out (fused qkv)");
+  Check(Download(d_lse, bht), lse, lse_r, "GqaAttentionForward lse (fused qkv)");
+  Check(Download(d_dqkv, 3 * btc), dqkv, dqkv_r, "GqaAttentionBackward dqkv (fused qkv)");
 }
 
 TEST_P(KernelsConformanceTest, LmHeadCrossEntropy) {
@@ -743,9 +752,17 @@ TEST_P(KernelsConformanceTest, ArgumentErrorsAreInvalidArgumentAtEnqueueAndRunNo
   EXPECT_THAT(
       k.LayerNormForward(s, {.rows = 2, .channels = 4, .eps = 0}, in, in, in, out, out, out),
       invalid("eps"));
-  EXPECT_THAT(k.AttentionForward(s, {.batch = 1, .seq_len = 1, .channels = 10, .num_heads = 3}, in,
-                                 out, out, nullptr, 0),
-              invalid("not a multiple of num_heads"));
+  // A fused qkv's row stride that does not hold a row of q (3 heads of 4).
+  EXPECT_THAT(k.GqaAttentionForward(s,
+                                    {.batch = 1,
+                                     .seq_len = 2,
+                                     .num_heads = 3,
+                                     .num_kv_heads = 3,
+                                     .head_dim = 4,
+                                     .q_row_stride = 10,
+                                     .kv_row_stride = 36},
+                                    in, in, in, out, out, nullptr, 0),
+              invalid("q_row_stride 10 is shorter than a row"));
   EXPECT_THAT(k.GqaAttentionForward(
                   s, {.batch = 1, .seq_len = 2, .num_heads = 4, .num_kv_heads = 3, .head_dim = 2},
                   in, in, in, out, out, nullptr, 0),
@@ -899,8 +916,16 @@ TEST_P(KernelsConformanceTest, DataErrorsFoundWhileRunningAreReportedOrLoud) {
 TEST_P(KernelsConformanceTest, ConcurrentStreamsGiveTheResultsOfOneStreamAlone) {
   TestRng rng(19);
   // Per stream: qkv = x W + b, attention, LayerNorm of the attention output, four times over.
-  const AttentionShape as{.batch = 2, .seq_len = 16, .channels = 32, .num_heads = 4, .tile = 8};
-  const int64_t rows = as.batch * as.seq_len, c = as.channels;
+  // GPT-2's attention on the fused qkv [B, T, 3C], C = 32: row strides of 3C.
+  const GqaAttentionShape as{.batch = 2,
+                             .seq_len = 16,
+                             .num_heads = 4,
+                             .num_kv_heads = 4,
+                             .head_dim = 8,
+                             .tile = 8,
+                             .q_row_stride = 96,
+                             .kv_row_stride = 96};
+  const int64_t rows = as.batch * as.seq_len, c = as.num_heads * as.head_dim;
   const MatmulShape ms{.rows = rows, .in_features = 48, .out_features = 3 * c};
   const LayerNormShape ls{.rows = rows, .channels = c};
   const auto x = Rand(rng, rows * ms.in_features), w = Rand(rng, ms.in_features * 3 * c),
@@ -913,7 +938,7 @@ TEST_P(KernelsConformanceTest, ConcurrentStreamsGiveTheResultsOfOneStreamAlone) 
     void *mws, *aws;
   };
   const int64_t mws = kernels().MatmulWorkspaceBytes(ms);
-  const int64_t aws = kernels().AttentionForwardWorkspaceBytes(as);
+  const int64_t aws = kernels().GqaAttentionForwardWorkspaceBytes(as);
   const int64_t lse_elems = as.batch * as.num_heads * as.seq_len;
   auto make = [&] {
     return Outputs{Alloc<float>(rows * 3 * c),
@@ -929,7 +954,8 @@ TEST_P(KernelsConformanceTest, ConcurrentStreamsGiveTheResultsOfOneStreamAlone) 
   auto enqueue = [&](Stream& s, const Outputs& o) {
     for (int round = 0; round < 4; ++round) {
       ASSERT_OK(kernels().MatmulForward(s, ms, d_x, d_w, d_b, o.qkv, o.mws, mws));
-      ASSERT_OK(kernels().AttentionForward(s, as, o.qkv, o.att, o.lse, o.aws, aws));
+      ASSERT_OK(kernels().GqaAttentionForward(s, as, o.qkv, o.qkv + c, o.qkv + 2 * c, o.att, o.lse,
+                                              o.aws, aws));
       ASSERT_OK(kernels().LayerNormForward(s, ls, o.att, d_lw, d_lb, o.ln, o.mean, o.rstd));
     }
   };
@@ -952,8 +978,7 @@ TEST_P(KernelsConformanceTest, ConcurrentStreamsGiveTheResultsOfOneStreamAlone) 
   EXPECT_EQ(ln1, ln2);
   // And what one stream computes is the direct chain's result.
   std::vector<float> qkv(rows * 3 * c), att(rows * c), lse(lse_elems),
-      ws(GqaAttentionWorkspaceElems(GqaShapeOfPackedQkv(as), 1)), ln(rows * c), mean(rows),
-      rstd(rows);
+      ws(GqaAttentionWorkspaceElems(as, 1)), ln(rows * c), mean(rows), rstd(rows);
   ASSERT_OK(MatmulForward<float>(ms, C(x), C(w), C(b), M(qkv), nullptr));
   ASSERT_OK(FusedQkvAttentionForward<float>(as, C(qkv), M(att), M(lse), M(ws)));
   ASSERT_OK(
