@@ -305,7 +305,7 @@ TEST(ActivationProfileMatch, CudaSizedWorkspacesMatchTheProfile) {
 }
 
 // One query at a time made to dominate the tide (a large workspace for that query, none from the
-// others on top of the CPU kernels'): the profile must place every workspace of each of the twelve
+// others on top of the CPU kernels'): the profile must place every workspace of each of the ten
 // queries at the moment the model allocates it, with the model's shape — a check a small workspace
 // cannot make, since the moment's peak is then decided elsewhere. GPT-2 in f32 and bf16 (the
 // Conv1D GEMMs take other queries), with and without checkpointing, wte whole and in row blocks.

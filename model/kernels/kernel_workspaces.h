@@ -19,7 +19,6 @@
 
 #include "absl/strings/string_view.h"
 #include "memory/dtype.h"
-#include "model/kernels/attention.h"
 #include "model/kernels/gemm_shape.h"
 #include "model/kernels/gqa_attention.h"
 #include "model/kernels/linear.h"
@@ -43,14 +42,6 @@ class KernelWorkspaces {
   virtual int64_t LinearWorkspaceBytes(const LinearShape& shape) const = 0;  // fwd and bwd
   virtual int64_t GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape& shape) const = 0;
   virtual int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& shape) const = 0;
-  // GPT-2's attention: the grouped-query kernel's, for GqaShapeOfPackedQkv(shape).
-  // Transition: removed when the model calls GqaAttention directly (issue #26).
-  int64_t AttentionForwardWorkspaceBytes(const AttentionShape& shape) const {
-    return GqaAttentionForwardWorkspaceBytes(GqaShapeOfPackedQkv(shape));
-  }
-  int64_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape) const {
-    return GqaAttentionBackwardWorkspaceBytes(GqaShapeOfPackedQkv(shape));
-  }
   // Forward and backward.
   virtual int64_t LmHeadCrossEntropyWorkspaceBytes(const LmHeadCrossEntropyShape& shape) const = 0;
   virtual int64_t MatmulBf16ForwardWorkspaceBytes(const MatmulShape& shape) const = 0;

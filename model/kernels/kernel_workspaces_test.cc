@@ -25,7 +25,16 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 
 const MatmulShape kMatmul{.rows = 6, .in_features = 10, .out_features = 14};
 const LinearShape kLinear{.rows = 6, .in_features = 10, .out_features = 14, .bias = true};
-const AttentionShape kAttention{.batch = 2, .seq_len = 9, .channels = 12, .num_heads = 3, .tile = 4};
+// GPT-2's multi-head attention on a fused qkv [B, T, 3C] (C = 12): kv heads = heads, head_dim =
+// C / H, q, k and v read from the one buffer through row strides of 3C.
+const GqaAttentionShape kFusedQkv{.batch = 2,
+                                  .seq_len = 9,
+                                  .num_heads = 3,
+                                  .num_kv_heads = 3,
+                                  .head_dim = 4,
+                                  .tile = 4,
+                                  .q_row_stride = 36,
+                                  .kv_row_stride = 36};
 const GqaAttentionShape kGqa{
     .batch = 2, .seq_len = 9, .num_heads = 4, .num_kv_heads = 2, .head_dim = 6, .tile = 4};
 const LmHeadCrossEntropyShape kCe{
@@ -46,13 +55,13 @@ TEST(CpuKernelWorkspaces, AreWhatCpuKernelsAskFor) {
     std::unique_ptr<CpuKernels> kernels = *CpuKernels::Create(backend.get(), {.pool = &pool});
     const CpuKernelWorkspaces w(threads);
     EXPECT_EQ(kernels->workspaces().name(), "cpu");
-    EXPECT_EQ(w.AttentionForwardWorkspaceBytes(kAttention),
-              kernels->AttentionForwardWorkspaceBytes(kAttention));
+    EXPECT_EQ(w.GqaAttentionForwardWorkspaceBytes(kFusedQkv),
+              kernels->GqaAttentionForwardWorkspaceBytes(kFusedQkv));
     EXPECT_EQ(w.GqaAttentionForwardWorkspaceBytes(kGqa),
               kernels->GqaAttentionForwardWorkspaceBytes(kGqa));
     // Per thread: the attention forwards grow with the pool, nothing else does.
-    EXPECT_EQ(w.AttentionForwardWorkspaceBytes(kAttention),
-              threads * CpuKernelWorkspaces(1).AttentionForwardWorkspaceBytes(kAttention));
+    EXPECT_EQ(w.GqaAttentionForwardWorkspaceBytes(kFusedQkv),
+              threads * CpuKernelWorkspaces(1).GqaAttentionForwardWorkspaceBytes(kFusedQkv));
     for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
       EXPECT_EQ(w.LmHeadBlockForwardWorkspaceBytes(kBlock, dtype),
                 kernels->LmHeadBlockForwardWorkspaceBytes(kBlock, dtype));
@@ -62,7 +71,7 @@ TEST(CpuKernelWorkspaces, AreWhatCpuKernelsAskFor) {
     // The paths the CPU runs without a workspace (a CUDA run has one on each).
     EXPECT_EQ(w.MatmulWorkspaceBytes(kMatmul), 0);
     EXPECT_EQ(w.LinearWorkspaceBytes(kLinear), 0);
-    EXPECT_EQ(w.AttentionBackwardWorkspaceBytes(kAttention), 0);
+    EXPECT_EQ(w.GqaAttentionBackwardWorkspaceBytes(kFusedQkv), 0);
     EXPECT_EQ(w.GqaAttentionBackwardWorkspaceBytes(kGqa), 0);
   }
 }
@@ -140,9 +149,9 @@ TEST(CudaKernelWorkspaces, CublasWorkspaceInEveryGemmAfterTheKernelsOwnPart) {
                 cuda::LmHeadBlockBackwardWorkspaceBytes(kBlock, dtype) + cublas);
     }
     // No GEMM in attention: the kernels' own part only (none in the forwards).
-    EXPECT_EQ(w.AttentionForwardWorkspaceBytes(kAttention), 0);
+    EXPECT_EQ(w.GqaAttentionForwardWorkspaceBytes(kFusedQkv), 0);
     EXPECT_EQ(w.GqaAttentionForwardWorkspaceBytes(kGqa), 0);
-    EXPECT_EQ(w.AttentionBackwardWorkspaceBytes(kAttention), 2 * 3 * 9 * 4);
+    EXPECT_EQ(w.GqaAttentionBackwardWorkspaceBytes(kFusedQkv), 2 * 3 * 9 * 4);
     EXPECT_EQ(w.GqaAttentionBackwardWorkspaceBytes(kGqa), 2 * 4 * 9 * 4);
   }
 }

@@ -60,7 +60,6 @@
 #include "absl/strings/string_view.h"
 #include "memory/backend.h"
 #include "memory/dtype.h"
-#include "model/kernels/attention.h"
 #include "model/kernels/embedding.h"
 #include "model/kernels/encoder.h"
 #include "model/kernels/gemm_shape.h"
@@ -106,13 +105,6 @@ class Kernels {
   }
   int64_t LinearWorkspaceBytes(const LinearShape& s) const {  // fwd and bwd
     return workspaces().LinearWorkspaceBytes(s);
-  }
-  // Transition: removed when the model calls GqaAttention directly (issue #26).
-  int64_t AttentionForwardWorkspaceBytes(const AttentionShape& s) const {
-    return workspaces().AttentionForwardWorkspaceBytes(s);
-  }
-  int64_t AttentionBackwardWorkspaceBytes(const AttentionShape& s) const {
-    return workspaces().AttentionBackwardWorkspaceBytes(s);
   }
   int64_t GqaAttentionForwardWorkspaceBytes(const GqaAttentionShape& s) const {
     return workspaces().GqaAttentionForwardWorkspaceBytes(s);
@@ -193,17 +185,6 @@ class Kernels {
                                              const float* b, float* out);
   [[nodiscard]] absl::Status ResidualBackward(Stream& stream, int64_t num_elems, const float* dout,
                                               float* da, float* db);
-  // GPT-2's attention, qkv [B,T,3C] -> out [B,T,C], lse [B,H,T]: GqaAttentionForward/Backward
-  // below with GqaShapeOfPackedQkv(shape) (model/kernels/attention.h), q = qkv, k = qkv + C,
-  // v = qkv + 2C, and dq, dk, dv likewise in dqkv. Errors name the GqaAttention operation.
-  // Transition: removed when the model calls GqaAttention directly (issue #26).
-  [[nodiscard]] absl::Status AttentionForward(Stream& stream, const AttentionShape& shape,
-                                              const float* qkv, float* out, float* lse,
-                                              void* workspace, int64_t workspace_bytes);
-  [[nodiscard]] absl::Status AttentionBackward(Stream& stream, const AttentionShape& shape,
-                                               const float* qkv, const float* out, const float* lse,
-                                               const float* dout, float* dqkv, void* workspace,
-                                               int64_t workspace_bytes);
   // model/kernels/lm_head_cross_entropy.h. The forward writes the mean loss to *loss (one double
   // in device memory: copy it to the host after the stream got there) and lse [N]. wte is the
   // tied embedding or an untied lm_head.weight [V, C]; targets [N] int32 on the device.
@@ -318,7 +299,9 @@ class Kernels {
                                             const float* u, const float* dh, float* dg, float* du);
   // model/kernels/gqa_attention.h: q, out [B,T,Hq,D]; k, v [B,T,Hkv,D]; lse [B,Hq,T]. q (dq)
   // and k, v (dk, dv) may be strided views (shape.q_row_stride, kv_row_stride) into one fused
-  // buffer; the gradients must not share elements.
+  // buffer; the gradients must not share elements. GPT-2's multi-head attention is the case
+  // num_kv_heads == num_heads, head_dim = C / H, on its fused qkv [B,T,3C]: q = qkv, k = qkv + C,
+  // v = qkv + 2C (dq, dk, dv likewise in dqkv), both row strides 3C.
   [[nodiscard]] absl::Status GqaAttentionForward(Stream& stream, const GqaAttentionShape& shape,
                                                  const float* q, const float* k, const float* v,
                                                  float* out, float* lse, void* workspace,

@@ -66,15 +66,19 @@ TEST(CreateKernelWorkspaces, AnswersAsTheKernelsOfTheBackendDo) {
     ASSERT_OK_AND_ASSIGN(auto workspaces, CreateKernelWorkspaces(backend.get(), threads));
     EXPECT_EQ(workspaces->name(), "cpu");
     // Attention keeps a tile of scores per thread: the one query that depends on the pool.
-    const AttentionShape att{.batch = 2, .seq_len = 33, .channels = 24, .num_heads = 3, .tile = 8};
-    EXPECT_EQ(workspaces->AttentionForwardWorkspaceBytes(att),
-              kernels->AttentionForwardWorkspaceBytes(att));
-    const GqaAttentionShape gqa{.batch = 2,
-                                .seq_len = 17,
-                                .num_heads = 4,
-                                .num_kv_heads = 2,
+    // GPT-2's, on a fused qkv [B, T, 3C] with C = 24: q, k, v through row strides of 3C.
+    const GqaAttentionShape att{.batch = 2,
+                                .seq_len = 33,
+                                .num_heads = 3,
+                                .num_kv_heads = 3,
                                 .head_dim = 8,
-                                .tile = 5};
+                                .tile = 8,
+                                .q_row_stride = 72,
+                                .kv_row_stride = 72};
+    EXPECT_EQ(workspaces->GqaAttentionForwardWorkspaceBytes(att),
+              kernels->GqaAttentionForwardWorkspaceBytes(att));
+    const GqaAttentionShape gqa{
+        .batch = 2, .seq_len = 17, .num_heads = 4, .num_kv_heads = 2, .head_dim = 8, .tile = 5};
     EXPECT_EQ(workspaces->GqaAttentionForwardWorkspaceBytes(gqa),
               kernels->GqaAttentionForwardWorkspaceBytes(gqa));
     const VocabBlockShape block{.rows = 12,
