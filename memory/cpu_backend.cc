@@ -7,8 +7,6 @@
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <iterator>
-#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -24,40 +22,15 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/mutex.h"
-#include "base/sanitizers.h"
 #include "base/units.h"
 #include "glog/logging.h"
-#include "memory/host_memory_info.h"
 #include "memory/internal/backend_errors.h"
+#include "memory/internal/cpu_device_heap.h"
 #include "memory/internal/page_allocation.h"
 #include "memory/memory_resource.h"
 
-// Cached device blocks are poisoned under AddressSanitizer, so a use after FreeDevice is reported
-// although the block stays allocated (CpuBackendOptions' cache).
-#if PS_ASAN
-#include <sanitizer/asan_interface.h>
-#endif
-
 namespace ps {
 namespace {
-
-void PoisonCached(void* p, int64_t bytes) {
-#if PS_ASAN
-  ASAN_POISON_MEMORY_REGION(p, static_cast<size_t>(bytes));
-#else
-  (void)p;
-  (void)bytes;
-#endif
-}
-
-void UnpoisonCached(void* p, int64_t bytes) {
-#if PS_ASAN
-  ASAN_UNPOISON_MEMORY_REGION(p, static_cast<size_t>(bytes));
-#else
-  (void)p;
-  (void)bytes;
-#endif
-}
 
 using backend_internal::CheckAllocationSize;
 using backend_internal::CheckTransferArgs;
@@ -132,130 +105,23 @@ struct SharedState {
   SharedState(const CpuBackendOptions& o)
       : options(o),
         host_to_device(o.copy_bandwidth_bytes_per_s, &link_control),
-        device_to_host(o.copy_bandwidth_bytes_per_s, &link_control) {}
+        device_to_host(o.copy_bandwidth_bytes_per_s, &link_control),
+        heap(o) {}
 
   const CpuBackendOptions options;
   LinkControl link_control;
   Link host_to_device;
   Link device_to_host;
 
+  // The device memory: cap, registry of live allocations, cache of freed blocks.
+  memory_internal::CpuDeviceHeap heap;
+
+  // Copy counters and pinned host allocations.
   Mutex mu;
-  // Live device allocations: start address -> rounded size in bytes.
-  absl::btree_map<uintptr_t, int64_t> device_allocations ABSL_GUARDED_BY(mu);
   absl::btree_map<uintptr_t, int64_t> pinned_allocations ABSL_GUARDED_BY(mu);
-  int64_t allocated_bytes ABSL_GUARDED_BY(mu) = 0;
-  BackendCounters counters ABSL_GUARDED_BY(mu);
-  // Freed device blocks kept mapped for reuse: rounded size -> start address. Not registered in
-  // device_allocations (so no copy may target them) and poisoned under AddressSanitizer.
-  absl::btree_multimap<int64_t, uintptr_t> device_cache ABSL_GUARDED_BY(mu);
-  CpuBackendMemoryStats memory_stats ABSL_GUARDED_BY(mu);
-  // When the cache may next ask whether the host runs low.
-  absl::Time next_host_memory_check ABSL_GUARDED_BY(mu) = absl::InfinitePast();
-
-  // A block of `bytes` cut from the front of the smallest larger cached block whose rest stays a
-  // block (memory/internal/page_allocation.h: PagesResizable); the rest stays cached. Null when
-  // there is none. Host memory held does not change.
-  void* SplitCachedLocked(int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (!memory_internal::PagesResizable(bytes)) return nullptr;
-    for (auto it = device_cache.upper_bound(bytes); it != device_cache.end(); ++it) {
-      const int64_t rest = it->first - bytes;
-      if (!memory_internal::PagesResizable(it->first) || !memory_internal::PagesResizable(rest)) {
-        continue;
-      }
-      const uintptr_t block = it->second;
-      device_cache.erase(it);
-      device_cache.emplace(rest, block + static_cast<uintptr_t>(bytes));
-      memory_stats.cached_bytes -= bytes;
-      UnpoisonCached(reinterpret_cast<void*>(block), bytes);
-      return reinterpret_cast<void*>(block);
-    }
-    return nullptr;
-  }
-
-  // The largest cached block smaller than `bytes`, resized (mremap) to `bytes`: only the grown
-  // tail faults in. The other cached blocks are first trimmed to `cache_target` bytes. Null (and
-  // nothing changed but the trim) when there is none or the OS refuses.
-  void* GrowCachedLocked(int64_t bytes, int64_t cache_target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (!memory_internal::PagesResizable(bytes)) return nullptr;
-    // Every block before lower_bound(bytes) is smaller; take the largest resizable one.
-    auto it = device_cache.lower_bound(bytes);
-    bool found = false;
-    while (!found && it != device_cache.begin()) {
-      --it;
-      found = memory_internal::PagesResizable(it->first);
-    }
-    if (!found) return nullptr;
-    const int64_t old_bytes = it->first;
-    void* block = reinterpret_cast<void*>(it->second);
-    device_cache.erase(it);
-    memory_stats.cached_bytes -= old_bytes;
-    memory_stats.cached_blocks -= 1;
-    memory_stats.mapped_bytes -= old_bytes;
-    // The grown block must fit the bound with what stays cached.
-    TrimCacheLocked(cache_target);
-    UnpoisonCached(block, old_bytes);
-    void* grown = memory_internal::ResizePages(block, old_bytes, bytes);
-    if (grown == nullptr) {
-      memory_internal::FreePages(block, old_bytes);
-      memory_stats.blocks_unmapped += 1;
-      return nullptr;
-    }
-    memory_stats.mapped_bytes += bytes;
-    memory_stats.peak_mapped_bytes =
-        std::max(memory_stats.peak_mapped_bytes, memory_stats.mapped_bytes);
-    return grown;
-  }
-
-  // Unmaps cached blocks, largest first, until at most `target` bytes stay cached.
-  void TrimCacheLocked(int64_t target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    while (memory_stats.cached_bytes > target && !device_cache.empty()) {
-      auto largest = std::prev(device_cache.end());
-      UnmapLocked(reinterpret_cast<void*>(largest->second), largest->first);
-      memory_stats.cached_bytes -= largest->first;
-      memory_stats.cached_blocks -= 1;
-      device_cache.erase(largest);
-    }
-  }
-
-  void UnmapLocked(void* p, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    UnpoisonCached(p, bytes);
-    memory_internal::FreePages(p, bytes);
-    memory_stats.blocks_unmapped += 1;
-    memory_stats.mapped_bytes -= bytes;
-  }
-
-  // Empties the cache; returns the bytes unmapped.
-  int64_t ReleaseCacheLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const int64_t released = memory_stats.cached_bytes;
-    TrimCacheLocked(0);
-    return released;
-  }
-
-  // Called after a free grew the cache, without the lock: empties the cache if the host runs low
-  // (at most once per host_memory_check_interval).
-  void CheckHostMemory() {
-    {
-      MutexLock lock(&mu);
-      const absl::Time now = absl::Now();
-      if (device_cache.empty() || now < next_host_memory_check) return;
-      next_host_memory_check = now + options.host_memory_check_interval;
-    }
-    int64_t available = -1;
-    if (options.host_available_bytes) {
-      available = options.host_available_bytes();
-    } else if (absl::StatusOr<HostMemoryInfo> info = ReadHostMemoryInfo(); info.ok()) {
-      available = info->available_bytes();
-    }
-    if (available < 0 || available >= options.host_low_memory_bytes) return;
-    MutexLock lock(&mu);
-    if (device_cache.empty()) return;
-    LOG(INFO) << "cpu backend for " << device() << ": the host has " << FormatBytes(available)
-              << " available (below " << FormatBytes(options.host_low_memory_bytes)
-              << "); unmapping " << FormatBytes(memory_stats.cached_bytes)
-              << " of cached device blocks";
-    ReleaseCacheLocked();
-    memory_stats.pressure_releases += 1;
-  }
+  int64_t host_to_device_bytes ABSL_GUARDED_BY(mu) = 0;
+  int64_t device_to_host_bytes ABSL_GUARDED_BY(mu) = 0;
+  int64_t device_to_device_bytes ABSL_GUARDED_BY(mu) = 0;
 
   // The stall hooks (see cpu_backend.h). Every host wait increments the epoch; work held by a
   // stall remembers the epoch it was enqueued in and may start once the epoch has moved past it.
@@ -268,33 +134,24 @@ struct SharedState {
   // A host thread is about to wait for the device: release all held work.
   void HostWaits();
 
-  Device device() const { return Device::Accelerator(options.device_index); }
+  Device device() const { return heap.device(); }
 
   // OK if [ptr, ptr + bytes) lies inside one live device allocation.
-  absl::Status CheckDeviceRange(const void* ptr, int64_t bytes, absl::string_view what) {
-    const auto p = reinterpret_cast<uintptr_t>(ptr);
-    MutexLock lock(&mu);
-    auto it = device_allocations.upper_bound(p);
-    if (it != device_allocations.begin()) {
-      --it;
-      if (p >= it->first && p + static_cast<uint64_t>(bytes) <= it->first + it->second) {
-        return absl::OkStatus();
-      }
-    }
-    return backend_internal::OutsideDeviceMemory(what, ptr, bytes, device(), "cpu");
+  absl::Status CheckDeviceRange(const void* ptr, int64_t bytes, absl::string_view what) const {
+    return heap.CheckRange(ptr, bytes, what);
   }
 
   void Count(CopyKind kind, int64_t bytes) {
     MutexLock lock(&mu);
     switch (kind) {
       case CopyKind::kHostToDevice:
-        counters.host_to_device_bytes += bytes;
+        host_to_device_bytes += bytes;
         break;
       case CopyKind::kDeviceToHost:
-        counters.device_to_host_bytes += bytes;
+        device_to_host_bytes += bytes;
         break;
       case CopyKind::kDeviceToDevice:
-        counters.device_to_device_bytes += bytes;
+        device_to_device_bytes += bytes;
         break;
       case CopyKind::kHostToHost:
         break;
@@ -650,16 +507,8 @@ class CpuBackend final : public Backend {
       : state_(std::make_shared<SharedState>(options)) {}
 
   ~CpuBackend() override {
+    state_->heap.FreeAllAtBackendDestruction();
     MutexLock lock(&state_->mu);
-    if (!state_->device_allocations.empty()) {
-      LOG(WARNING) << "cpu backend for " << device() << " destroyed with "
-                   << state_->device_allocations.size() << " device allocations ("
-                   << FormatBytes(state_->allocated_bytes) << ") still live; freeing them";
-    }
-    for (const auto& [p, bytes] : state_->device_allocations) {
-      memory_internal::FreePages(reinterpret_cast<void*>(p), bytes);
-    }
-    state_->ReleaseCacheLocked();
     for (const auto& [p, bytes] : state_->pinned_allocations) {
       memory_internal::FreePages(reinterpret_cast<void*>(p), bytes);
     }
@@ -667,104 +516,27 @@ class CpuBackend final : public Backend {
 
   absl::string_view name() const override { return "cpu"; }
   Device device() const override { return state_->device(); }
-  int64_t capacity_bytes() const override { return state_->options.capacity_bytes; }
-  int64_t allocated_bytes() const override {
-    MutexLock lock(&state_->mu);
-    return state_->allocated_bytes;
-  }
+  int64_t capacity_bytes() const override { return state_->heap.capacity_bytes(); }
+  int64_t allocated_bytes() const override { return state_->heap.live_bytes(); }
   BackendCounters counters() const override {
+    // Allocations are counted once, by the heap: CpuBackendMemoryStats::allocations and
+    // peak_live_bytes are the backend's device_allocations and peak_device_allocated_bytes.
+    const CpuBackendMemoryStats heap = state_->heap.stats();
+    BackendCounters c;
+    c.device_allocations = heap.allocations;
+    c.peak_device_allocated_bytes = heap.peak_live_bytes;
     MutexLock lock(&state_->mu);
-    return state_->counters;
+    c.host_to_device_bytes = state_->host_to_device_bytes;
+    c.device_to_host_bytes = state_->device_to_host_bytes;
+    c.device_to_device_bytes = state_->device_to_device_bytes;
+    return c;
   }
 
   absl::StatusOr<void*> AllocateDevice(int64_t bytes) override {
-    if (absl::Status s = CheckAllocationSize("AllocateDevice", bytes); !s.ok()) return s;
-    const int64_t rounded = AlignUp(bytes, kAllocationAlignment);
-    MutexLock lock(&state_->mu);
-    const int64_t cap = state_->options.capacity_bytes;
-    if (rounded > cap - state_->allocated_bytes) {
-      return backend_internal::DeviceOutOfMemory(device(), "emulated by the cpu backend", "",
-                                                 rounded, state_->allocated_bytes, cap);
-    }
-    CpuBackendMemoryStats& ms = state_->memory_stats;
-    void* p = nullptr;
-    if (auto cached = state_->device_cache.find(rounded); cached != state_->device_cache.end()) {
-      // A block of this size was freed: reuse it, its pages are resident already.
-      p = reinterpret_cast<void*>(cached->second);
-      state_->device_cache.erase(cached);
-      ms.cached_bytes -= rounded;
-      ms.cached_blocks -= 1;
-      ms.cache_hits += 1;
-      UnpoisonCached(p, rounded);
-    } else if (p = state_->SplitCachedLocked(rounded); p != nullptr) {
-      ms.split_reuses += 1;
-    } else {
-      // The backend never holds more host memory than its highest live total (this allocation
-      // included): unmap cached blocks first where mapping this one would exceed it.
-      const int64_t bound = std::max(ms.peak_live_bytes, state_->allocated_bytes + rounded);
-      const int64_t before = ms.blocks_unmapped;
-      // Grow the largest smaller cached block in place of a fresh mapping: its pages stay.
-      p = state_->GrowCachedLocked(rounded, bound - state_->allocated_bytes - rounded);
-      if (p != nullptr) ms.grow_reuses += 1;
-      state_->TrimCacheLocked(bound - state_->allocated_bytes - rounded);
-      ms.bound_evictions += ms.blocks_unmapped - before;
-    }
-    if (p == nullptr) {
-      // Mapped pages (memory/internal/page_allocation.h).
-      p = memory_internal::AllocatePages(rounded);
-      if (p == nullptr && ms.cached_bytes > 0) {
-        // The host refused: give back what the cache holds and try again.
-        state_->ReleaseCacheLocked();
-        ms.pressure_releases += 1;
-        p = memory_internal::AllocatePages(rounded);
-      }
-      if (p == nullptr) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("host RAM backing ", device().ToString(), " is exhausted: allocating ",
-                         FormatBytes(rounded), " failed. Lower the accelerator memory cap."));
-      }
-      ms.blocks_mapped += 1;
-      ms.mapped_bytes += rounded;
-      ms.peak_mapped_bytes = std::max(ms.peak_mapped_bytes, ms.mapped_bytes);
-    }
-    state_->device_allocations[reinterpret_cast<uintptr_t>(p)] = rounded;
-    state_->allocated_bytes += rounded;
-    state_->counters.device_allocations += 1;
-    state_->counters.peak_device_allocated_bytes =
-        std::max(state_->counters.peak_device_allocated_bytes, state_->allocated_bytes);
-    ms.allocations += 1;
-    ms.peak_live_bytes = std::max(ms.peak_live_bytes, state_->allocated_bytes);
-    return p;
+    return state_->heap.Allocate(bytes);
   }
 
-  absl::Status FreeDevice(void* ptr) override {
-    {
-      MutexLock lock(&state_->mu);
-      auto it = state_->device_allocations.find(reinterpret_cast<uintptr_t>(ptr));
-      if (it == state_->device_allocations.end()) {
-        return backend_internal::NotALiveAllocation("FreeDevice", ptr, device(), "device");
-      }
-      const int64_t bytes = it->second;
-      state_->allocated_bytes -= bytes;
-      state_->device_allocations.erase(it);
-      // Kept mapped for the next allocation of this size (see cpu_backend.h), within
-      // max_cached_bytes; from now on no copy may target it, and AddressSanitizer reports a use.
-      CpuBackendMemoryStats& ms = state_->memory_stats;
-      const int64_t max_cached =
-          state_->options.max_cached_bytes.value_or(std::numeric_limits<int64_t>::max());
-      if (bytes > max_cached) {
-        state_->UnmapLocked(ptr, bytes);
-        return absl::OkStatus();
-      }
-      state_->TrimCacheLocked(max_cached - bytes);
-      PoisonCached(ptr, bytes);
-      state_->device_cache.emplace(bytes, reinterpret_cast<uintptr_t>(ptr));
-      ms.cached_bytes += bytes;
-      ms.cached_blocks += 1;
-    }
-    state_->CheckHostMemory();
-    return absl::OkStatus();
-  }
+  absl::Status FreeDevice(void* ptr) override { return state_->heap.Free(ptr); }
 
   absl::StatusOr<void*> AllocatePinnedHost(int64_t bytes) override {
     if (absl::Status s = CheckAllocationSize("AllocatePinnedHost", bytes); !s.ok()) return s;
@@ -802,19 +574,9 @@ class CpuBackend final : public Backend {
 
   SharedState* state() const { return state_.get(); }
 
-  CpuBackendMemoryStats memory_stats() const {
-    MutexLock lock(&state_->mu);
-    CpuBackendMemoryStats s = state_->memory_stats;
-    s.live_bytes = state_->allocated_bytes;
-    return s;
-  }
+  CpuBackendMemoryStats memory_stats() const { return state_->heap.stats(); }
 
-  int64_t ReleaseCache() {
-    MutexLock lock(&state_->mu);
-    if (state_->device_cache.empty()) return 0;
-    state_->memory_stats.explicit_releases += 1;
-    return state_->ReleaseCacheLocked();
-  }
+  int64_t ReleaseCache() { return state_->heap.ReleaseCache(); }
 
  private:
   std::shared_ptr<SharedState> state_;
