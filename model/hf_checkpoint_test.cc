@@ -90,6 +90,7 @@ constexpr TransformersDir kTransformersDirs[] = {
     {"hf_tiny_llama", ModelFamily::kLlama, DType::kBF16, true},
     {"hf_tiny_qwen2", ModelFamily::kQwen2, DType::kF32, true},
     {"hf_tiny_gpt2", ModelFamily::kGpt2, DType::kF16, false},
+    {"hf_tiny_qwen3", ModelFamily::kQwen3, DType::kBF16, true},
 };
 
 TEST(HfCheckpointTest, ReadsTransformersDirectoriesExactly) {
@@ -146,6 +147,40 @@ TEST(HfCheckpointTest, TransformersConfigsParseToTheirShapes) {
   EXPECT_TRUE(qwen.config().tie_word_embeddings);
   EXPECT_EQ(qwen.parameters().back().name, "model.norm.weight");
 
+  // Qwen3ForCausalLM as transformers 4.57 writes it (rope_theta at the top level, rope_scaling
+  // null): head_dim 16 is not hidden_size / num_attention_heads = 8, so q_proj is [4 x 16, 32].
+  ASSERT_OK_AND_ASSIGN(const HfCheckpoint qwen3, HfCheckpoint::Open(TestData("hf_tiny_qwen3")));
+  const ModelConfig& q3 = qwen3.config();
+  EXPECT_EQ(q3.vocab_size, 256);
+  EXPECT_EQ(q3.hidden_size, 32);
+  EXPECT_EQ(q3.num_layers, 2);
+  EXPECT_EQ(q3.num_heads, 4);
+  EXPECT_EQ(q3.num_kv_heads, 2);
+  EXPECT_EQ(q3.head_dim, 16);
+  EXPECT_EQ(q3.intermediate_size, 48);
+  EXPECT_EQ(q3.max_position_embeddings, 128);
+  EXPECT_EQ(q3.norm_eps, 1e-6);
+  EXPECT_EQ(q3.rope_theta, 1e6);
+  EXPECT_EQ(q3.rope_scaling, RopeScaling{});
+  EXPECT_FALSE(q3.qkv_bias || q3.o_proj_bias || q3.mlp_bias);
+  EXPECT_TRUE(q3.qk_norm());
+  EXPECT_TRUE(q3.tie_word_embeddings);
+  EXPECT_EQ(qwen3.parameters().back().name, "model.norm.weight");
+  const std::map<std::string, std::vector<int64_t>> qwen3_shapes = {
+      {"model.layers.1.self_attn.q_proj.weight", {64, 32}},
+      {"model.layers.1.self_attn.k_proj.weight", {32, 32}},
+      {"model.layers.1.self_attn.v_proj.weight", {32, 32}},
+      {"model.layers.1.self_attn.o_proj.weight", {32, 64}},
+      {"model.layers.1.self_attn.q_norm.weight", {16}},
+      {"model.layers.1.self_attn.k_norm.weight", {16}},
+  };
+  for (const auto& [name, shape] : qwen3_shapes) {
+    const SafetensorsTensorInfo* info = qwen3.Find(name);
+    ASSERT_NE(info, nullptr) << name;
+    EXPECT_EQ(info->shape, shape) << name;
+  }
+  EXPECT_EQ(qwen3.Find("model.layers.0.self_attn.q_proj.bias"), nullptr);
+
   ASSERT_OK_AND_ASSIGN(const HfCheckpoint gpt2, HfCheckpoint::Open(TestData("hf_tiny_gpt2")));
   ASSERT_OK_AND_ASSIGN(const GptConfig g, ToGptConfig(gpt2.config()));
   EXPECT_EQ(g.vocab_size, 50);
@@ -190,8 +225,13 @@ TEST(HfCheckpointTest, ImportExportRoundTripIsBitExact) {
       // Keys transformers wrote that ModelConfig does not model survive.
       const nlohmann::json written = nlohmann::json::parse(ReadFile(out1 + "/config.json"));
       const nlohmann::json original = nlohmann::json::parse(src.config_json());
-      EXPECT_EQ(written["transformers_version"], original["transformers_version"]);
-      EXPECT_EQ(written["bos_token_id"], original["bos_token_id"]);
+      // (transformers 4.57, which wrote hf_tiny_qwen3, leaves a null bos_token_id out.)
+      for (const char* key : {"transformers_version", "bos_token_id", "layer_types"}) {
+        ASSERT_EQ(written.contains(key), original.contains(key)) << key;
+        if (original.contains(key)) {
+          EXPECT_EQ(written[key], original[key]) << key;
+        }
+      }
       // Deterministic: exporting the export gives the same files.
       options.base_config_json = back.config_json();
       ASSERT_OK(WriteHfCheckpoint(out2, back.config(), d.dtype, FillFromCheckpoint(back, d.dtype),
@@ -201,6 +241,42 @@ TEST(HfCheckpointTest, ImportExportRoundTripIsBitExact) {
         EXPECT_EQ(ReadFile(out1 + "/" + f), ReadFile(out2 + "/" + f)) << f;
       }
     }
+  }
+}
+
+// The exported config.json of the transformers-written Qwen3 directory keeps what makes it a
+// Qwen3 model for transformers (model_type, architectures, the head_dim of its own, one
+// attention_bias) and reads back to the same configuration.
+TEST(HfCheckpointTest, ExportedQwen3ConfigKeepsItsKeysAndReadsBack) {
+  ASSERT_OK_AND_ASSIGN(const HfCheckpoint src, HfCheckpoint::Open(TestData("hf_tiny_qwen3")));
+  const std::string out = FreshDir("qwen3_config") + "/m";
+  HfExportOptions options;
+  options.base_config_json = src.config_json();
+  ASSERT_OK(WriteHfCheckpoint(out, src.config(), DType::kF32, FillFromCheckpoint(src, DType::kF32),
+                              options));
+  const nlohmann::json written = nlohmann::json::parse(ReadFile(out + "/config.json"));
+  EXPECT_EQ(written["model_type"], "qwen3");
+  EXPECT_EQ(written["architectures"], nlohmann::json::array({"Qwen3ForCausalLM"}));
+  EXPECT_EQ(written["head_dim"], 16);
+  EXPECT_EQ(written["hidden_size"], 32);
+  EXPECT_EQ(written["num_attention_heads"], 4);
+  EXPECT_EQ(written["num_key_value_heads"], 2);
+  EXPECT_EQ(written["attention_bias"], false);
+  EXPECT_EQ(written["tie_word_embeddings"], true);
+  EXPECT_EQ(written["rope_theta"], 1e6);
+  EXPECT_EQ(written["torch_dtype"], "float32");
+  ASSERT_OK_AND_ASSIGN(const ModelConfig back, ReadHfConfig(out + "/config.json"));
+  ModelConfig want = src.config();
+  want.name = back.name;
+  want.torch_dtype = DType::kF32;
+  EXPECT_EQ(back, want);
+  // The weights come back as f32 widenings of the bf16 originals, q_norm and k_norm included.
+  ASSERT_OK_AND_ASSIGN(const HfCheckpoint reopened, HfCheckpoint::Open(out));
+  for (const TensorSpec& p : src.parameters()) {
+    std::vector<float> a(static_cast<size_t>(p.numel())), b(a.size());
+    ASSERT_OK(src.ReadAsF32(p.name, 0, absl::MakeSpan(a)));
+    ASSERT_OK(reopened.ReadAsF32(p.name, 0, absl::MakeSpan(b)));
+    EXPECT_EQ(a, b) << p.name;
   }
 }
 

@@ -1,10 +1,12 @@
-// checkpoint.init_from (--init_from) naming a Hugging Face model directory: a tiny
-// LlamaForCausalLM and a tiny Qwen2ForCausalLM, written here with the project's own writer
-// (model/hf_checkpoint.h), train under an accelerator cap below their model data with
-// chunk.size "auto" (the plan covers the Llama architecture) and the loss falls; the model comes
-// from config.json (no model section needed, a contradicting one is refused naming both); the
-// export writes the directory back (loadable by our reader; bit-exact after a step at lr 0); a
-// stopped run resumes bit for bit; malformed directories are errors naming the file and key.
+// checkpoint.init_from (--init_from) naming a Hugging Face model directory: tiny
+// LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM and GPT2LMHeadModel
+// directories, written here with the project's own writer (model/hf_checkpoint.h), train under an
+// accelerator cap below their model data with chunk.size "auto" (the plan covers the Llama
+// architecture) and the loss falls; so does the Qwen3 directory transformers wrote
+// (model/testdata/hf_tiny_qwen3). The model comes from config.json (no model section needed, a
+// contradicting one is refused naming both); the export writes the directory back (loadable by our
+// reader; bit-exact after a step at lr 0); a stopped run resumes bit for bit; malformed
+// directories are errors naming the file and key.
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -68,6 +70,20 @@ ModelConfig TinyQwen2() {
   c.rope_theta = 1000000;
   c.norm_eps = 1e-6;
   c.qkv_bias = true;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+// Qwen3ForCausalLM: per-head q/k RMSNorm, no biases, head_dim 32 of its own (hidden / heads = 16),
+// tied.
+ModelConfig TinyQwen3() {
+  ModelConfig c = TinyLlama();
+  c.name = "tiny-qwen3";
+  c.family = ModelFamily::kQwen3;
+  c.head_dim = 32;
+  c.rope_scaling = {};
+  c.rope_theta = 1000000;
+  c.norm_eps = 1e-6;
   c.tie_word_embeddings = true;
   return c;
 }
@@ -140,10 +156,11 @@ TrainConfig HfConfig(const std::string& init_from) {
   return c;
 }
 
-// Every supported architecture: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM and
-// GPT2LMHeadModel directories.
+// Every supported architecture: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+// MistralForCausalLM and GPT2LMHeadModel directories.
 TEST(HfInit, EveryArchitectureTrainsUnderACapBelowItsModelDataAndExports) {
-  for (const ModelConfig& model : {TinyLlama(), TinyQwen2(), TinyMistral(), TinyGpt2()}) {
+  for (const ModelConfig& model :
+       {TinyLlama(), TinyQwen2(), TinyQwen3(), TinyMistral(), TinyGpt2()}) {
     SCOPED_TRACE(model.name);
     const std::string root = FreshTempDir("hf_init", model.name);
     const std::string dir = root + "/model", exported = root + "/exported";
@@ -152,7 +169,11 @@ TEST(HfInit, EveryArchitectureTrainsUnderACapBelowItsModelDataAndExports) {
     c.checkpoint.export_path = exported;
     // GPT-2's 4E-wide MLP keeps more activations than the Llama blocks' SwiGLU of 2E: the plan
     // needs 1.16 MiB there (and refuses 1 MiB up front); 1.5 MiB is still below its model data.
-    if (model.family == ModelFamily::kGpt2) c.accelerator.memory_bytes = 3 * kMiB / 2;
+    // Qwen3's head_dim of 32 (twice hidden / heads) doubles q, k, v and the attention output: the
+    // plan needs 1.13 MiB; 1.5 MiB is still below its model data (1.76 MiB).
+    if (model.family == ModelFamily::kGpt2 || model.family == ModelFamily::kQwen3) {
+      c.accelerator.memory_bytes = 3 * kMiB / 2;
+    }
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<Trainer> trainer, Trainer::Create(c, {}));
     ASSERT_OK(trainer->Run());
     const std::vector<StepMetrics>& h = trainer->history();
@@ -173,10 +194,11 @@ TEST(HfInit, EveryArchitectureTrainsUnderACapBelowItsModelDataAndExports) {
 }
 
 // One step at lr 0 (the scheduler's warm-up starts at 0) changes no parameter: the exported
-// directory's files equal the imported ones byte for byte (Llama, Qwen2 and GPT-2 directories).
+// directory's files equal the imported ones byte for byte (Llama, Qwen2, Qwen3 and GPT-2
+// directories).
 TEST(HfInit, ImportExportRoundTripIsBitExact) {
   ASSERT_OK_AND_ASSIGN(ModelConfig gpt2, ModelPreset("tiny"));  // a GPT2LMHeadModel directory
-  for (const ModelConfig& model : {TinyLlama(), TinyQwen2(), gpt2}) {
+  for (const ModelConfig& model : {TinyLlama(), TinyQwen2(), TinyQwen3(), gpt2}) {
     SCOPED_TRACE(model.name);
     const std::string root = FreshTempDir("hf_round_trip", model.name);
     const std::string dir = root + "/model", exported = root + "/exported";
@@ -197,6 +219,54 @@ TEST(HfInit, ImportExportRoundTripIsBitExact) {
     }
     EXPECT_GE(files, 2);
   }
+}
+
+// model/testdata/hf_tiny_qwen3 was written by transformers' own save_pretrained
+// (make_hf_testdata.py): a bf16, sharded Qwen3ForCausalLM with head_dim 16 of its own (hidden 32,
+// 4 heads), GQA and a tied head, over the byte corpus's 256 tokens. It imports as it is: one step
+// at lr 0 exports every parameter as the exact f32 widening of its bf16 value; ten steps lower the
+// loss and export a directory of the same configuration.
+TEST(HfInit, TrainsTheQwen3DirectoryTransformersWrote) {
+  const std::string dir = trainer_testing::Runfile("model/testdata/hf_tiny_qwen3");
+  ASSERT_OK_AND_ASSIGN(const HfCheckpoint src, HfCheckpoint::Open(dir));
+  ASSERT_EQ(src.config().family, ModelFamily::kQwen3);
+  ASSERT_EQ(src.config().torch_dtype, DType::kBF16);
+  const std::string root = FreshTempDir("hf_transformers", "qwen3");
+
+  TrainConfig lr0 = HfConfig(dir);
+  lr0.steps = 1;
+  lr0.checkpoint.export_path = root + "/lr0";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Trainer> t0, Trainer::Create(lr0, {}));
+  ASSERT_OK(t0->Run());
+  ASSERT_EQ(t0->history().front().lr, 0.0);
+  ASSERT_OK_AND_ASSIGN(const HfCheckpoint same, HfCheckpoint::Open(lr0.checkpoint.export_path));
+  EXPECT_EQ(same.config().torch_dtype, DType::kF32);
+  ASSERT_EQ(same.parameters().size(), src.parameters().size());
+  for (const TensorSpec& p : src.parameters()) {
+    std::vector<float> want(static_cast<size_t>(p.numel())), got(want.size());
+    ASSERT_OK(src.ReadAsF32(p.name, 0, absl::MakeSpan(want)));
+    ASSERT_OK(same.ReadAsF32(p.name, 0, absl::MakeSpan(got)));
+    EXPECT_EQ(got, want) << p.name;
+  }
+
+  TrainConfig c = HfConfig(dir);
+  c.checkpoint.export_path = root + "/trained";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Trainer> trainer, Trainer::Create(c, {}));
+  ASSERT_OK(trainer->Run());
+  const std::vector<StepMetrics>& h = trainer->history();
+  ASSERT_EQ(h.size(), 10u);
+  for (const StepMetrics& m : h) EXPECT_TRUE(std::isfinite(m.loss));
+  EXPECT_LT(h.back().loss, h.front().loss - 0.3) << h.front().loss << " -> " << h.back().loss;
+  ASSERT_OK_AND_ASSIGN(const HfCheckpoint back, HfCheckpoint::Open(c.checkpoint.export_path));
+  ModelConfig want = src.config(), got = back.config();
+  want.name = got.name = "";
+  want.torch_dtype = got.torch_dtype = std::nullopt;
+  EXPECT_EQ(got, want);
+  const std::string config_json = ReadFile(c.checkpoint.export_path + "/config.json");
+  EXPECT_THAT(config_json, AllOf(HasSubstr("\"Qwen3ForCausalLM\""), HasSubstr("\"head_dim\": 16"),
+                                 HasSubstr("\"attention_bias\": false")));
+  // Keys transformers wrote that ModelConfig does not model are kept.
+  EXPECT_THAT(config_json, HasSubstr("\"transformers_version\": \"4.57.6\""));
 }
 
 // A Llama run stopped after 3 steps and resumed (--resume) continues bit for bit: the losses and

@@ -7,21 +7,31 @@ raw little-endian bytes, computed by this script from the tensors transformers s
 config parses to the shapes given below, and that an import -> export round trip is bit-exact.
 CI never runs Python; it uses the committed files.
 
-Recorded run (the directories checked in were made by it):
+Recorded runs (the directories checked in were made by them; --only rewrites just the directories
+named and leaves the others' bytes alone):
   python3 -m venv /tmp/venv-hfio && /tmp/venv-hfio/bin/pip install torch transformers safetensors numpy
   # torch 2.15.0, transformers 5.23.0, safetensors 0.8.0, huggingface_hub 2.4.0
-  /tmp/venv-hfio/bin/python model/testdata/make_hf_testdata.py model/testdata
+  /tmp/venv-hfio/bin/python model/testdata/make_hf_testdata.py model/testdata \
+      --only hf_tiny_llama hf_tiny_qwen2 hf_tiny_gpt2
+  # hf_tiny_qwen3, later, from another venv: torch 2.15.0+cu132, transformers 4.57.6 (which writes
+  # rope_theta and rope_scaling at the top level, as Qwen3's published config.json files do),
+  # safetensors 0.8.0
+  /tmp/venv-q3/bin/python model/testdata/make_hf_testdata.py model/testdata --only hf_tiny_qwen3
 
 Directories (each < 100 KB):
   hf_tiny_llama  LlamaForCausalLM, bfloat16, GQA (4 heads, 2 kv heads), untied head, llama3 RoPE
                  scaling, sharded (max_shard_size 8KB -> several model-0000k-of-0000n files)
   hf_tiny_qwen2  Qwen2ForCausalLM, float32, q/k/v biases, tied head, sharded (max_shard_size 16KB)
   hf_tiny_gpt2   GPT2LMHeadModel, float16, one model.safetensors
+  hf_tiny_qwen3  Qwen3ForCausalLM, bfloat16, per-head q/k RMSNorm (q_norm, k_norm), head_dim 16 not
+                 hidden_size / num_attention_heads (32 / 4), GQA (4 heads, 2 kv heads), no
+                 biases, tied head, vocabulary 256 (the trainer's byte corpus), sharded
+                 (max_shard_size 16KB)
 """
+import argparse
 import json
 import os
 import shutil
-import sys
 
 import torch
 import transformers
@@ -80,7 +90,7 @@ def save(model, directory, dtype, max_shard_size):
         f.write("\n")
 
 
-def main(out):
+def make_llama(out):
     llama = transformers.LlamaConfig(
         vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -92,6 +102,8 @@ def main(out):
     randomize(m, 1)
     save(m, os.path.join(out, "hf_tiny_llama"), torch.bfloat16, "8KB")
 
+
+def make_qwen2(out):
     qwen = transformers.Qwen2Config(
         vocab_size=80, hidden_size=24, intermediate_size=40, num_hidden_layers=2,
         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
@@ -101,11 +113,40 @@ def main(out):
     randomize(m, 2)
     save(m, os.path.join(out, "hf_tiny_qwen2"), torch.float32, "16KB")
 
+
+def make_gpt2(out):
     gpt2 = transformers.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=2, n_head=2)
     m = transformers.GPT2LMHeadModel(gpt2)
     randomize(m, 3)
     save(m, os.path.join(out, "hf_tiny_gpt2"), torch.float16, "1MB")
 
 
+def make_qwen3(out):
+    # head_dim 16 != hidden_size / num_attention_heads = 8 (Qwen3-0.6B: 128 != 1024 / 16); the
+    # vocabulary is the byte corpus's 256 so the trainer can train on the directory as it is.
+    qwen3 = transformers.Qwen3Config(
+        vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, attention_bias=False, tie_word_embeddings=True)
+    m = transformers.Qwen3ForCausalLM(qwen3)
+    randomize(m, 4)
+    save(m, os.path.join(out, "hf_tiny_qwen3"), torch.bfloat16, "16KB")
+
+
+MAKERS = {"hf_tiny_llama": make_llama, "hf_tiny_qwen2": make_qwen2, "hf_tiny_gpt2": make_gpt2,
+          "hf_tiny_qwen3": make_qwen3}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out", nargs="?", default=os.path.dirname(os.path.abspath(__file__)),
+                        help="directory to write the model directories into")
+    parser.add_argument("--only", nargs="+", choices=sorted(MAKERS), default=sorted(MAKERS),
+                        help="which directories to (re)write; default: all")
+    args = parser.parse_args()
+    for name in args.only:
+        MAKERS[name](args.out)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__)))
+    main()
