@@ -82,7 +82,7 @@ struct GptModelOptions {
   // Threads of the model's ThreadPool for the kernels and their GEMM grids, the caller included.
   // >= 1. Results do not depend on it.
   int threads = 1;
-  // Kernel tiles (model/kernels/attention.h, vocab_blocks.h); the defaults suit real models, tests
+  // Kernel tiles (model/kernels/gqa_attention.h, vocab_blocks.h); the defaults suit real models, tests
   // use small ones to cross tile boundaries. Every wte block must start at a multiple of
   // ce_vocab_tile (model/gpt_config.h's GptVocabBlockRowsForChunk sizes blocks so).
   int64_t attention_tile = 64;
