@@ -23,6 +23,7 @@
 // --comm=mpi with --accelerator=cuda under mpirun is refused (exit 2).
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -44,6 +45,8 @@
 #include "comm/mpi_communicator.h"
 #include "glog/logging.h"
 #include "memory/backend_factory.h"
+#include "model/hf_config.h"
+#include "model/model_config.h"
 #include "trainer/config.h"
 #include "trainer/config_json.h"
 #include "trainer/config_overrides.h"
@@ -292,6 +295,24 @@ int Main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_print_config)) {
     // (Before any communicator: prints on every rank under mpirun.)
     std::cout << TrainConfigToJson(*config) << "\n";
+    // From a Hugging Face directory the model is its config.json's, not the model section above
+    // (stdout stays the JSON alone).
+    std::error_code ec;
+    const std::string& dir = config->checkpoint.init_from;
+    if (!dir.empty() && std::filesystem::is_directory(dir, ec)) {
+      const std::string path = (std::filesystem::path(dir) / "config.json").string();
+      absl::StatusOr<ModelConfig> model = ReadHfConfig(path);
+      if (model.ok()) {
+        std::cerr << "note: checkpoint.init_from is a Hugging Face directory: the model trained is "
+                  << path << "'s (" << ModelFamilyName(model->family) << ", "
+                  << ModelParameterCount(*model) << " parameters, hidden_size "
+                  << model->hidden_size << ", " << model->num_layers << " layers), not the "
+                  << "model section printed above\n";
+      } else {
+        std::cerr << "note: checkpoint.init_from is a directory whose config.json does not read: "
+                  << model.status().message() << "\n";
+      }
+    }
     return 0;
   }
 

@@ -262,6 +262,28 @@ TEST(TrainBinary, EveryUnparseableFlagExitsTwoNamingIt) {
   EXPECT_THAT(r.out, HasSubstr("\"train_steps\": 7"));
 }
 
+// --print_config from a Hugging Face directory: stdout is the config JSON alone, and stderr says
+// the model is config.json's (its family and size), not the model section printed.
+TEST(TrainBinary, PrintConfigFromADirectoryNamesItsModel) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "print_config_hf");
+  const std::string hf = dir + "/qwen3";
+  std::filesystem::create_directories(hf);
+  std::ofstream(hf + "/config.json") << R"({"model_type": "qwen3", "vocab_size": 256,
+    "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "max_position_embeddings": 128, "tie_word_embeddings": true})";
+  const Result r = RunToEnd({"--init_from=" + hf, "--print_config"}, dir);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(nlohmann::json::accept(r.out)) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("is a Hugging Face directory"));
+  EXPECT_THAT(r.err, HasSubstr("qwen3"));
+  EXPECT_THAT(r.err, HasSubstr("hidden_size 32, 2 layers"));
+  // Without a directory there is no note.
+  const Result plain = RunToEnd({"--print_config"}, dir);
+  EXPECT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_THAT(plain.err, ::testing::Not(HasSubstr("Hugging Face directory")));
+}
+
 // --comm=nccl is refused before any work with the fix named, except on a GPU: in this build (no
 // CUDA) exit 1, "rebuild with --config=cuda"; in a cuda build, with the emulated accelerator,
 // exit 2 naming accelerator.backend, and without a GPU exit 1 with the backend's words. With a GPU
