@@ -53,6 +53,10 @@ struct ChunkSwapCounters {
   // Time Wait() blocked the caller (the part of the I/O not hidden behind its work).
   int64_t read_wait_ns = 0;
   int64_t write_wait_ns = 0;
+  // Requests that went through a buffered descriptor although the swap uses O_DIRECT, because
+  // their buffer, offset or length was not aligned (disk/file_chunk_swap.h). Added after the
+  // fields above; 0 for swaps without direct I/O.
+  int64_t buffered_requests = 0;
 };
 
 class ChunkSwap {

@@ -130,6 +130,8 @@ def patrickstar_cc_repositories():
         targets = {"sentencepiece": ["sentencepiece"]},
     )
     _maybe(system_library, name = "utf8proc", targets = {"utf8proc": ["libutf8proc"]})
+    # io_uring for the disk tier (disk/io_uring_engine.h).
+    _maybe(system_library, name = "liburing", targets = {"liburing": ["liburing"]})
 
     # oneDNN (Debian libdnnl-dev, OpenMP runtime): the bf16 GEMMs of model/kernels. The package
     # ships no pkg-config file, so the link flags are given directly (libgomp: its threads are set

@@ -21,6 +21,7 @@ PACKAGES=(
   openmpi-bin          # mpirun
   libsentencepiece-dev # @com_github_google_sentencepiece: SentencePiece tokenizer.model
   libutf8proc-dev      # @utf8proc: NFC normalization for tokenizer.json
+  liburing-dev         # @liburing: io_uring for the disk tier
 )
 
 missing=()
