@@ -18,7 +18,7 @@ inline constexpr int64_t kDirectIoAlignment = 4096;
 
 struct FileChunkSwapOptions {
   // The directory of the swap files (nvme_path). Must exist and be writable.
-  std::string dir;
+  std::string dir = {};
   // The rank: the swap file is "<dir>/patrickstar-swap-rank<rank>.bin" (disk/swap_dir.h).
   int rank = 0;
 
@@ -44,7 +44,7 @@ struct FileChunkSwapOptions {
   // Test seams. `wrap_engine_for_test` receives the opened engine and returns the one to use
   // (e.g. a FaultyIoEngine around it); `io_uring_refusal_for_test` (an errno) makes io_uring look
   // refused; `refuse_direct_for_test` makes O_DIRECT look refused (EINVAL), as old tmpfs does.
-  std::function<std::unique_ptr<IoEngine>(std::unique_ptr<IoEngine>)> wrap_engine_for_test;
+  std::function<std::unique_ptr<IoEngine>(std::unique_ptr<IoEngine>)> wrap_engine_for_test = {};
   int io_uring_refusal_for_test = 0;
   bool refuse_direct_for_test = false;
 };

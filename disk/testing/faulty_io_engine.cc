@@ -35,8 +35,16 @@ absl::Status FaultyIoEngine::Submit(absl::Span<const IoRequest> requests) {
       continue;
     }
     if (r.bytes > 1 && uniform(rng_) < rates_.short_transfer) {
-      ++counts_->short_transfers;
-      r.bytes = std::uniform_int_distribution<int64_t>(1, r.bytes - 1)(rng_);
+      // A request of whole 4096-byte blocks may be on an O_DIRECT descriptor, which moves whole
+      // blocks only: it is cut at a block boundary, as the kernel would.
+      constexpr int64_t kBlock = 4096;
+      if (r.bytes % kBlock != 0) {
+        ++counts_->short_transfers;
+        r.bytes = std::uniform_int_distribution<int64_t>(1, r.bytes - 1)(rng_);
+      } else if (r.bytes > kBlock) {
+        ++counts_->short_transfers;
+        r.bytes = kBlock * std::uniform_int_distribution<int64_t>(1, r.bytes / kBlock - 1)(rng_);
+      }
     }
     if (!r.write && uniform(rng_) < rates_.corrupt_read) {
       ++counts_->corrupt_reads;

@@ -1,7 +1,8 @@
 // FaultyIoEngine: an IoEngine (disk/io_engine.h) decorator that injects the faults a disk can
 // produce, at random moments drawn from a seeded generator, for tests of the swap above it:
 //  - a short transfer that is not an error (the OS may legally move fewer bytes; the caller must
-//    continue with the rest): the request goes down with fewer bytes;
+//    continue with the rest): the request goes down with fewer bytes (a request of whole 4096-byte
+//    blocks is cut at a block boundary: it may be on an O_DIRECT descriptor);
 //  - a read that returns 0 bytes before the end (end of file: a short read error);
 //  - EIO on a read or a write; ENOSPC on a write and on Allocate (fallocate);
 //  - a completed read whose bytes are corrupted (one byte flipped) after the disk delivered them.
