@@ -1,9 +1,9 @@
 #include "memory/resources.h"
 
 #include <algorithm>
-#include <functional>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -257,7 +257,17 @@ HostResource::HostResource(std::optional<int64_t> capacity_bytes)
 HostResource::~HostResource() { FreeAllLiveAllocations(); }
 
 absl::StatusOr<void*> HostResource::ProviderAllocate(int64_t bytes) {
-  void* ptr = std::aligned_alloc(kAllocationAlignment, static_cast<size_t>(bytes));
+  // Large blocks (chunk payloads) start on a page, so the disk tier can read and write them with
+  // O_DIRECT (disk/file_chunk_swap.h), which needs 4096-byte alignment; glibc's mmapped blocks
+  // are otherwise only 16 bytes past a page. Their size is rounded up to whole pages, as
+  // aligned_alloc asks (< 1/16 more for blocks of 64 KiB and up).
+  constexpr int64_t kPageAlignedFromBytes = 64 << 10;
+  constexpr int64_t kPageBytes = 4096;
+  static_assert(kPageBytes % kAllocationAlignment == 0);
+  void* ptr = bytes >= kPageAlignedFromBytes
+                  ? std::aligned_alloc(kPageBytes, static_cast<size_t>((bytes + kPageBytes - 1) /
+                                                                       kPageBytes * kPageBytes))
+                  : std::aligned_alloc(kAllocationAlignment, static_cast<size_t>(bytes));
   if (ptr == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the C++ heap has no ", FormatBytes(bytes), " block left"));
