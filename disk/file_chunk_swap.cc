@@ -476,10 +476,17 @@ void FileChunkSwap::IoLoop() {
   }
 }
 
+constexpr int64_t kMaxBlockBytes = int64_t{1} << 30;
+
 absl::Status CheckOptions(const FileChunkSwapOptions& o, bool direct) {
   if (o.block_size <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("aio.block_size must be positive, got ", o.block_size));
+  }
+  if (o.block_size > kMaxBlockBytes) {
+    // One request is one read/write system call or ring entry (32-bit lengths).
+    return absl::InvalidArgumentError(absl::StrCat("aio.block_size must be at most ",
+                                                   kMaxBlockBytes, " (1 GiB), got ", o.block_size));
   }
   if (direct && o.block_size % kDirectIoAlignment != 0) {
     return absl::InvalidArgumentError(absl::StrCat("aio.block_size must be a multiple of ",

@@ -520,6 +520,9 @@ TEST(FileChunkSwap, BadOptionsAndDirectories) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr(dir.path() + "/missing")));
   EXPECT_THAT(OpenFileChunkSwap(FileChunkSwapOptions{.dir = dir.path(), .block_size = 1000}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("aio.block_size")));
+  EXPECT_THAT(
+      OpenFileChunkSwap(FileChunkSwapOptions{.dir = dir.path(), .block_size = int64_t{2} << 30}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most")));
   EXPECT_THAT(OpenFileChunkSwap(FileChunkSwapOptions{.dir = dir.path(), .queue_depth = 0}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("aio.queue_depth")));
   EXPECT_THAT(OpenFileChunkSwap(FileChunkSwapOptions{.dir = dir.path(), .thread_count = 0}),

@@ -24,8 +24,9 @@
 //    registered, an async-signal-safe handler that unlinks every registered file and re-raises
 //    the signal with the default disposition (SA_RESETHAND), so the process still dies of the
 //    signal with the usual exit status. Handlers installed later (the trainer's) replace it, and
-//    then the graceful stop above applies. SIGKILL cannot be caught: its files are the stale
-//    files the next claim removes.
+//    then the graceful stop above applies. Files are not removed when the process dies of a
+//    signal it does not handle otherwise: SIGKILL, a crash, or the trainer's second Ctrl-C
+//    (its SIGINT handler is one-shot); those files are the stale files the next claim removes.
 //
 // Thread safety: SwapDir is thread-compatible. The registration functions are thread-safe.
 #ifndef PATRICKSTAR_DISK_SWAP_DIR_H_

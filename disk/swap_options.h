@@ -24,7 +24,7 @@ struct FileChunkSwapOptions {
 
   // DeepSpeed's aio section.
   // The largest single request: a slot's I/O is split into requests of at most this many bytes.
-  // With direct I/O it must be a multiple of kDirectIoAlignment.
+  // At most 1 GiB; with direct I/O a multiple of kDirectIoAlignment.
   int64_t block_size = int64_t{1} << 20;
   // Requests in flight at most.
   int queue_depth = 8;
