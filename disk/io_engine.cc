@@ -34,18 +34,17 @@ absl::StatusOr<OpenedIoEngine> OpenIoEngine(const IoEngineOptions& options) {
     opened.description = "threads";
     return opened;
   }
+  // A refusal's message is the errno's strerror text alone (NewIoUringEngine's contract).
+  const int refusal = options.io_uring_refusal_for_test;
   absl::StatusOr<std::unique_ptr<IoEngine>> ring =
-      options.io_uring_refusal_for_test != 0
-          ? absl::ErrnoToStatus(options.io_uring_refusal_for_test, "io_uring_queue_init")
-          : NewIoUringEngine(options.queue_depth);
+      refusal != 0 ? absl::Status(absl::ErrnoToStatus(refusal, "").code(), ::strerror(refusal))
+                   : NewIoUringEngine(options.queue_depth);
   if (ring.ok()) {
     opened.engine = *std::move(ring);
     opened.description = "io_uring";
     return opened;
   }
-  const std::string reason = options.io_uring_refusal_for_test != 0
-                                 ? ::strerror(options.io_uring_refusal_for_test)
-                                 : std::string(ring.status().message());
+  const std::string reason(ring.status().message());
   if (options.kind == IoEngineKind::kIoUring) {
     return absl::FailedPreconditionError(absl::StrCat(
         "io_uring was asked for (engine io_uring) but the kernel refused it: ", reason,

@@ -16,7 +16,7 @@ namespace ps {
 // Opens a ring of `queue_depth` (>= 1) entries. When the kernel or the container refuses
 // (io_uring_queue_init fails: EPERM under a seccomp profile or kernel.io_uring_disabled, ENOSYS
 // on old kernels, ENOMEM under a small RLIMIT_MEMLOCK), the error carries the errno's canonical
-// code and its strerror text.
+// code, and its message is the strerror text alone ("Operation not permitted").
 [[nodiscard]] absl::StatusOr<std::unique_ptr<IoEngine>> NewIoUringEngine(int queue_depth);
 
 }  // namespace ps
