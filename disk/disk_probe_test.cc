@@ -1,6 +1,7 @@
 #include "disk/disk_probe.h"
 
 #include <filesystem>
+#include <iostream>
 #include <string>
 
 #include "base/testing/status_matchers.h"
@@ -37,6 +38,10 @@ void ExpectBandwidth(IoEngineKind engine, bool direct) {
   options.queue_depth = 4;
   ASSERT_OK_AND_ASSIGN(const DiskBandwidth bw,
                        MeasureDiskBandwidth(dir.path(), options, (4 << 20) + 5));
+  std::cout << bw.engine << (bw.direct ? ", direct" : ", buffered") << ": write "
+            << bw.write_bytes_per_s / 1e6 << " MB/s, read " << bw.read_bytes_per_s / 1e6
+            << " MB/s, one 256 KiB block " << bw.block_latency_ns / 1000 << " us (" << bw.note
+            << ")\n";
   EXPECT_GT(bw.write_bytes_per_s, 0);
   EXPECT_GT(bw.read_bytes_per_s, 0);
   EXPECT_GT(bw.block_latency_ns, 0);
