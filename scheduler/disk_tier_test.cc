@@ -8,16 +8,21 @@
 #include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 #include "base/testing/status_matchers.h"
 #include "base/testing/test_rng.h"
 #include "chunk/chunk.h"
+#include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
+#include "chunk/operator_spec.h"
 #include "disk/testing/memory_chunk_swap.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "memory/device.h"
+#include "memory/device_memory.h"
 #include "scheduler/chunk_counters.h"
+#include "scheduler/chunk_keys.h"
 #include "scheduler/chunk_manager.h"
 #include "scheduler/metronome.h"
 #include "scheduler/testing/training_harness.h"
@@ -346,6 +351,53 @@ TEST(DiskTier, TrainingWithAndWithoutTierGivesSameBytes) {
   EXPECT_EQ(bytes[0], bytes[1]);
   // Without the tier, nothing of it is counted.
   EXPECT_EQ(counters[0].disk_reads + counters[0].disk_writes + counters[0].disk_peak_host_bytes, 0);
+}
+
+// ZeRO: a rank backs only the optimizer state it owns (its share of the chunks), and its
+// minimum counts only those.
+TEST(DiskTier, BacksOnlyTheRanksOwnState) {
+  std::vector<OperatorSpec> ops;
+  for (int i = 0; i < 8; ++i)
+    ops.push_back({absl::StrCat("op", i), {{absl::StrCat("w", i), {200}}}});
+  ASSERT_OK_AND_ASSIGN(ChunkLayout layout,
+                       ChunkLayout::Build({.capacity_elems = kChunkElems, .world_size = 2}, ops));
+  DeviceMemoryOptions host_options;
+  host_options.chunk_block_bytes = kBlock;
+  host_options.pinned = false;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DeviceMemory> host, CreateHostMemory(nullptr, host_options));
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<ChunkStore> store,
+      ChunkStore::Create(std::move(layout), {.compute_dtype = DType::kF32, .rank = 1}));
+  const ChunkLayout& l = store->layout();
+  int64_t owned = 0;
+  for (int64_t i = 0; i < store->num_chunks(); ++i) {
+    owned += l.HoldsPayload(ChunkType::kMaster, i, 1) ? 1 : 0;
+  }
+  ASSERT_GT(owned, 1);
+  ASSERT_LT(owned, store->num_chunks());
+  MemoryChunkSwap swap;
+  ChunkManagerCounters counters;
+  EXPECT_THAT(DiskTier::Create(store.get(), host.get(),
+                               {.swap = &swap, .host_budget_bytes = 2 * kIndexBytes - 1}, &counters,
+                               kSteadyClock)
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  MemoryChunkSwap swap2;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DiskTier> tier,
+                       DiskTier::Create(store.get(), host.get(),
+                                        {.swap = &swap2, .host_budget_bytes = 2 * kIndexBytes},
+                                        &counters, kSteadyClock));
+  EXPECT_EQ(tier->min_host_bytes(), 2 * kIndexBytes);
+  const ChunkKeys keys(store->num_chunks());
+  for (int64_t i = 0; i < store->num_chunks(); ++i) {
+    for (ChunkType type : kAllChunkTypes) {
+      const int64_t key = keys.Key(type, i);
+      const bool backed = type != ChunkType::kParam && l.HoldsPayload(type, i, 1);
+      EXPECT_EQ(tier->backed(key), backed) << ChunkId{type, i}.ToString();
+      EXPECT_EQ(swap2.slot_bytes(key), backed ? kBlock : 0) << ChunkId{type, i}.ToString();
+    }
+  }
+  EXPECT_EQ(tier->host_bytes(), 0);
 }
 
 }  // namespace
