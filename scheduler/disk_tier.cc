@@ -129,7 +129,10 @@ bool DiskTier::kept(int64_t index) const {
 }
 
 int64_t DiskTier::BlockBytes(int64_t key) const {
-  return host_->chunk_pool_for(ChunkOf(key).capacity_bytes())->block_bytes();
+  // Every optimizer-state chunk is f32 of the layout's capacity: one block size.
+  if (block_bytes_ == 0)
+    block_bytes_ = host_->chunk_pool_for(ChunkOf(key).capacity_bytes())->block_bytes();
+  return block_bytes_;
 }
 
 int64_t DiskTier::HostBytesOf(int64_t key) const {

@@ -220,6 +220,8 @@ class DiskTier {
   std::vector<int64_t> owned_indices_;
   std::vector<bool> kept_;  // by index
   int64_t min_host_bytes_ = 0;
+  // BlockBytes, once known.
+  mutable int64_t block_bytes_ = 0;
   DiskTierSplit split_;
   // The index of the last access (OPT's "now"); -1 before the first.
   int64_t position_ = -1;
