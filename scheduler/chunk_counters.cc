@@ -45,6 +45,15 @@ std::string ChunkManagerCounters::DebugString() const {
                     " remote payloads freed, ", absl::StrFormat("%.3f ms", comm_ns / 1e6),
                     " in collectives");
   }
+  if (disk_reads > 0 || disk_writes > 0 || disk_peak_host_bytes > 0) {
+    absl::StrAppend(&out, "; disk: ", disk_reads, " reads (", FormatBytes(disk_read_bytes), ", ",
+                    disk_read_ahead_hits, " of ", disk_read_aheads, " read-aheads used), ",
+                    disk_writes, " writes (", FormatBytes(disk_write_bytes), ", ",
+                    disk_write_behinds, " behind), ", disk_drops, " clean drops, read wait ",
+                    absl::StrFormat("%.3f ms", disk_read_wait_ns / 1e6), ", write wait ",
+                    absl::StrFormat("%.3f ms", disk_write_wait_ns / 1e6), ", host peak ",
+                    FormatBytes(disk_peak_host_bytes));
+  }
   return out;
 }
 

@@ -100,6 +100,26 @@ struct ChunkManagerCounters {
   int64_t reduce_scatter_bytes = 0;
   int64_t remote_releases = 0;
   int64_t comm_ns = 0;
+  // The disk tier (ChunkManagerOptions::disk, scheduler/disk_tier.h); all zero without it.
+  // Reads and writes of optimizer-state chunks and their payload bytes (counted when started);
+  // the reads started ahead of their access and the accesses that found one (hits); writes started
+  // at a release (write-behind, also counted in disk_writes); spills that needed no write (clean,
+  // or written behind already); the time the calling thread blocked on reads (the stall the
+  // read-ahead did not hide) and on writes.
+  int64_t disk_reads = 0;
+  int64_t disk_read_bytes = 0;
+  int64_t disk_writes = 0;
+  int64_t disk_write_bytes = 0;
+  int64_t disk_read_aheads = 0;
+  int64_t disk_read_ahead_hits = 0;
+  int64_t disk_write_behinds = 0;
+  int64_t disk_drops = 0;
+  int64_t disk_read_wait_ns = 0;
+  int64_t disk_write_wait_ns = 0;
+  // The most host bytes the tier's chunks held at once. A peak, not a sum: Minus and += treat it
+  // like the other fields, so a difference of two readings means nothing; the ChunkManager's
+  // iteration_counters() hold each iteration's own peak instead.
+  int64_t disk_peak_host_bytes = 0;
 
   const TransferCounters& stage(Stage s) const { return by_stage[static_cast<int>(s)]; }
   TransferCounters& stage(Stage s) { return by_stage[static_cast<int>(s)]; }

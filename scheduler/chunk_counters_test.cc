@@ -27,9 +27,12 @@ TEST(ChunkCounters, EveryFieldTakesPartInTheArithmetic) {
   // clean_evictions, allocations. ChunkManagerCounters: by_stage (3 stages of 6), prefetches,
   // prefetch_hits, write_behinds, pressure_reclaims, pressure_evictions, stall_ns,
   // compute_wait_ns, stream_ordered_waits, all_gathers, all_gather_bytes, reduce_scatters,
-  // reduce_scatter_bytes, remote_releases, comm_ns (14 scalars).
+  // reduce_scatter_bytes, remote_releases, comm_ns (14 scalars); the disk tier's disk_reads,
+  // disk_read_bytes, disk_writes, disk_write_bytes, disk_read_aheads, disk_read_ahead_hits,
+  // disk_write_behinds, disk_drops, disk_read_wait_ns, disk_write_wait_ns, disk_peak_host_bytes
+  // (11 scalars).
   EXPECT_EQ(FlatCounters<TransferCounters>::kFields, 6u);
-  EXPECT_EQ(FlatCounters<ChunkManagerCounters>::kFields, 3u * 6u + 14u);
+  EXPECT_EQ(FlatCounters<ChunkManagerCounters>::kFields, 3u * 6u + 14u + 11u);
   std::mt19937_64 rng(7);
   for (int trial = 0; trial < 100; ++trial) {
     const ChunkManagerCounters a = Random<ChunkManagerCounters>(rng);
@@ -49,6 +52,7 @@ TEST(ChunkCounters, EveryFieldTakesPartInTheArithmetic) {
     // Named fields, so a reordering of the struct cannot hide behind the flat view.
     EXPECT_EQ(a.Minus(b).pressure_evictions, a.pressure_evictions - b.pressure_evictions);
     EXPECT_EQ(a.Minus(b).comm_ns, a.comm_ns - b.comm_ns);
+    EXPECT_EQ(a.Minus(b).disk_write_wait_ns, a.disk_write_wait_ns - b.disk_write_wait_ns);
     EXPECT_EQ(
         a.Minus(b).stage(Stage::kBackward).write_back_bytes,
         a.stage(Stage::kBackward).write_back_bytes - b.stage(Stage::kBackward).write_back_bytes);
@@ -77,6 +81,12 @@ TEST(ChunkCounters, DebugStringNamesTheTrafficAndZeroOnlyWhenUsed) {
   EXPECT_THAT(c.DebugString(), ::testing::Not(HasSubstr("ZeRO")));
   c.all_gathers = 1;
   EXPECT_THAT(c.DebugString(), HasSubstr("ZeRO: 1 all-gathers"));
+  EXPECT_THAT(c.DebugString(), ::testing::Not(HasSubstr("disk")));
+  c.disk_reads = 4;
+  c.disk_read_bytes = 4 << 20;
+  c.disk_read_aheads = 3;
+  c.disk_read_ahead_hits = 2;
+  EXPECT_THAT(c.DebugString(), HasSubstr("disk: 4 reads (4.00 MiB, 2 of 3 read-aheads used)"));
 }
 
 }  // namespace

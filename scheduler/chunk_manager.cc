@@ -124,6 +124,10 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(ChunkStore* s
     manager->groups_ = std::make_unique<ZeroGroups>(store, manager->engine_.get(), o.collectives,
                                                     &manager->counters_);
   }
+  if (o.disk.has_value()) {
+    ASSIGN_OR_RETURN(manager->disk_,
+                     DiskTier::Create(store, host, *o.disk, &manager->counters_, o.clock));
+  }
   if (o.evict_under_pressure) {
     manager->reclaimer_ = std::make_unique<PressureReclaimer>(manager.get());
     accelerator->upstream()->AddReclaimer(
@@ -191,6 +195,7 @@ absl::Status ChunkManager::BeginIteration() {
   accel_->tracker()->ResetPeaks();
   host_->tracker()->ResetPeaks();
   iteration_start_counters_ = counters_;
+  if (disk_ != nullptr) disk_->ResetIterationPeak();
   in_iteration_ = true;
   backward_started_ = false;
   if (groups_ != nullptr) groups_->BeginIteration();
@@ -243,6 +248,9 @@ absl::Status ChunkManager::EndIteration() {
                  << "; moments off the learned trace use the warm-up's conservative limits";
   }
   iteration_counters_.push_back(counters_.Minus(iteration_start_counters_));
+  // A peak is not a difference: the iteration's own.
+  if (disk_ != nullptr)
+    iteration_counters_.back().disk_peak_host_bytes = disk_->iteration_peak_bytes();
   in_iteration_ = false;
   backward_started_ = false;
   return absl::OkStatus();
@@ -549,12 +557,23 @@ absl::StatusOr<AdamPlacement> ChunkManager::BeginAdam() {
 
 absl::Status ChunkManager::AccessChunks(int64_t chunk_index, absl::Span<const ChunkType> types,
                                         Device device, AccessMode mode) {
+  const std::vector<AccessMode> modes(types.size(), mode);
+  return AccessChunks(chunk_index, types, device, absl::MakeConstSpan(modes));
+}
+
+absl::Status ChunkManager::AccessChunks(int64_t chunk_index, absl::Span<const ChunkType> types,
+                                        Device device, absl::Span<const AccessMode> modes) {
   BusyScope busy(this);
   if (chunk_index < 0 || chunk_index >= store_->num_chunks()) {
     return absl::InvalidArgumentError(absl::StrCat("AccessChunks: chunk index ", chunk_index,
                                                    " outside [0, ", store_->num_chunks(), ")"));
   }
   if (types.empty()) return absl::InvalidArgumentError("AccessChunks: no chunk types given");
+  if (modes.size() != types.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("AccessChunks: ", types.size(),
+                                                   " chunk types but ", modes.size(),
+                                                   " access modes; give one mode per type"));
+  }
   if (!device.is_host() && device != accel_->device()) {
     return absl::InvalidArgumentError(absl::StrCat("AccessChunks: device ", device.ToString(),
                                                    " is neither the host nor ",
@@ -583,20 +602,25 @@ absl::Status ChunkManager::AccessChunks(int64_t chunk_index, absl::Span<const Ch
   // The moment this access will be; it is only counted (ticked) once the chunks are in place.
   const int64_t moment = NextMoment();
   const std::string what = absl::StrCat("optimizer access of chunk ", chunk_index);
+  // The disk tier first brings spilled optimizer state into host memory.
+  if (disk_ != nullptr) RETURN_IF_ERROR(disk_->PrepareAccess(chunk_index, keys, device));
   if (device.is_accelerator()) {
     RETURN_IF_ERROR(MakeResident(keys, Stage::kAdam, moment, what));
   } else {
     for (int64_t key : keys) RETURN_IF_ERROR(engine_->MoveToHost(key, {Stage::kAdam, moment}));
   }
+  if (disk_ != nullptr) disk_->NoteHostBytes();
   RETURN_IF_ERROR(Tick(Stage::kAdam, moment));
   bool device_zero_fill = false;
-  for (int64_t key : keys) {
+  for (size_t k = 0; k < keys.size(); ++k) {
+    const int64_t key = keys[k];
     Chunk& chunk = ChunkOfKey(key);
+    if (disk_ != nullptr) disk_->NoteAccess(key, modes[k] == AccessMode::kReadWrite);
     for (int slot = 0; slot < chunk.num_tensors(); ++slot) {
       device_zero_fill |= chunk.tensor_state(slot) == TensorState::kFree && device.is_accelerator();
       RETURN_IF_ERROR(chunk.SetTensorState(slot, TensorState::kCompute, &engine_->load_stream()));
     }
-    if (mode == AccessMode::kReadWrite) chunk.MarkPayloadWritten();
+    if (modes[k] == AccessMode::kReadWrite) chunk.MarkPayloadWritten();
     active_chunks_.insert(key);
   }
   // The optimizer reads its chunks from the calling thread (optimizer/hybrid_adam.h): the host
@@ -612,6 +636,7 @@ absl::Status ChunkManager::AccessChunks(int64_t chunk_index, absl::Span<const Ch
   }
   engine_->ReportAccess("adam", chunk_index, Stage::kAdam, moment,
                         in_iteration_ && metronome_.is_warmup(), request_ns);
+  if (disk_ != nullptr) disk_->AfterAccess(chunk_index, keys, device);
   return absl::OkStatus();
 }
 
@@ -639,7 +664,11 @@ absl::Status ChunkManager::ReleaseChunks(int64_t chunk_index, absl::Span<const C
     active_chunks_.erase(key);
   }
   engine_->ReportRelease("adam", chunk_index, Stage::kAdam);
-  return engine_->NoteComputeRelease();
+  RETURN_IF_ERROR(engine_->NoteComputeRelease());
+  if (disk_ == nullptr) return absl::OkStatus();
+  std::vector<int64_t> keys;
+  for (ChunkType type : types) keys.push_back(keys_.Key(type, chunk_index));
+  return disk_->AfterRelease(chunk_index, keys);
 }
 
 // --- ZeRO ----------------------------------------------------------------------------------------

@@ -93,6 +93,14 @@
 //    the ZeRO collectives (called from the host), evictions.
 // Without a compute stream the caller computes on the host: Access waits for the copies as above.
 //
+// The disk tier (ChunkManagerOptions::disk, scheduler/disk_tier.h): one level below the host,
+// this rank's optimizer-state chunks (master, momentum, variance) are backed by a ChunkSwap and
+// kept under a host budget by the same rule as the accelerator's chunks (OPT over the known
+// order). AccessChunks of such a chunk first loads it from disk (for the accelerator too: the
+// existing path then copies it over); a ReleaseChunks of a changed one starts its write at once;
+// reads of the next indices start ahead. Each AccessChunks is still one moment. Without the
+// option nothing differs: same moments, trace, counters and bytes.
+//
 // Known limits: before dropping a clean chunk the host waits for the compute stream up to the last
 // Release (one event for all chunks, not one per chunk); a stream-ordered drop would need the
 // chunk pools to free blocks in stream order. ZeRO collectives are issued from the host after a
@@ -127,6 +135,7 @@
 #include "scheduler/chunk_events.h"
 #include "scheduler/chunk_keys.h"
 #include "scheduler/collective_hooks.h"
+#include "scheduler/disk_tier.h"
 #include "scheduler/eviction_policy.h"
 #include "scheduler/metronome.h"
 #include "scheduler/planner.h"
@@ -182,6 +191,9 @@ struct ChunkManagerOptions {
   // rank and world size must be the store's. Not owned; must outlive the manager. Ignored (but
   // still checked to be a world of one) for world size 1.
   CollectiveHooks* collectives = nullptr;
+  // The disk tier (scheduler/disk_tier.h): optimizer-state chunks this rank owns spill to
+  // `disk->swap` under `disk->host_budget_bytes` of host memory. Unset: no disk tier.
+  std::optional<DiskTierOptions> disk = std::nullopt;
 };
 
 class ChunkManager {
@@ -246,7 +258,17 @@ class ChunkManager {
   // no moment.
   [[nodiscard]] absl::Status AccessChunks(int64_t chunk_index, absl::Span<const ChunkType> types,
                                           Device device, AccessMode mode);
+  // The same with a mode per type (`modes[k]` for `types[k]`): the optimizer's restore pass writes
+  // the param chunk but only reads the master, whose disk copy then stays valid. Still one
+  // moment. InvalidArgument also when the spans' sizes differ. With the disk tier: the swap's
+  // errors naming the chunk ("loading momentum#12 from disk: ..."), and ResourceExhausted when the
+  // tier's host budget is held by chunks in use; the call is then no moment and the manager
+  // stays usable.
+  [[nodiscard]] absl::Status AccessChunks(int64_t chunk_index, absl::Span<const ChunkType> types,
+                                          Device device, absl::Span<const AccessMode> modes);
   // COMPUTE -> HOLD for every tensor of those chunks. FailedPrecondition without AccessChunks.
+  // With the disk tier, starts the write-behind of changed streamed optimizer-state chunks (an
+  // error starting it is returned, naming the chunk; the chunks are released anyway).
   [[nodiscard]] absl::Status ReleaseChunks(int64_t chunk_index, absl::Span<const ChunkType> types);
 
   // --- ZeRO ---------------------------------------------------------------------------------
@@ -296,6 +318,8 @@ class ChunkManager {
   int64_t current_limit_bytes() const { return current_limit_bytes_; }
 
   ChunkManagerCounters counters() const { return counters_; }
+  // The disk tier; null without ChunkManagerOptions::disk.
+  const DiskTier* disk_tier() const { return disk_.get(); }
   // ChunkManagerOptions::clock: the clock counters()' times (stall_ns, compute_wait_ns, comm_ns)
   // and the events' timestamps are read from.
   MonotonicClock clock() const { return options_.clock; }
@@ -392,6 +416,8 @@ class ChunkManager {
   std::unique_ptr<ResidencyEngine> engine_;
   // World size > 1 only.
   std::unique_ptr<ZeroGroups> groups_;
+  // With ChunkManagerOptions::disk only; destroyed first (it waits for its I/O).
+  std::unique_ptr<DiskTier> disk_;
 
   bool in_iteration_ = false;
   // Whether this iteration had a BWD access yet.

@@ -15,6 +15,7 @@
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_type.h"
+#include "scheduler/disk_tier.h"
 
 namespace ps {
 namespace {
@@ -164,6 +165,11 @@ absl::Status CheckOptions(const MemoryPlanOptions& o) {
   if (o.host_cap_bytes.has_value() && *o.host_cap_bytes <= 0) {
     return absl::InvalidArgumentError("MemoryPlanOptions.host_cap_bytes must be positive");
   }
+  if (o.disk.has_value() && (o.disk->host_budget_bytes < 0 || o.disk->read_ahead < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("MemoryPlanOptions.disk: host_budget_bytes (",
+                                                   o.disk->host_budget_bytes, ") and read_ahead (",
+                                                   o.disk->read_ahead, ") must be >= 0"));
+  }
   return absl::OkStatus();
 }
 
@@ -310,6 +316,28 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
         AlignUp(layout.end_elems(c) * static_cast<int64_t>(sizeof(float)), kHostPageBytes));
   }
   plan.host_model_data_bytes = plan.rank_model_data_bytes + gathered_bytes;
+  int64_t host_state_touched_bytes = 3 * state_touched_bytes;
+  if (o.disk.has_value()) {
+    // The optimizer state on disk, at most the tier's budget of it in host RAM.
+    const int64_t all_state_bytes = 3 * owned_data_chunks * plan.state_chunk_bytes;
+    plan.disk_tier = true;
+    plan.disk_bytes = 3 * owned_data_chunks * AlignUp(plan.state_chunk_bytes, kDiskSlotAlignBytes);
+    plan.disk_host_bytes = std::min(o.disk->host_budget_bytes, all_state_bytes);
+    plan.disk_min_host_bytes = DiskTierMinHostBytes(plan.state_chunk_bytes, owned_data_chunks);
+    const DiskTierSplit split =
+        SplitDiskTierBudget(std::max(o.disk->host_budget_bytes, plan.disk_min_host_bytes),
+                            plan.state_chunk_bytes, owned_data_chunks, o.disk->read_ahead);
+    plan.disk_kept_indices = split.kept;
+    plan.disk_streamed_indices = owned_data_chunks - split.kept;
+    plan.disk_read_ahead = split.read_ahead;
+    const int64_t streamed_state_bytes = plan.disk_streamed_indices * plan.state_chunk_bytes;
+    plan.disk_write_bytes_per_step = 3 * streamed_state_bytes;
+    plan.disk_read_bytes_per_step =
+        3 * streamed_state_bytes + (o.gradient_accumulation_steps - 1) * streamed_state_bytes;
+    plan.host_model_data_bytes += plan.disk_host_bytes - all_state_bytes;
+    // Reads from disk fill whole payloads, and the pool's blocks serve every chunk in turn.
+    host_state_touched_bytes = plan.disk_host_bytes;
+  }
   if (o.gradient_accumulation_steps > 1) {
     plan.host_accumulator_bytes = owned_data_chunks * plan.state_chunk_bytes;
   }
@@ -325,7 +353,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
                          plan.host_accumulator_bytes + plan.host_accelerator_bytes +
                          o.host_overhead_bytes + o.host_workspace_bytes;
   plan.host_needed_bytes = plan.host_peak_bytes - o.host_resident_bytes;
-  plan.host_model_data_touched_bytes = rank_param_bytes + 3 * state_touched_bytes + gathered_bytes;
+  plan.host_model_data_touched_bytes = rank_param_bytes + host_state_touched_bytes + gathered_bytes;
   plan.host_expected_peak_bytes = o.host_resident_bytes + plan.host_model_data_touched_bytes +
                                   plan.host_accumulator_bytes + plan.host_accelerator_bytes +
                                   std::min(o.host_overhead_bytes, kExpectedHostOverheadBytes) +
@@ -338,7 +366,16 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
       plan.host_model_data_bytes + plan.host_accumulator_bytes > *o.host_cap_bytes) {
     plan.fits_host = false;
   }
+  if (plan.disk_tier && o.disk->host_budget_bytes < plan.disk_min_host_bytes) {
+    plan.fits_host = false;
+  }
   return plan;
+}
+
+double DiskStepSeconds(const MemoryPlan& plan, double bytes_per_s) {
+  if (!plan.disk_tier || !(bytes_per_s > 0)) return 0;
+  return static_cast<double>(plan.disk_read_bytes_per_step + plan.disk_write_bytes_per_step) /
+         bytes_per_s;
 }
 
 std::string MemoryPlan::Summary() const {
@@ -371,6 +408,14 @@ std::string MemoryPlan::Summary() const {
                   FormatBytes(host_needed_bytes), " more than now), expected ",
                   FormatBytes(host_expected_peak_bytes), " (model data pages written ",
                   FormatBytes(host_model_data_touched_bytes), ")");
+  if (disk_tier) {
+    absl::StrAppend(&s, "\ndisk: ", FormatBytes(disk_bytes), " of swap slots; optimizer state in ",
+                    "host RAM ", FormatBytes(disk_host_bytes), " (minimum ",
+                    FormatBytes(disk_min_host_bytes), "), ", disk_kept_indices, " indices kept, ",
+                    disk_streamed_indices, " streamed, read-ahead ", disk_read_ahead,
+                    "; per step up to ", FormatBytes(disk_read_bytes_per_step), " read, ",
+                    FormatBytes(disk_write_bytes_per_step), " written");
+  }
   return s;
 }
 

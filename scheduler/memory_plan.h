@@ -46,6 +46,19 @@
 // the padding tail is never touched), plus the measured overhead kExpectedHostOverheadBytes
 // (the emulated accelerator and the chunk blocks are mapped from the OS, so freed memory leaves).
 //
+// Disk tier (MemoryPlanOptions::disk, scheduler/disk_tier.h). The optimizer state this rank owns
+// lives in swap slots on disk; the host holds at most the tier's budget of it: the host side
+// counts min(budget, all owned optimizer state) instead of every state chunk (pages written: whole
+// blocks, since reads from disk fill whole payloads). The plan adds the disk bytes (one slot per
+// owned state chunk, each rounded up to kDiskSlotAlignBytes), the tier's minimum host bytes
+// (DiskTierMinHostBytes; a budget below it does not fit the host), how the budget splits into
+// kept and streamed indices (SplitDiskTierBudget), and the disk traffic of one optimizer step:
+// the update pass reads and writes the master, momentum and variance chunks of every streamed
+// index; with gradient accumulation (k > 1) the restore pass after each of micro-batches 1..k-1
+// reads every streamed master (and writes nothing: the master is only read). That is an upper
+// bound: chunks the window still holds from the previous pass are hits. DiskStepSeconds turns it
+// into the time the disk alone needs per step at a measured bandwidth.
+//
 // Thread safety: pure functions.
 #ifndef PATRICKSTAR_SCHEDULER_MEMORY_PLAN_H_
 #define PATRICKSTAR_SCHEDULER_MEMORY_PLAN_H_
@@ -106,6 +119,14 @@ struct MemoryPlanOptions {
   std::optional<int64_t> host_cap_bytes;
   // The emulated accelerator (cpu backend): its memory is host memory.
   bool accelerator_in_host_memory = false;
+
+  // The disk tier (see the file comment); unset: no disk tier, and the plan is as without it.
+  struct DiskTier {
+    // DiskTierOptions::host_budget_bytes and read_ahead (scheduler/disk_tier.h).
+    int64_t host_budget_bytes = 0;
+    int64_t read_ahead = 2;
+  };
+  std::optional<DiskTier> disk;
 };
 
 // One moment of the predicted iteration.
@@ -161,6 +182,17 @@ struct MemoryPlan {
   int64_t host_expected_peak_bytes = 0;
   bool fits_host = true;
 
+  // --- Disk tier (all zero without it; see the file comment).
+  bool disk_tier = false;
+  int64_t disk_bytes = 0;                 // the swap's slots, each rounded up to 4096
+  int64_t disk_host_bytes = 0;            // host bytes of optimizer state: min(budget, all of it)
+  int64_t disk_min_host_bytes = 0;        // the least budget the tier accepts
+  int64_t disk_kept_indices = 0;          // owned indices whose state stays in host RAM
+  int64_t disk_streamed_indices = 0;      // owned indices whose state streams through the window
+  int64_t disk_read_ahead = 0;            // indices read ahead, as the budget allows
+  int64_t disk_read_bytes_per_step = 0;   // per optimizer step (upper bound)
+  int64_t disk_write_bytes_per_step = 0;  // per optimizer step
+
   bool fits() const { return fits_accelerator && fits_host; }
   // A few lines for people.
   std::string Summary() const;
@@ -174,6 +206,13 @@ inline constexpr int64_t kHostPageBytes = 4096;
 // f32 and bf16 at their plan minimum. The expected peak counts min(host_overhead_bytes, this);
 // the safe bound counts host_overhead_bytes.
 inline constexpr int64_t kExpectedHostOverheadBytes = 24 << 20;
+
+// The alignment of a swap slot (direct I/O).
+inline constexpr int64_t kDiskSlotAlignBytes = 4096;
+
+// The time the disk alone needs per optimizer step: the plan's disk reads and writes at
+// `bytes_per_s` (> 0), one after the other. 0 without the disk tier.
+double DiskStepSeconds(const MemoryPlan& plan, double bytes_per_s);
 
 // The scratch allocator's options for an accelerator budget: segments of a 64th of the budget as a
 // power of two, 64 KiB..2 MiB (PyTorch's 2 MiB from a 128 MiB budget up), so that the free tails

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "base/testing/status_matchers.h"
 #include "base/units.h"
 #include "chunk/operator_spec.h"
@@ -162,6 +163,84 @@ TEST(MemoryPlan, SixteenBitParamChunksTakeHalfBlocks) {
   ASSERT_OK_AND_ASSIGN(MemoryPlan p, PlanMemory(o));
   EXPECT_EQ(p.param_chunk_bytes, 2 * kKiB);
   EXPECT_EQ(p.rank_model_data_bytes, 2 * (2 + 12) * kKiB);
+}
+
+// Six operators of 1000 elements, one per chunk of 1024: six owned indices whose master, momentum
+// and variance chunks are 4 KiB each (72 KiB of optimizer state, 24 KiB of f32 params).
+MemoryPlanOptions SixChunkOptions() {
+  MemoryPlanOptions o = Options();
+  o.ops.clear();
+  for (int i = 0; i < 6; ++i) {
+    o.ops.push_back({absl::StrCat("o", i), {{absl::StrCat("o", i, ".w"), {1000}}}});
+  }
+  ActivationProfileBuilder b(o.ops);
+  for (int i = 0; i < 6; ++i) b.Touch(absl::StrCat("o", i), Stage::kForward);
+  for (int i = 5; i >= 0; --i) b.Touch(absl::StrCat("o", i), Stage::kBackward);
+  o.profile.iteration = b.Take();
+  for (int i = 0; i < 6; ++i) b.Touch(absl::StrCat("o", i), Stage::kForward);
+  o.profile.evaluation = b.Take();
+  return o;
+}
+
+TEST(MemoryPlan, DiskTierCountsItsBudgetOnTheHostAndPredictsTheTraffic) {
+  MemoryPlanOptions o = SixChunkOptions();
+  ASSERT_OK_AND_ASSIGN(const MemoryPlan ram, PlanMemory(o));
+  ASSERT_EQ(ram.num_data_chunks, 6);
+  EXPECT_EQ(ram.host_model_data_bytes, 24 * kKiB + 72 * kKiB);
+  EXPECT_FALSE(ram.disk_tier);
+  EXPECT_EQ(ram.disk_bytes + ram.disk_read_bytes_per_step + ram.disk_write_bytes_per_step, 0);
+  EXPECT_EQ(DiskStepSeconds(ram, 1e9), 0);
+
+  // 36 KiB: three indices of state, all a streaming window (the access, one written behind, one
+  // read ahead); every index streams.
+  o.disk = MemoryPlanOptions::DiskTier{.host_budget_bytes = 36 * kKiB, .read_ahead = 1};
+  ASSERT_OK_AND_ASSIGN(MemoryPlan p, PlanMemory(o));
+  EXPECT_TRUE(p.disk_tier);
+  EXPECT_EQ(p.disk_bytes, 18 * 4 * kKiB);
+  EXPECT_EQ(p.disk_host_bytes, 36 * kKiB);
+  EXPECT_EQ(p.disk_min_host_bytes, 24 * kKiB);
+  EXPECT_EQ(p.disk_kept_indices, 0);
+  EXPECT_EQ(p.disk_streamed_indices, 6);
+  EXPECT_EQ(p.disk_read_ahead, 1);
+  EXPECT_EQ(p.disk_read_bytes_per_step, 72 * kKiB);
+  EXPECT_EQ(p.disk_write_bytes_per_step, 72 * kKiB);
+  EXPECT_EQ(p.host_model_data_bytes, 24 * kKiB + 36 * kKiB);
+  EXPECT_EQ(p.host_needed_bytes, ram.host_needed_bytes - 36 * kKiB);
+  EXPECT_EQ(p.host_model_data_touched_bytes, 24 * kKiB + 36 * kKiB);
+  EXPECT_DOUBLE_EQ(DiskStepSeconds(p, 144.0 * kKiB), 1.0);
+  EXPECT_TRUE(p.fits_host);
+  EXPECT_THAT(p.Summary(), HasSubstr("disk: 72.00 KiB of swap slots"));
+  // The accelerator side does not change.
+  EXPECT_EQ(p.min_accelerator_bytes, ram.min_accelerator_bytes);
+  EXPECT_EQ(p.predicted_accelerator_peak_bytes, ram.predicted_accelerator_peak_bytes);
+
+  // Gradient accumulation: each of micro-batches 1..3 reads every streamed master again.
+  o.gradient_accumulation_steps = 4;
+  ASSERT_OK_AND_ASSIGN(p, PlanMemory(o));
+  EXPECT_EQ(p.disk_read_bytes_per_step, 72 * kKiB + 3 * 6 * 4 * kKiB);
+  EXPECT_EQ(p.disk_write_bytes_per_step, 72 * kKiB);
+  o.gradient_accumulation_steps = 1;
+
+  // 60 KiB: five indices fit; a window of three leaves two kept, four streamed.
+  o.disk->host_budget_bytes = 60 * kKiB;
+  ASSERT_OK_AND_ASSIGN(p, PlanMemory(o));
+  EXPECT_EQ(p.disk_kept_indices, 2);
+  EXPECT_EQ(p.disk_streamed_indices, 4);
+  EXPECT_EQ(p.disk_read_bytes_per_step, 3 * 4 * 4 * kKiB);
+  EXPECT_EQ(p.disk_write_bytes_per_step, 3 * 4 * 4 * kKiB);
+
+  // A budget above all the state: it all stays in RAM, nothing streams.
+  o.disk->host_budget_bytes = 1 * kMiB;
+  ASSERT_OK_AND_ASSIGN(p, PlanMemory(o));
+  EXPECT_EQ(p.disk_host_bytes, 72 * kKiB);
+  EXPECT_EQ(p.host_model_data_bytes, ram.host_model_data_bytes);
+  EXPECT_EQ(p.disk_streamed_indices, 0);
+  EXPECT_EQ(p.disk_read_bytes_per_step + p.disk_write_bytes_per_step, 0);
+
+  // Below the tier's minimum the host does not fit.
+  o.disk->host_budget_bytes = 24 * kKiB - 1;
+  ASSERT_OK_AND_ASSIGN(p, PlanMemory(o));
+  EXPECT_FALSE(p.fits_host);
 }
 
 TEST(MemoryPlan, InconsistentProfilesAndBadOptionsAreInvalidArguments) {

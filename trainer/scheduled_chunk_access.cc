@@ -20,15 +20,28 @@ std::vector<ChunkType> TypesFor(AdamChunkUse use) {
   return {};
 }
 
+// The mode of each of TypesFor(use): the gradient pass reads the param chunk; the restore pass
+// writes it from the master, which it only reads (so a clean master stays clean: no write-back
+// from the accelerator, no disk write from the disk tier); the update pass writes all four.
+std::vector<AccessMode> ModesFor(AdamChunkUse use) {
+  switch (use) {
+    case AdamChunkUse::kGradients:
+      return {AccessMode::kRead};
+    case AdamChunkUse::kRestore:
+      return {AccessMode::kReadWrite, AccessMode::kRead};
+    case AdamChunkUse::kUpdate:
+      return std::vector<AccessMode>(4, AccessMode::kReadWrite);
+  }
+  return {};
+}
+
 }  // namespace
 
 absl::StatusOr<AdamChunkPayloads> ScheduledChunkAccess::Acquire(int64_t chunk_index,
                                                                 AdamChunkUse use) {
   const Device device = DeviceFor(chunk_index);
   const std::vector<ChunkType> types = TypesFor(use);
-  const AccessMode mode =
-      use == AdamChunkUse::kGradients ? AccessMode::kRead : AccessMode::kReadWrite;
-  RETURN_IF_ERROR(manager_.AccessChunks(chunk_index, types, device, mode));
+  RETURN_IF_ERROR(manager_.AccessChunks(chunk_index, types, device, ModesFor(use)));
   AdamChunkPayloads payloads;
   payloads.device = device;
   for (ChunkType type : types) {

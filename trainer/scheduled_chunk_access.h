@@ -5,7 +5,10 @@
 // this object, which makes each chunk's payloads resident — on the accelerator for the chunk
 // indices the placement keeps there, on the host for the rest — through AccessChunks, and gives
 // them back with ReleaseChunks. The gradient pass only reads the param chunk; the restore pass
-// (after an overflow) writes it; the update pass writes all four types.
+// (after an overflow, and after micro-batches with gradient accumulation) writes it and only
+// reads the master (one AccessChunks with a mode per type, so an unchanged master is never
+// written back — by the accelerator tier nor the disk tier); the update pass writes all four
+// types.
 //
 // It lives in the trainer, which joins the two: optimizer/ never depends on scheduler/ (HybridAdam
 // runs without a scheduler through ResidentChunkAccess), and the model does not run optimizers.

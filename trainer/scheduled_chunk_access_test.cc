@@ -16,6 +16,7 @@
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
+#include "disk/testing/memory_chunk_swap.h"
 #include "gtest/gtest.h"
 #include "memory/cpu_backend.h"
 #include "memory/device_memory.h"
@@ -23,6 +24,7 @@
 #include "optimizer/cpu_adam.h"
 #include "optimizer/hybrid_adam.h"
 #include "scheduler/chunk_manager.h"
+#include "scheduler/disk_tier.h"
 
 namespace ps {
 namespace {
@@ -35,11 +37,15 @@ struct RunResult {
   std::vector<std::vector<float>> payloads;  // per (type, chunk index), in type-major order
   int64_t accelerator_chunk_steps = 0;
   int64_t host_chunk_steps = 0;
+  ChunkManagerCounters counters;
+  // Disk writes (disk tier) made by a restore pass after the training.
+  int64_t restore_disk_writes = 0;
 };
 
 // Trains the tiny GPT preset's parameters for `iterations` iterations with synthetic gradients on
-// an emulated accelerator of `capacity_bytes`, and returns every chunk's final contents.
-absl::StatusOr<RunResult> Train(int64_t capacity_bytes, int iterations) {
+// an emulated accelerator of `capacity_bytes`, and returns every chunk's final contents. With
+// `swap`, the optimizer state goes through the disk tier at its minimum host budget.
+absl::StatusOr<RunResult> Train(int64_t capacity_bytes, int iterations, ChunkSwap* swap = nullptr) {
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                    CreateCpuBackend({.capacity_bytes = capacity_bytes}));
   DeviceMemoryOptions memory_options;
@@ -54,8 +60,16 @@ absl::StatusOr<RunResult> Train(int64_t capacity_bytes, int iterations) {
   ASSIGN_OR_RETURN(ChunkLayout layout, ChunkLayout::Build({.capacity_elems = kChunkElems}, ops));
   ASSIGN_OR_RETURN(std::unique_ptr<ChunkStore> store,
                    ChunkStore::Create(std::move(layout), {.compute_dtype = DType::kF32}));
+  ChunkManagerOptions manager_options;
+  if (swap != nullptr) {
+    manager_options.disk = DiskTierOptions{.swap = swap,
+                                           .host_budget_bytes = DiskTierMinHostBytes(
+                                               kChunkElems * 4, store->layout().num_data_chunks()),
+                                           .read_ahead = 1};
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<ChunkManager> manager,
-                   ChunkManager::Create(store.get(), backend.get(), accelerator.get(), host.get()));
+                   ChunkManager::Create(store.get(), backend.get(), accelerator.get(), host.get(),
+                                        manager_options));
   ASSIGN_OR_RETURN(std::unique_ptr<CpuAdam> cpu_adam, CpuAdam::Create({.num_threads = 2}));
   HybridAdamOptions options;
   options.groups = {ParamGroupOptions{.name = "default", .lr = 1e-2, .weight_decay = 0.01}};
@@ -103,6 +117,20 @@ absl::StatusOr<RunResult> Train(int64_t capacity_bytes, int iterations) {
     RETURN_IF_ERROR(manager->EndIteration());
   }
 
+  // A restore pass (what HybridAdam runs after an overflow): the param chunks are written, the
+  // masters only read, so nothing of the optimizer state is written back.
+  {
+    const ChunkManagerCounters before = manager->counters();
+    ScheduledChunkAccess access(*manager, *store, accel, AdamPlacement());
+    for (int64_t i = 0; i < l.num_data_chunks(); ++i) {
+      RETURN_IF_ERROR(access.Acquire(i, AdamChunkUse::kRestore).status());
+      RETURN_IF_ERROR(access.Release(i, AdamChunkUse::kRestore));
+    }
+    const ChunkManagerCounters after = manager->counters().Minus(before);
+    result.restore_disk_writes = after.disk_writes;
+  }
+  result.counters = manager->counters();
+
   // Read everything back on the host.
   for (ChunkType type : kAllTypes) {
     for (int64_t i = 0; i < l.num_chunks(); ++i) {
@@ -146,6 +174,26 @@ TEST(ScheduledChunkAccess, StepResultsDoNotDependOnThePlacement) {
     for (float m : roomy.payloads[i]) moved |= m != 0.0f;
   }
   EXPECT_TRUE(moved);
+}
+
+// The optimizer state streamed through the disk tier at its minimum host budget: the same bytes as
+// all in RAM, and a restore pass writes no master to disk.
+TEST(ScheduledChunkAccess, DiskTierGivesTheSameResults) {
+  constexpr int kIterations = 3;
+  ASSERT_OK_AND_ASSIGN(RunResult ram, Train(kChunkElems * 4 * 3, kIterations));
+  MemoryChunkSwap swap;
+  ASSERT_OK_AND_ASSIGN(RunResult disk, Train(kChunkElems * 4 * 3, kIterations, &swap));
+  EXPECT_GT(disk.counters.disk_reads, 0);
+  EXPECT_GT(disk.counters.disk_writes, 0);
+  EXPECT_EQ(disk.restore_disk_writes, 0);
+  EXPECT_GT(disk.counters.disk_drops, 0);
+  EXPECT_EQ(ram.counters.disk_reads + ram.counters.disk_writes, 0);
+  ASSERT_EQ(ram.payloads.size(), disk.payloads.size());
+  for (size_t i = 0; i < ram.payloads.size(); ++i) {
+    EXPECT_EQ(
+        std::memcmp(ram.payloads[i].data(), disk.payloads[i].data(), ram.payloads[i].size() * 4), 0)
+        << "payload " << i << " differs with the disk tier";
+  }
 }
 
 }  // namespace
