@@ -102,7 +102,27 @@ struct GptRunPlanOptions {
   int64_t host_overhead_bytes = 0;
   int64_t host_workspace_bytes = 0;
   bool accelerator_in_host_memory = true;
+
+  // The disk tier (zero_optimization.offload_optimizer.device "nvme"); unset: none. The optimizer
+  // state this rank owns gets swap slots under `dir`; host memory holds at most a budget of it.
+  struct DiskTier {
+    // nvme_path, for messages.
+    std::string dir;
+    // What the filesystem of `dir` can still take (statvfs); 0: not checked.
+    int64_t free_bytes = 0;
+    // Chunk indices read ahead of the optimizer (offload_optimizer.buffer_count), >= 1.
+    int64_t read_ahead = 4;
+    // Host bytes of optimizer state the tier may hold. 0: auto — what the host limit
+    // (accelerator.host_memory, else what the OS can give less kDiskTierHostMarginBytes or 1/20 of
+    // it, whichever is more) leaves beside everything else the plan counts, at most all of it and
+    // at least the tier's minimum (a budget at the minimum that still does not fit is refused).
+    int64_t host_budget_bytes = 0;
+  };
+  std::optional<DiskTier> disk;
 };
+
+// What the disk tier's automatic host budget leaves free of what the OS can give.
+inline constexpr int64_t kDiskTierHostMarginBytes = int64_t{512} << 20;
 
 struct GptRunPlan {
   MemoryPlan plan;
@@ -112,6 +132,9 @@ struct GptRunPlan {
   CachingAllocatorOptions scratch;
   // "chunk.size \"auto\": 9 candidates searched" or "chunk.size".
   std::string chunk_note;
+  // The disk tier's host budget the plan chose (DiskTier::host_budget_bytes, or the automatic
+  // one); 0 without the tier. The ChunkManager's DiskTierOptions::host_budget_bytes.
+  int64_t disk_host_budget_bytes = 0;
 };
 
 // InvalidArgument for an invalid config or options (naming the field), a chunk_elems below
@@ -123,6 +146,12 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& options);
 // or the largest micro batch (--micro_batch_size) that would fit. Re-plans smaller batches, so it
 // takes the options `plan` came from.
 absl::Status CheckGptRunFits(const GptRunPlanOptions& options, const GptRunPlan& plan);
+
+// OK unless the plan's disk tier needs more swap bytes than options.disk->free_bytes (when
+// checked): then ResourceExhausted naming the directory (nvme_path) and both numbers. Checked
+// first by CheckGptRunFits; a run with the tier checks it even where the rest of the plan is not
+// enforced.
+absl::Status CheckGptRunDisk(const GptRunPlanOptions& options, const GptRunPlan& plan);
 
 }  // namespace ps
 

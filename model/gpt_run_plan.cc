@@ -50,6 +50,48 @@ constexpr char kHostMemoryAdvice[] =
     ". Use a smaller model, 16-bit precision, more ranks (ZeRO shards the model data), or a "
     "machine with more memory. Nothing was allocated";
 
+// The host-memory advice: without the disk tier, it is the first thing to try.
+std::string HostMemoryAdvice(const GptRunPlanOptions& o) {
+  if (o.disk.has_value()) return kHostMemoryAdvice;
+  return absl::StrCat(
+      ". Put the optimizer state (",
+      ModelDataBytesPerParam(o.compute_dtype) - SizeOf(o.compute_dtype),
+      " bytes per parameter) on a local disk with --nvme_path=DIR "
+      "(zero_optimization.offload_optimizer.device \"nvme\"), or use a smaller model, 16-bit "
+      "precision, more ranks (ZeRO shards the model data), or a machine with more memory. Nothing "
+      "was allocated");
+}
+
+// All of the owned optimizer state, as a disk-tier budget (MemoryPlan clips it to the state).
+constexpr int64_t kWholeStateBudget = std::numeric_limits<int64_t>::max() / 4;
+
+// PlanMemory with the disk tier's host budget: o.disk's, or the automatic one (see
+// GptRunPlanOptions::DiskTier), which needs a first plan holding all the state to see what the
+// rest of the run takes. `budget` receives the budget planned with.
+absl::StatusOr<MemoryPlan> PlanMemoryWithDisk(const GptRunPlanOptions& o, MemoryPlanOptions& p,
+                                              int64_t& budget) {
+  budget = 0;
+  if (!o.disk.has_value()) return PlanMemory(p);
+  p.disk = MemoryPlanOptions::DiskTier{.host_budget_bytes = o.disk->host_budget_bytes,
+                                       .read_ahead = o.disk->read_ahead};
+  if (o.disk->host_budget_bytes <= 0) {
+    p.disk->host_budget_bytes = kWholeStateBudget;
+    ASSIGN_OR_RETURN(const MemoryPlan all, PlanMemory(p));
+    const int64_t state = all.disk_host_bytes;
+    int64_t b = state;
+    if (o.host_available_bytes > 0) {
+      const int64_t margin = std::max(kDiskTierHostMarginBytes, o.host_available_bytes / 20);
+      b = std::min(b, o.host_available_bytes - margin - (all.host_needed_bytes - state));
+    }
+    if (o.host_cap_bytes.has_value()) {
+      b = std::min(b, *o.host_cap_bytes - (all.host_model_data_bytes - state));
+    }
+    p.disk->host_budget_bytes = std::max(b, all.disk_min_host_bytes);
+  }
+  budget = p.disk->host_budget_bytes;
+  return PlanMemory(p);
+}
+
 // The plan of one chunk size and budget.
 absl::StatusOr<GptRunPlan> PlanOne(const GptRunPlanOptions& o, int64_t chunk_elems) {
   const ModelConfig mc = PlannedModel(o);
@@ -95,7 +137,7 @@ absl::StatusOr<GptRunPlan> PlanOne(const GptRunPlanOptions& o, int64_t chunk_ele
     // has not been repeated, so the margin stays.
     p.slack_margin_bytes = p.scratch.small_segment_bytes;
     p.slack_peak_fraction = 1.0 / 32;
-    ASSIGN_OR_RETURN(run.plan, PlanMemory(p));
+    ASSIGN_OR_RETURN(run.plan, PlanMemoryWithDisk(o, p, run.disk_host_budget_bytes));
     run.scratch = p.scratch;
     if (o.accelerator_bytes > 0 || run.plan.min_accelerator_bytes <= run.accelerator_bytes) break;
     run.accelerator_bytes = AlignUp(run.plan.min_accelerator_bytes, kMiB);
@@ -122,8 +164,11 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
   // and gigabytes listing blocks for a plan that could only refuse it. Every rank holds at least
   // its share of the model data in host memory, less what a real accelerator keeps.
   if (o.host_available_bytes > 0 && (o.accelerator_in_host_memory || o.accelerator_bytes > 0)) {
-    const double model_data = static_cast<double>(ModelParameterCount(mc)) *
-                              static_cast<double>(ModelDataBytesPerParam(o.compute_dtype));
+    // With the disk tier the optimizer state may all be on disk: the parameters stay.
+    const int64_t bytes_per_param =
+        o.disk.has_value() ? SizeOf(o.compute_dtype) : ModelDataBytesPerParam(o.compute_dtype);
+    const double model_data =
+        static_cast<double>(ModelParameterCount(mc)) * static_cast<double>(bytes_per_param);
     const double lower_bound =
         model_data / o.world_size -
         (o.accelerator_in_host_memory ? 0.0 : static_cast<double>(o.accelerator_bytes));
@@ -133,11 +178,11 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
       const std::string needed = FormatBytes(static_cast<int64_t>(
           std::min(lower_bound, static_cast<double>(std::numeric_limits<int64_t>::max()))));
       return absl::ResourceExhaustedError(absl::StrCat(
-          PlannedRunName(o, mc),
-          " does not fit in host memory: its model data alone needs at least ", needed,
-          " of host memory (", ModelDataBytesPerParam(o.compute_dtype),
-          " bytes per parameter) but ", HostLimit(o, capped),
-          "; the smallest host memory that fits is at least ", needed, kHostMemoryAdvice));
+          PlannedRunName(o, mc), " does not fit in host memory: its ",
+          o.disk.has_value() ? "parameters alone need" : "model data alone needs", " at least ",
+          needed, " of host memory (", bytes_per_param, " bytes per parameter) but ",
+          HostLimit(o, capped), "; the smallest host memory that fits is at least ", needed,
+          HostMemoryAdvice(o)));
     }
   }
   const int64_t min_elems = ModelMinChunkElems(mc, o.model.ce_vocab_tile);
@@ -196,8 +241,25 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
                                   planned, " planned");
   return *std::move(best);
 }
+absl::Status CheckGptRunDisk(const GptRunPlanOptions& o, const GptRunPlan& run) {
+  const MemoryPlan& p = run.plan;
+  if (!p.disk_tier || !o.disk.has_value() || o.disk->free_bytes <= 0 ||
+      p.disk_bytes <= o.disk->free_bytes) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      PlannedRunName(o, PlannedModel(o)),
+      " does not fit on disk: the optimizer state this rank owns needs ", FormatBytes(p.disk_bytes),
+      " of swap files (", p.disk_bytes, " bytes) but the filesystem of ", o.disk->dir,
+      " (zero_optimization.offload_optimizer.nvme_path, --nvme_path) has only ",
+      FormatBytes(o.disk->free_bytes), " free (", o.disk->free_bytes,
+      " bytes). Free space there, name a larger disk, or use more ranks (ZeRO shards the "
+      "optimizer state). Nothing was allocated"));
+}
+
 absl::Status CheckGptRunFits(const GptRunPlanOptions& o, const GptRunPlan& run) {
   const MemoryPlan& p = run.plan;
+  RETURN_IF_ERROR(CheckGptRunDisk(o, run));
   if (p.fits()) return absl::OkStatus();
   const ModelConfig mc = PlannedModel(o);
   const std::string what = PlannedRunName(o, mc);
@@ -213,8 +275,12 @@ absl::Status CheckGptRunFits(const GptRunPlanOptions& o, const GptRunPlan& run) 
         p.host_accelerator_bytes > 0
             ? absl::StrCat(", the emulated accelerator ", FormatBytes(p.host_accelerator_bytes))
             : std::string(),
+        p.disk_tier
+            ? absl::StrCat(", the disk tier's optimizer state ", FormatBytes(p.disk_host_bytes),
+                           " (its minimum ", FormatBytes(p.disk_min_host_bytes), ")")
+            : std::string(),
         ") but ", HostLimit(o, capped), "; the smallest host memory that fits is ",
-        FormatBytes(p.host_needed_bytes), kHostMemoryAdvice));
+        FormatBytes(p.host_needed_bytes), HostMemoryAdvice(o)));
   }
   // The accelerator: the largest batch that fits this budget, if any.
   std::string batch;
