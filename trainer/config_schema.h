@@ -94,13 +94,25 @@ inline constexpr int kMaxDeviceIndex = 1 << 16;
 // derived from it in int64).
 inline constexpr double kMinCopyBandwidthBytesPerS = 1e6;
 inline constexpr double kMaxCopyBandwidthBytesPerS = 1e15;
+// zero_optimization.offload_optimizer.buffer_count: a read-ahead window in chunk indices; 2^16
+// indices is more than any model's chunk count at a useful chunk size, and keeps the window's
+// bytes (count x 3 chunks) far from int64 overflow.
+inline constexpr int64_t kMaxOffloadBufferCount = int64_t{1} << 16;
+// aio: direct I/O's alignment (block_size must be a multiple), the largest request (1 GiB: one
+// request per chunk at the largest useful chunks), the deepest io_uring queue (IORING_MAX_ENTRIES)
+// and the most I/O threads.
+inline constexpr int64_t kAioAlignmentBytes = 4096;
+inline constexpr int64_t kMaxAioBlockBytes = int64_t{1} << 30;
+inline constexpr int64_t kMaxAioQueueDepth = 32768;
+inline constexpr int64_t kMaxAioThreads = 1024;
 
 // --- The key tables ------------------------------------------------------------------------------
 
 // The sections of the file, for JsonReader (the top level lists the ignored DeepSpeed keys).
 struct TrainConfigSchema {
   JsonSection top, optimizer, optimizer_params, scheduler, scheduler_params, fp16, bf16, model,
-      chunk, accelerator, data, checkpoint, profile;
+      chunk, accelerator, data, checkpoint, profile, zero_optimization, offload_optimizer,
+      offload_param, aio;
 };
 const TrainConfigSchema& ConfigSchema();
 
@@ -110,6 +122,10 @@ std::vector<std::string> TrainConfigKeyPaths();
 
 // The top-level DeepSpeed keys accepted and ignored (see the file comment).
 std::vector<std::string> IgnoredDeepSpeedKeys();
+
+// Why zero_optimization.`key` (any key but the offload sections) is ignored: the reason of
+// DeepSpeed keys known to the schema, else the general one (chunks replace ZeRO's stages).
+absl::string_view ZeroOptimizationIgnoredReason(absl::string_view key);
 
 // The presets model.preset and --model take: GPT-2's (model/gpt_config.h GptPresetNames) first,
 // then the Llama family's (the rest of model/model_config.h ModelPresetNames).
@@ -130,6 +146,8 @@ absl::StatusOr<OptimizerType> ParseOptimizerType(absl::string_view name);
 absl::StatusOr<SchedulerType> ParseSchedulerType(absl::string_view name);
 // "cpu" | "cuda", case-insensitive.
 absl::StatusOr<AcceleratorKind> ParseAcceleratorKind(absl::string_view name);
+// "none" | "cpu" | "nvme", case-insensitive.
+absl::StatusOr<OffloadDevice> ParseOffloadDevice(absl::string_view name);
 // "12GB/s", "1.5 GiB/s", "100MB" (the "/s" is optional): bytes per second.
 absl::StatusOr<double> ParseBandwidth(absl::string_view text);
 
