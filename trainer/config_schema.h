@@ -52,8 +52,23 @@
 //   checkpoint:  {dir, every, keep_last, resume, init_from, export}
 //   profile:     {trace, metrics}
 //
-// DeepSpeed keys that do not apply here are accepted and ignored with a LOG(WARNING) — only these
-// top-level ones (IgnoredDeepSpeedKeys()): zero_optimization, zero_allow_untested_optimizer,
+// DeepSpeed's offload keys (trainer/config.h has what each does here; docs/training.md too):
+//
+//   zero_optimization: {offload_optimizer: {device: "none" | "cpu" | "nvme", nvme_path,
+//                                           buffer_count (>= 1), pin_memory},
+//                       offload_param: {device: "none" | "cpu" ("nvme" is refused), pin_memory}}
+//       Every other zero_optimization key (stage, bucket sizes, stage3_*, ...) is accepted and
+//       ignored with a warning naming it and why (ZeroOptimizationIgnoredReason), except a close
+//       misspelling of offload_optimizer / offload_param, which is an error suggesting it.
+//       offload_optimizer's fast_init, pipeline_read, pipeline_write, ratio and offload_param's
+//       nvme-only nvme_path, buffer_count, buffer_size, max_in_cpu are accepted and ignored with a
+//       warning; offload_optimizer's nvme_path and buffer_count with a device other than "nvme"
+//       are kept but warned about (unused).
+//   aio: {block_size (bytes, a multiple of 4096), queue_depth, thread_count, single_submit,
+//         overlap_events}   (DeepSpeed's defaults: 1048576, 8, 1, false, true)
+//
+// DeepSpeed keys that do not apply here are accepted and ignored with a LOG(WARNING) — these
+// top-level ones (IgnoredDeepSpeedKeys()): zero_allow_untested_optimizer,
 // wall_clock_breakdown, memory_breakdown, prescale_gradients, gradient_predivide_factor,
 // communication_data_type, sparse_gradients, tensorboard, wandb, csv_monitor, comms_logger,
 // flops_profiler, dump_state, activation_checkpointing (DeepSpeed's section; ours is
