@@ -93,6 +93,9 @@ TEST(OffloadConfigTest, DefaultsAreDeepSpeeds) {
   EXPECT_THAT(Parse(R"({"zero_optimization": {"offload_optimizer": {}, "offload_param": {}},
                         "aio": {}})"),
               IsOkAndHolds(TrainConfig{}));
+  // DeepSpeed's null for "no offload section".
+  EXPECT_THAT(Parse(R"({"zero_optimization": {"offload_optimizer": null, "offload_param": null}})"),
+              IsOkAndHolds(TrainConfig{}));
   EXPECT_OK(ValidateTrainConfig(DefaultTrainConfig()));
 }
 

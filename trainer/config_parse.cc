@@ -314,8 +314,15 @@ absl::Status ReadZeroOptimization(const JsonReader& r, const Json& top, TrainCon
     ignored = true;
   }
 
-  ASSIGN_OR_RETURN(const Json* opt,
-                   quiet.GetSection(*zero, schema.offload_optimizer, "offload_optimizer"));
+  // DeepSpeed takes null for an absent offload section (its default, no offload).
+  const auto present = [&](absl::string_view key) {
+    const Json* v = JsonReader::Find(*zero, key);
+    return v != nullptr && !v->is_null();
+  };
+  const Json* opt = nullptr;
+  if (present("offload_optimizer")) {
+    ASSIGN_OR_RETURN(opt, quiet.GetSection(*zero, schema.offload_optimizer, "offload_optimizer"));
+  }
   if (opt != nullptr) {
     constexpr absl::string_view p = "zero_optimization.offload_optimizer";
     OffloadOptimizerConfig& o = c->zero_optimization.offload_optimizer;
@@ -340,8 +347,10 @@ absl::Status ReadZeroOptimization(const JsonReader& r, const Json& top, TrainCon
     }
   }
 
-  ASSIGN_OR_RETURN(const Json* param,
-                   quiet.GetSection(*zero, schema.offload_param, "offload_param"));
+  const Json* param = nullptr;
+  if (present("offload_param")) {
+    ASSIGN_OR_RETURN(param, quiet.GetSection(*zero, schema.offload_param, "offload_param"));
+  }
   if (param != nullptr) {
     constexpr absl::string_view p = "zero_optimization.offload_param";
     ignored |= HasIgnoredKey(*param, schema.offload_param);
