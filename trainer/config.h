@@ -205,7 +205,8 @@ struct AioConfig {
   int64_t block_size_bytes = 1048576;
   // Requests kept in flight (the io_uring queue's depth; the thread pool's queue). >= 1.
   int64_t queue_depth = 8;
-  // Threads of the pread/pwrite fallback (and io_uring's completion handling). >= 1.
+  // I/O threads the disk tier's engine may use (DeepSpeed's intra-request parallelism): the
+  // pread/pwrite fallback's pool. >= 1.
   int64_t thread_count = 1;
   // Submit requests one at a time instead of in batches.
   bool single_submit = false;
