@@ -189,7 +189,8 @@ class GptModel {
   // stored tensor (ParameterNames: "h.0.attn.c_attn.weight", "wte.weight[0:2048]") or a Hugging
   // Face tensor held in row blocks ("wte.weight", assembled from its blocks; all of them must have
   // payloads on this rank). NotFound for an unknown name; FailedPrecondition if a chunk has no
-  // payload.
+  // payload — except an optimizer-state chunk this rank holds whose bytes are on disk (the disk
+  // tier), which is read through the manager outside an iteration (model/model_state_io.h).
   [[nodiscard]] absl::StatusOr<std::vector<float>> ReadTensor(ChunkType type,
                                                               absl::string_view name) const;
   // The same into `out` (sized to the tensor; InvalidArgument otherwise).

@@ -62,6 +62,72 @@ absl::Status WriteOwnedChunksOnHost(
 
 }  // namespace
 
+// The optimizer-state chunks of at most one chunk index accessed on the host through the manager
+// for reading, because their payloads were not in memory (the disk tier holds them in swap files
+// between accesses; the manager loads them back). Consecutive reads of one chunk's tensors share
+// the access. Released by Release() or, failing that, on destruction (logged).
+class ModelStateIo::HostReadAccess {
+ public:
+  HostReadAccess(const ChunkStore& store, ChunkManager& manager)
+      : store_(store), manager_(manager) {}
+  HostReadAccess(const HostReadAccess&) = delete;
+  HostReadAccess& operator=(const HostReadAccess&) = delete;
+  ~HostReadAccess() {
+    const absl::Status released = Release();
+    LOG_IF(WARNING, !released.ok()) << "GptModel: releasing a chunk read: " << released;
+  }
+
+  // Makes chunk `chunk_index` of `type` readable where it is. Nothing (no manager call) for a
+  // chunk with a payload, a chunk this rank holds no payload of (View says so), and any type but
+  // the optimizer state's. Otherwise releases what was accessed before and accesses, on the host
+  // (kRead: a clean chunk stays clean), each optimizer-state chunk of the index that this rank
+  // holds and that has no payload. FailedPrecondition inside an iteration (an access there would
+  // be a moment of the schedule).
+  absl::Status Prepare(ChunkType type, int64_t chunk_index) {
+    if (!IsOptimizerState(type)) return absl::OkStatus();
+    if (chunk_index == index_ && std::find(types_.begin(), types_.end(), type) != types_.end()) {
+      return absl::OkStatus();
+    }
+    const ChunkLayout& layout = store_.layout();
+    if (store_.chunk(type, chunk_index).has_payload() ||
+        !layout.HoldsPayload(type, chunk_index, store_.rank())) {
+      return absl::OkStatus();
+    }
+    if (manager_.in_iteration()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "GptModel: chunk ", store_.chunk(type, chunk_index).id().ToString(),
+          " is not in memory (its bytes are on disk), and loading it inside an iteration would "
+          "disturb the schedule; read it after EndIteration"));
+    }
+    RETURN_IF_ERROR(Release());
+    std::vector<ChunkType> missing;
+    for (ChunkType t : {ChunkType::kMaster, ChunkType::kMomentum, ChunkType::kVariance}) {
+      if (layout.HoldsPayload(t, chunk_index, store_.rank()) &&
+          !store_.chunk(t, chunk_index).has_payload()) {
+        missing.push_back(t);
+      }
+    }
+    RETURN_IF_ERROR(manager_.AccessChunks(chunk_index, missing, Device::Host(), AccessMode::kRead));
+    index_ = chunk_index;
+    types_ = std::move(missing);
+    return absl::OkStatus();
+  }
+
+  // Releases the chunks accessed, if any.
+  absl::Status Release() {
+    if (index_ < 0) return absl::OkStatus();
+    const int64_t index = index_;
+    index_ = -1;
+    return manager_.ReleaseChunks(index, std::exchange(types_, {}));
+  }
+
+ private:
+  const ChunkStore& store_;
+  ChunkManager& manager_;
+  int64_t index_ = -1;
+  std::vector<ChunkType> types_;
+};
+
 absl::StatusOr<Backend*> AcceleratorBackendOf(const DeviceMemory& accelerator) {
   // The accelerator memory sits on its backend (CreateAcceleratorMemory).
   const auto* device = dynamic_cast<const BackendDeviceResource*>(accelerator.upstream());
@@ -258,11 +324,23 @@ absl::Status ModelStateIo::VisitTrainingState(const TrainingStateVisitFn& visit)
     return absl::FailedPreconditionError(
         "GptModel: the training state can only be read outside an iteration");
   }
+  // The checkpoint's order (each name's master, momentum, variance in turn) is kept; a chunk
+  // whose payloads are on disk is accessed once for the run of its tensors, which follow one
+  // another in that order (ParameterNames is the layout's placement order).
+  HostReadAccess access(*parts_.store, *parts_.manager);
+  std::vector<float> values;
   for (const TrainingStateTensor& t : TrainingStateTensors()) {
-    ASSIGN_OR_RETURN(std::vector<float> v, ReadTensor(t.type, t.name));
-    RETURN_IF_ERROR(visit(t.name, t.type, v));
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    values.assign(static_cast<size_t>(numel), 0.0f);
+    absl::Status status = ReadRange(t.type, t.name, 0, absl::MakeSpan(values), access);
+    if (status.ok()) status = visit(t.name, t.type, values);
+    if (!status.ok()) {
+      (void)access.Release();  // the first error is the one to report
+      return status;
+    }
   }
-  return absl::OkStatus();
+  return access.Release();
 }
 
 std::vector<TrainingStateTensor> ModelStateIo::TrainingStateTensors() const {
@@ -342,12 +420,12 @@ absl::Status ModelStateIo::ReadTensorInto(ChunkType type, absl::string_view name
   const ChunkLayout& layout = parts_.store->layout();
   absl::StatusOr<TensorId> t = layout.FindTensor(name);
   if (t.ok()) {
-    ASSIGN_OR_RETURN(TensorView v, parts_.store->View(type, *t));
-    if (static_cast<int64_t>(out.size()) != v.numel) {
+    const int64_t numel = layout.tensor(*t).numel;
+    if (static_cast<int64_t>(out.size()) != numel) {
       return absl::InvalidArgumentError(absl::StrCat("GptModel::ReadTensorInto: '", name, "' has ",
-                                                     v.numel, " elements, not ", out.size()));
+                                                     numel, " elements, not ", out.size()));
     }
-    return ReadPayloadRange(v, 0, out);
+    return ReadTensorRange(type, name, 0, out);
   }
   if (BlocksOf(name) == nullptr) return t.status();
   // A vocabulary matrix in row blocks: assembled.
@@ -373,6 +451,15 @@ const std::vector<ModelStateIo::RowBlock>* ModelStateIo::BlocksOf(absl::string_v
 
 absl::Status ModelStateIo::ReadTensorRange(ChunkType type, absl::string_view name,
                                            int64_t first_elem, absl::Span<float> out) const {
+  HostReadAccess access(*parts_.store, *parts_.manager);
+  const absl::Status status = ReadRange(type, name, first_elem, out, access);
+  const absl::Status released = access.Release();
+  RETURN_IF_ERROR(status);
+  return released;
+}
+
+absl::Status ModelStateIo::ReadRange(ChunkType type, absl::string_view name, int64_t first_elem,
+                                     absl::Span<float> out, HostReadAccess& access) const {
   const ChunkLayout& layout = parts_.store->layout();
   const int64_t n = static_cast<int64_t>(out.size());
   auto outside = [&](int64_t numel) {
@@ -381,8 +468,10 @@ absl::Status ModelStateIo::ReadTensorRange(ChunkType type, absl::string_view nam
                                                    "' are outside its ", numel));
   };
   if (absl::StatusOr<TensorId> t = layout.FindTensor(name); t.ok()) {
+    const TensorInfo& info = layout.tensor(*t);
+    if (first_elem < 0 || first_elem + n > info.numel) return outside(info.numel);
+    RETURN_IF_ERROR(access.Prepare(type, info.chunk_index));
     ASSIGN_OR_RETURN(TensorView v, parts_.store->View(type, *t));
-    if (first_elem < 0 || first_elem + n > v.numel) return outside(v.numel);
     return ReadPayloadRange(v, first_elem, out);
   }
   const std::vector<RowBlock>* blocks = BlocksOf(name);
@@ -398,6 +487,7 @@ absl::Status ModelStateIo::ReadTensorRange(ChunkType type, absl::string_view nam
     const int64_t lo = std::max(first_elem, b.row_begin * c);
     const int64_t hi = std::min(first_elem + n, (b.row_begin + b.rows) * c);
     if (lo >= hi) continue;
+    RETURN_IF_ERROR(access.Prepare(type, layout.tensor(b.tensor).chunk_index));
     ASSIGN_OR_RETURN(TensorView v, parts_.store->View(type, b.tensor));
     RETURN_IF_ERROR(ReadPayloadRange(
         v, lo - b.row_begin * c,

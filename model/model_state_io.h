@@ -12,6 +12,19 @@
 // there; a payload in host memory is read in place. The staging buffer and its stream are created
 // at the first staged read and kept until the object is destroyed.
 //
+// Reading what is not in memory (the disk tier). An optimizer-state chunk (master, momentum,
+// variance) that this rank holds (ChunkLayout::HoldsPayload) may have no payload between accesses:
+// its bytes are in a swap file, and the ChunkManager loads them back when the chunk is accessed.
+// The readers (ReadTensor*, VisitTrainingState) then read through the manager: outside an
+// iteration they access the index's optimizer-state chunks that lack a payload on the host
+// (ChunkManager::AccessChunks, kRead, so a clean chunk stays clean), read, and release them
+// (ReleaseChunks, also after an error); inside one they fail with FailedPrecondition (an access
+// would be a moment of the schedule). A chunk with a payload is read exactly as before, without
+// any manager call. VisitTrainingState keeps the checkpoint's order (each name's master,
+// momentum, variance) and accesses a chunk once for the run of consecutive tensors it holds.
+// (Without a disk tier the manager gives a released chunk a fresh zero-filled payload, which is
+// what such a read then returns.)
+//
 // Setting. The imports, the initialization (SetParameters) and LoadTrainingState first move every
 // chunk they write to the host through the manager (ChunkManager::AccessChunks, one chunk at a
 // time, all chunk types), and write only host payloads; under ZeRO they touch only the chunks
@@ -22,7 +35,9 @@
 // ParameterNames.
 //
 // Thread safety: the const readers may be called from several threads (the staging is guarded by
-// a mutex); everything else is thread-compatible, driven by the thread that drives the model.
+// a mutex) as long as every payload they read is in memory; a read through the manager (a chunk
+// on disk) must come from the thread that drives the model, as everything else here, which is
+// thread-compatible.
 #ifndef PATRICKSTAR_MODEL_MODEL_STATE_IO_H_
 #define PATRICKSTAR_MODEL_MODEL_STATE_IO_H_
 
@@ -135,6 +150,14 @@ class ModelStateIo {
                                              int64_t first_elem, absl::Span<float> out) const;
 
  private:
+  // The optimizer-state chunks of one index accessed on the host for reading (model_state_io.cc;
+  // see "Reading what is not in memory" in the file comment).
+  class HostReadAccess;
+
+  // ReadTensorRange's work: chunks without a payload are accessed through `access`, which the
+  // caller releases.
+  absl::Status ReadRange(ChunkType type, absl::string_view name, int64_t first_elem,
+                         absl::Span<float> out, HostReadAccess& access) const;
   // The row blocks of Hugging Face tensor `name`, or nullptr.
   const std::vector<RowBlock>* BlocksOf(absl::string_view name) const;
   // Elements [first_elem, first_elem + out.size()) of the payload `v`, converted to f32 into

@@ -4,6 +4,8 @@
 #include "model/model_state_io.h"
 
 #include <cstdint>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -17,9 +19,11 @@
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "base/testing/status_matchers.h"
+#include "chunk/chunk.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
+#include "chunk/tensor_state.h"
 #include "gtest/gtest.h"
 #include "memory/backend.h"
 #include "memory/cpu_backend.h"
@@ -29,11 +33,14 @@
 #include "model/gpt2_checkpoint.h"
 #include "model/gpt_config.h"
 #include "model/model_config.h"
+#include "scheduler/chunk_events.h"
 #include "scheduler/chunk_manager.h"
+#include "scheduler/metronome.h"
 
 namespace ps {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // vocab 64 in row blocks of 24 rows (0:24, 24:48, 48:64), hidden 32, over chunks of 5120
@@ -66,7 +73,8 @@ struct Rig {
   std::unique_ptr<ModelStateIo> io;
 };
 
-absl::StatusOr<std::unique_ptr<Rig>> MakeRig(int64_t payload_staging_bytes) {
+absl::StatusOr<std::unique_ptr<Rig>> MakeRig(int64_t payload_staging_bytes,
+                                             ChunkEventListener* listener = nullptr) {
   auto rig = std::make_unique<Rig>();
   ASSIGN_OR_RETURN(rig->backend, CreateCpuBackend({.capacity_bytes = int64_t{64} << 20}));
   DeviceMemoryOptions memory_options;
@@ -79,8 +87,11 @@ absl::StatusOr<std::unique_ptr<Rig>> MakeRig(int64_t payload_staging_bytes) {
   ASSIGN_OR_RETURN(rig->store,
                    ChunkStore::Create(std::move(layout), {.compute_dtype = DType::kF32}));
   ASSIGN_OR_RETURN(rig->compute_stream, rig->backend->CreateStream());
-  ASSIGN_OR_RETURN(rig->manager, ChunkManager::Create(rig->store.get(), rig->backend.get(),
-                                                      rig->accelerator.get(), rig->host.get(), {}));
+  ChunkManagerOptions manager_options;
+  manager_options.listener = listener;
+  ASSIGN_OR_RETURN(rig->manager,
+                   ChunkManager::Create(rig->store.get(), rig->backend.get(),
+                                        rig->accelerator.get(), rig->host.get(), manager_options));
   const ChunkLayout& l = rig->store->layout();
   ModelStateIo::Parts parts{.model_config = &rig->model_config,
                             .config = &rig->config,
@@ -244,6 +255,185 @@ TEST(ModelStateIoTest, LoadTrainingStateIsWhatVisitTrainingStateReadsBack) {
         return absl::DataLossError("bad file");
       });
   EXPECT_THAT(failed, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bad file")));
+}
+
+// Stands in for the disk tier (scheduler/, not wired here): it records the manager's optimizer
+// accesses and, when chunk index `c` is accessed, writes the bytes saved for it back into the
+// payloads the manager gave the chunks — what the tier's load from the swap file does. Everything
+// runs on the test's thread (host accesses copy nothing, so no copy-stream callback comes).
+class DiskTierStandIn : public ChunkEventListener {
+ public:
+  void OnChunkMove(const ChunkMoveEvent&) override {}
+  void OnAccess(const ChunkAccessEvent& event) override {
+    accesses.push_back(event.chunk_index);
+    for (const auto& [key, bytes] : saved) {
+      if (key.second != event.chunk_index) continue;
+      Chunk& chunk = store->chunk(key.first, key.second);
+      if (chunk.tensor_count(TensorState::kCompute) == 0) continue;  // not this access's type
+      std::memcpy(chunk.payload(), bytes.data(), bytes.size());
+    }
+  }
+  void OnRelease(absl::string_view, int64_t chunk_index, Stage, int64_t) override {
+    releases.push_back(chunk_index);
+  }
+
+  // Saves the payload of chunk `c` of `type` and releases it (its bytes "on disk").
+  absl::Status Evict(ChunkType type, int64_t c) {
+    Chunk& chunk = store->chunk(type, c);
+    std::vector<char>& bytes = saved[{type, c}];
+    bytes.resize(static_cast<size_t>(chunk.capacity_bytes()));
+    std::memcpy(bytes.data(), chunk.payload(), bytes.size());
+    return chunk.ReleasePayload();
+  }
+
+  ChunkStore* store = nullptr;
+  std::map<std::pair<ChunkType, int64_t>, std::vector<char>> saved;
+  std::vector<int64_t> accesses;
+  std::vector<int64_t> releases;
+};
+
+// A value per (name, type, element), exact in f32.
+float StateValue(absl::string_view name, ChunkType type, size_t i) {
+  return static_cast<float>(name.size() * 1000 + static_cast<size_t>(type) * 100 + i % 97);
+}
+
+struct DiskRig {
+  DiskTierStandIn tier;
+  std::unique_ptr<Rig> rig;
+  // A chunk index holding at least two tensors, and their names.
+  int64_t chunk = -1;
+  std::vector<std::string> names;
+};
+
+absl::StatusOr<std::unique_ptr<DiskRig>> MakeDiskRig() {
+  auto d = std::make_unique<DiskRig>();
+  ASSIGN_OR_RETURN(d->rig, MakeRig(kStagingBytes, &d->tier));
+  d->tier.store = d->rig->store.get();
+  RETURN_IF_ERROR(d->rig->io->LoadTrainingState(
+      [](absl::string_view name, ChunkType type, absl::Span<float> out) {
+        for (size_t i = 0; i < out.size(); ++i) out[i] = StateValue(name, type, i);
+        return absl::OkStatus();
+      }));
+  const ChunkLayout& l = d->rig->store->layout();
+  for (int64_t c = 0; c < l.num_chunks() && d->chunk < 0; ++c) {
+    if (l.TensorsInChunk(c).size() >= 2) d->chunk = c;
+  }
+  if (d->chunk < 0) return absl::InternalError("no chunk holds two tensors");
+  for (TensorId t : l.TensorsInChunk(d->chunk)) d->names.push_back(l.tensor(t).name);
+  d->tier.accesses.clear();
+  d->tier.releases.clear();
+  return d;
+}
+
+absl::Status ExpectState(const std::vector<float>& values, absl::string_view name, ChunkType type) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (values[i] != StateValue(name, type, i)) {
+      return absl::InternalError(absl::StrCat(name, " ", ChunkTypeName(type), " element ", i,
+                                              " is ", values[i], ", not ",
+                                              StateValue(name, type, i)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+TEST(ModelStateIoDiskTest, PayloadsInMemoryAreReadWithoutTheManager) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DiskRig> d, MakeDiskRig());
+  for (const std::string& name : d->names) {
+    ASSERT_OK_AND_ASSIGN(std::vector<float> m, d->rig->io->ReadTensor(ChunkType::kMomentum, name));
+    EXPECT_OK(ExpectState(m, name, ChunkType::kMomentum));
+  }
+  ASSERT_OK(d->rig->io->VisitTrainingState(
+      [](absl::string_view name, ChunkType type, absl::Span<const float> values) {
+        return ExpectState(std::vector<float>(values.begin(), values.end()), name, type);
+      }));
+  EXPECT_TRUE(d->tier.accesses.empty());
+  EXPECT_TRUE(d->tier.releases.empty());
+}
+
+TEST(ModelStateIoDiskTest, ChunksOnDiskAreReadThroughTheManagerAndReleased) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DiskRig> d, MakeDiskRig());
+  const int64_t c = d->chunk;
+  ChunkStore& store = *d->rig->store;
+  for (ChunkType type : {ChunkType::kMomentum, ChunkType::kVariance}) {
+    ASSERT_OK(d->tier.Evict(type, c));
+  }
+  // One tensor: the chunk is accessed, read, released.
+  const std::string& name = d->names[1];
+  ASSERT_OK_AND_ASSIGN(std::vector<float> v, d->rig->io->ReadTensor(ChunkType::kVariance, name));
+  EXPECT_OK(ExpectState(v, name, ChunkType::kVariance));
+  EXPECT_EQ(d->tier.accesses, std::vector<int64_t>{c});
+  EXPECT_EQ(d->tier.releases, std::vector<int64_t>{c});
+  for (ChunkType type : {ChunkType::kMomentum, ChunkType::kVariance}) {
+    EXPECT_TRUE(store.chunk(type, c).has_payload());
+    EXPECT_EQ(store.chunk(type, c).tensor_count(TensorState::kCompute), 0);
+  }
+  // A range of it, through ReadTensorRange.
+  ASSERT_OK(d->tier.Evict(ChunkType::kMomentum, c));
+  ASSERT_OK(d->tier.Evict(ChunkType::kVariance, c));
+  d->tier.accesses.clear();
+  d->tier.releases.clear();
+  std::vector<float> range(5);
+  ASSERT_OK(d->rig->io->ReadTensorRange(ChunkType::kMomentum, name, 3, absl::MakeSpan(range)));
+  for (size_t i = 0; i < range.size(); ++i) {
+    EXPECT_EQ(range[i], StateValue(name, ChunkType::kMomentum, i + 3));
+  }
+  EXPECT_EQ(d->tier.accesses, std::vector<int64_t>{c});
+  EXPECT_EQ(d->tier.releases, std::vector<int64_t>{c});
+}
+
+TEST(ModelStateIoDiskTest, VisitTrainingStateAccessesAChunkOnceForItsTensors) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DiskRig> d, MakeDiskRig());
+  const int64_t c = d->chunk;
+  for (ChunkType type : {ChunkType::kMaster, ChunkType::kMomentum, ChunkType::kVariance}) {
+    ASSERT_OK(d->tier.Evict(type, c));
+  }
+  int64_t visits = 0;
+  ASSERT_OK(d->rig->io->VisitTrainingState(
+      [&](absl::string_view name, ChunkType type, absl::Span<const float> values) {
+        ++visits;
+        return ExpectState(std::vector<float>(values.begin(), values.end()), name, type);
+      }));
+  EXPECT_EQ(visits, static_cast<int64_t>(d->rig->io->TrainingStateTensors().size()));
+  // Every tensor of the chunk, three types each: one access.
+  EXPECT_EQ(d->tier.accesses, std::vector<int64_t>{c});
+  EXPECT_EQ(d->tier.releases, std::vector<int64_t>{c});
+  EXPECT_EQ(d->rig->store->chunk(ChunkType::kMaster, c).tensor_count(TensorState::kCompute), 0);
+}
+
+TEST(ModelStateIoDiskTest, AFailedVisitStillReleasesTheChunk) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DiskRig> d, MakeDiskRig());
+  const int64_t c = d->chunk;
+  ASSERT_OK(d->tier.Evict(ChunkType::kMomentum, c));
+  const std::string& failing = d->names[0];
+  EXPECT_THAT(d->rig->io->VisitTrainingState(
+                  [&](absl::string_view name, ChunkType type, absl::Span<const float>) {
+                    if (name == failing && type == ChunkType::kMomentum) {
+                      return absl::DataLossError("disk full");
+                    }
+                    return absl::OkStatus();
+                  }),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("disk full")));
+  EXPECT_EQ(d->tier.accesses, std::vector<int64_t>{c});
+  EXPECT_EQ(d->tier.releases, std::vector<int64_t>{c});
+  EXPECT_EQ(d->rig->store->chunk(ChunkType::kMomentum, c).tensor_count(TensorState::kCompute), 0);
+  // The model is usable: the next read works.
+  ASSERT_OK_AND_ASSIGN(std::vector<float> m, d->rig->io->ReadTensor(ChunkType::kMomentum, failing));
+  EXPECT_OK(ExpectState(m, failing, ChunkType::kMomentum));
+}
+
+TEST(ModelStateIoDiskTest, AChunkOnDiskIsNotLoadedInsideAnIteration) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DiskRig> d, MakeDiskRig());
+  ASSERT_OK(d->tier.Evict(ChunkType::kMaster, d->chunk));
+  ASSERT_OK(d->rig->manager->BeginIteration());
+  EXPECT_THAT(d->rig->io->ReadTensor(ChunkType::kMaster, d->names[0]),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("is not in memory"), HasSubstr("after EndIteration"))));
+  // What is in memory is still read there (a gradient between backward and the step).
+  ASSERT_OK_AND_ASSIGN(std::vector<float> m,
+                       d->rig->io->ReadTensor(ChunkType::kMomentum, d->names[0]));
+  EXPECT_OK(ExpectState(m, d->names[0], ChunkType::kMomentum));
+  ASSERT_OK(d->rig->manager->EndIteration());
+  EXPECT_TRUE(d->tier.accesses.empty());
 }
 
 }  // namespace

@@ -11,6 +11,10 @@
 // workspaces (cuBLAS's in every GEMM, --cuda_compute_capability picking NVIDIA's default size),
 // CudaAdam's device bytes reserved, and the GPU's memory apart from the host's.
 //
+// --nvme_path=DIR (the trainer's flag: zero_optimization.offload_optimizer.device "nvme") is
+// checked as the trainer checks it (an existing directory this process may write in) and noted;
+// the plan does not count the disk tier yet — its host figures hold every chunk in host memory.
+//
 // Exit status as the trainer's: 0 the run fits (the plan on stdout); 1 it does not (the plan on
 // stdout, the refusal on stderr); 2 a flag that cannot be parsed or an invalid model/option.
 #include <cstdint>
@@ -35,6 +39,7 @@
 #include "model/model_config.h"
 #include "scheduler/metronome.h"
 #include "trainer/config.h"
+#include "trainer/config_validate.h"
 #include "trainer/trainer.h"
 
 ABSL_FLAG(std::string, model, "gpt2",
@@ -58,6 +63,9 @@ ABSL_FLAG(std::string, host_available, "auto",
 ABSL_FLAG(bool, moments, false, "print every moment of the steady iteration");
 ABSL_FLAG(std::string, accelerator, "cpu",
           "cpu (the emulated accelerator) or cuda (a GPU run, planned without a GPU)");
+ABSL_FLAG(std::string, nvme_path, "",
+          "the disk tier's directory, as the trainer's --nvme_path (checked and noted; the plan "
+          "does not count the disk yet)");
 ABSL_FLAG(int, cuda_compute_capability, 9,
           "--accelerator=cuda: the GPU's compute capability major (9: Hopper, 32 MiB cuBLAS "
           "workspace; 8 and below: 4 MiB)");
@@ -149,6 +157,16 @@ int Run() {
   } else if (a != "cpu") {
     return fail2(absl::InvalidArgumentError(
         absl::StrCat("--accelerator must be cpu or cuda, got \"", a, "\"")));
+  }
+  if (const std::string nvme = absl::GetFlag(FLAGS_nvme_path); !nvme.empty()) {
+    // As the trainer's --nvme_path (trainer/config_overrides.h) and its check of the directory.
+    TrainConfig disk;
+    disk.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
+    disk.zero_optimization.offload_optimizer.nvme_path = nvme;
+    if (absl::Status s = CheckNvmePath(disk); !s.ok()) return fail2(s);
+    std::cout << "disk tier: optimizer state in swap files under " << nvme
+              << " (not counted by this plan yet: the host figures below hold every chunk in "
+                 "host memory)\n";
   }
   absl::StatusOr<GptRunPlan> run = PlanGptRun(o);
   if (!run.ok()) return fail2(run.status());

@@ -88,6 +88,18 @@ absl::string_view AcceleratorKindName(AcceleratorKind kind) {
   return kind == AcceleratorKind::kCpu ? "cpu" : "cuda";
 }
 
+absl::string_view OffloadDeviceName(OffloadDevice device) {
+  switch (device) {
+    case OffloadDevice::kNone:
+      return "none";
+    case OffloadDevice::kCpu:
+      return "cpu";
+    case OffloadDevice::kNvme:
+      return "nvme";
+  }
+  return "unknown";
+}
+
 DType ComputeDType(PrecisionMode mode) {
   switch (mode) {
     case PrecisionMode::kF16:

@@ -145,6 +145,78 @@ struct ProfileConfig {
   friend bool operator==(const ProfileConfig&, const ProfileConfig&) = default;
 };
 
+// zero_optimization.offload_optimizer.device and zero_optimization.offload_param.device:
+// "none" | "cpu" | "nvme" (DeepSpeed's names, case-insensitive).
+enum class OffloadDevice { kNone, kCpu, kNvme };
+
+// zero_optimization.offload_optimizer: where the optimizer state (the f32 master weights, Adam's
+// momentum and variance: 12 of the 14 bytes per parameter of a bf16 run) lives.
+struct OffloadOptimizerConfig {
+  // kNone / kCpu: the default, the same thing here — the optimizer state lives in host memory
+  // (chunks the scheduler may also place on the accelerator for the optimizer step), and Adam
+  // runs on the CPU for the chunks in host memory. kNvme: the disk tier — master, momentum and
+  // variance chunks that host memory cannot hold live in swap files under nvme_path, read ahead
+  // of the optimizer and written behind it.
+  OffloadDevice device = OffloadDevice::kNone;
+  // The directory of the swap files (a local SSD). Required with kNvme (ValidateTrainConfig: an
+  // existing directory); unused otherwise.
+  std::string nvme_path;
+  // kNvme: the disk tier's read-ahead window, in chunk indices: how many indices' optimizer state
+  // (each index's master, momentum and variance chunks) may be read or being read from disk ahead
+  // of the one the optimizer works on. >= 1. DeepSpeed's default, 4.
+  int64_t buffer_count = 4;
+  // Accepted for DeepSpeed configs; changes nothing: host chunk memory — the disk tier's buffers
+  // included, since chunks are read from disk into their own host payloads — is always
+  // page-locked memory from the accelerator's backend (plain host memory for the cpu backend).
+  bool pin_memory = false;
+
+  friend bool operator==(const OffloadOptimizerConfig&, const OffloadOptimizerConfig&) = default;
+};
+
+// zero_optimization.offload_param: where the 16-bit (or f32) parameter chunks live.
+struct OffloadParamConfig {
+  // kNone / kCpu: the default, the same thing here — parameter chunks live in host memory and
+  // stream through the accelerator as the scheduler decides. kNvme is refused
+  // (CheckTrainConfigValues): parameter chunks stay in host memory in this version; the optimizer
+  // state, which is what goes to disk with offload_optimizer.device "nvme", is most of the bytes.
+  // (DeepSpeed's nvme-only keys nvme_path, buffer_count, buffer_size and max_in_cpu are accepted
+  // and ignored with a warning.)
+  OffloadDevice device = OffloadDevice::kNone;
+  // As OffloadOptimizerConfig::pin_memory: accepted, changes nothing (host chunks are pinned).
+  bool pin_memory = false;
+
+  friend bool operator==(const OffloadParamConfig&, const OffloadParamConfig&) = default;
+};
+
+// zero_optimization: only the offload sections are read (chunks replace ZeRO's stages; its other
+// keys are accepted and ignored with a warning naming each).
+struct ZeroOptimizationConfig {
+  OffloadOptimizerConfig offload_optimizer;
+  OffloadParamConfig offload_param;
+
+  friend bool operator==(const ZeroOptimizationConfig&, const ZeroOptimizationConfig&) = default;
+};
+
+// aio: the disk tier's asynchronous I/O (DeepSpeed's names and defaults). Used only with
+// offload_optimizer.device "nvme".
+struct AioConfig {
+  // Bytes per read or write request: each chunk's transfer is split into requests of this size.
+  // > 0 and a multiple of 4096 (direct I/O's alignment). "block_size".
+  int64_t block_size_bytes = 1048576;
+  // Requests kept in flight (the io_uring queue's depth; the thread pool's queue). >= 1.
+  int64_t queue_depth = 8;
+  // I/O threads the disk tier's engine may use (DeepSpeed's intra-request parallelism): the
+  // pread/pwrite fallback's pool. >= 1.
+  int64_t thread_count = 1;
+  // Submit requests one at a time instead of in batches.
+  bool single_submit = false;
+  // Reap completions while submitting (overlap submission and completion) instead of submitting
+  // a whole batch and then waiting for it.
+  bool overlap_events = true;
+
+  friend bool operator==(const AioConfig&, const AioConfig&) = default;
+};
+
 struct TrainConfig {
   int64_t train_batch_size = 0;  // 0 = derived: micro * accum * world
   int64_t train_micro_batch_size_per_gpu = 1;
@@ -165,6 +237,8 @@ struct TrainConfig {
   DataConfig data;
   CheckpointConfig checkpoint;
   ProfileConfig profile;
+  ZeroOptimizationConfig zero_optimization;
+  AioConfig aio;
 
   // kF16 if fp16.enabled, else kBF16 if bf16, else kF32. (Both enabled is rejected by validation;
   // fp16 wins here.)
@@ -198,6 +272,7 @@ absl::string_view OptimizerTypeName(OptimizerType type);      // "Adam", "AdamW"
 absl::string_view SchedulerTypeName(SchedulerType type);      // "none", "WarmupLR", ...
 absl::string_view PrecisionModeName(PrecisionMode mode);      // "f32", "f16", "bf16"
 absl::string_view AcceleratorKindName(AcceleratorKind kind);  // "cpu", "cuda"
+absl::string_view OffloadDeviceName(OffloadDevice device);    // "none", "cpu", "nvme"
 
 }  // namespace ps
 

@@ -103,6 +103,20 @@ std::string TrainConfigToJson(const TrainConfig& c) {
                                 {"init_from", c.checkpoint.init_from},
                                 {"export", c.checkpoint.export_path}};
   j["profile"] = OrderedJson{{"trace", c.profile.trace_path}, {"metrics", c.profile.metrics_path}};
+  const OffloadOptimizerConfig& oo = c.zero_optimization.offload_optimizer;
+  const OffloadParamConfig& op = c.zero_optimization.offload_param;
+  j["zero_optimization"] = OrderedJson{
+      {"offload_optimizer", OrderedJson{{"device", OffloadDeviceName(oo.device)},
+                                        {"nvme_path", oo.nvme_path},
+                                        {"buffer_count", oo.buffer_count},
+                                        {"pin_memory", oo.pin_memory}}},
+      {"offload_param",
+       OrderedJson{{"device", OffloadDeviceName(op.device)}, {"pin_memory", op.pin_memory}}}};
+  j["aio"] = OrderedJson{{"block_size", BytesToJson(c.aio.block_size_bytes)},
+                         {"queue_depth", c.aio.queue_depth},
+                         {"thread_count", c.aio.thread_count},
+                         {"single_submit", c.aio.single_submit},
+                         {"overlap_events", c.aio.overlap_events}};
   // Strings that are not UTF-8 (only possible from overrides; ValidateTrainConfig rejects them)
   // are written with U+FFFD instead of throwing.
   return j.dump(2, ' ', false, OrderedJson::error_handler_t::replace);

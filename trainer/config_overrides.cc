@@ -100,6 +100,14 @@ absl::Status ApplyOverrides(const ConfigOverrides& o, TrainConfig* config) {
     c.gradient_accumulation_steps = *o.gradient_accumulation_steps;
     c.train_batch_size = 0;  // derived from the flag, never contradicting it
   }
+  if (o.nvme_path.has_value()) {
+    if (o.nvme_path->empty()) {
+      return bad("nvme_path", *o.nvme_path,
+                 "give the directory for the disk tier's swap files (a local SSD)");
+    }
+    c.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
+    c.zero_optimization.offload_optimizer.nvme_path = *o.nvme_path;
+  }
   if (o.seed.has_value()) c.seed = *o.seed;
   if (o.resume.has_value()) c.checkpoint.resume = *o.resume;
   *config = std::move(c);

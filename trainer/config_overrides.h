@@ -25,9 +25,12 @@ namespace ps {
 //   micro_batch_size    >= 1; also resets train_batch_size to 0 (derived), so a file's
 //                       train_batch_size cannot contradict the flag
 //   gradient_accumulation_steps  >= 1; also resets train_batch_size to 0, like micro_batch_size
+//   nvme_path           a directory (not empty): the disk tier — sets
+//                       zero_optimization.offload_optimizer.device "nvme" and its nvme_path
+//                       (ValidateTrainConfig checks the directory)
 struct ConfigOverrides {
   std::optional<std::string> model, train_data, val_data, init_from, accelerator,
-      accelerator_memory, chunk_size, save_dir, metrics_out, trace_out;
+      accelerator_memory, chunk_size, save_dir, metrics_out, trace_out, nvme_path;
   std::optional<int64_t> steps, seq_len, micro_batch_size, gradient_accumulation_steps;
   std::optional<uint64_t> seed;
   std::optional<bool> resume;

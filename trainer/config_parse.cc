@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "base/units.h"
+#include "glog/logging.h"
 #include "trainer/config_schema.h"
 #include "trainer/config_validate.h"
 #include "trainer/json_reader.h"
@@ -264,6 +265,115 @@ absl::Status ReadProfile(const JsonReader& r, const Json& top, TrainConfig* c) {
   return absl::OkStatus();
 }
 
+// An offload section's "device" into `device` when present.
+absl::Status ReadOffloadDevice(const JsonReader& r, const Json& section, absl::string_view path,
+                               OffloadDevice* device) {
+  const Json* v = JsonReader::Find(section, "device");
+  if (v == nullptr) return absl::OkStatus();
+  const std::string key = JsonReader::JoinKeyPath(path, "device");
+  if (!v->is_string()) return r.TypeError(key, "a string", *v);
+  absl::StatusOr<OffloadDevice> parsed = ParseOffloadDevice(v->get_ref<const std::string&>());
+  if (!parsed.ok()) return r.ValueError(key, *v, parsed.status().message());
+  *device = *parsed;
+  return absl::OkStatus();
+}
+
+// Whether `obj` has a key `section` lists as ignored (CheckKeys warned about it).
+bool HasIgnoredKey(const Json& obj, const JsonSection& section) {
+  for (const JsonIgnoredKey& k : section.ignored) {
+    if (JsonReader::Find(obj, k.key) != nullptr) return true;
+  }
+  return false;
+}
+
+// zero_optimization: the offload sections are read; every other key is ignored with a warning
+// naming it and the reason (as the whole section was before the disk tier), except a close
+// misspelling of an offload section, which is an error suggesting it. Any key ignored at any depth
+// reports "zero_optimization" once in `ignored_keys`.
+absl::Status ReadZeroOptimization(const JsonReader& r, const Json& top, TrainConfig* c,
+                                  std::vector<std::string>* ignored_keys) {
+  const TrainConfigSchema& schema = ConfigSchema();
+  const Json* zero = JsonReader::Find(top, "zero_optimization");
+  if (zero == nullptr) return absl::OkStatus();
+  if (!zero->is_object()) return r.TypeError("zero_optimization", "an object", *zero);
+  // The nested sections' ignored keys are reported here, under the section's name.
+  const JsonReader quiet(r.source());
+  bool ignored = false;
+  for (auto it = zero->begin(); it != zero->end(); ++it) {
+    const std::string& key = it.key();
+    if (key == "offload_optimizer" || key == "offload_param") continue;
+    const std::string suggestion = SuggestKey(key, schema.zero_optimization);
+    if (suggestion == "offload_optimizer" || suggestion == "offload_param") {
+      return r.Error(absl::StrCat("unknown key `zero_optimization.", key, "`; did you mean `",
+                                  suggestion,
+                                  "`? (zero_optimization reads offload_optimizer and "
+                                  "offload_param; its other keys are ignored)"));
+    }
+    LOG(WARNING) << r.source() << ": ignoring key `zero_optimization." << key
+                 << "`: " << ZeroOptimizationIgnoredReason(key);
+    ignored = true;
+  }
+
+  // DeepSpeed takes null for an absent offload section (its default, no offload).
+  const auto present = [&](absl::string_view key) {
+    const Json* v = JsonReader::Find(*zero, key);
+    return v != nullptr && !v->is_null();
+  };
+  const Json* opt = nullptr;
+  if (present("offload_optimizer")) {
+    ASSIGN_OR_RETURN(opt, quiet.GetSection(*zero, schema.offload_optimizer, "offload_optimizer"));
+  }
+  if (opt != nullptr) {
+    constexpr absl::string_view p = "zero_optimization.offload_optimizer";
+    OffloadOptimizerConfig& o = c->zero_optimization.offload_optimizer;
+    ignored |= HasIgnoredKey(*opt, schema.offload_optimizer);
+    RETURN_IF_ERROR(ReadOffloadDevice(r, *opt, p, &o.device));
+    RETURN_IF_ERROR(r.GetString(*opt, p, "nvme_path", &o.nvme_path));
+    RETURN_IF_ERROR(r.GetInt(*opt, p, "buffer_count", &o.buffer_count));
+    RETURN_IF_ERROR(r.GetBool(*opt, p, "pin_memory", &o.pin_memory));
+    if (o.device != OffloadDevice::kNvme) {
+      // Kept (the config round-trips), but they do nothing without the disk tier: said when set
+      // to anything but the default (the canonical JSON writes the defaults).
+      const OffloadOptimizerConfig defaults;
+      for (absl::string_view key : {"nvme_path", "buffer_count"}) {
+        if (key == "nvme_path" ? o.nvme_path == defaults.nvme_path
+                               : o.buffer_count == defaults.buffer_count) {
+          continue;
+        }
+        LOG(WARNING) << r.source() << ": `" << p << "." << key << "` applies only to device "
+                     << "\"nvme\" (the disk tier); with \"" << OffloadDeviceName(o.device)
+                     << "\" the optimizer state stays in host memory and it is not used";
+      }
+    }
+  }
+
+  const Json* param = nullptr;
+  if (present("offload_param")) {
+    ASSIGN_OR_RETURN(param, quiet.GetSection(*zero, schema.offload_param, "offload_param"));
+  }
+  if (param != nullptr) {
+    constexpr absl::string_view p = "zero_optimization.offload_param";
+    ignored |= HasIgnoredKey(*param, schema.offload_param);
+    RETURN_IF_ERROR(ReadOffloadDevice(r, *param, p, &c->zero_optimization.offload_param.device));
+    RETURN_IF_ERROR(
+        r.GetBool(*param, p, "pin_memory", &c->zero_optimization.offload_param.pin_memory));
+  }
+  if (ignored && ignored_keys != nullptr) ignored_keys->push_back("zero_optimization");
+  return absl::OkStatus();
+}
+
+absl::Status ReadAio(const JsonReader& r, const Json& top, TrainConfig* c) {
+  ASSIGN_OR_RETURN(const Json* aio, r.GetSection(top, ConfigSchema().aio, "aio"));
+  if (aio == nullptr) return absl::OkStatus();
+  AioConfig& a = c->aio;
+  RETURN_IF_ERROR(r.GetBytes(*aio, "aio", "block_size", &a.block_size_bytes));
+  RETURN_IF_ERROR(r.GetInt(*aio, "aio", "queue_depth", &a.queue_depth));
+  RETURN_IF_ERROR(r.GetInt(*aio, "aio", "thread_count", &a.thread_count));
+  RETURN_IF_ERROR(r.GetBool(*aio, "aio", "single_submit", &a.single_submit));
+  RETURN_IF_ERROR(r.GetBool(*aio, "aio", "overlap_events", &a.overlap_events));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainConfig> ParseTrainConfigImpl(absl::string_view text, absl::string_view source,
                                                  std::vector<std::string>* ignored_keys) {
   RETURN_IF_ERROR(CheckJsonSyntax(text, source, kMaxConfigJsonDepth,
@@ -298,6 +408,8 @@ absl::StatusOr<TrainConfig> ParseTrainConfigImpl(absl::string_view text, absl::s
   RETURN_IF_ERROR(ReadData(r, top, &c));
   RETURN_IF_ERROR(ReadCheckpoint(r, top, &c));
   RETURN_IF_ERROR(ReadProfile(r, top, &c));
+  RETURN_IF_ERROR(ReadZeroOptimization(r, top, &c, ignored_keys));
+  RETURN_IF_ERROR(ReadAio(r, top, &c));
   return c;
 }
 

@@ -27,8 +27,9 @@ namespace ps {
 // Parses a config file's text. `source` (a file name) prefixes every error message. Checks the
 // syntax, duplicate and unknown keys, the JSON types, and each value on its own (ranges, enum
 // names, byte quantities, presets); the checks across keys, and train_steps > 0, are
-// ValidateTrainConfig's. If `ignored_keys` is non-null, the ignored DeepSpeed keys found are
-// appended to it (each is also LOG(WARNING)ed).
+// ValidateTrainConfig's. If `ignored_keys` is non-null, the ignored top-level DeepSpeed keys found
+// are appended to it, and "zero_optimization" once when any key inside it was ignored (each ignored
+// key is also LOG(WARNING)ed under its full path).
 absl::StatusOr<TrainConfig> ParseTrainConfig(absl::string_view json_text, absl::string_view source,
                                              std::vector<std::string>* ignored_keys = nullptr);
 

@@ -32,7 +32,9 @@ constexpr absl::string_view kTopKeys[] = {"train_batch_size",
                                           "accelerator",
                                           "data",
                                           "checkpoint",
-                                          "profile"};
+                                          "profile",
+                                          "zero_optimization",
+                                          "aio"};
 constexpr JsonKeyAlias kTopAliases[] = {
     {"steps", "train_steps"},
     {"max_steps", "train_steps"},
@@ -137,10 +139,69 @@ constexpr JsonKeyAlias kProfileAliases[] = {{"trace_path", "trace"},
                                             {"metrics_path", "metrics"},
                                             {"metrics_out", "metrics"}};
 
+// zero_optimization: the offload sections are read; DeepSpeed's other ZeRO keys are ignored (the
+// ones listed here with their own reason, any other with kZeroIgnoredWhy).
+constexpr absl::string_view kZeroKeys[] = {"offload_optimizer", "offload_param"};
+constexpr JsonKeyAlias kZeroAliases[] = {{"offload_optimiser", "offload_optimizer"},
+                                         {"optimizer_offload", "offload_optimizer"},
+                                         {"offload_params", "offload_param"},
+                                         {"offload_parameters", "offload_param"},
+                                         {"param_offload", "offload_param"}};
+constexpr absl::string_view kZeroIgnoredWhy =
+    "chunks replace ZeRO stages; data-parallel ranks shard chunks ZeRO-style on their own";
+constexpr absl::string_view kZeroBucketsWhy =
+    "collectives move whole chunks (chunk.size sets their granularity)";
+constexpr JsonIgnoredKey kZeroIgnoredKeys[] = {
+    {"stage", kZeroIgnoredWhy},
+    {"allgather_partitions", kZeroBucketsWhy},
+    {"allgather_bucket_size", kZeroBucketsWhy},
+    {"reduce_scatter", kZeroBucketsWhy},
+    {"reduce_bucket_size", kZeroBucketsWhy},
+    {"overlap_comm", kZeroBucketsWhy},
+    {"contiguous_gradients", "gradients live in the parameter chunks, contiguous by construction"},
+    {"sub_group_size", "the optimizer steps one chunk at a time"},
+    {"cpu_offload", "use zero_optimization.offload_optimizer.device instead"},
+    {"cpu_offload_params", "use zero_optimization.offload_param.device instead"},
+    {"cpu_offload_use_pin_memory", "host chunk memory is always page-locked"},
+};
+
+constexpr absl::string_view kOffloadOptimizerKeys[] = {"device", "nvme_path", "buffer_count",
+                                                       "pin_memory"};
+constexpr JsonKeyAlias kOffloadOptimizerAliases[] = {{"path", "nvme_path"},
+                                                     {"nvme_dir", "nvme_path"},
+                                                     {"swap_path", "nvme_path"},
+                                                     {"swap_folder", "nvme_path"},
+                                                     {"buffers", "buffer_count"}};
+constexpr JsonIgnoredKey kOffloadOptimizerIgnoredKeys[] = {
+    {"fast_init", "the optimizer state is created in its chunks directly"},
+    {"pipeline_read", "the disk tier always reads ahead of the optimizer"},
+    {"pipeline_write", "the disk tier always writes behind the optimizer"},
+    {"pipeline", "the disk tier always reads ahead and writes behind the optimizer"},
+    {"ratio", "the scheduler places each optimizer-state chunk by the memory plan"},
+};
+
+constexpr absl::string_view kOffloadParamKeys[] = {"device", "pin_memory"};
+constexpr absl::string_view kOffloadParamNvmeOnlyWhy =
+    "it applies only to offload_param.device \"nvme\", which this version refuses: parameter "
+    "chunks live in host memory and stream through the accelerator";
+constexpr JsonIgnoredKey kOffloadParamIgnoredKeys[] = {
+    {"nvme_path", kOffloadParamNvmeOnlyWhy},
+    {"buffer_count", kOffloadParamNvmeOnlyWhy},
+    {"buffer_size", kOffloadParamNvmeOnlyWhy},
+    {"max_in_cpu", kOffloadParamNvmeOnlyWhy},
+};
+
+constexpr absl::string_view kAioKeys[] = {"block_size", "queue_depth", "thread_count",
+                                          "single_submit", "overlap_events"};
+constexpr JsonKeyAlias kAioAliases[] = {{"intra_op_parallelism", "thread_count"},
+                                        {"threads", "thread_count"},
+                                        {"block_bytes", "block_size"}};
+constexpr JsonIgnoredKey kAioIgnoredKeys[] = {
+    {"use_gds", "chunks are read from disk into host memory, not directly into the GPU"},
+};
+
 // Top-level DeepSpeed keys accepted and ignored, with the reason given in the warning.
 constexpr JsonIgnoredKey kIgnoredKeys[] = {
-    {"zero_optimization",
-     "chunks replace ZeRO stages; data-parallel ranks shard chunks ZeRO-style on their own"},
     {"zero_allow_untested_optimizer", "the optimizer is always HybridAdam"},
     {"wall_clock_breakdown", "use profile.trace for timings"},
     {"memory_breakdown", "use profile.trace and profile.metrics for memory"},
@@ -174,6 +235,14 @@ const TrainConfigSchema& ConfigSchema() {
       .data = {"data", kDataKeys, kDataAliases},
       .checkpoint = {"checkpoint", kCheckpointKeys, kCheckpointAliases},
       .profile = {"profile", kProfileKeys, kProfileAliases},
+      .zero_optimization = {"zero_optimization", kZeroKeys, kZeroAliases, kZeroIgnoredKeys},
+      .offload_optimizer = {"zero_optimization.offload_optimizer", kOffloadOptimizerKeys,
+                            kOffloadOptimizerAliases, kOffloadOptimizerIgnoredKeys},
+      .offload_param = {"zero_optimization.offload_param",
+                        kOffloadParamKeys,
+                        {},
+                        kOffloadParamIgnoredKeys},
+      .aio = {"aio", kAioKeys, kAioAliases, kAioIgnoredKeys},
   };
   return kSchema;
 }
@@ -211,17 +280,18 @@ std::vector<std::string> TrainConfigKeyPaths() {
       if (section.path.empty() &&
           (key == "optimizer" || key == "scheduler" || key == "fp16" || key == "bf16" ||
            key == "model" || key == "chunk" || key == "accelerator" || key == "data" ||
-           key == "checkpoint" || key == "profile")) {
+           key == "checkpoint" || key == "profile" || key == "zero_optimization" || key == "aio")) {
         continue;
       }
-      if (key == "params") continue;
+      if (key == "params" || key == "offload_optimizer" || key == "offload_param") continue;
       paths.push_back(JsonReader::JoinKeyPath(section.path, key));
     }
   };
   const TrainConfigSchema& s = ConfigSchema();
   for (const JsonSection* section :
        {&s.top, &s.optimizer, &s.optimizer_params, &s.scheduler, &s.scheduler_params, &s.fp16,
-        &s.bf16, &s.model, &s.chunk, &s.accelerator, &s.data, &s.checkpoint, &s.profile}) {
+        &s.bf16, &s.model, &s.chunk, &s.accelerator, &s.data, &s.checkpoint, &s.profile,
+        &s.offload_optimizer, &s.offload_param, &s.aio}) {
     add(*section);
   }
   return paths;
@@ -231,6 +301,13 @@ std::vector<std::string> IgnoredDeepSpeedKeys() {
   std::vector<std::string> keys;
   for (const JsonIgnoredKey& k : kIgnoredKeys) keys.emplace_back(k.key);
   return keys;
+}
+
+absl::string_view ZeroOptimizationIgnoredReason(absl::string_view key) {
+  for (const JsonIgnoredKey& k : kZeroIgnoredKeys) {
+    if (k.key == key) return k.why;
+  }
+  return kZeroIgnoredWhy;
 }
 
 std::vector<std::string> TrainModelPresetNames() {
@@ -266,6 +343,13 @@ absl::StatusOr<AcceleratorKind> ParseAcceleratorKind(absl::string_view name) {
   if (absl::EqualsIgnoreCase(name, "cuda")) return AcceleratorKind::kCuda;
   return absl::InvalidArgumentError(
       "is not a backend; use \"cpu\" (the emulated accelerator) or \"cuda\"");
+}
+
+absl::StatusOr<OffloadDevice> ParseOffloadDevice(absl::string_view name) {
+  for (OffloadDevice d : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    if (absl::EqualsIgnoreCase(name, OffloadDeviceName(d))) return d;
+  }
+  return absl::InvalidArgumentError("is not an offload device; use \"none\", \"cpu\" or \"nvme\"");
 }
 
 // "12GB/s", "1.5 GiB/s", "100MB" (the "/s" is optional).

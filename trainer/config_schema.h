@@ -52,8 +52,23 @@
 //   checkpoint:  {dir, every, keep_last, resume, init_from, export}
 //   profile:     {trace, metrics}
 //
-// DeepSpeed keys that do not apply here are accepted and ignored with a LOG(WARNING) — only these
-// top-level ones (IgnoredDeepSpeedKeys()): zero_optimization, zero_allow_untested_optimizer,
+// DeepSpeed's offload keys (trainer/config.h has what each does here; docs/training.md too):
+//
+//   zero_optimization: {offload_optimizer: {device: "none" | "cpu" | "nvme", nvme_path,
+//                                           buffer_count (>= 1), pin_memory},
+//                       offload_param: {device: "none" | "cpu" ("nvme" is refused), pin_memory}}
+//       Every other zero_optimization key (stage, bucket sizes, stage3_*, ...) is accepted and
+//       ignored with a warning naming it and why (ZeroOptimizationIgnoredReason), except a close
+//       misspelling of offload_optimizer / offload_param, which is an error suggesting it.
+//       offload_optimizer's fast_init, pipeline_read, pipeline_write, ratio and offload_param's
+//       nvme-only nvme_path, buffer_count, buffer_size, max_in_cpu are accepted and ignored with a
+//       warning; offload_optimizer's nvme_path and buffer_count with a device other than "nvme"
+//       are kept but warned about (unused).
+//   aio: {block_size (bytes, a multiple of 4096), queue_depth, thread_count, single_submit,
+//         overlap_events}   (DeepSpeed's defaults: 1048576, 8, 1, false, true)
+//
+// DeepSpeed keys that do not apply here are accepted and ignored with a LOG(WARNING) — these
+// top-level ones (IgnoredDeepSpeedKeys()): zero_allow_untested_optimizer,
 // wall_clock_breakdown, memory_breakdown, prescale_gradients, gradient_predivide_factor,
 // communication_data_type, sparse_gradients, tensorboard, wandb, csv_monitor, comms_logger,
 // flops_profiler, dump_state, activation_checkpointing (DeepSpeed's section; ours is
@@ -94,13 +109,25 @@ inline constexpr int kMaxDeviceIndex = 1 << 16;
 // derived from it in int64).
 inline constexpr double kMinCopyBandwidthBytesPerS = 1e6;
 inline constexpr double kMaxCopyBandwidthBytesPerS = 1e15;
+// zero_optimization.offload_optimizer.buffer_count: a read-ahead window in chunk indices; 2^16
+// indices is more than any model's chunk count at a useful chunk size, and keeps the window's
+// bytes (count x 3 chunks) far from int64 overflow.
+inline constexpr int64_t kMaxOffloadBufferCount = int64_t{1} << 16;
+// aio: direct I/O's alignment (block_size must be a multiple), the largest request (1 GiB: one
+// request per chunk at the largest useful chunks), the deepest io_uring queue (IORING_MAX_ENTRIES)
+// and the most I/O threads.
+inline constexpr int64_t kAioAlignmentBytes = 4096;
+inline constexpr int64_t kMaxAioBlockBytes = int64_t{1} << 30;
+inline constexpr int64_t kMaxAioQueueDepth = 32768;
+inline constexpr int64_t kMaxAioThreads = 1024;
 
 // --- The key tables ------------------------------------------------------------------------------
 
 // The sections of the file, for JsonReader (the top level lists the ignored DeepSpeed keys).
 struct TrainConfigSchema {
   JsonSection top, optimizer, optimizer_params, scheduler, scheduler_params, fp16, bf16, model,
-      chunk, accelerator, data, checkpoint, profile;
+      chunk, accelerator, data, checkpoint, profile, zero_optimization, offload_optimizer,
+      offload_param, aio;
 };
 const TrainConfigSchema& ConfigSchema();
 
@@ -110,6 +137,10 @@ std::vector<std::string> TrainConfigKeyPaths();
 
 // The top-level DeepSpeed keys accepted and ignored (see the file comment).
 std::vector<std::string> IgnoredDeepSpeedKeys();
+
+// Why zero_optimization.`key` (any key but the offload sections) is ignored: the reason of
+// DeepSpeed keys known to the schema, else the general one (chunks replace ZeRO's stages).
+absl::string_view ZeroOptimizationIgnoredReason(absl::string_view key);
 
 // The presets model.preset and --model take: GPT-2's (model/gpt_config.h GptPresetNames) first,
 // then the Llama family's (the rest of model/model_config.h ModelPresetNames).
@@ -130,6 +161,8 @@ absl::StatusOr<OptimizerType> ParseOptimizerType(absl::string_view name);
 absl::StatusOr<SchedulerType> ParseSchedulerType(absl::string_view name);
 // "cpu" | "cuda", case-insensitive.
 absl::StatusOr<AcceleratorKind> ParseAcceleratorKind(absl::string_view name);
+// "none" | "cpu" | "nvme", case-insensitive.
+absl::StatusOr<OffloadDevice> ParseOffloadDevice(absl::string_view name);
 // "12GB/s", "1.5 GiB/s", "100MB" (the "/s" is optional): bytes per second.
 absl::StatusOr<double> ParseBandwidth(absl::string_view text);
 

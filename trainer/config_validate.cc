@@ -1,6 +1,7 @@
 #include "trainer/config_validate.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -337,6 +338,75 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
   }
   RETURN_IF_ERROR(CheckString("profile.trace", c.profile.trace_path));
   RETURN_IF_ERROR(CheckString("profile.metrics", c.profile.metrics_path));
+
+  // ZeRO offload and aio (the disk tier).
+  const OffloadOptimizerConfig& oo = c.zero_optimization.offload_optimizer;
+  RETURN_IF_ERROR(CheckString("zero_optimization.offload_optimizer.nvme_path", oo.nvme_path));
+  if (oo.buffer_count < 1 || oo.buffer_count > kMaxOffloadBufferCount) {
+    return BadValue("zero_optimization.offload_optimizer.buffer_count", oo.buffer_count,
+                    absl::StrCat("must be in [1, ", kMaxOffloadBufferCount,
+                                 "]: the chunk indices whose optimizer state the disk tier reads "
+                                 "ahead (DeepSpeed's default: 4)"));
+  }
+  if (c.zero_optimization.offload_param.device == OffloadDevice::kNvme) {
+    return BadValue(
+        "zero_optimization.offload_param.device", "\"nvme\"",
+        "parameter chunks stay in host memory in this version; use \"cpu\" (or \"none\"). The "
+        "optimizer state (master weights, momentum and variance: 12 of the 14 bytes per parameter "
+        "in bf16) is what goes to disk: set zero_optimization.offload_optimizer.device \"nvme\" "
+        "and its nvme_path (or pass --nvme_path)");
+  }
+  const AioConfig& aio = c.aio;
+  if (aio.block_size_bytes < kAioAlignmentBytes || aio.block_size_bytes > kMaxAioBlockBytes ||
+      aio.block_size_bytes % kAioAlignmentBytes != 0) {
+    return BadValue("aio.block_size", aio.block_size_bytes,
+                    absl::StrCat("must be a multiple of ", kAioAlignmentBytes,
+                                 " bytes (direct I/O's alignment) in [", kAioAlignmentBytes, ", ",
+                                 kMaxAioBlockBytes, "]; DeepSpeed's default is 1048576 (1MiB)"));
+  }
+  if (aio.queue_depth < 1 || aio.queue_depth > kMaxAioQueueDepth) {
+    return BadValue("aio.queue_depth", aio.queue_depth,
+                    absl::StrCat("must be in [1, ", kMaxAioQueueDepth,
+                                 "] requests in flight (DeepSpeed's default: 8)"));
+  }
+  if (aio.thread_count < 1 || aio.thread_count > kMaxAioThreads) {
+    return BadValue(
+        "aio.thread_count", aio.thread_count,
+        absl::StrCat("must be in [1, ", kMaxAioThreads, "] I/O threads (DeepSpeed's default: 1)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNvmePath(const TrainConfig& c) {
+  const OffloadOptimizerConfig& oo = c.zero_optimization.offload_optimizer;
+  if (oo.device != OffloadDevice::kNvme) return absl::OkStatus();
+  constexpr absl::string_view kKey = "zero_optimization.offload_optimizer.nvme_path";
+  if (oo.nvme_path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "`zero_optimization.offload_optimizer.device` = \"nvme\" needs a directory for the swap "
+        "files: set ",
+        kKey, " (or pass --nvme_path=DIR), a directory on a local SSD"));
+  }
+  struct stat st {};
+  if (::stat(oo.nvme_path.c_str(), &st) != 0) {
+    const int err = errno;
+    return ErrnoError(err,
+                      absl::StrCat("cannot use ", kKey,
+                                   " (--nvme_path), the directory of the disk tier's swap files,"),
+                      oo.nvme_path);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kKey, " (--nvme_path) '", oo.nvme_path,
+                     "' is not a directory; name the directory the swap files go in"));
+  }
+  if (::access(oo.nvme_path.c_str(), W_OK | X_OK) != 0) {
+    const int err = errno;
+    return ErrnoError(err,
+                      absl::StrCat("cannot create swap files in ", kKey,
+                                   " (--nvme_path): no write access to the directory"),
+                      oo.nvme_path);
+  }
   return absl::OkStatus();
 }
 
@@ -533,6 +603,7 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
         " bytes/s emulates a link and applies only to backend \"cpu\"; remove it (or set 0) for "
         "\"cuda\""));
   }
+  RETURN_IF_ERROR(CheckNvmePath(c));
   return absl::OkStatus();
 }
 

@@ -34,7 +34,16 @@ namespace ps {
 // that cannot be examined (NotFound, ELOOP's, PermissionDenied), DataLoss for a file that is not
 // safetensors, InvalidArgument saying that GPT-2 safetensors weights do not define the model.
 // A file with a Llama-family preset is InvalidArgument (a file is read as GPT-2 weights).
+// Last (after every other check), for zero_optimization.offload_optimizer.device "nvme":
+// CheckNvmePath.
 [[nodiscard]] absl::Status ValidateTrainConfig(const TrainConfig& config, int world_size = 1);
+
+// For zero_optimization.offload_optimizer.device "nvme" (the disk tier; OK for any other device):
+// nvme_path must name an existing directory this process may create files in. InvalidArgument
+// naming the key (and --nvme_path) when nvme_path is empty or not a directory; the errno's code
+// (NotFound, PermissionDenied, ...) naming the key and the path when it cannot be examined or
+// written. Whether the filesystem has the space is the pre-flight plan's (it knows the bytes).
+[[nodiscard]] absl::Status CheckNvmePath(const TrainConfig& config);
 
 // The model: the preset (if any) with the explicit dimensions > 0 replacing its fields, checked by
 // ValidateGptConfig and ValidateModelConfig (and for sizes whose parameter count would not fit

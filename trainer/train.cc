@@ -86,6 +86,10 @@ ABSL_FLAG(bool, resume, false,
 ABSL_FLAG(std::string, metrics_out, "", "JSON Lines metrics file, one object per step.");
 ABSL_FLAG(std::string, trace_out, "",
           "Chrome trace-event profile (open in ui.perfetto.dev or chrome://tracing).");
+ABSL_FLAG(std::string, nvme_path, "",
+          "Directory on a local SSD for the disk tier: the optimizer state (master weights, "
+          "momentum, variance) that host memory cannot hold lives in swap files there "
+          "(zero_optimization.offload_optimizer.device \"nvme\" with this nvme_path).");
 ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt, "Seed of the parameter initialization.");
 ABSL_FLAG(bool, print_config, false, "Print the resolved config as JSON and exit.");
 ABSL_FLAG(std::string, comm, "auto",
@@ -121,6 +125,7 @@ constexpr absl::string_view kOwnFlags[] = {"config",
                                            "resume",
                                            "metrics_out",
                                            "trace_out",
+                                           "nvme_path",
                                            "seed",
                                            "print_config",
                                            "comm",
@@ -256,6 +261,7 @@ int Main(int argc, char** argv) {
   o.save_dir = NonEmpty(absl::GetFlag(FLAGS_save_dir));
   o.metrics_out = NonEmpty(absl::GetFlag(FLAGS_metrics_out));
   o.trace_out = NonEmpty(absl::GetFlag(FLAGS_trace_out));
+  o.nvme_path = NonEmpty(absl::GetFlag(FLAGS_nvme_path));
   o.steps = absl::GetFlag(FLAGS_steps);
   o.seq_len = absl::GetFlag(FLAGS_seq_len);
   o.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);

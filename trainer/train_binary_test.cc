@@ -284,6 +284,26 @@ TEST(TrainBinary, PrintConfigFromADirectoryNamesItsModel) {
   EXPECT_THAT(plain.err, ::testing::Not(HasSubstr("Hugging Face directory")));
 }
 
+// --nvme_path turns the disk tier on (zero_optimization.offload_optimizer.device "nvme" and its
+// nvme_path, shown by --print_config); a directory that does not exist is refused before any work,
+// naming the key and the path.
+TEST(TrainBinary, NvmePathFlagSetsTheDiskTier) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "nvme_path");
+  const std::string swap = dir + "/swap";
+  std::filesystem::create_directories(swap);
+  const Result r = RunToEnd({"--nvme_path=" + swap, "--print_config"}, dir);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(nlohmann::json::accept(r.out)) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["zero_optimization"]["offload_optimizer"]["device"], "nvme");
+  EXPECT_EQ(j["zero_optimization"]["offload_optimizer"]["nvme_path"], swap);
+  EXPECT_EQ(j["aio"]["block_size"], "1MiB");
+  const Result missing = RunToEnd({"--nvme_path=" + dir + "/missing", "--print_config"}, dir);
+  EXPECT_EQ(missing.exit_code, 1) << missing.err;
+  EXPECT_THAT(missing.err, HasSubstr("zero_optimization.offload_optimizer.nvme_path"));
+  EXPECT_THAT(missing.err, HasSubstr(dir + "/missing"));
+}
+
 // --comm=nccl is refused before any work with the fix named, except on a GPU: in this build (no
 // CUDA) exit 1, "rebuild with --config=cuda"; in a cuda build, with the emulated accelerator,
 // exit 2 naming accelerator.backend, and without a GPU exit 1 with the backend's words. With a GPU

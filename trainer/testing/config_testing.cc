@@ -132,6 +132,31 @@ std::map<std::string, KeySample> KeySamples() {
                         [](const TrainConfig& c) { return c.profile.trace_path == "t.json"; }};
   s["profile.metrics"] = {"m.jsonl",
                           [](const TrainConfig& c) { return c.profile.metrics_path == "m.jsonl"; }};
+  s["zero_optimization.offload_optimizer.device"] = {
+      "nvme", [](const TrainConfig& c) {
+        return c.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme;
+      }};
+  s["zero_optimization.offload_optimizer.nvme_path"] = {
+      "/mnt/nvme", [](const TrainConfig& c) {
+        return c.zero_optimization.offload_optimizer.nvme_path == "/mnt/nvme";
+      }};
+  s["zero_optimization.offload_optimizer.buffer_count"] = {
+      6,
+      [](const TrainConfig& c) { return c.zero_optimization.offload_optimizer.buffer_count == 6; }};
+  s["zero_optimization.offload_optimizer.pin_memory"] = {
+      true, [](const TrainConfig& c) { return c.zero_optimization.offload_optimizer.pin_memory; }};
+  s["zero_optimization.offload_param.device"] = {
+      "cpu", [](const TrainConfig& c) {
+        return c.zero_optimization.offload_param.device == OffloadDevice::kCpu;
+      }};
+  s["zero_optimization.offload_param.pin_memory"] = {
+      true, [](const TrainConfig& c) { return c.zero_optimization.offload_param.pin_memory; }};
+  s["aio.block_size"] = {262144,
+                         [](const TrainConfig& c) { return c.aio.block_size_bytes == 262144; }};
+  s["aio.queue_depth"] = {32, [](const TrainConfig& c) { return c.aio.queue_depth == 32; }};
+  s["aio.thread_count"] = {2, [](const TrainConfig& c) { return c.aio.thread_count == 2; }};
+  s["aio.single_submit"] = {true, [](const TrainConfig& c) { return c.aio.single_submit; }};
+  s["aio.overlap_events"] = {false, [](const TrainConfig& c) { return !c.aio.overlap_events; }};
   return s;
 }
 

@@ -125,6 +125,19 @@ class RandomConfigs {
     c.checkpoint.export_path = String();
     c.profile.trace_path = String();
     c.profile.metrics_path = String();
+    const OffloadDevice devices[] = {OffloadDevice::kNone, OffloadDevice::kCpu,
+                                     OffloadDevice::kNvme};
+    c.zero_optimization.offload_optimizer.device = devices[Int(0, 2)];
+    c.zero_optimization.offload_optimizer.nvme_path = String();
+    c.zero_optimization.offload_optimizer.buffer_count = Int(1, kMaxOffloadBufferCount);
+    c.zero_optimization.offload_optimizer.pin_memory = Bool();
+    c.zero_optimization.offload_param.device = devices[Int(0, 1)];  // "nvme" is refused
+    c.zero_optimization.offload_param.pin_memory = Bool();
+    c.aio.block_size_bytes = Int(1, kMaxAioBlockBytes / kAioAlignmentBytes) * kAioAlignmentBytes;
+    c.aio.queue_depth = Int(1, kMaxAioQueueDepth);
+    c.aio.thread_count = Int(1, kMaxAioThreads);
+    c.aio.single_submit = Bool();
+    c.aio.overlap_events = Bool();
     return c;
   }
 
