@@ -165,6 +165,12 @@ struct OffloadOptimizerConfig {
   // (each index's master, momentum and variance chunks) may be read or being read from disk ahead
   // of the one the optimizer works on. >= 1. DeepSpeed's default, 4.
   int64_t buffer_count = 4;
+  // kNvme: the host bytes the disk tier may hold of the optimizer state (resident chunks, reads
+  // ahead, writes behind); 0: auto — what host memory (accelerator.host_memory, else what the OS
+  // can give less a margin) leaves beside the rest of the run (model/gpt_activation_profile.h,
+  // GptRunPlanOptions::DiskTier). Below the tier's minimum (two chunk indices' state) the plan
+  // refuses the run. This project's key ("host_budget"), not DeepSpeed's.
+  int64_t host_budget_bytes = 0;
   // Accepted for DeepSpeed configs; changes nothing: host chunk memory — the disk tier's buffers
   // included, since chunks are read from disk into their own host payloads — is always
   // page-locked memory from the accelerator's backend (plain host memory for the cpu backend).

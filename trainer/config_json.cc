@@ -109,6 +109,7 @@ std::string TrainConfigToJson(const TrainConfig& c) {
       {"offload_optimizer", OrderedJson{{"device", OffloadDeviceName(oo.device)},
                                         {"nvme_path", oo.nvme_path},
                                         {"buffer_count", oo.buffer_count},
+                                        {"host_budget", BytesToJson(oo.host_budget_bytes)},
                                         {"pin_memory", oo.pin_memory}}},
       {"offload_param",
        OrderedJson{{"device", OffloadDeviceName(op.device)}, {"pin_memory", op.pin_memory}}}};

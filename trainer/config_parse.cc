@@ -330,6 +330,7 @@ absl::Status ReadZeroOptimization(const JsonReader& r, const Json& top, TrainCon
     RETURN_IF_ERROR(ReadOffloadDevice(r, *opt, p, &o.device));
     RETURN_IF_ERROR(r.GetString(*opt, p, "nvme_path", &o.nvme_path));
     RETURN_IF_ERROR(r.GetInt(*opt, p, "buffer_count", &o.buffer_count));
+    RETURN_IF_ERROR(r.GetBytes(*opt, p, "host_budget", &o.host_budget_bytes));
     RETURN_IF_ERROR(r.GetBool(*opt, p, "pin_memory", &o.pin_memory));
     if (o.device != OffloadDevice::kNvme) {
       // Kept (the config round-trips), but they do nothing without the disk tier: said when set

@@ -166,7 +166,7 @@ constexpr JsonIgnoredKey kZeroIgnoredKeys[] = {
 };
 
 constexpr absl::string_view kOffloadOptimizerKeys[] = {"device", "nvme_path", "buffer_count",
-                                                       "pin_memory"};
+                                                       "host_budget", "pin_memory"};
 constexpr JsonKeyAlias kOffloadOptimizerAliases[] = {{"path", "nvme_path"},
                                                      {"nvme_dir", "nvme_path"},
                                                      {"swap_path", "nvme_path"},

@@ -12,11 +12,14 @@
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_type.h"
+#include "disk/chunk_swap.h"
+#include "disk/disk_probe.h"
 #include "memory/dtype.h"
 #include "model/kernels/internal/bf16_gemm.h"
 #include "model/kernels/internal/blas.h"
 #include "model/model_config.h"
 #include "optimizer/grad_accumulator.h"
+#include "scheduler/memory_plan.h"
 #include "trainer/config.h"
 #include "trainer/model_resolution.h"
 
@@ -48,6 +51,28 @@ void PrintHeader(const TrainRun& run) {
       run.config.accelerator.host_memory_bytes > 0
           ? absl::StrCat("cap ", FormatBytes(run.config.accelerator.host_memory_bytes))
           : std::string("uncapped"));
+  if (run.swap != nullptr && run.disk_bandwidth.has_value()) {
+    const MemoryPlan& p = run.plan.plan;
+    const ChunkSwapInfo info = run.swap->info();
+    const DiskBandwidth& bw = *run.disk_bandwidth;
+    *run.out() << absl::StrFormat(
+        "disk tier: optimizer state in %s (%s of slots; %s, %s); measured there: write %s/s, "
+        "read %s/s, %.2f ms per %s block\n",
+        info.path, FormatBytes(p.disk_bytes), info.engine,
+        info.direct ? std::string("O_DIRECT") : info.direct_note,
+        FormatBytes(static_cast<int64_t>(bw.write_bytes_per_s)),
+        FormatBytes(static_cast<int64_t>(bw.read_bytes_per_s)), bw.block_latency_ns * 1e-6,
+        FormatBytes(run.config.aio.block_size_bytes));
+    const double disk_s = p.disk_read_bytes_per_step / std::max(1.0, bw.read_bytes_per_s) +
+                          p.disk_write_bytes_per_step / std::max(1.0, bw.write_bytes_per_s);
+    *run.out() << absl::StrFormat(
+        "disk tier: host budget %s of optimizer state (minimum %s): %d chunk indices kept in "
+        "RAM, %d streamed, read-ahead %d; per step up to %s read and %s written: %.1f s of disk "
+        "time at the measured rates\n",
+        FormatBytes(run.plan.disk_host_budget_bytes), FormatBytes(p.disk_min_host_bytes),
+        p.disk_kept_indices, p.disk_streamed_indices, p.disk_read_ahead,
+        FormatBytes(p.disk_read_bytes_per_step), FormatBytes(p.disk_write_bytes_per_step), disk_s);
+  }
   if (run.config.accelerator.kind != AcceleratorKind::kCuda) {
     // What the CPU kernels dispatch to on this machine: losses are bit-identical run to run and
     // for any `threads` on one CPU kind, and differ in the last bits between kinds.
@@ -188,6 +213,21 @@ std::string SummaryText(const TrainRun& run) {
       s.pressure_evictions > 0 ? absl::StrFormat(", %d evicted under memory pressure (%d reclaims)",
                                                  s.pressure_evictions, s.pressure_reclaims)
                                : std::string());
+  if (!s.disk_engine.empty()) {
+    // The disk alone would need read/R + write/W at the rates measured at the start; the share
+    // of the optimizer's time that is (the optimizer step is where the tier's I/O happens, beside
+    // the read-ahead of the next step's first chunks).
+    const double disk_alone_s =
+        s.disk_read_bytes / std::max(1.0, s.disk_measured_read_bytes_per_s) +
+        s.disk_write_bytes / std::max(1.0, s.disk_measured_write_bytes_per_s);
+    os << absl::StrFormat(
+        "disk tier (%s): read %s in %d reads (%d read ahead in time), written %s in %d writes; "
+        "waited %.1f s for reads, %.1f s for writes; the disk alone needs %.1f s for that at "
+        "the measured rates; tier host peak %s\n",
+        s.disk_engine, FormatBytes(s.disk_read_bytes), s.disk_reads, s.disk_read_ahead_hits,
+        FormatBytes(s.disk_write_bytes), s.disk_writes, s.disk_read_wait_s, s.disk_write_wait_s,
+        disk_alone_s, FormatBytes(s.disk_peak_host_bytes));
+  }
   if (s.world_size > 1) {
     os << absl::StrFormat(
         "ZeRO over %d ranks (rank 0's numbers): all-gathered %s, reduce-scattered %s, %.1f s in "

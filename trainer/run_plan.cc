@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/units.h"
+#include "disk/disk_probe.h"
 #include "glog/logging.h"
 #include "memory/dtype.h"
 #include "memory/host_memory_info.h"
@@ -96,6 +97,24 @@ absl::Status PlanMemoryOrRefuse(TrainRun& run) {
   run.reserve = PlanAcceleratorReserve(kind, run.DeviceCommunicator(), run.world, o.chunk_elems,
                                        run.dtype, exports);
   o.comm_buffer_bytes = run.reserve.total_bytes();
+  // The disk tier: the optimizer state this rank owns in swap files under nvme_path, host memory
+  // holding the budget of it (the plan picks it when host_budget is auto).
+  const OffloadOptimizerConfig& offload = run.config.zero_optimization.offload_optimizer;
+  if (offload.device == OffloadDevice::kNvme) {
+    GptRunPlanOptions::DiskTier disk;
+    disk.dir = offload.nvme_path;
+    disk.read_ahead = offload.buffer_count;
+    disk.host_budget_bytes = offload.host_budget_bytes;
+    absl::StatusOr<int64_t> free_bytes = FreeDiskBytes(offload.nvme_path);
+    if (!free_bytes.ok()) {
+      return absl::Status(
+          free_bytes.status().code(),
+          absl::StrCat("zero_optimization.offload_optimizer.nvme_path (--nvme_path): ",
+                       free_bytes.status().message()));
+    }
+    disk.free_bytes = *free_bytes;
+    o.disk = std::move(disk);
+  }
   absl::StatusOr<GptRunPlan> plan = PlanGptRun(o);
   if (plan.ok() && run.DeviceCommunicator() && o.chunk_elems == 0) {
     // chunk.size "auto": the collectives' staging is sized by the chunk the search picked; plan
@@ -115,6 +134,8 @@ absl::Status PlanMemoryOrRefuse(TrainRun& run) {
   if (run.env.enforce_memory_plan || !plan->plan.fits_host) {
     RETURN_IF_ERROR(CheckGptRunFits(o, *plan));
   }
+  // The swap files must fit their disk, whatever else is enforced.
+  RETURN_IF_ERROR(CheckGptRunDisk(o, *plan));
   run.plan = *std::move(plan);
   run.chunk_elems = run.plan.plan.chunk_elems;
   run.chunk_size_note = run.plan.chunk_note;

@@ -19,6 +19,10 @@
 #include "chunk/chunk_store.h"
 #include "chunk/operator_spec.h"
 #include "comm/communicator.h"
+#include "disk/chunk_swap.h"
+#include "disk/disk_probe.h"
+#include "disk/file_chunk_swap.h"
+#include "disk/swap_options.h"
 #include "memory/backend.h"
 #include "memory/backend_factory.h"
 #include "memory/cpu_backend.h"
@@ -36,6 +40,7 @@
 #include "optimizer/lr_schedule.h"
 #include "scheduler/chunk_manager.h"
 #include "scheduler/comm_collectives.h"
+#include "scheduler/disk_tier.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/config_optimizer.h"
@@ -294,6 +299,44 @@ absl::Status OpenOutputs(TrainRun& run) {
   return absl::OkStatus();
 }
 
+// The disk tier (offload_optimizer.device "nvme"): measures the disk under nvme_path through the
+// swap's own I/O path (the bandwidth the console and the metrics compare the run's state I/O
+// with), opens the swap files and hands them to the manager with the plan's host budget.
+constexpr int64_t kDiskProbeBytes = 256 * kMiB;
+
+absl::Status OpenDiskTier(TrainRun& run, ChunkManagerOptions& manager_options) {
+  const OffloadOptimizerConfig& offload = run.config.zero_optimization.offload_optimizer;
+  if (offload.device != OffloadDevice::kNvme) return absl::OkStatus();
+  FileChunkSwapOptions swap_options;
+  swap_options.dir = offload.nvme_path;
+  swap_options.rank = run.rank;
+  swap_options.block_size = run.config.aio.block_size_bytes;
+  swap_options.queue_depth = static_cast<int>(run.config.aio.queue_depth);
+  swap_options.thread_count = static_cast<int>(run.config.aio.thread_count);
+  swap_options.single_submit = run.config.aio.single_submit;
+  swap_options.overlap_events = run.config.aio.overlap_events;
+  const auto named = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("the disk tier under ", offload.nvme_path,
+                                               " (zero_optimization.offload_optimizer.nvme_path, "
+                                               "--nvme_path): ",
+                                               s.message()));
+  };
+  // Enough to cover the disk's latency and reach its sequential rate, small beside the state.
+  const int64_t probe_bytes = std::min<int64_t>(
+      kDiskProbeBytes, std::max<int64_t>(run.plan.plan.state_chunk_bytes, 16 * kMiB));
+  absl::StatusOr<DiskBandwidth> bandwidth =
+      MeasureDiskBandwidth(offload.nvme_path, swap_options, probe_bytes);
+  if (!bandwidth.ok()) return named(bandwidth.status());
+  run.disk_bandwidth = *std::move(bandwidth);
+  absl::StatusOr<std::unique_ptr<ChunkSwap>> swap = OpenFileChunkSwap(swap_options);
+  if (!swap.ok()) return named(swap.status());
+  run.swap = *std::move(swap);
+  manager_options.disk = DiskTierOptions{.swap = run.swap.get(),
+                                         .host_budget_bytes = run.plan.disk_host_budget_bytes,
+                                         .read_ahead = offload.buffer_count};
+  return absl::OkStatus();
+}
+
 // The compute stream, the tide-aware ChunkManager over it and the model computing on it.
 absl::Status CreateManagerAndModel(TrainRun& run) {
   ChunkManagerOptions manager_options;
@@ -307,6 +350,7 @@ absl::Status CreateManagerAndModel(TrainRun& run) {
   manager_options.comm_buffer_bytes = run.reserve.export_tile_bytes;
   ASSIGN_OR_RETURN(run.compute_stream, run.backend->CreateStream());
   manager_options.compute_stream = run.compute_stream.get();
+  RETURN_IF_ERROR(OpenDiskTier(run, manager_options));
   ASSIGN_OR_RETURN(run.manager,
                    ChunkManager::Create(run.store.get(), run.backend.get(), run.accelerator.get(),
                                         run.host.get(), manager_options));

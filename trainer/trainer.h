@@ -187,6 +187,11 @@ struct StepMetrics {
   // Times the accelerator ran out of memory between accesses and the chunk manager evicted under
   // pressure (0 when the plan's slack held).
   int64_t pressure_reclaims = 0;
+  // The disk tier (zero without it): optimizer-state bytes read from and written to the swap
+  // files during the step, and the time the step waited for them.
+  int64_t disk_read_bytes = 0;
+  int64_t disk_write_bytes = 0;
+  double disk_wait_ms = 0;
   std::optional<double> val_loss;
 };
 
@@ -212,6 +217,15 @@ struct TrainSummary {
   int64_t loads = 0, write_backs = 0, write_behinds = 0, clean_evictions = 0, prefetches = 0,
           prefetch_hits = 0, pressure_evictions = 0, pressure_reclaims = 0;
   bool stopped_by_request = false;
+  // The disk tier (zero / empty without it): its traffic over the run (initialization and
+  // checkpoints included), the time the run waited for it, read-ahead hits, the most host bytes
+  // its chunks held at once; and the disk as measured under nvme_path at the start (engine,
+  // direct I/O, sequential bytes per second).
+  int64_t disk_reads = 0, disk_writes = 0, disk_read_bytes = 0, disk_write_bytes = 0;
+  int64_t disk_read_ahead_hits = 0, disk_peak_host_bytes = 0;
+  double disk_read_wait_s = 0, disk_write_wait_s = 0;
+  double disk_measured_read_bytes_per_s = 0, disk_measured_write_bytes_per_s = 0;
+  std::string disk_engine;
   // Chunk payload bytes this rank holds (host and accelerator) after the last step: its share of
   // the model data (under ZeRO, the chunks it owns).
   int64_t rank_model_data_bytes = 0;

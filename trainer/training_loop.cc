@@ -160,6 +160,10 @@ absl::Status Step(TrainRun& run, StepMetrics& m) {
   m.written_back_bytes = d.write_back_bytes;
   m.evictions = d.write_backs + d.clean_evictions;
   m.pressure_reclaims = c1.pressure_reclaims - c0.pressure_reclaims;
+  m.disk_read_bytes = c1.disk_read_bytes - c0.disk_read_bytes;
+  m.disk_write_bytes = c1.disk_write_bytes - c0.disk_write_bytes;
+  m.disk_wait_ms = ms(c1.disk_read_wait_ns - c0.disk_read_wait_ns + c1.disk_write_wait_ns -
+                      c0.disk_write_wait_ns);
 
   if (run.trace != nullptr) {
     const int64_t trace_t2 = run.trace->NowNs();
@@ -199,6 +203,11 @@ void WriteMetrics(const TrainRun& run, const StepMetrics& m) {
   j["written_back_bytes"] = m.written_back_bytes;
   j["evictions"] = m.evictions;
   j["pressure_reclaims"] = m.pressure_reclaims;
+  if (run.swap != nullptr) {
+    j["disk"] = {{"read_bytes", m.disk_read_bytes},
+                 {"write_bytes", m.disk_write_bytes},
+                 {"wait_ms", m.disk_wait_ms}};
+  }
   if (m.val_loss.has_value()) j["val_loss"] = *m.val_loss;
   if (absl::Status s = run.metrics->Write(j); !s.ok()) {
     LOG(WARNING) << "metrics: " << s;
@@ -250,6 +259,19 @@ void FinishSummary(TrainRun& run) {
   run.summary.write_behinds = c.write_behinds;
   run.summary.pressure_evictions = c.pressure_evictions;
   run.summary.pressure_reclaims = c.pressure_reclaims;
+  run.summary.disk_reads = c.disk_reads;
+  run.summary.disk_writes = c.disk_writes;
+  run.summary.disk_read_bytes = c.disk_read_bytes;
+  run.summary.disk_write_bytes = c.disk_write_bytes;
+  run.summary.disk_read_ahead_hits = c.disk_read_ahead_hits;
+  run.summary.disk_peak_host_bytes = c.disk_peak_host_bytes;
+  run.summary.disk_read_wait_s = static_cast<double>(c.disk_read_wait_ns) * 1e-9;
+  run.summary.disk_write_wait_s = static_cast<double>(c.disk_write_wait_ns) * 1e-9;
+  if (run.disk_bandwidth.has_value()) {
+    run.summary.disk_measured_read_bytes_per_s = run.disk_bandwidth->read_bytes_per_s;
+    run.summary.disk_measured_write_bytes_per_s = run.disk_bandwidth->write_bytes_per_s;
+    run.summary.disk_engine = run.disk_bandwidth->engine;
+  }
   run.summary.world_size = run.world;
   run.summary.rank_model_data_bytes = run.store->PayloadBytesOn(Device::Host()) +
                                       run.store->PayloadBytesOn(run.accelerator->device());

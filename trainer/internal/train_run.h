@@ -33,6 +33,8 @@
 #include "absl/status/statusor.h"
 #include "chunk/chunk_store.h"
 #include "comm/communicator.h"
+#include "disk/chunk_swap.h"
+#include "disk/disk_probe.h"
 #include "memory/backend.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
@@ -139,6 +141,11 @@ struct TrainRun {
   std::unique_ptr<TraceProfiler> profiler;
   // The stream the model's kernels run on; the manager orders its chunk moves after it.
   std::unique_ptr<Stream> compute_stream;
+  // The disk tier (offload_optimizer.device "nvme"): the swap files the manager spills optimizer
+  // state to (declared before the manager, which uses it until destroyed), and the bandwidth
+  // measured under nvme_path when the run started. Null / unset without the tier.
+  std::unique_ptr<ChunkSwap> swap;
+  std::optional<DiskBandwidth> disk_bandwidth;
   std::unique_ptr<ChunkManager> manager;
   std::unique_ptr<GptModel> model;
   std::unique_ptr<CpuAdam> cpu_adam;
