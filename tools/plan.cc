@@ -11,15 +11,21 @@
 // workspaces (cuBLAS's in every GEMM, --cuda_compute_capability picking NVIDIA's default size),
 // CudaAdam's device bytes reserved, and the GPU's memory apart from the host's.
 //
-// --nvme_path=DIR (the trainer's flag: zero_optimization.offload_optimizer.device "nvme") is
-// checked as the trainer checks it (an existing directory this process may write in) and noted;
-// the plan does not count the disk tier yet — its host figures hold every chunk in host memory.
+// --nvme_path=DIR (the trainer's flag: zero_optimization.offload_optimizer.device "nvme") plans
+// the disk tier as the trainer does: the directory checked as the trainer checks it, the swap's
+// bytes against its free space (statvfs), the host budget of optimizer state (--host_budget, or
+// the trainer's automatic one), and — unless --measure_disk=false — the disk's sequential direct
+// I/O bandwidth measured there through the swap's engine (--disk_probe bytes at --aio_block_size
+// and --aio_queue_depth), which turns the plan's per-step disk traffic into the time the disk
+// alone needs per step.
 //
 // Exit status as the trainer's: 0 the run fits (the plan on stdout); 1 it does not (the plan on
 // stdout, the refusal on stderr); 2 a flag that cannot be parsed or an invalid model/option.
+#include <algorithm>
 #include <cstdint>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -31,6 +37,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/units.h"
+#include "disk/disk_probe.h"
+#include "disk/swap_options.h"
 #include "memory/dtype.h"
 #include "memory/host_memory_info.h"
 #include "model/gpt_activation_profile.h"
@@ -64,8 +72,19 @@ ABSL_FLAG(bool, moments, false, "print every moment of the steady iteration");
 ABSL_FLAG(std::string, accelerator, "cpu",
           "cpu (the emulated accelerator) or cuda (a GPU run, planned without a GPU)");
 ABSL_FLAG(std::string, nvme_path, "",
-          "the disk tier's directory, as the trainer's --nvme_path (checked and noted; the plan "
-          "does not count the disk yet)");
+          "the disk tier's directory (the trainer's --nvme_path): plans the optimizer state on "
+          "disk");
+ABSL_FLAG(std::string, host_budget, "auto",
+          "--nvme_path: host bytes of optimizer state the disk tier may hold "
+          "(zero_optimization.offload_optimizer.host_budget), or \"auto\"");
+ABSL_FLAG(int64_t, buffer_count, 4,
+          "--nvme_path: chunk indices read ahead (offload_optimizer.buffer_count)");
+ABSL_FLAG(bool, measure_disk, true,
+          "--nvme_path: measure the disk's sequential bandwidth there (writes and reads "
+          "--disk_probe bytes)");
+ABSL_FLAG(std::string, disk_probe, "256MiB", "--measure_disk: bytes written and read");
+ABSL_FLAG(std::string, aio_block_size, "1MiB", "--measure_disk: aio.block_size");
+ABSL_FLAG(int, aio_queue_depth, 8, "--measure_disk: aio.queue_depth");
 ABSL_FLAG(int, cuda_compute_capability, 9,
           "--accelerator=cuda: the GPU's compute capability major (9: Hopper, 32 MiB cuBLAS "
           "workspace; 8 and below: 4 MiB)");
@@ -158,19 +177,65 @@ int Run() {
     return fail2(absl::InvalidArgumentError(
         absl::StrCat("--accelerator must be cpu or cuda, got \"", a, "\"")));
   }
+  std::optional<DiskBandwidth> disk_bandwidth;
   if (const std::string nvme = absl::GetFlag(FLAGS_nvme_path); !nvme.empty()) {
     // As the trainer's --nvme_path (trainer/config_overrides.h) and its check of the directory.
     TrainConfig disk;
     disk.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
     disk.zero_optimization.offload_optimizer.nvme_path = nvme;
     if (absl::Status s = CheckNvmePath(disk); !s.ok()) return fail2(s);
-    std::cout << "disk tier: optimizer state in swap files under " << nvme
-              << " (not counted by this plan yet: the host figures below hold every chunk in "
-                 "host memory)\n";
+    GptRunPlanOptions::DiskTier tier;
+    tier.dir = nvme;
+    tier.read_ahead = absl::GetFlag(FLAGS_buffer_count);
+    if (tier.read_ahead < 1) {
+      return fail2(absl::InvalidArgumentError(
+          absl::StrCat("--buffer_count must be >= 1, got ", tier.read_ahead)));
+    }
+    if (const std::string b = absl::GetFlag(FLAGS_host_budget); b != "auto") {
+      absl::StatusOr<int64_t> bytes = BytesFlag("host_budget", b);
+      if (!bytes.ok()) return fail2(bytes.status());
+      tier.host_budget_bytes = *bytes;
+    }
+    absl::StatusOr<int64_t> free_bytes = FreeDiskBytes(nvme);
+    if (!free_bytes.ok()) return fail2(free_bytes.status());
+    tier.free_bytes = *free_bytes;
+    o.disk = tier;
+    if (absl::GetFlag(FLAGS_measure_disk)) {
+      FileChunkSwapOptions swap;
+      swap.dir = nvme;
+      absl::StatusOr<int64_t> block =
+          BytesFlag("aio_block_size", absl::GetFlag(FLAGS_aio_block_size));
+      if (!block.ok()) return fail2(block.status());
+      swap.block_size = *block;
+      swap.queue_depth = absl::GetFlag(FLAGS_aio_queue_depth);
+      absl::StatusOr<int64_t> probe = BytesFlag("disk_probe", absl::GetFlag(FLAGS_disk_probe));
+      if (!probe.ok()) return fail2(probe.status());
+      absl::StatusOr<DiskBandwidth> measured = MeasureDiskBandwidth(nvme, swap, *probe);
+      if (!measured.ok()) return fail2(measured.status());
+      disk_bandwidth = *measured;
+    }
   }
   absl::StatusOr<GptRunPlan> run = PlanGptRun(o);
   if (!run.ok()) return fail2(run.status());
   const MemoryPlan& p = run->plan;
+  if (p.disk_tier) {
+    std::cout << absl::StrFormat(
+        "disk tier: swap under %s: %s (%s free there); host budget %s of optimizer state\n",
+        o.disk->dir, FormatBytes(p.disk_bytes), FormatBytes(o.disk->free_bytes),
+        FormatBytes(run->disk_host_budget_bytes));
+    if (disk_bandwidth.has_value()) {
+      const DiskBandwidth& bw = *disk_bandwidth;
+      const double disk_s = p.disk_read_bytes_per_step / std::max(1.0, bw.read_bytes_per_s) +
+                            p.disk_write_bytes_per_step / std::max(1.0, bw.write_bytes_per_s);
+      std::cout << absl::StrFormat(
+          "disk measured (%s, %s): write %s/s, read %s/s, %.2f ms per block; the disk alone "
+          "needs %.1f s per optimizer step\n",
+          bw.engine, bw.direct ? std::string("O_DIRECT") : bw.note,
+          FormatBytes(static_cast<int64_t>(bw.write_bytes_per_s)),
+          FormatBytes(static_cast<int64_t>(bw.read_bytes_per_s)), bw.block_latency_ns * 1e-6,
+          disk_s);
+    }
+  }
   std::cout << absl::StrFormat(
       "model %s (%d parameters), %s, micro batch %d x %d tokens, world size %d\n", o.config.name,
       p.parameters, DTypeName(o.compute_dtype), o.model.batch,
@@ -180,9 +245,14 @@ int Run() {
             << p.Summary() << "\n";
   std::cout << absl::StrFormat(
       "lower_bound_bytes=%d min_accelerator_bytes=%d predicted_accelerator_peak_bytes=%d "
-      "host_model_data_bytes=%d host_needed_bytes=%d chunk_elems=%d\n",
+      "host_model_data_bytes=%d host_needed_bytes=%d chunk_elems=%d%s\n",
       p.lower_bound_bytes, p.min_accelerator_bytes, p.predicted_accelerator_peak_bytes,
-      p.host_model_data_bytes, p.host_needed_bytes, p.chunk_elems);
+      p.host_model_data_bytes, p.host_needed_bytes, p.chunk_elems,
+      p.disk_tier ? absl::StrFormat(" disk_bytes=%d disk_host_bytes=%d disk_read_bytes_per_step=%d "
+                                    "disk_write_bytes_per_step=%d",
+                                    p.disk_bytes, p.disk_host_bytes, p.disk_read_bytes_per_step,
+                                    p.disk_write_bytes_per_step)
+                  : std::string());
   if (absl::GetFlag(FLAGS_moments)) {
     for (size_t i = 0; i < p.moments.size(); ++i) {
       const PlannedMoment& m = p.moments[i];
