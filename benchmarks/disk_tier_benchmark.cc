@@ -53,6 +53,7 @@
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "disk/disk_probe.h"
+#include "disk/io_engine.h"
 #include "disk/swap_options.h"
 #include "memory/dtype.h"
 #include "memory/host_memory_info.h"
@@ -287,6 +288,107 @@ void RemoveSwapDir(const std::string& dir) {
   }
 }
 
+// Reads and writes at once, as the tier does when it reads ahead beside its writes behind: one
+// engine, queue_depth requests in flight, alternately a read of a file written before and a write
+// of another, `bytes` each, sequential, in blocks of options.block_size; no fdatasync (the tier
+// never syncs its scratch files). Returns (read + written bytes) per second. Files are named
+// "patrickstar-mixed-*" in options.dir and removed.
+absl::StatusOr<double> MeasureMixedBandwidth(const FileChunkSwapOptions& options, int64_t bytes) {
+  const int64_t block = options.block_size;
+  const int64_t blocks = (bytes + block - 1) / block;
+  ASSIGN_OR_RETURN(OpenedIoEngine engine,
+                   OpenIoEngine(IoEngineOptions{.kind = options.engine,
+                                                .queue_depth = options.queue_depth,
+                                                .thread_count = options.thread_count}));
+  const std::string base = absl::StrCat(options.dir, "/patrickstar-mixed-", getpid());
+  ASSIGN_OR_RETURN(SwapFile src, CreateSwapFile(base + "-read.bin", options.dir, options.direct,
+                                                /*refuse_direct_for_test=*/false));
+  absl::StatusOr<SwapFile> dst_or =
+      CreateSwapFile(base + "-write.bin", options.dir, options.direct, false);
+  if (!dst_or.ok()) {
+    CloseSwapFile(src);
+    unlink(src.path.c_str());
+    return dst_or.status();
+  }
+  SwapFile dst = *std::move(dst_or);
+  const int depth = options.queue_depth;
+  char* buffers = static_cast<char*>(
+      std::aligned_alloc(kDirectIoAlignment, static_cast<size_t>(depth * block)));
+  const auto cleanup = [&] {
+    std::free(buffers);
+    CloseSwapFile(src);
+    CloseSwapFile(dst);
+    unlink(src.path.c_str());
+    unlink(dst.path.c_str());
+  };
+  if (buffers == nullptr) {
+    cleanup();
+    return absl::ResourceExhaustedError("mixed probe: cannot allocate its buffers");
+  }
+  std::memset(buffers, 0x5a, static_cast<size_t>(depth * block));
+  if (engine.engine->Allocate(src.fd, 0, blocks * block) != 0 ||
+      engine.engine->Allocate(dst.fd, 0, blocks * block) != 0) {
+    cleanup();
+    return absl::ResourceExhaustedError(absl::StrCat("mixed probe: cannot allocate 2 x ",
+                                                     blocks * block, " bytes in ", options.dir));
+  }
+  // Requests: phase 0 writes the source; phase 1 reads it and writes the destination at once.
+  // A request's tag is its buffer slot.
+  const auto pass = [&](bool mixed, double* seconds) -> absl::Status {
+    std::vector<int> free_slots;
+    for (int i = depth - 1; i >= 0; --i) free_slots.push_back(i);
+    int64_t next_read = 0, next_write = 0, in_flight = 0;
+    const int64_t reads = mixed ? blocks : 0;
+    bool read_turn = true;
+    std::vector<IoCompletion> done;
+    const absl::Time start = absl::Now();
+    while (next_read < reads || next_write < blocks || in_flight > 0) {
+      std::vector<IoRequest> batch;
+      while (!free_slots.empty() && (next_read < reads || next_write < blocks)) {
+        const int slot = free_slots.back();
+        free_slots.pop_back();
+        const bool read = next_read < reads && (read_turn || next_write >= blocks);
+        read_turn = !read_turn;
+        IoRequest r;
+        r.fd = read ? (src.direct ? src.fd : src.buffered_fd)
+                    : (mixed ? (dst.direct ? dst.fd : dst.buffered_fd)
+                             : (src.direct ? src.fd : src.buffered_fd));
+        r.offset = (read ? next_read++ : next_write++) * block;
+        r.buffer = buffers + slot * block;
+        r.bytes = block;
+        r.write = !read;
+        r.tag = static_cast<uint64_t>(slot);
+        batch.push_back(r);
+      }
+      if (!batch.empty()) {
+        RETURN_IF_ERROR(engine.engine->Submit(batch));
+        in_flight += static_cast<int64_t>(batch.size());
+      }
+      done.clear();
+      RETURN_IF_ERROR(engine.engine->Reap(1, &done));
+      for (const IoCompletion& c : done) {
+        if (c.result != block) {
+          return absl::DataLossError(absl::StrCat("mixed probe: a request under ", options.dir,
+                                                  " returned ", c.result, " of ", block));
+        }
+        free_slots.push_back(static_cast<int>(c.tag));
+        --in_flight;
+      }
+    }
+    *seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    return absl::OkStatus();
+  };
+  double seconds = 0;
+  absl::Status status = pass(/*mixed=*/false, &seconds);
+  if (status.ok() && fdatasync(src.fd) != 0) {
+    status = absl::InternalError(absl::StrCat("mixed probe: fdatasync ", src.path));
+  }
+  if (status.ok()) status = pass(/*mixed=*/true, &seconds);
+  cleanup();
+  if (!status.ok()) return status;
+  return 2.0 * static_cast<double>(blocks * block) / std::max(seconds, 1e-9);
+}
+
 // `text` as one token of the key=value line (spaces and '=' become '_').
 std::string Token(std::string text) {
   for (char& ch : text) {
@@ -350,9 +452,25 @@ int Main() {
       }
       return bw;
     };
+    const auto measure_mixed = [&](const char* when) -> absl::StatusOr<double> {
+      absl::StatusOr<double> m = MeasureMixedBandwidth(swap, probe_bytes);
+      if (m.ok()) {
+        std::cout << absl::StrFormat(
+            "disk alone %s, reading and writing at once (%s each, no fdatasync, as the tier): "
+            "%s read + written\n",
+            when, FormatBytes(probe_bytes), MiBs(*m));
+        std::cout.flush();
+      }
+      return m;
+    };
     absl::StatusOr<DiskBandwidth> bw = measure("before the run");
     if (!bw.ok()) {
       std::cerr << "measuring the disk: " << bw.status() << "\n";
+      return 1;
+    }
+    absl::StatusOr<double> mixed = measure_mixed("before the run");
+    if (!mixed.ok()) {
+      std::cerr << "measuring the disk: " << mixed.status() << "\n";
       return 1;
     }
 
@@ -381,6 +499,12 @@ int Main() {
       std::cerr << "measuring the disk: " << bw_after.status() << "\n";
       return 1;
     }
+    absl::StatusOr<double> mixed_after = measure_mixed("after the run");
+    if (!mixed_after.ok()) {
+      std::cerr << "measuring the disk: " << mixed_after.status() << "\n";
+      return 1;
+    }
+    const double M = (*mixed + *mixed_after) / 2;
     const double R = (bw->read_bytes_per_s + bw_after->read_bytes_per_s) / 2;
     const double W = (bw->write_bytes_per_s + bw_after->write_bytes_per_s) / 2;
     absl::StatusOr<GptRunPlan> planned = PlanFor(*config, swap_dir, run.host_baseline_bytes);
@@ -435,6 +559,10 @@ int Main() {
     const double disk_fraction = disk_s / optimizer_s;
     // The same if the disk served reads and writes at once, each at its own rate.
     const double duplex_fraction = std::max(read_b / R, write_b / W) / optimizer_s;
+    // Against the disk reading and writing at once (the mixed probe).
+    const double mixed_fraction = io_bytes_per_s / M;
+    const double mixed_disk_s = (read_b + write_b) / M;
+    const double mixed_step_ratio = step_s / std::max(compute_s, mixed_disk_s);
     const double bound_s = std::max(compute_s, disk_s);
     const double step_ratio = step_s / bound_s;
     // Against nothing overlapped: compute, then the disk.
@@ -452,10 +580,13 @@ int Main() {
         "| fraction of the disk: (read/R + written/W) / optimizer time | %.2f | >= 0.80 %s |\n"
         "| the same if reads and writes overlapped: max(read/R, written/W) / optimizer time | "
         "%.2f | |\n"
+        "| disk alone reading and writing at once (mixed probe) | %s | |\n"
+        "| fraction of the mixed probe: state I/O / mixed | %.2f | >= 0.80 %s |\n"
         "| step time | %.2f s | |\n"
         "| max(compute %.2f s, disk at measured rates %.2f s) | %.2f s | |\n"
         "| step / max(compute, disk) | %.2fx | <= 1.15x %s |\n"
         "| step / (compute + disk), nothing overlapped | %.2fx | |\n"
+        "| step / max(compute, (read + written) / mixed = %.2f s) | %.2fx | <= 1.15x %s |\n"
         "| where the step goes: compute / copy waits / optimizer (disk waits) / rest | %.2f / "
         "%.2f / %.2f (%.2f) / %.2f s | |\n"
         "| host peak: plan bound / plan expected / measured VmHWM | %s / %s / %s | |\n"
@@ -470,12 +601,13 @@ int Main() {
         "%.2f s | |\n"
         "| trainer's own probe at start (256 MiB): write / read | %s / %s | |\n",
         steady_steps, bw->direct ? "O_DIRECT" : "buffered", MiBs(W), MiBs(R), MiBs(io_bytes_per_s),
-        disk_fraction, disk_fraction >= 0.80 ? "met" : "NOT met", duplex_fraction, step_s,
-        compute_s, disk_s, bound_s, step_ratio, step_ratio <= 1.15 ? "met" : "NOT met",
-        serial_ratio, compute_s, copy_wait_s, optimizer_s, disk_wait_s,
-        step_s - compute_s - copy_wait_s - optimizer_s, MiB(plan.host_peak_bytes),
-        MiB(plan.host_expected_peak_bytes), MiB(run.host_peak_bytes), host_expected_ratio,
-        100 * (host_expected_ratio - 1),
+        disk_fraction, disk_fraction >= 0.80 ? "met" : "NOT met", duplex_fraction, MiBs(M),
+        mixed_fraction, mixed_fraction >= 0.80 ? "met" : "NOT met", step_s, compute_s, disk_s,
+        bound_s, step_ratio, step_ratio <= 1.15 ? "met" : "NOT met", serial_ratio, mixed_disk_s,
+        mixed_step_ratio, mixed_step_ratio <= 1.15 ? "met" : "NOT met", compute_s, copy_wait_s,
+        optimizer_s, disk_wait_s, step_s - compute_s - copy_wait_s - optimizer_s,
+        MiB(plan.host_peak_bytes), MiB(plan.host_expected_peak_bytes), MiB(run.host_peak_bytes),
+        host_expected_ratio, 100 * (host_expected_ratio - 1),
         std::abs(host_expected_ratio - 1) <= 0.05 ? "met" : "NOT met", host_bound_ratio,
         host_bound_ratio >= 1 ? "met" : "NOT met", MiB(run.disk_peak_host_bytes),
         MiB(planned->disk_host_budget_bytes),
@@ -492,7 +624,8 @@ int Main() {
         "step_s=%.3f compute_s=%.3f copy_wait_s=%.3f optimizer_s=%.3f disk_wait_s=%.3f "
         "disk_read_bytes_per_step=%.0f disk_write_bytes_per_step=%.0f disk_s=%.3f "
         "state_io_bytes_per_s=%.0f disk_fraction=%.3f duplex_fraction=%.3f step_over_bound=%.3f "
-        "step_over_serial=%.3f "
+        "step_over_serial=%.3f mixed_bytes_per_s=%.0f mixed_fraction=%.3f "
+        "step_over_mixed_bound=%.3f "
         "plan_host_peak_bytes=%d plan_host_expected_peak_bytes=%d host_vmhwm_bytes=%d "
         "host_expected_over_measured=%.4f plan_disk_bytes=%d swap_file_bytes=%d "
         "plan_disk_read_bytes_per_step=%d plan_disk_write_bytes_per_step=%d "
@@ -500,10 +633,11 @@ int Main() {
         absl::GetFlag(FLAGS_model), dtype, steps, Token(fs.ok() ? *fs : "?"), Token(bw->engine),
         bw->direct ? 1 : 0, swap.block_size, swap.queue_depth, W, R, step_s, compute_s, copy_wait_s,
         optimizer_s, disk_wait_s, read_b, write_b, disk_s, io_bytes_per_s, disk_fraction,
-        duplex_fraction, step_ratio, serial_ratio, plan.host_peak_bytes,
-        plan.host_expected_peak_bytes, run.host_peak_bytes, host_expected_ratio, plan.disk_bytes,
-        run.swap_file_bytes, plan.disk_read_bytes_per_step, plan.disk_write_bytes_per_step,
-        run.disk_peak_host_bytes, planned->disk_host_budget_bytes, run.seconds);
+        duplex_fraction, step_ratio, serial_ratio, M, mixed_fraction, mixed_step_ratio,
+        plan.host_peak_bytes, plan.host_expected_peak_bytes, run.host_peak_bytes,
+        host_expected_ratio, plan.disk_bytes, run.swap_file_bytes, plan.disk_read_bytes_per_step,
+        plan.disk_write_bytes_per_step, run.disk_peak_host_bytes, planned->disk_host_budget_bytes,
+        run.seconds);
     return 0;
   }();
   RemoveSwapDir(swap_dir);
