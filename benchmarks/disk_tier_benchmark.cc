@@ -1,17 +1,21 @@
 // The disk tier (issue #27) against its physical limit, in one run:
 //  1. the disk's own sequential direct-I/O write and read bandwidth under the swap directory, at
 //     the configured aio block size and queue depth, through the swap's engine
-//     (disk/disk_probe.h MeasureDiskBandwidth; --disk_probe bytes);
+//     (disk/disk_probe.h MeasureDiskBandwidth; --disk_probe bytes; the write includes an
+//     fdatasync; earlier cached writes are flushed first, untimed), and a mixed probe: reads of one
+//     file and writes of another at once, no fdatasync, as the tier issues them. Both are measured
+//     before and after the run (other processes share the disk) and the mean is the yardstick;
 //  2. a training run with the optimizer state on disk (zero_optimization.offload_optimizer
 //     device "nvme", a small --host_budget so most of the state streams), in a child process
-//     (fork) so that the child's peak resident set (VmHWM) is the run's host peak, and:
-//     - the state I/O bandwidth of the steady steps (disk bytes read + written over the time of
-//       their optimizer phases), and the fraction of the disk it uses: the time the disk needs for
-//       those bytes at the measured rates (reads / R + writes / W, the disk serving one direction
-//       at a time) over the optimizer phase's time (goal >= 0.80);
-//     - the steady step time against max(compute, disk traffic at the measured rates)
-//       (goal <= 1.15x), with where the step's time goes (compute, waits for chunk copies, the
-//       optimizer and, inside it, the waits for the disk);
+//     (fork) so that the child's peak resident set (VmHWM) is the run's host peak, and, over the
+//     steady steps (all but the warm-up):
+//     - the state I/O bandwidth (disk bytes read + written over the time of the optimizer phases)
+//       and the fraction of the disk it uses: the time the disk needs for those bytes at the
+//       measured rates (reads / R + writes / W: the disk serving one direction at a time) over the
+//       optimizer phase's time, and the state I/O over the mixed probe's rate (goal >= 0.80);
+//     - the step time against max(compute, disk traffic at the measured rates) (goal <= 1.15x),
+//       and against compute + disk (nothing overlapped), with where the step's time goes
+//       (compute, waits for chunk copies, the optimizer and, inside it, the waits for the disk);
 //     - the host peak the plan predicts (its safe bound host_peak_bytes and its expected peak
 //       host_expected_peak_bytes) against the child's VmHWM (goal: expected within 5%);
 //     - the disk bytes the plan predicts (the swap's slots, reads and writes per step) against the
@@ -24,7 +28,9 @@
 // in the parent with the options the trainer builds it with and the child's resident set before
 // Trainer::Create. The swap directory is a fresh "patrickstar-disk-bench-XXXXXX" under
 // --nvme_path (default $TMPDIR, else /tmp; it must be on the disk to measure, not tmpfs), removed
-// at the end. Prints a table and one machine-readable line "disk_tier_benchmark: key=value ...".
+// at the end with everything in it. Prints a table per step, a summary table with the goals, and
+// one machine-readable line "disk_tier_benchmark: key=value ...". A progress line per step and the
+// trainer's summary go to stderr.
 #include <dirent.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -290,9 +296,9 @@ void RemoveSwapDir(const std::string& dir) {
 
 // Reads and writes at once, as the tier does when it reads ahead beside its writes behind: one
 // engine, queue_depth requests in flight, alternately a read of a file written before and a write
-// of another, `bytes` each, sequential, in blocks of options.block_size; no fdatasync (the tier
-// never syncs its scratch files). Returns (read + written bytes) per second. Files are named
-// "patrickstar-mixed-*" in options.dir and removed.
+// of another, `bytes` each, sequential, in blocks of options.block_size; no fdatasync in the timed
+// part (the tier never syncs its scratch files), one after it. Returns (read + written bytes) per
+// second. Files are named "patrickstar-mixed-*" in options.dir and removed.
 absl::StatusOr<double> MeasureMixedBandwidth(const FileChunkSwapOptions& options, int64_t bytes) {
   const int64_t block = options.block_size;
   const int64_t blocks = (bytes + block - 1) / block;
@@ -384,6 +390,10 @@ absl::StatusOr<double> MeasureMixedBandwidth(const FileChunkSwapOptions& options
     status = absl::InternalError(absl::StrCat("mixed probe: fdatasync ", src.path));
   }
   if (status.ok()) status = pass(/*mixed=*/true, &seconds);
+  // Untimed: leave the disk's write cache clean, or the next measurement's flush pays for it.
+  if (status.ok() && fdatasync(dst.fd) != 0) {
+    status = absl::InternalError(absl::StrCat("mixed probe: fdatasync ", dst.path));
+  }
   cleanup();
   if (!status.ok()) return status;
   return 2.0 * static_cast<double>(blocks * block) / std::max(seconds, 1e-9);
@@ -440,6 +450,9 @@ int Main() {
     swap.queue_depth = absl::GetFlag(FLAGS_aio_queue_depth);
     const int64_t probe_bytes = BytesFlagOrDie("disk_probe", absl::GetFlag(FLAGS_disk_probe));
     const auto measure = [&](const char* when) -> absl::StatusOr<DiskBandwidth> {
+      // Writes still cached from before (the run's: the tier never syncs its scratch) would be
+      // flushed by the probe's fdatasync and counted against the disk: flush them first.
+      sync();
       absl::StatusOr<DiskBandwidth> bw = MeasureDiskBandwidth(swap_dir, swap, probe_bytes);
       if (bw.ok()) {
         std::cout << absl::StrFormat(
