@@ -28,16 +28,19 @@
 // in the parent with the options the trainer builds it with and the child's resident set before
 // Trainer::Create. The swap directory is a fresh "patrickstar-disk-bench-XXXXXX" under
 // --nvme_path (default $TMPDIR, else /tmp; it must be on the disk to measure, not tmpfs), removed
-// at the end with everything in it. Prints a table per step, a summary table with the goals, and
-// one machine-readable line "disk_tier_benchmark: key=value ...". A progress line per step and the
-// trainer's summary go to stderr.
+// at the end with everything in it (killed by SIGINT/SIGTERM, the benchmark and its training child
+// remove their files, but the empty directory stays). Prints a table per step, a summary table with
+// the goals, and one machine-readable line "disk_tier_benchmark: key=value ...". A progress line
+// per step and the trainer's summary go to stderr.
 #include <dirent.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -47,6 +50,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
@@ -60,6 +64,7 @@
 #include "base/units.h"
 #include "disk/disk_probe.h"
 #include "disk/io_engine.h"
+#include "disk/swap_dir.h"
 #include "disk/swap_options.h"
 #include "memory/dtype.h"
 #include "memory/host_memory_info.h"
@@ -163,8 +168,12 @@ RunResult Train(const std::string& swap_dir) {
   }
   std::cout.flush();
   std::cerr.flush();
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid == 0) {
+    // Dies with the benchmark (SIGTERM: the swap's handler removes its files, disk/swap_dir.h).
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
     close(fds[0]);
     auto r = std::make_unique<RunResult>();
     const absl::Time start = absl::Now();
@@ -307,6 +316,13 @@ absl::StatusOr<double> MeasureMixedBandwidth(const FileChunkSwapOptions& options
                                                 .queue_depth = options.queue_depth,
                                                 .thread_count = options.thread_count}));
   const std::string base = absl::StrCat(options.dir, "/patrickstar-mixed-", getpid());
+  // Removed on SIGINT/SIGTERM too, as the swap's own files (disk/swap_dir.h).
+  const int read_handle = RegisterFileForSignalCleanup(base + "-read.bin");
+  const int write_handle = RegisterFileForSignalCleanup(base + "-write.bin");
+  absl::Cleanup unregister = [&] {
+    UnregisterFileForSignalCleanup(read_handle);
+    UnregisterFileForSignalCleanup(write_handle);
+  };
   ASSIGN_OR_RETURN(SwapFile src, CreateSwapFile(base + "-read.bin", options.dir, options.direct,
                                                 /*refuse_direct_for_test=*/false));
   absl::StatusOr<SwapFile> dst_or =
