@@ -70,9 +70,14 @@ class FileChunkSwap final : public ChunkSwap {
     int64_t bytes = 0;
     bool write = false;
     char* buffer = nullptr;
-    uint32_t crc = 0;  // of the source, for writes
     int pieces_left = 0;
     absl::Status status;  // the first error of a piece
+    // The CRC-32C of the buffer — a write's source, a read's bytes once all arrived — computed on
+    // the I/O thread (crc_queue_), off the caller's path. A write always needs it; a read once its
+    // pieces all succeeded. done waits for it.
+    bool crc_needed = false;
+    bool crc_done = false;
+    uint32_t crc = 0;
     bool done = false;
     // Caller-thread state: Finalize ran and its result.
     bool finalized = false;
@@ -97,6 +102,8 @@ class FileChunkSwap final : public ChunkSwap {
   void IoLoop();
   // Under mu_: a piece ended (successfully or not).
   void PieceDone(Ticket& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // I/O thread: computes the CRCs crc_queue_ holds (outside mu_) and completes their tickets.
+  void ComputeCrcs();
   void Fail(Ticket& t, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const FileChunkSwapOptions options_;
@@ -115,6 +122,8 @@ class FileChunkSwap final : public ChunkSwap {
   mutable Mutex mu_;
   absl::flat_hash_map<IoTicket, std::unique_ptr<Ticket>> tickets_ ABSL_GUARDED_BY(mu_);
   std::deque<Piece> queue_ ABSL_GUARDED_BY(mu_);
+  // Tickets whose CRC the I/O thread is to compute (see Ticket::crc_needed).
+  std::vector<Ticket*> crc_queue_ ABSL_GUARDED_BY(mu_);
   int64_t buffered_requests_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread io_thread_;
@@ -238,7 +247,6 @@ absl::StatusOr<IoTicket> FileChunkSwap::Start(int64_t key, Slot& slot, bool writ
   ticket->bytes = slot.bytes;
   ticket->write = write;
   ticket->buffer = buffer;
-  if (write) ticket->crc = Crc32c(buffer, static_cast<size_t>(slot.bytes));
   // Requests of block_size; with O_DIRECT the unaligned tail of the last one is its own request
   // (it takes the buffered descriptor), so the bulk stays direct.
   std::vector<Piece> pieces;
@@ -253,6 +261,12 @@ absl::StatusOr<IoTicket> FileChunkSwap::Start(int64_t key, Slot& slot, bool writ
   slot.busy = true;
   const IoTicket id = next_ticket_++;
   MutexLock lock(&mu_);
+  if (write) {
+    // The source's CRC is taken on the I/O thread while the write is in flight: the caller may not
+    // change the buffer before Wait (disk/chunk_swap.h), so it is the CRC of the bytes written.
+    ticket->crc_needed = true;
+    crc_queue_.push_back(ticket.get());
+  }
   tickets_[id] = std::move(ticket);
   queue_.insert(queue_.end(), pieces.begin(), pieces.end());
   return id;
@@ -287,12 +301,16 @@ void FileChunkSwap::Finalize(Ticket& t) {
   if (t.write) {
     slot.written = status.ok();
     if (status.ok()) {
-      slot.crc = t.crc;
+      slot.crc = t.crc;  // crc_done: done waited for it
       ++counters_.writes;
       counters_.write_bytes += t.bytes;
     }
   } else if (status.ok()) {
-    const uint32_t crc = Crc32c(t.buffer, static_cast<size_t>(t.bytes));
+    uint32_t crc;
+    {
+      MutexLock lock(&mu_);
+      crc = t.crc;  // of the bytes read, taken on the I/O thread
+    }
     if (crc != slot.crc) {
       status = absl::DataLossError(absl::StrFormat(
           "%s: the bytes read back do not match what was written (CRC-32C 0x%08x, written "
@@ -369,7 +387,33 @@ ChunkSwapCounters FileChunkSwap::counters() const {
 }
 
 void FileChunkSwap::PieceDone(Ticket& t) {
-  if (--t.pieces_left == 0) t.done = true;
+  if (--t.pieces_left > 0) return;
+  if (!t.write && t.status.ok()) {
+    t.crc_needed = true;
+    crc_queue_.push_back(&t);
+  }
+  if (!t.crc_needed || t.crc_done) t.done = true;
+}
+
+void FileChunkSwap::ComputeCrcs() {
+  std::vector<Ticket*> work;
+  {
+    MutexLock lock(&mu_);
+    work.swap(crc_queue_);
+  }
+  if (work.empty()) return;
+  // Tickets in crc_queue_ are not done, so nobody erases them meanwhile; their buffers are the
+  // caller's until Wait (a write's is only read by the kernel; a read's pieces all arrived).
+  std::vector<uint32_t> crcs;
+  crcs.reserve(work.size());
+  for (Ticket* t : work) crcs.push_back(Crc32c(t->buffer, static_cast<size_t>(t->bytes)));
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < work.size(); ++i) {
+    Ticket& t = *work[i];
+    t.crc = crcs[i];
+    t.crc_done = true;
+    if (t.pieces_left == 0) t.done = true;
+  }
 }
 
 void FileChunkSwap::Fail(Ticket& t, absl::Status status) {
@@ -389,8 +433,10 @@ void FileChunkSwap::IoLoop() {
     {
       MutexLock lock(&mu_);
       if (in_flight.empty()) {
-        mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping, and nothing is left to do
+        mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return stopping_ || !queue_.empty() || !crc_queue_.empty();
+        });
+        if (queue_.empty() && crc_queue_.empty()) return;  // stopping, and nothing is left to do
       }
       const bool refill = options_.overlap_events || in_flight.empty();
       while (refill && !queue_.empty() &&
@@ -439,6 +485,9 @@ void FileChunkSwap::IoLoop() {
       in_flight.clear();
       continue;
     }
+    // While the requests just submitted are in flight: the CRCs of started writes and finished
+    // reads.
+    ComputeCrcs();
     if (in_flight.empty()) continue;
     completions.clear();
     const int wait_for = options_.overlap_events ? 1 : static_cast<int>(in_flight.size());
