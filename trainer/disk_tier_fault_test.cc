@@ -116,6 +116,7 @@ TEST(DiskTierFaults, EndInACleanErrorNamingTheChunkAndFileOrChangeNothing) {
                      " short transfers injected");
     SCOPED_TRACE(faults);
     const RankRun& r = run[0];
+    std::cout << "seed " << seed << ": " << faults << "; " << r.status << "\n";
     EXPECT_THAT(SwapDirEntries(c.zero_optimization.offload_optimizer.nvme_path), IsEmpty())
         << "swap files left after the run";
     // Every step reported before the end matches the clean run.

@@ -2,7 +2,9 @@
 // anything is allocated): random tiny shapes x dtypes x caps at and just below the plan's minimum
 // either train within the cap or are refused up front — never an out-of-memory mid-run; a shape
 // whose parameters cannot fit this machine's memory is refused before allocating (it used to
-// abort with std::bad_alloc); gpt2's automatic chunk size gives at least 20 chunks per type.
+// abort with std::bad_alloc); gpt2's automatic chunk size gives at least 20 chunks per type; the
+// disk tier's swap files that do not fit their filesystem are refused up front, naming the
+// directory and the numbers (the plan's check, and the trainer on a size-limited tmpfs).
 #include <sys/mount.h>
 
 #include <cerrno>
