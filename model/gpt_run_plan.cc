@@ -263,6 +263,16 @@ absl::Status CheckGptRunFits(const GptRunPlanOptions& o, const GptRunPlan& run) 
   if (p.fits()) return absl::OkStatus();
   const ModelConfig mc = PlannedModel(o);
   const std::string what = PlannedRunName(o, mc);
+  // An explicit host budget below the tier's minimum: the key to change, not the machine.
+  if (p.disk_tier && o.disk.has_value() && o.disk->host_budget_bytes > 0 &&
+      o.disk->host_budget_bytes < p.disk_min_host_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": the disk tier's host budget zero_optimization.offload_optimizer.host_budget (",
+        o.disk->host_budget_bytes, " bytes) is below the tier's minimum of ",
+        FormatBytes(p.disk_min_host_bytes), " (", p.disk_min_host_bytes,
+        " bytes: the optimizer state of two chunk indices, one accessed and one written behind). "
+        "Set host_budget to at least that, or to 0 (auto). Nothing was allocated"));
+  }
   if (!p.fits_host) {
     const bool capped = o.host_cap_bytes.has_value() &&
                         p.host_model_data_bytes + p.host_accumulator_bytes > *o.host_cap_bytes;

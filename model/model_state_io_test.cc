@@ -24,6 +24,8 @@
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
 #include "chunk/tensor_state.h"
+#include "disk/chunk_swap.h"
+#include "disk/testing/memory_chunk_swap.h"
 #include "gtest/gtest.h"
 #include "memory/backend.h"
 #include "memory/cpu_backend.h"
@@ -35,6 +37,7 @@
 #include "model/model_config.h"
 #include "scheduler/chunk_events.h"
 #include "scheduler/chunk_manager.h"
+#include "scheduler/disk_tier.h"
 #include "scheduler/metronome.h"
 
 namespace ps {
@@ -73,8 +76,11 @@ struct Rig {
   std::unique_ptr<ModelStateIo> io;
 };
 
+// With `swap`, the manager runs the disk tier over it at the tier's minimum host budget (two
+// chunk indices' optimizer state): the state of every other index lives in the swap.
 absl::StatusOr<std::unique_ptr<Rig>> MakeRig(int64_t payload_staging_bytes,
-                                             ChunkEventListener* listener = nullptr) {
+                                             ChunkEventListener* listener = nullptr,
+                                             ChunkSwap* swap = nullptr) {
   auto rig = std::make_unique<Rig>();
   ASSIGN_OR_RETURN(rig->backend, CreateCpuBackend({.capacity_bytes = int64_t{64} << 20}));
   DeviceMemoryOptions memory_options;
@@ -89,6 +95,13 @@ absl::StatusOr<std::unique_ptr<Rig>> MakeRig(int64_t payload_staging_bytes,
   ASSIGN_OR_RETURN(rig->compute_stream, rig->backend->CreateStream());
   ChunkManagerOptions manager_options;
   manager_options.listener = listener;
+  if (swap != nullptr) {
+    manager_options.disk =
+        DiskTierOptions{.swap = swap,
+                        .host_budget_bytes = DiskTierMinHostBytes(
+                            kChunkElems * 4, rig->store->layout().num_data_chunks()),
+                        .read_ahead = 1};
+  }
   ASSIGN_OR_RETURN(rig->manager,
                    ChunkManager::Create(rig->store.get(), rig->backend.get(),
                                         rig->accelerator.get(), rig->host.get(), manager_options));
@@ -334,6 +347,51 @@ absl::Status ExpectState(const std::vector<float>& values, absl::string_view nam
     }
   }
   return absl::OkStatus();
+}
+
+// The real tier (scheduler/disk_tier.h over an in-memory swap that checks every read against what
+// was written) instead of the stand-in: the training state loaded into the model goes to the swap
+// beyond the budget, and reads back exactly (ReadTensor, VisitTrainingState), twice over, after a
+// second load that overwrites what the swap holds.
+TEST(ModelStateIoDiskTest, TrainingStateRoundTripsThroughTheRealDiskTier) {
+  MemoryChunkSwap swap;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Rig> rig, MakeRig(kStagingBytes, nullptr, &swap));
+  ASSERT_NE(rig->manager->disk_tier(), nullptr);
+  ASSERT_GT(rig->store->layout().num_data_chunks(), 2) << "the budget must not hold every index";
+  for (const float offset : {0.0f, 0.5f}) {
+    SCOPED_TRACE(absl::StrCat("offset ", offset));
+    const auto value = [offset](absl::string_view name, ChunkType type, size_t i) {
+      return StateValue(name, type, i) + offset;
+    };
+    ASSERT_OK(rig->io->LoadTrainingState(
+        [&](absl::string_view name, ChunkType type, absl::Span<float> out) {
+          for (size_t i = 0; i < out.size(); ++i) out[i] = value(name, type, i);
+          return absl::OkStatus();
+        }));
+    const ChunkSwapCounters before = swap.counters();
+    int64_t visits = 0;
+    ASSERT_OK(rig->io->VisitTrainingState(
+        [&](absl::string_view name, ChunkType type, absl::Span<const float> values) {
+          ++visits;
+          for (size_t i = 0; i < values.size(); ++i) {
+            if (values[i] != value(name, type, i)) {
+              return absl::InternalError(
+                  absl::StrCat(name, " ", ChunkTypeName(type), " element ", i, " is ", values[i]));
+            }
+          }
+          return absl::OkStatus();
+        }));
+    EXPECT_EQ(visits, static_cast<int64_t>(rig->io->TrainingStateTensors().size()));
+    EXPECT_GT(swap.counters().reads, before.reads) << "the visit read state back from the swap";
+    EXPECT_GT(swap.counters().writes, 0) << "the load spilled state to the swap";
+    for (const TrainingStateTensor& t : rig->io->TrainingStateTensors()) {
+      ASSERT_OK_AND_ASSIGN(std::vector<float> v, rig->io->ReadTensor(t.type, t.name));
+      for (size_t i = 0; i < v.size(); ++i) {
+        ASSERT_EQ(v[i], value(t.name, t.type, i)) << t.name << " " << ChunkTypeName(t.type);
+      }
+    }
+  }
+  EXPECT_EQ(swap.in_flight(), 0);
 }
 
 TEST(ModelStateIoDiskTest, PayloadsInMemoryAreReadWithoutTheManager) {

@@ -2,8 +2,14 @@
 // anything is allocated): random tiny shapes x dtypes x caps at and just below the plan's minimum
 // either train within the cap or are refused up front — never an out-of-memory mid-run; a shape
 // whose parameters cannot fit this machine's memory is refused before allocating (it used to
-// abort with std::bad_alloc); gpt2's automatic chunk size gives at least 20 chunks per type.
+// abort with std::bad_alloc); gpt2's automatic chunk size gives at least 20 chunks per type; the
+// disk tier's swap files that do not fit their filesystem are refused up front, naming the
+// directory and the numbers (the plan's check, and the trainer on a size-limited tmpfs).
+#include <sys/mount.h>
+
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -19,6 +25,8 @@
 #include "model/gpt_activation_profile.h"
 #include "model/gpt_config.h"
 #include "trainer/config.h"
+#include "trainer/testing/disk_tier_config.h"
+#include "trainer/testing/test_files.h"
 #include "trainer/trainer.h"
 
 namespace ps {
@@ -26,6 +34,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 TrainConfig Shape(std::mt19937_64& rng, DType* dtype) {
   const auto uniform = [&rng](int64_t lo, int64_t hi) {
@@ -199,6 +208,65 @@ TEST(Preflight, Gpt2sAutomaticChunkSizeGivesAtLeastTwentyChunksPerType) {
     EXPECT_GE(plan.plan.num_chunks, 20) << DTypeName(dtype);
     EXPECT_TRUE(plan.plan.fits());
   }
+}
+
+// The disk tier's swap files must fit their filesystem: refused, naming the directory and both
+// numbers, one byte short; accepted at exactly the plan's disk bytes.
+TEST(Preflight, RefusesADiskTierWhoseSwapDoesNotFitTheFilesystem) {
+  for (const int world : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(world, " ranks"));
+    GptRunPlanOptions o;
+    ASSERT_OK_AND_ASSIGN(o.config, GptPreset("tiny"));
+    o.model.batch = 1;
+    o.model.seq_len = 16;
+    o.model.threads = 2;
+    o.compute_dtype = DType::kBF16;
+    o.world_size = world;
+    o.disk = GptRunPlanOptions::DiskTier{.dir = "/mnt/nvme/swap", .free_bytes = 0};
+    ASSERT_OK_AND_ASSIGN(const GptRunPlan unchecked, PlanGptRun(o));
+    const int64_t disk_bytes = unchecked.plan.disk_bytes;
+    ASSERT_TRUE(unchecked.plan.disk_tier);
+    ASSERT_GT(disk_bytes, 0);
+    EXPECT_OK(CheckGptRunDisk(o, unchecked)) << "free_bytes 0: not checked";
+    o.disk->free_bytes = disk_bytes - 1;
+    ASSERT_OK_AND_ASSIGN(const GptRunPlan short_by_one, PlanGptRun(o));
+    EXPECT_EQ(short_by_one.plan.disk_bytes, disk_bytes);
+    const auto refused =
+        StatusIs(absl::StatusCode::kResourceExhausted,
+                 AllOf(HasSubstr("does not fit on disk"), HasSubstr("/mnt/nvme/swap"),
+                       HasSubstr("zero_optimization.offload_optimizer.nvme_path"),
+                       HasSubstr(absl::StrCat(disk_bytes, " bytes")),
+                       HasSubstr(absl::StrCat(disk_bytes - 1, " bytes")),
+                       HasSubstr("Nothing was allocated")));
+    EXPECT_THAT(CheckGptRunDisk(o, short_by_one), refused);
+    EXPECT_THAT(CheckGptRunFits(o, short_by_one), refused) << "the fit check starts with the disk";
+    o.disk->free_bytes = disk_bytes;
+    ASSERT_OK_AND_ASSIGN(const GptRunPlan exact, PlanGptRun(o));
+    EXPECT_OK(CheckGptRunDisk(o, exact));
+  }
+}
+
+// A real filesystem too small for the swap: a 1 MiB tmpfs. The trainer refuses the run before
+// anything is allocated or written there (no probe, lock or swap file), naming the directory.
+// Mounting needs CAP_SYS_ADMIN; where it is refused (an unprivileged sandbox) the test is skipped,
+// saying why.
+TEST(Preflight, RefusesASwapThatDoesNotFitASizeLimitedTmpfs) {
+  const std::string dir = trainer_testing::FreshTempDir("preflight_test", "tmpfs");
+  if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0) {
+    GTEST_SKIP() << "cannot mount a 1 MiB tmpfs on " << dir << ": " << std::strerror(errno)
+                 << " (needs CAP_SYS_ADMIN outside a sandbox that refuses mounts)";
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { ::umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{dir};
+  TrainConfig c = trainer_testing::TinyDiskConfig();  // about 1.7 MiB of optimizer state
+  c = trainer_testing::WithDiskTier(c, dir, /*host_budget_bytes=*/0);
+  EXPECT_THAT(Trainer::Create(c).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("does not fit on disk"), HasSubstr(dir),
+                             HasSubstr("Nothing was allocated"))));
+  EXPECT_THAT(trainer_testing::SwapDirEntries(dir), IsEmpty());
 }
 
 }  // namespace

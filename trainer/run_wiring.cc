@@ -328,6 +328,7 @@ absl::Status OpenDiskTier(TrainRun& run, ChunkManagerOptions& manager_options) {
       MeasureDiskBandwidth(offload.nvme_path, swap_options, probe_bytes);
   if (!bandwidth.ok()) return named(bandwidth.status());
   run.disk_bandwidth = *std::move(bandwidth);
+  swap_options.wrap_engine_for_test = run.env.wrap_disk_engine_for_test;
   absl::StatusOr<std::unique_ptr<ChunkSwap>> swap = OpenFileChunkSwap(swap_options);
   if (!swap.ok()) return named(swap.status());
   run.swap = *std::move(swap);

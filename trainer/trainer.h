@@ -79,6 +79,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "comm/communicator.h"
+#include "disk/io_engine.h"
 #include "memory/backend.h"
 #include "memory/dtype.h"
 #include "trainer/config.h"
@@ -157,6 +158,13 @@ struct TrainerEnvironment {
   // collective, exactly as the nccl communicator is on a GPU. Null: `communicator` itself.
   std::function<std::unique_ptr<Communicator>(Communicator* communicator, Backend* backend)>
       device_communicator_for_test = nullptr;
+  // Tests only: the disk tier's I/O seam (offload_optimizer.device "nvme"). Called once with the
+  // swap files' opened engine (after the disk was measured, so only the swap's own I/O goes
+  // through it); the result (e.g. disk/testing/faulty_io_engine.h around it) does every read,
+  // write and fallocate of the swap (FileChunkSwapOptions::wrap_engine_for_test). Null: the
+  // engine itself.
+  std::function<std::unique_ptr<IoEngine>(std::unique_ptr<IoEngine>)> wrap_disk_engine_for_test =
+      nullptr;
 };
 
 // One step, as the metrics file has it.
