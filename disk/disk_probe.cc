@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -199,7 +200,10 @@ absl::StatusOr<DiskBandwidth> MeasureDiskBandwidth(const std::string& dir,
                        .queue_depth = options.queue_depth,
                        .thread_count = options.thread_count,
                        .io_uring_refusal_for_test = options.io_uring_refusal_for_test}));
-  const std::string path = absl::StrCat(dir, "/patrickstar-probe-", ::getpid(), ".bin");
+  // Unique per call: ranks running as threads of one process may probe one directory at once.
+  static std::atomic<int64_t> probes{0};
+  const std::string path =
+      absl::StrCat(dir, "/patrickstar-probe-", ::getpid(), "-", probes.fetch_add(1), ".bin");
   const int cleanup_handle = RegisterFileForSignalCleanup(path);
   absl::Cleanup unregister = [cleanup_handle] { UnregisterFileForSignalCleanup(cleanup_handle); };
   ASSIGN_OR_RETURN(SwapFile file,

@@ -225,9 +225,10 @@ absl::StatusOr<std::unique_ptr<SwapDir>> SwapDir::Claim(const std::string& dir, 
     }
     rest = name;
     int probe_pid = 0;
+    // "<prefix><pid>-<n>.bin" (n: the process's probe count).
     if (absl::ConsumePrefix(&rest, kProbePrefix) && absl::ConsumeSuffix(&rest, ".bin") &&
-        absl::SimpleAtoi(rest, &probe_pid) && probe_pid > 0 && ::kill(probe_pid, 0) != 0 &&
-        errno == ESRCH) {
+        absl::SimpleAtoi(rest.substr(0, rest.find('-')), &probe_pid) && probe_pid > 0 &&
+        ::kill(probe_pid, 0) != 0 && errno == ESRCH) {
       RemoveStale(absl::StrCat(dir, "/", name),
                   absl::StrCat("left by a disk probe of process ", probe_pid, ", which is gone"),
                   &claim->removed_stale_files_);

@@ -137,7 +137,7 @@ TEST(SwapDir, StaleFilesOfAKilledRunAreRemovedAndReported) {
   ASSERT_TRUE(Exists(stale0));
   ASSERT_TRUE(Exists(stale1));
   // A probe file of a process that is gone (the child).
-  const std::string stale_probe = absl::StrCat(dir.path(), "/patrickstar-probe-", child, ".bin");
+  const std::string stale_probe = absl::StrCat(dir.path(), "/patrickstar-probe-", child, "-0.bin");
   Touch(stale_probe);
 
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<SwapDir> claim, SwapDir::Claim(dir.path(), 0));

@@ -213,11 +213,26 @@ TEST(OffloadConfigTest, TheCanonicalJsonWarnsAboutNothing) {
   EXPECT_THAT(capture.warnings(), IsEmpty());
 }
 
+TEST(OffloadConfigTest, HostBudgetIsAByteQuantity) {
+  ASSERT_OK_AND_ASSIGN(const TrainConfig a, Parse(R"({"zero_optimization": {"offload_optimizer":
+      {"device": "nvme", "nvme_path": "/x", "host_budget": "1536MiB"}}})"));
+  EXPECT_EQ(a.zero_optimization.offload_optimizer.host_budget_bytes, int64_t{1536} << 20);
+  ASSERT_OK_AND_ASSIGN(const TrainConfig b, Parse(R"({"zero_optimization": {"offload_optimizer":
+      {"device": "nvme", "nvme_path": "/x", "host_budget": 123456789}}})"));
+  EXPECT_EQ(b.zero_optimization.offload_optimizer.host_budget_bytes, 123456789);
+  EXPECT_EQ(DefaultTrainConfig().zero_optimization.offload_optimizer.host_budget_bytes, 0);
+  const absl::StatusOr<TrainConfig> bad = Parse(R"({"zero_optimization": {"offload_optimizer":
+      {"device": "nvme", "nvme_path": "/x", "host_budget": "lots"}}})");
+  EXPECT_THAT(bad, StatusIs(absl::StatusCode::kInvalidArgument,
+                            HasSubstr("zero_optimization.offload_optimizer.host_budget")));
+}
+
 TEST(OffloadConfigTest, PrintConfigShowsTheSectionsAndRoundTrips) {
   TrainConfig c = DefaultTrainConfig();
   c.zero_optimization.offload_optimizer = {.device = OffloadDevice::kNvme,
                                            .nvme_path = "/mnt/ssd/swap",
                                            .buffer_count = 3,
+                                           .host_budget_bytes = 6 * (int64_t{1} << 30),
                                            .pin_memory = true};
   c.zero_optimization.offload_param = {.device = OffloadDevice::kCpu, .pin_memory = true};
   c.aio = {.block_size_bytes = 512 * 1024,
@@ -229,7 +244,7 @@ TEST(OffloadConfigTest, PrintConfigShowsTheSectionsAndRoundTrips) {
   const Json j = Json::parse(text);
   EXPECT_EQ(j["zero_optimization"]["offload_optimizer"],
             Json::parse(R"({"device": "nvme", "nvme_path": "/mnt/ssd/swap", "buffer_count": 3,
-                            "pin_memory": true})"));
+                            "host_budget": "6GiB", "pin_memory": true})"));
   EXPECT_EQ(j["zero_optimization"]["offload_param"],
             Json::parse(R"({"device": "cpu", "pin_memory": true})"));
   EXPECT_EQ(j["aio"], Json::parse(R"({"block_size": "512KiB", "queue_depth": 16,

@@ -55,7 +55,8 @@
 // DeepSpeed's offload keys (trainer/config.h has what each does here; docs/training.md too):
 //
 //   zero_optimization: {offload_optimizer: {device: "none" | "cpu" | "nvme", nvme_path,
-//                                           buffer_count (>= 1), pin_memory},
+//                                           buffer_count (>= 1), host_budget (bytes; 0: auto;
+//                                           this project's key), pin_memory},
 //                       offload_param: {device: "none" | "cpu" ("nvme" is refused), pin_memory}}
 //       Every other zero_optimization key (stage, bucket sizes, stage3_*, ...) is accepted and
 //       ignored with a warning naming it and why (ZeroOptimizationIgnoredReason), except a close

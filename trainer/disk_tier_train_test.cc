@@ -95,8 +95,11 @@ TEST_P(DiskTierTrainTest, TrainsAndCheckpointsBitForBitAsTheAllInRamRun) {
   ASSERT_OK_AND_ASSIGN(const int64_t budget, DiskTierMinimumBudget(ram, p.world));
   TrainConfig disk_config = ram;
   disk_config.checkpoint.dir = dir + "/disk";
-  const std::vector<TrainConfig> disk =
-      WithDiskTierPerRank(disk_config, p.world, dir + "/swap", budget);
+  // Every rank in one directory, as mpirun's ranks on one machine would run (each rank has its own
+  // swap file, lock and disk probe).
+  const std::string swap = dir + "/swap";
+  std::filesystem::create_directories(swap);
+  const std::vector<TrainConfig> disk(p.world, WithDiskTier(disk_config, swap, budget));
   SCOPED_TRACE(absl::StrCat("host budget ", budget, " bytes (the tier's minimum)"));
 
   const std::vector<RankRun> a = RunRanks(ram, p.world);

@@ -25,9 +25,8 @@ TrainConfig WithDiskTier(TrainConfig config, const std::string& nvme_path,
                          int64_t host_budget_bytes, int64_t buffer_count = 2);
 
 // `world` copies of `config` with the disk tier (as WithDiskTier), rank r's swap files under
-// "<nvme_root>/rank<r>" (created). Thread ranks of one process need a directory each: the disk
-// probe's file is named by the pid alone ("patrickstar-probe-<pid>.bin"), so two ranks of one
-// process measuring one directory at once collide (EEXIST), where mpirun's ranks are processes.
+// "<nvme_root>/rank<r>" (created): ranks on disks of their own. (Ranks may also share one
+// directory: each has its own swap file, lock and disk probe file.)
 std::vector<TrainConfig> WithDiskTierPerRank(const TrainConfig& config, int world,
                                              const std::string& nvme_root,
                                              int64_t host_budget_bytes);
