@@ -143,6 +143,10 @@ std::map<std::string, KeySample> KeySamples() {
   s["zero_optimization.offload_optimizer.buffer_count"] = {
       6,
       [](const TrainConfig& c) { return c.zero_optimization.offload_optimizer.buffer_count == 6; }};
+  s["zero_optimization.offload_optimizer.host_budget"] = {
+      "3GiB", [](const TrainConfig& c) {
+        return c.zero_optimization.offload_optimizer.host_budget_bytes == (int64_t{3} << 30);
+      }};
   s["zero_optimization.offload_optimizer.pin_memory"] = {
       true, [](const TrainConfig& c) { return c.zero_optimization.offload_optimizer.pin_memory; }};
   s["zero_optimization.offload_param.device"] = {
