@@ -70,6 +70,7 @@
 #include "memory/host_memory_info.h"
 #include "model/gpt_activation_profile.h"
 #include "model/model_config.h"
+#include "scheduler/memory_plan.h"
 #include "trainer/config.h"
 #include "trainer/config_overrides.h"
 #include "trainer/config_validate.h"
@@ -552,7 +553,7 @@ int Main() {
     int steady_steps = 0;
     for (int i = 0; i < run.steps; ++i) {
       const StepRecord& s = run.step[i];
-      const double disk_s = s.disk_read_bytes / R + s.disk_write_bytes / W;
+      const double disk_s = DiskSeconds(s.disk_read_bytes, s.disk_write_bytes, R, W);
       const double opt_s = s.optimizer_ms * 1e-3;
       std::cout << absl::StrFormat(
           "| %d%s | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %.2f | %s | %.2f | %.2f |\n",
@@ -583,7 +584,7 @@ int Main() {
     const double optimizer_s = steady.optimizer_ms * 1e-3 / n;
     const double disk_wait_s = steady.disk_wait_ms * 1e-3 / n;
     const double read_b = steady.disk_read_bytes / n, write_b = steady.disk_write_bytes / n;
-    const double disk_s = read_b / R + write_b / W;
+    const double disk_s = DiskSeconds(read_b, write_b, R, W);
     const double io_bytes_per_s = (read_b + write_b) / optimizer_s;
     const double disk_fraction = disk_s / optimizer_s;
     // The same if the disk served reads and writes at once, each at its own rate.
@@ -596,8 +597,7 @@ int Main() {
     const double step_ratio = step_s / bound_s;
     // Against nothing overlapped: compute, then the disk.
     const double serial_ratio = step_s / (compute_s + disk_s);
-    const double plan_disk_s =
-        plan.disk_read_bytes_per_step / R + plan.disk_write_bytes_per_step / W;
+    const double plan_disk_s = DiskStepSeconds(plan, R, W);
     const double host_expected_ratio = double(plan.host_expected_peak_bytes) / run.host_peak_bytes;
     const double host_bound_ratio = double(plan.host_peak_bytes) / run.host_peak_bytes;
 

@@ -372,10 +372,17 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
   return plan;
 }
 
-double DiskStepSeconds(const MemoryPlan& plan, double bytes_per_s) {
-  if (!plan.disk_tier || !(bytes_per_s > 0)) return 0;
-  return static_cast<double>(plan.disk_read_bytes_per_step + plan.disk_write_bytes_per_step) /
-         bytes_per_s;
+double DiskSeconds(double read_bytes, double write_bytes, double read_bytes_per_s,
+                   double write_bytes_per_s) {
+  if (!(read_bytes_per_s > 0) || !(write_bytes_per_s > 0)) return 0;
+  return read_bytes / read_bytes_per_s + write_bytes / write_bytes_per_s;
+}
+
+double DiskStepSeconds(const MemoryPlan& plan, double read_bytes_per_s, double write_bytes_per_s) {
+  if (!plan.disk_tier) return 0;
+  return DiskSeconds(static_cast<double>(plan.disk_read_bytes_per_step),
+                     static_cast<double>(plan.disk_write_bytes_per_step), read_bytes_per_s,
+                     write_bytes_per_s);
 }
 
 std::string MemoryPlan::Summary() const {

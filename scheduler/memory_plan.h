@@ -210,9 +210,15 @@ inline constexpr int64_t kExpectedHostOverheadBytes = 24 << 20;
 // The alignment of a swap slot (direct I/O).
 inline constexpr int64_t kDiskSlotAlignBytes = 4096;
 
-// The time the disk alone needs per optimizer step: the plan's disk reads and writes at
-// `bytes_per_s` (> 0), one after the other. 0 without the disk tier.
-double DiskStepSeconds(const MemoryPlan& plan, double bytes_per_s);
+// Seconds a disk needs for `read_bytes` at `read_bytes_per_s` and `write_bytes` at
+// `write_bytes_per_s`, one after the other (a disk serving one direction at a time). 0 unless both
+// rates are positive.
+double DiskSeconds(double read_bytes, double write_bytes, double read_bytes_per_s,
+                   double write_bytes_per_s);
+
+// The time the disk alone needs per optimizer step: DiskSeconds of the plan's disk reads and
+// writes per step. 0 without the disk tier.
+double DiskStepSeconds(const MemoryPlan& plan, double read_bytes_per_s, double write_bytes_per_s);
 
 // The scratch allocator's options for an accelerator budget: segments of a 64th of the budget as a
 // power of two, 64 KiB..2 MiB (PyTorch's 2 MiB from a 128 MiB budget up), so that the free tails

@@ -189,7 +189,7 @@ TEST(MemoryPlan, DiskTierCountsItsBudgetOnTheHostAndPredictsTheTraffic) {
   EXPECT_EQ(ram.host_model_data_bytes, 24 * kKiB + 72 * kKiB);
   EXPECT_FALSE(ram.disk_tier);
   EXPECT_EQ(ram.disk_bytes + ram.disk_read_bytes_per_step + ram.disk_write_bytes_per_step, 0);
-  EXPECT_EQ(DiskStepSeconds(ram, 1e9), 0);
+  EXPECT_EQ(DiskStepSeconds(ram, 1e9, 1e9), 0);
 
   // 36 KiB: three indices of state, all a streaming window (the access, one written behind, one
   // read ahead); every index streams.
@@ -207,7 +207,7 @@ TEST(MemoryPlan, DiskTierCountsItsBudgetOnTheHostAndPredictsTheTraffic) {
   EXPECT_EQ(p.host_model_data_bytes, 24 * kKiB + 36 * kKiB);
   EXPECT_EQ(p.host_needed_bytes, ram.host_needed_bytes - 36 * kKiB);
   EXPECT_EQ(p.host_model_data_touched_bytes, 24 * kKiB + 36 * kKiB);
-  EXPECT_DOUBLE_EQ(DiskStepSeconds(p, 144.0 * kKiB), 1.0);
+  EXPECT_DOUBLE_EQ(DiskStepSeconds(p, 144.0 * kKiB, 144.0 * kKiB), 1.0);
   EXPECT_TRUE(p.fits_host);
   EXPECT_THAT(p.Summary(), HasSubstr("disk: 72.00 KiB of swap slots"));
   // The accelerator side does not change.

@@ -45,6 +45,7 @@
 #include "model/gpt_config.h"
 #include "model/kernels/kernel_workspaces.h"
 #include "model/model_config.h"
+#include "scheduler/memory_plan.h"
 #include "scheduler/metronome.h"
 #include "trainer/config.h"
 #include "trainer/config_validate.h"
@@ -225,8 +226,7 @@ int Run() {
         FormatBytes(run->disk_host_budget_bytes));
     if (disk_bandwidth.has_value()) {
       const DiskBandwidth& bw = *disk_bandwidth;
-      const double disk_s = p.disk_read_bytes_per_step / std::max(1.0, bw.read_bytes_per_s) +
-                            p.disk_write_bytes_per_step / std::max(1.0, bw.write_bytes_per_s);
+      const double disk_s = DiskStepSeconds(p, bw.read_bytes_per_s, bw.write_bytes_per_s);
       std::cout << absl::StrFormat(
           "disk measured (%s, %s): write %s/s, read %s/s, %.2f ms per block; the disk alone "
           "needs %.1f s per optimizer step\n",

@@ -63,8 +63,7 @@ void PrintHeader(const TrainRun& run) {
         FormatBytes(static_cast<int64_t>(bw.write_bytes_per_s)),
         FormatBytes(static_cast<int64_t>(bw.read_bytes_per_s)), bw.block_latency_ns * 1e-6,
         FormatBytes(run.config.aio.block_size_bytes));
-    const double disk_s = p.disk_read_bytes_per_step / std::max(1.0, bw.read_bytes_per_s) +
-                          p.disk_write_bytes_per_step / std::max(1.0, bw.write_bytes_per_s);
+    const double disk_s = DiskStepSeconds(p, bw.read_bytes_per_s, bw.write_bytes_per_s);
     *run.out() << absl::StrFormat(
         "disk tier: host budget %s of optimizer state (minimum %s): %d chunk indices kept in "
         "RAM, %d streamed, read-ahead %d; per step up to %s read and %s written: %.1f s of disk "
@@ -218,8 +217,8 @@ std::string SummaryText(const TrainRun& run) {
     // of the optimizer's time that is (the optimizer step is where the tier's I/O happens, beside
     // the read-ahead of the next step's first chunks).
     const double disk_alone_s =
-        s.disk_read_bytes / std::max(1.0, s.disk_measured_read_bytes_per_s) +
-        s.disk_write_bytes / std::max(1.0, s.disk_measured_write_bytes_per_s);
+        DiskSeconds(s.disk_read_bytes, s.disk_write_bytes, s.disk_measured_read_bytes_per_s,
+                    s.disk_measured_write_bytes_per_s);
     os << absl::StrFormat(
         "disk tier (%s): read %s in %d reads (%d read ahead in time), written %s in %d writes; "
         "waited %.1f s for reads, %.1f s for writes; the disk alone needs %.1f s for that at "
