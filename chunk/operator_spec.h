@@ -39,6 +39,10 @@ struct OperatorSpec {
   std::string name;
   // At least one tensor.
   std::vector<TensorSpec> tensors;
+  // False for a frozen operator (a LoRA fine-tune's base model): its parameters are read but never
+  // trained, so its chunk holds only parameters (no gradients, no optimizer state) and is never
+  // written back (chunk/chunk_layout.h keeps frozen and trainable operators in separate chunks).
+  bool trainable = true;
 };
 
 // Number of elements of `shape` (1 for a scalar). InvalidArgument for a non-positive dimension or
