@@ -3,11 +3,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/splitmix64.h"
 #include "base/testing/status_matchers.h"
 #include "chunk/operator_spec.h"
 #include "gmock/gmock.h"
@@ -409,6 +411,13 @@ TEST(LoraConfigTest, InitLoraADistribution) {
   EXPECT_EQ(a, again);
   EXPECT_NE(a, other_stream);
   EXPECT_NE(a, other_seed);
+  // The documented stream: mt19937_64 seeded with SplitMix64(seed ^ SplitMix64(stream)), as
+  // model/parameter_init.h seeds a tensor's stream; element i = (2 u_i - 1) / sqrt(in).
+  std::mt19937_64 gen(SplitMix64(1234 ^ SplitMix64(7).Next()).Next());
+  for (int i = 0; i < 3; ++i) {
+    const double u = static_cast<double>(gen() >> 11) * 0x1.0p-53;
+    EXPECT_EQ(a[i], static_cast<float>((2 * u - 1) / std::sqrt(100.0))) << i;
+  }
   // A prefix of a longer fill equals a shorter fill (element i uses draw i).
   std::vector<float> prefix(10);
   InitLoraA(1234, 7, absl::MakeSpan(prefix), in);
