@@ -421,6 +421,14 @@ absl::Status ReadLora(const JsonReader& r, const Json& top, TrainConfig* c) {
     l.target_modules = {kLoraAllLinear};
   } else if (targets->is_array()) {
     RETURN_IF_ERROR(ReadModuleNames(r, *targets, "lora.target_modules", &l.target_modules));
+    // PEFT reads a list entry as a module name: the shorthand in a list would adapt nothing.
+    for (size_t i = 0; i < l.target_modules.size(); ++i) {
+      if (absl::EqualsIgnoreCase(l.target_modules[i], kLoraAllLinear)) {
+        return r.ValueError(absl::StrCat("lora.target_modules[", i, "]"), (*targets)[i],
+                            "\"all-linear\" stands alone: write target_modules: \"all-linear\" "
+                            "(a string, as PEFT does), not inside a list of module names");
+      }
+    }
   } else {
     return r.TypeError("lora.target_modules", "a list of module names or the string \"all-linear\"",
                        *targets);
