@@ -181,7 +181,7 @@ absl::StatusOr<OffloadDevice> ParseOffloadDevice(absl::string_view name);
 // "12GB/s", "1.5 GiB/s", "100MB" (the "/s" is optional): bytes per second.
 absl::StatusOr<double> ParseBandwidth(absl::string_view text);
 // --lora_target_modules's comma-separated names, each stripped of surrounding whitespace and kept
-// as written otherwise (empty names stay, for CheckTrainConfigValues to refuse by position):
+// as written otherwise (empty names stay: ApplyOverrides refuses them, naming the flag):
 // "q_proj, v_proj" -> {"q_proj", "v_proj"}; "all-linear" -> {"all-linear"}.
 std::vector<std::string> ParseLoraModuleList(absl::string_view text);
 
