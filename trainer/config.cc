@@ -48,6 +48,10 @@ TrainConfig DefaultTrainConfig() {
   return c;
 }
 
+bool LoraSettings::all_linear() const {
+  return target_modules.size() == 1 && target_modules[0] == kLoraAllLinear;
+}
+
 PrecisionMode TrainConfig::precision() const {
   if (fp16.enabled) return PrecisionMode::kF16;
   if (bf16) return PrecisionMode::kBF16;

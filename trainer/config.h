@@ -22,7 +22,9 @@
 #define PATRICKSTAR_TRAINER_CONFIG_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "memory/dtype.h"
@@ -131,8 +133,12 @@ struct CheckpointConfig {
   int64_t keep_last = 2;  // >= 1
   bool resume = false;
   std::string init_from;  // Hugging Face GPT-2 safetensors file or model directory to start from
-  std::string
-      export_path;  // "export": Hugging Face safetensors (a directory for a directory model)
+  // "export": Hugging Face safetensors (a directory for a directory model); with `lora` set, a
+  // PEFT adapter directory (adapter_config.json + adapter_model.safetensors).
+  std::string export_path;
+  // "export_merged": only with `lora` set (ValidateTrainConfig refuses it otherwise): a Hugging
+  // Face model directory of the base with the adapters merged in, W + lora_alpha / r * B A.
+  std::string export_merged;
 
   friend bool operator==(const CheckpointConfig&, const CheckpointConfig&) = default;
 };
@@ -223,6 +229,41 @@ struct AioConfig {
   friend bool operator==(const AioConfig&, const AioConfig&) = default;
 };
 
+// PEFT's shorthand for every linear layer but the output layer (lora.target_modules).
+inline constexpr char kLoraAllLinear[] = "all-linear";
+
+// lora: LoRA fine-tuning, in PEFT LoraConfig's names (the section present = LoRA on). The base
+// model's parameters are frozen (16-bit param-only chunks) and low-rank adapters A [r, in] and
+// B [out, r] train: y = W x + (lora_alpha / r) * B (A dropout(x)). The trainer converts this to
+// model/lora_config.h LoraConfig; which module names a model has, and whether r fits its layers,
+// are that header's ValidateLoraConfig's to check (they need the model).
+struct LoraSettings {
+  // "r": the adapters' rank, >= 1. Required in the section (no PEFT default is assumed).
+  int64_t r = 0;
+  // "lora_alpha": > 0, finite; the adapters' output is scaled by lora_alpha / r. PEFT's default.
+  double lora_alpha = 8;
+  // "lora_dropout": in [0, 1); dropout on the adapters' input (0: none). PEFT's default.
+  double lora_dropout = 0;
+  // "target_modules": the module names adapted ("q_proj", ..., GPT-2's "c_attn", "c_proj",
+  // "c_fc"), each non-empty and listed once; or exactly {kLoraAllLinear} (PEFT's "all-linear"
+  // shorthand, written as a string: every linear layer but the output layer). Required.
+  std::vector<std::string> target_modules;
+  // "bias": only "none" (PEFT's default) is supported.
+  std::string bias = "none";
+  // "modules_to_save": base modules that stay trainable with full training state (e.g.
+  // "lm_head", "embed_tokens"); each non-empty and listed once. Optional.
+  std::vector<std::string> modules_to_save;
+  // "init_from": a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) to
+  // continue from; empty: A Kaiming-uniform, B zero, as PEFT initializes them.
+  std::string init_from;
+
+  // Whether target_modules is PEFT's "all-linear" shorthand.
+  bool all_linear() const;
+  double scale() const { return lora_alpha / static_cast<double>(r); }
+
+  friend bool operator==(const LoraSettings&, const LoraSettings&) = default;
+};
+
 struct TrainConfig {
   int64_t train_batch_size = 0;  // 0 = derived: micro * accum * world
   int64_t train_micro_batch_size_per_gpu = 1;
@@ -245,6 +286,8 @@ struct TrainConfig {
   ProfileConfig profile;
   ZeroOptimizationConfig zero_optimization;
   AioConfig aio;
+  // The lora section: LoRA fine-tuning when set.
+  std::optional<LoraSettings> lora;
 
   // kF16 if fp16.enabled, else kBF16 if bf16, else kF32. (Both enabled is rejected by validation;
   // fp16 wins here.)

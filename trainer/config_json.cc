@@ -101,7 +101,8 @@ std::string TrainConfigToJson(const TrainConfig& c) {
                                 {"keep_last", c.checkpoint.keep_last},
                                 {"resume", c.checkpoint.resume},
                                 {"init_from", c.checkpoint.init_from},
-                                {"export", c.checkpoint.export_path}};
+                                {"export", c.checkpoint.export_path},
+                                {"export_merged", c.checkpoint.export_merged}};
   j["profile"] = OrderedJson{{"trace", c.profile.trace_path}, {"metrics", c.profile.metrics_path}};
   const OffloadOptimizerConfig& oo = c.zero_optimization.offload_optimizer;
   const OffloadParamConfig& op = c.zero_optimization.offload_param;
@@ -118,6 +119,17 @@ std::string TrainConfigToJson(const TrainConfig& c) {
                          {"thread_count", c.aio.thread_count},
                          {"single_submit", c.aio.single_submit},
                          {"overlap_events", c.aio.overlap_events}};
+  if (c.lora.has_value()) {
+    const LoraSettings& l = *c.lora;
+    j["lora"] = OrderedJson{{"r", l.r},
+                            {"lora_alpha", l.lora_alpha},
+                            {"lora_dropout", l.lora_dropout},
+                            {"target_modules", l.all_linear() ? OrderedJson(kLoraAllLinear)
+                                                              : OrderedJson(l.target_modules)},
+                            {"bias", l.bias},
+                            {"modules_to_save", l.modules_to_save},
+                            {"init_from", l.init_from}};
+  }
   // Strings that are not UTF-8 (only possible from overrides; ValidateTrainConfig rejects them)
   // are written with U+FFFD instead of throwing.
   return j.dump(2, ' ', false, OrderedJson::error_handler_t::replace);

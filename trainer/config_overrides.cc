@@ -1,6 +1,8 @@
 #include "trainer/config_overrides.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,10 +12,92 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "base/units.h"
 #include "trainer/config_schema.h"
+#include "trainer/json_reader.h"
 
 namespace ps {
+
+namespace {
+
+absl::Status BadFlag(absl::string_view flag, absl::string_view value, absl::string_view rule) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": ", rule));
+}
+
+// The --lora_* flags and --export_merged onto `c`.
+absl::Status ApplyLoraOverrides(const ConfigOverrides& o, TrainConfig* c) {
+  if (o.lora_r.has_value()) {
+    if (*o.lora_r < 1 || *o.lora_r > kMaxModelDim) {
+      return BadFlag(
+          "lora_r", absl::StrCat(*o.lora_r),
+          absl::StrCat("must be in [1, ", kMaxModelDim, "]: the adapters' rank, e.g. 8 or 16"));
+    }
+    if (!c->lora.has_value()) c->lora.emplace();
+    c->lora->r = *o.lora_r;
+  }
+  // The other flags set keys of a lora section, which needs a rank.
+  const std::pair<absl::string_view, std::optional<std::string>> flags[] = {
+      {"lora_alpha", o.lora_alpha.has_value()
+                         ? std::optional<std::string>(FormatShortestDouble(*o.lora_alpha))
+                         : std::nullopt},
+      {"lora_dropout", o.lora_dropout.has_value()
+                           ? std::optional<std::string>(FormatShortestDouble(*o.lora_dropout))
+                           : std::nullopt},
+      {"lora_target_modules", o.lora_target_modules},
+      {"lora_init_from", o.lora_init_from}};
+  for (const auto& [flag, value] : flags) {
+    if (value.has_value() && !c->lora.has_value()) {
+      return BadFlag(flag, *value,
+                     "sets a key of LoRA fine-tuning, which needs a rank: pass --lora_r=N (e.g. "
+                     "16) or give the config a lora section with r (a --lora_* flag alone does "
+                     "not turn LoRA on)");
+    }
+  }
+  if (o.lora_alpha.has_value()) {
+    if (!(*o.lora_alpha > 0) || !std::isfinite(*o.lora_alpha)) {
+      return BadFlag("lora_alpha", FormatShortestDouble(*o.lora_alpha),
+                     "must be finite and > 0: the adapters' output is scaled by lora_alpha / r");
+    }
+    c->lora->lora_alpha = *o.lora_alpha;
+  }
+  if (o.lora_dropout.has_value()) {
+    if (!(*o.lora_dropout >= 0 && *o.lora_dropout < 1)) {
+      return BadFlag("lora_dropout", FormatShortestDouble(*o.lora_dropout),
+                     "must be in [0, 1): the probability of dropping an adapter input");
+    }
+    c->lora->lora_dropout = *o.lora_dropout;
+  }
+  if (o.lora_target_modules.has_value()) {
+    std::vector<std::string> names = ParseLoraModuleList(*o.lora_target_modules);
+    if (std::find(names.begin(), names.end(), "") != names.end()) {
+      return BadFlag("lora_target_modules", *o.lora_target_modules,
+                     "give comma-separated module names, e.g. q_proj,k_proj,v_proj,o_proj "
+                     "(GPT-2: c_attn,c_proj,c_fc), or all-linear");
+    }
+    if (names.size() == 1 && absl::EqualsIgnoreCase(names[0], kLoraAllLinear)) {
+      names = {kLoraAllLinear};
+    }
+    c->lora->target_modules = std::move(names);
+  }
+  if (o.lora_init_from.has_value()) {
+    if (o.lora_init_from->empty()) {
+      return BadFlag("lora_init_from", "",
+                     "give the PEFT adapter directory to continue from (adapter_config.json + "
+                     "adapter_model.safetensors)");
+    }
+    c->lora->init_from = *o.lora_init_from;
+  }
+  if (o.export_merged.has_value()) {
+    if (o.export_merged->empty()) {
+      return BadFlag("export_merged", "", "give the directory for the merged Hugging Face model");
+    }
+    c->checkpoint.export_merged = *o.export_merged;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status ApplyOverrides(const ConfigOverrides& o, TrainConfig* config) {
   TrainConfig c = *config;
@@ -110,6 +194,7 @@ absl::Status ApplyOverrides(const ConfigOverrides& o, TrainConfig* config) {
   }
   if (o.seed.has_value()) c.seed = *o.seed;
   if (o.resume.has_value()) c.checkpoint.resume = *o.resume;
+  RETURN_IF_ERROR(ApplyLoraOverrides(o, &c));
   *config = std::move(c);
   return absl::OkStatus();
 }

@@ -28,12 +28,23 @@ namespace ps {
 //   nvme_path           a directory (not empty): the disk tier — sets
 //                       zero_optimization.offload_optimizer.device "nvme" and its nvme_path
 //                       (ValidateTrainConfig checks the directory)
+//   lora_r              >= 1: lora.r; turns LoRA on (a lora section with PEFT's defaults) when the
+//                       config has no lora section
+//   lora_alpha (> 0, finite), lora_dropout ([0, 1)), lora_target_modules (comma-separated module
+//   names, or all-linear), lora_init_from (a directory, not empty): the lora section's keys. Each
+//                       needs a rank: a lora section in the config or lora_r, else InvalidArgument
+//                       naming the flag (a --lora_* flag alone does not turn LoRA on)
+//   export_merged       a directory (not empty): checkpoint.export_merged (ValidateTrainConfig
+//                       refuses it without a lora section)
 struct ConfigOverrides {
   std::optional<std::string> model, train_data, val_data, init_from, accelerator,
       accelerator_memory, chunk_size, save_dir, metrics_out, trace_out, nvme_path;
   std::optional<int64_t> steps, seq_len, micro_batch_size, gradient_accumulation_steps;
   std::optional<uint64_t> seed;
   std::optional<bool> resume;
+  std::optional<int64_t> lora_r;
+  std::optional<double> lora_alpha, lora_dropout;
+  std::optional<std::string> lora_target_modules, lora_init_from, export_merged;
 };
 
 // Applies `o` to `config`. InvalidArgument naming the flag and its value for a value it cannot

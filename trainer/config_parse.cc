@@ -8,6 +8,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -254,6 +255,7 @@ absl::Status ReadCheckpoint(const JsonReader& r, const Json& top, TrainConfig* c
   RETURN_IF_ERROR(r.GetBool(*ckpt, "checkpoint", "resume", &k.resume));
   RETURN_IF_ERROR(r.GetString(*ckpt, "checkpoint", "init_from", &k.init_from));
   RETURN_IF_ERROR(r.GetString(*ckpt, "checkpoint", "export", &k.export_path));
+  RETURN_IF_ERROR(r.GetString(*ckpt, "checkpoint", "export_merged", &k.export_merged));
   return absl::OkStatus();
 }
 
@@ -375,6 +377,76 @@ absl::Status ReadAio(const JsonReader& r, const Json& top, TrainConfig* c) {
   return absl::OkStatus();
 }
 
+// A list of module names at `path` (`v` an array): each element a string. The values themselves
+// (non-empty, each once, "all-linear" only alone) are CheckTrainConfigValues's.
+absl::Status ReadModuleNames(const JsonReader& r, const Json& v, absl::string_view path,
+                             std::vector<std::string>* out) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_string()) {
+      return r.TypeError(absl::StrCat(path, "[", i, "]"), "a string (a module name)", v[i]);
+    }
+    names.push_back(v[i].get<std::string>());
+  }
+  *out = std::move(names);
+  return absl::OkStatus();
+}
+
+// lora: PEFT LoraConfig's keys; r and target_modules are required.
+absl::Status ReadLora(const JsonReader& r, const Json& top, TrainConfig* c) {
+  ASSIGN_OR_RETURN(const Json* lora, r.GetSection(top, ConfigSchema().lora, "lora"));
+  if (lora == nullptr) return absl::OkStatus();
+  LoraSettings l;
+  if (JsonReader::Find(*lora, "r") == nullptr) {
+    return r.Error(
+        "`lora.r` is required in a lora section: the adapters' rank, e.g. 8 or 16 (or pass "
+        "--lora_r)");
+  }
+  RETURN_IF_ERROR(r.GetInt(*lora, "lora", "r", &l.r));
+  RETURN_IF_ERROR(r.GetDouble(*lora, "lora", "lora_alpha", &l.lora_alpha));
+  RETURN_IF_ERROR(r.GetDouble(*lora, "lora", "lora_dropout", &l.lora_dropout));
+  const Json* targets = JsonReader::Find(*lora, "target_modules");
+  if (targets == nullptr) {
+    return r.Error(
+        "`lora.target_modules` is required in a lora section: the modules to adapt, e.g. "
+        "[\"q_proj\", \"v_proj\"] (GPT-2: [\"c_attn\"]), or \"all-linear\"");
+  }
+  if (targets->is_string()) {
+    if (!absl::EqualsIgnoreCase(targets->get_ref<const std::string&>(), kLoraAllLinear)) {
+      return r.ValueError(
+          "lora.target_modules", *targets,
+          "a string other than \"all-linear\" is a regular expression over module names in "
+          "PEFT, which is not supported; list the module names, e.g. [\"q_proj\", \"v_proj\"]");
+    }
+    l.target_modules = {kLoraAllLinear};
+  } else if (targets->is_array()) {
+    RETURN_IF_ERROR(ReadModuleNames(r, *targets, "lora.target_modules", &l.target_modules));
+    // PEFT reads a list entry as a module name: the shorthand in a list would adapt nothing.
+    for (size_t i = 0; i < l.target_modules.size(); ++i) {
+      if (absl::EqualsIgnoreCase(l.target_modules[i], kLoraAllLinear)) {
+        return r.ValueError(absl::StrCat("lora.target_modules[", i, "]"), (*targets)[i],
+                            "\"all-linear\" stands alone: write target_modules: \"all-linear\" "
+                            "(a string, as PEFT does), not inside a list of module names");
+      }
+    }
+  } else {
+    return r.TypeError("lora.target_modules", "a list of module names or the string \"all-linear\"",
+                       *targets);
+  }
+  RETURN_IF_ERROR(r.GetString(*lora, "lora", "bias", &l.bias));
+  // PEFT writes null for no modules_to_save.
+  if (const Json* save = JsonReader::Find(*lora, "modules_to_save");
+      save != nullptr && !save->is_null()) {
+    if (!save->is_array()) {
+      return r.TypeError("lora.modules_to_save", "a list of module names (or null)", *save);
+    }
+    RETURN_IF_ERROR(ReadModuleNames(r, *save, "lora.modules_to_save", &l.modules_to_save));
+  }
+  RETURN_IF_ERROR(r.GetString(*lora, "lora", "init_from", &l.init_from));
+  c->lora = std::move(l);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainConfig> ParseTrainConfigImpl(absl::string_view text, absl::string_view source,
                                                  std::vector<std::string>* ignored_keys) {
   RETURN_IF_ERROR(CheckJsonSyntax(text, source, kMaxConfigJsonDepth,
@@ -411,6 +483,7 @@ absl::StatusOr<TrainConfig> ParseTrainConfigImpl(absl::string_view text, absl::s
   RETURN_IF_ERROR(ReadProfile(r, top, &c));
   RETURN_IF_ERROR(ReadZeroOptimization(r, top, &c, ignored_keys));
   RETURN_IF_ERROR(ReadAio(r, top, &c));
+  RETURN_IF_ERROR(ReadLora(r, top, &c));
   return c;
 }
 

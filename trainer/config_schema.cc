@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "base/units.h"
 #include "model/gpt_config.h"
 #include "model/model_config.h"
@@ -34,7 +35,8 @@ constexpr absl::string_view kTopKeys[] = {"train_batch_size",
                                           "checkpoint",
                                           "profile",
                                           "zero_optimization",
-                                          "aio"};
+                                          "aio",
+                                          "lora"};
 constexpr JsonKeyAlias kTopAliases[] = {
     {"steps", "train_steps"},
     {"max_steps", "train_steps"},
@@ -49,6 +51,8 @@ constexpr JsonKeyAlias kTopAliases[] = {
     {"max_grad_norm", "gradient_clipping"},
     {"grad_clip", "gradient_clipping"},
     {"num_threads", "threads"},
+    {"peft", "lora"},
+    {"lora_config", "lora"},
 };
 
 constexpr absl::string_view kOptimizerKeys[] = {"type", "params"};
@@ -126,11 +130,17 @@ constexpr JsonKeyAlias kDataAliases[] = {
     {"seq_length", "seq_len"},
 };
 
-constexpr absl::string_view kCheckpointKeys[] = {"dir",    "every",     "keep_last",
-                                                 "resume", "init_from", "export"};
+constexpr absl::string_view kCheckpointKeys[] = {"dir",       "every",  "keep_last",    "resume",
+                                                 "init_from", "export", "export_merged"};
 constexpr JsonKeyAlias kCheckpointAliases[] = {
-    {"save_dir", "dir"},   {"path", "dir"},           {"directory", "dir"},
-    {"keep", "keep_last"}, {"export_path", "export"}, {"save_every", "every"},
+    {"save_dir", "dir"},
+    {"path", "dir"},
+    {"directory", "dir"},
+    {"keep", "keep_last"},
+    {"export_path", "export"},
+    {"save_every", "every"},
+    {"merged_export", "export_merged"},
+    {"export_merged_path", "export_merged"},
 };
 
 constexpr absl::string_view kProfileKeys[] = {"trace", "metrics"};
@@ -200,6 +210,26 @@ constexpr JsonIgnoredKey kAioIgnoredKeys[] = {
     {"use_gds", "chunks are read from disk into host memory, not directly into the GPU"},
 };
 
+// lora: PEFT LoraConfig's names.
+constexpr absl::string_view kLoraKeys[] = {
+    "r", "lora_alpha", "lora_dropout", "target_modules", "bias", "modules_to_save", "init_from"};
+constexpr JsonKeyAlias kLoraAliases[] = {
+    {"rank", "r"},
+    {"lora_r", "r"},
+    {"alpha", "lora_alpha"},
+    {"dropout", "lora_dropout"},
+    {"target", "target_modules"},
+    {"targets", "target_modules"},
+    {"modules", "target_modules"},
+    {"lora_target_modules", "target_modules"},
+    {"adapter", "init_from"},
+    {"adapter_path", "init_from"},
+    {"adapter_dir", "init_from"},
+};
+constexpr JsonIgnoredKey kLoraIgnoredKeys[] = {
+    {"task_type", "the trainer trains causal language models (PEFT's CAUSAL_LM)"},
+};
+
 // Top-level DeepSpeed keys accepted and ignored, with the reason given in the warning.
 constexpr JsonIgnoredKey kIgnoredKeys[] = {
     {"zero_allow_untested_optimizer", "the optimizer is always HybridAdam"},
@@ -243,6 +273,7 @@ const TrainConfigSchema& ConfigSchema() {
                         {},
                         kOffloadParamIgnoredKeys},
       .aio = {"aio", kAioKeys, kAioAliases, kAioIgnoredKeys},
+      .lora = {"lora", kLoraKeys, kLoraAliases, kLoraIgnoredKeys},
   };
   return kSchema;
 }
@@ -280,7 +311,8 @@ std::vector<std::string> TrainConfigKeyPaths() {
       if (section.path.empty() &&
           (key == "optimizer" || key == "scheduler" || key == "fp16" || key == "bf16" ||
            key == "model" || key == "chunk" || key == "accelerator" || key == "data" ||
-           key == "checkpoint" || key == "profile" || key == "zero_optimization" || key == "aio")) {
+           key == "checkpoint" || key == "profile" || key == "zero_optimization" || key == "aio" ||
+           key == "lora")) {
         continue;
       }
       if (key == "params" || key == "offload_optimizer" || key == "offload_param") continue;
@@ -291,7 +323,7 @@ std::vector<std::string> TrainConfigKeyPaths() {
   for (const JsonSection* section :
        {&s.top, &s.optimizer, &s.optimizer_params, &s.scheduler, &s.scheduler_params, &s.fp16,
         &s.bf16, &s.model, &s.chunk, &s.accelerator, &s.data, &s.checkpoint, &s.profile,
-        &s.offload_optimizer, &s.offload_param, &s.aio}) {
+        &s.offload_optimizer, &s.offload_param, &s.aio, &s.lora}) {
     add(*section);
   }
   return paths;
@@ -359,6 +391,14 @@ absl::StatusOr<double> ParseBandwidth(absl::string_view text) {
   absl::StatusOr<int64_t> bytes = ParseBytes(s);
   if (!bytes.ok()) return bytes.status();
   return static_cast<double>(*bytes);
+}
+
+std::vector<std::string> ParseLoraModuleList(absl::string_view text) {
+  std::vector<std::string> names;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    names.emplace_back(absl::StripAsciiWhitespace(part));
+  }
+  return names;
 }
 
 }  // namespace ps

@@ -49,8 +49,22 @@
 //   data:        {train, val, seq_len, shuffle, seed, eval_every, eval_batches}
 //       eval_every: 0 = never validate; N > 0 = on the validation set (data.val, or the built-in
 //       corpus's validation split) before the first step, every N steps and after the last.
-//   checkpoint:  {dir, every, keep_last, resume, init_from, export}
+//   checkpoint:  {dir, every, keep_last, resume, init_from, export, export_merged}
+//       export: with a lora section, a PEFT adapter directory (adapter_config.json +
+//       adapter_model.safetensors). export_merged: only with a lora section, a Hugging Face model
+//       directory of the base with the adapters merged in (W + lora_alpha / r * B A).
 //   profile:     {trace, metrics}
+//
+// LoRA fine-tuning (PEFT LoraConfig's names; the section present = LoRA on; trainer/config.h
+// LoraSettings has what each does):
+//
+//   lora: {r (int >= 1, required), lora_alpha (number > 0; default 8), lora_dropout ([0, 1);
+//          default 0), target_modules (required: a non-empty list of module names, each once, or
+//          the string "all-linear"), bias ("none" only), modules_to_save (list of module names;
+//          null = none), init_from (a PEFT adapter directory to continue from)}
+//       task_type is accepted and ignored with a warning. A string target_modules other than
+//       "all-linear" (PEFT's regular expression form) is refused. Whether the model has the named
+//       modules is model/lora_config.h ValidateLoraConfig's to check.
 //
 // DeepSpeed's offload keys (trainer/config.h has what each does here; docs/training.md too):
 //
@@ -128,7 +142,7 @@ inline constexpr int64_t kMaxAioThreads = 1024;
 struct TrainConfigSchema {
   JsonSection top, optimizer, optimizer_params, scheduler, scheduler_params, fp16, bf16, model,
       chunk, accelerator, data, checkpoint, profile, zero_optimization, offload_optimizer,
-      offload_param, aio;
+      offload_param, aio, lora;
 };
 const TrainConfigSchema& ConfigSchema();
 
@@ -166,6 +180,10 @@ absl::StatusOr<AcceleratorKind> ParseAcceleratorKind(absl::string_view name);
 absl::StatusOr<OffloadDevice> ParseOffloadDevice(absl::string_view name);
 // "12GB/s", "1.5 GiB/s", "100MB" (the "/s" is optional): bytes per second.
 absl::StatusOr<double> ParseBandwidth(absl::string_view text);
+// --lora_target_modules's comma-separated names, each stripped of surrounding whitespace and kept
+// as written otherwise (empty names stay: ApplyOverrides refuses them, naming the flag):
+// "q_proj, v_proj" -> {"q_proj", "v_proj"}; "all-linear" -> {"all-linear"}.
+std::vector<std::string> ParseLoraModuleList(absl::string_view text);
 
 }  // namespace ps
 

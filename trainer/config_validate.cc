@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -166,6 +167,73 @@ absl::Status ExplainInitFromWithoutModel(const std::string& path, const absl::St
       kKey, " '", path,
       "' is a safetensors file: GPT-2 weights, which do not say the model's dimensions; ",
       undefined.message(), " (or give a Hugging Face model directory, whose config.json does)"));
+}
+
+// A list of module names as a config writes it, for messages: ["q_proj", "v_proj"].
+std::string ModuleListForMessage(const std::vector<std::string>& names) {
+  std::vector<std::string> quoted;
+  for (const std::string& name : names) quoted.push_back(QuoteForMessage(name));
+  return absl::StrCat("[", absl::StrJoin(quoted, ", "), "]");
+}
+
+// lora.target_modules or lora.modules_to_save: names non-empty, UTF-8 without NUL, each once, and
+// "all-linear" nowhere (CheckLoraValues accepts it alone in target_modules before this).
+absl::Status CheckModuleNames(absl::string_view key, const std::vector<std::string>& names) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string element = absl::StrCat(key, "[", i, "]");
+    RETURN_IF_ERROR(CheckString(element, names[i]));
+    if (names[i].empty()) {
+      return BadValue(element, "\"\"", "a module name cannot be empty");
+    }
+    if (absl::EqualsIgnoreCase(names[i], kLoraAllLinear)) {
+      return BadValue(element, QuoteForMessage(names[i]),
+                      key == "lora.target_modules"
+                          ? "\"all-linear\" stands alone: write target_modules: \"all-linear\" "
+                            "(a string, as PEFT does), not inside a list of module names"
+                          : "is not a module name");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (names[j] == names[i]) {
+        return BadValue(
+            key, ModuleListForMessage(names),
+            absl::StrCat("lists ", QuoteForMessage(names[i]), " twice; list each once"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLoraValues(const LoraSettings& l) {
+  if (l.r < 1 || l.r > kMaxModelDim) {
+    return BadValue(
+        "lora.r", l.r,
+        absl::StrCat(l.r < 1 ? "must be >= 1" : absl::StrCat("must be <= ", kMaxModelDim),
+                     ": the adapters' rank, e.g. 8 or 16"));
+  }
+  if (!(l.lora_alpha > 0) || !std::isfinite(l.lora_alpha)) {
+    return BadDouble("lora.lora_alpha", l.lora_alpha,
+                     "must be finite and > 0: the adapters' output is scaled by lora_alpha / r "
+                     "(PEFT's default: 8)");
+  }
+  if (!(l.lora_dropout >= 0 && l.lora_dropout < 1)) {
+    return BadDouble("lora.lora_dropout", l.lora_dropout,
+                     "must be in [0, 1): the probability of dropping an adapter input (0: none)");
+  }
+  if (l.target_modules.empty()) {
+    return BadValue("lora.target_modules", "[]",
+                    "name the modules to adapt, e.g. [\"q_proj\", \"v_proj\"] (GPT-2: "
+                    "[\"c_attn\"]; --lora_target_modules=q_proj,v_proj), or \"all-linear\"");
+  }
+  if (!l.all_linear()) RETURN_IF_ERROR(CheckModuleNames("lora.target_modules", l.target_modules));
+  RETURN_IF_ERROR(CheckString("lora.bias", l.bias));
+  if (l.bias != "none") {
+    return BadValue("lora.bias", QuoteForMessage(l.bias),
+                    "only \"none\" is supported: no bias is trained (PEFT's \"all\" and "
+                    "\"lora_only\" are not)");
+  }
+  RETURN_IF_ERROR(CheckModuleNames("lora.modules_to_save", l.modules_to_save));
+  RETURN_IF_ERROR(CheckString("lora.init_from", l.init_from));
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -330,6 +398,7 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
   RETURN_IF_ERROR(CheckString("checkpoint.dir", k.dir));
   RETURN_IF_ERROR(CheckString("checkpoint.init_from", k.init_from));
   RETURN_IF_ERROR(CheckString("checkpoint.export", k.export_path));
+  RETURN_IF_ERROR(CheckString("checkpoint.export_merged", k.export_merged));
   if (k.every < 0) {
     return BadValue("checkpoint.every", k.every, "must be >= 0 steps (0: only at the end)");
   }
@@ -374,6 +443,7 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
         "aio.thread_count", aio.thread_count,
         absl::StrCat("must be in [1, ", kMaxAioThreads, "] I/O threads (DeepSpeed's default: 1)"));
   }
+  if (c.lora.has_value()) RETURN_IF_ERROR(CheckLoraValues(*c.lora));
   return absl::OkStatus();
 }
 
@@ -406,6 +476,55 @@ absl::Status CheckNvmePath(const TrainConfig& c) {
                       absl::StrCat("cannot create swap files in ", kKey,
                                    " (--nvme_path): no write access to the directory"),
                       oo.nvme_path);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLoraInitFrom(const TrainConfig& c) {
+  if (!c.lora.has_value() || c.lora->init_from.empty()) return absl::OkStatus();
+  const std::string& dir = c.lora->init_from;
+  constexpr absl::string_view kKey = "lora.init_from (--lora_init_from)";
+  constexpr absl::string_view kWhat =
+      "PeftModel.save_pretrained writes adapter_config.json and adapter_model.safetensors";
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    const int err = errno;
+    return ErrnoError(
+        err, absl::StrCat("cannot use ", kKey, ", the PEFT adapter directory to continue from,"),
+        dir);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(kKey, " '", dir,
+                                                   "' is not a directory: name a PEFT adapter "
+                                                   "directory (",
+                                                   kWhat, ")"));
+  }
+  // Whether `name` in the directory is a regular file; the errno's code when it cannot be
+  // examined for another reason than its absence.
+  const auto has_file = [&dir](absl::string_view name) -> absl::StatusOr<bool> {
+    const std::string path = (std::filesystem::path(dir) / std::string(name)).string();
+    struct stat fst {};
+    if (::stat(path.c_str(), &fst) != 0) {
+      const int err = errno;
+      if (err == ENOENT) return false;
+      return ErrnoError(err, absl::StrCat("cannot examine ", kKey), path);
+    }
+    return S_ISREG(fst.st_mode);
+  };
+  ASSIGN_OR_RETURN(const bool config, has_file("adapter_config.json"));
+  if (!config) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kKey, " '", dir, "' is not a PEFT adapter directory: it has no adapter_config.json (",
+        kWhat, ")"));
+  }
+  ASSIGN_OR_RETURN(const bool weights, has_file("adapter_model.safetensors"));
+  if (!weights) {
+    ASSIGN_OR_RETURN(const bool pickle, has_file("adapter_model.bin"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        kKey, " '", dir, "' has no adapter_model.safetensors",
+        pickle ? ", only adapter_model.bin (a PyTorch pickle, which is not read): save the "
+                 "adapter with save_pretrained(..., safe_serialization=True)"
+               : absl::StrCat(" (the adapter's weights; ", kWhat, ")")));
   }
   return absl::OkStatus();
 }
@@ -603,7 +722,26 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
         " bytes/s emulates a link and applies only to backend \"cpu\"; remove it (or set 0) for "
         "\"cuda\""));
   }
+  // LoRA's outputs: the merged model needs adapters to merge, and the two exports are different
+  // directories (the adapter, the merged model).
+  const CheckpointConfig& k = c.checkpoint;
+  if (!k.export_merged.empty() && !c.lora.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "`checkpoint.export_merged` = ", QuoteForMessage(k.export_merged),
+        " (--export_merged) writes a LoRA run's base model with its adapters merged in, but the "
+        "config has no lora section, so there are no adapters to merge: add a lora section (or "
+        "--lora_r and --lora_target_modules), or use checkpoint.export to export the trained "
+        "model"));
+  }
+  if (!k.export_merged.empty() && k.export_merged == k.export_path) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "`checkpoint.export` and `checkpoint.export_merged` both name ",
+        QuoteForMessage(k.export_path),
+        ": with a lora section, export writes the PEFT adapter directory and export_merged the "
+        "merged Hugging Face model directory; give them different paths"));
+  }
   RETURN_IF_ERROR(CheckNvmePath(c));
+  RETURN_IF_ERROR(CheckLoraInitFrom(c));
   return absl::OkStatus();
 }
 

@@ -18,7 +18,10 @@
 namespace ps {
 
 // Each value on its own: ranges, enum names, presets, UTF-8 strings without NUL (they go into JSON
-// manifests). InvalidArgument "`key` = value: rule" for the first bad one.
+// manifests); with a lora section, lora.r in [1, 2^30], lora_alpha finite and > 0, lora_dropout in
+// [0, 1), target_modules non-empty ("all-linear" alone, else names non-empty and each once), bias
+// "none", modules_to_save's names non-empty and each once. InvalidArgument "`key` = value: rule"
+// for the first bad one (a list element's key as `lora.target_modules[1]`).
 [[nodiscard]] absl::Status CheckTrainConfigValues(const TrainConfig& config);
 
 // Every check: each value on its own (as ParseTrainConfig does) and across keys — train_steps > 0,
@@ -34,8 +37,13 @@ namespace ps {
 // that cannot be examined (NotFound, ELOOP's, PermissionDenied), DataLoss for a file that is not
 // safetensors, InvalidArgument saying that GPT-2 safetensors weights do not define the model.
 // A file with a Llama-family preset is InvalidArgument (a file is read as GPT-2 weights).
-// Last (after every other check), for zero_optimization.offload_optimizer.device "nvme":
-// CheckNvmePath.
+// With a lora section: checkpoint.export_merged needs it (InvalidArgument saying why when it is
+// set without one) and must differ from checkpoint.export (the adapter directory); LoRA combines
+// with every other mode (precision, accumulation, ZeRO ranks, the disk tier, which then holds the
+// adapters' optimizer state), and without checkpoint.init_from its base is the seeded random init
+// (legal: benchmarks). Whether the model has lora.target_modules and r fits its layers is
+// model/lora_config.h ValidateLoraConfig's (the trainer's). Last (after every other check), for
+// zero_optimization.offload_optimizer.device "nvme": CheckNvmePath; then CheckLoraInitFrom.
 [[nodiscard]] absl::Status ValidateTrainConfig(const TrainConfig& config, int world_size = 1);
 
 // For zero_optimization.offload_optimizer.device "nvme" (the disk tier; OK for any other device):
@@ -44,6 +52,14 @@ namespace ps {
 // (NotFound, PermissionDenied, ...) naming the key and the path when it cannot be examined or
 // written. Whether the filesystem has the space is the pre-flight plan's (it knows the bytes).
 [[nodiscard]] absl::Status CheckNvmePath(const TrainConfig& config);
+
+// For lora.init_from (OK when there is no lora section or it is empty): a PEFT adapter directory,
+// one holding adapter_config.json and adapter_model.safetensors. The errno's code (NotFound,
+// PermissionDenied, ...) naming the key (and --lora_init_from) and the path when it cannot be
+// examined; InvalidArgument when it is not a directory or lacks either file (saying how to save
+// safetensors when only adapter_model.bin is there). Whether the adapter matches the model is the
+// loader's (model/peft_adapter.h).
+[[nodiscard]] absl::Status CheckLoraInitFrom(const TrainConfig& config);
 
 // The model: the preset (if any) with the explicit dimensions > 0 replacing its fields, checked by
 // ValidateGptConfig and ValidateModelConfig (and for sizes whose parameter count would not fit

@@ -91,6 +91,22 @@ ABSL_FLAG(std::string, nvme_path, "",
           "momentum, variance) that host memory cannot hold lives in swap files there "
           "(zero_optimization.offload_optimizer.device \"nvme\" with this nvme_path).");
 ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt, "Seed of the parameter initialization.");
+ABSL_FLAG(std::optional<int64_t>, lora_r, std::nullopt,
+          "LoRA fine-tuning with adapters of this rank (lora.r; turns LoRA on): the base model is "
+          "frozen and low-rank adapters train.");
+ABSL_FLAG(std::optional<double>, lora_alpha, std::nullopt,
+          "LoRA scale numerator: adapters' output x lora_alpha / r (lora.lora_alpha; default 8).");
+ABSL_FLAG(std::optional<double>, lora_dropout, std::nullopt,
+          "Dropout on the LoRA adapters' input, in [0, 1) (lora.lora_dropout; default 0).");
+ABSL_FLAG(std::string, lora_target_modules, "",
+          "Comma-separated module names to adapt, e.g. q_proj,k_proj,v_proj,o_proj (GPT-2: "
+          "c_attn,c_proj,c_fc), or all-linear (lora.target_modules).");
+ABSL_FLAG(std::string, lora_init_from, "",
+          "A PEFT adapter directory (adapter_config.json + adapter_model.safetensors) to continue "
+          "from (lora.init_from).");
+ABSL_FLAG(std::string, export_merged, "",
+          "With LoRA: also write the base model with the adapters merged in as a Hugging Face "
+          "model directory (checkpoint.export_merged).");
 ABSL_FLAG(bool, print_config, false, "Print the resolved config as JSON and exit.");
 ABSL_FLAG(std::string, comm, "auto",
           "Data-parallel communicator: auto (when started by mpirun: nccl with "
@@ -127,6 +143,12 @@ constexpr absl::string_view kOwnFlags[] = {"config",
                                            "trace_out",
                                            "nvme_path",
                                            "seed",
+                                           "lora_r",
+                                           "lora_alpha",
+                                           "lora_dropout",
+                                           "lora_target_modules",
+                                           "lora_init_from",
+                                           "export_merged",
                                            "print_config",
                                            "comm",
                                            "help"};
@@ -268,6 +290,12 @@ int Main(int argc, char** argv) {
   o.gradient_accumulation_steps = absl::GetFlag(FLAGS_gradient_accumulation_steps);
   o.seed = absl::GetFlag(FLAGS_seed);
   if (absl::GetFlag(FLAGS_resume)) o.resume = true;
+  o.lora_r = absl::GetFlag(FLAGS_lora_r);
+  o.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
+  o.lora_dropout = absl::GetFlag(FLAGS_lora_dropout);
+  o.lora_target_modules = NonEmpty(absl::GetFlag(FLAGS_lora_target_modules));
+  o.lora_init_from = NonEmpty(absl::GetFlag(FLAGS_lora_init_from));
+  o.export_merged = NonEmpty(absl::GetFlag(FLAGS_export_merged));
   absl::Status status = ApplyOverrides(o, &*config);
   if (status.ok()) status = ValidateTrainConfig(*config);
   if (!status.ok()) {

@@ -128,6 +128,8 @@ std::map<std::string, KeySample> KeySamples() {
   s["checkpoint.export"] = {"out.safetensors", [](const TrainConfig& c) {
                               return c.checkpoint.export_path == "out.safetensors";
                             }};
+  s["checkpoint.export_merged"] = {
+      "merged", [](const TrainConfig& c) { return c.checkpoint.export_merged == "merged"; }};
   s["profile.trace"] = {"t.json",
                         [](const TrainConfig& c) { return c.profile.trace_path == "t.json"; }};
   s["profile.metrics"] = {"m.jsonl",
@@ -161,6 +163,26 @@ std::map<std::string, KeySample> KeySamples() {
   s["aio.thread_count"] = {2, [](const TrainConfig& c) { return c.aio.thread_count == 2; }};
   s["aio.single_submit"] = {true, [](const TrainConfig& c) { return c.aio.single_submit; }};
   s["aio.overlap_events"] = {false, [](const TrainConfig& c) { return !c.aio.overlap_events; }};
+  s["lora.r"] = {16, [](const TrainConfig& c) { return c.lora.has_value() && c.lora->r == 16; }};
+  s["lora.lora_alpha"] = {
+      32, [](const TrainConfig& c) { return c.lora.has_value() && c.lora->lora_alpha == 32; }};
+  s["lora.lora_dropout"] = {0.05, [](const TrainConfig& c) {
+                              return c.lora.has_value() && c.lora->lora_dropout == 0.05;
+                            }};
+  s["lora.target_modules"] = {Json::array({"q_proj", "v_proj"}), [](const TrainConfig& c) {
+                                return c.lora.has_value() &&
+                                       c.lora->target_modules ==
+                                           std::vector<std::string>{"q_proj", "v_proj"};
+                              }};
+  s["lora.bias"] = {
+      "none", [](const TrainConfig& c) { return c.lora.has_value() && c.lora->bias == "none"; }};
+  s["lora.modules_to_save"] = {
+      Json::array({"lm_head"}), [](const TrainConfig& c) {
+        return c.lora.has_value() && c.lora->modules_to_save == std::vector<std::string>{"lm_head"};
+      }};
+  s["lora.init_from"] = {"adapter", [](const TrainConfig& c) {
+                           return c.lora.has_value() && c.lora->init_from == "adapter";
+                         }};
   return s;
 }
 
@@ -175,6 +197,11 @@ Json DocFor(const std::string& path, const Json& value) {
     const std::string& key = parts.back();
     doc["scheduler"]["type"] =
         (key == "warmup_min_ratio" || key == "cos_min_ratio") ? "WarmupCosineLR" : "WarmupDecayLR";
+  }
+  if (absl::StartsWith(path, "lora.")) {
+    // The section's required keys.
+    if (!doc["lora"].contains("r")) doc["lora"]["r"] = 8;
+    if (!doc["lora"].contains("target_modules")) doc["lora"]["target_modules"] = {"c_attn"};
   }
   return doc;
 }

@@ -4,15 +4,18 @@
 #ifndef PATRICKSTAR_TRAINER_TESTING_CONFIG_TESTING_H_
 #define PATRICKSTAR_TRAINER_TESTING_CONFIG_TESTING_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <ostream>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "base/units.h"
 #include "nlohmann/json.hpp"
 #include "trainer/config.h"
@@ -43,7 +46,8 @@ struct KeySample {
 std::map<std::string, KeySample> KeySamples();
 
 // A document holding `value` at `path`, with the siblings the path needs (an optimizer type for
-// optimizer.params, a scheduler type the param applies to).
+// optimizer.params, a scheduler type the param applies to, lora's required r and
+// target_modules).
 Json DocFor(const std::string& path, const Json& value);
 
 // Random configs that pass the per-key checks (CheckTrainConfigValues), with every field drawn
@@ -123,6 +127,7 @@ class RandomConfigs {
     c.checkpoint.resume = Bool();
     c.checkpoint.init_from = String();
     c.checkpoint.export_path = String();
+    c.checkpoint.export_merged = String();
     c.profile.trace_path = String();
     c.profile.metrics_path = String();
     const OffloadDevice devices[] = {OffloadDevice::kNone, OffloadDevice::kCpu,
@@ -138,6 +143,15 @@ class RandomConfigs {
     c.aio.thread_count = Int(1, kMaxAioThreads);
     c.aio.single_submit = Bool();
     c.aio.overlap_events = Bool();
+    if (Bool()) {
+      LoraSettings& l = c.lora.emplace();
+      l.r = Int(1, int64_t{1} << 30);
+      l.lora_alpha = Positive();
+      l.lora_dropout = UnitOpen();
+      l.target_modules = Bool() ? std::vector<std::string>{kLoraAllLinear} : Names(1);
+      l.modules_to_save = Names(0);
+      l.init_from = String();
+    }
     return c;
   }
 
@@ -215,6 +229,20 @@ class RandomConfigs {
       AppendUtf8(cp, &s);
     }
     return s;
+  }
+  // 0 or more (at least `min`) distinct non-empty module names, none "all-linear".
+  std::vector<std::string> Names(int64_t min) {
+    std::vector<std::string> names;
+    const int64_t n = Int(min, 5);
+    while (static_cast<int64_t>(names.size()) < n) {
+      std::string name = String();
+      if (name.empty() || absl::EqualsIgnoreCase(name, kLoraAllLinear) ||
+          std::find(names.begin(), names.end(), name) != names.end()) {
+        continue;
+      }
+      names.push_back(std::move(name));
+    }
+    return names;
   }
   static void AppendUtf8(uint32_t cp, std::string* s) {
     if (cp < 0x80) {
