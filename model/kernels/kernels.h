@@ -171,7 +171,7 @@ class Kernels {
   [[nodiscard]] absl::Status EncoderBackward(Stream& stream, const EncoderShape& shape,
                                              const int32_t* tokens, const float* dout, float* dwte,
                                              float* dwpe);
-  // model/kernels/layernorm.h.
+  // model/kernels/layernorm.h. The backward's dw and db may be null (input gradient only).
   [[nodiscard]] absl::Status LayerNormForward(Stream& stream, const LayerNormShape& shape,
                                               const float* x, const float* w, const float* b,
                                               float* y, float* mean, float* rstd);
@@ -179,7 +179,8 @@ class Kernels {
                                                const float* x, const float* w, const float* mean,
                                                const float* rstd, const float* dy, float* dx,
                                                float* dw, float* db);
-  // model/kernels/matmul.h (Conv1D, W [in, out]): y = x W + b.
+  // model/kernels/matmul.h (Conv1D, W [in, out]): y = x W + b. The backward's dw and db may be
+  // null (input gradient only; likewise in MatmulBackwardBf16).
   [[nodiscard]] absl::Status MatmulForward(Stream& stream, const MatmulShape& shape, const float* x,
                                            const float* w, const float* b, float* y,
                                            void* workspace, int64_t workspace_bytes);
@@ -281,7 +282,9 @@ class Kernels {
                                           const int32_t* targets, const float* state, float* lse,
                                           double* loss);
   // dh += dloss/dh * loss_grad for this block's part of the vocabulary (f32 [rows, C]), and
-  // dblock [block_rows, C] f32 = dloss/dblock * loss_grad (written, not added). Calling it once
+  // dblock [block_rows, C] f32 = dloss/dblock * loss_grad (written, not added; null: dh only — the
+  // CUDA implementation then skips the dblock GEMMs, the CPU one computes each tile's gradient in
+  // the workspace and drops it). Calling it once
   // per vocabulary tile (block_rows <= vocab_tile, row_begin a multiple of vocab_tile) in
   // increasing order gives the same dh and gradient bits as one call over the whole block, so
   // dblock can stay one tile of scratch.
@@ -293,7 +296,7 @@ class Kernels {
                                                  int64_t workspace_bytes);
 
   // --- Llama / Qwen2 / Mistral --------------------------------------------------------------
-  // model/kernels/rmsnorm.h.
+  // model/kernels/rmsnorm.h. The backward's dw may be null (input gradient only).
   [[nodiscard]] absl::Status RmsNormForward(Stream& stream, const RmsNormShape& shape,
                                             const float* x, const float* w, float* y, float* rstd);
   [[nodiscard]] absl::Status RmsNormBackward(Stream& stream, const RmsNormShape& shape,
@@ -326,7 +329,7 @@ class Kernels {
                                                   float* dv, void* workspace,
                                                   int64_t workspace_bytes);
   // model/kernels/linear.h (nn.Linear, W [out, in]): y = x W^T + b. b and db are null when
-  // !shape.bias.
+  // !shape.bias. In the backward, dw and db may be null (input gradient only, see above).
   [[nodiscard]] absl::Status LinearForward(Stream& stream, const LinearShape& shape, const float* x,
                                            const float* w, const float* b, float* y,
                                            void* workspace, int64_t workspace_bytes);
