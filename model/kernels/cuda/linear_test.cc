@@ -85,9 +85,10 @@ TEST_F(CudaLinearTest, RejectsBadArguments) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("in_features")));
   EXPECT_THAT(cuda::LinearForward(*cublas_, {2, 2, 2, true}, p, p, nullptr, p, stream_->get()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("b is null")));
+  // dw and db may be null (input gradient only); dx may not.
   EXPECT_THAT(
-      cuda::LinearBackward(*cublas_, {2, 2, 2, true}, p, p, p, p, p, nullptr, stream_->get()),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("db is null")));
+      cuda::LinearBackward(*cublas_, {2, 2, 2, true}, p, p, p, nullptr, p, p, stream_->get()),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dx is null")));
 }
 
 #else  // !PS_WITH_CUDA
