@@ -22,7 +22,10 @@ constexpr int64_t kMaxCandidates = 1'000'000;
 // The operator sizes the simulation needs.
 struct ModelSizes {
   std::vector<std::vector<int64_t>> tensor_numels;  // per operator, in order
+  std::vector<bool> trainable;                      // per operator (OperatorSpec::trainable)
   int64_t total_params = 0;
+  // Parameters of trainable operators (frozen ones have no optimizer state).
+  int64_t trainable_params = 0;
   // Sum over operators of their extent in an empty chunk (>= total_params with alignment).
   int64_t total_footprint = 0;
   int64_t largest_footprint = 0;
@@ -80,6 +83,7 @@ absl::StatusOr<ModelSizes> Summarize(absl::Span<const OperatorSpec> ops, int64_t
       numels.push_back(numel);
       footprint = AlignUp(footprint, alignment) + numel;
       m.total_params += numel;
+      if (op.trainable) m.trainable_params += numel;
     }
     m.total_footprint += footprint;
     if (footprint > m.largest_footprint) {
@@ -87,19 +91,36 @@ absl::StatusOr<ModelSizes> Summarize(absl::Span<const OperatorSpec> ops, int64_t
       m.largest_name = op.name;
     }
     m.tensor_numels.push_back(std::move(numels));
+    m.trainable.push_back(op.trainable);
   }
   return m;
 }
 
-// Data chunks ChunkLayout::Build(kAppend) opens for chunks of `chunk_elems`: each operator goes
-// after the last tensor of the last chunk if all its tensors fit there, else into a new chunk.
-// First fit in the last chunk finds nothing earlier: a layout built only by appending has no gaps
-// but alignment gaps, which hold no aligned offset. REQUIRES: chunk_elems >= largest footprint.
-int64_t CountAppendChunks(const ModelSizes& m, int64_t chunk_elems, int64_t alignment) {
-  int64_t chunks = 0;
+// What ChunkLayout::Build(kAppend) makes of the model for chunks of `chunk_elems`.
+struct AppendCount {
+  int64_t data_chunks = 0;
+  // The most data chunks holding optimizer state (trainable or empty) one rank owns.
+  int64_t max_rank_state_chunks = 0;
+  // Data chunks holding optimizer state, over all ranks.
+  int64_t state_chunks = 0;
+};
+
+// Simulates ChunkLayout::Build(kAppend): each operator goes after the last tensor of the last
+// chunk if that chunk holds its kind (frozen or trainable) and all its tensors fit there, else into
+// a new chunk; when the kind changes with world size N > 1, empty chunks first complete the last
+// chunk's ZeRO group (a group holds one kind). First fit in the last chunk finds nothing earlier:
+// a layout built only by appending has no gaps but alignment gaps, which hold no aligned offset.
+// Frozen chunks hold no optimizer state; empty chunks do (chunk/chunk_layout.h).
+// REQUIRES: chunk_elems >= largest footprint.
+AppendCount CountAppendChunks(const ModelSizes& m, int64_t chunk_elems, int64_t alignment,
+                              int world_size) {
+  std::vector<bool> frozen_chunk;  // by data chunk
   int64_t end = 0;
-  for (const std::vector<int64_t>& numels : m.tensor_numels) {
-    if (chunks > 0) {
+  for (size_t k = 0; k < m.tensor_numels.size(); ++k) {
+    const std::vector<int64_t>& numels = m.tensor_numels[k];
+    const bool frozen = !m.trainable[k];
+    const int64_t chunks = static_cast<int64_t>(frozen_chunk.size());
+    if (chunks > 0 && frozen_chunk.back() == frozen) {
       int64_t e = end;
       bool fits = true;
       for (int64_t n : numels) {
@@ -115,11 +136,23 @@ int64_t CountAppendChunks(const ModelSizes& m, int64_t chunk_elems, int64_t alig
         continue;
       }
     }
-    ++chunks;
+    if (chunks > 0 && frozen_chunk.back() != frozen) {
+      frozen_chunk.resize(static_cast<size_t>(AlignUp(chunks, world_size)), false);
+    }
+    frozen_chunk.push_back(frozen);
     end = 0;
     for (int64_t n : numels) end = AlignUp(end, alignment) + n;
   }
-  return chunks;
+  AppendCount count;
+  count.data_chunks = static_cast<int64_t>(frozen_chunk.size());
+  std::vector<int64_t> per_rank(static_cast<size_t>(world_size), 0);
+  for (size_t c = 0; c < frozen_chunk.size(); ++c) {
+    if (frozen_chunk[c]) continue;
+    ++count.state_chunks;
+    ++per_rank[c % static_cast<size_t>(world_size)];
+  }
+  count.max_rank_state_chunks = *std::max_element(per_rank.begin(), per_rank.end());
+  return count;
 }
 
 int64_t WorkingSetLimitBytes(const ChunkSizeSearchOptions& o) {
@@ -135,17 +168,21 @@ ChunkSizeCandidate Evaluate(const ModelSizes& m, int64_t chunk_elems,
       ModelDataBytesPerParam(o.compute_dtype) - param_elem_bytes;  // master + momentum + variance
   ChunkSizeCandidate c;
   c.chunk_elems = chunk_elems;
-  const int64_t data_chunks = CountAppendChunks(m, chunk_elems, o.tensor_alignment_elems);
+  const AppendCount count =
+      CountAppendChunks(m, chunk_elems, o.tensor_alignment_elems, static_cast<int>(n));
+  const int64_t data_chunks = count.data_chunks;
   c.num_chunks = AlignUp(data_chunks, n);
   c.num_padding_chunks = c.num_chunks - data_chunks;
   c.utilization = static_cast<double>(m.total_params) /
                   (static_cast<double>(c.num_chunks) * static_cast<double>(chunk_elems));
-  c.model_data_bytes =
-      c.num_chunks * chunk_elems * param_elem_bytes + data_chunks * chunk_elems * os_elem_bytes;
-  c.waste_bytes = c.model_data_bytes - m.total_params * ModelDataBytesPerParam(o.compute_dtype);
-  // Rank 0 owns ceil(data / n) data chunks, the most of any rank; param chunks split evenly.
+  // Frozen chunks are param-only.
+  c.model_data_bytes = c.num_chunks * chunk_elems * param_elem_bytes +
+                       count.state_chunks * chunk_elems * os_elem_bytes;
+  c.waste_bytes =
+      c.model_data_bytes - m.total_params * param_elem_bytes - m.trainable_params * os_elem_bytes;
+  // Param chunks split evenly; the rank owning the most state chunks bounds the rest.
   c.rank_model_data_bytes = c.num_chunks / n * chunk_elems * param_elem_bytes +
-                            CeilDiv(data_chunks, n) * chunk_elems * os_elem_bytes;
+                            count.max_rank_state_chunks * chunk_elems * os_elem_bytes;
   c.working_set_bytes = n * chunk_elems * param_elem_bytes;
   c.rank_peak_bytes = c.rank_model_data_bytes + (n - 1) * chunk_elems * param_elem_bytes;
   c.fits_accelerator = c.working_set_bytes <= WorkingSetLimitBytes(o);

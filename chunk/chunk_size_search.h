@@ -14,9 +14,10 @@
 // For each candidate the layout is what ChunkLayout::Build(kAppend) produces (simulated from the
 // operator sizes without building it; tests check both agree), and:
 //   model data (all ranks)  every param chunk incl. padding x SizeOf(compute) + every data chunk
-//                           x 12 bytes (master, momentum, variance) — ChunkLayout's
-//                           TotalModelDataBytes
-//   waste                   model data - params x ModelDataBytesPerParam(compute)
+//                           that is not frozen x 12 bytes (master, momentum, variance) —
+//                           ChunkLayout's TotalModelDataBytes (frozen operators, trainable =
+//                           false, fill param-only chunks of their own)
+//   waste                   model data - params x SizeOf(compute) - trainable params x 12
 //   utilization             params / (chunks incl. padding x chunk size)
 //   per rank                the most model data one rank holds persistently (its param chunks
 //                           plus its master/momentum/variance chunks)

@@ -52,9 +52,13 @@ void VerifyWithLayout(const std::vector<OperatorSpec>& ops, const ChunkSizeCandi
   EXPECT_EQ(candidate.num_padding_chunks, layout.num_padding_chunks());
   EXPECT_DOUBLE_EQ(candidate.utilization, layout.utilization());
   EXPECT_EQ(candidate.model_data_bytes, layout.TotalModelDataBytes(options.compute_dtype));
-  EXPECT_EQ(candidate.waste_bytes,
-            layout.TotalModelDataBytes(options.compute_dtype) -
-                ModelNumElems(ops) * ModelDataBytesPerParam(options.compute_dtype));
+  // Frozen parameters need only their param bytes (equal to ModelDataBytesPerParam for all when
+  // every operator is trainable).
+  const int64_t param_bytes = SizeOf(ChunkDType(ChunkType::kParam, options.compute_dtype));
+  EXPECT_EQ(
+      candidate.waste_bytes,
+      layout.TotalModelDataBytes(options.compute_dtype) - ModelNumElems(ops) * param_bytes -
+          layout.trainable_elems() * (ModelDataBytesPerParam(options.compute_dtype) - param_bytes));
   int64_t max_rank_bytes = 0;
   for (int rank = 0; rank < options.world_size; ++rank) {
     max_rank_bytes =
@@ -83,6 +87,31 @@ TEST(ChunkSizeSearch, EvaluationMatchesTheRealLayout) {
                                        .host_memory_bytes = kMiB,
                                        .tensor_alignment_elems = alignment};
         for (int64_t chunk : {20'480, 20'481, 23'000, 33'333, 40'000, 65'536, 130'000}) {
+          ASSERT_OK_AND_ASSIGN(ChunkSizeCandidate c, EvaluateChunkSize(ops, chunk, options));
+          ASSERT_NO_FATAL_FAILURE(VerifyWithLayout(ops, c, options));
+        }
+      }
+    }
+  }
+}
+
+// A frozen base (LoRA): param-only chunks, counted exactly as the real layout counts them, for a
+// frozen prefix (base, then adapters) and for kinds that alternate (every kind change may open
+// empty chunks to complete a ZeRO group).
+TEST(ChunkSizeSearch, EvaluationMatchesTheRealLayoutWithFrozenOperators) {
+  for (const bool alternate : {false, true}) {
+    std::vector<OperatorSpec> ops = Gpt("tiny");
+    for (size_t k = 0; k < ops.size(); ++k) {
+      ops[k].trainable = alternate ? (k / 3) % 2 == 1 : k >= ops.size() * 2 / 3;
+    }
+    for (int world : {1, 2, 3, 8}) {
+      for (DType dtype : {DType::kBF16, DType::kF32}) {
+        ChunkSizeSearchOptions options{.world_size = world,
+                                       .compute_dtype = dtype,
+                                       .accelerator_memory_bytes = kMiB,
+                                       .host_memory_bytes = kMiB,
+                                       .tensor_alignment_elems = 64};
+        for (int64_t chunk : {20'480, 23'000, 40'000, 130'000}) {
           ASSERT_OK_AND_ASSIGN(ChunkSizeCandidate c, EvaluateChunkSize(ops, chunk, options));
           ASSERT_NO_FATAL_FAILURE(VerifyWithLayout(ops, c, options));
         }

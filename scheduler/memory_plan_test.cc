@@ -182,6 +182,28 @@ MemoryPlanOptions SixChunkOptions() {
   return o;
 }
 
+// A frozen base (LoRA): frozen chunks cost their param bytes only — on the host, in the
+// accumulator and on disk — while trainable chunks keep their full state. Six chunks of 1024
+// elements, the first four frozen, bf16 params (2 KiB per chunk), f32 state (4 KiB per chunk).
+TEST(MemoryPlan, FrozenChunksCostTheirParamsOnly) {
+  MemoryPlanOptions o = SixChunkOptions();
+  o.compute_dtype = DType::kBF16;
+  for (int i = 0; i < 4; ++i) o.ops[i].trainable = false;
+  ASSERT_OK_AND_ASSIGN(const MemoryPlan ram, PlanMemory(o));
+  ASSERT_EQ(ram.num_data_chunks, 6);
+  EXPECT_EQ(ram.rank_model_data_bytes, 6 * 2 * kKiB + 2 * 3 * 4 * kKiB);
+  EXPECT_EQ(ram.host_model_data_bytes, 6 * 2 * kKiB + 2 * 3 * 4 * kKiB);
+  o.gradient_accumulation_steps = 4;
+  ASSERT_OK_AND_ASSIGN(const MemoryPlan acc, PlanMemory(o));
+  EXPECT_EQ(acc.host_accumulator_bytes, 2 * 4 * kKiB);
+  o.gradient_accumulation_steps = 1;
+  // The disk tier backs the two trainable indices' state only.
+  o.disk = MemoryPlanOptions::DiskTier{.host_budget_bytes = 36 * kKiB, .read_ahead = 1};
+  ASSERT_OK_AND_ASSIGN(const MemoryPlan disk, PlanMemory(o));
+  EXPECT_EQ(disk.disk_bytes, 2 * 3 * 4 * kKiB);
+  EXPECT_EQ(disk.disk_kept_indices + disk.disk_streamed_indices, 2);
+}
+
 TEST(MemoryPlan, DiskTierCountsItsBudgetOnTheHostAndPredictsTheTraffic) {
   MemoryPlanOptions o = SixChunkOptions();
   ASSERT_OK_AND_ASSIGN(const MemoryPlan ram, PlanMemory(o));
