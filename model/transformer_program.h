@@ -142,7 +142,7 @@ struct ProgramLayout {
     TensorId w = -1;
     TensorId b = -1;
     bool trainable = true;
-    Lora lora;
+    Lora lora{};
   };
   // q/k/v_proj: three nn.Linear weights, optional biases and (Qwen3) the q/k norms' weights in
   // one operator.
@@ -151,7 +151,7 @@ struct ProgramLayout {
     TensorId q_w = -1, k_w = -1, v_w = -1, q_b = -1, k_b = -1, v_b = -1, q_norm = -1, k_norm = -1;
     bool trainable = true;
     // The adapters of q_proj, k_proj, v_proj (all in one adapter operator when present).
-    Lora q_lora, k_lora, v_lora;
+    Lora q_lora{}, k_lora{}, v_lora{};
     OperatorId lora_op() const {
       return q_lora.present() ? q_lora.op : k_lora.present() ? k_lora.op : v_lora.op;
     }
