@@ -39,6 +39,7 @@
 #include "memory/cpu_backend.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
+#include "model/gpt_activation_profile.h"
 #include "model/gpt_model.h"
 #include "model/hf_checkpoint.h"
 #include "model/lora_config.h"
@@ -734,6 +735,31 @@ TEST(LoraModel, ModulesToSaveTrainAndTravelWithTheAdapter) {
   ASSERT_OK_AND_ASSIGN(const double a, rig->model->Evaluate(tokens, targets));
   ASSERT_OK_AND_ASSIGN(const double b, fresh->model->Evaluate(tokens, targets));
   EXPECT_EQ(a, b);
+}
+
+// The plan of a LoRA run counts the frozen base at its param bytes: far less model data than the
+// full fine-tune of the same model, with the adapters' full state on top.
+TEST(LoraModel, RunPlanCountsAFrozenBaseAsParamsOnly) {
+  ASSERT_OK_AND_ASSIGN(const HfCheckpoint base, HfCheckpoint::Open(Runfile("hf_tiny_llama")));
+  GptRunPlanOptions o;
+  o.model_config = base.config();
+  o.model = {.batch = 2, .seq_len = 16};
+  o.compute_dtype = DType::kBF16;
+  o.chunk_elems = 4096;
+  o.accelerator_bytes = 64 * kMiB;
+  ASSERT_OK_AND_ASSIGN(const GptRunPlan full, PlanGptRun(o));
+  o.model.lora = AllProjections();
+  ASSERT_OK_AND_ASSIGN(const GptRunPlan lora, PlanGptRun(o));
+  ASSERT_OK_AND_ASSIGN(
+      const ChunkLayout layout,
+      ChunkLayout::Build({.capacity_elems = 4096}, ModelOperatorsFor(base.config(), o.model.lora)));
+  EXPECT_EQ(lora.plan.rank_model_data_bytes, layout.RankModelDataBytes(DType::kBF16, 0));
+  // bf16: 2 bytes per frozen element (param chunks only) against 2 + 3 * 4 for a trainable one.
+  EXPECT_LT(lora.plan.rank_model_data_bytes, full.plan.rank_model_data_bytes / 2);
+  LoraConfig bad = AllProjections();
+  bad.r = 0;
+  o.model.lora = bad;
+  EXPECT_THAT(PlanGptRun(o).status(), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 INSTANTIATE_TEST_SUITE_P(Peft, LoraModelTest, ::testing::Values("llama", "qwen2", "gpt2"));
