@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/units.h"
@@ -189,7 +190,13 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
           HostMemoryAdvice(o)));
     }
   }
-  const int64_t min_elems = ModelMinChunkElems(mc, o.model.ce_vocab_tile);
+  int64_t min_elems = ModelMinChunkElems(mc, o.model.ce_vocab_tile);
+  if (o.model.lora.has_value()) {
+    // An adapter operator (up to three A/B pairs) may outgrow the base's largest with a large r.
+    for (const OperatorSpec& op : LoraModelOperators(mc, *o.model.lora)) {
+      if (absl::EndsWith(op.name, ".lora")) min_elems = std::max(min_elems, OperatorNumElems(op));
+    }
+  }
   if (o.chunk_elems > 0) {
     if (o.chunk_elems < min_elems) {
       return absl::InvalidArgumentError(absl::StrCat(
