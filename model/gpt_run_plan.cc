@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/units.h"
@@ -16,6 +17,7 @@
 #include "glog/logging.h"
 #include "model/gpt_activation_profile.h"
 #include "model/kernels/kernel_workspaces.h"
+#include "model/lora_config.h"
 #include "model/model_config.h"
 
 namespace ps {
@@ -155,6 +157,7 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
   }
   const ModelConfig mc = PlannedModel(o);
   const GptConfig view = GptConfigView(mc);
+  if (o.model.lora.has_value()) RETURN_IF_ERROR(ValidateLoraConfig(mc, *o.model.lora));
   if (o.model.batch <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("train_micro_batch_size_per_gpu must be >= 1, got ", o.model.batch));
@@ -164,9 +167,11 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
   // and gigabytes listing blocks for a plan that could only refuse it. Every rank holds at least
   // its share of the model data in host memory, less what a real accelerator keeps.
   if (o.host_available_bytes > 0 && (o.accelerator_in_host_memory || o.accelerator_bytes > 0)) {
-    // With the disk tier the optimizer state may all be on disk: the parameters stay.
-    const int64_t bytes_per_param =
-        o.disk.has_value() ? SizeOf(o.compute_dtype) : ModelDataBytesPerParam(o.compute_dtype);
+    // With the disk tier the optimizer state may all be on disk: the parameters stay. With LoRA
+    // the base is frozen (param payloads only; the adapters are not counted: a lower bound).
+    const int64_t bytes_per_param = o.disk.has_value() || o.model.lora.has_value()
+                                        ? SizeOf(o.compute_dtype)
+                                        : ModelDataBytesPerParam(o.compute_dtype);
     const double model_data =
         static_cast<double>(ModelParameterCount(mc)) * static_cast<double>(bytes_per_param);
     const double lower_bound =
@@ -185,7 +190,13 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
           HostMemoryAdvice(o)));
     }
   }
-  const int64_t min_elems = ModelMinChunkElems(mc, o.model.ce_vocab_tile);
+  int64_t min_elems = ModelMinChunkElems(mc, o.model.ce_vocab_tile);
+  if (o.model.lora.has_value()) {
+    // An adapter operator (up to three A/B pairs) may outgrow the base's largest with a large r.
+    for (const OperatorSpec& op : LoraModelOperators(mc, *o.model.lora)) {
+      if (absl::EndsWith(op.name, ".lora")) min_elems = std::max(min_elems, OperatorNumElems(op));
+    }
+  }
   if (o.chunk_elems > 0) {
     if (o.chunk_elems < min_elems) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -211,8 +222,9 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
     VocabLayoutOptions vocab{.vocab_block_rows =
                                  GptVocabBlockRowsForChunk(view, c, o.model.ce_vocab_tile)};
     ChunkLayoutOptions layout_options{.capacity_elems = c, .world_size = o.world_size};
-    ASSIGN_OR_RETURN(ChunkLayout layout,
-                     ChunkLayout::Build(layout_options, ModelOperators(mc, vocab)));
+    ASSIGN_OR_RETURN(
+        ChunkLayout layout,
+        ChunkLayout::Build(layout_options, ModelOperatorsFor(mc, o.model.lora, vocab)));
     candidates.push_back({c, layout.TotalModelDataBytes(o.compute_dtype)});
   }
   std::stable_sort(candidates.begin(), candidates.end(),
