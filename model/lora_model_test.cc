@@ -1,0 +1,702 @@
+// LoRA in the chunked model (issue #28): a frozen base in param-only chunks plus trainable adapter
+// operators (model/lora_config.h), run through the ChunkManager and HybridAdam as the trainer runs
+// them (trainer/train_step.h; the model package cannot depend on the trainer, so the step is
+// spelled out here), against
+//  - peft itself: model/testdata/lora_ref_{llama,qwen2,gpt2} (make_lora_testdata.py) — every
+//    step's loss within 1e-5 relative, the trained adapters within 1e-5 (|ours - peft's| <= 1e-5 *
+//    max(1, |peft's|): the values are O(0.1), so this is an absolute 1e-5 bound), the base
+//    bit-identical after training and no frozen chunk ever written back;
+//  - itself: activation checkpointing and dropout (bit-identical recompute), bf16, Qwen3's q/k
+//    norms under q/k adapters, the exports (PEFT adapter round trip, merged model), and the errors.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "base/status_macros.h"
+#include "base/testing/status_matchers.h"
+#include "base/units.h"
+#include "chunk/chunk_layout.h"
+#include "chunk/chunk_store.h"
+#include "chunk/chunk_type.h"
+#include "glog/logging.h"
+#include "gtest/gtest.h"
+#include "memory/cpu_backend.h"
+#include "memory/device_memory.h"
+#include "memory/dtype.h"
+#include "model/gpt_model.h"
+#include "model/hf_checkpoint.h"
+#include "model/lora_config.h"
+#include "model/model_config.h"
+#include "model/peft_adapter.h"
+#include "model/safetensors.h"
+#include "nlohmann/json.hpp"
+#include "optimizer/cpu_adam.h"
+#include "optimizer/hybrid_adam.h"
+#include "scheduler/chunk_counters.h"
+#include "scheduler/chunk_manager.h"
+
+namespace ps {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+std::string Runfile(const std::string& path) {
+  const char* dir = std::getenv("TEST_SRCDIR");
+  return absl::StrCat(dir != nullptr ? dir : ".", "/patrickstar_cc/model/testdata/", path);
+}
+
+[[maybe_unused]] std::string TempDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
+}
+
+// HybridAdam's view of the manager's ADAM placement (trainer/scheduled_chunk_access.h's rules:
+// the gradient pass reads the param chunk, the restore pass writes it from the master it reads,
+// the update pass writes all four).
+class ManagerAdamAccess final : public AdamChunkAccess {
+ public:
+  ManagerAdamAccess(ChunkManager& manager, AdamPlacement placement)
+      : manager_(manager), placement_(std::move(placement)) {}
+
+  absl::StatusOr<AdamChunkPayloads> Acquire(int64_t chunk_index, AdamChunkUse use) override {
+    const Device device =
+        placement_.OnAccelerator(chunk_index) ? manager_.accelerator_device() : Device::Host();
+    std::vector<ChunkType> types;
+    std::vector<AccessMode> modes;
+    switch (use) {
+      case AdamChunkUse::kGradients:
+        types = {ChunkType::kParam};
+        modes = {AccessMode::kRead};
+        break;
+      case AdamChunkUse::kRestore:
+        types = {ChunkType::kParam, ChunkType::kMaster};
+        modes = {AccessMode::kReadWrite, AccessMode::kRead};
+        break;
+      case AdamChunkUse::kUpdate:
+        types = {ChunkType::kParam, ChunkType::kMaster, ChunkType::kMomentum, ChunkType::kVariance};
+        modes = std::vector<AccessMode>(4, AccessMode::kReadWrite);
+        break;
+    }
+    RETURN_IF_ERROR(manager_.AccessChunks(chunk_index, types, device, modes));
+    const ChunkStore& store = manager_.store();
+    AdamChunkPayloads p;
+    p.device = device;
+    for (ChunkType type : types) {
+      void* data = store.chunk(type, chunk_index).payload();
+      if (type == ChunkType::kParam) p.param = data;
+      if (type == ChunkType::kMaster) p.master = static_cast<float*>(data);
+      if (type == ChunkType::kMomentum) p.exp_avg = static_cast<float*>(data);
+      if (type == ChunkType::kVariance) p.exp_avg_sq = static_cast<float*>(data);
+    }
+    types_[chunk_index] = std::move(types);
+    return p;
+  }
+
+  absl::Status Release(int64_t chunk_index, AdamChunkUse use) override {
+    const std::vector<ChunkType> types = std::move(types_[chunk_index]);
+    types_.erase(chunk_index);
+    return manager_.ReleaseChunks(chunk_index, types);
+  }
+
+ private:
+  ChunkManager& manager_;
+  const AdamPlacement placement_;
+  std::map<int64_t, std::vector<ChunkType>> types_;
+};
+
+struct RigOptions {
+  DType dtype = DType::kF32;
+  int64_t chunk_elems = 4096;
+  // The accelerator's chunk budget; small enough that chunks move during every iteration.
+  std::optional<int64_t> budget_bytes = 160 * kKiB;
+  std::optional<LoraConfig> lora = std::nullopt;
+  int64_t batch = 2;
+  int64_t seq_len = 16;
+  bool activation_checkpointing = false;
+  // AdamW as the reference's torch.optim.AdamW.
+  double lr = 1e-3;
+  double weight_decay = 0.01;
+  double max_grad_norm = 0;
+  int64_t accumulation = 1;
+};
+
+struct Rig {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<DeviceMemory> accelerator;
+  std::unique_ptr<DeviceMemory> host;
+  std::unique_ptr<ChunkStore> store;
+  std::unique_ptr<ChunkManager> manager;
+  std::unique_ptr<GptModel> model;
+  std::unique_ptr<CpuAdam> cpu_adam;
+  std::unique_ptr<HybridAdam> adam;
+};
+
+absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const ModelConfig& config, const RigOptions& o) {
+  auto rig = std::make_unique<Rig>();
+  ASSIGN_OR_RETURN(rig->backend, CreateCpuBackend({.capacity_bytes = 64 * kMiB}));
+  DeviceMemoryOptions memory_options;
+  memory_options.chunk_block_bytes = o.chunk_elems * 4;
+  ASSIGN_OR_RETURN(rig->accelerator, CreateAcceleratorMemory(rig->backend.get(), memory_options));
+  ASSIGN_OR_RETURN(rig->host, CreateHostMemory(rig->backend.get(), memory_options));
+  ASSIGN_OR_RETURN(ChunkLayout layout, ChunkLayout::Build({.capacity_elems = o.chunk_elems},
+                                                          ModelOperatorsFor(config, o.lora)));
+  ASSIGN_OR_RETURN(rig->store, ChunkStore::Create(std::move(layout), {.compute_dtype = o.dtype}));
+  ChunkManagerOptions manager_options;
+  manager_options.device_budget_bytes = o.budget_bytes;
+  ASSIGN_OR_RETURN(rig->manager,
+                   ChunkManager::Create(rig->store.get(), rig->backend.get(),
+                                        rig->accelerator.get(), rig->host.get(), manager_options));
+  GptModelOptions model_options{.batch = o.batch,
+                                .seq_len = o.seq_len,
+                                .activation_checkpointing = o.activation_checkpointing,
+                                .threads = 2,
+                                .attention_tile = 5,
+                                .ce_row_tile = 7,
+                                .ce_vocab_tile = 8,
+                                .lora = o.lora};
+  ASSIGN_OR_RETURN(rig->model, GptModel::Create(config, rig->store.get(), rig->manager.get(),
+                                                rig->accelerator.get(), model_options));
+  ASSIGN_OR_RETURN(rig->cpu_adam, CpuAdam::Create({.num_threads = 2}));
+  HybridAdamOptions adam_options;
+  adam_options.mode = AdamMode::kAdamW;
+  adam_options.max_grad_norm = o.max_grad_norm;
+  adam_options.gradient_accumulation_steps = o.accumulation;
+  adam_options.groups = {
+      ParamGroupOptions{.name = "default", .lr = o.lr, .weight_decay = o.weight_decay}};
+  ASSIGN_OR_RETURN(rig->adam, HybridAdam::Create(rig->store->layout(), 0, o.dtype, adam_options,
+                                                 {.host = rig->cpu_adam.get(),
+                                                  .accelerator = rig->cpu_adam.get()}));
+  return rig;
+}
+
+// One micro-batch: the iteration, ForwardBackward, `after_backward` (the gradients are in the
+// param slots then), then Step (`step`) or Accumulate.
+absl::StatusOr<double> TrainMicroBatch(
+    Rig& rig, const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, bool step,
+    uint64_t dropout_seed = 0, AdamStepReport* report = nullptr,
+    const std::function<absl::Status()>& after_backward = nullptr) {
+  RETURN_IF_ERROR(rig.manager->BeginIteration());
+  absl::StatusOr<double> loss = [&]() -> absl::StatusOr<double> {
+    ASSIGN_OR_RETURN(const double l,
+                     rig.model->ForwardBackward(tokens, targets, 1.0, dropout_seed));
+    if (after_backward != nullptr) RETURN_IF_ERROR(after_backward());
+    ASSIGN_OR_RETURN(AdamPlacement placement, rig.manager->BeginAdam());
+    ManagerAdamAccess access(*rig.manager, std::move(placement));
+    AdamStepReport r;
+    if (step) {
+      ASSIGN_OR_RETURN(r, rig.adam->Step(access));
+    } else {
+      ASSIGN_OR_RETURN(r, rig.adam->Accumulate(access));
+    }
+    if (report != nullptr) *report = r;
+    return l;
+  }();
+  const absl::Status ended = rig.manager->EndIteration();
+  RETURN_IF_ERROR(loss.status());
+  RETURN_IF_ERROR(ended);
+  EXPECT_EQ(rig.accelerator->scratch()->stats().in_use_bytes, 0);
+  return loss;
+}
+
+std::vector<int32_t> Flatten(const nlohmann::json& rows) {
+  std::vector<int32_t> out;
+  for (const nlohmann::json& row : rows) {
+    for (const nlohmann::json& v : row) out.push_back(v.get<int32_t>());
+  }
+  return out;
+}
+
+nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  CHECK(in) << "cannot open " << path;
+  return nlohmann::json::parse(in);
+}
+
+LoraConfig LoraOf(const nlohmann::json& reference) {
+  const nlohmann::json& l = reference["lora"];
+  LoraConfig lora;
+  lora.r = l["r"].get<int64_t>();
+  lora.lora_alpha = l["lora_alpha"].get<double>();
+  lora.lora_dropout = l["lora_dropout"].get<double>();
+  lora.target_modules = l["target_modules"].get<std::vector<std::string>>();
+  return lora;
+}
+
+// Every frozen tensor's param values (Hugging Face names, whole).
+absl::StatusOr<std::map<std::string, std::vector<float>>> FrozenValues(const GptModel& model) {
+  std::map<std::string, std::vector<float>> values;
+  for (const OperatorSpec& op : ModelOperatorsFor(model.model_config(), model.lora())) {
+    if (op.trainable) continue;
+    for (const TensorSpec& t : op.tensors) {
+      ASSIGN_OR_RETURN(values[t.name], model.ReadTensor(ChunkType::kParam, t.name));
+    }
+  }
+  return values;
+}
+
+bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+double RelDiff(double ours, double theirs) {
+  return std::abs(ours - theirs) / std::max(std::abs(theirs), 1e-30);
+}
+
+class LoraModelTest : public ::testing::TestWithParam<const char*> {};
+
+// The recorded peft run, reproduced: same base, same initial adapters, same batches, AdamW,
+// clipping (gpt2), accumulation (qwen2), through the ChunkManager with a budget of a few chunks.
+TEST_P(LoraModelTest, MatchesPeft) {
+  const std::string arch = GetParam();
+  const std::string ref_dir = Runfile(absl::StrCat("lora_ref_", arch));
+  const nlohmann::json reference = ReadJson(ref_dir + "/reference.json");
+  ASSERT_OK_AND_ASSIGN(const HfCheckpoint base,
+                       HfCheckpoint::Open(Runfile(absl::StrCat("hf_tiny_", arch))));
+  const nlohmann::json& opt = reference["optimizer"];
+  RigOptions o;
+  o.lora = LoraOf(reference);
+  o.batch = reference["micro_batch"].get<int64_t>();
+  o.seq_len = reference["seq_len"].get<int64_t>();
+  o.lr = opt["lr"].get<double>();
+  o.weight_decay = opt["weight_decay"].get<double>();
+  o.max_grad_norm =
+      reference["clip_grad_norm"].is_null() ? 0.0 : reference["clip_grad_norm"].get<double>();
+  o.accumulation = reference["gradient_accumulation_steps"].get<int64_t>();
+  ASSERT_OK_AND_ASSIGN(auto rig, MakeRig(base.config(), o));
+  ASSERT_OK(rig->model->LoadHfCheckpoint(base));
+  ASSERT_OK(rig->model->LoadPeftAdapter(ref_dir + "/adapter_init"));
+  ASSERT_OK_AND_ASSIGN(const auto base_before, FrozenValues(*rig->model));
+
+  // The adapters' elements whose step gradient (summed over the step's micro-batches) cancelled
+  // to roundoff at some step (see the tolerance below).
+  std::vector<TensorSpec> adapters;
+  for (const TensorSpec& t : PeftAdapterTensors(base.config(), *o.lora)) adapters.push_back(t);
+  std::map<std::string, std::vector<float>> step_grads;
+  std::map<std::string, std::vector<bool>> cancelled;
+  auto add_grads = [&]() -> absl::Status {
+    for (const TensorSpec& t : adapters) {
+      ASSIGN_OR_RETURN(const std::vector<float> g,
+                       rig->model->ReadTensor(ChunkType::kParam, t.name));
+      std::vector<float>& sum = step_grads[t.name];
+      sum.resize(g.size(), 0.0f);
+      for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
+    }
+    return absl::OkStatus();
+  };
+  auto end_step = [&]() {
+    for (auto& [name, sum] : step_grads) {
+      float scale = 0;
+      for (float g : sum) scale = std::max(scale, std::abs(g));
+      std::vector<bool>& c = cancelled[name];
+      c.resize(sum.size(), false);
+      for (size_t i = 0; i < sum.size(); ++i) {
+        if (std::abs(sum[i]) <= 1e-5f * scale) c[i] = true;
+      }
+      std::fill(sum.begin(), sum.end(), 0.0f);
+    }
+  };
+
+  double max_loss_rel = 0;
+  for (const nlohmann::json& step : reference["history"]) {
+    const nlohmann::json& micro = step["micro_batches"];
+    double loss_sum = 0;
+    AdamStepReport report;
+    for (size_t m = 0; m < micro.size(); ++m) {
+      ASSERT_OK_AND_ASSIGN(
+          const double loss,
+          TrainMicroBatch(*rig, Flatten(micro[m]["tokens"]), Flatten(micro[m]["targets"]),
+                          /*step=*/m + 1 == micro.size(), /*dropout_seed=*/0, &report, add_grads));
+      const double want = step["micro_batch_losses"][m].get<double>();
+      EXPECT_LE(RelDiff(loss, want), 1e-5) << arch << " step " << step["step"] << " micro " << m
+                                           << ": " << loss << " vs peft " << want;
+      max_loss_rel = std::max(max_loss_rel, RelDiff(loss, want));
+      loss_sum += loss;
+    }
+    end_step();
+    const double want = step["loss"].get<double>();
+    EXPECT_LE(RelDiff(loss_sum / micro.size(), want), 1e-5) << arch << " step " << step["step"];
+    EXPECT_LE(RelDiff(report.grad_norm, step["grad_norm"].get<double>()), 1e-4)
+        << arch << " step " << step["step"] << " grad norm";
+  }
+  LOG(INFO) << arch << ": max relative loss difference vs peft " << max_loss_rel;
+
+  // The trained adapters: every element within 1e-5 (abs, or relative above 1), except an element
+  // whose step gradient cancelled to within 1e-5 of its tensor's largest at some step. There f32
+  // roundoff (~1e-6 of the terms summed, ours and torch's in different orders) is a sizeable
+  // part of g, and AdamW moves the element by lr * m / (sqrt(v) + eps), which for such a g is
+  // O(lr) whatever its exact value: the two runs legitimately differ by a fraction of lr there
+  // (the recorded runs have one such element each in qwen2 and gpt2, off by 1.3e-5 and 3.5e-5).
+  // Those are held to 10 lr / 100 = 1e-4 (a 1% disagreement on each of the 10 steps), and there
+  // may be at most 2 of them per model.
+  ASSERT_OK_AND_ASSIGN(const PeftAdapter trained,
+                       ReadPeftAdapter(ref_dir + "/adapter_trained", rig->model->model_config()));
+  double max_adapter_diff = 0, max_regular_diff = 0;
+  int ill_conditioned = 0;
+  for (const auto& [name, want] : trained.tensors) {
+    ASSERT_OK_AND_ASSIGN(const std::vector<float> got,
+                         rig->model->ReadTensor(ChunkType::kMaster, name));
+    ASSERT_EQ(got.size(), want.size()) << name;
+    const std::vector<bool>& c = cancelled.at(name);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double diff = std::abs(static_cast<double>(got[i]) - want[i]);
+      const double bound = 1e-5 * std::max(1.0, std::abs(static_cast<double>(want[i])));
+      max_adapter_diff = std::max(max_adapter_diff, diff);
+      if (c[i] && diff > bound) {
+        ++ill_conditioned;
+        EXPECT_LE(diff, 10 * o.lr / 100) << name << "[" << i << "]: " << got[i] << " vs peft "
+                                         << want[i] << " (a cancelled gradient)";
+        continue;
+      }
+      max_regular_diff = std::max(max_regular_diff, diff);
+      EXPECT_LE(diff, bound) << name << "[" << i << "]: " << got[i] << " vs peft " << want[i];
+    }
+  }
+  EXPECT_LE(ill_conditioned, 2);
+  LOG(INFO) << arch << ": max adapter difference vs peft " << max_adapter_diff << " ("
+            << max_regular_diff << " outside " << ill_conditioned
+            << " elements with cancelled gradients)";
+
+  // Frozen means frozen.
+  ASSERT_OK_AND_ASSIGN(const auto base_after, FrozenValues(*rig->model));
+  ASSERT_EQ(base_before.size(), base_after.size());
+  for (const auto& [name, values] : base_before) {
+    EXPECT_TRUE(BitEqual(values, base_after.at(name))) << name << " changed";
+  }
+  EXPECT_EQ(rig->manager->counters().frozen_writeback_bytes, 0);
+  int64_t loads = 0;
+  for (const TransferCounters& c : rig->manager->counters().by_stage) loads += c.loads;
+  EXPECT_GT(loads, 2 * rig->store->layout().num_chunks()) << "the budget should make chunks move";
+}
+
+// Random tokens and next-token targets for a [batch, seq_len] batch, a few targets ignored.
+void RandomBatch(int64_t vocab, int64_t n, uint32_t seed, std::vector<int32_t>* tokens,
+                 std::vector<int32_t>* targets) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab) - 1);
+  tokens->resize(n);
+  targets->resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    (*tokens)[i] = token(gen);
+    (*targets)[i] = i % 7 == 3 ? GptModel::kIgnoreIndex : token(gen);
+  }
+}
+
+LoraConfig AllProjections(double dropout = 0) {
+  LoraConfig lora;
+  lora.r = 4;
+  lora.lora_alpha = 8;
+  lora.lora_dropout = dropout;
+  lora.target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                         "gate_proj", "up_proj", "down_proj"};
+  return lora;
+}
+
+// A LoRA rig over hf_tiny_<arch> with its base loaded and the adapters seeded (B non-zero: the
+// LoRA path then changes the loss from the first step).
+absl::StatusOr<std::unique_ptr<Rig>> TinyLoraRig(const std::string& arch, RigOptions o) {
+  ASSIGN_OR_RETURN(const HfCheckpoint base,
+                   HfCheckpoint::Open(Runfile(absl::StrCat("hf_tiny_", arch))));
+  ASSIGN_OR_RETURN(auto rig, MakeRig(base.config(), o));
+  RETURN_IF_ERROR(rig->model->InitializeParameters(7));
+  RETURN_IF_ERROR(rig->model->LoadHfCheckpoint(base));
+  if (arch == "llama" || arch == "qwen2") {
+    RETURN_IF_ERROR(
+        rig->model->LoadPeftAdapter(Runfile(absl::StrCat("lora_ref_", arch, "/adapter_init"))));
+  }
+  return rig;
+}
+
+struct RunResult {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> adapters;  // master values after the run
+};
+
+// `steps` optimizer steps on seeded batches; dropout seed = step index + `seed_offset`.
+absl::StatusOr<RunResult> Train(Rig& rig, int steps, uint64_t seed_offset = 0) {
+  RunResult r;
+  const GptModel& model = *rig.model;
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int32_t> tokens, targets;
+    RandomBatch(model.config().vocab_size, model.batch() * model.seq_len(), 100 + s, &tokens,
+                &targets);
+    ASSIGN_OR_RETURN(const double loss,
+                     TrainMicroBatch(rig, tokens, targets, true, s + seed_offset));
+    r.losses.push_back(loss);
+  }
+  for (const TensorSpec& t : PeftAdapterTensors(model.model_config(), *model.lora())) {
+    ASSIGN_OR_RETURN(r.adapters[t.name], model.ReadTensor(ChunkType::kMaster, t.name));
+  }
+  return r;
+}
+
+bool SameRun(const RunResult& a, const RunResult& b) {
+  if (a.losses != b.losses) return false;
+  for (const auto& [name, values] : a.adapters) {
+    if (!BitEqual(values, b.adapters.at(name))) return false;
+  }
+  return true;
+}
+
+TEST(LoraModel, CheckpointingAndDropoutAreBitReproducible) {
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const double dropout : {0.0, 0.25}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " dropout ", dropout));
+      RigOptions o{.dtype = dtype, .lora = AllProjections(dropout)};
+      ASSERT_OK_AND_ASSIGN(auto plain, TinyLoraRig("llama", o));
+      ASSERT_OK_AND_ASSIGN(const RunResult base_run, Train(*plain, 3));
+      o.activation_checkpointing = true;
+      ASSERT_OK_AND_ASSIGN(auto ckpt, TinyLoraRig("llama", o));
+      ASSERT_OK_AND_ASSIGN(const RunResult ckpt_run, Train(*ckpt, 3));
+      EXPECT_TRUE(SameRun(base_run, ckpt_run)) << "checkpointing changed the run";
+      o.activation_checkpointing = false;
+      ASSERT_OK_AND_ASSIGN(auto again, TinyLoraRig("llama", o));
+      ASSERT_OK_AND_ASSIGN(const RunResult again_run, Train(*again, 3));
+      EXPECT_TRUE(SameRun(base_run, again_run)) << "the same seeds gave another run";
+      ASSERT_OK_AND_ASSIGN(auto other, TinyLoraRig("llama", o));
+      ASSERT_OK_AND_ASSIGN(const RunResult other_run, Train(*other, 3, /*seed_offset=*/1000));
+      if (dropout > 0) {
+        EXPECT_NE(base_run.losses[0], other_run.losses[0]) << "the dropout seed is ignored";
+      } else {
+        EXPECT_TRUE(SameRun(base_run, other_run)) << "without dropout the seed must not matter";
+      }
+      EXPECT_EQ(plain->manager->counters().frozen_writeback_bytes, 0);
+      EXPECT_EQ(ckpt->manager->counters().frozen_writeback_bytes, 0);
+    }
+  }
+}
+
+TEST(LoraModel, DropoutChangesTheLossOnlyInTraining) {
+  RigOptions o{.lora = AllProjections(0.5)};
+  ASSERT_OK_AND_ASSIGN(auto rig, TinyLoraRig("llama", o));
+  o.lora = AllProjections(0.0);
+  ASSERT_OK_AND_ASSIGN(auto no_dropout, TinyLoraRig("llama", o));
+  std::vector<int32_t> tokens, targets;
+  RandomBatch(64, 32, 5, &tokens, &targets);
+  // Evaluation applies no dropout (PEFT in eval mode).
+  ASSERT_OK_AND_ASSIGN(const double eval, rig->model->Evaluate(tokens, targets));
+  ASSERT_OK_AND_ASSIGN(const double eval_plain, no_dropout->model->Evaluate(tokens, targets));
+  EXPECT_EQ(eval, eval_plain);
+  ASSERT_OK_AND_ASSIGN(const double train, TrainMicroBatch(*rig, tokens, targets, true, 1));
+  EXPECT_NE(train, eval);
+}
+
+// Qwen3's q/k norms sit inside the q/k/v access: with q/k adapters the forward re-accesses the
+// operator for the norms after the adapter. Checkpointing must reproduce it, and the merged
+// export must give the LoRA model's loss.
+TEST(LoraModel, Qwen3QkNormsWithAdaptersAndMergedExport) {
+  for (const std::string arch : {"qwen3", "gpt2"}) {
+    SCOPED_TRACE(arch);
+    RigOptions o;
+    LoraConfig lora;
+    lora.r = 2;
+    lora.lora_alpha = 6;
+    lora.target_modules = arch == "gpt2" ? std::vector<std::string>{"c_attn", "c_proj", "c_fc"}
+                                         : std::vector<std::string>{"q_proj", "k_proj"};
+    o.lora = lora;
+    o.chunk_elems = 8192;  // Qwen3's embedding
+    o.budget_bytes = 320 * kKiB;
+    ASSERT_OK_AND_ASSIGN(auto rig, TinyLoraRig(arch, o));
+    ASSERT_OK_AND_ASSIGN(const RunResult run, Train(*rig, 3));
+    o.activation_checkpointing = true;
+    ASSERT_OK_AND_ASSIGN(auto ckpt, TinyLoraRig(arch, o));
+    ASSERT_OK_AND_ASSIGN(const RunResult ckpt_run, Train(*ckpt, 3));
+    EXPECT_TRUE(SameRun(run, ckpt_run));
+    // B moved away from zero: the merge is not the base.
+    double b_norm = 0;
+    for (const auto& [name, v] : run.adapters) {
+      if (absl::EndsWith(name, "lora_B.weight")) {
+        for (float x : v) b_norm += std::abs(x);
+      }
+    }
+    EXPECT_GT(b_norm, 0);
+
+    const std::string merged = TempDir(absl::StrCat("merged_", arch));
+    ASSERT_OK(rig->model->SaveMergedHfCheckpoint(merged, DType::kF32));
+    ASSERT_OK_AND_ASSIGN(const HfCheckpoint merged_ckpt, HfCheckpoint::Open(merged));
+    RigOptions full{.chunk_elems = 8192, .budget_bytes = std::nullopt};
+    ASSERT_OK_AND_ASSIGN(auto full_rig, MakeRig(merged_ckpt.config(), full));
+    ASSERT_OK(full_rig->model->LoadHfCheckpoint(merged_ckpt));
+    std::vector<int32_t> tokens, targets;
+    RandomBatch(rig->model->config().vocab_size, 32, 77, &tokens, &targets);
+    ASSERT_OK_AND_ASSIGN(const double lora_loss, rig->model->Evaluate(tokens, targets));
+    ASSERT_OK_AND_ASSIGN(const double merged_loss, full_rig->model->Evaluate(tokens, targets));
+    EXPECT_LE(RelDiff(merged_loss, lora_loss), 1e-5) << lora_loss << " vs merged " << merged_loss;
+    // The unmerged export is the base.
+    const std::string unmerged = TempDir(absl::StrCat("unmerged_", arch));
+    ASSERT_OK(rig->model->SaveHfCheckpoint(unmerged, DType::kF32));
+    ASSERT_OK_AND_ASSIGN(const HfCheckpoint unmerged_ckpt, HfCheckpoint::Open(unmerged));
+    ASSERT_OK(full_rig->model->LoadHfCheckpoint(unmerged_ckpt));
+    ASSERT_OK_AND_ASSIGN(const double base_loss, full_rig->model->Evaluate(tokens, targets));
+    EXPECT_NE(base_loss, lora_loss);
+  }
+}
+
+TEST(LoraModel, PeftAdapterExportRoundTripsWithPeftsNames) {
+  for (const std::string arch : {"llama", "gpt2"}) {
+    SCOPED_TRACE(arch);
+    const std::string ref_dir = Runfile(absl::StrCat("lora_ref_", arch));
+    const nlohmann::json reference = ReadJson(ref_dir + "/reference.json");
+    ASSERT_OK_AND_ASSIGN(const HfCheckpoint base,
+                         HfCheckpoint::Open(Runfile(absl::StrCat("hf_tiny_", arch))));
+    RigOptions o{.lora = LoraOf(reference)};
+    ASSERT_OK_AND_ASSIGN(auto rig, MakeRig(base.config(), o));
+    ASSERT_OK(rig->model->LoadHfCheckpoint(base));
+    ASSERT_OK(rig->model->LoadPeftAdapter(ref_dir + "/adapter_trained"));
+    const std::string out = TempDir(absl::StrCat("adapter_", arch));
+    ASSERT_OK(rig->model->SavePeftAdapter(out, DType::kF32, "model/testdata/hf_tiny"));
+    // peft's file and ours: the same names, shapes and (f32, exact) values.
+    ASSERT_OK_AND_ASSIGN(
+        const SafetensorsFile theirs,
+        SafetensorsFile::Open(ref_dir + "/adapter_trained/adapter_model.safetensors"));
+    ASSERT_OK_AND_ASSIGN(const SafetensorsFile ours,
+                         SafetensorsFile::Open(out + "/adapter_model.safetensors"));
+    ASSERT_EQ(theirs.tensors().size(), ours.tensors().size());
+    for (const SafetensorsTensorInfo& t : theirs.tensors()) {
+      const SafetensorsTensorInfo* mine = ours.Find(t.name);
+      ASSERT_NE(mine, nullptr) << t.name;
+      EXPECT_EQ(mine->shape, t.shape) << t.name;
+      ASSERT_OK_AND_ASSIGN(const std::vector<float> a, theirs.ReadAsF32(t.name));
+      ASSERT_OK_AND_ASSIGN(const std::vector<float> b, ours.ReadAsF32(t.name));
+      EXPECT_TRUE(BitEqual(a, b)) << t.name;
+    }
+    ASSERT_OK_AND_ASSIGN(const PeftAdapter back, ReadPeftAdapter(out, base.config()));
+    EXPECT_EQ(back.lora, *o.lora);
+    EXPECT_EQ(back.base_model_name_or_path, "model/testdata/hf_tiny");
+  }
+}
+
+TEST(LoraModel, FrozenStateInitializationAndFingerprint) {
+  ASSERT_OK_AND_ASSIGN(const HfCheckpoint base, HfCheckpoint::Open(Runfile("hf_tiny_llama")));
+  RigOptions o{.lora = AllProjections()};
+  ASSERT_OK_AND_ASSIGN(auto rig, MakeRig(base.config(), o));
+  ASSERT_OK_AND_ASSIGN(auto full, MakeRig(base.config(), RigOptions{}));
+  ASSERT_OK(rig->model->InitializeParameters(11));
+  ASSERT_OK(full->model->InitializeParameters(11));
+  // The base starts as the full model does; A as InitLoraA of its stream, B at zero.
+  const std::vector<OperatorSpec> ops = ModelOperatorsFor(base.config(), o.lora);
+  uint64_t stream = 0;
+  for (const OperatorSpec& op : ops) {
+    for (const TensorSpec& t : op.tensors) {
+      ASSERT_OK_AND_ASSIGN(const std::vector<float> got,
+                           rig->model->ReadTensor(ChunkType::kMaster, t.name));
+      if (absl::EndsWith(t.name, "lora_A.weight")) {
+        std::vector<float> want(got.size());
+        InitLoraA(11, stream, absl::MakeSpan(want), t.shape[1]);
+        EXPECT_TRUE(BitEqual(got, want)) << t.name;
+      } else if (absl::EndsWith(t.name, "lora_B.weight")) {
+        EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float x) { return x == 0; }));
+      } else {
+        ASSERT_OK_AND_ASSIGN(const std::vector<float> want,
+                             full->model->ReadTensor(ChunkType::kMaster, t.name));
+        EXPECT_TRUE(BitEqual(got, want)) << t.name;
+        EXPECT_THAT(rig->model->ReadTensor(ChunkType::kMomentum, t.name).status(),
+                    StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("frozen")));
+      }
+      ++stream;
+    }
+  }
+  // The training state is the adapters'.
+  const std::vector<TrainingStateTensor> state = rig->model->TrainingStateTensors();
+  EXPECT_EQ(state.size(), 3 * PeftAdapterTensors(base.config(), *o.lora).size());
+  for (const TrainingStateTensor& t : state) {
+    EXPECT_TRUE(absl::StrContains(t.name, ".lora_")) << t.name;
+  }
+  // The fingerprint: stable, and another base gives another one.
+  ASSERT_OK_AND_ASSIGN(const std::string fp, rig->model->BaseFingerprint());
+  EXPECT_EQ(fp.size(), 16u);
+  ASSERT_OK_AND_ASSIGN(const std::string fp_again, rig->model->BaseFingerprint());
+  EXPECT_EQ(fp, fp_again);
+  ASSERT_OK(rig->model->LoadHfCheckpoint(base));
+  ASSERT_OK_AND_ASSIGN(const std::string fp_loaded, rig->model->BaseFingerprint());
+  EXPECT_NE(fp, fp_loaded);
+  // Adapters alone do not change it.
+  ASSERT_OK(rig->model->LoadPeftAdapter(Runfile("lora_ref_llama/adapter_init")));
+  ASSERT_OK_AND_ASSIGN(const std::string fp_adapted, rig->model->BaseFingerprint());
+  EXPECT_EQ(fp_loaded, fp_adapted);
+  EXPECT_THAT(full->model->BaseFingerprint().status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("LoRA")));
+}
+
+TEST(LoraModel, Errors) {
+  ASSERT_OK_AND_ASSIGN(const HfCheckpoint base, HfCheckpoint::Open(Runfile("hf_tiny_llama")));
+  // A layout without the adapters.
+  {
+    RigOptions o{.lora = AllProjections()};
+    auto rig = std::make_unique<Rig>();
+    ASSERT_OK_AND_ASSIGN(rig->backend, CreateCpuBackend({.capacity_bytes = 64 * kMiB}));
+    DeviceMemoryOptions memory_options;
+    memory_options.chunk_block_bytes = 4096 * 4;
+    ASSERT_OK_AND_ASSIGN(rig->accelerator,
+                         CreateAcceleratorMemory(rig->backend.get(), memory_options));
+    ASSERT_OK_AND_ASSIGN(rig->host, CreateHostMemory(rig->backend.get(), memory_options));
+    ASSERT_OK_AND_ASSIGN(ChunkLayout layout, ChunkLayout::Build({.capacity_elems = 4096},
+                                                                ModelOperators(base.config())));
+    ASSERT_OK_AND_ASSIGN(rig->store, ChunkStore::Create(std::move(layout), {}));
+    ASSERT_OK_AND_ASSIGN(rig->manager,
+                         ChunkManager::Create(rig->store.get(), rig->backend.get(),
+                                              rig->accelerator.get(), rig->host.get(), {}));
+    EXPECT_THAT(GptModel::Create(base.config(), rig->store.get(), rig->manager.get(),
+                                 rig->accelerator.get(), {.batch = 1, .seq_len = 8, .lora = o.lora})
+                    .status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("model.layers.0.self_attn.qkv_proj.lora")));
+    LoraConfig bad = AllProjections();
+    bad.target_modules = {"q_projection"};
+    EXPECT_THAT(GptModel::Create(base.config(), rig->store.get(), rig->manager.get(),
+                                 rig->accelerator.get(), {.batch = 1, .seq_len = 8, .lora = bad})
+                    .status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("q_projection")));
+  }
+  const std::string adapter = Runfile("lora_ref_llama/adapter_init");
+  {
+    LoraConfig r8 = AllProjections();
+    r8.r = 8;
+    ASSERT_OK_AND_ASSIGN(auto rig, MakeRig(base.config(), {.lora = r8}));
+    EXPECT_THAT(rig->model->LoadPeftAdapter(adapter),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("r = 4"), HasSubstr("r = 8"), HasSubstr(adapter))));
+  }
+  {
+    LoraConfig q_only = AllProjections();
+    q_only.target_modules = {"q_proj"};
+    ASSERT_OK_AND_ASSIGN(auto rig, MakeRig(base.config(), {.lora = q_only}));
+    EXPECT_THAT(rig->model->LoadPeftAdapter(adapter),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("target_modules"), HasSubstr("[q_proj]"))));
+  }
+  {
+    // An adapter of another model's shapes (gpt2's for llama).
+    ASSERT_OK_AND_ASSIGN(auto rig, MakeRig(base.config(), {.lora = AllProjections()}));
+    EXPECT_FALSE(rig->model->LoadPeftAdapter(Runfile("lora_ref_gpt2/adapter_init")).ok());
+  }
+  {
+    // No LoRA: the LoRA methods refuse.
+    ASSERT_OK_AND_ASSIGN(auto rig, MakeRig(base.config(), {}));
+    EXPECT_THAT(rig->model->LoadPeftAdapter(adapter),
+                StatusIs(absl::StatusCode::kFailedPrecondition));
+    EXPECT_THAT(rig->model->SavePeftAdapter(TempDir("none"), DType::kF32, ""),
+                StatusIs(absl::StatusCode::kFailedPrecondition));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Peft, LoraModelTest, ::testing::Values("llama", "qwen2", "gpt2"));
+
+}  // namespace
+}  // namespace ps
