@@ -54,7 +54,7 @@ void PrintHeader(const TrainRun& run) {
     *run.out() << absl::StrFormat(
         "LoRA: r %d, lora_alpha %g (scale %g), dropout %g, targets %s%s: %d trainable "
         "parameters (%.4f%% of %d), %d frozen base parameters in %d param-only chunks (%s "
-        "each); %s of model data in all (plan: host %s, accelerator %s)\n",
+        "each); %s of model data in all (planned on the host: %s of chunk blocks)\n",
         run.lora->r, run.lora->lora_alpha, run.lora->scale(), run.lora->lora_dropout,
         absl::StrJoin(run.lora->target_modules, ","),
         run.lora->modules_to_save.empty()
@@ -63,7 +63,7 @@ void PrintHeader(const TrainRun& run) {
         trainable, total > 0 ? 100.0 * static_cast<double>(trainable) / total : 0.0, total, frozen,
         frozen_chunks, FormatBytes(run.chunk_elems * SizeOf(run.dtype)),
         FormatBytes(layout.TotalModelDataBytes(run.dtype)),
-        FormatBytes(run.plan.plan.host_peak_bytes), FormatBytes(run.plan.accelerator_bytes));
+        FormatBytes(run.plan.plan.host_model_data_bytes));
   }
   *run.out() << absl::StrFormat(
       "accelerator: %s, cap %s%s; host memory %s\n", run.backend->name(),

@@ -99,16 +99,21 @@ absl::Status ResolveLora(TrainRun& run) {
     return absl::Status(s.code(), absl::StrCat("lora: ", s.message()));
   }
   if (run.world > 1) {
+    // The merged export needs the whole base in one process; the PEFT export gathers whole
+    // adapter tensors, not the row blocks a saved vocabulary matrix may be split in.
     const CheckpointConfig& c = run.config.checkpoint;
-    const char* key = !c.export_path.empty()     ? "checkpoint.export"
-                      : !c.export_merged.empty() ? "checkpoint.export_merged"
-                                                 : nullptr;
-    if (key != nullptr) {
+    if (!c.export_merged.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          key, " with a lora section under ZeRO (", run.world,
-          " ranks) is not supported: the LoRA exports are written by one process that holds the "
-          "whole model, which no rank does under ZeRO. Drop ",
-          key, ", or train on one process"));
+          "checkpoint.export_merged (--export_merged) under ZeRO (", run.world,
+          " ranks) is not supported: merging needs the whole base in one process, which no rank "
+          "holds. Export the adapter (checkpoint.export) and merge it elsewhere (peft's "
+          "merge_and_unload), or drop checkpoint.export_merged"));
+    }
+    if (!c.export_path.empty() && !lora.modules_to_save.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint.export with lora.modules_to_save under ZeRO (", run.world,
+          " ranks) is not supported: the export gathers whole adapter tensors only. Drop "
+          "lora.modules_to_save or checkpoint.export, or train on one process"));
     }
   }
   run.lora = std::move(lora);

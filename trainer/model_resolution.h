@@ -25,9 +25,10 @@ LoraConfig ToLoraConfig(const LoraSettings& settings);
 // (ValidateLoraConfig): unknown target modules (listing the model's linear layers), r larger than
 // a targeted layer, modules_to_save that the model lacks, ... as InvalidArgument whose message
 // starts with the key the config names ("lora.target_modules entry 'x' matches no module; ...").
-// With a lora section, also InvalidArgument for ZeRO (world > 1) with checkpoint.export or
-// checkpoint.export_merged: the LoRA exports are not gathered across ranks (refused before
-// anything runs). REQUIRES: ResolveModel(run) succeeded.
+// With a lora section under ZeRO (world > 1), also InvalidArgument for checkpoint.export_merged
+// (merging needs the whole base in one process) and for checkpoint.export with
+// lora.modules_to_save (the export gathers whole adapter tensors only): refused before anything
+// runs. REQUIRES: ResolveModel(run) succeeded.
 [[nodiscard]] absl::Status ResolveLora(TrainRun& run);
 
 // Whether checkpoint.export writes a Hugging Face directory (a Llama-family model, or a model from
