@@ -24,6 +24,7 @@
 #include "model/gpt2_checkpoint.h"
 #include "model/gpt_config.h"
 #include "model/hf_checkpoint.h"
+#include "model/peft_adapter.h"
 #include "trainer/model_resolution.h"
 
 namespace ps {
@@ -72,7 +73,57 @@ absl::Status BroadcastFromOwner(TrainRun& run, std::vector<float>& values, int o
 
 }  // namespace
 
+absl::Status ExportPeftAdapter(TrainRun& run, const std::string& path) {
+  // What peft's from_pretrained would load the base from: the init_from directory, else the
+  // preset's name (a seeded base: the name documents the architecture, not the weights).
+  const std::string base = run.config.checkpoint.init_from.empty()
+                               ? run.config.model.preset
+                               : run.config.checkpoint.init_from;
+  if (run.collectives == nullptr) return run.model->SavePeftAdapter(path, DType::kF32, base);
+  // ZeRO: each adapter tensor is broadcast from the rank that owns it (whole tensors: adapters
+  // are never split in row blocks; ResolveLora refuses modules_to_save here), and rank 0 writes
+  // the directory.
+  const ChunkLayout& layout = run.store->layout();
+  std::map<std::string, std::vector<float>> gathered;
+  for (const TensorSpec& spec : PeftAdapterTensors(run.model_config, *run.lora)) {
+    ASSIGN_OR_RETURN(TensorId t, layout.FindTensor(spec.name));
+    const int owner = layout.owner_of(layout.tensor(t).chunk_index);
+    std::vector<float> values(static_cast<size_t>(layout.tensor(t).numel), 0.0f);
+    if (owner == run.rank) {
+      ASSIGN_OR_RETURN(values, run.model->ReadTensor(ChunkType::kMaster, spec.name));
+    }
+    RETURN_IF_ERROR(BroadcastFromOwner(run, values, owner));
+    if (run.rank == 0) gathered.emplace(spec.name, std::move(values));
+  }
+  absl::Status written = absl::OkStatus();
+  if (run.rank == 0) {
+    written = WritePeftAdapter(
+        path, run.model_config, *run.lora, base,
+        [&](const TensorSpec& tensor, absl::Span<float> dst) -> absl::Status {
+          auto it = gathered.find(tensor.name);
+          if (it == gathered.end() || it->second.size() != dst.size()) {
+            return absl::InternalError(
+                absl::StrCat("export: adapter tensor '", tensor.name, "' not gathered"));
+          }
+          std::copy(it->second.begin(), it->second.end(), dst.begin());
+          return absl::OkStatus();
+        },
+        DType::kF32);
+  }
+  ASSIGN_OR_RETURN(const bool failed, run.AnyRank(!written.ok()));
+  RETURN_IF_ERROR(written);
+  if (failed) return absl::InternalError("export: rank 0 failed to write the adapter directory");
+  return absl::OkStatus();
+}
+
+absl::Status ExportMerged(TrainRun& run, const std::string& path) {
+  HfExportOptions hf_options;
+  if (run.hf.has_value()) hf_options.base_config_json = run.hf->config_json();
+  return run.model->SaveMergedHfCheckpoint(path, DType::kF32, hf_options);
+}
+
 absl::Status Export(TrainRun& run, const std::string& path) {
+  if (run.lora.has_value()) return ExportPeftAdapter(run, path);
   HfExportOptions hf_options;
   if (run.hf.has_value()) hf_options.base_config_json = run.hf->config_json();
   if (run.collectives == nullptr) {

@@ -10,11 +10,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "model/gpt_activation_profile.h"
 #include "model/gpt_config.h"
 #include "model/hf_checkpoint.h"
+#include "model/lora_config.h"
 #include "model/model_config.h"
 #include "trainer/config.h"
 #include "trainer/config_validate.h"
@@ -73,6 +75,48 @@ absl::Status ResolveModel(TrainRun& run) {
           "directory: remove the model section (or --model)"));
     }
   }
+  return absl::OkStatus();
+}
+
+LoraConfig ToLoraConfig(const LoraSettings& settings) {
+  LoraConfig lora;
+  lora.r = settings.r;
+  lora.lora_alpha = settings.lora_alpha;
+  lora.lora_dropout = settings.lora_dropout;
+  lora.target_modules = settings.target_modules;
+  lora.bias = settings.bias;
+  lora.modules_to_save = settings.modules_to_save;
+  return lora;
+}
+
+absl::Status ResolveLora(TrainRun& run) {
+  if (!run.config.lora.has_value()) return absl::OkStatus();
+  LoraConfig lora = ToLoraConfig(*run.config.lora);
+  if (absl::Status s = ValidateLoraConfig(run.model_config, lora); !s.ok()) {
+    // ValidateLoraConfig names the key ("lora.r ...", "lora.target_modules entry ..."); a
+    // message that does not gets the section's name.
+    if (absl::StartsWith(s.message(), "lora.")) return s;
+    return absl::Status(s.code(), absl::StrCat("lora: ", s.message()));
+  }
+  if (run.world > 1) {
+    // The merged export needs the whole base in one process; the PEFT export gathers whole
+    // adapter tensors, not the row blocks a saved vocabulary matrix may be split in.
+    const CheckpointConfig& c = run.config.checkpoint;
+    if (!c.export_merged.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint.export_merged (--export_merged) under ZeRO (", run.world,
+          " ranks) is not supported: merging needs the whole base in one process, which no rank "
+          "holds. Export the adapter (checkpoint.export) and merge it elsewhere (peft's "
+          "merge_and_unload), or drop checkpoint.export_merged"));
+    }
+    if (!c.export_path.empty() && !lora.modules_to_save.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint.export with lora.modules_to_save under ZeRO (", run.world,
+          " ranks) is not supported: the export gathers whole adapter tensors only. Drop "
+          "lora.modules_to_save or checkpoint.export, or train on one process"));
+    }
+  }
+  run.lora = std::move(lora);
   return absl::OkStatus();
 }
 

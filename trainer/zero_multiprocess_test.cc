@@ -13,6 +13,8 @@
 //  - Killing one rank (SIGKILL) makes the job exit non-zero, before the watchdog would end it.
 //  - A Hugging Face Llama directory (--init_from=DIR): 2 ranks train like 1 rank, and the export
 //    gathers every rank's tensors into the directory (bit-exact after a step at lr 0).
+//  - LoRA (--lora_r): 2 ranks train the adapters like 1 rank over a frozen base, and the PEFT
+//    export gathers the adapters into one directory equal to the single rank's.
 //
 // mpirun flags as comm/mpi_multiprocess_test.cc (offline, as root, 2 cores, TMPDIR=/tmp).
 #include <stdlib.h>
@@ -37,6 +39,7 @@
 #include "memory/dtype.h"
 #include "model/hf_checkpoint.h"
 #include "model/model_config.h"
+#include "model/peft_adapter.h"
 #include "nlohmann/json.hpp"
 #include "trainer/testing/test_files.h"
 #include "trainer/testing/train_process.h"
@@ -289,6 +292,58 @@ TEST(ZeroTraining, HuggingFaceLlamaDirectoryTrainsAndExportsUnderTwoRanks) {
               trainer_testing::ReadFile(dir + "/export_lr0/" + name))
         << name;
   }
+}
+
+TEST(ZeroTraining, LoraTwoRanksTrainLikeOneRankAndGatherTheAdapter) {
+  const std::string dir = TempDir() + "/lora";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto flags = [&](int64_t micro, const std::string& tag) {
+    const std::string config = absl::StrCat(dir, "/", tag, ".json");
+    nlohmann::json json;
+    json["checkpoint"]["export"] = absl::StrCat(dir, "/adapter_", tag);
+    json["optimizer"] = {{"type", "Adam"}, {"params", {{"lr", 1e-2}}}};
+    std::ofstream(config) << json.dump();
+    std::vector<std::string> f = Flags(micro, 3);
+    for (const std::string& x : {"--config=" + config, std::string("--lora_r=4"),
+                                 std::string("--lora_target_modules=c_attn,c_proj"),
+                                 absl::StrCat("--metrics_out=", dir, "/", tag, ".jsonl")}) {
+      f.push_back(x);
+    }
+    return f;
+  };
+  const SubprocessResult r1 = RunSingle(flags(4, "one"), absl::Seconds(300));
+  ASSERT_EQ(r1.exit_code, 0) << DescribeExit(r1) << "\n" << r1.output;
+  std::vector<std::string> two = {TrainBinary()};
+  for (const std::string& f : flags(2, "two")) two.push_back(f);
+  const SubprocessResult r2 = RunMpi(2, two, absl::Seconds(300));
+  ASSERT_EQ(r2.exit_code, 0) << DescribeExit(r2) << "\n" << r2.output;
+  const std::vector<nlohmann::json> a = ReadMetrics(dir + "/one.jsonl"),
+                                    b = ReadMetrics(dir + "/two.jsonl");
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double la = a[i]["loss"], lb = b[i]["loss"];
+    EXPECT_LE(std::abs(la - lb), 1e-5 * std::abs(la)) << "step " << i + 1;
+  }
+  absl::StatusOr<ModelConfig> model = ModelPreset("tiny");
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<PeftAdapter> one = ReadPeftAdapter(dir + "/adapter_one", *model);
+  absl::StatusOr<PeftAdapter> gathered = ReadPeftAdapter(dir + "/adapter_two", *model);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(gathered.ok()) << gathered.status();
+  EXPECT_EQ(gathered->lora, one->lora);
+  ASSERT_EQ(gathered->tensors.size(), one->tensors.size());
+  bool b_trained = false;
+  for (const auto& [name, want] : one->tensors) {
+    const std::vector<float>& got = gathered->tensors.at(name);
+    ASSERT_EQ(got.size(), want.size()) << name;
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 1e-5 + 1e-4 * std::abs(want[i])) << name << "[" << i << "]";
+      b_trained |= name.find("lora_B") != std::string::npos && want[i] != 0.0f;
+    }
+  }
+  EXPECT_TRUE(b_trained);
 }
 
 }  // namespace
