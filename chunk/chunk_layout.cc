@@ -84,6 +84,7 @@ absl::StatusOr<OperatorId> ChunkLayout::AddOperator(const OperatorSpec& spec) {
   OperatorInfo op;
   op.id = op_id;
   op.name = spec.name;
+  op.trainable = spec.trainable;
   for (size_t i = 0; i < spec.tensors.size(); ++i) {
     TensorInfo info;
     info.id = num_tensor_ids();
@@ -142,6 +143,7 @@ absl::StatusOr<bool> ChunkLayout::TryPlaceOperator(OperatorId op_id, int64_t chu
                      "; unplace it before placing it in chunk ", chunk_index));
   }
 
+  if (KindConflicts(chunk_index, op.trainable)) return false;
   const size_t old_num_data_chunks = chunks_.size();
   if (chunk_index >= num_data_chunks()) chunks_.resize(chunk_index + 1);
   ChunkSlots& chunk = chunks_[chunk_index];
@@ -173,6 +175,7 @@ absl::StatusOr<bool> ChunkLayout::TryPlaceOperator(OperatorId op_id, int64_t chu
   }
   chunk.used_elems += op.numel;
   placed_elems_ += op.numel;
+  if (!op.trainable) frozen_elems_ += op.numel;
   op.chunk_index = chunk_index;
   return true;
 }
@@ -207,11 +210,19 @@ absl::StatusOr<int64_t> ChunkLayout::PlaceOperator(OperatorId op_id, Placement p
     ASSIGN_OR_RETURN(bool placed, TryPlaceOperator(op_id, chunk_index));
     if (placed) return chunk_index;
   }
-  const int64_t chunk_index = AddChunk();
-  ASSIGN_OR_RETURN(bool placed, TryPlaceOperator(op_id, chunk_index));
-  CHECK(placed) << "operator '" << op.name << "' of footprint " << footprint_elems
-                << " did not fit an empty chunk of " << options_.capacity_elems;
-  return chunk_index;
+  // A new chunk; for world size > 1 a group holding the other kind is completed with empty
+  // chunks first, so at most world_size chunks are opened.
+  for (int opened = 0; opened < options_.world_size; ++opened) {
+    const int64_t chunk_index = AddChunk();
+    ASSIGN_OR_RETURN(bool placed, TryPlaceOperator(op_id, chunk_index));
+    if (placed) return chunk_index;
+    CHECK(KindConflicts(chunk_index, op.trainable))
+        << "operator '" << op.name << "' of footprint " << footprint_elems
+        << " did not fit an empty chunk of " << options_.capacity_elems;
+  }
+  return absl::InternalError(absl::StrCat("operator '", op.name,
+                                          "' found no chunk of its kind after opening ",
+                                          options_.world_size, " new chunks"));
 }
 
 absl::StatusOr<OperatorId> ChunkLayout::AppendOperator(const OperatorSpec& spec,
@@ -251,6 +262,7 @@ absl::Status ChunkLayout::UnplaceOperator(OperatorId op_id) {
   }
   chunk.used_elems -= op.numel;
   placed_elems_ -= op.numel;
+  if (!op.trainable) frozen_elems_ -= op.numel;
   op.chunk_index = kUnplaced;
   return absl::OkStatus();
 }
@@ -271,6 +283,7 @@ absl::Status ChunkLayout::RemoveTensor(TensorId id) {
     chunk.tensors_by_offset.erase(t.offset_elems);
     chunk.used_elems -= t.numel;
     placed_elems_ -= t.numel;
+    if (!op.trainable) frozen_elems_ -= t.numel;
   }
   op.tensors.erase(std::find(op.tensors.begin(), op.tensors.end(), id));
   op.numel -= t.numel;
@@ -310,7 +323,32 @@ std::vector<int64_t> ChunkLayout::ChunksInGroup(int64_t group) const {
 
 bool ChunkLayout::HoldsPayload(ChunkType type, int64_t chunk_index, int rank) const {
   if (owner_of(chunk_index) != rank) return false;
-  return type == ChunkType::kParam || !is_padding(chunk_index);
+  return type == ChunkType::kParam || (!is_padding(chunk_index) && chunk_trainable(chunk_index));
+}
+
+bool ChunkLayout::chunk_trainable(int64_t chunk_index) const {
+  CheckChunkIndex(chunk_index);
+  if (chunk_index >= num_data_chunks()) return true;
+  const ChunkSlots& chunk = chunks_[chunk_index];
+  if (chunk.tensors_by_offset.empty()) return true;
+  return ops_[tensors_[chunk.tensors_by_offset.begin()->second].op].trainable;
+}
+
+bool ChunkLayout::group_frozen(int64_t group) const {
+  for (int64_t c : ChunksInGroup(group)) {
+    if (!chunk_trainable(c)) return true;
+  }
+  return false;
+}
+
+bool ChunkLayout::KindConflicts(int64_t chunk_index, bool trainable) const {
+  const int64_t first = chunk_index / options_.world_size * options_.world_size;
+  for (int64_t c = first; c < first + options_.world_size && c < num_data_chunks(); ++c) {
+    for (const auto& [offset, id] : chunks_[c].tensors_by_offset) {
+      if (ops_[tensors_[id].op].trainable != trainable) return true;
+    }
+  }
+  return false;
 }
 
 std::vector<TensorId> ChunkLayout::TensorsInChunk(int64_t chunk_index) const {
@@ -390,9 +428,11 @@ int64_t ChunkLayout::ChunkBytes(ChunkType type, DType compute_dtype) const {
 
 int64_t ChunkLayout::TotalModelDataBytes(DType compute_dtype) const {
   int64_t bytes = 0;
-  for (ChunkType type : kAllChunkTypes) {
-    const int64_t chunks = type == ChunkType::kParam ? num_chunks() : num_data_chunks();
-    bytes += chunks * ChunkBytes(type, compute_dtype);
+  for (int64_t i = 0; i < num_chunks(); ++i) {
+    // Every chunk is held by exactly one rank, its owner.
+    for (ChunkType type : kAllChunkTypes) {
+      if (HoldsPayload(type, i, owner_of(i))) bytes += ChunkBytes(type, compute_dtype);
+    }
   }
   return bytes;
 }
@@ -413,9 +453,19 @@ absl::Status ChunkLayout::Validate() const {
     return fail("chunk count ", num_chunks(), " is not a multiple of world size ",
                 options_.world_size);
   }
-  int64_t total_placed = 0;
+  int64_t total_placed = 0, total_frozen = 0;
   for (int64_t c = 0; c < num_data_chunks(); ++c) {
     const ChunkSlots& chunk = chunks_[c];
+    if (!chunk.tensors_by_offset.empty()) {
+      const TensorInfo& first = tensors_[chunk.tensors_by_offset.begin()->second];
+      const bool trainable =
+          first.op >= 0 && first.op < num_operator_ids() ? ops_[first.op].trainable : true;
+      if (KindConflicts(c, trainable)) {
+        return fail("chunk ", c, options_.world_size > 1 ? " (or its ZeRO group)" : "",
+                    " mixes frozen and trainable operators (tensor '", first.name, "' is ",
+                    trainable ? "trainable" : "frozen", ")");
+      }
+    }
     int64_t prev_end = 0;
     int64_t used = 0;
     for (const auto& [offset, id] : chunk.tensors_by_offset) {
@@ -445,6 +495,7 @@ absl::Status ChunkLayout::Validate() const {
       }
       prev_end = offset + t.numel;
       used += t.numel;
+      if (!op.trainable) total_frozen += t.numel;
     }
     if (used != chunk.used_elems) {
       return fail("chunk ", c, " records ", chunk.used_elems, " used elements but holds ", used);
@@ -454,6 +505,10 @@ absl::Status ChunkLayout::Validate() const {
   if (total_placed != placed_elems_) {
     return fail("layout records ", placed_elems_, " placed elements but chunks hold ",
                 total_placed);
+  }
+  if (total_frozen != frozen_elems_) {
+    return fail("layout records ", frozen_elems_, " frozen elements but chunks hold ",
+                total_frozen);
   }
   int64_t live_tensors = 0;
   for (const TensorInfo& t : tensors_) {
@@ -499,13 +554,14 @@ absl::Status ChunkLayout::Validate() const {
 
 std::string ChunkLayout::DebugString() const {
   std::string out = absl::StrFormat(
-      "ChunkLayout: capacity %d elems, world %d, %d chunks (%d padding), %d placed elems, "
-      "utilization %.4f\n",
+      "ChunkLayout: capacity %d elems, world %d, %d chunks (%d padding), %d placed elems "
+      "(%d frozen), utilization %.4f\n",
       options_.capacity_elems, options_.world_size, num_chunks(), num_padding_chunks(),
-      placed_elems_, utilization());
+      placed_elems_, frozen_elems_, utilization());
   for (int64_t c = 0; c < num_chunks(); ++c) {
-    absl::StrAppendFormat(&out, "  chunk %d (group %d, owner %d%s): %d/%d used:", c, group_of(c),
-                          owner_of(c), is_padding(c) ? ", padding" : "", used_elems(c),
+    absl::StrAppendFormat(&out, "  chunk %d (group %d, owner %d%s%s): %d/%d used:", c, group_of(c),
+                          owner_of(c), is_padding(c) ? ", padding" : "",
+                          chunk_trainable(c) ? "" : ", frozen", used_elems(c),
                           options_.capacity_elems);
     for (TensorId id : TensorsInChunk(c)) {
       absl::StrAppendFormat(&out, " %s@%d+%d", tensors_[id].name, tensors_[id].offset_elems,

@@ -28,6 +28,16 @@
 //    N after every operation. Only the owner of a chunk holds its master/momentum/variance
 //    payloads, and padding chunks hold none (they have no parameters); padding param chunks do
 //    take part in all-gather/reduce-scatter as their owner's contribution.
+//  - Frozen and trainable chunks. An operator is frozen when its spec says trainable = false (a
+//    LoRA fine-tune's base model). A chunk holding frozen operators is *frozen*: it has only a
+//    param payload (HoldsPayload is false for its master, momentum and variance on every rank),
+//    and the optimizer never sees it. A chunk never mixes kinds: an empty chunk takes the kind of
+//    the first operator placed in it, TryPlaceOperator refuses an operator of the other kind, and
+//    so kAppend opens a new chunk when the kind changes and kFirstFit skips chunks of the other
+//    kind. For world_size N > 1 the rule holds per ZeRO group (the N chunks of a group share a
+//    kind), so that a group is reduce-scattered or not as a whole; placement then opens empty
+//    chunks up to the next group boundary when the kind changes. A chunk (or group) emptied by
+//    removals may take either kind again. Empty chunks, padding included, count as trainable.
 //
 // Ids: tensor and operator ids are dense, assigned in registration order, and never reused.
 //
@@ -79,6 +89,8 @@ struct OperatorInfo {
   // Sum of the live tensors' numel.
   int64_t numel = 0;
   int64_t chunk_index = kUnplaced;
+  // OperatorSpec::trainable: false for a frozen operator (see "Frozen and trainable chunks").
+  bool trainable = true;
 
   bool placed() const { return chunk_index != kUnplaced; }
 };
@@ -123,18 +135,19 @@ class ChunkLayout {
   [[nodiscard]] absl::StatusOr<OperatorId> AddOperator(const OperatorSpec& spec);
 
   // Atomically places all tensors of `op` in chunk `chunk_index` by first fit. Returns true when
-  // placed (also when `op` is already in that chunk: a no-op), false when they do not all fit —
-  // the layout is then unchanged. A padding chunk index (num_data_chunks() <= chunk_index <
-  // num_chunks()) turns that chunk and the ones before it into data chunks if the placement
-  // succeeds.
-  // Errors: InvalidArgument for an unknown op or a chunk index outside [0, num_chunks());
-  // FailedPrecondition if `op` has no live tensors or is placed in another chunk.
+  // placed (also when `op` is already in that chunk: a no-op), false when they do not all fit or
+  // the chunk (for world size > 1: a chunk of its group) holds operators of the other kind
+  // (frozen vs trainable) — the layout is then unchanged. A padding chunk index (num_data_chunks()
+  // <= chunk_index < num_chunks()) turns that chunk and the ones before it into data chunks if the
+  // placement succeeds. Errors: InvalidArgument for an unknown op or a chunk index outside [0,
+  // num_chunks()); FailedPrecondition if `op` has no live tensors or is placed in another chunk.
   [[nodiscard]] absl::StatusOr<bool> TryPlaceOperator(OperatorId op, int64_t chunk_index);
 
-  // Places `op` in an existing chunk chosen by `placement`, or in a new chunk at the end. Returns
-  // the chunk index. InvalidArgument if the operator cannot fit even an empty chunk (the message
-  // names the operator, its size and the chunk size to use); FailedPrecondition if already placed
-  // or without live tensors.
+  // Places `op` in an existing chunk of its kind chosen by `placement`, or in a new chunk at the
+  // end (for world size > 1 possibly after empty chunks that complete a group of the other kind).
+  // Returns the chunk index. InvalidArgument if the operator cannot fit even an empty chunk (the
+  // message names the operator, its size and the chunk size to use); FailedPrecondition if already
+  // placed or without live tensors.
   [[nodiscard]] absl::StatusOr<int64_t> PlaceOperator(OperatorId op,
                                                       Placement placement = Placement::kAppend);
 
@@ -178,8 +191,14 @@ class ChunkLayout {
   std::vector<int64_t> ChunksInGroup(int64_t group) const;
   // Whether `rank` holds the payloads of chunk `chunk_index` of `type` persistently: a param
   // chunk is held by its owner (other ranks hold it only transiently, gathered for use); master,
-  // momentum and variance chunks by their owner, and never for padding chunks.
+  // momentum and variance chunks by their owner, and never for padding or frozen chunks.
   bool HoldsPayload(ChunkType type, int64_t chunk_index, int rank) const;
+  // False when the chunk holds frozen operators; true when it holds trainable ones or none
+  // (empty and padding chunks).
+  bool chunk_trainable(int64_t chunk_index) const;
+  // Whether the ZeRO group holds frozen operators (then all of its non-empty chunks do).
+  // REQUIRES 0 <= group < num_groups().
+  bool group_frozen(int64_t group) const;
 
   // Live tensors of a chunk, ordered by offset. Empty for a padding chunk.
   std::vector<TensorId> TensorsInChunk(int64_t chunk_index) const;
@@ -203,6 +222,9 @@ class ChunkLayout {
 
   // Total numel of placed tensors (= parameters of the model once everything is placed).
   int64_t placed_elems() const { return placed_elems_; }
+  // placed_elems() split by kind: tensors of trainable and of frozen operators.
+  int64_t trainable_elems() const { return placed_elems_ - frozen_elems_; }
+  int64_t frozen_elems() const { return frozen_elems_; }
   // Number of live tensors not placed in any chunk.
   int64_t num_unplaced_tensors() const;
   // placed_elems() / (num_chunks() * capacity_elems()); 0 for an empty layout.
@@ -213,7 +235,8 @@ class ChunkLayout {
   // Payload bytes of one chunk of `type`: capacity_elems * SizeOf(ChunkDType(type, compute)).
   int64_t ChunkBytes(ChunkType type, DType compute_dtype) const;
   // Model-data bytes of the whole layout over all ranks: every param chunk (padding included)
-  // plus master/momentum/variance for every data chunk. For world_size 1 and no padding this is
+  // plus master/momentum/variance for every trainable data chunk (frozen chunks are param-only).
+  // For world_size 1, no padding and no frozen chunk this is
   // ModelDataBytesPerParam(compute) * num_chunks() * capacity_elems().
   int64_t TotalModelDataBytes(DType compute_dtype) const;
   // The bytes `rank` holds persistently (HoldsPayload summed over chunks and types).
@@ -223,11 +246,13 @@ class ChunkLayout {
 
   // Checks every invariant: offsets in bounds, aligned and non-overlapping, each chunk's index
   // consistent with the tensors, every placed operator's tensors in its chunk and no unplaced
-  // operator with placed tensors, used_elems and placed_elems sums, the name indexes. Internal
-  // error describing the first violation.
+  // operator with placed tensors, used_elems, placed_elems and frozen_elems sums, the name
+  // indexes, no chunk (or ZeRO group) mixing frozen and trainable operators. Internal error
+  // describing the first violation.
   [[nodiscard]] absl::Status Validate() const;
 
-  // One line per chunk: index, owner, group, used/capacity, tensors with offsets.
+  // One line per chunk: index, owner, group, "frozen" for a frozen chunk, used/capacity, tensors
+  // with offsets.
   std::string DebugString() const;
 
  private:
@@ -243,6 +268,9 @@ class ChunkLayout {
   int64_t FindFirstFit(const ChunkSlots& chunk, int64_t numel) const;
   // Elements the operator's tensors span when placed from offset 0 of an empty chunk.
   int64_t FootprintInEmptyChunk(const OperatorInfo& op) const;
+  // Whether chunk `chunk_index` (for world size > 1: any chunk of its group) holds an operator
+  // whose kind differs from `trainable`.
+  bool KindConflicts(int64_t chunk_index, bool trainable) const;
   absl::Status CheckOperatorId(OperatorId op) const;
   void CheckChunkIndex(int64_t chunk_index) const;
 
@@ -253,6 +281,8 @@ class ChunkLayout {
   absl::flat_hash_map<std::string, OperatorId> op_by_name_;
   std::vector<ChunkSlots> chunks_;
   int64_t placed_elems_ = 0;
+  // Placed elements of frozen operators.
+  int64_t frozen_elems_ = 0;
 };
 
 }  // namespace ps

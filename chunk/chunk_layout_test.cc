@@ -381,6 +381,178 @@ TEST(ChunkLayout, RandomInsertDeleteNeverOverlaps) {
   }
 }
 
+OperatorSpec FrozenOp(const std::string& name, std::vector<int64_t> sizes) {
+  OperatorSpec op = Op(name, std::move(sizes));
+  op.trainable = false;
+  return op;
+}
+
+// Frozen and trainable operators never share a chunk: kAppend opens a new chunk when the kind
+// changes (even with room left), kFirstFit skips chunks of the other kind, an emptied chunk takes
+// either kind again; frozen chunks hold only a param payload.
+TEST(ChunkLayout, FrozenAndTrainableOperatorsNeverShareAChunk) {
+  ChunkLayout layout = MakeLayout(100);
+  ASSERT_OK_AND_ASSIGN(OperatorId base0, layout.AppendOperator(FrozenOp("base0", {30})));
+  ASSERT_OK_AND_ASSIGN(OperatorId base1, layout.AppendOperator(FrozenOp("base1", {30})));
+  ASSERT_OK_AND_ASSIGN(OperatorId lora0, layout.AppendOperator(Op("lora0", {10})));
+  EXPECT_EQ(layout.op(base0).chunk_index, 0);
+  EXPECT_EQ(layout.op(base1).chunk_index, 0);
+  EXPECT_EQ(layout.op(lora0).chunk_index, 1);  // 40 elements left in chunk 0, but it is frozen
+  EXPECT_FALSE(layout.op(base0).trainable);
+  EXPECT_FALSE(layout.chunk_trainable(0));
+  EXPECT_TRUE(layout.chunk_trainable(1));
+  ASSERT_OK_AND_ASSIGN(OperatorId base2, layout.AppendOperator(FrozenOp("base2", {10})));
+  EXPECT_EQ(layout.op(base2).chunk_index, 2);
+  // First fit skips the trainable chunk 1 and backfills the frozen chunk 0.
+  ASSERT_OK_AND_ASSIGN(OperatorId base3, layout.AppendOperator(FrozenOp("base3", {35}),
+                                                               ChunkLayout::Placement::kFirstFit));
+  EXPECT_EQ(layout.op(base3).chunk_index, 0);
+  ASSERT_OK_AND_ASSIGN(OperatorId lora1,
+                       layout.AppendOperator(Op("lora1", {10}), ChunkLayout::Placement::kFirstFit));
+  EXPECT_EQ(layout.op(lora1).chunk_index, 1);
+  ASSERT_OK_AND_ASSIGN(bool placed,
+                       layout.TryPlaceOperator(*layout.AddOperator(Op("lora2", {1})), 0));
+  EXPECT_FALSE(placed);
+  EXPECT_EQ(layout.frozen_elems(), 105);
+  EXPECT_EQ(layout.trainable_elems(), 20);
+  for (ChunkType type : {ChunkType::kMaster, ChunkType::kMomentum, ChunkType::kVariance}) {
+    EXPECT_FALSE(layout.HoldsPayload(type, 0, 0));
+    EXPECT_TRUE(layout.HoldsPayload(type, 1, 0));
+    EXPECT_FALSE(layout.HoldsPayload(type, 2, 0));
+  }
+  EXPECT_TRUE(layout.HoldsPayload(ChunkType::kParam, 0, 0));
+  // bf16: 3 param chunks of 2 bytes per element, optimizer state (12 bytes) for chunk 1 only.
+  EXPECT_EQ(layout.TotalModelDataBytes(DType::kBF16), 3 * 100 * 2 + 100 * 12);
+  EXPECT_EQ(layout.RankModelDataBytes(DType::kBF16, 0), 3 * 100 * 2 + 100 * 12);
+  EXPECT_THAT(layout.DebugString(), HasSubstr("chunk 0 (group 0, owner 0, frozen)"));
+  EXPECT_THAT(layout.DebugString(), HasSubstr("chunk 1 (group 1, owner 0):"));
+  // Emptied, chunk 2 takes a trainable operator.
+  ASSERT_OK(layout.UnplaceOperator(base2));
+  EXPECT_TRUE(layout.chunk_trainable(2));
+  ASSERT_OK_AND_ASSIGN(bool placed2,
+                       layout.TryPlaceOperator(*layout.AddOperator(Op("lora3", {5})), 2));
+  EXPECT_TRUE(placed2);
+  EXPECT_TRUE(layout.chunk_trainable(2));
+  ASSERT_OK(layout.Validate());
+  // An aggregate-initialized spec is trainable.
+  EXPECT_TRUE((OperatorSpec{"x", {{"x.w", {1}}}}).trainable);
+}
+
+// World size 2: a ZeRO group holds one kind; placement completes a group with empty chunks when
+// the kind changes.
+TEST(ChunkLayout, FrozenKindIsPerZeroGroup) {
+  ChunkLayout layout = MakeLayout(100, /*world_size=*/2);
+  ASSERT_OK_AND_ASSIGN(OperatorId base, layout.AppendOperator(FrozenOp("base", {80})));
+  ASSERT_OK_AND_ASSIGN(OperatorId lora, layout.AppendOperator(Op("lora", {80})));
+  EXPECT_EQ(layout.op(base).chunk_index, 0);
+  EXPECT_EQ(layout.op(lora).chunk_index, 2);  // chunk 1 would share group 0 with the frozen one
+  EXPECT_EQ(layout.num_data_chunks(), 3);
+  EXPECT_EQ(layout.num_chunks(), 4);
+  EXPECT_TRUE(layout.group_frozen(0));
+  EXPECT_FALSE(layout.group_frozen(1));
+  EXPECT_TRUE(layout.chunk_trainable(1));  // empty
+  ASSERT_OK_AND_ASSIGN(OperatorId small, layout.AddOperator(Op("small", {5})));
+  ASSERT_OK_AND_ASSIGN(bool placed, layout.TryPlaceOperator(small, 1));
+  EXPECT_FALSE(placed);
+  ASSERT_OK_AND_ASSIGN(int64_t chunk,
+                       layout.PlaceOperator(small, ChunkLayout::Placement::kFirstFit));
+  EXPECT_EQ(chunk, 2);
+  ASSERT_OK(layout.Validate());
+}
+
+// Random operation sequences with frozen and trainable operators: after every step, no chunk or
+// ZeRO group mixes kinds (checked from the tensors, not from the layout's own answer), the
+// trainable/frozen element counts and the model-data bytes match an independent count, and
+// HoldsPayload gives frozen chunks a param payload only.
+TEST(ChunkLayout, RandomFrozenAndTrainableOperatorsNeverMix) {
+  for (uint64_t seed : {11u, 12u, 13u}) {
+    SCOPED_TRACE(absl::StrCat("seed ", seed));
+    TestRng rng(seed);
+    auto uniform = [&rng](int64_t lo, int64_t hi) {  // [lo, hi]
+      return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+    };
+    const int world = static_cast<int>(uniform(1, 3));
+    const int64_t capacity = uniform(16, 200);
+    ChunkLayout layout = MakeLayout(capacity, world, uniform(0, 2) == 0 ? uniform(2, 8) : 1);
+    int64_t next_name = 0, live_tensors = 0;
+    for (int step = 0; step < 800; ++step) {
+      const int64_t what = live_tensors > 100 ? uniform(4, 7) : uniform(0, 9);
+      if (what <= 3 || layout.num_operator_ids() == 0) {
+        std::vector<int64_t> sizes(uniform(1, 3));
+        live_tensors += static_cast<int64_t>(sizes.size());
+        for (int64_t& s : sizes) s = uniform(1, capacity / 2);
+        OperatorSpec spec = Op(absl::StrCat("o", next_name++), sizes);
+        spec.trainable = uniform(0, 2) != 0;
+        ASSERT_OK_AND_ASSIGN(OperatorId op, layout.AddOperator(spec));
+        ASSERT_EQ(layout.op(op).trainable, spec.trainable);
+        if (uniform(0, 1) == 0 && layout.num_chunks() > 0) {
+          const std::string before = layout.DebugString();
+          ASSERT_OK_AND_ASSIGN(bool placed,
+                               layout.TryPlaceOperator(op, uniform(0, layout.num_chunks() - 1)));
+          if (!placed) {
+            ASSERT_EQ(layout.DebugString(), before);
+          }
+        } else {
+          absl::StatusOr<int64_t> chunk =
+              layout.PlaceOperator(op, uniform(0, 1) ? ChunkLayout::Placement::kAppend
+                                                     : ChunkLayout::Placement::kFirstFit);
+          if (!chunk.ok()) {
+            ASSERT_EQ(chunk.status().code(), absl::StatusCode::kInvalidArgument);
+          }
+        }
+      } else if (what <= 5) {
+        (void)layout.UnplaceOperator(uniform(0, layout.num_operator_ids() - 1));
+      } else if (what <= 7) {
+        const TensorId id = uniform(0, layout.num_tensor_ids() - 1);
+        if (layout.RemoveTensor(id).ok()) --live_tensors;
+      } else if (what == 8) {
+        const OperatorId op = uniform(0, layout.num_operator_ids() - 1);
+        if (!layout.op(op).placed() && !layout.op(op).tensors.empty()) {
+          (void)layout.PlaceOperator(op, ChunkLayout::Placement::kFirstFit);
+        }
+      } else if (layout.num_data_chunks() < 40) {
+        layout.AddChunk();
+      }
+      ASSERT_OK(layout.Validate()) << "step " << step;
+      // Independent checks.
+      int64_t trainable = 0, frozen = 0;
+      std::vector<int> kind(static_cast<size_t>(layout.num_chunks()), -1);  // -1 empty
+      for (TensorId t = 0; t < layout.num_tensor_ids(); ++t) {
+        const TensorInfo& info = layout.tensor(t);
+        if (!info.live || !info.placed()) continue;
+        const bool tr = layout.op(info.op).trainable;
+        (tr ? trainable : frozen) += info.numel;
+        int& k = kind[static_cast<size_t>(info.chunk_index)];
+        ASSERT_TRUE(k == -1 || k == static_cast<int>(tr))
+            << "step " << step << " chunk " << info.chunk_index << " mixes kinds";
+        k = static_cast<int>(tr);
+      }
+      ASSERT_EQ(layout.trainable_elems(), trainable);
+      ASSERT_EQ(layout.frozen_elems(), frozen);
+      int64_t bytes = 0;
+      for (int64_t g = 0; g < layout.num_groups(); ++g) {
+        int group_kind = -1;
+        for (int64_t c : layout.ChunksInGroup(g)) {
+          const int k = kind[static_cast<size_t>(c)];
+          ASSERT_TRUE(group_kind == -1 || k == -1 || k == group_kind) << "group " << g;
+          if (k != -1) group_kind = k;
+          ASSERT_EQ(layout.chunk_trainable(c), k != 0);
+          const bool state = !layout.is_padding(c) && k != 0;
+          for (ChunkType type : {ChunkType::kMaster, ChunkType::kMomentum, ChunkType::kVariance}) {
+            ASSERT_EQ(layout.HoldsPayload(type, c, layout.owner_of(c)), state);
+          }
+          bytes += capacity * (2 + (state ? 12 : 0));
+        }
+        ASSERT_EQ(layout.group_frozen(g), group_kind == 0);
+      }
+      ASSERT_EQ(layout.TotalModelDataBytes(DType::kBF16), bytes);
+      int64_t ranks = 0;
+      for (int r = 0; r < world; ++r) ranks += layout.RankModelDataBytes(DType::kBF16, r);
+      ASSERT_EQ(ranks, bytes);
+    }
+  }
+}
+
 TEST(ChunkLayout, GptLayoutHoldsEveryParameterAndIs14BytesPerParam) {
   const std::vector<OperatorSpec> ops =
       chunk_testing::TransformerOperators(chunk_testing::kGpt2Shape);

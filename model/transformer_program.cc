@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "base/splitmix64.h"
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "glog/logging.h"
@@ -19,6 +20,7 @@ namespace ps {
 namespace {
 
 using Block = ProgramLayout::Block;
+using Lora = ProgramLayout::Lora;
 using Op = ProgramLayout::Op;
 using VocabBlock = ProgramLayout::VocabBlock;
 using program_internal::Activations;
@@ -52,6 +54,8 @@ class TransformerProgram::Run {
         N_(B_ * T_) {}
 
   absl::StatusOr<double> ForwardBackward(const ProgramInputs& in, double loss_scale) {
+    training_ = true;
+    dropout_seed_ = in.dropout_seed;
     Activations acts;
     const Mode mode = s_.activation_checkpointing ? Mode::kCheckpoint : Mode::kTrain;
     ASSIGN_OR_RETURN(const double loss, Forward(in, mode, acts));
@@ -150,10 +154,14 @@ class TransformerProgram::Run {
     return access.End();
   }
   // dx += dy W^T of a Conv1D operator; its weight's and bias's gradients into their slots.
+  // A frozen operator gets only dx.
   absl::Status ConvLinearBackward(const Op& op, int64_t in_features, int64_t out_features,
                                   const float* x, const float* dy, float* dx) {
-    ASSIGN_OR_RETURN(Buffer dw, Alloc(in_features * out_features, true));
-    ASSIGN_OR_RETURN(Buffer db, Alloc(out_features, true));
+    Buffer dw, db;
+    if (op.trainable) {
+      ASSIGN_OR_RETURN(dw, Alloc(in_features * out_features, true));
+      ASSIGN_OR_RETURN(db, Alloc(out_features, true));
+    }
     ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, op.op, Stage::kBackward));
     const MatmulShape shape{N_, in_features, out_features};
     ASSIGN_OR_RETURN(const uint16_t* w_bf16, ParamBf16(op.w));
@@ -175,8 +183,10 @@ class TransformerProgram::Run {
       }));
     }
     // This is the operator's only backward use: its slots take the gradients now.
-    RETURN_IF_ERROR(WriteGrad(op.w, dw));
-    RETURN_IF_ERROR(WriteGrad(op.b, db));
+    if (op.trainable) {
+      RETURN_IF_ERROR(WriteGrad(op.w, dw));
+      RETURN_IF_ERROR(WriteGrad(op.b, db));
+    }
     return access.End();
   }
   // y = x W^T (+ b) of an nn.Linear ([out, in]) inside the caller's access of its operator; the
@@ -197,13 +207,16 @@ class TransformerProgram::Run {
                              ws_bytes);
     });
   }
-  // dx += dy W of an nn.Linear inside the caller's access; its gradients into their slots.
-  absl::Status NnLinearBwd(TensorId w, TensorId b, int64_t in_features, int64_t out_features,
-                           const float* x, const float* dy, float* dx) {
-    ASSIGN_OR_RETURN(Buffer dw, Alloc(in_features * out_features, true));
-    Buffer db;
-    if (b >= 0) {
-      ASSIGN_OR_RETURN(db, Alloc(out_features, true));
+  // dx += dy W of an nn.Linear inside the caller's access; its gradients into their slots
+  // (`trainable`), or none (frozen).
+  absl::Status NnLinearBwd(TensorId w, TensorId b, bool trainable, int64_t in_features,
+                           int64_t out_features, const float* x, const float* dy, float* dx) {
+    Buffer dw, db;
+    if (trainable) {
+      ASSIGN_OR_RETURN(dw, Alloc(in_features * out_features, true));
+      if (b >= 0) {
+        ASSIGN_OR_RETURN(db, Alloc(out_features, true));
+      }
     }
     absl::Span<const float> wv;
     ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(w, &wv));
@@ -211,30 +224,125 @@ class TransformerProgram::Run {
     const int64_t ws_bytes = ctx_->workspaces().LinearWorkspaceBytes(shape);
     ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
     RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
-      return k.LinearBackward(s, shape, x, wv.data(), dy, dx, dw.data(),
-                              b >= 0 ? db.data() : nullptr, ws.data(), ws_bytes);
+      return k.LinearBackward(s, shape, x, wv.data(), dy, dx, dw.data(), db.data(), ws.data(),
+                              ws_bytes);
     }));
     ws.Reset();
     w_f32.Reset();
+    if (!trainable) return absl::OkStatus();
     // The weight's only backward use: its slot takes the gradient now.
     RETURN_IF_ERROR(WriteGrad(w, dw));
     if (b >= 0) RETURN_IF_ERROR(WriteGrad(b, db));
     return absl::OkStatus();
   }
-  // A linear operator of the block (Conv1D or nn.Linear), accessed around its computation.
+  // A linear operator of the block (Conv1D or nn.Linear), accessed around its computation; then
+  // its adapter, if any, in its own access (h keeps the adapter's A drop(x)).
   absl::Status LinearForward(const Op& op, int64_t in_features, int64_t out_features,
-                             const float* x, float* y) {
-    if (!spec_.linear_out_in) return ConvLinearForward(op, in_features, out_features, x, y);
-    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, op.op, Stage::kForward));
-    RETURN_IF_ERROR(NnLinearFwd(op.w, op.b, in_features, out_features, x, y));
+                             const float* x, float* y, Buffer& h) {
+    if (!spec_.linear_out_in) {
+      RETURN_IF_ERROR(ConvLinearForward(op, in_features, out_features, x, y));
+    } else {
+      ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, op.op, Stage::kForward));
+      RETURN_IF_ERROR(NnLinearFwd(op.w, op.b, in_features, out_features, x, y));
+      RETURN_IF_ERROR(access.End());
+    }
+    if (!op.lora.present()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, op.lora.op, Stage::kForward));
+    RETURN_IF_ERROR(AdapterForward(op.lora, in_features, out_features, x, y, h));
     return access.End();
   }
+  // The backward of LinearForward: the operator's (dx only when frozen), then its adapter's
+  // (frees h).
   absl::Status LinearBackward(const Op& op, int64_t in_features, int64_t out_features,
-                              const float* x, const float* dy, float* dx) {
-    if (!spec_.linear_out_in) return ConvLinearBackward(op, in_features, out_features, x, dy, dx);
-    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, op.op, Stage::kBackward));
-    RETURN_IF_ERROR(NnLinearBwd(op.w, op.b, in_features, out_features, x, dy, dx));
+                              const float* x, const float* dy, float* dx, Buffer& h) {
+    if (!spec_.linear_out_in) {
+      RETURN_IF_ERROR(ConvLinearBackward(op, in_features, out_features, x, dy, dx));
+    } else {
+      ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, op.op, Stage::kBackward));
+      RETURN_IF_ERROR(NnLinearBwd(op.w, op.b, op.trainable, in_features, out_features, x, dy, dx));
+      RETURN_IF_ERROR(access.End());
+    }
+    if (!op.lora.present()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, op.lora.op, Stage::kBackward));
+    RETURN_IF_ERROR(AdapterBackward(op.lora, in_features, out_features, x, h, dy, dx));
     return access.End();
+  }
+
+  // --- LoRA adapters (inside the caller's access of the adapter operator) ---------------------
+
+  bool dropout() const { return training_ && s_.lora_dropout > 0.0f; }
+  // The seed of adapter `l`'s dropout mask in this pass.
+  uint64_t DropoutSeed(const Lora& l) const {
+    return DeriveSeed(dropout_seed_, static_cast<uint64_t>(l.a));
+  }
+  LoraShape LoraShapeOf(const Lora& l, int64_t in_features, int64_t out_features) const {
+    return LoraShape{.rows = N_,
+                     .in_features = in_features,
+                     .out_features = out_features,
+                     .rank = l.rank,
+                     .scale = s_.lora_scale};
+  }
+  // The adapter's input: x itself, or (training with dropout) its dropped copy in `dropped`.
+  absl::StatusOr<const float*> AdapterInput(const Lora& l, int64_t in_features, const float* x,
+                                            Buffer& dropped) {
+    if (!dropout()) return x;
+    ASSIGN_OR_RETURN(dropped, Alloc(N_ * in_features, false));
+    RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
+      return k.DropoutForward(s, N_ * in_features, s_.lora_dropout, DropoutSeed(l), x,
+                              dropped.data());
+    }));
+    return static_cast<const float*>(dropped.data());
+  }
+  // y += scale * B (A drop(x)), keeping h = A drop(x) [N, rank].
+  absl::Status AdapterForward(const Lora& l, int64_t in_features, int64_t out_features,
+                              const float* x, float* y, Buffer& h) {
+    Buffer dropped;
+    ASSIGN_OR_RETURN(const float* xin, AdapterInput(l, in_features, x, dropped));
+    ASSIGN_OR_RETURN(h, Alloc(N_ * l.rank, false));
+    absl::Span<const float> a, b;
+    ASSIGN_OR_RETURN(Buffer a_f32, ParamF32(l.a, &a));
+    ASSIGN_OR_RETURN(Buffer b_f32, ParamF32(l.b, &b));
+    const LoraShape shape = LoraShapeOf(l, in_features, out_features);
+    const int64_t ws_bytes = ctx_->workspaces().LoraForwardWorkspaceBytes(shape);
+    ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
+    return ctx_->Compute([&](Kernels& k, Stream& s) {
+      return k.LoraForward(s, shape, xin, a.data(), b.data(), h.data(), y, ws.data(), ws_bytes);
+    });
+  }
+  // dx += the adapter's part of the input gradient from dy; dA and dB into their slots (the
+  // adapter operator's only backward use). Frees h.
+  absl::Status AdapterBackward(const Lora& l, int64_t in_features, int64_t out_features,
+                               const float* x, Buffer& h, const float* dy, float* dx) {
+    ASSIGN_OR_RETURN(Buffer da, Alloc(l.rank * in_features, true));
+    ASSIGN_OR_RETURN(Buffer db, Alloc(out_features * l.rank, true));
+    Buffer dropped, ddropped;
+    ASSIGN_OR_RETURN(const float* xin, AdapterInput(l, in_features, x, dropped));
+    float* dxin = dx;
+    if (dropout()) {
+      ASSIGN_OR_RETURN(ddropped, Alloc(N_ * in_features, true));
+      dxin = ddropped.data();
+    }
+    absl::Span<const float> a, b;
+    ASSIGN_OR_RETURN(Buffer a_f32, ParamF32(l.a, &a));
+    ASSIGN_OR_RETURN(Buffer b_f32, ParamF32(l.b, &b));
+    const LoraShape shape = LoraShapeOf(l, in_features, out_features);
+    const int64_t ws_bytes = ctx_->workspaces().LoraBackwardWorkspaceBytes(shape);
+    ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
+    RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
+      RETURN_IF_ERROR(k.LoraBackward(s, shape, xin, a.data(), b.data(), h.data(), dy, dxin,
+                                     da.data(), db.data(), ws.data(), ws_bytes));
+      if (!dropout()) return absl::OkStatus();
+      return k.DropoutBackward(s, N_ * in_features, s_.lora_dropout, DropoutSeed(l),
+                               ddropped.data(), dx);
+    }));
+    ws.Reset();
+    a_f32.Reset();
+    b_f32.Reset();
+    dropped.Reset();
+    ddropped.Reset();
+    h.Reset();
+    RETURN_IF_ERROR(WriteGrad(l.a, da));
+    return WriteGrad(l.b, db);
   }
 
   bool layer_norm() const { return spec_.norm == TransformerBlockSpec::Norm::kLayerNorm; }
@@ -265,13 +373,16 @@ class TransformerProgram::Run {
     return access.End();
   }
   // dx += the norm's input gradient from dy; its parameters' gradients into their slots.
+  // A frozen norm gets only dx.
   absl::Status NormBackward(const Op& op, const float* x, const Buffer& mean, const Buffer& rstd,
                             const float* dy, float* dx) {
     const int64_t n = N_, c = C_;
-    ASSIGN_OR_RETURN(Buffer dw, Alloc(c, true));
-    Buffer db;
-    if (layer_norm()) {
-      ASSIGN_OR_RETURN(db, Alloc(c, true));
+    Buffer dw, db;
+    if (op.trainable) {
+      ASSIGN_OR_RETURN(dw, Alloc(c, true));
+      if (layer_norm()) {
+        ASSIGN_OR_RETURN(db, Alloc(c, true));
+      }
     }
     ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, op.op, Stage::kBackward));
     absl::Span<const float> w;
@@ -284,8 +395,10 @@ class TransformerProgram::Run {
       return k.RmsNormBackward(s, {n, c, m_.norm_eps}, x, w.data(), rstd.data(), dy, dx, dw.data());
     }));
     w_f32.Reset();
-    RETURN_IF_ERROR(WriteGrad(op.w, dw));
-    if (layer_norm()) RETURN_IF_ERROR(WriteGrad(op.b, db));
+    if (op.trainable) {
+      RETURN_IF_ERROR(WriteGrad(op.w, dw));
+      if (layer_norm()) RETURN_IF_ERROR(WriteGrad(op.b, db));
+    }
     return access.End();
   }
 
@@ -304,11 +417,14 @@ class TransformerProgram::Run {
   }
   // The backward of HeadNormForward: `dy` (the gradient of y) is replaced by the gradient of x;
   // the weight's gradient goes into its slot.
-  absl::Status HeadNormBackward(TensorId w, int64_t heads, const Buffer& x, const Buffer& rstd,
-                                Buffer& dy) {
+  absl::Status HeadNormBackward(TensorId w, bool trainable, int64_t heads, const Buffer& x,
+                                const Buffer& rstd, Buffer& dy) {
     const RmsNormShape shape{N_ * heads, m_.head_dim, m_.norm_eps};
     ASSIGN_OR_RETURN(Buffer dx, Alloc(shape.rows * shape.channels, true));
-    ASSIGN_OR_RETURN(Buffer dw, Alloc(shape.channels, true));
+    Buffer dw;
+    if (trainable) {
+      ASSIGN_OR_RETURN(dw, Alloc(shape.channels, true));
+    }
     absl::Span<const float> wv;
     ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(w, &wv));
     RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
@@ -316,7 +432,7 @@ class TransformerProgram::Run {
                                dw.data());
     }));
     w_f32.Reset();
-    RETURN_IF_ERROR(WriteGrad(w, dw));
+    if (trainable) RETURN_IF_ERROR(WriteGrad(w, dw));
     dy = std::move(dx);
     return absl::OkStatus();
   }
@@ -373,23 +489,47 @@ class TransformerProgram::Run {
     RETURN_IF_ERROR(NormForward(ops.ln_1, in, a.ln1, a.ln1_mean, a.ln1_rstd));
     if (fused_qkv()) {
       ASSIGN_OR_RETURN(a.qkv, Alloc(N_ * (Q + 2 * K), false));
-      RETURN_IF_ERROR(LinearForward(ops.qkv, C_, Q + 2 * K, a.ln1.data(), a.qkv.data()));
+      RETURN_IF_ERROR(LinearForward(ops.qkv, C_, Q + 2 * K, a.ln1.data(), a.qkv.data(), a.lh_qkv));
     } else {
       ASSIGN_OR_RETURN(a.q, Alloc(N_ * Q, false));
       ASSIGN_OR_RETURN(a.k, Alloc(N_ * K, false));
       ASSIGN_OR_RETURN(a.v, Alloc(N_ * K, false));
       const ProgramLayout::QkvOp& qkv = ops.qkv_split;
-      ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, qkv.op, Stage::kForward));
-      RETURN_IF_ERROR(NnLinearFwd(qkv.q_w, qkv.q_b, C_, Q, a.ln1.data(), a.q.data()));
-      RETURN_IF_ERROR(NnLinearFwd(qkv.k_w, qkv.k_b, C_, K, a.ln1.data(), a.k.data()));
-      RETURN_IF_ERROR(NnLinearFwd(qkv.v_w, qkv.v_b, C_, K, a.ln1.data(), a.v.data()));
-      if (spec_.qk_norm) {
+      const bool adapted = qkv.lora_op() >= 0;
+      auto head_norms = [&]() -> absl::Status {
         a.q_in = std::move(a.q);
         a.k_in = std::move(a.k);
         RETURN_IF_ERROR(HeadNormForward(qkv.q_norm, m_.num_heads, a.q_in, a.q, a.q_rstd));
-        RETURN_IF_ERROR(HeadNormForward(qkv.k_norm, m_.num_kv_heads, a.k_in, a.k, a.k_rstd));
+        return HeadNormForward(qkv.k_norm, m_.num_kv_heads, a.k_in, a.k, a.k_rstd);
+      };
+      {
+        ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, qkv.op, Stage::kForward));
+        RETURN_IF_ERROR(NnLinearFwd(qkv.q_w, qkv.q_b, C_, Q, a.ln1.data(), a.q.data()));
+        RETURN_IF_ERROR(NnLinearFwd(qkv.k_w, qkv.k_b, C_, K, a.ln1.data(), a.k.data()));
+        RETURN_IF_ERROR(NnLinearFwd(qkv.v_w, qkv.v_b, C_, K, a.ln1.data(), a.v.data()));
+        if (spec_.qk_norm && !adapted) RETURN_IF_ERROR(head_norms());
+        RETURN_IF_ERROR(access.End());
       }
-      RETURN_IF_ERROR(access.End());
+      if (adapted) {
+        ASSIGN_OR_RETURN(ScopedAccess access,
+                         ScopedAccess::Begin(ctx_, qkv.lora_op(), Stage::kForward));
+        if (qkv.q_lora.present()) {
+          RETURN_IF_ERROR(AdapterForward(qkv.q_lora, C_, Q, a.ln1.data(), a.q.data(), a.lh_q));
+        }
+        if (qkv.k_lora.present()) {
+          RETURN_IF_ERROR(AdapterForward(qkv.k_lora, C_, K, a.ln1.data(), a.k.data(), a.lh_k));
+        }
+        if (qkv.v_lora.present()) {
+          RETURN_IF_ERROR(AdapterForward(qkv.v_lora, C_, K, a.ln1.data(), a.v.data(), a.lh_v));
+        }
+        RETURN_IF_ERROR(access.End());
+        if (spec_.qk_norm) {
+          // The norms read the adapted projections: the q/k/v operator's second access.
+          ASSIGN_OR_RETURN(ScopedAccess again, ScopedAccess::Begin(ctx_, qkv.op, Stage::kForward));
+          RETURN_IF_ERROR(head_norms());
+          RETURN_IF_ERROR(again.End());
+        }
+      }
     }
     const QkvPointers qkv = Qkv(a);
     if (rope()) {
@@ -412,14 +552,14 @@ class TransformerProgram::Run {
     }
     // res2 = in + attention projection(atty), computed in place of the projection.
     ASSIGN_OR_RETURN(a.res2, Alloc(N_ * C_, false));
-    RETURN_IF_ERROR(LinearForward(ops.attn_out, Q, C_, a.atty.data(), a.res2.data()));
+    RETURN_IF_ERROR(LinearForward(ops.attn_out, Q, C_, a.atty.data(), a.res2.data(), a.lh_o));
     RETURN_IF_ERROR(Residual(in, a.res2));
     RETURN_IF_ERROR(NormForward(ops.ln_2, a.res2.data(), a.ln2, a.ln2_mean, a.ln2_rstd));
     ASSIGN_OR_RETURN(a.fch, Alloc(N_ * I, false));
-    RETURN_IF_ERROR(LinearForward(ops.mlp_in, C_, I, a.ln2.data(), a.fch.data()));
+    RETURN_IF_ERROR(LinearForward(ops.mlp_in, C_, I, a.ln2.data(), a.fch.data(), a.lh_in));
     if (swiglu()) {
       ASSIGN_OR_RETURN(a.up, Alloc(N_ * I, false));
-      RETURN_IF_ERROR(LinearForward(ops.mlp_up, C_, I, a.ln2.data(), a.up.data()));
+      RETURN_IF_ERROR(LinearForward(ops.mlp_up, C_, I, a.ln2.data(), a.up.data(), a.lh_up));
     }
     ASSIGN_OR_RETURN(a.act, Alloc(N_ * I, false));
     RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
@@ -429,7 +569,7 @@ class TransformerProgram::Run {
     if (recompute) return absl::OkStatus();  // the block's output is not needed again
     // out = res2 + MLP projection(act), in place of the projection.
     ASSIGN_OR_RETURN(out, Alloc(N_ * C_, false));
-    RETURN_IF_ERROR(LinearForward(ops.mlp_out, I, C_, a.act.data(), out.data()));
+    RETURN_IF_ERROR(LinearForward(ops.mlp_out, I, C_, a.act.data(), out.data(), a.lh_out));
     return Residual(a.res2.data(), out);
   }
 
@@ -445,7 +585,8 @@ class TransformerProgram::Run {
     RETURN_IF_ERROR(ResidualBwd(dres, dres2, dmlp_out));
     dres.Reset();
     ASSIGN_OR_RETURN(Buffer dact, Alloc(N_ * I, true));
-    RETURN_IF_ERROR(LinearBackward(ops.mlp_out, I, C_, a.act.data(), dmlp_out.data(), dact.data()));
+    RETURN_IF_ERROR(
+        LinearBackward(ops.mlp_out, I, C_, a.act.data(), dmlp_out.data(), dact.data(), a.lh_out));
     dmlp_out.Reset();
     a.act.Reset();
     // d(fch) (and d(up)) from d(act).
@@ -465,10 +606,12 @@ class TransformerProgram::Run {
     a.fch.Reset();
     a.up.Reset();
     ASSIGN_OR_RETURN(Buffer dln2, Alloc(N_ * C_, true));
-    RETURN_IF_ERROR(LinearBackward(ops.mlp_in, C_, I, a.ln2.data(), dfch.data(), dln2.data()));
+    RETURN_IF_ERROR(
+        LinearBackward(ops.mlp_in, C_, I, a.ln2.data(), dfch.data(), dln2.data(), a.lh_in));
     dfch.Reset();
     if (swiglu()) {
-      RETURN_IF_ERROR(LinearBackward(ops.mlp_up, C_, I, a.ln2.data(), dup.data(), dln2.data()));
+      RETURN_IF_ERROR(
+          LinearBackward(ops.mlp_up, C_, I, a.ln2.data(), dup.data(), dln2.data(), a.lh_up));
       dup.Reset();
     }
     a.ln2.Reset();
@@ -485,7 +628,7 @@ class TransformerProgram::Run {
     dres2.Reset();
     ASSIGN_OR_RETURN(Buffer datty, Alloc(N_ * Q, true));
     RETURN_IF_ERROR(
-        LinearBackward(ops.attn_out, Q, C_, a.atty.data(), dattn_out.data(), datty.data()));
+        LinearBackward(ops.attn_out, Q, C_, a.atty.data(), dattn_out.data(), datty.data(), a.lh_o));
     dattn_out.Reset();
     // d(q), d(k), d(v): in the fused projection's rows, or their own buffers.
     Buffer dqkv, dq, dk, dv;
@@ -525,29 +668,59 @@ class TransformerProgram::Run {
     }
     ASSIGN_OR_RETURN(Buffer dln1, Alloc(N_ * C_, true));
     if (fused_qkv()) {
-      RETURN_IF_ERROR(LinearBackward(ops.qkv, C_, Q + 2 * K, a.ln1.data(), d.q, dln1.data()));
+      RETURN_IF_ERROR(
+          LinearBackward(ops.qkv, C_, Q + 2 * K, a.ln1.data(), d.q, dln1.data(), a.lh_qkv));
       dqkv.Reset();
     } else {
       const ProgramLayout::QkvOp& qkv = ops.qkv_split;
-      ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, qkv.op, Stage::kBackward));
-      if (spec_.qk_norm) {
-        // d(q) and d(k) become the gradients of the projections, through the norms.
-        RETURN_IF_ERROR(HeadNormBackward(qkv.q_norm, m_.num_heads, a.q_in, a.q_rstd, dq));
-        RETURN_IF_ERROR(HeadNormBackward(qkv.k_norm, m_.num_kv_heads, a.k_in, a.k_rstd, dk));
-        d.q = dq.data();
-        d.k = dk.data();
-        a.q_in.Reset();
-        a.k_in.Reset();
-        a.q_rstd.Reset();
-        a.k_rstd.Reset();
+      {
+        ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, qkv.op, Stage::kBackward));
+        if (spec_.qk_norm) {
+          // d(q) and d(k) become the gradients of the projections, through the norms.
+          RETURN_IF_ERROR(
+              HeadNormBackward(qkv.q_norm, qkv.trainable, m_.num_heads, a.q_in, a.q_rstd, dq));
+          RETURN_IF_ERROR(
+              HeadNormBackward(qkv.k_norm, qkv.trainable, m_.num_kv_heads, a.k_in, a.k_rstd, dk));
+          d.q = dq.data();
+          d.k = dk.data();
+          a.q_in.Reset();
+          a.k_in.Reset();
+          a.q_rstd.Reset();
+          a.k_rstd.Reset();
+        }
+        // Each projection's gradient is freed once nothing needs it (its adapter's backward
+        // comes after this access).
+        RETURN_IF_ERROR(
+            NnLinearBwd(qkv.q_w, qkv.q_b, qkv.trainable, C_, Q, a.ln1.data(), d.q, dln1.data()));
+        if (!qkv.q_lora.present()) dq.Reset();
+        RETURN_IF_ERROR(
+            NnLinearBwd(qkv.k_w, qkv.k_b, qkv.trainable, C_, K, a.ln1.data(), d.k, dln1.data()));
+        if (!qkv.k_lora.present()) dk.Reset();
+        RETURN_IF_ERROR(
+            NnLinearBwd(qkv.v_w, qkv.v_b, qkv.trainable, C_, K, a.ln1.data(), d.v, dln1.data()));
+        if (!qkv.v_lora.present()) dv.Reset();
+        RETURN_IF_ERROR(access.End());
       }
-      RETURN_IF_ERROR(NnLinearBwd(qkv.q_w, qkv.q_b, C_, Q, a.ln1.data(), d.q, dln1.data()));
-      dq.Reset();
-      RETURN_IF_ERROR(NnLinearBwd(qkv.k_w, qkv.k_b, C_, K, a.ln1.data(), d.k, dln1.data()));
-      dk.Reset();
-      RETURN_IF_ERROR(NnLinearBwd(qkv.v_w, qkv.v_b, C_, K, a.ln1.data(), d.v, dln1.data()));
-      dv.Reset();
-      RETURN_IF_ERROR(access.End());
+      if (qkv.lora_op() >= 0) {
+        ASSIGN_OR_RETURN(ScopedAccess access,
+                         ScopedAccess::Begin(ctx_, qkv.lora_op(), Stage::kBackward));
+        if (qkv.q_lora.present()) {
+          RETURN_IF_ERROR(
+              AdapterBackward(qkv.q_lora, C_, Q, a.ln1.data(), a.lh_q, d.q, dln1.data()));
+        }
+        if (qkv.k_lora.present()) {
+          RETURN_IF_ERROR(
+              AdapterBackward(qkv.k_lora, C_, K, a.ln1.data(), a.lh_k, d.k, dln1.data()));
+        }
+        if (qkv.v_lora.present()) {
+          RETURN_IF_ERROR(
+              AdapterBackward(qkv.v_lora, C_, K, a.ln1.data(), a.lh_v, d.v, dln1.data()));
+        }
+        RETURN_IF_ERROR(access.End());
+        dq.Reset();
+        dk.Reset();
+        dv.Reset();
+      }
     }
     a.ln1.Reset();
     RETURN_IF_ERROR(
@@ -596,6 +769,10 @@ class TransformerProgram::Run {
   const std::vector<VocabBlock>& head_blocks() const {
     return spec_.tied_lm_head ? p_.layout_.embed : p_.layout_.lm_head;
   }
+  // Whether the embedding (tied: the LM head too) trains: all of its blocks share one flag (a
+  // LoRA base freezes the whole matrix or saves the whole module).
+  bool embedding_trainable() const { return p_.layout_.embed.front().trainable; }
+  bool lm_head_trainable() const { return head_blocks().front().trainable; }
 
   // Allocates acts.inputs and enqueues the copies of tokens, targets and the RoPE tables (one
   // asynchronous copy: they lie back to back from o.tokens, each of 4-byte elements).
@@ -706,7 +883,11 @@ class TransformerProgram::Run {
       ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
       const int64_t tile_rows =
           std::min(shape.block_rows, std::min(shape.vocab_size, shape.vocab_tile));
-      ASSIGN_OR_RETURN(Buffer dblock, Alloc(tile_rows * C_, false));
+      // A frozen head computes only d(lnf).
+      Buffer dblock;
+      if (b.trainable) {
+        ASSIGN_OR_RETURN(dblock, Alloc(tile_rows * C_, false));
+      }
       ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, b.op, Stage::kBackward));
       ASSIGN_OR_RETURN(const TensorView v, ctx_->Param(b.tensor));
       for (int64_t r0 = 0; r0 < b.rows; r0 += tile_rows) {
@@ -720,11 +901,13 @@ class TransformerProgram::Run {
               acts.ce_lse.data(), loss_scale, dlnf.data(), dblock.data(), ws.data(), ws_bytes));
           // The batch's rows stay in f32 for the embedding's part (tied); the tile goes into the
           // slots (its parameters are not read again).
-          if (!spec_.tied_lm_head) return absl::OkStatus();
+          if (!spec_.tied_lm_head || !b.trainable) return absl::OkStatus();
           return k.CopyRowsToSlots(s, TouchedShape(), tile.row_begin, tile.block_rows,
                                    acts.slots.i32(), dblock.data(), acts.touched_grads.data());
         }));
-        RETURN_IF_ERROR(WriteGradRows(b.tensor, r0, tile.block_rows, dblock.data()));
+        if (b.trainable) {
+          RETURN_IF_ERROR(WriteGradRows(b.tensor, r0, tile.block_rows, dblock.data()));
+        }
       }
       RETURN_IF_ERROR(access.End());
     }
@@ -732,14 +915,17 @@ class TransformerProgram::Run {
   }
 
   // The embedding's backward from d(x[0]) `dx0`: wpe's gradient, and the batch's embedding rows.
+  // A frozen embedding (and wpe) is not accessed: nothing of it is computed.
   absl::Status EmbeddingBackward(Activations& acts, Buffer& dx0) {
     // The embedding's part of the batch's rows, added to the LM head's in token order (no
     // parameter is read: nothing is accessed).
-    RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
-      return k.ScatterRowsAdd(s, TouchedShape(), N_, acts.inputs.i32() + InputsLayout().tokens,
-                              acts.slots.i32(), dx0.data(), acts.touched_grads.data());
-    }));
-    if (spec_.positions == TransformerBlockSpec::Positions::kLearned) {
+    if (embedding_trainable()) {
+      RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
+        return k.ScatterRowsAdd(s, TouchedShape(), N_, acts.inputs.i32() + InputsLayout().tokens,
+                                acts.slots.i32(), dx0.data(), acts.touched_grads.data());
+      }));
+    }
+    if (spec_.positions == TransformerBlockSpec::Positions::kLearned && p_.layout_.wpe.trainable) {
       const Op& wpe = p_.layout_.wpe;
       ASSIGN_OR_RETURN(Buffer dwpe, Alloc(m_.max_position_embeddings * C_, true));
       ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, wpe.op, Stage::kBackward));
@@ -751,6 +937,7 @@ class TransformerProgram::Run {
       RETURN_IF_ERROR(access.End());
     }
     dx0.Reset();
+    if (!embedding_trainable()) return absl::OkStatus();
     // The embedding's last backward use: the batch's rows take their complete gradients (every
     // block is accessed, whether the batch touches it or not, so the schedule does not depend on
     // the data). Untied, this is the embedding's only backward use: its other rows' gradient is
@@ -775,12 +962,14 @@ class TransformerProgram::Run {
   absl::Status Backward(const ProgramInputs& in, double loss_scale, Activations& acts) {
     const int64_t V = m_.vocab_size, L = m_.num_layers;
     // Tied, the LM head writes every touched row before the embedding adds to it; untied, the
-    // embedding's part starts from zero.
-    ASSIGN_OR_RETURN(acts.touched_grads, Alloc(std::min(N_, V) * C_, !spec_.tied_lm_head));
-    // slot_of_token on the device.
-    ASSIGN_OR_RETURN(acts.slots, Alloc(V, false));
-    const absl::Span<const char> slots[] = {Bytes(in.slot_of_token)};
-    RETURN_IF_ERROR(ctx_->Upload(ProgramContext::Staging::kTokenSlots, acts.slots.data(), slots));
+    // embedding's part starts from zero. A frozen embedding needs neither.
+    if (embedding_trainable()) {
+      ASSIGN_OR_RETURN(acts.touched_grads, Alloc(std::min(N_, V) * C_, !spec_.tied_lm_head));
+      // slot_of_token on the device.
+      ASSIGN_OR_RETURN(acts.slots, Alloc(V, false));
+      const absl::Span<const char> slots[] = {Bytes(in.slot_of_token)};
+      RETURN_IF_ERROR(ctx_->Upload(ProgramContext::Staging::kTokenSlots, acts.slots.data(), slots));
+    }
     ASSIGN_OR_RETURN(Buffer dlnf, Alloc(N_ * C_, true));
     RETURN_IF_ERROR(LmHeadBackward(loss_scale, acts, dlnf));
     acts.ce_lse.Reset();
@@ -809,6 +998,9 @@ class TransformerProgram::Run {
   const ProgramShape& s_;
   ProgramContext* const ctx_;
   const int64_t B_, T_, C_, N_;
+  // A ForwardBackward (LoRA dropout on) rather than an Evaluate, and its dropout seed.
+  bool training_ = false;
+  uint64_t dropout_seed_ = 0;
   // The device copy of the RoPE tables (in Activations::inputs) during a pass.
   const float* rope_dev_ = nullptr;
 };

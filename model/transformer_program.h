@@ -117,17 +117,44 @@ class ProgramContext {
 
 // The operators and parameter tensors the program reads, resolved to ids of a chunk layout (or of
 // a recording context). An absent bias is -1.
+//
+// LoRA (model/lora_config.h). A frozen operator (OperatorSpec::trainable false: a LoRA base) is
+// read in backward only for its input gradient: its weights get no gradient, nothing is written to
+// its slots, and a frozen embedding is not accessed in backward at all. A linear may carry an
+// adapter (PEFT's LoraLayer, bias "none"): y = W x + b + scale * B (A drop(x)), A [rank, in] and
+// B [out, rank] in their own trainable operator "<base operator>.lora" (one per base operator: the
+// q/k/v operator's adapter operator holds the q, k and v pairs that are targeted). The adapter
+// operator is accessed right after its base operator's access ends, in forward and in backward
+// (never both at once: every moment's working set stays one operator's chunk); with Qwen3's q/k
+// norms and an adapter on the q/k/v operator, the forward accesses the q/k/v operator a second
+// time for the norms, after the adapter (the norms read the adapted projections).
 struct ProgramLayout {
+  // One linear's adapter; op == -1 when the linear has none.
+  struct Lora {
+    OperatorId op = -1;
+    TensorId a = -1;  // lora_A.weight [rank, in]
+    TensorId b = -1;  // lora_B.weight [out, rank]
+    int64_t rank = 0;
+    bool present() const { return op >= 0; }
+  };
   struct Op {
     OperatorId op = -1;
     TensorId w = -1;
     TensorId b = -1;
+    bool trainable = true;
+    Lora lora{};
   };
   // q/k/v_proj: three nn.Linear weights, optional biases and (Qwen3) the q/k norms' weights in
   // one operator.
   struct QkvOp {
     OperatorId op = -1;
     TensorId q_w = -1, k_w = -1, v_w = -1, q_b = -1, k_b = -1, v_b = -1, q_norm = -1, k_norm = -1;
+    bool trainable = true;
+    // The adapters of q_proj, k_proj, v_proj (all in one adapter operator when present).
+    Lora q_lora{}, k_lora{}, v_lora{};
+    OperatorId lora_op() const {
+      return q_lora.present() ? q_lora.op : k_lora.present() ? k_lora.op : v_lora.op;
+    }
   };
   // GPT-2: ln_1, c_attn (qkv), attn.c_proj (attn_out), ln_2, mlp.c_fc (mlp_in), mlp.c_proj
   // (mlp_out). Llama: input_layernorm, q/k/v_proj (qkv_split), o_proj, post_attention_layernorm,
@@ -141,6 +168,7 @@ struct ProgramLayout {
     TensorId tensor = -1;
     int64_t row_begin = 0;
     int64_t rows = 0;
+    bool trainable = true;
   };
   std::vector<VocabBlock> embed;    // the token embedding's row blocks
   std::vector<VocabBlock> lm_head;  // an untied LM head's row blocks (empty when tied)
@@ -151,7 +179,11 @@ struct ProgramLayout {
 
 // The ProgramLayout of `ops` = ModelOperators(config, vocab) (the vocabulary split in the row
 // blocks `rows` of GptVocabBlocks), with op_id(i) the id of ops[i] and tensor_id(i, j) the id of
-// its j-th tensor. REQUIRES: ops is that list (the order of model/model_config.h).
+// its j-th tensor; each operator's `trainable` is its spec's. `ops` may continue with adapter
+// operators (LoraModelOperators, model/lora_config.h): operator "<base>.lora" holds, per adapted
+// linear <module> of base operator <base> in the base's tensor order, "<module>.lora_A.weight"
+// [rank, in] then "<module>.lora_B.weight" [out, rank]. REQUIRES: ops is that list (the order of
+// model/model_config.h, then adapters whose names and shapes follow that rule).
 ProgramLayout ProgramLayoutOf(const ModelConfig& config, absl::Span<const OperatorSpec> ops,
                               absl::Span<const GptVocabBlock> rows,
                               absl::FunctionRef<OperatorId(size_t op)> op_id,
@@ -164,15 +196,23 @@ struct ProgramShape {
   int64_t attention_tile = 64;
   int64_t ce_row_tile = 256;
   int64_t ce_vocab_tile = kDefaultVocabTileRows;
+  // LoRA: the adapters' scale (lora_alpha / r) and dropout probability on the adapters' input
+  // (training passes only; in [0, 1)). Unused without adapters.
+  float lora_scale = 1.0f;
+  float lora_dropout = 0.0f;
 };
 
 // One batch's host inputs: tokens and targets [B, T]; for ForwardBackward the token -> slot map of
 // the batch's distinct tokens ([vocab], -1 for tokens not in the batch; see gpt_model.h
 // "Gradients"). A recording context passes empty spans: nothing reads them then.
+// dropout_seed seeds the LoRA dropout masks of a ForwardBackward (one mask per adapter, derived
+// from this seed and the adapter's A tensor id; the backward and an activation-checkpointing
+// recompute regenerate the same masks): pass a different seed for every micro-batch.
 struct ProgramInputs {
   absl::Span<const int32_t> tokens;
   absl::Span<const int32_t> targets;
   absl::Span<const int32_t> slot_of_token;
+  uint64_t dropout_seed = 0;
 };
 
 class TransformerProgram {

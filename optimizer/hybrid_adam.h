@@ -7,6 +7,11 @@
 // scheduler's ChunkManager (and ResidentChunkAccess over a ChunkStore whose chunks are already
 // where they should be).
 //
+// Frozen chunks (chunk/chunk_layout.h: a LoRA fine-tune's base model) hold no master payload, so
+// no rank owns them here: every pass below (gradient statistics for the overflow check and the
+// clipping norm, accumulation, the skipped-step restore, the update) skips them, their param
+// payloads are never read or written, and owned_param_elems() counts trainable parameters only.
+//
 // One Step():
 //   1. Reads the hyperparameters now: every group's lr and weight decay, betas, eps, the clipping
 //      threshold — an LR schedule that calls SetLearningRate() between steps takes effect.
@@ -214,7 +219,7 @@ struct AdamStepReport {
 class HybridAdam {
  public:
   // Builds the optimizer for the chunks `rank` owns in `layout` (those whose master payload it
-  // holds), with parameters in `compute_dtype`. Assigns every tensor of those chunks to a group.
+  // holds: never a frozen chunk), with parameters in `compute_dtype`. Assigns every tensor of those chunks to a group.
   // InvalidArgument naming the option for bad hyperparameters (lr < 0, betas outside [0, 1),
   // eps < 0, weight_decay < 0, non-finite values, no groups), a tensor no group takes, or a
   // missing host kernel. The layout is only read here: tensors placed or moved later are not

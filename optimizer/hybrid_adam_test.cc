@@ -96,17 +96,23 @@ class HybridAdamTest : public ::testing::Test {
   // owned chunks whose index is in `on_accelerator` on the emulated accelerator, the rest on the
   // host. Payloads start as: gaps NaN; master random; param = master rounded (the parameters),
   // momentum/variance zero.
+  //
+  // With `frozen_ops` > 0 the model's first operators are frozen (a LoRA base): their chunks get
+  // only a param payload, filled with values that would change any statistic they entered (large,
+  // and one +Inf).
   void Build(DType dtype, int world = 1, int rank = 0, std::vector<int64_t> on_accelerator = {},
-             int blocks = 4) {
+             int blocks = 4, int frozen_ops = 0) {
     dtype_ = dtype;
     // Tear down a previous build in dependency order: chunks, then resources, then the backend.
     store_.reset();
     device_.reset();
     backend_.reset();
-    ASSERT_OK_AND_ASSIGN(ChunkLayout layout, ChunkLayout::Build({.capacity_elems = 2400,
-                                                                 .world_size = world,
-                                                                 .tensor_alignment_elems = 3},
-                                                                Model(blocks)));
+    std::vector<OperatorSpec> model = Model(blocks);
+    for (int k = 0; k < frozen_ops; ++k) model[k].trainable = false;
+    ASSERT_OK_AND_ASSIGN(
+        ChunkLayout layout,
+        ChunkLayout::Build(
+            {.capacity_elems = 2400, .world_size = world, .tensor_alignment_elems = 3}, model));
     ASSERT_OK_AND_ASSIGN(
         store_, ChunkStore::Create(std::move(layout), {.compute_dtype = dtype, .rank = rank}));
     ASSERT_OK_AND_ASSIGN(backend_, CreateCpuBackend({.capacity_bytes = int64_t{64} << 20}));
@@ -129,6 +135,17 @@ class HybridAdamTest : public ::testing::Test {
         } else {
           auto* f = static_cast<float*>(chunk.payload());
           std::fill(f, f + chunk.capacity_elems(), std::numeric_limits<float>::quiet_NaN());
+        }
+      }
+      if (!store_->layout().chunk_trainable(i) &&
+          store_->layout().HoldsPayload(ChunkType::kParam, i, rank)) {
+        for (TensorId id : store_->layout().TensorsInChunk(i)) {
+          const TensorInfo& t = store_->layout().tensor(id);
+          for (int64_t e = t.offset_elems; e < t.offset_elems + t.numel; ++e) {
+            WriteParam(dtype, ParamPayload(i), e, 1000.0f + normal(rng));
+          }
+          WriteParam(dtype, ParamPayload(i), t.offset_elems,
+                     std::numeric_limits<float>::infinity());
         }
       }
       if (!store_->layout().HoldsPayload(ChunkType::kMaster, i, rank)) continue;
@@ -572,6 +589,65 @@ TEST_F(HybridAdamTest, ClipsByTheGlobalNorm) {
   WriteGradients(*adam, [](int64_t, int64_t) { return 2.0f; });
   ASSERT_OK_AND_ASSIGN(const AdamStepReport unclipped, adam->Step(access));
   EXPECT_EQ(unclipped.clip_coef, 1.0);
+}
+
+// Frozen chunks (a LoRA base) are invisible to the optimizer: not owned, not counted in the
+// accumulator, their +Inf and large values enter neither the overflow check nor the clipping norm,
+// and their bytes stay identical through steps, accumulation and a skipped step's restore.
+TEST_F(HybridAdamTest, FrozenChunksAreNeverTouched) {
+  for (const DType dtype : {DType::kF32, DType::kF16}) {
+    for (const int k : {1, 2}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " k=", k));
+      Build(dtype, 1, 0, /*on_accelerator=*/{0, 3}, /*blocks=*/4, /*frozen_ops=*/8);
+      const ChunkLayout& layout = store_->layout();
+      std::vector<int64_t> frozen;
+      for (int64_t i = 0; i < layout.num_chunks(); ++i) {
+        if (!layout.chunk_trainable(i)) frozen.push_back(i);
+      }
+      ASSERT_GE(frozen.size(), 2u) << layout.DebugString();
+      ASSERT_LT(frozen.size(), static_cast<size_t>(layout.num_chunks()));
+      HybridAdamOptions options;
+      options.max_grad_norm = 1.0;
+      options.gradient_accumulation_steps = k;
+      const float scale = 4.0f;
+      ASSERT_OK_AND_ASSIGN(options.loss_scaler, LossScaler::Static(scale));
+      ASSERT_OK_AND_ASSIGN(auto adam, HybridAdam::Create(layout, 0, dtype, options, Kernels()));
+      for (int64_t i : frozen) {
+        EXPECT_EQ(std::count(adam->owned_chunks().begin(), adam->owned_chunks().end(), i), 0);
+      }
+      EXPECT_EQ(adam->owned_param_elems(), layout.trainable_elems());
+      EXPECT_EQ(layout.trainable_elems() + layout.frozen_elems(), layout.placed_elems());
+      std::vector<std::vector<uint8_t>> frozen_bytes;
+      for (int64_t i : frozen)
+        frozen_bytes.push_back(PayloadBytes(store_->chunk(ChunkType::kParam, i)));
+      ResidentChunkAccess access(*store_);
+      for (int micro = 0; micro + 1 < k; ++micro) {
+        WriteGradients(*adam, [&](int64_t, int64_t) { return 0.5f * scale; });
+        ASSERT_OK_AND_ASSIGN(const AdamStepReport acc, adam->Accumulate(access));
+        EXPECT_TRUE(acc.accumulated);
+      }
+      // Every unscaled gradient is 0.5: the norm counts the trainable elements only.
+      WriteGradients(*adam, [&](int64_t, int64_t) { return 0.5f * scale; });
+      ASSERT_OK_AND_ASSIGN(const AdamStepReport report, adam->Step(access));
+      EXPECT_FALSE(report.skipped);
+      const double norm = 0.5 * std::sqrt(static_cast<double>(layout.trainable_elems()));
+      EXPECT_NEAR(report.grad_norm, norm, 1e-6 * norm);
+      // f16: an Inf in a trainable gradient skips the step and restores the parameters from the
+      // masters; the frozen chunks are no part of that either.
+      if (dtype == DType::kF16) {
+        WriteGradients(*adam, [&](int64_t, int64_t e) {
+          return e == 0 ? std::numeric_limits<float>::infinity() : 1.0f;
+        });
+        for (int micro = 0; micro + 1 < k; ++micro) ASSERT_OK(adam->Accumulate(access).status());
+        ASSERT_OK_AND_ASSIGN(const AdamStepReport skipped, adam->Step(access));
+        EXPECT_TRUE(skipped.skipped);
+      }
+      for (size_t j = 0; j < frozen.size(); ++j) {
+        EXPECT_EQ(PayloadBytes(store_->chunk(ChunkType::kParam, frozen[j])), frozen_bytes[j])
+            << "frozen chunk " << frozen[j];
+      }
+    }
+  }
 }
 
 // The reducer sees this rank's statistics and may add other ranks': an Inf elsewhere skips the

@@ -37,7 +37,8 @@ std::string ChunkManagerCounters::DebugString() const {
   absl::StrAppend(&out, prefetches, " prefetches, ", prefetch_hits, " prefetch hits, ",
                   write_behinds, " write-behinds, ", pressure_evictions,
                   " evictions under pressure, stall ", absl::StrFormat("%.3f ms", stall_ns / 1e6),
-                  ", compute wait ", absl::StrFormat("%.3f ms", compute_wait_ns / 1e6));
+                  ", compute wait ", absl::StrFormat("%.3f ms", compute_wait_ns / 1e6),
+                  ", frozen write-back ", FormatBytes(frozen_writeback_bytes));
   if (all_gathers > 0 || reduce_scatters > 0) {
     absl::StrAppend(&out, "; ZeRO: ", all_gathers, " all-gathers (", FormatBytes(all_gather_bytes),
                     " in), ", reduce_scatters, " reduce-scatters (",

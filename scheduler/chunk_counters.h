@@ -79,6 +79,13 @@ struct ChunkManagerCounters {
   // counts neither.
   int64_t pressure_reclaims = 0;
   int64_t pressure_evictions = 0;
+  // Payload bytes of frozen param chunks (chunk/chunk_layout.h: a LoRA fine-tune's base) this
+  // rank owns that were copied accelerator -> host (also counted in by_stage as write-backs).
+  // The engine never writes a frozen chunk back (backward never writes it, so its host copy stays
+  // valid and every eviction is a clean drop): 0 unless something wrote its payload on the
+  // accelerator outside the model's accesses (an AccessChunks kReadWrite on the accelerator).
+  // Gathered remote copies (ZeRO) are transient and not counted.
+  int64_t frozen_writeback_bytes = 0;
   // Time the calling thread blocked on chunk copies (loads, write-backs, zero-fills). With a
   // compute stream (stream-ordered accesses, see scheduler/chunk_manager.h) an access no longer
   // waits for its loads on the host, so this is only the host waits that remain (evictions, the

@@ -25,14 +25,15 @@ TEST(ChunkCounters, EveryFieldTakesPartInTheArithmetic) {
   // field added there must be added here, after checking that the arithmetic and DebugString
   // cover it. TransferCounters: loads, load_bytes, write_backs, write_back_bytes,
   // clean_evictions, allocations. ChunkManagerCounters: by_stage (3 stages of 6), prefetches,
-  // prefetch_hits, write_behinds, pressure_reclaims, pressure_evictions, stall_ns,
-  // compute_wait_ns, stream_ordered_waits, all_gathers, all_gather_bytes, reduce_scatters,
-  // reduce_scatter_bytes, remote_releases, comm_ns (14 scalars); the disk tier's disk_reads,
+  // prefetch_hits, write_behinds, pressure_reclaims, pressure_evictions,
+  // frozen_writeback_bytes, stall_ns, compute_wait_ns, stream_ordered_waits, all_gathers,
+  // all_gather_bytes, reduce_scatters, reduce_scatter_bytes, remote_releases, comm_ns (15
+  // scalars); the disk tier's disk_reads,
   // disk_read_bytes, disk_writes, disk_write_bytes, disk_read_aheads, disk_read_ahead_hits,
   // disk_write_behinds, disk_drops, disk_read_wait_ns, disk_write_wait_ns, disk_peak_host_bytes
   // (11 scalars).
   EXPECT_EQ(FlatCounters<TransferCounters>::kFields, 6u);
-  EXPECT_EQ(FlatCounters<ChunkManagerCounters>::kFields, 3u * 6u + 14u + 11u);
+  EXPECT_EQ(FlatCounters<ChunkManagerCounters>::kFields, 3u * 6u + 15u + 11u);
   std::mt19937_64 rng(7);
   for (int trial = 0; trial < 100; ++trial) {
     const ChunkManagerCounters a = Random<ChunkManagerCounters>(rng);
@@ -78,6 +79,7 @@ TEST(ChunkCounters, DebugStringNamesTheTrafficAndZeroOnlyWhenUsed) {
   c.pressure_evictions = 2;
   EXPECT_THAT(c.DebugString(), HasSubstr("BWD: 0 loads (0 B), 3 write-backs (3.00 MiB)"));
   EXPECT_THAT(c.DebugString(), HasSubstr("2 evictions under pressure"));
+  EXPECT_THAT(c.DebugString(), HasSubstr("frozen write-back 0 B"));
   EXPECT_THAT(c.DebugString(), ::testing::Not(HasSubstr("ZeRO")));
   c.all_gathers = 1;
   EXPECT_THAT(c.DebugString(), HasSubstr("ZeRO: 1 all-gathers"));

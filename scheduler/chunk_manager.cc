@@ -462,7 +462,9 @@ absl::Status ChunkManager::Access(OperatorId op, Stage stage) {
   RETURN_IF_ERROR(store_->SetOperatorState(ChunkType::kParam, op, TensorState::kCompute,
                                            &engine_->load_stream()));
   RETURN_IF_ERROR(AwaitAccess(keys, zero_fill));
-  if (stage == Stage::kBackward) chunk.MarkPayloadWritten();
+  // A frozen operator's backward only reads its parameters (no gradient in its slots): the chunk
+  // stays clean, so its host copy stays valid and it is never written back.
+  if (stage == Stage::kBackward && info.trainable) chunk.MarkPayloadWritten();
   active_ops_.emplace(op, stage);
   if (groups_ != nullptr) {
     groups_->NoteAccess(op, group, stage, in_iteration_ && !backward_started_);
@@ -504,8 +506,11 @@ absl::Status ChunkManager::Release(OperatorId op, Stage stage) {
                                                       StageName(stage), " but it was accessed in ",
                                                       StageName(it->second)));
   }
-  const TensorState to =
-      stage == Stage::kForward ? TensorState::kHoldAfterFwd : TensorState::kHoldAfterBwd;
+  // A frozen operator's slots still hold the parameter after its backward: HOLD, the state an
+  // optimizer step leaves a trained parameter in, so the next forward may access it at once.
+  const TensorState to = stage == Stage::kForward ? TensorState::kHoldAfterFwd
+                         : info.trainable         ? TensorState::kHoldAfterBwd
+                                                  : TensorState::kHold;
   RETURN_IF_ERROR(store_->SetOperatorState(ChunkType::kParam, op, to));
   active_ops_.erase(it);
   RETURN_IF_ERROR(engine_->NoteComputeRelease());
@@ -525,6 +530,8 @@ absl::Status ChunkManager::Release(OperatorId op, Stage stage) {
   }
   if (in_iteration_) groups_->NoteBackwardRelease(op);
   if (groups_->FinishedBackward(group)) {
+    // A frozen group has no gradients to reduce: its gathered copies are just freed.
+    if (layout.group_frozen(group)) return groups_->Free(group);
     RETURN_IF_ERROR(ReduceGroup(group, PassOf(stage), CurrentMoment()));
     RETURN_IF_ERROR(groups_->Free(group));
     // The owner's chunk holds the averaged gradients now, for the optimizer step.
@@ -683,7 +690,7 @@ absl::Status ChunkManager::FinishGroups(Stage stage) {
   if (groups_ == nullptr) return absl::OkStatus();
   for (int64_t group = 0; group < groups_->num_groups(); ++group) {
     if (!groups_->gathered(group)) continue;
-    if (groups_->backward_touched(group)) {
+    if (groups_->backward_touched(group) && !store_->layout().group_frozen(group)) {
       RETURN_IF_ERROR(ReduceGroup(group, stage, CurrentMoment()));
     }
     RETURN_IF_ERROR(groups_->Free(group));

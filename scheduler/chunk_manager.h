@@ -60,10 +60,17 @@
 // ZeRO (world size N > 1; scheduler/zero_groups.h): an Access whose group is not gathered makes
 // the group resident and all-gathers it; a FWD Release that leaves the group HOLD_AFTER_FWD
 // (before the backward started, or untracked) frees its remote payloads; a BWD Release that
-// finishes the group's backward makes it resident, reduce-scatters it and frees it. BeginAdam and
-// EndIteration first reduce every gathered group touched by backward and free every gathered
-// group, so the optimizer sees only owned chunks. ReleaseRemoteChunks, called on every rank, drops
-// gathered copies before parameters are rewritten outside the optimizer.
+// finishes the group's backward makes it resident, reduce-scatters it and frees it (a frozen
+// group, chunk/chunk_layout.h, is only freed: it has no gradients). BeginAdam and EndIteration
+// first reduce every gathered trainable group touched by backward and free every gathered group,
+// so the optimizer sees only owned chunks.
+//
+// Frozen chunks (a LoRA base): backward reads them like forward does, they stay clean, their
+// host copy is kept (also without clean eviction), so every eviction is a drop and none is ever
+// written back or written behind (ChunkManagerCounters::frozen_writeback_bytes counts it were one
+// written on the accelerator by an optimizer-style access); the optimizer never accesses them.
+// ReleaseRemoteChunks, called on every rank, drops gathered copies before parameters are rewritten
+// outside the optimizer.
 //
 // Pressure. The tide is what the accelerator's MemoryTracker counts. The caching allocator holds
 // activations in segments whose free tails it cannot always reuse, so the device can run out of
@@ -231,14 +238,18 @@ class ChunkManager {
   // tensors are zero-filled). With a compute stream, that stream waits for the copies and the
   // host returns at once; without one, the host waits for them (see "Stream order"). `stage` is
   // kForward (read-only: the chunk stays clean) or kBackward (gradients overwrite parameters: the
-  // chunk becomes dirty). InvalidArgument for an unknown operator or stage kAdam;
-  // FailedPrecondition if the operator is already accessed or has no tensors; ResourceExhausted if
-  // its working set cannot fit (see the file comment); errors of the pools and streams otherwise. A
-  // failed Access is no moment.
+  // chunk becomes dirty; for a frozen operator, chunk/chunk_layout.h, backward only reads: the
+  // chunk stays clean and is never written back). InvalidArgument for an unknown operator or stage
+  // kAdam; FailedPrecondition if the operator is already accessed or has no tensors;
+  // ResourceExhausted if its working set cannot fit (see the file comment); errors of the pools and
+  // streams otherwise. A failed Access is no moment.
   [[nodiscard]] absl::Status Access(OperatorId op, Stage stage);
 
   // Sets the operator's tensors COMPUTE -> HOLD_AFTER_FWD (kForward) or HOLD_AFTER_BWD
-  // (kBackward). FailedPrecondition without a matching Access; InvalidArgument for kAdam.
+  // (kBackward: the slots hold gradients). A frozen operator's tensors go COMPUTE -> HOLD after
+  // kBackward: its slots still hold the parameters (as after an optimizer step), so the next
+  // forward accesses them with no optimizer step over them. No write-behind for frozen chunks.
+  // FailedPrecondition without a matching Access; InvalidArgument for kAdam.
   [[nodiscard]] absl::Status Release(OperatorId op, Stage stage);
 
   // --- The optimizer --------------------------------------------------------------------------

@@ -163,6 +163,104 @@ TEST(ChunkManager, RandomTrainingNeverExceedsTheCapAndKeepsEveryByte) {
   EXPECT_GT(placed_state_chunks, 5);
 }
 
+// Frozen operators (a LoRA base): random models whose operators are frozen at random, run for
+// several iterations under tight caps, with and without clean eviction, prefetching and
+// recompute. The harness checks every tensor's bytes at every access, so a frozen parameter
+// reads version 1 (its initial bytes) in every pass of every iteration: bit-identical. No frozen
+// chunk is ever written back or written behind, trainable chunks still are, a frozen operator's
+// tensors are HOLD after its backward (the next forward accesses them with no optimizer step),
+// and the optimizer never touches a frozen chunk.
+TEST(ChunkManager, FrozenChunksAreReadOnlyAndNeverWrittenBack) {
+  std::mt19937_64 rng(2028);
+  ChunkManagerCounters all;
+  int64_t frozen_checked = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    SCOPED_TRACE(absl::StrCat("trial ", trial));
+    RandomTraining t = MakeRandomTraining(rng, /*recompute=*/trial % 3 == 1);
+    const int num_ops = static_cast<int>(t.model.op_numels.size());
+    for (int i = 0; i < num_ops; ++i) {
+      // Mostly a frozen prefix (a base model, then its adapters), sometimes a random mix.
+      const bool frozen = trial % 2 == 0 ? i < num_ops * 2 / 3 : Uniform(rng, 0, 1) == 1;
+      if (frozen) t.model.frozen_ops.push_back(i);
+    }
+    for (HarnessStep& step : t.program.steps) {
+      if (std::find(t.model.frozen_ops.begin(), t.model.frozen_ops.end(), step.op) !=
+          t.model.frozen_ops.end()) {
+        step.write = false;  // backward computes only the input gradient
+      }
+    }
+    HarnessConfig config = TightConfig(t, Uniform(rng, 1, 4));
+    config.options.clean_eviction = trial % 4 != 3;
+    config.options.prefetch = trial % 2 == 0;
+    ASSERT_OK_AND_ASSIGN(auto h, TrainingHarness::Create(t.model, config));
+    const ChunkLayout& layout = h->store().layout();
+    ASSERT_OK(layout.Validate());
+    for (OperatorId op : t.model.frozen_ops) {
+      const int64_t c = layout.op(op).chunk_index;
+      ASSERT_FALSE(layout.chunk_trainable(c));
+      EXPECT_FALSE(layout.HoldsPayload(ChunkType::kMaster, c, 0));
+    }
+    ASSERT_OK(h->Initialize());
+    std::vector<std::vector<uint8_t>> initial;
+    for (OperatorId op : t.model.frozen_ops) {
+      initial.push_back(h->ExpectedBytes(ChunkType::kParam, layout.op(op).tensors[0]));
+    }
+    for (int it = 0; it < 4; ++it) {
+      ASSERT_OK(h->RunIteration(t.program));
+      for (OperatorId op : t.model.frozen_ops) {
+        ASSERT_OK_AND_ASSIGN(TensorState state,
+                             h->store().tensor_state(ChunkType::kParam, layout.op(op).tensors[0]));
+        EXPECT_EQ(state, TensorState::kHold) << layout.op(op).name << " after iteration " << it;
+      }
+    }
+    for (size_t k = 0; k < t.model.frozen_ops.size(); ++k) {
+      // What the harness verified at every access: still the initial bytes.
+      EXPECT_EQ(h->ExpectedBytes(ChunkType::kParam, layout.op(t.model.frozen_ops[k]).tensors[0]),
+                initial[k]);
+      ++frozen_checked;
+    }
+    const ChunkManagerCounters c = h->manager().counters();
+    EXPECT_EQ(c.frozen_writeback_bytes, 0) << c.DebugString();
+    EXPECT_LE(h->backend().counters().peak_device_allocated_bytes, config.cap_bytes);
+    all += c;
+  }
+  std::cout << all.DebugString() << "\n";
+  EXPECT_GT(frozen_checked, 40);
+  EXPECT_EQ(all.frozen_writeback_bytes, 0);
+  // Trainable chunks are still written back, frozen ones dropped clean.
+  EXPECT_GT(all.stage(Stage::kBackward).write_backs, 10);
+  EXPECT_GT(
+      all.stage(Stage::kForward).clean_evictions + all.stage(Stage::kBackward).clean_evictions, 50);
+}
+
+// A frozen chunk made dirty by an optimizer-style write on the accelerator is written back when
+// evicted (its bytes must not be lost), and frozen_writeback_bytes counts it.
+TEST(ChunkManager, FrozenWritebackIsCountedIfItEverHappens) {
+  RandomTraining t;
+  t.model.chunk_elems = kChunkElems;
+  t.model.op_numels = {kChunkElems, kChunkElems, kChunkElems};
+  t.model.frozen_ops = {0};
+  HarnessConfig config;
+  config.cap_bytes = 64 * kChunkBytes;
+  config.options.device_budget_bytes = kChunkBytes;
+  config.options.warmup_chunk_fraction = 1.0;
+  config.options.nonmodel_slack_bytes = 0;
+  config.options.comm_buffer_bytes = 0;
+  ASSERT_OK_AND_ASSIGN(auto h, TrainingHarness::Create(t.model, config));
+  ASSERT_OK(h->Initialize());
+  ChunkManager& m = h->manager();
+  const Device accel = m.accelerator_device();
+  ASSERT_OK(m.AccessChunks(0, {ChunkType::kParam}, accel, AccessMode::kReadWrite));
+  ASSERT_OK(m.ReleaseChunks(0, {ChunkType::kParam}));
+  // Optimizer state of a frozen chunk does not exist.
+  EXPECT_THAT(m.AccessChunks(0, {ChunkType::kMaster}, Device::Host(), AccessMode::kRead),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  // Room for one chunk: a trainable operator's access pushes chunk 0 out, a write-back, counted.
+  ASSERT_OK(m.Access(1, Stage::kForward));
+  ASSERT_OK(m.Release(1, Stage::kForward));
+  EXPECT_EQ(m.counters().frozen_writeback_bytes, kChunkBytes) << m.counters().DebugString();
+}
+
 // The warm-up learns; the second iteration moves no more bytes than the warm-up (apart from the
 // one-time load of the optimizer state hybrid Adam keeps on the device), and from the third on
 // every iteration moves exactly the same bytes in every stage.

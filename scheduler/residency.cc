@@ -222,6 +222,7 @@ absl::Status ResidencyEngine::Evict(const std::vector<int64_t>& victims, MoveCon
     ++enqueued;
     ++c.write_backs;
     c.write_back_bytes += ch.capacity_bytes();
+    if (frozen_param(key)) counters_->frozen_writeback_bytes += ch.capacity_bytes();
   }
   // Wait even after a failure: a chunk whose write-back is enqueued counts as clean.
   if (enqueued > 0 || compute_waited_by_store) {
@@ -258,7 +259,10 @@ absl::Status ResidencyEngine::MoveToHost(int64_t key, MoveContext context) {
 absl::StatusOr<bool> ResidencyEngine::StartWriteBehind(int64_t key, MoveContext context) {
   if (!resident_.contains(key)) return false;
   Chunk& ch = chunk(key);
-  if (!ch.movable() || ch.backing_valid() || behind_.contains(key)) return false;
+  // A frozen chunk is never written behind: it stays clean (see frozen_param).
+  if (!ch.movable() || ch.backing_valid() || behind_.contains(key) || frozen_param(key)) {
+    return false;
+  }
   if (auto it = pending_.find(key); it != pending_.end()) {
     // Its load (a stream-ordered access does not wait for it on the host): done, or the store
     // stream waits for the load stream.
@@ -297,6 +301,12 @@ absl::Status ResidencyEngine::ReleasePayload(int64_t key) {
   return absl::OkStatus();
 }
 
+bool ResidencyEngine::frozen_param(int64_t key) const {
+  const ChunkId id = keys_.IdOf(key);
+  return id.type == ChunkType::kParam && !store_->layout().chunk_trainable(id.index) &&
+         chunk(key).is_local();
+}
+
 void ResidencyEngine::NoteAccessed(int64_t key) {
   if (prefetched_.erase(key) > 0) ++counters_->prefetch_hits;
 }
@@ -315,7 +325,11 @@ absl::Status ResidencyEngine::WaitForCopies(const std::vector<int64_t>& keys) {
     pending_.erase(it);
     behind_.erase(key);
     Chunk& ch = chunk(key);
-    if (!options_.clean_eviction && ch.has_backing()) RETURN_IF_ERROR(ch.DiscardBacking());
+    // A frozen chunk keeps its host copy whatever clean_eviction says: it is the parameter's
+    // home, never written back.
+    if (!options_.clean_eviction && ch.has_backing() && !frozen_param(key)) {
+      RETURN_IF_ERROR(ch.DiscardBacking());
+    }
   }
   return absl::OkStatus();
 }

@@ -15,6 +15,12 @@
 // that. Without clean eviction, host copies are freed as soon as a load completes and every
 // eviction is a write-back (PatrickStar's behaviour, kept for comparison).
 //
+// Frozen chunks (chunk/chunk_layout.h: a LoRA fine-tune's base). An owned frozen param chunk is
+// never written by backward (the ChunkManager keeps it clean), so its host copy stays the
+// parameter's home: it is kept even without clean eviction, every eviction is a drop, and it is
+// never written behind. Were one dirty anyway (written on the accelerator outside the model's
+// accesses), its eviction writes it back and counts ChunkManagerCounters::frozen_writeback_bytes.
+//
 // Write-behind. StartWriteBehind starts the write-back of a dirty resident chunk on the store
 // stream without waiting (after the caller's compute up to the last release, as a stream-side
 // wait); the chunk is in flight until WaitForCopies and, once written, clean: its later eviction
@@ -114,6 +120,8 @@ class ResidencyEngine {
   // --- The resident set (loads in flight included) ----------------------------------------------
 
   bool resident(int64_t key) const { return resident_.contains(key); }
+  // Whether `key` is a param chunk of frozen operators this rank owns (see "Frozen chunks").
+  bool frozen_param(int64_t key) const;
   int64_t resident_bytes() const { return resident_bytes_; }
   int64_t num_resident() const { return static_cast<int64_t>(resident_.size()); }
   // Ascending.

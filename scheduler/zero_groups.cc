@@ -50,7 +50,8 @@ void ZeroGroups::BeginIteration() {
 
 void ZeroGroups::NoteAccess(OperatorId op, int64_t group, Stage stage,
                             bool forward_before_backward) {
-  if (stage == Stage::kBackward) backward_touched_[group] = 1;
+  // A frozen group's backward writes nothing: there is nothing to reduce.
+  if (stage == Stage::kBackward && !layout().group_frozen(group)) backward_touched_[group] = 1;
   if (stage == Stage::kForward && forward_before_backward) ++forward_uses_[op];
 }
 
@@ -65,7 +66,9 @@ bool ZeroGroups::AllIn(int64_t group, TensorState state) const {
 }
 
 bool ZeroGroups::FinishedBackward(int64_t group) const {
-  if (!AllIn(group, TensorState::kHoldAfterBwd)) return false;
+  // A frozen operator's backward release leaves HOLD (its slots keep the parameters).
+  const bool frozen = layout().group_frozen(group);
+  if (!AllIn(group, frozen ? TensorState::kHold : TensorState::kHoldAfterBwd)) return false;
   for (OperatorId op : group_ops_[group]) {
     if (backward_releases_[op] < std::max(forward_uses_[op], 1)) return false;
   }

@@ -23,6 +23,10 @@
 //    parameter used twice (wte: encoder and LM head) finishes only after its second backward use.
 //    Then the manager makes the group resident and ReduceScatter averages it into the owner's
 //    param chunk (now dirty), and Free gives the remote payloads back.
+//  - Frozen groups (chunk/chunk_layout.h keeps a ZeRO group of one kind). A frozen operator's
+//    BWD release leaves its tensors HOLD (no gradient), so a frozen group has finished its
+//    backward when every tensor is HOLD and the release counts above hold; it is then only freed
+//    (no reduce-scatter), and a backward access never marks it touched.
 //  - Every decision depends only on the sequence of accesses and releases, never on memory
 //    pressure or timing, so ranks that run the same sequence issue the same collectives in the
 //    same order.

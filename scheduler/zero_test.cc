@@ -16,6 +16,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -89,6 +90,8 @@ struct ZeroSetup {
   // The manager gets a compute stream, and the "kernels" run on it, queued behind a stall: the
   // forward's reads and the backward's gradient writes happen only when the host next waits.
   bool queued_kernels = false;
+  // Operators with an index below this are frozen (a LoRA base before its adapters).
+  int64_t frozen_ops = 0;
 };
 
 // One rank: its emulated accelerator, memories, chunks, collectives and manager.
@@ -121,6 +124,7 @@ class Rank {
     std::vector<OperatorSpec> ops;
     for (size_t i = 0; i < setup.op_numels.size(); ++i) {
       ops.push_back({absl::StrCat("op", i), {{absl::StrCat("op", i, ".w"), {setup.op_numels[i]}}}});
+      ops.back().trainable = static_cast<int64_t>(i) >= setup.frozen_ops;
     }
     ChunkLayoutOptions layout_options;
     layout_options.capacity_elems = setup.chunk_elems;
@@ -256,6 +260,92 @@ class Rank {
       RETURN_IF_ERROR(manager_->ReleaseChunks(c, types));
     }
     return absl::OkStatus();
+  }
+
+  // Writes version `v` of the parameters into every frozen chunk this rank owns (the base's
+  // initialization: WriteOwnedParameters covers the chunks with optimizer state only).
+  absl::Status WriteFrozenParameters(int v) {
+    const ChunkLayout& l = layout();
+    for (int64_t c = 0; c < l.num_chunks(); ++c) {
+      if (l.chunk_trainable(c) || !l.HoldsPayload(ChunkType::kParam, c, rank())) continue;
+      RETURN_IF_ERROR(
+          manager_->AccessChunks(c, {ChunkType::kParam}, Device::Host(), AccessMode::kReadWrite));
+      for (TensorId t : l.TensorsInChunk(c)) {
+        std::vector<float> values(static_cast<size_t>(l.tensor(t).numel));
+        for (size_t i = 0; i < values.size(); ++i) values[i] = Param(t, i, v);
+        WriteTensor(ChunkType::kParam, t, values);
+      }
+      RETURN_IF_ERROR(manager_->ReleaseChunks(c, {ChunkType::kParam}));
+    }
+    return absl::OkStatus();
+  }
+
+  // A LoRA-style iteration at trainable version v: forward over every operator, backward in
+  // reverse where only trainable operators write gradients; frozen operators must read version 0
+  // in every pass, their groups are freed without a reduce-scatter, and the owners of trainable
+  // chunks hold the mean gradients. Then the owners write version v + 1 of the trainable ones.
+  absl::Status RunFrozenIteration(int v) {
+    const ChunkLayout& l = layout();
+    const int64_t k = l.num_operator_ids();
+    auto version = [&](OperatorId op) { return l.op(op).trainable ? v : 0; };
+    const int64_t reduces_before = manager_->counters().reduce_scatters;
+    RETURN_IF_ERROR(manager_->BeginIteration());
+    for (OperatorId op = 0; op < k; ++op) {
+      RETURN_IF_ERROR(manager_->Access(op, Stage::kForward));
+      RETURN_IF_ERROR(CheckParams(op, version(op)));
+      RETURN_IF_ERROR(manager_->Release(op, Stage::kForward));
+      RETURN_IF_ERROR(CheckInvariants("forward release"));
+    }
+    for (OperatorId op = k - 1; op >= 0; --op) {
+      RETURN_IF_ERROR(manager_->Access(op, Stage::kBackward));
+      const TensorId t = l.op(op).tensors[0];
+      RETURN_IF_ERROR(CheckParams(op, version(op)));
+      if (l.op(op).trainable) {
+        std::vector<float> g(static_cast<size_t>(l.tensor(t).numel));
+        for (size_t i = 0; i < g.size(); ++i) g[i] = Grad(rank(), t, i, v);
+        WriteTensor(ChunkType::kParam, t, g);
+      }
+      RETURN_IF_ERROR(manager_->Release(op, Stage::kBackward));
+      RETURN_IF_ERROR(CheckInvariants("backward release"));
+      ASSIGN_OR_RETURN(TensorState state, store_->tensor_state(ChunkType::kParam, t));
+      if (!l.op(op).trainable && state != TensorState::kHold) {
+        return absl::InternalError(absl::StrCat("rank ", rank(), ": frozen op", op, " is ",
+                                                TensorStateName(state), " after its backward"));
+      }
+    }
+    for (int64_t g = 0; g < l.num_groups(); ++g) {
+      if (manager_->group_gathered(g)) {
+        return absl::InternalError(
+            absl::StrCat("rank ", rank(), ": group ", g, " is still gathered after the backward"));
+      }
+    }
+    int64_t trainable_groups = 0;
+    for (int64_t g = 0; g < l.num_groups(); ++g) {
+      if (!l.group_frozen(g) && !l.is_padding(g * l.world_size())) ++trainable_groups;
+    }
+    if (manager_->counters().reduce_scatters - reduces_before != trainable_groups) {
+      return absl::InternalError(
+          absl::StrCat("rank ", rank(), ": ", manager_->counters().reduce_scatters - reduces_before,
+                       " reduce-scatters for ", trainable_groups, " trainable groups"));
+    }
+    for (TensorId t = 0; t < l.num_tensor_ids(); ++t) {
+      const int64_t c = l.tensor(t).chunk_index;
+      if (l.owner_of(c) != rank()) continue;
+      const std::vector<float> got = ReadTensor(ChunkType::kParam, t);
+      for (size_t i = 0; i < got.size(); ++i) {
+        const float want = l.chunk_trainable(c) ? MeanGrad(setup_.world, t, i, v, setup_.dtype)
+                                                : Round(Param(t, i, 0), setup_.dtype);
+        if (got[i] != want) {
+          return absl::DataLossError(absl::StrCat("rank ", rank(), ": tensor ", t, "[", i,
+                                                  "] = ", got[i], ", want ", want));
+        }
+      }
+    }
+    ASSIGN_OR_RETURN(AdamPlacement placement, manager_->BeginAdam());
+    (void)placement;
+    RETURN_IF_ERROR(WriteOwnedParameters(v + 1, /*all_types=*/false));
+    RETURN_IF_ERROR(manager_->EndIteration());
+    return CheckInvariants("end of iteration");
   }
 
   // Checks that the operator's tensor holds version `v` of the parameters.
@@ -512,6 +602,34 @@ INSTANTIATE_TEST_SUITE_P(
                           info.param.device_comm ? "DeviceComm" : "",
                           info.param.queued_kernels ? "Queued" : "");
     });
+
+// ZeRO with a frozen base: the frozen groups are gathered for every use and freed after their
+// backward without a reduce-scatter (the owners' frozen parameters stay bit-identical), the
+// trainable groups are averaged as usual, and no rank ever writes a frozen chunk back.
+TEST(ZeroFrozen, FrozenGroupsAreGatheredAndFreedWithoutReduction) {
+  for (const auto& [world, tight] : {std::pair{2, false}, std::pair{3, true}, std::pair{2, true}}) {
+    SCOPED_TRACE(absl::StrCat(world, " ranks", tight ? ", tight" : ""));
+    std::mt19937_64 rng(31 * world + tight);
+    ZeroSetup setup;
+    setup.world = world;
+    setup.chunk_elems = 256;
+    setup.op_numels = RandomOps(rng, setup.chunk_elems, 14);
+    setup.frozen_ops = 9;
+    setup.cap_chunks = tight ? world + 1 : 256;
+    std::vector<absl::Status> status = RunRanks(setup, [&](Rank& r) -> absl::Status {
+      RETURN_IF_ERROR(r.layout().Validate());
+      RETURN_IF_ERROR(r.WriteFrozenParameters(/*v=*/0));
+      RETURN_IF_ERROR(r.WriteOwnedParameters(/*v=*/0, /*all_types=*/true));
+      for (int v = 0; v < 3; ++v) RETURN_IF_ERROR(r.RunFrozenIteration(v));
+      const ChunkManagerCounters c = r.manager().counters();
+      if (c.frozen_writeback_bytes != 0) {
+        return absl::InternalError(absl::StrCat("rank ", r.rank(), ": ", c.DebugString()));
+      }
+      return absl::OkStatus();
+    });
+    for (int r = 0; r < world; ++r) EXPECT_OK(status[r]) << "rank " << r;
+  }
+}
 
 // The model-data share, exactly: 40 operators of 1000 elements, 4 per 4096-element chunk, make 10
 // data chunks. A rank holds its owned param chunks (2 bytes per element in f16; padding chunks

@@ -95,6 +95,8 @@ struct BlockActs {
   // With the q/k norm: the projections (the norms' inputs) and the norms' rstd; q and k are then
   // the normalized (and rotated) heads.
   Buffer q_in, k_in, q_rstd, k_rstd;
+  // LoRA: each adapter's h = A drop(x) [N, rank] (ProgramLayout::Lora), for its backward.
+  Buffer lh_qkv, lh_q, lh_k, lh_v, lh_o, lh_in, lh_up, lh_out;
   void Reset() { *this = BlockActs(); }
 };
 

@@ -20,6 +20,7 @@
 #include "model/kernels/layernorm.h"
 #include "model/kernels/linear.h"
 #include "model/kernels/lm_head_cross_entropy.h"
+#include "model/kernels/lora.h"
 #include "model/kernels/matmul.h"
 #include "model/kernels/residual.h"
 #include "model/kernels/rmsnorm.h"
@@ -49,6 +50,11 @@ absl::Span<const T> In(const T* p, int64_t n) {
 template <typename T>
 absl::Span<T> Out(T* p, int64_t n) {
   return absl::MakeSpan(p, static_cast<size_t>(n));
+}
+// An optional output: empty (the kernel skips it) when p is null.
+template <typename T>
+absl::Span<T> OptOut(T* p, int64_t n) {
+  return p == nullptr ? absl::Span<T>() : absl::MakeSpan(p, static_cast<size_t>(n));
 }
 
 // Rows and columns of a GEMM operand as stored.
@@ -206,7 +212,7 @@ absl::Status CpuKernels::DoLayerNormBackward(Stream& stream, const LayerNormShap
     const int64_t nc = s.rows * s.channels;
     return ::ps::LayerNormBackward<float>(s, In(x, nc), In(w, s.channels), In(mean, s.rows),
                                           In(rstd, s.rows), In(dy, nc), Out(dx, nc),
-                                          Out(dw, s.channels), Out(db, s.channels), pool);
+                                          OptOut(dw, s.channels), OptOut(db, s.channels), pool);
   });
 }
 
@@ -228,7 +234,7 @@ absl::Status CpuKernels::DoMatmulBackward(Stream& stream, const MatmulShape& s, 
     return ::ps::MatmulBackward<float>(
         s, In(x, s.rows * s.in_features), In(w, s.in_features * s.out_features),
         In(dy, s.rows * s.out_features), Out(dx, s.rows * s.in_features),
-        Out(dw, s.in_features * s.out_features), Out(db, s.out_features), pool);
+        OptOut(dw, s.in_features * s.out_features), OptOut(db, s.out_features), pool);
   });
 }
 
@@ -313,7 +319,7 @@ absl::Status CpuKernels::DoRmsNormBackward(Stream& stream, const RmsNormShape& s
   return Enqueue(stream, [=] {
     const int64_t nc = s.rows * s.channels;
     return ::ps::RmsNormBackward<float>(s, In(x, nc), In(w, s.channels), In(rstd, s.rows),
-                                        In(dy, nc), Out(dx, nc), Out(dw, s.channels), pool);
+                                        In(dy, nc), Out(dx, nc), OptOut(dw, s.channels), pool);
   });
 }
 
@@ -403,8 +409,8 @@ absl::Status CpuKernels::DoLinearBackward(Stream& stream, const LinearShape& s, 
     return ::ps::LinearBackward<float>(
         s, In(x, s.rows * s.in_features), In(w, s.out_features * s.in_features),
         In(dy, s.rows * s.out_features), Out(dx, s.rows * s.in_features),
-        Out(dw, s.out_features * s.in_features),
-        s.bias ? Out(db, s.out_features) : absl::Span<float>(), pool);
+        OptOut(dw, s.out_features * s.in_features),
+        s.bias ? OptOut(db, s.out_features) : absl::Span<float>(), pool);
   });
 }
 
@@ -450,7 +456,7 @@ absl::Status CpuKernels::DoMatmulBackwardBf16(Stream& stream, const MatmulShape&
     return ::ps::MatmulBackwardBf16(
         s, In(x, s.rows * s.in_features), In(w, s.in_features * s.out_features),
         In(dy, s.rows * s.out_features), Out(dx, s.rows * s.in_features),
-        Out(dw, s.in_features * s.out_features), Out(db, s.out_features),
+        OptOut(dw, s.in_features * s.out_features), OptOut(db, s.out_features),
         F32Workspace(workspace, workspace_bytes), pool);
   });
 }
@@ -601,8 +607,9 @@ absl::Status CpuKernels::DoLmHeadBlockBackward(Stream& stream, const VocabBlockS
   ThreadPool* pool = pool_;
   return Enqueue(stream, [=] {
     const int64_t C = s.channels, block_elems = s.block_rows * C;
-    // Each finished vocabulary tile lands in its rows of dblock.
+    // Each finished vocabulary tile lands in its rows of dblock (if wanted).
     auto on_tile = [&](int64_t v0, int64_t rows, const float* grad) -> absl::Status {
+      if (dblock == nullptr) return absl::OkStatus();
       std::memcpy(dblock + (v0 - s.row_begin) * C, grad,
                   static_cast<size_t>(rows * C) * sizeof(float));
       return absl::OkStatus();
@@ -618,6 +625,46 @@ absl::Status CpuKernels::DoLmHeadBlockBackward(Stream& stream, const VocabBlockS
         In(targets, s.rows), In(lse, s.rows), loss_grad, Out(dh, s.rows * C),
         F32Workspace(workspace, workspace_bytes), on_tile, pool);
   });
+}
+
+// --- LoRA adapters ------------------------------------------------------------------------------
+
+absl::Status CpuKernels::DoLoraForward(Stream& stream, const LoraShape& s, const float* x,
+                                       const float* a, const float* b, float* h, float* y, void*,
+                                       int64_t) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::LoraForward<float>(s, In(x, s.rows * s.in_features), In(a, s.rank * s.in_features),
+                                    In(b, s.out_features * s.rank), Out(h, s.rows * s.rank),
+                                    Out(y, s.rows * s.out_features), pool);
+  });
+}
+
+absl::Status CpuKernels::DoLoraBackward(Stream& stream, const LoraShape& s, const float* x,
+                                        const float* a, const float* b, const float* h,
+                                        const float* dy, float* dx, float* da, float* db,
+                                        void* workspace, int64_t workspace_bytes) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::LoraBackward<float>(
+        s, In(x, s.rows * s.in_features), In(a, s.rank * s.in_features),
+        In(b, s.out_features * s.rank), In(h, s.rows * s.rank), In(dy, s.rows * s.out_features),
+        OptOut(dx, s.rows * s.in_features), Out(da, s.rank * s.in_features),
+        Out(db, s.out_features * s.rank), F32Workspace(workspace, workspace_bytes), pool);
+  });
+}
+
+absl::Status CpuKernels::DoDropoutForward(Stream& stream, int64_t n, float p, uint64_t seed,
+                                          const float* x, float* y) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] { return ::ps::DropoutForward(p, seed, In(x, n), Out(y, n), pool); });
+}
+
+absl::Status CpuKernels::DoDropoutBackward(Stream& stream, int64_t n, float p, uint64_t seed,
+                                           const float* dy, float* dx) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream,
+                 [=] { return ::ps::DropoutBackward(p, seed, In(dy, n), Out(dx, n), pool); });
 }
 
 }  // namespace ps

@@ -54,6 +54,13 @@ int64_t CpuKernelWorkspaces::LmHeadBlockBackwardWorkspaceBytes(const VocabBlockS
   return LmHeadBlockBackwardWorkspaceElems(s, block_dtype != DType::kF32) * kF32;
 }
 
+int64_t CpuKernelWorkspaces::LoraForwardWorkspaceBytes(const LoraShape&) const { return 0; }
+
+// g [rows, rank] f32.
+int64_t CpuKernelWorkspaces::LoraBackwardWorkspaceBytes(const LoraShape& s) const {
+  return LoraBackwardWorkspaceElems(s) * kF32;
+}
+
 // --- CUDA
 // -----------------------------------------------------------------------------------------
 // Operations that run a cuBLAS GEMM: the kernels' own part (aligned), then cuBLAS's.
@@ -109,6 +116,16 @@ int64_t CudaKernelWorkspaces::LmHeadBlockBackwardWorkspaceBytes(const VocabBlock
                                                                 DType block_dtype) const {
   return cuda::AlignWorkspaceBytes(cuda::LmHeadBlockBackwardWorkspaceBytes(s, block_dtype)) +
          cublas_workspace_bytes_;
+}
+
+// The forward's two GEMMs need only cuBLAS's workspace; the backward keeps g [rows, rank] f32
+// before it.
+int64_t CudaKernelWorkspaces::LoraForwardWorkspaceBytes(const LoraShape&) const {
+  return cublas_workspace_bytes_;
+}
+
+int64_t CudaKernelWorkspaces::LoraBackwardWorkspaceBytes(const LoraShape& s) const {
+  return cuda::AlignWorkspaceBytes(LoraBackwardWorkspaceElems(s) * kF32) + cublas_workspace_bytes_;
 }
 
 }  // namespace ps

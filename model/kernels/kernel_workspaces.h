@@ -23,6 +23,7 @@
 #include "model/kernels/gqa_attention.h"
 #include "model/kernels/linear.h"
 #include "model/kernels/lm_head_cross_entropy.h"
+#include "model/kernels/lora.h"
 #include "model/kernels/matmul.h"
 #include "model/kernels/vocab_blocks.h"
 
@@ -51,6 +52,9 @@ class KernelWorkspaces {
                                                    DType block_dtype) const = 0;
   virtual int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& shape,
                                                     DType block_dtype) const = 0;
+  // LoRA adapters (model/kernels/lora.h).
+  virtual int64_t LoraForwardWorkspaceBytes(const LoraShape& shape) const = 0;
+  virtual int64_t LoraBackwardWorkspaceBytes(const LoraShape& shape) const = 0;
 };
 
 // The CPU kernels' (CpuKernels) for a pool of `threads` threads (the attention kernels keep one
@@ -74,6 +78,8 @@ class CpuKernelWorkspaces final : public KernelWorkspaces {
                                            DType block_dtype) const override;
   int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& shape,
                                             DType block_dtype) const override;
+  int64_t LoraForwardWorkspaceBytes(const LoraShape& shape) const override;
+  int64_t LoraBackwardWorkspaceBytes(const LoraShape& shape) const override;
 
  private:
   int threads_;
@@ -112,6 +118,8 @@ class CudaKernelWorkspaces final : public KernelWorkspaces {
                                            DType block_dtype) const override;
   int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& shape,
                                             DType block_dtype) const override;
+  int64_t LoraForwardWorkspaceBytes(const LoraShape& shape) const override;
+  int64_t LoraBackwardWorkspaceBytes(const LoraShape& shape) const override;
 
  private:
   int64_t cublas_workspace_bytes_;

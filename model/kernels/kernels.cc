@@ -1,5 +1,6 @@
 #include "model/kernels/kernels.h"
 
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
@@ -156,6 +157,23 @@ absl::Status CheckShape(absl::string_view op, const GemmShape& s) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckShape(absl::string_view op, const LoraShape& s) {
+  RETURN_IF_ERROR(BlasDim(op, "rows", s.rows));
+  RETURN_IF_ERROR(BlasDim(op, "in_features", s.in_features));
+  RETURN_IF_ERROR(BlasDim(op, "out_features", s.out_features));
+  RETURN_IF_ERROR(BlasDim(op, "rank", s.rank));
+  if (!std::isfinite(s.scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": scale ", s.scale, " is not finite"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDropoutP(absl::string_view op, float p) {
+  if (p >= 0.0f && p < 1.0f) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": dropout probability p must be in [0, 1), got ", p));
 }
 
 // Bytes of a row-major matrix of `rows` rows of `cols` elements, `ld` apart.
@@ -324,10 +342,11 @@ absl::Status Kernels::LayerNormBackward(Stream& stream, const LayerNormShape& s,
                                 {"mean", mean, n_bytes},
                                 {"rstd", rstd, n_bytes},
                                 {"dy", dy, x_bytes},
-                                {"dx", dx, x_bytes},
-                                {"dw", dw, c_bytes},
-                                {"db", db, c_bytes}},
+                                {"dx", dx, x_bytes}},
                                kF32));
+  // dw and db are optional (a frozen norm computes only dx).
+  if (dw != nullptr) RETURN_IF_ERROR(CheckBuffers(kOp, {{"dw", dw, c_bytes}}, kF32));
+  if (db != nullptr) RETURN_IF_ERROR(CheckBuffers(kOp, {{"db", db, c_bytes}}, kF32));
   return DoLayerNormBackward(stream, s, x, w, mean, rstd, dy, dx, dw, db);
 }
 
@@ -355,14 +374,11 @@ absl::Status Kernels::MatmulBackward(Stream& stream, const MatmulShape& s, const
   ASSIGN_OR_RETURN(const int64_t x_bytes, Bytes(kOp, "x", {s.rows, s.in_features}, kF32));
   ASSIGN_OR_RETURN(const int64_t w_bytes, Bytes(kOp, "w", {s.in_features, s.out_features}, kF32));
   ASSIGN_OR_RETURN(const int64_t y_bytes, Bytes(kOp, "dy", {s.rows, s.out_features}, kF32));
-  RETURN_IF_ERROR(CheckBuffers(kOp,
-                               {{"x", x, x_bytes},
-                                {"w", w, w_bytes},
-                                {"dy", dy, y_bytes},
-                                {"dx", dx, x_bytes},
-                                {"dw", dw, w_bytes},
-                                {"db", db, s.out_features * kF32}},
-                               kF32));
+  RETURN_IF_ERROR(CheckBuffers(
+      kOp, {{"x", x, x_bytes}, {"w", w, w_bytes}, {"dy", dy, y_bytes}, {"dx", dx, x_bytes}}, kF32));
+  // dw and db are optional (a frozen projection computes only dx).
+  if (dw != nullptr) RETURN_IF_ERROR(CheckBuffers(kOp, {{"dw", dw, w_bytes}}, kF32));
+  if (db != nullptr) RETURN_IF_ERROR(CheckBuffers(kOp, {{"db", db, s.out_features * kF32}}, kF32));
   RETURN_IF_ERROR(CheckWorkspace(kOp, workspace, workspace_bytes, MatmulWorkspaceBytes(s)));
   return DoMatmulBackward(stream, s, x, w, dy, dx, dw, db, workspace, workspace_bytes);
 }
@@ -476,9 +492,10 @@ absl::Status Kernels::RmsNormBackward(Stream& stream, const RmsNormShape& s, con
                                 {"w", w, s.channels * kF32},
                                 {"rstd", rstd, s.rows * kF32},
                                 {"dy", dy, x_bytes},
-                                {"dx", dx, x_bytes},
-                                {"dw", dw, s.channels * kF32}},
+                                {"dx", dx, x_bytes}},
                                kF32));
+  // dw is optional (a frozen norm computes only dx).
+  if (dw != nullptr) RETURN_IF_ERROR(CheckBuffers(kOp, {{"dw", dw, s.channels * kF32}}, kF32));
   return DoRmsNormBackward(stream, s, x, w, rstd, dy, dx, dw);
 }
 
@@ -612,14 +629,13 @@ absl::Status Kernels::LinearBackward(Stream& stream, const LinearShape& s, const
   ASSIGN_OR_RETURN(const int64_t x_bytes, Bytes(kOp, "x", {s.rows, s.in_features}, kF32));
   ASSIGN_OR_RETURN(const int64_t w_bytes, Bytes(kOp, "w", {s.out_features, s.in_features}, kF32));
   ASSIGN_OR_RETURN(const int64_t y_bytes, Bytes(kOp, "dy", {s.rows, s.out_features}, kF32));
-  RETURN_IF_ERROR(CheckBuffers(kOp,
-                               {{"x", x, x_bytes},
-                                {"w", w, w_bytes},
-                                {"dy", dy, y_bytes},
-                                {"dx", dx, x_bytes},
-                                {"dw", dw, w_bytes}},
-                               kF32));
-  if (s.bias) RETURN_IF_ERROR(CheckBuffers(kOp, {{"db", db, s.out_features * kF32}}, kF32));
+  RETURN_IF_ERROR(CheckBuffers(
+      kOp, {{"x", x, x_bytes}, {"w", w, w_bytes}, {"dy", dy, y_bytes}, {"dx", dx, x_bytes}}, kF32));
+  // dw and db are optional (a frozen projection computes only dx).
+  if (dw != nullptr) RETURN_IF_ERROR(CheckBuffers(kOp, {{"dw", dw, w_bytes}}, kF32));
+  if (s.bias && db != nullptr) {
+    RETURN_IF_ERROR(CheckBuffers(kOp, {{"db", db, s.out_features * kF32}}, kF32));
+  }
   RETURN_IF_ERROR(CheckWorkspace(kOp, workspace, workspace_bytes, LinearWorkspaceBytes(s)));
   return DoLinearBackward(stream, s, x, w, dy, dx, dw, s.bias ? db : nullptr, workspace,
                           workspace_bytes);
@@ -648,6 +664,104 @@ absl::Status Kernels::EmbeddingBackward(Stream& stream, const EmbeddingShape& s,
       {{"tokens", tokens, s.rows * kI32}, {"dout", dout, out_bytes}, {"dwte", dwte, wte_bytes}},
       kF32));
   return DoEmbeddingBackward(stream, s, tokens, dout, dwte);
+}
+
+// --- LoRA adapters ------------------------------------------------------------------------------
+
+absl::Status Kernels::LoraForward(Stream& stream, const LoraShape& s, const float* x,
+                                  const float* a, const float* b, float* h, float* y,
+                                  void* workspace, int64_t workspace_bytes) {
+  constexpr char kOp[] = "LoraForward";
+  RETURN_IF_ERROR(CheckShape(kOp, s));
+  ASSIGN_OR_RETURN(const int64_t x_bytes, Bytes(kOp, "x", {s.rows, s.in_features}, kF32));
+  ASSIGN_OR_RETURN(const int64_t a_bytes, Bytes(kOp, "a", {s.rank, s.in_features}, kF32));
+  ASSIGN_OR_RETURN(const int64_t b_bytes, Bytes(kOp, "b", {s.out_features, s.rank}, kF32));
+  ASSIGN_OR_RETURN(const int64_t h_bytes, Bytes(kOp, "h", {s.rows, s.rank}, kF32));
+  ASSIGN_OR_RETURN(const int64_t y_bytes, Bytes(kOp, "y", {s.rows, s.out_features}, kF32));
+  RETURN_IF_ERROR(CheckBuffers(kOp,
+                               {{"x", x, x_bytes},
+                                {"a", a, a_bytes},
+                                {"b", b, b_bytes},
+                                {"h", h, h_bytes},
+                                {"y", y, y_bytes}},
+                               kF32));
+  RETURN_IF_ERROR(NoOverlap(kOp, "h", h, h_bytes, "y", y, y_bytes));
+  for (const BufferArg& in :
+       {BufferArg{"x", x, x_bytes}, BufferArg{"a", a, a_bytes}, BufferArg{"b", b, b_bytes}}) {
+    RETURN_IF_ERROR(NoOverlap(kOp, "h", h, h_bytes, in.name, in.ptr, in.bytes));
+    RETURN_IF_ERROR(NoOverlap(kOp, "y", y, y_bytes, in.name, in.ptr, in.bytes));
+  }
+  RETURN_IF_ERROR(CheckWorkspace(kOp, workspace, workspace_bytes, LoraForwardWorkspaceBytes(s)));
+  return DoLoraForward(stream, s, x, a, b, h, y, workspace, workspace_bytes);
+}
+
+absl::Status Kernels::LoraBackward(Stream& stream, const LoraShape& s, const float* x,
+                                   const float* a, const float* b, const float* h, const float* dy,
+                                   float* dx, float* da, float* db, void* workspace,
+                                   int64_t workspace_bytes) {
+  constexpr char kOp[] = "LoraBackward";
+  RETURN_IF_ERROR(CheckShape(kOp, s));
+  ASSIGN_OR_RETURN(const int64_t x_bytes, Bytes(kOp, "x", {s.rows, s.in_features}, kF32));
+  ASSIGN_OR_RETURN(const int64_t a_bytes, Bytes(kOp, "a", {s.rank, s.in_features}, kF32));
+  ASSIGN_OR_RETURN(const int64_t b_bytes, Bytes(kOp, "b", {s.out_features, s.rank}, kF32));
+  ASSIGN_OR_RETURN(const int64_t h_bytes, Bytes(kOp, "h", {s.rows, s.rank}, kF32));
+  ASSIGN_OR_RETURN(const int64_t y_bytes, Bytes(kOp, "dy", {s.rows, s.out_features}, kF32));
+  RETURN_IF_ERROR(CheckBuffers(kOp,
+                               {{"x", x, x_bytes},
+                                {"a", a, a_bytes},
+                                {"b", b, b_bytes},
+                                {"h", h, h_bytes},
+                                {"dy", dy, y_bytes},
+                                {"da", da, a_bytes},
+                                {"db", db, b_bytes}},
+                               kF32));
+  // dx is optional (no input gradient wanted).
+  if (dx != nullptr) RETURN_IF_ERROR(CheckBuffers(kOp, {{"dx", dx, x_bytes}}, kF32));
+  const BufferArg outs[] = {
+      {"dx", dx, dx != nullptr ? x_bytes : 0}, {"da", da, a_bytes}, {"db", db, b_bytes}};
+  const BufferArg ins[] = {{"x", x, x_bytes},
+                           {"a", a, a_bytes},
+                           {"b", b, b_bytes},
+                           {"h", h, h_bytes},
+                           {"dy", dy, y_bytes}};
+  for (int i = 0; i < 3; ++i) {
+    if (outs[i].ptr == nullptr) continue;
+    for (int j = i + 1; j < 3; ++j) {
+      if (outs[j].ptr == nullptr) continue;
+      RETURN_IF_ERROR(NoOverlap(kOp, outs[i].name, outs[i].ptr, outs[i].bytes, outs[j].name,
+                                outs[j].ptr, outs[j].bytes));
+    }
+    for (const BufferArg& in : ins) {
+      RETURN_IF_ERROR(
+          NoOverlap(kOp, outs[i].name, outs[i].ptr, outs[i].bytes, in.name, in.ptr, in.bytes));
+    }
+  }
+  RETURN_IF_ERROR(CheckWorkspace(kOp, workspace, workspace_bytes, LoraBackwardWorkspaceBytes(s)));
+  return DoLoraBackward(stream, s, x, a, b, h, dy, dx, da, db, workspace, workspace_bytes);
+}
+
+absl::Status Kernels::DropoutForward(Stream& stream, int64_t n, float p, uint64_t seed,
+                                     const float* x, float* y) {
+  constexpr char kOp[] = "DropoutForward";
+  RETURN_IF_ERROR(CheckDropoutP(kOp, p));
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat(kOp, ": negative size ", n));
+  if (n == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const int64_t bytes, Bytes(kOp, "x", {n}, kF32));
+  RETURN_IF_ERROR(CheckBuffers(kOp, {{"x", x, bytes}, {"y", y, bytes}}, kF32));
+  RETURN_IF_ERROR(NoOverlap(kOp, "x", x, "y", y, bytes));
+  return DoDropoutForward(stream, n, p, seed, x, y);
+}
+
+absl::Status Kernels::DropoutBackward(Stream& stream, int64_t n, float p, uint64_t seed,
+                                      const float* dy, float* dx) {
+  constexpr char kOp[] = "DropoutBackward";
+  RETURN_IF_ERROR(CheckDropoutP(kOp, p));
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat(kOp, ": negative size ", n));
+  if (n == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const int64_t bytes, Bytes(kOp, "dy", {n}, kF32));
+  RETURN_IF_ERROR(CheckBuffers(kOp, {{"dy", dy, bytes}, {"dx", dx, bytes}}, kF32));
+  RETURN_IF_ERROR(NoOverlap(kOp, "dy", dy, "dx", dx, bytes));
+  return DoDropoutBackward(stream, n, p, seed, dy, dx);
 }
 
 }  // namespace ps

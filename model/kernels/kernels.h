@@ -38,6 +38,11 @@
 //    model/kernels/cuda). Activations and gradients are f32; low-precision (f16/bf16) parameters
 //    are either converted to f32 scratch with Convert, or multiplied directly with Gemm (16-bit
 //    operands, f32 accumulation: tensor cores on the GPU).
+//  - Input gradient only. For a frozen operator (LoRA's base model) the parameter gradients are
+//    optional: a null dw / db in LinearBackward, MatmulBackward, MatmulBackwardBf16,
+//    LayerNormBackward and RmsNormBackward, and a null dblock in LmHeadBlockBackward, skip that
+//    gradient's work (and its validation); dx (dh) is then, on the CPU, bit for bit the full
+//    call's. LoraBackward's dx may be null likewise.
 //
 // Why an abstract class and not a struct of function objects: the implementations carry state the
 // operations share (the CPU thread pool; the cuBLAS handle and its lock; the backend whose memory
@@ -68,6 +73,7 @@
 #include "model/kernels/layernorm.h"
 #include "model/kernels/linear.h"
 #include "model/kernels/lm_head_cross_entropy.h"
+#include "model/kernels/lora.h"
 #include "model/kernels/matmul.h"
 #include "model/kernels/rmsnorm.h"
 #include "model/kernels/rope.h"
@@ -130,6 +136,13 @@ class Kernels {
   }
   int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& s, DType block_dtype) const {
     return workspaces().LmHeadBlockBackwardWorkspaceBytes(s, block_dtype);
+  }
+  // The LoRA adapter (LoraForward / LoraBackward below).
+  int64_t LoraForwardWorkspaceBytes(const LoraShape& s) const {
+    return workspaces().LoraForwardWorkspaceBytes(s);
+  }
+  int64_t LoraBackwardWorkspaceBytes(const LoraShape& s) const {
+    return workspaces().LoraBackwardWorkspaceBytes(s);
   }
 
   // --- Memory -------------------------------------------------------------------------------
@@ -328,6 +341,30 @@ class Kernels {
                                                const int32_t* tokens, const float* dout,
                                                float* dwte);
 
+  // --- LoRA adapters (model/kernels/lora.h; dropout_math.h has the dropout rule) -------------
+  // h [rows, rank] = x A^T (overwritten; keep it for the backward); y [rows, out] += scale * h B^T.
+  // x [rows, in], a [rank, in], b [out, rank], all f32. Any rank >= 1 (also rank > in or out).
+  // y must not overlap x, a, b or h.
+  [[nodiscard]] absl::Status LoraForward(Stream& stream, const LoraShape& shape, const float* x,
+                                         const float* a, const float* b, float* h, float* y,
+                                         void* workspace, int64_t workspace_bytes);
+  // g = scale * dy B [rows, rank] (in the workspace); db += scale * dy^T h; da += g^T x;
+  // dx += g A. dx may be null: no input gradient (the work is skipped). da, db and dx must not
+  // overlap each other or the inputs.
+  [[nodiscard]] absl::Status LoraBackward(Stream& stream, const LoraShape& shape, const float* x,
+                                          const float* a, const float* b, const float* h,
+                                          const float* dy, float* dx, float* da, float* db,
+                                          void* workspace, int64_t workspace_bytes);
+  // Inverted dropout over num_elems f32 elements with dropout_math.h's counter-based mask (the
+  // same on every implementation, bit for bit): y[i] = keep(seed, i) ? x[i] * scale(p) : 0.
+  // REQUIRES 0 <= p < 1 (p == 0: y = x). y must not overlap x. num_elems == 0 enqueues nothing.
+  [[nodiscard]] absl::Status DropoutForward(Stream& stream, int64_t num_elems, float p,
+                                            uint64_t seed, const float* x, float* y);
+  // dx[i] += keep(seed, i) ? dy[i] * scale(p) : 0: exactly the forward's mask for the same seed
+  // and p. dx must not overlap dy.
+  [[nodiscard]] absl::Status DropoutBackward(Stream& stream, int64_t num_elems, float p,
+                                             uint64_t seed, const float* dy, float* dx);
+
  protected:
   // One buffer argument of an operation, as the checks see it.
   struct BufferArg {
@@ -469,6 +506,19 @@ class Kernels {
                                              const int32_t* targets, const float* lse,
                                              double loss_grad, float* dh, float* dblock,
                                              void* workspace, int64_t workspace_bytes) = 0;
+
+  // LoRA and dropout.
+  virtual absl::Status DoLoraForward(Stream& stream, const LoraShape& shape, const float* x,
+                                     const float* a, const float* b, float* h, float* y,
+                                     void* workspace, int64_t workspace_bytes) = 0;
+  virtual absl::Status DoLoraBackward(Stream& stream, const LoraShape& shape, const float* x,
+                                      const float* a, const float* b, const float* h,
+                                      const float* dy, float* dx, float* da, float* db,
+                                      void* workspace, int64_t workspace_bytes) = 0;
+  virtual absl::Status DoDropoutForward(Stream& stream, int64_t num_elems, float p, uint64_t seed,
+                                        const float* x, float* y) = 0;
+  virtual absl::Status DoDropoutBackward(Stream& stream, int64_t num_elems, float p, uint64_t seed,
+                                         const float* dy, float* dx) = 0;
 };
 
 }  // namespace ps

@@ -111,13 +111,11 @@ absl::Status Kernels::MatmulBackwardBf16(Stream& stream, const MatmulShape& s, c
                    Bytes(kOp, "w", {s.in_features, s.out_features}, sizeof(uint16_t)));
   ASSIGN_OR_RETURN(const int64_t dw_bytes, Bytes(kOp, "dw", {s.in_features, s.out_features}, kF32));
   ASSIGN_OR_RETURN(const int64_t y_bytes, Bytes(kOp, "dy", {s.rows, s.out_features}, kF32));
-  RETURN_IF_ERROR(CheckBuffers(kOp,
-                               {{"x", x, x_bytes},
-                                {"dy", dy, y_bytes},
-                                {"dx", dx, x_bytes},
-                                {"dw", dw, dw_bytes},
-                                {"db", db, s.out_features * kF32}},
-                               kF32));
+  RETURN_IF_ERROR(
+      CheckBuffers(kOp, {{"x", x, x_bytes}, {"dy", dy, y_bytes}, {"dx", dx, x_bytes}}, kF32));
+  // dw and db are optional (a frozen projection computes only dx).
+  if (dw != nullptr) RETURN_IF_ERROR(CheckBuffers(kOp, {{"dw", dw, dw_bytes}}, kF32));
+  if (db != nullptr) RETURN_IF_ERROR(CheckBuffers(kOp, {{"db", db, s.out_features * kF32}}, kF32));
   RETURN_IF_ERROR(CheckBuffers(kOp, {{"w", w, w_bytes}}, sizeof(uint16_t)));
   RETURN_IF_ERROR(
       CheckWorkspace(kOp, workspace, workspace_bytes, MatmulBf16BackwardWorkspaceBytes(s)));
@@ -295,11 +293,14 @@ absl::Status Kernels::LmHeadBlockBackward(Stream& stream, const VocabBlockShape&
                                {{"h", h, h_bytes},
                                 {"targets", targets, s.rows * kI32},
                                 {"lse", lse, s.rows * kF32},
-                                {"dh", dh, h_bytes},
-                                {"dblock", dblock, dblock_bytes}},
+                                {"dh", dh, h_bytes}},
                                kF32));
   RETURN_IF_ERROR(CheckBuffers(kOp, {{"block", block, block_bytes}}, SizeOf(block_dtype)));
-  RETURN_IF_ERROR(NoOverlap(kOp, "dh", dh, h_bytes, "dblock", dblock, dblock_bytes));
+  // dblock is optional (a frozen LM head computes only dh).
+  if (dblock != nullptr) {
+    RETURN_IF_ERROR(CheckBuffers(kOp, {{"dblock", dblock, dblock_bytes}}, kF32));
+    RETURN_IF_ERROR(NoOverlap(kOp, "dh", dh, h_bytes, "dblock", dblock, dblock_bytes));
+  }
   RETURN_IF_ERROR(CheckWorkspace(kOp, workspace, workspace_bytes,
                                  LmHeadBlockBackwardWorkspaceBytes(s, block_dtype)));
   return DoLmHeadBlockBackward(stream, s, h, block_dtype, block, targets, lse, loss_grad, dh,

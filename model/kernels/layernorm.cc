@@ -8,10 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
+#include "base/thread_pool.h"
 #include "model/kernels/internal/kernel_util.h"
 #include "model/kernels/internal/simd.h"
 #include "model/kernels/layernorm_math.h"
-#include "base/thread_pool.h"
 
 namespace ps {
 namespace {
@@ -92,8 +92,8 @@ absl::Status LayerNormBackward(const LayerNormShape& shape, absl::Span<const T> 
   RETURN_IF_ERROR(CheckElems(kKernel, "rstd", rstd, N, "N"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dy", dy, N * C, "N*C"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dx", dx, N * C, "N*C"));
-  RETURN_IF_ERROR(CheckElems(kKernel, "dw", dw, C, "C"));
-  RETURN_IF_ERROR(CheckElems(kKernel, "db", db, C, "C"));
+  if (!dw.empty()) RETURN_IF_ERROR(CheckElems(kKernel, "dw", dw, C, "C"));
+  if (!db.empty()) RETURN_IF_ERROR(CheckElems(kKernel, "db", db, C, "C"));
   // Pass 1: dx, row-parallel.
   const int64_t grain = RowsPerTask(C);
   ParallelFor(pool, NumTasks(N, grain), [&](int64_t task) {
@@ -125,6 +125,7 @@ absl::Status LayerNormBackward(const LayerNormShape& shape, absl::Span<const T> 
     }
   });
   // Pass 2: dw and db, parallel over channel slices, rows summed in order.
+  if (dw.empty() && db.empty()) return absl::OkStatus();
   ParallelFor(pool, NumTasks(C, kChannelsPerTask), [&](int64_t task) {
     const int64_t c0 = task * kChannelsPerTask;
     const int64_t c1 = std::min(C, c0 + kChannelsPerTask);
@@ -144,9 +145,11 @@ absl::Status LayerNormBackward(const LayerNormShape& shape, absl::Span<const T> 
         db_acc[c - c0] += dyr[c];
       }
     }
-    for (int64_t c = c0; c < c1; ++c) {
-      dw[c] += dw_acc[c - c0];
-      db[c] += db_acc[c - c0];
+    if (!dw.empty()) {
+      for (int64_t c = c0; c < c1; ++c) dw[c] += dw_acc[c - c0];
+    }
+    if (!db.empty()) {
+      for (int64_t c = c0; c < c1; ++c) db[c] += db_acc[c - c0];
     }
   });
   return absl::OkStatus();

@@ -53,7 +53,8 @@ template <typename T>
                                             absl::Span<T> y, absl::Span<T> mean, absl::Span<T> rstd,
                                             ThreadPool* pool);
 
-// dx += dL/dx, dw += dL/dw, db += dL/db given dy and the forward's x, w, mean and rstd.
+// dx += dL/dx, dw += dL/dw, db += dL/db given dy and the forward's x, w, mean and rstd. An empty
+// dw or db skips that gradient (input gradient only, for a frozen norm); dx is the same bits.
 template <typename T>
 [[nodiscard]] absl::Status LayerNormBackward(const LayerNormShape& shape, absl::Span<const T> x,
                                              absl::Span<const T> w, absl::Span<const T> mean,

@@ -68,14 +68,20 @@ absl::Status LinearBackward(const LinearShape& shape, absl::Span<const T> x, abs
   RETURN_IF_ERROR(CheckElems(kKernel, "w", w, O * I, "out_features*in_features"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dy", dy, N * O, "rows*out_features"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dx", dx, N * I, "rows*in_features"));
-  RETURN_IF_ERROR(CheckElems(kKernel, "dw", dw, O * I, "out_features*in_features"));
-  RETURN_IF_ERROR(CheckElems(kKernel, "db", db, shape.bias ? O : 0,
-                             shape.bias ? "out_features" : "0: the shape has no bias"));
+  if (!dw.empty()) {
+    RETURN_IF_ERROR(CheckElems(kKernel, "dw", dw, O * I, "out_features*in_features"));
+  }
+  if (!db.empty()) {
+    RETURN_IF_ERROR(CheckElems(kKernel, "db", db, shape.bias ? O : 0,
+                               shape.bias ? "out_features" : "0: the shape has no bias"));
+  }
   // dx[N,I] += dy[N,O] W[O,I]
   Gemm(false, false, N, I, O, T{1}, dy.data(), O, w.data(), I, T{1}, dx.data(), I, pool);
   // dW[O,I] += dy[N,O]^T x[N,I]
-  Gemm(true, false, O, I, N, T{1}, dy.data(), O, x.data(), I, T{1}, dw.data(), I, pool);
-  if (!shape.bias) return absl::OkStatus();
+  if (!dw.empty()) {
+    Gemm(true, false, O, I, N, T{1}, dy.data(), O, x.data(), I, T{1}, dw.data(), I, pool);
+  }
+  if (!shape.bias || db.empty()) return absl::OkStatus();
   ParallelFor(pool, NumTasks(O, kColumnsPerTask), [&](int64_t task) {
     const int64_t c0 = task * kColumnsPerTask;
     const int64_t c1 = std::min(O, c0 + kColumnsPerTask);

@@ -44,7 +44,8 @@ template <typename T>
                                          absl::Span<const T> w, absl::Span<const T> b,
                                          absl::Span<T> y, ThreadPool* pool);
 
-// dx += dy W, dw += dy^T x, db += column sums of dy (db empty when !shape.bias).
+// dx += dy W, dw += dy^T x, db += column sums of dy (db empty when !shape.bias). An empty dw or
+// db skips that gradient (input gradient only, for a frozen projection); dx is the same bits.
 template <typename T>
 [[nodiscard]] absl::Status LinearBackward(const LinearShape& shape, absl::Span<const T> x,
                                           absl::Span<const T> w, absl::Span<const T> dy,

@@ -110,13 +110,17 @@ absl::Status MatmulBackward(const MatmulShape& shape, absl::Span<const T> x, abs
   RETURN_IF_ERROR(CheckElems(kKernel, "w", w, I * O, "in_features*out_features"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dy", dy, N * O, "rows*out_features"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dx", dx, N * I, "rows*in_features"));
-  RETURN_IF_ERROR(CheckElems(kKernel, "dw", dw, I * O, "in_features*out_features"));
-  RETURN_IF_ERROR(CheckElems(kKernel, "db", db, O, "out_features"));
+  if (!dw.empty()) {
+    RETURN_IF_ERROR(CheckElems(kKernel, "dw", dw, I * O, "in_features*out_features"));
+  }
+  if (!db.empty()) RETURN_IF_ERROR(CheckElems(kKernel, "db", db, O, "out_features"));
   // dx[N,I] += dy[N,O] W[I,O]^T
   Gemm(false, true, N, I, O, T{1}, dy.data(), O, w.data(), O, T{1}, dx.data(), I, pool);
   // dW[I,O] += x[N,I]^T dy[N,O]
-  Gemm(true, false, I, O, N, T{1}, x.data(), I, dy.data(), O, T{1}, dw.data(), O, pool);
-  AddColumnSums(dy, N, O, db, pool);
+  if (!dw.empty()) {
+    Gemm(true, false, I, O, N, T{1}, x.data(), I, dy.data(), O, T{1}, dw.data(), O, pool);
+  }
+  if (!db.empty()) AddColumnSums(dy, N, O, db, pool);
   return absl::OkStatus();
 }
 
@@ -181,8 +185,10 @@ absl::Status MatmulBackwardBf16(const MatmulShape& shape, absl::Span<const float
   RETURN_IF_ERROR(CheckElems(kKernel, "w", w, I * O, "in_features*out_features"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dy", dy, N * O, "rows*out_features"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dx", dx, N * I, "rows*in_features"));
-  RETURN_IF_ERROR(CheckElems(kKernel, "dw", dw, I * O, "in_features*out_features"));
-  RETURN_IF_ERROR(CheckElems(kKernel, "db", db, O, "out_features"));
+  if (!dw.empty()) {
+    RETURN_IF_ERROR(CheckElems(kKernel, "dw", dw, I * O, "in_features*out_features"));
+  }
+  if (!db.empty()) RETURN_IF_ERROR(CheckElems(kKernel, "db", db, O, "out_features"));
   RETURN_IF_ERROR(CheckWorkspace(kKernel, workspace, MatmulBf16BackwardWorkspaceElems(shape)));
   Bf16GemmBackend backend;
   RETURN_IF_ERROR(ResolveBf16GemmBackend(&backend));  // before anything is written
@@ -194,12 +200,14 @@ absl::Status MatmulBackwardBf16(const MatmulShape& shape, absl::Span<const float
     float* xr = FallbackScratch(2, N * I);
     RoundToBf16Values(dy.data(), dyr, N * O, pool);
     WidenBf16(w.data(), wf, I * O, pool);
-    RoundToBf16Values(x.data(), xr, N * I, pool);
     // dx[N,I] += dy[N,O] W[I,O]^T
     Gemm(false, true, N, I, O, 1.0f, dyr, O, wf, O, 1.0f, dx.data(), I, pool);
     // dW[I,O] += x[N,I]^T dy[N,O]
-    Gemm(true, false, I, O, N, 1.0f, xr, I, dyr, O, 1.0f, dw.data(), O, pool);
-    AddColumnSums(dy, N, O, db, pool);
+    if (!dw.empty()) {
+      RoundToBf16Values(x.data(), xr, N * I, pool);
+      Gemm(true, false, I, O, N, 1.0f, xr, I, dyr, O, 1.0f, dw.data(), O, pool);
+    }
+    if (!db.empty()) AddColumnSums(dy, N, O, db, pool);
     return absl::OkStatus();
   }
   // dy in bf16 [N, O]; x in bf16 and transposed, [I, N], so that dW's GEMM reads both operands
@@ -207,7 +215,7 @@ absl::Status MatmulBackwardBf16(const MatmulShape& shape, absl::Span<const float
   uint16_t* dyb = Bf16Workspace(workspace);
   uint16_t* xbt = dyb + Bf16SecondArrayOffset(N * O);
   RoundToBf16(dy.data(), dyb, N * O, pool);
-  RoundToBf16Transposed(x.data(), N, I, xbt, pool);
+  if (!dw.empty()) RoundToBf16Transposed(x.data(), N, I, xbt, pool);
   // dx[N,I] += dy[N,O] W[I,O]^T
   RETURN_IF_ERROR(GemmBf16({.trans_b = true,
                             .m = N,
@@ -221,6 +229,10 @@ absl::Status MatmulBackwardBf16(const MatmulShape& shape, absl::Span<const float
                             .c = dx.data(),
                             .ldc = I},
                            pool));
+  if (dw.empty()) {
+    if (!db.empty()) AddColumnSums(dy, N, O, db, pool);
+    return absl::OkStatus();
+  }
   // dW[I,O] += x[N,I]^T dy[N,O]
   RETURN_IF_ERROR(GemmBf16({.m = I,
                             .n = O,
@@ -233,7 +245,7 @@ absl::Status MatmulBackwardBf16(const MatmulShape& shape, absl::Span<const float
                             .c = dw.data(),
                             .ldc = O},
                            pool));
-  AddColumnSums(dy, N, O, db, pool);
+  if (!db.empty()) AddColumnSums(dy, N, O, db, pool);
   return absl::OkStatus();
 }
 

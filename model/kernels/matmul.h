@@ -56,7 +56,8 @@ template <typename T>
                                          absl::Span<const T> w, absl::Span<const T> b,
                                          absl::Span<T> y, ThreadPool* pool);
 
-// dx += dy W^T, dw += x^T dy, db += column sums of dy.
+// dx += dy W^T, dw += x^T dy, db += column sums of dy. An empty dw or db skips that gradient
+// (input gradient only, for a frozen projection); dx is the same bits.
 template <typename T>
 [[nodiscard]] absl::Status MatmulBackward(const MatmulShape& shape, absl::Span<const T> x,
                                           absl::Span<const T> w, absl::Span<const T> dy,
@@ -76,7 +77,8 @@ int64_t MatmulBf16BackwardWorkspaceElems(const MatmulShape& shape);
                                              absl::Span<const float> b, absl::Span<float> y,
                                              absl::Span<float> workspace, ThreadPool* pool);
 
-// dx += bf16(dy) W^T, dw += bf16(x)^T bf16(dy), db += column sums of dy (f32).
+// dx += bf16(dy) W^T, dw += bf16(x)^T bf16(dy), db += column sums of dy (f32). An empty dw or db
+// skips that gradient (and x's rounding); dx is the same bits.
 [[nodiscard]] absl::Status MatmulBackwardBf16(const MatmulShape& shape, absl::Span<const float> x,
                                               absl::Span<const uint16_t> w,
                                               absl::Span<const float> dy, absl::Span<float> dx,

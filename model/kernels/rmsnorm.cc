@@ -83,7 +83,7 @@ absl::Status RmsNormBackward(const RmsNormShape& shape, absl::Span<const T> x,
   RETURN_IF_ERROR(CheckElems(kKernel, "rstd", rstd, N, "N"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dy", dy, N * C, "N*C"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dx", dx, N * C, "N*C"));
-  RETURN_IF_ERROR(CheckElems(kKernel, "dw", dw, C, "C"));
+  if (!dw.empty()) RETURN_IF_ERROR(CheckElems(kKernel, "dw", dw, C, "C"));
   // Pass 1: dx, row-parallel.
   const int64_t grain = RowsPerTask(C);
   ParallelFor(pool, NumTasks(N, grain), [&](int64_t task) {
@@ -109,6 +109,7 @@ absl::Status RmsNormBackward(const RmsNormShape& shape, absl::Span<const T> x,
     }
   });
   // Pass 2: dw, parallel over channel slices, rows summed in order.
+  if (dw.empty()) return absl::OkStatus();
   ParallelFor(pool, NumTasks(C, kChannelsPerTask), [&](int64_t task) {
     const int64_t c0 = task * kChannelsPerTask;
     const int64_t c1 = std::min(C, c0 + kChannelsPerTask);

@@ -50,7 +50,8 @@ template <typename T>
                                           absl::Span<const T> w, absl::Span<T> y,
                                           absl::Span<T> rstd, ThreadPool* pool);
 
-// dx += dL/dx and dw += dL/dw given dy and the forward's x, w and rstd.
+// dx += dL/dx and dw += dL/dw given dy and the forward's x, w and rstd. An empty dw skips it
+// (input gradient only, for a frozen norm); dx is the same bits.
 template <typename T>
 [[nodiscard]] absl::Status RmsNormBackward(const RmsNormShape& shape, absl::Span<const T> x,
                                            absl::Span<const T> w, absl::Span<const T> rstd,

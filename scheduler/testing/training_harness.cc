@@ -1,9 +1,11 @@
 #include "scheduler/testing/training_harness.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -65,6 +67,8 @@ absl::StatusOr<std::unique_ptr<TrainingHarness>> TrainingHarness::Create(
   std::vector<OperatorSpec> ops;
   for (size_t i = 0; i < model.op_numels.size(); ++i) {
     ops.push_back({absl::StrCat("op", i), {{absl::StrCat("op", i, ".w"), {model.op_numels[i]}}}});
+    ops.back().trainable = std::find(model.frozen_ops.begin(), model.frozen_ops.end(),
+                                     static_cast<OperatorId>(i)) == model.frozen_ops.end();
   }
   ASSIGN_OR_RETURN(ChunkLayout layout,
                    ChunkLayout::Build({.capacity_elems = model.chunk_elems}, ops));
@@ -149,12 +153,15 @@ absl::Status TrainingHarness::WriteTensor(ChunkType type, TensorId id) {
 absl::Status TrainingHarness::Initialize() {
   const int64_t n = store_->layout().num_data_chunks();
   for (int64_t i = 0; i < n; ++i) {
-    RETURN_IF_ERROR(
-        manager_->AccessChunks(i, kAllChunkTypes, Device::Host(), AccessMode::kReadWrite));
+    std::vector<ChunkType> types;
     for (ChunkType type : kAllChunkTypes) {
+      if (store_->layout().HoldsPayload(type, i, store_->rank())) types.push_back(type);
+    }
+    RETURN_IF_ERROR(manager_->AccessChunks(i, types, Device::Host(), AccessMode::kReadWrite));
+    for (ChunkType type : types) {
       for (TensorId id : store_->layout().TensorsInChunk(i)) RETURN_IF_ERROR(WriteTensor(type, id));
     }
-    RETURN_IF_ERROR(manager_->ReleaseChunks(i, kAllChunkTypes));
+    RETURN_IF_ERROR(manager_->ReleaseChunks(i, types));
   }
   return absl::OkStatus();
 }
@@ -228,6 +235,7 @@ absl::Status TrainingHarness::RunAdam(bool on_accelerator) {
   ASSIGN_OR_RETURN(AdamPlacement placement, manager_->BeginAdam());
   const int64_t n = store_->layout().num_data_chunks();
   for (int64_t i = 0; i < n; ++i) {
+    if (!store_->layout().chunk_trainable(i)) continue;  // the optimizer never sees frozen chunks
     const Device device =
         on_accelerator && placement.OnAccelerator(i) ? accel_->device() : Device::Host();
     RETURN_IF_ERROR(manager_->AccessChunks(i, kAllChunkTypes, device, AccessMode::kReadWrite));

@@ -40,6 +40,9 @@ struct HarnessModel {
   int64_t chunk_elems = 1024;
   // Elements of each operator's single tensor (each <= chunk_elems).
   std::vector<int64_t> op_numels = {};
+  // Operators whose index is listed here are frozen (OperatorSpec::trainable = false): their
+  // chunks hold only params, the optimizer phase skips them.
+  std::vector<OperatorId> frozen_ops = {};
 };
 
 struct HarnessStep {
@@ -87,7 +90,8 @@ class TrainingHarness {
                                                                  const HarnessConfig& config);
   ~TrainingHarness();
 
-  // Writes version-1 bytes into every tensor of every chunk type, on the host (untracked).
+  // Writes version-1 bytes into every tensor of every chunk type the chunk has (a frozen chunk:
+  // its params only), on the host (untracked).
   [[nodiscard]] absl::Status Initialize();
   // One iteration of `program` between BeginIteration and EndIteration.
   [[nodiscard]] absl::Status RunIteration(const HarnessProgram& program);

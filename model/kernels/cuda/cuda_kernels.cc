@@ -18,6 +18,7 @@
 #include "model/kernels/cuda/linear.h"
 #include "model/kernels/cuda/llama_elementwise.h"
 #include "model/kernels/cuda/lm_head_cross_entropy.h"
+#include "model/kernels/cuda/lora.h"
 #include "model/kernels/cuda/matmul.h"
 #include "model/kernels/cuda/rmsnorm.h"
 #include "model/kernels/cuda/vocab_blocks.h"
@@ -453,6 +454,41 @@ absl::Status CudaKernels::DoLmHeadBlockBackward(Stream& stream, const VocabBlock
     return ::ps::cuda::LmHeadBlockBackward(hd, shape, h, block_dtype, block, targets, lse,
                                            loss_grad, dh, dblock, workspace, own, s);
   });
+}
+
+// --- LoRA adapters ------------------------------------------------------------------------------
+
+absl::Status CudaKernels::DoLoraForward(Stream& stream, const LoraShape& shape, const float* x,
+                                        const float* a, const float* b, float* h, float* y,
+                                        void* workspace, int64_t) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return WithCublas(workspace, cublas_workspace_bytes(), [&](const CublasHandle& hd) {
+    return ::ps::cuda::LoraForward(hd, shape, x, a, b, h, y, s);
+  });
+}
+
+absl::Status CudaKernels::DoLoraBackward(Stream& stream, const LoraShape& shape, const float* x,
+                                         const float* a, const float* b, const float* h,
+                                         const float* dy, float* dx, float* da, float* db,
+                                         void* workspace, int64_t) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  const int64_t own = AlignBytes(::ps::cuda::LoraBackwardWorkspaceBytes(shape));
+  void* cublas_workspace = static_cast<char*>(workspace) + own;
+  return WithCublas(cublas_workspace, cublas_workspace_bytes(), [&](const CublasHandle& hd) {
+    return ::ps::cuda::LoraBackward(hd, shape, x, a, b, h, dy, dx, da, db, workspace, own, s);
+  });
+}
+
+absl::Status CudaKernels::DoDropoutForward(Stream& stream, int64_t n, float p, uint64_t seed,
+                                           const float* x, float* y) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::DropoutForward(n, p, seed, x, y, s);
+}
+
+absl::Status CudaKernels::DoDropoutBackward(Stream& stream, int64_t n, float p, uint64_t seed,
+                                            const float* dy, float* dx) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::DropoutBackward(n, p, seed, dy, dx, s);
 }
 
 }  // namespace ps::cuda

@@ -195,6 +195,17 @@ class CudaKernels final : public Kernels {
                                      DType block_dtype, const void* block, const int32_t* targets,
                                      const float* lse, double loss_grad, float* dh, float* dblock,
                                      void* workspace, int64_t workspace_bytes) override;
+  absl::Status DoLoraForward(Stream& stream, const LoraShape& shape, const float* x, const float* a,
+                             const float* b, float* h, float* y, void* workspace,
+                             int64_t workspace_bytes) override;
+  absl::Status DoLoraBackward(Stream& stream, const LoraShape& shape, const float* x,
+                              const float* a, const float* b, const float* h, const float* dy,
+                              float* dx, float* da, float* db, void* workspace,
+                              int64_t workspace_bytes) override;
+  absl::Status DoDropoutForward(Stream& stream, int64_t num_elems, float p, uint64_t seed,
+                                const float* x, float* y) override;
+  absl::Status DoDropoutBackward(Stream& stream, int64_t num_elems, float p, uint64_t seed,
+                                 const float* dy, float* dx) override;
 
   const int device_index_;
   const CudaKernelWorkspaces workspaces_;

@@ -51,9 +51,7 @@ absl::Status LayerNormBackward(const LayerNormShape& shape, const float* x, cons
                                          {"mean", mean},
                                          {"rstd", rstd},
                                          {"dy", dy},
-                                         {"dx", dx},
-                                         {"dw", dw},
-                                         {"db", db}}));
+                                         {"dx", dx}}));  // dw, db: optional
   return LaunchStatus(cuda_internal::LaunchLayerNormBackward(shape.rows, shape.channels, x, w, mean,
                                                              rstd, dy, dx, dw, db, stream),
                       kKernel);

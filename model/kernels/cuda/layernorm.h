@@ -24,7 +24,7 @@ namespace ps::cuda {
                                             float* rstd, cudaStream_t stream);
 
 // dx += dL/dx, dw += dL/dw, db += dL/db from dy and the forward's x, w, mean,
-// rstd.
+// rstd. dw and db may be null: skipped (input gradient only).
 [[nodiscard]] absl::Status LayerNormBackward(const LayerNormShape& shape, const float* x,
                                              const float* w, const float* mean, const float* rstd,
                                              const float* dy, float* dx, float* dw, float* db,

@@ -99,8 +99,8 @@ __global__ void LayerNormParamGradKernel(int64_t rows, int64_t channels,
       dw_sum += dw_part[y][threadIdx.x];
       db_sum += db_part[y][threadIdx.x];
     }
-    dw[c] += dw_sum;
-    db[c] += db_sum;
+    if (dw != nullptr) dw[c] += dw_sum;
+    if (db != nullptr) db[c] += db_sum;
   }
 }
 
@@ -124,6 +124,7 @@ cudaError_t LaunchLayerNormBackward(int64_t rows, int64_t channels, const float*
   LayerNormInputGradKernel<<<RowBlocks(rows), kWarpsPerBlock * kWarpSize, 0, stream>>>(
       rows, channels, x, w, mean, rstd, dy, dx);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (dw == nullptr && db == nullptr) return cudaSuccess;  // input gradient only
   const unsigned int blocks = static_cast<unsigned int>((channels + kColumnTile - 1) / kColumnTile);
   LayerNormParamGradKernel<<<blocks, dim3(kColumnTile, kRowLanes), 0, stream>>>(
       rows, channels, x, mean, rstd, dy, dw, db);

@@ -47,14 +47,16 @@ absl::Status LinearBackward(const CublasHandle& cublas, const LinearShape& shape
                             cudaStream_t stream) {
   constexpr char kKernel[] = "cuda::LinearBackward";
   RETURN_IF_ERROR(CheckShape(kKernel, shape));
-  RETURN_IF_ERROR(CheckNotNull(kKernel, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}, {"dw", dw}}));
-  if (shape.bias) RETURN_IF_ERROR(CheckNotNull(kKernel, {{"db", db}}));
+  // dw and db are optional (input gradient only).
+  RETURN_IF_ERROR(CheckNotNull(kKernel, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}}));
   const int64_t N = shape.rows, I = shape.in_features, O = shape.out_features;
   // dx[N,I] += dy[N,O] W[O,I]
   RETURN_IF_ERROR(Gemm(cublas, stream, false, false, N, I, O, 1.0f, dy, O, w, I, 1.0f, dx, I));
   // dW[O,I] += dy[N,O]^T x[N,I]
-  RETURN_IF_ERROR(Gemm(cublas, stream, true, false, O, I, N, 1.0f, dy, O, x, I, 1.0f, dw, I));
-  if (!shape.bias) return absl::OkStatus();
+  if (dw != nullptr) {
+    RETURN_IF_ERROR(Gemm(cublas, stream, true, false, O, I, N, 1.0f, dy, O, x, I, 1.0f, dw, I));
+  }
+  if (!shape.bias || db == nullptr) return absl::OkStatus();
   return LaunchStatus(cuda_internal::LaunchColumnSums(N, O, dy, db, stream), kKernel);
 }
 

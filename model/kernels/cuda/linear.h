@@ -27,7 +27,8 @@ namespace ps::cuda {
                                          const float* x, const float* w, const float* b, float* y,
                                          cudaStream_t stream);
 
-// dx += dy W, dw += dy^T x, db += column sums of dy (db may be null when !shape.bias).
+// dx += dy W, dw += dy^T x, db += column sums of dy. dw and db may be null: that gradient is
+// skipped (input gradient only; db is also unused when !shape.bias).
 [[nodiscard]] absl::Status LinearBackward(const CublasHandle& cublas, const LinearShape& shape,
                                           const float* x, const float* w, const float* dy,
                                           float* dx, float* dw, float* db, cudaStream_t stream);

@@ -45,13 +45,16 @@ absl::Status MatmulBackward(const CublasHandle& cublas, const MatmulShape& shape
                             cudaStream_t stream) {
   constexpr char kKernel[] = "cuda::MatmulBackward";
   RETURN_IF_ERROR(CheckShape(kKernel, shape));
-  RETURN_IF_ERROR(
-      CheckNotNull(kKernel, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}, {"dw", dw}, {"db", db}}));
+  // dw and db are optional (input gradient only).
+  RETURN_IF_ERROR(CheckNotNull(kKernel, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}}));
   const int64_t N = shape.rows, I = shape.in_features, O = shape.out_features;
   // dx[N,I] += dy[N,O] W[I,O]^T
   RETURN_IF_ERROR(Gemm(cublas, stream, false, true, N, I, O, 1.0f, dy, O, w, O, 1.0f, dx, I));
   // dW[I,O] += x[N,I]^T dy[N,O]
-  RETURN_IF_ERROR(Gemm(cublas, stream, true, false, I, O, N, 1.0f, x, I, dy, O, 1.0f, dw, O));
+  if (dw != nullptr) {
+    RETURN_IF_ERROR(Gemm(cublas, stream, true, false, I, O, N, 1.0f, x, I, dy, O, 1.0f, dw, O));
+  }
+  if (db == nullptr) return absl::OkStatus();
   return LaunchStatus(cuda_internal::LaunchColumnSums(N, O, dy, db, stream), kKernel);
 }
 
@@ -95,22 +98,25 @@ absl::Status MatmulBackwardBf16(const CublasHandle& cublas, const MatmulShape& s
                                 cudaStream_t stream) {
   constexpr char kKernel[] = "cuda::MatmulBackwardBf16";
   RETURN_IF_ERROR(CheckShape(kKernel, shape));
-  RETURN_IF_ERROR(
-      CheckNotNull(kKernel, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}, {"dw", dw}, {"db", db}}));
+  // dw and db are optional (input gradient only).
+  RETURN_IF_ERROR(CheckNotNull(kKernel, {{"x", x}, {"w", w}, {"dy", dy}, {"dx", dx}}));
   RETURN_IF_ERROR(CheckBf16Workspace(kKernel, workspace, workspace_bytes,
                                      MatmulBf16BackwardWorkspaceBytes(shape)));
   const int64_t N = shape.rows, I = shape.in_features, O = shape.out_features;
   auto* xb = static_cast<uint16_t*>(workspace);
   auto* dyb = reinterpret_cast<uint16_t*>(static_cast<char*>(workspace) +
                                           cuda_internal::AlignBytes(N * I * 2));
-  RETURN_IF_ERROR(LaunchStatus(LaunchConvertF32ToBF16(x, xb, N * I, stream), kKernel));
   RETURN_IF_ERROR(LaunchStatus(LaunchConvertF32ToBF16(dy, dyb, N * O, stream), kKernel));
   // dx[N,I] += bf16(dy)[N,O] W[I,O]^T
   RETURN_IF_ERROR(Gemm(cublas, stream, false, true, N, I, O, 1.0f, GemmOperand::kBF16, dyb, O, w, O,
                        1.0f, dx, I));
-  // dW[I,O] += bf16(x)[N,I]^T bf16(dy)[N,O]
-  RETURN_IF_ERROR(Gemm(cublas, stream, true, false, I, O, N, 1.0f, GemmOperand::kBF16, xb, I, dyb,
-                       O, 1.0f, dw, O));
+  if (dw != nullptr) {
+    RETURN_IF_ERROR(LaunchStatus(LaunchConvertF32ToBF16(x, xb, N * I, stream), kKernel));
+    // dW[I,O] += bf16(x)[N,I]^T bf16(dy)[N,O]
+    RETURN_IF_ERROR(Gemm(cublas, stream, true, false, I, O, N, 1.0f, GemmOperand::kBF16, xb, I, dyb,
+                         O, 1.0f, dw, O));
+  }
+  if (db == nullptr) return absl::OkStatus();
   return LaunchStatus(cuda_internal::LaunchColumnSums(N, O, dy, db, stream), kKernel);
 }
 

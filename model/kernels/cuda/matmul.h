@@ -30,7 +30,8 @@ namespace ps::cuda {
                                          const float* x, const float* w, const float* b, float* y,
                                          cudaStream_t stream);
 
-// dx += dy W^T, dw += x^T dy, db += column sums of dy.
+// dx += dy W^T, dw += x^T dy, db += column sums of dy. dw and db may be null: skipped (input
+// gradient only; likewise in MatmulBackwardBf16).
 [[nodiscard]] absl::Status MatmulBackward(const CublasHandle& cublas, const MatmulShape& shape,
                                           const float* x, const float* w, const float* dy,
                                           float* dx, float* dw, float* db, cudaStream_t stream);

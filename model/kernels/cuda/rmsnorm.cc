@@ -48,7 +48,7 @@ absl::Status RmsNormBackward(const RmsNormShape& shape, const float* x, const fl
   constexpr char kKernel[] = "cuda::RmsNormBackward";
   RETURN_IF_ERROR(CheckShape(kKernel, shape));
   RETURN_IF_ERROR(CheckNotNull(
-      kKernel, {{"x", x}, {"w", w}, {"rstd", rstd}, {"dy", dy}, {"dx", dx}, {"dw", dw}}));
+      kKernel, {{"x", x}, {"w", w}, {"rstd", rstd}, {"dy", dy}, {"dx", dx}}));  // dw: optional
   return LaunchStatus(cuda_internal::LaunchRmsNormBackward(shape.rows, shape.channels, x, w, rstd,
                                                            dy, dx, dw, stream),
                       kKernel);

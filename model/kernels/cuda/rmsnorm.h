@@ -19,7 +19,7 @@ namespace ps::cuda {
 [[nodiscard]] absl::Status RmsNormForward(const RmsNormShape& shape, const float* x, const float* w,
                                           float* y, float* rstd, cudaStream_t stream);
 
-// dx += dL/dx, dw += dL/dw from dy and the forward's x, w, rstd.
+// dx += dL/dx, dw += dL/dw from dy and the forward's x, w, rstd. dw may be null: skipped.
 [[nodiscard]] absl::Status RmsNormBackward(const RmsNormShape& shape, const float* x,
                                            const float* w, const float* rstd, const float* dy,
                                            float* dx, float* dw, cudaStream_t stream);

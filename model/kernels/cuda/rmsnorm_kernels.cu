@@ -96,6 +96,7 @@ cudaError_t LaunchRmsNormBackward(int64_t rows, int64_t channels, const float* x
   RmsNormInputGradKernel<<<RowBlocks(rows), kWarpsPerBlock * kWarpSize, 0, stream>>>(
       rows, channels, x, w, rstd, dy, dx);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (dw == nullptr) return cudaSuccess;  // input gradient only
   const unsigned int blocks = static_cast<unsigned int>((channels + kColumnTile - 1) / kColumnTile);
   RmsNormWeightGradKernel<<<blocks, dim3(kColumnTile, kRowLanes), 0, stream>>>(rows, channels, x,
                                                                                rstd, dy, dw);

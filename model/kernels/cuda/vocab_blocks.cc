@@ -229,7 +229,8 @@ absl::Status LmHeadBlockBackward(const CublasHandle& cublas, const VocabBlockSha
   constexpr char kKernel[] = "cuda::LmHeadBlockBackward";
   RETURN_IF_ERROR(CheckLmHeadArgs(kKernel, s, block_dtype, h, block, targets, workspace,
                                   workspace_bytes, /*backward=*/true));
-  RETURN_IF_ERROR(CheckNotNull(kKernel, {{"lse", lse}, {"dh", dh}, {"dblock", dblock}}));
+  // dblock is optional (input gradient only: dh alone).
+  RETURN_IF_ERROR(CheckNotNull(kKernel, {{"lse", lse}, {"dh", dh}}));
   const int64_t N = s.rows, C = s.channels, V = s.vocab_size;
   const Tiles tiles = TilesOf(s);
   const Workspace ws = Carve(s, block_dtype, /*backward=*/true, workspace);
@@ -243,7 +244,7 @@ absl::Status LmHeadBlockBackward(const CublasHandle& cublas, const VocabBlockSha
   for (int64_t vl = 0; vl < s.block_rows; vl += tiles.vocab) {
     const int64_t Vt = std::min(tiles.vocab, s.block_rows - vl);
     ASSIGN_OR_RETURN(const void* w, TileRows(kKernel, s, block_dtype, block, vl, Vt, ws, stream));
-    float* dblock_tile = dblock + vl * C;
+    float* dblock_tile = dblock == nullptr ? nullptr : dblock + vl * C;
     for (int64_t r0 = 0; r0 < N; r0 += tiles.rows) {
       const int64_t R = std::min(tiles.rows, N - r0);
       float* dz = ws.logits;
@@ -264,13 +265,17 @@ absl::Status LmHeadBlockBackward(const CublasHandle& cublas, const VocabBlockSha
         RETURN_IF_ERROR(LaunchStatus(LaunchConvertF32ToBF16(dz, ws.dzb, R * Vt, stream), kKernel));
         RETURN_IF_ERROR(Gemm(cublas, stream, false, false, R, C, Vt, 1.0f, GemmOperand::kBF16,
                              ws.dzb, Vt, w, C, 1.0f, dh + r0 * C, C));
-        RETURN_IF_ERROR(Gemm(cublas, stream, true, false, Vt, C, R, 1.0f, GemmOperand::kBF16,
-                             ws.dzb, Vt, ws.hb + r0 * C, C, beta, dblock_tile, C));
+        if (dblock_tile != nullptr) {
+          RETURN_IF_ERROR(Gemm(cublas, stream, true, false, Vt, C, R, 1.0f, GemmOperand::kBF16,
+                               ws.dzb, Vt, ws.hb + r0 * C, C, beta, dblock_tile, C));
+        }
       } else {
         RETURN_IF_ERROR(Gemm(cublas, stream, false, false, R, C, Vt, 1.0f, GemmOperand::kF32, dz,
                              Vt, w, C, 1.0f, dh + r0 * C, C));
-        RETURN_IF_ERROR(Gemm(cublas, stream, true, false, Vt, C, R, 1.0f, GemmOperand::kF32, dz, Vt,
-                             h + r0 * C, C, beta, dblock_tile, C));
+        if (dblock_tile != nullptr) {
+          RETURN_IF_ERROR(Gemm(cublas, stream, true, false, Vt, C, R, 1.0f, GemmOperand::kF32, dz,
+                               Vt, h + r0 * C, C, beta, dblock_tile, C));
+        }
       }
     }
   }

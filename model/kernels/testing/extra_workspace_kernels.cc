@@ -29,6 +29,10 @@ const char* WorkspaceQueryName(WorkspaceQuery query) {
       return "LmHeadBlockForward";
     case WorkspaceQuery::kLmHeadBlockBackward:
       return "LmHeadBlockBackward";
+    case WorkspaceQuery::kLoraForward:
+      return "LoraForward";
+    case WorkspaceQuery::kLoraBackward:
+      return "LoraBackward";
   }
   return "?";
 }
@@ -80,6 +84,12 @@ int64_t SingleQueryWorkspaces::LmHeadBlockBackwardWorkspaceBytes(const VocabBloc
                                                                  DType d) const {
   return Answer(WorkspaceQuery::kLmHeadBlockBackward,
                 {s.rows, s.channels, s.row_begin, s.block_rows, SizeOf(d), s.vocab_tile});
+}
+int64_t SingleQueryWorkspaces::LoraForwardWorkspaceBytes(const LoraShape& s) const {
+  return Answer(WorkspaceQuery::kLoraForward, {s.rows, s.in_features, s.out_features, s.rank});
+}
+int64_t SingleQueryWorkspaces::LoraBackwardWorkspaceBytes(const LoraShape& s) const {
+  return Answer(WorkspaceQuery::kLoraBackward, {s.rows, s.in_features, s.out_features, s.rank});
 }
 
 absl::StatusOr<std::unique_ptr<ExtraWorkspaceKernels>> ExtraWorkspaceKernels::OverCpuKernels(
@@ -348,6 +358,31 @@ absl::Status ExtraWorkspaceKernels::DoLmHeadBlockBackward(
     float* dblock, void* workspace, int64_t workspace_bytes) {
   return inner_.LmHeadBlockBackward(stream, shape, h, block_dtype, block, targets, lse, loss_grad,
                                     dh, dblock, workspace, workspace_bytes);
+}
+
+absl::Status ExtraWorkspaceKernels::DoLoraForward(Stream& stream, const LoraShape& shape,
+                                                  const float* x, const float* a, const float* b,
+                                                  float* h, float* y, void* workspace,
+                                                  int64_t workspace_bytes) {
+  return inner_.LoraForward(stream, shape, x, a, b, h, y, workspace, workspace_bytes);
+}
+
+absl::Status ExtraWorkspaceKernels::DoLoraBackward(Stream& stream, const LoraShape& shape,
+                                                   const float* x, const float* a, const float* b,
+                                                   const float* h, const float* dy, float* dx,
+                                                   float* da, float* db, void* workspace,
+                                                   int64_t workspace_bytes) {
+  return inner_.LoraBackward(stream, shape, x, a, b, h, dy, dx, da, db, workspace, workspace_bytes);
+}
+
+absl::Status ExtraWorkspaceKernels::DoDropoutForward(Stream& stream, int64_t n, float p,
+                                                     uint64_t seed, const float* x, float* y) {
+  return inner_.DropoutForward(stream, n, p, seed, x, y);
+}
+
+absl::Status ExtraWorkspaceKernels::DoDropoutBackward(Stream& stream, int64_t n, float p,
+                                                      uint64_t seed, const float* dy, float* dx) {
+  return inner_.DropoutBackward(stream, n, p, seed, dy, dx);
 }
 
 }  // namespace ps::kernel_testing

@@ -62,13 +62,19 @@ class SumOfWorkspaces final : public KernelWorkspaces {
   int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& s, DType d) const override {
     return a_.LmHeadBlockBackwardWorkspaceBytes(s, d) + b_.LmHeadBlockBackwardWorkspaceBytes(s, d);
   }
+  int64_t LoraForwardWorkspaceBytes(const LoraShape& s) const override {
+    return a_.LoraForwardWorkspaceBytes(s) + b_.LoraForwardWorkspaceBytes(s);
+  }
+  int64_t LoraBackwardWorkspaceBytes(const LoraShape& s) const override {
+    return a_.LoraBackwardWorkspaceBytes(s) + b_.LoraBackwardWorkspaceBytes(s);
+  }
 
  private:
   const KernelWorkspaces& a_;
   const KernelWorkspaces& b_;
 };
 
-// The ten workspace queries of KernelWorkspaces (GPT-2's attention asks the grouped-query ones).
+// The twelve workspace queries of KernelWorkspaces (GPT-2's attention asks the grouped-query ones).
 enum class WorkspaceQuery {
   kGemm,
   kMatmul,
@@ -80,8 +86,10 @@ enum class WorkspaceQuery {
   kMatmulBf16Backward,
   kLmHeadBlockForward,
   kLmHeadBlockBackward,
+  kLoraForward,
+  kLoraBackward,
 };
-inline constexpr int kNumWorkspaceQueries = 10;
+inline constexpr int kNumWorkspaceQueries = 12;
 const char* WorkspaceQueryName(WorkspaceQuery query);
 
 // Answers `base_bytes` plus 256 bytes times a weighted sum of the shape's dimensions (weights 1,
@@ -108,6 +116,8 @@ class SingleQueryWorkspaces final : public KernelWorkspaces {
   int64_t MatmulBf16BackwardWorkspaceBytes(const MatmulShape& s) const override;
   int64_t LmHeadBlockForwardWorkspaceBytes(const VocabBlockShape& s, DType d) const override;
   int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& s, DType d) const override;
+  int64_t LoraForwardWorkspaceBytes(const LoraShape& s) const override;
+  int64_t LoraBackwardWorkspaceBytes(const LoraShape& s) const override;
 
  private:
   // base + 256 * (d0 + 2 d1 + 3 d2 + 5 d3 + 7 d4 + 11 d5) when `query` is this object's query.
@@ -236,6 +246,17 @@ class ExtraWorkspaceKernels final : public Kernels {
                                      DType block_dtype, const void* block, const int32_t* targets,
                                      const float* lse, double loss_grad, float* dh, float* dblock,
                                      void* workspace, int64_t workspace_bytes) override;
+  absl::Status DoLoraForward(Stream& stream, const LoraShape& shape, const float* x, const float* a,
+                             const float* b, float* h, float* y, void* workspace,
+                             int64_t workspace_bytes) override;
+  absl::Status DoLoraBackward(Stream& stream, const LoraShape& shape, const float* x,
+                              const float* a, const float* b, const float* h, const float* dy,
+                              float* dx, float* da, float* db, void* workspace,
+                              int64_t workspace_bytes) override;
+  absl::Status DoDropoutForward(Stream& stream, int64_t num_elems, float p, uint64_t seed,
+                                const float* x, float* y) override;
+  absl::Status DoDropoutBackward(Stream& stream, int64_t num_elems, float p, uint64_t seed,
+                                 const float* dy, float* dx) override;
 
   ExtraWorkspaceKernels(std::unique_ptr<ThreadPool> pool, std::unique_ptr<Kernels> inner,
                         const KernelWorkspaces& extra)

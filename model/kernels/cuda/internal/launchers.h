@@ -44,6 +44,14 @@ cudaError_t LaunchBroadcastRows(int64_t rows, int64_t cols, const float* bias, f
 cudaError_t LaunchColumnSums(int64_t rows, int64_t cols, const float* dy, float* db,
                              cudaStream_t stream);
 
+// --- LoRA's input dropout (lora_kernels.cu; model/kernels/dropout_math.h's rule) -------------
+// y[i] = keep(seed, i) ? x[i] * scale(p) : 0 for i < n.
+cudaError_t LaunchDropoutForward(int64_t n, float p, uint64_t seed, const float* x, float* y,
+                                 cudaStream_t stream);
+// dx[i] += keep(seed, i) ? dy[i] * scale(p) : 0 for i < n.
+cudaError_t LaunchDropoutBackward(int64_t n, float p, uint64_t seed, const float* dy, float* dx,
+                                  cudaStream_t stream);
+
 // --- LayerNorm (layernorm_kernels.cu)
 // ----------------------------------------------------------
 
