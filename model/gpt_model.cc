@@ -39,6 +39,7 @@
 #include "model/kernels/kernels_factory.h"
 #include "model/kernels/vocab_blocks.h"
 #include "model/live_program_context.h"
+#include "model/lora_config.h"
 #include "model/model_config.h"
 #include "model/model_state_io.h"
 #include "model/parameter_init.h"
@@ -73,6 +74,13 @@ class WaitOnError {
 };
 
 }  // namespace
+
+std::vector<OperatorSpec> ModelOperatorsFor(const ModelConfig& config,
+                                            const std::optional<LoraConfig>& lora,
+                                            const VocabLayoutOptions& vocab) {
+  return lora.has_value() ? LoraModelOperators(config, *lora, vocab)
+                          : ModelOperators(config, vocab);
+}
 
 // --- Construction
 // ---------------------------------------------------------------------------------
@@ -150,18 +158,23 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::CreateImpl(
         "GptModelOptions.seq_len ", o.seq_len, " exceeds the model's ", config.max_seq_len,
         " positions (GptConfig.max_seq_len of '", config.name, "'); use a shorter sequence"));
   }
+  if (o.lora.has_value()) RETURN_IF_ERROR(ValidateLoraConfig(mconfig, *o.lora));
   std::unique_ptr<GptModel> model(new GptModel(mconfig, config, store, manager, accelerator, o));
   ASSIGN_OR_RETURN(ProgramLayout layout, model->ResolveLayout());
-  ASSIGN_OR_RETURN(model->program_,
-                   TransformerProgram::Create(
-                       mconfig,
-                       ProgramShape{.batch = o.batch,
-                                    .seq_len = o.seq_len,
-                                    .activation_checkpointing = o.activation_checkpointing,
-                                    .attention_tile = o.attention_tile,
-                                    .ce_row_tile = o.ce_row_tile,
-                                    .ce_vocab_tile = o.ce_vocab_tile},
-                       std::move(layout)));
+  ASSIGN_OR_RETURN(
+      model->program_,
+      TransformerProgram::Create(
+          mconfig,
+          ProgramShape{
+              .batch = o.batch,
+              .seq_len = o.seq_len,
+              .activation_checkpointing = o.activation_checkpointing,
+              .attention_tile = o.attention_tile,
+              .ce_row_tile = o.ce_row_tile,
+              .ce_vocab_tile = o.ce_vocab_tile,
+              .lora_scale = o.lora.has_value() ? static_cast<float>(o.lora->scale()) : 1.0f,
+              .lora_dropout = o.lora.has_value() ? static_cast<float>(o.lora->lora_dropout) : 0.0f},
+          std::move(layout)));
   model->pool_ = std::make_unique<ThreadPool>(o.threads);
   model->kernels_ = o.kernels;
   model->stream_ = o.compute_stream;
@@ -181,16 +194,18 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::CreateImpl(
   }
   model->live_ = std::make_unique<LiveProgramContext>(store, manager, accelerator, model->kernels_,
                                                       model->stream_, model->release_wait_);
-  ModelStateIo::Parts io{.model_config = &model->model_config_,
-                         .config = &model->config_,
-                         .dims = model->dims(),
-                         .store = store,
-                         .manager = manager,
-                         .accelerator = accelerator,
-                         .compute_stream = model->stream_,
-                         .payload_staging_bytes = o.payload_staging_bytes,
-                         .param_tensors = model->param_tensors_,
-                         .row_blocks = {}};
+  ModelStateIo::Parts io{
+      .model_config = &model->model_config_,
+      .config = &model->config_,
+      .dims = model->dims(),
+      .store = store,
+      .manager = manager,
+      .accelerator = accelerator,
+      .compute_stream = model->stream_,
+      .payload_staging_bytes = o.payload_staging_bytes,
+      .param_tensors = model->param_tensors_,
+      .row_blocks = {},
+      .lora = model->options_.lora.has_value() ? &*model->options_.lora : nullptr};
   const ProgramLayout& resolved = model->program_->layout();
   for (const std::vector<ProgramLayout::VocabBlock>* blocks :
        {&resolved.embed, &resolved.lm_head}) {
@@ -225,29 +240,48 @@ absl::StatusOr<ProgramLayout> GptModel::ResolveLayout() {
   }
   // The initialization streams: a tensor's index in the unsplit order (for GPT-2 wte, wpe, then
   // the blocks' and ln_f's tensors, as before wte could be split), so that the same seed gives
-  // the same model whatever the layout.
-  for (const OperatorSpec& op : ModelOperators(model_config_)) {
+  // the same model whatever the layout. LoRA: the base's tensors come first in the same order
+  // (the same streams as the full model's), then the adapters'.
+  for (const OperatorSpec& op : ModelOperatorsFor(model_config_, options_.lora, {})) {
     for (const TensorSpec& t : op.tensors) {
       init_stream_.emplace(t.name, static_cast<uint64_t>(init_stream_.size()));
     }
   }
-  const std::vector<OperatorSpec> ops = ModelOperators(model_config_, vocab);
+  const std::vector<OperatorSpec> ops = ModelOperatorsFor(model_config_, options_.lora, vocab);
+  const char* const ops_fn =
+      options_.lora.has_value() ? "LoraModelOperators(config, lora)" : "ModelOperators(config)";
   if (layout.num_operator_ids() != static_cast<int64_t>(ops.size())) {
+    // Name the first operator that differs.
+    std::string first;
+    for (size_t i = 0; i < ops.size() || static_cast<int64_t>(i) < layout.num_operator_ids(); ++i) {
+      const bool ours = i < ops.size();
+      const bool theirs = static_cast<int64_t>(i) < layout.num_operator_ids();
+      if (ours && theirs && ops[i].name == layout.op(static_cast<OperatorId>(i)).name) continue;
+      first = ours ? absl::StrCat("; the first missing or out of place is '", ops[i].name, "'")
+                   : absl::StrCat("; the first extra is '",
+                                  layout.op(static_cast<OperatorId>(i)).name, "'");
+      break;
+    }
     return absl::InvalidArgumentError(
         absl::StrCat("GptModel: the chunk layout has ", layout.num_operator_ids(),
-                     " operators but model config '", config_.name, "' has ", ops.size(),
-                     "; build the layout from ModelOperators(config)"));
+                     " operators but model config '", config_.name, "' has ", ops.size(), first,
+                     "; build the layout from ", ops_fn));
   }
   std::vector<OperatorId> op_ids;
   std::vector<std::vector<TensorId>> tensor_ids;
   for (const OperatorSpec& spec : ops) {
     absl::StatusOr<OperatorId> op = layout.FindOperator(spec.name);
     if (!op.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("GptModel: operator '", spec.name,
-                                                     "' of config '", config_.name,
-                                                     "' is not in the chunk layout"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("GptModel: operator '", spec.name, "' of config '", config_.name,
+                       "' is not in the chunk layout; build it from ", ops_fn));
     }
     const OperatorInfo& info = layout.op(*op);
+    if (info.trainable != spec.trainable) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GptModel: operator '", spec.name, "' is ", info.trainable ? "trainable" : "frozen",
+          " in the chunk layout but ", spec.trainable ? "trainable" : "frozen", " in ", ops_fn));
+    }
     if (info.tensors.size() != spec.tensors.size() || !info.placed()) {
       return absl::InvalidArgumentError(
           absl::StrCat("GptModel: operator '", spec.name, "' has ", info.tensors.size(),
@@ -304,6 +338,17 @@ absl::Status GptModel::InitializeParameters(uint64_t seed) {
       name = block->base;
       first_elem = block->row_begin * config_.hidden;
     }
+    if (io_->is_adapter(t)) {
+      // PEFT: A Kaiming-uniform, B zeros.
+      if (absl::EndsWith(name, ".lora_A.weight")) {
+        const auto it = init_stream_.find(name);
+        CHECK(it != init_stream_.end()) << "no tensor " << name;
+        InitLoraA(seed, it->second, out, layout.tensor(t).shape.back());
+      } else {
+        std::fill(out.begin(), out.end(), 0.0f);
+      }
+      return absl::OkStatus();
+    }
     const ParameterInit init = InitOf(model_config_.architecture(), config_.num_layers, name);
     uint64_t stream = 0;
     if (init.kind == ParameterInit::Kind::kNormal) {
@@ -328,6 +373,20 @@ absl::Status GptModel::SaveHfCheckpoint(const std::string& dir, DType dtype,
                                         const HfExportOptions& options) const {
   return io_->SaveHfCheckpoint(dir, dtype, options);
 }
+
+absl::Status GptModel::LoadPeftAdapter(const std::string& dir) { return io_->LoadPeftAdapter(dir); }
+
+absl::Status GptModel::SavePeftAdapter(const std::string& dir, DType dtype,
+                                       const std::string& base_model_name_or_path) const {
+  return io_->SavePeftAdapter(dir, dtype, base_model_name_or_path);
+}
+
+absl::Status GptModel::SaveMergedHfCheckpoint(const std::string& dir, DType dtype,
+                                              const HfExportOptions& options) const {
+  return io_->SaveMergedHfCheckpoint(dir, dtype, options);
+}
+
+absl::StatusOr<std::string> GptModel::BaseFingerprint() const { return io_->BaseFingerprint(); }
 
 absl::Status GptModel::SaveGpt2Safetensors(const std::string& path, DType dtype) const {
   return io_->SaveGpt2Safetensors(path, dtype);
@@ -417,7 +476,7 @@ absl::Status GptModel::CheckParametersInSlots(absl::string_view caller) const {
 
 absl::StatusOr<double> GptModel::ForwardBackward(absl::Span<const int32_t> tokens,
                                                  absl::Span<const int32_t> targets,
-                                                 double loss_scale) {
+                                                 double loss_scale, uint64_t dropout_seed) {
   RETURN_IF_ERROR(CheckInputs(tokens, targets));
   RETURN_IF_ERROR(CheckParametersInSlots("ForwardBackward"));
   if (!(loss_scale > 0) || !std::isfinite(loss_scale)) {
@@ -436,8 +495,12 @@ absl::StatusOr<double> GptModel::ForwardBackward(absl::Span<const int32_t> token
     if (slot_of_token_[t] < 0) slot_of_token_[t] = slots++;
   }
   WaitOnError wait(stream_);  // after the activations' stream-ordered frees
-  ASSIGN_OR_RETURN(const double loss, program_->ForwardBackward(
-                                          *live_, {tokens, targets, slot_of_token_}, loss_scale));
+  ASSIGN_OR_RETURN(const double loss, program_->ForwardBackward(*live_,
+                                                                {.tokens = tokens,
+                                                                 .targets = targets,
+                                                                 .slot_of_token = slot_of_token_,
+                                                                 .dropout_seed = dropout_seed},
+                                                                loss_scale));
   // Every gradient is in its slot before the optimizer (or a caller) reads it.
   wait.Dismiss();
   RETURN_IF_ERROR(stream_->Synchronize());

@@ -58,6 +58,7 @@
 #include "model/kernels/kernels.h"
 #include "model/kernels/vocab_blocks.h"
 #include "model/live_program_context.h"
+#include "model/lora_config.h"
 #include "model/model_config.h"
 #include "model/model_state_io.h"
 #include "model/transformer_block_spec.h"
@@ -82,8 +83,8 @@ struct GptModelOptions {
   // Threads of the model's ThreadPool for the kernels and their GEMM grids, the caller included.
   // >= 1. Results do not depend on it.
   int threads = 1;
-  // Kernel tiles (model/kernels/gqa_attention.h, vocab_blocks.h); the defaults suit real models, tests
-  // use small ones to cross tile boundaries. Every wte block must start at a multiple of
+  // Kernel tiles (model/kernels/gqa_attention.h, vocab_blocks.h); the defaults suit real models,
+  // tests use small ones to cross tile boundaries. Every wte block must start at a multiple of
   // ce_vocab_tile (model/gpt_config.h's GptVocabBlockRowsForChunk sizes blocks so).
   int64_t attention_tile = 64;
   int64_t ce_row_tile = 256;
@@ -100,7 +101,18 @@ struct GptModelOptions {
   // its own, and the manager must have no compute stream (the host then waits at each Release).
   Kernels* kernels = nullptr;
   Stream* compute_stream = nullptr;
+  // LoRA fine-tune (model/lora_config.h; see "LoRA" in GptModel's comment): the layout must then
+  // hold exactly LoraModelOperators(config, *lora, vocab) — a frozen base and trainable adapter
+  // operators. Must pass ValidateLoraConfig(config, *lora).
+  std::optional<LoraConfig> lora = std::nullopt;
 };
+
+// The operators a layout of this model holds: ModelOperators(config, vocab) without LoRA,
+// LoraModelOperators(config, *lora, vocab) with it. REQUIRES: the configs are valid
+// (ValidateModelConfig, ValidateLoraConfig).
+std::vector<OperatorSpec> ModelOperatorsFor(const ModelConfig& config,
+                                            const std::optional<LoraConfig>& lora,
+                                            const VocabLayoutOptions& vocab = {});
 
 class GptModel {
  public:
@@ -131,6 +143,26 @@ class GptModel {
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
   ~GptModel();
+
+  // LoRA (options.lora set). The base operators are frozen (OperatorSpec::trainable false, except
+  // those modules_to_save covers): their chunks hold only the param payload in the compute dtype,
+  // which is the base weight itself (no master copy), never written by training. The adapters
+  // (A [r, in], B [out, r] per targeted linear; model/lora_config.h) and the modules_to_save
+  // tensors are trainable, with master, momentum and variance as any parameter. So:
+  //   - InitializeParameters: frozen tensors get the seeded values of the full model (same
+  //     streams) rounded to the compute dtype in their param slots; A = InitLoraA (PEFT's
+  //     Kaiming-uniform, stream = the tensor's index in the unsplit LoraModelOperators order), B
+  //     = 0; trainable tensors' master/param set and moments zeroed.
+  //   - LoadHfCheckpoint sets the base tensors (frozen: param slot only, rounded once) and
+  //     leaves the adapters as they are (initialize them or LoadPeftAdapter).
+  //   - ReadTensor(kMaster, frozen tensor) reads its param slot (the frozen value: there is no
+  //     master); kMomentum / kVariance of a frozen tensor: FailedPrecondition.
+  //   - The training state (LoadTrainingState, VisitTrainingState, TrainingStateTensors,
+  //     HoldsTrainingState) covers the trainable tensors only.
+  //   - SaveHfCheckpoint writes the base as stored (frozen params as f32 of their slot values,
+  //     modules_to_save from their masters): unmerged; SaveMergedHfCheckpoint merges.
+  // The LoRA configuration, or nullopt.
+  const std::optional<LoraConfig>& lora() const { return options_.lora; }
 
   // ZeRO (a layout of world size N > 1, scheduler/chunk_manager.h): every method that sets or
   // reads the training state touches only the chunks this rank owns (those whose master chunk it
@@ -166,9 +198,13 @@ class GptModel {
   // messages. After an error in the middle, the operator being computed is released and all
   // activations are freed, but some gradients may already be written: abandon the iteration's
   // update and re-initialize or reload the parameters.
+  // `dropout_seed` seeds the LoRA dropout masks of this micro-batch (the trainer passes a seed
+  // derived from its seed and the global micro-batch index); ignored without LoRA dropout. An
+  // activation-checkpointing recompute regenerates the same masks.
   [[nodiscard]] absl::StatusOr<double> ForwardBackward(absl::Span<const int32_t> tokens,
                                                        absl::Span<const int32_t> targets,
-                                                       double loss_scale = 1.0);
+                                                       double loss_scale = 1.0,
+                                                       uint64_t dropout_seed = 0);
 
   // Forward only (validation): the mean cross-entropy, keeping no activation beyond the one block
   // being computed. Runs outside an iteration (untracked accesses, the schedule is not disturbed).
@@ -212,6 +248,34 @@ class GptModel {
   // FailedPrecondition for world size > 1 (as SaveGpt2Safetensors).
   [[nodiscard]] absl::Status SaveHfCheckpoint(const std::string& dir, DType dtype,
                                               const HfExportOptions& options = {}) const;
+  // LoRA only (FailedPrecondition without). Reads PEFT adapter directory `dir`
+  // (ReadPeftAdapter) and sets the adapters (and the modules_to_save tensors it holds) from it:
+  // master and param, moments zeroed. Its configuration must equal the model's in r, lora_alpha,
+  // the targeted modules and modules_to_save (InvalidArgument naming the key, the directory's
+  // value and ours); ReadPeftAdapter's errors (shapes, missing tensors) as they are. Outside an
+  // iteration; on every rank under ZeRO.
+  [[nodiscard]] absl::Status LoadPeftAdapter(const std::string& dir);
+  // LoRA only. Writes PEFT adapter directory `dir` (WritePeftAdapter, atomic): the adapters'
+  // master weights (and the modules_to_save tensors') as `dtype`, adapter_config.json naming
+  // `base_model_name_or_path` (empty: null). Outside an iteration; FailedPrecondition for world
+  // size > 1 (as SaveHfCheckpoint).
+  [[nodiscard]] absl::Status SavePeftAdapter(const std::string& dir, DType dtype,
+                                             const std::string& base_model_name_or_path) const;
+  // LoRA only. A Hugging Face directory of the merged model: every adapted weight W + scale B A
+  // (GPT-2's Conv1D W[in, out] + scale (B A)^T), computed in f32 from the frozen param slot
+  // values and the adapters' master weights, element range by element range as the writer asks
+  // (never the whole model in memory); other tensors as SaveHfCheckpoint. Same writer, options
+  // and errors as SaveHfCheckpoint.
+  [[nodiscard]] absl::Status SaveMergedHfCheckpoint(const std::string& dir, DType dtype,
+                                                    const HfExportOptions& options = {}) const;
+  // LoRA only. A digest of the frozen base: 16 hex digits of a 64-bit FNV-1a hash over, per
+  // frozen tensor in ParameterNames order, its name, shape, the compute dtype's name and its
+  // stored values (read through the staged reader as their exact f32 conversions, in pieces).
+  // Two bases hash equal iff (barring collisions) they hold the same frozen tensors with the same
+  // stored values. Outside an iteration; FailedPrecondition for world size > 1 (no rank holds the
+  // whole base).
+  [[nodiscard]] absl::StatusOr<std::string> BaseFingerprint() const;
+
   // Elements [first_elem, first_elem + out.size()) of Hugging Face tensor `name` of chunk `type`
   // as f32, assembled across row blocks; the reading rules of ReadTensorInto.
   [[nodiscard]] absl::Status ReadTensorRange(ChunkType type, absl::string_view name,

@@ -19,12 +19,12 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/types/span.h"
-#include "base/splitmix64.h"
 #include "base/status_macros.h"
 #include "chunk/operator_spec.h"
 #include "glog/logging.h"
 #include "model/gpt_config.h"
 #include "model/model_config.h"
+#include "model/parameter_init.h"
 
 namespace ps {
 namespace {
@@ -444,7 +444,7 @@ std::vector<std::string> LoraLinearModuleNames(const ModelConfig& model) {
 
 void InitLoraA(uint64_t seed, uint64_t stream, absl::Span<float> a, int64_t in_features) {
   CHECK_GT(in_features, 0);
-  std::mt19937_64 gen(SplitMix64(seed ^ SplitMix64(stream).Next()).Next());
+  std::mt19937_64 gen = ParameterStream(seed, stream);
   const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
   for (float& x : a) {
     const double u = static_cast<double>(gen() >> 11) * 0x1.0p-53;  // [0, 1)

@@ -10,9 +10,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
@@ -31,29 +34,46 @@
 #include "model/gpt2_checkpoint.h"
 #include "model/gpt_config.h"
 #include "model/hf_checkpoint.h"
+#include "model/lora_config.h"
 #include "model/model_config.h"
+#include "model/peft_adapter.h"
 #include "scheduler/chunk_manager.h"
 
 namespace ps {
 
 namespace {
 
-// Calls `write(tensors)` for every chunk whose master this rank owns, with the chunk's tensors,
-// while all of its chunk types are accessed on the host (AccessChunks, kReadWrite); releases the
-// chunk even when `write` fails, and returns the first error. First drops the gathered copies of
-// other ranks' chunks (ZeRO: they are stale once this rank rewrites its own).
+// Calls `write(tensors)` for every chunk this rank owns (its master, or for a frozen chunk its
+// param payload) with the chunk's tensors for which `include` holds (all when null; a chunk with
+// none is skipped), while all of its chunk types (a frozen chunk: its param chunk) are accessed on
+// the host (AccessChunks, kReadWrite); releases the chunk even when `write` fails, and returns the
+// first error. Frozen chunks are skipped when `trainable_only`. First drops the gathered copies
+// of other ranks' chunks (ZeRO: they are stale once this rank rewrites its own).
 absl::Status WriteOwnedChunksOnHost(
     ChunkStore& store, ChunkManager& manager,
-    const std::function<absl::Status(absl::Span<const TensorId> tensors)>& write) {
+    const std::function<absl::Status(absl::Span<const TensorId> tensors)>& write,
+    const std::function<bool(TensorId)>& include = nullptr, bool trainable_only = false) {
   const ChunkLayout& layout = store.layout();
   RETURN_IF_ERROR(manager.ReleaseRemoteChunks());
+  static constexpr ChunkType kParamOnly[] = {ChunkType::kParam};
   for (int64_t c = 0; c < layout.num_chunks(); ++c) {
-    const std::vector<TensorId> tensors = layout.TensorsInChunk(c);
-    if (tensors.empty() || !layout.HoldsPayload(ChunkType::kMaster, c, store.rank())) continue;
-    RETURN_IF_ERROR(
-        manager.AccessChunks(c, kAllChunkTypes, Device::Host(), AccessMode::kReadWrite));
+    const bool trainable = layout.chunk_trainable(c);
+    if (trainable_only && !trainable) continue;
+    std::vector<TensorId> tensors = layout.TensorsInChunk(c);
+    if (include != nullptr) {
+      tensors.erase(
+          std::remove_if(tensors.begin(), tensors.end(), [&](TensorId t) { return !include(t); }),
+          tensors.end());
+    }
+    if (tensors.empty() ||
+        !layout.HoldsPayload(trainable ? ChunkType::kMaster : ChunkType::kParam, c, store.rank())) {
+      continue;
+    }
+    const absl::Span<const ChunkType> types =
+        trainable ? absl::Span<const ChunkType>(kAllChunkTypes) : absl::MakeConstSpan(kParamOnly);
+    RETURN_IF_ERROR(manager.AccessChunks(c, types, Device::Host(), AccessMode::kReadWrite));
     const absl::Status status = write(tensors);
-    const absl::Status released = manager.ReleaseChunks(c, kAllChunkTypes);
+    const absl::Status released = manager.ReleaseChunks(c, types);
     RETURN_IF_ERROR(status);
     RETURN_IF_ERROR(released);
   }
@@ -193,11 +213,15 @@ absl::Status ModelStateIo::ReadPayloadRange(const TensorView& v, int64_t first_e
 }
 
 absl::Status ModelStateIo::WriteParameter(TensorId tensor, absl::Span<const float> values) {
-  ASSIGN_OR_RETURN(TensorView master, parts_.store->View(ChunkType::kMaster, tensor));
   ASSIGN_OR_RETURN(TensorView param, parts_.store->View(ChunkType::kParam, tensor));
-  CHECK_EQ(master.numel, static_cast<int64_t>(values.size()));
-  RETURN_IF_ERROR(RequireHostPayload(master, "setting a master weight"));
+  CHECK_EQ(param.numel, static_cast<int64_t>(values.size()));
   RETURN_IF_ERROR(RequireHostPayload(param, "setting a parameter"));
+  if (frozen(tensor)) {
+    // The param slot is the frozen weight: rounded to the compute dtype once.
+    return Convert(DType::kF32, values.data(), param.dtype, param.data, param.numel);
+  }
+  ASSIGN_OR_RETURN(TensorView master, parts_.store->View(ChunkType::kMaster, tensor));
+  RETURN_IF_ERROR(RequireHostPayload(master, "setting a master weight"));
   std::memcpy(master.data, values.data(), values.size() * sizeof(float));
   RETURN_IF_ERROR(Convert(DType::kF32, values.data(), param.dtype, param.data, param.numel));
   for (ChunkType type : {ChunkType::kMomentum, ChunkType::kVariance}) {
@@ -208,7 +232,19 @@ absl::Status ModelStateIo::WriteParameter(TensorId tensor, absl::Span<const floa
   return absl::OkStatus();
 }
 
-absl::Status ModelStateIo::SetParameters(const ParameterFillFn& fill) {
+bool ModelStateIo::frozen(TensorId tensor) const {
+  const ChunkLayout& layout = parts_.store->layout();
+  return !layout.chunk_trainable(layout.tensor(tensor).chunk_index);
+}
+
+bool ModelStateIo::is_adapter(TensorId tensor) const {
+  if (parts_.lora == nullptr) return false;
+  const absl::string_view name = parts_.store->layout().tensor(tensor).name;
+  return absl::EndsWith(name, ".lora_A.weight") || absl::EndsWith(name, ".lora_B.weight");
+}
+
+absl::Status ModelStateIo::SetParameters(const ParameterFillFn& fill,
+                                         const std::function<bool(TensorId)>& include) {
   if (parts_.manager->in_iteration()) {
     return absl::FailedPreconditionError(
         "GptModel: parameters can only be set outside an iteration (after EndIteration)");
@@ -216,14 +252,16 @@ absl::Status ModelStateIo::SetParameters(const ParameterFillFn& fill) {
   const ChunkLayout& layout = parts_.store->layout();
   std::vector<float> values;
   return WriteOwnedChunksOnHost(
-      *parts_.store, *parts_.manager, [&](absl::Span<const TensorId> tensors) -> absl::Status {
+      *parts_.store, *parts_.manager,
+      [&](absl::Span<const TensorId> tensors) -> absl::Status {
         for (TensorId t : tensors) {
           values.assign(static_cast<size_t>(layout.tensor(t).numel), 0.0f);
           RETURN_IF_ERROR(fill(t, absl::MakeSpan(values)));
           RETURN_IF_ERROR(WriteParameter(t, values));
         }
         return absl::OkStatus();
-      });
+      },
+      include);
 }
 
 absl::Status ModelStateIo::LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint) {
@@ -260,13 +298,15 @@ absl::Status ModelStateIo::LoadHfCheckpoint(const HfCheckpoint& checkpoint) {
     return absl::InvalidArgumentError(os.str());
   }
   const ChunkLayout& layout = parts_.store->layout();
-  return SetParameters([&](TensorId t, absl::Span<float> out) {
-    const std::string& name = layout.tensor(t).name;
-    if (const std::optional<RowBlockName> block = ParseRowBlockName(name); block.has_value()) {
-      return checkpoint.ReadAsF32(block->base, block->row_begin * parts_.config->hidden, out);
-    }
-    return checkpoint.ReadAsF32(name, 0, out);
-  });
+  return SetParameters(
+      [&](TensorId t, absl::Span<float> out) {
+        const std::string& name = layout.tensor(t).name;
+        if (const std::optional<RowBlockName> block = ParseRowBlockName(name); block.has_value()) {
+          return checkpoint.ReadAsF32(block->base, block->row_begin * parts_.config->hidden, out);
+        }
+        return checkpoint.ReadAsF32(name, 0, out);
+      },
+      [&](TensorId t) { return !is_adapter(t); });
 }
 
 absl::Status ModelStateIo::SaveHfCheckpoint(const std::string& dir, DType dtype,
@@ -299,7 +339,8 @@ absl::Status ModelStateIo::LoadTrainingState(const TrainingStateFillFn& fill) {
   const ChunkLayout& layout = parts_.store->layout();
   std::vector<float> values;
   return WriteOwnedChunksOnHost(
-      *parts_.store, *parts_.manager, [&](absl::Span<const TensorId> tensors) -> absl::Status {
+      *parts_.store, *parts_.manager,
+      [&](absl::Span<const TensorId> tensors) -> absl::Status {
         for (TensorId t : tensors) {
           const TensorInfo& info = layout.tensor(t);
           values.assign(static_cast<size_t>(info.numel), 0.0f);
@@ -316,7 +357,8 @@ absl::Status ModelStateIo::LoadTrainingState(const TrainingStateFillFn& fill) {
               Convert(DType::kF32, values.data(), param.dtype, param.data, param.numel));
         }
         return absl::OkStatus();
-      });
+      },
+      /*include=*/nullptr, /*trainable_only=*/true);
 }
 
 absl::Status ModelStateIo::VisitTrainingState(const TrainingStateVisitFn& visit) const {
@@ -438,6 +480,22 @@ absl::Status ModelStateIo::ReadTensorInto(ChunkType type, absl::string_view name
   return ReadTensorRange(type, name, 0, out);
 }
 
+absl::StatusOr<ChunkType> ModelStateIo::ReadableType(ChunkType type, int64_t chunk_index,
+                                                     absl::string_view name) const {
+  if (parts_.store->layout().chunk_trainable(chunk_index)) return type;
+  switch (type) {
+    case ChunkType::kMaster:
+      return ChunkType::kParam;  // the frozen weight itself: there is no master copy
+    case ChunkType::kMomentum:
+    case ChunkType::kVariance:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "GptModel: '", name, "' is frozen (a LoRA base tensor): no optimizer state (",
+          ChunkTypeName(type), ")"));
+    default:
+      return type;
+  }
+}
+
 const std::vector<ModelStateIo::RowBlock>* ModelStateIo::BlocksOf(absl::string_view name) const {
   const ChunkLayout& layout = parts_.store->layout();
   for (const std::vector<RowBlock>& blocks : parts_.row_blocks) {
@@ -470,8 +528,9 @@ absl::Status ModelStateIo::ReadRange(ChunkType type, absl::string_view name, int
   if (absl::StatusOr<TensorId> t = layout.FindTensor(name); t.ok()) {
     const TensorInfo& info = layout.tensor(*t);
     if (first_elem < 0 || first_elem + n > info.numel) return outside(info.numel);
-    RETURN_IF_ERROR(access.Prepare(type, info.chunk_index));
-    ASSIGN_OR_RETURN(TensorView v, parts_.store->View(type, *t));
+    ASSIGN_OR_RETURN(const ChunkType read, ReadableType(type, info.chunk_index, name));
+    RETURN_IF_ERROR(access.Prepare(read, info.chunk_index));
+    ASSIGN_OR_RETURN(TensorView v, parts_.store->View(read, *t));
     return ReadPayloadRange(v, first_elem, out);
   }
   const std::vector<RowBlock>* blocks = BlocksOf(name);
@@ -487,13 +546,176 @@ absl::Status ModelStateIo::ReadRange(ChunkType type, absl::string_view name, int
     const int64_t lo = std::max(first_elem, b.row_begin * c);
     const int64_t hi = std::min(first_elem + n, (b.row_begin + b.rows) * c);
     if (lo >= hi) continue;
-    RETURN_IF_ERROR(access.Prepare(type, layout.tensor(b.tensor).chunk_index));
-    ASSIGN_OR_RETURN(TensorView v, parts_.store->View(type, b.tensor));
+    const int64_t chunk = layout.tensor(b.tensor).chunk_index;
+    ASSIGN_OR_RETURN(const ChunkType read, ReadableType(type, chunk, name));
+    RETURN_IF_ERROR(access.Prepare(read, chunk));
+    ASSIGN_OR_RETURN(TensorView v, parts_.store->View(read, b.tensor));
     RETURN_IF_ERROR(ReadPayloadRange(
         v, lo - b.row_begin * c,
         out.subspan(static_cast<size_t>(lo - first_elem), static_cast<size_t>(hi - lo))));
   }
   return absl::OkStatus();
+}
+
+// --- LoRA ----------------------------------------------------------------------------------
+
+absl::Status ModelStateIo::CheckExport(absl::string_view caller, bool need_lora,
+                                       bool whole_model) const {
+  if (need_lora && parts_.lora == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GptModel::", caller, ": model '", parts_.config->name,
+                     "' has no LoRA configuration (GptModelOptions::lora)"));
+  }
+  if (parts_.manager->in_iteration()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GptModel::", caller, " runs outside an iteration (after EndIteration)"));
+  }
+  if (whole_model && parts_.store->layout().world_size() > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GptModel::", caller, ": this rank holds its own chunks only (ZeRO, world size ",
+        parts_.store->layout().world_size(), "); run it in a world of one rank"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelStateIo::LoadPeftAdapter(const std::string& dir) {
+  RETURN_IF_ERROR(CheckExport("LoadPeftAdapter", /*need_lora=*/true, /*whole_model=*/false));
+  const ModelConfig& model = *parts_.model_config;
+  ASSIGN_OR_RETURN(PeftAdapter adapter, ReadPeftAdapter(dir, model));
+  const LoraConfig& ours = *parts_.lora;
+  const LoraConfig& theirs = adapter.lora;
+  auto mismatch = [&](absl::string_view key, absl::string_view their_value,
+                      absl::string_view our_value) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GptModel::LoadPeftAdapter: the adapter in ", dir, " has ", key, " = ", their_value,
+        " but the model's LoRA configuration has ", key, " = ", our_value,
+        "; load an adapter trained with this configuration or change the `lora` section"));
+  };
+  if (theirs.r != ours.r) return mismatch("r", absl::StrCat(theirs.r), absl::StrCat(ours.r));
+  if (theirs.lora_alpha != ours.lora_alpha) {
+    return mismatch("lora_alpha", absl::StrCat(theirs.lora_alpha), absl::StrCat(ours.lora_alpha));
+  }
+  auto modules = [&](const LoraConfig& lora) {
+    std::vector<std::string> names;
+    for (const LoraTarget& t : LoraTargets(model, lora)) names.push_back(t.module);
+    return names;
+  };
+  auto list = [](absl::Span<const std::string> v) {
+    return absl::StrCat("[", absl::StrJoin(v, ", "), "]");
+  };
+  if (modules(theirs) != modules(ours)) {
+    return mismatch("target_modules", list(theirs.target_modules), list(ours.target_modules));
+  }
+  if (LoraSavedTensors(model, theirs) != LoraSavedTensors(model, ours)) {
+    return mismatch("modules_to_save", list(theirs.modules_to_save), list(ours.modules_to_save));
+  }
+  const ChunkLayout& layout = parts_.store->layout();
+  // A stored tensor's whole-tensor name and the offset of its first element there.
+  auto whole = [&](TensorId t) -> std::pair<std::string, int64_t> {
+    const std::string& name = layout.tensor(t).name;
+    if (const std::optional<RowBlockName> block = ParseRowBlockName(name); block.has_value()) {
+      return {block->base, block->row_begin * parts_.config->hidden};
+    }
+    return {name, 0};
+  };
+  return SetParameters(
+      [&](TensorId t, absl::Span<float> out) -> absl::Status {
+        const auto [name, first] = whole(t);
+        const std::vector<float>& values = adapter.tensors.at(name);
+        CHECK_LE(first + static_cast<int64_t>(out.size()), static_cast<int64_t>(values.size()));
+        std::copy_n(values.begin() + first, out.size(), out.begin());
+        return absl::OkStatus();
+      },
+      [&](TensorId t) { return adapter.tensors.contains(whole(t).first); });
+}
+
+absl::Status ModelStateIo::SavePeftAdapter(const std::string& dir, DType dtype,
+                                           const std::string& base_model_name_or_path) const {
+  RETURN_IF_ERROR(CheckExport("SavePeftAdapter", /*need_lora=*/true, /*whole_model=*/true));
+  return WritePeftAdapter(
+      dir, *parts_.model_config, *parts_.lora, base_model_name_or_path,
+      [&](const TensorSpec& tensor, absl::Span<float> dst) {
+        return ReadTensorInto(ChunkType::kMaster, tensor.name, dst);
+      },
+      dtype);
+}
+
+absl::Status ModelStateIo::SaveMergedHfCheckpoint(const std::string& dir, DType dtype,
+                                                  const HfExportOptions& options) const {
+  RETURN_IF_ERROR(CheckExport("SaveMergedHfCheckpoint", /*need_lora=*/true, /*whole_model=*/true));
+  absl::flat_hash_map<std::string, LoraTarget> targets;
+  for (LoraTarget& t : LoraTargets(*parts_.model_config, *parts_.lora)) {
+    std::string weight = t.base_weight;
+    targets.emplace(std::move(weight), std::move(t));
+  }
+  const int64_t r = parts_.lora->r;
+  const float scale = static_cast<float>(parts_.lora->scale());
+  // The adapter of the weight being written (the writer asks for a tensor's ranges in order).
+  const LoraTarget* cached = nullptr;
+  std::vector<float> a, b;
+  return WriteHfCheckpoint(
+      dir, *parts_.model_config, dtype,
+      ConvertingFill(
+          [&](const TensorSpec& tensor, int64_t first_elem, absl::Span<float> dst) -> absl::Status {
+            RETURN_IF_ERROR(ReadTensorRange(ChunkType::kMaster, tensor.name, first_elem, dst));
+            const auto it = targets.find(tensor.name);
+            if (it == targets.end()) return absl::OkStatus();
+            const LoraTarget& t = it->second;
+            if (cached != &t) {
+              cached = nullptr;
+              a.resize(static_cast<size_t>(r * t.in));
+              b.resize(static_cast<size_t>(t.out * r));
+              RETURN_IF_ERROR(ReadTensorInto(ChunkType::kMaster, t.a, absl::MakeSpan(a)));
+              RETURN_IF_ERROR(ReadTensorInto(ChunkType::kMaster, t.b, absl::MakeSpan(b)));
+              cached = &t;
+            }
+            // PEFT's get_delta_weight: (B @ A) * scaling (transposed for Conv1D), in f32.
+            for (size_t j = 0; j < dst.size(); ++j) {
+              const int64_t e = first_elem + static_cast<int64_t>(j);
+              const int64_t o = t.conv1d ? e % t.out : e / t.in;
+              const int64_t i = t.conv1d ? e / t.out : e % t.in;
+              float delta = 0.0f;
+              for (int64_t k = 0; k < r; ++k) delta += b[o * r + k] * a[k * t.in + i];
+              dst[j] += delta * scale;
+            }
+            return absl::OkStatus();
+          },
+          dtype),
+      options);
+}
+
+absl::StatusOr<std::string> ModelStateIo::BaseFingerprint() const {
+  RETURN_IF_ERROR(CheckExport("BaseFingerprint", /*need_lora=*/true, /*whole_model=*/true));
+  // 64-bit FNV-1a.
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&h](const void* data, size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < bytes; ++i) {
+      h ^= p[i];
+      h *= 0x100000001b3ull;
+    }
+  };
+  const absl::string_view dtype = DTypeName(parts_.store->compute_dtype());
+  constexpr int64_t kPiece = int64_t{1} << 20;
+  std::vector<float> values;
+  // Whole (Hugging Face) tensors, so that the vocabulary split does not change the digest.
+  for (const OperatorSpec& op :
+       LoraModelOperators(*parts_.model_config, *parts_.lora, {.vocab_block_rows = 0})) {
+    if (op.trainable) continue;
+    for (const TensorSpec& t : op.tensors) {
+      mix(t.name.data(), t.name.size());
+      mix("", 1);
+      for (const int64_t d : t.shape) mix(&d, sizeof(d));
+      mix(dtype.data(), dtype.size());
+      ASSIGN_OR_RETURN(const int64_t numel, ShapeNumElems(t.shape));
+      for (int64_t first = 0; first < numel; first += kPiece) {
+        values.resize(static_cast<size_t>(std::min(kPiece, numel - first)));
+        RETURN_IF_ERROR(ReadTensorRange(ChunkType::kParam, t.name, first, absl::MakeSpan(values)));
+        mix(values.data(), values.size() * sizeof(float));
+      }
+    }
+  }
+  return absl::StrCat(absl::Hex(h, absl::kZeroPad16));
 }
 
 }  // namespace ps

@@ -63,6 +63,7 @@
 #include "model/gpt2_checkpoint.h"
 #include "model/gpt_config.h"
 #include "model/hf_checkpoint.h"
+#include "model/lora_config.h"
 #include "model/model_config.h"
 #include "scheduler/chunk_manager.h"
 
@@ -107,6 +108,9 @@ class ModelStateIo {
     // The vocabulary matrices held in row blocks (the embedding's; an untied LM head's), each in
     // row order; empty lists are ignored.
     std::vector<std::vector<RowBlock>> row_blocks;
+    // The LoRA configuration (GptModelOptions::lora), or null: the adapters' tensors are those of
+    // LoraTargets; frozen tensors are those of frozen chunks (ChunkLayout::chunk_trainable).
+    const LoraConfig* lora = nullptr;
   };
 
   explicit ModelStateIo(Parts parts);
@@ -114,11 +118,17 @@ class ModelStateIo {
   ModelStateIo& operator=(const ModelStateIo&) = delete;
   ~ModelStateIo();
 
-  // Writes every parameter this rank owns from `fill(tensor, out)` (`out` sized to the stored
-  // tensor): the master slot, the param slot (rounded to the compute dtype), momentum and variance
-  // zeroed. FailedPrecondition inside an iteration.
+  // Writes every parameter this rank owns for which `include(tensor)` holds (all when null)
+  // from `fill(tensor, out)` (`out` sized to the stored tensor): the master slot, the param slot
+  // (rounded to the compute dtype), momentum and variance zeroed; a frozen tensor's param slot
+  // only (it has no other). FailedPrecondition inside an iteration.
   using ParameterFillFn = std::function<absl::Status(TensorId tensor, absl::Span<float> out)>;
-  [[nodiscard]] absl::Status SetParameters(const ParameterFillFn& fill);
+  [[nodiscard]] absl::Status SetParameters(const ParameterFillFn& fill,
+                                           const std::function<bool(TensorId)>& include = nullptr);
+  // Whether stored tensor `tensor` is frozen (its chunk is: no master, no optimizer state).
+  bool frozen(TensorId tensor) const;
+  // Whether stored tensor `tensor` is a LoRA adapter's A or B.
+  bool is_adapter(TensorId tensor) const;
 
   // GptModel's imports and exports (see model/gpt_model.h for the contracts).
   [[nodiscard]] absl::Status LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint);
@@ -126,6 +136,13 @@ class ModelStateIo {
   [[nodiscard]] absl::Status SaveHfCheckpoint(const std::string& dir, DType dtype,
                                               const HfExportOptions& options) const;
   [[nodiscard]] absl::Status SaveGpt2Safetensors(const std::string& path, DType dtype) const;
+  // LoRA (see model/gpt_model.h). FailedPrecondition without a LoRA configuration.
+  [[nodiscard]] absl::Status LoadPeftAdapter(const std::string& dir);
+  [[nodiscard]] absl::Status SavePeftAdapter(const std::string& dir, DType dtype,
+                                             const std::string& base_model_name_or_path) const;
+  [[nodiscard]] absl::Status SaveMergedHfCheckpoint(const std::string& dir, DType dtype,
+                                                    const HfExportOptions& options) const;
+  [[nodiscard]] absl::StatusOr<std::string> BaseFingerprint() const;
 
   // The training state (see GptModel::LoadTrainingState and VisitTrainingState).
   using TrainingStateFillFn =
@@ -158,6 +175,14 @@ class ModelStateIo {
   // caller releases.
   absl::Status ReadRange(ChunkType type, absl::string_view name, int64_t first_elem,
                          absl::Span<float> out, HostReadAccess& access) const;
+  // FailedPrecondition naming `caller` inside an iteration or (LoRA) without a LoRA
+  // configuration, and for world size > 1 when `whole_model`.
+  absl::Status CheckExport(absl::string_view caller, bool need_lora, bool whole_model) const;
+  // The chunk type to read for `type` of a tensor in chunk `chunk_index`: kParam for kMaster of
+  // a frozen chunk (its only payload); FailedPrecondition naming `name` for kMomentum/kVariance
+  // of a frozen chunk.
+  absl::StatusOr<ChunkType> ReadableType(ChunkType type, int64_t chunk_index,
+                                         absl::string_view name) const;
   // The row blocks of Hugging Face tensor `name`, or nullptr.
   const std::vector<RowBlock>* BlocksOf(absl::string_view name) const;
   // Elements [first_elem, first_elem + out.size()) of the payload `v`, converted to f32 into

@@ -35,9 +35,13 @@ ParameterInit InitOf(ModelArchitecture architecture, int64_t num_layers, absl::s
           .std = gpt2 && absl::EndsWith(name, "c_proj.weight") ? residual_std : 0.02};
 }
 
+std::mt19937_64 ParameterStream(uint64_t seed, uint64_t stream) {
+  return std::mt19937_64(FirstSplitMix64(seed ^ FirstSplitMix64(stream)));
+}
+
 void FillNormal(uint64_t seed, uint64_t stream, double std, int64_t first_elem,
                 absl::Span<float> out) {
-  std::mt19937_64 gen(FirstSplitMix64(seed ^ FirstSplitMix64(stream)));
+  std::mt19937_64 gen = ParameterStream(seed, stream);
   gen.discard(static_cast<unsigned long long>(first_elem / 2) * 2);
   constexpr double kTwoPi = 2.0 * std::numbers::pi;
   int64_t e = first_elem;

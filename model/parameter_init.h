@@ -17,6 +17,7 @@
 #define PATRICKSTAR_MODEL_PARAMETER_INIT_H_
 
 #include <cstdint>
+#include <random>
 
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -43,6 +44,11 @@ struct ParameterInit {
 //     Llama uses N(0, 0.02) throughout.
 // REQUIRES: num_layers >= 1.
 ParameterInit InitOf(ModelArchitecture architecture, int64_t num_layers, absl::string_view name);
+
+// The generator of stream `stream` of `seed` (see the file comment): a std::mt19937_64 seeded
+// with SplitMix64(seed ^ SplitMix64(stream)). Every seeded initialization draws from it
+// (FillNormal here, InitLoraA in model/lora_config.h).
+std::mt19937_64 ParameterStream(uint64_t seed, uint64_t stream);
 
 // Elements [first_elem, first_elem + out.size()) of the N(0, std) values of stream `stream` of
 // `seed` (see the file comment). REQUIRES: first_elem >= 0.
