@@ -178,6 +178,8 @@ absl::StatusOr<TrainConfig> MakeConfig(bool lora) {
   c.bf16 = absl::GetFlag(FLAGS_dtype) == "bf16";
   c.threads = Threads();
   c.model.activation_checkpointing = absl::GetFlag(FLAGS_activation_checkpointing);
+  // Only training steps are measured: no validation passes (each a forward over the base).
+  c.data.eval_every = 0;
   RETURN_IF_ERROR(ValidateTrainConfig(c));
   return c;
 }
