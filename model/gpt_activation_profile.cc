@@ -9,6 +9,7 @@
 #include "chunk/chunk_layout.h"
 #include "glog/logging.h"
 #include "model/kernels/kernel_workspaces.h"
+#include "model/lora_config.h"
 #include "model/model_config.h"
 #include "model/transformer_program.h"
 
@@ -107,12 +108,15 @@ GptMemoryModel Record(const ModelConfig& config, std::vector<OperatorSpec> ops,
   ProgramLayout program_layout = ProgramLayoutOf(
       config, m.ops, rows, [](size_t op) { return static_cast<OperatorId>(op); },
       [&](size_t op, size_t j) { return ctx.tensor_id(op, j); });
-  const ProgramShape shape{.batch = o.batch,
-                           .seq_len = o.seq_len == 0 ? config.max_position_embeddings : o.seq_len,
-                           .activation_checkpointing = o.activation_checkpointing,
-                           .attention_tile = o.attention_tile,
-                           .ce_row_tile = o.ce_row_tile,
-                           .ce_vocab_tile = o.ce_vocab_tile};
+  const ProgramShape shape{
+      .batch = o.batch,
+      .seq_len = o.seq_len == 0 ? config.max_position_embeddings : o.seq_len,
+      .activation_checkpointing = o.activation_checkpointing,
+      .attention_tile = o.attention_tile,
+      .ce_row_tile = o.ce_row_tile,
+      .ce_vocab_tile = o.ce_vocab_tile,
+      .lora_scale = o.lora.has_value() ? static_cast<float>(o.lora->scale()) : 1.0f,
+      .lora_dropout = o.lora.has_value() ? static_cast<float>(o.lora->lora_dropout) : 0.0f};
   absl::StatusOr<TransformerProgram> program =
       TransformerProgram::Create(config, shape, std::move(program_layout));
   CHECK(program.ok()) << "the activation profile of a valid config: " << program.status();
@@ -139,14 +143,18 @@ GptConfig GptConfigView(const ModelConfig& config) {
 GptMemoryModel ModelActivationProfile(const ModelConfig& config, const GptModelOptions& options,
                                       DType compute_dtype, const VocabLayoutOptions& layout,
                                       const KernelWorkspaces* workspaces) {
-  return Record(config, ModelOperators(config, layout), options, compute_dtype, layout, workspaces);
+  return Record(config, ModelOperatorsFor(config, options.lora, layout), options, compute_dtype,
+                layout, workspaces);
 }
 
 GptMemoryModel GptActivationProfile(const GptConfig& config, const GptModelOptions& options,
                                     DType compute_dtype, const VocabLayoutOptions& layout,
                                     const KernelWorkspaces* workspaces) {
-  return Record(FromGptConfig(config), GptOperators(config, layout), options, compute_dtype, layout,
-                workspaces);
+  const ModelConfig model = FromGptConfig(config);
+  return Record(model,
+                options.lora.has_value() ? LoraModelOperators(model, *options.lora, layout)
+                                         : GptOperators(config, layout),
+                options, compute_dtype, layout, workspaces);
 }
 
 int64_t ModelMinChunkElems(const ModelConfig& config, int64_t row_quantum) {

@@ -53,7 +53,11 @@ GptMemoryModel GptActivationProfile(const GptConfig& config, const GptModelOptio
                                     DType compute_dtype, const VocabLayoutOptions& layout,
                                     const KernelWorkspaces* workspaces = nullptr);
 // The same for any architecture (ModelOperators(config, layout) and GptModel's Create(ModelConfig)
-// path; for a GPT-2 config identical to GptActivationProfile of its GptConfig).
+// path; for a GPT-2 config identical to GptActivationProfile of its GptConfig). With options.lora
+// (both functions) the operators are LoraModelOperators(config, *options.lora, layout) — a frozen
+// base, whose backward allocates no weight gradients, and the adapters, whose buffers (h, dropout
+// copies, their gradients and workspaces) the profile records. REQUIRES then:
+// ValidateLoraConfig(config, *options.lora) is OK.
 GptMemoryModel ModelActivationProfile(const ModelConfig& config, const GptModelOptions& options,
                                       DType compute_dtype, const VocabLayoutOptions& layout,
                                       const KernelWorkspaces* workspaces = nullptr);
@@ -81,7 +85,9 @@ struct GptRunPlanOptions {
   GptConfig config;
   // When set, the model planned (any architecture; `config` is then ignored).
   std::optional<ModelConfig> model_config;
-  // batch, seq_len (0: max_seq_len), activation_checkpointing, threads and the kernel tiles.
+  // batch, seq_len (0: max_seq_len), activation_checkpointing, threads, the kernel tiles and the
+  // LoRA configuration (model.lora: the layout is LoraModelOperators', its frozen base chunks
+  // param-only in every byte count; checked with ValidateLoraConfig).
   GptModelOptions model;
   // The kernel workspace sizes of the implementation the run computes with
   // (CreateKernelWorkspaces for its backend: CUDA's add cuBLAS's workspace to every GEMM); null:

@@ -16,6 +16,7 @@
 #include "glog/logging.h"
 #include "model/gpt_activation_profile.h"
 #include "model/kernels/kernel_workspaces.h"
+#include "model/lora_config.h"
 #include "model/model_config.h"
 
 namespace ps {
@@ -155,6 +156,7 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
   }
   const ModelConfig mc = PlannedModel(o);
   const GptConfig view = GptConfigView(mc);
+  if (o.model.lora.has_value()) RETURN_IF_ERROR(ValidateLoraConfig(mc, *o.model.lora));
   if (o.model.batch <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("train_micro_batch_size_per_gpu must be >= 1, got ", o.model.batch));
@@ -164,9 +166,11 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
   // and gigabytes listing blocks for a plan that could only refuse it. Every rank holds at least
   // its share of the model data in host memory, less what a real accelerator keeps.
   if (o.host_available_bytes > 0 && (o.accelerator_in_host_memory || o.accelerator_bytes > 0)) {
-    // With the disk tier the optimizer state may all be on disk: the parameters stay.
-    const int64_t bytes_per_param =
-        o.disk.has_value() ? SizeOf(o.compute_dtype) : ModelDataBytesPerParam(o.compute_dtype);
+    // With the disk tier the optimizer state may all be on disk: the parameters stay. With LoRA
+    // the base is frozen (param payloads only; the adapters are not counted: a lower bound).
+    const int64_t bytes_per_param = o.disk.has_value() || o.model.lora.has_value()
+                                        ? SizeOf(o.compute_dtype)
+                                        : ModelDataBytesPerParam(o.compute_dtype);
     const double model_data =
         static_cast<double>(ModelParameterCount(mc)) * static_cast<double>(bytes_per_param);
     const double lower_bound =
@@ -211,8 +215,9 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
     VocabLayoutOptions vocab{.vocab_block_rows =
                                  GptVocabBlockRowsForChunk(view, c, o.model.ce_vocab_tile)};
     ChunkLayoutOptions layout_options{.capacity_elems = c, .world_size = o.world_size};
-    ASSIGN_OR_RETURN(ChunkLayout layout,
-                     ChunkLayout::Build(layout_options, ModelOperators(mc, vocab)));
+    ASSIGN_OR_RETURN(
+        ChunkLayout layout,
+        ChunkLayout::Build(layout_options, ModelOperatorsFor(mc, o.model.lora, vocab)));
     candidates.push_back({c, layout.TotalModelDataBytes(o.compute_dtype)});
   }
   std::stable_sort(candidates.begin(), candidates.end(),

@@ -18,12 +18,14 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
@@ -42,6 +44,7 @@
 #include "model/lora_config.h"
 #include "model/model_config.h"
 #include "model/peft_adapter.h"
+#include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "optimizer/cpu_adam.h"
 #include "optimizer/hybrid_adam.h"
@@ -51,6 +54,7 @@
 namespace ps {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 std::string Runfile(const std::string& path) {
@@ -122,7 +126,7 @@ struct RigOptions {
   int64_t chunk_elems = 4096;
   // The accelerator's chunk budget; small enough that chunks move during every iteration.
   std::optional<int64_t> budget_bytes = 160 * kKiB;
-  std::optional<LoraConfig> lora;
+  std::optional<LoraConfig> lora = std::nullopt;
   int64_t batch = 2;
   int64_t seq_len = 16;
   bool activation_checkpointing = false;
@@ -379,6 +383,317 @@ TEST_P(LoraModelTest, MatchesPeft) {
   int64_t loads = 0;
   for (const TransferCounters& c : rig->manager->counters().by_stage) loads += c.loads;
   EXPECT_GT(loads, 2 * rig->store->layout().num_chunks()) << "the budget should make chunks move";
+}
+
+// Random tokens and next-token targets for a [batch, seq_len] batch, a few targets ignored.
+void RandomBatch(int64_t vocab, int64_t n, uint32_t seed, std::vector<int32_t>* tokens,
+                 std::vector<int32_t>* targets) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab) - 1);
+  tokens->resize(n);
+  targets->resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    (*tokens)[i] = token(gen);
+    (*targets)[i] = i % 7 == 3 ? GptModel::kIgnoreIndex : token(gen);
+  }
+}
+
+LoraConfig AllProjections(double dropout = 0) {
+  LoraConfig lora;
+  lora.r = 4;
+  lora.lora_alpha = 8;
+  lora.lora_dropout = dropout;
+  lora.target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                         "gate_proj", "up_proj", "down_proj"};
+  return lora;
+}
+
+// A LoRA rig over hf_tiny_<arch> with its base loaded and the adapters seeded (B non-zero: the
+// LoRA path then changes the loss from the first step).
+absl::StatusOr<std::unique_ptr<Rig>> TinyLoraRig(const std::string& arch, RigOptions o) {
+  ASSIGN_OR_RETURN(const HfCheckpoint base,
+                   HfCheckpoint::Open(Runfile(absl::StrCat("hf_tiny_", arch))));
+  ASSIGN_OR_RETURN(auto rig, MakeRig(base.config(), o));
+  RETURN_IF_ERROR(rig->model->InitializeParameters(7));
+  RETURN_IF_ERROR(rig->model->LoadHfCheckpoint(base));
+  if (arch == "llama" || arch == "qwen2") {
+    RETURN_IF_ERROR(
+        rig->model->LoadPeftAdapter(Runfile(absl::StrCat("lora_ref_", arch, "/adapter_init"))));
+  }
+  return rig;
+}
+
+struct RunResult {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> adapters;  // master values after the run
+};
+
+// `steps` optimizer steps on seeded batches; dropout seed = step index + `seed_offset`.
+absl::StatusOr<RunResult> Train(Rig& rig, int steps, uint64_t seed_offset = 0) {
+  RunResult r;
+  const GptModel& model = *rig.model;
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int32_t> tokens, targets;
+    RandomBatch(model.config().vocab_size, model.batch() * model.seq_len(), 100 + s, &tokens,
+                &targets);
+    ASSIGN_OR_RETURN(const double loss,
+                     TrainMicroBatch(rig, tokens, targets, true, s + seed_offset));
+    r.losses.push_back(loss);
+  }
+  for (const TensorSpec& t : PeftAdapterTensors(model.model_config(), *model.lora())) {
+    ASSIGN_OR_RETURN(r.adapters[t.name], model.ReadTensor(ChunkType::kMaster, t.name));
+  }
+  return r;
+}
+
+bool SameRun(const RunResult& a, const RunResult& b) {
+  if (a.losses != b.losses) return false;
+  for (const auto& [name, values] : a.adapters) {
+    if (!BitEqual(values, b.adapters.at(name))) return false;
+  }
+  return true;
+}
+
+TEST(LoraModel, CheckpointingAndDropoutAreBitReproducible) {
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const double dropout : {0.0, 0.25}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " dropout ", dropout));
+      RigOptions o{.dtype = dtype, .lora = AllProjections(dropout)};
+      ASSERT_OK_AND_ASSIGN(auto plain, TinyLoraRig("llama", o));
+      ASSERT_OK_AND_ASSIGN(const RunResult base_run, Train(*plain, 3));
+      o.activation_checkpointing = true;
+      ASSERT_OK_AND_ASSIGN(auto ckpt, TinyLoraRig("llama", o));
+      ASSERT_OK_AND_ASSIGN(const RunResult ckpt_run, Train(*ckpt, 3));
+      EXPECT_TRUE(SameRun(base_run, ckpt_run)) << "checkpointing changed the run";
+      o.activation_checkpointing = false;
+      ASSERT_OK_AND_ASSIGN(auto again, TinyLoraRig("llama", o));
+      ASSERT_OK_AND_ASSIGN(const RunResult again_run, Train(*again, 3));
+      EXPECT_TRUE(SameRun(base_run, again_run)) << "the same seeds gave another run";
+      ASSERT_OK_AND_ASSIGN(auto other, TinyLoraRig("llama", o));
+      ASSERT_OK_AND_ASSIGN(const RunResult other_run, Train(*other, 3, /*seed_offset=*/1000));
+      if (dropout > 0) {
+        EXPECT_NE(base_run.losses[0], other_run.losses[0]) << "the dropout seed is ignored";
+      } else {
+        EXPECT_TRUE(SameRun(base_run, other_run)) << "without dropout the seed must not matter";
+      }
+      EXPECT_EQ(plain->manager->counters().frozen_writeback_bytes, 0);
+      EXPECT_EQ(ckpt->manager->counters().frozen_writeback_bytes, 0);
+    }
+  }
+}
+
+TEST(LoraModel, DropoutChangesTheLossOnlyInTraining) {
+  RigOptions o{.lora = AllProjections(0.5)};
+  ASSERT_OK_AND_ASSIGN(auto rig, TinyLoraRig("llama", o));
+  o.lora = AllProjections(0.0);
+  ASSERT_OK_AND_ASSIGN(auto no_dropout, TinyLoraRig("llama", o));
+  std::vector<int32_t> tokens, targets;
+  RandomBatch(64, 32, 5, &tokens, &targets);
+  // Evaluation applies no dropout (PEFT in eval mode).
+  ASSERT_OK_AND_ASSIGN(const double eval, rig->model->Evaluate(tokens, targets));
+  ASSERT_OK_AND_ASSIGN(const double eval_plain, no_dropout->model->Evaluate(tokens, targets));
+  EXPECT_EQ(eval, eval_plain);
+  ASSERT_OK_AND_ASSIGN(const double train, TrainMicroBatch(*rig, tokens, targets, true, 1));
+  EXPECT_NE(train, eval);
+}
+
+// Qwen3's q/k norms sit inside the q/k/v access: with q/k adapters the forward re-accesses the
+// operator for the norms after the adapter. Checkpointing must reproduce it, and the merged
+// export must give the LoRA model's loss.
+TEST(LoraModel, Qwen3QkNormsWithAdaptersAndMergedExport) {
+  for (const std::string arch : {"qwen3", "gpt2"}) {
+    SCOPED_TRACE(arch);
+    RigOptions o;
+    LoraConfig lora;
+    lora.r = 2;
+    lora.lora_alpha = 6;
+    lora.target_modules = arch == "gpt2" ? std::vector<std::string>{"c_attn", "c_proj", "c_fc"}
+                                         : std::vector<std::string>{"q_proj", "k_proj"};
+    o.lora = lora;
+    o.chunk_elems = 8192;  // Qwen3's embedding
+    o.budget_bytes = 320 * kKiB;
+    ASSERT_OK_AND_ASSIGN(auto rig, TinyLoraRig(arch, o));
+    ASSERT_OK_AND_ASSIGN(const RunResult run, Train(*rig, 3));
+    o.activation_checkpointing = true;
+    ASSERT_OK_AND_ASSIGN(auto ckpt, TinyLoraRig(arch, o));
+    ASSERT_OK_AND_ASSIGN(const RunResult ckpt_run, Train(*ckpt, 3));
+    EXPECT_TRUE(SameRun(run, ckpt_run));
+    // B moved away from zero: the merge is not the base.
+    double b_norm = 0;
+    for (const auto& [name, v] : run.adapters) {
+      if (absl::EndsWith(name, "lora_B.weight")) {
+        for (float x : v) b_norm += std::abs(x);
+      }
+    }
+    EXPECT_GT(b_norm, 0);
+
+    const std::string merged = TempDir(absl::StrCat("merged_", arch));
+    ASSERT_OK(rig->model->SaveMergedHfCheckpoint(merged, DType::kF32));
+    ASSERT_OK_AND_ASSIGN(const HfCheckpoint merged_ckpt, HfCheckpoint::Open(merged));
+    RigOptions full{.chunk_elems = 8192, .budget_bytes = std::nullopt};
+    ASSERT_OK_AND_ASSIGN(auto full_rig, MakeRig(merged_ckpt.config(), full));
+    ASSERT_OK(full_rig->model->LoadHfCheckpoint(merged_ckpt));
+    std::vector<int32_t> tokens, targets;
+    RandomBatch(rig->model->config().vocab_size, 32, 77, &tokens, &targets);
+    ASSERT_OK_AND_ASSIGN(const double lora_loss, rig->model->Evaluate(tokens, targets));
+    ASSERT_OK_AND_ASSIGN(const double merged_loss, full_rig->model->Evaluate(tokens, targets));
+    EXPECT_LE(RelDiff(merged_loss, lora_loss), 1e-5) << lora_loss << " vs merged " << merged_loss;
+    // The unmerged export is the base.
+    const std::string unmerged = TempDir(absl::StrCat("unmerged_", arch));
+    ASSERT_OK(rig->model->SaveHfCheckpoint(unmerged, DType::kF32));
+    ASSERT_OK_AND_ASSIGN(const HfCheckpoint unmerged_ckpt, HfCheckpoint::Open(unmerged));
+    ASSERT_OK(full_rig->model->LoadHfCheckpoint(unmerged_ckpt));
+    ASSERT_OK_AND_ASSIGN(const double base_loss, full_rig->model->Evaluate(tokens, targets));
+    EXPECT_NE(base_loss, lora_loss);
+  }
+}
+
+TEST(LoraModel, PeftAdapterExportRoundTripsWithPeftsNames) {
+  for (const std::string arch : {"llama", "gpt2"}) {
+    SCOPED_TRACE(arch);
+    const std::string ref_dir = Runfile(absl::StrCat("lora_ref_", arch));
+    const nlohmann::json reference = ReadJson(ref_dir + "/reference.json");
+    ASSERT_OK_AND_ASSIGN(const HfCheckpoint base,
+                         HfCheckpoint::Open(Runfile(absl::StrCat("hf_tiny_", arch))));
+    RigOptions o{.lora = LoraOf(reference)};
+    ASSERT_OK_AND_ASSIGN(auto rig, MakeRig(base.config(), o));
+    ASSERT_OK(rig->model->LoadHfCheckpoint(base));
+    ASSERT_OK(rig->model->LoadPeftAdapter(ref_dir + "/adapter_trained"));
+    const std::string out = TempDir(absl::StrCat("adapter_", arch));
+    ASSERT_OK(rig->model->SavePeftAdapter(out, DType::kF32, "model/testdata/hf_tiny"));
+    // peft's file and ours: the same names, shapes and (f32, exact) values.
+    ASSERT_OK_AND_ASSIGN(
+        const SafetensorsFile theirs,
+        SafetensorsFile::Open(ref_dir + "/adapter_trained/adapter_model.safetensors"));
+    ASSERT_OK_AND_ASSIGN(const SafetensorsFile ours,
+                         SafetensorsFile::Open(out + "/adapter_model.safetensors"));
+    ASSERT_EQ(theirs.tensors().size(), ours.tensors().size());
+    for (const SafetensorsTensorInfo& t : theirs.tensors()) {
+      const SafetensorsTensorInfo* mine = ours.Find(t.name);
+      ASSERT_NE(mine, nullptr) << t.name;
+      EXPECT_EQ(mine->shape, t.shape) << t.name;
+      ASSERT_OK_AND_ASSIGN(const std::vector<float> a, theirs.ReadAsF32(t.name));
+      ASSERT_OK_AND_ASSIGN(const std::vector<float> b, ours.ReadAsF32(t.name));
+      EXPECT_TRUE(BitEqual(a, b)) << t.name;
+    }
+    ASSERT_OK_AND_ASSIGN(const PeftAdapter back, ReadPeftAdapter(out, base.config()));
+    EXPECT_EQ(back.lora, *o.lora);
+    EXPECT_EQ(back.base_model_name_or_path, "model/testdata/hf_tiny");
+  }
+}
+
+TEST(LoraModel, FrozenStateInitializationAndFingerprint) {
+  ASSERT_OK_AND_ASSIGN(const HfCheckpoint base, HfCheckpoint::Open(Runfile("hf_tiny_llama")));
+  RigOptions o{.lora = AllProjections()};
+  ASSERT_OK_AND_ASSIGN(auto rig, MakeRig(base.config(), o));
+  ASSERT_OK_AND_ASSIGN(auto full, MakeRig(base.config(), RigOptions{}));
+  ASSERT_OK(rig->model->InitializeParameters(11));
+  ASSERT_OK(full->model->InitializeParameters(11));
+  // The base starts as the full model does; A as InitLoraA of its stream, B at zero.
+  const std::vector<OperatorSpec> ops = ModelOperatorsFor(base.config(), o.lora);
+  uint64_t stream = 0;
+  for (const OperatorSpec& op : ops) {
+    for (const TensorSpec& t : op.tensors) {
+      ASSERT_OK_AND_ASSIGN(const std::vector<float> got,
+                           rig->model->ReadTensor(ChunkType::kMaster, t.name));
+      if (absl::EndsWith(t.name, "lora_A.weight")) {
+        std::vector<float> want(got.size());
+        InitLoraA(11, stream, absl::MakeSpan(want), t.shape[1]);
+        EXPECT_TRUE(BitEqual(got, want)) << t.name;
+      } else if (absl::EndsWith(t.name, "lora_B.weight")) {
+        EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float x) { return x == 0; }));
+      } else {
+        ASSERT_OK_AND_ASSIGN(const std::vector<float> want,
+                             full->model->ReadTensor(ChunkType::kMaster, t.name));
+        EXPECT_TRUE(BitEqual(got, want)) << t.name;
+        EXPECT_THAT(rig->model->ReadTensor(ChunkType::kMomentum, t.name).status(),
+                    StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("frozen")));
+      }
+      ++stream;
+    }
+  }
+  // The training state is the adapters'.
+  const std::vector<TrainingStateTensor> state = rig->model->TrainingStateTensors();
+  EXPECT_EQ(state.size(), 3 * PeftAdapterTensors(base.config(), *o.lora).size());
+  for (const TrainingStateTensor& t : state) {
+    EXPECT_TRUE(absl::StrContains(t.name, ".lora_")) << t.name;
+  }
+  // The fingerprint: stable, and another base gives another one.
+  ASSERT_OK_AND_ASSIGN(const std::string fp, rig->model->BaseFingerprint());
+  EXPECT_EQ(fp.size(), 16u);
+  ASSERT_OK_AND_ASSIGN(const std::string fp_again, rig->model->BaseFingerprint());
+  EXPECT_EQ(fp, fp_again);
+  ASSERT_OK(rig->model->LoadHfCheckpoint(base));
+  ASSERT_OK_AND_ASSIGN(const std::string fp_loaded, rig->model->BaseFingerprint());
+  EXPECT_NE(fp, fp_loaded);
+  // Adapters alone do not change it.
+  ASSERT_OK(rig->model->LoadPeftAdapter(Runfile("lora_ref_llama/adapter_init")));
+  ASSERT_OK_AND_ASSIGN(const std::string fp_adapted, rig->model->BaseFingerprint());
+  EXPECT_EQ(fp_loaded, fp_adapted);
+  EXPECT_THAT(full->model->BaseFingerprint().status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("LoRA")));
+}
+
+TEST(LoraModel, Errors) {
+  ASSERT_OK_AND_ASSIGN(const HfCheckpoint base, HfCheckpoint::Open(Runfile("hf_tiny_llama")));
+  // A layout without the adapters.
+  {
+    RigOptions o{.lora = AllProjections()};
+    auto rig = std::make_unique<Rig>();
+    ASSERT_OK_AND_ASSIGN(rig->backend, CreateCpuBackend({.capacity_bytes = 64 * kMiB}));
+    DeviceMemoryOptions memory_options;
+    memory_options.chunk_block_bytes = 4096 * 4;
+    ASSERT_OK_AND_ASSIGN(rig->accelerator,
+                         CreateAcceleratorMemory(rig->backend.get(), memory_options));
+    ASSERT_OK_AND_ASSIGN(rig->host, CreateHostMemory(rig->backend.get(), memory_options));
+    ASSERT_OK_AND_ASSIGN(ChunkLayout layout, ChunkLayout::Build({.capacity_elems = 4096},
+                                                                ModelOperators(base.config())));
+    ASSERT_OK_AND_ASSIGN(rig->store, ChunkStore::Create(std::move(layout), {}));
+    ASSERT_OK_AND_ASSIGN(rig->manager,
+                         ChunkManager::Create(rig->store.get(), rig->backend.get(),
+                                              rig->accelerator.get(), rig->host.get(), {}));
+    EXPECT_THAT(GptModel::Create(base.config(), rig->store.get(), rig->manager.get(),
+                                 rig->accelerator.get(), {.batch = 1, .seq_len = 8, .lora = o.lora})
+                    .status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("model.layers.0.self_attn.qkv_proj.lora")));
+    LoraConfig bad = AllProjections();
+    bad.target_modules = {"q_projection"};
+    EXPECT_THAT(GptModel::Create(base.config(), rig->store.get(), rig->manager.get(),
+                                 rig->accelerator.get(), {.batch = 1, .seq_len = 8, .lora = bad})
+                    .status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("q_projection")));
+  }
+  const std::string adapter = Runfile("lora_ref_llama/adapter_init");
+  {
+    LoraConfig r8 = AllProjections();
+    r8.r = 8;
+    ASSERT_OK_AND_ASSIGN(auto rig, MakeRig(base.config(), {.lora = r8}));
+    EXPECT_THAT(rig->model->LoadPeftAdapter(adapter),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("r = 4"), HasSubstr("r = 8"), HasSubstr(adapter))));
+  }
+  {
+    LoraConfig q_only = AllProjections();
+    q_only.target_modules = {"q_proj"};
+    ASSERT_OK_AND_ASSIGN(auto rig, MakeRig(base.config(), {.lora = q_only}));
+    EXPECT_THAT(rig->model->LoadPeftAdapter(adapter),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("target_modules"), HasSubstr("[q_proj]"))));
+  }
+  {
+    // An adapter of another model's shapes (gpt2's for llama).
+    ASSERT_OK_AND_ASSIGN(auto rig, MakeRig(base.config(), {.lora = AllProjections()}));
+    EXPECT_FALSE(rig->model->LoadPeftAdapter(Runfile("lora_ref_gpt2/adapter_init")).ok());
+  }
+  {
+    // No LoRA: the LoRA methods refuse.
+    ASSERT_OK_AND_ASSIGN(auto rig, MakeRig(base.config(), {}));
+    EXPECT_THAT(rig->model->LoadPeftAdapter(adapter),
+                StatusIs(absl::StatusCode::kFailedPrecondition));
+    EXPECT_THAT(rig->model->SavePeftAdapter(TempDir("none"), DType::kF32, ""),
+                StatusIs(absl::StatusCode::kFailedPrecondition));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Peft, LoraModelTest, ::testing::Values("llama", "qwen2", "gpt2"));

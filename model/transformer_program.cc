@@ -566,7 +566,18 @@ class TransformerProgram::Run {
       if (swiglu()) return k.SwiGluForward(s, N_ * I, a.fch.data(), a.up.data(), a.act.data());
       return k.GeluForward(s, N_ * I, a.fch.data(), a.act.data());
     }));
-    if (recompute) return absl::OkStatus();  // the block's output is not needed again
+    if (recompute) {
+      // The block's output is not needed again, but an adapter on the MLP's output projection
+      // needs its h = A drop(act) in backward: recomputed in the adapter's own access, with the
+      // same kernel on the same input (bit for bit), its output discarded.
+      if (!ops.mlp_out.lora.present()) return absl::OkStatus();
+      ASSIGN_OR_RETURN(Buffer discarded, Alloc(N_ * C_, false));
+      ASSIGN_OR_RETURN(ScopedAccess access,
+                       ScopedAccess::Begin(ctx_, ops.mlp_out.lora.op, Stage::kForward));
+      RETURN_IF_ERROR(
+          AdapterForward(ops.mlp_out.lora, I, C_, a.act.data(), discarded.data(), a.lh_out));
+      return access.End();
+    }
     // out = res2 + MLP projection(act), in place of the projection.
     ASSIGN_OR_RETURN(out, Alloc(N_ * C_, false));
     RETURN_IF_ERROR(LinearForward(ops.mlp_out, I, C_, a.act.data(), out.data(), a.lh_out));

@@ -29,7 +29,9 @@
 //             reverse (except SwiGLU's gate before up: one SwiGLU backward feeds both), under
 //             activation checkpointing first re-accessing the layer's operators in forward up to
 //             the MLP's output projection (the recompute stops where the block's output would be
-//             made), then wpe and the embedding blocks in reverse order.
+//             made; with an adapter on that projection, the recompute ends with the adapter's
+//             access, which recomputes the adapter's h), then wpe and the embedding blocks in
+//             reverse order.
 // The vocabulary blocks are computed one at a time (model/kernels/vocab_blocks.h): no [vocab,
 // hidden] buffer ever exists.
 //

@@ -19,12 +19,14 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "chunk/operator_spec.h"
 #include "gtest/gtest.h"
 #include "memory/dtype.h"
 #include "model/gpt_activation_profile.h"
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
+#include "model/lora_config.h"
 #include "model/model_config.h"
 #include "scheduler/activation_profile.h"
 
@@ -241,6 +243,144 @@ TEST(TransformerProgramTest, CheckpointingLowersTheRecordedPeak) {
     return highest;
   };
   EXPECT_LT(peak(true), peak(false));
+}
+
+// --- LoRA layouts (model/lora_config.h): a frozen base and adapter operators ---------------------
+
+// The documented order with adapters: each adapted base operator's access is followed by its
+// adapter operator's ("<base>.lora"), in forward and in backward; Qwen3's q/k/v operator with an
+// adapter is accessed again after the adapter for the q/k norms; the recompute of checkpointing
+// ends with the MLP output projection's adapter, when it has one; a frozen embedding and wpe are
+// not accessed in backward.
+std::vector<Access> ExpectedLoraPass(const ModelConfig& config,
+                                     const std::vector<OperatorSpec>& ops, bool checkpointing,
+                                     bool backward) {
+  std::map<std::string, int64_t> index;
+  for (int64_t i = 0; i < static_cast<int64_t>(ops.size()); ++i) index[ops[i].name] = i;
+  std::vector<OperatorSpec> base;
+  for (const OperatorSpec& op : ops) {
+    if (!absl::EndsWith(op.name, ".lora")) base.push_back(op);
+  }
+  const OpGroups g = GroupsOf(config, base);
+  const auto adapter = [&](int64_t op) -> int64_t {
+    const auto it = index.find(ops[op].name + ".lora");
+    return it == index.end() ? -1 : it->second;
+  };
+  const bool qk_norm = config.family == ModelFamily::kQwen3;
+  std::vector<Access> a;
+  const auto forward_op = [&](int64_t op) {
+    a.push_back({op, Stage::kForward});
+    const int64_t l = adapter(op);
+    if (l < 0) return;
+    a.push_back({l, Stage::kForward});
+    if (qk_norm && absl::EndsWith(ops[op].name, "qkv_proj")) a.push_back({op, Stage::kForward});
+  };
+  for (int64_t op : g.embed) a.push_back({op, Stage::kForward});
+  if (g.wpe >= 0) a.push_back({g.wpe, Stage::kForward});
+  for (const std::vector<int64_t>& layer : g.layers) {
+    for (int64_t op : layer) forward_op(op);
+  }
+  a.push_back({g.final_norm, Stage::kForward});
+  for (int64_t op : g.head) a.push_back({op, Stage::kForward});
+  if (!backward) return a;
+  for (int64_t op : g.head) a.push_back({op, Stage::kBackward});
+  a.push_back({g.final_norm, Stage::kBackward});
+  for (auto layer = g.layers.rbegin(); layer != g.layers.rend(); ++layer) {
+    if (checkpointing) {
+      for (auto op = layer->begin(); op + 1 != layer->end(); ++op) forward_op(*op);
+      if (const int64_t l = adapter(layer->back()); l >= 0) a.push_back({l, Stage::kForward});
+    }
+    std::vector<int64_t> order(layer->rbegin(), layer->rend());
+    if (order.size() == 7) std::swap(order[1], order[2]);
+    for (int64_t op : order) {
+      a.push_back({op, Stage::kBackward});
+      if (const int64_t l = adapter(op); l >= 0) a.push_back({l, Stage::kBackward});
+    }
+  }
+  const auto trainable = [&](int64_t op) { return ops[op].trainable; };
+  if (g.wpe >= 0 && trainable(g.wpe)) a.push_back({g.wpe, Stage::kBackward});
+  if (trainable(g.embed.front())) {
+    for (auto op = g.embed.rbegin(); op != g.embed.rend(); ++op) {
+      a.push_back({*op, Stage::kBackward});
+    }
+  }
+  return a;
+}
+
+TEST(TransformerProgramTest, LoraPassesKeepTheContractAndTheOrder) {
+  std::mt19937_64 gen(28);
+  for (int trial = 0; trial < 48; ++trial) {
+    const ModelConfig config = RandomConfig(gen, trial);
+    ASSERT_TRUE(ValidateModelConfig(config).ok()) << ValidateModelConfig(config);
+    // A random non-empty subset of the linear layers, r = 1 (fits every layer).
+    LoraConfig lora;
+    lora.r = 1;
+    lora.lora_alpha = 2;
+    lora.lora_dropout = trial % 2 == 0 ? 0.0 : 0.1;
+    const std::vector<std::string> names = LoraLinearModuleNames(config);
+    while (lora.target_modules.empty()) {
+      for (const std::string& name : names) {
+        if (std::uniform_int_distribution<int>(0, 1)(gen) == 1) {
+          lora.target_modules.push_back(name);
+        }
+      }
+    }
+    ASSERT_TRUE(ValidateLoraConfig(config, lora).ok()) << ValidateLoraConfig(config, lora);
+    const bool checkpointing = (trial / 4) % 2 == 1;
+    const DType dtype = std::vector<DType>{DType::kF32, DType::kF16, DType::kBF16}[trial % 3];
+    const int64_t tile = 8;
+    const VocabLayoutOptions layout{.vocab_block_rows = (trial / 8) % 2 == 1 ? 3 * tile : 0};
+    const GptModelOptions o{.batch = 1 + trial % 3,
+                            .seq_len = 1 + trial % 11,
+                            .activation_checkpointing = checkpointing,
+                            .threads = 1 + trial % 2,
+                            .attention_tile = 5,
+                            .ce_row_tile = 7,
+                            .ce_vocab_tile = tile,
+                            .lora = lora};
+    SCOPED_TRACE(absl::StrCat(config.name, " ", ModelFamilyName(config.family), " ",
+                              DTypeName(dtype), " checkpointing ", checkpointing, " targets ",
+                              absl::StrJoin(lora.target_modules, ",")));
+    const GptMemoryModel m = ModelActivationProfile(config, o, dtype, layout);
+    EXPECT_EQ(m.ops.size(), LoraModelOperators(config, lora, layout).size());
+    EXPECT_EQ(CheckEvents(m.profile.iteration),
+              ExpectedLoraPass(config, m.ops, checkpointing, /*backward=*/true));
+    EXPECT_EQ(CheckEvents(m.profile.evaluation),
+              ExpectedLoraPass(config, m.ops, checkpointing, /*backward=*/false));
+  }
+}
+
+int64_t RecordedPeak(const std::vector<ActivationEvent>& events) {
+  int64_t live = 0, highest = 0;
+  std::map<int64_t, int64_t> size_of;  // buffer -> bytes
+  for (const ActivationEvent& e : events) {
+    if (e.kind == ActivationEvent::Kind::kAlloc) {
+      size_of[e.buffer] = e.bytes;
+      live += e.bytes;
+      highest = std::max(highest, live);
+    } else if (e.kind == ActivationEvent::Kind::kFree) {
+      live -= size_of.at(e.buffer);
+    }
+  }
+  return highest;
+}
+
+// A frozen base allocates no weight gradients: a LoRA run's recorded tide stays below the full
+// model's even with adapters on every projection.
+TEST(TransformerProgramTest, FrozenBaseLowersTheRecordedPeak) {
+  ModelConfig config = ModelPreset("llama-tiny").value();
+  config.num_layers = 2;
+  LoraConfig lora;
+  lora.r = 2;
+  lora.target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                         "gate_proj", "up_proj", "down_proj"};
+  GptModelOptions o{.batch = 2, .seq_len = 32};
+  const int64_t full =
+      RecordedPeak(ModelActivationProfile(config, o, DType::kF32, {}).profile.iteration);
+  o.lora = lora;
+  const int64_t frozen =
+      RecordedPeak(ModelActivationProfile(config, o, DType::kF32, {}).profile.iteration);
+  EXPECT_LT(frozen, full);
 }
 
 }  // namespace
