@@ -19,6 +19,10 @@
 // and --aio_queue_depth), which turns the plan's per-step disk traffic into the time the disk
 // alone needs per step.
 //
+// --lora_r=R (with --lora_target_modules, --lora_alpha; the trainer's flags: the lora section)
+// plans a LoRA fine-tune: the base frozen in param-only chunks of the compute dtype (2 bytes per
+// parameter in bf16/f16), the adapters A [r, in] and B [out, r] with their full training state.
+//
 // Exit status as the trainer's: 0 the run fits (the plan on stdout); 1 it does not (the plan on
 // stdout, the refusal on stderr); 2 a flag that cannot be parsed or an invalid model/option.
 #include <algorithm>
@@ -36,6 +40,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/units.h"
 #include "disk/disk_probe.h"
 #include "disk/swap_options.h"
@@ -44,10 +49,13 @@
 #include "model/gpt_activation_profile.h"
 #include "model/gpt_config.h"
 #include "model/kernels/kernel_workspaces.h"
+#include "model/lora_config.h"
 #include "model/model_config.h"
+#include "model/peft_adapter.h"
 #include "scheduler/memory_plan.h"
 #include "scheduler/metronome.h"
 #include "trainer/config.h"
+#include "trainer/config_schema.h"
 #include "trainer/config_validate.h"
 #include "trainer/trainer.h"
 
@@ -86,6 +94,13 @@ ABSL_FLAG(bool, measure_disk, true,
 ABSL_FLAG(std::string, disk_probe, "256MiB", "--measure_disk: bytes written and read");
 ABSL_FLAG(std::string, aio_block_size, "1MiB", "--measure_disk: aio.block_size");
 ABSL_FLAG(int, aio_queue_depth, 8, "--measure_disk: aio.queue_depth");
+ABSL_FLAG(int64_t, lora_r, 0,
+          "LoRA rank (lora.r): > 0 plans a LoRA fine-tune (frozen base, trainable adapters); 0: "
+          "full training");
+ABSL_FLAG(double, lora_alpha, 8, "--lora_r: lora.lora_alpha (the scale is lora_alpha / r)");
+ABSL_FLAG(std::string, lora_target_modules, "",
+          "--lora_r: lora.target_modules, comma-separated (q_proj,k_proj,v_proj,o_proj; GPT-2 "
+          "c_attn,c_proj,c_fc; or all-linear)");
 ABSL_FLAG(int, cuda_compute_capability, 9,
           "--accelerator=cuda: the GPU's compute capability major (9: Hopper, 32 MiB cuBLAS "
           "workspace; 8 and below: 4 MiB)");
@@ -128,6 +143,23 @@ int Run() {
         "--micro_batch_size, --world_size, --gradient_accumulation_steps and --threads must be "
         ">= 1 and --seq_len in [0, ",
         o.config.max_seq_len, "]")));
+  }
+  if (const int64_t r = absl::GetFlag(FLAGS_lora_r); r != 0) {
+    // As the trainer's --lora_* flags (trainer/config_overrides.h) and its check against the
+    // model (ValidateLoraConfig, whose messages name the lora key).
+    LoraConfig lora;
+    lora.r = r;
+    lora.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
+    lora.target_modules = ParseLoraModuleList(absl::GetFlag(FLAGS_lora_target_modules));
+    if (absl::Status s = ValidateLoraConfig(*o.model_config, lora); !s.ok()) {
+      return fail2(absl::Status(
+          s.code(),
+          absl::StrCat("--lora_r / --lora_alpha / --lora_target_modules: ", s.message())));
+    }
+    o.model.lora = lora;
+  } else if (!absl::GetFlag(FLAGS_lora_target_modules).empty()) {
+    return fail2(absl::InvalidArgumentError(
+        "--lora_target_modules needs --lora_r (the adapters' rank, >= 1)"));
   }
   const std::string chunk = absl::GetFlag(FLAGS_chunk_size);
   if (chunk != "auto" && (!absl::SimpleAtoi(chunk, &o.chunk_elems) || o.chunk_elems <= 0)) {
@@ -240,6 +272,19 @@ int Run() {
       "model %s (%d parameters), %s, micro batch %d x %d tokens, world size %d\n", o.config.name,
       p.parameters, DTypeName(o.compute_dtype), o.model.batch,
       o.model.seq_len == 0 ? o.config.max_seq_len : o.model.seq_len, o.world_size);
+  if (o.model.lora.has_value()) {
+    const LoraConfig& lora = *o.model.lora;
+    int64_t adapter_elems = 0;
+    for (const TensorSpec& t : PeftAdapterTensors(*o.model_config, lora))
+      adapter_elems += t.numel();
+    std::cout << absl::StrFormat(
+        "LoRA: r %d, lora_alpha %g, targets %s: %d trainable adapter parameters (%.4f%%), the "
+        "base's %d frozen in param-only chunks (%d bytes each)\n",
+        lora.r, lora.lora_alpha, absl::StrJoin(lora.target_modules, ","), adapter_elems,
+        100.0 * static_cast<double>(adapter_elems) /
+            static_cast<double>(adapter_elems + ModelParameterCount(*o.model_config)),
+        ModelParameterCount(*o.model_config), SizeOf(o.compute_dtype));
+  }
   std::cout << "accelerator budget " << FormatBytes(run->accelerator_bytes) << " ("
             << run->chunk_note << ")\n"
             << p.Summary() << "\n";

@@ -50,7 +50,51 @@ nlohmann::json IdentityJson(const CheckpointIdentity& id) {
   j["seq_len"] = id.seq_len;
   j["shuffle"] = id.shuffle;
   j["data_seed"] = id.data_seed;
+  if (id.lora.has_value()) {
+    j["lora"] = {{"r", id.lora->r},
+                 {"lora_alpha", id.lora->lora_alpha},
+                 {"lora_dropout", id.lora->lora_dropout},
+                 {"target_modules", id.lora->target_modules},
+                 {"bias", id.lora->bias},
+                 {"modules_to_save", id.lora->modules_to_save}};
+    j["base_fingerprint"] = id.base_fingerprint;
+    j["base_source"] = id.base_source;
+  }
   return j;
+}
+
+// The fields of IdentityJson(a) and IdentityJson(b) that differ, as "key a (this run: b)"; the
+// lora section key by key ("lora.r 4 (this run: 8)"); base_source is not compared.
+std::vector<std::string> IdentityDiffs(const CheckpointIdentity& checkpoint,
+                                       const CheckpointIdentity& run) {
+  const nlohmann::json a = IdentityJson(checkpoint);
+  const nlohmann::json b = IdentityJson(run);
+  std::vector<std::string> diffs;
+  const auto value = [](const nlohmann::json& j, const std::string& key) {
+    return j.contains(key) ? j[key].dump() : std::string("none");
+  };
+  std::vector<std::string> keys;
+  for (auto it = a.begin(); it != a.end(); ++it) keys.push_back(it.key());
+  for (auto it = b.begin(); it != b.end(); ++it) {
+    if (!a.contains(it.key())) keys.push_back(it.key());
+  }
+  for (const std::string& key : keys) {
+    if (key == "base_source" || key == "base_fingerprint") continue;
+    if (key == "lora" && a.contains(key) && b.contains(key)) {
+      for (auto it = a[key].begin(); it != a[key].end(); ++it) {
+        if (b[key][it.key()] != it.value()) {
+          diffs.push_back(absl::StrCat("lora.", it.key(), " ", it.value().dump(),
+                                       " (this run: ", b[key][it.key()].dump(), ")"));
+        }
+      }
+      continue;
+    }
+    if (value(a, key) != value(b, key)) {
+      diffs.push_back(absl::StrCat(key == "lora" ? "the lora section" : key, " ", value(a, key),
+                                   " (this run: ", value(b, key), ")"));
+    }
+  }
+  return diffs;
 }
 
 // Reads a field of the manifest's state, DataLoss naming it when absent, of the wrong type, or
@@ -118,6 +162,32 @@ absl::StatusOr<CheckpointIdentity> ParseIdentity(const nlohmann::json& j,
   RETURN_IF_ERROR(Get(j, "seq_len", where, &id.seq_len));
   RETURN_IF_ERROR(Get(j, "shuffle", where, &id.shuffle));
   RETURN_IF_ERROR(Get(j, "data_seed", where, &id.data_seed));
+  if (const auto it = j.find("lora"); it != j.end()) {
+    if (!it->is_object()) return absl::DataLossError(absl::StrCat(where, ": bad lora identity"));
+    LoraConfig lora;
+    RETURN_IF_ERROR(Get(*it, "r", where, &lora.r));
+    RETURN_IF_ERROR(Get(*it, "lora_alpha", where, &lora.lora_alpha));
+    RETURN_IF_ERROR(Get(*it, "lora_dropout", where, &lora.lora_dropout));
+    RETURN_IF_ERROR(Get(*it, "bias", where, &lora.bias));
+    for (const char* key : {"target_modules", "modules_to_save"}) {
+      const auto list = it->find(key);
+      bool ok = list != it->end() && list->is_array();
+      std::vector<std::string> names;
+      for (size_t i = 0; ok && i < list->size(); ++i) {
+        ok = (*list)[i].is_string();
+        if (ok) names.push_back((*list)[i].get<std::string>());
+      }
+      if (!ok) {
+        return absl::DataLossError(
+            absl::StrCat(where, ": the identity's lora.", key, " is not a list of names"));
+      }
+      (std::string(key) == "target_modules" ? lora.target_modules : lora.modules_to_save) =
+          std::move(names);
+    }
+    id.lora = std::move(lora);
+    RETURN_IF_ERROR(Get(j, "base_fingerprint", where, &id.base_fingerprint));
+    RETURN_IF_ERROR(Get(j, "base_source", where, &id.base_source));
+  }
   bool known = false;
   for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
     if (DTypeName(d) == dtype) {
@@ -260,16 +330,21 @@ absl::StatusOr<TrainingCheckpointState> ReadTrainingCheckpoint(const std::string
   RETURN_IF_ERROR(Get(dc, "batch_in_epoch", where, &state.data_cursor.batch_in_epoch));
   ASSIGN_OR_RETURN(state.identity, ParseIdentity(j["identity"], where));
 
+  if (state.identity.lora.has_value() && expected.lora.has_value() &&
+      state.identity.base_fingerprint != expected.base_fingerprint) {
+    const auto fingerprint = [](const std::string& f) {
+      return f.empty() ? std::string("(none: written under ZeRO)") : f;
+    };
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, " holds LoRA adapters trained on another base model: its base has fingerprint ",
+        fingerprint(state.identity.base_fingerprint), " (", state.identity.base_source,
+        "), this run's base has fingerprint ", fingerprint(expected.base_fingerprint), " (",
+        expected.base_source,
+        "); resume with the base the adapters were trained on (checkpoint.init_from, "
+        "--init_from), or start a new run in another checkpoint directory"));
+  }
   if (!(state.identity == expected)) {
-    const nlohmann::json a = IdentityJson(state.identity);
-    const nlohmann::json b = IdentityJson(expected);
-    std::vector<std::string> diffs;
-    for (auto it = a.begin(); it != a.end(); ++it) {
-      if (b[it.key()] != it.value()) {
-        diffs.push_back(absl::StrCat(it.key(), " ", it.value().dump(),
-                                     " (this run: ", b[it.key()].dump(), ")"));
-      }
-    }
+    const std::vector<std::string> diffs = IdentityDiffs(state.identity, expected);
     return absl::FailedPreconditionError(
         absl::StrCat(where, " belongs to another run: ", absl::StrJoin(diffs, ", "),
                      "; resume with the same model, precision, world size, batch shape and data "

@@ -11,6 +11,12 @@
 //                      the step, Adam's step count, the loss scaler, the data cursor, the
 //                      identity of the run (model dimensions, compute dtype, world size, micro
 //                      batch, sequence length, data shuffle and seed) and the config as JSON.
+// LoRA (CheckpointIdentity::lora set): state.safetensors holds the trainable tensors only (the
+// adapters and modules_to_save: GptModel::VisitTrainingState's), and the identity adds the LoRA
+// configuration ("lora": r, lora_alpha, lora_dropout, target_modules, bias, modules_to_save)
+// and the base's fingerprint and source ("base_fingerprint", "base_source"). Resuming refuses
+// another base (FailedPrecondition naming both fingerprints and both sources) before any other
+// identity field, and another LoRA configuration naming the key ("lora.r 4 (this run: 8)").
 // Loading refuses, before touching the model, a checkpoint whose identity differs from the
 // run's (FailedPrecondition naming every field that differs), a missing one (NotFound), and a
 // damaged one (DataLoss naming the file and what is wrong): a checksum mismatch, a manifest
@@ -33,12 +39,14 @@
 #define PATRICKSTAR_TRAINER_CHECKPOINT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "memory/dtype.h"
 #include "model/gpt_model.h"
+#include "model/lora_config.h"
 #include "optimizer/loss_scaler.h"
 #include "trainer/data/data_loader.h"
 
@@ -57,8 +65,26 @@ struct CheckpointIdentity {
   int64_t seq_len = 0;
   bool shuffle = false;
   uint64_t data_seed = 0;
+  // LoRA: the adapters' configuration (nullopt: full training). A checkpoint of a LoRA run holds
+  // only the trainable tensors (adapters, modules_to_save) and their optimizer state; the base
+  // comes from checkpoint.init_from (or the seed) again when it is resumed, so the checkpoint
+  // records which base it belongs to: base_fingerprint (GptModel::BaseFingerprint; empty when
+  // not computed, i.e. under ZeRO, where it is not checked) and, for the error message only,
+  // base_source (checkpoint.init_from, or "seed N"), which is not compared: the same base may be
+  // read from another path.
+  std::optional<LoraConfig> lora;
+  std::string base_fingerprint;
+  std::string base_source;
 
-  friend bool operator==(const CheckpointIdentity&, const CheckpointIdentity&) = default;
+  // Every field but base_source.
+  friend bool operator==(const CheckpointIdentity& a, const CheckpointIdentity& b) {
+    return a.vocab_size == b.vocab_size && a.max_seq_len == b.max_seq_len && a.hidden == b.hidden &&
+           a.num_layers == b.num_layers && a.num_heads == b.num_heads &&
+           a.compute_dtype == b.compute_dtype && a.world_size == b.world_size &&
+           a.micro_batch == b.micro_batch && a.seq_len == b.seq_len && a.shuffle == b.shuffle &&
+           a.data_seed == b.data_seed && a.lora == b.lora &&
+           a.base_fingerprint == b.base_fingerprint;
+  }
 };
 
 struct TrainingCheckpointState {

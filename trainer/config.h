@@ -29,6 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "memory/dtype.h"
 #include "model/gpt_config.h"
+#include "model/lora_config.h"
 
 namespace ps {
 
@@ -229,8 +230,8 @@ struct AioConfig {
   friend bool operator==(const AioConfig&, const AioConfig&) = default;
 };
 
-// PEFT's shorthand for every linear layer but the output layer (lora.target_modules).
-inline constexpr char kLoraAllLinear[] = "all-linear";
+// kLoraAllLinear ("all-linear", PEFT's shorthand for every linear layer but the output layer,
+// in lora.target_modules) is model/lora_config.h's: one constant for the config and the model.
 
 // lora: LoRA fine-tuning, in PEFT LoraConfig's names (the section present = LoRA on). The base
 // model's parameters are frozen (16-bit param-only chunks) and low-rank adapters A [r, in] and

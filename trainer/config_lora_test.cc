@@ -480,7 +480,7 @@ TEST(LoraConfigTest, PrintConfigShowsTheSectionAndRoundTrips) {
   EXPECT_EQ(j["checkpoint"]["export_merged"], "merged");
   EXPECT_THAT(Parse(text), IsOkAndHolds(c));
   // "all-linear" is written as PEFT writes it: a string.
-  c.lora->target_modules = {kLoraAllLinear};
+  c.lora->target_modules = {std::string(kLoraAllLinear)};
   text = TrainConfigToJson(c);
   EXPECT_EQ(Json::parse(text)["lora"]["target_modules"], "all-linear");
   EXPECT_THAT(Parse(text), IsOkAndHolds(c));

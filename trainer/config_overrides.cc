@@ -76,7 +76,7 @@ absl::Status ApplyLoraOverrides(const ConfigOverrides& o, TrainConfig* c) {
                      "(GPT-2: c_attn,c_proj,c_fc), or all-linear");
     }
     if (names.size() == 1 && absl::EqualsIgnoreCase(names[0], kLoraAllLinear)) {
-      names = {kLoraAllLinear};
+      names = {std::string(kLoraAllLinear)};
     }
     c->lora->target_modules = std::move(names);
   }

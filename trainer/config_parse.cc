@@ -418,7 +418,7 @@ absl::Status ReadLora(const JsonReader& r, const Json& top, TrainConfig* c) {
           "a string other than \"all-linear\" is a regular expression over module names in "
           "PEFT, which is not supported; list the module names, e.g. [\"q_proj\", \"v_proj\"]");
     }
-    l.target_modules = {kLoraAllLinear};
+    l.target_modules = {std::string(kLoraAllLinear)};
   } else if (targets->is_array()) {
     RETURN_IF_ERROR(ReadModuleNames(r, *targets, "lora.target_modules", &l.target_modules));
     // PEFT reads a list entry as a module name: the shorthand in a list would adapt nothing.

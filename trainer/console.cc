@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/simd_targets.h"
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
@@ -30,7 +31,9 @@ void PrintHeader(const TrainRun& run) {
   if (run.out() == nullptr) return;
   const ChunkLayout& layout = run.store->layout();
   const int64_t params = ModelParameterCount(run.model_config);
-  const int64_t model_data = params * ModelDataBytesPerParam(run.dtype);
+  // LoRA: the frozen base holds only its params (the layout counts what each chunk holds).
+  const int64_t model_data = run.lora.has_value() ? layout.TotalModelDataBytes(run.dtype)
+                                                  : params * ModelDataBytesPerParam(run.dtype);
   *run.out() << absl::StrFormat(
       "model %s: %d layers, %d heads, hidden %d, vocab %d, %.2fM parameters, %s of model data "
       "(%s)\n",
@@ -39,6 +42,29 @@ void PrintHeader(const TrainRun& run) {
   *run.out() << absl::StrFormat(
       "chunks: %d per type (param, master, momentum, variance) of %d elements (%s) (%s)\n",
       layout.num_chunks(), run.chunk_elems, FormatBytes(run.chunk_elems * 4), run.chunk_size_note);
+  if (run.lora.has_value()) {
+    // The frozen base's chunks hold only their param payload; the adapters train in full.
+    int64_t frozen_chunks = 0;
+    for (int64_t c = 0; c < layout.num_chunks(); ++c) {
+      if (!layout.chunk_trainable(c)) ++frozen_chunks;
+    }
+    const int64_t trainable = layout.trainable_elems();
+    const int64_t frozen = layout.frozen_elems();
+    const int64_t total = trainable + frozen;
+    *run.out() << absl::StrFormat(
+        "LoRA: r %d, lora_alpha %g (scale %g), dropout %g, targets %s%s: %d trainable "
+        "parameters (%.4f%% of %d), %d frozen base parameters in %d param-only chunks (%s "
+        "each); %s of model data in all (plan: host %s, accelerator %s)\n",
+        run.lora->r, run.lora->lora_alpha, run.lora->scale(), run.lora->lora_dropout,
+        absl::StrJoin(run.lora->target_modules, ","),
+        run.lora->modules_to_save.empty()
+            ? std::string()
+            : absl::StrCat(", modules_to_save ", absl::StrJoin(run.lora->modules_to_save, ",")),
+        trainable, total > 0 ? 100.0 * static_cast<double>(trainable) / total : 0.0, total, frozen,
+        frozen_chunks, FormatBytes(run.chunk_elems * SizeOf(run.dtype)),
+        FormatBytes(layout.TotalModelDataBytes(run.dtype)),
+        FormatBytes(run.plan.plan.host_peak_bytes), FormatBytes(run.plan.accelerator_bytes));
+  }
   *run.out() << absl::StrFormat(
       "accelerator: %s, cap %s%s; host memory %s\n", run.backend->name(),
       FormatBytes(run.backend->capacity_bytes()),
@@ -145,11 +171,24 @@ void PrintStopped(const TrainRun& run) {
 
 void PrintExported(const TrainRun& run) {
   if (run.out() == nullptr) return;
+  if (run.lora.has_value()) {
+    *run.out() << "exported the PEFT LoRA adapter directory (adapter_config.json, "
+                  "adapter_model.safetensors) to "
+               << run.config.checkpoint.export_path << "\n";
+    return;
+  }
   *run.out() << "exported Hugging Face "
              << (ExportsHfDirectory(run)
                      ? absl::StrCat(ModelFamilyName(run.model_config.family), " model directory")
                      : std::string("GPT-2 weights"))
              << " to " << run.config.checkpoint.export_path << "\n";
+}
+
+void PrintExportedMerged(const TrainRun& run) {
+  if (run.out() == nullptr) return;
+  *run.out() << "exported the merged model (W + lora_alpha / r * B A) as a Hugging Face "
+             << ModelFamilyName(run.model_config.family) << " model directory to "
+             << run.config.checkpoint.export_merged << "\n";
 }
 
 void PrintSummary(const TrainRun& run) {
@@ -212,6 +251,13 @@ std::string SummaryText(const TrainRun& run) {
       s.pressure_evictions > 0 ? absl::StrFormat(", %d evicted under memory pressure (%d reclaims)",
                                                  s.pressure_evictions, s.pressure_reclaims)
                                : std::string());
+  if (run.lora.has_value()) {
+    os << absl::StrFormat(
+        "LoRA: %d trainable and %d frozen parameters; frozen base written back: %s (%d bytes; "
+        "frozen chunks are only ever evicted clean)\n",
+        s.trainable_params, s.frozen_params, FormatBytes(s.frozen_writeback_bytes),
+        s.frozen_writeback_bytes);
+  }
   if (!s.disk_engine.empty()) {
     // The disk alone would need read/R + write/W at the rates measured at the start; the share
     // of the optimizer's time that is (the optimizer step is where the tier's I/O happens, beside

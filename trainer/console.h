@@ -32,6 +32,8 @@ void PrintStopped(const TrainRun& run);
 
 // Prints where checkpoint.export wrote the model, and in which format.
 void PrintExported(const TrainRun& run);
+// LoRA: the merged export's line.
+void PrintExportedMerged(const TrainRun& run);
 
 // Prints SummaryText(run) (nothing when no step was taken).
 void PrintSummary(const TrainRun& run);

@@ -72,7 +72,23 @@ absl::Status BroadcastFromOwner(TrainRun& run, std::vector<float>& values, int o
 
 }  // namespace
 
+absl::Status ExportPeftAdapter(TrainRun& run, const std::string& path) {
+  // What peft's from_pretrained would load the base from: the init_from directory, else the
+  // preset's name (a seeded base: the name documents the architecture, not the weights).
+  const std::string base = run.config.checkpoint.init_from.empty()
+                               ? run.config.model.preset
+                               : run.config.checkpoint.init_from;
+  return run.model->SavePeftAdapter(path, DType::kF32, base);
+}
+
+absl::Status ExportMerged(TrainRun& run, const std::string& path) {
+  HfExportOptions hf_options;
+  if (run.hf.has_value()) hf_options.base_config_json = run.hf->config_json();
+  return run.model->SaveMergedHfCheckpoint(path, DType::kF32, hf_options);
+}
+
 absl::Status Export(TrainRun& run, const std::string& path) {
+  if (run.lora.has_value()) return ExportPeftAdapter(run, path);
   HfExportOptions hf_options;
   if (run.hf.has_value()) hf_options.base_config_json = run.hf->config_json();
   if (run.collectives == nullptr) {

@@ -3,7 +3,8 @@
 // file (trainer/model_resolution.h ExportsHfDirectory). Under ZeRO every master weight is
 // broadcast from the rank that owns it, one tensor at a time, and rank 0 writes the file; with a
 // device-memory communicator (nccl) each broadcast goes through a device tile
-// (AcceleratorReserve::export_tile_bytes) the chunk manager kept free.
+// (AcceleratorReserve::export_tile_bytes) the chunk manager kept free. With LoRA, the export is a
+// PEFT adapter directory and checkpoint.export_merged the merged model (below).
 #ifndef PATRICKSTAR_TRAINER_EXPORT_H_
 #define PATRICKSTAR_TRAINER_EXPORT_H_
 
@@ -19,6 +20,20 @@ namespace trainer_internal {
 // same outcome (InternalError on the others when rank 0 fails to write).
 // REQUIRES: WireRun(run) succeeded.
 [[nodiscard]] absl::Status Export(TrainRun& run, const std::string& path);
+
+// LoRA (run.lora set): checkpoint.export is a PEFT adapter directory at `path`
+// (GptModel::SavePeftAdapter, f32; adapter_config.json's base_model_name_or_path is
+// checkpoint.init_from, or the model preset's name for a seeded base), which
+// peft.PeftModel.from_pretrained loads over that base. One process only (ResolveLora refuses the
+// LoRA exports under ZeRO before training).
+// REQUIRES: WireRun(run) succeeded, run.lora is set, run.world == 1.
+[[nodiscard]] absl::Status ExportPeftAdapter(TrainRun& run, const std::string& path);
+
+// LoRA: checkpoint.export_merged, a Hugging Face model directory at `path` of the base with the
+// adapters merged in (W + lora_alpha / r * B A; GptModel::SaveMergedHfCheckpoint, f32, streamed
+// piece by piece; config.json over the init_from directory's when there is one).
+// REQUIRES: as ExportPeftAdapter.
+[[nodiscard]] absl::Status ExportMerged(TrainRun& run, const std::string& path);
 
 }  // namespace trainer_internal
 }  // namespace ps

@@ -10,11 +10,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "model/gpt_activation_profile.h"
 #include "model/gpt_config.h"
 #include "model/hf_checkpoint.h"
+#include "model/lora_config.h"
 #include "model/model_config.h"
 #include "trainer/config.h"
 #include "trainer/config_validate.h"
@@ -73,6 +75,43 @@ absl::Status ResolveModel(TrainRun& run) {
           "directory: remove the model section (or --model)"));
     }
   }
+  return absl::OkStatus();
+}
+
+LoraConfig ToLoraConfig(const LoraSettings& settings) {
+  LoraConfig lora;
+  lora.r = settings.r;
+  lora.lora_alpha = settings.lora_alpha;
+  lora.lora_dropout = settings.lora_dropout;
+  lora.target_modules = settings.target_modules;
+  lora.bias = settings.bias;
+  lora.modules_to_save = settings.modules_to_save;
+  return lora;
+}
+
+absl::Status ResolveLora(TrainRun& run) {
+  if (!run.config.lora.has_value()) return absl::OkStatus();
+  LoraConfig lora = ToLoraConfig(*run.config.lora);
+  if (absl::Status s = ValidateLoraConfig(run.model_config, lora); !s.ok()) {
+    // ValidateLoraConfig names the key ("lora.r ...", "lora.target_modules entry ..."); a
+    // message that does not gets the section's name.
+    if (absl::StartsWith(s.message(), "lora.")) return s;
+    return absl::Status(s.code(), absl::StrCat("lora: ", s.message()));
+  }
+  if (run.world > 1) {
+    const CheckpointConfig& c = run.config.checkpoint;
+    const char* key = !c.export_path.empty()     ? "checkpoint.export"
+                      : !c.export_merged.empty() ? "checkpoint.export_merged"
+                                                 : nullptr;
+    if (key != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          key, " with a lora section under ZeRO (", run.world,
+          " ranks) is not supported: the LoRA exports are written by one process that holds the "
+          "whole model, which no rank does under ZeRO. Drop ",
+          key, ", or train on one process"));
+    }
+  }
+  run.lora = std::move(lora);
   return absl::OkStatus();
 }
 

@@ -17,6 +17,19 @@ namespace trainer_internal {
 // (naming both keys and values).
 [[nodiscard]] absl::Status ResolveModel(TrainRun& run);
 
+// The lora section (if any) as model/lora_config.h's LoraConfig (same names; "all-linear" is
+// passed through, which ValidateLoraConfig expands), without lora.init_from (the trainer's).
+LoraConfig ToLoraConfig(const LoraSettings& settings);
+
+// Sets run.lora from the lora section and checks it against run.model_config
+// (ValidateLoraConfig): unknown target modules (listing the model's linear layers), r larger than
+// a targeted layer, modules_to_save that the model lacks, ... as InvalidArgument whose message
+// starts with the key the config names ("lora.target_modules entry 'x' matches no module; ...").
+// With a lora section, also InvalidArgument for ZeRO (world > 1) with checkpoint.export or
+// checkpoint.export_merged: the LoRA exports are not gathered across ranks (refused before
+// anything runs). REQUIRES: ResolveModel(run) succeeded.
+[[nodiscard]] absl::Status ResolveLora(TrainRun& run);
+
 // Whether checkpoint.export writes a Hugging Face directory (a Llama-family model, or a model from
 // a Hugging Face directory) rather than a GPT-2 safetensors file. Needs only run.config and, after
 // ResolveModel, run.model_config.

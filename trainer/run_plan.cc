@@ -16,7 +16,9 @@
 #include "memory/host_memory_info.h"
 #include "model/gpt_activation_profile.h"
 #include "model/gpt_model.h"
+#include "model/hf_checkpoint.h"
 #include "model/model_config.h"
+#include "model/peft_adapter.h"
 #include "optimizer/cuda_adam_footprint.h"
 #include "scheduler/comm_collectives.h"
 #include "trainer/config.h"
@@ -58,6 +60,8 @@ absl::Status PlanMemoryOrRefuse(TrainRun& run) {
   o.model.seq_len = run.seq_len;
   o.model.activation_checkpointing = run.config.model.activation_checkpointing;
   o.model.threads = run.threads;
+  // LoRA: the plan lays out the frozen base (param chunks only) and the adapters (full state).
+  o.model.lora = run.lora;
   o.kernel_workspaces = run.kernel_workspaces;
   o.compute_dtype = run.dtype;
   o.world_size = run.world;
@@ -79,14 +83,30 @@ absl::Status PlanMemoryOrRefuse(TrainRun& run) {
   }
   // Beside the pools: the data loader's corpus, thread stacks and BLAS buffers.
   o.host_overhead_bytes = 256 * kMiB;
-  // Export gathers every tensor as f32 at the end.
-  if (!run.config.checkpoint.export_path.empty()) {
+  const CheckpointConfig& checkpoint = run.config.checkpoint;
+  if (run.lora.has_value()) {
+    // LoRA: the PEFT export holds the adapters as f32 (and their safetensors image); the merged
+    // export streams the model piece by piece (two pieces of HfExportOptions::max_piece_bytes:
+    // the merged f32 values and their converted bytes). Never the whole base as f32.
+    if (!checkpoint.export_path.empty()) {
+      int64_t adapter_elems = 0;
+      for (const TensorSpec& t : PeftAdapterTensors(run.model_config, *run.lora)) {
+        adapter_elems += t.numel();
+      }
+      o.host_workspace_bytes += 2 * adapter_elems * static_cast<int64_t>(sizeof(float));
+    }
+    if (!checkpoint.export_merged.empty()) {
+      o.host_workspace_bytes += 2 * HfExportOptions{}.max_piece_bytes;
+    }
+  } else if (!checkpoint.export_path.empty()) {
+    // Export gathers every tensor as f32 at the end.
     o.host_workspace_bytes =
         ModelParameterCount(run.model_config) * static_cast<int64_t>(sizeof(float));
   }
-  // Checkpoints and the export read accelerator payloads through the model's pinned staging
+  // Checkpoints and the exports read accelerator payloads through the model's pinned staging
   // buffer (model/gpt_model.h, GptModelOptions::payload_staging_bytes).
-  if (!run.config.checkpoint.export_path.empty() || !run.config.checkpoint.dir.empty()) {
+  if (!checkpoint.export_path.empty() || !checkpoint.export_merged.empty() ||
+      !checkpoint.dir.empty()) {
     o.host_workspace_bytes += kPayloadStagingBytes;
   }
   // The emulated accelerator's memory is host memory; a GPU's is not.

@@ -168,12 +168,18 @@ absl::Status CheckPaths(const TrainRun& run) {
       {run.env.config_path, "the config file (--config)"},
       {run.config.data.train_path, "data.train (--train_data)"},
       {run.config.data.val_path, "data.val (--val_data)"},
-      {run.config.checkpoint.init_from, "checkpoint.init_from (--init_from)"}};
+      {run.config.checkpoint.init_from, "checkpoint.init_from (--init_from)"},
+      {run.config.lora.has_value() ? run.config.lora->init_from : std::string(),
+       "lora.init_from (--lora_init_from)"}};
+  // With LoRA, checkpoint.export is a PEFT adapter directory.
+  const bool export_dir = run.lora.has_value() || ExportsHfDirectory(run);
   const RunOutput outputs[] = {
       {run.config.profile.metrics_path, "profile.metrics (--metrics_out)"},
       {run.config.profile.trace_path, "profile.trace (--trace_out)"},
       {run.config.checkpoint.export_path, "checkpoint.export",
-       ExportsHfDirectory(run) ? RunOutputKind::kReplacedDirectory : RunOutputKind::kFile},
+       export_dir ? RunOutputKind::kReplacedDirectory : RunOutputKind::kFile},
+      {run.config.checkpoint.export_merged, "checkpoint.export_merged (--export_merged)",
+       RunOutputKind::kReplacedDirectory},
       {run.config.checkpoint.dir, "checkpoint.dir (--save_dir)", RunOutputKind::kCheckpointRoot}};
   return CheckRunPaths(inputs, outputs);
 }
@@ -262,7 +268,9 @@ absl::Status CreateCollectives(TrainRun& run) {
 // The model's tensors laid out in chunks of the planned size (sharded over the world), and the
 // store of their payloads.
 absl::Status CreateChunkStore(TrainRun& run) {
-  const std::vector<OperatorSpec> ops = ModelOperators(run.model_config, run.plan.vocab);
+  // With LoRA: the frozen base's operators, then the adapters' (trainable) in their own chunks.
+  const std::vector<OperatorSpec> ops =
+      ModelOperatorsFor(run.model_config, run.lora, run.plan.vocab);
 
   ChunkLayoutOptions layout_options;
   layout_options.capacity_elems = run.chunk_elems;
@@ -363,6 +371,7 @@ absl::Status CreateManagerAndModel(TrainRun& run) {
   model_options.threads = run.threads;
   // The model creates the backend's kernels over its own pool of `threads` threads.
   model_options.compute_stream = run.compute_stream.get();
+  model_options.lora = run.lora;
   ASSIGN_OR_RETURN(run.model,
                    TransformerModel::Create(run.model_config, run.store.get(), run.manager.get(),
                                             run.accelerator.get(), model_options));
@@ -402,28 +411,68 @@ absl::Status CreateOptimizer(TrainRun& run) {
   return absl::OkStatus();
 }
 
-// The initial weights: a checkpoint (checkpoint.resume), a Hugging Face directory or GPT-2
-// safetensors file (checkpoint.init_from), or the seed.
-absl::Status InitializeWeights(TrainRun& run) {
-  if (run.config.checkpoint.resume) return Resume(run);
+// The base weights: a Hugging Face directory or GPT-2 safetensors file (checkpoint.init_from),
+// or the seed. With LoRA, `init_adapters` first initializes the whole model from the seed (A
+// Kaiming-uniform, B zero: the adapters' only initializer) before init_from replaces the base.
+absl::Status LoadBase(TrainRun& run, bool init_adapters) {
+  if (!run.hf.has_value() && run.config.checkpoint.init_from.empty()) {
+    return run.model->InitializeParameters(run.config.seed);
+  }
+  if (init_adapters) RETURN_IF_ERROR(run.model->InitializeParameters(run.config.seed));
   if (run.hf.has_value()) {
     RETURN_IF_ERROR(run.model->LoadHfCheckpoint(*run.hf));
     if (run.out() != nullptr) {
-      *run.out() << "initialized from the Hugging Face " << ModelFamilyName(run.model_config.family)
+      *run.out() << "initialized " << (run.lora.has_value() ? "the frozen base " : "")
+                 << "from the Hugging Face " << ModelFamilyName(run.model_config.family)
                  << " model in " << run.config.checkpoint.init_from << "\n";
     }
     return absl::OkStatus();
   }
-  if (!run.config.checkpoint.init_from.empty()) {
-    ASSIGN_OR_RETURN(Gpt2Checkpoint checkpoint,
-                     Gpt2Checkpoint::Open(run.config.checkpoint.init_from));
-    RETURN_IF_ERROR(run.model->LoadGpt2Checkpoint(checkpoint));
-    if (run.out() != nullptr) {
-      *run.out() << "initialized from " << run.config.checkpoint.init_from << "\n";
-    }
-    return absl::OkStatus();
+  ASSIGN_OR_RETURN(Gpt2Checkpoint checkpoint,
+                   Gpt2Checkpoint::Open(run.config.checkpoint.init_from));
+  RETURN_IF_ERROR(run.model->LoadGpt2Checkpoint(checkpoint));
+  if (run.out() != nullptr) {
+    *run.out() << "initialized " << (run.lora.has_value() ? "the frozen base " : "") << "from "
+               << run.config.checkpoint.init_from << "\n";
   }
-  return run.model->InitializeParameters(run.config.seed);
+  return absl::OkStatus();
+}
+
+// The initial weights: a checkpoint (checkpoint.resume), a Hugging Face directory or GPT-2
+// safetensors file (checkpoint.init_from), or the seed.
+//
+// LoRA: a checkpoint holds only the adapters (and modules_to_save), so the base is always loaded
+// as a fresh run loads it (checkpoint.init_from, or the seed), then the adapters come from the
+// checkpoint (resume; as with init_from, resume wins over lora.init_from, which is then unused),
+// from lora.init_from (a PEFT adapter directory), or from the seed (A Kaiming-uniform, B zero).
+// The base's fingerprint is taken before a checkpoint is read or written (checkpoint.dir set,
+// one process), so that resuming against another base is refused.
+absl::Status InitializeWeights(TrainRun& run) {
+  if (!run.lora.has_value()) {
+    if (run.config.checkpoint.resume) return Resume(run);
+    return LoadBase(run, /*init_adapters=*/false);
+  }
+  const std::string& adapter_dir = run.config.lora->init_from;
+  const bool adapters_loaded = run.config.checkpoint.resume || !adapter_dir.empty();
+  RETURN_IF_ERROR(LoadBase(run, /*init_adapters=*/!adapters_loaded));
+  if (!run.config.checkpoint.dir.empty() && run.world == 1) {
+    ASSIGN_OR_RETURN(run.base_fingerprint, run.model->BaseFingerprint());
+  }
+  if (run.config.checkpoint.resume) {
+    if (!adapter_dir.empty() && run.out() != nullptr) {
+      *run.out() << "lora.init_from " << adapter_dir
+                 << " not read: resuming from the checkpoint's adapters\n";
+    }
+    return Resume(run);
+  }
+  if (!adapter_dir.empty()) {
+    if (absl::Status s = run.model->LoadPeftAdapter(adapter_dir); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("lora.init_from (--lora_init_from) '", adapter_dir,
+                                                 "': ", s.message()));
+    }
+    if (run.out() != nullptr) *run.out() << "LoRA adapters from " << adapter_dir << "\n";
+  }
+  return absl::OkStatus();
 }
 
 // The metrics file, the batch buffers, and the memory peaks measured from here on.
@@ -435,6 +484,10 @@ absl::Status StartFirstStep(TrainRun& run) {
                                                           ? MetricsFileMode::kAppend
                                                           : MetricsFileMode::kTruncate));
   }
+  run.summary.planned_accelerator_bytes = run.plan.accelerator_bytes;
+  run.summary.planned_accelerator_peak_bytes = run.plan.plan.predicted_accelerator_peak_bytes;
+  run.summary.planned_host_model_data_bytes = run.plan.plan.host_model_data_bytes;
+  run.summary.planned_host_peak_bytes = run.plan.plan.host_peak_bytes;
   run.tokens.assign(static_cast<size_t>(run.micro_batch * run.seq_len), 0);
   run.targets.assign(run.tokens.size(), 0);
   // Peaks from now on.
@@ -449,6 +502,7 @@ absl::Status WireRun(TrainRun& run) {
   RETURN_IF_ERROR(JoinWorld(run));
   RETURN_IF_ERROR(ValidateTrainConfig(run.config, run.world));
   RETURN_IF_ERROR(ResolveModel(run));
+  RETURN_IF_ERROR(ResolveLora(run));
   ResolveShape(run);
   RETURN_IF_ERROR(ProbeAccelerator(run));
   RETURN_IF_ERROR(CheckPaths(run));

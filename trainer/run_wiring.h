@@ -3,6 +3,7 @@
 //   JoinWorld             rank, world size and GPU; a host communicator under cuda refused;
 //   ValidateTrainConfig   the config (trainer/config_validate.h);
 //   ResolveModel          the model (trainer/model_resolution.h);
+//   ResolveLora           the lora section as a LoraConfig, checked against the model;
 //   ResolveShape          sequence length, micro-batch, accumulation, threads, compute dtype;
 //   ProbeAccelerator      on cuda the GPU's answer and usable memory; the kernels' workspaces;
 //   CheckPaths            no output overwrites an input or another output;
@@ -15,6 +16,8 @@
 //   CreateManagerAndModel the compute stream, the ChunkManager, the model;
 //   CreateOptimizer       HybridAdam and the learning-rate schedule;
 //   InitializeWeights     a checkpoint (trainer/run_checkpoints.h), init_from, or the seed;
+//                         LoRA: the base (init_from or the seed), its fingerprint, then the
+//                         adapters (a checkpoint, lora.init_from, or the seed);
 //   StartFirstStep        the metrics file, the batch buffers, the memory peaks from here on.
 // Nothing is written before everything is checked. (CheckCommunicatorFitsAccelerator, declared
 // in trainer/trainer.h, is defined in run_wiring.cc.)

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "base/clock.h"
+#include "base/splitmix64.h"
 #include "base/status_macros.h"
 #include "trainer/scheduled_chunk_access.h"
 
@@ -12,7 +13,8 @@ namespace ps {
 
 absl::StatusOr<TrainStepResult> TrainStep(GptModel& model, ChunkManager& manager, HybridAdam& adam,
                                           absl::Span<const int32_t> tokens,
-                                          absl::Span<const int32_t> targets, OptimizerCall call) {
+                                          absl::Span<const int32_t> targets, OptimizerCall call,
+                                          uint64_t dropout_seed) {
   RETURN_IF_ERROR(model.CheckInputs(tokens, targets));
   // The manager's clock, which also times the stalls counted inside each phase.
   const MonotonicClock clock = manager.clock();
@@ -23,8 +25,8 @@ absl::StatusOr<TrainStepResult> TrainStep(GptModel& model, ChunkManager& manager
   int64_t t1 = t0;
   int64_t stall1 = stall0;
   absl::Status status = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(result.loss,
-                     model.ForwardBackward(tokens, targets, adam.loss_scaler().scale()));
+    ASSIGN_OR_RETURN(result.loss, model.ForwardBackward(tokens, targets, adam.loss_scaler().scale(),
+                                                        dropout_seed));
     t1 = clock.now_ns();
     stall1 = manager.counters().stall_ns;
     ASSIGN_OR_RETURN(AdamPlacement placement, manager.BeginAdam());
@@ -47,6 +49,15 @@ absl::StatusOr<TrainStepResult> TrainStep(GptModel& model, ChunkManager& manager
   result.forward_backward_stall_ns = stall1 - stall0;
   result.optimizer_stall_ns = stall2 - stall1;
   return result;
+}
+
+uint64_t LoraDropoutSeed(uint64_t seed, int64_t step, int64_t accumulation_steps, int64_t micro,
+                         int world_size, int rank) {
+  const uint64_t index = (static_cast<uint64_t>(step) * static_cast<uint64_t>(accumulation_steps) +
+                          static_cast<uint64_t>(micro)) *
+                             static_cast<uint64_t>(world_size) +
+                         static_cast<uint64_t>(rank);
+  return DeriveSeed(DeriveSeed(seed, kLoraDropoutStream), index);
 }
 
 }  // namespace ps

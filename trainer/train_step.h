@@ -55,11 +55,24 @@ struct TrainStepResult {
 // no iteration is open. The batch is checked before the iteration begins (InvalidArgument, nothing
 // accessed); otherwise the errors of the calls above, after the iteration was ended. `call`
 // chooses Step or Accumulate (the optimizer checks the micro-batch count: FailedPrecondition).
+// `dropout_seed` seeds this micro-batch's LoRA dropout masks (GptModel::ForwardBackward; ignored
+// without LoRA dropout): the trainer derives it from its seed and the global micro-batch index
+// (LoraDropoutSeed), so a resumed run draws the masks an uninterrupted one would.
 [[nodiscard]] absl::StatusOr<TrainStepResult> TrainStep(GptModel& model, ChunkManager& manager,
                                                         HybridAdam& adam,
                                                         absl::Span<const int32_t> tokens,
                                                         absl::Span<const int32_t> targets,
-                                                        OptimizerCall call = OptimizerCall::kStep);
+                                                        OptimizerCall call = OptimizerCall::kStep,
+                                                        uint64_t dropout_seed = 0);
+
+// The dropout seed of a micro-batch: DeriveSeed(DeriveSeed(seed, kLoraDropoutStream),
+// micro_batch_index) (base/splitmix64.h), where micro_batch_index counts the micro-batches of
+// the whole run across ranks: (step * accumulation_steps + micro) * world_size + rank, `step`
+// being the optimizer steps taken before this one. Depends on nothing else, so a resumed run
+// draws the same masks as an uninterrupted one, and each rank (each its own data) its own.
+inline constexpr uint64_t kLoraDropoutStream = 0x4C6F524144726F70ULL;  // "LoRADrop"
+uint64_t LoraDropoutSeed(uint64_t seed, int64_t step, int64_t accumulation_steps, int64_t micro,
+                         int world_size, int rank);
 
 }  // namespace ps
 

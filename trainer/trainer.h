@@ -82,6 +82,7 @@
 #include "disk/io_engine.h"
 #include "memory/backend.h"
 #include "memory/dtype.h"
+#include "model/gpt_model.h"
 #include "trainer/config.h"
 
 namespace ps {
@@ -224,6 +225,22 @@ struct TrainSummary {
   int64_t loaded_bytes = 0, written_back_bytes = 0;
   int64_t loads = 0, write_backs = 0, write_behinds = 0, clean_evictions = 0, prefetches = 0,
           prefetch_hits = 0, pressure_evictions = 0, pressure_reclaims = 0;
+  // LoRA (the lora section): bytes of the frozen base's param chunks ever copied from the
+  // accelerator to the host (ChunkManagerCounters::frozen_writeback_bytes; 0 when the engine
+  // keeps its promise that a frozen chunk is never written back, and 0 without LoRA).
+  int64_t frozen_writeback_bytes = 0;
+  // LoRA: the trainable elements (adapters and modules_to_save) and the frozen base's elements
+  // of the layout (ChunkLayout::trainable_elems / frozen_elems; padding excluded). Without LoRA
+  // frozen_params is 0.
+  int64_t trainable_params = 0, frozen_params = 0;
+  // The pre-flight plan's predictions for this rank (scheduler/memory_plan.h MemoryPlan), beside
+  // the measured peaks above: the accelerator's budget and its peak there
+  // (predicted_accelerator_peak_bytes), the host's chunk blocks (host_model_data_bytes) and the
+  // whole process's safe bound (host_peak_bytes).
+  int64_t planned_accelerator_bytes = 0;  // the budget the run got (GptRunPlan)
+  int64_t planned_accelerator_peak_bytes = 0;
+  int64_t planned_host_model_data_bytes = 0;
+  int64_t planned_host_peak_bytes = 0;
   bool stopped_by_request = false;
   // The disk tier (zero / empty without it): its traffic over the run (initialization and
   // checkpoints included), the time the run waited for it, read-ahead hits, the most host bytes
@@ -277,6 +294,10 @@ class Trainer {
 
   const TrainSummary& summary() const;
   const std::vector<StepMetrics>& history() const;
+  // The model being trained, for inspection between Create and Run and after Run (tests read
+  // tensors through it: GptModel::ReadTensor, BaseFingerprint). Not during Run. The reference is
+  // valid as long as the Trainer.
+  const GptModel& model() const;
   // The summary as printed at the end of Run().
   std::string SummaryText() const;
 

@@ -110,7 +110,9 @@ absl::Status Step(TrainRun& run, StepMetrics& m) {
     const bool last = micro + 1 == run.accumulation_steps;
     ASSIGN_OR_RETURN(const TrainStepResult mr,
                      TrainStep(*run.model, *run.manager, *run.adam, run.tokens, run.targets,
-                               last ? OptimizerCall::kStep : OptimizerCall::kAccumulate));
+                               last ? OptimizerCall::kStep : OptimizerCall::kAccumulate,
+                               LoraDropoutSeed(run.config.seed, run.step, run.accumulation_steps,
+                                               micro, run.world, run.rank)));
     loss_sum += mr.loss;
     r.adam = mr.adam;
     r.forward_backward_ns += mr.forward_backward_ns;
@@ -259,6 +261,9 @@ void FinishSummary(TrainRun& run) {
   run.summary.write_behinds = c.write_behinds;
   run.summary.pressure_evictions = c.pressure_evictions;
   run.summary.pressure_reclaims = c.pressure_reclaims;
+  run.summary.frozen_writeback_bytes = c.frozen_writeback_bytes;
+  run.summary.trainable_params = run.store->layout().trainable_elems();
+  run.summary.frozen_params = run.store->layout().frozen_elems();
   run.summary.disk_reads = c.disk_reads;
   run.summary.disk_writes = c.disk_writes;
   run.summary.disk_read_bytes = c.disk_read_bytes;
@@ -347,6 +352,10 @@ absl::Status RunTraining(TrainRun& run) {
     if (!run.config.checkpoint.export_path.empty()) {
       RETURN_IF_ERROR(Export(run, run.config.checkpoint.export_path));
       PrintExported(run);
+    }
+    if (!run.config.checkpoint.export_merged.empty()) {
+      RETURN_IF_ERROR(ExportMerged(run, run.config.checkpoint.export_merged));
+      PrintExportedMerged(run);
     }
     return absl::OkStatus();
   }();

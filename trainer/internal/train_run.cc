@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "comm/communicator.h"
 #include "trainer/checkpoint.h"
@@ -44,6 +45,13 @@ CheckpointIdentity TrainRun::Identity() const {
   id.seq_len = seq_len;
   id.shuffle = config.data.shuffle;
   id.data_seed = config.data.seed;
+  if (lora.has_value()) {
+    id.lora = lora;
+    id.base_fingerprint = base_fingerprint;
+    id.base_source = config.checkpoint.init_from.empty()
+                         ? absl::StrCat("seeded initialization, seed ", config.seed)
+                         : absl::StrCat("checkpoint.init_from '", config.checkpoint.init_from, "'");
+  }
   return id;
 }
 

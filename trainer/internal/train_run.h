@@ -43,6 +43,7 @@
 #include "model/gpt_model.h"
 #include "model/hf_checkpoint.h"
 #include "model/kernels/kernel_workspaces.h"
+#include "model/lora_config.h"
 #include "model/model_config.h"
 #include "optimizer/adam_kernels.h"
 #include "optimizer/cpu_adam.h"
@@ -108,6 +109,13 @@ struct TrainRun {
   GptConfig gpt;
   ModelConfig model_config;
   std::optional<HfCheckpoint> hf;
+  // LoRA (the lora section, converted by ResolveLora and checked against model_config): the
+  // model's and the plan's GptModelOptions::lora. nullopt: full training.
+  std::optional<LoraConfig> lora;
+  // LoRA: GptModel::BaseFingerprint of the base this run trains on, computed once the weights are
+  // set (InitializeWeights) and only when checkpoints are written or read (checkpoint.dir);
+  // empty otherwise, and under ZeRO (no rank holds the whole base: not checked).
+  std::string base_fingerprint;
   int64_t seq_len = 0;
   int64_t micro_batch = 0;
   int64_t accumulation_steps = 1;  // micro-batches per optimizer step

@@ -148,7 +148,7 @@ class RandomConfigs {
       l.r = Int(1, int64_t{1} << 30);
       l.lora_alpha = Positive();
       l.lora_dropout = UnitOpen();
-      l.target_modules = Bool() ? std::vector<std::string>{kLoraAllLinear} : Names(1);
+      l.target_modules = Bool() ? std::vector<std::string>{std::string(kLoraAllLinear)} : Names(1);
       l.modules_to_save = Names(0);
       l.init_from = String();
     }
