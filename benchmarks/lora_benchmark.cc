@@ -94,6 +94,9 @@ ABSL_FLAG(std::string, model, "llama-2-7b",
 ABSL_FLAG(std::string, init_from, "",
           "a Hugging Face model directory for the base (its config.json decides the model); "
           "empty: a seeded random base");
+ABSL_FLAG(std::string, train_data, "",
+          "an llm.c .bin token file (data.train); empty: the trainer's built-in synthetic corpus "
+          "(byte-level: needs a vocabulary of at least 256)");
 ABSL_FLAG(std::string, dtype, "bf16", "compute dtype: bf16 or f32");
 ABSL_FLAG(int64_t, micro_batch_size, 1, "sequences per step");
 ABSL_FLAG(int64_t, seq_len, 128, "tokens per sequence");
@@ -165,6 +168,7 @@ absl::StatusOr<TrainConfig> MakeConfig(bool lora) {
   } else {
     o.init_from = absl::GetFlag(FLAGS_init_from);
   }
+  if (!absl::GetFlag(FLAGS_train_data).empty()) o.train_data = absl::GetFlag(FLAGS_train_data);
   o.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
   o.seq_len = absl::GetFlag(FLAGS_seq_len);
   o.steps = absl::GetFlag(FLAGS_steps);
