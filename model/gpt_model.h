@@ -132,8 +132,11 @@ class GptModel {
                                                           DeviceMemory* accelerator,
                                                           const GptModelOptions& options);
   // A model of any supported architecture: `store`'s layout must hold exactly
-  // ModelOperators(config, layout) for some VocabLayoutOptions. A gpt2-family config must be one
-  // a GptConfig expresses (ToGptConfig) and gives the same model as the GptConfig overload.
+  // ModelOperators(config, layout) for some VocabLayoutOptions — with options.lora,
+  // LoraModelOperators(config, *options.lora, layout) (ModelOperatorsFor), each operator's
+  // trainable flag included (InvalidArgument naming the first operator that is missing, out of
+  // place or of the other kind; ValidateLoraConfig's errors as they are). A gpt2-family config must
+  // be one a GptConfig expresses (ToGptConfig) and gives the same model as the GptConfig overload.
   // Errors as above, with ValidateModelConfig; seq_len is bounded by max_position_embeddings.
   static absl::StatusOr<std::unique_ptr<GptModel>> Create(const ModelConfig& config,
                                                           ChunkStore* store, ChunkManager* manager,
@@ -227,6 +230,9 @@ class GptModel {
   // payloads on this rank). NotFound for an unknown name; FailedPrecondition if a chunk has no
   // payload — except an optimizer-state chunk this rank holds whose bytes are on disk (the disk
   // tier), which is read through the manager outside an iteration (model/model_state_io.h).
+  // LoRA: kMaster of a frozen tensor reads its param slot (the frozen value: there is no master);
+  // kMomentum / kVariance of a frozen tensor are FailedPrecondition ("frozen: no optimizer
+  // state"); kParam of a frozen tensor is always the parameter (its backward writes no gradient).
   [[nodiscard]] absl::StatusOr<std::vector<float>> ReadTensor(ChunkType type,
                                                               absl::string_view name) const;
   // The same into `out` (sized to the tensor; InvalidArgument otherwise).
@@ -245,7 +251,9 @@ class GptModel {
   [[nodiscard]] absl::Status LoadHfCheckpoint(const HfCheckpoint& checkpoint);
   // Hugging Face directory export of the master weights as `dtype` (WriteHfCheckpoint: streaming
   // element ranges, sharded above options.max_shard_bytes, atomic). Outside an iteration;
-  // FailedPrecondition for world size > 1 (as SaveGpt2Safetensors).
+  // FailedPrecondition for world size > 1 (as SaveGpt2Safetensors). LoRA: the base as stored —
+  // frozen tensors as the f32 of their param slots, modules_to_save from their masters — without
+  // the adapters (unmerged; SaveMergedHfCheckpoint merges them, SavePeftAdapter exports them).
   [[nodiscard]] absl::Status SaveHfCheckpoint(const std::string& dir, DType dtype,
                                               const HfExportOptions& options = {}) const;
   // LoRA only (FailedPrecondition without). Reads PEFT adapter directory `dir`

@@ -39,6 +39,7 @@
 #include "memory/cpu_backend.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
+#include "model/gpt_activation_profile.h"
 #include "model/gpt_model.h"
 #include "model/hf_checkpoint.h"
 #include "model/lora_config.h"
@@ -410,13 +411,14 @@ LoraConfig AllProjections(double dropout = 0) {
 
 // A LoRA rig over hf_tiny_<arch> with its base loaded and the adapters seeded (B non-zero: the
 // LoRA path then changes the loss from the first step).
-absl::StatusOr<std::unique_ptr<Rig>> TinyLoraRig(const std::string& arch, RigOptions o) {
+absl::StatusOr<std::unique_ptr<Rig>> TinyLoraRig(const std::string& arch, RigOptions o,
+                                                 bool load_reference_adapter = true) {
   ASSIGN_OR_RETURN(const HfCheckpoint base,
                    HfCheckpoint::Open(Runfile(absl::StrCat("hf_tiny_", arch))));
   ASSIGN_OR_RETURN(auto rig, MakeRig(base.config(), o));
   RETURN_IF_ERROR(rig->model->InitializeParameters(7));
   RETURN_IF_ERROR(rig->model->LoadHfCheckpoint(base));
-  if (arch == "llama" || arch == "qwen2") {
+  if (load_reference_adapter && (arch == "llama" || arch == "qwen2")) {
     RETURN_IF_ERROR(
         rig->model->LoadPeftAdapter(Runfile(absl::StrCat("lora_ref_", arch, "/adapter_init"))));
   }
@@ -694,6 +696,70 @@ TEST(LoraModel, Errors) {
     EXPECT_THAT(rig->model->SavePeftAdapter(TempDir("none"), DType::kF32, ""),
                 StatusIs(absl::StatusCode::kFailedPrecondition));
   }
+}
+
+// modules_to_save: the LM head trains in full (master and moments) and travels in the adapter
+// directory under its plain PEFT name.
+TEST(LoraModel, ModulesToSaveTrainAndTravelWithTheAdapter) {
+  LoraConfig lora = AllProjections();
+  lora.target_modules = {"q_proj", "v_proj"};
+  lora.modules_to_save = {"lm_head"};
+  RigOptions o{.lora = lora};
+  ASSERT_OK_AND_ASSIGN(auto rig, TinyLoraRig("llama", o, /*load_reference_adapter=*/false));
+  ASSERT_OK_AND_ASSIGN(const std::vector<float> head_before,
+                       rig->model->ReadTensor(ChunkType::kMaster, "lm_head.weight"));
+  ASSERT_OK_AND_ASSIGN(const RunResult run, Train(*rig, 2));
+  ASSERT_OK_AND_ASSIGN(const std::vector<float> head_after,
+                       rig->model->ReadTensor(ChunkType::kMaster, "lm_head.weight"));
+  EXPECT_FALSE(BitEqual(head_before, head_after)) << "lm_head did not train";
+  EXPECT_TRUE(rig->model->HoldsTrainingState("lm_head.weight"));
+  EXPECT_FALSE(rig->model->HoldsTrainingState("model.norm.weight"));
+  const std::string out = TempDir("adapter_saved_head");
+  ASSERT_OK(rig->model->SavePeftAdapter(out, DType::kF32, ""));
+  ASSERT_OK_AND_ASSIGN(const SafetensorsFile file,
+                       SafetensorsFile::Open(out + "/adapter_model.safetensors"));
+  EXPECT_NE(file.Find("base_model.model.lm_head.weight"), nullptr);
+  // A fresh model given the directory equals the trained one.
+  ASSERT_OK_AND_ASSIGN(auto fresh, TinyLoraRig("llama", o, /*load_reference_adapter=*/false));
+  ASSERT_OK(fresh->model->LoadPeftAdapter(out));
+  ASSERT_OK_AND_ASSIGN(const std::vector<float> head_loaded,
+                       fresh->model->ReadTensor(ChunkType::kMaster, "lm_head.weight"));
+  EXPECT_TRUE(BitEqual(head_after, head_loaded));
+  for (const auto& [name, values] : run.adapters) {
+    ASSERT_OK_AND_ASSIGN(const std::vector<float> got,
+                         fresh->model->ReadTensor(ChunkType::kMaster, name));
+    EXPECT_TRUE(BitEqual(values, got)) << name;
+  }
+  std::vector<int32_t> tokens, targets;
+  RandomBatch(64, 32, 9, &tokens, &targets);
+  ASSERT_OK_AND_ASSIGN(const double a, rig->model->Evaluate(tokens, targets));
+  ASSERT_OK_AND_ASSIGN(const double b, fresh->model->Evaluate(tokens, targets));
+  EXPECT_EQ(a, b);
+}
+
+// The plan of a LoRA run counts the frozen base at its param bytes: far less model data than the
+// full fine-tune of the same model, with the adapters' full state on top.
+TEST(LoraModel, RunPlanCountsAFrozenBaseAsParamsOnly) {
+  ASSERT_OK_AND_ASSIGN(const HfCheckpoint base, HfCheckpoint::Open(Runfile("hf_tiny_llama")));
+  GptRunPlanOptions o;
+  o.model_config = base.config();
+  o.model = {.batch = 2, .seq_len = 16};
+  o.compute_dtype = DType::kBF16;
+  o.chunk_elems = 4096;
+  o.accelerator_bytes = 64 * kMiB;
+  ASSERT_OK_AND_ASSIGN(const GptRunPlan full, PlanGptRun(o));
+  o.model.lora = AllProjections();
+  ASSERT_OK_AND_ASSIGN(const GptRunPlan lora, PlanGptRun(o));
+  ASSERT_OK_AND_ASSIGN(
+      const ChunkLayout layout,
+      ChunkLayout::Build({.capacity_elems = 4096}, ModelOperatorsFor(base.config(), o.model.lora)));
+  EXPECT_EQ(lora.plan.rank_model_data_bytes, layout.RankModelDataBytes(DType::kBF16, 0));
+  // bf16: 2 bytes per frozen element (param chunks only) against 2 + 3 * 4 for a trainable one.
+  EXPECT_LT(lora.plan.rank_model_data_bytes, full.plan.rank_model_data_bytes / 2);
+  LoraConfig bad = AllProjections();
+  bad.r = 0;
+  o.model.lora = bad;
+  EXPECT_THAT(PlanGptRun(o).status(), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 INSTANTIATE_TEST_SUITE_P(Peft, LoraModelTest, ::testing::Values("llama", "qwen2", "gpt2"));

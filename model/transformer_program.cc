@@ -571,7 +571,7 @@ class TransformerProgram::Run {
       // needs its h = A drop(act) in backward: recomputed in the adapter's own access, with the
       // same kernel on the same input (bit for bit), its output discarded.
       if (!ops.mlp_out.lora.present()) return absl::OkStatus();
-      ASSIGN_OR_RETURN(Buffer discarded, Alloc(N_ * C_, false));
+      ASSIGN_OR_RETURN(Buffer discarded, Alloc(N_ * C_, true));
       ASSIGN_OR_RETURN(ScopedAccess access,
                        ScopedAccess::Begin(ctx_, ops.mlp_out.lora.op, Stage::kForward));
       RETURN_IF_ERROR(
