@@ -485,6 +485,7 @@ absl::Status StartFirstStep(TrainRun& run) {
                                                           : MetricsFileMode::kTruncate));
   }
   run.summary.planned_accelerator_bytes = run.plan.accelerator_bytes;
+  run.summary.planned_min_accelerator_bytes = run.plan.plan.min_accelerator_bytes;
   run.summary.planned_accelerator_peak_bytes = run.plan.plan.predicted_accelerator_peak_bytes;
   run.summary.planned_host_model_data_bytes = run.plan.plan.host_model_data_bytes;
   run.summary.planned_host_peak_bytes = run.plan.plan.host_peak_bytes;

@@ -237,7 +237,8 @@ struct TrainSummary {
   // the measured peaks above: the accelerator's budget and its peak there
   // (predicted_accelerator_peak_bytes), the host's chunk blocks (host_model_data_bytes) and the
   // whole process's safe bound (host_peak_bytes).
-  int64_t planned_accelerator_bytes = 0;  // the budget the run got (GptRunPlan)
+  int64_t planned_accelerator_bytes = 0;      // the budget the run got (GptRunPlan)
+  int64_t planned_min_accelerator_bytes = 0;  // the least budget the plan accepts at that budget
   int64_t planned_accelerator_peak_bytes = 0;
   int64_t planned_host_model_data_bytes = 0;
   int64_t planned_host_peak_bytes = 0;
