@@ -138,6 +138,8 @@ struct RunResult {
   int64_t loaded_bytes = 0, written_back_bytes = 0, frozen_writeback_bytes = 0;
   int64_t loads = 0, write_backs = 0, clean_evictions = 0, prefetch_hits = 0, prefetches = 0;
   int64_t pressure_reclaims = 0, rank_model_data_bytes = 0;
+  // The trainer's own pre-flight plan, to check that the benchmark plans the same run.
+  int64_t trainer_plan_accelerator_peak_bytes = 0, trainer_plan_host_peak_bytes = 0;
   double create_s = 0, seconds = 0;
   int steps = 0;
   StepRecord step[kMaxSteps];
@@ -277,6 +279,8 @@ RunResult Train(const TrainConfig& config) {
       r->prefetch_hits = s.prefetch_hits;
       r->pressure_reclaims = s.pressure_reclaims;
       r->rank_model_data_bytes = s.rank_model_data_bytes;
+      r->trainer_plan_accelerator_peak_bytes = s.planned_accelerator_peak_bytes;
+      r->trainer_plan_host_peak_bytes = s.planned_host_peak_bytes;
       const std::vector<StepMetrics>& h = (*trainer)->history();
       r->steps = static_cast<int>(std::min<size_t>(h.size(), kMaxSteps));
       for (int i = 0; i < r->steps; ++i) {
@@ -662,6 +666,9 @@ int Main() {
       "| host measured / expected; measured / bound | %.3f; %.3f (bound %s) |\n"
       "| host resident before Trainer::Create / after it (%.1f s) | %s / %s |\n"
       "| accelerator peak: measured / plan | %s / %s = %.3f |\n"
+      "| the trainer's own plan: accelerator peak / host bound (host: planned at its own resident "
+      "set) | "
+      "%s / %s |\n"
       "| accelerator peak measured: model + non-model at once (model / non-model peaks) | %s "
       "(%s / %s) |\n"
       "| step time | %.2f s |\n"
@@ -683,13 +690,15 @@ int Main() {
       MiB(plan.host_peak_bytes), host_expected_ratio, host_bound_ratio,
       host_bound_ratio <= 1 ? "held" : "EXCEEDED", run.create_s, MiB(run.host_baseline_bytes),
       MiB(run.host_created_bytes), MiB(run.accelerator_peak_total_bytes),
-      MiB(plan.predicted_accelerator_peak_bytes), acc_ratio, MiB(run.accelerator_peak_total_bytes),
-      MiB(run.accelerator_peak_model_bytes), MiB(run.accelerator_peak_non_model_bytes), step_s,
-      compute_s, copy_wait_s, optimizer_s, step_s - compute_s - copy_wait_s - optimizer_s,
-      GiB(static_cast<int64_t>(loaded)), GiB(min_link_bytes), Ratio(loaded, min_link_bytes),
-      MiB(static_cast<int64_t>(written)), absl::GetFlag(FLAGS_link_probe), GBs(*link), min_link_s,
-      loaded_link_s, Ratio(step_s, min_link_s), min_link_s, gemm_s, bound_s, Ratio(step_s, bound_s),
-      flops, flop_rate / 1e9, dtype_name, Threads(), gemm / 1e9, Ratio(flop_rate, gemm),
+      MiB(plan.predicted_accelerator_peak_bytes), acc_ratio,
+      MiB(run.trainer_plan_accelerator_peak_bytes), MiB(run.trainer_plan_host_peak_bytes),
+      MiB(run.accelerator_peak_total_bytes), MiB(run.accelerator_peak_model_bytes),
+      MiB(run.accelerator_peak_non_model_bytes), step_s, compute_s, copy_wait_s, optimizer_s,
+      step_s - compute_s - copy_wait_s - optimizer_s, GiB(static_cast<int64_t>(loaded)),
+      GiB(min_link_bytes), Ratio(loaded, min_link_bytes), MiB(static_cast<int64_t>(written)),
+      absl::GetFlag(FLAGS_link_probe), GBs(*link), min_link_s, loaded_link_s,
+      Ratio(step_s, min_link_s), min_link_s, gemm_s, bound_s, Ratio(step_s, bound_s), flops,
+      flop_rate / 1e9, dtype_name, Threads(), gemm / 1e9, Ratio(flop_rate, gemm),
       run.frozen_writeback_bytes, frozen_clean ? "0: frozen means frozen" : "NOT 0", run.loads,
       run.write_backs, run.clean_evictions, run.prefetches, run.prefetch_hits,
       run.pressure_reclaims);
