@@ -41,6 +41,23 @@ make_lora_testdata.py records as "loss_after"):
   # against the trained merge (logits 0.37 apart, loss 2e-2); an adapter file missing one tensor
   # ("missing from the file [...gate_proj.lora_B.weight]"); an adapter over the wrong base (peft's
   # own size-mismatch error).
+
+Recorded run against the trainer's own export (issue #28's acceptance: an adapter we export,
+loaded by peft, gives our model's numbers), 2026-11-28, main after the LoRA merge, same venv:
+  # token files of random tokens below the base's vocabulary (64 llama, 50 gpt2; llm.c format,
+  # magic 20240520 version 1), val.bin exactly one 2 x 16 batch (33 tokens); LOSSES_JSON holds
+  # that batch's tokens/targets and the trainer's final val_loss from --metrics_out.
+  bazel-bin/trainer/train --config=cfg.json --train_data=train.bin --val_data=val.bin --steps=6 \
+      --accelerator_memory=300KiB --metrics_out=m.jsonl
+  # cfg.json: data {seq_len 16, eval_every 6, eval_batches 1}, micro batch 2, AdamW lr 1e-2,
+  # lora {r 4, lora_alpha 8, lora_dropout 0.1, every linear}, checkpoint {init_from
+  # model/testdata/hf_tiny_llama, export out/adapter, export_merged out/merged}
+  /tmp/venv/bin/python model/testdata/check_lora_export.py model/testdata/hf_tiny_llama \
+      out/adapter out/merged losses.json
+  # llama: logits max |peft - merged| 7.868e-06 (bound 4.585e-05); loss C++ 4.759882450569421,
+  #        peft 4.759882926940918 (rel 1.0e-07), merged rel 9.8e-11. OK
+  # gpt2 (c_attn, c_proj, c_fc; --accelerator_memory=400KiB): logits 1.073e-06 apart (bound
+  #        2.847e-05); loss C++ 4.216502926545218, peft 4.216503143310547 (rel 5.1e-08). OK
 """
 import argparse
 import json
