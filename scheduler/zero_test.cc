@@ -307,8 +307,14 @@ class Rank {
       }
       RETURN_IF_ERROR(manager_->Release(op, Stage::kBackward));
       RETURN_IF_ERROR(CheckInvariants("backward release"));
+      // HOLD where the payload stays: the owner's chunk, or a gathered copy whose group is not
+      // finished yet; a non-owner's copy is FREE once the release that finished its group's
+      // backward freed it.
       ASSIGN_OR_RETURN(TensorState state, store_->tensor_state(ChunkType::kParam, t));
-      if (!l.op(op).trainable && state != TensorState::kHold) {
+      const bool own = l.owner_of(l.op(op).chunk_index) == rank();
+      const bool freed_copy = !own && state == TensorState::kFree &&
+                              !manager_->group_gathered(l.group_of(l.op(op).chunk_index));
+      if (!l.op(op).trainable && state != TensorState::kHold && !freed_copy) {
         return absl::InternalError(absl::StrCat("rank ", rank(), ": frozen op", op, " is ",
                                                 TensorStateName(state), " after its backward"));
       }
