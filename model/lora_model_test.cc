@@ -39,6 +39,7 @@
 #include "memory/cpu_backend.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
+#include "memory/memory_tracker.h"
 #include "model/gpt_activation_profile.h"
 #include "model/gpt_model.h"
 #include "model/hf_checkpoint.h"
@@ -51,6 +52,9 @@
 #include "optimizer/hybrid_adam.h"
 #include "scheduler/chunk_counters.h"
 #include "scheduler/chunk_manager.h"
+#include "scheduler/memory_plan.h"
+#include "scheduler/metronome.h"
+#include "scheduler/tide_trace.h"
 
 namespace ps {
 namespace {
@@ -136,7 +140,23 @@ struct RigOptions {
   double weight_decay = 0.01;
   double max_grad_norm = 0;
   int64_t accumulation = 1;
+  // The run's plan (PlanGptRun of RigGptModelOptions' model): when set, the accelerator's scratch
+  // allocator, the 16-bit param chunks' blocks, the vocabulary layout and the manager's slack and
+  // warm-up share follow it, as the trainer wires them (trainer/run_wiring.cc).
+  const GptRunPlan* plan = nullptr;
 };
+
+// The model options of a rig (what a plan of it must be given).
+GptModelOptions RigGptModelOptions(const RigOptions& o) {
+  return GptModelOptions{.batch = o.batch,
+                         .seq_len = o.seq_len,
+                         .activation_checkpointing = o.activation_checkpointing,
+                         .threads = 2,
+                         .attention_tile = 5,
+                         .ce_row_tile = 7,
+                         .ce_vocab_tile = 8,
+                         .lora = o.lora};
+}
 
 struct Rig {
   std::unique_ptr<Backend> backend;
@@ -154,24 +174,29 @@ absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const ModelConfig& config, const Ri
   ASSIGN_OR_RETURN(rig->backend, CreateCpuBackend({.capacity_bytes = 64 * kMiB}));
   DeviceMemoryOptions memory_options;
   memory_options.chunk_block_bytes = o.chunk_elems * 4;
-  ASSIGN_OR_RETURN(rig->accelerator, CreateAcceleratorMemory(rig->backend.get(), memory_options));
+  if (o.plan != nullptr && SizeOf(o.dtype) != 4) {
+    memory_options.more_chunk_block_bytes = {o.chunk_elems * SizeOf(o.dtype)};
+  }
+  DeviceMemoryOptions accelerator_options = memory_options;
+  if (o.plan != nullptr) accelerator_options.scratch = o.plan->scratch;
+  ASSIGN_OR_RETURN(rig->accelerator,
+                   CreateAcceleratorMemory(rig->backend.get(), accelerator_options));
   ASSIGN_OR_RETURN(rig->host, CreateHostMemory(rig->backend.get(), memory_options));
-  ASSIGN_OR_RETURN(ChunkLayout layout, ChunkLayout::Build({.capacity_elems = o.chunk_elems},
-                                                          ModelOperatorsFor(config, o.lora)));
+  const VocabLayoutOptions vocab = o.plan != nullptr ? o.plan->vocab : VocabLayoutOptions{};
+  ASSIGN_OR_RETURN(ChunkLayout layout,
+                   ChunkLayout::Build({.capacity_elems = o.chunk_elems},
+                                      ModelOperatorsFor(config, o.lora, vocab)));
   ASSIGN_OR_RETURN(rig->store, ChunkStore::Create(std::move(layout), {.compute_dtype = o.dtype}));
   ChunkManagerOptions manager_options;
   manager_options.device_budget_bytes = o.budget_bytes;
+  if (o.plan != nullptr) {
+    manager_options.nonmodel_slack_bytes = o.plan->plan.slack_bytes;
+    manager_options.warmup_chunk_fraction = o.plan->plan.warmup_chunk_fraction;
+  }
   ASSIGN_OR_RETURN(rig->manager,
                    ChunkManager::Create(rig->store.get(), rig->backend.get(),
                                         rig->accelerator.get(), rig->host.get(), manager_options));
-  GptModelOptions model_options{.batch = o.batch,
-                                .seq_len = o.seq_len,
-                                .activation_checkpointing = o.activation_checkpointing,
-                                .threads = 2,
-                                .attention_tile = 5,
-                                .ce_row_tile = 7,
-                                .ce_vocab_tile = 8,
-                                .lora = o.lora};
+  GptModelOptions model_options = RigGptModelOptions(o);
   ASSIGN_OR_RETURN(rig->model, GptModel::Create(config, rig->store.get(), rig->manager.get(),
                                                 rig->accelerator.get(), model_options));
   ASSIGN_OR_RETURN(rig->cpu_adam, CpuAdam::Create({.num_threads = 2}));
@@ -760,6 +785,83 @@ TEST(LoraModel, RunPlanCountsAFrozenBaseAsParamsOnly) {
   bad.r = 0;
   o.model.lora = bad;
   EXPECT_THAT(PlanGptRun(o).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// A LoRA run through the ChunkManager under a small budget holds what its plan predicts: the
+// warm-up's non-model peak at every moment is the profile's (the adapters' activations and
+// workspaces included), and the accelerator's measured peak (chunks and activations, the
+// MemoryTracker's total) is the plan's predicted peak — for the Llama family, whose adapter
+// operators sit in their own chunks accessed while their base operator's chunk is in use, and for
+// GPT-2; in f32 and bf16.
+TEST(LoraModel, AcceleratorPeakMatchesThePlan) {
+  for (const std::string arch : {"llama", "gpt2"}) {
+    for (const DType dtype : {DType::kF32, DType::kBF16}) {
+      for (const bool roomy : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(arch, " ", DTypeName(dtype), roomy ? " roomy" : " tight"));
+        ASSERT_OK_AND_ASSIGN(const HfCheckpoint base,
+                             HfCheckpoint::Open(Runfile(absl::StrCat("hf_tiny_", arch))));
+        RigOptions o;
+        o.dtype = dtype;
+        o.lora = AllProjections();
+        if (arch == "gpt2") o.lora->target_modules = {"c_attn", "c_proj", "c_fc"};
+        GptRunPlanOptions po;
+        po.model_config = base.config();
+        po.model = RigGptModelOptions(o);
+        po.compute_dtype = dtype;
+        po.chunk_elems = o.chunk_elems;
+        po.accelerator_bytes = 64 * kMiB;
+        // A budget two param chunks above the plan's minimum at that budget (the segments, and so
+        // the slack, depend on the budget): chunks move at every moment.
+        for (int round = 0; round < 4; ++round) {
+          ASSERT_OK_AND_ASSIGN(const GptRunPlan at, PlanGptRun(po));
+          po.accelerator_bytes = at.plan.min_accelerator_bytes + 2 * at.plan.param_chunk_bytes +
+                                 (roomy ? at.plan.rank_model_data_bytes : 0);
+        }
+        ASSERT_OK_AND_ASSIGN(const GptRunPlan plan, PlanGptRun(po));
+        ASSERT_TRUE(plan.plan.fits_accelerator) << plan.plan.Summary();
+        // The roomy budget holds the frozen base and the adapters' optimizer state beside it (the
+        // ADAM placement keeps it there); the tight one holds no state.
+        EXPECT_EQ(plan.plan.accelerator_state_indices > 0, roomy) << plan.plan.Summary();
+        o.budget_bytes = plan.accelerator_bytes;
+        o.plan = &plan;
+        ASSERT_OK_AND_ASSIGN(auto rig, TinyLoraRig(arch, o));
+        // The trainer's measure (trainer/training_loop.cc): the tracker's interval peak of the
+        // total.
+        (void)rig->accelerator->tracker()->SnapshotAndResetIntervalPeaks();
+        ASSERT_OK(Train(*rig, 3).status());
+        const int64_t measured =
+            rig->accelerator->tracker()->SnapshotAndResetIntervalPeaks().peak_total_bytes;
+
+        const TideTrace& tide = rig->manager->tide();
+        const std::vector<PlannedMoment>& planned = plan.plan.moments;
+        ASSERT_TRUE(tide.finished());
+        ASSERT_GT(tide.total_moments(), static_cast<int64_t>(planned.size()));
+        int mismatches = 0;
+        for (size_t m = 0; m < planned.size(); ++m) {
+          const TideSample& real = tide.sample(static_cast<int64_t>(m));
+          if (real.stage == planned[m].stage &&
+              real.accelerator_peak_bytes == planned[m].nonmodel_peak_bytes) {
+            continue;
+          }
+          if (++mismatches <= 5) {
+            ADD_FAILURE() << "moment " << m << " (op " << planned[m].op << "): real "
+                          << StageName(real.stage) << " " << real.accelerator_peak_bytes
+                          << ", planned " << StageName(planned[m].stage) << " "
+                          << planned[m].nonmodel_peak_bytes;
+          }
+        }
+        EXPECT_EQ(mismatches, 0);
+        LOG(INFO) << arch << " " << DTypeName(dtype) << (roomy ? " roomy" : " tight") << ": budget "
+                  << plan.accelerator_bytes << ", predicted accelerator peak "
+                  << plan.plan.predicted_accelerator_peak_bytes << ", measured " << measured << " ("
+                  << std::showpos << measured - plan.plan.predicted_accelerator_peak_bytes
+                  << std::noshowpos << "), param chunk " << plan.plan.param_chunk_bytes;
+        EXPECT_LE(measured, plan.plan.predicted_accelerator_peak_bytes) << plan.plan.Summary();
+        EXPECT_GE(measured, plan.plan.predicted_accelerator_peak_bytes * 0.95)
+            << plan.plan.Summary();
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Peft, LoraModelTest, ::testing::Values("llama", "qwen2", "gpt2"));

@@ -686,14 +686,28 @@ absl::Status ModelStateIo::SaveMergedHfCheckpoint(const std::string& dir, DType 
 
 absl::StatusOr<std::string> ModelStateIo::BaseFingerprint() const {
   RETURN_IF_ERROR(CheckExport("BaseFingerprint", /*need_lora=*/true, /*whole_model=*/true));
-  // 64-bit FNV-1a.
+  // FNV-1a's offset and prime over 64-bit words (gpt_model.h's BaseFingerprint comment): a 7B base
+  // is 13 GB of f32 values, a multiply per byte took minutes, one per 8 bytes takes seconds.
   uint64_t h = 0xcbf29ce484222325ull;
-  auto mix = [&h](const void* data, size_t bytes) {
+  const auto mix_word = [&h](uint64_t w) {
+    h ^= w;
+    h *= 0x100000001b3ull;
+    h ^= h >> 32;
+  };
+  auto mix = [&mix_word](const void* data, size_t bytes) {
     const auto* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < bytes; ++i) {
-      h ^= p[i];
-      h *= 0x100000001b3ull;
+    size_t i = 0;
+    for (; i + 8 <= bytes; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      mix_word(w);
     }
+    if (i < bytes) {
+      uint64_t w = 0;
+      std::memcpy(&w, p + i, bytes - i);
+      mix_word(w);
+    }
+    mix_word(static_cast<uint64_t>(bytes));
   };
   const absl::string_view dtype = DTypeName(parts_.store->compute_dtype());
   constexpr int64_t kPiece = int64_t{1} << 20;

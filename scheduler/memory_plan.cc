@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -147,7 +148,8 @@ absl::Status CheckOptions(const MemoryPlanOptions& o) {
       {"host_available_bytes", o.host_available_bytes},
       {"host_resident_bytes", o.host_resident_bytes},
       {"host_overhead_bytes", o.host_overhead_bytes},
-      {"host_workspace_bytes", o.host_workspace_bytes}};
+      {"host_workspace_bytes", o.host_workspace_bytes},
+      {"adam_margin_bytes", o.adam_margin_bytes}};
   for (const auto& [field, value] : non_negative) {
     if (value < 0) {
       return absl::InvalidArgumentError(
@@ -290,7 +292,31 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
   }
   const int64_t gathered_bytes =
       o.world_size > 1 ? 2 * (o.world_size - 1) * plan.param_chunk_bytes : 0;
-  const int64_t usable_chunk_bytes = rank_param_bytes + gathered_bytes;
+  // The ADAM placement (ResidencyPlanner::PlanAdam over the trace the warm-up records): the room
+  // left at every moment once every param chunk the iteration uses is resident, in units of an
+  // index's three optimizer-state chunks, holds that many of the owned indices' state for the
+  // whole run. It is small beside a full model's chunks (rarely any fits), but a LoRA run's
+  // trainable state is a few adapter chunks, which a budget that holds the frozen base places.
+  int64_t highest_peak = 0;
+  for (const Replayer::Moment& m : steady) highest_peak = std::max(highest_peak, m.peak);
+  absl::flat_hash_set<int64_t> used_chunks;
+  for (const Replayer::Moment& m : steady) {
+    ASSIGN_OR_RETURN(OperatorId id, layout.FindOperator(o.ops[m.op].name));
+    const OperatorInfo& info = layout.op(id);
+    if (!info.placed()) continue;
+    for (int64_t c : layout.ChunksInGroup(layout.group_of(info.chunk_index))) {
+      used_chunks.insert(c);
+    }
+  }
+  const int64_t min_chunkable = std::max<int64_t>(0, o.accelerator_bytes - highest_peak - reserved);
+  const int64_t adam_room = min_chunkable -
+                            static_cast<int64_t>(used_chunks.size()) * plan.param_chunk_bytes -
+                            o.adam_margin_bytes;
+  plan.accelerator_state_indices =
+      adam_room > 0 ? std::min(owned_data_chunks, adam_room / (3 * plan.state_chunk_bytes)) : 0;
+  plan.accelerator_state_bytes = 3 * plan.accelerator_state_indices * plan.state_chunk_bytes;
+  const int64_t usable_chunk_bytes =
+      rank_param_bytes + gathered_bytes + plan.accelerator_state_bytes;
   for (size_t i = 0; i < steady.size(); ++i) {
     const Replayer::Moment& m = steady[i];
     const Replayer::Moment& next = steady[(i + 1) % steady.size()];
@@ -390,19 +416,23 @@ std::string MemoryPlan::Summary() const {
                                " elements: ", num_chunks, " per type (", num_data_chunks,
                                " with data); param chunk ", FormatBytes(param_chunk_bytes),
                                ", state chunk ", FormatBytes(state_chunk_bytes), "\n");
-  absl::StrAppend(&s, "accelerator: lower bound ", FormatBytes(lower_bound_bytes), " at ",
-                  lower_bound_at, " (working set up to ", FormatBytes(largest_working_set_bytes),
-                  ", activations peak ", FormatBytes(activation_peak_bytes), ", evaluation ",
-                  FormatBytes(evaluation_peak_bytes),
-                  device_comm_staging_bytes > 0
-                      ? absl::StrCat(", collectives' device staging ",
-                                     FormatBytes(device_comm_staging_bytes), " included")
-                      : std::string(),
-                  "); slack ", FormatBytes(slack_bytes), " (", FormatBytes(stranded_bytes),
-                  " stranded in segments); tide margin ", FormatBytes(tide_margin_bytes),
-                  "; minimum ", FormatBytes(min_accelerator_bytes), "; predicted peak ",
-                  FormatBytes(predicted_accelerator_peak_bytes), "; warm-up chunk share ",
-                  absl::StrFormat("%.3f", warmup_chunk_fraction), "\n");
+  absl::StrAppend(
+      &s, "accelerator: lower bound ", FormatBytes(lower_bound_bytes), " at ", lower_bound_at,
+      " (working set up to ", FormatBytes(largest_working_set_bytes), ", activations peak ",
+      FormatBytes(activation_peak_bytes), ", evaluation ", FormatBytes(evaluation_peak_bytes),
+      device_comm_staging_bytes > 0
+          ? absl::StrCat(", collectives' device staging ", FormatBytes(device_comm_staging_bytes),
+                         " included")
+          : std::string(),
+      "); slack ", FormatBytes(slack_bytes), " (", FormatBytes(stranded_bytes),
+      " stranded in segments); tide margin ", FormatBytes(tide_margin_bytes), "; minimum ",
+      FormatBytes(min_accelerator_bytes), "; predicted peak ",
+      FormatBytes(predicted_accelerator_peak_bytes),
+      accelerator_state_indices > 0
+          ? absl::StrCat(" (optimizer state of ", accelerator_state_indices,
+                         " chunk indices kept there, ", FormatBytes(accelerator_state_bytes), ")")
+          : std::string(),
+      "; warm-up chunk share ", absl::StrFormat("%.3f", warmup_chunk_fraction), "\n");
   absl::StrAppend(&s, "host: model data ", FormatBytes(host_model_data_bytes), " (this rank ",
                   FormatBytes(rank_model_data_bytes), ")");
   if (host_accumulator_bytes > 0) {

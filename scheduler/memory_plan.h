@@ -30,7 +30,12 @@
 // pressure reclaimer. The predicted accelerator peak is what the budget will hold at its fullest:
 // at every moment the resident chunks the planner allows (max(target, working set), at most every
 // chunk the iteration uses plus the optimizer state the ADAM placement keeps) plus the segments
-// held then, and never more than the budget.
+// held then, and never more than the budget. "The optimizer state the ADAM placement keeps" is
+// ResidencyPlanner::PlanAdam's: the room left at every moment (budget - highest non-model peak -
+// reserved) once every param chunk the iteration uses is resident, less adam_margin_bytes, in
+// units of one index's three f32 state chunks, at most the indices this rank owns; that state
+// stays on the accelerator for the whole run, beside the param chunks. A full model rarely has
+// such room; a LoRA run (a frozen base without state, a few adapter chunks with it) often does.
 //
 // Host. The rank's model data in per-dtype chunk blocks (every param chunk keeps its host copy
 // while on the accelerator, so all of it is resident on the host throughout), the gathered remote
@@ -106,6 +111,9 @@ struct MemoryPlanOptions {
   // Room kept in the minimum (not reserved by the manager) for a tide above the profile's: this
   // fraction of the highest activation peak, in [0, 1).
   double slack_peak_fraction = 0;
+  // Bytes the ADAM placement keeps free beside the param chunks and the state it places
+  // (ChunkManagerOptions::adam_margin_bytes, >= 0).
+  int64_t adam_margin_bytes = 0;
   // Micro-batches per optimizer step (>= 1); > 1 adds the owner's f32 gradient accumulator.
   int gradient_accumulation_steps = 1;
 
@@ -166,6 +174,10 @@ struct MemoryPlan {
   int64_t min_accelerator_bytes = 0;      // lower bound + slack + tide margin + communication
   int64_t device_comm_staging_bytes = 0;  // inside the tide (see MemoryPlanOptions)
   double warmup_chunk_fraction = 0.2;     // for accelerator_bytes
+  // Owned chunk indices whose optimizer state the ADAM placement keeps on the accelerator at
+  // accelerator_bytes, and those state chunks' bytes (see the file comment).
+  int64_t accelerator_state_indices = 0;
+  int64_t accelerator_state_bytes = 0;
   int64_t predicted_accelerator_peak_bytes = 0;  // at accelerator_bytes
   bool fits_accelerator = false;
 

@@ -204,6 +204,37 @@ TEST(MemoryPlan, FrozenChunksCostTheirParamsOnly) {
   EXPECT_EQ(disk.disk_kept_indices + disk.disk_streamed_indices, 2);
 }
 
+// The ADAM placement (ResidencyPlanner::PlanAdam) keeps the optimizer state of as many owned
+// indices on the accelerator as the room beside every param chunk holds, for the whole run: the
+// predicted peak counts it. The LoRA shape: four frozen chunks (bf16 params, 2 KiB each) and two
+// trainable ones (state 3 x 4 KiB per index); no activations, so all the budget is chunk room.
+TEST(MemoryPlan, PredictedPeakCountsTheOptimizerStateTheAdamPlacementKeeps) {
+  MemoryPlanOptions o = SixChunkOptions();
+  o.compute_dtype = DType::kBF16;
+  for (int i = 0; i < 4; ++i) o.ops[i].trainable = false;
+  const int64_t params = 6 * 2 * kKiB, index_state = 3 * 4 * kKiB;
+  struct Case {
+    int64_t budget, margin, indices;
+  };
+  for (const Case& c :
+       {Case{64 * kMiB, 0, 2}, Case{params + 2 * index_state, 0, 2},
+        Case{params + 2 * index_state - 1, 0, 1}, Case{params + index_state + kKiB, 2 * kKiB, 0},
+        Case{params + index_state - 1, 0, 0}}) {
+    SCOPED_TRACE(absl::StrCat("budget ", c.budget, ", margin ", c.margin));
+    o.accelerator_bytes = c.budget;
+    o.adam_margin_bytes = c.margin;
+    ASSERT_OK_AND_ASSIGN(const MemoryPlan p, PlanMemory(o));
+    ASSERT_EQ(p.slack_bytes, 0);
+    EXPECT_EQ(p.accelerator_state_indices, c.indices);
+    EXPECT_EQ(p.accelerator_state_bytes, c.indices * index_state);
+    // Every param chunk and the placed state (the budget holds every param chunk here).
+    EXPECT_EQ(p.predicted_accelerator_peak_bytes, params + c.indices * index_state);
+  }
+  o.adam_margin_bytes = -1;
+  EXPECT_THAT(PlanMemory(o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("adam_margin_bytes")));
+}
+
 TEST(MemoryPlan, DiskTierCountsItsBudgetOnTheHostAndPredictsTheTraffic) {
   MemoryPlanOptions o = SixChunkOptions();
   ASSERT_OK_AND_ASSIGN(const MemoryPlan ram, PlanMemory(o));
