@@ -36,7 +36,6 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -62,6 +61,7 @@
 #include "absl/time/time.h"
 #include "base/status_macros.h"
 #include "base/units.h"
+#include "benchmarks/internal/child_run.h"
 #include "disk/disk_probe.h"
 #include "disk/io_engine.h"
 #include "disk/swap_dir.h"
@@ -161,25 +161,14 @@ absl::StatusOr<TrainConfig> MakeConfig(const std::string& swap_dir) {
 
 // The trainer's run in a child process.
 RunResult Train(const std::string& swap_dir) {
-  RunResult result;
-  int fds[2];
-  if (pipe(fds) != 0) {
-    std::snprintf(result.error, sizeof(result.error), "pipe failed");
-    return result;
-  }
-  std::cout.flush();
-  std::cerr.flush();
   const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid == 0) {
+  return benchmarks_internal::RunInChild<RunResult>([&](RunResult& r) {
     // Dies with the benchmark (SIGTERM: the swap's handler removes its files, disk/swap_dir.h).
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);
-    close(fds[0]);
-    auto r = std::make_unique<RunResult>();
     const absl::Time start = absl::Now();
     if (absl::StatusOr<HostMemoryInfo> info = ReadHostMemoryInfo(); info.ok()) {
-      r->host_baseline_bytes = info->process_resident_bytes;
+      r.host_baseline_bytes = info->process_resident_bytes;
     }
     absl::Status status;
     absl::StatusOr<TrainConfig> config = MakeConfig(swap_dir);
@@ -196,25 +185,25 @@ RunResult Train(const std::string& swap_dir) {
         struct stat st;
         const std::string swap_path = absl::StrCat(swap_dir, "/patrickstar-swap-rank0.bin");
         if (stat(swap_path.c_str(), &st) == 0) {
-          r->swap_file_bytes = st.st_size;
-          r->swap_allocated_bytes = static_cast<int64_t>(st.st_blocks) * 512;
+          r.swap_file_bytes = st.st_size;
+          r.swap_allocated_bytes = static_cast<int64_t>(st.st_blocks) * 512;
         }
         const TrainSummary& s = (*trainer)->summary();
-        r->disk_reads = s.disk_reads;
-        r->disk_writes = s.disk_writes;
-        r->disk_read_bytes = s.disk_read_bytes;
-        r->disk_write_bytes = s.disk_write_bytes;
-        r->disk_read_ahead_hits = s.disk_read_ahead_hits;
-        r->disk_peak_host_bytes = s.disk_peak_host_bytes;
-        r->disk_read_wait_s = s.disk_read_wait_s;
-        r->disk_write_wait_s = s.disk_write_wait_s;
-        r->trainer_disk_read_bytes_per_s = s.disk_measured_read_bytes_per_s;
-        r->trainer_disk_write_bytes_per_s = s.disk_measured_write_bytes_per_s;
-        std::snprintf(r->engine, sizeof(r->engine), "%s", s.disk_engine.c_str());
+        r.disk_reads = s.disk_reads;
+        r.disk_writes = s.disk_writes;
+        r.disk_read_bytes = s.disk_read_bytes;
+        r.disk_write_bytes = s.disk_write_bytes;
+        r.disk_read_ahead_hits = s.disk_read_ahead_hits;
+        r.disk_peak_host_bytes = s.disk_peak_host_bytes;
+        r.disk_read_wait_s = s.disk_read_wait_s;
+        r.disk_write_wait_s = s.disk_write_wait_s;
+        r.trainer_disk_read_bytes_per_s = s.disk_measured_read_bytes_per_s;
+        r.trainer_disk_write_bytes_per_s = s.disk_measured_write_bytes_per_s;
+        std::snprintf(r.engine, sizeof(r.engine), "%s", s.disk_engine.c_str());
         const std::vector<StepMetrics>& h = (*trainer)->history();
-        r->steps = static_cast<int>(std::min<size_t>(h.size(), kMaxSteps));
-        for (int i = 0; i < r->steps; ++i) {
-          StepRecord& out = r->step[i];
+        r.steps = static_cast<int>(std::min<size_t>(h.size(), kMaxSteps));
+        for (int i = 0; i < r.steps; ++i) {
+          StepRecord& out = r.step[i];
           out.warmup = h[i].warmup;
           out.step_ms = h[i].step_ms;
           out.compute_ms = h[i].compute_ms;
@@ -226,39 +215,15 @@ RunResult Train(const std::string& swap_dir) {
         }
       }
     }
-    r->ok = status.ok();
+    r.ok = status.ok();
     if (!status.ok()) {
-      std::snprintf(r->error, sizeof(r->error), "%s", std::string(status.message()).c_str());
+      std::snprintf(r.error, sizeof(r.error), "%s", std::string(status.message()).c_str());
     }
     if (absl::StatusOr<HostMemoryInfo> info = ReadHostMemoryInfo(); info.ok()) {
-      r->host_peak_bytes = info->process_peak_resident_bytes;
+      r.host_peak_bytes = info->process_peak_resident_bytes;
     }
-    r->seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    const char* p = reinterpret_cast<const char*>(r.get());
-    for (size_t done = 0; done < sizeof(RunResult);) {
-      const ssize_t n = write(fds[1], p + done, sizeof(RunResult) - done);
-      if (n <= 0) break;
-      done += static_cast<size_t>(n);
-    }
-    _exit(0);
-  }
-  close(fds[1]);
-  char* p = reinterpret_cast<char*>(&result);
-  size_t got = 0;
-  while (got < sizeof(RunResult)) {
-    const ssize_t n = read(fds[0], p + got, sizeof(RunResult) - got);
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
-  close(fds[0]);
-  int wstatus = 0;
-  waitpid(pid, &wstatus, 0);
-  if (got != sizeof(RunResult)) {
-    result = RunResult{};
-    std::snprintf(result.error, sizeof(result.error), "the training process died (status %d)",
-                  wstatus);
-  }
-  return result;
+    r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  });
 }
 
 // The trainer's plan (trainer/run_plan.cc) for this run, with the child's baseline resident set.

@@ -43,13 +43,8 @@
 // tables on stdout and one machine-readable line "lora_benchmark: key=value ..."; the trainer's
 // progress lines and summary go to stderr. Exit status 0 when the LoRA run trained, 1 when it
 // failed (the error on stderr), 2 for bad flags.
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
-#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -72,6 +67,7 @@
 #include "base/status_macros.h"
 #include "base/thread_pool.h"
 #include "base/units.h"
+#include "benchmarks/internal/child_run.h"
 #include "chunk/operator_spec.h"
 #include "memory/backend.h"
 #include "memory/cpu_backend.h"
@@ -239,52 +235,41 @@ GptRunPlanOptions PlanOptions(const TrainConfig& c, const ModelConfig& model,
 
 // The trainer's run in a child process.
 RunResult Train(const TrainConfig& config) {
-  RunResult result;
-  int fds[2];
-  if (pipe(fds) != 0) {
-    std::snprintf(result.error, sizeof(result.error), "pipe failed");
-    return result;
-  }
-  std::cout.flush();
-  std::cerr.flush();
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    auto r = std::make_unique<RunResult>();
+  return benchmarks_internal::RunInChild<RunResult>([&](RunResult& r) {
     const absl::Time start = absl::Now();
     if (absl::StatusOr<HostMemoryInfo> info = ReadHostMemoryInfo(); info.ok()) {
-      r->host_baseline_bytes = info->process_resident_bytes;
+      r.host_baseline_bytes = info->process_resident_bytes;
     }
     TrainerEnvironment env;
     env.out = &std::cerr;  // progress lines and the summary, apart from the tables
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(config, env);
     absl::Status status = trainer.status();
-    r->create_s = absl::ToDoubleSeconds(absl::Now() - start);
+    r.create_s = absl::ToDoubleSeconds(absl::Now() - start);
     if (absl::StatusOr<HostMemoryInfo> info = ReadHostMemoryInfo(); info.ok()) {
-      r->host_created_bytes = info->process_resident_bytes;
+      r.host_created_bytes = info->process_resident_bytes;
     }
     if (status.ok()) status = (*trainer)->Run();
     if (status.ok()) {
       const TrainSummary& s = (*trainer)->summary();
-      r->accelerator_peak_total_bytes = s.accelerator_peak_total_bytes;
-      r->accelerator_peak_model_bytes = s.accelerator_peak_model_bytes;
-      r->accelerator_peak_non_model_bytes = s.accelerator_peak_non_model_bytes;
-      r->loaded_bytes = s.loaded_bytes;
-      r->written_back_bytes = s.written_back_bytes;
-      r->frozen_writeback_bytes = s.frozen_writeback_bytes;
-      r->loads = s.loads;
-      r->write_backs = s.write_backs;
-      r->clean_evictions = s.clean_evictions;
-      r->prefetches = s.prefetches;
-      r->prefetch_hits = s.prefetch_hits;
-      r->pressure_reclaims = s.pressure_reclaims;
-      r->rank_model_data_bytes = s.rank_model_data_bytes;
-      r->trainer_plan_accelerator_peak_bytes = s.planned_accelerator_peak_bytes;
-      r->trainer_plan_host_peak_bytes = s.planned_host_peak_bytes;
+      r.accelerator_peak_total_bytes = s.accelerator_peak_total_bytes;
+      r.accelerator_peak_model_bytes = s.accelerator_peak_model_bytes;
+      r.accelerator_peak_non_model_bytes = s.accelerator_peak_non_model_bytes;
+      r.loaded_bytes = s.loaded_bytes;
+      r.written_back_bytes = s.written_back_bytes;
+      r.frozen_writeback_bytes = s.frozen_writeback_bytes;
+      r.loads = s.loads;
+      r.write_backs = s.write_backs;
+      r.clean_evictions = s.clean_evictions;
+      r.prefetches = s.prefetches;
+      r.prefetch_hits = s.prefetch_hits;
+      r.pressure_reclaims = s.pressure_reclaims;
+      r.rank_model_data_bytes = s.rank_model_data_bytes;
+      r.trainer_plan_accelerator_peak_bytes = s.planned_accelerator_peak_bytes;
+      r.trainer_plan_host_peak_bytes = s.planned_host_peak_bytes;
       const std::vector<StepMetrics>& h = (*trainer)->history();
-      r->steps = static_cast<int>(std::min<size_t>(h.size(), kMaxSteps));
-      for (int i = 0; i < r->steps; ++i) {
-        StepRecord& out = r->step[i];
+      r.steps = static_cast<int>(std::min<size_t>(h.size(), kMaxSteps));
+      for (int i = 0; i < r.steps; ++i) {
+        StepRecord& out = r.step[i];
         out.warmup = h[i].warmup;
         out.loss = h[i].loss;
         out.step_ms = h[i].step_ms;
@@ -298,41 +283,15 @@ RunResult Train(const TrainConfig& config) {
         out.accelerator_peak_total_bytes = h[i].accelerator_peak_total_bytes;
       }
     }
-    r->ok = status.ok();
+    r.ok = status.ok();
     if (!status.ok()) {
-      std::snprintf(r->error, sizeof(r->error), "%s", std::string(status.message()).c_str());
+      std::snprintf(r.error, sizeof(r.error), "%s", std::string(status.message()).c_str());
     }
     if (absl::StatusOr<HostMemoryInfo> info = ReadHostMemoryInfo(); info.ok()) {
-      r->host_peak_bytes = info->process_peak_resident_bytes;
+      r.host_peak_bytes = info->process_peak_resident_bytes;
     }
-    r->seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    const char* p = reinterpret_cast<const char*>(r.get());
-    for (size_t done = 0; done < sizeof(RunResult);) {
-      const ssize_t n = write(fds[1], p + done, sizeof(RunResult) - done);
-      if (n <= 0) break;
-      done += static_cast<size_t>(n);
-    }
-    _exit(0);
-  }
-  close(fds[1]);
-  char* p = reinterpret_cast<char*>(&result);
-  size_t got = 0;
-  while (got < sizeof(RunResult)) {
-    const ssize_t n = read(fds[0], p + got, sizeof(RunResult) - got);
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
-  close(fds[0]);
-  int wstatus = 0;
-  waitpid(pid, &wstatus, 0);
-  if (got != sizeof(RunResult)) {
-    result = RunResult{};
-    std::snprintf(
-        result.error, sizeof(result.error), "the training process died (wait status %d%s)", wstatus,
-        WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL ? ": SIGKILL, likely the OOM killer"
-                                                             : "");
-  }
-  return result;
+    r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  });
 }
 
 // --- Yardsticks ---------------------------------------------------------------------------------

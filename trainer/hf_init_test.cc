@@ -12,15 +12,12 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "base/testing/status_matchers.h"
 #include "base/units.h"
@@ -29,6 +26,7 @@
 #include "model/hf_checkpoint.h"
 #include "model/model_config.h"
 #include "trainer/config.h"
+#include "trainer/testing/hf_model_dir.h"
 #include "trainer/testing/test_files.h"
 #include "trainer/trainer.h"
 
@@ -37,6 +35,7 @@ namespace {
 
 using ::ps::trainer_testing::FreshTempDir;
 using ::ps::trainer_testing::ReadFile;
+using ::ps::trainer_testing::WriteTinyHfModel;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
@@ -113,27 +112,6 @@ ModelConfig TinyGpt2() {
   return c;
 }
 
-// transformers-like initial values: norms 1, biases 0, weights N(0, 0.02) (seeded per tensor and
-// piece: any deterministic values do).
-absl::Status WriteModel(const std::string& dir, const ModelConfig& config) {
-  return WriteHfCheckpoint(
-      dir, config, DType::kF32,
-      ConvertingFill(
-          [](const TensorSpec& t, int64_t first, absl::Span<float> out) -> absl::Status {
-            if (absl::StrContains(t.name, "norm") || absl::StrContains(t.name, "ln_")) {
-              std::fill(out.begin(), out.end(), 1.0f);
-            } else if (absl::EndsWith(t.name, ".bias")) {
-              std::fill(out.begin(), out.end(), 0.0f);
-            } else {
-              std::mt19937_64 gen(std::hash<std::string>()(t.name) ^ static_cast<uint64_t>(first));
-              std::normal_distribution<double> normal(0.0, 0.02);
-              for (float& v : out) v = static_cast<float>(normal(gen));
-            }
-            return absl::OkStatus();
-          },
-          DType::kF32));
-}
-
 // Synthetic corpus, micro batch 4 x 32 tokens, chunk size "auto", an accelerator cap of 1 MiB:
 // below each Llama-family model's f32 model data (~1.7 MB).
 TrainConfig HfConfig(const std::string& init_from) {
@@ -164,7 +142,7 @@ TEST(HfInit, EveryArchitectureTrainsUnderACapBelowItsModelDataAndExports) {
     SCOPED_TRACE(model.name);
     const std::string root = FreshTempDir("hf_init", model.name);
     const std::string dir = root + "/model", exported = root + "/exported";
-    ASSERT_OK(WriteModel(dir, model));
+    ASSERT_OK(WriteTinyHfModel(dir, model, /*seed=*/0));
     TrainConfig c = HfConfig(dir);
     c.checkpoint.export_path = exported;
     // GPT-2's 4E-wide MLP keeps more activations than the Llama blocks' SwiGLU of 2E: the plan
@@ -202,7 +180,7 @@ TEST(HfInit, ImportExportRoundTripIsBitExact) {
     SCOPED_TRACE(model.name);
     const std::string root = FreshTempDir("hf_round_trip", model.name);
     const std::string dir = root + "/model", exported = root + "/exported";
-    ASSERT_OK(WriteModel(dir, model));
+    ASSERT_OK(WriteTinyHfModel(dir, model, /*seed=*/0));
     TrainConfig c = HfConfig(dir);
     c.steps = 1;
     c.accelerator.memory_bytes =
@@ -274,7 +252,7 @@ TEST(HfInit, TrainsTheQwen3DirectoryTransformersWrote) {
 TEST(HfInit, ResumeOfALlamaRunIsBitExact) {
   const std::string root = FreshTempDir("hf_resume", "qwen2");
   const std::string dir = root + "/model";
-  ASSERT_OK(WriteModel(dir, TinyQwen2()));
+  ASSERT_OK(WriteTinyHfModel(dir, TinyQwen2(), /*seed=*/0));
   TrainConfig straight = HfConfig(dir);
   straight.steps = 6;
   straight.checkpoint.dir = root + "/straight";
@@ -313,7 +291,7 @@ TEST(HfInit, ResumeOfALlamaRunIsBitExact) {
 TEST(HfInit, AContradictingModelSectionIsRefusedNamingBoth) {
   const std::string root = FreshTempDir("hf_contradict", "llama");
   const std::string dir = root + "/model";
-  ASSERT_OK(WriteModel(dir, TinyLlama()));
+  ASSERT_OK(WriteTinyHfModel(dir, TinyLlama(), /*seed=*/0));
   TrainConfig c = HfConfig(dir);
   c.model.num_layers = 3;  // hidden stays the default's 128; config.json says 64
   EXPECT_THAT(Trainer::Create(c, {}).status(),
@@ -327,7 +305,7 @@ TEST(HfInit, AContradictingModelSectionIsRefusedNamingBoth) {
 TEST(HfInit, NoModelSectionNeededAndSeqLenIsCheckedAgainstConfigJson) {
   const std::string root = FreshTempDir("hf_no_model", "llama");
   const std::string dir = root + "/model";
-  ASSERT_OK(WriteModel(dir, TinyLlama()));
+  ASSERT_OK(WriteTinyHfModel(dir, TinyLlama(), /*seed=*/0));
   TrainConfig c = HfConfig(dir);
   c.model = TrainModelConfig{};
   c.model.activation_checkpointing = true;  // as the default model section (1 MiB cap)
@@ -346,7 +324,7 @@ TEST(HfInit, NoModelSectionNeededAndSeqLenIsCheckedAgainstConfigJson) {
 TEST(HfInit, MalformedDirectoriesNameTheFileAndKey) {
   const std::string root = FreshTempDir("hf_malformed", "llama");
   const std::string dir = root + "/model";
-  ASSERT_OK(WriteModel(dir, TinyLlama()));
+  ASSERT_OK(WriteTinyHfModel(dir, TinyLlama(), /*seed=*/0));
   // config.json with an activation the project does not compute.
   std::string json = ReadFile(dir + "/config.json");
   const size_t key = json.find("\"silu\"");

@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -21,18 +20,17 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/types/span.h"
 #include "base/testing/status_matchers.h"
 #include "base/units.h"
 #include "chunk/chunk_type.h"
 #include "gtest/gtest.h"
-#include "memory/dtype.h"
 #include "model/gpt_model.h"
 #include "model/hf_checkpoint.h"
 #include "model/lora_config.h"
 #include "model/model_config.h"
 #include "model/peft_adapter.h"
 #include "trainer/config.h"
+#include "trainer/testing/hf_model_dir.h"
 #include "trainer/testing/test_files.h"
 #include "trainer/trainer.h"
 
@@ -40,6 +38,7 @@ namespace ps {
 namespace {
 
 using ::ps::trainer_testing::FreshTempDir;
+using ::ps::trainer_testing::WriteTinyHfModel;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
@@ -76,28 +75,6 @@ ModelConfig TinyGpt2() {
   c.tie_word_embeddings = true;
   c.hidden_act = HiddenAct::kGeluTanh;
   return c;
-}
-
-// transformers-like values: norms 1, biases 0, weights N(0, 0.02) seeded by `seed`, the tensor's
-// name and piece.
-absl::Status WriteModel(const std::string& dir, const ModelConfig& config, uint64_t seed = 1) {
-  return WriteHfCheckpoint(
-      dir, config, DType::kF32,
-      ConvertingFill(
-          [seed](const TensorSpec& t, int64_t first, absl::Span<float> out) -> absl::Status {
-            if (absl::StrContains(t.name, "norm") || absl::StrContains(t.name, "ln_")) {
-              std::fill(out.begin(), out.end(), 1.0f);
-            } else if (absl::EndsWith(t.name, ".bias")) {
-              std::fill(out.begin(), out.end(), 0.0f);
-            } else {
-              std::mt19937_64 gen(std::hash<std::string>()(t.name) ^ static_cast<uint64_t>(first) ^
-                                  (seed * 0x9E3779B97F4A7C15ULL));
-              std::normal_distribution<double> normal(0.0, 0.02);
-              for (float& v : out) v = static_cast<float>(normal(gen));
-            }
-            return absl::OkStatus();
-          },
-          DType::kF32));
 }
 
 std::vector<std::string> AttentionTargets(const ModelConfig& model) {
@@ -171,7 +148,7 @@ TEST(LoraTrain, TrainsAdaptersWhileTheBaseStaysBitIdenticalAndIsNeverWrittenBack
   for (const ModelConfig& model : {TinyLlama(), TinyGpt2()}) {
     SCOPED_TRACE(model.name);
     const std::string root = FreshTempDir("lora_train", model.name);
-    ASSERT_OK(WriteModel(root + "/base", model));
+    ASSERT_OK(WriteTinyHfModel(root + "/base", model, /*seed=*/1));
     ASSERT_OK_AND_ASSIGN(const TrainConfig c, AtPlanMinimum(LoraConfigFor(model, root + "/base")));
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<Trainer> trainer, Trainer::Create(c, {}));
     const std::map<std::string, std::vector<float>> before = BaseTensors(trainer->model());
@@ -213,7 +190,7 @@ TEST(LoraTrain, ExportsAPeftAdapterAndAMergedModelWithTheSameLoss) {
     SCOPED_TRACE(model.name);
     const std::string root = FreshTempDir("lora_export", model.name);
     const std::string base = root + "/base";
-    ASSERT_OK(WriteModel(base, model));
+    ASSERT_OK(WriteTinyHfModel(base, model, /*seed=*/1));
     TrainConfig c = LoraConfigFor(model, base);
     c.steps = 5;
     c.checkpoint.export_path = root + "/adapter";
@@ -272,7 +249,7 @@ TEST(LoraTrain, ResumeContinuesBitForBitWithDropout) {
   const ModelConfig model = TinyLlama();
   const std::string root = FreshTempDir("lora_resume", model.name);
   const std::string base = root + "/base";
-  ASSERT_OK(WriteModel(base, model));
+  ASSERT_OK(WriteTinyHfModel(base, model, /*seed=*/1));
   TrainConfig c = LoraConfigFor(model, base);
   c.steps = 6;
   c.lora->lora_dropout = 0.1;
@@ -314,8 +291,8 @@ TEST(LoraTrain, ResumeContinuesBitForBitWithDropout) {
 TEST(LoraTrain, ResumeRefusesAnotherBaseOrAnotherLoraConfig) {
   const ModelConfig model = TinyLlama();
   const std::string root = FreshTempDir("lora_resume_refused", model.name);
-  ASSERT_OK(WriteModel(root + "/base", model, 1));
-  ASSERT_OK(WriteModel(root + "/other", model, 2));
+  ASSERT_OK(WriteTinyHfModel(root + "/base", model, /*seed=*/1));
+  ASSERT_OK(WriteTinyHfModel(root + "/other", model, /*seed=*/2));
   TrainConfig c = LoraConfigFor(model, root + "/base");
   c.steps = 1;
   c.checkpoint.dir = root + "/ckpt";
@@ -351,7 +328,7 @@ TEST(LoraTrain, ResumeRefusesAnotherBaseOrAnotherLoraConfig) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("lora.r 4 (this run: 8)")));
 
   // The same base from another path resumes (the fingerprint is the weights', not the path's).
-  ASSERT_OK(WriteModel(root + "/copy", model, 1));
+  ASSERT_OK(WriteTinyHfModel(root + "/copy", model, /*seed=*/1));
   TrainConfig copy = c;
   copy.checkpoint.init_from = root + "/copy";
   copy.checkpoint.resume = true;
@@ -367,7 +344,7 @@ TEST(LoraTrain, ResumeRefusesAnotherBaseOrAnotherLoraConfig) {
 TEST(LoraTrain, BadLoraConfigsAreRefusedNamingTheKey) {
   const ModelConfig model = TinyLlama();
   const std::string root = FreshTempDir("lora_errors", model.name);
-  ASSERT_OK(WriteModel(root + "/base", model));
+  ASSERT_OK(WriteTinyHfModel(root + "/base", model, /*seed=*/1));
   TrainConfig unknown = LoraConfigFor(model, root + "/base");
   unknown.lora->target_modules = {"q_proj", "query"};
   EXPECT_THAT(Trainer::Create(unknown, {}).status(),
@@ -388,7 +365,7 @@ TEST(LoraTrain, BadLoraConfigsAreRefusedNamingTheKey) {
 TEST(LoraTrain, Bf16WithGradientAccumulationAndDropoutTrains) {
   const ModelConfig model = TinyLlama();
   const std::string root = FreshTempDir("lora_bf16", model.name);
-  ASSERT_OK(WriteModel(root + "/base", model));
+  ASSERT_OK(WriteTinyHfModel(root + "/base", model, /*seed=*/1));
   TrainConfig c = LoraConfigFor(model, root + "/base");
   c.bf16 = true;
   c.gradient_accumulation_steps = 2;
@@ -412,7 +389,7 @@ TEST(LoraTrain, Bf16WithGradientAccumulationAndDropoutTrains) {
 TEST(LoraTrain, PlanBracketsTheMeasuredPeaksAndIsFarBelowAFullFineTune) {
   const ModelConfig model = TinyLlama();
   const std::string root = FreshTempDir("lora_plan", model.name);
-  ASSERT_OK(WriteModel(root + "/base", model));
+  ASSERT_OK(WriteTinyHfModel(root + "/base", model, /*seed=*/1));
   TrainConfig c = LoraConfigFor(model, root + "/base");
   c.bf16 = true;
   c.steps = 3;
