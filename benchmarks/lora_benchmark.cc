@@ -196,18 +196,6 @@ absl::StatusOr<ModelConfig> ResolveModelConfig(const TrainConfig& c) {
   return ModelPreset(c.model.preset);
 }
 
-// trainer/config.h LoraSettings in model/lora_config.h's terms (the same PEFT names).
-LoraConfig ToLoraConfig(const LoraSettings& s) {
-  LoraConfig l;
-  l.r = s.r;
-  l.lora_alpha = s.lora_alpha;
-  l.lora_dropout = s.lora_dropout;
-  l.target_modules = s.target_modules;
-  l.bias = s.bias;
-  l.modules_to_save = s.modules_to_save;
-  return l;
-}
-
 // The trainer's pre-flight plan (trainer/run_plan.cc) of `c` on the emulated accelerator, one
 // rank, no export, with `resident_bytes` already resident.
 GptRunPlanOptions PlanOptions(const TrainConfig& c, const ModelConfig& model,

@@ -52,6 +52,17 @@ bool LoraSettings::all_linear() const {
   return target_modules.size() == 1 && target_modules[0] == kLoraAllLinear;
 }
 
+LoraConfig ToLoraConfig(const LoraSettings& settings) {
+  LoraConfig lora;
+  lora.r = settings.r;
+  lora.lora_alpha = settings.lora_alpha;
+  lora.lora_dropout = settings.lora_dropout;
+  lora.target_modules = settings.target_modules;
+  lora.bias = settings.bias;
+  lora.modules_to_save = settings.modules_to_save;
+  return lora;
+}
+
 PrecisionMode TrainConfig::precision() const {
   if (fp16.enabled) return PrecisionMode::kF16;
   if (bf16) return PrecisionMode::kBF16;

@@ -265,6 +265,10 @@ struct LoraSettings {
   friend bool operator==(const LoraSettings&, const LoraSettings&) = default;
 };
 
+// `settings` as model/lora_config.h's LoraConfig (the same PEFT names; "all-linear" is passed
+// through, which ValidateLoraConfig expands), without init_from (the trainer's to read).
+LoraConfig ToLoraConfig(const LoraSettings& settings);
+
 struct TrainConfig {
   int64_t train_batch_size = 0;  // 0 = derived: micro * accum * world
   int64_t train_micro_batch_size_per_gpu = 1;

@@ -78,17 +78,6 @@ absl::Status ResolveModel(TrainRun& run) {
   return absl::OkStatus();
 }
 
-LoraConfig ToLoraConfig(const LoraSettings& settings) {
-  LoraConfig lora;
-  lora.r = settings.r;
-  lora.lora_alpha = settings.lora_alpha;
-  lora.lora_dropout = settings.lora_dropout;
-  lora.target_modules = settings.target_modules;
-  lora.bias = settings.bias;
-  lora.modules_to_save = settings.modules_to_save;
-  return lora;
-}
-
 absl::Status ResolveLora(TrainRun& run) {
   if (!run.config.lora.has_value()) return absl::OkStatus();
   LoraConfig lora = ToLoraConfig(*run.config.lora);

@@ -17,10 +17,6 @@ namespace trainer_internal {
 // (naming both keys and values).
 [[nodiscard]] absl::Status ResolveModel(TrainRun& run);
 
-// The lora section (if any) as model/lora_config.h's LoraConfig (same names; "all-linear" is
-// passed through, which ValidateLoraConfig expands), without lora.init_from (the trainer's).
-LoraConfig ToLoraConfig(const LoraSettings& settings);
-
 // Sets run.lora from the lora section and checks it against run.model_config
 // (ValidateLoraConfig): unknown target modules (listing the model's linear layers), r larger than
 // a targeted layer, modules_to_save that the model lacks, ... as InvalidArgument whose message
