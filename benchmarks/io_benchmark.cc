@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/crc32c.h"
 #include "benchmark/benchmark.h"
 #include "trainer/io/checkpoint_dir.h"
-#include "trainer/io/crc32c.h"
 #include "trainer/io/trace_writer.h"
 
 namespace ps {

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/crc32c.h"
 #include "base/file_io.h"
 #include "base/mutex.h"
 #include "base/status_macros.h"
@@ -23,7 +24,6 @@
 #include "disk/io_engine.h"
 #include "disk/swap_dir.h"
 #include "glog/logging.h"
-#include "trainer/io/crc32c.h"
 
 namespace ps {
 namespace {

@@ -18,7 +18,7 @@
 //    an odd-sized slot takes that path.
 //  - A short transfer (fewer bytes than asked, not an error) is continued with the rest. A read
 //    that returns 0 bytes before the slot's end is a short read: DataLoss.
-//  - The CRC-32C (trainer/io/crc32c.h) of a write is taken from the source on the I/O thread while
+//  - The CRC-32C (base/crc32c.h) of a write is taken from the source on the I/O thread while
 //    the write is in flight (the source may not change before Wait) and becomes the slot's when
 //    the write completes; a read's bytes are checksummed on the I/O thread once they all arrived,
 //    and Wait() compares: DataLoss naming the file, the slot and the offset on a mismatch. Both

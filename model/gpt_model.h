@@ -277,12 +277,14 @@ class GptModel {
   [[nodiscard]] absl::Status SaveMergedHfCheckpoint(const std::string& dir, DType dtype,
                                                     const HfExportOptions& options = {}) const;
   // LoRA only. A digest of the frozen base: 16 hex digits of a 64-bit hash over, per frozen
-  // tensor in ParameterNames order, its name, shape, the compute dtype's name and its stored
-  // values (read through the staged reader as their exact f32 conversions, in pieces of 2^20).
-  // The hash is FNV-1a over 64-bit words: from h = 0xcbf29ce484222325, each piece of bytes is
-  // taken as little-endian words (the last one zero-padded) and then its byte count, each word w
-  // as h = ((h ^ w) * 0x100000001b3), h ^= h >> 32. Stable across runs and machines (checkpoints
-  // store it).
+  // tensor in operator order (whole Hugging Face tensors, whatever the vocabulary split), the
+  // pieces: its name, one NUL byte, each dimension as an int64, the compute dtype's name, and
+  // its stored values (read through the staged reader as their exact f32 conversions, in pieces
+  // of 2^20 values). The hash is FNV-1a over 64-bit words: from h = 0xcbf29ce484222325, each
+  // piece of bytes is taken as little-endian words (the last one zero-padded) and then its byte
+  // count, each word w as h = ((h ^ w) * 0x100000001b3), h ^= h >> 32. Stable across runs and
+  // machines (checkpoints store it; model/base_fingerprint_test holds golden digests computed
+  // from this comment by model/testdata/make_base_fingerprint_golden.py).
   // Two bases hash equal iff (barring collisions) they hold the same frozen tensors with the same
   // stored values. Outside an iteration; FailedPrecondition for world size > 1 (no rank holds the
   // whole base).

@@ -397,11 +397,15 @@ TEST(LoraTrain, PlanBracketsTheMeasuredPeaksAndIsFarBelowAFullFineTune) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Trainer> lora, Trainer::Create(c, {}));
   ASSERT_OK(lora->Run());
   const TrainSummary& s = lora->summary();
+  // Measured on this tiny Llama: the accelerator peak 0.978 of the predicted peak, the host's
+  // model data exactly the plan's; the bounds leave room for a scheduling difference, not for a
+  // plan that is off by more than a few percent.
   EXPECT_LE(s.accelerator_peak_total_bytes, s.planned_accelerator_bytes);
-  EXPECT_GT(s.accelerator_peak_total_bytes, s.planned_accelerator_peak_bytes / 2)
+  EXPECT_GE(s.accelerator_peak_total_bytes, 0.95 * s.planned_accelerator_peak_bytes)
       << "planned peak " << s.planned_accelerator_peak_bytes;
   EXPECT_LE(s.host_peak_model_bytes, s.planned_host_model_data_bytes);
-  EXPECT_GT(s.host_peak_model_bytes, s.planned_host_model_data_bytes / 2);
+  EXPECT_GE(s.host_peak_model_bytes, 0.99 * s.planned_host_model_data_bytes)
+      << "planned host model data " << s.planned_host_model_data_bytes;
   // The base's 2 B/param are most of the LoRA run's host model data.
   EXPECT_GE(s.planned_host_model_data_bytes, 2 * ModelParameterCount(model));
 

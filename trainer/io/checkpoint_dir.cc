@@ -28,11 +28,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "base/mutex.h"
+#include "base/crc32c.h"
 #include "base/file_io.h"
+#include "base/mutex.h"
 #include "base/status_macros.h"
 #include "glog/logging.h"
-#include "trainer/io/crc32c.h"
 
 namespace ps {
 namespace {

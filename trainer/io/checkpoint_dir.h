@@ -17,7 +17,7 @@
 //   RETURN_IF_ERROR(w.WriteFile("rng.bin", bytes));          // or: write w.FilePath("params.bin")
 //   RETURN_IF_ERROR(w.AddFile("params.bin"));                //     yourself, then AddFile it
 //   ASSIGN_OR_RETURN(std::string dir, w.Commit({{"step", step}, {"tokens_seen", n}}));
-// Commit() re-reads every file, computing its size and CRC-32C (trainer/io/crc32c.h: hardware
+// Commit() re-reads every file, computing its size and CRC-32C (base/crc32c.h: hardware
 // CRC-32C runs at memory speed, so the re-read costs about as much as reading the page cache),
 // fsyncs each file, writes and fsyncs the manifest, fsyncs the temporary directory, renames it to
 // step-<N> (renameat2 RENAME_NOREPLACE: an existing committed step is never overwritten,

@@ -18,10 +18,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/crc32c.h"
 #include "base/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "trainer/io/checkpoint_dir.h"
-#include "trainer/io/crc32c.h"
 
 namespace ps {
 namespace {

@@ -1,4 +1,4 @@
-#include "trainer/io/crc32c.h"
+#include "base/crc32c.h"
 
 #include <array>
 #include <bit>

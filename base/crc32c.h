@@ -14,8 +14,8 @@
 // Both give identical results for every input (tested against a bitwise reference).
 //
 // Thread safety: all functions are thread-safe.
-#ifndef PATRICKSTAR_TRAINER_IO_CRC32C_H_
-#define PATRICKSTAR_TRAINER_IO_CRC32C_H_
+#ifndef PATRICKSTAR_BASE_CRC32C_H_
+#define PATRICKSTAR_BASE_CRC32C_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -46,4 +46,4 @@ uint32_t ExtendBitwise(uint32_t crc, const void* data, size_t size);
 
 }  // namespace ps
 
-#endif  // PATRICKSTAR_TRAINER_IO_CRC32C_H_
+#endif  // PATRICKSTAR_BASE_CRC32C_H_
