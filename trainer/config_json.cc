@@ -28,6 +28,21 @@ OrderedJson BytesToJson(int64_t bytes) {
   return bytes;
 }
 
+// Removes every object member whose value is "" (at any depth; list elements stay): an unset path
+// is an empty string in TrainConfig, and the parser refuses "" (json_reader.h GetString), so it is
+// written as the key left out, which parses back to the same default.
+void DropEmptyStrings(OrderedJson& j) {
+  if (!j.is_object()) return;
+  for (auto it = j.begin(); it != j.end();) {
+    if (it->is_string() && it->get_ref<const std::string&>().empty()) {
+      it = j.erase(it);
+    } else {
+      DropEmptyStrings(*it);
+      ++it;
+    }
+  }
+}
+
 }  // namespace
 
 std::string TrainConfigToJson(const TrainConfig& c) {
@@ -130,6 +145,7 @@ std::string TrainConfigToJson(const TrainConfig& c) {
                             {"modules_to_save", l.modules_to_save},
                             {"init_from", l.init_from}};
   }
+  DropEmptyStrings(j);
   // Strings that are not UTF-8 (only possible from overrides; ValidateTrainConfig rejects them)
   // are written with U+FFFD instead of throwing.
   return j.dump(2, ' ', false, OrderedJson::error_handler_t::replace);

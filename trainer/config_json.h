@@ -15,7 +15,9 @@ namespace ps {
 // as "8MiB"-style strings when a whole number of KiB/MiB/GiB/TiB, else integers; chunk.size 0 as
 // "auto"; scheduler params only those of its type (none and no section for kNone); warmup_max_lr
 // omitted when -1; train_batch_size omitted when 0; the lora section only when set, its
-// target_modules as the string "all-linear" for PEFT's shorthand, else a list. For a config that
+// target_modules as the string "all-linear" for PEFT's shorthand, else a list; a string key whose
+// value is empty (a path not set: data.train, checkpoint.dir, profile.metrics, model.preset, ...)
+// left out, since the parser refuses "" and the key's absence is the same default. For a config that
 // passes the per-key checks, ParseTrainConfig(TrainConfigToJson(c)) == c (scheduler params that do
 // not apply to its type are not written, so they come back as defaults).
 std::string TrainConfigToJson(const TrainConfig& config);

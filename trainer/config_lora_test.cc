@@ -442,13 +442,6 @@ TEST(LoraConfigTest, BadFlagValuesNameTheFlagAndLeaveTheConfig) {
          o.lora_target_modules = "q_proj,,v_proj";
        },
        "--lora_target_modules=q_proj,,v_proj: give comma-separated module names"},
-      {[](ConfigOverrides& o) {
-         o.lora_r = 8;
-         o.lora_init_from = "";
-       },
-       "--lora_init_from=: give the PEFT adapter directory"},
-      {[](ConfigOverrides& o) { o.export_merged = ""; },
-       "--export_merged=: give the directory for the merged"},
   };
   for (const auto& k : kCases) {
     SCOPED_TRACE(k.message);

@@ -80,20 +80,8 @@ absl::Status ApplyLoraOverrides(const ConfigOverrides& o, TrainConfig* c) {
     }
     c->lora->target_modules = std::move(names);
   }
-  if (o.lora_init_from.has_value()) {
-    if (o.lora_init_from->empty()) {
-      return BadFlag("lora_init_from", "",
-                     "give the PEFT adapter directory to continue from (adapter_config.json + "
-                     "adapter_model.safetensors)");
-    }
-    c->lora->init_from = *o.lora_init_from;
-  }
-  if (o.export_merged.has_value()) {
-    if (o.export_merged->empty()) {
-      return BadFlag("export_merged", "", "give the directory for the merged Hugging Face model");
-    }
-    c->checkpoint.export_merged = *o.export_merged;
-  }
+  if (o.lora_init_from.has_value()) c->lora->init_from = *o.lora_init_from;
+  if (o.export_merged.has_value()) c->checkpoint.export_merged = *o.export_merged;
   return absl::OkStatus();
 }
 
@@ -185,10 +173,6 @@ absl::Status ApplyOverrides(const ConfigOverrides& o, TrainConfig* config) {
     c.train_batch_size = 0;  // derived from the flag, never contradicting it
   }
   if (o.nvme_path.has_value()) {
-    if (o.nvme_path->empty()) {
-      return bad("nvme_path", *o.nvme_path,
-                 "give the directory for the disk tier's swap files (a local SSD)");
-    }
     c.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
     c.zero_optimization.offload_optimizer.nvme_path = *o.nvme_path;
   }

@@ -13,7 +13,10 @@
 
 namespace ps {
 
-// Overrides from command-line flags; unset fields leave the file's value.
+// Overrides from command-line flags; unset fields leave the file's value. Strings are taken as they
+// are: "" sets the key to empty, which in TrainConfig means "not set". The train binary never
+// passes one: it refuses a flag given an empty value (`--train_data=`, or `--train_data=$DATA` with
+// DATA unset) before, naming the flag (train.cc RefuseEmptyFlags, the one place for every flag).
 //   model               a preset name; also clears model's explicit dimensions (they belonged to
 //                       the file's model), keeping activation_checkpointing
 //   train_data, val_data, init_from, save_dir (checkpoint.dir), metrics_out (profile.metrics),
@@ -25,16 +28,16 @@ namespace ps {
 //   micro_batch_size    >= 1; also resets train_batch_size to 0 (derived), so a file's
 //                       train_batch_size cannot contradict the flag
 //   gradient_accumulation_steps  >= 1; also resets train_batch_size to 0, like micro_batch_size
-//   nvme_path           a directory (not empty): the disk tier — sets
+//   nvme_path           a directory: the disk tier — sets
 //                       zero_optimization.offload_optimizer.device "nvme" and its nvme_path
 //                       (ValidateTrainConfig checks the directory)
 //   lora_r              >= 1: lora.r; turns LoRA on (a lora section with PEFT's defaults) when the
 //                       config has no lora section
 //   lora_alpha (> 0, finite), lora_dropout ([0, 1)), lora_target_modules (comma-separated module
-//   names, or all-linear), lora_init_from (a directory, not empty): the lora section's keys. Each
+//   names, or all-linear), lora_init_from (a directory): the lora section's keys. Each
 //                       needs a rank: a lora section in the config or lora_r, else InvalidArgument
 //                       naming the flag (a --lora_* flag alone does not turn LoRA on)
-//   export_merged       a directory (not empty): checkpoint.export_merged (ValidateTrainConfig
+//   export_merged       a directory: checkpoint.export_merged (ValidateTrainConfig
 //                       refuses it without a lora section)
 struct ConfigOverrides {
   std::optional<std::string> model, train_data, val_data, init_from, accelerator,

@@ -74,6 +74,27 @@ TEST(ParseTrainConfigTest, EveryKeyPathIsAcceptedAndLands) {
   }
 }
 
+// An empty string is never "not given": at every key that takes a string (a path, a name, an
+// enum, a size), "" is refused naming the key; leaving the key out is the default.
+TEST(ParseTrainConfigTest, AnEmptyStringIsRefusedAtEveryKeyNamingIt) {
+  const std::map<std::string, KeySample> samples = KeySamples();
+  int string_keys = 0;
+  for (const std::string& path : TrainConfigKeyPaths()) {
+    auto it = samples.find(path);
+    ASSERT_NE(it, samples.end()) << path;
+    if (!it->second.value.is_string()) continue;
+    ++string_keys;
+    const Json doc = DocFor(path, "");
+    SCOPED_TRACE(doc.dump());
+    EXPECT_THAT(Parse(doc.dump()),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("`", path, "` = string \"\""))));
+  }
+  // data.train/val, checkpoint.dir/init_from/export/export_merged, profile.trace/metrics,
+  // model.preset, nvme_path, lora.bias/init_from, and the enums and sizes written as strings.
+  EXPECT_GE(string_keys, 12);
+}
+
 TEST(ParseTrainConfigTest, KeyPathsAreUniqueAndNamed) {
   std::vector<std::string> paths = TrainConfigKeyPaths();
   EXPECT_THAT(paths, testing::Contains("optimizer.params.betas"));

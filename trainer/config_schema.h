@@ -2,11 +2,16 @@
 // commonly use instead (suggested in errors), the DeepSpeed keys that are accepted and ignored, the
 // enum names, and the sanity bounds shared by parsing, validation and overrides.
 //
+// No string key takes "": every one names a path or a value, and an empty one is refused naming
+// the key (json_reader.h GetString); a key left out is its default (for the paths: not set).
+//
 // The file format. DeepSpeed's keys, spelled as DeepSpeed spells them:
 //
-//   train_batch_size                  int > 0; optional (derived: micro x accumulation x world)
+//   train_batch_size                  int > 0; optional (derived: micro x accumulation x world);
+//                                     given, it must equal that product, checked with the real
+//                                     world size (under mpirun once the ranks have joined)
 //   train_micro_batch_size_per_gpu    int >= 1
-//   gradient_accumulation_steps       int >= 1: micro-batches per optimizer step (> 1: backend cpu)
+//   gradient_accumulation_steps       int >= 1: micro-batches per optimizer step (absent: 1)
 //   optimizer: {type: "Adam" | "AdamW" (case-insensitive),
 //               params: {lr, betas: [b1, b2], eps, weight_decay,
 //                        adam_w_mode (bool; with "Adam": true = decoupled decay, i.e. AdamW),

@@ -593,12 +593,14 @@ absl::StatusOr<ModelConfig> ResolveTrainModel(const TrainModelConfig& m) {
   return FromGptConfig(g);
 }
 
-absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
+absl::Status ValidateTrainConfig(const TrainConfig& c, std::optional<int> known_world_size) {
   RETURN_IF_ERROR(CheckTrainConfigValues(c));
-  if (world_size < 1) {
+  if (known_world_size.has_value() && *known_world_size < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("world size must be >= 1 ranks, got ", world_size));
+        absl::StrCat("world size must be >= 1 ranks, got ", *known_world_size));
   }
+  // Not known yet: the bounds below take a world of one (the trainer checks them again).
+  const int world_size = known_world_size.value_or(1);
   if (c.steps < 1) {
     return BadValue("train_steps", c.steps,
                     "must be > 0: set train_steps in the config or pass --steps");
@@ -607,7 +609,21 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, int world_size) {
     return absl::InvalidArgumentError(
         "`fp16.enabled` and `bf16.enabled` are both true; enable at most one (neither: f32)");
   }
-  if (c.train_batch_size > 0) {
+  if (c.train_batch_size > 0 && !known_world_size.has_value()) {
+    // Whatever the world size, train_batch_size must be a multiple of micro x accumulation.
+    const double per_rank = static_cast<double>(c.train_micro_batch_size_per_gpu) *
+                            static_cast<double>(c.gradient_accumulation_steps);
+    const double ranks = static_cast<double>(c.train_batch_size) / per_rank;
+    if (ranks != std::floor(ranks)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "`train_batch_size` = ", c.train_batch_size,
+          " is not a multiple of train_micro_batch_size_per_gpu (", c.train_micro_batch_size_per_gpu,
+          ") x gradient_accumulation_steps (", c.gradient_accumulation_steps, ") = ",
+          FormatShortestDouble(per_rank),
+          ", so no world size makes train_batch_size = micro x accumulation x world size; fix one "
+          "of them or omit train_batch_size to derive it"));
+    }
+  } else if (c.train_batch_size > 0) {
     // Both factors are bounded by the checks above only from below; compare in floating point.
     const double derived = static_cast<double>(c.train_micro_batch_size_per_gpu) *
                            static_cast<double>(c.gradient_accumulation_steps) * world_size;

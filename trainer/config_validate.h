@@ -8,6 +8,7 @@
 #define PATRICKSTAR_TRAINER_CONFIG_VALIDATE_H_
 
 #include <functional>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -44,7 +45,15 @@ namespace ps {
 // (legal: benchmarks). Whether the model has lora.target_modules and r fits its layers is
 // model/lora_config.h ValidateLoraConfig's (the trainer's). Last (after every other check), for
 // zero_optimization.offload_optimizer.device "nvme": CheckNvmePath; then CheckLoraInitFrom.
-[[nodiscard]] absl::Status ValidateTrainConfig(const TrainConfig& config, int world_size = 1);
+//
+// `world_size`: the data-parallel ranks of the run. std::nullopt when it is not known yet — the
+// train binary under mpirun validates before its ranks have joined (the communicator is made
+// after the config is known good): the batch check is then only that train_batch_size is a
+// multiple of micro x accumulation (no world size could satisfy it otherwise), and the trainer
+// (Trainer::Create, once the communicator exists and before any work) checks the product with the
+// real world size, as DeepSpeed's _batch_assertion does.
+[[nodiscard]] absl::Status ValidateTrainConfig(const TrainConfig& config,
+                                               std::optional<int> world_size = 1);
 
 // For zero_optimization.offload_optimizer.device "nvme" (the disk tier; OK for any other device):
 // nvme_path must name an existing directory this process may create files in. InvalidArgument

@@ -302,6 +302,11 @@ absl::Status JsonReader::GetString(const Json& obj, absl::string_view path, absl
   const Json* v = Find(obj, key);
   if (v == nullptr) return absl::OkStatus();
   if (!v->is_string()) return TypeError(JoinKeyPath(path, key), "a string", *v);
+  if (v->get_ref<const std::string&>().empty()) {
+    return ValueError(JoinKeyPath(path, key), *v,
+                      "an empty string is not a value: give one, or leave the key out for its "
+                      "default");
+  }
   *out = v->get<std::string>();
   return absl::OkStatus();
 }

@@ -91,6 +91,9 @@ class JsonReader {
                                          absl::string_view key) const;
 
   // Each reads `obj[key]` (its path is JoinKeyPath(path, key)) into `out` when present.
+  // GetString refuses "" (InvalidArgument naming the key): every string key of the config names a
+  // path or a value, and an empty one is a mistake (a template's unset variable), never "not
+  // given" — leaving the key out is.
   [[nodiscard]] absl::Status GetBool(const Json& obj, absl::string_view path, absl::string_view key,
                                      bool* out) const;
   [[nodiscard]] absl::Status GetString(const Json& obj, absl::string_view path,

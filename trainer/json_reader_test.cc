@@ -125,6 +125,12 @@ TEST(JsonReader, GettersReadPresentKeysAndNameWrongTypes) {
   EXPECT_THAT(r.GetSection(pet, kPet, "name"), StatusIs(kInvalid, HasSubstr("must be an object")));
   ASSERT_OK_AND_ASSIGN(const Json* none, r.GetSection(pet, kPet, "missing"));
   EXPECT_EQ(none, nullptr);
+  // An empty string is refused naming the key, and leaves the output alone.
+  const Json unnamed = Json::parse(R"({"name": ""})");
+  EXPECT_THAT(r.GetString(unnamed, "pet", "name", &name),
+              StatusIs(kInvalid, HasSubstr("`pet.name` = string \"\": an empty string is not a "
+                                           "value")));
+  EXPECT_EQ(name, "Rex");
 }
 
 TEST(JsonMessages, DescribeQuoteAndShortestDoubles) {

@@ -9,9 +9,15 @@
 // Exit codes: 0 after training (also after a SIGINT/SIGTERM, which finishes the current step
 // and writes a checkpoint when checkpoint.dir / --save_dir is set); 1 when the run failed
 // (including a run that diverged: Inf/NaN loss or gradients, or fp16 weights that are no longer
-// finite; and an input that cannot be read); 2 for a bad config or flag — one
-// that cannot be parsed, an unknown one, a stray argument, a bad value, or outputs that would
-// overwrite an input — reported before any work is done.
+// finite; and an input that cannot be read); 2 for a mistake in the flags or the config found
+// before training — a flag that cannot be parsed, an unknown one, a stray argument, a flag given
+// an empty value, a bad value (InvalidArgument), something the config asks for that this program
+// does not implement (Unimplemented), or outputs that would overwrite an input — reported before
+// any work is done.
+//
+// An empty value is never "not given": `--train_data=` (or `--train_data=$DATA` with DATA unset)
+// is refused naming the flag, for every flag of this program (RefuseEmptyFlags); a flag left out
+// keeps the config's value.
 //
 // Data parallelism: `mpirun -np N bazel-bin/trainer/train ...` runs N ranks of one run (the mpi
 // communicator, --comm=auto; nccl when --accelerator=cuda); see trainer/trainer.h. A rank that
@@ -32,6 +38,7 @@
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/parse.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
@@ -57,7 +64,7 @@
 
 ABSL_FLAG(std::string, config, "",
           "DeepSpeed-format JSON config file (with this project's model/chunk/accelerator/data/"
-          "checkpoint/profile sections). Empty: the embedded default run.");
+          "checkpoint/profile sections). Left out: the embedded default run.");
 ABSL_FLAG(std::string, model, "",
           "Model preset, trained from a seeded random init; replaces the config's model "
           "dimensions. GPT-2: tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, 1B ... 18B; the Llama "
@@ -119,39 +126,56 @@ ABSL_FLAG(std::string, comm, "auto",
 namespace ps {
 namespace {
 
-std::optional<std::string> NonEmpty(const std::string& s) {
-  if (s.empty()) return std::nullopt;
-  return s;
+// The flags this program defines (not absl's own), by name: those registered from this file.
+std::vector<absl::CommandLineFlag*> OwnFlags() {
+  std::vector<absl::CommandLineFlag*> own;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (flag->Filename() == __FILE__) own.push_back(flag);
+  }
+  std::sort(own.begin(), own.end(), [](const absl::CommandLineFlag* a,
+                                       const absl::CommandLineFlag* b) {
+    return a->Name() < b->Name();
+  });
+  return own;
 }
 
-// The flags of this program, for "did you mean".
-constexpr absl::string_view kOwnFlags[] = {"config",
-                                           "model",
-                                           "train_data",
-                                           "val_data",
-                                           "init_from",
-                                           "steps",
-                                           "seq_len",
-                                           "micro_batch_size",
-                                           "gradient_accumulation_steps",
-                                           "accelerator",
-                                           "accelerator_memory",
-                                           "chunk_size",
-                                           "save_dir",
-                                           "resume",
-                                           "metrics_out",
-                                           "trace_out",
-                                           "nvme_path",
-                                           "seed",
-                                           "lora_r",
-                                           "lora_alpha",
-                                           "lora_dropout",
-                                           "lora_target_modules",
-                                           "lora_init_from",
-                                           "export_merged",
-                                           "print_config",
-                                           "comm",
-                                           "help"};
+// Whether `flag` was given (on the command line or in a --flagfile), with any value. absl's
+// CommandLineFlag keeps this private in abseil 20220623; its parser's record of the flags it saw
+// is flags_internal::WasPresentOnCommandLine (valid after absl::ParseCommandLine).
+bool WasGiven(absl::string_view flag) {
+  return absl::flags_internal::WasPresentOnCommandLine(flag);
+}
+
+// A string flag's value when it was given, else std::nullopt (the config's value stays).
+std::optional<std::string> Given(const absl::Flag<std::string>& flag) {
+  if (!WasGiven(absl::GetFlagReflectionHandle(flag).Name())) return std::nullopt;
+  return absl::GetFlag(flag);
+}
+
+// An empty value is a mistake (an unset shell variable: --train_data=$DATA), never "not given":
+// InvalidArgument naming the first flag of this program given one. Covers every flag defined
+// here: a string's empty value, and an optional number's (absl parses "" as "no value"); a
+// boolean's "" does not parse (CheckArguments). REQUIRES: absl::ParseCommandLine has run.
+absl::Status RefuseEmptyFlags() {
+  for (const absl::CommandLineFlag* flag : OwnFlags()) {
+    if (!WasGiven(flag->Name()) || !flag->CurrentValue().empty()) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag->Name(), " is empty: give it a value, or leave the flag out (an empty value is "
+        "never taken as \"not given\"; an unset shell variable, as in --", flag->Name(),
+        "=$VAR, expands to nothing)"));
+  }
+  return absl::OkStatus();
+}
+
+// The exit status of a problem found before training (README, docs/training.md#exit-status): 2
+// for a mistake in the flags or the config — a bad value (InvalidArgument) or something this
+// program does not implement (Unimplemented) — else 1 (an input that cannot be read, the machine).
+int ExitCodeBeforeTraining(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kInvalidArgument ||
+                 status.code() == absl::StatusCode::kUnimplemented
+             ? 2
+             : 1;
+}
 
 size_t EditDistance(absl::string_view a, absl::string_view b) {
   std::vector<size_t> row(b.size() + 1);
@@ -209,13 +233,15 @@ absl::Status CheckArguments(int argc, char** argv) {
       if (negated != nullptr && negated->IsOfType<bool>()) continue;  // --noresume
     }
     if (flag == nullptr || flag->IsRetired()) {
-      absl::string_view nearest;
+      std::string nearest;
       size_t best = 3;  // suggest only close spellings
-      for (absl::string_view known : kOwnFlags) {
-        const size_t d = EditDistance(name, known);
+      std::vector<std::string> known = {"help"};
+      for (const absl::CommandLineFlag* own : OwnFlags()) known.emplace_back(own->Name());
+      for (const std::string& candidate : known) {
+        const size_t d = EditDistance(name, candidate);
         if (d < best) {
           best = d;
-          nearest = known;
+          nearest = candidate;
         }
       }
       return absl::InvalidArgumentError(
@@ -258,6 +284,10 @@ int Main(int argc, char** argv) {
     return 2;
   }
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = RefuseEmptyFlags(); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return 2;
+  }
   const std::string comm_kind = absl::GetFlag(FLAGS_comm);
   if (comm_kind != "auto" && comm_kind != "local" && comm_kind != "mpi" && comm_kind != "nccl") {
     std::cerr << "error: --comm must be auto, local, mpi or nccl, got \"" << comm_kind << "\"\n";
@@ -265,25 +295,23 @@ int Main(int argc, char** argv) {
   }
 
   absl::StatusOr<TrainConfig> config = DefaultTrainConfig();
-  if (!absl::GetFlag(FLAGS_config).empty()) {
-    config = LoadTrainConfig(absl::GetFlag(FLAGS_config));
-  }
+  if (WasGiven("config")) config = LoadTrainConfig(absl::GetFlag(FLAGS_config));
   if (!config.ok()) {
     std::cerr << "error: " << config.status().message() << "\n";
     return 2;
   }
   ConfigOverrides o;
-  o.model = NonEmpty(absl::GetFlag(FLAGS_model));
-  o.train_data = NonEmpty(absl::GetFlag(FLAGS_train_data));
-  o.val_data = NonEmpty(absl::GetFlag(FLAGS_val_data));
-  o.init_from = NonEmpty(absl::GetFlag(FLAGS_init_from));
-  o.accelerator = NonEmpty(absl::GetFlag(FLAGS_accelerator));
-  o.accelerator_memory = NonEmpty(absl::GetFlag(FLAGS_accelerator_memory));
-  o.chunk_size = NonEmpty(absl::GetFlag(FLAGS_chunk_size));
-  o.save_dir = NonEmpty(absl::GetFlag(FLAGS_save_dir));
-  o.metrics_out = NonEmpty(absl::GetFlag(FLAGS_metrics_out));
-  o.trace_out = NonEmpty(absl::GetFlag(FLAGS_trace_out));
-  o.nvme_path = NonEmpty(absl::GetFlag(FLAGS_nvme_path));
+  o.model = Given(FLAGS_model);
+  o.train_data = Given(FLAGS_train_data);
+  o.val_data = Given(FLAGS_val_data);
+  o.init_from = Given(FLAGS_init_from);
+  o.accelerator = Given(FLAGS_accelerator);
+  o.accelerator_memory = Given(FLAGS_accelerator_memory);
+  o.chunk_size = Given(FLAGS_chunk_size);
+  o.save_dir = Given(FLAGS_save_dir);
+  o.metrics_out = Given(FLAGS_metrics_out);
+  o.trace_out = Given(FLAGS_trace_out);
+  o.nvme_path = Given(FLAGS_nvme_path);
   o.steps = absl::GetFlag(FLAGS_steps);
   o.seq_len = absl::GetFlag(FLAGS_seq_len);
   o.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
@@ -293,16 +321,13 @@ int Main(int argc, char** argv) {
   o.lora_r = absl::GetFlag(FLAGS_lora_r);
   o.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
   o.lora_dropout = absl::GetFlag(FLAGS_lora_dropout);
-  o.lora_target_modules = NonEmpty(absl::GetFlag(FLAGS_lora_target_modules));
-  o.lora_init_from = NonEmpty(absl::GetFlag(FLAGS_lora_init_from));
-  o.export_merged = NonEmpty(absl::GetFlag(FLAGS_export_merged));
+  o.lora_target_modules = Given(FLAGS_lora_target_modules);
+  o.lora_init_from = Given(FLAGS_lora_init_from);
+  o.export_merged = Given(FLAGS_export_merged);
   absl::Status status = ApplyOverrides(o, &*config);
-  if (status.ok()) status = ValidateTrainConfig(*config);
   if (!status.ok()) {
-    // A bad value is the config's (2); an input that cannot be read (checkpoint.init_from
-    // missing, a symlink loop, not safetensors) fails as it does when the trainer reads it (1).
     std::cerr << "error: " << status.message() << "\n";
-    return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    return ExitCodeBeforeTraining(status);
   }
   // Which communicator (comm/communicator_factory.h): --comm=auto picks nccl for cuda under
   // mpirun, --comm=mpi with cuda under mpirun is refused, nccl ranks take their GPU by local rank.
@@ -312,6 +337,17 @@ int Main(int argc, char** argv) {
   if (!comm_choice.ok()) {
     std::cerr << "error: " << comm_choice.status().message() << "\n";
     return 2;
+  }
+  // Under mpirun the world size is known once the ranks have joined (the communicator, made
+  // below): until then train_batch_size is checked only as far as any world size allows, and
+  // Trainer::Create checks micro x accumulation x world before any work (DeepSpeed's rule).
+  const bool world_known = comm_choice->kind.empty() || !MpiCommunicator::LaunchedByMpirun();
+  status = ValidateTrainConfig(*config, world_known ? std::optional<int>(1) : std::nullopt);
+  if (!status.ok()) {
+    // A bad value is the config's (2); an input that cannot be read (checkpoint.init_from
+    // missing, a symlink loop, not safetensors) fails as it does when the trainer reads it (1).
+    std::cerr << "error: " << status.message() << "\n";
+    return ExitCodeBeforeTraining(status);
   }
   if (comm_choice->kind == "nccl") {
     // The build, the config and the machine, before any work (config_validate.h).
@@ -323,7 +359,7 @@ int Main(int argc, char** argv) {
     });
     if (!status.ok()) {
       std::cerr << "error: " << status.message() << "\n";
-      return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+      return ExitCodeBeforeTraining(status);
     }
   }
   if (absl::GetFlag(FLAGS_print_config)) {
@@ -375,7 +411,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*config, env);
   if (!trainer.ok()) {
     std::cerr << "error: " << trainer.status().message() << "\n";
-    return trainer.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    return ExitCodeBeforeTraining(trainer.status());
   }
   status = (*trainer)->Run();
   std::cout.flush();

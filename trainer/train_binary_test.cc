@@ -11,12 +11,15 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -260,6 +263,161 @@ TEST(TrainBinary, EveryUnparseableFlagExitsTwoNamingIt) {
   const Result r = RunToEnd({"--steps", "7", "--noresume", "-seed=3", "--print_config"}, dir);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("\"train_steps\": 7"));
+}
+
+// The flags trainer/train.cc defines, from `train --helpfull` (absl lists them under "Flags from
+// trainer/train.cc:"), with whether each is a boolean.
+std::map<std::string, bool> FlagsOfTheBinary(const std::string& dir) {
+  const Result r = RunToEnd({"--helpfull"}, dir);
+  std::map<std::string, bool> flags;
+  bool in_section = false;
+  std::string current;
+  for (absl::string_view line : absl::StrSplit(r.out + r.err, '\n')) {
+    const absl::string_view trimmed = absl::StripLeadingAsciiWhitespace(line);
+    if (absl::StartsWith(trimmed, "Flags from ")) {
+      in_section = absl::StrContains(trimmed, "trainer/train.cc");
+      continue;
+    }
+    if (!in_section) continue;
+    // A flag's first line is indented by 4 spaces; its wrapped help by more (and may start with
+    // a flag it mentions, as --comm's does).
+    if (absl::StartsWith(line, "    --")) {
+      const size_t end = trimmed.find_first_of(" (");
+      current = std::string(trimmed.substr(2, end == absl::string_view::npos ? end : end - 2));
+      flags[current] = false;
+    }
+    // A boolean's default is printed as false or true, unquoted: "default: false;".
+    if (!current.empty() && (absl::StrContains(line, "default: false;") ||
+                             absl::StrContains(line, "default: true;"))) {
+      flags[current] = true;
+    }
+  }
+  return flags;
+}
+
+// An empty value is never "not given": every flag of the binary given an empty value — `--flag=`
+// or `--flag ""`, as `--train_data=$DATA` with DATA unset gives — exits 2 before any work, naming
+// the flag. (It used to train the default run on the synthetic corpus and exit 0.)
+TEST(TrainBinary, EveryFlagGivenAnEmptyValueExitsTwoNamingIt) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "empty_flags");
+  const std::map<std::string, bool> flags = FlagsOfTheBinary(dir);
+  for (const char* expected : {"config", "train_data", "val_data", "init_from", "nvme_path",
+                               "save_dir", "metrics_out", "trace_out", "lora_init_from",
+                               "export_merged", "comm", "steps", "seed", "resume"}) {
+    ASSERT_TRUE(flags.count(expected)) << "--helpfull does not list --" << expected;
+  }
+  const std::string metrics = dir + "/metrics.jsonl";
+  for (const auto& [flag, boolean] : flags) {
+    SCOPED_TRACE(flag);
+    for (const std::vector<std::string>& args :
+         {std::vector<std::string>{"--" + flag + "=", "--steps=1", "--metrics_out=" + metrics},
+          std::vector<std::string>{"--" + flag, "", "--steps=1", "--metrics_out=" + metrics}}) {
+      if (boolean && args[1].empty()) continue;  // `--resume ""`: a boolean takes no next value
+      if (flag == "steps" || flag == "metrics_out") continue;  // given twice below
+      const Result r = RunToEnd(args, dir);
+      EXPECT_EQ(r.exit_code, 2) << r.err;
+      EXPECT_THAT(r.err, HasSubstr("--" + flag));
+      if (!boolean) {
+        EXPECT_THAT(r.err, HasSubstr("--" + flag + " is empty"));
+        EXPECT_THAT(r.err, HasSubstr("unset shell variable"));
+      }
+      EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step ")));
+      EXPECT_FALSE(std::filesystem::exists(metrics));
+    }
+  }
+  for (const char* flag : {"steps", "metrics_out"}) {
+    const Result r = RunToEnd({absl::StrCat("--", flag, "=")}, dir);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(absl::StrCat("--", flag, " is empty")));
+  }
+  // The issue's command: `train --config= --train_data=$DATA` with DATA unset.
+  const Result r = RunToEnd({"--config=", "--train_data="}, dir);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--config is empty"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step ")));
+  // A flag left out is "not given", and a value is a value.
+  const Result given = RunToEnd({"--steps=3", "--print_config"}, dir);
+  EXPECT_EQ(given.exit_code, 0) << given.err;
+}
+
+// An empty string in the config file is refused naming the key (leaving the key out is "not
+// given"), exit 2 before any work.
+TEST(TrainBinary, AnEmptyStringInTheConfigExitsTwoNamingTheKey) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "empty_keys");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"data": {"train": ""}})", "`data.train` = string \"\""},
+      {R"({"data": {"val": ""}})", "`data.val` = string \"\""},
+      {R"({"checkpoint": {"init_from": ""}})", "`checkpoint.init_from` = string \"\""},
+      {R"({"checkpoint": {"dir": ""}})", "`checkpoint.dir` = string \"\""},
+      {R"({"profile": {"metrics": ""}})", "`profile.metrics` = string \"\""},
+      {R"({"model": {"preset": ""}})", "`model.preset` = string \"\""},
+      {R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": ""}}})",
+       "`zero_optimization.offload_optimizer.nvme_path` = string \"\""},
+      {R"({"lora": {"r": 4, "target_modules": "all-linear", "init_from": ""}})",
+       "`lora.init_from` = string \"\""},
+      {R"({"accelerator": {"memory": ""}})", "`accelerator.memory` = string \"\""},
+  };
+  for (const auto& [json, expected] : cases) {
+    SCOPED_TRACE(json);
+    std::ofstream(dir + "/config.json") << json;
+    const Result r = RunToEnd({"--config=" + dir + "/config.json", "--steps=1"}, dir);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(expected));
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step ")));
+  }
+}
+
+// Something the config asks for that this program does not implement, found before training
+// (here a Hugging Face config.json's hidden_act, read when the trainer is built) exits 2, as a
+// mistake in the config (README: "2 for a mistake in flags or config found before training").
+TEST(TrainBinary, AnUnimplementedFeatureFoundBeforeTrainingExitsTwo) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "unimplemented");
+  const std::string hf = dir + "/qwen3";
+  std::filesystem::create_directories(hf);
+  std::ofstream(hf + "/config.json") << R"({"model_type": "qwen3", "vocab_size": 256,
+    "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "max_position_embeddings": 128, "tie_word_embeddings": true, "hidden_act": "relu"})";
+  const std::string metrics = dir + "/metrics.jsonl";
+  const Result r =
+      RunToEnd({"--init_from=" + hf, "--steps=1", "--metrics_out=" + metrics}, dir);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("hidden_act"));
+  EXPECT_THAT(r.err, HasSubstr("relu"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step ")));
+}
+
+// Every flag the binary defines has a row in docs/training.md's flags table, and every row names
+// a flag the binary defines.
+TEST(TrainBinary, EveryFlagIsInTheDocsFlagsTable) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "docs_flags");
+  std::set<std::string> binary;
+  for (const auto& [flag, boolean] : FlagsOfTheBinary(dir)) binary.insert(flag);
+  ASSERT_GE(binary.size(), 20u);
+  const std::string docs = ReadFile(trainer_testing::Runfile("docs/training.md"));
+  ASSERT_FALSE(docs.empty());
+  // The table under "## Flags": rows "| `--name...` ...", the first cell naming one or more flags.
+  const size_t section = docs.find("\n## Flags\n");
+  ASSERT_NE(section, std::string::npos) << "docs/training.md has no \"## Flags\" section";
+  const size_t next = docs.find("\n## ", section + 1);
+  std::set<std::string> documented;
+  for (absl::string_view line :
+       absl::StrSplit(absl::string_view(docs).substr(section, next - section), '\n')) {
+    if (!absl::StartsWith(line, "| `--")) continue;
+    const absl::string_view cell = line.substr(1, line.find('|', 1) - 1);
+    for (absl::string_view piece : absl::StrSplit(cell, '`', absl::SkipEmpty())) {
+      if (!absl::StartsWith(piece, "--")) continue;
+      piece.remove_prefix(2);
+      documented.insert(std::string(piece.substr(0, piece.find_first_of("=[ "))));
+    }
+  }
+  for (const std::string& flag : binary) {
+    EXPECT_TRUE(documented.count(flag)) << "--" << flag << " is missing from docs/training.md";
+  }
+  for (const std::string& flag : documented) {
+    EXPECT_TRUE(binary.count(flag)) << "docs/training.md documents --" << flag
+                                    << ", which the binary does not define";
+  }
 }
 
 // --print_config from a Hugging Face directory: stdout is the config JSON alone, and stderr says

@@ -10,6 +10,8 @@
 //    losses of 4 straight steps exactly; resuming on 1 rank is refused naming world_size.
 //  - Gradient accumulation: 2 ranks x 2 micro-batches of 2 train like 1 rank with batch 8 and
 //    like 2 ranks with micro-batch 4 (losses 1e-5, gradient norms 1e-4 relative, same lr).
+//  - DeepSpeed's train_batch_size = micro x accumulation x world size holds under 2 ranks (with
+//    and without gradient_accumulation_steps), a mismatch exits 2 naming the numbers.
 //  - Killing one rank (SIGKILL) makes the job exit non-zero, before the watchdog would end it.
 //  - A Hugging Face Llama directory (--init_from=DIR): 2 ranks train like 1 rank, and the export
 //    gathers every rank's tensors into the directory (bit-exact after a step at lr 0).
@@ -199,6 +201,55 @@ TEST(ZeroTraining, CheckpointAndResumeUnderTwoRanksIsBitExact) {
   r = RunSingle(single, absl::Seconds(120));
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("world_size 2 (this run: 1)"));
+}
+
+// DeepSpeed's batch arithmetic, train_batch_size = micro x accumulation x world size, checked
+// once the ranks have joined: a config written for two ranks trains under `mpirun -np 2`, with
+// and without gradient_accumulation_steps (absent: 1, which is what DeepSpeed derives here,
+// 8 / 4 / 2); a real mismatch is refused (exit 2) naming the three numbers and the world size,
+// before any step; and one process still checks the product with world size 1.
+TEST(ZeroTraining, DeepSpeedBatchSizeIsCheckedWithTheWorldSize) {
+  const std::string dir = TempDir() + "/batch";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto config = [&](const std::string& name, const std::string& batch_keys) {
+    const std::string path = dir + "/" + name + ".json";
+    std::ofstream(path) << R"({"model": {"preset": "tiny"}, "train_steps": 1,
+        "data": {"seq_len": 32}, "accelerator": {"memory": "64MiB"}, )"
+                        << batch_keys << "}";
+    return path;
+  };
+  const std::string without_accumulation =
+      config("two_ranks", R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 4)");
+  const std::string with_accumulation =
+      config("two_ranks_acc", R"("train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
+          "gradient_accumulation_steps": 2)");
+  for (const std::string& path : {without_accumulation, with_accumulation}) {
+    SCOPED_TRACE(path);
+    const SubprocessResult r =
+        RunMpi(2, {TrainBinary(), "--config=" + path}, absl::Seconds(300));
+    EXPECT_EQ(r.exit_code, 0) << DescribeExit(r) << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr("data parallel (ZeRO): 2 ranks"));
+    EXPECT_THAT(r.output, HasSubstr("step     1/1"));
+  }
+  // A mismatch only the world size shows: 12 is a multiple of 4 x 1, but not 4 x 1 x 2.
+  const std::string mismatch =
+      config("mismatch", R"("train_batch_size": 12, "train_micro_batch_size_per_gpu": 4)");
+  SubprocessResult r = RunMpi(2, {TrainBinary(), "--config=" + mismatch}, absl::Seconds(300));
+  EXPECT_EQ(r.exit_code, 2) << DescribeExit(r) << "\n" << r.output;
+  EXPECT_THAT(r.output, HasSubstr("12 != 4 * 1 * 2"));
+  EXPECT_THAT(r.output, HasSubstr("world size (2)"));
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("step     1/")));  // no training step ran
+  // One no world size satisfies is refused before the ranks join.
+  const std::string never =
+      config("never", R"("train_batch_size": 10, "train_micro_batch_size_per_gpu": 4)");
+  r = RunMpi(2, {TrainBinary(), "--config=" + never}, absl::Seconds(300));
+  EXPECT_EQ(r.exit_code, 2) << DescribeExit(r) << "\n" << r.output;
+  EXPECT_THAT(r.output, HasSubstr("`train_batch_size` = 10 is not a multiple of"));
+  // One process: the world size is 1, known from the start.
+  r = RunSingle({"--config=" + without_accumulation}, absl::Seconds(300));
+  EXPECT_EQ(r.exit_code, 2) << DescribeExit(r) << "\n" << r.output;
+  EXPECT_THAT(r.output, HasSubstr("8 != 4 * 1 * 1"));
 }
 
 TEST(ZeroTraining, KillingOneRankEndsTheJob) {
