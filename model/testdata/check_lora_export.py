@@ -84,7 +84,8 @@ def load_hf(directory):
     if rope is not None and int(transformers.__version__.split(".")[0]) < 5:
         rope = dict(rope)
         overrides["rope_theta"] = rope.pop("rope_theta")
-        overrides["rope_scaling"] = None if rope.get("rope_type") == "default" else rope
+        if rope.get("rope_type") != "default":  # transformers 4.40's Qwen2 has no rope_scaling
+            overrides["rope_scaling"] = rope
     # transformers before 4.56 names the argument torch_dtype.
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
     overrides["dtype" if (major, minor) >= (4, 56) else "torch_dtype"] = torch.float32

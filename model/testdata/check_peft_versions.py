@@ -24,16 +24,38 @@ Exits 1 when a training run or a check fails.
 
 Recorded run, 2026-12-07 (branch h-peft, issue #35; python 3.11.7 in both environments, CPU):
   # /work/venv-peft010: pip install torch==2.2.2 transformers==4.40.2 peft==0.10.0
-  #   accelerate==0.28.0 safetensors "numpy<2"  (the oldest peft that this issue names; transformers
-  #   of its era, which has no "llama3" RoPE scaling (added in 4.43), so hf_tiny_llama is checked
-  #   with peft 0.10 only under the newer transformers below)
+  #   accelerate==0.28.0 safetensors "numpy<2"  (the oldest peft this issue names, with a
+  #   transformers and torch of its era; transformers 4.40 has no "llama3" RoPE scaling, which
+  #   came in 4.43, so hf_tiny_llama is checked with peft 0.10 under transformers 4.43.4:)
+  # /work/venv-peft010-tf443/python: a shell wrapper, PYTHONPATH=/work/tf443 exec
+  #   /work/venv-peft010/bin/python "$@", after pip install --no-deps --target /work/tf443
+  #   transformers==4.43.4  (peft 0.10.0, torch 2.2.2, transformers 4.43.4)
   # /work/venv-peftnew: pip install torch==2.15.0 peft==0.21.2 transformers==4.57.6 safetensors
-  #   numpy  (the newest peft on PyPI that day)
+  #   numpy  (the newest peft on PyPI that day; torch 2.15.0+cu132 run on the CPU)
   bazel build //trainer:train
   python3 model/testdata/check_peft_versions.py --train=bazel-bin/trainer/train \
       --out=/tmp/peft_versions --check=/work/venv-peft010/bin/python:qwen2,gpt2 \
-      --check=/work/venv-peftnew/bin/python
-  RESULTS_PLACEHOLDER
+      --check=/work/venv-peft010-tf443/python --check=/work/venv-peftnew/bin/python
+  # adapter_config.json as written (base_model_name_or_path: the absolute --init_from):
+  #   llama {base_model_name_or_path, lora_alpha 8, lora_dropout 0.1, modules_to_save
+  #          ["lm_head"], peft_type LORA, r 4, target_modules "all-linear", task_type CAUSAL_LM}
+  #   qwen2 {base_model_name_or_path, lora_alpha 5, peft_type, r 2, target_modules [q_proj,
+  #          v_proj, down_proj], task_type}
+  #   gpt2  {base_model_name_or_path, fan_in_fan_out true, lora_alpha 6.5, lora_dropout 0.05,
+  #          peft_type, r 4, target_modules [c_attn, c_proj, c_fc], task_type}
+  # Every check OK, the same numbers under each peft (logits: peft's adapter over the base vs
+  # the trainer's merged export; loss: peft vs the trainer's val_loss):
+  #   arch   trainer val_loss   peft 0.10.0 (tf 4.40.2 / 4.43.4)    peft 0.21.2 (tf 4.57.6)
+  #   llama  5.02666895344737   -- / logits 6.080e-06, loss 8.1e-08  logits 7.510e-06, loss 8.1e-08
+  #   qwen2  4.717926816083491  logits 2.742e-06, loss 3.5e-08       logits 2.742e-06, loss 3.5e-08
+  #   gpt2   4.37547226017341   logits 1.073e-06, loss 4.4e-08       logits 1.073e-06, loss 4.4e-08
+  #   (logit bounds 4.4e-05, 4.7e-05, 3.0e-05: 1e-5 of the largest logit; loss bound 1e-5
+  #   relative; the merged model's loss is within 1.4e-08 (llama), 3.5e-08, 4.4e-08.)
+  # peft 0.10's get_peft_model_state_dict (called by the check, not by from_pretrained) warns
+  # that it cannot reach the hub for base_model_name_or_path's config.json; peft 0.21.2 warns
+  # nothing. The same run with the trainer of main before this change (adapter_config.json with
+  # corda_config, eva_config, ...) fails under peft 0.10.0 as the issue says:
+  #   TypeError: LoraConfig.__init__() got an unexpected keyword argument 'corda_config'
 """
 import argparse
 import json
