@@ -130,9 +130,9 @@ void ExpectOnlyPeft010Keys(const Json& config) {
       "rank_pattern", "alpha_pattern", "megatron_config", "megatron_core", "loftq_config",
       "use_dora", "layer_replication"};
   for (const auto& [key, value] : config.items()) {
-    EXPECT_NE(std::find(std::begin(kPeft010LoraConfigFields), std::end(kPeft010LoraConfigFields),
-                        key),
-              std::end(kPeft010LoraConfigFields))
+    EXPECT_NE(
+        std::find(std::begin(kPeft010LoraConfigFields), std::end(kPeft010LoraConfigFields), key),
+        std::end(kPeft010LoraConfigFields))
         << key << " is not a field of peft 0.10's LoraConfig: peft 0.10 refuses the file";
   }
 }
@@ -189,8 +189,8 @@ TEST(PeftAdapterTest, LlamaRoundTripIsBitExact) {
   EXPECT_EQ(config["modules_to_save"], Json({"lm_head", "model.norm"}));
   EXPECT_EQ(config["base_model_name_or_path"], "hf/tiny-llama");
   EXPECT_THAT(Keys(config),
-              ElementsAre("base_model_name_or_path", "lora_alpha", "lora_dropout", "modules_to_save",
-                          "peft_type", "r", "target_modules", "task_type"));
+              ElementsAre("base_model_name_or_path", "lora_alpha", "lora_dropout",
+                          "modules_to_save", "peft_type", "r", "target_modules", "task_type"));
   ExpectOnlyPeft010Keys(config);
 
   absl::StatusOr<PeftAdapter> read = ReadPeftAdapter(dir, llama);
@@ -430,8 +430,11 @@ TEST(PeftAdapterTest, ConfigErrors) {
         j["use_bdlora"] = {{"target_modules_bd_a", {"q_proj"}}};
       },
       absl::StatusCode::kUnimplemented, "use_bdlora = ");
-  expect_error([](Json& j) { j["kasa_config"] = Json::object({{"x", 1}}); },
-               absl::StatusCode::kUnimplemented, "KaSA");
+  expect_error(
+      [](Json& j) {
+        j["kasa_config"] = Json::object({{"x", 1}});
+      },
+      absl::StatusCode::kUnimplemented, "KaSA");
   expect_error([](Json& j) { j["target_modules"] = ".*q_proj"; }, absl::StatusCode::kUnimplemented,
                "regular expression");
   expect_error([](Json& j) { j["target_modules"] = nullptr; }, absl::StatusCode::kInvalidArgument,
