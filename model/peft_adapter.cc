@@ -107,6 +107,12 @@ absl::StatusOr<LoraConfig> ParseConfig(const Json& config, absl::string_view pat
       {"layer_replication", "layer replication"},
       {"alora_invocation_tokens", "activated LoRA"},
       {"megatron_config", "Megatron layers"},
+      // LoRA variants of later releases (peft 0.21's LoraConfig) that change the forward or the
+      // base weights.
+      {"use_bdlora", "block-diagonal LoRA (BD-LoRA)"},
+      {"arrow_config", "Arrow routing"},
+      {"kasa_config", "KaSA (it truncates the base weights' singular values)"},
+      {"monteclora_config", "MonteCLoRA sampling"},
   };
   for (const Feature& f : kUnsupported) {
     if (!Unused(config, f.key)) {
@@ -117,7 +123,7 @@ absl::StatusOr<LoraConfig> ParseConfig(const Json& config, absl::string_view pat
   }
   if (config.contains("init_lora_weights") && config["init_lora_weights"].is_string()) {
     const std::string init = absl::AsciiStrToLower(config["init_lora_weights"].get<std::string>());
-    for (const char* rewrites : {"pissa", "olora", "corda", "loftq"}) {
+    for (const char* rewrites : {"pissa", "olora", "corda", "loftq", "lora_ga"}) {
       if (absl::StartsWith(init, rewrites)) {
         return ConfigError(
             absl::StatusCode::kUnimplemented, path,
@@ -205,48 +211,33 @@ std::vector<TensorSpec> PeftAdapterTensors(const ModelConfig& model, const LoraC
 absl::StatusOr<std::string> PeftAdapterConfigJson(const ModelConfig& model, const LoraConfig& lora,
                                                   absl::string_view base_model_name_or_path) {
   RETURN_IF_ERROR(ValidateLoraConfig(model, lora));
+  // Only keys peft 0.10's LoraConfig has (older releases raise TypeError on any other key; see
+  // the header). Always: what PEFT needs to rebuild the layers and their scale, even at PEFT's
+  // default, so that no change of a default can change the adapter. The rest only when it
+  // differs from PEFT's default (the same from 0.10 to today).
   Json j = Json::object();
-  j["alpha_pattern"] = Json::object();
-  j["auto_mapping"] = nullptr;
-  j["base_model_name_or_path"] =
-      base_model_name_or_path.empty() ? Json(nullptr) : Json(std::string(base_model_name_or_path));
-  j["bias"] = lora.bias;
-  j["corda_config"] = nullptr;
-  j["eva_config"] = nullptr;
-  j["exclude_modules"] = nullptr;
-  j["fan_in_fan_out"] = model.architecture() == ModelArchitecture::kGpt2;
-  j["inference_mode"] = true;
-  j["init_lora_weights"] = true;
-  j["layer_replication"] = nullptr;
-  j["layers_pattern"] = nullptr;
-  j["layers_to_transform"] = nullptr;
-  j["loftq_config"] = Json::object();
+  j["peft_type"] = "LORA";
+  j["task_type"] = "CAUSAL_LM";
+  j["r"] = lora.r;
   if (lora.lora_alpha == std::floor(lora.lora_alpha) && std::abs(lora.lora_alpha) < 0x1p53) {
     j["lora_alpha"] = static_cast<int64_t>(lora.lora_alpha);
   } else {
     j["lora_alpha"] = lora.lora_alpha;
   }
-  j["lora_bias"] = false;
-  j["lora_dropout"] = lora.lora_dropout;
-  j["megatron_config"] = nullptr;
-  j["megatron_core"] = "megatron.core";
-  j["modules_to_save"] = lora.modules_to_save.empty() ? Json(nullptr) : Json(lora.modules_to_save);
-  j["peft_type"] = "LORA";
-  j["qalora_group_size"] = 16;
-  j["r"] = lora.r;
-  j["rank_pattern"] = Json::object();
-  j["revision"] = nullptr;
   if (lora.target_modules.size() == 1 && lora.target_modules[0] == kLoraAllLinear) {
     j["target_modules"] = std::string(kLoraAllLinear);
   } else {
     j["target_modules"] = lora.target_modules;
   }
-  j["target_parameters"] = nullptr;
-  j["task_type"] = "CAUSAL_LM";
-  j["trainable_token_indices"] = nullptr;
-  j["use_dora"] = false;
-  j["use_qalora"] = false;
-  j["use_rslora"] = false;
+  if (!base_model_name_or_path.empty()) {
+    j["base_model_name_or_path"] = std::string(base_model_name_or_path);
+  }
+  if (lora.lora_dropout != 0) j["lora_dropout"] = lora.lora_dropout;
+  if (!lora.modules_to_save.empty()) j["modules_to_save"] = lora.modules_to_save;
+  // GPT-2's Conv1D stores W as [in, out]; PEFT sets fan_in_fan_out for Conv1D itself (with a
+  // warning when the config says false), so writing it only keeps PEFT quiet.
+  if (model.architecture() == ModelArchitecture::kGpt2) j["fan_in_fan_out"] = true;
+  if (lora.bias != "none") j["bias"] = lora.bias;  // ValidateLoraConfig allows only "none" today
   return j.dump(2);
 }
 

@@ -26,19 +26,19 @@
 // true for Conv1D and false for nn.Linear when it builds the layers, so the key is informational
 // when reading.
 //
-// adapter_config.json keys written: the dataclass fields of peft 0.17.1's LoraConfig (all of
-// which 0.18 still has), with PEFT's defaults for what this project does not use: alpha_pattern
-// {}, auto_mapping null, base_model_name_or_path, bias "none", corda_config null, eva_config
-// null, exclude_modules null, fan_in_fan_out (true for GPT-2), inference_mode true (as
-// save_pretrained sets it), init_lora_weights true, layer_replication null, layers_pattern null,
-// layers_to_transform null, loftq_config {}, lora_alpha (an integer when integral), lora_bias
-// false, lora_dropout, megatron_config null, megatron_core "megatron.core", modules_to_save (null
-// when empty), peft_type "LORA", qalora_group_size 16, r, rank_pattern {}, revision null,
-// target_modules (the list, or the string "all-linear", which PEFT expands when it loads),
-// target_parameters null, task_type "CAUSAL_LM", trainable_token_indices null, use_dora false,
-// use_qalora false, use_rslora false. Fields only 0.18 has (peft_version,
-// alora_invocation_tokens, arrow_config, ensure_weight_tying) are left out: 0.18 gives them their
-// defaults, and 0.17 would warn about unknown keys.
+// adapter_config.json keys written: only fields of peft 0.10.0's LoraConfig (src/peft/config.py
+// PeftConfig, src/peft/tuners/lora/config.py), because peft before 0.14 builds the config as
+// LoraConfig(**json) and raises TypeError on any key it does not have (corda_config,
+// eva_config, exclude_modules, lora_bias, peft_version, ... of later releases); later releases
+// give an absent key its default. Always written, even at PEFT's default, so that no change of a
+// default can change the adapter: peft_type "LORA", task_type "CAUSAL_LM" (PeftModel picks
+// PeftModelForCausalLM from it), r, lora_alpha (an integer when integral), target_modules (the
+// list, or the string "all-linear", which PEFT expands when it loads). Written only when not
+// PEFT's default (the same default in every release from 0.10 to 0.21): base_model_name_or_path
+// (null), lora_dropout (0.0), modules_to_save (null), fan_in_fan_out (false; true for GPT-2,
+// whose Conv1D PEFT would otherwise switch with a warning), bias ("none"). Everything else is
+// left to PEFT's defaults (inference_mode is set by PeftModel.from_pretrained itself). Checked by
+// loading an exported directory with peft 0.10.0 and 0.21.2: model/testdata/check_lora_export.py.
 //
 // Thread safety: pure functions; the writer replaces the directory atomically
 // (model/atomic_directory.h).
@@ -110,10 +110,10 @@ struct PeftAdapter {
 //   Unimplemented     PEFT features this project does not compute: use_dora, use_rslora,
 //                     lora_bias, use_qalora, rank_pattern / alpha_pattern, layers_to_transform,
 //                     exclude_modules, target_parameters, trainable_token_indices,
-//                     layer_replication, alora_invocation_tokens, megatron_config, a regular
-//                     expression as target_modules, init_lora_weights that rewrites the base
-//                     weights (pissa*, olora, corda, loftq), a tensor dtype other than
-//                     F32/F16/BF16;
+//                     layer_replication, alora_invocation_tokens, megatron_config, use_bdlora,
+//                     arrow_config, kasa_config, monteclora_config, a regular expression as
+//                     target_modules, init_lora_weights that rewrites the base weights (pissa*,
+//                     olora, corda, loftq, lora_ga), a tensor dtype other than F32/F16/BF16;
 //   DataLoss          a malformed safetensors file, a tensor holding Inf or NaN.
 // Keys PEFT has and this project ignores (fan_in_fan_out, revision, inference_mode, ...) are
 // ignored, as PEFT ignores unknown keys.

@@ -107,6 +107,36 @@ std::string WriteLlamaAdapter(const std::string& name, const ModelConfig& llama)
   return dir;
 }
 
+// The keys of a JSON object, sorted.
+std::vector<std::string> Keys(const Json& object) {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : object.items()) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+// Every field of peft 0.10.0's LoraConfig with its base classes (src/peft/config.py
+// PeftConfigMixin and PeftConfig, src/peft/tuners/lora/config.py LoraConfig, as released on
+// PyPI). peft before 0.14 builds the config with LoraConfig(**json), so any other key in
+// adapter_config.json is a TypeError there.
+void ExpectOnlyPeft010Keys(const Json& config) {
+  static const char* const kPeft010LoraConfigFields[] = {
+      // PeftConfigMixin, PeftConfig
+      "peft_type", "auto_mapping", "base_model_name_or_path", "revision", "task_type",
+      "inference_mode",
+      // LoraConfig
+      "r", "target_modules", "lora_alpha", "lora_dropout", "fan_in_fan_out", "bias", "use_rslora",
+      "modules_to_save", "init_lora_weights", "layers_to_transform", "layers_pattern",
+      "rank_pattern", "alpha_pattern", "megatron_config", "megatron_core", "loftq_config",
+      "use_dora", "layer_replication"};
+  for (const auto& [key, value] : config.items()) {
+    EXPECT_NE(
+        std::find(std::begin(kPeft010LoraConfigFields), std::end(kPeft010LoraConfigFields), key),
+        std::end(kPeft010LoraConfigFields))
+        << key << " is not a field of peft 0.10's LoraConfig: peft 0.10 refuses the file";
+  }
+}
+
 void EditConfig(const std::string& dir, const std::function<void(Json&)>& edit) {
   const std::string path = absl::StrCat(dir, "/adapter_config.json");
   Json j = Json::parse(ReadFile(path));
@@ -157,16 +187,11 @@ TEST(PeftAdapterTest, LlamaRoundTripIsBitExact) {
   EXPECT_DOUBLE_EQ(config["lora_dropout"].get<double>(), 0.05);
   EXPECT_EQ(config["target_modules"], Json({"q_proj", "v_proj", "down_proj"}));
   EXPECT_EQ(config["modules_to_save"], Json({"lm_head", "model.norm"}));
-  EXPECT_EQ(config["bias"], "none");
-  EXPECT_EQ(config["fan_in_fan_out"], false);
-  EXPECT_EQ(config["use_rslora"], false);
-  EXPECT_EQ(config["use_dora"], false);
-  EXPECT_EQ(config["inference_mode"], true);
-  EXPECT_EQ(config["init_lora_weights"], true);
   EXPECT_EQ(config["base_model_name_or_path"], "hf/tiny-llama");
-  EXPECT_TRUE(config["revision"].is_null());
-  EXPECT_TRUE(config["layers_to_transform"].is_null());
-  EXPECT_EQ(config.size(), 32u);  // peft 0.17.1's LoraConfig fields, runtime_config left out
+  EXPECT_THAT(Keys(config),
+              ElementsAre("base_model_name_or_path", "lora_alpha", "lora_dropout",
+                          "modules_to_save", "peft_type", "r", "target_modules", "task_type"));
+  ExpectOnlyPeft010Keys(config);
 
   absl::StatusOr<PeftAdapter> read = ReadPeftAdapter(dir, llama);
   ASSERT_THAT(read.status(), IsOk());
@@ -209,7 +234,10 @@ TEST(PeftAdapterTest, Gpt2RoundTripAndNames) {
   EXPECT_EQ(config["fan_in_fan_out"], true);
   EXPECT_EQ(config["target_modules"], "all-linear");
   EXPECT_DOUBLE_EQ(config["lora_alpha"].get<double>(), 3.5);
-  EXPECT_TRUE(config["base_model_name_or_path"].is_null());
+  // Defaults left out: no base name, dropout 0, bias "none".
+  EXPECT_THAT(Keys(config), ElementsAre("fan_in_fan_out", "lora_alpha", "modules_to_save",
+                                        "peft_type", "r", "target_modules", "task_type"));
+  ExpectOnlyPeft010Keys(config);
 
   absl::StatusOr<PeftAdapter> read = ReadPeftAdapter(dir, gpt2);
   ASSERT_THAT(read.status(), IsOk());
@@ -217,6 +245,77 @@ TEST(PeftAdapterTest, Gpt2RoundTripAndNames) {
   EXPECT_EQ(read->base_model_name_or_path, "");
   EXPECT_EQ(read->tensors.size(), 18u);
   for (const auto& [name, v] : values) EXPECT_EQ(read->tensors.at(name), v) << name;
+}
+
+// What peft itself writes: every field of its LoraConfig, most at their defaults. A directory
+// peft 0.21.2 saved (make_lora_testdata.py, with the keys of later releases: eva_config,
+// lora_bias, peft_version, ...) reads, and our rewrite of it holds the few keys we write and
+// reads back the same.
+TEST(PeftAdapterTest, ReadsWhatPeftWritesAndRewritesItShort) {
+  const ModelConfig llama = Tiny("llama");
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const std::string peft_dir = absl::StrCat(srcdir != nullptr ? srcdir : ".",
+                                            "/patrickstar_cc/model/testdata/lora_ref_llama/"
+                                            "adapter_init");
+  const Json peft_config = Json::parse(ReadFile(absl::StrCat(peft_dir, "/adapter_config.json")));
+  ASSERT_EQ(peft_config["peft_version"], "0.21.2");
+  EXPECT_GT(peft_config.size(), 40u);
+  absl::StatusOr<PeftAdapter> read = ReadPeftAdapter(peft_dir, llama);
+  ASSERT_THAT(read.status(), IsOk());
+  EXPECT_EQ(read->lora.r, 4);
+  EXPECT_EQ(read->lora.lora_alpha, 8);
+  EXPECT_EQ(read->lora.lora_dropout, 0);
+  EXPECT_EQ(read->lora.target_modules.size(), 7u);
+  EXPECT_TRUE(read->lora.modules_to_save.empty());
+  EXPECT_EQ(read->base_model_name_or_path, "model/testdata/hf_tiny_llama");
+  EXPECT_EQ(read->tensors.size(), 2u * 7 * 2);  // 2 layers x 7 targets x (A, B)
+
+  const std::string dir = FreshDir("rewritten_peft");
+  ASSERT_THAT(WritePeftAdapter(dir, llama, read->lora, read->base_model_name_or_path,
+                               FromMap(read->tensors)),
+              IsOk());
+  const Json ours = Json::parse(ReadFile(absl::StrCat(dir, "/adapter_config.json")));
+  EXPECT_THAT(Keys(ours), ElementsAre("base_model_name_or_path", "lora_alpha", "peft_type", "r",
+                                      "target_modules", "task_type"));
+  ExpectOnlyPeft010Keys(ours);
+  for (const std::string& key : Keys(ours)) EXPECT_EQ(ours[key], peft_config[key]) << key;
+  absl::StatusOr<PeftAdapter> back = ReadPeftAdapter(dir, llama);
+  ASSERT_THAT(back.status(), IsOk());
+  EXPECT_EQ(back->lora, read->lora);
+  EXPECT_EQ(back->base_model_name_or_path, read->base_model_name_or_path);
+  EXPECT_EQ(back->tensors, read->tensors);
+}
+
+// peft 0.10 to 0.13 wrote every field of their LoraConfig too (at its defaults here, as
+// save_pretrained writes them, inference_mode true); such a directory reads as our short one.
+TEST(PeftAdapterTest, ReadsAnOldPeftConfigWithEveryKey) {
+  const ModelConfig llama = Tiny("llama");
+  const std::string dir = WriteLlamaAdapter("old_peft", llama);
+  EditConfig(dir, [](Json& j) {
+    j["auto_mapping"] = nullptr;
+    j["revision"] = nullptr;
+    j["inference_mode"] = true;
+    j["fan_in_fan_out"] = false;
+    j["bias"] = "none";
+    j["use_rslora"] = false;
+    j["init_lora_weights"] = true;
+    j["layers_to_transform"] = nullptr;
+    j["layers_pattern"] = nullptr;
+    j["rank_pattern"] = Json::object();
+    j["alpha_pattern"] = Json::object();
+    j["megatron_config"] = nullptr;
+    j["megatron_core"] = "megatron.core";
+    j["loftq_config"] = Json::object();
+    j["use_dora"] = false;
+    j["layer_replication"] = nullptr;
+  });
+  const Json config = Json::parse(ReadFile(absl::StrCat(dir, "/adapter_config.json")));
+  EXPECT_EQ(config.size(), 24u);  // every field of peft 0.10's LoraConfig
+  ExpectOnlyPeft010Keys(config);
+  absl::StatusOr<PeftAdapter> read = ReadPeftAdapter(dir, llama);
+  ASSERT_THAT(read.status(), IsOk());
+  EXPECT_EQ(read->lora, LlamaLora());
+  EXPECT_EQ(read->base_model_name_or_path, "hf/tiny-llama");
 }
 
 TEST(PeftAdapterTest, Bf16AndF16Exports) {
@@ -324,6 +423,18 @@ TEST(PeftAdapterTest, ConfigErrors) {
                "layers_to_transform");
   expect_error([](Json& j) { j["init_lora_weights"] = "pissa_niter_4"; },
                absl::StatusCode::kUnimplemented, "rewrote the base model's weights");
+  expect_error([](Json& j) { j["init_lora_weights"] = "lora_ga"; },
+               absl::StatusCode::kUnimplemented, "rewrote the base model's weights");
+  expect_error(
+      [](Json& j) {
+        j["use_bdlora"] = {{"target_modules_bd_a", {"q_proj"}}};
+      },
+      absl::StatusCode::kUnimplemented, "use_bdlora = ");
+  expect_error(
+      [](Json& j) {
+        j["kasa_config"] = Json::object({{"x", 1}});
+      },
+      absl::StatusCode::kUnimplemented, "KaSA");
   expect_error([](Json& j) { j["target_modules"] = ".*q_proj"; }, absl::StatusCode::kUnimplemented,
                "regular expression");
   expect_error([](Json& j) { j["target_modules"] = nullptr; }, absl::StatusCode::kInvalidArgument,

@@ -58,6 +58,8 @@ loaded by peft, gives our model's numbers), 2026-11-28, main after the LoRA merg
   #        peft 4.759882926940918 (rel 1.0e-07), merged rel 9.8e-11. OK
   # gpt2 (c_attn, c_proj, c_fc; --accelerator_memory=400KiB): logits 1.073e-06 apart (bound
   #        2.847e-05); loss C++ 4.216502926545218, peft 4.216503143310547 (rel 5.1e-08). OK
+check_peft_versions.py runs this script under several peft releases (0.10.0 and 0.21.2) on
+adapters the trainer exported, and records the numbers.
 """
 import argparse
 import json
@@ -82,9 +84,13 @@ def load_hf(directory):
     if rope is not None and int(transformers.__version__.split(".")[0]) < 5:
         rope = dict(rope)
         overrides["rope_theta"] = rope.pop("rope_theta")
-        overrides["rope_scaling"] = None if rope.get("rope_type") == "default" else rope
+        if rope.get("rope_type") != "default":  # transformers 4.40's Qwen2 has no rope_scaling
+            overrides["rope_scaling"] = rope
+    # transformers before 4.56 names the argument torch_dtype.
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    overrides["dtype" if (major, minor) >= (4, 56) else "torch_dtype"] = torch.float32
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        directory, dtype=torch.float32, attn_implementation="eager", **overrides)
+        directory, attn_implementation="eager", **overrides)
     return model.eval(), cfg
 
 
@@ -133,7 +139,7 @@ def main():
                   "or values differ")
             ok = False
     print(f"adapter: {len(file_tensors)} tensors, r {acfg['r']}, lora_alpha "
-          f"{acfg['lora_alpha']}, target_modules {sorted(acfg['target_modules'])}, "
+          f"{acfg['lora_alpha']}, target_modules {acfg['target_modules']}, "
           f"modules_to_save {acfg.get('modules_to_save')}")
 
     # The tokens to compare on.
