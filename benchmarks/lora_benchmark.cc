@@ -2,12 +2,12 @@
 // accelerator cap, where a full fine-tune of the same model cannot run, with the plan's peaks
 // against the measured ones and the step against its physical limits, in one run:
 //  1. the plans (model/gpt_activation_profile.h PlanGptRun, through the trainer's own conversion
-//     of the config, trainer/plan_options.h PlanRunFromConfig): the LoRA run's (GptModelOptions::lora: a frozen base
-//     in param-only chunks of the compute dtype, the adapters with their full training state) —
-//     its host peak (the safe bound host_peak_bytes and the expected host_expected_peak_bytes)
-//     and its accelerator peak — and a FULL fine-tune's of the same model and shape: its host need
-//     against this machine's memory (memory/host_memory_info.h) and, when it does not fit, the
-//     plan's own refusal (CheckGptRunFits);
+//     of the config, trainer/plan_options.h PlanRunFromConfig): the LoRA run's
+//     (GptModelOptions::lora: a frozen base in param-only chunks of the compute dtype, the adapters
+//     with their full training state) — its host peak (the safe bound host_peak_bytes and the
+//     expected host_expected_peak_bytes) and its accelerator peak — and a FULL fine-tune's of the
+//     same model and shape: its host need against this machine's memory (memory/host_memory_info.h)
+//     and, when it does not fit, the plan's own refusal (CheckGptRunFits);
 //  2. the LoRA training run (trainer/trainer.h Trainer; model --model, a seeded random base unless
 //     --init_from names a Hugging Face directory, lora r --lora_r, lora_alpha --lora_alpha on
 //     --lora_target_modules, --dtype, micro batch --micro_batch_size x --seq_len, activation
@@ -464,10 +464,8 @@ int Main() {
       100.0 * Ratio(params.trainable_elems, params.frozen_elems));
 
   // 1. The plans, with this process's resident set (the child starts as a copy of it).
-  const PlanOutcome lora_plan =
-      Plan(*lora_config, BenchContext(*lora_config, *model, resident));
-  const PlanOutcome full_plan =
-      Plan(*full_config, BenchContext(*full_config, *model, resident));
+  const PlanOutcome lora_plan = Plan(*lora_config, BenchContext(*lora_config, *model, resident));
+  const PlanOutcome full_plan = Plan(*full_config, BenchContext(*full_config, *model, resident));
   std::cout << "\nplans (model/gpt_activation_profile.h PlanGptRun, as the trainer plans):\n"
                "| run | chunk elems | chunks x param chunk | model data | host peak (bound) | "
                "host peak (expected) | accelerator peak | accelerator minimum | verdict |\n"

@@ -302,10 +302,9 @@ absl::Status CheckGptRunFits(const GptRunPlanOptions& o, const GptRunPlan& run) 
             ? absl::StrCat(", the disk tier's optimizer state ", FormatBytes(p.disk_host_bytes),
                            " (its minimum ", FormatBytes(p.disk_min_host_bytes), ")")
             : std::string(),
-        p.host_swap_bytes > 0
-            ? absl::StrCat(", its swap files in RAM under ", o.disk->dir, " (a tmpfs) ",
-                           FormatBytes(p.host_swap_bytes))
-            : std::string(),
+        p.host_swap_bytes > 0 ? absl::StrCat(", its swap files in RAM under ", o.disk->dir,
+                                             " (a tmpfs) ", FormatBytes(p.host_swap_bytes))
+                              : std::string(),
         ") but ", HostLimit(o, capped), "; the smallest host memory that fits is ",
         FormatBytes(p.host_needed_bytes), HostMemoryAdvice(o)));
   }

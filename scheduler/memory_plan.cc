@@ -302,7 +302,8 @@ RankShare RankShareOf(const MemoryPlanOptions& o, const ChunkLayout& layout,
                       const MemoryPlan& plan) {
   RankShare share;
   for (int64_t c = 0; c < layout.num_chunks(); ++c) {
-    if (layout.HoldsPayload(ChunkType::kParam, c, o.rank)) share.param_bytes += plan.param_chunk_bytes;
+    if (layout.HoldsPayload(ChunkType::kParam, c, o.rank))
+      share.param_bytes += plan.param_chunk_bytes;
     if (layout.HoldsPayload(ChunkType::kMaster, c, o.rank)) ++share.owned_data_chunks;
   }
   share.gathered_bytes = o.world_size > 1 ? 2 * (o.world_size - 1) * plan.param_chunk_bytes : 0;
@@ -405,9 +406,9 @@ int64_t EmulatedAcceleratorHostBytes(const MemoryPlanOptions& o,
                                      const MemoryPlan& plan) {
   int64_t held = 0;
   for (const Replayer::Moment& m : steady) held = std::max(held, m.reserved);
-  return std::min<int64_t>(o.accelerator_bytes,
-                           plan.predicted_accelerator_peak_bytes - plan.activation_peak_bytes +
-                               std::max(held, plan.activation_peak_bytes));
+  return std::min<int64_t>(o.accelerator_bytes, plan.predicted_accelerator_peak_bytes -
+                                                    plan.activation_peak_bytes +
+                                                    std::max(held, plan.activation_peak_bytes));
 }
 
 // The host side (see the file comment): model data, the accumulator, the emulated accelerator,
@@ -434,11 +435,10 @@ void PlanHost(const MemoryPlanOptions& o, const ChunkLayout& layout,
   plan.host_needed_bytes = plan.host_peak_bytes - o.host_resident_bytes;
   plan.host_model_data_touched_bytes =
       share.param_bytes + host_state_touched_bytes + share.gathered_bytes;
-  plan.host_expected_peak_bytes = o.host_resident_bytes + plan.host_model_data_touched_bytes +
-                                  plan.host_accumulator_bytes + plan.host_accelerator_bytes +
-                                  plan.host_swap_bytes +
-                                  std::min(o.host_overhead_bytes, kExpectedHostOverheadBytes) +
-                                  o.host_workspace_bytes;
+  plan.host_expected_peak_bytes =
+      o.host_resident_bytes + plan.host_model_data_touched_bytes + plan.host_accumulator_bytes +
+      plan.host_accelerator_bytes + plan.host_swap_bytes +
+      std::min(o.host_overhead_bytes, kExpectedHostOverheadBytes) + o.host_workspace_bytes;
   plan.fits_host = true;
   if (o.host_available_bytes > 0 && plan.host_needed_bytes > o.host_available_bytes) {
     plan.fits_host = false;
@@ -530,16 +530,14 @@ std::string MemoryPlan::Summary() const {
                   FormatBytes(host_expected_peak_bytes), " (model data pages written ",
                   FormatBytes(host_model_data_touched_bytes), ")");
   if (disk_tier) {
-    absl::StrAppend(&s, "\ndisk: ", FormatBytes(disk_bytes), " of swap slots",
-                    host_swap_bytes > 0
-                        ? " on a RAM-backed filesystem (counted as host memory, not disk)"
-                        : "",
-                    "; optimizer state in ",
-                    "host RAM ", FormatBytes(disk_host_bytes), " (minimum ",
-                    FormatBytes(disk_min_host_bytes), "), ", disk_kept_indices, " indices kept, ",
-                    disk_streamed_indices, " streamed, read-ahead ", disk_read_ahead,
-                    "; per step up to ", FormatBytes(disk_read_bytes_per_step), " read, ",
-                    FormatBytes(disk_write_bytes_per_step), " written");
+    absl::StrAppend(
+        &s, "\ndisk: ", FormatBytes(disk_bytes), " of swap slots",
+        host_swap_bytes > 0 ? " on a RAM-backed filesystem (counted as host memory, not disk)" : "",
+        "; optimizer state in ", "host RAM ", FormatBytes(disk_host_bytes), " (minimum ",
+        FormatBytes(disk_min_host_bytes), "), ", disk_kept_indices, " indices kept, ",
+        disk_streamed_indices, " streamed, read-ahead ", disk_read_ahead, "; per step up to ",
+        FormatBytes(disk_read_bytes_per_step), " read, ", FormatBytes(disk_write_bytes_per_step),
+        " written");
   }
   return s;
 }

@@ -53,11 +53,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "disk/disk_probe.h"
@@ -159,11 +159,23 @@ absl::flat_hash_set<std::string> GivenFlags(int argc, char** argv) {
 
 // Every flag that takes a string: given empty ("--model=", an unset shell variable), it is
 // refused rather than read as "not given".
-constexpr const char* kStringFlags[] = {
-    "config",         "model",        "dtype",       "chunk_size",          "accelerator_memory",
-    "host_memory",    "host_available", "accelerator", "nvme_path",         "host_budget",
-    "disk_probe",     "aio_block_size", "lora_target_modules", "export",   "export_merged",
-    "save_dir",       "cuda_usable_memory"};
+constexpr const char* kStringFlags[] = {"config",
+                                        "model",
+                                        "dtype",
+                                        "chunk_size",
+                                        "accelerator_memory",
+                                        "host_memory",
+                                        "host_available",
+                                        "accelerator",
+                                        "nvme_path",
+                                        "host_budget",
+                                        "disk_probe",
+                                        "aio_block_size",
+                                        "lora_target_modules",
+                                        "export",
+                                        "export_merged",
+                                        "save_dir",
+                                        "cuda_usable_memory"};
 
 absl::Status RefuseEmptyFlags(const absl::flat_hash_set<std::string>& given) {
   for (const char* name : kStringFlags) {
@@ -224,8 +236,8 @@ absl::StatusOr<TrainConfig> ConfigFromFlags(const absl::flat_hash_set<std::strin
   if (use("dtype")) {
     absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
     if (!dtype.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--dtype=", absl::GetFlag(FLAGS_dtype), ": ",
-                                                     dtype.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--dtype=", absl::GetFlag(FLAGS_dtype), ": ", dtype.status().message()));
     }
     c.bf16 = *dtype == DType::kBF16;
     c.fp16.enabled = *dtype == DType::kF16;
@@ -260,8 +272,8 @@ absl::StatusOr<PlanContext> ContextFromFlags(const TrainConfig& c) {
   context.world = absl::GetFlag(FLAGS_world_size);
   context.rank = absl::GetFlag(FLAGS_rank);
   if (context.world < 1 || context.rank < 0 || context.rank >= context.world) {
-    return absl::InvalidArgumentError(absl::StrCat("--world_size=", context.world, " --rank=",
-                                                   context.rank,
+    return absl::InvalidArgumentError(absl::StrCat("--world_size=", context.world,
+                                                   " --rank=", context.rank,
                                                    ": need world_size >= 1 and rank in [0, "
                                                    "world_size)"));
   }
@@ -269,9 +281,9 @@ absl::StatusOr<PlanContext> ContextFromFlags(const TrainConfig& c) {
   // A GPU run of several ranks trains over nccl (a host communicator is refused there), whose
   // collectives stage in device memory; the emulated accelerator's ranks use host communicators.
   context.device_communicator = cuda && context.world > 1;
-  context.threads =
-      c.threads > 0 ? c.threads
-                    : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  context.threads = c.threads > 0
+                        ? c.threads
+                        : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   if (cuda) {
     const int cc = absl::GetFlag(FLAGS_cuda_compute_capability);
     if (cc < 1) {

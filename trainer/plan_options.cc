@@ -59,8 +59,8 @@ int64_t HostWorkspaceBytes(const TrainConfig& config, const ModelConfig& model,
 // The reserve of `config` in `context` at `chunk_elems`.
 AcceleratorReserve ReserveFor(const TrainConfig& config, const PlanContext& context,
                               int64_t chunk_elems) {
-  return PlanAcceleratorReserve(config.accelerator.kind, context.device_communicator,
-                                context.world, chunk_elems, ComputeDType(config.precision()),
+  return PlanAcceleratorReserve(config.accelerator.kind, context.device_communicator, context.world,
+                                chunk_elems, ComputeDType(config.precision()),
                                 /*exports=*/!config.checkpoint.export_path.empty());
 }
 
@@ -120,8 +120,9 @@ absl::StatusOr<ModelConfig> PlanModelFromConfig(const TrainConfig& config) {
     absl::StatusOr<ModelConfig> model =
         ReadHfConfig((std::filesystem::path(init_from) / std::string(kHfConfigFileName)).string());
     if (!model.ok()) {
-      return absl::Status(model.status().code(), absl::StrCat("checkpoint.init_from (--init_from): ",
-                                                              model.status().message()));
+      return absl::Status(
+          model.status().code(),
+          absl::StrCat("checkpoint.init_from (--init_from): ", model.status().message()));
     }
     return model;
   }
@@ -132,9 +133,9 @@ absl::StatusOr<GptRunPlanOptions> PlanOptionsFromConfig(const TrainConfig& confi
                                                         const PlanContext& context) {
   if (context.world < 1 || context.rank < 0 || context.rank >= context.world ||
       context.threads < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PlanContext: world ", context.world, ", rank ", context.rank, " and threads ",
-        context.threads, ": need world >= 1, 0 <= rank < world and threads >= 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("PlanContext: world ", context.world, ", rank ", context.rank, " and threads ",
+                     context.threads, ": need world >= 1, 0 <= rank < world and threads >= 1"));
   }
   GptRunPlanOptions o;
   o.config = GptConfigView(context.model);

@@ -269,8 +269,8 @@ TEST(PlanTool, DiskTierPlansAsTheTrainer) {
   // The automatic host budget (from the pinned MemAvailable), and an explicit one at the minimum.
   TrainConfig c = trainer_testing::WithDiskTier(trainer_testing::TinyDiskConfig(), dir, 0);
   ExpectToolPlansAsTheTrainer(c, "disk_auto");
-  ASSERT_OK_AND_ASSIGN(const int64_t minimum,
-                       trainer_testing::DiskTierMinimumBudget(trainer_testing::TinyDiskConfig(), 1));
+  ASSERT_OK_AND_ASSIGN(const int64_t minimum, trainer_testing::DiskTierMinimumBudget(
+                                                  trainer_testing::TinyDiskConfig(), 1));
   c = trainer_testing::WithDiskTier(trainer_testing::TinyDiskConfig(), dir, minimum, 3);
   const std::vector<RunPlan> plans = ExpectToolPlansAsTheTrainer(c, "disk_minimum");
   ASSERT_EQ(plans.size(), 1u);
@@ -287,8 +287,8 @@ TEST(PlanTool, ZeroTwoRanksPlanAsTheTrainer) {
   EXPECT_EQ(plans[1].options.rank, 1);
   // The disk tier per rank, each on its own directory.
   const std::vector<TrainConfig> per_rank = trainer_testing::WithDiskTierPerRank(
-      trainer_testing::TinyDiskConfig(),
-      2, trainer_testing::FreshTempDir("plan_tool_test", "zero_swap"), 0);
+      trainer_testing::TinyDiskConfig(), 2,
+      trainer_testing::FreshTempDir("plan_tool_test", "zero_swap"), 0);
   std::vector<std::optional<RunPlan>> disk_plans(2);
   trainer_testing::RunRanks(per_rank, [&](int rank, TrainerEnvironment& env) {
     env.plan_machine_for_test = [](PlanContext& context) {
@@ -328,10 +328,9 @@ TEST(PlanTool, CudaRunsPlanWithTheTrainersReserve) {
   EXPECT_EQ(one.plan.accelerator_bytes, usable) << "the GPU's usable memory is the budget";
   EXPECT_EQ(one.reserve.adam_bytes, kCudaAdamDeviceBytes);
   EXPECT_FALSE(one.options.accelerator_in_host_memory);
-  ExpectSameNumbers(NumbersOf(one),
-                    RunToolOn(c, "cuda", 1, 0,
-                              {absl::StrCat("--cuda_usable_memory=", usable),
-                               "--cuda_compute_capability=9"}));
+  ExpectSameNumbers(NumbersOf(one), RunToolOn(c, "cuda", 1, 0,
+                                              {absl::StrCat("--cuda_usable_memory=", usable),
+                                               "--cuda_compute_capability=9"}));
   // Two ranks over nccl, exporting: the collectives' staging and the export tile reserved too.
   c.checkpoint.export_path =
       trainer_testing::FreshTempDir("plan_tool_test", "cuda_export") + "/model.safetensors";
@@ -344,8 +343,8 @@ TEST(PlanTool, CudaRunsPlanWithTheTrainersReserve) {
     EXPECT_GT(zero.reserve.comm_staging_bytes, 0);
     EXPECT_GT(zero.reserve.export_tile_bytes, 0);
     EXPECT_EQ(zero.options.comm_buffer_bytes, zero.reserve.total_bytes());
-    ExpectSameNumbers(NumbersOf(zero), RunToolOn(c, "cuda_zero", 2, r,
-                                                 {"--cuda_compute_capability=9"}));
+    ExpectSameNumbers(NumbersOf(zero),
+                      RunToolOn(c, "cuda_zero", 2, r, {"--cuda_compute_capability=9"}));
   }
 }
 
@@ -406,9 +405,8 @@ TEST(PlanTool, ARamBackedNvmePathIsCountedAsHostMemory) {
 TEST(PlanTool, RefusesEveryStringFlagGivenEmpty) {
   for (const char* flag :
        {"config", "model", "dtype", "chunk_size", "accelerator_memory", "host_memory",
-        "host_available", "accelerator", "nvme_path", "host_budget", "disk_probe",
-        "aio_block_size", "lora_target_modules", "export", "export_merged", "save_dir",
-        "cuda_usable_memory"}) {
+        "host_available", "accelerator", "nvme_path", "host_budget", "disk_probe", "aio_block_size",
+        "lora_target_modules", "export", "export_merged", "save_dir", "cuda_usable_memory"}) {
     SCOPED_TRACE(flag);
     const ToolRun tool = RunTool({absl::StrCat("--", flag, "=")});
     EXPECT_EQ(tool.exit_code, 2) << tool.output;
