@@ -44,6 +44,7 @@
 #include "trainer/config.h"
 #include "trainer/config_overrides.h"
 #include "trainer/config_validate.h"
+#include "trainer/plan_options.h"
 #include "trainer/trainer.h"
 
 ABSL_FLAG(std::string, presets, "gpt2", "comma-separated GPT presets");
@@ -140,19 +141,16 @@ Probe Run(const std::string& preset, const std::string& dtype, int64_t cap_bytes
   return result;
 }
 
-absl::StatusOr<GptRunPlan> PlanFor(const TrainConfig& c, int64_t cap_bytes,
-                                   int64_t baseline_bytes) {
-  GptRunPlanOptions o;
-  ASSIGN_OR_RETURN(o.config, GptPreset(c.model.preset));
-  o.model.batch = c.train_micro_batch_size_per_gpu;
-  o.model.seq_len = absl::GetFlag(FLAGS_seq_len);
-  o.model.activation_checkpointing = c.model.activation_checkpointing;
-  o.model.threads = c.threads;
-  o.compute_dtype = c.bf16 ? DType::kBF16 : DType::kF32;
-  o.accelerator_bytes = cap_bytes;
-  o.host_resident_bytes = baseline_bytes;
-  o.host_overhead_bytes = 256 * kMiB;  // as the trainer
-  return PlanGptRun(o);
+// The trainer's plan (trainer/plan_options.h) of `c` under `cap_bytes`, with the probe's baseline
+// resident set; the host unchecked.
+absl::StatusOr<GptRunPlan> PlanFor(TrainConfig c, int64_t cap_bytes, int64_t baseline_bytes) {
+  PlanContext context;
+  ASSIGN_OR_RETURN(context.model, PlanModelFromConfig(c));
+  context.threads = c.threads;
+  context.host_resident_bytes = baseline_bytes;
+  c.accelerator.memory_bytes = cap_bytes;
+  ASSIGN_OR_RETURN(RunPlan run, PlanRunFromConfig(c, context));
+  return std::move(run.plan);
 }
 
 std::string MiB(int64_t bytes) { return absl::StrFormat("%.1f", bytes / double(kMiB)); }

@@ -74,6 +74,7 @@
 #include "trainer/config.h"
 #include "trainer/config_overrides.h"
 #include "trainer/config_validate.h"
+#include "trainer/plan_options.h"
 #include "trainer/trainer.h"
 
 ABSL_FLAG(std::string, model, "gpt2-medium",
@@ -226,32 +227,16 @@ RunResult Train(const std::string& swap_dir) {
   });
 }
 
-// The trainer's plan (trainer/run_plan.cc) for this run, with the child's baseline resident set.
-absl::StatusOr<GptRunPlan> PlanFor(const TrainConfig& c, const std::string& swap_dir,
-                                   int64_t baseline_bytes) {
-  GptRunPlanOptions o;
-  ASSIGN_OR_RETURN(ModelConfig model, ModelPreset(c.model.preset));
-  o.model_config = model;
-  o.config = GptConfigView(model);
-  o.model.batch = c.train_micro_batch_size_per_gpu;
-  o.model.seq_len = absl::GetFlag(FLAGS_seq_len);
-  o.model.activation_checkpointing = c.model.activation_checkpointing;
-  o.model.threads = c.threads;
-  o.compute_dtype = c.bf16 ? DType::kBF16 : DType::kF32;
-  o.accelerator_bytes = c.accelerator.memory_bytes;
-  o.chunk_elems = c.chunk.size_elems;
-  if (absl::StatusOr<HostMemoryInfo> info = ReadHostMemoryInfo(); info.ok()) {
-    o.host_available_bytes = info->available_bytes();
-  }
-  o.host_resident_bytes = baseline_bytes;
-  o.host_overhead_bytes = 256 * kMiB;  // as the trainer
-  o.accelerator_in_host_memory = true;
-  GptRunPlanOptions::DiskTier disk;
-  disk.dir = swap_dir;
-  disk.read_ahead = c.zero_optimization.offload_optimizer.buffer_count;
-  disk.host_budget_bytes = c.zero_optimization.offload_optimizer.host_budget_bytes;
-  o.disk = disk;
-  return PlanGptRun(o);
+// The trainer's plan (trainer/plan_options.h) for this run, as the trainer reads this machine,
+// with the child's baseline resident set.
+absl::StatusOr<GptRunPlan> PlanFor(const TrainConfig& c, int64_t baseline_bytes) {
+  PlanContext context;
+  ASSIGN_OR_RETURN(context.model, PlanModelFromConfig(c));
+  context.threads = c.threads;
+  RETURN_IF_ERROR(ReadPlanMachine(c, context));
+  context.host_resident_bytes = baseline_bytes;
+  ASSIGN_OR_RETURN(RunPlan run, PlanRunFromConfig(c, context));
+  return std::move(run.plan);
 }
 
 // Removes what a run may have left in `dir` (its files are all "patrickstar-*"), then `dir`.
@@ -502,7 +487,7 @@ int Main() {
     const double M = (*mixed + *mixed_after) / 2;
     const double R = (bw->read_bytes_per_s + bw_after->read_bytes_per_s) / 2;
     const double W = (bw->write_bytes_per_s + bw_after->write_bytes_per_s) / 2;
-    absl::StatusOr<GptRunPlan> planned = PlanFor(*config, swap_dir, run.host_baseline_bytes);
+    absl::StatusOr<GptRunPlan> planned = PlanFor(*config, run.host_baseline_bytes);
     if (!planned.ok()) {
       std::cerr << "plan: " << planned.status() << "\n";
       return 1;

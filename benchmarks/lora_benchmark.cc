@@ -1,13 +1,13 @@
 // LoRA over chunks (issue #28): a 7B-class LoRA fine-tune on this machine under a 1 GiB
 // accelerator cap, where a full fine-tune of the same model cannot run, with the plan's peaks
 // against the measured ones and the step against its physical limits, in one run:
-//  1. the plans (model/gpt_activation_profile.h PlanGptRun, built as the trainer builds its
-//     pre-flight plan, trainer/run_plan.cc): the LoRA run's (GptModelOptions::lora: a frozen base
-//     in param-only chunks of the compute dtype, the adapters with their full training state) —
-//     its host peak (the safe bound host_peak_bytes and the expected host_expected_peak_bytes)
-//     and its accelerator peak — and a FULL fine-tune's of the same model and shape: its host need
-//     against this machine's memory (memory/host_memory_info.h) and, when it does not fit, the
-//     plan's own refusal (CheckGptRunFits);
+//  1. the plans (model/gpt_activation_profile.h PlanGptRun, through the trainer's own conversion
+//     of the config, trainer/plan_options.h PlanRunFromConfig): the LoRA run's
+//     (GptModelOptions::lora: a frozen base in param-only chunks of the compute dtype, the adapters
+//     with their full training state) — its host peak (the safe bound host_peak_bytes and the
+//     expected host_expected_peak_bytes) and its accelerator peak — and a FULL fine-tune's of the
+//     same model and shape: its host need against this machine's memory (memory/host_memory_info.h)
+//     and, when it does not fit, the plan's own refusal (CheckGptRunFits);
 //  2. the LoRA training run (trainer/trainer.h Trainer; model --model, a seeded random base unless
 //     --init_from names a Hugging Face directory, lora r --lora_r, lora_alpha --lora_alpha on
 //     --lora_target_modules, --dtype, micro batch --micro_batch_size x --seq_len, activation
@@ -74,7 +74,6 @@
 #include "memory/dtype.h"
 #include "memory/host_memory_info.h"
 #include "model/gpt_activation_profile.h"
-#include "model/hf_config.h"
 #include "model/kernels/internal/bf16_gemm.h"
 #include "model/kernels/internal/blas.h"
 #include "model/lora_config.h"
@@ -83,6 +82,7 @@
 #include "trainer/config.h"
 #include "trainer/config_overrides.h"
 #include "trainer/config_validate.h"
+#include "trainer/plan_options.h"
 #include "trainer/trainer.h"
 
 ABSL_FLAG(std::string, model, "llama-2-7b",
@@ -188,37 +188,16 @@ absl::StatusOr<TrainConfig> MakeConfig(bool lora) {
   return c;
 }
 
-// The model the run trains: the preset, or the directory's config.json.
-absl::StatusOr<ModelConfig> ResolveModelConfig(const TrainConfig& c) {
-  if (!c.checkpoint.init_from.empty()) {
-    return ReadHfConfig(absl::StrCat(c.checkpoint.init_from, "/", kHfConfigFileName));
-  }
-  return ModelPreset(c.model.preset);
-}
-
-// The trainer's pre-flight plan (trainer/run_plan.cc) of `c` on the emulated accelerator, one
-// rank, no export, with `resident_bytes` already resident.
-GptRunPlanOptions PlanOptions(const TrainConfig& c, const ModelConfig& model,
-                              int64_t resident_bytes) {
-  GptRunPlanOptions o;
-  o.model_config = model;
-  o.config = GptConfigView(model);
-  o.model.batch = c.train_micro_batch_size_per_gpu;
-  o.model.seq_len = absl::GetFlag(FLAGS_seq_len);
-  o.model.activation_checkpointing = c.model.activation_checkpointing;
-  o.model.threads = c.threads;
-  if (c.lora.has_value()) o.model.lora = ToLoraConfig(*c.lora);
-  o.compute_dtype = ComputeDType(c.precision());
-  o.gradient_accumulation_steps = static_cast<int>(c.gradient_accumulation_steps);
-  o.chunk_elems = c.chunk.size_elems;
-  o.accelerator_bytes = c.accelerator.memory_bytes;
-  if (absl::StatusOr<HostMemoryInfo> info = ReadHostMemoryInfo(); info.ok()) {
-    o.host_available_bytes = info->available_bytes();
-  }
-  o.host_resident_bytes = resident_bytes;
-  o.host_overhead_bytes = 256 * kMiB;  // as the trainer
-  o.accelerator_in_host_memory = true;
-  return o;
+// The trainer's pre-flight plan context (trainer/plan_options.h) of `c` on this machine, one
+// rank, with `resident_bytes` already resident.
+absl::StatusOr<PlanContext> BenchContext(const TrainConfig& c, const ModelConfig& model,
+                                         int64_t resident_bytes) {
+  PlanContext context;
+  context.model = model;
+  context.threads = c.threads;
+  RETURN_IF_ERROR(ReadPlanMachine(c, context));
+  context.host_resident_bytes = resident_bytes;
+  return context;
 }
 
 // The trainer's run in a child process.
@@ -390,10 +369,11 @@ struct PlanOutcome {
   absl::Status fits;
 };
 
-PlanOutcome Plan(const GptRunPlanOptions& options) {
-  PlanOutcome p{PlanGptRun(options), absl::OkStatus()};
-  p.fits = p.plan.ok() ? CheckGptRunFits(options, *p.plan) : p.plan.status();
-  return p;
+PlanOutcome Plan(const TrainConfig& config, const absl::StatusOr<PlanContext>& context) {
+  if (!context.ok()) return PlanOutcome{context.status(), context.status()};
+  absl::StatusOr<RunPlan> run = PlanRunFromConfig(config, *context);
+  if (!run.ok()) return PlanOutcome{run.status(), run.status()};
+  return PlanOutcome{run->plan, CheckRunPlan(*run, /*enforce_accelerator=*/true)};
 }
 
 // One plan's row of the plan table (none when it could not be planned).
@@ -447,7 +427,7 @@ int Main() {
               << "\n";
     return 2;
   }
-  absl::StatusOr<ModelConfig> model = ResolveModelConfig(*lora_config);
+  absl::StatusOr<ModelConfig> model = PlanModelFromConfig(*lora_config);
   if (!model.ok()) {
     std::cerr << "model: " << model.status() << "\n";
     return 2;
@@ -484,8 +464,8 @@ int Main() {
       100.0 * Ratio(params.trainable_elems, params.frozen_elems));
 
   // 1. The plans, with this process's resident set (the child starts as a copy of it).
-  const PlanOutcome lora_plan = Plan(PlanOptions(*lora_config, *model, resident));
-  const PlanOutcome full_plan = Plan(PlanOptions(*full_config, *model, resident));
+  const PlanOutcome lora_plan = Plan(*lora_config, BenchContext(*lora_config, *model, resident));
+  const PlanOutcome full_plan = Plan(*full_config, BenchContext(*full_config, *model, resident));
   std::cout << "\nplans (model/gpt_activation_profile.h PlanGptRun, as the trainer plans):\n"
                "| run | chunk elems | chunks x param chunk | model data | host peak (bound) | "
                "host peak (expected) | accelerator peak | accelerator minimum | verdict |\n"
@@ -550,13 +530,13 @@ int Main() {
   }
   // The LoRA plan again with the child's own resident set before Trainer::Create, as the trainer
   // planned it.
-  absl::StatusOr<GptRunPlan> planned =
-      PlanGptRun(PlanOptions(*lora_config, *model, run.host_baseline_bytes));
-  if (!planned.ok()) {
-    std::cerr << "LoRA plan: " << planned.status() << "\n";
+  const PlanOutcome planned =
+      Plan(*lora_config, BenchContext(*lora_config, *model, run.host_baseline_bytes));
+  if (!planned.plan.ok()) {
+    std::cerr << "LoRA plan: " << planned.plan.status() << "\n";
     return 1;
   }
-  const MemoryPlan& plan = planned->plan;
+  const MemoryPlan& plan = planned.plan->plan;
 
   std::cout << "\n| step | loss | step s | compute s | copy wait s | optimizer s | rest s | "
                "loaded | written back | evictions | pressure reclaims | accelerator peak |\n"

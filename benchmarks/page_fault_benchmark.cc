@@ -37,6 +37,7 @@
 #include "trainer/config.h"
 #include "trainer/config_overrides.h"
 #include "trainer/config_validate.h"
+#include "trainer/plan_options.h"
 #include "trainer/trainer.h"
 
 ABSL_FLAG(std::string, preset, "gpt2-medium", "GPT preset");
@@ -72,21 +73,17 @@ absl::StatusOr<TrainConfig> MakeConfig(int64_t cap_bytes) {
   return c;
 }
 
-// The plan's minimum cap, planned at that cap (segments depend on it), rounded up to 1 MiB.
-absl::StatusOr<int64_t> PlanMinimum(const TrainConfig& c) {
+// The plan's minimum cap, planned at that cap (segments depend on it) as the trainer plans it
+// (trainer/plan_options.h), rounded up to 1 MiB.
+absl::StatusOr<int64_t> PlanMinimum(TrainConfig c) {
+  PlanContext context;
+  ASSIGN_OR_RETURN(context.model, PlanModelFromConfig(c));
+  context.threads = c.threads;
   int64_t cap = 4 * kGiB;
   for (int i = 0; i < 4; ++i) {
-    GptRunPlanOptions o;
-    ASSIGN_OR_RETURN(o.config, GptPreset(c.model.preset));
-    o.model.batch = c.train_micro_batch_size_per_gpu;
-    o.model.seq_len = absl::GetFlag(FLAGS_seq_len);
-    o.model.activation_checkpointing = c.model.activation_checkpointing;
-    o.model.threads = c.threads;
-    o.compute_dtype = c.bf16 ? DType::kBF16 : DType::kF32;
-    o.accelerator_bytes = cap;
-    o.host_overhead_bytes = 256 * kMiB;  // as the trainer
-    ASSIGN_OR_RETURN(GptRunPlan plan, PlanGptRun(o));
-    const int64_t min = AlignUp(plan.plan.min_accelerator_bytes, kMiB);
+    c.accelerator.memory_bytes = cap;
+    ASSIGN_OR_RETURN(const RunPlan run, PlanRunFromConfig(c, context));
+    const int64_t min = AlignUp(run.plan.plan.min_accelerator_bytes, kMiB);
     if (i > 0 && min <= cap) return cap;
     cap = min;
   }

@@ -137,6 +137,22 @@ absl::StatusOr<std::string> FilesystemName(const std::string& dir) {
   }
 }
 
+absl::StatusOr<bool> IsRamBacked(const std::string& dir) {
+  struct statfs st = {};
+  if (::statfs(dir.c_str(), &st) != 0) {
+    return ErrnoError(errno, "cannot read the filesystem type (statfs) of", dir);
+  }
+  // TMPFS_MAGIC, RAMFS_MAGIC, HUGETLBFS_MAGIC (linux/magic.h).
+  switch (static_cast<uint32_t>(st.f_type)) {
+    case 0x01021994u:
+    case 0x858458F6u:
+    case 0x958458F6u:
+      return true;
+    default:
+      return false;
+  }
+}
+
 absl::StatusOr<SwapFile> CreateSwapFile(const std::string& path, const std::string& dir,
                                         bool want_direct, bool refuse_direct_for_test) {
   SwapFile file;

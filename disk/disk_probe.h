@@ -22,6 +22,10 @@ namespace ps {
 // Errors name the directory.
 [[nodiscard]] absl::StatusOr<std::string> FilesystemName(const std::string& dir);
 
+// Whether `dir` is on a filesystem whose files live in RAM (statfs's f_type: tmpfs, ramfs or
+// hugetlbfs): swap files written there take host memory, not disk. Errors name the directory.
+[[nodiscard]] absl::StatusOr<bool> IsRamBacked(const std::string& dir);
+
 // A swap or probe file, opened read-write with O_DIRECT when wanted and allowed.
 struct SwapFile {
   std::string path;

@@ -29,6 +29,19 @@ TEST(DiskProbe, FreeBytesAndFilesystem) {
   EXPECT_THAT(FilesystemName(missing), StatusIs(absl::StatusCode::kNotFound, HasSubstr(missing)));
 }
 
+// tmpfs (/dev/shm here) holds its files in RAM; the test's own directory is on a disk (or an
+// overlay) unless TEST_TMPDIR itself is on tmpfs, which FilesystemName then says.
+TEST(DiskProbe, IsRamBackedTellsTmpfsFromADisk) {
+  if (std::filesystem::is_directory("/dev/shm")) {
+    EXPECT_THAT(IsRamBacked("/dev/shm"), IsOkAndHolds(true));
+  }
+  ScopedTestDir dir;
+  ASSERT_OK_AND_ASSIGN(const std::string fs, FilesystemName(dir.path()));
+  EXPECT_THAT(IsRamBacked(dir.path()), IsOkAndHolds(fs == "tmpfs")) << fs;
+  const std::string missing = dir.path() + "/missing";
+  EXPECT_THAT(IsRamBacked(missing), StatusIs(absl::StatusCode::kNotFound, HasSubstr(missing)));
+}
+
 void ExpectBandwidth(IoEngineKind engine, bool direct) {
   ScopedTestDir dir;
   FileChunkSwapOptions options;

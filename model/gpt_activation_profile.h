@@ -123,6 +123,9 @@ struct GptRunPlanOptions {
     // it, whichever is more) leaves beside everything else the plan counts, at most all of it and
     // at least the tier's minimum (a budget at the minimum that still does not fit is refused).
     int64_t host_budget_bytes = 0;
+    // `dir` is on a RAM-backed filesystem (tmpfs: disk/disk_probe.h IsRamBacked): the swap's
+    // bytes are host memory, counted as such (MemoryPlan::host_swap_bytes), never as disk alone.
+    bool in_host_memory = false;
   };
   std::optional<DiskTier> disk;
 };

@@ -75,7 +75,8 @@ absl::StatusOr<MemoryPlan> PlanMemoryWithDisk(const GptRunPlanOptions& o, Memory
   budget = 0;
   if (!o.disk.has_value()) return PlanMemory(p);
   p.disk = MemoryPlanOptions::DiskTier{.host_budget_bytes = o.disk->host_budget_bytes,
-                                       .read_ahead = o.disk->read_ahead};
+                                       .read_ahead = o.disk->read_ahead,
+                                       .in_host_memory = o.disk->in_host_memory};
   if (o.disk->host_budget_bytes <= 0) {
     p.disk->host_budget_bytes = kWholeStateBudget;
     ASSIGN_OR_RETURN(const MemoryPlan all, PlanMemory(p));
@@ -301,6 +302,9 @@ absl::Status CheckGptRunFits(const GptRunPlanOptions& o, const GptRunPlan& run) 
             ? absl::StrCat(", the disk tier's optimizer state ", FormatBytes(p.disk_host_bytes),
                            " (its minimum ", FormatBytes(p.disk_min_host_bytes), ")")
             : std::string(),
+        p.host_swap_bytes > 0 ? absl::StrCat(", its swap files in RAM under ", o.disk->dir,
+                                             " (a tmpfs) ", FormatBytes(p.host_swap_bytes))
+                              : std::string(),
         ") but ", HostLimit(o, capped), "; the smallest host memory that fits is ",
         FormatBytes(p.host_needed_bytes), HostMemoryAdvice(o)));
   }

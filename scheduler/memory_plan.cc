@@ -175,23 +175,10 @@ absl::Status CheckOptions(const MemoryPlanOptions& o) {
   return absl::OkStatus();
 }
 
-}  // namespace
+// --- The plan's steps (PlanMemory reads as their outline) -----------------------------------
 
-CachingAllocatorOptions ScratchOptionsForBudget(int64_t accelerator_bytes) {
-  int64_t segment = 64 * kKiB;
-  while (segment < 2 * kMiB && segment * 2 * 64 <= accelerator_bytes) segment *= 2;
-  CachingAllocatorOptions o;
-  o.small_request_max_bytes = segment / 2;
-  o.small_segment_bytes = segment;
-  o.large_segment_round_bytes = segment;
-  return o;
-}
-
-absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
-  RETURN_IF_ERROR(CheckOptions(o));
-  MemoryPlan plan;
-
-  // --- Layout.
+// The chunk layout of the model, and the plan's layout numbers.
+absl::StatusOr<ChunkLayout> LayOut(const MemoryPlanOptions& o, MemoryPlan& plan) {
   ChunkLayoutOptions layout_options;
   layout_options.capacity_elems = o.chunk_elems;
   layout_options.world_size = o.world_size;
@@ -203,8 +190,16 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
   plan.param_chunk_bytes = o.chunk_elems * SizeOf(o.compute_dtype);
   plan.state_chunk_bytes = o.chunk_elems * static_cast<int64_t>(sizeof(float));
   for (const OperatorSpec& op : o.ops) plan.parameters += OperatorNumElems(op);
+  return layout;
+}
 
-  // --- Accelerator: replay evaluation, warm-up, steady iteration.
+// The profile replayed in the run's order: one evaluation, the warm-up iteration, a steady one.
+struct Replay {
+  std::vector<Replayer::Moment> evaluation, warmup, steady;
+  int64_t max_stranded_bytes = 0;
+};
+
+absl::StatusOr<Replay> ReplayProfile(const MemoryPlanOptions& o, MemoryPlan& plan) {
   VirtualUpstream upstream;
   ASSIGN_OR_RETURN(std::unique_ptr<CachingAllocator> allocator,
                    CachingAllocator::Create(&upstream, [&] {
@@ -221,23 +216,36 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
   }
   Replayer replayer(allocator.get());
   const int64_t num_ops = static_cast<int64_t>(o.ops.size());
-  std::vector<Replayer::Moment> evaluation, warmup, steady;
-  RETURN_IF_ERROR(replayer.Run(o.profile.evaluation, num_ops, "evaluation", &evaluation));
-  RETURN_IF_ERROR(replayer.Run(o.profile.iteration, num_ops, "iteration", &warmup));
-  RETURN_IF_ERROR(replayer.Run(o.profile.iteration, num_ops, "iteration", &steady));
-  if (steady.empty()) {
+  Replay r;
+  RETURN_IF_ERROR(replayer.Run(o.profile.evaluation, num_ops, "evaluation", &r.evaluation));
+  RETURN_IF_ERROR(replayer.Run(o.profile.iteration, num_ops, "iteration", &r.warmup));
+  RETURN_IF_ERROR(replayer.Run(o.profile.iteration, num_ops, "iteration", &r.steady));
+  if (r.steady.empty()) {
     return absl::InvalidArgumentError("MemoryPlanOptions.profile.iteration accesses no operator");
   }
+  r.max_stranded_bytes = replayer.max_stranded();
+  return r;
+}
 
-  // Working set per operator: its ZeRO group's param chunks.
+// Working set per operator: its ZeRO group's param chunks (0 for an operator without tensors).
+absl::StatusOr<std::vector<int64_t>> WorkingSets(const MemoryPlanOptions& o,
+                                                 const ChunkLayout& layout, MemoryPlan& plan) {
   std::vector<int64_t> working_set(o.ops.size(), 0);
-  for (int64_t i = 0; i < num_ops; ++i) {
+  for (size_t i = 0; i < o.ops.size(); ++i) {
     ASSIGN_OR_RETURN(OperatorId id, layout.FindOperator(o.ops[i].name));
     if (!layout.op(id).placed()) continue;
     working_set[i] = o.world_size * plan.param_chunk_bytes;
     plan.largest_working_set_bytes = std::max(plan.largest_working_set_bytes, working_set[i]);
   }
-  plan.stranded_bytes = replayer.max_stranded();
+  return working_set;
+}
+
+// The accelerator's floor: the lower bound and where it is set, the activation peaks, the slack,
+// the tide margin, the minimum budget and whether the budget fits, the steady moments and the
+// warm-up share. Returns the bytes the manager keeps reserved (slack and communication buffers).
+int64_t PlanAcceleratorFloor(const MemoryPlanOptions& o, const Replay& replay,
+                             const std::vector<int64_t>& working_set, MemoryPlan& plan) {
+  plan.stranded_bytes = replay.max_stranded_bytes;
   const auto consider = [&](const std::vector<Replayer::Moment>& moments, bool evaluation_pass) {
     for (const Replayer::Moment& m : moments) {
       const int64_t need = working_set[m.op] + std::max(m.peak, m.now);
@@ -252,9 +260,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
       }
     }
   };
-  consider(evaluation, true);
-  consider(warmup, false);
-  consider(steady, false);
+  consider(replay.evaluation, true);
+  consider(replay.warmup, false);
+  consider(replay.steady, false);
   // The manager reserves the slack; the tide margin is room the plan keeps (not reserved) for a
   // tide that runs above the profile's.
   plan.slack_bytes = plan.stranded_bytes + o.slack_margin_bytes;
@@ -263,7 +271,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
   const int64_t reserved = plan.slack_bytes + o.comm_buffer_bytes;
   plan.min_accelerator_bytes = plan.lower_bound_bytes + reserved + plan.tide_margin_bytes;
   plan.fits_accelerator = o.accelerator_bytes >= plan.min_accelerator_bytes;
-  for (const Replayer::Moment& m : steady) {
+  for (const Replayer::Moment& m : replay.steady) {
     plan.moments.push_back({.stage = m.stage,
                             .op = m.op,
                             .working_set_bytes = working_set[m.op],
@@ -272,7 +280,6 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
                             .scratch_reserved_bytes = m.reserved,
                             .stranded_bytes = m.stranded});
   }
-
   // The warm-up share: what the budget leaves beside the highest peak and the reserve.
   const double budget = static_cast<double>(o.accelerator_bytes);
   plan.warmup_chunk_fraction =
@@ -280,18 +287,35 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
                                      plan.tide_margin_bytes) /
                      budget,
                  0.01, 1.0);
+  return reserved;
+}
 
-  // Param chunks this rank keeps (and ZeRO's gathered ones): the most chunk bytes the accelerator
-  // can usefully hold.
-  int64_t rank_param_bytes = 0;
+// What this rank holds of the model: its param chunks (ZeRO: the ones it keeps), the chunk indices
+// whose optimizer state it owns, and ZeRO's gathered remote param chunks (two groups at once).
+struct RankShare {
+  int64_t param_bytes = 0;
   int64_t owned_data_chunks = 0;
+  int64_t gathered_bytes = 0;
+};
+
+RankShare RankShareOf(const MemoryPlanOptions& o, const ChunkLayout& layout,
+                      const MemoryPlan& plan) {
+  RankShare share;
   for (int64_t c = 0; c < layout.num_chunks(); ++c) {
     if (layout.HoldsPayload(ChunkType::kParam, c, o.rank))
-      rank_param_bytes += plan.param_chunk_bytes;
-    if (layout.HoldsPayload(ChunkType::kMaster, c, o.rank)) ++owned_data_chunks;
+      share.param_bytes += plan.param_chunk_bytes;
+    if (layout.HoldsPayload(ChunkType::kMaster, c, o.rank)) ++share.owned_data_chunks;
   }
-  const int64_t gathered_bytes =
-      o.world_size > 1 ? 2 * (o.world_size - 1) * plan.param_chunk_bytes : 0;
+  share.gathered_bytes = o.world_size > 1 ? 2 * (o.world_size - 1) * plan.param_chunk_bytes : 0;
+  return share;
+}
+
+// The optimizer state the ADAM placement keeps on the accelerator and the predicted accelerator
+// peak at the budget.
+absl::Status PlanAcceleratorPeak(const MemoryPlanOptions& o, const ChunkLayout& layout,
+                                 const std::vector<Replayer::Moment>& steady,
+                                 const std::vector<int64_t>& working_set, int64_t reserved,
+                                 const RankShare& share, MemoryPlan& plan) {
   // The ADAM placement (ResidencyPlanner::PlanAdam over the trace the warm-up records): the room
   // left at every moment once every param chunk the iteration uses is resident, in units of an
   // index's three optimizer-state chunks, holds that many of the owned indices' state for the
@@ -313,10 +337,13 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
                             static_cast<int64_t>(used_chunks.size()) * plan.param_chunk_bytes -
                             o.adam_margin_bytes;
   plan.accelerator_state_indices =
-      adam_room > 0 ? std::min(owned_data_chunks, adam_room / (3 * plan.state_chunk_bytes)) : 0;
+      adam_room > 0 ? std::min(share.owned_data_chunks, adam_room / (3 * plan.state_chunk_bytes))
+                    : 0;
   plan.accelerator_state_bytes = 3 * plan.accelerator_state_indices * plan.state_chunk_bytes;
+  // At every moment: the resident chunks the planner allows (max(target, working set), at most
+  // every chunk this rank can usefully hold) plus the activations then.
   const int64_t usable_chunk_bytes =
-      rank_param_bytes + gathered_bytes + plan.accelerator_state_bytes;
+      share.param_bytes + share.gathered_bytes + plan.accelerator_state_bytes;
   for (size_t i = 0; i < steady.size(); ++i) {
     const Replayer::Moment& m = steady[i];
     const Replayer::Moment& next = steady[(i + 1) % steady.size()];
@@ -328,62 +355,90 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
   }
   plan.predicted_accelerator_peak_bytes =
       std::min(plan.predicted_accelerator_peak_bytes, o.accelerator_bytes);
+  return absl::OkStatus();
+}
 
-  // --- Host.
-  plan.rank_model_data_bytes = rank_param_bytes + 3 * owned_data_chunks * plan.state_chunk_bytes;
-  // Pages written: a param chunk's whole block (copies between devices move whole payloads), an
-  // optimizer-state chunk's pages up to its last tensor (only the optimizer writes them, tensor
-  // by tensor; the tail's pages are never faulted in).
-  int64_t state_touched_bytes = 0;
+// Bytes of the owned optimizer-state chunks' pages that are written: each up to its last tensor
+// (only the optimizer writes them, tensor by tensor; the tail's pages are never faulted in), for
+// one of the three state types.
+int64_t StateTouchedBytes(const MemoryPlanOptions& o, const ChunkLayout& layout,
+                          const MemoryPlan& plan) {
+  int64_t touched = 0;
   for (int64_t c = 0; c < layout.num_chunks(); ++c) {
     if (!layout.HoldsPayload(ChunkType::kMaster, c, o.rank)) continue;
-    state_touched_bytes += std::min(
+    touched += std::min(
         plan.state_chunk_bytes,
         AlignUp(layout.end_elems(c) * static_cast<int64_t>(sizeof(float)), kHostPageBytes));
   }
-  plan.host_model_data_bytes = plan.rank_model_data_bytes + gathered_bytes;
-  int64_t host_state_touched_bytes = 3 * state_touched_bytes;
-  if (o.disk.has_value()) {
-    // The optimizer state on disk, at most the tier's budget of it in host RAM.
-    const int64_t all_state_bytes = 3 * owned_data_chunks * plan.state_chunk_bytes;
-    plan.disk_tier = true;
-    plan.disk_bytes = 3 * owned_data_chunks * AlignUp(plan.state_chunk_bytes, kDiskSlotAlignBytes);
-    plan.disk_host_bytes = std::min(o.disk->host_budget_bytes, all_state_bytes);
-    plan.disk_min_host_bytes = DiskTierMinHostBytes(plan.state_chunk_bytes, owned_data_chunks);
-    const DiskTierSplit split =
-        SplitDiskTierBudget(std::max(o.disk->host_budget_bytes, plan.disk_min_host_bytes),
-                            plan.state_chunk_bytes, owned_data_chunks, o.disk->read_ahead);
-    plan.disk_kept_indices = split.kept;
-    plan.disk_streamed_indices = owned_data_chunks - split.kept;
-    plan.disk_read_ahead = split.read_ahead;
-    const int64_t streamed_state_bytes = plan.disk_streamed_indices * plan.state_chunk_bytes;
-    plan.disk_write_bytes_per_step = 3 * streamed_state_bytes;
-    plan.disk_read_bytes_per_step =
-        3 * streamed_state_bytes + (o.gradient_accumulation_steps - 1) * streamed_state_bytes;
-    plan.host_model_data_bytes += plan.disk_host_bytes - all_state_bytes;
-    // Reads from disk fill whole payloads, and the pool's blocks serve every chunk in turn.
-    host_state_touched_bytes = plan.disk_host_bytes;
-  }
+  return touched;
+}
+
+// The disk tier: the swap's slots, the optimizer state host RAM holds (at most the budget), how
+// the budget splits, the traffic of one optimizer step; host model data then counts the budget
+// instead of the whole state. Returns the state bytes written in host RAM (whole blocks: reads
+// from disk fill whole payloads, and the pool's blocks serve every chunk in turn).
+int64_t PlanDiskTier(const MemoryPlanOptions& o, const RankShare& share, MemoryPlan& plan) {
+  const int64_t all_state_bytes = 3 * share.owned_data_chunks * plan.state_chunk_bytes;
+  plan.disk_tier = true;
+  plan.disk_bytes =
+      3 * share.owned_data_chunks * AlignUp(plan.state_chunk_bytes, kDiskSlotAlignBytes);
+  plan.disk_host_bytes = std::min(o.disk->host_budget_bytes, all_state_bytes);
+  plan.disk_min_host_bytes = DiskTierMinHostBytes(plan.state_chunk_bytes, share.owned_data_chunks);
+  const DiskTierSplit split =
+      SplitDiskTierBudget(std::max(o.disk->host_budget_bytes, plan.disk_min_host_bytes),
+                          plan.state_chunk_bytes, share.owned_data_chunks, o.disk->read_ahead);
+  plan.disk_kept_indices = split.kept;
+  plan.disk_streamed_indices = share.owned_data_chunks - split.kept;
+  plan.disk_read_ahead = split.read_ahead;
+  const int64_t streamed_state_bytes = plan.disk_streamed_indices * plan.state_chunk_bytes;
+  plan.disk_write_bytes_per_step = 3 * streamed_state_bytes;
+  plan.disk_read_bytes_per_step =
+      3 * streamed_state_bytes + (o.gradient_accumulation_steps - 1) * streamed_state_bytes;
+  plan.host_model_data_bytes += plan.disk_host_bytes - all_state_bytes;
+  // A RAM-backed swap directory: every slot is host memory too (written whole).
+  if (o.disk->in_host_memory) plan.host_swap_bytes = plan.disk_bytes;
+  return plan.disk_host_bytes;
+}
+
+// The emulated accelerator's memory as host memory: its chunk blocks and segments at their peak.
+int64_t EmulatedAcceleratorHostBytes(const MemoryPlanOptions& o,
+                                     const std::vector<Replayer::Moment>& steady,
+                                     const MemoryPlan& plan) {
+  int64_t held = 0;
+  for (const Replayer::Moment& m : steady) held = std::max(held, m.reserved);
+  return std::min<int64_t>(o.accelerator_bytes, plan.predicted_accelerator_peak_bytes -
+                                                    plan.activation_peak_bytes +
+                                                    std::max(held, plan.activation_peak_bytes));
+}
+
+// The host side (see the file comment): model data, the accumulator, the emulated accelerator,
+// the disk tier; the safe bound, the expected peak, and whether it fits.
+void PlanHost(const MemoryPlanOptions& o, const ChunkLayout& layout,
+              const std::vector<Replayer::Moment>& steady, const RankShare& share,
+              MemoryPlan& plan) {
+  plan.rank_model_data_bytes =
+      share.param_bytes + 3 * share.owned_data_chunks * plan.state_chunk_bytes;
+  plan.host_model_data_bytes = plan.rank_model_data_bytes + share.gathered_bytes;
+  // Pages written: a param chunk's whole block (copies between devices move whole payloads), the
+  // state chunks' up to their last tensor.
+  int64_t host_state_touched_bytes = 3 * StateTouchedBytes(o, layout, plan);
+  if (o.disk.has_value()) host_state_touched_bytes = PlanDiskTier(o, share, plan);
   if (o.gradient_accumulation_steps > 1) {
-    plan.host_accumulator_bytes = owned_data_chunks * plan.state_chunk_bytes;
+    plan.host_accumulator_bytes = share.owned_data_chunks * plan.state_chunk_bytes;
   }
   if (o.accelerator_in_host_memory) {
-    // The emulated accelerator's chunk blocks and segments are host memory too.
-    int64_t held = 0;
-    for (const Replayer::Moment& m : steady) held = std::max(held, m.reserved);
-    plan.host_accelerator_bytes = std::min<int64_t>(
-        o.accelerator_bytes, plan.predicted_accelerator_peak_bytes - plan.activation_peak_bytes +
-                                 std::max(held, plan.activation_peak_bytes));
+    plan.host_accelerator_bytes = EmulatedAcceleratorHostBytes(o, steady, plan);
   }
   plan.host_peak_bytes = o.host_resident_bytes + plan.host_model_data_bytes +
                          plan.host_accumulator_bytes + plan.host_accelerator_bytes +
-                         o.host_overhead_bytes + o.host_workspace_bytes;
+                         plan.host_swap_bytes + o.host_overhead_bytes + o.host_workspace_bytes;
   plan.host_needed_bytes = plan.host_peak_bytes - o.host_resident_bytes;
-  plan.host_model_data_touched_bytes = rank_param_bytes + host_state_touched_bytes + gathered_bytes;
-  plan.host_expected_peak_bytes = o.host_resident_bytes + plan.host_model_data_touched_bytes +
-                                  plan.host_accumulator_bytes + plan.host_accelerator_bytes +
-                                  std::min(o.host_overhead_bytes, kExpectedHostOverheadBytes) +
-                                  o.host_workspace_bytes;
+  plan.host_model_data_touched_bytes =
+      share.param_bytes + host_state_touched_bytes + share.gathered_bytes;
+  plan.host_expected_peak_bytes =
+      o.host_resident_bytes + plan.host_model_data_touched_bytes + plan.host_accumulator_bytes +
+      plan.host_accelerator_bytes + plan.host_swap_bytes +
+      std::min(o.host_overhead_bytes, kExpectedHostOverheadBytes) + o.host_workspace_bytes;
   plan.fits_host = true;
   if (o.host_available_bytes > 0 && plan.host_needed_bytes > o.host_available_bytes) {
     plan.fits_host = false;
@@ -395,6 +450,31 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
   if (plan.disk_tier && o.disk->host_budget_bytes < plan.disk_min_host_bytes) {
     plan.fits_host = false;
   }
+}
+
+}  // namespace
+
+CachingAllocatorOptions ScratchOptionsForBudget(int64_t accelerator_bytes) {
+  int64_t segment = 64 * kKiB;
+  while (segment < 2 * kMiB && segment * 2 * 64 <= accelerator_bytes) segment *= 2;
+  CachingAllocatorOptions o;
+  o.small_request_max_bytes = segment / 2;
+  o.small_segment_bytes = segment;
+  o.large_segment_round_bytes = segment;
+  return o;
+}
+
+absl::StatusOr<MemoryPlan> PlanMemory(const MemoryPlanOptions& o) {
+  RETURN_IF_ERROR(CheckOptions(o));
+  MemoryPlan plan;
+  ASSIGN_OR_RETURN(const ChunkLayout layout, LayOut(o, plan));
+  ASSIGN_OR_RETURN(const Replay replay, ReplayProfile(o, plan));
+  ASSIGN_OR_RETURN(const std::vector<int64_t> working_set, WorkingSets(o, layout, plan));
+  const int64_t reserved = PlanAcceleratorFloor(o, replay, working_set, plan);
+  const RankShare share = RankShareOf(o, layout, plan);
+  RETURN_IF_ERROR(
+      PlanAcceleratorPeak(o, layout, replay.steady, working_set, reserved, share, plan));
+  PlanHost(o, layout, replay.steady, share, plan);
   return plan;
 }
 
@@ -441,17 +521,23 @@ std::string MemoryPlan::Summary() const {
   if (host_accelerator_bytes > 0) {
     absl::StrAppend(&s, ", emulated accelerator ", FormatBytes(host_accelerator_bytes));
   }
+  if (host_swap_bytes > 0) {
+    absl::StrAppend(&s, ", the disk tier's swap files in RAM (tmpfs) ",
+                    FormatBytes(host_swap_bytes));
+  }
   absl::StrAppend(&s, "; predicted peak ", FormatBytes(host_peak_bytes), " (",
                   FormatBytes(host_needed_bytes), " more than now), expected ",
                   FormatBytes(host_expected_peak_bytes), " (model data pages written ",
                   FormatBytes(host_model_data_touched_bytes), ")");
   if (disk_tier) {
-    absl::StrAppend(&s, "\ndisk: ", FormatBytes(disk_bytes), " of swap slots; optimizer state in ",
-                    "host RAM ", FormatBytes(disk_host_bytes), " (minimum ",
-                    FormatBytes(disk_min_host_bytes), "), ", disk_kept_indices, " indices kept, ",
-                    disk_streamed_indices, " streamed, read-ahead ", disk_read_ahead,
-                    "; per step up to ", FormatBytes(disk_read_bytes_per_step), " read, ",
-                    FormatBytes(disk_write_bytes_per_step), " written");
+    absl::StrAppend(
+        &s, "\ndisk: ", FormatBytes(disk_bytes), " of swap slots",
+        host_swap_bytes > 0 ? " on a RAM-backed filesystem (counted as host memory, not disk)" : "",
+        "; optimizer state in ", "host RAM ", FormatBytes(disk_host_bytes), " (minimum ",
+        FormatBytes(disk_min_host_bytes), "), ", disk_kept_indices, " indices kept, ",
+        disk_streamed_indices, " streamed, read-ahead ", disk_read_ahead, "; per step up to ",
+        FormatBytes(disk_read_bytes_per_step), " read, ", FormatBytes(disk_write_bytes_per_step),
+        " written");
   }
   return s;
 }

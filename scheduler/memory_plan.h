@@ -41,8 +41,9 @@
 // while on the accelerator, so all of it is resident on the host throughout), the gathered remote
 // param chunks of ZeRO (two groups at once), with gradient accumulation (k > 1) an f32 accumulator
 // for the parameters the rank owns (4/N bytes per parameter), the emulated accelerator's memory
-// when it is host RAM (the cpu backend: its predicted peak), the process as it is now, what the run
-// allocates beside the pools, and checkpoint/export buffers. It fits when the part not yet resident
+// when it is host RAM (the cpu backend: its predicted peak), the disk tier's swap slots when its
+// directory is RAM-backed (tmpfs), the process as it is now, what the run allocates beside the
+// pools, and checkpoint/export buffers. It fits when the part not yet resident
 // is at most what the OS can still give (memory/host_memory_info.h). That is the safe bound (every
 // block resident, the budgeted overhead). The expected peak is what the process really holds (its
 // VmHWM, within 1% for gpt2 and gpt2-medium in f32 and bf16): only pages that are written are
@@ -133,6 +134,9 @@ struct MemoryPlanOptions {
     // DiskTierOptions::host_budget_bytes and read_ahead (scheduler/disk_tier.h).
     int64_t host_budget_bytes = 0;
     int64_t read_ahead = 2;
+    // The swap directory is on a RAM-backed filesystem (tmpfs, ramfs: disk/disk_probe.h
+    // IsRamBacked): its slots are host memory too, counted in the host peaks (host_swap_bytes).
+    bool in_host_memory = false;
   };
   std::optional<DiskTier> disk;
 };
@@ -185,6 +189,7 @@ struct MemoryPlan {
   int64_t host_model_data_bytes = 0;   // this rank's chunk blocks (and ZeRO's gathered ones)
   int64_t host_accumulator_bytes = 0;  // gradient accumulation's f32 accumulator (k > 1)
   int64_t host_accelerator_bytes = 0;  // the emulated accelerator's share
+  int64_t host_swap_bytes = 0;         // the disk tier's slots when they are in RAM (tmpfs)
   int64_t host_peak_bytes = 0;         // the whole process at its peak: the safe bound
   int64_t host_needed_bytes = 0;       // host_peak - what is resident now: what the OS must give
   // What the process is expected to really hold at its peak (its VmHWM): the pages of model data

@@ -1,53 +1,70 @@
-// Prints the pre-flight memory plan of a run of any preset (GPT-2 or the Llama family)
-// (scheduler/memory_plan.h, built by model/gpt_activation_profile.h's PlanGptRun, exactly as the
-// trainer builds it before it allocates anything): the chunk size, the accelerator's lower bound
-// and minimum, the slack, the predicted accelerator and host peaks — and whether the run fits, with
-// the message the trainer would refuse it with.
+// Prints the pre-flight memory plan of a training run, exactly as the trainer plans it: the same
+// conversion of the config (trainer/plan_options.h PlanRunFromConfig, the trainer's own), so the
+// chunk size, the accelerator budget and its reserve, the host workspaces of the exports and
+// checkpoints, the disk tier and every other number are the trainer's. It prints the chunk size,
+// the accelerator's lower bound and minimum, the slack, the predicted accelerator and host peaks —
+// and whether the run fits, with the message the trainer would refuse it with.
 //
 //   bazel run //tools:plan -- --model=1B --dtype=bf16 --micro_batch_size=1 --seq_len=64
 //       --accelerator_memory=512MiB
+//   bazel run //tools:plan -- --config=run.json --world_size=2 --rank=1
+//
+// --config=FILE plans a trainer config file (the trainer's --config); the flags below that name a
+// config key then override it only when given. Without --config, the trainer's default config
+// with every such flag at its default here (gpt2, f32, micro batch 1, ...).
 //
 // --accelerator=cuda plans a GPU run from any machine (no GPU needed): the CUDA kernels'
 // workspaces (cuBLAS's in every GEMM, --cuda_compute_capability picking NVIDIA's default size),
-// CudaAdam's device bytes reserved, and the GPU's memory apart from the host's.
+// the accelerator reserve the trainer keeps (CudaAdam's device bytes; with --world_size > 1 the
+// nccl collectives' device staging and export tile), the GPU's memory apart from the host's, and
+// with --cuda_usable_memory the budget the trainer takes from a GPU with that much usable memory.
 //
 // --nvme_path=DIR (the trainer's flag: zero_optimization.offload_optimizer.device "nvme") plans
 // the disk tier as the trainer does: the directory checked as the trainer checks it, the swap's
-// bytes against its free space (statvfs), the host budget of optimizer state (--host_budget, or
-// the trainer's automatic one), and — unless --measure_disk=false — the disk's sequential direct
-// I/O bandwidth measured there through the swap's engine (--disk_probe bytes at --aio_block_size
-// and --aio_queue_depth), which turns the plan's per-step disk traffic into the time the disk
-// alone needs per step.
+// bytes against its free space (statvfs), a RAM-backed directory (tmpfs) counted as host memory
+// and said so, the host budget of optimizer state (--host_budget, or the trainer's automatic
+// one), and — unless --measure_disk=false — the disk's sequential direct I/O bandwidth measured
+// there through the swap's engine (--disk_probe bytes at --aio_block_size and --aio_queue_depth),
+// which turns the plan's per-step disk traffic into the time the disk alone needs per step.
 //
 // --lora_r=R (with --lora_target_modules, --lora_alpha; the trainer's flags: the lora section)
 // plans a LoRA fine-tune: the base frozen in param-only chunks of the compute dtype (2 bytes per
 // parameter in bf16/f16), the adapters A [r, in] and B [out, r] with their full training state.
 //
+// The last line before the verdict, "plan_numbers: key=value ...", holds every number of the plan
+// (trainer/plan_tool_test compares them with the trainer's pre-flight).
+//
 // Exit status as the trainer's: 0 the run fits (the plan on stdout); 1 it does not (the plan on
-// stdout, the refusal on stderr); 2 a flag that cannot be parsed or an invalid model/option.
+// stdout, the refusal on stderr); 2 a flag that cannot be parsed or is given empty ("--model="),
+// or an invalid config, model or option.
 #include <algorithm>
 #include <cstdint>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "base/status_macros.h"
 #include "base/units.h"
 #include "disk/disk_probe.h"
 #include "disk/swap_options.h"
 #include "memory/dtype.h"
 #include "memory/host_memory_info.h"
 #include "model/gpt_activation_profile.h"
-#include "model/gpt_config.h"
 #include "model/kernels/kernel_workspaces.h"
 #include "model/lora_config.h"
 #include "model/model_config.h"
@@ -55,10 +72,14 @@
 #include "scheduler/memory_plan.h"
 #include "scheduler/metronome.h"
 #include "trainer/config.h"
-#include "trainer/config_schema.h"
+#include "trainer/config_overrides.h"
+#include "trainer/config_parse.h"
 #include "trainer/config_validate.h"
-#include "trainer/trainer.h"
+#include "trainer/plan_options.h"
 
+ABSL_FLAG(std::string, config, "",
+          "a trainer config file (JSON, the trainer's --config): the run planned; the flags that "
+          "name a config key override it only when given");
 ABSL_FLAG(std::string, model, "gpt2",
           "model preset: GPT-2's (tiny, gpt2, gpt2-medium, ..., 1B, ..., 18B) or the Llama "
           "family's (llama-3.2-1b, llama-3-8b, llama-2-7b, tinyllama-1.1b, qwen2.5-0.5b, "
@@ -67,6 +88,7 @@ ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32, bf16 or f16");
 ABSL_FLAG(int64_t, micro_batch_size, 1, "sequences per micro batch (>= 1)");
 ABSL_FLAG(int64_t, seq_len, 0, "tokens per sequence (0: the model's n_positions)");
 ABSL_FLAG(int, world_size, 1, "data-parallel ranks (ZeRO)");
+ABSL_FLAG(int, rank, 0, "the rank planned, in [0, --world_size) (ZeRO shards differ by rank)");
 ABSL_FLAG(int, gradient_accumulation_steps, 1, "micro batches per optimizer step (>= 1)");
 ABSL_FLAG(bool, activation_checkpointing, false, "recompute each block in backward");
 ABSL_FLAG(int, threads, 2, "model threads (the attention workspace scales with them)");
@@ -101,12 +123,70 @@ ABSL_FLAG(double, lora_alpha, 8, "--lora_r: lora.lora_alpha (the scale is lora_a
 ABSL_FLAG(std::string, lora_target_modules, "",
           "--lora_r: lora.target_modules, comma-separated (q_proj,k_proj,v_proj,o_proj; GPT-2 "
           "c_attn,c_proj,c_fc; or all-linear)");
+ABSL_FLAG(std::string, export, "",
+          "checkpoint.export: the file or directory exported at the end (planned: its host "
+          "workspace)");
+ABSL_FLAG(std::string, export_merged, "",
+          "--lora_r: checkpoint.export_merged (the trainer's flag): a merged model directory");
+ABSL_FLAG(std::string, save_dir, "",
+          "checkpoint.dir (the trainer's --save_dir): checkpoints are written (planned: their "
+          "staging buffer)");
+ABSL_FLAG(std::string, cuda_usable_memory, "0",
+          "--accelerator=cuda: the GPU memory the trainer's probe would find usable (free minus "
+          "the margin), a byte quantity; 0: unknown (the budget is then the plan's)");
 ABSL_FLAG(int, cuda_compute_capability, 9,
           "--accelerator=cuda: the GPU's compute capability major (9: Hopper, 32 MiB cuBLAS "
           "workspace; 8 and below: 4 MiB)");
 
 namespace ps {
 namespace {
+
+// The flags given on the command line (by name; "--noflag" counts for "flag"), read from argv
+// before absl parses it: with --config, only those override the file.
+absl::flat_hash_set<std::string> GivenFlags(int argc, char** argv) {
+  absl::flat_hash_set<std::string> given;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "-")) continue;
+    absl::ConsumePrefix(&arg, "-");
+    const std::string name(arg.substr(0, arg.find('=')));
+    given.insert(name);
+    if (absl::StartsWith(name, "no")) given.insert(name.substr(2));
+  }
+  return given;
+}
+
+// Every flag that takes a string: given empty ("--model=", an unset shell variable), it is
+// refused rather than read as "not given".
+constexpr const char* kStringFlags[] = {"config",
+                                        "model",
+                                        "dtype",
+                                        "chunk_size",
+                                        "accelerator_memory",
+                                        "host_memory",
+                                        "host_available",
+                                        "accelerator",
+                                        "nvme_path",
+                                        "host_budget",
+                                        "disk_probe",
+                                        "aio_block_size",
+                                        "lora_target_modules",
+                                        "export",
+                                        "export_merged",
+                                        "save_dir",
+                                        "cuda_usable_memory"};
+
+absl::Status RefuseEmptyFlags(const absl::flat_hash_set<std::string>& given) {
+  for (const char* name : kStringFlags) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag != nullptr && given.contains(name) && flag->CurrentValue().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, " is empty: give a value or leave the flag out"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<int64_t> BytesFlag(const char* flag, const std::string& text) {
   absl::StatusOr<int64_t> bytes = ParseBytes(text);
@@ -117,145 +197,176 @@ absl::StatusOr<int64_t> BytesFlag(const char* flag, const std::string& text) {
   return bytes;
 }
 
-int Run() {
-  const auto fail2 = [](const absl::Status& s) {
-    std::cerr << "error: " << s.message() << "\n";
-    return 2;
-  };
-  GptRunPlanOptions o;
-  // Any architecture, as the trainer plans it (model_config; config is its GPT-2 view).
-  absl::StatusOr<ModelConfig> model = ModelPreset(absl::GetFlag(FLAGS_model));
-  if (!model.ok()) return fail2(model.status());
-  o.model_config = *model;
-  o.config = GptConfigView(*model);
-  absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
-  if (!dtype.ok()) return fail2(dtype.status());
-  o.compute_dtype = *dtype;
-  o.model.batch = absl::GetFlag(FLAGS_micro_batch_size);
-  o.model.seq_len = absl::GetFlag(FLAGS_seq_len);
-  o.model.activation_checkpointing = absl::GetFlag(FLAGS_activation_checkpointing);
-  o.model.threads = absl::GetFlag(FLAGS_threads);
-  o.world_size = absl::GetFlag(FLAGS_world_size);
-  o.gradient_accumulation_steps = absl::GetFlag(FLAGS_gradient_accumulation_steps);
-  if (o.model.batch < 1 || o.model.seq_len < 0 || o.model.seq_len > o.config.max_seq_len ||
-      o.world_size < 1 || o.gradient_accumulation_steps < 1 || o.model.threads < 1) {
-    return fail2(absl::InvalidArgumentError(absl::StrCat(
-        "--micro_batch_size, --world_size, --gradient_accumulation_steps and --threads must be "
-        ">= 1 and --seq_len in [0, ",
-        o.config.max_seq_len, "]")));
-  }
-  if (const int64_t r = absl::GetFlag(FLAGS_lora_r); r != 0) {
-    // As the trainer's --lora_* flags (trainer/config_overrides.h) and its check against the
-    // model (ValidateLoraConfig, whose messages name the lora key).
-    LoraConfig lora;
-    lora.r = r;
-    lora.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
-    lora.target_modules = ParseLoraModuleList(absl::GetFlag(FLAGS_lora_target_modules));
-    if (absl::Status s = ValidateLoraConfig(*o.model_config, lora); !s.ok()) {
-      return fail2(absl::Status(
-          s.code(),
-          absl::StrCat("--lora_r / --lora_alpha / --lora_target_modules: ", s.message())));
-    }
-    o.model.lora = lora;
-  } else if (!absl::GetFlag(FLAGS_lora_target_modules).empty()) {
-    return fail2(absl::InvalidArgumentError(
-        "--lora_target_modules needs --lora_r (the adapters' rank, >= 1)"));
-  }
-  const std::string chunk = absl::GetFlag(FLAGS_chunk_size);
-  if (chunk != "auto" && (!absl::SimpleAtoi(chunk, &o.chunk_elems) || o.chunk_elems <= 0)) {
-    return fail2(absl::InvalidArgumentError(
-        absl::StrCat("--chunk_size=", chunk, ": an integer > 0 or \"auto\"")));
-  }
-  if (const std::string a = absl::GetFlag(FLAGS_accelerator_memory); a != "auto") {
-    absl::StatusOr<int64_t> bytes = BytesFlag("accelerator_memory", a);
-    if (!bytes.ok()) return fail2(bytes.status());
-    o.accelerator_bytes = *bytes;
-  }
-  if (const std::string h = absl::GetFlag(FLAGS_host_memory); !h.empty()) {
-    absl::StatusOr<int64_t> bytes = BytesFlag("host_memory", h);
-    if (!bytes.ok()) return fail2(bytes.status());
-    o.host_cap_bytes = *bytes;
-  }
-  if (const std::string h = absl::GetFlag(FLAGS_host_available); h == "auto") {
-    absl::StatusOr<HostMemoryInfo> info = ReadHostMemoryInfo();
-    if (info.ok()) {
-      o.host_available_bytes = info->available_bytes();
-      std::cout << "host: " << info->DebugString() << "\n";
-    }
+// The run planned: --config's file (or the trainer's default config) with the flags applied —
+// those the trainer has through its own ApplyOverrides, the rest onto their keys.
+absl::StatusOr<TrainConfig> ConfigFromFlags(const absl::flat_hash_set<std::string>& given) {
+  const std::string path = absl::GetFlag(FLAGS_config);
+  TrainConfig c;
+  if (path.empty()) {
+    c = DefaultTrainConfig();
   } else {
-    absl::StatusOr<int64_t> bytes = BytesFlag("host_available", h);
-    if (!bytes.ok()) return fail2(bytes.status());
-    o.host_available_bytes = *bytes;
+    ASSIGN_OR_RETURN(c, LoadTrainConfig(path));
   }
-  o.host_overhead_bytes = 256 * kMiB;  // as the trainer
-  if (const std::string a = absl::GetFlag(FLAGS_accelerator); a == "cuda") {
-    // As the trainer plans --accelerator=cuda (trainer.cc: PlanAcceleratorReserve and the
-    // workspaces of CreateKernelWorkspaces for the GPU).
+  // Without a file every flag applies (at its default here); with one, the flags given.
+  const auto use = [&](const char* name) { return path.empty() || given.contains(name); };
+  ConfigOverrides o;
+  if (use("model")) o.model = absl::GetFlag(FLAGS_model);
+  if (use("micro_batch_size")) o.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
+  if (use("seq_len")) o.seq_len = absl::GetFlag(FLAGS_seq_len);
+  if (use("gradient_accumulation_steps")) {
+    o.gradient_accumulation_steps = absl::GetFlag(FLAGS_gradient_accumulation_steps);
+  }
+  if (use("chunk_size")) o.chunk_size = absl::GetFlag(FLAGS_chunk_size);
+  const std::string memory = absl::GetFlag(FLAGS_accelerator_memory);
+  if (use("accelerator_memory") && memory != "auto") o.accelerator_memory = memory;
+  if (use("accelerator")) o.accelerator = absl::GetFlag(FLAGS_accelerator);
+  if (given.contains("nvme_path")) o.nvme_path = absl::GetFlag(FLAGS_nvme_path);
+  if (given.contains("save_dir")) o.save_dir = absl::GetFlag(FLAGS_save_dir);
+  if (given.contains("export_merged")) o.export_merged = absl::GetFlag(FLAGS_export_merged);
+  const bool lora = absl::GetFlag(FLAGS_lora_r) != 0;
+  if (given.contains("lora_r") || (path.empty() && lora)) o.lora_r = absl::GetFlag(FLAGS_lora_r);
+  if (given.contains("lora_alpha") || (path.empty() && lora)) {
+    o.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
+  }
+  if (given.contains("lora_target_modules")) {
+    o.lora_target_modules = absl::GetFlag(FLAGS_lora_target_modules);
+  }
+  RETURN_IF_ERROR(ApplyOverrides(o, &c));
+  if (use("accelerator_memory") && memory == "auto") c.accelerator.memory_bytes = 0;
+  if (use("dtype")) {
+    absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--dtype=", absl::GetFlag(FLAGS_dtype), ": ", dtype.status().message()));
+    }
+    c.bf16 = *dtype == DType::kBF16;
+    c.fp16.enabled = *dtype == DType::kF16;
+  }
+  if (use("activation_checkpointing")) {
+    c.model.activation_checkpointing = absl::GetFlag(FLAGS_activation_checkpointing);
+  }
+  if (use("threads")) c.threads = absl::GetFlag(FLAGS_threads);
+  if (use("host_memory")) {
+    c.accelerator.host_memory_bytes = 0;
+    if (const std::string h = absl::GetFlag(FLAGS_host_memory); !h.empty()) {
+      ASSIGN_OR_RETURN(c.accelerator.host_memory_bytes, BytesFlag("host_memory", h));
+    }
+  }
+  OffloadOptimizerConfig& offload = c.zero_optimization.offload_optimizer;
+  if (use("host_budget")) {
+    offload.host_budget_bytes = 0;
+    if (const std::string b = absl::GetFlag(FLAGS_host_budget); b != "auto") {
+      ASSIGN_OR_RETURN(offload.host_budget_bytes, BytesFlag("host_budget", b));
+    }
+  }
+  if (use("buffer_count")) offload.buffer_count = absl::GetFlag(FLAGS_buffer_count);
+  if (given.contains("export")) c.checkpoint.export_path = absl::GetFlag(FLAGS_export);
+  return c;
+}
+
+// What only a run knows, as the trainer finds it (trainer/run_wiring.cc, trainer/run_plan.cc),
+// from the flags and this machine.
+absl::StatusOr<PlanContext> ContextFromFlags(const TrainConfig& c) {
+  PlanContext context;
+  ASSIGN_OR_RETURN(context.model, PlanModelFromConfig(c));
+  context.world = absl::GetFlag(FLAGS_world_size);
+  context.rank = absl::GetFlag(FLAGS_rank);
+  if (context.world < 1 || context.rank < 0 || context.rank >= context.world) {
+    return absl::InvalidArgumentError(absl::StrCat("--world_size=", context.world,
+                                                   " --rank=", context.rank,
+                                                   ": need world_size >= 1 and rank in [0, "
+                                                   "world_size)"));
+  }
+  const bool cuda = c.accelerator.kind == AcceleratorKind::kCuda;
+  // A GPU run of several ranks trains over nccl (a host communicator is refused there), whose
+  // collectives stage in device memory; the emulated accelerator's ranks use host communicators.
+  context.device_communicator = cuda && context.world > 1;
+  context.threads = c.threads > 0
+                        ? c.threads
+                        : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (cuda) {
     const int cc = absl::GetFlag(FLAGS_cuda_compute_capability);
     if (cc < 1) {
-      return fail2(absl::InvalidArgumentError(
-          absl::StrCat("--cuda_compute_capability must be >= 1, got ", cc)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--cuda_compute_capability must be >= 1, got ", cc));
     }
-    o.kernel_workspaces = std::make_shared<const CudaKernelWorkspaces>(
+    context.kernel_workspaces = std::make_shared<const CudaKernelWorkspaces>(
         CudaKernelWorkspaces::DefaultCublasWorkspaceBytes(cc));
-    o.accelerator_in_host_memory = false;
-    // A host communicator (the plan tool models no NCCL run) and no export.
-    o.comm_buffer_bytes = PlanAcceleratorReserve(AcceleratorKind::kCuda, false, o.world_size,
-                                                 o.chunk_elems, o.compute_dtype, false)
-                              .total_bytes();
+    ASSIGN_OR_RETURN(context.cuda_usable_bytes,
+                     BytesFlag("cuda_usable_memory", absl::GetFlag(FLAGS_cuda_usable_memory)));
     std::cout << "kernels: cuda, cuBLAS workspace "
               << FormatBytes(CudaKernelWorkspaces::DefaultCublasWorkspaceBytes(cc))
               << " per GEMM (compute capability " << cc << ")\n";
-  } else if (a != "cpu") {
-    return fail2(absl::InvalidArgumentError(
-        absl::StrCat("--accelerator must be cpu or cuda, got \"", a, "\"")));
+  } else {
+    context.kernel_workspaces = std::make_shared<const CpuKernelWorkspaces>(context.threads);
   }
-  std::optional<DiskBandwidth> disk_bandwidth;
-  if (const std::string nvme = absl::GetFlag(FLAGS_nvme_path); !nvme.empty()) {
-    // As the trainer's --nvme_path (trainer/config_overrides.h) and its check of the directory.
-    TrainConfig disk;
-    disk.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
-    disk.zero_optimization.offload_optimizer.nvme_path = nvme;
-    if (absl::Status s = CheckNvmePath(disk); !s.ok()) return fail2(s);
-    GptRunPlanOptions::DiskTier tier;
-    tier.dir = nvme;
-    tier.read_ahead = absl::GetFlag(FLAGS_buffer_count);
-    if (tier.read_ahead < 1) {
-      return fail2(absl::InvalidArgumentError(
-          absl::StrCat("--buffer_count must be >= 1, got ", tier.read_ahead)));
+  RETURN_IF_ERROR(ReadPlanMachine(c, context));
+  if (const std::string h = absl::GetFlag(FLAGS_host_available); h == "auto") {
+    if (absl::StatusOr<HostMemoryInfo> info = ReadHostMemoryInfo(); info.ok()) {
+      std::cout << "host: " << info->DebugString() << "\n";
     }
-    if (const std::string b = absl::GetFlag(FLAGS_host_budget); b != "auto") {
-      absl::StatusOr<int64_t> bytes = BytesFlag("host_budget", b);
-      if (!bytes.ok()) return fail2(bytes.status());
-      tier.host_budget_bytes = *bytes;
-    }
-    absl::StatusOr<int64_t> free_bytes = FreeDiskBytes(nvme);
-    if (!free_bytes.ok()) return fail2(free_bytes.status());
-    tier.free_bytes = *free_bytes;
-    o.disk = tier;
-    if (absl::GetFlag(FLAGS_measure_disk)) {
-      FileChunkSwapOptions swap;
-      swap.dir = nvme;
-      absl::StatusOr<int64_t> block =
-          BytesFlag("aio_block_size", absl::GetFlag(FLAGS_aio_block_size));
-      if (!block.ok()) return fail2(block.status());
-      swap.block_size = *block;
-      swap.queue_depth = absl::GetFlag(FLAGS_aio_queue_depth);
-      absl::StatusOr<int64_t> probe = BytesFlag("disk_probe", absl::GetFlag(FLAGS_disk_probe));
-      if (!probe.ok()) return fail2(probe.status());
-      absl::StatusOr<DiskBandwidth> measured = MeasureDiskBandwidth(nvme, swap, *probe);
-      if (!measured.ok()) return fail2(measured.status());
-      disk_bandwidth = *measured;
-    }
+  } else {
+    ASSIGN_OR_RETURN(context.host_available_bytes, BytesFlag("host_available", h));
   }
-  absl::StatusOr<GptRunPlan> run = PlanGptRun(o);
-  if (!run.ok()) return fail2(run.status());
-  const MemoryPlan& p = run->plan;
+  return context;
+}
+
+// The disk under nvme_path measured through the swap's engine (--measure_disk).
+absl::StatusOr<DiskBandwidth> MeasureDisk(const std::string& dir) {
+  FileChunkSwapOptions swap;
+  swap.dir = dir;
+  ASSIGN_OR_RETURN(swap.block_size,
+                   BytesFlag("aio_block_size", absl::GetFlag(FLAGS_aio_block_size)));
+  swap.queue_depth = absl::GetFlag(FLAGS_aio_queue_depth);
+  ASSIGN_OR_RETURN(const int64_t probe, BytesFlag("disk_probe", absl::GetFlag(FLAGS_disk_probe)));
+  return MeasureDiskBandwidth(dir, swap, probe);
+}
+
+// Every number of the plan, as key=value (trainer/plan_tool_test reads them).
+std::string PlanNumbers(const RunPlan& run) {
+  const MemoryPlan& p = run.plan.plan;
+  const GptRunPlanOptions& o = run.options;
+  return absl::StrFormat(
+      "chunk_elems=%d num_chunks=%d num_data_chunks=%d parameters=%d param_chunk_bytes=%d "
+      "state_chunk_bytes=%d rank_model_data_bytes=%d accelerator_bytes=%d "
+      "reserve_adam_bytes=%d reserve_comm_staging_bytes=%d reserve_export_tile_bytes=%d "
+      "comm_buffer_bytes=%d activation_peak_bytes=%d evaluation_peak_bytes=%d "
+      "largest_working_set_bytes=%d lower_bound_bytes=%d stranded_bytes=%d slack_bytes=%d "
+      "tide_margin_bytes=%d min_accelerator_bytes=%d warmup_chunk_fraction=%.17g "
+      "accelerator_state_indices=%d accelerator_state_bytes=%d "
+      "predicted_accelerator_peak_bytes=%d fits_accelerator=%d host_model_data_bytes=%d "
+      "host_accumulator_bytes=%d host_accelerator_bytes=%d host_swap_bytes=%d "
+      "host_overhead_bytes=%d host_workspace_bytes=%d host_peak_bytes=%d host_needed_bytes=%d "
+      "host_model_data_touched_bytes=%d host_expected_peak_bytes=%d fits_host=%d disk_tier=%d "
+      "disk_bytes=%d disk_host_bytes=%d disk_min_host_bytes=%d disk_kept_indices=%d "
+      "disk_streamed_indices=%d disk_read_ahead=%d disk_read_bytes_per_step=%d "
+      "disk_write_bytes_per_step=%d disk_host_budget_bytes=%d vocab_block_rows=%d",
+      p.chunk_elems, p.num_chunks, p.num_data_chunks, p.parameters, p.param_chunk_bytes,
+      p.state_chunk_bytes, p.rank_model_data_bytes, run.plan.accelerator_bytes,
+      run.reserve.adam_bytes, run.reserve.comm_staging_bytes, run.reserve.export_tile_bytes,
+      o.comm_buffer_bytes, p.activation_peak_bytes, p.evaluation_peak_bytes,
+      p.largest_working_set_bytes, p.lower_bound_bytes, p.stranded_bytes, p.slack_bytes,
+      p.tide_margin_bytes, p.min_accelerator_bytes, p.warmup_chunk_fraction,
+      p.accelerator_state_indices, p.accelerator_state_bytes, p.predicted_accelerator_peak_bytes,
+      p.fits_accelerator, p.host_model_data_bytes, p.host_accumulator_bytes,
+      p.host_accelerator_bytes, p.host_swap_bytes, o.host_overhead_bytes, o.host_workspace_bytes,
+      p.host_peak_bytes, p.host_needed_bytes, p.host_model_data_touched_bytes,
+      p.host_expected_peak_bytes, p.fits_host, p.disk_tier, p.disk_bytes, p.disk_host_bytes,
+      p.disk_min_host_bytes, p.disk_kept_indices, p.disk_streamed_indices, p.disk_read_ahead,
+      p.disk_read_bytes_per_step, p.disk_write_bytes_per_step, run.plan.disk_host_budget_bytes,
+      run.plan.vocab.vocab_block_rows);
+}
+
+void PrintPlan(const TrainConfig& c, const RunPlan& run,
+               const std::optional<DiskBandwidth>& disk_bandwidth) {
+  const GptRunPlanOptions& o = run.options;
+  const MemoryPlan& p = run.plan.plan;
   if (p.disk_tier) {
     std::cout << absl::StrFormat(
         "disk tier: swap under %s: %s (%s free there); host budget %s of optimizer state\n",
         o.disk->dir, FormatBytes(p.disk_bytes), FormatBytes(o.disk->free_bytes),
-        FormatBytes(run->disk_host_budget_bytes));
+        FormatBytes(run.plan.disk_host_budget_bytes));
+    if (const std::string note = RamBackedSwapNote(run); !note.empty()) std::cout << note << "\n";
     if (disk_bandwidth.has_value()) {
       const DiskBandwidth& bw = *disk_bandwidth;
       const double disk_s = DiskStepSeconds(p, bw.read_bytes_per_s, bw.write_bytes_per_s);
@@ -269,14 +380,15 @@ int Run() {
     }
   }
   std::cout << absl::StrFormat(
-      "model %s (%d parameters), %s, micro batch %d x %d tokens, world size %d\n", o.config.name,
-      p.parameters, DTypeName(o.compute_dtype), o.model.batch,
-      o.model.seq_len == 0 ? o.config.max_seq_len : o.model.seq_len, o.world_size);
+      "model %s (%d parameters), %s, micro batch %d x %d tokens, world size %d, rank %d\n",
+      o.config.name, p.parameters, DTypeName(o.compute_dtype), o.model.batch, o.model.seq_len,
+      o.world_size, o.rank);
   if (o.model.lora.has_value()) {
     const LoraConfig& lora = *o.model.lora;
     int64_t adapter_elems = 0;
-    for (const TensorSpec& t : PeftAdapterTensors(*o.model_config, lora))
+    for (const TensorSpec& t : PeftAdapterTensors(*o.model_config, lora)) {
       adapter_elems += t.numel();
+    }
     std::cout << absl::StrFormat(
         "LoRA: r %d, lora_alpha %g, targets %s: %d trainable adapter parameters (%.4f%%), the "
         "base's %d frozen in param-only chunks (%d bytes each)\n",
@@ -285,19 +397,11 @@ int Run() {
             static_cast<double>(adapter_elems + ModelParameterCount(*o.model_config)),
         ModelParameterCount(*o.model_config), SizeOf(o.compute_dtype));
   }
-  std::cout << "accelerator budget " << FormatBytes(run->accelerator_bytes) << " ("
-            << run->chunk_note << ")\n"
+  std::cout << "accelerator " << AcceleratorKindName(c.accelerator.kind) << ", budget "
+            << FormatBytes(run.plan.accelerator_bytes) << " (" << run.plan.chunk_note
+            << "), reserved beside chunks and activations "
+            << FormatBytes(run.reserve.total_bytes()) << "\n"
             << p.Summary() << "\n";
-  std::cout << absl::StrFormat(
-      "lower_bound_bytes=%d min_accelerator_bytes=%d predicted_accelerator_peak_bytes=%d "
-      "host_model_data_bytes=%d host_needed_bytes=%d chunk_elems=%d%s\n",
-      p.lower_bound_bytes, p.min_accelerator_bytes, p.predicted_accelerator_peak_bytes,
-      p.host_model_data_bytes, p.host_needed_bytes, p.chunk_elems,
-      p.disk_tier ? absl::StrFormat(" disk_bytes=%d disk_host_bytes=%d disk_read_bytes_per_step=%d "
-                                    "disk_write_bytes_per_step=%d",
-                                    p.disk_bytes, p.disk_host_bytes, p.disk_read_bytes_per_step,
-                                    p.disk_write_bytes_per_step)
-                  : std::string());
   if (absl::GetFlag(FLAGS_moments)) {
     for (size_t i = 0; i < p.moments.size(); ++i) {
       const PlannedMoment& m = p.moments[i];
@@ -306,7 +410,34 @@ int Run() {
                                    m.nonmodel_peak_bytes, m.scratch_reserved_bytes);
     }
   }
-  if (absl::Status fits = CheckGptRunFits(o, *run); !fits.ok()) {
+  std::cout << "plan_numbers: " << PlanNumbers(run) << "\n";
+}
+
+int Run(const absl::flat_hash_set<std::string>& given) {
+  const auto fail2 = [](const absl::Status& s) {
+    std::cerr << "error: " << s.message() << "\n";
+    return 2;
+  };
+  if (absl::Status s = RefuseEmptyFlags(given); !s.ok()) return fail2(s);
+  absl::StatusOr<TrainConfig> config = ConfigFromFlags(given);
+  if (!config.ok()) return fail2(config.status());
+  // As the trainer checks its config before the plan (the swap directory included).
+  if (absl::Status s = ValidateTrainConfig(*config, absl::GetFlag(FLAGS_world_size)); !s.ok()) {
+    return fail2(s);
+  }
+  absl::StatusOr<PlanContext> context = ContextFromFlags(*config);
+  if (!context.ok()) return fail2(context.status());
+  absl::StatusOr<RunPlan> run = PlanRunFromConfig(*config, *context);
+  if (!run.ok()) return fail2(run.status());
+  std::optional<DiskBandwidth> disk_bandwidth;
+  if (run->plan.plan.disk_tier && absl::GetFlag(FLAGS_measure_disk)) {
+    absl::StatusOr<DiskBandwidth> measured = MeasureDisk(run->options.disk->dir);
+    if (!measured.ok()) return fail2(measured.status());
+    disk_bandwidth = *measured;
+  }
+  PrintPlan(*config, *run, disk_bandwidth);
+  // The trainer's refusal, the accelerator included.
+  if (absl::Status fits = CheckRunPlan(*run, /*enforce_accelerator=*/true); !fits.ok()) {
     std::cerr << "error: " << fits.message() << "\n";
     return 1;
   }
@@ -318,7 +449,9 @@ int Run() {
 }  // namespace ps
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Prints the pre-flight memory plan of a GPT training run.");
+  absl::SetProgramUsageMessage(
+      "Prints the pre-flight memory plan of a training run, exactly as the trainer plans it.");
+  const absl::flat_hash_set<std::string> given = ps::GivenFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
-  return ps::Run();
+  return ps::Run(given);
 }

@@ -24,7 +24,9 @@
 #include "memory/dtype.h"
 #include "model/gpt_activation_profile.h"
 #include "model/gpt_config.h"
+#include "model/model_config.h"
 #include "trainer/config.h"
+#include "trainer/plan_options.h"
 #include "trainer/testing/disk_tier_config.h"
 #include "trainer/testing/test_files.h"
 #include "trainer/trainer.h"
@@ -67,24 +69,18 @@ TrainConfig Shape(std::mt19937_64& rng, DType* dtype) {
   return c;
 }
 
-// The plan the trainer makes for `c` (same options as Trainer::Impl::PlanMemoryOrRefuse).
+// The plan the trainer makes for `c` (trainer/plan_options.h, as Trainer::Create plans it; the
+// machine unread: its accelerator numbers do not depend on it). `dtype` is c's compute dtype.
 GptRunPlan Plan(const TrainConfig& c, DType dtype) {
-  GptRunPlanOptions o;
-  o.config.name = "custom";
-  o.config.vocab_size = c.model.vocab_size;
-  o.config.max_seq_len = c.model.max_seq_len;
-  o.config.hidden = c.model.hidden;
-  o.config.num_layers = c.model.num_layers;
-  o.config.num_heads = c.model.num_heads;
-  o.model.batch = c.train_micro_batch_size_per_gpu;
-  o.model.seq_len = c.data.seq_len;
-  o.model.activation_checkpointing = c.model.activation_checkpointing;
-  o.model.threads = c.threads;
-  o.compute_dtype = dtype;
-  o.accelerator_bytes = c.accelerator.memory_bytes;
-  absl::StatusOr<GptRunPlan> plan = PlanGptRun(o);
-  CHECK(plan.ok()) << plan.status();
-  return *plan;
+  CHECK(ComputeDType(c.precision()) == dtype);
+  PlanContext context;
+  absl::StatusOr<ModelConfig> model = PlanModelFromConfig(c);
+  CHECK(model.ok()) << model.status();
+  context.model = *model;
+  context.threads = c.threads;
+  absl::StatusOr<RunPlan> run = PlanRunFromConfig(c, context);
+  CHECK(run.ok()) << run.status();
+  return run->plan;
 }
 
 TEST(Preflight, RandomShapesTrainWithinThePlansMinimumOrAreRefusedUpFront) {

@@ -84,41 +84,12 @@
 #include "memory/dtype.h"
 #include "model/gpt_model.h"
 #include "trainer/config.h"
+#include "trainer/plan_options.h"
 
 namespace ps {
 
-// Most bytes of the device tile the export broadcasts through with a device-memory communicator
-// (at most one chunk of f32: see PlanAcceleratorReserve).
-inline constexpr int64_t kExportTileBytes = int64_t{4} << 20;
-
-// Accelerator bytes a run holds beside the chunks and the activations (see the file comment),
-// which the plan reserves (GptRunPlanOptions::comm_buffer_bytes).
-struct AcceleratorReserve {
-  // CudaAdam's staging tile and workspace (cuda only), from the backend beside the DeviceMemory.
-  int64_t adam_bytes = 0;
-  // The ZeRO collectives' device staging (device-memory communicator, world > 1), from the
-  // accelerator's scratch for the whole run (CommCollectives::DeviceStagingBytes).
-  int64_t comm_staging_bytes = 0;
-  // The export's broadcast tile (device-memory communicator, world > 1, checkpoint.export set):
-  // min(kExportTileBytes, one chunk of f32), from the scratch at the end; the ChunkManager keeps
-  // it free (comm_buffer_bytes).
-  int64_t export_tile_bytes = 0;
-  int64_t total_bytes() const { return adam_bytes + comm_staging_bytes + export_tile_bytes; }
-};
-
-// The reserve of a run on `kind` with a communicator of `world` ranks (device_communicator: it
-// takes device memory only), chunks of `chunk_elems` elements of `dtype`, exporting or not.
-// REQUIRES: world >= 1, chunk_elems >= 0.
-AcceleratorReserve PlanAcceleratorReserve(AcceleratorKind kind, bool device_communicator, int world,
-                                          int64_t chunk_elems, DType dtype, bool exports);
-
-// The accelerator budget the memory plan starts from: accelerator.memory (`configured_bytes`) when
-// set; unset, on cuda in a world of one, the GPU (`cuda_usable_bytes`: its free memory minus the
-// margin of memory/cuda_capacity.h), not a 4 GiB guess; otherwise 0 (the plan's minimum). With
-// several ranks the budget picks the chunk size, which every rank must share, and free memory is
-// rank-local: cuda with world > 1 keeps the plan's minimum unless accelerator.memory is set.
-int64_t DefaultAcceleratorBudget(AcceleratorKind kind, int64_t configured_bytes,
-                                 int64_t cuda_usable_bytes, int world);
+// AcceleratorReserve, PlanAcceleratorReserve, DefaultAcceleratorBudget and kExportTileBytes:
+// trainer/plan_options.h (the plan's one conversion of a config, shared with tools/plan).
 
 // InvalidArgument naming --comm=nccl when a multi-rank `communicator` (null for a world of one)
 // works on host memory while the accelerator is "cuda": the ZeRO chunk payloads would live on the
@@ -166,6 +137,13 @@ struct TrainerEnvironment {
   // engine itself.
   std::function<std::unique_ptr<IoEngine>(std::unique_ptr<IoEngine>)> wrap_disk_engine_for_test =
       nullptr;
+  // Tests only: the pre-flight plan (trainer/plan_options.h). `plan_machine_for_test` is called
+  // with the context once the machine has been read (ReadPlanMachine) and may replace those
+  // readings (host_available_bytes, disk_free_bytes, ...), so that a test plans against the same
+  // machine as tools/plan. `inspect_plan_for_test` is called with the plan before it is checked;
+  // an error it returns ends Trainer::Create with that error (a test's plan-only run).
+  std::function<void(PlanContext& context)> plan_machine_for_test = nullptr;
+  std::function<absl::Status(const RunPlan& plan)> inspect_plan_for_test = nullptr;
 };
 
 // One step, as the metrics file has it.

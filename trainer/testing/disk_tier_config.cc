@@ -8,9 +8,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "base/units.h"
-#include "memory/dtype.h"
-#include "model/gpt_activation_profile.h"
+#include "scheduler/memory_plan.h"
+#include "trainer/plan_options.h"
 
 namespace ps::trainer_testing {
 
@@ -62,28 +61,21 @@ std::vector<TrainConfig> WithDiskTierPerRank(const TrainConfig& config, int worl
 }
 
 absl::StatusOr<int64_t> DiskTierMinimumBudget(const TrainConfig& c, int world) {
-  GptRunPlanOptions o;
-  o.config.name = "custom";
-  o.config.vocab_size = c.model.vocab_size;
-  o.config.max_seq_len = c.model.max_seq_len;
-  o.config.hidden = c.model.hidden;
-  o.config.num_layers = c.model.num_layers;
-  o.config.num_heads = c.model.num_heads;
-  o.model.batch = c.train_micro_batch_size_per_gpu;
-  o.model.seq_len = c.data.seq_len;
-  o.model.activation_checkpointing = c.model.activation_checkpointing;
-  o.model.threads = c.threads;
-  o.compute_dtype = c.bf16 ? DType::kBF16 : c.fp16.enabled ? DType::kF16 : DType::kF32;
-  o.world_size = world;
-  o.chunk_elems = c.chunk.size_elems;
-  o.accelerator_bytes = c.accelerator.memory_bytes;
-  // Any explicit budget: the minimum does not depend on it.
-  o.disk = GptRunPlanOptions::DiskTier{.dir = "unused", .read_ahead = 1, .host_budget_bytes = 1};
-  ASSIGN_OR_RETURN(const GptRunPlan plan, PlanGptRun(o));
-  if (!plan.plan.disk_tier || plan.plan.disk_min_host_bytes <= 0) {
+  // As the trainer plans rank 0 (trainer/plan_options.h), with any explicit budget: the minimum
+  // does not depend on it, nor on the machine (not read).
+  PlanContext context;
+  ASSIGN_OR_RETURN(context.model, PlanModelFromConfig(c));
+  context.world = world;
+  context.threads = std::max(1, c.threads);
+  ASSIGN_OR_RETURN(const RunPlan run,
+                   PlanRunFromConfig(WithDiskTier(c, "unused", /*host_budget_bytes=*/1,
+                                                  /*buffer_count=*/1),
+                                     context));
+  const MemoryPlan& plan = run.plan.plan;
+  if (!plan.disk_tier || plan.disk_min_host_bytes <= 0) {
     return absl::InternalError("the plan has no disk tier");
   }
-  return plan.plan.disk_min_host_bytes;
+  return plan.disk_min_host_bytes;
 }
 
 std::vector<std::string> SwapDirEntries(const std::string& dir) {
