@@ -4,6 +4,13 @@
 // GptModel (model/gpt_model.h) owns one and delegates its state methods to it; their contracts
 // are documented there, the mechanics here.
 //
+// One class, written in rooms by concern: model_state_io.cc (the staged reads, the parameter
+// setters), model_state_io_training_state.cc (LoadTrainingState, VisitTrainingState),
+// model_state_io_hf.cc (the Hugging Face and GPT-2 imports and exports), model_state_io_peft.cc
+// (LoadPeftAdapter, SavePeftAdapter), model_state_io_merged.cc (SaveMergedHfCheckpoint) and
+// model_state_io_fingerprint.cc (BaseFingerprint); the parts they share are in
+// model/internal/model_state_io_parts.h.
+//
 // Reading. Nothing here dereferences an accelerator payload on the host, so it is correct where
 // accelerator memory is not host-addressable (cuda): a payload on the accelerator is copied, after
 // the work enqueued on the compute stream so far (an event the copy waits for), with
@@ -167,8 +174,8 @@ class ModelStateIo {
                                              int64_t first_elem, absl::Span<float> out) const;
 
  private:
-  // The optimizer-state chunks of one index accessed on the host for reading (model_state_io.cc;
-  // see "Reading what is not in memory" in the file comment).
+  // The optimizer-state chunks of one index accessed on the host for reading
+  // (internal/model_state_io_parts.h; see "Reading what is not in memory" in the file comment).
   class HostReadAccess;
 
   // ReadTensorRange's work: chunks without a payload are accessed through `access`, which the

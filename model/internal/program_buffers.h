@@ -1,6 +1,6 @@
-// The transformer program's buffers and accesses (model/transformer_program.cc): RAII handles over
-// a ProgramContext — an f32 scratch buffer freed on destruction, an operator access released on
-// destruction — and the activations one pass keeps. Internal to the program.
+// The transformer program's buffers and accesses (model/internal/transformer_program_run.h): RAII
+// handles over a ProgramContext — an f32 scratch buffer freed on destruction, an operator access
+// released on destruction — and the activations one pass keeps. Internal to the program.
 //
 // Thread safety: thread-compatible, as the context.
 #ifndef PATRICKSTAR_MODEL_INTERNAL_PROGRAM_BUFFERS_H_

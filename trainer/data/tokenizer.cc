@@ -280,74 +280,145 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::LoadTokenizerJson(
   return FromTokenizerJson(json, absl::StrCat("'", path, "'"));
 }
 
-absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJson(
-    absl::string_view json_text, absl::string_view name) {
-  auto error = [&](absl::string_view key, absl::string_view what) {
-    return absl::InvalidArgumentError(absl::StrCat("tokenizer ", name, ": ", key, ": ", what));
-  };
-  auto unsupported = [&](absl::string_view key, const Json& value, absl::string_view supported) {
-    return error(key, absl::StrCat(value.dump(), " is not supported (supported: ", supported, ")"));
-  };
-  std::unique_ptr<BpeTokenizer> tok(new BpeTokenizer());
-  tok->kind_ = "tokenizer.json";
+// --- tokenizer.json, one section at a time -------------------------------------------------
 
+namespace data_internal {
+
+// BpeTokenizer::FromTokenizerJson's steps, one per section of the file, run in the file's order of
+// checks (the first error found is the one reported): the model (its options, vocab and merges),
+// the normalizer, the pre-tokenizer, the decoder, the added tokens and the post-processor. Each
+// step validates its section and fills the parts of the tokenizer it owns; a friend of
+// BpeTokenizer.
+class TokenizerJsonReader {
+ public:
+  // `name` appears in error messages; `tok` is filled by Read().
+  TokenizerJsonReader(absl::string_view name, BpeTokenizer& tok) : name_(name), tok_(tok) {}
+
+  absl::Status Read(absl::string_view json_text);
+
+ private:
+  // A section's added token before its id is checked: the token and the id the file gives it.
+  struct AddedTokenEntry {
+    BpeTokenizer::AddedToken token;
+    const Json* id;
+  };
+
+  // InvalidArgument naming the file and `key`.
+  absl::Status Error(absl::string_view key, absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer ", name_, ": ", key, ": ", what));
+  }
+  absl::Status Unsupported(absl::string_view key, const Json& value,
+                           absl::string_view supported) const {
+    return Error(key, absl::StrCat(value.dump(), " is not supported (supported: ", supported, ")"));
+  }
+
+  // model.type, dropout, byte_fallback, continuing_subword_prefix, end_of_word_suffix and
+  // ignore_merges.
+  absl::Status ReadModelOptions(const Json& model);
+  // model.vocab into the vocabulary and the byte index; returns its largest id.
+  absl::StatusOr<int64_t> ReadVocab(const Json& model);
+  // model.merges ("a b" or ["a", "b"]), ranked in file order.
+  absl::Status ReadMerges(const Json& model);
+  absl::Status ReadNormalizer(const Json& root);
+  // pre_tokenizer: a ByteLevel step, or a Sequence of Split steps ending with ByteLevel.
+  absl::Status ReadPreTokenizer(const Json& root);
+  absl::Status ReadByteLevelStep(const std::string& key, const Json& step);
+  absl::Status ReadSplitStep(const std::string& key, const Json& step);
+  absl::Status ReadDecoder(const Json& root);
+  // added_tokens, with the ids the library gives them (tokenizers' AddedVocabulary::add_tokens);
+  // returns the largest added id, or -1.
+  absl::StatusOr<int64_t> ReadAddedTokens(const Json& root, uint32_t model_vocab_len);
+  absl::StatusOr<AddedTokenEntry> ReadAddedToken(const std::string& key, const Json& a) const;
+  // The id the tokenizers library gives added token `text`: its model.vocab id, or the next id
+  // after the vocabulary and the added tokens so far (largest `max_added`, -1 for none).
+  uint32_t LibraryAddedId(const std::string& text, int64_t max_added,
+                          uint32_t model_vocab_len) const;
+  // post_processor: the document token (TemplateProcessing's first special token).
+  absl::Status ReadPostProcessor(const Json& root);
+
+  const absl::string_view name_;
+  BpeTokenizer& tok_;
+};
+
+absl::Status TokenizerJsonReader::Read(absl::string_view json_text) {
   const Json root = ParseJson(json_text, 0, nullptr);
-  if (root.is_discarded()) return error("(file)", "not valid JSON (or not valid UTF-8)");
-  if (!root.is_object()) return error("(file)", "not a JSON object");
+  if (root.is_discarded()) return Error("(file)", "not valid JSON (or not valid UTF-8)");
+  if (!root.is_object()) return Error("(file)", "not a JSON object");
   const Json* model = Member(root, "model");
   if (model == nullptr || !model->is_object()) {
-    return error("model",
+    return Error("model",
                  "missing or not an object; this is not a Hugging Face tokenizer.json "
                  "(GPT-2's vocab.json and merges.txt go to --vocab and --merges)");
   }
+  RETURN_IF_ERROR(ReadModelOptions(*model));
+  ASSIGN_OR_RETURN(const int64_t max_id, ReadVocab(*model));
+  RETURN_IF_ERROR(ReadMerges(*model));
+  RETURN_IF_ERROR(ReadNormalizer(root));
+  RETURN_IF_ERROR(ReadPreTokenizer(root));
+  RETURN_IF_ERROR(ReadDecoder(root));
+  const auto model_vocab_len = static_cast<uint32_t>(Member(*model, "vocab")->size());
+  ASSIGN_OR_RETURN(const int64_t max_added, ReadAddedTokens(root, model_vocab_len));
+  tok_.vocab_size_ = std::max(max_id, max_added) + 1;
+  RETURN_IF_ERROR(ReadPostProcessor(root));
+  if (!tok_.document_token_.has_value()) tok_.document_token_ = tok_.TokenId("<|endoftext|>");
+  return absl::OkStatus();
+}
 
-  // model.
-  const Json* type = Member(*model, "type");
+absl::Status TokenizerJsonReader::ReadModelOptions(const Json& model) {
+  const Json* type = Member(model, "type");
   if (type != nullptr && *type != "BPE") {
-    return unsupported("model.type", *type,
+    return Unsupported("model.type", *type,
                        "\"BPE\"; for SentencePiece models use tokenizer.model");
   }
-  if (const Json* v = Member(*model, "dropout"); !IsNullOrAbsent(v)) {
-    return unsupported("model.dropout", *v, "null");
+  if (const Json* v = Member(model, "dropout"); !IsNullOrAbsent(v)) {
+    return Unsupported("model.dropout", *v, "null");
   }
-  if (const Json* v = Member(*model, "byte_fallback"); !IsNullOrAbsent(v) && *v != false) {
-    return unsupported("model.byte_fallback", *v, "false: byte-level BPE needs no byte fallback");
+  if (const Json* v = Member(model, "byte_fallback"); !IsNullOrAbsent(v) && *v != false) {
+    return Unsupported("model.byte_fallback", *v, "false: byte-level BPE needs no byte fallback");
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (const Json* v = Member(*model, key); !IsNullOrAbsent(v) && *v != "") {
-      return unsupported(absl::StrCat("model.", key), *v, "null");
+    if (const Json* v = Member(model, key); !IsNullOrAbsent(v) && *v != "") {
+      return Unsupported(absl::StrCat("model.", key), *v, "null");
     }
   }
-  if (const Json* v = Member(*model, "ignore_merges"); !IsNullOrAbsent(v)) {
-    if (!v->is_boolean()) return error("model.ignore_merges", "not a boolean");
-    tok->ignore_merges_ = v->get<bool>();
+  if (const Json* v = Member(model, "ignore_merges"); !IsNullOrAbsent(v)) {
+    if (!v->is_boolean()) return Error("model.ignore_merges", "not a boolean");
+    tok_.ignore_merges_ = v->get<bool>();
   }
-  const Json* vocab = Member(*model, "vocab");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> TokenizerJsonReader::ReadVocab(const Json& model) {
+  const Json* vocab = Member(model, "vocab");
   if (vocab == nullptr || !vocab->is_object() || vocab->empty()) {
-    return error("model.vocab", "missing, empty or not an object of token -> id");
+    return Error("model.vocab", "missing, empty or not an object of token -> id");
   }
   int64_t max_id = -1;
   for (const auto& [token, value] : vocab->items()) {
     if (!value.is_number_unsigned() || value.get<uint64_t>() > kMaxTokenId) {
-      return error("model.vocab", absl::StrCat("the id of token '", token, "' is ", value.dump(),
+      return Error("model.vocab", absl::StrCat("the id of token '", token, "' is ", value.dump(),
                                                "; ids must be integers in [0, ", kMaxTokenId, "]"));
     }
-    if (token.empty()) return error("model.vocab", "has an empty token");
+    if (token.empty()) return Error("model.vocab", "has an empty token");
     const auto id = value.get<uint32_t>();
     max_id = std::max<int64_t>(max_id, id);
-    const auto [where, inserted] = tok->id_to_token_.try_emplace(id, token);
+    const auto [where, inserted] = tok_.id_to_token_.try_emplace(id, token);
     if (!inserted) {
-      return error("model.vocab", absl::StrCat("tokens '", where->second, "' and '", token,
+      return Error("model.vocab", absl::StrCat("tokens '", where->second, "' and '", token,
                                                "' have the same id ", id));
     }
-    tok->token_to_id_[token] = id;
+    tok_.token_to_id_[token] = id;
   }
   RETURN_IF_ERROR(
-      tok->IndexBytes([&](absl::string_view what) { return error("model.vocab", what); }));
+      tok_.IndexBytes([&](absl::string_view what) { return Error("model.vocab", what); }));
+  return max_id;
+}
 
-  const Json* merges = Member(*model, "merges");
-  if (merges == nullptr || !merges->is_array())
-    return error("model.merges", "missing or not an array");
+absl::Status TokenizerJsonReader::ReadMerges(const Json& model) {
+  const Json* merges = Member(model, "merges");
+  if (merges == nullptr || !merges->is_array()) {
+    return Error("model.merges", "missing or not an array");
+  }
   for (size_t i = 0; i < merges->size(); ++i) {
     const Json& m = (*merges)[i];
     const std::string key = absl::StrCat("model.merges[", i, "]");
@@ -356,7 +427,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJson(
       const std::string line = m.get<std::string>();
       const std::vector<std::string> split = absl::StrSplit(line, ' ');
       if (split.size() != 2 || split[0].empty() || split[1].empty()) {
-        return error(key, absl::StrCat("'", line, "' is not two symbols separated by one space"));
+        return Error(key, absl::StrCat("'", line, "' is not two symbols separated by one space"));
       }
       parts[0] = split[0];
       parts[1] = split[1];
@@ -364,185 +435,218 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJson(
       parts[0] = m[0].get<std::string>();
       parts[1] = m[1].get<std::string>();
     } else {
-      return error(key, absl::StrCat(m.dump(), " is neither \"a b\" nor [\"a\", \"b\"]"));
+      return Error(key, absl::StrCat(m.dump(), " is neither \"a b\" nor [\"a\", \"b\"]"));
     }
     uint32_t ids[2];
     for (int p = 0; p < 2; ++p) {
-      const auto it = tok->token_to_id_.find(parts[p]);
-      if (it == tok->token_to_id_.end()) {
-        return error(key, absl::StrCat("symbol '", parts[p], "' is not in model.vocab"));
+      const auto it = tok_.token_to_id_.find(parts[p]);
+      if (it == tok_.token_to_id_.end()) {
+        return Error(key, absl::StrCat("symbol '", parts[p], "' is not in model.vocab"));
       }
       ids[p] = it->second;
     }
     const std::string merged = parts[0] + parts[1];
-    const auto merged_it = tok->token_to_id_.find(merged);
-    if (merged_it == tok->token_to_id_.end()) {
-      return error(key, absl::StrCat("the merged symbol '", merged, "' is not in model.vocab"));
+    const auto merged_it = tok_.token_to_id_.find(merged);
+    if (merged_it == tok_.token_to_id_.end()) {
+      return Error(key, absl::StrCat("the merged symbol '", merged, "' is not in model.vocab"));
     }
     // A repeated merge keeps its first (highest) rank.
-    tok->merges_.try_emplace(PairKey(ids[0], ids[1]),
-                             Merge{static_cast<uint32_t>(i), merged_it->second});
+    tok_.merges_.try_emplace(BpeTokenizer::PairKey(ids[0], ids[1]),
+                             BpeTokenizer::Merge{static_cast<uint32_t>(i), merged_it->second});
   }
+  return absl::OkStatus();
+}
 
-  // normalizer.
+absl::Status TokenizerJsonReader::ReadNormalizer(const Json& root) {
   if (const Json* n = Member(root, "normalizer"); !IsNullOrAbsent(n)) {
     const Json* t = Member(*n, "type");
-    if (t == nullptr || *t != "NFC") return unsupported("normalizer", *n, "null or NFC");
-    tok->nfc_ = true;
+    if (t == nullptr || *t != "NFC") return Unsupported("normalizer", *n, "null or NFC");
+    tok_.nfc_ = true;
   }
+  return absl::OkStatus();
+}
 
-  // pre_tokenizer.
-  {
-    const Json* pre = Member(root, "pre_tokenizer");
-    if (IsNullOrAbsent(pre)) {
-      return error("pre_tokenizer", "missing; byte-level BPE needs a ByteLevel pre-tokenizer");
+absl::Status TokenizerJsonReader::ReadPreTokenizer(const Json& root) {
+  const Json* pre = Member(root, "pre_tokenizer");
+  if (IsNullOrAbsent(pre)) {
+    return Error("pre_tokenizer", "missing; byte-level BPE needs a ByteLevel pre-tokenizer");
+  }
+  std::vector<std::pair<std::string, const Json*>> steps;
+  const Json* t = Member(*pre, "type");
+  if (t != nullptr && *t == "Sequence") {
+    const Json* list = Member(*pre, "pretokenizers");
+    if (list == nullptr || !list->is_array()) {
+      return Error("pre_tokenizer.pretokenizers", "missing or not an array");
     }
-    std::vector<std::pair<std::string, const Json*>> steps;
-    const Json* t = Member(*pre, "type");
-    if (t != nullptr && *t == "Sequence") {
-      const Json* list = Member(*pre, "pretokenizers");
-      if (list == nullptr || !list->is_array()) {
-        return error("pre_tokenizer.pretokenizers", "missing or not an array");
-      }
-      for (size_t i = 0; i < list->size(); ++i) {
-        steps.emplace_back(absl::StrCat("pre_tokenizer.pretokenizers[", i, "]"), &(*list)[i]);
-      }
+    for (size_t i = 0; i < list->size(); ++i) {
+      steps.emplace_back(absl::StrCat("pre_tokenizer.pretokenizers[", i, "]"), &(*list)[i]);
+    }
+  } else {
+    steps.emplace_back("pre_tokenizer", pre);
+  }
+  bool byte_level = false;
+  for (const auto& [key, step] : steps) {
+    const Json* st = Member(*step, "type");
+    if (byte_level) {
+      return Error(key,
+                   "ByteLevel must be the last pre-tokenizer (supported: [Split...,] "
+                   "ByteLevel)");
+    }
+    if (st != nullptr && *st == "ByteLevel") {
+      byte_level = true;
+      RETURN_IF_ERROR(ReadByteLevelStep(key, *step));
+    } else if (st != nullptr && *st == "Split") {
+      RETURN_IF_ERROR(ReadSplitStep(key, *step));
     } else {
-      steps.emplace_back("pre_tokenizer", pre);
-    }
-    bool byte_level = false;
-    for (const auto& [key, step] : steps) {
-      const Json* st = Member(*step, "type");
-      if (byte_level) {
-        return error(key,
-                     "ByteLevel must be the last pre-tokenizer (supported: [Split...,] "
-                     "ByteLevel)");
-      }
-      if (st != nullptr && *st == "ByteLevel") {
-        byte_level = true;
-        if (const Json* v = Member(*step, "add_prefix_space"); !IsNullOrAbsent(v) && *v != false) {
-          return unsupported(absl::StrCat(key, ".add_prefix_space"), *v, "false");
-        }
-        const Json* use_regex = Member(*step, "use_regex");
-        if (IsNullOrAbsent(use_regex) || *use_regex == true) {
-          tok->splits_.push_back(SplitPattern::kGpt2);
-        }
-      } else if (st != nullptr && *st == "Split") {
-        const Json* pattern = Member(*step, "pattern");
-        const Json* regex = pattern == nullptr ? nullptr : Member(*pattern, "Regex");
-        if (regex == nullptr || !regex->is_string()) {
-          return error(absl::StrCat(key, ".pattern"),
-                       "only {\"Regex\": ...} patterns are supported");
-        }
-        const std::optional<SplitPattern> known = RecognizeSplitPattern(regex->get<std::string>());
-        if (!known.has_value()) {
-          return error(absl::StrCat(key, ".pattern.Regex"),
-                       absl::StrCat(regex->dump(),
-                                    " is not a known pattern (supported: GPT-2's, "
-                                    "Llama-3's and Qwen2's pre-tokenizer regex)"));
-        }
-        if (const Json* v = Member(*step, "behavior"); v == nullptr || *v != "Isolated") {
-          return unsupported(absl::StrCat(key, ".behavior"), v ? *v : Json(), "\"Isolated\"");
-        }
-        if (const Json* v = Member(*step, "invert"); !IsNullOrAbsent(v) && *v != false) {
-          return unsupported(absl::StrCat(key, ".invert"), *v, "false");
-        }
-        tok->splits_.push_back(*known);
-      } else {
-        return unsupported(key, *step, "ByteLevel, or a Sequence of Split and ByteLevel");
-      }
-    }
-    if (!byte_level) {
-      return error("pre_tokenizer", "has no ByteLevel step; only byte-level BPE is supported");
+      return Unsupported(key, *step, "ByteLevel, or a Sequence of Split and ByteLevel");
     }
   }
+  if (!byte_level) {
+    return Error("pre_tokenizer", "has no ByteLevel step; only byte-level BPE is supported");
+  }
+  return absl::OkStatus();
+}
 
-  // decoder.
+absl::Status TokenizerJsonReader::ReadByteLevelStep(const std::string& key, const Json& step) {
+  if (const Json* v = Member(step, "add_prefix_space"); !IsNullOrAbsent(v) && *v != false) {
+    return Unsupported(absl::StrCat(key, ".add_prefix_space"), *v, "false");
+  }
+  const Json* use_regex = Member(step, "use_regex");
+  if (IsNullOrAbsent(use_regex) || *use_regex == true) {
+    tok_.splits_.push_back(SplitPattern::kGpt2);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TokenizerJsonReader::ReadSplitStep(const std::string& key, const Json& step) {
+  const Json* pattern = Member(step, "pattern");
+  const Json* regex = pattern == nullptr ? nullptr : Member(*pattern, "Regex");
+  if (regex == nullptr || !regex->is_string()) {
+    return Error(absl::StrCat(key, ".pattern"), "only {\"Regex\": ...} patterns are supported");
+  }
+  const std::optional<SplitPattern> known = RecognizeSplitPattern(regex->get<std::string>());
+  if (!known.has_value()) {
+    return Error(absl::StrCat(key, ".pattern.Regex"),
+                 absl::StrCat(regex->dump(),
+                              " is not a known pattern (supported: GPT-2's, "
+                              "Llama-3's and Qwen2's pre-tokenizer regex)"));
+  }
+  if (const Json* v = Member(step, "behavior"); v == nullptr || *v != "Isolated") {
+    return Unsupported(absl::StrCat(key, ".behavior"), v ? *v : Json(), "\"Isolated\"");
+  }
+  if (const Json* v = Member(step, "invert"); !IsNullOrAbsent(v) && *v != false) {
+    return Unsupported(absl::StrCat(key, ".invert"), *v, "false");
+  }
+  tok_.splits_.push_back(*known);
+  return absl::OkStatus();
+}
+
+absl::Status TokenizerJsonReader::ReadDecoder(const Json& root) {
   if (const Json* d = Member(root, "decoder"); !IsNullOrAbsent(d)) {
     const Json* t = Member(*d, "type");
-    if (t == nullptr || *t != "ByteLevel") return unsupported("decoder", *d, "null or ByteLevel");
+    if (t == nullptr || *t != "ByteLevel") return Unsupported("decoder", *d, "null or ByteLevel");
   }
+  return absl::OkStatus();
+}
 
-  // added_tokens, with the ids the library gives them (tokenizers' AddedVocabulary::add_tokens).
-  const auto model_vocab_len = static_cast<uint32_t>(vocab->size());
+absl::StatusOr<int64_t> TokenizerJsonReader::ReadAddedTokens(const Json& root,
+                                                             uint32_t model_vocab_len) {
   int64_t max_added = -1;
-  if (const Json* added = Member(root, "added_tokens"); !IsNullOrAbsent(added)) {
-    if (!added->is_array()) return error("added_tokens", "not an array");
-    for (size_t i = 0; i < added->size(); ++i) {
-      const Json& a = (*added)[i];
-      const std::string key = absl::StrCat("added_tokens[", i, "]");
-      const Json* content = Member(a, "content");
-      const Json* id = Member(a, "id");
-      if (content == nullptr || !content->is_string() || content->get<std::string>().empty()) {
-        return error(absl::StrCat(key, ".content"), "missing, empty or not a string");
-      }
-      const std::string text = content->get<std::string>();
-      if (id == nullptr || !id->is_number_unsigned() || id->get<uint64_t>() > kMaxTokenId) {
-        return error(absl::StrCat(key, ".id"),
-                     absl::StrCat("missing or not an integer in [0, ", kMaxTokenId, "]"));
-      }
-      for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
-        if (const Json* v = Member(a, flag); !IsNullOrAbsent(v) && *v != false) {
-          return unsupported(absl::StrCat(key, ".", flag, " ('", text, "')"), *v, "false");
-        }
-      }
-      AddedToken token{text, 0, false, true};
-      if (const Json* v = Member(a, "special"); v != nullptr && v->is_boolean()) {
-        token.special = v->get<bool>();
-      }
-      if (const Json* v = Member(a, "normalized"); v != nullptr && v->is_boolean()) {
-        token.normalized = v->get<bool>();
-      } else {
-        token.normalized = !token.special;
-      }
-      uint32_t expected;
-      if (const auto it = tok->token_to_id_.find(text); it != tok->token_to_id_.end()) {
-        expected = it->second;
-      } else if (max_added < 0) {
-        expected = model_vocab_len;
-      } else {
-        expected = static_cast<uint64_t>(max_added) >= model_vocab_len || model_vocab_len == 0
-                       ? static_cast<uint32_t>(max_added + 1)
-                       : model_vocab_len;
-      }
-      if (id->get<uint64_t>() != expected) {
-        return error(
-            absl::StrCat(key, ".id"),
-            absl::StrCat("'", text, "' has id ", id->dump(),
-                         " but the tokenizers library gives it ", expected,
-                         " (its model.vocab id, or the next id after the ", model_vocab_len,
-                         " vocabulary entries); the file is "
-                         "inconsistent"));
-      }
-      token.id = expected;
-      if (tok->added_by_id_.contains(expected)) continue;  // the library keeps the first
-      max_added = std::max<int64_t>(max_added, expected);
-      tok->added_by_first_byte_[static_cast<uint8_t>(text[0])].push_back(tok->added_.size());
-      tok->added_by_id_[expected] = tok->added_.size();
-      tok->added_.push_back(std::move(token));
+  const Json* added = Member(root, "added_tokens");
+  if (IsNullOrAbsent(added)) return max_added;
+  if (!added->is_array()) return Error("added_tokens", "not an array");
+  for (size_t i = 0; i < added->size(); ++i) {
+    const std::string key = absl::StrCat("added_tokens[", i, "]");
+    ASSIGN_OR_RETURN(AddedTokenEntry entry, ReadAddedToken(key, (*added)[i]));
+    BpeTokenizer::AddedToken& token = entry.token;
+    const std::string& text = token.content;
+    const uint32_t expected = LibraryAddedId(text, max_added, model_vocab_len);
+    if (entry.id->get<uint64_t>() != expected) {
+      return Error(absl::StrCat(key, ".id"),
+                   absl::StrCat("'", text, "' has id ", entry.id->dump(),
+                                " but the tokenizers library gives it ", expected,
+                                " (its model.vocab id, or the next id after the ", model_vocab_len,
+                                " vocabulary entries); the file is "
+                                "inconsistent"));
     }
+    token.id = expected;
+    if (tok_.added_by_id_.contains(expected)) continue;  // the library keeps the first
+    max_added = std::max<int64_t>(max_added, expected);
+    tok_.added_by_first_byte_[static_cast<uint8_t>(text[0])].push_back(tok_.added_.size());
+    tok_.added_by_id_[expected] = tok_.added_.size();
+    tok_.added_.push_back(std::move(token));
   }
-  tok->vocab_size_ = std::max(max_id, max_added) + 1;
+  return max_added;
+}
 
-  // post_processor: the document token.
-  if (const Json* p = Member(root, "post_processor"); !IsNullOrAbsent(p)) {
-    const Json* t = Member(*p, "type");
-    const Json* single = Member(*p, "single");
-    if (t != nullptr && *t == "TemplateProcessing" && single != nullptr && single->is_array() &&
-        !single->empty()) {
-      const Json* special = Member((*single)[0], "SpecialToken");
-      const Json* special_name = special == nullptr ? nullptr : Member(*special, "id");
-      if (special_name != nullptr && special_name->is_string()) {
-        const std::optional<uint32_t> bos = tok->TokenId(special_name->get<std::string>());
-        if (!bos.has_value()) {
-          return error("post_processor.single[0].SpecialToken.id",
-                       absl::StrCat(special_name->dump(), " is not a token of this tokenizer"));
-        }
-        tok->document_token_ = bos;
-      }
+absl::StatusOr<TokenizerJsonReader::AddedTokenEntry> TokenizerJsonReader::ReadAddedToken(
+    const std::string& key, const Json& a) const {
+  const Json* content = Member(a, "content");
+  const Json* id = Member(a, "id");
+  if (content == nullptr || !content->is_string() || content->get<std::string>().empty()) {
+    return Error(absl::StrCat(key, ".content"), "missing, empty or not a string");
+  }
+  const std::string text = content->get<std::string>();
+  if (id == nullptr || !id->is_number_unsigned() || id->get<uint64_t>() > kMaxTokenId) {
+    return Error(absl::StrCat(key, ".id"),
+                 absl::StrCat("missing or not an integer in [0, ", kMaxTokenId, "]"));
+  }
+  for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
+    if (const Json* v = Member(a, flag); !IsNullOrAbsent(v) && *v != false) {
+      return Unsupported(absl::StrCat(key, ".", flag, " ('", text, "')"), *v, "false");
     }
   }
-  if (!tok->document_token_.has_value()) tok->document_token_ = tok->TokenId("<|endoftext|>");
+  BpeTokenizer::AddedToken token{text, 0, false, true};
+  if (const Json* v = Member(a, "special"); v != nullptr && v->is_boolean()) {
+    token.special = v->get<bool>();
+  }
+  if (const Json* v = Member(a, "normalized"); v != nullptr && v->is_boolean()) {
+    token.normalized = v->get<bool>();
+  } else {
+    token.normalized = !token.special;
+  }
+  return AddedTokenEntry{std::move(token), id};
+}
+
+uint32_t TokenizerJsonReader::LibraryAddedId(const std::string& text, int64_t max_added,
+                                             uint32_t model_vocab_len) const {
+  if (const auto it = tok_.token_to_id_.find(text); it != tok_.token_to_id_.end()) {
+    return it->second;
+  }
+  if (max_added < 0) return model_vocab_len;
+  return static_cast<uint64_t>(max_added) >= model_vocab_len || model_vocab_len == 0
+             ? static_cast<uint32_t>(max_added + 1)
+             : model_vocab_len;
+}
+
+absl::Status TokenizerJsonReader::ReadPostProcessor(const Json& root) {
+  const Json* p = Member(root, "post_processor");
+  if (IsNullOrAbsent(p)) return absl::OkStatus();
+  const Json* t = Member(*p, "type");
+  const Json* single = Member(*p, "single");
+  if (t != nullptr && *t == "TemplateProcessing" && single != nullptr && single->is_array() &&
+      !single->empty()) {
+    const Json* special = Member((*single)[0], "SpecialToken");
+    const Json* special_name = special == nullptr ? nullptr : Member(*special, "id");
+    if (special_name != nullptr && special_name->is_string()) {
+      const std::optional<uint32_t> bos = tok_.TokenId(special_name->get<std::string>());
+      if (!bos.has_value()) {
+        return Error("post_processor.single[0].SpecialToken.id",
+                     absl::StrCat(special_name->dump(), " is not a token of this tokenizer"));
+      }
+      tok_.document_token_ = bos;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace data_internal
+
+absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromTokenizerJson(
+    absl::string_view json_text, absl::string_view name) {
+  std::unique_ptr<BpeTokenizer> tok(new BpeTokenizer());
+  tok->kind_ = "tokenizer.json";
+  RETURN_IF_ERROR(data_internal::TokenizerJsonReader(name, *tok).Read(json_text));
   return tok;
 }
 

@@ -78,6 +78,9 @@
 #include "trainer/data/internal/pre_tokenize.h"
 
 namespace ps {
+namespace data_internal {
+class TokenizerJsonReader;  // BpeTokenizer::FromTokenizerJson's steps (tokenizer.cc)
+}  // namespace data_internal
 
 class Tokenizer {
  public:
@@ -149,6 +152,8 @@ class BpeTokenizer final : public Tokenizer {
   int64_t num_merges() const { return static_cast<int64_t>(merges_.size()); }
 
  private:
+  friend class data_internal::TokenizerJsonReader;
+
   struct Merge {
     uint32_t rank;
     uint32_t merged;
