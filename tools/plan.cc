@@ -32,7 +32,7 @@
 // parameter in bf16/f16), the adapters A [r, in] and B [out, r] with their full training state.
 //
 // The last line before the verdict, "plan_numbers: key=value ...", holds every number of the plan
-// (trainer/plan_tool_test compares them with the trainer's pre-flight).
+// (tools/plan_test compares them with the trainer's pre-flight).
 //
 // Exit status as the trainer's: 0 the run fits (the plan on stdout); 1 it does not (the plan on
 // stdout, the refusal on stderr); 2 a flag that cannot be parsed or is given empty ("--model="),
@@ -322,7 +322,7 @@ absl::StatusOr<DiskBandwidth> MeasureDisk(const std::string& dir) {
   return MeasureDiskBandwidth(dir, swap, probe);
 }
 
-// Every number of the plan, as key=value (trainer/plan_tool_test reads them).
+// Every number of the plan, as key=value (tools/plan_test reads them).
 std::string PlanNumbers(const RunPlan& run) {
   const MemoryPlan& p = run.plan.plan;
   const GptRunPlanOptions& o = run.options;

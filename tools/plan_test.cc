@@ -133,7 +133,7 @@ ToolRun RunTool(const std::vector<std::string>& flags) {
 // `config` written as the trainer's config file (TrainConfigToJson, the canonical form).
 std::string WriteConfig(const TrainConfig& config, const std::string& name) {
   const std::string path =
-      absl::StrCat(trainer_testing::FreshTempDir("plan_tool_test", name), "/config.json");
+      absl::StrCat(trainer_testing::FreshTempDir("plan_test", name), "/config.json");
   std::ofstream(path) << TrainConfigToJson(config);
   return path;
 }
@@ -238,7 +238,7 @@ TEST(PlanTool, PresetsPlanAsTheTrainer) {
 // payloads): planned by both, and not zero.
 TEST(PlanTool, ExportsAndCheckpointsPlanAsTheTrainer) {
   TrainConfig c = PresetConfig("tiny");
-  const std::string dir = trainer_testing::FreshTempDir("plan_tool_test", "outputs");
+  const std::string dir = trainer_testing::FreshTempDir("plan_test", "outputs");
   c.checkpoint.export_path = dir + "/model.safetensors";
   c.checkpoint.dir = dir + "/checkpoints";
   const std::vector<RunPlan> plans = ExpectToolPlansAsTheTrainer(c, "exports");
@@ -254,7 +254,7 @@ TEST(PlanTool, LoraPlansAsTheTrainer) {
   lora.lora_alpha = 8;
   lora.target_modules = {"q_proj", "v_proj"};
   c.lora = lora;
-  const std::string dir = trainer_testing::FreshTempDir("plan_tool_test", "lora_outputs");
+  const std::string dir = trainer_testing::FreshTempDir("plan_test", "lora_outputs");
   c.checkpoint.export_path = dir + "/adapter";
   c.checkpoint.export_merged = dir + "/merged";
   const std::vector<RunPlan> plans = ExpectToolPlansAsTheTrainer(c, "lora");
@@ -265,7 +265,7 @@ TEST(PlanTool, LoraPlansAsTheTrainer) {
 }
 
 TEST(PlanTool, DiskTierPlansAsTheTrainer) {
-  const std::string dir = trainer_testing::FreshTempDir("plan_tool_test", "swap");
+  const std::string dir = trainer_testing::FreshTempDir("plan_test", "swap");
   // The automatic host budget (from the pinned MemAvailable), and an explicit one at the minimum.
   TrainConfig c = trainer_testing::WithDiskTier(trainer_testing::TinyDiskConfig(), dir, 0);
   ExpectToolPlansAsTheTrainer(c, "disk_auto");
@@ -288,7 +288,7 @@ TEST(PlanTool, ZeroTwoRanksPlanAsTheTrainer) {
   // The disk tier per rank, each on its own directory.
   const std::vector<TrainConfig> per_rank = trainer_testing::WithDiskTierPerRank(
       trainer_testing::TinyDiskConfig(), 2,
-      trainer_testing::FreshTempDir("plan_tool_test", "zero_swap"), 0);
+      trainer_testing::FreshTempDir("plan_test", "zero_swap"), 0);
   std::vector<std::optional<RunPlan>> disk_plans(2);
   trainer_testing::RunRanks(per_rank, [&](int rank, TrainerEnvironment& env) {
     env.plan_machine_for_test = [](PlanContext& context) {
@@ -333,7 +333,7 @@ TEST(PlanTool, CudaRunsPlanWithTheTrainersReserve) {
                                                "--cuda_compute_capability=9"}));
   // Two ranks over nccl, exporting: the collectives' staging and the export tile reserved too.
   c.checkpoint.export_path =
-      trainer_testing::FreshTempDir("plan_tool_test", "cuda_export") + "/model.safetensors";
+      trainer_testing::FreshTempDir("plan_test", "cuda_export") + "/model.safetensors";
   c.accelerator.memory_bytes = 2 * kGiB;
   context.world = 2;
   context.device_communicator = true;
