@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/testing/status_matchers.h"
@@ -94,7 +95,7 @@ FaultRates Rates(uint64_t seed) {
 // Ctrl-C twice on a run whose stop hangs: the second SIGINT kills the process (the trainer's
 // handlers, trainer/io/signal_flag.h, as the binary installs them), and its swap file and lock are
 // gone all the same. The run is a forked child (its own signal dispositions), killed mid-run with
-// the swap open and holding state.
+// the swap open and holding state. (First in this file: forked before any test started threads.)
 TEST(DiskTierSignals, ASecondSigintStillRemovesTheSwapFiles) {
   const std::string root = trainer_testing::FreshTempDir("disk_tier_fault_test", "sigint");
   TrainConfig ram = TinyDiskConfig();
@@ -130,6 +131,14 @@ TEST(DiskTierSignals, ASecondSigintStillRemovesTheSwapFiles) {
     ::_exit(5);  // never: the steps outlast the test
   }
   ::close(pipe_fds[1]);
+  bool reaped = false;
+  absl::Cleanup reap = [&] {  // a failed ASSERT below leaves no child behind
+    if (!reaped) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    ::close(pipe_fds[0]);
+  };
   char byte = 0;
   ASSERT_EQ(::read(pipe_fds[0], &byte, 1), 1) << "the child failed before its first step";
   ASSERT_EQ(byte, 'r');
@@ -141,7 +150,7 @@ TEST(DiskTierSignals, ASecondSigintStillRemovesTheSwapFiles) {
   ASSERT_EQ(::kill(pid, SIGINT), 0);
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ::close(pipe_fds[0]);
+  reaped = true;
   ASSERT_TRUE(WIFSIGNALED(status)) << "exited with " << WEXITSTATUS(status);
   EXPECT_EQ(WTERMSIG(status), SIGINT) << "killed by " << ::strsignal(WTERMSIG(status));
   EXPECT_THAT(SwapDirEntries(swap), IsEmpty()) << "swap files left after the second SIGINT";
