@@ -19,7 +19,9 @@
 #include "base/testing/status_matchers.h"
 #include "base/testing/test_rng.h"
 #include "disk/io_engine.h"
+#include "disk/testing/counting_io_engine.h"
 #include "disk/testing/faulty_io_engine.h"
+#include "disk/testing/io_uring_gate.h"
 #include "disk/testing/scoped_test_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -64,13 +66,6 @@ class Buffer {
   int64_t bytes_;
   int64_t misalign_;
 };
-
-// Why io_uring cannot be used here, or "" when it can.
-std::string IoUringRefusal() {
-  absl::StatusOr<OpenedIoEngine> opened =
-      OpenIoEngine(IoEngineOptions{.kind = IoEngineKind::kIoUring});
-  return opened.ok() ? "" : std::string(opened.status().message());
-}
 
 struct SwapConfig {
   IoEngineKind engine;
@@ -231,6 +226,109 @@ TEST_P(FileChunkSwapTest, AioKnobs) {
         ASSERT_OK(swap->AddSlot(static_cast<int64_t>(k), sizes[k], absl::StrCat("variance#", k)));
       }
       RoundTrips(*swap, sizes, rng, 1, /*misalign=*/0);
+    }
+  }
+}
+
+// The aio knobs observed at the I/O seam (a CountingIoEngine under the swap): block_size sets
+// every request's size, queue_depth bounds (and fills) what is in flight, single_submit submits
+// requests one by one, overlap_events reaps one completion at a time instead of whole batches.
+// A knob the swap ignored (or replaced by its default) fails here.
+struct KnobCase {
+  int64_t block_size;
+  int queue_depth;
+  bool single_submit;
+  bool overlap_events;
+};
+
+TEST_P(FileChunkSwapTest, AioKnobsReachTheEngine) {
+  for (const KnobCase k : {KnobCase{16 << 10, 3, false, true}, KnobCase{8 << 10, 5, true, true},
+                           KnobCase{32 << 10, 1, false, false}, KnobCase{4 << 10, 4, false, false},
+                           KnobCase{12 << 10, 2, true, false}}) {
+    SCOPED_TRACE(absl::StrCat("block_size ", k.block_size, ", queue_depth ", k.queue_depth,
+                              ", single_submit ", k.single_submit, ", overlap_events ",
+                              k.overlap_events));
+    ScopedTestDir dir;
+    FileChunkSwapOptions o = Options(dir.path());
+    o.block_size = k.block_size;
+    o.queue_depth = k.queue_depth;
+    o.single_submit = k.single_submit;
+    o.overlap_events = k.overlap_events;
+    std::shared_ptr<IoRecords> records;
+    o.wrap_engine_for_test = [&records](std::unique_ptr<IoEngine> inner) {
+      auto counting = std::make_unique<CountingIoEngine>(std::move(inner));
+      records = counting->records();
+      return counting;
+    };
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChunkSwap> swap, OpenFileChunkSwap(o));
+    ASSERT_NE(records, nullptr) << "the seam was not called";
+    // Two slots of whole blocks (more blocks than the queue is deep), each written then read.
+    constexpr int kBlocks = 12;
+    const int64_t bytes = kBlocks * k.block_size;
+    ASSERT_OK(swap->AddSlot(0, bytes, "master#0"));
+    ASSERT_OK(swap->AddSlot(1, bytes, "master#1"));
+    EXPECT_EQ(records->allocate_calls, 2);
+    TestRng rng(8);
+    Buffer a(bytes), b(bytes), back(bytes);
+    a.Fill(rng);
+    b.Fill(rng);
+    ASSERT_OK_AND_ASSIGN(IoTicket ta, swap->StartWrite(0, a.data()));
+    ASSERT_OK_AND_ASSIGN(IoTicket tb, swap->StartWrite(1, b.data()));
+    ASSERT_OK(swap->Wait(ta));
+    ASSERT_OK(swap->Wait(tb));
+    ASSERT_OK_AND_ASSIGN(ta, swap->StartRead(1, back.data()));
+    ASSERT_OK(swap->Wait(ta));
+    EXPECT_EQ(std::memcmp(back.data(), b.data(), static_cast<size_t>(bytes)), 0);
+    swap.reset();  // no I/O in flight from here: the record is complete
+
+    const IoRecords& r = *records;
+    // block_size: each slot's I/O is kBlocks requests of exactly block_size, covering the slot.
+    ASSERT_EQ(r.requests.size(), static_cast<size_t>(3 * kBlocks));
+    int writes = 0;
+    int64_t covered = 0;
+    for (const IoRecords::Request& q : r.requests) {
+      EXPECT_EQ(q.bytes, k.block_size);
+      EXPECT_EQ(q.offset % k.block_size, 0);
+      writes += q.write ? 1 : 0;
+      covered += q.bytes;
+    }
+    EXPECT_EQ(writes, 2 * kBlocks);
+    EXPECT_EQ(covered, 3 * bytes);
+    // queue_depth: never more in flight, and filled: a slot's requests are queued at once.
+    EXPECT_EQ(r.max_in_flight, k.queue_depth);
+    EXPECT_EQ(r.in_flight, 0);
+    for (const IoRecords::Submission& s : r.submissions) {
+      EXPECT_LE(s.in_flight_before + s.requests, k.queue_depth);
+      EXPECT_GE(s.requests, 1);
+    }
+    // single_submit: one request per Submit; batched, the first Submit fills the queue.
+    ASSERT_FALSE(r.submissions.empty());
+    if (k.single_submit) {
+      EXPECT_EQ(r.submissions.size(), r.requests.size());
+    } else {
+      EXPECT_EQ(r.submissions.front().requests, k.queue_depth);
+      if (k.queue_depth > 1) {
+        EXPECT_LT(r.submissions.size(), r.requests.size());
+      }
+    }
+    // overlap_events: reap one completion and refill; without it, wait for the whole batch and
+    // submit the next one only onto an empty queue.
+    ASSERT_FALSE(r.reapings.empty());
+    bool waited_for_one_of_several = false;
+    for (const IoRecords::Reaping& p : r.reapings) {
+      EXPECT_GE(p.in_flight, 1);
+      if (k.overlap_events) {
+        EXPECT_EQ(p.min_completions, 1);
+        waited_for_one_of_several |= p.in_flight > 1;
+      } else {
+        EXPECT_EQ(p.min_completions, p.in_flight);
+      }
+    }
+    if (k.overlap_events && k.queue_depth > 1) {
+      EXPECT_TRUE(waited_for_one_of_several);
+    }
+    if (!k.overlap_events && !k.single_submit) {
+      for (const IoRecords::Submission& s : r.submissions) EXPECT_EQ(s.in_flight_before, 0);
     }
   }
 }
@@ -502,16 +600,53 @@ TEST(FileChunkSwap, RefusedIoUringFallsBackToThreadsOrIsAnError) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
 }
 
+// The threads of this process (/proc/self/task).
+int ProcessThreads() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// aio.thread_count is the size of the pread/pwrite pool: the swap adds that many workers beside
+// its own I/O thread; io_uring (the kernel carries the I/O) adds the I/O thread alone.
+TEST(FileChunkSwap, ThreadCountSizesTheThreadEngine) {
+  {
+    // Warm-up: runtimes that start a helper thread with the first thread (a sanitizer's) do it now.
+    ScopedTestDir dir;
+    ASSERT_OK(
+        OpenFileChunkSwap(FileChunkSwapOptions{.dir = dir.path(), .engine = IoEngineKind::kThreads})
+            .status());
+  }
+  for (const int threads : {1, 3, 6}) {
+    SCOPED_TRACE(absl::StrCat("thread_count ", threads));
+    ScopedTestDir dir;
+    const int before = ProcessThreads();
+    ASSERT_OK_AND_ASSIGN(
+        std::unique_ptr<ChunkSwap> swap,
+        OpenFileChunkSwap(FileChunkSwapOptions{
+            .dir = dir.path(), .thread_count = threads, .engine = IoEngineKind::kThreads}));
+    EXPECT_EQ(swap->info().engine, "threads");
+    EXPECT_EQ(ProcessThreads() - before, threads + 1);
+    swap.reset();
+    EXPECT_EQ(ProcessThreads(), before);
+  }
+  const std::string refusal = IoUringRefusal();
+  if (!refusal.empty()) GTEST_SKIP() << "io_uring is refused here: " << refusal;
+  ScopedTestDir dir;
+  const int before = ProcessThreads();
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<ChunkSwap> swap,
+      OpenFileChunkSwap(FileChunkSwapOptions{
+          .dir = dir.path(), .thread_count = 6, .engine = IoEngineKind::kIoUring}));
+  EXPECT_EQ(swap->info().engine, "io_uring");
+  EXPECT_EQ(ProcessThreads() - before, 1);
+}
+
 TEST(FileChunkSwap, AutoEngineSaysWhichRuns) {
   ScopedTestDir dir;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChunkSwap> swap,
                        OpenFileChunkSwap(FileChunkSwapOptions{.dir = dir.path()}));
-  const std::string refusal = IoUringRefusal();
-  if (refusal.empty()) {
-    EXPECT_EQ(swap->info().engine, "io_uring");
-  } else {
-    EXPECT_EQ(swap->info().engine, absl::StrCat("threads (io_uring refused: ", refusal, ")"));
-  }
+  EXPECT_EQ(swap->info().engine, ExpectedAutoEngine());
 }
 
 TEST(FileChunkSwap, BadOptionsAndDirectories) {

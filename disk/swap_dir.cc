@@ -45,9 +45,7 @@ static_assert(std::atomic<int>::is_always_lock_free,
 
 extern "C" void UnlinkRegisteredAndReraise(int signal) {
   // Async-signal-safe only: atomics, unlink, raise.
-  for (CleanupEntry& e : g_cleanup) {
-    if (e.state.load(std::memory_order_acquire) == kLive) ::unlink(e.path);
-  }
+  RemoveFilesRegisteredForSignalCleanup();
   // SA_RESETHAND restored the default disposition; the signal is blocked until this handler
   // returns, so the process then dies of it as it would have without the handler.
   ::raise(signal);
@@ -127,6 +125,14 @@ void RemoveStale(const std::string& path, absl::string_view why,
 }
 
 }  // namespace
+
+void RemoveFilesRegisteredForSignalCleanup() {
+  const int saved_errno = errno;  // unlink may set it under the interrupted code
+  for (CleanupEntry& e : g_cleanup) {
+    if (e.state.load(std::memory_order_acquire) == kLive) ::unlink(e.path);
+  }
+  errno = saved_errno;
+}
 
 int RegisterFileForSignalCleanup(const std::string& path) {
   static std::once_flag once;

@@ -24,9 +24,11 @@
 //    registered, an async-signal-safe handler that unlinks every registered file and re-raises
 //    the signal with the default disposition (SA_RESETHAND), so the process still dies of the
 //    signal with the usual exit status. Handlers installed later (the trainer's) replace it, and
-//    then the graceful stop above applies. Files are not removed when the process dies of a
-//    signal it does not handle otherwise: SIGKILL, a crash, or the trainer's second Ctrl-C
-//    (its SIGINT handler is one-shot); those files are the stale files the next claim removes.
+//    then the graceful stop above applies; the trainer's second Ctrl-C, which kills instead of
+//    stopping, removes the files first (RemoveFilesRegisteredForSignalCleanup, called by
+//    trainer/io/signal_flag.h's handler). Files are not removed when the process dies of a
+//    signal nobody handles: SIGKILL or a crash; those files are the stale files the next claim
+//    removes.
 //
 // Thread safety: SwapDir is thread-compatible. The registration functions are thread-safe.
 #ifndef PATRICKSTAR_DISK_SWAP_DIR_H_
@@ -81,6 +83,9 @@ class SwapDir {
 int RegisterFileForSignalCleanup(const std::string& path);
 // Removes the entry (a handle < 0 is ignored).
 void UnregisterFileForSignalCleanup(int handle);
+// Unlinks every file registered now (errno preserved). Async-signal-safe: for a signal handler
+// that is about to let its signal kill the process (the trainer's second SIGINT).
+void RemoveFilesRegisteredForSignalCleanup();
 
 }  // namespace ps
 

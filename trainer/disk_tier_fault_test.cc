@@ -9,6 +9,12 @@
 //    the latest continues exactly as the clean run; or
 //  - injected no error-making fault where it was hit and trains exactly as the clean run.
 // Never an OK run with different numbers.
+// And a run killed by a second Ctrl-C leaves no swap file behind.
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
@@ -17,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/testing/status_matchers.h"
@@ -27,6 +34,7 @@
 #include "gtest/gtest.h"
 #include "trainer/config.h"
 #include "trainer/io/checkpoint_dir.h"
+#include "trainer/io/signal_flag.h"
 #include "trainer/testing/disk_tier_config.h"
 #include "trainer/testing/rank_runs.h"
 #include "trainer/testing/test_files.h"
@@ -82,6 +90,70 @@ FaultRates Rates(uint64_t seed) {
       r.corrupt_read = kRate;
   }
   return r;
+}
+
+// Ctrl-C twice on a run whose stop hangs: the second SIGINT kills the process (the trainer's
+// handlers, trainer/io/signal_flag.h, as the binary installs them), and its swap file and lock are
+// gone all the same. The run is a forked child (its own signal dispositions), killed mid-run with
+// the swap open and holding state. (First in this file: forked before any test started threads.)
+TEST(DiskTierSignals, ASecondSigintStillRemovesTheSwapFiles) {
+  const std::string root = trainer_testing::FreshTempDir("disk_tier_fault_test", "sigint");
+  TrainConfig ram = TinyDiskConfig();
+  ram.steps = 1000000;  // runs until the signals
+  ASSERT_OK_AND_ASSIGN(const int64_t budget, DiskTierMinimumBudget(ram, 1));
+  const std::string swap = root + "/swap";
+  std::filesystem::create_directories(swap);
+  const TrainConfig c = WithDiskTier(ram, swap, budget);
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::alarm(120);  // a child that never dies shows up as SIGALRM, not as a hang
+    ::close(pipe_fds[0]);
+    const int out = pipe_fds[1];
+    if (!InstallStopSignalHandlers().ok()) ::_exit(1);
+    TrainerEnvironment env;
+    // After the first step: tell the parent (the swap holds state now). On the first SIGINT: tell
+    // the parent, then hang, as a stop that never finishes.
+    env.stop_requested = [out, first = true]() mutable {
+      if (first) {
+        first = false;
+        if (::write(out, "r", 1) != 1) ::_exit(2);
+      }
+      if (!StopRequested()) return false;
+      if (::write(out, "s", 1) != 1) ::_exit(3);
+      while (true) ::pause();
+    };
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(c, std::move(env));
+    if (!trainer.ok()) ::_exit(4);
+    (void)(*trainer)->Run();
+    ::_exit(5);  // never: the steps outlast the test
+  }
+  ::close(pipe_fds[1]);
+  bool reaped = false;
+  absl::Cleanup reap = [&] {  // a failed ASSERT below leaves no child behind
+    if (!reaped) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    ::close(pipe_fds[0]);
+  };
+  char byte = 0;
+  ASSERT_EQ(::read(pipe_fds[0], &byte, 1), 1) << "the child failed before its first step";
+  ASSERT_EQ(byte, 'r');
+  EXPECT_THAT(SwapDirEntries(swap), ::testing::IsSupersetOf({"patrickstar-swap-rank0.bin",
+                                                             "patrickstar-swap-rank0.lock"}));
+  ASSERT_EQ(::kill(pid, SIGINT), 0);
+  ASSERT_EQ(::read(pipe_fds[0], &byte, 1), 1) << "the child did not see the first SIGINT";
+  ASSERT_EQ(byte, 's');
+  ASSERT_EQ(::kill(pid, SIGINT), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  reaped = true;
+  ASSERT_TRUE(WIFSIGNALED(status)) << "exited with " << WEXITSTATUS(status);
+  EXPECT_EQ(WTERMSIG(status), SIGINT) << "killed by " << ::strsignal(WTERMSIG(status));
+  EXPECT_THAT(SwapDirEntries(swap), IsEmpty()) << "swap files left after the second SIGINT";
 }
 
 TEST(DiskTierFaults, EndInACleanErrorNamingTheChunkAndFileOrChangeNothing) {

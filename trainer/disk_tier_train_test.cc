@@ -7,13 +7,20 @@
 //    counters show the state really went through the disk;
 //  - a checkpoint streamed out of the tier resumes into the tier exactly as the uninterrupted
 //    all-in-RAM run continues;
-//  - the swap files are gone once the Trainer is, and a second run on the same directory and rank
-//    while the first lives is refused naming the other process;
+//  - the swap files are gone once the Trainer is, the directory is claimed before the disk probe
+//    writes there, and a second run on the same directory and rank while the first lives is
+//    refused naming the other process, before it writes anything there;
+//  - the aio knobs reach the I/O seam under the swap, and the engine is io_uring where the kernel
+//    allows it;
 //  - a host budget below the tier's minimum is refused before anything is allocated, naming the
 //    key.
 // Fault injection is in disk_tier_fault_test.cc; the plan's disk refusals in preflight_test.cc.
+#include <string.h>
+#include <sys/inotify.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -23,8 +30,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/testing/status_matchers.h"
 #include "base/units.h"
+#include "disk/io_engine.h"
+#include "disk/testing/counting_io_engine.h"
+#include "disk/testing/io_uring_gate.h"
+#include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "trainer/checkpoint.h"
@@ -120,7 +132,7 @@ TEST_P(DiskTierTrainTest, TrainsAndCheckpointsBitForBitAsTheAllInRamRun) {
     EXPECT_GT(s.disk_read_bytes, 0);
     EXPECT_GT(s.disk_write_bytes, 0);
     EXPECT_LE(s.disk_peak_host_bytes, budget) << "the tier held more than its budget";
-    EXPECT_FALSE(s.disk_engine.empty());
+    EXPECT_EQ(s.disk_engine, ExpectedAutoEngine()) << "io_uring where the kernel allows it";
     EXPECT_EQ(a[r].summary.disk_reads, 0) << "the all-in-RAM run has no disk tier";
   }
   const auto states_a = CheckpointStates(ram.checkpoint.dir, p.world);
@@ -185,26 +197,143 @@ TEST(DiskTierResume, ContinuesExactlyAsTheUninterruptedAllInRamRun) {
   }
 }
 
+// The names of the entries created in a directory while it is watched (inotify), in order.
+class CreatedEntries {
+ public:
+  explicit CreatedEntries(const std::string& dir) : fd_(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC)) {
+    CHECK_GE(fd_, 0) << "inotify_init1: " << ::strerror(errno);
+    CHECK_GE(::inotify_add_watch(fd_, dir.c_str(), IN_CREATE), 0)
+        << dir << ": " << ::strerror(errno);
+  }
+  ~CreatedEntries() { ::close(fd_); }
+  CreatedEntries(const CreatedEntries&) = delete;
+  CreatedEntries& operator=(const CreatedEntries&) = delete;
+
+  // The entries created since the last call.
+  std::vector<std::string> Take() {
+    std::vector<std::string> names;
+    alignas(inotify_event) char buffer[64 * 1024];
+    while (true) {
+      const ssize_t n = ::read(fd_, buffer, sizeof(buffer));
+      if (n <= 0) break;
+      for (ssize_t at = 0; at < n;) {
+        const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
+        EXPECT_EQ(event->mask & IN_Q_OVERFLOW, 0u) << "inotify lost events";
+        if (event->len > 0) names.emplace_back(event->name);
+        at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
+      }
+    }
+    return names;
+  }
+
+ private:
+  int fd_;
+};
+
 TEST(DiskTierSwapFiles, AreRemovedAfterTheRunAndASecondRunOnTheDirectoryIsRefused) {
   const std::string swap = trainer_testing::FreshTempDir("disk_tier_train_test", "swap_files");
   TrainConfig ram = TinyDiskConfig();
   ASSERT_OK_AND_ASSIGN(const int64_t budget, DiskTierMinimumBudget(ram, 1));
   const TrainConfig c = WithDiskTier(ram, swap, budget);
+  CreatedEntries created(swap);
   {
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<Trainer> first, Trainer::Create(c));
     EXPECT_THAT(SwapDirEntries(swap), Contains(HasSubstr("patrickstar-swap-rank0")))
         << "the tier's swap file and lock while the run lives";
+    // The directory is claimed (the lock file) before the disk probe writes its file there.
+    const std::vector<std::string> names = created.Take();
+    const auto lock = std::find(names.begin(), names.end(), "patrickstar-swap-rank0.lock");
+    const auto probe = std::find_if(names.begin(), names.end(), [](const std::string& name) {
+      return absl::StartsWith(name, "patrickstar-probe-");
+    });
+    ASSERT_NE(lock, names.end()) << absl::StrJoin(names, ", ");
+    ASSERT_NE(probe, names.end()) << "the disk probe ran elsewhere? " << absl::StrJoin(names, ", ");
+    EXPECT_LT(lock - names.begin(), probe - names.begin())
+        << "probed before the claim: " << absl::StrJoin(names, ", ");
     // The same directory and rank while the first run lives (its lock is held per open file, so
-    // also within one process).
+    // also within one process): refused before its probe writes anything there.
     EXPECT_THAT(Trainer::Create(c).status(),
                 StatusIs(absl::StatusCode::kFailedPrecondition,
                          AllOf(HasSubstr(swap), HasSubstr(absl::StrCat("process ", ::getpid())))));
+    EXPECT_THAT(created.Take(), IsEmpty()) << "the refused run wrote into the directory";
     ASSERT_OK(first->Run());
     EXPECT_GT(first->summary().disk_reads, 0);
   }
   EXPECT_THAT(SwapDirEntries(swap), IsEmpty()) << "swap files left after the Trainer is gone";
   // The directory is free again.
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Trainer> again, Trainer::Create(c));
+}
+
+// DeepSpeed's aio knobs, from the config to the I/O seam under the swap (a CountingIoEngine via
+// TrainerEnvironment::wrap_disk_engine_for_test), in two settings that differ in every knob from
+// each other and from the defaults: block_size sizes the requests, queue_depth bounds and fills
+// what is in flight, single_submit submits one request per call, overlap_events reaps one
+// completion at a time (without it, whole batches). Chunks are 96 KiB (24 Ki f32 elements): more
+// requests than the queue is deep. (thread_count sizes the thread engine: disk/
+// file_chunk_swap_test.cc; the trainer's engine is io_uring where the kernel allows it.)
+TEST(DiskTierAio, KnobsFromTheConfigReachTheSwapEngine) {
+  const std::string root = trainer_testing::FreshTempDir("disk_tier_train_test", "aio");
+  TrainConfig ram = TinyDiskConfig();
+  ram.steps = 2;
+  ASSERT_OK_AND_ASSIGN(const int64_t budget, DiskTierMinimumBudget(ram, 1));
+  struct Knobs {
+    int64_t block_size_bytes;
+    int64_t queue_depth;
+    bool single_submit;
+    bool overlap_events;
+  };
+  for (const Knobs k : {Knobs{8 * kKiB, 3, true, false}, Knobs{16 * kKiB, 5, false, true}}) {
+    SCOPED_TRACE(absl::StrCat("block_size ", k.block_size_bytes, ", queue_depth ", k.queue_depth,
+                              ", single_submit ", k.single_submit, ", overlap_events ",
+                              k.overlap_events));
+    const std::string swap = absl::StrCat(root, "/swap", k.queue_depth);
+    std::filesystem::create_directories(swap);
+    TrainConfig c = WithDiskTier(ram, swap, budget);
+    c.aio.block_size_bytes = k.block_size_bytes;
+    c.aio.queue_depth = k.queue_depth;
+    c.aio.single_submit = k.single_submit;
+    c.aio.overlap_events = k.overlap_events;
+    std::shared_ptr<IoRecords> records;
+    const std::vector<RankRun> run = RunRanks(c, 1, [&records](int, TrainerEnvironment& env) {
+      env.wrap_disk_engine_for_test = [&records](std::unique_ptr<IoEngine> inner) {
+        auto counting = std::make_unique<CountingIoEngine>(std::move(inner));
+        records = counting->records();
+        return std::unique_ptr<IoEngine>(std::move(counting));
+      };
+    });
+    ASSERT_OK(run[0].status);
+    EXPECT_EQ(run[0].summary.disk_engine, ExpectedAutoEngine());
+    ASSERT_NE(records, nullptr) << "the seam was not called";
+    const IoRecords& r = *records;  // the run is over: nothing in flight
+    EXPECT_GT(r.allocate_calls, 0);
+    ASSERT_FALSE(r.requests.empty());
+    int64_t full_blocks = 0;
+    for (const IoRecords::Request& q : r.requests) {
+      EXPECT_LE(q.bytes, k.block_size_bytes);
+      full_blocks += q.bytes == k.block_size_bytes ? 1 : 0;
+    }
+    EXPECT_GT(full_blocks, static_cast<int64_t>(r.requests.size()) / 2);
+    EXPECT_EQ(r.max_in_flight, k.queue_depth);
+    EXPECT_EQ(r.in_flight, 0);
+    for (const IoRecords::Submission& s : r.submissions) {
+      EXPECT_LE(s.in_flight_before + s.requests, k.queue_depth);
+    }
+    if (k.single_submit) {
+      EXPECT_EQ(r.submissions.size(), r.requests.size());
+    } else {
+      EXPECT_LT(r.submissions.size(), r.requests.size());
+    }
+    bool waited_for_one_of_several = false;
+    for (const IoRecords::Reaping& p : r.reapings) {
+      if (k.overlap_events) {
+        EXPECT_EQ(p.min_completions, 1);
+        waited_for_one_of_several |= p.in_flight > 1;
+      } else {
+        EXPECT_EQ(p.min_completions, p.in_flight);
+      }
+    }
+    EXPECT_EQ(waited_for_one_of_several, k.overlap_events);
+  }
 }
 
 TEST(DiskTierHostBudget, BelowTheTiersMinimumIsRefusedBeforeAnythingIsAllocated) {

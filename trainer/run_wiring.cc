@@ -307,9 +307,11 @@ absl::Status OpenOutputs(TrainRun& run) {
   return absl::OkStatus();
 }
 
-// The disk tier (offload_optimizer.device "nvme"): measures the disk under nvme_path through the
-// swap's own I/O path (the bandwidth the console and the metrics compare the run's state I/O
-// with), opens the swap files and hands them to the manager with the plan's host budget.
+// The disk tier (offload_optimizer.device "nvme"): opens the swap files (claiming nvme_path for
+// this rank: disk/swap_dir.h), then measures the disk there through the swap's own I/O path (the
+// bandwidth the console and the metrics compare the run's state I/O with), and hands the swap to
+// the manager with the plan's host budget. The claim comes first, so a second run on a directory
+// in use is refused before its probe writes anything there.
 constexpr int64_t kDiskProbeBytes = 256 * kMiB;
 
 absl::Status OpenDiskTier(TrainRun& run, ChunkManagerOptions& manager_options) {
@@ -332,14 +334,15 @@ absl::Status OpenDiskTier(TrainRun& run, ChunkManagerOptions& manager_options) {
   // Enough to cover the disk's latency and reach its sequential rate, small beside the state.
   const int64_t probe_bytes = std::min<int64_t>(
       kDiskProbeBytes, std::max<int64_t>(run.plan.plan.state_chunk_bytes, 16 * kMiB));
+  FileChunkSwapOptions open_options = swap_options;
+  open_options.wrap_engine_for_test = run.env.wrap_disk_engine_for_test;
+  absl::StatusOr<std::unique_ptr<ChunkSwap>> swap = OpenFileChunkSwap(std::move(open_options));
+  if (!swap.ok()) return named(swap.status());
+  run.swap = *std::move(swap);
   absl::StatusOr<DiskBandwidth> bandwidth =
       MeasureDiskBandwidth(offload.nvme_path, swap_options, probe_bytes);
   if (!bandwidth.ok()) return named(bandwidth.status());
   run.disk_bandwidth = *std::move(bandwidth);
-  swap_options.wrap_engine_for_test = run.env.wrap_disk_engine_for_test;
-  absl::StatusOr<std::unique_ptr<ChunkSwap>> swap = OpenFileChunkSwap(swap_options);
-  if (!swap.ok()) return named(swap.status());
-  run.swap = *std::move(swap);
   manager_options.disk = DiskTierOptions{.swap = run.swap.get(),
                                          .host_budget_bytes = run.plan.disk_host_budget_bytes,
                                          .read_ahead = offload.buffer_count};

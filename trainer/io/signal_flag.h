@@ -9,17 +9,20 @@
 // Semantics:
 //   - The first SIGINT or SIGTERM sets the flag (StopSignal() then returns that signal) and writes
 //     one line to stderr (with write(2): async-signal-safe).
-//   - SIGINT is installed with SA_RESETHAND: the kernel restores the default action when it is
-//     delivered, so a second Ctrl-C kills a run that hangs instead of stopping.
+//   - A second SIGINT kills a run that hangs instead of stopping, after removing the files
+//     registered for removal on a fatal signal (disk/swap_dir.h: the disk tier's swap, lock and
+//     probe files): the handler unlinks them, restores the default action and raises SIGINT
+//     again, so the process dies of SIGINT as it would without the handler.
 //   - SIGTERM stays handled; a scheduler that wants the process dead sends SIGKILL after its grace
 //     period.
 //   - SA_RESTART: system calls interrupted by the signal are restarted, so no caller sees EINTR
 //     because of it.
-// The flag is a lock-free std::atomic<int>, written only with async-signal-safe operations.
+// The flag and the SIGINT count are lock-free std::atomic<int>s, written only with
+// async-signal-safe operations.
 //
 // Thread safety: all functions are thread-safe. The handlers are process-wide state (there is one
 // signal disposition per process); InstallStopSignalHandlers() may be called again to re-arm
-// SIGINT after it fired.
+// SIGINT after it fired (the next SIGINT is a first one again).
 #ifndef PATRICKSTAR_TRAINER_IO_SIGNAL_FLAG_H_
 #define PATRICKSTAR_TRAINER_IO_SIGNAL_FLAG_H_
 

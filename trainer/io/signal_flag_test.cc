@@ -1,11 +1,15 @@
 #include "trainer/io/signal_flag.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <functional>
+#include <string>
 
+#include "disk/swap_dir.h"
 #include "gtest/gtest.h"
 
 namespace ps {
@@ -48,7 +52,7 @@ TEST(SignalFlagTest, SecondSigintKills) {
     if (!InstallStopSignalHandlers().ok()) return 1;
     ::raise(SIGINT);
     if (!StopRequested() || StopSignal() != SIGINT) return 2;
-    ::raise(SIGINT);  // default action now: terminates the process
+    ::raise(SIGINT);  // the second: terminates the process
     return 3;
   });
   ASSERT_TRUE(WIFSIGNALED(status)) << "child exited with " << WEXITSTATUS(status);
@@ -75,6 +79,41 @@ TEST(SignalFlagTest, WithoutHandlersSigtermKills) {
   });
   ASSERT_TRUE(WIFSIGNALED(status));
   EXPECT_EQ(WTERMSIG(status), SIGTERM);
+}
+
+std::string TempDir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return tmp != nullptr ? tmp : "/tmp";
+}
+
+bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+// The second Ctrl-C kills, but first removes the files registered for removal on a fatal signal
+// (the disk tier's swap, lock and probe files): a run killed this way leaves nothing behind.
+TEST(SignalFlagTest, SecondSigintRemovesTheRegisteredFilesAndKills) {
+  const std::string base = TempDir() + "/signal_flag_test_second_sigint";
+  const std::string swap = base + ".bin", lock = base + ".lock", kept = base + ".kept";
+  for (const std::string& path : {swap, lock, kept}) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ASSERT_GE(fd, 0) << path;
+    ::close(fd);
+  }
+  const int status = RunInChild([&] {
+    if (!InstallStopSignalHandlers().ok()) return 1;
+    if (RegisterFileForSignalCleanup(swap) < 0 || RegisterFileForSignalCleanup(lock) < 0) return 2;
+    const int unregistered = RegisterFileForSignalCleanup(kept);
+    UnregisterFileForSignalCleanup(unregistered);
+    ::raise(SIGINT);  // the first: a graceful stop, nothing removed yet
+    if (!StopRequested() || !Exists(swap) || !Exists(lock)) return 3;
+    ::raise(SIGINT);  // the second: files removed, then the default action
+    return 4;
+  });
+  ASSERT_TRUE(WIFSIGNALED(status)) << "child exited with " << WEXITSTATUS(status);
+  EXPECT_EQ(WTERMSIG(status), SIGINT);
+  EXPECT_FALSE(Exists(swap));
+  EXPECT_FALSE(Exists(lock));
+  EXPECT_TRUE(Exists(kept)) << "a file no longer registered was removed";
+  ::unlink(kept.c_str());
 }
 
 // A signal sent by another process while the child polls the flag, as a training loop does.
