@@ -71,7 +71,11 @@ inline double Seconds(int64_t a_ns, int64_t b_ns) {
 // A TrainRun is divided into parts, one per writer: each part is assigned by the file named on it
 // and only read elsewhere (its objects' own state, a loader's cursor or a chunk's payload, changes
 // as the run uses them). A writer takes the run as `const TrainRun&` and the part it writes as its
-// one mutable argument where that is simple (e.g. LoadData(run, run.data)).
+// one mutable argument where that is simple (e.g. LoadData(run, run.data)); readers take
+// `const TrainRun&` (the console, the export). Only the steps that write several parts take a
+// mutable TrainRun: WireRun and its InitializeWeights (resolved.base_fingerprint, then Resume) and
+// StartFirstStep (runtime.metrics, batch, progress.summary's planned_* numbers); Resume (progress,
+// the training loader's cursor); the loop's RunTraining and Step (progress, batch, the loader).
 
 // The run's shape: written by the wiring (trainer/run_wiring.cc: JoinWorld sets rank, world and
 // device_index; ResolveShape the rest).
@@ -210,8 +214,9 @@ struct TrainRun {
 
   const TrainConfig config;
   const TrainerEnvironment env;
-  // The parts, in the order they are written (and destroyed in reverse: the progress, then the
-  // runtime objects, then the values they were built from).
+  // The parts, in the order they are written, and destroyed in reverse: the progress, then the
+  // runtime objects (in Runtime's order, above), then the values they were built from (which hold
+  // nothing of one another; the loaders, which read the token files, go before them).
   RunShape shape;
   ResolvedModel resolved;
   AcceleratorProbe probe;
