@@ -29,20 +29,23 @@ namespace trainer_internal {
 
 void PrintHeader(const TrainRun& run) {
   if (run.out() == nullptr) return;
-  const ChunkLayout& layout = run.store->layout();
-  const int64_t params = ModelParameterCount(run.model_config);
+  const ChunkLayout& layout = run.runtime.store->layout();
+  const int64_t params = ModelParameterCount(run.resolved.model_config);
   // LoRA: the frozen base holds only its params (the layout counts what each chunk holds).
-  const int64_t model_data = run.lora.has_value() ? layout.TotalModelDataBytes(run.dtype)
-                                                  : params * ModelDataBytesPerParam(run.dtype);
+  const int64_t model_data = run.resolved.lora.has_value()
+                                 ? layout.TotalModelDataBytes(run.shape.dtype)
+                                 : params * ModelDataBytesPerParam(run.shape.dtype);
   *run.out() << absl::StrFormat(
       "model %s: %d layers, %d heads, hidden %d, vocab %d, %.2fM parameters, %s of model data "
       "(%s)\n",
-      run.gpt.name, run.gpt.num_layers, run.gpt.num_heads, run.gpt.hidden, run.gpt.vocab_size,
-      params / 1e6, FormatBytes(model_data), DTypeName(run.dtype));
+      run.resolved.gpt.name, run.resolved.gpt.num_layers, run.resolved.gpt.num_heads,
+      run.resolved.gpt.hidden, run.resolved.gpt.vocab_size, params / 1e6, FormatBytes(model_data),
+      DTypeName(run.shape.dtype));
   *run.out() << absl::StrFormat(
       "chunks: %d per type (param, master, momentum, variance) of %d elements (%s) (%s)\n",
-      layout.num_chunks(), run.chunk_elems, FormatBytes(run.chunk_elems * 4), run.chunk_size_note);
-  if (run.lora.has_value()) {
+      layout.num_chunks(), run.memory.chunk_elems, FormatBytes(run.memory.chunk_elems * 4),
+      run.memory.chunk_size_note);
+  if (run.resolved.lora.has_value()) {
     // The frozen base's chunks hold only their param payload; the adapters train in full.
     int64_t frozen_chunks = 0;
     for (int64_t c = 0; c < layout.num_chunks(); ++c) {
@@ -55,19 +58,20 @@ void PrintHeader(const TrainRun& run) {
         "LoRA: r %d, lora_alpha %g (scale %g), dropout %g, targets %s%s: %d trainable "
         "parameters (%.4f%% of %d), %d frozen base parameters in %d param-only chunks (%s "
         "each); %s of model data in all (planned on the host: %s of chunk blocks)\n",
-        run.lora->r, run.lora->lora_alpha, run.lora->scale(), run.lora->lora_dropout,
-        absl::StrJoin(run.lora->target_modules, ","),
-        run.lora->modules_to_save.empty()
+        run.resolved.lora->r, run.resolved.lora->lora_alpha, run.resolved.lora->scale(),
+        run.resolved.lora->lora_dropout, absl::StrJoin(run.resolved.lora->target_modules, ","),
+        run.resolved.lora->modules_to_save.empty()
             ? std::string()
-            : absl::StrCat(", modules_to_save ", absl::StrJoin(run.lora->modules_to_save, ",")),
+            : absl::StrCat(", modules_to_save ",
+                           absl::StrJoin(run.resolved.lora->modules_to_save, ",")),
         trainable, total > 0 ? 100.0 * static_cast<double>(trainable) / total : 0.0, total, frozen,
-        frozen_chunks, FormatBytes(run.chunk_elems * SizeOf(run.dtype)),
-        FormatBytes(layout.TotalModelDataBytes(run.dtype)),
-        FormatBytes(run.plan.plan.host_model_data_bytes));
+        frozen_chunks, FormatBytes(run.memory.chunk_elems * SizeOf(run.shape.dtype)),
+        FormatBytes(layout.TotalModelDataBytes(run.shape.dtype)),
+        FormatBytes(run.memory.plan.plan.host_model_data_bytes));
   }
   *run.out() << absl::StrFormat(
-      "accelerator: %s, cap %s%s; host memory %s\n", run.backend->name(),
-      FormatBytes(run.backend->capacity_bytes()),
+      "accelerator: %s, cap %s%s; host memory %s\n", run.runtime.backend->name(),
+      FormatBytes(run.runtime.backend->capacity_bytes()),
       run.config.accelerator.copy_bandwidth_bytes_per_s > 0
           ? absl::StrCat(", link ",
                          FormatBytes(static_cast<int64_t>(
@@ -77,10 +81,10 @@ void PrintHeader(const TrainRun& run) {
       run.config.accelerator.host_memory_bytes > 0
           ? absl::StrCat("cap ", FormatBytes(run.config.accelerator.host_memory_bytes))
           : std::string("uncapped"));
-  if (run.swap != nullptr && run.disk_bandwidth.has_value()) {
-    const MemoryPlan& p = run.plan.plan;
-    const ChunkSwapInfo info = run.swap->info();
-    const DiskBandwidth& bw = *run.disk_bandwidth;
+  if (run.runtime.swap != nullptr && run.runtime.disk_bandwidth.has_value()) {
+    const MemoryPlan& p = run.memory.plan.plan;
+    const ChunkSwapInfo info = run.runtime.swap->info();
+    const DiskBandwidth& bw = *run.runtime.disk_bandwidth;
     *run.out() << absl::StrFormat(
         "disk tier: optimizer state in %s (%s of slots; %s, %s); measured there: write %s/s, "
         "read %s/s, %.2f ms per %s block\n",
@@ -94,7 +98,7 @@ void PrintHeader(const TrainRun& run) {
         "disk tier: host budget %s of optimizer state (minimum %s): %d chunk indices kept in "
         "RAM, %d streamed, read-ahead %d; per step up to %s read and %s written: %.1f s of disk "
         "time at the measured rates\n",
-        FormatBytes(run.plan.disk_host_budget_bytes), FormatBytes(p.disk_min_host_bytes),
+        FormatBytes(run.memory.plan.disk_host_budget_bytes), FormatBytes(p.disk_min_host_bytes),
         p.disk_kept_indices, p.disk_streamed_indices, p.disk_read_ahead,
         FormatBytes(p.disk_read_bytes_per_step), FormatBytes(p.disk_write_bytes_per_step), disk_s);
   }
@@ -102,7 +106,7 @@ void PrintHeader(const TrainRun& run) {
     // What the CPU kernels dispatch to on this machine: losses are bit-identical run to run and
     // for any `threads` on one CPU kind, and differ in the last bits between kinds.
     std::string bf16;
-    if (run.dtype == DType::kBF16) {
+    if (run.shape.dtype == DType::kBF16) {
       kernels_internal::Bf16GemmBackend backend;
       const absl::Status s = kernels_internal::ResolveBf16GemmBackend(&backend);
       bf16 = s.ok() ? absl::StrCat("; bf16 GEMMs: ", kernels_internal::Bf16GemmBackendName(backend),
@@ -117,33 +121,34 @@ void PrintHeader(const TrainRun& run) {
       "data: %s, %d tokens; batch %d x %d tokens; %d batches per epoch%s\n",
       run.config.data.train_path.empty() ? std::string("built-in synthetic corpus")
                                          : run.config.data.train_path,
-      run.train_loader->num_tokens(), run.micro_batch, run.seq_len,
-      run.train_loader->batches_per_epoch(),
-      run.unigram_entropy.has_value()
-          ? absl::StrFormat("; unigram entropy %.3f nats%s", *run.unigram_entropy,
-                            run.entropy_rate.has_value()
-                                ? absl::StrFormat(", entropy rate %.3f", *run.entropy_rate)
+      run.data.train_loader->num_tokens(), run.shape.micro_batch, run.shape.seq_len,
+      run.data.train_loader->batches_per_epoch(),
+      run.data.unigram_entropy.has_value()
+          ? absl::StrFormat("; unigram entropy %.3f nats%s", *run.data.unigram_entropy,
+                            run.data.entropy_rate.has_value()
+                                ? absl::StrFormat(", entropy rate %.3f", *run.data.entropy_rate)
                                 : std::string())
           : std::string());
-  if (run.val_loader.has_value() && run.config.data.eval_every == 0) {
+  if (run.data.val_loader.has_value() && run.config.data.eval_every == 0) {
     *run.out() << "validation: off (data.eval_every = 0; N > 0 validates every N steps)\n";
   }
   *run.out() << absl::StrFormat("training %d steps from step %d with %d threads\n",
-                                run.config.steps, run.step, run.threads);
-  if (run.accumulation_steps > 1) {
+                                run.config.steps, run.progress.step, run.shape.threads);
+  if (run.shape.accumulation_steps > 1) {
     *run.out() << absl::StrFormat(
         "gradient accumulation: %d micro-batches of %d sequences per optimizer step; f32 "
         "accumulator %s of host memory on this rank\n",
-        run.accumulation_steps, run.micro_batch,
-        FormatBytes(
-            GradientAccumulatorBytes(run.adam->owned_param_elems(), run.accumulation_steps)));
+        run.shape.accumulation_steps, run.shape.micro_batch,
+        FormatBytes(GradientAccumulatorBytes(run.runtime.adam->owned_param_elems(),
+                                             run.shape.accumulation_steps)));
   }
-  if (run.world > 1) {
+  if (run.shape.world > 1) {
     *run.out() << absl::StrFormat(
         "data parallel (ZeRO): %d ranks; global batch %d x %d tokens; model data per rank %s "
         "(rank 0)\n",
-        run.world, run.micro_batch * run.accumulation_steps * run.world, run.seq_len,
-        FormatBytes(run.store->layout().RankModelDataBytes(run.dtype, 0)));
+        run.shape.world, run.shape.micro_batch * run.shape.accumulation_steps * run.shape.world,
+        run.shape.seq_len,
+        FormatBytes(run.runtime.store->layout().RankModelDataBytes(run.shape.dtype, 0)));
   }
 }
 
@@ -166,12 +171,12 @@ void PrintValidationLoss(const TrainRun& run, int64_t step, double loss) {
 
 void PrintStopped(const TrainRun& run) {
   if (run.out() == nullptr) return;
-  *run.out() << "stop requested: stopped after step " << run.step << "\n";
+  *run.out() << "stop requested: stopped after step " << run.progress.step << "\n";
 }
 
 void PrintExported(const TrainRun& run) {
   if (run.out() == nullptr) return;
-  if (run.lora.has_value()) {
+  if (run.resolved.lora.has_value()) {
     *run.out() << "exported the PEFT LoRA adapter directory (adapter_config.json, "
                   "adapter_model.safetensors) to "
                << run.config.checkpoint.export_path << "\n";
@@ -179,7 +184,8 @@ void PrintExported(const TrainRun& run) {
   }
   *run.out() << "exported Hugging Face "
              << (ExportsHfDirectory(run)
-                     ? absl::StrCat(ModelFamilyName(run.model_config.family), " model directory")
+                     ? absl::StrCat(ModelFamilyName(run.resolved.model_config.family),
+                                    " model directory")
                      : std::string("GPT-2 weights"))
              << " to " << run.config.checkpoint.export_path << "\n";
 }
@@ -187,25 +193,26 @@ void PrintExported(const TrainRun& run) {
 void PrintExportedMerged(const TrainRun& run) {
   if (run.out() == nullptr) return;
   *run.out() << "exported the merged model (W + lora_alpha / r * B A) as a Hugging Face "
-             << ModelFamilyName(run.model_config.family) << " model directory to "
+             << ModelFamilyName(run.resolved.model_config.family) << " model directory to "
              << run.config.checkpoint.export_merged << "\n";
 }
 
 void PrintSummary(const TrainRun& run) {
-  if (run.out() != nullptr && !run.history.empty()) *run.out() << SummaryText(run);
+  if (run.out() != nullptr && !run.progress.history.empty()) *run.out() << SummaryText(run);
 }
 
 std::string SummaryText(const TrainRun& run) {
-  const TrainSummary& s = run.summary;
+  const TrainSummary& s = run.progress.summary;
   std::ostringstream os;
   const int64_t steps = s.last_step - s.first_step;
   os << "== summary ==\n";
   os << absl::StrFormat("steps %d..%d in %.1f s; %d tokens, %.0f tokens/s of training\n",
                         s.first_step + 1, s.last_step, s.seconds, s.tokens, s.tokens_per_s);
-  if (s.tokens_per_s > 0 && run.seq_len > 0) {
+  if (s.tokens_per_s > 0 && run.shape.seq_len > 0) {
     // The model FLOP rate (the numerator of MFU): the useful FLOPs of the tokens trained.
-    const double per_token = ModelTrainingFlops(run.model_config, 1, run.seq_len).Total() /
-                             static_cast<double>(run.seq_len);
+    const double per_token =
+        ModelTrainingFlops(run.resolved.model_config, 1, run.shape.seq_len).Total() /
+        static_cast<double>(run.shape.seq_len);
     const double rate = per_token * s.tokens_per_s;  // over the training time, as tokens/s
     os << absl::StrFormat(
         "model compute %s (%.4g MFLOP per token: linear layers, LM head and causal attention, "
@@ -216,10 +223,10 @@ std::string SummaryText(const TrainRun& run) {
   }
   os << absl::StrFormat("loss %.4f -> %.4f (mean of the last %d steps %.4f)", s.first_loss,
                         s.last_loss, std::min<int64_t>(10, steps), s.final_mean_loss);
-  if (run.unigram_entropy.has_value()) {
-    os << absl::StrFormat("; corpus unigram entropy %.4f nats", *run.unigram_entropy);
-    if (run.entropy_rate.has_value())
-      os << absl::StrFormat(", entropy rate %.4f", *run.entropy_rate);
+  if (run.data.unigram_entropy.has_value()) {
+    os << absl::StrFormat("; corpus unigram entropy %.4f nats", *run.data.unigram_entropy);
+    if (run.data.entropy_rate.has_value())
+      os << absl::StrFormat(", entropy rate %.4f", *run.data.entropy_rate);
   }
   os << "\n";
   if (s.first_val_loss.has_value() && s.last_val_loss.has_value()) {
@@ -233,10 +240,11 @@ std::string SummaryText(const TrainRun& run) {
       "(%.0f%%), validation %.1f s, checkpoints %.1f s, other %.1f s\n",
       s.compute_s, 100 * s.compute_s / total, s.copy_wait_s, 100 * s.copy_wait_s / total,
       s.optimizer_s, 100 * s.optimizer_s / total, s.eval_s, s.checkpoint_s, other);
-  os << absl::StrFormat(
-      "accelerator %s (cap %s): peak model data %s, peak non-model %s\n",
-      run.accelerator->device().ToString(), FormatBytes(run.backend->capacity_bytes()),
-      FormatBytes(s.accelerator_peak_model_bytes), FormatBytes(s.accelerator_peak_non_model_bytes));
+  os << absl::StrFormat("accelerator %s (cap %s): peak model data %s, peak non-model %s\n",
+                        run.runtime.accelerator->device().ToString(),
+                        FormatBytes(run.runtime.backend->capacity_bytes()),
+                        FormatBytes(s.accelerator_peak_model_bytes),
+                        FormatBytes(s.accelerator_peak_non_model_bytes));
   os << absl::StrFormat("host: peak model data %s, peak non-model %s\n",
                         FormatBytes(s.host_peak_model_bytes),
                         FormatBytes(s.host_peak_non_model_bytes));
@@ -251,7 +259,7 @@ std::string SummaryText(const TrainRun& run) {
       s.pressure_evictions > 0 ? absl::StrFormat(", %d evicted under memory pressure (%d reclaims)",
                                                  s.pressure_evictions, s.pressure_reclaims)
                                : std::string());
-  if (run.lora.has_value()) {
+  if (run.resolved.lora.has_value()) {
     os << absl::StrFormat(
         "LoRA: %d trainable and %d frozen parameters; frozen base written back: %s (%d bytes; "
         "frozen chunks are only ever evicted clean)\n",

@@ -27,7 +27,7 @@ void PrintProgress(const TrainRun& run, const StepMetrics& m);
 // Prints "step N validation loss L".
 void PrintValidationLoss(const TrainRun& run, int64_t step, double loss);
 
-// Prints that a stop request ended the run after run.step.
+// Prints that a stop request ended the run after run.progress.step.
 void PrintStopped(const TrainRun& run);
 
 // Prints where checkpoint.export wrote the model, and in which format.
@@ -38,7 +38,7 @@ void PrintExportedMerged(const TrainRun& run);
 // Prints SummaryText(run) (nothing when no step was taken).
 void PrintSummary(const TrainRun& run);
 
-// The summary of run.summary as printed at the end of Run().
+// The summary of run.progress.summary as printed at the end of Run().
 // REQUIRES: WireRun(run) succeeded.
 std::string SummaryText(const TrainRun& run);
 

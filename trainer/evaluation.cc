@@ -11,17 +11,17 @@
 namespace ps {
 namespace trainer_internal {
 
-absl::StatusOr<double> EvaluateValidation(TrainRun& run) {
+absl::StatusOr<double> EvaluateValidation(const TrainRun& run, BatchBuffers& batch) {
   const int64_t batches =
-      std::min(run.config.data.eval_batches, run.val_loader->batches_per_epoch());
+      std::min(run.config.data.eval_batches, run.data.val_loader->batches_per_epoch());
   double sum = 0;
   for (int64_t b = 0; b < batches; ++b) {
     DataCursor cursor;
     cursor.epoch = 0;
     cursor.batch_in_epoch = b;
-    RETURN_IF_ERROR(
-        run.val_loader->BatchAt(cursor, absl::MakeSpan(run.tokens), absl::MakeSpan(run.targets)));
-    ASSIGN_OR_RETURN(const double loss, run.model->Evaluate(run.tokens, run.targets));
+    RETURN_IF_ERROR(run.data.val_loader->BatchAt(cursor, absl::MakeSpan(batch.tokens),
+                                                 absl::MakeSpan(batch.targets)));
+    ASSIGN_OR_RETURN(const double loss, run.runtime.model->Evaluate(batch.tokens, batch.targets));
     sum += loss;
   }
   return run.MeanOverRanks(sum / static_cast<double>(std::max<int64_t>(batches, 1)));

@@ -11,10 +11,10 @@ namespace ps {
 namespace trainer_internal {
 
 // The validation loss (forward passes only: no gradients, no optimizer state changes). Uses
-// run.tokens/run.targets as its batch buffers. Under ZeRO every rank must call it (the mean is a
+// `batch` (run.batch) as its batch buffers. Under ZeRO every rank must call it (the mean is a
 // collective).
-// REQUIRES: run.val_loader has a value.
-absl::StatusOr<double> EvaluateValidation(TrainRun& run);
+// REQUIRES: run.data.val_loader has a value.
+absl::StatusOr<double> EvaluateValidation(const TrainRun& run, BatchBuffers& batch);
 
 }  // namespace trainer_internal
 }  // namespace ps

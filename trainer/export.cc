@@ -33,72 +33,75 @@ namespace {
 
 // Broadcasts `values` from `owner` to every rank (in place), through a device tile when the
 // communicator takes device memory only.
-absl::Status BroadcastFromOwner(TrainRun& run, std::vector<float>& values, int owner) {
+absl::Status BroadcastFromOwner(const TrainRun& run, std::vector<float>& values, int owner) {
   const int64_t elems = static_cast<int64_t>(values.size());
-  if (!run.collectives->on_device()) {
+  if (!run.runtime.collectives->on_device()) {
     ASSIGN_OR_RETURN(std::unique_ptr<CommRequest> request,
-                     run.collectives->communicator()->BroadcastAsync(
+                     run.runtime.collectives->communicator()->BroadcastAsync(
                          values.data(), values.data(), elems, CommDType::kF32, owner));
     return request->Wait(run.env.comm_timeout);
   }
   // Device memory only: tile by tile through a scratch buffer the manager kept free
-  // (run.reserve.export_tile_bytes), the owner copying each tile in and every rank copying it out.
-  const int64_t tile_elems =
-      std::max<int64_t>(1, run.reserve.export_tile_bytes / static_cast<int64_t>(sizeof(float)));
+  // (run.memory.reserve.export_tile_bytes), the owner copying each tile in and every rank copying
+  // it out.
+  const int64_t tile_elems = std::max<int64_t>(
+      1, run.memory.reserve.export_tile_bytes / static_cast<int64_t>(sizeof(float)));
   const int64_t tile_bytes = std::min(elems, tile_elems) * static_cast<int64_t>(sizeof(float));
   if (tile_bytes == 0) return absl::OkStatus();
   // The copies go on the compute stream (after any compute still queued), not a stream created
   // per tensor.
-  Stream* stream = run.compute_stream.get();
-  ASSIGN_OR_RETURN(void* tile, run.accelerator->scratch()->Allocate(tile_bytes));
+  Stream* stream = run.runtime.compute_stream.get();
+  ASSIGN_OR_RETURN(void* tile, run.runtime.accelerator->scratch()->Allocate(tile_bytes));
   absl::Status s = absl::OkStatus();
   for (int64_t first = 0; first < elems && s.ok(); first += tile_elems) {
     const int64_t n = std::min(tile_elems, elems - first);
     const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
-    if (owner == run.rank) {
+    if (owner == run.shape.rank) {
       s = stream->MemcpyAsync(tile, values.data() + first, bytes, CopyKind::kHostToDevice);
       if (s.ok()) s = stream->Synchronize();
       if (!s.ok()) break;
     }
     absl::StatusOr<std::unique_ptr<CommRequest>> request =
-        run.collectives->communicator()->BroadcastAsync(tile, tile, n, CommDType::kF32, owner);
+        run.runtime.collectives->communicator()->BroadcastAsync(tile, tile, n, CommDType::kF32,
+                                                                owner);
     s = request.ok() ? (*request)->Wait(run.env.comm_timeout) : request.status();
     if (!s.ok()) break;
     s = stream->MemcpyAsync(values.data() + first, tile, bytes, CopyKind::kDeviceToHost);
     if (s.ok()) s = stream->Synchronize();
   }
-  s.Update(run.accelerator->scratch()->Deallocate(tile, tile_bytes));
+  s.Update(run.runtime.accelerator->scratch()->Deallocate(tile, tile_bytes));
   return s;
 }
 
 }  // namespace
 
-absl::Status ExportPeftAdapter(TrainRun& run, const std::string& path) {
+absl::Status ExportPeftAdapter(const TrainRun& run, const std::string& path) {
   // What peft's from_pretrained would load the base from: the init_from directory, else the
   // preset's name (a seeded base: the name documents the architecture, not the weights).
   const std::string base = run.config.checkpoint.init_from.empty()
                                ? run.config.model.preset
                                : run.config.checkpoint.init_from;
-  if (run.collectives == nullptr) return run.model->SavePeftAdapter(path, DType::kF32, base);
+  if (run.runtime.collectives == nullptr)
+    return run.runtime.model->SavePeftAdapter(path, DType::kF32, base);
   // ZeRO: each adapter tensor is broadcast from the rank that owns it (whole tensors: adapters
   // are never split in row blocks; ResolveLora refuses modules_to_save here), and rank 0 writes
   // the directory.
-  const ChunkLayout& layout = run.store->layout();
+  const ChunkLayout& layout = run.runtime.store->layout();
   std::map<std::string, std::vector<float>> gathered;
-  for (const TensorSpec& spec : PeftAdapterTensors(run.model_config, *run.lora)) {
+  for (const TensorSpec& spec : PeftAdapterTensors(run.resolved.model_config, *run.resolved.lora)) {
     ASSIGN_OR_RETURN(TensorId t, layout.FindTensor(spec.name));
     const int owner = layout.owner_of(layout.tensor(t).chunk_index);
     std::vector<float> values(static_cast<size_t>(layout.tensor(t).numel), 0.0f);
-    if (owner == run.rank) {
-      ASSIGN_OR_RETURN(values, run.model->ReadTensor(ChunkType::kMaster, spec.name));
+    if (owner == run.shape.rank) {
+      ASSIGN_OR_RETURN(values, run.runtime.model->ReadTensor(ChunkType::kMaster, spec.name));
     }
     RETURN_IF_ERROR(BroadcastFromOwner(run, values, owner));
-    if (run.rank == 0) gathered.emplace(spec.name, std::move(values));
+    if (run.shape.rank == 0) gathered.emplace(spec.name, std::move(values));
   }
   absl::Status written = absl::OkStatus();
-  if (run.rank == 0) {
+  if (run.shape.rank == 0) {
     written = WritePeftAdapter(
-        path, run.model_config, *run.lora, base,
+        path, run.resolved.model_config, *run.resolved.lora, base,
         [&](const TensorSpec& tensor, absl::Span<float> dst) -> absl::Status {
           auto it = gathered.find(tensor.name);
           if (it == gathered.end() || it->second.size() != dst.size()) {
@@ -116,39 +119,40 @@ absl::Status ExportPeftAdapter(TrainRun& run, const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status ExportMerged(TrainRun& run, const std::string& path) {
+absl::Status ExportMerged(const TrainRun& run, const std::string& path) {
   HfExportOptions hf_options;
-  if (run.hf.has_value()) hf_options.base_config_json = run.hf->config_json();
-  return run.model->SaveMergedHfCheckpoint(path, DType::kF32, hf_options);
+  if (run.resolved.hf.has_value()) hf_options.base_config_json = run.resolved.hf->config_json();
+  return run.runtime.model->SaveMergedHfCheckpoint(path, DType::kF32, hf_options);
 }
 
-absl::Status Export(TrainRun& run, const std::string& path) {
-  if (run.lora.has_value()) return ExportPeftAdapter(run, path);
+absl::Status Export(const TrainRun& run, const std::string& path) {
+  if (run.resolved.lora.has_value()) return ExportPeftAdapter(run, path);
   HfExportOptions hf_options;
-  if (run.hf.has_value()) hf_options.base_config_json = run.hf->config_json();
-  if (run.collectives == nullptr) {
-    if (ExportsHfDirectory(run)) return run.model->SaveHfCheckpoint(path, DType::kF32, hf_options);
-    return run.model->SaveGpt2Safetensors(path, DType::kF32);
+  if (run.resolved.hf.has_value()) hf_options.base_config_json = run.resolved.hf->config_json();
+  if (run.runtime.collectives == nullptr) {
+    if (ExportsHfDirectory(run))
+      return run.runtime.model->SaveHfCheckpoint(path, DType::kF32, hf_options);
+    return run.runtime.model->SaveGpt2Safetensors(path, DType::kF32);
   }
   // Gather: each tensor is broadcast from its owner, in checkpoint order; rank 0 keeps them.
-  const ChunkLayout& layout = run.store->layout();
+  const ChunkLayout& layout = run.runtime.store->layout();
   std::map<std::string, std::vector<float>> gathered;
-  for (const std::string& name : run.model->ParameterNames()) {
+  for (const std::string& name : run.runtime.model->ParameterNames()) {
     ASSIGN_OR_RETURN(TensorId t, layout.FindTensor(name));
     const int owner = layout.owner_of(layout.tensor(t).chunk_index);
     std::vector<float> values(static_cast<size_t>(layout.tensor(t).numel), 0.0f);
-    if (owner == run.rank) {
-      ASSIGN_OR_RETURN(values, run.model->ReadTensor(ChunkType::kMaster, name));
+    if (owner == run.shape.rank) {
+      ASSIGN_OR_RETURN(values, run.runtime.model->ReadTensor(ChunkType::kMaster, name));
     }
     RETURN_IF_ERROR(BroadcastFromOwner(run, values, owner));
-    if (run.rank == 0) gathered.emplace(name, std::move(values));
+    if (run.shape.rank == 0) gathered.emplace(name, std::move(values));
   }
   absl::Status written = absl::OkStatus();
-  if (run.rank == 0 && ExportsHfDirectory(run)) {
+  if (run.shape.rank == 0 && ExportsHfDirectory(run)) {
     // Element ranges of the gathered tensors (whole, or assembled from row blocks).
-    const int64_t hidden = run.model_config.hidden_size;
+    const int64_t hidden = run.resolved.model_config.hidden_size;
     written = WriteHfCheckpoint(
-        path, run.model_config, DType::kF32,
+        path, run.resolved.model_config, DType::kF32,
         ConvertingFill(
             [&](const TensorSpec& tensor, int64_t first, absl::Span<float> dst) -> absl::Status {
               const int64_t n = static_cast<int64_t>(dst.size());
@@ -180,9 +184,9 @@ absl::Status Export(TrainRun& run, const std::string& path) {
             },
             DType::kF32),
         hf_options);
-  } else if (run.rank == 0) {
+  } else if (run.shape.rank == 0) {
     written = WriteGpt2Safetensors(
-        path, run.model->dims(), DType::kF32,
+        path, run.runtime.model->dims(), DType::kF32,
         [&](absl::string_view name, absl::Span<float> out) -> absl::Status {
           auto it = gathered.find(std::string(name));
           if (it != gathered.end() && it->second.size() == out.size()) {
@@ -194,7 +198,7 @@ absl::Status Export(TrainRun& run, const std::string& path) {
           for (const auto& [stored, values] : gathered) {
             const std::optional<RowBlockName> block = ParseRowBlockName(stored);
             if (!block.has_value() || block->base != name) continue;
-            const int64_t first = block->row_begin * run.gpt.hidden;
+            const int64_t first = block->row_begin * run.resolved.gpt.hidden;
             if (first + static_cast<int64_t>(values.size()) > static_cast<int64_t>(out.size())) {
               return absl::InternalError(absl::StrCat("export: block '", stored, "' out of range"));
             }

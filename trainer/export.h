@@ -19,23 +19,23 @@ namespace trainer_internal {
 // Writes the model's master weights to `path`. Every rank must call it; every rank returns the
 // same outcome (InternalError on the others when rank 0 fails to write).
 // REQUIRES: WireRun(run) succeeded.
-[[nodiscard]] absl::Status Export(TrainRun& run, const std::string& path);
+[[nodiscard]] absl::Status Export(const TrainRun& run, const std::string& path);
 
-// LoRA (run.lora set): checkpoint.export is a PEFT adapter directory at `path`
+// LoRA (run.resolved.lora set): checkpoint.export is a PEFT adapter directory at `path`
 // (GptModel::SavePeftAdapter, f32; adapter_config.json's base_model_name_or_path is
 // checkpoint.init_from, or the model preset's name for a seeded base), which
 // peft.PeftModel.from_pretrained loads over that base. Under ZeRO every adapter tensor is
 // broadcast from its owner and rank 0 writes the directory (every rank must call it; every rank
 // returns the same outcome); ResolveLora refuses it there with modules_to_save.
-// REQUIRES: WireRun(run) succeeded, run.lora is set.
-[[nodiscard]] absl::Status ExportPeftAdapter(TrainRun& run, const std::string& path);
+// REQUIRES: WireRun(run) succeeded, run.resolved.lora is set.
+[[nodiscard]] absl::Status ExportPeftAdapter(const TrainRun& run, const std::string& path);
 
 // LoRA: checkpoint.export_merged, a Hugging Face model directory at `path` of the base with the
 // adapters merged in (W + lora_alpha / r * B A; GptModel::SaveMergedHfCheckpoint, f32, streamed
 // piece by piece; config.json over the init_from directory's when there is one). One process
 // only: ResolveLora refuses it under ZeRO before training.
-// REQUIRES: as ExportPeftAdapter, and run.world == 1.
-[[nodiscard]] absl::Status ExportMerged(TrainRun& run, const std::string& path);
+// REQUIRES: as ExportPeftAdapter, and run.shape.world == 1.
+[[nodiscard]] absl::Status ExportMerged(const TrainRun& run, const std::string& path);
 
 }  // namespace trainer_internal
 }  // namespace ps

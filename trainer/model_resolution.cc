@@ -24,14 +24,14 @@
 namespace ps {
 namespace trainer_internal {
 
-absl::Status ResolveModel(TrainRun& run) {
+absl::Status ResolveModel(const TrainRun& run, ResolvedModel& resolved) {
   const std::string& init_from = run.config.checkpoint.init_from;
   std::error_code ec;
   if (init_from.empty() || !std::filesystem::is_directory(init_from, ec)) {
     // The model section (a GPT-2 or Llama-family preset, or GPT-2 dimensions); init_from, if
     // any, is a GPT-2 safetensors file.
-    ASSIGN_OR_RETURN(run.model_config, ResolveTrainModel(run.config.model));
-    run.gpt = GptConfigView(run.model_config);
+    ASSIGN_OR_RETURN(resolved.model_config, ResolveTrainModel(run.config.model));
+    resolved.gpt = GptConfigView(resolved.model_config);
     return absl::OkStatus();
   }
   // A Hugging Face model directory: the model is its config.json's.
@@ -40,14 +40,14 @@ absl::Status ResolveModel(TrainRun& run) {
     return absl::Status(hf.status().code(), absl::StrCat("checkpoint.init_from (--init_from): ",
                                                          hf.status().message()));
   }
-  run.hf.emplace(*std::move(hf));
-  run.model_config = run.hf->config();
-  run.gpt = GptConfigView(run.model_config);
-  if (run.config.data.seq_len > run.gpt.max_seq_len) {
+  resolved.hf.emplace(*std::move(hf));
+  resolved.model_config = resolved.hf->config();
+  resolved.gpt = GptConfigView(resolved.model_config);
+  if (run.config.data.seq_len > resolved.gpt.max_seq_len) {
     return absl::InvalidArgumentError(
         absl::StrCat("`data.seq_len` (--seq_len) = ", run.config.data.seq_len, " exceeds ",
-                     init_from, "/config.json's max_position_embeddings (", run.gpt.max_seq_len,
-                     "); use at most ", run.gpt.max_seq_len));
+                     init_from, "/config.json's max_position_embeddings (",
+                     resolved.gpt.max_seq_len, "); use at most ", resolved.gpt.max_seq_len));
   }
   // A model section other than the default one must agree with config.json.
   TrainModelConfig defaults = DefaultTrainConfig().model, given = run.config.model;
@@ -56,11 +56,11 @@ absl::Status ResolveModel(TrainRun& run) {
   ASSIGN_OR_RETURN(const GptConfig section, ResolveModelConfig(run.config.model));
   const std::string json = absl::StrCat(init_from, "/config.json");
   const std::pair<const char*, std::pair<int64_t, int64_t>> keys[] = {
-      {"vocab_size", {section.vocab_size, run.gpt.vocab_size}},
-      {"n_positions", {section.max_seq_len, run.gpt.max_seq_len}},
-      {"n_embd", {section.hidden, run.gpt.hidden}},
-      {"n_layer", {section.num_layers, run.gpt.num_layers}},
-      {"n_head", {section.num_heads, run.gpt.num_heads}}};
+      {"vocab_size", {section.vocab_size, resolved.gpt.vocab_size}},
+      {"n_positions", {section.max_seq_len, resolved.gpt.max_seq_len}},
+      {"n_embd", {section.hidden, resolved.gpt.hidden}},
+      {"n_layer", {section.num_layers, resolved.gpt.num_layers}},
+      {"n_head", {section.num_heads, resolved.gpt.num_heads}}};
   const char* hf_keys[] = {"vocab_size", "max_position_embeddings", "hidden_size",
                            "num_hidden_layers", "num_attention_heads"};
   for (size_t i = 0; i < std::size(keys); ++i) {
@@ -78,40 +78,40 @@ absl::Status ResolveModel(TrainRun& run) {
   return absl::OkStatus();
 }
 
-absl::Status ResolveLora(TrainRun& run) {
+absl::Status ResolveLora(const TrainRun& run, ResolvedModel& resolved) {
   if (!run.config.lora.has_value()) return absl::OkStatus();
   LoraConfig lora = ToLoraConfig(*run.config.lora);
-  if (absl::Status s = ValidateLoraConfig(run.model_config, lora); !s.ok()) {
+  if (absl::Status s = ValidateLoraConfig(resolved.model_config, lora); !s.ok()) {
     // ValidateLoraConfig names the key ("lora.r ...", "lora.target_modules entry ..."); a
     // message that does not gets the section's name.
     if (absl::StartsWith(s.message(), "lora.")) return s;
     return absl::Status(s.code(), absl::StrCat("lora: ", s.message()));
   }
-  if (run.world > 1) {
+  if (run.shape.world > 1) {
     // The merged export needs the whole base in one process; the PEFT export gathers whole
     // adapter tensors, not the row blocks a saved vocabulary matrix may be split in.
     const CheckpointConfig& c = run.config.checkpoint;
     if (!c.export_merged.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint.export_merged (--export_merged) under ZeRO (", run.world,
+          "checkpoint.export_merged (--export_merged) under ZeRO (", run.shape.world,
           " ranks) is not supported: merging needs the whole base in one process, which no rank "
           "holds. Export the adapter (checkpoint.export) and merge it elsewhere (peft's "
           "merge_and_unload), or drop checkpoint.export_merged"));
     }
     if (!c.export_path.empty() && !lora.modules_to_save.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint.export with lora.modules_to_save under ZeRO (", run.world,
+          "checkpoint.export with lora.modules_to_save under ZeRO (", run.shape.world,
           " ranks) is not supported: the export gathers whole adapter tensors only. Drop "
           "lora.modules_to_save or checkpoint.export, or train on one process"));
     }
   }
-  run.lora = std::move(lora);
+  resolved.lora = std::move(lora);
   return absl::OkStatus();
 }
 
 bool ExportsHfDirectory(const TrainRun& run) {
   // A Llama-family model (from a preset or a directory) has no single-file GPT-2 format.
-  if (run.model_config.architecture() != ModelArchitecture::kGpt2) return true;
+  if (run.resolved.model_config.architecture() != ModelArchitecture::kGpt2) return true;
   std::error_code ec;
   const bool hf_dir = !run.config.checkpoint.init_from.empty() &&
                       std::filesystem::is_directory(run.config.checkpoint.init_from, ec);

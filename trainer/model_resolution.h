@@ -11,25 +11,26 @@
 namespace ps {
 namespace trainer_internal {
 
-// Sets run.model_config, run.gpt (its GPT-2 view) and, for a Hugging Face directory, run.hf.
+// Sets resolved.model_config, resolved.gpt (its GPT-2 view) and, for a Hugging Face directory,
+// resolved.hf (`resolved` is run.resolved: this file writes that part of the run).
 // Errors: the directory's (prefixed with checkpoint.init_from); InvalidArgument when data.seq_len
 // exceeds the directory's max_position_embeddings, or the model section contradicts config.json
 // (naming both keys and values).
-[[nodiscard]] absl::Status ResolveModel(TrainRun& run);
+[[nodiscard]] absl::Status ResolveModel(const TrainRun& run, ResolvedModel& resolved);
 
-// Sets run.lora from the lora section and checks it against run.model_config
+// Sets resolved.lora from the lora section and checks it against resolved.model_config
 // (ValidateLoraConfig): unknown target modules (listing the model's linear layers), r larger than
 // a targeted layer, modules_to_save that the model lacks, ... as InvalidArgument whose message
 // starts with the key the config names ("lora.target_modules entry 'x' matches no module; ...").
 // With a lora section under ZeRO (world > 1), also InvalidArgument for checkpoint.export_merged
 // (merging needs the whole base in one process) and for checkpoint.export with
 // lora.modules_to_save (the export gathers whole adapter tensors only): refused before anything
-// runs. REQUIRES: ResolveModel(run) succeeded.
-[[nodiscard]] absl::Status ResolveLora(TrainRun& run);
+// runs. REQUIRES: ResolveModel(run, run.resolved) succeeded; `resolved` is run.resolved.
+[[nodiscard]] absl::Status ResolveLora(const TrainRun& run, ResolvedModel& resolved);
 
 // Whether checkpoint.export writes a Hugging Face directory (a Llama-family model, or a model from
 // a Hugging Face directory) rather than a GPT-2 safetensors file. Needs only run.config and, after
-// ResolveModel, run.model_config.
+// ResolveModel, run.resolved.model_config.
 bool ExportsHfDirectory(const TrainRun& run);
 
 }  // namespace trainer_internal

@@ -12,16 +12,17 @@ namespace ps {
 namespace trainer_internal {
 
 // Restores the model, the optimizer, the loss scaler and the data cursor from the newest
-// checkpoint under checkpoint.dir (every rank from the same step), and sets run.step and
-// run.last_loss. Errors: NotFound, DataLoss, FailedPrecondition for a checkpoint of another
-// model or world size (naming the rank and the directory).
-// REQUIRES: WireRun(run) has built the model, the optimizer and the loaders.
+// checkpoint under checkpoint.dir (every rank from the same step), and sets run.progress.step and
+// run.progress.last_loss (and seeks run.data.train_loader). Errors: NotFound, DataLoss,
+// FailedPrecondition for a checkpoint of another model or world size (naming the rank and the
+// directory). REQUIRES: WireRun(run) has built the model, the optimizer and the loaders.
 [[nodiscard]] absl::Status Resume(TrainRun& run);
 
-// Writes this rank's checkpoint of step run.step (keeping checkpoint.keep_last), and records it in
-// run.summary (checkpoints_written, checkpoint_s) and the trace.
+// Writes this rank's checkpoint of step progress.step (keeping checkpoint.keep_last), and records
+// it in progress.summary (checkpoints_written, checkpoint_s) and the trace. `progress` is
+// run.progress.
 // REQUIRES: checkpoint.dir is set.
-[[nodiscard]] absl::Status SaveCheckpoint(TrainRun& run);
+[[nodiscard]] absl::Status SaveCheckpoint(const TrainRun& run, RunProgress& progress);
 
 }  // namespace trainer_internal
 }  // namespace ps

@@ -10,14 +10,15 @@
 namespace ps {
 namespace trainer_internal {
 
-// Opens or generates the data and sets run.train_loader (and run.val_loader when there is
-// validation data), keeping what they read in run.train_file/run.val_file or
-// run.synthetic_train/run.synthetic_val (and the corpus's entropies for the console).
+// Opens or generates the data and sets data.train_loader (and data.val_loader when there is
+// validation data), keeping what they read in data.train_file/data.val_file or
+// data.synthetic_train/data.synthetic_val (and the corpus's entropies for the console). `data` is
+// run.data: this file writes that part of the run.
 // Errors: the files' (NotFound, DataLoss naming the file), InvalidArgument for tokens beyond the
 // model's vocabulary or a synthetic corpus with a vocabulary under 256, the loaders' (prefixed
 // "training data: " / "validation data: ").
-// REQUIRES: ResolveModel(run) succeeded; run.micro_batch, run.seq_len, run.rank, run.world set.
-[[nodiscard]] absl::Status LoadData(TrainRun& run);
+// REQUIRES: ResolveModel succeeded; run.shape set (micro_batch, seq_len, rank, world).
+[[nodiscard]] absl::Status LoadData(const TrainRun& run, RunData& data);
 
 }  // namespace trainer_internal
 }  // namespace ps

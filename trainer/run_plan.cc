@@ -12,17 +12,17 @@
 namespace ps {
 namespace trainer_internal {
 
-absl::Status PlanMemoryOrRefuse(TrainRun& run) {
+absl::Status PlanMemoryOrRefuse(const TrainRun& run, RunMemoryPlan& memory) {
   // What only the run knows (the resolved model, the world, the kernels, the GPU), then the
   // machine; the conversion of the config is trainer/plan_options.h's, as for tools/plan.
   PlanContext context;
-  context.model = run.model_config;
-  context.world = run.world;
-  context.rank = run.rank;
+  context.model = run.resolved.model_config;
+  context.world = run.shape.world;
+  context.rank = run.shape.rank;
   context.device_communicator = run.DeviceCommunicator();
-  context.threads = run.threads;
-  context.kernel_workspaces = run.kernel_workspaces;
-  context.cuda_usable_bytes = run.cuda_usable_bytes;
+  context.threads = run.shape.threads;
+  context.kernel_workspaces = run.probe.kernel_workspaces;
+  context.cuda_usable_bytes = run.probe.cuda_usable_bytes;
   RETURN_IF_ERROR(ReadPlanMachine(run.config, context));
   if (run.env.plan_machine_for_test) run.env.plan_machine_for_test(context);
   ASSIGN_OR_RETURN(RunPlan plan, PlanRunFromConfig(run.config, context));
@@ -32,10 +32,10 @@ absl::Status PlanMemoryOrRefuse(TrainRun& run) {
   if (const std::string note = RamBackedSwapNote(plan); !note.empty() && run.out() != nullptr) {
     *run.out() << note << "\n";
   }
-  run.reserve = plan.reserve;
-  run.plan = std::move(plan.plan);
-  run.chunk_elems = run.plan.plan.chunk_elems;
-  run.chunk_size_note = run.plan.chunk_note;
+  memory.reserve = plan.reserve;
+  memory.plan = std::move(plan.plan);
+  memory.chunk_elems = memory.plan.plan.chunk_elems;
+  memory.chunk_size_note = memory.plan.chunk_note;
   return absl::OkStatus();
 }
 

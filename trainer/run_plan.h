@@ -13,15 +13,16 @@
 namespace ps {
 namespace trainer_internal {
 
-// Plans the run and sets run.plan, run.reserve, run.chunk_elems and run.chunk_size_note; with a
+// Plans the run and sets memory.plan, memory.reserve, memory.chunk_elems and
+// memory.chunk_size_note (`memory` is run.memory: this file writes that part of the run); with a
 // RAM-backed nvme_path (tmpfs), says on the console that its swap is counted as host memory.
 // Errors: the swap directory's (naming nvme_path); the plan's (prefixed "memory plan: ");
 // TrainerEnvironment::inspect_plan_for_test's; ResourceExhausted when the run does not fit the
 // accelerator (unless TrainerEnvironment::enforce_memory_plan is off), host memory (always) or
 // the swap's disk (always).
-// REQUIRES: ResolveModel(run) succeeded; run's shape (micro_batch, seq_len, threads, dtype, rank,
-// world) and run.kernel_workspaces set, and on cuda run.cuda_usable_bytes.
-[[nodiscard]] absl::Status PlanMemoryOrRefuse(TrainRun& run);
+// REQUIRES: ResolveModel succeeded; run.shape (micro_batch, seq_len, threads, dtype, rank, world)
+// and run.probe.kernel_workspaces set, and on cuda run.probe.cuda_usable_bytes.
+[[nodiscard]] absl::Status PlanMemoryOrRefuse(const TrainRun& run, RunMemoryPlan& memory);
 
 }  // namespace trainer_internal
 }  // namespace ps

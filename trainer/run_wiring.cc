@@ -102,62 +102,63 @@ absl::StatusOr<std::unique_ptr<AdamKernels>> CreateCudaAdam(Backend& backend) {
 // The data-parallel world (rank, size) and the GPU this rank uses: the device communicator's
 // (nccl picks each rank's by its node-local rank), else accelerator.device. A host communicator
 // under a cuda accelerator is refused here, before anything else.
-absl::Status JoinWorld(TrainRun& run) {
+absl::Status JoinWorld(const TrainRun& run, RunShape& shape) {
   if (run.env.communicator != nullptr) {
-    run.rank = run.env.communicator->rank();
-    run.world = run.env.communicator->world_size();
+    shape.rank = run.env.communicator->rank();
+    shape.world = run.env.communicator->world_size();
   }
   RETURN_IF_ERROR(CheckCommunicatorFitsAccelerator(
-      run.config.accelerator.kind, run.world > 1 ? run.env.communicator : nullptr,
+      run.config.accelerator.kind, shape.world > 1 ? run.env.communicator : nullptr,
       run.env.device_communicator_for_test != nullptr));
-  run.device_index = run.config.accelerator.device_index;
+  shape.device_index = run.config.accelerator.device_index;
   if (run.env.communicator != nullptr && run.env.communicator->cuda_device() >= 0) {
-    run.device_index = run.env.communicator->cuda_device();
+    shape.device_index = run.env.communicator->cuda_device();
   }
   return absl::OkStatus();
 }
 
 // The run's shape: sequence length, micro-batch, accumulation steps, threads, compute dtype.
-void ResolveShape(TrainRun& run) {
-  run.seq_len = ResolveSeqLen(run.config, run.gpt);
-  run.micro_batch = run.config.train_micro_batch_size_per_gpu;
-  run.accumulation_steps = run.config.gradient_accumulation_steps;
-  run.threads = ResolveThreads(run.config.threads);
-  run.dtype = ComputeDType(run.config.precision());
+void ResolveShape(const TrainRun& run, RunShape& shape) {
+  shape.seq_len = ResolveSeqLen(run.config, run.resolved.gpt);
+  shape.micro_batch = run.config.train_micro_batch_size_per_gpu;
+  shape.accumulation_steps = run.config.gradient_accumulation_steps;
+  shape.threads = ResolveThreads(run.config.threads);
+  shape.dtype = ComputeDType(run.config.precision());
 }
 
 // On cuda, what the machine says first, before any work (no CUDA in this build, no usable GPU, a
 // cap above its free memory), the memory this run can use, and the GPU kernels' workspaces; on
 // the emulated accelerator, the CPU kernels' workspaces. The plan replays these workspaces.
-absl::Status ProbeAccelerator(TrainRun& run) {
+absl::Status ProbeAccelerator(const TrainRun& run, AcceleratorProbe& probe) {
   if (run.config.accelerator.kind == AcceleratorKind::kCuda) {
     // The backend's message names the fix.
-    BackendOptions probe;
-    probe.kind = "cuda";
-    probe.device_index = run.device_index;
-    probe.cuda_margin_bytes = CudaMarginBytes(run.world > 1 && run.DeviceCommunicator());
+    BackendOptions probe_options;
+    probe_options.kind = "cuda";
+    probe_options.device_index = run.shape.device_index;
+    probe_options.cuda_margin_bytes =
+        CudaMarginBytes(run.shape.world > 1 && run.DeviceCommunicator());
     // The configured cap, checked against the free memory minus the margin (the backend refuses
     // a larger one, naming accelerator.memory and the most that fits: memory/cuda_capacity.h).
-    probe.capacity_bytes = run.config.accelerator.memory_bytes;
-    absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateBackend(probe);
+    probe_options.capacity_bytes = run.config.accelerator.memory_bytes;
+    absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateBackend(probe_options);
     if (!cuda.ok()) {
       return absl::Status(cuda.status().code(),
                           absl::StrCat("accelerator.backend \"cuda\": ", cuda.status().message()));
     }
     // With no cap configured, the probe's capacity is what this run can use: free memory minus
     // the margin (DefaultAcceleratorBudget plans with it).
-    run.cuda_usable_bytes = (*cuda)->capacity_bytes();
+    probe.cuda_usable_bytes = (*cuda)->capacity_bytes();
     // The GPU's kernel workspaces, for the plan: the model's CudaKernels (CreateKernels with the
     // same defaults) will ask for exactly these.
     absl::StatusOr<std::unique_ptr<KernelWorkspaces>> workspaces =
-        CreateKernelWorkspaces(cuda->get(), run.threads);
+        CreateKernelWorkspaces(cuda->get(), run.shape.threads);
     if (!workspaces.ok()) {
       return absl::Status(workspaces.status().code(), absl::StrCat("accelerator.backend \"cuda\": ",
                                                                    workspaces.status().message()));
     }
-    run.kernel_workspaces = *std::move(workspaces);
+    probe.kernel_workspaces = *std::move(workspaces);
   } else {
-    run.kernel_workspaces = std::make_shared<const CpuKernelWorkspaces>(run.threads);
+    probe.kernel_workspaces = std::make_shared<const CpuKernelWorkspaces>(run.shape.threads);
   }
   return absl::OkStatus();
 }
@@ -172,7 +173,7 @@ absl::Status CheckPaths(const TrainRun& run) {
       {run.config.lora.has_value() ? run.config.lora->init_from : std::string(),
        "lora.init_from (--lora_init_from)"}};
   // With LoRA, checkpoint.export is a PEFT adapter directory.
-  const bool export_dir = run.lora.has_value() || ExportsHfDirectory(run);
+  const bool export_dir = run.resolved.lora.has_value() || ExportsHfDirectory(run);
   const RunOutput outputs[] = {
       {run.config.profile.metrics_path, "profile.metrics (--metrics_out)"},
       {run.config.profile.trace_path, "profile.trace (--trace_out)"},
@@ -186,19 +187,19 @@ absl::Status CheckPaths(const TrainRun& run) {
 
 // The backend under the plan's budget, the accelerator's memory (chunk pools and the activations'
 // scratch) and pinned host memory.
-absl::Status CreateMemory(TrainRun& run) {
+absl::Status CreateMemory(const TrainRun& run, Runtime& runtime) {
   // The accelerator (the emulated one, or the GPU) under its cap, pinned host memory under the
   // host cap; one chunk pool per block size (16-bit param chunks take 16-bit blocks).
   const bool cuda = run.config.accelerator.kind == AcceleratorKind::kCuda;
   BackendOptions backend_options;
   backend_options.kind = cuda ? "cuda" : "cpu";
-  backend_options.device_index = run.device_index;
+  backend_options.device_index = run.shape.device_index;
   // The plan already kept the whole margin out of the budget (ProbeAccelerator); the backend checks
   // the cap again against the free memory now, which the probe's cuBLAS handle and lazily loaded
   // modules may have lowered since: half the margin is left for that re-check.
   backend_options.cuda_margin_bytes =
-      CudaMarginBytes(run.world > 1 && run.DeviceCommunicator()) / 2;
-  backend_options.capacity_bytes = run.plan.accelerator_bytes;
+      CudaMarginBytes(run.shape.world > 1 && run.DeviceCommunicator()) / 2;
+  backend_options.capacity_bytes = run.memory.plan.accelerator_bytes;
   // (ValidateTrainConfig refuses accelerator.copy_bandwidth with "cuda".)
   if (!cuda) {
     backend_options.copy_bandwidth_bytes_per_s = run.config.accelerator.copy_bandwidth_bytes_per_s;
@@ -208,78 +209,81 @@ absl::Status CreateMemory(TrainRun& run) {
     if (!backend.ok()) {
       return absl::Status(backend.status().code(),
                           absl::StrCat("accelerator.backend \"", backend_options.kind, "\" with ",
-                                       FormatBytes(run.plan.accelerator_bytes),
+                                       FormatBytes(run.memory.plan.accelerator_bytes),
                                        " (accelerator.memory, or the plan's minimum when unset): ",
                                        backend.status().message()));
     }
-    run.backend = *std::move(backend);
+    runtime.backend = *std::move(backend);
   }
   if (run.env.stop_requested_async && backend_options.copy_bandwidth_bytes_per_s > 0) {
-    RETURN_IF_ERROR(SetCpuLinkInterrupt(*run.backend, run.env.stop_requested_async));
+    RETURN_IF_ERROR(SetCpuLinkInterrupt(*runtime.backend, run.env.stop_requested_async));
   }
   DeviceMemoryOptions memory_options;
-  memory_options.chunk_block_bytes = run.chunk_elems * static_cast<int64_t>(sizeof(float));
-  if (SizeOf(run.dtype) != static_cast<int64_t>(sizeof(float))) {
-    memory_options.more_chunk_block_bytes = {run.chunk_elems * SizeOf(run.dtype)};
+  memory_options.chunk_block_bytes = run.memory.chunk_elems * static_cast<int64_t>(sizeof(float));
+  if (SizeOf(run.shape.dtype) != static_cast<int64_t>(sizeof(float))) {
+    memory_options.more_chunk_block_bytes = {run.memory.chunk_elems * SizeOf(run.shape.dtype)};
   }
   DeviceMemoryOptions host_options = memory_options;
   // Activations come from the caching allocator in segments sized to the budget; the plan
   // measured what they strand and the manager's slack below covers it.
-  memory_options.scratch = run.plan.scratch;
+  memory_options.scratch = run.memory.plan.scratch;
   // CudaAdam's device bytes come from the backend beside the pools (see trainer.h).
-  if (run.reserve.adam_bytes > 0) {
-    memory_options.capacity_bytes = run.plan.accelerator_bytes - run.reserve.adam_bytes;
+  if (run.memory.reserve.adam_bytes > 0) {
+    memory_options.capacity_bytes =
+        run.memory.plan.accelerator_bytes - run.memory.reserve.adam_bytes;
   }
-  ASSIGN_OR_RETURN(run.accelerator, CreateAcceleratorMemory(run.backend.get(), memory_options));
+  ASSIGN_OR_RETURN(runtime.accelerator,
+                   CreateAcceleratorMemory(runtime.backend.get(), memory_options));
   if (run.config.accelerator.host_memory_bytes > 0) {
     host_options.capacity_bytes = run.config.accelerator.host_memory_bytes;
   }
-  ASSIGN_OR_RETURN(run.host, CreateHostMemory(run.backend.get(), host_options));
+  ASSIGN_OR_RETURN(runtime.host, CreateHostMemory(runtime.backend.get(), host_options));
   return absl::OkStatus();
 }
 
 // The ZeRO collectives (world > 1 only): a device-memory communicator stages in the
-// accelerator's scratch from here on (the plan reserved it: run.reserve.comm_staging_bytes).
-absl::Status CreateCollectives(TrainRun& run) {
-  if (run.world <= 1) return absl::OkStatus();
+// accelerator's scratch from here on (the plan reserved it: run.memory.reserve.comm_staging_bytes).
+absl::Status CreateCollectives(const TrainRun& run, Runtime& runtime) {
+  if (run.shape.world <= 1) return absl::OkStatus();
   Communicator* comm = run.env.communicator;
   if (run.env.device_communicator_for_test) {
-    run.test_communicator =
-        run.env.device_communicator_for_test(run.env.communicator, run.backend.get());
-    if (run.test_communicator == nullptr || run.test_communicator->memory() == CommMemory::kHost ||
-        run.test_communicator->rank() != run.rank ||
-        run.test_communicator->world_size() != run.world) {
+    runtime.test_communicator =
+        run.env.device_communicator_for_test(run.env.communicator, runtime.backend.get());
+    if (runtime.test_communicator == nullptr ||
+        runtime.test_communicator->memory() == CommMemory::kHost ||
+        runtime.test_communicator->rank() != run.shape.rank ||
+        runtime.test_communicator->world_size() != run.shape.world) {
       return absl::InvalidArgumentError(
           "TrainerEnvironment::device_communicator_for_test must return a device-memory "
           "communicator of the same rank and world");
     }
-    comm = run.test_communicator.get();
+    comm = runtime.test_communicator.get();
   }
   CommCollectivesOptions collectives_options;
   collectives_options.timeout = run.env.comm_timeout;
-  collectives_options.backend = run.backend.get();
-  collectives_options.accelerator = run.accelerator.get();
-  collectives_options.chunk_elems = run.chunk_elems;
-  collectives_options.dtype = run.dtype;
-  ASSIGN_OR_RETURN(run.collectives, CommCollectives::Create(comm, collectives_options));
+  collectives_options.backend = runtime.backend.get();
+  collectives_options.accelerator = runtime.accelerator.get();
+  collectives_options.chunk_elems = run.memory.chunk_elems;
+  collectives_options.dtype = run.shape.dtype;
+  ASSIGN_OR_RETURN(runtime.collectives, CommCollectives::Create(comm, collectives_options));
   return absl::OkStatus();
 }
 
 // The model's tensors laid out in chunks of the planned size (sharded over the world), and the
 // store of their payloads.
-absl::Status CreateChunkStore(TrainRun& run) {
+absl::Status CreateChunkStore(const TrainRun& run, Runtime& runtime) {
   // With LoRA: the frozen base's operators, then the adapters' (trainable) in their own chunks.
   const std::vector<OperatorSpec> ops =
-      ModelOperatorsFor(run.model_config, run.lora, run.plan.vocab);
+      ModelOperatorsFor(run.resolved.model_config, run.resolved.lora, run.memory.plan.vocab);
 
   ChunkLayoutOptions layout_options;
-  layout_options.capacity_elems = run.chunk_elems;
-  layout_options.world_size = run.world;
+  layout_options.capacity_elems = run.memory.chunk_elems;
+  layout_options.world_size = run.shape.world;
   ASSIGN_OR_RETURN(ChunkLayout layout, ChunkLayout::Build(layout_options, ops));
   ChunkStoreOptions store_options;
-  store_options.compute_dtype = run.dtype;
-  store_options.rank = run.rank;
-  ASSIGN_OR_RETURN(run.store, ChunkStore::Create(std::move(layout), store_options));
+  store_options.compute_dtype = run.shape.dtype;
+  store_options.rank = run.shape.rank;
+  ASSIGN_OR_RETURN(runtime.store, ChunkStore::Create(std::move(layout), store_options));
   return absl::OkStatus();
 }
 
@@ -287,9 +291,9 @@ absl::Status CreateChunkStore(TrainRun& run) {
 // creates its checkpoint root now, so that a directory that cannot be created fails here, not at
 // the first checkpoint after hours of training). The trace; the metrics file opens in
 // StartFirstStep (it appends on resume, once the step is known).
-absl::Status OpenOutputs(TrainRun& run) {
+absl::Status OpenOutputs(const TrainRun& run, Runtime& runtime) {
   if (!run.config.checkpoint.dir.empty()) {
-    const std::string root = RankCheckpointRoot(run.config.checkpoint.dir, run.rank);
+    const std::string root = RankCheckpointRoot(run.config.checkpoint.dir, run.shape.rank);
     std::error_code ec;
     std::filesystem::create_directories(root, ec);
     if (ec) {
@@ -297,12 +301,13 @@ absl::Status OpenOutputs(TrainRun& run) {
           absl::StrCat("checkpoint.dir (--save_dir): cannot create '", root, "': ", ec.message()));
     }
   }
-  if (!run.config.profile.trace_path.empty() && run.rank == 0) {
+  if (!run.config.profile.trace_path.empty() && run.shape.rank == 0) {
     TraceWriterOptions trace_options;
-    trace_options.process_name = absl::StrCat("patrickstar_cc train (", run.gpt.name, ")");
-    ASSIGN_OR_RETURN(run.trace, TraceWriter::Create(run.config.profile.trace_path, trace_options));
-    run.profiler = std::make_unique<TraceProfiler>(run.trace.get());
-    run.steps_track = run.trace->Track("steps");
+    trace_options.process_name = absl::StrCat("patrickstar_cc train (", run.resolved.gpt.name, ")");
+    ASSIGN_OR_RETURN(runtime.trace,
+                     TraceWriter::Create(run.config.profile.trace_path, trace_options));
+    runtime.profiler = std::make_unique<TraceProfiler>(runtime.trace.get());
+    runtime.steps_track = runtime.trace->Track("steps");
   }
   return absl::OkStatus();
 }
@@ -314,12 +319,13 @@ absl::Status OpenOutputs(TrainRun& run) {
 // in use is refused before its probe writes anything there.
 constexpr int64_t kDiskProbeBytes = 256 * kMiB;
 
-absl::Status OpenDiskTier(TrainRun& run, ChunkManagerOptions& manager_options) {
+absl::Status OpenDiskTier(const TrainRun& run, Runtime& runtime,
+                          ChunkManagerOptions& manager_options) {
   const OffloadOptimizerConfig& offload = run.config.zero_optimization.offload_optimizer;
   if (offload.device != OffloadDevice::kNvme) return absl::OkStatus();
   FileChunkSwapOptions swap_options;
   swap_options.dir = offload.nvme_path;
-  swap_options.rank = run.rank;
+  swap_options.rank = run.shape.rank;
   swap_options.block_size = run.config.aio.block_size_bytes;
   swap_options.queue_depth = static_cast<int>(run.config.aio.queue_depth);
   swap_options.thread_count = static_cast<int>(run.config.aio.thread_count);
@@ -333,110 +339,114 @@ absl::Status OpenDiskTier(TrainRun& run, ChunkManagerOptions& manager_options) {
   };
   // Enough to cover the disk's latency and reach its sequential rate, small beside the state.
   const int64_t probe_bytes = std::min<int64_t>(
-      kDiskProbeBytes, std::max<int64_t>(run.plan.plan.state_chunk_bytes, 16 * kMiB));
+      kDiskProbeBytes, std::max<int64_t>(run.memory.plan.plan.state_chunk_bytes, 16 * kMiB));
   FileChunkSwapOptions open_options = swap_options;
   open_options.wrap_engine_for_test = run.env.wrap_disk_engine_for_test;
   absl::StatusOr<std::unique_ptr<ChunkSwap>> swap = OpenFileChunkSwap(std::move(open_options));
   if (!swap.ok()) return named(swap.status());
-  run.swap = *std::move(swap);
+  runtime.swap = *std::move(swap);
   absl::StatusOr<DiskBandwidth> bandwidth =
       MeasureDiskBandwidth(offload.nvme_path, swap_options, probe_bytes);
   if (!bandwidth.ok()) return named(bandwidth.status());
-  run.disk_bandwidth = *std::move(bandwidth);
-  manager_options.disk = DiskTierOptions{.swap = run.swap.get(),
-                                         .host_budget_bytes = run.plan.disk_host_budget_bytes,
-                                         .read_ahead = offload.buffer_count};
+  runtime.disk_bandwidth = *std::move(bandwidth);
+  manager_options.disk =
+      DiskTierOptions{.swap = runtime.swap.get(),
+                      .host_budget_bytes = run.memory.plan.disk_host_budget_bytes,
+                      .read_ahead = offload.buffer_count};
   return absl::OkStatus();
 }
 
 // The compute stream, the tide-aware ChunkManager over it and the model computing on it.
-absl::Status CreateManagerAndModel(TrainRun& run) {
+absl::Status CreateManagerAndModel(const TrainRun& run, Runtime& runtime) {
   ChunkManagerOptions manager_options;
-  if (run.profiler != nullptr) manager_options.listener = run.profiler.get();
+  if (runtime.profiler != nullptr) manager_options.listener = runtime.profiler.get();
   // Room for what the activation segments strand (the plan replayed them), and a warm-up share
   // that leaves the highest activation peak room: the warm-up needs no pressure eviction.
-  manager_options.nonmodel_slack_bytes = run.plan.plan.slack_bytes;
-  manager_options.warmup_chunk_fraction = run.plan.plan.warmup_chunk_fraction;
-  manager_options.collectives = run.collectives.get();
+  manager_options.nonmodel_slack_bytes = run.memory.plan.plan.slack_bytes;
+  manager_options.warmup_chunk_fraction = run.memory.plan.plan.warmup_chunk_fraction;
+  manager_options.collectives = runtime.collectives.get();
   // The export's broadcast tile (device-memory communicator) is allocated after the last step.
-  manager_options.comm_buffer_bytes = run.reserve.export_tile_bytes;
-  ASSIGN_OR_RETURN(run.compute_stream, run.backend->CreateStream());
-  manager_options.compute_stream = run.compute_stream.get();
-  RETURN_IF_ERROR(OpenDiskTier(run, manager_options));
-  ASSIGN_OR_RETURN(run.manager,
-                   ChunkManager::Create(run.store.get(), run.backend.get(), run.accelerator.get(),
-                                        run.host.get(), manager_options));
+  manager_options.comm_buffer_bytes = run.memory.reserve.export_tile_bytes;
+  ASSIGN_OR_RETURN(runtime.compute_stream, runtime.backend->CreateStream());
+  manager_options.compute_stream = runtime.compute_stream.get();
+  RETURN_IF_ERROR(OpenDiskTier(run, runtime, manager_options));
+  ASSIGN_OR_RETURN(runtime.manager, ChunkManager::Create(runtime.store.get(), runtime.backend.get(),
+                                                         runtime.accelerator.get(),
+                                                         runtime.host.get(), manager_options));
   GptModelOptions model_options;
-  model_options.batch = run.micro_batch;
-  model_options.seq_len = run.seq_len;
+  model_options.batch = run.shape.micro_batch;
+  model_options.seq_len = run.shape.seq_len;
   model_options.activation_checkpointing = run.config.model.activation_checkpointing;
   model_options.seed = run.config.seed;
-  model_options.threads = run.threads;
+  model_options.threads = run.shape.threads;
   // The model creates the backend's kernels over its own pool of `threads` threads.
-  model_options.compute_stream = run.compute_stream.get();
-  model_options.lora = run.lora;
-  ASSIGN_OR_RETURN(run.model,
-                   TransformerModel::Create(run.model_config, run.store.get(), run.manager.get(),
-                                            run.accelerator.get(), model_options));
+  model_options.compute_stream = runtime.compute_stream.get();
+  model_options.lora = run.resolved.lora;
+  ASSIGN_OR_RETURN(
+      runtime.model,
+      TransformerModel::Create(run.resolved.model_config, runtime.store.get(),
+                               runtime.manager.get(), runtime.accelerator.get(), model_options));
   return absl::OkStatus();
 }
 
 // HybridAdam (CpuAdam for the host's chunks; for the accelerator's, CpuAdam on the emulated one
 // and CudaAdam on a GPU), its gradient statistics summed over ranks, and the learning-rate
 // schedule.
-absl::Status CreateOptimizer(TrainRun& run) {
+absl::Status CreateOptimizer(const TrainRun& run, Runtime& runtime) {
   const bool cuda = run.config.accelerator.kind == AcceleratorKind::kCuda;
   CpuAdamOptions cpu_adam_options;
-  cpu_adam_options.num_threads = run.threads;
-  ASSIGN_OR_RETURN(run.cpu_adam, CpuAdam::Create(cpu_adam_options));
+  cpu_adam_options.num_threads = run.shape.threads;
+  ASSIGN_OR_RETURN(runtime.cpu_adam, CpuAdam::Create(cpu_adam_options));
   ASSIGN_OR_RETURN(HybridAdamOptions adam_options, MakeHybridAdamOptions(run.config));
-  if (run.collectives != nullptr) {
-    CommCollectives* collectives = run.collectives.get();
+  if (runtime.collectives != nullptr) {
+    CommCollectives* collectives = runtime.collectives.get();
     adam_options.grad_stats_reducer = [collectives](GradStats& stats) {
       return collectives->ReduceGradStats(stats.sum_squares, stats.nonfinite_elems);
     };
   }
   HybridAdamKernels kernels;
-  kernels.host = run.cpu_adam.get();
+  kernels.host = runtime.cpu_adam.get();
   if (cuda) {
-    ASSIGN_OR_RETURN(run.accelerator_adam, CreateCudaAdam(*run.backend));
-    kernels.accelerator = run.accelerator_adam.get();
+    ASSIGN_OR_RETURN(runtime.accelerator_adam, CreateCudaAdam(*runtime.backend));
+    kernels.accelerator = runtime.accelerator_adam.get();
     // Pinned, so CudaAdam accumulates GPU chunks' gradients into it in place (mapped memory)
     // instead of through synchronous pageable round trips.
-    kernels.pinned_accumulator_backend = run.backend.get();
+    kernels.pinned_accumulator_backend = runtime.backend.get();
   } else {
-    kernels.accelerator = run.cpu_adam.get();  // the emulated accelerator's memory is host memory
+    kernels.accelerator =
+        runtime.cpu_adam.get();  // the emulated accelerator's memory is host memory
   }
-  ASSIGN_OR_RETURN(run.adam, HybridAdam::Create(run.store->layout(), run.rank, run.dtype,
-                                                std::move(adam_options), kernels));
+  ASSIGN_OR_RETURN(runtime.adam,
+                   HybridAdam::Create(runtime.store->layout(), run.shape.rank, run.shape.dtype,
+                                      std::move(adam_options), kernels));
   ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(MakeLrScheduleOptions(run.config)));
-  run.schedule.emplace(schedule);
+  runtime.schedule.emplace(schedule);
   return absl::OkStatus();
 }
 
 // The base weights: a Hugging Face directory or GPT-2 safetensors file (checkpoint.init_from),
 // or the seed. With LoRA, `init_adapters` first initializes the whole model from the seed (A
 // Kaiming-uniform, B zero: the adapters' only initializer) before init_from replaces the base.
-absl::Status LoadBase(TrainRun& run, bool init_adapters) {
-  if (!run.hf.has_value() && run.config.checkpoint.init_from.empty()) {
-    return run.model->InitializeParameters(run.config.seed);
+absl::Status LoadBase(const TrainRun& run, bool init_adapters) {
+  if (!run.resolved.hf.has_value() && run.config.checkpoint.init_from.empty()) {
+    return run.runtime.model->InitializeParameters(run.config.seed);
   }
-  if (init_adapters) RETURN_IF_ERROR(run.model->InitializeParameters(run.config.seed));
-  if (run.hf.has_value()) {
-    RETURN_IF_ERROR(run.model->LoadHfCheckpoint(*run.hf));
+  if (init_adapters) RETURN_IF_ERROR(run.runtime.model->InitializeParameters(run.config.seed));
+  if (run.resolved.hf.has_value()) {
+    RETURN_IF_ERROR(run.runtime.model->LoadHfCheckpoint(*run.resolved.hf));
     if (run.out() != nullptr) {
-      *run.out() << "initialized " << (run.lora.has_value() ? "the frozen base " : "")
-                 << "from the Hugging Face " << ModelFamilyName(run.model_config.family)
+      *run.out() << "initialized " << (run.resolved.lora.has_value() ? "the frozen base " : "")
+                 << "from the Hugging Face " << ModelFamilyName(run.resolved.model_config.family)
                  << " model in " << run.config.checkpoint.init_from << "\n";
     }
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(Gpt2Checkpoint checkpoint,
                    Gpt2Checkpoint::Open(run.config.checkpoint.init_from));
-  RETURN_IF_ERROR(run.model->LoadGpt2Checkpoint(checkpoint));
+  RETURN_IF_ERROR(run.runtime.model->LoadGpt2Checkpoint(checkpoint));
   if (run.out() != nullptr) {
-    *run.out() << "initialized " << (run.lora.has_value() ? "the frozen base " : "") << "from "
-               << run.config.checkpoint.init_from << "\n";
+    *run.out() << "initialized " << (run.resolved.lora.has_value() ? "the frozen base " : "")
+               << "from " << run.config.checkpoint.init_from << "\n";
   }
   return absl::OkStatus();
 }
@@ -451,15 +461,15 @@ absl::Status LoadBase(TrainRun& run, bool init_adapters) {
 // The base's fingerprint is taken before a checkpoint is read or written (checkpoint.dir set,
 // one process), so that resuming against another base is refused.
 absl::Status InitializeWeights(TrainRun& run) {
-  if (!run.lora.has_value()) {
+  if (!run.resolved.lora.has_value()) {
     if (run.config.checkpoint.resume) return Resume(run);
     return LoadBase(run, /*init_adapters=*/false);
   }
   const std::string& adapter_dir = run.config.lora->init_from;
   const bool adapters_loaded = run.config.checkpoint.resume || !adapter_dir.empty();
   RETURN_IF_ERROR(LoadBase(run, /*init_adapters=*/!adapters_loaded));
-  if (!run.config.checkpoint.dir.empty() && run.world == 1) {
-    ASSIGN_OR_RETURN(run.base_fingerprint, run.model->BaseFingerprint());
+  if (!run.config.checkpoint.dir.empty() && run.shape.world == 1) {
+    ASSIGN_OR_RETURN(run.resolved.base_fingerprint, run.runtime.model->BaseFingerprint());
   }
   if (run.config.checkpoint.resume) {
     if (!adapter_dir.empty() && run.out() != nullptr) {
@@ -469,7 +479,7 @@ absl::Status InitializeWeights(TrainRun& run) {
     return Resume(run);
   }
   if (!adapter_dir.empty()) {
-    if (absl::Status s = run.model->LoadPeftAdapter(adapter_dir); !s.ok()) {
+    if (absl::Status s = run.runtime.model->LoadPeftAdapter(adapter_dir); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("lora.init_from (--lora_init_from) '", adapter_dir,
                                                  "': ", s.message()));
     }
@@ -480,45 +490,47 @@ absl::Status InitializeWeights(TrainRun& run) {
 
 // The metrics file, the batch buffers, and the memory peaks measured from here on.
 absl::Status StartFirstStep(TrainRun& run) {
-  if (!run.config.profile.metrics_path.empty() && run.rank == 0) {
+  if (!run.config.profile.metrics_path.empty() && run.shape.rank == 0) {
     // Appending on resume keeps the earlier steps' lines.
-    ASSIGN_OR_RETURN(run.metrics, MetricsWriter::Open(run.config.profile.metrics_path,
-                                                      run.config.checkpoint.resume && run.step > 0
-                                                          ? MetricsFileMode::kAppend
-                                                          : MetricsFileMode::kTruncate));
+    ASSIGN_OR_RETURN(run.runtime.metrics,
+                     MetricsWriter::Open(run.config.profile.metrics_path,
+                                         run.config.checkpoint.resume && run.progress.step > 0
+                                             ? MetricsFileMode::kAppend
+                                             : MetricsFileMode::kTruncate));
   }
-  run.summary.planned_accelerator_bytes = run.plan.accelerator_bytes;
-  run.summary.planned_min_accelerator_bytes = run.plan.plan.min_accelerator_bytes;
-  run.summary.planned_accelerator_peak_bytes = run.plan.plan.predicted_accelerator_peak_bytes;
-  run.summary.planned_host_model_data_bytes = run.plan.plan.host_model_data_bytes;
-  run.summary.planned_host_peak_bytes = run.plan.plan.host_peak_bytes;
-  run.tokens.assign(static_cast<size_t>(run.micro_batch * run.seq_len), 0);
-  run.targets.assign(run.tokens.size(), 0);
+  run.progress.summary.planned_accelerator_bytes = run.memory.plan.accelerator_bytes;
+  run.progress.summary.planned_min_accelerator_bytes = run.memory.plan.plan.min_accelerator_bytes;
+  run.progress.summary.planned_accelerator_peak_bytes =
+      run.memory.plan.plan.predicted_accelerator_peak_bytes;
+  run.progress.summary.planned_host_model_data_bytes = run.memory.plan.plan.host_model_data_bytes;
+  run.progress.summary.planned_host_peak_bytes = run.memory.plan.plan.host_peak_bytes;
+  run.batch.tokens.assign(static_cast<size_t>(run.shape.micro_batch * run.shape.seq_len), 0);
+  run.batch.targets.assign(run.batch.tokens.size(), 0);
   // Peaks from now on.
-  run.accelerator->tracker()->SnapshotAndResetIntervalPeaks();
-  run.host->tracker()->SnapshotAndResetIntervalPeaks();
+  run.runtime.accelerator->tracker()->SnapshotAndResetIntervalPeaks();
+  run.runtime.host->tracker()->SnapshotAndResetIntervalPeaks();
   return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::Status WireRun(TrainRun& run) {
-  RETURN_IF_ERROR(JoinWorld(run));
-  RETURN_IF_ERROR(ValidateTrainConfig(run.config, run.world));
-  RETURN_IF_ERROR(ResolveModel(run));
-  RETURN_IF_ERROR(ResolveLora(run));
-  ResolveShape(run);
-  RETURN_IF_ERROR(ProbeAccelerator(run));
+  RETURN_IF_ERROR(JoinWorld(run, run.shape));
+  RETURN_IF_ERROR(ValidateTrainConfig(run.config, run.shape.world));
+  RETURN_IF_ERROR(ResolveModel(run, run.resolved));
+  RETURN_IF_ERROR(ResolveLora(run, run.resolved));
+  ResolveShape(run, run.shape);
+  RETURN_IF_ERROR(ProbeAccelerator(run, run.probe));
   RETURN_IF_ERROR(CheckPaths(run));
   // Before anything sizeable is allocated (the data too): the plan.
-  RETURN_IF_ERROR(PlanMemoryOrRefuse(run));
-  RETURN_IF_ERROR(LoadData(run));
-  RETURN_IF_ERROR(CreateMemory(run));
-  RETURN_IF_ERROR(CreateCollectives(run));
-  RETURN_IF_ERROR(CreateChunkStore(run));
-  RETURN_IF_ERROR(OpenOutputs(run));
-  RETURN_IF_ERROR(CreateManagerAndModel(run));
-  RETURN_IF_ERROR(CreateOptimizer(run));
+  RETURN_IF_ERROR(PlanMemoryOrRefuse(run, run.memory));
+  RETURN_IF_ERROR(LoadData(run, run.data));
+  RETURN_IF_ERROR(CreateMemory(run, run.runtime));
+  RETURN_IF_ERROR(CreateCollectives(run, run.runtime));
+  RETURN_IF_ERROR(CreateChunkStore(run, run.runtime));
+  RETURN_IF_ERROR(OpenOutputs(run, run.runtime));
+  RETURN_IF_ERROR(CreateManagerAndModel(run, run.runtime));
+  RETURN_IF_ERROR(CreateOptimizer(run, run.runtime));
   RETURN_IF_ERROR(InitializeWeights(run));
   return StartFirstStep(run);
 }

@@ -43,9 +43,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
 }
 
 absl::Status Trainer::Run() { return trainer_internal::RunTraining(impl_->run); }
-const TrainSummary& Trainer::summary() const { return impl_->run.summary; }
-const std::vector<StepMetrics>& Trainer::history() const { return impl_->run.history; }
-const GptModel& Trainer::model() const { return *impl_->run.model; }
+const TrainSummary& Trainer::summary() const { return impl_->run.progress.summary; }
+const std::vector<StepMetrics>& Trainer::history() const { return impl_->run.progress.history; }
+const GptModel& Trainer::model() const { return *impl_->run.runtime.model; }
 std::string Trainer::SummaryText() const { return trainer_internal::SummaryText(impl_->run); }
 
 }  // namespace ps

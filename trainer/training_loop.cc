@@ -57,16 +57,16 @@ ProcessUsage ReadProcessUsage(const TrainRun& run) {
 }
 
 // fp16, after a skipped step: OutOfRange when any f16 parameter (every rank's) is Inf or NaN.
-absl::Status CheckF16ParametersFinite(TrainRun& run, int64_t step) {
+absl::Status CheckF16ParametersFinite(const TrainRun& run, int64_t step) {
   // The parameters were restored from the master weights (rounded to f16) by the skip: a master
   // weight that is not finite, or beyond f16's range, is an Inf in the parameters every
   // forward reads.
   std::string first;
   int64_t bad = 0;
-  for (const std::string& name : run.model->ParameterNames()) {
-    if (!run.model->HoldsTrainingState(name)) continue;
+  for (const std::string& name : run.runtime.model->ParameterNames()) {
+    if (!run.runtime.model->HoldsTrainingState(name)) continue;
     ASSIGN_OR_RETURN(const std::vector<float> master,
-                     run.model->ReadTensor(ChunkType::kMaster, name));
+                     run.runtime.model->ReadTensor(ChunkType::kMaster, name));
     for (size_t i = 0; i < master.size(); ++i) {
       if ((FloatToHalfBits(master[i]) & 0x7c00u) != 0x7c00u) continue;
       if (bad++ == 0) {
@@ -88,15 +88,15 @@ absl::Status CheckF16ParametersFinite(TrainRun& run, int64_t step) {
 }
 
 // One optimizer step (gradient_accumulation_steps micro-batches), measured into `m`; refuses a
-// loss that is no longer finite. Advances run.step and run.last_loss.
+// loss that is no longer finite. Advances run.progress.step and run.progress.last_loss.
 absl::Status Step(TrainRun& run, StepMetrics& m) {
-  m.step = run.step + 1;
-  m.lr = run.schedule->LearningRate(run.step);
-  run.adam->SetLearningRate(m.lr);
-  m.loss_scale = run.adam->loss_scaler().scale();
-  m.warmup = run.manager->metronome().is_warmup();
-  const ChunkManagerCounters c0 = run.manager->counters();
-  const int64_t trace_t0 = run.trace != nullptr ? run.trace->NowNs() : 0;
+  m.step = run.progress.step + 1;
+  m.lr = run.runtime.schedule->LearningRate(run.progress.step);
+  run.runtime.adam->SetLearningRate(m.lr);
+  m.loss_scale = run.runtime.adam->loss_scaler().scale();
+  m.warmup = run.runtime.manager->metronome().is_warmup();
+  const ChunkManagerCounters c0 = run.runtime.manager->counters();
+  const int64_t trace_t0 = run.runtime.trace != nullptr ? run.runtime.trace->NowNs() : 0;
   // One optimizer step: gradient_accumulation_steps micro-batches, each one iteration of the
   // manager; all but the last add their gradients into the optimizer's accumulator. TrainStep
   // uses the loss scale read above (the optimizer's, unchanged until its step). The loss is the
@@ -104,15 +104,16 @@ absl::Status Step(TrainRun& run, StepMetrics& m) {
   // whole batch).
   TrainStepResult r;
   double loss_sum = 0;
-  for (int64_t micro = 0; micro < run.accumulation_steps; ++micro) {
-    RETURN_IF_ERROR(
-        run.train_loader->Next(absl::MakeSpan(run.tokens), absl::MakeSpan(run.targets)));
-    const bool last = micro + 1 == run.accumulation_steps;
-    ASSIGN_OR_RETURN(const TrainStepResult mr,
-                     TrainStep(*run.model, *run.manager, *run.adam, run.tokens, run.targets,
-                               last ? OptimizerCall::kStep : OptimizerCall::kAccumulate,
-                               LoraDropoutSeed(run.config.seed, run.step, run.accumulation_steps,
-                                               micro, run.world, run.rank)));
+  for (int64_t micro = 0; micro < run.shape.accumulation_steps; ++micro) {
+    RETURN_IF_ERROR(run.data.train_loader->Next(absl::MakeSpan(run.batch.tokens),
+                                                absl::MakeSpan(run.batch.targets)));
+    const bool last = micro + 1 == run.shape.accumulation_steps;
+    ASSIGN_OR_RETURN(
+        const TrainStepResult mr,
+        TrainStep(*run.runtime.model, *run.runtime.manager, *run.runtime.adam, run.batch.tokens,
+                  run.batch.targets, last ? OptimizerCall::kStep : OptimizerCall::kAccumulate,
+                  LoraDropoutSeed(run.config.seed, run.progress.step, run.shape.accumulation_steps,
+                                  micro, run.shape.world, run.shape.rank)));
     loss_sum += mr.loss;
     r.adam = mr.adam;
     r.forward_backward_ns += mr.forward_backward_ns;
@@ -120,38 +121,39 @@ absl::Status Step(TrainRun& run, StepMetrics& m) {
     r.forward_backward_stall_ns += mr.forward_backward_stall_ns;
     r.optimizer_stall_ns += mr.optimizer_stall_ns;
   }
-  r.loss = loss_sum / static_cast<double>(run.accumulation_steps);
-  const ChunkManagerCounters c1 = run.manager->counters();
+  r.loss = loss_sum / static_cast<double>(run.shape.accumulation_steps);
+  const ChunkManagerCounters c1 = run.runtime.manager->counters();
 
   ASSIGN_OR_RETURN(m.loss, run.MeanOverRanks(r.loss));
   m.grad_norm = r.adam.grad_norm;
   m.skipped = r.adam.skipped;
-  if (run.dtype == DType::kF16 && m.skipped) {
+  if (run.shape.dtype == DType::kF16 && m.skipped) {
     // A skip is a loss-scale event only while the f16 parameters are finite: a lower scale
     // cures gradients that overflowed, not weights that did.
     RETURN_IF_ERROR(CheckF16ParametersFinite(run, m.step));
   }
   // A non-finite loss is divergence unless it came with a skipped fp16 step (a loss-scale event).
   // (Non-finite gradients already stopped the optimizer: HybridAdam.) Nothing is saved for it.
-  if (!std::isfinite(m.loss) && !(run.dtype == DType::kF16 && m.skipped)) {
+  if (!std::isfinite(m.loss) && !(run.shape.dtype == DType::kF16 && m.skipped)) {
     return absl::OutOfRangeError(absl::StrFormat(
         "the loss of step %d is %f (%s): training diverged or the data or weights are bad, and "
         "training stops; no checkpoint is written for this step. Lower the learning rate "
         "(optimizer.params.lr), enable gradient clipping (gradient_clipping, e.g. 1.0), and "
         "check the training data",
-        m.step, m.loss, DTypeName(run.dtype)));
+        m.step, m.loss, DTypeName(run.shape.dtype)));
   }
   const double step_s = static_cast<double>(r.forward_backward_ns + r.optimizer_ns) * 1e-9;
   m.step_ms = step_s * 1e3;
-  m.tokens_per_s =
-      static_cast<double>(run.micro_batch * run.accumulation_steps * run.seq_len * run.world) /
-      std::max(1e-9, step_s);
+  m.tokens_per_s = static_cast<double>(run.shape.micro_batch * run.shape.accumulation_steps *
+                                       run.shape.seq_len * run.shape.world) /
+                   std::max(1e-9, step_s);
   const auto ms = [](int64_t ns) { return static_cast<double>(std::max<int64_t>(0, ns)) * 1e-6; };
   m.copy_wait_ms = ms(r.forward_backward_stall_ns + r.optimizer_stall_ns);
   m.compute_ms = ms(r.forward_backward_ns - r.forward_backward_stall_ns);
   m.optimizer_ms = ms(r.optimizer_ns - r.optimizer_stall_ns);
-  const MemoryTrackerSnapshot a = run.accelerator->tracker()->SnapshotAndResetIntervalPeaks();
-  const MemoryTrackerSnapshot h = run.host->tracker()->SnapshotAndResetIntervalPeaks();
+  const MemoryTrackerSnapshot a =
+      run.runtime.accelerator->tracker()->SnapshotAndResetIntervalPeaks();
+  const MemoryTrackerSnapshot h = run.runtime.host->tracker()->SnapshotAndResetIntervalPeaks();
   m.accelerator_peak_model_bytes = a.peak_model_bytes;
   m.accelerator_peak_non_model_bytes = a.peak_non_model_bytes;
   m.accelerator_peak_total_bytes = a.peak_total_bytes;
@@ -167,23 +169,24 @@ absl::Status Step(TrainRun& run, StepMetrics& m) {
   m.disk_wait_ms = ms(c1.disk_read_wait_ns - c0.disk_read_wait_ns + c1.disk_write_wait_ns -
                       c0.disk_write_wait_ns);
 
-  if (run.trace != nullptr) {
-    const int64_t trace_t2 = run.trace->NowNs();
-    run.trace->Complete(run.steps_track, absl::StrCat("step ", m.step), "step", trace_t0,
-                        trace_t2 - trace_t0,
-                        {{"loss", m.loss}, {"lr", m.lr}, {"loaded_bytes", m.loaded_bytes}});
+  if (run.runtime.trace != nullptr) {
+    const int64_t trace_t2 = run.runtime.trace->NowNs();
+    run.runtime.trace->Complete(run.runtime.steps_track, absl::StrCat("step ", m.step), "step",
+                                trace_t0, trace_t2 - trace_t0,
+                                {{"loss", m.loss}, {"lr", m.lr}, {"loaded_bytes", m.loaded_bytes}});
     if (m.warmup) {
-      run.trace->MarkRegion("warm-up iteration", trace_t0, trace_t2 - trace_t0, {{"step", m.step}});
+      run.runtime.trace->MarkRegion("warm-up iteration", trace_t0, trace_t2 - trace_t0,
+                                    {{"step", m.step}});
     }
   }
-  ++run.step;
-  run.last_loss = m.loss;
+  ++run.progress.step;
+  run.progress.last_loss = m.loss;
   return absl::OkStatus();
 }
 
 // Step `m` as one line of profile.metrics (rank 0; nothing without a metrics file).
 void WriteMetrics(const TrainRun& run, const StepMetrics& m) {
-  if (run.metrics == nullptr) return;
+  if (run.runtime.metrics == nullptr) return;
   nlohmann::json j;
   j["step"] = m.step;
   j["loss"] = m.loss;
@@ -205,88 +208,94 @@ void WriteMetrics(const TrainRun& run, const StepMetrics& m) {
   j["written_back_bytes"] = m.written_back_bytes;
   j["evictions"] = m.evictions;
   j["pressure_reclaims"] = m.pressure_reclaims;
-  if (run.swap != nullptr) {
+  if (run.runtime.swap != nullptr) {
     j["disk"] = {{"read_bytes", m.disk_read_bytes},
                  {"write_bytes", m.disk_write_bytes},
                  {"wait_ms", m.disk_wait_ms}};
   }
   if (m.val_loss.has_value()) j["val_loss"] = *m.val_loss;
-  if (absl::Status s = run.metrics->Write(j); !s.ok()) {
+  if (absl::Status s = run.runtime.metrics->Write(j); !s.ok()) {
     LOG(WARNING) << "metrics: " << s;
   }
 }
 
-// The rest of run.summary once the steps are over (summary.seconds is set): the step range, the
-// losses, the tokens, the time split and peaks over run.history, the chunk traffic and
-// collectives of the manager, the model data this rank holds, the emulated accelerator's
-// allocations.
-void FinishSummary(TrainRun& run) {
-  run.summary.last_step = run.step;
-  if (!run.history.empty()) {
-    run.summary.first_loss = run.history.front().loss;
-    run.summary.last_loss = run.history.back().loss;
-    const size_t n = std::min<size_t>(10, run.history.size());
+// The rest of run.progress.summary once the steps are over (summary.seconds is set): the step
+// range, the losses, the tokens, the time split and peaks over run.progress.history, the chunk
+// traffic and collectives of the manager, the model data this rank holds, the emulated
+// accelerator's allocations.
+void FinishSummary(const TrainRun& run, RunProgress& progress) {
+  progress.summary.last_step = progress.step;
+  if (!progress.history.empty()) {
+    progress.summary.first_loss = progress.history.front().loss;
+    progress.summary.last_loss = progress.history.back().loss;
+    const size_t n = std::min<size_t>(10, progress.history.size());
     double sum = 0;
-    for (size_t i = run.history.size() - n; i < run.history.size(); ++i) sum += run.history[i].loss;
-    run.summary.final_mean_loss = sum / static_cast<double>(n);
+    for (size_t i = progress.history.size() - n; i < progress.history.size(); ++i)
+      sum += progress.history[i].loss;
+    progress.summary.final_mean_loss = sum / static_cast<double>(n);
   }
-  run.summary.tokens = static_cast<int64_t>(run.history.size()) * run.micro_batch *
-                       run.accumulation_steps * run.seq_len * run.world;
-  for (const StepMetrics& m : run.history) {
-    run.summary.compute_s += m.compute_ms * 1e-3;
-    run.summary.copy_wait_s += m.copy_wait_ms * 1e-3;
-    run.summary.optimizer_s += m.optimizer_ms * 1e-3;
-    run.summary.accelerator_peak_model_bytes =
-        std::max(run.summary.accelerator_peak_model_bytes, m.accelerator_peak_model_bytes);
-    run.summary.accelerator_peak_non_model_bytes =
-        std::max(run.summary.accelerator_peak_non_model_bytes, m.accelerator_peak_non_model_bytes);
-    run.summary.accelerator_peak_total_bytes =
-        std::max(run.summary.accelerator_peak_total_bytes, m.accelerator_peak_total_bytes);
-    run.summary.host_peak_model_bytes =
-        std::max(run.summary.host_peak_model_bytes, m.host_peak_model_bytes);
-    run.summary.host_peak_non_model_bytes =
-        std::max(run.summary.host_peak_non_model_bytes, m.host_peak_non_model_bytes);
+  progress.summary.tokens = static_cast<int64_t>(progress.history.size()) * run.shape.micro_batch *
+                            run.shape.accumulation_steps * run.shape.seq_len * run.shape.world;
+  for (const StepMetrics& m : progress.history) {
+    progress.summary.compute_s += m.compute_ms * 1e-3;
+    progress.summary.copy_wait_s += m.copy_wait_ms * 1e-3;
+    progress.summary.optimizer_s += m.optimizer_ms * 1e-3;
+    progress.summary.accelerator_peak_model_bytes =
+        std::max(progress.summary.accelerator_peak_model_bytes, m.accelerator_peak_model_bytes);
+    progress.summary.accelerator_peak_non_model_bytes = std::max(
+        progress.summary.accelerator_peak_non_model_bytes, m.accelerator_peak_non_model_bytes);
+    progress.summary.accelerator_peak_total_bytes =
+        std::max(progress.summary.accelerator_peak_total_bytes, m.accelerator_peak_total_bytes);
+    progress.summary.host_peak_model_bytes =
+        std::max(progress.summary.host_peak_model_bytes, m.host_peak_model_bytes);
+    progress.summary.host_peak_non_model_bytes =
+        std::max(progress.summary.host_peak_non_model_bytes, m.host_peak_non_model_bytes);
   }
-  const double train_s = run.summary.compute_s + run.summary.copy_wait_s + run.summary.optimizer_s;
-  run.summary.tokens_per_s = train_s > 0 ? static_cast<double>(run.summary.tokens) / train_s : 0;
-  const ChunkManagerCounters c = run.manager->counters();
+  const double train_s =
+      progress.summary.compute_s + progress.summary.copy_wait_s + progress.summary.optimizer_s;
+  progress.summary.tokens_per_s =
+      train_s > 0 ? static_cast<double>(progress.summary.tokens) / train_s : 0;
+  const ChunkManagerCounters c = run.runtime.manager->counters();
   const TransferCounters t = c.Total();
-  run.summary.loaded_bytes = t.load_bytes;
-  run.summary.written_back_bytes = t.write_back_bytes;
-  run.summary.loads = t.loads;
-  run.summary.write_backs = t.write_backs;
-  run.summary.clean_evictions = t.clean_evictions;
-  run.summary.prefetches = c.prefetches;
-  run.summary.prefetch_hits = c.prefetch_hits;
-  run.summary.write_behinds = c.write_behinds;
-  run.summary.pressure_evictions = c.pressure_evictions;
-  run.summary.pressure_reclaims = c.pressure_reclaims;
-  run.summary.frozen_writeback_bytes = c.frozen_writeback_bytes;
-  run.summary.trainable_params = run.store->layout().trainable_elems();
-  run.summary.frozen_params = run.store->layout().frozen_elems();
-  run.summary.disk_reads = c.disk_reads;
-  run.summary.disk_writes = c.disk_writes;
-  run.summary.disk_read_bytes = c.disk_read_bytes;
-  run.summary.disk_write_bytes = c.disk_write_bytes;
-  run.summary.disk_read_ahead_hits = c.disk_read_ahead_hits;
-  run.summary.disk_peak_host_bytes = c.disk_peak_host_bytes;
-  run.summary.disk_read_wait_s = static_cast<double>(c.disk_read_wait_ns) * 1e-9;
-  run.summary.disk_write_wait_s = static_cast<double>(c.disk_write_wait_ns) * 1e-9;
-  if (run.disk_bandwidth.has_value()) {
-    run.summary.disk_measured_read_bytes_per_s = run.disk_bandwidth->read_bytes_per_s;
-    run.summary.disk_measured_write_bytes_per_s = run.disk_bandwidth->write_bytes_per_s;
-    run.summary.disk_engine = run.disk_bandwidth->engine;
+  progress.summary.loaded_bytes = t.load_bytes;
+  progress.summary.written_back_bytes = t.write_back_bytes;
+  progress.summary.loads = t.loads;
+  progress.summary.write_backs = t.write_backs;
+  progress.summary.clean_evictions = t.clean_evictions;
+  progress.summary.prefetches = c.prefetches;
+  progress.summary.prefetch_hits = c.prefetch_hits;
+  progress.summary.write_behinds = c.write_behinds;
+  progress.summary.pressure_evictions = c.pressure_evictions;
+  progress.summary.pressure_reclaims = c.pressure_reclaims;
+  progress.summary.frozen_writeback_bytes = c.frozen_writeback_bytes;
+  progress.summary.trainable_params = run.runtime.store->layout().trainable_elems();
+  progress.summary.frozen_params = run.runtime.store->layout().frozen_elems();
+  progress.summary.disk_reads = c.disk_reads;
+  progress.summary.disk_writes = c.disk_writes;
+  progress.summary.disk_read_bytes = c.disk_read_bytes;
+  progress.summary.disk_write_bytes = c.disk_write_bytes;
+  progress.summary.disk_read_ahead_hits = c.disk_read_ahead_hits;
+  progress.summary.disk_peak_host_bytes = c.disk_peak_host_bytes;
+  progress.summary.disk_read_wait_s = static_cast<double>(c.disk_read_wait_ns) * 1e-9;
+  progress.summary.disk_write_wait_s = static_cast<double>(c.disk_write_wait_ns) * 1e-9;
+  if (run.runtime.disk_bandwidth.has_value()) {
+    progress.summary.disk_measured_read_bytes_per_s = run.runtime.disk_bandwidth->read_bytes_per_s;
+    progress.summary.disk_measured_write_bytes_per_s =
+        run.runtime.disk_bandwidth->write_bytes_per_s;
+    progress.summary.disk_engine = run.runtime.disk_bandwidth->engine;
   }
-  run.summary.world_size = run.world;
-  run.summary.rank_model_data_bytes = run.store->PayloadBytesOn(Device::Host()) +
-                                      run.store->PayloadBytesOn(run.accelerator->device());
-  run.summary.all_gather_bytes = c.all_gather_bytes;
-  run.summary.reduce_scatter_bytes = c.reduce_scatter_bytes;
-  run.summary.comm_s = static_cast<double>(c.comm_ns) * 1e-9;
-  if (absl::StatusOr<CpuBackendMemoryStats> m = GetCpuBackendMemoryStats(*run.backend); m.ok()) {
-    run.summary.accelerator_allocations = m->allocations;
-    run.summary.accelerator_cache_hits = m->reuses();
-    run.summary.accelerator_peak_mapped_bytes = m->peak_mapped_bytes;
+  progress.summary.world_size = run.shape.world;
+  progress.summary.rank_model_data_bytes =
+      run.runtime.store->PayloadBytesOn(Device::Host()) +
+      run.runtime.store->PayloadBytesOn(run.runtime.accelerator->device());
+  progress.summary.all_gather_bytes = c.all_gather_bytes;
+  progress.summary.reduce_scatter_bytes = c.reduce_scatter_bytes;
+  progress.summary.comm_s = static_cast<double>(c.comm_ns) * 1e-9;
+  if (absl::StatusOr<CpuBackendMemoryStats> m = GetCpuBackendMemoryStats(*run.runtime.backend);
+      m.ok()) {
+    progress.summary.accelerator_allocations = m->allocations;
+    progress.summary.accelerator_cache_hits = m->reuses();
+    progress.summary.accelerator_peak_mapped_bytes = m->peak_mapped_bytes;
   }
 }
 
@@ -294,57 +303,57 @@ void FinishSummary(TrainRun& run) {
 
 absl::Status RunTraining(TrainRun& run) {
   PrintHeader(run);
-  run.summary.first_step = run.step;
+  run.progress.summary.first_step = run.progress.step;
   const int64_t start = run.NowNs();
   const int64_t eval_every = run.config.data.eval_every;
   // data.eval_every 0: never validate.
-  const bool validates = run.val_loader.has_value() && eval_every > 0;
+  const bool validates = run.data.val_loader.has_value() && eval_every > 0;
   absl::Status status = [&]() -> absl::Status {
     if (validates) {
       const int64_t e0 = run.NowNs();
-      ASSIGN_OR_RETURN(const double v, EvaluateValidation(run));
-      run.summary.eval_s += Seconds(e0, run.NowNs());
-      run.summary.first_val_loss = v;
-      PrintValidationLoss(run, run.step, v);
+      ASSIGN_OR_RETURN(const double v, EvaluateValidation(run, run.batch));
+      run.progress.summary.eval_s += Seconds(e0, run.NowNs());
+      run.progress.summary.first_val_loss = v;
+      PrintValidationLoss(run, run.progress.step, v);
     }
-    while (run.step < run.config.steps) {
+    while (run.progress.step < run.config.steps) {
       StepMetrics m;
       const ProcessUsage u0 = ReadProcessUsage(run);
       RETURN_IF_ERROR(Step(run, m));
       const ProcessUsage u1 = ReadProcessUsage(run);
-      run.summary.steps_wall_s += Seconds(u0.wall_ns, u1.wall_ns);
-      run.summary.steps_user_s += u1.user_s - u0.user_s;
-      run.summary.steps_system_s += u1.system_s - u0.system_s;
-      run.summary.steps_minor_faults += u1.minor_faults - u0.minor_faults;
-      run.summary.steps_major_faults += u1.major_faults - u0.major_faults;
-      const bool last = run.step == run.config.steps;
+      run.progress.summary.steps_wall_s += Seconds(u0.wall_ns, u1.wall_ns);
+      run.progress.summary.steps_user_s += u1.user_s - u0.user_s;
+      run.progress.summary.steps_system_s += u1.system_s - u0.system_s;
+      run.progress.summary.steps_minor_faults += u1.minor_faults - u0.minor_faults;
+      run.progress.summary.steps_major_faults += u1.major_faults - u0.major_faults;
+      const bool last = run.progress.step == run.config.steps;
       ASSIGN_OR_RETURN(const bool stop,
                        run.AnyRank(run.env.stop_requested && run.env.stop_requested()));
-      if (validates && (run.step % eval_every == 0 || last || stop)) {
+      if (validates && (run.progress.step % eval_every == 0 || last || stop)) {
         const int64_t e0 = run.NowNs();
-        const int64_t trace_e0 = run.trace != nullptr ? run.trace->NowNs() : 0;
-        ASSIGN_OR_RETURN(const double v, EvaluateValidation(run));
-        run.summary.eval_s += Seconds(e0, run.NowNs());
-        if (run.trace != nullptr) {
-          run.trace->Complete(run.steps_track, "validation", "eval", trace_e0,
-                              run.trace->NowNs() - trace_e0, {{"val_loss", v}});
+        const int64_t trace_e0 = run.runtime.trace != nullptr ? run.runtime.trace->NowNs() : 0;
+        ASSIGN_OR_RETURN(const double v, EvaluateValidation(run, run.batch));
+        run.progress.summary.eval_s += Seconds(e0, run.NowNs());
+        if (run.runtime.trace != nullptr) {
+          run.runtime.trace->Complete(run.runtime.steps_track, "validation", "eval", trace_e0,
+                                      run.runtime.trace->NowNs() - trace_e0, {{"val_loss", v}});
         }
         m.val_loss = v;
-        run.summary.last_val_loss = v;
+        run.progress.summary.last_val_loss = v;
       }
-      run.history.push_back(m);
+      run.progress.history.push_back(m);
       WriteMetrics(run, m);
       if (m.step % std::max<int64_t>(run.config.steps_per_print, 1) == 0 || last ||
-          m.step == run.summary.first_step + 1 || m.val_loss.has_value()) {
+          m.step == run.progress.summary.first_step + 1 || m.val_loss.has_value()) {
         PrintProgress(run, m);
       }
-      const bool checkpoint_due =
-          !run.config.checkpoint.dir.empty() &&
-          ((run.config.checkpoint.every > 0 && run.step % run.config.checkpoint.every == 0) ||
-           last || stop);
-      if (checkpoint_due) RETURN_IF_ERROR(SaveCheckpoint(run));
+      const bool checkpoint_due = !run.config.checkpoint.dir.empty() &&
+                                  ((run.config.checkpoint.every > 0 &&
+                                    run.progress.step % run.config.checkpoint.every == 0) ||
+                                   last || stop);
+      if (checkpoint_due) RETURN_IF_ERROR(SaveCheckpoint(run, run.progress));
       if (stop && !last) {
-        run.summary.stopped_by_request = true;
+        run.progress.summary.stopped_by_request = true;
         PrintStopped(run);
         break;
       }
@@ -359,8 +368,8 @@ absl::Status RunTraining(TrainRun& run) {
     }
     return absl::OkStatus();
   }();
-  run.summary.seconds = Seconds(start, run.NowNs());
-  FinishSummary(run);
+  run.progress.summary.seconds = Seconds(start, run.NowNs());
+  FinishSummary(run, run.progress);
   PrintSummary(run);
   status.Update(run.CloseOutputs());
   return status;

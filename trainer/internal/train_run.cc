@@ -16,38 +16,39 @@ namespace ps {
 namespace trainer_internal {
 
 bool TrainRun::DeviceCommunicator() const {
-  if (world <= 1) return false;
+  if (shape.world <= 1) return false;
   return env.device_communicator_for_test != nullptr ||
          env.communicator->memory() != CommMemory::kHost;
 }
 
-absl::StatusOr<double> TrainRun::MeanOverRanks(double value) {
-  if (collectives == nullptr) return value;
-  return collectives->AllReduceMean(value);
+absl::StatusOr<double> TrainRun::MeanOverRanks(double value) const {
+  if (runtime.collectives == nullptr) return value;
+  return runtime.collectives->AllReduceMean(value);
 }
 
-absl::StatusOr<bool> TrainRun::AnyRank(bool flag) {
-  if (collectives == nullptr) return flag;
-  ASSIGN_OR_RETURN(std::vector<int64_t> flags, collectives->AllGatherInt64(flag ? 1 : 0));
+absl::StatusOr<bool> TrainRun::AnyRank(bool flag) const {
+  if (runtime.collectives == nullptr) return flag;
+  ASSIGN_OR_RETURN(std::vector<int64_t> flags, runtime.collectives->AllGatherInt64(flag ? 1 : 0));
   return std::any_of(flags.begin(), flags.end(), [](int64_t f) { return f != 0; });
 }
 
 CheckpointIdentity TrainRun::Identity() const {
+  const GptConfig& gpt = resolved.gpt;
   CheckpointIdentity id;
   id.vocab_size = gpt.vocab_size;
   id.max_seq_len = gpt.max_seq_len;
   id.hidden = gpt.hidden;
   id.num_layers = gpt.num_layers;
   id.num_heads = gpt.num_heads;
-  id.compute_dtype = dtype;
-  id.world_size = world;
-  id.micro_batch = micro_batch;
-  id.seq_len = seq_len;
+  id.compute_dtype = shape.dtype;
+  id.world_size = shape.world;
+  id.micro_batch = shape.micro_batch;
+  id.seq_len = shape.seq_len;
   id.shuffle = config.data.shuffle;
   id.data_seed = config.data.seed;
-  if (lora.has_value()) {
-    id.lora = lora;
-    id.base_fingerprint = base_fingerprint;
+  if (resolved.lora.has_value()) {
+    id.lora = resolved.lora;
+    id.base_fingerprint = resolved.base_fingerprint;
     id.base_source = config.checkpoint.init_from.empty()
                          ? absl::StrCat("seeded initialization, seed ", config.seed)
                          : absl::StrCat("checkpoint.init_from '", config.checkpoint.init_from, "'");
@@ -58,8 +59,8 @@ CheckpointIdentity TrainRun::Identity() const {
 absl::Status TrainRun::CloseOutputs() {
   closed = true;
   absl::Status status;
-  if (metrics != nullptr) status.Update(metrics->Close());
-  if (trace != nullptr) status.Update(trace->Close());
+  if (runtime.metrics != nullptr) status.Update(runtime.metrics->Close());
+  if (runtime.trace != nullptr) status.Update(runtime.trace->Close());
   return status;
 }
 

@@ -68,44 +68,36 @@ inline double Seconds(int64_t a_ns, int64_t b_ns) {
   return 1e-9 * static_cast<double>(b_ns - a_ns);
 }
 
-struct TrainRun {
-  TrainRun(const TrainConfig& config, TrainerEnvironment env)
-      : config(config), env(std::move(env)) {}
+// A TrainRun is divided into parts, one per writer: each part is assigned by the file named on it
+// and only read elsewhere (its objects' own state, a loader's cursor or a chunk's payload, changes
+// as the run uses them). A writer takes the run as `const TrainRun&` and the part it writes as its
+// one mutable argument where that is simple (e.g. LoadData(run, run.data)); readers take
+// `const TrainRun&` (the console, the export). Only the steps that write several parts take a
+// mutable TrainRun: WireRun and its InitializeWeights (resolved.base_fingerprint, then Resume) and
+// StartFirstStep (runtime.metrics, batch, progress.summary's planned_* numbers); Resume (progress,
+// the training loader's cursor); the loop's RunTraining and Step (progress, batch, the loader).
 
-  // A reading of the run's one clock, the manager's (ChunkManager::clock; TrainStep times its
-  // phases on it too): the summary's wall times (TrainSummary::seconds, eval_s, checkpoint_s,
-  // steps_wall_s). REQUIRES: the manager exists.
-  int64_t NowNs() const { return manager->clock().now_ns(); }
-  TrainRun(const TrainRun&) = delete;
-  TrainRun& operator=(const TrainRun&) = delete;
-
-  // Progress output: rank 0 only (null elsewhere, and when TrainerEnvironment::out is null).
-  std::ostream* out() const { return rank == 0 ? env.out : nullptr; }
-  // Whether the communicator of a world > 1 takes device memory only (nccl, or the test hook).
-  bool DeviceCommunicator() const;
-  // The mean of `value` over ranks (itself for a world of one).
-  absl::StatusOr<double> MeanOverRanks(double value);
-  // Whether any rank's `flag` is set.
-  absl::StatusOr<bool> AnyRank(bool flag);
-  // What a checkpoint of this run must match to be resumed by it.
-  CheckpointIdentity Identity() const;
-  // Flushes and closes the metrics and trace files (once; the Trainer's destructor closes them if
-  // Run() did not).
-  absl::Status CloseOutputs();
-
-  const TrainConfig config;
-  const TrainerEnvironment env;
-  // The data-parallel world; collectives (below) only for world > 1.
+// The run's shape: written by the wiring (trainer/run_wiring.cc: JoinWorld sets rank, world and
+// device_index; ResolveShape the rest).
+struct RunShape {
+  // The data-parallel world; collectives (Runtime) only for world > 1.
   int rank = 0;
   int world = 1;
-  // What the plan reserves on the accelerator beside chunks and activations.
-  AcceleratorReserve reserve;
-  // The workspace sizes the run's kernels will ask for (the plan replays them): the CPU kernels'
-  // for `threads`, or CudaKernels' for the GPU (cuBLAS's workspace by its compute capability).
-  std::shared_ptr<const KernelWorkspaces> kernel_workspaces;
-  // The model: model_config (any architecture); gpt its GPT-2 view (ModelConfig's common
-  // dimensions) for the data and checkpoint checks. hf is the Hugging Face directory of
-  // checkpoint.init_from, when it names one.
+  int device_index = 0;  // the accelerator's device
+  int threads = 1;
+  DType dtype = DType::kF32;
+  int64_t seq_len = 0;
+  int64_t micro_batch = 0;
+  int64_t accumulation_steps = 1;  // micro-batches per optimizer step
+};
+
+// The model the run trains: written by trainer/model_resolution.cc (ResolveModel: model_config,
+// gpt, hf; ResolveLora: lora), except base_fingerprint, written by the wiring where it is computed
+// (InitializeWeights, trainer/run_wiring.cc).
+struct ResolvedModel {
+  // model_config (any architecture); gpt its GPT-2 view (ModelConfig's common dimensions) for the
+  // data and checkpoint checks. hf is the Hugging Face directory of checkpoint.init_from, when it
+  // names one.
   GptConfig gpt;
   ModelConfig model_config;
   std::optional<HfCheckpoint> hf;
@@ -116,24 +108,46 @@ struct TrainRun {
   // set (InitializeWeights) and only when checkpoints are written or read (checkpoint.dir);
   // empty otherwise, and under ZeRO (no rank holds the whole base: not checked).
   std::string base_fingerprint;
-  int64_t seq_len = 0;
-  int64_t micro_batch = 0;
-  int64_t accumulation_steps = 1;  // micro-batches per optimizer step
-  int threads = 1;
-  DType dtype = DType::kF32;
+};
+
+// What the accelerator said before the plan: written by the wiring (ProbeAccelerator,
+// trainer/run_wiring.cc); the plan reads it.
+struct AcceleratorProbe {
+  // The workspace sizes the run's kernels will ask for (the plan replays them): the CPU kernels'
+  // for `threads`, or CudaKernels' for the GPU (cuBLAS's workspace by its compute capability).
+  std::shared_ptr<const KernelWorkspaces> kernel_workspaces;
+  // cuda: the device's free memory minus the margin.
+  int64_t cuda_usable_bytes = 0;
+};
+
+// The pre-flight memory plan: written by trainer/run_plan.cc (PlanMemoryOrRefuse).
+struct RunMemoryPlan {
+  // What the plan reserves on the accelerator beside chunks and activations.
+  AcceleratorReserve reserve;
+  GptRunPlan plan;
   int64_t chunk_elems = 0;
   std::string chunk_size_note;
-  GptRunPlan plan;
+};
 
-  // Data.
+// The data: written by trainer/run_data.cc (LoadData). The loaders' cursors move as the run reads
+// them (the training loop; Resume seeks the training loader).
+struct RunData {
   std::optional<TokenFile> train_file, val_file;
   std::vector<uint16_t> synthetic_train, synthetic_val;
   std::optional<double> unigram_entropy, entropy_rate;
   std::optional<DataLoader> train_loader, val_loader;
-  std::vector<int32_t> tokens, targets;
+};
 
-  // Memory, chunks, runtime, model, optimizer (destroyed in reverse: the model and manager
-  // before the store, the store before the memories, the memories before the backend).
+// The micro-batch buffers: sized by the wiring (StartFirstStep), filled by the training loop and
+// the validation (trainer/evaluation.cc) before each forward.
+struct BatchBuffers {
+  std::vector<int32_t> tokens, targets;
+};
+
+// The runtime objects: created by the wiring (trainer/run_wiring.cc) and only used elsewhere.
+// Memory, chunks, runtime, model, optimizer (destroyed in reverse: the model and manager
+// before the store, the store before the memories, the memories before the backend).
+struct Runtime {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<DeviceMemory> accelerator;
   std::unique_ptr<DeviceMemory> host;
@@ -161,16 +175,58 @@ struct TrainRun {
   std::optional<LrSchedule> schedule;
   std::unique_ptr<MetricsWriter> metrics;
   TrackId steps_track = 0;
+};
 
-  int64_t step = 0;      // steps taken
-  int device_index = 0;  // the accelerator's device (WireRun)
-  // cuda: the device's free memory minus the margin (WireRun, before the plan).
-  int64_t cuda_usable_bytes = 0;
+// The run's progress: written by the training loop (trainer/training_loop.cc) and the checkpoints
+// (trainer/run_checkpoints.cc: Resume sets step and last_loss, SaveCheckpoint records its
+// checkpoint in summary); the wiring's StartFirstStep sets summary's planned_* numbers.
+struct RunProgress {
+  int64_t step = 0;  // steps taken
   double last_loss = 0;
-  bool closed = false;
-
   TrainSummary summary;
   std::vector<StepMetrics> history;
+};
+
+struct TrainRun {
+  TrainRun(const TrainConfig& config, TrainerEnvironment env)
+      : config(config), env(std::move(env)) {}
+
+  // A reading of the run's one clock, the manager's (ChunkManager::clock; TrainStep times its
+  // phases on it too): the summary's wall times (TrainSummary::seconds, eval_s, checkpoint_s,
+  // steps_wall_s). REQUIRES: the manager exists.
+  int64_t NowNs() const { return runtime.manager->clock().now_ns(); }
+  TrainRun(const TrainRun&) = delete;
+  TrainRun& operator=(const TrainRun&) = delete;
+
+  // Progress output: rank 0 only (null elsewhere, and when TrainerEnvironment::out is null).
+  std::ostream* out() const { return shape.rank == 0 ? env.out : nullptr; }
+  // Whether the communicator of a world > 1 takes device memory only (nccl, or the test hook).
+  bool DeviceCommunicator() const;
+  // The mean of `value` over ranks (itself for a world of one).
+  absl::StatusOr<double> MeanOverRanks(double value) const;
+  // Whether any rank's `flag` is set.
+  absl::StatusOr<bool> AnyRank(bool flag) const;
+  // What a checkpoint of this run must match to be resumed by it.
+  CheckpointIdentity Identity() const;
+  // Flushes and closes the metrics and trace files (once; the Trainer's destructor closes them if
+  // Run() did not). Sets `closed`.
+  absl::Status CloseOutputs();
+
+  const TrainConfig config;
+  const TrainerEnvironment env;
+  // The parts, in the order they are written, and destroyed in reverse: the progress, then the
+  // runtime objects (in Runtime's order, above), then the values they were built from (which hold
+  // nothing of one another; the loaders, which read the token files, go before them).
+  RunShape shape;
+  ResolvedModel resolved;
+  AcceleratorProbe probe;
+  RunMemoryPlan memory;
+  RunData data;
+  BatchBuffers batch;
+  Runtime runtime;
+  RunProgress progress;
+  // Written by CloseOutputs only.
+  bool closed = false;
 };
 
 }  // namespace trainer_internal
