@@ -45,19 +45,16 @@
 #include <string>
 #include <thread>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
-#include "absl/strings/strip.h"
+#include "base/flag_presence.h"
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "disk/disk_probe.h"
@@ -141,53 +138,6 @@ ABSL_FLAG(int, cuda_compute_capability, 9,
 namespace ps {
 namespace {
 
-// The flags given on the command line (by name; "--noflag" counts for "flag"), read from argv
-// before absl parses it: with --config, only those override the file.
-absl::flat_hash_set<std::string> GivenFlags(int argc, char** argv) {
-  absl::flat_hash_set<std::string> given;
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    if (arg == "--") break;
-    if (!absl::ConsumePrefix(&arg, "-")) continue;
-    absl::ConsumePrefix(&arg, "-");
-    const std::string name(arg.substr(0, arg.find('=')));
-    given.insert(name);
-    if (absl::StartsWith(name, "no")) given.insert(name.substr(2));
-  }
-  return given;
-}
-
-// Every flag that takes a string: given empty ("--model=", an unset shell variable), it is
-// refused rather than read as "not given".
-constexpr const char* kStringFlags[] = {"config",
-                                        "model",
-                                        "dtype",
-                                        "chunk_size",
-                                        "accelerator_memory",
-                                        "host_memory",
-                                        "host_available",
-                                        "accelerator",
-                                        "nvme_path",
-                                        "host_budget",
-                                        "disk_probe",
-                                        "aio_block_size",
-                                        "lora_target_modules",
-                                        "export",
-                                        "export_merged",
-                                        "save_dir",
-                                        "cuda_usable_memory"};
-
-absl::Status RefuseEmptyFlags(const absl::flat_hash_set<std::string>& given) {
-  for (const char* name : kStringFlags) {
-    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-    if (flag != nullptr && given.contains(name) && flag->CurrentValue().empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", name, " is empty: give a value or leave the flag out"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<int64_t> BytesFlag(const char* flag, const std::string& text) {
   absl::StatusOr<int64_t> bytes = ParseBytes(text);
   if (!bytes.ok()) {
@@ -199,7 +149,7 @@ absl::StatusOr<int64_t> BytesFlag(const char* flag, const std::string& text) {
 
 // The run planned: --config's file (or the trainer's default config) with the flags applied —
 // those the trainer has through its own ApplyOverrides, the rest onto their keys.
-absl::StatusOr<TrainConfig> ConfigFromFlags(const absl::flat_hash_set<std::string>& given) {
+absl::StatusOr<TrainConfig> ConfigFromFlags() {
   const std::string path = absl::GetFlag(FLAGS_config);
   TrainConfig c;
   if (path.empty()) {
@@ -208,7 +158,7 @@ absl::StatusOr<TrainConfig> ConfigFromFlags(const absl::flat_hash_set<std::strin
     ASSIGN_OR_RETURN(c, LoadTrainConfig(path));
   }
   // Without a file every flag applies (at its default here); with one, the flags given.
-  const auto use = [&](const char* name) { return path.empty() || given.contains(name); };
+  const auto use = [&](const char* name) { return path.empty() || FlagGiven(name); };
   ConfigOverrides o;
   if (use("model")) o.model = absl::GetFlag(FLAGS_model);
   if (use("micro_batch_size")) o.micro_batch_size = absl::GetFlag(FLAGS_micro_batch_size);
@@ -220,15 +170,15 @@ absl::StatusOr<TrainConfig> ConfigFromFlags(const absl::flat_hash_set<std::strin
   const std::string memory = absl::GetFlag(FLAGS_accelerator_memory);
   if (use("accelerator_memory") && memory != "auto") o.accelerator_memory = memory;
   if (use("accelerator")) o.accelerator = absl::GetFlag(FLAGS_accelerator);
-  if (given.contains("nvme_path")) o.nvme_path = absl::GetFlag(FLAGS_nvme_path);
-  if (given.contains("save_dir")) o.save_dir = absl::GetFlag(FLAGS_save_dir);
-  if (given.contains("export_merged")) o.export_merged = absl::GetFlag(FLAGS_export_merged);
+  if (FlagGiven("nvme_path")) o.nvme_path = absl::GetFlag(FLAGS_nvme_path);
+  if (FlagGiven("save_dir")) o.save_dir = absl::GetFlag(FLAGS_save_dir);
+  if (FlagGiven("export_merged")) o.export_merged = absl::GetFlag(FLAGS_export_merged);
   const bool lora = absl::GetFlag(FLAGS_lora_r) != 0;
-  if (given.contains("lora_r") || (path.empty() && lora)) o.lora_r = absl::GetFlag(FLAGS_lora_r);
-  if (given.contains("lora_alpha") || (path.empty() && lora)) {
+  if (FlagGiven("lora_r") || (path.empty() && lora)) o.lora_r = absl::GetFlag(FLAGS_lora_r);
+  if (FlagGiven("lora_alpha") || (path.empty() && lora)) {
     o.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
   }
-  if (given.contains("lora_target_modules")) {
+  if (FlagGiven("lora_target_modules")) {
     o.lora_target_modules = absl::GetFlag(FLAGS_lora_target_modules);
   }
   RETURN_IF_ERROR(ApplyOverrides(o, &c));
@@ -260,7 +210,7 @@ absl::StatusOr<TrainConfig> ConfigFromFlags(const absl::flat_hash_set<std::strin
     }
   }
   if (use("buffer_count")) offload.buffer_count = absl::GetFlag(FLAGS_buffer_count);
-  if (given.contains("export")) c.checkpoint.export_path = absl::GetFlag(FLAGS_export);
+  if (FlagGiven("export")) c.checkpoint.export_path = absl::GetFlag(FLAGS_export);
   return c;
 }
 
@@ -413,13 +363,14 @@ void PrintPlan(const TrainConfig& c, const RunPlan& run,
   std::cout << "plan_numbers: " << PlanNumbers(run) << "\n";
 }
 
-int Run(const absl::flat_hash_set<std::string>& given) {
+int Run() {
   const auto fail2 = [](const absl::Status& s) {
     std::cerr << "error: " << s.message() << "\n";
     return 2;
   };
-  if (absl::Status s = RefuseEmptyFlags(given); !s.ok()) return fail2(s);
-  absl::StatusOr<TrainConfig> config = ConfigFromFlags(given);
+  // An empty value ("--model=", an unset shell variable) is refused, never "not given".
+  if (absl::Status s = RefuseEmptyFlags(__FILE__); !s.ok()) return fail2(s);
+  absl::StatusOr<TrainConfig> config = ConfigFromFlags();
   if (!config.ok()) return fail2(config.status());
   // As the trainer checks its config before the plan (the swap directory included).
   if (absl::Status s = ValidateTrainConfig(*config, absl::GetFlag(FLAGS_world_size)); !s.ok()) {
@@ -451,7 +402,6 @@ int Run(const absl::flat_hash_set<std::string>& given) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Prints the pre-flight memory plan of a training run, exactly as the trainer plans it.");
-  const absl::flat_hash_set<std::string> given = ps::GivenFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
-  return ps::Run(given);
+  return ps::Run();
 }

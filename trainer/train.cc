@@ -38,7 +38,6 @@
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/internal/parse.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
@@ -47,6 +46,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "base/flag_presence.h"
 #include "comm/communicator.h"
 #include "comm/communicator_factory.h"
 #include "comm/mpi_communicator.h"
@@ -126,45 +126,10 @@ ABSL_FLAG(std::string, comm, "auto",
 namespace ps {
 namespace {
 
-// The flags this program defines (not absl's own), by name: those registered from this file.
-std::vector<absl::CommandLineFlag*> OwnFlags() {
-  std::vector<absl::CommandLineFlag*> own;
-  for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (flag->Filename() == __FILE__) own.push_back(flag);
-  }
-  std::sort(own.begin(), own.end(), [](const absl::CommandLineFlag* a,
-                                       const absl::CommandLineFlag* b) {
-    return a->Name() < b->Name();
-  });
-  return own;
-}
-
-// Whether `flag` was given (on the command line or in a --flagfile), with any value. absl's
-// CommandLineFlag keeps this private in abseil 20220623; its parser's record of the flags it saw
-// is flags_internal::WasPresentOnCommandLine (valid after absl::ParseCommandLine).
-bool WasGiven(absl::string_view flag) {
-  return absl::flags_internal::WasPresentOnCommandLine(flag);
-}
-
 // A string flag's value when it was given, else std::nullopt (the config's value stays).
 std::optional<std::string> Given(const absl::Flag<std::string>& flag) {
-  if (!WasGiven(absl::GetFlagReflectionHandle(flag).Name())) return std::nullopt;
+  if (!FlagGiven(absl::GetFlagReflectionHandle(flag).Name())) return std::nullopt;
   return absl::GetFlag(flag);
-}
-
-// An empty value is a mistake (an unset shell variable: --train_data=$DATA), never "not given":
-// InvalidArgument naming the first flag of this program given one. Covers every flag defined
-// here: a string's empty value, and an optional number's (absl parses "" as "no value"); a
-// boolean's "" does not parse (CheckArguments). REQUIRES: absl::ParseCommandLine has run.
-absl::Status RefuseEmptyFlags() {
-  for (const absl::CommandLineFlag* flag : OwnFlags()) {
-    if (!WasGiven(flag->Name()) || !flag->CurrentValue().empty()) continue;
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", flag->Name(), " is empty: give it a value, or leave the flag out (an empty value is "
-        "never taken as \"not given\"; an unset shell variable, as in --", flag->Name(),
-        "=$VAR, expands to nothing)"));
-  }
-  return absl::OkStatus();
 }
 
 // The exit status of a problem found before training (README, docs/training.md#exit-status): 2
@@ -236,7 +201,7 @@ absl::Status CheckArguments(int argc, char** argv) {
       std::string nearest;
       size_t best = 3;  // suggest only close spellings
       std::vector<std::string> known = {"help"};
-      for (const absl::CommandLineFlag* own : OwnFlags()) known.emplace_back(own->Name());
+      for (const absl::CommandLineFlag* own : FlagsDefinedIn(__FILE__)) known.emplace_back(own->Name());
       for (const std::string& candidate : known) {
         const size_t d = EditDistance(name, candidate);
         if (d < best) {
@@ -284,7 +249,9 @@ int Main(int argc, char** argv) {
     return 2;
   }
   absl::ParseCommandLine(argc, argv);
-  if (absl::Status s = RefuseEmptyFlags(); !s.ok()) {
+  // An empty value is a mistake (an unset shell variable: --train_data=$DATA), never "not
+  // given": every flag defined here (base/flag_presence.h).
+  if (absl::Status s = RefuseEmptyFlags(__FILE__); !s.ok()) {
     std::cerr << "error: " << s.message() << "\n";
     return 2;
   }
@@ -295,7 +262,7 @@ int Main(int argc, char** argv) {
   }
 
   absl::StatusOr<TrainConfig> config = DefaultTrainConfig();
-  if (WasGiven("config")) config = LoadTrainConfig(absl::GetFlag(FLAGS_config));
+  if (FlagGiven("config")) config = LoadTrainConfig(absl::GetFlag(FLAGS_config));
   if (!config.ok()) {
     std::cerr << "error: " << config.status().message() << "\n";
     return 2;
