@@ -118,10 +118,10 @@ struct GptModelOptions {
 // row with key_start[p] <= j <= p. Empty: position t and plain causal attention, bit for bit the
 // batch without them. Requires GptModelOptions::token_metadata when given.
 struct ModelInputs {
-  absl::Span<const int32_t> tokens;
-  absl::Span<const int32_t> targets;
-  absl::Span<const int32_t> positions;
-  absl::Span<const int32_t> key_start;
+  absl::Span<const int32_t> tokens = {};
+  absl::Span<const int32_t> targets = {};
+  absl::Span<const int32_t> positions = {};
+  absl::Span<const int32_t> key_start = {};
 };
 
 // The operators a layout of this model holds: ModelOperators(config, vocab) without LoRA,

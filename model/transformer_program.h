@@ -223,12 +223,12 @@ struct ProgramShape {
 // 0 <= positions[p] < T, 0 <= key_start[b, t] <= t, key_start non-decreasing within a row, and
 // ProgramShape::token_metadata when they are given.
 struct ProgramInputs {
-  absl::Span<const int32_t> tokens;
-  absl::Span<const int32_t> targets;
-  absl::Span<const int32_t> slot_of_token;
+  absl::Span<const int32_t> tokens = {};
+  absl::Span<const int32_t> targets = {};
+  absl::Span<const int32_t> slot_of_token = {};
   uint64_t dropout_seed = 0;
-  absl::Span<const int32_t> positions;
-  absl::Span<const int32_t> key_start;
+  absl::Span<const int32_t> positions = {};
+  absl::Span<const int32_t> key_start = {};
 };
 
 class TransformerProgram {
