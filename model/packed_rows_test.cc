@@ -8,7 +8,10 @@
 // weighted means of the examples'. The f32 bound: losses within 1e-6 relative, every gradient
 // element within 2e-6 of its tensor's largest magnitude (the packed and the alone run add the same
 // terms, in another order where a GEMM or the attention sums over rows or keys, and the packed
-// attention skips key tiles). Also: the activation profile counts the 8 bytes per token of
+// attention skips key tiles). RoPE scores depend on relative positions only, so for the Llama and
+// Qwen2 rows it is key_start that the comparison holds (dropping it fails the test by O(1));
+// GPT-2's learned positions hold the positions too (dropping them fails it likewise); the RoPE
+// kernels' positions are model/kernels' conformance tests'. Also: the activation profile counts the 8 bytes per token of
 // positions and key_start (measured tide == replayed profile, moment by moment), and the host
 // checks of positions and key_start.
 #include <algorithm>
