@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -290,6 +291,11 @@ absl::StatusOr<ChatFamily> RecognizeChatTemplate(absl::string_view jinja,
       has("' ' + message.content + ' ' + eos_token")) {
     return ChatFamily::kMistral;
   }
+  // transformers' former default for GPT-2 (each content followed by eos).
+  if (PyStrip(jinja) ==
+      "{% for message in messages %}{{ message.content }}{{ eos_token }}{% endfor %}") {
+    return ChatFamily::kGpt2;
+  }
   std::string found = "an unrecognized template";
   if (has("<|start_header_id|>")) found = "a Llama-3 style template without the Llama-3.1 date "
                                           "header (Llama-3.0?)";
@@ -297,7 +303,7 @@ absl::StatusOr<ChatFamily> RecognizeChatTemplate(absl::string_view jinja,
   else if (has("[INST]")) found = "a Mistral [INST] template other than Mistral-7B-Instruct-v0.3's";
   return absl::InvalidArgumentError(absl::StrCat(
       "chat template in ", source, " is ", found, " (first 80 bytes: '",
-      jinja.substr(0, 80), "'); known templates: ", KnownChatFamilyNames(),
+      absl::CHexEscape(jinja.substr(0, 80)), "'); known templates: ", KnownChatFamilyNames(),
       " — pass --chat_template=NAME if one of them renders what this model expects"));
 }
 

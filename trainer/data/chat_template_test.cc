@@ -120,6 +120,7 @@ TEST(ChatTemplateTest, RecognizesEachCommittedTemplate) {
       {"qwen2.5-7b-instruct.jinja", ChatFamily::kQwen25},
       {"qwen3-0.6b.jinja", ChatFamily::kQwen3},
       {"mistral-7b-instruct-v0.3.jinja", ChatFamily::kMistral},
+      {"gpt2-default.jinja", ChatFamily::kGpt2},
   };
   for (const auto& [file, family] : files) {
     absl::StatusOr<ChatFamily> f = RecognizeChatTemplate(ReadFileOrDie(ChatPath(file)), file);
