@@ -255,8 +255,12 @@ class Kernels {
                                              int64_t row_begin, int64_t rows,
                                              const int32_t* slot_of_token, const float* slot_rows,
                                              DType dst_dtype, void* dst);
-  // GPT-2's learned positions: out[b, t, :] += wpe[t, :]; dwpe[t, :] += sum over b (increasing)
-  // of dout[b, t, :]. out/dout [batch, seq_len, C], wpe/dwpe [max_seq_len, C] f32.
+  // GPT-2's learned positions: out[b, t, :] += wpe[p, :]; dwpe[p, :] += dout[b, t, :] summed in
+  // increasing (b, t), with p = t, or p = positions[b*T + t] when `positions` (device int32
+  // [batch, seq_len], e.g. restarting at every packed document) is given. out/dout [batch,
+  // seq_len, C], wpe/dwpe [max_seq_len, C] f32. A position outside [0, max_seq_len): the CPU
+  // reports InvalidArgument at the stream's next Synchronize, CUDA writes NaN rows (forward) and
+  // drops the row (backward).
   [[nodiscard]] absl::Status PositionEmbeddingForward(Stream& stream, int64_t batch,
                                                       int64_t seq_len, int64_t channels,
                                                       int64_t max_seq_len, const float* wpe,
@@ -305,7 +309,10 @@ class Kernels {
                                              const float* x, const float* w, const float* rstd,
                                              const float* dy, float* dx, float* dw);
   // model/kernels/rope.h: x [B,T,H,D] rotated in place; cos, sin [table_positions, D/2] (f32
-  // tables from RopeTables, copied to the device). The backward is a transform, not a +=.
+  // tables from RopeTables, copied to the device). The backward is a transform, not a +=. Row
+  // (b, t) takes the angles of position t, or of positions[b*T + t] when `positions` (device int32
+  // [B, T]) is given; the tables need max position + 1 rows (T rows when positions < T). A
+  // position outside the tables: InvalidArgument at the next Synchronize (CPU), NaN rows (CUDA).
   [[nodiscard]] absl::Status RopeForward(Stream& stream, const RopeShape& shape, const float* cos,
                                          const float* sin, float* x,
                                          const int32_t* positions = nullptr);
@@ -321,7 +328,12 @@ class Kernels {
   // and k, v (dk, dv) may be strided views (shape.q_row_stride, kv_row_stride) into one fused
   // buffer; the gradients must not share elements. GPT-2's multi-head attention is the case
   // num_kv_heads == num_heads, head_dim = C / H, on its fused qkv [B,T,3C]: q = qkv, k = qkv + C,
-  // v = qkv + 2C (dq, dk, dv likewise in dqkv), both row strides 3C.
+  // v = qkv + 2C (dq, dk, dv likewise in dqkv), both row strides 3C. The mask: query (b, t) sees
+  // keys max(key_start[b,t], t - shape.sliding_window + 1) <= j <= t (window 0: no window);
+  // key_start (device int32 [B, T], null: all 0 = plain causal) is where each packed document
+  // starts, REQUIRES 0 <= key_start[b,t] <= t, non-decreasing in t (the CPU checks it and reports
+  // InvalidArgument at the next Synchronize; CUDA's results are then wrong but it never reads out
+  // of bounds). Both passes skip key tiles outside a query tile's visible range.
   [[nodiscard]] absl::Status GqaAttentionForward(Stream& stream, const GqaAttentionShape& shape,
                                                  const float* q, const float* k, const float* v,
                                                  float* out, float* lse, void* workspace,
