@@ -13,6 +13,14 @@
 // no atomics). GqaAttentionShape::tile (the CPU kernel's tile) is not used: the GPU tiles are
 // fixed.
 //
+// Mask (model/kernels/gqa_attention.h): shape.sliding_window and a per-token key_start (device
+// int32 [B*T], null: plain causal); query t sees keys max(key_start[t], t - window + 1) .. t. Key
+// tiles before a block's first visible key are never loaded (forward and dq pass), and the dk/dv
+// pass stops at the first query tile whose first query starts after the block's keys. key_start
+// is device data and not checked: one breaking its contract (0 <= key_start[t] <= t,
+// non-decreasing) gives wrong values (NaN where a query would see nothing), never an
+// out-of-bounds read.
+//
 // Limits: head_dim <= 128 (the per-lane register arrays, and 32 KiB of shared memory per block),
 // B and Hq <= 65535 (grid dimensions).
 //
@@ -37,7 +45,8 @@ namespace ps::cuda {
 // out = attention(q, k, v), lse [B,Hq,T] saved.
 [[nodiscard]] absl::Status GqaAttentionForward(const GqaAttentionShape& shape, const float* q,
                                                const float* k, const float* v, float* out,
-                                               float* lse, cudaStream_t stream);
+                                               float* lse, cudaStream_t stream,
+                                               const int32_t* key_start = nullptr);
 
 // dq += dL/dq, dk += dL/dk, dv += dL/dv for L = sum dout . out, from the forward's q, k, v, out and
 // lse. `workspace` (device) holds at least GqaAttentionBackwardWorkspaceBytes(shape) bytes, 4-byte
@@ -46,7 +55,8 @@ namespace ps::cuda {
                                                 const float* k, const float* v, const float* out,
                                                 const float* lse, const float* dout, float* dq,
                                                 float* dk, float* dv, void* workspace,
-                                                int64_t workspace_bytes, cudaStream_t stream);
+                                                int64_t workspace_bytes, cudaStream_t stream,
+                                                const int32_t* key_start = nullptr);
 
 }  // namespace ps::cuda
 
