@@ -31,9 +31,10 @@ absl::Status CheckLinearShape(absl::string_view op, const LinearShape& s) {
 // The weight holds exactly W [out, in].
 absl::Status CheckWeightElems(absl::string_view op, const LinearShape& s, const Quant4Tensor& w) {
   if (w.num_elems == s.out_features * s.in_features) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      op, ": the 4-bit weight w holds ", w.num_elems, " values, expected out_features*in_features = ",
-      s.out_features, "*", s.in_features, " = ", s.out_features * s.in_features));
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": the 4-bit weight w holds ", w.num_elems,
+                   " values, expected out_features*in_features = ", s.out_features, "*",
+                   s.in_features, " = ", s.out_features * s.in_features));
 }
 
 }  // namespace
@@ -53,8 +54,8 @@ absl::Status Kernels::CheckQuant4Buffers(absl::string_view op, const Quant4Tenso
   if (!w.nested()) {
     return CheckBuffers(op, {{"w.absmax", w.absmax, blocks * kF32}}, kF32);
   }
-  RETURN_IF_ERROR(CheckBuffers(op, {{"w.nested_codes (w.absmax is null)", w.nested_codes, blocks}},
-                               1));
+  RETURN_IF_ERROR(
+      CheckBuffers(op, {{"w.nested_codes (w.absmax is null)", w.nested_codes, blocks}}, 1));
   return CheckBuffers(
       op, {{"w.nested_absmax", w.nested_absmax, Quant4NestedNumBlocks(blocks) * kF32}}, kF32);
 }
@@ -69,8 +70,8 @@ absl::Status Kernels::Dequantize4Bit(Stream& stream, const Quant4Tensor& w, int6
                                                    w.num_elems, " values"));
   }
   if (!ValidDType(dst_dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kOp, ": dst_dtype ", static_cast<int>(dst_dtype), " is not f32, f16 or bf16"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": dst_dtype ", static_cast<int>(dst_dtype), " is not f32, f16 or bf16"));
   }
   if (count == 0) return absl::OkStatus();
   const int64_t e = SizeOf(dst_dtype);

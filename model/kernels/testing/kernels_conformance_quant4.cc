@@ -5,7 +5,8 @@
 // What each implementation must give:
 //  - Dequantize4Bit: bit for bit the CPU codec's values (f32, and bf16 / f16 rounded from them), on
 //    every implementation (CUDA included: one f32 product per value, nf4_math.h's arithmetic).
-//  - Quant4LinearForward / BackwardInput: against the direct f32 CPU function (nf4_linear.h) bit for
+//  - Quant4LinearForward / BackwardInput: against the direct f32 CPU function (nf4_linear.h) bit
+//  for
 //    bit where the implementation is bit-identical (the CPU), and against the f64 product of the
 //    dequantized weight within Check's tolerance everywhere: 2e-4 times the largest magnitude of
 //    the reference. That bound is what the CUDA twin is held to; its dequantized tiles are the
@@ -111,20 +112,6 @@ void ExpectSameBits(const void* got, const void* want, int64_t bytes, const std:
                           << first << " (must be bit-identical)";
 }
 
-// Uploads the host tensor's buffers (a TEST_P's Upload) and returns the device tensor.
-#define PS_UPLOAD_QUANT4(q)                                  \
-  [&](const HostQuant4& h) {                                 \
-    Quant4Tensor t = h.Host();                               \
-    t.codes = Upload(h.codes);                               \
-    if (h.nested) {                                          \
-      t.nested_codes = Upload(h.nested_codes);               \
-      t.nested_absmax = Upload(h.nested_absmax);             \
-    } else {                                                 \
-      t.absmax = Upload(h.absmax);                           \
-    }                                                        \
-    return t;                                                \
-  }(q)
-
 // Odd element counts (a final low nibble of padding), rows that start inside a byte and inside a
 // block of 64, one partial block, several nested blocks of 256 and their short tail.
 TEST_P(KernelsConformanceTest, Dequantize4BitIsTheCodecBitForBit) {
@@ -138,7 +125,7 @@ TEST_P(KernelsConformanceTest, Dequantize4BitIsTheCodecBitForBit) {
                         Case{Quant4Type::kNf4, 39000, true}, Case{Quant4Type::kFp4, 64, false},
                         Case{Quant4Type::kNf4, 17 * 256 * 64 + 33, true}}) {
     const HostQuant4 q = Quantize(rng, c.type, c.n, 77, c.nested, /*zero_block=*/true);
-    const Quant4Tensor d = PS_UPLOAD_QUANT4(q);
+    const Quant4Tensor d = UploadQuant4(q.Host());
     struct Range {
       int64_t begin, count;
     };
@@ -188,7 +175,7 @@ TEST_P(KernelsConformanceTest, Quant4LinearForwardAndBackwardInput) {
     const auto x = Rand(rng, N * I), b = s.bias ? Rand(rng, O) : std::vector<float>{},
                y0 = Rand(rng, N * O), dy = Rand(rng, N * O), dx0 = Rand(rng, N * I);
 
-    const Quant4Tensor d = PS_UPLOAD_QUANT4(q);
+    const Quant4Tensor d = UploadQuant4(q.Host());
     const float* d_x = Upload(x);
     const float* d_b = s.bias ? Upload(b) : nullptr;
     const float* d_dy = Upload(dy);
@@ -253,7 +240,7 @@ TEST_P(KernelsConformanceTest, Quant4ArgumentErrorsAreFoundAtEnqueue) {
   TestRng rng(372);
   const LinearShape s{.rows = 4, .in_features = 70, .out_features = 9, .bias = true};
   const HostQuant4 q = Quantize(rng, Quant4Type::kNf4, 70 * 9, 70, /*nested=*/true, false);
-  const Quant4Tensor w = PS_UPLOAD_QUANT4(q);
+  const Quant4Tensor w = UploadQuant4(q.Host());
   float *x = Alloc<float>(4 * 70), *y = Alloc<float>(4 * 9), *b = Alloc<float>(9),
         *xy = Alloc<float>(4 * 70 + 4 * 9);
   const int64_t ws_bytes = kernels().Quant4LinearWorkspaceBytes(s);
@@ -297,7 +284,25 @@ TEST_P(KernelsConformanceTest, Quant4ArgumentErrorsAreFoundAtEnqueue) {
   ASSERT_OK(stream().Synchronize());
 }
 
-#undef PS_UPLOAD_QUANT4
-
 }  // namespace
+
+Quant4Tensor KernelsConformanceTest::UploadQuant4(const Quant4Tensor& host) {
+  Quant4Tensor t = host;
+  const int64_t blocks = Quant4NumBlocks(host.num_elems);
+  const auto upload = [&](const void* p, int64_t bytes) {
+    void* d = AllocBytes(bytes);
+    UploadBytes(d, p, bytes);
+    return d;
+  };
+  t.codes = static_cast<const uint8_t*>(upload(host.codes, Quant4CodeBytes(host.num_elems)));
+  if (host.nested()) {
+    t.nested_codes = static_cast<const uint8_t*>(upload(host.nested_codes, blocks));
+    t.nested_absmax = static_cast<const float*>(
+        upload(host.nested_absmax, Quant4NestedNumBlocks(blocks) * int64_t{sizeof(float)}));
+  } else {
+    t.absmax = static_cast<const float*>(upload(host.absmax, blocks * int64_t{sizeof(float)}));
+  }
+  return t;
+}
+
 }  // namespace ps::kernel_testing
