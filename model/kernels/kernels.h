@@ -1,8 +1,8 @@
 // Kernels: the one interface through which a model runs its operators on an accelerator — every
 // operator's forward and backward of the chunked GPT-2 and Llama-family models, plus zero-fill,
-// dtype conversion and a GEMM with 16-bit operands — with a CPU implementation for the emulated
-// accelerator (model/kernels/cpu_kernels.h) and a CUDA one (model/kernels/cuda/cuda_kernels.h,
-// --config=cuda). Create the one matching a backend with CreateKernels (kernels_factory.h).
+// dtype conversion, a GEMM with 16-bit operands and nn.Linear over 4-bit (QLoRA) weights — with a
+// CPU implementation for the emulated accelerator (model/kernels/cpu_kernels.h) and a CUDA one
+// (model/kernels/cuda/cuda_kernels.h, --config=cuda). Create the one matching a backend with CreateKernels (kernels_factory.h).
 //
 // The contract every implementation keeps, and the model relies on:
 //  - Asynchronous, stream-ordered. Every operation is *enqueued* on the given Stream and returns
