@@ -1,8 +1,8 @@
 // Kernels: the one interface through which a model runs its operators on an accelerator — every
 // operator's forward and backward of the chunked GPT-2 and Llama-family models, plus zero-fill,
-// dtype conversion and a GEMM with 16-bit operands — with a CPU implementation for the emulated
-// accelerator (model/kernels/cpu_kernels.h) and a CUDA one (model/kernels/cuda/cuda_kernels.h,
-// --config=cuda). Create the one matching a backend with CreateKernels (kernels_factory.h).
+// dtype conversion, a GEMM with 16-bit operands and nn.Linear over 4-bit (QLoRA) weights — with a
+// CPU implementation for the emulated accelerator (model/kernels/cpu_kernels.h) and a CUDA one
+// (model/kernels/cuda/cuda_kernels.h, --config=cuda). Create the one matching a backend with CreateKernels (kernels_factory.h).
 //
 // The contract every implementation keeps, and the model relies on:
 //  - Asynchronous, stream-ordered. Every operation is *enqueued* on the given Stream and returns
@@ -75,6 +75,7 @@
 #include "model/kernels/lm_head_cross_entropy.h"
 #include "model/kernels/lora.h"
 #include "model/kernels/matmul.h"
+#include "model/kernels/nf4.h"
 #include "model/kernels/rmsnorm.h"
 #include "model/kernels/rope.h"
 #include "model/kernels/vocab_blocks.h"
@@ -143,6 +144,10 @@ class Kernels {
   }
   int64_t LoraBackwardWorkspaceBytes(const LoraShape& s) const {
     return workspaces().LoraBackwardWorkspaceBytes(s);
+  }
+  // nn.Linear over a 4-bit weight (Quant4LinearForward / Quant4LinearBackwardInput below).
+  int64_t Quant4LinearWorkspaceBytes(const LinearShape& s) const {  // fwd and bwd
+    return workspaces().Quant4LinearWorkspaceBytes(s);
   }
 
   // --- Memory -------------------------------------------------------------------------------
@@ -359,6 +364,33 @@ class Kernels {
                                                const int32_t* tokens, const float* dout,
                                                float* dwte);
 
+  // --- 4-bit frozen weights (QLoRA; model/kernels/nf4.h, nf4_linear.h have the math) -----------
+  // `w` is a Quant4Tensor whose pointers are device memory: codes (Quant4CodeBytes(num_elems)
+  // bytes), and either absmax (Quant4NumBlocks f32) or the nested state (one code per block,
+  // Quant4NestedNumBlocks f32 scales, the offset by value). Every implementation dequantizes a
+  // value to the same bits (level * absmax, one f32 product; nested absmax as nf4_math.h).
+  //
+  // Values [begin, begin + count) of the flattened tensor into dst [count] as dst_dtype (f32; bf16
+  // or f16: the f32 value rounded to nearest even), bit for bit the CPU codec's on every
+  // implementation. count == 0 enqueues nothing.
+  [[nodiscard]] absl::Status Dequantize4Bit(Stream& stream, const Quant4Tensor& w, int64_t begin,
+                                            int64_t count, DType dst_dtype, void* dst);
+  // nn.Linear (W [out, in], w.num_elems == out * in) on the dequantized weight, which is never
+  // whole in memory: tiles of it are dequantized into the workspace inside the GEMM. f32
+  // activations. y [N, out] = x [N, in] dequant(W)^T + b (overwritten; b [out] f32, null when
+  // !shape.bias). The CPU gives bit for bit LinearForward on the dequantized f32 matrix (and what
+  // nf4_linear.h's function gives, whatever the thread count); CUDA rounds as cuBLAS does.
+  [[nodiscard]] absl::Status Quant4LinearForward(Stream& stream, const LinearShape& shape,
+                                                 const float* x, const Quant4Tensor& w,
+                                                 const float* b, float* y, void* workspace,
+                                                 int64_t workspace_bytes);
+  // dx [N, in] += dy [N, out] dequant(W): the input gradient only (the base is frozen). dx must
+  // not overlap dy.
+  [[nodiscard]] absl::Status Quant4LinearBackwardInput(Stream& stream, const LinearShape& shape,
+                                                       const Quant4Tensor& w, const float* dy,
+                                                       float* dx, void* workspace,
+                                                       int64_t workspace_bytes);
+
   // --- LoRA adapters (model/kernels/lora.h; dropout_math.h has the dropout rule) -------------
   // h [rows, rank] = x A^T (overwritten; keep it for the backward); y [rows, out] += scale * h B^T.
   // x [rows, in], a [rank, in], b [out, rank], all f32. Any rank >= 1 (also rank > in or out).
@@ -401,6 +433,9 @@ class Kernels {
                             int64_t align);
   absl::Status CheckWorkspace(absl::string_view op, const void* workspace, int64_t workspace_bytes,
                               int64_t needed_bytes);
+  // The device buffers of a 4-bit tensor (kernels_quant4.cc): type, count, and each buffer of its
+  // form (codes; absmax or nested codes and scales) checked as CheckBuffers checks a buffer.
+  absl::Status CheckQuant4Buffers(absl::string_view op, const Quant4Tensor& w);
   // An optional per-token int32 input [batch, seq_len] (positions, key_start): OK when null,
   // else checked as CheckBuffers checks a buffer of batch * seq_len int32. Its values live on the
   // device and are not read here.
@@ -532,6 +567,18 @@ class Kernels {
                                              const int32_t* targets, const float* lse,
                                              double loss_grad, float* dh, float* dblock,
                                              void* workspace, int64_t workspace_bytes) = 0;
+
+  // 4-bit weights.
+  virtual absl::Status DoDequantize4Bit(Stream& stream, const Quant4Tensor& w, int64_t begin,
+                                        int64_t count, DType dst_dtype, void* dst) = 0;
+  virtual absl::Status DoQuant4LinearForward(Stream& stream, const LinearShape& shape,
+                                             const float* x, const Quant4Tensor& w, const float* b,
+                                             float* y, void* workspace,
+                                             int64_t workspace_bytes) = 0;
+  virtual absl::Status DoQuant4LinearBackwardInput(Stream& stream, const LinearShape& shape,
+                                                   const Quant4Tensor& w, const float* dy,
+                                                   float* dx, void* workspace,
+                                                   int64_t workspace_bytes) = 0;
 
   // LoRA and dropout.
   virtual absl::Status DoLoraForward(Stream& stream, const LoraShape& shape, const float* x,

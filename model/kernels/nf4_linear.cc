@@ -68,9 +68,13 @@ absl::Status RunWaves(int64_t m, int64_t n, int64_t tile_elems, absl::Span<float
 
 }  // namespace
 
+// A tile holds one column block of the grid (never wider than the matrix: the grid's blocks are at
+// least 64 wide).
 int64_t Quant4LinearTileElems(const LinearShape& s) {
-  const int64_t forward = GemmBlocksFor(s.rows, s.out_features).cols * s.in_features;
-  const int64_t backward = GemmBlocksFor(s.rows, s.in_features).cols * s.out_features;
+  const int64_t forward =
+      std::min(GemmBlocksFor(s.rows, s.out_features).cols, s.out_features) * s.in_features;
+  const int64_t backward =
+      std::min(GemmBlocksFor(s.rows, s.in_features).cols, s.in_features) * s.out_features;
   return std::max(forward, backward);
 }
 

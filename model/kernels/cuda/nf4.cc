@@ -14,10 +14,11 @@ using cuda_internal::CheckNotNull;
 using cuda_internal::LaunchStatus;
 
 cudaError_t LaunchDequantize(const Quant4Tensor& t, int64_t e0, int64_t rows, int64_t cols,
-                             int64_t ld, float* dst, cudaStream_t stream) {
+                             int64_t ld, void* dst, cudaStream_t stream,
+                             cuda_internal::Quant4Out out = cuda_internal::Quant4Out::kF32) {
   return cuda_internal::LaunchDequantize4Bit(t.type == Quant4Type::kNf4 ? 0 : 1, t.codes, t.absmax,
                                              t.nested_codes, t.nested_absmax, t.nested_offset, e0,
-                                             rows, cols, ld, dst, stream);
+                                             rows, cols, ld, out, dst, stream);
 }
 
 absl::Status CheckLinear(const char* op, const LinearShape& s, const Quant4Tensor& w,
@@ -43,8 +44,8 @@ absl::Status CheckLinear(const char* op, const LinearShape& s, const Quant4Tenso
 
 }  // namespace
 
-absl::Status Dequantize4Bit(const Quant4Tensor& t, int64_t begin, int64_t count, float* dst,
-                            cudaStream_t stream) {
+absl::Status Dequantize4Bit(const Quant4Tensor& t, int64_t begin, int64_t count, DType dst_dtype,
+                            void* dst, cudaStream_t stream) {
   constexpr char kOp[] = "cuda::Dequantize4Bit";
   RETURN_IF_ERROR(CheckQuant4Tensor(kOp, t));
   if (begin < 0 || count < 0 || begin > t.num_elems || count > t.num_elems - begin) {
@@ -52,9 +53,24 @@ absl::Status Dequantize4Bit(const Quant4Tensor& t, int64_t begin, int64_t count,
                                                    count, ") is outside the tensor's ", t.num_elems,
                                                    " values"));
   }
+  cuda_internal::Quant4Out out;
+  switch (dst_dtype) {
+    case DType::kF32:
+      out = cuda_internal::Quant4Out::kF32;
+      break;
+    case DType::kBF16:
+      out = cuda_internal::Quant4Out::kBF16;
+      break;
+    case DType::kF16:
+      out = cuda_internal::Quant4Out::kF16;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": dst_dtype ", static_cast<int>(dst_dtype), " is not f32, bf16, f16"));
+  }
   if (count == 0) return absl::OkStatus();
   RETURN_IF_ERROR(CheckNotNull(kOp, {{"dst", dst}}));
-  return LaunchStatus(LaunchDequantize(t, begin, 1, count, count, dst, stream), kOp);
+  return LaunchStatus(LaunchDequantize(t, begin, 1, count, count, dst, stream, out), kOp);
 }
 
 absl::Status Quant4LinearForward(const CublasHandle& cublas, const LinearShape& shape,

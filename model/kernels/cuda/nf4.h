@@ -15,15 +15,22 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "memory/dtype.h"
 #include "model/kernels/cuda/cublas.h"
 #include "model/kernels/linear.h"
 #include "model/kernels/nf4.h"
 
 namespace ps::cuda {
 
-// Values [begin, begin + count) of t into dst (f32). InvalidArgument on a bad tensor or range.
+// Values [begin, begin + count) of t into dst as dst_dtype (f32; bf16 / f16: the f32 value
+// rounded to nearest even), bit for bit the CPU codec's. InvalidArgument on a bad tensor, range or
+// dtype.
 [[nodiscard]] absl::Status Dequantize4Bit(const Quant4Tensor& t, int64_t begin, int64_t count,
-                                          float* dst, cudaStream_t stream);
+                                          DType dst_dtype, void* dst, cudaStream_t stream);
+inline absl::Status Dequantize4Bit(const Quant4Tensor& t, int64_t begin, int64_t count, float* dst,
+                                   cudaStream_t stream) {
+  return Dequantize4Bit(t, begin, count, DType::kF32, dst, stream);
+}
 
 // The smallest workspace (f32 elements) the GEMMs accept: one row of W (forward) or one column
 // (input gradient), whichever is larger.

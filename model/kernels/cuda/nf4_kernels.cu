@@ -1,7 +1,9 @@
 // The 4-bit dequantization on the GPU: nf4_math.h's arithmetic (one float32 product per value,
-// the nested absmax as __fmul_rn then __fadd_rn), so each value is bit for bit the CPU codec's.
+// the nested absmax as __fmul_rn then __fadd_rn), so each value is bit for bit the CPU codec's;
+// bf16 / f16 outputs round that value with memory/dtype_math.h's conversions, as the CPU's do.
 #include <cstdint>
 
+#include "memory/dtype_math.h"
 #include "model/kernels/cuda/internal/nf4_launchers.h"
 #include "model/kernels/nf4_math.h"
 
@@ -13,12 +15,25 @@ __constant__ float kMap[256] = {PS_DYNAMIC_MAP_8BIT};
 
 constexpr int kThreads = 256;
 
+// Stores one dequantized value as Out.
+template <Quant4Out kOut>
+__device__ __forceinline__ void Store(float v, void* dst, int64_t i) {
+  if constexpr (kOut == Quant4Out::kF32) {
+    static_cast<float*>(dst)[i] = v;
+  } else if constexpr (kOut == Quant4Out::kBF16) {
+    static_cast<uint16_t*>(dst)[i] = FloatToBFloat16Bits(v);
+  } else {
+    static_cast<uint16_t*>(dst)[i] = FloatToHalfBits(v);
+  }
+}
+
+template <Quant4Out kOut>
 __global__ void Dequantize4BitKernel(int type, const uint8_t* __restrict__ codes,
                                      const float* __restrict__ absmax,
                                      const uint8_t* __restrict__ nested_codes,
                                      const float* __restrict__ nested_absmax, float offset,
                                      int64_t e0, int64_t rows, int64_t cols, int64_t ld,
-                                     float* __restrict__ dst) {
+                                     void* __restrict__ dst) {
   const int64_t total = rows * cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -32,7 +47,7 @@ __global__ void Dequantize4BitKernel(int type, const uint8_t* __restrict__ codes
                                                  offset);
     const uint8_t byte = codes[e >> 1];
     const uint8_t code = (e & 1) ? (byte & 0x0F) : (byte >> 4);
-    dst[i] = __fmul_rn(kLevels[type][code], a);
+    Store<kOut>(__fmul_rn(kLevels[type][code], a), dst, i);
   }
 }
 
@@ -55,10 +70,23 @@ unsigned int Blocks(int64_t total) {
 cudaError_t LaunchDequantize4Bit(int type, const uint8_t* codes, const float* absmax,
                                  const uint8_t* nested_codes, const float* nested_absmax,
                                  float offset, int64_t e0, int64_t rows, int64_t cols, int64_t ld,
-                                 float* dst, cudaStream_t stream) {
+                                 Quant4Out out, void* dst, cudaStream_t stream) {
   if (rows * cols == 0) return cudaSuccess;
-  Dequantize4BitKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(
-      type, codes, absmax, nested_codes, nested_absmax, offset, e0, rows, cols, ld, dst);
+  const unsigned int blocks = Blocks(rows * cols);
+  switch (out) {
+    case Quant4Out::kF32:
+      Dequantize4BitKernel<Quant4Out::kF32><<<blocks, kThreads, 0, stream>>>(
+          type, codes, absmax, nested_codes, nested_absmax, offset, e0, rows, cols, ld, dst);
+      break;
+    case Quant4Out::kBF16:
+      Dequantize4BitKernel<Quant4Out::kBF16><<<blocks, kThreads, 0, stream>>>(
+          type, codes, absmax, nested_codes, nested_absmax, offset, e0, rows, cols, ld, dst);
+      break;
+    case Quant4Out::kF16:
+      Dequantize4BitKernel<Quant4Out::kF16><<<blocks, kThreads, 0, stream>>>(
+          type, codes, absmax, nested_codes, nested_absmax, offset, e0, rows, cols, ld, dst);
+      break;
+  }
   return cudaGetLastError();
 }
 
