@@ -89,6 +89,14 @@ const LlamaPreset kLlamaPresets[] = {
     // count, 3,085,938,688, is the "3.09B" of the model card.
     {"qwen2.5-3b", ModelFamily::kQwen2, 151936, 2048, 36, 16, 2, 128, 11008, 32768, 1e-6, 1000000.0,
      kNoScaling, true, true, DType::kBF16},
+    // [L] Qwen2.5-14B and Qwen2.5-32B (issue #37's QLoRA headline): vocab 152064, hidden 5120,
+    // 40 heads, 8 kv heads (head_dim 128), intermediate 13824 / 27648, 48 / 64 layers, 131072
+    // positions, rms_norm_eps 1e-5, rope_theta 1e6; untied and bf16 as Qwen/Qwen2.5-32B's
+    // config.json ("tie_word_embeddings": false, "torch_dtype": "bfloat16").
+    {"qwen2.5-14b", ModelFamily::kQwen2, 152064, 5120, 48, 40, 8, 128, 13824, 131072, 1e-5,
+     1000000.0, kNoScaling, true, false, DType::kBF16},
+    {"qwen2.5-32b", ModelFamily::kQwen2, 152064, 5120, 64, 40, 8, 128, 27648, 131072, 1e-5,
+     1000000.0, kNoScaling, true, false, DType::kBF16},
     // [L] Mistral-7B-v0.3: sliding_window null (v0.1's 4096 window is gone), vocab 32768.
     {"mistral-7b-v0.3", ModelFamily::kMistral, 32768, 4096, 32, 32, 8, 128, 14336, 32768, 1e-5,
      1000000.0, kNoScaling, false, false, DType::kBF16},

@@ -180,6 +180,8 @@ std::ostream& operator<<(std::ostream& os, const ModelConfig& config);
 //   "qwen2.5-0.5b"    Qwen/Qwen2.5-0.5B                                 494,032,768
 //   "qwen2.5-1.5b"    Qwen/Qwen2.5-1.5B                               1,543,714,304
 //   "qwen2.5-3b"      Qwen/Qwen2.5-3B                                 3,085,938,688
+//   "qwen2.5-14b"     Qwen/Qwen2.5-14B                               14,770,033,664
+//   "qwen2.5-32b"     Qwen/Qwen2.5-32B                               32,763,876,352
 //   "mistral-7b-v0.3" mistralai/Mistral-7B-v0.3                       7,248,023,552
 //   "qwen3-0.6b"      Qwen/Qwen3-0.6B                                   596,049,920
 //   "qwen3-4b"        Qwen/Qwen3-4B                                   4,022,468,096

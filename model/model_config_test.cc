@@ -27,7 +27,10 @@ using ::testing::HasSubstr;
 // rotary_emb.inv_freq buffers (32 layers x 64), which are not parameters. TinyLlama's
 // safetensors header: {"F32": 1100048384}. Qwen2.5 model cards: 0.49B (0.36B non-embedding),
 // 1.54B (1.31B non-embedding) and 3.09B (2.77B non-embedding). Qwen3 model cards: 0.6B (0.44B
-// non-embedding), 4.0B (3.6B non-embedding); their embedding is tied (151936 x E).
+// non-embedding), 4.0B (3.6B non-embedding); their embedding is tied (151936 x E). Qwen2.5-14B and
+// -32B: the closed form over their config.json values (untied 152064 x 5120 embedding and head,
+// q/k/v biases, [L] in model_config.cc) gives 14,770,033,664 and 32,763,876,352 (their model cards
+// say "14.7B" and "32.5B").
 struct Published {
   const char* preset;
   int64_t params;
@@ -38,6 +41,7 @@ constexpr Published kPublished[] = {
     {"qwen2.5-0.5b", 494'032'768},   {"qwen2.5-1.5b", 1'543'714'304},
     {"qwen2.5-3b", 3'085'938'688},   {"mistral-7b-v0.3", 7'248'023'552},
     {"qwen3-0.6b", 596'049'920},     {"qwen3-4b", 4'022'468'096},
+    {"qwen2.5-14b", 14'770'033'664}, {"qwen2.5-32b", 32'763'876'352},
 };
 
 void ExpectSameOperators(const std::vector<OperatorSpec>& a, const std::vector<OperatorSpec>& b) {

@@ -1,9 +1,11 @@
 #include "model/kernels/cpu_kernels.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -17,11 +19,14 @@
 #include "model/kernels/gqa_attention.h"
 #include "model/kernels/internal/bf16_gemm.h"
 #include "model/kernels/internal/blas.h"
+#include "model/kernels/internal/kernel_util.h"
 #include "model/kernels/layernorm.h"
 #include "model/kernels/linear.h"
 #include "model/kernels/lm_head_cross_entropy.h"
 #include "model/kernels/lora.h"
 #include "model/kernels/matmul.h"
+#include "model/kernels/nf4.h"
+#include "model/kernels/nf4_linear.h"
 #include "model/kernels/residual.h"
 #include "model/kernels/rmsnorm.h"
 #include "model/kernels/rope.h"
@@ -633,6 +638,51 @@ absl::Status CpuKernels::DoLmHeadBlockBackward(Stream& stream, const VocabBlockS
         s, In(h, s.rows * C), Block16{static_cast<const uint16_t*>(block), block_dtype},
         In(targets, s.rows), In(lse, s.rows), loss_grad, Out(dh, s.rows * C),
         F32Workspace(workspace, workspace_bytes), on_tile, pool);
+  });
+}
+
+// --- 4-bit weights -------------------------------------------------------------------------------
+// The Quant4Tensor is captured by value (its pointers are device memory of this backend).
+
+absl::Status CpuKernels::DoDequantize4Bit(Stream& stream, const Quant4Tensor& w, int64_t begin,
+                                          int64_t count, DType dst_dtype, void* dst) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=]() -> absl::Status {
+    // Parallel over ranges of whole 64-value blocks (the codec is single-threaded per call); each
+    // value is one product, so the split does not change a bit.
+    constexpr int64_t kGrain = int64_t{64} << 10;
+    const int64_t tasks = (count + kGrain - 1) / kGrain, elem = SizeOf(dst_dtype);
+    std::vector<absl::Status> status(static_cast<size_t>(tasks));
+    kernels_internal::ParallelFor(pool, tasks, [&](int64_t t) {
+      const int64_t n = std::min(kGrain, count - t * kGrain);
+      status[t] = ::ps::Dequantize4Bit(w, begin + t * kGrain, n, dst_dtype,
+                                       static_cast<char*>(dst) + t * kGrain * elem);
+    });
+    for (const absl::Status& st : status) RETURN_IF_ERROR(st);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status CpuKernels::DoQuant4LinearForward(Stream& stream, const LinearShape& s, const float* x,
+                                               const Quant4Tensor& w, const float* b, float* y,
+                                               void* workspace, int64_t workspace_bytes) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::Quant4LinearForward(s, In(x, s.rows * s.in_features), w,
+                                     OptIn(b, s.out_features), Out(y, s.rows * s.out_features),
+                                     F32Workspace(workspace, workspace_bytes), pool);
+  });
+}
+
+absl::Status CpuKernels::DoQuant4LinearBackwardInput(Stream& stream, const LinearShape& s,
+                                                     const Quant4Tensor& w, const float* dy,
+                                                     float* dx, void* workspace,
+                                                     int64_t workspace_bytes) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] {
+    return ::ps::Quant4LinearBackwardInput(s, w, In(dy, s.rows * s.out_features),
+                                           Out(dx, s.rows * s.in_features),
+                                           F32Workspace(workspace, workspace_bytes), pool);
   });
 }
 

@@ -179,6 +179,14 @@ class CpuKernels final : public Kernels {
                                      DType block_dtype, const void* block, const int32_t* targets,
                                      const float* lse, double loss_grad, float* dh, float* dblock,
                                      void* workspace, int64_t workspace_bytes) override;
+  absl::Status DoDequantize4Bit(Stream& stream, const Quant4Tensor& w, int64_t begin, int64_t count,
+                                DType dst_dtype, void* dst) override;
+  absl::Status DoQuant4LinearForward(Stream& stream, const LinearShape& shape, const float* x,
+                                     const Quant4Tensor& w, const float* b, float* y,
+                                     void* workspace, int64_t workspace_bytes) override;
+  absl::Status DoQuant4LinearBackwardInput(Stream& stream, const LinearShape& shape,
+                                           const Quant4Tensor& w, const float* dy, float* dx,
+                                           void* workspace, int64_t workspace_bytes) override;
   absl::Status DoLoraForward(Stream& stream, const LoraShape& shape, const float* x, const float* a,
                              const float* b, float* h, float* y, void* workspace,
                              int64_t workspace_bytes) override;

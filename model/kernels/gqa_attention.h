@@ -17,10 +17,22 @@
 // likewise into dqkv). Query head h reads key/value head g(h) = h / (Hq / Hkv) — transformers'
 // repeat_kv, which repeats each kv head for Hq/Hkv consecutive query heads.
 //
+// Mask. Query (b, i) sees the keys j in V(b, i) = [first(b, i), i], with
+//   first(b, i) = max(key_start[b, i], i - sliding_window + 1)   (sliding_window > 0)
+//   first(b, i) = key_start[b, i]                                 (sliding_window == 0)
+// and key_start[b, i] = 0 when no key_start is given: plain causal attention. key_start [B*T]
+// int32 is where (b, i)'s document starts in a packed row (issue #36: documents never see each
+// other); REQUIRES (checked, InvalidArgument naming the first bad (b, t)): 0 <= key_start[b, t]
+// <= t, non-decreasing in t within a row. The window is transformers' Mistral / Gemma-2
+// convention: j > i - sliding_window. Keys outside V(b, i) get probability 0 (transformers' -inf
+// additive mask, or its boolean block-causal mask of a packed batch). Every query sees itself.
+//
 // Forward, per (b, h) and query position i, with scale = 1/sqrt(D) (Hugging Face's head_dim**-0.5):
-//   s_ij = scale * q_i . k_j  for j <= i (causal mask: j > i gets probability 0)
-//   out_i = sum_j softmax_j(s_i) v_j,    lse_i = log sum_{j<=i} exp(s_ij)
-// computed over key tiles of `tile` positions with the streaming (online) softmax: keep the
+//   s_ij = scale * q_i . k_j  for j in V(b, i)
+//   out_i = sum_j softmax_j(s_i) v_j,    lse_i = log sum_{j in V(b, i)} exp(s_ij)
+// computed over key tiles of `tile` positions from first(b, i) on (so a document's queries see
+// exactly the tiles they would see alone, and keys before first(b, i) cost nothing), with the
+// streaming (online) softmax: keep the
 // running max m, the running sum l = sum exp(s - m) and the running unnormalized output
 // a = sum exp(s - m) v. For a tile with scores s_j and m' = max(m, max_j s_j):
 //   l <- l exp(m - m') + sum_j exp(s_j - m'),   a <- a exp(m - m') + sum_j exp(s_j - m') v_j
@@ -33,9 +45,11 @@
 //   dk_j += scale sum_{h in group(g)} sum_i dS^h_ij q^h_i
 //   dv_j += sum_{h in group(g)} sum_i P^h_ij dO^h_i
 // i.e. the gradients of a kv head sum over every query head that reads it. The order of every sum
-// is fixed: dk_j and dv_j over the group's query heads ascending and, for each, over queries i >= j
-// ascending; dq_i over keys j <= i ascending. The per-score math is attention_math.h and
-// softmax_math.h, shared with the GPU kernels (model/kernels/cuda/gqa_attention.h).
+// is fixed: dk_j and dv_j over the group's query heads ascending and, for each, over the queries
+// that see j ascending; dq_i over its visible keys ascending. A packed row's results are therefore
+// bit for bit those of its documents run alone (gqa_attention_mask_test checks it). The
+// per-score math is attention_math.h and softmax_math.h, shared with the GPU kernels
+// (model/kernels/cuda/gqa_attention.h).
 //
 // Schedules. f64 runs the reference schedule (internal/attention_reference.h): the loops as
 // written above, one task per (b, head, tile) and two backward passes (A over kv heads' key tiles
@@ -43,7 +57,10 @@
 // a faster schedule with the same bits (internal/attention_simd.h; gqa_attention_test compares
 // the two on every SIMD target): inlined dot products, output rows accumulated in registers, one
 // backward task per (b, kv head) that computes each (query block, key block)'s P and dS once and
-// feeds dq, dk and dv from them in the reference's orders. A dot product sums in vector
+// feeds dq, dk and dv from them in the reference's orders. Under a mask both skip the work outside
+// it: the backward's key tile stops at the first query tile whose first query starts after it
+// (first(b, i) never decreases in i), and a (query, key) block computes only visible pairs.
+// A dot product sums in vector
 // accumulators and a lane tree (internal/simd-inl.h DotExact), not in index order.
 //
 // Threading and determinism: each task writes only its own rows and sums in a fixed order, so

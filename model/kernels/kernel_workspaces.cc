@@ -4,6 +4,7 @@
 
 #include "glog/logging.h"
 #include "model/kernels/cuda/workspace_sizes.h"
+#include "model/kernels/nf4_linear.h"
 
 namespace ps {
 namespace {
@@ -59,6 +60,10 @@ int64_t CpuKernelWorkspaces::LoraForwardWorkspaceBytes(const LoraShape&) const {
 // g [rows, rank] f32.
 int64_t CpuKernelWorkspaces::LoraBackwardWorkspaceBytes(const LoraShape& s) const {
   return LoraBackwardWorkspaceElems(s) * kF32;
+}
+
+int64_t CpuKernelWorkspaces::Quant4LinearWorkspaceBytes(const LinearShape& s) const {
+  return Quant4LinearWorkspaceElems(s, threads_) * kF32;
 }
 
 // --- CUDA
@@ -126,6 +131,10 @@ int64_t CudaKernelWorkspaces::LoraForwardWorkspaceBytes(const LoraShape&) const 
 
 int64_t CudaKernelWorkspaces::LoraBackwardWorkspaceBytes(const LoraShape& s) const {
   return cuda::AlignWorkspaceBytes(LoraBackwardWorkspaceElems(s) * kF32) + cublas_workspace_bytes_;
+}
+
+int64_t CudaKernelWorkspaces::Quant4LinearWorkspaceBytes(const LinearShape& s) const {
+  return cuda::AlignWorkspaceBytes(cuda::Quant4LinearWorkspaceBytes(s)) + cublas_workspace_bytes_;
 }
 
 }  // namespace ps

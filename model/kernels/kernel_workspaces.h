@@ -55,6 +55,8 @@ class KernelWorkspaces {
   // LoRA adapters (model/kernels/lora.h).
   virtual int64_t LoraForwardWorkspaceBytes(const LoraShape& shape) const = 0;
   virtual int64_t LoraBackwardWorkspaceBytes(const LoraShape& shape) const = 0;
+  // nn.Linear over a 4-bit weight (model/kernels/nf4_linear.h), forward and input gradient.
+  virtual int64_t Quant4LinearWorkspaceBytes(const LinearShape& shape) const = 0;
 };
 
 // The CPU kernels' (CpuKernels) for a pool of `threads` threads (the attention kernels keep one
@@ -80,6 +82,8 @@ class CpuKernelWorkspaces final : public KernelWorkspaces {
                                             DType block_dtype) const override;
   int64_t LoraForwardWorkspaceBytes(const LoraShape& shape) const override;
   int64_t LoraBackwardWorkspaceBytes(const LoraShape& shape) const override;
+  // One dequantized tile per thread (Quant4LinearWorkspaceElems(shape, threads)).
+  int64_t Quant4LinearWorkspaceBytes(const LinearShape& shape) const override;
 
  private:
   int threads_;
@@ -120,6 +124,8 @@ class CudaKernelWorkspaces final : public KernelWorkspaces {
                                             DType block_dtype) const override;
   int64_t LoraForwardWorkspaceBytes(const LoraShape& shape) const override;
   int64_t LoraBackwardWorkspaceBytes(const LoraShape& shape) const override;
+  // The dequantized tile (cuda::Quant4LinearWorkspaceBytes), then cuBLAS's.
+  int64_t Quant4LinearWorkspaceBytes(const LinearShape& shape) const override;
 
  private:
   int64_t cublas_workspace_bytes_;

@@ -68,6 +68,14 @@ TEST(CpuKernelWorkspaces, AreWhatCpuKernelsAskFor) {
       EXPECT_EQ(w.LmHeadBlockBackwardWorkspaceBytes(kBlock, dtype),
                 kernels->LmHeadBlockBackwardWorkspaceBytes(kBlock, dtype));
     }
+    // The 4-bit Linear: one dequantized tile of W per thread, the larger of the forward's (the rows
+    // of W in one column block of the GEMM grid, internal/blas.h) and the backward's (columns):
+    // all of W here; for in 600, out 1000 the backward's 160 columns (a quarter of 600 rounded up
+    // to 16) of 1000 rows beat the forward's 256 rows of 600.
+    EXPECT_EQ(w.Quant4LinearWorkspaceBytes(kLinear), kernels->Quant4LinearWorkspaceBytes(kLinear));
+    EXPECT_EQ(w.Quant4LinearWorkspaceBytes(kLinear), threads * 14 * 10 * 4);
+    const LinearShape wide{.rows = 3, .in_features = 600, .out_features = 1000};
+    EXPECT_EQ(w.Quant4LinearWorkspaceBytes(wide), threads * 160 * 1000 * 4);
     // The paths the CPU runs without a workspace (a CUDA run has one on each).
     EXPECT_EQ(w.MatmulWorkspaceBytes(kMatmul), 0);
     EXPECT_EQ(w.LinearWorkspaceBytes(kLinear), 0);
@@ -148,6 +156,10 @@ TEST(CudaKernelWorkspaces, CublasWorkspaceInEveryGemmAfterTheKernelsOwnPart) {
       EXPECT_EQ(w.LmHeadBlockBackwardWorkspaceBytes(kBlock, dtype),
                 cuda::LmHeadBlockBackwardWorkspaceBytes(kBlock, dtype) + cublas);
     }
+    // The 4-bit Linear: the dequantized tile (the whole W when small, aligned), then cuBLAS's.
+    EXPECT_EQ(w.Quant4LinearWorkspaceBytes(kLinear), 768 + cublas);  // 14*10 f32 = 560 -> 768
+    const LinearShape big{.rows = 2, .in_features = 4096, .out_features = 11008};
+    EXPECT_EQ(w.Quant4LinearWorkspaceBytes(big), 16 * kMiB + cublas);  // the tile budget
     // No GEMM in attention: the kernels' own part only (none in the forwards).
     EXPECT_EQ(w.GqaAttentionForwardWorkspaceBytes(kFusedQkv), 0);
     EXPECT_EQ(w.GqaAttentionForwardWorkspaceBytes(kGqa), 0);

@@ -1,8 +1,8 @@
 // Kernels: the one interface through which a model runs its operators on an accelerator — every
 // operator's forward and backward of the chunked GPT-2 and Llama-family models, plus zero-fill,
-// dtype conversion and a GEMM with 16-bit operands — with a CPU implementation for the emulated
-// accelerator (model/kernels/cpu_kernels.h) and a CUDA one (model/kernels/cuda/cuda_kernels.h,
-// --config=cuda). Create the one matching a backend with CreateKernels (kernels_factory.h).
+// dtype conversion, a GEMM with 16-bit operands and nn.Linear over 4-bit (QLoRA) weights — with a
+// CPU implementation for the emulated accelerator (model/kernels/cpu_kernels.h) and a CUDA one
+// (model/kernels/cuda/cuda_kernels.h, --config=cuda). Create the one matching a backend with CreateKernels (kernels_factory.h).
 //
 // The contract every implementation keeps, and the model relies on:
 //  - Asynchronous, stream-ordered. Every operation is *enqueued* on the given Stream and returns
@@ -75,6 +75,7 @@
 #include "model/kernels/lm_head_cross_entropy.h"
 #include "model/kernels/lora.h"
 #include "model/kernels/matmul.h"
+#include "model/kernels/nf4.h"
 #include "model/kernels/rmsnorm.h"
 #include "model/kernels/rope.h"
 #include "model/kernels/vocab_blocks.h"
@@ -143,6 +144,10 @@ class Kernels {
   }
   int64_t LoraBackwardWorkspaceBytes(const LoraShape& s) const {
     return workspaces().LoraBackwardWorkspaceBytes(s);
+  }
+  // nn.Linear over a 4-bit weight (Quant4LinearForward / Quant4LinearBackwardInput below).
+  int64_t Quant4LinearWorkspaceBytes(const LinearShape& s) const {  // fwd and bwd
+    return workspaces().Quant4LinearWorkspaceBytes(s);
   }
 
   // --- Memory -------------------------------------------------------------------------------
@@ -255,8 +260,12 @@ class Kernels {
                                              int64_t row_begin, int64_t rows,
                                              const int32_t* slot_of_token, const float* slot_rows,
                                              DType dst_dtype, void* dst);
-  // GPT-2's learned positions: out[b, t, :] += wpe[t, :]; dwpe[t, :] += sum over b (increasing)
-  // of dout[b, t, :]. out/dout [batch, seq_len, C], wpe/dwpe [max_seq_len, C] f32.
+  // GPT-2's learned positions: out[b, t, :] += wpe[p, :]; dwpe[p, :] += dout[b, t, :] summed in
+  // increasing (b, t), with p = t, or p = positions[b*T + t] when `positions` (device int32
+  // [batch, seq_len], e.g. restarting at every packed document) is given. out/dout [batch,
+  // seq_len, C], wpe/dwpe [max_seq_len, C] f32. A position outside [0, max_seq_len): the CPU
+  // reports InvalidArgument at the stream's next Synchronize, CUDA writes NaN rows (forward) and
+  // drops the row (backward).
   [[nodiscard]] absl::Status PositionEmbeddingForward(Stream& stream, int64_t batch,
                                                       int64_t seq_len, int64_t channels,
                                                       int64_t max_seq_len, const float* wpe,
@@ -305,7 +314,10 @@ class Kernels {
                                              const float* x, const float* w, const float* rstd,
                                              const float* dy, float* dx, float* dw);
   // model/kernels/rope.h: x [B,T,H,D] rotated in place; cos, sin [table_positions, D/2] (f32
-  // tables from RopeTables, copied to the device). The backward is a transform, not a +=.
+  // tables from RopeTables, copied to the device). The backward is a transform, not a +=. Row
+  // (b, t) takes the angles of position t, or of positions[b*T + t] when `positions` (device int32
+  // [B, T]) is given; the tables need max position + 1 rows (T rows when positions < T). A
+  // position outside the tables: InvalidArgument at the next Synchronize (CPU), NaN rows (CUDA).
   [[nodiscard]] absl::Status RopeForward(Stream& stream, const RopeShape& shape, const float* cos,
                                          const float* sin, float* x,
                                          const int32_t* positions = nullptr);
@@ -321,7 +333,12 @@ class Kernels {
   // and k, v (dk, dv) may be strided views (shape.q_row_stride, kv_row_stride) into one fused
   // buffer; the gradients must not share elements. GPT-2's multi-head attention is the case
   // num_kv_heads == num_heads, head_dim = C / H, on its fused qkv [B,T,3C]: q = qkv, k = qkv + C,
-  // v = qkv + 2C (dq, dk, dv likewise in dqkv), both row strides 3C.
+  // v = qkv + 2C (dq, dk, dv likewise in dqkv), both row strides 3C. The mask: query (b, t) sees
+  // keys max(key_start[b,t], t - shape.sliding_window + 1) <= j <= t (window 0: no window);
+  // key_start (device int32 [B, T], null: all 0 = plain causal) is where each packed document
+  // starts, REQUIRES 0 <= key_start[b,t] <= t, non-decreasing in t (the CPU checks it and reports
+  // InvalidArgument at the next Synchronize; CUDA's results are then wrong but it never reads out
+  // of bounds). Both passes skip key tiles outside a query tile's visible range.
   [[nodiscard]] absl::Status GqaAttentionForward(Stream& stream, const GqaAttentionShape& shape,
                                                  const float* q, const float* k, const float* v,
                                                  float* out, float* lse, void* workspace,
@@ -346,6 +363,33 @@ class Kernels {
   [[nodiscard]] absl::Status EmbeddingBackward(Stream& stream, const EmbeddingShape& shape,
                                                const int32_t* tokens, const float* dout,
                                                float* dwte);
+
+  // --- 4-bit frozen weights (QLoRA; model/kernels/nf4.h, nf4_linear.h have the math) -----------
+  // `w` is a Quant4Tensor whose pointers are device memory: codes (Quant4CodeBytes(num_elems)
+  // bytes), and either absmax (Quant4NumBlocks f32) or the nested state (one code per block,
+  // Quant4NestedNumBlocks f32 scales, the offset by value). Every implementation dequantizes a
+  // value to the same bits (level * absmax, one f32 product; nested absmax as nf4_math.h).
+  //
+  // Values [begin, begin + count) of the flattened tensor into dst [count] as dst_dtype (f32; bf16
+  // or f16: the f32 value rounded to nearest even), bit for bit the CPU codec's on every
+  // implementation. count == 0 enqueues nothing.
+  [[nodiscard]] absl::Status Dequantize4Bit(Stream& stream, const Quant4Tensor& w, int64_t begin,
+                                            int64_t count, DType dst_dtype, void* dst);
+  // nn.Linear (W [out, in], w.num_elems == out * in) on the dequantized weight, which is never
+  // whole in memory: tiles of it are dequantized into the workspace inside the GEMM. f32
+  // activations. y [N, out] = x [N, in] dequant(W)^T + b (overwritten; b [out] f32, null when
+  // !shape.bias). The CPU gives bit for bit LinearForward on the dequantized f32 matrix (and what
+  // nf4_linear.h's function gives, whatever the thread count); CUDA rounds as cuBLAS does.
+  [[nodiscard]] absl::Status Quant4LinearForward(Stream& stream, const LinearShape& shape,
+                                                 const float* x, const Quant4Tensor& w,
+                                                 const float* b, float* y, void* workspace,
+                                                 int64_t workspace_bytes);
+  // dx [N, in] += dy [N, out] dequant(W): the input gradient only (the base is frozen). dx must
+  // not overlap dy.
+  [[nodiscard]] absl::Status Quant4LinearBackwardInput(Stream& stream, const LinearShape& shape,
+                                                       const Quant4Tensor& w, const float* dy,
+                                                       float* dx, void* workspace,
+                                                       int64_t workspace_bytes);
 
   // --- LoRA adapters (model/kernels/lora.h; dropout_math.h has the dropout rule) -------------
   // h [rows, rank] = x A^T (overwritten; keep it for the backward); y [rows, out] += scale * h B^T.
@@ -389,6 +433,9 @@ class Kernels {
                             int64_t align);
   absl::Status CheckWorkspace(absl::string_view op, const void* workspace, int64_t workspace_bytes,
                               int64_t needed_bytes);
+  // The device buffers of a 4-bit tensor (kernels_quant4.cc): type, count, and each buffer of its
+  // form (codes; absmax or nested codes and scales) checked as CheckBuffers checks a buffer.
+  absl::Status CheckQuant4Buffers(absl::string_view op, const Quant4Tensor& w);
   // An optional per-token int32 input [batch, seq_len] (positions, key_start): OK when null,
   // else checked as CheckBuffers checks a buffer of batch * seq_len int32. Its values live on the
   // device and are not read here.
@@ -520,6 +567,18 @@ class Kernels {
                                              const int32_t* targets, const float* lse,
                                              double loss_grad, float* dh, float* dblock,
                                              void* workspace, int64_t workspace_bytes) = 0;
+
+  // 4-bit weights.
+  virtual absl::Status DoDequantize4Bit(Stream& stream, const Quant4Tensor& w, int64_t begin,
+                                        int64_t count, DType dst_dtype, void* dst) = 0;
+  virtual absl::Status DoQuant4LinearForward(Stream& stream, const LinearShape& shape,
+                                             const float* x, const Quant4Tensor& w, const float* b,
+                                             float* y, void* workspace,
+                                             int64_t workspace_bytes) = 0;
+  virtual absl::Status DoQuant4LinearBackwardInput(Stream& stream, const LinearShape& shape,
+                                                   const Quant4Tensor& w, const float* dy,
+                                                   float* dx, void* workspace,
+                                                   int64_t workspace_bytes) = 0;
 
   // LoRA and dropout.
   virtual absl::Status DoLoraForward(Stream& stream, const LoraShape& shape, const float* x,

@@ -61,8 +61,8 @@ std::string BrokenRule(const ExamplesView& view) {
   for (int64_t e = 0; e < e_count; ++e) {
     if (starts[e + 1] <= starts[e]) {
       return absl::StrCat("starts is not strictly increasing: starts[", e + 1,
-                          "] = ", starts[e + 1], " <= starts[", e, "] = ", starts[e],
-                          " (example ", e, " would be empty)");
+                          "] = ", starts[e + 1], " <= starts[", e, "] = ", starts[e], " (example ",
+                          e, " would be empty)");
     }
   }
   // Now every starts[e] with e < E is in [0, N).
@@ -158,8 +158,7 @@ absl::StatusOr<std::pair<int, uint64_t>> OpenRegular(const std::string& path,
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " '", path, "' is not a regular file"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", path, "' is not a regular file"));
   }
   return std::make_pair(fd, static_cast<uint64_t>(st.st_size));
 }
@@ -235,8 +234,8 @@ absl::StatusOr<ExampleFile> ExampleFile::Open(const std::string& path) {
   const int64_t n = HeaderInt64(header, 4);
   const int64_t e_count = HeaderInt64(header, 6);
   if (n < 0 || e_count < 0) {
-    return corrupt(absl::StrCat("the header's counts are negative (N = ", n, " tokens, E = ",
-                                e_count, " examples)"));
+    return corrupt(absl::StrCat("the header's counts are negative (N = ", n,
+                                " tokens, E = ", e_count, " examples)"));
   }
   const absl::string_view type = width == 2 ? "uint16" : "uint32";
   // Each section is at most the file's size, so the sums below cannot overflow.
@@ -246,15 +245,14 @@ absl::StatusOr<ExampleFile> ExampleFile::Open(const std::string& path) {
   const bool fits = un <= payload_bytes && ue < payload_bytes / 8;
   const uint64_t declared_bytes =
       fits ? RoundUp8(un * static_cast<uint64_t>(width)) + 8 * (ue + 1) + un : 0;
-  const std::string layout =
-      absl::StrCat("the header declares N = ", n, " ", type, " tokens and E = ", e_count,
-                   " examples, which take 1024 + roundup8(", n, " * ", width, ") + 8 * (", e_count,
-                   " + 1) + ", n, fits ? absl::StrCat(" = ", kExampleFileHeaderBytes + declared_bytes)
-                                       : std::string(),
-                   " bytes");
+  const std::string layout = absl::StrCat(
+      "the header declares N = ", n, " ", type, " tokens and E = ", e_count,
+      " examples, which take 1024 + roundup8(", n, " * ", width, ") + 8 * (", e_count, " + 1) + ",
+      n, fits ? absl::StrCat(" = ", kExampleFileHeaderBytes + declared_bytes) : std::string(),
+      " bytes");
   if (!fits || payload_bytes < declared_bytes) {
-    return corrupt(absl::StrCat("truncated: ", layout, ", but the file has only ", file_size,
-                                " bytes"));
+    return corrupt(
+        absl::StrCat("truncated: ", layout, ", but the file has only ", file_size, " bytes"));
   }
   if (payload_bytes > declared_bytes) {
     return corrupt(absl::StrCat(payload_bytes - declared_bytes, " trailing bytes: ", layout,
@@ -330,9 +328,8 @@ absl::Status WriteExampleFile(const std::string& path, const ExamplesView& view,
                               bool force_width4) {
   const std::string broken = BrokenRule(view);
   if (!broken.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot write example file '", path, "': the examples are not well-formed: ",
-                     broken));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot write example file '", path, "': the examples are not well-formed: ", broken));
   }
   const int32_t width = !force_width4 && MaxToken(view.tokens) < 65536 ? 2 : 4;
   const auto n = static_cast<uint64_t>(view.tokens.size());
@@ -383,10 +380,10 @@ absl::StatusOr<DataFileKind> SniffDataFile(const std::string& path) {
   if (magic == kExampleFileMagic) return DataFileKind::kExamples;
   const std::string what =
       magic == kLlmcModelMagic ? " (an llm.c model checkpoint)" : std::string(text_hint);
-  return absl::DataLossError(absl::StrCat(
-      "data file '", path, "' has magic number ", magic, what, "; expected ", kLlmcTokens16Magic,
-      " or ", kLlmcTokens32Magic, " (llm.c token file) or ", kExampleFileMagic,
-      " (example file from tools/prepare_data)"));
+  return absl::DataLossError(
+      absl::StrCat("data file '", path, "' has magic number ", magic, what, "; expected ",
+                   kLlmcTokens16Magic, " or ", kLlmcTokens32Magic, " (llm.c token file) or ",
+                   kExampleFileMagic, " (example file from tools/prepare_data)"));
 }
 
 }  // namespace ps

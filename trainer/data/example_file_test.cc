@@ -185,7 +185,8 @@ TEST(ExampleFileTest, RefusesEveryTruncation) {
       WriteRawFile(path, bytes.substr(0, size));
       const absl::StatusOr<ExampleFile> file = ExampleFile::Open(path);
       const std::string why = size < 1024 ? "shorter than the 1024-byte header" : "truncated";
-      EXPECT_THAT(file, StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr(path), HasSubstr(why))))
+      EXPECT_THAT(file,
+                  StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr(path), HasSubstr(why))))
           << "size " << size;
     }
   }
@@ -196,9 +197,10 @@ TEST(ExampleFileTest, RefusesTrailingBytes) {
   const std::string path = TmpPath("trail.bin");
   for (const size_t extra : {1, 7, 8, 4096}) {
     WriteRawFile(path, bytes + std::string(extra, '\x01'));
-    EXPECT_THAT(ExampleFile::Open(path),
-                StatusIs(absl::StatusCode::kDataLoss,
-                         AllOf(HasSubstr(path), HasSubstr(absl::StrCat(extra, " trailing bytes")))));
+    EXPECT_THAT(
+        ExampleFile::Open(path),
+        StatusIs(absl::StatusCode::kDataLoss,
+                 AllOf(HasSubstr(path), HasSubstr(absl::StrCat(extra, " trailing bytes")))));
   }
 }
 
@@ -307,8 +309,9 @@ TEST(ExampleFileTest, RefusesBrokenInvariantsEverywhere) {
     EXPECT_THAT(ValidateExamples(View32(c.ex)),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.what)));
     const std::string out = TmpPath("never_written.bin");
-    EXPECT_THAT(WriteExampleFile(out, View32(c.ex)),
-                StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr(out), HasSubstr(c.what))));
+    EXPECT_THAT(
+        WriteExampleFile(out, View32(c.ex)),
+        StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr(out), HasSubstr(c.what))));
     struct stat st;
     EXPECT_NE(::stat(out.c_str(), &st), 0) << "a refused write left a file";
   }
@@ -354,8 +357,8 @@ TEST(ExampleFileTest, RandomCorruptionsOfStartsAreRefused) {
 TEST(ExampleFileTest, MissingAndNonRegularFiles) {
   EXPECT_THAT(ExampleFile::Open(TmpPath("does_not_exist.bin")),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("does_not_exist.bin")));
-  EXPECT_THAT(ExampleFile::Open(TmpPath("")), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                       HasSubstr("not a regular file")));
+  EXPECT_THAT(ExampleFile::Open(TmpPath("")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a regular file")));
   EXPECT_THAT(SniffDataFile(TmpPath("does_not_exist.bin")),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("does_not_exist.bin")));
 }
@@ -411,8 +414,8 @@ TEST(ExampleFileTest, SniffsBothKinds) {
               StatusIs(absl::StatusCode::kDataLoss,
                        AllOf(HasSubstr(other), HasSubstr("magic number 12345"))));
   WriteRawFile(other, "{\"text\": \"hello\"}\n");
-  EXPECT_THAT(SniffDataFile(other), StatusIs(absl::StatusCode::kDataLoss,
-                                             HasSubstr("looks like a text file")));
+  EXPECT_THAT(SniffDataFile(other),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("looks like a text file")));
   WriteRawFile(other, "abc");
   EXPECT_THAT(SniffDataFile(other),
               StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr(other), HasSubstr("3 bytes"))));

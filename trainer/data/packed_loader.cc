@@ -120,9 +120,8 @@ PackedLoader::PackedLoader(ExamplesView examples, const PackedLoaderOptions& opt
   } else {
     std::vector<int64_t> kept(static_cast<size_t>(num_ex));
     for (int64_t e = 0; e < num_ex; ++e) kept[e] = KeptLength(e);
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-      return kept[a] != kept[b] ? kept[a] > kept[b] : a < b;
-    });
+    std::sort(order.begin(), order.end(),
+              [&](int64_t a, int64_t b) { return kept[a] != kept[b] ? kept[a] > kept[b] : a < b; });
     // Rows with free space, keyed by (free tokens, row): lower_bound({len, 0}) is the row with the
     // least free space that fits, the earliest-created among equals. Full rows leave the set.
     std::set<std::pair<int64_t, int64_t>> open_rows;
@@ -180,13 +179,13 @@ double PackedLoader::real_token_fraction() const {
 absl::Status PackedLoader::CheckCursor(const DataCursor& cursor) const {
   if (cursor.epoch < 0 || cursor.batch_in_epoch < 0 ||
       cursor.batch_in_epoch >= batches_per_epoch_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data cursor (", DataCursorString(cursor),
-        ") is out of range: epochs are >= 0 and this loader has ", batches_per_epoch_,
-        " batches per epoch (", num_examples(), " examples in ", num_rows(),
-        " rows, batch_size ", options_.batch_size, ", seq_len ", options_.seq_len,
-        ", packing ", options_.packing ? "on" : "off", ", world_size ", options_.world_size,
-        "); was it saved with other data or options?"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data cursor (", DataCursorString(cursor),
+                     ") is out of range: epochs are >= 0 and this loader has ", batches_per_epoch_,
+                     " batches per epoch (", num_examples(), " examples in ", num_rows(),
+                     " rows, batch_size ", options_.batch_size, ", seq_len ", options_.seq_len,
+                     ", packing ", options_.packing ? "on" : "off", ", world_size ",
+                     options_.world_size, "); was it saved with other data or options?"));
   }
   return absl::OkStatus();
 }
@@ -215,8 +214,7 @@ std::vector<int64_t> PackedLoader::GlobalBatchRows(int64_t epoch, int64_t global
 std::vector<int64_t> PackedLoader::RowsAt(const DataCursor& cursor) const {
   const absl::Status valid = CheckCursor(cursor);
   CHECK(valid.ok()) << valid;
-  return GlobalBatchRows(cursor.epoch,
-                         cursor.batch_in_epoch * options_.world_size + options_.rank);
+  return GlobalBatchRows(cursor.epoch, cursor.batch_in_epoch * options_.world_size + options_.rank);
 }
 
 int64_t PackedLoader::TrainedTargetsAllRanks(const DataCursor& cursor) const {

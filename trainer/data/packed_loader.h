@@ -77,12 +77,12 @@ struct PackedLoaderOptions {
 
 // One micro-batch, owned.
 struct PackedBatch {
-  int64_t batch_size = 0;  // B
-  int64_t seq_len = 0;     // T
-  DataCursor cursor;       // where this batch is
+  int64_t batch_size = 0;                                      // B
+  int64_t seq_len = 0;                                         // T
+  DataCursor cursor;                                           // where this batch is
   std::vector<int32_t> tokens, targets, positions, key_start;  // [B * T] each, row-major
-  int64_t trained_targets = 0;  // targets != -100 in this batch
-  int64_t real_tokens = 0;      // non-padding positions
+  int64_t trained_targets = 0;                                 // targets != -100 in this batch
+  int64_t real_tokens = 0;                                     // non-padding positions
 };
 
 class PackedLoader {
@@ -127,6 +127,8 @@ class PackedLoader {
   std::vector<int64_t> RowsAt(const DataCursor& cursor) const;
   // The sum over all ranks of trained_targets of the batches they get at `cursor` (every rank can
   // compute it locally). REQUIRES: `cursor` is valid (see Seek).
+  // Cost: O(W * B); with shuffling, plus O(R) when cursor.epoch is not the epoch of cursor() (its
+  // permutation is drawn again), as for BatchAt() and RowsAt().
   int64_t TrainedTargetsAllRanks(const DataCursor& cursor) const;
 
  private:

@@ -144,8 +144,7 @@ struct Config {
 
 std::string Name(const Config& c) {
   return absl::StrCat("B", c.batch_size, " T", c.seq_len, c.packing ? " packed" : " unpacked",
-                      c.shuffle ? " shuffled" : "", " W", c.world_size,
-                      c.narrow ? " u16" : " u32");
+                      c.shuffle ? " shuffled" : "", " W", c.world_size, c.narrow ? " u16" : " u32");
 }
 
 // Over several epochs, all ranks together see every example exactly once per epoch, rows hold
@@ -184,8 +183,7 @@ TEST(PackedLoaderTest, EveryExampleOncePerEpochWithCorrectRows) {
     }
     const PackedLoader& l0 = ranks[0];
     EXPECT_EQ(l0.num_examples(), count);
-    EXPECT_EQ(l0.global_batches_per_epoch(),
-              (l0.num_rows() + c.batch_size - 1) / c.batch_size);
+    EXPECT_EQ(l0.global_batches_per_epoch(), (l0.num_rows() + c.batch_size - 1) / c.batch_size);
     EXPECT_EQ(l0.batches_per_epoch(),
               (l0.global_batches_per_epoch() + c.world_size - 1) / c.world_size);
     int64_t want_real = 0;
@@ -290,8 +288,8 @@ TEST(PackedLoaderTest, PackingIsBestFitDecreasing) {
       const int64_t r = row_of[e];
       if (r == static_cast<int64_t>(free.size())) {
         for (size_t q = 0; q < free.size(); ++q) {
-          ASSERT_LT(free[q], kept[e]) << "example " << e << " opened row " << r
-                                      << " though row " << q << " had room";
+          ASSERT_LT(free[q], kept[e])
+              << "example " << e << " opened row " << r << " though row " << q << " had room";
         }
         free.push_back(t_len);
       } else {
@@ -395,9 +393,8 @@ TEST(PackedLoaderTest, SeekAndBatchAtReproduceNextAcrossEpochs) {
       const std::vector<PackedBatch> stream = RunNext(loader, 4 * per_epoch + 1);
       EXPECT_EQ(loader.cursor(), (DataCursor{4, 1}));
       for (size_t i = 0; i < stream.size(); ++i) {
-        ASSERT_EQ(stream[i].cursor,
-                  (DataCursor{static_cast<int64_t>(i) / per_epoch,
-                              static_cast<int64_t>(i) % per_epoch}));
+        ASSERT_EQ(stream[i].cursor, (DataCursor{static_cast<int64_t>(i) / per_epoch,
+                                                static_cast<int64_t>(i) % per_epoch}));
         ExpectSameBatch(MustBatchAt(loader, stream[i].cursor), stream[i]);
       }
       for (int trial = 0; trial < 10; ++trial) {
@@ -467,8 +464,8 @@ TEST(PackedLoaderTest, TruncationCountsAndExactFits) {
   PackedLoaderOptions o;
   o.seq_len = 8;
   const PackedLoader loader = MustCreate(ex.View(true), o);
-  EXPECT_EQ(loader.truncated_examples(), 3);          // 9, 20, 16
-  EXPECT_EQ(loader.dropped_tokens(), 1 + 12 + 8);     // the tokens past 8
+  EXPECT_EQ(loader.truncated_examples(), 3);       // 9, 20, 16
+  EXPECT_EQ(loader.dropped_tokens(), 1 + 12 + 8);  // the tokens past 8
   // Kept lengths 5 8 8 1 8 8 8: five full rows, then 5 + 1 in one row.
   EXPECT_EQ(loader.num_rows(), 6);
   EXPECT_THAT(loader.RowExamples(0), ElementsAre(1));
@@ -593,8 +590,7 @@ TEST(PackedLoaderTest, RefusesBadOptionsAndData) {
   refused(with([](auto& c) { c.world_size = 0; }), "PackedLoaderOptions.world_size = 0");
   refused(with([](auto& c) { c.rank = 2, c.world_size = 2; }), "PackedLoaderOptions.rank = 2");
   refused(with([](auto& c) { c.rank = -1; }), "PackedLoaderOptions.rank = -1");
-  refused(with([](auto& c) { c.batch_size = int64_t{1} << 40, c.seq_len = 1 << 30; }),
-          "overflows");
+  refused(with([](auto& c) { c.batch_size = int64_t{1} << 40, c.seq_len = 1 << 30; }), "overflows");
   refused(with([](auto& c) { c.vocab_size = 500; }),
           "token 500 at position 1 of example 1 (token 4 of 6) is out of range for vocab_size 500");
   Examples none;

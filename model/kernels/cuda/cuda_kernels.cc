@@ -20,6 +20,7 @@
 #include "model/kernels/cuda/lm_head_cross_entropy.h"
 #include "model/kernels/cuda/lora.h"
 #include "model/kernels/cuda/matmul.h"
+#include "model/kernels/cuda/nf4.h"
 #include "model/kernels/cuda/rmsnorm.h"
 #include "model/kernels/cuda/vocab_blocks.h"
 
@@ -459,6 +460,41 @@ absl::Status CudaKernels::DoLmHeadBlockBackward(Stream& stream, const VocabBlock
   return WithCublas(cublas_workspace, cublas_workspace_bytes(), [&](const CublasHandle& hd) {
     return ::ps::cuda::LmHeadBlockBackward(hd, shape, h, block_dtype, block, targets, lse,
                                            loss_grad, dh, dblock, workspace, own, s);
+  });
+}
+
+// --- 4-bit weights -------------------------------------------------------------------------------
+// The Linear GEMMs: the dequantized tile (cuda::Quant4LinearWorkspaceBytes) first, cuBLAS's after.
+
+absl::Status CudaKernels::DoDequantize4Bit(Stream& stream, const Quant4Tensor& w, int64_t begin,
+                                           int64_t count, DType dst_dtype, void* dst) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::Dequantize4Bit(w, begin, count, dst_dtype, dst, s);
+}
+
+absl::Status CudaKernels::DoQuant4LinearForward(Stream& stream, const LinearShape& shape,
+                                                const float* x, const Quant4Tensor& w,
+                                                const float* b, float* y, void* workspace,
+                                                int64_t) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  const int64_t own = AlignBytes(::ps::cuda::Quant4LinearWorkspaceBytes(shape));
+  void* cublas_workspace = static_cast<char*>(workspace) + own;
+  return WithCublas(cublas_workspace, cublas_workspace_bytes(), [&](const CublasHandle& h) {
+    return ::ps::cuda::Quant4LinearForward(h, shape, x, w, b, y, static_cast<float*>(workspace),
+                                           ::ps::cuda::Quant4LinearTileElems(shape), s);
+  });
+}
+
+absl::Status CudaKernels::DoQuant4LinearBackwardInput(Stream& stream, const LinearShape& shape,
+                                                      const Quant4Tensor& w, const float* dy,
+                                                      float* dx, void* workspace, int64_t) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  const int64_t own = AlignBytes(::ps::cuda::Quant4LinearWorkspaceBytes(shape));
+  void* cublas_workspace = static_cast<char*>(workspace) + own;
+  return WithCublas(cublas_workspace, cublas_workspace_bytes(), [&](const CublasHandle& h) {
+    return ::ps::cuda::Quant4LinearBackwardInput(h, shape, w, dy, dx,
+                                                 static_cast<float*>(workspace),
+                                                 ::ps::cuda::Quant4LinearTileElems(shape), s);
   });
 }
 

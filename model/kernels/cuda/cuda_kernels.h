@@ -7,9 +7,10 @@
 // enqueues the kernels on the stream's cudaStream_t. Nothing allocates or synchronizes.
 //
 // cuBLAS's workspace is the caller's: every operation that runs a cuBLAS GEMM (Gemm, Matmul*,
-// Linear*, LmHeadCrossEntropy*) counts `cublas_workspace_bytes` in its WorkspaceBytes query and
-// hands that part of the workspace to cuBLAS (cublasSetWorkspace), so cuBLAS never allocates on its
-// own and its scratch counts against the accelerator's cap and the tide like any other scratch.
+// Linear*, LmHeadCrossEntropy*, LmHeadBlock*, Lora*, Quant4Linear*) counts `cublas_workspace_bytes`
+// in its WorkspaceBytes query and hands that part of the workspace to cuBLAS (cublasSetWorkspace),
+// so cuBLAS never allocates on its own and its scratch counts against the accelerator's cap and
+// the tide like any other scratch.
 // (cublasCreate itself still takes a little device memory, once, outside the cap.)
 //
 // Precision: f32 operators with f32 accumulation and no TF32 (see each kernel's header for how it
@@ -196,6 +197,14 @@ class CudaKernels final : public Kernels {
                                      DType block_dtype, const void* block, const int32_t* targets,
                                      const float* lse, double loss_grad, float* dh, float* dblock,
                                      void* workspace, int64_t workspace_bytes) override;
+  absl::Status DoDequantize4Bit(Stream& stream, const Quant4Tensor& w, int64_t begin, int64_t count,
+                                DType dst_dtype, void* dst) override;
+  absl::Status DoQuant4LinearForward(Stream& stream, const LinearShape& shape, const float* x,
+                                     const Quant4Tensor& w, const float* b, float* y,
+                                     void* workspace, int64_t workspace_bytes) override;
+  absl::Status DoQuant4LinearBackwardInput(Stream& stream, const LinearShape& shape,
+                                           const Quant4Tensor& w, const float* dy, float* dx,
+                                           void* workspace, int64_t workspace_bytes) override;
   absl::Status DoLoraForward(Stream& stream, const LoraShape& shape, const float* x, const float* a,
                              const float* b, float* h, float* y, void* workspace,
                              int64_t workspace_bytes) override;

@@ -13,6 +13,14 @@
 // no atomics). GqaAttentionShape::tile (the CPU kernel's tile) is not used: the GPU tiles are
 // fixed.
 //
+// Mask (model/kernels/gqa_attention.h): shape.sliding_window and a per-token key_start (device
+// int32 [B*T], null: plain causal); query t sees keys max(key_start[t], t - window + 1) .. t. Key
+// tiles before a block's first visible key are never loaded (forward and dq pass), and the dk/dv
+// pass stops at the first query tile whose first query starts after the block's keys. key_start
+// is device data and not checked: one breaking its contract (0 <= key_start[t] <= t,
+// non-decreasing) gives wrong values (NaN where a query would see nothing), never an
+// out-of-bounds read.
+//
 // Limits: head_dim <= 128 (the per-lane register arrays, and 32 KiB of shared memory per block),
 // B and Hq <= 65535 (grid dimensions).
 //

@@ -24,6 +24,14 @@ class Parts {
 
 }  // namespace
 
+int64_t Quant4LinearTileElems(const LinearShape& s) {
+  const int64_t whole = s.out_features * s.in_features;
+  const int64_t at_least = std::max(s.in_features, s.out_features);
+  return std::min(whole, std::max(kQuant4LinearTileBudgetElems, at_least));
+}
+
+int64_t Quant4LinearWorkspaceBytes(const LinearShape& s) { return Quant4LinearTileElems(s) * kF32; }
+
 int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& s) {
   return s.batch * s.num_heads * s.seq_len * kF32;
 }

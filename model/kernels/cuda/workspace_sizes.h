@@ -16,6 +16,7 @@
 
 #include "memory/dtype.h"
 #include "model/kernels/gqa_attention.h"
+#include "model/kernels/linear.h"
 #include "model/kernels/lm_head_cross_entropy.h"
 #include "model/kernels/matmul.h"
 #include "model/kernels/vocab_blocks.h"
@@ -73,6 +74,15 @@ LmHeadBlockWorkspaceLayout LmHeadBlockLayout(const VocabBlockShape& shape, DType
                                              bool backward);
 int64_t LmHeadBlockForwardWorkspaceBytes(const VocabBlockShape& shape, DType block_dtype);
 int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& shape, DType block_dtype);
+
+// The dequantizing nn.Linear over a 4-bit weight (cuda/nf4.h, through CudaKernels): one f32 tile
+// of W [out, in] that the kernel dequantizes into and cuBLAS reads, reused tile after tile in
+// stream order. It holds the whole W when W has at most kQuant4LinearTileBudgetElems values, else
+// that budget (16 MiB), but never less than one row and one column of W (the forward's tiles are
+// whole rows, the input gradient's whole columns). A larger tile means fewer, larger GEMMs.
+inline constexpr int64_t kQuant4LinearTileBudgetElems = int64_t{1} << 22;
+int64_t Quant4LinearTileElems(const LinearShape& shape);
+int64_t Quant4LinearWorkspaceBytes(const LinearShape& shape);  // the tile, in bytes
 
 }  // namespace ps::cuda
 

@@ -24,6 +24,21 @@ TEST(WorkspaceSizes, AlignsTo256Bytes) {
   EXPECT_EQ(AlignWorkspaceBytes(257), 512);
 }
 
+// The 4-bit Linear's tile: the whole W up to the budget (4 Mi f32), else the budget, never less than
+// one row (in) and one column (out) of W.
+TEST(WorkspaceSizes, Quant4LinearTile) {
+  EXPECT_EQ(Quant4LinearTileElems({.rows = 1, .in_features = 10, .out_features = 14}), 140);
+  EXPECT_EQ(Quant4LinearTileElems({.rows = 9, .in_features = 4096, .out_features = 11008}),
+            int64_t{1} << 22);
+  EXPECT_EQ(Quant4LinearWorkspaceBytes({.rows = 9, .in_features = 4096, .out_features = 11008}),
+            int64_t{16} << 20);
+  // A row longer than the budget: one row (forward) and one column (backward) must fit.
+  EXPECT_EQ(Quant4LinearTileElems({.rows = 1, .in_features = 5000000, .out_features = 2}),
+            5000000);
+  EXPECT_EQ(Quant4LinearTileElems({.rows = 1, .in_features = 3, .out_features = 6000000}),
+            6000000);
+}
+
 // By hand: N = 10 positions, C = 16 channels, tiles of 4 rows by 8 vocabulary rows.
 TEST(WorkspaceSizes, WorkedExamples) {
   const VocabBlockShape block{.rows = 10,

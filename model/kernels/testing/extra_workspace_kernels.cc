@@ -33,6 +33,8 @@ const char* WorkspaceQueryName(WorkspaceQuery query) {
       return "LoraForward";
     case WorkspaceQuery::kLoraBackward:
       return "LoraBackward";
+    case WorkspaceQuery::kQuant4Linear:
+      return "Quant4Linear";
   }
   return "?";
 }
@@ -90,6 +92,10 @@ int64_t SingleQueryWorkspaces::LoraForwardWorkspaceBytes(const LoraShape& s) con
 }
 int64_t SingleQueryWorkspaces::LoraBackwardWorkspaceBytes(const LoraShape& s) const {
   return Answer(WorkspaceQuery::kLoraBackward, {s.rows, s.in_features, s.out_features, s.rank});
+}
+
+int64_t SingleQueryWorkspaces::Quant4LinearWorkspaceBytes(const LinearShape& s) const {
+  return Answer(WorkspaceQuery::kQuant4Linear, {s.rows, s.in_features, s.out_features, s.bias});
 }
 
 absl::StatusOr<std::unique_ptr<ExtraWorkspaceKernels>> ExtraWorkspaceKernels::OverCpuKernels(
@@ -379,6 +385,26 @@ absl::Status ExtraWorkspaceKernels::DoLoraBackward(Stream& stream, const LoraSha
                                                    float* da, float* db, void* workspace,
                                                    int64_t workspace_bytes) {
   return inner_.LoraBackward(stream, shape, x, a, b, h, dy, dx, da, db, workspace, workspace_bytes);
+}
+
+absl::Status ExtraWorkspaceKernels::DoDequantize4Bit(Stream& stream, const Quant4Tensor& w,
+                                                     int64_t begin, int64_t count, DType dst_dtype,
+                                                     void* dst) {
+  return inner_.Dequantize4Bit(stream, w, begin, count, dst_dtype, dst);
+}
+
+absl::Status ExtraWorkspaceKernels::DoQuant4LinearForward(Stream& stream, const LinearShape& shape,
+                                                          const float* x, const Quant4Tensor& w,
+                                                          const float* b, float* y,
+                                                          void* workspace,
+                                                          int64_t workspace_bytes) {
+  return inner_.Quant4LinearForward(stream, shape, x, w, b, y, workspace, workspace_bytes);
+}
+
+absl::Status ExtraWorkspaceKernels::DoQuant4LinearBackwardInput(
+    Stream& stream, const LinearShape& shape, const Quant4Tensor& w, const float* dy, float* dx,
+    void* workspace, int64_t workspace_bytes) {
+  return inner_.Quant4LinearBackwardInput(stream, shape, w, dy, dx, workspace, workspace_bytes);
 }
 
 absl::Status ExtraWorkspaceKernels::DoDropoutForward(Stream& stream, int64_t n, float p,

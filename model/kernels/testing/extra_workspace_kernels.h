@@ -68,13 +68,17 @@ class SumOfWorkspaces final : public KernelWorkspaces {
   int64_t LoraBackwardWorkspaceBytes(const LoraShape& s) const override {
     return a_.LoraBackwardWorkspaceBytes(s) + b_.LoraBackwardWorkspaceBytes(s);
   }
+  int64_t Quant4LinearWorkspaceBytes(const LinearShape& s) const override {
+    return a_.Quant4LinearWorkspaceBytes(s) + b_.Quant4LinearWorkspaceBytes(s);
+  }
 
  private:
   const KernelWorkspaces& a_;
   const KernelWorkspaces& b_;
 };
 
-// The twelve workspace queries of KernelWorkspaces (GPT-2's attention asks the grouped-query ones).
+// The thirteen workspace queries of KernelWorkspaces (GPT-2's attention asks the grouped-query
+// ones).
 enum class WorkspaceQuery {
   kGemm,
   kMatmul,
@@ -88,8 +92,9 @@ enum class WorkspaceQuery {
   kLmHeadBlockBackward,
   kLoraForward,
   kLoraBackward,
+  kQuant4Linear,
 };
-inline constexpr int kNumWorkspaceQueries = 12;
+inline constexpr int kNumWorkspaceQueries = 13;
 const char* WorkspaceQueryName(WorkspaceQuery query);
 
 // Answers `base_bytes` plus 256 bytes times a weighted sum of the shape's dimensions (weights 1,
@@ -118,6 +123,7 @@ class SingleQueryWorkspaces final : public KernelWorkspaces {
   int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& s, DType d) const override;
   int64_t LoraForwardWorkspaceBytes(const LoraShape& s) const override;
   int64_t LoraBackwardWorkspaceBytes(const LoraShape& s) const override;
+  int64_t Quant4LinearWorkspaceBytes(const LinearShape& s) const override;
 
  private:
   // base + 256 * (d0 + 2 d1 + 3 d2 + 5 d3 + 7 d4 + 11 d5) when `query` is this object's query.
@@ -247,6 +253,14 @@ class ExtraWorkspaceKernels final : public Kernels {
                                      DType block_dtype, const void* block, const int32_t* targets,
                                      const float* lse, double loss_grad, float* dh, float* dblock,
                                      void* workspace, int64_t workspace_bytes) override;
+  absl::Status DoDequantize4Bit(Stream& stream, const Quant4Tensor& w, int64_t begin, int64_t count,
+                                DType dst_dtype, void* dst) override;
+  absl::Status DoQuant4LinearForward(Stream& stream, const LinearShape& shape, const float* x,
+                                     const Quant4Tensor& w, const float* b, float* y,
+                                     void* workspace, int64_t workspace_bytes) override;
+  absl::Status DoQuant4LinearBackwardInput(Stream& stream, const LinearShape& shape,
+                                           const Quant4Tensor& w, const float* dy, float* dx,
+                                           void* workspace, int64_t workspace_bytes) override;
   absl::Status DoLoraForward(Stream& stream, const LoraShape& shape, const float* x, const float* a,
                              const float* b, float* h, float* y, void* workspace,
                              int64_t workspace_bytes) override;

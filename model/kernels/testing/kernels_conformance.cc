@@ -2,7 +2,9 @@
 // conversion and the GEMM, and the argument errors of the operators. The other tests, by topic:
 // kernels_conformance_operators.cc (GPT-2 and Llama operators against the CPU kernels),
 // kernels_conformance_streams.cc (asynchrony, stream order, concurrency),
-// kernels_conformance_vocab.cc (bf16-weight GEMMs and the vocabulary in row blocks).
+// kernels_conformance_vocab.cc (bf16-weight GEMMs and the vocabulary in row blocks),
+// kernels_conformance_lora.cc (LoRA adapters, dropout), kernels_conformance_masks.cc (packed
+// documents, sliding windows, positions), kernels_conformance_quant4.cc (4-bit weights).
 #include "model/kernels/testing/kernels_conformance.h"
 
 #include <algorithm>

@@ -93,6 +93,9 @@ class KernelsConformanceTest : public ::testing::TestWithParam<KernelsFactory> {
     DownloadBytes(host.data(), device, n * static_cast<int64_t>(sizeof(T)), on);
     return host;
   }
+  // A copy of a 4-bit tensor's host buffers in device memory (its form's buffers, sized from
+  // num_elems; kernels_conformance_quant4.cc).
+  Quant4Tensor UploadQuant4(const Quant4Tensor& host);
   // A workspace of at least `bytes` (nullptr for 0).
   void* Workspace(int64_t bytes) { return bytes == 0 ? nullptr : AllocBytes(bytes); }
 
