@@ -118,6 +118,7 @@ std::map<std::string, KeySample> KeySamples() {
   s["data.seed"] = {7, [](const TrainConfig& c) { return c.data.seed == 7; }};
   s["data.eval_every"] = {10, [](const TrainConfig& c) { return c.data.eval_every == 10; }};
   s["data.eval_batches"] = {2, [](const TrainConfig& c) { return c.data.eval_batches == 2; }};
+  s["data.packing"] = {false, [](const TrainConfig& c) { return !c.data.packing; }};
   s["checkpoint.dir"] = {"ckpt", [](const TrainConfig& c) { return c.checkpoint.dir == "ckpt"; }};
   s["checkpoint.every"] = {50, [](const TrainConfig& c) { return c.checkpoint.every == 50; }};
   s["checkpoint.keep_last"] = {3, [](const TrainConfig& c) { return c.checkpoint.keep_last == 3; }};
