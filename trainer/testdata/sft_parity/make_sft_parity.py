@@ -54,6 +54,12 @@ Recorded run (from the repository root):
   # safetensors 0.8.0
   /work/venv-peftnew/bin/python trainer/testdata/sft_parity/make_sft_parity.py
 Two runs give identical bytes in every file (checked).
+
+Checked once (2026-12-07, on main before the example-file support, not a test): the same model
+directories, optimizer, schedule and clipping on a plain llm.c token file (every target trained,
+consecutive windows) through the trainer binary against the same torch loop: per-step losses
+within 2e-7 relative, learning rates equal, gradient norms within 1e-6 relative. So a mismatch
+here points at the packing / masking / loss-weighting path, not at the model or the optimizer.
 """
 import argparse
 import json
