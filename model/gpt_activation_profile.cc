@@ -116,7 +116,8 @@ GptMemoryModel Record(const ModelConfig& config, std::vector<OperatorSpec> ops,
       .ce_row_tile = o.ce_row_tile,
       .ce_vocab_tile = o.ce_vocab_tile,
       .lora_scale = o.lora.has_value() ? static_cast<float>(o.lora->scale()) : 1.0f,
-      .lora_dropout = o.lora.has_value() ? static_cast<float>(o.lora->lora_dropout) : 0.0f};
+      .lora_dropout = o.lora.has_value() ? static_cast<float>(o.lora->lora_dropout) : 0.0f,
+      .token_metadata = o.token_metadata};
   absl::StatusOr<TransformerProgram> program =
       TransformerProgram::Create(config, shape, std::move(program_layout));
   CHECK(program.ok()) << "the activation profile of a valid config: " << program.status();

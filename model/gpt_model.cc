@@ -173,7 +173,8 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::CreateImpl(
               .ce_row_tile = o.ce_row_tile,
               .ce_vocab_tile = o.ce_vocab_tile,
               .lora_scale = o.lora.has_value() ? static_cast<float>(o.lora->scale()) : 1.0f,
-              .lora_dropout = o.lora.has_value() ? static_cast<float>(o.lora->lora_dropout) : 0.0f},
+              .lora_dropout = o.lora.has_value() ? static_cast<float>(o.lora->lora_dropout) : 0.0f,
+              .token_metadata = o.token_metadata},
           std::move(layout)));
   model->pool_ = std::make_unique<ThreadPool>(o.threads);
   model->kernels_ = o.kernels;
@@ -456,6 +457,46 @@ absl::Status GptModel::CheckInputs(absl::Span<const int32_t> tokens,
   return absl::OkStatus();
 }
 
+absl::Status GptModel::CheckInputs(const ModelInputs& in) const {
+  RETURN_IF_ERROR(CheckInputs(in.tokens, in.targets));
+  if (in.positions.empty() && in.key_start.empty()) return absl::OkStatus();
+  const int64_t B = options_.batch, T = options_.seq_len, n = B * T;
+  if (!options_.token_metadata) {
+    return absl::InvalidArgumentError(
+        "GptModel: the batch has positions and key_start but the model was created without "
+        "GptModelOptions::token_metadata (its inputs buffer has no room for them)");
+  }
+  for (const auto& [what, span] :
+       {std::pair{"positions", in.positions}, std::pair{"key_start", in.key_start}}) {
+    if (static_cast<int64_t>(span.size()) != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GptModel: ", what, " has ", span.size(), " elements; the model was created for batch ",
+          B, " x seq_len ", T, " = ", n, " (positions and key_start come together)"));
+    }
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t i = b * T + t;
+      if (in.positions[i] < 0 || in.positions[i] >= T) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("GptModel: position ", in.positions[i], " at row ", b, ", column ", t,
+                         " is outside [0, ", T, ") (seq_len)"));
+      }
+      if (in.key_start[i] < 0 || in.key_start[i] > t) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("GptModel: key_start ", in.key_start[i], " at row ", b, ", column ", t,
+                         " is outside [0, ", t, "] (a token attends to keys at or before it)"));
+      }
+      if (t > 0 && in.key_start[i] < in.key_start[i - 1]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "GptModel: key_start decreases at row ", b, ", column ", t, " (", in.key_start[i - 1],
+            " then ", in.key_start[i], "); it must be non-decreasing along a row"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // --- Entry points
 // ---------------------------------------------------------------------------------
 
@@ -477,7 +518,14 @@ absl::Status GptModel::CheckParametersInSlots(absl::string_view caller) const {
 absl::StatusOr<double> GptModel::ForwardBackward(absl::Span<const int32_t> tokens,
                                                  absl::Span<const int32_t> targets,
                                                  double loss_scale, uint64_t dropout_seed) {
-  RETURN_IF_ERROR(CheckInputs(tokens, targets));
+  return ForwardBackward(ModelInputs{.tokens = tokens, .targets = targets}, loss_scale,
+                         dropout_seed);
+}
+
+absl::StatusOr<double> GptModel::ForwardBackward(const ModelInputs& in, double loss_scale,
+                                                 uint64_t dropout_seed) {
+  const absl::Span<const int32_t> tokens = in.tokens;
+  RETURN_IF_ERROR(CheckInputs(in));
   RETURN_IF_ERROR(CheckParametersInSlots("ForwardBackward"));
   if (!(loss_scale > 0) || !std::isfinite(loss_scale)) {
     return absl::InvalidArgumentError(
@@ -497,9 +545,11 @@ absl::StatusOr<double> GptModel::ForwardBackward(absl::Span<const int32_t> token
   WaitOnError wait(stream_);  // after the activations' stream-ordered frees
   ASSIGN_OR_RETURN(const double loss, program_->ForwardBackward(*live_,
                                                                 {.tokens = tokens,
-                                                                 .targets = targets,
+                                                                 .targets = in.targets,
                                                                  .slot_of_token = slot_of_token_,
-                                                                 .dropout_seed = dropout_seed},
+                                                                 .dropout_seed = dropout_seed,
+                                                                 .positions = in.positions,
+                                                                 .key_start = in.key_start},
                                                                 loss_scale));
   // Every gradient is in its slot before the optimizer (or a caller) reads it.
   wait.Dismiss();
@@ -509,7 +559,11 @@ absl::StatusOr<double> GptModel::ForwardBackward(absl::Span<const int32_t> token
 
 absl::StatusOr<double> GptModel::Evaluate(absl::Span<const int32_t> tokens,
                                           absl::Span<const int32_t> targets) {
-  RETURN_IF_ERROR(CheckInputs(tokens, targets));
+  return Evaluate(ModelInputs{.tokens = tokens, .targets = targets});
+}
+
+absl::StatusOr<double> GptModel::Evaluate(const ModelInputs& in) {
+  RETURN_IF_ERROR(CheckInputs(in));
   RETURN_IF_ERROR(CheckParametersInSlots("Evaluate"));
   if (manager_->in_iteration()) {
     return absl::FailedPreconditionError(
@@ -517,7 +571,10 @@ absl::StatusOr<double> GptModel::Evaluate(absl::Span<const int32_t> tokens,
         "after EndIteration");
   }
   WaitOnError wait(stream_);
-  absl::StatusOr<double> loss = program_->Evaluate(*live_, {tokens, targets, {}});
+  absl::StatusOr<double> loss = program_->Evaluate(*live_, {.tokens = in.tokens,
+                                                             .targets = in.targets,
+                                                             .positions = in.positions,
+                                                             .key_start = in.key_start});
   if (loss.ok()) wait.Dismiss();  // the program waited for the loss
   return loss;
 }

@@ -105,6 +105,23 @@ struct GptModelOptions {
   // hold exactly LoraModelOperators(config, *lora, vocab) — a frozen base and trainable adapter
   // operators. Must pass ValidateLoraConfig(config, *lora).
   std::optional<LoraConfig> lora = std::nullopt;
+  // Packed rows (ModelInputs::positions and key_start): the program's inputs buffer holds them,
+  // 8 bytes per token more on the accelerator (the activation profile counts them). Without it,
+  // a batch with positions or key_start is refused (InvalidArgument).
+  bool token_metadata = false;
+};
+
+// One batch: tokens and targets [batch, seq_len] row-major; targets[b, t] is the token predicted
+// from the tokens before it, or kIgnoreIndex. positions and key_start ([batch, seq_len] each, or
+// both empty) describe rows that pack several examples (trainer/data/packed_loader.h): token p is
+// at position positions[p] (RoPE, or GPT-2's learned positions) and attends to the keys j of its
+// row with key_start[p] <= j <= p. Empty: position t and plain causal attention, bit for bit the
+// batch without them. Requires GptModelOptions::token_metadata when given.
+struct ModelInputs {
+  absl::Span<const int32_t> tokens = {};
+  absl::Span<const int32_t> targets = {};
+  absl::Span<const int32_t> positions = {};
+  absl::Span<const int32_t> key_start = {};
 };
 
 // The operators a layout of this model holds: ModelOperators(config, vocab) without LoRA,
@@ -208,18 +225,27 @@ class GptModel {
                                                        absl::Span<const int32_t> targets,
                                                        double loss_scale = 1.0,
                                                        uint64_t dropout_seed = 0);
+  // The same for a batch that may carry positions and key_start (ModelInputs).
+  [[nodiscard]] absl::StatusOr<double> ForwardBackward(const ModelInputs& inputs,
+                                                       double loss_scale = 1.0,
+                                                       uint64_t dropout_seed = 0);
 
   // Forward only (validation): the mean cross-entropy, keeping no activation beyond the one block
   // being computed. Runs outside an iteration (untracked accesses, the schedule is not disturbed).
   // Errors as ForwardBackward; FailedPrecondition inside an iteration.
   [[nodiscard]] absl::StatusOr<double> Evaluate(absl::Span<const int32_t> tokens,
                                                 absl::Span<const int32_t> targets);
+  [[nodiscard]] absl::StatusOr<double> Evaluate(const ModelInputs& inputs);
 
   // InvalidArgument unless `tokens` and `targets` are a batch ForwardBackward accepts (sizes,
   // token and target ranges); touches nothing. The training step (trainer/train_step.h) checks
   // its batch with it before opening an iteration.
   [[nodiscard]] absl::Status CheckInputs(absl::Span<const int32_t> tokens,
                                          absl::Span<const int32_t> targets) const;
+  // The same, and for positions and key_start: both empty, or both [batch, seq_len] in a model
+  // created with token_metadata, with 0 <= positions[b, t] < seq_len, 0 <= key_start[b, t] <= t
+  // and key_start non-decreasing along each row (InvalidArgument naming the element).
+  [[nodiscard]] absl::Status CheckInputs(const ModelInputs& inputs) const;
 
   // A copy of tensor `name` of chunk `type`, converted to f32, read where the chunk's payload is
   // now (an accelerator payload through the pinned staging buffer: see the file comment; the

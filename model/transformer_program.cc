@@ -50,13 +50,22 @@ absl::StatusOr<double> TransformerProgram::Run::Evaluate(const ProgramInputs& in
 
 absl::Status TransformerProgram::Run::UploadInputs(const ProgramInputs& in, Activations& acts) {
   const InputsOffsets o = InputsLayout();
+  // Positions and key_start come together or not at all, and only into a buffer with room.
+  const bool metadata = !in.positions.empty();
+  if (metadata != !in.key_start.empty() || (metadata && !s_.token_metadata)) {
+    return absl::InvalidArgumentError(
+        "TransformerProgram: positions and key_start must be given together, and only to a "
+        "program created with ProgramShape::token_metadata");
+  }
   ASSIGN_OR_RETURN(acts.inputs, Alloc(o.total, false));
-  const absl::Span<const char> pieces[] = {Bytes(in.tokens), Bytes(in.targets),
-                                           Bytes(absl::MakeConstSpan(p_.rope_cos_)),
-                                           Bytes(absl::MakeConstSpan(p_.rope_sin_))};
-  RETURN_IF_ERROR(
-      ctx_->Upload(ProgramContext::Staging::kInputs, acts.inputs.data() + o.tokens, pieces));
+  const absl::Span<const char> pieces[] = {
+      Bytes(in.tokens),     Bytes(in.targets), Bytes(absl::MakeConstSpan(p_.rope_cos_)),
+      Bytes(absl::MakeConstSpan(p_.rope_sin_)), Bytes(in.positions), Bytes(in.key_start)};
+  RETURN_IF_ERROR(ctx_->Upload(ProgramContext::Staging::kInputs, acts.inputs.data() + o.tokens,
+                               absl::MakeConstSpan(pieces, metadata ? 6 : 4)));
   rope_dev_ = acts.inputs.data();
+  positions_dev_ = metadata ? acts.inputs.i32() + o.positions : nullptr;
+  key_start_dev_ = metadata ? acts.inputs.i32() + o.key_start : nullptr;
   return absl::OkStatus();
 }
 
@@ -81,7 +90,7 @@ absl::Status TransformerProgram::Run::EmbeddingForward(Activations& acts) {
   ASSIGN_OR_RETURN(Buffer wpe_f32, ParamF32(wpe_op.w, &wpe));
   RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
     return k.PositionEmbeddingForward(s, B_, T_, C_, m_.max_position_embeddings, wpe.data(),
-                                      acts.x[0].data());
+                                      acts.x[0].data(), positions_dev());
   }));
   wpe_f32.Reset();
   return access.End();
@@ -198,7 +207,7 @@ absl::Status TransformerProgram::Run::EmbeddingBackward(Activations& acts, Buffe
     ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, wpe.op, Stage::kBackward));
     RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
       return k.PositionEmbeddingBackward(s, B_, T_, C_, m_.max_position_embeddings, dx0.data(),
-                                         dwpe.data());
+                                         dwpe.data(), positions_dev());
     }));
     RETURN_IF_ERROR(WriteGrad(wpe.w, dwpe));
     RETURN_IF_ERROR(access.End());

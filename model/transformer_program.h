@@ -202,6 +202,11 @@ struct ProgramShape {
   // (training passes only; in [0, 1)). Unused without adapters.
   float lora_scale = 1.0f;
   float lora_dropout = 0.0f;
+  // Per-token metadata (packed conversation data, trainer/data/packed_loader.h): the inputs buffer
+  // then also holds positions and key_start ([B*T] int32 each: 8 bytes per token on the
+  // accelerator, counted by the activation profile like every other byte of it). Without it,
+  // ProgramInputs' positions and key_start must be empty (the buffer has no room for them).
+  bool token_metadata = false;
 };
 
 // One batch's host inputs: tokens and targets [B, T]; for ForwardBackward the token -> slot map of
@@ -210,11 +215,20 @@ struct ProgramShape {
 // dropout_seed seeds the LoRA dropout masks of a ForwardBackward (one mask per adapter, derived
 // from this seed and the adapter's A tensor id; the backward and an activation-checkpointing
 // recompute regenerate the same masks): pass a different seed for every micro-batch.
+//
+// positions and key_start ([B*T] each, or both empty: position t and plain causal attention, as
+// without them) describe packed rows of several examples: position p of a row is
+// positions[p] for RoPE (q and k) or GPT-2's learned positions, and attends to keys j with
+// key_start[p] <= j <= p (model/kernels/kernels.h). REQUIRES (GptModel checks it):
+// 0 <= positions[p] < T, 0 <= key_start[b, t] <= t, key_start non-decreasing within a row, and
+// ProgramShape::token_metadata when they are given.
 struct ProgramInputs {
-  absl::Span<const int32_t> tokens;
-  absl::Span<const int32_t> targets;
-  absl::Span<const int32_t> slot_of_token;
+  absl::Span<const int32_t> tokens = {};
+  absl::Span<const int32_t> targets = {};
+  absl::Span<const int32_t> slot_of_token = {};
   uint64_t dropout_seed = 0;
+  absl::Span<const int32_t> positions = {};
+  absl::Span<const int32_t> key_start = {};
 };
 
 class TransformerProgram {

@@ -72,8 +72,10 @@ absl::Status TransformerProgram::Run::BlockForward(int64_t layer, const float* i
   if (rope()) {
     RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
       RETURN_IF_ERROR(
-          k.RopeForward(s, {B_, T_, m_.num_heads, D, T_}, rope_cos(), rope_sin(), qkv.q));
-      return k.RopeForward(s, {B_, T_, m_.num_kv_heads, D, T_}, rope_cos(), rope_sin(), qkv.k);
+          k.RopeForward(s, {B_, T_, m_.num_heads, D, T_}, rope_cos(), rope_sin(), qkv.q,
+                        positions_dev()));
+      return k.RopeForward(s, {B_, T_, m_.num_kv_heads, D, T_}, rope_cos(), rope_sin(), qkv.k,
+                           positions_dev());
     }));
   }
   {
@@ -84,7 +86,7 @@ absl::Status TransformerProgram::Run::BlockForward(int64_t layer, const float* i
     ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
     RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
       return k.GqaAttentionForward(s, att, qkv.q, qkv.k, qkv.v, a.atty.data(), a.lse.data(),
-                                   ws.data(), ws_bytes);
+                                   ws.data(), ws_bytes, key_start_dev());
     }));
   }
   // res2 = in + attention projection(atty), computed in place of the projection.
@@ -228,8 +230,10 @@ absl::StatusOr<Buffer> TransformerProgram::Run::AttentionBackward(const Block& o
   if (rope()) {
     RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
       RETURN_IF_ERROR(
-          k.RopeBackward(s, {B_, T_, m_.num_heads, D, T_}, rope_cos(), rope_sin(), g.d.q));
-      return k.RopeBackward(s, {B_, T_, m_.num_kv_heads, D, T_}, rope_cos(), rope_sin(), g.d.k);
+          k.RopeBackward(s, {B_, T_, m_.num_heads, D, T_}, rope_cos(), rope_sin(), g.d.q,
+                         positions_dev()));
+      return k.RopeBackward(s, {B_, T_, m_.num_kv_heads, D, T_}, rope_cos(), rope_sin(), g.d.k,
+                            positions_dev());
     }));
   }
   ASSIGN_OR_RETURN(Buffer dln1, Alloc(N_ * C_, true));
@@ -251,7 +255,8 @@ absl::Status TransformerProgram::Run::ScoresBackward(const BlockActs& a, const B
   ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
   return ctx_->Compute([&](Kernels& k, Stream& s) {
     return k.GqaAttentionBackward(s, att, qkv.q, qkv.k, qkv.v, a.atty.data(), a.lse.data(),
-                                  datty.data(), d.q, d.k, d.v, ws.data(), ws_bytes);
+                                  datty.data(), d.q, d.k, d.v, ws.data(), ws_bytes,
+                                  key_start_dev());
   });
 }
 

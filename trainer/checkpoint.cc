@@ -50,6 +50,10 @@ nlohmann::json IdentityJson(const CheckpointIdentity& id) {
   j["seq_len"] = id.seq_len;
   j["shuffle"] = id.shuffle;
   j["data_seed"] = id.data_seed;
+  if (!id.data_format.empty()) {
+    j["data_format"] = id.data_format;
+    j["packing"] = id.packing;
+  }
   if (id.lora.has_value()) {
     j["lora"] = {{"r", id.lora->r},
                  {"lora_alpha", id.lora->lora_alpha},
@@ -71,7 +75,9 @@ std::vector<std::string> IdentityDiffs(const CheckpointIdentity& checkpoint,
   const nlohmann::json b = IdentityJson(run);
   std::vector<std::string> diffs;
   const auto value = [](const nlohmann::json& j, const std::string& key) {
-    return j.contains(key) ? j[key].dump() : std::string("none");
+    if (j.contains(key)) return j[key].dump();
+    // Token data has no data_format key.
+    return std::string(key == "data_format" ? "\"llm.c tokens\"" : "none");
   };
   std::vector<std::string> keys;
   for (auto it = a.begin(); it != a.end(); ++it) keys.push_back(it.key());
@@ -162,6 +168,14 @@ absl::StatusOr<CheckpointIdentity> ParseIdentity(const nlohmann::json& j,
   RETURN_IF_ERROR(Get(j, "seq_len", where, &id.seq_len));
   RETURN_IF_ERROR(Get(j, "shuffle", where, &id.shuffle));
   RETURN_IF_ERROR(Get(j, "data_seed", where, &id.data_seed));
+  if (j.contains("data_format")) {
+    RETURN_IF_ERROR(Get(j, "data_format", where, &id.data_format));
+    RETURN_IF_ERROR(Get(j, "packing", where, &id.packing));
+    if (id.data_format != "examples") {
+      return absl::DataLossError(
+          absl::StrCat(where, ": unknown data_format \"", id.data_format, "\""));
+    }
+  }
   if (const auto it = j.find("lora"); it != j.end()) {
     if (!it->is_object()) return absl::DataLossError(absl::StrCat(where, ": bad lora identity"));
     LoraConfig lora;

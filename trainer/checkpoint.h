@@ -75,6 +75,12 @@ struct CheckpointIdentity {
   std::optional<LoraConfig> lora;
   std::string base_fingerprint;
   std::string base_source;
+  // The training data's kind: "" for token data (an llm.c token file or the synthetic corpus; the
+  // manifest then has neither key, as before example files existed), "examples" for an example
+  // file, whose rows depend on data.packing too (the data cursor counts rows of one packing at one
+  // seq_len). Resuming on the other kind, or with the other packing, is refused naming both.
+  std::string data_format;
+  bool packing = false;  // examples only; false for token data
 
   // Every field but base_source.
   friend bool operator==(const CheckpointIdentity& a, const CheckpointIdentity& b) {
@@ -83,7 +89,8 @@ struct CheckpointIdentity {
            a.compute_dtype == b.compute_dtype && a.world_size == b.world_size &&
            a.micro_batch == b.micro_batch && a.seq_len == b.seq_len && a.shuffle == b.shuffle &&
            a.data_seed == b.data_seed && a.lora == b.lora &&
-           a.base_fingerprint == b.base_fingerprint;
+           a.base_fingerprint == b.base_fingerprint && a.data_format == b.data_format &&
+           a.packing == b.packing;
   }
 };
 

@@ -116,10 +116,15 @@ struct AcceleratorConfig {
 
 // data.
 struct DataConfig {
-  std::string train_path;  // "train": llm.c .bin token file; empty = built-in synthetic corpus
-  std::string val_path;    // "val"
-  int64_t seq_len = 0;     // 0: the model's n_positions
+  // "train": an llm.c .bin token file or an example file (docs/data_format.md; the kind is read
+  // from the file's magic); empty = built-in synthetic corpus
+  std::string train_path;
+  std::string val_path;  // "val": either kind too
+  int64_t seq_len = 0;   // 0: the model's n_positions
   bool shuffle = false;
+  // "packing": example files only — several examples per row (best-fit decreasing,
+  // trainer/data/packed_loader.h) or one example per row. Ignored for token files.
+  bool packing = true;
   uint64_t seed = 0;
   int64_t eval_every = 0;    // steps; 0 = never validate (N: before step 1, every N, at the end)
   int64_t eval_batches = 4;  // >= 1

@@ -108,6 +108,7 @@ std::string TrainConfigToJson(const TrainConfig& c) {
                           {"val", c.data.val_path},
                           {"seq_len", c.data.seq_len},
                           {"shuffle", c.data.shuffle},
+                          {"packing", c.data.packing},
                           {"seed", c.data.seed},
                           {"eval_every", c.data.eval_every},
                           {"eval_batches", c.data.eval_batches}};

@@ -109,6 +109,7 @@ absl::Status ApplyOverrides(const ConfigOverrides& o, TrainConfig* config) {
   }
   if (o.train_data.has_value()) c.data.train_path = *o.train_data;
   if (o.val_data.has_value()) c.data.val_path = *o.val_data;
+  if (o.packing.has_value()) c.data.packing = *o.packing;
   if (o.init_from.has_value()) c.checkpoint.init_from = *o.init_from;
   if (o.save_dir.has_value()) c.checkpoint.dir = *o.save_dir;
   if (o.metrics_out.has_value()) c.profile.metrics_path = *o.metrics_out;

@@ -45,6 +45,7 @@ struct ConfigOverrides {
   std::optional<int64_t> steps, seq_len, micro_batch_size, gradient_accumulation_steps;
   std::optional<uint64_t> seed;
   std::optional<bool> resume;
+  std::optional<bool> packing;  // data.packing
   std::optional<int64_t> lora_r;
   std::optional<double> lora_alpha, lora_dropout;
   std::optional<std::string> lora_target_modules, lora_init_from, export_merged;

@@ -239,6 +239,7 @@ absl::Status ReadData(const JsonReader& r, const Json& top, TrainConfig* c) {
   RETURN_IF_ERROR(r.GetString(*data, "data", "val", &d.val_path));
   RETURN_IF_ERROR(r.GetInt(*data, "data", "seq_len", &d.seq_len));
   RETURN_IF_ERROR(r.GetBool(*data, "data", "shuffle", &d.shuffle));
+  RETURN_IF_ERROR(r.GetBool(*data, "data", "packing", &d.packing));
   RETURN_IF_ERROR(r.GetUint64(*data, "data", "seed", &d.seed));
   RETURN_IF_ERROR(r.GetInt(*data, "data", "eval_every", &d.eval_every));
   RETURN_IF_ERROR(r.GetInt(*data, "data", "eval_batches", &d.eval_batches));

@@ -122,8 +122,9 @@ constexpr JsonKeyAlias kAcceleratorAliases[] = {
     {"device_index", "device"},
 };
 
-constexpr absl::string_view kDataKeys[] = {"train", "val",        "seq_len",     "shuffle",
-                                           "seed",  "eval_every", "eval_batches"};
+constexpr absl::string_view kDataKeys[] = {"train",      "val",          "seq_len", "shuffle",
+                                           "seed",       "eval_every",   "eval_batches",
+                                           "packing"};
 constexpr JsonKeyAlias kDataAliases[] = {
     {"train_path", "train"},   {"train_data", "train"}, {"val_path", "val"},
     {"val_data", "val"},       {"validation", "val"},   {"valid", "val"},

@@ -51,7 +51,7 @@
 //   accelerator: {backend: "cpu" | "cuda", memory: "64MiB" | <bytes>, host_memory: same,
 //                 copy_bandwidth: "12GB/s" | <bytes per second>, 0 or in [1MB/s, 1PB/s],
 //                 device: <index>}
-//   data:        {train, val, seq_len, shuffle, seed, eval_every, eval_batches}
+//   data:        {train, val, seq_len, shuffle, seed, eval_every, eval_batches, packing}
 //       eval_every: 0 = never validate; N > 0 = on the validation set (data.val, or the built-in
 //       corpus's validation split) before the first step, every N steps and after the last.
 //   checkpoint:  {dir, every, keep_last, resume, init_from, export, export_merged}

@@ -26,6 +26,23 @@
 
 namespace ps {
 namespace trainer_internal {
+namespace {
+
+// The data line of an example file: its examples, the rows they make at this seq_len, the share of
+// real (non-padding) tokens, and what truncation cut.
+void PrintExampleData(const TrainRun& run, absl::string_view what, const std::string& path,
+                      const ExampleFile& file, const PackedLoader& loader) {
+  *run.out() << absl::StrFormat(
+      "%s: %s, example file: %d examples, %d tokens; %d rows of %d tokens (packing %s), real "
+      "tokens %.1f%%; %d examples truncated to seq_len (%d tokens dropped); batch %d x %d "
+      "tokens; %d batches per epoch\n",
+      what, path, file.num_examples(), file.num_tokens(), loader.num_rows(), run.shape.seq_len,
+      run.config.data.packing ? "on" : "off", 100.0 * loader.real_token_fraction(),
+      loader.truncated_examples(), loader.dropped_tokens(), run.shape.micro_batch,
+      run.shape.seq_len, loader.batches_per_epoch());
+}
+
+}  // namespace
 
 void PrintHeader(const TrainRun& run) {
   if (run.out() == nullptr) return;
@@ -117,7 +134,11 @@ void PrintHeader(const TrainRun& run) {
                                   DescribeSimdDispatch(), kernels_internal::OpenBlasCoreName(),
                                   bf16);
   }
-  *run.out() << absl::StrFormat(
+  if (run.data.train_packed.has_value()) {
+    PrintExampleData(run, "data", run.config.data.train_path, *run.data.train_examples,
+                     *run.data.train_packed);
+  } else {
+    *run.out() << absl::StrFormat(
       "data: %s, %d tokens; batch %d x %d tokens; %d batches per epoch%s\n",
       run.config.data.train_path.empty() ? std::string("built-in synthetic corpus")
                                          : run.config.data.train_path,
@@ -129,7 +150,12 @@ void PrintHeader(const TrainRun& run) {
                                 ? absl::StrFormat(", entropy rate %.3f", *run.data.entropy_rate)
                                 : std::string())
           : std::string());
-  if (run.data.val_loader.has_value() && run.config.data.eval_every == 0) {
+  }
+  if (run.data.val_packed.has_value()) {
+    PrintExampleData(run, "validation data", run.config.data.val_path, *run.data.val_examples,
+                     *run.data.val_packed);
+  }
+  if (run.data.has_val() && run.config.data.eval_every == 0) {
     *run.out() << "validation: off (data.eval_every = 0; N > 0 validates every N steps)\n";
   }
   *run.out() << absl::StrFormat("training %d steps from step %d with %d threads\n",
@@ -155,10 +181,13 @@ void PrintHeader(const TrainRun& run) {
 void PrintProgress(const TrainRun& run, const StepMetrics& m) {
   if (run.out() == nullptr) return;
   *run.out() << absl::StrFormat(
-      "step %5d/%d | loss %.4f | lr %.3e | scale %g | %7.0f tok/s | %7.1f ms | accel model %s "
+      "step %5d/%d | loss %.4f%s | lr %.3e | scale %g | %7.0f tok/s | %7.1f ms | accel model %s "
       "non-model %s | moved %s%s%s\n",
-      m.step, run.config.steps, m.loss, m.lr, m.loss_scale, m.tokens_per_s, m.step_ms,
-      FormatBytes(m.accelerator_peak_model_bytes), FormatBytes(m.accelerator_peak_non_model_bytes),
+      m.step, run.config.steps, m.loss,
+      m.trained_targets.has_value() ? absl::StrFormat(" over %d targets", *m.trained_targets)
+                                    : std::string(),
+      m.lr, m.loss_scale, m.tokens_per_s, m.step_ms, FormatBytes(m.accelerator_peak_model_bytes),
+      FormatBytes(m.accelerator_peak_non_model_bytes),
       FormatBytes(m.loaded_bytes + m.written_back_bytes), m.warmup ? " (warm-up)" : "",
       m.skipped ? " (skipped: overflow)" : "");
   if (m.val_loss.has_value()) PrintValidationLoss(run, m.step, *m.val_loss);

@@ -22,6 +22,7 @@
 #include "optimizer/cuda_adam_footprint.h"
 #include "scheduler/comm_collectives.h"
 #include "trainer/config_validate.h"
+#include "trainer/data/example_file.h"
 
 namespace ps {
 namespace {
@@ -90,7 +91,17 @@ int64_t DefaultAcceleratorBudget(AcceleratorKind kind, int64_t configured_bytes,
   return 0;
 }
 
+bool DataNeedsTokenMetadata(const TrainConfig& config) {
+  for (const std::string& path : {config.data.train_path, config.data.val_path}) {
+    if (path.empty()) continue;
+    const absl::StatusOr<DataFileKind> kind = SniffDataFile(path);
+    if (kind.ok() && *kind == DataFileKind::kExamples) return true;
+  }
+  return false;
+}
+
 absl::Status ReadPlanMachine(const TrainConfig& config, PlanContext& context) {
+  context.token_metadata = DataNeedsTokenMetadata(config);
   // What the OS can still give (MemAvailable, or the memory cgroup's limit if lower); unreadable
   // /proc: unchecked.
   if (absl::StatusOr<HostMemoryInfo> info = ReadHostMemoryInfo(); info.ok()) {
@@ -144,6 +155,7 @@ absl::StatusOr<GptRunPlanOptions> PlanOptionsFromConfig(const TrainConfig& confi
   o.model.seq_len = ResolveSeqLen(config, o.config);
   o.model.activation_checkpointing = config.model.activation_checkpointing;
   o.model.threads = context.threads;
+  o.model.token_metadata = context.token_metadata;
   // LoRA: the plan lays out the frozen base (param chunks only) and the adapters (full state).
   if (config.lora.has_value()) o.model.lora = ToLoraConfig(*config.lora);
   o.kernel_workspaces = context.kernel_workspaces;

@@ -94,10 +94,20 @@ struct PlanContext {
   // its swap is counted as host memory.
   int64_t disk_free_bytes = 0;
   bool disk_in_host_memory = false;
+  // --- The data (ReadPlanMachine: DataNeedsTokenMetadata, or injected).
+  // Whether data.train or data.val is an example file, whose packed rows carry positions and
+  // key_start: 8 bytes per token more on the accelerator (GptModelOptions::token_metadata).
+  bool token_metadata = false;
 };
 
+// Whether data.train or data.val is an example file (trainer/data/example_file.h SniffDataFile);
+// false without data files (the synthetic corpus). A file that cannot be sniffed counts as none:
+// the run reports it when it opens its data.
+bool DataNeedsTokenMetadata(const TrainConfig& config);
+
 // Reads the machine's part of `context` as the trainer does: host_available_bytes
-// (ReadHostMemoryInfo; unreadable: 0, with a warning in the log), and with the disk tier the
+// (ReadHostMemoryInfo; unreadable: 0, with a warning in the log), token_metadata
+// (DataNeedsTokenMetadata: the data files' headers), and with the disk tier the
 // free bytes of nvme_path and whether it is RAM-backed. Errors: the filesystem's (NotFound,
 // PermissionDenied, ...), prefixed with "zero_optimization.offload_optimizer.nvme_path
 // (--nvme_path): ".

@@ -59,7 +59,7 @@ absl::Status Resume(TrainRun& run) {
                         absl::StrCat("checkpoint ", dir, "/manifest.json: ", s.message()));
   };
   RETURN_IF_ERROR(in_manifest(run.runtime.adam->loss_scaler().Restore(state.loss_scaler)));
-  RETURN_IF_ERROR(in_manifest(run.data.train_loader->Seek(state.data_cursor)));
+  RETURN_IF_ERROR(in_manifest(run.data.SeekTrain(state.data_cursor)));
   run.progress.step = state.step;
   run.progress.last_loss = state.last_loss;
   if (run.out() != nullptr) {
@@ -79,7 +79,7 @@ absl::Status SaveCheckpoint(const TrainRun& run, RunProgress& progress) {
   state.step = progress.step;
   state.adam_step = run.runtime.adam->step();
   state.loss_scaler = run.runtime.adam->loss_scaler().state();
-  state.data_cursor = run.data.train_loader->cursor();
+  state.data_cursor = run.data.train_cursor();
   state.last_loss = progress.last_loss;
   state.consecutive_skipped_steps = run.runtime.adam->consecutive_skipped_steps();
   state.identity = run.Identity();

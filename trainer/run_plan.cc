@@ -33,6 +33,7 @@ absl::Status PlanMemoryOrRefuse(const TrainRun& run, RunMemoryPlan& memory) {
     *run.out() << note << "\n";
   }
   memory.reserve = plan.reserve;
+  memory.token_metadata = plan.options.model.token_metadata;
   memory.plan = std::move(plan.plan);
   memory.chunk_elems = memory.plan.plan.chunk_elems;
   memory.chunk_size_note = memory.plan.chunk_note;

@@ -382,6 +382,8 @@ absl::Status CreateManagerAndModel(const TrainRun& run, Runtime& runtime) {
   // The model creates the backend's kernels over its own pool of `threads` threads.
   model_options.compute_stream = runtime.compute_stream.get();
   model_options.lora = run.resolved.lora;
+  // Example files: positions and key_start on the accelerator, as planned.
+  model_options.token_metadata = run.memory.token_metadata;
   ASSIGN_OR_RETURN(
       runtime.model,
       TransformerModel::Create(run.resolved.model_config, runtime.store.get(),

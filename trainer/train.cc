@@ -70,8 +70,13 @@ ABSL_FLAG(std::string, model, "",
           "dimensions. GPT-2: tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, 1B ... 18B; the Llama "
           "family: llama-3.2-1b, llama-3-8b, llama-2-7b, tinyllama-1.1b, qwen2.5-0.5b, "
           "qwen2.5-1.5b, qwen2.5-3b, mistral-7b-v0.3, qwen3-0.6b, qwen3-4b, llama-tiny.");
-ABSL_FLAG(std::string, train_data, "", "Training tokens: an llm.c .bin file (data.train).");
-ABSL_FLAG(std::string, val_data, "", "Validation tokens: an llm.c .bin file (data.val).");
+ABSL_FLAG(std::string, train_data, "",
+          "Training data: an llm.c .bin token file or an example file (data.train).");
+ABSL_FLAG(std::string, val_data, "",
+          "Validation data: an llm.c .bin token file or an example file (data.val).");
+ABSL_FLAG(std::optional<bool>, packing, std::nullopt,
+          "Example files: true packs several examples per row, false puts one example per row "
+          "(data.packing; ignored for token files).");
 ABSL_FLAG(std::string, init_from, "",
           "Initialize from a Hugging Face GPT-2 safetensors file, or a Hugging Face model "
           "directory (config.json of Llama/Qwen2/Qwen3/Mistral/GPT-2 + model.safetensors or its "
@@ -271,6 +276,7 @@ int Main(int argc, char** argv) {
   o.model = Given(FLAGS_model);
   o.train_data = Given(FLAGS_train_data);
   o.val_data = Given(FLAGS_val_data);
+  o.packing = absl::GetFlag(FLAGS_packing);
   o.init_from = Given(FLAGS_init_from);
   o.accelerator = Given(FLAGS_accelerator);
   o.accelerator_memory = Given(FLAGS_accelerator_memory);

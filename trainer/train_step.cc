@@ -1,9 +1,11 @@
 #include "trainer/train_step.h"
 
+#include <cmath>
 #include <cstdint>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "base/clock.h"
 #include "base/splitmix64.h"
 #include "base/status_macros.h"
@@ -15,7 +17,18 @@ absl::StatusOr<TrainStepResult> TrainStep(GptModel& model, ChunkManager& manager
                                           absl::Span<const int32_t> tokens,
                                           absl::Span<const int32_t> targets, OptimizerCall call,
                                           uint64_t dropout_seed) {
-  RETURN_IF_ERROR(model.CheckInputs(tokens, targets));
+  return TrainStep(model, manager, adam, ModelInputs{.tokens = tokens, .targets = targets}, call,
+                   dropout_seed, 1.0);
+}
+
+absl::StatusOr<TrainStepResult> TrainStep(GptModel& model, ChunkManager& manager, HybridAdam& adam,
+                                          const ModelInputs& batch, OptimizerCall call,
+                                          uint64_t dropout_seed, double loss_weight) {
+  if (!(loss_weight > 0) || !std::isfinite(loss_weight)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStep: loss_weight must be positive and finite, got ", loss_weight));
+  }
+  RETURN_IF_ERROR(model.CheckInputs(batch));
   // The manager's clock, which also times the stalls counted inside each phase.
   const MonotonicClock clock = manager.clock();
   const int64_t t0 = clock.now_ns();
@@ -25,8 +38,9 @@ absl::StatusOr<TrainStepResult> TrainStep(GptModel& model, ChunkManager& manager
   int64_t t1 = t0;
   int64_t stall1 = stall0;
   absl::Status status = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(result.loss, model.ForwardBackward(tokens, targets, adam.loss_scaler().scale(),
-                                                        dropout_seed));
+    // loss_weight 1 multiplies exactly: the scale is the loss scaler's, bit for bit.
+    ASSIGN_OR_RETURN(result.loss, model.ForwardBackward(
+                                      batch, adam.loss_scaler().scale() * loss_weight, dropout_seed));
     t1 = clock.now_ns();
     stall1 = manager.counters().stall_ns;
     ASSIGN_OR_RETURN(AdamPlacement placement, manager.BeginAdam());

@@ -65,6 +65,18 @@ struct TrainStepResult {
                                                         OptimizerCall call = OptimizerCall::kStep,
                                                         uint64_t dropout_seed = 0);
 
+// The same for a batch that may carry positions and key_start (GptModel's ModelInputs), with the
+// micro-batch's gradient weighted by `loss_weight` (> 0, finite): the model runs at loss scale
+// loss_scaler().scale() * loss_weight, so the optimizer (which unscales by the loss scale and,
+// with accumulation, averages the k micro-batches; ZeRO averages the ranks) sees
+// loss_weight * d(loss)/d(param). The training loop weights micro-batch m of an example file by
+// n_m * k * world / N_step (trainer/training_loop.cc): the step's gradient is then that of the
+// mean over all its trained targets. loss_weight 1 is the overload above, bit for bit.
+[[nodiscard]] absl::StatusOr<TrainStepResult> TrainStep(GptModel& model, ChunkManager& manager,
+                                                        HybridAdam& adam, const ModelInputs& batch,
+                                                        OptimizerCall call, uint64_t dropout_seed,
+                                                        double loss_weight);
+
 // The dropout seed of a micro-batch: DeriveSeed(DeriveSeed(seed, kLoraDropoutStream),
 // micro_batch_index) (base/splitmix64.h), where micro_batch_index counts the micro-batches of
 // the whole run across ranks: (step * accumulation_steps + micro) * world_size + rank, `step`

@@ -178,6 +178,9 @@ struct StepMetrics {
   // files during the step, and the time the step waited for them.
   int64_t disk_read_bytes = 0;
   int64_t disk_write_bytes = 0;
+  // Example files (packed conversation data): the step's trained targets over every micro-batch
+  // and rank (N_step, the loss's denominator); unset for token files, where every target trains.
+  std::optional<int64_t> trained_targets;
   double disk_wait_ms = 0;
   std::optional<double> val_loss;
 };

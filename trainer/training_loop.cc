@@ -99,32 +99,73 @@ absl::Status Step(TrainRun& run, StepMetrics& m) {
   const int64_t trace_t0 = run.runtime.trace != nullptr ? run.runtime.trace->NowNs() : 0;
   // One optimizer step: gradient_accumulation_steps micro-batches, each one iteration of the
   // manager; all but the last add their gradients into the optimizer's accumulator. TrainStep
-  // uses the loss scale read above (the optimizer's, unchanged until its step). The loss is the
-  // mean of the micro-batches' means (each over the same number of tokens: the mean of the
-  // whole batch).
+  // uses the loss scale read above (the optimizer's, unchanged until its step).
+  // Token data: the loss is the mean of the micro-batches' means (each over the same number of
+  // tokens: the mean of the whole batch).
+  // Example files: the loss is the mean over the trained targets of the whole step, every
+  // micro-batch of every rank (transformers' num_items_in_batch). The step's micro-batches are read
+  // first, for N_step = the sum of their trained targets over all ranks (TrainedTargetsAllRanks:
+  // every rank computes it locally, no collective); micro-batch m (n_m trained targets, loss
+  // mean_m) is weighted by n_m * k * world / N_step, which the optimizer's 1/k and ZeRO's mean over
+  // ranks turn into n_m / N_step: the gradient of sum_m n_m mean_m / N_step. A micro-batch without
+  // trained targets has no gradient (its weight is then 1, a no-op); a step whose N_step is 0 has
+  // none at all: its loss is reported as 0 and the optimizer still steps (Adam's momentum and
+  // weight decay move the weights as after any zero gradient).
+  const int64_t k = run.shape.accumulation_steps;
+  const bool packed = run.data.train_packed.has_value();
+  int64_t n_step = 0;
+  if (packed) {
+    run.batch.packed.resize(static_cast<size_t>(k));
+    for (PackedBatch& b : run.batch.packed) {
+      RETURN_IF_ERROR(run.data.train_packed->Next(&b));
+      n_step += run.data.train_packed->TrainedTargetsAllRanks(b.cursor);
+    }
+    m.trained_targets = n_step;
+  }
   TrainStepResult r;
   double loss_sum = 0;
-  for (int64_t micro = 0; micro < run.shape.accumulation_steps; ++micro) {
-    RETURN_IF_ERROR(run.data.train_loader->Next(absl::MakeSpan(run.batch.tokens),
-                                                absl::MakeSpan(run.batch.targets)));
-    const bool last = micro + 1 == run.shape.accumulation_steps;
-    ASSIGN_OR_RETURN(
-        const TrainStepResult mr,
-        TrainStep(*run.runtime.model, *run.runtime.manager, *run.runtime.adam, run.batch.tokens,
-                  run.batch.targets, last ? OptimizerCall::kStep : OptimizerCall::kAccumulate,
-                  LoraDropoutSeed(run.config.seed, run.progress.step, run.shape.accumulation_steps,
-                                  micro, run.shape.world, run.shape.rank)));
-    loss_sum += mr.loss;
+  for (int64_t micro = 0; micro < k; ++micro) {
+    const bool last = micro + 1 == k;
+    const OptimizerCall call = last ? OptimizerCall::kStep : OptimizerCall::kAccumulate;
+    const uint64_t dropout_seed = LoraDropoutSeed(run.config.seed, run.progress.step, k, micro,
+                                                  run.shape.world, run.shape.rank);
+    TrainStepResult mr;
+    if (!packed) {
+      RETURN_IF_ERROR(run.data.train_loader->Next(absl::MakeSpan(run.batch.tokens),
+                                                  absl::MakeSpan(run.batch.targets)));
+      ASSIGN_OR_RETURN(mr, TrainStep(*run.runtime.model, *run.runtime.manager, *run.runtime.adam,
+                                     run.batch.tokens, run.batch.targets, call, dropout_seed));
+      loss_sum += mr.loss;
+    } else {
+      const PackedBatch& b = run.batch.packed[static_cast<size_t>(micro)];
+      const double n = static_cast<double>(b.trained_targets);
+      const double share = n_step > 0 ? n / static_cast<double>(n_step) : 0.0;
+      const double weight =
+          b.trained_targets > 0 ? share * static_cast<double>(k * run.shape.world) : 1.0;
+      ASSIGN_OR_RETURN(mr, TrainStep(*run.runtime.model, *run.runtime.manager, *run.runtime.adam,
+                                     ModelInputs{.tokens = b.tokens,
+                                                 .targets = b.targets,
+                                                 .positions = b.positions,
+                                                 .key_start = b.key_start},
+                                     call, dropout_seed, weight));
+      loss_sum += mr.loss * share;
+    }
     r.adam = mr.adam;
     r.forward_backward_ns += mr.forward_backward_ns;
     r.optimizer_ns += mr.optimizer_ns;
     r.forward_backward_stall_ns += mr.forward_backward_stall_ns;
     r.optimizer_stall_ns += mr.optimizer_stall_ns;
   }
-  r.loss = loss_sum / static_cast<double>(run.shape.accumulation_steps);
   const ChunkManagerCounters c1 = run.runtime.manager->counters();
-
-  ASSIGN_OR_RETURN(m.loss, run.MeanOverRanks(r.loss));
+  if (!packed) {
+    r.loss = loss_sum / static_cast<double>(k);
+    ASSIGN_OR_RETURN(m.loss, run.MeanOverRanks(r.loss));
+  } else {
+    // This rank's part of sum_m n_m mean_m / N_step; the step's loss is the sum over ranks.
+    r.loss = loss_sum;
+    ASSIGN_OR_RETURN(const double mean, run.MeanOverRanks(r.loss));
+    m.loss = mean * static_cast<double>(run.shape.world);
+  }
   m.grad_norm = r.adam.grad_norm;
   m.skipped = r.adam.skipped;
   if (run.shape.dtype == DType::kF16 && m.skipped) {
@@ -208,6 +249,7 @@ void WriteMetrics(const TrainRun& run, const StepMetrics& m) {
   j["written_back_bytes"] = m.written_back_bytes;
   j["evictions"] = m.evictions;
   j["pressure_reclaims"] = m.pressure_reclaims;
+  if (m.trained_targets.has_value()) j["trained_targets"] = *m.trained_targets;
   if (run.runtime.swap != nullptr) {
     j["disk"] = {{"read_bytes", m.disk_read_bytes},
                  {"write_bytes", m.disk_write_bytes},
@@ -307,7 +349,7 @@ absl::Status RunTraining(TrainRun& run) {
   const int64_t start = run.NowNs();
   const int64_t eval_every = run.config.data.eval_every;
   // data.eval_every 0: never validate.
-  const bool validates = run.data.val_loader.has_value() && eval_every > 0;
+  const bool validates = run.data.has_val() && eval_every > 0;
   absl::Status status = [&]() -> absl::Status {
     if (validates) {
       const int64_t e0 = run.NowNs();

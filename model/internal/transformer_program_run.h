@@ -224,9 +224,11 @@ class TransformerProgram::Run {
   // --- Embedding, LM head, the whole model -----------------------------------------------------
 
   // Elements of Activations::inputs (f32-sized): the loss (a double) at 0, tokens, targets, the
-  // RoPE cos and sin tables (empty without RoPE).
+  // RoPE cos and sin tables (empty without RoPE), then with ProgramShape::token_metadata the
+  // positions and key_start (N each; not uploaded when a pass has none).
   struct InputsOffsets {
-    int64_t tokens = 0, targets = 0, rope_cos = 0, rope_sin = 0, total = 0;
+    int64_t tokens = 0, targets = 0, rope_cos = 0, rope_sin = 0, positions = 0, key_start = 0,
+            total = 0;
   };
   InputsOffsets InputsLayout() const {
     InputsOffsets o;
@@ -235,9 +237,15 @@ class TransformerProgram::Run {
     o.rope_cos = o.targets + N_;
     const int64_t table = static_cast<int64_t>(p_.rope_cos_.size());
     o.rope_sin = o.rope_cos + table;
-    o.total = o.rope_sin + table;
+    o.positions = o.rope_sin + table;
+    const int64_t meta = s_.token_metadata ? N_ : 0;
+    o.key_start = o.positions + meta;
+    o.total = o.key_start + meta;
     return o;
   }
+  // The device copies of this pass's positions and key_start, or null (position t, plain causal).
+  const int32_t* positions_dev() const { return positions_dev_; }
+  const int32_t* key_start_dev() const { return key_start_dev_; }
   double* LossOnDevice(const Activations& acts) const {
     return reinterpret_cast<double*>(acts.inputs.data());
   }
@@ -263,8 +271,9 @@ class TransformerProgram::Run {
   bool embedding_trainable() const { return p_.layout_.embed.front().trainable; }
   bool lm_head_trainable() const { return head_blocks().front().trainable; }
 
-  // Allocates acts.inputs and enqueues the copies of tokens, targets and the RoPE tables (one
-  // asynchronous copy: they lie back to back from o.tokens, each of 4-byte elements).
+  // Allocates acts.inputs and enqueues the copies of tokens, targets, the RoPE tables and the
+  // positions and key_start when the pass has them (one asynchronous copy: they lie back to back
+  // from o.tokens, each of 4-byte elements).
   absl::Status UploadInputs(const ProgramInputs& in, Activations& acts);
 
   // acts.x[0] = the embedding rows of the tokens (+ wpe).
@@ -296,6 +305,9 @@ class TransformerProgram::Run {
   uint64_t dropout_seed_ = 0;
   // The device copy of the RoPE tables (in Activations::inputs) during a pass.
   const float* rope_dev_ = nullptr;
+  // The device copies of the pass's positions and key_start (in Activations::inputs), or null.
+  const int32_t* positions_dev_ = nullptr;
+  const int32_t* key_start_dev_ = nullptr;
 };
 
 }  // namespace ps

@@ -22,6 +22,14 @@ PS_HOST_DEVICE T AttentionScale(int64_t head_dim) {
   return T{1} / std::sqrt(static_cast<T>(head_dim));
 }
 
+// The first key query t sees: max(key_start, t - window + 1), or key_start when window is 0
+// (no sliding window). The last key it sees is t itself (causal), so it always sees at least one.
+// With key_start non-decreasing in t the first key is too, which the kernels' tile skipping uses.
+PS_HOST_DEVICE int64_t AttentionFirstKey(int64_t t, int64_t key_start, int64_t window) {
+  const int64_t window_start = window > 0 ? t - window + 1 : 0;
+  return key_start > window_start ? key_start : window_start;
+}
+
 // The probability P_ij = exp(s_ij - lse_i), recomputed in the backward pass from the score and
 // the forward's saved log-sum-exp of the row.
 template <typename T>

@@ -52,6 +52,11 @@ absl::Span<T> Out(T* p, int64_t n) {
   return absl::MakeSpan(p, static_cast<size_t>(n));
 }
 // An optional output: empty (the kernel skips it) when p is null.
+// An optional input: empty when p is null.
+template <typename T>
+absl::Span<const T> OptIn(const T* p, int64_t n) {
+  return p == nullptr ? absl::Span<const T>() : absl::MakeConstSpan(p, static_cast<size_t>(n));
+}
 template <typename T>
 absl::Span<T> OptOut(T* p, int64_t n) {
   return p == nullptr ? absl::Span<T>() : absl::MakeSpan(p, static_cast<size_t>(n));
@@ -324,22 +329,24 @@ absl::Status CpuKernels::DoRmsNormBackward(Stream& stream, const RmsNormShape& s
 }
 
 absl::Status CpuKernels::DoRopeForward(Stream& stream, const RopeShape& s, const float* cos,
-                                       const float* sin, float* x) {
+                                       const float* sin, float* x, const int32_t* positions) {
   ThreadPool* pool = pool_;
   return Enqueue(stream, [=] {
     const int64_t table = s.table_positions * (s.head_dim / 2);
     return ::ps::RopeForward<float>(s, In(cos, table), In(sin, table),
-                                    Out(x, s.batch * s.seq_len * s.num_heads * s.head_dim), pool);
+                                    Out(x, s.batch * s.seq_len * s.num_heads * s.head_dim), pool,
+                                    OptIn(positions, s.batch * s.seq_len));
   });
 }
 
 absl::Status CpuKernels::DoRopeBackward(Stream& stream, const RopeShape& s, const float* cos,
-                                        const float* sin, float* dx) {
+                                        const float* sin, float* dx, const int32_t* positions) {
   ThreadPool* pool = pool_;
   return Enqueue(stream, [=] {
     const int64_t table = s.table_positions * (s.head_dim / 2);
     return ::ps::RopeBackward<float>(s, In(cos, table), In(sin, table),
-                                     Out(dx, s.batch * s.seq_len * s.num_heads * s.head_dim), pool);
+                                     Out(dx, s.batch * s.seq_len * s.num_heads * s.head_dim), pool,
+                                     OptIn(positions, s.batch * s.seq_len));
   });
 }
 
@@ -361,7 +368,7 @@ absl::Status CpuKernels::DoSwiGluBackward(Stream& stream, int64_t n, const float
 absl::Status CpuKernels::DoGqaAttentionForward(Stream& stream, const GqaAttentionShape& s,
                                                const float* q, const float* k, const float* v,
                                                float* out, float* lse, void* workspace,
-                                               int64_t workspace_bytes) {
+                                               int64_t workspace_bytes, const int32_t* key_start) {
   ThreadPool* pool = pool_;
   return Enqueue(stream, [=] {
     const int64_t out_elems = s.batch * s.seq_len * s.num_heads * s.head_dim;
@@ -370,7 +377,7 @@ absl::Status CpuKernels::DoGqaAttentionForward(Stream& stream, const GqaAttentio
         s, In(q, q_elems), In(k, kv_elems), In(v, kv_elems), Out(out, out_elems),
         Out(lse, s.batch * s.num_heads * s.seq_len),
         Out(static_cast<float*>(workspace), workspace_bytes / static_cast<int64_t>(sizeof(float))),
-        pool);
+        pool, OptIn(key_start, s.batch * s.seq_len));
   });
 }
 
@@ -378,7 +385,7 @@ absl::Status CpuKernels::DoGqaAttentionBackward(Stream& stream, const GqaAttenti
                                                 const float* q, const float* k, const float* v,
                                                 const float* out, const float* lse,
                                                 const float* dout, float* dq, float* dk, float* dv,
-                                                void*, int64_t) {
+                                                void*, int64_t, const int32_t* key_start) {
   ThreadPool* pool = pool_;
   return Enqueue(stream, [=] {
     const int64_t out_elems = s.batch * s.seq_len * s.num_heads * s.head_dim;
@@ -386,7 +393,7 @@ absl::Status CpuKernels::DoGqaAttentionBackward(Stream& stream, const GqaAttenti
     return ::ps::GqaAttentionBackward<float>(
         s, In(q, q_elems), In(k, kv_elems), In(v, kv_elems), In(out, out_elems),
         In(lse, s.batch * s.num_heads * s.seq_len), In(dout, out_elems), Out(dq, q_elems),
-        Out(dk, kv_elems), Out(dv, kv_elems), pool);
+        Out(dk, kv_elems), Out(dv, kv_elems), pool, OptIn(key_start, s.batch * s.seq_len));
   });
 }
 
@@ -540,23 +547,25 @@ absl::Status CpuKernels::DoCopySlotsToRows(Stream& stream, const TouchedRowsShap
 
 absl::Status CpuKernels::DoPositionEmbeddingForward(Stream& stream, int64_t batch, int64_t seq_len,
                                                     int64_t channels, int64_t max_seq_len,
-                                                    const float* wpe, float* out) {
+                                                    const float* wpe, float* out,
+                                                    const int32_t* positions) {
   ThreadPool* pool = pool_;
   return Enqueue(stream, [=] {
-    return ::ps::PositionEmbeddingForward<float>(batch, seq_len, channels,
-                                                 In(wpe, max_seq_len * channels),
-                                                 Out(out, batch * seq_len * channels), pool);
+    return ::ps::PositionEmbeddingForward<float>(
+        batch, seq_len, channels, In(wpe, max_seq_len * channels),
+        Out(out, batch * seq_len * channels), pool, OptIn(positions, batch * seq_len));
   });
 }
 
 absl::Status CpuKernels::DoPositionEmbeddingBackward(Stream& stream, int64_t batch, int64_t seq_len,
                                                      int64_t channels, int64_t max_seq_len,
-                                                     const float* dout, float* dwpe) {
+                                                     const float* dout, float* dwpe,
+                                                     const int32_t* positions) {
   ThreadPool* pool = pool_;
   return Enqueue(stream, [=] {
-    return ::ps::PositionEmbeddingBackward<float>(batch, seq_len, channels,
-                                                  In(dout, batch * seq_len * channels),
-                                                  Out(dwpe, max_seq_len * channels), pool);
+    return ::ps::PositionEmbeddingBackward<float>(
+        batch, seq_len, channels, In(dout, batch * seq_len * channels),
+        Out(dwpe, max_seq_len * channels), pool, OptIn(positions, batch * seq_len));
   });
 }
 

@@ -74,6 +74,9 @@ struct GqaAttentionShape {
   // row. out, dout and lse are always packed.
   int64_t q_row_stride = 0;
   int64_t kv_row_stride = 0;
+  // Sliding window: 0 for none; w > 0 lets query t see only keys j > t - w (transformers'
+  // Mistral / Gemma-2 convention: the query and the w - 1 keys before it). REQUIRES: >= 0.
+  int64_t sliding_window = 0;
 };
 
 // The row strides in effect (the packed row where the shape says 0).
@@ -111,7 +114,8 @@ template <typename T>
                                                absl::Span<const T> q, absl::Span<const T> k,
                                                absl::Span<const T> v, absl::Span<T> out,
                                                absl::Span<T> lse, absl::Span<T> workspace,
-                                               ThreadPool* pool);
+                                               ThreadPool* pool,
+                                               absl::Span<const int32_t> key_start = {});
 
 // dq += dL/dq, dk += dL/dk, dv += dL/dv for L = sum dout . out, from the forward's q, k, v, out
 // and lse. dq has q's size and stride, dk and dv those of k and v; the three may interleave in one
@@ -122,16 +126,17 @@ template <typename T>
                                                 absl::Span<const T> v, absl::Span<const T> out,
                                                 absl::Span<const T> lse, absl::Span<const T> dout,
                                                 absl::Span<T> dq, absl::Span<T> dk,
-                                                absl::Span<T> dv, ThreadPool* pool);
+                                                absl::Span<T> dv, ThreadPool* pool,
+                                                absl::Span<const int32_t> key_start = {});
 
 #define PS_GQA_ATTENTION_EXTERN_(T)                                                                \
   extern template absl::Status GqaAttentionForward<T>(                                             \
       const GqaAttentionShape&, absl::Span<const T>, absl::Span<const T>, absl::Span<const T>,     \
-      absl::Span<T>, absl::Span<T>, absl::Span<T>, ThreadPool*);                                   \
+      absl::Span<T>, absl::Span<T>, absl::Span<T>, ThreadPool*, absl::Span<const int32_t>);        \
   extern template absl::Status GqaAttentionBackward<T>(                                            \
       const GqaAttentionShape&, absl::Span<const T>, absl::Span<const T>, absl::Span<const T>,     \
       absl::Span<const T>, absl::Span<const T>, absl::Span<const T>, absl::Span<T>, absl::Span<T>, \
-      absl::Span<T>, ThreadPool*)
+      absl::Span<T>, ThreadPool*, absl::Span<const int32_t>)
 PS_GQA_ATTENTION_EXTERN_(float);
 PS_GQA_ATTENTION_EXTERN_(double);
 #undef PS_GQA_ATTENTION_EXTERN_

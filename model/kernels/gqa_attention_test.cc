@@ -111,7 +111,7 @@ TEST(GqaAttentionTest, FloatMatchesNaiveReference) {
   ThreadPool pool(3);
   // {B, T, Hq, Hkv, D, tile}: T = 1; MQA (Hkv = 1); GQA groups of 2, 3 and 4; MHA; T not a
   // multiple of the tile; a long sequence crossing many tiles; odd head dims.
-  for (const GqaAttentionShape s :
+  for (const GqaAttentionShape& s :
        {GqaAttentionShape{1, 1, 2, 1, 4, 8}, GqaAttentionShape{2, 37, 4, 2, 6, 8},
         GqaAttentionShape{1, 20, 6, 2, 5, 7}, GqaAttentionShape{2, 9, 3, 3, 8, 4},
         GqaAttentionShape{1, 19, 8, 2, 12, 64}, GqaAttentionShape{1, 200, 4, 1, 16, 32}}) {
@@ -213,7 +213,7 @@ TEST(GqaAttentionTest, FusedQkvViewIsBitIdenticalToSeparateTensors) {
   TestRng gen(3);  // fixed seed: reproducible failures
   ThreadPool pool(3);
   // {B, T, H, H, D, tile}: GPT-2's heads (D = 64), odd head dims, T around the 64-row block.
-  for (const GqaAttentionShape s :
+  for (const GqaAttentionShape& s :
        {GqaAttentionShape{2, 23, 3, 3, 8, 5}, GqaAttentionShape{1, 70, 2, 2, 64, 64},
         GqaAttentionShape{3, 9, 4, 4, 3, 1}, GqaAttentionShape{1, 130, 1, 1, 17, 256}}) {
     const int64_t B = s.batch, L = s.seq_len, C = s.num_heads * s.head_dim;
@@ -256,7 +256,7 @@ TEST(GqaAttentionTest, FusedQkvMatchesNaiveReference) {
   ThreadPool pool(3);
   // GPT-2's layout: T = 1; T not a multiple of the tile; one tile covering all; B > 1; odd head
   // dims; a long sequence.
-  for (const GqaAttentionShape s :
+  for (const GqaAttentionShape& s :
        {GqaAttentionShape{1, 1, 2, 2, 2, 8}, GqaAttentionShape{2, 37, 3, 3, 4, 8},
         GqaAttentionShape{1, 5, 1, 1, 6, 64}, GqaAttentionShape{3, 20, 2, 2, 5, 7},
         GqaAttentionShape{1, 300, 2, 2, 8, 64}}) {

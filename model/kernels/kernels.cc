@@ -86,6 +86,10 @@ absl::Status CheckShape(absl::string_view op, const GqaAttentionShape& s) {
   RETURN_IF_ERROR(Positive(op, "num_kv_heads", s.num_kv_heads));
   RETURN_IF_ERROR(Positive(op, "head_dim", s.head_dim));
   RETURN_IF_ERROR(Positive(op, "tile", s.tile));
+  if (s.sliding_window < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": sliding_window ", s.sliding_window,
+                                                   " is negative; use 0 for no window"));
+  }
   if (s.num_heads % s.num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": num_attention_heads ", s.num_heads,
                                                    " is not a multiple of num_key_value_heads ",
@@ -200,6 +204,13 @@ absl::Status Kernels::CheckBuffers(absl::string_view op, std::initializer_list<B
     RETURN_IF_ERROR(CheckBuffer(op, buffer));
   }
   return absl::OkStatus();
+}
+
+absl::Status Kernels::CheckOptionalPerToken(absl::string_view op, absl::string_view name,
+                                            const int32_t* values, int64_t batch, int64_t seq_len) {
+  if (values == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const int64_t bytes, Bytes(op, name, {batch, seq_len}, kI32));
+  return CheckBuffers(op, {{name, values, bytes}}, kI32);
 }
 
 absl::Status Kernels::CheckWorkspace(absl::string_view op, const void* workspace,
@@ -500,7 +511,7 @@ absl::Status Kernels::RmsNormBackward(Stream& stream, const RmsNormShape& s, con
 }
 
 absl::Status Kernels::RopeForward(Stream& stream, const RopeShape& s, const float* cos,
-                                  const float* sin, float* x) {
+                                  const float* sin, float* x, const int32_t* positions) {
   constexpr char kOp[] = "RopeForward";
   RETURN_IF_ERROR(CheckShape(kOp, s));
   ASSIGN_OR_RETURN(const int64_t table_bytes,
@@ -509,11 +520,12 @@ absl::Status Kernels::RopeForward(Stream& stream, const RopeShape& s, const floa
                    Bytes(kOp, "x", {s.batch, s.seq_len, s.num_heads, s.head_dim}, kF32));
   RETURN_IF_ERROR(CheckBuffers(
       kOp, {{"cos", cos, table_bytes}, {"sin", sin, table_bytes}, {"x", x, x_bytes}}, kF32));
-  return DoRopeForward(stream, s, cos, sin, x);
+  RETURN_IF_ERROR(CheckOptionalPerToken(kOp, "positions", positions, s.batch, s.seq_len));
+  return DoRopeForward(stream, s, cos, sin, x, positions);
 }
 
 absl::Status Kernels::RopeBackward(Stream& stream, const RopeShape& s, const float* cos,
-                                   const float* sin, float* dx) {
+                                   const float* sin, float* dx, const int32_t* positions) {
   constexpr char kOp[] = "RopeBackward";
   RETURN_IF_ERROR(CheckShape(kOp, s));
   ASSIGN_OR_RETURN(const int64_t table_bytes,
@@ -522,7 +534,8 @@ absl::Status Kernels::RopeBackward(Stream& stream, const RopeShape& s, const flo
                    Bytes(kOp, "dx", {s.batch, s.seq_len, s.num_heads, s.head_dim}, kF32));
   RETURN_IF_ERROR(CheckBuffers(
       kOp, {{"cos", cos, table_bytes}, {"sin", sin, table_bytes}, {"dx", dx, x_bytes}}, kF32));
-  return DoRopeBackward(stream, s, cos, sin, dx);
+  RETURN_IF_ERROR(CheckOptionalPerToken(kOp, "positions", positions, s.batch, s.seq_len));
+  return DoRopeBackward(stream, s, cos, sin, dx, positions);
 }
 
 absl::Status Kernels::SwiGluForward(Stream& stream, int64_t n, const float* g, const float* u,
@@ -555,7 +568,7 @@ absl::Status Kernels::SwiGluBackward(Stream& stream, int64_t n, const float* g, 
 absl::Status Kernels::GqaAttentionForward(Stream& stream, const GqaAttentionShape& s,
                                           const float* q, const float* k, const float* v,
                                           float* out, float* lse, void* workspace,
-                                          int64_t workspace_bytes) {
+                                          int64_t workspace_bytes, const int32_t* key_start) {
   constexpr char kOp[] = "GqaAttentionForward";
   RETURN_IF_ERROR(CheckShape(kOp, s));
   ASSIGN_OR_RETURN(const int64_t out_bytes,
@@ -573,14 +586,15 @@ absl::Status Kernels::GqaAttentionForward(Stream& stream, const GqaAttentionShap
                                kF32));
   RETURN_IF_ERROR(
       CheckWorkspace(kOp, workspace, workspace_bytes, GqaAttentionForwardWorkspaceBytes(s)));
-  return DoGqaAttentionForward(stream, s, q, k, v, out, lse, workspace, workspace_bytes);
+  RETURN_IF_ERROR(CheckOptionalPerToken(kOp, "key_start", key_start, s.batch, s.seq_len));
+  return DoGqaAttentionForward(stream, s, q, k, v, out, lse, workspace, workspace_bytes, key_start);
 }
 
 absl::Status Kernels::GqaAttentionBackward(Stream& stream, const GqaAttentionShape& s,
                                            const float* q, const float* k, const float* v,
                                            const float* out, const float* lse, const float* dout,
                                            float* dq, float* dk, float* dv, void* workspace,
-                                           int64_t workspace_bytes) {
+                                           int64_t workspace_bytes, const int32_t* key_start) {
   constexpr char kOp[] = "GqaAttentionBackward";
   RETURN_IF_ERROR(CheckShape(kOp, s));
   ASSIGN_OR_RETURN(const int64_t out_bytes,
@@ -602,8 +616,9 @@ absl::Status Kernels::GqaAttentionBackward(Stream& stream, const GqaAttentionSha
                                kF32));
   RETURN_IF_ERROR(
       CheckWorkspace(kOp, workspace, workspace_bytes, GqaAttentionBackwardWorkspaceBytes(s)));
+  RETURN_IF_ERROR(CheckOptionalPerToken(kOp, "key_start", key_start, s.batch, s.seq_len));
   return DoGqaAttentionBackward(stream, s, q, k, v, out, lse, dout, dq, dk, dv, workspace,
-                                workspace_bytes);
+                                workspace_bytes, key_start);
 }
 
 absl::Status Kernels::LinearForward(Stream& stream, const LinearShape& s, const float* x,

@@ -260,11 +260,13 @@ class Kernels {
   [[nodiscard]] absl::Status PositionEmbeddingForward(Stream& stream, int64_t batch,
                                                       int64_t seq_len, int64_t channels,
                                                       int64_t max_seq_len, const float* wpe,
-                                                      float* out);
+                                                      float* out,
+                                                      const int32_t* positions = nullptr);
   [[nodiscard]] absl::Status PositionEmbeddingBackward(Stream& stream, int64_t batch,
                                                        int64_t seq_len, int64_t channels,
                                                        int64_t max_seq_len, const float* dout,
-                                                       float* dwpe);
+                                                       float* dwpe,
+                                                       const int32_t* positions = nullptr);
   // The LM head over blocks: LmHeadStateInit, LmHeadBlockForward for every block in increasing
   // row order, LmHeadFinish. state is LmHeadStateElems(shape) = 3 * rows f32 (only shape.rows is
   // read by the init). h [rows, C] f32. The forward refuses a row_begin that is not a multiple of
@@ -305,9 +307,11 @@ class Kernels {
   // model/kernels/rope.h: x [B,T,H,D] rotated in place; cos, sin [table_positions, D/2] (f32
   // tables from RopeTables, copied to the device). The backward is a transform, not a +=.
   [[nodiscard]] absl::Status RopeForward(Stream& stream, const RopeShape& shape, const float* cos,
-                                         const float* sin, float* x);
+                                         const float* sin, float* x,
+                                         const int32_t* positions = nullptr);
   [[nodiscard]] absl::Status RopeBackward(Stream& stream, const RopeShape& shape, const float* cos,
-                                          const float* sin, float* dx);
+                                          const float* sin, float* dx,
+                                          const int32_t* positions = nullptr);
   // model/kernels/swiglu.h: h = silu(g) * u (h may equal g or u); dg and du must not overlap.
   [[nodiscard]] absl::Status SwiGluForward(Stream& stream, int64_t num_elems, const float* g,
                                            const float* u, float* h);
@@ -321,13 +325,12 @@ class Kernels {
   [[nodiscard]] absl::Status GqaAttentionForward(Stream& stream, const GqaAttentionShape& shape,
                                                  const float* q, const float* k, const float* v,
                                                  float* out, float* lse, void* workspace,
-                                                 int64_t workspace_bytes);
-  [[nodiscard]] absl::Status GqaAttentionBackward(Stream& stream, const GqaAttentionShape& shape,
-                                                  const float* q, const float* k, const float* v,
-                                                  const float* out, const float* lse,
-                                                  const float* dout, float* dq, float* dk,
-                                                  float* dv, void* workspace,
-                                                  int64_t workspace_bytes);
+                                                 int64_t workspace_bytes,
+                                                 const int32_t* key_start = nullptr);
+  [[nodiscard]] absl::Status GqaAttentionBackward(
+      Stream& stream, const GqaAttentionShape& shape, const float* q, const float* k,
+      const float* v, const float* out, const float* lse, const float* dout, float* dq, float* dk,
+      float* dv, void* workspace, int64_t workspace_bytes, const int32_t* key_start = nullptr);
   // model/kernels/linear.h (nn.Linear, W [out, in]): y = x W^T + b. b and db are null when
   // !shape.bias. In the backward, dw and db may be null (input gradient only, see above).
   [[nodiscard]] absl::Status LinearForward(Stream& stream, const LinearShape& shape, const float* x,
@@ -386,6 +389,11 @@ class Kernels {
                             int64_t align);
   absl::Status CheckWorkspace(absl::string_view op, const void* workspace, int64_t workspace_bytes,
                               int64_t needed_bytes);
+  // An optional per-token int32 input [batch, seq_len] (positions, key_start): OK when null,
+  // else checked as CheckBuffers checks a buffer of batch * seq_len int32. Its values live on the
+  // device and are not read here.
+  absl::Status CheckOptionalPerToken(absl::string_view op, absl::string_view name,
+                                     const int32_t* values, int64_t batch, int64_t seq_len);
 
   // The implementations. Called only with arguments that passed every check above.
   virtual absl::Status DoZero(Stream& stream, void* dst, int64_t bytes) = 0;
@@ -438,9 +446,9 @@ class Kernels {
                                          const float* w, const float* rstd, const float* dy,
                                          float* dx, float* dw) = 0;
   virtual absl::Status DoRopeForward(Stream& stream, const RopeShape& shape, const float* cos,
-                                     const float* sin, float* x) = 0;
+                                     const float* sin, float* x, const int32_t* positions) = 0;
   virtual absl::Status DoRopeBackward(Stream& stream, const RopeShape& shape, const float* cos,
-                                      const float* sin, float* dx) = 0;
+                                      const float* sin, float* dx, const int32_t* positions) = 0;
   virtual absl::Status DoSwiGluForward(Stream& stream, int64_t num_elems, const float* g,
                                        const float* u, float* h) = 0;
   virtual absl::Status DoSwiGluBackward(Stream& stream, int64_t num_elems, const float* g,
@@ -448,12 +456,13 @@ class Kernels {
   virtual absl::Status DoGqaAttentionForward(Stream& stream, const GqaAttentionShape& shape,
                                              const float* q, const float* k, const float* v,
                                              float* out, float* lse, void* workspace,
-                                             int64_t workspace_bytes) = 0;
+                                             int64_t workspace_bytes, const int32_t* key_start) = 0;
   virtual absl::Status DoGqaAttentionBackward(Stream& stream, const GqaAttentionShape& shape,
                                               const float* q, const float* k, const float* v,
                                               const float* out, const float* lse, const float* dout,
                                               float* dq, float* dk, float* dv, void* workspace,
-                                              int64_t workspace_bytes) = 0;
+                                              int64_t workspace_bytes,
+                                              const int32_t* key_start) = 0;
   virtual absl::Status DoLinearForward(Stream& stream, const LinearShape& shape, const float* x,
                                        const float* w, const float* b, float* y, void* workspace,
                                        int64_t workspace_bytes) = 0;
@@ -491,10 +500,12 @@ class Kernels {
                                          DType dst_dtype, void* dst) = 0;
   virtual absl::Status DoPositionEmbeddingForward(Stream& stream, int64_t batch, int64_t seq_len,
                                                   int64_t channels, int64_t max_seq_len,
-                                                  const float* wpe, float* out) = 0;
+                                                  const float* wpe, float* out,
+                                                  const int32_t* positions) = 0;
   virtual absl::Status DoPositionEmbeddingBackward(Stream& stream, int64_t batch, int64_t seq_len,
                                                    int64_t channels, int64_t max_seq_len,
-                                                   const float* dout, float* dwpe) = 0;
+                                                   const float* dout, float* dwpe,
+                                                   const int32_t* positions) = 0;
   virtual absl::Status DoLmHeadStateInit(Stream& stream, const VocabBlockShape& shape,
                                          float* state) = 0;
   virtual absl::Status DoLmHeadBlockForward(Stream& stream, const VocabBlockShape& shape,

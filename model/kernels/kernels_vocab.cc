@@ -214,24 +214,30 @@ absl::Status CheckPositions(absl::string_view op, int64_t batch, int64_t seq_len
 
 absl::Status Kernels::PositionEmbeddingForward(Stream& stream, int64_t batch, int64_t seq_len,
                                                int64_t channels, int64_t max_seq_len,
-                                               const float* wpe, float* out) {
+                                               const float* wpe, float* out,
+                                               const int32_t* positions) {
   constexpr char kOp[] = "PositionEmbeddingForward";
   RETURN_IF_ERROR(CheckPositions(kOp, batch, seq_len, channels, max_seq_len));
   ASSIGN_OR_RETURN(const int64_t wpe_bytes, Bytes(kOp, "wpe", {max_seq_len, channels}, kF32));
   ASSIGN_OR_RETURN(const int64_t out_bytes, Bytes(kOp, "out", {batch, seq_len, channels}, kF32));
   RETURN_IF_ERROR(CheckBuffers(kOp, {{"wpe", wpe, wpe_bytes}, {"out", out, out_bytes}}, kF32));
-  return DoPositionEmbeddingForward(stream, batch, seq_len, channels, max_seq_len, wpe, out);
+  RETURN_IF_ERROR(CheckOptionalPerToken(kOp, "positions", positions, batch, seq_len));
+  return DoPositionEmbeddingForward(stream, batch, seq_len, channels, max_seq_len, wpe, out,
+                                    positions);
 }
 
 absl::Status Kernels::PositionEmbeddingBackward(Stream& stream, int64_t batch, int64_t seq_len,
                                                 int64_t channels, int64_t max_seq_len,
-                                                const float* dout, float* dwpe) {
+                                                const float* dout, float* dwpe,
+                                                const int32_t* positions) {
   constexpr char kOp[] = "PositionEmbeddingBackward";
   RETURN_IF_ERROR(CheckPositions(kOp, batch, seq_len, channels, max_seq_len));
   ASSIGN_OR_RETURN(const int64_t wpe_bytes, Bytes(kOp, "dwpe", {max_seq_len, channels}, kF32));
   ASSIGN_OR_RETURN(const int64_t out_bytes, Bytes(kOp, "dout", {batch, seq_len, channels}, kF32));
   RETURN_IF_ERROR(CheckBuffers(kOp, {{"dout", dout, out_bytes}, {"dwpe", dwpe, wpe_bytes}}, kF32));
-  return DoPositionEmbeddingBackward(stream, batch, seq_len, channels, max_seq_len, dout, dwpe);
+  RETURN_IF_ERROR(CheckOptionalPerToken(kOp, "positions", positions, batch, seq_len));
+  return DoPositionEmbeddingBackward(stream, batch, seq_len, channels, max_seq_len, dout, dwpe,
+                                     positions);
 }
 
 absl::Status Kernels::LmHeadStateInit(Stream& stream, const VocabBlockShape& s, float* state) {

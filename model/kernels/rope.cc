@@ -45,10 +45,32 @@ absl::Status CheckShape(const char* kernel, const RopeShape& s) {
 }
 
 // Rotates every head of rows [0, B*T) in place; inverse selects the backward rotation.
+// positions: empty, or [B*T] within [0, table_positions).
+absl::Status CheckPositions(const char* kernel, const RopeShape& s,
+                            absl::Span<const int32_t> positions) {
+  if (positions.empty()) return absl::OkStatus();
+  const int64_t L = s.seq_len;
+  if (static_cast<int64_t>(positions.size()) != s.batch * L) {
+    return absl::InvalidArgumentError(absl::StrCat(kernel, ": positions has ", positions.size(),
+                                                   " elements, expected B*T = ", s.batch * L,
+                                                   " (or none for positions 0 .. T-1)"));
+  }
+  for (int64_t i = 0; i < s.batch * L; ++i) {
+    if (positions[i] < 0 || positions[i] >= s.table_positions) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kernel, ": positions[b=", i / L, ", t=", i % L, "] = ", positions[i],
+                       " is outside the cos/sin tables' [0, ", s.table_positions, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 template <typename T>
 absl::Status Rotate(const char* kernel, const RopeShape& shape, absl::Span<const T> cos,
-                    absl::Span<const T> sin, absl::Span<T> x, bool inverse, ThreadPool* pool) {
+                    absl::Span<const T> sin, absl::Span<T> x, bool inverse, ThreadPool* pool,
+                    absl::Span<const int32_t> positions) {
   RETURN_IF_ERROR(CheckShape(kernel, shape));
+  RETURN_IF_ERROR(CheckPositions(kernel, shape, positions));
   const int64_t L = shape.seq_len, H = shape.num_heads, D = shape.head_dim, half = D / 2;
   const int64_t rows = shape.batch * L;
   RETURN_IF_ERROR(
@@ -60,8 +82,9 @@ absl::Status Rotate(const char* kernel, const RopeShape& shape, absl::Span<const
   ParallelFor(pool, NumTasks(rows, grain), [&](int64_t task) {
     const int64_t end = std::min(rows, (task + 1) * grain);
     for (int64_t row = task * grain; row < end; ++row) {
-      const T* c = cos.data() + (row % L) * half;
-      const T* s = sin.data() + (row % L) * half;
+      const int64_t position = positions.empty() ? row % L : positions[row];
+      const T* c = cos.data() + position * half;
+      const T* s = sin.data() + position * half;
       for (int64_t h = 0; h < H; ++h) {
         T* head = x.data() + (row * H + h) * D;
         if constexpr (std::is_same_v<T, float>) {
@@ -158,23 +181,24 @@ absl::Status RopeTables(const RopeConfig& config, int64_t num_positions, absl::S
 
 template <typename T>
 absl::Status RopeForward(const RopeShape& shape, absl::Span<const T> cos, absl::Span<const T> sin,
-                         absl::Span<T> x, ThreadPool* pool) {
-  return Rotate<T>("RopeForward", shape, cos, sin, x, /*inverse=*/false, pool);
+                         absl::Span<T> x, ThreadPool* pool, absl::Span<const int32_t> positions) {
+  return Rotate<T>("RopeForward", shape, cos, sin, x, /*inverse=*/false, pool, positions);
 }
 
 template <typename T>
 absl::Status RopeBackward(const RopeShape& shape, absl::Span<const T> cos, absl::Span<const T> sin,
-                          absl::Span<T> dx, ThreadPool* pool) {
-  return Rotate<T>("RopeBackward", shape, cos, sin, dx, /*inverse=*/true, pool);
+                          absl::Span<T> dx, ThreadPool* pool, absl::Span<const int32_t> positions) {
+  return Rotate<T>("RopeBackward", shape, cos, sin, dx, /*inverse=*/true, pool, positions);
 }
 
 #define PS_ROPE_INSTANTIATE_(T)                                                                    \
   template absl::Status RopeInverseFrequencies<T>(const RopeConfig&, absl::Span<T>);               \
   template absl::Status RopeTables<T>(const RopeConfig&, int64_t, absl::Span<T>, absl::Span<T>);   \
   template absl::Status RopeForward<T>(const RopeShape&, absl::Span<const T>, absl::Span<const T>, \
-                                       absl::Span<T>, ThreadPool*);                                \
+                                       absl::Span<T>, ThreadPool*, absl::Span<const int32_t>);     \
   template absl::Status RopeBackward<T>(const RopeShape&, absl::Span<const T>,                     \
-                                        absl::Span<const T>, absl::Span<T>, ThreadPool*)
+                                        absl::Span<const T>, absl::Span<T>, ThreadPool*,           \
+                                        absl::Span<const int32_t>)
 PS_ROPE_INSTANTIATE_(float);
 PS_ROPE_INSTANTIATE_(double);
 #undef PS_ROPE_INSTANTIATE_

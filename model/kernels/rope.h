@@ -13,7 +13,9 @@
 //
 // Layout: x [B, T, H, D] row-major — the output of q_proj (H = num_attention_heads) or k_proj
 // (H = num_key_value_heads) viewed per head, as Hugging Face's view(B, T, H, D); position of row
-// (b, t) is t (position_ids 0 .. T-1 for every sequence). cos, sin [P, D/2]: row p holds
+// (b, t) is t (position_ids 0 .. T-1 for every sequence) unless the caller passes per-token
+// `positions` [B*T] (packed rows restart at 0 at each document, as Hugging Face's position_ids of
+// a packed batch do); the tables need max position + 1 rows. cos, sin [P, D/2]: row p holds
 // cos/sin(p * inv_freq_i) for i < D/2 (Hugging Face's tables repeat these for the second half).
 //
 // Both passes work in place: the forward replaces x by its rotation (q and k are needed only
@@ -78,26 +80,32 @@ struct RopeShape {
 // Workspace RoPE needs: none.
 inline int64_t RopeWorkspaceBytes(const RopeShape&) { return 0; }
 
-// x [B,T,H,D] <- RoPE(x), in place. InvalidArgument on a bad shape or buffer size.
+// x [B,T,H,D] <- RoPE(x), in place. Row (b, t) is rotated by the angles of position
+// positions[b*T + t] (transformers' position_ids), or of t when `positions` is empty.
+// InvalidArgument on a bad shape or buffer size, or a position outside [0, table_positions)
+// (naming the first such (b, t)).
 template <typename T>
 [[nodiscard]] absl::Status RopeForward(const RopeShape& shape, absl::Span<const T> cos,
-                                       absl::Span<const T> sin, absl::Span<T> x, ThreadPool* pool);
+                                       absl::Span<const T> sin, absl::Span<T> x, ThreadPool* pool,
+                                       absl::Span<const int32_t> positions = {});
 
 // dx [B,T,H,D] <- RoPE^T(dx), in place: from the gradient w.r.t. the rotated tensor to the
-// gradient w.r.t. its input.
+// gradient w.r.t. its input. `positions` as in RopeForward (the forward's).
 template <typename T>
 [[nodiscard]] absl::Status RopeBackward(const RopeShape& shape, absl::Span<const T> cos,
-                                        absl::Span<const T> sin, absl::Span<T> dx,
-                                        ThreadPool* pool);
+                                        absl::Span<const T> sin, absl::Span<T> dx, ThreadPool* pool,
+                                        absl::Span<const int32_t> positions = {});
 
 #define PS_ROPE_EXTERN_(T)                                                                      \
   extern template absl::Status RopeInverseFrequencies<T>(const RopeConfig&, absl::Span<T>);     \
   extern template absl::Status RopeTables<T>(const RopeConfig&, int64_t, absl::Span<T>,         \
                                              absl::Span<T>);                                    \
   extern template absl::Status RopeForward<T>(const RopeShape&, absl::Span<const T>,            \
-                                              absl::Span<const T>, absl::Span<T>, ThreadPool*); \
+                                              absl::Span<const T>, absl::Span<T>, ThreadPool*,  \
+                                              absl::Span<const int32_t>);                       \
   extern template absl::Status RopeBackward<T>(const RopeShape&, absl::Span<const T>,           \
-                                               absl::Span<const T>, absl::Span<T>, ThreadPool*)
+                                               absl::Span<const T>, absl::Span<T>, ThreadPool*, \
+                                               absl::Span<const int32_t>)
 PS_ROPE_EXTERN_(float);
 PS_ROPE_EXTERN_(double);
 #undef PS_ROPE_EXTERN_

@@ -340,6 +340,25 @@ absl::Status EmbeddingForwardImpl(const VocabBlockShape& s, absl::Span<const int
   return absl::OkStatus();
 }
 
+// Per-token positions of the learned position embedding: empty, or [B*T] within [0, rows).
+absl::Status CheckPositionIds(const char* kernel, int64_t batch, int64_t seq_len, int64_t rows,
+                              absl::Span<const int32_t> positions) {
+  if (positions.empty()) return absl::OkStatus();
+  if (static_cast<int64_t>(positions.size()) != batch * seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(kernel, ": positions has ", positions.size(),
+                                                   " elements, expected B*T = ", batch * seq_len,
+                                                   " (or none for positions 0 .. T-1)"));
+  }
+  for (int64_t i = 0; i < batch * seq_len; ++i) {
+    if (positions[i] < 0 || positions[i] >= rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kernel, ": positions[b=", i / seq_len, ", t=", i % seq_len,
+                       "] = ", positions[i], " is outside the position table's [0, ", rows, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // --- Embedding ---------------------------------------------------------------------------------
@@ -427,8 +446,8 @@ absl::Status ScatterRowsAdd(int64_t channels, absl::Span<const int32_t> tokens,
 
 template <typename T>
 absl::Status PositionEmbeddingForward(int64_t batch, int64_t seq_len, int64_t channels,
-                                      absl::Span<const T> wpe, absl::Span<T> out,
-                                      ThreadPool* pool) {
+                                      absl::Span<const T> wpe, absl::Span<T> out, ThreadPool* pool,
+                                      absl::Span<const int32_t> positions) {
   constexpr char kKernel[] = "PositionEmbeddingForward";
   RETURN_IF_ERROR(CheckPositive(kKernel, "batch", batch));
   RETURN_IF_ERROR(CheckPositive(kKernel, "seq_len", seq_len));
@@ -440,11 +459,14 @@ absl::Status PositionEmbeddingForward(int64_t batch, int64_t seq_len, int64_t ch
                                                    C, "]"));
   }
   RETURN_IF_ERROR(CheckElems(kKernel, "out", out, rows * C, "B*T*C"));
+  RETURN_IF_ERROR(
+      CheckPositionIds(kKernel, batch, seq_len, static_cast<int64_t>(wpe.size()) / C, positions));
   const int64_t grain = RowsPerTask(C);
   ParallelFor(pool, NumTasks(rows, grain), [&](int64_t task) {
     const int64_t end = std::min(rows, (task + 1) * grain);
     for (int64_t row = task * grain; row < end; ++row) {
-      const T* pe = wpe.data() + (row % seq_len) * C;
+      const int64_t position = positions.empty() ? row % seq_len : positions[row];
+      const T* pe = wpe.data() + position * C;
       T* o = out.data() + row * C;
       if constexpr (std::is_same_v<T, float>) {
         kernels_internal::simd::AddTo(pe, o, C);
@@ -459,7 +481,7 @@ absl::Status PositionEmbeddingForward(int64_t batch, int64_t seq_len, int64_t ch
 template <typename T>
 absl::Status PositionEmbeddingBackward(int64_t batch, int64_t seq_len, int64_t channels,
                                        absl::Span<const T> dout, absl::Span<T> dwpe,
-                                       ThreadPool* pool) {
+                                       ThreadPool* pool, absl::Span<const int32_t> positions) {
   constexpr char kKernel[] = "PositionEmbeddingBackward";
   RETURN_IF_ERROR(CheckPositive(kKernel, "batch", batch));
   RETURN_IF_ERROR(CheckPositive(kKernel, "seq_len", seq_len));
@@ -470,13 +492,15 @@ absl::Status PositionEmbeddingBackward(int64_t batch, int64_t seq_len, int64_t c
         kKernel, ": dwpe has ", dwpe.size(), " elements, not [max_seq_len >= ", L, ", ", C, "]"));
   }
   RETURN_IF_ERROR(CheckElems(kKernel, "dout", dout, B * L * C, "B*T*C"));
+  RETURN_IF_ERROR(
+      CheckPositionIds(kKernel, B, L, static_cast<int64_t>(dwpe.size()) / C, positions));
   ParallelFor(pool, NumTasks(C, kChannelsPerTask), [&](int64_t task) {
     const int64_t c0 = task * kChannelsPerTask;
     const int64_t c1 = std::min(C, c0 + kChannelsPerTask);
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t t = 0; t < L; ++t) {
         const T* d = dout.data() + (b * L + t) * C;
-        T* pe = dwpe.data() + t * C;
+        T* pe = dwpe.data() + (positions.empty() ? t : positions[b * L + t]) * C;
         if constexpr (std::is_same_v<T, float>) {
           kernels_internal::simd::AddTo(d + c0, pe + c0, c1 - c0);
         } else {
@@ -624,10 +648,12 @@ absl::Status LmHeadBlockBackward(const VocabBlockShape& shape, absl::Span<const 
   template absl::Status ScatterRowsAdd<T>(int64_t, absl::Span<const int32_t>,                      \
                                           absl::Span<const int32_t>, absl::Span<const T>,          \
                                           absl::Span<T>, ThreadPool*);                             \
-  template absl::Status PositionEmbeddingForward<T>(                                               \
-      int64_t, int64_t, int64_t, absl::Span<const T>, absl::Span<T>, ThreadPool*);                 \
-  template absl::Status PositionEmbeddingBackward<T>(                                              \
-      int64_t, int64_t, int64_t, absl::Span<const T>, absl::Span<T>, ThreadPool*);                 \
+  template absl::Status PositionEmbeddingForward<T>(int64_t, int64_t, int64_t,                     \
+                                                    absl::Span<const T>, absl::Span<T>,            \
+                                                    ThreadPool*, absl::Span<const int32_t>);       \
+  template absl::Status PositionEmbeddingBackward<T>(int64_t, int64_t, int64_t,                    \
+                                                     absl::Span<const T>, absl::Span<T>,           \
+                                                     ThreadPool*, absl::Span<const int32_t>);      \
   template void LmHeadStateInit<T>(absl::Span<T>);                                                 \
   template absl::Status LmHeadBlockForward<T>(const VocabBlockShape&, absl::Span<const T>,         \
                                               absl::Span<const T>, absl::Span<const int32_t>,      \

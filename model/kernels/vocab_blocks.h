@@ -12,7 +12,8 @@
 //                           buffer of the rows the batch touches (see below)
 //   PositionEmbeddingForward / Backward   GPT-2's learned positions: out[b, t, :] += wpe[t, :]
 //                           (after the token rows: the same sum as EncoderForward's);
-//                           dwpe[t, :] += sum over b of dout[b, t, :] (in increasing b)
+//                           dwpe[t, :] += sum over b of dout[b, t, :] (in increasing b); with
+//                           per-token positions p(b, t), wpe[p(b, t)] and dwpe[p(b, t)] instead
 //
 // LM head and cross-entropy (model/kernels/lm_head_cross_entropy.h's math, whose loops run over
 // [row_tile, vocab_tile] logits tiles): the online softmax state of every row (running max,
@@ -105,16 +106,22 @@ template <typename T>
                                           absl::Span<const T> dout, absl::Span<T> rows,
                                           ThreadPool* pool);
 
-// out[b, t, :] += wpe[t, :] for out [B, T, C], wpe [max_T, C] (T <= max_T).
+// out[b, t, :] += wpe[p(b, t), :] for out [B, T, C], wpe [max_T, C] (T <= max_T), where
+// p(b, t) = positions[b*T + t], or t when `positions` is empty (packed rows restart their
+// positions at every document). InvalidArgument naming the first (b, t) whose position is
+// outside [0, max_T).
 template <typename T>
 [[nodiscard]] absl::Status PositionEmbeddingForward(int64_t batch, int64_t seq_len,
                                                     int64_t channels, absl::Span<const T> wpe,
-                                                    absl::Span<T> out, ThreadPool* pool);
-// dwpe[t, :] += dout[b, t, :] for b = 0, 1, ... in that order.
+                                                    absl::Span<T> out, ThreadPool* pool,
+                                                    absl::Span<const int32_t> positions = {});
+// dwpe[p(b, t), :] += dout[b, t, :] for (b, t) in increasing b, then t — so each row of dwpe
+// receives its additions in one fixed order (for empty positions: b = 0, 1, ...).
 template <typename T>
 [[nodiscard]] absl::Status PositionEmbeddingBackward(int64_t batch, int64_t seq_len,
                                                      int64_t channels, absl::Span<const T> dout,
-                                                     absl::Span<T> dwpe, ThreadPool* pool);
+                                                     absl::Span<T> dwpe, ThreadPool* pool,
+                                                     absl::Span<const int32_t> positions = {});
 
 // --- LM head and cross-entropy ----------------------------------------------------------------
 

@@ -8,9 +8,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "base/splitmix64.h"
 #include "base/status_macros.h"
 #include "glog/logging.h"
+#include "trainer/data/internal/epoch_permutation.h"
 
 namespace ps {
 namespace {
@@ -122,11 +122,7 @@ absl::Status DataLoader::CheckCursor(const DataCursor& cursor) const {
 }
 
 std::vector<int64_t> DataLoader::MakePermutation(int64_t epoch) const {
-  std::vector<int64_t> perm(static_cast<size_t>(num_windows_));
-  std::iota(perm.begin(), perm.end(), int64_t{0});
-  SplitMix64 rng(DeriveSeed(options_.seed, static_cast<uint64_t>(epoch)));
-  Shuffle(absl::MakeSpan(perm), rng);
-  return perm;
+  return EpochPermutation(num_windows_, options_.seed, epoch);
 }
 
 const std::vector<int64_t>& DataLoader::PermutationFor(int64_t epoch,

@@ -46,6 +46,10 @@ CheckpointIdentity TrainRun::Identity() const {
   id.seq_len = shape.seq_len;
   id.shuffle = config.data.shuffle;
   id.data_seed = config.data.seed;
+  if (data.train_packed.has_value()) {
+    id.data_format = "examples";
+    id.packing = config.data.packing;
+  }
   if (resolved.lora.has_value()) {
     id.lora = resolved.lora;
     id.base_fingerprint = resolved.base_fingerprint;

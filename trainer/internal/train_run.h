@@ -54,6 +54,8 @@
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/data/data_loader.h"
+#include "trainer/data/example_file.h"
+#include "trainer/data/packed_loader.h"
 #include "trainer/data/token_file.h"
 #include "trainer/io/metrics_writer.h"
 #include "trainer/io/trace_writer.h"
@@ -124,24 +126,44 @@ struct AcceleratorProbe {
 struct RunMemoryPlan {
   // What the plan reserves on the accelerator beside chunks and activations.
   AcceleratorReserve reserve;
+  // Whether the plan (and so the model) holds per-token positions and key_start on the
+  // accelerator: an example file among the data (GptModelOptions::token_metadata).
+  bool token_metadata = false;
   GptRunPlan plan;
   int64_t chunk_elems = 0;
   std::string chunk_size_note;
 };
 
 // The data: written by trainer/run_data.cc (LoadData). The loaders' cursors move as the run reads
-// them (the training loop; Resume seeks the training loader).
+// them (the training loop; Resume seeks the training loader). Each of training and validation is
+// read by one loader: a DataLoader over tokens (an llm.c token file or the synthetic corpus), or a
+// PackedLoader over an example file (trainer/data/packed_loader.h), whose rows carry positions,
+// key_start and the trained targets.
 struct RunData {
   std::optional<TokenFile> train_file, val_file;
+  std::optional<ExampleFile> train_examples, val_examples;
   std::vector<uint16_t> synthetic_train, synthetic_val;
   std::optional<double> unigram_entropy, entropy_rate;
   std::optional<DataLoader> train_loader, val_loader;
+  std::optional<PackedLoader> train_packed, val_packed;
+
+  bool has_val() const { return val_loader.has_value() || val_packed.has_value(); }
+  // The training loader's cursor, whichever loader it is; Seek likewise.
+  DataCursor train_cursor() const {
+    return train_packed.has_value() ? train_packed->cursor() : train_loader->cursor();
+  }
+  absl::Status SeekTrain(const DataCursor& cursor) {
+    return train_packed.has_value() ? train_packed->Seek(cursor) : train_loader->Seek(cursor);
+  }
 };
 
 // The micro-batch buffers: sized by the wiring (StartFirstStep), filled by the training loop and
-// the validation (trainer/evaluation.cc) before each forward.
+// the validation (trainer/evaluation.cc) before each forward. Example files: `packed` holds the
+// step's micro-batches (the loop reads them all first: the loss's denominator is their trained
+// targets over every rank) and the validation's batch.
 struct BatchBuffers {
   std::vector<int32_t> tokens, targets;
+  std::vector<PackedBatch> packed;
 };
 
 // The runtime objects: created by the wiring (trainer/run_wiring.cc) and only used elsewhere.

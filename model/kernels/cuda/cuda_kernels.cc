@@ -271,15 +271,15 @@ absl::Status CudaKernels::DoRmsNormBackward(Stream& stream, const RmsNormShape& 
 }
 
 absl::Status CudaKernels::DoRopeForward(Stream& stream, const RopeShape& shape, const float* cos,
-                                        const float* sin, float* x) {
+                                        const float* sin, float* x, const int32_t* positions) {
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
-  return ::ps::cuda::RopeForward(shape, cos, sin, x, s);
+  return ::ps::cuda::RopeForward(shape, cos, sin, x, s, positions);
 }
 
 absl::Status CudaKernels::DoRopeBackward(Stream& stream, const RopeShape& shape, const float* cos,
-                                         const float* sin, float* dx) {
+                                         const float* sin, float* dx, const int32_t* positions) {
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
-  return ::ps::cuda::RopeBackward(shape, cos, sin, dx, s);
+  return ::ps::cuda::RopeBackward(shape, cos, sin, dx, s, positions);
 }
 
 absl::Status CudaKernels::DoSwiGluForward(Stream& stream, int64_t n, const float* g, const float* u,
@@ -296,19 +296,21 @@ absl::Status CudaKernels::DoSwiGluBackward(Stream& stream, int64_t n, const floa
 
 absl::Status CudaKernels::DoGqaAttentionForward(Stream& stream, const GqaAttentionShape& shape,
                                                 const float* q, const float* k, const float* v,
-                                                float* out, float* lse, void*, int64_t) {
+                                                float* out, float* lse, void*, int64_t,
+                                                const int32_t* key_start) {
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
-  return ::ps::cuda::GqaAttentionForward(shape, q, k, v, out, lse, s);
+  return ::ps::cuda::GqaAttentionForward(shape, q, k, v, out, lse, s, key_start);
 }
 
 absl::Status CudaKernels::DoGqaAttentionBackward(Stream& stream, const GqaAttentionShape& shape,
                                                  const float* q, const float* k, const float* v,
                                                  const float* out, const float* lse,
                                                  const float* dout, float* dq, float* dk, float* dv,
-                                                 void* workspace, int64_t workspace_bytes) {
+                                                 void* workspace, int64_t workspace_bytes,
+                                                 const int32_t* key_start) {
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
   return ::ps::cuda::GqaAttentionBackward(shape, q, k, v, out, lse, dout, dq, dk, dv, workspace,
-                                          workspace_bytes, s);
+                                          workspace_bytes, s, key_start);
 }
 
 absl::Status CudaKernels::DoLinearForward(Stream& stream, const LinearShape& shape, const float* x,
@@ -403,17 +405,21 @@ absl::Status CudaKernels::DoCopySlotsToRows(Stream& stream, const TouchedRowsSha
 }
 
 absl::Status CudaKernels::DoPositionEmbeddingForward(Stream& stream, int64_t batch, int64_t seq_len,
-                                                     int64_t channels, int64_t, const float* wpe,
-                                                     float* out) {
+                                                     int64_t channels, int64_t max_seq_len,
+                                                     const float* wpe, float* out,
+                                                     const int32_t* positions) {
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
-  return ::ps::cuda::PositionEmbeddingForward(batch, seq_len, channels, wpe, out, s);
+  return ::ps::cuda::PositionEmbeddingForward(batch, seq_len, channels, wpe, out, s, positions,
+                                              max_seq_len);
 }
 
 absl::Status CudaKernels::DoPositionEmbeddingBackward(Stream& stream, int64_t batch,
-                                                      int64_t seq_len, int64_t channels, int64_t,
-                                                      const float* dout, float* dwpe) {
+                                                      int64_t seq_len, int64_t channels,
+                                                      int64_t max_seq_len, const float* dout,
+                                                      float* dwpe, const int32_t* positions) {
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
-  return ::ps::cuda::PositionEmbeddingBackward(batch, seq_len, channels, dout, dwpe, s);
+  return ::ps::cuda::PositionEmbeddingBackward(batch, seq_len, channels, dout, dwpe, s, positions,
+                                               max_seq_len);
 }
 
 absl::Status CudaKernels::DoLmHeadStateInit(Stream& stream, const VocabBlockShape& shape,

@@ -26,6 +26,10 @@ absl::Status CheckShape(const char* kernel, const GqaAttentionShape& s) {
   RETURN_IF_ERROR(CheckPositive(kernel, "num_heads", s.num_heads));
   RETURN_IF_ERROR(CheckPositive(kernel, "num_kv_heads", s.num_kv_heads));
   RETURN_IF_ERROR(CheckPositive(kernel, "head_dim", s.head_dim));
+  if (s.sliding_window < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kernel, ": sliding_window ", s.sliding_window,
+                                                   " is negative; use 0 for no window"));
+  }
   if (s.num_heads % s.num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(kernel, ": num_attention_heads ", s.num_heads,
                                                    " is not a multiple of num_key_value_heads ",
@@ -52,22 +56,24 @@ absl::Status CheckShape(const char* kernel, const GqaAttentionShape& s) {
 }  // namespace
 
 absl::Status GqaAttentionForward(const GqaAttentionShape& shape, const float* q, const float* k,
-                                 const float* v, float* out, float* lse, cudaStream_t stream) {
+                                 const float* v, float* out, float* lse, cudaStream_t stream,
+                                 const int32_t* key_start) {
   constexpr char kKernel[] = "cuda::GqaAttentionForward";
   RETURN_IF_ERROR(CheckShape(kKernel, shape));
   RETURN_IF_ERROR(
       CheckNotNull(kKernel, {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}}));
-  return LaunchStatus(
-      cuda_internal::LaunchGqaAttentionForward(
-          shape.batch, shape.seq_len, shape.num_heads, shape.num_kv_heads, shape.head_dim,
-          GqaQRowStride(shape), GqaKvRowStride(shape), q, k, v, out, lse, stream),
-      kKernel);
+  return LaunchStatus(cuda_internal::LaunchGqaAttentionForward(
+                          shape.batch, shape.seq_len, shape.num_heads, shape.num_kv_heads,
+                          shape.head_dim, GqaQRowStride(shape), GqaKvRowStride(shape),
+                          shape.sliding_window, key_start, q, k, v, out, lse, stream),
+                      kKernel);
 }
 
 absl::Status GqaAttentionBackward(const GqaAttentionShape& shape, const float* q, const float* k,
                                   const float* v, const float* out, const float* lse,
                                   const float* dout, float* dq, float* dk, float* dv,
-                                  void* workspace, int64_t workspace_bytes, cudaStream_t stream) {
+                                  void* workspace, int64_t workspace_bytes, cudaStream_t stream,
+                                  const int32_t* key_start) {
   constexpr char kKernel[] = "cuda::GqaAttentionBackward";
   RETURN_IF_ERROR(CheckShape(kKernel, shape));
   RETURN_IF_ERROR(CheckNotNull(kKernel, {{"q", q},
@@ -88,11 +94,12 @@ absl::Status GqaAttentionBackward(const GqaAttentionShape& shape, const float* q
   if (reinterpret_cast<uintptr_t>(workspace) % alignof(float) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(kKernel, ": workspace is not 4-byte aligned"));
   }
-  return LaunchStatus(cuda_internal::LaunchGqaAttentionBackward(
-                          shape.batch, shape.seq_len, shape.num_heads, shape.num_kv_heads,
-                          shape.head_dim, GqaQRowStride(shape), GqaKvRowStride(shape), q, k, v, out,
-                          lse, dout, static_cast<float*>(workspace), dq, dk, dv, stream),
-                      kKernel);
+  return LaunchStatus(
+      cuda_internal::LaunchGqaAttentionBackward(
+          shape.batch, shape.seq_len, shape.num_heads, shape.num_kv_heads, shape.head_dim,
+          GqaQRowStride(shape), GqaKvRowStride(shape), shape.sliding_window, key_start, q, k, v,
+          out, lse, dout, static_cast<float*>(workspace), dq, dk, dv, stream),
+      kKernel);
 }
 
 }  // namespace ps::cuda

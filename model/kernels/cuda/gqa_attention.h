@@ -37,7 +37,8 @@ namespace ps::cuda {
 // out = attention(q, k, v), lse [B,Hq,T] saved.
 [[nodiscard]] absl::Status GqaAttentionForward(const GqaAttentionShape& shape, const float* q,
                                                const float* k, const float* v, float* out,
-                                               float* lse, cudaStream_t stream);
+                                               float* lse, cudaStream_t stream,
+                                               const int32_t* key_start = nullptr);
 
 // dq += dL/dq, dk += dL/dk, dv += dL/dv for L = sum dout . out, from the forward's q, k, v, out and
 // lse. `workspace` (device) holds at least GqaAttentionBackwardWorkspaceBytes(shape) bytes, 4-byte
@@ -46,7 +47,8 @@ namespace ps::cuda {
                                                 const float* k, const float* v, const float* out,
                                                 const float* lse, const float* dout, float* dq,
                                                 float* dk, float* dv, void* workspace,
-                                                int64_t workspace_bytes, cudaStream_t stream);
+                                                int64_t workspace_bytes, cudaStream_t stream,
+                                                const int32_t* key_start = nullptr);
 
 }  // namespace ps::cuda
 

@@ -49,6 +49,23 @@ struct HeadRows {
   __device__ const float* Row(int64_t t) const { return base + t * stride + h * head_dim; }
 };
 
+// The mask of one batch row (model/kernels/gqa_attention.h): query t sees keys [First(t), t].
+// key_start is the row's [T] (null: 0). Clamped to [0, t + 1] so that a key_start breaking its
+// contract (device data, unchecked) gives wrong values (NaN when a query sees nothing), never a
+// read out of bounds.
+struct RowMask {
+  const int32_t* key_start;
+  int64_t window;
+  __device__ int64_t First(int64_t t) const {
+    const int64_t f = AttentionFirstKey(t, key_start == nullptr ? 0 : key_start[t], window);
+    return f < 0 ? 0 : (f > t + 1 ? t + 1 : f);
+  }
+};
+
+__device__ RowMask MaskOf(const int32_t* key_start, int64_t b, int64_t seq_len, int64_t window) {
+  return RowMask{key_start == nullptr ? nullptr : key_start + b * seq_len, window};
+}
+
 // Copies rows t0 .. t0 + kTile - 1 (zeros past `len`) of one head into dst[kTile][D]. All threads
 // of the block take part.
 __device__ void LoadTile(const HeadRows& src, int64_t t0, int64_t len, float* __restrict__ dst) {
@@ -91,7 +108,8 @@ __device__ float WarpDot(const float (&reg)[kPerLane], const float* row, int64_t
 
 __global__ void __launch_bounds__(kThreads)
     GqaForwardKernel(int64_t seq_len, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                     int64_t q_stride, int64_t kv_stride, const float* __restrict__ q,
+                     int64_t q_stride, int64_t kv_stride, int64_t window,
+                     const int32_t* __restrict__ key_start, const float* __restrict__ q,
                      const float* __restrict__ k, const float* __restrict__ v,
                      float* __restrict__ out, float* __restrict__ lse) {
   extern __shared__ float smem[];
@@ -112,16 +130,20 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int kk = 0; kk < kPerLane; ++kk) acc[kk] = 0.0f;
   float m = NegativeInfinity<float>(), l = 0.0f;
+  const RowMask mask = MaskOf(key_start, b, L, window);
+  const int64_t first = active ? mask.First(i) : 0;
   const int64_t last = MinOf<int64_t>(L - 1, q0 + kWarps - 1);
-  for (int64_t j0 = 0; j0 <= last; j0 += kTile) {
+  // Key tiles from the block's first visible key (its first query's): earlier keys are skipped.
+  for (int64_t j0 = mask.First(q0); j0 <= last; j0 += kTile) {
     __syncthreads();  // the previous tile is consumed
     LoadTile(k_rows, j0, L, k_s);
     LoadTile(v_rows, j0, L, v_s);
     __syncthreads();
-    if (!active || j0 > i) continue;                                         // warp-uniform
+    if (!active || j0 > i || j0 + kTile <= first) continue;                  // warp-uniform
     const int n_keys = static_cast<int>(MinOf<int64_t>(kTile, i - j0 + 1));  // causal: j <= i
+    const int jj_begin = static_cast<int>(MaxOf<int64_t>(0, first - j0));    // the mask's start
     float my_score = NegativeInfinity<float>();  // lane jj: the score of key j0 + jj
-    for (int jj = 0; jj < n_keys; ++jj) {
+    for (int jj = jj_begin; jj < n_keys; ++jj) {
       const float s = scale * WarpDot(qv, k_s + jj * hd, hd, lane);
       if (lane == jj) my_score = s;
     }
@@ -131,7 +153,7 @@ __global__ void __launch_bounds__(kThreads)
     l = l * correction + WarpSum(p);
 #pragma unroll
     for (int kk = 0; kk < kPerLane; ++kk) acc[kk] *= correction;
-    for (int jj = 0; jj < n_keys; ++jj) {
+    for (int jj = jj_begin; jj < n_keys; ++jj) {
       const float pj = __shfl_sync(kFullMask, p, jj);
 #pragma unroll
       for (int kk = 0; kk < kPerLane; ++kk) {
@@ -173,7 +195,8 @@ __global__ void __launch_bounds__(kThreads)
 // dv_j += sum_{h in group} sum_{i>=j} P^h_ij dO^h_i.
 __global__ void __launch_bounds__(kThreads)
     GqaKeyGradKernel(int64_t seq_len, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                     int64_t q_stride, int64_t kv_stride, const float* __restrict__ q,
+                     int64_t q_stride, int64_t kv_stride, int64_t window,
+                     const int32_t* __restrict__ key_start, const float* __restrict__ q,
                      const float* __restrict__ k, const float* __restrict__ v,
                      const float* __restrict__ lse, const float* __restrict__ dout,
                      const float* __restrict__ row_d, float* __restrict__ dk,
@@ -185,9 +208,12 @@ __global__ void __launch_bounds__(kThreads)
   float* do_s = q_s + kTile * hd;
   float* lse_s = do_s + kTile * hd;
   float* d_s = lse_s + kTile;
+  int64_t* first_s = reinterpret_cast<int64_t*>(d_s + kTile);  // 8-byte aligned: kTile even
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int64_t b = blockIdx.z, g = blockIdx.y;
   const int64_t j_first = static_cast<int64_t>(blockIdx.x) * kWarps;
+  const int64_t j_last = MinOf<int64_t>(L - 1, j_first + kWarps - 1);
+  const RowMask mask = MaskOf(key_start, b, L, window);
   const int64_t j = j_first + warp;
   const bool active = j < L;
   const int64_t kv_offset = (b * L + (active ? j : 0)) * kv_stride + g * hd;
@@ -202,7 +228,9 @@ __global__ void __launch_bounds__(kThreads)
     const HeadRows do_rows{dout + b * L * Hq * hd, Hq * hd, hd, h};
     const float* lse_bh = lse + (b * Hq + h) * L;
     const float* d_bh = row_d + (b * Hq + h) * L;
-    for (int64_t i0 = j_first; i0 < L; i0 += kTile) {
+    // Query tiles from the block's first key on, until a tile's first query starts after the
+    // block's last key (every later query does too: the first visible key never decreases).
+    for (int64_t i0 = j_first; i0 < L && mask.First(i0) <= j_last; i0 += kTile) {
       __syncthreads();
       LoadTile(q_rows, i0, L, q_s);
       LoadTile(do_rows, i0, L, do_s);
@@ -210,12 +238,14 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t t = i0 + idx;
         lse_s[idx] = t < L ? lse_bh[t] : 0.0f;
         d_s[idx] = t < L ? d_bh[t] : 0.0f;
+        first_s[idx] = t < L ? mask.First(t) : L;
       }
       __syncthreads();
       if (!active) continue;  // warp-uniform
       const int64_t i_end = MinOf<int64_t>(i0 + kTile, L);
       for (int64_t i = MaxOf<int64_t>(i0, j); i < i_end; ++i) {
         const int ii = static_cast<int>(i - i0);
+        if (first_s[ii] > j) break;  // this query and all later ones start after key j
         const float* qi = q_s + ii * hd;
         const float* doi = do_s + ii * hd;
         const float p = AttentionProbability(scale * WarpDot(kv, qi, hd, lane), lse_s[ii]);
@@ -239,7 +269,8 @@ __global__ void __launch_bounds__(kThreads)
 // Pass B: warp = query i of head h; dq_i += scale sum_{j<=i} dS_ij k_j (k of kv head g(h)).
 __global__ void __launch_bounds__(kThreads)
     GqaQueryGradKernel(int64_t seq_len, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                       int64_t q_stride, int64_t kv_stride, const float* __restrict__ q,
+                       int64_t q_stride, int64_t kv_stride, int64_t window,
+                       const int32_t* __restrict__ key_start, const float* __restrict__ q,
                        const float* __restrict__ k, const float* __restrict__ v,
                        const float* __restrict__ lse, const float* __restrict__ dout,
                        const float* __restrict__ row_d, float* __restrict__ dq) {
@@ -265,15 +296,17 @@ __global__ void __launch_bounds__(kThreads)
   for (int kk = 0; kk < kPerLane; ++kk) dqv[kk] = 0.0f;
   const float row_lse = lse[(b * Hq + h) * L + i_safe];
   const float d_i = row_d[(b * Hq + h) * L + i_safe];
+  const RowMask mask = MaskOf(key_start, b, L, window);
+  const int64_t first = active ? mask.First(i) : 0;
   const int64_t last = MinOf<int64_t>(L - 1, q0 + kWarps - 1);
-  for (int64_t j0 = 0; j0 <= last; j0 += kTile) {
+  for (int64_t j0 = mask.First(q0); j0 <= last; j0 += kTile) {
     __syncthreads();
     LoadTile(k_rows, j0, L, k_s);
     LoadTile(v_rows, j0, L, v_s);
     __syncthreads();
-    if (!active || j0 > i) continue;  // warp-uniform
+    if (!active || j0 > i || j0 + kTile <= first) continue;  // warp-uniform
     const int n_keys = static_cast<int>(MinOf<int64_t>(kTile, i - j0 + 1));
-    for (int jj = 0; jj < n_keys; ++jj) {
+    for (int jj = static_cast<int>(MaxOf<int64_t>(0, first - j0)); jj < n_keys; ++jj) {
       const float* kj = k_s + jj * hd;
       const float p = AttentionProbability(scale * WarpDot(qv, kj, hd, lane), row_lse);
       const float ds = AttentionScoreGrad(p, WarpDot(dov, v_s + jj * hd, hd, lane), d_i);
@@ -297,33 +330,37 @@ dim3 PositionGrid(int64_t batch, int64_t seq_len, int64_t heads) {
 
 cudaError_t LaunchGqaAttentionForward(int64_t batch, int64_t seq_len, int64_t num_heads,
                                       int64_t num_kv_heads, int64_t head_dim, int64_t q_stride,
-                                      int64_t kv_stride, const float* q, const float* k,
-                                      const float* v, float* out, float* lse, cudaStream_t stream) {
+                                      int64_t kv_stride, int64_t window, const int32_t* key_start,
+                                      const float* q, const float* k, const float* v, float* out,
+                                      float* lse, cudaStream_t stream) {
   const size_t smem = sizeof(float) * 2 * kTile * head_dim;
   GqaForwardKernel<<<PositionGrid(batch, seq_len, num_heads), kThreads, smem, stream>>>(
-      seq_len, num_heads, num_kv_heads, head_dim, q_stride, kv_stride, q, k, v, out, lse);
+      seq_len, num_heads, num_kv_heads, head_dim, q_stride, kv_stride, window, key_start, q, k, v,
+      out, lse);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchGqaAttentionBackward(int64_t batch, int64_t seq_len, int64_t num_heads,
                                        int64_t num_kv_heads, int64_t head_dim, int64_t q_stride,
-                                       int64_t kv_stride, const float* q, const float* k,
-                                       const float* v, const float* out, const float* lse,
-                                       const float* dout, float* row_d, float* dq, float* dk,
-                                       float* dv, cudaStream_t stream) {
+                                       int64_t kv_stride, int64_t window, const int32_t* key_start,
+                                       const float* q, const float* k, const float* v,
+                                       const float* out, const float* lse, const float* dout,
+                                       float* row_d, float* dq, float* dk, float* dv,
+                                       cudaStream_t stream) {
   const int64_t rows = batch * num_heads * seq_len;
   GqaRowDKernel<<<static_cast<unsigned int>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
       batch, seq_len, num_heads, head_dim, out, dout, row_d);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  const size_t key_smem = sizeof(float) * (2 * kTile * head_dim + 2 * kTile);
+  const size_t key_smem =
+      sizeof(float) * (2 * kTile * head_dim + 2 * kTile) + sizeof(int64_t) * kTile;
   GqaKeyGradKernel<<<PositionGrid(batch, seq_len, num_kv_heads), kThreads, key_smem, stream>>>(
-      seq_len, num_heads, num_kv_heads, head_dim, q_stride, kv_stride, q, k, v, lse, dout, row_d,
-      dk, dv);
+      seq_len, num_heads, num_kv_heads, head_dim, q_stride, kv_stride, window, key_start, q, k, v,
+      lse, dout, row_d, dk, dv);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const size_t query_smem = sizeof(float) * 2 * kTile * head_dim;
   GqaQueryGradKernel<<<PositionGrid(batch, seq_len, num_heads), kThreads, query_smem, stream>>>(
-      seq_len, num_heads, num_kv_heads, head_dim, q_stride, kv_stride, q, k, v, lse, dout, row_d,
-      dq);
+      seq_len, num_heads, num_kv_heads, head_dim, q_stride, kv_stride, window, key_start, q, k, v,
+      lse, dout, row_d, dq);
   return cudaGetLastError();
 }
 

@@ -65,7 +65,7 @@ TEST_F(CudaGqaAttentionTest, ForwardAndBackwardMatchCpu) {
   // {B, T, Hq, Hkv, D}: T = 1; T = 37 (tails of both the 8-row groups and the 32-key tiles); MQA,
   // GQA 4:1 and 3:1, MHA; D = 5, 33 (one lane with two elements), 64, 128 (the limit); T = 300
   // crosses many tiles.
-  for (const GqaAttentionShape s :
+  for (const GqaAttentionShape& s :
        {GqaAttentionShape{1, 1, 2, 1, 4}, GqaAttentionShape{2, 37, 4, 1, 5},
         GqaAttentionShape{1, 33, 6, 2, 33}, GqaAttentionShape{2, 70, 8, 2, 128},
         GqaAttentionShape{1, 41, 2, 2, 128}, GqaAttentionShape{1, 300, 4, 2, 64}}) {

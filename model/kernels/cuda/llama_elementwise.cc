@@ -39,12 +39,13 @@ absl::Status CheckRopeShape(const char* kernel, const RopeShape& s) {
 }
 
 absl::Status Rope(const char* kernel, const RopeShape& shape, const float* cos, const float* sin,
-                  float* x, bool inverse, cudaStream_t stream) {
+                  float* x, bool inverse, cudaStream_t stream, const int32_t* positions) {
   RETURN_IF_ERROR(CheckRopeShape(kernel, shape));
   RETURN_IF_ERROR(CheckNotNull(kernel, {{"cos", cos}, {"sin", sin}, {inverse ? "dx" : "x", x}}));
-  return LaunchStatus(cuda_internal::LaunchRope(shape.batch, shape.seq_len, shape.num_heads,
-                                                shape.head_dim, cos, sin, x, inverse, stream),
-                      kernel);
+  return LaunchStatus(
+      cuda_internal::LaunchRope(shape.batch, shape.seq_len, shape.num_heads, shape.head_dim,
+                                shape.table_positions, cos, sin, positions, x, inverse, stream),
+      kernel);
 }
 
 absl::Status CheckEmbeddingShape(const char* kernel, const EmbeddingShape& s) {
@@ -64,13 +65,13 @@ absl::Status CheckEmbeddingShape(const char* kernel, const EmbeddingShape& s) {
 }  // namespace
 
 absl::Status RopeForward(const RopeShape& shape, const float* cos, const float* sin, float* x,
-                         cudaStream_t stream) {
-  return Rope("cuda::RopeForward", shape, cos, sin, x, /*inverse=*/false, stream);
+                         cudaStream_t stream, const int32_t* positions) {
+  return Rope("cuda::RopeForward", shape, cos, sin, x, /*inverse=*/false, stream, positions);
 }
 
 absl::Status RopeBackward(const RopeShape& shape, const float* cos, const float* sin, float* dx,
-                          cudaStream_t stream) {
-  return Rope("cuda::RopeBackward", shape, cos, sin, dx, /*inverse=*/true, stream);
+                          cudaStream_t stream, const int32_t* positions) {
+  return Rope("cuda::RopeBackward", shape, cos, sin, dx, /*inverse=*/true, stream, positions);
 }
 
 absl::Status SwiGluForward(int64_t n, const float* g, const float* u, float* h,

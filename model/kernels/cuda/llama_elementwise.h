@@ -32,12 +32,16 @@
 
 namespace ps::cuda {
 
-// x [B,T,H,D] <- RoPE(x) in place; cos, sin [table_positions, D/2].
+// x [B,T,H,D] <- RoPE(x) in place; cos, sin [table_positions, D/2]. positions (device, [B*T],
+// null: row (b, t) has position t) as in model/kernels/rope.h; a row whose position is outside
+// [0, table_positions) comes out as NaN (device data is not checked on the host).
 [[nodiscard]] absl::Status RopeForward(const RopeShape& shape, const float* cos, const float* sin,
-                                       float* x, cudaStream_t stream);
+                                       float* x, cudaStream_t stream,
+                                       const int32_t* positions = nullptr);
 // dx [B,T,H,D] <- RoPE^T(dx) in place (see model/kernels/rope.h: a transform, not a +=).
 [[nodiscard]] absl::Status RopeBackward(const RopeShape& shape, const float* cos, const float* sin,
-                                        float* dx, cudaStream_t stream);
+                                        float* dx, cudaStream_t stream,
+                                        const int32_t* positions = nullptr);
 
 // h = silu(g) * u over n elements; h may equal g or u.
 [[nodiscard]] absl::Status SwiGluForward(int64_t n, const float* g, const float* u, float* h,

@@ -21,15 +21,21 @@ constexpr int kThreads = 256;
 
 // One thread per pair (row, head, i < D/2).
 __global__ void RopeKernel(int64_t rows, int64_t seq_len, int64_t num_heads, int64_t head_dim,
-                           const float* __restrict__ cos, const float* __restrict__ sin,
+                           int64_t table_positions, const float* __restrict__ cos,
+                           const float* __restrict__ sin, const int32_t* __restrict__ positions,
                            float* __restrict__ x, bool inverse) {
   const int64_t half = head_dim / 2;
   const int64_t n = rows * num_heads * half;
   for (int64_t idx = GlobalThread(); idx < n; idx += GridStride()) {
     const int64_t i = idx % half;
     const int64_t head = idx / half;  // row * num_heads + h
-    const int64_t t = (head / num_heads) % seq_len;
+    const int64_t row = head / num_heads;
+    const int64_t t = positions == nullptr ? row % seq_len : positions[row];
     float* p = x + head * head_dim;
+    if (t < 0 || t >= table_positions) {  // a position the tables lack: NaN, never out of bounds
+      p[i] = p[i + half] = NAN;
+      continue;
+    }
     const float c = cos[t * half + i], s = sin[t * half + i];
     const RopePair<float> r =
         inverse ? RopeRotateInverse(p[i], p[i + half], c, s) : RopeRotate(p[i], p[i + half], c, s);
@@ -89,11 +95,11 @@ __global__ void EmbeddingBackwardKernel(int64_t rows, int64_t channels, int64_t 
 }  // namespace
 
 cudaError_t LaunchRope(int64_t batch, int64_t seq_len, int64_t num_heads, int64_t head_dim,
-                       const float* cos, const float* sin, float* x, bool inverse,
-                       cudaStream_t stream) {
+                       int64_t table_positions, const float* cos, const float* sin,
+                       const int32_t* positions, float* x, bool inverse, cudaStream_t stream) {
   const int64_t rows = batch * seq_len;
   RopeKernel<<<GridFor(rows * num_heads * (head_dim / 2), kThreads), kThreads, 0, stream>>>(
-      rows, seq_len, num_heads, head_dim, cos, sin, x, inverse);
+      rows, seq_len, num_heads, head_dim, table_positions, cos, sin, positions, x, inverse);
   return cudaGetLastError();
 }
 

@@ -148,21 +148,23 @@ absl::Status CopySlotsToRows(int64_t channels, int64_t vocab_size, int64_t num_s
 }
 
 absl::Status PositionEmbeddingForward(int64_t batch, int64_t seq_len, int64_t channels,
-                                      const float* wpe, float* out, cudaStream_t stream) {
+                                      const float* wpe, float* out, cudaStream_t stream,
+                                      const int32_t* positions, int64_t max_positions) {
   constexpr char kKernel[] = "cuda::PositionEmbeddingForward";
   RETURN_IF_ERROR(CheckNotNull(kKernel, {{"wpe", wpe}, {"out", out}}));
-  return LaunchStatus(
-      cuda_internal::LaunchPositionEmbeddingForward(batch, seq_len, channels, wpe, out, stream),
-      kKernel);
+  return LaunchStatus(cuda_internal::LaunchPositionEmbeddingForward(
+                          batch, seq_len, channels, max_positions, positions, wpe, out, stream),
+                      kKernel);
 }
 
 absl::Status PositionEmbeddingBackward(int64_t batch, int64_t seq_len, int64_t channels,
-                                       const float* dout, float* dwpe, cudaStream_t stream) {
+                                       const float* dout, float* dwpe, cudaStream_t stream,
+                                       const int32_t* positions, int64_t max_positions) {
   constexpr char kKernel[] = "cuda::PositionEmbeddingBackward";
   RETURN_IF_ERROR(CheckNotNull(kKernel, {{"dout", dout}, {"dwpe", dwpe}}));
-  return LaunchStatus(
-      cuda_internal::LaunchPositionEmbeddingBackward(batch, seq_len, channels, dout, dwpe, stream),
-      kKernel);
+  return LaunchStatus(cuda_internal::LaunchPositionEmbeddingBackward(
+                          batch, seq_len, channels, max_positions, positions, dout, dwpe, stream),
+                      kKernel);
 }
 
 absl::Status LmHeadStateInit(int64_t rows, float* state, cudaStream_t stream) {

@@ -65,12 +65,21 @@ namespace ps::cuda {
                                            const int32_t* slot_of_token, const float* slot_rows,
                                            DType dst_dtype, void* dst, cudaStream_t stream);
 
+// positions (device, [B*T], null: position t) as in model/kernels/vocab_blocks.h; wpe / dwpe
+// have max_positions rows (read only with positions: a row whose position is outside
+// [0, max_positions) comes out NaN in the forward and adds nothing in the backward). With
+// positions the backward is one thread per channel walking (b, t) in increasing order — the CPU
+// kernel's order, so the same bits — O(B*T) steps per thread.
 [[nodiscard]] absl::Status PositionEmbeddingForward(int64_t batch, int64_t seq_len,
                                                     int64_t channels, const float* wpe, float* out,
-                                                    cudaStream_t stream);
+                                                    cudaStream_t stream,
+                                                    const int32_t* positions = nullptr,
+                                                    int64_t max_positions = 0);
 [[nodiscard]] absl::Status PositionEmbeddingBackward(int64_t batch, int64_t seq_len,
                                                      int64_t channels, const float* dout,
-                                                     float* dwpe, cudaStream_t stream);
+                                                     float* dwpe, cudaStream_t stream,
+                                                     const int32_t* positions = nullptr,
+                                                     int64_t max_positions = 0);
 
 // The kernels' own workspace (without cuBLAS's; LmHeadBlockForwardWorkspaceBytes /
 // LmHeadBlockBackwardWorkspaceBytes in cuda/workspace_sizes.h), each part 256-byte aligned: the

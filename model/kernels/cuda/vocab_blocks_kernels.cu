@@ -86,12 +86,42 @@ __global__ void CopySlotsToRowsKernel(int64_t row_begin, int64_t rows, int64_t c
 }
 
 __global__ void PositionEmbeddingForwardKernel(int64_t batch, int64_t seq_len, int64_t channels,
+                                               int64_t max_positions,
+                                               const int32_t* __restrict__ positions,
                                                const float* __restrict__ wpe,
                                                float* __restrict__ out) {
   const int64_t n_elems = batch * seq_len * channels;
   for (int64_t i = GlobalThread(); i < n_elems; i += GridStride()) {
-    const int64_t t = (i / channels) % seq_len, c = i % channels;
+    const int64_t row = i / channels, c = i % channels;
+    const int64_t t = positions == nullptr ? row % seq_len : positions[row];
+    if (positions != nullptr && (t < 0 || t >= max_positions)) {
+      out[i] = NAN;
+      continue;
+    }
     out[i] += wpe[t * channels + c];
+  }
+}
+
+// Positions per thread of PositionEmbeddingBackwardPositionsKernel.
+constexpr int64_t kPositionBucket = 32;
+
+// Thread (bucket, c) owns dwpe[p, c] for p in [bucket * 32, bucket * 32 + 32) and adds
+// dout[b, t, c] for every (b, t) in increasing order whose position falls there — each element
+// of dwpe receives its terms in (b, t) order, as the CPU kernel adds them.
+__global__ void PositionEmbeddingBackwardPositionsKernel(int64_t batch, int64_t seq_len,
+                                                         int64_t channels, int64_t max_positions,
+                                                         const int32_t* __restrict__ positions,
+                                                         const float* __restrict__ dout,
+                                                         float* __restrict__ dwpe) {
+  const int64_t buckets = (max_positions + kPositionBucket - 1) / kPositionBucket;
+  const int64_t n_threads = buckets * channels;
+  for (int64_t i = GlobalThread(); i < n_threads; i += GridStride()) {
+    const int64_t c = i % channels, p0 = (i / channels) * kPositionBucket;
+    const int64_t p1 = MinOf<int64_t>(max_positions, p0 + kPositionBucket);
+    for (int64_t row = 0; row < batch * seq_len; ++row) {
+      const int64_t p = positions[row];
+      if (p >= p0 && p < p1) dwpe[p * channels + c] += dout[row * channels + c];
+    }
   }
 }
 
@@ -186,16 +216,26 @@ cudaError_t LaunchCopySlotsToRows(int64_t row_begin, int64_t rows, int64_t chann
 }
 
 cudaError_t LaunchPositionEmbeddingForward(int64_t batch, int64_t seq_len, int64_t channels,
+                                           int64_t max_positions, const int32_t* positions,
                                            const float* wpe, float* out, cudaStream_t stream) {
   PositionEmbeddingForwardKernel<<<GridFor(batch * seq_len * channels, kThreads), kThreads, 0,
-                                   stream>>>(batch, seq_len, channels, wpe, out);
+                                   stream>>>(batch, seq_len, channels, max_positions, positions,
+                                             wpe, out);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchPositionEmbeddingBackward(int64_t batch, int64_t seq_len, int64_t channels,
+                                            int64_t max_positions, const int32_t* positions,
                                             const float* dout, float* dwpe, cudaStream_t stream) {
-  PositionEmbeddingBackwardKernel<<<GridFor(seq_len * channels, kThreads), kThreads, 0, stream>>>(
-      batch, seq_len, channels, dout, dwpe);
+  if (positions == nullptr) {
+    PositionEmbeddingBackwardKernel<<<GridFor(seq_len * channels, kThreads), kThreads, 0,
+                                      stream>>>(batch, seq_len, channels, dout, dwpe);
+  } else {
+    const int64_t buckets = (max_positions + kPositionBucket - 1) / kPositionBucket;
+    PositionEmbeddingBackwardPositionsKernel<<<GridFor(buckets * channels, kThreads), kThreads, 0,
+                                               stream>>>(batch, seq_len, channels, max_positions,
+                                                         positions, dout, dwpe);
+  }
   return cudaGetLastError();
 }
 

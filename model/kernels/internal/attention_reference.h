@@ -73,13 +73,23 @@ inline Rows RowsOf(const GqaAttentionShape& s) {
   return {s.seq_len, s.num_heads, s.head_dim, GqaQRowStride(s), GqaKvRowStride(s)};
 }
 
+// The visible keys of query (b, i): [First(b, i), i]. key_start empty: plain causal (and window).
+struct Mask {
+  absl::Span<const int32_t> key_start;  // [B*T] or empty
+  int64_t L, window;
+  int64_t First(int64_t b, int64_t i) const {
+    return AttentionFirstKey(i, key_start.empty() ? 0 : key_start[b * L + i], window);
+  }
+};
+
 }  // namespace attention_reference
 
 // Forward: out and lse from q, k, v; workspace as GqaAttentionWorkspaceElems.
 template <typename T>
 void GqaAttentionForwardReference(const GqaAttentionShape& shape, absl::Span<const T> q,
                                   absl::Span<const T> k, absl::Span<const T> v, absl::Span<T> out,
-                                  absl::Span<T> lse, absl::Span<T> workspace, ThreadPool* pool) {
+                                  absl::Span<T> lse, absl::Span<T> workspace, ThreadPool* pool,
+                                  absl::Span<const int32_t> key_start = {}) {
   using attention_reference::Axpy;
   using attention_reference::DecodeItem;
   using attention_reference::DotProduct;
@@ -88,6 +98,7 @@ void GqaAttentionForwardReference(const GqaAttentionShape& shape, absl::Span<con
   const int64_t B = shape.batch, L = shape.seq_len, Hq = shape.num_heads, Hkv = shape.num_kv_heads,
                 D = shape.head_dim, tile = shape.tile;
   const attention_reference::Rows rows = attention_reference::RowsOf(shape);
+  const attention_reference::Mask mask{key_start, L, shape.sliding_window};
   const int num_slots = pool == nullptr ? 1 : pool->num_threads();
   const int64_t group = Hq / Hkv;
   const T scale = AttentionScale<T>(D);
@@ -105,7 +116,8 @@ void GqaAttentionForwardReference(const GqaAttentionShape& shape, absl::Span<con
         const T* qi = q.data() + rows.Q(it.b, i, it.h);
         T m = NegativeInfinity<T>(), l = 0;
         std::fill(acc, acc + D, T{0});
-        for (int64_t j0 = 0; j0 <= i; j0 += tile) {
+        // Key tiles from the first visible key: keys before it are never touched.
+        for (int64_t j0 = mask.First(it.b, i); j0 <= i; j0 += tile) {
           const int64_t j1 = std::min(i + 1, j0 + tile);  // causal: keys j <= i
           T tile_max = NegativeInfinity<T>();
           for (int64_t j = j0; j < j1; ++j) {
@@ -139,7 +151,8 @@ void GqaAttentionBackwardReference(const GqaAttentionShape& shape, absl::Span<co
                                    absl::Span<const T> k, absl::Span<const T> v,
                                    absl::Span<const T> out, absl::Span<const T> lse,
                                    absl::Span<const T> dout, absl::Span<T> dq, absl::Span<T> dk,
-                                   absl::Span<T> dv, ThreadPool* pool) {
+                                   absl::Span<T> dv, ThreadPool* pool,
+                                   absl::Span<const int32_t> key_start = {}) {
   using attention_reference::Axpy;
   using attention_reference::DecodeItem;
   using attention_reference::DotProduct;
@@ -147,24 +160,28 @@ void GqaAttentionBackwardReference(const GqaAttentionShape& shape, absl::Span<co
   const int64_t B = shape.batch, L = shape.seq_len, Hq = shape.num_heads, Hkv = shape.num_kv_heads,
                 D = shape.head_dim, tile = shape.tile;
   const attention_reference::Rows rows = attention_reference::RowsOf(shape);
+  const attention_reference::Mask mask{key_start, L, shape.sliding_window};
   const int64_t group = Hq / Hkv;
   const T scale = AttentionScale<T>(D);
   const int64_t num_tiles = NumTasks(L, tile);
 
   // Pass A: dk, dv for the keys of one tile of kv head g, summing over the group's query heads
-  // (increasing) and, for each, over queries i >= j (increasing).
+  // (increasing) and, for each, over the queries i >= j that see j (increasing). The first visible
+  // key never decreases with i, so the first query that sees none of the tile ends the walk.
   ParallelFor(pool, B * Hkv * num_tiles, [&](int64_t item) {
     const Item it = DecodeItem(item, Hkv, num_tiles);
     const int64_t g = it.h;
     const int64_t j0 = it.tile * tile, j1 = std::min(L, j0 + tile);
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
       for (int64_t i = j0; i < L; ++i) {
+        const int64_t first = mask.First(it.b, i);
+        if (first >= j1) break;
         const T* qi = q.data() + rows.Q(it.b, i, h);
         const T* dout_i = dout.data() + rows.Out(it.b, i, h);
         const T Di = DotProduct(dout_i, out.data() + rows.Out(it.b, i, h), D);
         const T row_lse = lse[rows.Lse(it.b, h, i)];
         const int64_t j_end = std::min(j1, i + 1);
-        for (int64_t j = j0; j < j_end; ++j) {
+        for (int64_t j = std::max(j0, first); j < j_end; ++j) {
           const int64_t kv = rows.KV(it.b, j, g);
           const T p = AttentionProbability(scale * DotProduct(qi, k.data() + kv, D), row_lse);
           const T dS = AttentionScoreGrad(p, DotProduct(dout_i, v.data() + kv, D), Di);
@@ -174,7 +191,8 @@ void GqaAttentionBackwardReference(const GqaAttentionShape& shape, absl::Span<co
       }
     }
   });
-  // Pass B: dq for the queries of one tile of query head h, summing over keys j <= i in order.
+  // Pass B: dq for the queries of one tile of query head h, summing over its visible keys in
+  // order.
   ParallelFor(pool, B * Hq * num_tiles, [&](int64_t item) {
     const Item it = DecodeItem(item, Hq, num_tiles);
     const int64_t g = it.h / group;
@@ -185,7 +203,7 @@ void GqaAttentionBackwardReference(const GqaAttentionShape& shape, absl::Span<co
       const T Di = DotProduct(dout_i, out.data() + rows.Out(it.b, i, it.h), D);
       const T row_lse = lse[rows.Lse(it.b, it.h, i)];
       T* dqi = dq.data() + rows.Q(it.b, i, it.h);
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = mask.First(it.b, i); j <= i; ++j) {
         const T* kj = k.data() + rows.KV(it.b, j, g);
         const T p = AttentionProbability(scale * DotProduct(qi, kj, D), row_lse);
         const T dS =

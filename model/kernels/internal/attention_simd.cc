@@ -125,7 +125,7 @@ void AttentionForwardRowsImpl(const AttentionHeadView& head, int64_t tile, int64
     const float* q = head.q + i * head.q_stride;
     float m = NegativeInfinity<float>(), l = 0;
     std::fill(acc, acc + hd, 0.0f);
-    for (int64_t j0 = 0; j0 <= i; j0 += tile) {
+    for (int64_t j0 = head.FirstKey(i); j0 <= i; j0 += tile) {
       const int64_t j1 = std::min(i + 1, j0 + tile);  // causal: keys j <= i
       float tile_max = NegativeInfinity<float>();
       for (int64_t j = j0; j < j1; ++j) {
@@ -166,8 +166,10 @@ void AttentionBackwardHeadImpl(const AttentionHeadView& head, const float* out, 
   HWY_ALIGN float g_block[kB * kB];
   for (int64_t j0 = 0; j0 < L; j0 += kB) {
     const int64_t j1 = std::min(L, j0 + kB);
-    // Query blocks from the key block on: earlier queries see none of these keys.
-    for (int64_t i0 = j0; i0 < L; i0 += kB) {
+    // Query blocks from the key block on: earlier queries see none of these keys; and once a
+    // block's first query starts after the key block, so do all later ones (the first visible key
+    // never decreases).
+    for (int64_t i0 = j0; i0 < L && head.FirstKey(i0) < j1; i0 += kB) {
       const int64_t i1 = std::min(L, i0 + kB);
       for (int64_t i = i0; i < i1; ++i) {
         const float* q = head.q + i * q_stride;
@@ -176,38 +178,44 @@ void AttentionBackwardHeadImpl(const AttentionHeadView& head, const float* out, 
         const float row_lse = lse[i];
         float* p_row = p_block + (i - i0) * kB;
         float* g_row = g_block + (i - i0) * kB;
-        const int64_t j_end = std::min(j1, i + 1);
+        const int64_t j_begin = std::max(j0, head.FirstKey(i)), j_end = std::min(j1, i + 1);
         // In three passes over the row's keys, so that independent dot products (and then the
         // exp calls) overlap instead of waiting on each other: the scores into p_row, the dP
-        // values into g_row, then P and scale * dS in place.
-        for (int64_t j = j0; j < j_end; ++j) {
+        // values into g_row, then P and scale * dS in place. Keys the row does not see are left
+        // unset and never read.
+        for (int64_t j = j_begin; j < j_end; ++j) {
           p_row[j - j0] = scale * DotExact(d, q, head.k + j * kv_stride, hd);
         }
-        for (int64_t j = j0; j < j_end; ++j) {
+        for (int64_t j = j_begin; j < j_end; ++j) {
           g_row[j - j0] = DotExact(d, dout_i, head.v + j * kv_stride, hd);
         }
-        for (int64_t j = j0; j < j_end; ++j) {
+        for (int64_t j = j_begin; j < j_end; ++j) {
           const float p = AttentionProbability(p_row[j - j0], row_lse);
           const float dS = AttentionScoreGrad(p, g_row[j - j0], D_i);
           p_row[j - j0] = p;
           g_row[j - j0] = scale * dS;
         }
       }
-      // dk_j += scale dS_ij q_i and dv_j += P_ij dO_i over the block's queries i >= j, ascending.
+      // dk_j += scale dS_ij q_i and dv_j += P_ij dO_i over the block's queries that see j,
+      // ascending: i >= j, and i below i_stop, the block's first query whose first visible key
+      // is after j (it only moves forward as j grows).
+      int64_t i_stop = i0;
       for (int64_t j = j0; j < j1; ++j) {
+        while (i_stop < i1 && head.FirstKey(i_stop) <= j) ++i_stop;
         const int64_t i_begin = std::max(i0, j);
-        if (i_begin >= i1) continue;
+        if (i_begin >= i_stop) continue;
         const int64_t col = j - j0, row = i_begin - i0;
         Accumulate(d, g_block + row * kB + col, kB, head.q + i_begin * q_stride, q_stride,
-                   i1 - i_begin, dk + j * kv_stride, hd);
+                   i_stop - i_begin, dk + j * kv_stride, hd);
         Accumulate(d, p_block + row * kB + col, kB, dout + i_begin * out_stride, out_stride,
-                   i1 - i_begin, dv + j * kv_stride, hd);
+                   i_stop - i_begin, dv + j * kv_stride, hd);
       }
-      // dq_i += scale dS_ij k_j over the block's keys j <= i, ascending.
+      // dq_i += scale dS_ij k_j over the block's keys that query i sees, ascending.
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t j_end = std::min(j1, i + 1);
-        Accumulate(d, g_block + (i - i0) * kB, 1, head.k + j0 * kv_stride, kv_stride, j_end - j0,
-                   dq + i * q_stride, hd);
+        const int64_t j_begin = std::max(j0, head.FirstKey(i)), j_end = std::min(j1, i + 1);
+        if (j_begin >= j_end) continue;
+        Accumulate(d, g_block + (i - i0) * kB + (j_begin - j0), 1, head.k + j_begin * kv_stride,
+                   kv_stride, j_end - j_begin, dq + i * q_stride, hd);
       }
     }
   }

@@ -25,6 +25,8 @@
 
 #include <cstdint>
 
+#include "model/kernels/attention_math.h"
+
 namespace ps::kernels_internal::simd {
 
 // One (batch, query head) and the kv head it reads: row t of q starts at q + t * q_stride, row t
@@ -38,15 +40,24 @@ struct AttentionHeadView {
   int64_t seq_len = 0;    // T
   int64_t head_dim = 0;   // D
   float scale = 0;        // 1 / sqrt(D)
+  // The mask (model/kernels/gqa_attention.h): query t sees keys [AttentionFirstKey(t,
+  // key_start[t], window), t]. key_start: this batch row's [T] (non-decreasing, <= t), or null
+  // for 0; window 0: none.
+  const int32_t* key_start = nullptr;
+  int64_t window = 0;
+  int64_t FirstKey(int64_t t) const {
+    return AttentionFirstKey(t, key_start == nullptr ? 0 : key_start[t], window);
+  }
 };
 
 // Query rows per block and key columns per block of AttentionBackwardHead (its stack buffers are
 // two kAttentionBlock^2 tiles of floats). Any value gives the same results.
 inline constexpr int64_t kAttentionBlock = 64;
 
-// Forward of query rows [i0, i1) over key tiles of `tile` positions (the online softmax of
-// gqa_attention.h; the tile fixes the rounding): out row i at out + i * out_stride (head_dim
-// elements), lse[i]. `scores` holds `tile` floats and `acc` head_dim floats of scratch.
+// Forward of query rows [i0, i1) over key tiles of `tile` positions starting at each query's first
+// visible key (the online softmax of gqa_attention.h; the tile fixes the rounding): out row i at
+// out + i * out_stride (head_dim elements), lse[i]. `scores` holds `tile` floats and `acc` head_dim
+// floats of scratch.
 void AttentionForwardRows(const AttentionHeadView& head, int64_t tile, int64_t i0, int64_t i1,
                           float* out, int64_t out_stride, float* lse, float* scores, float* acc);
 
@@ -54,6 +65,8 @@ void AttentionForwardRows(const AttentionHeadView& head, int64_t tile, int64_t i
 // kv_stride, likewise dv) += the gradients, from the forward's out and its gradient dout (rows at
 // + t * out_stride) and lse. dk_j and dv_j sum over queries i ascending, dq_i over keys ascending,
 // so calling this for the query heads of a group in increasing order gives the reference's dk, dv.
+// Under a mask, (query block, key block) pairs where no query sees a key are skipped, and within
+// a pair only the visible (i, j) are computed.
 void AttentionBackwardHead(const AttentionHeadView& head, const float* out, const float* dout,
                            int64_t out_stride, const float* lse, float* dq, float* dk, float* dv);
 

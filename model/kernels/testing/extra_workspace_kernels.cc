@@ -209,13 +209,15 @@ absl::Status ExtraWorkspaceKernels::DoRmsNormBackward(Stream& stream, const RmsN
 }
 
 absl::Status ExtraWorkspaceKernels::DoRopeForward(Stream& stream, const RopeShape& shape,
-                                                  const float* cos, const float* sin, float* x) {
-  return inner_.RopeForward(stream, shape, cos, sin, x);
+                                                  const float* cos, const float* sin, float* x,
+                                                  const int32_t* positions) {
+  return inner_.RopeForward(stream, shape, cos, sin, x, positions);
 }
 
 absl::Status ExtraWorkspaceKernels::DoRopeBackward(Stream& stream, const RopeShape& shape,
-                                                   const float* cos, const float* sin, float* dx) {
-  return inner_.RopeBackward(stream, shape, cos, sin, dx);
+                                                   const float* cos, const float* sin, float* dx,
+                                                   const int32_t* positions) {
+  return inner_.RopeBackward(stream, shape, cos, sin, dx, positions);
 }
 
 absl::Status ExtraWorkspaceKernels::DoSwiGluForward(Stream& stream, int64_t num_elems,
@@ -231,16 +233,17 @@ absl::Status ExtraWorkspaceKernels::DoSwiGluBackward(Stream& stream, int64_t num
 
 absl::Status ExtraWorkspaceKernels::DoGqaAttentionForward(
     Stream& stream, const GqaAttentionShape& shape, const float* q, const float* k, const float* v,
-    float* out, float* lse, void* workspace, int64_t workspace_bytes) {
-  return inner_.GqaAttentionForward(stream, shape, q, k, v, out, lse, workspace, workspace_bytes);
+    float* out, float* lse, void* workspace, int64_t workspace_bytes, const int32_t* key_start) {
+  return inner_.GqaAttentionForward(stream, shape, q, k, v, out, lse, workspace, workspace_bytes,
+                                    key_start);
 }
 
 absl::Status ExtraWorkspaceKernels::DoGqaAttentionBackward(
     Stream& stream, const GqaAttentionShape& shape, const float* q, const float* k, const float* v,
     const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv,
-    void* workspace, int64_t workspace_bytes) {
+    void* workspace, int64_t workspace_bytes, const int32_t* key_start) {
   return inner_.GqaAttentionBackward(stream, shape, q, k, v, out, lse, dout, dq, dk, dv, workspace,
-                                     workspace_bytes);
+                                     workspace_bytes, key_start);
 }
 
 absl::Status ExtraWorkspaceKernels::DoLinearForward(Stream& stream, const LinearShape& shape,
@@ -319,16 +322,19 @@ absl::Status ExtraWorkspaceKernels::DoCopySlotsToRows(Stream& stream, const Touc
 absl::Status ExtraWorkspaceKernels::DoPositionEmbeddingForward(Stream& stream, int64_t batch,
                                                                int64_t seq_len, int64_t channels,
                                                                int64_t max_seq_len,
-                                                               const float* wpe, float* out) {
-  return inner_.PositionEmbeddingForward(stream, batch, seq_len, channels, max_seq_len, wpe, out);
+                                                               const float* wpe, float* out,
+                                                               const int32_t* positions) {
+  return inner_.PositionEmbeddingForward(stream, batch, seq_len, channels, max_seq_len, wpe, out,
+                                         positions);
 }
 
 absl::Status ExtraWorkspaceKernels::DoPositionEmbeddingBackward(Stream& stream, int64_t batch,
                                                                 int64_t seq_len, int64_t channels,
                                                                 int64_t max_seq_len,
-                                                                const float* dout, float* dwpe) {
-  return inner_.PositionEmbeddingBackward(stream, batch, seq_len, channels, max_seq_len, dout,
-                                          dwpe);
+                                                                const float* dout, float* dwpe,
+                                                                const int32_t* positions) {
+  return inner_.PositionEmbeddingBackward(stream, batch, seq_len, channels, max_seq_len, dout, dwpe,
+                                          positions);
 }
 
 absl::Status ExtraWorkspaceKernels::DoLmHeadStateInit(Stream& stream, const VocabBlockShape& shape,

@@ -185,21 +185,22 @@ class ExtraWorkspaceKernels final : public Kernels {
                                  const float* w, const float* rstd, const float* dy, float* dx,
                                  float* dw) override;
   absl::Status DoRopeForward(Stream& stream, const RopeShape& shape, const float* cos,
-                             const float* sin, float* x) override;
+                             const float* sin, float* x, const int32_t* positions) override;
   absl::Status DoRopeBackward(Stream& stream, const RopeShape& shape, const float* cos,
-                              const float* sin, float* dx) override;
+                              const float* sin, float* dx, const int32_t* positions) override;
   absl::Status DoSwiGluForward(Stream& stream, int64_t num_elems, const float* g, const float* u,
                                float* h) override;
   absl::Status DoSwiGluBackward(Stream& stream, int64_t num_elems, const float* g, const float* u,
                                 const float* dh, float* dg, float* du) override;
   absl::Status DoGqaAttentionForward(Stream& stream, const GqaAttentionShape& shape, const float* q,
                                      const float* k, const float* v, float* out, float* lse,
-                                     void* workspace, int64_t workspace_bytes) override;
+                                     void* workspace, int64_t workspace_bytes,
+                                     const int32_t* key_start) override;
   absl::Status DoGqaAttentionBackward(Stream& stream, const GqaAttentionShape& shape,
                                       const float* q, const float* k, const float* v,
                                       const float* out, const float* lse, const float* dout,
                                       float* dq, float* dk, float* dv, void* workspace,
-                                      int64_t workspace_bytes) override;
+                                      int64_t workspace_bytes, const int32_t* key_start) override;
   absl::Status DoLinearForward(Stream& stream, const LinearShape& shape, const float* x,
                                const float* w, const float* b, float* y, void* workspace,
                                int64_t workspace_bytes) override;
@@ -230,10 +231,10 @@ class ExtraWorkspaceKernels final : public Kernels {
                                  DType dst_dtype, void* dst) override;
   absl::Status DoPositionEmbeddingForward(Stream& stream, int64_t batch, int64_t seq_len,
                                           int64_t channels, int64_t max_seq_len, const float* wpe,
-                                          float* out) override;
+                                          float* out, const int32_t* positions) override;
   absl::Status DoPositionEmbeddingBackward(Stream& stream, int64_t batch, int64_t seq_len,
                                            int64_t channels, int64_t max_seq_len, const float* dout,
-                                           float* dwpe) override;
+                                           float* dwpe, const int32_t* positions) override;
   absl::Status DoLmHeadStateInit(Stream& stream, const VocabBlockShape& shape,
                                  float* state) override;
   absl::Status DoLmHeadBlockForward(Stream& stream, const VocabBlockShape& shape, const float* h,

@@ -29,9 +29,11 @@ cudaError_t LaunchRmsNormBackward(int64_t rows, int64_t channels, const float* x
 
 // x [B,T,H,D] rotated in place by the tables cos/sin [P, D/2] (row t for position t); the
 // inverse rotation when `inverse`.
+// positions: null (row (b, t) at position t) or [batch * seq_len] device int32; a position
+// outside [0, table_positions) turns its row into NaN.
 cudaError_t LaunchRope(int64_t batch, int64_t seq_len, int64_t num_heads, int64_t head_dim,
-                       const float* cos, const float* sin, float* x, bool inverse,
-                       cudaStream_t stream);
+                       int64_t table_positions, const float* cos, const float* sin,
+                       const int32_t* positions, float* x, bool inverse, cudaStream_t stream);
 // h = silu(g) * u over n elements (h may equal g or u).
 cudaError_t LaunchSwiGluForward(int64_t n, const float* g, const float* u, float* h,
                                 cudaStream_t stream);
@@ -58,18 +60,22 @@ inline constexpr int kGqaRowsPerBlock = 8;
 inline constexpr int kGqaKeyTile = 32;
 
 // q_stride, kv_stride: elements between consecutive tokens' rows of q (dq) and of k, v (dk, dv),
-// never 0 here (the caller resolves packed rows); out, dout and lse are packed.
+// never 0 here (the caller resolves packed rows); out, dout and lse are packed. window (0: none)
+// and key_start (device [batch * seq_len], null: 0) mask the keys as model/kernels/gqa_attention.h
+// says.
 cudaError_t LaunchGqaAttentionForward(int64_t batch, int64_t seq_len, int64_t num_heads,
                                       int64_t num_kv_heads, int64_t head_dim, int64_t q_stride,
-                                      int64_t kv_stride, const float* q, const float* k,
-                                      const float* v, float* out, float* lse, cudaStream_t stream);
+                                      int64_t kv_stride, int64_t window, const int32_t* key_start,
+                                      const float* q, const float* k, const float* v, float* out,
+                                      float* lse, cudaStream_t stream);
 // row_d: workspace of batch * num_heads * seq_len floats (D_i = dout_i . out_i).
 cudaError_t LaunchGqaAttentionBackward(int64_t batch, int64_t seq_len, int64_t num_heads,
                                        int64_t num_kv_heads, int64_t head_dim, int64_t q_stride,
-                                       int64_t kv_stride, const float* q, const float* k,
-                                       const float* v, const float* out, const float* lse,
-                                       const float* dout, float* row_d, float* dq, float* dk,
-                                       float* dv, cudaStream_t stream);
+                                       int64_t kv_stride, int64_t window, const int32_t* key_start,
+                                       const float* q, const float* k, const float* v,
+                                       const float* out, const float* lse, const float* dout,
+                                       float* row_d, float* dq, float* dk, float* dv,
+                                       cudaStream_t stream);
 
 }  // namespace ps::cuda_internal
 

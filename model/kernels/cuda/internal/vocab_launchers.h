@@ -35,11 +35,17 @@ cudaError_t LaunchCopySlotsToRows(int64_t row_begin, int64_t rows, int64_t chann
                                   int64_t num_slots, const int32_t* slot_of_token,
                                   const float* slot_rows, int dst_dtype, void* dst,
                                   cudaStream_t stream);
-// out[b, t, :] += wpe[t, :].
+// out[b, t, :] += wpe[p, :], p = t, or positions[b*T + t] when positions is not null (then a
+// position outside [0, max_positions) makes the row NaN).
 cudaError_t LaunchPositionEmbeddingForward(int64_t batch, int64_t seq_len, int64_t channels,
+                                           int64_t max_positions, const int32_t* positions,
                                            const float* wpe, float* out, cudaStream_t stream);
-// dwpe[t, c] += dout[0, t, c], then += dout[1, t, c], ... (b increasing, one thread per element).
+// Without positions: dwpe[t, c] += dout[0, t, c], then += dout[1, t, c], ... (b increasing, one
+// thread per element). With positions: dwpe[p(b,t), c] += dout[b, t, c] over (b, t) increasing;
+// a thread owns channel c of 32 consecutive positions and scans every (b, t); positions outside
+// [0, max_positions) add nothing.
 cudaError_t LaunchPositionEmbeddingBackward(int64_t batch, int64_t seq_len, int64_t channels,
+                                            int64_t max_positions, const int32_t* positions,
                                             const float* dout, float* dwpe, cudaStream_t stream);
 // state[0, rows) = -inf (running max), state[rows, 3 rows) = 0 (running sum, target logit).
 cudaError_t LaunchLmHeadStateInit(int64_t rows, float* state, cudaStream_t stream);
