@@ -133,8 +133,9 @@ TEST_P(SftParity, PerStepLossesMatchTorchRunningEachExampleAlone) {
     EXPECT_LE(RelDiff(h[s].loss, loss), 1e-5) << h[s].loss << " vs torch " << loss;
     EXPECT_LE(RelDiff(h[s].lr, want["lr"].get<double>()), 1e-12)
         << h[s].lr << " vs " << want["lr"].get<double>();
-    // The global norm of ~20k f32 gradients summed in different orders: 1e-4.
-    EXPECT_LE(RelDiff(h[s].grad_norm, want["grad_norm"].get<double>()), 1e-4)
+    // The pre-clip global norm (f32 gradients summed in other orders): 1e-5 relative; measured
+    // within 4e-7 (and the losses within 8e-8) on a Zen 3 CPU when this test was written.
+    EXPECT_LE(RelDiff(h[s].grad_norm, want["grad_norm"].get<double>()), 1e-5)
         << h[s].grad_norm << " vs torch " << want["grad_norm"].get<double>();
     // SPEC #36 §4: metrics JSONL has the step's trained targets.
     ASSERT_TRUE(metrics[s].contains("trained_targets")) << metrics[s].dump();
