@@ -139,8 +139,7 @@ TEST_P(SftParity, PerStepLossesMatchTorchRunningEachExampleAlone) {
         << h[s].grad_norm << " vs torch " << want["grad_norm"].get<double>();
     // SPEC #36 §4: metrics JSONL has the step's trained targets.
     ASSERT_TRUE(metrics[s].contains("trained_targets")) << metrics[s].dump();
-    EXPECT_EQ(metrics[s]["trained_targets"].get<int64_t>(),
-              want["trained_targets"].get<int64_t>());
+    EXPECT_EQ(metrics[s]["trained_targets"].get<int64_t>(), want["trained_targets"].get<int64_t>());
     EXPECT_DOUBLE_EQ(metrics[s]["loss"].get<double>(), h[s].loss);
   }
 }
