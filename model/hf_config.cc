@@ -1,5 +1,6 @@
 #include "model/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -397,17 +398,18 @@ absl::StatusOr<std::optional<int64_t>> SlidingWindow(const Keys& keys,
   return std::optional<int64_t>(w);
 }
 
-absl::Status CheckSlidingWindow(const Keys& keys, const ModelConfig& c) {
+// Sets c.sliding_window and c.sliding_window_layers as transformers 4.57.6 applies them: mistral
+// on every layer when sliding_window is not null (absent: MistralConfig's 4096); qwen2 and qwen3
+// only with use_sliding_window true and a non-null sliding_window (absent: 4096), on the layers
+// layer_types names "sliding_attention" (absent: those >= max_window_layers, default 28).
+absl::Status ParseSlidingWindow(const Keys& keys, ModelConfig& c) {
+  c.sliding_window = 0;
+  c.sliding_window_layers.clear();
   if (c.family == ModelFamily::kMistral) {
     ASSIGN_OR_RETURN(const std::optional<int64_t> window, SlidingWindow(keys, 4096));
-    if (window.has_value() && *window < c.max_position_embeddings) {
-      return keys.Unsupported(
-          "sliding_window",
-          absl::StrCat(
-              "is ", *window, ", below max_position_embeddings ", c.max_position_embeddings,
-              (keys.Find("sliding_window") == nullptr ? " (4096 is MistralConfig's default)" : ""),
-              ": sliding-window attention is not supported (Mistral-7B-v0.2 and later "
-              "set it to null)"));
+    if (window.has_value()) {
+      c.sliding_window = *window;
+      c.sliding_window_layers.assign(static_cast<size_t>(c.num_layers), true);
     }
     return absl::OkStatus();
   }
@@ -424,9 +426,8 @@ absl::Status CheckSlidingWindow(const Keys& keys, const ModelConfig& c) {
                           absl::StrCat("must be non-negative, got ", max_window_layers));
     }
   }
-  // Which layers would use the window: layer_types when given, else layers >= max_window_layers.
-  int64_t first_sliding = -1;
-  const char* culprit = "use_sliding_window";
+  // Which layers use the window: layer_types when given, else layers >= max_window_layers.
+  std::vector<bool> layers(static_cast<size_t>(c.num_layers), false);
   if (const json* types = keys.FindNonNull("layer_types"); types != nullptr) {
     if (!types->is_array() || static_cast<int64_t>(types->size()) != c.num_layers) {
       return keys.Invalid("layer_types",
@@ -437,22 +438,21 @@ absl::Status CheckSlidingWindow(const Keys& keys, const ModelConfig& c) {
       const json& t = (*types)[i];
       if (t == "full_attention") continue;
       if (t == "sliding_attention") {
-        if (first_sliding < 0) first_sliding = static_cast<int64_t>(i);
+        layers[i] = true;
         continue;
       }
       return keys.Unsupported(
           absl::StrCat("layer_types[", i, "]"),
           absl::StrCat("is ", hf_json::Brief(t), "; supported: full_attention, sliding_attention"));
     }
-    culprit = "layer_types";
-  } else if (max_window_layers < c.num_layers) {
-    first_sliding = max_window_layers;
+  } else {
+    for (int64_t i = max_window_layers; i < c.num_layers; ++i) {
+      layers[static_cast<size_t>(i)] = true;
+    }
   }
-  if (use && window.has_value() && *window < c.max_position_embeddings && first_sliding >= 0) {
-    return keys.Unsupported(
-        culprit, absl::StrCat("puts layer ", first_sliding, " under a sliding window of ", *window,
-                              " positions (use_sliding_window is true): sliding-window "
-                              "attention is not supported"));
+  if (use && window.has_value() && std::find(layers.begin(), layers.end(), true) != layers.end()) {
+    c.sliding_window = *window;
+    c.sliding_window_layers = std::move(layers);
   }
   return absl::OkStatus();
 }
@@ -539,7 +539,7 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
     }
   }
   RETURN_IF_ERROR(ParseRope(keys, c));
-  RETURN_IF_ERROR(CheckSlidingWindow(keys, c));
+  RETURN_IF_ERROR(ParseSlidingWindow(keys, c));
   return c;
 }
 
@@ -658,13 +658,27 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c, const HfConfigJso
     if (c.family == ModelFamily::kLlama) {
       out["attention_bias"] = c.qkv_bias;
       out["mlp_bias"] = c.mlp_bias;
-    } else if (c.family == ModelFamily::kQwen2) {
-      out["use_sliding_window"] = false;
-    } else if (c.family == ModelFamily::kQwen3) {
-      out["attention_bias"] = c.qkv_bias;
-      out["use_sliding_window"] = false;
     } else if (c.family == ModelFamily::kMistral) {
-      out["sliding_window"] = nullptr;
+      out["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+    }
+    if (c.family == ModelFamily::kQwen3) out["attention_bias"] = c.qkv_bias;
+    if (c.family == ModelFamily::kQwen2 || c.family == ModelFamily::kQwen3) {
+      out["use_sliding_window"] = c.sliding_window > 0;
+      out.erase("layer_types");
+      if (c.sliding_window > 0) {
+        // layer_types says which layers slide (transformers >= 4.53 reads it); max_window_layers
+        // is the first of them, which says the same to older versions when the sliding layers
+        // are the last ones (Qwen2's own convention).
+        const auto first = std::find(c.sliding_window_layers.begin(),
+                                     c.sliding_window_layers.end(), true);
+        out["sliding_window"] = c.sliding_window;
+        out["max_window_layers"] = first - c.sliding_window_layers.begin();
+        json types = json::array();
+        for (const bool sliding : c.sliding_window_layers) {
+          types.push_back(sliding ? "sliding_attention" : "full_attention");
+        }
+        out["layer_types"] = std::move(types);
+      }
     }
   }
   const std::optional<DType> dtype =

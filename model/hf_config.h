@@ -24,8 +24,11 @@
 //   tie_word_embeddings                    false (gpt2 true)
 //   attention_bias (llama, qwen3)          false
 //   mlp_bias (llama)                       false
-//   sliding_window                         mistral 4096; qwen2, qwen3 4096 but only with
-//   use_sliding_window, max_window_layers  use_sliding_window (false) for layers >= 28
+//   sliding_window                         mistral 4096 (every layer; null: none); qwen2, qwen3
+//   use_sliding_window, max_window_layers, 4096 but only with use_sliding_window (false), on the
+//   layer_types                            layers layer_types names "sliding_attention", else
+//                                          those >= max_window_layers (28) — as transformers
+//                                          4.57.6 applies them (ModelConfig::sliding_window)
 //   torch_dtype / dtype                    none ("dtype", transformers 5's name, wins)
 // gpt2 also accepts its attribute-map aliases (hidden_size for n_embd, max_position_embeddings for
 // n_positions, num_attention_heads for n_head, num_hidden_layers for n_layer), which must agree
@@ -44,14 +47,12 @@
 //                    hidden_size not divisible by the heads (llama always, as transformers 5's
 //                    LlamaConfig; qwen2 and mistral only when head_dim is absent), an
 //                    architectures entry that contradicts model_type, rope_theta disagreeing with
-//                    rope_parameters.rope_theta, a missing llama3 parameter, everything
-//                    ValidateModelConfig refuses (with the config key's name).
-//   Unimplemented    a model_type or architecture outside the five; sliding-window attention in
-//                    use (mistral: sliding_window < max_position_embeddings, including the default
-//                    4096; qwen2, qwen3: use_sliding_window with a window below
-//                    max_position_embeddings on some layer, or a "sliding_attention" entry in
-//                    layer_types); mixture of experts (num_experts, num_local_experts,
-//                    num_experts_per_tok, n_routed_experts, n_shared_experts,
+//                    rope_parameters.rope_theta, a missing llama3 parameter, a sliding_window that
+//                    is not a positive integer or null, layer_types not one string per layer,
+//                    everything ValidateModelConfig refuses (with the config key's name).
+//   Unimplemented    a model_type or architecture outside the five; a layer_types entry other
+//                    than full_attention and sliding_attention; mixture of experts (num_experts,
+//                    num_local_experts, num_experts_per_tok, n_routed_experts, n_shared_experts,
 //                    moe_intermediate_size, shared_expert_intermediate_size set to anything but
 //                    null or 0); a rope type other than "default" and "llama3" (linear, dynamic,
 //                    yarn, longrope, ...); per-layer-type rope parameters; partial_rotary_factor

@@ -323,7 +323,15 @@ std::ostream& operator<<(std::ostream& os, const ModelConfig& c) {
   }
   os << ", qkv_bias=" << c.qkv_bias << ", o_proj_bias=" << c.o_proj_bias
      << ", mlp_bias=" << c.mlp_bias << ", tie_word_embeddings=" << c.tie_word_embeddings
-     << ", hidden_act=" << HiddenActName(c.hidden_act) << ", torch_dtype="
+     << ", hidden_act=" << HiddenActName(c.hidden_act);
+  if (c.sliding_window > 0) {
+    os << ", sliding_window=" << c.sliding_window << " on layers [";
+    for (size_t i = 0; i < c.sliding_window_layers.size(); ++i) {
+      os << (i > 0 ? "," : "") << (c.sliding_window_layers[i] ? 1 : 0);
+    }
+    os << "]";
+  }
+  os << ", torch_dtype="
      << (c.torch_dtype.has_value() ? DTypeName(*c.torch_dtype) : absl::string_view("none")) << "}";
   return os;
 }
@@ -450,6 +458,29 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
         break;
       case ModelFamily::kGpt2:
         break;
+    }
+  }
+  if (c.sliding_window < 0) {
+    return Invalid(c, absl::StrCat("sliding_window must be >= 0 (0: none), got ",
+                                   c.sliding_window));
+  }
+  if (c.sliding_window == 0 && !c.sliding_window_layers.empty()) {
+    return Invalid(c, "sliding_window_layers is set but sliding_window is 0");
+  }
+  if (c.sliding_window > 0) {
+    if (static_cast<int64_t>(c.sliding_window_layers.size()) != c.num_layers) {
+      return Invalid(c, absl::StrCat("sliding_window_layers has ", c.sliding_window_layers.size(),
+                                     " entries for ", c.num_layers, " layers"));
+    }
+    if (c.family == ModelFamily::kGpt2 || c.family == ModelFamily::kLlama) {
+      return Invalid(c, absl::StrCat(family, "'s config.json has no sliding window: "
+                                             "sliding_window must be 0"));
+    }
+    if (c.family == ModelFamily::kMistral &&
+        std::find(c.sliding_window_layers.begin(), c.sliding_window_layers.end(), false) !=
+            c.sliding_window_layers.end()) {
+      return Invalid(c, "mistral's sliding_window applies to every layer: sliding_window_layers "
+                        "must be all true");
     }
   }
   if (!CheckedParameterCount(c).has_value()) {

@@ -11,8 +11,8 @@
 //              num_heads), optional biases: attention_bias puts one on q, k, v and o; mlp_bias on
 //              gate, up and down. Tied or untied LM head.
 //   "qwen2"    as llama, with biases on q, k, v (not o), none in the MLP.
-//   "mistral"  as llama, no biases (the sliding-window attention of Mistral 7B v0.1 is refused
-//              when parsing config.json: model/hf_config.h).
+//   "mistral"  as llama, no biases, optionally sliding-window attention on every layer (Mistral
+//              7B v0.1's sliding_window 4096).
 //   "qwen3"    as llama (attention_bias on q, k, v and o, default none; no MLP bias), with a
 //              per-head RMSNorm of q and of k (q_norm, k_norm: weights [head_dim], eps
 //              rms_norm_eps) after the projections and before RoPE, and a head_dim that need
@@ -142,6 +142,13 @@ struct ModelConfig {
   bool mlp_bias = false;             // bias on the MLP's linears (GPT-2: always)
   bool tie_word_embeddings = false;  // LM head = token embedding (GPT-2: always)
   HiddenAct hidden_act = HiddenAct::kSilu;
+  // Sliding-window (local) attention: query t sees keys j > t - sliding_window
+  // (GqaAttentionShape::sliding_window) on the layers sliding_window_layers marks; 0 = none.
+  // llama-likes only. Mistral: every layer or none; Qwen2 and Qwen3: use_sliding_window's layers
+  // (layer_types, or those >= max_window_layers).
+  int64_t sliding_window = 0;
+  // One entry per layer when sliding_window > 0 (true: the layer uses the window), else empty.
+  std::vector<bool> sliding_window_layers;
   // The dtype the checkpoint declares (config.json "torch_dtype" / "dtype"); informational: the
   // tensors' own dtypes are what is read. nullopt when not declared.
   std::optional<DType> torch_dtype;
@@ -151,6 +158,12 @@ struct ModelConfig {
   int64_t kv_size() const { return num_kv_heads * head_dim; }  // K: rows of k_proj and v_proj
   // A per-head RMSNorm of q and k before RoPE (Qwen3's q_norm, k_norm).
   bool qk_norm() const { return family == ModelFamily::kQwen3; }
+  // The attention window of `layer` (0: full causal attention).
+  int64_t LayerSlidingWindow(int64_t layer) const {
+    return sliding_window > 0 && sliding_window_layers[static_cast<size_t>(layer)]
+               ? sliding_window
+               : 0;
+  }
 
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
@@ -168,6 +181,9 @@ std::ostream& operator<<(std::ostream& os, const ModelConfig& config);
 //   qwen2    silu, qkv_bias, no o_proj or MLP bias;
 //   mistral  silu, no biases;
 //   qwen3    silu, qkv_bias == o_proj_bias (one attention_bias key), no MLP bias.
+// and for the sliding window: sliding_window >= 0; sliding_window_layers has num_layers entries
+// when sliding_window > 0, none otherwise; mistral's window on every layer; none for gpt2 and
+// llama (their config.json has no window).
 [[nodiscard]] absl::Status ValidateModelConfig(const ModelConfig& config);
 
 // Presets with the real shapes of published models (values from each model's config.json on the

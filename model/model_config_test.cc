@@ -325,6 +325,27 @@ TEST(ModelConfigTest, ValidationNamesTheField) {
       {"qwen2", [](ModelConfig& c) { c.family = ModelFamily::kQwen2; }},
       {"mistral", [](ModelConfig& c) { c.family = ModelFamily::kMistral, c.mlp_bias = true; }},
       {"overflows", [](ModelConfig& c) { c.vocab_size = int64_t{1} << 62; }},
+      {"sliding_window must be >= 0", [](ModelConfig& c) { c.sliding_window = -1; }},
+      {"sliding_window_layers is set",
+       [](ModelConfig& c) { c.sliding_window_layers.assign(c.num_layers, true); }},
+      {"sliding_window_layers has",
+       [](ModelConfig& c) {
+         c.family = ModelFamily::kMistral;
+         c.sliding_window = 8;
+         c.sliding_window_layers = {true};
+       }},
+      {"llama's config.json has no sliding window",
+       [](ModelConfig& c) {
+         c.sliding_window = 8;
+         c.sliding_window_layers.assign(c.num_layers, true);
+       }},
+      {"every layer",
+       [](ModelConfig& c) {
+         c.family = ModelFamily::kMistral;
+         c.sliding_window = 8;
+         c.sliding_window_layers.assign(c.num_layers, true);
+         c.sliding_window_layers[0] = false;
+       }},
       {"tie_word_embeddings", [](ModelConfig& c) { c.tie_word_embeddings = false; }, "gpt2"},
       {"num_kv_heads", [](ModelConfig& c) { c.num_kv_heads = 4; }, "gpt2"},
       {"hidden_size", [](ModelConfig& c) { c.head_dim = 32; }, "gpt2"},
