@@ -429,6 +429,86 @@ TEST(HfConfigTest, SlidingWindowLayers) {
   EXPECT_EQ(off_back.sliding_window, 0);
 }
 
+// SmolLM3 (transformers 4.57.6's SmolLM3Config): no_rope_layers 1 = RoPE, 0 = none; absent, every
+// no_rope_layer_interval-th layer has none; its defaults; a window refused.
+TEST(HfConfigTest, SmolLM3NoRopeLayers) {
+  ASSERT_OK_AND_ASSIGN(const ModelConfig defaults,
+                       ParseHfConfig(R"({"model_type": "smollm3"})", kPath));
+  EXPECT_EQ(defaults.family, ModelFamily::kSmolLM3);
+  EXPECT_EQ(defaults.vocab_size, 128256);
+  EXPECT_EQ(defaults.hidden_size, 2048);
+  EXPECT_EQ(defaults.num_layers, 36);
+  EXPECT_EQ(defaults.num_heads, 16);
+  EXPECT_EQ(defaults.num_kv_heads, 4);
+  EXPECT_EQ(defaults.head_dim, 128);
+  EXPECT_EQ(defaults.intermediate_size, 11008);
+  EXPECT_EQ(defaults.max_position_embeddings, 32768);
+  EXPECT_EQ(defaults.rope_theta, 2000000.0);
+  EXPECT_TRUE(defaults.tie_word_embeddings);
+  ASSERT_EQ(defaults.layers_without_rope.size(), 36u);
+  for (int64_t i = 0; i < 36; ++i) {
+    EXPECT_EQ(defaults.LayerHasRope(i), (i + 1) % 4 != 0) << i;
+  }
+  ASSERT_OK_AND_ASSIGN(const ModelConfig preset, ModelPreset("smollm3-3b"));
+  EXPECT_EQ(defaults.layers_without_rope, preset.layers_without_rope);
+
+  ASSERT_OK_AND_ASSIGN(const ModelConfig listed,
+                       ParseHfConfig(R"({"model_type": "smollm3", "num_hidden_layers": 3,
+                         "no_rope_layers": [0, 1, 1], "no_rope_layer_interval": 2,
+                         "attention_bias": true, "mlp_bias": true})",
+                                     kPath));
+  EXPECT_EQ(listed.layers_without_rope, (std::vector<bool>{true, false, false}));
+  EXPECT_TRUE(listed.qkv_bias && listed.o_proj_bias && listed.mlp_bias);
+  ASSERT_OK_AND_ASSIGN(const ModelConfig interval,
+                       ParseHfConfig(R"({"model_type": "smollm3", "num_hidden_layers": 3,
+                         "no_rope_layers": null, "no_rope_layer_interval": 2})",
+                                     kPath));
+  EXPECT_EQ(interval.layers_without_rope, (std::vector<bool>{false, true, false}));
+  ASSERT_OK_AND_ASSIGN(const ModelConfig all_rope,
+                       ParseHfConfig(R"({"model_type": "smollm3", "num_hidden_layers": 2,
+                         "no_rope_layers": [1, 1]})",
+                                     kPath));
+  EXPECT_TRUE(all_rope.layers_without_rope.empty());
+  for (const ModelConfig& c : {listed, interval, all_rope, preset}) {
+    ASSERT_OK_AND_ASSIGN(const std::string json, HfConfigJson(c));
+    ASSERT_OK_AND_ASSIGN(ModelConfig back, ParseHfConfig(json, kPath));
+    back.name = c.name;
+    EXPECT_EQ(back, c) << json;
+  }
+
+  using C = absl::StatusCode;
+  const struct {
+    const char* json;
+    C code;
+    const char* key;
+  } refused[] = {
+      {R"({"model_type": "smollm3", "num_hidden_layers": 2, "no_rope_layers": [1]})",
+       C::kInvalidArgument, "\"no_rope_layers\""},
+      {R"({"model_type": "smollm3", "num_hidden_layers": 2, "no_rope_layers": [1, 2]})",
+       C::kInvalidArgument, "\"no_rope_layers[1]\""},
+      {R"({"model_type": "smollm3", "num_hidden_layers": 2, "no_rope_layers": [1, true]})",
+       C::kInvalidArgument, "\"no_rope_layers[1]\""},
+      {R"({"model_type": "smollm3", "no_rope_layers": "1,1,1,0"})", C::kInvalidArgument,
+       "\"no_rope_layers\""},
+      {R"({"model_type": "smollm3", "no_rope_layer_interval": 0})", C::kInvalidArgument,
+       "\"no_rope_layer_interval\""},
+      {R"({"model_type": "smollm3", "use_sliding_window": true, "sliding_window": 8})",
+       C::kUnimplemented, "\"use_sliding_window\""},
+      {R"({"model_type": "smollm3", "sliding_window": "8"})", C::kInvalidArgument,
+       "\"sliding_window\""},
+      {R"({"model_type": "smollm3", "num_hidden_layers": 2,
+           "layer_types": ["full_attention", "sliding_attention"]})",
+       C::kUnimplemented, "\"layer_types[1]\""},
+      {R"({"model_type": "smollm3", "architectures": ["LlamaForCausalLM"]})", C::kInvalidArgument,
+       "\"architectures\""},
+  };
+  for (const auto& r : refused) {
+    EXPECT_THAT(ParseHfConfig(r.json, kPath),
+                StatusIs(r.code, AllOf(HasSubstr(kPath), HasSubstr(r.key))))
+        << r.json;
+  }
+}
+
 // Every valid config survives HfConfigJson -> ParseHfConfig unchanged.
 TEST(HfConfigTest, RoundTripsEveryPreset) {
   for (const std::string& name : ModelPresetNames()) {

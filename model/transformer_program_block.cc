@@ -69,7 +69,7 @@ absl::Status TransformerProgram::Run::BlockForward(int64_t layer, const float* i
     }
   }
   const QkvPointers qkv = Qkv(a);
-  if (rope()) {
+  if (rope(layer)) {
     RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
       RETURN_IF_ERROR(
           k.RopeForward(s, {B_, T_, m_.num_heads, D, T_}, rope_cos(), rope_sin(), qkv.q,
@@ -228,7 +228,7 @@ absl::StatusOr<Buffer> TransformerProgram::Run::AttentionBackward(int64_t layer,
   a.q.Reset();
   a.k.Reset();
   a.v.Reset();
-  if (rope()) {
+  if (rope(layer)) {
     RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
       RETURN_IF_ERROR(
           k.RopeBackward(s, {B_, T_, m_.num_heads, D, T_}, rope_cos(), rope_sin(), g.d.q,

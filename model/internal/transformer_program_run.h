@@ -155,7 +155,8 @@ class TransformerProgram::Run {
   // --- The block -----------------------------------------------------------------------------
 
   bool fused_qkv() const { return spec_.attention == TransformerBlockSpec::Attention::kFusedMha; }
-  bool rope() const { return spec_.positions == TransformerBlockSpec::Positions::kRope; }
+  // Whether `layer` rotates q and k (RoPE positions and not a NoPE layer).
+  bool rope(int64_t layer) const { return spec_.RopeOn(layer); }
   bool swiglu() const { return spec_.mlp == TransformerBlockSpec::Mlp::kSwiGlu; }
   // Grouped-query attention of `layer` over q, k, v rows of `stride` elements (the fused
   // projection's packed [q | k | v] rows) or packed rows (0), with the layer's sliding window.

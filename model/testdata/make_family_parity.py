@@ -11,8 +11,9 @@ reference.safetensors with transformers' own results on a fixed batch:
                          attention, whose softmax is not forced to float32, as
                          model/kernels/testing/testdata/make_llama_testdata.py explains)
   grad.<name>            F64, d loss_f64 / d parameter (torch autograd; a tied head appears once)
-  loss_f32_no_window     F32 [], (sliding-window directories) the same model with the window off:
-                         the test checks the window changes the loss by far more than its tolerance
+  loss_f32_ablated      F32 [], the same model without the family's feature (the window off; RoPE
+                         on every layer): the test checks the feature changes the loss by far more
+                         than its tolerance, so a model that ignores it fails
 The C++ test (model/llama_model_test.cc, FamiliesMatchTransformers) reads the directory with the
 project's own Hugging Face reader and compares; CI never runs Python.
 
@@ -20,9 +21,14 @@ Directories:
   parity_mistral_window  MistralForCausalLM, sliding_window 4 < T = 11, GQA (4 heads, 2 kv
                          heads), untied head. The script asserts that transformers applies the
                          window in eager attention (the loss differs from sliding_window=None).
+  parity_smollm3_nope    SmolLM3ForCausalLM, 3 layers with no_rope_layers [1, 0, 1] (layer 1 has
+                         no RoPE), GQA, tied head (SmolLM3Config's default), rope_theta 100
+                         so that RoPE matters over 11 tokens.
 
 Recorded run (the committed files were made by it):
   /work/venv-peftnew/bin/python model/testdata/make_family_parity.py model/testdata
+  # (parity_mistral_window's reference named its ablation loss_f32_no_window until SmolLM3 came;
+  # the whole set was rewritten then, with the same weights and tokens)
   # torch 2.15.0, transformers 4.57.6, safetensors 0.8.0, numpy 2.4.6 (Python 3.11)
 """
 import json
@@ -78,7 +84,15 @@ def mistral_window():
         hidden_act="silu", pad_token_id=None, attn_implementation="eager")
 
 
-def make(out_dir, name, config_fn, seed, window_key=None):
+def smollm3_nope():
+    return transformers.SmolLM3Config(
+        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-6, rope_theta=100.0, no_rope_layers=[1, 0, 1], pad_token_id=None,
+        bos_token_id=None, eos_token_id=None, attn_implementation="eager")
+
+
+def make(out_dir, name, config_fn, seed, ablation=None):
     directory = os.path.join(out_dir, "parity_" + name)
     if os.path.exists(directory):
         shutil.rmtree(directory)
@@ -100,13 +114,13 @@ def make(out_dir, name, config_fn, seed, window_key=None):
         loss32 = loss_of(model, tokens, targets)
     ref["loss_f32"] = loss32.reshape(())
 
-    if window_key is not None:
+    if ablation is not None:
         off = transformers.AutoModelForCausalLM.from_pretrained(
-            directory, dtype=torch.float32, attn_implementation="eager", **{window_key: None})
+            directory, dtype=torch.float32, attn_implementation="eager", **ablation)
         with torch.no_grad():
             loss_off = loss_of(off, tokens, targets)
-        ref["loss_f32_no_window"] = loss_off.reshape(())
-        # The window must matter, or the test proves nothing.
+        ref["loss_f32_ablated"] = loss_off.reshape(())
+        # The feature must matter, or the test proves nothing.
         assert abs(loss_off.item() - loss32.item()) > 1e-3 * abs(loss32.item()), (loss_off, loss32)
 
     model.double()
@@ -124,11 +138,12 @@ def make(out_dir, name, config_fn, seed, window_key=None):
                 "versions": f"torch {torch.__version__}, transformers {transformers.__version__}"}
     save_file(ref, os.path.join(directory, "reference.safetensors"), metadata=metadata)
     print(f"{directory}: loss_f32 {loss32.item():.6f} loss_f64 {loss64.item():.9f}"
-          + (f" no window {ref['loss_f32_no_window'].item():.6f}" if window_key else ""))
+          + (f" ablated {ref['loss_f32_ablated'].item():.6f}" if ablation else ""))
 
 
 MODELS = {
-    "mistral_window": (mistral_window, 4040, "sliding_window"),
+    "mistral_window": (mistral_window, 4040, {"sliding_window": None}),
+    "smollm3_nope": (smollm3_nope, 4141, {"no_rope_layers": [1, 1, 1]}),
 }
 
 
@@ -137,8 +152,8 @@ def main():
     names = sys.argv[2:] or list(MODELS)
     torch.use_deterministic_algorithms(True)
     for name in names:
-        config_fn, seed, window_key = MODELS[name]
-        make(out_dir, name, config_fn, seed, window_key)
+        config_fn, seed, ablation = MODELS[name]
+        make(out_dir, name, config_fn, seed, ablation)
 
 
 if __name__ == "__main__":
