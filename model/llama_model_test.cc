@@ -307,6 +307,25 @@ ValuesFn FileValues(const SafetensorsFile& file) {
   };
 }
 
+// Each gradient within 2e-5 of its tensor's largest reference value (F64 tensors named
+// `prefix` + the Hugging Face name: torch autograd in f64).
+void ExpectGradientsNear(const SafetensorsFile& file, const std::string& prefix,
+                         const ModelConfig& config, const Result& got) {
+  const std::vector<std::string> names = HfNames(config);
+  ASSERT_EQ(names.size(), got.grads.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::vector<double> expected = ReadRaw<double>(file, prefix + names[i], "F64");
+    ASSERT_EQ(expected.size(), got.grads[i].size()) << names[i];
+    double scale = 0, worst = 0;
+    for (size_t j = 0; j < expected.size(); ++j) {
+      scale = std::max(scale, std::abs(expected[j]));
+      worst = std::max(worst, std::abs(expected[j] - got.grads[i][j]));
+    }
+    ASSERT_GT(scale, 0) << names[i];
+    EXPECT_LE(worst, 2e-5 * scale) << names[i];
+  }
+}
+
 class LlamaModelTest : public ::testing::Test {};
 
 // transformers' f32 loss and f64 gradients; tiny_llama bit for bit; the split and the
@@ -339,18 +358,8 @@ TEST_F(LlamaModelTest, MatchesTransformersAndTinyLlama) {
       // transformers, with tiny_llama_test's f32 bounds: the loss within 1e-5 relative, the
       // gradients within 2e-5 of each tensor's largest (against torch autograd in f64).
       EXPECT_NEAR(got.loss, ReadRaw<float>(file, "test.loss_f32", "F32")[0], 1e-5 * got.loss);
+      ExpectGradientsNear(file, "test.grad.", config, got);
       const std::vector<std::string> names = HfNames(config);
-      for (size_t i = 0; i < names.size(); ++i) {
-        const std::vector<double> expected = ReadRaw<double>(file, "test.grad." + names[i], "F64");
-        ASSERT_EQ(expected.size(), got.grads[i].size()) << names[i];
-        double scale = 0, worst = 0;
-        for (size_t j = 0; j < expected.size(); ++j) {
-          scale = std::max(scale, std::abs(expected[j]));
-          worst = std::max(worst, std::abs(expected[j] - got.grads[i][j]));
-        }
-        ASSERT_GT(scale, 0) << names[i];
-        EXPECT_LE(worst, 2e-5 * scale) << names[i];
-      }
 
       // tiny_llama: the same kernels in the same order on the same values.
       if (!ref.tiny_llama) continue;
@@ -600,18 +609,7 @@ TEST_F(LlamaModelTest, FamiliesMatchTransformers) {
       ASSERT_OK_AND_ASSIGN(const Result got, Step(*rig, tokens, targets));
       EXPECT_EQ(eval, got.loss);
       EXPECT_NEAR(got.loss, want, 1e-5 * want);
-      const std::vector<std::string> names = HfNames(config);
-      for (size_t i = 0; i < names.size(); ++i) {
-        const std::vector<double> expected = ReadRaw<double>(ref, "grad." + names[i], "F64");
-        ASSERT_EQ(expected.size(), got.grads[i].size()) << names[i];
-        double scale = 0, worst = 0;
-        for (size_t j = 0; j < expected.size(); ++j) {
-          scale = std::max(scale, std::abs(expected[j]));
-          worst = std::max(worst, std::abs(expected[j] - got.grads[i][j]));
-        }
-        ASSERT_GT(scale, 0) << names[i];
-        EXPECT_LE(worst, 2e-5 * scale) << names[i];
-      }
+      ExpectGradientsNear(ref, "grad.", config, got);
     }
   }
 }
