@@ -5,8 +5,8 @@
 // (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, SmolLM3ForCausalLM,
 // Olmo2ForCausalLM, GPT2LMHeadModel). Keys are read under the names and with the defaults of
 // transformers' config classes (LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig, GPT2Config;
-// checked against
-// transformers 5.23 and 4.57.6, which agree on these; qwen3 has qwen2's defaults unless stated;
+// checked against transformers 5.23 and 4.57.6, which agree on these; qwen3 has qwen2's defaults
+// unless stated;
 // SmolLM3Config of 4.57.6: vocab 128256, hidden 2048, 36 layers, 16 heads, 4 kv heads, 32768
 // positions, rope_theta 2e6, tied, otherwise llama's; Olmo2Config of 4.57.6: vocab 50304,
 // rms_norm_eps 1e-5, otherwise llama's):
