@@ -1,5 +1,6 @@
 #include "model/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -133,6 +134,7 @@ constexpr FamilyInfo kFamilies[] = {
     {ModelFamily::kQwen2, "qwen2", "Qwen2ForCausalLM"},
     {ModelFamily::kMistral, "mistral", "MistralForCausalLM"},
     {ModelFamily::kQwen3, "qwen3", "Qwen3ForCausalLM"},
+    {ModelFamily::kSmolLM3, "smollm3", "SmolLM3ForCausalLM"},
     {ModelFamily::kGpt2, "gpt2", "GPT2LMHeadModel"},
 };
 
@@ -335,7 +337,9 @@ absl::Status ParseRope(const Keys& keys, ModelConfig& c) {
     return keys.Invalid("rope_theta", absl::StrCat("is ", *top_theta, " but ", sub("rope_theta"),
                                                    " is ", *inner_theta));
   }
-  c.rope_theta = inner_theta.value_or(top_theta.value_or(10000.0));
+  // SmolLM3Config's default is 2e6; the others' 10000.
+  c.rope_theta = inner_theta.value_or(
+      top_theta.value_or(c.family == ModelFamily::kSmolLM3 ? 2000000.0 : 10000.0));
 
   if (type == "default") {
     c.rope_scaling = RopeScaling{};
@@ -397,17 +401,43 @@ absl::StatusOr<std::optional<int64_t>> SlidingWindow(const Keys& keys,
   return std::optional<int64_t>(w);
 }
 
-absl::Status CheckSlidingWindow(const Keys& keys, const ModelConfig& c) {
+// Sets c.sliding_window and c.sliding_window_layers as transformers 4.57.6 applies them: mistral
+// on every layer when sliding_window is not null (absent: MistralConfig's 4096); qwen2 and qwen3
+// only with use_sliding_window true and a non-null sliding_window (absent: 4096), on the layers
+// layer_types names "sliding_attention" (absent: those >= max_window_layers, default 28).
+absl::Status ParseSlidingWindow(const Keys& keys, ModelConfig& c) {
+  c.sliding_window = 0;
+  c.sliding_window_layers.clear();
   if (c.family == ModelFamily::kMistral) {
     ASSIGN_OR_RETURN(const std::optional<int64_t> window, SlidingWindow(keys, 4096));
-    if (window.has_value() && *window < c.max_position_embeddings) {
-      return keys.Unsupported(
-          "sliding_window",
-          absl::StrCat(
-              "is ", *window, ", below max_position_embeddings ", c.max_position_embeddings,
-              (keys.Find("sliding_window") == nullptr ? " (4096 is MistralConfig's default)" : ""),
-              ": sliding-window attention is not supported (Mistral-7B-v0.2 and later "
-              "set it to null)"));
+    if (window.has_value()) {
+      c.sliding_window = *window;
+      c.sliding_window_layers.assign(static_cast<size_t>(c.num_layers), true);
+    }
+    return absl::OkStatus();
+  }
+  if (c.family == ModelFamily::kSmolLM3) {
+    // Its eager mask takes config.sliding_window on "sliding_attention" layers whatever
+    // use_sliding_window says: refuse any window rather than guess.
+    ASSIGN_OR_RETURN(const bool use, keys.Bool("use_sliding_window", false));
+    ASSIGN_OR_RETURN(const std::optional<int64_t> window, SlidingWindow(keys, std::nullopt));
+    if (use && window.has_value()) {
+      return keys.Unsupported("use_sliding_window",
+                              "is true with a sliding_window: SmolLM3's sliding-window attention "
+                              "is not supported");
+    }
+    if (const json* types = keys.FindNonNull("layer_types"); types != nullptr) {
+      if (!types->is_array()) {
+        return keys.Invalid("layer_types", absl::StrCat("must be an array, got ",
+                                                        hf_json::Brief(*types)));
+      }
+      for (size_t i = 0; i < types->size(); ++i) {
+        if ((*types)[i] != "full_attention") {
+          return keys.Unsupported(absl::StrCat("layer_types[", i, "]"),
+                                  absl::StrCat("is ", hf_json::Brief((*types)[i]),
+                                               "; supported for smollm3: full_attention"));
+        }
+      }
     }
     return absl::OkStatus();
   }
@@ -424,9 +454,8 @@ absl::Status CheckSlidingWindow(const Keys& keys, const ModelConfig& c) {
                           absl::StrCat("must be non-negative, got ", max_window_layers));
     }
   }
-  // Which layers would use the window: layer_types when given, else layers >= max_window_layers.
-  int64_t first_sliding = -1;
-  const char* culprit = "use_sliding_window";
+  // Which layers use the window: layer_types when given, else layers >= max_window_layers.
+  std::vector<bool> layers(static_cast<size_t>(c.num_layers), false);
   if (const json* types = keys.FindNonNull("layer_types"); types != nullptr) {
     if (!types->is_array() || static_cast<int64_t>(types->size()) != c.num_layers) {
       return keys.Invalid("layer_types",
@@ -437,22 +466,55 @@ absl::Status CheckSlidingWindow(const Keys& keys, const ModelConfig& c) {
       const json& t = (*types)[i];
       if (t == "full_attention") continue;
       if (t == "sliding_attention") {
-        if (first_sliding < 0) first_sliding = static_cast<int64_t>(i);
+        layers[i] = true;
         continue;
       }
       return keys.Unsupported(
           absl::StrCat("layer_types[", i, "]"),
           absl::StrCat("is ", hf_json::Brief(t), "; supported: full_attention, sliding_attention"));
     }
-    culprit = "layer_types";
-  } else if (max_window_layers < c.num_layers) {
-    first_sliding = max_window_layers;
+  } else {
+    for (int64_t i = max_window_layers; i < c.num_layers; ++i) {
+      layers[static_cast<size_t>(i)] = true;
+    }
   }
-  if (use && window.has_value() && *window < c.max_position_embeddings && first_sliding >= 0) {
-    return keys.Unsupported(
-        culprit, absl::StrCat("puts layer ", first_sliding, " under a sliding window of ", *window,
-                              " positions (use_sliding_window is true): sliding-window "
-                              "attention is not supported"));
+  if (use && window.has_value() && std::find(layers.begin(), layers.end(), true) != layers.end()) {
+    c.sliding_window = *window;
+    c.sliding_window_layers = std::move(layers);
+  }
+  return absl::OkStatus();
+}
+
+// SmolLM3's NoPE layers (SmolLM3Config, transformers 4.57.6): no_rope_layers, one 1 (RoPE) or 0
+// (no RoPE) per layer; absent or null: layer i has RoPE unless (i + 1) % no_rope_layer_interval
+// is 0 (default interval 4).
+absl::Status ParseNoRopeLayers(const Keys& keys, ModelConfig& c) {
+  c.layers_without_rope.assign(static_cast<size_t>(c.num_layers), false);
+  if (const json* list = keys.FindNonNull("no_rope_layers"); list != nullptr) {
+    if (!list->is_array() || static_cast<int64_t>(list->size()) != c.num_layers) {
+      return keys.Invalid("no_rope_layers",
+                          absl::StrCat("must be an array of ", c.num_layers,
+                                       " entries 1 (RoPE) or 0 (no RoPE), one per layer, got ",
+                                       hf_json::Brief(*list)));
+    }
+    for (size_t i = 0; i < list->size(); ++i) {
+      const std::string key = absl::StrCat("no_rope_layers[", i, "]");
+      ASSIGN_OR_RETURN(const int64_t v, keys.AsInt(key, (*list)[i]));
+      if (v != 0 && v != 1) {
+        return keys.Invalid(key, absl::StrCat("must be 1 (RoPE) or 0 (no RoPE), got ", v));
+      }
+      c.layers_without_rope[i] = v == 0;
+    }
+  } else {
+    ASSIGN_OR_RETURN(const int64_t interval, keys.PositiveInt("no_rope_layer_interval", 4));
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      c.layers_without_rope[static_cast<size_t>(i)] = (i + 1) % interval == 0;
+    }
+  }
+  // All layers with RoPE is the empty list (ModelConfig's "RoPE everywhere").
+  if (std::find(c.layers_without_rope.begin(), c.layers_without_rope.end(), true) ==
+      c.layers_without_rope.end()) {
+    c.layers_without_rope.clear();
   }
   return absl::OkStatus();
 }
@@ -467,12 +529,19 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
   } else if (c.family == ModelFamily::kMistral) {
     default_inter = 14336;
     default_positions = 131072;
+  } else if (c.family == ModelFamily::kSmolLM3) {
+    // SmolLM3Config's defaults.
+    default_vocab = 128256;
+    default_positions = 32768;
   }
+  const int64_t default_hidden = c.family == ModelFamily::kSmolLM3 ? 2048 : 4096;
+  const int64_t default_layers = c.family == ModelFamily::kSmolLM3 ? 36 : 32;
+  const int64_t default_heads = c.family == ModelFamily::kSmolLM3 ? 16 : 32;
   ASSIGN_OR_RETURN(c.vocab_size, keys.PositiveInt("vocab_size", default_vocab));
-  ASSIGN_OR_RETURN(c.hidden_size, keys.PositiveInt("hidden_size", 4096));
+  ASSIGN_OR_RETURN(c.hidden_size, keys.PositiveInt("hidden_size", default_hidden));
   ASSIGN_OR_RETURN(c.intermediate_size, keys.PositiveInt("intermediate_size", default_inter));
-  ASSIGN_OR_RETURN(c.num_layers, keys.PositiveInt("num_hidden_layers", 32));
-  ASSIGN_OR_RETURN(c.num_heads, keys.PositiveInt("num_attention_heads", 32));
+  ASSIGN_OR_RETURN(c.num_layers, keys.PositiveInt("num_hidden_layers", default_layers));
+  ASSIGN_OR_RETURN(c.num_heads, keys.PositiveInt("num_attention_heads", default_heads));
   ASSIGN_OR_RETURN(c.max_position_embeddings,
                    keys.PositiveInt("max_position_embeddings", default_positions));
   // num_key_value_heads: absent means the family's default, null means "= heads".
@@ -480,6 +549,7 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
   if (keys.Find("num_key_value_heads") == nullptr) {
     if (c.family == ModelFamily::kQwen2 || c.family == ModelFamily::kQwen3) default_kv = 32;
     if (c.family == ModelFamily::kMistral) default_kv = 8;
+    if (c.family == ModelFamily::kSmolLM3) default_kv = 4;
   }
   ASSIGN_OR_RETURN(c.num_kv_heads, keys.PositiveInt("num_key_value_heads", default_kv,
                                                     /*null_is_default=*/true));
@@ -512,14 +582,17 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
                             absl::StrCat("is \"", act, "\"; supported: silu (= swish)"));
   }
   c.hidden_act = HiddenAct::kSilu;
-  ASSIGN_OR_RETURN(c.tie_word_embeddings, keys.Bool("tie_word_embeddings", false));
+  // SmolLM3Config leaves tie_word_embeddings to PretrainedConfig, whose default is true.
+  ASSIGN_OR_RETURN(c.tie_word_embeddings,
+                   keys.Bool("tie_word_embeddings", c.family == ModelFamily::kSmolLM3));
   switch (c.family) {
     case ModelFamily::kQwen3: {
       ASSIGN_OR_RETURN(const bool attention_bias, keys.Bool("attention_bias", false));
       c.qkv_bias = c.o_proj_bias = attention_bias;
       break;
     }
-    case ModelFamily::kLlama: {
+    case ModelFamily::kLlama:
+    case ModelFamily::kSmolLM3: {
       ASSIGN_OR_RETURN(const bool attention_bias, keys.Bool("attention_bias", false));
       c.qkv_bias = c.o_proj_bias = attention_bias;
       ASSIGN_OR_RETURN(c.mlp_bias, keys.Bool("mlp_bias", false));
@@ -539,7 +612,8 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
     }
   }
   RETURN_IF_ERROR(ParseRope(keys, c));
-  RETURN_IF_ERROR(CheckSlidingWindow(keys, c));
+  RETURN_IF_ERROR(ParseSlidingWindow(keys, c));
+  if (c.family == ModelFamily::kSmolLM3) RETURN_IF_ERROR(ParseNoRopeLayers(keys, c));
   return c;
 }
 
@@ -560,7 +634,7 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, absl::str
   if (type == nullptr) {
     return keys.Invalid("model_type",
                         "is missing; a Hugging Face config names its model type "
-                        "(\"llama\", \"qwen2\", \"qwen3\", \"mistral\" or \"gpt2\")");
+                        "(\"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"smollm3\" or \"gpt2\")");
   }
   if (!type->is_string()) {
     return keys.Invalid("model_type",
@@ -574,7 +648,8 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, absl::str
   if (info == nullptr) {
     return keys.Unsupported(
         "model_type",
-        absl::StrCat("is \"", model_type, "\"; supported: llama, qwen2, qwen3, mistral, gpt2"));
+        absl::StrCat("is \"", model_type,
+                     "\"; supported: llama, qwen2, qwen3, mistral, smollm3, gpt2"));
   }
   RETURN_IF_ERROR(CheckArchitectures(keys, info->family));
   RETURN_IF_ERROR(CheckNoMoeNoQuantization(keys));
@@ -658,13 +733,37 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c, const HfConfigJso
     if (c.family == ModelFamily::kLlama) {
       out["attention_bias"] = c.qkv_bias;
       out["mlp_bias"] = c.mlp_bias;
-    } else if (c.family == ModelFamily::kQwen2) {
-      out["use_sliding_window"] = false;
-    } else if (c.family == ModelFamily::kQwen3) {
-      out["attention_bias"] = c.qkv_bias;
-      out["use_sliding_window"] = false;
     } else if (c.family == ModelFamily::kMistral) {
+      out["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+    }
+    if (c.family == ModelFamily::kQwen3) out["attention_bias"] = c.qkv_bias;
+    if (c.family == ModelFamily::kSmolLM3) {
+      out["attention_bias"] = c.qkv_bias;
+      out["mlp_bias"] = c.mlp_bias;
+      out["use_sliding_window"] = false;
       out["sliding_window"] = nullptr;
+      out.erase("layer_types");
+      json no_rope = json::array();
+      for (int64_t i = 0; i < c.num_layers; ++i) no_rope.push_back(c.LayerHasRope(i) ? 1 : 0);
+      out["no_rope_layers"] = std::move(no_rope);
+    }
+    if (c.family == ModelFamily::kQwen2 || c.family == ModelFamily::kQwen3) {
+      out["use_sliding_window"] = c.sliding_window > 0;
+      out.erase("layer_types");
+      if (c.sliding_window > 0) {
+        // layer_types says which layers slide (transformers >= 4.53 reads it); max_window_layers
+        // is the first of them, which says the same to older versions when the sliding layers
+        // are the last ones (Qwen2's own convention).
+        const auto first = std::find(c.sliding_window_layers.begin(),
+                                     c.sliding_window_layers.end(), true);
+        out["sliding_window"] = c.sliding_window;
+        out["max_window_layers"] = first - c.sliding_window_layers.begin();
+        json types = json::array();
+        for (const bool sliding : c.sliding_window_layers) {
+          types.push_back(sliding ? "sliding_attention" : "full_attention");
+        }
+        out["layer_types"] = std::move(types);
+      }
     }
   }
   const std::optional<DType> dtype =

@@ -1,11 +1,13 @@
 // Hugging Face config.json <-> ModelConfig, for the families of model/model_config.h.
 //
 // Reading. config.json must name a supported "model_type" — "llama", "qwen2", "qwen3", "mistral",
-// "gpt2" — and, if it has "architectures", the causal-LM class of that type (LlamaForCausalLM,
-// Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, GPT2LMHeadModel). Keys are read under
-// the names and with the defaults of transformers' config classes (LlamaConfig, Qwen2Config,
-// Qwen3Config, MistralConfig, GPT2Config; checked against transformers 5.23 and 4.57.6, which
-// agree on these; qwen3 has qwen2's defaults unless stated):
+// "smollm3", "gpt2" — and, if it has "architectures", the causal-LM class of that type
+// (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, SmolLM3ForCausalLM,
+// GPT2LMHeadModel). Keys are read under the names and with the defaults of transformers' config
+// classes (LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig, GPT2Config; checked against
+// transformers 5.23 and 4.57.6, which agree on these; qwen3 has qwen2's defaults unless stated;
+// SmolLM3Config of 4.57.6: vocab 128256, hidden 2048, 36 layers, 16 heads, 4 kv heads, 32768
+// positions, rope_theta 2e6, tied, otherwise llama's):
 //
 //   key (gpt2 name)                        default when absent
 //   vocab_size                             llama 32000, qwen2 151936, mistral 32000, gpt2 50257
@@ -22,10 +24,15 @@
 //   rope_scaling / rope_parameters         none
 //   hidden_act (activation_function)       "silu" (gpt2 "gelu_new")
 //   tie_word_embeddings                    false (gpt2 true)
-//   attention_bias (llama, qwen3)          false
-//   mlp_bias (llama)                       false
-//   sliding_window                         mistral 4096; qwen2, qwen3 4096 but only with
-//   use_sliding_window, max_window_layers  use_sliding_window (false) for layers >= 28
+//   attention_bias (llama, qwen3, smollm3) false
+//   mlp_bias (llama, smollm3)              false
+//   no_rope_layers (smollm3)               1 (RoPE) or 0 (none) per layer; absent or null: 0 on
+//   no_rope_layer_interval (smollm3)       layers with (i + 1) % interval == 0 (interval 4)
+//   sliding_window                         mistral 4096 (every layer; null: none); qwen2, qwen3
+//   use_sliding_window, max_window_layers, 4096 but only with use_sliding_window (false), on the
+//   layer_types                            layers layer_types names "sliding_attention", else
+//                                          those >= max_window_layers (28) — as transformers
+//                                          4.57.6 applies them (ModelConfig::sliding_window)
 //   torch_dtype / dtype                    none ("dtype", transformers 5's name, wins)
 // gpt2 also accepts its attribute-map aliases (hidden_size for n_embd, max_position_embeddings for
 // n_positions, num_attention_heads for n_head, num_hidden_layers for n_layer), which must agree
@@ -44,14 +51,14 @@
 //                    hidden_size not divisible by the heads (llama always, as transformers 5's
 //                    LlamaConfig; qwen2 and mistral only when head_dim is absent), an
 //                    architectures entry that contradicts model_type, rope_theta disagreeing with
-//                    rope_parameters.rope_theta, a missing llama3 parameter, everything
-//                    ValidateModelConfig refuses (with the config key's name).
-//   Unimplemented    a model_type or architecture outside the five; sliding-window attention in
-//                    use (mistral: sliding_window < max_position_embeddings, including the default
-//                    4096; qwen2, qwen3: use_sliding_window with a window below
-//                    max_position_embeddings on some layer, or a "sliding_attention" entry in
-//                    layer_types); mixture of experts (num_experts, num_local_experts,
-//                    num_experts_per_tok, n_routed_experts, n_shared_experts,
+//                    rope_parameters.rope_theta, a missing llama3 parameter, a sliding_window that
+//                    is not a positive integer or null, layer_types not one string per layer,
+//                    no_rope_layers not one 0 or 1 per layer,
+//                    everything ValidateModelConfig refuses (with the config key's name).
+//   Unimplemented    a model_type or architecture outside the five; a layer_types entry other
+//                    than full_attention and sliding_attention (smollm3: any but full_attention,
+//                    and use_sliding_window true with a window); mixture of experts (num_experts,
+//                    num_local_experts, num_experts_per_tok, n_routed_experts, n_shared_experts,
 //                    moe_intermediate_size, shared_expert_intermediate_size set to anything but
 //                    null or 0); a rope type other than "default" and "llama3" (linear, dynamic,
 //                    yarn, longrope, ...); per-layer-type rope parameters; partial_rotary_factor
@@ -113,7 +120,7 @@ struct HfConfigJsonOptions {
                                                        const HfConfigJsonOptions& options = {});
 
 // The causal-LM class transformers uses for `family`: "LlamaForCausalLM", "Qwen2ForCausalLM",
-// "MistralForCausalLM", "GPT2LMHeadModel".
+// "MistralForCausalLM", "SmolLM3ForCausalLM", "GPT2LMHeadModel".
 absl::string_view HfArchitectureName(ModelFamily family);
 
 }  // namespace ps

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <regex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -163,19 +164,24 @@ TEST(HfConfigTest, AbsentKeysTakeTransformersDefaults) {
       ParseHfConfig(R"({"model_type": "qwen3", "attention_bias": true, "head_dim": 64})", kPath));
   EXPECT_TRUE(qwen3_bias.qkv_bias && qwen3_bias.o_proj_bias);
   EXPECT_EQ(qwen3_bias.head_dim, 64);
-  EXPECT_THAT(ParseHfConfig(R"({"model_type": "qwen3", "use_sliding_window": true,
+  // Qwen3's window, as Qwen2's: with use_sliding_window, on the layers >= max_window_layers.
+  ASSERT_OK_AND_ASSIGN(const ModelConfig qwen3_window,
+                       ParseHfConfig(R"({"model_type": "qwen3", "use_sliding_window": true,
                                 "sliding_window": 4096, "max_window_layers": 0})",
-                            kPath),
-              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("sliding")));
+                                     kPath));
+  EXPECT_EQ(qwen3_window.sliding_window, 4096);
+  EXPECT_EQ(qwen3_window.sliding_window_layers, std::vector<bool>(32, true));
 
-  // MistralConfig's default sliding_window (4096) is below its default positions (131072).
-  EXPECT_THAT(
-      ParseHfConfig(R"({"model_type": "mistral"})", kPath),
-      StatusIs(absl::StatusCode::kUnimplemented,
-               AllOf(HasSubstr(kPath), HasSubstr("\"sliding_window\""), HasSubstr("default"))));
+  // MistralConfig's default sliding_window (4096) applies to every layer.
+  ASSERT_OK_AND_ASSIGN(const ModelConfig mistral_default,
+                       ParseHfConfig(R"({"model_type": "mistral"})", kPath));
+  EXPECT_EQ(mistral_default.sliding_window, 4096);
+  EXPECT_EQ(mistral_default.sliding_window_layers, std::vector<bool>(32, true));
   ASSERT_OK_AND_ASSIGN(
       const ModelConfig mistral,
       ParseHfConfig(R"({"model_type": "mistral", "sliding_window": null})", kPath));
+  EXPECT_EQ(mistral.sliding_window, 0);
+  EXPECT_TRUE(mistral.sliding_window_layers.empty());
   EXPECT_EQ(mistral.num_kv_heads, 8);
   EXPECT_EQ(mistral.intermediate_size, 14336);
   EXPECT_EQ(mistral.max_position_embeddings, 131072);
@@ -286,20 +292,24 @@ TEST(HfConfigTest, RefusalsNameTheFileAndTheKey) {
       {R"({"model_type": "llama", "torch_dtype": 16})", C::kInvalidArgument, "\"torch_dtype\""},
       {R"({"model_type": "qwen2", "layer_types": ["full_attention"]})", C::kInvalidArgument,
        "\"layer_types\""},
+      {R"({"model_type": "mistral", "sliding_window": "4096"})", C::kInvalidArgument,
+       "\"sliding_window\""},
+      {R"({"model_type": "mistral", "sliding_window": 4096.5})", C::kInvalidArgument,
+       "\"sliding_window\""},
+      {R"({"model_type": "mistral", "sliding_window": 0})", C::kInvalidArgument,
+       "\"sliding_window\""},
+      {R"({"model_type": "qwen2", "use_sliding_window": true, "sliding_window": true})",
+       C::kInvalidArgument, "\"sliding_window\""},
+      {R"({"model_type": "qwen2", "use_sliding_window": 1})", C::kInvalidArgument,
+       "\"use_sliding_window\""},
+      {R"({"model_type": "qwen2", "max_window_layers": "2"})", C::kInvalidArgument,
+       "\"max_window_layers\""},
       {R"({"model_type": "gpt2", "n_head": 7})", C::kInvalidArgument, "\"n_head\""},
       {R"({"model_type": "gpt2", "n_positions": -4})", C::kInvalidArgument, "\"n_positions\""},
       // Unsupported.
       {R"({"model_type": "mixtral"})", C::kUnimplemented, "\"model_type\""},
       {R"({"model_type": "llama", "architectures": ["LlamaForSequenceClassification"]})",
        C::kUnimplemented, "\"architectures\""},
-      {R"({"model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 32768})",
-       C::kUnimplemented, "\"sliding_window\""},
-      {R"({"model_type": "qwen2", "use_sliding_window": true, "max_window_layers": 2,
-           "num_hidden_layers": 4})",
-       C::kUnimplemented, "\"use_sliding_window\""},
-      {R"({"model_type": "qwen2", "use_sliding_window": true, "num_hidden_layers": 2,
-           "layer_types": ["full_attention", "sliding_attention"]})",
-       C::kUnimplemented, "\"layer_types\""},
       {R"({"model_type": "qwen2", "layer_types": ["full_attention", "chunked_attention"],
            "num_hidden_layers": 2})",
        C::kUnimplemented, "\"layer_types[1]\""},
@@ -352,17 +362,151 @@ TEST(HfConfigTest, AcceptedByDecision) {
       const ModelConfig biased,
       ParseHfConfig(R"({"model_type": "llama", "attention_bias": true, "mlp_bias": true})", kPath));
   EXPECT_TRUE(biased.qkv_bias && biased.o_proj_bias && biased.mlp_bias);
-  // A window at least as long as the context is no window; Qwen2's window off by default.
-  EXPECT_OK(ParseHfConfig(
-      R"({"model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 4096})",
-      kPath));
-  EXPECT_OK(ParseHfConfig(R"({"model_type": "qwen2", "sliding_window": 8,
+  // Qwen2's window off by default, even with sliding_attention layers.
+  ASSERT_OK_AND_ASSIGN(const ModelConfig qwen2_off,
+                       ParseHfConfig(R"({"model_type": "qwen2", "sliding_window": 8,
                              "layer_types": ["sliding_attention", "full_attention"],
                              "num_hidden_layers": 2})",
-                          kPath));
+                                     kPath));
+  EXPECT_EQ(qwen2_off.sliding_window, 0);
   // MoE keys that say "no experts".
   EXPECT_OK(ParseHfConfig(R"({"model_type": "llama", "num_experts": null, "num_local_experts": 0})",
                           kPath));
+}
+
+// Sliding windows as transformers 4.57.6 applies them, written back so that they read the same.
+TEST(HfConfigTest, SlidingWindowLayers) {
+  // Qwen2: layers >= max_window_layers, only with use_sliding_window.
+  ASSERT_OK_AND_ASSIGN(const ModelConfig qwen2,
+                       ParseHfConfig(R"({"model_type": "qwen2", "use_sliding_window": true,
+                         "sliding_window": 6, "max_window_layers": 1, "num_hidden_layers": 3})",
+                                     kPath));
+  EXPECT_EQ(qwen2.sliding_window, 6);
+  EXPECT_EQ(qwen2.sliding_window_layers, (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(qwen2.LayerSlidingWindow(0), 0);
+  EXPECT_EQ(qwen2.LayerSlidingWindow(2), 6);
+  // layer_types wins over max_window_layers.
+  ASSERT_OK_AND_ASSIGN(const ModelConfig types,
+                       ParseHfConfig(R"({"model_type": "qwen2", "use_sliding_window": true,
+                         "sliding_window": 5, "max_window_layers": 0, "num_hidden_layers": 3,
+                         "layer_types": ["sliding_attention", "full_attention",
+                                         "sliding_attention"]})",
+                                     kPath));
+  EXPECT_EQ(types.sliding_window_layers, (std::vector<bool>{true, false, true}));
+  // No layer at or past max_window_layers: no window; a null window: none.
+  ASSERT_OK_AND_ASSIGN(const ModelConfig none,
+                       ParseHfConfig(R"({"model_type": "qwen2", "use_sliding_window": true,
+                         "sliding_window": 5, "num_hidden_layers": 3})",
+                                     kPath));
+  EXPECT_EQ(none.sliding_window, 0);
+  ASSERT_OK_AND_ASSIGN(const ModelConfig null_window,
+                       ParseHfConfig(R"({"model_type": "qwen2", "use_sliding_window": true,
+                         "sliding_window": null, "max_window_layers": 0})",
+                                     kPath));
+  EXPECT_EQ(null_window.sliding_window, 0);
+  // Mistral 7B v0.1: 4096 on every layer, also when the window reaches past the context.
+  ASSERT_OK_AND_ASSIGN(const ModelConfig mistral,
+                       ParseHfConfig(R"({"model_type": "mistral", "sliding_window": 4096,
+                         "max_position_embeddings": 32768, "num_hidden_layers": 2})",
+                                     kPath));
+  EXPECT_EQ(mistral.sliding_window, 4096);
+  EXPECT_EQ(mistral.sliding_window_layers, (std::vector<bool>{true, true}));
+  // Each reads back from what HfConfigJson writes.
+  for (const ModelConfig& c : {qwen2, types, mistral}) {
+    SCOPED_TRACE(c.name);
+    ASSERT_OK_AND_ASSIGN(const std::string json, HfConfigJson(c));
+    ASSERT_OK_AND_ASSIGN(const ModelConfig back, ParseHfConfig(json, kPath));
+    EXPECT_EQ(back, c) << json;
+  }
+  // Over a base whose layer_types slide but whose window is now off, the window stays off.
+  ASSERT_OK_AND_ASSIGN(
+      const std::string off,
+      HfConfigJson(none, {.torch_dtype = std::nullopt,
+                          .base_json = R"({"model_type": "qwen2", "layer_types":
+                                           ["sliding_attention", "sliding_attention",
+                                            "sliding_attention"]})"}));
+  ASSERT_OK_AND_ASSIGN(const ModelConfig off_back, ParseHfConfig(off, kPath));
+  EXPECT_EQ(off_back.sliding_window, 0);
+}
+
+// SmolLM3 (transformers 4.57.6's SmolLM3Config): no_rope_layers 1 = RoPE, 0 = none; absent, every
+// no_rope_layer_interval-th layer has none; its defaults; a window refused.
+TEST(HfConfigTest, SmolLM3NoRopeLayers) {
+  ASSERT_OK_AND_ASSIGN(const ModelConfig defaults,
+                       ParseHfConfig(R"({"model_type": "smollm3"})", kPath));
+  EXPECT_EQ(defaults.family, ModelFamily::kSmolLM3);
+  EXPECT_EQ(defaults.vocab_size, 128256);
+  EXPECT_EQ(defaults.hidden_size, 2048);
+  EXPECT_EQ(defaults.num_layers, 36);
+  EXPECT_EQ(defaults.num_heads, 16);
+  EXPECT_EQ(defaults.num_kv_heads, 4);
+  EXPECT_EQ(defaults.head_dim, 128);
+  EXPECT_EQ(defaults.intermediate_size, 11008);
+  EXPECT_EQ(defaults.max_position_embeddings, 32768);
+  EXPECT_EQ(defaults.rope_theta, 2000000.0);
+  EXPECT_TRUE(defaults.tie_word_embeddings);
+  ASSERT_EQ(defaults.layers_without_rope.size(), 36u);
+  for (int64_t i = 0; i < 36; ++i) {
+    EXPECT_EQ(defaults.LayerHasRope(i), (i + 1) % 4 != 0) << i;
+  }
+  ASSERT_OK_AND_ASSIGN(const ModelConfig preset, ModelPreset("smollm3-3b"));
+  EXPECT_EQ(defaults.layers_without_rope, preset.layers_without_rope);
+
+  ASSERT_OK_AND_ASSIGN(const ModelConfig listed,
+                       ParseHfConfig(R"({"model_type": "smollm3", "num_hidden_layers": 3,
+                         "no_rope_layers": [0, 1, 1], "no_rope_layer_interval": 2,
+                         "attention_bias": true, "mlp_bias": true})",
+                                     kPath));
+  EXPECT_EQ(listed.layers_without_rope, (std::vector<bool>{true, false, false}));
+  EXPECT_TRUE(listed.qkv_bias && listed.o_proj_bias && listed.mlp_bias);
+  ASSERT_OK_AND_ASSIGN(const ModelConfig interval,
+                       ParseHfConfig(R"({"model_type": "smollm3", "num_hidden_layers": 3,
+                         "no_rope_layers": null, "no_rope_layer_interval": 2})",
+                                     kPath));
+  EXPECT_EQ(interval.layers_without_rope, (std::vector<bool>{false, true, false}));
+  ASSERT_OK_AND_ASSIGN(const ModelConfig all_rope,
+                       ParseHfConfig(R"({"model_type": "smollm3", "num_hidden_layers": 2,
+                         "no_rope_layers": [1, 1]})",
+                                     kPath));
+  EXPECT_TRUE(all_rope.layers_without_rope.empty());
+  for (const ModelConfig& c : {listed, interval, all_rope, preset}) {
+    ASSERT_OK_AND_ASSIGN(const std::string json, HfConfigJson(c));
+    ASSERT_OK_AND_ASSIGN(ModelConfig back, ParseHfConfig(json, kPath));
+    back.name = c.name;
+    EXPECT_EQ(back, c) << json;
+  }
+
+  using C = absl::StatusCode;
+  const struct {
+    const char* json;
+    C code;
+    const char* key;
+  } refused[] = {
+      {R"({"model_type": "smollm3", "num_hidden_layers": 2, "no_rope_layers": [1]})",
+       C::kInvalidArgument, "\"no_rope_layers\""},
+      {R"({"model_type": "smollm3", "num_hidden_layers": 2, "no_rope_layers": [1, 2]})",
+       C::kInvalidArgument, "\"no_rope_layers[1]\""},
+      {R"({"model_type": "smollm3", "num_hidden_layers": 2, "no_rope_layers": [1, true]})",
+       C::kInvalidArgument, "\"no_rope_layers[1]\""},
+      {R"({"model_type": "smollm3", "no_rope_layers": "1,1,1,0"})", C::kInvalidArgument,
+       "\"no_rope_layers\""},
+      {R"({"model_type": "smollm3", "no_rope_layer_interval": 0})", C::kInvalidArgument,
+       "\"no_rope_layer_interval\""},
+      {R"({"model_type": "smollm3", "use_sliding_window": true, "sliding_window": 8})",
+       C::kUnimplemented, "\"use_sliding_window\""},
+      {R"({"model_type": "smollm3", "sliding_window": "8"})", C::kInvalidArgument,
+       "\"sliding_window\""},
+      {R"({"model_type": "smollm3", "num_hidden_layers": 2,
+           "layer_types": ["full_attention", "sliding_attention"]})",
+       C::kUnimplemented, "\"layer_types[1]\""},
+      {R"({"model_type": "smollm3", "architectures": ["LlamaForCausalLM"]})", C::kInvalidArgument,
+       "\"architectures\""},
+  };
+  for (const auto& r : refused) {
+    EXPECT_THAT(ParseHfConfig(r.json, kPath),
+                StatusIs(r.code, AllOf(HasSubstr(kPath), HasSubstr(r.key))))
+        << r.json;
+  }
 }
 
 // Every valid config survives HfConfigJson -> ParseHfConfig unchanged.

@@ -35,6 +35,12 @@ namespace {
 //      kv heads, head_dim 128, intermediate 9728, vocab 151936 (public code checks these against
 //      its config.json), the family's 40960 positions, 1e6, 1e-06 and tied embeddings; its model
 //      card's "4.0B parameters, 3.6B non-embedding" is the closed-form count below.
+//  [S] HuggingFaceTB/SmolLM3-3B's config.json (transformers 4.54), quoted in public code (not
+//      fetched here): vocab 128256, hidden 2048, intermediate 11008, 36 layers, 16 heads, 4 kv
+//      heads, max_position_embeddings 65536, rope_theta 5e6, rms_norm_eps 1e-06,
+//      tie_word_embeddings true, bfloat16, no_rope_layer_interval 4 with no_rope_layers
+//      [1, 1, 1, 0] x 9 (transformers' SmolLM3Config default for that interval); the model
+//      card's "3B" (3.08B) is the closed-form count.
 // Tied/untied and dtypes not in [L]: Llama-2-7b-hf, Meta-Llama-3-8B and Mistral-7B-v0.3 have
 // tie_word_embeddings false (their safetensors indexes list lm_head.weight), TinyLlama's config
 // says false and float32 (its safetensors header holds F32 tensors only), Llama-2-7b-hf float16.
@@ -106,6 +112,9 @@ const LlamaPreset kLlamaPresets[] = {
     // [3] Qwen3-4B: head_dim 128 (not 2560 / 32), tied, no attention bias.
     {"qwen3-4b", ModelFamily::kQwen3, 151936, 2560, 36, 32, 8, 128, 9728, 40960, 1e-6, 1000000.0,
      kNoScaling, false, true, DType::kBF16},
+    // [S] SmolLM3-3B: NoPE on every fourth layer (layers 3, 7, ..., 35), tied, no biases.
+    {"smollm3-3b", ModelFamily::kSmolLM3, 128256, 2048, 36, 16, 4, 128, 11008, 65536, 1e-6,
+     5000000.0, kNoScaling, false, true, DType::kBF16},
     // For tests: every llama feature that changes shapes (GQA, untied head) at a tiny size.
     {"llama-tiny", ModelFamily::kLlama, 256, 64, 2, 4, 2, 16, 160, 128, 1e-5, 10000.0, kNoScaling,
      false, false, DType::kF32},
@@ -132,6 +141,11 @@ ModelConfig FromLlamaPreset(const LlamaPreset& p) {
   c.tie_word_embeddings = p.tie_word_embeddings;
   c.hidden_act = HiddenAct::kSilu;
   c.torch_dtype = p.torch_dtype;
+  if (p.family == ModelFamily::kSmolLM3) {
+    // SmolLM3Config's no_rope_layers for no_rope_layer_interval 4: layer i has no RoPE when
+    // (i + 1) % 4 == 0.
+    for (int64_t i = 0; i < p.num_layers; ++i) c.layers_without_rope.push_back((i + 1) % 4 == 0);
+  }
   return c;
 }
 
@@ -288,6 +302,8 @@ absl::string_view ModelFamilyName(ModelFamily family) {
       return "mistral";
     case ModelFamily::kQwen3:
       return "qwen3";
+    case ModelFamily::kSmolLM3:
+      return "smollm3";
   }
   return "unknown";
 }
@@ -323,7 +339,22 @@ std::ostream& operator<<(std::ostream& os, const ModelConfig& c) {
   }
   os << ", qkv_bias=" << c.qkv_bias << ", o_proj_bias=" << c.o_proj_bias
      << ", mlp_bias=" << c.mlp_bias << ", tie_word_embeddings=" << c.tie_word_embeddings
-     << ", hidden_act=" << HiddenActName(c.hidden_act) << ", torch_dtype="
+     << ", hidden_act=" << HiddenActName(c.hidden_act);
+  if (c.sliding_window > 0) {
+    os << ", sliding_window=" << c.sliding_window << " on layers [";
+    for (size_t i = 0; i < c.sliding_window_layers.size(); ++i) {
+      os << (i > 0 ? "," : "") << (c.sliding_window_layers[i] ? 1 : 0);
+    }
+    os << "]";
+  }
+  if (!c.layers_without_rope.empty()) {
+    os << ", layers_without_rope=[";
+    for (size_t i = 0; i < c.layers_without_rope.size(); ++i) {
+      os << (i > 0 ? "," : "") << (c.layers_without_rope[i] ? 1 : 0);
+    }
+    os << "]";
+  }
+  os << ", torch_dtype="
      << (c.torch_dtype.has_value() ? DTypeName(*c.torch_dtype) : absl::string_view("none")) << "}";
   return os;
 }
@@ -441,6 +472,13 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
                          "MLP bias: qkv_bias and o_proj_bias must be equal, mlp_bias false");
         }
         break;
+      case ModelFamily::kSmolLM3:
+        if (c.qkv_bias != c.o_proj_bias) {
+          return Invalid(c,
+                         "smollm3's config.json has one attention_bias for q, k, v and o: "
+                         "qkv_bias and o_proj_bias must be equal");
+        }
+        break;
       case ModelFamily::kMistral:
         if (c.qkv_bias || c.o_proj_bias || c.mlp_bias) {
           return Invalid(c,
@@ -450,6 +488,40 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
         break;
       case ModelFamily::kGpt2:
         break;
+    }
+  }
+  if (!c.layers_without_rope.empty()) {
+    if (c.family != ModelFamily::kSmolLM3) {
+      return Invalid(c, absl::StrCat(family, " applies RoPE on every layer: layers_without_rope "
+                                             "must be empty (smollm3 only)"));
+    }
+    if (static_cast<int64_t>(c.layers_without_rope.size()) != c.num_layers) {
+      return Invalid(c, absl::StrCat("layers_without_rope has ", c.layers_without_rope.size(),
+                                     " entries for ", c.num_layers, " layers"));
+    }
+  }
+  if (c.sliding_window < 0) {
+    return Invalid(c, absl::StrCat("sliding_window must be >= 0 (0: none), got ",
+                                   c.sliding_window));
+  }
+  if (c.sliding_window == 0 && !c.sliding_window_layers.empty()) {
+    return Invalid(c, "sliding_window_layers is set but sliding_window is 0");
+  }
+  if (c.sliding_window > 0) {
+    if (static_cast<int64_t>(c.sliding_window_layers.size()) != c.num_layers) {
+      return Invalid(c, absl::StrCat("sliding_window_layers has ", c.sliding_window_layers.size(),
+                                     " entries for ", c.num_layers, " layers"));
+    }
+    if (c.family == ModelFamily::kGpt2 || c.family == ModelFamily::kLlama ||
+        c.family == ModelFamily::kSmolLM3) {
+      return Invalid(c, absl::StrCat(family, "'s config.json has no sliding window: "
+                                             "sliding_window must be 0"));
+    }
+    if (c.family == ModelFamily::kMistral &&
+        std::find(c.sliding_window_layers.begin(), c.sliding_window_layers.end(), false) !=
+            c.sliding_window_layers.end()) {
+      return Invalid(c, "mistral's sliding_window applies to every layer: sliding_window_layers "
+                        "must be all true");
     }
   }
   if (!CheckedParameterCount(c).has_value()) {

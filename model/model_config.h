@@ -11,12 +11,15 @@
 //              num_heads), optional biases: attention_bias puts one on q, k, v and o; mlp_bias on
 //              gate, up and down. Tied or untied LM head.
 //   "qwen2"    as llama, with biases on q, k, v (not o), none in the MLP.
-//   "mistral"  as llama, no biases (the sliding-window attention of Mistral 7B v0.1 is refused
-//              when parsing config.json: model/hf_config.h).
+//   "mistral"  as llama, no biases, optionally sliding-window attention on every layer (Mistral
+//              7B v0.1's sliding_window 4096).
 //   "qwen3"    as llama (attention_bias on q, k, v and o, default none; no MLP bias), with a
 //              per-head RMSNorm of q and of k (q_norm, k_norm: weights [head_dim], eps
 //              rms_norm_eps) after the projections and before RoPE, and a head_dim that need
 //              not be hidden_size / num_heads.
+//   "smollm3"  as llama (attention_bias on q, k, v and o; mlp_bias), with no RoPE on some layers
+//              (NoPE; config.json's no_rope_layers, 1 = RoPE, 0 = none; SmolLM3-3B: every
+//              fourth).
 // The llama-like families share one computation (architecture() == kLlama; Qwen3's q/k norm is an
 // option of the block, model/transformer_block_spec.h); the family is kept so that an export
 // writes back the config.json the model came from.
@@ -89,12 +92,13 @@
 namespace ps {
 
 // Hugging Face model_type of a supported family.
-enum class ModelFamily { kGpt2, kLlama, kQwen2, kMistral, kQwen3 };
+enum class ModelFamily { kGpt2, kLlama, kQwen2, kMistral, kQwen3, kSmolLM3 };
 
-// What the model computes: GPT-2, or the Llama architecture (Llama, Qwen2, Mistral and Qwen3).
+// What the model computes: GPT-2, or the Llama architecture (Llama, Qwen2, Mistral, Qwen3 and
+// SmolLM3).
 enum class ModelArchitecture { kGpt2, kLlama };
 
-// "gpt2", "llama", "qwen2", "mistral", "qwen3" (the Hugging Face model_type).
+// "gpt2", "llama", "qwen2", "mistral", "qwen3", "smollm3" (the Hugging Face model_type).
 absl::string_view ModelFamilyName(ModelFamily family);
 ModelArchitecture ArchitectureOf(ModelFamily family);
 
@@ -142,6 +146,16 @@ struct ModelConfig {
   bool mlp_bias = false;             // bias on the MLP's linears (GPT-2: always)
   bool tie_word_embeddings = false;  // LM head = token embedding (GPT-2: always)
   HiddenAct hidden_act = HiddenAct::kSilu;
+  // Sliding-window (local) attention: query t sees keys j > t - sliding_window
+  // (GqaAttentionShape::sliding_window) on the layers sliding_window_layers marks; 0 = none.
+  // llama-likes only. Mistral: every layer or none; Qwen2 and Qwen3: use_sliding_window's layers
+  // (layer_types, or those >= max_window_layers).
+  int64_t sliding_window = 0;
+  // One entry per layer when sliding_window > 0 (true: the layer uses the window), else empty.
+  std::vector<bool> sliding_window_layers;
+  // Layers that apply no RoPE to q and k (SmolLM3's NoPE layers): one entry per layer (true: no
+  // RoPE), or empty for RoPE on every layer. smollm3 only.
+  std::vector<bool> layers_without_rope;
   // The dtype the checkpoint declares (config.json "torch_dtype" / "dtype"); informational: the
   // tensors' own dtypes are what is read. nullopt when not declared.
   std::optional<DType> torch_dtype;
@@ -151,6 +165,16 @@ struct ModelConfig {
   int64_t kv_size() const { return num_kv_heads * head_dim; }  // K: rows of k_proj and v_proj
   // A per-head RMSNorm of q and k before RoPE (Qwen3's q_norm, k_norm).
   bool qk_norm() const { return family == ModelFamily::kQwen3; }
+  // Whether `layer` rotates q and k (llama-likes; false on SmolLM3's NoPE layers).
+  bool LayerHasRope(int64_t layer) const {
+    return layers_without_rope.empty() || !layers_without_rope[static_cast<size_t>(layer)];
+  }
+  // The attention window of `layer` (0: full causal attention).
+  int64_t LayerSlidingWindow(int64_t layer) const {
+    return sliding_window > 0 && sliding_window_layers[static_cast<size_t>(layer)]
+               ? sliding_window
+               : 0;
+  }
 
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
@@ -167,7 +191,12 @@ std::ostream& operator<<(std::ostream& os, const ModelConfig& config);
 //   llama    silu, qkv_bias == o_proj_bias (one attention_bias key);
 //   qwen2    silu, qkv_bias, no o_proj or MLP bias;
 //   mistral  silu, no biases;
-//   qwen3    silu, qkv_bias == o_proj_bias (one attention_bias key), no MLP bias.
+//   qwen3    silu, qkv_bias == o_proj_bias (one attention_bias key), no MLP bias;
+//   smollm3  silu, qkv_bias == o_proj_bias (one attention_bias key), no sliding window;
+// layers_without_rope empty or one entry per layer, and set only for smollm3;
+// and for the sliding window: sliding_window >= 0; sliding_window_layers has num_layers entries
+// when sliding_window > 0, none otherwise; mistral's window on every layer; none for gpt2 and
+// llama (their config.json has no window).
 [[nodiscard]] absl::Status ValidateModelConfig(const ModelConfig& config);
 
 // Presets with the real shapes of published models (values from each model's config.json on the
@@ -185,6 +214,7 @@ std::ostream& operator<<(std::ostream& os, const ModelConfig& config);
 //   "mistral-7b-v0.3" mistralai/Mistral-7B-v0.3                       7,248,023,552
 //   "qwen3-0.6b"      Qwen/Qwen3-0.6B                                   596,049,920
 //   "qwen3-4b"        Qwen/Qwen3-4B                                   4,022,468,096
+//   "smollm3-3b"      HuggingFaceTB/SmolLM3-3B                        3,075,098,624
 //   "llama-tiny"      a 2-layer GQA Llama for tests (vocab 256, E 64, 4 heads, 2 kv heads)
 // and every GPT-2-architecture preset of GptPreset ("tiny", "gpt2", ..., "18B") converted with
 // FromGptConfig. InvalidArgument listing the known names for anything else.

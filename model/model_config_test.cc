@@ -30,7 +30,8 @@ using ::testing::HasSubstr;
 // non-embedding), 4.0B (3.6B non-embedding); their embedding is tied (151936 x E). Qwen2.5-14B and
 // -32B: the closed form over their config.json values (untied 152064 x 5120 embedding and head,
 // q/k/v biases, [L] in model_config.cc) gives 14,770,033,664 and 32,763,876,352 (their model cards
-// say "14.7B" and "32.5B").
+// say "14.7B" and "32.5B"). SmolLM3-3B: transformers 4.57.6's SmolLM3ForCausalLM built on the
+// meta device from its config.json values counts 3,075,098,624 ("3B", 3.08B on its model card).
 struct Published {
   const char* preset;
   int64_t params;
@@ -42,6 +43,7 @@ constexpr Published kPublished[] = {
     {"qwen2.5-3b", 3'085'938'688},   {"mistral-7b-v0.3", 7'248'023'552},
     {"qwen3-0.6b", 596'049'920},     {"qwen3-4b", 4'022'468'096},
     {"qwen2.5-14b", 14'770'033'664}, {"qwen2.5-32b", 32'763'876'352},
+    {"smollm3-3b", 3'075'098'624},
 };
 
 void ExpectSameOperators(const std::vector<OperatorSpec>& a, const std::vector<OperatorSpec>& b) {
@@ -325,6 +327,39 @@ TEST(ModelConfigTest, ValidationNamesTheField) {
       {"qwen2", [](ModelConfig& c) { c.family = ModelFamily::kQwen2; }},
       {"mistral", [](ModelConfig& c) { c.family = ModelFamily::kMistral, c.mlp_bias = true; }},
       {"overflows", [](ModelConfig& c) { c.vocab_size = int64_t{1} << 62; }},
+      {"layers_without_rope must be empty",
+       [](ModelConfig& c) { c.layers_without_rope.assign(c.num_layers, true); }},
+      {"layers_without_rope has", [](ModelConfig& c) { c.layers_without_rope = {true}; },
+       "smollm3-3b"},
+      {"smollm3's config.json has one attention_bias", [](ModelConfig& c) { c.qkv_bias = true; },
+       "smollm3-3b"},
+      {"smollm3's config.json has no sliding window",
+       [](ModelConfig& c) {
+         c.sliding_window = 8;
+         c.sliding_window_layers.assign(c.num_layers, true);
+       },
+       "smollm3-3b"},
+      {"sliding_window must be >= 0", [](ModelConfig& c) { c.sliding_window = -1; }},
+      {"sliding_window_layers is set",
+       [](ModelConfig& c) { c.sliding_window_layers.assign(c.num_layers, true); }},
+      {"sliding_window_layers has",
+       [](ModelConfig& c) {
+         c.family = ModelFamily::kMistral;
+         c.sliding_window = 8;
+         c.sliding_window_layers = {true};
+       }},
+      {"llama's config.json has no sliding window",
+       [](ModelConfig& c) {
+         c.sliding_window = 8;
+         c.sliding_window_layers.assign(c.num_layers, true);
+       }},
+      {"every layer",
+       [](ModelConfig& c) {
+         c.family = ModelFamily::kMistral;
+         c.sliding_window = 8;
+         c.sliding_window_layers.assign(c.num_layers, true);
+         c.sliding_window_layers[0] = false;
+       }},
       {"tie_word_embeddings", [](ModelConfig& c) { c.tie_word_embeddings = false; }, "gpt2"},
       {"num_kv_heads", [](ModelConfig& c) { c.num_kv_heads = 4; }, "gpt2"},
       {"hidden_size", [](ModelConfig& c) { c.head_dim = 32; }, "gpt2"},

@@ -8,6 +8,9 @@
 #ifndef PATRICKSTAR_MODEL_TRANSFORMER_BLOCK_SPEC_H_
 #define PATRICKSTAR_MODEL_TRANSFORMER_BLOCK_SPEC_H_
 
+#include <cstdint>
+#include <vector>
+
 #include "model/model_config.h"
 
 namespace ps {
@@ -38,6 +41,15 @@ struct TransformerBlockSpec {
   bool qk_norm = false;
   // LM head = token embedding (no lm_head operators).
   bool tied_lm_head = true;
+  // Layers whose attention rotates neither q nor k (SmolLM3's NoPE layers; kRope only): one entry
+  // per layer, or empty for RoPE on every layer.
+  std::vector<bool> layers_without_rope;
+
+  // Whether `layer` applies the positions' rotation (kRope and not a NoPE layer).
+  bool RopeOn(int64_t layer) const {
+    return positions == Positions::kRope &&
+           (layers_without_rope.empty() || !layers_without_rope[static_cast<size_t>(layer)]);
+  }
 };
 
 // The block of `config`'s architecture. REQUIRES: ValidateModelConfig(config) is OK.
@@ -55,6 +67,7 @@ inline TransformerBlockSpec BlockSpecOf(const ModelConfig& config) {
   s.mlp_bias = config.mlp_bias;
   s.qk_norm = config.qk_norm();
   s.tied_lm_head = config.tie_word_embeddings;
+  s.layers_without_rope = config.layers_without_rope;
   return s;
 }
 

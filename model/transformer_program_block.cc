@@ -69,7 +69,7 @@ absl::Status TransformerProgram::Run::BlockForward(int64_t layer, const float* i
     }
   }
   const QkvPointers qkv = Qkv(a);
-  if (rope()) {
+  if (rope(layer)) {
     RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
       RETURN_IF_ERROR(
           k.RopeForward(s, {B_, T_, m_.num_heads, D, T_}, rope_cos(), rope_sin(), qkv.q,
@@ -79,7 +79,7 @@ absl::Status TransformerProgram::Run::BlockForward(int64_t layer, const float* i
     }));
   }
   {
-    const GqaAttentionShape att = AttentionShape();
+    const GqaAttentionShape att = AttentionShape(layer);
     ASSIGN_OR_RETURN(a.atty, Alloc(N_ * Q, false));
     ASSIGN_OR_RETURN(a.lse, Alloc(B_ * m_.num_heads * T_, false));
     const int64_t ws_bytes = ctx_->workspaces().GqaAttentionForwardWorkspaceBytes(att);
@@ -152,7 +152,7 @@ absl::Status TransformerProgram::Run::BlockBackward(int64_t layer, BlockActs& a,
   ASSIGN_OR_RETURN(Buffer dattn_out, Alloc(N_ * C_, true));
   RETURN_IF_ERROR(ResidualBwd(dres2, din, dattn_out));
   dres2.Reset();
-  ASSIGN_OR_RETURN(Buffer dln1, AttentionBackward(ops, a, dattn_out));
+  ASSIGN_OR_RETURN(Buffer dln1, AttentionBackward(layer, ops, a, dattn_out));
   a.ln1.Reset();
   RETURN_IF_ERROR(
       NormBackward(ops.ln_1, in.data(), a.ln1_mean, a.ln1_rstd, dln1.data(), din.data()));
@@ -200,7 +200,8 @@ absl::StatusOr<Buffer> TransformerProgram::Run::MlpBackward(const Block& ops, Bl
   return dln2;
 }
 
-absl::StatusOr<Buffer> TransformerProgram::Run::AttentionBackward(const Block& ops, BlockActs& a,
+absl::StatusOr<Buffer> TransformerProgram::Run::AttentionBackward(int64_t layer, const Block& ops,
+                                                                  BlockActs& a,
                                                                   Buffer& dattn_out) {
   const int64_t Q = m_.q_size(), K = m_.kv_size();
   const int64_t D = m_.head_dim;
@@ -219,7 +220,7 @@ absl::StatusOr<Buffer> TransformerProgram::Run::AttentionBackward(const Block& o
     ASSIGN_OR_RETURN(g.v, Alloc(N_ * K, true));
     g.d = {g.q.data(), g.k.data(), g.v.data()};
   }
-  RETURN_IF_ERROR(ScoresBackward(a, datty, g.d));
+  RETURN_IF_ERROR(ScoresBackward(layer, a, datty, g.d));
   datty.Reset();
   a.atty.Reset();
   a.lse.Reset();
@@ -227,7 +228,7 @@ absl::StatusOr<Buffer> TransformerProgram::Run::AttentionBackward(const Block& o
   a.q.Reset();
   a.k.Reset();
   a.v.Reset();
-  if (rope()) {
+  if (rope(layer)) {
     RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
       RETURN_IF_ERROR(
           k.RopeBackward(s, {B_, T_, m_.num_heads, D, T_}, rope_cos(), rope_sin(), g.d.q,
@@ -247,9 +248,10 @@ absl::StatusOr<Buffer> TransformerProgram::Run::AttentionBackward(const Block& o
   return dln1;
 }
 
-absl::Status TransformerProgram::Run::ScoresBackward(const BlockActs& a, const Buffer& datty,
+absl::Status TransformerProgram::Run::ScoresBackward(int64_t layer, const BlockActs& a,
+                                                     const Buffer& datty,
                                                      const QkvPointers& d) {
-  const GqaAttentionShape att = AttentionShape();
+  const GqaAttentionShape att = AttentionShape(layer);
   const QkvPointers qkv = Qkv(a);
   const int64_t ws_bytes = ctx_->workspaces().GqaAttentionBackwardWorkspaceBytes(att);
   ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));

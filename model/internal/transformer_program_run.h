@@ -155,11 +155,12 @@ class TransformerProgram::Run {
   // --- The block -----------------------------------------------------------------------------
 
   bool fused_qkv() const { return spec_.attention == TransformerBlockSpec::Attention::kFusedMha; }
-  bool rope() const { return spec_.positions == TransformerBlockSpec::Positions::kRope; }
+  // Whether `layer` rotates q and k (RoPE positions and not a NoPE layer).
+  bool rope(int64_t layer) const { return spec_.RopeOn(layer); }
   bool swiglu() const { return spec_.mlp == TransformerBlockSpec::Mlp::kSwiGlu; }
-  // Grouped-query attention over q, k, v rows of `stride` elements (the fused projection's packed
-  // [q | k | v] rows) or packed rows (0).
-  GqaAttentionShape AttentionShape() const {
+  // Grouped-query attention of `layer` over q, k, v rows of `stride` elements (the fused
+  // projection's packed [q | k | v] rows) or packed rows (0), with the layer's sliding window.
+  GqaAttentionShape AttentionShape(int64_t layer) const {
     const int64_t stride = fused_qkv() ? m_.q_size() + 2 * m_.kv_size() : 0;
     return GqaAttentionShape{.batch = B_,
                              .seq_len = T_,
@@ -168,7 +169,8 @@ class TransformerProgram::Run {
                              .head_dim = m_.head_dim,
                              .tile = s_.attention_tile,
                              .q_row_stride = stride,
-                             .kv_row_stride = stride};
+                             .kv_row_stride = stride,
+                             .sliding_window = m_.LayerSlidingWindow(layer)};
   }
   // Where q, k and v of a block are: in the fused qkv rows, or their own buffers.
   struct QkvPointers {
@@ -207,10 +209,12 @@ class TransformerProgram::Run {
   // The attention's backward from d(attention projection) `dattn_out` (freed): the output
   // projection, the attention scores, RoPE, then the q/k/v projections; returns d(ln1), the
   // gradient of the attention's input; frees the attention's activations but ln1.
-  absl::StatusOr<Buffer> AttentionBackward(const Block& ops, BlockActs& a, Buffer& dattn_out);
+  absl::StatusOr<Buffer> AttentionBackward(int64_t layer, const Block& ops, BlockActs& a,
+                                           Buffer& dattn_out);
   // The grouped-query attention kernel's backward: d(atty) `datty` into d(q), d(k), d(v) at `d`
   // (its workspace freed on return).
-  absl::Status ScoresBackward(const BlockActs& a, const Buffer& datty, const QkvPointers& d);
+  absl::Status ScoresBackward(int64_t layer, const BlockActs& a, const Buffer& datty,
+                              const QkvPointers& d);
   // The split q/k/v projections' backward into `dln1`: in the operator's access, the q/k norms'
   // (replacing g.q and g.k by the projections' gradients) and the three nn.Linear's, each
   // gradient freed once no adapter needs it; then the adapters (QkvAdaptersBackward).
