@@ -135,6 +135,7 @@ constexpr FamilyInfo kFamilies[] = {
     {ModelFamily::kMistral, "mistral", "MistralForCausalLM"},
     {ModelFamily::kQwen3, "qwen3", "Qwen3ForCausalLM"},
     {ModelFamily::kSmolLM3, "smollm3", "SmolLM3ForCausalLM"},
+    {ModelFamily::kOlmo2, "olmo2", "Olmo2ForCausalLM"},
     {ModelFamily::kGpt2, "gpt2", "GPT2LMHeadModel"},
 };
 
@@ -533,6 +534,9 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
     // SmolLM3Config's defaults.
     default_vocab = 128256;
     default_positions = 32768;
+  } else if (c.family == ModelFamily::kOlmo2) {
+    // Olmo2Config's defaults (hidden, intermediate, layers, heads as llama's).
+    default_vocab = 50304;
   }
   const int64_t default_hidden = c.family == ModelFamily::kSmolLM3 ? 2048 : 4096;
   const int64_t default_layers = c.family == ModelFamily::kSmolLM3 ? 36 : 32;
@@ -575,7 +579,9 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
                         absl::StrCat("gives head_dim ", c.head_dim,
                                      ", which is odd; RoPE rotates pairs of channels"));
   }
-  ASSIGN_OR_RETURN(c.norm_eps, keys.PositiveNumber("rms_norm_eps", 1e-6));
+  // Olmo2Config's rms_norm_eps defaults to 1e-5; the others' to 1e-6.
+  ASSIGN_OR_RETURN(c.norm_eps, keys.PositiveNumber(
+                                   "rms_norm_eps", c.family == ModelFamily::kOlmo2 ? 1e-5 : 1e-6));
   ASSIGN_OR_RETURN(const std::string act, keys.String("hidden_act", "silu"));
   if (act != "silu" && act != "swish") {
     return keys.Unsupported("hidden_act",
@@ -586,7 +592,8 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
   ASSIGN_OR_RETURN(c.tie_word_embeddings,
                    keys.Bool("tie_word_embeddings", c.family == ModelFamily::kSmolLM3));
   switch (c.family) {
-    case ModelFamily::kQwen3: {
+    case ModelFamily::kQwen3:
+    case ModelFamily::kOlmo2: {
       ASSIGN_OR_RETURN(const bool attention_bias, keys.Bool("attention_bias", false));
       c.qkv_bias = c.o_proj_bias = attention_bias;
       break;
@@ -634,7 +641,8 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, absl::str
   if (type == nullptr) {
     return keys.Invalid("model_type",
                         "is missing; a Hugging Face config names its model type "
-                        "(\"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"smollm3\" or \"gpt2\")");
+                        "(\"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"smollm3\", \"olmo2\" or "
+                        "\"gpt2\")");
   }
   if (!type->is_string()) {
     return keys.Invalid("model_type",
@@ -649,7 +657,7 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, absl::str
     return keys.Unsupported(
         "model_type",
         absl::StrCat("is \"", model_type,
-                     "\"; supported: llama, qwen2, qwen3, mistral, smollm3, gpt2"));
+                     "\"; supported: llama, qwen2, qwen3, mistral, smollm3, olmo2, gpt2"));
   }
   RETURN_IF_ERROR(CheckArchitectures(keys, info->family));
   RETURN_IF_ERROR(CheckNoMoeNoQuantization(keys));
@@ -736,20 +744,22 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c, const HfConfigJso
     } else if (c.family == ModelFamily::kMistral) {
       out["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
     }
-    if (c.family == ModelFamily::kQwen3) out["attention_bias"] = c.qkv_bias;
+    if (c.family == ModelFamily::kQwen3 || c.family == ModelFamily::kOlmo2) {
+      out["attention_bias"] = c.qkv_bias;
+    }
     if (c.family == ModelFamily::kSmolLM3) {
       out["attention_bias"] = c.qkv_bias;
       out["mlp_bias"] = c.mlp_bias;
       out["use_sliding_window"] = false;
       out["sliding_window"] = nullptr;
-      out.erase("layer_types");
       json no_rope = json::array();
       for (int64_t i = 0; i < c.num_layers; ++i) no_rope.push_back(c.LayerHasRope(i) ? 1 : 0);
       out["no_rope_layers"] = std::move(no_rope);
     }
     if (c.family == ModelFamily::kQwen2 || c.family == ModelFamily::kQwen3) {
       out["use_sliding_window"] = c.sliding_window > 0;
-      out.erase("layer_types");
+      // Without a window a base's layer_types stays (transformers ignores it when
+      // use_sliding_window is false).
       if (c.sliding_window > 0) {
         // layer_types says which layers slide (transformers >= 4.53 reads it); max_window_layers
         // is the first of them, which says the same to older versions when the sliding layers

@@ -1,13 +1,15 @@
 // Hugging Face config.json <-> ModelConfig, for the families of model/model_config.h.
 //
 // Reading. config.json must name a supported "model_type" — "llama", "qwen2", "qwen3", "mistral",
-// "smollm3", "gpt2" — and, if it has "architectures", the causal-LM class of that type
+// "smollm3", "olmo2", "gpt2" — and, if it has "architectures", the causal-LM class of that type
 // (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, SmolLM3ForCausalLM,
-// GPT2LMHeadModel). Keys are read under the names and with the defaults of transformers' config
-// classes (LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig, GPT2Config; checked against
-// transformers 5.23 and 4.57.6, which agree on these; qwen3 has qwen2's defaults unless stated;
+// Olmo2ForCausalLM, GPT2LMHeadModel). Keys are read under the names and with the defaults of
+// transformers' config classes (LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig, GPT2Config;
+// checked against transformers 5.23 and 4.57.6, which agree on these; qwen3 has qwen2's defaults
+// unless stated;
 // SmolLM3Config of 4.57.6: vocab 128256, hidden 2048, 36 layers, 16 heads, 4 kv heads, 32768
-// positions, rope_theta 2e6, tied, otherwise llama's):
+// positions, rope_theta 2e6, tied, otherwise llama's; Olmo2Config of 4.57.6: vocab 50304,
+// rms_norm_eps 1e-5, otherwise llama's):
 //
 //   key (gpt2 name)                        default when absent
 //   vocab_size                             llama 32000, qwen2 151936, mistral 32000, gpt2 50257
@@ -24,7 +26,8 @@
 //   rope_scaling / rope_parameters         none
 //   hidden_act (activation_function)       "silu" (gpt2 "gelu_new")
 //   tie_word_embeddings                    false (gpt2 true)
-//   attention_bias (llama, qwen3, smollm3) false
+//   attention_bias (llama, qwen3, smollm3, false
+//   olmo2)
 //   mlp_bias (llama, smollm3)              false
 //   no_rope_layers (smollm3)               1 (RoPE) or 0 (none) per layer; absent or null: 0 on
 //   no_rope_layer_interval (smollm3)       layers with (i + 1) % interval == 0 (interval 4)
@@ -120,7 +123,7 @@ struct HfConfigJsonOptions {
                                                        const HfConfigJsonOptions& options = {});
 
 // The causal-LM class transformers uses for `family`: "LlamaForCausalLM", "Qwen2ForCausalLM",
-// "MistralForCausalLM", "SmolLM3ForCausalLM", "GPT2LMHeadModel".
+// "MistralForCausalLM", "SmolLM3ForCausalLM", "Olmo2ForCausalLM", "GPT2LMHeadModel".
 absl::string_view HfArchitectureName(ModelFamily family);
 
 }  // namespace ps

@@ -509,6 +509,36 @@ TEST(HfConfigTest, SmolLM3NoRopeLayers) {
   }
 }
 
+// OLMo 2 (transformers 4.57.6's Olmo2Config): its defaults, post norms, whole-projection q/k norm.
+TEST(HfConfigTest, Olmo2) {
+  ASSERT_OK_AND_ASSIGN(const ModelConfig c, ParseHfConfig(R"({"model_type": "olmo2"})", kPath));
+  EXPECT_EQ(c.family, ModelFamily::kOlmo2);
+  EXPECT_EQ(c.vocab_size, 50304);
+  EXPECT_EQ(c.hidden_size, 4096);
+  EXPECT_EQ(c.intermediate_size, 11008);
+  EXPECT_EQ(c.num_layers, 32);
+  EXPECT_EQ(c.num_kv_heads, 32);
+  EXPECT_EQ(c.max_position_embeddings, 2048);
+  EXPECT_EQ(c.norm_eps, 1e-5);
+  EXPECT_EQ(c.rope_theta, 10000);
+  EXPECT_FALSE(c.tie_word_embeddings || c.qkv_bias || c.mlp_bias);
+  EXPECT_TRUE(c.qk_norm() && c.qk_norm_whole() && c.post_norms());
+  ASSERT_OK_AND_ASSIGN(const ModelConfig biased,
+                       ParseHfConfig(R"({"model_type": "olmo2", "attention_bias": true,
+                         "architectures": ["Olmo2ForCausalLM"]})",
+                                     kPath));
+  EXPECT_TRUE(biased.qkv_bias && biased.o_proj_bias && !biased.mlp_bias);
+  ASSERT_OK_AND_ASSIGN(const ModelConfig preset, ModelPreset("olmo-2-1b"));
+  ASSERT_OK_AND_ASSIGN(const std::string json, HfConfigJson(preset));
+  ASSERT_OK_AND_ASSIGN(ModelConfig back, ParseHfConfig(json, kPath));
+  back.name = preset.name;
+  EXPECT_EQ(back, preset) << json;
+  EXPECT_THAT(ParseHfConfig(R"({"model_type": "olmo2", "attention_bias": "no"})", kPath),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"attention_bias\"")));
+  EXPECT_THAT(ParseHfConfig(R"({"model_type": "olmo2", "architectures": ["Olmo2Model"]})", kPath),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("\"architectures\"")));
+}
+
 // Every valid config survives HfConfigJson -> ParseHfConfig unchanged.
 TEST(HfConfigTest, RoundTripsEveryPreset) {
   for (const std::string& name : ModelPresetNames()) {

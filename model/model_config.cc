@@ -41,6 +41,12 @@ namespace {
 //      tie_word_embeddings true, bfloat16, no_rope_layer_interval 4 with no_rope_layers
 //      [1, 1, 1, 0] x 9 (transformers' SmolLM3Config default for that interval); the model
 //      card's "3B" (3.08B) is the closed-form count.
+//  [O] allenai/OLMo-2-0425-1B's config.json, quoted in public code (not fetched here): vocab
+//      100352, hidden 2048, intermediate 8192, 16 layers, 16 heads, 16 kv heads,
+//      max_position_embeddings 4096, rope_theta 500000, rms_norm_eps 1e-06, attention_bias
+//      false, tie_word_embeddings false; bfloat16 as the OLMo 2 releases. Its model card's "1B"
+//      (1.48B) is the closed-form count (transformers 4.57.6's Olmo2ForCausalLM on the meta device
+//      counts the same).
 // Tied/untied and dtypes not in [L]: Llama-2-7b-hf, Meta-Llama-3-8B and Mistral-7B-v0.3 have
 // tie_word_embeddings false (their safetensors indexes list lm_head.weight), TinyLlama's config
 // says false and float32 (its safetensors header holds F32 tensors only), Llama-2-7b-hf float16.
@@ -115,6 +121,9 @@ const LlamaPreset kLlamaPresets[] = {
     // [S] SmolLM3-3B: NoPE on every fourth layer (layers 3, 7, ..., 35), tied, no biases.
     {"smollm3-3b", ModelFamily::kSmolLM3, 128256, 2048, 36, 16, 4, 128, 11008, 65536, 1e-6,
      5000000.0, kNoScaling, false, true, DType::kBF16},
+    // [O] OLMo-2-0425-1B: MHA (16 kv heads), untied, no biases, rope_theta 5e5.
+    {"olmo-2-1b", ModelFamily::kOlmo2, 100352, 2048, 16, 16, 16, 128, 8192, 4096, 1e-6, 500000.0,
+     kNoScaling, false, false, DType::kBF16},
     // For tests: every llama feature that changes shapes (GQA, untied head) at a tiny size.
     {"llama-tiny", ModelFamily::kLlama, 256, 64, 2, 4, 2, 16, 160, 128, 1e-5, 10000.0, kNoScaling,
      false, false, DType::kF32},
@@ -187,7 +196,10 @@ std::optional<int64_t> CheckedParameterCount(const ModelConfig& c) {
   if (c.qkv_bias && !AddProduct(&per_layer, 1, q + 2 * k)) return std::nullopt;
   if (c.o_proj_bias && !AddProduct(&per_layer, 1, e)) return std::nullopt;
   if (c.mlp_bias && !AddProduct(&per_layer, 1, 2 * i + e)) return std::nullopt;
-  if (c.qk_norm() && !AddProduct(&per_layer, 2, c.head_dim)) return std::nullopt;
+  if (c.qk_norm() && !c.qk_norm_whole() && !AddProduct(&per_layer, 2, c.head_dim)) {
+    return std::nullopt;
+  }
+  if (c.qk_norm_whole() && !AddProduct(&per_layer, 1, q + k)) return std::nullopt;
   if (!AddProduct(&total, v, e) || (!c.tie_word_embeddings && !AddProduct(&total, v, e)) ||
       !AddProduct(&total, 1, e) || !AddProduct(&total, c.num_layers, per_layer)) {
     return std::nullopt;
@@ -259,7 +271,7 @@ std::vector<OperatorSpec> LlamaOperators(const ModelConfig& c, const VocabLayout
                             layout, ops);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
-    ops.push_back(norm(p + "input_layernorm"));
+    if (!c.post_norms()) ops.push_back(norm(p + "input_layernorm"));
     const std::string a = p + "self_attn.";
     OperatorSpec qkv{a + "qkv_proj",
                      {{a + "q_proj.weight", {q, e}},
@@ -271,8 +283,8 @@ std::vector<OperatorSpec> LlamaOperators(const ModelConfig& c, const VocabLayout
       qkv.tensors.push_back({a + "v_proj.bias", {k}});
     }
     if (c.qk_norm()) {
-      qkv.tensors.push_back({a + "q_norm.weight", {c.head_dim}});
-      qkv.tensors.push_back({a + "k_norm.weight", {c.head_dim}});
+      qkv.tensors.push_back({a + "q_norm.weight", {c.qk_norm_whole() ? q : c.head_dim}});
+      qkv.tensors.push_back({a + "k_norm.weight", {c.qk_norm_whole() ? k : c.head_dim}});
     }
     ops.push_back(std::move(qkv));
     ops.push_back(LinearOp(a + "o_proj", q, e, c.o_proj_bias));
@@ -280,6 +292,7 @@ std::vector<OperatorSpec> LlamaOperators(const ModelConfig& c, const VocabLayout
     ops.push_back(LinearOp(p + "mlp.gate_proj", e, i, c.mlp_bias));
     ops.push_back(LinearOp(p + "mlp.up_proj", e, i, c.mlp_bias));
     ops.push_back(LinearOp(p + "mlp.down_proj", i, e, c.mlp_bias));
+    if (c.post_norms()) ops.push_back(norm(p + "post_feedforward_layernorm"));
   }
   ops.push_back(norm("model.norm"));
   if (!c.tie_word_embeddings) {
@@ -304,6 +317,8 @@ absl::string_view ModelFamilyName(ModelFamily family) {
       return "qwen3";
     case ModelFamily::kSmolLM3:
       return "smollm3";
+    case ModelFamily::kOlmo2:
+      return "olmo2";
   }
   return "unknown";
 }
@@ -472,6 +487,13 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
                          "MLP bias: qkv_bias and o_proj_bias must be equal, mlp_bias false");
         }
         break;
+      case ModelFamily::kOlmo2:
+        if (c.qkv_bias != c.o_proj_bias || c.mlp_bias) {
+          return Invalid(c,
+                         "olmo2's config.json has one attention_bias for q, k, v and o and no "
+                         "MLP bias: qkv_bias and o_proj_bias must be equal, mlp_bias false");
+        }
+        break;
       case ModelFamily::kSmolLM3:
         if (c.qkv_bias != c.o_proj_bias) {
           return Invalid(c,
@@ -513,7 +535,7 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
                                      " entries for ", c.num_layers, " layers"));
     }
     if (c.family == ModelFamily::kGpt2 || c.family == ModelFamily::kLlama ||
-        c.family == ModelFamily::kSmolLM3) {
+        c.family == ModelFamily::kSmolLM3 || c.family == ModelFamily::kOlmo2) {
       return Invalid(c, absl::StrCat(family, "'s config.json has no sliding window: "
                                              "sliding_window must be 0"));
     }

@@ -20,6 +20,11 @@
 //   "smollm3"  as llama (attention_bias on q, k, v and o; mlp_bias), with no RoPE on some layers
 //              (NoPE; config.json's no_rope_layers, 1 = RoPE, 0 = none; SmolLM3-3B: every
 //              fourth).
+//   "olmo2"    as llama (attention_bias on q, k, v and o; no MLP bias), with the block's norms
+//              after attention and after the MLP, applied to the sublayer's output before the
+//              residual add (post_attention_layernorm, post_feedforward_layernorm; no
+//              input_layernorm), and an RMSNorm of q and of k over the whole projection
+//              (q_norm [Q], k_norm [K], not per head) before RoPE.
 // The llama-like families share one computation (architecture() == kLlama; Qwen3's q/k norm is an
 // option of the block, model/transformer_block_spec.h); the family is kept so that an export
 // writes back the config.json the model came from.
@@ -36,13 +41,16 @@
 //   p self_attn.qkv_proj                   p self_attn.q_proj.weight [Q, E], k_proj.weight [K, E],
 //                                          v_proj.weight [K, E], then (with qkv_bias) q_proj.bias
 //                                          [Q], k_proj.bias [K], v_proj.bias [K], then (qwen3)
-//                                          q_norm.weight [D], k_norm.weight [D]
+//                                          q_norm.weight [D], k_norm.weight [D] (olmo2: [Q], [K])
 //   p self_attn.o_proj                     p self_attn.o_proj.weight [E, Q] (+ .bias [E])
 //   p post_attention_layernorm             p post_attention_layernorm.weight [E]
 //   p mlp.gate_proj                        p mlp.gate_proj.weight [I, E] (+ .bias [I])
 //   p mlp.up_proj                          p mlp.up_proj.weight [I, E] (+ .bias [I])
 //   p mlp.down_proj                        p mlp.down_proj.weight [E, I] (+ .bias [E])
 //   model.norm                             model.norm.weight [E]
+// OLMo 2's layer has no input_layernorm: self_attn.qkv_proj, self_attn.o_proj,
+// post_attention_layernorm, the MLP, then post_feedforward_layernorm (weight [E]), the order its
+// forward uses them.
 //   lm_head (only if not tied)             lm_head.weight [V, E]
 //     or, split: lm_head[r0:r1]            lm_head.weight[r0:r1] [r1 - r0, E]
 // GPT-2: model/gpt_config.h's operators (names without the "transformer." prefix: wte whole or in
@@ -92,13 +100,13 @@
 namespace ps {
 
 // Hugging Face model_type of a supported family.
-enum class ModelFamily { kGpt2, kLlama, kQwen2, kMistral, kQwen3, kSmolLM3 };
+enum class ModelFamily { kGpt2, kLlama, kQwen2, kMistral, kQwen3, kSmolLM3, kOlmo2 };
 
-// What the model computes: GPT-2, or the Llama architecture (Llama, Qwen2, Mistral, Qwen3 and
-// SmolLM3).
+// What the model computes: GPT-2, or the Llama architecture (Llama, Qwen2, Mistral, Qwen3,
+// SmolLM3 and OLMo 2).
 enum class ModelArchitecture { kGpt2, kLlama };
 
-// "gpt2", "llama", "qwen2", "mistral", "qwen3", "smollm3" (the Hugging Face model_type).
+// "gpt2", "llama", "qwen2", "mistral", "qwen3", "smollm3", "olmo2" (the Hugging Face model_type).
 absl::string_view ModelFamilyName(ModelFamily family);
 ModelArchitecture ArchitectureOf(ModelFamily family);
 
@@ -164,7 +172,13 @@ struct ModelConfig {
   int64_t q_size() const { return num_heads * head_dim; }      // Q: rows of q_proj
   int64_t kv_size() const { return num_kv_heads * head_dim; }  // K: rows of k_proj and v_proj
   // A per-head RMSNorm of q and k before RoPE (Qwen3's q_norm, k_norm).
-  bool qk_norm() const { return family == ModelFamily::kQwen3; }
+  bool qk_norm() const {
+    return family == ModelFamily::kQwen3 || family == ModelFamily::kOlmo2;
+  }
+  // The q/k norm over the whole projection (weights [Q], [K]) rather than per head (OLMo 2).
+  bool qk_norm_whole() const { return family == ModelFamily::kOlmo2; }
+  // Norms after attention and MLP, on the sublayer's output before the residual add (OLMo 2).
+  bool post_norms() const { return family == ModelFamily::kOlmo2; }
   // Whether `layer` rotates q and k (llama-likes; false on SmolLM3's NoPE layers).
   bool LayerHasRope(int64_t layer) const {
     return layers_without_rope.empty() || !layers_without_rope[static_cast<size_t>(layer)];
@@ -193,6 +207,7 @@ std::ostream& operator<<(std::ostream& os, const ModelConfig& config);
 //   mistral  silu, no biases;
 //   qwen3    silu, qkv_bias == o_proj_bias (one attention_bias key), no MLP bias;
 //   smollm3  silu, qkv_bias == o_proj_bias (one attention_bias key), no sliding window;
+//   olmo2    silu, qkv_bias == o_proj_bias (one attention_bias key), no MLP bias, no window;
 // layers_without_rope empty or one entry per layer, and set only for smollm3;
 // and for the sliding window: sliding_window >= 0; sliding_window_layers has num_layers entries
 // when sliding_window > 0, none otherwise; mistral's window on every layer; none for gpt2 and
@@ -215,6 +230,7 @@ std::ostream& operator<<(std::ostream& os, const ModelConfig& config);
 //   "qwen3-0.6b"      Qwen/Qwen3-0.6B                                   596,049,920
 //   "qwen3-4b"        Qwen/Qwen3-4B                                   4,022,468,096
 //   "smollm3-3b"      HuggingFaceTB/SmolLM3-3B                        3,075,098,624
+//   "olmo-2-1b"       allenai/OLMo-2-0425-1B                          1,484,916,736
 //   "llama-tiny"      a 2-layer GQA Llama for tests (vocab 256, E 64, 4 heads, 2 kv heads)
 // and every GPT-2-architecture preset of GptPreset ("tiny", "gpt2", ..., "18B") converted with
 // FromGptConfig. InvalidArgument listing the known names for anything else.
@@ -230,7 +246,8 @@ std::vector<OperatorSpec> ModelOperators(const ModelConfig& config,
 
 // Closed form of the parameter count (== ModelNumElems(ModelOperators(config))).
 //   llama-likes: V E (1 + untied) + E + L (2E + 2 E Q + 2 E K + 3 E I
-//                + qkv_bias (Q + 2K) + o_proj_bias E + mlp_bias (2I + E) + qk_norm 2D)
+//                + qkv_bias (Q + 2K) + o_proj_bias E + mlp_bias (2I + E) + qk_norm 2D
+//                (whole-projection q/k norm: Q + K))
 //   gpt2:        (V + P) E + L (4E^2 + 2 E I + I + 9E) + 2E
 // REQUIRES: ValidateModelConfig is OK.
 int64_t ModelParameterCount(const ModelConfig& config);

@@ -31,7 +31,8 @@ using ::testing::HasSubstr;
 // -32B: the closed form over their config.json values (untied 152064 x 5120 embedding and head,
 // q/k/v biases, [L] in model_config.cc) gives 14,770,033,664 and 32,763,876,352 (their model cards
 // say "14.7B" and "32.5B"). SmolLM3-3B: transformers 4.57.6's SmolLM3ForCausalLM built on the
-// meta device from its config.json values counts 3,075,098,624 ("3B", 3.08B on its model card).
+// meta device from its config.json values counts 3,075,098,624 ("3B", 3.08B on its model card);
+// OLMo-2-0425-1B: Olmo2ForCausalLM likewise counts 1,484,916,736 ("1B", 1.48B).
 struct Published {
   const char* preset;
   int64_t params;
@@ -43,7 +44,7 @@ constexpr Published kPublished[] = {
     {"qwen2.5-3b", 3'085'938'688},   {"mistral-7b-v0.3", 7'248'023'552},
     {"qwen3-0.6b", 596'049'920},     {"qwen3-4b", 4'022'468'096},
     {"qwen2.5-14b", 14'770'033'664}, {"qwen2.5-32b", 32'763'876'352},
-    {"smollm3-3b", 3'075'098'624},
+    {"smollm3-3b", 3'075'098'624},   {"olmo-2-1b", 1'484'916'736},
 };
 
 void ExpectSameOperators(const std::vector<OperatorSpec>& a, const std::vector<OperatorSpec>& b) {
@@ -339,6 +340,8 @@ TEST(ModelConfigTest, ValidationNamesTheField) {
          c.sliding_window_layers.assign(c.num_layers, true);
        },
        "smollm3-3b"},
+      {"olmo2's config.json has one attention_bias", [](ModelConfig& c) { c.mlp_bias = true; },
+       "olmo-2-1b"},
       {"sliding_window must be >= 0", [](ModelConfig& c) { c.sliding_window = -1; }},
       {"sliding_window_layers is set",
        [](ModelConfig& c) { c.sliding_window_layers.assign(c.num_layers, true); }},

@@ -39,6 +39,12 @@ struct TransformerBlockSpec {
   // A per-head RMSNorm of q and of k (weights q_norm, k_norm [head_dim] in the q/k/v operator,
   // eps norm_eps) after the projections, before RoPE: Qwen3.
   bool qk_norm = false;
+  // The q/k norm over each token's whole projection (weights [Q], [K]) instead of per head: OLMo 2.
+  bool qk_norm_whole = false;
+  // The block's two norms after attention and after the MLP, on the sublayer's output before the
+  // residual add (x + norm(attention(x)), then h + norm(mlp(h))), instead of on their inputs:
+  // OLMo 2.
+  bool post_norms = false;
   // LM head = token embedding (no lm_head operators).
   bool tied_lm_head = true;
   // Layers whose attention rotates neither q nor k (SmolLM3's NoPE layers; kRope only): one entry
@@ -66,6 +72,8 @@ inline TransformerBlockSpec BlockSpecOf(const ModelConfig& config) {
   s.o_bias = config.o_proj_bias;
   s.mlp_bias = config.mlp_bias;
   s.qk_norm = config.qk_norm();
+  s.qk_norm_whole = config.qk_norm_whole();
+  s.post_norms = config.post_norms();
   s.tied_lm_head = config.tie_word_embeddings;
   s.layers_without_rope = config.layers_without_rope;
   return s;

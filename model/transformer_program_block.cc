@@ -23,10 +23,12 @@ absl::Status TransformerProgram::Run::BlockForward(int64_t layer, const float* i
   const Block& ops = p_.layout_.blocks[static_cast<size_t>(layer)];
   const int64_t Q = m_.q_size(), K = m_.kv_size(), I = m_.intermediate_size;
   const int64_t D = m_.head_dim;
-  RETURN_IF_ERROR(NormForward(ops.ln_1, in, a.ln1, a.ln1_mean, a.ln1_rstd));
+  const bool post = spec_.post_norms;
+  if (!post) RETURN_IF_ERROR(NormForward(ops.ln_1, in, a.ln1, a.ln1_mean, a.ln1_rstd));
+  a.attn_in = post ? in : a.ln1.data();
   if (fused_qkv()) {
     ASSIGN_OR_RETURN(a.qkv, Alloc(N_ * (Q + 2 * K), false));
-    RETURN_IF_ERROR(LinearForward(ops.qkv, C_, Q + 2 * K, a.ln1.data(), a.qkv.data(), a.lh_qkv));
+    RETURN_IF_ERROR(LinearForward(ops.qkv, C_, Q + 2 * K, a.attn_in, a.qkv.data(), a.lh_qkv));
   } else {
     ASSIGN_OR_RETURN(a.q, Alloc(N_ * Q, false));
     ASSIGN_OR_RETURN(a.k, Alloc(N_ * K, false));
@@ -41,9 +43,9 @@ absl::Status TransformerProgram::Run::BlockForward(int64_t layer, const float* i
     };
     {
       ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, qkv.op, Stage::kForward));
-      RETURN_IF_ERROR(NnLinearFwd(qkv.q_w, qkv.q_b, C_, Q, a.ln1.data(), a.q.data()));
-      RETURN_IF_ERROR(NnLinearFwd(qkv.k_w, qkv.k_b, C_, K, a.ln1.data(), a.k.data()));
-      RETURN_IF_ERROR(NnLinearFwd(qkv.v_w, qkv.v_b, C_, K, a.ln1.data(), a.v.data()));
+      RETURN_IF_ERROR(NnLinearFwd(qkv.q_w, qkv.q_b, C_, Q, a.attn_in, a.q.data()));
+      RETURN_IF_ERROR(NnLinearFwd(qkv.k_w, qkv.k_b, C_, K, a.attn_in, a.k.data()));
+      RETURN_IF_ERROR(NnLinearFwd(qkv.v_w, qkv.v_b, C_, K, a.attn_in, a.v.data()));
       if (spec_.qk_norm && !adapted) RETURN_IF_ERROR(head_norms());
       RETURN_IF_ERROR(access.End());
     }
@@ -51,13 +53,13 @@ absl::Status TransformerProgram::Run::BlockForward(int64_t layer, const float* i
       ASSIGN_OR_RETURN(ScopedAccess access,
                        ScopedAccess::Begin(ctx_, qkv.lora_op(), Stage::kForward));
       if (qkv.q_lora.present()) {
-        RETURN_IF_ERROR(AdapterForward(qkv.q_lora, C_, Q, a.ln1.data(), a.q.data(), a.lh_q));
+        RETURN_IF_ERROR(AdapterForward(qkv.q_lora, C_, Q, a.attn_in, a.q.data(), a.lh_q));
       }
       if (qkv.k_lora.present()) {
-        RETURN_IF_ERROR(AdapterForward(qkv.k_lora, C_, K, a.ln1.data(), a.k.data(), a.lh_k));
+        RETURN_IF_ERROR(AdapterForward(qkv.k_lora, C_, K, a.attn_in, a.k.data(), a.lh_k));
       }
       if (qkv.v_lora.present()) {
-        RETURN_IF_ERROR(AdapterForward(qkv.v_lora, C_, K, a.ln1.data(), a.v.data(), a.lh_v));
+        RETURN_IF_ERROR(AdapterForward(qkv.v_lora, C_, K, a.attn_in, a.v.data(), a.lh_v));
       }
       RETURN_IF_ERROR(access.End());
       if (spec_.qk_norm) {
@@ -89,22 +91,45 @@ absl::Status TransformerProgram::Run::BlockForward(int64_t layer, const float* i
                                    ws.data(), ws_bytes, key_start_dev());
     }));
   }
-  // res2 = in + attention projection(atty), computed in place of the projection.
-  ASSIGN_OR_RETURN(a.res2, Alloc(N_ * C_, false));
-  RETURN_IF_ERROR(LinearForward(ops.attn_out, Q, C_, a.atty.data(), a.res2.data(), a.lh_o));
-  RETURN_IF_ERROR(Residual(in, a.res2));
-  RETURN_IF_ERROR(NormForward(ops.ln_2, a.res2.data(), a.ln2, a.ln2_mean, a.ln2_rstd));
+  if (post) {
+    // res2 = in + ln_1(attention projection(atty)); the projection is kept as the norm's input,
+    // and the MLP reads res2 itself.
+    ASSIGN_OR_RETURN(a.attn_o, Alloc(N_ * C_, false));
+    RETURN_IF_ERROR(LinearForward(ops.attn_out, Q, C_, a.atty.data(), a.attn_o.data(), a.lh_o));
+    RETURN_IF_ERROR(NormForward(ops.ln_1, a.attn_o.data(), a.res2, a.ln1_mean, a.ln1_rstd));
+    RETURN_IF_ERROR(Residual(in, a.res2));
+    a.mlp_in = a.res2.data();
+  } else {
+    // res2 = in + attention projection(atty), computed in place of the projection.
+    ASSIGN_OR_RETURN(a.res2, Alloc(N_ * C_, false));
+    RETURN_IF_ERROR(LinearForward(ops.attn_out, Q, C_, a.atty.data(), a.res2.data(), a.lh_o));
+    RETURN_IF_ERROR(Residual(in, a.res2));
+    RETURN_IF_ERROR(NormForward(ops.ln_2, a.res2.data(), a.ln2, a.ln2_mean, a.ln2_rstd));
+    a.mlp_in = a.ln2.data();
+  }
   ASSIGN_OR_RETURN(a.fch, Alloc(N_ * I, false));
-  RETURN_IF_ERROR(LinearForward(ops.mlp_in, C_, I, a.ln2.data(), a.fch.data(), a.lh_in));
+  RETURN_IF_ERROR(LinearForward(ops.mlp_in, C_, I, a.mlp_in, a.fch.data(), a.lh_in));
   if (swiglu()) {
     ASSIGN_OR_RETURN(a.up, Alloc(N_ * I, false));
-    RETURN_IF_ERROR(LinearForward(ops.mlp_up, C_, I, a.ln2.data(), a.up.data(), a.lh_up));
+    RETURN_IF_ERROR(LinearForward(ops.mlp_up, C_, I, a.mlp_in, a.up.data(), a.lh_up));
   }
   ASSIGN_OR_RETURN(a.act, Alloc(N_ * I, false));
   RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
     if (swiglu()) return k.SwiGluForward(s, N_ * I, a.fch.data(), a.up.data(), a.act.data());
     return k.GeluForward(s, N_ * I, a.fch.data(), a.act.data());
   }));
+  if (post) {
+    // out = res2 + ln_2(MLP projection(act)); the projection is kept as the norm's input (and,
+    // recomputing, the norm's statistics are what backward needs; its output is discarded).
+    ASSIGN_OR_RETURN(a.mlp_o, Alloc(N_ * C_, false));
+    RETURN_IF_ERROR(LinearForward(ops.mlp_out, I, C_, a.act.data(), a.mlp_o.data(), a.lh_out));
+    RETURN_IF_ERROR(NormForward(ops.ln_2, a.mlp_o.data(), out, a.ln2_mean, a.ln2_rstd));
+    if (recompute) {
+      out.Reset();
+      return absl::OkStatus();
+    }
+    return Residual(a.res2.data(), out);
+  }
   if (recompute) {
     // The block's output is not needed again, but an adapter on the MLP's output projection
     // needs its h = A drop(act) in backward: recomputed in the adapter's own access, with the
@@ -135,27 +160,53 @@ absl::Status TransformerProgram::Run::BlockForward(int64_t layer, const float* i
 absl::Status TransformerProgram::Run::BlockBackward(int64_t layer, BlockActs& a, Buffer& in,
                                                     Buffer& dres) {
   const Block& ops = p_.layout_.blocks[static_cast<size_t>(layer)];
-  // out = res2 + mlp(ln_2(res2))
+  const bool post = spec_.post_norms;
+  // out = res2 + mlp(ln_2(res2)), or (post norms) res2 + ln_2(mlp(res2))
   ASSIGN_OR_RETURN(Buffer dres2, Alloc(N_ * C_, true));
   ASSIGN_OR_RETURN(Buffer dmlp_out, Alloc(N_ * C_, true));
   RETURN_IF_ERROR(ResidualBwd(dres, dres2, dmlp_out));
   dres.Reset();
+  if (post) {
+    // dmlp_out holds d(ln_2's output): through the norm to d(the MLP's output).
+    Buffer dnorm = std::move(dmlp_out);
+    ASSIGN_OR_RETURN(dmlp_out, Alloc(N_ * C_, true));
+    RETURN_IF_ERROR(NormBackward(ops.ln_2, a.mlp_o.data(), a.ln2_mean, a.ln2_rstd, dnorm.data(),
+                                 dmlp_out.data()));
+    dnorm.Reset();
+    a.mlp_o.Reset();
+  }
   ASSIGN_OR_RETURN(Buffer dln2, MlpBackward(ops, a, dmlp_out));
-  RETURN_IF_ERROR(
-      NormBackward(ops.ln_2, a.res2.data(), a.ln2_mean, a.ln2_rstd, dln2.data(), dres2.data()));
+  if (post) {
+    RETURN_IF_ERROR(Residual(dln2.data(), dres2));  // the MLP read res2 itself
+  } else {
+    RETURN_IF_ERROR(
+        NormBackward(ops.ln_2, a.res2.data(), a.ln2_mean, a.ln2_rstd, dln2.data(), dres2.data()));
+  }
   dln2.Reset();
   a.res2.Reset();
   a.ln2_mean.Reset();
   a.ln2_rstd.Reset();
-  // res2 = in + attention(ln_1(in))
+  // res2 = in + attention(ln_1(in)), or (post norms) in + ln_1(attention(in))
   ASSIGN_OR_RETURN(Buffer din, Alloc(N_ * C_, true));
   ASSIGN_OR_RETURN(Buffer dattn_out, Alloc(N_ * C_, true));
   RETURN_IF_ERROR(ResidualBwd(dres2, din, dattn_out));
   dres2.Reset();
+  if (post) {
+    Buffer dnorm = std::move(dattn_out);
+    ASSIGN_OR_RETURN(dattn_out, Alloc(N_ * C_, true));
+    RETURN_IF_ERROR(NormBackward(ops.ln_1, a.attn_o.data(), a.ln1_mean, a.ln1_rstd, dnorm.data(),
+                                 dattn_out.data()));
+    dnorm.Reset();
+    a.attn_o.Reset();
+  }
   ASSIGN_OR_RETURN(Buffer dln1, AttentionBackward(layer, ops, a, dattn_out));
   a.ln1.Reset();
-  RETURN_IF_ERROR(
-      NormBackward(ops.ln_1, in.data(), a.ln1_mean, a.ln1_rstd, dln1.data(), din.data()));
+  if (post) {
+    RETURN_IF_ERROR(Residual(dln1.data(), din));  // the attention read the block's input itself
+  } else {
+    RETURN_IF_ERROR(
+        NormBackward(ops.ln_1, in.data(), a.ln1_mean, a.ln1_rstd, dln1.data(), din.data()));
+  }
   dln1.Reset();
   in.Reset();
   a.Reset();
@@ -189,11 +240,11 @@ absl::StatusOr<Buffer> TransformerProgram::Run::MlpBackward(const Block& ops, Bl
   a.up.Reset();
   ASSIGN_OR_RETURN(Buffer dln2, Alloc(N_ * C_, true));
   RETURN_IF_ERROR(
-      LinearBackward(ops.mlp_in, C_, I, a.ln2.data(), dfch.data(), dln2.data(), a.lh_in));
+      LinearBackward(ops.mlp_in, C_, I, a.mlp_in, dfch.data(), dln2.data(), a.lh_in));
   dfch.Reset();
   if (swiglu()) {
     RETURN_IF_ERROR(
-        LinearBackward(ops.mlp_up, C_, I, a.ln2.data(), dup.data(), dln2.data(), a.lh_up));
+        LinearBackward(ops.mlp_up, C_, I, a.mlp_in, dup.data(), dln2.data(), a.lh_up));
     dup.Reset();
   }
   a.ln2.Reset();
@@ -240,7 +291,7 @@ absl::StatusOr<Buffer> TransformerProgram::Run::AttentionBackward(int64_t layer,
   ASSIGN_OR_RETURN(Buffer dln1, Alloc(N_ * C_, true));
   if (fused_qkv()) {
     RETURN_IF_ERROR(
-        LinearBackward(ops.qkv, C_, Q + 2 * K, a.ln1.data(), g.d.q, dln1.data(), a.lh_qkv));
+        LinearBackward(ops.qkv, C_, Q + 2 * K, a.attn_in, g.d.q, dln1.data(), a.lh_qkv));
     g.qkv.Reset();
   } else {
     RETURN_IF_ERROR(SplitQkvBackward(ops.qkv_split, a, g, dln1.data()));
@@ -282,11 +333,11 @@ absl::Status TransformerProgram::Run::SplitQkvBackward(const ProgramLayout::QkvO
     }
     // Each projection's gradient is freed once nothing needs it (its adapter's backward
     // comes after this access).
-    RETURN_IF_ERROR(NnLinearBwd(qkv.q_w, qkv.q_b, qkv.trainable, C_, Q, a.ln1.data(), g.d.q, dln1));
+    RETURN_IF_ERROR(NnLinearBwd(qkv.q_w, qkv.q_b, qkv.trainable, C_, Q, a.attn_in, g.d.q, dln1));
     if (!qkv.q_lora.present()) g.q.Reset();
-    RETURN_IF_ERROR(NnLinearBwd(qkv.k_w, qkv.k_b, qkv.trainable, C_, K, a.ln1.data(), g.d.k, dln1));
+    RETURN_IF_ERROR(NnLinearBwd(qkv.k_w, qkv.k_b, qkv.trainable, C_, K, a.attn_in, g.d.k, dln1));
     if (!qkv.k_lora.present()) g.k.Reset();
-    RETURN_IF_ERROR(NnLinearBwd(qkv.v_w, qkv.v_b, qkv.trainable, C_, K, a.ln1.data(), g.d.v, dln1));
+    RETURN_IF_ERROR(NnLinearBwd(qkv.v_w, qkv.v_b, qkv.trainable, C_, K, a.attn_in, g.d.v, dln1));
     if (!qkv.v_lora.present()) g.v.Reset();
     RETURN_IF_ERROR(access.End());
   }
@@ -299,13 +350,13 @@ absl::Status TransformerProgram::Run::QkvAdaptersBackward(const ProgramLayout::Q
   const int64_t Q = m_.q_size(), K = m_.kv_size();
   ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, qkv.lora_op(), Stage::kBackward));
   if (qkv.q_lora.present()) {
-    RETURN_IF_ERROR(AdapterBackward(qkv.q_lora, C_, Q, a.ln1.data(), a.lh_q, g.d.q, dln1));
+    RETURN_IF_ERROR(AdapterBackward(qkv.q_lora, C_, Q, a.attn_in, a.lh_q, g.d.q, dln1));
   }
   if (qkv.k_lora.present()) {
-    RETURN_IF_ERROR(AdapterBackward(qkv.k_lora, C_, K, a.ln1.data(), a.lh_k, g.d.k, dln1));
+    RETURN_IF_ERROR(AdapterBackward(qkv.k_lora, C_, K, a.attn_in, a.lh_k, g.d.k, dln1));
   }
   if (qkv.v_lora.present()) {
-    RETURN_IF_ERROR(AdapterBackward(qkv.v_lora, C_, K, a.ln1.data(), a.lh_v, g.d.v, dln1));
+    RETURN_IF_ERROR(AdapterBackward(qkv.v_lora, C_, K, a.attn_in, a.lh_v, g.d.v, dln1));
   }
   RETURN_IF_ERROR(access.End());
   g.q.Reset();

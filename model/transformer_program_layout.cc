@@ -55,8 +55,11 @@ ProgramLayout ProgramLayoutOf(const ModelConfig& config, absl::Span<const Operat
       // input_layernorm, self_attn.qkv_proj (q, k, v weights, then with biases q, k, v biases,
       // then with the q/k norm q_norm and k_norm),
       // self_attn.o_proj, post_attention_layernorm, mlp.gate_proj, mlp.up_proj, mlp.down_proj.
-      b.ln_1 = op_at(next);
-      const size_t q = next + 1;
+      // With post norms (OLMo 2): self_attn.qkv_proj, self_attn.o_proj,
+      // post_attention_layernorm (ln_1), the MLP, post_feedforward_layernorm (ln_2).
+      const bool post = spec.post_norms;
+      if (!post) b.ln_1 = op_at(next++);
+      const size_t q = next;
       ProgramLayout::QkvOp& s = b.qkv_split;
       s.op = op_id(q);
       s.trainable = ops[q].trainable;
@@ -74,12 +77,17 @@ ProgramLayout ProgramLayoutOf(const ModelConfig& config, absl::Span<const Operat
         s.k_norm = tensor_id(q, next_tensor++);
       }
       CHECK_EQ(next_tensor, ops[q].tensors.size()) << ops[q].name;
-      b.attn_out = op_at(next + 2);
-      b.ln_2 = op_at(next + 3);
-      b.mlp_in = op_at(next + 4);
-      b.mlp_up = op_at(next + 5);
-      b.mlp_out = op_at(next + 6);
-      next += 7;
+      b.attn_out = op_at(next + 1);
+      if (post) {
+        b.ln_1 = op_at(next + 2);
+      } else {
+        b.ln_2 = op_at(next + 2);
+      }
+      b.mlp_in = op_at(next + 3);
+      b.mlp_up = op_at(next + 4);
+      b.mlp_out = op_at(next + 5);
+      next += 6;
+      if (post) b.ln_2 = op_at(next++);
     }
     layout.blocks.push_back(b);
   }

@@ -341,7 +341,10 @@ absl::Status TransformerProgram::Run::NormBackward(const Op& op, const float* x,
 
 absl::Status TransformerProgram::Run::HeadNormForward(TensorId w, int64_t heads, const Buffer& x,
                                                       Buffer& y, Buffer& rstd) {
-  const RmsNormShape shape{N_ * heads, m_.head_dim, m_.norm_eps};
+  // Per head ([N * heads, D]) or over each token's whole projection ([N, heads * D]: OLMo 2).
+  const RmsNormShape shape = spec_.qk_norm_whole
+                                 ? RmsNormShape{N_, heads * m_.head_dim, m_.norm_eps}
+                                 : RmsNormShape{N_ * heads, m_.head_dim, m_.norm_eps};
   ASSIGN_OR_RETURN(y, Alloc(shape.rows * shape.channels, false));
   ASSIGN_OR_RETURN(rstd, Alloc(shape.rows, false));
   absl::Span<const float> wv;
@@ -354,7 +357,10 @@ absl::Status TransformerProgram::Run::HeadNormForward(TensorId w, int64_t heads,
 absl::Status TransformerProgram::Run::HeadNormBackward(TensorId w, bool trainable, int64_t heads,
                                                        const Buffer& x, const Buffer& rstd,
                                                        Buffer& dy) {
-  const RmsNormShape shape{N_ * heads, m_.head_dim, m_.norm_eps};
+  // Per head ([N * heads, D]) or over each token's whole projection ([N, heads * D]: OLMo 2).
+  const RmsNormShape shape = spec_.qk_norm_whole
+                                 ? RmsNormShape{N_, heads * m_.head_dim, m_.norm_eps}
+                                 : RmsNormShape{N_ * heads, m_.head_dim, m_.norm_eps};
   ASSIGN_OR_RETURN(Buffer dx, Alloc(shape.rows * shape.channels, true));
   Buffer dw;
   if (trainable) {

@@ -97,6 +97,13 @@ struct BlockActs {
   Buffer q_in, k_in, q_rstd, k_rstd;
   // LoRA: each adapter's h = A drop(x) [N, rank] (ProgramLayout::Lora), for its backward.
   Buffer lh_qkv, lh_q, lh_k, lh_v, lh_o, lh_in, lh_up, lh_out;
+  // With post norms (OLMo 2): the attention's and the MLP's output projections, the inputs of
+  // ln_1 and ln_2 (ln1 and ln2 are then unused: the sublayers read the residual stream itself).
+  Buffer attn_o, mlp_o;
+  // What the attention's and the MLP's input projections read: ln1 and ln2, or (post norms) the
+  // block's input and res2. Set by the forward; not owned.
+  const float* attn_in = nullptr;
+  const float* mlp_in = nullptr;
   void Reset() { *this = BlockActs(); }
 };
 

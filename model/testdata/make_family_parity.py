@@ -24,6 +24,9 @@ Directories:
   parity_smollm3_nope    SmolLM3ForCausalLM, 3 layers with no_rope_layers [1, 0, 1] (layer 1 has
                          no RoPE), GQA, tied head (SmolLM3Config's default), rope_theta 100
                          so that RoPE matters over 11 tokens.
+  parity_olmo2           Olmo2ForCausalLM, 2 layers, norms after attention and MLP, q/k RMSNorm
+                         over the whole projection, GQA (4 heads, 2 kv heads), untied head
+                         (no ablation: a pre-norm model has other parameter names).
 
 Recorded run (the committed files were made by it):
   /work/venv-peftnew/bin/python model/testdata/make_family_parity.py model/testdata
@@ -92,6 +95,14 @@ def smollm3_nope():
         bos_token_id=None, eos_token_id=None, attn_implementation="eager")
 
 
+def olmo2():
+    return transformers.Olmo2Config(
+        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-6, rope_theta=10000.0, attention_bias=False, tie_word_embeddings=False,
+        pad_token_id=None, bos_token_id=None, eos_token_id=None, attn_implementation="eager")
+
+
 def make(out_dir, name, config_fn, seed, ablation=None):
     directory = os.path.join(out_dir, "parity_" + name)
     if os.path.exists(directory):
@@ -144,6 +155,7 @@ def make(out_dir, name, config_fn, seed, ablation=None):
 MODELS = {
     "mistral_window": (mistral_window, 4040, {"sliding_window": None}),
     "smollm3_nope": (smollm3_nope, 4141, {"no_rope_layers": [1, 1, 1]}),
+    "olmo2": (olmo2, 4242, None),
 }
 
 
