@@ -11,27 +11,10 @@
 #include "base/status_macros.h"
 #include "glog/logging.h"
 #include "trainer/data/internal/epoch_permutation.h"
+#include "trainer/data/internal/loader_checks.h"
 
 namespace ps {
 namespace {
-
-absl::Status BadOption(absl::string_view field, absl::string_view problem) {
-  return absl::InvalidArgumentError(absl::StrCat("DataLoaderOptions.", field, " ", problem));
-}
-
-// The index of the first token >= limit, or tokens.size() if none: a branch-free max per block
-// (vectorized by the compiler), then the exact position only in the block that fails.
-template <typename T>
-int64_t FirstAtLeast(absl::Span<const T> tokens, int64_t limit) {
-  constexpr size_t kBlock = 4096;
-  for (size_t start = 0; start < tokens.size(); start += kBlock) {
-    const size_t end = std::min(tokens.size(), start + kBlock);
-    T max = 0;
-    for (size_t i = start; i < end; ++i) max = tokens[i] > max ? tokens[i] : max;
-    if (static_cast<int64_t>(max) >= limit) return static_cast<int64_t>(start);
-  }
-  return static_cast<int64_t>(tokens.size());
-}
 
 // Inputs and targets of one window of t_len + 1 tokens. Tokens are < vocab_size <= INT32_MAX.
 template <typename T>
@@ -50,27 +33,12 @@ std::string DataCursorString(const DataCursor& cursor) {
 
 absl::StatusOr<DataLoader> DataLoader::Create(TokenSpan tokens, const DataLoaderOptions& options) {
   const DataLoaderOptions& o = options;
-  if (o.batch_size < 1)
-    return BadOption("batch_size", absl::StrCat("= ", o.batch_size, " must be >= 1"));
-  if (o.seq_len < 1) return BadOption("seq_len", absl::StrCat("= ", o.seq_len, " must be >= 1"));
-  if (o.vocab_size < 1 || o.vocab_size > std::numeric_limits<int32_t>::max()) {
-    return BadOption("vocab_size", absl::StrCat("= ", o.vocab_size, " must be in [1, ",
-                                                std::numeric_limits<int32_t>::max(),
-                                                "] (batches hold int32 tokens)"));
-  }
-  if (o.world_size < 1) {
-    return BadOption("world_size", absl::StrCat("= ", o.world_size, " must be >= 1"));
-  }
-  if (o.rank < 0 || o.rank >= o.world_size) {
-    return BadOption(
-        "rank", absl::StrCat("= ", o.rank, " must be in [0, world_size = ", o.world_size, ")"));
-  }
-  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  if (o.batch_size > kMax / o.seq_len / o.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DataLoaderOptions: batch_size * seq_len * world_size = ", o.batch_size, " * ",
-                     o.seq_len, " * ", o.world_size, " overflows 64 bits"));
-  }
+  RETURN_IF_ERROR(
+      data_internal::CheckLoaderShape("DataLoaderOptions", {.batch_size = o.batch_size,
+                                                            .seq_len = o.seq_len,
+                                                            .vocab_size = o.vocab_size,
+                                                            .rank = o.rank,
+                                                            .world_size = o.world_size}));
 
   const auto n = static_cast<int64_t>(tokens.size());
   const int64_t num_windows = n >= 1 ? (n - 1) / o.seq_len : 0;
@@ -84,14 +52,11 @@ absl::StatusOr<DataLoader> DataLoader::Create(TokenSpan tokens, const DataLoader
                      " = ", o.batch_size * o.world_size, " windows need at least ", need,
                      " tokens; use more data or a smaller batch_size, seq_len or world_size"));
   }
-  const int64_t first_bad = tokens.width_bytes() == 2 ? FirstAtLeast(tokens.u16(), o.vocab_size)
-                                                      : FirstAtLeast(tokens.u32(), o.vocab_size);
-  for (int64_t i = first_bad; i < n; ++i) {
-    if (tokens[i] >= o.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "token ", tokens[i], " at position ", i, " of ", n, " is out of range for vocab_size ",
-          o.vocab_size, "; the data was tokenized for a larger vocabulary"));
-    }
+  const int64_t i = data_internal::FirstTokenAtLeast(tokens, o.vocab_size);
+  if (i < n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token ", tokens[i], " at position ", i, " of ", n, " is out of range for vocab_size ",
+        o.vocab_size, "; the data was tokenized for a larger vocabulary"));
   }
   return DataLoader(tokens, options, num_windows);
 }

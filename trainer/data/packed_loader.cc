@@ -11,60 +11,10 @@
 #include "base/status_macros.h"
 #include "glog/logging.h"
 #include "trainer/data/internal/epoch_permutation.h"
+#include "trainer/data/internal/loader_checks.h"
 
 namespace ps {
 namespace {
-
-absl::Status BadOption(absl::string_view field, absl::string_view problem) {
-  return absl::InvalidArgumentError(absl::StrCat("PackedLoaderOptions.", field, " ", problem));
-}
-
-absl::Status CheckOptions(const PackedLoaderOptions& o) {
-  constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
-  if (o.batch_size < 1) {
-    return BadOption("batch_size", absl::StrCat("= ", o.batch_size, " must be >= 1"));
-  }
-  if (o.seq_len < 1 || o.seq_len > kMaxInt32) {
-    return BadOption("seq_len", absl::StrCat("= ", o.seq_len, " must be in [1, ", kMaxInt32,
-                                             "] (positions are int32)"));
-  }
-  if (o.vocab_size < 1 || o.vocab_size > kMaxInt32) {
-    return BadOption("vocab_size", absl::StrCat("= ", o.vocab_size, " must be in [1, ", kMaxInt32,
-                                                "] (batches hold int32 tokens)"));
-  }
-  if (o.world_size < 1) {
-    return BadOption("world_size", absl::StrCat("= ", o.world_size, " must be >= 1"));
-  }
-  if (o.rank < 0 || o.rank >= o.world_size) {
-    return BadOption(
-        "rank", absl::StrCat("= ", o.rank, " must be in [0, world_size = ", o.world_size, ")"));
-  }
-  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  if (o.batch_size > kMax / o.seq_len / o.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("PackedLoaderOptions: batch_size * seq_len * world_size = ", o.batch_size,
-                     " * ", o.seq_len, " * ", o.world_size, " overflows 64 bits"));
-  }
-  return absl::OkStatus();
-}
-
-// The index of the first token >= limit, or tokens.size() if none (a vectorizable max per block,
-// then the exact position only in the block that fails).
-template <typename T>
-int64_t FirstAtLeast(absl::Span<const T> tokens, int64_t limit) {
-  constexpr size_t kBlock = 4096;
-  for (size_t start = 0; start < tokens.size(); start += kBlock) {
-    const size_t end = std::min(tokens.size(), start + kBlock);
-    T max = 0;
-    for (size_t i = start; i < end; ++i) max = tokens[i] > max ? tokens[i] : max;
-    if (static_cast<int64_t>(max) >= limit) {
-      for (size_t i = start;; ++i) {
-        if (static_cast<int64_t>(tokens[i]) >= limit) return static_cast<int64_t>(i);
-      }
-    }
-  }
-  return static_cast<int64_t>(tokens.size());
-}
 
 int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
@@ -72,15 +22,20 @@ int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 absl::StatusOr<PackedLoader> PackedLoader::Create(ExamplesView examples,
                                                   const PackedLoaderOptions& options) {
-  RETURN_IF_ERROR(CheckOptions(options));
+  RETURN_IF_ERROR(
+      data_internal::CheckLoaderShape("PackedLoaderOptions", {.batch_size = options.batch_size,
+                                                              .seq_len = options.seq_len,
+                                                              .vocab_size = options.vocab_size,
+                                                              .rank = options.rank,
+                                                              .world_size = options.world_size,
+                                                              .seq_len_is_int32 = true}));
   RETURN_IF_ERROR(ValidateExamples(examples));
   if (examples.num_examples() == 0) {
     return absl::InvalidArgumentError(
         "there are no examples to train on (the data holds 0 examples)");
   }
   const TokenSpan tokens = examples.tokens;
-  const int64_t bad = tokens.width_bytes() == 2 ? FirstAtLeast(tokens.u16(), options.vocab_size)
-                                                : FirstAtLeast(tokens.u32(), options.vocab_size);
+  const int64_t bad = data_internal::FirstTokenAtLeast(tokens, options.vocab_size);
   if (bad < static_cast<int64_t>(tokens.size())) {
     const auto it = std::upper_bound(examples.starts.begin(), examples.starts.end(), bad);
     const int64_t e = static_cast<int64_t>(it - examples.starts.begin()) - 1;
