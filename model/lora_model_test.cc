@@ -46,6 +46,7 @@
 #include "model/lora_config.h"
 #include "model/model_config.h"
 #include "model/peft_adapter.h"
+#include "model/quant4_config.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "optimizer/cpu_adam.h"
@@ -132,6 +133,8 @@ struct RigOptions {
   // The accelerator's chunk budget; small enough that chunks move during every iteration.
   std::optional<int64_t> budget_bytes = 160 * kKiB;
   std::optional<LoraConfig> lora = std::nullopt;
+  // A 4-bit base (GptModelOptions::quant4): the layout holds its blobs, 16-byte aligned.
+  std::optional<Quant4Config> quant4 = std::nullopt;
   int64_t batch = 2;
   int64_t seq_len = 16;
   bool activation_checkpointing = false;
@@ -155,7 +158,8 @@ GptModelOptions RigGptModelOptions(const RigOptions& o) {
                          .attention_tile = 5,
                          .ce_row_tile = 7,
                          .ce_vocab_tile = 8,
-                         .lora = o.lora};
+                         .lora = o.lora,
+                         .quant4 = o.quant4};
 }
 
 struct Rig {
@@ -183,9 +187,12 @@ absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const ModelConfig& config, const Ri
                    CreateAcceleratorMemory(rig->backend.get(), accelerator_options));
   ASSIGN_OR_RETURN(rig->host, CreateHostMemory(rig->backend.get(), memory_options));
   const VocabLayoutOptions vocab = o.plan != nullptr ? o.plan->vocab : VocabLayoutOptions{};
-  ASSIGN_OR_RETURN(ChunkLayout layout,
-                   ChunkLayout::Build({.capacity_elems = o.chunk_elems},
-                                      ModelOperatorsFor(config, o.lora, vocab)));
+  ASSIGN_OR_RETURN(
+      ChunkLayout layout,
+      ChunkLayout::Build(
+          {.capacity_elems = o.chunk_elems,
+           .tensor_alignment_elems = o.quant4.has_value() ? Quant4AlignmentElems(o.dtype) : 1},
+          ModelOperatorsFor(config, o.lora, vocab, o.quant4, o.dtype)));
   ASSIGN_OR_RETURN(rig->store, ChunkStore::Create(std::move(layout), {.compute_dtype = o.dtype}));
   ChunkManagerOptions manager_options;
   manager_options.device_budget_bytes = o.budget_bytes;
@@ -422,6 +429,13 @@ void RandomBatch(int64_t vocab, int64_t n, uint32_t seed, std::vector<int32_t>* 
     (*tokens)[i] = token(gen);
     (*targets)[i] = i % 7 == 3 ? GptModel::kIgnoreIndex : token(gen);
   }
+}
+
+Quant4Config Q4(Quant4Type type, bool nested) {
+  Quant4Config q;
+  q.quant_type = type;
+  q.double_quant = nested;
+  return q;
 }
 
 LoraConfig AllProjections(double dropout = 0) {
@@ -796,14 +810,19 @@ TEST(LoraModel, RunPlanCountsAFrozenBaseAsParamsOnly) {
 TEST(LoraModel, AcceleratorPeakMatchesThePlan) {
   for (const std::string arch : {"llama", "gpt2"}) {
     for (const DType dtype : {DType::kF32, DType::kBF16}) {
-      for (const bool roomy : {false, true}) {
-        SCOPED_TRACE(absl::StrCat(arch, " ", DTypeName(dtype), roomy ? " roomy" : " tight"));
+      for (const int variant : {0, 1, 2}) {
+        // 0: tight, 1: roomy, 2: tight over a 4-bit base (nf4, double quantization).
+        const bool roomy = variant == 1;
+        const bool q4 = variant == 2;
+        SCOPED_TRACE(absl::StrCat(arch, " ", DTypeName(dtype), roomy ? " roomy" : " tight",
+                                  q4 ? " 4-bit" : ""));
         ASSERT_OK_AND_ASSIGN(const HfCheckpoint base,
                              HfCheckpoint::Open(Runfile(absl::StrCat("hf_tiny_", arch))));
         RigOptions o;
         o.dtype = dtype;
         o.lora = AllProjections();
         if (arch == "gpt2") o.lora->target_modules = {"c_attn", "c_proj", "c_fc"};
+        if (q4) o.quant4 = Q4(Quant4Type::kNf4, /*nested=*/true);
         GptRunPlanOptions po;
         po.model_config = base.config();
         po.model = RigGptModelOptions(o);
@@ -862,6 +881,172 @@ TEST(LoraModel, AcceleratorPeakMatchesThePlan) {
       }
     }
   }
+}
+
+
+// --- QLoRA: a 4-bit base (GptModelOptions::quant4) ---------------------------------------------
+
+std::vector<float> ReadHf(const HfCheckpoint& ckpt, const std::string& name) {
+  const SafetensorsTensorInfo* info = ckpt.Find(name);
+  CHECK(info != nullptr) << name;
+  int64_t n = 1;
+  for (const int64_t d : info->shape) n *= d;
+  std::vector<float> out(static_cast<size_t>(n));
+  CHECK(ckpt.ReadAsF32(name, 0, absl::MakeSpan(out)).ok()) << name;
+  return out;
+}
+
+// A 4-bit base computes what LoRA over its dequantized weights computes: the 4-bit model's
+// SaveHfCheckpoint (which dequantizes) loaded into an f32 LoRA model trains to the same losses
+// and adapters — bit for bit for nn.Linear layers, whose CPU 4-bit GEMM runs the f32 GEMM on
+// dequantized tiles; GPT-2's Conv1D layers take the nn.Linear form over the transposed weight,
+// a different summation order, so within 1e-5 — and the merged exports agree the same way.
+// (The independent check, against PEFT over weights quantized by a numpy reimplementation of
+// bitsandbytes, is model/qlora_parity_test.)
+TEST(QloraModel, TrainsAsLoraOnItsDequantizedBase) {
+  struct Case {
+    Quant4Type type;
+    bool nested;
+  };
+  for (const std::string arch : {"llama", "qwen2", "gpt2"}) {
+    for (const Case c : {Case{Quant4Type::kNf4, false}, Case{Quant4Type::kNf4, true},
+                         Case{Quant4Type::kFp4, false}}) {
+      const std::string tag =
+          absl::StrCat(arch, "_", Quant4TypeName(c.type), c.nested ? "_nested" : "");
+      SCOPED_TRACE(tag);
+      ASSERT_OK_AND_ASSIGN(const HfCheckpoint base,
+                           HfCheckpoint::Open(Runfile(absl::StrCat("hf_tiny_", arch))));
+      RigOptions o;
+      o.lora = AllProjections();
+      if (arch == "gpt2") o.lora->target_modules = {"c_attn", "c_proj", "c_fc"};
+      o.quant4 = Q4(c.type, c.nested);
+      ASSERT_OK_AND_ASSIGN(auto q4, TinyLoraRig(arch, o));
+      // The base is 4-bit: every block of 64 values dequantizes to level * absmax, and the
+      // largest |value| of a block is absmax itself (code +-1.0) — exact with plain absmax.
+      const std::vector<Quant4Weight> weights = Quant4Weights(base.config(), *o.lora, *o.quant4);
+      ASSERT_FALSE(weights.empty());
+      for (const Quant4Weight& w : weights) {
+        ASSERT_OK_AND_ASSIGN(const std::vector<float> deq,
+                             q4->model->ReadTensor(ChunkType::kParam, w.tensor));
+        std::vector<float> orig = ReadHf(base, w.tensor);
+        ASSERT_EQ(deq.size(), orig.size());
+        EXPECT_FALSE(BitEqual(deq, orig)) << w.tensor << " was not quantized";
+        if (w.format.transposed) continue;
+        for (size_t b = 0; b < orig.size(); b += 64) {
+          float max_orig = 0, max_deq = 0;
+          for (size_t i = b; i < std::min(orig.size(), b + 64); ++i) {
+            max_orig = std::max(max_orig, std::abs(orig[i]));
+            max_deq = std::max(max_deq, std::abs(deq[i]));
+          }
+          if (c.nested) {
+            ASSERT_NEAR(max_deq, max_orig, 0.02 * max_orig) << w.tensor << " block " << b / 64;
+          } else {
+            ASSERT_EQ(max_deq, max_orig) << w.tensor << " block " << b / 64;
+          }
+        }
+      }
+      // The model data: each 4-bit weight takes its blob in the layout.
+      const Quant4Totals totals = Quant4TotalsOf(weights, o.dtype);
+      int64_t stored = 0;
+      const ChunkLayout& layout = q4->store->layout();
+      for (const Quant4Weight& w : weights) {
+        ASSERT_OK_AND_ASSIGN(const TensorId t, layout.FindTensor(w.tensor));
+        stored += layout.tensor(t).numel * SizeOf(o.dtype);
+      }
+      EXPECT_EQ(stored, totals.stored_bytes);
+      EXPECT_LT(totals.stored_bytes, totals.values * 6 / 10 + 16 * totals.weights);
+
+      const std::string dequantized = TempDir(absl::StrCat("q4_base_", tag));
+      ASSERT_OK(q4->model->SaveHfCheckpoint(dequantized, DType::kF32, {}));
+      RigOptions r = o;
+      r.quant4 = std::nullopt;
+      ASSERT_OK_AND_ASSIGN(const HfCheckpoint deq_base, HfCheckpoint::Open(dequantized));
+      ASSERT_OK_AND_ASSIGN(auto ref, MakeRig(deq_base.config(), r));
+      ASSERT_OK(ref->model->InitializeParameters(7));
+      ASSERT_OK(ref->model->LoadHfCheckpoint(deq_base));
+      if (arch != "gpt2") {
+        ASSERT_OK(ref->model->LoadPeftAdapter(
+            Runfile(absl::StrCat("lora_ref_", arch, "/adapter_init"))));
+      }
+      ASSERT_OK_AND_ASSIGN(const RunResult ours, Train(*q4, 3));
+      ASSERT_OK_AND_ASSIGN(const RunResult theirs, Train(*ref, 3));
+      if (arch == "gpt2") {
+        for (size_t s = 0; s < ours.losses.size(); ++s) {
+          EXPECT_LT(RelDiff(ours.losses[s], theirs.losses[s]), 1e-5) << "step " << s;
+        }
+      } else {
+        EXPECT_TRUE(SameRun(ours, theirs)) << ours.losses[2] << " vs " << theirs.losses[2];
+      }
+      EXPECT_EQ(q4->manager->counters().frozen_writeback_bytes, 0);
+      // The merged export dequantizes and merges as LoRA's over the dequantized base does.
+      const std::string merged_q4 = TempDir(absl::StrCat("q4_merged_", tag));
+      const std::string merged_ref = TempDir(absl::StrCat("q4_merged_ref_", tag));
+      ASSERT_OK(q4->model->SaveMergedHfCheckpoint(merged_q4, DType::kF32));
+      ASSERT_OK(ref->model->SaveMergedHfCheckpoint(merged_ref, DType::kF32));
+      ASSERT_OK_AND_ASSIGN(const HfCheckpoint a, HfCheckpoint::Open(merged_q4));
+      ASSERT_OK_AND_ASSIGN(const HfCheckpoint b, HfCheckpoint::Open(merged_ref));
+      for (const TensorSpec& t : a.parameters()) {
+        const std::vector<float> x = ReadHf(a, t.name), y = ReadHf(b, t.name);
+        ASSERT_EQ(x.size(), y.size()) << t.name;
+        for (size_t i = 0; i < x.size(); ++i) {
+          ASSERT_NEAR(x[i], y[i], arch == "gpt2" ? 1e-5 : 0.0) << t.name << "[" << i << "]";
+        }
+      }
+    }
+  }
+}
+
+TEST(QloraModel, Errors) {
+  ASSERT_OK_AND_ASSIGN(const HfCheckpoint base, HfCheckpoint::Open(Runfile("hf_tiny_llama")));
+  const ModelConfig& config = base.config();
+  const Quant4Config nf4 = Q4(Quant4Type::kNf4, false);
+  // 4-bit needs a frozen base.
+  EXPECT_THAT(ValidateQuant4Config(config, nullptr, nf4),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("lora")));
+  // bf16 compute is not built.
+  Quant4Config bf16 = nf4;
+  bf16.compute_dtype = DType::kBF16;
+  const LoraConfig lora = AllProjections();
+  EXPECT_THAT(ValidateQuant4Config(config, &lora, bf16),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("bnb_4bit_compute_dtype")));
+  // A trained block linear cannot be 4-bit, unless it is skipped.
+  LoraConfig saved = AllProjections();
+  saved.target_modules = {"q_proj"};
+  saved.modules_to_save = {"model.layers.0.mlp.down_proj"};
+  EXPECT_THAT(ValidateQuant4Config(config, &saved, nf4),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("model.layers.0.mlp.down_proj"),
+                             HasSubstr("llm_int8_skip_modules"))));
+  Quant4Config skip = nf4;
+  skip.skip_modules = {"model.layers.0.mlp.down_proj"};
+  EXPECT_OK(ValidateQuant4Config(config, &saved, skip));
+  skip.skip_modules = {""};
+  EXPECT_THAT(ValidateQuant4Config(config, &lora, skip),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty")));
+  EXPECT_THAT(ParseQuant4Type("int4").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bnb_4bit_quant_type")));
+}
+
+// skip_modules follows transformers' rule: a short name, a full name, or entry + "." inside the
+// full name.
+TEST(QloraModel, SkipModulesAsTransformers) {
+  ASSERT_OK_AND_ASSIGN(const HfCheckpoint base, HfCheckpoint::Open(Runfile("hf_tiny_llama")));
+  const ModelConfig& config = base.config();
+  const LoraConfig lora = AllProjections();
+  const int64_t all = 7 * config.num_layers;
+  auto count = [&](std::vector<std::string> skip) {
+    Quant4Config q = Q4(Quant4Type::kNf4, false);
+    q.skip_modules = std::move(skip);
+    return static_cast<int64_t>(Quant4Weights(config, lora, q).size());
+  };
+  EXPECT_EQ(count({}), all);
+  EXPECT_EQ(count({"lm_head"}), all);
+  EXPECT_EQ(count({"down_proj"}), all - config.num_layers);
+  EXPECT_EQ(count({"model.layers.0.self_attn.q_proj"}), all - 1);
+  EXPECT_EQ(count({"model.layers.0"}), all - 7);
+  EXPECT_EQ(count({"model.layers.0."}), all);  // entry + "." would be "..": matches nothing
+  EXPECT_EQ(count({"mlp"}), all - 3 * config.num_layers);
+  EXPECT_EQ(count({"self_attn.q"}), all);  // neither a name nor a "." prefix
 }
 
 INSTANTIATE_TEST_SUITE_P(Peft, LoraModelTest, ::testing::Values("llama", "qwen2", "gpt2"));

@@ -85,7 +85,7 @@ absl::Status ValidateQuant4Config(const ModelConfig& model, const LoraConfig* lo
     if (key.empty()) {
       return absl::InvalidArgumentError(
           "quantization.llm_int8_skip_modules has an empty entry: give module names such as "
-          "\"lm_head\" or \"model.layers.0.\"");
+          "\"down_proj\" or \"model.layers.0\"");
     }
   }
   const std::vector<std::string> saved_list = LoraSavedTensors(model, *lora);

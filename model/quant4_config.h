@@ -8,10 +8,11 @@
 // stored in 4 bits. transformers' rule for skipping (integrations/bitsandbytes.py,
 // _replace_with_bnb_linear, 4.57): a module is kept at 16 bits when its short name is an entry, or
 // an entry equals its full Hugging Face name, or entry + "." occurs in that full name
-// ("model.layers.3." keeps all of layer 3; "mlp." every MLP). Embeddings, norms, biases and the
-// LM head always stay in the compute dtype (transformers never converts them). GPT-2's Conv1D
-// weights (Hugging Face tensor [in, out]) are quantized transposed, as [out, in], which is what
-// transformers does when it loads them into bitsandbytes' Linear4bit.
+// ("model.layers.3" keeps all of layer 3, "mlp" every MLP; "model.layers.3." matches nothing).
+// Embeddings, norms, biases and the LM head always stay in the compute dtype (transformers never
+// converts them here). GPT-2's Conv1D weights (Hugging Face tensor [in, out]) are quantized
+// transposed, as [out, in], which is what transformers does when it loads them into
+// bitsandbytes' Linear4bit.
 //
 // The stored form ("blob"). A 4-bit weight is one tensor of the chunk layout, in the param
 // chunks' element type (the compute dtype), of Quant4StoredElems elements; its bytes are, each
