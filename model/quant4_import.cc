@@ -89,7 +89,8 @@ class ConfigReader {
     ASSIGN_OR_RETURN(std::optional<bool> a, Bool(key));
     ASSIGN_OR_RETURN(std::optional<bool> b, Bool(attr));
     if (a.has_value() && b.has_value() && *a != *b) {
-      return Invalid(key, absl::StrCat("is ", *a, " but ", attr, " is ", *b,
+      return Invalid(key, absl::StrCat("is ", *a ? "true" : "false", " but ", attr, " is ",
+                                       *b ? "true" : "false",
                                        "; transformers writes both from one setting"));
     }
     return a.value_or(b.value_or(false));

@@ -78,12 +78,6 @@ RawTensors ReadAll(const std::string& path) {
   return out;
 }
 
-int64_t ElementBytes(const std::string& dtype) {
-  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
-  if (dtype == "F16" || dtype == "BF16") return 2;
-  return 1;
-}
-
 // The safetensors format (model/safetensors.h), written directly: this writer's dtypes are any.
 void WriteRaw(const std::string& path, const RawTensors& tensors) {
   json header = json::object();
@@ -241,15 +235,14 @@ TEST(Quant4ImportTest, StateTensorNames) {
 
 class MutatedTest : public ::testing::Test {
  protected:
-  // Copies variant `v`'s tensors, applies `mutate`, writes them to a fresh directory and imports
+  // Copies variant `v`'s tensors, applies `mutate`, writes them as path_ and imports
   // `weight` (its expected format unless `format` is given).
   absl::Status Import(const Variant& v, const std::string& weight,
                       const std::function<void(RawTensors&)>& mutate,
                       std::optional<Quant4Format> format = std::nullopt) {
     RawTensors tensors = ReadAll(PrequantPath(v.dir + "/model.safetensors"));
     mutate(tensors);
-    const std::string dir = TmpDir(absl::StrCat(v.dir, "_", ++count_));
-    path_ = dir + "/model.safetensors";
+    const std::string dir = TmpDir("mutated");  // the directory of path_, made afresh
     WriteRaw(path_, tensors);
     absl::StatusOr<ShardedSafetensors> weights = ShardedSafetensors::OpenDirectory(dir);
     if (!weights.ok()) return weights.status();
@@ -261,8 +254,9 @@ class MutatedTest : public ::testing::Test {
     return ImportQuant4Weight(*weights, weight, *format, blob.span()).status();
   }
 
-  std::string path_;
-  int count_ = 0;
+  // Where every mutated copy is written (known before the call, for the expected messages).
+  const std::string path_ =
+      absl::StrCat(testing::TempDir(), "/quant4_import_mutated/model.safetensors");
 };
 
 const std::string kW = "model.layers.1.mlp.down_proj.weight";  // [30, 45]: 22 blocks
