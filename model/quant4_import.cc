@@ -89,9 +89,9 @@ class ConfigReader {
     ASSIGN_OR_RETURN(std::optional<bool> a, Bool(key));
     ASSIGN_OR_RETURN(std::optional<bool> b, Bool(attr));
     if (a.has_value() && b.has_value() && *a != *b) {
-      return Invalid(key, absl::StrCat("is ", *a ? "true" : "false", " but ", attr, " is ",
-                                       *b ? "true" : "false",
-                                       "; transformers writes both from one setting"));
+      return Invalid(
+          key, absl::StrCat("is ", *a ? "true" : "false", " but ", attr, " is ",
+                            *b ? "true" : "false", "; transformers writes both from one setting"));
     }
     return a.value_or(b.value_or(false));
   }
@@ -141,15 +141,14 @@ class WeightReader {
                        DescribeWeights(weights_), " (", why_needed, ")"));
     }
     if (ref.info->dtype_name != dtype_name) {
-      return absl::InvalidArgumentError(absl::StrCat(Where(key, ref), " has dtype ",
-                                                     ref.info->dtype_name, ", expected ",
-                                                     dtype_name));
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(key, ref), " has dtype ", ref.info->dtype_name, ", expected ", dtype_name));
     }
     if (ref.info->shape != shape) {
       return absl::InvalidArgumentError(
-          absl::StrCat(Where(key, ref), " has shape ", ShapeString(ref.info->shape),
-                       ", expected ", ShapeString(shape), " for a ", format_.rows, " x ",
-                       format_.cols, " weight (", format_.num_elems(), " values)"));
+          absl::StrCat(Where(key, ref), " has shape ", ShapeString(ref.info->shape), ", expected ",
+                       ShapeString(shape), " for a ", format_.rows, " x ", format_.cols,
+                       " weight (", format_.num_elems(), " values)"));
     }
     return ref;
   }
@@ -158,8 +157,7 @@ class WeightReader {
   absl::Status Absent(const std::string& key, absl::string_view why) const {
     const ShardedTensorRef ref = weights_.Find(key);
     if (ref.info == nullptr) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        absl::StrCat(Where(key, ref), " is present, but ", why));
+    return absl::InvalidArgumentError(absl::StrCat(Where(key, ref), " is present, but ", why));
   }
 
   // Copies the float32 values of `ref` (F32, checked by Need).
@@ -174,8 +172,8 @@ class WeightReader {
                            absl::Span<const float> values, absl::string_view what) const {
     for (size_t i = 0; i < values.size(); ++i) {
       if (!std::isfinite(values[i])) {
-        return absl::DataLossError(absl::StrCat(Where(key, ref), ": ", what, " ", i,
-                                                " is ", values[i]));
+        return absl::DataLossError(
+            absl::StrCat(Where(key, ref), ": ", what, " ", i, " is ", values[i]));
       }
     }
     return absl::OkStatus();
@@ -209,9 +207,9 @@ absl::StatusOr<QuantStateJson> ReadQuantState(const WeightReader& reader, const 
     return absl::DataLossError(absl::StrCat(where, ": ", what));
   };
   // QuantState.from_dict asserts its keys are a subset of these.
-  static constexpr absl::string_view kKnown[] = {"quant_type",       "blocksize",   "dtype",
-                                                 "shape",            "nested_blocksize",
-                                                 "nested_dtype",     "nested_offset"};
+  static constexpr absl::string_view kKnown[] = {"quant_type",   "blocksize",        "dtype",
+                                                 "shape",        "nested_blocksize", "nested_dtype",
+                                                 "nested_offset"};
   for (const auto& [k, v] : s.items()) {
     if (std::find(std::begin(kKnown), std::end(kKnown), k) == std::end(kKnown)) {
       return bad(absl::StrCat("unknown key \"", k, "\" (bitsandbytes' QuantState.from_dict knows ",
@@ -243,18 +241,18 @@ absl::StatusOr<QuantStateJson> ReadQuantState(const WeightReader& reader, const 
   const absl::string_view suffix = Quant4TypeName(format.type);
   if (quant_type != suffix) {
     if (quant_type == "nf4" || quant_type == "fp4") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": quant_type is \"", quant_type, "\" but config.json's bnb_4bit_quant_type is \"",
-          suffix, "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": quant_type is \"", quant_type,
+                       "\" but config.json's bnb_4bit_quant_type is \"", suffix, "\""));
     }
     return bad(absl::StrCat("quant_type \"", quant_type, "\" disagrees with the key's suffix \"",
                             suffix, "\""));
   }
   ASSIGN_OR_RETURN(const int64_t blocksize, int_of("blocksize"));
   if (blocksize != kQuant4BlockElems) {
-    return absl::UnimplementedError(
-        absl::StrCat(where, ": blocksize ", blocksize, "; only ", kQuant4BlockElems,
-                     " (transformers' and QLoRA's) is supported"));
+    return absl::UnimplementedError(absl::StrCat(where, ": blocksize ", blocksize, "; only ",
+                                                 kQuant4BlockElems,
+                                                 " (transformers' and QLoRA's) is supported"));
   }
   QuantStateJson out;
   ASSIGN_OR_RETURN(const std::string dtype, string_of("dtype"));
@@ -283,9 +281,9 @@ absl::StatusOr<QuantStateJson> ReadQuantState(const WeightReader& reader, const 
     return bad(absl::StrCat("\"shape\" must be a list of integers, got ", hf_json::Brief(*shape)));
   }
   if (dims != std::vector<int64_t>{format.rows, format.cols}) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": shape ", ShapeString(dims), ", expected [", format.rows, ", ",
-                     format.cols, "] ([out, in] of the model's weight)"));
+    return absl::InvalidArgumentError(absl::StrCat(where, ": shape ", ShapeString(dims),
+                                                   ", expected [", format.rows, ", ", format.cols,
+                                                   "] ([out, in] of the model's weight)"));
   }
   static constexpr absl::string_view kNestedKeys[] = {"nested_blocksize", "nested_dtype",
                                                       "nested_offset"};
@@ -342,15 +340,15 @@ absl::StatusOr<std::optional<Quant4Config>> Quant4ConfigFromHfConfig(const json&
   }
   ASSIGN_OR_RETURN(std::optional<std::string> method, r.String("quant_method"));
   if (method.has_value() && *method != "bitsandbytes") {
-    return r.Unimplemented("quant_method",
-                           absl::StrCat("is \"", *method,
-                                        "\"; only \"bitsandbytes\" 4-bit directories are read"));
+    return r.Unimplemented(
+        "quant_method",
+        absl::StrCat("is \"", *method, "\"; only \"bitsandbytes\" 4-bit directories are read"));
   }
   ASSIGN_OR_RETURN(const bool load_in_8bit, r.Flag("load_in_8bit"));
   ASSIGN_OR_RETURN(const bool load_in_4bit, r.Flag("load_in_4bit"));
   if (load_in_8bit) {
-    return r.Unimplemented("load_in_8bit",
-                           "is true: 8-bit (LLM.int8) weights are not supported; only load_in_4bit");
+    return r.Unimplemented(
+        "load_in_8bit", "is true: 8-bit (LLM.int8) weights are not supported; only load_in_4bit");
   }
   if (!load_in_4bit) {
     return r.Invalid("load_in_4bit",
@@ -378,22 +376,22 @@ absl::StatusOr<std::optional<Quant4Config>> Quant4ConfigFromHfConfig(const json&
     } else if (*compute == "float16") {
       out.compute_dtype = DType::kF16;
     } else {
-      return r.Invalid("bnb_4bit_compute_dtype",
-                       absl::StrCat("is \"", *compute,
-                                    "\"; expected \"float32\", \"bfloat16\" or \"float16\""));
+      return r.Invalid(
+          "bnb_4bit_compute_dtype",
+          absl::StrCat("is \"", *compute, "\"; expected \"float32\", \"bfloat16\" or \"float16\""));
     }
   }
   ASSIGN_OR_RETURN(std::optional<std::string> storage, r.String("bnb_4bit_quant_storage"));
   if (storage.has_value() && *storage != "uint8") {
-    return r.Unimplemented("bnb_4bit_quant_storage",
-                           absl::StrCat("is \"", *storage,
-                                        "\"; only \"uint8\" (the default) codes are read"));
+    return r.Unimplemented(
+        "bnb_4bit_quant_storage",
+        absl::StrCat("is \"", *storage, "\"; only \"uint8\" (the default) codes are read"));
   }
   if (const json* skip = r.Find("llm_int8_skip_modules"); skip != nullptr) {
     if (!skip->is_array()) {
-      return r.Invalid("llm_int8_skip_modules",
-                       absl::StrCat("must be a list of strings or null, got ",
-                                    hf_json::Brief(*skip)));
+      return r.Invalid(
+          "llm_int8_skip_modules",
+          absl::StrCat("must be a list of strings or null, got ", hf_json::Brief(*skip)));
     }
     for (const json& m : *skip) {
       if (!m.is_string()) {
@@ -448,13 +446,13 @@ absl::StatusOr<Quant4Imported> ImportQuant4Weight(const ShardedSafetensors& weig
                                                   absl::Span<uint8_t> blob) {
   const Quant4BlobLayout layout = Quant4BlobLayoutOf(format);
   if (static_cast<int64_t>(blob.size()) != layout.bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("4-bit weight '", weight, "': blob of ", blob.size(), " bytes, expected ",
-                     layout.bytes, " (Quant4BlobLayoutOf)"));
+    return absl::InvalidArgumentError(absl::StrCat("4-bit weight '", weight, "': blob of ",
+                                                   blob.size(), " bytes, expected ", layout.bytes,
+                                                   " (Quant4BlobLayoutOf)"));
   }
   if (format.rows <= 0 || format.cols <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("4-bit weight '", weight, "': shape [",
-                                                   format.rows, ", ", format.cols, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("4-bit weight '", weight, "': shape [", format.rows, ", ", format.cols, "]"));
   }
   const WeightReader reader(weights, weight, format);
   const std::string w(weight);
@@ -462,21 +460,21 @@ absl::StatusOr<Quant4Imported> ImportQuant4Weight(const ShardedSafetensors& weig
   const int64_t blocks = Quant4NumBlocks(n);
   const int64_t nested_blocks = Quant4NestedNumBlocks(blocks);
   const char* type_name = Quant4TypeName(format.type);
-  const char* other_type = Quant4TypeName(format.type == Quant4Type::kNf4 ? Quant4Type::kFp4
-                                                                          : Quant4Type::kNf4);
-  const std::string as_4bit = absl::StrCat(
-      "config.json's quantization_config makes it a 4-bit ", type_name, " weight",
-      format.nested ? " with bnb_4bit_use_double_quant" : "");
+  const char* other_type =
+      Quant4TypeName(format.type == Quant4Type::kNf4 ? Quant4Type::kFp4 : Quant4Type::kNf4);
+  const std::string as_4bit =
+      absl::StrCat("config.json's quantization_config makes it a 4-bit ", type_name, " weight",
+                   format.nested ? " with bnb_4bit_use_double_quant" : "");
 
   // The state of the other type, or of the other absmax form, means the config and the tensors
   // disagree: say so rather than report a missing key.
-  RETURN_IF_ERROR(reader.Absent(
-      absl::StrCat(w, ".", kQuantStatePrefix, other_type),
-      absl::StrCat("config.json's bnb_4bit_quant_type is \"", type_name, "\"")));
+  RETURN_IF_ERROR(
+      reader.Absent(absl::StrCat(w, ".", kQuantStatePrefix, other_type),
+                    absl::StrCat("config.json's bnb_4bit_quant_type is \"", type_name, "\"")));
   if (!format.nested) {
     for (absl::string_view s : {".nested_absmax", ".nested_quant_map"}) {
-      RETURN_IF_ERROR(reader.Absent(absl::StrCat(w, s),
-                                    "config.json's bnb_4bit_use_double_quant is false"));
+      RETURN_IF_ERROR(
+          reader.Absent(absl::StrCat(w, s), "config.json's bnb_4bit_use_double_quant is false"));
     }
   }
 
@@ -539,10 +537,10 @@ absl::StatusOr<Quant4Imported> ImportQuant4Weight(const ShardedSafetensors& weig
     const float* dynamic = DynamicMap8();
     for (int i = 0; i < 256; ++i) {
       if (!(map[i] == dynamic[i])) {
-        return absl::DataLossError(absl::StrCat(
-            reader.Where(nested_map_key, nested_map), ": entry ", i, " is ", map[i],
-            ", but bitsandbytes' create_dynamic_map() has ", dynamic[i],
-            "; a non-standard code book for the nested absmax is refused"));
+        return absl::DataLossError(
+            absl::StrCat(reader.Where(nested_map_key, nested_map), ": entry ", i, " is ", map[i],
+                         ", but bitsandbytes' create_dynamic_map() has ", dynamic[i],
+                         "; a non-standard code book for the nested absmax is refused"));
       }
     }
   }

@@ -108,7 +108,7 @@ struct Quant4Imported {
 // [out, in]), and writes its blob (model/quant4_config.h's layout; padding bytes zero) into
 // `blob`, which must be Quant4BlobLayoutOf(format).bytes long. Quant4TensorAt(format,
 // blob.data(), result.nested_offset) then dequantizes to exactly what bitsandbytes' CUDA
-// dequantize_4bit gives for the checkpoint.
+// dequantize_4bit gives for the checkpoint. On error the blob's bytes are unspecified.
 // Errors, each naming the tensor and the file holding it (or the directory's weights when it is
 // missing):
 //   InvalidArgument  blob of the wrong size; a missing tensor; a tensor of the wrong dtype or

@@ -178,7 +178,8 @@ void CheckVariant(const Variant& v) {
     Blob blob(Quant4BlobLayoutOf(format).bytes);
     // Garbage first: the import writes every byte, padding included.
     std::memset(blob.span().data(), 0xa5, blob.size);
-    ASSERT_OK_AND_ASSIGN(Quant4Imported got, ImportQuant4Weight(weights, name, format, blob.span()));
+    ASSERT_OK_AND_ASSIGN(Quant4Imported got,
+                         ImportQuant4Weight(weights, name, format, blob.span()));
     EXPECT_EQ(got.source_dtype, v.transposed ? DType::kBF16 : DType::kF32);
     if (format.nested) {
       const std::vector<float> offset = AsFloats(expected.at(name + ".nested_offset"));
@@ -192,8 +193,8 @@ void CheckVariant(const Variant& v) {
     const std::vector<float> want = AsFloats(values);
     ASSERT_EQ(out.size(), want.size());
     for (size_t i = 0; i < want.size(); ++i) {
-      ASSERT_EQ(Bits(out[i]), Bits(want[i])) << "element " << i << ": " << out[i] << " vs "
-                                             << want[i];
+      ASSERT_EQ(Bits(out[i]), Bits(want[i]))
+          << "element " << i << ": " << out[i] << " vs " << want[i];
     }
     // The blob is deterministic: padding zero, whatever was there before.
     Blob again(blob.size);
@@ -211,10 +212,9 @@ TEST(Quant4ImportTest, LlamaNf4NestedDequantizesBitForBit) { CheckVariant(kLlama
 TEST(Quant4ImportTest, Gpt2Fp4PlainDequantizesBitForBit) { CheckVariant(kGpt2); }
 
 TEST(Quant4ImportTest, StateTensorNames) {
-  for (const char* name :
-       {"a.weight.absmax", "a.weight.quant_map", "a.weight.nested_absmax",
-        "a.weight.nested_quant_map", "a.weight.quant_state.bitsandbytes__nf4",
-        "a.weight.quant_state.bitsandbytes__fp4"}) {
+  for (const char* name : {"a.weight.absmax", "a.weight.quant_map", "a.weight.nested_absmax",
+                           "a.weight.nested_quant_map", "a.weight.quant_state.bitsandbytes__nf4",
+                           "a.weight.quant_state.bitsandbytes__fp4"}) {
     EXPECT_TRUE(IsQuant4StateTensorName(name)) << name;
   }
   for (const char* name : {"model.layers.0.self_attn.q_proj.weight", "absmax", ".absmax",
@@ -222,8 +222,9 @@ TEST(Quant4ImportTest, StateTensorNames) {
                            "model.norm.weight", "lm_head.weight"}) {
     EXPECT_FALSE(IsQuant4StateTensorName(name)) << name;
   }
-  EXPECT_EQ(Quant4StateKeys("w", Quant4Type::kFp4, false),
-            (std::vector<std::string>{"w.absmax", "w.quant_map", "w.quant_state.bitsandbytes__fp4"}));
+  EXPECT_EQ(
+      Quant4StateKeys("w", Quant4Type::kFp4, false),
+      (std::vector<std::string>{"w.absmax", "w.quant_map", "w.quant_state.bitsandbytes__fp4"}));
   EXPECT_EQ(Quant4StateKeys("w", Quant4Type::kNf4, true),
             (std::vector<std::string>{"w.absmax", "w.quant_map", "w.nested_absmax",
                                       "w.nested_quant_map", "w.quant_state.bitsandbytes__nf4"}));
@@ -260,7 +261,7 @@ class MutatedTest : public ::testing::Test {
 };
 
 const std::string kW = "model.layers.1.mlp.down_proj.weight";  // [30, 45]: 22 blocks
-const std::string kG = "transformer.h.1.attn.c_attn.weight";    // [63, 21]: odd count
+const std::string kG = "transformer.h.1.attn.c_attn.weight";   // [63, 21]: odd count
 const std::string kQs = kW + ".quant_state.bitsandbytes__nf4";
 
 TEST_F(MutatedTest, UnchangedCopyImports) {
@@ -282,10 +283,10 @@ TEST_F(MutatedTest, WrongDtypesAreNamed) {
   struct Case {
     std::string key, dtype, expected;
   };
-  for (const Case& c : {Case{kW, "I8", "U8"}, Case{kW + ".absmax", "I8", "U8"},
-                        Case{kW + ".quant_map", "I32", "F32"},
-                        Case{kW + ".nested_absmax", "I32", "F32"},
-                        Case{kW + ".nested_quant_map", "U32", "F32"}, Case{kQs, "I8", "U8"}}) {
+  for (const Case& c :
+       {Case{kW, "I8", "U8"}, Case{kW + ".absmax", "I8", "U8"},
+        Case{kW + ".quant_map", "I32", "F32"}, Case{kW + ".nested_absmax", "I32", "F32"},
+        Case{kW + ".nested_quant_map", "U32", "F32"}, Case{kQs, "I8", "U8"}}) {
     SCOPED_TRACE(c.key);
     EXPECT_THAT(Import(kLlama, kW, [&](RawTensors& t) { t.at(c.key).dtype = c.dtype; }),
                 StatusIs(C::kInvalidArgument,
@@ -325,14 +326,18 @@ TEST_F(MutatedTest, MisshapenTensorsAreNamed) {
        "shape [2], expected [1]"},
       {kW + ".nested_quant_map", [&](RawTensor& r) { drop_last(r, 4); },
        "shape [255], expected [256]"},
-      {kQs, [&](RawTensor& r) { r.shape = {r.shape[0], 1}; }, "expected ["},
+      {kQs,
+       [&](RawTensor& r) {
+         r.shape = {r.shape[0], 1};
+       },
+       "expected ["},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.key + ": " + c.message);
-    EXPECT_THAT(Import(kLlama, kW, [&](RawTensors& t) { c.mutate(t.at(c.key)); }),
-                StatusIs(C::kInvalidArgument,
-                         AllOf(HasSubstr("'" + c.key + "' in file '" + path_ + "'"),
-                               HasSubstr(c.message))));
+    EXPECT_THAT(
+        Import(kLlama, kW, [&](RawTensors& t) { c.mutate(t.at(c.key)); }),
+        StatusIs(C::kInvalidArgument, AllOf(HasSubstr("'" + c.key + "' in file '" + path_ + "'"),
+                                            HasSubstr(c.message))));
   }
 }
 
@@ -367,15 +372,16 @@ TEST_F(MutatedTest, QuantStateJsonIsChecked) {
       {EditState([](json& s) { s["blocksize"] = "64"; }), C::kDataLoss, "must be an integer"},
       {EditState([](json& s) { s["nested_blocksize"] = 128; }), C::kDataLoss,
        "nested_blocksize 128, expected 256"},
-      {EditState([](json& s) { s["shape"] = {45, 30}; }), C::kInvalidArgument,
-       "shape [45, 30], expected [30, 45]"},
+      {EditState([](json& s) {
+         s["shape"] = {45, 30};
+       }),
+       C::kInvalidArgument, "shape [45, 30], expected [30, 45]"},
       {EditState([](json& s) { s["shape"] = {1350}; }), C::kInvalidArgument, "shape [1350]"},
       {EditState([](json& s) { s["shape"] = "30x45"; }), C::kDataLoss, "list of integers"},
       {EditState([](json& s) { s["dtype"] = "float64"; }), C::kDataLoss, "dtype \"float64\""},
       {EditState([](json& s) { s["nested_dtype"] = "float16"; }), C::kDataLoss,
        "nested_dtype \"float16\""},
-      {EditState([](json& s) { s.erase("nested_offset"); }), C::kDataLoss,
-       "no \"nested_offset\""},
+      {EditState([](json& s) { s.erase("nested_offset"); }), C::kDataLoss, "no \"nested_offset\""},
       {EditState([](json& s) { s["nested_offset"] = "0.5"; }), C::kDataLoss, "nested_offset"},
       {EditState([](json& s) { s["nested_offset"] = 1e300; }), C::kDataLoss, "overflows"},
       {EditState([](json& s) { s.erase("shape"); }), C::kDataLoss, "no \"shape\""},
@@ -406,22 +412,24 @@ TEST_F(MutatedTest, StateOfTheOtherKindIsRefusedNamingTheConfigKey) {
                        t.erase(kQs);
                        t[kW + ".quant_state.bitsandbytes__fp4"] = qs;
                      }),
-              StatusIs(C::kInvalidArgument,
-                       AllOf(HasSubstr(kW + ".quant_state.bitsandbytes__fp4"),
-                             HasSubstr("bnb_4bit_quant_type is \"nf4\""))));
+              StatusIs(C::kInvalidArgument, AllOf(HasSubstr(kW + ".quant_state.bitsandbytes__fp4"),
+                                                  HasSubstr("bnb_4bit_quant_type is \"nf4\""))));
   // The directory is nested; a plain format (use_double_quant false) is refused.
   Quant4Format plain{Quant4Type::kNf4, false, 30, 45, false};
-  EXPECT_THAT(Import(kLlama, kW, [](RawTensors&) {}, plain),
-              StatusIs(C::kInvalidArgument,
-                       AllOf(HasSubstr(kW + ".nested_absmax"),
-                             HasSubstr("bnb_4bit_use_double_quant is false"))));
+  EXPECT_THAT(
+      Import(
+          kLlama, kW, [](RawTensors&) {}, plain),
+      StatusIs(C::kInvalidArgument, AllOf(HasSubstr(kW + ".nested_absmax"),
+                                          HasSubstr("bnb_4bit_use_double_quant is false"))));
   // The directory is plain; a nested format is refused (its absmax is F32, not the codes).
   Quant4Format nested{Quant4Type::kFp4, true, 63, 21, true};
-  EXPECT_THAT(Import(kGpt2, kG, [](RawTensors&) {}, nested),
+  EXPECT_THAT(Import(
+                  kGpt2, kG, [](RawTensors&) {}, nested),
               StatusIs(C::kInvalidArgument, HasSubstr("bnb_4bit_use_double_quant")));
   // The model expects another shape.
   Quant4Format other{Quant4Type::kNf4, true, 45, 30, false};
-  EXPECT_THAT(Import(kLlama, kW, [](RawTensors&) {}, other),
+  EXPECT_THAT(Import(
+                  kLlama, kW, [](RawTensors&) {}, other),
               StatusIs(C::kInvalidArgument, HasSubstr("expected [45, 30]")));
 }
 
@@ -459,32 +467,30 @@ TEST_F(MutatedTest, CodeBooksMustBeStandard) {
     SetFloats(t.at(kG + ".quant_map"), m);
   }));
   // nested_quant_map other than create_dynamic_map().
-  EXPECT_THAT(Import(kLlama, kW,
-                     [&](RawTensors& t) {
-                       std::vector<float> m = AsFloats(t.at(kW + ".nested_quant_map"));
-                       m[200] *= 1.5f;
-                       SetFloats(t.at(kW + ".nested_quant_map"), m);
-                     }),
-              StatusIs(C::kDataLoss,
-                       AllOf(HasSubstr("'" + kW + ".nested_quant_map' in file '" + path_),
-                             HasSubstr("entry 200"), HasSubstr("create_dynamic_map"))));
+  EXPECT_THAT(
+      Import(kLlama, kW,
+             [&](RawTensors& t) {
+               std::vector<float> m = AsFloats(t.at(kW + ".nested_quant_map"));
+               m[200] *= 1.5f;
+               SetFloats(t.at(kW + ".nested_quant_map"), m);
+             }),
+      StatusIs(C::kDataLoss, AllOf(HasSubstr("'" + kW + ".nested_quant_map' in file '" + path_),
+                                   HasSubstr("entry 200"), HasSubstr("create_dynamic_map"))));
 }
 
 TEST_F(MutatedTest, NonFiniteScalesAreNamed) {
   EXPECT_THAT(Import(kLlama, kW,
-                     [&](RawTensors& t) {
-                       SetFloats(t.at(kW + ".nested_absmax"), {INFINITY});
-                     }),
+                     [&](RawTensors& t) { SetFloats(t.at(kW + ".nested_absmax"), {INFINITY}); }),
               StatusIs(C::kDataLoss, AllOf(HasSubstr("'" + kW + ".nested_absmax'"),
                                            HasSubstr("nested block 0"))));
-  EXPECT_THAT(Import(kGpt2, kG,
-                     [&](RawTensors& t) {
-                       std::vector<float> a = AsFloats(t.at(kG + ".absmax"));
-                       a[17] = std::nanf("");
-                       SetFloats(t.at(kG + ".absmax"), a);
-                     }),
-              StatusIs(C::kDataLoss, AllOf(HasSubstr("'" + kG + ".absmax'"),
-                                           HasSubstr("block 17"))));
+  EXPECT_THAT(
+      Import(kGpt2, kG,
+             [&](RawTensors& t) {
+               std::vector<float> a = AsFloats(t.at(kG + ".absmax"));
+               a[17] = std::nanf("");
+               SetFloats(t.at(kG + ".absmax"), a);
+             }),
+      StatusIs(C::kDataLoss, AllOf(HasSubstr("'" + kG + ".absmax'"), HasSubstr("block 17"))));
 }
 
 TEST(Quant4ImportTest, BlobOfTheWrongSizeIsRefused) {
@@ -514,8 +520,7 @@ TEST(Quant4ImportTest, SeveralNestedBlocksRoundTrip) {
   std::vector<uint8_t> qcodes(blocks);
   std::vector<float> absmax2(Quant4NestedNumBlocks(blocks));
   float offset = 0;
-  ASSERT_OK(QuantizeAbsmaxNested(absmax, absl::MakeSpan(qcodes), absl::MakeSpan(absmax2),
-                                 &offset));
+  ASSERT_OK(QuantizeAbsmaxNested(absmax, absl::MakeSpan(qcodes), absl::MakeSpan(absmax2), &offset));
   ASSERT_EQ(absmax2.size(), 2u);
   RawTensors t;
   t["w"] = RawTensor{"U8", {Quant4CodeBytes(n), 1}, codes};
@@ -526,9 +531,12 @@ TEST(Quant4ImportTest, SeveralNestedBlocksRoundTrip) {
   t["w.quant_map"].dtype = "F32";
   SetFloats(t["w.nested_quant_map"], {DynamicMap8(), DynamicMap8() + 256});
   t["w.nested_quant_map"].dtype = "F32";
-  json state = {{"quant_type", "nf4"},        {"blocksize", 64},
-                {"dtype", "float16"},         {"shape", {301, 63}},
-                {"nested_blocksize", 256},    {"nested_dtype", "float32"},
+  json state = {{"quant_type", "nf4"},
+                {"blocksize", 64},
+                {"dtype", "float16"},
+                {"shape", {301, 63}},
+                {"nested_blocksize", 256},
+                {"nested_dtype", "float32"},
                 {"nested_offset", static_cast<double>(offset)}};
   t["w.quant_state.bitsandbytes__nf4"] = RawTensor{"U8", {}, {}};
   SetQuantState(t["w.quant_state.bitsandbytes__nf4"], state.dump());
@@ -539,8 +547,8 @@ TEST(Quant4ImportTest, SeveralNestedBlocksRoundTrip) {
   ASSERT_OK_AND_ASSIGN(Quant4Imported got, ImportQuant4Weight(weights, "w", f, blob.span()));
   EXPECT_EQ(Bits(got.nested_offset), Bits(offset));
   EXPECT_EQ(got.source_dtype, DType::kF16);
-  const Quant4Tensor direct{f.type, n, codes.data(), nullptr, qcodes.data(), absmax2.data(),
-                            offset};
+  const Quant4Tensor direct{f.type,         n,     codes.data(), nullptr, qcodes.data(),
+                            absmax2.data(), offset};
   std::vector<float> want(n), out(n);
   ASSERT_OK(Dequantize4Bit(direct, 0, n, DType::kF32, want.data()));
   ASSERT_OK(Dequantize4Bit(Quant4TensorAt(f, blob.span().data(), got.nested_offset), 0, n,
@@ -583,8 +591,7 @@ TEST(Quant4ConfigFromHfConfigTest, RefusalsNameTheKey) {
   };
   const std::vector<Case> cases = {
       {R"("yes")", C::kInvalidArgument, "quantization_config must be an object"},
-      {R"({"quant_method": "gptq", "bits": 4})", C::kUnimplemented,
-       "quantization_config.bits"},
+      {R"({"quant_method": "gptq", "bits": 4})", C::kUnimplemented, "quantization_config.bits"},
       {R"({"quant_method": "gptq", "load_in_4bit": true})", C::kUnimplemented,
        "quantization_config.quant_method is \"gptq\""},
       {R"({"quant_method": "bitsandbytes", "load_in_8bit": true})", C::kUnimplemented,
