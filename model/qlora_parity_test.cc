@@ -29,7 +29,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "base/crc32c.h"
@@ -147,7 +146,7 @@ struct RigOptions {
   double lr = 1e-3;
   double weight_decay = 0.01;
   int64_t accumulation = 1;
-  int64_t budget_bytes = 96 * kKiB;
+  int64_t budget_bytes = 160 * kKiB;
 };
 
 absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const ModelConfig& config, const RigOptions& o) {
