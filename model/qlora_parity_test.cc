@@ -146,7 +146,7 @@ struct RigOptions {
   double lr = 1e-3;
   double weight_decay = 0.01;
   int64_t accumulation = 1;
-  int64_t budget_bytes = 160 * kKiB;
+  int64_t budget_bytes = 0;
 };
 
 absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const ModelConfig& config, const RigOptions& o) {
@@ -210,6 +210,7 @@ absl::StatusOr<double> TrainMicroBatch(Rig& rig, const std::vector<int32_t>& tok
   const absl::Status ended = rig.manager->EndIteration();
   RETURN_IF_ERROR(loss.status());
   RETURN_IF_ERROR(ended);
+  EXPECT_EQ(rig.accelerator->scratch()->stats().in_use_bytes, 0);
   return loss;
 }
 
@@ -244,6 +245,11 @@ absl::StatusOr<std::map<std::string, std::vector<float>>> FrozenValues(const Gpt
 struct Case {
   const char* arch;
   const char* variant;
+  // The accelerator's chunk budget, small enough that chunks move during every iteration. llama's
+  // wider MLP needs 375 KiB of non-model data at its down_proj backward once the warm-up is over
+  // (a smaller budget passes the warm-up and then fails, as plain LoRA of this model does too);
+  // qwen2's about 85 KiB.
+  int64_t budget_kib;
 };
 
 class QloraParityTest : public ::testing::TestWithParam<Case> {};
@@ -275,6 +281,7 @@ TEST_P(QloraParityTest, MatchesPeftOnTheDequantizedBase) {
   o.weight_decay = reference["optimizer"]["weight_decay"].get<double>();
   ASSERT_TRUE(reference["clip_grad_norm"].is_null());
   o.accumulation = reference["gradient_accumulation_steps"].get<int64_t>();
+  o.budget_bytes = GetParam().budget_kib * kKiB;
   ASSERT_OK(ValidateQuant4Config(config, &o.lora, o.quant4));
 
   // The layout holds the quantized weights at their stored size: every one the reference
@@ -367,21 +374,19 @@ TEST_P(QloraParityTest, MatchesPeftOnTheDequantizedBase) {
     const nlohmann::json& micro = step["micro_batches"];
     AdamStepReport report;
     for (size_t m = 0; m < micro.size(); ++m) {
-      ASSERT_OK_AND_ASSIGN(const double loss,
-                           TrainMicroBatch(*rig, Flatten(micro[m]["tokens"]),
-                                           Flatten(micro[m]["targets"]),
-                                           /*step=*/m + 1 == micro.size(), &report, add_grads));
+      ASSERT_OK_AND_ASSIGN(
+          const double loss,
+          TrainMicroBatch(*rig, Flatten(micro[m]["tokens"]), Flatten(micro[m]["targets"]),
+                          /*step=*/m + 1 == micro.size(), &report, add_grads));
       const double want = step["micro_batch_losses"][m].get<double>();
       EXPECT_LE(RelDiff(loss, want), 1e-4) << arch << "/" << variant << " step " << step["step"]
-                                           << " micro " << m << ": " << loss << " vs peft "
-                                           << want;
+                                           << " micro " << m << ": " << loss << " vs peft " << want;
       max_loss_rel = std::max(max_loss_rel, RelDiff(loss, want));
     }
     end_step();
     const double norm_rel = RelDiff(report.grad_norm, step["grad_norm"].get<double>());
-    EXPECT_LE(norm_rel, 1e-3) << arch << "/" << variant << " step " << step["step"]
-                              << " grad norm " << report.grad_norm << " vs peft "
-                              << step["grad_norm"];
+    EXPECT_LE(norm_rel, 1e-3) << arch << "/" << variant << " step " << step["step"] << " grad norm "
+                              << report.grad_norm << " vs peft " << step["grad_norm"];
     max_norm_rel = std::max(max_norm_rel, norm_rel);
   }
 
@@ -390,7 +395,7 @@ TEST_P(QloraParityTest, MatchesPeftOnTheDequantizedBase) {
   ASSERT_EQ(trained.tensors.size(), adapters.size());
   const double steps = static_cast<double>(history.size());
   double max_adapter_diff = 0, max_regular_diff = 0;
-  int ill_conditioned = 0;
+  int ill_conditioned = 0, off_bound = 0;
   for (const auto& [name, want] : trained.tensors) {
     ASSERT_OK_AND_ASSIGN(const std::vector<float> got,
                          rig->model->ReadTensor(ChunkType::kMaster, name));
@@ -402,15 +407,17 @@ TEST_P(QloraParityTest, MatchesPeftOnTheDequantizedBase) {
       max_adapter_diff = std::max(max_adapter_diff, diff);
       if (c[i] && diff > bound) {
         ++ill_conditioned;
-        EXPECT_LE(diff, steps * o.lr / 100)
-            << name << "[" << i << "]: " << got[i] << " vs peft " << want[i]
-            << " (a cancelled gradient)";
+        EXPECT_LE(diff, steps * o.lr / 100) << name << "[" << i << "]: " << got[i] << " vs peft "
+                                            << want[i] << " (a cancelled gradient)";
         continue;
       }
       max_regular_diff = std::max(max_regular_diff, diff);
-      EXPECT_LE(diff, bound) << name << "[" << i << "]: " << got[i] << " vs peft " << want[i];
+      if (diff > bound && ++off_bound <= 10) {
+        ADD_FAILURE() << name << "[" << i << "]: " << got[i] << " vs peft " << want[i];
+      }
     }
   }
+  EXPECT_EQ(off_bound, 0) << "adapter elements farther than 1e-4 from peft's (10 shown)";
   EXPECT_LE(ill_conditioned, 2);
   LOG(INFO) << arch << "/" << variant << ": max relative loss difference vs peft " << max_loss_rel
             << ", grad norm " << max_norm_rel << ", max adapter difference " << max_adapter_diff
@@ -430,9 +437,9 @@ TEST_P(QloraParityTest, MatchesPeftOnTheDequantizedBase) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Peft, QloraParityTest,
-                         ::testing::Values(Case{"llama", "nf4"}, Case{"llama", "nf4_dq"},
-                                           Case{"llama", "fp4_dq"}, Case{"qwen2", "nf4"},
-                                           Case{"qwen2", "nf4_dq"}),
+                         ::testing::Values(Case{"llama", "nf4", 400}, Case{"llama", "nf4_dq", 400},
+                                           Case{"llama", "fp4_dq", 400}, Case{"qwen2", "nf4", 160},
+                                           Case{"qwen2", "nf4_dq", 160}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return absl::StrCat(info.param.arch, "_", info.param.variant);
                          });
