@@ -27,6 +27,8 @@
 #include "model/finite_scan.h"
 #include "model/hf_config.h"
 #include "model/hf_json.h"
+#include "model/lora_config.h"
+#include "nlohmann/json.hpp"
 
 namespace ps {
 namespace {
@@ -151,8 +153,25 @@ absl::StatusOr<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
   RETURN_IF_ERROR(text.status());
   ASSIGN_OR_RETURN(ModelConfig config, ParseHfConfig(*text, config_path));
   ASSIGN_OR_RETURN(ShardedSafetensors weights, ShardedSafetensors::OpenDirectory(dir));
+  ASSIGN_OR_RETURN(const nlohmann::json config_object, hf_json::ParseObject(*text, "Hugging Face config", config_path,
+                                                       absl::StatusCode::kInvalidArgument));
+  ASSIGN_OR_RETURN(std::optional<Quant4Config> quant4,
+                   Quant4ConfigFromHfConfig(config_object, config_path));
 
   HfCheckpoint ckpt(dir, std::move(weights));
+  if (quant4.has_value()) {
+    // The storage of a pre-quantized directory: which block linears are 4-bit (every one its
+    // skip list keeps out), whatever compute dtype it names.
+    Quant4Config storage = *quant4;
+    storage.compute_dtype = DType::kF32;
+    LoraConfig all_linear;
+    all_linear.r = 1;
+    all_linear.target_modules = {std::string(kLoraAllLinear)};
+    for (const Quant4Weight& q : Quant4Weights(config, all_linear, storage)) {
+      ckpt.quant4_formats_.emplace(q.tensor, q.format);
+    }
+    ckpt.quant4_ = std::move(quant4);
+  }
   ckpt.config_ = std::move(config);
   ckpt.config_json_ = *std::move(text);
   ckpt.parameters_ = HfParameterSpecs(ckpt.config_);
@@ -180,6 +199,24 @@ absl::StatusOr<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
     const SafetensorsTensorInfo* info = w.Find(present[0]).info;
     used.insert(present[0]);
     ckpt.file_names_.emplace(p.name, present[0]);
+    if (const auto q = ckpt.quant4_formats_.find(p.name); q != ckpt.quant4_formats_.end()) {
+      // A 4-bit weight: its packed codes, and its state tensors beside it.
+      const std::vector<int64_t> codes = {Quant4CodeBytes(q->second.num_elems()), 1};
+      if (info->shape != codes || info->dtype_name != "U8") {
+        misshapen.push_back(absl::StrCat(present[0], " ", info->dtype_name, " ",
+                                         ShapeString(info->shape), " (expected the U8 ",
+                                         ShapeString(codes), " codes of a 4-bit weight)"));
+      }
+      for (const std::string& key :
+           Quant4StateKeys(present[0], q->second.type, q->second.nested)) {
+        if (w.Find(key).info == nullptr) {
+          missing.push_back(key);
+        } else {
+          used.insert(key);
+        }
+      }
+      continue;
+    }
     if (info->shape != p.shape) {
       misshapen.push_back(absl::StrCat(present[0], " ", ShapeString(info->shape), " (expected ",
                                        ShapeString(p.shape), ")"));
@@ -237,6 +274,7 @@ absl::StatusOr<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
   // Every parameter's values must be finite: one pass over the stored bits of each
   // (model/finite_scan.h). A tied lm_head.weight equals the embedding (checked above).
   for (const TensorSpec& p : ckpt.parameters_) {
+    if (ckpt.quant4_formats_.contains(p.name)) continue;  // ImportQuant4Weight checks its scales
     const ShardedTensorRef ref = w.Find(ckpt.file_names_.at(p.name));
     RETURN_IF_ERROR(
         CheckTensorFinite(absl::StrCat("model directory '", dir, "' (", ref.file->path(), ")"),
@@ -267,7 +305,28 @@ absl::Status HfCheckpoint::ReadAsF32(absl::string_view name, int64_t first_elem,
     return absl::NotFoundError(
         absl::StrCat("model directory '", dir_, "': '", name, "' is not a parameter"));
   }
+  if (const Quant4Format* q = Quant4Of(name)) {
+    std::vector<uint8_t> blob(static_cast<size_t>(Quant4BlobLayoutOf(*q).bytes));
+    ASSIGN_OR_RETURN(const Quant4Imported imported, ImportQuant4(name, absl::MakeSpan(blob)));
+    return DequantizeQuant4Range(*q, Quant4TensorAt(*q, blob.data(), imported.nested_offset),
+                                 first_elem, out);
+  }
   return weights_.ReadAsF32(it->second, first_elem, out);
+}
+
+const Quant4Format* HfCheckpoint::Quant4Of(absl::string_view name) const {
+  const auto it = quant4_formats_.find(name);
+  return it == quant4_formats_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<Quant4Imported> HfCheckpoint::ImportQuant4(absl::string_view name,
+                                                          absl::Span<uint8_t> blob) const {
+  const Quant4Format* q = Quant4Of(name);
+  if (q == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("model directory '", dir_, "': '", name, "' is not a 4-bit weight"));
+  }
+  return ImportQuant4Weight(weights_, file_names_.at(name), *q, blob);
 }
 
 HfExportFillFn ConvertingFill(HfExportF32FillFn f32_fill, DType dtype) {
@@ -290,8 +349,14 @@ HfExportFillFn FillFromCheckpoint(const HfCheckpoint& source, DType dtype) {
   return [&source, dtype, buffer = std::vector<uint8_t>()](
              const TensorSpec& tensor, int64_t first_elem,
              absl::Span<uint8_t> dst) mutable -> absl::Status {
-    ASSIGN_OR_RETURN(const SafetensorsTensorView view, source.Get(tensor.name));
     const int64_t n = static_cast<int64_t>(dst.size()) / SizeOf(dtype);
+    if (source.Quant4Of(tensor.name) != nullptr) {
+      // A 4-bit weight of a pre-quantized directory: its dequantized values.
+      std::vector<float> values(static_cast<size_t>(n));
+      RETURN_IF_ERROR(source.ReadAsF32(tensor.name, first_elem, absl::MakeSpan(values)));
+      return Convert(DType::kF32, values.data(), dtype, dst.data(), n);
+    }
+    ASSIGN_OR_RETURN(const SafetensorsTensorView view, source.Get(tensor.name));
     if (view.info->num_elements < first_elem + n || view.info->shape != tensor.shape) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor '", tensor.name, "' of '", source.dir(), "' has shape ",

@@ -20,6 +20,17 @@
 // or NaN is DataLoss naming the directory, the file, the tensor and the element's coordinates.
 // Layouts are the file's: Linear weights [out, in] (GPT-2's Conv1D: [in, out]).
 //
+// Pre-quantized directories (transformers + bitsandbytes, load_in_4bit; model/quant4_import.h).
+// A config.json with a bitsandbytes 4-bit quantization_config (Quant4ConfigFromHfConfig) makes
+// every block linear that its llm_int8_skip_modules does not keep (model/quant4_config.h's rule)
+// a 4-bit weight: the file holds its packed codes (U8 [(n + 1) / 2, 1]) under the weight's name
+// and exactly its Quant4StateKeys beside it; a missing state tensor is "missing", a misshapen
+// code tensor "wrong shape", any other state tensor "not a parameter". Open checks names and
+// shapes; the state's values are checked when a weight is read (ImportQuant4Weight's errors).
+// ReadAsF32 of a 4-bit weight gives its dequantized values (bitsandbytes' dequantize_4bit, in
+// the Hugging Face layout), so such a directory also loads into a 16-bit model; a model with a
+// 4-bit base of the same format takes the codes and scales as they are (Quant4Of, ImportQuant4).
+//
 // Writing (WriteHfCheckpoint): config.json (HfConfigJson, over the original file's keys when
 // given) and the parameters in one dtype, sharded above max_shard_bytes, streaming — the fill
 // callback is asked for element ranges of one tensor at a time, at most max_piece_bytes each, so
@@ -36,6 +47,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +59,8 @@
 #include "chunk/operator_spec.h"
 #include "memory/dtype.h"
 #include "model/model_config.h"
+#include "model/quant4_config.h"
+#include "model/quant4_import.h"
 #include "model/safetensors.h"
 #include "model/safetensors_index.h"
 
@@ -93,6 +107,16 @@ class HfCheckpoint {
   [[nodiscard]] absl::Status ReadAsF32(absl::string_view name, int64_t first_elem,
                                        absl::Span<float> out) const;
 
+  // The directory's bitsandbytes 4-bit quantization (its storage: quant type, double
+  // quantization, skipped modules; compute_dtype as the file says), or nullopt.
+  const std::optional<Quant4Config>& quant4() const { return quant4_; }
+  // The stored format of parameter `name` when it is a 4-bit weight of the directory, else null.
+  const Quant4Format* Quant4Of(absl::string_view name) const;
+  // Reads 4-bit weight `name`'s codes and scales into `blob` (ImportQuant4Weight, with its
+  // checks and errors). NotFound when `name` is not a 4-bit weight of the directory.
+  [[nodiscard]] absl::StatusOr<Quant4Imported> ImportQuant4(absl::string_view name,
+                                                            absl::Span<uint8_t> blob) const;
+
  private:
   HfCheckpoint(std::string dir, ShardedSafetensors weights)
       : dir_(std::move(dir)), weights_(std::move(weights)) {}
@@ -104,6 +128,8 @@ class HfCheckpoint {
   std::vector<TensorSpec> parameters_;
   absl::flat_hash_map<std::string, std::string> file_names_;  // parameter -> name in the files
   bool had_tied_lm_head_ = false;
+  std::optional<Quant4Config> quant4_;
+  absl::flat_hash_map<std::string, Quant4Format> quant4_formats_;  // parameter -> format
 };
 
 // Produces elements [first_elem, first_elem + n) of parameter `tensor` (row-major, the file

@@ -188,10 +188,20 @@ absl::Status CheckNoMoeNoQuantization(const Keys& keys) {
     return keys.Unsupported(key, absl::StrCat("is ", hf_json::Brief(*v),
                                               ": mixture-of-experts models are not supported"));
   }
+  // A bitsandbytes quantization_config describes how the weights are stored: HfCheckpoint::Open
+  // reads it (model/quant4_import.h checks every key); the shapes here are the same.
   if (const json* q = keys.FindNonNull("quantization_config"); q != nullptr) {
-    return keys.Unsupported("quantization_config",
-                            "is set: quantized checkpoints are not supported (use the model's "
-                            "unquantized float32/float16/bfloat16 weights)");
+    const auto method = q->is_object() ? q->find("quant_method") : q->end();
+    const bool bitsandbytes =
+        q->is_object() && (method == q->end() || (method->is_string() &&
+                                                  method->get<std::string>() == "bitsandbytes"));
+    if (!bitsandbytes) {
+      return keys.Unsupported(
+          "quantization_config",
+          absl::StrCat("is ", hf_json::Brief(*q),
+                       ": only bitsandbytes 4-bit directories are supported (quant_method "
+                       "\"bitsandbytes\"), or use the model's unquantized weights"));
+    }
   }
   return absl::OkStatus();
 }

@@ -1049,6 +1049,76 @@ TEST(QloraModel, SkipModulesAsTransformers) {
   EXPECT_EQ(count({"self_attn.q"}), all);  // neither a name nor a "." prefix
 }
 
+
+// Directories saved pre-quantized by transformers + bitsandbytes (testdata/nf4_prequant, made by
+// make_prequant_dir.py with transformers' own save_pretrained): their 4-bit weights read as the
+// recorded dequantized values — through HfCheckpoint::ReadAsF32, into a 16-bit LoRA model, and
+// as codes and scales taken as they are into a 4-bit model of the same format; another format is
+// refused, naming the directory's.
+TEST(QloraModel, LoadsPreQuantizedDirectories) {
+  for (const std::string name : {"llama_nf4_nested", "gpt2_fp4"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = Runfile(absl::StrCat("nf4_prequant/", name));
+    ASSERT_OK_AND_ASSIGN(const HfCheckpoint ckpt, HfCheckpoint::Open(dir));
+    ASSERT_TRUE(ckpt.quant4().has_value());
+    const bool gpt2 = name == "gpt2_fp4";
+    ASSERT_OK_AND_ASSIGN(const SafetensorsFile expected,
+                         SafetensorsFile::Open(Runfile(absl::StrCat("nf4_prequant/", name,
+                                                                    ".expected.safetensors"))));
+    // The recorded values, in the Hugging Face layout (GPT-2's are recorded as [out, in]).
+    auto want = [&](const std::string& weight, const Quant4Format& f) {
+      absl::StatusOr<std::vector<float>> v =
+          expected.ReadAsF32(absl::StrCat(gpt2 ? "transformer." : "", weight));
+      CHECK(v.ok()) << v.status();
+      if (!f.transposed) return *v;
+      std::vector<float> t(v->size());
+      for (int64_t o = 0; o < f.rows; ++o) {
+        for (int64_t i = 0; i < f.cols; ++i) t[i * f.rows + o] = (*v)[o * f.cols + i];
+      }
+      return t;
+    };
+    RigOptions o;
+    o.lora = AllProjections();
+    if (gpt2) o.lora->target_modules = {"c_attn", "c_proj", "c_fc"};
+    const std::vector<Quant4Weight> weights =
+        Quant4Weights(ckpt.config(), *o.lora, Q4(ckpt.quant4()->quant_type,
+                                                 ckpt.quant4()->double_quant));
+    ASSERT_EQ(weights.size(), static_cast<size_t>((gpt2 ? 4 : 7) * ckpt.config().num_layers));
+    for (const Quant4Weight& w : weights) {
+      ASSERT_NE(ckpt.Quant4Of(w.tensor), nullptr) << w.tensor;
+      std::vector<float> got(static_cast<size_t>(w.format.num_elems()));
+      ASSERT_OK(ckpt.ReadAsF32(w.tensor, 0, absl::MakeSpan(got)));
+      EXPECT_TRUE(BitEqual(got, want(w.tensor, w.format))) << w.tensor;
+    }
+    // Into a 16-bit (f32) LoRA model: dequantized.
+    ASSERT_OK_AND_ASSIGN(auto plain, MakeRig(ckpt.config(), o));
+    ASSERT_OK(plain->model->InitializeParameters(7));
+    ASSERT_OK(plain->model->LoadHfCheckpoint(ckpt));
+    // Into a 4-bit model of the directory's format: the same values, and it trains.
+    o.quant4 = Q4(ckpt.quant4()->quant_type, ckpt.quant4()->double_quant);
+    ASSERT_OK_AND_ASSIGN(auto q4, MakeRig(ckpt.config(), o));
+    ASSERT_OK(q4->model->InitializeParameters(7));
+    ASSERT_OK(q4->model->LoadHfCheckpoint(ckpt));
+    for (const Quant4Weight& w : weights) {
+      ASSERT_OK_AND_ASSIGN(const std::vector<float> a,
+                           plain->model->ReadTensor(ChunkType::kParam, w.tensor));
+      ASSERT_OK_AND_ASSIGN(const std::vector<float> b,
+                           q4->model->ReadTensor(ChunkType::kParam, w.tensor));
+      EXPECT_TRUE(BitEqual(a, want(w.tensor, w.format))) << w.tensor;
+      EXPECT_TRUE(BitEqual(b, want(w.tensor, w.format))) << w.tensor;
+    }
+    ASSERT_OK_AND_ASSIGN(const RunResult run, Train(*q4, 2));
+    EXPECT_TRUE(std::isfinite(run.losses[1]));
+    // Another format is refused, naming the directory's.
+    o.quant4->double_quant = !o.quant4->double_quant;
+    ASSERT_OK_AND_ASSIGN(auto other, MakeRig(ckpt.config(), o));
+    EXPECT_THAT(other->model->LoadHfCheckpoint(ckpt),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("pre-quantized"), HasSubstr(name),
+                               HasSubstr("bnb_4bit_use_double_quant"))));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Peft, LoraModelTest, ::testing::Values("llama", "qwen2", "gpt2"));
 
 }  // namespace

@@ -199,7 +199,8 @@ bool ModelStateIo::is_adapter(TensorId tensor) const {
 }
 
 absl::Status ModelStateIo::SetParameters(const ParameterFillFn& fill,
-                                         const std::function<bool(TensorId)>& include) {
+                                         const std::function<bool(TensorId)>& include,
+                                         const Quant4BlobFillFn& blob_fill) {
   if (parts_.manager->in_iteration()) {
     return absl::FailedPreconditionError(
         "GptModel: parameters can only be set outside an iteration (after EndIteration)");
@@ -209,6 +210,10 @@ absl::Status ModelStateIo::SetParameters(const ParameterFillFn& fill,
       *parts_.store, *parts_.manager,
       [&](absl::Span<const TensorId> tensors) -> absl::Status {
         for (TensorId t : tensors) {
+          if (blob_fill != nullptr && quant4(t) != nullptr) {
+            ASSIGN_OR_RETURN(const bool written, WriteQuant4Blob(t, blob_fill));
+            if (written) continue;
+          }
           values.assign(static_cast<size_t>(LogicalNumel(t)), 0.0f);
           RETURN_IF_ERROR(fill(t, absl::MakeSpan(values)));
           RETURN_IF_ERROR(WriteParameter(t, values));

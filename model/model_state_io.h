@@ -140,8 +140,14 @@ class ModelStateIo {
   // (rounded to the compute dtype), momentum and variance zeroed; a frozen tensor's param slot
   // only (it has no other). FailedPrecondition inside an iteration.
   using ParameterFillFn = std::function<absl::Status(TensorId tensor, absl::Span<float> out)>;
+  // A 4-bit weight (Parts::quant4) is quantized from the values `fill` gives (its logical
+  // size), unless `blob_fill` (when given) writes its blob as it is — a pre-quantized import —
+  // and its nested offset, and returns true.
+  using Quant4BlobFillFn = std::function<absl::StatusOr<bool>(
+      TensorId tensor, absl::Span<uint8_t> blob, float* nested_offset)>;
   [[nodiscard]] absl::Status SetParameters(const ParameterFillFn& fill,
-                                           const std::function<bool(TensorId)>& include = nullptr);
+                                           const std::function<bool(TensorId)>& include = nullptr,
+                                           const Quant4BlobFillFn& blob_fill = nullptr);
   // Whether stored tensor `tensor` is frozen (its chunk is: no master, no optimizer state).
   bool frozen(TensorId tensor) const;
   // The 4-bit format of stored tensor `tensor`, or null.
@@ -234,6 +240,9 @@ class ModelStateIo {
   // Quantizes the logical values of 4-bit weight `tensor` into its blob (host payload) and
   // records its nested offset.
   absl::Status WriteQuant4(TensorId tensor, const Quant4Format& q, absl::Span<const float> values);
+  // Lets `blob_fill` write 4-bit weight `tensor`'s blob (host payload, zeroed first) and records
+  // the offset; false when it declined.
+  absl::StatusOr<bool> WriteQuant4Blob(TensorId tensor, const Quant4BlobFillFn& blob_fill);
   // InternalError naming `what` unless `v` is in host memory (the imports write only there).
   static absl::Status RequireHostPayload(const TensorView& v, absl::string_view what);
 

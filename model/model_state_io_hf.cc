@@ -6,9 +6,11 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "base/status_macros.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
@@ -19,6 +21,8 @@
 #include "model/hf_checkpoint.h"
 #include "model/model_config.h"
 #include "model/model_state_io.h"
+#include "model/quant4_config.h"
+#include "model/quant4_import.h"
 #include "scheduler/chunk_manager.h"
 
 namespace ps {
@@ -65,7 +69,29 @@ absl::Status ModelStateIo::LoadHfCheckpoint(const HfCheckpoint& checkpoint) {
         }
         return checkpoint.ReadAsF32(name, 0, out);
       },
-      [&](TensorId t) { return !is_adapter(t); });
+      [&](TensorId t) { return !is_adapter(t); },
+      [&](TensorId t, absl::Span<uint8_t> blob, float* offset) -> absl::StatusOr<bool> {
+        // A weight the directory holds pre-quantized: its codes and scales as they are, when
+        // they are this model's format (else refused: re-quantizing them would quantize twice).
+        const std::string& name = layout.tensor(t).name;
+        const Quant4Format* theirs = checkpoint.Quant4Of(name);
+        if (theirs == nullptr) return false;
+        const Quant4Format& ours = *quant4(t);
+        if (!(*theirs == ours)) {
+          auto describe = [](const Quant4Format& f) {
+            return absl::StrCat(Quant4TypeName(f.type),
+                                f.nested ? " with double quantization" : " with plain absmax");
+          };
+          return absl::InvalidArgumentError(absl::StrCat(
+              "model directory '", checkpoint.dir(), "' holds '", name, "' pre-quantized as ",
+              describe(*theirs), " but this run stores it as ", describe(ours),
+              ": set quantization.bnb_4bit_quant_type / bnb_4bit_use_double_quant to the "
+              "directory's (its config.json quantization_config)"));
+        }
+        ASSIGN_OR_RETURN(const Quant4Imported imported, checkpoint.ImportQuant4(name, blob));
+        *offset = imported.nested_offset;
+        return true;
+      });
 }
 
 absl::Status ModelStateIo::SaveHfCheckpoint(const std::string& dir, DType dtype,

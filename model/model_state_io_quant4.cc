@@ -66,6 +66,22 @@ absl::Status ModelStateIo::WriteQuant4(TensorId tensor, const Quant4Format& q,
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> ModelStateIo::WriteQuant4Blob(TensorId tensor,
+                                                   const Quant4BlobFillFn& blob_fill) {
+  ASSIGN_OR_RETURN(TensorView param, parts_.store->View(ChunkType::kParam, tensor));
+  RETURN_IF_ERROR(RequireHostPayload(param, "setting a 4-bit weight"));
+  auto* blob = static_cast<uint8_t*>(param.data);
+  std::memset(blob, 0, static_cast<size_t>(param.bytes()));
+  float offset = 0.0f;
+  ASSIGN_OR_RETURN(
+      const bool written,
+      blob_fill(tensor,
+                absl::MakeSpan(blob, static_cast<size_t>(Quant4BlobLayoutOf(*quant4(tensor)).bytes)),
+                &offset));
+  if (written) parts_.quant4->nested_offset[tensor] = offset;
+  return written;
+}
+
 absl::Status ModelStateIo::ReadQuant4Range(TensorId tensor, const Quant4Format& q,
                                            const TensorView& v, int64_t first_elem,
                                            absl::Span<float> out) const {
@@ -76,17 +92,8 @@ absl::Status ModelStateIo::ReadQuant4Range(TensorId tensor, const Quant4Format& 
     RETURN_IF_ERROR(ReadPayloadBytes(v, absl::MakeSpan(staged)));
     blob = staged.data();
   }
-  const Quant4Tensor t = Quant4TensorAt(q, blob, parts_.quant4->Offset(tensor));
-  const int64_t n = static_cast<int64_t>(out.size());
-  if (!q.transposed) return Dequantize4Bit(t, first_elem, n, DType::kF32, out.data());
-  // GPT-2's Conv1D: logical element (i, o) of [in, out] is stored (o, i) of [out, in].
-  std::vector<float> all(static_cast<size_t>(q.num_elems()));
-  RETURN_IF_ERROR(Dequantize4Bit(t, 0, q.num_elems(), DType::kF32, all.data()));
-  for (int64_t k = 0; k < n; ++k) {
-    const int64_t e = first_elem + k;
-    out[k] = all[(e % q.rows) * q.cols + e / q.rows];
-  }
-  return absl::OkStatus();
+  return DequantizeQuant4Range(q, Quant4TensorAt(q, blob, parts_.quant4->Offset(tensor)),
+                               first_elem, out);
 }
 
 }  // namespace ps

@@ -144,6 +144,26 @@ Quant4Tensor Quant4TensorAt(const Quant4Format& format, const void* blob, float 
   return t;
 }
 
+absl::Status DequantizeQuant4Range(const Quant4Format& format, const Quant4Tensor& t,
+                                   int64_t first_elem, absl::Span<float> out) {
+  const int64_t n = static_cast<int64_t>(out.size());
+  if (first_elem < 0 || first_elem + n > format.num_elems()) {
+    return absl::InvalidArgumentError(absl::StrCat("4-bit weight: elements [", first_elem, ", ",
+                                                   first_elem + n, ") are outside its ",
+                                                   format.num_elems()));
+  }
+  if (!format.transposed) return Dequantize4Bit(t, first_elem, n, DType::kF32, out.data());
+  // Logical element e = (i, o) of [in, out] is stored (o, i) of [out, in] (GPT-2's small
+  // matrices: the whole weight is dequantized once per call).
+  std::vector<float> all(static_cast<size_t>(format.num_elems()));
+  RETURN_IF_ERROR(Dequantize4Bit(t, 0, format.num_elems(), DType::kF32, all.data()));
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t e = first_elem + k;
+    out[k] = all[(e % format.rows) * format.cols + e / format.rows];
+  }
+  return absl::OkStatus();
+}
+
 std::vector<Quant4Weight> Quant4Weights(const ModelConfig& model, const LoraConfig& lora,
                                         const Quant4Config& quant) {
   const std::vector<std::string> saved_list = LoraSavedTensors(model, lora);

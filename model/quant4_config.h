@@ -105,6 +105,13 @@ int64_t Quant4AlignmentElems(DType dtype);
 // The quantized view of a blob at `blob` (host or device memory; only pointer arithmetic).
 Quant4Tensor Quant4TensorAt(const Quant4Format& format, const void* blob, float nested_offset);
 
+// Logical elements [first_elem, first_elem + out.size()) of the weight `t` of `format` (host
+// memory), dequantized to f32: row-major [rows, cols], or for a transposed (GPT-2 Conv1D) weight
+// its Hugging Face layout [cols, rows]. InvalidArgument for a range outside the weight.
+[[nodiscard]] absl::Status DequantizeQuant4Range(const Quant4Format& format,
+                                                 const Quant4Tensor& t, int64_t first_elem,
+                                                 absl::Span<float> out);
+
 // One weight stored in 4 bits: our tensor name ("model.layers.0.self_attn.q_proj.weight") and
 // its format.
 struct Quant4Weight {
