@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "memory/dtype.h"
+#include "model/hf_checkpoint.h"
 #include "model/hf_json.h"
 #include "model/kernels/nf4.h"
 #include "model/quant4_config.h"
@@ -629,6 +630,33 @@ TEST(Quant4ConfigFromHfConfigTest, RefusalsNameTheKey) {
     EXPECT_THAT(FromText(absl::StrCat(R"({"quantization_config": )", c.q, "}")),
                 StatusIs(c.code, AllOf(HasSubstr("dir/config.json"), HasSubstr(c.message))));
   }
+}
+
+
+// HfCheckpoint::Open of a pre-quantized directory checks each 4-bit weight's tensors by name and
+// shape: a missing state tensor is named as missing, a misshapen code tensor as wrong shape, a
+// state tensor of no 4-bit weight as not a parameter; the unchanged copy opens.
+TEST(PrequantizedHfCheckpoint, OpenNamesMissingMisshapenAndStrayState) {
+  auto open = [](const std::function<void(RawTensors&)>& mutate) {
+    RawTensors tensors = ReadAll(PrequantPath(kLlama.dir + "/model.safetensors"));
+    mutate(tensors);
+    const std::string dir = TmpDir("open");
+    std::ofstream(dir + "/config.json") << ReadText(PrequantPath(kLlama.dir + "/config.json"));
+    WriteRaw(dir + "/model.safetensors", tensors);
+    return HfCheckpoint::Open(dir).status();
+  };
+  EXPECT_OK(open([](RawTensors&) {}));
+  for (const std::string& key : {kW + ".absmax", kW + ".nested_quant_map", kQs}) {
+    EXPECT_THAT(open([&](RawTensors& t) { t.erase(key); }),
+                StatusIs(C::kInvalidArgument, AllOf(HasSubstr("missing: "), HasSubstr(key))));
+  }
+  EXPECT_THAT(open([&](RawTensors& t) { t.at(kW).shape = {t.at(kW).shape[0]}; }),
+              StatusIs(C::kInvalidArgument, AllOf(HasSubstr("wrong shape: "), HasSubstr(kW))));
+  EXPECT_THAT(open([&](RawTensors& t) { t.at(kW).dtype = "I8"; }),
+              StatusIs(C::kInvalidArgument, AllOf(HasSubstr("wrong shape: "), HasSubstr("I8"))));
+  const std::string stray = "model.norm.weight.absmax";
+  EXPECT_THAT(open([&](RawTensors& t) { t[stray] = t.at(kW + ".absmax"); }),
+              StatusIs(C::kInvalidArgument, AllOf(HasSubstr("not parameters"), HasSubstr(stray))));
 }
 
 }  // namespace
