@@ -115,6 +115,18 @@ absl::string_view OffloadDeviceName(OffloadDevice device) {
   return "unknown";
 }
 
+absl::string_view TorchDTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "float32";
+    case DType::kF16:
+      return "float16";
+    case DType::kBF16:
+      return "bfloat16";
+  }
+  return "unknown";
+}
+
 DType ComputeDType(PrecisionMode mode) {
   switch (mode) {
     case PrecisionMode::kF16:
