@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -11,6 +13,7 @@
 #include "model/kernels/kernel_workspaces.h"
 #include "model/lora_config.h"
 #include "model/model_config.h"
+#include "model/quant4_config.h"
 #include "model/transformer_program.h"
 
 namespace ps {
@@ -108,6 +111,22 @@ GptMemoryModel Record(const ModelConfig& config, std::vector<OperatorSpec> ops,
   ProgramLayout program_layout = ProgramLayoutOf(
       config, m.ops, rows, [](size_t op) { return static_cast<OperatorId>(op); },
       [&](size_t op, size_t j) { return ctx.tensor_id(op, j); });
+  if (o.quant4.has_value()) {
+    // The 4-bit weights' GEMMs ask for their own workspace (Quant4LinearWorkspaceBytes).
+    auto table = std::make_shared<Quant4Table>();
+    absl::flat_hash_map<std::string, Quant4Format> formats;
+    for (const Quant4Weight& w : Quant4Weights(config, *o.lora, *o.quant4)) {
+      formats.emplace(w.tensor, w.format);
+    }
+    for (size_t op = 0; op < m.ops.size(); ++op) {
+      for (size_t j = 0; j < m.ops[op].tensors.size(); ++j) {
+        const auto it = formats.find(m.ops[op].tensors[j].name);
+        if (it != formats.end()) table->format.emplace(ctx.tensor_id(op, j), it->second);
+      }
+    }
+    CHECK_EQ(table->format.size(), formats.size());
+    program_layout.quant4 = std::move(table);
+  }
   const ProgramShape shape{
       .batch = o.batch,
       .seq_len = o.seq_len == 0 ? config.max_position_embeddings : o.seq_len,
@@ -144,8 +163,9 @@ GptConfig GptConfigView(const ModelConfig& config) {
 GptMemoryModel ModelActivationProfile(const ModelConfig& config, const GptModelOptions& options,
                                       DType compute_dtype, const VocabLayoutOptions& layout,
                                       const KernelWorkspaces* workspaces) {
-  return Record(config, ModelOperatorsFor(config, options.lora, layout), options, compute_dtype,
-                layout, workspaces);
+  return Record(config,
+                ModelOperatorsFor(config, options.lora, layout, options.quant4, compute_dtype),
+                options, compute_dtype, layout, workspaces);
 }
 
 GptMemoryModel GptActivationProfile(const GptConfig& config, const GptModelOptions& options,
@@ -153,8 +173,9 @@ GptMemoryModel GptActivationProfile(const GptConfig& config, const GptModelOptio
                                     const KernelWorkspaces* workspaces) {
   const ModelConfig model = FromGptConfig(config);
   return Record(model,
-                options.lora.has_value() ? LoraModelOperators(model, *options.lora, layout)
-                                         : GptOperators(config, layout),
+                options.lora.has_value()
+                    ? ModelOperatorsFor(model, options.lora, layout, options.quant4, compute_dtype)
+                    : GptOperators(config, layout),
                 options, compute_dtype, layout, workspaces);
 }
 

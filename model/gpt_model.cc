@@ -77,9 +77,16 @@ class WaitOnError {
 
 std::vector<OperatorSpec> ModelOperatorsFor(const ModelConfig& config,
                                             const std::optional<LoraConfig>& lora,
-                                            const VocabLayoutOptions& vocab) {
-  return lora.has_value() ? LoraModelOperators(config, *lora, vocab)
-                          : ModelOperators(config, vocab);
+                                            const VocabLayoutOptions& vocab,
+                                            const std::optional<Quant4Config>& quant4,
+                                            DType dtype) {
+  if (!lora.has_value()) {
+    CHECK(!quant4.has_value()) << "a 4-bit base needs LoRA";
+    return ModelOperators(config, vocab);
+  }
+  std::vector<OperatorSpec> ops = LoraModelOperators(config, *lora, vocab);
+  if (!quant4.has_value()) return ops;
+  return Quant4StoredOperators(std::move(ops), Quant4Weights(config, *lora, *quant4), dtype);
 }
 
 // --- Construction
@@ -159,6 +166,16 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::CreateImpl(
         " positions (GptConfig.max_seq_len of '", config.name, "'); use a shorter sequence"));
   }
   if (o.lora.has_value()) RETURN_IF_ERROR(ValidateLoraConfig(mconfig, *o.lora));
+  if (o.quant4.has_value()) {
+    RETURN_IF_ERROR(ValidateQuant4Config(mconfig, o.lora.has_value() ? &*o.lora : nullptr,
+                                         *o.quant4));
+    if (o.quant4->double_quant && store->layout().world_size() > 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          "GptModel: bnb_4bit_use_double_quant with ", store->layout().world_size(),
+          " ranks is not supported: each rank quantizes its own chunks and the nested offsets "
+          "would not reach the others; use bnb_4bit_use_double_quant false or one rank"));
+    }
+  }
   std::unique_ptr<GptModel> model(new GptModel(mconfig, config, store, manager, accelerator, o));
   ASSIGN_OR_RETURN(ProgramLayout layout, model->ResolveLayout());
   ASSIGN_OR_RETURN(
@@ -206,7 +223,9 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::CreateImpl(
       .payload_staging_bytes = o.payload_staging_bytes,
       .param_tensors = model->param_tensors_,
       .row_blocks = {},
-      .lora = model->options_.lora.has_value() ? &*model->options_.lora : nullptr};
+      .lora = model->options_.lora.has_value() ? &*model->options_.lora : nullptr,
+      .quant4 = model->quant4_table_.get(),
+      .pool = model->pool_.get()};
   const ProgramLayout& resolved = model->program_->layout();
   for (const std::vector<ProgramLayout::VocabBlock>* blocks :
        {&resolved.embed, &resolved.lm_head}) {
@@ -248,9 +267,14 @@ absl::StatusOr<ProgramLayout> GptModel::ResolveLayout() {
       init_stream_.emplace(t.name, static_cast<uint64_t>(init_stream_.size()));
     }
   }
-  const std::vector<OperatorSpec> ops = ModelOperatorsFor(model_config_, options_.lora, vocab);
+  const DType dtype = store_->compute_dtype();
+  const std::vector<OperatorSpec> ops =
+      ModelOperatorsFor(model_config_, options_.lora, vocab, options_.quant4, dtype);
   const char* const ops_fn =
-      options_.lora.has_value() ? "LoraModelOperators(config, lora)" : "ModelOperators(config)";
+      options_.quant4.has_value()
+          ? "ModelOperatorsFor(config, lora, vocab, quant4, dtype)"
+          : (options_.lora.has_value() ? "LoraModelOperators(config, lora)"
+                                       : "ModelOperators(config)");
   if (layout.num_operator_ids() != static_cast<int64_t>(ops.size())) {
     // Name the first operator that differs.
     std::string first;
@@ -303,6 +327,21 @@ absl::StatusOr<ProgramLayout> GptModel::ResolveLayout() {
       param_tensors_.push_back(*t);
     }
   }
+  // The 4-bit weights: their blobs must start 16-byte aligned (Quant4AlignmentElems).
+  if (options_.quant4.has_value()) {
+    quant4_table_ = std::make_shared<Quant4Table>();
+    for (const Quant4Weight& w : Quant4Weights(model_config_, *options_.lora, *options_.quant4)) {
+      ASSIGN_OR_RETURN(const TensorId t, layout.FindTensor(w.tensor));
+      const TensorInfo& info = layout.tensor(t);
+      if (info.offset_elems % Quant4AlignmentElems(dtype) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "GptModel: 4-bit weight '", w.tensor, "' starts at element ", info.offset_elems,
+            " of its chunk, not 16-byte aligned; build the layout with tensor_alignment_elems = ",
+            Quant4AlignmentElems(dtype), " (Quant4AlignmentElems)"));
+      }
+      quant4_table_->format.emplace(t, w.format);
+    }
+  }
   // The row blocks are those of GptVocabBlocks (the same split for every vocabulary matrix).
   const std::vector<GptVocabBlock> blocks = GptVocabBlocks(config_, vocab);
   for (size_t k = 0; k < blocks.size(); ++k) {
@@ -315,9 +354,11 @@ absl::StatusOr<ProgramLayout> GptModel::ResolveLayout() {
           "GptVocabBlockRowsForChunk) so that the split cannot change results"));
     }
   }
-  return ProgramLayoutOf(
+  ProgramLayout program_layout = ProgramLayoutOf(
       model_config_, ops, blocks, [&](size_t op) { return op_ids[op]; },
       [&](size_t op, size_t j) { return tensor_ids[op][j]; });
+  program_layout.quant4 = quant4_table_;
+  return program_layout;
 }
 
 int64_t GptModel::vocab_block_rows() const { return program_->layout().embed.front().rows; }

@@ -61,6 +61,7 @@
 #include "model/lora_config.h"
 #include "model/model_config.h"
 #include "model/model_state_io.h"
+#include "model/quant4_config.h"
 #include "model/transformer_block_spec.h"
 #include "model/transformer_program.h"
 #include "scheduler/chunk_manager.h"
@@ -109,6 +110,11 @@ struct GptModelOptions {
   // 8 bytes per token more on the accelerator (the activation profile counts them). Without it,
   // a batch with positions or key_start is refused (InvalidArgument).
   bool token_metadata = false;
+  // QLoRA (model/quant4_config.h): the frozen block linears stored in 4 bits. Requires `lora`
+  // and must pass ValidateQuant4Config. The layout must then hold
+  // ModelOperatorsFor(config, lora, vocab, quant4, the store's compute dtype), built with
+  // tensor_alignment_elems = Quant4AlignmentElems(that dtype); see "4-bit base" in GptModel.
+  std::optional<Quant4Config> quant4 = std::nullopt;
 };
 
 // One batch: tokens and targets [batch, seq_len] row-major; targets[b, t] is the token predicted
@@ -125,11 +131,14 @@ struct ModelInputs {
 };
 
 // The operators a layout of this model holds: ModelOperators(config, vocab) without LoRA,
-// LoraModelOperators(config, *lora, vocab) with it. REQUIRES: the configs are valid
-// (ValidateModelConfig, ValidateLoraConfig).
+// LoraModelOperators(config, *lora, vocab) with it; with quant4 as well, its 4-bit weights take
+// their stored size in elements of `dtype` (Quant4StoredOperators). REQUIRES: the configs are
+// valid (ValidateModelConfig, ValidateLoraConfig, ValidateQuant4Config; quant4 only with lora).
 std::vector<OperatorSpec> ModelOperatorsFor(const ModelConfig& config,
                                             const std::optional<LoraConfig>& lora,
-                                            const VocabLayoutOptions& vocab = {});
+                                            const VocabLayoutOptions& vocab = {},
+                                            const std::optional<Quant4Config>& quant4 = std::nullopt,
+                                            DType dtype = DType::kF32);
 
 class GptModel {
  public:
@@ -183,6 +192,22 @@ class GptModel {
   //     modules_to_save from their masters): unmerged; SaveMergedHfCheckpoint merges.
   // The LoRA configuration, or nullopt.
   const std::optional<LoraConfig>& lora() const { return options_.lora; }
+
+  // 4-bit base (options.quant4; model/quant4_config.h). The frozen block linears of
+  // Quant4Weights are stored in their chunks as 4-bit blobs (codes and scales, a fraction of the
+  // bytes), and every GEMM over one dequantizes tiles of it (Kernels::Quant4LinearForward and
+  // Quant4LinearBackwardInput). Everything outside compute sees the logical tensors:
+  //   - InitializeParameters and LoadHfCheckpoint quantize each such weight from its f32 values
+  //     (bitsandbytes' algorithm, model/kernels/nf4.h), one tensor at a time; LoadHfCheckpoint of
+  //     a directory saved pre-quantized by transformers + bitsandbytes takes its codes and scales
+  //     as they are.
+  //   - ReadTensor / ReadTensorRange / ParameterSpecs give the dequantized values and the Hugging
+  //     Face shape, so SaveHfCheckpoint and SaveMergedHfCheckpoint write 16/32-bit weights, and
+  //     BaseFingerprint digests the dequantized base.
+  //   - The nested (double quantization) offset of each weight is kept on the host
+  //     (quant4_table()); with world size > 1 only plain absmax is supported (each rank
+  //     quantizes its own chunks and could not know the others' offsets).
+  const std::optional<Quant4Config>& quant4() const { return options_.quant4; }
 
   // ZeRO (a layout of world size N > 1, scheduler/chunk_manager.h): every method that sets or
   // reads the training state touches only the chunks this rank owns (those whose master chunk it
@@ -409,6 +434,8 @@ class GptModel {
   // Hugging Face tensor name -> its index in the unsplit ModelOperators order (the
   // initialization's stream).
   absl::flat_hash_map<std::string, uint64_t> init_stream_;
+  // The 4-bit weights (options.quant4) and their nested offsets; null without quant4.
+  std::shared_ptr<Quant4Table> quant4_table_;
   // Every parameter tensor in ModelOperators order (the initialization's stream index).
   std::vector<TensorId> param_tensors_;
 

@@ -18,6 +18,7 @@
 #include "model/gpt_activation_profile.h"
 #include "model/kernels/kernel_workspaces.h"
 #include "model/lora_config.h"
+#include "model/quant4_config.h"
 #include "model/model_config.h"
 
 namespace ps {
@@ -95,6 +96,12 @@ absl::StatusOr<MemoryPlan> PlanMemoryWithDisk(const GptRunPlanOptions& o, Memory
   return PlanMemory(p);
 }
 
+// Tensor offsets of the run's layout: 16-byte aligned with a 4-bit base (its blobs' scales are
+// f32 arrays), else unaligned (every element type is its own alignment).
+int64_t PlanAlignmentElems(const GptRunPlanOptions& o) {
+  return o.model.quant4.has_value() ? Quant4AlignmentElems(o.compute_dtype) : 1;
+}
+
 // The plan of one chunk size and budget.
 absl::StatusOr<GptRunPlan> PlanOne(const GptRunPlanOptions& o, int64_t chunk_elems) {
   const ModelConfig mc = PlannedModel(o);
@@ -115,6 +122,7 @@ absl::StatusOr<GptRunPlan> PlanOne(const GptRunPlanOptions& o, int64_t chunk_ele
   p.ops = std::move(memory.ops);
   p.profile = std::move(memory.profile);
   p.chunk_elems = chunk_elems;
+  p.tensor_alignment_elems = PlanAlignmentElems(o);
   p.compute_dtype = o.compute_dtype;
   p.world_size = o.world_size;
   p.rank = o.rank;
@@ -159,6 +167,10 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
   const ModelConfig mc = PlannedModel(o);
   const GptConfig view = GptConfigView(mc);
   if (o.model.lora.has_value()) RETURN_IF_ERROR(ValidateLoraConfig(mc, *o.model.lora));
+  if (o.model.quant4.has_value()) {
+    RETURN_IF_ERROR(ValidateQuant4Config(
+        mc, o.model.lora.has_value() ? &*o.model.lora : nullptr, *o.model.quant4));
+  }
   if (o.model.batch <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("train_micro_batch_size_per_gpu must be >= 1, got ", o.model.batch));
@@ -173,8 +185,15 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
     const int64_t bytes_per_param = o.disk.has_value() || o.model.lora.has_value()
                                         ? SizeOf(o.compute_dtype)
                                         : ModelDataBytesPerParam(o.compute_dtype);
-    const double model_data =
+    double model_data =
         static_cast<double>(ModelParameterCount(mc)) * static_cast<double>(bytes_per_param);
+    if (o.model.quant4.has_value()) {
+      // The 4-bit weights take their blobs' bytes instead.
+      const Quant4Totals q = Quant4TotalsOf(
+          Quant4Weights(mc, *o.model.lora, *o.model.quant4), o.compute_dtype);
+      model_data += static_cast<double>(q.stored_bytes) -
+                    static_cast<double>(q.values) * static_cast<double>(bytes_per_param);
+    }
     const double lower_bound =
         model_data / o.world_size -
         (o.accelerator_in_host_memory ? 0.0 : static_cast<double>(o.accelerator_bytes));
@@ -222,10 +241,13 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
   for (int64_t c = first; c <= std::max(first, 2 * min_elems); c += step) {
     VocabLayoutOptions vocab{.vocab_block_rows =
                                  GptVocabBlockRowsForChunk(view, c, o.model.ce_vocab_tile)};
-    ChunkLayoutOptions layout_options{.capacity_elems = c, .world_size = o.world_size};
-    ASSIGN_OR_RETURN(
-        ChunkLayout layout,
-        ChunkLayout::Build(layout_options, ModelOperatorsFor(mc, o.model.lora, vocab)));
+    ChunkLayoutOptions layout_options{.capacity_elems = c,
+                                      .world_size = o.world_size,
+                                      .tensor_alignment_elems = PlanAlignmentElems(o)};
+    ASSIGN_OR_RETURN(ChunkLayout layout,
+                     ChunkLayout::Build(layout_options,
+                                        ModelOperatorsFor(mc, o.model.lora, vocab, o.model.quant4,
+                                                          o.compute_dtype)));
     candidates.push_back({c, layout.TotalModelDataBytes(o.compute_dtype)});
   }
   std::stable_sort(candidates.begin(), candidates.end(),

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
@@ -107,6 +108,30 @@ absl::Status ModelStateIo::ReadPayloadRange(const TensorView& v, int64_t first_e
   CHECK(first_elem >= 0 && first_elem + n <= v.numel);
   const char* src = static_cast<const char*>(v.data) + first_elem * elem_bytes;
   if (v.device.is_host()) return Convert(v.dtype, src, DType::kF32, out.data(), n);
+  return StagedRead(src, n * elem_bytes, elem_bytes,
+                    [&](const void* host, int64_t offset, int64_t bytes) {
+                      return Convert(v.dtype, host, DType::kF32, out.data() + offset / elem_bytes,
+                                     bytes / elem_bytes);
+                    });
+}
+
+absl::Status ModelStateIo::ReadPayloadBytes(const TensorView& v, absl::Span<char> out) const {
+  CHECK_EQ(static_cast<int64_t>(out.size()), v.bytes());
+  if (v.device.is_host()) {
+    std::memcpy(out.data(), v.data, out.size());
+    return absl::OkStatus();
+  }
+  return StagedRead(static_cast<const char*>(v.data), v.bytes(), 1,
+                    [&](const void* host, int64_t offset, int64_t bytes) {
+                      std::memcpy(out.data() + offset, host, static_cast<size_t>(bytes));
+                      return absl::OkStatus();
+                    });
+}
+
+absl::Status ModelStateIo::StagedRead(
+    const char* src, int64_t bytes, int64_t piece_quantum,
+    absl::FunctionRef<absl::Status(const void* host, int64_t offset, int64_t bytes)> consume)
+    const {
   absl::MutexLock lock(&staging_mu_);
   if (staging_ == nullptr) {
     ASSIGN_OR_RETURN(staging_backend_, AcceleratorBackendOf(*parts_.accelerator));
@@ -120,23 +145,24 @@ absl::Status ModelStateIo::ReadPayloadRange(const TensorView& v, int64_t first_e
   // the copy waits for the compute stream's work so far.
   RETURN_IF_ERROR(parts_.compute_stream->RecordEvent(staging_event_.get()));
   RETURN_IF_ERROR(staging_stream_->WaitEvent(staging_event_.get()));
-  const int64_t piece_elems = parts_.payload_staging_bytes / elem_bytes;
-  for (int64_t done = 0; done < n; done += piece_elems) {
-    const int64_t elems = std::min(piece_elems, n - done);
-    absl::Status copied = staging_stream_->MemcpyAsync(staging_, src + done * elem_bytes,
-                                                       elems * elem_bytes, CopyKind::kDeviceToHost);
+  const int64_t piece = parts_.payload_staging_bytes / piece_quantum * piece_quantum;
+  for (int64_t done = 0; done < bytes; done += piece) {
+    const int64_t now = std::min(piece, bytes - done);
+    absl::Status copied =
+        staging_stream_->MemcpyAsync(staging_, src + done, now, CopyKind::kDeviceToHost);
     if (copied.ok()) copied = staging_stream_->Synchronize();
     if (!copied.ok()) {
       // A stream that failed keeps its error (memory/backend.h): the next read gets a new one.
       staging_stream_.reset();
       return copied;
     }
-    RETURN_IF_ERROR(Convert(v.dtype, staging_, DType::kF32, out.data() + done, elems));
+    RETURN_IF_ERROR(consume(staging_, done, now));
   }
   return absl::OkStatus();
 }
 
 absl::Status ModelStateIo::WriteParameter(TensorId tensor, absl::Span<const float> values) {
+  if (const Quant4Format* q = quant4(tensor)) return WriteQuant4(tensor, *q, values);
   ASSIGN_OR_RETURN(TensorView param, parts_.store->View(ChunkType::kParam, tensor));
   CHECK_EQ(param.numel, static_cast<int64_t>(values.size()));
   RETURN_IF_ERROR(RequireHostPayload(param, "setting a parameter"));
@@ -156,6 +182,11 @@ absl::Status ModelStateIo::WriteParameter(TensorId tensor, absl::Span<const floa
   return absl::OkStatus();
 }
 
+int64_t ModelStateIo::LogicalNumel(TensorId tensor) const {
+  const Quant4Format* q = quant4(tensor);
+  return q != nullptr ? q->num_elems() : parts_.store->layout().tensor(tensor).numel;
+}
+
 bool ModelStateIo::frozen(TensorId tensor) const {
   const ChunkLayout& layout = parts_.store->layout();
   return !layout.chunk_trainable(layout.tensor(tensor).chunk_index);
@@ -173,13 +204,12 @@ absl::Status ModelStateIo::SetParameters(const ParameterFillFn& fill,
     return absl::FailedPreconditionError(
         "GptModel: parameters can only be set outside an iteration (after EndIteration)");
   }
-  const ChunkLayout& layout = parts_.store->layout();
   std::vector<float> values;
   return model_state_io_internal::WriteOwnedChunksOnHost(
       *parts_.store, *parts_.manager,
       [&](absl::Span<const TensorId> tensors) -> absl::Status {
         for (TensorId t : tensors) {
-          values.assign(static_cast<size_t>(layout.tensor(t).numel), 0.0f);
+          values.assign(static_cast<size_t>(LogicalNumel(t)), 0.0f);
           RETURN_IF_ERROR(fill(t, absl::MakeSpan(values)));
           RETURN_IF_ERROR(WriteParameter(t, values));
         }
@@ -198,6 +228,11 @@ std::vector<TensorSpec> ModelStateIo::ParameterSpecs() const {
   std::vector<TensorSpec> specs;
   for (TensorId t : parts_.param_tensors) {
     const TensorInfo& info = parts_.store->layout().tensor(t);
+    if (const Quant4Format* q = quant4(t)) {
+      specs.push_back({info.name, q->transposed ? std::vector<int64_t>{q->cols, q->rows}
+                                                : std::vector<int64_t>{q->rows, q->cols}});
+      continue;
+    }
     specs.push_back({info.name, info.shape});
   }
   return specs;
@@ -207,7 +242,7 @@ absl::StatusOr<std::vector<float>> ModelStateIo::ReadTensor(ChunkType type,
                                                             absl::string_view name) const {
   int64_t numel = 0;
   if (absl::StatusOr<TensorId> t = parts_.store->layout().FindTensor(name); t.ok()) {
-    numel = parts_.store->layout().tensor(*t).numel;
+    numel = LogicalNumel(*t);
   } else if (BlocksOf(name) != nullptr) {
     numel = parts_.config->vocab_size * parts_.config->hidden;
   } else {
@@ -223,7 +258,7 @@ absl::Status ModelStateIo::ReadTensorInto(ChunkType type, absl::string_view name
   const ChunkLayout& layout = parts_.store->layout();
   absl::StatusOr<TensorId> t = layout.FindTensor(name);
   if (t.ok()) {
-    const int64_t numel = layout.tensor(*t).numel;
+    const int64_t numel = LogicalNumel(*t);
     if (static_cast<int64_t>(out.size()) != numel) {
       return absl::InvalidArgumentError(absl::StrCat("GptModel::ReadTensorInto: '", name, "' has ",
                                                      numel, " elements, not ", out.size()));
@@ -288,10 +323,12 @@ absl::Status ModelStateIo::ReadRange(ChunkType type, absl::string_view name, int
   };
   if (absl::StatusOr<TensorId> t = layout.FindTensor(name); t.ok()) {
     const TensorInfo& info = layout.tensor(*t);
-    if (first_elem < 0 || first_elem + n > info.numel) return outside(info.numel);
+    const int64_t numel = LogicalNumel(*t);
+    if (first_elem < 0 || first_elem + n > numel) return outside(numel);
     ASSIGN_OR_RETURN(const ChunkType read, ReadableType(type, info.chunk_index, name));
     RETURN_IF_ERROR(access.Prepare(read, info.chunk_index));
     ASSIGN_OR_RETURN(TensorView v, parts_.store->View(read, *t));
+    if (const Quant4Format* q = quant4(*t)) return ReadQuant4Range(*t, *q, v, first_elem, out);
     return ReadPayloadRange(v, first_elem, out);
   }
   const std::vector<RowBlock>* blocks = BlocksOf(name);

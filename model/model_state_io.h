@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -64,6 +65,7 @@
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
 #include "chunk/operator_spec.h"
+#include "base/thread_pool.h"
 #include "memory/backend.h"
 #include "memory/device_memory.h"
 #include "memory/dtype.h"
@@ -72,6 +74,7 @@
 #include "model/hf_checkpoint.h"
 #include "model/lora_config.h"
 #include "model/model_config.h"
+#include "model/quant4_config.h"
 #include "scheduler/chunk_manager.h"
 
 namespace ps {
@@ -118,6 +121,13 @@ class ModelStateIo {
     // The LoRA configuration (GptModelOptions::lora), or null: the adapters' tensors are those of
     // LoraTargets; frozen tensors are those of frozen chunks (ChunkLayout::chunk_trainable).
     const LoraConfig* lora = nullptr;
+    // The 4-bit weights (GptModelOptions::quant4), or null. Their stored tensors are blobs
+    // (model/quant4_config.h); everything here reads and writes their logical values: the
+    // setters quantize (and record the nested offsets in the table), the readers dequantize,
+    // ParameterSpecs gives the Hugging Face shapes.
+    Quant4Table* quant4 = nullptr;
+    // Threads for quantizing 4-bit weights as they are set (null: the calling thread).
+    ThreadPool* pool = nullptr;
   };
 
   explicit ModelStateIo(Parts parts);
@@ -134,6 +144,13 @@ class ModelStateIo {
                                            const std::function<bool(TensorId)>& include = nullptr);
   // Whether stored tensor `tensor` is frozen (its chunk is: no master, no optimizer state).
   bool frozen(TensorId tensor) const;
+  // The 4-bit format of stored tensor `tensor`, or null.
+  const Quant4Format* quant4(TensorId tensor) const {
+    return parts_.quant4 == nullptr ? nullptr : parts_.quant4->Find(tensor);
+  }
+  // Elements of the logical (Hugging Face) tensor: the 4-bit weight's values, else the stored
+  // tensor's.
+  int64_t LogicalNumel(TensorId tensor) const;
   // Whether stored tensor `tensor` is a LoRA adapter's A or B.
   bool is_adapter(TensorId tensor) const;
 
@@ -200,6 +217,23 @@ class ModelStateIo {
   // Writes f32 values into the tensor's master slot and its param slot (rounded), zeroes momentum
   // and variance. REQUIRES: the tensor's chunks are accessed on the host.
   absl::Status WriteParameter(TensorId tensor, absl::Span<const float> values);
+  // Copies `bytes` of accelerator memory at `src` through the staging buffer, after the compute
+  // stream's work so far, in pieces of a multiple of `piece_quantum` bytes: consume(host, offset,
+  // bytes) for each.
+  absl::Status StagedRead(
+      const char* src, int64_t bytes, int64_t piece_quantum,
+      absl::FunctionRef<absl::Status(const void* host, int64_t offset, int64_t bytes)> consume)
+      const;
+  // The whole payload `v` as raw bytes into `out` (v.bytes() of them): a copy for a host
+  // payload, through the staging buffer for an accelerator payload.
+  absl::Status ReadPayloadBytes(const TensorView& v, absl::Span<char> out) const;
+  // Logical elements [first_elem, first_elem + out.size()) of 4-bit weight `tensor` (format `q`,
+  // stored blob `v`), dequantized (model_state_io_quant4.cc).
+  absl::Status ReadQuant4Range(TensorId tensor, const Quant4Format& q, const TensorView& v,
+                               int64_t first_elem, absl::Span<float> out) const;
+  // Quantizes the logical values of 4-bit weight `tensor` into its blob (host payload) and
+  // records its nested offset.
+  absl::Status WriteQuant4(TensorId tensor, const Quant4Format& q, absl::Span<const float> values);
   // InternalError naming `what` unless `v` is in host memory (the imports write only there).
   static absl::Status RequireHostPayload(const TensorView& v, absl::string_view what);
 

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -129,6 +130,23 @@ struct Quant4Totals {
   int64_t stored_bytes = 0;
 };
 Quant4Totals Quant4TotalsOf(absl::Span<const Quant4Weight> weights, DType dtype);
+
+// A model's 4-bit weights by tensor id (of its chunk layout) and their nested offsets: host
+// values, set when a weight is quantized or imported (0 until then, and for plain absmax).
+struct Quant4Table {
+  absl::flat_hash_map<int64_t, Quant4Format> format;
+  absl::flat_hash_map<int64_t, float> nested_offset;
+
+  // The format of `tensor`, or null when it is not 4-bit.
+  const Quant4Format* Find(int64_t tensor) const {
+    const auto it = format.find(tensor);
+    return it == format.end() ? nullptr : &it->second;
+  }
+  float Offset(int64_t tensor) const {
+    const auto it = nested_offset.find(tensor);
+    return it == nested_offset.end() ? 0.0f : it->second;
+  }
+};
 
 }  // namespace ps
 

@@ -62,6 +62,7 @@
 #define PATRICKSTAR_MODEL_TRANSFORMER_PROGRAM_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -77,6 +78,7 @@
 #include "model/kernels/kernels.h"
 #include "model/kernels/vocab_blocks.h"
 #include "model/model_config.h"
+#include "model/quant4_config.h"
 #include "model/transformer_block_spec.h"
 #include "scheduler/metronome.h"
 
@@ -177,6 +179,11 @@ struct ProgramLayout {
   Op wpe;                           // learned positions only
   std::vector<Block> blocks;
   Op ln_f;  // ln_f or model.norm
+  // QLoRA (model/quant4_config.h): the linear weights stored as 4-bit blobs, by tensor id, and
+  // their nested offsets (read at each GEMM, so the owner may set them after the program is
+  // built); null or empty: none. A 4-bit weight's GEMMs run Kernels::Quant4LinearForward and
+  // Quant4LinearBackwardInput (frozen: never a weight gradient) with their workspace.
+  std::shared_ptr<const Quant4Table> quant4;
 };
 
 // The ProgramLayout of `ops` = ModelOperators(config, vocab) (the vocabulary split in the row

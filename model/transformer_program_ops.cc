@@ -82,6 +82,10 @@ absl::Status TransformerProgram::Run::ConvLinearForward(const Op& op, int64_t in
                                                         int64_t out_features, const float* x,
                                                         float* y) {
   ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, op.op, Stage::kForward));
+  if (const Quant4Format* q = Quant4Of(op.w)) {
+    RETURN_IF_ERROR(Quant4LinearFwd(*q, op.w, op.b, in_features, out_features, x, y));
+    return access.End();
+  }
   const MatmulShape shape{N_, in_features, out_features};
   absl::Span<const float> w, b;
   ASSIGN_OR_RETURN(const uint16_t* w_bf16, ParamBf16(op.w));
@@ -115,6 +119,11 @@ absl::Status TransformerProgram::Run::ConvLinearBackward(const Op& op, int64_t i
     ASSIGN_OR_RETURN(db, Alloc(out_features, true));
   }
   ASSIGN_OR_RETURN(ScopedAccess access, ScopedAccess::Begin(ctx_, op.op, Stage::kBackward));
+  if (const Quant4Format* q = Quant4Of(op.w)) {
+    CHECK(!op.trainable) << "a 4-bit weight is frozen";
+    RETURN_IF_ERROR(Quant4LinearBwd(*q, op.w, in_features, out_features, dy, dx));
+    return access.End();
+  }
   const MatmulShape shape{N_, in_features, out_features};
   ASSIGN_OR_RETURN(const uint16_t* w_bf16, ParamBf16(op.w));
   if (w_bf16 != nullptr) {
@@ -142,8 +151,54 @@ absl::Status TransformerProgram::Run::ConvLinearBackward(const Op& op, int64_t i
   return access.End();
 }
 
+const Quant4Format* TransformerProgram::Run::Quant4Of(TensorId w) const {
+  return p_.layout_.quant4 == nullptr ? nullptr : p_.layout_.quant4->Find(w);
+}
+
+absl::Status TransformerProgram::Run::Quant4LinearFwd(const Quant4Format& q, TensorId w,
+                                                      TensorId b, int64_t in_features,
+                                                      int64_t out_features, const float* x,
+                                                      float* y) {
+  CHECK_EQ(q.rows, out_features);
+  CHECK_EQ(q.cols, in_features);
+  ASSIGN_OR_RETURN(const TensorView wv, ctx_->Param(w));
+  absl::Span<const float> bv;
+  Buffer b_f32;
+  if (b >= 0) {
+    ASSIGN_OR_RETURN(b_f32, ParamF32(b, &bv));
+  }
+  const LinearShape shape{N_, in_features, out_features, b >= 0};
+  const int64_t ws_bytes = ctx_->workspaces().Quant4LinearWorkspaceBytes(shape);
+  ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
+  const float offset = p_.layout_.quant4->Offset(w);
+  return ctx_->Compute([&](Kernels& k, Stream& s) {
+    return k.Quant4LinearForward(s, shape, x, Quant4TensorAt(q, wv.data, offset),
+                                 b >= 0 ? bv.data() : nullptr, y, ws.data(), ws_bytes);
+  });
+}
+
+absl::Status TransformerProgram::Run::Quant4LinearBwd(const Quant4Format& q, TensorId w,
+                                                      int64_t in_features, int64_t out_features,
+                                                      const float* dy, float* dx) {
+  CHECK_EQ(q.rows, out_features);
+  CHECK_EQ(q.cols, in_features);
+  ASSIGN_OR_RETURN(const TensorView wv, ctx_->Param(w));
+  // The bias (if any) has no gradient either: the operator is frozen.
+  const LinearShape shape{N_, in_features, out_features, false};
+  const int64_t ws_bytes = ctx_->workspaces().Quant4LinearWorkspaceBytes(shape);
+  ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
+  const float offset = p_.layout_.quant4->Offset(w);
+  return ctx_->Compute([&](Kernels& k, Stream& s) {
+    return k.Quant4LinearBackwardInput(s, shape, Quant4TensorAt(q, wv.data, offset), dy, dx,
+                                       ws.data(), ws_bytes);
+  });
+}
+
 absl::Status TransformerProgram::Run::NnLinearFwd(TensorId w, TensorId b, int64_t in_features,
                                                   int64_t out_features, const float* x, float* y) {
+  if (const Quant4Format* q = Quant4Of(w)) {
+    return Quant4LinearFwd(*q, w, b, in_features, out_features, x, y);
+  }
   absl::Span<const float> wv, bv;
   ASSIGN_OR_RETURN(Buffer w_f32, ParamF32(w, &wv));
   Buffer b_f32;
@@ -162,6 +217,10 @@ absl::Status TransformerProgram::Run::NnLinearFwd(TensorId w, TensorId b, int64_
 absl::Status TransformerProgram::Run::NnLinearBwd(TensorId w, TensorId b, bool trainable,
                                                   int64_t in_features, int64_t out_features,
                                                   const float* x, const float* dy, float* dx) {
+  if (const Quant4Format* q = Quant4Of(w)) {
+    CHECK(!trainable) << "a 4-bit weight is frozen";
+    return Quant4LinearBwd(*q, w, in_features, out_features, dy, dx);
+  }
   Buffer dw, db;
   if (trainable) {
     ASSIGN_OR_RETURN(dw, Alloc(in_features * out_features, true));

@@ -102,6 +102,14 @@ class TransformerProgram::Run {
   // (`trainable`), or none (frozen).
   absl::Status NnLinearBwd(TensorId w, TensorId b, bool trainable, int64_t in_features,
                            int64_t out_features, const float* x, const float* dy, float* dx);
+  // The 4-bit format of weight `w` (ProgramLayout::quant4), or null.
+  const Quant4Format* Quant4Of(TensorId w) const;
+  // NnLinearFwd / NnLinearBwd over a 4-bit weight (format `q`; frozen: dx only). GPT-2's Conv1D
+  // weights are stored transposed, so they take this nn.Linear path too.
+  absl::Status Quant4LinearFwd(const Quant4Format& q, TensorId w, TensorId b, int64_t in_features,
+                               int64_t out_features, const float* x, float* y);
+  absl::Status Quant4LinearBwd(const Quant4Format& q, TensorId w, int64_t in_features,
+                               int64_t out_features, const float* dy, float* dx);
   // A linear operator of the block (Conv1D or nn.Linear), accessed around its computation; then
   // its adapter, if any, in its own access (h keeps the adapter's A drop(x)).
   absl::Status LinearForward(const Op& op, int64_t in_features, int64_t out_features,
