@@ -63,6 +63,16 @@ LoraConfig ToLoraConfig(const LoraSettings& settings) {
   return lora;
 }
 
+std::optional<Quant4Config> ToQuant4Config(const QuantizationSettings& settings) {
+  if (!settings.load_in_4bit) return std::nullopt;
+  Quant4Config q;
+  q.quant_type = settings.quant_type;
+  q.double_quant = settings.double_quant;
+  q.compute_dtype = settings.compute_dtype;
+  q.skip_modules = settings.skip_modules;
+  return q;
+}
+
 PrecisionMode TrainConfig::precision() const {
   if (fp16.enabled) return PrecisionMode::kF16;
   if (bf16) return PrecisionMode::kBF16;

@@ -31,6 +31,7 @@
 #include "model/gpt_config.h"
 #include "model/kernels/nf4_math.h"
 #include "model/lora_config.h"
+#include "model/quant4_config.h"
 
 namespace ps {
 
@@ -297,6 +298,11 @@ struct QuantizationSettings {
 
   friend bool operator==(const QuantizationSettings&, const QuantizationSettings&) = default;
 };
+
+// `settings` as model/quant4_config.h's Quant4Config, or nullopt when load_in_4bit is false (no
+// quantization). Which weights it covers, and whether the model allows it, are that header's
+// Quant4Weights / ValidateQuant4Config's (they need the model and the LoRA configuration).
+std::optional<Quant4Config> ToQuant4Config(const QuantizationSettings& settings);
 
 struct TrainConfig {
   int64_t train_batch_size = 0;  // 0 = derived: micro * accum * world
