@@ -375,7 +375,7 @@ TEST(TrainingCheckpoint, RefusesADamagedQuantizationIdentity) {
     m["state"]["identity"]["quantization"][key] = value;
     std::ofstream(manifest_path, std::ios::trunc) << m.dump();
     EXPECT_THAT(ReadTrainingCheckpoint(dir, expected, rig->model.get()),
-                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("quantization")));
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr(key)));
   }
   nlohmann::json m = original;
   m["state"]["identity"]["quantization"] = 4;

@@ -297,7 +297,10 @@ TEST(QuantizationConfigTest, PrintedConfigLoadsBack) {
   EXPECT_FALSE(Json::parse(TrainConfigToJson(DefaultTrainConfig())).contains("quantization"));
 
   TrainConfig c = DefaultTrainConfig();
-  c.lora = LoraSettings{.r = 4, .target_modules = {"c_attn"}};
+  LoraSettings lora;
+  lora.r = 4;
+  lora.target_modules = {"c_attn"};
+  c.lora = lora;
   c.quantization.load_in_4bit = true;
   c.quantization.quant_type = Quant4Type::kNf4;
   c.quantization.double_quant = true;
