@@ -395,7 +395,10 @@ absl::StatusOr<TrainingCheckpointState> ReadTrainingCheckpoint(const std::string
   RETURN_IF_ERROR(Get(dc, "batch_in_epoch", where, &state.data_cursor.batch_in_epoch));
   ASSIGN_OR_RETURN(state.identity, ParseIdentity(j["identity"], where));
 
+  // Another quantization section changes the base's (dequantized) values, so its fingerprint too:
+  // that difference is named as the section's, below, not as another base.
   if (state.identity.lora.has_value() && expected.lora.has_value() &&
+      state.identity.quant4 == expected.quant4 &&
       state.identity.base_fingerprint != expected.base_fingerprint) {
     const auto fingerprint = [](const std::string& f) {
       return f.empty() ? std::string("(none: written under ZeRO)") : f;

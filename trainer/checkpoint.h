@@ -87,7 +87,8 @@ struct CheckpointIdentity {
   // QLoRA's 4-bit base (nullopt: none). Recorded as the run's "quantization" section
   // (load_in_4bit true and BitsAndBytesConfig's other keys); resuming with another one — or
   // with none, or a 4-bit run from a 16-bit checkpoint — is refused naming the key
-  // ("quantization.bnb_4bit_quant_type \"nf4\" (this run: \"fp4\")"), as for lora.
+  // ("quantization.bnb_4bit_quant_type \"nf4\" (this run: \"fp4\")"), as for lora; named
+  // before the base fingerprint, which another quantization changes too.
   std::optional<Quant4Config> quant4;
 
   // Every field but base_source.

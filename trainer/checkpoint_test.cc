@@ -27,6 +27,7 @@
 #include "memory/dtype.h"
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
+#include "model/lora_config.h"
 #include "model/quant4_config.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -350,6 +351,37 @@ TEST(TrainingCheckpoint, RefusesAnotherQuantizationSectionNamingTheKey) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("the quantization section none (this run: {"),
                              HasSubstr("\"bnb_4bit_quant_type\":\"nf4\""))));
+}
+
+// A LoRA checkpoint over a 4-bit base: another quantization also changes the base's fingerprint
+// (the dequantized values differ); the refusal names the quantization key, not "another base".
+TEST(TrainingCheckpoint, AnotherQuantizationIsNamedBeforeTheBaseFingerprint) {
+  const std::string root = trainer_testing::FreshTempDir("checkpoint_test", "quant4_fingerprint");
+  std::unique_ptr<ModelRig> rig = Rig(1);
+  LoraConfig lora;
+  lora.r = 2;
+  lora.target_modules = {"c_attn"};
+  Quant4Config nf4;
+  nf4.quant_type = Quant4Type::kNf4;
+  TrainingCheckpointState state = State(3);
+  state.identity.lora = lora;
+  state.identity.quant4 = nf4;
+  state.identity.base_fingerprint = "aaaa";
+  state.identity.base_source = "seed 0";
+  ASSERT_OK_AND_ASSIGN(const std::string dir,
+                       WriteTrainingCheckpoint(root, 2, state, *rig->model));
+  CheckpointIdentity expected = state.identity;
+  expected.quant4 = Quant4Config{};  // fp4
+  expected.base_fingerprint = "bbbb";
+  const absl::Status refused = ReadTrainingCheckpoint(dir, expected, rig->model.get()).status();
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                HasSubstr("quantization.bnb_4bit_quant_type \"nf4\" (this run: "
+                                          "\"fp4\")")));
+  EXPECT_THAT(refused.message(), ::testing::Not(HasSubstr("another base model")));
+  // The same quantization over another base: the base is named.
+  expected.quant4 = nf4;
+  EXPECT_THAT(ReadTrainingCheckpoint(dir, expected, rig->model.get()).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another base model")));
 }
 
 // A damaged quantization identity is DataLoss naming it, like every other manifest value.

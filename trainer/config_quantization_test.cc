@@ -237,6 +237,21 @@ TEST(QuantizationConfigTest, ComputeDtypeOtherThanFloat32IsUnimplementedNamingTh
   EXPECT_THAT(ValidateTrainConfig(f), StatusIs(kUnimplemented, HasSubstr("`fp16.enabled`")));
 }
 
+// Double quantization keeps each weight's nested offset on the rank that quantized it: one rank
+// only (unknown before mpirun's ranks join: checked again once they have).
+TEST(QuantizationConfigTest, DoubleQuantUnderZeroIsUnimplementedNamingTheKey) {
+  ASSERT_OK_AND_ASSIGN(
+      const TrainConfig c,
+      Parse(WithLora({{"load_in_4bit", true}, {"bnb_4bit_use_double_quant", true}}).dump()));
+  EXPECT_OK(ValidateTrainConfig(c, 1));
+  EXPECT_OK(ValidateTrainConfig(c, std::nullopt));
+  EXPECT_THAT(ValidateTrainConfig(c, 2),
+              StatusIs(kUnimplemented, AllOf(HasSubstr("`quantization.bnb_4bit_use_double_quant`"),
+                                             HasSubstr("2 ranks"))));
+  ASSERT_OK_AND_ASSIGN(const TrainConfig plain, Parse(WithLora({{"load_in_4bit", true}}).dump()));
+  EXPECT_OK(ValidateTrainConfig(plain, 2));
+}
+
 // --- --load_in_4bit ----------------------------------------------------------------------------
 
 TEST(QuantizationConfigTest, LoadIn4bitFlagTurnsTheSectionOnWithTheFilesKeys) {

@@ -119,13 +119,6 @@ absl::Status ResolveQuant4(const TrainRun& run, ResolvedModel& resolved) {
     if (absl::StartsWith(s.message(), "quantization.")) return s;
     return absl::Status(s.code(), absl::StrCat("quantization: ", s.message()));
   }
-  if (quant4->double_quant && run.shape.world > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "quantization.bnb_4bit_use_double_quant = true under ZeRO (", run.shape.world,
-        " ranks) is not supported: each rank quantizes its own chunks, and the nested scales' "
-        "offsets would not reach the others; set it to false (plain absmax, 0.5625 bytes per "
-        "base parameter instead of 0.5159) or train on one process"));
-  }
   resolved.quant4 = std::move(quant4);
   return absl::OkStatus();
 }

@@ -31,10 +31,9 @@ namespace trainer_internal {
 // Sets resolved.quant4 from the quantization section (when load_in_4bit) and checks it against
 // resolved.model_config and resolved.lora (ValidateQuant4Config): InvalidArgument for
 // lora.modules_to_save covering a weight that would be 4-bit or an empty skip entry,
-// Unimplemented for a compute dtype other than float32 and for bnb_4bit_use_double_quant under
-// ZeRO (world > 1: each rank quantizes its own chunks), FailedPrecondition without LoRA (which
-// ValidateTrainConfig refuses before, as InvalidArgument); each message names its
-// quantization.* key. REQUIRES: ResolveLora(run, resolved) succeeded; `resolved` is run.resolved.
+// Unimplemented for a compute dtype other than float32, FailedPrecondition without LoRA (which
+// ValidateTrainConfig refuses before, as InvalidArgument, with double quantization under ZeRO);
+// each message names its quantization.* key. REQUIRES: ResolveLora(run, resolved) succeeded; `resolved` is run.resolved.
 [[nodiscard]] absl::Status ResolveQuant4(const TrainRun& run, ResolvedModel& resolved);
 
 // Whether checkpoint.export writes a Hugging Face directory (a Llama-family model, or a model from
