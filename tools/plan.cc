@@ -30,6 +30,9 @@
 // --lora_r=R (with --lora_target_modules, --lora_alpha; the trainer's flags: the lora section)
 // plans a LoRA fine-tune: the base frozen in param-only chunks of the compute dtype (2 bytes per
 // parameter in bf16/f16), the adapters A [r, in] and B [out, r] with their full training state.
+// With --load_in_4bit (the trainer's flag: quantization.load_in_4bit) the base's block linears
+// take their 4-bit blobs' bytes instead (QLoRA; model/quant4_config.h), printed as the trainer's
+// console prints them ("base: N linear weights in 4-bit nf4 ...").
 //
 // The last line before the verdict, "plan_numbers: key=value ...", holds every number of the plan
 // (tools/plan_test compares them with the trainer's pre-flight).
@@ -66,6 +69,7 @@
 #include "model/lora_config.h"
 #include "model/model_config.h"
 #include "model/peft_adapter.h"
+#include "model/quant4_config.h"
 #include "scheduler/memory_plan.h"
 #include "scheduler/metronome.h"
 #include "trainer/config.h"
@@ -120,6 +124,10 @@ ABSL_FLAG(double, lora_alpha, 8, "--lora_r: lora.lora_alpha (the scale is lora_a
 ABSL_FLAG(std::string, lora_target_modules, "",
           "--lora_r: lora.target_modules, comma-separated (q_proj,k_proj,v_proj,o_proj; GPT-2 "
           "c_attn,c_proj,c_fc; or all-linear)");
+ABSL_FLAG(bool, load_in_4bit, false,
+          "--lora_r: QLoRA, the frozen base's block linears in 4 bits (quantization.load_in_4bit, "
+          "the trainer's flag; the config's other quantization keys, else bitsandbytes' "
+          "defaults: fp4, no double quant)");
 ABSL_FLAG(std::string, export, "",
           "checkpoint.export: the file or directory exported at the end (planned: its host "
           "workspace)");
@@ -181,6 +189,7 @@ absl::StatusOr<TrainConfig> ConfigFromFlags() {
   if (FlagGiven("lora_target_modules")) {
     o.lora_target_modules = absl::GetFlag(FLAGS_lora_target_modules);
   }
+  if (use("load_in_4bit")) o.load_in_4bit = absl::GetFlag(FLAGS_load_in_4bit);
   RETURN_IF_ERROR(ApplyOverrides(o, &c));
   if (use("accelerator_memory") && memory == "auto") c.accelerator.memory_bytes = 0;
   if (use("dtype")) {
@@ -276,6 +285,8 @@ absl::StatusOr<DiskBandwidth> MeasureDisk(const std::string& dir) {
 std::string PlanNumbers(const RunPlan& run) {
   const MemoryPlan& p = run.plan.plan;
   const GptRunPlanOptions& o = run.options;
+  const Quant4Totals q4 =
+      Quant4BaseTotals(*o.model_config, o.model.lora, o.model.quant4, o.compute_dtype);
   return absl::StrFormat(
       "chunk_elems=%d num_chunks=%d num_data_chunks=%d parameters=%d param_chunk_bytes=%d "
       "state_chunk_bytes=%d rank_model_data_bytes=%d accelerator_bytes=%d "
@@ -290,7 +301,8 @@ std::string PlanNumbers(const RunPlan& run) {
       "host_model_data_touched_bytes=%d host_expected_peak_bytes=%d fits_host=%d disk_tier=%d "
       "disk_bytes=%d disk_host_bytes=%d disk_min_host_bytes=%d disk_kept_indices=%d "
       "disk_streamed_indices=%d disk_read_ahead=%d disk_read_bytes_per_step=%d "
-      "disk_write_bytes_per_step=%d disk_host_budget_bytes=%d vocab_block_rows=%d",
+      "disk_write_bytes_per_step=%d disk_host_budget_bytes=%d vocab_block_rows=%d "
+      "quant4_weights=%d quant4_values=%d quant4_stored_bytes=%d",
       p.chunk_elems, p.num_chunks, p.num_data_chunks, p.parameters, p.param_chunk_bytes,
       p.state_chunk_bytes, p.rank_model_data_bytes, run.plan.accelerator_bytes,
       run.reserve.adam_bytes, run.reserve.comm_staging_bytes, run.reserve.export_tile_bytes,
@@ -304,7 +316,7 @@ std::string PlanNumbers(const RunPlan& run) {
       p.host_expected_peak_bytes, p.fits_host, p.disk_tier, p.disk_bytes, p.disk_host_bytes,
       p.disk_min_host_bytes, p.disk_kept_indices, p.disk_streamed_indices, p.disk_read_ahead,
       p.disk_read_bytes_per_step, p.disk_write_bytes_per_step, run.plan.disk_host_budget_bytes,
-      run.plan.vocab.vocab_block_rows);
+      run.plan.vocab.vocab_block_rows, q4.weights, q4.values, q4.stored_bytes);
 }
 
 void PrintPlan(const TrainConfig& c, const RunPlan& run,
@@ -346,6 +358,10 @@ void PrintPlan(const TrainConfig& c, const RunPlan& run,
         100.0 * static_cast<double>(adapter_elems) /
             static_cast<double>(adapter_elems + ModelParameterCount(*o.model_config)),
         ModelParameterCount(*o.model_config), SizeOf(o.compute_dtype));
+    if (o.model.quant4.has_value()) {
+      std::cout << Quant4BaseLine(*o.model_config, lora, *o.model.quant4, o.compute_dtype)
+                << "\n";
+    }
   }
   std::cout << "accelerator " << AcceleratorKindName(c.accelerator.kind) << ", budget "
             << FormatBytes(run.plan.accelerator_bytes) << " (" << run.plan.chunk_note

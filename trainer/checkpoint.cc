@@ -22,7 +22,9 @@
 #include "model/finite_scan.h"
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
+#include "model/kernels/nf4.h"
 #include "model/model_state_io.h"
+#include "model/quant4_config.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "trainer/io/checkpoint_dir.h"
@@ -35,6 +37,11 @@ constexpr absl::string_view kStateFile = "state.safetensors";
 // The name of a training-state tensor in the state file: "<type>/<name>" ("master/wte.weight").
 std::string StateTensorName(const TrainingStateTensor& t) {
   return absl::StrCat(ChunkTypeName(t.type), "/", t.name);
+}
+
+// bnb_4bit_compute_dtype as the quantization section writes it (torch's names).
+const char* TorchDTypeName(DType d) {
+  return d == DType::kF32 ? "float32" : d == DType::kF16 ? "float16" : "bfloat16";
 }
 
 nlohmann::json IdentityJson(const CheckpointIdentity& id) {
@@ -64,6 +71,14 @@ nlohmann::json IdentityJson(const CheckpointIdentity& id) {
     j["base_fingerprint"] = id.base_fingerprint;
     j["base_source"] = id.base_source;
   }
+  if (id.quant4.has_value()) {
+    const Quant4Config& q = *id.quant4;
+    j["quantization"] = {{"load_in_4bit", true},
+                         {"bnb_4bit_quant_type", Quant4TypeName(q.quant_type)},
+                         {"bnb_4bit_use_double_quant", q.double_quant},
+                         {"bnb_4bit_compute_dtype", TorchDTypeName(q.compute_dtype)},
+                         {"llm_int8_skip_modules", q.skip_modules}};
+  }
   return j;
 }
 
@@ -86,18 +101,19 @@ std::vector<std::string> IdentityDiffs(const CheckpointIdentity& checkpoint,
   }
   for (const std::string& key : keys) {
     if (key == "base_source" || key == "base_fingerprint") continue;
-    if (key == "lora" && a.contains(key) && b.contains(key)) {
+    const bool section = key == "lora" || key == "quantization";
+    if (section && a.contains(key) && b.contains(key)) {
       for (auto it = a[key].begin(); it != a[key].end(); ++it) {
         if (b[key][it.key()] != it.value()) {
-          diffs.push_back(absl::StrCat("lora.", it.key(), " ", it.value().dump(),
+          diffs.push_back(absl::StrCat(key, ".", it.key(), " ", it.value().dump(),
                                        " (this run: ", b[key][it.key()].dump(), ")"));
         }
       }
       continue;
     }
     if (value(a, key) != value(b, key)) {
-      diffs.push_back(absl::StrCat(key == "lora" ? "the lora section" : key, " ", value(a, key),
-                                   " (this run: ", value(b, key), ")"));
+      diffs.push_back(absl::StrCat(section ? absl::StrCat("the ", key, " section") : key, " ",
+                                   value(a, key), " (this run: ", value(b, key), ")"));
     }
   }
   return diffs;
@@ -201,6 +217,41 @@ absl::StatusOr<CheckpointIdentity> ParseIdentity(const nlohmann::json& j,
     id.lora = std::move(lora);
     RETURN_IF_ERROR(Get(j, "base_fingerprint", where, &id.base_fingerprint));
     RETURN_IF_ERROR(Get(j, "base_source", where, &id.base_source));
+  }
+  if (const auto it = j.find("quantization"); it != j.end()) {
+    if (!it->is_object()) {
+      return absl::DataLossError(absl::StrCat(where, ": bad quantization identity"));
+    }
+    Quant4Config q;
+    bool on = false;
+    std::string type, compute;
+    RETURN_IF_ERROR(Get(*it, "load_in_4bit", where, &on));
+    RETURN_IF_ERROR(Get(*it, "bnb_4bit_quant_type", where, &type));
+    RETURN_IF_ERROR(Get(*it, "bnb_4bit_use_double_quant", where, &q.double_quant));
+    RETURN_IF_ERROR(Get(*it, "bnb_4bit_compute_dtype", where, &compute));
+    bool type_known = false, compute_known = false;
+    for (Quant4Type t : {Quant4Type::kNf4, Quant4Type::kFp4}) {
+      if (type == Quant4TypeName(t)) {
+        q.quant_type = t;
+        type_known = true;
+      }
+    }
+    for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
+      if (compute == TorchDTypeName(d)) {
+        q.compute_dtype = d;
+        compute_known = true;
+      }
+    }
+    const auto skip = it->find("llm_int8_skip_modules");
+    bool names_ok = skip != it->end() && skip->is_array();
+    for (size_t i = 0; names_ok && i < skip->size(); ++i) {
+      names_ok = (*skip)[i].is_string();
+      if (names_ok) q.skip_modules.push_back((*skip)[i].get<std::string>());
+    }
+    if (!on || !type_known || !compute_known || !names_ok) {
+      return absl::DataLossError(absl::StrCat(where, ": bad quantization identity ", it->dump()));
+    }
+    id.quant4 = std::move(q);
   }
   bool known = false;
   for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
@@ -344,7 +395,10 @@ absl::StatusOr<TrainingCheckpointState> ReadTrainingCheckpoint(const std::string
   RETURN_IF_ERROR(Get(dc, "batch_in_epoch", where, &state.data_cursor.batch_in_epoch));
   ASSIGN_OR_RETURN(state.identity, ParseIdentity(j["identity"], where));
 
+  // Another quantization section changes the base's (dequantized) values, so its fingerprint too:
+  // that difference is named as the section's, below, not as another base.
   if (state.identity.lora.has_value() && expected.lora.has_value() &&
+      state.identity.quant4 == expected.quant4 &&
       state.identity.base_fingerprint != expected.base_fingerprint) {
     const auto fingerprint = [](const std::string& f) {
       return f.empty() ? std::string("(none: written under ZeRO)") : f;

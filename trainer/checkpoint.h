@@ -17,6 +17,8 @@
 // and the base's fingerprint and source ("base_fingerprint", "base_source"). Resuming refuses
 // another base (FailedPrecondition naming both fingerprints and both sources) before any other
 // identity field, and another LoRA configuration naming the key ("lora.r 4 (this run: 8)").
+// A 4-bit base (CheckpointIdentity::quant4 set) adds "quantization" (load_in_4bit and
+// BitsAndBytesConfig's keys), compared key by key the same way.
 // Loading refuses, before touching the model, a checkpoint whose identity differs from the
 // run's (FailedPrecondition naming every field that differs), a missing one (NotFound), and a
 // damaged one (DataLoss naming the file and what is wrong): a checksum mismatch, a manifest
@@ -47,6 +49,7 @@
 #include "memory/dtype.h"
 #include "model/gpt_model.h"
 #include "model/lora_config.h"
+#include "model/quant4_config.h"
 #include "optimizer/loss_scaler.h"
 #include "trainer/data/data_loader.h"
 
@@ -81,6 +84,12 @@ struct CheckpointIdentity {
   // seq_len). Resuming on the other kind, or with the other packing, is refused naming both.
   std::string data_format;
   bool packing = false;  // examples only; false for token data
+  // QLoRA's 4-bit base (nullopt: none). Recorded as the run's "quantization" section
+  // (load_in_4bit true and BitsAndBytesConfig's other keys); resuming with another one — or
+  // with none, or a 4-bit run from a 16-bit checkpoint — is refused naming the key
+  // ("quantization.bnb_4bit_quant_type \"nf4\" (this run: \"fp4\")"), as for lora; named
+  // before the base fingerprint, which another quantization changes too.
+  std::optional<Quant4Config> quant4;
 
   // Every field but base_source.
   friend bool operator==(const CheckpointIdentity& a, const CheckpointIdentity& b) {
@@ -90,7 +99,7 @@ struct CheckpointIdentity {
            a.micro_batch == b.micro_batch && a.seq_len == b.seq_len && a.shuffle == b.shuffle &&
            a.data_seed == b.data_seed && a.lora == b.lora &&
            a.base_fingerprint == b.base_fingerprint && a.data_format == b.data_format &&
-           a.packing == b.packing;
+           a.packing == b.packing && a.quant4 == b.quant4;
   }
 };
 

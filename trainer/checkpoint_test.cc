@@ -12,7 +12,9 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -25,6 +27,8 @@
 #include "memory/dtype.h"
 #include "model/gpt_config.h"
 #include "model/gpt_model.h"
+#include "model/lora_config.h"
+#include "model/quant4_config.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "trainer/io/checkpoint_dir.h"
@@ -283,6 +287,133 @@ TEST(TrainingCheckpoint, RefusesManifestValuesOfTheWrongTypeOrRange) {
   ASSERT_OK_AND_ASSIGN(const TrainingCheckpointState s,
                        ReadTrainingCheckpoint(dir, Identity(SmallConfig()), rig->model.get()));
   EXPECT_EQ(s.consecutive_skipped_steps, 0);
+}
+
+// A 4-bit base's checkpoint records the quantization section: resuming with another one, or a
+// 16-bit run from a 4-bit checkpoint (and the reverse), is refused naming the key before the model
+// is touched, as for the lora section; the same section loads.
+TEST(TrainingCheckpoint, RefusesAnotherQuantizationSectionNamingTheKey) {
+  const std::string root = trainer_testing::FreshTempDir("checkpoint_test", "quant4_identity");
+  std::unique_ptr<ModelRig> rig = Rig(1);
+  std::unique_ptr<ModelRig> other = Rig(2);
+  Quant4Config nf4;
+  nf4.quant_type = Quant4Type::kNf4;
+  nf4.double_quant = true;
+  nf4.skip_modules = {"lm_head"};
+  TrainingCheckpointState state = State(3);
+  state.identity.quant4 = nf4;
+  ASSERT_OK_AND_ASSIGN(const std::string dir,
+                       WriteTrainingCheckpoint(root, 2, state, *rig->model));
+  const nlohmann::json manifest = nlohmann::json::parse(ReadFile(dir + "/manifest.json"));
+  EXPECT_EQ(manifest["state"]["identity"]["quantization"],
+            nlohmann::json::parse(R"({"load_in_4bit": true, "bnb_4bit_quant_type": "nf4",
+                "bnb_4bit_use_double_quant": true, "bnb_4bit_compute_dtype": "float32",
+                "llm_int8_skip_modules": ["lm_head"]})"));
+  const std::vector<float> before = Tensor(*other->model, ChunkType::kMaster, "wte.weight");
+  const auto read_as = [&](const std::optional<Quant4Config>& quant4) {
+    CheckpointIdentity expected = Identity(SmallConfig());
+    expected.quant4 = quant4;
+    return ReadTrainingCheckpoint(dir, expected, other->model.get());
+  };
+  Quant4Config fp4 = nf4;
+  fp4.quant_type = Quant4Type::kFp4;
+  EXPECT_THAT(read_as(fp4).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("belongs to another run"),
+                             HasSubstr("quantization.bnb_4bit_quant_type \"nf4\" (this run: "
+                                       "\"fp4\")"))));
+  Quant4Config plain = nf4;
+  plain.double_quant = false;
+  plain.skip_modules = {};
+  EXPECT_THAT(read_as(plain).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("quantization.bnb_4bit_use_double_quant true (this run: "
+                                       "false)"),
+                             HasSubstr("quantization.llm_int8_skip_modules [\"lm_head\"] (this "
+                                       "run: [])"))));
+  EXPECT_THAT(read_as(std::nullopt).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("the quantization section {")));
+  EXPECT_THAT(read_as(std::nullopt).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("(this run: none)")));
+  EXPECT_EQ(Tensor(*other->model, ChunkType::kMaster, "wte.weight"), before)
+      << "a refused checkpoint touched the model";
+  ASSERT_OK_AND_ASSIGN(const TrainingCheckpointState same, read_as(nf4));
+  ASSERT_TRUE(same.identity.quant4.has_value());
+  EXPECT_EQ(*same.identity.quant4, nf4);
+
+  // A 16-bit checkpoint resumed by a 4-bit run.
+  ASSERT_OK_AND_ASSIGN(const std::string plain_dir,
+                       WriteTrainingCheckpoint(root, 2, State(4), *rig->model));
+  CheckpointIdentity four_bit = Identity(SmallConfig());
+  four_bit.quant4 = nf4;
+  EXPECT_THAT(ReadTrainingCheckpoint(plain_dir, four_bit, other->model.get()).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("the quantization section none (this run: {"),
+                             HasSubstr("\"bnb_4bit_quant_type\":\"nf4\""))));
+}
+
+// A LoRA checkpoint over a 4-bit base: another quantization also changes the base's fingerprint
+// (the dequantized values differ); the refusal names the quantization key, not "another base".
+TEST(TrainingCheckpoint, AnotherQuantizationIsNamedBeforeTheBaseFingerprint) {
+  const std::string root = trainer_testing::FreshTempDir("checkpoint_test", "quant4_fingerprint");
+  std::unique_ptr<ModelRig> rig = Rig(1);
+  LoraConfig lora;
+  lora.r = 2;
+  lora.target_modules = {"c_attn"};
+  Quant4Config nf4;
+  nf4.quant_type = Quant4Type::kNf4;
+  TrainingCheckpointState state = State(3);
+  state.identity.lora = lora;
+  state.identity.quant4 = nf4;
+  state.identity.base_fingerprint = "aaaa";
+  state.identity.base_source = "seed 0";
+  ASSERT_OK_AND_ASSIGN(const std::string dir,
+                       WriteTrainingCheckpoint(root, 2, state, *rig->model));
+  CheckpointIdentity expected = state.identity;
+  expected.quant4 = Quant4Config{};  // fp4
+  expected.base_fingerprint = "bbbb";
+  const absl::Status refused = ReadTrainingCheckpoint(dir, expected, rig->model.get()).status();
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                HasSubstr("quantization.bnb_4bit_quant_type \"nf4\" (this run: "
+                                          "\"fp4\")")));
+  EXPECT_THAT(refused.message(), ::testing::Not(HasSubstr("another base model")));
+  // The same quantization over another base: the base is named.
+  expected.quant4 = nf4;
+  EXPECT_THAT(ReadTrainingCheckpoint(dir, expected, rig->model.get()).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another base model")));
+}
+
+// A damaged quantization identity is DataLoss naming it, like every other manifest value.
+TEST(TrainingCheckpoint, RefusesADamagedQuantizationIdentity) {
+  const std::string root = trainer_testing::FreshTempDir("checkpoint_test", "quant4_damaged");
+  std::unique_ptr<ModelRig> rig = Rig(1);
+  TrainingCheckpointState state = State(2);
+  state.identity.quant4 = Quant4Config{};
+  ASSERT_OK_AND_ASSIGN(const std::string dir,
+                       WriteTrainingCheckpoint(root, 2, state, *rig->model));
+  const std::string manifest_path = dir + "/manifest.json";
+  const nlohmann::json original = nlohmann::json::parse(ReadFile(manifest_path));
+  CheckpointIdentity expected = Identity(SmallConfig());
+  expected.quant4 = Quant4Config{};
+  for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"bnb_4bit_quant_type", "int4"},
+           {"bnb_4bit_compute_dtype", "f32"},
+           {"load_in_4bit", false},
+           {"llm_int8_skip_modules", nlohmann::json::array({1})},
+           {"bnb_4bit_use_double_quant", "no"}}) {
+    SCOPED_TRACE(key);
+    nlohmann::json m = original;
+    m["state"]["identity"]["quantization"][key] = value;
+    std::ofstream(manifest_path, std::ios::trunc) << m.dump();
+    EXPECT_THAT(ReadTrainingCheckpoint(dir, expected, rig->model.get()),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr(key)));
+  }
+  nlohmann::json m = original;
+  m["state"]["identity"]["quantization"] = 4;
+  std::ofstream(manifest_path, std::ios::trunc) << m.dump();
+  EXPECT_THAT(ReadTrainingCheckpoint(dir, expected, rig->model.get()),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bad quantization identity")));
 }
 
 }  // namespace

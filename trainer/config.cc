@@ -63,6 +63,16 @@ LoraConfig ToLoraConfig(const LoraSettings& settings) {
   return lora;
 }
 
+std::optional<Quant4Config> ToQuant4Config(const QuantizationSettings& settings) {
+  if (!settings.load_in_4bit) return std::nullopt;
+  Quant4Config q;
+  q.quant_type = settings.quant_type;
+  q.double_quant = settings.double_quant;
+  q.compute_dtype = settings.compute_dtype;
+  q.skip_modules = settings.skip_modules;
+  return q;
+}
+
 PrecisionMode TrainConfig::precision() const {
   if (fp16.enabled) return PrecisionMode::kF16;
   if (bf16) return PrecisionMode::kBF16;
@@ -111,6 +121,18 @@ absl::string_view OffloadDeviceName(OffloadDevice device) {
       return "cpu";
     case OffloadDevice::kNvme:
       return "nvme";
+  }
+  return "unknown";
+}
+
+absl::string_view TorchDTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "float32";
+    case DType::kF16:
+      return "float16";
+    case DType::kBF16:
+      return "bfloat16";
   }
   return "unknown";
 }

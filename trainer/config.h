@@ -29,7 +29,9 @@
 #include "absl/strings/string_view.h"
 #include "memory/dtype.h"
 #include "model/gpt_config.h"
+#include "model/kernels/nf4_math.h"
 #include "model/lora_config.h"
+#include "model/quant4_config.h"
 
 namespace ps {
 
@@ -274,6 +276,34 @@ struct LoraSettings {
 // through, which ValidateLoraConfig expands), without init_from (the trainer's to read).
 LoraConfig ToLoraConfig(const LoraSettings& settings);
 
+// quantization: QLoRA's 4-bit frozen base, in transformers' BitsAndBytesConfig names and with its
+// defaults. load_in_4bit false (or no section) = no quantization; the other keys are kept even
+// then, so --load_in_4bit turns on the file's settings. Only with a lora section (a 4-bit base is
+// frozen: ValidateTrainConfig refuses it otherwise, naming both). Which weights are stored in 4
+// bits, and how, is model/quant4_config.h's (ToQuant4Config converts).
+struct QuantizationSettings {
+  // "load_in_4bit": the base's block linear layers stored in 4 bits.
+  bool load_in_4bit = false;
+  // "bnb_4bit_quant_type": "nf4" | "fp4" (bitsandbytes' spelling; default "fp4").
+  Quant4Type quant_type = Quant4Type::kFp4;
+  // "bnb_4bit_use_double_quant": the absmax scales quantized again (8-bit, blocks of 256).
+  bool double_quant = false;
+  // "bnb_4bit_compute_dtype": "float32" | "bfloat16" | "float16" (torch's names). Only float32
+  // is implemented (ValidateTrainConfig: Unimplemented naming the key otherwise), and it must be
+  // the run's precision: the param chunks' element type.
+  DType compute_dtype = DType::kF32;
+  // "llm_int8_skip_modules": modules kept at 16 bits (transformers' matching rule,
+  // model/quant4_config.h), each non-empty and listed once.
+  std::vector<std::string> skip_modules;
+
+  friend bool operator==(const QuantizationSettings&, const QuantizationSettings&) = default;
+};
+
+// `settings` as model/quant4_config.h's Quant4Config, or nullopt when load_in_4bit is false (no
+// quantization). Which weights it covers, and whether the model allows it, are that header's
+// Quant4Weights / ValidateQuant4Config's (they need the model and the LoRA configuration).
+std::optional<Quant4Config> ToQuant4Config(const QuantizationSettings& settings);
+
 struct TrainConfig {
   int64_t train_batch_size = 0;  // 0 = derived: micro * accum * world
   int64_t train_micro_batch_size_per_gpu = 1;
@@ -298,6 +328,8 @@ struct TrainConfig {
   AioConfig aio;
   // The lora section: LoRA fine-tuning when set.
   std::optional<LoraSettings> lora;
+  // The quantization section: the 4-bit base when quantization.load_in_4bit.
+  QuantizationSettings quantization;
 
   // kF16 if fp16.enabled, else kBF16 if bf16, else kF32. (Both enabled is rejected by validation;
   // fp16 wins here.)
@@ -332,6 +364,8 @@ absl::string_view SchedulerTypeName(SchedulerType type);      // "none", "Warmup
 absl::string_view PrecisionModeName(PrecisionMode mode);      // "f32", "f16", "bf16"
 absl::string_view AcceleratorKindName(AcceleratorKind kind);  // "cpu", "cuda"
 absl::string_view OffloadDeviceName(OffloadDevice device);    // "none", "cpu", "nvme"
+// torch's names, as bnb_4bit_compute_dtype writes them: "float32", "float16", "bfloat16".
+absl::string_view TorchDTypeName(DType dtype);
 
 }  // namespace ps
 

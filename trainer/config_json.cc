@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/units.h"
+#include "model/kernels/nf4.h"
 #include "nlohmann/json.hpp"
 #include "trainer/config_schema.h"
 
@@ -145,6 +146,15 @@ std::string TrainConfigToJson(const TrainConfig& c) {
                             {"bias", l.bias},
                             {"modules_to_save", l.modules_to_save},
                             {"init_from", l.init_from}};
+  }
+  // The 4-bit base: written when on, or when a file's section (load_in_4bit false) set other keys,
+  // so the text parses back to the same config; the default (no quantization) is left out.
+  if (const QuantizationSettings& q = c.quantization; q != QuantizationSettings{}) {
+    j["quantization"] = OrderedJson{{"load_in_4bit", q.load_in_4bit},
+                                    {"bnb_4bit_quant_type", Quant4TypeName(q.quant_type)},
+                                    {"bnb_4bit_use_double_quant", q.double_quant},
+                                    {"bnb_4bit_compute_dtype", TorchDTypeName(q.compute_dtype)},
+                                    {"llm_int8_skip_modules", q.skip_modules}};
   }
   DropEmptyStrings(j);
   // Strings that are not UTF-8 (only possible from overrides; ValidateTrainConfig rejects them)

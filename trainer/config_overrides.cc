@@ -180,6 +180,7 @@ absl::Status ApplyOverrides(const ConfigOverrides& o, TrainConfig* config) {
   if (o.seed.has_value()) c.seed = *o.seed;
   if (o.resume.has_value()) c.checkpoint.resume = *o.resume;
   RETURN_IF_ERROR(ApplyLoraOverrides(o, &c));
+  if (o.load_in_4bit.has_value()) c.quantization.load_in_4bit = *o.load_in_4bit;
   *config = std::move(c);
   return absl::OkStatus();
 }

@@ -39,6 +39,9 @@ namespace ps {
 //                       naming the flag (a --lora_* flag alone does not turn LoRA on)
 //   export_merged       a directory: checkpoint.export_merged (ValidateTrainConfig
 //                       refuses it without a lora section)
+//   load_in_4bit        quantization.load_in_4bit; the section's other keys stay as the file has
+//                       them (else BitsAndBytesConfig's defaults). ValidateTrainConfig refuses
+//                       true without a lora section. false turns a file's 4-bit base off.
 struct ConfigOverrides {
   std::optional<std::string> model, train_data, val_data, init_from, accelerator,
       accelerator_memory, chunk_size, save_dir, metrics_out, trace_out, nvme_path;
@@ -49,6 +52,7 @@ struct ConfigOverrides {
   std::optional<int64_t> lora_r;
   std::optional<double> lora_alpha, lora_dropout;
   std::optional<std::string> lora_target_modules, lora_init_from, export_merged;
+  std::optional<bool> load_in_4bit;  // quantization.load_in_4bit
 };
 
 // Applies `o` to `config`. InvalidArgument naming the flag and its value for a value it cannot

@@ -448,6 +448,74 @@ absl::Status ReadLora(const JsonReader& r, const Json& top, TrainConfig* c) {
   return absl::OkStatus();
 }
 
+// quantization: BitsAndBytesConfig's keys; and the three transformers writes beside them, each
+// accepted only with the value that means this section.
+absl::Status ReadQuantization(const JsonReader& r, const Json& top, TrainConfig* c) {
+  ASSIGN_OR_RETURN(const Json* q,
+                   r.GetSection(top, ConfigSchema().quantization, "quantization"));
+  if (q == nullptr) return absl::OkStatus();
+  QuantizationSettings s;
+  if (const Json* v = JsonReader::Find(*q, "load_in_8bit"); v != nullptr) {
+    bool eight = false;
+    RETURN_IF_ERROR(r.GetBool(*q, "quantization", "load_in_8bit", &eight));
+    if (eight) {
+      return absl::UnimplementedError(absl::StrCat(
+          r.source(), ": `quantization.load_in_8bit` = true: 8-bit bases (LLM.int8()) are not "
+                      "implemented; use load_in_4bit: true (QLoRA's 4-bit base) or remove the key"));
+    }
+  }
+  if (const Json* v = JsonReader::Find(*q, "quant_method"); v != nullptr) {
+    std::string method;
+    RETURN_IF_ERROR(r.GetString(*q, "quantization", "quant_method", &method));
+    if (method != "bitsandbytes") {
+      return r.ValueError("quantization.quant_method", *v,
+                          "only \"bitsandbytes\" (the 4-bit formats of bitsandbytes) is supported");
+    }
+  }
+  if (const Json* v = JsonReader::Find(*q, "bnb_4bit_quant_storage"); v != nullptr) {
+    std::string storage;
+    RETURN_IF_ERROR(r.GetString(*q, "quantization", "bnb_4bit_quant_storage", &storage));
+    if (storage != "uint8") {
+      return r.ValueError("quantization.bnb_4bit_quant_storage", *v,
+                          "only \"uint8\" (two codes per byte, bitsandbytes' default) is "
+                          "supported; remove the key or write \"uint8\"");
+    }
+  }
+  RETURN_IF_ERROR(r.GetBool(*q, "quantization", "load_in_4bit", &s.load_in_4bit));
+  if (const Json* v = JsonReader::Find(*q, "bnb_4bit_quant_type"); v != nullptr) {
+    std::string name;
+    RETURN_IF_ERROR(r.GetString(*q, "quantization", "bnb_4bit_quant_type", &name));
+    absl::StatusOr<Quant4Type> type = ParseBnbQuantType(name);
+    if (!type.ok()) {
+      return r.ValueError("quantization.bnb_4bit_quant_type", *v, type.status().message());
+    }
+    s.quant_type = *type;
+  }
+  RETURN_IF_ERROR(
+      r.GetBool(*q, "quantization", "bnb_4bit_use_double_quant", &s.double_quant));
+  if (const Json* v = JsonReader::Find(*q, "bnb_4bit_compute_dtype"); v != nullptr) {
+    std::string name;
+    RETURN_IF_ERROR(r.GetString(*q, "quantization", "bnb_4bit_compute_dtype", &name));
+    absl::StatusOr<DType> dtype = ParseTorchDType(name);
+    if (!dtype.ok()) {
+      return r.ValueError("quantization.bnb_4bit_compute_dtype", *v, dtype.status().message());
+    }
+    s.compute_dtype = *dtype;
+  }
+  // transformers writes null for none.
+  if (const Json* skip = JsonReader::Find(*q, "llm_int8_skip_modules");
+      skip != nullptr && !skip->is_null()) {
+    if (!skip->is_array()) {
+      return r.TypeError("quantization.llm_int8_skip_modules", "a list of module names (or null)",
+                         *skip);
+    }
+    RETURN_IF_ERROR(
+        ReadModuleNames(r, *skip, "quantization.llm_int8_skip_modules", &s.skip_modules));
+  }
+  c->quantization = std::move(s);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainConfig> ParseTrainConfigImpl(absl::string_view text, absl::string_view source,
                                                  std::vector<std::string>* ignored_keys) {
   RETURN_IF_ERROR(CheckJsonSyntax(text, source, kMaxConfigJsonDepth,
@@ -485,6 +553,7 @@ absl::StatusOr<TrainConfig> ParseTrainConfigImpl(absl::string_view text, absl::s
   RETURN_IF_ERROR(ReadZeroOptimization(r, top, &c, ignored_keys));
   RETURN_IF_ERROR(ReadAio(r, top, &c));
   RETURN_IF_ERROR(ReadLora(r, top, &c));
+  RETURN_IF_ERROR(ReadQuantization(r, top, &c));
   return c;
 }
 

@@ -9,7 +9,9 @@
 //     case-insensitive Damerau-Levenshtein distance (or is a known alias: hidden_size -> n_embd);
 //   - wrong JSON types, naming the expected and the found type;
 //   - impossible values, key by key (CheckTrainConfigValues); the checks across keys are
-//     ValidateTrainConfig's (trainer/config_validate.h).
+//     ValidateTrainConfig's (trainer/config_validate.h);
+//   - quantization.load_in_8bit true is Unimplemented (not InvalidArgument): a valid
+//     BitsAndBytesConfig this program does not implement.
 //
 // Thread safety: pure functions (they may LOG the ignored DeepSpeed keys).
 #ifndef PATRICKSTAR_TRAINER_CONFIG_PARSE_H_

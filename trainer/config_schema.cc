@@ -1,6 +1,7 @@
 #include "trainer/config_schema.h"
 
 #include <algorithm>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "base/units.h"
 #include "model/gpt_config.h"
+#include "model/kernels/nf4.h"
 #include "model/model_config.h"
 
 namespace ps {
@@ -36,7 +38,8 @@ constexpr absl::string_view kTopKeys[] = {"train_batch_size",
                                           "profile",
                                           "zero_optimization",
                                           "aio",
-                                          "lora"};
+                                          "lora",
+                                          "quantization"};
 constexpr JsonKeyAlias kTopAliases[] = {
     {"steps", "train_steps"},
     {"max_steps", "train_steps"},
@@ -53,6 +56,9 @@ constexpr JsonKeyAlias kTopAliases[] = {
     {"num_threads", "threads"},
     {"peft", "lora"},
     {"lora_config", "lora"},
+    {"quantization_config", "quantization"},
+    {"bnb_config", "quantization"},
+    {"load_in_4bit", "quantization.load_in_4bit"},
 };
 
 constexpr absl::string_view kOptimizerKeys[] = {"type", "params"};
@@ -231,6 +237,29 @@ constexpr JsonIgnoredKey kLoraIgnoredKeys[] = {
     {"task_type", "the trainer trains causal language models (PEFT's CAUSAL_LM)"},
 };
 
+// quantization: transformers' BitsAndBytesConfig names. quant_method, bnb_4bit_quant_storage and
+// load_in_8bit are what transformers writes beside them: accepted with the one value that means
+// this section (ReadQuantization checks it), and not part of TrainConfigKeyPaths.
+constexpr absl::string_view kQuantizationKeys[] = {"load_in_4bit",
+                                                   "bnb_4bit_quant_type",
+                                                   "bnb_4bit_use_double_quant",
+                                                   "bnb_4bit_compute_dtype",
+                                                   "llm_int8_skip_modules",
+                                                   "quant_method",
+                                                   "bnb_4bit_quant_storage",
+                                                   "load_in_8bit"};
+constexpr absl::string_view kQuantizationCheckedOnlyKeys[] = {
+    "quant_method", "bnb_4bit_quant_storage", "load_in_8bit"};
+constexpr JsonKeyAlias kQuantizationAliases[] = {
+    {"quant_type", "bnb_4bit_quant_type"},
+    {"double_quant", "bnb_4bit_use_double_quant"},
+    {"use_double_quant", "bnb_4bit_use_double_quant"},
+    {"compute_dtype", "bnb_4bit_compute_dtype"},
+    {"skip_modules", "llm_int8_skip_modules"},
+    {"modules_to_not_convert", "llm_int8_skip_modules"},
+    {"quant_storage", "bnb_4bit_quant_storage"},
+};
+
 // Top-level DeepSpeed keys accepted and ignored, with the reason given in the warning.
 constexpr JsonIgnoredKey kIgnoredKeys[] = {
     {"zero_allow_untested_optimizer", "the optimizer is always HybridAdam"},
@@ -275,6 +304,7 @@ const TrainConfigSchema& ConfigSchema() {
                         kOffloadParamIgnoredKeys},
       .aio = {"aio", kAioKeys, kAioAliases, kAioIgnoredKeys},
       .lora = {"lora", kLoraKeys, kLoraAliases, kLoraIgnoredKeys},
+      .quantization = {"quantization", kQuantizationKeys, kQuantizationAliases},
   };
   return kSchema;
 }
@@ -313,7 +343,13 @@ std::vector<std::string> TrainConfigKeyPaths() {
           (key == "optimizer" || key == "scheduler" || key == "fp16" || key == "bf16" ||
            key == "model" || key == "chunk" || key == "accelerator" || key == "data" ||
            key == "checkpoint" || key == "profile" || key == "zero_optimization" || key == "aio" ||
-           key == "lora")) {
+           key == "lora" || key == "quantization")) {
+        continue;
+      }
+      if (section.path == "quantization" &&
+          std::find(std::begin(kQuantizationCheckedOnlyKeys),
+                    std::end(kQuantizationCheckedOnlyKeys),
+                    key) != std::end(kQuantizationCheckedOnlyKeys)) {
         continue;
       }
       if (key == "params" || key == "offload_optimizer" || key == "offload_param") continue;
@@ -324,7 +360,7 @@ std::vector<std::string> TrainConfigKeyPaths() {
   for (const JsonSection* section :
        {&s.top, &s.optimizer, &s.optimizer_params, &s.scheduler, &s.scheduler_params, &s.fp16,
         &s.bf16, &s.model, &s.chunk, &s.accelerator, &s.data, &s.checkpoint, &s.profile,
-        &s.offload_optimizer, &s.offload_param, &s.aio, &s.lora}) {
+        &s.offload_optimizer, &s.offload_param, &s.aio, &s.lora, &s.quantization}) {
     add(*section);
   }
   return paths;
@@ -392,6 +428,22 @@ absl::StatusOr<double> ParseBandwidth(absl::string_view text) {
   absl::StatusOr<int64_t> bytes = ParseBytes(s);
   if (!bytes.ok()) return bytes.status();
   return static_cast<double>(*bytes);
+}
+
+absl::StatusOr<Quant4Type> ParseBnbQuantType(absl::string_view name) {
+  for (Quant4Type t : {Quant4Type::kNf4, Quant4Type::kFp4}) {
+    if (name == Quant4TypeName(t)) return t;
+  }
+  return absl::InvalidArgumentError(
+      "is not a 4-bit quant type; use \"nf4\" or \"fp4\" (bitsandbytes' names, lower case)");
+}
+
+absl::StatusOr<DType> ParseTorchDType(absl::string_view name) {
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
+    if (name == TorchDTypeName(d)) return d;
+  }
+  return absl::InvalidArgumentError(
+      "is not a compute dtype; use \"float32\", \"bfloat16\" or \"float16\" (torch's names)");
 }
 
 std::vector<std::string> ParseLoraModuleList(absl::string_view text) {

@@ -71,6 +71,19 @@
 //       "all-linear" (PEFT's regular expression form) is refused. Whether the model has the named
 //       modules is model/lora_config.h ValidateLoraConfig's to check.
 //
+// QLoRA's 4-bit base (transformers' BitsAndBytesConfig names and defaults; trainer/config.h
+// QuantizationSettings has what each does):
+//
+//   quantization: {load_in_4bit (bool; default false = no quantization), bnb_4bit_quant_type
+//                  ("nf4" | "fp4"; default "fp4"), bnb_4bit_use_double_quant (bool; default
+//                  false), bnb_4bit_compute_dtype ("float32" | "bfloat16" | "float16"; default
+//                  "float32"; only "float32" is implemented), llm_int8_skip_modules (list of
+//                  module names; null = none)}
+//       Also accepted as transformers writes them: quant_method "bitsandbytes",
+//       bnb_4bit_quant_storage "uint8", load_in_8bit false (any other value is refused naming
+//       the key; load_in_8bit true is Unimplemented). load_in_4bit needs a lora section
+//       (ValidateTrainConfig).
+//
 // DeepSpeed's offload keys (trainer/config.h has what each does here; docs/training.md too):
 //
 //   zero_optimization: {offload_optimizer: {device: "none" | "cpu" | "nvme", nvme_path,
@@ -147,7 +160,7 @@ inline constexpr int64_t kMaxAioThreads = 1024;
 struct TrainConfigSchema {
   JsonSection top, optimizer, optimizer_params, scheduler, scheduler_params, fp16, bf16, model,
       chunk, accelerator, data, checkpoint, profile, zero_optimization, offload_optimizer,
-      offload_param, aio, lora;
+      offload_param, aio, lora, quantization;
 };
 const TrainConfigSchema& ConfigSchema();
 
@@ -185,6 +198,10 @@ absl::StatusOr<AcceleratorKind> ParseAcceleratorKind(absl::string_view name);
 absl::StatusOr<OffloadDevice> ParseOffloadDevice(absl::string_view name);
 // "12GB/s", "1.5 GiB/s", "100MB" (the "/s" is optional): bytes per second.
 absl::StatusOr<double> ParseBandwidth(absl::string_view text);
+// quantization.bnb_4bit_quant_type: "nf4" | "fp4", lower case only (bitsandbytes' spelling).
+absl::StatusOr<Quant4Type> ParseBnbQuantType(absl::string_view name);
+// quantization.bnb_4bit_compute_dtype: "float32" | "bfloat16" | "float16" (torch's names).
+absl::StatusOr<DType> ParseTorchDType(absl::string_view name);
 // --lora_target_modules's comma-separated names, each stripped of surrounding whitespace and kept
 // as written otherwise (empty names stay: ApplyOverrides refuses them, naming the flag):
 // "q_proj, v_proj" -> {"q_proj", "v_proj"}; "all-linear" -> {"all-linear"}.

@@ -236,6 +236,42 @@ absl::Status CheckLoraValues(const LoraSettings& l) {
   return absl::OkStatus();
 }
 
+// The 4-bit base: frozen (a lora section), computed in float32, in an f32 run; double quantization
+// only on one rank (each rank quantizes its own chunks; the nested offsets stay on it).
+absl::Status CheckQuantizationAcrossKeys(const TrainConfig& c, std::optional<int> world_size) {
+  const QuantizationSettings& q = c.quantization;
+  if (!q.load_in_4bit) return absl::OkStatus();
+  if (!c.lora.has_value()) {
+    return absl::InvalidArgumentError(
+        "`quantization.load_in_4bit` = true (--load_in_4bit) stores the base model in 4 bits, "
+        "which only a frozen base can be, but the config has no `lora` section: add a lora "
+        "section (or --lora_r and --lora_target_modules) to train adapters over the 4-bit base "
+        "(QLoRA), or drop quantization.load_in_4bit");
+  }
+  if (q.compute_dtype != DType::kF32) {
+    return absl::UnimplementedError(absl::StrCat(
+        "`quantization.bnb_4bit_compute_dtype` = \"", TorchDTypeName(q.compute_dtype),
+        "\": only \"float32\" is implemented over a 4-bit base (bf16/f16 compute is not built "
+        "yet); write \"float32\" or remove the key"));
+  }
+  if (c.precision() != PrecisionMode::kF32) {
+    return absl::UnimplementedError(absl::StrCat(
+        c.fp16.enabled ? "`fp16.enabled`" : "`bf16.enabled`",
+        " = true with `quantization.load_in_4bit` = true: a 4-bit base computes in "
+        "quantization.bnb_4bit_compute_dtype \"float32\", the param chunks' element type, so "
+        "the run must be f32 (16-bit runs over a 4-bit base are not built yet); disable ",
+        c.fp16.enabled ? "fp16" : "bf16", " or drop quantization.load_in_4bit"));
+  }
+  if (q.double_quant && world_size.value_or(1) > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "`quantization.bnb_4bit_use_double_quant` = true under ZeRO (", *world_size,
+        " ranks) is not supported: each rank quantizes its own chunks, and the nested scales' "
+        "offsets would not reach the others; set it to false (plain absmax: 0.5625 bytes per "
+        "4-bit parameter instead of 0.5159) or train on one process"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckTrainConfigValues(const TrainConfig& c) {
@@ -444,6 +480,8 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
         absl::StrCat("must be in [1, ", kMaxAioThreads, "] I/O threads (DeepSpeed's default: 1)"));
   }
   if (c.lora.has_value()) RETURN_IF_ERROR(CheckLoraValues(*c.lora));
+  RETURN_IF_ERROR(
+      CheckModuleNames("quantization.llm_int8_skip_modules", c.quantization.skip_modules));
   return absl::OkStatus();
 }
 
@@ -609,6 +647,7 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, std::optional<int> known_
     return absl::InvalidArgumentError(
         "`fp16.enabled` and `bf16.enabled` are both true; enable at most one (neither: f32)");
   }
+  RETURN_IF_ERROR(CheckQuantizationAcrossKeys(c, known_world_size));
   if (c.train_batch_size > 0 && !known_world_size.has_value()) {
     // Whatever the world size, train_batch_size must be a multiple of micro x accumulation.
     const double per_rank = static_cast<double>(c.train_micro_batch_size_per_gpu) *

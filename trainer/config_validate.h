@@ -21,7 +21,8 @@ namespace ps {
 // Each value on its own: ranges, enum names, presets, UTF-8 strings without NUL (they go into JSON
 // manifests); with a lora section, lora.r in [1, 2^30], lora_alpha finite and > 0, lora_dropout in
 // [0, 1), target_modules non-empty ("all-linear" alone, else names non-empty and each once), bias
-// "none", modules_to_save's names non-empty and each once. InvalidArgument "`key` = value: rule"
+// "none", modules_to_save's names non-empty and each once; quantization.llm_int8_skip_modules'
+// names non-empty and each once. InvalidArgument "`key` = value: rule"
 // for the first bad one (a list element's key as `lora.target_modules[1]`).
 [[nodiscard]] absl::Status CheckTrainConfigValues(const TrainConfig& config);
 
@@ -43,7 +44,12 @@ namespace ps {
 // with every other mode (precision, accumulation, ZeRO ranks, the disk tier, which then holds the
 // adapters' optimizer state), and without checkpoint.init_from its base is the seeded random init
 // (legal: benchmarks). Whether the model has lora.target_modules and r fits its layers is
-// model/lora_config.h ValidateLoraConfig's (the trainer's). Last (after every other check), for
+// model/lora_config.h ValidateLoraConfig's (the trainer's). With quantization.load_in_4bit: a lora
+// section is required (InvalidArgument naming both keys), bnb_4bit_compute_dtype other than
+// float32, fp16/bf16 enabled, and bnb_4bit_use_double_quant with a known world size > 1, are
+// Unimplemented naming the key; which weights the model
+// quantizes is model/quant4_config.h ValidateQuant4Config's (the trainer's, with the model). Last
+// (after every other check), for
 // zero_optimization.offload_optimizer.device "nvme": CheckNvmePath; then CheckLoraInitFrom.
 //
 // `world_size`: the data-parallel ranks of the run. std::nullopt when it is not known yet — the

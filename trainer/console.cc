@@ -23,6 +23,7 @@
 #include "scheduler/memory_plan.h"
 #include "trainer/config.h"
 #include "trainer/model_resolution.h"
+#include "trainer/plan_options.h"
 
 namespace ps {
 namespace trainer_internal {
@@ -69,7 +70,11 @@ void PrintHeader(const TrainRun& run) {
       if (!layout.chunk_trainable(c)) ++frozen_chunks;
     }
     const int64_t trainable = layout.trainable_elems();
-    const int64_t frozen = layout.frozen_elems();
+    // A 4-bit base's layout holds its blobs: count the values they hold instead.
+    const Quant4Totals q4 = Quant4BaseTotals(run.resolved.model_config, run.resolved.lora,
+                                             run.resolved.quant4, run.shape.dtype);
+    const int64_t frozen =
+        layout.frozen_elems() - q4.stored_bytes / SizeOf(run.shape.dtype) + q4.values;
     const int64_t total = trainable + frozen;
     *run.out() << absl::StrFormat(
         "LoRA: r %d, lora_alpha %g (scale %g), dropout %g, targets %s%s: %d trainable "
@@ -85,6 +90,11 @@ void PrintHeader(const TrainRun& run) {
         frozen_chunks, FormatBytes(run.memory.chunk_elems * SizeOf(run.shape.dtype)),
         FormatBytes(layout.TotalModelDataBytes(run.shape.dtype)),
         FormatBytes(run.memory.plan.plan.host_model_data_bytes));
+    if (run.resolved.quant4.has_value()) {
+      *run.out() << Quant4BaseLine(run.resolved.model_config, *run.resolved.lora,
+                                   *run.resolved.quant4, run.shape.dtype)
+                 << "\n";
+    }
   }
   *run.out() << absl::StrFormat(
       "accelerator: %s, cap %s%s; host memory %s\n", run.runtime.backend->name(),

@@ -18,6 +18,7 @@
 #include "model/hf_checkpoint.h"
 #include "model/lora_config.h"
 #include "model/model_config.h"
+#include "model/quant4_config.h"
 #include "trainer/config.h"
 #include "trainer/config_validate.h"
 
@@ -106,6 +107,19 @@ absl::Status ResolveLora(const TrainRun& run, ResolvedModel& resolved) {
     }
   }
   resolved.lora = std::move(lora);
+  return absl::OkStatus();
+}
+
+absl::Status ResolveQuant4(const TrainRun& run, ResolvedModel& resolved) {
+  std::optional<Quant4Config> quant4 = ToQuant4Config(run.config.quantization);
+  if (!quant4.has_value()) return absl::OkStatus();
+  if (absl::Status s = ValidateQuant4Config(
+          resolved.model_config, resolved.lora.has_value() ? &*resolved.lora : nullptr, *quant4);
+      !s.ok()) {
+    if (absl::StartsWith(s.message(), "quantization.")) return s;
+    return absl::Status(s.code(), absl::StrCat("quantization: ", s.message()));
+  }
+  resolved.quant4 = std::move(quant4);
   return absl::OkStatus();
 }
 

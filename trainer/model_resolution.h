@@ -28,6 +28,14 @@ namespace trainer_internal {
 // runs. REQUIRES: ResolveModel(run, run.resolved) succeeded; `resolved` is run.resolved.
 [[nodiscard]] absl::Status ResolveLora(const TrainRun& run, ResolvedModel& resolved);
 
+// Sets resolved.quant4 from the quantization section (when load_in_4bit) and checks it against
+// resolved.model_config and resolved.lora (ValidateQuant4Config): InvalidArgument for
+// lora.modules_to_save covering a weight that would be 4-bit or an empty skip entry,
+// Unimplemented for a compute dtype other than float32, FailedPrecondition without LoRA (which
+// ValidateTrainConfig refuses before, as InvalidArgument, with double quantization under ZeRO);
+// each message names its quantization.* key. REQUIRES: ResolveLora(run, resolved) succeeded; `resolved` is run.resolved.
+[[nodiscard]] absl::Status ResolveQuant4(const TrainRun& run, ResolvedModel& resolved);
+
 // Whether checkpoint.export writes a Hugging Face directory (a Llama-family model, or a model from
 // a Hugging Face directory) rather than a GPT-2 safetensors file. Needs only run.config and, after
 // ResolveModel, run.resolved.model_config.

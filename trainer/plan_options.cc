@@ -10,6 +10,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "disk/disk_probe.h"
@@ -18,6 +20,7 @@
 #include "model/gpt_model.h"
 #include "model/hf_checkpoint.h"
 #include "model/hf_config.h"
+#include "model/kernels/nf4.h"
 #include "model/peft_adapter.h"
 #include "optimizer/cuda_adam_footprint.h"
 #include "scheduler/comm_collectives.h"
@@ -158,6 +161,8 @@ absl::StatusOr<GptRunPlanOptions> PlanOptionsFromConfig(const TrainConfig& confi
   o.model.token_metadata = context.token_metadata;
   // LoRA: the plan lays out the frozen base (param chunks only) and the adapters (full state).
   if (config.lora.has_value()) o.model.lora = ToLoraConfig(*config.lora);
+  // QLoRA: the 4-bit weights at their blobs' size (the plan validates it against the model).
+  o.model.quant4 = ToQuant4Config(config.quantization);
   o.kernel_workspaces = context.kernel_workspaces;
   o.compute_dtype = ComputeDType(config.precision());
   o.world_size = context.world;
@@ -234,6 +239,27 @@ std::string RamBackedSwapNote(const RunPlan& run) {
                       "filesystem (tmpfs): its ",
                       FormatBytes(p.host_swap_bytes),
                       " of swap files are host memory, counted as such by the plan, not as disk");
+}
+
+Quant4Totals Quant4BaseTotals(const ModelConfig& model, const std::optional<LoraConfig>& lora,
+                              const std::optional<Quant4Config>& quant4, DType dtype) {
+  if (!quant4.has_value() || !lora.has_value()) return Quant4Totals{};
+  return Quant4TotalsOf(Quant4Weights(model, *lora, *quant4), dtype);
+}
+
+std::string Quant4BaseLine(const ModelConfig& model, const LoraConfig& lora,
+                           const Quant4Config& quant4, DType dtype) {
+  const Quant4Totals q = Quant4TotalsOf(Quant4Weights(model, lora, quant4), dtype);
+  return absl::StrFormat(
+      "base: %d linear weights in 4-bit %s%s: %d parameters in %s, %.4f bytes per parameter (%d "
+      "in %s unquantized)%s",
+      q.weights, Quant4TypeName(quant4.quant_type), quant4.double_quant ? " (double quant)" : "",
+      q.values, FormatBytes(q.stored_bytes),
+      q.values > 0 ? static_cast<double>(q.stored_bytes) / static_cast<double>(q.values) : 0.0,
+      SizeOf(dtype), DTypeName(dtype),
+      quant4.skip_modules.empty()
+          ? std::string()
+          : absl::StrCat("; kept at full width: ", absl::StrJoin(quant4.skip_modules, ",")));
 }
 
 }  // namespace ps

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -22,7 +23,9 @@
 #include "memory/dtype.h"
 #include "model/gpt_activation_profile.h"
 #include "model/kernels/kernel_workspaces.h"
+#include "model/lora_config.h"
 #include "model/model_config.h"
+#include "model/quant4_config.h"
 #include "trainer/config.h"
 
 namespace ps {
@@ -150,6 +153,17 @@ absl::StatusOr<RunPlan> PlanRunFromConfig(const TrainConfig& config, const PlanC
 // One line for people when the swap directory is RAM-backed ("" otherwise): that the swap files
 // take host memory, and how much.
 std::string RamBackedSwapNote(const RunPlan& plan);
+
+// QLoRA's 4-bit base: the weights stored in 4 bits (Quant4Weights), the values they hold and the
+// bytes their blobs take in chunks of the compute dtype (Quant4TotalsOf). All zero without one.
+Quant4Totals Quant4BaseTotals(const ModelConfig& model, const std::optional<LoraConfig>& lora,
+                              const std::optional<Quant4Config>& quant4, DType dtype);
+
+// The line the trainer's console and tools/plan print for a 4-bit base, e.g. "base: 196 linear
+// weights in 4-bit nf4 (double quant): 1234567890 parameters in 0.60 GiB, 0.5159 bytes per
+// parameter (4 in f32 unquantized)". REQUIRES: ValidateQuant4Config(model, &lora, quant4) is OK.
+std::string Quant4BaseLine(const ModelConfig& model, const LoraConfig& lora,
+                           const Quant4Config& quant4, DType dtype);
 
 }  // namespace ps
 

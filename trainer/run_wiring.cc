@@ -34,6 +34,7 @@
 #include "model/kernels/kernel_workspaces.h"
 #include "model/kernels/kernels_factory.h"
 #include "model/model_config.h"
+#include "model/quant4_config.h"
 #include "optimizer/adam_kernels.h"
 #include "optimizer/cpu_adam.h"
 #include "optimizer/hybrid_adam.h"
@@ -272,13 +273,18 @@ absl::Status CreateCollectives(const TrainRun& run, Runtime& runtime) {
 // The model's tensors laid out in chunks of the planned size (sharded over the world), and the
 // store of their payloads.
 absl::Status CreateChunkStore(const TrainRun& run, Runtime& runtime) {
-  // With LoRA: the frozen base's operators, then the adapters' (trainable) in their own chunks.
+  // With LoRA: the frozen base's operators, then the adapters' (trainable) in their own chunks;
+  // with a 4-bit base its block linears at their blobs' size, each blob 16-byte aligned.
   const std::vector<OperatorSpec> ops =
-      ModelOperatorsFor(run.resolved.model_config, run.resolved.lora, run.memory.plan.vocab);
+      ModelOperatorsFor(run.resolved.model_config, run.resolved.lora, run.memory.plan.vocab,
+                        run.resolved.quant4, run.shape.dtype);
 
   ChunkLayoutOptions layout_options;
   layout_options.capacity_elems = run.memory.chunk_elems;
   layout_options.world_size = run.shape.world;
+  if (run.resolved.quant4.has_value()) {
+    layout_options.tensor_alignment_elems = Quant4AlignmentElems(run.shape.dtype);
+  }
   ASSIGN_OR_RETURN(ChunkLayout layout, ChunkLayout::Build(layout_options, ops));
   ChunkStoreOptions store_options;
   store_options.compute_dtype = run.shape.dtype;
@@ -382,6 +388,7 @@ absl::Status CreateManagerAndModel(const TrainRun& run, Runtime& runtime) {
   // The model creates the backend's kernels over its own pool of `threads` threads.
   model_options.compute_stream = runtime.compute_stream.get();
   model_options.lora = run.resolved.lora;
+  model_options.quant4 = run.resolved.quant4;
   // Example files: positions and key_start on the accelerator, as planned.
   model_options.token_metadata = run.memory.token_metadata;
   ASSIGN_OR_RETURN(
@@ -521,6 +528,7 @@ absl::Status WireRun(TrainRun& run) {
   RETURN_IF_ERROR(ValidateTrainConfig(run.config, run.shape.world));
   RETURN_IF_ERROR(ResolveModel(run, run.resolved));
   RETURN_IF_ERROR(ResolveLora(run, run.resolved));
+  RETURN_IF_ERROR(ResolveQuant4(run, run.resolved));
   ResolveShape(run, run.shape);
   RETURN_IF_ERROR(ProbeAccelerator(run, run.probe));
   RETURN_IF_ERROR(CheckPaths(run));

@@ -119,6 +119,11 @@ ABSL_FLAG(std::string, lora_init_from, "",
 ABSL_FLAG(std::string, export_merged, "",
           "With LoRA: also write the base model with the adapters merged in as a Hugging Face "
           "model directory (checkpoint.export_merged).");
+ABSL_FLAG(bool, load_in_4bit, false,
+          "QLoRA: store the frozen base's block linear layers in 4 bits (quantization."
+          "load_in_4bit; the quantization section's other keys as the config has them, else "
+          "bitsandbytes' defaults: fp4, no double quant, float32 compute). Needs LoRA (a lora "
+          "section or --lora_r). --noload_in_4bit turns a config's 4-bit base off.");
 ABSL_FLAG(bool, print_config, false, "Print the resolved config as JSON and exit.");
 ABSL_FLAG(std::string, comm, "auto",
           "Data-parallel communicator: auto (when started by mpirun: nccl with "
@@ -297,6 +302,7 @@ int Main(int argc, char** argv) {
   o.lora_target_modules = Given(FLAGS_lora_target_modules);
   o.lora_init_from = Given(FLAGS_lora_init_from);
   o.export_merged = Given(FLAGS_export_merged);
+  if (FlagGiven("load_in_4bit")) o.load_in_4bit = absl::GetFlag(FLAGS_load_in_4bit);
   absl::Status status = ApplyOverrides(o, &*config);
   if (!status.ok()) {
     std::cerr << "error: " << status.message() << "\n";

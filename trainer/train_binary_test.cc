@@ -820,5 +820,77 @@ TEST(TrainBinary, ALlamaFamilyPresetTrainsFromASeededRandomInit) {
   }
 }
 
+// QLoRA from the command line: --load_in_4bit without LoRA, and a compute dtype not built yet,
+// exit 2 before any work naming the keys; with LoRA the run trains, its header says the base is
+// 4-bit, --print_config writes the section so that it loads back, and a checkpoint of the 4-bit
+// run resumes only as a 4-bit run.
+TEST(TrainBinary, FourBitBaseNeedsLoraSaysItIsFourBitAndResumesOnlyAsSuch) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "qlora");
+  const std::string metrics = dir + "/metrics.jsonl";
+  const std::vector<std::string> tiny = {"--model=llama-tiny", "--seq_len=16",
+                                         "--micro_batch_size=2"};
+  const auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = tiny;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  Result r = RunToEnd(with({"--load_in_4bit", "--steps=1", "--metrics_out=" + metrics}), dir);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("quantization.load_in_4bit"));
+  EXPECT_THAT(r.err, HasSubstr("`lora`"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step ")));
+  EXPECT_FALSE(std::filesystem::exists(metrics));
+
+  std::ofstream(dir + "/bf16_compute.json")
+      << R"({"train_steps": 1, "lora": {"r": 4, "target_modules": ["q_proj"]},
+             "quantization": {"load_in_4bit": true, "bnb_4bit_compute_dtype": "bfloat16"}})";
+  r = RunToEnd(with({"--config=" + dir + "/bf16_compute.json"}), dir);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("quantization.bnb_4bit_compute_dtype"));
+
+  const std::vector<std::string> qlora =
+      with({"--lora_r=4", "--lora_target_modules=q_proj,v_proj", "--load_in_4bit"});
+  const auto qlora_with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = qlora;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  r = RunToEnd(qlora_with({"--steps=2", "--save_dir=" + dir + "/ckpt",
+                           "--metrics_out=" + metrics}),
+               dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("base: 14 linear weights in 4-bit fp4: "));
+  EXPECT_THAT(r.out, HasSubstr("bytes per parameter (4 in f32 unquantized)"));
+  EXPECT_EQ(MetricLosses(metrics).size(), 2u);
+
+  // --print_config: the section, and the printed config loads back to the same text.
+  r = RunToEnd(qlora_with({"--print_config", "--steps=2"}), dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"quantization\""));
+  EXPECT_THAT(r.out, HasSubstr("\"bnb_4bit_quant_type\": \"fp4\""));
+  std::ofstream(dir + "/printed.json") << r.out;
+  const Result again = RunToEnd({"--config=" + dir + "/printed.json", "--print_config"}, dir);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(again.out, r.out);
+
+  // The 4-bit run's checkpoint: refused by the same run at 16 bits (or in nf4), naming the key.
+  r = RunToEnd(with({"--lora_r=4", "--lora_target_modules=q_proj,v_proj", "--steps=3",
+                     "--resume", "--save_dir=" + dir + "/ckpt"}),
+               dir);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("the quantization section"));
+  std::ofstream(dir + "/nf4.json") << R"({"quantization": {"bnb_4bit_quant_type": "nf4"}})";
+  r = RunToEnd(qlora_with({"--config=" + dir + "/nf4.json", "--steps=3", "--resume",
+                           "--save_dir=" + dir + "/ckpt"}),
+               dir);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("quantization.bnb_4bit_quant_type \"fp4\" (this run: \"nf4\")"));
+  r = RunToEnd(qlora_with({"--steps=3", "--resume", "--save_dir=" + dir + "/ckpt",
+                           "--metrics_out=" + metrics}),
+               dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(MetricLosses(metrics).size(), 3u);
+}
+
 }  // namespace
 }  // namespace ps

@@ -50,6 +50,7 @@ CheckpointIdentity TrainRun::Identity() const {
     id.data_format = "examples";
     id.packing = config.data.packing;
   }
+  id.quant4 = resolved.quant4;
   if (resolved.lora.has_value()) {
     id.lora = resolved.lora;
     id.base_fingerprint = resolved.base_fingerprint;

@@ -44,6 +44,7 @@
 #include "model/hf_checkpoint.h"
 #include "model/kernels/kernel_workspaces.h"
 #include "model/lora_config.h"
+#include "model/quant4_config.h"
 #include "model/model_config.h"
 #include "optimizer/adam_kernels.h"
 #include "optimizer/cpu_adam.h"
@@ -94,7 +95,7 @@ struct RunShape {
 };
 
 // The model the run trains: written by trainer/model_resolution.cc (ResolveModel: model_config,
-// gpt, hf; ResolveLora: lora), except base_fingerprint, written by the wiring where it is computed
+// gpt, hf; ResolveLora: lora; ResolveQuant4: quant4), except base_fingerprint, written by the wiring where it is computed
 // (InitializeWeights, trainer/run_wiring.cc).
 struct ResolvedModel {
   // model_config (any architecture); gpt its GPT-2 view (ModelConfig's common dimensions) for the
@@ -106,6 +107,10 @@ struct ResolvedModel {
   // LoRA (the lora section, converted by ResolveLora and checked against model_config): the
   // model's and the plan's GptModelOptions::lora. nullopt: full training.
   std::optional<LoraConfig> lora;
+  // QLoRA's 4-bit base (the quantization section when load_in_4bit, converted by ResolveQuant4 and
+  // checked against model_config and lora): the model's and the plan's GptModelOptions::quant4.
+  // nullopt: the base in the compute dtype.
+  std::optional<Quant4Config> quant4;
   // LoRA: GptModel::BaseFingerprint of the base this run trains on, computed once the weights are
   // set (InitializeWeights) and only when checkpoints are written or read (checkpoint.dir);
   // empty otherwise, and under ZeRO (no rank holds the whole base: not checked).

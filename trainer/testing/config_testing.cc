@@ -184,6 +184,20 @@ std::map<std::string, KeySample> KeySamples() {
   s["lora.init_from"] = {"adapter", [](const TrainConfig& c) {
                            return c.lora.has_value() && c.lora->init_from == "adapter";
                          }};
+  s["quantization.load_in_4bit"] = {
+      true, [](const TrainConfig& c) { return c.quantization.load_in_4bit; }};
+  s["quantization.bnb_4bit_quant_type"] = {"nf4", [](const TrainConfig& c) {
+                                             return c.quantization.quant_type == Quant4Type::kNf4;
+                                           }};
+  s["quantization.bnb_4bit_use_double_quant"] = {
+      true, [](const TrainConfig& c) { return c.quantization.double_quant; }};
+  s["quantization.bnb_4bit_compute_dtype"] = {
+      "bfloat16",
+      [](const TrainConfig& c) { return c.quantization.compute_dtype == DType::kBF16; }};
+  s["quantization.llm_int8_skip_modules"] = {
+      Json::array({"lm_head", "mlp."}), [](const TrainConfig& c) {
+        return c.quantization.skip_modules == std::vector<std::string>{"lm_head", "mlp."};
+      }};
   return s;
 }
 
