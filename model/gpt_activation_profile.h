@@ -126,6 +126,17 @@ struct GptRunPlanOptions {
     // `dir` is on a RAM-backed filesystem (tmpfs: disk/disk_probe.h IsRamBacked): the swap's
     // bytes are host memory, counted as such (MemoryPlan::host_swap_bytes), never as disk alone.
     bool in_host_memory = false;
+    // The optimizer state is on disk (offload_optimizer "nvme"); false when only the frozen
+    // params are (offload_param "nvme" alone): the state is then counted whole on the host.
+    bool optimizer_state = true;
+    // zero_optimization.offload_param.device "nvme" (scheduler/disk_tier.h, "Frozen param
+    // chunks"): the frozen param chunks this rank holds (a LoRA/QLoRA base) get swap slots too,
+    // and host memory holds at most frozen_host_budget_bytes of them (0: the tier's least, one
+    // param chunk; MemoryPlan::disk_frozen_host_budget_bytes is the budget planned with), reading
+    // ahead frozen_read_ahead of them in the access order.
+    bool frozen_params = false;
+    int64_t frozen_host_budget_bytes = 0;
+    int64_t frozen_read_ahead = 4;
   };
   std::optional<DiskTier> disk;
 };

@@ -77,7 +77,11 @@ absl::StatusOr<MemoryPlan> PlanMemoryWithDisk(const GptRunPlanOptions& o, Memory
   if (!o.disk.has_value()) return PlanMemory(p);
   p.disk = MemoryPlanOptions::DiskTier{.host_budget_bytes = o.disk->host_budget_bytes,
                                        .read_ahead = o.disk->read_ahead,
-                                       .in_host_memory = o.disk->in_host_memory};
+                                       .in_host_memory = o.disk->in_host_memory,
+                                       .optimizer_state = o.disk->optimizer_state,
+                                       .frozen_params = o.disk->frozen_params,
+                                       .frozen_host_budget_bytes = o.disk->frozen_host_budget_bytes,
+                                       .frozen_read_ahead = o.disk->frozen_read_ahead};
   if (o.disk->host_budget_bytes <= 0) {
     p.disk->host_budget_bytes = kWholeStateBudget;
     ASSIGN_OR_RETURN(const MemoryPlan all, PlanMemory(p));

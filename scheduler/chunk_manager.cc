@@ -127,6 +127,9 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(ChunkStore* s
   if (o.disk.has_value()) {
     ASSIGN_OR_RETURN(manager->disk_,
                      DiskTier::Create(store, host, *o.disk, &manager->counters_, o.clock));
+    // Frozen param chunks on disk share the engine's copies and evictions.
+    manager->disk_->AttachEngine(manager->engine_.get());
+    manager->engine_->SetDiskDropper(manager->disk_.get());
   }
   if (o.evict_under_pressure) {
     manager->reclaimer_ = std::make_unique<PressureReclaimer>(manager.get());
@@ -147,6 +150,8 @@ ChunkManager::ChunkManager(ChunkStore* store, DeviceMemory* accelerator, DeviceM
 
 ChunkManager::~ChunkManager() {
   if (reclaimer_ != nullptr) accel_->upstream()->RemoveReclaimer(reclaimer_.get());
+  // The disk tier goes first; the engine must not call it afterwards.
+  if (engine_ != nullptr) engine_->SetDiskDropper(nullptr);
   // The engine, destroyed next, waits for the compute stream and the copies in flight.
 }
 
@@ -235,6 +240,7 @@ absl::Status ChunkManager::EndIteration() {
     RETURN_IF_ERROR(trace_.Finish(moments));
     policy_->SetSchedule(&trace_.schedule());
     planner_->SetTrace(&trace_);
+    if (disk_ != nullptr) disk_->SetSchedule(&trace_.schedule());
     std::vector<int64_t> state_indices;
     for (int64_t i = 0; i < store_->num_chunks(); ++i) {
       if (store_->layout().HoldsPayload(ChunkType::kMaster, i, store_->rank())) {
@@ -360,8 +366,9 @@ absl::Status ChunkManager::Prefetch(int64_t moment) {
   std::vector<int64_t> keys;
   for (int64_t key : next_keys) {
     const Chunk& chunk = ChunkOfKey(key);
+    // A frozen chunk still being read from disk is left to its demand access.
     if (chunk.has_payload() && chunk.device().is_host() && chunk.movable() &&
-        !chunk.has_backing()) {
+        !chunk.has_backing() && (disk_ == nullptr || disk_->TakeReadyParam(key))) {
       keys.push_back(key);
     }
   }
@@ -389,7 +396,9 @@ absl::Status ChunkManager::Prefetch(int64_t moment) {
     if (freed < plan.evict_bytes) return absl::OkStatus();
     for (int64_t key : victims) {
       const Chunk& chunk = ChunkOfKey(key);
-      if (!chunk.movable() || !chunk.backing_valid() || !engine_->CopiesDone(key)) {
+      const bool free_drop =
+          chunk.backing_valid() || (disk_ != nullptr && disk_->CanDropToDisk(key));
+      if (!chunk.movable() || !free_drop || !engine_->CopiesDone(key)) {
         return absl::OkStatus();
       }
     }
@@ -449,6 +458,11 @@ absl::Status ChunkManager::Access(OperatorId op, Stage stage) {
   const bool gather = groups_ != nullptr && !groups_->gathered(group);
   // A gather needs the whole group resident as one working set.
   const std::vector<int64_t> keys = gather ? groups_->Keys(group) : std::vector<int64_t>{key};
+  // The disk tier first reads spilled frozen chunks back into host memory (the moment only on
+  // the learned trace: its schedule orders evictions and the read-ahead).
+  const int64_t disk_moment =
+      moment >= 0 && !metronome_.is_warmup() && moment < trace_.total_moments() ? moment : -1;
+  if (disk_ != nullptr) RETURN_IF_ERROR(disk_->PrepareParamAccess(keys, disk_moment));
   RETURN_IF_ERROR(MakeResident(keys, pass, moment, what));
   if (gather) RETURN_IF_ERROR(groups_->Gather(group));
   RETURN_IF_ERROR(Tick(stage, moment));
@@ -459,6 +473,8 @@ absl::Status ChunkManager::Access(OperatorId op, Stage stage) {
     ASSIGN_OR_RETURN(TensorState s, store_->tensor_state(ChunkType::kParam, t));
     zero_fill |= s == TensorState::kFree;
   }
+  // A zero-fill changes a frozen chunk's bytes: its disk slot is stale.
+  if (disk_ != nullptr) disk_->NoteAccess(key, zero_fill);
   RETURN_IF_ERROR(store_->SetOperatorState(ChunkType::kParam, op, TensorState::kCompute,
                                            &engine_->load_stream()));
   RETURN_IF_ERROR(AwaitAccess(keys, zero_fill));
@@ -481,6 +497,7 @@ absl::Status ChunkManager::Access(OperatorId op, Stage stage) {
     // A prefetch is an optimization: the access at the next moment will load what is missing.
     LOG(WARNING) << "ChunkManager: prefetch after " << what << " failed: " << s;
   }
+  if (disk_ != nullptr) disk_->AfterParamAccess(disk_moment);
   return absl::OkStatus();
 }
 

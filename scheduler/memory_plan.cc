@@ -172,6 +172,12 @@ absl::Status CheckOptions(const MemoryPlanOptions& o) {
                                                    o.disk->host_budget_bytes, ") and read_ahead (",
                                                    o.disk->read_ahead, ") must be >= 0"));
   }
+  if (o.disk.has_value() &&
+      (o.disk->frozen_host_budget_bytes < 0 || o.disk->frozen_read_ahead < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MemoryPlanOptions.disk: frozen_host_budget_bytes (", o.disk->frozen_host_budget_bytes,
+        ") and frozen_read_ahead (", o.disk->frozen_read_ahead, ") must be >= 0"));
+  }
   return absl::OkStatus();
 }
 
@@ -296,14 +302,18 @@ struct RankShare {
   int64_t param_bytes = 0;
   int64_t owned_data_chunks = 0;
   int64_t gathered_bytes = 0;
+  // Frozen param chunks this rank holds (a LoRA base).
+  int64_t frozen_param_chunks = 0;
 };
 
 RankShare RankShareOf(const MemoryPlanOptions& o, const ChunkLayout& layout,
                       const MemoryPlan& plan) {
   RankShare share;
   for (int64_t c = 0; c < layout.num_chunks(); ++c) {
-    if (layout.HoldsPayload(ChunkType::kParam, c, o.rank))
+    if (layout.HoldsPayload(ChunkType::kParam, c, o.rank)) {
       share.param_bytes += plan.param_chunk_bytes;
+      if (!layout.chunk_trainable(c)) ++share.frozen_param_chunks;
+    }
     if (layout.HoldsPayload(ChunkType::kMaster, c, o.rank)) ++share.owned_data_chunks;
   }
   share.gathered_bytes = o.world_size > 1 ? 2 * (o.world_size - 1) * plan.param_chunk_bytes : 0;
@@ -400,6 +410,33 @@ int64_t PlanDiskTier(const MemoryPlanOptions& o, const RankShare& share, MemoryP
   return plan.disk_host_bytes;
 }
 
+// Frozen params on disk: their slots, the host bytes they may hold (min(budget, all)), the reads
+// of a step; host model data then counts those instead of every frozen param block. Returns the
+// frozen param bytes the host does not hold.
+int64_t PlanFrozenOnDisk(const MemoryPlanOptions& o, const RankShare& share, MemoryPlan& plan) {
+  const int64_t all_frozen_bytes = share.frozen_param_chunks * plan.param_chunk_bytes;
+  plan.disk_tier = true;
+  plan.disk_frozen_chunks = share.frozen_param_chunks;
+  plan.disk_frozen_bytes =
+      share.frozen_param_chunks * AlignUp(plan.param_chunk_bytes, kDiskSlotAlignBytes);
+  plan.disk_bytes += plan.disk_frozen_bytes;
+  plan.disk_frozen_min_host_bytes =
+      DiskTierFrozenMinHostBytes(plan.param_chunk_bytes, share.frozen_param_chunks);
+  plan.disk_frozen_host_budget_bytes = o.disk->frozen_host_budget_bytes > 0
+                                           ? o.disk->frozen_host_budget_bytes
+                                           : plan.disk_frozen_min_host_bytes;
+  plan.disk_frozen_host_bytes = std::min(plan.disk_frozen_host_budget_bytes, all_frozen_bytes);
+  if (plan.disk_frozen_host_bytes < all_frozen_bytes) {
+    plan.disk_frozen_read_bytes_per_step =
+        2 * static_cast<int64_t>(o.gradient_accumulation_steps) * all_frozen_bytes;
+  }
+  plan.disk_read_bytes_per_step += plan.disk_frozen_read_bytes_per_step;
+  if (o.disk->in_host_memory) plan.host_swap_bytes += plan.disk_frozen_bytes;
+  const int64_t off_host = all_frozen_bytes - plan.disk_frozen_host_bytes;
+  plan.host_model_data_bytes -= off_host;
+  return off_host;
+}
+
 // The emulated accelerator's memory as host memory: its chunk blocks and segments at their peak.
 int64_t EmulatedAcceleratorHostBytes(const MemoryPlanOptions& o,
                                      const std::vector<Replayer::Moment>& steady,
@@ -422,7 +459,13 @@ void PlanHost(const MemoryPlanOptions& o, const ChunkLayout& layout,
   // Pages written: a param chunk's whole block (copies between devices move whole payloads), the
   // state chunks' up to their last tensor.
   int64_t host_state_touched_bytes = 3 * StateTouchedBytes(o, layout, plan);
-  if (o.disk.has_value()) host_state_touched_bytes = PlanDiskTier(o, share, plan);
+  if (o.disk.has_value() && o.disk->optimizer_state) {
+    host_state_touched_bytes = PlanDiskTier(o, share, plan);
+  }
+  int64_t frozen_off_host_bytes = 0;
+  if (o.disk.has_value() && o.disk->frozen_params) {
+    frozen_off_host_bytes = PlanFrozenOnDisk(o, share, plan);
+  }
   if (o.gradient_accumulation_steps > 1) {
     plan.host_accumulator_bytes = share.owned_data_chunks * plan.state_chunk_bytes;
   }
@@ -434,7 +477,7 @@ void PlanHost(const MemoryPlanOptions& o, const ChunkLayout& layout,
                          plan.host_swap_bytes + o.host_overhead_bytes + o.host_workspace_bytes;
   plan.host_needed_bytes = plan.host_peak_bytes - o.host_resident_bytes;
   plan.host_model_data_touched_bytes =
-      share.param_bytes + host_state_touched_bytes + share.gathered_bytes;
+      share.param_bytes - frozen_off_host_bytes + host_state_touched_bytes + share.gathered_bytes;
   plan.host_expected_peak_bytes =
       o.host_resident_bytes + plan.host_model_data_touched_bytes + plan.host_accumulator_bytes +
       plan.host_accelerator_bytes + plan.host_swap_bytes +
@@ -448,6 +491,10 @@ void PlanHost(const MemoryPlanOptions& o, const ChunkLayout& layout,
     plan.fits_host = false;
   }
   if (plan.disk_tier && o.disk->host_budget_bytes < plan.disk_min_host_bytes) {
+    plan.fits_host = false;
+  }
+  if (plan.disk_tier && o.disk->frozen_params && o.disk->frozen_host_budget_bytes > 0 &&
+      o.disk->frozen_host_budget_bytes < plan.disk_frozen_min_host_bytes) {
     plan.fits_host = false;
   }
 }
@@ -538,6 +585,14 @@ std::string MemoryPlan::Summary() const {
         disk_streamed_indices, " streamed, read-ahead ", disk_read_ahead, "; per step up to ",
         FormatBytes(disk_read_bytes_per_step), " read, ", FormatBytes(disk_write_bytes_per_step),
         " written");
+    if (disk_frozen_chunks > 0) {
+      absl::StrAppend(&s, "; frozen params: ", disk_frozen_chunks, " chunks (",
+                      FormatBytes(disk_frozen_bytes), ") in host RAM ",
+                      FormatBytes(disk_frozen_host_bytes), " (budget ",
+                      FormatBytes(disk_frozen_host_budget_bytes), ", minimum ",
+                      FormatBytes(disk_frozen_min_host_bytes), "), written once, per step up to ",
+                      FormatBytes(disk_frozen_read_bytes_per_step), " read");
+    }
   }
   return s;
 }

@@ -65,6 +65,18 @@
 // bound: chunks the window still holds from the previous pass are hits. DiskStepSeconds turns it
 // into the time the disk alone needs per step at a measured bandwidth.
 //
+// Frozen params on disk (MemoryPlanOptions::DiskTier::frozen_params; DiskTierOptions::
+// frozen_params). Every frozen param chunk this rank holds (a LoRA/QLoRA base) gets a slot too
+// (rounded up to kDiskSlotAlignBytes), and the host counts min(budget, all frozen param blocks)
+// of them instead of all (the tier's hard invariant: frozen host payloads and host backing copies
+// never exceed the budget; whole blocks, written by the reads). A budget of 0 plans the least
+// one (DiskTierFrozenMinHostBytes: one param block), which disk_frozen_host_budget_bytes reports;
+// a positive budget below it does not fit the host. Each frozen chunk is written once per run
+// (not per step); when they do not all fit, a step reads each of them up to once per forward and
+// once per backward of every micro-batch (an estimate, disk_frozen_read_bytes_per_step, counted
+// in disk_read_bytes_per_step). With optimizer_state false the optimizer state is not on disk
+// (counted whole on the host, as without the tier).
+//
 // Thread safety: pure functions.
 #ifndef PATRICKSTAR_SCHEDULER_MEMORY_PLAN_H_
 #define PATRICKSTAR_SCHEDULER_MEMORY_PLAN_H_
@@ -137,6 +149,12 @@ struct MemoryPlanOptions {
     // The swap directory is on a RAM-backed filesystem (tmpfs, ramfs: disk/disk_probe.h
     // IsRamBacked): its slots are host memory too, counted in the host peaks (host_swap_bytes).
     bool in_host_memory = false;
+    // DiskTierOptions::optimizer_state, frozen_params, frozen_host_budget_bytes (0: the least)
+    // and frozen_read_ahead (see the file comment).
+    bool optimizer_state = true;
+    bool frozen_params = false;
+    int64_t frozen_host_budget_bytes = 0;
+    int64_t frozen_read_ahead = 2;
   };
   std::optional<DiskTier> disk;
 };
@@ -209,6 +227,13 @@ struct MemoryPlan {
   int64_t disk_read_ahead = 0;            // indices read ahead, as the budget allows
   int64_t disk_read_bytes_per_step = 0;   // per optimizer step (upper bound)
   int64_t disk_write_bytes_per_step = 0;  // per optimizer step
+  // Frozen params on disk (see the file comment; all zero without frozen_params).
+  int64_t disk_frozen_chunks = 0;               // frozen param chunks with a slot
+  int64_t disk_frozen_bytes = 0;                // their slots (inside disk_bytes)
+  int64_t disk_frozen_host_budget_bytes = 0;    // the budget planned with (0 asked: the least)
+  int64_t disk_frozen_host_bytes = 0;           // host bytes of them: min(budget, all)
+  int64_t disk_frozen_min_host_bytes = 0;       // the least budget the tier accepts
+  int64_t disk_frozen_read_bytes_per_step = 0;  // estimate (inside disk_read_bytes_per_step)
 
   bool fits() const { return fits_accelerator && fits_host; }
   // A few lines for people.

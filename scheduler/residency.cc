@@ -198,9 +198,15 @@ absl::Status ResidencyEngine::Evict(const std::vector<int64_t>& victims, MoveCon
   if (victims.empty()) return absl::OkStatus();
   RETURN_IF_ERROR(WaitForCopies(victims));
   TransferCounters& c = traffic(context.stage);
-  std::vector<int64_t> dirty;
+  std::vector<int64_t> dirty, to_disk;
   for (int64_t key : victims) {
-    if (!chunk(key).backing_valid()) dirty.push_back(key);
+    const Chunk& ch = chunk(key);
+    if (ch.backing_valid()) continue;
+    if (dropper_ != nullptr && !ch.has_backing() && dropper_->CanDropToDisk(key)) {
+      to_disk.push_back(key);
+    } else {
+      dirty.push_back(key);
+    }
   }
   // Kernels enqueued before the last release may still use a victim. A clean drop frees the block
   // on the host at once: the host waits for them. Write-backs only: the store stream waits for
@@ -234,9 +240,12 @@ absl::Status ResidencyEngine::Evict(const std::vector<int64_t>& victims, MoveCon
   for (int64_t key : victims) {
     Chunk& ch = chunk(key);
     const bool was_dirty = std::find(dirty.begin(), dirty.end(), key) != dirty.end();
+    const bool dropped = std::find(to_disk.begin(), to_disk.end(), key) != to_disk.end();
     VLOG(2) << "moment " << context.moment << ": evict " << ch.id()
-            << (was_dirty ? " (written back)" : " (clean)");
-    RETURN_IF_ERROR(ch.RevertToBacking());
+            << (was_dirty ? " (written back)"
+                : dropped ? " (dropped: on disk)"
+                          : " (clean)");
+    RETURN_IF_ERROR(dropped ? dropper_->DropToDisk(key) : ch.RevertToBacking());
     resident_.erase(key);
     resident_bytes_ -= key_cost_bytes(key);
     prefetched_.erase(key);

@@ -21,6 +21,11 @@
 // never written behind. Were one dirty anyway (written on the accelerator outside the model's
 // accesses), its eviction writes it back and counts ChunkManagerCounters::frozen_writeback_bytes.
 //
+// Frozen chunks on disk (scheduler/disk_tier.h, DiskTierOptions::frozen_params). A DiskDropper
+// (SetDiskDropper) may claim a frozen chunk on the accelerator that has no host copy but whose
+// bytes a disk slot holds: evicting it gives its accelerator block back (DropToDisk) instead of
+// writing it back into a fresh host block; it counts as a clean eviction.
+//
 // Write-behind. StartWriteBehind starts the write-back of a dirty resident chunk on the store
 // stream without waiting (after the caller's compute up to the last release, as a stream-side
 // wait); the chunk is in flight until WaitForCopies and, once written, clean: its later eviction
@@ -72,6 +77,16 @@
 #include "scheduler/metronome.h"
 
 namespace ps {
+
+// Evicts frozen chunks whose bytes are on disk without a copy (see "Frozen chunks on disk").
+class DiskDropper {
+ public:
+  virtual ~DiskDropper() = default;
+  // Whether evicting `key` (resident, movable, no host backing copy) may just drop its payload.
+  virtual bool CanDropToDisk(int64_t key) const = 0;
+  // Drops `key`'s payload (the caller waited for its copies and the compute stream).
+  [[nodiscard]] virtual absl::Status DropToDisk(int64_t key) = 0;
+};
 
 struct ResidencyOptions {
   // Keep host copies of loaded chunks so that unchanged chunks are evicted without a copy.
@@ -132,6 +147,9 @@ class ResidencyEngine {
   // Whether a copy of `key` (load or write-behind) is in flight.
   bool in_flight(int64_t key) const { return pending_.contains(key); }
 
+  // See "Frozen chunks on disk" (not owned; null: none). Must outlive its use, or be reset.
+  void SetDiskDropper(DiskDropper* dropper) { dropper_ = dropper; }
+
   // --- Moves ----------------------------------------------------------------------------------
 
   // Starts loads onto the accelerator of `keys` (fresh payloads for released chunks, which count
@@ -141,7 +159,8 @@ class ResidencyEngine {
   [[nodiscard]] absl::Status Load(const std::vector<int64_t>& keys, MoveContext context,
                                   bool prefetch);
   // Moves `victims` (resident, movable) to the host: clean ones by dropping the accelerator copy,
-  // dirty ones by writing back first (waiting for the copies). `evicted` (optional) is increased
+  // dirty ones by writing back first (waiting for the copies); frozen ones the DiskDropper claims
+  // are dropped to disk (no host copy at all). `evicted` (optional) is increased
   // by the chunks actually evicted, also on error. Errors of the copies; if a write-back cannot
   // start, no victim is evicted.
   [[nodiscard]] absl::Status Evict(const std::vector<int64_t>& victims, MoveContext context,
@@ -248,6 +267,7 @@ class ResidencyEngine {
   absl::flat_hash_set<int64_t> behind_;
   // Chunks loaded by a prefetch and not accessed since.
   absl::flat_hash_set<int64_t> prefetched_;
+  DiskDropper* dropper_ = nullptr;
 };
 
 }  // namespace ps

@@ -100,6 +100,7 @@ class TrainingHarness {
   ChunkStore& store() { return *store_; }
   Backend& backend() { return *backend_; }
   DeviceMemory& accelerator() { return *accel_; }
+  DeviceMemory& host() { return *host_; }
   // The stream the harness's "kernels" run on (the manager's compute_stream).
   Stream& compute_stream() { return *compute_; }
   int64_t chunk_bytes() const { return chunk_bytes_; }
