@@ -7,7 +7,9 @@
 //     and in parallel over row ranges on --threads threads: bytes moved (codes + scales read, f32
 //     written) per second, and as a fraction of the memcpy rate;
 //  3. Quant4LinearForward / Quant4LinearBackwardInput vs LinearForward / LinearBackward (dx only)
-//     for x [--rows, --in] on --threads threads, best of --reps: seconds and the ratio.
+//     for x [--rows, --in] on --threads threads, best of --reps: seconds and the ratio; and the
+//     same 4-bit GEMMs computing in bf16 (bnb_4bit_compute_dtype bfloat16, plain absmax) against
+//     their f32 compute.
 //
 //   bazel run -c opt //benchmarks:nf4_benchmark -- --rows=512 --in=4096 --out=11008 --threads=2
 #include <algorithm>
@@ -143,6 +145,21 @@ int Main() {
         "input gradient: 4-bit %.3f s vs f32 %.3f s: %.3fx\n",
         name, q_fwd, flops / q_fwd / 1e9, f32_fwd, flops / f32_fwd / 1e9, q_fwd / f32_fwd, q_bwd,
         f32_bwd, q_bwd / f32_bwd);
+    if (t.nested()) continue;
+    // bf16 compute: the rounded activations in the workspace too.
+    std::vector<float> ws16(Quant4LinearWorkspaceElems(shape, threads, DType::kBF16));
+    const double b_fwd = Best(reps, [&] {
+      PS_CHECK_OK(Quant4LinearForward(shape, x, t, {}, absl::MakeSpan(y), absl::MakeSpan(ws16),
+                                      &pool, DType::kBF16));
+    });
+    const double b_bwd = Best(reps, [&] {
+      PS_CHECK_OK(Quant4LinearBackwardInput(shape, t, dy, absl::MakeSpan(dx),
+                                            absl::MakeSpan(ws16), &pool, DType::kBF16));
+    });
+    std::printf(
+        "%-6s bf16 compute (workspace %.1f MiB): forward %.3f s (%.3fx the 4-bit f32 compute), "
+        "input gradient %.3f s (%.3fx)\n",
+        name, ws16.size() * 4.0 / (1 << 20), b_fwd, b_fwd / q_fwd, b_bwd, b_bwd / q_bwd);
   }
   return 0;
 }

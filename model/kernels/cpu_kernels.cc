@@ -665,24 +665,26 @@ absl::Status CpuKernels::DoDequantize4Bit(Stream& stream, const Quant4Tensor& w,
 
 absl::Status CpuKernels::DoQuant4LinearForward(Stream& stream, const LinearShape& s, const float* x,
                                                const Quant4Tensor& w, const float* b, float* y,
-                                               void* workspace, int64_t workspace_bytes) {
+                                               void* workspace, int64_t workspace_bytes,
+                                               DType compute_dtype) {
   ThreadPool* pool = pool_;
   return Enqueue(stream, [=] {
     return ::ps::Quant4LinearForward(s, In(x, s.rows * s.in_features), w,
                                      OptIn(b, s.out_features), Out(y, s.rows * s.out_features),
-                                     F32Workspace(workspace, workspace_bytes), pool);
+                                     F32Workspace(workspace, workspace_bytes), pool, compute_dtype);
   });
 }
 
 absl::Status CpuKernels::DoQuant4LinearBackwardInput(Stream& stream, const LinearShape& s,
                                                      const Quant4Tensor& w, const float* dy,
                                                      float* dx, void* workspace,
-                                                     int64_t workspace_bytes) {
+                                                     int64_t workspace_bytes, DType compute_dtype) {
   ThreadPool* pool = pool_;
   return Enqueue(stream, [=] {
     return ::ps::Quant4LinearBackwardInput(s, w, In(dy, s.rows * s.out_features),
                                            Out(dx, s.rows * s.in_features),
-                                           F32Workspace(workspace, workspace_bytes), pool);
+                                           F32Workspace(workspace, workspace_bytes), pool,
+                                           compute_dtype);
   });
 }
 

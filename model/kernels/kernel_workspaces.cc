@@ -62,8 +62,9 @@ int64_t CpuKernelWorkspaces::LoraBackwardWorkspaceBytes(const LoraShape& s) cons
   return LoraBackwardWorkspaceElems(s) * kF32;
 }
 
-int64_t CpuKernelWorkspaces::Quant4LinearWorkspaceBytes(const LinearShape& s) const {
-  return Quant4LinearWorkspaceElems(s, threads_) * kF32;
+int64_t CpuKernelWorkspaces::Quant4LinearWorkspaceBytes(const LinearShape& s,
+                                                        DType compute_dtype) const {
+  return Quant4LinearWorkspaceElems(s, threads_, compute_dtype) * kF32;
 }
 
 // --- CUDA
@@ -133,8 +134,10 @@ int64_t CudaKernelWorkspaces::LoraBackwardWorkspaceBytes(const LoraShape& s) con
   return cuda::AlignWorkspaceBytes(LoraBackwardWorkspaceElems(s) * kF32) + cublas_workspace_bytes_;
 }
 
-int64_t CudaKernelWorkspaces::Quant4LinearWorkspaceBytes(const LinearShape& s) const {
-  return cuda::AlignWorkspaceBytes(cuda::Quant4LinearWorkspaceBytes(s)) + cublas_workspace_bytes_;
+int64_t CudaKernelWorkspaces::Quant4LinearWorkspaceBytes(const LinearShape& s,
+                                                         DType compute_dtype) const {
+  return cuda::AlignWorkspaceBytes(cuda::Quant4LinearWorkspaceBytes(s, compute_dtype)) +
+         cublas_workspace_bytes_;
 }
 
 }  // namespace ps

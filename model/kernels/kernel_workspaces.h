@@ -55,8 +55,13 @@ class KernelWorkspaces {
   // LoRA adapters (model/kernels/lora.h).
   virtual int64_t LoraForwardWorkspaceBytes(const LoraShape& shape) const = 0;
   virtual int64_t LoraBackwardWorkspaceBytes(const LoraShape& shape) const = 0;
-  // nn.Linear over a 4-bit weight (model/kernels/nf4_linear.h), forward and input gradient.
-  virtual int64_t Quant4LinearWorkspaceBytes(const LinearShape& shape) const = 0;
+  // nn.Linear over a 4-bit weight (model/kernels/nf4_linear.h), forward and input gradient,
+  // computing in `compute_dtype` (f32, bf16 or f16: bnb_4bit_compute_dtype).
+  virtual int64_t Quant4LinearWorkspaceBytes(const LinearShape& shape,
+                                             DType compute_dtype) const = 0;
+  int64_t Quant4LinearWorkspaceBytes(const LinearShape& shape) const {  // f32 compute
+    return Quant4LinearWorkspaceBytes(shape, DType::kF32);
+  }
 };
 
 // The CPU kernels' (CpuKernels) for a pool of `threads` threads (the attention kernels keep one
@@ -82,8 +87,10 @@ class CpuKernelWorkspaces final : public KernelWorkspaces {
                                             DType block_dtype) const override;
   int64_t LoraForwardWorkspaceBytes(const LoraShape& shape) const override;
   int64_t LoraBackwardWorkspaceBytes(const LoraShape& shape) const override;
-  // One dequantized tile per thread (Quant4LinearWorkspaceElems(shape, threads)).
-  int64_t Quant4LinearWorkspaceBytes(const LinearShape& shape) const override;
+  // One dequantized tile per thread (Quant4LinearWorkspaceElems(shape, threads, compute_dtype):
+  // 16-bit compute adds the rounded activations).
+  using KernelWorkspaces::Quant4LinearWorkspaceBytes;
+  int64_t Quant4LinearWorkspaceBytes(const LinearShape& shape, DType compute_dtype) const override;
 
  private:
   int threads_;
@@ -124,8 +131,10 @@ class CudaKernelWorkspaces final : public KernelWorkspaces {
                                             DType block_dtype) const override;
   int64_t LoraForwardWorkspaceBytes(const LoraShape& shape) const override;
   int64_t LoraBackwardWorkspaceBytes(const LoraShape& shape) const override;
-  // The dequantized tile (cuda::Quant4LinearWorkspaceBytes), then cuBLAS's.
-  int64_t Quant4LinearWorkspaceBytes(const LinearShape& shape) const override;
+  // The dequantized tile (cuda::Quant4LinearWorkspaceBytes; 16-bit compute: the 16-bit tile, the
+  // rounded activations and an f32 product), then cuBLAS's.
+  using KernelWorkspaces::Quant4LinearWorkspaceBytes;
+  int64_t Quant4LinearWorkspaceBytes(const LinearShape& shape, DType compute_dtype) const override;
 
  private:
   int64_t cublas_workspace_bytes_;

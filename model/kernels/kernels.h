@@ -145,9 +145,11 @@ class Kernels {
   int64_t LoraBackwardWorkspaceBytes(const LoraShape& s) const {
     return workspaces().LoraBackwardWorkspaceBytes(s);
   }
-  // nn.Linear over a 4-bit weight (Quant4LinearForward / Quant4LinearBackwardInput below).
-  int64_t Quant4LinearWorkspaceBytes(const LinearShape& s) const {  // fwd and bwd
-    return workspaces().Quant4LinearWorkspaceBytes(s);
+  // nn.Linear over a 4-bit weight (Quant4LinearForward / Quant4LinearBackwardInput below), computing
+  // in `compute_dtype`.
+  int64_t Quant4LinearWorkspaceBytes(const LinearShape& s,  // fwd and bwd
+                                     DType compute_dtype = DType::kF32) const {
+    return workspaces().Quant4LinearWorkspaceBytes(s, compute_dtype);
   }
 
   // --- Memory -------------------------------------------------------------------------------
@@ -380,16 +382,26 @@ class Kernels {
   // activations. y [N, out] = x [N, in] dequant(W)^T + b (overwritten; b [out] f32, null when
   // !shape.bias). The CPU gives bit for bit LinearForward on the dequantized f32 matrix (and what
   // nf4_linear.h's function gives, whatever the thread count); CUDA rounds as cuBLAS does.
+  //
+  // compute_dtype (bitsandbytes' bnb_4bit_compute_dtype; the workspace query takes the same): f32,
+  // or bf16 / f16 as bitsandbytes' Linear4bit computes with it (nf4_linear.h): x, bias and the
+  // dequantized weight rounded to it (nearest even), exact products summed in f32, y rounded to it
+  // once (the bias added before that rounding); the backward rounds dy, and adds dy W rounded to
+  // it to dx (f32). Buffers stay f32, holding 16-bit values where rounded. The CPU gives bit for
+  // bit nf4_linear.h's function; CUDA multiplies the same 16-bit operands with cuBLAS
+  // (CUBLAS_COMPUTE_32F), so only the f32 summation order differs.
   [[nodiscard]] absl::Status Quant4LinearForward(Stream& stream, const LinearShape& shape,
                                                  const float* x, const Quant4Tensor& w,
                                                  const float* b, float* y, void* workspace,
-                                                 int64_t workspace_bytes);
+                                                 int64_t workspace_bytes,
+                                                 DType compute_dtype = DType::kF32);
   // dx [N, in] += dy [N, out] dequant(W): the input gradient only (the base is frozen). dx must
   // not overlap dy.
   [[nodiscard]] absl::Status Quant4LinearBackwardInput(Stream& stream, const LinearShape& shape,
                                                        const Quant4Tensor& w, const float* dy,
                                                        float* dx, void* workspace,
-                                                       int64_t workspace_bytes);
+                                                       int64_t workspace_bytes,
+                                                       DType compute_dtype = DType::kF32);
 
   // --- LoRA adapters (model/kernels/lora.h; dropout_math.h has the dropout rule) -------------
   // h [rows, rank] = x A^T (overwritten; keep it for the backward); y [rows, out] += scale * h B^T.
@@ -573,12 +585,13 @@ class Kernels {
                                         int64_t count, DType dst_dtype, void* dst) = 0;
   virtual absl::Status DoQuant4LinearForward(Stream& stream, const LinearShape& shape,
                                              const float* x, const Quant4Tensor& w, const float* b,
-                                             float* y, void* workspace,
-                                             int64_t workspace_bytes) = 0;
+                                             float* y, void* workspace, int64_t workspace_bytes,
+                                             DType compute_dtype) = 0;
   virtual absl::Status DoQuant4LinearBackwardInput(Stream& stream, const LinearShape& shape,
                                                    const Quant4Tensor& w, const float* dy,
                                                    float* dx, void* workspace,
-                                                   int64_t workspace_bytes) = 0;
+                                                   int64_t workspace_bytes,
+                                                   DType compute_dtype) = 0;
 
   // LoRA and dropout.
   virtual absl::Status DoLoraForward(Stream& stream, const LoraShape& shape, const float* x,

@@ -28,6 +28,14 @@ absl::Status CheckLinearShape(absl::string_view op, const LinearShape& s) {
   return BlasDim(op, "out_features", s.out_features);
 }
 
+// bnb_4bit_compute_dtype: f32, bf16 or f16.
+absl::Status CheckComputeDType(absl::string_view op, DType compute_dtype) {
+  if (ValidDType(compute_dtype)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op, ": compute_dtype ",
+                                                 static_cast<int>(compute_dtype),
+                                                 " is not f32, bf16 or f16"));
+}
+
 // The weight holds exactly W [out, in].
 absl::Status CheckWeightElems(absl::string_view op, const LinearShape& s, const Quant4Tensor& w) {
   if (w.num_elems == s.out_features * s.in_features) return absl::OkStatus();
@@ -82,8 +90,10 @@ absl::Status Kernels::Dequantize4Bit(Stream& stream, const Quant4Tensor& w, int6
 
 absl::Status Kernels::Quant4LinearForward(Stream& stream, const LinearShape& s, const float* x,
                                           const Quant4Tensor& w, const float* b, float* y,
-                                          void* workspace, int64_t workspace_bytes) {
+                                          void* workspace, int64_t workspace_bytes,
+                                          DType compute_dtype) {
   constexpr char kOp[] = "Quant4LinearForward";
+  RETURN_IF_ERROR(CheckComputeDType(kOp, compute_dtype));
   RETURN_IF_ERROR(CheckLinearShape(kOp, s));
   RETURN_IF_ERROR(CheckWeightElems(kOp, s, w));
   RETURN_IF_ERROR(CheckQuant4Buffers(kOp, w));
@@ -92,15 +102,18 @@ absl::Status Kernels::Quant4LinearForward(Stream& stream, const LinearShape& s, 
   RETURN_IF_ERROR(CheckBuffers(kOp, {{"x", x, x_bytes}, {"y", y, y_bytes}}, kF32));
   if (s.bias) RETURN_IF_ERROR(CheckBuffers(kOp, {{"b", b, s.out_features * kF32}}, kF32));
   RETURN_IF_ERROR(NoOverlap(kOp, "x", x, x_bytes, "y", y, y_bytes));
-  RETURN_IF_ERROR(CheckWorkspace(kOp, workspace, workspace_bytes, Quant4LinearWorkspaceBytes(s)));
+  RETURN_IF_ERROR(CheckWorkspace(kOp, workspace, workspace_bytes,
+                                 Quant4LinearWorkspaceBytes(s, compute_dtype)));
   return DoQuant4LinearForward(stream, s, x, w, s.bias ? b : nullptr, y, workspace,
-                               workspace_bytes);
+                               workspace_bytes, compute_dtype);
 }
 
 absl::Status Kernels::Quant4LinearBackwardInput(Stream& stream, const LinearShape& s,
                                                 const Quant4Tensor& w, const float* dy, float* dx,
-                                                void* workspace, int64_t workspace_bytes) {
+                                                void* workspace, int64_t workspace_bytes,
+                                                DType compute_dtype) {
   constexpr char kOp[] = "Quant4LinearBackwardInput";
+  RETURN_IF_ERROR(CheckComputeDType(kOp, compute_dtype));
   RETURN_IF_ERROR(CheckLinearShape(kOp, s));
   RETURN_IF_ERROR(CheckWeightElems(kOp, s, w));
   RETURN_IF_ERROR(CheckQuant4Buffers(kOp, w));
@@ -108,8 +121,10 @@ absl::Status Kernels::Quant4LinearBackwardInput(Stream& stream, const LinearShap
   ASSIGN_OR_RETURN(const int64_t dy_bytes, Bytes(kOp, "dy", {s.rows, s.out_features}, kF32));
   RETURN_IF_ERROR(CheckBuffers(kOp, {{"dy", dy, dy_bytes}, {"dx", dx, dx_bytes}}, kF32));
   RETURN_IF_ERROR(NoOverlap(kOp, "dy", dy, dy_bytes, "dx", dx, dx_bytes));
-  RETURN_IF_ERROR(CheckWorkspace(kOp, workspace, workspace_bytes, Quant4LinearWorkspaceBytes(s)));
-  return DoQuant4LinearBackwardInput(stream, s, w, dy, dx, workspace, workspace_bytes);
+  RETURN_IF_ERROR(CheckWorkspace(kOp, workspace, workspace_bytes,
+                                 Quant4LinearWorkspaceBytes(s, compute_dtype)));
+  return DoQuant4LinearBackwardInput(stream, s, w, dy, dx, workspace, workspace_bytes,
+                                     compute_dtype);
 }
 
 }  // namespace ps

@@ -464,7 +464,8 @@ absl::Status CudaKernels::DoLmHeadBlockBackward(Stream& stream, const VocabBlock
 }
 
 // --- 4-bit weights -------------------------------------------------------------------------------
-// The Linear GEMMs: the dequantized tile (cuda::Quant4LinearWorkspaceBytes) first, cuBLAS's after.
+// The Linear GEMMs: the dequantized tile (cuda::Quant4LinearWorkspaceBytes; 16-bit compute: its
+// Quant4LinearLayout) first, cuBLAS's after.
 
 absl::Status CudaKernels::DoDequantize4Bit(Stream& stream, const Quant4Tensor& w, int64_t begin,
                                            int64_t count, DType dst_dtype, void* dst) {
@@ -475,11 +476,15 @@ absl::Status CudaKernels::DoDequantize4Bit(Stream& stream, const Quant4Tensor& w
 absl::Status CudaKernels::DoQuant4LinearForward(Stream& stream, const LinearShape& shape,
                                                 const float* x, const Quant4Tensor& w,
                                                 const float* b, float* y, void* workspace,
-                                                int64_t) {
+                                                int64_t, DType compute_dtype) {
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
-  const int64_t own = AlignBytes(::ps::cuda::Quant4LinearWorkspaceBytes(shape));
-  void* cublas_workspace = static_cast<char*>(workspace) + own;
+  const int64_t own_bytes = ::ps::cuda::Quant4LinearWorkspaceBytes(shape, compute_dtype);
+  void* cublas_workspace = static_cast<char*>(workspace) + AlignBytes(own_bytes);
   return WithCublas(cublas_workspace, cublas_workspace_bytes(), [&](const CublasHandle& h) {
+    if (compute_dtype != DType::kF32) {
+      return ::ps::cuda::Quant4LinearForward16(h, shape, x, w, b, y, compute_dtype, workspace,
+                                               own_bytes, s);
+    }
     return ::ps::cuda::Quant4LinearForward(h, shape, x, w, b, y, static_cast<float*>(workspace),
                                            ::ps::cuda::Quant4LinearTileElems(shape), s);
   });
@@ -487,11 +492,16 @@ absl::Status CudaKernels::DoQuant4LinearForward(Stream& stream, const LinearShap
 
 absl::Status CudaKernels::DoQuant4LinearBackwardInput(Stream& stream, const LinearShape& shape,
                                                       const Quant4Tensor& w, const float* dy,
-                                                      float* dx, void* workspace, int64_t) {
+                                                      float* dx, void* workspace, int64_t,
+                                                      DType compute_dtype) {
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
-  const int64_t own = AlignBytes(::ps::cuda::Quant4LinearWorkspaceBytes(shape));
-  void* cublas_workspace = static_cast<char*>(workspace) + own;
+  const int64_t own_bytes = ::ps::cuda::Quant4LinearWorkspaceBytes(shape, compute_dtype);
+  void* cublas_workspace = static_cast<char*>(workspace) + AlignBytes(own_bytes);
   return WithCublas(cublas_workspace, cublas_workspace_bytes(), [&](const CublasHandle& h) {
+    if (compute_dtype != DType::kF32) {
+      return ::ps::cuda::Quant4LinearBackwardInput16(h, shape, w, dy, dx, compute_dtype,
+                                                     workspace, own_bytes, s);
+    }
     return ::ps::cuda::Quant4LinearBackwardInput(h, shape, w, dy, dx,
                                                  static_cast<float*>(workspace),
                                                  ::ps::cuda::Quant4LinearTileElems(shape), s);

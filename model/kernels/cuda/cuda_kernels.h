@@ -201,10 +201,12 @@ class CudaKernels final : public Kernels {
                                 DType dst_dtype, void* dst) override;
   absl::Status DoQuant4LinearForward(Stream& stream, const LinearShape& shape, const float* x,
                                      const Quant4Tensor& w, const float* b, float* y,
-                                     void* workspace, int64_t workspace_bytes) override;
+                                     void* workspace, int64_t workspace_bytes,
+                                     DType compute_dtype) override;
   absl::Status DoQuant4LinearBackwardInput(Stream& stream, const LinearShape& shape,
                                            const Quant4Tensor& w, const float* dy, float* dx,
-                                           void* workspace, int64_t workspace_bytes) override;
+                                           void* workspace, int64_t workspace_bytes,
+                                           DType compute_dtype) override;
   absl::Status DoLoraForward(Stream& stream, const LoraShape& shape, const float* x, const float* a,
                              const float* b, float* h, float* y, void* workspace,
                              int64_t workspace_bytes) override;

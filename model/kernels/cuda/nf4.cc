@@ -6,6 +6,7 @@
 #include "base/status_macros.h"
 #include "model/kernels/cuda/internal/host_util.h"
 #include "model/kernels/cuda/internal/nf4_launchers.h"
+#include "model/kernels/cuda/workspace_sizes.h"
 
 namespace ps::cuda {
 namespace {
@@ -38,6 +39,33 @@ absl::Status CheckLinear(const char* op, const LinearShape& s, const Quant4Tenso
     return absl::InvalidArgumentError(absl::StrCat(op, ": workspace has ", workspace_elems,
                                                    " f32 elements, needs at least ",
                                                    Quant4LinearMinWorkspaceElems(s)));
+  }
+  return absl::OkStatus();
+}
+
+// The 16-bit compute's checks; the Quant4Out and GEMM operand type of compute_dtype.
+absl::Status Check16(const char* op, const LinearShape& s, const Quant4Tensor& w,
+                     DType compute_dtype, const void* workspace, int64_t workspace_bytes,
+                     cuda_internal::Quant4Out* out, GemmOperand* operand) {
+  if (compute_dtype == DType::kBF16) {
+    *out = cuda_internal::Quant4Out::kBF16;
+    *operand = GemmOperand::kBF16;
+  } else if (compute_dtype == DType::kF16) {
+    *out = cuda_internal::Quant4Out::kF16;
+    *operand = GemmOperand::kF16;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": compute_dtype ", static_cast<int>(compute_dtype), " is not bf16 or f16"));
+  }
+  // The f32 checks with the minimum tile (the layout's tile is never smaller).
+  RETURN_IF_ERROR(CheckLinear(op, s, w, static_cast<const float*>(workspace),
+                              Quant4LinearMinWorkspaceElems(s)));
+  const int64_t needed = Quant4LinearLayout(s, compute_dtype).bytes;
+  if (workspace_bytes < needed) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": workspace has ", workspace_bytes,
+                                                   " bytes, needs ", needed,
+                                                   " (Quant4LinearLayout for compute dtype ",
+                                                   DTypeName(compute_dtype), ")"));
   }
   return absl::OkStatus();
 }
@@ -112,6 +140,71 @@ absl::Status Quant4LinearBackwardInput(const CublasHandle& cublas, const LinearS
     // dx[:, i0:i0+cols] += dy tile.
     RETURN_IF_ERROR(Gemm(cublas, stream, false, false, N, cols, O, 1.0f, dy, O, workspace, cols,
                          1.0f, dx + i0, I));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Quant4LinearForward16(const CublasHandle& cublas, const LinearShape& shape,
+                                   const float* x, const Quant4Tensor& w, const float* b, float* y,
+                                   DType compute_dtype, void* workspace, int64_t workspace_bytes,
+                                   cudaStream_t stream) {
+  constexpr char kOp[] = "cuda::Quant4LinearForward16";
+  cuda_internal::Quant4Out out;
+  GemmOperand operand;
+  RETURN_IF_ERROR(Check16(kOp, shape, w, compute_dtype, workspace, workspace_bytes, &out,
+                          &operand));
+  RETURN_IF_ERROR(CheckNotNull(kOp, {{"x", x}, {"y", y}}));
+  if (shape.bias) RETURN_IF_ERROR(CheckNotNull(kOp, {{"b", b}}));
+  const int64_t N = shape.rows, I = shape.in_features, O = shape.out_features;
+  const Quant4LinearWorkspaceLayout layout = Quant4LinearLayout(shape, compute_dtype);
+  char* base = static_cast<char*>(workspace);
+  auto* tile = reinterpret_cast<uint16_t*>(base + layout.tile);
+  auto* xh = reinterpret_cast<uint16_t*>(base + layout.activations);
+  RETURN_IF_ERROR(LaunchStatus(cuda_internal::LaunchRoundTo16Bits(x, N * I, out, xh, stream), kOp));
+  float beta = 0.0f;
+  if (shape.bias) {  // y = the bias rounded; the GEMMs add their f32 sums to it
+    RETURN_IF_ERROR(LaunchStatus(cuda_internal::LaunchBroadcastRows(b, N, O, y, stream), kOp));
+    RETURN_IF_ERROR(LaunchStatus(cuda_internal::LaunchRound16InPlace(y, N * O, out, stream), kOp));
+    beta = 1.0f;
+  }
+  const int64_t tile_rows = std::min(O, Quant4LinearTileElems(shape) / I);
+  for (int64_t o0 = 0; o0 < O; o0 += tile_rows) {
+    const int64_t rows = std::min(tile_rows, O - o0);
+    RETURN_IF_ERROR(
+        LaunchStatus(LaunchDequantize(w, o0 * I, rows, I, I, tile, stream, out), kOp));
+    RETURN_IF_ERROR(Gemm(cublas, stream, false, true, N, rows, I, 1.0f, operand, xh, I, tile, I,
+                         beta, y + o0, O));
+  }
+  return LaunchStatus(cuda_internal::LaunchRound16InPlace(y, N * O, out, stream), kOp);
+}
+
+absl::Status Quant4LinearBackwardInput16(const CublasHandle& cublas, const LinearShape& shape,
+                                         const Quant4Tensor& w, const float* dy, float* dx,
+                                         DType compute_dtype, void* workspace,
+                                         int64_t workspace_bytes, cudaStream_t stream) {
+  constexpr char kOp[] = "cuda::Quant4LinearBackwardInput16";
+  cuda_internal::Quant4Out out;
+  GemmOperand operand;
+  RETURN_IF_ERROR(Check16(kOp, shape, w, compute_dtype, workspace, workspace_bytes, &out,
+                          &operand));
+  RETURN_IF_ERROR(CheckNotNull(kOp, {{"dy", dy}, {"dx", dx}}));
+  const int64_t N = shape.rows, I = shape.in_features, O = shape.out_features;
+  const Quant4LinearWorkspaceLayout layout = Quant4LinearLayout(shape, compute_dtype);
+  char* base = static_cast<char*>(workspace);
+  auto* tile = reinterpret_cast<uint16_t*>(base + layout.tile);
+  auto* dyh = reinterpret_cast<uint16_t*>(base + layout.activations);
+  auto* g = reinterpret_cast<float*>(base + layout.product);
+  RETURN_IF_ERROR(
+      LaunchStatus(cuda_internal::LaunchRoundTo16Bits(dy, N * O, out, dyh, stream), kOp));
+  const int64_t tile_cols = Quant4LinearTileColumns(shape);
+  for (int64_t i0 = 0; i0 < I; i0 += tile_cols) {
+    const int64_t cols = std::min(tile_cols, I - i0);
+    RETURN_IF_ERROR(LaunchStatus(LaunchDequantize(w, i0, O, cols, I, tile, stream, out), kOp));
+    // g = dy tile (f32 sums), then dx[:, i0:i0+cols] += g rounded.
+    RETURN_IF_ERROR(Gemm(cublas, stream, false, false, N, cols, O, 1.0f, operand, dyh, O, tile,
+                         cols, 0.0f, g, cols));
+    RETURN_IF_ERROR(LaunchStatus(
+        cuda_internal::LaunchAddRounded16(g, N, cols, out, dx + i0, I, stream), kOp));
   }
   return absl::OkStatus();
 }

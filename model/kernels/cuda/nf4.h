@@ -51,6 +51,25 @@ inline int64_t Quant4LinearMinWorkspaceElems(const LinearShape& s) {
                                                      float* dx, float* workspace,
                                                      int64_t workspace_elems, cudaStream_t stream);
 
+// The same computing in bf16 or f16 (bnb_4bit_compute_dtype; model/kernels/nf4_linear.h has the
+// semantics): x (dy) rounded to compute_dtype into the workspace, tiles dequantized to it (the f32
+// product rounded to nearest even), cublasGemmEx on the 16-bit operands with CUBLAS_COMPUTE_32F;
+// forward: the bias rounded before the GEMM adds to it, y rounded after; backward: each tile's
+// f32 product rounded, then added to dx. The workspace is Quant4LinearLayout(shape, compute_dtype)
+// (workspace_sizes.h): at least its `bytes`. InvalidArgument for a compute dtype other than bf16
+// or f16 (f32 is the functions above), a smaller workspace, or the errors above.
+[[nodiscard]] absl::Status Quant4LinearForward16(const CublasHandle& cublas,
+                                                 const LinearShape& shape, const float* x,
+                                                 const Quant4Tensor& w, const float* b, float* y,
+                                                 DType compute_dtype, void* workspace,
+                                                 int64_t workspace_bytes, cudaStream_t stream);
+[[nodiscard]] absl::Status Quant4LinearBackwardInput16(const CublasHandle& cublas,
+                                                       const LinearShape& shape,
+                                                       const Quant4Tensor& w, const float* dy,
+                                                       float* dx, DType compute_dtype,
+                                                       void* workspace, int64_t workspace_bytes,
+                                                       cudaStream_t stream);
+
 }  // namespace ps::cuda
 
 #endif  // PATRICKSTAR_MODEL_KERNELS_CUDA_NF4_H_

@@ -30,7 +30,27 @@ int64_t Quant4LinearTileElems(const LinearShape& s) {
   return std::min(whole, std::max(kQuant4LinearTileBudgetElems, at_least));
 }
 
-int64_t Quant4LinearWorkspaceBytes(const LinearShape& s) { return Quant4LinearTileElems(s) * kF32; }
+int64_t Quant4LinearTileColumns(const LinearShape& s) {
+  return std::min(s.in_features, Quant4LinearTileElems(s) / std::max<int64_t>(s.out_features, 1));
+}
+
+Quant4LinearWorkspaceLayout Quant4LinearLayout(const LinearShape& s, DType compute_dtype) {
+  Quant4LinearWorkspaceLayout l;
+  if (compute_dtype == DType::kF32) {
+    l.bytes = Quant4LinearTileElems(s) * kF32;
+    return l;
+  }
+  Parts parts;
+  l.tile = parts.Take(Quant4LinearTileElems(s) * kBF16);
+  l.activations = parts.Take(s.rows * std::max(s.in_features, s.out_features) * kBF16);
+  l.product = parts.Take(s.rows * Quant4LinearTileColumns(s) * kF32);
+  l.bytes = parts.end();
+  return l;
+}
+
+int64_t Quant4LinearWorkspaceBytes(const LinearShape& s, DType compute_dtype) {
+  return Quant4LinearLayout(s, compute_dtype).bytes;
+}
 
 int64_t GqaAttentionBackwardWorkspaceBytes(const GqaAttentionShape& s) {
   return s.batch * s.num_heads * s.seq_len * kF32;

@@ -80,9 +80,25 @@ int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& shape, DType bl
 // stream order. It holds the whole W when W has at most kQuant4LinearTileBudgetElems values, else
 // that budget (16 MiB), but never less than one row and one column of W (the forward's tiles are
 // whole rows, the input gradient's whole columns). A larger tile means fewer, larger GEMMs.
+//
+// Computing in bf16 / f16 (bnb_4bit_compute_dtype), the same tile holds 16-bit values, and two
+// parts follow it: the activations rounded to 16 bits (x [rows, in] forward, dy [rows, out]
+// backward: rows * max(in, out) values) and the input gradient's f32 product of one tile
+// ([rows, tile columns], rounded before it is added to dx).
 inline constexpr int64_t kQuant4LinearTileBudgetElems = int64_t{1} << 22;
 int64_t Quant4LinearTileElems(const LinearShape& shape);
-int64_t Quant4LinearWorkspaceBytes(const LinearShape& shape);  // the tile, in bytes
+// Byte offsets of the parts (-1 where absent) and the total.
+struct Quant4LinearWorkspaceLayout {
+  int64_t tile = 0;
+  int64_t activations = -1;  // 16-bit compute
+  int64_t product = -1;      // 16-bit compute
+  int64_t bytes = 0;
+};
+Quant4LinearWorkspaceLayout Quant4LinearLayout(const LinearShape& shape, DType compute_dtype);
+// The input gradient's tile width (columns of W per tile): min(in, tile / out).
+int64_t Quant4LinearTileColumns(const LinearShape& shape);
+// f32: the f32 tile, in bytes; 16-bit: Quant4LinearLayout's total.
+int64_t Quant4LinearWorkspaceBytes(const LinearShape& shape, DType compute_dtype = DType::kF32);
 
 }  // namespace ps::cuda
 

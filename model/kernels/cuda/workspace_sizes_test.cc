@@ -39,6 +39,26 @@ TEST(WorkspaceSizes, Quant4LinearTile) {
             6000000);
 }
 
+// bf16 / f16 compute: the 16-bit tile, the rounded activations, the backward's f32 product of one
+// tile, each on a 256-byte boundary.
+TEST(WorkspaceSizes, Quant4LinearSixteenBitLayout) {
+  const LinearShape small{.rows = 3, .in_features = 10, .out_features = 14};
+  const Quant4LinearWorkspaceLayout l = Quant4LinearLayout(small, DType::kBF16);
+  EXPECT_EQ(l.tile, 0);
+  // tile: 140 bf16 = 280 bytes -> 512; activations: 3 * max(10, 14) bf16 = 84 bytes -> 256;
+  // product: 3 rows * 10 columns (min(10, 140 / 14)) f32 = 120 bytes -> 256.
+  EXPECT_EQ(l.activations, 512);
+  EXPECT_EQ(l.product, 512 + 256);
+  EXPECT_EQ(l.bytes, 512 + 256 + 256);
+  EXPECT_EQ(Quant4LinearWorkspaceBytes(small, DType::kF16), l.bytes);
+  EXPECT_EQ(Quant4LinearWorkspaceBytes(small, DType::kF32), 140 * 4);
+  const LinearShape big{.rows = 9, .in_features = 4096, .out_features = 11008};
+  EXPECT_EQ(Quant4LinearTileColumns(big), (int64_t{1} << 22) / 11008);
+  EXPECT_EQ(Quant4LinearWorkspaceBytes(big, DType::kBF16),
+            (int64_t{8} << 20) + AlignWorkspaceBytes(9 * 11008 * 2) +
+                AlignWorkspaceBytes(9 * ((int64_t{1} << 22) / 11008) * 4));
+}
+
 // By hand: N = 10 positions, C = 16 channels, tiles of 4 rows by 8 vocabulary rows.
 TEST(WorkspaceSizes, WorkedExamples) {
   const VocabBlockShape block{.rows = 10,

@@ -94,8 +94,9 @@ int64_t SingleQueryWorkspaces::LoraBackwardWorkspaceBytes(const LoraShape& s) co
   return Answer(WorkspaceQuery::kLoraBackward, {s.rows, s.in_features, s.out_features, s.rank});
 }
 
-int64_t SingleQueryWorkspaces::Quant4LinearWorkspaceBytes(const LinearShape& s) const {
-  return Answer(WorkspaceQuery::kQuant4Linear, {s.rows, s.in_features, s.out_features, s.bias});
+int64_t SingleQueryWorkspaces::Quant4LinearWorkspaceBytes(const LinearShape& s, DType d) const {
+  return Answer(WorkspaceQuery::kQuant4Linear,
+                {s.rows, s.in_features, s.out_features, s.bias, static_cast<int64_t>(d)});
 }
 
 absl::StatusOr<std::unique_ptr<ExtraWorkspaceKernels>> ExtraWorkspaceKernels::OverCpuKernels(
@@ -396,15 +397,17 @@ absl::Status ExtraWorkspaceKernels::DoDequantize4Bit(Stream& stream, const Quant
 absl::Status ExtraWorkspaceKernels::DoQuant4LinearForward(Stream& stream, const LinearShape& shape,
                                                           const float* x, const Quant4Tensor& w,
                                                           const float* b, float* y,
-                                                          void* workspace,
-                                                          int64_t workspace_bytes) {
-  return inner_.Quant4LinearForward(stream, shape, x, w, b, y, workspace, workspace_bytes);
+                                                          void* workspace, int64_t workspace_bytes,
+                                                          DType compute_dtype) {
+  return inner_.Quant4LinearForward(stream, shape, x, w, b, y, workspace, workspace_bytes,
+                                    compute_dtype);
 }
 
 absl::Status ExtraWorkspaceKernels::DoQuant4LinearBackwardInput(
     Stream& stream, const LinearShape& shape, const Quant4Tensor& w, const float* dy, float* dx,
-    void* workspace, int64_t workspace_bytes) {
-  return inner_.Quant4LinearBackwardInput(stream, shape, w, dy, dx, workspace, workspace_bytes);
+    void* workspace, int64_t workspace_bytes, DType compute_dtype) {
+  return inner_.Quant4LinearBackwardInput(stream, shape, w, dy, dx, workspace, workspace_bytes,
+                                          compute_dtype);
 }
 
 absl::Status ExtraWorkspaceKernels::DoDropoutForward(Stream& stream, int64_t n, float p,

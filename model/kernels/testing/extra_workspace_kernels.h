@@ -68,8 +68,9 @@ class SumOfWorkspaces final : public KernelWorkspaces {
   int64_t LoraBackwardWorkspaceBytes(const LoraShape& s) const override {
     return a_.LoraBackwardWorkspaceBytes(s) + b_.LoraBackwardWorkspaceBytes(s);
   }
-  int64_t Quant4LinearWorkspaceBytes(const LinearShape& s) const override {
-    return a_.Quant4LinearWorkspaceBytes(s) + b_.Quant4LinearWorkspaceBytes(s);
+  using KernelWorkspaces::Quant4LinearWorkspaceBytes;
+  int64_t Quant4LinearWorkspaceBytes(const LinearShape& s, DType d) const override {
+    return a_.Quant4LinearWorkspaceBytes(s, d) + b_.Quant4LinearWorkspaceBytes(s, d);
   }
 
  private:
@@ -123,7 +124,8 @@ class SingleQueryWorkspaces final : public KernelWorkspaces {
   int64_t LmHeadBlockBackwardWorkspaceBytes(const VocabBlockShape& s, DType d) const override;
   int64_t LoraForwardWorkspaceBytes(const LoraShape& s) const override;
   int64_t LoraBackwardWorkspaceBytes(const LoraShape& s) const override;
-  int64_t Quant4LinearWorkspaceBytes(const LinearShape& s) const override;
+  using KernelWorkspaces::Quant4LinearWorkspaceBytes;
+  int64_t Quant4LinearWorkspaceBytes(const LinearShape& s, DType d) const override;
 
  private:
   // base + 256 * (d0 + 2 d1 + 3 d2 + 5 d3 + 7 d4 + 11 d5) when `query` is this object's query.
@@ -257,10 +259,12 @@ class ExtraWorkspaceKernels final : public Kernels {
                                 DType dst_dtype, void* dst) override;
   absl::Status DoQuant4LinearForward(Stream& stream, const LinearShape& shape, const float* x,
                                      const Quant4Tensor& w, const float* b, float* y,
-                                     void* workspace, int64_t workspace_bytes) override;
+                                     void* workspace, int64_t workspace_bytes,
+                                     DType compute_dtype) override;
   absl::Status DoQuant4LinearBackwardInput(Stream& stream, const LinearShape& shape,
                                            const Quant4Tensor& w, const float* dy, float* dx,
-                                           void* workspace, int64_t workspace_bytes) override;
+                                           void* workspace, int64_t workspace_bytes,
+                                           DType compute_dtype) override;
   absl::Status DoLoraForward(Stream& stream, const LoraShape& shape, const float* x, const float* a,
                              const float* b, float* h, float* y, void* workspace,
                              int64_t workspace_bytes) override;

@@ -15,9 +15,18 @@
 //  - The same result as LinearForward / LinearBackward's dx on the weight dequantized by
 //    Dequantize4Bit (bit for bit on the CPU, within the tolerance on CUDA), and the same bits
 //    with a larger workspace than the query asks (on the CPU: more tiles in flight).
+//  - Computing in bf16 / f16 (bnb_4bit_compute_dtype; nf4_linear.h): bit for bit the direct CPU
+//    function with the same compute dtype where bit-identical, and on every implementation within
+//    one 16-bit ulp (relative 2^-7 for bf16, 2^-10 for f16) plus the f32 cases' 2e-4 x the largest
+//    |reference| of the f64 product of the 16-bit-rounded operands (x, bias, dequantized W; dy):
+//    the result's one rounding is at most half an ulp, and the f32 sums (cuBLAS's order or
+//    OpenBLAS's) add errors far below 2e-4 of the largest output. The backward adds its rounded
+//    product to dx: dx0 + (the result on dx0 = 0) bit for bit on every implementation, and y and
+//    that product hold 16-bit values.
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -25,6 +34,7 @@
 #include "base/testing/status_matchers.h"
 #include "base/testing/test_rng.h"
 #include "gmock/gmock.h"
+#include "memory/convert.h"
 #include "memory/dtype.h"
 #include "model/kernels/linear.h"
 #include "model/kernels/nf4.h"
@@ -236,6 +246,123 @@ TEST_P(KernelsConformanceTest, Quant4LinearForwardAndBackwardInput) {
   }
 }
 
+// v rounded to bf16 / f16 and widened back (torch's .to(dtype)).
+std::vector<float> Rounded(const std::vector<float>& v, DType dt) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  std::vector<uint16_t> bits(n);
+  std::vector<float> out(n);
+  if (dt == DType::kBF16) {
+    ConvertF32ToBF16(v.data(), bits.data(), n);
+    ConvertBF16ToF32(bits.data(), out.data(), n);
+  } else {
+    ConvertF32ToF16(v.data(), bits.data(), n);
+    ConvertF16ToF32(bits.data(), out.data(), n);
+  }
+  return out;
+}
+
+// bnb_4bit_compute_dtype bf16 and f16 on the shapes above (odd sizes, N = 1, out = 1, several
+// column blocks of the CPU grid, both 4-bit types and scale forms, with and without bias).
+TEST_P(KernelsConformanceTest, Quant4LinearSixteenBitCompute) {
+  TestRng rng(373);
+  struct Case {
+    LinearShape shape;
+    Quant4Type type;
+    bool nested;
+    DType dt;
+  };
+  const Case cases[] = {
+      {{.rows = 1, .in_features = 77, .out_features = 13, .bias = true}, Quant4Type::kNf4, false,
+       DType::kBF16},
+      {{.rows = 37, .in_features = 130, .out_features = 300}, Quant4Type::kFp4, true, DType::kBF16},
+      {{.rows = 5, .in_features = 520, .out_features = 70, .bias = true}, Quant4Type::kNf4, true,
+       DType::kBF16},
+      {{.rows = 3, .in_features = 64, .out_features = 1, .bias = true}, Quant4Type::kFp4, false,
+       DType::kF16},
+      {{.rows = 66, .in_features = 33, .out_features = 65, .bias = true}, Quant4Type::kNf4, false,
+       DType::kF16},
+      {{.rows = 1, .in_features = 129, .out_features = 257}, Quant4Type::kFp4, true, DType::kBF16},
+  };
+  for (const Case& c : cases) {
+    const LinearShape& s = c.shape;
+    const DType dt = c.dt;
+    const int64_t N = s.rows, I = s.in_features, O = s.out_features;
+    const HostQuant4 q = Quantize(rng, c.type, O * I, I, c.nested, /*zero_block=*/true);
+    const std::string tag = absl::StrCat(" ", DTypeName(dt), " compute, ", Describe(q), " N=", N,
+                                         " in=", I, " out=", O, s.bias ? " bias" : "");
+    const auto x = Rand(rng, N * I, -3, 3), b = s.bias ? Rand(rng, O) : std::vector<float>{},
+               y0 = Rand(rng, N * O), dy = Rand(rng, N * O), dx0 = Rand(rng, N * I);
+    const std::vector<float> zeros(N * I, 0.0f);
+
+    const Quant4Tensor d = UploadQuant4(q.Host());
+    const float* d_x = Upload(x);
+    const float* d_b = s.bias ? Upload(b) : nullptr;
+    const float* d_dy = Upload(dy);
+    float *d_y = Upload(y0), *d_dx = Upload(dx0), *d_g = Upload(zeros);
+    const int64_t ws = kernels().Quant4LinearWorkspaceBytes(s, dt);
+    ASSERT_GT(ws, 0) << tag;
+    ASSERT_OK(kernels().Quant4LinearForward(stream(), s, d_x, d, d_b, d_y, Workspace(ws), ws, dt));
+    ASSERT_OK(
+        kernels().Quant4LinearBackwardInput(stream(), s, d, d_dy, d_dx, Workspace(ws), ws, dt));
+    ASSERT_OK(
+        kernels().Quant4LinearBackwardInput(stream(), s, d, d_dy, d_g, Workspace(ws), ws, dt));
+    const std::vector<float> got_y = Download(d_y, N * O), got_dx = Download(d_dx, N * I),
+                             got_g = Download(d_g, N * I);
+
+    // The direct CPU function with the same compute dtype.
+    std::vector<float> y = y0, dx = dx0, g = zeros, tile(Quant4LinearWorkspaceElems(s, 1, dt));
+    ASSERT_OK(Quant4LinearForward(s, C(x), q.Host(), C(b), M(y), M(tile), nullptr, dt));
+    ASSERT_OK(Quant4LinearBackwardInput(s, q.Host(), C(dy), M(dx), M(tile), nullptr, dt));
+    ASSERT_OK(Quant4LinearBackwardInput(s, q.Host(), C(dy), M(g), M(tile), nullptr, dt));
+    if (bit_identical()) {
+      ExpectSameBits(got_y.data(), y.data(), N * O * 4, "Quant4LinearForward y" + tag);
+      ExpectSameBits(got_dx.data(), dx.data(), N * I * 4, "Quant4LinearBackwardInput dx" + tag);
+      ExpectSameBits(got_g.data(), g.data(), N * I * 4, "Quant4LinearBackwardInput (dx 0)" + tag);
+    }
+    // y and the product are 16-bit values (rounded once more: unchanged) on every implementation.
+    ExpectSameBits(Rounded(got_y, dt).data(), got_y.data(), N * O * 4, "y is 16-bit" + tag);
+    ExpectSameBits(Rounded(got_g, dt).data(), got_g.data(), N * I * 4,
+                   "dx (dx0 = 0) is 16-bit" + tag);
+    // dx0 + (dy W rounded), in f32, on every implementation.
+    std::vector<float> sum(N * I);
+    for (int64_t i = 0; i < N * I; ++i) sum[i] = dx0[i] + got_g[i];
+    ExpectSameBits(got_dx.data(), sum.data(), N * I * 4, "dx = dx0 + the product rounded" + tag);
+
+    // The f64 reference on the 16-bit operands.
+    const std::vector<float> wr = Rounded(DequantizeOnHost(q), dt), xr = Rounded(x, dt),
+                             br = Rounded(b, dt), dyr = Rounded(dy, dt);
+    std::vector<double> y_r(N * O), g_r(N * I, 0.0);
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t o = 0; o < O; ++o) {
+        double acc = s.bias ? br[o] : 0.0;
+        for (int64_t i = 0; i < I; ++i) {
+          acc += double{xr[n * I + i]} * wr[o * I + i];
+          g_r[n * I + i] += double{dyr[n * O + o]} * wr[o * I + i];
+        }
+        y_r[n * O + o] = acc;
+      }
+    }
+    const double rtol = dt == DType::kBF16 ? 1.0 / 128 : 1.0 / 1024;
+    for (const auto& [got, ref, what] : {std::tuple(&got_y, &y_r, "y"),
+                                         std::tuple(&got_g, &g_r, "dx (dx0 = 0)")}) {
+      double scale = 0;
+      for (double r : *ref) scale = std::max(scale, std::abs(r));
+      ExpectAllNear(*got, *ref, 2e-4 * scale, rtol,
+                    absl::StrCat(what, tag, " vs the f64 reference on the 16-bit operands"));
+    }
+
+    // A workspace three times the query's: the same bits.
+    float *d_y3 = Alloc<float>(N * O), *d_dx3 = Upload(dx0);
+    ASSERT_OK(kernels().Quant4LinearForward(stream(), s, d_x, d, d_b, d_y3, Workspace(3 * ws),
+                                            3 * ws, dt));
+    ASSERT_OK(kernels().Quant4LinearBackwardInput(stream(), s, d, d_dy, d_dx3, Workspace(3 * ws),
+                                                  3 * ws, dt));
+    const std::vector<float> big_y = Download(d_y3, N * O), big_dx = Download(d_dx3, N * I);
+    ExpectSameBits(big_y.data(), got_y.data(), N * O * 4, "y with a larger workspace" + tag);
+    ExpectSameBits(big_dx.data(), got_dx.data(), N * I * 4, "dx with a larger workspace" + tag);
+  }
+}
+
 TEST_P(KernelsConformanceTest, Quant4ArgumentErrorsAreFoundAtEnqueue) {
   TestRng rng(372);
   const LinearShape s{.rows = 4, .in_features = 70, .out_features = 9, .bias = true};
@@ -277,6 +404,17 @@ TEST_P(KernelsConformanceTest, Quant4ArgumentErrorsAreFoundAtEnqueue) {
               invalid("dy and dx overlap"));
   EXPECT_THAT(kernels().Quant4LinearForward(stream(), s, xy, w, b, xy + 4 * 70 - 1, ws, ws_bytes),
               invalid("x and y overlap"));
+  EXPECT_THAT(kernels().Quant4LinearForward(stream(), s, x, w, b, y, ws, ws_bytes,
+                                            static_cast<DType>(7)),
+              invalid("Quant4LinearForward: compute_dtype 7 is not f32, bf16 or f16"));
+  EXPECT_THAT(kernels().Quant4LinearBackwardInput(stream(), s, w, y, x, ws, ws_bytes,
+                                                  static_cast<DType>(9)),
+              invalid("Quant4LinearBackwardInput: compute_dtype 9 is not f32, bf16 or f16"));
+  // The 16-bit compute asks for more (the rounded activations): the f32 answer is refused.
+  const int64_t bf16_bytes = kernels().Quant4LinearWorkspaceBytes(s, DType::kBF16);
+  EXPECT_GT(bf16_bytes, ws_bytes);
+  EXPECT_THAT(kernels().Quant4LinearForward(stream(), s, x, w, b, y, ws, ws_bytes, DType::kBF16),
+              invalid("Quant4LinearForward: workspace has"));
   LinearShape zero_rows = s;
   zero_rows.rows = 0;
   EXPECT_THAT(kernels().Quant4LinearForward(stream(), zero_rows, x, w, b, y, ws, ws_bytes),

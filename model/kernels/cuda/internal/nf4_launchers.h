@@ -26,6 +26,16 @@ cudaError_t LaunchDequantize4Bit(int type, const uint8_t* codes, const float* ab
 cudaError_t LaunchBroadcastRows(const float* b, int64_t rows, int64_t n, float* y,
                                 cudaStream_t stream);
 
+// The 16-bit compute (out kBF16 or kF16; memory/dtype_math.h's round-to-nearest-even):
+// dst[i] = the bits of src[i] rounded, for i < n.
+cudaError_t LaunchRoundTo16Bits(const float* src, int64_t n, Quant4Out out, uint16_t* dst,
+                                cudaStream_t stream);
+// y[i] = y[i] rounded and widened back to f32, for i < n.
+cudaError_t LaunchRound16InPlace(float* y, int64_t n, Quant4Out out, cudaStream_t stream);
+// dst[r * ld + c] += g[r * cols + c] rounded (widened back to f32), for r < rows, c < cols.
+cudaError_t LaunchAddRounded16(const float* g, int64_t rows, int64_t cols, Quant4Out out,
+                               float* dst, int64_t ld, cudaStream_t stream);
+
 }  // namespace ps::cuda_internal
 
 #endif  // PATRICKSTAR_MODEL_KERNELS_CUDA_INTERNAL_NF4_LAUNCHERS_H_
