@@ -114,6 +114,7 @@ GptMemoryModel Record(const ModelConfig& config, std::vector<OperatorSpec> ops,
   if (o.quant4.has_value()) {
     // The 4-bit weights' GEMMs ask for their own workspace (Quant4LinearWorkspaceBytes).
     auto table = std::make_shared<Quant4Table>();
+    table->compute_dtype = o.quant4->compute_dtype;
     absl::flat_hash_map<std::string, Quant4Format> formats;
     for (const Quant4Weight& w : Quant4Weights(config, *o.lora, *o.quant4)) {
       formats.emplace(w.tensor, w.format);

@@ -330,6 +330,7 @@ absl::StatusOr<ProgramLayout> GptModel::ResolveLayout() {
   // The 4-bit weights: their blobs must start 16-byte aligned (Quant4AlignmentElems).
   if (options_.quant4.has_value()) {
     quant4_table_ = std::make_shared<Quant4Table>();
+    quant4_table_->compute_dtype = options_.quant4->compute_dtype;
     for (const Quant4Weight& w : Quant4Weights(model_config_, *options_.lora, *options_.quant4)) {
       ASSIGN_OR_RETURN(const TensorId t, layout.FindTensor(w.tensor));
       const TensorInfo& info = layout.tensor(t);

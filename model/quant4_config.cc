@@ -75,11 +75,11 @@ absl::Status ValidateQuant4Config(const ModelConfig& model, const LoraConfig* lo
         "adapters train on it (add \"lora\": {\"r\": 16, ...} or --lora_r=16, or drop "
         "load_in_4bit)");
   }
-  if (quant.compute_dtype != DType::kF32) {
-    return absl::UnimplementedError(absl::StrCat(
+  if (quant.compute_dtype != DType::kF32 && quant.compute_dtype != DType::kBF16 &&
+      quant.compute_dtype != DType::kF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
         "quantization.bnb_4bit_compute_dtype: ", DTypeName(quant.compute_dtype),
-        " compute over a 4-bit base is not built yet; the 4-bit GEMMs compute in float32 (use "
-        "\"float32\")"));
+        " is not a compute dtype (use \"float32\", \"bfloat16\" or \"float16\")"));
   }
   for (const std::string& key : quant.skip_modules) {
     if (key.empty()) {

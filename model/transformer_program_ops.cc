@@ -168,12 +168,13 @@ absl::Status TransformerProgram::Run::Quant4LinearFwd(const Quant4Format& q, Ten
     ASSIGN_OR_RETURN(b_f32, ParamF32(b, &bv));
   }
   const LinearShape shape{N_, in_features, out_features, b >= 0};
-  const int64_t ws_bytes = ctx_->workspaces().Quant4LinearWorkspaceBytes(shape);
+  const DType compute = p_.layout_.quant4->compute_dtype;
+  const int64_t ws_bytes = ctx_->workspaces().Quant4LinearWorkspaceBytes(shape, compute);
   ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
   const float offset = p_.layout_.quant4->Offset(w);
   return ctx_->Compute([&](Kernels& k, Stream& s) {
     return k.Quant4LinearForward(s, shape, x, Quant4TensorAt(q, wv.data, offset),
-                                 b >= 0 ? bv.data() : nullptr, y, ws.data(), ws_bytes);
+                                 b >= 0 ? bv.data() : nullptr, y, ws.data(), ws_bytes, compute);
   });
 }
 
@@ -185,12 +186,13 @@ absl::Status TransformerProgram::Run::Quant4LinearBwd(const Quant4Format& q, Ten
   ASSIGN_OR_RETURN(const TensorView wv, ctx_->Param(w));
   // The bias (if any) has no gradient either: the operator is frozen.
   const LinearShape shape{N_, in_features, out_features, false};
-  const int64_t ws_bytes = ctx_->workspaces().Quant4LinearWorkspaceBytes(shape);
+  const DType compute = p_.layout_.quant4->compute_dtype;
+  const int64_t ws_bytes = ctx_->workspaces().Quant4LinearWorkspaceBytes(shape, compute);
   ASSIGN_OR_RETURN(Buffer ws, Workspace(ws_bytes));
   const float offset = p_.layout_.quant4->Offset(w);
   return ctx_->Compute([&](Kernels& k, Stream& s) {
     return k.Quant4LinearBackwardInput(s, shape, Quant4TensorAt(q, wv.data, offset), dy, dx,
-                                       ws.data(), ws_bytes);
+                                       ws.data(), ws_bytes, compute);
   });
 }
 

@@ -214,27 +214,22 @@ TEST(QuantizationConfigTest, FourBitWithoutLoraIsRefusedNamingBoth) {
   EXPECT_OK(ValidateTrainConfig(c));
 }
 
-TEST(QuantizationConfigTest, ComputeDtypeOtherThanFloat32IsUnimplementedNamingTheKey) {
-  for (const char* dtype : {"bfloat16", "float16"}) {
+// The 4-bit GEMMs compute in bnb_4bit_compute_dtype (float32, bfloat16, float16), whatever the
+// run's own dtype (the param chunks': f32, bf16 or fp16).
+TEST(QuantizationConfigTest, ComputeDtypesAndSixteenBitRunsAreValid) {
+  for (const char* dtype : {"float32", "bfloat16", "float16"}) {
     SCOPED_TRACE(dtype);
     ASSERT_OK_AND_ASSIGN(
         const TrainConfig c,
         Parse(WithLora({{"load_in_4bit", true}, {"bnb_4bit_compute_dtype", dtype}}).dump()));
-    EXPECT_THAT(ValidateTrainConfig(c),
-                StatusIs(kUnimplemented, AllOf(HasSubstr("`quantization.bnb_4bit_compute_dtype`"),
-                                               HasSubstr(dtype), HasSubstr("\"float32\""))));
+    EXPECT_OK(ValidateTrainConfig(c));
+    for (const char* run : {"bf16", "fp16"}) {
+      Json j = WithLora({{"load_in_4bit", true}, {"bnb_4bit_compute_dtype", dtype}});
+      j[run] = {{"enabled", true}};
+      ASSERT_OK_AND_ASSIGN(const TrainConfig r, Parse(j.dump()));
+      EXPECT_OK(ValidateTrainConfig(r)) << run;
+    }
   }
-  // A 16-bit run over a 4-bit base (param chunks of bf16/f16): not built yet either.
-  Json bf16 = WithLora({{"load_in_4bit", true}});
-  bf16["bf16"] = {{"enabled", true}};
-  ASSERT_OK_AND_ASSIGN(const TrainConfig b, Parse(bf16.dump()));
-  EXPECT_THAT(ValidateTrainConfig(b),
-              StatusIs(kUnimplemented, AllOf(HasSubstr("`bf16.enabled`"),
-                                             HasSubstr("quantization.load_in_4bit"))));
-  Json fp16 = WithLora({{"load_in_4bit", true}});
-  fp16["fp16"] = {{"enabled", true}};
-  ASSERT_OK_AND_ASSIGN(const TrainConfig f, Parse(fp16.dump()));
-  EXPECT_THAT(ValidateTrainConfig(f), StatusIs(kUnimplemented, HasSubstr("`fp16.enabled`")));
 }
 
 // Double quantization keeps each weight's nested offset on the rank that quantized it: one rank

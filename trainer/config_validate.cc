@@ -236,8 +236,9 @@ absl::Status CheckLoraValues(const LoraSettings& l) {
   return absl::OkStatus();
 }
 
-// The 4-bit base: frozen (a lora section), computed in float32, in an f32 run; double quantization
-// only on one rank (each rank quantizes its own chunks; the nested offsets stay on it).
+// The 4-bit base: frozen (a lora section); double quantization only on one rank (each rank
+// quantizes its own chunks; the nested offsets stay on it). Any run dtype: the 4-bit weights'
+// GEMMs compute in bnb_4bit_compute_dtype whatever the param chunks' element type.
 absl::Status CheckQuantizationAcrossKeys(const TrainConfig& c, std::optional<int> world_size) {
   const QuantizationSettings& q = c.quantization;
   if (!q.load_in_4bit) return absl::OkStatus();
@@ -247,20 +248,6 @@ absl::Status CheckQuantizationAcrossKeys(const TrainConfig& c, std::optional<int
         "which only a frozen base can be, but the config has no `lora` section: add a lora "
         "section (or --lora_r and --lora_target_modules) to train adapters over the 4-bit base "
         "(QLoRA), or drop quantization.load_in_4bit");
-  }
-  if (q.compute_dtype != DType::kF32) {
-    return absl::UnimplementedError(absl::StrCat(
-        "`quantization.bnb_4bit_compute_dtype` = \"", TorchDTypeName(q.compute_dtype),
-        "\": only \"float32\" is implemented over a 4-bit base (bf16/f16 compute is not built "
-        "yet); write \"float32\" or remove the key"));
-  }
-  if (c.precision() != PrecisionMode::kF32) {
-    return absl::UnimplementedError(absl::StrCat(
-        c.fp16.enabled ? "`fp16.enabled`" : "`bf16.enabled`",
-        " = true with `quantization.load_in_4bit` = true: a 4-bit base computes in "
-        "quantization.bnb_4bit_compute_dtype \"float32\", the param chunks' element type, so "
-        "the run must be f32 (16-bit runs over a 4-bit base are not built yet); disable ",
-        c.fp16.enabled ? "fp16" : "bf16", " or drop quantization.load_in_4bit"));
   }
   if (q.double_quant && world_size.value_or(1) > 1) {
     return absl::UnimplementedError(absl::StrCat(

@@ -252,11 +252,11 @@ std::string Quant4BaseLine(const ModelConfig& model, const LoraConfig& lora,
   const Quant4Totals q = Quant4TotalsOf(Quant4Weights(model, lora, quant4), dtype);
   return absl::StrFormat(
       "base: %d linear weights in 4-bit %s%s: %d parameters in %s, %.4f bytes per parameter (%d "
-      "in %s unquantized)%s",
+      "in %s unquantized), computed in %s%s",
       q.weights, Quant4TypeName(quant4.quant_type), quant4.double_quant ? " (double quant)" : "",
       q.values, FormatBytes(q.stored_bytes),
       q.values > 0 ? static_cast<double>(q.stored_bytes) / static_cast<double>(q.values) : 0.0,
-      SizeOf(dtype), DTypeName(dtype),
+      SizeOf(dtype), DTypeName(dtype), DTypeName(quant4.compute_dtype),
       quant4.skip_modules.empty()
           ? std::string()
           : absl::StrCat("; kept at full width: ", absl::StrJoin(quant4.skip_modules, ",")));
