@@ -35,6 +35,10 @@
 //       (the headline: about 17 GiB of host memory, the plan's bound, and minutes per step on a
 //       few cores; the defaults are the issue's shape: bf16, r 16, lora_alpha 32, q/k/v/o_proj,
 //       1 x 128 tokens, a 1 GiB accelerator cap)
+//   bazel run -c opt //benchmarks:lora_benchmark -- --model=llama-2-7b --steps=2 --load_in_4bit
+//       (QLoRA, issue #37: the base's block linears in 4 bits, nf4 with double quantization by
+//       default — --bnb_4bit_quant_type, --bnb_4bit_use_double_quant, --bnb_4bit_compute_dtype —
+//       and the bytes per base parameter printed)
 //   bazel run -c opt //benchmarks:lora_benchmark -- --model=llama-2-7b --plan_only
 //   bazel run -c opt //benchmarks:lora_benchmark -- --model=gpt2
 //       --lora_target_modules=c_attn,c_proj --accelerator_memory=128MiB    (small shapes)
@@ -78,6 +82,7 @@
 #include "model/kernels/internal/blas.h"
 #include "model/lora_config.h"
 #include "model/model_config.h"
+#include "model/quant4_config.h"
 #include "scheduler/memory_plan.h"
 #include "trainer/config.h"
 #include "trainer/config_overrides.h"
@@ -105,6 +110,14 @@ ABSL_FLAG(double, lora_dropout, 0, "lora.lora_dropout");
 ABSL_FLAG(std::string, lora_target_modules, "q_proj,k_proj,v_proj,o_proj",
           "lora.target_modules, comma-separated (GPT-2: c_attn, c_proj, c_fc)");
 ABSL_FLAG(bool, activation_checkpointing, true, "model.activation_checkpointing");
+ABSL_FLAG(bool, load_in_4bit, false,
+          "QLoRA: quantization.load_in_4bit (the base's block linears in 4 bits)");
+ABSL_FLAG(std::string, bnb_4bit_quant_type, "nf4",
+          "quantization.bnb_4bit_quant_type with --load_in_4bit (QLoRA's recipe: nf4)");
+ABSL_FLAG(bool, bnb_4bit_use_double_quant, true,
+          "quantization.bnb_4bit_use_double_quant with --load_in_4bit (QLoRA's recipe: true)");
+ABSL_FLAG(std::string, bnb_4bit_compute_dtype, "float32",
+          "quantization.bnb_4bit_compute_dtype with --load_in_4bit: float32, bfloat16, float16");
 ABSL_FLAG(int, threads, 0, "the model's threads (0: one per hardware thread, as the trainer)");
 ABSL_FLAG(std::string, link_probe, "256MiB", "bytes of the host -> accelerator copy probe");
 ABSL_FLAG(bool, plan_only, false, "print the plans and exit (no training, no probes)");
@@ -180,6 +193,23 @@ absl::StatusOr<TrainConfig> MakeConfig(bool lora) {
   }
   RETURN_IF_ERROR(ApplyOverrides(o, &c));
   c.bf16 = absl::GetFlag(FLAGS_dtype) == "bf16";
+  if (lora && absl::GetFlag(FLAGS_load_in_4bit)) {
+    c.quantization.load_in_4bit = true;
+    ASSIGN_OR_RETURN(c.quantization.quant_type,
+                     ParseQuant4Type(absl::GetFlag(FLAGS_bnb_4bit_quant_type)));
+    c.quantization.double_quant = absl::GetFlag(FLAGS_bnb_4bit_use_double_quant);
+    const std::string compute = absl::GetFlag(FLAGS_bnb_4bit_compute_dtype);
+    if (compute == "float32") {
+      c.quantization.compute_dtype = DType::kF32;
+    } else if (compute == "bfloat16") {
+      c.quantization.compute_dtype = DType::kBF16;
+    } else if (compute == "float16") {
+      c.quantization.compute_dtype = DType::kF16;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--bnb_4bit_compute_dtype must be float32, bfloat16 or float16, got ", compute));
+    }
+  }
   c.threads = Threads();
   c.model.activation_checkpointing = absl::GetFlag(FLAGS_activation_checkpointing);
   // Only training steps are measured: no validation passes (each a forward over the base).
@@ -440,16 +470,26 @@ int Main() {
   const DType dtype = ComputeDType(lora_config->precision());
   const int64_t cap = lora_config->accelerator.memory_bytes;
   const ParamCounts params = CountParams(LoraModelOperators(*model, lora));
-  const int64_t base_param_bytes = params.frozen_elems * SizeOf(dtype);
+  const std::optional<Quant4Config> quant4 = ToQuant4Config(lora_config->quantization);
+  if (quant4.has_value()) {
+    if (absl::Status s = ValidateQuant4Config(*model, &lora, *quant4); !s.ok()) {
+      std::cerr << "quantization: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  // The 4-bit weights take their blobs' bytes; the rest of the base its compute dtype's.
+  const Quant4Totals q4 = Quant4BaseTotals(*model, lora, quant4, dtype);
+  const int64_t base_param_bytes = (params.frozen_elems - q4.values) * SizeOf(dtype) +
+                                   q4.stored_bytes;
   absl::StatusOr<HostMemoryInfo> host = ReadHostMemoryInfo();
   const int64_t host_total = host.ok() ? host->mem_total_bytes : 0;
   const int64_t host_available = host.ok() ? host->available_bytes() : 0;
   const int64_t resident = host.ok() ? host->process_resident_bytes : 0;
 
   std::cout << absl::StrFormat(
-      "LoRA fine-tune of %s (%s), %s, r %d, lora_alpha %g, targets %s, micro batch %d x %d "
+      "%s fine-tune of %s (%s), %s, r %d, lora_alpha %g, targets %s, micro batch %d x %d "
       "tokens, activation checkpointing %s, accelerator cap %s (emulated), %d threads\n",
-      model->name,
+      quant4.has_value() ? "QLoRA" : "LoRA", model->name,
       absl::GetFlag(FLAGS_init_from).empty() ? "seeded random base"
                                              : "base from " + absl::GetFlag(FLAGS_init_from),
       dtype_name, lora.r, lora.lora_alpha, absl::StrJoin(lora.target_modules, ","),
@@ -460,8 +500,16 @@ int Main() {
   }
   std::cout << absl::StrFormat(
       "parameters: base (frozen) %d = %s in %s, adapters (trainable) %d = %.3f%% of the base\n",
-      params.frozen_elems, GiB(base_param_bytes), dtype_name, params.trainable_elems,
-      100.0 * Ratio(params.trainable_elems, params.frozen_elems));
+      params.frozen_elems, GiB(base_param_bytes),
+      quant4.has_value() ? absl::StrCat(dtype_name, " and 4 bits") : dtype_name,
+      params.trainable_elems, 100.0 * Ratio(params.trainable_elems, params.frozen_elems));
+  if (quant4.has_value()) {
+    std::cout << Quant4BaseLine(*model, lora, *quant4, dtype) << "\n"
+              << absl::StrFormat(
+                     "bytes per base parameter: %.4f (the whole frozen base: 4-bit linears, and "
+                     "embeddings, norms and LM head in %s)\n",
+                     Ratio(base_param_bytes, params.frozen_elems), dtype_name);
+  }
 
   // 1. The plans, with this process's resident set (the child starts as a copy of it).
   const PlanOutcome lora_plan = Plan(*lora_config, BenchContext(*lora_config, *model, resident));
@@ -485,13 +533,18 @@ int Main() {
   };
   const std::string plan_line = absl::StrFormat(
       "model=%s dtype=%s r=%d alpha=%g targets=%s batch=%d seq_len=%d cap_bytes=%d "
-      "base_params=%d adapter_params=%d host_total_bytes=%d host_available_bytes=%d "
+      "base_params=%d adapter_params=%d quant4=%s quant4_values=%d quant4_stored_bytes=%d "
+      "base_bytes=%d host_total_bytes=%d host_available_bytes=%d "
       "lora_plan_host_peak_bytes=%d lora_plan_host_expected_peak_bytes=%d "
       "lora_plan_accelerator_peak_bytes=%d lora_plan_fits=%d full_plan_host_peak_bytes=%d "
       "full_plan_fits=%d min_link_bytes_per_step=%d",
       model->name, dtype_name, lora.r, lora.lora_alpha, absl::StrJoin(lora.target_modules, ","),
       absl::GetFlag(FLAGS_micro_batch_size), absl::GetFlag(FLAGS_seq_len), cap, params.frozen_elems,
-      params.trainable_elems, host_total, host_available,
+      params.trainable_elems,
+      quant4.has_value() ? absl::StrCat(Quant4TypeName(quant4->quant_type),
+                                        quant4->double_quant ? "+dq" : "")
+                         : "none",
+      q4.values, q4.stored_bytes, base_param_bytes, host_total, host_available,
       plan_bytes(lora_plan, &MemoryPlan::host_peak_bytes),
       plan_bytes(lora_plan, &MemoryPlan::host_expected_peak_bytes),
       plan_bytes(lora_plan, &MemoryPlan::predicted_accelerator_peak_bytes),

@@ -75,12 +75,6 @@ absl::Status ValidateQuant4Config(const ModelConfig& model, const LoraConfig* lo
         "adapters train on it (add \"lora\": {\"r\": 16, ...} or --lora_r=16, or drop "
         "load_in_4bit)");
   }
-  if (quant.compute_dtype != DType::kF32 && quant.compute_dtype != DType::kBF16 &&
-      quant.compute_dtype != DType::kF16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "quantization.bnb_4bit_compute_dtype: ", DTypeName(quant.compute_dtype),
-        " is not a compute dtype (use \"float32\", \"bfloat16\" or \"float16\")"));
-  }
   for (const std::string& key : quant.skip_modules) {
     if (key.empty()) {
       return absl::InvalidArgumentError(

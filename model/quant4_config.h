@@ -66,8 +66,8 @@ absl::StatusOr<Quant4Type> ParseQuant4Type(absl::string_view name);
 // OK, or an error saying what to change: FailedPrecondition when `lora` is null (a 4-bit base
 // must be frozen: "load_in_4bit ... needs a lora section"); InvalidArgument for a LoRA whose
 // modules_to_save covers a block linear that would be quantized (a trained weight cannot be
-// 4-bit: name it and say to add it to llm_int8_skip_modules); InvalidArgument for a compute
-// dtype other than f32, bf16, f16 and for an empty skip_modules entry. REQUIRES: ValidateModelConfig(model) and, when lora is non-null,
+// 4-bit: name it and say to add it to llm_int8_skip_modules); InvalidArgument for an empty
+// skip_modules entry. Every compute dtype (f32, bf16, f16) is valid. REQUIRES: ValidateModelConfig(model) and, when lora is non-null,
 // ValidateLoraConfig(model, *lora) are OK.
 [[nodiscard]] absl::Status ValidateQuant4Config(const ModelConfig& model, const LoraConfig* lora,
                                                 const Quant4Config& quant);
