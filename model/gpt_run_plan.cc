@@ -215,7 +215,19 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
     }
   }
   int64_t min_elems = ModelMinChunkElems(mc, o.model.ce_vocab_tile);
-  if (o.model.lora.has_value()) {
+  if (o.model.quant4.has_value()) {
+    // The 4-bit weights take their blobs, about a quarter of their 16-bit elements: the largest
+    // operator is then another (a vocabulary block, an adapter, a 16-bit linear, a blob), and
+    // chunks sized for the 16-bit one would be mostly padding. As ModelMinChunkElems, over the
+    // operators of this run (one vocabulary block of ce_vocab_tile rows stands for them all).
+    ModelConfig one_block = mc;
+    one_block.vocab_size = std::min(o.model.ce_vocab_tile, mc.vocab_size);
+    min_elems = 0;
+    for (const OperatorSpec& op : ModelOperatorsFor(one_block, o.model.lora, {.vocab_block_rows = 0},
+                                                    o.model.quant4, o.compute_dtype)) {
+      min_elems = std::max(min_elems, OperatorNumElems(op));
+    }
+  } else if (o.model.lora.has_value()) {
     // An adapter operator (up to three A/B pairs) may outgrow the base's largest with a large r.
     for (const OperatorSpec& op : LoraModelOperators(mc, *o.model.lora)) {
       if (absl::EndsWith(op.name, ".lora")) min_elems = std::max(min_elems, OperatorNumElems(op));
