@@ -684,10 +684,10 @@ int Main() {
 
   const bool trained_here = run.host_peak_bytes <= host_total && run.ok;
   std::cout << absl::StrFormat(
-      "\nheadline: a LoRA fine-tune of %s (r %d on %s, %s) trained %d steps here at %.1f s per "
+      "\nheadline: a %s fine-tune of %s (r %d on %s, %s) trained %d steps here at %.1f s per "
       "step, host peak %s of %s RAM, accelerator peak %s under a %s cap; a full fine-tune %s "
       "(plan: %s).\n",
-      model->name, lora.r, absl::StrJoin(lora.target_modules, ","), dtype_name, run.steps, step_s,
+      quant4.has_value() ? "QLoRA (4-bit base)" : "LoRA", model->name, lora.r, absl::StrJoin(lora.target_modules, ","), dtype_name, run.steps, step_s,
       GiB(run.host_peak_bytes), GiB(host_total), MiB(run.accelerator_peak_total_bytes),
       FormatBytes(cap), full_plan.fits.ok() ? "would also fit here" : "cannot run here",
       full_plan.plan.ok() ? absl::StrCat(GiB(full_plan.plan->plan.host_peak_bytes), " host")

@@ -401,7 +401,7 @@ absl::Status GptModel::InitializeParameters(uint64_t seed) {
     }
     FillInitialValues(init, seed, stream, first_elem, out);
     return absl::OkStatus();
-  });
+  }, /*include=*/nullptr, /*blob_fill=*/nullptr, /*parallel=*/true);  // every stream its own
 }
 
 absl::Status GptModel::LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint) {

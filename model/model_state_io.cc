@@ -161,8 +161,9 @@ absl::Status ModelStateIo::StagedRead(
   return absl::OkStatus();
 }
 
-absl::Status ModelStateIo::WriteParameter(TensorId tensor, absl::Span<const float> values) {
-  if (const Quant4Format* q = quant4(tensor)) return WriteQuant4(tensor, *q, values);
+absl::Status ModelStateIo::WriteParameter(TensorId tensor, absl::Span<const float> values,
+                                          ThreadPool* quant_pool) {
+  if (const Quant4Format* q = quant4(tensor)) return WriteQuant4(tensor, *q, values, quant_pool);
   ASSIGN_OR_RETURN(TensorView param, parts_.store->View(ChunkType::kParam, tensor));
   CHECK_EQ(param.numel, static_cast<int64_t>(values.size()));
   RETURN_IF_ERROR(RequireHostPayload(param, "setting a parameter"));
@@ -200,24 +201,37 @@ bool ModelStateIo::is_adapter(TensorId tensor) const {
 
 absl::Status ModelStateIo::SetParameters(const ParameterFillFn& fill,
                                          const std::function<bool(TensorId)>& include,
-                                         const Quant4BlobFillFn& blob_fill) {
+                                         const Quant4BlobFillFn& blob_fill, bool parallel) {
   if (parts_.manager->in_iteration()) {
     return absl::FailedPreconditionError(
         "GptModel: parameters can only be set outside an iteration (after EndIteration)");
   }
+  // One tensor: its blob as it is, or its values filled (and quantized with `pool`).
+  auto set_one = [&](TensorId t, std::vector<float>& values, ThreadPool* pool) -> absl::Status {
+    if (blob_fill != nullptr && quant4(t) != nullptr) {
+      ASSIGN_OR_RETURN(const bool written, WriteQuant4Blob(t, blob_fill));
+      if (written) return absl::OkStatus();
+    }
+    values.assign(static_cast<size_t>(LogicalNumel(t)), 0.0f);
+    RETURN_IF_ERROR(fill(t, absl::MakeSpan(values)));
+    return WriteParameter(t, values, pool);
+  };
   std::vector<float> values;
   return model_state_io_internal::WriteOwnedChunksOnHost(
       *parts_.store, *parts_.manager,
       [&](absl::Span<const TensorId> tensors) -> absl::Status {
-        for (TensorId t : tensors) {
-          if (blob_fill != nullptr && quant4(t) != nullptr) {
-            ASSIGN_OR_RETURN(const bool written, WriteQuant4Blob(t, blob_fill));
-            if (written) continue;
-          }
-          values.assign(static_cast<size_t>(LogicalNumel(t)), 0.0f);
-          RETURN_IF_ERROR(fill(t, absl::MakeSpan(values)));
-          RETURN_IF_ERROR(WriteParameter(t, values));
+        if (!parallel || parts_.pool == nullptr || tensors.size() < 2) {
+          for (TensorId t : tensors) RETURN_IF_ERROR(set_one(t, values, parts_.pool));
+          return absl::OkStatus();
         }
+        // The chunk's tensors on the pool's threads, each with its own buffer (the fills are
+        // thread-safe; the quantization inside a task runs on its thread alone).
+        std::vector<absl::Status> status(tensors.size());
+        parts_.pool->ParallelFor(static_cast<int64_t>(tensors.size()), [&](int64_t i) {
+          std::vector<float> own;
+          status[static_cast<size_t>(i)] = set_one(tensors[static_cast<size_t>(i)], own, nullptr);
+        });
+        for (const absl::Status& s : status) RETURN_IF_ERROR(s);
         return absl::OkStatus();
       },
       include);

@@ -145,9 +145,12 @@ class ModelStateIo {
   // and its nested offset, and returns true.
   using Quant4BlobFillFn = std::function<absl::StatusOr<bool>(
       TensorId tensor, absl::Span<uint8_t> blob, float* nested_offset)>;
+  // `parallel`: `fill` and `blob_fill` may be called from several threads at once (each call
+  // for another tensor); the tensors of a chunk are then set on Parts::pool's threads.
   [[nodiscard]] absl::Status SetParameters(const ParameterFillFn& fill,
                                            const std::function<bool(TensorId)>& include = nullptr,
-                                           const Quant4BlobFillFn& blob_fill = nullptr);
+                                           const Quant4BlobFillFn& blob_fill = nullptr,
+                                           bool parallel = false);
   // Whether stored tensor `tensor` is frozen (its chunk is: no master, no optimizer state).
   bool frozen(TensorId tensor) const;
   // The 4-bit format of stored tensor `tensor`, or null.
@@ -222,7 +225,9 @@ class ModelStateIo {
                                 absl::Span<float> out) const;
   // Writes f32 values into the tensor's master slot and its param slot (rounded), zeroes momentum
   // and variance. REQUIRES: the tensor's chunks are accessed on the host.
-  absl::Status WriteParameter(TensorId tensor, absl::Span<const float> values);
+  // A 4-bit weight is quantized on `quant_pool` (may be null).
+  absl::Status WriteParameter(TensorId tensor, absl::Span<const float> values,
+                              ThreadPool* quant_pool);
   // Copies `bytes` of accelerator memory at `src` through the staging buffer, after the compute
   // stream's work so far, in pieces of a multiple of `piece_quantum` bytes: consume(host, offset,
   // bytes) for each.
@@ -239,7 +244,8 @@ class ModelStateIo {
                                int64_t first_elem, absl::Span<float> out) const;
   // Quantizes the logical values of 4-bit weight `tensor` into its blob (host payload) and
   // records its nested offset.
-  absl::Status WriteQuant4(TensorId tensor, const Quant4Format& q, absl::Span<const float> values);
+  absl::Status WriteQuant4(TensorId tensor, const Quant4Format& q, absl::Span<const float> values,
+                           ThreadPool* pool);
   // Lets `blob_fill` write 4-bit weight `tensor`'s blob (host payload, zeroed first) and records
   // the offset; false when it declined.
   absl::StatusOr<bool> WriteQuant4Blob(TensorId tensor, const Quant4BlobFillFn& blob_fill);
@@ -247,6 +253,9 @@ class ModelStateIo {
   static absl::Status RequireHostPayload(const TensorView& v, absl::string_view what);
 
   const Parts parts_;
+  // Guards the writes of Parts::quant4's nested offsets (SetParameters may set tensors on
+  // several threads).
+  absl::Mutex quant4_mu_;
 
   // The staging of accelerator payloads (ReadPayloadRange), created on first use. Guarded by
   // staging_mu_ so that const readers stay safe to call from several threads.

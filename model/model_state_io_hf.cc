@@ -91,7 +91,8 @@ absl::Status ModelStateIo::LoadHfCheckpoint(const HfCheckpoint& checkpoint) {
         ASSIGN_OR_RETURN(const Quant4Imported imported, checkpoint.ImportQuant4(name, blob));
         *offset = imported.nested_offset;
         return true;
-      });
+      },
+      /*parallel=*/true);  // the directory's reads are const
 }
 
 absl::Status ModelStateIo::SaveHfCheckpoint(const std::string& dir, DType dtype,

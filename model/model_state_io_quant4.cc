@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "chunk/chunk_type.h"
@@ -19,7 +20,7 @@
 namespace ps {
 
 absl::Status ModelStateIo::WriteQuant4(TensorId tensor, const Quant4Format& q,
-                                       absl::Span<const float> values) {
+                                       absl::Span<const float> values, ThreadPool* pool) {
   ASSIGN_OR_RETURN(TensorView param, parts_.store->View(ChunkType::kParam, tensor));
   RETURN_IF_ERROR(RequireHostPayload(param, "setting a 4-bit weight"));
   const int64_t n = q.num_elems();
@@ -49,19 +50,21 @@ absl::Status ModelStateIo::WriteQuant4(TensorId tensor, const Quant4Format& q,
   if (!q.nested) {
     const absl::Span<float> absmax(reinterpret_cast<float*>(blob + layout.absmax),
                                    static_cast<size_t>(blocks));
-    RETURN_IF_ERROR(named(Quantize4Bit(q.type, DType::kF32, src, n, codes, absmax, parts_.pool)));
+    RETURN_IF_ERROR(named(Quantize4Bit(q.type, DType::kF32, src, n, codes, absmax, pool)));
+    absl::MutexLock lock(&quant4_mu_);
     parts_.quant4->nested_offset.erase(tensor);
     return absl::OkStatus();
   }
   std::vector<float> absmax(static_cast<size_t>(blocks));
   RETURN_IF_ERROR(
-      named(Quantize4Bit(q.type, DType::kF32, src, n, codes, absl::MakeSpan(absmax), parts_.pool)));
+      named(Quantize4Bit(q.type, DType::kF32, src, n, codes, absl::MakeSpan(absmax), pool)));
   float offset = 0.0f;
   RETURN_IF_ERROR(named(QuantizeAbsmaxNested(
       absmax, absl::MakeSpan(blob + layout.nested_codes, static_cast<size_t>(blocks)),
       absl::MakeSpan(reinterpret_cast<float*>(blob + layout.nested_absmax),
                      static_cast<size_t>(Quant4NestedNumBlocks(blocks))),
       &offset)));
+  absl::MutexLock lock(&quant4_mu_);
   parts_.quant4->nested_offset[tensor] = offset;
   return absl::OkStatus();
 }
@@ -78,7 +81,10 @@ absl::StatusOr<bool> ModelStateIo::WriteQuant4Blob(TensorId tensor,
       blob_fill(tensor,
                 absl::MakeSpan(blob, static_cast<size_t>(Quant4BlobLayoutOf(*quant4(tensor)).bytes)),
                 &offset));
-  if (written) parts_.quant4->nested_offset[tensor] = offset;
+  if (written) {
+    absl::MutexLock lock(&quant4_mu_);
+    parts_.quant4->nested_offset[tensor] = offset;
+  }
   return written;
 }
 
