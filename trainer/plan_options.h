@@ -26,6 +26,7 @@
 #include "model/lora_config.h"
 #include "model/model_config.h"
 #include "model/quant4_config.h"
+#include "scheduler/memory_plan.h"
 #include "trainer/config.h"
 
 namespace ps {
@@ -131,6 +132,11 @@ absl::StatusOr<ModelConfig> PlanModelFromConfig(const TrainConfig& config);
 absl::StatusOr<GptRunPlanOptions> PlanOptionsFromConfig(const TrainConfig& config,
                                                         const PlanContext& context);
 
+// The frozen host budget of offload_param "nvme" (DiskTierOptions::frozen_host_budget_bytes):
+// max_in_cpu x the param chunks' element size (`dtype`, the compute dtype); 0 when max_in_cpu is
+// auto (PlanRunFromConfig then picks it: MemoryPlan::disk_frozen_host_budget_bytes).
+int64_t FrozenHostBudgetBytes(const OffloadParamConfig& param, DType dtype);
+
 // A planned run: the options planned with, the accelerator reserve they hold, and the plan.
 struct RunPlan {
   GptRunPlanOptions options;
@@ -138,13 +144,19 @@ struct RunPlan {
   GptRunPlan plan;
 };
 
-// PlanGptRun of PlanOptionsFromConfig; with a device-memory communicator and chunk.size "auto",
+// PlanGptRun of PlanOptionsFromConfig; with offload_param "nvme" and max_in_cpu auto, the
+// frozen host budget (run.options.disk->frozen_host_budget_bytes) set to what the host limit
+// (accelerator.host_memory, else what the OS can give less kDiskTierHostMarginBytes or 1/20)
+// leaves beside the rest of the plan, at most every frozen chunk and at least the tier's least
+// (one param chunk); with a device-memory communicator and chunk.size "auto",
 // planned again at the chunk size the search picked with that size's collectives staging
 // reserved (the staging is sized by the chunk). Errors: PlanGptRun's, prefixed "memory plan: ".
 // Whether the run fits is CheckRunPlan's.
 absl::StatusOr<RunPlan> PlanRunFromConfig(const TrainConfig& config, const PlanContext& context);
 
-// The trainer's refusal of a planned run: the swap must fit its disk (always), host memory must
+// The trainer's refusal of a planned run: an explicit offload_param.max_in_cpu below the disk
+// tier's least frozen budget (ResourceExhausted naming the key, in elements and bytes), the swap
+// must fit its disk (always), host memory must
 // fit (always: a run the OS would kill is never started), the accelerator when
 // `enforce_accelerator` (TrainerEnvironment::enforce_memory_plan). The messages of
 // CheckGptRunDisk / CheckGptRunFits.
@@ -153,6 +165,14 @@ absl::StatusOr<RunPlan> PlanRunFromConfig(const TrainConfig& config, const PlanC
 // One line for people when the swap directory is RAM-backed ("" otherwise): that the swap files
 // take host memory, and how much.
 std::string RamBackedSwapNote(const RunPlan& plan);
+
+// The line the trainer's console and tools/plan print for offload_param.device "nvme", e.g.
+// "disk tier: the frozen base's 12 param chunks are on disk under /ssd/swap (1.5 MiB of slots,
+// written once); host budget 256 KiB (max_in_cpu 65536 elements; the least 128 KiB, one param
+// chunk) of them, read-ahead 5; per step up to 3.0 MiB read". REQUIRES: `plan` planned
+// offload_param "nvme" (disk_frozen_* set).
+std::string FrozenOnDiskLine(const ZeroOptimizationConfig& zero, DType dtype,
+                             const MemoryPlan& plan);
 
 // QLoRA's 4-bit base: the weights stored in 4 bits (Quant4Weights), the values they hold and the
 // bytes their blobs take in chunks of the compute dtype (Quant4TotalsOf). All zero without one.
