@@ -275,7 +275,7 @@ TEST(OffloadConfigTest, ValueErrorsNameTheKey) {
        "`zero_optimization.offload_param.max_in_cpu` = string \"lots\"",
        "an integer number of parameter elements"},
       {R"({"zero_optimization": {"offload_param": {"max_in_cpu": -1}}})",
-       "`zero_optimization.offload_param.max_in_cpu` = -1", "out of range"},
+       "`zero_optimization.offload_param.max_in_cpu` = integer -1", "out of range"},
       {R"({"zero_optimization": {"offload_param": {"max_in_cpu": 1.5}}})",
        "`zero_optimization.offload_param.max_in_cpu` must be an integer", ""},
       {R"({"zero_optimization": {"offload_param": {"buffer_count": -1}}})",

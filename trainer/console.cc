@@ -96,6 +96,9 @@ void PrintHeader(const TrainRun& run) {
                  << "\n";
     }
   }
+  if (!run.resolved.prequantized_line.empty()) {
+    *run.out() << run.resolved.prequantized_line << "\n";
+  }
   *run.out() << absl::StrFormat(
       "accelerator: %s, cap %s%s; host memory %s\n", run.runtime.backend->name(),
       FormatBytes(run.runtime.backend->capacity_bytes()),

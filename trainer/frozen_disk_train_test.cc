@@ -60,7 +60,7 @@ std::string BaseName(Base b) {
 TrainConfig TinyLoraConfig(Base base) {
   TrainConfig c = trainer_testing::TinyDiskConfig();
   c.model = TrainModelConfig{.preset = "llama-tiny"};
-  c.chunk.size_elems = base == Base::kNf4 ? 12 * 1024 : 16 * 1024;
+  c.chunk.size_elems = 16 * 1024;
   c.bf16 = base == Base::kBf16;
   c.lora = LoraSettings{};
   c.lora->r = 4;

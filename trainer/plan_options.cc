@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <system_error>
@@ -23,6 +24,8 @@
 #include "model/hf_config.h"
 #include "model/kernels/nf4.h"
 #include "model/peft_adapter.h"
+#include "model/quant4_import.h"
+#include "nlohmann/json.hpp"
 #include "optimizer/cuda_adam_footprint.h"
 #include "scheduler/comm_collectives.h"
 #include "trainer/config_validate.h"
@@ -162,7 +165,9 @@ absl::StatusOr<GptRunPlanOptions> PlanOptionsFromConfig(const TrainConfig& confi
   // LoRA: the plan lays out the frozen base (param chunks only) and the adapters (full state).
   if (config.lora.has_value()) o.model.lora = ToLoraConfig(*config.lora);
   // QLoRA: the 4-bit weights at their blobs' size (the plan validates it against the model).
-  o.model.quant4 = ToQuant4Config(config.quantization);
+  // (Or the 4-bit storage of a pre-quantized checkpoint.init_from, as the trainer adopts it.)
+  ASSIGN_OR_RETURN(const std::optional<Quant4Config> dir_quant4, PrequantizedInitFrom(config));
+  o.model.quant4 = RunQuant4(config, dir_quant4);
   o.kernel_workspaces = context.kernel_workspaces;
   o.compute_dtype = ComputeDType(config.precision());
   o.world_size = context.world;
@@ -305,6 +310,47 @@ std::string RamBackedSwapNote(const RunPlan& run) {
                       "filesystem (tmpfs): its ",
                       FormatBytes(p.host_swap_bytes),
                       " of swap files are host memory, counted as such by the plan, not as disk");
+}
+
+absl::StatusOr<std::optional<Quant4Config>> PrequantizedInitFrom(const TrainConfig& config) {
+  const std::string& init_from = config.checkpoint.init_from;
+  std::error_code ec;
+  if (init_from.empty() || !std::filesystem::is_directory(init_from, ec)) {
+    return std::optional<Quant4Config>();
+  }
+  const std::string path =
+      (std::filesystem::path(init_from) / std::string(kHfConfigFileName)).string();
+  const auto named = [](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("checkpoint.init_from (--init_from): ", s.message()));
+  };
+  // (PlanModelFromConfig and HfCheckpoint::Open read the same file with their own checks.)
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return named(absl::NotFoundError(absl::StrCat("cannot open ", path)));
+  const nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return named(absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object")));
+  }
+  absl::StatusOr<std::optional<Quant4Config>> q = Quant4ConfigFromHfConfig(json, path);
+  if (!q.ok()) return named(q.status());
+  return *std::move(q);
+}
+
+std::optional<Quant4Config> RunQuant4(const TrainConfig& config,
+                                      const std::optional<Quant4Config>& dir_quant4) {
+  if (config.quantization.load_in_4bit) return ToQuant4Config(config.quantization);
+  if (!config.lora.has_value() || !dir_quant4.has_value()) return std::nullopt;
+  Quant4Config q = *dir_quant4;
+  q.compute_dtype = config.quantization.compute_dtype;
+  return q;
+}
+
+std::string PrequantizedBaseLine(const std::string& dir, const Quant4Config& dir_quant4, bool lora,
+                                 DType dtype) {
+  return absl::StrCat("base: pre-quantized in ", dir, " (", Quant4TypeName(dir_quant4.quant_type),
+                      dir_quant4.double_quant ? ", double quant" : "", "): ",
+                      lora ? std::string("loaded as it is")
+                           : absl::StrCat("loaded dequantized to ", DTypeName(dtype),
+                                          " (no lora section: a full fine-tune)"));
 }
 
 std::string FrozenOnDiskLine(const ZeroOptimizationConfig& zero, DType dtype,

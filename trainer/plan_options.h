@@ -166,6 +166,29 @@ absl::StatusOr<RunPlan> PlanRunFromConfig(const TrainConfig& config, const PlanC
 // take host memory, and how much.
 std::string RamBackedSwapNote(const RunPlan& plan);
 
+// The quantization_config of the config.json of checkpoint.init_from when it names a directory
+// saved pre-quantized (model/quant4_import.h Quant4ConfigFromHfConfig: its storage, compute
+// dtype as the file says); nullopt for a directory without one, a file, or no init_from. Errors:
+// config.json's, prefixed with "checkpoint.init_from (--init_from): ".
+absl::StatusOr<std::optional<Quant4Config>> PrequantizedInitFrom(const TrainConfig& config);
+
+// The 4-bit base a run trains (GptModelOptions::quant4): the quantization section when
+// load_in_4bit (ToQuant4Config); else, with a lora section and checkpoint.init_from saved
+// pre-quantized (`dir_quant4`: its quantization_config, PrequantizedInitFrom or
+// HfCheckpoint::quant4()), the directory's storage — quant type, double quant, skip modules —
+// computing in the section's bnb_4bit_compute_dtype (float32 unless set): the base loads as it
+// is; else nullopt (without lora a pre-quantized directory loads dequantized: a full
+// fine-tune). A section that differs from the directory is left as it is (the model's load
+// refuses it, naming the directory's format).
+std::optional<Quant4Config> RunQuant4(const TrainConfig& config,
+                                      const std::optional<Quant4Config>& dir_quant4);
+
+// The console's line for checkpoint.init_from saved pre-quantized (`dir_quant4`), e.g. "base:
+// pre-quantized in /m (nf4, double quant): loaded as it is" with a lora section, else "...:
+// loaded dequantized to bf16 (no lora section: a full fine-tune)".
+std::string PrequantizedBaseLine(const std::string& dir, const Quant4Config& dir_quant4, bool lora,
+                                 DType dtype);
+
 // The line the trainer's console and tools/plan print for offload_param.device "nvme", e.g.
 // "disk tier: the frozen base's 12 param chunks are on disk under /ssd/swap (1.5 MiB of slots,
 // written once); host budget 256 KiB (max_in_cpu 65536 elements; the least 128 KiB, one param
