@@ -7,7 +7,9 @@
 //  - a section naming another format is refused by the model's load, naming the directory's;
 //  - without lora the directory loads dequantized, a full fine-tune, and the console says so.
 #include <cmath>
+#include <cstdint>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -16,10 +18,13 @@
 #include "absl/strings/str_cat.h"
 #include "base/testing/status_matchers.h"
 #include "gmock/gmock.h"
+#include "glog/logging.h"
 #include "gtest/gtest.h"
 #include "model/quant4_config.h"
 #include "trainer/config.h"
+#include "trainer/data/token_file.h"
 #include "trainer/plan_options.h"
+#include "trainer/testing/test_files.h"
 #include "trainer/trainer.h"
 
 namespace ps {
@@ -31,9 +36,25 @@ using ::testing::Not;
 
 constexpr char kDir[] = "model/testdata/nf4_prequant/llama_nf4_nested";
 
+// A token file of the model's 32-token vocabulary (random tokens, seeded).
+std::string TokenFile() {
+  static const std::string* const path = [] {
+    const std::string dir = trainer_testing::FreshTempDir("prequant_init_test", "data");
+    std::vector<uint16_t> tokens(4096);
+    std::mt19937_64 gen(37);
+    for (uint16_t& t : tokens) t = static_cast<uint16_t>(gen() % 32);
+    auto* p = new std::string(dir + "/train.bin");
+    const absl::Status written = WriteTokenFile(*p, tokens);
+    CHECK(written.ok()) << written;
+    return p;
+  }();
+  return *path;
+}
+
 // The tiny pre-quantized llama (hidden 30, 2 layers, vocab 32) with LoRA on every linear layer.
 TrainConfig PrequantConfig(bool lora) {
   TrainConfig c = DefaultTrainConfig();
+  c.data.train_path = TokenFile();
   c.checkpoint = CheckpointConfig{};
   c.checkpoint.init_from = kDir;
   c.data.seq_len = 16;
