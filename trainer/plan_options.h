@@ -93,7 +93,8 @@ struct PlanContext {
   // The process's resident bytes now (the trainer plans with 0: the plan's host needs are beyond
   // what is resident; a benchmark's child passes its baseline to compare the peaks).
   int64_t host_resident_bytes = 0;
-  // The disk tier (offload_optimizer.device "nvme"): the free bytes of nvme_path's filesystem (0:
+  // The disk tier (offload_optimizer or offload_param device "nvme"): the free bytes of the swap
+  // directory's filesystem (0:
   // not checked), and whether it is RAM-backed (tmpfs: disk/disk_probe.h IsRamBacked), when
   // its swap is counted as host memory.
   int64_t disk_free_bytes = 0;
@@ -113,8 +114,9 @@ bool DataNeedsTokenMetadata(const TrainConfig& config);
 // (ReadHostMemoryInfo; unreadable: 0, with a warning in the log), token_metadata
 // (DataNeedsTokenMetadata: the data files' headers), and with the disk tier the
 // free bytes of nvme_path and whether it is RAM-backed. Errors: the filesystem's (NotFound,
-// PermissionDenied, ...), prefixed with "zero_optimization.offload_optimizer.nvme_path
-// (--nvme_path): ".
+// PermissionDenied, ...), prefixed with the swap directory's key (DiskTierDirKey:
+// "zero_optimization.offload_optimizer.nvme_path (--nvme_path): ", or offload_param's when only
+// the frozen base is on disk).
 [[nodiscard]] absl::Status ReadPlanMachine(const TrainConfig& config, PlanContext& context);
 
 // The model a config describes as the trainer resolves it: the config.json of checkpoint.init_from
