@@ -26,6 +26,9 @@
 // one), and — unless --measure_disk=false — the disk's sequential direct I/O bandwidth measured
 // there through the swap's engine (--disk_probe bytes at --aio_block_size and --aio_queue_depth),
 // which turns the plan's per-step disk traffic into the time the disk alone needs per step.
+// A --config with zero_optimization.offload_param.device "nvme" (a LoRA/QLoRA base on disk) plans
+// the frozen base's chunks in the same swap under its max_in_cpu budget (auto as the trainer picks
+// it), printed as the trainer's console prints it ("disk tier: the frozen base's ...").
 //
 // --lora_r=R (with --lora_target_modules, --lora_alpha; the trainer's flags: the lora section)
 // plans a LoRA fine-tune: the base frozen in param-only chunks of the compute dtype (2 bytes per
@@ -301,7 +304,9 @@ std::string PlanNumbers(const RunPlan& run) {
       "host_model_data_touched_bytes=%d host_expected_peak_bytes=%d fits_host=%d disk_tier=%d "
       "disk_bytes=%d disk_host_bytes=%d disk_min_host_bytes=%d disk_kept_indices=%d "
       "disk_streamed_indices=%d disk_read_ahead=%d disk_read_bytes_per_step=%d "
-      "disk_write_bytes_per_step=%d disk_host_budget_bytes=%d vocab_block_rows=%d "
+      "disk_write_bytes_per_step=%d disk_host_budget_bytes=%d disk_frozen_chunks=%d "
+      "disk_frozen_bytes=%d disk_frozen_host_budget_bytes=%d disk_frozen_host_bytes=%d "
+      "disk_frozen_min_host_bytes=%d disk_frozen_read_bytes_per_step=%d vocab_block_rows=%d "
       "quant4_weights=%d quant4_values=%d quant4_stored_bytes=%d",
       p.chunk_elems, p.num_chunks, p.num_data_chunks, p.parameters, p.param_chunk_bytes,
       p.state_chunk_bytes, p.rank_model_data_bytes, run.plan.accelerator_bytes,
@@ -316,6 +321,8 @@ std::string PlanNumbers(const RunPlan& run) {
       p.host_expected_peak_bytes, p.fits_host, p.disk_tier, p.disk_bytes, p.disk_host_bytes,
       p.disk_min_host_bytes, p.disk_kept_indices, p.disk_streamed_indices, p.disk_read_ahead,
       p.disk_read_bytes_per_step, p.disk_write_bytes_per_step, run.plan.disk_host_budget_bytes,
+      p.disk_frozen_chunks, p.disk_frozen_bytes, p.disk_frozen_host_budget_bytes,
+      p.disk_frozen_host_bytes, p.disk_frozen_min_host_bytes, p.disk_frozen_read_bytes_per_step,
       run.plan.vocab.vocab_block_rows, q4.weights, q4.values, q4.stored_bytes);
 }
 
@@ -325,9 +332,15 @@ void PrintPlan(const TrainConfig& c, const RunPlan& run,
   const MemoryPlan& p = run.plan.plan;
   if (p.disk_tier) {
     std::cout << absl::StrFormat(
-        "disk tier: swap under %s: %s (%s free there); host budget %s of optimizer state\n",
-        o.disk->dir, FormatBytes(p.disk_bytes), FormatBytes(o.disk->free_bytes),
-        FormatBytes(run.plan.disk_host_budget_bytes));
+        "disk tier: swap under %s: %s (%s free there)%s\n", o.disk->dir,
+        FormatBytes(p.disk_bytes), FormatBytes(o.disk->free_bytes),
+        o.disk->optimizer_state
+            ? absl::StrCat("; host budget ", FormatBytes(run.plan.disk_host_budget_bytes),
+                           " of optimizer state")
+            : std::string());
+    if (o.disk->frozen_params) {
+      std::cout << FrozenOnDiskLine(c.zero_optimization, o.compute_dtype, p) << "\n";
+    }
     if (const std::string note = RamBackedSwapNote(run); !note.empty()) std::cout << note << "\n";
     if (disk_bandwidth.has_value()) {
       const DiskBandwidth& bw = *disk_bandwidth;

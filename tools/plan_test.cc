@@ -112,6 +112,12 @@ Numbers NumbersOf(const RunPlan& run) {
       {"disk_read_bytes_per_step", i(p.disk_read_bytes_per_step)},
       {"disk_write_bytes_per_step", i(p.disk_write_bytes_per_step)},
       {"disk_host_budget_bytes", i(run.plan.disk_host_budget_bytes)},
+      {"disk_frozen_chunks", i(p.disk_frozen_chunks)},
+      {"disk_frozen_bytes", i(p.disk_frozen_bytes)},
+      {"disk_frozen_host_budget_bytes", i(p.disk_frozen_host_budget_bytes)},
+      {"disk_frozen_host_bytes", i(p.disk_frozen_host_bytes)},
+      {"disk_frozen_min_host_bytes", i(p.disk_frozen_min_host_bytes)},
+      {"disk_frozen_read_bytes_per_step", i(p.disk_frozen_read_bytes_per_step)},
       {"vocab_block_rows", i(run.plan.vocab.vocab_block_rows)},
       {"quant4_weights", i(q4.weights)},
       {"quant4_values", i(q4.values)},
@@ -373,6 +379,55 @@ TEST(PlanTool, DiskTierPlansAsTheTrainer) {
   ASSERT_EQ(plans.size(), 1u);
   EXPECT_TRUE(plans[0].plan.plan.disk_tier);
   EXPECT_GT(plans[0].plan.plan.disk_streamed_indices, 0);
+}
+
+// offload_param "nvme": a LoRA (and a QLoRA) base's frozen chunks in the swap, under an
+// explicit max_in_cpu of one chunk and under the automatic budget (the pinned MemAvailable), alone
+// and beside the optimizer state; the tool prints the trainer's frozen-base line.
+TEST(PlanTool, FrozenBaseOnDiskPlansAsTheTrainer) {
+  const std::string dir = trainer_testing::FreshTempDir("plan_test", "frozen_swap");
+  TrainConfig c = PresetConfig("llama-tiny");
+  c.chunk.size_elems = 16 * 1024;
+  LoraSettings lora;
+  lora.r = 4;
+  lora.target_modules = {std::string(kLoraAllLinear)};
+  c.lora = lora;
+  c.zero_optimization.offload_param.device = OffloadDevice::kNvme;
+  c.zero_optimization.offload_param.nvme_path = dir;
+  for (const bool four_bit : {false, true}) {
+    for (const int64_t max_in_cpu : {int64_t{0}, int64_t{16} * 1024}) {
+      for (const bool optimizer_on_disk : {false, true}) {
+        const std::string name = absl::StrCat("frozen", four_bit ? "_4bit" : "", "_max",
+                                              max_in_cpu, optimizer_on_disk ? "_both" : "");
+        SCOPED_TRACE(name);
+        c.quantization.load_in_4bit = four_bit;
+        c.quantization.quant_type = Quant4Type::kNf4;
+        c.zero_optimization.offload_param.max_in_cpu = max_in_cpu;
+        c.zero_optimization.offload_optimizer = {};
+        if (optimizer_on_disk) {
+          c.zero_optimization.offload_optimizer = {.device = OffloadDevice::kNvme,
+                                                   .nvme_path = dir};
+        }
+        const std::vector<RunPlan> plans = ExpectToolPlansAsTheTrainer(c, name);
+        ASSERT_EQ(plans.size(), 1u);
+        const MemoryPlan& p = plans[0].plan.plan;
+        EXPECT_TRUE(p.disk_tier);
+        EXPECT_GE(p.disk_frozen_chunks, 3);
+        EXPECT_EQ(plans[0].options.disk->optimizer_state, optimizer_on_disk);
+        if (max_in_cpu > 0) {
+          EXPECT_EQ(p.disk_frozen_host_budget_bytes, max_in_cpu * 4);
+          EXPECT_GT(p.disk_frozen_read_bytes_per_step, 0);
+        } else {
+          // Auto on a roomy host: every frozen chunk stays in RAM.
+          EXPECT_EQ(p.disk_frozen_host_bytes, p.disk_frozen_chunks * p.param_chunk_bytes);
+        }
+        const ToolRun tool = RunToolOn(c, name + "_line", 1, 0);
+        EXPECT_THAT(tool.output,
+                    HasSubstr(absl::StrCat("disk tier: the frozen base's ", p.disk_frozen_chunks,
+                                           " param chunks are on disk under ", dir)));
+      }
+    }
+  }
 }
 
 TEST(PlanTool, ZeroTwoRanksPlanAsTheTrainer) {

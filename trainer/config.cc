@@ -1,5 +1,7 @@
 #include "trainer/config.h"
 
+#include <string>
+
 #include "base/units.h"
 
 namespace ps {
@@ -123,6 +125,28 @@ absl::string_view OffloadDeviceName(OffloadDevice device) {
       return "nvme";
   }
   return "unknown";
+}
+
+bool UsesDiskTier(const ZeroOptimizationConfig& zero) {
+  return zero.offload_optimizer.device == OffloadDevice::kNvme ||
+         zero.offload_param.device == OffloadDevice::kNvme;
+}
+
+const std::string& DiskTierDir(const ZeroOptimizationConfig& zero) {
+  static const std::string* const kNone = new std::string();
+  if (zero.offload_optimizer.device == OffloadDevice::kNvme) return zero.offload_optimizer.nvme_path;
+  if (zero.offload_param.device == OffloadDevice::kNvme) return zero.offload_param.nvme_path;
+  return *kNone;
+}
+
+std::string DiskTierDirKey(const ZeroOptimizationConfig& zero) {
+  if (zero.offload_optimizer.device == OffloadDevice::kNvme) {
+    return "zero_optimization.offload_optimizer.nvme_path (--nvme_path)";
+  }
+  if (zero.offload_param.device == OffloadDevice::kNvme) {
+    return "zero_optimization.offload_param.nvme_path (--nvme_path)";
+  }
+  return std::string();
 }
 
 absl::string_view TorchDTypeName(DType dtype) {

@@ -196,13 +196,30 @@ struct OffloadOptimizerConfig {
 // zero_optimization.offload_param: where the 16-bit (or f32) parameter chunks live.
 struct OffloadParamConfig {
   // kNone / kCpu: the default, the same thing here — parameter chunks live in host memory and
-  // stream through the accelerator as the scheduler decides. kNvme is refused
-  // (CheckTrainConfigValues): parameter chunks stay in host memory in this version; the optimizer
-  // state, which is what goes to disk with offload_optimizer.device "nvme", is most of the bytes.
-  // (DeepSpeed's nvme-only keys nvme_path, buffer_count, buffer_size and max_in_cpu are accepted
-  // and ignored with a warning.)
+  // stream through the accelerator as the scheduler decides. kNvme: only for a frozen base (a
+  // run with a lora section; ValidateTrainConfig refuses it otherwise): the base's param chunks
+  // (frozen, without gradients or optimizer state) get slots in the disk tier's swap files under
+  // nvme_path and host memory holds at most the budget of them (scheduler/disk_tier.h, "Frozen
+  // param chunks"): written once, dropped clean, read back (and ahead) as the schedule needs
+  // them. The adapters' chunks stay in host memory (or on disk with offload_optimizer "nvme").
   OffloadDevice device = OffloadDevice::kNone;
+  // kNvme: the directory of the swap files (required: an existing directory). With
+  // offload_optimizer.device "nvme" too both name the same directory (one swap serves both;
+  // ValidateTrainConfig refuses two). --nvme_path sets both.
+  std::string nvme_path;
+  // kNvme: the frozen chunks read ahead of the compute in the warm-up's access order
+  // (DiskTierOptions::frozen_read_ahead), as far as the host budget allows; >= 0 (0: none).
+  // DeepSpeed's default for offload_param, 5.
+  int64_t buffer_count = 5;
+  // kNvme: the parameter elements kept in host memory (DeepSpeed's max_in_cpu): the frozen host
+  // budget is max_in_cpu x the param chunks' element size (the compute dtype's). 0 (absent, or
+  // "auto"): what the host limit (accelerator.host_memory, else what the OS can give less a
+  // margin) leaves beside the rest of the run, as offload_optimizer.host_budget's auto does, and
+  // at least the tier's least (one param chunk). A budget below that least is refused.
+  int64_t max_in_cpu = 0;
   // As OffloadOptimizerConfig::pin_memory: accepted, changes nothing (host chunks are pinned).
+  // (DeepSpeed's buffer_size is accepted and ignored with a warning: whole chunks are the unit
+  // of the tier's reads.)
   bool pin_memory = false;
 
   friend bool operator==(const OffloadParamConfig&, const OffloadParamConfig&) = default;
@@ -216,6 +233,14 @@ struct ZeroOptimizationConfig {
 
   friend bool operator==(const ZeroOptimizationConfig&, const ZeroOptimizationConfig&) = default;
 };
+
+// Whether the run has the disk tier: offload_optimizer.device or offload_param.device "nvme".
+bool UsesDiskTier(const ZeroOptimizationConfig& zero);
+
+// The disk tier's swap directory (offload_optimizer's nvme_path when its device is "nvme", else
+// offload_param's), and the key that names it in messages ("" / "" without the tier).
+const std::string& DiskTierDir(const ZeroOptimizationConfig& zero);
+std::string DiskTierDirKey(const ZeroOptimizationConfig& zero);
 
 // aio: the disk tier's asynchronous I/O (DeepSpeed's names and defaults). Used only with
 // offload_optimizer.device "nvme".

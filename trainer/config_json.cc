@@ -130,7 +130,12 @@ std::string TrainConfigToJson(const TrainConfig& c) {
                                         {"host_budget", BytesToJson(oo.host_budget_bytes)},
                                         {"pin_memory", oo.pin_memory}}},
       {"offload_param",
-       OrderedJson{{"device", OffloadDeviceName(op.device)}, {"pin_memory", op.pin_memory}}}};
+       OrderedJson{{"device", OffloadDeviceName(op.device)},
+                   {"nvme_path", op.nvme_path},
+                   {"buffer_count", op.buffer_count},
+                   {"max_in_cpu", op.max_in_cpu == 0 ? OrderedJson("auto")
+                                                     : OrderedJson(op.max_in_cpu)},
+                   {"pin_memory", op.pin_memory}}}};
   j["aio"] = OrderedJson{{"block_size", BytesToJson(c.aio.block_size_bytes)},
                          {"queue_depth", c.aio.queue_depth},
                          {"thread_count", c.aio.thread_count},

@@ -294,8 +294,12 @@ TEST(LoraConfigTest, LoraCombinesWithTheOtherModes) {
   c.zero_optimization.offload_optimizer = {.device = OffloadDevice::kNvme,
                                            .nvme_path = MakeDir("swap")};
   EXPECT_OK(ValidateTrainConfig(c));
-  // offload_param "nvme" stays refused, LoRA or not.
+  // offload_param "nvme": the frozen base on disk too, in the same swap.
   c.zero_optimization.offload_param.device = OffloadDevice::kNvme;
+  c.zero_optimization.offload_param.nvme_path = c.zero_optimization.offload_optimizer.nvme_path;
+  EXPECT_OK(ValidateTrainConfig(c));
+  // Without LoRA nothing is frozen: refused.
+  c.lora.reset();
   EXPECT_THAT(ValidateTrainConfig(c),
               StatusIs(kInvalid, HasSubstr("zero_optimization.offload_param.device")));
 }

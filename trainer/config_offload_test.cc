@@ -185,16 +185,19 @@ TEST(OffloadConfigTest, NotApplicableKeysAreWarnedAboutByName) {
   // Kept (the config round-trips) though unused.
   EXPECT_EQ(c.zero_optimization.offload_optimizer.nvme_path, "/x");
   EXPECT_EQ(c.zero_optimization.offload_optimizer.buffer_count, 8);
+  EXPECT_EQ(c.zero_optimization.offload_param.nvme_path, "/x");
+  EXPECT_EQ(c.zero_optimization.offload_param.max_in_cpu, 1000000000);
   std::string all;
   for (const std::string& w : capture.warnings()) absl::StrAppend(&all, w, "\n");
   EXPECT_THAT(
       all,
       AllOf(HasSubstr("ignoring key `zero_optimization.offload_optimizer.fast_init`"),
-            HasSubstr("ignoring key `zero_optimization.offload_param.buffer_size`: it applies "
-                      "only to offload_param.device \"nvme\""),
-            HasSubstr("ignoring key `zero_optimization.offload_param.max_in_cpu`"),
-            HasSubstr("ignoring key `zero_optimization.offload_param.nvme_path`"),
-            HasSubstr("ignoring key `zero_optimization.offload_param.buffer_count`"),
+            HasSubstr("ignoring key `zero_optimization.offload_param.buffer_size`: the disk "
+                      "tier reads and writes whole param chunks"),
+            HasSubstr("`zero_optimization.offload_param.max_in_cpu` applies only to device "
+                      "\"nvme\" (a frozen base on disk)"),
+            HasSubstr("`zero_optimization.offload_param.nvme_path` applies only to device "
+                      "\"nvme\""),
             HasSubstr("`zero_optimization.offload_optimizer.nvme_path` applies only to device "
                       "\"nvme\""),
             HasSubstr("`zero_optimization.offload_optimizer.buffer_count` applies only to device "
@@ -234,7 +237,8 @@ TEST(OffloadConfigTest, PrintConfigShowsTheSectionsAndRoundTrips) {
                                            .buffer_count = 3,
                                            .host_budget_bytes = 6 * (int64_t{1} << 30),
                                            .pin_memory = true};
-  c.zero_optimization.offload_param = {.device = OffloadDevice::kCpu, .pin_memory = true};
+  c.zero_optimization.offload_param.device = OffloadDevice::kCpu;
+  c.zero_optimization.offload_param.pin_memory = true;
   c.aio = {.block_size_bytes = 512 * 1024,
            .queue_depth = 16,
            .thread_count = 4,
@@ -246,7 +250,8 @@ TEST(OffloadConfigTest, PrintConfigShowsTheSectionsAndRoundTrips) {
             Json::parse(R"({"device": "nvme", "nvme_path": "/mnt/ssd/swap", "buffer_count": 3,
                             "host_budget": "6GiB", "pin_memory": true})"));
   EXPECT_EQ(j["zero_optimization"]["offload_param"],
-            Json::parse(R"({"device": "cpu", "pin_memory": true})"));
+            Json::parse(R"({"device": "cpu", "buffer_count": 5, "max_in_cpu": "auto",
+                            "pin_memory": true})"));
   EXPECT_EQ(j["aio"], Json::parse(R"({"block_size": "512KiB", "queue_depth": 16,
                                       "thread_count": 4, "single_submit": true,
                                       "overlap_events": false})"));
@@ -266,9 +271,17 @@ TEST(OffloadConfigTest, ValueErrorsNameTheKey) {
        "`zero_optimization.offload_optimizer.device` must be a string", ""},
       {R"({"zero_optimization": {"offload_param": {"device": "gpu"}}})",
        "`zero_optimization.offload_param.device` = string \"gpu\"", "not an offload device"},
-      {R"({"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/x"}}})",
-       "`zero_optimization.offload_param.device` = \"nvme\"",
-       "parameter chunks stay in host memory in this version"},
+      {R"({"zero_optimization": {"offload_param": {"max_in_cpu": "lots"}}})",
+       "`zero_optimization.offload_param.max_in_cpu` = string \"lots\"",
+       "an integer number of parameter elements"},
+      {R"({"zero_optimization": {"offload_param": {"max_in_cpu": -1}}})",
+       "`zero_optimization.offload_param.max_in_cpu` = integer -1", "out of range"},
+      {R"({"zero_optimization": {"offload_param": {"max_in_cpu": 1.5}}})",
+       "`zero_optimization.offload_param.max_in_cpu` must be an integer", ""},
+      {R"({"zero_optimization": {"offload_param": {"buffer_count": -1}}})",
+       "`zero_optimization.offload_param.buffer_count` = -1", "must be in [0, 65536]"},
+      {R"({"zero_optimization": {"offload_param": {"nvme_dir": "/x"}}})",
+       "unknown key `zero_optimization.offload_param.nvme_dir`; did you mean `nvme_path`?", ""},
       {R"({"zero_optimization": {"offload_optimizer": {"buffer_count": 0}}})",
        "`zero_optimization.offload_optimizer.buffer_count` = 0", "must be in [1, 65536]"},
       {R"({"zero_optimization": {"offload_optimizer": {"buffer_count": -2}}})",
@@ -370,6 +383,103 @@ TEST(OffloadConfigTest, NvmePathFlagTurnsTheDiskTierOn) {
                                        HasSubstr("--nvme_path"))));
 }
 
+// offload_param "nvme": a frozen base (a lora section) on disk, in DeepSpeed's words.
+TrainConfig FrozenOnDisk(const std::string& dir) {
+  TrainConfig c = DefaultTrainConfig();
+  c.lora = LoraSettings{};
+  c.lora->r = 4;
+  c.lora->target_modules = {"c_attn"};
+  c.zero_optimization.offload_param.device = OffloadDevice::kNvme;
+  c.zero_optimization.offload_param.nvme_path = dir;
+  return c;
+}
+
+TEST(OffloadConfigTest, OffloadParamNvmeReadsDeepSpeedsKeys) {
+  std::vector<std::string> ignored;
+  WarningCapture capture;
+  ASSERT_OK_AND_ASSIGN(const TrainConfig c, ParseTrainConfig(R"({"zero_optimization": {
+      "offload_param": {"device": "nvme", "nvme_path": "/local_nvme", "pin_memory": true,
+                        "buffer_count": 7, "buffer_size": 1e8, "max_in_cpu": 1e9}}})",
+                                                             "t.json", &ignored));
+  const OffloadParamConfig& op = c.zero_optimization.offload_param;
+  EXPECT_EQ(op.device, OffloadDevice::kNvme);
+  EXPECT_EQ(op.nvme_path, "/local_nvme");
+  EXPECT_EQ(op.buffer_count, 7);
+  EXPECT_EQ(op.max_in_cpu, 1000000000);
+  EXPECT_TRUE(op.pin_memory);
+  // buffer_size alone is ignored, with its reason.
+  EXPECT_THAT(ignored, ElementsAre("zero_optimization"));
+  ASSERT_EQ(capture.warnings().size(), 1u);
+  EXPECT_THAT(capture.warnings()[0],
+              HasSubstr("ignoring key `zero_optimization.offload_param.buffer_size`: the disk "
+                        "tier reads and writes whole param chunks"));
+  // The defaults: DeepSpeed's buffer_count, max_in_cpu auto.
+  EXPECT_EQ(OffloadParamConfig{}.buffer_count, 5);
+  EXPECT_EQ(OffloadParamConfig{}.max_in_cpu, 0);
+  ASSERT_OK_AND_ASSIGN(const TrainConfig a, Parse(R"({"zero_optimization": {"offload_param":
+      {"device": "nvme", "nvme_path": "/x", "max_in_cpu": "AUTO"}}})"));
+  EXPECT_EQ(a.zero_optimization.offload_param.max_in_cpu, 0);
+}
+
+TEST(OffloadConfigTest, OffloadParamNvmeRoundTripsThroughPrintConfig) {
+  TrainConfig c = FrozenOnDisk("/mnt/ssd/swap");
+  c.zero_optimization.offload_param.buffer_count = 0;
+  c.zero_optimization.offload_param.max_in_cpu = 123456;
+  const std::string text = TrainConfigToJson(c);
+  EXPECT_EQ(Json::parse(text)["zero_optimization"]["offload_param"],
+            Json::parse(R"({"device": "nvme", "nvme_path": "/mnt/ssd/swap", "buffer_count": 0,
+                            "max_in_cpu": 123456, "pin_memory": false})"));
+  EXPECT_THAT(Parse(text), IsOkAndHolds(c));
+  c.zero_optimization.offload_param.max_in_cpu = 0;  // auto
+  EXPECT_THAT(Parse(TrainConfigToJson(c)), IsOkAndHolds(c));
+}
+
+TEST(OffloadConfigTest, OffloadParamNvmeNeedsAFrozenBase) {
+  const std::string dir = MakeDir("frozen");
+  TrainConfig c = FrozenOnDisk(dir);
+  EXPECT_OK(ValidateTrainConfig(c));
+  c.lora.reset();
+  EXPECT_THAT(ValidateTrainConfig(c),
+              StatusIs(kInvalid, AllOf(HasSubstr("zero_optimization.offload_param.device"),
+                                       HasSubstr("only a frozen base"), HasSubstr("lora"))));
+  // Its directory is checked as offload_optimizer's is, naming its own key.
+  TrainConfig d = FrozenOnDisk("");
+  EXPECT_THAT(ValidateTrainConfig(d),
+              StatusIs(kInvalid, HasSubstr("zero_optimization.offload_param.nvme_path")));
+  d.zero_optimization.offload_param.nvme_path = TempDir() + "/no/such/frozen";
+  EXPECT_THAT(ValidateTrainConfig(d),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("zero_optimization.offload_param.nvme_path")));
+}
+
+TEST(OffloadConfigTest, OneSwapServesBothTiers) {
+  const std::string dir = MakeDir("both");
+  const std::string other = MakeDir("other");
+  TrainConfig c = FrozenOnDisk(dir);
+  c.zero_optimization.offload_optimizer = {.device = OffloadDevice::kNvme, .nvme_path = dir};
+  EXPECT_OK(ValidateTrainConfig(c));
+  // The same directory spelled otherwise.
+  c.zero_optimization.offload_optimizer.nvme_path = dir + "/./";
+  EXPECT_OK(ValidateTrainConfig(c));
+  c.zero_optimization.offload_optimizer.nvme_path = other;
+  EXPECT_THAT(ValidateTrainConfig(c),
+              StatusIs(kInvalid, AllOf(HasSubstr("zero_optimization.offload_param.nvme_path"),
+                                       HasSubstr("zero_optimization.offload_optimizer.nvme_path"),
+                                       HasSubstr("one swap serves both"))));
+  // --nvme_path sets both.
+  ConfigOverrides o;
+  o.nvme_path = other;
+  ASSERT_OK(ApplyOverrides(o, &c));
+  EXPECT_EQ(c.zero_optimization.offload_param.nvme_path, other);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.nvme_path, other);
+  EXPECT_OK(ValidateTrainConfig(c));
+  // Without offload_param "nvme" the flag leaves its (unused) path alone.
+  TrainConfig f = FrozenOnDisk(dir);
+  f.zero_optimization.offload_param.device = OffloadDevice::kCpu;
+  ASSERT_OK(ApplyOverrides(o, &f));
+  EXPECT_EQ(f.zero_optimization.offload_param.nvme_path, dir);
+}
+
 TEST(OffloadConfigTest, KeyPathsListTheNewKeys) {
   const std::vector<std::string> paths = TrainConfigKeyPaths();
   for (const char* path :
@@ -377,7 +487,9 @@ TEST(OffloadConfigTest, KeyPathsListTheNewKeys) {
         "zero_optimization.offload_optimizer.nvme_path",
         "zero_optimization.offload_optimizer.buffer_count",
         "zero_optimization.offload_optimizer.pin_memory", "zero_optimization.offload_param.device",
-        "zero_optimization.offload_param.pin_memory", "aio.block_size", "aio.queue_depth",
+        "zero_optimization.offload_param.pin_memory", "zero_optimization.offload_param.nvme_path",
+        "zero_optimization.offload_param.buffer_count",
+        "zero_optimization.offload_param.max_in_cpu", "aio.block_size", "aio.queue_depth",
         "aio.thread_count", "aio.single_submit", "aio.overlap_events"}) {
     EXPECT_THAT(paths, testing::Contains(path));
   }

@@ -176,6 +176,10 @@ absl::Status ApplyOverrides(const ConfigOverrides& o, TrainConfig* config) {
   if (o.nvme_path.has_value()) {
     c.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
     c.zero_optimization.offload_optimizer.nvme_path = *o.nvme_path;
+    // One swap serves both tiers: a frozen base on disk moves with it.
+    if (c.zero_optimization.offload_param.device == OffloadDevice::kNvme) {
+      c.zero_optimization.offload_param.nvme_path = *o.nvme_path;
+    }
   }
   if (o.seed.has_value()) c.seed = *o.seed;
   if (o.resume.has_value()) c.checkpoint.resume = *o.resume;

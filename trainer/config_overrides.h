@@ -30,6 +30,7 @@ namespace ps {
 //   gradient_accumulation_steps  >= 1; also resets train_batch_size to 0, like micro_batch_size
 //   nvme_path           a directory: the disk tier — sets
 //                       zero_optimization.offload_optimizer.device "nvme" and its nvme_path
+//                       (and offload_param.nvme_path when offload_param.device is "nvme")
 //                       (ValidateTrainConfig checks the directory)
 //   lora_r              >= 1: lora.r; turns LoRA on (a lora section with PEFT's defaults) when the
 //                       config has no lora section

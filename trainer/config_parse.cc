@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -289,6 +290,28 @@ bool HasIgnoredKey(const Json& obj, const JsonSection& section) {
   return false;
 }
 
+// zero_optimization.offload_param.max_in_cpu: parameter elements (an integer >= 0, DeepSpeed
+// writes 1e9) or "auto" (0).
+absl::Status ReadMaxInCpu(const JsonReader& r, const Json& param, int64_t* out) {
+  constexpr absl::string_view kKey = "zero_optimization.offload_param.max_in_cpu";
+  const Json* v = JsonReader::Find(param, "max_in_cpu");
+  if (v == nullptr) return absl::OkStatus();
+  if (v->is_string()) {
+    if (!absl::EqualsIgnoreCase(v->get_ref<const std::string&>(), "auto")) {
+      return r.ValueError(kKey, *v,
+                          "use \"auto\" (what the host limit leaves) or an integer number of "
+                          "parameter elements (not bytes)");
+    }
+    *out = 0;
+    return absl::OkStatus();
+  }
+  if (!v->is_number()) {
+    return r.TypeError(kKey, "an integer number of parameter elements or \"auto\"", *v);
+  }
+  ASSIGN_OR_RETURN(*out, r.ToInt64(*v, kKey, 0, kMaxMaxInCpuElems));
+  return absl::OkStatus();
+}
+
 // zero_optimization: the offload sections are read; every other key is ignored with a warning
 // naming it and the reason (as the whole section was before the disk tier), except a close
 // misspelling of an offload section, which is an error suggesting it. Any key ignored at any depth
@@ -357,10 +380,25 @@ absl::Status ReadZeroOptimization(const JsonReader& r, const Json& top, TrainCon
   }
   if (param != nullptr) {
     constexpr absl::string_view p = "zero_optimization.offload_param";
+    OffloadParamConfig& o = c->zero_optimization.offload_param;
     ignored |= HasIgnoredKey(*param, schema.offload_param);
-    RETURN_IF_ERROR(ReadOffloadDevice(r, *param, p, &c->zero_optimization.offload_param.device));
-    RETURN_IF_ERROR(
-        r.GetBool(*param, p, "pin_memory", &c->zero_optimization.offload_param.pin_memory));
+    RETURN_IF_ERROR(ReadOffloadDevice(r, *param, p, &o.device));
+    RETURN_IF_ERROR(r.GetString(*param, p, "nvme_path", &o.nvme_path));
+    RETURN_IF_ERROR(r.GetInt(*param, p, "buffer_count", &o.buffer_count));
+    RETURN_IF_ERROR(ReadMaxInCpu(r, *param, &o.max_in_cpu));
+    RETURN_IF_ERROR(r.GetBool(*param, p, "pin_memory", &o.pin_memory));
+    if (o.device != OffloadDevice::kNvme) {
+      const OffloadParamConfig defaults;
+      for (absl::string_view key : {"nvme_path", "buffer_count", "max_in_cpu"}) {
+        const bool same = key == "nvme_path"      ? o.nvme_path == defaults.nvme_path
+                          : key == "buffer_count" ? o.buffer_count == defaults.buffer_count
+                                                  : o.max_in_cpu == defaults.max_in_cpu;
+        if (same) continue;
+        LOG(WARNING) << r.source() << ": `" << p << "." << key << "` applies only to device "
+                     << "\"nvme\" (a frozen base on disk); with \"" << OffloadDeviceName(o.device)
+                     << "\" the parameter chunks stay in host memory and it is not used";
+      }
+    }
   }
   if (ignored && ignored_keys != nullptr) ignored_keys->push_back("zero_optimization");
   return absl::OkStatus();
@@ -455,14 +493,45 @@ absl::Status ReadQuantization(const JsonReader& r, const Json& top, TrainConfig*
                    r.GetSection(top, ConfigSchema().quantization, "quantization"));
   if (q == nullptr) return absl::OkStatus();
   QuantizationSettings s;
-  if (const Json* v = JsonReader::Find(*q, "load_in_8bit"); v != nullptr) {
-    bool eight = false;
-    RETURN_IF_ERROR(r.GetBool(*q, "quantization", "load_in_8bit", &eight));
-    if (eight) {
-      return absl::UnimplementedError(absl::StrCat(
-          r.source(), ": `quantization.load_in_8bit` = true: 8-bit bases (LLM.int8()) are not "
-                      "implemented; use load_in_4bit: true (QLoRA's 4-bit base) or remove the key"));
+  // BitsAndBytesConfig.to_dict() writes each flag twice (load_in_4bit and its attribute
+  // _load_in_4bit): read either, and refuse two that disagree, as model/quant4_import.cc does.
+  const auto flag = [&](absl::string_view key, std::optional<bool>* out) -> absl::Status {
+    const std::string attr = absl::StrCat("_", key);
+    std::optional<bool> a, b;
+    if (JsonReader::Find(*q, key) != nullptr) {
+      a = false;
+      RETURN_IF_ERROR(r.GetBool(*q, "quantization", key, &*a));
     }
+    if (JsonReader::Find(*q, attr) != nullptr) {
+      b = false;
+      RETURN_IF_ERROR(r.GetBool(*q, "quantization", attr, &*b));
+    }
+    if (a.has_value() && b.has_value() && *a != *b) {
+      return r.Error(absl::StrCat("`quantization.", key, "` = ", *a ? "true" : "false",
+                                  " but `quantization.", attr, "` = ", *b ? "true" : "false",
+                                  ": BitsAndBytesConfig.to_dict() writes both from one setting; "
+                                  "make them agree (or drop ",
+                                  attr, ")"));
+    }
+    *out = a.has_value() ? a : b;
+    return absl::OkStatus();
+  };
+  std::optional<bool> eight_bit, four_bit;
+  RETURN_IF_ERROR(flag("load_in_8bit", &eight_bit));
+  RETURN_IF_ERROR(flag("load_in_4bit", &four_bit));
+  // The 8-bit settings are ignored (the schema says why); their types are checked.
+  for (absl::string_view key : {"llm_int8_has_fp16_weight", "llm_int8_enable_fp32_cpu_offload"}) {
+    bool unused = false;
+    RETURN_IF_ERROR(r.GetBool(*q, "quantization", key, &unused));
+  }
+  if (const Json* t = JsonReader::Find(*q, "llm_int8_threshold"); t != nullptr) {
+    double unused = 0;
+    RETURN_IF_ERROR(r.GetDouble(*q, "quantization", "llm_int8_threshold", &unused));
+  }
+  if (eight_bit.value_or(false)) {
+    return absl::UnimplementedError(absl::StrCat(
+        r.source(), ": `quantization.load_in_8bit` = true: 8-bit bases (LLM.int8()) are not "
+                    "implemented; use load_in_4bit: true (QLoRA's 4-bit base) or remove the key"));
   }
   if (const Json* v = JsonReader::Find(*q, "quant_method"); v != nullptr) {
     std::string method;
@@ -481,7 +550,7 @@ absl::Status ReadQuantization(const JsonReader& r, const Json& top, TrainConfig*
                           "supported; remove the key or write \"uint8\"");
     }
   }
-  RETURN_IF_ERROR(r.GetBool(*q, "quantization", "load_in_4bit", &s.load_in_4bit));
+  s.load_in_4bit = four_bit.value_or(false);
   if (const Json* v = JsonReader::Find(*q, "bnb_4bit_quant_type"); v != nullptr) {
     std::string name;
     RETURN_IF_ERROR(r.GetString(*q, "quantization", "bnb_4bit_quant_type", &name));

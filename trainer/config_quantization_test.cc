@@ -3,6 +3,7 @@
 // transformers writes beside them — --load_in_4bit with and without a section, the refusals
 // across keys (no lora section; a compute dtype or a run precision not built yet), the JSON
 // written back, and the conversion to model/quant4_config.h's Quant4Config.
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -123,6 +124,67 @@ TEST(QuantizationConfigTest, TransformersCompanionKeysAcceptedOnlyWithTheirOneVa
               StatusIs(kInvalid, HasSubstr("quantization.load_in_8bit")));
 }
 
+// BitsAndBytesConfig.to_dict() of transformers 4.57, as save_pretrained wrote it into the
+// config.json of model/testdata/nf4_prequant/llama_nf4_nested, pasted as the section: it loads,
+// the 8-bit settings ignored (warned about), the rest as model/quant4_import.cc reads it.
+TEST(QuantizationConfigTest, PastedToDictLoads) {
+  const std::string path = "model/testdata/nf4_prequant/llama_nf4_nested/config.json";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  const Json to_dict = Json::parse(in)["quantization_config"];
+  ASSERT_TRUE(to_dict.contains("_load_in_4bit")) << to_dict.dump();
+  ASSERT_TRUE(to_dict.contains("llm_int8_threshold")) << to_dict.dump();
+  std::vector<std::string> ignored;
+  ASSERT_OK_AND_ASSIGN(const TrainConfig c,
+                       ParseTrainConfig(WithLora(to_dict).dump(), "t.json", &ignored));
+  EXPECT_THAT(ignored, testing::Contains("llm_int8_threshold"));
+  EXPECT_THAT(ignored, testing::Contains("llm_int8_has_fp16_weight"));
+  EXPECT_THAT(ignored, testing::Contains("llm_int8_enable_fp32_cpu_offload"));
+  EXPECT_TRUE(c.quantization.load_in_4bit);
+  EXPECT_EQ(c.quantization.quant_type, Quant4Type::kNf4);
+  EXPECT_TRUE(c.quantization.double_quant);
+  EXPECT_EQ(c.quantization.compute_dtype, DType::kF32);
+  EXPECT_TRUE(c.quantization.skip_modules.empty());
+  EXPECT_OK(ValidateTrainConfig(c));
+  // The config written back holds none of the companion keys, and loads to the same config.
+  const Json back = Json::parse(TrainConfigToJson(c))["quantization"];
+  for (const char* key : {"_load_in_4bit", "_load_in_8bit", "load_in_8bit", "llm_int8_threshold",
+                          "quant_method"}) {
+    EXPECT_FALSE(back.contains(key)) << key;
+  }
+  EXPECT_THAT(Parse(TrainConfigToJson(c)), IsOkAndHolds(c));
+
+  // The attribute alone stands for its flag.
+  ASSERT_OK_AND_ASSIGN(const TrainConfig attr, Parse(R"({"quantization": {"_load_in_4bit": true,
+      "_load_in_8bit": false}})"));
+  EXPECT_TRUE(attr.quantization.load_in_4bit);
+  // Each pair must agree, refused naming both keys.
+  Json disagree = to_dict;
+  disagree["_load_in_4bit"] = false;
+  EXPECT_THAT(Parse(WithLora(disagree).dump()),
+              StatusIs(kInvalid, AllOf(HasSubstr("`quantization.load_in_4bit` = true"),
+                                       HasSubstr("`quantization._load_in_4bit` = false"))));
+  disagree = to_dict;
+  disagree["_load_in_8bit"] = true;
+  EXPECT_THAT(Parse(WithLora(disagree).dump()),
+              StatusIs(kInvalid, AllOf(HasSubstr("`quantization.load_in_8bit` = false"),
+                                       HasSubstr("`quantization._load_in_8bit` = true"))));
+  EXPECT_THAT(Parse(R"({"quantization": {"_load_in_8bit": true}})"),
+              StatusIs(kUnimplemented, HasSubstr("`quantization.load_in_8bit`")));
+  // The ignored settings' types are still checked (as transformers' post_init does).
+  for (const auto& [key, value] : std::vector<std::pair<std::string, Json>>{
+           {"llm_int8_threshold", "6"},
+           {"llm_int8_has_fp16_weight", 0},
+           {"llm_int8_enable_fp32_cpu_offload", "no"},
+           {"_load_in_4bit", "yes"}}) {
+    SCOPED_TRACE(key);
+    Json bad = to_dict;
+    bad[key] = value;
+    EXPECT_THAT(Parse(WithLora(bad).dump()),
+                StatusIs(kInvalid, HasSubstr(absl::StrCat("`quantization.", key, "`"))));
+  }
+}
+
 TEST(QuantizationConfigTest, BadValuesAreRefusedNamingTheKey) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
       // bitsandbytes spells the types in lower case only.
@@ -160,8 +222,7 @@ TEST(QuantizationConfigTest, BadValuesAreRefusedNamingTheKey) {
 
 TEST(QuantizationConfigTest, UnknownKeysAreRefusedNamingThem) {
   // BitsAndBytesConfig's 8-bit keys are not this section's.
-  for (const char* key : {"llm_int8_threshold", "llm_int8_has_fp16_weight", "bnb_4bit_blocksize",
-                          "blocksize"}) {
+  for (const char* key : {"bnb_4bit_blocksize", "blocksize", "llm_int8_thresh"}) {
     SCOPED_TRACE(key);
     EXPECT_THAT(Parse(Json{{"quantization", {{key, 1}}}}.dump()),
                 StatusIs(kInvalid, HasSubstr(absl::StrCat("quantization.", key))));
@@ -192,7 +253,9 @@ TEST(QuantizationConfigTest, KeyPathsListTheSectionsKeysOnly) {
     EXPECT_THAT(paths, testing::Contains(path));
   }
   for (const char* path : {"quantization", "quantization.quant_method",
-                           "quantization.bnb_4bit_quant_storage", "quantization.load_in_8bit"}) {
+                           "quantization.bnb_4bit_quant_storage", "quantization.load_in_8bit",
+                           "quantization._load_in_4bit", "quantization._load_in_8bit",
+                           "quantization.llm_int8_threshold"}) {
     EXPECT_THAT(paths, Not(testing::Contains(path)));
   }
 }

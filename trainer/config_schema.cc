@@ -197,15 +197,17 @@ constexpr JsonIgnoredKey kOffloadOptimizerIgnoredKeys[] = {
     {"ratio", "the scheduler places each optimizer-state chunk by the memory plan"},
 };
 
-constexpr absl::string_view kOffloadParamKeys[] = {"device", "pin_memory"};
-constexpr absl::string_view kOffloadParamNvmeOnlyWhy =
-    "it applies only to offload_param.device \"nvme\", which this version refuses: parameter "
-    "chunks live in host memory and stream through the accelerator";
+constexpr absl::string_view kOffloadParamKeys[] = {"device", "nvme_path", "buffer_count",
+                                                   "max_in_cpu", "pin_memory"};
+constexpr JsonKeyAlias kOffloadParamAliases[] = {{"path", "nvme_path"},
+                                                 {"nvme_dir", "nvme_path"},
+                                                 {"swap_path", "nvme_path"},
+                                                 {"swap_folder", "nvme_path"},
+                                                 {"buffers", "buffer_count"}};
 constexpr JsonIgnoredKey kOffloadParamIgnoredKeys[] = {
-    {"nvme_path", kOffloadParamNvmeOnlyWhy},
-    {"buffer_count", kOffloadParamNvmeOnlyWhy},
-    {"buffer_size", kOffloadParamNvmeOnlyWhy},
-    {"max_in_cpu", kOffloadParamNvmeOnlyWhy},
+    {"buffer_size",
+     "the disk tier reads and writes whole param chunks (chunk.size sets their size), not "
+     "buffers of a size of their own"},
 };
 
 constexpr absl::string_view kAioKeys[] = {"block_size", "queue_depth", "thread_count",
@@ -247,9 +249,24 @@ constexpr absl::string_view kQuantizationKeys[] = {"load_in_4bit",
                                                    "llm_int8_skip_modules",
                                                    "quant_method",
                                                    "bnb_4bit_quant_storage",
-                                                   "load_in_8bit"};
+                                                   "load_in_8bit",
+                                                   "_load_in_4bit",
+                                                   "_load_in_8bit"};
+// Read and checked, never written back (BitsAndBytesConfig.to_dict() writes _load_in_4bit and
+// _load_in_8bit beside load_in_4bit and load_in_8bit: they must agree).
 constexpr absl::string_view kQuantizationCheckedOnlyKeys[] = {
-    "quant_method", "bnb_4bit_quant_storage", "load_in_8bit"};
+    "quant_method", "bnb_4bit_quant_storage", "load_in_8bit", "_load_in_4bit", "_load_in_8bit"};
+// BitsAndBytesConfig.to_dict()'s 8-bit (LLM.int8()) settings: their types are checked (as
+// transformers' post_init does and model/quant4_import.cc does for config.json), their values
+// ignored.
+constexpr absl::string_view kInt8SettingWhy =
+    "an LLM.int8() (8-bit) setting, which a 4-bit base does not use (bitsandbytes ignores it with "
+    "load_in_4bit too)";
+constexpr JsonIgnoredKey kQuantizationIgnoredKeys[] = {
+    {"llm_int8_threshold", kInt8SettingWhy},
+    {"llm_int8_has_fp16_weight", kInt8SettingWhy},
+    {"llm_int8_enable_fp32_cpu_offload", kInt8SettingWhy},
+};
 constexpr JsonKeyAlias kQuantizationAliases[] = {
     {"quant_type", "bnb_4bit_quant_type"},
     {"double_quant", "bnb_4bit_use_double_quant"},
@@ -298,13 +315,12 @@ const TrainConfigSchema& ConfigSchema() {
       .zero_optimization = {"zero_optimization", kZeroKeys, kZeroAliases, kZeroIgnoredKeys},
       .offload_optimizer = {"zero_optimization.offload_optimizer", kOffloadOptimizerKeys,
                             kOffloadOptimizerAliases, kOffloadOptimizerIgnoredKeys},
-      .offload_param = {"zero_optimization.offload_param",
-                        kOffloadParamKeys,
-                        {},
-                        kOffloadParamIgnoredKeys},
+      .offload_param = {"zero_optimization.offload_param", kOffloadParamKeys,
+                        kOffloadParamAliases, kOffloadParamIgnoredKeys},
       .aio = {"aio", kAioKeys, kAioAliases, kAioIgnoredKeys},
       .lora = {"lora", kLoraKeys, kLoraAliases, kLoraIgnoredKeys},
-      .quantization = {"quantization", kQuantizationKeys, kQuantizationAliases},
+      .quantization = {"quantization", kQuantizationKeys, kQuantizationAliases,
+                       kQuantizationIgnoredKeys},
   };
   return kSchema;
 }

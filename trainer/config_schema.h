@@ -146,6 +146,9 @@ inline constexpr double kMaxCopyBandwidthBytesPerS = 1e15;
 // indices is more than any model's chunk count at a useful chunk size, and keeps the window's
 // bytes (count x 3 chunks) far from int64 overflow.
 inline constexpr int64_t kMaxOffloadBufferCount = int64_t{1} << 16;
+// zero_optimization.offload_param.max_in_cpu: at most 2^50 parameter elements (its bytes stay far
+// from int64's range).
+inline constexpr int64_t kMaxMaxInCpuElems = int64_t{1} << 50;
 // aio: direct I/O's alignment (block_size must be a multiple), the largest request (1 GiB: one
 // request per chunk at the largest useful chunks), the deepest io_uring queue (IORING_MAX_ENTRIES)
 // and the most I/O threads.

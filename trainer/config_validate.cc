@@ -440,13 +440,19 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
                                  "]: the chunk indices whose optimizer state the disk tier reads "
                                  "ahead (DeepSpeed's default: 4)"));
   }
-  if (c.zero_optimization.offload_param.device == OffloadDevice::kNvme) {
-    return BadValue(
-        "zero_optimization.offload_param.device", "\"nvme\"",
-        "parameter chunks stay in host memory in this version; use \"cpu\" (or \"none\"). The "
-        "optimizer state (master weights, momentum and variance: 12 of the 14 bytes per parameter "
-        "in bf16) is what goes to disk: set zero_optimization.offload_optimizer.device \"nvme\" "
-        "and its nvme_path (or pass --nvme_path)");
+  const OffloadParamConfig& op = c.zero_optimization.offload_param;
+  RETURN_IF_ERROR(CheckString("zero_optimization.offload_param.nvme_path", op.nvme_path));
+  if (op.buffer_count < 0 || op.buffer_count > kMaxOffloadBufferCount) {
+    return BadValue("zero_optimization.offload_param.buffer_count", op.buffer_count,
+                    absl::StrCat("must be in [0, ", kMaxOffloadBufferCount,
+                                 "]: the frozen param chunks the disk tier reads ahead of the "
+                                 "compute (0: none; DeepSpeed's default: 5)"));
+  }
+  if (op.max_in_cpu < 0 || op.max_in_cpu > kMaxMaxInCpuElems) {
+    return BadValue("zero_optimization.offload_param.max_in_cpu", op.max_in_cpu,
+                    absl::StrCat("must be in [0, ", kMaxMaxInCpuElems,
+                                 "] parameter elements kept in host memory (0 or \"auto\": what "
+                                 "the host limit leaves)"));
   }
   const AioConfig& aio = c.aio;
   if (aio.block_size_bytes < kAioAlignmentBytes || aio.block_size_bytes > kMaxAioBlockBytes ||
@@ -472,35 +478,84 @@ absl::Status CheckTrainConfigValues(const TrainConfig& c) {
   return absl::OkStatus();
 }
 
-absl::Status CheckNvmePath(const TrainConfig& c) {
-  const OffloadOptimizerConfig& oo = c.zero_optimization.offload_optimizer;
-  if (oo.device != OffloadDevice::kNvme) return absl::OkStatus();
-  constexpr absl::string_view kKey = "zero_optimization.offload_optimizer.nvme_path";
-  if (oo.nvme_path.empty()) {
+namespace {
+
+// One tier's nvme_path (`key`, for `device_key` "nvme"): an existing directory this process may
+// create files in.
+absl::Status CheckSwapDir(absl::string_view device_key, absl::string_view key,
+                          const std::string& path) {
+  if (path.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "`zero_optimization.offload_optimizer.device` = \"nvme\" needs a directory for the swap "
-        "files: set ",
-        kKey, " (or pass --nvme_path=DIR), a directory on a local SSD"));
+        "`", device_key, "` = \"nvme\" needs a directory for the swap files: set ", key,
+        " (or pass --nvme_path=DIR), a directory on a local SSD"));
   }
   struct stat st {};
-  if (::stat(oo.nvme_path.c_str(), &st) != 0) {
+  if (::stat(path.c_str(), &st) != 0) {
     const int err = errno;
     return ErrnoError(err,
-                      absl::StrCat("cannot use ", kKey,
+                      absl::StrCat("cannot use ", key,
                                    " (--nvme_path), the directory of the disk tier's swap files,"),
-                      oo.nvme_path);
+                      path);
   }
   if (!S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(kKey, " (--nvme_path) '", oo.nvme_path,
+        absl::StrCat(key, " (--nvme_path) '", path,
                      "' is not a directory; name the directory the swap files go in"));
   }
-  if (::access(oo.nvme_path.c_str(), W_OK | X_OK) != 0) {
+  if (::access(path.c_str(), W_OK | X_OK) != 0) {
     const int err = errno;
     return ErrnoError(err,
-                      absl::StrCat("cannot create swap files in ", kKey,
+                      absl::StrCat("cannot create swap files in ", key,
                                    " (--nvme_path): no write access to the directory"),
-                      oo.nvme_path);
+                      path);
+  }
+  return absl::OkStatus();
+}
+
+// Whether `a` and `b` name the same directory (the same inode when both exist, else the same
+// normalized path).
+bool SameDirectory(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  const bool equivalent = std::filesystem::equivalent(a, b, ec);
+  if (!ec) return equivalent;
+  return std::filesystem::path(a).lexically_normal() == std::filesystem::path(b).lexically_normal();
+}
+
+absl::Status CheckOffloadParamAcrossKeys(const TrainConfig& c) {
+  const OffloadParamConfig& op = c.zero_optimization.offload_param;
+  if (op.device != OffloadDevice::kNvme) return absl::OkStatus();
+  if (!c.lora.has_value()) {
+    return absl::InvalidArgumentError(
+        "`zero_optimization.offload_param.device` = \"nvme\" needs a lora section: only a "
+        "frozen base (LoRA/QLoRA: param chunks without gradients or optimizer state) can live on "
+        "disk; trained parameters stay in host memory. Add a lora section (or --lora_r and "
+        "--lora_target_modules), or use offload_param.device \"cpu\" and put the optimizer "
+        "state on disk with zero_optimization.offload_optimizer.device \"nvme\" (--nvme_path)");
+  }
+  const OffloadOptimizerConfig& oo = c.zero_optimization.offload_optimizer;
+  if (oo.device == OffloadDevice::kNvme && !op.nvme_path.empty() && !oo.nvme_path.empty() &&
+      !SameDirectory(op.nvme_path, oo.nvme_path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "`zero_optimization.offload_param.nvme_path` = ", QuoteForMessage(op.nvme_path),
+        " and `zero_optimization.offload_optimizer.nvme_path` = ", QuoteForMessage(oo.nvme_path),
+        " name different directories: one swap serves both the frozen base and the optimizer "
+        "state; give both the same directory (--nvme_path sets both)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckNvmePath(const TrainConfig& c) {
+  const OffloadOptimizerConfig& oo = c.zero_optimization.offload_optimizer;
+  if (oo.device == OffloadDevice::kNvme) {
+    RETURN_IF_ERROR(CheckSwapDir("zero_optimization.offload_optimizer.device",
+                                 "zero_optimization.offload_optimizer.nvme_path", oo.nvme_path));
+  }
+  const OffloadParamConfig& op = c.zero_optimization.offload_param;
+  if (op.device == OffloadDevice::kNvme) {
+    RETURN_IF_ERROR(CheckSwapDir("zero_optimization.offload_param.device",
+                                 "zero_optimization.offload_param.nvme_path", op.nvme_path));
   }
   return absl::OkStatus();
 }
@@ -782,6 +837,7 @@ absl::Status ValidateTrainConfig(const TrainConfig& c, std::optional<int> known_
         ": with a lora section, export writes the PEFT adapter directory and export_merged the "
         "merged Hugging Face model directory; give them different paths"));
   }
+  RETURN_IF_ERROR(CheckOffloadParamAcrossKeys(c));
   RETURN_IF_ERROR(CheckNvmePath(c));
   RETURN_IF_ERROR(CheckLoraInitFrom(c));
   return absl::OkStatus();

@@ -48,9 +48,11 @@ namespace ps {
 // section is required (InvalidArgument naming both keys), bnb_4bit_compute_dtype other than
 // float32, fp16/bf16 enabled, and bnb_4bit_use_double_quant with a known world size > 1, are
 // Unimplemented naming the key; which weights the model
-// quantizes is model/quant4_config.h ValidateQuant4Config's (the trainer's, with the model). Last
-// (after every other check), for
-// zero_optimization.offload_optimizer.device "nvme": CheckNvmePath; then CheckLoraInitFrom.
+// quantizes is model/quant4_config.h ValidateQuant4Config's (the trainer's, with the model).
+// zero_optimization.offload_param.device "nvme" (a frozen base on disk) needs a lora section
+// (InvalidArgument naming offload_param.device otherwise), and with offload_optimizer.device
+// "nvme" too both nvme_paths name one directory (InvalidArgument naming both keys). Last (after
+// every other check), for either device "nvme": CheckNvmePath; then CheckLoraInitFrom.
 //
 // `world_size`: the data-parallel ranks of the run. std::nullopt when it is not known yet — the
 // train binary under mpirun validates before its ranks have joined (the communicator is made
@@ -61,8 +63,9 @@ namespace ps {
 [[nodiscard]] absl::Status ValidateTrainConfig(const TrainConfig& config,
                                                std::optional<int> world_size = 1);
 
-// For zero_optimization.offload_optimizer.device "nvme" (the disk tier; OK for any other device):
-// nvme_path must name an existing directory this process may create files in. InvalidArgument
+// For zero_optimization.offload_optimizer.device "nvme" and offload_param.device "nvme" (the disk
+// tier; OK for any other device): that section's nvme_path must name an existing directory this
+// process may create files in. InvalidArgument
 // naming the key (and --nvme_path) when nvme_path is empty or not a directory; the errno's code
 // (NotFound, PermissionDenied, ...) naming the key and the path when it cannot be examined or
 // written. Whether the filesystem has the space is the pre-flight plan's (it knows the bytes).

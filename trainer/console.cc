@@ -96,6 +96,9 @@ void PrintHeader(const TrainRun& run) {
                  << "\n";
     }
   }
+  if (!run.resolved.prequantized_line.empty()) {
+    *run.out() << run.resolved.prequantized_line << "\n";
+  }
   *run.out() << absl::StrFormat(
       "accelerator: %s, cap %s%s; host memory %s\n", run.runtime.backend->name(),
       FormatBytes(run.runtime.backend->capacity_bytes()),
@@ -112,22 +115,32 @@ void PrintHeader(const TrainRun& run) {
     const MemoryPlan& p = run.memory.plan.plan;
     const ChunkSwapInfo info = run.runtime.swap->info();
     const DiskBandwidth& bw = *run.runtime.disk_bandwidth;
+    const ZeroOptimizationConfig& zero = run.config.zero_optimization;
+    const bool state_on_disk = zero.offload_optimizer.device == OffloadDevice::kNvme;
+    const bool frozen_on_disk = zero.offload_param.device == OffloadDevice::kNvme;
     *run.out() << absl::StrFormat(
-        "disk tier: optimizer state in %s (%s of slots; %s, %s); measured there: write %s/s, "
+        "disk tier: %s in %s (%s of slots; %s, %s); measured there: write %s/s, "
         "read %s/s, %.2f ms per %s block\n",
+        state_on_disk && frozen_on_disk ? "optimizer state and the frozen base"
+        : state_on_disk                 ? "optimizer state"
+                                        : "the frozen base",
         info.path, FormatBytes(p.disk_bytes), info.engine,
         info.direct ? std::string("O_DIRECT") : info.direct_note,
         FormatBytes(static_cast<int64_t>(bw.write_bytes_per_s)),
         FormatBytes(static_cast<int64_t>(bw.read_bytes_per_s)), bw.block_latency_ns * 1e-6,
         FormatBytes(run.config.aio.block_size_bytes));
     const double disk_s = DiskStepSeconds(p, bw.read_bytes_per_s, bw.write_bytes_per_s);
-    *run.out() << absl::StrFormat(
-        "disk tier: host budget %s of optimizer state (minimum %s): %d chunk indices kept in "
-        "RAM, %d streamed, read-ahead %d; per step up to %s read and %s written: %.1f s of disk "
-        "time at the measured rates\n",
-        FormatBytes(run.memory.plan.disk_host_budget_bytes), FormatBytes(p.disk_min_host_bytes),
-        p.disk_kept_indices, p.disk_streamed_indices, p.disk_read_ahead,
-        FormatBytes(p.disk_read_bytes_per_step), FormatBytes(p.disk_write_bytes_per_step), disk_s);
+    if (state_on_disk) {
+      *run.out() << absl::StrFormat(
+          "disk tier: host budget %s of optimizer state (minimum %s): %d chunk indices kept in "
+          "RAM, %d streamed, read-ahead %d; per step up to %s read and %s written: %.1f s of "
+          "disk time at the measured rates\n",
+          FormatBytes(run.memory.plan.disk_host_budget_bytes), FormatBytes(p.disk_min_host_bytes),
+          p.disk_kept_indices, p.disk_streamed_indices, p.disk_read_ahead,
+          FormatBytes(p.disk_read_bytes_per_step), FormatBytes(p.disk_write_bytes_per_step),
+          disk_s);
+    }
+    if (frozen_on_disk) *run.out() << FrozenOnDiskLine(zero, run.shape.dtype, p) << "\n";
   }
   if (run.config.accelerator.kind != AcceleratorKind::kCuda) {
     // What the CPU kernels dispatch to on this machine: losses are bit-identical run to run and
@@ -319,6 +332,11 @@ std::string SummaryText(const TrainRun& run) {
         s.disk_engine, FormatBytes(s.disk_read_bytes), s.disk_reads, s.disk_read_ahead_hits,
         FormatBytes(s.disk_write_bytes), s.disk_writes, s.disk_read_wait_s, s.disk_write_wait_s,
         disk_alone_s, FormatBytes(s.disk_peak_host_bytes));
+    if (s.disk_frozen_host_budget_bytes > 0) {
+      os << absl::StrFormat("disk tier: the frozen base's host peak %s of its budget %s\n",
+                            FormatBytes(s.disk_frozen_peak_host_bytes),
+                            FormatBytes(s.disk_frozen_host_budget_bytes));
+    }
   }
   if (s.world_size > 1) {
     os << absl::StrFormat(

@@ -21,6 +21,7 @@
 #include "model/quant4_config.h"
 #include "trainer/config.h"
 #include "trainer/config_validate.h"
+#include "trainer/plan_options.h"
 
 namespace ps {
 namespace trainer_internal {
@@ -111,7 +112,25 @@ absl::Status ResolveLora(const TrainRun& run, ResolvedModel& resolved) {
 }
 
 absl::Status ResolveQuant4(const TrainRun& run, ResolvedModel& resolved) {
-  std::optional<Quant4Config> quant4 = ToQuant4Config(run.config.quantization);
+  // A pre-quantized checkpoint.init_from: with a lora section (and no 4-bit section) its
+  // storage is adopted; without one it loads dequantized. Said on the console either way.
+  std::optional<Quant4Config> dir_quant4;
+  if (resolved.hf.has_value()) dir_quant4 = resolved.hf->quant4();
+  std::optional<Quant4Config> quant4 = RunQuant4(run.config, dir_quant4);
+  if (dir_quant4.has_value()) {
+    resolved.prequantized_line =
+        PrequantizedBaseLine(run.config.checkpoint.init_from, *dir_quant4,
+                             resolved.lora.has_value(), ComputeDType(run.config.precision()));
+    const bool adopted = quant4.has_value() && !run.config.quantization.load_in_4bit;
+    if (adopted && quant4->double_quant && run.shape.world > 1) {
+      // As ValidateTrainConfig refuses bnb_4bit_use_double_quant under ZeRO.
+      return absl::UnimplementedError(absl::StrCat(
+          "checkpoint.init_from (--init_from) ", run.config.checkpoint.init_from,
+          " is saved pre-quantized with bnb_4bit_use_double_quant, which under ZeRO (",
+          run.shape.world, " ranks) is not supported: each rank quantizes its own chunks, and "
+          "the nested scales' offsets would not reach the others; train on one process"));
+    }
+  }
   if (!quant4.has_value()) return absl::OkStatus();
   if (absl::Status s = ValidateQuant4Config(
           resolved.model_config, resolved.lora.has_value() ? &*resolved.lora : nullptr, *quant4);

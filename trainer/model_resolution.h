@@ -28,7 +28,9 @@ namespace trainer_internal {
 // runs. REQUIRES: ResolveModel(run, run.resolved) succeeded; `resolved` is run.resolved.
 [[nodiscard]] absl::Status ResolveLora(const TrainRun& run, ResolvedModel& resolved);
 
-// Sets resolved.quant4 from the quantization section (when load_in_4bit) and checks it against
+// Sets resolved.quant4 (RunQuant4: the quantization section when load_in_4bit, or with a lora
+// section the storage of a checkpoint.init_from saved pre-quantized; resolved.prequantized_line
+// says which for such a directory) and checks it against
 // resolved.model_config and resolved.lora (ValidateQuant4Config): InvalidArgument for
 // lora.modules_to_save covering a weight that would be 4-bit or an empty skip entry,
 // Unimplemented for a compute dtype other than float32, FailedPrecondition without LoRA (which

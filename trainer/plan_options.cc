@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <limits>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -22,6 +24,8 @@
 #include "model/hf_config.h"
 #include "model/kernels/nf4.h"
 #include "model/peft_adapter.h"
+#include "model/quant4_import.h"
+#include "nlohmann/json.hpp"
 #include "optimizer/cuda_adam_footprint.h"
 #include "scheduler/comm_collectives.h"
 #include "trainer/config_validate.h"
@@ -29,8 +33,6 @@
 
 namespace ps {
 namespace {
-
-constexpr char kNvmePathKey[] = "zero_optimization.offload_optimizer.nvme_path (--nvme_path): ";
 
 // Host bytes the run's checkpoints and exports hold beside the pools.
 int64_t HostWorkspaceBytes(const TrainConfig& config, const ModelConfig& model,
@@ -113,14 +115,15 @@ absl::Status ReadPlanMachine(const TrainConfig& config, PlanContext& context) {
     context.host_available_bytes = 0;
     LOG(WARNING) << "host memory not checked: " << info.status();
   }
-  const OffloadOptimizerConfig& offload = config.zero_optimization.offload_optimizer;
-  if (offload.device != OffloadDevice::kNvme) return absl::OkStatus();
-  const auto named = [](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat(kNvmePathKey, s.message()));
+  const ZeroOptimizationConfig& zero = config.zero_optimization;
+  if (!UsesDiskTier(zero)) return absl::OkStatus();
+  const std::string& dir = DiskTierDir(zero);
+  const auto named = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat(DiskTierDirKey(zero), ": ", s.message()));
   };
-  absl::StatusOr<int64_t> free_bytes = FreeDiskBytes(offload.nvme_path);
+  absl::StatusOr<int64_t> free_bytes = FreeDiskBytes(dir);
   if (!free_bytes.ok()) return named(free_bytes.status());
-  absl::StatusOr<bool> in_ram = IsRamBacked(offload.nvme_path);
+  absl::StatusOr<bool> in_ram = IsRamBacked(dir);
   if (!in_ram.ok()) return named(in_ram.status());
   context.disk_free_bytes = *free_bytes;
   context.disk_in_host_memory = *in_ram;
@@ -162,7 +165,9 @@ absl::StatusOr<GptRunPlanOptions> PlanOptionsFromConfig(const TrainConfig& confi
   // LoRA: the plan lays out the frozen base (param chunks only) and the adapters (full state).
   if (config.lora.has_value()) o.model.lora = ToLoraConfig(*config.lora);
   // QLoRA: the 4-bit weights at their blobs' size (the plan validates it against the model).
-  o.model.quant4 = ToQuant4Config(config.quantization);
+  // (Or the 4-bit storage of a pre-quantized checkpoint.init_from, as the trainer adopts it.)
+  ASSIGN_OR_RETURN(const std::optional<Quant4Config> dir_quant4, PrequantizedInitFrom(config));
+  o.model.quant4 = RunQuant4(config, dir_quant4);
   o.kernel_workspaces = context.kernel_workspaces;
   o.compute_dtype = ComputeDType(config.precision());
   o.world_size = context.world;
@@ -186,24 +191,72 @@ absl::StatusOr<GptRunPlanOptions> PlanOptionsFromConfig(const TrainConfig& confi
   // The disk tier: the optimizer state this rank owns in swap files under nvme_path, host memory
   // holding the budget of it (the plan picks it when host_budget is auto); a RAM-backed nvme_path
   // is host memory too.
+  // With offload_param "nvme" the frozen base's param chunks get slots in the same swap, host
+  // memory holding max_in_cpu elements of them (auto: PlanRunFromConfig picks the budget).
   const OffloadOptimizerConfig& offload = config.zero_optimization.offload_optimizer;
-  if (offload.device == OffloadDevice::kNvme) {
+  const OffloadParamConfig& param = config.zero_optimization.offload_param;
+  if (UsesDiskTier(config.zero_optimization)) {
     GptRunPlanOptions::DiskTier disk;
-    disk.dir = offload.nvme_path;
-    disk.read_ahead = offload.buffer_count;
-    disk.host_budget_bytes = offload.host_budget_bytes;
+    disk.dir = DiskTierDir(config.zero_optimization);
+    disk.optimizer_state = offload.device == OffloadDevice::kNvme;
+    if (disk.optimizer_state) {
+      disk.read_ahead = offload.buffer_count;
+      disk.host_budget_bytes = offload.host_budget_bytes;
+    }
     disk.free_bytes = context.disk_free_bytes;
     disk.in_host_memory = context.disk_in_host_memory;
+    disk.frozen_params = param.device == OffloadDevice::kNvme;
+    if (disk.frozen_params) {
+      disk.frozen_read_ahead = param.buffer_count;
+      disk.frozen_host_budget_bytes = FrozenHostBudgetBytes(param, o.compute_dtype);
+    }
     o.disk = std::move(disk);
   }
   return o;
 }
 
+int64_t FrozenHostBudgetBytes(const OffloadParamConfig& param, DType dtype) {
+  return param.max_in_cpu * SizeOf(dtype);
+}
+
+namespace {
+
+// All of the frozen param chunks, as a frozen host budget (MemoryPlan clips it to them).
+constexpr int64_t kAllFrozenBudget = std::numeric_limits<int64_t>::max() / 8;
+
+// PlanGptRun of `o`; with offload_param "nvme" and max_in_cpu auto, the frozen host budget set
+// (in `o`) to what the host limit leaves beside everything else the plan counts — the way
+// GptRunPlanOptions::DiskTier's automatic optimizer-state budget is picked: a first plan with the
+// whole frozen base in RAM shows what the rest takes; the budget is at most all of the frozen
+// chunks and at least the tier's least (one param chunk).
+absl::StatusOr<GptRunPlan> PlanWithFrozenBudget(const TrainConfig& config, GptRunPlanOptions& o) {
+  if (!o.disk.has_value() || !o.disk->frozen_params ||
+      config.zero_optimization.offload_param.max_in_cpu > 0) {
+    return PlanGptRun(o);
+  }
+  o.disk->frozen_host_budget_bytes = kAllFrozenBudget;
+  ASSIGN_OR_RETURN(const GptRunPlan whole, PlanGptRun(o));
+  const MemoryPlan& all = whole.plan;
+  const int64_t frozen = all.disk_frozen_host_bytes;
+  int64_t b = frozen;
+  if (o.host_available_bytes > 0) {
+    const int64_t margin = std::max(kDiskTierHostMarginBytes, o.host_available_bytes / 20);
+    b = std::min(b, o.host_available_bytes - margin - (all.host_needed_bytes - frozen));
+  }
+  if (o.host_cap_bytes.has_value()) {
+    b = std::min(b, *o.host_cap_bytes - (all.host_model_data_bytes - frozen));
+  }
+  o.disk->frozen_host_budget_bytes = std::max(b, all.disk_frozen_min_host_bytes);
+  return PlanGptRun(o);
+}
+
+}  // namespace
+
 absl::StatusOr<RunPlan> PlanRunFromConfig(const TrainConfig& config, const PlanContext& context) {
   RunPlan run;
   ASSIGN_OR_RETURN(run.options, PlanOptionsFromConfig(config, context));
   run.reserve = ReserveFor(config, context, run.options.chunk_elems);
-  absl::StatusOr<GptRunPlan> plan = PlanGptRun(run.options);
+  absl::StatusOr<GptRunPlan> plan = PlanWithFrozenBudget(config, run.options);
   if (plan.ok() && context.device_communicator && run.options.chunk_elems == 0) {
     // chunk.size "auto": the collectives' staging is sized by the chunk the search picked; plan
     // that chunk size again with its staging reserved.
@@ -211,7 +264,11 @@ absl::StatusOr<RunPlan> PlanRunFromConfig(const TrainConfig& config, const PlanC
     run.options.chunk_elems = plan->plan.chunk_elems;
     run.reserve = ReserveFor(config, context, run.options.chunk_elems);
     run.options.comm_buffer_bytes = run.reserve.total_bytes();
-    plan = PlanGptRun(run.options);
+    if (run.options.disk.has_value() && run.options.disk->frozen_params) {
+      run.options.disk->frozen_host_budget_bytes =
+          FrozenHostBudgetBytes(config.zero_optimization.offload_param, run.options.compute_dtype);
+    }
+    plan = PlanWithFrozenBudget(config, run.options);
     if (plan.ok()) plan->chunk_note = note;
   }
   if (!plan.ok()) {
@@ -223,6 +280,20 @@ absl::StatusOr<RunPlan> PlanRunFromConfig(const TrainConfig& config, const PlanC
 }
 
 absl::Status CheckRunPlan(const RunPlan& run, bool enforce_accelerator) {
+  // An explicit frozen host budget below the tier's least: the key to change, not the machine.
+  const MemoryPlan& p = run.plan.plan;
+  if (p.disk_tier && run.options.disk.has_value() && run.options.disk->frozen_params &&
+      run.options.disk->frozen_host_budget_bytes > 0 &&
+      run.options.disk->frozen_host_budget_bytes < p.disk_frozen_min_host_bytes) {
+    const int64_t elem = SizeOf(run.options.compute_dtype);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "zero_optimization.offload_param.max_in_cpu (",
+        run.options.disk->frozen_host_budget_bytes / elem, " parameter elements, ",
+        FormatBytes(run.options.disk->frozen_host_budget_bytes),
+        ") is below the disk tier's least host budget for the frozen base, one param chunk: ",
+        p.disk_frozen_min_host_bytes / elem, " elements (", FormatBytes(p.disk_frozen_min_host_bytes),
+        "). Set max_in_cpu to at least that, or \"auto\". Nothing was allocated"));
+  }
   // (Host memory is always enforced: a run the OS would kill is never started.)
   if (enforce_accelerator || !run.plan.plan.fits_host) {
     RETURN_IF_ERROR(CheckGptRunFits(run.options, run.plan));
@@ -239,6 +310,62 @@ std::string RamBackedSwapNote(const RunPlan& run) {
                       "filesystem (tmpfs): its ",
                       FormatBytes(p.host_swap_bytes),
                       " of swap files are host memory, counted as such by the plan, not as disk");
+}
+
+absl::StatusOr<std::optional<Quant4Config>> PrequantizedInitFrom(const TrainConfig& config) {
+  const std::string& init_from = config.checkpoint.init_from;
+  std::error_code ec;
+  if (init_from.empty() || !std::filesystem::is_directory(init_from, ec)) {
+    return std::optional<Quant4Config>();
+  }
+  const std::string path =
+      (std::filesystem::path(init_from) / std::string(kHfConfigFileName)).string();
+  const auto named = [](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("checkpoint.init_from (--init_from): ", s.message()));
+  };
+  // (PlanModelFromConfig and HfCheckpoint::Open read the same file with their own checks.)
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return named(absl::NotFoundError(absl::StrCat("cannot open ", path)));
+  const nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return named(absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object")));
+  }
+  absl::StatusOr<std::optional<Quant4Config>> q = Quant4ConfigFromHfConfig(json, path);
+  if (!q.ok()) return named(q.status());
+  return *std::move(q);
+}
+
+std::optional<Quant4Config> RunQuant4(const TrainConfig& config,
+                                      const std::optional<Quant4Config>& dir_quant4) {
+  if (config.quantization.load_in_4bit) return ToQuant4Config(config.quantization);
+  if (!config.lora.has_value() || !dir_quant4.has_value()) return std::nullopt;
+  Quant4Config q = *dir_quant4;
+  q.compute_dtype = config.quantization.compute_dtype;
+  return q;
+}
+
+std::string PrequantizedBaseLine(const std::string& dir, const Quant4Config& dir_quant4, bool lora,
+                                 DType dtype) {
+  return absl::StrCat("base: pre-quantized in ", dir, " (", Quant4TypeName(dir_quant4.quant_type),
+                      dir_quant4.double_quant ? ", double quant" : "", "): ",
+                      lora ? std::string("loaded as it is")
+                           : absl::StrCat("loaded dequantized to ", DTypeName(dtype),
+                                          " (no lora section: a full fine-tune)"));
+}
+
+std::string FrozenOnDiskLine(const ZeroOptimizationConfig& zero, DType dtype,
+                             const MemoryPlan& p) {
+  const OffloadParamConfig& param = zero.offload_param;
+  const int64_t elem = SizeOf(dtype);
+  return absl::StrFormat(
+      "disk tier: the frozen base's %d param chunks are on disk under %s (%s of slots, written "
+      "once); host budget %s (max_in_cpu %s: %d elements; the least %s, one param chunk) of "
+      "them, read-ahead %d; per step up to %s read",
+      p.disk_frozen_chunks, DiskTierDir(zero), FormatBytes(p.disk_frozen_bytes),
+      FormatBytes(p.disk_frozen_host_budget_bytes),
+      param.max_in_cpu > 0 ? absl::StrCat(param.max_in_cpu) : std::string("auto"),
+      p.disk_frozen_host_budget_bytes / elem, FormatBytes(p.disk_frozen_min_host_bytes),
+      param.buffer_count, FormatBytes(p.disk_frozen_read_bytes_per_step));
 }
 
 Quant4Totals Quant4BaseTotals(const ModelConfig& model, const std::optional<LoraConfig>& lora,

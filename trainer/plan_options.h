@@ -26,6 +26,7 @@
 #include "model/lora_config.h"
 #include "model/model_config.h"
 #include "model/quant4_config.h"
+#include "scheduler/memory_plan.h"
 #include "trainer/config.h"
 
 namespace ps {
@@ -92,7 +93,8 @@ struct PlanContext {
   // The process's resident bytes now (the trainer plans with 0: the plan's host needs are beyond
   // what is resident; a benchmark's child passes its baseline to compare the peaks).
   int64_t host_resident_bytes = 0;
-  // The disk tier (offload_optimizer.device "nvme"): the free bytes of nvme_path's filesystem (0:
+  // The disk tier (offload_optimizer or offload_param device "nvme"): the free bytes of the swap
+  // directory's filesystem (0:
   // not checked), and whether it is RAM-backed (tmpfs: disk/disk_probe.h IsRamBacked), when
   // its swap is counted as host memory.
   int64_t disk_free_bytes = 0;
@@ -112,8 +114,9 @@ bool DataNeedsTokenMetadata(const TrainConfig& config);
 // (ReadHostMemoryInfo; unreadable: 0, with a warning in the log), token_metadata
 // (DataNeedsTokenMetadata: the data files' headers), and with the disk tier the
 // free bytes of nvme_path and whether it is RAM-backed. Errors: the filesystem's (NotFound,
-// PermissionDenied, ...), prefixed with "zero_optimization.offload_optimizer.nvme_path
-// (--nvme_path): ".
+// PermissionDenied, ...), prefixed with the swap directory's key (DiskTierDirKey:
+// "zero_optimization.offload_optimizer.nvme_path (--nvme_path): ", or offload_param's when only
+// the frozen base is on disk).
 [[nodiscard]] absl::Status ReadPlanMachine(const TrainConfig& config, PlanContext& context);
 
 // The model a config describes as the trainer resolves it: the config.json of checkpoint.init_from
@@ -131,6 +134,11 @@ absl::StatusOr<ModelConfig> PlanModelFromConfig(const TrainConfig& config);
 absl::StatusOr<GptRunPlanOptions> PlanOptionsFromConfig(const TrainConfig& config,
                                                         const PlanContext& context);
 
+// The frozen host budget of offload_param "nvme" (DiskTierOptions::frozen_host_budget_bytes):
+// max_in_cpu x the param chunks' element size (`dtype`, the compute dtype); 0 when max_in_cpu is
+// auto (PlanRunFromConfig then picks it: MemoryPlan::disk_frozen_host_budget_bytes).
+int64_t FrozenHostBudgetBytes(const OffloadParamConfig& param, DType dtype);
+
 // A planned run: the options planned with, the accelerator reserve they hold, and the plan.
 struct RunPlan {
   GptRunPlanOptions options;
@@ -138,13 +146,19 @@ struct RunPlan {
   GptRunPlan plan;
 };
 
-// PlanGptRun of PlanOptionsFromConfig; with a device-memory communicator and chunk.size "auto",
+// PlanGptRun of PlanOptionsFromConfig; with offload_param "nvme" and max_in_cpu auto, the
+// frozen host budget (run.options.disk->frozen_host_budget_bytes) set to what the host limit
+// (accelerator.host_memory, else what the OS can give less kDiskTierHostMarginBytes or 1/20)
+// leaves beside the rest of the plan, at most every frozen chunk and at least the tier's least
+// (one param chunk); with a device-memory communicator and chunk.size "auto",
 // planned again at the chunk size the search picked with that size's collectives staging
 // reserved (the staging is sized by the chunk). Errors: PlanGptRun's, prefixed "memory plan: ".
 // Whether the run fits is CheckRunPlan's.
 absl::StatusOr<RunPlan> PlanRunFromConfig(const TrainConfig& config, const PlanContext& context);
 
-// The trainer's refusal of a planned run: the swap must fit its disk (always), host memory must
+// The trainer's refusal of a planned run: an explicit offload_param.max_in_cpu below the disk
+// tier's least frozen budget (ResourceExhausted naming the key, in elements and bytes), the swap
+// must fit its disk (always), host memory must
 // fit (always: a run the OS would kill is never started), the accelerator when
 // `enforce_accelerator` (TrainerEnvironment::enforce_memory_plan). The messages of
 // CheckGptRunDisk / CheckGptRunFits.
@@ -153,6 +167,37 @@ absl::StatusOr<RunPlan> PlanRunFromConfig(const TrainConfig& config, const PlanC
 // One line for people when the swap directory is RAM-backed ("" otherwise): that the swap files
 // take host memory, and how much.
 std::string RamBackedSwapNote(const RunPlan& plan);
+
+// The quantization_config of the config.json of checkpoint.init_from when it names a directory
+// saved pre-quantized (model/quant4_import.h Quant4ConfigFromHfConfig: its storage, compute
+// dtype as the file says); nullopt for a directory without one, a file, or no init_from. Errors:
+// config.json's, prefixed with "checkpoint.init_from (--init_from): ".
+absl::StatusOr<std::optional<Quant4Config>> PrequantizedInitFrom(const TrainConfig& config);
+
+// The 4-bit base a run trains (GptModelOptions::quant4): the quantization section when
+// load_in_4bit (ToQuant4Config); else, with a lora section and checkpoint.init_from saved
+// pre-quantized (`dir_quant4`: its quantization_config, PrequantizedInitFrom or
+// HfCheckpoint::quant4()), the directory's storage — quant type, double quant, skip modules —
+// computing in the section's bnb_4bit_compute_dtype (float32 unless set): the base loads as it
+// is; else nullopt (without lora a pre-quantized directory loads dequantized: a full
+// fine-tune). A section that differs from the directory is left as it is (the model's load
+// refuses it, naming the directory's format).
+std::optional<Quant4Config> RunQuant4(const TrainConfig& config,
+                                      const std::optional<Quant4Config>& dir_quant4);
+
+// The console's line for checkpoint.init_from saved pre-quantized (`dir_quant4`), e.g. "base:
+// pre-quantized in /m (nf4, double quant): loaded as it is" with a lora section, else "...:
+// loaded dequantized to bf16 (no lora section: a full fine-tune)".
+std::string PrequantizedBaseLine(const std::string& dir, const Quant4Config& dir_quant4, bool lora,
+                                 DType dtype);
+
+// The line the trainer's console and tools/plan print for offload_param.device "nvme", e.g.
+// "disk tier: the frozen base's 12 param chunks are on disk under /ssd/swap (1.5 MiB of slots,
+// written once); host budget 256 KiB (max_in_cpu 65536 elements; the least 128 KiB, one param
+// chunk) of them, read-ahead 5; per step up to 3.0 MiB read". REQUIRES: `plan` planned
+// offload_param "nvme" (disk_frozen_* set).
+std::string FrozenOnDiskLine(const ZeroOptimizationConfig& zero, DType dtype,
+                             const MemoryPlan& plan);
 
 // QLoRA's 4-bit base: the weights stored in 4 bits (Quant4Weights), the values they hold and the
 // bytes their blobs take in chunks of the compute dtype (Quant4TotalsOf). All zero without one.

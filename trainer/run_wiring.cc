@@ -318,19 +318,23 @@ absl::Status OpenOutputs(const TrainRun& run, Runtime& runtime) {
   return absl::OkStatus();
 }
 
-// The disk tier (offload_optimizer.device "nvme"): opens the swap files (claiming nvme_path for
-// this rank: disk/swap_dir.h), then measures the disk there through the swap's own I/O path (the
-// bandwidth the console and the metrics compare the run's state I/O with), and hands the swap to
-// the manager with the plan's host budget. The claim comes first, so a second run on a directory
-// in use is refused before its probe writes anything there.
+// The disk tier (offload_optimizer.device "nvme", offload_param.device "nvme", or both: one swap
+// under nvme_path): opens the swap files (claiming nvme_path for this rank: disk/swap_dir.h),
+// then measures the disk there through the swap's own I/O path (the bandwidth the console and the
+// metrics compare the run's I/O with), and hands the swap to the manager with the plan's host
+// budgets (the optimizer state's; the frozen base's). The claim comes first, so a second run on a
+// directory in use is refused before its probe writes anything there.
 constexpr int64_t kDiskProbeBytes = 256 * kMiB;
 
 absl::Status OpenDiskTier(const TrainRun& run, Runtime& runtime,
                           ChunkManagerOptions& manager_options) {
-  const OffloadOptimizerConfig& offload = run.config.zero_optimization.offload_optimizer;
-  if (offload.device != OffloadDevice::kNvme) return absl::OkStatus();
+  const ZeroOptimizationConfig& zero = run.config.zero_optimization;
+  if (!UsesDiskTier(zero)) return absl::OkStatus();
+  const OffloadOptimizerConfig& offload = zero.offload_optimizer;
+  const OffloadParamConfig& param = zero.offload_param;
+  const std::string& dir = DiskTierDir(zero);
   FileChunkSwapOptions swap_options;
-  swap_options.dir = offload.nvme_path;
+  swap_options.dir = dir;
   swap_options.rank = run.shape.rank;
   swap_options.block_size = run.config.aio.block_size_bytes;
   swap_options.queue_depth = static_cast<int>(run.config.aio.queue_depth);
@@ -338,27 +342,32 @@ absl::Status OpenDiskTier(const TrainRun& run, Runtime& runtime,
   swap_options.single_submit = run.config.aio.single_submit;
   swap_options.overlap_events = run.config.aio.overlap_events;
   const auto named = [&](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("the disk tier under ", offload.nvme_path,
-                                               " (zero_optimization.offload_optimizer.nvme_path, "
-                                               "--nvme_path): ",
-                                               s.message()));
+    return absl::Status(s.code(), absl::StrCat("the disk tier under ", dir, " (",
+                                               DiskTierDirKey(zero), "): ", s.message()));
   };
   // Enough to cover the disk's latency and reach its sequential rate, small beside the state.
+  const MemoryPlan& p = run.memory.plan.plan;
   const int64_t probe_bytes = std::min<int64_t>(
-      kDiskProbeBytes, std::max<int64_t>(run.memory.plan.plan.state_chunk_bytes, 16 * kMiB));
+      kDiskProbeBytes,
+      std::max<int64_t>({p.state_chunk_bytes, p.param_chunk_bytes, 16 * kMiB}));
   FileChunkSwapOptions open_options = swap_options;
   open_options.wrap_engine_for_test = run.env.wrap_disk_engine_for_test;
   absl::StatusOr<std::unique_ptr<ChunkSwap>> swap = OpenFileChunkSwap(std::move(open_options));
   if (!swap.ok()) return named(swap.status());
   runtime.swap = *std::move(swap);
-  absl::StatusOr<DiskBandwidth> bandwidth =
-      MeasureDiskBandwidth(offload.nvme_path, swap_options, probe_bytes);
+  absl::StatusOr<DiskBandwidth> bandwidth = MeasureDiskBandwidth(dir, swap_options, probe_bytes);
   if (!bandwidth.ok()) return named(bandwidth.status());
   runtime.disk_bandwidth = *std::move(bandwidth);
-  manager_options.disk =
-      DiskTierOptions{.swap = runtime.swap.get(),
-                      .host_budget_bytes = run.memory.plan.disk_host_budget_bytes,
-                      .read_ahead = offload.buffer_count};
+  DiskTierOptions disk{.swap = runtime.swap.get(),
+                       .host_budget_bytes = run.memory.plan.disk_host_budget_bytes,
+                       .read_ahead = offload.buffer_count,
+                       .optimizer_state = offload.device == OffloadDevice::kNvme};
+  if (param.device == OffloadDevice::kNvme) {
+    disk.frozen_params = true;
+    disk.frozen_host_budget_bytes = p.disk_frozen_host_budget_bytes;
+    disk.frozen_read_ahead = param.buffer_count;
+  }
+  manager_options.disk = disk;
   return absl::OkStatus();
 }
 

@@ -101,7 +101,8 @@ ABSL_FLAG(std::string, trace_out, "",
 ABSL_FLAG(std::string, nvme_path, "",
           "Directory on a local SSD for the disk tier: the optimizer state (master weights, "
           "momentum, variance) that host memory cannot hold lives in swap files there "
-          "(zero_optimization.offload_optimizer.device \"nvme\" with this nvme_path).");
+          "(zero_optimization.offload_optimizer.device \"nvme\" with this nvme_path; also "
+          "offload_param's nvme_path when its device is \"nvme\").");
 ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt, "Seed of the parameter initialization.");
 ABSL_FLAG(std::optional<int64_t>, lora_r, std::nullopt,
           "LoRA fine-tuning with adapters of this rank (lora.r; turns LoRA on): the base model is "

@@ -230,6 +230,9 @@ struct TrainSummary {
   // direct I/O, sequential bytes per second).
   int64_t disk_reads = 0, disk_writes = 0, disk_read_bytes = 0, disk_write_bytes = 0;
   int64_t disk_read_ahead_hits = 0, disk_peak_host_bytes = 0;
+  // offload_param "nvme": the most host bytes the frozen base's chunks held at once, and their
+  // budget (DiskTier::frozen_peak_host_bytes, frozen_host_budget_bytes).
+  int64_t disk_frozen_peak_host_bytes = 0, disk_frozen_host_budget_bytes = 0;
   double disk_read_wait_s = 0, disk_write_wait_s = 0;
   double disk_measured_read_bytes_per_s = 0, disk_measured_write_bytes_per_s = 0;
   std::string disk_engine;

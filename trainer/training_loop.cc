@@ -24,6 +24,7 @@
 #include "memory/memory_tracker.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/chunk_manager.h"
+#include "scheduler/disk_tier.h"
 #include "trainer/console.h"
 #include "trainer/evaluation.h"
 #include "trainer/export.h"
@@ -254,6 +255,11 @@ void WriteMetrics(const TrainRun& run, const StepMetrics& m) {
     j["disk"] = {{"read_bytes", m.disk_read_bytes},
                  {"write_bytes", m.disk_write_bytes},
                  {"wait_ms", m.disk_wait_ms}};
+    // offload_param "nvme": the most host bytes the frozen base's chunks held so far.
+    if (const DiskTier* tier = run.runtime.manager->disk_tier();
+        tier != nullptr && tier->num_frozen_chunks() > 0) {
+      j["disk"]["frozen_peak_host_bytes"] = tier->frozen_peak_host_bytes();
+    }
   }
   if (m.val_loss.has_value()) j["val_loss"] = *m.val_loss;
   if (absl::Status s = run.runtime.metrics->Write(j); !s.ok()) {
@@ -318,6 +324,11 @@ void FinishSummary(const TrainRun& run, RunProgress& progress) {
   progress.summary.disk_write_bytes = c.disk_write_bytes;
   progress.summary.disk_read_ahead_hits = c.disk_read_ahead_hits;
   progress.summary.disk_peak_host_bytes = c.disk_peak_host_bytes;
+  if (const DiskTier* tier = run.runtime.manager->disk_tier();
+      tier != nullptr && tier->num_frozen_chunks() > 0) {
+    progress.summary.disk_frozen_peak_host_bytes = tier->frozen_peak_host_bytes();
+    progress.summary.disk_frozen_host_budget_bytes = tier->frozen_host_budget_bytes();
+  }
   progress.summary.disk_read_wait_s = static_cast<double>(c.disk_read_wait_ns) * 1e-9;
   progress.summary.disk_write_wait_s = static_cast<double>(c.disk_write_wait_ns) * 1e-9;
   if (run.runtime.disk_bandwidth.has_value()) {

@@ -62,12 +62,15 @@ class ModelStateIo::HostReadAccess {
   // (kRead: a clean chunk stays clean), each optimizer-state chunk of the index that this rank
   // holds and that has no payload. FailedPrecondition inside an iteration (an access there would
   // be a moment of the schedule).
+  // A frozen param chunk (a LoRA/QLoRA base the disk tier holds: offload_param "nvme") is
+  // accessed the same way, alone.
   absl::Status Prepare(ChunkType type, int64_t chunk_index) {
-    if (!IsOptimizerState(type)) return absl::OkStatus();
+    const ChunkLayout& layout = store_.layout();
+    const bool frozen_param = type == ChunkType::kParam && !layout.chunk_trainable(chunk_index);
+    if (!IsOptimizerState(type) && !frozen_param) return absl::OkStatus();
     if (chunk_index == index_ && std::find(types_.begin(), types_.end(), type) != types_.end()) {
       return absl::OkStatus();
     }
-    const ChunkLayout& layout = store_.layout();
     if (store_.chunk(type, chunk_index).has_payload() ||
         !layout.HoldsPayload(type, chunk_index, store_.rank())) {
       return absl::OkStatus();
@@ -80,10 +83,14 @@ class ModelStateIo::HostReadAccess {
     }
     RETURN_IF_ERROR(Release());
     std::vector<ChunkType> missing;
-    for (ChunkType t : {ChunkType::kMaster, ChunkType::kMomentum, ChunkType::kVariance}) {
-      if (layout.HoldsPayload(t, chunk_index, store_.rank()) &&
-          !store_.chunk(t, chunk_index).has_payload()) {
-        missing.push_back(t);
+    if (frozen_param) {
+      missing.push_back(ChunkType::kParam);
+    } else {
+      for (ChunkType t : {ChunkType::kMaster, ChunkType::kMomentum, ChunkType::kVariance}) {
+        if (layout.HoldsPayload(t, chunk_index, store_.rank()) &&
+            !store_.chunk(t, chunk_index).has_payload()) {
+          missing.push_back(t);
+        }
       }
     }
     RETURN_IF_ERROR(manager_.AccessChunks(chunk_index, missing, Device::Host(), AccessMode::kRead));

@@ -111,6 +111,9 @@ struct ResolvedModel {
   // checked against model_config and lora): the model's and the plan's GptModelOptions::quant4.
   // nullopt: the base in the compute dtype.
   std::optional<Quant4Config> quant4;
+  // checkpoint.init_from saved pre-quantized: the console's line saying how it loads (as it is,
+  // or dequantized without a lora section: PrequantizedBaseLine); empty otherwise.
+  std::string prequantized_line;
   // LoRA: GptModel::BaseFingerprint of the base this run trains on, computed once the weights are
   // set (InitializeWeights) and only when checkpoints are written or read (checkpoint.dir);
   // empty otherwise, and under ZeRO (no rank holds the whole base: not checked).
