@@ -313,9 +313,9 @@ struct QuantizationSettings {
   Quant4Type quant_type = Quant4Type::kFp4;
   // "bnb_4bit_use_double_quant": the absmax scales quantized again (8-bit, blocks of 256).
   bool double_quant = false;
-  // "bnb_4bit_compute_dtype": "float32" | "bfloat16" | "float16" (torch's names). Only float32
-  // is implemented (ValidateTrainConfig: Unimplemented naming the key otherwise), and it must be
-  // the run's precision: the param chunks' element type.
+  // "bnb_4bit_compute_dtype": "float32" | "bfloat16" | "float16" (torch's names): what the 4-bit
+  // GEMMs round their operands and results to (bitsandbytes' MatMul4Bit), whatever the run's
+  // precision (the param chunks' element type).
   DType compute_dtype = DType::kF32;
   // "llm_int8_skip_modules": modules kept at 16 bits (transformers' matching rule,
   // model/quant4_config.h), each non-empty and listed once.

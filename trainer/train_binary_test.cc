@@ -14,6 +14,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <regex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -864,6 +865,18 @@ TEST(TrainBinary, FourBitBaseNeedsLoraSaysItIsFourBitAndResumesOnlyAsSuch) {
   EXPECT_THAT(r.out, HasSubstr("base: 14 linear weights in 4-bit fp4: "));
   EXPECT_THAT(r.out, HasSubstr("bytes per parameter (4 in f32 unquantized)"));
   EXPECT_EQ(MetricLosses(metrics).size(), 2u);
+  // The summary counts the base's parameters, not its 4-bit blobs' elements: as the header.
+  {
+    const std::smatch head = [&] {
+      std::smatch m;
+      std::regex_search(r.out, m, std::regex(R"(: \d+ trainable parameters \([^)]*\), (\d+) frozen)"));
+      return m;
+    }();
+    std::smatch tail;
+    ASSERT_TRUE(std::regex_search(r.out, tail, std::regex(R"(and (\d+) frozen parameters;)")));
+    ASSERT_EQ(head.size(), 2u) << r.out;
+    EXPECT_EQ(head[1].str(), tail[1].str());
+  }
 
   // --print_config: the section, and the printed config loads back to the same text.
   r = RunToEnd(qlora_with({"--print_config", "--steps=2"}), dir);

@@ -21,6 +21,7 @@
 #include "memory/device.h"
 #include "memory/dtype.h"
 #include "memory/dtype_math.h"
+#include "model/quant4_config.h"
 #include "memory/memory_tracker.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/chunk_manager.h"
@@ -318,6 +319,14 @@ void FinishSummary(const TrainRun& run, RunProgress& progress) {
   progress.summary.frozen_writeback_bytes = c.frozen_writeback_bytes;
   progress.summary.trainable_params = run.runtime.store->layout().trainable_elems();
   progress.summary.frozen_params = run.runtime.store->layout().frozen_elems();
+  if (run.resolved.quant4.has_value() && run.resolved.lora.has_value()) {
+    // A 4-bit weight's layout elements are its blob's: count its values instead.
+    const Quant4Totals q = Quant4TotalsOf(
+        Quant4Weights(run.resolved.model_config, *run.resolved.lora, *run.resolved.quant4),
+        run.runtime.store->compute_dtype());
+    progress.summary.frozen_params +=
+        q.values - q.stored_bytes / SizeOf(run.runtime.store->compute_dtype());
+  }
   progress.summary.disk_reads = c.disk_reads;
   progress.summary.disk_writes = c.disk_writes;
   progress.summary.disk_read_bytes = c.disk_read_bytes;
