@@ -131,9 +131,10 @@ struct GptRunPlanOptions {
     bool optimizer_state = true;
     // zero_optimization.offload_param.device "nvme" (scheduler/disk_tier.h, "Frozen param
     // chunks"): the frozen param chunks this rank holds (a LoRA/QLoRA base) get swap slots too,
-    // and host memory holds at most frozen_host_budget_bytes of them (0: the tier's least, one
-    // param chunk; MemoryPlan::disk_frozen_host_budget_bytes is the budget planned with), reading
-    // ahead frozen_read_ahead of them in the access order.
+    // and host memory holds at most frozen_host_budget_bytes of them (0: auto — what the host
+    // limit leaves beside everything else, as host_budget_bytes' auto, at most all of them and
+    // at least the tier's least, one param chunk; MemoryPlan::disk_frozen_host_budget_bytes is
+    // the budget planned with), reading ahead frozen_read_ahead of them in the access order.
     bool frozen_params = false;
     int64_t frozen_host_budget_bytes = 0;
     int64_t frozen_read_ahead = 4;

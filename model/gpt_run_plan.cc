@@ -68,6 +68,22 @@ std::string HostMemoryAdvice(const GptRunPlanOptions& o) {
 // All of the owned optimizer state, as a disk-tier budget (MemoryPlan clips it to the state).
 constexpr int64_t kWholeStateBudget = std::numeric_limits<int64_t>::max() / 4;
 
+// A disk tier's automatic host budget: what the host limit (the cap, else what the OS can give
+// less a margin) leaves for the tier's `tier_bytes` beside everything else `all` (a plan holding
+// all of them in RAM) counts; at most all of them, at least the tier's `least`.
+int64_t AutoTierBudget(const GptRunPlanOptions& o, const MemoryPlan& all, int64_t tier_bytes,
+                       int64_t least) {
+  int64_t b = tier_bytes;
+  if (o.host_available_bytes > 0) {
+    const int64_t margin = std::max(kDiskTierHostMarginBytes, o.host_available_bytes / 20);
+    b = std::min(b, o.host_available_bytes - margin - (all.host_needed_bytes - tier_bytes));
+  }
+  if (o.host_cap_bytes.has_value()) {
+    b = std::min(b, *o.host_cap_bytes - (all.host_model_data_bytes - tier_bytes));
+  }
+  return std::max(b, least);
+}
+
 // PlanMemory with the disk tier's host budget: o.disk's, or the automatic one (see
 // GptRunPlanOptions::DiskTier), which needs a first plan holding all the state to see what the
 // rest of the run takes. `budget` receives the budget planned with.
@@ -82,19 +98,18 @@ absl::StatusOr<MemoryPlan> PlanMemoryWithDisk(const GptRunPlanOptions& o, Memory
                                        .frozen_params = o.disk->frozen_params,
                                        .frozen_host_budget_bytes = o.disk->frozen_host_budget_bytes,
                                        .frozen_read_ahead = o.disk->frozen_read_ahead};
-  if (o.disk->host_budget_bytes <= 0) {
+  if (o.disk->optimizer_state && o.disk->host_budget_bytes <= 0) {
     p.disk->host_budget_bytes = kWholeStateBudget;
     ASSIGN_OR_RETURN(const MemoryPlan all, PlanMemory(p));
-    const int64_t state = all.disk_host_bytes;
-    int64_t b = state;
-    if (o.host_available_bytes > 0) {
-      const int64_t margin = std::max(kDiskTierHostMarginBytes, o.host_available_bytes / 20);
-      b = std::min(b, o.host_available_bytes - margin - (all.host_needed_bytes - state));
-    }
-    if (o.host_cap_bytes.has_value()) {
-      b = std::min(b, *o.host_cap_bytes - (all.host_model_data_bytes - state));
-    }
-    p.disk->host_budget_bytes = std::max(b, all.disk_min_host_bytes);
+    p.disk->host_budget_bytes =
+        AutoTierBudget(o, all, all.disk_host_bytes, all.disk_min_host_bytes);
+  }
+  if (o.disk->frozen_params && o.disk->frozen_host_budget_bytes <= 0) {
+    // The frozen base's automatic budget, beside the optimizer state's (planned first).
+    p.disk->frozen_host_budget_bytes = kWholeStateBudget;
+    ASSIGN_OR_RETURN(const MemoryPlan all, PlanMemory(p));
+    p.disk->frozen_host_budget_bytes = AutoTierBudget(o, all, all.disk_frozen_host_bytes,
+                                                      all.disk_frozen_min_host_bytes);
   }
   budget = p.disk->host_budget_bytes;
   return PlanMemory(p);

@@ -192,7 +192,7 @@ absl::StatusOr<GptRunPlanOptions> PlanOptionsFromConfig(const TrainConfig& confi
   // holding the budget of it (the plan picks it when host_budget is auto); a RAM-backed nvme_path
   // is host memory too.
   // With offload_param "nvme" the frozen base's param chunks get slots in the same swap, host
-  // memory holding max_in_cpu elements of them (auto: PlanRunFromConfig picks the budget).
+  // memory holding max_in_cpu elements of them (auto, 0: the plan picks the budget).
   const OffloadOptimizerConfig& offload = config.zero_optimization.offload_optimizer;
   const OffloadParamConfig& param = config.zero_optimization.offload_param;
   if (UsesDiskTier(config.zero_optimization)) {
@@ -219,44 +219,12 @@ int64_t FrozenHostBudgetBytes(const OffloadParamConfig& param, DType dtype) {
   return param.max_in_cpu * SizeOf(dtype);
 }
 
-namespace {
-
-// All of the frozen param chunks, as a frozen host budget (MemoryPlan clips it to them).
-constexpr int64_t kAllFrozenBudget = std::numeric_limits<int64_t>::max() / 8;
-
-// PlanGptRun of `o`; with offload_param "nvme" and max_in_cpu auto, the frozen host budget set
-// (in `o`) to what the host limit leaves beside everything else the plan counts — the way
-// GptRunPlanOptions::DiskTier's automatic optimizer-state budget is picked: a first plan with the
-// whole frozen base in RAM shows what the rest takes; the budget is at most all of the frozen
-// chunks and at least the tier's least (one param chunk).
-absl::StatusOr<GptRunPlan> PlanWithFrozenBudget(const TrainConfig& config, GptRunPlanOptions& o) {
-  if (!o.disk.has_value() || !o.disk->frozen_params ||
-      config.zero_optimization.offload_param.max_in_cpu > 0) {
-    return PlanGptRun(o);
-  }
-  o.disk->frozen_host_budget_bytes = kAllFrozenBudget;
-  ASSIGN_OR_RETURN(const GptRunPlan whole, PlanGptRun(o));
-  const MemoryPlan& all = whole.plan;
-  const int64_t frozen = all.disk_frozen_host_bytes;
-  int64_t b = frozen;
-  if (o.host_available_bytes > 0) {
-    const int64_t margin = std::max(kDiskTierHostMarginBytes, o.host_available_bytes / 20);
-    b = std::min(b, o.host_available_bytes - margin - (all.host_needed_bytes - frozen));
-  }
-  if (o.host_cap_bytes.has_value()) {
-    b = std::min(b, *o.host_cap_bytes - (all.host_model_data_bytes - frozen));
-  }
-  o.disk->frozen_host_budget_bytes = std::max(b, all.disk_frozen_min_host_bytes);
-  return PlanGptRun(o);
-}
-
-}  // namespace
 
 absl::StatusOr<RunPlan> PlanRunFromConfig(const TrainConfig& config, const PlanContext& context) {
   RunPlan run;
   ASSIGN_OR_RETURN(run.options, PlanOptionsFromConfig(config, context));
   run.reserve = ReserveFor(config, context, run.options.chunk_elems);
-  absl::StatusOr<GptRunPlan> plan = PlanWithFrozenBudget(config, run.options);
+  absl::StatusOr<GptRunPlan> plan = PlanGptRun(run.options);
   if (plan.ok() && context.device_communicator && run.options.chunk_elems == 0) {
     // chunk.size "auto": the collectives' staging is sized by the chunk the search picked; plan
     // that chunk size again with its staging reserved.
@@ -264,11 +232,7 @@ absl::StatusOr<RunPlan> PlanRunFromConfig(const TrainConfig& config, const PlanC
     run.options.chunk_elems = plan->plan.chunk_elems;
     run.reserve = ReserveFor(config, context, run.options.chunk_elems);
     run.options.comm_buffer_bytes = run.reserve.total_bytes();
-    if (run.options.disk.has_value() && run.options.disk->frozen_params) {
-      run.options.disk->frozen_host_budget_bytes =
-          FrozenHostBudgetBytes(config.zero_optimization.offload_param, run.options.compute_dtype);
-    }
-    plan = PlanWithFrozenBudget(config, run.options);
+    plan = PlanGptRun(run.options);
     if (plan.ok()) plan->chunk_note = note;
   }
   if (!plan.ok()) {

@@ -4,7 +4,7 @@
 QLoRA with compute dtype float32 computes LoRA over the DEQUANTIZED 4-bit base: bitsandbytes'
 Linear4bit dequantizes W and runs the f32 GEMM. So the reference is peft's own LoRA training over a
 transformers model whose block linears hold dequantize(quantize(W)) in float32. The C++ test
-(model/qlora_parity_test.cc) loads the f32 base directory with GptModelOptions::quant4 set, so the
+(model/lora_model_test.cc, QloraParityTest) loads the f32 base directory with GptModelOptions::quant4 set, so the
 model quantizes on load, trains the same steps and must reproduce every loss within 1e-4 relative
 and the trained adapters closely; it also checks the dequantized weights bit for bit (CRC-32C of
 their f32 bytes, below). CI never runs Python; it uses the committed files.
