@@ -1257,7 +1257,7 @@ TEST_P(QloraParityTest, MatchesPeftOnTheDequantizedBase) {
   ASSERT_OK_AND_ASSIGN(const auto base_before, FrozenValues(*rig->model));
 
   // Per element of each adapter: whether its step gradient cancelled to roundoff at some step.
-  std::vector<TensorSpec> adapters = PeftAdapterTensors(config, o.lora);
+  std::vector<TensorSpec> adapters = PeftAdapterTensors(config, *o.lora);
   std::map<std::string, std::vector<float>> step_grads;
   std::map<std::string, std::vector<bool>> cancelled;
   auto add_grads = [&]() -> absl::Status {
