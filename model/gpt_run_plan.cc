@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
@@ -198,7 +199,11 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
   // before any layout is built: a mistyped size (a vocabulary of 1e9 rows) otherwise spent minutes
   // and gigabytes listing blocks for a plan that could only refuse it. Every rank holds at least
   // its share of the model data in host memory, less what a real accelerator keeps.
-  if (o.host_available_bytes > 0 && (o.accelerator_in_host_memory || o.accelerator_bytes > 0)) {
+  // (A frozen base in the disk tier may be on disk too: nothing of the model data has to be in
+  // RAM but a budget the full plan checks.)
+  const bool frozen_on_disk = o.disk.has_value() && o.disk->frozen_params;
+  if (o.host_available_bytes > 0 && (o.accelerator_in_host_memory || o.accelerator_bytes > 0) &&
+      !frozen_on_disk) {
     // With the disk tier the optimizer state may all be on disk: the parameters stay. With LoRA
     // the base is frozen (param payloads only; the adapters are not counted: a lower bound).
     const int64_t bytes_per_param = o.disk.has_value() || o.model.lora.has_value()
@@ -224,7 +229,9 @@ absl::StatusOr<GptRunPlan> PlanGptRun(const GptRunPlanOptions& o) {
       return absl::ResourceExhaustedError(absl::StrCat(
           PlannedRunName(o, mc), " does not fit in host memory: its ",
           o.disk.has_value() ? "parameters alone need" : "model data alone needs", " at least ",
-          needed, " of host memory (", bytes_per_param, " bytes per parameter) but ",
+          needed, " of host memory (",
+          absl::StrFormat("%.4g", model_data / static_cast<double>(ModelParameterCount(mc))),
+          " bytes per parameter) but ",
           HostLimit(o, capped), "; the smallest host memory that fits is at least ", needed,
           HostMemoryAdvice(o)));
     }
