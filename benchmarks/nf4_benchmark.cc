@@ -9,7 +9,8 @@
 //  3. Quant4LinearForward / Quant4LinearBackwardInput vs LinearForward / LinearBackward (dx only)
 //     for x [--rows, --in] on --threads threads, best of --reps: seconds and the ratio; and the
 //     same 4-bit GEMMs computing in bf16 (bnb_4bit_compute_dtype bfloat16, plain absmax) against
-//     their f32 compute.
+//     their f32 compute; and against a bf16 base as the 16-bit LoRA run computes it (the weight
+//     converted to f32, then the f32 GEMM).
 //
 //   bazel run -c opt //benchmarks:nf4_benchmark -- --rows=512 --in=4096 --out=11008 --threads=2
 #include <algorithm>
@@ -27,6 +28,8 @@
 #include "base/check.h"
 #include "base/simd_targets.h"
 #include "base/thread_pool.h"
+#include "memory/convert.h"
+#include "memory/dtype.h"
 #include "model/kernels/internal/blas.h"
 #include "model/kernels/linear.h"
 #include "model/kernels/nf4.h"
@@ -130,6 +133,19 @@ int Main() {
   const double f32_bwd = Best(reps, [&] {
     PS_CHECK_OK(LinearBackward<float>(shape, x, w, dy, absl::MakeSpan(dx), {}, {}, &pool));
   });
+  // The 16-bit LoRA base as the model computes it: the bf16 weight converted to f32 (the program's
+  // ParamF32, on the compute thread) and then the same f32 GEMM.
+  std::vector<uint16_t> w16(n);
+  PS_CHECK_OK(Convert(DType::kF32, w.data(), DType::kBF16, w16.data(), n));
+  std::vector<float> w32(n);
+  const double b16_fwd = Best(reps, [&] {
+    PS_CHECK_OK(Convert(DType::kBF16, w16.data(), DType::kF32, w32.data(), n));
+    PS_CHECK_OK(LinearForward<float>(shape, x, w32, {}, absl::MakeSpan(y), &pool));
+  });
+  const double b16_bwd = Best(reps, [&] {
+    PS_CHECK_OK(Convert(DType::kBF16, w16.data(), DType::kF32, w32.data(), n));
+    PS_CHECK_OK(LinearBackward<float>(shape, x, w32, dy, absl::MakeSpan(dx), {}, {}, &pool));
+  });
   for (const auto& [name, t] : {std::pair{"plain", plain}, std::pair{"nested", nested}}) {
     const double q_fwd = Best(reps, [&] {
       PS_CHECK_OK(
@@ -145,6 +161,10 @@ int Main() {
         "input gradient: 4-bit %.3f s vs f32 %.3f s: %.3fx\n",
         name, q_fwd, flops / q_fwd / 1e9, f32_fwd, flops / f32_fwd / 1e9, q_fwd / f32_fwd, q_bwd,
         f32_bwd, q_bwd / f32_bwd);
+    std::printf(
+        "%-6s against a bf16 base as LoRA computes it (convert to f32, then the f32 GEMM: "
+        "forward %.3f s, input gradient %.3f s): forward %.3fx, input gradient %.3fx\n",
+        name, b16_fwd, b16_bwd, q_fwd / b16_fwd, q_bwd / b16_bwd);
     if (t.nested()) continue;
     // bf16 compute: the rounded activations in the workspace too.
     std::vector<float> ws16(Quant4LinearWorkspaceElems(shape, threads, DType::kBF16));
