@@ -158,6 +158,16 @@ std::map<std::string, KeySample> KeySamples() {
       }};
   s["zero_optimization.offload_param.pin_memory"] = {
       true, [](const TrainConfig& c) { return c.zero_optimization.offload_param.pin_memory; }};
+  s["zero_optimization.offload_param.nvme_path"] = {
+      "/mnt/nvme-param", [](const TrainConfig& c) {
+        return c.zero_optimization.offload_param.nvme_path == "/mnt/nvme-param";
+      }};
+  s["zero_optimization.offload_param.buffer_count"] = {
+      7, [](const TrainConfig& c) { return c.zero_optimization.offload_param.buffer_count == 7; }};
+  s["zero_optimization.offload_param.max_in_cpu"] = {
+      1000000000, [](const TrainConfig& c) {
+        return c.zero_optimization.offload_param.max_in_cpu == 1000000000;
+      }};
   s["aio.block_size"] = {262144,
                          [](const TrainConfig& c) { return c.aio.block_size_bytes == 262144; }};
   s["aio.queue_depth"] = {32, [](const TrainConfig& c) { return c.aio.queue_depth == 32; }};
