@@ -293,6 +293,46 @@ double RelDiff(double ours, double theirs) {
   return std::abs(ours - theirs) / std::max(std::abs(theirs), 1e-30);
 }
 
+// The parity tests' record of the adapters' elements whose step gradient (summed over the
+// step's micro-batches) cancelled to within 1e-5 of its tensor's largest at some step: f32
+// roundoff decides their sign, so they are held to a looser bound.
+class CancelledGradients {
+ public:
+  CancelledGradients(const GptModel& model, std::vector<TensorSpec> adapters)
+      : model_(model), adapters_(std::move(adapters)) {}
+
+  // After a micro-batch's backward (its gradients are in the param slots).
+  absl::Status AddMicroBatch() {
+    for (const TensorSpec& t : adapters_) {
+      ASSIGN_OR_RETURN(const std::vector<float> g, model_.ReadTensor(ChunkType::kParam, t.name));
+      std::vector<float>& sum = step_grads_[t.name];
+      sum.resize(g.size(), 0.0f);
+      for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
+    }
+    return absl::OkStatus();
+  }
+  // After the step's last micro-batch.
+  void EndStep() {
+    for (auto& [name, sum] : step_grads_) {
+      float scale = 0;
+      for (float g : sum) scale = std::max(scale, std::abs(g));
+      std::vector<bool>& c = cancelled_[name];
+      c.resize(sum.size(), false);
+      for (size_t i = 0; i < sum.size(); ++i) {
+        if (std::abs(sum[i]) <= 1e-5f * scale) c[i] = true;
+      }
+      std::fill(sum.begin(), sum.end(), 0.0f);
+    }
+  }
+  const std::map<std::string, std::vector<bool>>& cancelled() const { return cancelled_; }
+
+ private:
+  const GptModel& model_;
+  const std::vector<TensorSpec> adapters_;
+  std::map<std::string, std::vector<float>> step_grads_;
+  std::map<std::string, std::vector<bool>> cancelled_;
+};
+
 class LoraModelTest : public ::testing::TestWithParam<const char*> {};
 
 // The recorded peft run, reproduced: same base, same initial adapters, same batches, AdamW,
@@ -320,32 +360,9 @@ TEST_P(LoraModelTest, MatchesPeft) {
 
   // The adapters' elements whose step gradient (summed over the step's micro-batches) cancelled
   // to roundoff at some step (see the tolerance below).
-  std::vector<TensorSpec> adapters;
-  for (const TensorSpec& t : PeftAdapterTensors(base.config(), *o.lora)) adapters.push_back(t);
-  std::map<std::string, std::vector<float>> step_grads;
-  std::map<std::string, std::vector<bool>> cancelled;
-  auto add_grads = [&]() -> absl::Status {
-    for (const TensorSpec& t : adapters) {
-      ASSIGN_OR_RETURN(const std::vector<float> g,
-                       rig->model->ReadTensor(ChunkType::kParam, t.name));
-      std::vector<float>& sum = step_grads[t.name];
-      sum.resize(g.size(), 0.0f);
-      for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
-    }
-    return absl::OkStatus();
-  };
-  auto end_step = [&]() {
-    for (auto& [name, sum] : step_grads) {
-      float scale = 0;
-      for (float g : sum) scale = std::max(scale, std::abs(g));
-      std::vector<bool>& c = cancelled[name];
-      c.resize(sum.size(), false);
-      for (size_t i = 0; i < sum.size(); ++i) {
-        if (std::abs(sum[i]) <= 1e-5f * scale) c[i] = true;
-      }
-      std::fill(sum.begin(), sum.end(), 0.0f);
-    }
-  };
+  CancelledGradients grads(*rig->model, PeftAdapterTensors(base.config(), *o.lora));
+  auto add_grads = [&] { return grads.AddMicroBatch(); };
+  const std::map<std::string, std::vector<bool>>& cancelled = grads.cancelled();
 
   double max_loss_rel = 0;
   for (const nlohmann::json& step : reference["history"]) {
@@ -363,7 +380,7 @@ TEST_P(LoraModelTest, MatchesPeft) {
       max_loss_rel = std::max(max_loss_rel, RelDiff(loss, want));
       loss_sum += loss;
     }
-    end_step();
+    grads.EndStep();
     const double want = step["loss"].get<double>();
     EXPECT_LE(RelDiff(loss_sum / micro.size(), want), 1e-5) << arch << " step " << step["step"];
     EXPECT_LE(RelDiff(report.grad_norm, step["grad_norm"].get<double>()), 1e-4)
@@ -1257,31 +1274,9 @@ TEST_P(QloraParityTest, MatchesPeftOnTheDequantizedBase) {
   ASSERT_OK_AND_ASSIGN(const auto base_before, FrozenValues(*rig->model));
 
   // Per element of each adapter: whether its step gradient cancelled to roundoff at some step.
-  std::vector<TensorSpec> adapters = PeftAdapterTensors(config, *o.lora);
-  std::map<std::string, std::vector<float>> step_grads;
-  std::map<std::string, std::vector<bool>> cancelled;
-  auto add_grads = [&]() -> absl::Status {
-    for (const TensorSpec& t : adapters) {
-      ASSIGN_OR_RETURN(const std::vector<float> g,
-                       rig->model->ReadTensor(ChunkType::kParam, t.name));
-      std::vector<float>& sum = step_grads[t.name];
-      sum.resize(g.size(), 0.0f);
-      for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
-    }
-    return absl::OkStatus();
-  };
-  auto end_step = [&]() {
-    for (auto& [name, sum] : step_grads) {
-      float scale = 0;
-      for (float g : sum) scale = std::max(scale, std::abs(g));
-      std::vector<bool>& c = cancelled[name];
-      c.resize(sum.size(), false);
-      for (size_t i = 0; i < sum.size(); ++i) {
-        if (std::abs(sum[i]) <= 1e-5f * scale) c[i] = true;
-      }
-      std::fill(sum.begin(), sum.end(), 0.0f);
-    }
-  };
+  CancelledGradients grads(*rig->model, PeftAdapterTensors(config, *o.lora));
+  auto add_grads = [&] { return grads.AddMicroBatch(); };
+  const std::map<std::string, std::vector<bool>>& cancelled = grads.cancelled();
 
   double max_loss_rel = 0, max_norm_rel = 0;
   for (const nlohmann::json& step : history) {
@@ -1298,7 +1293,7 @@ TEST_P(QloraParityTest, MatchesPeftOnTheDequantizedBase) {
                                            << " micro " << m << ": " << loss << " vs peft " << want;
       max_loss_rel = std::max(max_loss_rel, RelDiff(loss, want));
     }
-    end_step();
+    grads.EndStep();
     const double norm_rel = RelDiff(report.grad_norm, step["grad_norm"].get<double>());
     EXPECT_LE(norm_rel, 1e-3) << arch << "/" << variant << " step " << step["step"] << " grad norm "
                               << report.grad_norm << " vs peft " << step["grad_norm"];
@@ -1307,7 +1302,7 @@ TEST_P(QloraParityTest, MatchesPeftOnTheDequantizedBase) {
 
   ASSERT_OK_AND_ASSIGN(const PeftAdapter trained,
                        ReadPeftAdapter(ref_dir + "/adapter_trained", config));
-  ASSERT_EQ(trained.tensors.size(), adapters.size());
+  ASSERT_EQ(trained.tensors.size(), PeftAdapterTensors(config, *o.lora).size());
   const double steps = static_cast<double>(history.size());
   double max_adapter_diff = 0, max_regular_diff = 0;
   int ill_conditioned = 0, off_bound = 0;

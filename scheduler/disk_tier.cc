@@ -254,33 +254,49 @@ absl::StatusOr<bool> DiskTier::MakeRoom(int64_t bytes, absl::Span<const int64_t>
       "the host budget"));
 }
 
-absl::Status DiskTier::Spill(int64_t key) {
+absl::Status DiskTier::DropUnusedReadAhead(int64_t key) {
   KeyState& s = state_[key];
   Chunk& ch = ChunkOf(key);
-  if (s.read != 0) {
-    // A read-ahead nobody used yet: its bytes are the slot's, so dropping it loses nothing.
-    const absl::Status read = options_.swap->Wait(s.read);
-    s.read = 0;
-    s.ahead = false;
-    if (!read.ok()) {
-      LOG(WARNING) << "disk tier: a read-ahead of " << ch.id() << " failed: " << read;
-    }
-    return ch.ReleasePayload();
+  // A read-ahead nobody used yet: its bytes are the slot's, so dropping it loses nothing.
+  const absl::Status read = options_.swap->Wait(s.read);
+  s.read = 0;
+  s.ahead = false;
+  if (!read.ok()) {
+    LOG(WARNING) << "disk tier: a read-ahead of " << ch.id() << " failed: " << read;
   }
-  if (s.write != 0) RETURN_IF_ERROR(WaitWrite(key));
+  return ch.ReleasePayload();
+}
+
+absl::Status DiskTier::WriteUnlessClean(int64_t key, const void* src) {
+  const Chunk& ch = ChunkOf(key);
   const bool holds_data = ch.tensor_count(TensorState::kFree) < ch.num_tensors();
-  if (holds_data && !s.clean) {
-    RETURN_IF_ERROR(StartWrite(key));
-    RETURN_IF_ERROR(WaitWrite(key));
-  } else {
-    ++counters_->disk_drops;
+  if (holds_data && !state_[key].clean) {
+    RETURN_IF_ERROR(StartWrite(key, src));
+    return WaitWrite(key);
   }
+  ++counters_->disk_drops;
+  return absl::OkStatus();
+}
+
+absl::Status DiskTier::ReleaseToSlot(int64_t key) {
+  KeyState& s = state_[key];
+  Chunk& ch = ChunkOf(key);
+  const bool holds_data = ch.tensor_count(TensorState::kFree) < ch.num_tensors();
   std::vector<TensorState> saved(ch.num_tensors());
   for (int slot = 0; slot < ch.num_tensors(); ++slot) saved[slot] = ch.tensor_state(slot);
   RETURN_IF_ERROR(ch.ReleasePayload());
   s.spilled = holds_data;
   s.saved = holds_data ? std::move(saved) : std::vector<TensorState>();
-  VLOG(2) << "disk tier: spill " << ch.id();
+  return absl::OkStatus();
+}
+
+absl::Status DiskTier::Spill(int64_t key) {
+  KeyState& s = state_[key];
+  if (s.read != 0) return DropUnusedReadAhead(key);
+  if (s.write != 0) RETURN_IF_ERROR(WaitWrite(key));
+  RETURN_IF_ERROR(WriteUnlessClean(key, nullptr));
+  RETURN_IF_ERROR(ReleaseToSlot(key));
+  VLOG(2) << "disk tier: spill " << ChunkOf(key).id();
   return absl::OkStatus();
 }
 
@@ -567,36 +583,17 @@ absl::StatusOr<bool> DiskTier::MakeFrozenRoom(int64_t bytes, absl::Span<const in
 absl::Status DiskTier::DropFrozenCopy(int64_t key) {
   KeyState& s = state_[key];
   Chunk& ch = ChunkOf(key);
-  if (s.read != 0) {
-    // A read-ahead nobody used yet: its bytes are the slot's, so dropping it loses nothing.
-    const absl::Status read = options_.swap->Wait(s.read);
-    s.read = 0;
-    s.ahead = false;
-    if (!read.ok()) {
-      LOG(WARNING) << "disk tier: a read-ahead of " << ch.id() << " failed: " << read;
-    }
-    return ch.ReleasePayload();
-  }
+  if (s.read != 0) return DropUnusedReadAhead(key);
   const bool on_host = ch.device().is_host();
   // The host backing copy may still be the source of the accelerator load.
   if (!on_host) RETURN_IF_ERROR(engine_->WaitForCopies({key}));
-  const bool holds_data = ch.tensor_count(TensorState::kFree) < ch.num_tensors();
-  if (holds_data && !s.clean) {
-    // The one write of a frozen chunk (again only if its values were rewritten).
-    RETURN_IF_ERROR(StartWrite(key, on_host ? ch.payload() : ch.backing()));
-    RETURN_IF_ERROR(WaitWrite(key));
-  } else {
-    ++counters_->disk_drops;
-  }
+  // The one write of a frozen chunk (again only if its values were rewritten).
+  RETURN_IF_ERROR(WriteUnlessClean(key, on_host ? ch.payload() : ch.backing()));
   if (!on_host) {
     VLOG(2) << "disk tier: drop the host copy of " << ch.id();
     return ch.DiscardBacking();
   }
-  std::vector<TensorState> saved(ch.num_tensors());
-  for (int slot = 0; slot < ch.num_tensors(); ++slot) saved[slot] = ch.tensor_state(slot);
-  RETURN_IF_ERROR(ch.ReleasePayload());
-  s.spilled = holds_data;
-  s.saved = holds_data ? std::move(saved) : std::vector<TensorState>();
+  RETURN_IF_ERROR(ReleaseToSlot(key));
   VLOG(2) << "disk tier: spill " << ch.id();
   return absl::OkStatus();
 }
@@ -610,16 +607,9 @@ bool DiskTier::CanDropToDisk(int64_t key) const {
 }
 
 absl::Status DiskTier::DropToDisk(int64_t key) {
-  KeyState& s = state_[key];
-  Chunk& ch = ChunkOf(key);
-  const bool holds_data = ch.tensor_count(TensorState::kFree) < ch.num_tensors();
-  std::vector<TensorState> saved(ch.num_tensors());
-  for (int slot = 0; slot < ch.num_tensors(); ++slot) saved[slot] = ch.tensor_state(slot);
-  RETURN_IF_ERROR(ch.ReleasePayload());
-  s.spilled = holds_data;
-  s.saved = holds_data ? std::move(saved) : std::vector<TensorState>();
+  RETURN_IF_ERROR(ReleaseToSlot(key));
   ++counters_->disk_drops;
-  VLOG(2) << "disk tier: evicted " << ch.id() << " to its slot";
+  VLOG(2) << "disk tier: evicted " << ChunkOf(key).id() << " to its slot";
   return absl::OkStatus();
 }
 

@@ -296,6 +296,12 @@ class DiskTier final : public DiskDropper {
                                 int64_t prefetch_index);
   // Writes `key` if needed, waits, and releases its payload.
   absl::Status Spill(int64_t key);
+  // The pieces of every spill: dropping a read-ahead nobody used (its bytes are the slot's);
+  // writing the chunk from `src` (null: its payload) and waiting, unless it is clean or holds
+  // nothing (a drop, counted); releasing the payload, remembering the tensors' states.
+  absl::Status DropUnusedReadAhead(int64_t key);
+  absl::Status WriteUnlessClean(int64_t key, const void* src);
+  absl::Status ReleaseToSlot(int64_t key);
   absl::Status StartWrite(int64_t key, const void* src = nullptr);
   absl::Status WaitWrite(int64_t key);
   absl::Status StartRead(int64_t key, bool ahead);
