@@ -32,7 +32,8 @@ using ::testing::HasSubstr;
 // q/k/v biases, [L] in model_config.cc) gives 14,770,033,664 and 32,763,876,352 (their model cards
 // say "14.7B" and "32.5B"). SmolLM3-3B: transformers 4.57.6's SmolLM3ForCausalLM built on the
 // meta device from its config.json values counts 3,075,098,624 ("3B", 3.08B on its model card);
-// OLMo-2-0425-1B: Olmo2ForCausalLM likewise counts 1,484,916,736 ("1B", 1.48B).
+// OLMo-2-0425-1B: Olmo2ForCausalLM likewise counts 1,484,916,736 ("1B", 1.48B); Phi-4-mini:
+// Phi3ForCausalLM likewise counts 3,836,021,760 ("3.8B").
 struct Published {
   const char* preset;
   int64_t params;
@@ -45,6 +46,7 @@ constexpr Published kPublished[] = {
     {"qwen3-0.6b", 596'049'920},     {"qwen3-4b", 4'022'468'096},
     {"qwen2.5-14b", 14'770'033'664}, {"qwen2.5-32b", 32'763'876'352},
     {"smollm3-3b", 3'075'098'624},   {"olmo-2-1b", 1'484'916'736},
+    {"phi-4-mini", 3'836'021'760},
 };
 
 void ExpectSameOperators(const std::vector<OperatorSpec>& a, const std::vector<OperatorSpec>& b) {
@@ -342,6 +344,19 @@ TEST(ModelConfigTest, ValidationNamesTheField) {
        "smollm3-3b"},
       {"olmo2's config.json has one attention_bias", [](ModelConfig& c) { c.mlp_bias = true; },
        "olmo-2-1b"},
+      {"phi3 has no biases", [](ModelConfig& c) { c.qkv_bias = true; }, "phi-4-mini"},
+      {"partial_rotary_factor must be 1", [](ModelConfig& c) { c.partial_rotary_factor = 0.5; }},
+      {"partial_rotary_factor must be in (0, 1]",
+       [](ModelConfig& c) { c.partial_rotary_factor = 1.25; }, "phi-4-mini"},
+      {"gives rotary_dim 3", [](ModelConfig& c) { c.partial_rotary_factor = 3.0 / 128; },
+       "phi-4-mini"},
+      {"phi3's sliding_window applies to every layer",
+       [](ModelConfig& c) {
+         c.sliding_window = 8;
+         c.sliding_window_layers.assign(c.num_layers, true);
+         c.sliding_window_layers[0] = false;
+       },
+       "phi-4-mini"},
       {"sliding_window must be >= 0", [](ModelConfig& c) { c.sliding_window = -1; }},
       {"sliding_window_layers is set",
        [](ModelConfig& c) { c.sliding_window_layers.assign(c.num_layers, true); }},

@@ -96,16 +96,20 @@ TEST(RopeTest, TablesHoldCosAndSinOfPositionTimesFrequency) {
 }
 
 // Hugging Face's apply_rotary_pos_emb written literally in double: x * cat(cos, cos) +
-// cat(-x2, x1) * cat(sin, sin).
+// cat(-x2, x1) * cat(sin, sin) on the first R channels (Phi-3's partial rotary), the rest kept.
 std::vector<double> NaiveRope(const RopeShape& s, const std::vector<double>& cos,
                               const std::vector<double>& sin, const std::vector<double>& x) {
-  const int64_t D = s.head_dim, half = D / 2;
+  const int64_t D = s.head_dim, R = s.rotated(), half = R / 2;
   std::vector<double> y(x.size());
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t t = 0; t < s.seq_len; ++t) {
       for (int64_t h = 0; h < s.num_heads; ++h) {
         const int64_t o = ((b * s.seq_len + t) * s.num_heads + h) * D;
         for (int64_t d = 0; d < D; ++d) {
+          if (d >= R) {
+            y[o + d] = x[o + d];
+            continue;
+          }
           const double c = cos[t * half + d % half], sn = sin[t * half + d % half];
           const double rot = d < half ? -x[o + d + half] : x[o + d - half];
           y[o + d] = x[o + d] * c + rot * sn;
@@ -121,10 +125,13 @@ TEST(RopeTest, FloatForwardMatchesRotateHalfDefinition) {
   ThreadPool pool(3);
   RopeConfig c{0, 10000.0, "", {}};
   // D = 2 (one pair); half not a vector width; several heads and batches; tables longer than T.
+  // Partial rotary: Phi-4-mini's 96 of 128, 2 of 10, 4 of 6, and rotary_dim == head_dim.
   for (const RopeShape s : {RopeShape{1, 1, 1, 2, 1}, RopeShape{2, 13, 3, 10, 20},
-                            RopeShape{1, 40, 2, 64, 40}, RopeShape{3, 5, 4, 34, 9}}) {
-    c.head_dim = s.head_dim;
-    const int64_t half = s.head_dim / 2, n = s.batch * s.seq_len * s.num_heads * s.head_dim;
+                            RopeShape{1, 40, 2, 64, 40}, RopeShape{3, 5, 4, 34, 9},
+                            RopeShape{2, 9, 3, 128, 12, 96}, RopeShape{1, 6, 2, 10, 6, 2},
+                            RopeShape{2, 5, 3, 6, 5, 4}, RopeShape{1, 4, 1, 8, 4, 8}}) {
+    c.head_dim = s.rotated();
+    const int64_t half = s.rotated() / 2, n = s.batch * s.seq_len * s.num_heads * s.head_dim;
     std::vector<double> cos(s.table_positions * half), sin(s.table_positions * half);
     ASSERT_OK(RopeTables<double>(c, s.table_positions, absl::MakeSpan(cos), absl::MakeSpan(sin)));
     const std::vector<double> x = RandomVector<double>(gen, n, -2, 2);
@@ -163,6 +170,16 @@ TEST(RopeTest, GradientMatchesFiniteDifferencesInDouble) {
   std::vector<double> dx = r;
   ASSERT_OK(RopeBackward<double>(s, cos, sin, absl::MakeSpan(dx), nullptr));
   ExpectGradientMatchesFiniteDifferences(x, dx, loss, "dx", 1e-9, 1e-7, 1000);
+}
+
+TEST(RopeTest, PartialRotaryRejectsBadRotaryDim) {
+  const std::vector<float> cos(4 * 2), sin(4 * 2);
+  std::vector<float> x(4 * 8);
+  for (const int64_t r : {int64_t{-2}, int64_t{3}, int64_t{10}}) {
+    const RopeShape s{1, 4, 1, 8, 4, r};
+    EXPECT_THAT(RopeForward<float>(s, cos, sin, absl::MakeSpan(x), nullptr),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rotary_dim")));
+  }
 }
 
 TEST(RopeTest, ResultsDoNotDependOnThreadCount) {
