@@ -405,10 +405,10 @@ absl::Status HfCheckpoint::ReadAsF32(absl::string_view name, int64_t first_elem,
     // Rows of a fused tensor: the range must stay inside the part.
     const int64_t n = f->second.second;
     if (first_elem < 0 || first_elem + static_cast<int64_t>(out.size()) > n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model directory '", dir_, "': elements [", first_elem, ", ",
-          first_elem + static_cast<int64_t>(out.size()), ") are outside '", name, "' (", n,
-          " elements, rows of '", it->second, "')"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model directory '", dir_, "': elements [", first_elem, ", ",
+                       first_elem + static_cast<int64_t>(out.size()), ") are outside '", name,
+                       "' (", n, " elements, rows of '", it->second, "')"));
     }
     offset = f->second.first;
   }
@@ -541,11 +541,7 @@ absl::Status WriteHfCheckpoint(const std::string& dir, const ModelConfig& config
     ShardedWriteOptions write;
     write.max_shard_bytes = options.max_shard_bytes;
     write.max_piece_bytes = options.max_piece_bytes;
-    RETURN_IF_ERROR(WriteShardedSafetensors(
-                        staging, specs,
-                        fill_file,
-                        write)
-                        .status());
+    RETURN_IF_ERROR(WriteShardedSafetensors(staging, specs, fill_file, write).status());
     RETURN_IF_ERROR(WriteFileAtomically(
         JoinPath(staging, kHfConfigFileName), [&](int fd, const std::string& tmp_path) {
           return WriteAll(fd, config_json.data(), config_json.size(), tmp_path);

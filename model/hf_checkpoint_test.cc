@@ -34,8 +34,8 @@ namespace {
 using ::testing::AllOf;
 using testing::Fnv1a64;
 using ::testing::HasSubstr;
-using ::testing::Not;
 using testing::HfTestValue;
+using ::testing::Not;
 
 std::string TestData(const std::string& name) {
   const char* dir = std::getenv("TEST_SRCDIR");
@@ -289,8 +289,8 @@ TEST(HfCheckpointTest, Phi3FusedTensorsSplitAndFuseBack) {
     HfExportOptions options;
     options.max_piece_bytes = 52;
     options.base_config_json = src.config_json();
-    ASSERT_OK(WriteHfCheckpoint(out, c, DType::kF32, FillFromCheckpoint(src, DType::kF32),
-                                options));
+    ASSERT_OK(
+        WriteHfCheckpoint(out, c, DType::kF32, FillFromCheckpoint(src, DType::kF32), options));
     ASSERT_OK_AND_ASSIGN(const HfCheckpoint back, HfCheckpoint::Open(out));
     ModelConfig want = c;
     want.name = back.config().name;
@@ -309,15 +309,16 @@ TEST(HfCheckpointTest, Phi3FusedTensorsSplitAndFuseBack) {
     const nlohmann::json original = nlohmann::json::parse(src.config_json());
     for (const char* key : {"partial_rotary_factor", "rope_scaling", "sliding_window",
                             "original_max_position_embeddings", "architectures"}) {
+      ASSERT_TRUE(written.contains(key) && original.contains(key)) << key;
       EXPECT_EQ(written[key], original[key]) << key;
     }
   }
   // A directory whose fused tensors do not fit its config.json: named, with both shapes.
   const std::string bad = FreshDir("phi3_bad");
-  ASSERT_EQ(std::system(absl::StrCat("cp '", TestData("parity_phi3"), "/model.safetensors' '", bad,
-                                     "/'")
-                            .c_str()),
-            0);
+  ASSERT_EQ(
+      std::system(absl::StrCat("cp '", TestData("parity_phi3"), "/model.safetensors' '", bad, "/'")
+                      .c_str()),
+      0);
   nlohmann::json config = nlohmann::json::parse(ReadFile(TestData("parity_phi3") + "/config.json"));
   config["num_key_value_heads"] = 4;
   WriteFile(bad + "/config.json", config.dump());

@@ -299,8 +299,9 @@ absl::Status ParseLongRope(const Keys& keys, const json& rope, const char* rope_
   auto sub = [&](absl::string_view k) { return absl::StrCat(rope_key, ".", k); };
   for (const auto& [key, value] : rope.items()) {
     if (key != "type" && key != "rope_type" && key != "short_factor" && key != "long_factor") {
-      return keys.Unsupported(sub(key), "is not a key of Phi-3's longrope (type, short_factor, "
-                                        "long_factor)");
+      return keys.Unsupported(sub(key),
+                              "is not a key of Phi-3's longrope (type, short_factor, "
+                              "long_factor)");
     }
   }
   RopeScaling rs;
@@ -317,15 +318,15 @@ absl::Status ParseLongRope(const Keys& keys, const json& rope, const char* rope_
     for (const json& v : *it) {
       ASSIGN_OR_RETURN(const double f, keys.AsNumber(sub(name), v));
       if (!std::isfinite(f) || f <= 0) {
-        return keys.Invalid(sub(name),
-                            absl::StrCat("entries must be positive numbers, got ", hf_json::Brief(v)));
+        return keys.Invalid(
+            sub(name), absl::StrCat("entries must be positive numbers, got ", hf_json::Brief(v)));
       }
       field->push_back(f);
     }
     if (static_cast<int64_t>(field->size()) != c.rotary_dim() / 2) {
-      return keys.Invalid(sub(name), absl::StrCat("has ", field->size(),
-                                                  " entries; rotary_dim / 2 = ",
-                                                  c.rotary_dim() / 2, " needed"));
+      return keys.Invalid(
+          sub(name), absl::StrCat("has ", field->size(),
+                                  " entries; rotary_dim / 2 = ", c.rotary_dim() / 2, " needed"));
     }
   }
   c.rope_scaling = std::move(rs);
@@ -403,16 +404,16 @@ absl::Status ParseRope(const Keys& keys, ModelConfig& c) {
   // Phi3Config renames the older "su" and "yarn" to "longrope".
   if (type == "longrope" || (phi3 && (type == "su" || type == "yarn"))) {
     if (!phi3) {
-      return keys.Unsupported(sub(type_key),
-                              absl::StrCat("is \"", type, "\": longrope is supported for phi3 "
-                                                        "only; supported: default, llama3"));
+      return keys.Unsupported(sub("rope_type"), absl::StrCat("is \"", type,
+                                                          "\": longrope is supported for phi3 "
+                                                          "only; supported: default, llama3"));
     }
     return ParseLongRope(keys, *rope, rope_key, c);
   }
   if (type != "llama3") {
-    return keys.Unsupported(
-        sub(type_key), absl::StrCat("is \"", type, "\"; supported: default, llama3",
-                                    phi3 ? ", longrope (su, yarn)" : ""));
+    return keys.Unsupported(sub("rope_type"),
+                            absl::StrCat("is \"", type, "\"; supported: default, llama3",
+                                         phi3 ? ", longrope (su, yarn)" : ""));
   }
   RopeScaling rs;
   rs.type = RopeScalingType::kLlama3;
@@ -475,10 +476,10 @@ absl::Status ParseSlidingWindow(const Keys& keys, ModelConfig& c) {
   c.sliding_window_layers.clear();
   if (c.family == ModelFamily::kMistral || c.family == ModelFamily::kPhi3) {
     // Phi3Config's sliding_window defaults to None (its mask then is the plain causal one).
-    ASSIGN_OR_RETURN(const std::optional<int64_t> window,
-                     SlidingWindow(keys, c.family == ModelFamily::kPhi3
-                                             ? std::nullopt
-                                             : std::optional<int64_t>(4096)));
+    ASSIGN_OR_RETURN(
+        const std::optional<int64_t> window,
+        SlidingWindow(
+            keys, c.family == ModelFamily::kPhi3 ? std::nullopt : std::optional<int64_t>(4096)));
     if (window.has_value()) {
       c.sliding_window = *window;
       c.sliding_window_layers.assign(static_cast<size_t>(c.num_layers), true);
@@ -655,11 +656,11 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
                                      ", which is odd; RoPE rotates pairs of channels"));
   }
   // Olmo2Config's and Phi3Config's rms_norm_eps default to 1e-5; the others' to 1e-6.
-  ASSIGN_OR_RETURN(c.norm_eps,
-                   keys.PositiveNumber("rms_norm_eps", c.family == ModelFamily::kOlmo2 ||
-                                                               c.family == ModelFamily::kPhi3
-                                                           ? 1e-5
-                                                           : 1e-6));
+  ASSIGN_OR_RETURN(
+      c.norm_eps,
+      keys.PositiveNumber(
+          "rms_norm_eps",
+          c.family == ModelFamily::kOlmo2 || c.family == ModelFamily::kPhi3 ? 1e-5 : 1e-6));
   ASSIGN_OR_RETURN(const std::string act, keys.String("hidden_act", "silu"));
   if (act != "silu" && act != "swish") {
     return keys.Unsupported("hidden_act",
@@ -703,8 +704,9 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
       }
     } else if (f != 1.0) {
       return keys.Unsupported("partial_rotary_factor",
-                              absl::StrCat("is ", f, ": partial RoPE is not supported (phi3 "
-                                                     "only)"));
+                              absl::StrCat("is ", f,
+                                           ": partial RoPE is not supported (phi3 "
+                                           "only)"));
     }
   }
   RETURN_IF_ERROR(ParseRope(keys, c));
@@ -813,7 +815,8 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c, const HfConfigJso
     out["max_position_embeddings"] = c.max_position_embeddings;
     out["rms_norm_eps"] = c.norm_eps;
     out["rope_theta"] = c.rope_theta;
-    out.erase("original_max_position_embeddings");  // now inside rope_scaling
+    // Now inside rope_scaling (phi3 keeps it at the top: longrope's, or unused without it).
+    if (c.family != ModelFamily::kPhi3) out.erase("original_max_position_embeddings");
     out.erase("partial_rotary_factor");             // only 1 was accepted
     if (c.rope_scaling.type == RopeScalingType::kLlama3) {
       out["rope_scaling"] = {

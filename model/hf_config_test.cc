@@ -1,8 +1,9 @@
 #include "model/hf_config.h"
 
+#include <cmath>
 #include <cstdint>
-#include <regex>
 #include <optional>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,6 @@
 namespace ps {
 namespace {
 
-using ::testing::_;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
@@ -562,7 +562,7 @@ TEST(HfConfigTest, Phi3) {
     "architectures": ["Phi3ForCausalLM"], "hidden_size": 3072, "num_attention_heads": 24,
     "num_key_value_heads": 8, "partial_rotary_factor": 0.75, "sliding_window": 2047,
     "tie_word_embeddings": true})",
-                                                            kPath));
+                                                             kPath));
   EXPECT_EQ(mini.head_dim, 128);
   EXPECT_EQ(mini.rotary_dim(), 96);
   EXPECT_EQ(mini.sliding_window, 2047);
@@ -572,6 +572,31 @@ TEST(HfConfigTest, Phi3) {
   EXPECT_EQ(back, mini) << json;
   ASSERT_OK_AND_ASSIGN(const ModelConfig preset, ModelPreset("phi-4-mini"));
   EXPECT_EQ(preset.rotary_dim(), 96);
+  // longrope (also under its older names su and yarn), with 48 factors for 96 rotated channels.
+  for (const char* type : {"longrope", "su", "yarn"}) {
+    SCOPED_TRACE(type);
+    std::string factors = "[";
+    for (int j = 0; j < 48; ++j) factors += absl::StrCat(j > 0 ? ", " : "", 1 + 0.25 * j);
+    factors += "]";
+    ASSERT_OK_AND_ASSIGN(
+        const ModelConfig lr,
+        ParseHfConfig(absl::StrCat(R"({"model_type": "phi3", "num_attention_heads": 24,
+          "num_key_value_heads": 8, "partial_rotary_factor": 0.75,
+          "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+          "rope_scaling": {"type": ")",
+                                   type, R"(", "short_factor": )", factors, R"(, "long_factor": )",
+                                   factors, "}}"),
+                      kPath));
+    EXPECT_EQ(lr.rope_scaling.type, RopeScalingType::kLongRope);
+    EXPECT_EQ(lr.rope_scaling.original_max_position_embeddings, 4096);
+    ASSERT_EQ(lr.rope_scaling.short_factor.size(), 48u);
+    EXPECT_EQ(lr.rope_scaling.long_factor[47], 1 + 0.25 * 47);
+    // Phi-4-mini's attention factor: sqrt(1 + ln 32 / ln 4096).
+    EXPECT_DOUBLE_EQ(LongRopeAttentionFactor(lr), std::sqrt(1 + std::log(32.0) / std::log(4096.0)));
+    ASSERT_OK_AND_ASSIGN(const std::string lr_json, HfConfigJson(lr));
+    ASSERT_OK_AND_ASSIGN(const ModelConfig lr_back, ParseHfConfig(lr_json, kPath));
+    EXPECT_EQ(lr_back, lr) << lr_json;
+  }
   struct Bad {
     const char* json;
     const char* key;
@@ -590,9 +615,24 @@ TEST(HfConfigTest, Phi3) {
            Bad{R"({"model_type": "phi3", "rope_scaling": {"type": "linear", "factor": 2}})",
                "rope_scaling"},
            Bad{R"({"model_type": "phi3", "architectures": ["Phi3Model"]})", "\"architectures\""},
+           // longrope: rotary_dim 96 needs 48 factors of each kind; exactly Phi3Config's keys.
+           Bad{R"({"model_type": "phi3", "rope_scaling": {"type": "longrope",
+               "short_factor": [1, 2], "long_factor": [1, 2]}})",
+               "\"rope_scaling.short_factor\""},
+           Bad{R"({"model_type": "phi3", "rope_scaling": {"type": "su",
+               "short_factor": "none", "long_factor": [1, 2]}})",
+               "\"rope_scaling.short_factor\""},
+           Bad{R"({"model_type": "phi3", "rope_scaling": {"type": "longrope", "factor": 2.0,
+               "short_factor": [], "long_factor": []}})",
+               "\"rope_scaling.factor\""},
+           Bad{R"({"model_type": "llama", "rope_scaling": {"rope_type": "longrope",
+               "short_factor": [], "long_factor": []}})",
+               "\"rope_scaling.rope_type\""},
        }) {
     SCOPED_TRACE(bad.json);
-    EXPECT_THAT(ParseHfConfig(bad.json, kPath), StatusIs(_, HasSubstr(bad.key)));
+    const absl::StatusOr<ModelConfig> got = ParseHfConfig(bad.json, kPath);
+    ASSERT_FALSE(got.ok());
+    EXPECT_THAT(got.status().message(), HasSubstr(bad.key));
   }
 }
 

@@ -342,16 +342,18 @@ TEST(LoraConfigTest, Phi3Targets) {
   LoraConfig lora = Lora({"o_proj", "down_proj"}, 4);
   ASSERT_THAT(Check(phi3, lora), IsOk());
   const std::vector<LoraTarget> t = LoraTargets(phi3, lora);
-  EXPECT_THAT(Modules(t), ElementsAre("model.layers.0.self_attn.o_proj",
-                                      "model.layers.0.mlp.down_proj",
-                                      "model.layers.1.self_attn.o_proj",
-                                      "model.layers.1.mlp.down_proj"));
-  for (const std::vector<std::string>& bad :
-       {std::vector<std::string>{"qkv_proj"}, {"self_attn.qkv_proj", "o_proj"},
-        {"gate_up_proj"}, {"q_proj"}, {"up_proj"}, {std::string(kLoraAllLinear)}}) {
+  EXPECT_THAT(Modules(t),
+              ElementsAre("model.layers.0.self_attn.o_proj", "model.layers.0.mlp.down_proj",
+                          "model.layers.1.self_attn.o_proj", "model.layers.1.mlp.down_proj"));
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"qkv_proj"},
+                                              {"self_attn.qkv_proj", "o_proj"},
+                                              {"gate_up_proj"},
+                                              {"q_proj"},
+                                              {"up_proj"},
+                                              {std::string(kLoraAllLinear)}}) {
     SCOPED_TRACE(bad[0]);
-    EXPECT_THAT(Check(phi3, Lora(bad)), StatusIs(absl::StatusCode::kUnimplemented,
-                                                 HasSubstr("lora.target_modules")));
+    EXPECT_THAT(Check(phi3, Lora(bad)),
+                StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("lora.target_modules")));
   }
 }
 

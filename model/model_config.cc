@@ -434,8 +434,9 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   }
   if (rs.type != RopeScalingType::kLongRope &&
       (!rs.short_factor.empty() || !rs.long_factor.empty())) {
-    return Invalid(c, "rope_scaling.short_factor / long_factor are set but the type is not "
-                      "longrope");
+    return Invalid(c,
+                   "rope_scaling.short_factor / long_factor are set but the type is not "
+                   "longrope");
   }
   if (rs.type == RopeScalingType::kLongRope) {
     if (c.family != ModelFamily::kPhi3) {
@@ -448,18 +449,18 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
       return Invalid(c, absl::StrCat("original_max_position_embeddings must be positive, got ",
                                      rs.original_max_position_embeddings));
     }
-    for (const auto& [key, factors] : {std::pair<const char*, const std::vector<double>*>{
-                                           "short_factor", &rs.short_factor},
-                                       {"long_factor", &rs.long_factor}}) {
+    for (const auto& [key, factors] :
+         {std::pair<const char*, const std::vector<double>*>{"short_factor", &rs.short_factor},
+          {"long_factor", &rs.long_factor}}) {
       if (static_cast<int64_t>(factors->size()) != c.rotary_dim() / 2) {
-        return Invalid(c, absl::StrCat("rope_scaling.", key, " has ", factors->size(),
-                                       " entries; longrope needs rotary_dim / 2 = ",
-                                       c.rotary_dim() / 2));
+        return Invalid(
+            c, absl::StrCat("rope_scaling.", key, " has ", factors->size(),
+                            " entries; longrope needs rotary_dim / 2 = ", c.rotary_dim() / 2));
       }
       for (const double f : *factors) {
         if (!FinitePositive(f)) {
-          return Invalid(c, absl::StrCat("rope_scaling.", key, " entries must be positive, got ",
-                                         f));
+          return Invalid(c,
+                         absl::StrCat("rope_scaling.", key, " entries must be positive, got ", f));
         }
       }
     }
@@ -570,18 +571,20 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   }
   if (c.partial_rotary_factor != 1.0) {
     if (c.family != ModelFamily::kPhi3) {
-      return Invalid(c, absl::StrCat(family, " rotates whole heads: partial_rotary_factor must be "
-                                             "1 (phi3 only)"));
+      return Invalid(c, absl::StrCat(family,
+                                     " rotates whole heads: partial_rotary_factor must be "
+                                     "1 (phi3 only)"));
     }
     if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1)) {
       return Invalid(c, absl::StrCat("partial_rotary_factor must be in (0, 1], got ",
                                      c.partial_rotary_factor));
     }
     if (c.rotary_dim() <= 0 || c.rotary_dim() % 2 != 0) {
-      return Invalid(c, absl::StrCat("partial_rotary_factor ", c.partial_rotary_factor,
-                                     " gives rotary_dim ", c.rotary_dim(), " of head_dim ",
-                                     c.head_dim, "; RoPE rotates a positive even number of "
-                                     "channels"));
+      return Invalid(
+          c, absl::StrCat("partial_rotary_factor ", c.partial_rotary_factor, " gives rotary_dim ",
+                          c.rotary_dim(), " of head_dim ", c.head_dim,
+                          "; RoPE rotates a positive even number of "
+                          "channels"));
     }
   }
   if (!c.layers_without_rope.empty()) {
@@ -614,8 +617,9 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     if ((c.family == ModelFamily::kMistral || c.family == ModelFamily::kPhi3) &&
         std::find(c.sliding_window_layers.begin(), c.sliding_window_layers.end(), false) !=
             c.sliding_window_layers.end()) {
-      return Invalid(c, absl::StrCat(family, "'s sliding_window applies to every layer: "
-                                             "sliding_window_layers must be all true"));
+      return Invalid(c, absl::StrCat(family,
+                                     "'s sliding_window applies to every layer: "
+                                     "sliding_window_layers must be all true"));
     }
   }
   if (!CheckedParameterCount(c).has_value()) {
@@ -680,7 +684,23 @@ ModelFlops ModelTrainingFlops(const ModelConfig& c, int64_t batch, int64_t seq_l
   ModelFlops f;
   f.linear = 6.0 * n * L * per_layer;
   f.head = 6.0 * n * E * V;
-  f.attention = 3.0 * L * static_cast<double>(batch) * 4.0 * T * (T + 1) / 2.0 * Q;
+  // Query-key pairs per sequence and layer: the causal triangle, or with a sliding window W
+  // (query t sees min(t + 1, W) keys) W (W + 1) / 2 + (T - W) W once T > W.
+  if (c.sliding_window == 0 || c.sliding_window >= seq_len) {
+    f.attention = 3.0 * L * static_cast<double>(batch) * 4.0 * T * (T + 1) / 2.0 * Q;
+    return f;
+  }
+  double pairs = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int64_t w = c.LayerSlidingWindow(l);
+    if (w == 0) {
+      pairs += T * (T + 1) / 2.0;
+    } else {
+      const double W = static_cast<double>(w);
+      pairs += W * (W + 1) / 2.0 + (T - W) * W;
+    }
+  }
+  f.attention = 3.0 * static_cast<double>(batch) * 4.0 * pairs * Q;
   return f;
 }
 

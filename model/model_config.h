@@ -289,7 +289,8 @@ int64_t ModelParameterCount(const ModelConfig& config);
 //           gpt2 E(3E) + E^2 + 2 E I per layer, llama E(Q + 2K) + Q E + 3 E I;
 //   head:   6 E V per token (the LM head's product, tied or not);
 //   attention: the causal triangle's QK^T and PV, 4 Q per query-key pair forward, twice that
-//           backward.
+//           backward; a layer with a sliding window W < T counts its W (W + 1) / 2 + (T - W) W
+//           pairs per sequence, not T (T + 1) / 2.
 // Not counted: embeddings, norms, activations, softmax, the optimizer (memory-bound work).
 // REQUIRES: ValidateModelConfig is OK, batch >= 1, seq_len >= 1.
 struct ModelFlops {

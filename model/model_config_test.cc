@@ -204,6 +204,43 @@ TEST(ModelConfigTest, TrainingFlopsCountTheOperatorsWeights) {
   }
 }
 
+// With a sliding window W the attention term counts, per windowed layer, the pairs (q, k) with
+// q - W < k <= q (a loop), the other layers the whole triangle: Mistral's window on every layer,
+// Qwen2's on the last layers, a window longer than the sequence (the triangle).
+TEST(ModelConfigTest, TrainingFlopsCountWindowedPairs) {
+  const int64_t batch = 2, seq = 23;
+  auto pairs_of = [&](int64_t w) {
+    double pairs = 0;
+    for (int64_t q = 0; q < seq; ++q) {
+      for (int64_t k = 0; k <= q; ++k) pairs += (w == 0 || k > q - w) ? 1 : 0;
+    }
+    return pairs;
+  };
+  for (const int64_t window : {int64_t{1}, int64_t{5}, int64_t{22}, int64_t{23}, int64_t{40}}) {
+    for (const bool every_layer : {true, false}) {
+      SCOPED_TRACE(absl::StrCat("window ", window, every_layer ? " on every layer" : " on some"));
+      ASSERT_OK_AND_ASSIGN(ModelConfig c,
+                           ModelPreset(every_layer ? "mistral-7b-v0.3" : "qwen2.5-0.5b"));
+      c.sliding_window = window;
+      c.sliding_window_layers.assign(c.num_layers, true);
+      if (!every_layer) {
+        for (int64_t l = 0; l < c.num_layers / 3; ++l) c.sliding_window_layers[l] = false;
+      }
+      ASSERT_OK(ValidateModelConfig(c));
+      double pairs = 0;
+      for (int64_t l = 0; l < c.num_layers; ++l) pairs += pairs_of(c.LayerSlidingWindow(l));
+      const ModelFlops f = ModelTrainingFlops(c, batch, seq);
+      EXPECT_DOUBLE_EQ(f.attention, 12.0 * c.q_size() * pairs * batch);
+      if (window < seq) {
+        ModelConfig full = c;
+        full.sliding_window = 0;
+        full.sliding_window_layers.clear();
+        EXPECT_LT(f.attention, ModelTrainingFlops(full, batch, seq).attention);
+      }
+    }
+  }
+}
+
 TEST(ModelConfigTest, GptPresetsMatchGptShapes) {
   for (const std::string& name : GptPresetNames()) {
     ASSERT_OK_AND_ASSIGN(const GptConfig g, GptPreset(name));

@@ -293,9 +293,8 @@ absl::StatusOr<TransformerProgram> TransformerProgram::Create(const ModelConfig&
       // the long factors here and the short ones in transformers).
       const RopeScaling& rs = config.rope_scaling;
       rope.scaling_type = "longrope";
-      rope.longrope_factors = shape.seq_len > rs.original_max_position_embeddings
-                                  ? rs.long_factor
-                                  : rs.short_factor;
+      rope.longrope_factors =
+          shape.seq_len > rs.original_max_position_embeddings ? rs.long_factor : rs.short_factor;
       rope.attention_factor = LongRopeAttentionFactor(config);
     }
     const size_t table = static_cast<size_t>(shape.seq_len * rotated / 2);

@@ -38,8 +38,8 @@ absl::Status CheckShape(const char* kernel, const RopeShape& s) {
   }
   if (s.rotary_dim < 0 || s.rotary_dim > s.head_dim || s.rotary_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(kernel, ": rotary_dim ", s.rotary_dim,
-                                                   " must be even and in [0, head_dim=",
-                                                   s.head_dim, "] (0: the whole head)"));
+                                                   " must be even and in [0, head_dim=", s.head_dim,
+                                                   "] (0: the whole head)"));
   }
   if (s.seq_len > s.table_positions) {
     return absl::InvalidArgumentError(absl::StrCat(kernel, ": seq_len ", s.seq_len,
@@ -123,9 +123,9 @@ absl::Status ValidateRopeConfig(const RopeConfig& config) {
   if (config.scaling_type.empty() || config.scaling_type == "default") return absl::OkStatus();
   if (config.scaling_type == "longrope") {
     if (static_cast<int64_t>(config.longrope_factors.size()) != config.head_dim / 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rope_scaling.short_factor / long_factor must have rotary_dim / 2 = ",
-          config.head_dim / 2, " entries, got ", config.longrope_factors.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rope_scaling.short_factor / long_factor must have rotary_dim / 2 = ",
+                       config.head_dim / 2, " entries, got ", config.longrope_factors.size()));
     }
     for (const double f : config.longrope_factors) {
       if (!PositiveFinite(f)) {

@@ -33,8 +33,9 @@ cudaError_t LaunchRmsNormBackward(int64_t rows, int64_t channels, const float* x
 // positions: null (row (b, t) at position t) or [batch * seq_len] device int32; a position
 // outside [0, table_positions) turns its row into NaN.
 cudaError_t LaunchRope(int64_t batch, int64_t seq_len, int64_t num_heads, int64_t head_dim,
-                       int64_t rotary_dim, int64_t table_positions, const float* cos, const float* sin,
-                       const int32_t* positions, float* x, bool inverse, cudaStream_t stream);
+                       int64_t rotary_dim, int64_t table_positions, const float* cos,
+                       const float* sin, const int32_t* positions, float* x, bool inverse,
+                       cudaStream_t stream);
 // h = silu(g) * u over n elements (h may equal g or u).
 cudaError_t LaunchSwiGluForward(int64_t n, const float* g, const float* u, float* h,
                                 cudaStream_t stream);
