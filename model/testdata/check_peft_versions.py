@@ -78,7 +78,14 @@ RUNS = {
     # Conv1D (fan_in_fan_out true), a fractional lora_alpha.
     "gpt2": {"lora": {"r": 4, "lora_alpha": 6.5, "lora_dropout": 0.05,
                       "target_modules": ["c_attn", "c_proj", "c_fc"]}},
+    # Phi-3 (issue #40; base parity_phi3: partial rotary, a window of 4 < SEQ_LEN, fused qkv_proj
+    # and gate_up_proj in its files): the layers LoRA adapts there, o_proj and down_proj; the
+    # merged export writes the fused tensors back.
+    "phi3": {"lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
+                      "target_modules": ["o_proj", "down_proj"]}},
 }
+# The base directory of each architecture (model/testdata/hf_tiny_<arch> unless named here).
+BASES = {"phi3": "parity_phi3"}
 SEQ_LEN, MICRO_BATCH, STEPS = 16, 2, 6
 
 
@@ -90,7 +97,7 @@ def write_tokens(path, tokens):
 
 
 def train(args, arch):
-    base = os.path.join(HERE, f"hf_tiny_{arch}")
+    base = os.path.join(HERE, BASES.get(arch, f"hf_tiny_{arch}"))
     with open(os.path.join(base, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
     out = os.path.join(args.out, arch)
