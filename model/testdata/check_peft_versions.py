@@ -51,6 +51,14 @@ Recorded run, 2026-12-07 (branch h-peft, issue #35; python 3.11.7 in both enviro
   #   gpt2   4.37547226017341   logits 1.073e-06, loss 4.4e-08       logits 1.073e-06, loss 4.4e-08
   #   (logit bounds 4.4e-05, 4.7e-05, 3.0e-05: 1e-5 of the largest logit; loss bound 1e-5
   #   relative; the merged model's loss is within 1.4e-08 (llama), 3.5e-08, 4.4e-08.)
+  # phi3 (added for issue #40, 2026-12-08, branch h-families2; peft 0.21.2 only):
+  #   python3 model/testdata/check_peft_versions.py --train=bazel-bin/trainer/train \
+  #       --out=/tmp/fam_peft --check=/work/venv-peftnew/bin/python:phi3
+  #   adapter_config.json {base_model_name_or_path, lora_alpha 8, peft_type, r 4,
+  #   target_modules [o_proj, down_proj], task_type}; 8 adapter tensors; trainer val_loss
+  #   5.3755034360219724, peft 5.3755035400390625 (1.9e-08 relative), logits vs the merged export
+  #   (written with the fused qkv_proj / gate_up_proj, loaded by Phi3ForCausalLM) 3.099e-06
+  #   (bound 4.8e-05); the merged model's loss within 1.9e-08.
   # peft 0.10's get_peft_model_state_dict (called by the check, not by from_pretrained) warns
   # that it cannot reach the hub for base_model_name_or_path's config.json; peft 0.21.2 warns
   # nothing. The same run with the trainer of main before this change (adapter_config.json with
