@@ -18,12 +18,14 @@ namespace ps::cuda_internal {
 
 // --- RMSNorm (rmsnorm_kernels.cu) ---------------------------------------------------------------
 
-cudaError_t LaunchRmsNormForward(int64_t rows, int64_t channels, float eps, const float* x,
-                                 const float* w, float* y, float* rstd, cudaStream_t stream);
+// The gain is weight_offset + w[c] (0: Llama's w; 1: Gemma's 1 + w), summed in f32.
+cudaError_t LaunchRmsNormForward(int64_t rows, int64_t channels, float eps, float weight_offset,
+                                 const float* x, const float* w, float* y, float* rstd,
+                                 cudaStream_t stream);
 // dx += ..., dw += ... (dw a deterministic column reduction).
-cudaError_t LaunchRmsNormBackward(int64_t rows, int64_t channels, const float* x, const float* w,
-                                  const float* rstd, const float* dy, float* dx, float* dw,
-                                  cudaStream_t stream);
+cudaError_t LaunchRmsNormBackward(int64_t rows, int64_t channels, float weight_offset,
+                                  const float* x, const float* w, const float* rstd,
+                                  const float* dy, float* dx, float* dw, cudaStream_t stream);
 
 // --- Element-wise (llama_elementwise_kernels.cu) -------------------------------------------------
 
