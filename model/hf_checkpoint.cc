@@ -112,6 +112,37 @@ absl::Status CopyInto(const std::string& source, int fd, const std::string& fd_p
   }
 }
 
+int64_t Elems(absl::Span<const int64_t> shape) {
+  int64_t n = 1;
+  for (const int64_t d : shape) n *= d;
+  return n;
+}
+
+// One tensor of the files an export writes: its name and shape, and the parameters (indices into
+// HfParameterSpecs) it holds, in row order: one, or the parts of a fused tensor.
+struct FileTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<size_t> parts;
+};
+
+std::vector<FileTensor> FileTensorsOf(const ModelConfig& config,
+                                      const std::vector<TensorSpec>& params) {
+  std::vector<FileTensor> files;
+  absl::flat_hash_map<std::string, size_t> fused;  // file tensor -> index in files
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::optional<HfFileSlice> slice = HfFileSliceOf(config, params[i].name);
+    if (!slice.has_value()) {
+      files.push_back({params[i].name, params[i].shape, {i}});
+      continue;
+    }
+    const auto [it, inserted] = fused.emplace(slice->file_tensor, files.size());
+    if (inserted) files.push_back({slice->file_tensor, slice->file_shape, {}});
+    files[it->second].parts.push_back(i);  // parameters come in row order (ModelOperators)
+  }
+  return files;
+}
+
 }  // namespace
 
 std::vector<TensorSpec> HfParameterSpecs(const ModelConfig& config) {
@@ -120,6 +151,29 @@ std::vector<TensorSpec> HfParameterSpecs(const ModelConfig& config) {
     for (TensorSpec& t : op.tensors) specs.push_back(std::move(t));
   }
   return specs;
+}
+
+std::optional<HfFileSlice> HfFileSliceOf(const ModelConfig& c, absl::string_view name) {
+  if (c.family != ModelFamily::kPhi3) return std::nullopt;
+  const int64_t e = c.hidden_size, q = c.q_size(), k = c.kv_size(), i = c.intermediate_size;
+  struct Part {
+    const char* suffix;
+    const char* fused;
+    int64_t first_row;
+    int64_t rows;
+  };
+  const Part parts[] = {{"self_attn.q_proj.weight", "self_attn.qkv_proj.weight", 0, q + 2 * k},
+                        {"self_attn.k_proj.weight", "self_attn.qkv_proj.weight", q, q + 2 * k},
+                        {"self_attn.v_proj.weight", "self_attn.qkv_proj.weight", q + k, q + 2 * k},
+                        {"mlp.gate_proj.weight", "mlp.gate_up_proj.weight", 0, 2 * i},
+                        {"mlp.up_proj.weight", "mlp.gate_up_proj.weight", i, 2 * i}};
+  if (!absl::StartsWith(name, "model.layers.")) return std::nullopt;
+  for (const Part& p : parts) {
+    absl::string_view prefix = name;
+    if (!absl::ConsumeSuffix(&prefix, p.suffix)) continue;
+    return HfFileSlice{absl::StrCat(prefix, p.fused), {p.rows, e}, p.first_row * e};
+  }
+  return std::nullopt;
 }
 
 bool IsHfCheckpointFileName(absl::string_view name) {
@@ -152,6 +206,7 @@ absl::StatusOr<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
   }
   RETURN_IF_ERROR(text.status());
   ASSIGN_OR_RETURN(ModelConfig config, ParseHfConfig(*text, config_path));
+  const bool fuses = HfFileSliceOf(config, "model.layers.0.self_attn.q_proj.weight").has_value();
   ASSIGN_OR_RETURN(ShardedSafetensors weights, ShardedSafetensors::OpenDirectory(dir));
   ASSIGN_OR_RETURN(const nlohmann::json config_object, hf_json::ParseObject(*text, "Hugging Face config", config_path,
                                                        absl::StatusCode::kInvalidArgument));
@@ -159,6 +214,13 @@ absl::StatusOr<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
                    Quant4ConfigFromHfConfig(config_object, config_path));
 
   HfCheckpoint ckpt(dir, std::move(weights));
+  if (quant4.has_value() && fuses) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model directory '", dir, "': a pre-quantized ", ModelFamilyName(config.family),
+        " directory (config.json's quantization_config) is not supported: its 4-bit codes "
+        "quantize the fused qkv_proj / gate_up_proj whole; load the 16-bit directory and set "
+        "quantization in the run instead"));
+  }
   if (quant4.has_value()) {
     // The storage of a pre-quantized directory: which block linears are 4-bit (every one its
     // skip list keeps out), whatever compute dtype it names.
@@ -182,6 +244,30 @@ absl::StatusOr<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
   std::vector<std::string> missing, duplicated, misshapen, unexpected;
   absl::flat_hash_set<std::string> used;  // file names accounted for
   for (const TensorSpec& p : ckpt.parameters_) {
+    if (const std::optional<HfFileSlice> slice = HfFileSliceOf(c, p.name); slice.has_value()) {
+      // Rows of a fused file tensor: its shape is checked (once) instead of the part's.
+      const SafetensorsTensorInfo* info = w.Find(slice->file_tensor).info;
+      const bool first = used.insert(slice->file_tensor).second;
+      if (info == nullptr) {
+        if (first) missing.push_back(slice->file_tensor);
+        continue;
+      }
+      if (info->shape != slice->file_shape) {
+        if (first) {
+          misshapen.push_back(absl::StrCat(slice->file_tensor, " ", ShapeString(info->shape),
+                                           " (expected ", ShapeString(slice->file_shape), ")"));
+        }
+        continue;
+      }
+      if (!info->dtype.has_value()) {
+        return absl::UnimplementedError(absl::StrCat(
+            "model directory '", dir, "': tensor '", slice->file_tensor, "' is stored as ",
+            info->dtype_name, "; only F32, F16 and BF16 parameters are supported"));
+      }
+      ckpt.file_names_.emplace(p.name, slice->file_tensor);
+      ckpt.fused_first_.emplace(p.name, std::make_pair(slice->first_elem, Elems(p.shape)));
+      continue;
+    }
     std::vector<std::string> candidates = {p.name};
     if (gpt2) candidates.push_back(absl::StrCat(kGpt2Prefix, p.name));
     std::vector<std::string> present;
@@ -273,8 +359,10 @@ absl::StatusOr<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
   }
   // Every parameter's values must be finite: one pass over the stored bits of each
   // (model/finite_scan.h). A tied lm_head.weight equals the embedding (checked above).
+  absl::flat_hash_set<std::string> scanned;  // a fused tensor once
   for (const TensorSpec& p : ckpt.parameters_) {
     if (ckpt.quant4_formats_.contains(p.name)) continue;  // ImportQuant4Weight checks its scales
+    if (!scanned.insert(ckpt.file_names_.at(p.name)).second) continue;
     const ShardedTensorRef ref = w.Find(ckpt.file_names_.at(p.name));
     RETURN_IF_ERROR(
         CheckTensorFinite(absl::StrCat("model directory '", dir, "' (", ref.file->path(), ")"),
@@ -286,12 +374,13 @@ absl::StatusOr<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
 
 const SafetensorsTensorInfo* HfCheckpoint::Find(absl::string_view name) const {
   const auto it = file_names_.find(name);
-  return it == file_names_.end() ? nullptr : weights_.Find(it->second).info;
+  if (it == file_names_.end() || fused_first_.contains(name)) return nullptr;
+  return weights_.Find(it->second).info;
 }
 
 absl::StatusOr<SafetensorsTensorView> HfCheckpoint::Get(absl::string_view name) const {
   const auto it = file_names_.find(name);
-  if (it == file_names_.end()) {
+  if (it == file_names_.end() || fused_first_.contains(name)) {
     return absl::NotFoundError(
         absl::StrCat("model directory '", dir_, "': '", name, "' is not a parameter"));
   }
@@ -311,7 +400,19 @@ absl::Status HfCheckpoint::ReadAsF32(absl::string_view name, int64_t first_elem,
     return DequantizeQuant4Range(*q, Quant4TensorAt(*q, blob.data(), imported.nested_offset),
                                  first_elem, out);
   }
-  return weights_.ReadAsF32(it->second, first_elem, out);
+  int64_t offset = 0;
+  if (const auto f = fused_first_.find(name); f != fused_first_.end()) {
+    // Rows of a fused tensor: the range must stay inside the part.
+    const int64_t n = f->second.second;
+    if (first_elem < 0 || first_elem + static_cast<int64_t>(out.size()) > n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model directory '", dir_, "': elements [", first_elem, ", ",
+                       first_elem + static_cast<int64_t>(out.size()), ") are outside '", name,
+                       "' (", n, " elements, rows of '", it->second, "')"));
+    }
+    offset = f->second.first;
+  }
+  return weights_.ReadAsF32(it->second, offset + first_elem, out);
 }
 
 const Quant4Format* HfCheckpoint::Quant4Of(absl::string_view name) const {
@@ -350,8 +451,9 @@ HfExportFillFn FillFromCheckpoint(const HfCheckpoint& source, DType dtype) {
              const TensorSpec& tensor, int64_t first_elem,
              absl::Span<uint8_t> dst) mutable -> absl::Status {
     const int64_t n = static_cast<int64_t>(dst.size()) / SizeOf(dtype);
-    if (source.Quant4Of(tensor.name) != nullptr) {
-      // A 4-bit weight of a pre-quantized directory: its dequantized values.
+    if (source.Quant4Of(tensor.name) != nullptr || source.Find(tensor.name) == nullptr) {
+      // A 4-bit weight of a pre-quantized directory (its dequantized values), or rows of a
+      // fused tensor.
       std::vector<float> values(static_cast<size_t>(n));
       RETURN_IF_ERROR(source.ReadAsF32(tensor.name, first_elem, absl::MakeSpan(values)));
       return Convert(DType::kF32, values.data(), dtype, dst.data(), n);
@@ -408,9 +510,29 @@ absl::Status WriteHfCheckpoint(const std::string& dir, const ModelConfig& config
       const std::string config_json,
       HfConfigJson(config, {.torch_dtype = dtype, .base_json = options.base_config_json}));
   const std::vector<TensorSpec> params = HfParameterSpecs(config);
+  const std::vector<FileTensor> files = FileTensorsOf(config, params);
   std::vector<SafetensorsTensorSpec> specs;
-  specs.reserve(params.size());
-  for (const TensorSpec& p : params) specs.push_back({p.name, dtype, p.shape});
+  specs.reserve(files.size());
+  for (const FileTensor& f : files) specs.push_back({f.name, dtype, f.shape});
+  // Elements [first_elem, first_elem + n) of file tensor `index`, from the parts they span.
+  auto fill_file = [&](size_t index, int64_t first_elem, absl::Span<uint8_t> dst) {
+    const FileTensor& f = files[index];
+    if (f.parts.size() == 1) return fill(params[f.parts[0]], first_elem, dst);
+    const int64_t size = SizeOf(dtype);
+    const int64_t end = first_elem + static_cast<int64_t>(dst.size()) / size;
+    int64_t part_first = 0;
+    for (const size_t part : f.parts) {
+      const int64_t part_end = part_first + Elems(params[part].shape);
+      const int64_t lo = std::max(first_elem, part_first), hi = std::min(end, part_end);
+      if (lo < hi) {
+        RETURN_IF_ERROR(fill(params[part], lo - part_first,
+                             dst.subspan(static_cast<size_t>((lo - first_elem) * size),
+                                         static_cast<size_t>((hi - lo) * size))));
+      }
+      part_first = part_end;
+    }
+    return absl::OkStatus();
+  };
 
   DirectoryReplaceOptions replace;
   replace.marker_file = std::string(kHfConfigFileName);
@@ -419,13 +541,7 @@ absl::Status WriteHfCheckpoint(const std::string& dir, const ModelConfig& config
     ShardedWriteOptions write;
     write.max_shard_bytes = options.max_shard_bytes;
     write.max_piece_bytes = options.max_piece_bytes;
-    RETURN_IF_ERROR(WriteShardedSafetensors(
-                        staging, specs,
-                        [&](size_t index, int64_t first_elem, absl::Span<uint8_t> dst) {
-                          return fill(params[index], first_elem, dst);
-                        },
-                        write)
-                        .status());
+    RETURN_IF_ERROR(WriteShardedSafetensors(staging, specs, fill_file, write).status());
     RETURN_IF_ERROR(WriteFileAtomically(
         JoinPath(staging, kHfConfigFileName), [&](int fd, const std::string& tmp_path) {
           return WriteAll(fd, config_json.data(), config_json.size(), tmp_path);

@@ -20,6 +20,13 @@
 // or NaN is DataLoss naming the directory, the file, the tensor and the element's coordinates.
 // Layouts are the file's: Linear weights [out, in] (GPT-2's Conv1D: [in, out]).
 //
+// Fused tensors (Phi-3, model/model_config.h): the file's "p self_attn.qkv_proj.weight"
+// [Q + 2K, E] holds the parameters q_proj, k_proj, v_proj.weight as consecutive row ranges, and
+// "p mlp.gate_up_proj.weight" [2I, E] gate_proj, up_proj.weight: Open checks the fused tensor's
+// shape (a "wrong shape" or "missing" error names the fused tensor), ReadAsF32 of a parameter
+// reads its rows, and the writer writes the fused tensor from its parts (HfFileSliceOf). A
+// pre-quantized Phi-3 directory is refused (its 4-bit codes quantize the fused matrix whole).
+//
 // Pre-quantized directories (transformers + bitsandbytes, load_in_4bit; model/quant4_import.h).
 // A config.json with a bitsandbytes 4-bit quantization_config (Quant4ConfigFromHfConfig) makes
 // every block linear that its llm_int8_skip_modules does not keep (model/quant4_config.h's rule)
@@ -49,6 +56,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -69,6 +77,16 @@ namespace ps {
 // The parameters of `config` in forward order (ModelOperators flattened), under the names the
 // checkpoint uses. REQUIRES: ValidateModelConfig(config) is OK.
 std::vector<TensorSpec> HfParameterSpecs(const ModelConfig& config);
+
+// Where a parameter lives in the files when the family fuses it into a larger tensor (Phi-3's
+// qkv_proj and gate_up_proj): the file tensor, its shape, and the parameter's first element in
+// it (its rows are contiguous there). nullopt for a parameter stored under its own name.
+struct HfFileSlice {
+  std::string file_tensor;
+  std::vector<int64_t> file_shape;
+  int64_t first_elem = 0;
+};
+std::optional<HfFileSlice> HfFileSliceOf(const ModelConfig& config, absl::string_view name);
 
 // A model directory, opened and validated (see the file comment).
 //
@@ -96,10 +114,12 @@ class HfCheckpoint {
   // Whether the files carried a (verified equal) lm_head.weight for a tied model.
   bool had_tied_lm_head() const { return had_tied_lm_head_; }
 
-  // The file entry of parameter `name` (a parameters() name), or nullptr if it is not one.
+  // The file entry of parameter `name` (a parameters() name), or nullptr if it is not one (or
+  // is part of a fused file tensor, HfFileSliceOf).
   const SafetensorsTensorInfo* Find(absl::string_view name) const;
 
-  // The raw bytes and dtype of parameter `name`. Errors: NotFound if `name` is not a parameter.
+  // The raw bytes and dtype of parameter `name`. Errors: NotFound if `name` is not a parameter
+  // stored under its own name (a part of a fused tensor is read with ReadAsF32).
   [[nodiscard]] absl::StatusOr<SafetensorsTensorView> Get(absl::string_view name) const;
 
   // Elements [first_elem, first_elem + out.size()) of parameter `name`, as f32 (exact).
@@ -127,6 +147,8 @@ class HfCheckpoint {
   ShardedSafetensors weights_;
   std::vector<TensorSpec> parameters_;
   absl::flat_hash_map<std::string, std::string> file_names_;  // parameter -> name in the files
+  // Parameters that are rows of a fused file tensor -> their first element in it, their size.
+  absl::flat_hash_map<std::string, std::pair<int64_t, int64_t>> fused_first_;
   bool had_tied_lm_head_ = false;
   std::optional<Quant4Config> quant4_;
   absl::flat_hash_map<std::string, Quant4Format> quant4_formats_;  // parameter -> format

@@ -35,6 +35,7 @@ using ::testing::AllOf;
 using testing::Fnv1a64;
 using ::testing::HasSubstr;
 using testing::HfTestValue;
+using ::testing::Not;
 
 std::string TestData(const std::string& name) {
   const char* dir = std::getenv("TEST_SRCDIR");
@@ -242,6 +243,90 @@ TEST(HfCheckpointTest, ImportExportRoundTripIsBitExact) {
       }
     }
   }
+}
+
+// Phi-3's fused tensors (the Phi3ForCausalLM directories transformers wrote,
+// make_family_parity.py): each q/k/v and gate/up parameter reads as its rows of the fused file
+// tensor, and an export writes the fused tensors back byte for byte (pieces of 52 bytes straddle
+// the parts), longrope and partial rotary in config.json included.
+TEST(HfCheckpointTest, Phi3FusedTensorsSplitAndFuseBack) {
+  for (const char* name : {"parity_phi3", "parity_phi3_longrope"}) {
+    SCOPED_TRACE(name);
+    ASSERT_OK_AND_ASSIGN(const HfCheckpoint src, HfCheckpoint::Open(TestData(name)));
+    const ModelConfig& c = src.config();
+    ASSERT_EQ(c.family, ModelFamily::kPhi3);
+    const int64_t e = c.hidden_size, q = c.q_size(), k = c.kv_size(), i = c.intermediate_size;
+    const auto read_file = [&](const std::string& tensor, int64_t first, int64_t n) {
+      std::vector<float> v(static_cast<size_t>(n));
+      EXPECT_OK(src.weights().ReadAsF32(tensor, first, absl::MakeSpan(v)));
+      return v;
+    };
+    const auto read_param = [&](const std::string& tensor, int64_t n) {
+      std::vector<float> v(static_cast<size_t>(n));
+      EXPECT_OK(src.ReadAsF32(tensor, 0, absl::MakeSpan(v)));
+      return v;
+    };
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string a = absl::StrCat("model.layers.", l, ".self_attn.");
+      const std::string m = absl::StrCat("model.layers.", l, ".mlp.");
+      EXPECT_EQ(read_param(a + "q_proj.weight", q * e), read_file(a + "qkv_proj.weight", 0, q * e));
+      EXPECT_EQ(read_param(a + "k_proj.weight", k * e),
+                read_file(a + "qkv_proj.weight", q * e, k * e));
+      EXPECT_EQ(read_param(a + "v_proj.weight", k * e),
+                read_file(a + "qkv_proj.weight", (q + k) * e, k * e));
+      EXPECT_EQ(read_param(m + "gate_proj.weight", i * e),
+                read_file(m + "gate_up_proj.weight", 0, i * e));
+      EXPECT_EQ(read_param(m + "up_proj.weight", i * e),
+                read_file(m + "gate_up_proj.weight", i * e, i * e));
+      // A part has no file entry of its own; a range past it is refused.
+      EXPECT_EQ(src.Find(a + "k_proj.weight"), nullptr);
+      EXPECT_THAT(src.Get(a + "k_proj.weight"), StatusIs(absl::StatusCode::kNotFound));
+      std::vector<float> past(2);
+      EXPECT_THAT(src.ReadAsF32(a + "k_proj.weight", k * e - 1, absl::MakeSpan(past)),
+                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("qkv_proj")));
+    }
+    const std::string out = FreshDir(absl::StrCat("phi3_export_", name)) + "/out";
+    HfExportOptions options;
+    options.max_piece_bytes = 52;
+    options.base_config_json = src.config_json();
+    ASSERT_OK(
+        WriteHfCheckpoint(out, c, DType::kF32, FillFromCheckpoint(src, DType::kF32), options));
+    ASSERT_OK_AND_ASSIGN(const HfCheckpoint back, HfCheckpoint::Open(out));
+    ModelConfig want = c;
+    want.name = back.config().name;
+    EXPECT_EQ(back.config(), want);
+    const std::vector<std::string> names = src.weights().names();
+    const std::vector<std::string> back_names = back.weights().names();
+    EXPECT_EQ(std::set<std::string>(back_names.begin(), back_names.end()),
+              std::set<std::string>(names.begin(), names.end()));
+    for (const std::string& t : names) {
+      ASSERT_OK_AND_ASSIGN(const SafetensorsTensorView a, src.weights().Get(t));
+      ASSERT_OK_AND_ASSIGN(const SafetensorsTensorView b, back.weights().Get(t));
+      ASSERT_EQ(a.bytes.size(), b.bytes.size()) << t;
+      EXPECT_TRUE(std::equal(a.bytes.begin(), a.bytes.end(), b.bytes.begin())) << t;
+    }
+    const nlohmann::json written = nlohmann::json::parse(ReadFile(out + "/config.json"));
+    const nlohmann::json original = nlohmann::json::parse(src.config_json());
+    for (const char* key : {"partial_rotary_factor", "rope_scaling", "sliding_window",
+                            "original_max_position_embeddings", "architectures"}) {
+      ASSERT_TRUE(written.contains(key) && original.contains(key)) << key;
+      EXPECT_EQ(written[key], original[key]) << key;
+    }
+  }
+  // A directory whose fused tensors do not fit its config.json: named, with both shapes.
+  const std::string bad = FreshDir("phi3_bad");
+  ASSERT_EQ(
+      std::system(absl::StrCat("cp '", TestData("parity_phi3"), "/model.safetensors' '", bad, "/'")
+                      .c_str()),
+      0);
+  nlohmann::json config = nlohmann::json::parse(ReadFile(TestData("parity_phi3") + "/config.json"));
+  config["num_key_value_heads"] = 4;
+  WriteFile(bad + "/config.json", config.dump());
+  EXPECT_THAT(HfCheckpoint::Open(bad),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("model.layers.0.self_attn.qkv_proj.weight [64, 32] "
+                                       "(expected [96, 32])"),
+                             Not(HasSubstr("q_proj")))));
 }
 
 // The exported config.json of the transformers-written Qwen3 directory keeps what makes it a

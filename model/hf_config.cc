@@ -136,6 +136,7 @@ constexpr FamilyInfo kFamilies[] = {
     {ModelFamily::kQwen3, "qwen3", "Qwen3ForCausalLM"},
     {ModelFamily::kSmolLM3, "smollm3", "SmolLM3ForCausalLM"},
     {ModelFamily::kOlmo2, "olmo2", "Olmo2ForCausalLM"},
+    {ModelFamily::kPhi3, "phi3", "Phi3ForCausalLM"},
     {ModelFamily::kGpt2, "gpt2", "GPT2LMHeadModel"},
 };
 
@@ -290,6 +291,48 @@ absl::StatusOr<ModelConfig> ParseGpt2(const Keys& keys, ModelConfig c) {
   return c;
 }
 
+// Phi-3's longrope: rope_scaling {"type": "longrope", "short_factor": [...], "long_factor":
+// [...]} (exactly those keys, as Phi3Config requires), each rotary_dim / 2 numbers, and the
+// top-level original_max_position_embeddings (Phi3Config's default 4096).
+absl::Status ParseLongRope(const Keys& keys, const json& rope, const char* rope_key,
+                           ModelConfig& c) {
+  auto sub = [&](absl::string_view k) { return absl::StrCat(rope_key, ".", k); };
+  for (const auto& [key, value] : rope.items()) {
+    if (key != "type" && key != "rope_type" && key != "short_factor" && key != "long_factor") {
+      return keys.Unsupported(sub(key),
+                              "is not a key of Phi-3's longrope (type, short_factor, "
+                              "long_factor)");
+    }
+  }
+  RopeScaling rs;
+  rs.type = RopeScalingType::kLongRope;
+  ASSIGN_OR_RETURN(rs.original_max_position_embeddings,
+                   keys.PositiveInt("original_max_position_embeddings", 4096));
+  for (const auto& [name, field] :
+       {std::pair<const char*, std::vector<double>*>{"short_factor", &rs.short_factor},
+        {"long_factor", &rs.long_factor}}) {
+    const auto it = rope.find(name);
+    if (it == rope.end() || !it->is_array()) {
+      return keys.Invalid(sub(name), "must be a list of numbers (one per rotated pair)");
+    }
+    for (const json& v : *it) {
+      ASSIGN_OR_RETURN(const double f, keys.AsNumber(sub(name), v));
+      if (!std::isfinite(f) || f <= 0) {
+        return keys.Invalid(
+            sub(name), absl::StrCat("entries must be positive numbers, got ", hf_json::Brief(v)));
+      }
+      field->push_back(f);
+    }
+    if (static_cast<int64_t>(field->size()) != c.rotary_dim() / 2) {
+      return keys.Invalid(
+          sub(name), absl::StrCat("has ", field->size(),
+                                  " entries; rotary_dim / 2 = ", c.rotary_dim() / 2, " needed"));
+    }
+  }
+  c.rope_scaling = std::move(rs);
+  return absl::OkStatus();
+}
+
 absl::Status ParseRope(const Keys& keys, ModelConfig& c) {
   const char* rope_key = "rope_scaling";
   const json* rope = keys.FindNonNull(rope_key);
@@ -310,6 +353,7 @@ absl::Status ParseRope(const Keys& keys, ModelConfig& c) {
   }
   std::optional<double> inner_theta;
   std::string type = "default";
+  const char* type_key = "rope_type";
   const json no_rope = json::object();
   const Keys inner(rope == nullptr ? no_rope : *rope, keys.path());
   if (rope != nullptr) {
@@ -320,7 +364,7 @@ absl::Status ParseRope(const Keys& keys, ModelConfig& c) {
                                 "supported");
       }
     }
-    const char* type_key = rope->contains("rope_type") ? "rope_type" : "type";
+    type_key = rope->contains("rope_type") ? "rope_type" : "type";
     if (const json* t = inner.Find(type_key); t != nullptr) {
       if (!t->is_string()) {
         return keys.Invalid(sub(type_key),
@@ -356,9 +400,20 @@ absl::Status ParseRope(const Keys& keys, ModelConfig& c) {
     c.rope_scaling = RopeScaling{};
     return absl::OkStatus();
   }
+  const bool phi3 = c.family == ModelFamily::kPhi3;
+  // Phi3Config renames the older "su" and "yarn" to "longrope".
+  if (type == "longrope" || (phi3 && (type == "su" || type == "yarn"))) {
+    if (!phi3) {
+      return keys.Unsupported(sub("rope_type"), absl::StrCat("is \"", type,
+                                                          "\": longrope is supported for phi3 "
+                                                          "only; supported: default, llama3"));
+    }
+    return ParseLongRope(keys, *rope, rope_key, c);
+  }
   if (type != "llama3") {
     return keys.Unsupported(sub("rope_type"),
-                            absl::StrCat("is \"", type, "\"; supported: default, llama3"));
+                            absl::StrCat("is \"", type, "\"; supported: default, llama3",
+                                         phi3 ? ", longrope (su, yarn)" : ""));
   }
   RopeScaling rs;
   rs.type = RopeScalingType::kLlama3;
@@ -419,8 +474,12 @@ absl::StatusOr<std::optional<int64_t>> SlidingWindow(const Keys& keys,
 absl::Status ParseSlidingWindow(const Keys& keys, ModelConfig& c) {
   c.sliding_window = 0;
   c.sliding_window_layers.clear();
-  if (c.family == ModelFamily::kMistral) {
-    ASSIGN_OR_RETURN(const std::optional<int64_t> window, SlidingWindow(keys, 4096));
+  if (c.family == ModelFamily::kMistral || c.family == ModelFamily::kPhi3) {
+    // Phi3Config's sliding_window defaults to None (its mask then is the plain causal one).
+    ASSIGN_OR_RETURN(
+        const std::optional<int64_t> window,
+        SlidingWindow(
+            keys, c.family == ModelFamily::kPhi3 ? std::nullopt : std::optional<int64_t>(4096)));
     if (window.has_value()) {
       c.sliding_window = *window;
       c.sliding_window_layers.assign(static_cast<size_t>(c.num_layers), true);
@@ -547,8 +606,15 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
   } else if (c.family == ModelFamily::kOlmo2) {
     // Olmo2Config's defaults (hidden, intermediate, layers, heads as llama's).
     default_vocab = 50304;
+  } else if (c.family == ModelFamily::kPhi3) {
+    // Phi3Config's defaults (Phi-3-mini's shape): hidden 3072, 32 layers, 32 heads.
+    default_vocab = 32064;
+    default_inter = 8192;
+    default_positions = 4096;
   }
-  const int64_t default_hidden = c.family == ModelFamily::kSmolLM3 ? 2048 : 4096;
+  const int64_t default_hidden = c.family == ModelFamily::kSmolLM3 ? 2048
+                                 : c.family == ModelFamily::kPhi3  ? 3072
+                                                                   : 4096;
   const int64_t default_layers = c.family == ModelFamily::kSmolLM3 ? 36 : 32;
   const int64_t default_heads = c.family == ModelFamily::kSmolLM3 ? 16 : 32;
   ASSIGN_OR_RETURN(c.vocab_size, keys.PositiveInt("vocab_size", default_vocab));
@@ -589,9 +655,12 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
                         absl::StrCat("gives head_dim ", c.head_dim,
                                      ", which is odd; RoPE rotates pairs of channels"));
   }
-  // Olmo2Config's rms_norm_eps defaults to 1e-5; the others' to 1e-6.
-  ASSIGN_OR_RETURN(c.norm_eps, keys.PositiveNumber(
-                                   "rms_norm_eps", c.family == ModelFamily::kOlmo2 ? 1e-5 : 1e-6));
+  // Olmo2Config's and Phi3Config's rms_norm_eps default to 1e-5; the others' to 1e-6.
+  ASSIGN_OR_RETURN(
+      c.norm_eps,
+      keys.PositiveNumber(
+          "rms_norm_eps",
+          c.family == ModelFamily::kOlmo2 || c.family == ModelFamily::kPhi3 ? 1e-5 : 1e-6));
   ASSIGN_OR_RETURN(const std::string act, keys.String("hidden_act", "silu"));
   if (act != "silu" && act != "swish") {
     return keys.Unsupported("hidden_act",
@@ -623,9 +692,21 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
   }
   if (const json* p = keys.FindNonNull("partial_rotary_factor"); p != nullptr) {
     ASSIGN_OR_RETURN(const double f, keys.AsNumber("partial_rotary_factor", *p));
-    if (f != 1.0) {
+    if (c.family == ModelFamily::kPhi3) {
+      // Phi3Config: RoPE on the first int(head_dim * factor) channels of each head.
+      c.partial_rotary_factor = f;
+      if (!(f > 0 && f <= 1) || c.rotary_dim() <= 0 || c.rotary_dim() % 2 != 0) {
+        return keys.Invalid("partial_rotary_factor",
+                            absl::StrCat("is ", f, ", which gives ", c.rotary_dim(),
+                                         " rotated channels of head_dim ", c.head_dim,
+                                         "; it must be in (0, 1] and give a positive even "
+                                         "number"));
+      }
+    } else if (f != 1.0) {
       return keys.Unsupported("partial_rotary_factor",
-                              absl::StrCat("is ", f, ": partial RoPE is not supported"));
+                              absl::StrCat("is ", f,
+                                           ": partial RoPE is not supported (phi3 "
+                                           "only)"));
     }
   }
   RETURN_IF_ERROR(ParseRope(keys, c));
@@ -651,8 +732,8 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, absl::str
   if (type == nullptr) {
     return keys.Invalid("model_type",
                         "is missing; a Hugging Face config names its model type "
-                        "(\"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"smollm3\", \"olmo2\" or "
-                        "\"gpt2\")");
+                        "(\"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"smollm3\", \"olmo2\", "
+                        "\"phi3\" or \"gpt2\")");
   }
   if (!type->is_string()) {
     return keys.Invalid("model_type",
@@ -667,7 +748,7 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, absl::str
     return keys.Unsupported(
         "model_type",
         absl::StrCat("is \"", model_type,
-                     "\"; supported: llama, qwen2, qwen3, mistral, smollm3, olmo2, gpt2"));
+                     "\"; supported: llama, qwen2, qwen3, mistral, smollm3, olmo2, phi3, gpt2"));
   }
   RETURN_IF_ERROR(CheckArchitectures(keys, info->family));
   RETURN_IF_ERROR(CheckNoMoeNoQuantization(keys));
@@ -734,7 +815,8 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c, const HfConfigJso
     out["max_position_embeddings"] = c.max_position_embeddings;
     out["rms_norm_eps"] = c.norm_eps;
     out["rope_theta"] = c.rope_theta;
-    out.erase("original_max_position_embeddings");  // now inside rope_scaling
+    // Now inside rope_scaling (phi3 keeps it at the top: longrope's, or unused without it).
+    if (c.family != ModelFamily::kPhi3) out.erase("original_max_position_embeddings");
     out.erase("partial_rotary_factor");             // only 1 was accepted
     if (c.rope_scaling.type == RopeScalingType::kLlama3) {
       out["rope_scaling"] = {
@@ -743,6 +825,11 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c, const HfConfigJso
           {"low_freq_factor", c.rope_scaling.low_freq_factor},
           {"high_freq_factor", c.rope_scaling.high_freq_factor},
           {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+    } else if (c.rope_scaling.type == RopeScalingType::kLongRope) {
+      out["rope_scaling"] = {{"type", "longrope"},
+                             {"short_factor", c.rope_scaling.short_factor},
+                             {"long_factor", c.rope_scaling.long_factor}};
+      out["original_max_position_embeddings"] = c.rope_scaling.original_max_position_embeddings;
     } else {
       out["rope_scaling"] = nullptr;
     }
@@ -751,9 +838,10 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c, const HfConfigJso
     if (c.family == ModelFamily::kLlama) {
       out["attention_bias"] = c.qkv_bias;
       out["mlp_bias"] = c.mlp_bias;
-    } else if (c.family == ModelFamily::kMistral) {
+    } else if (c.family == ModelFamily::kMistral || c.family == ModelFamily::kPhi3) {
       out["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
     }
+    if (c.family == ModelFamily::kPhi3) out["partial_rotary_factor"] = c.partial_rotary_factor;
     if (c.family == ModelFamily::kQwen3 || c.family == ModelFamily::kOlmo2) {
       out["attention_bias"] = c.qkv_bias;
     }

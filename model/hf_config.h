@@ -1,15 +1,17 @@
 // Hugging Face config.json <-> ModelConfig, for the families of model/model_config.h.
 //
 // Reading. config.json must name a supported "model_type" — "llama", "qwen2", "qwen3", "mistral",
-// "smollm3", "olmo2", "gpt2" — and, if it has "architectures", the causal-LM class of that type
-// (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, SmolLM3ForCausalLM,
-// Olmo2ForCausalLM, GPT2LMHeadModel). Keys are read under the names and with the defaults of
+// "smollm3", "olmo2", "phi3", "gpt2" — and, if it has "architectures", the causal-LM class of
+// that type (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM,
+// SmolLM3ForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, GPT2LMHeadModel). Keys are read under the names and with the defaults of
 // transformers' config classes (LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig, GPT2Config;
 // checked against transformers 5.23 and 4.57.6, which agree on these; qwen3 has qwen2's defaults
 // unless stated;
 // SmolLM3Config of 4.57.6: vocab 128256, hidden 2048, 36 layers, 16 heads, 4 kv heads, 32768
 // positions, rope_theta 2e6, tied, otherwise llama's; Olmo2Config of 4.57.6: vocab 50304,
-// rms_norm_eps 1e-5, otherwise llama's):
+// rms_norm_eps 1e-5, otherwise llama's; Phi3Config of 4.57.6: vocab 32064, hidden 3072,
+// intermediate 8192, 4096 positions, rms_norm_eps 1e-5, no biases, sliding_window null,
+// otherwise llama's):
 //
 //   key (gpt2 name)                        default when absent
 //   vocab_size                             llama 32000, qwen2 151936, mistral 32000, gpt2 50257
@@ -36,6 +38,13 @@
 //   layer_types                            layers layer_types names "sliding_attention", else
 //                                          those >= max_window_layers (28) — as transformers
 //                                          4.57.6 applies them (ModelConfig::sliding_window)
+//   partial_rotary_factor (phi3)           1 (RoPE on the first int(head_dim * factor) channels;
+//                                          other families: only 1 is accepted)
+//   sliding_window (phi3)                  null (a window on every layer when set)
+//   rope_scaling longrope (phi3)           {"type": "longrope" (or "su", "yarn"), "short_factor",
+//   original_max_position_embeddings       "long_factor"}: rotary_dim / 2 numbers each, exactly
+//                                          these keys (Phi3Config's rule); the top-level
+//                                          original_max_position_embeddings, default 4096
 //   torch_dtype / dtype                    none ("dtype", transformers 5's name, wins)
 // gpt2 also accepts its attribute-map aliases (hidden_size for n_embd, max_position_embeddings for
 // n_positions, num_attention_heads for n_head, num_hidden_layers for n_layer), which must agree

@@ -1,8 +1,9 @@
 #include "model/hf_config.h"
 
+#include <cmath>
 #include <cstdint>
-#include <regex>
 #include <optional>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -537,6 +538,102 @@ TEST(HfConfigTest, Olmo2) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"attention_bias\"")));
   EXPECT_THAT(ParseHfConfig(R"({"model_type": "olmo2", "architectures": ["Olmo2Model"]})", kPath),
               StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("\"architectures\"")));
+}
+
+// Phi-3 / Phi-4-mini (transformers 4.57.6's Phi3Config): its defaults, partial rotary, the window
+// on every layer, and refusals naming the key.
+TEST(HfConfigTest, Phi3) {
+  ASSERT_OK_AND_ASSIGN(const ModelConfig c, ParseHfConfig(R"({"model_type": "phi3"})", kPath));
+  EXPECT_EQ(c.family, ModelFamily::kPhi3);
+  EXPECT_EQ(c.vocab_size, 32064);
+  EXPECT_EQ(c.hidden_size, 3072);
+  EXPECT_EQ(c.intermediate_size, 8192);
+  EXPECT_EQ(c.num_layers, 32);
+  EXPECT_EQ(c.num_heads, 32);
+  EXPECT_EQ(c.num_kv_heads, 32);
+  EXPECT_EQ(c.head_dim, 96);
+  EXPECT_EQ(c.max_position_embeddings, 4096);
+  EXPECT_EQ(c.norm_eps, 1e-5);
+  EXPECT_EQ(c.rope_theta, 10000);
+  EXPECT_EQ(c.rotary_dim(), 96);
+  EXPECT_EQ(c.sliding_window, 0);
+  EXPECT_FALSE(c.tie_word_embeddings || c.qkv_bias || c.o_proj_bias || c.mlp_bias);
+  ASSERT_OK_AND_ASSIGN(const ModelConfig mini, ParseHfConfig(R"({"model_type": "phi3",
+    "architectures": ["Phi3ForCausalLM"], "hidden_size": 3072, "num_attention_heads": 24,
+    "num_key_value_heads": 8, "partial_rotary_factor": 0.75, "sliding_window": 2047,
+    "tie_word_embeddings": true})",
+                                                             kPath));
+  EXPECT_EQ(mini.head_dim, 128);
+  EXPECT_EQ(mini.rotary_dim(), 96);
+  EXPECT_EQ(mini.sliding_window, 2047);
+  EXPECT_EQ(mini.sliding_window_layers, std::vector<bool>(32, true));
+  ASSERT_OK_AND_ASSIGN(const std::string json, HfConfigJson(mini));
+  ASSERT_OK_AND_ASSIGN(const ModelConfig back, ParseHfConfig(json, kPath));
+  EXPECT_EQ(back, mini) << json;
+  ASSERT_OK_AND_ASSIGN(const ModelConfig preset, ModelPreset("phi-4-mini"));
+  EXPECT_EQ(preset.rotary_dim(), 96);
+  // longrope (also under its older names su and yarn), with 48 factors for 96 rotated channels.
+  for (const char* type : {"longrope", "su", "yarn"}) {
+    SCOPED_TRACE(type);
+    std::string factors = "[";
+    for (int j = 0; j < 48; ++j) factors += absl::StrCat(j > 0 ? ", " : "", 1 + 0.25 * j);
+    factors += "]";
+    ASSERT_OK_AND_ASSIGN(
+        const ModelConfig lr,
+        ParseHfConfig(absl::StrCat(R"({"model_type": "phi3", "num_attention_heads": 24,
+          "num_key_value_heads": 8, "partial_rotary_factor": 0.75,
+          "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+          "rope_scaling": {"type": ")",
+                                   type, R"(", "short_factor": )", factors, R"(, "long_factor": )",
+                                   factors, "}}"),
+                      kPath));
+    EXPECT_EQ(lr.rope_scaling.type, RopeScalingType::kLongRope);
+    EXPECT_EQ(lr.rope_scaling.original_max_position_embeddings, 4096);
+    ASSERT_EQ(lr.rope_scaling.short_factor.size(), 48u);
+    EXPECT_EQ(lr.rope_scaling.long_factor[47], 1 + 0.25 * 47);
+    // Phi-4-mini's attention factor: sqrt(1 + ln 32 / ln 4096).
+    EXPECT_DOUBLE_EQ(LongRopeAttentionFactor(lr), std::sqrt(1 + std::log(32.0) / std::log(4096.0)));
+    ASSERT_OK_AND_ASSIGN(const std::string lr_json, HfConfigJson(lr));
+    ASSERT_OK_AND_ASSIGN(const ModelConfig lr_back, ParseHfConfig(lr_json, kPath));
+    EXPECT_EQ(lr_back, lr) << lr_json;
+  }
+  struct Bad {
+    const char* json;
+    const char* key;
+  };
+  for (const Bad& bad : {
+           Bad{R"({"model_type": "phi3", "partial_rotary_factor": "half"})",
+               "\"partial_rotary_factor\""},
+           Bad{R"({"model_type": "phi3", "partial_rotary_factor": 0.001})",
+               "\"partial_rotary_factor\""},
+           Bad{R"({"model_type": "phi3", "partial_rotary_factor": 1.5})",
+               "\"partial_rotary_factor\""},
+           Bad{R"({"model_type": "llama", "partial_rotary_factor": 0.5})",
+               "\"partial_rotary_factor\""},
+           Bad{R"({"model_type": "phi3", "sliding_window": "4k"})", "\"sliding_window\""},
+           Bad{R"({"model_type": "phi3", "sliding_window": 0})", "\"sliding_window\""},
+           Bad{R"({"model_type": "phi3", "rope_scaling": {"type": "linear", "factor": 2}})",
+               "rope_scaling"},
+           Bad{R"({"model_type": "phi3", "architectures": ["Phi3Model"]})", "\"architectures\""},
+           // longrope: rotary_dim 96 needs 48 factors of each kind; exactly Phi3Config's keys.
+           Bad{R"({"model_type": "phi3", "rope_scaling": {"type": "longrope",
+               "short_factor": [1, 2], "long_factor": [1, 2]}})",
+               "\"rope_scaling.short_factor\""},
+           Bad{R"({"model_type": "phi3", "rope_scaling": {"type": "su",
+               "short_factor": "none", "long_factor": [1, 2]}})",
+               "\"rope_scaling.short_factor\""},
+           Bad{R"({"model_type": "phi3", "rope_scaling": {"type": "longrope", "factor": 2.0,
+               "short_factor": [], "long_factor": []}})",
+               "\"rope_scaling.factor\""},
+           Bad{R"({"model_type": "llama", "rope_scaling": {"rope_type": "longrope",
+               "short_factor": [], "long_factor": []}})",
+               "\"rope_scaling.rope_type\""},
+       }) {
+    SCOPED_TRACE(bad.json);
+    const absl::StatusOr<ModelConfig> got = ParseHfConfig(bad.json, kPath);
+    ASSERT_FALSE(got.ok());
+    EXPECT_THAT(got.status().message(), HasSubstr(bad.key));
+  }
 }
 
 // Every valid config survives HfConfigJson -> ParseHfConfig unchanged.

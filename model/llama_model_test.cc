@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
@@ -576,9 +577,14 @@ void ExpectTideMatchesProfile(const ModelConfig& config, const RigOptions& o,
 // parity_mistral_window: Mistral's sliding_window (4) shorter than the sequence (11);
 // parity_smollm3_nope: SmolLM3 with no RoPE on layer 1 of 3 (the window and NoPE each change
 // transformers' loss by far more than the tolerance, loss_f32_ablated, so ignoring them fails);
-// parity_olmo2: OLMo 2's post norms and whole-projection q/k norm.
+// parity_olmo2: OLMo 2's post norms and whole-projection q/k norm; parity_phi3: Phi-3's fused
+// qkv_proj / gate_up_proj split on import, partial rotary (4 of 8 channels; ablated: RoPE on whole
+// heads) and a window of 4 on every layer; parity_phi3_longrope / _shortrope: longrope with the
+// sequence longer / not longer than original_max_position_embeddings (the long / short factors,
+// each ablated: no rope_scaling).
 TEST_F(LlamaModelTest, FamiliesMatchTransformers) {
-  for (const char* name : {"parity_mistral_window", "parity_smollm3_nope", "parity_olmo2"}) {
+  for (const char* name : {"parity_mistral_window", "parity_smollm3_nope", "parity_olmo2",
+                           "parity_phi3", "parity_phi3_longrope", "parity_phi3_shortrope"}) {
     SCOPED_TRACE(name);
     const char* srcdir = std::getenv("TEST_SRCDIR");
     const std::string dir =
@@ -600,6 +606,15 @@ TEST_F(LlamaModelTest, FamiliesMatchTransformers) {
     }
     if (config.family == ModelFamily::kSmolLM3) {
       EXPECT_EQ(config.layers_without_rope, (std::vector<bool>{false, true, false}));
+    }
+    if (config.family == ModelFamily::kPhi3) {
+      EXPECT_EQ(config.rotary_dim(), config.head_dim / 2);
+      const bool longrope = config.rope_scaling.type == RopeScalingType::kLongRope;
+      EXPECT_EQ(config.sliding_window, longrope ? 0 : 4);
+      if (longrope) {
+        EXPECT_EQ(config.rope_scaling.original_max_position_embeddings < kSeqLen,
+                  absl::StrContains(name, "longrope"));
+      }
     }
     RigOptions split;
     split.vocab_block_rows = 24;

@@ -212,6 +212,25 @@ absl::StatusOr<std::vector<const LeafModule*>> SavedLeaves(const ModelConfig& mo
   return saved;
 }
 
+// Phi-3's checkpoint fuses q/k/v into qkv_proj and gate/up into gate_up_proj, which PEFT adapts
+// whole (one A for the fused matrix); the model keeps them split, so an adapter there cannot be
+// PEFT's. OK when no leaf of `targets` is one of those (o_proj and down_proj are Phi-3's own).
+absl::Status CheckPhi3Targets(const ModelConfig& model,
+                              const std::vector<const LeafModule*>& targets) {
+  if (model.family != ModelFamily::kPhi3) return absl::OkStatus();
+  for (const LeafModule* leaf : targets) {
+    const absl::string_view last = LastComponent(leaf->ours);
+    if (last == "o_proj" || last == "down_proj") continue;
+    const bool attention = last == "q_proj" || last == "k_proj" || last == "v_proj";
+    return absl::UnimplementedError(absl::StrCat(
+        "lora.target_modules: ", Describe(model), " stores ", leaf->full, " inside the fused ",
+        attention ? "self_attn.qkv_proj" : "mlp.gate_up_proj",
+        ", which LoRA here does not adapt yet (PEFT's adapter on it has one A for the fused "
+        "matrix); target o_proj and down_proj"));
+  }
+  return absl::OkStatus();
+}
+
 // The targeted linear leaves, in forward order (checked, except r).
 absl::StatusOr<std::vector<const LeafModule*>> TargetedLeaves(
     const ModelConfig& model, const ModuleTree& tree, const LoraConfig& lora,
@@ -239,6 +258,7 @@ absl::StatusOr<std::vector<const LeafModule*>> TargetedLeaves(
           "lora.target_modules \"all-linear\" leaves no layer to adapt: modules_to_save "
           "names them all");
     }
+    RETURN_IF_ERROR(CheckPhi3Targets(model, targets));
     return targets;
   }
   absl::flat_hash_set<const LeafModule*> chosen;
@@ -248,6 +268,14 @@ absl::StatusOr<std::vector<const LeafModule*>> TargetedLeaves(
           "lora.target_modules: \"all-linear\" must be the only entry");
     }
     if (entry.empty()) return absl::InvalidArgumentError("lora.target_modules has an empty entry");
+    if (model.family == ModelFamily::kPhi3 &&
+        (TargetMatches(entry, "model.layers.0.self_attn.qkv_proj") ||
+         TargetMatches(entry, "model.layers.0.mlp.gate_up_proj"))) {
+      return absl::UnimplementedError(absl::StrCat(
+          "lora.target_modules entry '", entry, "': ", Describe(model),
+          "'s fused qkv_proj and gate_up_proj are not adapted by LoRA here yet; target o_proj "
+          "and down_proj"));
+    }
     const std::string hint = absl::StrCat(
         "LoRA applies to the blocks' linear layers of ", Describe(model), ": ", linear_list,
         " (a dotted suffix such as ", IsGpt2(model) ? "attn.c_attn" : "self_attn.q_proj",
@@ -290,6 +318,7 @@ absl::StatusOr<std::vector<const LeafModule*>> TargetedLeaves(
   for (const LeafModule& leaf : tree.leaves) {
     if (chosen.contains(&leaf)) targets.push_back(&leaf);
   }
+  RETURN_IF_ERROR(CheckPhi3Targets(model, targets));
   return targets;
 }
 

@@ -332,6 +332,31 @@ TEST(LoraConfigTest, Qwen2AndQwen3Targets) {
   EXPECT_EQ(ops.back().name, "model.layers.1.self_attn.o_proj.lora");
 }
 
+// Phi-3 (its checkpoint fuses qkv_proj and gate_up_proj, which PEFT adapts whole): o_proj and
+// down_proj are adapted; the fused layers, their split parts and all-linear are refused naming
+// lora.target_modules.
+TEST(LoraConfigTest, Phi3Targets) {
+  ASSERT_OK_AND_ASSIGN(ModelConfig phi3, ModelPreset("phi-4-mini"));
+  phi3.num_layers = 2;
+  phi3.vocab_size = 64;
+  LoraConfig lora = Lora({"o_proj", "down_proj"}, 4);
+  ASSERT_THAT(Check(phi3, lora), IsOk());
+  const std::vector<LoraTarget> t = LoraTargets(phi3, lora);
+  EXPECT_THAT(Modules(t),
+              ElementsAre("model.layers.0.self_attn.o_proj", "model.layers.0.mlp.down_proj",
+                          "model.layers.1.self_attn.o_proj", "model.layers.1.mlp.down_proj"));
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"qkv_proj"},
+                                              {"self_attn.qkv_proj", "o_proj"},
+                                              {"gate_up_proj"},
+                                              {"q_proj"},
+                                              {"up_proj"},
+                                              {std::string(kLoraAllLinear)}}) {
+    SCOPED_TRACE(bad[0]);
+    EXPECT_THAT(Check(phi3, Lora(bad)),
+                StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("lora.target_modules")));
+  }
+}
+
 TEST(LoraConfigTest, Gpt2TargetsAndOperators) {
   // E 16, I 64; Conv1D weights [in, out].
   const ModelConfig gpt2 = Tiny("gpt2");

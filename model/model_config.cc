@@ -47,6 +47,15 @@ namespace {
 //      false, tie_word_embeddings false; bfloat16 as the OLMo 2 releases. Its model card's "1B"
 //      (1.48B) is the closed-form count (transformers 4.57.6's Olmo2ForCausalLM on the meta device
 //      counts the same).
+//  [P] microsoft/Phi-4-mini-instruct's config.json, as transformers' Phi-4-mini documentation and
+//      public ports quote it (not fetched here): vocab 200064, hidden 3072, intermediate 8192, 32
+//      layers, 24 heads, 8 kv heads (head_dim 128), partial_rotary_factor 0.75 (RoPE on 96 of
+//      128 channels), max_position_embeddings 131072, rope_theta 10000, rms_norm_eps 1e-5, tied,
+//      bfloat16. Its rope_scaling is "longrope" (per-frequency factors for sequences past
+//      original_max_position_embeddings 4096), which the preset leaves out: its tables are the
+//      plain RoPE of sequences up to 4096 tokens.
+//      The model card's "3.8B" is the closed-form count; transformers 4.57.6's Phi3ForCausalLM
+//      on the meta device counts the same 3,836,021,760.
 // Tied/untied and dtypes not in [L]: Llama-2-7b-hf, Meta-Llama-3-8B and Mistral-7B-v0.3 have
 // tie_word_embeddings false (their safetensors indexes list lm_head.weight), TinyLlama's config
 // says false and float32 (its safetensors header holds F32 tensors only), Llama-2-7b-hf float16.
@@ -124,6 +133,10 @@ const LlamaPreset kLlamaPresets[] = {
     // [O] OLMo-2-0425-1B: MHA (16 kv heads), untied, no biases, rope_theta 5e5.
     {"olmo-2-1b", ModelFamily::kOlmo2, 100352, 2048, 16, 16, 16, 128, 8192, 4096, 1e-6, 500000.0,
      kNoScaling, false, false, DType::kBF16},
+    // [P] Phi-4-mini: partial rotary 0.75 (set in FromLlamaPreset), GQA, tied, no biases; no
+    // longrope factors (see [P]).
+    {"phi-4-mini", ModelFamily::kPhi3, 200064, 3072, 32, 24, 8, 128, 8192, 131072, 1e-5, 10000.0,
+     kNoScaling, false, true, DType::kBF16},
     // For tests: every llama feature that changes shapes (GQA, untied head) at a tiny size.
     {"llama-tiny", ModelFamily::kLlama, 256, 64, 2, 4, 2, 16, 160, 128, 1e-5, 10000.0, kNoScaling,
      false, false, DType::kF32},
@@ -155,6 +168,7 @@ ModelConfig FromLlamaPreset(const LlamaPreset& p) {
     // (i + 1) % 4 == 0.
     for (int64_t i = 0; i < p.num_layers; ++i) c.layers_without_rope.push_back((i + 1) % 4 == 0);
   }
+  if (p.family == ModelFamily::kPhi3) c.partial_rotary_factor = 0.75;  // [P] Phi-4-mini
   return c;
 }
 
@@ -319,6 +333,8 @@ absl::string_view ModelFamilyName(ModelFamily family) {
       return "smollm3";
     case ModelFamily::kOlmo2:
       return "olmo2";
+    case ModelFamily::kPhi3:
+      return "phi3";
   }
   return "unknown";
 }
@@ -345,12 +361,19 @@ std::ostream& operator<<(std::ostream& os, const ModelConfig& c) {
      << ", intermediate_size=" << c.intermediate_size
      << ", max_position_embeddings=" << c.max_position_embeddings << ", norm_eps=" << c.norm_eps
      << ", rope_theta=" << c.rope_theta;
+  if (c.partial_rotary_factor != 1.0) os << ", partial_rotary_factor=" << c.partial_rotary_factor;
   if (c.rope_scaling.type == RopeScalingType::kLlama3) {
     os << ", rope_scaling=llama3{factor=" << c.rope_scaling.factor
        << ", low_freq_factor=" << c.rope_scaling.low_freq_factor
        << ", high_freq_factor=" << c.rope_scaling.high_freq_factor
        << ", original_max_position_embeddings=" << c.rope_scaling.original_max_position_embeddings
        << "}";
+  }
+  if (c.rope_scaling.type == RopeScalingType::kLongRope) {
+    os << ", rope_scaling=longrope{original_max_position_embeddings="
+       << c.rope_scaling.original_max_position_embeddings << ", short_factor=["
+       << absl::StrJoin(c.rope_scaling.short_factor, ",") << "], long_factor=["
+       << absl::StrJoin(c.rope_scaling.long_factor, ",") << "]}";
   }
   os << ", qkv_bias=" << c.qkv_bias << ", o_proj_bias=" << c.o_proj_bias
      << ", mlp_bias=" << c.mlp_bias << ", tie_word_embeddings=" << c.tie_word_embeddings
@@ -408,6 +431,39 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
       (rs.factor != 0 || rs.low_freq_factor != 0 || rs.high_freq_factor != 0 ||
        rs.original_max_position_embeddings != 0)) {
     return Invalid(c, "rope_scaling parameters are set but rope_scaling.type is none");
+  }
+  if (rs.type != RopeScalingType::kLongRope &&
+      (!rs.short_factor.empty() || !rs.long_factor.empty())) {
+    return Invalid(c,
+                   "rope_scaling.short_factor / long_factor are set but the type is not "
+                   "longrope");
+  }
+  if (rs.type == RopeScalingType::kLongRope) {
+    if (c.family != ModelFamily::kPhi3) {
+      return Invalid(c, "rope_scaling longrope is supported for phi3 only");
+    }
+    if (rs.factor != 0 || rs.low_freq_factor != 0 || rs.high_freq_factor != 0) {
+      return Invalid(c, "longrope has no factor / low_freq_factor / high_freq_factor");
+    }
+    if (rs.original_max_position_embeddings <= 0) {
+      return Invalid(c, absl::StrCat("original_max_position_embeddings must be positive, got ",
+                                     rs.original_max_position_embeddings));
+    }
+    for (const auto& [key, factors] :
+         {std::pair<const char*, const std::vector<double>*>{"short_factor", &rs.short_factor},
+          {"long_factor", &rs.long_factor}}) {
+      if (static_cast<int64_t>(factors->size()) != c.rotary_dim() / 2) {
+        return Invalid(
+            c, absl::StrCat("rope_scaling.", key, " has ", factors->size(),
+                            " entries; longrope needs rotary_dim / 2 = ", c.rotary_dim() / 2));
+      }
+      for (const double f : *factors) {
+        if (!FinitePositive(f)) {
+          return Invalid(c,
+                         absl::StrCat("rope_scaling.", key, " entries must be positive, got ", f));
+        }
+      }
+    }
   }
   const absl::string_view family = ModelFamilyName(c.family);
   if (c.architecture() == ModelArchitecture::kGpt2) {
@@ -502,14 +558,33 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
         }
         break;
       case ModelFamily::kMistral:
+      case ModelFamily::kPhi3:
         if (c.qkv_bias || c.o_proj_bias || c.mlp_bias) {
-          return Invalid(c,
-                         "mistral has no biases: qkv_bias, o_proj_bias and mlp_bias must be "
-                         "false");
+          return Invalid(c, absl::StrCat(family,
+                                         " has no biases: qkv_bias, o_proj_bias and mlp_bias "
+                                         "must be false"));
         }
         break;
       case ModelFamily::kGpt2:
         break;
+    }
+  }
+  if (c.partial_rotary_factor != 1.0) {
+    if (c.family != ModelFamily::kPhi3) {
+      return Invalid(c, absl::StrCat(family,
+                                     " rotates whole heads: partial_rotary_factor must be "
+                                     "1 (phi3 only)"));
+    }
+    if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1)) {
+      return Invalid(c, absl::StrCat("partial_rotary_factor must be in (0, 1], got ",
+                                     c.partial_rotary_factor));
+    }
+    if (c.rotary_dim() <= 0 || c.rotary_dim() % 2 != 0) {
+      return Invalid(
+          c, absl::StrCat("partial_rotary_factor ", c.partial_rotary_factor, " gives rotary_dim ",
+                          c.rotary_dim(), " of head_dim ", c.head_dim,
+                          "; RoPE rotates a positive even number of "
+                          "channels"));
     }
   }
   if (!c.layers_without_rope.empty()) {
@@ -539,17 +614,26 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
       return Invalid(c, absl::StrCat(family, "'s config.json has no sliding window: "
                                              "sliding_window must be 0"));
     }
-    if (c.family == ModelFamily::kMistral &&
+    if ((c.family == ModelFamily::kMistral || c.family == ModelFamily::kPhi3) &&
         std::find(c.sliding_window_layers.begin(), c.sliding_window_layers.end(), false) !=
             c.sliding_window_layers.end()) {
-      return Invalid(c, "mistral's sliding_window applies to every layer: sliding_window_layers "
-                        "must be all true");
+      return Invalid(c, absl::StrCat(family,
+                                     "'s sliding_window applies to every layer: "
+                                     "sliding_window_layers must be all true"));
     }
   }
   if (!CheckedParameterCount(c).has_value()) {
     return Invalid(c, "the parameter count overflows a 64-bit integer");
   }
   return absl::OkStatus();
+}
+
+double LongRopeAttentionFactor(const ModelConfig& c) {
+  if (c.rope_scaling.type != RopeScalingType::kLongRope) return 1.0;
+  const double original = static_cast<double>(c.rope_scaling.original_max_position_embeddings);
+  const double factor = static_cast<double>(c.max_position_embeddings) / original;
+  if (factor <= 1.0) return 1.0;
+  return std::sqrt(1 + std::log(factor) / std::log(original));
 }
 
 absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name) {
@@ -600,7 +684,23 @@ ModelFlops ModelTrainingFlops(const ModelConfig& c, int64_t batch, int64_t seq_l
   ModelFlops f;
   f.linear = 6.0 * n * L * per_layer;
   f.head = 6.0 * n * E * V;
-  f.attention = 3.0 * L * static_cast<double>(batch) * 4.0 * T * (T + 1) / 2.0 * Q;
+  // Query-key pairs per sequence and layer: the causal triangle, or with a sliding window W
+  // (query t sees min(t + 1, W) keys) W (W + 1) / 2 + (T - W) W once T > W.
+  if (c.sliding_window == 0 || c.sliding_window >= seq_len) {
+    f.attention = 3.0 * L * static_cast<double>(batch) * 4.0 * T * (T + 1) / 2.0 * Q;
+    return f;
+  }
+  double pairs = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int64_t w = c.LayerSlidingWindow(l);
+    if (w == 0) {
+      pairs += T * (T + 1) / 2.0;
+    } else {
+      const double W = static_cast<double>(w);
+      pairs += W * (W + 1) / 2.0 + (T - W) * W;
+    }
+  }
+  f.attention = 3.0 * static_cast<double>(batch) * 4.0 * pairs * Q;
   return f;
 }
 

@@ -25,6 +25,13 @@
 //              residual add (post_attention_layernorm, post_feedforward_layernorm; no
 //              input_layernorm), and an RMSNorm of q and of k over the whole projection
 //              (q_norm [Q], k_norm [K], not per head) before RoPE.
+//   "phi3"     as llama without biases (Phi-3, Phi-3.5-mini, Phi-4-mini), with partial rotary
+//              (partial_rotary_factor: RoPE on the first int(head_dim * factor) channels of
+//              each head) and optionally a sliding window on every layer. Its checkpoint fuses
+//              q, k, v into self_attn.qkv_proj.weight [Q + 2K, E] (rows q, then k, then v) and
+//              gate, up into mlp.gate_up_proj.weight [2I, E] (rows gate, then up): the
+//              parameters here are the separate q/k/v and gate/up tensors below, and the Hugging
+//              Face reader and writer (model/hf_checkpoint.h) split and fuse them.
 // The llama-like families share one computation (architecture() == kLlama; Qwen3's q/k norm is an
 // option of the block, model/transformer_block_spec.h); the family is kept so that an export
 // writes back the config.json the model came from.
@@ -100,13 +107,14 @@
 namespace ps {
 
 // Hugging Face model_type of a supported family.
-enum class ModelFamily { kGpt2, kLlama, kQwen2, kMistral, kQwen3, kSmolLM3, kOlmo2 };
+enum class ModelFamily { kGpt2, kLlama, kQwen2, kMistral, kQwen3, kSmolLM3, kOlmo2, kPhi3 };
 
 // What the model computes: GPT-2, or the Llama architecture (Llama, Qwen2, Mistral, Qwen3,
-// SmolLM3 and OLMo 2).
+// SmolLM3, OLMo 2 and Phi-3).
 enum class ModelArchitecture { kGpt2, kLlama };
 
-// "gpt2", "llama", "qwen2", "mistral", "qwen3", "smollm3", "olmo2" (the Hugging Face model_type).
+// "gpt2", "llama", "qwen2", "mistral", "qwen3", "smollm3", "olmo2", "phi3" (the Hugging Face
+// model_type).
 absl::string_view ModelFamilyName(ModelFamily family);
 ModelArchitecture ArchitectureOf(ModelFamily family);
 
@@ -122,14 +130,21 @@ absl::string_view HiddenActName(HiddenAct act);  // "silu", "gelu_new"
 // those between interpolate with smooth = (original_max_position_embeddings / wavelen -
 // low_freq_factor) / (high_freq_factor - low_freq_factor):
 // (1 - smooth) inv_freq / factor + smooth inv_freq. (transformers' _compute_llama3_parameters.)
-enum class RopeScalingType { kNone, kLlama3 };
+// kLongRope (Phi-3's "longrope", also spelled "su" or "yarn" in its config.json; phi3 only):
+// inv_freq[j] = 1 / (ext[j] rope_theta^(2j/rotary_dim)) with ext = short_factor for sequences
+// up to original_max_position_embeddings tokens and long_factor past them, and cos, sin
+// multiplied by LongRopeAttentionFactor (transformers' _compute_longrope_parameters).
+enum class RopeScalingType { kNone, kLlama3, kLongRope };
 struct RopeScaling {
   RopeScalingType type = RopeScalingType::kNone;
   // kLlama3 only (zero otherwise).
   double factor = 0;
   double low_freq_factor = 0;
   double high_freq_factor = 0;
-  int64_t original_max_position_embeddings = 0;
+  int64_t original_max_position_embeddings = 0;  // kLlama3 and kLongRope
+  // kLongRope only (empty otherwise): rotary_dim / 2 factors each.
+  std::vector<double> short_factor = {};
+  std::vector<double> long_factor = {};
 
   friend bool operator==(const RopeScaling&, const RopeScaling&) = default;
 };
@@ -164,6 +179,9 @@ struct ModelConfig {
   // Layers that apply no RoPE to q and k (SmolLM3's NoPE layers): one entry per layer (true: no
   // RoPE), or empty for RoPE on every layer. smollm3 only.
   std::vector<bool> layers_without_rope;
+  // The share of each head's channels RoPE rotates (Phi-3's partial_rotary_factor; 1 elsewhere):
+  // the first rotary_dim() = int(head_dim * partial_rotary_factor) channels. phi3 only.
+  double partial_rotary_factor = 1.0;
   // The dtype the checkpoint declares (config.json "torch_dtype" / "dtype"); informational: the
   // tensors' own dtypes are what is read. nullopt when not declared.
   std::optional<DType> torch_dtype;
@@ -179,6 +197,10 @@ struct ModelConfig {
   bool qk_norm_whole() const { return family == ModelFamily::kOlmo2; }
   // Norms after attention and MLP, on the sublayer's output before the residual add (OLMo 2).
   bool post_norms() const { return family == ModelFamily::kOlmo2; }
+  // Channels of each head RoPE rotates: transformers' int(head_dim * partial_rotary_factor).
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
+  }
   // Whether `layer` rotates q and k (llama-likes; false on SmolLM3's NoPE layers).
   bool LayerHasRope(int64_t layer) const {
     return layers_without_rope.empty() || !layers_without_rope[static_cast<size_t>(layer)];
@@ -194,6 +216,11 @@ struct ModelConfig {
 };
 std::ostream& operator<<(std::ostream& os, const ModelConfig& config);
 
+// kLongRope's scale of cos and sin, as Phi3Config makes it: factor = max_position_embeddings /
+// original_max_position_embeddings, then 1 when factor <= 1, else
+// sqrt(1 + ln(factor) / ln(original_max_position_embeddings)). 1 for other scalings.
+double LongRopeAttentionFactor(const ModelConfig& config);
+
 // OK, or InvalidArgument naming the field (and the config's name) for: a non-positive size; more
 // than 2^20 layers; num_kv_heads not dividing num_heads; an odd head_dim (RoPE rotates pairs);
 // a norm_eps or rope_theta that is not finite and positive; llama3 rope scaling with factor < 1,
@@ -208,6 +235,9 @@ std::ostream& operator<<(std::ostream& os, const ModelConfig& config);
 //   qwen3    silu, qkv_bias == o_proj_bias (one attention_bias key), no MLP bias;
 //   smollm3  silu, qkv_bias == o_proj_bias (one attention_bias key), no sliding window;
 //   olmo2    silu, qkv_bias == o_proj_bias (one attention_bias key), no MLP bias, no window;
+//   phi3     silu, no biases, a window (if any) on every layer;
+// partial_rotary_factor 1 except for phi3, where it is in (0, 1] with rotary_dim() even and
+// positive;
 // layers_without_rope empty or one entry per layer, and set only for smollm3;
 // and for the sliding window: sliding_window >= 0; sliding_window_layers has num_layers entries
 // when sliding_window > 0, none otherwise; mistral's window on every layer; none for gpt2 and
@@ -231,6 +261,7 @@ std::ostream& operator<<(std::ostream& os, const ModelConfig& config);
 //   "qwen3-4b"        Qwen/Qwen3-4B                                   4,022,468,096
 //   "smollm3-3b"      HuggingFaceTB/SmolLM3-3B                        3,075,098,624
 //   "olmo-2-1b"       allenai/OLMo-2-0425-1B                          1,484,916,736
+//   "phi-4-mini"      microsoft/Phi-4-mini-instruct                   3,836,021,760
 //   "llama-tiny"      a 2-layer GQA Llama for tests (vocab 256, E 64, 4 heads, 2 kv heads)
 // and every GPT-2-architecture preset of GptPreset ("tiny", "gpt2", ..., "18B") converted with
 // FromGptConfig. InvalidArgument listing the known names for anything else.
@@ -258,7 +289,8 @@ int64_t ModelParameterCount(const ModelConfig& config);
 //           gpt2 E(3E) + E^2 + 2 E I per layer, llama E(Q + 2K) + Q E + 3 E I;
 //   head:   6 E V per token (the LM head's product, tied or not);
 //   attention: the causal triangle's QK^T and PV, 4 Q per query-key pair forward, twice that
-//           backward.
+//           backward; a layer with a sliding window W < T counts its W (W + 1) / 2 + (T - W) W
+//           pairs per sequence, not T (T + 1) / 2.
 // Not counted: embeddings, norms, activations, softmax, the optimizer (memory-bound work).
 // REQUIRES: ValidateModelConfig is OK, batch >= 1, seq_len >= 1.
 struct ModelFlops {

@@ -32,7 +32,8 @@ using ::testing::HasSubstr;
 // q/k/v biases, [L] in model_config.cc) gives 14,770,033,664 and 32,763,876,352 (their model cards
 // say "14.7B" and "32.5B"). SmolLM3-3B: transformers 4.57.6's SmolLM3ForCausalLM built on the
 // meta device from its config.json values counts 3,075,098,624 ("3B", 3.08B on its model card);
-// OLMo-2-0425-1B: Olmo2ForCausalLM likewise counts 1,484,916,736 ("1B", 1.48B).
+// OLMo-2-0425-1B: Olmo2ForCausalLM likewise counts 1,484,916,736 ("1B", 1.48B); Phi-4-mini:
+// Phi3ForCausalLM likewise counts 3,836,021,760 ("3.8B").
 struct Published {
   const char* preset;
   int64_t params;
@@ -45,6 +46,7 @@ constexpr Published kPublished[] = {
     {"qwen3-0.6b", 596'049'920},     {"qwen3-4b", 4'022'468'096},
     {"qwen2.5-14b", 14'770'033'664}, {"qwen2.5-32b", 32'763'876'352},
     {"smollm3-3b", 3'075'098'624},   {"olmo-2-1b", 1'484'916'736},
+    {"phi-4-mini", 3'836'021'760},
 };
 
 void ExpectSameOperators(const std::vector<OperatorSpec>& a, const std::vector<OperatorSpec>& b) {
@@ -202,6 +204,43 @@ TEST(ModelConfigTest, TrainingFlopsCountTheOperatorsWeights) {
   }
 }
 
+// With a sliding window W the attention term counts, per windowed layer, the pairs (q, k) with
+// q - W < k <= q (a loop), the other layers the whole triangle: Mistral's window on every layer,
+// Qwen2's on the last layers, a window longer than the sequence (the triangle).
+TEST(ModelConfigTest, TrainingFlopsCountWindowedPairs) {
+  const int64_t batch = 2, seq = 23;
+  auto pairs_of = [&](int64_t w) {
+    double pairs = 0;
+    for (int64_t q = 0; q < seq; ++q) {
+      for (int64_t k = 0; k <= q; ++k) pairs += (w == 0 || k > q - w) ? 1 : 0;
+    }
+    return pairs;
+  };
+  for (const int64_t window : {int64_t{1}, int64_t{5}, int64_t{22}, int64_t{23}, int64_t{40}}) {
+    for (const bool every_layer : {true, false}) {
+      SCOPED_TRACE(absl::StrCat("window ", window, every_layer ? " on every layer" : " on some"));
+      ASSERT_OK_AND_ASSIGN(ModelConfig c,
+                           ModelPreset(every_layer ? "mistral-7b-v0.3" : "qwen2.5-0.5b"));
+      c.sliding_window = window;
+      c.sliding_window_layers.assign(c.num_layers, true);
+      if (!every_layer) {
+        for (int64_t l = 0; l < c.num_layers / 3; ++l) c.sliding_window_layers[l] = false;
+      }
+      ASSERT_OK(ValidateModelConfig(c));
+      double pairs = 0;
+      for (int64_t l = 0; l < c.num_layers; ++l) pairs += pairs_of(c.LayerSlidingWindow(l));
+      const ModelFlops f = ModelTrainingFlops(c, batch, seq);
+      EXPECT_DOUBLE_EQ(f.attention, 12.0 * c.q_size() * pairs * batch);
+      if (window < seq) {
+        ModelConfig full = c;
+        full.sliding_window = 0;
+        full.sliding_window_layers.clear();
+        EXPECT_LT(f.attention, ModelTrainingFlops(full, batch, seq).attention);
+      }
+    }
+  }
+}
+
 TEST(ModelConfigTest, GptPresetsMatchGptShapes) {
   for (const std::string& name : GptPresetNames()) {
     ASSERT_OK_AND_ASSIGN(const GptConfig g, GptPreset(name));
@@ -342,6 +381,19 @@ TEST(ModelConfigTest, ValidationNamesTheField) {
        "smollm3-3b"},
       {"olmo2's config.json has one attention_bias", [](ModelConfig& c) { c.mlp_bias = true; },
        "olmo-2-1b"},
+      {"phi3 has no biases", [](ModelConfig& c) { c.qkv_bias = true; }, "phi-4-mini"},
+      {"partial_rotary_factor must be 1", [](ModelConfig& c) { c.partial_rotary_factor = 0.5; }},
+      {"partial_rotary_factor must be in (0, 1]",
+       [](ModelConfig& c) { c.partial_rotary_factor = 1.25; }, "phi-4-mini"},
+      {"gives rotary_dim 3", [](ModelConfig& c) { c.partial_rotary_factor = 3.0 / 128; },
+       "phi-4-mini"},
+      {"phi3's sliding_window applies to every layer",
+       [](ModelConfig& c) {
+         c.sliding_window = 8;
+         c.sliding_window_layers.assign(c.num_layers, true);
+         c.sliding_window_layers[0] = false;
+       },
+       "phi-4-mini"},
       {"sliding_window must be >= 0", [](ModelConfig& c) { c.sliding_window = -1; }},
       {"sliding_window_layers is set",
        [](ModelConfig& c) { c.sliding_window_layers.assign(c.num_layers, true); }},

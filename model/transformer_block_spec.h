@@ -50,6 +50,9 @@ struct TransformerBlockSpec {
   // Layers whose attention rotates neither q nor k (SmolLM3's NoPE layers; kRope only): one entry
   // per layer, or empty for RoPE on every layer.
   std::vector<bool> layers_without_rope;
+  // Partial rotary (Phi-3; kRope only): RoPE on the first rotary_dim channels of each head (the
+  // RoPE tables then have rotary_dim / 2 columns); 0 = the whole head.
+  int64_t rotary_dim = 0;
 
   // Whether `layer` applies the positions' rotation (kRope and not a NoPE layer).
   bool RopeOn(int64_t layer) const {
@@ -76,6 +79,7 @@ inline TransformerBlockSpec BlockSpecOf(const ModelConfig& config) {
   s.post_norms = config.post_norms();
   s.tied_lm_head = config.tie_word_embeddings;
   s.layers_without_rope = config.layers_without_rope;
+  if (config.rotary_dim() != config.head_dim) s.rotary_dim = config.rotary_dim();
   return s;
 }
 

@@ -274,7 +274,9 @@ absl::StatusOr<TransformerProgram> TransformerProgram::Create(const ModelConfig&
                                                               ProgramLayout layout) {
   TransformerProgram p(config, shape, std::move(layout));
   if (p.spec_.positions == TransformerBlockSpec::Positions::kRope) {
-    RopeConfig rope{.head_dim = config.head_dim,
+    // The rotated channels of each head (all of them but with Phi-3's partial rotary).
+    const int64_t rotated = config.rotary_dim();
+    RopeConfig rope{.head_dim = rotated,
                     .theta = config.rope_theta,
                     .scaling_type = "",
                     .llama3 = RopeLlama3Params{}};
@@ -284,7 +286,18 @@ absl::StatusOr<TransformerProgram> TransformerProgram::Create(const ModelConfig&
       rope.llama3 = RopeLlama3Params{rs.factor, rs.low_freq_factor, rs.high_freq_factor,
                                      static_cast<double>(rs.original_max_position_embeddings)};
     }
-    const size_t table = static_cast<size_t>(shape.seq_len * config.head_dim / 2);
+    if (config.rope_scaling.type == RopeScalingType::kLongRope) {
+      // transformers picks the long factors when the longest position + 1 exceeds
+      // original_max_position_embeddings: here when the sequence does (packed rows restart their
+      // positions, so a packed batch of T > original tokens whose documents are all shorter gets
+      // the long factors here and the short ones in transformers).
+      const RopeScaling& rs = config.rope_scaling;
+      rope.scaling_type = "longrope";
+      rope.longrope_factors =
+          shape.seq_len > rs.original_max_position_embeddings ? rs.long_factor : rs.short_factor;
+      rope.attention_factor = LongRopeAttentionFactor(config);
+    }
+    const size_t table = static_cast<size_t>(shape.seq_len * rotated / 2);
     p.rope_cos_.resize(table);
     p.rope_sin_.resize(table);
     RETURN_IF_ERROR(RopeTables<float>(rope, shape.seq_len, absl::MakeSpan(p.rope_cos_),

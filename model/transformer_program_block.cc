@@ -72,12 +72,11 @@ absl::Status TransformerProgram::Run::BlockForward(int64_t layer, const float* i
   }
   const QkvPointers qkv = Qkv(a);
   if (rope(layer)) {
+    const RopeShape qs{B_, T_, m_.num_heads, D, T_, spec_.rotary_dim};
+    const RopeShape ks{B_, T_, m_.num_kv_heads, D, T_, spec_.rotary_dim};
     RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
-      RETURN_IF_ERROR(
-          k.RopeForward(s, {B_, T_, m_.num_heads, D, T_}, rope_cos(), rope_sin(), qkv.q,
-                        positions_dev()));
-      return k.RopeForward(s, {B_, T_, m_.num_kv_heads, D, T_}, rope_cos(), rope_sin(), qkv.k,
-                           positions_dev());
+      RETURN_IF_ERROR(k.RopeForward(s, qs, rope_cos(), rope_sin(), qkv.q, positions_dev()));
+      return k.RopeForward(s, ks, rope_cos(), rope_sin(), qkv.k, positions_dev());
     }));
   }
   {
@@ -280,12 +279,11 @@ absl::StatusOr<Buffer> TransformerProgram::Run::AttentionBackward(int64_t layer,
   a.k.Reset();
   a.v.Reset();
   if (rope(layer)) {
+    const RopeShape qs{B_, T_, m_.num_heads, D, T_, spec_.rotary_dim};
+    const RopeShape ks{B_, T_, m_.num_kv_heads, D, T_, spec_.rotary_dim};
     RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
-      RETURN_IF_ERROR(
-          k.RopeBackward(s, {B_, T_, m_.num_heads, D, T_}, rope_cos(), rope_sin(), g.d.q,
-                         positions_dev()));
-      return k.RopeBackward(s, {B_, T_, m_.num_kv_heads, D, T_}, rope_cos(), rope_sin(), g.d.k,
-                            positions_dev());
+      RETURN_IF_ERROR(k.RopeBackward(s, qs, rope_cos(), rope_sin(), g.d.q, positions_dev()));
+      return k.RopeBackward(s, ks, rope_cos(), rope_sin(), g.d.k, positions_dev());
     }));
   }
   ASSIGN_OR_RETURN(Buffer dln1, Alloc(N_ * C_, true));

@@ -1,9 +1,11 @@
 // Fine-tuning on a prepared example file (issue #36) against torch: the Trainer, started from a
-// tiny float32 Hugging Face directory (LlamaForCausalLM, Qwen2ForCausalLM) and fed an example file
-// (packing on, no shuffle, gradient accumulation 2, f32, AdamW with a WarmupDecayLR schedule and
-// gradient clipping), reproduces every step's loss within 1e-5 relative of a torch run that feeds
-// each example SEPARATELY, unpacked, with labels -100 where a token is not trained, and takes the
-// step's loss as the mean over all its trained targets (transformers' num_items_in_batch).
+// tiny float32 Hugging Face directory (LlamaForCausalLM, Qwen2ForCausalLM; Phi3ForCausalLM with
+// partial rotary and a sliding window of 8 shorter than many examples, issue #40) and fed an
+// example file (packing on, no shuffle, gradient accumulation 2, f32, AdamW with a WarmupDecayLR
+// schedule and gradient clipping), reproduces every step's loss within 1e-5 relative of a torch
+// run that feeds each example SEPARATELY, unpacked, with labels -100 where a token is not
+// trained, and takes the step's loss as the mean over all its trained targets (transformers'
+// num_items_in_batch).
 //
 // Everything comes from trainer/testdata/sft_parity/make_sft_parity.py (see its docstring for the
 // recorded command and versions): <arch>/model (the HF directory), <arch>/examples.bin (the
@@ -144,7 +146,7 @@ TEST_P(SftParity, PerStepLossesMatchTorchRunningEachExampleAlone) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Architectures, SftParity, ::testing::Values("llama", "qwen2"),
+INSTANTIATE_TEST_SUITE_P(Architectures, SftParity, ::testing::Values("llama", "qwen2", "phi3"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

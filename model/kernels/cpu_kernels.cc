@@ -337,7 +337,7 @@ absl::Status CpuKernels::DoRopeForward(Stream& stream, const RopeShape& s, const
                                        const float* sin, float* x, const int32_t* positions) {
   ThreadPool* pool = pool_;
   return Enqueue(stream, [=] {
-    const int64_t table = s.table_positions * (s.head_dim / 2);
+    const int64_t table = s.table_positions * (s.rotated() / 2);
     return ::ps::RopeForward<float>(s, In(cos, table), In(sin, table),
                                     Out(x, s.batch * s.seq_len * s.num_heads * s.head_dim), pool,
                                     OptIn(positions, s.batch * s.seq_len));
@@ -348,7 +348,7 @@ absl::Status CpuKernels::DoRopeBackward(Stream& stream, const RopeShape& s, cons
                                         const float* sin, float* dx, const int32_t* positions) {
   ThreadPool* pool = pool_;
   return Enqueue(stream, [=] {
-    const int64_t table = s.table_positions * (s.head_dim / 2);
+    const int64_t table = s.table_positions * (s.rotated() / 2);
     return ::ps::RopeBackward<float>(s, In(cos, table), In(sin, table),
                                      Out(dx, s.batch * s.seq_len * s.num_heads * s.head_dim), pool,
                                      OptIn(positions, s.batch * s.seq_len));

@@ -119,6 +119,11 @@ absl::Status CheckShape(absl::string_view op, const RopeShape& s) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": head_dim ", s.head_dim, " is odd; RoPE rotates pairs"));
   }
+  if (s.rotary_dim < 0 || s.rotary_dim > s.head_dim || s.rotary_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": rotary_dim ", s.rotary_dim,
+                                                   " must be even and in [0, head_dim=", s.head_dim,
+                                                   "] (0: the whole head)"));
+  }
   if (s.seq_len > s.table_positions) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": seq_len ", s.seq_len,
                                                    " exceeds the cos/sin tables' ",

@@ -1,8 +1,10 @@
 #include "model/kernels/rmsnorm.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -32,7 +34,22 @@ absl::Status CheckShape(const char* kernel, const RmsNormShape& s) {
     return absl::InvalidArgumentError(
         absl::StrCat(kernel, ": eps (rms_norm_eps) must be positive, got ", s.eps));
   }
+  if (!std::isfinite(s.weight_offset)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kernel, ": weight_offset must be finite, got ", s.weight_offset));
+  }
   return absl::OkStatus();
+}
+
+// The gain weight_offset + w[c] rounded to T (empty when weight_offset is 0: the gain is w).
+template <typename T>
+std::vector<T> Shifted(const RmsNormShape& shape, absl::Span<const T> w) {
+  std::vector<T> out;
+  if (shape.weight_offset == 0) return out;
+  out.resize(w.size());
+  const T offset = static_cast<T>(shape.weight_offset);
+  for (size_t c = 0; c < w.size(); ++c) out[c] = offset + w[c];
+  return out;
 }
 
 }  // namespace
@@ -47,6 +64,8 @@ absl::Status RmsNormForward(const RmsNormShape& shape, absl::Span<const T> x, ab
   RETURN_IF_ERROR(CheckElems(kKernel, "w", w, C, "C"));
   RETURN_IF_ERROR(CheckElems(kKernel, "y", y, N * C, "N*C"));
   RETURN_IF_ERROR(CheckElems(kKernel, "rstd", rstd, N, "N"));
+  const std::vector<T> shifted = Shifted(shape, w);
+  if (!shifted.empty()) w = absl::MakeConstSpan(shifted);
   const T eps = static_cast<T>(shape.eps);
   const int64_t grain = RowsPerTask(C);
   ParallelFor(pool, NumTasks(N, grain), [&](int64_t task) {
@@ -84,6 +103,8 @@ absl::Status RmsNormBackward(const RmsNormShape& shape, absl::Span<const T> x,
   RETURN_IF_ERROR(CheckElems(kKernel, "dy", dy, N * C, "N*C"));
   RETURN_IF_ERROR(CheckElems(kKernel, "dx", dx, N * C, "N*C"));
   if (!dw.empty()) RETURN_IF_ERROR(CheckElems(kKernel, "dw", dw, C, "C"));
+  const std::vector<T> shifted = Shifted(shape, w);
+  if (!shifted.empty()) w = absl::MakeConstSpan(shifted);
   // Pass 1: dx, row-parallel.
   const int64_t grain = RowsPerTask(C);
   ParallelFor(pool, NumTasks(N, grain), [&](int64_t task) {

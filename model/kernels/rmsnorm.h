@@ -38,6 +38,10 @@ struct RmsNormShape {
   int64_t rows = 0;      // N = B*T
   int64_t channels = 0;  // C (hidden_size)
   double eps = 1e-6;     // rms_norm_eps of the model's config.json; must be positive
+  // The gain is (weight_offset + w): 0 for Llama's w, 1 for Gemma's RMSNorm, which multiplies by
+  // (1 + w) (its weights are stored as offsets from 1). The sum weight_offset + w[c] is rounded
+  // to T, as transformers' (1.0 + weight.float()) is; dw is the same either way.
+  double weight_offset = 0;
 };
 
 // Workspace RMSNorm needs: none.

@@ -140,6 +140,45 @@ TEST(RmsNormTest, ResultsDoNotDependOnThreadCount) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(results[0][i], results[1][i]) << i;
 }
 
+// weight_offset 1 (Gemma's gain 1 + w) is the kernel run on the gain 1 + w rounded to T, bit
+// for bit: y, dx; dw does not depend on the gain. f32 (the SIMD rows) and f64.
+template <typename T>
+void ExpectOffsetIsTheShiftedGain() {
+  TestRng gen(7);  // fixed seed: reproducible failures
+  for (const RmsNormShape s : {RmsNormShape{5, 7, 1e-6, 1.0}, RmsNormShape{33, 70, 1e-5, 1.0}}) {
+    const int64_t N = s.rows, C = s.channels;
+    const std::vector<T> x = RandomVector<T>(gen, N * C, -2, 2);
+    const std::vector<T> w = RandomVector<T>(gen, C, -0.5, 0.5);
+    const std::vector<T> dy = RandomVector<T>(gen, N * C);
+    std::vector<T> gain(C);
+    for (int64_t c = 0; c < C; ++c) gain[c] = T{1} + w[c];
+    RmsNormShape plain = s;
+    plain.weight_offset = 0;
+    std::vector<T> y(N * C), rstd(N), y_ref(N * C), rstd_ref(N);
+    ASSERT_OK(RmsNormForward<T>(s, x, w, absl::MakeSpan(y), absl::MakeSpan(rstd), nullptr));
+    ASSERT_OK(RmsNormForward<T>(plain, x, gain, absl::MakeSpan(y_ref), absl::MakeSpan(rstd_ref),
+                                nullptr));
+    EXPECT_EQ(y, y_ref);
+    EXPECT_EQ(rstd, rstd_ref);
+    std::vector<T> dx(N * C, T{0.5}), dw(C, T{0.25}), dx_ref = dx, dw_ref = dw;
+    ASSERT_OK(RmsNormBackward<T>(s, x, w, rstd, dy, absl::MakeSpan(dx), absl::MakeSpan(dw),
+                                 nullptr));
+    ASSERT_OK(RmsNormBackward<T>(plain, x, gain, rstd, dy, absl::MakeSpan(dx_ref),
+                                 absl::MakeSpan(dw_ref), nullptr));
+    EXPECT_EQ(dx, dx_ref);
+    EXPECT_EQ(dw, dw_ref);
+    // And the offset matters: the plain kernel on w differs.
+    ASSERT_OK(RmsNormForward<T>(plain, x, w, absl::MakeSpan(y_ref), absl::MakeSpan(rstd_ref),
+                                nullptr));
+    EXPECT_NE(y, y_ref);
+  }
+}
+
+TEST(RmsNormTest, WeightOffsetIsTheShiftedGain) {
+  ExpectOffsetIsTheShiftedGain<float>();
+  ExpectOffsetIsTheShiftedGain<double>();
+}
+
 TEST(RmsNormTest, ZeroRowGivesZeroOutputNotNaN) {
   // mean(x^2) = 0: rstd = 1/sqrt(eps) is finite, y = 0, gradients finite.
   const RmsNormShape s{1, 5, 1e-6};

@@ -36,6 +36,11 @@ absl::Status CheckShape(const char* kernel, const RopeShape& s) {
     return absl::InvalidArgumentError(
         absl::StrCat(kernel, ": head_dim ", s.head_dim, " is odd; RoPE rotates pairs"));
   }
+  if (s.rotary_dim < 0 || s.rotary_dim > s.head_dim || s.rotary_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kernel, ": rotary_dim ", s.rotary_dim,
+                                                   " must be even and in [0, head_dim=", s.head_dim,
+                                                   "] (0: the whole head)"));
+  }
   if (s.seq_len > s.table_positions) {
     return absl::InvalidArgumentError(absl::StrCat(kernel, ": seq_len ", s.seq_len,
                                                    " exceeds the cos/sin tables' ",
@@ -71,12 +76,13 @@ absl::Status Rotate(const char* kernel, const RopeShape& shape, absl::Span<const
                     absl::Span<const int32_t> positions) {
   RETURN_IF_ERROR(CheckShape(kernel, shape));
   RETURN_IF_ERROR(CheckPositions(kernel, shape, positions));
-  const int64_t L = shape.seq_len, H = shape.num_heads, D = shape.head_dim, half = D / 2;
+  const int64_t L = shape.seq_len, H = shape.num_heads, D = shape.head_dim;
+  const int64_t half = shape.rotated() / 2;
   const int64_t rows = shape.batch * L;
   RETURN_IF_ERROR(
-      CheckElems(kernel, "cos", cos, shape.table_positions * half, "table_positions*head_dim/2"));
+      CheckElems(kernel, "cos", cos, shape.table_positions * half, "table_positions*rotary_dim/2"));
   RETURN_IF_ERROR(
-      CheckElems(kernel, "sin", sin, shape.table_positions * half, "table_positions*head_dim/2"));
+      CheckElems(kernel, "sin", sin, shape.table_positions * half, "table_positions*rotary_dim/2"));
   RETURN_IF_ERROR(CheckElems(kernel, inverse ? "dx" : "x", x, rows * H * D, "B*T*H*D"));
   const int64_t grain = RowsPerTask(H * D);
   ParallelFor(pool, NumTasks(rows, grain), [&](int64_t task) {
@@ -115,10 +121,29 @@ absl::Status ValidateRopeConfig(const RopeConfig& config) {
         absl::StrCat("rope_theta must be a positive finite number, got ", config.theta));
   }
   if (config.scaling_type.empty() || config.scaling_type == "default") return absl::OkStatus();
+  if (config.scaling_type == "longrope") {
+    if (static_cast<int64_t>(config.longrope_factors.size()) != config.head_dim / 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rope_scaling.short_factor / long_factor must have rotary_dim / 2 = ",
+                       config.head_dim / 2, " entries, got ", config.longrope_factors.size()));
+    }
+    for (const double f : config.longrope_factors) {
+      if (!PositiveFinite(f)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rope_scaling.short_factor / long_factor entries must be positive, got ", f));
+      }
+    }
+    if (!PositiveFinite(config.attention_factor)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rope_scaling.attention_factor must be positive, got ", config.attention_factor));
+    }
+    return absl::OkStatus();
+  }
   if (config.scaling_type != "llama3") {
     return absl::InvalidArgumentError(absl::StrCat(
         "rope_scaling.rope_type (or the legacy rope_scaling.type) \"", config.scaling_type,
-        "\" is not supported; supported: \"llama3\", \"default\", or no rope_scaling"));
+        "\" is not supported; supported: \"llama3\", \"longrope\", \"default\", or no "
+        "rope_scaling"));
   }
   const RopeLlama3Params& p = config.llama3;
   if (!PositiveFinite(p.factor)) {
@@ -149,6 +174,13 @@ absl::Status RopeInverseFrequencies(const RopeConfig& config, absl::Span<T> inv_
   const int64_t half = config.head_dim / 2;
   RETURN_IF_ERROR(CheckElems("RopeInverseFrequencies", "inv_freq", inv_freq, half, "head_dim/2"));
   const bool llama3 = config.scaling_type == "llama3";
+  if (config.scaling_type == "longrope") {
+    for (int64_t i = 0; i < half; ++i) {
+      inv_freq[i] = RopeLongRopeInverseFrequency<T>(config.theta, i, config.head_dim,
+                                                    config.longrope_factors[i]);
+    }
+    return absl::OkStatus();
+  }
   for (int64_t i = 0; i < half; ++i) {
     const T f = RopeDefaultInverseFrequency<T>(config.theta, i, config.head_dim);
     inv_freq[i] = llama3 ? RopeLlama3InverseFrequency<T>(f, config.llama3) : f;
@@ -174,6 +206,11 @@ absl::Status RopeTables(const RopeConfig& config, int64_t num_positions, absl::S
       const double angle = static_cast<double>(RopeAngle<T>(p, inv_freq[i]));
       cos[p * half + i] = static_cast<T>(std::cos(angle));
       sin[p * half + i] = static_cast<T>(std::sin(angle));
+      if (config.attention_factor != 1.0) {
+        // transformers: emb.cos() * attention_scaling, in T.
+        cos[p * half + i] *= static_cast<T>(config.attention_factor);
+        sin[p * half + i] *= static_cast<T>(config.attention_factor);
+      }
     }
   }
   return absl::OkStatus();

@@ -11,6 +11,10 @@
 //   3. RopeForward on q and on k after their projections, RopeBackward on dq and dk after the
 //      attention backward.
 //
+// Partial rotary (RopeShape::rotary_dim R < D): the tables are [P, R/2] (RopeConfig::head_dim =
+// R) and only channels [0, R) of each head are rotated, exactly transformers' Phi-3
+// apply_rotary_pos_emb (q_rot = q[..., :R] rotated with the half-split pairing, q[..., R:] kept).
+//
 // Layout: x [B, T, H, D] row-major — the output of q_proj (H = num_attention_heads) or k_proj
 // (H = num_key_value_heads) viewed per head, as Hugging Face's view(B, T, H, D); position of row
 // (b, t) is t (position_ids 0 .. T-1 for every sequence) unless the caller passes per-token
@@ -31,6 +35,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -47,11 +52,19 @@ struct RopeConfig {
   // none, "llama3" for Llama 3.1+'s scaling. Anything else is refused.
   std::string scaling_type;
   RopeLlama3Params llama3;  // used when scaling_type == "llama3"
+  // scaling_type "longrope" (Phi-3): the factor of each frequency (head_dim / 2 of them: the
+  // short or the long factors, as the caller chose for its sequence length), and the attention
+  // factor cos and sin are multiplied by (transformers' attention_scaling; 1 leaves them as
+  // they are).
+  std::vector<double> longrope_factors = {};
+  double attention_factor = 1.0;
 };
 
 // OK if `config` is usable; InvalidArgument naming the config.json key otherwise: head_dim not
 // positive and even, rope_theta not positive and finite, a rope_scaling type other than
-// "default"/"llama3" (e.g. "linear", "dynamic", "yarn", "longrope"), or llama3 parameters out of
+// "default"/"llama3"/"longrope" (e.g. "linear", "dynamic", "yarn"), longrope factors not
+// head_dim / 2 positive finite numbers or a non-positive attention factor, or llama3 parameters
+// out of
 // range (factor, low_freq_factor, original_max_position_embeddings positive;
 // high_freq_factor > low_freq_factor).
 [[nodiscard]] absl::Status ValidateRopeConfig(const RopeConfig& config);
@@ -75,6 +88,12 @@ struct RopeShape {
   int64_t num_heads = 0;        // H of this tensor (query heads or key/value heads)
   int64_t head_dim = 0;         // D; even
   int64_t table_positions = 0;  // P, rows of the cos/sin tables
+  // Partial rotary (Phi-3's partial_rotary_factor): only the first rotary_dim channels of each
+  // head are rotated (pairs (i, i + rotary_dim/2)), the rest pass through; the tables are then
+  // [P, rotary_dim/2]. 0 = head_dim (every channel). Even, <= head_dim.
+  int64_t rotary_dim = 0;
+
+  int64_t rotated() const { return rotary_dim == 0 ? head_dim : rotary_dim; }
 };
 
 // Workspace RoPE needs: none.

@@ -20,6 +20,9 @@
 //   otherwise                                 (1 - a) f / factor + a f,
 //                                             a = (L0 / wavelen - low_freq_factor)
 //                                                 / (high_freq_factor - low_freq_factor)
+// and, for "longrope" (Phi-3), inv_freq_i = 1 / (ext_i theta^(2i / D)) with per-frequency factors
+// ext (rope_scaling's short_factor, or long_factor for sequences longer than
+// original_max_position_embeddings), cos and sin then multiplied by an attention factor.
 // The angle of position p is p * inv_freq_i. RopeInverseFrequency<float> rounds every step to f32
 // in transformers' order (torch computes these tensors in f32: 2*pi / x as reciprocal(x) * 2pi,
 // Python-scalar operands rounded to f32), so the tables agree with Hugging Face's to an ulp or
@@ -72,6 +75,18 @@ PS_HOST_DEVICE T RopeDefaultInverseFrequency(double theta, int64_t i, int64_t he
   const T power = static_cast<T>(
       std::pow(static_cast<double>(static_cast<T>(theta)), static_cast<double>(exponent)));
   return T{1} / power;
+}
+
+// rope_scaling type "longrope" (Phi-3, Phi-4-mini; transformers' _compute_longrope_parameters):
+// inv_freq_i = 1 / (ext_i * theta^(2i / D)), ext the short or the long factor of frequency i, the
+// power as RopeDefaultInverseFrequency's, the product and the reciprocal rounded to T.
+template <typename T>
+PS_HOST_DEVICE T RopeLongRopeInverseFrequency(double theta, int64_t i, int64_t head_dim,
+                                              double ext) {
+  const T exponent = static_cast<T>(2 * i) / static_cast<T>(head_dim);
+  const T power = static_cast<T>(
+      std::pow(static_cast<double>(static_cast<T>(theta)), static_cast<double>(exponent)));
+  return T{1} / (static_cast<T>(ext) * power);
 }
 
 // transformers' _compute_llama3_parameters for one frequency, step by step in T.

@@ -96,16 +96,20 @@ TEST(RopeTest, TablesHoldCosAndSinOfPositionTimesFrequency) {
 }
 
 // Hugging Face's apply_rotary_pos_emb written literally in double: x * cat(cos, cos) +
-// cat(-x2, x1) * cat(sin, sin).
+// cat(-x2, x1) * cat(sin, sin) on the first R channels (Phi-3's partial rotary), the rest kept.
 std::vector<double> NaiveRope(const RopeShape& s, const std::vector<double>& cos,
                               const std::vector<double>& sin, const std::vector<double>& x) {
-  const int64_t D = s.head_dim, half = D / 2;
+  const int64_t D = s.head_dim, R = s.rotated(), half = R / 2;
   std::vector<double> y(x.size());
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t t = 0; t < s.seq_len; ++t) {
       for (int64_t h = 0; h < s.num_heads; ++h) {
         const int64_t o = ((b * s.seq_len + t) * s.num_heads + h) * D;
         for (int64_t d = 0; d < D; ++d) {
+          if (d >= R) {
+            y[o + d] = x[o + d];
+            continue;
+          }
           const double c = cos[t * half + d % half], sn = sin[t * half + d % half];
           const double rot = d < half ? -x[o + d + half] : x[o + d - half];
           y[o + d] = x[o + d] * c + rot * sn;
@@ -121,10 +125,13 @@ TEST(RopeTest, FloatForwardMatchesRotateHalfDefinition) {
   ThreadPool pool(3);
   RopeConfig c{0, 10000.0, "", {}};
   // D = 2 (one pair); half not a vector width; several heads and batches; tables longer than T.
-  for (const RopeShape s : {RopeShape{1, 1, 1, 2, 1}, RopeShape{2, 13, 3, 10, 20},
-                            RopeShape{1, 40, 2, 64, 40}, RopeShape{3, 5, 4, 34, 9}}) {
-    c.head_dim = s.head_dim;
-    const int64_t half = s.head_dim / 2, n = s.batch * s.seq_len * s.num_heads * s.head_dim;
+  // Partial rotary: Phi-4-mini's 96 of 128, 2 of 10, 4 of 6, and rotary_dim == head_dim.
+  for (const RopeShape s :
+       {RopeShape{1, 1, 1, 2, 1}, RopeShape{2, 13, 3, 10, 20}, RopeShape{1, 40, 2, 64, 40},
+        RopeShape{3, 5, 4, 34, 9}, RopeShape{2, 9, 3, 128, 12, 96}, RopeShape{1, 6, 2, 10, 6, 2},
+        RopeShape{2, 5, 3, 6, 5, 4}, RopeShape{1, 4, 1, 8, 4, 8}}) {
+    c.head_dim = s.rotated();
+    const int64_t half = s.rotated() / 2, n = s.batch * s.seq_len * s.num_heads * s.head_dim;
     std::vector<double> cos(s.table_positions * half), sin(s.table_positions * half);
     ASSERT_OK(RopeTables<double>(c, s.table_positions, absl::MakeSpan(cos), absl::MakeSpan(sin)));
     const std::vector<double> x = RandomVector<double>(gen, n, -2, 2);
@@ -165,6 +172,50 @@ TEST(RopeTest, GradientMatchesFiniteDifferencesInDouble) {
   ExpectGradientMatchesFiniteDifferences(x, dx, loss, "dx", 1e-9, 1e-7, 1000);
 }
 
+TEST(RopeTest, PartialRotaryRejectsBadRotaryDim) {
+  const std::vector<float> cos(4 * 2), sin(4 * 2);
+  std::vector<float> x(4 * 8);
+  for (const int64_t r : {int64_t{-2}, int64_t{3}, int64_t{10}}) {
+    const RopeShape s{1, 4, 1, 8, 4, r};
+    EXPECT_THAT(RopeForward<float>(s, cos, sin, absl::MakeSpan(x), nullptr),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rotary_dim")));
+  }
+}
+
+// longrope (Phi-3): inv_freq_i = 1 / (ext_i * theta^(2i/D)) in f32 steps, cos and sin scaled by
+// the attention factor; its factors and attention factor are checked.
+TEST(RopeTest, LongRopeTables) {
+  RopeConfig c{8, 100.0, "longrope", {}, {1.5, 3.0, 0.5, 7.0}, std::sqrt(2.0)};
+  std::vector<float> inv(4);
+  ASSERT_OK(RopeInverseFrequencies<float>(c, absl::MakeSpan(inv)));
+  for (int i = 0; i < 4; ++i) {
+    const float power = static_cast<float>(std::pow(100.0, static_cast<double>(2.0f * i / 8.0f)));
+    EXPECT_EQ(inv[i], 1.0f / (static_cast<float>(c.longrope_factors[i]) * power)) << i;
+  }
+  std::vector<float> cos(5 * 4), sin(5 * 4);
+  ASSERT_OK(RopeTables<float>(c, 5, absl::MakeSpan(cos), absl::MakeSpan(sin)));
+  const float scale = static_cast<float>(std::sqrt(2.0));
+  for (int p = 0; p < 5; ++p) {
+    for (int i = 0; i < 4; ++i) {
+      const double angle = static_cast<double>(inv[i] * static_cast<float>(p));
+      EXPECT_EQ(cos[p * 4 + i], static_cast<float>(std::cos(angle)) * scale);
+      EXPECT_EQ(sin[p * 4 + i], static_cast<float>(std::sin(angle)) * scale);
+    }
+  }
+  RopeConfig bad = c;
+  bad.longrope_factors.pop_back();
+  EXPECT_THAT(ValidateRopeConfig(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                HasSubstr("short_factor / long_factor")));
+  bad = c;
+  bad.longrope_factors[1] = 0;
+  EXPECT_THAT(ValidateRopeConfig(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                HasSubstr("short_factor / long_factor")));
+  bad = c;
+  bad.attention_factor = -1;
+  EXPECT_THAT(ValidateRopeConfig(bad),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("attention_factor")));
+}
+
 TEST(RopeTest, ResultsDoNotDependOnThreadCount) {
   TestRng gen(3);  // fixed seed: reproducible failures
   const RopeConfig c{64, 500000.0, "", {}};
@@ -185,7 +236,7 @@ TEST(RopeTest, ResultsDoNotDependOnThreadCount) {
 TEST(RopeTest, ConfigValidationNamesTheKey) {
   EXPECT_OK(ValidateRopeConfig(Llama31Config()));
   EXPECT_OK(ValidateRopeConfig(RopeConfig{64, 10000.0, "default", {}}));
-  for (const std::string type : {"linear", "dynamic", "yarn", "longrope", "su", "LLAMA3"}) {
+  for (const std::string type : {"linear", "dynamic", "yarn", "su", "LLAMA3"}) {
     RopeConfig c = Llama31Config();
     c.scaling_type = type;
     EXPECT_THAT(ValidateRopeConfig(c),

@@ -51,6 +51,14 @@ Recorded run, 2026-12-07 (branch h-peft, issue #35; python 3.11.7 in both enviro
   #   gpt2   4.37547226017341   logits 1.073e-06, loss 4.4e-08       logits 1.073e-06, loss 4.4e-08
   #   (logit bounds 4.4e-05, 4.7e-05, 3.0e-05: 1e-5 of the largest logit; loss bound 1e-5
   #   relative; the merged model's loss is within 1.4e-08 (llama), 3.5e-08, 4.4e-08.)
+  # phi3 (added for issue #40, 2026-12-08, branch h-families2; peft 0.21.2 only):
+  #   python3 model/testdata/check_peft_versions.py --train=bazel-bin/trainer/train \
+  #       --out=/tmp/fam_peft --check=/work/venv-peftnew/bin/python:phi3
+  #   adapter_config.json {base_model_name_or_path, lora_alpha 8, peft_type, r 4,
+  #   target_modules [o_proj, down_proj], task_type}; 8 adapter tensors; trainer val_loss
+  #   5.3755034360219724, peft 5.3755035400390625 (1.9e-08 relative), logits vs the merged export
+  #   (written with the fused qkv_proj / gate_up_proj, loaded by Phi3ForCausalLM) 3.099e-06
+  #   (bound 4.8e-05); the merged model's loss within 1.9e-08.
   # peft 0.10's get_peft_model_state_dict (called by the check, not by from_pretrained) warns
   # that it cannot reach the hub for base_model_name_or_path's config.json; peft 0.21.2 warns
   # nothing. The same run with the trainer of main before this change (adapter_config.json with
@@ -78,7 +86,14 @@ RUNS = {
     # Conv1D (fan_in_fan_out true), a fractional lora_alpha.
     "gpt2": {"lora": {"r": 4, "lora_alpha": 6.5, "lora_dropout": 0.05,
                       "target_modules": ["c_attn", "c_proj", "c_fc"]}},
+    # Phi-3 (issue #40; base parity_phi3: partial rotary, a window of 4 < SEQ_LEN, fused qkv_proj
+    # and gate_up_proj in its files): the layers LoRA adapts there, o_proj and down_proj; the
+    # merged export writes the fused tensors back.
+    "phi3": {"lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
+                      "target_modules": ["o_proj", "down_proj"]}},
 }
+# The base directory of each architecture (model/testdata/hf_tiny_<arch> unless named here).
+BASES = {"phi3": "parity_phi3"}
 SEQ_LEN, MICRO_BATCH, STEPS = 16, 2, 6
 
 
@@ -90,7 +105,7 @@ def write_tokens(path, tokens):
 
 
 def train(args, arch):
-    base = os.path.join(HERE, f"hf_tiny_{arch}")
+    base = os.path.join(HERE, BASES.get(arch, f"hf_tiny_{arch}"))
     with open(os.path.join(base, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
     out = os.path.join(args.out, arch)

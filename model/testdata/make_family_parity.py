@@ -10,7 +10,9 @@ reference.safetensors with transformers' own results on a fixed batch:
   loss_f64               F64 [], the model in float64 (RMSNorm without its float32 cast and sdpa
                          attention, whose softmax is not forced to float32, as
                          model/kernels/testing/testdata/make_llama_testdata.py explains)
-  grad.<name>            F64, d loss_f64 / d parameter (torch autograd; a tied head appears once)
+  grad.<name>            F64, d loss_f64 / d parameter (torch autograd; a tied head appears once;
+                         Phi-3's fused qkv_proj / gate_up_proj gradients split into the q/k/v and
+                         gate/up row ranges the C++ model keeps, under their names)
   loss_f32_ablated      F32 [], the same model without the family's feature (the window off; RoPE
                          on every layer): the test checks the feature changes the loss by far more
                          than its tolerance, so a model that ignores it fails
@@ -27,6 +29,16 @@ Directories:
   parity_olmo2           Olmo2ForCausalLM, 2 layers, norms after attention and MLP, q/k RMSNorm
                          over the whole projection, GQA (4 heads, 2 kv heads), untied head
                          (no ablation: a pre-norm model has other parameter names).
+  parity_phi3            Phi3ForCausalLM, 2 layers, partial_rotary_factor 0.5 (RoPE on 4 of 8
+                         channels per head), sliding_window 4 < T = 11 on every layer, GQA,
+                         untied head, rope_theta 100; its files hold the fused qkv_proj and
+                         gate_up_proj. Ablation: partial_rotary_factor 1 (RoPE on whole heads).
+  parity_phi3_longrope   Phi3ForCausalLM with rope_scaling longrope (short_factor [1.5, 3],
+                         long_factor [2.5, 7]), max_position_embeddings 64 and
+                         original_max_position_embeddings 8 < T = 11: the long factors and
+                         cos/sin scaled by sqrt(1 + ln 8 / ln 8). Ablation: no rope_scaling.
+  parity_phi3_shortrope  the same with original_max_position_embeddings 32 >= T: the short
+                         factors, scaled by sqrt(1 + ln 2 / ln 32). Ablation: no rope_scaling.
 
 Recorded run (the committed files were made by it):
   /work/venv-peftnew/bin/python model/testdata/make_family_parity.py model/testdata
@@ -103,6 +115,46 @@ def olmo2():
         pad_token_id=None, bos_token_id=None, eos_token_id=None, attn_implementation="eager")
 
 
+def phi3():
+    return transformers.Phi3Config(
+        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        original_max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=100.0,
+        partial_rotary_factor=0.5, sliding_window=4, tie_word_embeddings=False,
+        pad_token_id=None, bos_token_id=None, eos_token_id=None, attn_implementation="eager")
+
+
+def phi3_longrope(original):
+    def config():
+        return transformers.Phi3Config(
+            vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+            original_max_position_embeddings=original, rms_norm_eps=1e-5, rope_theta=100.0,
+            partial_rotary_factor=0.5, sliding_window=None, tie_word_embeddings=False,
+            rope_scaling={"type": "longrope", "short_factor": [1.5, 3.0],
+                          "long_factor": [2.5, 7.0]},
+            pad_token_id=None, bos_token_id=None, eos_token_id=None,
+            attn_implementation="eager")
+    return config
+
+
+def split_fused(config, name, tensor):
+    """Phi-3's fused qkv_proj [Q + 2K, E] and gate_up_proj [2I, E] as the parameters the C++
+    model keeps (q/k/v_proj, gate/up_proj: their row ranges), or None for any other tensor."""
+    head_dim = config.hidden_size // config.num_attention_heads
+    q = config.num_attention_heads * head_dim
+    k = config.num_key_value_heads * head_dim
+    if name.endswith("self_attn.qkv_proj.weight"):
+        p = name[:-len("qkv_proj.weight")]
+        return [(p + "q_proj.weight", tensor[:q]), (p + "k_proj.weight", tensor[q:q + k]),
+                (p + "v_proj.weight", tensor[q + k:])]
+    if name.endswith("mlp.gate_up_proj.weight"):
+        p = name[:-len("gate_up_proj.weight")]
+        i = config.intermediate_size
+        return [(p + "gate_proj.weight", tensor[:i]), (p + "up_proj.weight", tensor[i:])]
+    return None
+
+
 def make(out_dir, name, config_fn, seed, ablation=None):
     directory = os.path.join(out_dir, "parity_" + name)
     if os.path.exists(directory):
@@ -144,7 +196,12 @@ def make(out_dir, name, config_fn, seed, ablation=None):
     assert abs(loss64.item() - loss32.item()) < 1e-5 * abs(loss32.item()), (loss64, loss32)
     ref["loss_f64"] = loss64.detach().reshape(())
     for pname, p in model.named_parameters():
-        ref["grad." + pname] = p.grad.detach().clone()
+        grad = p.grad.detach().clone()
+        split = split_fused(config, pname, grad)
+        if split is None:
+            ref["grad." + pname] = grad
+        else:
+            ref.update({"grad." + n: g.contiguous() for n, g in split})
     metadata = {"source": "make_family_parity.py",
                 "versions": f"torch {torch.__version__}, transformers {transformers.__version__}"}
     save_file(ref, os.path.join(directory, "reference.safetensors"), metadata=metadata)
@@ -156,6 +213,9 @@ MODELS = {
     "mistral_window": (mistral_window, 4040, {"sliding_window": None}),
     "smollm3_nope": (smollm3_nope, 4141, {"no_rope_layers": [1, 1, 1]}),
     "olmo2": (olmo2, 4242, None),
+    "phi3": (phi3, 4343, {"partial_rotary_factor": 1.0}),
+    "phi3_longrope": (phi3_longrope(8), 4444, {"rope_scaling": None}),
+    "phi3_shortrope": (phi3_longrope(32), 4545, {"rope_scaling": None}),
 }
 
 

@@ -30,6 +30,11 @@ absl::Status CheckRopeShape(const char* kernel, const RopeShape& s) {
     return absl::InvalidArgumentError(
         absl::StrCat(kernel, ": head_dim ", s.head_dim, " is odd; RoPE rotates pairs"));
   }
+  if (s.rotary_dim < 0 || s.rotary_dim > s.head_dim || s.rotary_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kernel, ": rotary_dim ", s.rotary_dim,
+                                                   " must be even and in [0, head_dim=", s.head_dim,
+                                                   "] (0: the whole head)"));
+  }
   if (s.seq_len > s.table_positions) {
     return absl::InvalidArgumentError(absl::StrCat(kernel, ": seq_len ", s.seq_len,
                                                    " exceeds the cos/sin tables' ",
@@ -44,7 +49,8 @@ absl::Status Rope(const char* kernel, const RopeShape& shape, const float* cos, 
   RETURN_IF_ERROR(CheckNotNull(kernel, {{"cos", cos}, {"sin", sin}, {inverse ? "dx" : "x", x}}));
   return LaunchStatus(
       cuda_internal::LaunchRope(shape.batch, shape.seq_len, shape.num_heads, shape.head_dim,
-                                shape.table_positions, cos, sin, positions, x, inverse, stream),
+                                shape.rotated(), shape.table_positions, cos, sin, positions, x,
+                                inverse, stream),
       kernel);
 }
 

@@ -19,12 +19,13 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// One thread per pair (row, head, i < D/2).
+// One thread per pair (row, head, i < R/2): channels [0, R) of each head of D are rotated.
 __global__ void RopeKernel(int64_t rows, int64_t seq_len, int64_t num_heads, int64_t head_dim,
-                           int64_t table_positions, const float* __restrict__ cos,
-                           const float* __restrict__ sin, const int32_t* __restrict__ positions,
-                           float* __restrict__ x, bool inverse) {
-  const int64_t half = head_dim / 2;
+                           int64_t rotary_dim, int64_t table_positions,
+                           const float* __restrict__ cos, const float* __restrict__ sin,
+                           const int32_t* __restrict__ positions, float* __restrict__ x,
+                           bool inverse) {
+  const int64_t half = rotary_dim / 2;
   const int64_t n = rows * num_heads * half;
   for (int64_t idx = GlobalThread(); idx < n; idx += GridStride()) {
     const int64_t i = idx % half;
@@ -95,11 +96,13 @@ __global__ void EmbeddingBackwardKernel(int64_t rows, int64_t channels, int64_t 
 }  // namespace
 
 cudaError_t LaunchRope(int64_t batch, int64_t seq_len, int64_t num_heads, int64_t head_dim,
-                       int64_t table_positions, const float* cos, const float* sin,
-                       const int32_t* positions, float* x, bool inverse, cudaStream_t stream) {
+                       int64_t rotary_dim, int64_t table_positions, const float* cos,
+                       const float* sin, const int32_t* positions, float* x, bool inverse,
+                       cudaStream_t stream) {
   const int64_t rows = batch * seq_len;
-  RopeKernel<<<GridFor(rows * num_heads * (head_dim / 2), kThreads), kThreads, 0, stream>>>(
-      rows, seq_len, num_heads, head_dim, table_positions, cos, sin, positions, x, inverse);
+  RopeKernel<<<GridFor(rows * num_heads * (rotary_dim / 2), kThreads), kThreads, 0, stream>>>(
+      rows, seq_len, num_heads, head_dim, rotary_dim, table_positions, cos, sin, positions, x,
+      inverse);
   return cudaGetLastError();
 }
 

@@ -47,10 +47,13 @@ TEST_F(CudaLlamaElementwiseTest, RopeMatchesCpu) {
   TestRng gen(1);  // fixed seed: reproducible failures
   RopeConfig config{0, 500000.0, "llama3", {8.0, 1.0, 4.0, 8192.0}};
   // D = 2; odd half; Llama's 128 with GQA-sized head counts; tables longer than T.
-  for (const RopeShape s : {RopeShape{1, 1, 1, 2, 1}, RopeShape{2, 37, 3, 10, 40},
-                            RopeShape{1, 70, 8, 128, 70}, RopeShape{3, 5, 2, 64, 9}}) {
-    config.head_dim = s.head_dim;
-    const int64_t half = s.head_dim / 2, n = s.batch * s.seq_len * s.num_heads * s.head_dim;
+  // Partial rotary (Phi-3): 96 of 128 channels, 2 of 10, 4 of 6.
+  for (const RopeShape s :
+       {RopeShape{1, 1, 1, 2, 1}, RopeShape{2, 37, 3, 10, 40}, RopeShape{1, 70, 8, 128, 70},
+        RopeShape{3, 5, 2, 64, 9}, RopeShape{2, 33, 3, 128, 40, 96}, RopeShape{2, 9, 2, 10, 9, 2},
+        RopeShape{1, 7, 5, 6, 7, 4}}) {
+    config.head_dim = s.rotated();
+    const int64_t half = s.rotated() / 2, n = s.batch * s.seq_len * s.num_heads * s.head_dim;
     std::vector<float> cos(s.table_positions * half), sin(s.table_positions * half);
     ASSERT_OK(
         RopeTables<float>(config, s.table_positions, absl::MakeSpan(cos), absl::MakeSpan(sin)));

@@ -38,7 +38,8 @@ absl::Status RmsNormForward(const RmsNormShape& shape, const float* x, const flo
   RETURN_IF_ERROR(CheckNotNull(kKernel, {{"x", x}, {"w", w}, {"y", y}, {"rstd", rstd}}));
   return LaunchStatus(
       cuda_internal::LaunchRmsNormForward(shape.rows, shape.channels, static_cast<float>(shape.eps),
-                                          x, w, y, rstd, stream),
+                                          static_cast<float>(shape.weight_offset), x, w, y, rstd,
+                                          stream),
       kKernel);
 }
 
@@ -49,8 +50,9 @@ absl::Status RmsNormBackward(const RmsNormShape& shape, const float* x, const fl
   RETURN_IF_ERROR(CheckShape(kKernel, shape));
   RETURN_IF_ERROR(CheckNotNull(
       kKernel, {{"x", x}, {"w", w}, {"rstd", rstd}, {"dy", dy}, {"dx", dx}}));  // dw: optional
-  return LaunchStatus(cuda_internal::LaunchRmsNormBackward(shape.rows, shape.channels, x, w, rstd,
-                                                           dy, dx, dw, stream),
+  return LaunchStatus(cuda_internal::LaunchRmsNormBackward(
+                          shape.rows, shape.channels, static_cast<float>(shape.weight_offset), x,
+                          w, rstd, dy, dx, dw, stream),
                       kKernel);
 }
 

@@ -19,7 +19,7 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-__global__ void RmsNormForwardKernel(int64_t rows, int64_t channels, float eps,
+__global__ void RmsNormForwardKernel(int64_t rows, int64_t channels, float eps, float offset,
                                      const float* __restrict__ x, const float* __restrict__ w,
                                      float* __restrict__ y, float* __restrict__ rstd) {
   const int lane = threadIdx.x % kWarpSize;
@@ -30,11 +30,14 @@ __global__ void RmsNormForwardKernel(int64_t rows, int64_t channels, float eps,
   for (int64_t c = lane; c < channels; c += kWarpSize) sq += xr[c] * xr[c];
   const float s = RmsNormRstd(WarpSum(sq), channels, eps);
   float* yr = y + r * channels;
-  for (int64_t c = lane; c < channels; c += kWarpSize) yr[c] = RmsNormOutput(xr[c], s, w[c]);
+  for (int64_t c = lane; c < channels; c += kWarpSize) {
+    yr[c] = RmsNormOutput(xr[c], s, offset + w[c]);
+  }
   if (lane == 0) rstd[r] = s;
 }
 
-__global__ void RmsNormInputGradKernel(int64_t rows, int64_t channels, const float* __restrict__ x,
+__global__ void RmsNormInputGradKernel(int64_t rows, int64_t channels, float offset,
+                                       const float* __restrict__ x,
                                        const float* __restrict__ w, const float* __restrict__ rstd,
                                        const float* __restrict__ dy, float* __restrict__ dx) {
   const int lane = threadIdx.x % kWarpSize;
@@ -45,12 +48,12 @@ __global__ void RmsNormInputGradKernel(int64_t rows, int64_t channels, const flo
   const float s = rstd[r];
   float g_xhat = 0.0f;
   for (int64_t c = lane; c < channels; c += kWarpSize) {
-    g_xhat += RmsNormGradTerm(dyr[c], w[c], xr[c], s);
+    g_xhat += RmsNormGradTerm(dyr[c], offset + w[c], xr[c], s);
   }
   const float g_xhat_mean = WarpSum(g_xhat) / static_cast<float>(channels);
   float* dxr = dx + r * channels;
   for (int64_t c = lane; c < channels; c += kWarpSize) {
-    dxr[c] += RmsNormInputGrad(dyr[c], w[c], xr[c], s, g_xhat_mean);
+    dxr[c] += RmsNormInputGrad(dyr[c], offset + w[c], xr[c], s, g_xhat_mean);
   }
 }
 
@@ -83,18 +86,19 @@ unsigned int RowBlocks(int64_t rows) {
 
 }  // namespace
 
-cudaError_t LaunchRmsNormForward(int64_t rows, int64_t channels, float eps, const float* x,
-                                 const float* w, float* y, float* rstd, cudaStream_t stream) {
+cudaError_t LaunchRmsNormForward(int64_t rows, int64_t channels, float eps, float weight_offset,
+                                 const float* x, const float* w, float* y, float* rstd,
+                                 cudaStream_t stream) {
   RmsNormForwardKernel<<<RowBlocks(rows), kWarpsPerBlock * kWarpSize, 0, stream>>>(
-      rows, channels, eps, x, w, y, rstd);
+      rows, channels, eps, weight_offset, x, w, y, rstd);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchRmsNormBackward(int64_t rows, int64_t channels, const float* x, const float* w,
-                                  const float* rstd, const float* dy, float* dx, float* dw,
-                                  cudaStream_t stream) {
+cudaError_t LaunchRmsNormBackward(int64_t rows, int64_t channels, float weight_offset,
+                                  const float* x, const float* w, const float* rstd,
+                                  const float* dy, float* dx, float* dw, cudaStream_t stream) {
   RmsNormInputGradKernel<<<RowBlocks(rows), kWarpsPerBlock * kWarpSize, 0, stream>>>(
-      rows, channels, x, w, rstd, dy, dx);
+      rows, channels, weight_offset, x, w, rstd, dy, dx);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (dw == nullptr) return cudaSuccess;  // input gradient only
   const unsigned int blocks = static_cast<unsigned int>((channels + kColumnTile - 1) / kColumnTile);

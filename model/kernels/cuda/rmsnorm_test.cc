@@ -45,10 +45,13 @@ TEST_F(CudaRmsNormTest, ForwardAndBackwardMatchCpu) {
   // warp, not multiples of 32; a Llama-like 4096.
   for (const RmsNormShape s :
        {RmsNormShape{1, 1, 1e-6}, RmsNormShape{3, 7, 1e-5}, RmsNormShape{37, 33, 1e-6},
-        RmsNormShape{70, 768, 1e-5}, RmsNormShape{301, 100, 1e-6}, RmsNormShape{9, 4096, 1e-5}}) {
+        RmsNormShape{70, 768, 1e-5}, RmsNormShape{301, 100, 1e-6}, RmsNormShape{9, 4096, 1e-5},
+        // Gemma's gain 1 + w (weights near 0, as Gemma's are).
+        RmsNormShape{37, 33, 1e-6, 1.0}, RmsNormShape{9, 1152, 1e-6, 1.0}}) {
     const int64_t N = s.rows, C = s.channels;
     const auto x = RandomVector<float>(gen, N * C, -1.5, 2.5);
-    const auto w = RandomVector<float>(gen, C, 0.5, 1.5), dy = RandomVector<float>(gen, N * C);
+    const auto w = RandomVector<float>(gen, C, 0.5 - s.weight_offset, 1.5 - s.weight_offset);
+    const auto dy = RandomVector<float>(gen, N * C);
     auto dx = RandomVector<float>(gen, N * C), dw = RandomVector<float>(gen, C);  // accumulate
     DeviceVector<float> d_x(x), d_w(w), d_y(N * C), d_rstd(N), d_dy(dy), d_dx(dx), d_dw(dw);
     ASSERT_OK(

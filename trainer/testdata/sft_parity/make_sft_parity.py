@@ -5,9 +5,10 @@ trainer/sft_parity_test.cc trains the Trainer on the files written here and must
 step's loss within 1e-5 relative (and the step's trained-target count exactly, its learning rate
 and its pre-clip gradient norm). CI never runs Python; it uses the committed files.
 
-For each architecture (llama, qwen2) this script writes, under trainer/testdata/sft_parity/<arch>/:
+For each architecture (llama, qwen2, phi3) this script writes, under trainer/testdata/sft_parity/<arch>/:
   model/          a tiny float32 Hugging Face directory (transformers' save_pretrained of a
-                  LlamaForCausalLM / Qwen2ForCausalLM of the shapes of model/testdata/hf_tiny_*,
+                  LlamaForCausalLM / Qwen2ForCausalLM of the shapes of model/testdata/hf_tiny_*
+                  (phi3: a Phi3ForCausalLM with a window of 8 and partial rotary, below),
                   every parameter N(0, 0.5^2) from torch.Generator seeded SEED + arch index, as
                   model/testdata/make_hf_testdata.py randomizes): the trainer's checkpoint.init_from
   examples.bin    EXAMPLES examples in the example-file format of docs (SPEC #36 §1), written here
@@ -53,7 +54,9 @@ Recorded run (from the repository root):
   # python 3.11.7, torch 2.15.0+cu132 (CPU, one thread), transformers 4.57.6, numpy 2.4.6,
   # safetensors 0.8.0
   /work/venv-peftnew/bin/python trainer/testdata/sft_parity/make_sft_parity.py
-Two runs give identical bytes in every file (checked).
+Two runs give identical bytes in every file (checked). phi3 was added later (issue #40) with
+  /work/venv-peftnew/bin/python trainer/testdata/sft_parity/make_sft_parity.py --only phi3
+(the same versions), which leaves the llama and qwen2 files as they were.
 
 Checked once (2026-12-07, on main before the example-file support, not a test): the same model
 directories, optimizer, schedule and clipping on a plain llm.c token file (every target trained,
@@ -103,6 +106,15 @@ ARCHS = {
         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
         rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True, hidden_act="silu",
         use_sliding_window=False, bos_token_id=None, eos_token_id=None), 3, 2.0),
+    # Phi-3 (issue #40): partial rotary (4 of 8 channels), a sliding window of 8 on every layer
+    # (examples up to T = 32 tokens are longer), fused qkv_proj / gate_up_proj in its files.
+    "phi3": (2, "Phi3Config", dict(
+        vocab_size=72, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        original_max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=100.0,
+        partial_rotary_factor=0.5, sliding_window=8, tie_word_embeddings=False,
+        resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0, pad_token_id=None,
+        bos_token_id=None, eos_token_id=None), 2, 2.5),
 }
 
 

@@ -18,22 +18,26 @@ namespace ps::cuda_internal {
 
 // --- RMSNorm (rmsnorm_kernels.cu) ---------------------------------------------------------------
 
-cudaError_t LaunchRmsNormForward(int64_t rows, int64_t channels, float eps, const float* x,
-                                 const float* w, float* y, float* rstd, cudaStream_t stream);
+// The gain is weight_offset + w[c] (0: Llama's w; 1: Gemma's 1 + w), summed in f32.
+cudaError_t LaunchRmsNormForward(int64_t rows, int64_t channels, float eps, float weight_offset,
+                                 const float* x, const float* w, float* y, float* rstd,
+                                 cudaStream_t stream);
 // dx += ..., dw += ... (dw a deterministic column reduction).
-cudaError_t LaunchRmsNormBackward(int64_t rows, int64_t channels, const float* x, const float* w,
-                                  const float* rstd, const float* dy, float* dx, float* dw,
-                                  cudaStream_t stream);
+cudaError_t LaunchRmsNormBackward(int64_t rows, int64_t channels, float weight_offset,
+                                  const float* x, const float* w, const float* rstd,
+                                  const float* dy, float* dx, float* dw, cudaStream_t stream);
 
 // --- Element-wise (llama_elementwise_kernels.cu) -------------------------------------------------
 
-// x [B,T,H,D] rotated in place by the tables cos/sin [P, D/2] (row t for position t); the
-// inverse rotation when `inverse`.
+// x [B,T,H,D] rotated in place by the tables cos/sin [P, R/2] (row t for position t): channels
+// [0, R) of each head (R = rotary_dim <= D; the rest untouched); the inverse rotation when
+// `inverse`.
 // positions: null (row (b, t) at position t) or [batch * seq_len] device int32; a position
 // outside [0, table_positions) turns its row into NaN.
 cudaError_t LaunchRope(int64_t batch, int64_t seq_len, int64_t num_heads, int64_t head_dim,
-                       int64_t table_positions, const float* cos, const float* sin,
-                       const int32_t* positions, float* x, bool inverse, cudaStream_t stream);
+                       int64_t rotary_dim, int64_t table_positions, const float* cos,
+                       const float* sin, const int32_t* positions, float* x, bool inverse,
+                       cudaStream_t stream);
 // h = silu(g) * u over n elements (h may equal g or u).
 cudaError_t LaunchSwiGluForward(int64_t n, const float* g, const float* u, float* h,
                                 cudaStream_t stream);
