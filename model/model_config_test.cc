@@ -46,7 +46,7 @@ constexpr Published kPublished[] = {
     {"qwen3-0.6b", 596'049'920},     {"qwen3-4b", 4'022'468'096},
     {"qwen2.5-14b", 14'770'033'664}, {"qwen2.5-32b", 32'763'876'352},
     {"smollm3-3b", 3'075'098'624},   {"olmo-2-1b", 1'484'916'736},
-    {"phi-4-mini", 3'836'021'760},
+    {"phi-4-mini", 3'836'021'760},   {"gemma-3-1b", 999'885'952},
 };
 
 void ExpectSameOperators(const std::vector<OperatorSpec>& a, const std::vector<OperatorSpec>& b) {
@@ -382,6 +382,13 @@ TEST(ModelConfigTest, ValidationNamesTheField) {
       {"olmo2's config.json has one attention_bias", [](ModelConfig& c) { c.mlp_bias = true; },
        "olmo-2-1b"},
       {"phi3 has no biases", [](ModelConfig& c) { c.qkv_bias = true; }, "phi-4-mini"},
+      {"gemma3_text's config.json has one attention_bias",
+       [](ModelConfig& c) { c.mlp_bias = true; }, "gemma-3-1b"},
+      {"gemma3_text uses hidden_act gelu_new",
+       [](ModelConfig& c) { c.hidden_act = HiddenAct::kSilu; }, "gemma-3-1b"},
+      {"rope_local_base_freq must be finite and positive",
+       [](ModelConfig& c) { c.rope_local_base_freq = 0; }, "gemma-3-1b"},
+      {"rope_local_base_freq must be 0", [](ModelConfig& c) { c.rope_local_base_freq = 10000; }},
       {"partial_rotary_factor must be 1", [](ModelConfig& c) { c.partial_rotary_factor = 0.5; }},
       {"partial_rotary_factor must be in (0, 1]",
        [](ModelConfig& c) { c.partial_rotary_factor = 1.25; }, "phi-4-mini"},
