@@ -315,6 +315,19 @@ absl::Status ParseRope(const Keys& keys, ModelConfig& c) {
     }
     return ParseLongRope(keys, *rope, rope_key, c);
   }
+  if (type == "linear" && c.family == ModelFamily::kGemma3) {
+    // Gemma 3 4B and up: inv_freq / factor on the global layers.
+    const json* f = inner.FindNonNull("factor");
+    if (f == nullptr) return keys.Invalid(sub("factor"), "is required for rope_type linear");
+    RopeScaling rs;
+    rs.type = RopeScalingType::kLinear;
+    ASSIGN_OR_RETURN(rs.factor, keys.AsNumber(sub("factor"), *f));
+    if (!std::isfinite(rs.factor) || rs.factor < 1) {
+      return keys.Invalid(sub("factor"), absl::StrCat("must be >= 1, got ", rs.factor));
+    }
+    c.rope_scaling = rs;
+    return absl::OkStatus();
+  }
   if (type != "llama3") {
     return keys.Unsupported(sub("rope_type"),
                             absl::StrCat("is \"", type, "\"; supported: default, llama3",
@@ -622,6 +635,8 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c, const HfConfigJso
           {"low_freq_factor", c.rope_scaling.low_freq_factor},
           {"high_freq_factor", c.rope_scaling.high_freq_factor},
           {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+    } else if (c.rope_scaling.type == RopeScalingType::kLinear) {
+      out["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
     } else if (c.rope_scaling.type == RopeScalingType::kLongRope) {
       out["rope_scaling"] = {{"type", "longrope"},
                              {"short_factor", c.rope_scaling.short_factor},

@@ -687,6 +687,21 @@ TEST(HfConfigTest, Gemma3Text) {
   EXPECT_THAT(json, ::testing::Not(HasSubstr("\"hidden_act\"")));
   ASSERT_OK_AND_ASSIGN(const ModelConfig back, ParseHfConfig(json, kPath));
   EXPECT_EQ(back, Named(preset, kPath)) << json;
+  // google/gemma-3-4b-pt's text_config as a gemma3_text config.json gives the 4b preset (linear
+  // rope scaling 8).
+  ASSERT_OK_AND_ASSIGN(const ModelConfig four, ParseHfConfig(R"({
+    "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "hidden_size": 2560,
+    "intermediate_size": 10240, "num_hidden_layers": 34, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256,
+    "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024,
+    "vocab_size": 262208, "torch_dtype": "bfloat16"})",
+                                                     kPath));
+  ASSERT_OK_AND_ASSIGN(const ModelConfig preset4, ModelPreset("gemma-3-4b"));
+  EXPECT_EQ(four, Named(preset4, kPath));
+  EXPECT_EQ(four.rope_scaling.type, RopeScalingType::kLinear);
+  ASSERT_OK_AND_ASSIGN(const std::string json4, HfConfigJson(preset4));
+  ASSERT_OK_AND_ASSIGN(const ModelConfig back4, ParseHfConfig(json4, kPath));
+  EXPECT_EQ(back4, Named(preset4, kPath)) << json4;
   // layer_types wins over the pattern; no sliding layer is no window.
   ASSERT_OK_AND_ASSIGN(const ModelConfig full, ParseHfConfig(R"({"model_type": "gemma3_text",
     "num_hidden_layers": 2, "layer_types": ["full_attention", "full_attention"]})",
@@ -732,6 +747,13 @@ TEST(HfConfigTest, Gemma3Text) {
                kUnimplemented, "\"use_bidirectional_attention\""},
            Bad{R"({"model_type": "gemma3_text", "rope_scaling": {"rope_type": "yarn",
                "factor": 8.0}})",
+               kUnimplemented, "\"rope_scaling.rope_type\""},
+           Bad{R"({"model_type": "gemma3_text", "rope_scaling": {"rope_type": "linear"}})",
+               kInvalid, "\"rope_scaling.factor\""},
+           Bad{R"({"model_type": "gemma3_text",
+               "rope_scaling": {"rope_type": "linear", "factor": "8"}})",
+               kInvalid, "\"rope_scaling.factor\""},
+           Bad{R"({"model_type": "llama", "rope_scaling": {"rope_type": "linear", "factor": 8}})",
                kUnimplemented, "\"rope_scaling.rope_type\""},
        }) {
     SCOPED_TRACE(bad.json);

@@ -64,6 +64,13 @@ namespace {
 //      (i + 1) % 6 == 0), rope_scaling null, hidden_activation gelu_pytorch_tanh, tied,
 //      bfloat16. transformers 4.57.6's Gemma3ForCausalLM on the meta device counts 999,885,952,
 //      the closed form's count.
+//  [G4] google/gemma-3-4b-pt's text_config (its config.json is Gemma3ForConditionalGeneration's;
+//      the preset is the text model, Gemma3ForCausalLM), as public ports quote it (not fetched
+//      here): vocab 262208, hidden 2560, intermediate 10240, 34 layers, 8 heads, 4 kv heads,
+//      head_dim 256, query_pre_attn_scalar 256, max_position_embeddings 131072, rope_theta 1e6
+//      with rope_scaling {"rope_type": "linear", "factor": 8.0}, rope_local_base_freq 10000,
+//      sliding_window 1024, pattern 6, tied, bfloat16. transformers 4.57.6's Gemma3ForCausalLM of
+//      that text config on the meta device counts 3,880,263,168, the closed form's count.
 // Tied/untied and dtypes not in [L]: Llama-2-7b-hf, Meta-Llama-3-8B and Mistral-7B-v0.3 have
 // tie_word_embeddings false (their safetensors indexes list lm_head.weight), TinyLlama's config
 // says false and float32 (its safetensors header holds F32 tensors only), Llama-2-7b-hf float16.
@@ -149,6 +156,9 @@ const LlamaPreset kLlamaPresets[] = {
     // in FromLlamaPreset.
     {"gemma-3-1b", ModelFamily::kGemma3, 262144, 1152, 26, 4, 1, 256, 6912, 32768, 1e-6, 1000000.0,
      kNoScaling, false, true, DType::kBF16},
+    // [G4] Gemma 3 4B's text model: linear RoPE scaling 8 on the global layers.
+    {"gemma-3-4b", ModelFamily::kGemma3, 262208, 2560, 34, 8, 4, 256, 10240, 131072, 1e-6, 1000000.0,
+     RopeScaling{.type = RopeScalingType::kLinear, .factor = 8.0}, false, true, DType::kBF16},
     // For tests: every llama feature that changes shapes (GQA, untied head) at a tiny size.
     {"llama-tiny", ModelFamily::kLlama, 256, 64, 2, 4, 2, 16, 160, 128, 1e-5, 10000.0, kNoScaling,
      false, false, DType::kF32},
@@ -185,7 +195,7 @@ ModelConfig FromLlamaPreset(const LlamaPreset& p) {
     // [G]: GeGLU, local layers of base 10000 with a window of 512, every sixth layer global.
     c.hidden_act = HiddenAct::kGeluTanh;
     c.rope_local_base_freq = 10000.0;
-    c.sliding_window = 512;
+    c.sliding_window = p.hidden_size == 1152 ? 512 : 1024;  // [G] 1b's 512, [G4] 4b's 1024
     for (int64_t i = 0; i < p.num_layers; ++i) c.sliding_window_layers.push_back((i + 1) % 6 != 0);
   }
   return c;
@@ -522,6 +532,18 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     if (!FinitePositive(c.rope_theta)) {
       return Invalid(c, absl::StrCat("rope_theta must be finite and positive, got ", c.rope_theta));
     }
+    if (rs.type == RopeScalingType::kLinear) {
+      if (c.family != ModelFamily::kGemma3) {
+        return Invalid(c, "rope_scaling linear is supported for gemma3_text only");
+      }
+      if (!std::isfinite(rs.factor) || rs.factor < 1) {
+        return Invalid(c, absl::StrCat("rope_scaling.factor must be >= 1, got ", rs.factor));
+      }
+      if (rs.low_freq_factor != 0 || rs.high_freq_factor != 0 ||
+          rs.original_max_position_embeddings != 0) {
+        return Invalid(c, "linear rope scaling has only a factor");
+      }
+    }
     if (rs.type == RopeScalingType::kLlama3) {
       if (!std::isfinite(rs.factor) || rs.factor < 1) {
         return Invalid(c, absl::StrCat("rope_scaling.factor must be >= 1, got ", rs.factor));
@@ -552,8 +574,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
         return Invalid(c, absl::StrCat("rope_local_base_freq must be finite and positive, got ",
                                        c.rope_local_base_freq));
       }
-      if (rs.type != RopeScalingType::kNone) {
-        return Invalid(c, "gemma3_text: rope_scaling other than none is not supported");
+      if (rs.type != RopeScalingType::kNone && rs.type != RopeScalingType::kLinear) {
+        return Invalid(c, "gemma3_text: rope_scaling other than none and linear is not supported");
       }
     } else if (c.rope_local_base_freq != 0) {
       return Invalid(c, absl::StrCat(family,

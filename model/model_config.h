@@ -155,10 +155,12 @@ absl::string_view HiddenActName(HiddenAct act);  // "silu", "gelu_new"
 // inv_freq[j] = 1 / (ext[j] rope_theta^(2j/rotary_dim)) with ext = short_factor for sequences
 // up to original_max_position_embeddings tokens and long_factor past them, and cos, sin
 // multiplied by LongRopeAttentionFactor (transformers' _compute_longrope_parameters).
-enum class RopeScalingType { kNone, kLlama3, kLongRope };
+// kLinear (gemma3_text only, its global layers): inv_freq / factor (transformers'
+// _compute_linear_scaling_rope_parameters; Gemma 3 4B's factor 8).
+enum class RopeScalingType { kNone, kLlama3, kLongRope, kLinear };
 struct RopeScaling {
   RopeScalingType type = RopeScalingType::kNone;
-  // kLlama3 only (zero otherwise).
+  // kLlama3 and kLinear only (zero otherwise).
   double factor = 0;
   double low_freq_factor = 0;
   double high_freq_factor = 0;
@@ -273,9 +275,9 @@ double LongRopeAttentionFactor(const ModelConfig& config);
 //   smollm3  silu, qkv_bias == o_proj_bias (one attention_bias key), no sliding window;
 //   olmo2    silu, qkv_bias == o_proj_bias (one attention_bias key), no MLP bias, no window;
 //   phi3     silu, no biases, a window (if any) on every layer;
-//   gemma3_text gelu_new (gelu_pytorch_tanh), qkv_bias == o_proj_bias, no MLP bias, no rope
-//            scaling but none, rope_local_base_freq finite and positive (0 for every other
-//            family);
+//   gemma3_text gelu_new (gelu_pytorch_tanh), qkv_bias == o_proj_bias, no MLP bias, rope scaling
+//            none or linear (factor >= 1; linear for gemma3_text only), rope_local_base_freq
+//            finite and positive (0 for every other family);
 // partial_rotary_factor 1 except for phi3, where it is in (0, 1] with rotary_dim() even and
 // positive;
 // layers_without_rope empty or one entry per layer, and set only for smollm3;
@@ -303,6 +305,7 @@ double LongRopeAttentionFactor(const ModelConfig& config);
 //   "olmo-2-1b"       allenai/OLMo-2-0425-1B                          1,484,916,736
 //   "phi-4-mini"      microsoft/Phi-4-mini-instruct                   3,836,021,760
 //   "gemma-3-1b"      google/gemma-3-1b-pt (text)                       999,885,952
+//   "gemma-3-4b"      google/gemma-3-4b-pt's text model               3,880,263,168
 //   "llama-tiny"      a 2-layer GQA Llama for tests (vocab 256, E 64, 4 heads, 2 kv heads)
 // and every GPT-2-architecture preset of GptPreset ("tiny", "gpt2", ..., "18B") converted with
 // FromGptConfig. InvalidArgument listing the known names for anything else.

@@ -316,6 +316,10 @@ absl::StatusOr<TransformerProgram> TransformerProgram::Create(const ModelConfig&
       rope.llama3 = RopeLlama3Params{rs.factor, rs.low_freq_factor, rs.high_freq_factor,
                                      static_cast<double>(rs.original_max_position_embeddings)};
     }
+    if (config.rope_scaling.type == RopeScalingType::kLinear) {
+      rope.scaling_type = "linear";  // Gemma 3's global layers (the local tables are plain)
+      rope.linear_factor = config.rope_scaling.factor;
+    }
     if (config.rope_scaling.type == RopeScalingType::kLongRope) {
       // transformers picks the long factors when the longest position + 1 exceeds
       // original_max_position_embeddings: here when the sequence does (packed rows restart their

@@ -46,6 +46,10 @@ Directories:
                          RMSNorms per layer and the per-head q/k norms (gains 1 + w with w in
                          U(-0.3, 0.3)), GeGLU, embeddings times sqrt(32). Ablation: every layer
                          full attention (no window, rope_theta everywhere).
+  parity_gemma3_linear   the same with rope_scaling {"rope_type": "linear", "factor": 4} (Gemma 3
+                         4B's kind) and rope_theta 100, on the full layer only (the sliding
+                         layers keep rope_local_base_freq's plain tables). Ablation: no
+                         rope_scaling.
 
 Recorded run (the committed files were made by it):
   /work/venv-peftnew/bin/python model/testdata/make_family_parity.py model/testdata
@@ -152,15 +156,17 @@ def phi3_longrope(original):
     return config
 
 
-def gemma3():
-    return transformers.Gemma3TextConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
-        max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
-        rope_local_base_freq=100.0, sliding_window=4,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, pad_token_id=None,
-        bos_token_id=None, eos_token_id=None, attn_implementation="eager")
+def gemma3(rope_theta=10000.0, rope_scaling=None):
+    def config():
+        return transformers.Gemma3TextConfig(
+            vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+            max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=rope_theta,
+            rope_scaling=rope_scaling, rope_local_base_freq=100.0, sliding_window=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, pad_token_id=None,
+            bos_token_id=None, eos_token_id=None, attn_implementation="eager")
+    return config
 
 
 def split_fused(config, name, tensor):
@@ -243,7 +249,9 @@ MODELS = {
     "phi3": (phi3, 4343, {"partial_rotary_factor": 1.0}),
     "phi3_longrope": (phi3_longrope(8), 4444, {"rope_scaling": None}),
     "phi3_shortrope": (phi3_longrope(32), 4545, {"rope_scaling": None}),
-    "gemma3": (gemma3, 4646, {"layer_types": ["full_attention"] * 3}),
+    "gemma3": (gemma3(), 4646, {"layer_types": ["full_attention"] * 3}),
+    "gemma3_linear": (gemma3(100.0, {"rope_type": "linear", "factor": 4.0}), 4747,
+                      {"rope_scaling": None}),
 }
 
 
