@@ -65,6 +65,8 @@
 //   p mlp.up_proj                          p mlp.up_proj.weight [I, E] (+ .bias [I])
 //   p mlp.down_proj                        p mlp.down_proj.weight [E, I] (+ .bias [E])
 //   model.norm                             model.norm.weight [E]
+// Gemma 3's layer: input_layernorm, self_attn.qkv_proj (q_norm, k_norm [D]), self_attn.o_proj,
+// post_attention_layernorm, pre_feedforward_layernorm, the MLP, post_feedforward_layernorm.
 // OLMo 2's layer has no input_layernorm: self_attn.qkv_proj, self_attn.o_proj,
 // post_attention_layernorm, the MLP, then post_feedforward_layernorm (weight [E]), the order its
 // forward uses them.

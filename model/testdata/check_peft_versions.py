@@ -91,9 +91,14 @@ RUNS = {
     # merged export writes the fused tensors back.
     "phi3": {"lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
                       "target_modules": ["o_proj", "down_proj"]}},
+    # Gemma 3 text (issue #40; base parity_gemma3: sliding / full / sliding layers, a window of
+    # 4 < SEQ_LEN, (1 + w) norms, GeGLU, tied): q, k, v (read by the q/k norms) and gate, up.
+    "gemma3": {"lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
+                        "target_modules": ["q_proj", "k_proj", "v_proj", "gate_proj",
+                                           "up_proj"]}},
 }
 # The base directory of each architecture (model/testdata/hf_tiny_<arch> unless named here).
-BASES = {"phi3": "parity_phi3"}
+BASES = {"phi3": "parity_phi3", "gemma3": "parity_gemma3"}
 SEQ_LEN, MICRO_BATCH, STEPS = 16, 2, 6
 
 
