@@ -72,6 +72,7 @@
 #include "base/thread_pool.h"
 #include "base/units.h"
 #include "benchmarks/internal/child_run.h"
+#include "benchmarks/internal/gemm_breakdown.h"
 #include "chunk/operator_spec.h"
 #include "memory/backend.h"
 #include "memory/cpu_backend.h"
@@ -121,6 +122,13 @@ ABSL_FLAG(std::string, bnb_4bit_compute_dtype, "float32",
 ABSL_FLAG(int, threads, 0, "the model's threads (0: one per hardware thread, as the trainer)");
 ABSL_FLAG(std::string, link_probe, "256MiB", "bytes of the host -> accelerator copy probe");
 ABSL_FLAG(bool, plan_only, false, "print the plans and exit (no training, no probes)");
+ABSL_FLAG(int64_t, layers, 0,
+          "keep only this many layers of the preset (0: all): the real widths, vocabulary and "
+          "attention shape with fewer layers, e.g. a llama-2-7b step that fits a small machine");
+ABSL_FLAG(bool, gemm_breakdown, true,
+          "after the run: time each GEMM of the step (base projections, LoRA side GEMMs, LM head "
+          "tiles) alone at its shape, against the GEMM probe (benchmarks/internal/"
+          "gemm_breakdown.h); Llama architecture only");
 
 namespace ps {
 namespace {
@@ -192,6 +200,7 @@ absl::StatusOr<TrainConfig> MakeConfig(bool lora) {
     o.lora_target_modules = absl::GetFlag(FLAGS_lora_target_modules);
   }
   RETURN_IF_ERROR(ApplyOverrides(o, &c));
+  if (absl::GetFlag(FLAGS_layers) > 0) c.model.num_layers = absl::GetFlag(FLAGS_layers);
   c.bf16 = absl::GetFlag(FLAGS_dtype) == "bf16";
   if (lora && absl::GetFlag(FLAGS_load_in_4bit)) {
     c.quantization.load_in_4bit = true;
@@ -581,6 +590,34 @@ int Main() {
     ThreadPool pool(Threads());
     gemm = std::max(GemmFlopsPerS(dtype, 1024, 3, &pool), GemmFlopsPerS(dtype, 2048, 2, &pool));
   }
+  // Where the step's GEMM time goes: each GEMM alone at the step's shape, against the probe.
+  double gemm_sum_s = 0;
+  if (absl::GetFlag(FLAGS_gemm_breakdown) &&
+      model->architecture() != ModelArchitecture::kGpt2 && !quant4.has_value()) {
+    ThreadPool pool(Threads());
+    benchmarks_internal::GemmBreakdownShape shape;
+    shape.rows = absl::GetFlag(FLAGS_micro_batch_size) * absl::GetFlag(FLAGS_seq_len);
+    shape.hidden = model->hidden_size;
+    shape.q_dim = model->q_size();
+    shape.kv_dim = model->kv_size();
+    shape.intermediate = model->intermediate_size;
+    shape.vocab = model->vocab_size;
+    shape.layers = model->num_layers;
+    shape.bf16 = dtype == DType::kBF16;
+    shape.frozen_base = true;
+    shape.activation_checkpointing = lora_config->model.activation_checkpointing;
+    shape.lora_rank = lora.r;
+    shape.lora_targets = lora.target_modules;
+    const std::vector<benchmarks_internal::GemmBreakdownRow> rows =
+        benchmarks_internal::TimeLlamaGemms(shape, 2, &pool);
+    const double probe = std::max(GemmFlopsPerS(dtype, 1024, 3, &pool),
+                                  GemmFlopsPerS(dtype, 2048, 2, &pool));
+    std::cout.flush();
+    gemm_sum_s = benchmarks_internal::PrintGemmBreakdown(
+        rows, 0.5 * (gemm + probe),
+        absl::StrCat(dtype_name, " GEMM: the mean of the probes before and after it"));
+    std::fflush(stdout);
+  }
   // The LoRA plan again with the child's own resident set before Trainer::Create, as the trainer
   // planned it.
   const PlanOutcome planned =
@@ -661,6 +698,7 @@ int Main() {
       "| step lower bound: max(link minimum %.2f s, useful FLOPs at the GEMM probe's rate %.2f s) "
       "| %.2f s; step / bound %.2fx |\n"
       "| useful FLOPs per step / rate over compute | %.3g / %.1f GFLOP/s |\n"
+      "| the step's GEMMs timed alone (breakdown above) / compute | %.2f s / %.3f |\n"
       "| %s GEMM probe (n = 1024, 2048, %d threads) / fraction | %.1f GFLOP/s / %.3f |\n"
       "| frozen (base) chunk bytes written back, whole run | %d (%s) |\n"
       "| run: loads / write-backs / clean evictions / prefetches (hits) / pressure reclaims | "
@@ -677,7 +715,8 @@ int Main() {
       GiB(min_link_bytes), Ratio(loaded, min_link_bytes), MiB(static_cast<int64_t>(written)),
       absl::GetFlag(FLAGS_link_probe), GBs(*link), min_link_s, loaded_link_s,
       Ratio(step_s, min_link_s), min_link_s, gemm_s, bound_s, Ratio(step_s, bound_s), flops,
-      flop_rate / 1e9, dtype_name, Threads(), gemm / 1e9, Ratio(flop_rate, gemm),
+      flop_rate / 1e9, gemm_sum_s, Ratio(gemm_sum_s, compute_s), dtype_name, Threads(),
+      gemm / 1e9, Ratio(flop_rate, gemm),
       run.frozen_writeback_bytes, frozen_clean ? "0: frozen means frozen" : "NOT 0", run.loads,
       run.write_backs, run.clean_evictions, run.prefetches, run.prefetch_hits,
       run.pressure_reclaims);
@@ -701,13 +740,13 @@ int Main() {
       "written_back_bytes_per_step=%.0f frozen_writeback_bytes=%d link_bytes_per_s=%.0f "
       "link_min_s=%.3f step_over_link_min=%.3f gemm_bound_s=%.3f step_over_bound=%.3f "
       "useful_flops=%.4g gemm_flops_per_s=%.4g "
-      "flops_fraction=%.4f run_s=%.1f\n",
+      "flops_fraction=%.4f gemm_breakdown_s=%.3f run_s=%.1f\n",
       plan_line, run.steps, trained_here ? 1 : 0, step_s, compute_s, copy_wait_s, optimizer_s,
       run.host_peak_bytes, run.host_baseline_bytes, plan.host_peak_bytes,
       plan.host_expected_peak_bytes, host_expected_ratio, run.accelerator_peak_total_bytes,
       plan.predicted_accelerator_peak_bytes, acc_ratio, loaded, written, run.frozen_writeback_bytes,
       *link, min_link_s, Ratio(step_s, min_link_s), gemm_s, Ratio(step_s, bound_s), flops, gemm,
-      Ratio(flop_rate, gemm), run.seconds);
+      Ratio(flop_rate, gemm), gemm_sum_s, run.seconds);
   return frozen_clean ? 0 : 1;
 }
 
