@@ -129,6 +129,8 @@ ABSL_FLAG(bool, gemm_breakdown, true,
           "after the run: time each GEMM of the step (base projections, LoRA side GEMMs, LM head "
           "tiles) alone at its shape, against the GEMM probe (benchmarks/internal/"
           "gemm_breakdown.h); Llama architecture only");
+ABSL_FLAG(bool, gemm_breakdown_only, false,
+          "print the plans and the GEMM breakdown (with its probes) and exit: no training");
 
 namespace ps {
 namespace {
@@ -366,6 +368,43 @@ double GemmFlopsPerS(DType dtype, int64_t n, int reps, ThreadPool* pool) {
   return 2.0 * static_cast<double>(n) * n * n / best;
 }
 
+// The GEMM breakdown (benchmarks/internal/gemm_breakdown.h) of the LoRA step's shapes, against the
+// mean of `probe_before` and a probe right after it; Llama architecture only. Returns the GEMMs'
+// seconds per step (0 when skipped).
+double GemmBreakdown(const ModelConfig& model, const LoraConfig& lora, DType dtype,
+                     bool activation_checkpointing, double probe_before) {
+  if (model.architecture() == ModelArchitecture::kGpt2) {
+    std::cout << "\n(GEMM breakdown: Llama architecture only; skipped)\n";
+    return 0;
+  }
+  ThreadPool pool(Threads());
+  benchmarks_internal::GemmBreakdownShape shape;
+  shape.rows = absl::GetFlag(FLAGS_micro_batch_size) * absl::GetFlag(FLAGS_seq_len);
+  shape.hidden = model.hidden_size;
+  shape.q_dim = model.q_size();
+  shape.kv_dim = model.kv_size();
+  shape.intermediate = model.intermediate_size;
+  shape.vocab = model.vocab_size;
+  shape.layers = model.num_layers;
+  shape.bf16 = dtype == DType::kBF16;
+  shape.frozen_base = true;
+  shape.activation_checkpointing = activation_checkpointing;
+  shape.lora_rank = lora.r;
+  shape.lora_targets = lora.target_modules;
+  const std::vector<benchmarks_internal::GemmBreakdownRow> rows =
+      benchmarks_internal::TimeLlamaGemms(shape, 2, &pool);
+  const double probe_after =
+      std::max(GemmFlopsPerS(dtype, 1024, 3, &pool), GemmFlopsPerS(dtype, 2048, 2, &pool));
+  std::cout.flush();
+  const double sum = benchmarks_internal::PrintGemmBreakdown(
+      rows, 0.5 * (probe_before + probe_after),
+      absl::StrFormat("%s GEMM: the mean of the probes before (%.1f) and after (%.1f GFLOP/s)",
+                      dtype == DType::kBF16 ? "bf16" : "f32", probe_before / 1e9,
+                      probe_after / 1e9));
+  std::fflush(stdout);
+  return sum;
+}
+
 // --- Counting -----------------------------------------------------------------------------------
 
 struct ParamCounts {
@@ -563,6 +602,13 @@ int Main() {
     std::cout << "lora_benchmark: plan_only=1 " << plan_line << "\n";
     return lora_plan.fits.ok() ? 0 : 1;
   }
+  if (absl::GetFlag(FLAGS_gemm_breakdown_only)) {
+    ThreadPool pool(Threads());
+    const double probe =
+        std::max(GemmFlopsPerS(dtype, 1024, 3, &pool), GemmFlopsPerS(dtype, 2048, 2, &pool));
+    GemmBreakdown(*model, lora, dtype, lora_config->model.activation_checkpointing, probe);
+    return 0;
+  }
   if (!lora_plan.fits.ok()) {
     std::cerr << "the LoRA run does not fit (the trainer would refuse it): "
               << lora_plan.fits.message() << "\n";
@@ -591,33 +637,10 @@ int Main() {
     gemm = std::max(GemmFlopsPerS(dtype, 1024, 3, &pool), GemmFlopsPerS(dtype, 2048, 2, &pool));
   }
   // Where the step's GEMM time goes: each GEMM alone at the step's shape, against the probe.
-  double gemm_sum_s = 0;
-  if (absl::GetFlag(FLAGS_gemm_breakdown) &&
-      model->architecture() != ModelArchitecture::kGpt2 && !quant4.has_value()) {
-    ThreadPool pool(Threads());
-    benchmarks_internal::GemmBreakdownShape shape;
-    shape.rows = absl::GetFlag(FLAGS_micro_batch_size) * absl::GetFlag(FLAGS_seq_len);
-    shape.hidden = model->hidden_size;
-    shape.q_dim = model->q_size();
-    shape.kv_dim = model->kv_size();
-    shape.intermediate = model->intermediate_size;
-    shape.vocab = model->vocab_size;
-    shape.layers = model->num_layers;
-    shape.bf16 = dtype == DType::kBF16;
-    shape.frozen_base = true;
-    shape.activation_checkpointing = lora_config->model.activation_checkpointing;
-    shape.lora_rank = lora.r;
-    shape.lora_targets = lora.target_modules;
-    const std::vector<benchmarks_internal::GemmBreakdownRow> rows =
-        benchmarks_internal::TimeLlamaGemms(shape, 2, &pool);
-    const double probe = std::max(GemmFlopsPerS(dtype, 1024, 3, &pool),
-                                  GemmFlopsPerS(dtype, 2048, 2, &pool));
-    std::cout.flush();
-    gemm_sum_s = benchmarks_internal::PrintGemmBreakdown(
-        rows, 0.5 * (gemm + probe),
-        absl::StrCat(dtype_name, " GEMM: the mean of the probes before and after it"));
-    std::fflush(stdout);
-  }
+  const double gemm_sum_s =
+      absl::GetFlag(FLAGS_gemm_breakdown) && !quant4.has_value()
+          ? GemmBreakdown(*model, lora, dtype, lora_config->model.activation_checkpointing, gemm)
+          : 0;
   // The LoRA plan again with the child's own resident set before Trainer::Create, as the trainer
   // planned it.
   const PlanOutcome planned =
