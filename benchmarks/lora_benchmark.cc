@@ -401,6 +401,7 @@ double GemmBreakdown(const ModelConfig& model, const LoraConfig& lora, DType dty
       absl::StrFormat("%s GEMM: the mean of the probes before (%.1f) and after (%.1f GFLOP/s)",
                       dtype == DType::kBF16 ? "bf16" : "f32", probe_before / 1e9,
                       probe_after / 1e9));
+  benchmarks_internal::PrintSkinnyGridAb(shape, 3, &pool);
   std::fflush(stdout);
   return sum;
 }

@@ -37,6 +37,12 @@ double BestSeconds(int reps, const std::function<void()>& fn) {
   return best;
 }
 
+double OnceSeconds(const std::function<void()>& fn) {
+  const Clock::time_point t0 = Clock::now();
+  fn();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 std::vector<float> Random(int64_t n, float scale, uint32_t seed) {
   std::mt19937 gen(seed);
   std::uniform_real_distribution<float> dist(-scale, scale);
@@ -192,6 +198,81 @@ std::vector<GemmBreakdownRow> TimeLlamaGemms(const GemmBreakdownShape& s, int re
                     flops * (s.frozen_base ? 1 : 2), grads});
   }
   return rows;
+}
+
+double PrintSkinnyGridAb(const GemmBreakdownShape& s, int reps, ThreadPool* pool) {
+  struct AbShape {
+    std::string op;
+    bool tb;
+    int64_t m, n, k, calls;
+  };
+  const int64_t N = s.rows, C = s.hidden, fw = s.activation_checkpointing ? 2 : 1;
+  const int64_t R = std::min(N, s.row_tile), Vt = std::min(s.vocab, s.vocab_tile);
+  const int64_t tiles = (s.vocab + Vt - 1) / Vt * ((N + R - 1) / R);
+  const std::vector<AbShape> shapes = {
+      {"q_proj, o_proj forward", false, N, s.q_dim, C, 2 * fw * s.layers},
+      {"q_proj, o_proj dX", true, N, C, s.q_dim, 2 * s.layers},
+      {"k_proj, v_proj forward", false, N, s.kv_dim, C, 2 * fw * s.layers},
+      {"k_proj, v_proj dX", true, N, C, s.kv_dim, 2 * s.layers},
+      {"gate_proj, up_proj forward", false, N, s.intermediate, C, 2 * fw * s.layers},
+      {"gate_proj, up_proj dX", true, N, C, s.intermediate, 2 * s.layers},
+      {"down_proj forward", false, N, C, s.intermediate, fw * s.layers},
+      {"down_proj dX", true, N, s.intermediate, C, s.layers},
+      {"LM head logits tile", true, R, Vt, C, 2 * tiles},
+      {"LM head dh tile", false, R, C, Vt, tiles}};
+  std::printf(
+      "\nskinny GEMM grid (issue #38: one row block of all m <= 256 rows) vs the former grid "
+      "(64-row blocks), f32 sgemm, alternating calls in this run:\n| GEMM | m x n x k | former "
+      "ms | current ms | speedup |\n|---|---|---|---|---|\n");
+  double former_total = 0, current_total = 0;
+  std::string line = "gemm_grid_ab:";
+  for (const AbShape& g : shapes) {
+    const kernels_internal::GemmBlocks now = kernels_internal::GemmBlocksFor(g.m, g.n);
+    const std::vector<float> a = Random(g.m * g.k, 1.0f, 11), b = Random(g.k * g.n, 0.02f, 12);
+    std::vector<float> c(static_cast<size_t>(g.m * g.n));
+    const int64_t ldb = g.tb ? g.k : g.n;
+    const auto current = [&] {
+      kernels_internal::Gemm(false, g.tb, g.m, g.n, g.k, 1.0f, a.data(), g.k, b.data(), ldb, 0.0f,
+                             c.data(), g.n, pool);
+    };
+    const int64_t rows = 64, m_blocks = (g.m + rows - 1) / rows;
+    const int64_t n_blocks = (g.n + now.cols - 1) / now.cols;
+    const auto former = [&] {
+      const auto block = [&](int64_t task) {
+        const int64_t m0 = task / n_blocks * rows, n0 = task % n_blocks * now.cols;
+        kernels_internal::GemmSingleCall(false, g.tb, std::min(rows, g.m - m0),
+                                         std::min(now.cols, g.n - n0), g.k, 1.0f,
+                                         a.data() + m0 * g.k, g.k,
+                                         g.tb ? b.data() + n0 * ldb : b.data() + n0, ldb, 0.0f,
+                                         c.data() + m0 * g.n + n0, g.n);
+      };
+      if (pool == nullptr) {
+        for (int64_t t = 0; t < m_blocks * n_blocks; ++t) block(t);
+      } else {
+        pool->ParallelFor(m_blocks * n_blocks, block);
+      }
+    };
+    current();
+    former();
+    double best_current = 1e30, best_former = 1e30;
+    for (int r = 0; r < std::max(1, reps); ++r) {
+      best_current = std::min(best_current, OnceSeconds(current));
+      best_former = std::min(best_former, OnceSeconds(former));
+    }
+    former_total += best_former * static_cast<double>(g.calls);
+    current_total += best_current * static_cast<double>(g.calls);
+    std::printf("| %s | %s | %.2f | %.2f | %.3fx |\n", g.op.c_str(), Mnk(g.m, g.n, g.k).c_str(),
+                best_former * 1e3, best_current * 1e3, best_former / best_current);
+    std::string key = g.op;
+    for (char& ch : key) {
+      if (ch == ' ' || ch == ',') ch = '_';
+    }
+    absl::StrAppend(&line, absl::StrFormat(" %s=%.3f", key, best_former / best_current));
+  }
+  const double speedup = former_total / std::max(current_total, 1e-12);
+  std::printf("| the step's GEMMs (per step) | | %.1f | %.1f | %.3fx |\n%s step=%.3f\n",
+              former_total * 1e3, current_total * 1e3, speedup, line.c_str(), speedup);
+  return speedup;
 }
 
 double PrintGemmBreakdown(const std::vector<GemmBreakdownRow>& rows, double peak_flops,

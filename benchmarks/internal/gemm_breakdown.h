@@ -50,6 +50,15 @@ struct GemmBreakdownRow {
 std::vector<GemmBreakdownRow> TimeLlamaGemms(const GemmBreakdownShape& shape, int reps,
                                              ThreadPool* pool);
 
+// The skinny-GEMM grid of issue #38 against the grid before it, in the same run: each distinct
+// sgemm shape of the step (the base projections forward and dX, the LM head tiles; f32 operands,
+// as the f32 kernels and the bf16 fallback hand OpenBLAS) computed alternately by
+// kernels_internal::Gemm (one row block of all m <= 256 rows) and by the former grid (64-row
+// blocks, the same column blocks, each block one GemmSingleCall), `reps` times each after a
+// warm-up; best times. Prints a Markdown table and "gemm_grid_ab: ..." and returns the
+// FLOP-weighted speedup (former time / current time over all shapes, weighted by calls per step).
+double PrintSkinnyGridAb(const GemmBreakdownShape& shape, int reps, ThreadPool* pool);
+
 // Prints the rows as a Markdown table with each row's fraction of `peak_flops` (FLOP/s), the
 // per-step totals, and one machine-readable line "gemm_breakdown: op=seconds_per_step,fraction
 // ...". Returns the rows' seconds per step summed.
