@@ -29,7 +29,12 @@
 //     probe's rate. The step's useful FLOPs (model/model_config.h ModelTrainingFlops with the
 //     frozen base's backward computing input gradients only: linear and head 4 of the 6 FLOPs per
 //     weight and token, attention all of it, plus the adapters' 2 r (in + out) forward and
-//     6 r (in + out) forward and backward per token) over the compute time, against the probe.
+//     6 r (in + out) forward and backward per token) over the compute time, against the probe
+//     (the mean of a GEMM probe right before the training child and one right after it);
+//  4. (issue #38, --gemm_breakdown, Llama architecture) every GEMM of the step alone at its shape
+//     — the base projections' forward and dX, the LoRA rank-r side GEMMs, the LM head's tiles —
+//     with its fraction of the probe (benchmarks/internal/gemm_breakdown.h), and the skinny-GEMM
+//     grid against the former 64-row grid in alternating calls of the same run.
 //
 //   bazel run -c opt //benchmarks:lora_benchmark -- --model=llama-2-7b --steps=2
 //       (the headline: about 17 GiB of host memory, the plan's bound, and minutes per step on a
@@ -40,6 +45,9 @@
 //       default — --bnb_4bit_quant_type, --bnb_4bit_use_double_quant, --bnb_4bit_compute_dtype —
 //       and the bytes per base parameter printed)
 //   bazel run -c opt //benchmarks:lora_benchmark -- --model=llama-2-7b --plan_only
+//   bazel run -c opt //benchmarks:lora_benchmark -- --model=llama-2-7b --layers=2 --steps=3
+//       (the 7B widths, vocabulary and LM head with 2 layers: ~2.4 GiB of host memory)
+//   bazel run -c opt //benchmarks:lora_benchmark -- --model=llama-2-7b --gemm_breakdown_only
 //   bazel run -c opt //benchmarks:lora_benchmark -- --model=gpt2
 //       --lora_target_modules=c_attn,c_proj --accelerator_memory=128MiB    (small shapes)
 //
@@ -619,6 +627,15 @@ int Main() {
   // 2. The LoRA run.
   std::cout << absl::StrFormat("\ntraining %d steps (1 warm-up) in a child process...\n", steps);
   std::cout.flush();
+  // The GEMM probe right before the run too (its buffers and threads gone before the fork): on a
+  // machine shared with other work the rate swings between minutes, and a probe taken only after
+  // the run measured 19-89 GFLOP/s (bf16 fallback, Zen 3) around steps that ran at 11-24.
+  double gemm_before = 0;
+  {
+    ThreadPool pool(Threads());
+    gemm_before =
+        std::max(GemmFlopsPerS(dtype, 1024, 3, &pool), GemmFlopsPerS(dtype, 2048, 2, &pool));
+  }
   const RunResult run = Train(*lora_config);
   if (!run.ok) {
     std::cerr << "training failed: " << run.error << "\n";
@@ -632,15 +649,19 @@ int Main() {
     std::cerr << "link probe: " << link.status() << "\n";
     return 1;
   }
-  double gemm = 0;
+  double gemm_after = 0;
   {
     ThreadPool pool(Threads());
-    gemm = std::max(GemmFlopsPerS(dtype, 1024, 3, &pool), GemmFlopsPerS(dtype, 2048, 2, &pool));
+    gemm_after =
+        std::max(GemmFlopsPerS(dtype, 1024, 3, &pool), GemmFlopsPerS(dtype, 2048, 2, &pool));
   }
+  // The yardstick: the mean of the probes right before and right after the run.
+  const double gemm = 0.5 * (gemm_before + gemm_after);
   // Where the step's GEMM time goes: each GEMM alone at the step's shape, against the probe.
   const double gemm_sum_s =
       absl::GetFlag(FLAGS_gemm_breakdown) && !quant4.has_value()
-          ? GemmBreakdown(*model, lora, dtype, lora_config->model.activation_checkpointing, gemm)
+          ? GemmBreakdown(*model, lora, dtype, lora_config->model.activation_checkpointing,
+                          gemm_after)
           : 0;
   // The LoRA plan again with the child's own resident set before Trainer::Create, as the trainer
   // planned it.
@@ -723,7 +744,8 @@ int Main() {
       "| %.2f s; step / bound %.2fx |\n"
       "| useful FLOPs per step / rate over compute | %.3g / %.1f GFLOP/s |\n"
       "| the step's GEMMs timed alone (breakdown above) / compute | %.2f s / %.3f |\n"
-      "| %s GEMM probe (n = 1024, 2048, %d threads) / fraction | %.1f GFLOP/s / %.3f |\n"
+      "| %s GEMM probe (n = 1024, 2048, %d threads; mean of before %.1f and after %.1f) / "
+      "fraction | %.1f GFLOP/s / %.3f |\n"
       "| frozen (base) chunk bytes written back, whole run | %d (%s) |\n"
       "| run: loads / write-backs / clean evictions / prefetches (hits) / pressure reclaims | "
       "%d / %d / %d / %d (%d) / %d |\n",
@@ -740,7 +762,7 @@ int Main() {
       absl::GetFlag(FLAGS_link_probe), GBs(*link), min_link_s, loaded_link_s,
       Ratio(step_s, min_link_s), min_link_s, gemm_s, bound_s, Ratio(step_s, bound_s), flops,
       flop_rate / 1e9, gemm_sum_s, Ratio(gemm_sum_s, compute_s), dtype_name, Threads(),
-      gemm / 1e9, Ratio(flop_rate, gemm),
+      gemm_before / 1e9, gemm_after / 1e9, gemm / 1e9, Ratio(flop_rate, gemm),
       run.frozen_writeback_bytes, frozen_clean ? "0: frozen means frozen" : "NOT 0", run.loads,
       run.write_backs, run.clean_evictions, run.prefetches, run.prefetch_hits,
       run.pressure_reclaims);
@@ -763,13 +785,15 @@ int Main() {
       "accelerator_measured_over_plan=%.4f loaded_bytes_per_step=%.0f "
       "written_back_bytes_per_step=%.0f frozen_writeback_bytes=%d link_bytes_per_s=%.0f "
       "link_min_s=%.3f step_over_link_min=%.3f gemm_bound_s=%.3f step_over_bound=%.3f "
-      "useful_flops=%.4g gemm_flops_per_s=%.4g "
+      "useful_flops=%.4g gemm_flops_per_s=%.4g gemm_before_flops_per_s=%.4g "
+      "gemm_after_flops_per_s=%.4g "
       "flops_fraction=%.4f gemm_breakdown_s=%.3f run_s=%.1f\n",
       plan_line, run.steps, trained_here ? 1 : 0, step_s, compute_s, copy_wait_s, optimizer_s,
       run.host_peak_bytes, run.host_baseline_bytes, plan.host_peak_bytes,
       plan.host_expected_peak_bytes, host_expected_ratio, run.accelerator_peak_total_bytes,
       plan.predicted_accelerator_peak_bytes, acc_ratio, loaded, written, run.frozen_writeback_bytes,
       *link, min_link_s, Ratio(step_s, min_link_s), gemm_s, Ratio(step_s, bound_s), flops, gemm,
+      gemm_before, gemm_after,
       Ratio(flop_rate, gemm), gemm_sum_s, run.seconds);
   return frozen_clean ? 0 : 1;
 }
