@@ -646,6 +646,9 @@ int Main() {
       benchmarks_internal::PrintGemmBreakdown(
           benchmarks_internal::TimeLlamaGemms(shape, 2, &pool), peak,
           shape.bf16 ? "bf16 GEMM" : "sgemm");
+      if (dtype == dtypes.front() && shape.rows <= 256) {
+        benchmarks_internal::PrintSkinnyGridAb(shape, 3, &pool);
+      }
     }
   }
   if (absl::GetFlag(FLAGS_breakdown) && gpt2) {
