@@ -642,7 +642,7 @@ int Main() {
       shape.vocab = model.vocab_size;
       shape.layers = model.num_layers;
       shape.bf16 = dtype == DType::kBF16;
-      const double peak = shape.bf16 ? peaks.bf16 : peaks.sgemm;
+      const double peak = 1e9 * (shape.bf16 ? peaks.bf16 : peaks.sgemm);  // FLOP/s
       benchmarks_internal::PrintGemmBreakdown(
           benchmarks_internal::TimeLlamaGemms(shape, 2, &pool), peak,
           shape.bf16 ? "bf16 GEMM" : "sgemm");
