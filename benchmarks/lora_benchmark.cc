@@ -793,8 +793,7 @@ int Main() {
       plan.host_expected_peak_bytes, host_expected_ratio, run.accelerator_peak_total_bytes,
       plan.predicted_accelerator_peak_bytes, acc_ratio, loaded, written, run.frozen_writeback_bytes,
       *link, min_link_s, Ratio(step_s, min_link_s), gemm_s, Ratio(step_s, bound_s), flops, gemm,
-      gemm_before, gemm_after,
-      Ratio(flop_rate, gemm), gemm_sum_s, run.seconds);
+      gemm_before, gemm_after, Ratio(flop_rate, gemm), gemm_sum_s, run.seconds);
   return frozen_clean ? 0 : 1;
 }
 

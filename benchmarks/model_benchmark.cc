@@ -643,9 +643,8 @@ int Main() {
       shape.layers = model.num_layers;
       shape.bf16 = dtype == DType::kBF16;
       const double peak = 1e9 * (shape.bf16 ? peaks.bf16 : peaks.sgemm);  // FLOP/s
-      benchmarks_internal::PrintGemmBreakdown(
-          benchmarks_internal::TimeLlamaGemms(shape, 2, &pool), peak,
-          shape.bf16 ? "bf16 GEMM" : "sgemm");
+      benchmarks_internal::PrintGemmBreakdown(benchmarks_internal::TimeLlamaGemms(shape, 2, &pool),
+                                              peak, shape.bf16 ? "bf16 GEMM" : "sgemm");
       if (dtype == dtypes.front() && shape.rows <= 256) {
         benchmarks_internal::PrintSkinnyGridAb(shape, 3, &pool);
       }

@@ -86,16 +86,16 @@ std::vector<GemmBreakdownRow> TimeLlamaGemms(const GemmBreakdownShape& s, int re
     const std::vector<uint16_t> w16 = Bf16(w);
     std::vector<float> y(static_cast<size_t>(N * p.out)), dx(static_cast<size_t>(N * p.in));
     std::vector<float> dw(s.frozen_base ? 0 : static_cast<size_t>(p.in * p.out));
-    std::vector<float> ws(static_cast<size_t>(std::max(MatmulBf16ForwardWorkspaceElems(shape),
-                                                       MatmulBf16BackwardWorkspaceElems(shape))));
+    std::vector<float> ws(static_cast<size_t>(
+        std::max(MatmulBf16ForwardWorkspaceElems(shape), MatmulBf16BackwardWorkspaceElems(shape))));
     const double fwd_flops = 2.0 * N * p.in * p.out;
     const int64_t calls = p.per_layer * s.layers;
     const double fwd = BestSeconds(reps, [&] {
       Ok(s.bf16 ? MatmulForwardBf16(shape, x, w16, b, absl::MakeSpan(y), absl::MakeSpan(ws), pool)
                 : MatmulForward<float>(shape, x, w, b, absl::MakeSpan(y), pool));
     });
-    rows.push_back({absl::StrCat(p.name, " forward"), Mnk(N, p.out, p.in), calls * forwards,
-                    fwd_flops, fwd});
+    rows.push_back(
+        {absl::StrCat(p.name, " forward"), Mnk(N, p.out, p.in), calls * forwards, fwd_flops, fwd});
     const double bwd = BestSeconds(reps, [&] {
       Ok(s.bf16 ? MatmulBackwardBf16(shape, x, w16, dy, absl::MakeSpan(dx), absl::MakeSpan(dw), {},
                                      absl::MakeSpan(ws), pool)
@@ -116,8 +116,8 @@ std::vector<GemmBreakdownRow> TimeLlamaGemms(const GemmBreakdownShape& s, int re
       }
       if (targeted == 0) continue;
       const int64_t R = s.lora_rank;
-      const LoraShape shape{.rows = N, .in_features = p.in, .out_features = p.out, .rank = R,
-                            .scale = 2.0f};
+      const LoraShape shape{
+          .rows = N, .in_features = p.in, .out_features = p.out, .rank = R, .scale = 2.0f};
       const std::vector<float> x = Random(N * p.in, 1.0f, 4), dy = Random(N * p.out, 1e-2f, 5);
       const std::vector<float> a = Random(R * p.in, 0.02f, 6), bb = Random(p.out * R, 0.02f, 7);
       std::vector<float> h(static_cast<size_t>(N * R)), y(static_cast<size_t>(N * p.out));
@@ -156,9 +156,16 @@ std::vector<GemmBreakdownRow> TimeLlamaGemms(const GemmBreakdownShape& s, int re
     const double logits = BestSeconds(reps, [&] {
       over_vocab([&](int64_t v0, int64_t vt) {
         if (s.bf16) {
-          Ok(kernels_internal::GemmBf16({.trans_b = true, .m = R, .n = vt, .k = C, .a = h16.data(),
-                                         .lda = C, .b = w16.data() + v0 * C, .ldb = C,
-                                         .c = z.data(), .ldc = vt},
+          Ok(kernels_internal::GemmBf16({.trans_b = true,
+                                         .m = R,
+                                         .n = vt,
+                                         .k = C,
+                                         .a = h16.data(),
+                                         .lda = C,
+                                         .b = w16.data() + v0 * C,
+                                         .ldb = C,
+                                         .c = z.data(),
+                                         .ldc = vt},
                                         pool));
         } else {
           kernels_internal::Gemm(false, true, R, vt, C, 1.0f, h.data(), C, w.data() + v0 * C, C,
@@ -173,19 +180,34 @@ std::vector<GemmBreakdownRow> TimeLlamaGemms(const GemmBreakdownShape& s, int re
     const double grads = BestSeconds(reps, [&] {
       over_vocab([&](int64_t v0, int64_t vt) {
         if (s.bf16) {
-          Ok(kernels_internal::GemmBf16({.m = R, .n = C, .k = vt, .a = dz16.data(), .lda = vt,
-                                         .b = w16.data() + v0 * C, .ldb = C, .accumulate = true,
-                                         .c = dh.data(), .ldc = C},
+          Ok(kernels_internal::GemmBf16({.m = R,
+                                         .n = C,
+                                         .k = vt,
+                                         .a = dz16.data(),
+                                         .lda = vt,
+                                         .b = w16.data() + v0 * C,
+                                         .ldb = C,
+                                         .accumulate = true,
+                                         .c = dh.data(),
+                                         .ldc = C},
                                         pool));
           if (!s.frozen_base) {
-            Ok(kernels_internal::GemmBf16({.trans_a = true, .m = vt, .n = C, .k = R,
-                                           .a = dz16.data(), .lda = vt, .b = h16.data(), .ldb = C,
-                                           .accumulate = true, .c = dw.data(), .ldc = C},
+            Ok(kernels_internal::GemmBf16({.trans_a = true,
+                                           .m = vt,
+                                           .n = C,
+                                           .k = R,
+                                           .a = dz16.data(),
+                                           .lda = vt,
+                                           .b = h16.data(),
+                                           .ldb = C,
+                                           .accumulate = true,
+                                           .c = dw.data(),
+                                           .ldc = C},
                                           pool));
           }
         } else {
-          kernels_internal::Gemm(false, false, R, C, vt, 1.0f, dz.data(), vt, w.data() + v0 * C,
-                                 C, 1.0f, dh.data(), C, pool);
+          kernels_internal::Gemm(false, false, R, C, vt, 1.0f, dz.data(), vt, w.data() + v0 * C, C,
+                                 1.0f, dh.data(), C, pool);
           if (!s.frozen_base) {
             kernels_internal::Gemm(true, false, vt, C, R, 1.0f, dz.data(), vt, h.data(), C, 1.0f,
                                    dw.data(), C, pool);
@@ -240,11 +262,10 @@ double PrintSkinnyGridAb(const GemmBreakdownShape& s, int reps, ThreadPool* pool
     const auto former = [&] {
       const auto block = [&](int64_t task) {
         const int64_t m0 = task / n_blocks * rows, n0 = task % n_blocks * now.cols;
-        kernels_internal::GemmSingleCall(false, g.tb, std::min(rows, g.m - m0),
-                                         std::min(now.cols, g.n - n0), g.k, 1.0f,
-                                         a.data() + m0 * g.k, g.k,
-                                         g.tb ? b.data() + n0 * ldb : b.data() + n0, ldb, 0.0f,
-                                         c.data() + m0 * g.n + n0, g.n);
+        kernels_internal::GemmSingleCall(
+            false, g.tb, std::min(rows, g.m - m0), std::min(now.cols, g.n - n0), g.k, 1.0f,
+            a.data() + m0 * g.k, g.k, g.tb ? b.data() + n0 * ldb : b.data() + n0, ldb, 0.0f,
+            c.data() + m0 * g.n + n0, g.n);
       };
       if (pool == nullptr) {
         for (int64_t t = 0; t < m_blocks * n_blocks; ++t) block(t);

@@ -31,11 +31,11 @@ struct GemmBreakdownShape {
   int64_t vocab_tile = 2048;  // the LM head's tile of vocabulary rows (GptModelOptions)
   int64_t row_tile = 256;     // the LM head's tile of token rows
   int64_t layers = 1;
-  bool bf16 = false;                    // base weights bf16 (the model's bf16 GEMMs) or f32
-  bool frozen_base = false;             // LoRA: the base's backward computes dX only
+  bool bf16 = false;         // base weights bf16 (the model's bf16 GEMMs) or f32
+  bool frozen_base = false;  // LoRA: the base's backward computes dX only
   bool activation_checkpointing = false;
-  int64_t lora_rank = 0;                      // 0: no adapters
-  std::vector<std::string> lora_targets;      // q_proj, k_proj, v_proj, o_proj, gate_proj, ...
+  int64_t lora_rank = 0;                  // 0: no adapters
+  std::vector<std::string> lora_targets;  // q_proj, k_proj, v_proj, o_proj, gate_proj, ...
 };
 
 struct GemmBreakdownRow {
