@@ -38,7 +38,8 @@ std::string FormatRate(double per_s, ProgressUnit unit) {
 }  // namespace
 
 std::string FormatDuration(double seconds) {
-  if (!(seconds > 0)) return "0.0 s";  // negative or NaN
+  if (!(seconds > 0)) return "0 ms";  // negative or NaN
+  if (seconds < 0.9995) return absl::StrFormat("%.0f ms", seconds * 1e3);
   if (seconds < 9.95) return absl::StrFormat("%.1f s", seconds);
   if (seconds < 59.5) return absl::StrFormat("%.0f s", seconds);
   if (seconds < 3600) {

@@ -13,7 +13,7 @@
 //     most every terminal_interval_ns; End() leaves it as a plain line "<label> ... done in S s".
 //   - anything else (a log, a pipe, CI): whole lines only, each flushed, never "\r"; at most one
 //     progress line per plain_interval_ns (10 s) per phase, besides the begin and end: a phase
-//     shorter than that prints one line, "<label> ... done in 0.4 s" (the begin line is written
+//     shorter than that prints one line, "<label> ... done in 400 ms" (the begin line is written
 //     and flushed unterminated, and End() completes it when nothing came between).
 // Status(): the steps' self-rewriting line on a terminal (step, loss, tokens/s, ETA); nothing in
 // plain output, where the caller prints its own lines. Print(): any other line, through the meter
@@ -123,8 +123,8 @@ class ProgressMeter {
   bool status_showing_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// How long `seconds` is, for a person: "0.4 s", "12 s", "3m 05s", "2h 01m" (negative or NaN:
-// "0.0 s"; beyond 99 days: "> 99 days").
+// How long `seconds` is, for a person: "40 ms", "1.4 s", "12 s", "3m 05s", "2h 01m" (negative or
+// NaN: "0 ms"; beyond 99 days: "> 99 days").
 std::string FormatDuration(double seconds);
 
 // A count for a person: "999", "12.3k", "540.0M", "1.24B", "3.50T".

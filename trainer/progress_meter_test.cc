@@ -38,10 +38,14 @@ std::vector<std::string> Lines(const std::string& text) {
 }
 
 TEST(FormatDurationTest, PicksTheUnitAPersonReads) {
-  EXPECT_EQ(FormatDuration(0), "0.0 s");
-  EXPECT_EQ(FormatDuration(-3), "0.0 s");
-  EXPECT_EQ(FormatDuration(std::numeric_limits<double>::quiet_NaN()), "0.0 s");
-  EXPECT_EQ(FormatDuration(0.44), "0.4 s");
+  EXPECT_EQ(FormatDuration(0), "0 ms");
+  EXPECT_EQ(FormatDuration(-3), "0 ms");
+  EXPECT_EQ(FormatDuration(std::numeric_limits<double>::quiet_NaN()), "0 ms");
+  EXPECT_EQ(FormatDuration(0.0004), "0 ms");
+  EXPECT_EQ(FormatDuration(0.044), "44 ms");
+  EXPECT_EQ(FormatDuration(0.9994), "999 ms");
+  EXPECT_EQ(FormatDuration(0.9996), "1.0 s");
+  EXPECT_EQ(FormatDuration(1.44), "1.4 s");
   EXPECT_EQ(FormatDuration(9.94), "9.9 s");
   EXPECT_EQ(FormatDuration(12.4), "12 s");
   EXPECT_EQ(FormatDuration(185), "3m 05s");
@@ -224,7 +228,7 @@ TEST(ProgressMeterTest, AwkwardReports) {
   const std::vector<std::string> lines = Lines(out.str());
   ASSERT_EQ(lines.size(), 7u) << out.str();
   EXPECT_EQ(lines[1], "phase ... 10 s so far");
-  EXPECT_EQ(lines[2], "phase ... 100% (10 of 10) elements, 0.5 elements/s, 0.0 s left");
+  EXPECT_EQ(lines[2], "phase ... 100% (10 of 10) elements, 0.5 elements/s, 0 ms left");
   EXPECT_EQ(lines[3], "phase ...   0% (0 of 10) elements");
   EXPECT_THAT(lines[4], StartsWith("phase ...  50% (4611686.02T of 9223372.04T) elements"));
   EXPECT_THAT(lines[4], HasSubstr("40 s left"));
@@ -262,7 +266,7 @@ TEST(ProgressMeterTest, FailAndImplicitEnds) {
   meter.Begin("b");
   meter.Begin("c");
   meter.Print("line\n");
-  EXPECT_EQ(out.str(), "a ... failed after 1.0 s\nb ... done in 0.0 s\nc ... done in 0.0 s\nline\n");
+  EXPECT_EQ(out.str(), "a ... failed after 1.0 s\nb ... done in 0 ms\nc ... done in 0 ms\nline\n");
 }
 
 // Reports from several threads (a parallel initialization) are safe and the end is one line.
