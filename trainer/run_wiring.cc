@@ -504,7 +504,11 @@ absl::Status InitializeFromSeed(const TrainRun& run, RunConsole& console, bool b
       FormatCount(static_cast<double>(ModelParameterCount(run.resolved.model_config))),
       " parameters");
   if (run.resolved.lora.has_value()) absl::StrAppend(&what, " and the LoRA adapters");
-  if (base_follows) absl::StrAppend(&what, " (the base is then loaded over)");
+  if (base_follows) {
+    absl::StrAppend(&what, " (the base is then loaded over)");
+  } else if (run.resolved.quant4.has_value()) {
+    absl::StrAppend(&what, ", quantizing the base's block linear layers to 4 bits,");
+  }
   return Phase(run, console, "init",
                absl::StrCat("initializing ", what, " from seed ", run.config.seed),
                ProgressUnit::kElements, [&](const ProgressFn&) {
