@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/ascii.h"
 #include "base/simd_targets.h"
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
@@ -110,9 +110,9 @@ void PrintHeader(const TrainRun& run) {
         FormatBytes(layout.TotalModelDataBytes(run.shape.dtype)),
         FormatBytes(run.memory.plan.plan.host_model_data_bytes));
     if (run.resolved.quant4.has_value()) {
-      os << Quant4BaseLine(run.resolved.model_config, *run.resolved.lora,
-                                   *run.resolved.quant4, run.shape.dtype)
-                 << "\n";
+      os << Quant4BaseLine(run.resolved.model_config, *run.resolved.lora, *run.resolved.quant4,
+                           run.shape.dtype)
+         << "\n";
     }
   }
   if (!run.resolved.prequantized_line.empty()) {
@@ -141,26 +141,25 @@ void PrintHeader(const TrainRun& run) {
                                    " (", kernels_internal::OneDnnBf16Description(), ")")
                     : absl::StrCat("; bf16 GEMMs: ", s.message());
     }
-    os << absl::StrFormat("cpu kernels: SIMD %s; OpenBLAS %s kernels%s\n",
-                                  DescribeSimdDispatch(), kernels_internal::OpenBlasCoreName(),
-                                  bf16);
+    os << absl::StrFormat("cpu kernels: SIMD %s; OpenBLAS %s kernels%s\n", DescribeSimdDispatch(),
+                          kernels_internal::OpenBlasCoreName(), bf16);
   }
   if (run.data.train_packed.has_value()) {
     PrintExampleData(run, os, "data", run.config.data.train_path, *run.data.train_examples,
                      *run.data.train_packed);
   } else {
     os << absl::StrFormat(
-      "data: %s, %d tokens; batch %d x %d tokens; %d batches per epoch%s\n",
-      run.config.data.train_path.empty() ? std::string("built-in synthetic corpus")
-                                         : run.config.data.train_path,
-      run.data.train_loader->num_tokens(), run.shape.micro_batch, run.shape.seq_len,
-      run.data.train_loader->batches_per_epoch(),
-      run.data.unigram_entropy.has_value()
-          ? absl::StrFormat("; unigram entropy %.3f nats%s", *run.data.unigram_entropy,
-                            run.data.entropy_rate.has_value()
-                                ? absl::StrFormat(", entropy rate %.3f", *run.data.entropy_rate)
-                                : std::string())
-          : std::string());
+        "data: %s, %d tokens; batch %d x %d tokens; %d batches per epoch%s\n",
+        run.config.data.train_path.empty() ? std::string("built-in synthetic corpus")
+                                           : run.config.data.train_path,
+        run.data.train_loader->num_tokens(), run.shape.micro_batch, run.shape.seq_len,
+        run.data.train_loader->batches_per_epoch(),
+        run.data.unigram_entropy.has_value()
+            ? absl::StrFormat("; unigram entropy %.3f nats%s", *run.data.unigram_entropy,
+                              run.data.entropy_rate.has_value()
+                                  ? absl::StrFormat(", entropy rate %.3f", *run.data.entropy_rate)
+                                  : std::string())
+            : std::string());
   }
   if (run.data.val_packed.has_value()) {
     PrintExampleData(run, os, "validation data", run.config.data.val_path, *run.data.val_examples,
@@ -212,8 +211,8 @@ void PrintDiskTier(const TrainRun& run) {
 void PrintRunStart(const TrainRun& run) {
   if (run.out() == nullptr) return;
   std::ostringstream os;
-  os << absl::StrFormat("training %d steps from step %d with %d threads\n",
-                                run.config.steps, run.progress.step, run.shape.threads);
+  os << absl::StrFormat("training %d steps from step %d with %d threads\n", run.config.steps,
+                        run.progress.step, run.shape.threads);
   if (run.shape.accumulation_steps > 1) {
     os << absl::StrFormat(
         "gradient accumulation: %d micro-batches of %d sequences per optimizer step; f32 "
@@ -235,18 +234,18 @@ void PrintRunStart(const TrainRun& run) {
 
 void PrintProgress(const TrainRun& run, const StepMetrics& m) {
   if (run.out() == nullptr) return;
-  Emit(run, absl::StrFormat(
-                "step %5d/%d | loss %.4f%s | lr %.3e | scale %g | %s tok/s | %7.1f ms | accel "
-                "model %s non-model %s | moved %s%s%s\n",
-                m.step, run.config.steps, m.loss,
-                m.trained_targets.has_value()
-                    ? absl::StrFormat(" over %d targets", *m.trained_targets)
-                    : std::string(),
-                m.lr, m.loss_scale, FormatTokensPerSecond(m.tokens_per_s), m.step_ms,
-                FormatBytes(m.accelerator_peak_model_bytes),
-                FormatBytes(m.accelerator_peak_non_model_bytes),
-                FormatBytes(m.loaded_bytes + m.written_back_bytes), m.warmup ? " (warm-up)" : "",
-                m.skipped ? " (skipped: overflow)" : ""));
+  Emit(run,
+       absl::StrFormat(
+           "step %5d/%d | loss %.4f%s | lr %.3e | scale %g | %s tok/s | %7.1f ms | accel "
+           "model %s non-model %s | moved %s%s%s\n",
+           m.step, run.config.steps, m.loss,
+           m.trained_targets.has_value() ? absl::StrFormat(" over %d targets", *m.trained_targets)
+                                         : std::string(),
+           m.lr, m.loss_scale, FormatTokensPerSecond(m.tokens_per_s), m.step_ms,
+           FormatBytes(m.accelerator_peak_model_bytes),
+           FormatBytes(m.accelerator_peak_non_model_bytes),
+           FormatBytes(m.loaded_bytes + m.written_back_bytes), m.warmup ? " (warm-up)" : "",
+           m.skipped ? " (skipped: overflow)" : ""));
   if (m.val_loss.has_value()) PrintValidationLoss(run, m.step, *m.val_loss);
 }
 
@@ -287,8 +286,8 @@ void PrintExported(const TrainRun& run) {
 void PrintExportedMerged(const TrainRun& run) {
   if (run.out() == nullptr) return;
   Emit(run, absl::StrCat("exported the merged model (W + lora_alpha / r * B A) as a Hugging Face ",
-                         ModelFamilyName(run.resolved.model_config.family),
-                         " model directory to ", run.config.checkpoint.export_merged, "\n"));
+                         ModelFamilyName(run.resolved.model_config.family), " model directory to ",
+                         run.config.checkpoint.export_merged, "\n"));
 }
 
 void PrintLine(const TrainRun& run, absl::string_view line) {
@@ -313,11 +312,12 @@ std::string TimeToFirstStepLine(const TrainSummary& s) {
     parts.push_back(absl::StrFormat("%s %.1f s", name, seconds));
     shown += seconds;
   }
-  if (s.setup_s - shown >= 0.05) parts.push_back(absl::StrFormat("other %.1f s", s.setup_s - shown));
-  return absl::StrFormat("time to first step %.1f s (setup %.1f s%s; first step %.1f s)\n",
-                         s.time_to_first_step_s, s.setup_s,
-                         parts.empty() ? std::string() : absl::StrCat(": ", absl::StrJoin(parts, ", ")),
-                         s.first_step_s);
+  if (s.setup_s - shown >= 0.05)
+    parts.push_back(absl::StrFormat("other %.1f s", s.setup_s - shown));
+  return absl::StrFormat(
+      "time to first step %.1f s (setup %.1f s%s; first step %.1f s)\n", s.time_to_first_step_s,
+      s.setup_s, parts.empty() ? std::string() : absl::StrCat(": ", absl::StrJoin(parts, ", ")),
+      s.first_step_s);
 }
 
 std::string SummaryText(const TrainRun& run) {

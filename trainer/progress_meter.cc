@@ -28,9 +28,8 @@ std::string FormatAmount(double amount, ProgressUnit unit) {
 // read "0 elements/s".
 std::string FormatRate(double per_s, ProgressUnit unit) {
   const std::string value = per_s < 99.5 ? absl::StrFormat("%.3g", std::max(0.0, per_s))
-                                         : unit == ProgressUnit::kBytes
-                                             ? FormatAmount(per_s, unit)
-                                             : FormatCount(per_s);
+                            : unit == ProgressUnit::kBytes ? FormatAmount(per_s, unit)
+                                                           : FormatCount(per_s);
   if (unit == ProgressUnit::kElements) return absl::StrCat(value, " elements/s");
   return per_s < 99.5 ? absl::StrCat(value, " B/s") : absl::StrCat(value, "/s");
 }

@@ -62,8 +62,7 @@ TEST(FormatCountTest, SiSuffixes) {
   EXPECT_EQ(FormatCount(12345), "12.3k");
   EXPECT_EQ(FormatCount(540e6), "540.0M");
   EXPECT_EQ(FormatCount(1.236e9), "1.24B");
-  EXPECT_EQ(FormatCount(static_cast<double>(std::numeric_limits<int64_t>::max())),
-            "9223372.04T");
+  EXPECT_EQ(FormatCount(static_cast<double>(std::numeric_limits<int64_t>::max())), "9223372.04T");
   EXPECT_EQ(FormatCount(std::numeric_limits<double>::infinity()), "?");
 }
 
@@ -171,8 +170,9 @@ TEST(ProgressMeterTest, TerminalRewritesOneLine) {
   EXPECT_EQ(out.str(), "quantizing ...");
   fake.Advance(kSecond / 2);
   meter.Update(200, 400);
-  EXPECT_EQ(out.str(), "quantizing ...\r\033[Kquantizing ...  50% (200 of 400) elements, 200 "
-                       "elements/s, 1.0 s left");
+  EXPECT_EQ(out.str(),
+            "quantizing ...\r\033[Kquantizing ...  50% (200 of 400) elements, 200 "
+            "elements/s, 1.0 s left");
   fake.Advance(kSecond);
   meter.Update(400, 400);
   EXPECT_DOUBLE_EQ(meter.End(", 7 weights"), 2.0);

@@ -13,7 +13,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "base/progress.h"
 #include "base/status_macros.h"
@@ -101,8 +100,7 @@ double PhaseSeconds(const RunConsole& console) {
 // Runs `step` (a callable returning absl::Status) and adds the time it took to the setup phase
 // `name`, less the time of the phases it recorded itself (a Phase inside it).
 template <typename Step>
-absl::Status Timed(const TrainRun& run, RunConsole& console, absl::string_view name,
-                   Step&& step) {
+absl::Status Timed(const TrainRun& run, RunConsole& console, absl::string_view name, Step&& step) {
   const double inner0 = PhaseSeconds(console);
   const int64_t t0 = run.EnvNowNs();
   absl::Status status = step();
@@ -400,15 +398,15 @@ absl::Status OpenDiskTier(const TrainRun& run, Runtime& runtime,
   absl::StatusOr<std::unique_ptr<ChunkSwap>> swap = OpenFileChunkSwap(std::move(open_options));
   if (!swap.ok()) return named(swap.status());
   runtime.swap = *std::move(swap);
-  absl::Status measured = Phase(
-      run, console, "disk probe",
-      absl::StrCat("measuring the disk under ", dir, " (", FormatBytes(probe_bytes),
-                   " written and read)"),
-      ProgressUnit::kBytes, [&](const ProgressFn&) -> absl::Status {
-        ASSIGN_OR_RETURN(runtime.disk_bandwidth,
-                         MeasureDiskBandwidth(dir, swap_options, probe_bytes));
-        return absl::OkStatus();
-      });
+  absl::Status measured =
+      Phase(run, console, "disk probe",
+            absl::StrCat("measuring the disk under ", dir, " (", FormatBytes(probe_bytes),
+                         " written and read)"),
+            ProgressUnit::kBytes, [&](const ProgressFn&) -> absl::Status {
+              ASSIGN_OR_RETURN(runtime.disk_bandwidth,
+                               MeasureDiskBandwidth(dir, swap_options, probe_bytes));
+              return absl::OkStatus();
+            });
   if (!measured.ok()) return named(measured);
   DiskTierOptions disk{.swap = runtime.swap.get(),
                        .host_budget_bytes = run.memory.plan.disk_host_budget_bytes,
@@ -500,9 +498,9 @@ absl::Status CreateOptimizer(const TrainRun& run, Runtime& runtime) {
 // The seeded initialization as a phase: "initializing 124.4M parameters from seed 42 ...". With
 // LoRA the adapters are initialized too; `base_follows`: the base's values are then loaded over.
 absl::Status InitializeFromSeed(const TrainRun& run, RunConsole& console, bool base_follows) {
-  std::string what = absl::StrCat(
-      FormatCount(static_cast<double>(ModelParameterCount(run.resolved.model_config))),
-      " parameters");
+  std::string what =
+      absl::StrCat(FormatCount(static_cast<double>(ModelParameterCount(run.resolved.model_config))),
+                   " parameters");
   if (run.resolved.lora.has_value()) absl::StrAppend(&what, " and the LoRA adapters");
   if (base_follows) {
     absl::StrAppend(&what, " (the base is then loaded over)");
@@ -532,40 +530,38 @@ absl::Status LoadBase(const TrainRun& run, RunConsole& console, bool init_adapte
   const std::string& from = run.config.checkpoint.init_from;
   if (run.resolved.hf.has_value()) {
     const HfCheckpoint& hf = *run.resolved.hf;
-    RETURN_IF_ERROR(Phase(
-        run, console, "load",
-        absl::StrCat("loading ", from, " (", FormatBytes(hf.weights().total_size_bytes()),
-                     run.resolved.quant4.has_value()
-                         ? ", quantizing the base's block linear layers to 4 bits"
-                         : "",
-                     ")"),
-        ProgressUnit::kBytes, [&](const ProgressFn&) {
-          // ---- wiring for h-init (issue #38) ----
-          // Once GptModel::LoadHfCheckpoint(checkpoint, ProgressFn) exists: pass `progress`.
-          return run.runtime.model->LoadHfCheckpoint(hf);
-        }));
-    PrintLine(run, absl::StrCat("initialized ",
-                                run.resolved.lora.has_value() ? "the frozen base " : "",
-                                "from the Hugging Face ",
-                                ModelFamilyName(run.resolved.model_config.family),
-                                " model in ", from));
+    RETURN_IF_ERROR(
+        Phase(run, console, "load",
+              absl::StrCat("loading ", from, " (", FormatBytes(hf.weights().total_size_bytes()),
+                           run.resolved.quant4.has_value()
+                               ? ", quantizing the base's block linear layers to 4 bits"
+                               : "",
+                           ")"),
+              ProgressUnit::kBytes, [&](const ProgressFn&) {
+                // ---- wiring for h-init (issue #38) ----
+                // Once GptModel::LoadHfCheckpoint(checkpoint, ProgressFn) exists: pass `progress`.
+                return run.runtime.model->LoadHfCheckpoint(hf);
+              }));
+    PrintLine(run,
+              absl::StrCat("initialized ", run.resolved.lora.has_value() ? "the frozen base " : "",
+                           "from the Hugging Face ",
+                           ModelFamilyName(run.resolved.model_config.family), " model in ", from));
     return absl::OkStatus();
   }
   std::error_code ec;
   const std::uintmax_t file_bytes = std::filesystem::file_size(from, ec);
-  RETURN_IF_ERROR(Phase(run, console, "load",
-                        absl::StrCat("loading ", from,
-                                     ec ? std::string()
-                                        : absl::StrCat(" (", FormatBytes(static_cast<int64_t>(
-                                                                 file_bytes)),
-                                                       ")")),
-                        ProgressUnit::kBytes, [&](const ProgressFn&) -> absl::Status {
-                          ASSIGN_OR_RETURN(Gpt2Checkpoint checkpoint, Gpt2Checkpoint::Open(from));
-                          return run.runtime.model->LoadGpt2Checkpoint(checkpoint);
-                        }));
-  PrintLine(run, absl::StrCat("initialized ",
-                              run.resolved.lora.has_value() ? "the frozen base " : "", "from ",
-                              from));
+  RETURN_IF_ERROR(Phase(
+      run, console, "load",
+      absl::StrCat("loading ", from,
+                   ec ? std::string()
+                      : absl::StrCat(" (", FormatBytes(static_cast<int64_t>(file_bytes)), ")")),
+      ProgressUnit::kBytes, [&](const ProgressFn&) -> absl::Status {
+        ASSIGN_OR_RETURN(Gpt2Checkpoint checkpoint, Gpt2Checkpoint::Open(from));
+        return run.runtime.model->LoadGpt2Checkpoint(checkpoint);
+      }));
+  PrintLine(run,
+            absl::StrCat("initialized ", run.resolved.lora.has_value() ? "the frozen base " : "",
+                         "from ", from));
   return absl::OkStatus();
 }
 

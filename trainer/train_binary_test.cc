@@ -14,8 +14,8 @@
 #include <iterator>
 #include <map>
 #include <random>
-#include <set>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -910,8 +910,8 @@ TEST(TrainBinary, FourBitBaseNeedsLoraSaysItIsFourBitAndResumesOnlyAsSuch) {
 
 // The binary with `args`, stdout into a new pipe (as under `tee` or a CI log) or a pseudo-terminal
 // (`terminal`), whose reading end goes to *read_fd; stderr to dir/stderr.txt.
-pid_t StartWithStdoutTo(const std::vector<std::string>& args, const std::string& dir,
-                        bool terminal, int* read_fd) {
+pid_t StartWithStdoutTo(const std::vector<std::string>& args, const std::string& dir, bool terminal,
+                        int* read_fd) {
   int child_fd = -1;
   if (terminal) {
     const int master = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
@@ -977,12 +977,12 @@ TEST(TrainBinary, LinesReachAPipeAsWrittenHeaderBeforeInit) {
   std::ofstream(dir + "/slow.json") << j.dump();
   const std::string metrics = dir + "/m.jsonl";
   int fd = -1;
-  const pid_t pid = StartWithStdoutTo({"--config=" + dir + "/slow.json", "--metrics_out=" + metrics},
-                                      dir, /*terminal=*/false, &fd);
+  const pid_t pid = StartWithStdoutTo(
+      {"--config=" + dir + "/slow.json", "--metrics_out=" + metrics}, dir, /*terminal=*/false, &fd);
   ASSERT_GT(pid, 0);
   std::string out;
-  const bool started = ReadUntil(fd, "training 1000 steps from step 0", &out,
-                                 std::chrono::seconds(30));
+  const bool started =
+      ReadUntil(fd, "training 1000 steps from step 0", &out, std::chrono::seconds(30));
   int status = 0;
   // Nothing waited for the exit, nor for the first step's line.
   EXPECT_EQ(::waitpid(pid, &status, WNOHANG), 0) << "the lines came only at the exit";
