@@ -292,7 +292,8 @@ class Trainer {
   // Unavailable "no CUDA device is available" without a GPU); ResourceExhausted when the model
   // cannot fit host memory or the accelerator (the plan); the checkpoint's errors (NotFound,
   // DataLoss, FailedPrecondition for a checkpoint of another model). Nothing is written before
-  // everything is checked.
+  // everything is checked. Prints the header and the setup's long phases to env.out (see
+  // TrainerEnvironment::out); Run() prints the rest.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
                                                          TrainerEnvironment env = {});
   ~Trainer();

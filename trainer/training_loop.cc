@@ -447,7 +447,7 @@ absl::Status RunTraining(TrainRun& run) {
         ClearStatus(run);  // SaveCheckpoint prints its own line
         RETURN_IF_ERROR(SaveCheckpoint(run, run.progress));
       }
-      if (!last) {
+      if (!last && !stop) {
         // A terminal's status line: the steps after the first at their mean pace so far (the
         // first alone until there is one).
         const int64_t now = run.NowNs();
