@@ -495,38 +495,47 @@ absl::Status CreateOptimizer(const TrainRun& run, Runtime& runtime) {
   return absl::OkStatus();
 }
 
-// The seeded initialization as a phase: "initializing 124.4M parameters from seed 42 ...". With
-// LoRA the adapters are initialized too; `base_follows`: the base's values are then loaded over.
-absl::Status InitializeFromSeed(const TrainRun& run, RunConsole& console, bool base_follows) {
-  std::string what =
-      absl::StrCat(FormatCount(static_cast<double>(ModelParameterCount(run.resolved.model_config))),
-                   " parameters");
-  if (run.resolved.lora.has_value()) absl::StrAppend(&what, " and the LoRA adapters");
-  if (base_follows) {
-    absl::StrAppend(&what, " (the base is then loaded over)");
-  } else if (run.resolved.quant4.has_value()) {
-    absl::StrAppend(&what, ", quantizing the base's block linear layers to 4 bits,");
+// The seeded initialization as a phase: "initializing 124.4M parameters from seed 42 ...", its
+// progress in elements. With LoRA the adapters are initialized too; `adapters_only`: only they are
+// (InitializeOptions::adapters_only: the base is then loaded from a Hugging Face directory, so
+// seeding it first would be work thrown away; the adapters' values are the same either way).
+absl::Status InitializeFromSeed(const TrainRun& run, RunConsole& console, bool adapters_only) {
+  std::string what;
+  if (adapters_only) {
+    what = "the LoRA adapters";
+  } else {
+    what = absl::StrCat(
+        FormatCount(static_cast<double>(ModelParameterCount(run.resolved.model_config))),
+        " parameters");
+    if (run.resolved.lora.has_value()) absl::StrAppend(&what, " and the LoRA adapters");
+    if (run.resolved.quant4.has_value()) {
+      absl::StrAppend(&what, ", quantizing the base's block linear layers to 4 bits,");
+    }
   }
   return Phase(run, console, "init",
                absl::StrCat("initializing ", what, " from seed ", run.config.seed),
-               ProgressUnit::kElements, [&](const ProgressFn&) {
-                 // ---- wiring for h-init (issue #38) ----
-                 // Once GptModel::InitializeParameters(seed, InitializeOptions) exists: pass
-                 // {.adapters_only = base_follows, .progress = progress} (and drop the "then
-                 // loaded over" wording above).
-                 return run.runtime.model->InitializeParameters(run.config.seed);
+               ProgressUnit::kElements, [&](const ProgressFn& progress) {
+                 InitializeOptions options;
+                 options.adapters_only = adapters_only;
+                 options.progress = progress;
+                 return run.runtime.model->InitializeParameters(run.config.seed, options);
                });
 }
 
 // The base weights: a Hugging Face directory or GPT-2 safetensors file (checkpoint.init_from),
-// or the seed. With LoRA, `init_adapters` first initializes the whole model from the seed (A
-// Kaiming-uniform, B zero: the adapters' only initializer) before init_from replaces the base.
+// or the seed. With LoRA, `init_adapters` first initializes the adapters from the seed (A
+// Kaiming-uniform, B zero: the adapters' only initializer) before init_from sets the base: only
+// the adapters before a Hugging Face directory (LoadHfCheckpoint sets every base tensor), the
+// whole model before a GPT-2 file.
 // Each is a phase of the console (a line when it starts, how long it took when it ends).
 absl::Status LoadBase(const TrainRun& run, RunConsole& console, bool init_adapters) {
   if (!run.resolved.hf.has_value() && run.config.checkpoint.init_from.empty()) {
-    return InitializeFromSeed(run, console, /*base_follows=*/false);
+    return InitializeFromSeed(run, console, /*adapters_only=*/false);
   }
-  if (init_adapters) RETURN_IF_ERROR(InitializeFromSeed(run, console, /*base_follows=*/true));
+  if (init_adapters) {
+    RETURN_IF_ERROR(
+        InitializeFromSeed(run, console, /*adapters_only=*/run.resolved.hf.has_value()));
+  }
   const std::string& from = run.config.checkpoint.init_from;
   if (run.resolved.hf.has_value()) {
     const HfCheckpoint& hf = *run.resolved.hf;
@@ -537,10 +546,8 @@ absl::Status LoadBase(const TrainRun& run, RunConsole& console, bool init_adapte
                                ? ", quantizing the base's block linear layers to 4 bits"
                                : "",
                            ")"),
-              ProgressUnit::kBytes, [&](const ProgressFn&) {
-                // ---- wiring for h-init (issue #38) ----
-                // Once GptModel::LoadHfCheckpoint(checkpoint, ProgressFn) exists: pass `progress`.
-                return run.runtime.model->LoadHfCheckpoint(hf);
+              ProgressUnit::kBytes, [&](const ProgressFn& progress) {
+                return run.runtime.model->LoadHfCheckpoint(hf, progress);
               }));
     PrintLine(run,
               absl::StrCat("initialized ", run.resolved.lora.has_value() ? "the frozen base " : "",

@@ -1004,10 +1004,12 @@ TEST(TrainBinary, LinesReachAPipeAsWrittenHeaderBeforeInit) {
   EXPECT_LT(header, init) << out;
   EXPECT_LT(init, start) << out;
   EXPECT_LT(start, step1) << out;
-  // The init's line: begun and ended on one line, with how long it took.
+  // The init's line: begun and ended on one line, with how long it took (and, as the model
+  // reports its progress, how many elements at which rate).
   EXPECT_TRUE(std::regex_search(
-      out, std::regex(R"(\ninitializing [0-9.]+[kMBT]? parameters from seed \d+ \.\.\. done in )"
-                      R"([0-9.]+ m?s\n)")))
+      out,
+      std::regex(R"(\ninitializing [0-9.]+[kMBT]? parameters from seed \d+ \.\.\. done in )"
+                 R"([0-9.]+ m?s( \([0-9.]+[kMBT]? elements, [0-9.]+[kMBT]? elements/s\))?\n)")))
       << out;
   EXPECT_EQ(out.find('\r'), std::string::npos) << "a carriage return in plain output";
   EXPECT_EQ(out.find('\033'), std::string::npos) << "a terminal escape in plain output";
