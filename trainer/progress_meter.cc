@@ -125,9 +125,9 @@ std::string ProgressMeter::ProgressText(int64_t now_ns) const {
   if (total_ <= 0) return absl::StrCat(FormatDuration(elapsed_s), " so far");
   const double done = static_cast<double>(done_);
   const double total = static_cast<double>(total_);
-  std::string text = absl::StrFormat("%3.0f%% (%s of %s)", std::floor(100.0 * done / total),
-                                     FormatAmount(done, unit_), FormatAmount(total, unit_));
-  if (unit_ == ProgressUnit::kElements) absl::StrAppend(&text, " elements");
+  std::string text = absl::StrFormat("%3.0f%% (%s of %s%s)", std::floor(100.0 * done / total),
+                                     FormatAmount(done, unit_), FormatAmount(total, unit_),
+                                     unit_ == ProgressUnit::kElements ? " elements" : "");
   if (elapsed_s > 0 && done > 0) absl::StrAppend(&text, ", ", FormatRate(done / elapsed_s, unit_));
   if (std::optional<double> left = EstimateSecondsLeft(done, total, elapsed_s)) {
     absl::StrAppend(&text, ", ", FormatDuration(*left), " left");

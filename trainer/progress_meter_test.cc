@@ -171,7 +171,7 @@ TEST(ProgressMeterTest, TerminalRewritesOneLine) {
   fake.Advance(kSecond / 2);
   meter.Update(200, 400);
   EXPECT_EQ(out.str(),
-            "quantizing ...\r\033[Kquantizing ...  50% (200 of 400) elements, 200 "
+            "quantizing ...\r\033[Kquantizing ...  50% (200 of 400 elements), 200 "
             "elements/s, 1.0 s left");
   fake.Advance(kSecond);
   meter.Update(400, 400);
@@ -228,9 +228,9 @@ TEST(ProgressMeterTest, AwkwardReports) {
   const std::vector<std::string> lines = Lines(out.str());
   ASSERT_EQ(lines.size(), 7u) << out.str();
   EXPECT_EQ(lines[1], "phase ... 10 s so far");
-  EXPECT_EQ(lines[2], "phase ... 100% (10 of 10) elements, 0.5 elements/s, 0 ms left");
-  EXPECT_EQ(lines[3], "phase ...   0% (0 of 10) elements");
-  EXPECT_THAT(lines[4], StartsWith("phase ...  50% (4611686.02T of 9223372.04T) elements"));
+  EXPECT_EQ(lines[2], "phase ... 100% (10 of 10 elements), 0.5 elements/s, 0 ms left");
+  EXPECT_EQ(lines[3], "phase ...   0% (0 of 10 elements)");
+  EXPECT_THAT(lines[4], StartsWith("phase ...  50% (4611686.02T of 9223372.04T elements)"));
   EXPECT_THAT(lines[4], HasSubstr("40 s left"));
   EXPECT_THAT(lines[6], StartsWith("phase ... done in 50 s (9223372.04T elements"));
   // Bytes at the int64 limit.
