@@ -56,6 +56,25 @@ class ScheduledChunkAccess final : public AdamChunkAccess {
   const AdamPlacement placement_;
 };
 
+// HybridAdam's view of a chunk whose gradients became final inside backward (optimizer.overlap,
+// docs/pipeline.md): the chunk's payloads on the host, through ChunkManager::AccessChunksInBackward
+// (which waits for the compute stream and is no moment of the schedule), released with
+// ReleaseChunks. For HybridAdam::SpeculateChunk and AbortSpeculation, called from the manager's
+// gradients-final hook (trainer/train_step.cc).
+class BackwardChunkAccess final : public AdamChunkAccess {
+ public:
+  BackwardChunkAccess(ChunkManager& manager, const ChunkStore& store)
+      : manager_(manager), store_(store) {}
+
+  [[nodiscard]] absl::StatusOr<AdamChunkPayloads> Acquire(int64_t chunk_index,
+                                                          AdamChunkUse use) override;
+  [[nodiscard]] absl::Status Release(int64_t chunk_index, AdamChunkUse use) override;
+
+ private:
+  ChunkManager& manager_;
+  const ChunkStore& store_;
+};
+
 }  // namespace ps
 
 #endif  // PATRICKSTAR_TRAINER_SCHEDULED_CHUNK_ACCESS_H_
