@@ -115,6 +115,10 @@ class AdamChunkAccess {
   [[nodiscard]] virtual absl::StatusOr<AdamChunkPayloads> Acquire(int64_t chunk_index,
                                                                   AdamChunkUse use) = 0;
   [[nodiscard]] virtual absl::Status Release(int64_t chunk_index, AdamChunkUse use) = 0;
+  // Whether payloads on `device` may be read and written by the host directly (memcpy): the
+  // host, and an emulated accelerator whose memory is host RAM. optimizer.overlap speculates
+  // only on such chunks (its snapshot and rollback are host copies).
+  virtual bool HostAddressable(Device device) const { return device.is_host(); }
 };
 
 // AdamChunkAccess over a ChunkStore whose chunks are already where the step should run them (no
@@ -441,6 +445,7 @@ class HybridAdam {
     std::vector<uint8_t> has_stats;
     std::vector<GradStats> stats;
     std::vector<uint8_t> updated;
+    std::vector<uint8_t> on_accelerator;
     std::vector<int64_t> snapshot_offset;
     int64_t snapshot_used = 0;
     int64_t updated_chunks = 0;

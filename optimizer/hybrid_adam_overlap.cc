@@ -34,8 +34,8 @@ bool SameBits(const std::vector<AdamStepScalars>& a, const std::vector<AdamStepS
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(AdamStepScalars)) == 0);
 }
 
-absl::Status NeedsHost(int64_t chunk, const AdamChunkPayloads& p) {
-  if (p.device.is_host()) return absl::OkStatus();
+absl::Status NeedsHost(const AdamChunkAccess& access, int64_t chunk, const AdamChunkPayloads& p) {
+  if (access.HostAddressable(p.device)) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "HybridAdam (optimizer.overlap): chunk ", chunk, " was given on ", p.device.ToString(),
       " but speculation and its rollback copy host memory; the access must put "
@@ -61,6 +61,7 @@ bool HybridAdam::BeginSpeculation() {
   spec_.has_stats.assign(n, 0);
   spec_.stats.assign(n, GradStats{});
   spec_.updated.assign(n, 0);
+  spec_.on_accelerator.assign(n, 0);
   spec_.snapshot_offset.assign(n, -1);
   return true;
 }
@@ -104,7 +105,7 @@ absl::Status HybridAdam::SpeculateChunk(AdamChunkAccess& access, int64_t chunk_i
           return absl::OkStatus();
         }
         if (!update) return absl::OkStatus();
-        RETURN_IF_ERROR(NeedsHost(chunk_index, p));
+        RETURN_IF_ERROR(NeedsHost(access, chunk_index, p));
         // Snapshot, run by run: gradient, master, exp_avg, exp_avg_sq.
         const int64_t offset = spec_.snapshot_used;
         char* dst = snapshot_.data() + offset;
@@ -125,6 +126,7 @@ absl::Status HybridAdam::SpeculateChunk(AdamChunkAccess& access, int64_t chunk_i
         spec_.snapshot_offset[ku] = offset;
         spec_.snapshot_used += need;
         spec_.updated[ku] = 1;
+        spec_.on_accelerator[ku] = !p.device.is_host();
         ++spec_.updated_chunks;
         ASSIGN_OR_RETURN(const AdamStepResult result, kernels->Step(segments));
         if (result.nonfinite_elems != 0) {
@@ -144,7 +146,7 @@ absl::Status HybridAdam::RollBack(AdamChunkAccess& access) {
     const int64_t chunk = owned_chunks_[k];
     status = WithChunk(access, chunk, AdamChunkUse::kUpdate,
                        [&](const AdamChunkPayloads& p) -> absl::Status {
-                         RETURN_IF_ERROR(NeedsHost(chunk, p));
+                         RETURN_IF_ERROR(NeedsHost(access, chunk, p));
                          const char* src = snapshot_.data() + spec_.snapshot_offset[k];
                          for (const Run& run : runs_[k]) {
                            char* param = static_cast<char*>(p.param) + run.offset_elems * width;
@@ -252,7 +254,7 @@ absl::StatusOr<AdamStepReport> HybridAdam::StepAfterSpeculation(AdamChunkAccess&
   std::vector<AdamSegment> segments;
   for (size_t k = 0; k < owned_chunks_.size(); ++k) {
     if (spec_.updated[k]) {
-      ++report.host_chunks;  // speculated chunks ran on the host
+      (spec_.on_accelerator[k] ? report.accelerator_chunks : report.host_chunks)++;
       continue;
     }
     const int64_t chunk = owned_chunks_[k];

@@ -109,6 +109,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(ChunkStore* s
            .adam_margin_bytes = o.adam_margin_bytes,
            .num_chunks = store->num_chunks()}));
   manager->planner_.emplace(std::move(planner));
+  manager->accelerator_in_host_memory_ = backend->name() == "cpu";
   ASSIGN_OR_RETURN(manager->engine_, ResidencyEngine::Create(store, backend, accelerator, host,
                                                              {.clean_eviction = o.clean_eviction,
                                                               .compute_stream = o.compute_stream,

@@ -307,6 +307,9 @@ class ChunkManager {
   bool AdamPlacedOnAccelerator(int64_t chunk_index) const {
     return adam_placement_.OnAccelerator(chunk_index);
   }
+  // Whether the accelerator's memory is host RAM the host may read and write (the cpu backend's
+  // emulated accelerator).
+  bool accelerator_in_host_memory() const { return accelerator_in_host_memory_; }
 
   // --- ZeRO ---------------------------------------------------------------------------------
 
@@ -476,6 +479,7 @@ class ChunkManager {
   // SetGradientsFinalHook; world size 1: the operators of each param chunk, each operator's FWD
   // accesses before the backward and BWD releases in this iteration; by chunk: hook called.
   std::function<absl::Status(int64_t)> gradients_final_hook_;
+  bool accelerator_in_host_memory_ = false;
   std::vector<std::vector<OperatorId>> chunk_ops_;
   std::vector<int> forward_uses_;
   std::vector<int> backward_releases_;

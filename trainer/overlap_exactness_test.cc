@@ -147,7 +147,7 @@ std::vector<std::string> ParamNames(const GptConfig& config) {
   return names;
 }
 
-struct Run {
+struct RunResult {
   absl::Status status;  // the first error (the run stops there)
   std::vector<double> losses;
   std::vector<AdamStepReport> reports;
@@ -174,9 +174,9 @@ std::map<std::string, std::string> ReadTree(const std::string& dir) {
 }
 
 // `steps` steps of TrainStep, each on its own random batch.
-Run Train(const Options& o, int steps, const std::string& name) {
+RunResult Train(const Options& o, int steps, const std::string& name) {
   const GptConfig config = TinyConfig();
-  Run run;
+  RunResult run;
   absl::StatusOr<std::unique_ptr<Rig>> made = MakeRig(config, o);
   if (!made.ok()) {
     run.status = made.status();
@@ -232,7 +232,7 @@ bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // Everything the two runs produced, bit for bit.
-void ExpectSame(const Run& off, const Run& on) {
+void ExpectSame(const RunResult& off, const RunResult& on) {
   EXPECT_EQ(off.status, on.status);
   ASSERT_EQ(off.losses.size(), on.losses.size());
   for (size_t i = 0; i < off.losses.size(); ++i) {
@@ -242,7 +242,9 @@ void ExpectSame(const Run& off, const Run& on) {
     const AdamStepReport& b = on.reports[i];
     EXPECT_EQ(a.skipped, b.skipped);
     EXPECT_EQ(a.clip_coef, b.clip_coef);
-    if (!a.skipped) EXPECT_EQ(a.grad_norm, b.grad_norm);
+    if (!a.skipped) {
+      EXPECT_EQ(a.grad_norm, b.grad_norm);
+    }
     EXPECT_EQ(a.loss_scale, b.loss_scale);
     EXPECT_EQ(a.next_loss_scale, b.next_loss_scale);
     EXPECT_EQ(a.nonfinite_grads, b.nonfinite_grads);
@@ -269,11 +271,11 @@ void ExpectSame(const Run& off, const Run& on) {
 }
 
 // Overlap off, then on; returns the on-run.
-Run Compare(Options o, int steps, const std::string& name) {
+RunResult Compare(Options o, int steps, const std::string& name) {
   o.overlap = false;
-  const Run off = Train(o, steps, name + "_off");
+  const RunResult off = Train(o, steps, name + "_off");
   o.overlap = true;
-  Run on = Train(o, steps, name + "_on");
+  RunResult on = Train(o, steps, name + "_on");
   ExpectSame(off, on);
   LOG(INFO) << name << ": " << on.speculated_chunks << " chunks speculated, " << on.commits
             << " commits, " << on.rollbacks << " rollbacks, " << on.owned_chunks << " owned";
@@ -284,18 +286,24 @@ Run Compare(Options o, int steps, const std::string& name) {
 double MedianNorm(Options o, int steps) {
   o.overlap = false;
   o.max_grad_norm = 0;
-  const Run run = Train(o, steps, "median");
+  const RunResult run = Train(o, steps, "median");
   std::vector<double> norms;
   for (const AdamStepReport& r : run.reports) norms.push_back(r.grad_norm);
   std::sort(norms.begin(), norms.end());
   return norms.empty() ? 1.0 : norms[norms.size() / 2];
 }
 
+Options With(DType dtype) {
+  Options o;
+  o.dtype = dtype;
+  return o;
+}
+
 class OverlapExactness : public ::testing::TestWithParam<DType> {};
 
 TEST_P(OverlapExactness, ClippingNeverCommitsEveryStepInsideBackward) {
-  Options o{.dtype = GetParam()};
-  const Run on = Compare(o, 5, "never");
+  Options o = With(GetParam());
+  const RunResult on = Compare(o, 5, "never");
   ASSERT_TRUE(on.status.ok()) << on.status;
   EXPECT_EQ(on.commits, 5);
   EXPECT_EQ(on.rollbacks, 0);
@@ -304,9 +312,9 @@ TEST_P(OverlapExactness, ClippingNeverCommitsEveryStepInsideBackward) {
 }
 
 TEST_P(OverlapExactness, ClippingSometimesRollsBackTheClippedSteps) {
-  Options o{.dtype = GetParam()};
+  Options o = With(GetParam());
   o.max_grad_norm = MedianNorm(o, 8);
-  const Run on = Compare(o, 8, "sometimes");
+  const RunResult on = Compare(o, 8, "sometimes");
   ASSERT_TRUE(on.status.ok()) << on.status;
   int clipped = 0;
   for (const AdamStepReport& r : on.reports) clipped += r.clip_coef != 1.0;
@@ -317,8 +325,9 @@ TEST_P(OverlapExactness, ClippingSometimesRollsBackTheClippedSteps) {
 }
 
 TEST_P(OverlapExactness, ClippingAlwaysSpeculatesOnceThenStops) {
-  Options o{.dtype = GetParam(), .max_grad_norm = 1e-6};
-  const Run on = Compare(o, 5, "always");
+  Options o = With(GetParam());
+  o.max_grad_norm = 1e-6;
+  const RunResult on = Compare(o, 5, "always");
   ASSERT_TRUE(on.status.ok()) << on.status;
   for (const AdamStepReport& r : on.reports) EXPECT_LT(r.clip_coef, 1.0);
   // The predictor: after the first clipped step, no step speculates.
@@ -329,36 +338,41 @@ TEST_P(OverlapExactness, ClippingAlwaysSpeculatesOnceThenStops) {
 TEST_P(OverlapExactness, SnapshotBudgetForSomeChunksOnly) {
   // Room for two of the chunks: the rest wait for the verdict.
   const int64_t chunk_bytes = OverlapSnapshotBytes(kChunkElems, GetParam());
-  Options o{.dtype = GetParam(), .snapshot_bytes = 2 * chunk_bytes};
-  const Run on = Compare(o, 4, "budget");
+  Options o = With(GetParam());
+  o.snapshot_bytes = 2 * chunk_bytes;
+  const RunResult on = Compare(o, 4, "budget");
   ASSERT_TRUE(on.status.ok()) << on.status;
   EXPECT_GT(on.speculated_chunks, 0);
   EXPECT_LT(on.speculated_chunks, 4 * on.owned_chunks);
-  Options none{.dtype = GetParam(), .snapshot_bytes = 0};
-  const Run zero = Compare(none, 3, "no_budget");
+  Options none = With(GetParam());
+  none.snapshot_bytes = 0;
+  const RunResult zero = Compare(none, 3, "no_budget");
   EXPECT_EQ(zero.speculated_chunks, 0);
 }
 
 TEST_P(OverlapExactness, ChunksEvictedUnderATightDeviceBudget) {
-  Options o{.dtype = GetParam(), .device_budget_bytes = 3 * kChunkElems * 4 + 2 * kMiB};
+  Options o = With(GetParam());
+  o.device_budget_bytes = 3 * kChunkElems * 4 + 2 * kMiB;
   o.max_grad_norm = MedianNorm(o, 6);
-  const Run on = Compare(o, 6, "tight");
+  const RunResult on = Compare(o, 6, "tight");
   ASSERT_TRUE(on.status.ok()) << on.status;
   EXPECT_GT(on.speculated_chunks, 0);
 }
 
 TEST_P(OverlapExactness, DiskTierForTheOptimizerState) {
-  Options o{.dtype = GetParam(), .disk_indices = 2};
+  Options o = With(GetParam());
+  o.disk_indices = 2;
   o.max_grad_norm = MedianNorm(o, 6);
-  const Run on = Compare(o, 6, "disk");
+  const RunResult on = Compare(o, 6, "disk");
   ASSERT_TRUE(on.status.ok()) << on.status;
   EXPECT_GT(on.commits, 0);
   EXPECT_GT(on.rollbacks, 0);
 }
 
 TEST_P(OverlapExactness, ForcedOverflow) {
-  Options o{.dtype = GetParam(), .overflow_steps = {1, 2, 4}};
-  const Run on = Compare(o, 6, "overflow");
+  Options o = With(GetParam());
+  o.overflow_steps = {1, 2, 4};
+  const RunResult on = Compare(o, 6, "overflow");
   if (GetParam() == DType::kF16) {
     // Skipped and restored exactly; the loss scale comes down the same way.
     ASSERT_TRUE(on.status.ok()) << on.status;
@@ -381,7 +395,8 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, OverlapExactness,
 // A rollback that puts back one wrong bit is caught: the same comparisons fail.
 TEST(OverlapExactnessCanFail, ACorruptedSnapshotChangesTheResult) {
   const GptConfig config = TinyConfig();
-  Options o{.dtype = DType::kF32, .max_grad_norm = 1e-6};
+  Options o = With(DType::kF32);
+  o.max_grad_norm = 1e-6;
   const auto master_after_one_step = [&](bool overlap,
                                          bool corrupt) -> std::vector<std::vector<float>> {
     o.overlap = overlap;
@@ -400,12 +415,16 @@ TEST(OverlapExactnessCanFail, ACorruptedSnapshotChangesTheResult) {
         [&](int64_t chunk) { return rig->adam->SpeculateChunk(backward, chunk); });
     EXPECT_OK(rig->model->ForwardBackward(tokens, targets).status());
     rig->manager->SetGradientsFinalHook(nullptr);
-    if (corrupt) EXPECT_TRUE(rig->adam->CorruptSnapshotForTesting());
+    if (corrupt) {
+      EXPECT_TRUE(rig->adam->CorruptSnapshotForTesting());
+    }
     AdamPlacement placement = *rig->manager->BeginAdam();
     ScheduledChunkAccess access(*rig->manager, *rig->store, rig->backend->device(), placement);
     absl::StatusOr<AdamStepReport> report = rig->adam->Step(access);
     EXPECT_OK(report.status());
-    if (report.ok()) EXPECT_EQ(report->speculation_rolled_back, overlap);
+    if (report.ok()) {
+      EXPECT_EQ(report->speculation_rolled_back, overlap);
+    }
     EXPECT_OK(rig->manager->EndIteration());
     std::vector<std::vector<float>> master;
     for (const std::string& name : ParamNames(config)) {

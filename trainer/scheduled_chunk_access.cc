@@ -73,9 +73,12 @@ absl::StatusOr<AdamChunkPayloads> ScheduledChunkAccess::Acquire(int64_t chunk_in
 absl::StatusOr<AdamChunkPayloads> BackwardChunkAccess::Acquire(int64_t chunk_index,
                                                                AdamChunkUse use) {
   const std::vector<ChunkType> types = TypesFor(use);
-  RETURN_IF_ERROR(
-      manager_.AccessChunksInBackward(chunk_index, types, Device::Host(), ModesFor(use)));
-  return PayloadsOf(store_, chunk_index, types, Device::Host());
+  const Device device =
+      manager_.AdamPlacedOnAccelerator(chunk_index) && manager_.accelerator_in_host_memory()
+          ? manager_.accelerator_device()
+          : Device::Host();
+  RETURN_IF_ERROR(manager_.AccessChunksInBackward(chunk_index, types, device, ModesFor(use)));
+  return PayloadsOf(store_, chunk_index, types, device);
 }
 
 absl::Status BackwardChunkAccess::Release(int64_t chunk_index, AdamChunkUse use) {
