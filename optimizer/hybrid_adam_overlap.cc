@@ -187,6 +187,8 @@ absl::StatusOr<AdamStepReport> HybridAdam::StepAfterSpeculation(AdamChunkAccess&
   const int64_t speculated = spec_.updated_chunks;
   // Anything but a clean, unclipped step with unchanged scalars: undo, then the serialized step.
   const auto serialized = [&]() -> absl::StatusOr<AdamStepReport> {
+    VLOG(1) << "HybridAdam step " << step_ + 1 << ": " << speculated
+            << " chunks updated inside backward, rolled back";
     RETURN_IF_ERROR(RollBack(access));
     predict_rollback_ = true;
     ASSIGN_OR_RETURN(AdamStepReport report, Step(access));
@@ -245,6 +247,8 @@ absl::StatusOr<AdamStepReport> HybridAdam::StepAfterSpeculation(AdamChunkAccess&
   if (ClipCoefficient(norm, max_grad_norm_) != 1.0) return serialized();
 
   // Commit: the verdict is the one the speculation assumed.
+  VLOG(1) << "HybridAdam step " << step_ + 1 << ": " << speculated
+          << " chunks updated inside backward, committed";
   consecutive_skipped_steps_ = 0;
   predict_rollback_ = false;
   report.nonfinite_grads = stats.nonfinite_elems;

@@ -264,6 +264,14 @@ absl::Status ChunkManager::EndIteration() {
       }
     }
     adam_placement_ = planner_->PlanAdam(state_indices);
+  } else if (moments != trace_.total_moments() && gradients_final_hook_used_) {
+    // optimizer.overlap: the optimizer step's accesses depend on its verdict (commit: only the
+    // chunks not updated inside backward; rollback: the undo, then the serialized passes), so
+    // the count varies by design (docs/pipeline.md).
+    LOG_FIRST_N(INFO, 1) << "ChunkManager: iteration " << metronome_.iteration() - 1 << " had "
+                         << moments << " moments but the warm-up had " << trace_.total_moments()
+                         << " (the optimizer ran inside backward); moments off the learned "
+                            "trace use the warm-up's conservative limits";
   } else if (moments != trace_.total_moments()) {
     LOG(WARNING) << "ChunkManager: iteration " << metronome_.iteration() - 1 << " had " << moments
                  << " moments but the warm-up had " << trace_.total_moments()
@@ -731,7 +739,11 @@ absl::Status ChunkManager::AccessChunksImpl(int64_t chunk_index, absl::Span<cons
   }
   engine_->ReportAccess("adam", chunk_index, Stage::kAdam, moment,
                         in_iteration_ && metronome_.is_warmup(), request_ns);
-  if (disk_ != nullptr) disk_->AfterAccess(chunk_index, keys, device);
+  if (!tracked) {
+    backward_accessed_.insert(chunk_index);
+    gradients_final_hook_used_ = true;
+  }
+  if (disk_ != nullptr) disk_->AfterAccess(chunk_index, keys, device, /*descending=*/!tracked);
   return absl::OkStatus();
 }
 
@@ -760,10 +772,11 @@ absl::Status ChunkManager::ReleaseChunks(int64_t chunk_index, absl::Span<const C
   }
   engine_->ReportRelease("adam", chunk_index, Stage::kAdam);
   RETURN_IF_ERROR(engine_->NoteComputeRelease());
+  const bool descending = backward_accessed_.erase(chunk_index) > 0;
   if (disk_ == nullptr) return absl::OkStatus();
   std::vector<int64_t> keys;
   for (ChunkType type : types) keys.push_back(keys_.Key(type, chunk_index));
-  return disk_->AfterRelease(chunk_index, keys);
+  return disk_->AfterRelease(chunk_index, keys, descending);
 }
 
 // --- ZeRO ----------------------------------------------------------------------------------------

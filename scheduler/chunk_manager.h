@@ -480,6 +480,12 @@ class ChunkManager {
   // accesses before the backward and BWD releases in this iteration; by chunk: hook called.
   std::function<absl::Status(int64_t)> gradients_final_hook_;
   bool accelerator_in_host_memory_ = false;
+  // Chunk indices accessed by AccessChunksInBackward and not released yet (their disk tier
+  // read-ahead runs in backward's descending order).
+  absl::flat_hash_set<int64_t> backward_accessed_;
+  // Whether an iteration made an AccessChunksInBackward (then the optimizer step's moment count
+  // varies with its verdict: EndIteration does not warn).
+  bool gradients_final_hook_used_ = false;
   std::vector<std::vector<OperatorId>> chunk_ops_;
   std::vector<int> forward_uses_;
   std::vector<int> backward_releases_;
