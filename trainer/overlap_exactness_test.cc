@@ -79,6 +79,7 @@ struct Options {
   // The disk tier for the optimizer state, with this host budget in index-sets (0: none).
   int64_t disk_indices = 0;
   double lr = 1e-2;
+  bool activation_checkpointing = false;
   // Steps whose micro-batch runs at loss_weight 1e300 (an Inf/NaN gradient: fp16 skips, f32/bf16
   // stop).
   std::vector<int> overflow_steps;
@@ -95,6 +96,12 @@ struct Rig {
   std::unique_ptr<CpuAdam> cpu_adam;
   std::unique_ptr<HybridAdam> adam;
 };
+
+GptModelOptions ModelOptions(const Options& o) {
+  GptModelOptions m{.batch = 2, .seq_len = 16, .threads = 2};
+  m.activation_checkpointing = o.activation_checkpointing;
+  return m;
+}
 
 absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const GptConfig& config, const Options& o) {
   auto rig = std::make_unique<Rig>();
@@ -120,7 +127,7 @@ absl::StatusOr<std::unique_ptr<Rig>> MakeRig(const GptConfig& config, const Opti
   ASSIGN_OR_RETURN(
       rig->model,
       GptModel::Create(config, rig->store.get(), rig->manager.get(), rig->accelerator.get(),
-                       GptModelOptions{.batch = 2, .seq_len = 16, .threads = 2}));
+                       ModelOptions(o)));
   ASSIGN_OR_RETURN(rig->cpu_adam, CpuAdam::Create({.num_threads = 2}));
   HybridAdamOptions adam_options;
   adam_options.groups = {ParamGroupOptions{.name = "default", .lr = o.lr, .weight_decay = 0.0}};
@@ -367,6 +374,17 @@ TEST_P(OverlapExactness, DiskTierForTheOptimizerState) {
   ASSERT_TRUE(on.status.ok()) << on.status;
   EXPECT_GT(on.commits, 0);
   EXPECT_GT(on.rollbacks, 0);
+}
+
+TEST_P(OverlapExactness, ActivationCheckpointing) {
+  // Recomputed forward passes run inside backward: a chunk is final only after every operator in
+  // it finished its backward.
+  Options o = With(GetParam());
+  o.activation_checkpointing = true;
+  o.max_grad_norm = MedianNorm(o, 6);
+  const RunResult on = Compare(o, 6, "recompute");
+  ASSERT_TRUE(on.status.ok()) << on.status;
+  EXPECT_GT(on.commits, 0);
 }
 
 TEST_P(OverlapExactness, ForcedOverflow) {

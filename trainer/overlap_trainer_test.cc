@@ -204,5 +204,19 @@ TEST(OverlapTrainer, GradientAccumulationAndFp16) {
   ExpectSameOnAndOff(h, 1, "fp16");
 }
 
+TEST(OverlapTrainer, LoraWithActivationCheckpointing) {
+  // Frozen base chunks are never speculated (no gradients); the adapters' chunks are, while the
+  // recomputed forward passes run inside backward.
+  TrainConfig c = TinyConfig();
+  c.model.activation_checkpointing = true;
+  c.optimizer.lr = 1e-2;
+  LoraSettings lora;
+  lora.r = 4;
+  lora.lora_alpha = 8;
+  lora.target_modules = {"c_attn", "c_proj"};
+  c.lora = lora;
+  ExpectSameOnAndOff(c, 1, "lora");
+}
+
 }  // namespace
 }  // namespace ps
