@@ -142,7 +142,14 @@ void ExpectSameOnAndOff(TrainConfig config, int world, const std::string& name) 
     for (auto& [path, bytes] : files[overlap]) {
       if (absl::EndsWith(path, "manifest.json")) bytes = absl::StrReplaceAll(bytes, {{sub, dir}});
     }
-    files[overlap]["export.safetensors"] = trainer_testing::ReadFile(c.checkpoint.export_path);
+    // A LoRA run exports an adapter directory; a full run one file.
+    if (std::filesystem::is_directory(c.checkpoint.export_path)) {
+      for (auto& [path, bytes] : ReadTree(c.checkpoint.export_path)) {
+        files[overlap]["export/" + path] = std::move(bytes);
+      }
+    } else {
+      files[overlap]["export.safetensors"] = trainer_testing::ReadFile(c.checkpoint.export_path);
+    }
   }
   int clipped = 0;
   for (int r = 0; r < world; ++r) {
