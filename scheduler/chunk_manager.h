@@ -57,6 +57,13 @@
 // write-back). Placed optimizer state is loaded once, at the first optimizer step after the
 // warm-up, and then never moves.
 //
+// The optimizer inside backward (optimizer.overlap, docs/pipeline.md). SetGradientsFinalHook
+// registers a callback the BWD Release that makes a trainable param chunk's gradients final calls
+// (after its write-behind started; under ZeRO after the group's reduce-scatter, for the chunk
+// this rank owns). From it the optimizer may AccessChunksInBackward / ReleaseChunks that chunk:
+// untracked accesses (no moment, no trace entry) after a host wait for the compute stream; with
+// the disk tier their read-ahead runs in backward's (descending) order.
+//
 // ZeRO (world size N > 1; scheduler/zero_groups.h): an Access whose group is not gathered makes
 // the group resident and all-gathers it; a FWD Release that leaves the group HOLD_AFTER_FWD
 // (before the backward started, or untracked) frees its remote payloads; a BWD Release that
