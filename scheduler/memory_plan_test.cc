@@ -157,6 +157,20 @@ TEST(MemoryPlan, GradientAccumulationAddsTheOwnersF32Accumulator) {
   EXPECT_EQ(four.host_needed_bytes, one.host_needed_bytes + 2 * 4 * kKiB);
 }
 
+TEST(MemoryPlan, OverlapSnapshotIsHostMemory) {
+  MemoryPlanOptions o = Options();
+  ASSERT_OK_AND_ASSIGN(MemoryPlan off, PlanMemory(o));
+  EXPECT_EQ(off.host_overlap_snapshot_bytes, 0);
+  o.overlap_snapshot_bytes = 3 * kKiB;
+  ASSERT_OK_AND_ASSIGN(MemoryPlan on, PlanMemory(o));
+  EXPECT_EQ(on.host_overlap_snapshot_bytes, 3 * kKiB);
+  EXPECT_EQ(on.host_needed_bytes, off.host_needed_bytes + 3 * kKiB);
+  EXPECT_EQ(on.host_expected_peak_bytes, off.host_expected_peak_bytes + 3 * kKiB);
+  EXPECT_NE(on.Summary().find("overlap snapshot"), std::string::npos);
+  o.overlap_snapshot_bytes = -1;
+  EXPECT_FALSE(PlanMemory(o).ok());
+}
+
 TEST(MemoryPlan, SixteenBitParamChunksTakeHalfBlocks) {
   MemoryPlanOptions o = Options();
   o.compute_dtype = DType::kBF16;
