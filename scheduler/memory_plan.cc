@@ -470,7 +470,11 @@ void PlanHost(const MemoryPlanOptions& o, const ChunkLayout& layout,
   if (o.gradient_accumulation_steps > 1) {
     plan.host_accumulator_bytes = share.owned_data_chunks * plan.state_chunk_bytes;
   }
-  plan.host_overlap_snapshot_bytes = o.overlap_snapshot_bytes;
+  // The snapshot holds at most the owned chunks' tensors: old master, moments (f32) and gradient.
+  plan.host_overlap_snapshot_bytes =
+      std::min<int64_t>(o.overlap_snapshot_bytes,
+                        share.owned_data_chunks * o.chunk_elems *
+                            (3 * static_cast<int64_t>(sizeof(float)) + SizeOf(o.compute_dtype)));
   if (o.accelerator_in_host_memory) {
     plan.host_accelerator_bytes = EmulatedAcceleratorHostBytes(o, steady, plan);
   }

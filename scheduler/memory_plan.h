@@ -129,9 +129,10 @@ struct MemoryPlanOptions {
   int64_t adam_margin_bytes = 0;
   // Micro-batches per optimizer step (>= 1); > 1 adds the owner's f32 gradient accumulator.
   int gradient_accumulation_steps = 1;
-  // optimizer.overlap's rollback snapshot (docs/pipeline.md): the host bytes it may take,
-  // min(HybridAdamOptions::overlap_snapshot_bytes, OverlapSnapshotBytes(owned elements)); 0 when
-  // the overlap is off (>= 0).
+  // optimizer.overlap's rollback snapshot (docs/pipeline.md): its budget,
+  // HybridAdamOptions::overlap_snapshot_bytes; 0 when the overlap is off (>= 0). The plan counts
+  // min(budget, (12 + compute dtype width) bytes per element of the owned chunks' capacity): the
+  // snapshot grows chunk by chunk up to the budget and never holds more than the owned chunks.
   int64_t overlap_snapshot_bytes = 0;
 
   // Host: what the OS can still give this process (0: not checked), the process's resident bytes
