@@ -29,13 +29,17 @@ int64_t PageBytes() {
 }
 
 // Chunk blocks are written whole (the initialization, a load, a copy from the accelerator), so
-// their first touch faults every page: with 4 KiB pages that is 262144 faults per GiB, which cost
-// the 1B bf16 run 20 s of system time before its first step (measured on an AMD EPYC Zen 3,
-// benchmarks/init_benchmark shows the per-GiB cost). Transparent huge pages fault 2 MiB at once.
-// The advice matters where /sys/kernel/mm/transparent_hugepage/enabled is "madvise" (the common
-// default); under "always" the kernel does it anyway and under "never" it is ignored. Only
-// blocks of kHugePageAdviceMinBytes and up are advised, where the at most two partly written
-// 2 MiB pages at a block's ends stay a small share of it (an untouched page still costs nothing).
+// their first touch faults every page: with 4 KiB pages that is 262144 faults per GiB (the 1B
+// bf16 run at a 200 MiB cap spent 20.7 s of system time, 5.0M minor faults, mostly before its
+// first step). Transparent huge pages fault 2 MiB at once. Measured on the 2-core AMD EPYC Zen 3
+// VM (a shared, loaded machine; /tmp/touch-style loop, 1 GiB, one thread): 4 KiB pages 1.4-1.7
+// GiB/s every time; huge pages 0.6-1.3 GiB/s the first time the guest's memory is touched (the
+// hypervisor backs it then) and 10-11 GiB/s once it has been (benchmarks/init_benchmark prints
+// the modes). The advice matters where /sys/kernel/mm/transparent_hugepage/enabled is "madvise"
+// (the default here); under "always" the kernel does it anyway and under "never" it is ignored.
+// Only blocks of kHugePageAdviceMinBytes and up are advised, where the at most two partly
+// written 2 MiB pages at a block's ends stay a small share of it (an untouched page still costs
+// nothing).
 constexpr int64_t kHugePageAdviceMinBytes = 16 << 20;
 
 void AdviseHugePages(void* p, int64_t bytes) {
