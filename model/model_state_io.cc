@@ -200,7 +200,9 @@ absl::Status ModelStateIo::WriteParameterRange(TensorId tensor, int64_t first_el
   }
   ASSIGN_OR_RETURN(TensorView master, parts_.store->View(ChunkType::kMaster, tensor));
   RETURN_IF_ERROR(RequireHostPayload(master, "setting a master weight"));
-  std::memcpy(at(master), values.data(), values.size() * sizeof(float));
+  if (at(master) != reinterpret_cast<const char*>(values.data())) {
+    std::memcpy(at(master), values.data(), values.size() * sizeof(float));
+  }
   RETURN_IF_ERROR(Convert(DType::kF32, values.data(), param.dtype, at(param), n));
   for (ChunkType type : {ChunkType::kMomentum, ChunkType::kVariance}) {
     ASSIGN_OR_RETURN(TensorView v, parts_.store->View(type, tensor));
@@ -324,6 +326,41 @@ absl::Status ModelStateIo::SetParametersInPieces(const ParameterRangeFillFn& fil
     int64_t first = 0;
     int64_t count = 0;
   };
+  // A piece through a buffer: a 4-bit weight (its blob as it is, or quantized from the whole
+  // tensor's values) or a frozen tensor's range (rounded into its param slot).
+  const auto set_piece = [&](const Piece& p, std::vector<float>& values) -> absl::Status {
+    values.resize(static_cast<size_t>(p.count));
+    if (quant4(p.tensor) == nullptr) {
+      RETURN_IF_ERROR(fill(p.tensor, p.first, absl::MakeSpan(values)));
+      return WriteParameterRange(p.tensor, p.first, values);
+    }
+    if (blob_fill != nullptr) {
+      ASSIGN_OR_RETURN(const bool written, WriteQuant4Blob(p.tensor, blob_fill));
+      if (written) return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(fill(p.tensor, 0, absl::MakeSpan(values)));
+    return WriteParameter(p.tensor, values, nullptr);
+  };
+  // The pieces' buffers: at most one per thread at a time, reused (fresh buffers of tens of MiB
+  // each would fault their pages in again for every piece).
+  class Buffers {
+   public:
+    std::vector<float> Take() {
+      absl::MutexLock lock(&mu_);
+      if (free_.empty()) return {};
+      std::vector<float> b = std::move(free_.back());
+      free_.pop_back();
+      return b;
+    }
+    void Give(std::vector<float> b) {
+      absl::MutexLock lock(&mu_);
+      free_.push_back(std::move(b));
+    }
+
+   private:
+    absl::Mutex mu_;
+    std::vector<std::vector<float>> free_;
+  } buffers;
   const absl::Status status = model_state_io_internal::WriteOwnedChunksOnHost(
       *parts_.store, *parts_.manager,
       [&](absl::Span<const TensorId> tensors) -> absl::Status {
@@ -341,24 +378,13 @@ absl::Status ModelStateIo::SetParametersInPieces(const ParameterRangeFillFn& fil
           const Piece& p = pieces[static_cast<size_t>(i)];
           const int64_t n = LogicalNumel(p.tensor);
           absl::Status& s = status[static_cast<size_t>(i)];
-          std::vector<float> values(static_cast<size_t>(p.count));
-          if (quant4(p.tensor) != nullptr) {
-            bool written = false;
-            if (blob_fill != nullptr) {
-              absl::StatusOr<bool> w = WriteQuant4Blob(p.tensor, blob_fill);
-              if (!w.ok()) {
-                s = w.status();
-                return;
-              }
-              written = *w;
-            }
-            if (!written) {
-              s = fill(p.tensor, 0, absl::MakeSpan(values));
-              if (s.ok()) s = WriteParameter(p.tensor, values, nullptr);
-            }
+          if (quant4(p.tensor) == nullptr && !frozen(p.tensor)) {
+            // Filled straight into the master slot (f32), then rounded into the param slot.
+            s = FillParameterRangeInPlace(p.tensor, p.first, p.count, fill);
           } else {
-            s = fill(p.tensor, p.first, absl::MakeSpan(values));
-            if (s.ok()) s = WriteParameterRange(p.tensor, p.first, values);
+            std::vector<float> values = buffers.Take();
+            s = set_piece(p, values);
+            buffers.Give(std::move(values));
           }
           if (!s.ok()) return;
           // This piece's share of the tensor's units (the shares of its pieces add up).
@@ -372,6 +398,20 @@ absl::Status ModelStateIo::SetParametersInPieces(const ParameterRangeFillFn& fil
   RETURN_IF_ERROR(status);
   counter.Finish();
   return absl::OkStatus();
+}
+
+absl::Status ModelStateIo::FillParameterRangeInPlace(TensorId tensor, int64_t first_elem,
+                                                     int64_t count,
+                                                     const ParameterRangeFillFn& fill) {
+  ASSIGN_OR_RETURN(TensorView master, parts_.store->View(ChunkType::kMaster, tensor));
+  RETURN_IF_ERROR(RequireHostPayload(master, "setting a master weight"));
+  CHECK(master.dtype == DType::kF32);
+  CHECK_LE(first_elem + count, master.numel);
+  const absl::Span<float> values(static_cast<float*>(master.data) + first_elem,
+                                 static_cast<size_t>(count));
+  RETURN_IF_ERROR(fill(tensor, first_elem, values));
+  // The master already holds the values: WriteParameterRange's copy onto itself is skipped.
+  return WriteParameterRange(tensor, first_elem, values);
 }
 
 std::vector<std::string> ModelStateIo::ParameterNames() const {

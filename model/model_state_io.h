@@ -251,6 +251,10 @@ class ModelStateIo {
   // WriteParameter writes them (master, param rounded, moments zeroed; frozen: param only).
   absl::Status WriteParameterRange(TensorId tensor, int64_t first_elem,
                                    absl::Span<const float> values);
+  // Fills elements [first_elem, first_elem + count) of trainable tensor `tensor` (not 4-bit)
+  // straight into its master slot, then writes the rest of it as WriteParameterRange does.
+  absl::Status FillParameterRangeInPlace(TensorId tensor, int64_t first_elem, int64_t count,
+                                         const ParameterRangeFillFn& fill);
   // SetParameters' progress: the units of the tensors it will set, counted up front, and what
   // is done, reported under a lock (base/progress.h's one-thread-at-a-time contract).
   class SetProgress {

@@ -4,6 +4,7 @@
 // far starts), several std, and the pairs the vector path must hand back to libm (std = 0).
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <numbers>
 #include <random>
@@ -63,7 +64,11 @@ std::vector<float> Fill(bool reference, uint64_t seed, uint64_t stream, double s
 class SimdCapTest : public testing::TestWithParam<std::string> {
  protected:
   void SetUp() override { ASSERT_TRUE(ApplySimdMax(GetParam()).ok()); }
-  void TearDown() override { ASSERT_TRUE(ApplySimdMax("").ok()); }
+  // Back to the process's own cap (CI runs the suite again under PS_SIMD_MAX=avx2).
+  void TearDown() override {
+    const char* env = std::getenv(kSimdMaxEnvVar);
+    ASSERT_TRUE(ApplySimdMax(env != nullptr ? env : "").ok());
+  }
 };
 
 TEST_P(SimdCapTest, TwistAndTemperAreTheStandardEngine) {

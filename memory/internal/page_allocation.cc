@@ -28,26 +28,15 @@ int64_t PageBytes() {
   return page;
 }
 
-// Chunk blocks are written whole (the initialization, a load, a copy from the accelerator), so
-// their first touch faults every page: with 4 KiB pages that is 262144 faults per GiB, which cost
-// the 1B bf16 run 20 s of system time before its first step (measured on an AMD EPYC Zen 3,
-// benchmarks/init_benchmark shows the per-GiB cost). Transparent huge pages fault 2 MiB at once.
-// The advice matters where /sys/kernel/mm/transparent_hugepage/enabled is "madvise" (the common
-// default); under "always" the kernel does it anyway and under "never" it is ignored. Only
-// blocks of kHugePageAdviceMinBytes and up are advised, where the at most two partly written
-// 2 MiB pages at a block's ends stay a small share of it (an untouched page still costs nothing).
-constexpr int64_t kHugePageAdviceMinBytes = 16 << 20;
-
-void AdviseHugePages(void* p, int64_t bytes) {
-#ifdef MADV_HUGEPAGE
-  if (bytes < kHugePageAdviceMinBytes) return;
-  // Advice only: a kernel without THP refuses it (EINVAL), and the block works as before.
-  (void)madvise(p, static_cast<size_t>(bytes), MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)bytes;
-#endif
-}
+// No madvise(MADV_HUGEPAGE) on the chunk blocks, measured once (issue #38, 2026-12-08) on the
+// AMD EPYC Zen 3 2-core VM (transparent_hugepage "madvise"), gpt2-large bf16 at a 200 MiB cap, 1
+// step, the same binary with the advice on mappings of 16 MiB and up and with THP disabled for
+// the process (prctl PR_SET_THP_DISABLE): 2.76M minor faults and 14.2 s of system time with
+// 4 KiB pages, 0.49M faults but 24.4 s with huge pages. A 2 MiB page the guest touches for the
+// first time is backed by the hypervisor then (a 1 GiB loop: 0.6-1.3 GiB/s the first time,
+// 10-11 GiB/s once backed, 4 KiB pages 1.4-1.7 GiB/s every time; benchmarks/init_benchmark
+// prints these modes), and chunk memory is mostly touched once. Where THP is "always" the
+// kernel uses huge pages anyway.
 
 }  // namespace
 
@@ -61,9 +50,7 @@ void* AllocatePages(int64_t bytes) {
   }
   void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return nullptr;
-  AdviseHugePages(p, bytes);
-  return p;
+  return p == MAP_FAILED ? nullptr : p;
 }
 
 void FreePages(void* ptr, int64_t bytes) {
@@ -83,9 +70,7 @@ void* ResizePages(void* ptr, int64_t old_bytes, int64_t new_bytes) {
   if (ptr == nullptr || !PagesResizable(old_bytes) || !PagesResizable(new_bytes)) return nullptr;
   void* p =
       mremap(ptr, static_cast<size_t>(old_bytes), static_cast<size_t>(new_bytes), MREMAP_MAYMOVE);
-  if (p == MAP_FAILED) return nullptr;
-  AdviseHugePages(p, new_bytes);
-  return p;
+  return p == MAP_FAILED ? nullptr : p;
 }
 
 }  // namespace ps::memory_internal
