@@ -24,6 +24,10 @@
 //   bazel run -c opt //benchmarks:disk_tier_benchmark -- --model=gpt2-medium --dtype=bf16
 //       --steps=3 --host_budget=256MiB
 //
+// --overlap runs with optimizer.overlap (docs/pipeline.md): the updates move into backward, so
+// optimizer_s shrinks and compute_s grows; compare step_s with a run without it (and with
+// --gradient_clipping=1e-9, clipping on every step: the overlap must be no slower).
+//
 // The plan is the trainer's (model/gpt_activation_profile.h PlanGptRun with the disk tier), built
 // in the parent with the options the trainer builds it with and the child's resident set before
 // Trainer::Create. The swap directory is a fresh "patrickstar-disk-bench-XXXXXX" under
@@ -95,6 +99,12 @@ ABSL_FLAG(std::string, disk_probe, "1GiB", "bytes written and read to measure th
 ABSL_FLAG(std::string, aio_block_size, "1MiB", "aio.block_size (probe and run)");
 ABSL_FLAG(int, aio_queue_depth, 8, "aio.queue_depth (probe and run)");
 ABSL_FLAG(int, threads, 2, "the model's threads");
+ABSL_FLAG(bool, overlap, false,
+          "optimizer.overlap (docs/pipeline.md): each chunk's Adam update inside backward, read "
+          "ahead in backward order; compare the step time against a run without it");
+ABSL_FLAG(double, gradient_clipping, 0,
+          "gradient_clipping (0: off); a tiny value engages clipping on every step, the case "
+          "where optimizer.overlap must be no slower than off");
 
 namespace ps {
 namespace {
@@ -151,6 +161,8 @@ absl::StatusOr<TrainConfig> MakeConfig(const std::string& swap_dir) {
   RETURN_IF_ERROR(ApplyOverrides(o, &c));
   c.bf16 = absl::GetFlag(FLAGS_dtype) == "bf16";
   c.threads = absl::GetFlag(FLAGS_threads);
+  c.optimizer.overlap = absl::GetFlag(FLAGS_overlap);
+  c.gradient_clipping = absl::GetFlag(FLAGS_gradient_clipping);
   OffloadOptimizerConfig& offload = c.zero_optimization.offload_optimizer;
   offload.buffer_count = absl::GetFlag(FLAGS_buffer_count);
   offload.host_budget_bytes = HostBudgetBytes();
@@ -598,7 +610,8 @@ int Main() {
         run.disk_write_wait_s, MiBs(run.trainer_disk_write_bytes_per_s),
         MiBs(run.trainer_disk_read_bytes_per_s));
     std::cout << absl::StrFormat(
-        "disk_tier_benchmark: model=%s dtype=%s steps=%d filesystem=%s engine=%s direct=%d "
+        "disk_tier_benchmark: model=%s dtype=%s steps=%d overlap=%d gradient_clipping=%g "
+        "filesystem=%s engine=%s direct=%d "
         "block_size=%d queue_depth=%d disk_write_bytes_per_s=%.0f disk_read_bytes_per_s=%.0f "
         "step_s=%.3f compute_s=%.3f copy_wait_s=%.3f optimizer_s=%.3f disk_wait_s=%.3f "
         "disk_read_bytes_per_step=%.0f disk_write_bytes_per_step=%.0f disk_s=%.3f "
@@ -609,7 +622,8 @@ int Main() {
         "host_expected_over_measured=%.4f plan_disk_bytes=%d swap_file_bytes=%d "
         "plan_disk_read_bytes_per_step=%d plan_disk_write_bytes_per_step=%d "
         "tier_host_peak_bytes=%d host_budget_bytes=%d run_s=%.1f\n",
-        absl::GetFlag(FLAGS_model), dtype, steps, Token(fs.ok() ? *fs : "?"), Token(bw->engine),
+        absl::GetFlag(FLAGS_model), dtype, steps, absl::GetFlag(FLAGS_overlap) ? 1 : 0,
+        absl::GetFlag(FLAGS_gradient_clipping), Token(fs.ok() ? *fs : "?"), Token(bw->engine),
         bw->direct ? 1 : 0, swap.block_size, swap.queue_depth, W, R, step_s, compute_s, copy_wait_s,
         optimizer_s, disk_wait_s, read_b, write_b, disk_s, io_bytes_per_s, disk_fraction,
         duplex_fraction, step_ratio, serial_ratio, M, mixed_fraction, mixed_step_ratio,

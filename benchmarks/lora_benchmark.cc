@@ -29,7 +29,12 @@
 //     probe's rate. The step's useful FLOPs (model/model_config.h ModelTrainingFlops with the
 //     frozen base's backward computing input gradients only: linear and head 4 of the 6 FLOPs per
 //     weight and token, attention all of it, plus the adapters' 2 r (in + out) forward and
-//     6 r (in + out) forward and backward per token) over the compute time, against the probe.
+//     6 r (in + out) forward and backward per token) over the compute time, against the probe
+//     (the mean of a GEMM probe right before the training child and one right after it);
+//  4. (issue #38, --gemm_breakdown, Llama architecture) every GEMM of the step alone at its shape
+//     — the base projections' forward and dX, the LoRA rank-r side GEMMs, the LM head's tiles —
+//     with its fraction of the probe (benchmarks/internal/gemm_breakdown.h), and the skinny-GEMM
+//     grid against the former 64-row grid in alternating calls of the same run.
 //
 //   bazel run -c opt //benchmarks:lora_benchmark -- --model=llama-2-7b --steps=2
 //       (the headline: about 17 GiB of host memory, the plan's bound, and minutes per step on a
@@ -40,6 +45,9 @@
 //       default — --bnb_4bit_quant_type, --bnb_4bit_use_double_quant, --bnb_4bit_compute_dtype —
 //       and the bytes per base parameter printed)
 //   bazel run -c opt //benchmarks:lora_benchmark -- --model=llama-2-7b --plan_only
+//   bazel run -c opt //benchmarks:lora_benchmark -- --model=llama-2-7b --layers=2 --steps=3
+//       (the 7B widths, vocabulary and LM head with 2 layers: ~2.4 GiB of host memory)
+//   bazel run -c opt //benchmarks:lora_benchmark -- --model=llama-2-7b --gemm_breakdown_only
 //   bazel run -c opt //benchmarks:lora_benchmark -- --model=gpt2
 //       --lora_target_modules=c_attn,c_proj --accelerator_memory=128MiB    (small shapes)
 //
@@ -72,6 +80,7 @@
 #include "base/thread_pool.h"
 #include "base/units.h"
 #include "benchmarks/internal/child_run.h"
+#include "benchmarks/internal/gemm_breakdown.h"
 #include "chunk/operator_spec.h"
 #include "memory/backend.h"
 #include "memory/cpu_backend.h"
@@ -121,6 +130,15 @@ ABSL_FLAG(std::string, bnb_4bit_compute_dtype, "float32",
 ABSL_FLAG(int, threads, 0, "the model's threads (0: one per hardware thread, as the trainer)");
 ABSL_FLAG(std::string, link_probe, "256MiB", "bytes of the host -> accelerator copy probe");
 ABSL_FLAG(bool, plan_only, false, "print the plans and exit (no training, no probes)");
+ABSL_FLAG(int64_t, layers, 0,
+          "keep only this many layers of the preset (0: all): the real widths, vocabulary and "
+          "attention shape with fewer layers, e.g. a llama-2-7b step that fits a small machine");
+ABSL_FLAG(bool, gemm_breakdown, true,
+          "after the run: time each GEMM of the step (base projections, LoRA side GEMMs, LM head "
+          "tiles) alone at its shape, against the GEMM probe (benchmarks/internal/"
+          "gemm_breakdown.h); Llama architecture only");
+ABSL_FLAG(bool, gemm_breakdown_only, false,
+          "print the plans and the GEMM breakdown (with its probes) and exit: no training");
 
 namespace ps {
 namespace {
@@ -192,6 +210,7 @@ absl::StatusOr<TrainConfig> MakeConfig(bool lora) {
     o.lora_target_modules = absl::GetFlag(FLAGS_lora_target_modules);
   }
   RETURN_IF_ERROR(ApplyOverrides(o, &c));
+  if (absl::GetFlag(FLAGS_layers) > 0) c.model.num_layers = absl::GetFlag(FLAGS_layers);
   c.bf16 = absl::GetFlag(FLAGS_dtype) == "bf16";
   if (lora && absl::GetFlag(FLAGS_load_in_4bit)) {
     c.quantization.load_in_4bit = true;
@@ -355,6 +374,44 @@ double GemmFlopsPerS(DType dtype, int64_t n, int reps, ThreadPool* pool) {
     if (r > 0) best = std::min(best, absl::ToDoubleSeconds(absl::Now() - t0));
   }
   return 2.0 * static_cast<double>(n) * n * n / best;
+}
+
+// The GEMM breakdown (benchmarks/internal/gemm_breakdown.h) of the LoRA step's shapes, against the
+// mean of `probe_before` and a probe right after it; Llama architecture only. Returns the GEMMs'
+// seconds per step (0 when skipped).
+double GemmBreakdown(const ModelConfig& model, const LoraConfig& lora, DType dtype,
+                     bool activation_checkpointing, double probe_before) {
+  if (model.architecture() == ModelArchitecture::kGpt2) {
+    std::cout << "\n(GEMM breakdown: Llama architecture only; skipped)\n";
+    return 0;
+  }
+  ThreadPool pool(Threads());
+  benchmarks_internal::GemmBreakdownShape shape;
+  shape.rows = absl::GetFlag(FLAGS_micro_batch_size) * absl::GetFlag(FLAGS_seq_len);
+  shape.hidden = model.hidden_size;
+  shape.q_dim = model.q_size();
+  shape.kv_dim = model.kv_size();
+  shape.intermediate = model.intermediate_size;
+  shape.vocab = model.vocab_size;
+  shape.layers = model.num_layers;
+  shape.bf16 = dtype == DType::kBF16;
+  shape.frozen_base = true;
+  shape.activation_checkpointing = activation_checkpointing;
+  shape.lora_rank = lora.r;
+  shape.lora_targets = lora.target_modules;
+  const std::vector<benchmarks_internal::GemmBreakdownRow> rows =
+      benchmarks_internal::TimeLlamaGemms(shape, 2, &pool);
+  const double probe_after =
+      std::max(GemmFlopsPerS(dtype, 1024, 3, &pool), GemmFlopsPerS(dtype, 2048, 2, &pool));
+  std::cout.flush();
+  const double sum = benchmarks_internal::PrintGemmBreakdown(
+      rows, 0.5 * (probe_before + probe_after),
+      absl::StrFormat("%s GEMM: the mean of the probes before (%.1f) and after (%.1f GFLOP/s)",
+                      dtype == DType::kBF16 ? "bf16" : "f32", probe_before / 1e9,
+                      probe_after / 1e9));
+  benchmarks_internal::PrintSkinnyGridAb(shape, 3, &pool);
+  std::fflush(stdout);
+  return sum;
 }
 
 // --- Counting -----------------------------------------------------------------------------------
@@ -554,6 +611,13 @@ int Main() {
     std::cout << "lora_benchmark: plan_only=1 " << plan_line << "\n";
     return lora_plan.fits.ok() ? 0 : 1;
   }
+  if (absl::GetFlag(FLAGS_gemm_breakdown_only)) {
+    ThreadPool pool(Threads());
+    const double probe =
+        std::max(GemmFlopsPerS(dtype, 1024, 3, &pool), GemmFlopsPerS(dtype, 2048, 2, &pool));
+    GemmBreakdown(*model, lora, dtype, lora_config->model.activation_checkpointing, probe);
+    return 0;
+  }
   if (!lora_plan.fits.ok()) {
     std::cerr << "the LoRA run does not fit (the trainer would refuse it): "
               << lora_plan.fits.message() << "\n";
@@ -563,6 +627,15 @@ int Main() {
   // 2. The LoRA run.
   std::cout << absl::StrFormat("\ntraining %d steps (1 warm-up) in a child process...\n", steps);
   std::cout.flush();
+  // The GEMM probe right before the run too (its buffers and threads gone before the fork): on a
+  // machine shared with other work the rate swings between minutes, and a probe taken only after
+  // the run measured 19-89 GFLOP/s (bf16 fallback, Zen 3) around steps that ran at 11-24.
+  double gemm_before = 0;
+  {
+    ThreadPool pool(Threads());
+    gemm_before =
+        std::max(GemmFlopsPerS(dtype, 1024, 3, &pool), GemmFlopsPerS(dtype, 2048, 2, &pool));
+  }
   const RunResult run = Train(*lora_config);
   if (!run.ok) {
     std::cerr << "training failed: " << run.error << "\n";
@@ -576,11 +649,20 @@ int Main() {
     std::cerr << "link probe: " << link.status() << "\n";
     return 1;
   }
-  double gemm = 0;
+  double gemm_after = 0;
   {
     ThreadPool pool(Threads());
-    gemm = std::max(GemmFlopsPerS(dtype, 1024, 3, &pool), GemmFlopsPerS(dtype, 2048, 2, &pool));
+    gemm_after =
+        std::max(GemmFlopsPerS(dtype, 1024, 3, &pool), GemmFlopsPerS(dtype, 2048, 2, &pool));
   }
+  // The yardstick: the mean of the probes right before and right after the run.
+  const double gemm = 0.5 * (gemm_before + gemm_after);
+  // Where the step's GEMM time goes: each GEMM alone at the step's shape, against the probe.
+  const double gemm_sum_s =
+      absl::GetFlag(FLAGS_gemm_breakdown) && !quant4.has_value()
+          ? GemmBreakdown(*model, lora, dtype, lora_config->model.activation_checkpointing,
+                          gemm_after)
+          : 0;
   // The LoRA plan again with the child's own resident set before Trainer::Create, as the trainer
   // planned it.
   const PlanOutcome planned =
@@ -661,7 +743,9 @@ int Main() {
       "| step lower bound: max(link minimum %.2f s, useful FLOPs at the GEMM probe's rate %.2f s) "
       "| %.2f s; step / bound %.2fx |\n"
       "| useful FLOPs per step / rate over compute | %.3g / %.1f GFLOP/s |\n"
-      "| %s GEMM probe (n = 1024, 2048, %d threads) / fraction | %.1f GFLOP/s / %.3f |\n"
+      "| the step's GEMMs timed alone (breakdown above) / compute | %.2f s / %.3f |\n"
+      "| %s GEMM probe (n = 1024, 2048, %d threads; mean of before %.1f and after %.1f) / "
+      "fraction | %.1f GFLOP/s / %.3f |\n"
       "| frozen (base) chunk bytes written back, whole run | %d (%s) |\n"
       "| run: loads / write-backs / clean evictions / prefetches (hits) / pressure reclaims | "
       "%d / %d / %d / %d (%d) / %d |\n",
@@ -677,7 +761,8 @@ int Main() {
       GiB(min_link_bytes), Ratio(loaded, min_link_bytes), MiB(static_cast<int64_t>(written)),
       absl::GetFlag(FLAGS_link_probe), GBs(*link), min_link_s, loaded_link_s,
       Ratio(step_s, min_link_s), min_link_s, gemm_s, bound_s, Ratio(step_s, bound_s), flops,
-      flop_rate / 1e9, dtype_name, Threads(), gemm / 1e9, Ratio(flop_rate, gemm),
+      flop_rate / 1e9, gemm_sum_s, Ratio(gemm_sum_s, compute_s), dtype_name, Threads(),
+      gemm_before / 1e9, gemm_after / 1e9, gemm / 1e9, Ratio(flop_rate, gemm),
       run.frozen_writeback_bytes, frozen_clean ? "0: frozen means frozen" : "NOT 0", run.loads,
       run.write_backs, run.clean_evictions, run.prefetches, run.prefetch_hits,
       run.pressure_reclaims);
@@ -700,14 +785,15 @@ int Main() {
       "accelerator_measured_over_plan=%.4f loaded_bytes_per_step=%.0f "
       "written_back_bytes_per_step=%.0f frozen_writeback_bytes=%d link_bytes_per_s=%.0f "
       "link_min_s=%.3f step_over_link_min=%.3f gemm_bound_s=%.3f step_over_bound=%.3f "
-      "useful_flops=%.4g gemm_flops_per_s=%.4g "
-      "flops_fraction=%.4f run_s=%.1f\n",
+      "useful_flops=%.4g gemm_flops_per_s=%.4g gemm_before_flops_per_s=%.4g "
+      "gemm_after_flops_per_s=%.4g "
+      "flops_fraction=%.4f gemm_breakdown_s=%.3f run_s=%.1f\n",
       plan_line, run.steps, trained_here ? 1 : 0, step_s, compute_s, copy_wait_s, optimizer_s,
       run.host_peak_bytes, run.host_baseline_bytes, plan.host_peak_bytes,
       plan.host_expected_peak_bytes, host_expected_ratio, run.accelerator_peak_total_bytes,
       plan.predicted_accelerator_peak_bytes, acc_ratio, loaded, written, run.frozen_writeback_bytes,
       *link, min_link_s, Ratio(step_s, min_link_s), gemm_s, Ratio(step_s, bound_s), flops, gemm,
-      Ratio(flop_rate, gemm), run.seconds);
+      gemm_before, gemm_after, Ratio(flop_rate, gemm), gemm_sum_s, run.seconds);
   return frozen_clean ? 0 : 1;
 }
 

@@ -24,7 +24,8 @@
 // 4); the tied LM head 6 * N * C * V; causal attention 4 * T(T+1)/2 * C * L * B forward (QK^T and
 // PV over the causal triangle) and twice that backward. Llama: linear 6 N L (C (Q + 2K) + Q C +
 // 3 C I), the LM head (tied or not) 6 N C V, attention with Q = heads x head_dim for C. The
-// kernel breakdown (2.) covers GPT-2's kernels only and is skipped for the Llama architecture.
+// kernel breakdown (2.) covers GPT-2's kernels; for the Llama architecture it is the step's GEMMs
+// (benchmarks/internal/gemm_breakdown.h: projections, LM head tiles), checkpointing off.
 // Recomputation (the blocks' forward under activation checkpointing) is not useful work: it lowers
 // the fraction, as it should.
 //
@@ -51,6 +52,7 @@
 #include "base/check.h"
 #include "base/thread_pool.h"
 #include "base/units.h"
+#include "benchmarks/internal/gemm_breakdown.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
 #include "chunk/operator_spec.h"
@@ -628,7 +630,25 @@ int Main() {
   }
 
   if (absl::GetFlag(FLAGS_breakdown) && !gpt2) {
-    std::printf("\n(kernel breakdown: GPT-2's kernels only; skipped for the Llama architecture)\n");
+    // Llama: the step's GEMMs (benchmarks/internal/gemm_breakdown.h), one table per dtype, and
+    // the skinny-GEMM grid against the former one when the step's rows are few.
+    for (DType dtype : dtypes) {
+      benchmarks_internal::GemmBreakdownShape shape;
+      shape.rows = batch * seq;
+      shape.hidden = model.hidden_size;
+      shape.q_dim = model.q_size();
+      shape.kv_dim = model.kv_size();
+      shape.intermediate = model.intermediate_size;
+      shape.vocab = model.vocab_size;
+      shape.layers = model.num_layers;
+      shape.bf16 = dtype == DType::kBF16;
+      const double peak = 1e9 * (shape.bf16 ? peaks.bf16 : peaks.sgemm);  // FLOP/s
+      benchmarks_internal::PrintGemmBreakdown(benchmarks_internal::TimeLlamaGemms(shape, 2, &pool),
+                                              peak, shape.bf16 ? "bf16 GEMM" : "sgemm");
+      if (dtype == dtypes.front() && shape.rows <= 256) {
+        benchmarks_internal::PrintSkinnyGridAb(shape, 3, &pool);
+      }
+    }
   }
   if (absl::GetFlag(FLAGS_breakdown) && gpt2) {
     for (DType dtype : dtypes) {

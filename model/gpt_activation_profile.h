@@ -97,6 +97,8 @@ struct GptRunPlanOptions {
   int world_size = 1;
   int rank = 0;
   int gradient_accumulation_steps = 1;
+  // As MemoryPlanOptions (optimizer.overlap's rollback snapshot budget; 0 when the overlap is off).
+  int64_t overlap_snapshot_bytes = 0;
   // 0: auto (see above).
   int64_t chunk_elems = 0;
   int64_t accelerator_bytes = 0;

@@ -371,45 +371,61 @@ Gpt2Dims GptModel::dims() const {
                   .num_layers = config_.num_layers};
 }
 
-absl::Status GptModel::InitializeParameters(uint64_t seed) {
+absl::Status GptModel::InitializeParameters(uint64_t seed, const InitializeOptions& options) {
+  if (options.adapters_only && !options_.lora.has_value()) {
+    return absl::InvalidArgumentError(
+        "GptModel::InitializeParameters: adapters_only needs LoRA adapters (GptModelOptions.lora "
+        "is not set); initialize the whole model instead");
+  }
   const ChunkLayout& layout = store_->layout();
-  return io_->SetParameters([&](TensorId t, absl::Span<float> out) {
-    // A wte block draws its rows of wte's stream.
-    std::string name = layout.tensor(t).name;
-    int64_t first_elem = 0;
-    if (const std::optional<RowBlockName> block = ParseRowBlockName(name); block.has_value()) {
-      name = block->base;
-      first_elem = block->row_begin * config_.hidden;
-    }
-    if (io_->is_adapter(t)) {
-      // PEFT: A Kaiming-uniform, B zeros.
-      if (absl::EndsWith(name, ".lora_A.weight")) {
-        const auto it = init_stream_.find(name);
-        CHECK(it != init_stream_.end()) << "no tensor " << name;
-        InitLoraA(seed, it->second, out, layout.tensor(t).shape.back());
-      } else {
-        std::fill(out.begin(), out.end(), 0.0f);
-      }
-      return absl::OkStatus();
-    }
-    const ParameterInit init = InitOf(model_config_.architecture(), config_.num_layers, name);
-    uint64_t stream = 0;
-    if (init.kind == ParameterInit::Kind::kNormal) {
-      const auto it = init_stream_.find(name);
-      CHECK(it != init_stream_.end()) << "no tensor " << name;
-      stream = it->second;
-    }
-    FillInitialValues(init, seed, stream, first_elem, out);
-    return absl::OkStatus();
-  }, /*include=*/nullptr, /*blob_fill=*/nullptr, /*parallel=*/true);  // every stream its own
+  std::function<bool(TensorId)> include;
+  if (options.adapters_only) include = [&](TensorId t) { return io_->is_adapter(t); };
+  // Pieces of a tensor on several threads: FillNormal's ranges equal those of the whole.
+  return io_->SetParametersInPieces(
+      [&](TensorId t, int64_t first, absl::Span<float> out) {
+        // A wte block draws its rows of wte's stream.
+        std::string name = layout.tensor(t).name;
+        int64_t first_elem = first;
+        if (const std::optional<RowBlockName> block = ParseRowBlockName(name); block.has_value()) {
+          name = block->base;
+          first_elem += block->row_begin * config_.hidden;
+        }
+        if (io_->is_adapter(t)) {
+          // PEFT: A Kaiming-uniform, B zeros. (Adapters are small: one piece, first == 0.)
+          if (absl::EndsWith(name, ".lora_A.weight")) {
+            const auto it = init_stream_.find(name);
+            CHECK(it != init_stream_.end()) << "no tensor " << name;
+            if (first == 0) {
+              InitLoraA(seed, it->second, out, layout.tensor(t).shape.back());
+            } else {
+              std::vector<float> whole(static_cast<size_t>(layout.tensor(t).numel));
+              InitLoraA(seed, it->second, absl::MakeSpan(whole), layout.tensor(t).shape.back());
+              std::copy_n(whole.begin() + first, out.size(), out.begin());
+            }
+          } else {
+            std::fill(out.begin(), out.end(), 0.0f);
+          }
+          return absl::OkStatus();
+        }
+        const ParameterInit init = InitOf(model_config_.architecture(), config_.num_layers, name);
+        uint64_t stream = 0;
+        if (init.kind == ParameterInit::Kind::kNormal) {
+          const auto it = init_stream_.find(name);
+          CHECK(it != init_stream_.end()) << "no tensor " << name;
+          stream = it->second;
+        }
+        FillInitialValues(init, seed, stream, first_elem, out);
+        return absl::OkStatus();
+      },
+      include, /*blob_fill=*/nullptr, options.progress);
 }
 
 absl::Status GptModel::LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint) {
   return io_->LoadGpt2Checkpoint(checkpoint);
 }
 
-absl::Status GptModel::LoadHfCheckpoint(const HfCheckpoint& checkpoint) {
-  return io_->LoadHfCheckpoint(checkpoint);
+absl::Status GptModel::LoadHfCheckpoint(const HfCheckpoint& checkpoint, ProgressFn progress) {
+  return io_->LoadHfCheckpoint(checkpoint, progress);
 }
 
 absl::Status GptModel::SaveHfCheckpoint(const std::string& dir, DType dtype,

@@ -45,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "base/progress.h"
 #include "base/thread_pool.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
@@ -140,6 +141,14 @@ std::vector<OperatorSpec> ModelOperatorsFor(const ModelConfig& config,
                                             const std::optional<Quant4Config>& quant4 = std::nullopt,
                                             DType dtype = DType::kF32);
 
+// What GptModel::InitializeParameters(seed, options) sets and whom it tells how far it is.
+struct InitializeOptions {
+  // Only the LoRA adapters (the base is loaded over afterwards). Needs LoRA.
+  bool adapters_only = false;
+  // Hears (elements done, elements in all), base/progress.h's contract.
+  ProgressFn progress;
+};
+
 class GptModel {
  public:
   // Targets equal to this are excluded from the loss (PyTorch's default ignore_index).
@@ -223,7 +232,16 @@ class GptModel {
   // master value rounded to the compute dtype) and zeroes momentum and variance. Runs outside an
   // iteration (the accesses are untracked; chunks end up on the host).
   // FailedPrecondition inside an iteration; errors of the manager.
-  [[nodiscard]] absl::Status InitializeParameters(uint64_t seed);
+  //
+  // `options.adapters_only` (LoRA): only the adapters get their seeded values (A = InitLoraA, B =
+  // 0, the same values as the full initialization's); no base tensor is written or even accessed
+  // — what a run needs whose base LoadHfCheckpoint then fills (--init_from, a preset's weights).
+  // The base's slots hold whatever they held until then. InvalidArgument without LoRA.
+  // `options.progress` hears (elements set so far, elements to set) after each tensor.
+  [[nodiscard]] absl::Status InitializeParameters(uint64_t seed, const InitializeOptions& options);
+  [[nodiscard]] absl::Status InitializeParameters(uint64_t seed) {
+    return InitializeParameters(seed, InitializeOptions{});
+  }
   [[nodiscard]] absl::Status InitializeParameters() { return InitializeParameters(options_.seed); }
 
   // Forward and backward of one batch inside the caller's iteration (ChunkManager::BeginIteration
@@ -299,7 +317,9 @@ class GptModel {
   // whose config must describe this model (every field but name and torch_dtype equal;
   // InvalidArgument naming the directory and both configs otherwise). Reads element ranges, one
   // chunk at a time. Outside an iteration.
-  [[nodiscard]] absl::Status LoadHfCheckpoint(const HfCheckpoint& checkpoint);
+  // `progress` hears (bytes of the directory's tensors read, bytes to read), base/progress.h.
+  [[nodiscard]] absl::Status LoadHfCheckpoint(const HfCheckpoint& checkpoint,
+                                              ProgressFn progress = nullptr);
   // Hugging Face directory export of the master weights as `dtype` (WriteHfCheckpoint: streaming
   // element ranges, sharded above options.max_shard_bytes, atomic). Outside an iteration;
   // FailedPrecondition for world size > 1 (as SaveGpt2Safetensors). LoRA: the base as stored —

@@ -147,6 +147,7 @@ absl::StatusOr<GptRunPlan> PlanOne(const GptRunPlanOptions& o, int64_t chunk_ele
   p.world_size = o.world_size;
   p.rank = o.rank;
   p.gradient_accumulation_steps = o.gradient_accumulation_steps;
+  p.overlap_snapshot_bytes = o.overlap_snapshot_bytes;
   p.comm_buffer_bytes = o.comm_buffer_bytes;
   p.host_cap_bytes = o.host_cap_bytes;
   p.host_available_bytes = o.host_available_bytes;

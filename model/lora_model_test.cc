@@ -693,6 +693,72 @@ TEST(LoraModel, FrozenStateInitializationAndFingerprint) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("LoRA")));
 }
 
+// InitializeOptions{adapters_only}: the adapters get exactly the full initialization's values, no
+// base tensor is written (a loaded base stays bit for bit), and progress counts the adapters'
+// elements only; LoadHfCheckpoint reports the directory's bytes.
+TEST(LoraModel, AdaptersOnlyInitializationLeavesTheBase) {
+  ASSERT_OK_AND_ASSIGN(const HfCheckpoint base, HfCheckpoint::Open(Runfile("hf_tiny_llama")));
+  RigOptions o{.lora = AllProjections()};
+  ASSERT_OK_AND_ASSIGN(auto rig, MakeRig(base.config(), o));
+  ASSERT_OK_AND_ASSIGN(auto full, MakeRig(base.config(), o));
+  std::vector<std::pair<int64_t, int64_t>> load_calls;
+  ASSERT_OK(rig->model->LoadHfCheckpoint(
+      base, [&](int64_t done, int64_t total) { load_calls.emplace_back(done, total); }));
+  std::vector<std::pair<int64_t, int64_t>> init_calls;
+  ASSERT_OK(rig->model->InitializeParameters(
+      23, InitializeOptions{.adapters_only = true, .progress = [&](int64_t done, int64_t total) {
+                              init_calls.emplace_back(done, total);
+                            }}));
+  std::vector<std::pair<int64_t, int64_t>> full_calls;
+  ASSERT_OK(full->model->InitializeParameters(
+      23, InitializeOptions{.progress = [&](int64_t done, int64_t total) {
+        full_calls.emplace_back(done, total);
+      }}));
+  int64_t adapter_elems = 0, all_elems = 0, base_bytes = 0;
+  for (const OperatorSpec& op : ModelOperatorsFor(base.config(), o.lora)) {
+    for (const TensorSpec& t : op.tensors) {
+      int64_t numel = 1;
+      for (int64_t d : t.shape) numel *= d;
+      all_elems += numel;
+      ASSERT_OK_AND_ASSIGN(const std::vector<float> got,
+                           rig->model->ReadTensor(ChunkType::kMaster, t.name));
+      if (absl::StrContains(t.name, ".lora_")) {
+        adapter_elems += numel;
+        ASSERT_OK_AND_ASSIGN(const std::vector<float> want,
+                             full->model->ReadTensor(ChunkType::kMaster, t.name));
+        EXPECT_TRUE(BitEqual(got, want)) << t.name;
+        continue;
+      }
+      // The base as loaded (the compute dtype is f32: the checkpoint's values as f32).
+      std::vector<float> want(got.size());
+      ASSERT_OK(base.ReadAsF32(t.name, 0, absl::MakeSpan(want)));
+      EXPECT_TRUE(BitEqual(got, want)) << t.name;
+      const SafetensorsTensorInfo* info = base.Find(t.name);
+      ASSERT_NE(info, nullptr) << t.name;
+      base_bytes += info->size_bytes();
+    }
+  }
+  const auto check_calls = [](const std::vector<std::pair<int64_t, int64_t>>& calls,
+                              int64_t total) {
+    ASSERT_FALSE(calls.empty());
+    int64_t last = 0;
+    for (const auto& [done, t] : calls) {
+      EXPECT_EQ(t, total);
+      EXPECT_GE(done, last);
+      EXPECT_LE(done, t);
+      last = done;
+    }
+    EXPECT_EQ(calls.back().first, total);
+  };
+  check_calls(init_calls, adapter_elems);
+  check_calls(full_calls, all_elems);
+  check_calls(load_calls, base_bytes);
+  // Without LoRA there are no adapters to initialize alone.
+  ASSERT_OK_AND_ASSIGN(auto plain, MakeRig(base.config(), RigOptions{}));
+  EXPECT_THAT(plain->model->InitializeParameters(1, InitializeOptions{.adapters_only = true, .progress = nullptr}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("adapters_only")));
+}
+
 TEST(LoraModel, Errors) {
   ASSERT_OK_AND_ASSIGN(const HfCheckpoint base, HfCheckpoint::Open(Runfile("hf_tiny_llama")));
   // A layout without the adapters.

@@ -40,6 +40,21 @@ namespace ps {
 
 namespace model_state_io_internal {
 
+void ForEachOwnedTensor(const ChunkStore& store, const std::function<bool(TensorId)>& include,
+                        bool trainable_only, absl::FunctionRef<void(TensorId)> visit) {
+  const ChunkLayout& layout = store.layout();
+  for (int64_t c = 0; c < layout.num_chunks(); ++c) {
+    const bool trainable = layout.chunk_trainable(c);
+    if (trainable_only && !trainable) continue;
+    if (!layout.HoldsPayload(trainable ? ChunkType::kMaster : ChunkType::kParam, c, store.rank())) {
+      continue;
+    }
+    for (TensorId t : layout.TensorsInChunk(c)) {
+      if (include == nullptr || include(t)) visit(t);
+    }
+  }
+}
+
 absl::Status WriteOwnedChunksOnHost(
     ChunkStore& store, ChunkManager& manager,
     const std::function<absl::Status(absl::Span<const TensorId> tensors)>& write,
@@ -164,21 +179,35 @@ absl::Status ModelStateIo::StagedRead(
 absl::Status ModelStateIo::WriteParameter(TensorId tensor, absl::Span<const float> values,
                                           ThreadPool* quant_pool) {
   if (const Quant4Format* q = quant4(tensor)) return WriteQuant4(tensor, *q, values, quant_pool);
+  CHECK_EQ(parts_.store->layout().tensor(tensor).numel, static_cast<int64_t>(values.size()));
+  return WriteParameterRange(tensor, 0, values);
+}
+
+absl::Status ModelStateIo::WriteParameterRange(TensorId tensor, int64_t first_elem,
+                                               absl::Span<const float> values) {
+  CHECK(quant4(tensor) == nullptr);
+  const int64_t n = static_cast<int64_t>(values.size());
+  // Elements [first_elem, first_elem + n) of a view.
+  const auto at = [&](const TensorView& v) {
+    CHECK_LE(first_elem + n, v.numel);
+    return static_cast<char*>(v.data) + first_elem * SizeOf(v.dtype);
+  };
   ASSIGN_OR_RETURN(TensorView param, parts_.store->View(ChunkType::kParam, tensor));
-  CHECK_EQ(param.numel, static_cast<int64_t>(values.size()));
   RETURN_IF_ERROR(RequireHostPayload(param, "setting a parameter"));
   if (frozen(tensor)) {
     // The param slot is the frozen weight: rounded to the compute dtype once.
-    return Convert(DType::kF32, values.data(), param.dtype, param.data, param.numel);
+    return Convert(DType::kF32, values.data(), param.dtype, at(param), n);
   }
   ASSIGN_OR_RETURN(TensorView master, parts_.store->View(ChunkType::kMaster, tensor));
   RETURN_IF_ERROR(RequireHostPayload(master, "setting a master weight"));
-  std::memcpy(master.data, values.data(), values.size() * sizeof(float));
-  RETURN_IF_ERROR(Convert(DType::kF32, values.data(), param.dtype, param.data, param.numel));
+  if (at(master) != reinterpret_cast<const char*>(values.data())) {
+    std::memcpy(at(master), values.data(), values.size() * sizeof(float));
+  }
+  RETURN_IF_ERROR(Convert(DType::kF32, values.data(), param.dtype, at(param), n));
   for (ChunkType type : {ChunkType::kMomentum, ChunkType::kVariance}) {
     ASSIGN_OR_RETURN(TensorView v, parts_.store->View(type, tensor));
     RETURN_IF_ERROR(RequireHostPayload(v, "zeroing the optimizer state"));
-    std::memset(v.data, 0, static_cast<size_t>(v.bytes()));
+    std::memset(at(v), 0, static_cast<size_t>(n * SizeOf(v.dtype)));
   }
   return absl::OkStatus();
 }
@@ -199,9 +228,39 @@ bool ModelStateIo::is_adapter(TensorId tensor) const {
   return absl::EndsWith(name, ".lora_A.weight") || absl::EndsWith(name, ".lora_B.weight");
 }
 
+ModelStateIo::SetProgress::SetProgress(const ModelStateIo& io,
+                                       const std::function<bool(TensorId)>& include,
+                                       const ProgressFn& progress, const ProgressUnitsFn& units)
+    : io_(io), progress_(progress), units_(units) {
+  if (progress_ == nullptr) return;
+  model_state_io_internal::ForEachOwnedTensor(*io_.parts_.store, include, /*trainable_only=*/false,
+                                              [&](TensorId t) { total_ += this->units(t); });
+}
+
+int64_t ModelStateIo::SetProgress::units(TensorId t) const {
+  return units_ != nullptr ? units_(t) : io_.LogicalNumel(t);
+}
+
+void ModelStateIo::SetProgress::Add(int64_t units) {
+  if (progress_ == nullptr || total_ <= 0) return;
+  absl::MutexLock lock(&mu_);
+  done_ = std::min(total_, done_ + units);
+  progress_(done_, total_);
+}
+
+void ModelStateIo::SetProgress::Finish() {
+  if (progress_ == nullptr || total_ <= 0) return;
+  absl::MutexLock lock(&mu_);
+  // The last call says done == total even where the units were counted short.
+  if (done_ < total_) progress_(total_, total_);
+  done_ = total_;
+}
+
 absl::Status ModelStateIo::SetParameters(const ParameterFillFn& fill,
                                          const std::function<bool(TensorId)>& include,
-                                         const Quant4BlobFillFn& blob_fill, bool parallel) {
+                                         const Quant4BlobFillFn& blob_fill, bool parallel,
+                                         const ProgressFn& progress,
+                                         const ProgressUnitsFn& units) {
   if (parts_.manager->in_iteration()) {
     return absl::FailedPreconditionError(
         "GptModel: parameters can only be set outside an iteration (after EndIteration)");
@@ -216,12 +275,17 @@ absl::Status ModelStateIo::SetParameters(const ParameterFillFn& fill,
     RETURN_IF_ERROR(fill(t, absl::MakeSpan(values)));
     return WriteParameter(t, values, pool);
   };
+  SetProgress counter(*this, include, progress, units);
+  const auto report = [&](TensorId t) { counter.Add(counter.units(t)); };
   std::vector<float> values;
-  return model_state_io_internal::WriteOwnedChunksOnHost(
+  const absl::Status status = model_state_io_internal::WriteOwnedChunksOnHost(
       *parts_.store, *parts_.manager,
       [&](absl::Span<const TensorId> tensors) -> absl::Status {
         if (!parallel || parts_.pool == nullptr || tensors.size() < 2) {
-          for (TensorId t : tensors) RETURN_IF_ERROR(set_one(t, values, parts_.pool));
+          for (TensorId t : tensors) {
+            RETURN_IF_ERROR(set_one(t, values, parts_.pool));
+            report(t);
+          }
           return absl::OkStatus();
         }
         // The chunk's tensors on the pool's threads, each with its own buffer (the fills are
@@ -230,11 +294,124 @@ absl::Status ModelStateIo::SetParameters(const ParameterFillFn& fill,
         parts_.pool->ParallelFor(static_cast<int64_t>(tensors.size()), [&](int64_t i) {
           std::vector<float> own;
           status[static_cast<size_t>(i)] = set_one(tensors[static_cast<size_t>(i)], own, nullptr);
+          if (status[static_cast<size_t>(i)].ok()) report(tensors[static_cast<size_t>(i)]);
         });
         for (const absl::Status& s : status) RETURN_IF_ERROR(s);
         return absl::OkStatus();
       },
       include);
+  RETURN_IF_ERROR(status);
+  counter.Finish();
+  return absl::OkStatus();
+}
+
+absl::Status ModelStateIo::SetParametersInPieces(const ParameterRangeFillFn& fill,
+                                                 const std::function<bool(TensorId)>& include,
+                                                 const Quant4BlobFillFn& blob_fill,
+                                                 const ProgressFn& progress,
+                                                 const ProgressUnitsFn& units) {
+  const ParameterFillFn whole = [&](TensorId t, absl::Span<float> out) { return fill(t, 0, out); };
+  if (parts_.pool == nullptr || parts_.pool->num_threads() < 2) {
+    return SetParameters(whole, include, blob_fill, /*parallel=*/false, progress, units);
+  }
+  if (parts_.manager->in_iteration()) {
+    return absl::FailedPreconditionError(
+        "GptModel: parameters can only be set outside an iteration (after EndIteration)");
+  }
+  SetProgress counter(*this, include, progress, units);
+  const int64_t threads = parts_.pool->num_threads();
+  // A piece: elements [first, first + count) of a tensor; a 4-bit weight is one piece (whole).
+  struct Piece {
+    TensorId tensor;
+    int64_t first = 0;
+    int64_t count = 0;
+  };
+  // A piece through a buffer: a 4-bit weight (its blob as it is, or quantized from the whole
+  // tensor's values) or a frozen tensor's range (rounded into its param slot).
+  const auto set_piece = [&](const Piece& p, std::vector<float>& values) -> absl::Status {
+    values.resize(static_cast<size_t>(p.count));
+    if (quant4(p.tensor) == nullptr) {
+      RETURN_IF_ERROR(fill(p.tensor, p.first, absl::MakeSpan(values)));
+      return WriteParameterRange(p.tensor, p.first, values);
+    }
+    if (blob_fill != nullptr) {
+      ASSIGN_OR_RETURN(const bool written, WriteQuant4Blob(p.tensor, blob_fill));
+      if (written) return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(fill(p.tensor, 0, absl::MakeSpan(values)));
+    return WriteParameter(p.tensor, values, nullptr);
+  };
+  // The pieces' buffers: at most one per thread at a time, reused (fresh buffers of tens of MiB
+  // each would fault their pages in again for every piece).
+  class Buffers {
+   public:
+    std::vector<float> Take() {
+      absl::MutexLock lock(&mu_);
+      if (free_.empty()) return {};
+      std::vector<float> b = std::move(free_.back());
+      free_.pop_back();
+      return b;
+    }
+    void Give(std::vector<float> b) {
+      absl::MutexLock lock(&mu_);
+      free_.push_back(std::move(b));
+    }
+
+   private:
+    absl::Mutex mu_;
+    std::vector<std::vector<float>> free_;
+  } buffers;
+  const absl::Status status = model_state_io_internal::WriteOwnedChunksOnHost(
+      *parts_.store, *parts_.manager,
+      [&](absl::Span<const TensorId> tensors) -> absl::Status {
+        std::vector<Piece> pieces;
+        for (TensorId t : tensors) {
+          const int64_t n = LogicalNumel(t);
+          const int64_t m =
+              quant4(t) != nullptr ? 1 : std::clamp<int64_t>(n / kMinPieceElems, 1, threads);
+          for (int64_t j = 0; j < m; ++j) {
+            pieces.push_back({t, n * j / m, n * (j + 1) / m - n * j / m});
+          }
+        }
+        std::vector<absl::Status> status(pieces.size());
+        parts_.pool->ParallelFor(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+          const Piece& p = pieces[static_cast<size_t>(i)];
+          const int64_t n = LogicalNumel(p.tensor);
+          absl::Status& s = status[static_cast<size_t>(i)];
+          if (quant4(p.tensor) == nullptr && !frozen(p.tensor)) {
+            // Filled straight into the master slot (f32), then rounded into the param slot.
+            s = FillParameterRangeInPlace(p.tensor, p.first, p.count, fill);
+          } else {
+            std::vector<float> values = buffers.Take();
+            s = set_piece(p, values);
+            buffers.Give(std::move(values));
+          }
+          if (!s.ok()) return;
+          // This piece's share of the tensor's units (the shares of its pieces add up).
+          const int64_t u = counter.units(p.tensor);
+          counter.Add(u * (p.first + p.count) / n - u * p.first / n);
+        });
+        for (const absl::Status& s : status) RETURN_IF_ERROR(s);
+        return absl::OkStatus();
+      },
+      include);
+  RETURN_IF_ERROR(status);
+  counter.Finish();
+  return absl::OkStatus();
+}
+
+absl::Status ModelStateIo::FillParameterRangeInPlace(TensorId tensor, int64_t first_elem,
+                                                     int64_t count,
+                                                     const ParameterRangeFillFn& fill) {
+  ASSIGN_OR_RETURN(TensorView master, parts_.store->View(ChunkType::kMaster, tensor));
+  RETURN_IF_ERROR(RequireHostPayload(master, "setting a master weight"));
+  CHECK(master.dtype == DType::kF32);
+  CHECK_LE(first_elem + count, master.numel);
+  const absl::Span<float> values(static_cast<float*>(master.data) + first_elem,
+                                 static_cast<size_t>(count));
+  RETURN_IF_ERROR(fill(tensor, first_elem, values));
+  // The master already holds the values: WriteParameterRange's copy onto itself is skipped.
+  return WriteParameterRange(tensor, first_elem, values);
 }
 
 std::vector<std::string> ModelStateIo::ParameterNames() const {

@@ -61,6 +61,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "base/progress.h"
 #include "chunk/chunk_layout.h"
 #include "chunk/chunk_store.h"
 #include "chunk/chunk_type.h"
@@ -147,10 +148,28 @@ class ModelStateIo {
       TensorId tensor, absl::Span<uint8_t> blob, float* nested_offset)>;
   // `parallel`: `fill` and `blob_fill` may be called from several threads at once (each call
   // for another tensor); the tensors of a chunk are then set on Parts::pool's threads.
+  // `progress` hears (units done, units in all) after each tensor, from one thread at a time
+  // (base/progress.h); a tensor counts `units(tensor)` (its logical elements when null).
+  using ProgressUnitsFn = std::function<int64_t(TensorId tensor)>;
   [[nodiscard]] absl::Status SetParameters(const ParameterFillFn& fill,
                                            const std::function<bool(TensorId)>& include = nullptr,
                                            const Quant4BlobFillFn& blob_fill = nullptr,
-                                           bool parallel = false);
+                                           bool parallel = false,
+                                           const ProgressFn& progress = nullptr,
+                                           const ProgressUnitsFn& units = nullptr);
+  // SetParameters from a fill of element ranges: fill(tensor, first_elem, out) gives elements
+  // [first_elem, first_elem + out.size()) of the tensor (a 4-bit weight: first_elem 0, whole).
+  // A chunk's tensors are split into pieces of at least kMinPieceElems elements, up to one per
+  // thread, set on Parts::pool's threads (so one large tensor is no longer one thread's work);
+  // `fill` and `blob_fill` must be safe to call from several threads at once. Same values as
+  // SetParameters with the whole-tensor fill.
+  using ParameterRangeFillFn =
+      std::function<absl::Status(TensorId tensor, int64_t first_elem, absl::Span<float> out)>;
+  static constexpr int64_t kMinPieceElems = int64_t{1} << 20;
+  [[nodiscard]] absl::Status SetParametersInPieces(
+      const ParameterRangeFillFn& fill, const std::function<bool(TensorId)>& include = nullptr,
+      const Quant4BlobFillFn& blob_fill = nullptr, const ProgressFn& progress = nullptr,
+      const ProgressUnitsFn& units = nullptr);
   // Whether stored tensor `tensor` is frozen (its chunk is: no master, no optimizer state).
   bool frozen(TensorId tensor) const;
   // The 4-bit format of stored tensor `tensor`, or null.
@@ -165,7 +184,9 @@ class ModelStateIo {
 
   // GptModel's imports and exports (see model/gpt_model.h for the contracts).
   [[nodiscard]] absl::Status LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint);
-  [[nodiscard]] absl::Status LoadHfCheckpoint(const HfCheckpoint& checkpoint);
+  // `progress` hears bytes of the directory's tensors read (base/progress.h).
+  [[nodiscard]] absl::Status LoadHfCheckpoint(const HfCheckpoint& checkpoint,
+                                              const ProgressFn& progress = nullptr);
   [[nodiscard]] absl::Status SaveHfCheckpoint(const std::string& dir, DType dtype,
                                               const HfExportOptions& options) const;
   [[nodiscard]] absl::Status SaveGpt2Safetensors(const std::string& path, DType dtype) const;
@@ -226,6 +247,32 @@ class ModelStateIo {
   // Writes f32 values into the tensor's master slot and its param slot (rounded), zeroes momentum
   // and variance. REQUIRES: the tensor's chunks are accessed on the host.
   // A 4-bit weight is quantized on `quant_pool` (may be null).
+  // Elements [first_elem, first_elem + values.size()) of a tensor that is not 4-bit, as
+  // WriteParameter writes them (master, param rounded, moments zeroed; frozen: param only).
+  absl::Status WriteParameterRange(TensorId tensor, int64_t first_elem,
+                                   absl::Span<const float> values);
+  // Fills elements [first_elem, first_elem + count) of trainable tensor `tensor` (not 4-bit)
+  // straight into its master slot, then writes the rest of it as WriteParameterRange does.
+  absl::Status FillParameterRangeInPlace(TensorId tensor, int64_t first_elem, int64_t count,
+                                         const ParameterRangeFillFn& fill);
+  // SetParameters' progress: the units of the tensors it will set, counted up front, and what
+  // is done, reported under a lock (base/progress.h's one-thread-at-a-time contract).
+  class SetProgress {
+   public:
+    SetProgress(const ModelStateIo& io, const std::function<bool(TensorId)>& include,
+                const ProgressFn& progress, const ProgressUnitsFn& units);
+    int64_t units(TensorId tensor) const;
+    void Add(int64_t units);
+    void Finish();
+
+   private:
+    const ModelStateIo& io_;
+    const ProgressFn& progress_;
+    const ProgressUnitsFn& units_;
+    int64_t total_ = 0;
+    absl::Mutex mu_;
+    int64_t done_ ABSL_GUARDED_BY(mu_) = 0;
+  };
   absl::Status WriteParameter(TensorId tensor, absl::Span<const float> values,
                               ThreadPool* quant_pool);
   // Copies `bytes` of accelerator memory at `src` through the staging buffer, after the compute

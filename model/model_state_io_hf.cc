@@ -23,6 +23,7 @@
 #include "model/model_state_io.h"
 #include "model/quant4_config.h"
 #include "model/quant4_import.h"
+#include "model/safetensors.h"
 #include "scheduler/chunk_manager.h"
 
 namespace ps {
@@ -50,7 +51,8 @@ absl::Status ModelStateIo::LoadGpt2Checkpoint(const Gpt2Checkpoint& checkpoint) 
   });
 }
 
-absl::Status ModelStateIo::LoadHfCheckpoint(const HfCheckpoint& checkpoint) {
+absl::Status ModelStateIo::LoadHfCheckpoint(const HfCheckpoint& checkpoint,
+                                            const ProgressFn& progress) {
   ModelConfig theirs = checkpoint.config(), ours = *parts_.model_config;
   theirs.name = ours.name = "";
   theirs.torch_dtype = ours.torch_dtype = std::nullopt;
@@ -61,13 +63,14 @@ absl::Status ModelStateIo::LoadHfCheckpoint(const HfCheckpoint& checkpoint) {
     return absl::InvalidArgumentError(os.str());
   }
   const ChunkLayout& layout = parts_.store->layout();
-  return SetParameters(
-      [&](TensorId t, absl::Span<float> out) {
+  return SetParametersInPieces(
+      [&](TensorId t, int64_t first, absl::Span<float> out) {
         const std::string& name = layout.tensor(t).name;
         if (const std::optional<RowBlockName> block = ParseRowBlockName(name); block.has_value()) {
-          return checkpoint.ReadAsF32(block->base, block->row_begin * parts_.config->hidden, out);
+          return checkpoint.ReadAsF32(block->base,
+                                      block->row_begin * parts_.config->hidden + first, out);
         }
-        return checkpoint.ReadAsF32(name, 0, out);
+        return checkpoint.ReadAsF32(name, first, out);
       },
       [&](TensorId t) { return !is_adapter(t); },
       [&](TensorId t, absl::Span<uint8_t> blob, float* offset) -> absl::StatusOr<bool> {
@@ -92,7 +95,18 @@ absl::Status ModelStateIo::LoadHfCheckpoint(const HfCheckpoint& checkpoint) {
         *offset = imported.nested_offset;
         return true;
       },
-      /*parallel=*/true);  // the directory's reads are const
+      // The directory's reads are const: pieces on several threads.
+      progress, [&](TensorId t) -> int64_t {
+        // The bytes the directory holds for the tensor's elements (a row block: its rows).
+        std::string name = layout.tensor(t).name;
+        if (const std::optional<RowBlockName> block = ParseRowBlockName(name); block.has_value()) {
+          name = block->base;
+        }
+        const SafetensorsTensorInfo* info = checkpoint.Find(name);
+        const int64_t numel = LogicalNumel(t);
+        if (info == nullptr || info->num_elements <= 0) return numel;
+        return info->size_bytes() / info->num_elements * numel;
+      });
 }
 
 absl::Status ModelStateIo::SaveHfCheckpoint(const std::string& dir, DType dtype,

@@ -189,6 +189,14 @@ absl::StatusOr<std::unique_ptr<HybridAdam>> HybridAdam::Create(const ChunkLayout
   adam->kernels_ = kernels;
   adam->compute_dtype_ = compute_dtype;
   adam->max_consecutive_skipped_steps_ = options.max_consecutive_skipped_steps;
+  if (options.overlap_snapshot_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HybridAdam: overlap_snapshot_bytes must be >= 0, got ",
+                     options.overlap_snapshot_bytes));
+  }
+  adam->overlap_ = options.overlap;
+  adam->overlap_snapshot_bytes_ = options.overlap_snapshot_bytes;
+  adam->owned_index_.assign(static_cast<size_t>(layout.num_chunks()), -1);
   adam->tensor_group_.assign(static_cast<size_t>(layout.num_tensor_ids()), -1);
 
   for (int64_t chunk = 0; chunk < layout.num_chunks(); ++chunk) {
@@ -227,6 +235,8 @@ absl::StatusOr<std::unique_ptr<HybridAdam>> HybridAdam::Create(const ChunkLayout
       acc_offsets.push_back(adam->owned_param_elems_);
       adam->owned_param_elems_ += run.numel;
     }
+    adam->owned_index_[static_cast<size_t>(chunk)] =
+        static_cast<int64_t>(adam->owned_chunks_.size());
     adam->owned_chunks_.push_back(chunk);
     adam->runs_.push_back(std::move(runs));
     adam->slots_.push_back(std::move(slots));
@@ -301,6 +311,15 @@ absl::StatusOr<AdamKernels*> HybridAdam::KernelsFor(int64_t chunk_index, Device 
                      "HybridAdamKernels.accelerator (CudaAdam, or a CpuAdam for the cpu backend)"));
   }
   return kernels_.accelerator;
+}
+
+std::vector<AdamStepScalars> HybridAdam::StepScalars(double unscale, double clip_coef) const {
+  std::vector<AdamStepScalars> scalars;
+  for (const ParamGroupSettings& group : group_settings_) {
+    scalars.push_back(MakeAdamStepScalars(mode_, group.lr, beta1_, beta2_, eps_, group.weight_decay,
+                                          step_ + 1, unscale, clip_coef));
+  }
+  return scalars;
 }
 
 void HybridAdam::SetLearningRate(double lr) {
@@ -433,6 +452,7 @@ absl::StatusOr<AdamStepReport> HybridAdam::EndSkippedStep(int64_t nonfinite,
                                                           const std::string& where,
                                                           AdamStepReport report) {
   ResetAccumulation();
+  predict_rollback_ = true;
   report.skipped = true;
   report.grad_norm = std::numeric_limits<double>::infinity();
   report.nonfinite_grads = nonfinite;
@@ -516,6 +536,7 @@ absl::StatusOr<AdamStepReport> HybridAdam::Accumulate(AdamChunkAccess& access) {
 }
 
 absl::StatusOr<AdamStepReport> HybridAdam::Step(AdamChunkAccess& access) {
+  if (spec_.active) return StepAfterSpeculation(access);
   RETURN_IF_ERROR(ValidateHyperParams());
   if (pending_micro_batches_ != accumulation_steps_ - 1) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -595,11 +616,8 @@ absl::StatusOr<AdamStepReport> HybridAdam::Step(AdamChunkAccess& access) {
 
   report.grad_norm = stats.Norm(unscale);
   report.clip_coef = ClipCoefficient(report.grad_norm, max_grad_norm_);
-  std::vector<AdamStepScalars> scalars;
-  for (const ParamGroupSettings& group : group_settings_) {
-    scalars.push_back(MakeAdamStepScalars(mode_, group.lr, beta1_, beta2_, eps_, group.weight_decay,
-                                          step_ + 1, unscale, report.clip_coef));
-  }
+  predict_rollback_ = report.clip_coef != 1.0;
+  const std::vector<AdamStepScalars> scalars = StepScalars(unscale, report.clip_coef);
   std::vector<AdamSegment> segments;
   std::vector<ParamRestoreSegment> restore_segments;
   for (size_t k = 0; k < owned_chunks_.size(); ++k) {

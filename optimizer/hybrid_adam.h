@@ -115,6 +115,10 @@ class AdamChunkAccess {
   [[nodiscard]] virtual absl::StatusOr<AdamChunkPayloads> Acquire(int64_t chunk_index,
                                                                   AdamChunkUse use) = 0;
   [[nodiscard]] virtual absl::Status Release(int64_t chunk_index, AdamChunkUse use) = 0;
+  // Whether payloads on `device` may be read and written by the host directly (memcpy): the
+  // host, and an emulated accelerator whose memory is host RAM. optimizer.overlap speculates
+  // only on such chunks (its snapshot and rollback are host copies).
+  virtual bool HostAddressable(Device device) const { return device.is_host(); }
 };
 
 // AdamChunkAccess over a ChunkStore whose chunks are already where the step should run them (no
@@ -167,6 +171,12 @@ struct HybridAdamOptions {
   // Micro-batches per optimizer step (gradient_accumulation_steps), >= 1. With k > 1 the
   // optimizer allocates its accumulator (GradientAccumulatorBytes) at Create.
   int64_t gradient_accumulation_steps = 1;
+  // optimizer.overlap (docs/pipeline.md): the trainer may run owned chunks' updates during
+  // backward, speculatively (SpeculateChunk), with the serialized step's bits. Off: Step only.
+  bool overlap = false;
+  // The most host bytes the speculation's rollback snapshot may hold (OverlapSnapshotBytes gives
+  // what one chunk needs); chunks beyond it wait for the verdict. >= 0.
+  int64_t overlap_snapshot_bytes = int64_t{256} << 20;
 };
 
 // The per-step hyperparameters a caller may change between steps.
@@ -214,7 +224,17 @@ struct AdamStepReport {
   // Owned chunks stepped on each kind of device.
   int64_t host_chunks = 0;
   int64_t accelerator_chunks = 0;
+  // optimizer.overlap (docs/pipeline.md): owned chunks updated speculatively during backward,
+  // and whether those updates were rolled back (the serialized step then ran).
+  int64_t speculated_chunks = 0;
+  bool speculation_rolled_back = false;
 };
+
+// Host bytes the overlap's rollback snapshot takes for `elems` parameters with `compute_dtype`
+// gradients: the old master, exp_avg and exp_avg_sq (f32) and the gradient.
+inline int64_t OverlapSnapshotBytes(int64_t elems, DType compute_dtype) {
+  return elems * (12 + SizeOf(compute_dtype));
+}
 
 class HybridAdam {
  public:
@@ -257,6 +277,39 @@ class HybridAdam {
   int64_t gradient_accumulation_steps() const { return accumulation_steps_; }
   // Parameters in the owned chunks (the accumulator's length when k > 1).
   int64_t owned_param_elems() const { return owned_param_elems_; }
+
+  // --- optimizer.overlap: Adam inside backward (docs/pipeline.md) ----------------------------
+  //
+  // BeginSpeculation() before backward; SpeculateChunk(access, i) whenever owned chunk i's
+  // gradients are final (the trainer calls it from the ChunkManager's gradients-final hook, with
+  // an access that puts the chunk on the host); then Step() validates: it combines the kept
+  // per-chunk gradient statistics with those of the other chunks in ascending chunk order (the
+  // serialized pass's sum, bit for bit), and either commits (no Inf/NaN, clip coefficient 1,
+  // scalars unchanged: only the chunks not yet updated are updated) or rolls every speculated
+  // chunk back from the snapshot and runs the serialized step. Either way the result has the
+  // bits of the step without speculation. An error between BeginSpeculation and Step: call
+  // AbortSpeculation (rolls back) before anything else touches the chunks.
+
+  bool overlap() const { return overlap_; }
+  void set_overlap(bool overlap) { overlap_ = overlap; }
+  int64_t overlap_snapshot_bytes() const { return overlap_snapshot_bytes_; }
+  // Starts speculation for the coming Step if it may speculate: overlap on, no gradient
+  // accumulation (k == 1), valid hyperparameters, and the previous step neither clipped nor was
+  // skipped nor saw an Inf/NaN while speculating (the predictor). Returns whether it did. The
+  // lr, betas, eps, weight decay, loss scale and step are read now; Step checks they did not
+  // change (a change rolls back).
+  bool BeginSpeculation();
+  bool speculating() const { return spec_.active; }
+  // Owned chunk `chunk_index`'s gradients are final. Keeps its GradStats and, unless it holds an
+  // Inf/NaN (speculation then stops for this step) or the snapshot budget is spent, snapshots
+  // and updates it with clip coefficient 1. Does nothing when not speculating, for a chunk this
+  // rank does not own, or a chunk already seen this step. Acquires the chunk with kUpdate.
+  [[nodiscard]] absl::Status SpeculateChunk(AdamChunkAccess& access, int64_t chunk_index);
+  // Rolls back every speculated chunk and ends the speculation (no step is taken).
+  [[nodiscard]] absl::Status AbortSpeculation(AdamChunkAccess& access);
+  // Test hook: flips one bit of the first snapshotted master value, so that a test can show
+  // that a wrong rollback is caught. False if nothing is snapshotted.
+  bool CorruptSnapshotForTesting();
 
   // --- Hyperparameters, read at every step ---------------------------------------------------
 
@@ -333,6 +386,13 @@ class HybridAdam {
   absl::StatusOr<AdamStepReport> EndSkippedStep(int64_t nonfinite, const std::string& where,
                                                 AdamStepReport report);
   void ResetAccumulation();
+  // The per-group scalars of the coming step with `unscale` and `clip_coef`.
+  std::vector<AdamStepScalars> StepScalars(double unscale, double clip_coef) const;
+  // Step() after BeginSpeculation (optimizer/hybrid_adam_overlap.cc).
+  absl::StatusOr<AdamStepReport> StepAfterSpeculation(AdamChunkAccess& access);
+  // Copies every snapshotted chunk back (ascending) and ends the speculation.
+  absl::Status RollBack(AdamChunkAccess& access);
+  void EndSpeculation();
 
   AdamMode mode_ = AdamMode::kAdam;
   double beta1_ = 0.9;
@@ -366,6 +426,32 @@ class HybridAdam {
   std::string pending_first_nonfinite_;
   int64_t step_ = 0;
   int64_t consecutive_skipped_steps_ = 0;
+
+  // optimizer.overlap.
+  bool overlap_ = false;
+  int64_t overlap_snapshot_bytes_ = 0;
+  // By chunk index: its index in owned_chunks_, or -1.
+  std::vector<int64_t> owned_index_;
+  // The previous step clipped, was skipped or stopped speculating: the next does not speculate.
+  bool predict_rollback_ = false;
+  struct Speculation {
+    bool active = false;
+    // An Inf/NaN was seen: no further chunk is updated this step.
+    bool stopped = false;
+    std::vector<AdamStepScalars> scalars;  // clip coefficient 1
+    double loss_scale = 1.0;
+    int64_t step = 0;
+    // Parallel to owned_chunks_: stats kept (1), updated (1), snapshot offset in bytes.
+    std::vector<uint8_t> has_stats;
+    std::vector<GradStats> stats;
+    std::vector<uint8_t> updated;
+    std::vector<uint8_t> on_accelerator;
+    std::vector<int64_t> snapshot_offset;
+    int64_t snapshot_used = 0;
+    int64_t updated_chunks = 0;
+  };
+  Speculation spec_;
+  std::vector<char> snapshot_;  // grows to at most overlap_snapshot_bytes_
 };
 
 }  // namespace ps

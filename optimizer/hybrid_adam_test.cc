@@ -971,5 +971,172 @@ TEST(IsBiasOrNormTensorTest, MatchesGpt2AndBertNames) {
   EXPECT_FALSE(IsBiasOrNormTensor(named("wte.weight")));
 }
 
+// --- optimizer.overlap: speculation, then validation (docs/pipeline.md) ----------------------
+
+// Every byte of every payload this rank holds (param, master, momentum, variance).
+std::vector<std::vector<uint8_t>> AllPayloadBytes(const ChunkStore& store, int rank) {
+  std::vector<std::vector<uint8_t>> out;
+  for (int64_t i = 0; i < store.num_chunks(); ++i) {
+    for (ChunkType type : kAllChunkTypes) {
+      if (store.layout().HoldsPayload(type, i, rank))
+        out.push_back(PayloadBytes(store.chunk(type, i)));
+    }
+  }
+  return out;
+}
+
+// How a test step ends.
+enum class Verdict {
+  kClean,           // no clipping, no Inf/NaN: the speculation commits
+  kClipped,         // clipping engages: roll back, serialized step
+  kLocalOverflow,   // an Inf in the chunk speculated last, after the others were updated
+  kRemoteOverflow,  // another rank's Inf (through the reducer): every chunk was updated first
+  kLrChanged,       // the lr changed between speculation and Step: roll back
+};
+
+struct OverlapOutcome {
+  absl::Status status;
+  AdamStepReport report;
+  std::vector<std::vector<uint8_t>> bytes;
+  int reducer_calls = 0;
+};
+
+// Fixture access for the free test body below.
+class HybridAdamOverlapTest : public HybridAdamTest {
+ protected:
+  // Two steps: a clean one (so the moments are non-zero), then one ending as `verdict`. With
+  // `overlap`, each step's chunks are speculated in descending order (backward's) before Step.
+  OverlapOutcome RunSteps(DType dtype, int world, int rank, Verdict verdict, bool overlap) {
+    OverlapOutcome out;
+    Build(dtype, world, rank, /*on_accelerator=*/{}, /*blocks=*/4);
+    HybridAdamOptions options = AdamWWithNoDecayGroup();
+    options.overlap = overlap;
+    bool remote_overflow = false;
+    options.grad_stats_reducer = [&](GradStats& stats) {
+      ++out.reducer_calls;
+      stats.sum_squares += 0.25;  // another rank's share
+      if (remote_overflow) stats.nonfinite_elems += 3;
+      return absl::OkStatus();
+    };
+    if (dtype == DType::kF16) {
+      options.loss_scaler = *LossScaler::Dynamic({.initial_scale_power = 4, .hysteresis = 1});
+    }
+    absl::StatusOr<std::unique_ptr<HybridAdam>> created =
+        HybridAdam::Create(store_->layout(), rank, dtype, options, Kernels());
+    EXPECT_OK(created.status());
+    HybridAdam& adam = **created;
+    ResidentChunkAccess access(*store_);
+    for (int step = 0; step < 2; ++step) {
+      const bool last = step == 1;
+      if (last && verdict == Verdict::kClipped) {
+        adam.set_max_grad_norm(1e-3);
+      }
+      remote_overflow = last && verdict == Verdict::kRemoteOverflow;
+      const float scale = static_cast<float>(adam.loss_scaler().scale());
+      WriteRandomGradients(adam, scale, 500 + step);
+      if (last && verdict == Verdict::kLocalOverflow) {
+        const int64_t first = adam.owned_chunks().front();
+        const TensorId id = store_->layout().TensorsInChunk(first).back();
+        WriteParam(dtype_, ParamPayload(first), store_->layout().tensor(id).offset_elems + 1,
+                   std::numeric_limits<float>::infinity());
+      }
+      EXPECT_EQ(adam.BeginSpeculation(), overlap);
+      const std::vector<int64_t>& owned = adam.owned_chunks();
+      for (auto it = owned.rbegin(); it != owned.rend(); ++it) {
+        EXPECT_OK(adam.SpeculateChunk(access, *it));
+      }
+      if (last && verdict == Verdict::kLrChanged) {
+        adam.SetLearningRate(3e-3);
+      }
+      absl::StatusOr<AdamStepReport> report = adam.Step(access);
+      out.status = report.status();
+      if (report.ok()) out.report = *report;
+      if (overlap && report.ok()) {
+        const int64_t updated = report->speculated_chunks;
+        if (!last || verdict == Verdict::kClean) {
+          EXPECT_EQ(updated, static_cast<int64_t>(owned.size()));
+          EXPECT_FALSE(report->speculation_rolled_back);
+        } else {
+          EXPECT_TRUE(report->speculation_rolled_back);
+          if (verdict == Verdict::kLocalOverflow) {
+            EXPECT_EQ(updated, static_cast<int64_t>(owned.size()) - 1);
+          }
+        }
+      }
+      if (!report.ok()) break;
+    }
+    out.bytes = AllPayloadBytes(*store_, rank);
+    return out;
+  }
+};
+
+TEST_F(HybridAdamOverlapTest, EveryVerdictGivesTheSerializedBits) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const auto& [world, rank] : {std::pair{1, 0}, std::pair{2, 1}}) {
+      for (Verdict verdict : {Verdict::kClean, Verdict::kClipped, Verdict::kLocalOverflow,
+                              Verdict::kRemoteOverflow, Verdict::kLrChanged}) {
+        SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " world ", world, " verdict ",
+                                  static_cast<int>(verdict)));
+        const OverlapOutcome off = RunSteps(dtype, world, rank, verdict, false);
+        const OverlapOutcome on = RunSteps(dtype, world, rank, verdict, true);
+        EXPECT_EQ(off.status, on.status);
+        if (verdict == Verdict::kLocalOverflow || verdict == Verdict::kRemoteOverflow) {
+          if (dtype == DType::kF16) {
+            EXPECT_TRUE(off.report.skipped);
+          } else {
+            EXPECT_EQ(off.status.code(), absl::StatusCode::kOutOfRange);
+          }
+        }
+        if (verdict == Verdict::kClipped) {
+          EXPECT_LT(off.report.clip_coef, 1.0);
+        }
+        EXPECT_EQ(off.report.grad_norm, on.report.grad_norm);
+        EXPECT_EQ(off.report.clip_coef, on.report.clip_coef);
+        EXPECT_EQ(off.report.skipped, on.report.skipped);
+        EXPECT_EQ(off.report.step, on.report.step);
+        EXPECT_EQ(off.report.next_loss_scale, on.report.next_loss_scale);
+        EXPECT_EQ(off.report.first_nonfinite, on.report.first_nonfinite);
+        ASSERT_EQ(off.bytes.size(), on.bytes.size());
+        for (size_t c = 0; c < off.bytes.size(); ++c) {
+          EXPECT_TRUE(off.bytes[c] == on.bytes[c]) << "payload " << c << " differs";
+        }
+        // One reduction per step, and one more for a step that rolled back.
+        // (A changed lr rolls back before reducing.)
+        const bool reduced_twice = verdict != Verdict::kClean && verdict != Verdict::kLrChanged;
+        EXPECT_EQ(on.reducer_calls, off.reducer_calls + (reduced_twice ? 1 : 0));
+      }
+    }
+  }
+}
+
+TEST_F(HybridAdamOverlapTest, OffOrAccumulatingOrAfterAClippedStepDoesNotSpeculate) {
+  Build(DType::kF32);
+  HybridAdamOptions options = AdamWWithNoDecayGroup();
+  ASSERT_OK_AND_ASSIGN(auto off,
+                       HybridAdam::Create(store_->layout(), 0, DType::kF32, options, Kernels()));
+  EXPECT_FALSE(off->BeginSpeculation());
+  options.overlap = true;
+  options.gradient_accumulation_steps = 2;
+  ASSERT_OK_AND_ASSIGN(auto accumulating,
+                       HybridAdam::Create(store_->layout(), 0, DType::kF32, options, Kernels()));
+  EXPECT_FALSE(accumulating->BeginSpeculation());
+  options.gradient_accumulation_steps = 1;
+  options.max_grad_norm = 1e-3;
+  ASSERT_OK_AND_ASSIGN(auto adam,
+                       HybridAdam::Create(store_->layout(), 0, DType::kF32, options, Kernels()));
+  ResidentChunkAccess access(*store_);
+  WriteRandomGradients(*adam, 1.0f, 1);
+  ASSERT_OK_AND_ASSIGN(AdamStepReport report, adam->Step(access));
+  EXPECT_LT(report.clip_coef, 1.0);
+  EXPECT_FALSE(adam->BeginSpeculation()) << "the predictor: the previous step clipped";
+  WriteRandomGradients(*adam, 1.0f, 2);
+  adam->set_max_grad_norm(0);
+  ASSERT_OK(adam->Step(access).status());
+  EXPECT_TRUE(adam->BeginSpeculation());
+  options.overlap_snapshot_bytes = -1;
+  EXPECT_THAT(HybridAdam::Create(store_->layout(), 0, DType::kF32, options, Kernels()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overlap_snapshot_bytes")));
+}
+
 }  // namespace
 }  // namespace ps

@@ -109,6 +109,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(ChunkStore* s
            .adam_margin_bytes = o.adam_margin_bytes,
            .num_chunks = store->num_chunks()}));
   manager->planner_.emplace(std::move(planner));
+  manager->accelerator_in_host_memory_ = backend->name() == "cpu";
   ASSIGN_OR_RETURN(manager->engine_, ResidencyEngine::Create(store, backend, accelerator, host,
                                                              {.clean_eviction = o.clean_eviction,
                                                               .compute_stream = o.compute_stream,
@@ -146,7 +147,19 @@ ChunkManager::ChunkManager(ChunkStore* store, DeviceMemory* accelerator, DeviceM
       accel_(accelerator),
       host_(host),
       options_(std::move(options)),
-      keys_(store->num_chunks()) {}
+      keys_(store->num_chunks()) {
+  const ChunkLayout& layout = store->layout();
+  chunk_ops_.resize(static_cast<size_t>(store->num_chunks()));
+  for (OperatorId op = 0; op < layout.num_operator_ids(); ++op) {
+    const OperatorInfo& info = layout.op(op);
+    if (info.placed() && info.chunk_index >= 0 && info.chunk_index < store->num_chunks()) {
+      chunk_ops_[static_cast<size_t>(info.chunk_index)].push_back(op);
+    }
+  }
+  forward_uses_.assign(static_cast<size_t>(layout.num_operator_ids()), 0);
+  backward_releases_.assign(static_cast<size_t>(layout.num_operator_ids()), 0);
+  gradients_final_called_.assign(static_cast<size_t>(store->num_chunks()), 0);
+}
 
 ChunkManager::~ChunkManager() {
   if (reclaimer_ != nullptr) accel_->upstream()->RemoveReclaimer(reclaimer_.get());
@@ -204,6 +217,9 @@ absl::Status ChunkManager::BeginIteration() {
   in_iteration_ = true;
   backward_started_ = false;
   if (groups_ != nullptr) groups_->BeginIteration();
+  std::fill(forward_uses_.begin(), forward_uses_.end(), 0);
+  std::fill(backward_releases_.begin(), backward_releases_.end(), 0);
+  std::fill(gradients_final_called_.begin(), gradients_final_called_.end(), 0);
   return absl::OkStatus();
 }
 
@@ -248,6 +264,14 @@ absl::Status ChunkManager::EndIteration() {
       }
     }
     adam_placement_ = planner_->PlanAdam(state_indices);
+  } else if (moments != trace_.total_moments() && gradients_final_hook_used_) {
+    // optimizer.overlap: the optimizer step's accesses depend on its verdict (commit: only the
+    // chunks not updated inside backward; rollback: the undo, then the serialized passes), so
+    // the count varies by design (docs/pipeline.md).
+    LOG_FIRST_N(INFO, 1) << "ChunkManager: iteration " << metronome_.iteration() - 1 << " had "
+                         << moments << " moments but the warm-up had " << trace_.total_moments()
+                         << " (the optimizer ran inside backward); moments off the learned "
+                            "trace use the warm-up's conservative limits";
   } else if (moments != trace_.total_moments()) {
     LOG(WARNING) << "ChunkManager: iteration " << metronome_.iteration() - 1 << " had " << moments
                  << " moments but the warm-up had " << trace_.total_moments()
@@ -482,6 +506,10 @@ absl::Status ChunkManager::Access(OperatorId op, Stage stage) {
   // stays clean, so its host copy stays valid and it is never written back.
   if (stage == Stage::kBackward && info.trainable) chunk.MarkPayloadWritten();
   active_ops_.emplace(op, stage);
+  if (stage == Stage::kForward && in_iteration_ && !backward_started_ &&
+      static_cast<size_t>(op) < forward_uses_.size()) {
+    ++forward_uses_[static_cast<size_t>(op)];
+  }
   if (groups_ != nullptr) {
     groups_->NoteAccess(op, group, stage, in_iteration_ && !backward_started_);
   }
@@ -534,7 +562,16 @@ absl::Status ChunkManager::Release(OperatorId op, Stage stage) {
   engine_->ReportRelease(info.name, -1, stage);
   const int64_t key = keys_.Key(ChunkType::kParam, info.chunk_index);
   if (groups_ == nullptr) {
-    if (stage == Stage::kBackward) RETURN_IF_ERROR(WriteBehind(key));
+    if (stage == Stage::kBackward) {
+      RETURN_IF_ERROR(WriteBehind(key));
+      if (in_iteration_ && static_cast<size_t>(op) < backward_releases_.size()) {
+        ++backward_releases_[static_cast<size_t>(op)];
+      }
+      if (info.trainable) {
+        RETURN_IF_ERROR(
+            CallGradientsFinalHook(info.chunk_index, GradientsFinalNow(info.chunk_index)));
+      }
+    }
     return absl::OkStatus();
   }
   const int64_t group = layout.group_of(info.chunk_index);
@@ -552,9 +589,33 @@ absl::Status ChunkManager::Release(OperatorId op, Stage stage) {
     RETURN_IF_ERROR(ReduceGroup(group, PassOf(stage), CurrentMoment()));
     RETURN_IF_ERROR(groups_->Free(group));
     // The owner's chunk holds the averaged gradients now, for the optimizer step.
-    if (const int64_t own = groups_->OwnKey(group); own >= 0) RETURN_IF_ERROR(WriteBehind(own));
+    if (const int64_t own = groups_->OwnKey(group); own >= 0) {
+      RETURN_IF_ERROR(WriteBehind(own));
+      RETURN_IF_ERROR(CallGradientsFinalHook(keys_.IdOf(own).index, true));
+    }
   }
   return absl::OkStatus();
+}
+
+bool ChunkManager::GradientsFinalNow(int64_t chunk_index) const {
+  if (!in_iteration_ || static_cast<size_t>(chunk_index) >= chunk_ops_.size()) return false;
+  const Chunk& chunk = store_->chunk(ChunkType::kParam, chunk_index);
+  if (chunk.tensor_count(TensorState::kHoldAfterBwd) != chunk.num_tensors()) return false;
+  for (OperatorId op : chunk_ops_[static_cast<size_t>(chunk_index)]) {
+    const size_t o = static_cast<size_t>(op);
+    if (backward_releases_[o] < std::max(forward_uses_[o], 1)) return false;
+  }
+  return true;
+}
+
+absl::Status ChunkManager::CallGradientsFinalHook(int64_t chunk_index, bool final) {
+  if (!final || !gradients_final_hook_ || !in_iteration_ || chunk_index < 0 ||
+      static_cast<size_t>(chunk_index) >= gradients_final_called_.size() ||
+      gradients_final_called_[static_cast<size_t>(chunk_index)]) {
+    return absl::OkStatus();
+  }
+  gradients_final_called_[static_cast<size_t>(chunk_index)] = 1;
+  return gradients_final_hook_(chunk_index);
 }
 
 // --- The optimizer -------------------------------------------------------------------------------
@@ -587,6 +648,23 @@ absl::Status ChunkManager::AccessChunks(int64_t chunk_index, absl::Span<const Ch
 
 absl::Status ChunkManager::AccessChunks(int64_t chunk_index, absl::Span<const ChunkType> types,
                                         Device device, absl::Span<const AccessMode> modes) {
+  return AccessChunksImpl(chunk_index, types, device, modes, /*tracked=*/true);
+}
+
+absl::Status ChunkManager::AccessChunksInBackward(int64_t chunk_index,
+                                                  absl::Span<const ChunkType> types, Device device,
+                                                  absl::Span<const AccessMode> modes) {
+  {
+    BusyScope busy(this);
+    // Backward's kernels wrote the gradients the optimizer is about to read on the host.
+    RETURN_IF_ERROR(engine_->WaitForCompute());
+  }
+  return AccessChunksImpl(chunk_index, types, device, modes, /*tracked=*/false);
+}
+
+absl::Status ChunkManager::AccessChunksImpl(int64_t chunk_index, absl::Span<const ChunkType> types,
+                                            Device device, absl::Span<const AccessMode> modes,
+                                            bool tracked) {
   BusyScope busy(this);
   if (chunk_index < 0 || chunk_index >= store_->num_chunks()) {
     return absl::InvalidArgumentError(absl::StrCat("AccessChunks: chunk index ", chunk_index,
@@ -624,7 +702,8 @@ absl::Status ChunkManager::AccessChunks(int64_t chunk_index, absl::Span<const Ch
   }
   const int64_t request_ns = engine_->listener() != nullptr ? engine_->NowNs() : 0;
   // The moment this access will be; it is only counted (ticked) once the chunks are in place.
-  const int64_t moment = NextMoment();
+  // An untracked access (inside backward) is no moment.
+  const int64_t moment = tracked ? NextMoment() : -1;
   const std::string what = absl::StrCat("optimizer access of chunk ", chunk_index);
   // The disk tier first brings spilled optimizer state into host memory.
   if (disk_ != nullptr) RETURN_IF_ERROR(disk_->PrepareAccess(chunk_index, keys, device));
@@ -660,7 +739,11 @@ absl::Status ChunkManager::AccessChunks(int64_t chunk_index, absl::Span<const Ch
   }
   engine_->ReportAccess("adam", chunk_index, Stage::kAdam, moment,
                         in_iteration_ && metronome_.is_warmup(), request_ns);
-  if (disk_ != nullptr) disk_->AfterAccess(chunk_index, keys, device);
+  if (!tracked) {
+    backward_accessed_.insert(chunk_index);
+    gradients_final_hook_used_ = true;
+  }
+  if (disk_ != nullptr) disk_->AfterAccess(chunk_index, keys, device, /*descending=*/!tracked);
   return absl::OkStatus();
 }
 
@@ -689,10 +772,11 @@ absl::Status ChunkManager::ReleaseChunks(int64_t chunk_index, absl::Span<const C
   }
   engine_->ReportRelease("adam", chunk_index, Stage::kAdam);
   RETURN_IF_ERROR(engine_->NoteComputeRelease());
+  const bool descending = backward_accessed_.erase(chunk_index) > 0;
   if (disk_ == nullptr) return absl::OkStatus();
   std::vector<int64_t> keys;
   for (ChunkType type : types) keys.push_back(keys_.Key(type, chunk_index));
-  return disk_->AfterRelease(chunk_index, keys);
+  return disk_->AfterRelease(chunk_index, keys, descending);
 }
 
 // --- ZeRO ----------------------------------------------------------------------------------------

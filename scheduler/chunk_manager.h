@@ -57,6 +57,13 @@
 // write-back). Placed optimizer state is loaded once, at the first optimizer step after the
 // warm-up, and then never moves.
 //
+// The optimizer inside backward (optimizer.overlap, docs/pipeline.md). SetGradientsFinalHook
+// registers a callback the BWD Release that makes a trainable param chunk's gradients final calls
+// (after its write-behind started; under ZeRO after the group's reduce-scatter, for the chunk
+// this rank owns). From it the optimizer may AccessChunksInBackward / ReleaseChunks that chunk:
+// untracked accesses (no moment, no trace entry) after a host wait for the compute stream; with
+// the disk tier their read-ahead runs in backward's (descending) order.
+//
 // ZeRO (world size N > 1; scheduler/zero_groups.h): an Access whose group is not gathered makes
 // the group resident and all-gathers it; a FWD Release that leaves the group HOLD_AFTER_FWD
 // (before the backward started, or untracked) frees its remote payloads; a BWD Release that
@@ -120,6 +127,7 @@
 #define PATRICKSTAR_SCHEDULER_CHUNK_MANAGER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -282,6 +290,34 @@ class ChunkManager {
   // error starting it is returned, naming the chunk; the chunks are released anyway).
   [[nodiscard]] absl::Status ReleaseChunks(int64_t chunk_index, absl::Span<const ChunkType> types);
 
+  // --- The optimizer inside backward (optimizer.overlap, docs/pipeline.md) --------------------
+
+  // Called, when set, at the end of the BWD Release (inside an iteration) that makes trainable
+  // param chunk `chunk_index`'s gradients final: world size 1, every tensor of the chunk is
+  // HOLD_AFTER_BWD and every operator in it was released in BWD at least as often as it was
+  // accessed in FWD before the backward (ZeroGroups' rule, so a tied or recomputed operator does
+  // not end it early); under ZeRO, after the group's reduce-scatter and free, for the chunk this
+  // rank owns. At most once per chunk and iteration. The hook may call AccessChunksInBackward
+  // and ReleaseChunks for that chunk; its error is Release's. Null: no hook.
+  void SetGradientsFinalHook(std::function<absl::Status(int64_t chunk_index)> hook) {
+    gradients_final_hook_ = std::move(hook);
+  }
+  // AccessChunks for the hook: the host first waits for the compute stream (backward's kernels
+  // wrote the gradients), and the access is untracked — no moment, no trace entry — so the
+  // learned schedule is the same whether a step runs the optimizer inside backward or not.
+  [[nodiscard]] absl::Status AccessChunksInBackward(int64_t chunk_index,
+                                                    absl::Span<const ChunkType> types,
+                                                    Device device,
+                                                    absl::Span<const AccessMode> modes);
+  // Whether the learned ADAM placement keeps chunk `chunk_index`'s optimizer state on the
+  // accelerator (BeginAdam returns it on the trace; all-host otherwise).
+  bool AdamPlacedOnAccelerator(int64_t chunk_index) const {
+    return adam_placement_.OnAccelerator(chunk_index);
+  }
+  // Whether the accelerator's memory is host RAM the host may read and write (the cpu backend's
+  // emulated accelerator).
+  bool accelerator_in_host_memory() const { return accelerator_in_host_memory_; }
+
   // --- ZeRO ---------------------------------------------------------------------------------
 
   // Frees the remote payloads of every gathered group (no communication; any gradients in them
@@ -407,6 +443,13 @@ class ChunkManager {
   // frees every gathered group.
   absl::Status ReduceGroup(int64_t group, Stage stage, int64_t moment);
   absl::Status FinishGroups(Stage stage);
+  absl::Status AccessChunksImpl(int64_t chunk_index, absl::Span<const ChunkType> types,
+                                Device device, absl::Span<const AccessMode> modes, bool tracked);
+  // World size 1: whether param chunk `chunk_index`'s gradients are final (see
+  // SetGradientsFinalHook).
+  bool GradientsFinalNow(int64_t chunk_index) const;
+  // Calls the hook for `chunk_index` once per iteration.
+  absl::Status CallGradientsFinalHook(int64_t chunk_index, bool final);
 
   ChunkStore* const store_;
   DeviceMemory* const accel_;
@@ -439,6 +482,21 @@ class ChunkManager {
   absl::flat_hash_map<OperatorId, Stage> active_ops_;
   absl::flat_hash_set<int64_t> active_chunks_;
   int64_t current_limit_bytes_ = 0;
+
+  // SetGradientsFinalHook; world size 1: the operators of each param chunk, each operator's FWD
+  // accesses before the backward and BWD releases in this iteration; by chunk: hook called.
+  std::function<absl::Status(int64_t)> gradients_final_hook_;
+  bool accelerator_in_host_memory_ = false;
+  // Chunk indices accessed by AccessChunksInBackward and not released yet (their disk tier
+  // read-ahead runs in backward's descending order).
+  absl::flat_hash_set<int64_t> backward_accessed_;
+  // Whether an iteration made an AccessChunksInBackward (then the optimizer step's moment count
+  // varies with its verdict: EndIteration does not warn).
+  bool gradients_final_hook_used_ = false;
+  std::vector<std::vector<OperatorId>> chunk_ops_;
+  std::vector<int> forward_uses_;
+  std::vector<int> backward_releases_;
+  std::vector<uint8_t> gradients_final_called_;
 };
 
 }  // namespace ps

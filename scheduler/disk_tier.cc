@@ -421,9 +421,10 @@ void DiskTier::NoteAccess(int64_t key, bool writes) {
   if (writes || ch.tensor_count(TensorState::kFree) > 0) state_[key].clean = false;
 }
 
-void DiskTier::AfterAccess(int64_t chunk_index, absl::Span<const int64_t> keys, Device device) {
+void DiskTier::AfterAccess(int64_t chunk_index, absl::Span<const int64_t> keys, Device device,
+                           bool descending) {
   if (device.is_host()) {
-    ReadAhead(chunk_index, keys);
+    ReadAhead(chunk_index, keys, descending);
     return;
   }
   // Placed on the accelerator for good: the host copy is not kept (see the file comment).
@@ -437,7 +438,8 @@ void DiskTier::AfterAccess(int64_t chunk_index, absl::Span<const int64_t> keys, 
   NoteHostBytes();
 }
 
-absl::Status DiskTier::AfterRelease(int64_t chunk_index, absl::Span<const int64_t> keys) {
+absl::Status DiskTier::AfterRelease(int64_t chunk_index, absl::Span<const int64_t> keys,
+                                    bool descending) {
   for (int64_t key : keys) {
     if (!backed(key) || kept_[chunk_index]) continue;
     KeyState& s = state_[key];
@@ -449,25 +451,31 @@ absl::Status DiskTier::AfterRelease(int64_t chunk_index, absl::Span<const int64_
     RETURN_IF_ERROR(StartWrite(key));
     ++counters_->disk_write_behinds;
   }
-  ReadAhead(chunk_index, keys);
+  ReadAhead(chunk_index, keys, descending);
   return absl::OkStatus();
 }
 
-void DiskTier::ReadAhead(int64_t chunk_index, absl::Span<const int64_t> keys) {
+void DiskTier::ReadAhead(int64_t chunk_index, absl::Span<const int64_t> keys, bool descending) {
   if (split_.read_ahead == 0 || owned_indices_.empty()) return;
   std::vector<ChunkType> types;
   for (int64_t key : keys) {
     if (backed(key)) types.push_back(keys_.IdOf(key).type);
   }
   if (types.empty()) return;
-  // The next streamed owned indices after chunk_index, wrapping around.
+  // The next streamed owned indices after chunk_index, wrapping around; descending: those below
+  // it, nearest first, without wrapping.
   const int64_t owned = static_cast<int64_t>(owned_indices_.size());
   const int64_t start =
       std::upper_bound(owned_indices_.begin(), owned_indices_.end(), chunk_index) -
       owned_indices_.begin();
+  const int64_t below =
+      std::lower_bound(owned_indices_.begin(), owned_indices_.end(), chunk_index) -
+      owned_indices_.begin();
   int64_t found = 0;
-  for (int64_t step = 0; step < owned && found < split_.read_ahead; ++step) {
-    const int64_t index = owned_indices_[(start + step) % owned];
+  for (int64_t step = 0; step < (descending ? below : owned) && found < split_.read_ahead;
+       ++step) {
+    const int64_t index =
+        descending ? owned_indices_[below - 1 - step] : owned_indices_[(start + step) % owned];
     if (index == chunk_index) break;
     if (kept_[index]) continue;
     ++found;

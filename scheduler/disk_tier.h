@@ -210,10 +210,16 @@ class DiskTier final : public DiskDropper {
   void NoteAccess(int64_t key, bool writes);
   // After the access of index `chunk_index` returned: for an accelerator access, gives back the
   // host backing copies of `keys`' disk-backed chunks; for a host access, starts the read-ahead.
-  void AfterAccess(int64_t chunk_index, absl::Span<const int64_t> keys, Device device);
+  // `descending`: the access came from inside backward (optimizer.overlap, docs/pipeline.md),
+  // whose chunks become final in descending index order: the read-ahead takes the streamed
+  // indices below `chunk_index` (no wrap) instead of those after it.
+  void AfterAccess(int64_t chunk_index, absl::Span<const int64_t> keys, Device device,
+                   bool descending = false);
   // After the release of `keys` (index `chunk_index`): starts the write-behind of the streamed
-  // ones that changed, then the read-ahead. The swap's errors, with the chunk named.
-  [[nodiscard]] absl::Status AfterRelease(int64_t chunk_index, absl::Span<const int64_t> keys);
+  // ones that changed, then the read-ahead (`descending` as for AfterAccess). The swap's errors,
+  // with the chunk named.
+  [[nodiscard]] absl::Status AfterRelease(int64_t chunk_index, absl::Span<const int64_t> keys,
+                                          bool descending = false);
 
   // --- Frozen param chunks (see the file comment) ---------------------------------------------
 
@@ -307,7 +313,7 @@ class DiskTier final : public DiskDropper {
   absl::Status StartRead(int64_t key, bool ahead);
   // Waits for `key`'s read (starting one if none) and restores its tensors' states.
   absl::Status Load(int64_t key);
-  void ReadAhead(int64_t chunk_index, absl::Span<const int64_t> keys);
+  void ReadAhead(int64_t chunk_index, absl::Span<const int64_t> keys, bool descending = false);
   // Frozen chunks: the host block of one, the host blocks `key` holds, the rank an eviction
   // orders by (larger goes first: the next use after `moment`, or least recent use without a
   // schedule), making room (with `ahead_of` >= 0, a read-ahead of a chunk next used then: only

@@ -145,6 +145,7 @@ absl::Status CheckOptions(const MemoryPlanOptions& o) {
       {"comm_buffer_bytes", o.comm_buffer_bytes},
       {"device_comm_staging_bytes", o.device_comm_staging_bytes},
       {"slack_margin_bytes", o.slack_margin_bytes},
+      {"overlap_snapshot_bytes", o.overlap_snapshot_bytes},
       {"host_available_bytes", o.host_available_bytes},
       {"host_resident_bytes", o.host_resident_bytes},
       {"host_overhead_bytes", o.host_overhead_bytes},
@@ -469,18 +470,24 @@ void PlanHost(const MemoryPlanOptions& o, const ChunkLayout& layout,
   if (o.gradient_accumulation_steps > 1) {
     plan.host_accumulator_bytes = share.owned_data_chunks * plan.state_chunk_bytes;
   }
+  // The snapshot holds at most the owned chunks' tensors: old master, moments (f32) and gradient.
+  plan.host_overlap_snapshot_bytes =
+      std::min<int64_t>(o.overlap_snapshot_bytes,
+                        share.owned_data_chunks * o.chunk_elems *
+                            (3 * static_cast<int64_t>(sizeof(float)) + SizeOf(o.compute_dtype)));
   if (o.accelerator_in_host_memory) {
     plan.host_accelerator_bytes = EmulatedAcceleratorHostBytes(o, steady, plan);
   }
   plan.host_peak_bytes = o.host_resident_bytes + plan.host_model_data_bytes +
-                         plan.host_accumulator_bytes + plan.host_accelerator_bytes +
-                         plan.host_swap_bytes + o.host_overhead_bytes + o.host_workspace_bytes;
+                         plan.host_accumulator_bytes + plan.host_overlap_snapshot_bytes +
+                         plan.host_accelerator_bytes + plan.host_swap_bytes +
+                         o.host_overhead_bytes + o.host_workspace_bytes;
   plan.host_needed_bytes = plan.host_peak_bytes - o.host_resident_bytes;
   plan.host_model_data_touched_bytes =
       share.param_bytes - frozen_off_host_bytes + host_state_touched_bytes + share.gathered_bytes;
   plan.host_expected_peak_bytes =
       o.host_resident_bytes + plan.host_model_data_touched_bytes + plan.host_accumulator_bytes +
-      plan.host_accelerator_bytes + plan.host_swap_bytes +
+      plan.host_overlap_snapshot_bytes + plan.host_accelerator_bytes + plan.host_swap_bytes +
       std::min(o.host_overhead_bytes, kExpectedHostOverheadBytes) + o.host_workspace_bytes;
   plan.fits_host = true;
   if (o.host_available_bytes > 0 && plan.host_needed_bytes > o.host_available_bytes) {
@@ -562,6 +569,9 @@ std::string MemoryPlan::Summary() const {
       "; warm-up chunk share ", absl::StrFormat("%.3f", warmup_chunk_fraction), "\n");
   absl::StrAppend(&s, "host: model data ", FormatBytes(host_model_data_bytes), " (this rank ",
                   FormatBytes(rank_model_data_bytes), ")");
+  if (host_overlap_snapshot_bytes > 0) {
+    absl::StrAppend(&s, ", overlap snapshot ", FormatBytes(host_overlap_snapshot_bytes));
+  }
   if (host_accumulator_bytes > 0) {
     absl::StrAppend(&s, ", gradient accumulator ", FormatBytes(host_accumulator_bytes));
   }

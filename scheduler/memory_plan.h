@@ -129,6 +129,11 @@ struct MemoryPlanOptions {
   int64_t adam_margin_bytes = 0;
   // Micro-batches per optimizer step (>= 1); > 1 adds the owner's f32 gradient accumulator.
   int gradient_accumulation_steps = 1;
+  // optimizer.overlap's rollback snapshot (docs/pipeline.md): its budget,
+  // HybridAdamOptions::overlap_snapshot_bytes; 0 when the overlap is off (>= 0). The plan counts
+  // min(budget, (12 + compute dtype width) bytes per element of the owned chunks' capacity): the
+  // snapshot grows chunk by chunk up to the budget and never holds more than the owned chunks.
+  int64_t overlap_snapshot_bytes = 0;
 
   // Host: what the OS can still give this process (0: not checked), the process's resident bytes
   // now, what the run will allocate beside the chunk pools (thread stacks, BLAS buffers, the data
@@ -206,6 +211,7 @@ struct MemoryPlan {
   // --- Host.
   int64_t host_model_data_bytes = 0;   // this rank's chunk blocks (and ZeRO's gathered ones)
   int64_t host_accumulator_bytes = 0;  // gradient accumulation's f32 accumulator (k > 1)
+  int64_t host_overlap_snapshot_bytes = 0;  // optimizer.overlap's rollback snapshot
   int64_t host_accelerator_bytes = 0;  // the emulated accelerator's share
   int64_t host_swap_bytes = 0;         // the disk tier's slots when they are in RAM (tmpfs)
   int64_t host_peak_bytes = 0;         // the whole process at its peak: the safe bound

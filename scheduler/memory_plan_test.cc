@@ -157,6 +157,29 @@ TEST(MemoryPlan, GradientAccumulationAddsTheOwnersF32Accumulator) {
   EXPECT_EQ(four.host_needed_bytes, one.host_needed_bytes + 2 * 4 * kKiB);
 }
 
+TEST(MemoryPlan, OverlapSnapshotIsHostMemory) {
+  MemoryPlanOptions o = Options();
+  ASSERT_OK_AND_ASSIGN(MemoryPlan off, PlanMemory(o));
+  EXPECT_EQ(off.host_overlap_snapshot_bytes, 0);
+  o.overlap_snapshot_bytes = 3 * kKiB;
+  ASSERT_OK_AND_ASSIGN(MemoryPlan on, PlanMemory(o));
+  EXPECT_EQ(on.host_overlap_snapshot_bytes, 3 * kKiB);
+  EXPECT_EQ(on.host_needed_bytes, off.host_needed_bytes + 3 * kKiB);
+  EXPECT_EQ(on.host_expected_peak_bytes, off.host_expected_peak_bytes + 3 * kKiB);
+  EXPECT_NE(on.Summary().find("overlap snapshot"), std::string::npos);
+  // A budget beyond the owned chunks counts only what they can hold: 2 chunks of 1024 elements,
+  // old master and moments (f32) and the f32 gradient, 16 bytes each.
+  o.overlap_snapshot_bytes = 1 << 30;
+  ASSERT_OK_AND_ASSIGN(MemoryPlan capped, PlanMemory(o));
+  EXPECT_EQ(capped.host_overlap_snapshot_bytes, 2 * 1024 * 16);
+  o.compute_dtype = DType::kBF16;
+  ASSERT_OK_AND_ASSIGN(MemoryPlan capped16, PlanMemory(o));
+  EXPECT_EQ(capped16.host_overlap_snapshot_bytes, 2 * 1024 * 14);
+  o.compute_dtype = DType::kF32;
+  o.overlap_snapshot_bytes = -1;
+  EXPECT_FALSE(PlanMemory(o).ok());
+}
+
 TEST(MemoryPlan, SixteenBitParamChunksTakeHalfBlocks) {
   MemoryPlanOptions o = Options();
   o.compute_dtype = DType::kBF16;

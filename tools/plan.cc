@@ -299,7 +299,7 @@ std::string PlanNumbers(const RunPlan& run) {
       "tide_margin_bytes=%d min_accelerator_bytes=%d warmup_chunk_fraction=%.17g "
       "accelerator_state_indices=%d accelerator_state_bytes=%d "
       "predicted_accelerator_peak_bytes=%d fits_accelerator=%d host_model_data_bytes=%d "
-      "host_accumulator_bytes=%d host_accelerator_bytes=%d host_swap_bytes=%d "
+      "host_accumulator_bytes=%d host_overlap_snapshot_bytes=%d host_accelerator_bytes=%d host_swap_bytes=%d "
       "host_overhead_bytes=%d host_workspace_bytes=%d host_peak_bytes=%d host_needed_bytes=%d "
       "host_model_data_touched_bytes=%d host_expected_peak_bytes=%d fits_host=%d disk_tier=%d "
       "disk_bytes=%d disk_host_bytes=%d disk_min_host_bytes=%d disk_kept_indices=%d "
@@ -316,6 +316,7 @@ std::string PlanNumbers(const RunPlan& run) {
       p.tide_margin_bytes, p.min_accelerator_bytes, p.warmup_chunk_fraction,
       p.accelerator_state_indices, p.accelerator_state_bytes, p.predicted_accelerator_peak_bytes,
       p.fits_accelerator, p.host_model_data_bytes, p.host_accumulator_bytes,
+      p.host_overlap_snapshot_bytes,
       p.host_accelerator_bytes, p.host_swap_bytes, o.host_overhead_bytes, o.host_workspace_bytes,
       p.host_peak_bytes, p.host_needed_bytes, p.host_model_data_touched_bytes,
       p.host_expected_peak_bytes, p.fits_host, p.disk_tier, p.disk_bytes, p.disk_host_bytes,

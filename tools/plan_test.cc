@@ -34,6 +34,7 @@
 #include "model/kernels/kernel_workspaces.h"
 #include "model/quant4_config.h"
 #include "optimizer/cuda_adam_footprint.h"
+#include "optimizer/hybrid_adam.h"
 #include "scheduler/memory_plan.h"
 #include "trainer/config.h"
 #include "trainer/config_json.h"
@@ -93,6 +94,7 @@ Numbers NumbersOf(const RunPlan& run) {
       {"fits_accelerator", i(p.fits_accelerator)},
       {"host_model_data_bytes", i(p.host_model_data_bytes)},
       {"host_accumulator_bytes", i(p.host_accumulator_bytes)},
+      {"host_overlap_snapshot_bytes", i(p.host_overlap_snapshot_bytes)},
       {"host_accelerator_bytes", i(p.host_accelerator_bytes)},
       {"host_swap_bytes", i(p.host_swap_bytes)},
       {"host_overhead_bytes", i(o.host_overhead_bytes)},
@@ -249,6 +251,33 @@ TEST(PlanTool, PresetsPlanAsTheTrainer) {
   capped.accelerator.memory_bytes = 8 * kMiB;
   capped.accelerator.host_memory_bytes = 512 * kMiB;
   ExpectToolPlansAsTheTrainer(capped, "capped");
+}
+
+// optimizer.overlap's rollback snapshot: host memory both plan (TrainConfigToJson leaves the key
+// out, as it does not change what is trained, so the tool's config file gets it added here).
+TEST(PlanTool, OverlapSnapshotPlansAsTheTrainer) {
+  TrainConfig c = PresetConfig("tiny");
+  c.optimizer.overlap = true;
+  const std::vector<RunPlan> plans = TrainerPlans(c, 1);
+  ASSERT_EQ(plans.size(), 1u);
+  const MemoryPlan& p = plans[0].plan.plan;
+  EXPECT_GT(p.host_overlap_snapshot_bytes, 0);
+  EXPECT_LE(p.host_overlap_snapshot_bytes, HybridAdamOptions{}.overlap_snapshot_bytes);
+  std::string json = TrainConfigToJson(c);
+  const std::string key = "\"optimizer\": {";
+  const size_t at = json.find(key);
+  ASSERT_NE(at, std::string::npos) << json;
+  json.insert(at + key.size(), "\n    \"overlap\": true,");
+  const std::string path =
+      absl::StrCat(trainer_testing::FreshTempDir("plan_test", "overlap"), "/config.json");
+  std::ofstream(path) << json;
+  const ToolRun tool =
+      RunTool({absl::StrCat("--config=", path), absl::StrCat("--host_available=", kHostAvailableBytes),
+               "--measure_disk=false"});
+  ExpectSameNumbers(NumbersOf(plans[0]), tool);
+  // Off: nothing planned for it.
+  c.optimizer.overlap = false;
+  EXPECT_EQ(TrainerPlans(c, 1)[0].plan.plan.host_overlap_snapshot_bytes, 0);
 }
 
 // The exports' and checkpoints' host workspaces (the export gathers f32, the checkpoints stage

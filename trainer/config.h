@@ -49,6 +49,8 @@ struct OptimizerConfig {
   double beta1 = 0.9, beta2 = 0.999;  // each in [0, 1)
   double eps = 1e-8;                  // > 0, finite
   double weight_decay = 0.0;          // >= 0, finite
+  // optimizer.overlap: Adam inside backward, bit-identical to off (docs/pipeline.md).
+  bool overlap = false;
 
   friend bool operator==(const OptimizerConfig&, const OptimizerConfig&) = default;
 };

@@ -61,6 +61,7 @@ absl::StatusOr<HybridAdamOptions> MakeHybridAdamOptions(const TrainConfig& confi
   const int64_t max_skips = config.fp16.max_consecutive_skipped_steps;
   o.max_consecutive_skipped_steps = max_skips > 0 ? max_skips : (o.loss_scaler.dynamic() ? -1 : 0);
   o.gradient_accumulation_steps = config.gradient_accumulation_steps;
+  o.overlap = config.optimizer.overlap;
   o.groups.clear();
   if (config.optimizer.weight_decay > 0) {
     ParamGroupOptions no_decay;

@@ -30,7 +30,14 @@ namespace {
 absl::Status ReadOptimizer(const JsonReader& r, const Json& top, TrainConfig* c) {
   ASSIGN_OR_RETURN(const Json* opt, r.GetSection(top, ConfigSchema().optimizer, "optimizer"));
   if (opt == nullptr) return absl::OkStatus();
+  // optimizer.overlap (docs/pipeline.md): Adam inside backward, bit-identical either way.
+  RETURN_IF_ERROR(r.GetBool(*opt, "optimizer", "overlap", &c->optimizer.overlap));
   const Json* type = JsonReader::Find(*opt, "type");
+  // A section with only `overlap` keeps the default optimizer.
+  if (type == nullptr && opt->is_object() && opt->size() == 1 &&
+      JsonReader::Find(*opt, "overlap") != nullptr) {
+    return absl::OkStatus();
+  }
   if (type == nullptr) {
     return r.Error(
         "`optimizer.type` is required when an optimizer section is given: \"Adam\" or "

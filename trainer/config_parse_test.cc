@@ -412,6 +412,21 @@ TEST(ParseTrainConfigTest, AdamWModeTurnsAdamIntoAdamW) {
   EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);
 }
 
+TEST(ParseTrainConfigTest, OptimizerOverlap) {
+  ASSERT_OK_AND_ASSIGN(TrainConfig c, Parse(R"({"optimizer": {"type": "AdamW"}})"));
+  EXPECT_FALSE(c.optimizer.overlap);
+  ASSERT_OK_AND_ASSIGN(c, Parse(R"({"optimizer": {"type": "Adam", "overlap": true}})"));
+  EXPECT_TRUE(c.optimizer.overlap);
+  EXPECT_EQ(c.optimizer.type, OptimizerType::kAdam);
+  // Alone, the key keeps the default optimizer.
+  ASSERT_OK_AND_ASSIGN(c, Parse(R"({"optimizer": {"overlap": true}})"));
+  EXPECT_TRUE(c.optimizer.overlap);
+  EXPECT_EQ(c.optimizer.type, DefaultTrainConfig().optimizer.type);
+  EXPECT_FALSE(Parse(R"({"optimizer": {"overlap": 1}})").ok());
+  EXPECT_FALSE(Parse(R"({"optimizer": {"overlap": false, "params": {"lr": 1}}})").ok())
+      << "type is still required beside other keys";
+}
+
 TEST(ParseTrainConfigTest, ByteAndBandwidthForms) {
   ASSERT_OK_AND_ASSIGN(TrainConfig c,
                        Parse(R"({"accelerator": {"memory": 1048576, "host_memory": "1.5 GiB",

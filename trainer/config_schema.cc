@@ -61,7 +61,7 @@ constexpr JsonKeyAlias kTopAliases[] = {
     {"load_in_4bit", "quantization.load_in_4bit"},
 };
 
-constexpr absl::string_view kOptimizerKeys[] = {"type", "params"};
+constexpr absl::string_view kOptimizerKeys[] = {"type", "params", "overlap"};
 constexpr JsonKeyAlias kOptimizerAliases[] = {{"lr", "params"},
                                               {"betas", "params"},
                                               {"eps", "params"},

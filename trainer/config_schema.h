@@ -15,7 +15,9 @@
 //   optimizer: {type: "Adam" | "AdamW" (case-insensitive),
 //               params: {lr, betas: [b1, b2], eps, weight_decay,
 //                        adam_w_mode (bool; with "Adam": true = decoupled decay, i.e. AdamW),
-//                        amsgrad (false only), bias_correction (true only)}}
+//                        amsgrad (false only), bias_correction (true only)},
+//               overlap: bool (default false; docs/pipeline.md: Adam inside backward, results
+//                        bit-identical to false; a section with only `overlap` needs no type)}
 //       "Adam" without adam_w_mode is Adam with L2 weight decay (torch.optim.Adam, PatrickStar's
 //       meaning). DeepSpeed's own "Adam" defaults to adam_w_mode = true; write "AdamW" (or
 //       adam_w_mode: true) to get that. adam_w_mode: false with "AdamW" is an error.

@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <ostream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -24,16 +28,30 @@
 #include "trainer/config.h"
 #include "trainer/model_resolution.h"
 #include "trainer/plan_options.h"
+#include "trainer/progress_meter.h"
 
 namespace ps {
 namespace trainer_internal {
 namespace {
 
+// Writes `text` (whole lines) to run.out(), flushed, through the console's meter so that a status
+// line is cleared first.
+void Emit(const TrainRun& run, absl::string_view text) {
+  if (run.out() == nullptr) return;
+  if (run.console.meter != nullptr) {
+    run.console.meter->Print(text);
+    return;
+  }
+  *run.out() << text;
+  run.out()->flush();
+}
+
 // The data line of an example file: its examples, the rows they make at this seq_len, the share of
 // real (non-padding) tokens, and what truncation cut.
-void PrintExampleData(const TrainRun& run, absl::string_view what, const std::string& path,
-                      const ExampleFile& file, const PackedLoader& loader) {
-  *run.out() << absl::StrFormat(
+void PrintExampleData(const TrainRun& run, std::ostream& os, absl::string_view what,
+                      const std::string& path, const ExampleFile& file,
+                      const PackedLoader& loader) {
+  os << absl::StrFormat(
       "%s: %s, example file: %d examples, %d tokens; %d rows of %d tokens (packing %s), real "
       "tokens %.1f%%; %d examples truncated to seq_len (%d tokens dropped); batch %d x %d "
       "tokens; %d batches per epoch\n",
@@ -47,19 +65,20 @@ void PrintExampleData(const TrainRun& run, absl::string_view what, const std::st
 
 void PrintHeader(const TrainRun& run) {
   if (run.out() == nullptr) return;
+  std::ostringstream os;
   const ChunkLayout& layout = run.runtime.store->layout();
   const int64_t params = ModelParameterCount(run.resolved.model_config);
   // LoRA: the frozen base holds only its params (the layout counts what each chunk holds).
   const int64_t model_data = run.resolved.lora.has_value()
                                  ? layout.TotalModelDataBytes(run.shape.dtype)
                                  : params * ModelDataBytesPerParam(run.shape.dtype);
-  *run.out() << absl::StrFormat(
+  os << absl::StrFormat(
       "model %s: %d layers, %d heads, hidden %d, vocab %d, %.2fM parameters, %s of model data "
       "(%s)\n",
       run.resolved.gpt.name, run.resolved.gpt.num_layers, run.resolved.gpt.num_heads,
       run.resolved.gpt.hidden, run.resolved.gpt.vocab_size, params / 1e6, FormatBytes(model_data),
       DTypeName(run.shape.dtype));
-  *run.out() << absl::StrFormat(
+  os << absl::StrFormat(
       "chunks: %d per type (param, master, momentum, variance) of %d elements (%s) (%s)\n",
       layout.num_chunks(), run.memory.chunk_elems, FormatBytes(run.memory.chunk_elems * 4),
       run.memory.chunk_size_note);
@@ -76,7 +95,7 @@ void PrintHeader(const TrainRun& run) {
     const int64_t frozen =
         layout.frozen_elems() - q4.stored_bytes / SizeOf(run.shape.dtype) + q4.values;
     const int64_t total = trainable + frozen;
-    *run.out() << absl::StrFormat(
+    os << absl::StrFormat(
         "LoRA: r %d, lora_alpha %g (scale %g), dropout %g, targets %s%s: %d trainable "
         "parameters (%.4f%% of %d), %d frozen base parameters in %d param-only chunks (%s "
         "each); %s of model data in all (planned on the host: %s of chunk blocks)\n",
@@ -91,15 +110,15 @@ void PrintHeader(const TrainRun& run) {
         FormatBytes(layout.TotalModelDataBytes(run.shape.dtype)),
         FormatBytes(run.memory.plan.plan.host_model_data_bytes));
     if (run.resolved.quant4.has_value()) {
-      *run.out() << Quant4BaseLine(run.resolved.model_config, *run.resolved.lora,
-                                   *run.resolved.quant4, run.shape.dtype)
-                 << "\n";
+      os << Quant4BaseLine(run.resolved.model_config, *run.resolved.lora, *run.resolved.quant4,
+                           run.shape.dtype)
+         << "\n";
     }
   }
   if (!run.resolved.prequantized_line.empty()) {
-    *run.out() << run.resolved.prequantized_line << "\n";
+    os << run.resolved.prequantized_line << "\n";
   }
-  *run.out() << absl::StrFormat(
+  os << absl::StrFormat(
       "accelerator: %s, cap %s%s; host memory %s\n", run.runtime.backend->name(),
       FormatBytes(run.runtime.backend->capacity_bytes()),
       run.config.accelerator.copy_bandwidth_bytes_per_s > 0
@@ -111,6 +130,50 @@ void PrintHeader(const TrainRun& run) {
       run.config.accelerator.host_memory_bytes > 0
           ? absl::StrCat("cap ", FormatBytes(run.config.accelerator.host_memory_bytes))
           : std::string("uncapped"));
+  if (run.config.accelerator.kind != AcceleratorKind::kCuda) {
+    // What the CPU kernels dispatch to on this machine: losses are bit-identical run to run and
+    // for any `threads` on one CPU kind, and differ in the last bits between kinds.
+    std::string bf16;
+    if (run.shape.dtype == DType::kBF16) {
+      kernels_internal::Bf16GemmBackend backend;
+      const absl::Status s = kernels_internal::ResolveBf16GemmBackend(&backend);
+      bf16 = s.ok() ? absl::StrCat("; bf16 GEMMs: ", kernels_internal::Bf16GemmBackendName(backend),
+                                   " (", kernels_internal::OneDnnBf16Description(), ")")
+                    : absl::StrCat("; bf16 GEMMs: ", s.message());
+    }
+    os << absl::StrFormat("cpu kernels: SIMD %s; OpenBLAS %s kernels%s\n", DescribeSimdDispatch(),
+                          kernels_internal::OpenBlasCoreName(), bf16);
+  }
+  if (run.data.train_packed.has_value()) {
+    PrintExampleData(run, os, "data", run.config.data.train_path, *run.data.train_examples,
+                     *run.data.train_packed);
+  } else {
+    os << absl::StrFormat(
+        "data: %s, %d tokens; batch %d x %d tokens; %d batches per epoch%s\n",
+        run.config.data.train_path.empty() ? std::string("built-in synthetic corpus")
+                                           : run.config.data.train_path,
+        run.data.train_loader->num_tokens(), run.shape.micro_batch, run.shape.seq_len,
+        run.data.train_loader->batches_per_epoch(),
+        run.data.unigram_entropy.has_value()
+            ? absl::StrFormat("; unigram entropy %.3f nats%s", *run.data.unigram_entropy,
+                              run.data.entropy_rate.has_value()
+                                  ? absl::StrFormat(", entropy rate %.3f", *run.data.entropy_rate)
+                                  : std::string())
+            : std::string());
+  }
+  if (run.data.val_packed.has_value()) {
+    PrintExampleData(run, os, "validation data", run.config.data.val_path, *run.data.val_examples,
+                     *run.data.val_packed);
+  }
+  if (run.data.has_val() && run.config.data.eval_every == 0) {
+    os << "validation: off (data.eval_every = 0; N > 0 validates every N steps)\n";
+  }
+  Emit(run, os.str());
+}
+
+void PrintDiskTier(const TrainRun& run) {
+  if (run.out() == nullptr) return;
+  std::ostringstream os;
   if (run.runtime.swap != nullptr && run.runtime.disk_bandwidth.has_value()) {
     const MemoryPlan& p = run.memory.plan.plan;
     const ChunkSwapInfo info = run.runtime.swap->info();
@@ -118,7 +181,7 @@ void PrintHeader(const TrainRun& run) {
     const ZeroOptimizationConfig& zero = run.config.zero_optimization;
     const bool state_on_disk = zero.offload_optimizer.device == OffloadDevice::kNvme;
     const bool frozen_on_disk = zero.offload_param.device == OffloadDevice::kNvme;
-    *run.out() << absl::StrFormat(
+    os << absl::StrFormat(
         "disk tier: %s in %s (%s of slots; %s, %s); measured there: write %s/s, "
         "read %s/s, %.2f ms per %s block\n",
         state_on_disk && frozen_on_disk ? "optimizer state and the frozen base"
@@ -131,7 +194,7 @@ void PrintHeader(const TrainRun& run) {
         FormatBytes(run.config.aio.block_size_bytes));
     const double disk_s = DiskStepSeconds(p, bw.read_bytes_per_s, bw.write_bytes_per_s);
     if (state_on_disk) {
-      *run.out() << absl::StrFormat(
+      os << absl::StrFormat(
           "disk tier: host budget %s of optimizer state (minimum %s): %d chunk indices kept in "
           "RAM, %d streamed, read-ahead %d; per step up to %s read and %s written: %.1f s of "
           "disk time at the measured rates\n",
@@ -140,51 +203,18 @@ void PrintHeader(const TrainRun& run) {
           FormatBytes(p.disk_read_bytes_per_step), FormatBytes(p.disk_write_bytes_per_step),
           disk_s);
     }
-    if (frozen_on_disk) *run.out() << FrozenOnDiskLine(zero, run.shape.dtype, p) << "\n";
+    if (frozen_on_disk) os << FrozenOnDiskLine(zero, run.shape.dtype, p) << "\n";
   }
-  if (run.config.accelerator.kind != AcceleratorKind::kCuda) {
-    // What the CPU kernels dispatch to on this machine: losses are bit-identical run to run and
-    // for any `threads` on one CPU kind, and differ in the last bits between kinds.
-    std::string bf16;
-    if (run.shape.dtype == DType::kBF16) {
-      kernels_internal::Bf16GemmBackend backend;
-      const absl::Status s = kernels_internal::ResolveBf16GemmBackend(&backend);
-      bf16 = s.ok() ? absl::StrCat("; bf16 GEMMs: ", kernels_internal::Bf16GemmBackendName(backend),
-                                   " (", kernels_internal::OneDnnBf16Description(), ")")
-                    : absl::StrCat("; bf16 GEMMs: ", s.message());
-    }
-    *run.out() << absl::StrFormat("cpu kernels: SIMD %s; OpenBLAS %s kernels%s\n",
-                                  DescribeSimdDispatch(), kernels_internal::OpenBlasCoreName(),
-                                  bf16);
-  }
-  if (run.data.train_packed.has_value()) {
-    PrintExampleData(run, "data", run.config.data.train_path, *run.data.train_examples,
-                     *run.data.train_packed);
-  } else {
-    *run.out() << absl::StrFormat(
-      "data: %s, %d tokens; batch %d x %d tokens; %d batches per epoch%s\n",
-      run.config.data.train_path.empty() ? std::string("built-in synthetic corpus")
-                                         : run.config.data.train_path,
-      run.data.train_loader->num_tokens(), run.shape.micro_batch, run.shape.seq_len,
-      run.data.train_loader->batches_per_epoch(),
-      run.data.unigram_entropy.has_value()
-          ? absl::StrFormat("; unigram entropy %.3f nats%s", *run.data.unigram_entropy,
-                            run.data.entropy_rate.has_value()
-                                ? absl::StrFormat(", entropy rate %.3f", *run.data.entropy_rate)
-                                : std::string())
-          : std::string());
-  }
-  if (run.data.val_packed.has_value()) {
-    PrintExampleData(run, "validation data", run.config.data.val_path, *run.data.val_examples,
-                     *run.data.val_packed);
-  }
-  if (run.data.has_val() && run.config.data.eval_every == 0) {
-    *run.out() << "validation: off (data.eval_every = 0; N > 0 validates every N steps)\n";
-  }
-  *run.out() << absl::StrFormat("training %d steps from step %d with %d threads\n",
-                                run.config.steps, run.progress.step, run.shape.threads);
+  Emit(run, os.str());
+}
+
+void PrintRunStart(const TrainRun& run) {
+  if (run.out() == nullptr) return;
+  std::ostringstream os;
+  os << absl::StrFormat("training %d steps from step %d with %d threads\n", run.config.steps,
+                        run.progress.step, run.shape.threads);
   if (run.shape.accumulation_steps > 1) {
-    *run.out() << absl::StrFormat(
+    os << absl::StrFormat(
         "gradient accumulation: %d micro-batches of %d sequences per optimizer step; f32 "
         "accumulator %s of host memory on this rank\n",
         run.shape.accumulation_steps, run.shape.micro_batch,
@@ -192,65 +222,102 @@ void PrintHeader(const TrainRun& run) {
                                              run.shape.accumulation_steps)));
   }
   if (run.shape.world > 1) {
-    *run.out() << absl::StrFormat(
+    os << absl::StrFormat(
         "data parallel (ZeRO): %d ranks; global batch %d x %d tokens; model data per rank %s "
         "(rank 0)\n",
         run.shape.world, run.shape.micro_batch * run.shape.accumulation_steps * run.shape.world,
         run.shape.seq_len,
         FormatBytes(run.runtime.store->layout().RankModelDataBytes(run.shape.dtype, 0)));
   }
+  Emit(run, os.str());
 }
 
 void PrintProgress(const TrainRun& run, const StepMetrics& m) {
   if (run.out() == nullptr) return;
-  *run.out() << absl::StrFormat(
-      "step %5d/%d | loss %.4f%s | lr %.3e | scale %g | %7.0f tok/s | %7.1f ms | accel model %s "
-      "non-model %s | moved %s%s%s\n",
-      m.step, run.config.steps, m.loss,
-      m.trained_targets.has_value() ? absl::StrFormat(" over %d targets", *m.trained_targets)
-                                    : std::string(),
-      m.lr, m.loss_scale, m.tokens_per_s, m.step_ms, FormatBytes(m.accelerator_peak_model_bytes),
-      FormatBytes(m.accelerator_peak_non_model_bytes),
-      FormatBytes(m.loaded_bytes + m.written_back_bytes), m.warmup ? " (warm-up)" : "",
-      m.skipped ? " (skipped: overflow)" : "");
+  Emit(run,
+       absl::StrFormat(
+           "step %5d/%d | loss %.4f%s | lr %.3e | scale %g | %s tok/s | %7.1f ms | accel "
+           "model %s non-model %s | moved %s%s%s\n",
+           m.step, run.config.steps, m.loss,
+           m.trained_targets.has_value() ? absl::StrFormat(" over %d targets", *m.trained_targets)
+                                         : std::string(),
+           m.lr, m.loss_scale, FormatTokensPerSecond(m.tokens_per_s), m.step_ms,
+           FormatBytes(m.accelerator_peak_model_bytes),
+           FormatBytes(m.accelerator_peak_non_model_bytes),
+           FormatBytes(m.loaded_bytes + m.written_back_bytes), m.warmup ? " (warm-up)" : "",
+           m.skipped ? " (skipped: overflow)" : ""));
   if (m.val_loss.has_value()) PrintValidationLoss(run, m.step, *m.val_loss);
+}
+
+void PrintStepStatus(const TrainRun& run, const StepMetrics& m, std::optional<double> eta_s) {
+  if (run.out() == nullptr || run.console.meter == nullptr) return;
+  run.console.meter->Status(absl::StrFormat(
+      "step %d/%d | loss %.4f | %s tok/s | %s/step | ETA %s", m.step, run.config.steps, m.loss,
+      absl::StripLeadingAsciiWhitespace(FormatTokensPerSecond(m.tokens_per_s)),
+      FormatDuration(m.step_ms * 1e-3), eta_s.has_value() ? FormatDuration(*eta_s) : "?"));
 }
 
 void PrintValidationLoss(const TrainRun& run, int64_t step, double loss) {
   if (run.out() == nullptr) return;
-  *run.out() << absl::StrFormat("step %5d validation loss %.4f\n", step, loss);
+  Emit(run, absl::StrFormat("step %5d validation loss %.4f\n", step, loss));
 }
 
 void PrintStopped(const TrainRun& run) {
   if (run.out() == nullptr) return;
-  *run.out() << "stop requested: stopped after step " << run.progress.step << "\n";
+  Emit(run, absl::StrCat("stop requested: stopped after step ", run.progress.step, "\n"));
 }
 
 void PrintExported(const TrainRun& run) {
   if (run.out() == nullptr) return;
   if (run.resolved.lora.has_value()) {
-    *run.out() << "exported the PEFT LoRA adapter directory (adapter_config.json, "
-                  "adapter_model.safetensors) to "
-               << run.config.checkpoint.export_path << "\n";
+    Emit(run, absl::StrCat("exported the PEFT LoRA adapter directory (adapter_config.json, "
+                           "adapter_model.safetensors) to ",
+                           run.config.checkpoint.export_path, "\n"));
     return;
   }
-  *run.out() << "exported Hugging Face "
-             << (ExportsHfDirectory(run)
-                     ? absl::StrCat(ModelFamilyName(run.resolved.model_config.family),
-                                    " model directory")
-                     : std::string("GPT-2 weights"))
-             << " to " << run.config.checkpoint.export_path << "\n";
+  Emit(run, absl::StrCat("exported Hugging Face ",
+                         ExportsHfDirectory(run)
+                             ? absl::StrCat(ModelFamilyName(run.resolved.model_config.family),
+                                            " model directory")
+                             : std::string("GPT-2 weights"),
+                         " to ", run.config.checkpoint.export_path, "\n"));
 }
 
 void PrintExportedMerged(const TrainRun& run) {
   if (run.out() == nullptr) return;
-  *run.out() << "exported the merged model (W + lora_alpha / r * B A) as a Hugging Face "
-             << ModelFamilyName(run.resolved.model_config.family) << " model directory to "
-             << run.config.checkpoint.export_merged << "\n";
+  Emit(run, absl::StrCat("exported the merged model (W + lora_alpha / r * B A) as a Hugging Face ",
+                         ModelFamilyName(run.resolved.model_config.family), " model directory to ",
+                         run.config.checkpoint.export_merged, "\n"));
+}
+
+void PrintLine(const TrainRun& run, absl::string_view line) {
+  if (run.out() == nullptr) return;
+  Emit(run, absl::StrCat(line, "\n"));
+}
+
+void ClearStatus(const TrainRun& run) {
+  if (run.console.meter != nullptr) run.console.meter->ClearStatus();
 }
 
 void PrintSummary(const TrainRun& run) {
-  if (run.out() != nullptr && !run.progress.history.empty()) *run.out() << SummaryText(run);
+  if (run.out() != nullptr && !run.progress.history.empty()) Emit(run, SummaryText(run));
+}
+
+std::string TimeToFirstStepLine(const TrainSummary& s) {
+  // Phases under 0.05 s would print as 0.0: they go to "other" with the time no phase covers.
+  std::vector<std::string> parts;
+  double shown = 0;
+  for (const auto& [name, seconds] : s.setup_phases) {
+    if (seconds < 0.05) continue;
+    parts.push_back(absl::StrFormat("%s %.1f s", name, seconds));
+    shown += seconds;
+  }
+  if (s.setup_s - shown >= 0.05)
+    parts.push_back(absl::StrFormat("other %.1f s", s.setup_s - shown));
+  return absl::StrFormat(
+      "time to first step %.1f s (setup %.1f s%s; first step %.1f s)\n", s.time_to_first_step_s,
+      s.setup_s, parts.empty() ? std::string() : absl::StrCat(": ", absl::StrJoin(parts, ", ")),
+      s.first_step_s);
 }
 
 std::string SummaryText(const TrainRun& run) {
@@ -258,8 +325,10 @@ std::string SummaryText(const TrainRun& run) {
   std::ostringstream os;
   const int64_t steps = s.last_step - s.first_step;
   os << "== summary ==\n";
-  os << absl::StrFormat("steps %d..%d in %.1f s; %d tokens, %.0f tokens/s of training\n",
-                        s.first_step + 1, s.last_step, s.seconds, s.tokens, s.tokens_per_s);
+  os << absl::StrFormat("steps %d..%d in %.1f s; %d tokens, %s tokens/s of training\n",
+                        s.first_step + 1, s.last_step, s.seconds, s.tokens,
+                        absl::StripLeadingAsciiWhitespace(FormatTokensPerSecond(s.tokens_per_s)));
+  if (s.time_to_first_step_s > 0) os << TimeToFirstStepLine(s);
   if (s.tokens_per_s > 0 && run.shape.seq_len > 0) {
     // The model FLOP rate (the numerator of MFU): the useful FLOPs of the tokens trained.
     const double per_token =

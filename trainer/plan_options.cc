@@ -27,6 +27,7 @@
 #include "model/quant4_import.h"
 #include "nlohmann/json.hpp"
 #include "optimizer/cuda_adam_footprint.h"
+#include "optimizer/hybrid_adam.h"
 #include "scheduler/comm_collectives.h"
 #include "trainer/config_validate.h"
 #include "trainer/data/example_file.h"
@@ -173,6 +174,11 @@ absl::StatusOr<GptRunPlanOptions> PlanOptionsFromConfig(const TrainConfig& confi
   o.world_size = context.world;
   o.rank = context.rank;
   o.gradient_accumulation_steps = static_cast<int>(config.gradient_accumulation_steps);
+  // optimizer.overlap's rollback snapshot, at its budget (HybridAdam speculates only when an
+  // optimizer step is one micro-batch: with accumulation the snapshot is never allocated).
+  o.overlap_snapshot_bytes = config.optimizer.overlap && config.gradient_accumulation_steps == 1
+                                 ? HybridAdamOptions{}.overlap_snapshot_bytes
+                                 : 0;
   o.chunk_elems = config.chunk.size_elems;
   const AcceleratorKind kind = config.accelerator.kind;
   o.accelerator_bytes = DefaultAcceleratorBudget(kind, config.accelerator.memory_bytes,

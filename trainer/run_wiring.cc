@@ -13,6 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "base/progress.h"
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "chunk/chunk_layout.h"
@@ -46,11 +48,13 @@
 #include "trainer/config.h"
 #include "trainer/config_optimizer.h"
 #include "trainer/config_validate.h"
+#include "trainer/console.h"
 #include "trainer/io/metrics_writer.h"
 #include "trainer/io/run_paths.h"
 #include "trainer/io/trace_writer.h"
 #include "trainer/model_resolution.h"
 #include "trainer/profiler.h"
+#include "trainer/progress_meter.h"
 #include "trainer/run_checkpoints.h"
 #include "trainer/run_data.h"
 #include "trainer/run_plan.h"
@@ -84,6 +88,45 @@ namespace {
 int ResolveThreads(int configured) {
   if (configured > 0) return configured;
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// The total seconds of the setup's phases so far.
+double PhaseSeconds(const RunConsole& console) {
+  double total = 0;
+  for (const auto& [name, seconds] : console.phases) total += seconds;
+  return total;
+}
+
+// Runs `step` (a callable returning absl::Status) and adds the time it took to the setup phase
+// `name`, less the time of the phases it recorded itself (a Phase inside it).
+template <typename Step>
+absl::Status Timed(const TrainRun& run, RunConsole& console, absl::string_view name, Step&& step) {
+  const double inner0 = PhaseSeconds(console);
+  const int64_t t0 = run.EnvNowNs();
+  absl::Status status = step();
+  const double inner = PhaseSeconds(console) - inner0;
+  console.AddPhase(name, std::max(0.0, Seconds(t0, run.EnvNowNs()) - inner));
+  return status;
+}
+
+// A long phase of the setup, shown on the console: "<label> ..." when it starts, its progress
+// (through the ProgressFn `work` is given, in `unit`), and "done in S s" (or "failed after S s")
+// when it ends; its time goes to the setup phase `name`. `work` is a callable taking a
+// ProgressFn and returning absl::Status.
+template <typename Work>
+absl::Status Phase(const TrainRun& run, RunConsole& console, absl::string_view name,
+                   absl::string_view label, ProgressUnit unit, Work&& work) {
+  ProgressMeter& meter = *console.meter;
+  const int64_t t0 = run.EnvNowNs();
+  meter.Begin(label, unit);
+  absl::Status status = work(meter.Fn());
+  if (status.ok()) {
+    meter.End();
+  } else {
+    meter.Fail();
+  }
+  console.AddPhase(name, Seconds(t0, run.EnvNowNs()));
+  return status;
 }
 
 // The accelerator-side Adam of a cuda backend: CudaAdam (only in a --config=cuda build, the only
@@ -327,7 +370,7 @@ absl::Status OpenOutputs(const TrainRun& run, Runtime& runtime) {
 constexpr int64_t kDiskProbeBytes = 256 * kMiB;
 
 absl::Status OpenDiskTier(const TrainRun& run, Runtime& runtime,
-                          ChunkManagerOptions& manager_options) {
+                          ChunkManagerOptions& manager_options, RunConsole& console) {
   const ZeroOptimizationConfig& zero = run.config.zero_optimization;
   if (!UsesDiskTier(zero)) return absl::OkStatus();
   const OffloadOptimizerConfig& offload = zero.offload_optimizer;
@@ -355,9 +398,16 @@ absl::Status OpenDiskTier(const TrainRun& run, Runtime& runtime,
   absl::StatusOr<std::unique_ptr<ChunkSwap>> swap = OpenFileChunkSwap(std::move(open_options));
   if (!swap.ok()) return named(swap.status());
   runtime.swap = *std::move(swap);
-  absl::StatusOr<DiskBandwidth> bandwidth = MeasureDiskBandwidth(dir, swap_options, probe_bytes);
-  if (!bandwidth.ok()) return named(bandwidth.status());
-  runtime.disk_bandwidth = *std::move(bandwidth);
+  absl::Status measured =
+      Phase(run, console, "disk probe",
+            absl::StrCat("measuring the disk under ", dir, " (", FormatBytes(probe_bytes),
+                         " written and read)"),
+            ProgressUnit::kBytes, [&](const ProgressFn&) -> absl::Status {
+              ASSIGN_OR_RETURN(runtime.disk_bandwidth,
+                               MeasureDiskBandwidth(dir, swap_options, probe_bytes));
+              return absl::OkStatus();
+            });
+  if (!measured.ok()) return named(measured);
   DiskTierOptions disk{.swap = runtime.swap.get(),
                        .host_budget_bytes = run.memory.plan.disk_host_budget_bytes,
                        .read_ahead = offload.buffer_count,
@@ -371,9 +421,12 @@ absl::Status OpenDiskTier(const TrainRun& run, Runtime& runtime,
   return absl::OkStatus();
 }
 
-// The compute stream, the tide-aware ChunkManager over it and the model computing on it.
-absl::Status CreateManagerAndModel(const TrainRun& run, Runtime& runtime) {
+// The compute stream, the tide-aware ChunkManager over it and the model computing on it. The disk
+// tier's measurement is a phase of `console`.
+absl::Status CreateManagerAndModel(const TrainRun& run, Runtime& runtime, RunConsole& console) {
   ChunkManagerOptions manager_options;
+  // One clock for the run: the manager's timings, the steps', the setup's.
+  manager_options.clock = run.env.clock;
   if (runtime.profiler != nullptr) manager_options.listener = runtime.profiler.get();
   // Room for what the activation segments strand (the plan replayed them), and a warm-up share
   // that leaves the highest activation peak room: the warm-up needs no pressure eviction.
@@ -384,7 +437,7 @@ absl::Status CreateManagerAndModel(const TrainRun& run, Runtime& runtime) {
   manager_options.comm_buffer_bytes = run.memory.reserve.export_tile_bytes;
   ASSIGN_OR_RETURN(runtime.compute_stream, runtime.backend->CreateStream());
   manager_options.compute_stream = runtime.compute_stream.get();
-  RETURN_IF_ERROR(OpenDiskTier(run, runtime, manager_options));
+  RETURN_IF_ERROR(OpenDiskTier(run, runtime, manager_options, console));
   ASSIGN_OR_RETURN(runtime.manager, ChunkManager::Create(runtime.store.get(), runtime.backend.get(),
                                                          runtime.accelerator.get(),
                                                          runtime.host.get(), manager_options));
@@ -442,30 +495,80 @@ absl::Status CreateOptimizer(const TrainRun& run, Runtime& runtime) {
   return absl::OkStatus();
 }
 
-// The base weights: a Hugging Face directory or GPT-2 safetensors file (checkpoint.init_from),
-// or the seed. With LoRA, `init_adapters` first initializes the whole model from the seed (A
-// Kaiming-uniform, B zero: the adapters' only initializer) before init_from replaces the base.
-absl::Status LoadBase(const TrainRun& run, bool init_adapters) {
-  if (!run.resolved.hf.has_value() && run.config.checkpoint.init_from.empty()) {
-    return run.runtime.model->InitializeParameters(run.config.seed);
-  }
-  if (init_adapters) RETURN_IF_ERROR(run.runtime.model->InitializeParameters(run.config.seed));
-  if (run.resolved.hf.has_value()) {
-    RETURN_IF_ERROR(run.runtime.model->LoadHfCheckpoint(*run.resolved.hf));
-    if (run.out() != nullptr) {
-      *run.out() << "initialized " << (run.resolved.lora.has_value() ? "the frozen base " : "")
-                 << "from the Hugging Face " << ModelFamilyName(run.resolved.model_config.family)
-                 << " model in " << run.config.checkpoint.init_from << "\n";
+// The seeded initialization as a phase: "initializing 124.4M parameters from seed 42 ...", its
+// progress in elements. With LoRA the adapters are initialized too; `adapters_only`: only they are
+// (InitializeOptions::adapters_only: the base is then loaded from a Hugging Face directory, so
+// seeding it first would be work thrown away; the adapters' values are the same either way).
+absl::Status InitializeFromSeed(const TrainRun& run, RunConsole& console, bool adapters_only) {
+  std::string what;
+  if (adapters_only) {
+    what = "the LoRA adapters";
+  } else {
+    what = absl::StrCat(
+        FormatCount(static_cast<double>(ModelParameterCount(run.resolved.model_config))),
+        " parameters");
+    if (run.resolved.lora.has_value()) absl::StrAppend(&what, " and the LoRA adapters");
+    if (run.resolved.quant4.has_value()) {
+      absl::StrAppend(&what, ", quantizing the base's block linear layers to 4 bits,");
     }
+  }
+  return Phase(run, console, "init",
+               absl::StrCat("initializing ", what, " from seed ", run.config.seed),
+               ProgressUnit::kElements, [&](const ProgressFn& progress) {
+                 InitializeOptions options;
+                 options.adapters_only = adapters_only;
+                 options.progress = progress;
+                 return run.runtime.model->InitializeParameters(run.config.seed, options);
+               });
+}
+
+// The base weights: a Hugging Face directory or GPT-2 safetensors file (checkpoint.init_from),
+// or the seed. With LoRA, `init_adapters` first initializes the adapters from the seed (A
+// Kaiming-uniform, B zero: the adapters' only initializer) before init_from sets the base: only
+// the adapters before a Hugging Face directory (LoadHfCheckpoint sets every base tensor), the
+// whole model before a GPT-2 file.
+// Each is a phase of the console (a line when it starts, how long it took when it ends).
+absl::Status LoadBase(const TrainRun& run, RunConsole& console, bool init_adapters) {
+  if (!run.resolved.hf.has_value() && run.config.checkpoint.init_from.empty()) {
+    return InitializeFromSeed(run, console, /*adapters_only=*/false);
+  }
+  if (init_adapters) {
+    RETURN_IF_ERROR(
+        InitializeFromSeed(run, console, /*adapters_only=*/run.resolved.hf.has_value()));
+  }
+  const std::string& from = run.config.checkpoint.init_from;
+  if (run.resolved.hf.has_value()) {
+    const HfCheckpoint& hf = *run.resolved.hf;
+    RETURN_IF_ERROR(
+        Phase(run, console, "load",
+              absl::StrCat("loading ", from, " (", FormatBytes(hf.weights().total_size_bytes()),
+                           run.resolved.quant4.has_value()
+                               ? ", quantizing the base's block linear layers to 4 bits"
+                               : "",
+                           ")"),
+              ProgressUnit::kBytes, [&](const ProgressFn& progress) {
+                return run.runtime.model->LoadHfCheckpoint(hf, progress);
+              }));
+    PrintLine(run,
+              absl::StrCat("initialized ", run.resolved.lora.has_value() ? "the frozen base " : "",
+                           "from the Hugging Face ",
+                           ModelFamilyName(run.resolved.model_config.family), " model in ", from));
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(Gpt2Checkpoint checkpoint,
-                   Gpt2Checkpoint::Open(run.config.checkpoint.init_from));
-  RETURN_IF_ERROR(run.runtime.model->LoadGpt2Checkpoint(checkpoint));
-  if (run.out() != nullptr) {
-    *run.out() << "initialized " << (run.resolved.lora.has_value() ? "the frozen base " : "")
-               << "from " << run.config.checkpoint.init_from << "\n";
-  }
+  std::error_code ec;
+  const std::uintmax_t file_bytes = std::filesystem::file_size(from, ec);
+  RETURN_IF_ERROR(Phase(
+      run, console, "load",
+      absl::StrCat("loading ", from,
+                   ec ? std::string()
+                      : absl::StrCat(" (", FormatBytes(static_cast<int64_t>(file_bytes)), ")")),
+      ProgressUnit::kBytes, [&](const ProgressFn&) -> absl::Status {
+        ASSIGN_OR_RETURN(Gpt2Checkpoint checkpoint, Gpt2Checkpoint::Open(from));
+        return run.runtime.model->LoadGpt2Checkpoint(checkpoint);
+      }));
+  PrintLine(run,
+            absl::StrCat("initialized ", run.resolved.lora.has_value() ? "the frozen base " : "",
+                         "from ", from));
   return absl::OkStatus();
 }
 
@@ -479,29 +582,33 @@ absl::Status LoadBase(const TrainRun& run, bool init_adapters) {
 // The base's fingerprint is taken before a checkpoint is read or written (checkpoint.dir set,
 // one process), so that resuming against another base is refused.
 absl::Status InitializeWeights(TrainRun& run) {
+  const auto resume = [&run] { return Resume(run); };
   if (!run.resolved.lora.has_value()) {
-    if (run.config.checkpoint.resume) return Resume(run);
-    return LoadBase(run, /*init_adapters=*/false);
+    if (run.config.checkpoint.resume) return Timed(run, run.console, "resume", resume);
+    return LoadBase(run, run.console, /*init_adapters=*/false);
   }
   const std::string& adapter_dir = run.config.lora->init_from;
   const bool adapters_loaded = run.config.checkpoint.resume || !adapter_dir.empty();
-  RETURN_IF_ERROR(LoadBase(run, /*init_adapters=*/!adapters_loaded));
+  RETURN_IF_ERROR(LoadBase(run, run.console, /*init_adapters=*/!adapters_loaded));
   if (!run.config.checkpoint.dir.empty() && run.shape.world == 1) {
     ASSIGN_OR_RETURN(run.resolved.base_fingerprint, run.runtime.model->BaseFingerprint());
   }
   if (run.config.checkpoint.resume) {
-    if (!adapter_dir.empty() && run.out() != nullptr) {
-      *run.out() << "lora.init_from " << adapter_dir
-                 << " not read: resuming from the checkpoint's adapters\n";
+    if (!adapter_dir.empty()) {
+      PrintLine(run, absl::StrCat("lora.init_from ", adapter_dir,
+                                  " not read: resuming from the checkpoint's adapters"));
     }
-    return Resume(run);
+    return Timed(run, run.console, "resume", resume);
   }
   if (!adapter_dir.empty()) {
-    if (absl::Status s = run.runtime.model->LoadPeftAdapter(adapter_dir); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("lora.init_from (--lora_init_from) '", adapter_dir,
-                                                 "': ", s.message()));
-    }
-    if (run.out() != nullptr) *run.out() << "LoRA adapters from " << adapter_dir << "\n";
+    RETURN_IF_ERROR(Timed(run, run.console, "adapters", [&]() -> absl::Status {
+      if (absl::Status s = run.runtime.model->LoadPeftAdapter(adapter_dir); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("lora.init_from (--lora_init_from) '",
+                                                   adapter_dir, "': ", s.message()));
+      }
+      return absl::OkStatus();
+    }));
+    PrintLine(run, absl::StrCat("LoRA adapters from ", adapter_dir));
   }
   return absl::OkStatus();
 }
@@ -533,23 +640,40 @@ absl::Status StartFirstStep(TrainRun& run) {
 }  // namespace
 
 absl::Status WireRun(TrainRun& run) {
-  RETURN_IF_ERROR(JoinWorld(run, run.shape));
-  RETURN_IF_ERROR(ValidateTrainConfig(run.config, run.shape.world));
-  RETURN_IF_ERROR(ResolveModel(run, run.resolved));
-  RETURN_IF_ERROR(ResolveLora(run, run.resolved));
-  RETURN_IF_ERROR(ResolveQuant4(run, run.resolved));
-  ResolveShape(run, run.shape);
-  RETURN_IF_ERROR(ProbeAccelerator(run, run.probe));
-  RETURN_IF_ERROR(CheckPaths(run));
+  RunConsole& console = run.console;
+  if (run.env.start_ns.has_value()) {
+    console.AddPhase("startup", Seconds(*run.env.start_ns, run.EnvNowNs()));
+  }
+  RETURN_IF_ERROR(Timed(run, console, "checks", [&] { return JoinWorld(run, run.shape); }));
+  ProgressMeterOptions meter_options;
+  meter_options.is_terminal = run.env.out_is_terminal;
+  meter_options.clock = run.env.clock;
+  console.meter = std::make_unique<ProgressMeter>(run.out(), meter_options);
+  RETURN_IF_ERROR(Timed(run, console, "checks", [&]() -> absl::Status {
+    RETURN_IF_ERROR(ValidateTrainConfig(run.config, run.shape.world));
+    RETURN_IF_ERROR(ResolveModel(run, run.resolved));
+    RETURN_IF_ERROR(ResolveLora(run, run.resolved));
+    RETURN_IF_ERROR(ResolveQuant4(run, run.resolved));
+    ResolveShape(run, run.shape);
+    RETURN_IF_ERROR(ProbeAccelerator(run, run.probe));
+    return CheckPaths(run);
+  }));
   // Before anything sizeable is allocated (the data too): the plan.
-  RETURN_IF_ERROR(PlanMemoryOrRefuse(run, run.memory));
-  RETURN_IF_ERROR(LoadData(run, run.data));
-  RETURN_IF_ERROR(CreateMemory(run, run.runtime));
-  RETURN_IF_ERROR(CreateCollectives(run, run.runtime));
-  RETURN_IF_ERROR(CreateChunkStore(run, run.runtime));
-  RETURN_IF_ERROR(OpenOutputs(run, run.runtime));
-  RETURN_IF_ERROR(CreateManagerAndModel(run, run.runtime));
-  RETURN_IF_ERROR(CreateOptimizer(run, run.runtime));
+  RETURN_IF_ERROR(Timed(run, console, "plan", [&] { return PlanMemoryOrRefuse(run, run.memory); }));
+  RETURN_IF_ERROR(Timed(run, console, "data", [&] { return LoadData(run, run.data); }));
+  RETURN_IF_ERROR(Timed(run, console, "memory", [&]() -> absl::Status {
+    RETURN_IF_ERROR(CreateMemory(run, run.runtime));
+    RETURN_IF_ERROR(CreateCollectives(run, run.runtime));
+    RETURN_IF_ERROR(CreateChunkStore(run, run.runtime));
+    return OpenOutputs(run, run.runtime);
+  }));
+  // The header, before the work it describes (the disk's measurement, the weights).
+  PrintHeader(run);
+  RETURN_IF_ERROR(Timed(run, console, "model", [&]() -> absl::Status {
+    RETURN_IF_ERROR(CreateManagerAndModel(run, run.runtime, console));
+    PrintDiskTier(run);
+    return CreateOptimizer(run, run.runtime);
+  }));
   RETURN_IF_ERROR(InitializeWeights(run));
   return StartFirstStep(run);
 }

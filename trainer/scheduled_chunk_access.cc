@@ -35,17 +35,13 @@ std::vector<AccessMode> ModesFor(AdamChunkUse use) {
   return {};
 }
 
-}  // namespace
-
-absl::StatusOr<AdamChunkPayloads> ScheduledChunkAccess::Acquire(int64_t chunk_index,
-                                                                AdamChunkUse use) {
-  const Device device = DeviceFor(chunk_index);
-  const std::vector<ChunkType> types = TypesFor(use);
-  RETURN_IF_ERROR(manager_.AccessChunks(chunk_index, types, device, ModesFor(use)));
+// The payloads of `types` of chunk `chunk_index`, on `device`.
+AdamChunkPayloads PayloadsOf(const ChunkStore& store, int64_t chunk_index,
+                             const std::vector<ChunkType>& types, Device device) {
   AdamChunkPayloads payloads;
   payloads.device = device;
   for (ChunkType type : types) {
-    void* p = store_.chunk(type, chunk_index).payload();
+    void* p = store.chunk(type, chunk_index).payload();
     switch (type) {
       case ChunkType::kParam:
         payloads.param = p;
@@ -62,6 +58,31 @@ absl::StatusOr<AdamChunkPayloads> ScheduledChunkAccess::Acquire(int64_t chunk_in
     }
   }
   return payloads;
+}
+
+}  // namespace
+
+absl::StatusOr<AdamChunkPayloads> ScheduledChunkAccess::Acquire(int64_t chunk_index,
+                                                                AdamChunkUse use) {
+  const Device device = DeviceFor(chunk_index);
+  const std::vector<ChunkType> types = TypesFor(use);
+  RETURN_IF_ERROR(manager_.AccessChunks(chunk_index, types, device, ModesFor(use)));
+  return PayloadsOf(store_, chunk_index, types, device);
+}
+
+absl::StatusOr<AdamChunkPayloads> BackwardChunkAccess::Acquire(int64_t chunk_index,
+                                                               AdamChunkUse use) {
+  const std::vector<ChunkType> types = TypesFor(use);
+  const Device device =
+      manager_.AdamPlacedOnAccelerator(chunk_index) && manager_.accelerator_in_host_memory()
+          ? manager_.accelerator_device()
+          : Device::Host();
+  RETURN_IF_ERROR(manager_.AccessChunksInBackward(chunk_index, types, device, ModesFor(use)));
+  return PayloadsOf(store_, chunk_index, types, device);
+}
+
+absl::Status BackwardChunkAccess::Release(int64_t chunk_index, AdamChunkUse use) {
+  return manager_.ReleaseChunks(chunk_index, TypesFor(use));
 }
 
 absl::Status ScheduledChunkAccess::Release(int64_t chunk_index, AdamChunkUse use) {

@@ -44,6 +44,10 @@ class ScheduledChunkAccess final : public AdamChunkAccess {
                                                           AdamChunkUse use) override;
   [[nodiscard]] absl::Status Release(int64_t chunk_index, AdamChunkUse use) override;
 
+  bool HostAddressable(Device device) const override {
+    return device.is_host() || manager_.accelerator_in_host_memory();
+  }
+
   // Where chunk `chunk_index` runs this step.
   Device DeviceFor(int64_t chunk_index) const {
     return placement_.OnAccelerator(chunk_index) ? accelerator_ : Device::Host();
@@ -54,6 +58,30 @@ class ScheduledChunkAccess final : public AdamChunkAccess {
   const ChunkStore& store_;
   const Device accelerator_;
   const AdamPlacement placement_;
+};
+
+// HybridAdam's view of a chunk whose gradients became final inside backward (optimizer.overlap,
+// docs/pipeline.md): the chunk's payloads where the learned ADAM placement runs it (the
+// accelerator only when its memory is host RAM; the host otherwise — a chunk the placement keeps
+// on a GPU is not speculated: trainer/train_step.cc), through ChunkManager::AccessChunksInBackward
+// (which waits for the compute stream and is no moment of the schedule), released with
+// ReleaseChunks. For HybridAdam::SpeculateChunk and AbortSpeculation, called from the manager's
+// gradients-final hook (trainer/train_step.cc).
+class BackwardChunkAccess final : public AdamChunkAccess {
+ public:
+  BackwardChunkAccess(ChunkManager& manager, const ChunkStore& store)
+      : manager_(manager), store_(store) {}
+
+  [[nodiscard]] absl::StatusOr<AdamChunkPayloads> Acquire(int64_t chunk_index,
+                                                          AdamChunkUse use) override;
+  [[nodiscard]] absl::Status Release(int64_t chunk_index, AdamChunkUse use) override;
+  bool HostAddressable(Device device) const override {
+    return device.is_host() || manager_.accelerator_in_host_memory();
+  }
+
+ private:
+  ChunkManager& manager_;
+  const ChunkStore& store_;
 };
 
 }  // namespace ps

@@ -27,8 +27,11 @@
 // collectives over NCCL, bootstrapped over mpi, each rank on its own GPU: the node-local rank
 // counted from accelerator.device (comm/communicator_factory.h ChooseTrainingCommunicator).
 // --comm=mpi with --accelerator=cuda under mpirun is refused (exit 2).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -46,6 +49,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "base/clock.h"
 #include "base/flag_presence.h"
 #include "comm/communicator.h"
 #include "comm/communicator_factory.h"
@@ -245,7 +249,7 @@ absl::Status CheckArguments(int argc, char** argv) {
   return absl::OkStatus();
 }
 
-int Main(int argc, char** argv) {
+int Main(int argc, char** argv, int64_t start_ns) {
   absl::SetProgramUsageMessage(
       "Trains a transformer language model — GPT-2, or the Llama family (Llama 2/3, Qwen2/2.5, "
       "Qwen3, "
@@ -384,6 +388,9 @@ int Main(int argc, char** argv) {
   }
   TrainerEnvironment env;
   env.out = &std::cout;
+  // A terminal gets self-rewriting progress lines; a pipe or a file (tee, a log, CI) plain lines.
+  env.out_is_terminal = ::isatty(STDOUT_FILENO) == 1;
+  env.start_ns = start_ns;
   env.communicator = communicator.get();
   env.stop_requested = [] { return StopRequested(); };
   env.stop_requested_async = [] { return StopRequested(); };
@@ -406,7 +413,13 @@ int Main(int argc, char** argv) {
 }  // namespace ps
 
 int main(int argc, char** argv) {
+  // The time to first step counts from here (TrainerEnvironment::start_ns).
+  const int64_t start_ns = ps::kSteadyClock.now_ns();
+  // Every line reaches a pipe or a file as soon as it is written (stdout is otherwise
+  // block-buffered there, and a `tee`d log shows nothing until the run exits); the console
+  // flushes its own partial lines (trainer/progress_meter.h).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
-  return ps::Main(argc, argv);
+  return ps::Main(argc, argv, start_ns);
 }

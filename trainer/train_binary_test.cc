@@ -1,6 +1,7 @@
 // Runs the real training program (//trainer:train) as a user would: exit codes, error messages,
 // signals, and kill -9 in the middle of checkpoint writes.
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -13,8 +14,8 @@
 #include <iterator>
 #include <map>
 #include <random>
-#include <set>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -577,7 +578,7 @@ TEST(TrainBinary, SigintEndsASlowLinkRunInSeconds) {
   std::ofstream(dir + "/slow.json") << j.dump();
   const pid_t pid = Start({"--config=" + dir + "/slow.json", "--save_dir=" + dir + "/ckpt"}, dir);
   // The checkpoint root is created once the stop handlers are installed and everything is
-  // checked (stdout is a file, so progress lines are buffered); then the first chunk copies run.
+  // checked; then the first chunk copies run.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (!std::filesystem::exists(dir + "/ckpt") && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -905,6 +906,169 @@ TEST(TrainBinary, FourBitBaseNeedsLoraSaysItIsFourBitAndResumesOnlyAsSuch) {
                dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(MetricLosses(metrics).size(), 3u);
+}
+
+// The binary with `args`, stdout into a new pipe (as under `tee` or a CI log) or a pseudo-terminal
+// (`terminal`), whose reading end goes to *read_fd; stderr to dir/stderr.txt.
+pid_t StartWithStdoutTo(const std::vector<std::string>& args, const std::string& dir, bool terminal,
+                        int* read_fd) {
+  int child_fd = -1;
+  if (terminal) {
+    const int master = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (master < 0 || ::grantpt(master) != 0 || ::unlockpt(master) != 0) return -1;
+    child_fd = ::open(::ptsname(master), O_RDWR | O_NOCTTY | O_CLOEXEC);
+    *read_fd = master;
+  } else {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return -1;
+    *read_fd = fds[0];
+    child_fd = fds[1];
+  }
+  if (child_fd < 0) return -1;
+  const std::string err = dir + "/stderr.txt";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::dup2(child_fd, 1) < 0) ::_exit(120);
+    if (std::freopen(err.c_str(), "w", stderr) == nullptr) ::_exit(120);
+    std::vector<char*> argv;
+    const std::string binary = TrainBinary();
+    argv.push_back(const_cast<char*>(binary.c_str()));
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(binary.c_str(), argv.data());
+    ::_exit(121);
+  }
+  ::close(child_fd);
+  return pid;
+}
+
+// Appends what `fd` yields to *text until `until` is in it (empty: until end of file, or EIO from
+// a terminal whose program exited) or `timeout` passes. Returns whether `until` was found.
+bool ReadUntil(int fd, absl::string_view until, std::string* text,
+               std::chrono::seconds timeout = std::chrono::seconds(120)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  char buffer[4096];
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (!until.empty() && absl::StrContains(*text, until)) return true;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n <= 0) return until.empty();
+    text->append(buffer, static_cast<size_t>(n));
+  }
+  return false;
+}
+
+// Piped into a log, the run's lines arrive as they are written (stdout used to be block-buffered
+// there: a `tee`d log showed nothing until the run exited or 4 KiB had piled up): on a link so
+// slow that the first step takes ~40 s, the header, the seeded init's line and the run's start
+// line all arrive while that step still runs, the header before the init's line; plain lines
+// only (no carriage returns or terminal escapes). After SIGINT the summary has the time to first
+// step, and the metrics file's line its numbers with the setup's phases.
+TEST(TrainBinary, LinesReachAPipeAsWrittenHeaderBeforeInit) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "pipe_out");
+  nlohmann::json j = nlohmann::json::parse(ReadFile(WriteTinyConfig(dir, 1000)));
+  j["model"]["n_embd"] = 256;
+  j["model"]["n_layer"] = 4;
+  j["model"]["n_head"] = 4;
+  j["chunk"]["size"] = 266240;
+  j["accelerator"]["memory"] = 8 * kMiB;
+  j["accelerator"]["copy_bandwidth"] = "1MB/s";  // a step moves ~40 MiB: ~40 s
+  std::ofstream(dir + "/slow.json") << j.dump();
+  const std::string metrics = dir + "/m.jsonl";
+  int fd = -1;
+  const pid_t pid = StartWithStdoutTo(
+      {"--config=" + dir + "/slow.json", "--metrics_out=" + metrics}, dir, /*terminal=*/false, &fd);
+  ASSERT_GT(pid, 0);
+  std::string out;
+  const bool started =
+      ReadUntil(fd, "training 1000 steps from step 0", &out, std::chrono::seconds(30));
+  int status = 0;
+  // Nothing waited for the exit, nor for the first step's line.
+  EXPECT_EQ(::waitpid(pid, &status, WNOHANG), 0) << "the lines came only at the exit";
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("step     1/"))) << "the first step was not that slow";
+  ::kill(pid, SIGINT);
+  EXPECT_TRUE(ReadUntil(fd, "", &out));
+  ::close(fd);
+  status = Wait(pid, std::chrono::seconds(60));
+  ASSERT_TRUE(started) << out << ReadFile(dir + "/stderr.txt");
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << ReadFile(dir + "/stderr.txt");
+  const size_t header = out.find("model custom: 4 layers");
+  const size_t init = out.find("initializing ");
+  const size_t start = out.find("training 1000 steps from step 0");
+  const size_t step1 = out.find("step     1/1000");
+  ASSERT_NE(header, std::string::npos) << out;
+  ASSERT_NE(init, std::string::npos) << out;
+  ASSERT_NE(step1, std::string::npos) << out;
+  EXPECT_LT(header, init) << out;
+  EXPECT_LT(init, start) << out;
+  EXPECT_LT(start, step1) << out;
+  // The init's line: begun and ended on one line, with how long it took (and, as the model
+  // reports its progress, how many elements at which rate).
+  EXPECT_TRUE(std::regex_search(
+      out,
+      std::regex(R"(\ninitializing [0-9.]+[kMBT]? parameters from seed \d+ \.\.\. done in )"
+                 R"([0-9.]+ m?s( \([0-9.]+[kMBT]? elements, [0-9.]+[kMBT]? elements/s\))?\n)")))
+      << out;
+  EXPECT_EQ(out.find('\r'), std::string::npos) << "a carriage return in plain output";
+  EXPECT_EQ(out.find('\033'), std::string::npos) << "a terminal escape in plain output";
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      out, m,
+      std::regex(R"(\ntime to first step ([0-9.]+) s \(setup ([0-9.]+) s[^;]*; first step )"
+                 R"(([0-9.]+) s\)\n)")))
+      << out;
+  EXPECT_NEAR(std::stod(m[1]), std::stod(m[2]) + std::stod(m[3]), 0.11);
+  EXPECT_GT(std::stod(m[1]), 0);
+  // The metrics file's first line carries the time to first step.
+  const std::vector<std::string> lines = absl::StrSplit(ReadFile(metrics), '\n', absl::SkipEmpty());
+  ASSERT_GE(lines.size(), 1u);
+  const nlohmann::json first = nlohmann::json::parse(lines[0]);
+  EXPECT_EQ(first["step"], 1);
+  EXPECT_NEAR(first["time_to_first_step_s"].get<double>(),
+              first["setup_s"].get<double>() + first["first_step_s"].get<double>(), 1e-6);
+  EXPECT_GT(first["setup_s"].get<double>(), 0);
+  for (const char* phase : {"startup", "checks", "plan", "data", "memory", "model", "init"}) {
+    EXPECT_TRUE(first["setup_phases_s"].contains(phase)) << phase << ": " << lines[0];
+  }
+  double sum = 0;
+  for (const auto& [name, seconds] : first["setup_phases_s"].items()) sum += seconds.get<double>();
+  EXPECT_LE(sum, first["setup_s"].get<double>() + 1e-6);
+}
+
+// On a terminal the steps get a status line rewritten in place (carriage return, clear to the
+// end of the line) with the ETA, and the header still comes before the init's line.
+TEST(TrainBinary, ATerminalGetsAStatusLineWithTheEta) {
+  const std::string dir = trainer_testing::FreshTempDir("train_binary_test", "tty_out");
+  const std::string config = WriteTinyConfig(dir, 100000);
+  const std::string metrics = dir + "/m.jsonl";
+  int fd = -1;
+  const pid_t pid = StartWithStdoutTo({"--config=" + config, "--metrics_out=" + metrics}, dir,
+                                      /*terminal=*/true, &fd);
+  ASSERT_GT(pid, 0);
+  std::string out;
+  const bool eta = ReadUntil(fd, "ETA ", &out);
+  const bool third = ReadUntil(fd, "step     3/", &out);
+  ::kill(pid, SIGINT);
+  ReadUntil(fd, "", &out);
+  ::close(fd);
+  const int status = Wait(pid);
+  ASSERT_TRUE(eta && third) << out << ReadFile(dir + "/stderr.txt");
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << ReadFile(dir + "/stderr.txt");
+  EXPECT_THAT(out, HasSubstr("\r\033[Kstep 1/100000 | loss "));
+  EXPECT_LT(out.find("model custom: 2 layers"), out.find("initializing ")) << out;
+  // The step line that follows a status line starts on a cleared line.
+  EXPECT_THAT(out, HasSubstr("\r\033[Kstep     2/100000 | loss "));
+  EXPECT_THAT(out, HasSubstr("time to first step "));
+  // Only the first line of the metrics file carries the time to first step.
+  const std::vector<std::string> lines = absl::StrSplit(ReadFile(metrics), '\n', absl::SkipEmpty());
+  ASSERT_GE(lines.size(), 3u);
+  EXPECT_TRUE(nlohmann::json::parse(lines[0]).contains("time_to_first_step_s"));
+  for (size_t i = 1; i < lines.size(); ++i) {
+    EXPECT_FALSE(nlohmann::json::parse(lines[i]).contains("time_to_first_step_s")) << lines[i];
+  }
 }
 
 }  // namespace

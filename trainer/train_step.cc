@@ -37,10 +37,31 @@ absl::StatusOr<TrainStepResult> TrainStep(GptModel& model, ChunkManager& manager
   TrainStepResult result;
   int64_t t1 = t0;
   int64_t stall1 = stall0;
+  // optimizer.overlap (docs/pipeline.md): owned chunks are updated speculatively as their
+  // gradients become final in backward; HybridAdam::Step validates (commit, or roll back and run
+  // the serialized step). The hook runs on this thread, inside the manager's BWD Release.
+  BackwardChunkAccess backward_access(manager, manager.store());
+  const bool speculating = call == OptimizerCall::kStep && adam.BeginSpeculation();
+  if (speculating) {
+    manager.SetGradientsFinalHook([&](int64_t chunk_index) -> absl::Status {
+      // Chunks whose update the placement runs on a GPU wait for the verdict (GPU Adam inside
+      // backward is not done); the emulated accelerator's memory is host RAM.
+      if (manager.AdamPlacedOnAccelerator(chunk_index) && !manager.accelerator_in_host_memory()) {
+        return absl::OkStatus();
+      }
+      const int64_t h0 = clock.now_ns();
+      const absl::Status s = adam.SpeculateChunk(backward_access, chunk_index);
+      result.backward_optimizer_ns += clock.now_ns() - h0;
+      return s;
+    });
+  }
   absl::Status status = [&]() -> absl::Status {
     // loss_weight 1 multiplies exactly: the scale is the loss scaler's, bit for bit.
-    ASSIGN_OR_RETURN(result.loss, model.ForwardBackward(
-                                      batch, adam.loss_scaler().scale() * loss_weight, dropout_seed));
+    absl::StatusOr<double> loss =
+        model.ForwardBackward(batch, adam.loss_scaler().scale() * loss_weight, dropout_seed);
+    manager.SetGradientsFinalHook(nullptr);
+    RETURN_IF_ERROR(loss.status());
+    result.loss = *loss;
     t1 = clock.now_ns();
     stall1 = manager.counters().stall_ns;
     ASSIGN_OR_RETURN(AdamPlacement placement, manager.BeginAdam());
@@ -53,6 +74,15 @@ absl::StatusOr<TrainStepResult> TrainStep(GptModel& model, ChunkManager& manager
     }
     return absl::OkStatus();
   }();
+  manager.SetGradientsFinalHook(nullptr);
+  if (!status.ok() && adam.speculating()) {
+    // Put the speculated chunks back: the failed step leaves the state it found.
+    if (absl::Status undone = adam.AbortSpeculation(backward_access); !undone.ok()) {
+      status = absl::Status(status.code(), absl::StrCat(status.message(),
+                                                        " (and undoing the speculative updates: ",
+                                                        undone.message(), ")"));
+    }
+  }
   const absl::Status ended = manager.EndIteration();
   RETURN_IF_ERROR(status);
   RETURN_IF_ERROR(ended);

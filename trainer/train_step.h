@@ -47,6 +47,9 @@ struct TrainStepResult {
   int64_t optimizer_ns = 0;
   int64_t forward_backward_stall_ns = 0;
   int64_t optimizer_stall_ns = 0;
+  // optimizer.overlap: the part of forward_backward_ns spent in speculative optimizer updates
+  // inside backward (HybridAdam::SpeculateChunk, with its chunk accesses).
+  int64_t backward_optimizer_ns = 0;
 };
 
 // One whole training iteration of `model` on one batch (`tokens`, `targets` as

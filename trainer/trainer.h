@@ -73,11 +73,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/clock.h"
 #include "comm/communicator.h"
 #include "disk/io_engine.h"
 #include "memory/backend.h"
@@ -100,8 +102,22 @@ namespace ps {
                                                             bool device_communicator_for_test);
 
 struct TrainerEnvironment {
-  // Progress lines and the summary. Null: nothing is printed.
+  // Progress lines and the summary. Null: nothing is printed. Every line is flushed as it is
+  // written (a `tee`d log shows the run as it goes); the header is printed before the weights are
+  // initialized or loaded, and each long phase (the disk's measurement, the seeded init, a load)
+  // prints a line when it starts and how long it took when it ends (trainer/progress_meter.h).
   std::ostream* out = nullptr;
+  // Whether `out` is a terminal (train.cc: isatty(STDOUT_FILENO)): a long phase's progress and
+  // the steps' status line (step, loss, tokens/s, ETA) rewrite themselves in place ("\r", clear
+  // to the end of the line). False: plain lines only, a long phase's at most one per 10 s.
+  bool out_is_terminal = false;
+  // The run's clock (base/clock.h): the setup's phases and the time to first step, the progress
+  // lines, and everything the chunk manager and the step time (ChunkManagerOptions::clock).
+  MonotonicClock clock = kSteadyClock;
+  // A reading of `clock` when the program started (train.cc reads it first thing in main), so
+  // that the time to first step counts the flags, the config and the communicator too. Unset:
+  // the time to first step counts from Trainer::Create.
+  std::optional<int64_t> start_ns;
   // Checked after every step; true ends the run after a checkpoint (if checkpoint.dir is set).
   std::function<bool()> stop_requested = nullptr;
   // The same request, readable from any thread at any time (an atomic load: train.cc passes
@@ -252,6 +268,16 @@ struct TrainSummary {
   int64_t accelerator_allocations = 0, accelerator_cache_hits = 0;
   int64_t accelerator_peak_mapped_bytes = 0;
   std::vector<std::string> checkpoints_written;
+  // Time to first step (issue #38): from the program's start (TrainerEnvironment::start_ns, else
+  // Trainer::Create) to the end of the first step this process took; setup_s is the part before
+  // that step began, setup_phases its parts in order (seconds each: "startup" before
+  // Trainer::Create, "checks" (config, model, accelerator, paths), "plan", "data", "memory",
+  // "disk probe", "model" (manager, model, optimizer), "init" (seeded), "load" (checkpoint.
+  // init_from), "adapters" (lora.init_from), "resume", "validation" (before the first step),
+  // whichever the run had; what no phase covers is setup_s minus their sum), and first_step_s the
+  // step itself. Zero / empty until a step is taken.
+  double time_to_first_step_s = 0, setup_s = 0, first_step_s = 0;
+  std::vector<std::pair<std::string, double>> setup_phases;
 };
 
 class Trainer {
@@ -266,7 +292,8 @@ class Trainer {
   // Unavailable "no CUDA device is available" without a GPU); ResourceExhausted when the model
   // cannot fit host memory or the accelerator (the plan); the checkpoint's errors (NotFound,
   // DataLoss, FailedPrecondition for a checkpoint of another model). Nothing is written before
-  // everything is checked.
+  // everything is checked. Prints the header and the setup's long phases to env.out (see
+  // TrainerEnvironment::out); Run() prints the rest.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
                                                          TrainerEnvironment env = {});
   ~Trainer();

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,14 +22,15 @@
 #include "memory/device.h"
 #include "memory/dtype.h"
 #include "memory/dtype_math.h"
-#include "model/quant4_config.h"
 #include "memory/memory_tracker.h"
+#include "model/quant4_config.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/chunk_manager.h"
 #include "scheduler/disk_tier.h"
 #include "trainer/console.h"
 #include "trainer/evaluation.h"
 #include "trainer/export.h"
+#include "trainer/progress_meter.h"
 #include "trainer/run_checkpoints.h"
 #include "trainer/train_step.h"
 
@@ -227,10 +229,30 @@ absl::Status Step(TrainRun& run, StepMetrics& m) {
   return absl::OkStatus();
 }
 
-// Step `m` as one line of profile.metrics (rank 0; nothing without a metrics file).
+// The time to first step (TrainSummary::time_to_first_step_s and its parts), once this process's
+// first step ran from `step_start_ns` to `step_end_ns` (readings of the run's clock).
+void RecordTimeToFirstStep(TrainRun& run, int64_t step_start_ns, int64_t step_end_ns) {
+  TrainSummary& s = run.progress.summary;
+  s.setup_s = Seconds(run.console.start_ns, step_start_ns);
+  s.first_step_s = Seconds(step_start_ns, step_end_ns);
+  s.time_to_first_step_s = Seconds(run.console.start_ns, step_end_ns);
+  s.setup_phases = run.console.phases;
+}
+
+// Step `m` as one line of profile.metrics (rank 0; nothing without a metrics file). The first
+// step of this process also carries the time to first step and the setup's phases.
 void WriteMetrics(const TrainRun& run, const StepMetrics& m) {
   if (run.runtime.metrics == nullptr) return;
   nlohmann::json j;
+  if (run.progress.history.size() == 1) {
+    const TrainSummary& s = run.progress.summary;
+    j["time_to_first_step_s"] = s.time_to_first_step_s;
+    j["setup_s"] = s.setup_s;
+    j["first_step_s"] = s.first_step_s;
+    nlohmann::json phases = nlohmann::json::object();
+    for (const auto& [name, seconds] : s.setup_phases) phases[name] = seconds;
+    j["setup_phases_s"] = phases;
+  }
   j["step"] = m.step;
   j["loss"] = m.loss;
   j["lr"] = m.lr;
@@ -364,17 +386,21 @@ void FinishSummary(const TrainRun& run, RunProgress& progress) {
 }  // namespace
 
 absl::Status RunTraining(TrainRun& run) {
-  PrintHeader(run);
+  PrintRunStart(run);
   run.progress.summary.first_step = run.progress.step;
   const int64_t start = run.NowNs();
   const int64_t eval_every = run.config.data.eval_every;
   // data.eval_every 0: never validate.
   const bool validates = run.data.has_val() && eval_every > 0;
+  // The end of this process's first step: the ETA counts from there (the first step is the
+  // warm-up, slower than the rest).
+  int64_t first_step_end_ns = 0;
   absl::Status status = [&]() -> absl::Status {
     if (validates) {
       const int64_t e0 = run.NowNs();
       ASSIGN_OR_RETURN(const double v, EvaluateValidation(run, run.batch));
       run.progress.summary.eval_s += Seconds(e0, run.NowNs());
+      run.console.AddPhase("validation", Seconds(e0, run.NowNs()));
       run.progress.summary.first_val_loss = v;
       PrintValidationLoss(run, run.progress.step, v);
     }
@@ -383,6 +409,10 @@ absl::Status RunTraining(TrainRun& run) {
       const ProcessUsage u0 = ReadProcessUsage(run);
       RETURN_IF_ERROR(Step(run, m));
       const ProcessUsage u1 = ReadProcessUsage(run);
+      if (run.progress.history.empty()) {
+        first_step_end_ns = u1.wall_ns;
+        RecordTimeToFirstStep(run, u0.wall_ns, u1.wall_ns);
+      }
       run.progress.summary.steps_wall_s += Seconds(u0.wall_ns, u1.wall_ns);
       run.progress.summary.steps_user_s += u1.user_s - u0.user_s;
       run.progress.summary.steps_system_s += u1.system_s - u0.system_s;
@@ -413,13 +443,33 @@ absl::Status RunTraining(TrainRun& run) {
                                   ((run.config.checkpoint.every > 0 &&
                                     run.progress.step % run.config.checkpoint.every == 0) ||
                                    last || stop);
-      if (checkpoint_due) RETURN_IF_ERROR(SaveCheckpoint(run, run.progress));
+      if (checkpoint_due) {
+        ClearStatus(run);  // SaveCheckpoint prints its own line
+        RETURN_IF_ERROR(SaveCheckpoint(run, run.progress));
+      }
+      if (!last && !stop) {
+        // A terminal's status line: the steps after the first at their mean pace so far (the
+        // first alone until there is one).
+        const int64_t now = run.NowNs();
+        const int64_t after_first = m.step - (run.progress.summary.first_step + 1);
+        const int64_t to_go = run.config.steps - m.step;
+        std::optional<double> eta;
+        if (after_first > 0) {
+          eta = EstimateSecondsLeft(static_cast<double>(after_first),
+                                    static_cast<double>(after_first + to_go),
+                                    Seconds(first_step_end_ns, now));
+        } else {
+          eta = static_cast<double>(to_go) * run.progress.summary.first_step_s;
+        }
+        PrintStepStatus(run, m, eta);
+      }
       if (stop && !last) {
         run.progress.summary.stopped_by_request = true;
         PrintStopped(run);
         break;
       }
     }
+    ClearStatus(run);
     if (!run.config.checkpoint.export_path.empty()) {
       RETURN_IF_ERROR(Export(run, run.config.checkpoint.export_path));
       PrintExported(run);
@@ -430,6 +480,7 @@ absl::Status RunTraining(TrainRun& run) {
     }
     return absl::OkStatus();
   }();
+  ClearStatus(run);  // also after an error: the caller's message starts a clean line
   run.progress.summary.seconds = Seconds(start, run.NowNs());
   FinishSummary(run, run.progress);
   PrintSummary(run);

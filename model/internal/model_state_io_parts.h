@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
@@ -34,6 +35,11 @@ namespace model_state_io_internal {
 // the host (AccessChunks, kReadWrite); releases the chunk even when `write` fails, and returns the
 // first error. Frozen chunks are skipped when `trainable_only`. First drops the gathered copies
 // of other ranks' chunks (ZeRO: they are stale once this rank rewrites its own).
+// Calls visit(tensor) for every tensor WriteOwnedChunksOnHost(store, ..., include,
+// trainable_only) would hand to `write`, in the same order, without accessing anything.
+void ForEachOwnedTensor(const ChunkStore& store, const std::function<bool(TensorId)>& include,
+                        bool trainable_only, absl::FunctionRef<void(TensorId)> visit);
+
 [[nodiscard]] absl::Status WriteOwnedChunksOnHost(
     ChunkStore& store, ChunkManager& manager,
     const std::function<absl::Status(absl::Span<const TensorId> tensors)>& write,

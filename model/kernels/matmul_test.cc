@@ -254,9 +254,11 @@ TEST(GemmGrid, BitsDoNotDependOnThePoolAndEachBlockIsOneCall) {
   // 1024), one past each.
   const int64_t edges[] = {1, 63, 65, 257, 1024, 1025};
   ThreadPool pool2(2), pool3(3), pool5(5);
-  for (int trial = 0; trial < 12; ++trial) {
-    const int64_t m = edges[absl::Uniform<int>(gen, 0, 6)];
-    const int64_t n = edges[absl::Uniform<int>(gen, 0, 6)];
+  for (int trial = 0; trial < 14; ++trial) {
+    // The last two: skinny products (one row block of all m rows, GemmBlocksFor).
+    const int64_t m =
+        trial >= 12 ? (trial == 12 ? 129 : 256) : edges[absl::Uniform<int>(gen, 0, 6)];
+    const int64_t n = trial >= 12 ? 2049 : edges[absl::Uniform<int>(gen, 0, 6)];
     const int64_t k = absl::Uniform<int64_t>(gen, 1, 300);
     const bool ta = absl::Bernoulli(gen, 0.5), tb = absl::Bernoulli(gen, 0.5);
     const int64_t lda = (ta ? m : k) + absl::Uniform<int64_t>(gen, 0, 3);
@@ -330,6 +332,13 @@ TEST(GemmGrid, BlocksAreAQuarterOfEachExtentWithinBounds) {
   EXPECT_EQ(GemmBlocksFor(300, 384).cols, 96);
   EXPECT_EQ(GemmBlocksFor(50257, 4096).rows, 256);
   EXPECT_EQ(GemmBlocksFor(50257, 4096).cols, 256);
+  // Skinny: one row block when the columns give at least 8 blocks.
+  EXPECT_EQ(GemmBlocksFor(128, 4096).rows, 128);
+  EXPECT_EQ(GemmBlocksFor(128, 4096).cols, 256);
+  EXPECT_EQ(GemmBlocksFor(200, 2048).rows, 200);
+  EXPECT_EQ(GemmBlocksFor(200, 1024).rows, 64);  // 4 column blocks of 256: rows split too
+  EXPECT_EQ(GemmBlocksFor(257, 4096).rows, 80);
+  EXPECT_EQ(GemmBlocksFor(40, 4096).rows, 64);
 }
 
 // The f64 grid: pool-independent bits too (the reference kernels of the tests run in f64).

@@ -14,7 +14,9 @@
 //                               summary's numbers;
 //   trainer/evaluation.h        the validation loss;
 //   trainer/export.h            checkpoint.export at the end (gathered to rank 0 under ZeRO);
-//   trainer/console.h           the console: header, progress lines, the summary text.
+//   trainer/console.h           the console: header, progress lines, the summary text (long
+//                               phases and the steps' status line through a ProgressMeter,
+//                               trainer/progress_meter.h).
 // Private to //trainer:trainer (listed in its srcs): no other target can include it.
 //
 // Thread safety: thread-compatible; one thread owns a TrainRun.
@@ -31,6 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "chunk/chunk_store.h"
 #include "comm/communicator.h"
 #include "disk/chunk_swap.h"
@@ -44,8 +47,8 @@
 #include "model/hf_checkpoint.h"
 #include "model/kernels/kernel_workspaces.h"
 #include "model/lora_config.h"
-#include "model/quant4_config.h"
 #include "model/model_config.h"
+#include "model/quant4_config.h"
 #include "optimizer/adam_kernels.h"
 #include "optimizer/cpu_adam.h"
 #include "optimizer/hybrid_adam.h"
@@ -61,6 +64,7 @@
 #include "trainer/io/metrics_writer.h"
 #include "trainer/io/trace_writer.h"
 #include "trainer/profiler.h"
+#include "trainer/progress_meter.h"
 #include "trainer/trainer.h"
 
 namespace ps {
@@ -217,9 +221,37 @@ struct RunProgress {
   std::vector<StepMetrics> history;
 };
 
+// What the console shows while the run is set up, and how long the setup took: written by the
+// wiring (trainer/run_wiring.cc: WireRun creates the meter once the rank is known and records the
+// setup's phases) and the loop (trainer/training_loop.cc: the validation before the first step,
+// then the first step closes the time to first step, TrainSummary::time_to_first_step_s).
+struct RunConsole {
+  // The console's meter over out() (so silent on ranks > 0 and without an output stream), on
+  // env.clock, a terminal's when env.out_is_terminal. Set by WireRun right after JoinWorld.
+  std::unique_ptr<ProgressMeter> meter;
+  // A reading of env.clock where the time to first step starts: env.start_ns, else the moment
+  // the TrainRun was made (Trainer::Create).
+  int64_t start_ns = 0;
+  // The setup's phases in the order first seen, seconds each (TrainSummary::setup_phases).
+  std::vector<std::pair<std::string, double>> phases;
+
+  // Adds `seconds` to phase `name` (a new phase goes last).
+  void AddPhase(absl::string_view name, double seconds) {
+    for (auto& [n, s] : phases) {
+      if (n == name) {
+        s += seconds;
+        return;
+      }
+    }
+    phases.emplace_back(std::string(name), seconds);
+  }
+};
+
 struct TrainRun {
   TrainRun(const TrainConfig& config, TrainerEnvironment env)
-      : config(config), env(std::move(env)) {}
+      : config(config), env(std::move(env)) {
+    console.start_ns = this->env.start_ns.value_or(this->env.clock.now_ns());
+  }
 
   // A reading of the run's one clock, the manager's (ChunkManager::clock; TrainStep times its
   // phases on it too): the summary's wall times (TrainSummary::seconds, eval_s, checkpoint_s,
@@ -229,7 +261,11 @@ struct TrainRun {
   TrainRun& operator=(const TrainRun&) = delete;
 
   // Progress output: rank 0 only (null elsewhere, and when TrainerEnvironment::out is null).
+  // Lines written here directly are the caller's to flush; a status line may show on a terminal
+  // (console.meter->Print clears it first).
   std::ostream* out() const { return shape.rank == 0 ? env.out : nullptr; }
+  // A reading of env.clock (usable before the manager exists: the setup's phases).
+  int64_t EnvNowNs() const { return env.clock.now_ns(); }
   // Whether the communicator of a world > 1 takes device memory only (nccl, or the test hook).
   bool DeviceCommunicator() const;
   // The mean of `value` over ranks (itself for a world of one).
@@ -247,6 +283,7 @@ struct TrainRun {
   // The parts, in the order they are written, and destroyed in reverse: the progress, then the
   // runtime objects (in Runtime's order, above), then the values they were built from (which hold
   // nothing of one another; the loaders, which read the token files, go before them).
+  RunConsole console;
   RunShape shape;
   ResolvedModel resolved;
   AcceleratorProbe probe;

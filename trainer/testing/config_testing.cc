@@ -59,6 +59,7 @@ std::map<std::string, KeySample> KeySamples() {
       true, [](const TrainConfig& c) { return c.optimizer.type == OptimizerType::kAdamW; }};
   s["optimizer.params.amsgrad"] = {false, [](const TrainConfig&) { return true; }};
   s["optimizer.params.bias_correction"] = {true, [](const TrainConfig&) { return true; }};
+  s["optimizer.overlap"] = {true, [](const TrainConfig& c) { return c.optimizer.overlap; }};
   s["scheduler.type"] = {"WarmupLR", [](const TrainConfig& c) {
                            return c.scheduler.type == SchedulerType::kWarmupLR;
                          }};

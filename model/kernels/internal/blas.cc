@@ -59,7 +59,17 @@ void GridGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const 
 
 }  // namespace
 
-GemmBlocks GemmBlocksFor(int64_t m, int64_t n) { return {BlockExtent(m), BlockExtent(n)}; }
+GemmBlocks GemmBlocksFor(int64_t m, int64_t n) {
+  const int64_t cols = BlockExtent(n);
+  // A skinny product (a LoRA step's 128 tokens against a 4096-wide weight): its row blocks would
+  // each pack the whole of op(B) again for a sliver of rows. One row block, when the columns alone
+  // give the pool enough blocks.
+  constexpr int64_t kSkinnyRows = 256, kSkinnyMinColumnBlocks = 8;
+  if (m <= kSkinnyRows && NumTasks(n, cols) >= kSkinnyMinColumnBlocks) {
+    return {std::max<int64_t>(m, 64), cols};
+  }
+  return {BlockExtent(m), cols};
+}
 
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,

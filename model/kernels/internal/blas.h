@@ -27,7 +27,10 @@ namespace ps::kernels_internal {
 // at least 64 and at most 256 — so a small product still gives a pool up to 16 blocks, and a large
 // one blocks that keep OpenBLAS's packing cheap. A block packs its own rows of op(A) and columns of
 // op(B): the repacking the grid adds over one whole call is (m/bm)·n·k + (n/bn)·m·k elements
-// against 2·m·n·k flops.
+// against 2·m·n·k flops. Skinny products (m <= 256 rows, at least 8 column blocks: a LoRA step's
+// 128 tokens against a 4096-wide weight) get one row block of all m rows, so op(B) is packed once
+// (issue #38: 64-row blocks packed each 4096 x 256 column block of the weight twice for 128 rows;
+// this changed the bits of such products once, on every CPU kind, and they stay pool-independent).
 struct GemmBlocks {
   int64_t rows = 0;
   int64_t cols = 0;
