@@ -365,6 +365,48 @@ TEST(HfCheckpointTest, ExportedQwen3ConfigKeepsItsKeysAndReadsBack) {
   }
 }
 
+// The transformers-written Gemma 3 directories export to a gemma3_text config.json that keeps its
+// keys (hidden_activation, query_pre_attn_scalar, layer_types, rope_local_base_freq, linear rope
+// scaling) and reads back to the same configuration; the weights (no lm_head: tied) come back
+// bit for bit.
+TEST(HfCheckpointTest, ExportedGemma3ReadsBack) {
+  for (const char* name : {"parity_gemma3", "parity_gemma3_linear"}) {
+    SCOPED_TRACE(name);
+    ASSERT_OK_AND_ASSIGN(const HfCheckpoint src, HfCheckpoint::Open(TestData(name)));
+    ASSERT_EQ(src.config().family, ModelFamily::kGemma3);
+    const std::string out = FreshDir(absl::StrCat("gemma3_export_", name)) + "/m";
+    HfExportOptions options;
+    options.base_config_json = src.config_json();
+    options.max_piece_bytes = 52;
+    ASSERT_OK(WriteHfCheckpoint(out, src.config(), DType::kF32,
+                                FillFromCheckpoint(src, DType::kF32), options));
+    const nlohmann::json written = nlohmann::json::parse(ReadFile(out + "/config.json"));
+    EXPECT_EQ(written["model_type"], "gemma3_text");
+    EXPECT_EQ(written["architectures"], nlohmann::json::array({"Gemma3ForCausalLM"}));
+    EXPECT_EQ(written["hidden_activation"], "gelu_pytorch_tanh");
+    EXPECT_FALSE(written.contains("hidden_act"));
+    EXPECT_EQ(written["query_pre_attn_scalar"], 8);
+    EXPECT_EQ(written["rope_local_base_freq"], 100.0);
+    EXPECT_EQ(written["sliding_window"], 4);
+    EXPECT_EQ(written["layer_types"],
+              nlohmann::json::array({"sliding_attention", "full_attention", "sliding_attention"}));
+    EXPECT_EQ(written["tie_word_embeddings"], true);
+    ASSERT_OK_AND_ASSIGN(const ModelConfig back, ReadHfConfig(out + "/config.json"));
+    ModelConfig want = src.config();
+    want.name = back.name;
+    want.torch_dtype = DType::kF32;
+    EXPECT_EQ(back, want);
+    ASSERT_OK_AND_ASSIGN(const HfCheckpoint reopened, HfCheckpoint::Open(out));
+    EXPECT_EQ(reopened.Find("lm_head.weight"), nullptr);
+    for (const TensorSpec& p : src.parameters()) {
+      std::vector<float> a(static_cast<size_t>(p.numel())), b(a.size());
+      ASSERT_OK(src.ReadAsF32(p.name, 0, absl::MakeSpan(a)));
+      ASSERT_OK(reopened.ReadAsF32(p.name, 0, absl::MakeSpan(b)));
+      EXPECT_EQ(a, b) << p.name;
+    }
+  }
+}
+
 // Exporting in another dtype converts exactly like memory/convert.h (round to nearest even).
 TEST(HfCheckpointTest, ExportConvertsDTypes) {
   ASSERT_OK_AND_ASSIGN(const HfCheckpoint src, HfCheckpoint::Open(TestData("hf_tiny_qwen2")));

@@ -12,117 +12,19 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "model/hf_json.h"
+#include "model/internal/hf_config_keys.h"
 #include "nlohmann/json.hpp"
 
 namespace ps {
 namespace {
 
+using hf_config_internal::Keys;
+using hf_config_internal::kWhat;
+using hf_config_internal::ParseGemma3Text;
+using hf_config_internal::ParseNoRopeLayers;
+using hf_config_internal::ParseSlidingWindow;
+using hf_config_internal::WriteGemma3Text;
 using nlohmann::json;
-
-constexpr absl::string_view kWhat = "Hugging Face config";
-
-// Typed access to the keys of one config.json object, with errors naming the file and the key.
-class Keys {
- public:
-  Keys(const json& object, absl::string_view path) : object_(object), path_(path) {}
-
-  absl::string_view path() const { return path_; }
-
-  // The value at `key`, or nullptr when the key is absent.
-  const json* Find(absl::string_view key) const {
-    const auto it = object_.find(std::string(key));
-    return it == object_.end() ? nullptr : &*it;
-  }
-  // The value at `key`, or nullptr when it is absent or null.
-  const json* FindNonNull(absl::string_view key) const {
-    const json* v = Find(key);
-    return v == nullptr || v->is_null() ? nullptr : v;
-  }
-
-  absl::Status Invalid(absl::string_view key, absl::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat(kWhat, " '", path_, "': \"", key, "\" ", what));
-  }
-  absl::Status Unsupported(absl::string_view key, absl::string_view what) const {
-    return absl::UnimplementedError(absl::StrCat(kWhat, " '", path_, "': \"", key, "\" ", what));
-  }
-
-  // An integer that fits int64 (not a float, even 4096.0: transformers 5 refuses those too).
-  absl::StatusOr<int64_t> AsInt(absl::string_view key, const json& v) const {
-    if (v.is_number_unsigned()) {
-      const auto u = v.get<uint64_t>();
-      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return Invalid(key, absl::StrCat("is ", u, ", too large"));
-      }
-      return static_cast<int64_t>(u);
-    }
-    if (v.is_number_integer()) return v.get<int64_t>();
-    return Invalid(key, absl::StrCat("must be an integer, got ", hf_json::TypeName(v), " ",
-                                     hf_json::Brief(v)));
-  }
-
-  // A positive integer at `key`; `fallback` when absent. Null is an error unless
-  // `null_is_default`.
-  absl::StatusOr<int64_t> PositiveInt(absl::string_view key, int64_t fallback,
-                                      bool null_is_default = false) const {
-    const json* v = Find(key);
-    if (v == nullptr || (null_is_default && v->is_null())) return fallback;
-    ASSIGN_OR_RETURN(const int64_t n, AsInt(key, *v));
-    if (n <= 0) return Invalid(key, absl::StrCat("must be a positive integer, got ", n));
-    return n;
-  }
-
-  // A positive integer at `key`, nullopt when absent or null.
-  absl::StatusOr<std::optional<int64_t>> OptionalPositiveInt(absl::string_view key) const {
-    const json* v = FindNonNull(key);
-    if (v == nullptr) return std::optional<int64_t>();
-    ASSIGN_OR_RETURN(const int64_t n, AsInt(key, *v));
-    if (n <= 0) return Invalid(key, absl::StrCat("must be a positive integer, got ", n));
-    return std::optional<int64_t>(n);
-  }
-
-  absl::StatusOr<double> AsNumber(absl::string_view key, const json& v) const {
-    if (!v.is_number()) {
-      return Invalid(key, absl::StrCat("must be a number, got ", hf_json::TypeName(v), " ",
-                                       hf_json::Brief(v)));
-    }
-    return v.get<double>();
-  }
-
-  // A finite positive number at `key`; `fallback` when absent.
-  absl::StatusOr<double> PositiveNumber(absl::string_view key, double fallback) const {
-    const json* v = Find(key);
-    if (v == nullptr) return fallback;
-    ASSIGN_OR_RETURN(const double d, AsNumber(key, *v));
-    if (!std::isfinite(d) || d <= 0) {
-      return Invalid(key, absl::StrCat("must be a positive number, got ", hf_json::Brief(*v)));
-    }
-    return d;
-  }
-
-  absl::StatusOr<bool> Bool(absl::string_view key, bool fallback) const {
-    const json* v = Find(key);
-    if (v == nullptr) return fallback;
-    if (!v->is_boolean()) {
-      return Invalid(key, absl::StrCat("must be true or false, got ", hf_json::TypeName(*v), " ",
-                                       hf_json::Brief(*v)));
-    }
-    return v->get<bool>();
-  }
-
-  absl::StatusOr<std::string> String(absl::string_view key, absl::string_view fallback) const {
-    const json* v = Find(key);
-    if (v == nullptr) return std::string(fallback);
-    if (!v->is_string()) {
-      return Invalid(key, absl::StrCat("must be a string, got ", hf_json::TypeName(*v), " ",
-                                       hf_json::Brief(*v)));
-    }
-    return v->get<std::string>();
-  }
-
- private:
-  const json& object_;
-  std::string path_;
-};
 
 struct FamilyInfo {
   ModelFamily family;
@@ -137,6 +39,7 @@ constexpr FamilyInfo kFamilies[] = {
     {ModelFamily::kSmolLM3, "smollm3", "SmolLM3ForCausalLM"},
     {ModelFamily::kOlmo2, "olmo2", "Olmo2ForCausalLM"},
     {ModelFamily::kPhi3, "phi3", "Phi3ForCausalLM"},
+    {ModelFamily::kGemma3, "gemma3_text", "Gemma3ForCausalLM"},
     {ModelFamily::kGpt2, "gpt2", "GPT2LMHeadModel"},
 };
 
@@ -194,8 +97,8 @@ absl::Status CheckNoMoeNoQuantization(const Keys& keys) {
   if (const json* q = keys.FindNonNull("quantization_config"); q != nullptr) {
     const auto method = q->is_object() ? q->find("quant_method") : q->end();
     const bool bitsandbytes =
-        q->is_object() && (method == q->end() || (method->is_string() &&
-                                                  method->get<std::string>() == "bitsandbytes"));
+        q->is_object() && (method == q->end() ||
+                           (method->is_string() && method->get<std::string>() == "bitsandbytes"));
     if (!bitsandbytes) {
       return keys.Unsupported(
           "quantization_config",
@@ -392,9 +295,11 @@ absl::Status ParseRope(const Keys& keys, ModelConfig& c) {
     return keys.Invalid("rope_theta", absl::StrCat("is ", *top_theta, " but ", sub("rope_theta"),
                                                    " is ", *inner_theta));
   }
-  // SmolLM3Config's default is 2e6; the others' 10000.
-  c.rope_theta = inner_theta.value_or(
-      top_theta.value_or(c.family == ModelFamily::kSmolLM3 ? 2000000.0 : 10000.0));
+  // SmolLM3Config's default is 2e6, Gemma3TextConfig's 1e6; the others' 10000.
+  c.rope_theta =
+      inner_theta.value_or(top_theta.value_or(c.family == ModelFamily::kSmolLM3  ? 2000000.0
+                                              : c.family == ModelFamily::kGemma3 ? 1000000.0
+                                                                                 : 10000.0));
 
   if (type == "default") {
     c.rope_scaling = RopeScaling{};
@@ -405,10 +310,23 @@ absl::Status ParseRope(const Keys& keys, ModelConfig& c) {
   if (type == "longrope" || (phi3 && (type == "su" || type == "yarn"))) {
     if (!phi3) {
       return keys.Unsupported(sub("rope_type"), absl::StrCat("is \"", type,
-                                                          "\": longrope is supported for phi3 "
-                                                          "only; supported: default, llama3"));
+                                                             "\": longrope is supported for phi3 "
+                                                             "only; supported: default, llama3"));
     }
     return ParseLongRope(keys, *rope, rope_key, c);
+  }
+  if (type == "linear" && c.family == ModelFamily::kGemma3) {
+    // Gemma 3 4B and up: inv_freq / factor on the global layers.
+    const json* f = inner.FindNonNull("factor");
+    if (f == nullptr) return keys.Invalid(sub("factor"), "is required for rope_type linear");
+    RopeScaling rs;
+    rs.type = RopeScalingType::kLinear;
+    ASSIGN_OR_RETURN(rs.factor, keys.AsNumber(sub("factor"), *f));
+    if (!std::isfinite(rs.factor) || rs.factor < 1) {
+      return keys.Invalid(sub("factor"), absl::StrCat("must be >= 1, got ", rs.factor));
+    }
+    c.rope_scaling = rs;
+    return absl::OkStatus();
   }
   if (type != "llama3") {
     return keys.Unsupported(sub("rope_type"),
@@ -456,139 +374,6 @@ absl::Status ParseRope(const Keys& keys, ModelConfig& c) {
   return absl::OkStatus();
 }
 
-// The window of sliding_window (absent: `fallback`; null: none).
-absl::StatusOr<std::optional<int64_t>> SlidingWindow(const Keys& keys,
-                                                     std::optional<int64_t> fallback) {
-  const json* v = keys.Find("sliding_window");
-  if (v == nullptr) return fallback;
-  if (v->is_null()) return std::optional<int64_t>();
-  ASSIGN_OR_RETURN(const int64_t w, keys.AsInt("sliding_window", *v));
-  if (w <= 0) return keys.Invalid("sliding_window", absl::StrCat("must be positive, got ", w));
-  return std::optional<int64_t>(w);
-}
-
-// Sets c.sliding_window and c.sliding_window_layers as transformers 4.57.6 applies them: mistral
-// on every layer when sliding_window is not null (absent: MistralConfig's 4096); qwen2 and qwen3
-// only with use_sliding_window true and a non-null sliding_window (absent: 4096), on the layers
-// layer_types names "sliding_attention" (absent: those >= max_window_layers, default 28).
-absl::Status ParseSlidingWindow(const Keys& keys, ModelConfig& c) {
-  c.sliding_window = 0;
-  c.sliding_window_layers.clear();
-  if (c.family == ModelFamily::kMistral || c.family == ModelFamily::kPhi3) {
-    // Phi3Config's sliding_window defaults to None (its mask then is the plain causal one).
-    ASSIGN_OR_RETURN(
-        const std::optional<int64_t> window,
-        SlidingWindow(
-            keys, c.family == ModelFamily::kPhi3 ? std::nullopt : std::optional<int64_t>(4096)));
-    if (window.has_value()) {
-      c.sliding_window = *window;
-      c.sliding_window_layers.assign(static_cast<size_t>(c.num_layers), true);
-    }
-    return absl::OkStatus();
-  }
-  if (c.family == ModelFamily::kSmolLM3) {
-    // Its eager mask takes config.sliding_window on "sliding_attention" layers whatever
-    // use_sliding_window says: refuse any window rather than guess.
-    ASSIGN_OR_RETURN(const bool use, keys.Bool("use_sliding_window", false));
-    ASSIGN_OR_RETURN(const std::optional<int64_t> window, SlidingWindow(keys, std::nullopt));
-    if (use && window.has_value()) {
-      return keys.Unsupported("use_sliding_window",
-                              "is true with a sliding_window: SmolLM3's sliding-window attention "
-                              "is not supported");
-    }
-    if (const json* types = keys.FindNonNull("layer_types"); types != nullptr) {
-      if (!types->is_array()) {
-        return keys.Invalid("layer_types", absl::StrCat("must be an array, got ",
-                                                        hf_json::Brief(*types)));
-      }
-      for (size_t i = 0; i < types->size(); ++i) {
-        if ((*types)[i] != "full_attention") {
-          return keys.Unsupported(absl::StrCat("layer_types[", i, "]"),
-                                  absl::StrCat("is ", hf_json::Brief((*types)[i]),
-                                               "; supported for smollm3: full_attention"));
-        }
-      }
-    }
-    return absl::OkStatus();
-  }
-  if (c.family != ModelFamily::kQwen2 && c.family != ModelFamily::kQwen3) {
-    return absl::OkStatus();
-  }
-  ASSIGN_OR_RETURN(const bool use, keys.Bool("use_sliding_window", false));
-  ASSIGN_OR_RETURN(const std::optional<int64_t> window, SlidingWindow(keys, 4096));
-  int64_t max_window_layers = 28;
-  if (const json* v = keys.Find("max_window_layers"); v != nullptr) {
-    ASSIGN_OR_RETURN(max_window_layers, keys.AsInt("max_window_layers", *v));
-    if (max_window_layers < 0) {
-      return keys.Invalid("max_window_layers",
-                          absl::StrCat("must be non-negative, got ", max_window_layers));
-    }
-  }
-  // Which layers use the window: layer_types when given, else layers >= max_window_layers.
-  std::vector<bool> layers(static_cast<size_t>(c.num_layers), false);
-  if (const json* types = keys.FindNonNull("layer_types"); types != nullptr) {
-    if (!types->is_array() || static_cast<int64_t>(types->size()) != c.num_layers) {
-      return keys.Invalid("layer_types",
-                          absl::StrCat("must be an array of ", c.num_layers,
-                                       " strings (one per layer), got ", hf_json::Brief(*types)));
-    }
-    for (size_t i = 0; i < types->size(); ++i) {
-      const json& t = (*types)[i];
-      if (t == "full_attention") continue;
-      if (t == "sliding_attention") {
-        layers[i] = true;
-        continue;
-      }
-      return keys.Unsupported(
-          absl::StrCat("layer_types[", i, "]"),
-          absl::StrCat("is ", hf_json::Brief(t), "; supported: full_attention, sliding_attention"));
-    }
-  } else {
-    for (int64_t i = max_window_layers; i < c.num_layers; ++i) {
-      layers[static_cast<size_t>(i)] = true;
-    }
-  }
-  if (use && window.has_value() && std::find(layers.begin(), layers.end(), true) != layers.end()) {
-    c.sliding_window = *window;
-    c.sliding_window_layers = std::move(layers);
-  }
-  return absl::OkStatus();
-}
-
-// SmolLM3's NoPE layers (SmolLM3Config, transformers 4.57.6): no_rope_layers, one 1 (RoPE) or 0
-// (no RoPE) per layer; absent or null: layer i has RoPE unless (i + 1) % no_rope_layer_interval
-// is 0 (default interval 4).
-absl::Status ParseNoRopeLayers(const Keys& keys, ModelConfig& c) {
-  c.layers_without_rope.assign(static_cast<size_t>(c.num_layers), false);
-  if (const json* list = keys.FindNonNull("no_rope_layers"); list != nullptr) {
-    if (!list->is_array() || static_cast<int64_t>(list->size()) != c.num_layers) {
-      return keys.Invalid("no_rope_layers",
-                          absl::StrCat("must be an array of ", c.num_layers,
-                                       " entries 1 (RoPE) or 0 (no RoPE), one per layer, got ",
-                                       hf_json::Brief(*list)));
-    }
-    for (size_t i = 0; i < list->size(); ++i) {
-      const std::string key = absl::StrCat("no_rope_layers[", i, "]");
-      ASSIGN_OR_RETURN(const int64_t v, keys.AsInt(key, (*list)[i]));
-      if (v != 0 && v != 1) {
-        return keys.Invalid(key, absl::StrCat("must be 1 (RoPE) or 0 (no RoPE), got ", v));
-      }
-      c.layers_without_rope[i] = v == 0;
-    }
-  } else {
-    ASSIGN_OR_RETURN(const int64_t interval, keys.PositiveInt("no_rope_layer_interval", 4));
-    for (int64_t i = 0; i < c.num_layers; ++i) {
-      c.layers_without_rope[static_cast<size_t>(i)] = (i + 1) % interval == 0;
-    }
-  }
-  // All layers with RoPE is the empty list (ModelConfig's "RoPE everywhere").
-  if (std::find(c.layers_without_rope.begin(), c.layers_without_rope.end(), true) ==
-      c.layers_without_rope.end()) {
-    c.layers_without_rope.clear();
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
   int64_t default_vocab = 32000, default_inter = 11008, default_positions = 2048;
   if (c.family == ModelFamily::kQwen2 || c.family == ModelFamily::kQwen3) {
@@ -611,12 +396,19 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
     default_vocab = 32064;
     default_inter = 8192;
     default_positions = 4096;
+  } else if (c.family == ModelFamily::kGemma3) {
+    // Gemma3TextConfig's defaults (gemma-2-2b's shape): hidden 2304, 26 layers, 8 heads.
+    default_vocab = 262208;
+    default_inter = 9216;
+    default_positions = 131072;
   }
+  const bool gemma3 = c.family == ModelFamily::kGemma3;
   const int64_t default_hidden = c.family == ModelFamily::kSmolLM3 ? 2048
                                  : c.family == ModelFamily::kPhi3  ? 3072
+                                 : gemma3                          ? 2304
                                                                    : 4096;
-  const int64_t default_layers = c.family == ModelFamily::kSmolLM3 ? 36 : 32;
-  const int64_t default_heads = c.family == ModelFamily::kSmolLM3 ? 16 : 32;
+  const int64_t default_layers = c.family == ModelFamily::kSmolLM3 ? 36 : gemma3 ? 26 : 32;
+  const int64_t default_heads = c.family == ModelFamily::kSmolLM3 ? 16 : gemma3 ? 8 : 32;
   ASSIGN_OR_RETURN(c.vocab_size, keys.PositiveInt("vocab_size", default_vocab));
   ASSIGN_OR_RETURN(c.hidden_size, keys.PositiveInt("hidden_size", default_hidden));
   ASSIGN_OR_RETURN(c.intermediate_size, keys.PositiveInt("intermediate_size", default_inter));
@@ -630,6 +422,7 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
     if (c.family == ModelFamily::kQwen2 || c.family == ModelFamily::kQwen3) default_kv = 32;
     if (c.family == ModelFamily::kMistral) default_kv = 8;
     if (c.family == ModelFamily::kSmolLM3) default_kv = 4;
+    if (gemma3) default_kv = 4;
   }
   ASSIGN_OR_RETURN(c.num_kv_heads, keys.PositiveInt("num_key_value_heads", default_kv,
                                                     /*null_is_default=*/true));
@@ -641,6 +434,8 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
   ASSIGN_OR_RETURN(std::optional<int64_t> head_dim, keys.OptionalPositiveInt("head_dim"));
   // Qwen3Config's head_dim defaults to 128 whatever hidden_size / num_attention_heads is.
   if (!head_dim.has_value() && c.family == ModelFamily::kQwen3) head_dim = 128;
+  // Gemma3TextConfig's head_dim defaults to 256.
+  if (!head_dim.has_value() && gemma3) head_dim = 256;
   const bool divisible = c.hidden_size % c.num_heads == 0;
   if (!divisible && (!head_dim.has_value() || c.family == ModelFamily::kLlama)) {
     return keys.Invalid("num_attention_heads",
@@ -661,17 +456,21 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
       keys.PositiveNumber(
           "rms_norm_eps",
           c.family == ModelFamily::kOlmo2 || c.family == ModelFamily::kPhi3 ? 1e-5 : 1e-6));
-  ASSIGN_OR_RETURN(const std::string act, keys.String("hidden_act", "silu"));
-  if (act != "silu" && act != "swish") {
-    return keys.Unsupported("hidden_act",
-                            absl::StrCat("is \"", act, "\"; supported: silu (= swish)"));
+  if (!gemma3) {  // Gemma 3's activation key is hidden_activation (ParseGemma3Text)
+    ASSIGN_OR_RETURN(const std::string act, keys.String("hidden_act", "silu"));
+    if (act != "silu" && act != "swish") {
+      return keys.Unsupported("hidden_act",
+                              absl::StrCat("is \"", act, "\"; supported: silu (= swish)"));
+    }
+    c.hidden_act = HiddenAct::kSilu;
   }
-  c.hidden_act = HiddenAct::kSilu;
-  // SmolLM3Config leaves tie_word_embeddings to PretrainedConfig, whose default is true.
+  // SmolLM3Config and Gemma3TextConfig leave tie_word_embeddings to PretrainedConfig, whose
+  // default is true.
   ASSIGN_OR_RETURN(c.tie_word_embeddings,
-                   keys.Bool("tie_word_embeddings", c.family == ModelFamily::kSmolLM3));
+                   keys.Bool("tie_word_embeddings", c.family == ModelFamily::kSmolLM3 || gemma3));
   switch (c.family) {
     case ModelFamily::kQwen3:
+    case ModelFamily::kGemma3:
     case ModelFamily::kOlmo2: {
       ASSIGN_OR_RETURN(const bool attention_bias, keys.Bool("attention_bias", false));
       c.qkv_bias = c.o_proj_bias = attention_bias;
@@ -711,6 +510,7 @@ absl::StatusOr<ModelConfig> ParseLlamaLike(const Keys& keys, ModelConfig c) {
   }
   RETURN_IF_ERROR(ParseRope(keys, c));
   RETURN_IF_ERROR(ParseSlidingWindow(keys, c));
+  if (gemma3) RETURN_IF_ERROR(ParseGemma3Text(keys, c));
   if (c.family == ModelFamily::kSmolLM3) RETURN_IF_ERROR(ParseNoRopeLayers(keys, c));
   return c;
 }
@@ -733,7 +533,7 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, absl::str
     return keys.Invalid("model_type",
                         "is missing; a Hugging Face config names its model type "
                         "(\"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"smollm3\", \"olmo2\", "
-                        "\"phi3\" or \"gpt2\")");
+                        "\"phi3\", \"gemma3_text\" or \"gpt2\")");
   }
   if (!type->is_string()) {
     return keys.Invalid("model_type",
@@ -744,11 +544,21 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, absl::str
   for (const FamilyInfo& f : kFamilies) {
     if (model_type == f.model_type) info = &f;
   }
+  if (info == nullptr && model_type == "gemma3") {
+    // Gemma3ForConditionalGeneration: the text model sits under "text_config" with a vision
+    // tower beside it.
+    return keys.Unsupported(
+        "model_type",
+        "is \"gemma3\", the multimodal Gemma 3 (Gemma3ForConditionalGeneration); "
+        "the text model is supported: model_type \"gemma3_text\" "
+        "(Gemma3ForCausalLM, e.g. gemma-3-1b)");
+  }
   if (info == nullptr) {
     return keys.Unsupported(
         "model_type",
         absl::StrCat("is \"", model_type,
-                     "\"; supported: llama, qwen2, qwen3, mistral, smollm3, olmo2, phi3, gpt2"));
+                     "\"; supported: llama, qwen2, qwen3, mistral, smollm3, olmo2, phi3, "
+                     "gemma3_text, gpt2"));
   }
   RETURN_IF_ERROR(CheckArchitectures(keys, info->family));
   RETURN_IF_ERROR(CheckNoMoeNoQuantization(keys));
@@ -825,6 +635,8 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c, const HfConfigJso
           {"low_freq_factor", c.rope_scaling.low_freq_factor},
           {"high_freq_factor", c.rope_scaling.high_freq_factor},
           {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+    } else if (c.rope_scaling.type == RopeScalingType::kLinear) {
+      out["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
     } else if (c.rope_scaling.type == RopeScalingType::kLongRope) {
       out["rope_scaling"] = {{"type", "longrope"},
                              {"short_factor", c.rope_scaling.short_factor},
@@ -833,7 +645,11 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c, const HfConfigJso
     } else {
       out["rope_scaling"] = nullptr;
     }
-    out["hidden_act"] = "silu";
+    if (c.family == ModelFamily::kGemma3) {
+      WriteGemma3Text(c, out);
+    } else {
+      out["hidden_act"] = "silu";
+    }
     out["tie_word_embeddings"] = c.tie_word_embeddings;
     if (c.family == ModelFamily::kLlama) {
       out["attention_bias"] = c.qkv_bias;
@@ -842,7 +658,8 @@ absl::StatusOr<std::string> HfConfigJson(const ModelConfig& c, const HfConfigJso
       out["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
     }
     if (c.family == ModelFamily::kPhi3) out["partial_rotary_factor"] = c.partial_rotary_factor;
-    if (c.family == ModelFamily::kQwen3 || c.family == ModelFamily::kOlmo2) {
+    if (c.family == ModelFamily::kQwen3 || c.family == ModelFamily::kOlmo2 ||
+        c.family == ModelFamily::kGemma3) {
       out["attention_bias"] = c.qkv_bias;
     }
     if (c.family == ModelFamily::kSmolLM3) {

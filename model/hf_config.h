@@ -1,9 +1,11 @@
 // Hugging Face config.json <-> ModelConfig, for the families of model/model_config.h.
 //
 // Reading. config.json must name a supported "model_type" — "llama", "qwen2", "qwen3", "mistral",
-// "smollm3", "olmo2", "phi3", "gpt2" — and, if it has "architectures", the causal-LM class of
-// that type (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM,
-// SmolLM3ForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, GPT2LMHeadModel). Keys are read under the names and with the defaults of
+// "smollm3", "olmo2", "phi3", "gemma3_text", "gpt2" — and, if it has "architectures", the
+// causal-LM class of that type (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+// MistralForCausalLM, SmolLM3ForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM,
+// GPT2LMHeadModel). The multimodal Gemma 3 (model_type "gemma3") is refused, saying the text
+// model is supported. Keys are read under the names and with the defaults of
 // transformers' config classes (LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig, GPT2Config;
 // checked against transformers 5.23 and 4.57.6, which agree on these; qwen3 has qwen2's defaults
 // unless stated;
@@ -45,6 +47,16 @@
 //   original_max_position_embeddings       "long_factor"}: rotary_dim / 2 numbers each, exactly
 //                                          these keys (Phi3Config's rule); the top-level
 //                                          original_max_position_embeddings, default 4096
+//   gemma3_text (Gemma3TextConfig of 4.57.6: vocab 262208, hidden 2304, intermediate 9216, 26
+//   layers, 8 heads, 4 kv heads, head_dim 256, 131072 positions, rope_theta 1e6, tied):
+//   hidden_activation                      "gelu_pytorch_tanh" (or gelu_new; others refused)
+//   query_pre_attn_scalar                  256; only head_dim is supported
+//   final_/attn_logit_softcapping          null; a number is refused (Unimplemented)
+//   sliding_window, layer_types,           4096 on the layers layer_types names
+//   sliding_window_pattern                 "sliding_attention", else those with
+//                                          (i + 1) % pattern != 0 (pattern 6); null refused
+//   rope_local_base_freq                   10000.0 (the sliding layers' RoPE base)
+//   use_bidirectional_attention            false; true refused
 //   torch_dtype / dtype                    none ("dtype", transformers 5's name, wins)
 // gpt2 also accepts its attribute-map aliases (hidden_size for n_embd, max_position_embeddings for
 // n_positions, num_attention_heads for n_head, num_hidden_layers for n_layer), which must agree

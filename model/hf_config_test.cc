@@ -420,10 +420,9 @@ TEST(HfConfigTest, SlidingWindowLayers) {
     EXPECT_EQ(back, c) << json;
   }
   // Over a base whose layer_types slide but whose window is now off, the window stays off.
-  ASSERT_OK_AND_ASSIGN(
-      const std::string off,
-      HfConfigJson(none, {.torch_dtype = std::nullopt,
-                          .base_json = R"({"model_type": "qwen2", "layer_types":
+  ASSERT_OK_AND_ASSIGN(const std::string off,
+                       HfConfigJson(none, {.torch_dtype = std::nullopt,
+                                           .base_json = R"({"model_type": "qwen2", "layer_types":
                                            ["sliding_attention", "sliding_attention",
                                             "sliding_attention"]})"}));
   ASSERT_OK_AND_ASSIGN(const ModelConfig off_back, ParseHfConfig(off, kPath));
@@ -633,6 +632,132 @@ TEST(HfConfigTest, Phi3) {
     const absl::StatusOr<ModelConfig> got = ParseHfConfig(bad.json, kPath);
     ASSERT_FALSE(got.ok());
     EXPECT_THAT(got.status().message(), HasSubstr(bad.key));
+  }
+}
+
+// Gemma 3's text model (transformers 4.57.6's Gemma3TextConfig): its defaults, the sliding
+// pattern, gemma-3-1b's config.json, and refusals naming the key (the multimodal model, soft-
+// capping, query_pre_attn_scalar other than head_dim, linear rope scaling).
+TEST(HfConfigTest, Gemma3Text) {
+  ASSERT_OK_AND_ASSIGN(const ModelConfig d,
+                       ParseHfConfig(R"({"model_type": "gemma3_text"})", kPath));
+  EXPECT_EQ(d.family, ModelFamily::kGemma3);
+  EXPECT_EQ(d.vocab_size, 262208);
+  EXPECT_EQ(d.hidden_size, 2304);
+  EXPECT_EQ(d.intermediate_size, 9216);
+  EXPECT_EQ(d.num_layers, 26);
+  EXPECT_EQ(d.num_heads, 8);
+  EXPECT_EQ(d.num_kv_heads, 4);
+  EXPECT_EQ(d.head_dim, 256);
+  EXPECT_EQ(d.max_position_embeddings, 131072);
+  EXPECT_EQ(d.norm_eps, 1e-6);
+  EXPECT_EQ(d.rope_theta, 1e6);
+  EXPECT_EQ(d.rope_local_base_freq, 1e4);
+  EXPECT_EQ(d.hidden_act, HiddenAct::kGeluTanh);
+  EXPECT_TRUE(d.tie_word_embeddings);
+  EXPECT_FALSE(d.qkv_bias || d.o_proj_bias || d.mlp_bias);
+  EXPECT_EQ(d.sliding_window, 4096);
+  for (int64_t i = 0; i < d.num_layers; ++i) {
+    EXPECT_EQ(d.sliding_window_layers[i], (i + 1) % 6 != 0) << i;
+    EXPECT_EQ(d.LayerHasLocalRope(i), (i + 1) % 6 != 0) << i;
+  }
+  EXPECT_TRUE(d.qk_norm() && !d.qk_norm_whole() && d.sandwich_norms() && !d.post_norms());
+  EXPECT_EQ(d.norm_weight_offset(), 1.0);
+  EXPECT_EQ(d.embedding_multiplier(), std::sqrt(2304.0));
+  // google/gemma-3-1b-pt's config.json gives the preset.
+  ASSERT_OK_AND_ASSIGN(ModelConfig one, ParseHfConfig(R"({
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "attn_logit_softcapping": null, "bos_token_id": 2, "cache_implementation": "hybrid",
+    "eos_token_id": 1, "final_logit_softcapping": null, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+    "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+    "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+    "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+    "rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000,
+    "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+    "transformers_version": "4.50.0.dev0", "use_cache": true, "vocab_size": 262144})",
+                                                      kPath));
+  ASSERT_OK_AND_ASSIGN(const ModelConfig preset, ModelPreset("gemma-3-1b"));
+  EXPECT_EQ(one, Named(preset, kPath));
+  ASSERT_OK_AND_ASSIGN(const std::string json, HfConfigJson(preset));
+  EXPECT_THAT(json, AllOf(HasSubstr("\"hidden_activation\": \"gelu_pytorch_tanh\""),
+                          HasSubstr("\"query_pre_attn_scalar\": 256"),
+                          HasSubstr("\"rope_local_base_freq\": 10000.0"),
+                          HasSubstr("\"Gemma3ForCausalLM\"")));
+  EXPECT_THAT(json, ::testing::Not(HasSubstr("\"hidden_act\"")));
+  ASSERT_OK_AND_ASSIGN(const ModelConfig back, ParseHfConfig(json, kPath));
+  EXPECT_EQ(back, Named(preset, kPath)) << json;
+  // google/gemma-3-4b-pt's text_config as a gemma3_text config.json gives the 4b preset (linear
+  // rope scaling 8).
+  ASSERT_OK_AND_ASSIGN(const ModelConfig four, ParseHfConfig(R"({
+    "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "hidden_size": 2560,
+    "intermediate_size": 10240, "num_hidden_layers": 34, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256,
+    "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024,
+    "vocab_size": 262208, "torch_dtype": "bfloat16"})",
+                                                     kPath));
+  ASSERT_OK_AND_ASSIGN(const ModelConfig preset4, ModelPreset("gemma-3-4b"));
+  EXPECT_EQ(four, Named(preset4, kPath));
+  EXPECT_EQ(four.rope_scaling.type, RopeScalingType::kLinear);
+  ASSERT_OK_AND_ASSIGN(const std::string json4, HfConfigJson(preset4));
+  ASSERT_OK_AND_ASSIGN(const ModelConfig back4, ParseHfConfig(json4, kPath));
+  EXPECT_EQ(back4, Named(preset4, kPath)) << json4;
+  // layer_types wins over the pattern; no sliding layer is no window.
+  ASSERT_OK_AND_ASSIGN(const ModelConfig full, ParseHfConfig(R"({"model_type": "gemma3_text",
+    "num_hidden_layers": 2, "layer_types": ["full_attention", "full_attention"]})",
+                                                             kPath));
+  EXPECT_EQ(full.sliding_window, 0);
+  EXPECT_FALSE(full.LayerHasLocalRope(0));
+  struct Bad {
+    const char* json;
+    absl::StatusCode code;
+    const char* key;
+  };
+  constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
+  constexpr auto kUnimplemented = absl::StatusCode::kUnimplemented;
+  for (const Bad& bad : {
+           Bad{R"({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"]})",
+               kUnimplemented, "the text model is supported"},
+           Bad{R"({"model_type": "gemma3_text",
+               "architectures": ["Gemma3ForConditionalGeneration"]})",
+               kUnimplemented, "\"architectures\""},
+           Bad{R"({"model_type": "gemma3_text", "final_logit_softcapping": 30.0})", kUnimplemented,
+               "\"final_logit_softcapping\""},
+           Bad{R"({"model_type": "gemma3_text", "attn_logit_softcapping": "50"})", kInvalid,
+               "\"attn_logit_softcapping\""},
+           Bad{R"({"model_type": "gemma3_text", "query_pre_attn_scalar": 168})", kUnimplemented,
+               "\"query_pre_attn_scalar\""},
+           Bad{R"({"model_type": "gemma3_text", "query_pre_attn_scalar": "256"})", kInvalid,
+               "\"query_pre_attn_scalar\""},
+           Bad{R"({"model_type": "gemma3_text", "sliding_window": "4k"})", kInvalid,
+               "\"sliding_window\""},
+           Bad{R"({"model_type": "gemma3_text", "sliding_window": null})", kInvalid,
+               "\"sliding_window\""},
+           Bad{R"({"model_type": "gemma3_text", "num_hidden_layers": 2,
+               "layer_types": ["full_attention"]})",
+               kInvalid, "\"layer_types\""},
+           Bad{R"({"model_type": "gemma3_text", "num_hidden_layers": 1,
+               "layer_types": ["chunked_attention"]})",
+               kUnimplemented, "\"layer_types[0]\""},
+           Bad{R"({"model_type": "gemma3_text", "rope_local_base_freq": -1})", kInvalid,
+               "\"rope_local_base_freq\""},
+           Bad{R"({"model_type": "gemma3_text", "hidden_activation": "gelu"})", kUnimplemented,
+               "\"hidden_activation\""},
+           Bad{R"({"model_type": "gemma3_text", "use_bidirectional_attention": true})",
+               kUnimplemented, "\"use_bidirectional_attention\""},
+           Bad{R"({"model_type": "gemma3_text", "rope_scaling": {"rope_type": "yarn",
+               "factor": 8.0}})",
+               kUnimplemented, "\"rope_scaling.rope_type\""},
+           Bad{R"({"model_type": "gemma3_text", "rope_scaling": {"rope_type": "linear"}})",
+               kInvalid, "\"rope_scaling.factor\""},
+           Bad{R"({"model_type": "gemma3_text",
+               "rope_scaling": {"rope_type": "linear", "factor": "8"}})",
+               kInvalid, "\"rope_scaling.factor\""},
+           Bad{R"({"model_type": "llama", "rope_scaling": {"rope_type": "linear", "factor": 8}})",
+               kUnimplemented, "\"rope_scaling.rope_type\""},
+       }) {
+    SCOPED_TRACE(bad.json);
+    EXPECT_THAT(ParseHfConfig(bad.json, kPath), StatusIs(bad.code, HasSubstr(bad.key)));
   }
 }
 

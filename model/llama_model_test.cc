@@ -581,10 +581,15 @@ void ExpectTideMatchesProfile(const ModelConfig& config, const RigOptions& o,
 // qkv_proj / gate_up_proj split on import, partial rotary (4 of 8 channels; ablated: RoPE on whole
 // heads) and a window of 4 on every layer; parity_phi3_longrope / _shortrope: longrope with the
 // sequence longer / not longer than original_max_position_embeddings (the long / short factors,
-// each ablated: no rope_scaling).
+// each ablated: no rope_scaling); parity_gemma3: Gemma 3's text model — (1 + w) norms, four per
+// layer, per-head q/k norms, GeGLU, embeddings times sqrt(hidden), a window of 4 on layers 0 and 2
+// with their own RoPE base (ablated: every layer full attention); parity_gemma3_linear: linear
+// RoPE scaling 4 on the full layer (ablated: none).
 TEST_F(LlamaModelTest, FamiliesMatchTransformers) {
-  for (const char* name : {"parity_mistral_window", "parity_smollm3_nope", "parity_olmo2",
-                           "parity_phi3", "parity_phi3_longrope", "parity_phi3_shortrope"}) {
+  for (const char* name :
+       {"parity_mistral_window", "parity_smollm3_nope", "parity_olmo2", "parity_phi3",
+        "parity_phi3_longrope", "parity_phi3_shortrope", "parity_gemma3",
+        "parity_gemma3_linear"}) {
     SCOPED_TRACE(name);
     const char* srcdir = std::getenv("TEST_SRCDIR");
     const std::string dir =
@@ -615,6 +620,16 @@ TEST_F(LlamaModelTest, FamiliesMatchTransformers) {
         EXPECT_EQ(config.rope_scaling.original_max_position_embeddings < kSeqLen,
                   absl::StrContains(name, "longrope"));
       }
+    }
+    if (config.family == ModelFamily::kGemma3) {
+      EXPECT_EQ(config.sliding_window, 4);
+      EXPECT_EQ(config.sliding_window_layers, (std::vector<bool>{true, false, true}));
+      EXPECT_EQ(config.rope_local_base_freq, 100.0);
+      EXPECT_EQ(config.hidden_act, HiddenAct::kGeluTanh);
+      EXPECT_TRUE(config.tie_word_embeddings);
+      EXPECT_EQ(config.rope_scaling.type, absl::StrContains(name, "linear")
+                                              ? RopeScalingType::kLinear
+                                              : RopeScalingType::kNone);
     }
     RigOptions split;
     split.vocab_block_rows = 24;

@@ -56,6 +56,21 @@ namespace {
 //      plain RoPE of sequences up to 4096 tokens.
 //      The model card's "3.8B" is the closed-form count; transformers 4.57.6's Phi3ForCausalLM
 //      on the meta device counts the same 3,836,021,760.
+//  [G] google/gemma-3-1b-pt's config.json (Gemma3ForCausalLM, model_type gemma3_text), as public
+//      ports quote it (not fetched here): vocab 262144, hidden 1152, intermediate 6912, 26
+//      layers, 4 heads, 1 kv head, head_dim 256, query_pre_attn_scalar 256,
+//      max_position_embeddings 32768, rms_norm_eps 1e-6, rope_theta 1e6, rope_local_base_freq
+//      10000, sliding_window 512 with sliding_window_pattern 6 (layer i slides unless
+//      (i + 1) % 6 == 0), rope_scaling null, hidden_activation gelu_pytorch_tanh, tied,
+//      bfloat16. transformers 4.57.6's Gemma3ForCausalLM on the meta device counts 999,885,952,
+//      the closed form's count.
+//  [G4] google/gemma-3-4b-pt's text_config (its config.json is Gemma3ForConditionalGeneration's;
+//      the preset is the text model, Gemma3ForCausalLM), as public ports quote it (not fetched
+//      here): vocab 262208, hidden 2560, intermediate 10240, 34 layers, 8 heads, 4 kv heads,
+//      head_dim 256, query_pre_attn_scalar 256, max_position_embeddings 131072, rope_theta 1e6
+//      with rope_scaling {"rope_type": "linear", "factor": 8.0}, rope_local_base_freq 10000,
+//      sliding_window 1024, pattern 6, tied, bfloat16. transformers 4.57.6's Gemma3ForCausalLM of
+//      that text config on the meta device counts 3,880,263,168, the closed form's count.
 // Tied/untied and dtypes not in [L]: Llama-2-7b-hf, Meta-Llama-3-8B and Mistral-7B-v0.3 have
 // tie_word_embeddings false (their safetensors indexes list lm_head.weight), TinyLlama's config
 // says false and float32 (its safetensors header holds F32 tensors only), Llama-2-7b-hf float16.
@@ -137,6 +152,13 @@ const LlamaPreset kLlamaPresets[] = {
     // longrope factors (see [P]).
     {"phi-4-mini", ModelFamily::kPhi3, 200064, 3072, 32, 24, 8, 128, 8192, 131072, 1e-5, 10000.0,
      kNoScaling, false, true, DType::kBF16},
+    // [G] Gemma 3 1B (text): MQA (1 kv head), head_dim 256, tied; window and local RoPE base set
+    // in FromLlamaPreset.
+    {"gemma-3-1b", ModelFamily::kGemma3, 262144, 1152, 26, 4, 1, 256, 6912, 32768, 1e-6, 1000000.0,
+     kNoScaling, false, true, DType::kBF16},
+    // [G4] Gemma 3 4B's text model: linear RoPE scaling 8 on the global layers.
+    {"gemma-3-4b", ModelFamily::kGemma3, 262208, 2560, 34, 8, 4, 256, 10240, 131072, 1e-6, 1000000.0,
+     RopeScaling{.type = RopeScalingType::kLinear, .factor = 8.0}, false, true, DType::kBF16},
     // For tests: every llama feature that changes shapes (GQA, untied head) at a tiny size.
     {"llama-tiny", ModelFamily::kLlama, 256, 64, 2, 4, 2, 16, 160, 128, 1e-5, 10000.0, kNoScaling,
      false, false, DType::kF32},
@@ -169,6 +191,13 @@ ModelConfig FromLlamaPreset(const LlamaPreset& p) {
     for (int64_t i = 0; i < p.num_layers; ++i) c.layers_without_rope.push_back((i + 1) % 4 == 0);
   }
   if (p.family == ModelFamily::kPhi3) c.partial_rotary_factor = 0.75;  // [P] Phi-4-mini
+  if (p.family == ModelFamily::kGemma3) {
+    // [G]: GeGLU, local layers of base 10000 with a window of 512, every sixth layer global.
+    c.hidden_act = HiddenAct::kGeluTanh;
+    c.rope_local_base_freq = 10000.0;
+    c.sliding_window = p.hidden_size == 1152 ? 512 : 1024;  // [G] 1b's 512, [G4] 4b's 1024
+    for (int64_t i = 0; i < p.num_layers; ++i) c.sliding_window_layers.push_back((i + 1) % 6 != 0);
+  }
   return c;
 }
 
@@ -203,7 +232,7 @@ std::optional<int64_t> CheckedParameterCount(const ModelConfig& c) {
     return total;
   }
   const int64_t q = c.q_size(), k = c.kv_size();
-  if (!AddProduct(&per_layer, 2, e) || !AddProduct(&per_layer, 2 * e, q) ||
+  if (!AddProduct(&per_layer, c.sandwich_norms() ? 4 : 2, e) || !AddProduct(&per_layer, 2 * e, q) ||
       !AddProduct(&per_layer, 2 * e, k) || !AddProduct(&per_layer, 3 * e, i)) {
     return std::nullopt;
   }
@@ -303,10 +332,13 @@ std::vector<OperatorSpec> LlamaOperators(const ModelConfig& c, const VocabLayout
     ops.push_back(std::move(qkv));
     ops.push_back(LinearOp(a + "o_proj", q, e, c.o_proj_bias));
     ops.push_back(norm(p + "post_attention_layernorm"));
+    if (c.sandwich_norms()) ops.push_back(norm(p + "pre_feedforward_layernorm"));
     ops.push_back(LinearOp(p + "mlp.gate_proj", e, i, c.mlp_bias));
     ops.push_back(LinearOp(p + "mlp.up_proj", e, i, c.mlp_bias));
     ops.push_back(LinearOp(p + "mlp.down_proj", i, e, c.mlp_bias));
-    if (c.post_norms()) ops.push_back(norm(p + "post_feedforward_layernorm"));
+    if (c.post_norms() || c.sandwich_norms()) {
+      ops.push_back(norm(p + "post_feedforward_layernorm"));
+    }
   }
   ops.push_back(norm("model.norm"));
   if (!c.tie_word_embeddings) {
@@ -335,6 +367,8 @@ absl::string_view ModelFamilyName(ModelFamily family) {
       return "olmo2";
     case ModelFamily::kPhi3:
       return "phi3";
+    case ModelFamily::kGemma3:
+      return "gemma3_text";
   }
   return "unknown";
 }
@@ -498,6 +532,18 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     if (!FinitePositive(c.rope_theta)) {
       return Invalid(c, absl::StrCat("rope_theta must be finite and positive, got ", c.rope_theta));
     }
+    if (rs.type == RopeScalingType::kLinear) {
+      if (c.family != ModelFamily::kGemma3) {
+        return Invalid(c, "rope_scaling linear is supported for gemma3_text only");
+      }
+      if (!std::isfinite(rs.factor) || rs.factor < 1) {
+        return Invalid(c, absl::StrCat("rope_scaling.factor must be >= 1, got ", rs.factor));
+      }
+      if (rs.low_freq_factor != 0 || rs.high_freq_factor != 0 ||
+          rs.original_max_position_embeddings != 0) {
+        return Invalid(c, "linear rope scaling has only a factor");
+      }
+    }
     if (rs.type == RopeScalingType::kLlama3) {
       if (!std::isfinite(rs.factor) || rs.factor < 1) {
         return Invalid(c, absl::StrCat("rope_scaling.factor must be >= 1, got ", rs.factor));
@@ -517,9 +563,24 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
                             rs.original_max_position_embeddings));
       }
     }
-    if (c.hidden_act != HiddenAct::kSilu) {
-      return Invalid(
-          c, absl::StrCat(family, " uses hidden_act silu, got ", HiddenActName(c.hidden_act)));
+    const HiddenAct act =
+        c.family == ModelFamily::kGemma3 ? HiddenAct::kGeluTanh : HiddenAct::kSilu;
+    if (c.hidden_act != act) {
+      return Invalid(c, absl::StrCat(family, " uses hidden_act ", HiddenActName(act), ", got ",
+                                     HiddenActName(c.hidden_act)));
+    }
+    if (c.family == ModelFamily::kGemma3) {
+      if (!FinitePositive(c.rope_local_base_freq)) {
+        return Invalid(c, absl::StrCat("rope_local_base_freq must be finite and positive, got ",
+                                       c.rope_local_base_freq));
+      }
+      if (rs.type != RopeScalingType::kNone && rs.type != RopeScalingType::kLinear) {
+        return Invalid(c, "gemma3_text: rope_scaling other than none and linear is not supported");
+      }
+    } else if (c.rope_local_base_freq != 0) {
+      return Invalid(c, absl::StrCat(family,
+                                     " has one RoPE base: rope_local_base_freq must be 0 "
+                                     "(gemma3_text only)"));
     }
     switch (c.family) {
       case ModelFamily::kLlama:
@@ -548,6 +609,13 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
           return Invalid(c,
                          "olmo2's config.json has one attention_bias for q, k, v and o and no "
                          "MLP bias: qkv_bias and o_proj_bias must be equal, mlp_bias false");
+        }
+        break;
+      case ModelFamily::kGemma3:
+        if (c.qkv_bias != c.o_proj_bias || c.mlp_bias) {
+          return Invalid(c,
+                         "gemma3_text's config.json has one attention_bias for q, k, v and o and "
+                         "no MLP bias: qkv_bias and o_proj_bias must be equal, mlp_bias false");
         }
         break;
       case ModelFamily::kSmolLM3:

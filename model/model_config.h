@@ -32,6 +32,16 @@
 //              gate, up into mlp.gate_up_proj.weight [2I, E] (rows gate, then up): the
 //              parameters here are the separate q/k/v and gate/up tensors below, and the Hugging
 //              Face reader and writer (model/hf_checkpoint.h) split and fuse them.
+//   "gemma3_text" Gemma 3's text model (Gemma3ForCausalLM): as llama (attention_bias on q, k, v and
+//              o; no MLP bias) with RMSNorms that multiply by (1 + w) (every norm, q/k norms
+//              included), four norms per layer (input_layernorm and post_attention_layernorm
+//              around attention, pre_feedforward_layernorm and post_feedforward_layernorm around
+//              the MLP: x + post(attn(pre(x)))), a per-head q/k RMSNorm before RoPE (as qwen3),
+//              the token embedding multiplied by sqrt(hidden_size) (rounded to the compute
+//              dtype), GeGLU (hidden_act gelu_pytorch_tanh: down(gelu_tanh(gate) * up)), a
+//              sliding window on the layers layer_types names, whose RoPE base is
+//              rope_local_base_freq (rope_theta on the others), and attention scale
+//              query_pre_attn_scalar^-0.5 (only query_pre_attn_scalar == head_dim is supported).
 // The llama-like families share one computation (architecture() == kLlama; Qwen3's q/k norm is an
 // option of the block, model/transformer_block_spec.h); the family is kept so that an export
 // writes back the config.json the model came from.
@@ -55,6 +65,8 @@
 //   p mlp.up_proj                          p mlp.up_proj.weight [I, E] (+ .bias [I])
 //   p mlp.down_proj                        p mlp.down_proj.weight [E, I] (+ .bias [E])
 //   model.norm                             model.norm.weight [E]
+// Gemma 3's layer: input_layernorm, self_attn.qkv_proj (q_norm, k_norm [D]), self_attn.o_proj,
+// post_attention_layernorm, pre_feedforward_layernorm, the MLP, post_feedforward_layernorm.
 // OLMo 2's layer has no input_layernorm: self_attn.qkv_proj, self_attn.o_proj,
 // post_attention_layernorm, the MLP, then post_feedforward_layernorm (weight [E]), the order its
 // forward uses them.
@@ -91,6 +103,7 @@
 #ifndef PATRICKSTAR_MODEL_MODEL_CONFIG_H_
 #define PATRICKSTAR_MODEL_MODEL_CONFIG_H_
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <ostream>
@@ -107,14 +120,24 @@
 namespace ps {
 
 // Hugging Face model_type of a supported family.
-enum class ModelFamily { kGpt2, kLlama, kQwen2, kMistral, kQwen3, kSmolLM3, kOlmo2, kPhi3 };
+enum class ModelFamily {
+  kGpt2,
+  kLlama,
+  kQwen2,
+  kMistral,
+  kQwen3,
+  kSmolLM3,
+  kOlmo2,
+  kPhi3,
+  kGemma3
+};
 
 // What the model computes: GPT-2, or the Llama architecture (Llama, Qwen2, Mistral, Qwen3,
 // SmolLM3, OLMo 2 and Phi-3).
 enum class ModelArchitecture { kGpt2, kLlama };
 
-// "gpt2", "llama", "qwen2", "mistral", "qwen3", "smollm3", "olmo2", "phi3" (the Hugging Face
-// model_type).
+// "gpt2", "llama", "qwen2", "mistral", "qwen3", "smollm3", "olmo2", "phi3", "gemma3_text" (the
+// Hugging Face model_type).
 absl::string_view ModelFamilyName(ModelFamily family);
 ModelArchitecture ArchitectureOf(ModelFamily family);
 
@@ -134,10 +157,12 @@ absl::string_view HiddenActName(HiddenAct act);  // "silu", "gelu_new"
 // inv_freq[j] = 1 / (ext[j] rope_theta^(2j/rotary_dim)) with ext = short_factor for sequences
 // up to original_max_position_embeddings tokens and long_factor past them, and cos, sin
 // multiplied by LongRopeAttentionFactor (transformers' _compute_longrope_parameters).
-enum class RopeScalingType { kNone, kLlama3, kLongRope };
+// kLinear (gemma3_text only, its global layers): inv_freq / factor (transformers'
+// _compute_linear_scaling_rope_parameters; Gemma 3 4B's factor 8).
+enum class RopeScalingType { kNone, kLlama3, kLongRope, kLinear };
 struct RopeScaling {
   RopeScalingType type = RopeScalingType::kNone;
-  // kLlama3 only (zero otherwise).
+  // kLlama3 and kLinear only (zero otherwise).
   double factor = 0;
   double low_freq_factor = 0;
   double high_freq_factor = 0;
@@ -182,6 +207,9 @@ struct ModelConfig {
   // The share of each head's channels RoPE rotates (Phi-3's partial_rotary_factor; 1 elsewhere):
   // the first rotary_dim() = int(head_dim * partial_rotary_factor) channels. phi3 only.
   double partial_rotary_factor = 1.0;
+  // The RoPE base of the sliding-window layers (Gemma 3's rope_local_base_freq; rope_scaling does
+  // not apply to them); 0 = rope_theta on every layer. gemma3_text only (and required there).
+  double rope_local_base_freq = 0;
   // The dtype the checkpoint declares (config.json "torch_dtype" / "dtype"); informational: the
   // tensors' own dtypes are what is read. nullopt when not declared.
   std::optional<DType> torch_dtype;
@@ -191,12 +219,25 @@ struct ModelConfig {
   int64_t kv_size() const { return num_kv_heads * head_dim; }  // K: rows of k_proj and v_proj
   // A per-head RMSNorm of q and k before RoPE (Qwen3's q_norm, k_norm).
   bool qk_norm() const {
-    return family == ModelFamily::kQwen3 || family == ModelFamily::kOlmo2;
+    return family == ModelFamily::kQwen3 || family == ModelFamily::kOlmo2 ||
+           family == ModelFamily::kGemma3;
   }
   // The q/k norm over the whole projection (weights [Q], [K]) rather than per head (OLMo 2).
   bool qk_norm_whole() const { return family == ModelFamily::kOlmo2; }
   // Norms after attention and MLP, on the sublayer's output before the residual add (OLMo 2).
   bool post_norms() const { return family == ModelFamily::kOlmo2; }
+  // Gemma's four norms per layer: pre and post around attention and around the MLP.
+  bool sandwich_norms() const { return family == ModelFamily::kGemma3; }
+  // The RMSNorms' gain is (norm_weight_offset() + w): 1 for Gemma's (1 + w), else 0.
+  double norm_weight_offset() const { return family == ModelFamily::kGemma3 ? 1.0 : 0.0; }
+  // The factor the token embedding is multiplied by (Gemma: sqrt(hidden_size)); 0 = none.
+  double embedding_multiplier() const {
+    return family == ModelFamily::kGemma3 ? std::sqrt(static_cast<double>(hidden_size)) : 0.0;
+  }
+  // The RoPE base of `layer`: rope_local_base_freq on a sliding-window layer when set.
+  bool LayerHasLocalRope(int64_t layer) const {
+    return rope_local_base_freq > 0 && LayerSlidingWindow(layer) > 0;
+  }
   // Channels of each head RoPE rotates: transformers' int(head_dim * partial_rotary_factor).
   int64_t rotary_dim() const {
     return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
@@ -236,6 +277,9 @@ double LongRopeAttentionFactor(const ModelConfig& config);
 //   smollm3  silu, qkv_bias == o_proj_bias (one attention_bias key), no sliding window;
 //   olmo2    silu, qkv_bias == o_proj_bias (one attention_bias key), no MLP bias, no window;
 //   phi3     silu, no biases, a window (if any) on every layer;
+//   gemma3_text gelu_new (gelu_pytorch_tanh), qkv_bias == o_proj_bias, no MLP bias, rope scaling
+//            none or linear (factor >= 1; linear for gemma3_text only), rope_local_base_freq
+//            finite and positive (0 for every other family);
 // partial_rotary_factor 1 except for phi3, where it is in (0, 1] with rotary_dim() even and
 // positive;
 // layers_without_rope empty or one entry per layer, and set only for smollm3;
@@ -262,6 +306,8 @@ double LongRopeAttentionFactor(const ModelConfig& config);
 //   "smollm3-3b"      HuggingFaceTB/SmolLM3-3B                        3,075,098,624
 //   "olmo-2-1b"       allenai/OLMo-2-0425-1B                          1,484,916,736
 //   "phi-4-mini"      microsoft/Phi-4-mini-instruct                   3,836,021,760
+//   "gemma-3-1b"      google/gemma-3-1b-pt (text)                       999,885,952
+//   "gemma-3-4b"      google/gemma-3-4b-pt's text model               3,880,263,168
 //   "llama-tiny"      a 2-layer GQA Llama for tests (vocab 256, E 64, 4 heads, 2 kv heads)
 // and every GPT-2-architecture preset of GptPreset ("tiny", "gpt2", ..., "18B") converted with
 // FromGptConfig. InvalidArgument listing the known names for anything else.
@@ -276,7 +322,7 @@ std::vector<OperatorSpec> ModelOperators(const ModelConfig& config,
                                          const VocabLayoutOptions& layout = {});
 
 // Closed form of the parameter count (== ModelNumElems(ModelOperators(config))).
-//   llama-likes: V E (1 + untied) + E + L (2E + 2 E Q + 2 E K + 3 E I
+//   llama-likes: V E (1 + untied) + E + L (2E (gemma3_text: 4E) + 2 E Q + 2 E K + 3 E I
 //                + qkv_bias (Q + 2K) + o_proj_bias E + mlp_bias (2I + E) + qk_norm 2D
 //                (whole-projection q/k norm: Q + K))
 //   gpt2:        (V + P) E + L (4E^2 + 2 E I + I + 9E) + 2E

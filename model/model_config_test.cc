@@ -46,7 +46,8 @@ constexpr Published kPublished[] = {
     {"qwen3-0.6b", 596'049'920},     {"qwen3-4b", 4'022'468'096},
     {"qwen2.5-14b", 14'770'033'664}, {"qwen2.5-32b", 32'763'876'352},
     {"smollm3-3b", 3'075'098'624},   {"olmo-2-1b", 1'484'916'736},
-    {"phi-4-mini", 3'836'021'760},
+    {"phi-4-mini", 3'836'021'760},   {"gemma-3-1b", 999'885'952},
+    {"gemma-3-4b", 3'880'263'168},
 };
 
 void ExpectSameOperators(const std::vector<OperatorSpec>& a, const std::vector<OperatorSpec>& b) {
@@ -382,6 +383,19 @@ TEST(ModelConfigTest, ValidationNamesTheField) {
       {"olmo2's config.json has one attention_bias", [](ModelConfig& c) { c.mlp_bias = true; },
        "olmo-2-1b"},
       {"phi3 has no biases", [](ModelConfig& c) { c.qkv_bias = true; }, "phi-4-mini"},
+      {"gemma3_text's config.json has one attention_bias",
+       [](ModelConfig& c) { c.mlp_bias = true; }, "gemma-3-1b"},
+      {"gemma3_text uses hidden_act gelu_new",
+       [](ModelConfig& c) { c.hidden_act = HiddenAct::kSilu; }, "gemma-3-1b"},
+      {"rope_local_base_freq must be finite and positive",
+       [](ModelConfig& c) { c.rope_local_base_freq = 0; }, "gemma-3-1b"},
+      {"rope_local_base_freq must be 0", [](ModelConfig& c) { c.rope_local_base_freq = 10000; }},
+      {"rope_scaling linear is supported for gemma3_text only",
+       [](ModelConfig& c) {
+         c.rope_scaling = RopeScaling{.type = RopeScalingType::kLinear, .factor = 2.0};
+       }},
+      {"rope_scaling.factor must be >= 1", [](ModelConfig& c) { c.rope_scaling.factor = 0.5; },
+       "gemma-3-4b"},
       {"partial_rotary_factor must be 1", [](ModelConfig& c) { c.partial_rotary_factor = 0.5; }},
       {"partial_rotary_factor must be in (0, 1]",
        [](ModelConfig& c) { c.partial_rotary_factor = 1.25; }, "phi-4-mini"},

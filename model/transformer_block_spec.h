@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/kernels/swiglu_math.h"
 #include "model/model_config.h"
 
 namespace ps {
@@ -45,6 +46,16 @@ struct TransformerBlockSpec {
   // residual add (x + norm(attention(x)), then h + norm(mlp(h))), instead of on their inputs:
   // OLMo 2.
   bool post_norms = false;
+  // Gemma's four norms: the pre-norms (ln_1 before attention, ln_2 before the MLP) and a norm of
+  // each sublayer's output before the residual add (ln_1_post, ln_2_post):
+  // h = x + ln_1_post(attention(ln_1(x))), out = h + ln_2_post(mlp(ln_2(h))).
+  bool sandwich_norms = false;
+  // Every RMSNorm's gain is (norm_weight_offset + w) (Gemma: 1; RmsNormShape::weight_offset).
+  double norm_weight_offset = 0;
+  // The token embedding times this factor, rounded to f32 (Gemma: sqrt(hidden_size)); 0 = none.
+  double embedding_multiplier = 0;
+  // The MLP gate's activation (kSwiGlu only): silu, or Gemma's tanh GELU (GeGLU).
+  GateActivation gate = GateActivation::kSilu;
   // LM head = token embedding (no lm_head operators).
   bool tied_lm_head = true;
   // Layers whose attention rotates neither q nor k (SmolLM3's NoPE layers; kRope only): one entry
@@ -77,6 +88,13 @@ inline TransformerBlockSpec BlockSpecOf(const ModelConfig& config) {
   s.qk_norm = config.qk_norm();
   s.qk_norm_whole = config.qk_norm_whole();
   s.post_norms = config.post_norms();
+  s.sandwich_norms = config.sandwich_norms();
+  s.norm_weight_offset = config.norm_weight_offset();
+  s.embedding_multiplier = config.embedding_multiplier();
+  if (config.architecture() == ModelArchitecture::kLlama &&
+      config.hidden_act == HiddenAct::kGeluTanh) {
+    s.gate = GateActivation::kGeluTanh;
+  }
   s.tied_lm_head = config.tie_word_embeddings;
   s.layers_without_rope = config.layers_without_rope;
   if (config.rotary_dim() != config.head_dim) s.rotary_dim = config.rotary_dim();

@@ -13,6 +13,7 @@
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "memory/dtype.h"
+#include "memory/dtype_math.h"
 #include "model/internal/program_buffers.h"
 #include "model/internal/transformer_program_run.h"
 #include "model/kernels/rope.h"
@@ -58,15 +59,32 @@ absl::Status TransformerProgram::Run::UploadInputs(const ProgramInputs& in, Acti
         "program created with ProgramShape::token_metadata");
   }
   ASSIGN_OR_RETURN(acts.inputs, Alloc(o.total, false));
-  const absl::Span<const char> pieces[] = {
-      Bytes(in.tokens),     Bytes(in.targets), Bytes(absl::MakeConstSpan(p_.rope_cos_)),
-      Bytes(absl::MakeConstSpan(p_.rope_sin_)), Bytes(in.positions), Bytes(in.key_start)};
+  const absl::Span<const char> pieces[] = {Bytes(in.tokens),
+                                           Bytes(in.targets),
+                                           Bytes(absl::MakeConstSpan(p_.rope_cos_)),
+                                           Bytes(absl::MakeConstSpan(p_.rope_sin_)),
+                                           Bytes(absl::MakeConstSpan(p_.rope_local_cos_)),
+                                           Bytes(absl::MakeConstSpan(p_.rope_local_sin_)),
+                                           Bytes(in.positions),
+                                           Bytes(in.key_start)};
   RETURN_IF_ERROR(ctx_->Upload(ProgramContext::Staging::kInputs, acts.inputs.data() + o.tokens,
-                               absl::MakeConstSpan(pieces, metadata ? 6 : 4)));
+                               absl::MakeConstSpan(pieces, metadata ? 8 : 6)));
   rope_dev_ = acts.inputs.data();
   positions_dev_ = metadata ? acts.inputs.i32() + o.positions : nullptr;
   key_start_dev_ = metadata ? acts.inputs.i32() + o.key_start : nullptr;
   return absl::OkStatus();
+}
+
+float TransformerProgram::Run::EmbeddingMultiplier() const {
+  const float m = static_cast<float>(spec_.embedding_multiplier);
+  switch (ctx_->compute_dtype()) {
+    case DType::kBF16:
+      return BFloat16BitsToFloat(FloatToBFloat16Bits(m));
+    case DType::kF16:
+      return HalfBitsToFloat(FloatToHalfBits(m));
+    default:
+      return m;
+  }
 }
 
 absl::Status TransformerProgram::Run::EmbeddingForward(Activations& acts) {
@@ -81,6 +99,13 @@ absl::Status TransformerProgram::Run::EmbeddingForward(Activations& acts) {
       return k.EmbeddingBlockForward(s, BlockShape(b), tokens, v.dtype, v.data, acts.x[0].data());
     }));
     RETURN_IF_ERROR(access.End());
+  }
+  if (spec_.embedding_multiplier > 0) {
+    // Gemma: x = wte[token] * sqrt(hidden_size), the factor rounded to the compute dtype first
+    // (transformers' normalizer is a tensor of the embedding's dtype).
+    const float m = EmbeddingMultiplier();
+    RETURN_IF_ERROR(ctx_->Compute(
+        [&](Kernels& k, Stream& s) { return k.ScaleInPlace(s, N_ * C_, m, acts.x[0].data()); }));
   }
   if (spec_.positions != TransformerBlockSpec::Positions::kLearned) return absl::OkStatus();
   // Then the positions: x = wte[token] + wpe[position].
@@ -195,6 +220,11 @@ absl::Status TransformerProgram::Run::LmHeadBackward(double loss_scale, Activati
 absl::Status TransformerProgram::Run::EmbeddingBackward(Activations& acts, Buffer& dx0) {
   // The embedding's part of the batch's rows, added to the LM head's in token order (no
   // parameter is read: nothing is accessed).
+  if (embedding_trainable() && spec_.embedding_multiplier > 0) {
+    const float m = EmbeddingMultiplier();  // d(wte row) = m * d(x0 row)
+    RETURN_IF_ERROR(ctx_->Compute(
+        [&](Kernels& k, Stream& s) { return k.ScaleInPlace(s, N_ * C_, m, dx0.data()); }));
+  }
   if (embedding_trainable()) {
     RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
       return k.ScatterRowsAdd(s, TouchedShape(), N_, acts.inputs.i32() + InputsLayout().tokens,
@@ -286,6 +316,10 @@ absl::StatusOr<TransformerProgram> TransformerProgram::Create(const ModelConfig&
       rope.llama3 = RopeLlama3Params{rs.factor, rs.low_freq_factor, rs.high_freq_factor,
                                      static_cast<double>(rs.original_max_position_embeddings)};
     }
+    if (config.rope_scaling.type == RopeScalingType::kLinear) {
+      rope.scaling_type = "linear";  // Gemma 3's global layers (the local tables are plain)
+      rope.linear_factor = config.rope_scaling.factor;
+    }
     if (config.rope_scaling.type == RopeScalingType::kLongRope) {
       // transformers picks the long factors when the longest position + 1 exceeds
       // original_max_position_embeddings: here when the sequence does (packed rows restart their
@@ -302,6 +336,20 @@ absl::StatusOr<TransformerProgram> TransformerProgram::Create(const ModelConfig&
     p.rope_sin_.resize(table);
     RETURN_IF_ERROR(RopeTables<float>(rope, shape.seq_len, absl::MakeSpan(p.rope_cos_),
                                       absl::MakeSpan(p.rope_sin_)));
+    bool local = false;
+    for (int64_t l = 0; l < config.num_layers; ++l) local = local || config.LayerHasLocalRope(l);
+    if (local) {
+      // Gemma 3's sliding-window layers: the plain tables of base rope_local_base_freq.
+      const RopeConfig local_rope{.head_dim = rotated,
+                                  .theta = config.rope_local_base_freq,
+                                  .scaling_type = "",
+                                  .llama3 = RopeLlama3Params{}};
+      p.rope_local_cos_.resize(table);
+      p.rope_local_sin_.resize(table);
+      RETURN_IF_ERROR(RopeTables<float>(local_rope, shape.seq_len,
+                                        absl::MakeSpan(p.rope_local_cos_),
+                                        absl::MakeSpan(p.rope_local_sin_)));
+    }
   }
   return p;
 }

@@ -163,8 +163,10 @@ struct ProgramLayout {
   // GPT-2: ln_1, c_attn (qkv), attn.c_proj (attn_out), ln_2, mlp.c_fc (mlp_in), mlp.c_proj
   // (mlp_out). Llama: input_layernorm, q/k/v_proj (qkv_split), o_proj, post_attention_layernorm,
   // gate_proj (mlp_in), up_proj (mlp_up), down_proj (mlp_out).
+  // Gemma's sandwich norms: post_attention_layernorm (ln_1_post) and post_feedforward_layernorm
+  // (ln_2_post), with ln_2 its pre_feedforward_layernorm.
   struct Block {
-    Op ln_1, qkv, attn_out, ln_2, mlp_in, mlp_up, mlp_out;
+    Op ln_1, qkv, attn_out, ln_2, mlp_in, mlp_up, mlp_out, ln_1_post, ln_2_post;
     QkvOp qkv_split;
   };
   struct VocabBlock {
@@ -272,8 +274,10 @@ class TransformerProgram {
   TransformerBlockSpec spec_;
   ProgramShape shape_;
   ProgramLayout layout_;
-  // RoPE tables [seq_len, head_dim / 2] (RoPE positions only), uploaded with the inputs.
+  // RoPE tables [seq_len, head_dim / 2] (RoPE positions only), uploaded with the inputs; and
+  // those of the local layers (Gemma 3's rope_local_base_freq; empty when no layer has one).
   std::vector<float> rope_cos_, rope_sin_;
+  std::vector<float> rope_local_cos_, rope_local_sin_;
 };
 
 }  // namespace ps

@@ -23,9 +23,13 @@ absl::Status TransformerProgram::Run::BlockForward(int64_t layer, const float* i
   const Block& ops = p_.layout_.blocks[static_cast<size_t>(layer)];
   const int64_t Q = m_.q_size(), K = m_.kv_size(), I = m_.intermediate_size;
   const int64_t D = m_.head_dim;
-  const bool post = spec_.post_norms;
-  if (!post) RETURN_IF_ERROR(NormForward(ops.ln_1, in, a.ln1, a.ln1_mean, a.ln1_rstd));
-  a.attn_in = post ? in : a.ln1.data();
+  // Pre norms (ln_1, ln_2 on the sublayers' inputs) unless OLMo 2's post norms replace them; a
+  // norm of each sublayer's output (OLMo 2's ln_1 and ln_2, Gemma's ln_1_post and ln_2_post).
+  const bool pre = !spec_.post_norms;
+  const bool post = spec_.post_norms || spec_.sandwich_norms;
+  const PostNorms pn = PostNormsOf(ops, a);
+  if (pre) RETURN_IF_ERROR(NormForward(ops.ln_1, in, a.ln1, a.ln1_mean, a.ln1_rstd));
+  a.attn_in = pre ? a.ln1.data() : in;
   if (fused_qkv()) {
     ASSIGN_OR_RETURN(a.qkv, Alloc(N_ * (Q + 2 * K), false));
     RETURN_IF_ERROR(LinearForward(ops.qkv, C_, Q + 2 * K, a.attn_in, a.qkv.data(), a.lh_qkv));
@@ -75,8 +79,9 @@ absl::Status TransformerProgram::Run::BlockForward(int64_t layer, const float* i
     const RopeShape qs{B_, T_, m_.num_heads, D, T_, spec_.rotary_dim};
     const RopeShape ks{B_, T_, m_.num_kv_heads, D, T_, spec_.rotary_dim};
     RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
-      RETURN_IF_ERROR(k.RopeForward(s, qs, rope_cos(), rope_sin(), qkv.q, positions_dev()));
-      return k.RopeForward(s, ks, rope_cos(), rope_sin(), qkv.k, positions_dev());
+      RETURN_IF_ERROR(
+          k.RopeForward(s, qs, rope_cos(layer), rope_sin(layer), qkv.q, positions_dev()));
+      return k.RopeForward(s, ks, rope_cos(layer), rope_sin(layer), qkv.k, positions_dev());
     }));
   }
   {
@@ -91,13 +96,16 @@ absl::Status TransformerProgram::Run::BlockForward(int64_t layer, const float* i
     }));
   }
   if (post) {
-    // res2 = in + ln_1(attention projection(atty)); the projection is kept as the norm's input,
-    // and the MLP reads res2 itself.
+    // res2 = in + ln_1(attention projection(atty)) (Gemma: ln_1_post); the projection is kept as
+    // the norm's input, and the MLP reads res2 itself (Gemma: ln_2(res2)).
     ASSIGN_OR_RETURN(a.attn_o, Alloc(N_ * C_, false));
     RETURN_IF_ERROR(LinearForward(ops.attn_out, Q, C_, a.atty.data(), a.attn_o.data(), a.lh_o));
-    RETURN_IF_ERROR(NormForward(ops.ln_1, a.attn_o.data(), a.res2, a.ln1_mean, a.ln1_rstd));
+    RETURN_IF_ERROR(NormForward(*pn.attn, a.attn_o.data(), a.res2, *pn.attn_mean, *pn.attn_rstd));
     RETURN_IF_ERROR(Residual(in, a.res2));
-    a.mlp_in = a.res2.data();
+    if (pre) {
+      RETURN_IF_ERROR(NormForward(ops.ln_2, a.res2.data(), a.ln2, a.ln2_mean, a.ln2_rstd));
+    }
+    a.mlp_in = pre ? a.ln2.data() : a.res2.data();
   } else {
     // res2 = in + attention projection(atty), computed in place of the projection.
     ASSIGN_OR_RETURN(a.res2, Alloc(N_ * C_, false));
@@ -114,7 +122,9 @@ absl::Status TransformerProgram::Run::BlockForward(int64_t layer, const float* i
   }
   ASSIGN_OR_RETURN(a.act, Alloc(N_ * I, false));
   RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
-    if (swiglu()) return k.SwiGluForward(s, N_ * I, a.fch.data(), a.up.data(), a.act.data());
+    if (swiglu()) {
+      return k.SwiGluForward(s, N_ * I, a.fch.data(), a.up.data(), a.act.data(), spec_.gate);
+    }
     return k.GeluForward(s, N_ * I, a.fch.data(), a.act.data());
   }));
   if (post) {
@@ -122,7 +132,7 @@ absl::Status TransformerProgram::Run::BlockForward(int64_t layer, const float* i
     // recomputing, the norm's statistics are what backward needs; its output is discarded).
     ASSIGN_OR_RETURN(a.mlp_o, Alloc(N_ * C_, false));
     RETURN_IF_ERROR(LinearForward(ops.mlp_out, I, C_, a.act.data(), a.mlp_o.data(), a.lh_out));
-    RETURN_IF_ERROR(NormForward(ops.ln_2, a.mlp_o.data(), out, a.ln2_mean, a.ln2_rstd));
+    RETURN_IF_ERROR(NormForward(*pn.mlp, a.mlp_o.data(), out, *pn.mlp_mean, *pn.mlp_rstd));
     if (recompute) {
       out.Reset();
       return absl::OkStatus();
@@ -159,8 +169,11 @@ absl::Status TransformerProgram::Run::BlockForward(int64_t layer, const float* i
 absl::Status TransformerProgram::Run::BlockBackward(int64_t layer, BlockActs& a, Buffer& in,
                                                     Buffer& dres) {
   const Block& ops = p_.layout_.blocks[static_cast<size_t>(layer)];
-  const bool post = spec_.post_norms;
-  // out = res2 + mlp(ln_2(res2)), or (post norms) res2 + ln_2(mlp(res2))
+  const bool pre = !spec_.post_norms;
+  const bool post = spec_.post_norms || spec_.sandwich_norms;
+  const PostNorms pn = PostNormsOf(ops, a);
+  // out = res2 + mlp(ln_2(res2)), or (post norms) res2 + ln_2(mlp(res2)), or (sandwich norms)
+  // res2 + ln_2_post(mlp(ln_2(res2)))
   ASSIGN_OR_RETURN(Buffer dres2, Alloc(N_ * C_, true));
   ASSIGN_OR_RETURN(Buffer dmlp_out, Alloc(N_ * C_, true));
   RETURN_IF_ERROR(ResidualBwd(dres, dres2, dmlp_out));
@@ -169,13 +182,17 @@ absl::Status TransformerProgram::Run::BlockBackward(int64_t layer, BlockActs& a,
     // dmlp_out holds d(ln_2's output): through the norm to d(the MLP's output).
     Buffer dnorm = std::move(dmlp_out);
     ASSIGN_OR_RETURN(dmlp_out, Alloc(N_ * C_, true));
-    RETURN_IF_ERROR(NormBackward(ops.ln_2, a.mlp_o.data(), a.ln2_mean, a.ln2_rstd, dnorm.data(),
+    RETURN_IF_ERROR(NormBackward(*pn.mlp, a.mlp_o.data(), *pn.mlp_mean, *pn.mlp_rstd, dnorm.data(),
                                  dmlp_out.data()));
     dnorm.Reset();
     a.mlp_o.Reset();
+    if (spec_.sandwich_norms) {
+      a.ln2p_mean.Reset();
+      a.ln2p_rstd.Reset();
+    }
   }
   ASSIGN_OR_RETURN(Buffer dln2, MlpBackward(ops, a, dmlp_out));
-  if (post) {
+  if (!pre) {
     RETURN_IF_ERROR(Residual(dln2.data(), dres2));  // the MLP read res2 itself
   } else {
     RETURN_IF_ERROR(
@@ -193,14 +210,18 @@ absl::Status TransformerProgram::Run::BlockBackward(int64_t layer, BlockActs& a,
   if (post) {
     Buffer dnorm = std::move(dattn_out);
     ASSIGN_OR_RETURN(dattn_out, Alloc(N_ * C_, true));
-    RETURN_IF_ERROR(NormBackward(ops.ln_1, a.attn_o.data(), a.ln1_mean, a.ln1_rstd, dnorm.data(),
-                                 dattn_out.data()));
+    RETURN_IF_ERROR(NormBackward(*pn.attn, a.attn_o.data(), *pn.attn_mean, *pn.attn_rstd,
+                                 dnorm.data(), dattn_out.data()));
     dnorm.Reset();
     a.attn_o.Reset();
+    if (spec_.sandwich_norms) {
+      a.ln1p_mean.Reset();
+      a.ln1p_rstd.Reset();
+    }
   }
   ASSIGN_OR_RETURN(Buffer dln1, AttentionBackward(layer, ops, a, dattn_out));
   a.ln1.Reset();
-  if (post) {
+  if (!pre) {
     RETURN_IF_ERROR(Residual(dln1.data(), din));  // the attention read the block's input itself
   } else {
     RETURN_IF_ERROR(
@@ -230,7 +251,7 @@ absl::StatusOr<Buffer> TransformerProgram::Run::MlpBackward(const Block& ops, Bl
   RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
     if (swiglu()) {
       return k.SwiGluBackward(s, N_ * I, a.fch.data(), a.up.data(), dact.data(), dfch.data(),
-                              dup.data());
+                              dup.data(), spec_.gate);
     }
     return k.GeluBackward(s, N_ * I, a.fch.data(), dact.data(), dfch.data());
   }));
@@ -282,8 +303,9 @@ absl::StatusOr<Buffer> TransformerProgram::Run::AttentionBackward(int64_t layer,
     const RopeShape qs{B_, T_, m_.num_heads, D, T_, spec_.rotary_dim};
     const RopeShape ks{B_, T_, m_.num_kv_heads, D, T_, spec_.rotary_dim};
     RETURN_IF_ERROR(ctx_->Compute([&](Kernels& k, Stream& s) {
-      RETURN_IF_ERROR(k.RopeBackward(s, qs, rope_cos(), rope_sin(), g.d.q, positions_dev()));
-      return k.RopeBackward(s, ks, rope_cos(), rope_sin(), g.d.k, positions_dev());
+      RETURN_IF_ERROR(
+          k.RopeBackward(s, qs, rope_cos(layer), rope_sin(layer), g.d.q, positions_dev()));
+      return k.RopeBackward(s, ks, rope_cos(layer), rope_sin(layer), g.d.k, positions_dev());
     }));
   }
   ASSIGN_OR_RETURN(Buffer dln1, Alloc(N_ * C_, true));

@@ -78,6 +78,19 @@ ProgramLayout ProgramLayoutOf(const ModelConfig& config, absl::Span<const Operat
       }
       CHECK_EQ(next_tensor, ops[q].tensors.size()) << ops[q].name;
       b.attn_out = op_at(next + 1);
+      if (spec.sandwich_norms) {
+        // Gemma: post_attention_layernorm, pre_feedforward_layernorm, the MLP,
+        // post_feedforward_layernorm.
+        b.ln_1_post = op_at(next + 2);
+        b.ln_2 = op_at(next + 3);
+        b.mlp_in = op_at(next + 4);
+        b.mlp_up = op_at(next + 5);
+        b.mlp_out = op_at(next + 6);
+        b.ln_2_post = op_at(next + 7);
+        next += 8;
+        layout.blocks.push_back(b);
+        continue;
+      }
       if (post) {
         b.ln_1 = op_at(next + 2);
       } else {

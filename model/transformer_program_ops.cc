@@ -365,7 +365,8 @@ absl::Status TransformerProgram::Run::NormForward(const Op& op, const float* x, 
       return k.LayerNormForward(s, {n, c}, x, w.data(), b.data(), y.data(), mean.data(),
                                 rstd.data());
     }
-    return k.RmsNormForward(s, {n, c, m_.norm_eps}, x, w.data(), y.data(), rstd.data());
+    return k.RmsNormForward(s, {n, c, m_.norm_eps, spec_.norm_weight_offset}, x, w.data(), y.data(),
+                            rstd.data());
   }));
   w_f32.Reset();
   b_f32.Reset();
@@ -390,7 +391,8 @@ absl::Status TransformerProgram::Run::NormBackward(const Op& op, const float* x,
       return k.LayerNormBackward(s, {n, c}, x, w.data(), mean.data(), rstd.data(), dy, dx,
                                  dw.data(), db.data());
     }
-    return k.RmsNormBackward(s, {n, c, m_.norm_eps}, x, w.data(), rstd.data(), dy, dx, dw.data());
+    return k.RmsNormBackward(s, {n, c, m_.norm_eps, spec_.norm_weight_offset}, x, w.data(),
+                             rstd.data(), dy, dx, dw.data());
   }));
   w_f32.Reset();
   if (op.trainable) {
@@ -403,9 +405,10 @@ absl::Status TransformerProgram::Run::NormBackward(const Op& op, const float* x,
 absl::Status TransformerProgram::Run::HeadNormForward(TensorId w, int64_t heads, const Buffer& x,
                                                       Buffer& y, Buffer& rstd) {
   // Per head ([N * heads, D]) or over each token's whole projection ([N, heads * D]: OLMo 2).
+  const double offset = spec_.norm_weight_offset;
   const RmsNormShape shape = spec_.qk_norm_whole
-                                 ? RmsNormShape{N_, heads * m_.head_dim, m_.norm_eps}
-                                 : RmsNormShape{N_ * heads, m_.head_dim, m_.norm_eps};
+                                 ? RmsNormShape{N_, heads * m_.head_dim, m_.norm_eps, offset}
+                                 : RmsNormShape{N_ * heads, m_.head_dim, m_.norm_eps, offset};
   ASSIGN_OR_RETURN(y, Alloc(shape.rows * shape.channels, false));
   ASSIGN_OR_RETURN(rstd, Alloc(shape.rows, false));
   absl::Span<const float> wv;
@@ -419,9 +422,10 @@ absl::Status TransformerProgram::Run::HeadNormBackward(TensorId w, bool trainabl
                                                        const Buffer& x, const Buffer& rstd,
                                                        Buffer& dy) {
   // Per head ([N * heads, D]) or over each token's whole projection ([N, heads * D]: OLMo 2).
+  const double offset = spec_.norm_weight_offset;
   const RmsNormShape shape = spec_.qk_norm_whole
-                                 ? RmsNormShape{N_, heads * m_.head_dim, m_.norm_eps}
-                                 : RmsNormShape{N_ * heads, m_.head_dim, m_.norm_eps};
+                                 ? RmsNormShape{N_, heads * m_.head_dim, m_.norm_eps, offset}
+                                 : RmsNormShape{N_ * heads, m_.head_dim, m_.norm_eps, offset};
   ASSIGN_OR_RETURN(Buffer dx, Alloc(shape.rows * shape.channels, true));
   Buffer dw;
   if (trainable) {

@@ -146,7 +146,7 @@ TEST_P(SftParity, PerStepLossesMatchTorchRunningEachExampleAlone) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Architectures, SftParity, ::testing::Values("llama", "qwen2", "phi3"),
+INSTANTIATE_TEST_SUITE_P(Architectures, SftParity, ::testing::Values("llama", "qwen2", "phi3", "gemma3"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

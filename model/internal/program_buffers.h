@@ -100,6 +100,9 @@ struct BlockActs {
   // With post norms (OLMo 2): the attention's and the MLP's output projections, the inputs of
   // ln_1 and ln_2 (ln1 and ln2 are then unused: the sublayers read the residual stream itself).
   Buffer attn_o, mlp_o;
+  // With sandwich norms (Gemma): the statistics of the post norms (ln_1_post, ln_2_post); the
+  // pre norms keep theirs in ln1_* and ln2_*.
+  Buffer ln1p_mean, ln1p_rstd, ln2p_mean, ln2p_rstd;
   // What the attention's and the MLP's input projections read: ln1 and ln2, or (post norms) the
   // block's input and res2. Set by the forward; not owned.
   const float* attn_in = nullptr;

@@ -166,6 +166,23 @@ class TransformerProgram::Run {
   // Whether `layer` rotates q and k (RoPE positions and not a NoPE layer).
   bool rope(int64_t layer) const { return spec_.RopeOn(layer); }
   bool swiglu() const { return spec_.mlp == TransformerBlockSpec::Mlp::kSwiGlu; }
+  // The norms of the sublayers' outputs and their statistics: OLMo 2's ln_1 and ln_2 (in place
+  // of the pre norms), or Gemma's ln_1_post and ln_2_post (besides them).
+  struct PostNorms {
+    const Op* attn;
+    const Op* mlp;
+    Buffer* attn_mean;
+    Buffer* attn_rstd;
+    Buffer* mlp_mean;
+    Buffer* mlp_rstd;
+  };
+  PostNorms PostNormsOf(const Block& ops, BlockActs& a) const {
+    if (spec_.sandwich_norms) {
+      return {&ops.ln_1_post, &ops.ln_2_post, &a.ln1p_mean,
+              &a.ln1p_rstd,   &a.ln2p_mean,   &a.ln2p_rstd};
+    }
+    return {&ops.ln_1, &ops.ln_2, &a.ln1_mean, &a.ln1_rstd, &a.ln2_mean, &a.ln2_rstd};
+  }
   // Grouped-query attention of `layer` over q, k, v rows of `stride` elements (the fused
   // projection's packed [q | k | v] rows) or packed rows (0), with the layer's sliding window.
   GqaAttentionShape AttentionShape(int64_t layer) const {
@@ -191,8 +208,17 @@ class TransformerProgram::Run {
     const int64_t Q = m_.q_size(), K = m_.kv_size();
     return {a.qkv.data(), a.qkv.data() + Q, a.qkv.data() + Q + K};
   }
-  const float* rope_cos() const { return rope_dev_ + InputsLayout().rope_cos; }
-  const float* rope_sin() const { return rope_dev_ + InputsLayout().rope_sin; }
+  // The RoPE tables of `layer` (Gemma 3's local layers have their own).
+  const float* rope_cos(int64_t layer) const {
+    const InputsOffsets o = InputsLayout();
+    return rope_dev_ + (m_.LayerHasLocalRope(layer) ? o.rope_local_cos : o.rope_cos);
+  }
+  const float* rope_sin(int64_t layer) const {
+    const InputsOffsets o = InputsLayout();
+    return rope_dev_ + (m_.LayerHasLocalRope(layer) ? o.rope_local_sin : o.rope_sin);
+  }
+  // Gemma's embedding multiplier, rounded to the compute dtype and then held in f32.
+  float EmbeddingMultiplier() const;
   absl::Status Residual(const float* in, Buffer& out);
   absl::Status ResidualBwd(const Buffer& dout, Buffer& da, Buffer& db);
 
@@ -236,11 +262,12 @@ class TransformerProgram::Run {
   // --- Embedding, LM head, the whole model -----------------------------------------------------
 
   // Elements of Activations::inputs (f32-sized): the loss (a double) at 0, tokens, targets, the
-  // RoPE cos and sin tables (empty without RoPE), then with ProgramShape::token_metadata the
-  // positions and key_start (N each; not uploaded when a pass has none).
+  // RoPE cos and sin tables (empty without RoPE), the local layers' (empty without), then with
+  // ProgramShape::token_metadata the positions and key_start (N each; not uploaded when a pass has
+  // none).
   struct InputsOffsets {
-    int64_t tokens = 0, targets = 0, rope_cos = 0, rope_sin = 0, positions = 0, key_start = 0,
-            total = 0;
+    int64_t tokens = 0, targets = 0, rope_cos = 0, rope_sin = 0, rope_local_cos = 0,
+            rope_local_sin = 0, positions = 0, key_start = 0, total = 0;
   };
   InputsOffsets InputsLayout() const {
     InputsOffsets o;
@@ -249,7 +276,10 @@ class TransformerProgram::Run {
     o.rope_cos = o.targets + N_;
     const int64_t table = static_cast<int64_t>(p_.rope_cos_.size());
     o.rope_sin = o.rope_cos + table;
-    o.positions = o.rope_sin + table;
+    const int64_t local = static_cast<int64_t>(p_.rope_local_cos_.size());
+    o.rope_local_cos = o.rope_sin + table;
+    o.rope_local_sin = o.rope_local_cos + local;
+    o.positions = o.rope_local_sin + local;
     const int64_t meta = s_.token_metadata ? N_ : 0;
     o.key_start = o.positions + meta;
     o.total = o.key_start + meta;

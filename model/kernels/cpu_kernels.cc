@@ -275,6 +275,11 @@ absl::Status CpuKernels::DoResidualBackward(Stream& stream, int64_t n, const flo
   });
 }
 
+absl::Status CpuKernels::DoScaleInPlace(Stream& stream, int64_t n, float alpha, float* x) {
+  ThreadPool* pool = pool_;
+  return Enqueue(stream, [=] { return ::ps::ScaleInPlace<float>(alpha, Out(x, n), pool); });
+}
+
 absl::Status CpuKernels::DoLmHeadCrossEntropyForward(
     Stream& stream, const LmHeadCrossEntropyShape& s, const float* h, const float* wte,
     const int32_t* targets, float* lse, double* loss, void* workspace, int64_t workspace_bytes) {
@@ -356,17 +361,19 @@ absl::Status CpuKernels::DoRopeBackward(Stream& stream, const RopeShape& s, cons
 }
 
 absl::Status CpuKernels::DoSwiGluForward(Stream& stream, int64_t n, const float* g, const float* u,
-                                         float* h) {
+                                         float* h, GateActivation act) {
   ThreadPool* pool = pool_;
-  return Enqueue(stream,
-                 [=] { return ::ps::SwiGluForward<float>(In(g, n), In(u, n), Out(h, n), pool); });
+  return Enqueue(
+      stream, [=] { return ::ps::SwiGluForward<float>(In(g, n), In(u, n), Out(h, n), pool, act); });
 }
 
 absl::Status CpuKernels::DoSwiGluBackward(Stream& stream, int64_t n, const float* g, const float* u,
-                                          const float* dh, float* dg, float* du) {
+                                          const float* dh, float* dg, float* du,
+                                          GateActivation act) {
   ThreadPool* pool = pool_;
   return Enqueue(stream, [=] {
-    return ::ps::SwiGluBackward<float>(In(g, n), In(u, n), In(dh, n), Out(dg, n), Out(du, n), pool);
+    return ::ps::SwiGluBackward<float>(In(g, n), In(u, n), In(dh, n), Out(dg, n), Out(du, n), pool,
+                                       act);
   });
 }
 

@@ -436,6 +436,14 @@ absl::Status Kernels::ResidualBackward(Stream& stream, int64_t n, const float* d
   return DoResidualBackward(stream, n, dout, da, db);
 }
 
+absl::Status Kernels::ScaleInPlace(Stream& stream, int64_t n, float alpha, float* x) {
+  constexpr char kOp[] = "ScaleInPlace";
+  RETURN_IF_ERROR(Positive(kOp, "num_elems", n));
+  ASSIGN_OR_RETURN(const int64_t bytes, Bytes(kOp, "x", {n}, kF32));
+  RETURN_IF_ERROR(CheckBuffers(kOp, {{"x", x, bytes}}, kF32));
+  return DoScaleInPlace(stream, n, alpha, x);
+}
+
 absl::Status Kernels::LmHeadCrossEntropyForward(Stream& stream, const LmHeadCrossEntropyShape& s,
                                                 const float* h, const float* wte,
                                                 const int32_t* targets, float* lse, double* loss,
@@ -544,16 +552,16 @@ absl::Status Kernels::RopeBackward(Stream& stream, const RopeShape& s, const flo
 }
 
 absl::Status Kernels::SwiGluForward(Stream& stream, int64_t n, const float* g, const float* u,
-                                    float* h) {
+                                    float* h, GateActivation act) {
   constexpr char kOp[] = "SwiGluForward";
   RETURN_IF_ERROR(Positive(kOp, "num_elems", n));
   ASSIGN_OR_RETURN(const int64_t bytes, Bytes(kOp, "g", {n}, kF32));
   RETURN_IF_ERROR(CheckBuffers(kOp, {{"g", g, bytes}, {"u", u, bytes}, {"h", h, bytes}}, kF32));
-  return DoSwiGluForward(stream, n, g, u, h);
+  return DoSwiGluForward(stream, n, g, u, h, act);
 }
 
 absl::Status Kernels::SwiGluBackward(Stream& stream, int64_t n, const float* g, const float* u,
-                                     const float* dh, float* dg, float* du) {
+                                     const float* dh, float* dg, float* du, GateActivation act) {
   constexpr char kOp[] = "SwiGluBackward";
   RETURN_IF_ERROR(Positive(kOp, "num_elems", n));
   ASSIGN_OR_RETURN(const int64_t bytes, Bytes(kOp, "g", {n}, kF32));
@@ -567,7 +575,7 @@ absl::Status Kernels::SwiGluBackward(Stream& stream, int64_t n, const float* g, 
     RETURN_IF_ERROR(NoOverlap(kOp, "dg", dg, name, in, bytes));
     RETURN_IF_ERROR(NoOverlap(kOp, "du", du, name, in, bytes));
   }
-  return DoSwiGluBackward(stream, n, g, u, dh, dg, du);
+  return DoSwiGluBackward(stream, n, g, u, dh, dg, du, act);
 }
 
 absl::Status Kernels::GqaAttentionForward(Stream& stream, const GqaAttentionShape& s,

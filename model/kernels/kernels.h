@@ -78,6 +78,7 @@
 #include "model/kernels/nf4.h"
 #include "model/kernels/rmsnorm.h"
 #include "model/kernels/rope.h"
+#include "model/kernels/swiglu.h"
 #include "model/kernels/vocab_blocks.h"
 
 namespace ps {
@@ -206,6 +207,8 @@ class Kernels {
                                              const float* b, float* out);
   [[nodiscard]] absl::Status ResidualBackward(Stream& stream, int64_t num_elems, const float* dout,
                                               float* da, float* db);
+  // model/kernels/residual.h: x *= alpha (Gemma's embedding multiplier, forward and backward).
+  [[nodiscard]] absl::Status ScaleInPlace(Stream& stream, int64_t num_elems, float alpha, float* x);
   // model/kernels/lm_head_cross_entropy.h. The forward writes the mean loss to *loss (one double
   // in device memory: copy it to the host after the stream got there) and lse [N]. wte is the
   // tied embedding or an untied lm_head.weight [V, C]; targets [N] int32 on the device.
@@ -327,10 +330,13 @@ class Kernels {
                                           const float* sin, float* dx,
                                           const int32_t* positions = nullptr);
   // model/kernels/swiglu.h: h = silu(g) * u (h may equal g or u); dg and du must not overlap.
+  // act kGeluTanh: Gemma's GeGLU, h = gelu_tanh(g) * u.
   [[nodiscard]] absl::Status SwiGluForward(Stream& stream, int64_t num_elems, const float* g,
-                                           const float* u, float* h);
+                                           const float* u, float* h,
+                                           GateActivation act = GateActivation::kSilu);
   [[nodiscard]] absl::Status SwiGluBackward(Stream& stream, int64_t num_elems, const float* g,
-                                            const float* u, const float* dh, float* dg, float* du);
+                                            const float* u, const float* dh, float* dg, float* du,
+                                            GateActivation act = GateActivation::kSilu);
   // model/kernels/gqa_attention.h: q, out [B,T,Hq,D]; k, v [B,T,Hkv,D]; lse [B,Hq,T]. q (dq)
   // and k, v (dk, dv) may be strided views (shape.q_row_stride, kv_row_stride) into one fused
   // buffer; the gradients must not share elements. GPT-2's multi-head attention is the case
@@ -488,6 +494,7 @@ class Kernels {
                                          const float* b, float* out) = 0;
   virtual absl::Status DoResidualBackward(Stream& stream, int64_t num_elems, const float* dout,
                                           float* da, float* db) = 0;
+  virtual absl::Status DoScaleInPlace(Stream& stream, int64_t num_elems, float alpha, float* x) = 0;
   virtual absl::Status DoLmHeadCrossEntropyForward(Stream& stream,
                                                    const LmHeadCrossEntropyShape& shape,
                                                    const float* h, const float* wte,
@@ -509,9 +516,10 @@ class Kernels {
   virtual absl::Status DoRopeBackward(Stream& stream, const RopeShape& shape, const float* cos,
                                       const float* sin, float* dx, const int32_t* positions) = 0;
   virtual absl::Status DoSwiGluForward(Stream& stream, int64_t num_elems, const float* g,
-                                       const float* u, float* h) = 0;
+                                       const float* u, float* h, GateActivation act) = 0;
   virtual absl::Status DoSwiGluBackward(Stream& stream, int64_t num_elems, const float* g,
-                                        const float* u, const float* dh, float* dg, float* du) = 0;
+                                        const float* u, const float* dh, float* dg, float* du,
+                                        GateActivation act) = 0;
   virtual absl::Status DoGqaAttentionForward(Stream& stream, const GqaAttentionShape& shape,
                                              const float* q, const float* k, const float* v,
                                              float* out, float* lse, void* workspace,

@@ -193,5 +193,36 @@ TEST_P(LlamaSimdTest, SwiGluMatchesScalarMath) {
   }
 }
 
+TEST_P(LlamaSimdTest, GeGluMatchesScalarMath) {
+  TestRng gen(4);  // fixed seed: reproducible failures
+  for (const int64_t n : Lengths()) {
+    auto g = Buffer(gen, n, -12, 12);
+    if (n > 2) {
+      g[kOffset] = 120.0f;  // beyond Highway's exp range on both sides
+      g[kOffset + 1] = -120.0f;
+    }
+    const auto u = Buffer(gen, n), dh = Buffer(gen, n);
+    auto h = Buffer(gen, n), dg = Buffer(gen, n), du = Buffer(gen, n);
+    const auto dg0 = dg, du0 = du;
+    ls::SwiGluForward(g.data() + kOffset, u.data() + kOffset, h.data() + kOffset, n,
+                      /*gelu=*/true);
+    ls::SwiGluBackward(g.data() + kOffset, u.data() + kOffset, dh.data() + kOffset,
+                       dg.data() + kOffset, du.data() + kOffset, n, /*gelu=*/true);
+    for (int64_t i = kOffset; i < kOffset + n; ++i) {
+      const SwiGluGrads<double> d =
+          GatedActivationBackwardTerms<double>(GateActivation::kGeluTanh, g[i], u[i], dh[i]);
+      ASSERT_NEAR(h[i], GatedActivation<double>(GateActivation::kGeluTanh, g[i], u[i]),
+                  1e-6 * (1 + std::abs(g[i])))
+          << g[i];
+      ASSERT_NEAR(dg[i], dg0[i] + d.dg, 2e-6) << g[i];
+      ASSERT_NEAR(du[i], du0[i] + d.du, 1e-6 * (1 + std::abs(g[i]))) << g[i];
+      ASSERT_FALSE(std::isnan(h[i]) || std::isnan(dg[i]) || std::isnan(du[i])) << g[i];
+    }
+    ExpectGuardsIntact(h, n, "h");
+    ExpectGuardsIntact(dg, n, "dg");
+    ExpectGuardsIntact(du, n, "du");
+  }
+}
+
 }  // namespace
 }  // namespace ps

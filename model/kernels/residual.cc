@@ -7,9 +7,9 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
+#include "base/thread_pool.h"
 #include "model/kernels/internal/kernel_util.h"
 #include "model/kernels/internal/simd.h"
-#include "base/thread_pool.h"
 
 namespace ps {
 namespace {
@@ -63,11 +63,27 @@ absl::Status ResidualBackward(absl::Span<const T> dout, absl::Span<T> da, absl::
   return absl::OkStatus();
 }
 
+template <typename T>
+absl::Status ScaleInPlace(T alpha, absl::Span<T> x, ThreadPool* pool) {
+  constexpr char kKernel[] = "ScaleInPlace";
+  const int64_t n = static_cast<int64_t>(x.size());
+  RETURN_IF_ERROR(CheckPositive(kKernel, "x size", n));
+  ParallelForRanges(pool, n, kElemsPerTask, [&](int64_t begin, int64_t end) {
+    if constexpr (std::is_same_v<T, float>) {
+      kernels_internal::simd::Scale(alpha, x.data() + begin, end - begin);
+    } else {
+      for (int64_t i = begin; i < end; ++i) x[i] *= alpha;
+    }
+  });
+  return absl::OkStatus();
+}
+
 #define PS_RESIDUAL_INSTANTIATE_(T)                                                            \
   template absl::Status ResidualForward<T>(absl::Span<const T>, absl::Span<const T>,           \
                                            absl::Span<T>, ThreadPool*);                        \
   template absl::Status ResidualBackward<T>(absl::Span<const T>, absl::Span<T>, absl::Span<T>, \
-                                            ThreadPool*)
+                                            ThreadPool*);                                      \
+  template absl::Status ScaleInPlace<T>(T, absl::Span<T>, ThreadPool*)
 PS_RESIDUAL_INSTANTIATE_(float);
 PS_RESIDUAL_INSTANTIATE_(double);
 #undef PS_RESIDUAL_INSTANTIATE_

@@ -25,11 +25,17 @@ template <typename T>
 [[nodiscard]] absl::Status ResidualBackward(absl::Span<const T> dout, absl::Span<T> da,
                                             absl::Span<T> db, ThreadPool* pool);
 
+// x *= alpha, element-wise (one rounded product each): Gemma's token embedding times
+// sqrt(hidden_size), and the same factor on its gradient. x has a positive size.
+template <typename T>
+[[nodiscard]] absl::Status ScaleInPlace(T alpha, absl::Span<T> x, ThreadPool* pool);
+
 #define PS_RESIDUAL_EXTERN_(T)                                                              \
   extern template absl::Status ResidualForward<T>(absl::Span<const T>, absl::Span<const T>, \
                                                   absl::Span<T>, ThreadPool*);              \
   extern template absl::Status ResidualBackward<T>(absl::Span<const T>, absl::Span<T>,      \
-                                                   absl::Span<T>, ThreadPool*)
+                                                   absl::Span<T>, ThreadPool*);             \
+  extern template absl::Status ScaleInPlace<T>(T, absl::Span<T>, ThreadPool*)
 PS_RESIDUAL_EXTERN_(float);
 PS_RESIDUAL_EXTERN_(double);
 #undef PS_RESIDUAL_EXTERN_

@@ -139,10 +139,18 @@ absl::Status ValidateRopeConfig(const RopeConfig& config) {
     }
     return absl::OkStatus();
   }
+  if (config.scaling_type == "linear") {
+    if (!PositiveFinite(config.linear_factor)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rope_scaling.factor must be a positive finite number for linear, got ",
+          config.linear_factor));
+    }
+    return absl::OkStatus();
+  }
   if (config.scaling_type != "llama3") {
     return absl::InvalidArgumentError(absl::StrCat(
         "rope_scaling.rope_type (or the legacy rope_scaling.type) \"", config.scaling_type,
-        "\" is not supported; supported: \"llama3\", \"longrope\", \"default\", or no "
+        "\" is not supported; supported: \"llama3\", \"longrope\", \"linear\", \"default\", or no "
         "rope_scaling"));
   }
   const RopeLlama3Params& p = config.llama3;
@@ -181,9 +189,13 @@ absl::Status RopeInverseFrequencies(const RopeConfig& config, absl::Span<T> inv_
     }
     return absl::OkStatus();
   }
+  const bool linear = config.scaling_type == "linear";
   for (int64_t i = 0; i < half; ++i) {
     const T f = RopeDefaultInverseFrequency<T>(config.theta, i, config.head_dim);
-    inv_freq[i] = llama3 ? RopeLlama3InverseFrequency<T>(f, config.llama3) : f;
+    // linear: transformers' inv_freq /= factor, in T.
+    inv_freq[i] = llama3   ? RopeLlama3InverseFrequency<T>(f, config.llama3)
+                  : linear ? f / static_cast<T>(config.linear_factor)
+                           : f;
   }
   return absl::OkStatus();
 }

@@ -58,6 +58,8 @@ struct RopeConfig {
   // they are).
   std::vector<double> longrope_factors = {};
   double attention_factor = 1.0;
+  // scaling_type "linear" (Gemma 3's global layers): inv_freq / linear_factor (positive).
+  double linear_factor = 1.0;
 };
 
 // OK if `config` is usable; InvalidArgument naming the config.json key otherwise: head_dim not

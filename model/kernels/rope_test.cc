@@ -233,10 +233,35 @@ TEST(RopeTest, ResultsDoNotDependOnThreadCount) {
   EXPECT_EQ(a, b);
 }
 
+// Linear scaling (Gemma 3's global layers): transformers' inv_freq /= factor, in T, and the tables
+// of those frequencies; a non-positive factor is refused naming the key.
+TEST(RopeTest, LinearScalingDividesTheDefaultFrequencies) {
+  RopeConfig plain{.head_dim = 16, .theta = 100.0, .scaling_type = "", .llama3 = {}};
+  RopeConfig linear = plain;
+  linear.scaling_type = "linear";
+  linear.linear_factor = 4.0;
+  std::vector<float> f(8), g(8);
+  ASSERT_OK(RopeInverseFrequencies<float>(plain, absl::MakeSpan(f)));
+  ASSERT_OK(RopeInverseFrequencies<float>(linear, absl::MakeSpan(g)));
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(g[i], f[i] / 4.0f) << i;
+  std::vector<float> cos(5 * 8), sin(5 * 8);
+  ASSERT_OK(RopeTables<float>(linear, 5, absl::MakeSpan(cos), absl::MakeSpan(sin)));
+  for (int p = 0; p < 5; ++p) {
+    for (int i = 0; i < 8; ++i) {
+      const double angle = static_cast<double>(static_cast<float>(p) * g[i]);
+      EXPECT_EQ(cos[p * 8 + i], static_cast<float>(std::cos(angle))) << p << " " << i;
+    }
+  }
+  EXPECT_NE(cos[4 * 8 + 1], static_cast<float>(std::cos(4.0 * f[1])));
+  linear.linear_factor = 0;
+  EXPECT_THAT(ValidateRopeConfig(linear),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rope_scaling.factor")));
+}
+
 TEST(RopeTest, ConfigValidationNamesTheKey) {
   EXPECT_OK(ValidateRopeConfig(Llama31Config()));
   EXPECT_OK(ValidateRopeConfig(RopeConfig{64, 10000.0, "default", {}}));
-  for (const std::string type : {"linear", "dynamic", "yarn", "su", "LLAMA3"}) {
+  for (const std::string type : {"dynamic", "yarn", "su", "LLAMA3", "Linear"}) {
     RopeConfig c = Llama31Config();
     c.scaling_type = type;
     EXPECT_THAT(ValidateRopeConfig(c),

@@ -24,7 +24,7 @@ constexpr int64_t kElemsPerTask = 8192;
 
 template <typename T>
 absl::Status SwiGluForward(absl::Span<const T> g, absl::Span<const T> u, absl::Span<T> h,
-                           ThreadPool* pool) {
+                           ThreadPool* pool, GateActivation act) {
   constexpr char kKernel[] = "SwiGluForward";
   const int64_t n = static_cast<int64_t>(g.size());
   RETURN_IF_ERROR(CheckPositive(kKernel, "gate size", n));
@@ -33,9 +33,10 @@ absl::Status SwiGluForward(absl::Span<const T> g, absl::Span<const T> u, absl::S
   ParallelForRanges(pool, n, kElemsPerTask, [&](int64_t begin, int64_t end) {
     if constexpr (std::is_same_v<T, float>) {
       kernels_internal::llama_simd::SwiGluForward(g.data() + begin, u.data() + begin,
-                                                  h.data() + begin, end - begin);
+                                                  h.data() + begin, end - begin,
+                                                  act == GateActivation::kGeluTanh);
     } else {
-      for (int64_t i = begin; i < end; ++i) h[i] = SwiGlu(g[i], u[i]);
+      for (int64_t i = begin; i < end; ++i) h[i] = GatedActivation(act, g[i], u[i]);
     }
   });
   return absl::OkStatus();
@@ -43,7 +44,8 @@ absl::Status SwiGluForward(absl::Span<const T> g, absl::Span<const T> u, absl::S
 
 template <typename T>
 absl::Status SwiGluBackward(absl::Span<const T> g, absl::Span<const T> u, absl::Span<const T> dh,
-                            absl::Span<T> dg, absl::Span<T> du, ThreadPool* pool) {
+                            absl::Span<T> dg, absl::Span<T> du, ThreadPool* pool,
+                            GateActivation act) {
   constexpr char kKernel[] = "SwiGluBackward";
   const int64_t n = static_cast<int64_t>(g.size());
   RETURN_IF_ERROR(CheckPositive(kKernel, "gate size", n));
@@ -53,12 +55,12 @@ absl::Status SwiGluBackward(absl::Span<const T> g, absl::Span<const T> u, absl::
   RETURN_IF_ERROR(CheckElems(kKernel, "dup", du, n, "size of gate"));
   ParallelForRanges(pool, n, kElemsPerTask, [&](int64_t begin, int64_t end) {
     if constexpr (std::is_same_v<T, float>) {
-      kernels_internal::llama_simd::SwiGluBackward(g.data() + begin, u.data() + begin,
-                                                   dh.data() + begin, dg.data() + begin,
-                                                   du.data() + begin, end - begin);
+      kernels_internal::llama_simd::SwiGluBackward(
+          g.data() + begin, u.data() + begin, dh.data() + begin, dg.data() + begin,
+          du.data() + begin, end - begin, act == GateActivation::kGeluTanh);
     } else {
       for (int64_t i = begin; i < end; ++i) {
-        const SwiGluGrads<T> d = SwiGluBackwardTerms(g[i], u[i], dh[i]);
+        const SwiGluGrads<T> d = GatedActivationBackwardTerms(act, g[i], u[i], dh[i]);
         dg[i] += d.dg;
         du[i] += d.du;
       }
@@ -69,10 +71,10 @@ absl::Status SwiGluBackward(absl::Span<const T> g, absl::Span<const T> u, absl::
 
 #define PS_SWIGLU_INSTANTIATE_(T)                                                                 \
   template absl::Status SwiGluForward<T>(absl::Span<const T>, absl::Span<const T>, absl::Span<T>, \
-                                         ThreadPool*);                                            \
+                                         ThreadPool*, GateActivation);                            \
   template absl::Status SwiGluBackward<T>(absl::Span<const T>, absl::Span<const T>,               \
                                           absl::Span<const T>, absl::Span<T>, absl::Span<T>,      \
-                                          ThreadPool*)
+                                          ThreadPool*, GateActivation)
 PS_SWIGLU_INSTANTIATE_(float);
 PS_SWIGLU_INSTANTIATE_(double);
 #undef PS_SWIGLU_INSTANTIATE_

@@ -20,6 +20,7 @@
 #include <cmath>
 
 #include "base/host_device.h"
+#include "model/kernels/gelu_math.h"
 
 namespace ps {
 
@@ -51,6 +52,23 @@ struct SwiGluGrads {
 template <typename T>
 PS_HOST_DEVICE SwiGluGrads<T> SwiGluBackwardTerms(T g, T u, T dh) {
   return SwiGluGrads<T>{dh * u * SiluDerivative(g), dh * Silu(g)};
+}
+
+// The gate's activation: silu (SwiGLU: Llama and the llama-likes, hidden_act "silu") or GELU
+// with the tanh approximation (GeGLU: Gemma's hidden_act "gelu_pytorch_tanh", gelu_math.h's
+// GeluTanh, the function of GPT-2's MLP):
+//   h = GeluTanh(g) * u,   dg = dh * u * GeluTanhDerivative(g),   du = dh * GeluTanh(g).
+enum class GateActivation { kSilu, kGeluTanh };
+
+template <typename T>
+PS_HOST_DEVICE T GatedActivation(GateActivation act, T g, T u) {
+  return act == GateActivation::kSilu ? SwiGlu(g, u) : GeluTanh(g) * u;
+}
+
+template <typename T>
+PS_HOST_DEVICE SwiGluGrads<T> GatedActivationBackwardTerms(GateActivation act, T g, T u, T dh) {
+  if (act == GateActivation::kSilu) return SwiGluBackwardTerms(g, u, dh);
+  return SwiGluGrads<T>{dh * u * GeluTanhDerivative(g), dh * GeluTanh(g)};
 }
 
 }  // namespace ps

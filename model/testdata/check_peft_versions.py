@@ -59,6 +59,14 @@ Recorded run, 2026-12-07 (branch h-peft, issue #35; python 3.11.7 in both enviro
   #   5.3755034360219724, peft 5.3755035400390625 (1.9e-08 relative), logits vs the merged export
   #   (written with the fused qkv_proj / gate_up_proj, loaded by Phi3ForCausalLM) 3.099e-06
   #   (bound 4.8e-05); the merged model's loss within 1.9e-08.
+  # gemma3 (issue #40, 2026-12-08, branch h-families2; peft 0.21.2 only):
+  #   python3 model/testdata/check_peft_versions.py --train=bazel-bin/trainer/train \
+  #       --out=/tmp/gemma_peft --check=/work/venv-peftnew/bin/python:gemma3
+  #   adapter_config.json {base_model_name_or_path, lora_alpha 8, peft_type, r 4,
+  #   target_modules [q_proj, k_proj, v_proj, gate_proj, up_proj], task_type}; 30 adapter
+  #   tensors; trainer val_loss 5.640983269549906, peft 5.6409831047058105 (2.9e-08 relative),
+  #   logits vs the merged export (loaded by Gemma3ForCausalLM) 3.219e-06 (bound 5.2e-05); the
+  #   merged model's loss within 2.9e-08.
   # peft 0.10's get_peft_model_state_dict (called by the check, not by from_pretrained) warns
   # that it cannot reach the hub for base_model_name_or_path's config.json; peft 0.21.2 warns
   # nothing. The same run with the trainer of main before this change (adapter_config.json with
@@ -91,9 +99,14 @@ RUNS = {
     # merged export writes the fused tensors back.
     "phi3": {"lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
                       "target_modules": ["o_proj", "down_proj"]}},
+    # Gemma 3 text (issue #40; base parity_gemma3: sliding / full / sliding layers, a window of
+    # 4 < SEQ_LEN, (1 + w) norms, GeGLU, tied): q, k, v (read by the q/k norms) and gate, up.
+    "gemma3": {"lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
+                        "target_modules": ["q_proj", "k_proj", "v_proj", "gate_proj",
+                                           "up_proj"]}},
 }
 # The base directory of each architecture (model/testdata/hf_tiny_<arch> unless named here).
-BASES = {"phi3": "parity_phi3"}
+BASES = {"phi3": "parity_phi3", "gemma3": "parity_gemma3"}
 SEQ_LEN, MICRO_BATCH, STEPS = 16, 2, 6
 
 

@@ -39,6 +39,17 @@ Directories:
                          cos/sin scaled by sqrt(1 + ln 8 / ln 8). Ablation: no rope_scaling.
   parity_phi3_shortrope  the same with original_max_position_embeddings 32 >= T: the short
                          factors, scaled by sqrt(1 + ln 2 / ln 32). Ablation: no rope_scaling.
+  parity_gemma3          Gemma3ForCausalLM (model_type gemma3_text), 3 layers: sliding, full,
+                         sliding with sliding_window 4 < T = 11, rope_local_base_freq 100 on the
+                         sliding layers and rope_theta 10000 on the full one, GQA (4 heads, 2 kv
+                         heads, head_dim 8 = query_pre_attn_scalar), tied head, four (1 + w)
+                         RMSNorms per layer and the per-head q/k norms (gains 1 + w with w in
+                         U(-0.3, 0.3)), GeGLU, embeddings times sqrt(32). Ablation: every layer
+                         full attention (no window, rope_theta everywhere).
+  parity_gemma3_linear   the same with rope_scaling {"rope_type": "linear", "factor": 4} (Gemma 3
+                         4B's kind) and rope_theta 100, on the full layer only (the sliding
+                         layers keep rope_local_base_freq's plain tables). Ablation: no
+                         rope_scaling.
 
 Recorded run (the committed files were made by it):
   /work/venv-peftnew/bin/python model/testdata/make_family_parity.py model/testdata
@@ -61,12 +72,14 @@ BATCH, SEQ_LEN = 2, 11  # model/llama_model_test.cc's kBatch, kSeqLen
 
 
 def fill_weights(model, seed):
-    """Norm gains 1 + U(-0.3, 0.3), everything else N(0, 0.2): far from initialization."""
+    """Norm gains 1 + U(-0.3, 0.3), everything else N(0, 0.2): far from initialization. (Gemma's
+    norms store w of the gain 1 + w: w itself is U(-0.3, 0.3) there.)"""
     gen = torch.Generator().manual_seed(seed)
+    center = 0.0 if model.config.model_type == "gemma3_text" else 1.0
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
-                p.copy_(1 + 0.6 * (torch.rand(p.shape, generator=gen) - 0.5))
+                p.copy_(center + 0.6 * (torch.rand(p.shape, generator=gen) - 0.5))
             else:
                 p.copy_(0.2 * torch.randn(p.shape, generator=gen))
 
@@ -83,6 +96,11 @@ def batch(seed, vocab):
 def rmsnorm_in_input_dtype(self, hidden_states):
     variance = hidden_states.pow(2).mean(-1, keepdim=True)
     return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def gemma_rmsnorm_in_input_dtype(self, x):
+    """Gemma3RMSNorm without its float32 cast: x rsqrt(mean(x^2) + eps) (1 + w)."""
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)) * (1.0 + self.weight)
 
 
 def loss_of(model, tokens, targets):
@@ -138,6 +156,19 @@ def phi3_longrope(original):
     return config
 
 
+def gemma3(rope_theta=10000.0, rope_scaling=None):
+    def config():
+        return transformers.Gemma3TextConfig(
+            vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+            max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=rope_theta,
+            rope_scaling=rope_scaling, rope_local_base_freq=100.0, sliding_window=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, pad_token_id=None,
+            bos_token_id=None, eos_token_id=None, attn_implementation="eager")
+    return config
+
+
 def split_fused(config, name, tensor):
     """Phi-3's fused qkv_proj [Q + 2K, E] and gate_up_proj [2I, E] as the parameters the C++
     model keeps (q/k/v_proj, gate/up_proj: their row ranges), or None for any other tensor."""
@@ -189,7 +220,9 @@ def make(out_dir, name, config_fn, seed, ablation=None):
     model.double()
     model.config._attn_implementation = "sdpa"
     for module in model.modules():
-        if type(module).__name__.endswith("RMSNorm"):
+        if type(module).__name__ == "Gemma3RMSNorm":
+            module.forward = types.MethodType(gemma_rmsnorm_in_input_dtype, module)
+        elif type(module).__name__.endswith("RMSNorm"):
             module.forward = types.MethodType(rmsnorm_in_input_dtype, module)
     loss64 = loss_of(model, tokens, targets)
     loss64.backward()
@@ -216,6 +249,9 @@ MODELS = {
     "phi3": (phi3, 4343, {"partial_rotary_factor": 1.0}),
     "phi3_longrope": (phi3_longrope(8), 4444, {"rope_scaling": None}),
     "phi3_shortrope": (phi3_longrope(32), 4545, {"rope_scaling": None}),
+    "gemma3": (gemma3(), 4646, {"layer_types": ["full_attention"] * 3}),
+    "gemma3_linear": (gemma3(100.0, {"rope_type": "linear", "factor": 4.0}), 4747,
+                      {"rope_scaling": None}),
 }
 
 

@@ -226,6 +226,11 @@ absl::Status CudaKernels::DoResidualBackward(Stream& stream, int64_t n, const fl
   return ::ps::cuda::ResidualBackward(n, dout, da, db, s);
 }
 
+absl::Status CudaKernels::DoScaleInPlace(Stream& stream, int64_t n, float alpha, float* x) {
+  ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
+  return ::ps::cuda::ScaleInPlace(n, alpha, x, s);
+}
+
 absl::Status CudaKernels::DoLmHeadCrossEntropyForward(Stream& stream,
                                                       const LmHeadCrossEntropyShape& shape,
                                                       const float* h, const float* wte,
@@ -284,15 +289,16 @@ absl::Status CudaKernels::DoRopeBackward(Stream& stream, const RopeShape& shape,
 }
 
 absl::Status CudaKernels::DoSwiGluForward(Stream& stream, int64_t n, const float* g, const float* u,
-                                          float* h) {
+                                          float* h, GateActivation act) {
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
-  return ::ps::cuda::SwiGluForward(n, g, u, h, s);
+  return ::ps::cuda::SwiGluForward(n, g, u, h, s, act);
 }
 
 absl::Status CudaKernels::DoSwiGluBackward(Stream& stream, int64_t n, const float* g,
-                                           const float* u, const float* dh, float* dg, float* du) {
+                                           const float* u, const float* dh, float* dg, float* du,
+                                           GateActivation act) {
   ASSIGN_OR_RETURN(cudaStream_t s, Prepare(stream));
-  return ::ps::cuda::SwiGluBackward(n, g, u, dh, dg, du, s);
+  return ::ps::cuda::SwiGluBackward(n, g, u, dh, dg, du, s, act);
 }
 
 absl::Status CudaKernels::DoGqaAttentionForward(Stream& stream, const GqaAttentionShape& shape,

@@ -120,6 +120,7 @@ class CudaKernels final : public Kernels {
                                  float* out) override;
   absl::Status DoResidualBackward(Stream& stream, int64_t n, const float* dout, float* da,
                                   float* db) override;
+  absl::Status DoScaleInPlace(Stream& stream, int64_t n, float alpha, float* x) override;
   absl::Status DoLmHeadCrossEntropyForward(Stream& stream, const LmHeadCrossEntropyShape& shape,
                                            const float* h, const float* wte, const int32_t* targets,
                                            float* lse, double* loss, void* workspace,
@@ -138,10 +139,10 @@ class CudaKernels final : public Kernels {
                              const float* sin, float* x, const int32_t* positions) override;
   absl::Status DoRopeBackward(Stream& stream, const RopeShape& shape, const float* cos,
                               const float* sin, float* dx, const int32_t* positions) override;
-  absl::Status DoSwiGluForward(Stream& stream, int64_t n, const float* g, const float* u,
-                               float* h) override;
+  absl::Status DoSwiGluForward(Stream& stream, int64_t n, const float* g, const float* u, float* h,
+                               GateActivation act) override;
   absl::Status DoSwiGluBackward(Stream& stream, int64_t n, const float* g, const float* u,
-                                const float* dh, float* dg, float* du) override;
+                                const float* dh, float* dg, float* du, GateActivation act) override;
   absl::Status DoGqaAttentionForward(Stream& stream, const GqaAttentionShape& shape, const float* q,
                                      const float* k, const float* v, float* out, float* lse,
                                      void* workspace, int64_t workspace_bytes,

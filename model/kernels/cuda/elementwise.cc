@@ -83,6 +83,13 @@ absl::Status ResidualForward(int64_t n, const float* a, const float* b, float* o
   return LaunchStatus(cuda_internal::LaunchResidualForward(n, a, b, out, stream), kKernel);
 }
 
+absl::Status ScaleInPlace(int64_t n, float alpha, float* x, cudaStream_t stream) {
+  constexpr char kKernel[] = "cuda::ScaleInPlace";
+  RETURN_IF_ERROR(CheckPositive(kKernel, "n", n));
+  RETURN_IF_ERROR(CheckNotNull(kKernel, {{"x", x}}));
+  return LaunchStatus(cuda_internal::LaunchScaleInPlace(n, alpha, x, stream), kKernel);
+}
+
 absl::Status ResidualBackward(int64_t n, const float* dout, float* da, float* db,
                               cudaStream_t stream) {
   constexpr char kKernel[] = "cuda::ResidualBackward";

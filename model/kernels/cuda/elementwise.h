@@ -56,6 +56,8 @@ namespace ps::cuda {
 // da += dout, db += dout. REQUIRES: da and db do not overlap.
 [[nodiscard]] absl::Status ResidualBackward(int64_t n, const float* dout, float* da, float* db,
                                             cudaStream_t stream);
+// x *= alpha over n elements.
+[[nodiscard]] absl::Status ScaleInPlace(int64_t n, float alpha, float* x, cudaStream_t stream);
 
 }  // namespace ps::cuda
 

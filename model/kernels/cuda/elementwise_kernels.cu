@@ -82,6 +82,10 @@ __global__ void ResidualForwardKernel(int64_t n, const float* a, const float* b,
   for (int64_t i = GlobalThread(); i < n; i += GridStride()) out[i] = a[i] + b[i];
 }
 
+__global__ void ScaleInPlaceKernel(int64_t n, float alpha, float* x) {
+  for (int64_t i = GlobalThread(); i < n; i += GridStride()) x[i] *= alpha;
+}
+
 __global__ void ResidualBackwardKernel(int64_t n, const float* __restrict__ dout,
                                        float* __restrict__ da, float* __restrict__ db) {
   for (int64_t i = GlobalThread(); i < n; i += GridStride()) {
@@ -156,6 +160,11 @@ cudaError_t LaunchGeluBackward(int64_t n, const float* x, const float* dy, float
 cudaError_t LaunchResidualForward(int64_t n, const float* a, const float* b, float* out,
                                   cudaStream_t stream) {
   ResidualForwardKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(n, a, b, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScaleInPlace(int64_t n, float alpha, float* x, cudaStream_t stream) {
+  ScaleInPlaceKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(n, alpha, x);
   return cudaGetLastError();
 }
 

@@ -80,21 +80,22 @@ absl::Status RopeBackward(const RopeShape& shape, const float* cos, const float*
   return Rope("cuda::RopeBackward", shape, cos, sin, dx, /*inverse=*/true, stream, positions);
 }
 
-absl::Status SwiGluForward(int64_t n, const float* g, const float* u, float* h,
-                           cudaStream_t stream) {
+absl::Status SwiGluForward(int64_t n, const float* g, const float* u, float* h, cudaStream_t stream,
+                           GateActivation act) {
   constexpr char kKernel[] = "cuda::SwiGluForward";
   RETURN_IF_ERROR(CheckPositive(kKernel, "n", n));
   RETURN_IF_ERROR(CheckNotNull(kKernel, {{"gate", g}, {"up", u}, {"out", h}}));
-  return LaunchStatus(cuda_internal::LaunchSwiGluForward(n, g, u, h, stream), kKernel);
+  return LaunchStatus(cuda_internal::LaunchSwiGluForward(n, g, u, h, act, stream), kKernel);
 }
 
 absl::Status SwiGluBackward(int64_t n, const float* g, const float* u, const float* dh, float* dg,
-                            float* du, cudaStream_t stream) {
+                            float* du, cudaStream_t stream, GateActivation act) {
   constexpr char kKernel[] = "cuda::SwiGluBackward";
   RETURN_IF_ERROR(CheckPositive(kKernel, "n", n));
   RETURN_IF_ERROR(
       CheckNotNull(kKernel, {{"gate", g}, {"up", u}, {"dout", dh}, {"dgate", dg}, {"dup", du}}));
-  return LaunchStatus(cuda_internal::LaunchSwiGluBackward(n, g, u, dh, dg, du, stream), kKernel);
+  return LaunchStatus(cuda_internal::LaunchSwiGluBackward(n, g, u, dh, dg, du, act, stream),
+                      kKernel);
 }
 
 absl::Status EmbeddingForward(const EmbeddingShape& shape, const int32_t* tokens, const float* wte,

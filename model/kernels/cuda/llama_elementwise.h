@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "model/kernels/embedding.h"
 #include "model/kernels/rope.h"
+#include "model/kernels/swiglu_math.h"
 
 namespace ps::cuda {
 
@@ -43,13 +44,16 @@ namespace ps::cuda {
                                         float* dx, cudaStream_t stream,
                                         const int32_t* positions = nullptr);
 
-// h = silu(g) * u over n elements; h may equal g or u.
+// h = silu(g) * u over n elements (act kGeluTanh: gelu_tanh(g) * u); h may equal g or u.
 [[nodiscard]] absl::Status SwiGluForward(int64_t n, const float* g, const float* u, float* h,
-                                         cudaStream_t stream);
-// dg += dh * u * silu'(g), du += dh * silu(g). dg and du must not overlap.
+                                         cudaStream_t stream,
+                                         GateActivation act = GateActivation::kSilu);
+// dg += dh * u * silu'(g), du += dh * silu(g) (act kGeluTanh: gelu_tanh). dg and du must not
+// overlap.
 [[nodiscard]] absl::Status SwiGluBackward(int64_t n, const float* g, const float* u,
                                           const float* dh, float* dg, float* du,
-                                          cudaStream_t stream);
+                                          cudaStream_t stream,
+                                          GateActivation act = GateActivation::kSilu);
 
 // out[N,C] = wte[tokens]. tokens [N] int32 (device), wte [V,C].
 [[nodiscard]] absl::Status EmbeddingForward(const EmbeddingShape& shape, const int32_t* tokens,

@@ -46,15 +46,19 @@ __global__ void RopeKernel(int64_t rows, int64_t seq_len, int64_t num_heads, int
 }
 
 // h may alias g or u: no __restrict__.
-__global__ void SwiGluForwardKernel(int64_t n, const float* g, const float* u, float* h) {
-  for (int64_t i = GlobalThread(); i < n; i += GridStride()) h[i] = SwiGlu(g[i], u[i]);
+__global__ void SwiGluForwardKernel(int64_t n, const float* g, const float* u, float* h,
+                                    GateActivation act) {
+  for (int64_t i = GlobalThread(); i < n; i += GridStride()) {
+    h[i] = GatedActivation(act, g[i], u[i]);
+  }
 }
 
 __global__ void SwiGluBackwardKernel(int64_t n, const float* __restrict__ g,
                                      const float* __restrict__ u, const float* __restrict__ dh,
-                                     float* __restrict__ dg, float* __restrict__ du) {
+                                     float* __restrict__ dg, float* __restrict__ du,
+                                     GateActivation act) {
   for (int64_t i = GlobalThread(); i < n; i += GridStride()) {
-    const SwiGluGrads<float> d = SwiGluBackwardTerms(g[i], u[i], dh[i]);
+    const SwiGluGrads<float> d = GatedActivationBackwardTerms(act, g[i], u[i], dh[i]);
     dg[i] += d.dg;
     du[i] += d.du;
   }
@@ -107,14 +111,14 @@ cudaError_t LaunchRope(int64_t batch, int64_t seq_len, int64_t num_heads, int64_
 }
 
 cudaError_t LaunchSwiGluForward(int64_t n, const float* g, const float* u, float* h,
-                                cudaStream_t stream) {
-  SwiGluForwardKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(n, g, u, h);
+                                GateActivation act, cudaStream_t stream) {
+  SwiGluForwardKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(n, g, u, h, act);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchSwiGluBackward(int64_t n, const float* g, const float* u, const float* dh,
-                                 float* dg, float* du, cudaStream_t stream) {
-  SwiGluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(n, g, u, dh, dg, du);
+                                 float* dg, float* du, GateActivation act, cudaStream_t stream) {
+  SwiGluBackwardKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(n, g, u, dh, dg, du, act);
   return cudaGetLastError();
 }
 

@@ -160,6 +160,45 @@ void SwiGluBackwardImpl(const float* g, const float* u, const float* dh, float* 
   });
 }
 
+// GeGLU: GELU(tanh) of the gate (gelu_math.h, as internal/simd.cc's GPT-2 GELU computes it
+// lane-wise) times up. e = exp(GeluExponent(g)), the exponent capped at 100 as there.
+HWY_INLINE V GeluE(D d, V x) {
+  const V k = hn::Set(d, -1.5957691216057307117597842397375f);
+  const V c = hn::Set(d, 0.044715f);
+  const V cube = hn::Mul(hn::Mul(x, x), x);
+  const V exponent = hn::Mul(k, hn::MulAdd(c, cube, x));
+  return hn::Exp(d, hn::Min(exponent, hn::Set(d, 100.0f)));
+}
+
+void GeGluForwardImpl(const float* g, const float* u, float* h, int64_t n) {
+  const D d;
+  const V one = hn::Set(d, 1.0f);
+  ForEachVector(d, static_cast<size_t>(n), [&](auto load, auto store) {
+    const V gv = load(0, g);
+    store(0, hn::Mul(hn::Div(gv, hn::Add(one, GeluE(d, gv))), load(1, u)), h);
+  });
+}
+
+void GeGluBackwardImpl(const float* g, const float* u, const float* dh, float* dg, float* du,
+                       int64_t n) {
+  const D d;
+  const V one = hn::Set(d, 1.0f), two = hn::Set(d, 2.0f);
+  const V k = hn::Set(d, 0.79788456080286535587989211986876f);
+  const V three_c = hn::Set(d, static_cast<float>(3 * 0.044715));
+  ForEachVector(d, static_cast<size_t>(n), [&](auto load, auto store) {
+    const V gv = load(0, g), uv = load(1, u), dhv = load(2, dh);
+    const V e = GeluE(d, gv);
+    const V s = hn::Div(one, hn::Add(one, e));
+    const V one_minus_s = hn::IfThenElse(hn::Le(e, one), hn::Mul(e, s), hn::Sub(one, s));
+    const V poly = hn::MulAdd(three_c, hn::Mul(gv, gv), one);
+    const V dgelu =
+        hn::MulAdd(hn::Mul(hn::Mul(hn::Mul(hn::Mul(two, gv), s), one_minus_s), k), poly, s);
+    const V gelu = hn::Div(gv, hn::Add(one, e));
+    store(0, hn::MulAdd(hn::Mul(dhv, uv), dgelu, load(3, dg)), dg);
+    store(1, hn::MulAdd(dhv, gelu, load(4, du)), du);
+  });
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace ps::kernels_internal::llama_simd
 HWY_AFTER_NAMESPACE();
@@ -174,6 +213,8 @@ HWY_EXPORT(RmsNormParamGradRowImpl);
 HWY_EXPORT(RopeRotateHeadImpl);
 HWY_EXPORT(SwiGluForwardImpl);
 HWY_EXPORT(SwiGluBackwardImpl);
+HWY_EXPORT(GeGluForwardImpl);
+HWY_EXPORT(GeGluBackwardImpl);
 
 void RmsNormOutputRow(const float* x, float rstd, const float* w, float* y, int64_t n) {
   HWY_DYNAMIC_DISPATCH(RmsNormOutputRowImpl)(x, rstd, w, y, n);
@@ -191,11 +232,13 @@ void RmsNormParamGradRow(const float* dy, const float* x, float rstd, float* dw_
 void RopeRotateHead(float* x, const float* cos, const float* sin, int64_t half, bool inverse) {
   HWY_DYNAMIC_DISPATCH(RopeRotateHeadImpl)(x, cos, sin, half, inverse);
 }
-void SwiGluForward(const float* g, const float* u, float* h, int64_t n) {
+void SwiGluForward(const float* g, const float* u, float* h, int64_t n, bool gelu) {
+  if (gelu) return HWY_DYNAMIC_DISPATCH(GeGluForwardImpl)(g, u, h, n);
   HWY_DYNAMIC_DISPATCH(SwiGluForwardImpl)(g, u, h, n);
 }
 void SwiGluBackward(const float* g, const float* u, const float* dh, float* dg, float* du,
-                    int64_t n) {
+                    int64_t n, bool gelu) {
+  if (gelu) return HWY_DYNAMIC_DISPATCH(GeGluBackwardImpl)(g, u, dh, dg, du, n);
   HWY_DYNAMIC_DISPATCH(SwiGluBackwardImpl)(g, u, dh, dg, du, n);
 }
 

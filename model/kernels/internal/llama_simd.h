@@ -34,10 +34,11 @@ void RmsNormParamGradRow(const float* dy, const float* x, float rstd, float* dw_
 void RopeRotateHead(float* x, const float* cos, const float* sin, int64_t half, bool inverse);
 
 // SwiGLU (model/kernels/swiglu_math.h): h[i] = SwiGlu(g[i], u[i]) (h may alias g or u);
-// dg[i] += SwiGluBackwardTerms(...).dg, du[i] += ....du.
-void SwiGluForward(const float* g, const float* u, float* h, int64_t n);
+// dg[i] += SwiGluBackwardTerms(...).dg, du[i] += ....du. `gelu`: GeGLU instead
+// (GatedActivation with GateActivation::kGeluTanh, the tanh GELU of gelu_math.h).
+void SwiGluForward(const float* g, const float* u, float* h, int64_t n, bool gelu = false);
 void SwiGluBackward(const float* g, const float* u, const float* dh, float* dg, float* du,
-                    int64_t n);
+                    int64_t n, bool gelu = false);
 
 }  // namespace ps::kernels_internal::llama_simd
 

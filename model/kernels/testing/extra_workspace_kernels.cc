@@ -187,6 +187,11 @@ absl::Status ExtraWorkspaceKernels::DoResidualBackward(Stream& stream, int64_t n
   return inner_.ResidualBackward(stream, num_elems, dout, da, db);
 }
 
+absl::Status ExtraWorkspaceKernels::DoScaleInPlace(Stream& stream, int64_t num_elems, float alpha,
+                                                   float* x) {
+  return inner_.ScaleInPlace(stream, num_elems, alpha, x);
+}
+
 absl::Status ExtraWorkspaceKernels::DoLmHeadCrossEntropyForward(
     Stream& stream, const LmHeadCrossEntropyShape& shape, const float* h, const float* wte,
     const int32_t* targets, float* lse, double* loss, void* workspace, int64_t workspace_bytes) {
@@ -228,14 +233,16 @@ absl::Status ExtraWorkspaceKernels::DoRopeBackward(Stream& stream, const RopeSha
 }
 
 absl::Status ExtraWorkspaceKernels::DoSwiGluForward(Stream& stream, int64_t num_elems,
-                                                    const float* g, const float* u, float* h) {
-  return inner_.SwiGluForward(stream, num_elems, g, u, h);
+                                                    const float* g, const float* u, float* h,
+                                                    GateActivation act) {
+  return inner_.SwiGluForward(stream, num_elems, g, u, h, act);
 }
 
 absl::Status ExtraWorkspaceKernels::DoSwiGluBackward(Stream& stream, int64_t num_elems,
                                                      const float* g, const float* u,
-                                                     const float* dh, float* dg, float* du) {
-  return inner_.SwiGluBackward(stream, num_elems, g, u, dh, dg, du);
+                                                     const float* dh, float* dg, float* du,
+                                                     GateActivation act) {
+  return inner_.SwiGluBackward(stream, num_elems, g, u, dh, dg, du, act);
 }
 
 absl::Status ExtraWorkspaceKernels::DoGqaAttentionForward(

@@ -313,6 +313,42 @@ TEST_P(KernelsConformanceTest, SwiGlu) {
   Check(Download(d_du, kN), du, du_r, "SwiGluBackward du");
 }
 
+// Gemma's embedding multiplier: x *= alpha, one rounded product per element (exact against the
+// f32 product of the same operands).
+TEST_P(KernelsConformanceTest, ScaleInPlace) {
+  TestRng rng(22);
+  for (const int64_t n : {int64_t{1}, int64_t{37}, int64_t{40000}}) {
+    const auto x = Rand(rng, n, -50, 50);
+    const float alpha = static_cast<float>(std::sqrt(640.0));
+    float* d_x = Upload(x);
+    ASSERT_OK(kernels().ScaleInPlace(stream(), n, alpha, d_x));
+    const std::vector<float> got = Download(d_x, n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], x[i] * alpha) << i << " of " << n;
+  }
+}
+
+// Gemma's GeGLU: the SwiGLU kernel with the tanh GELU gate.
+TEST_P(KernelsConformanceTest, GeGlu) {
+  TestRng rng(21);
+  constexpr int64_t kN = 1031;
+  const auto g = Rand(rng, kN, -6, 6), u = Rand(rng, kN), dh = Rand(rng, kN), dg0 = Rand(rng, kN),
+             du0 = Rand(rng, kN);
+  constexpr GateActivation kGelu = GateActivation::kGeluTanh;
+  float *d_g = Upload(g), *d_u = Upload(u), *d_h = Alloc<float>(kN);
+  float *d_dg = Upload(dg0), *d_du = Upload(du0);
+  ASSERT_OK(kernels().SwiGluForward(stream(), kN, d_g, d_u, d_h, kGelu));
+  ASSERT_OK(kernels().SwiGluBackward(stream(), kN, d_g, d_u, Upload(dh), d_dg, d_du, kGelu));
+  std::vector<float> h(kN), dg = dg0, du = du0;
+  ASSERT_OK(SwiGluForward<float>(C(g), C(u), M(h), nullptr, kGelu));
+  ASSERT_OK(SwiGluBackward<float>(C(g), C(u), C(dh), M(dg), M(du), nullptr, kGelu));
+  std::vector<double> h_r(kN), dg_r = D(dg0), du_r = D(du0);
+  ASSERT_OK(SwiGluForward<double>(C(D(g)), C(D(u)), M(h_r), nullptr, kGelu));
+  ASSERT_OK(SwiGluBackward<double>(C(D(g)), C(D(u)), C(D(dh)), M(dg_r), M(du_r), nullptr, kGelu));
+  Check(Download(d_h, kN), h, h_r, "GeGluForward h");
+  Check(Download(d_dg, kN), dg, dg_r, "GeGluBackward dg");
+  Check(Download(d_du, kN), du, du_r, "GeGluBackward du");
+}
+
 TEST_P(KernelsConformanceTest, GqaAttention) {
   TestRng rng(13);
   const GqaAttentionShape s{

@@ -56,7 +56,8 @@ Recorded run (from the repository root):
   /work/venv-peftnew/bin/python trainer/testdata/sft_parity/make_sft_parity.py
 Two runs give identical bytes in every file (checked). phi3 was added later (issue #40) with
   /work/venv-peftnew/bin/python trainer/testdata/sft_parity/make_sft_parity.py --only phi3
-(the same versions), which leaves the llama and qwen2 files as they were.
+(the same versions), which leaves the llama and qwen2 files as they were; gemma3 likewise with
+  /work/venv-peftnew/bin/python trainer/testdata/sft_parity/make_sft_parity.py --only gemma3
 
 Checked once (2026-12-07, on main before the example-file support, not a test): the same model
 directories, optimizer, schedule and clipping on a plain llm.c token file (every target trained,
@@ -114,6 +115,17 @@ ARCHS = {
         original_max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=100.0,
         partial_rotary_factor=0.5, sliding_window=8, tie_word_embeddings=False,
         resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0, pad_token_id=None,
+        bos_token_id=None, eos_token_id=None), 2, 2.5),
+    # Gemma 3 text (issue #40): layers sliding (window 8, shorter than many examples), full,
+    # sliding; rope_local_base_freq 100 on the sliding layers, rope_theta 10000 on the full one;
+    # (1 + w) norms, four per layer, q/k norms, GeGLU, embeddings times sqrt(32), tied.
+    "gemma3": (3, "Gemma3TextConfig", dict(
+        vocab_size=72, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+        max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000.0,
+        rope_local_base_freq=100.0, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, pad_token_id=None,
         bos_token_id=None, eos_token_id=None), 2, 2.5),
 }
 

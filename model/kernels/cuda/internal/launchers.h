@@ -36,6 +36,8 @@ cudaError_t LaunchResidualForward(int64_t n, const float* a, const float* b, flo
                                   cudaStream_t stream);
 cudaError_t LaunchResidualBackward(int64_t n, const float* dout, float* da, float* db,
                                    cudaStream_t stream);
+// x[i] *= alpha.
+cudaError_t LaunchScaleInPlace(int64_t n, float alpha, float* x, cudaStream_t stream);
 // y[r,:] = bias for every row r of a [rows, cols] matrix.
 cudaError_t LaunchBroadcastRows(int64_t rows, int64_t cols, const float* bias, float* y,
                                 cudaStream_t stream);

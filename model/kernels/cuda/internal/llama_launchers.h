@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "model/kernels/swiglu_math.h"
+
 namespace ps::cuda_internal {
 
 // --- RMSNorm (rmsnorm_kernels.cu) ---------------------------------------------------------------
@@ -38,12 +40,13 @@ cudaError_t LaunchRope(int64_t batch, int64_t seq_len, int64_t num_heads, int64_
                        int64_t rotary_dim, int64_t table_positions, const float* cos,
                        const float* sin, const int32_t* positions, float* x, bool inverse,
                        cudaStream_t stream);
-// h = silu(g) * u over n elements (h may equal g or u).
+// h = GatedActivation(act, g, u) over n elements (h may equal g or u): silu(g) * u, or
+// gelu_tanh(g) * u.
 cudaError_t LaunchSwiGluForward(int64_t n, const float* g, const float* u, float* h,
-                                cudaStream_t stream);
-// dg += dh * u * silu'(g), du += dh * silu(g).
+                                GateActivation act, cudaStream_t stream);
+// dg += GatedActivationBackwardTerms(act, ...).dg, du += ....du.
 cudaError_t LaunchSwiGluBackward(int64_t n, const float* g, const float* u, const float* dh,
-                                 float* dg, float* du, cudaStream_t stream);
+                                 float* dg, float* du, GateActivation act, cudaStream_t stream);
 // out[r,:] = wte[tokens[r],:]; a row whose token is outside [0, V) becomes NaN.
 cudaError_t LaunchEmbeddingForward(int64_t rows, int64_t channels, int64_t vocab,
                                    const int32_t* tokens, const float* wte, float* out,
