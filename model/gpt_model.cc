@@ -407,7 +407,8 @@ absl::Status GptModel::InitializeParameters(uint64_t seed, const InitializeOptio
           }
           return absl::OkStatus();
         }
-        const ParameterInit init = InitOf(model_config_.architecture(), config_.num_layers, name);
+        const ParameterInit init = InitOf(model_config_.architecture(), config_.num_layers, name,
+                                          model_config_.norm_weight_offset());
         uint64_t stream = 0;
         if (init.kind == ParameterInit::Kind::kNormal) {
           const auto it = init_stream_.find(name);

@@ -32,14 +32,17 @@ void ScalarPair(uint64_t a, uint64_t b, double std, float* cos_value, float* sin
 
 }  // namespace
 
-ParameterInit InitOf(ModelArchitecture architecture, int64_t num_layers, absl::string_view name) {
+ParameterInit InitOf(ModelArchitecture architecture, int64_t num_layers, absl::string_view name,
+                     double norm_weight_offset) {
   const bool gpt2 = architecture == ModelArchitecture::kGpt2;
   const bool norm = gpt2 ? absl::StrContains(name, "ln_")
                          : absl::EndsWith(name, "layernorm.weight") ||
                                name == "model.norm.weight" || absl::EndsWith(name, "_norm.weight");
   if (norm) {
     return {.kind = ParameterInit::Kind::kConstant,
-            .value = absl::EndsWith(name, ".weight") ? 1.0f : 0.0f};
+            .value = absl::EndsWith(name, ".weight")
+                         ? static_cast<float>(1.0 - norm_weight_offset)
+                         : 0.0f};
   }
   if (absl::EndsWith(name, ".bias")) return {.kind = ParameterInit::Kind::kConstant, .value = 0.0f};
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(num_layers));

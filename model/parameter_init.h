@@ -42,8 +42,12 @@ struct ParameterInit {
 //   - every other weight N(0, 0.02), except GPT-2's residual projections (attn.c_proj.weight,
 //     mlp.c_proj.weight), N(0, 0.02 / sqrt(2 num_layers)) as in GPT-2's paper; transformers'
 //     Llama uses N(0, 0.02) throughout.
+// `norm_weight_offset` is the model's RMSNorm gain offset (ModelConfig::norm_weight_offset: Gemma's
+// (1 + w) has 1): norm weights start at 1 - offset, so every gain starts at 1 — transformers'
+// Gemma3PreTrainedModel._init_weights zeroes its RMSNorm weights for that reason.
 // REQUIRES: num_layers >= 1.
-ParameterInit InitOf(ModelArchitecture architecture, int64_t num_layers, absl::string_view name);
+ParameterInit InitOf(ModelArchitecture architecture, int64_t num_layers, absl::string_view name,
+                     double norm_weight_offset = 0);
 
 // The generator of stream `stream` of `seed` (see the file comment): a std::mt19937_64 seeded
 // with SplitMix64(seed ^ SplitMix64(stream)). Every seeded initialization draws from it

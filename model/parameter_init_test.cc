@@ -138,6 +138,18 @@ TEST(InitOfTest, Llama) {
   EXPECT_EQ(init("model.layers.0.self_attn.o_proj.weight").std, 0.02);
   EXPECT_EQ(init("model.embed_tokens.weight").std, 0.02);
   EXPECT_EQ(init("lm_head.weight").std, 0.02);
+  // Gemma's RMSNorm gain is (1 + w): its weights start at 0 (transformers zeroes them), every
+  // other tensor as without the offset.
+  const auto gemma = [](const char* name) {
+    return InitOf(ModelArchitecture::kLlama, 8, name, /*norm_weight_offset=*/1.0);
+  };
+  EXPECT_EQ(gemma("model.layers.0.input_layernorm.weight").value, 0.0f);
+  EXPECT_EQ(gemma("model.layers.0.pre_feedforward_layernorm.weight").value, 0.0f);
+  EXPECT_EQ(gemma("model.layers.0.post_feedforward_layernorm.weight").value, 0.0f);
+  EXPECT_EQ(gemma("model.layers.0.self_attn.q_norm.weight").value, 0.0f);
+  EXPECT_EQ(gemma("model.norm.weight").kind, Kind::kConstant);
+  EXPECT_EQ(gemma("model.norm.weight").value, 0.0f);
+  EXPECT_EQ(gemma("model.embed_tokens.weight").std, 0.02);
 }
 
 TEST(FillInitialValuesTest, ConstantOrTheStream) {
