@@ -29,6 +29,40 @@ absl::StatusOr<std::optional<int64_t>> SlidingWindow(const Keys& keys,
   return std::optional<int64_t>(w);
 }
 
+namespace {
+
+// The layers layer_types names "sliding_attention" (each entry "full_attention" or
+// "sliding_attention", one per layer); nullopt when layer_types is absent or null.
+absl::StatusOr<std::optional<std::vector<bool>>> SlidingLayerTypes(const Keys& keys,
+                                                                   int64_t num_layers) {
+  const json* types = keys.FindNonNull("layer_types");
+  if (types == nullptr) return std::optional<std::vector<bool>>();
+  if (!types->is_array() || static_cast<int64_t>(types->size()) != num_layers) {
+    return keys.Invalid("layer_types",
+                        absl::StrCat("must be an array of ", num_layers,
+                                     " strings (one per layer), got ", hf_json::Brief(*types)));
+  }
+  std::vector<bool> layers(static_cast<size_t>(num_layers), false);
+  for (size_t i = 0; i < types->size(); ++i) {
+    const json& t = (*types)[i];
+    if (t == "full_attention") continue;
+    if (t == "sliding_attention") {
+      layers[i] = true;
+      continue;
+    }
+    if (!t.is_string()) {
+      return keys.Invalid(absl::StrCat("layer_types[", i, "]"),
+                          absl::StrCat("must be a string, got ", hf_json::Brief(t)));
+    }
+    return keys.Unsupported(
+        absl::StrCat("layer_types[", i, "]"),
+        absl::StrCat("is ", hf_json::Brief(t), "; supported: full_attention, sliding_attention"));
+  }
+  return std::optional<std::vector<bool>>(std::move(layers));
+}
+
+}  // namespace
+
 // Sets c.sliding_window and c.sliding_window_layers as transformers 4.57.6 applies them: mistral
 // on every layer when sliding_window is not null (absent: MistralConfig's 4096); qwen2 and qwen3
 // only with use_sliding_window true and a non-null sliding_window (absent: 4096), on the layers
@@ -87,24 +121,10 @@ absl::Status ParseSlidingWindow(const Keys& keys, ModelConfig& c) {
     }
   }
   // Which layers use the window: layer_types when given, else layers >= max_window_layers.
+  ASSIGN_OR_RETURN(std::optional<std::vector<bool>> types, SlidingLayerTypes(keys, c.num_layers));
   std::vector<bool> layers(static_cast<size_t>(c.num_layers), false);
-  if (const json* types = keys.FindNonNull("layer_types"); types != nullptr) {
-    if (!types->is_array() || static_cast<int64_t>(types->size()) != c.num_layers) {
-      return keys.Invalid("layer_types",
-                          absl::StrCat("must be an array of ", c.num_layers,
-                                       " strings (one per layer), got ", hf_json::Brief(*types)));
-    }
-    for (size_t i = 0; i < types->size(); ++i) {
-      const json& t = (*types)[i];
-      if (t == "full_attention") continue;
-      if (t == "sliding_attention") {
-        layers[i] = true;
-        continue;
-      }
-      return keys.Unsupported(
-          absl::StrCat("layer_types[", i, "]"),
-          absl::StrCat("is ", hf_json::Brief(t), "; supported: full_attention, sliding_attention"));
-    }
+  if (types.has_value()) {
+    layers = std::move(*types);
   } else {
     for (int64_t i = max_window_layers; i < c.num_layers; ++i) {
       layers[static_cast<size_t>(i)] = true;
@@ -194,28 +214,10 @@ absl::Status ParseGemma3Text(const Keys& keys, ModelConfig& c) {
     return keys.Invalid("sliding_window",
                         "is null; Gemma 3's sliding layers need a window (a positive integer)");
   }
+  ASSIGN_OR_RETURN(std::optional<std::vector<bool>> types, SlidingLayerTypes(keys, c.num_layers));
   std::vector<bool> layers(static_cast<size_t>(c.num_layers), false);
-  if (const json* types = keys.FindNonNull("layer_types"); types != nullptr) {
-    if (!types->is_array() || static_cast<int64_t>(types->size()) != c.num_layers) {
-      return keys.Invalid("layer_types",
-                          absl::StrCat("must be an array of ", c.num_layers,
-                                       " strings (one per layer), got ", hf_json::Brief(*types)));
-    }
-    for (size_t i = 0; i < types->size(); ++i) {
-      const json& t = (*types)[i];
-      if (t == "full_attention") continue;
-      if (t == "sliding_attention") {
-        layers[i] = true;
-        continue;
-      }
-      if (!t.is_string()) {
-        return keys.Invalid(absl::StrCat("layer_types[", i, "]"),
-                            absl::StrCat("must be a string, got ", hf_json::Brief(t)));
-      }
-      return keys.Unsupported(
-          absl::StrCat("layer_types[", i, "]"),
-          absl::StrCat("is ", hf_json::Brief(t), "; supported: full_attention, sliding_attention"));
-    }
+  if (types.has_value()) {
+    layers = std::move(*types);
   } else {
     // Gemma3TextConfig: layer i slides unless (i + 1) % sliding_window_pattern == 0 (default 6).
     ASSIGN_OR_RETURN(const int64_t pattern, keys.PositiveInt("sliding_window_pattern", 6));

@@ -29,21 +29,13 @@
 #include "optimizer/adam_math.h"
 #include "optimizer/grad_accumulator.h"
 #include "optimizer/grad_clip.h"
+#include "optimizer/internal/with_chunk.h"
 #include "optimizer/loss_scaler.h"
 
 namespace ps {
 namespace {
 
-// Acquires chunk `chunk_index` for `use`, runs fn(payloads), and releases it even if fn failed.
-// Returns the first error.
-template <typename Fn>
-absl::Status WithChunk(AdamChunkAccess& access, int64_t chunk_index, AdamChunkUse use, Fn fn) {
-  ASSIGN_OR_RETURN(const AdamChunkPayloads payloads, access.Acquire(chunk_index, use));
-  const absl::Status status = fn(payloads);
-  const absl::Status released = access.Release(chunk_index, use);
-  RETURN_IF_ERROR(status);
-  return released;
-}
+using hybrid_adam_internal::WithChunk;
 
 const char* UseName(AdamChunkUse use) {
   switch (use) {

@@ -16,18 +16,12 @@
 #include "optimizer/adam_kernels.h"
 #include "optimizer/grad_clip.h"
 #include "optimizer/hybrid_adam.h"
+#include "optimizer/internal/with_chunk.h"
 
 namespace ps {
 namespace {
 
-template <typename Fn>
-absl::Status WithChunk(AdamChunkAccess& access, int64_t chunk_index, AdamChunkUse use, Fn fn) {
-  ASSIGN_OR_RETURN(const AdamChunkPayloads payloads, access.Acquire(chunk_index, use));
-  const absl::Status status = fn(payloads);
-  const absl::Status released = access.Release(chunk_index, use);
-  RETURN_IF_ERROR(status);
-  return released;
-}
+using hybrid_adam_internal::WithChunk;
 
 bool SameBits(const std::vector<AdamStepScalars>& a, const std::vector<AdamStepScalars>& b) {
   return a.size() == b.size() &&
