@@ -11,24 +11,12 @@
 #include "absl/types/span.h"
 #include "base/splitmix64.h"
 #include "model/model_config.h"
-#include "model/parameter_init_simd.h"
 
 namespace ps {
 namespace {
 
 // The first output of SplitMix64 from state `x`.
 uint64_t FirstSplitMix64(uint64_t x) { return SplitMix64(x).Next(); }
-
-// Box-Muller of the draws (a, b) as the file comment defines it, with libm's log, sin and cos in
-// double: the values every vectorized pair equals (parameter_init_simd.h).
-void ScalarPair(uint64_t a, uint64_t b, double std, float* cos_value, float* sin_value) {
-  constexpr double kTwoPi = 2.0 * std::numbers::pi;
-  const double u1 = static_cast<double>((a >> 11) + 1) * 0x1.0p-53;  // (0, 1]
-  const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;        // [0, 1)
-  const double r = std::sqrt(-2.0 * std::log(u1));
-  *cos_value = static_cast<float>(std * r * std::cos(kTwoPi * u2));
-  *sin_value = static_cast<float>(std * r * std::sin(kTwoPi * u2));
-}
 
 }  // namespace
 
@@ -56,33 +44,22 @@ std::mt19937_64 ParameterStream(uint64_t seed, uint64_t stream) {
 
 void FillNormal(uint64_t seed, uint64_t stream, double std, int64_t first_elem,
                 absl::Span<float> out) {
-  using namespace parameter_init_internal;  // NOLINT: the internal kernels' names
-  if (out.empty()) return;
-  // The engine's state, seeded as std::mt19937_64's constructor does, with NormalBlock's padding.
-  alignas(64) uint64_t mt[2 * (kMtPairs + kMtPadPairs)] = {};
-  mt[0] = FirstSplitMix64(seed ^ FirstSplitMix64(stream));
-  for (int i = 1; i < kMtStateWords; ++i) {
-    mt[i] = 6364136223846793005ULL * (mt[i - 1] ^ (mt[i - 1] >> 62)) + static_cast<uint64_t>(i);
-  }
-  // Element e is draw e's half of pair e / 2; draws [312 k, 312 k + 312) come from twist k + 1.
-  int64_t block = first_elem / kMtStateWords;
-  for (int64_t k = 0; k < block; ++k) MtTwist(mt);
-  float cos_v[kMtPairs + kMtPadPairs];
-  float sin_v[kMtPairs + kMtPadPairs];
-  int redo[kMtPairs + kMtPadPairs];
+  std::mt19937_64 gen = ParameterStream(seed, stream);
+  gen.discard(static_cast<unsigned long long>(first_elem / 2) * 2);
+  constexpr double kTwoPi = 2.0 * std::numbers::pi;
   int64_t e = first_elem;
   size_t i = 0;
   while (i < out.size()) {
-    MtTwist(mt);
-    const int redone = NormalBlock(mt, std, cos_v, sin_v, redo);
-    for (int k = 0; k < redone; ++k) {
-      const int p = redo[k];
-      ScalarPair(MtTemper(mt[2 * p]), MtTemper(mt[2 * p + 1]), std, &cos_v[p], &sin_v[p]);
+    const double u1 = static_cast<double>((gen() >> 11) + 1) * 0x1.0p-53;  // (0, 1]
+    const double u2 = static_cast<double>(gen() >> 11) * 0x1.0p-53;        // [0, 1)
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    if (e % 2 == 0) {
+      out[i++] = static_cast<float>(std * r * std::cos(kTwoPi * u2));
+      ++e;
+      if (i == out.size()) break;
     }
-    for (int64_t j = e - block * kMtStateWords; j < kMtStateWords && i < out.size(); ++j, ++e) {
-      out[i++] = (j % 2 == 0 ? cos_v : sin_v)[j / 2];
-    }
-    ++block;
+    out[i++] = static_cast<float>(std * r * std::sin(kTwoPi * u2));
+    ++e;
   }
 }
 
