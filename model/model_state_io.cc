@@ -18,7 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "chunk/chunk_layout.h"
@@ -101,7 +101,7 @@ absl::StatusOr<Backend*> AcceleratorBackendOf(const DeviceMemory& accelerator) {
 ModelStateIo::ModelStateIo(Parts parts) : parts_(std::move(parts)) {}
 
 ModelStateIo::~ModelStateIo() {
-  absl::MutexLock lock(&staging_mu_);
+  MutexLock lock(&staging_mu_);
   if (staging_ != nullptr) {
     // The stream waited for its copies when each read ended; nothing is in flight.
     const absl::Status freed = staging_backend_->FreePinnedHost(staging_);
@@ -147,7 +147,7 @@ absl::Status ModelStateIo::StagedRead(
     const char* src, int64_t bytes, int64_t piece_quantum,
     absl::FunctionRef<absl::Status(const void* host, int64_t offset, int64_t bytes)> consume)
     const {
-  absl::MutexLock lock(&staging_mu_);
+  MutexLock lock(&staging_mu_);
   if (staging_ == nullptr) {
     ASSIGN_OR_RETURN(staging_backend_, AcceleratorBackendOf(*parts_.accelerator));
     ASSIGN_OR_RETURN(staging_, staging_backend_->AllocatePinnedHost(parts_.payload_staging_bytes));
@@ -243,14 +243,14 @@ int64_t ModelStateIo::SetProgress::units(TensorId t) const {
 
 void ModelStateIo::SetProgress::Add(int64_t units) {
   if (progress_ == nullptr || total_ <= 0) return;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   done_ = std::min(total_, done_ + units);
   progress_(done_, total_);
 }
 
 void ModelStateIo::SetProgress::Finish() {
   if (progress_ == nullptr || total_ <= 0) return;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   // The last call says done == total even where the units were counted short.
   if (done_ < total_) progress_(total_, total_);
   done_ = total_;
@@ -346,19 +346,19 @@ absl::Status ModelStateIo::SetParametersInPieces(const ParameterRangeFillFn& fil
   class Buffers {
    public:
     std::vector<float> Take() {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (free_.empty()) return {};
       std::vector<float> b = std::move(free_.back());
       free_.pop_back();
       return b;
     }
     void Give(std::vector<float> b) {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       free_.push_back(std::move(b));
     }
 
    private:
-    absl::Mutex mu_;
+    Mutex mu_;
     std::vector<std::vector<float>> free_;
   } buffers;
   const absl::Status status = model_state_io_internal::WriteOwnedChunksOnHost(

@@ -59,7 +59,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "absl/types/span.h"
 #include "base/progress.h"
 #include "chunk/chunk_layout.h"
@@ -270,7 +270,7 @@ class ModelStateIo {
     const ProgressFn& progress_;
     const ProgressUnitsFn& units_;
     int64_t total_ = 0;
-    absl::Mutex mu_;
+    Mutex mu_;
     int64_t done_ ABSL_GUARDED_BY(mu_) = 0;
   };
   absl::Status WriteParameter(TensorId tensor, absl::Span<const float> values,
@@ -302,11 +302,11 @@ class ModelStateIo {
   const Parts parts_;
   // Guards the writes of Parts::quant4's nested offsets (SetParameters may set tensors on
   // several threads).
-  absl::Mutex quant4_mu_;
+  Mutex quant4_mu_;
 
   // The staging of accelerator payloads (ReadPayloadRange), created on first use. Guarded by
   // staging_mu_ so that const readers stay safe to call from several threads.
-  mutable absl::Mutex staging_mu_;
+  mutable Mutex staging_mu_;
   mutable Backend* staging_backend_ ABSL_GUARDED_BY(staging_mu_) = nullptr;
   mutable std::unique_ptr<Stream> staging_stream_ ABSL_GUARDED_BY(staging_mu_);
   // Recorded on the compute stream before each staged copy, which waits for it.

@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "chunk/chunk_type.h"
@@ -51,7 +51,7 @@ absl::Status ModelStateIo::WriteQuant4(TensorId tensor, const Quant4Format& q,
     const absl::Span<float> absmax(reinterpret_cast<float*>(blob + layout.absmax),
                                    static_cast<size_t>(blocks));
     RETURN_IF_ERROR(named(Quantize4Bit(q.type, DType::kF32, src, n, codes, absmax, pool)));
-    absl::MutexLock lock(&quant4_mu_);
+    MutexLock lock(&quant4_mu_);
     parts_.quant4->nested_offset.erase(tensor);
     return absl::OkStatus();
   }
@@ -64,7 +64,7 @@ absl::Status ModelStateIo::WriteQuant4(TensorId tensor, const Quant4Format& q,
       absl::MakeSpan(reinterpret_cast<float*>(blob + layout.nested_absmax),
                      static_cast<size_t>(Quant4NestedNumBlocks(blocks))),
       &offset)));
-  absl::MutexLock lock(&quant4_mu_);
+  MutexLock lock(&quant4_mu_);
   parts_.quant4->nested_offset[tensor] = offset;
   return absl::OkStatus();
 }
@@ -82,7 +82,7 @@ absl::StatusOr<bool> ModelStateIo::WriteQuant4Blob(TensorId tensor,
                 absl::MakeSpan(blob, static_cast<size_t>(Quant4BlobLayoutOf(*quant4(tensor)).bytes)),
                 &offset));
   if (written) {
-    absl::MutexLock lock(&quant4_mu_);
+    MutexLock lock(&quant4_mu_);
     parts_.quant4->nested_offset[tensor] = offset;
   }
   return written;
